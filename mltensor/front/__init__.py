@@ -1,0 +1,1 @@
+"""Front: the WebNN objects users touch. Validates every argument; records, never computes."""

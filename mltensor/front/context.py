@@ -1,0 +1,363 @@
+"""The entry point `ml` and MLContext: device, tensors, transfers and the timeline."""
+
+import asyncio
+import threading
+
+import numpy as np
+import wgpu
+
+from .. import dtypes
+from ..errors import InvalidStateError
+from ..runtime.timeline import PendingRead, Task, Timeline
+from ._util import as_shape, awaitable
+from .tensor import MLTensor
+
+_POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
+_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+_WANTED_LIMITS = (
+    "max-buffer-size",
+    "max-storage-buffer-binding-size",
+    "max-compute-workgroup-storage-size",
+    "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-size-x",
+    "max-compute-workgroup-size-y",
+    "max-storage-buffers-per-shader-stage",
+)
+MAX_RANK = 8
+_adapters = {}
+_adapter_lock = threading.Lock()
+
+
+def _adapter(power_preference):
+    # Requesting an adapter costs about a second on a software adapter: one per preference.
+    with _adapter_lock:
+        a = _adapters.get(power_preference)
+        if a is None:
+            a = wgpu.gpu.request_adapter_sync(power_preference=_POWER[power_preference])
+            if a is None:
+                raise RuntimeError(
+                    "mltensor: wgpu found no GPU adapter. On Linux without a GPU install Mesa's "
+                    "software Vulkan driver: apt-get install -y mesa-vulkan-drivers"
+                )
+            _adapters[power_preference] = a
+        return a
+
+
+def _device_destroyed(device):
+    # wgpu-py 0.32 has no device.lost; destroy() stops the device's poll thread.
+    return getattr(device, "_poller", True) is None
+
+
+class _LostInfo:
+    def __init__(self, message):
+        self.message = message
+
+    def __repr__(self):
+        return f"<MLContextLostInfo {self.message!r}>"
+
+
+class _Lost:
+    """`ctx.lost`: awaitable, resolves to an object with `.message` when the context is lost."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+        self._futures = []
+
+    def _resolve(self, info):
+        for loop, fut in self._futures:
+            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(info))
+        self._futures = []
+
+    def __await__(self):
+        ctx = self._ctx
+        ctx._check_device()
+        if ctx._lost_info is not None:
+            return ctx._lost_info
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._futures.append((loop, fut))
+        return (yield from fut.__await__())
+
+
+class ML:
+    # IDL: interface ML { Promise<MLContext> createContext(optional MLContextOptions options = {});
+    #                     Promise<MLContext> createContext(GPUDevice gpuDevice); }
+
+    def create_context_sync(self, device=None, *, power_preference="default"):
+        return MLContext._create(device, power_preference)
+
+    def create_context_async(self, device=None, *, power_preference="default"):
+        MLContext._check_args(device, power_preference)
+
+        async def create():
+            return MLContext._create(device, power_preference)
+
+        return awaitable(create())
+
+
+ml = ML()
+
+
+class MLContext:
+    # IDL: interface MLContext { ... } (see API.md, "Entry point and context")
+
+    def __init__(self):
+        raise TypeError("MLContext is created with ml.create_context_sync() or _async()")
+
+    @staticmethod
+    def _check_args(device, power_preference):
+        if power_preference not in _POWER:
+            raise TypeError(
+                f"[create_context] power_preference must be one of {', '.join(map(repr, _POWER))}, "
+                f"got {power_preference!r}"
+            )
+        if device is not None and not isinstance(device, wgpu.GPUDevice):
+            raise TypeError(f"[create_context] expected a wgpu.GPUDevice or options, got {device!r}")
+        if device is not None and _device_destroyed(device):
+            raise InvalidStateError("[create_context] the GPUDevice is destroyed")
+
+    @classmethod
+    def _create(cls, device, power_preference):
+        cls._check_args(device, power_preference)
+        self = object.__new__(cls)
+        own = device is None
+        if own:
+            adapter = _adapter(power_preference)
+            features = [f for f in _WANTED_FEATURES if f in adapter.features]
+            limits = {k: adapter.limits[k] for k in _WANTED_LIMITS if k in adapter.limits}
+            device = adapter.request_device_sync(
+                label="mltensor", required_features=features, required_limits=limits
+            )
+        else:
+            adapter = device.adapter
+        self._device = device
+        self._own_device = own
+        self._adapter_info = adapter.info
+        self._power_preference = power_preference
+        self._counters = dict.fromkeys(
+            ("bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
+             "kernel_launches", "tensors_alive", "bytes_alive"), 0)
+        self._timeline = Timeline(device, self._counters)
+        self._lost_info = None
+        self._lost = _Lost(self)
+        self._tensors = set()
+        self._graphs = set()
+        self._read_waiters = set()
+        self._pending_reads = set()
+        lim = device.limits
+        self._max_bytes = min(lim["max-buffer-size"], lim["max-storage-buffer-binding-size"])
+        return self
+
+    def __repr__(self):
+        state = " lost" if self._lost_info else ""
+        return f"<MLContext on {self._adapter_info.get('device', '?')}{state}>"
+
+    # -- properties (Python extensions where WebNN has none) -----------------------------------
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def accelerated(self):
+        return self._adapter_info.get("adapter_type", "").lower() not in ("cpu", "")
+
+    @property
+    def lost(self):
+        return self._lost
+
+    @property
+    def counters(self):
+        return dict(self._counters)
+
+    @property
+    def features(self):
+        return set(self._device.features)
+
+    def op_support_limits(self):
+        from ..ops import support_limits
+
+        return support_limits(self)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _check_device(self):
+        if self._lost_info is None and not self._own_device and _device_destroyed(self._device):
+            self._lose("the GPUDevice was destroyed")
+
+    def _check(self, where):
+        self._check_device()
+        if self._lost_info is not None:
+            raise InvalidStateError(f"[{where}] the context is lost ({self._lost_info.message})")
+
+    def _check_tensor(self, t, where, what="tensor"):
+        if not isinstance(t, MLTensor):
+            raise TypeError(f"[{where}] {what} must be an MLTensor, got {type(t).__name__}")
+        if t._context is not self:
+            raise TypeError(f"[{where}] {what} belongs to another MLContext")
+        if t._destroyed:
+            raise InvalidStateError(f"[{where}] {what} is destroyed")
+
+    def _tensor_created(self, t):
+        self._tensors.add(t)
+        self._counters["tensors_alive"] += 1
+        self._counters["bytes_alive"] += t._buffer.size
+
+    def _tensor_destroyed(self, t):
+        self._tensors.discard(t)
+        self._counters["tensors_alive"] -= 1
+        self._counters["bytes_alive"] -= t._buffer.size
+
+    def _lose(self, message):
+        if self._lost_info is not None:
+            return
+        self._lost_info = _LostInfo(message)
+        try:
+            self._timeline.flush()
+        except Exception:
+            pass
+        for g in list(self._graphs):
+            g.destroy()
+        for t in list(self._tensors):
+            t.destroy()
+        for fut in list(self._read_waiters):
+            fut.done() or fut.set_result(None)
+        self._timeline.held = []
+        self._timeline.drop_staging()
+        self._lost._resolve(self._lost_info)
+
+    # IDL: undefined destroy();
+    def destroy(self):
+        """Idempotent. Loses the context: its graphs and tensors are destroyed, pending reads
+        reject with InvalidStateError. An own device is released when the context is dropped."""
+        self._lose("destroy() was called")
+
+    # -- tensors -------------------------------------------------------------------------------
+
+    def _tensor_args(self, where, data_type, shape):
+        self._check(where)
+        data_type = dtypes.normalize(data_type, where)
+        shape = as_shape(shape, where)
+        if len(shape) > MAX_RANK:
+            raise TypeError(f"[{where}] rank {len(shape)} is above the supported maximum {MAX_RANK}")
+        nbytes = dtypes.byte_length(data_type, shape)
+        if nbytes > self._max_bytes:
+            raise TypeError(
+                f"[{where}] byte length {nbytes} exceeds max_tensor_byte_length {self._max_bytes}"
+            )
+        return data_type, shape
+
+    # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
+    def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False,
+                           importable_to_webgpu=False):
+        data_type, shape = self._tensor_args("create_tensor", data_type, shape)
+        return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
+
+    def create_tensor_async(self, *, data_type, shape, readable=False, writable=False,
+                            importable_to_webgpu=False):
+        t = self.create_tensor_sync(data_type=data_type, shape=shape, readable=readable,
+                                    writable=writable, importable_to_webgpu=importable_to_webgpu)
+
+        async def done():
+            return t
+
+        return awaitable(done())
+
+    # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
+    def create_constant_tensor_sync(self, *, data_type, shape, data):
+        data_type, shape = self._tensor_args("create_constant_tensor", data_type, shape)
+        raw = _bytes_of(data, data_type, dtypes.byte_length(data_type, shape), "create_constant_tensor")
+        t = MLTensor(self, data_type, shape, False, False, False, constant=True)
+        self._timeline.write(t._buffer, _pad4(raw), len(raw))
+        return t
+
+    def create_constant_tensor_async(self, *, data_type, shape, data):
+        t = self.create_constant_tensor_sync(data_type=data_type, shape=shape, data=data)
+
+        async def done():
+            return t
+
+        return awaitable(done())
+
+    # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource inputData);
+    def write_tensor(self, tensor, data):
+        where = "write_tensor"
+        self._check_tensor(tensor, where)
+        self._check(where)
+        if not tensor._writable:
+            raise TypeError(f"[{where}] the tensor was not created with writable=True")
+        raw = _bytes_of(data, tensor._data_type, tensor._nbytes, where)
+        tl = self._timeline
+        task = Task((), (tensor,), None)
+        if tl._must_hold(task):
+            raw = bytes(raw)  # held back: keep the bytes given at call time
+        payload = _pad4(raw)
+        task.body = lambda: tl.write(tensor._buffer, payload, len(raw))
+        tl.enqueue(task)
+
+    # IDL: Promise<ArrayBuffer> readTensor(MLTensor tensor);
+    # IDL: Promise<undefined> readTensor(MLTensor tensor, AllowSharedBufferSource outputData);
+    def _start_read(self, tensor, out, where):
+        self._check_tensor(tensor, where)
+        self._check(where)
+        if not tensor._readable:
+            raise TypeError(f"[{where}] the tensor was not created with readable=True")
+        if out is not None:
+            try:
+                mv = memoryview(out)
+            except TypeError:
+                raise TypeError(f"[{where}] output must support the buffer protocol, got {type(out).__name__}") from None
+            if mv.readonly:
+                raise TypeError(f"[{where}] output buffer is read-only")
+            if mv.nbytes < tensor._nbytes:
+                raise TypeError(f"[{where}] output buffer has {mv.nbytes} bytes, the tensor needs {tensor._nbytes}")
+            if not mv.c_contiguous:
+                raise TypeError(f"[{where}] output buffer must be contiguous")
+            out = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+        r = PendingRead(self, tensor, out)
+        self._timeline.enqueue(r.task)
+        return r
+
+    def read_tensor_sync(self, tensor, out=None):
+        return self._start_read(tensor, out, "read_tensor").wait_sync("read_tensor")
+
+    def read_tensor_async(self, tensor, out=None):
+        r = self._start_read(tensor, out, "read_tensor")
+        return awaitable(r.wait_async("read_tensor"))
+
+    # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
+    def dispatch(self, graph, inputs, outputs):
+        from ..compiler.program import dispatch
+
+        dispatch(self, graph, inputs, outputs)
+
+    def flush(self):
+        """Python extension: submit recorded GPU work now (it is submitted anyway when something
+        waits on it)."""
+        self._check("flush")
+        self._timeline.flush()
+
+
+def _pad4(raw):
+    n = len(raw)
+    if n % 4 == 0 and n:
+        return raw
+    return bytes(raw) + b"\0" * (dtypes.padded(n) - n)
+
+
+def _bytes_of(data, data_type, nbytes, where):
+    """Validate `data` against a tensor and return a byte view of it (no copy when contiguous)."""
+    if not isinstance(data, np.ndarray):
+        try:
+            data = np.asarray(memoryview(data))  # keeps a typed buffer's item type
+        except (TypeError, ValueError):
+            raise TypeError(f"[{where}] data must support the buffer protocol, got {type(data).__name__}") from None
+    if data.dtype != dtypes.NUMPY[data_type] and data.dtype != np.uint8:
+        raise TypeError(
+            f"[{where}] data of dtype {data.dtype} does not match the tensor's {data_type} "
+            "(pass raw bytes or uint8 to write any type)"
+        )
+    data = np.ascontiguousarray(data)
+    if data.nbytes != nbytes:
+        raise TypeError(f"[{where}] data has {data.nbytes} bytes, the tensor needs {nbytes}")
+    return memoryview(data.reshape(-1).view(np.uint8))

@@ -1,0 +1,69 @@
+"""MLTensor: a wgpu storage buffer owned by one context."""
+
+import wgpu
+
+from .. import dtypes
+from ..runtime.timeline import Task
+
+
+class MLTensor:
+    # IDL: interface MLTensor { dataType; shape; readable; writable; importableToWebGPU; constant; destroy(); }
+
+    def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False):
+        self._context = ctx
+        self._data_type = data_type
+        self._shape = shape
+        self._readable = bool(readable)
+        self._writable = bool(writable)
+        self._importable = bool(importable)
+        self._constant = constant
+        self._destroyed = False
+        self._np_dtype = dtypes.NUMPY[data_type]
+        self._nbytes = dtypes.byte_length(data_type, shape)
+        usage = wgpu.BufferUsage.STORAGE
+        if readable or importable:
+            usage |= wgpu.BufferUsage.COPY_SRC
+        if writable or importable or constant:
+            usage |= wgpu.BufferUsage.COPY_DST
+        self._buffer = ctx.device.create_buffer(
+            label=f"mltensor-{data_type}{list(shape)}", size=dtypes.padded(self._nbytes), usage=usage
+        )
+        self._on_destroy = []  # callbacks (bind-group caches, interop) run at destroy()
+        ctx._tensor_created(self)
+
+    data_type = property(lambda self: self._data_type)
+    shape = property(lambda self: self._shape)
+    readable = property(lambda self: self._readable)
+    writable = property(lambda self: self._writable)
+    importable_to_webgpu = property(lambda self: self._importable)
+    constant = property(lambda self: self._constant)
+
+    def __repr__(self):
+        flags = [n for n in ("readable", "writable", "importable_to_webgpu", "constant") if getattr(self, n)]
+        state = " destroyed" if self._destroyed else ""
+        return f"<MLTensor {self._data_type} {list(self._shape)} {' '.join(flags)}{state}>"
+
+    # IDL: undefined destroy();
+    def destroy(self):
+        """Idempotent. Pending reads reject; work already enqueued on the tensor completes, and its
+        memory is freed after that (the destroy is itself a task on the timeline)."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        ctx = self._context
+        ctx._tensor_destroyed(self)
+        for cb in self._on_destroy:
+            cb(self)
+        self._on_destroy = []
+        if ctx._lost_info is not None:
+            return
+        buf = self._buffer
+        tl = ctx._timeline
+
+        def free():
+            if tl.uses(buf):
+                tl.after_submit(buf.destroy)
+            else:
+                buf.destroy()
+
+        tl.enqueue(Task((), (self,), free))

@@ -1,0 +1,1 @@
+"""Runtime: WGSL kernels and pipelines, the per-context timeline, transfers and interop."""

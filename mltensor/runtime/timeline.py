@@ -1,0 +1,271 @@
+"""The context timeline: every write, dispatch, read, import, release and destroy in call order.
+
+Each task names the tensors it reads and writes. A task runs (records GPU commands) at once unless
+it touches a lent tensor or conflicts with a task already held back (read-after-write,
+write-after-read, write-after-write); held tasks run in call order when a lease ends. GPU commands
+of running tasks go into one open command encoder (and one open compute pass), submitted when
+something waits on the GPU or after a bounded batch: one submit per flush, not per dispatch.
+
+Reads copy into pooled MAP_READ staging buffers; after the submit all pending reads are mapped at
+once, so several reads complete in parallel, and the mapped memory is copied once, straight into
+the numpy result.
+"""
+
+import asyncio
+
+import numpy as np
+import wgpu
+
+from ..errors import InvalidStateError
+
+BATCH_LAUNCHES = 4096  # submit after this many kernel launches even if nothing waits
+_MIN_STAGING = 4096
+
+
+class Task:
+    __slots__ = ("reads", "writes", "body", "done", "_waiters")
+
+    def __init__(self, reads, writes, body):
+        self.reads = frozenset(reads)
+        self.writes = frozenset(writes)
+        self.body = body
+        self.done = False
+        self._waiters = []
+
+    def run(self):
+        self.body()
+        self.done = True
+        for w in self._waiters:
+            w()
+        self._waiters = []
+
+    def on_done(self, callback):
+        if self.done:
+            callback()
+        else:
+            self._waiters.append(callback)
+
+
+class Timeline:
+    def __init__(self, device, counters):
+        self.device = device
+        self.queue = device.queue
+        self.counters = counters
+        self._encoder = None
+        self._pass = None
+        self._touched = set()  # buffers used by commands in the open encoder
+        self._launches = 0
+        self._after_submit = []  # callbacks run right after the next submit
+        self.held = []  # tasks held back, in call order
+        self.lent = set()  # tensors lent to a GPUDevice (interop)
+        self._staging = {}  # size -> [free MAP_READ buffers]
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    def enqueue(self, task):
+        """Run `task` now, or hold it back behind lent tensors. Returns True if it ran."""
+        if self._must_hold(task):
+            self.held.append(task)
+            return False
+        task.run()
+        return True
+
+    def _must_hold(self, task):
+        if not self.lent and not self.held:
+            return False
+        if (task.reads | task.writes) & self.lent:
+            return True
+        for h in self.held:
+            if task.writes & (h.reads | h.writes) or task.reads & h.writes:
+                return True
+        return False
+
+    def resume(self):
+        """Run held tasks that no longer need to wait (after a lease ended), in call order."""
+        pending, self.held = self.held, []
+        for t in pending:
+            self.enqueue(t)
+
+    # -- command recording ---------------------------------------------------------------------
+
+    def compute_pass(self):
+        if self._pass is None:
+            if self._encoder is None:
+                self._encoder = self.device.create_command_encoder()
+            self._pass = self._encoder.begin_compute_pass()
+        return self._pass
+
+    def encoder(self):
+        """The open encoder for copy commands (ends the open compute pass)."""
+        if self._pass is not None:
+            self._pass.end()
+            self._pass = None
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+        return self._encoder
+
+    def touch(self, buffers):
+        self._touched.update(buffers)
+
+    def uses(self, buffer):
+        return buffer in self._touched
+
+    def launched(self, n):
+        self.counters["kernel_launches"] += n
+        self._launches += n
+        if self._launches >= BATCH_LAUNCHES:
+            self.flush()
+
+    def after_submit(self, callback):
+        """Run `callback` after the open encoder is submitted (at once if none is open)."""
+        if self._encoder is None:
+            callback()
+        else:
+            self._after_submit.append(callback)
+
+    def flush(self):
+        if self._encoder is not None:
+            if self._pass is not None:
+                self._pass.end()
+                self._pass = None
+            cb = self._encoder.finish()
+            self._encoder = None
+            self.queue.submit([cb])
+            self.counters["submits"] += 1
+        self._touched.clear()
+        self._launches = 0
+        callbacks, self._after_submit = self._after_submit, []
+        for cb in callbacks:
+            cb()
+
+    # -- transfers -----------------------------------------------------------------------------
+
+    def write(self, buffer, data, nbytes):
+        """queue.write_buffer goes ahead of unsubmitted commands, so submit first if they use it."""
+        if buffer in self._touched:
+            self.flush()
+        self.queue.write_buffer(buffer, 0, data)
+        self.counters["bytes_uploaded"] += nbytes
+
+    def acquire_staging(self, size):
+        cap = max(_MIN_STAGING, 1 << (size - 1).bit_length())
+        free = self._staging.get(cap)
+        if free:
+            return free.pop()
+        return self.device.create_buffer(
+            label="mltensor-readback",
+            size=cap,
+            usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+        )
+
+    def release_staging(self, buf):
+        free = self._staging.setdefault(buf.size, [])
+        if len(free) < 4:
+            free.append(buf)
+        else:
+            buf.destroy()
+
+    def drop_staging(self):
+        for free in self._staging.values():
+            for b in free:
+                b.destroy()
+        self._staging.clear()
+
+
+class PendingRead:
+    """A read_tensor in flight: copy recorded by its task, mapped after the submit, then copied
+    once from mapped memory into the result."""
+
+    def __init__(self, ctx, tensor, out):
+        self.ctx = ctx
+        self.tensor = tensor
+        self.out = out
+        self.staging = None
+        self.promise = None
+        self.size = tensor._buffer.size
+        self.task = Task((tensor,), (), self._record)
+
+    def _record(self):
+        tl = self.ctx._timeline
+        self.staging = tl.acquire_staging(self.size)
+        tl.encoder().copy_buffer_to_buffer(self.tensor._buffer, 0, self.staging, 0, self.size)
+        tl.touch((self.tensor._buffer, self.staging))
+        tl.after_submit(self._map)
+
+    def _map(self):
+        self.promise = self.staging.map_async(wgpu.MapMode.READ, 0, self.size)
+
+    def _check(self, where):
+        if self.ctx._lost_info is not None:
+            raise InvalidStateError(f"[{where}] the context was lost while the read was pending")
+        if self.tensor._destroyed:
+            raise InvalidStateError(f"[{where}] the tensor was destroyed while the read was pending")
+
+    def _finish(self, where):
+        try:
+            self._check(where)
+            t = self.tensor
+            nbytes = t._nbytes
+            mv = self.staging.read_mapped(0, self.size, copy=False)
+            src = np.frombuffer(mv, dtype=np.uint8, count=nbytes)
+            if self.out is None:
+                result = np.empty(t.shape, dtype=t._np_dtype)
+                result.reshape(-1).view(np.uint8)[:] = src
+            else:
+                dst = np.frombuffer(self.out, dtype=np.uint8, count=nbytes)
+                dst[:] = src
+                result = None
+            del mv, src
+            self.ctx._counters["bytes_downloaded"] += nbytes
+            return result
+        finally:
+            self._release()
+
+    def _release(self):
+        if self.staging is not None:
+            if self.promise is not None:
+                try:
+                    self.staging.unmap()
+                except Exception:
+                    pass
+            self.ctx._timeline.release_staging(self.staging)
+            self.staging = None
+
+    def wait_sync(self, where):
+        if not self.task.done:
+            self._check(where)
+            raise InvalidStateError(
+                f"[{where}] the tensor is held back behind a tensor lent to a GPUDevice; release "
+                "the lease first, or use read_tensor_async, which resolves after the release"
+            )
+        if self.promise is None:
+            self.ctx._timeline.flush()
+        self._check(where)
+        try:
+            self.promise.sync_wait()
+        except Exception:
+            self._check(where)
+            self._release()
+            raise
+        return self._finish(where)
+
+    async def wait_async(self, where):
+        if not self.task.done:
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            self.task.on_done(lambda: fut.done() or fut.set_result(None))
+            self.ctx._read_waiters.add(fut)
+            try:
+                await fut
+            finally:
+                self.ctx._read_waiters.discard(fut)
+        self._check(where)
+        if self.promise is None:
+            self.ctx._timeline.flush()
+        try:
+            await self.promise
+        except Exception:
+            self._check(where)
+            self._release()
+            raise
+        return self._finish(where)
