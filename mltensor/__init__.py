@@ -1,12 +1,41 @@
-"""mltensor: the W3C WebNN API (MLContext, MLGraphBuilder, MLGraph, MLTensor) on wgpu-py."""
+"""mltensor: the W3C WebNN API (MLContext, MLGraphBuilder, MLGraph, MLTensor) on wgpu-py.
 
+The public API is exactly what this module exports; see API.md of the project for the contract.
+"""
+
+from .compiler.program import MLGraph
 from .errors import DataError, DOMException, InvalidStateError, NotSupportedError, OperationError, UnknownError
+from .front.builder import MLGraphBuilder, MLOperand
 from .front.context import ML, MLContext, ml
 from .front.tensor import MLTensor
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ml", "ML", "MLContext", "MLTensor",
+    "ml", "ML", "MLContext", "MLTensor", "MLGraphBuilder", "MLOperand", "MLGraph",
     "DOMException", "InvalidStateError", "NotSupportedError", "OperationError", "UnknownError", "DataError",
+    "import_external_buffer_sync", "import_external_buffer_async", "InferenceSession",
+    "onnx", "tflite", "models",
 ]
+
+# Imported on first use: they pull in onnx / tflite / the interop machinery.
+_LAZY = {
+    "import_external_buffer_sync": ("mltensor.runtime.interop", "import_external_buffer_sync"),
+    "import_external_buffer_async": ("mltensor.runtime.interop", "import_external_buffer_async"),
+    "InferenceSession": ("mltensor.session", "InferenceSession"),
+    "onnx": ("mltensor.onnx", None),
+    "tflite": ("mltensor.tflite", None),
+    "models": ("mltensor.models", None),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        m = importlib.import_module(module)
+        value = m if attr is None else getattr(m, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mltensor' has no attribute {name!r}")

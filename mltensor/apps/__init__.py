@@ -1,0 +1,1 @@
+"""Runnable applications shipped with the package (console entry points)."""

@@ -1,0 +1,206 @@
+"""Lowering: steps -> launches, edge conversions, and the liveness-based memory plan.
+
+Every value a kernel touches lives in one of: the caller's input/output tensor (`Ext`), a
+constant or constant-folded buffer owned by the graph, or a pooled intermediate buffer. Values in
+the compute form (32-bit) are contiguous row-major. Intermediates share a few pooled buffers:
+a buffer is reused as soon as the last launch reading its previous value has been recorded.
+"""
+
+from dataclasses import dataclass
+
+from .. import dtypes
+from ..ops import OPS
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+
+
+@dataclass(frozen=True, eq=False)
+class Ext:
+    """A caller's tensor slot: ("in" | "out", name), bound at dispatch."""
+
+    kind: str
+    name: str
+    data_type: str
+    shape: tuple
+
+
+class Scratch:
+    """A temporary buffer private to one step (multi-pass kernels)."""
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+        self.shape = (nbytes // 4,)
+
+
+@dataclass
+class Launch:
+    kernel: Kernel
+    args: list  # MLOperand | Scratch | Ext, in binding order
+    groups: tuple
+    prologue: bool
+
+
+def compute_nbytes(v):
+    n = 1
+    for d in v.shape:
+        n *= d
+    return 4 * n
+
+
+class KernelContext:
+    """What an operator's lowering sees: value types, launches, aliases, scratch, epilogues."""
+
+    def __init__(self, device, outputs):
+        self.device = device
+        self.features = set(device.features)
+        self.limits = device.limits
+        self.launches = []
+        self.alias_of = {}  # id(value) -> value it aliases (reshape and friends)
+        self.out_slot = {}  # id(value) -> Ext it is written to directly
+        self._outputs = outputs
+        self._prologue = False
+        self.step = None
+
+    # -- used by lowerings ---------------------------------------------------------------------
+
+    @staticmethod
+    def wtype(v):
+        """WGSL compute type of a value: f32, i32 or u32."""
+        return dtypes.COMPUTE[v.data_type]
+
+    def launch(self, kernel, args, groups):
+        assert len(args) == len(kernel.bindings), kernel.name
+        self.launches.append(Launch(kernel, list(args), tuple(groups), self._prologue))
+
+    def out(self, node, i=0):
+        """The value a node's kernel writes for output i: with a fused activation epilogue, the
+        last activation's output."""
+        step = self.step
+        if step is not None and step.epilogue and node is step.node:
+            return step.outputs[0]
+        return node.outputs[i]
+
+    def alias(self, out, src):
+        """`out` has the same elements as `src` in the same order (reshape): share its storage,
+        unless `out` is written straight into a caller's tensor, which needs a copy."""
+        if id(out) in self.out_slot:
+            self.copy(src, out)
+        else:
+            self.alias_of[id(out)] = self.root(src)
+
+    def root(self, v):
+        return self.alias_of.get(id(v), v)
+
+    def scratch(self, nbytes):
+        return Scratch(dtypes.padded(nbytes))
+
+    def activation(self, step=None):
+        """WGSL `fn act(x: T) -> T` applying the step's fused activation epilogue (or identity)."""
+        from ..ops.elementwise import activation_fn
+
+        step = step or self.step
+        return activation_fn(self, step.epilogue, self.wtype(step.outputs[0]))
+
+    def copy(self, src, dst):
+        n = compute_nbytes(src) // 4
+        k = Kernel(
+            f"copy_n{n}",
+            "edge.wgsl",
+            {"mode": "copy", "n": n},
+            (Binding("src", "u32"), Binding("dst", "u32", True)),
+        )
+        self.launch(k, [src, dst], grid(-(-n // WORKGROUP)))
+
+    # -- edges ---------------------------------------------------------------------------------
+
+    def unpack(self, ext, value):
+        """Caller's tensor in its storage type -> compute-form value."""
+        n = 1
+        for d in ext.shape:
+            n *= d
+        dt = ext.data_type
+        k = Kernel(
+            f"unpack_{dt}_n{n}",
+            "edge.wgsl",
+            {"mode": "unpack", "dtype": dt, "n": n},
+            (Binding("src", "u32"), Binding("dst", dtypes.COMPUTE[dt], True)),
+        )
+        self.launch(k, [ext, value], grid(-(-n // WORKGROUP)))
+
+    def pack(self, value, ext):
+        """Compute-form value -> caller's tensor in its storage type (one thread per word)."""
+        n = 1
+        for d in ext.shape:
+            n *= d
+        dt = ext.data_type
+        per_word = {"float16": 2, "int8": 4, "uint8": 4}.get(dt, 1)
+        words = -(-n // per_word) if dt not in ("int64", "uint64") else 2 * n
+        k = Kernel(
+            f"pack_{dt}_n{n}",
+            "edge.wgsl",
+            {"mode": "pack", "dtype": dt, "n": n, "words": words},
+            (Binding("src", dtypes.COMPUTE[dt]), Binding("dst", "u32", True)),
+        )
+        threads = words if dt not in ("int64", "uint64") else n
+        self.launch(k, [value, ext], grid(-(-threads // WORKGROUP)))
+
+
+def lower_steps(kc, steps, inputs, outputs):
+    """Record the launches of all steps into kc; returns nothing (kc.launches is the result)."""
+    from ..ops.elementwise import lower_group
+
+    for step in steps:
+        kc.step = step
+        kc._prologue = step.const
+        if OPS[step.nodes[-1].op].expr is not None and not step.epilogue:
+            lower_group(kc, step.nodes, step.outputs[0])
+        else:
+            node = step.node
+            op = OPS[node.op]
+            if op.lower is None:
+                raise NotImplementedError(f"operator {node.op} has no kernel yet")
+            op.lower(kc, node)
+    kc.step = None
+    kc._prologue = False
+
+
+def plan_memory(launches, kc, is_temp):
+    """Assign pooled buffers to intermediate values by liveness. Returns (assign, sizes):
+    assign maps id(root value) -> pool index, sizes the byte size of each pool buffer."""
+    first, last, size, order = {}, {}, {}, []
+    for i, l in enumerate(launches):
+        for a in l.args:
+            r = kc.root(a) if not isinstance(a, (Scratch, Ext)) else a
+            if not is_temp(r):
+                continue
+            k = id(r)
+            if k not in first:
+                first[k] = i
+                order.append(k)
+                size[k] = r.nbytes if isinstance(r, Scratch) else compute_nbytes(r)
+            last[k] = i
+    starts = {}
+    for k in order:
+        starts.setdefault(first[k], []).append(k)
+    ends = {}
+    for k in order:
+        ends.setdefault(last[k], []).append(k)
+    assign, sizes, free = {}, [], []
+    for i in range(len(launches)):
+        for k in starts.get(i, ()):
+            need = size[k]
+            # best fit among free buffers, else grow the smallest free one, else a new buffer
+            fit = [b for b in free if sizes[b] >= need]
+            if fit:
+                b = min(fit, key=lambda b: sizes[b])
+            elif free:
+                b = max(free, key=lambda b: sizes[b])
+                sizes[b] = need
+            else:
+                b = len(sizes)
+                sizes.append(need)
+            if b in free:
+                free.remove(b)
+            assign[k] = b
+        for k in ends.get(i, ()):
+            free.append(assign[k])
+    return assign, [dtypes.padded(s) for s in sizes]

@@ -1,0 +1,313 @@
+"""build -> MLGraph: a flat list of launches with pipelines and bind groups made up front.
+
+Only launches that touch the caller's tensors need per-dispatch bind groups; those are cached per
+set of tensors (dropped when one of them is destroyed). Dispatch records the launches into the
+context's open compute pass; nothing is allocated per dispatch once the cache is warm.
+"""
+
+import weakref
+
+import numpy as np
+import wgpu
+
+from .. import dtypes
+from ..errors import InvalidStateError
+from ..front.tensor import MLTensor
+from ..runtime.timeline import Task
+from ..runtime.wgsl import pipeline
+from .lower import Ext, KernelContext, Scratch, compute_nbytes, lower_steps, plan_memory
+from .passes import live_nodes, plan_steps
+
+_BG_CACHE_MAX = 64
+
+
+def compile_graph(builder, outputs):
+    ctx = builder._context
+    device = ctx.device
+    nodes = live_nodes(builder, outputs)
+    used_inputs = {id(x) for n in nodes for x in n.inputs if x is not None and x._kind == "input"}
+    used_inputs |= {id(v) for v in outputs.values() if v._kind == "input"}
+    inputs = {name: x for name, x in builder._inputs.items()}
+    steps = plan_steps(nodes, outputs)
+
+    kc = KernelContext(device, outputs)
+    loc = {}  # id(value) -> ("ext", Ext) | ("buf", GPUBuffer) | ("persist", None) | ("temp", None)
+
+    # Edges in: native inputs are read in place, others are unpacked into an intermediate.
+    for name, x in inputs.items():
+        ext = Ext("in", name, x.data_type, x.shape)
+        if x.data_type in dtypes.NATIVE:
+            loc[id(x)] = ext
+        elif id(x) in used_inputs:
+            kc.unpack(ext, x)
+
+    # Edges out: a native output is written straight into the caller's tensor by its producer.
+    out_ext = {}
+    pending_out = []
+    for name, v in outputs.items():
+        ext = Ext("out", name, v.data_type, v.shape)
+        out_ext[name] = ext
+        if v.data_type in dtypes.NATIVE and id(v) not in kc.out_slot:
+            kc.out_slot[id(v)] = ext
+            loc[id(v)] = ext
+        else:
+            pending_out.append((v, ext))
+
+    # Constants: uploaded once in compute form, or bound in place (native constant tensors).
+    keep = []  # objects the graph must keep alive (constant tensors)
+    persist = []
+    const_ops = {}
+    for n in nodes:
+        for x in n.inputs:
+            if x is not None and x._kind == "constant":
+                const_ops[id(x)] = x
+    for x in const_ops.values():
+        if isinstance(x._value, MLTensor):
+            keep.append(x._value)
+            if x.data_type in dtypes.NATIVE:
+                loc[id(x)] = ("buf", x._value._buffer)
+            else:
+                kc._prologue = True
+                kc.unpack(Ext("const", "", x.data_type, x.shape), x)
+                kc.launches[-1].args[0] = ("buf", x._value._buffer)
+                kc._prologue = False
+        else:
+            data = dtypes.to_compute_numpy(x.data_type, x._value)
+            buf = device.create_buffer(
+                label="mltensor-constant",
+                size=dtypes.padded(data.nbytes),
+                usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
+            )
+            if data.nbytes:
+                ctx._timeline.write(buf, np.ascontiguousarray(data).reshape(-1).view(np.uint8), data.nbytes)
+            persist.append(buf)
+            loc[id(x)] = ("buf", buf)
+
+    lower_steps(kc, steps, inputs, outputs)
+    for v, ext in pending_out:
+        if v.data_type in dtypes.NATIVE:
+            kc.copy(v, ext)
+        else:
+            kc.pack(v, ext)
+
+    # Values computed once at build (constant-folded) get their own buffers; the rest are pooled.
+    prologue_values = {}
+    for l in kc.launches:
+        if l.prologue:
+            for a, b in zip(l.args, l.kernel.bindings):
+                if b.writable and not isinstance(a, (Ext, Scratch, tuple)):
+                    prologue_values[id(kc.root(a))] = kc.root(a)
+
+    def resolve(a):
+        if isinstance(a, (Ext, tuple)):
+            return a
+        if isinstance(a, Scratch):
+            return a
+        r = kc.root(a)
+        return loc.get(id(r), r)
+
+    def is_temp(r):
+        return not isinstance(r, (Ext, tuple)) and id(r) not in loc and id(r) not in prologue_values
+
+    launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
+    # Liveness on resolved args (aliases resolved to roots).
+    assign, sizes = plan_memory([_L(args) for _, args in launches], _IdentityRoots(), is_temp)
+    pool = [
+        device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
+        for i, s in enumerate(sizes)
+    ]
+    for k, v in prologue_values.items():
+        buf = device.create_buffer(
+            label="mltensor-folded", size=dtypes.padded(compute_nbytes(v)), usage=wgpu.BufferUsage.STORAGE
+        )
+        persist.append(buf)
+        loc[k] = ("buf", buf)
+
+    def buffer_of(a):
+        if isinstance(a, Ext):
+            return a
+        if isinstance(a, tuple):
+            return a[1]
+        if id(a) in loc:
+            return buffer_of(loc[id(a)])
+        return pool[assign[id(a)]]
+
+    graph = MLGraph(ctx, builder, outputs, keep, persist + pool)
+    prologue = []
+    for l, args in launches:
+        pipe, bgl = pipeline(device, l.kernel)
+        bufs = [buffer_of(a) for a in args]
+        entry = [pipe, bgl, bufs, l.groups, None]
+        if not any(isinstance(b, Ext) for b in bufs):
+            entry[4] = device.create_bind_group(
+                layout=bgl,
+                entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)],
+            )
+        (prologue if l.prologue else graph._launches).append(entry)
+    graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
+    if prologue:
+        tl = ctx._timeline
+
+        def run_prologue():
+            p = tl.compute_pass()
+            for pipe, _, _, groups, bg in prologue:
+                p.set_pipeline(pipe)
+                p.set_bind_group(0, bg)
+                p.dispatch_workgroups(*groups)
+            tl.launched(len(prologue))
+
+        tl.enqueue(Task(tuple(keep), (), run_prologue))
+    graph._finish()
+    return graph
+
+
+class _L:
+    __slots__ = ("args",)
+
+    def __init__(self, args):
+        self.args = args
+
+
+class _IdentityRoots:
+    @staticmethod
+    def root(a):
+        return a
+
+
+class MLGraph:
+    # IDL: interface MLGraph { undefined destroy(); }
+
+    def __init__(self, ctx, builder, outputs, keep, buffers):
+        self._context = ctx
+        self._inputs = {n: (x.data_type, x.shape) for n, x in builder._inputs.items()}
+        self._outputs = {n: (v.data_type, v.shape) for n, v in outputs.items()}
+        self._keep = keep
+        self._buffers = buffers
+        self._launches = []
+        self._destroyed = False
+        self._bg_cache = {}
+        self._kernel_names = []
+        ctx._graphs.add(self)
+
+    def _finish(self):
+        self._dynamic = [i for i, e in enumerate(self._launches) if e[4] is None]
+        self._in_names = tuple(sorted(self._inputs))
+        self._out_names = tuple(sorted(self._outputs))
+
+    @property
+    def input_descriptors(self):
+        return dict(self._inputs)
+
+    @property
+    def output_descriptors(self):
+        return dict(self._outputs)
+
+    @property
+    def kernel_names(self):
+        """Python extension: the kernels one dispatch launches, in order (after fusion)."""
+        return list(self._kernel_names)
+
+    def __repr__(self):
+        return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"
+
+    def destroy(self):
+        """Idempotent; work already dispatched completes (buffers are freed after the submit)."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._context._graphs.discard(self)
+        self._bg_cache.clear()
+        bufs, self._buffers = self._buffers, []
+        tl = self._context._timeline
+        tl.after_submit(lambda: [b.destroy() for b in bufs])
+
+    def _bound(self, tensors):
+        """Launch list with bind groups for this tensor set (cached)."""
+        key = tuple(id(t) for t in tensors)
+        hit = self._bg_cache.get(key)
+        if hit is not None and all(r() is t for r, t in zip(hit[0], tensors)):
+            return hit[1]
+        by_slot = {}
+        names = [("in", n) for n in self._in_names] + [("out", n) for n in self._out_names]
+        for (kind, name), t in zip(names, tensors):
+            by_slot[(kind, name)] = t._buffer
+        device = self._context.device
+        bound = []
+        for pipe, bgl, bufs, groups, bg in self._launches:
+            if bg is None:
+                real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext) else b for b in bufs]
+                bg = device.create_bind_group(
+                    layout=bgl,
+                    entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(real)],
+                )
+            bound.append((pipe, bg, groups))
+        if len(self._bg_cache) >= _BG_CACHE_MAX:
+            self._bg_cache.pop(next(iter(self._bg_cache)))
+        self._bg_cache[key] = ([weakref.ref(t) for t in tensors], bound)
+        for t in tensors:
+            t._on_destroy.append(self._evict)
+        return bound
+
+    def _evict(self, tensor):
+        tid = id(tensor)
+        for k in [k for k in self._bg_cache if tid in k]:
+            del self._bg_cache[k]
+
+
+def dispatch(ctx, graph, inputs, outputs):
+    where = "dispatch"
+    if not isinstance(graph, MLGraph):
+        raise TypeError(f"[{where}] graph must be an MLGraph, got {type(graph).__name__}")
+    if graph._context is not ctx:
+        raise TypeError(f"[{where}] the graph belongs to another MLContext")
+    if not isinstance(inputs, dict) or not isinstance(outputs, dict):
+        raise TypeError(f"[{where}] inputs and outputs must be dicts of name -> MLTensor")
+    for kind, given, want in (("input", inputs, graph._inputs), ("output", outputs, graph._outputs)):
+        if set(given) != set(want):
+            missing = sorted(set(want) - set(given))
+            extra = sorted(set(given) - set(want))
+            raise TypeError(
+                f"[{where}] {kind} names do not match the graph's: missing {missing}, unexpected {extra}"
+            )
+        for name, t in given.items():
+            if not isinstance(t, MLTensor):
+                raise TypeError(f"[{where}] {kind} {name!r} must be an MLTensor, got {type(t).__name__}")
+            if t._context is not ctx:
+                raise TypeError(f"[{where}] {kind} {name!r} belongs to another MLContext")
+            if t.constant:
+                raise TypeError(f"[{where}] {kind} {name!r} is a constant tensor")
+            dt, shape = want[name]
+            if t.data_type != dt or t.shape != shape:
+                raise TypeError(
+                    f"[{where}] {kind} {name!r} must be {dt} {list(shape)}, got {t.data_type} {list(t.shape)}"
+                )
+    outs = list(outputs.values())
+    if len({id(t) for t in outs}) != len(outs):
+        raise TypeError(f"[{where}] the same tensor is bound to two outputs")
+    in_ids = {id(t) for t in inputs.values()}
+    for name, t in outputs.items():
+        if id(t) in in_ids:
+            raise TypeError(f"[{where}] output {name!r} is also bound as an input")
+    ctx._check(where)
+    if graph._destroyed:
+        raise InvalidStateError(f"[{where}] the graph is destroyed")
+    for kind, given in (("input", inputs), ("output", outputs)):
+        for name, t in given.items():
+            if t._destroyed:
+                raise InvalidStateError(f"[{where}] {kind} {name!r} is destroyed")
+
+    tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
+    tl = ctx._timeline
+    buffers = [t._buffer for t in tensors]
+
+    def record():
+        bound = graph._bound(tensors)
+        p = tl.compute_pass()
+        for pipe, bg, groups in bound:
+            p.set_pipeline(pipe)
+            p.set_bind_group(0, bg)
+            p.dispatch_workgroups(*groups)
+        tl.touch(buffers)
+        tl.launched(len(bound))
+
+    tl.enqueue(Task(tuple(inputs.values()), outs, record))

@@ -1,0 +1,216 @@
+"""MLGraphBuilder and MLOperand: validate, infer shapes and types, record nodes.
+
+Operator methods live in mltensor/ops/ (one file per family); each is attached to
+MLGraphBuilder by `@builder_op`, which adds the shared state checks. The IDL signature of every
+method is quoted above it there.
+"""
+
+import functools
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import InvalidStateError
+from ._util import as_shape, awaitable
+from .tensor import MLTensor
+
+
+class MLOperand:
+    # IDL: interface MLOperand { readonly attribute MLOperandDataType dataType; readonly attribute FrozenArray<unsigned long> shape; }
+    __slots__ = ("_builder", "_data_type", "_shape", "_kind", "_node", "_name", "_value", "__weakref__")
+
+    def __init__(self, builder, data_type, shape, kind, node=None, name=None, value=None):
+        self._builder = builder
+        self._data_type = data_type
+        self._shape = tuple(shape)
+        self._kind = kind  # "input" | "constant" | "op"
+        self._node = node
+        self._name = name
+        self._value = value  # constant: numpy array in the operand's data type, or an MLTensor
+
+    data_type = property(lambda self: self._data_type)
+    shape = property(lambda self: self._shape)
+
+    @property
+    def rank(self):
+        return len(self._shape)
+
+    @property
+    def size(self):
+        n = 1
+        for d in self._shape:
+            n *= d
+        return n
+
+    def __repr__(self):
+        what = self._name or (self._node.op if self._node else self._kind)
+        return f"<MLOperand {what} {self._data_type} {list(self._shape)}>"
+
+
+class Node:
+    """One operator call: op name, operand inputs (None for absent optional ones), attributes."""
+
+    __slots__ = ("op", "inputs", "attrs", "outputs", "label")
+
+    def __init__(self, op, inputs, attrs, label):
+        self.op = op
+        self.inputs = list(inputs)
+        self.attrs = attrs
+        self.outputs = []
+        self.label = label
+
+    def __repr__(self):
+        return f"<Node {self.op}{' ' + self.label if self.label else ''}>"
+
+
+def builder_op(fn):
+    """Attach an operator function `fn(builder, ...)` as MLGraphBuilder.<fn name>."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        self._check_state(name)
+        return fn(self, *args, **kwargs)
+
+    setattr(MLGraphBuilder, name, method)
+    return fn
+
+
+class MLGraphBuilder:
+    # IDL: [Exposed=(Window, Worker)] interface MLGraphBuilder { constructor(MLContext context); ... }
+
+    def __init__(self, context):
+        from .context import MLContext
+
+        if not isinstance(context, MLContext):
+            raise TypeError(f"[MLGraphBuilder] expected an MLContext, got {type(context).__name__}")
+        context._check("MLGraphBuilder")
+        self._context = context
+        self._inputs = {}
+        self._nodes = []
+        self._built = False
+
+    # -- shared validation helpers used by every operator file --------------------------------
+
+    def _check_state(self, where):
+        self._context._check(where)
+        if self._built:
+            raise InvalidStateError(f"[{where}] the builder has already built a graph")
+
+    def _operand(self, x, where, what="input"):
+        if not isinstance(x, MLOperand):
+            raise TypeError(f"[{where}] {what} must be an MLOperand, got {type(x).__name__}")
+        if x._builder is not self:
+            raise TypeError(f"[{where}] {what} was created by another MLGraphBuilder")
+        return x
+
+    def _emit(self, op, inputs, attrs, outs, label=None):
+        """Record a node; `outs` is a list of (data_type, shape). Returns the output operands."""
+        if label is not None and not isinstance(label, str):
+            raise TypeError(f"[{op}] label must be a string")
+        node = Node(op, inputs, attrs, label)
+        node.outputs = [MLOperand(self, dt, shape, "op", node=node) for dt, shape in outs]
+        self._nodes.append(node)
+        return node.outputs
+
+    def _emit1(self, op, inputs, attrs, data_type, shape, label=None):
+        return self._emit(op, inputs, attrs, [(data_type, shape)], label)[0]
+
+    # -- inputs and constants -----------------------------------------------------------------
+
+    # IDL: MLOperand input(USVString name, MLOperandDescriptor descriptor);
+    def input(self, name, *, data_type, shape):
+        self._check_state("input")
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"[input] name must be a non-empty string, got {name!r}")
+        if name in self._inputs:
+            raise TypeError(f"[input] an input named {name!r} already exists")
+        data_type, shape = self._context._tensor_args("input", data_type, shape)
+        x = MLOperand(self, data_type, shape, "input", name=name)
+        self._inputs[name] = x
+        return x
+
+    # IDL: MLOperand constant(MLOperandDescriptor descriptor, AllowSharedBufferSource buffer);
+    # IDL: MLOperand constant(MLOperandDataType type, MLNumber value);
+    # IDL: MLOperand constant(MLTensor tensor);
+    def constant(self, *args, data_type=None, shape=None, data=None, value=None):
+        """constant(ndarray) | constant(data_type=, shape=, data=) | constant(data_type=, value=)
+        | constant(tensor). The bytes are copied at the call."""
+        self._check_state("constant")
+        where = "constant"
+        if len(args) > 1:
+            raise TypeError(f"[{where}] takes one positional argument, got {len(args)}")
+        if args:
+            src = args[0]
+            if isinstance(src, MLTensor):
+                ctx = self._context
+                ctx._check_tensor(src, where)
+                if not src.constant:
+                    raise TypeError(f"[{where}] the tensor was not created with create_constant_tensor")
+                return MLOperand(self, src.data_type, src.shape, "constant", value=src)
+            if isinstance(src, str) and value is None and data is None:
+                data_type, value = src, None
+            else:
+                arr = np.asarray(src)
+                dt = dtypes.normalize(arr.dtype if data_type is None else data_type, where)
+                if arr.dtype != dtypes.NUMPY[dt]:
+                    raise TypeError(f"[{where}] array dtype {arr.dtype} differs from data_type {dt}")
+                shape = arr.shape if shape is None else as_shape(shape, where)
+                self._context._tensor_args(where, dt, shape)
+                if tuple(shape) != arr.shape and arr.size != int(np.prod(shape, dtype=np.int64)):
+                    raise TypeError(f"[{where}] array of shape {arr.shape} does not fit shape {list(shape)}")
+                return MLOperand(self, dt, shape, "constant", value=np.array(arr).reshape(shape))
+        if data_type is None:
+            raise TypeError(f"[{where}] data_type is required")
+        dt = dtypes.normalize(data_type, where)
+        if value is not None:
+            if data is not None or shape is not None:
+                raise TypeError(f"[{where}] give either value (a scalar) or shape and data")
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise TypeError(f"[{where}] value must be a number, got {value!r}")
+            return MLOperand(self, dt, (), "constant", value=np.array(value).astype(dtypes.NUMPY[dt]))
+        if shape is None or data is None:
+            raise TypeError(f"[{where}] shape and data are required (or a scalar value)")
+        dt, shape = self._context._tensor_args(where, dt, shape)
+        from .context import _bytes_of
+
+        raw = _bytes_of(data, dt, dtypes.byte_length(dt, shape), where)
+        arr = np.frombuffer(bytes(raw), dtype=dtypes.NUMPY[dt]).reshape(shape)
+        return MLOperand(self, dt, shape, "constant", value=arr)
+
+    # -- build ---------------------------------------------------------------------------------
+
+    def _check_outputs(self, outputs, where):
+        self._check_state(where)
+        if not isinstance(outputs, dict) or not outputs:
+            raise TypeError(f"[{where}] outputs must be a non-empty dict of name -> MLOperand")
+        for name, op in outputs.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"[{where}] output names must be non-empty strings, got {name!r}")
+            self._operand(op, where, f"output {name!r}")
+            if op._kind != "op":
+                raise TypeError(f"[{where}] output {name!r} is an {op._kind} operand, not an operator result")
+        return dict(outputs)
+
+    # IDL: Promise<MLGraph> build(MLNamedOperands outputs);
+    def build_sync(self, outputs):
+        outputs = self._check_outputs(outputs, "build")
+        from ..compiler.program import compile_graph
+
+        self._built = True
+        return compile_graph(self, outputs)
+
+    def build_async(self, outputs):
+        outputs = self._check_outputs(outputs, "build")
+        from ..compiler.program import compile_graph
+
+        self._built = True
+
+        async def build():
+            return compile_graph(self, outputs)
+
+        return awaitable(build())
+
+
+# Attach the operator methods (each ops module decorates its functions with @builder_op).
+from .. import ops as _ops  # noqa: E402,F401

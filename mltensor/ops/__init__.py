@@ -1,0 +1,168 @@
+"""Operator families: one file each, holding the builder methods (validation, shape and type
+inference, attached to MLGraphBuilder with @builder_op) and the lowering of their nodes to WGSL
+kernels from shaders/.
+
+A family registers each operator with `register`: the data types and ranks it supports per operand
+(the single source of both validation and `op_support_limits()`), and either
+- `expr`: an elementwise operator given as a WGSL expression; the compiler fuses chains of these
+  into one kernel (and unary ones into conv2d/matmul/gemm epilogues when `activation=True`), or
+- `lower`: a function `lower(kc, node)` that emits launches through the compiler's KernelContext.
+"""
+
+from dataclasses import dataclass, field
+
+from .. import dtypes
+
+MAX_RANK = 8
+
+
+@dataclass
+class OpDef:
+    name: str
+    support: dict  # operand name -> tuple of data types ("output" included)
+    ranks: dict = field(default_factory=dict)  # operand name -> (min, max)
+    lower: object = None
+    expr: object = None
+    activation: bool = False
+
+
+OPS = {}
+
+
+def register(name, support, *, ranks=None, lower=None, expr=None, activation=False):
+    OPS[name] = OpDef(name, support, ranks or {}, lower, expr, activation)
+    return OPS[name]
+
+
+def lowering(name):
+    """Decorator: set the lowering function of an already registered operator."""
+
+    def deco(fn):
+        OPS[name].lower = fn
+        return fn
+
+    return deco
+
+
+# -- validation helpers shared by the families ------------------------------------------------
+
+
+def check_type(where, what, operand, allowed):
+    if operand.data_type not in allowed:
+        raise TypeError(
+            f"[{where}] {what} data type {operand.data_type} is not supported; expected one of "
+            f"{', '.join(allowed)}"
+        )
+
+
+def check_support(name, **operands):
+    """Validate operands against the registered support of operator `name`."""
+    op = OPS[name]
+    for what, x in operands.items():
+        if x is None:
+            continue
+        check_type(name, what, x, op.support[what])
+        lo, hi = op.ranks.get(what, (0, MAX_RANK))
+        if not lo <= x.rank <= hi:
+            want = f"{lo}" if lo == hi else f"between {lo} and {hi}"
+            raise TypeError(f"[{name}] {what} rank must be {want}, got {x.rank} (shape {list(x.shape)})")
+
+
+def same_type(where, *pairs):
+    """pairs of (what, operand): all must share the first one's data type."""
+    (w0, x0), *rest = pairs
+    for w, x in rest:
+        if x is not None and x.data_type != x0.data_type:
+            raise TypeError(f"[{where}] {w} data type {x.data_type} differs from {w0} data type {x0.data_type}")
+
+
+def broadcast_shapes(where, a, b):
+    """Numpy-style bidirectional broadcasting of two shapes."""
+    a, b = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + a
+    b = (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise TypeError(f"[{where}] shapes {list(a)} and {list(b)} are not broadcastable")
+    return tuple(out)
+
+
+def unidirectional(where, shape, target):
+    """True if `shape` broadcasts to `target` (unidirectionally), else TypeError."""
+    shape, target = tuple(shape), tuple(target)
+    if len(shape) > len(target):
+        raise TypeError(f"[{where}] shape {list(shape)} cannot broadcast to {list(target)}")
+    s = (1,) * (len(target) - len(shape)) + shape
+    for x, y in zip(s, target):
+        if x != y and x != 1:
+            raise TypeError(f"[{where}] shape {list(shape)} cannot broadcast to {list(target)}")
+    return True
+
+
+def check_axes(where, axes, rank, what="axes", unique=True):
+    if axes is None:
+        return list(range(rank))
+    try:
+        axes = [int(a) for a in axes]
+    except (TypeError, ValueError):
+        raise TypeError(f"[{where}] {what} must be a sequence of integers, got {axes!r}") from None
+    for a in axes:
+        if not 0 <= a < rank:
+            raise TypeError(f"[{where}] {what} value {a} is out of range for rank {rank}")
+    if unique and len(set(axes)) != len(axes):
+        raise TypeError(f"[{where}] {what} must not repeat, got {axes}")
+    return axes
+
+
+def int_list(where, what, value, length=None, minimum=None):
+    try:
+        vals = [int(v) for v in value]
+        if any(isinstance(v, bool) for v in value):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise TypeError(f"[{where}] {what} must be a sequence of integers, got {value!r}") from None
+    if length is not None and len(vals) != length:
+        raise TypeError(f"[{where}] {what} must have {length} values, got {len(vals)}")
+    if minimum is not None and any(v < minimum for v in vals):
+        raise TypeError(f"[{where}] {what} values must be >= {minimum}, got {vals}")
+    return vals
+
+
+def support_limits(ctx):
+    """The WebNN MLOpSupportLimits dictionary, in snake_case."""
+
+    def entry(types, rank=(0, MAX_RANK)):
+        return {"data_types": list(types), "rank_range": {"min": rank[0], "max": rank[1]}}
+
+    limits = {
+        "preferred_input_layout": "nchw",
+        "max_tensor_byte_length": ctx._max_bytes,
+        "input": entry(dtypes.ALL),
+        "constant": entry(dtypes.ALL),
+        "output": entry(dtypes.ALL),
+    }
+    for name, op in sorted(OPS.items()):
+        if name.startswith("_"):
+            continue
+        limits[name] = {w: entry(t, op.ranks.get(w, (0, MAX_RANK))) for w, t in op.support.items()}
+    return limits
+
+
+# Import every family module in this package so that each registers itself and attaches its
+# builder methods (adding a family is adding a file).
+def _load_families():
+    import importlib
+    import pkgutil
+
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{m.name}")
+
+
+_load_families()

@@ -1,0 +1,313 @@
+"""Elementwise operators: binary arithmetic, unary math, cast and activations.
+
+Each operator is a WGSL expression over its operands; the compiler fuses chains of them into one
+kernel (shaders/elementwise.wgsl) and unary activations into conv2d/matmul/gemm epilogues.
+Inputs broadcast numpy-style; the kernel computes each input's index from the output index with
+strides baked in (0 along broadcast dimensions).
+"""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from . import broadcast_shapes, check_support, register, same_type
+
+ALL = dtypes.ALL
+FLOAT = dtypes.FLOATS
+SIGNED = dtypes.SIGNED
+
+
+def _t(kc, node, i=0):
+    return kc.wtype(node.inputs[i])
+
+
+# -- binary ---------------------------------------------------------------------------------
+
+
+def _div(kc, node, a, b):
+    t = _t(kc, node)
+    if t == "f32":
+        return f"({a} / {b})"
+    # integers: truncating division; division by zero gives 0 rather than WGSL's `a`
+    z = "0i" if t == "i32" else "0u"
+    return f"select({a} / {b}, {z}, {b} == {z})"
+
+
+def _pow(kc, node, a, b):
+    return f"pow_{_t(kc, node)}({a}, {b})"
+
+
+BINARY = {
+    "add": (ALL, lambda kc, n, a, b: f"({a} + {b})"),
+    "sub": (ALL, lambda kc, n, a, b: f"({a} - {b})"),
+    "mul": (ALL, lambda kc, n, a, b: f"({a} * {b})"),
+    "div": (ALL, _div),
+    "max": (ALL, lambda kc, n, a, b: f"max({a}, {b})"),
+    "min": (ALL, lambda kc, n, a, b: f"min({a}, {b})"),
+    "pow": (("float32", "float16", "int32", "uint32", "int8", "uint8"), _pow),
+}
+
+
+def _binary(name, types, fn):
+    register(name, {"a": types, "b": types, "output": types}, expr=fn)
+
+    def op(b, a, c, *, label=None):
+        b._operand(a, name, "a")
+        b._operand(c, name, "b")
+        check_support(name, a=a, b=c)
+        same_type(name, ("a", a), ("b", c))
+        shape = broadcast_shapes(name, a.shape, c.shape)
+        return b._emit1(name, [a, c], {}, a.data_type, shape, label)
+
+    op.__name__ = name
+    op.__doc__ = f"IDL: MLOperand {name}(MLOperand a, MLOperand b, optional MLOperatorOptions options = {{}});"
+    builder_op(op)
+
+
+for _name, (_types, _fn) in BINARY.items():
+    _binary(_name, _types, _fn)
+
+
+# -- unary ----------------------------------------------------------------------------------
+
+
+def _f(expr):
+    """Float-only unary given as a format string over {x}."""
+    return lambda kc, n, x: expr.format(x=x)
+
+
+def _abs(kc, n, x):
+    return f"abs({x})" if _t(kc, n) != "u32" else x
+
+
+def _neg(kc, n, x):
+    return f"(-{x})"
+
+
+def _sign(kc, n, x):
+    return f"sign({x})"
+
+
+UNARY = {
+    "abs": (("float32", "float16", "int32", "int64", "int8"), _abs),
+    "ceil": (FLOAT, _f("ceil({x})")),
+    "cos": (FLOAT, _f("cos({x})")),
+    "erf": (FLOAT, _f("erf_f32({x})")),
+    "exp": (FLOAT, _f("exp({x})")),
+    "floor": (FLOAT, _f("floor({x})")),
+    "identity": (ALL, lambda kc, n, x: x),
+    "log": (FLOAT, _f("log({x})")),
+    "neg": (("float32", "float16", "int32", "int64", "int8"), _neg),
+    "reciprocal": (FLOAT, _f("(1.0 / {x})")),
+    "sign": (("float32", "float16", "int32", "int64", "int8"), _sign),
+    "sin": (FLOAT, _f("sin({x})")),
+    "sqrt": (FLOAT, _f("sqrt({x})")),
+    "tan": (FLOAT, _f("tan({x})")),
+}
+
+
+def _unary(name, types, fn, attrs_of=None, activation=False):
+    register(name, {"input": types, "output": types}, expr=fn, activation=activation)
+
+    def op(b, x, *, label=None, **options):
+        b._operand(x, name, "input")
+        check_support(name, input=x)
+        attrs = attrs_of(name, x, **options) if attrs_of else _no_options(name, options)
+        return b._emit1(name, [x], attrs, x.data_type, x.shape, label)
+
+    op.__name__ = name
+    builder_op(op)
+
+
+def _no_options(name, options):
+    if options:
+        raise TypeError(f"[{name}] unexpected options {sorted(options)}")
+    return {}
+
+
+for _name, (_types, _fn) in UNARY.items():
+    _unary(_name, _types, _fn, activation=_name == "identity")
+
+
+# -- activations ----------------------------------------------------------------------------
+
+
+def _float_opt(name, what, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"[{name}] {what} must be a number, got {v!r}")
+    return float(v)
+
+
+def _opts(defaults):
+    def attrs_of(name, x, **options):
+        extra = set(options) - set(defaults)
+        if extra:
+            raise TypeError(f"[{name}] unexpected options {sorted(extra)}")
+        return {k: _float_opt(name, k, options.get(k, d)) for k, d in defaults.items()}
+
+    return attrs_of
+
+
+def _clamp_attrs(name, x, min_value=None, max_value=None):
+    lo = float("-inf") if min_value is None else _float_opt(name, "min_value", min_value)
+    hi = float("inf") if max_value is None else _float_opt(name, "max_value", max_value)
+    if lo > hi:
+        raise TypeError(f"[{name}] min_value ({lo}) must not be greater than max_value ({hi})")
+    return {"min_value": lo, "max_value": hi}
+
+
+def _clamp(kc, n, x):
+    t = _t(kc, n)
+    lo, hi = n.attrs["min_value"], n.attrs["max_value"]
+    if t != "f32":
+        # integers: saturate the float bounds into the type's range
+        bound = (-(2**31), 2**31 - 1) if t == "i32" else (0, 2**32 - 1)
+        lo = max(bound[0], min(bound[1], lo)) if lo != float("-inf") else bound[0]
+        hi = max(bound[0], min(bound[1], hi)) if hi != float("inf") else bound[1]
+        import math
+
+        lo, hi = math.ceil(lo), math.floor(hi)
+    return f"clamp({x}, {lit(lo, t)}, {lit(hi, t)})"
+
+
+def _a(n, k):
+    return lit(n.attrs[k], "f32")
+
+
+ACTIVATIONS = {
+    # name: (types, expr, option defaults or custom attrs function)
+    "clamp": (ALL, _clamp, _clamp_attrs),
+    "elu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * (exp({x}) - 1.0), {x}, {x} >= 0.0)", _opts({"alpha": 1.0})),
+    "gelu": (FLOAT, lambda kc, n, x: f"(0.5 * {x} * (1.0 + erf_f32({x} * 0.70710678118654752)))", None),
+    "hard_sigmoid": (FLOAT, lambda kc, n, x: f"clamp({_a(n, 'alpha')} * {x} + {_a(n, 'beta')}, 0.0, 1.0)", _opts({"alpha": 0.2, "beta": 0.5})),
+    "hard_swish": (FLOAT, lambda kc, n, x: f"({x} * clamp({x} / 6.0 + 0.5, 0.0, 1.0))", None),
+    "leaky_relu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * {x}, {x}, {x} >= 0.0)", _opts({"alpha": 0.01})),
+    "linear": (FLOAT, lambda kc, n, x: f"({_a(n, 'alpha')} * {x} + {_a(n, 'beta')})", _opts({"alpha": 1.0, "beta": 0.0})),
+    "relu": (("float32", "float16", "int32", "int64", "int8"), lambda kc, n, x: f"max({x}, {lit(0, _t(kc, n))})", None),
+    "sigmoid": (FLOAT, lambda kc, n, x: f"sigmoid_f32({x})", None),
+    "softplus": (FLOAT, lambda kc, n, x: f"softplus_f32({x})", None),
+    "softsign": (FLOAT, lambda kc, n, x: f"({x} / (1.0 + abs({x})))", None),
+    "tanh": (FLOAT, lambda kc, n, x: f"tanh_f32({x})", None),
+}
+
+for _name, (_types, _fn, _attrs) in ACTIVATIONS.items():
+    _unary(_name, _types, _fn, attrs_of=_attrs, activation=True)
+
+
+# -- prelu (binary, slope broadcasts unidirectionally) ----------------------------------------
+
+register("prelu", {"input": SIGNED, "slope": SIGNED, "output": SIGNED},
+         expr=lambda kc, n, x, s: f"select({x} * {s}, {x}, {x} >= {lit(0, _t(kc, n))})")
+
+
+@builder_op
+def prelu(b, x, slope, *, label=None):
+    # IDL: MLOperand prelu(MLOperand input, MLOperand slope, optional MLOperatorOptions options = {});
+    b._operand(x, "prelu", "input")
+    b._operand(slope, "prelu", "slope")
+    check_support("prelu", input=x, slope=slope)
+    same_type("prelu", ("input", x), ("slope", slope))
+    shape = broadcast_shapes("prelu", x.shape, slope.shape)
+    return b._emit1("prelu", [x, slope], {}, x.data_type, shape, label)
+
+
+# -- cast -----------------------------------------------------------------------------------
+
+register("cast", {"input": ALL, "output": ALL}, expr=lambda kc, n, x: _cast(kc, n, x))
+
+
+def _cast(kc, n, x):
+    src, dst = _t(kc, n), kc.wtype(n.outputs[0])
+    if src == dst:
+        return x
+    if dst == "u32" and src == "f32":
+        # negative floats to unsigned wrap like C casts through a signed integer
+        return f"bitcast<u32>(i32({x}))"
+    return f"{dst}({x})"
+
+
+@builder_op
+def cast(b, x, data_type, *, label=None):
+    # IDL: MLOperand cast(MLOperand input, MLOperandDataType type, optional MLOperatorOptions options = {});
+    b._operand(x, "cast", "input")
+    dt = dtypes.normalize(data_type, "cast")
+    return b._emit1("cast", [x], {"to": dt}, dt, x.shape, label)
+
+
+# -- lowering of fused groups -----------------------------------------------------------------
+
+
+def _index_expr(in_shape, out_shape):
+    """WGSL expression for the flat index into an input broadcast to out_shape, from `i`."""
+    in_shape, out_shape = tuple(in_shape), tuple(out_shape)
+    if in_shape == out_shape:
+        return "i"
+    n_in = 1
+    for d in in_shape:
+        n_in *= d
+    if n_in == 1:
+        return "0u"
+    r = len(out_shape)
+    s = (1,) * (r - len(in_shape)) + in_shape
+    stride, strides = 1, [0] * r
+    for d in range(r - 1, -1, -1):
+        strides[d] = stride if s[d] != 1 else 0
+        stride *= s[d]
+    # coordinate of dim d: (i / prod(out[d+1:])) % out[d]
+    terms, inner = [], 1
+    for d in range(r - 1, -1, -1):
+        if strides[d]:
+            c = f"(i / {inner}u)" if inner != 1 else "i"
+            if d > 0:
+                c = f"({c} % {out_shape[d]}u)"
+            terms.append(f"{c} * {strides[d]}u" if strides[d] != 1 else c)
+        inner *= out_shape[d]
+    return " + ".join(terms) if terms else "0u"
+
+
+def lower_group(kc, nodes, out):
+    """One kernel for a fused chain of elementwise nodes writing `out`."""
+    produced = {id(v): v for n in nodes for v in n.outputs}
+    ext, names = [], {}
+    for n in nodes:
+        for x in n.inputs:
+            if x is not None and id(x) not in produced and id(x) not in names:
+                names[id(x)] = f"x{len(ext)}"
+                ext.append(x)
+    loads, body = [], []
+    for k, x in enumerate(ext):
+        loads.append(f"    let x{k} = in{k}[{_index_expr(x.shape, out.shape)}];")
+    for j, n in enumerate(nodes):
+        args = [names[id(x)] for x in n.inputs if x is not None]
+        v = f"v{j}"
+        body.append(f"    let {v}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
+        names[id(n.outputs[0])] = v
+    size = 1
+    for d in out.shape:
+        size *= d
+    name = "ew_" + "_".join(n.op for n in nodes[:6]) + ("_etc" if len(nodes) > 6 else "")
+    name += f"_{kc.wtype(out)}_n{size}"
+    bindings = [Binding(f"in{k}", kc.wtype(x)) for k, x in enumerate(ext)]
+    bindings.append(Binding("out", kc.wtype(out), True))
+    kernel = Kernel(
+        name,
+        "elementwise.wgsl",
+        {"n": size, "loads": "\n".join(loads), "body": "\n".join(body), "result": names[id(out)]},
+        bindings,
+    )
+    kc.launch(kernel, ext + [out], grid(-(-size // WORKGROUP)))
+
+
+def OPS_EXPR(node):
+    from . import OPS
+
+    return OPS[node.op].expr
+
+
+def activation_fn(kc, nodes, wtype):
+    """WGSL `fn act(x) -> T` applying a chain of unary activation nodes (identity if none)."""
+    lines, cur = [], "x"
+    for j, n in enumerate(nodes):
+        lines.append(f"    let a{j}: {wtype} = {OPS_EXPR(n)(kc, n, cur)};")
+        cur = f"a{j}"
+    body = "\n".join(lines)
+    return f"fn act(x: {wtype}) -> {wtype} {{\n{body}\n    return {cur};\n}}"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set up mltensor on a fresh machine: a virtual environment in .venv with the package and its
+# test/example extras, and a GPU adapter for wgpu. Without a GPU (CI, containers) it installs
+# Mesa's software Vulkan driver (lavapipe) via apt. Safe to run again: it only does what is missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup: Python >= 3.11 is required ($("$PY" --version 2>&1))" >&2
+    exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.mltensor-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "setup: installing mltensor and its extras into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[test,examples]"
+    touch "$stamp"
+fi
+
+probe='import wgpu, sys; a = wgpu.gpu.request_adapter_sync(); sys.exit(0 if a else 1)'
+if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then
+    echo "setup: wgpu found no GPU adapter; installing Mesa's software Vulkan driver (lavapipe)"
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO=sudo; else SUDO=; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+    if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then
+        echo "setup: still no adapter after installing mesa-vulkan-drivers" >&2
+        exit 1
+    fi
+fi
+.venv/bin/python - <<'PY'
+import wgpu
+a = wgpu.gpu.request_adapter_sync()
+i = a.info
+kind = "software (CPU)" if i["adapter_type"] == "CPU" else "hardware"
+print(f"setup: adapter {i['device']} ({i['backend_type']}, {kind})")
+PY

@@ -1,0 +1,53 @@
+// Graph edges: storage form <-> 32-bit compute form, and plain copies.
+// unpack: one thread per element; pack: one thread per 32-bit word (no two threads share a word).
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+@compute @workgroup_size({{ WORKGROUP }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid);
+{$ if mode == "copy" $}
+    if (i >= {{ n }}u) { return; }
+    dst[i] = src[i];
+{$ elif mode == "unpack" $}
+    if (i >= {{ n }}u) { return; }
+  {$ if dtype == "float16" $}
+    dst[i] = f16_bits_to_f32(src[i / 2u] >> (16u * (i % 2u)));
+  {$ elif dtype == "int8" $}
+    dst[i] = (bitcast<i32>(src[i / 4u] << (24u - 8u * (i % 4u)))) >> 24u;
+  {$ elif dtype == "uint8" $}
+    dst[i] = (src[i / 4u] >> (8u * (i % 4u))) & 0xffu;
+  {$ elif dtype == "int64" $}
+    dst[i] = bitcast<i32>(src[2u * i]);
+  {$ elif dtype == "uint64" $}
+    dst[i] = src[2u * i];
+  {$ else $}
+    dst[i] = bitcast<{{ "f32" if dtype == "float32" else ("i32" if dtype == "int32" else "u32") }}>(src[i]);
+  {$ endif $}
+{$ elif mode == "pack" $}
+  {$ if dtype == "float16" $}
+    if (i >= {{ words }}u) { return; }
+    let lo = f32_to_f16_bits(src[2u * i]);
+    var hi = 0u;
+    if (2u * i + 1u < {{ n }}u) { hi = f32_to_f16_bits(src[2u * i + 1u]); }
+    dst[i] = lo | (hi << 16u);
+  {$ elif dtype in ("int8", "uint8") $}
+    if (i >= {{ words }}u) { return; }
+    var w = 0u;
+    for (var k = 0u; k < 4u; k++) {
+        let j = 4u * i + k;
+        if (j < {{ n }}u) { w = w | ((bitcast<u32>(src[j]) & 0xffu) << (8u * k)); }
+    }
+    dst[i] = w;
+  {$ elif dtype == "int64" $}
+    if (i >= {{ n }}u) { return; }
+    dst[2u * i] = bitcast<u32>(src[i]);
+    dst[2u * i + 1u] = select(0u, 0xffffffffu, src[i] < 0i);
+  {$ elif dtype == "uint64" $}
+    if (i >= {{ n }}u) { return; }
+    dst[2u * i] = src[i];
+    dst[2u * i + 1u] = 0u;
+  {$ endif $}
+{$ endif $}
+}

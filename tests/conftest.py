@@ -1,0 +1,33 @@
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("RENDERCANVAS_FORCE_OFFSCREEN", "1")
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+wgpu = pytest.importorskip("wgpu")
+if wgpu.gpu.request_adapter_sync() is None:  # pragma: no cover
+    pytest.skip("no wgpu adapter (run setup.sh)", allow_module_level=True)
+
+import mltensor  # noqa: E402
+from mltensor import ml  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ctx():
+    """One shared context for tests that do not destroy it (device creation costs ~0.3 s)."""
+    c = ml.create_context_sync()
+    yield c
+
+
+@pytest.fixture
+def fresh_ctx():
+    c = ml.create_context_sync()
+    yield c
+    c.destroy()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)

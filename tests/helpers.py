@@ -1,0 +1,26 @@
+"""Shared test helpers (import as `from helpers import run_graph`)."""
+
+import numpy as np
+
+import mltensor
+
+
+def run_graph(ctx, outputs, feeds, builder):
+    """Build `outputs` (dict name -> operand), dispatch with numpy `feeds`, return numpy dict."""
+    g = builder.build_sync(outputs)
+    ins = {}
+    for name, arr in feeds.items():
+        dt, shape = g.input_descriptors[name]
+        t = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
+        ctx.write_tensor(t, np.ascontiguousarray(arr, dtype=mltensor.dtypes.NUMPY[dt]))
+        ins[name] = t
+    outs = {
+        n: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+        for n, (dt, shape) in g.output_descriptors.items()
+    }
+    ctx.dispatch(g, ins, outs)
+    res = {n: ctx.read_tensor_sync(t) for n, t in outs.items()}
+    for t in list(ins.values()) + list(outs.values()):
+        t.destroy()
+    g.destroy()
+    return res
