@@ -1,0 +1,86 @@
+"""Comparison and logical operators, is_nan / is_infinite, round_even.
+
+All are elementwise WGSL expressions, so the compiler fuses them with their neighbours (a
+comparison feeding a `where`-free chain of casts/logicals is one kernel). Comparisons and logical
+operators produce "uint8" 0/1 values (computed as u32, packed at the graph's edges). NaN follows
+IEEE: every ordered comparison with NaN is false, `not_equal` is true.
+"""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from . import broadcast_shapes, check_support, register, same_type
+
+ALL = dtypes.ALL
+FLOAT = dtypes.FLOATS
+U8 = ("uint8",)
+
+
+def _b(cond):
+    return f"select(0u, 1u, {cond})"
+
+
+COMPARE = {
+    "equal": lambda a, b: _b(f"{a} == {b}"),
+    # !(a == b) rather than `!=`: true for NaN whatever the driver's ordered/unordered choice
+    "not_equal": lambda a, b: _b(f"!({a} == {b})"),
+    "greater": lambda a, b: _b(f"{a} > {b}"),
+    "greater_or_equal": lambda a, b: _b(f"{a} >= {b}"),
+    "lesser": lambda a, b: _b(f"{a} < {b}"),
+    "lesser_or_equal": lambda a, b: _b(f"{a} <= {b}"),
+}
+
+LOGICAL = {
+    "logical_and": lambda a, b: _b(f"({a} != 0u) && ({b} != 0u)"),
+    "logical_or": lambda a, b: _b(f"({a} != 0u) || ({b} != 0u)"),
+    "logical_xor": lambda a, b: _b(f"({a} != 0u) != ({b} != 0u)"),
+}
+
+
+def _binary(name, types, fn):
+    register(name, {"a": types, "b": types, "output": U8}, expr=lambda kc, n, a, b: fn(a, b))
+
+    def op(b, a, c, *, label=None):
+        # IDL: MLOperand <name>(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+        b._operand(a, name, "a")
+        b._operand(c, name, "b")
+        check_support(name, a=a, b=c)
+        same_type(name, ("a", a), ("b", c))
+        shape = broadcast_shapes(name, a.shape, c.shape)
+        return b._emit1(name, [a, c], {}, "uint8", shape, label)
+
+    op.__name__ = name
+    builder_op(op)
+
+
+for _name, _fn in COMPARE.items():
+    _binary(_name, ALL, _fn)
+for _name, _fn in LOGICAL.items():
+    _binary(_name, U8, _fn)
+
+
+# -- unary ----------------------------------------------------------------------------------
+
+
+def _unary(name, types, out_type, fn, what="input"):
+    """out_type None: same as the input."""
+    register(name, {what: types, "output": (out_type,) if out_type else types},
+             expr=lambda kc, n, x: fn(x))
+
+    def op(b, x, *, label=None):
+        b._operand(x, name, what)
+        check_support(name, **{what: x})
+        return b._emit1(name, [x], {}, out_type or x.data_type, x.shape, label)
+
+    op.__name__ = name
+    builder_op(op)
+
+
+# IDL: MLOperand logicalNot(MLOperand a, optional MLOperatorOptions options = {});
+_unary("logical_not", U8, "uint8", lambda x: _b(f"{x} == 0u"), what="a")
+# IDL: MLOperand isNaN(MLOperand input, optional MLOperatorOptions options = {});
+# Bit tests: robust where the driver's float compares assume no NaN.
+_unary("is_nan", FLOAT, "uint8", lambda x: _b(f"(bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u"))
+# IDL: MLOperand isInfinite(MLOperand input, optional MLOperatorOptions options = {});
+_unary("is_infinite", FLOAT, "uint8", lambda x: _b(f"(bitcast<u32>({x}) & 0x7fffffffu) == 0x7f800000u"))
+# IDL: MLOperand roundEven(MLOperand input, optional MLOperatorOptions options = {});
+_unary("round_even", FLOAT, None, lambda x: f"round_even_f32({x})")
