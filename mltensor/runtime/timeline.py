@@ -240,12 +240,11 @@ class PendingRead:
             )
         if self.promise is None:
             self.ctx._timeline.flush()
-        self._check(where)
         try:
             self.promise.sync_wait()
         except Exception:
-            self._check(where)
             self._release()
+            self._check(where)
             raise
         return self._finish(where)
 
@@ -259,13 +258,16 @@ class PendingRead:
                 await fut
             finally:
                 self.ctx._read_waiters.discard(fut)
-        self._check(where)
+        if self.staging is None:  # never recorded: the context was lost while it was held
+            self._check(where)
         if self.promise is None:
             self.ctx._timeline.flush()
+        # Wait for the mapping even when the read will reject, so the staging buffer is
+        # returned in a known state and no callback fires into a closed event loop later.
         try:
             await self.promise
         except Exception:
-            self._check(where)
             self._release()
+            self._check(where)
             raise
         return self._finish(where)
