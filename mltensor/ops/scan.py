@@ -1,0 +1,117 @@
+"""Scans along one axis: arg_min, arg_max and cumulative_sum (shaders/scan.wgsl).
+
+One thread per line along the axis, walking it serially: the outputs of these operators depend on
+every earlier element of the line, and lines are many where tensors are large.
+"""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from . import check_support, lowering, register
+
+ALL = dtypes.ALL
+INDEX_OUT = ("int32", "int64")
+
+
+def _axis(where, axis, rank):
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"[{where}] axis must be an integer, got {axis!r}")
+    if not 0 <= axis < rank:
+        raise TypeError(f"[{where}] axis {axis} is out of range for input rank {rank}")
+    return axis
+
+
+def _split(shape, axis):
+    outer = inner = 1
+    for d in shape[:axis]:
+        outer *= d
+    for d in shape[axis + 1:]:
+        inner *= d
+    return outer, shape[axis], inner
+
+
+# -- arg_min / arg_max ------------------------------------------------------------------------
+
+
+def _arg_op(name, cmp):
+    register(name, {"input": ALL, "output": INDEX_OUT}, ranks={"input": (1, 8)}, lower=_lower_arg)
+
+    def op(b, x, axis, *, keep_dimensions=False, output_data_type="int32", label=None):
+        # IDL: MLOperand argMin/argMax(MLOperand input, [EnforceRange] unsigned long axis,
+        #                               optional MLArgMinMaxOptions options = {});
+        b._operand(x, name, "input")
+        check_support(name, input=x)
+        axis = _axis(name, axis, x.rank)
+        odt = dtypes.normalize(output_data_type, name)
+        if odt not in INDEX_OUT:
+            raise TypeError(f"[{name}] output_data_type must be one of {', '.join(INDEX_OUT)}, got {odt}")
+        if not isinstance(keep_dimensions, bool):
+            raise TypeError(f"[{name}] keep_dimensions must be a bool, got {keep_dimensions!r}")
+        shape = list(x.shape)
+        if keep_dimensions:
+            shape[axis] = 1
+        else:
+            del shape[axis]
+        return b._emit1(name, [x], {"axis": axis, "cmp": cmp}, odt, tuple(shape), label)
+
+    op.__name__ = name
+    builder_op(op)
+
+
+def _lower_arg(kc, node):
+    x = node.inputs[0]
+    out = kc.out(node)
+    outer, n, inner = _split(x.shape, node.attrs["axis"])
+    t = kc.wtype(x)
+    lines = outer * inner
+    k = Kernel(
+        f"{node.op}_{t}_o{outer}_n{n}_i{inner}",
+        "scan.wgsl",
+        {"mode": "arg", "lines": lines, "len": n, "inner": inner, "cmp": node.attrs["cmp"],
+         "wtype": t, "otype": kc.wtype(out)},
+        (Binding("x", t), Binding("out", kc.wtype(out), True)),
+    )
+    kc.launch(k, [x, out], grid(-(-lines // WORKGROUP)))
+
+
+_arg_op("arg_min", "<")
+_arg_op("arg_max", ">")
+
+
+# -- cumulative_sum ---------------------------------------------------------------------------
+
+register("cumulative_sum", {"input": ALL, "output": ALL}, ranks={"input": (1, 8)})
+
+
+@builder_op
+def cumulative_sum(b, x, axis, *, exclusive=False, reversed=False, label=None):
+    # IDL: MLOperand cumulativeSum(MLOperand input, unsigned long axis,
+    #                              optional MLCumulativeSumOptions options = {});
+    b._operand(x, "cumulative_sum", "input")
+    check_support("cumulative_sum", input=x)
+    axis = _axis("cumulative_sum", axis, x.rank)
+    for what, v in (("exclusive", exclusive), ("reversed", reversed)):
+        if not isinstance(v, bool):
+            raise TypeError(f"[cumulative_sum] {what} must be a bool, got {v!r}")
+    attrs = {"axis": axis, "exclusive": exclusive, "reversed": reversed}
+    return b._emit1("cumulative_sum", [x], attrs, x.data_type, x.shape, label)
+
+
+@lowering("cumulative_sum")
+def _lower_cumsum(kc, node):
+    x = node.inputs[0]
+    out = kc.out(node)
+    a = node.attrs
+    outer, n, inner = _split(x.shape, a["axis"])
+    t = kc.wtype(x)
+    lines = outer * inner
+    k = Kernel(
+        f"cumulative_sum_{t}_o{outer}_n{n}_i{inner}" + ("_excl" if a["exclusive"] else "")
+        + ("_rev" if a["reversed"] else ""),
+        "scan.wgsl",
+        {"mode": "cumsum", "lines": lines, "len": n, "inner": inner, "zero": lit(0, t),
+         "exclusive": a["exclusive"], "reversed": a["reversed"]},
+        (Binding("x", t), Binding("out", t, True)),
+    )
+    kc.launch(k, [x, out], grid(-(-lines // WORKGROUP)))
+

@@ -1,0 +1,46 @@
+// Scans along one axis: arg_min / arg_max and cumulative_sum. One thread per line (all elements
+// that share the coordinates outside the axis); the line is walked serially, `len` elements
+// `inner` apart. The output of arg_* has one element per line, in line order.
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+@compute @workgroup_size({{ WORKGROUP }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid);
+    if (i >= {{ lines }}u) { return; }
+    let base = (i / {{ inner }}u) * {{ len * inner }}u + i % {{ inner }}u;
+{$ if mode == "arg" $}
+    var best = x[base];
+    var best_k = 0u;
+    for (var k = 1u; k < {{ len }}u; k++) {
+        let v = x[base + k * {{ inner }}u];
+  {$ if wtype == "f32" $}
+        // numpy semantics: the first NaN wins, otherwise strict compare keeps the first of ties
+        let v_nan = (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+        let b_nan = (bitcast<u32>(best) & 0x7fffffffu) > 0x7f800000u;
+        if (!b_nan && (v_nan || v {{ cmp }} best)) { best = v; best_k = k; }
+  {$ else $}
+        if (v {{ cmp }} best) { best = v; best_k = k; }
+  {$ endif $}
+    }
+    out[i] = {{ otype }}(best_k);
+{$ elif mode == "cumsum" $}
+    var acc = {{ zero }};
+    for (var j = 0u; j < {{ len }}u; j++) {
+  {$ if reversed $}
+        let at = base + ({{ len - 1 }}u - j) * {{ inner }}u;
+  {$ else $}
+        let at = base + j * {{ inner }}u;
+  {$ endif $}
+        let v = x[at];
+  {$ if exclusive $}
+        out[at] = acc;
+        acc = acc + v;
+  {$ else $}
+        acc = acc + v;
+        out[at] = acc;
+  {$ endif $}
+    }
+{$ endif $}
+}
