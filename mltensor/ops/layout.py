@@ -1,0 +1,153 @@
+"""reverse, tile and triangular (shaders/layout.wgsl): one thread per output element, with the
+coordinate arithmetic generated from the static shapes."""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from . import check_axes, check_support, int_list, lowering, register
+
+ALL = dtypes.ALL
+
+
+def strides(shape):
+    s, out = 1, [0] * len(shape)
+    for d in range(len(shape) - 1, -1, -1):
+        out[d] = s
+        s *= shape[d]
+    return out
+
+
+def coords(shape, var="i", prefix="c"):
+    """WGSL lines: `let c{d} = ...` for every dimension of `shape`, from the flat index `var`."""
+    st = strides(shape)
+    lines = []
+    for d, n in enumerate(shape):
+        e = f"{var} / {st[d]}u" if st[d] != 1 else var
+        if d > 0:
+            e = f"({e}) % {n}u"
+        lines.append(f"    let {prefix}{d} = {e};")
+    return lines
+
+
+def flat(terms, shape):
+    """WGSL u32 expression: flat row-major index of coordinate expressions `terms` in `shape`."""
+    st = strides(shape)
+    parts = [f"({t}) * {s}u" if s != 1 else f"({t})" for t, s in zip(terms, st)]
+    return " + ".join(parts) if parts else "0u"
+
+
+def size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def launch_body(kc, name, node, body, extra_bindings=()):
+    """Launch layout.wgsl over the node's output with generated `body` lines."""
+    x = node.inputs[0]
+    out = kc.out(node)
+    n = size(out.shape)
+    t = kc.wtype(out)
+    k = Kernel(name, "layout.wgsl", {"n": n, "body": "\n".join(body)},
+               (Binding("x", kc.wtype(x)), *extra_bindings, Binding("out", t, True)))
+    return k, out, n
+
+
+# -- reverse ------------------------------------------------------------------------------------
+
+register("reverse", {"input": ALL, "output": ALL})
+
+
+@builder_op
+def reverse(b, x, *, axes=None, label=None):
+    # IDL: MLOperand reverse(MLOperand input, optional MLReverseOptions options = {});
+    b._operand(x, "reverse", "input")
+    check_support("reverse", input=x)
+    axes = check_axes("reverse", axes, x.rank)
+    return b._emit1("reverse", [x], {"axes": tuple(sorted(axes))}, x.data_type, x.shape, label)
+
+
+@lowering("reverse")
+def _lower_reverse(kc, node):
+    x = node.inputs[0]
+    axes = node.attrs["axes"]
+    if not axes or all(x.shape[a] == 1 for a in axes):
+        kc.alias(kc.out(node), x)
+        return
+    shape = x.shape
+    body = coords(shape)
+    terms = [f"{shape[d] - 1}u - c{d}" if d in axes else f"c{d}" for d in range(len(shape))]
+    body.append(f"    out[i] = x[{flat(terms, shape)}];")
+    name = f"reverse_{kc.wtype(x)}_{'x'.join(map(str, shape))}_a{''.join(map(str, axes))}"
+    k, out, n = launch_body(kc, name, node, body)
+    kc.launch(k, [x, out], grid(-(-n // WORKGROUP)))
+
+
+# -- tile ---------------------------------------------------------------------------------------
+
+register("tile", {"input": ALL, "output": ALL})
+
+
+@builder_op
+def tile(b, x, repetitions, *, label=None):
+    # IDL: MLOperand tile(MLOperand input, sequence<unsigned long> repetitions,
+    #                     optional MLOperatorOptions options = {});
+    b._operand(x, "tile", "input")
+    check_support("tile", input=x)
+    reps = int_list("tile", "repetitions", repetitions, length=x.rank, minimum=1)
+    shape = tuple(d * r for d, r in zip(x.shape, reps))
+    b._context._tensor_args("tile", x.data_type, shape)  # byte length limit
+    return b._emit1("tile", [x], {"repetitions": tuple(reps)}, x.data_type, shape, label)
+
+
+@lowering("tile")
+def _lower_tile(kc, node):
+    x = node.inputs[0]
+    out = kc.out(node)
+    if out.shape == x.shape:
+        kc.alias(out, x)
+        return
+    body = coords(out.shape)
+    terms = [f"c{d}" if r == 1 else f"c{d} % {x.shape[d]}u" for d, r in enumerate(node.attrs["repetitions"])]
+    body.append(f"    out[i] = x[{flat(terms, x.shape)}];")
+    name = f"tile_{kc.wtype(x)}_{'x'.join(map(str, x.shape))}_r{'x'.join(map(str, node.attrs['repetitions']))}"
+    k, out, n = launch_body(kc, name, node, body)
+    kc.launch(k, [x, out], grid(-(-n // WORKGROUP)))
+
+
+# -- triangular ---------------------------------------------------------------------------------
+
+register("triangular", {"input": ALL, "output": ALL}, ranks={"input": (2, 8)})
+
+
+@builder_op
+def triangular(b, x, *, upper=True, diagonal=0, label=None):
+    # IDL: MLOperand triangular(MLOperand input, optional MLTriangularOptions options = {});
+    b._operand(x, "triangular", "input")
+    check_support("triangular", input=x)
+    if not isinstance(upper, bool):
+        raise TypeError(f"[triangular] upper must be a bool, got {upper!r}")
+    if isinstance(diagonal, bool) or not isinstance(diagonal, int) or not -(2**31) <= diagonal < 2**31:
+        raise TypeError(f"[triangular] diagonal must be a 32-bit integer, got {diagonal!r}")
+    attrs = {"upper": upper, "diagonal": diagonal}
+    return b._emit1("triangular", [x], attrs, x.data_type, x.shape, label)
+
+
+@lowering("triangular")
+def _lower_triangular(kc, node):
+    x = node.inputs[0]
+    rows, cols = x.shape[-2:]
+    t = kc.wtype(x)
+    up, dg = node.attrs["upper"], node.attrs["diagonal"]
+    # keep element (r, c) when c - r >= diagonal (upper) or c - r <= diagonal (lower)
+    body = [
+        f"    let r = i32((i / {cols}u) % {rows}u);",
+        f"    let c = i32(i % {cols}u);",
+        f"    let keep = (c - r) {'>=' if up else '<='} {lit(dg, 'i32')};",
+        f"    out[i] = select({lit(0, t)}, x[i], keep);",
+    ]
+    name = f"triangular_{t}_n{size(x.shape)}_{rows}x{cols}_{'u' if up else 'l'}{dg}"
+    k, out, n = launch_body(kc, name, node, body)
+    kc.launch(k, [x, out], grid(-(-n // WORKGROUP)))
+
