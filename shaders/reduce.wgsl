@@ -1,0 +1,136 @@
+// Reductions (M outputs x K reduced elements each) and softmax; see mltensor/ops/reduce.py.
+// Input element k of output o is src[base(o) + off(k)] (strides baked in by Python).
+// mode: thread (one thread per output), group (one workgroup per output + shared-memory tree),
+// partial/final (two levels for huge K), softmax_thread / softmax_group (one row per thread/group).
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+const M: u32 = {{ M }}u;
+const K: u32 = {{ K }}u;
+const WG: u32 = {{ WG }}u;
+const S: u32 = {{ S }}u;          // partial/final: partials per output
+const CHUNK: u32 = {{ CHUNK }}u;  // partial: reduced elements per partial
+
+fn base(o: u32) -> u32 { return {{ base }}; }
+fn off(k: u32) -> u32 { return {{ off }}; }
+fn pre(x: {{ T }}) -> {{ T }} { return {{ pre }}; }
+fn comb(a: {{ T }}, b: {{ T }}) -> {{ T }} { return {{ comb }}; }
+fn post(a: {{ T }}) -> {{ T }} { return {{ post }}; }
+
+// exp(x - m) that is 0 for x = -inf even when m = -inf too (all-(-inf) rows stay finite).
+fn ex(x: f32, m: f32) -> f32 { return select(exp(x - m), 0.0, x == {{ NEG_INF }}); }
+
+{$ if mode in ("group", "partial", "final", "softmax_group") $}
+var<workgroup> sh: array<{{ T }}, WG>;
+
+{$ macro tree(fname, expr) $}
+// Combine every thread's v into one value returned to all threads. Call from uniform control
+// flow only (barriers); the trailing barrier lets the next tree reuse `sh`.
+fn {{ fname }}(lid: u32, v: {{ T }}) -> {{ T }} {
+    sh[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) { let a = sh[lid]; let b = sh[lid + s]; sh[lid] = {{ expr }}; }
+        workgroupBarrier();
+    }
+    let r = sh[0];
+    workgroupBarrier();
+    return r;
+}
+{$ endmacro $}
+{$ if lse or mode.startswith("softmax") $}
+{{ tree("tree_max", "max(a, b)") }}
+{{ tree("tree_sum", "a + b") }}
+{$ else $}
+{{ tree("tree", "comb(a, b)") }}
+{$ endif $}
+{$ endif $}
+
+{$ if mode in ("thread", "softmax_thread") $}
+@compute @workgroup_size({{ WORKGROUP }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let o = linear_id(wid, nwg, lid);
+    if (o >= M) { return; }
+    let b = base(o);
+  {$ if lse or mode == "softmax_thread" $}
+    var m = {{ NEG_INF }};
+    for (var k = 0u; k < K; k++) { m = max(m, src[b + off(k)]); }
+    var s = 0.0;
+    for (var k = 0u; k < K; k++) { s += ex(src[b + off(k)], m); }
+    {$ if lse $}
+    dst[o] = log(s) + m;
+    {$ else $}
+    for (var k = 0u; k < K; k++) { let i = b + off(k); dst[i] = ex(src[i], m) / s; }
+    {$ endif $}
+  {$ else $}
+    var a = {{ init }};
+    for (var k = 0u; k < K; k++) { a = comb(a, pre(src[b + off(k)])); }
+    dst[o] = post(a);
+  {$ endif $}
+}
+{$ else $}
+@compute @workgroup_size({{ WG }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let g = wid.y * nwg.x + wid.x;
+  {$ if mode == "partial" $}
+    if (g >= M * S) { return; }
+    let b = base(g / S);
+    let k0 = (g % S) * CHUNK;
+    let k1 = min(K, k0 + CHUNK);
+  {$ else $}
+    if (g >= M) { return; }
+    let b = base(g);
+  {$ endif $}
+  {$ if mode == "final" $}
+    // combine the S partials of output g
+    {$ if lse $}
+    var m = {{ NEG_INF }};
+    for (var j = lid; j < S; j += WG) { m = max(m, part[2u * (g * S + j)]); }
+    m = tree_max(lid, m);
+    var s = 0.0;
+    for (var j = lid; j < S; j += WG) {
+        let i = 2u * (g * S + j);
+        s += select(part[i + 1u] * exp(part[i] - m), 0.0, part[i] == {{ NEG_INF }});
+    }
+    s = tree_sum(lid, s);
+    if (lid == 0u) { dst[g] = log(s) + m; }
+    {$ else $}
+    var a = {{ init }};
+    for (var j = lid; j < S; j += WG) { a = comb(a, part[g * S + j]); }
+    a = tree(lid, a);
+    if (lid == 0u) { dst[g] = post(a); }
+    {$ endif $}
+  {$ else $}
+    {$ if mode != "partial" $}
+    let k0 = 0u;
+    let k1 = K;
+    {$ endif $}
+    {$ if lse or mode == "softmax_group" $}
+    var m = {{ NEG_INF }};
+    for (var k = k0 + lid; k < k1; k += WG) { m = max(m, src[b + off(k)]); }
+    m = tree_max(lid, m);
+    var s = 0.0;
+    for (var k = k0 + lid; k < k1; k += WG) { s += ex(src[b + off(k)], m); }
+    s = tree_sum(lid, s);
+      {$ if mode == "softmax_group" $}
+    for (var k = lid; k < K; k += WG) { let i = b + off(k); dst[i] = ex(src[i], m) / s; }
+      {$ elif mode == "partial" $}
+    if (lid == 0u) { part[2u * g] = m; part[2u * g + 1u] = s; }
+      {$ else $}
+    if (lid == 0u) { dst[g] = log(s) + m; }
+      {$ endif $}
+    {$ else $}
+    var a = {{ init }};
+    for (var k = k0 + lid; k < k1; k += WG) { a = comb(a, pre(src[b + off(k)])); }
+    a = tree(lid, a);
+      {$ if mode == "partial" $}
+    if (lid == 0u) { part[g] = a; }
+      {$ else $}
+    if (lid == 0u) { dst[g] = post(a); }
+      {$ endif $}
+    {$ endif $}
+  {$ endif $}
+}
+{$ endif $}
