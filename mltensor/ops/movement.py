@@ -1,0 +1,526 @@
+"""Data movement: concat, expand, gather, pad, reshape, slice, split, transpose, where.
+
+Every kernel works on the 32-bit compute form, so moving data never looks at the data type: one
+"strided copy" kernel (shaders/movement.wgsl) covers transpose, slice, split and concat. Each thread
+owns one element of its iteration space and computes both flat indices from its linear id with
+sizes and strides baked into the WGSL. Before that the iteration space is coalesced (size-1 dims
+dropped, dims contiguous in every operand merged), so e.g. a channel split of NCHW is a 2-D
+copy, and a copy that turns out to be the identity becomes a zero-cost alias instead of a launch.
+
+reshape is always an alias (a copy only when it is a graph output). expand and where are
+elementwise expressions: the elementwise compiler already broadcasts their inputs with baked
+strides, and as expressions they fuse into the chains around them.
+"""
+
+from .. import dtypes
+from ..front._util import as_shape
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from . import MAX_RANK, broadcast_shapes, check_support, int_list, register, same_type, unidirectional
+
+ALL = dtypes.ALL
+INDEX_TYPES = ("int32", "uint32", "int64")
+ANY_RANK = (0, MAX_RANK)
+RANK1 = (1, MAX_RANK)
+
+
+# -- argument helpers -------------------------------------------------------------------------
+
+
+def _uint(where, what, v):
+    """An IDL `[EnforceRange] unsigned long`."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError(f"[{where}] {what} must be a non-negative integer, got {v!r}")
+    v = int(v)
+    if not 0 <= v <= 0xFFFFFFFF:
+        raise TypeError(f"[{where}] {what} must be a non-negative integer below 2**32, got {v}")
+    return v
+
+
+def _seq(where, what, v, length=None, minimum=0):
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(f"[{where}] {what} must be a sequence of integers, got {v!r}")
+    vals = int_list(where, what, list(v), length=length, minimum=minimum)
+    if any(x > 0xFFFFFFFF for x in vals):
+        raise TypeError(f"[{where}] {what} values must be below 2**32, got {vals}")
+    return vals
+
+
+def _out(b, where, data_type, shape):
+    """Validate an inferred output shape like a tensor descriptor (valid dims, rank, bytes)."""
+    return b._context._tensor_args(where, data_type, shape)[1]
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _strides(shape):
+    s, out = 1, [0] * len(shape)
+    for d in range(len(shape) - 1, -1, -1):
+        out[d] = s
+        s *= shape[d]
+    return out
+
+
+# -- strided index generation ------------------------------------------------------------------
+
+
+def _coalesce(shape, *stride_lists):
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride list.
+    Returns (shape, [strides...]) describing the same element mapping with fewer dims."""
+    dims = [(n, [s[d] for s in stride_lists]) for d, n in enumerate(shape) if n != 1]
+    out = []
+    for n, st in dims:
+        if out:
+            pn, pst = out[-1]
+            # previous dim (outer) merges into this one when outer stride == inner stride * size
+            if all(ps == s * n for ps, s in zip(pst, st)):
+                out[-1] = (pn * n, st)
+                continue
+        out.append((n, st))
+    return [n for n, _ in out], [[st[k] for _, st in out] for k in range(len(stride_lists))]
+
+
+def _index(shape, strides, base=0, var="i"):
+    """WGSL u32 expression: flat index sum(coord_d * strides[d]) + base, with the coordinates of
+    `var` in row-major `shape`."""
+    terms, inner = [], 1
+    for d in range(len(shape) - 1, -1, -1):
+        if strides[d]:
+            c = f"({var} / {inner}u)" if inner != 1 else var
+            if d > 0:  # the outermost coordinate needs no modulo: var < size
+                c = f"({c} % {shape[d]}u)"
+            terms.append(f"{c} * {strides[d]}u" if strides[d] != 1 else c)
+        inner *= shape[d]
+    if base:
+        terms.append(f"{base}u")
+    return " + ".join(terms) if terms else "0u"
+
+
+def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_strides=None, dst_base=0):
+    """dst[dst_index(c)] = src[src_index(c)] for every coordinate c of `shape` (one launch).
+    dst_strides=None means dst is written densely (row-major `shape`)."""
+    dense = dst_strides is None
+    if dense:
+        dst_strides = _strides(shape)
+    n = _size(shape)
+    cshape, (sst, dst_st) = _coalesce(shape, src_strides, dst_strides)
+    if dense and src_base == 0 and sst == dst_st:
+        # same element order as the source: no data moves at all
+        kc.alias(dst, src)
+        return
+    src_index = _index(cshape, sst, src_base)
+    dst_index = "i" if dense else _index(cshape, dst_st, dst_base)
+    kernel = Kernel(
+        f"{name}_n{n}_" + "x".join(map(str, cshape or [1])),
+        "movement.wgsl",
+        {"mode": "copy", "n": n, "src_index": src_index, "dst_index": dst_index},
+        (Binding("src", "u32"), Binding("dst", "u32", True)),
+    )
+    kc.launch(kernel, [src, dst], grid(-(-n // WORKGROUP)))
+
+
+# -- reshape ----------------------------------------------------------------------------------
+
+
+@builder_op
+def reshape(b, x, new_shape, *, label=None):
+    # IDL: MLOperand reshape(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
+    b._operand(x, "reshape", "input")
+    check_support("reshape", input=x)
+    shape = as_shape(new_shape, "reshape")
+    if _size(shape) != x.size:
+        raise TypeError(
+            f"[reshape] new_shape {list(shape)} has {_size(shape)} elements, expected {x.size} "
+            f"(the input's shape is {list(x.shape)})"
+        )
+    shape = _out(b, "reshape", x.data_type, shape)
+    return b._emit1("reshape", [x], {}, x.data_type, shape, label)
+
+
+def _lower_reshape(kc, node):
+    # contiguous row-major compute form: same elements, same order
+    kc.alias(kc.out(node), node.inputs[0])
+
+
+register("reshape", {"input": ALL, "output": ALL}, lower=_lower_reshape)
+
+
+# -- expand (an elementwise identity: the fused kernel broadcasts its input) ----------------------
+
+register("expand", {"input": ALL, "output": ALL}, expr=lambda kc, n, x: x)
+
+
+@builder_op
+def expand(b, x, new_shape, *, label=None):
+    # IDL: MLOperand expand(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
+    b._operand(x, "expand", "input")
+    check_support("expand", input=x)
+    shape = as_shape(new_shape, "expand")
+    unidirectional("expand", x.shape, shape)
+    shape = _out(b, "expand", x.data_type, shape)
+    return b._emit1("expand", [x], {"new_shape": shape}, x.data_type, shape, label)
+
+
+# -- where (elementwise select with 3-way broadcasting) ------------------------------------------
+
+register(
+    "where",
+    {"condition": ("uint8",), "true_value": ALL, "false_value": ALL, "output": ALL},
+    expr=lambda kc, n, c, t, f: f"select({f}, {t}, {c} != 0u)",
+)
+
+
+@builder_op
+def where(b, condition, true_value, false_value, *, label=None):
+    # IDL: MLOperand where(MLOperand condition, MLOperand trueValue, MLOperand falseValue, optional MLOperatorOptions options = {});
+    b._operand(condition, "where", "condition")
+    b._operand(true_value, "where", "true_value")
+    b._operand(false_value, "where", "false_value")
+    check_support("where", condition=condition, true_value=true_value, false_value=false_value)
+    same_type("where", ("true_value", true_value), ("false_value", false_value))
+    shape = broadcast_shapes("where", true_value.shape, false_value.shape)
+    shape = broadcast_shapes("where", condition.shape, shape)
+    shape = _out(b, "where", true_value.data_type, shape)
+    return b._emit1("where", [condition, true_value, false_value], {}, true_value.data_type, shape, label)
+
+
+# -- transpose ----------------------------------------------------------------------------------
+
+
+def _lower_transpose(kc, node):
+    x, out = node.inputs[0], kc.out(node)
+    perm = node.attrs["permutation"]
+    ist = _strides(x.shape)
+    _strided_copy(kc, "transpose", x, out, out.shape, [ist[p] for p in perm])
+
+
+register("transpose", {"input": ALL, "output": ALL}, lower=_lower_transpose)
+
+
+@builder_op
+def transpose(b, x, *, permutation=None, label=None):
+    # IDL: MLOperand transpose(MLOperand input, optional MLTransposeOptions options = {});
+    b._operand(x, "transpose", "input")
+    check_support("transpose", input=x)
+    r = x.rank
+    if permutation is None:
+        perm = list(range(r - 1, -1, -1))  # spec default: reverse the dimensions
+    else:
+        perm = _seq("transpose", "permutation", permutation)
+        if sorted(perm) != list(range(r)):
+            raise TypeError(
+                f"[transpose] permutation must be a permutation of 0..{r - 1} (the input's rank is {r}), got {perm}"
+            )
+    shape = tuple(x.shape[p] for p in perm)
+    return b._emit1("transpose", [x], {"permutation": perm}, x.data_type, shape, label)
+
+
+# -- slice --------------------------------------------------------------------------------------
+
+
+def _lower_slice(kc, node):
+    x, out = node.inputs[0], kc.out(node)
+    starts, steps = node.attrs["starts"], node.attrs["strides"]
+    ist = _strides(x.shape)
+    base = sum(s * st for s, st in zip(starts, ist))
+    _strided_copy(kc, "slice", x, out, out.shape, [st * k for st, k in zip(ist, steps)], base)
+
+
+register("slice", {"input": ALL, "output": ALL}, lower=_lower_slice)
+
+
+@builder_op
+def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebNN name)
+    # IDL: MLOperand slice(MLOperand input, sequence<[EnforceRange] unsigned long> starts, sequence<[EnforceRange] unsigned long> sizes, optional MLSliceOptions options = {});
+    b._operand(x, "slice", "input")
+    check_support("slice", input=x)
+    r = x.rank
+    starts = _seq("slice", "starts", starts)
+    sizes = _seq("slice", "sizes", sizes)
+    if len(starts) != r or len(sizes) != r:
+        raise TypeError(
+            f"[slice] starts and sizes must both have {r} values (the input's rank), got {len(starts)} and {len(sizes)}"
+        )
+    steps = [1] * r if strides is None else _seq("slice", "strides", strides, length=r)
+    shape = []
+    for d in range(r):
+        if sizes[d] == 0:
+            raise TypeError(f"[slice] sizes must be positive, got {sizes}")
+        if steps[d] < 1:
+            raise TypeError(f"[slice] strides must be >= 1, got {steps}")
+        if starts[d] + sizes[d] > x.shape[d]:
+            raise TypeError(
+                f"[slice] starts[{d}] + sizes[{d}] ({starts[d]} + {sizes[d]}) exceeds the input's "
+                f"dimension {d} of size {x.shape[d]}"
+            )
+        shape.append(-(-sizes[d] // steps[d]))
+    attrs = {"starts": starts, "sizes": sizes, "strides": steps}
+    return b._emit1("slice", [x], attrs, x.data_type, tuple(shape), label)
+
+
+# -- split (multi-output: one strided copy per output) -------------------------------------------
+
+
+def _lower_split(kc, node):
+    x = node.inputs[0]
+    axis = node.attrs["axis"]
+    ist = _strides(x.shape)
+    offset = 0
+    for k, size in enumerate(node.attrs["sizes"]):
+        out = kc.out(node, k)
+        _strided_copy(kc, f"split{k}", x, out, out.shape, ist, offset * ist[axis])
+        offset += size
+
+
+register("split", {"input": ALL, "outputs": ALL}, ranks={"input": RANK1}, lower=_lower_split)
+
+
+@builder_op
+def split(b, x, splits, *, axis=0, label=None):
+    # IDL: sequence<MLOperand> split(MLOperand input, ([EnforceRange] unsigned long or sequence<[EnforceRange] unsigned long>) splits, optional MLSplitOptions options = {});
+    b._operand(x, "split", "input")
+    check_support("split", input=x)
+    axis = _uint("split", "axis", axis)
+    if axis >= x.rank:
+        raise TypeError(f"[split] axis must be below the input's rank {x.rank}, got {axis}")
+    dim = x.shape[axis]
+    if hasattr(splits, "__index__") and not isinstance(splits, bool):
+        count = _uint("split", "splits", splits)
+        if count == 0:
+            raise TypeError("[split] splits (a count) must be positive, got 0")
+        if dim % count:
+            raise TypeError(f"[split] splits ({count}) must evenly divide the axis {axis} dimension ({dim})")
+        sizes = [dim // count] * count
+    else:
+        sizes = _seq("split", "splits", splits)
+        if not sizes or any(s == 0 for s in sizes):
+            raise TypeError(f"[split] splits (sizes) must be a non-empty list of positive integers, got {sizes}")
+        if sum(sizes) != dim:
+            raise TypeError(
+                f"[split] splits sizes {sizes} sum to {sum(sizes)}, expected the axis {axis} dimension ({dim})"
+            )
+    outs = []
+    for s in sizes:
+        shape = list(x.shape)
+        shape[axis] = s
+        outs.append((x.data_type, tuple(shape)))
+    return b._emit("split", [x], {"axis": axis, "sizes": sizes}, outs, label)
+
+
+# -- concat (one launch per input, each writing its slab of the same output) ---------------------
+
+
+def _lower_concat(kc, node):
+    out = kc.out(node)
+    axis = node.attrs["axis"]
+    ost = _strides(out.shape)
+    if len(node.inputs) == 1:
+        kc.alias(out, node.inputs[0])
+        return
+    offset = 0
+    for k, x in enumerate(node.inputs):
+        _strided_copy(kc, f"concat{k}", x, out, x.shape, _strides(x.shape), 0, ost, offset * ost[axis])
+        offset += x.shape[axis]
+
+
+register("concat", {"inputs": ALL, "output": ALL}, ranks={"inputs": RANK1}, lower=_lower_concat)
+
+
+@builder_op
+def concat(b, inputs, axis, *, label=None):
+    # IDL: MLOperand concat(sequence<MLOperand> inputs, [EnforceRange] unsigned long axis, optional MLOperatorOptions options = {});
+    if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__"):
+        raise TypeError(f"[concat] inputs must be a sequence of MLOperand, got {type(inputs).__name__}")
+    inputs = list(inputs)
+    for k, x in enumerate(inputs):
+        b._operand(x, "concat", f"inputs[{k}]")
+    if not inputs:
+        raise TypeError("[concat] inputs must not be empty")
+    axis = _uint("concat", "axis", axis)
+    first = inputs[0]
+    check_support("concat", inputs=first)
+    if axis >= first.rank:
+        raise TypeError(f"[concat] axis must be below the inputs' rank {first.rank}, got {axis}")
+    total = 0
+    for k, x in enumerate(inputs):
+        same_type("concat", ("inputs[0]", first), (f"inputs[{k}]", x))
+        if x.rank != first.rank or any(
+            d != axis and x.shape[d] != first.shape[d] for d in range(first.rank)
+        ):
+            raise TypeError(
+                f"[concat] inputs[{k}] shape {list(x.shape)} must match inputs[0] shape "
+                f"{list(first.shape)} except along axis {axis}"
+            )
+        total += x.shape[axis]
+    shape = list(first.shape)
+    shape[axis] = total
+    shape = _out(b, "concat", first.data_type, shape)
+    return b._emit1("concat", inputs, {"axis": axis}, first.data_type, shape, label)
+
+
+# -- pad --------------------------------------------------------------------------------------
+
+PAD_MODES = ("constant", "edge", "reflection")
+
+
+def _pad_value(data_type, value):
+    """The spec casts the pad value to the input's data type; integers saturate."""
+    import numpy as np
+
+    t = dtypes.COMPUTE[data_type]
+    if t == "f32":
+        v = float(np.float16(value)) if data_type == "float16" else float(np.float32(value))
+        return lit(v, "f32")
+    info = np.iinfo(dtypes.NUMPY[data_type])
+    v = float(value)
+    if v != v:  # NaN
+        v = 0.0
+    v = max(info.min, min(info.max, v))
+    return lit(int(v), t)
+
+
+def _lower_pad(kc, node):
+    x, out = node.inputs[0], kc.out(node)
+    begin, mode = node.attrs["beginning_padding"], node.attrs["mode"]
+    t = kc.wtype(x)
+    ist = _strides(x.shape)
+    lines, inner = [], 1
+    lines.append("    var s = 0i;")
+    if mode == "constant":
+        lines.append("    var inside = true;")
+    for d in range(out.rank - 1, -1, -1):
+        n_out, n_in = out.shape[d], x.shape[d]
+        if n_in == 1 and n_out == 1:
+            inner *= n_out
+            continue
+        c = f"(i / {inner}u)" if inner != 1 else "i"
+        if d > 0:
+            c = f"({c} % {n_out}u)"
+        lines.append(f"    var c{d} = i32({c}) - {begin[d]}i;")
+        if mode == "constant":
+            lines.append(f"    inside = inside && c{d} >= 0i && c{d} < {n_in}i;")
+        elif mode == "edge":
+            lines.append(f"    c{d} = clamp(c{d}, 0i, {n_in - 1}i);")
+        else:  # reflection without repeating the edge; padding < size is validated
+            lines.append(f"    c{d} = {n_in - 1}i - abs({n_in - 1}i - abs(c{d}));")
+        lines.append(f"    s = s + c{d} * {ist[d]}i;")
+        inner *= n_out
+    if mode == "constant":
+        # never read outside the input: the index is only used when inside
+        lines.append(f"    var v = {node.attrs['value_lit']};")
+        lines.append("    if (inside) { v = src[u32(s)]; }")
+        lines.append("    dst[i] = v;")
+    else:
+        lines.append("    dst[i] = src[u32(s)];")
+    n = out.size
+    name = f"pad_{mode}_{t}_n{n}"
+    kernel = Kernel(
+        name,
+        "movement.wgsl",
+        {"mode": "pad", "n": n, "body": "\n".join(lines)},
+        (Binding("src", t), Binding("dst", t, True)),
+    )
+    kc.launch(kernel, [x, out], grid(-(-n // WORKGROUP)))
+
+
+register("pad", {"input": ALL, "output": ALL}, ranks={"input": RANK1}, lower=_lower_pad)
+
+
+@builder_op
+def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, label=None):
+    # IDL: MLOperand pad(MLOperand input, sequence<[EnforceRange] unsigned long> beginningPadding, sequence<[EnforceRange] unsigned long> endingPadding, optional MLPadOptions options = {});
+    b._operand(x, "pad", "input")
+    check_support("pad", input=x)
+    r = x.rank
+    begin = _seq("pad", "beginning_padding", beginning_padding)
+    end = _seq("pad", "ending_padding", ending_padding)
+    if len(begin) != r or len(end) != r:
+        raise TypeError(
+            f"[pad] beginning_padding and ending_padding must both have {r} values (the input's rank), "
+            f"got {len(begin)} and {len(end)}"
+        )
+    if mode not in PAD_MODES:
+        raise TypeError(f"[pad] mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+    if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
+        raise TypeError(f"[pad] value must be a number, got {value!r}")
+    if mode == "reflection":
+        for d in range(r):
+            if begin[d] >= x.shape[d] or end[d] >= x.shape[d]:
+                raise TypeError(
+                    f"[pad] reflection padding must be smaller than the dimension: dimension {d} has size "
+                    f"{x.shape[d]}, got padding {begin[d]} and {end[d]}"
+                )
+    shape = _out(b, "pad", x.data_type, [bg + d + e for bg, d, e in zip(begin, x.shape, end)])
+    attrs = {
+        "beginning_padding": begin,
+        "ending_padding": end,
+        "mode": mode,
+        "value": value,
+        "value_lit": _pad_value(x.data_type, value),
+    }
+    return b._emit1("pad", [x], attrs, x.data_type, shape, label)
+
+
+# -- gather -----------------------------------------------------------------------------------
+
+
+def _lower_gather(kc, node):
+    x, idx = node.inputs
+    out = kc.out(node)
+    axis = node.attrs["axis"]
+    dim = x.shape[axis]
+    inner = _size(x.shape[axis + 1:])
+    count = idx.size
+    n = out.size
+    it = kc.wtype(idx)
+    # Output coordinate (outer, j, k): outer over input dims before axis, j over the indices,
+    # k over input dims after axis.
+    k_expr = f"(i % {inner}u)" if inner != 1 else "0u"
+    j_expr = f"((i / {inner}u) % {count}u)" if inner != 1 else f"(i % {count}u)"
+    o_expr = f"(i / {inner * count}u)"
+    if it == "i32":
+        # negative indices count from the end; anything still out of range is clamped so no
+        # thread ever reads outside the input
+        fix = (
+            f"    var v = idx[{j_expr}];\n"
+            f"    v = select(v, v + {dim}i, v < 0i);\n"
+            f"    let a = u32(clamp(v, 0i, {dim - 1}i));"
+        )
+    else:
+        fix = f"    let a = min(idx[{j_expr}], {dim - 1}u);"
+    src = f"{o_expr} * {dim * inner}u + a * {inner}u + {k_expr}"
+    body = f"{fix}\n    dst[i] = src[{src}];"
+    kernel = Kernel(
+        f"gather_{it}_n{n}_d{dim}_k{inner}",
+        "movement.wgsl",
+        {"mode": "gather", "n": n, "body": body},
+        (Binding("src", "u32"), Binding("idx", it), Binding("dst", "u32", True)),
+    )
+    kc.launch(kernel, [x, idx, out], grid(-(-n // WORKGROUP)))
+
+
+register(
+    "gather",
+    {"input": ALL, "indices": INDEX_TYPES, "output": ALL},
+    ranks={"input": RANK1},
+    lower=_lower_gather,
+)
+
+
+@builder_op
+def gather(b, x, indices, *, axis=0, label=None):
+    # IDL: MLOperand gather(MLOperand input, MLOperand indices, optional MLGatherOptions options = {});
+    b._operand(x, "gather", "input")
+    b._operand(indices, "gather", "indices")
+    check_support("gather", input=x, indices=indices)
+    axis = _uint("gather", "axis", axis)
+    if axis >= x.rank:
+        raise TypeError(f"[gather] axis must be below the input's rank {x.rank}, got {axis}")
+    shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
+    shape = _out(b, "gather", x.data_type, shape)
+    return b._emit1("gather", [x, indices], {"axis": axis}, x.data_type, shape, label)

@@ -1,0 +1,18 @@
+// Data movement on the 32-bit compute form: one thread per element of the iteration space.
+// copy:   dst[dst_index] = src[src_index], both flat indices built in Python from baked sizes and
+//         strides (transpose, slice, split, concat slabs).
+// pad, gather: per-thread body generated in Python (see mltensor/ops/movement.py).
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+@compute @workgroup_size({{ WORKGROUP }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid);
+    if (i >= {{ n }}u) { return; }
+{$ if mode == "copy" $}
+    dst[{{ dst_index }}] = src[{{ src_index }}];
+{$ else $}
+{{ body }}
+{$ endif $}
+}
