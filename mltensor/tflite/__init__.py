@@ -1,1 +1,30 @@
-"""(in progress)"""
+"""TFLite importer: a .tflite flatbuffer becomes an MLGraph built in NHWC.
+
+    graph, inputs, outputs = mltensor.tflite.import_model("model.tflite", ctx)
+
+`inputs` / `outputs` are lists of (name, data_type, shape) in model order; names are the TFLite
+tensor names. Weights (float16 ones behind DEQUANTIZE included) become float32 constants at load.
+"""
+
+from .importer import convert, supported_operators
+from .reader import is_tflite, load_bytes, read
+
+
+def import_model(source, context, *, free_dimensions=None):
+    """Load `source` (a path, bytes or bytearray of a .tflite file) and build it on `context`.
+
+    free_dimensions: {input name: full shape} (or {"batch": n}) for inputs whose shape signature
+    has free (-1) dimensions; by default the shape stored in the model is used.
+    Returns (graph, inputs, outputs); unsupported operators raise NotSupportedError at load, naming
+    the operator, its index and the supported ones.
+    """
+    from ..front.builder import MLGraphBuilder
+
+    model = read(load_bytes(source))
+    b = MLGraphBuilder(context)
+    outs, inputs, outputs = convert(model, b, free_dimensions)
+    graph = b.build_sync(outs)
+    return graph, inputs, outputs
+
+
+__all__ = ["import_model", "is_tflite", "supported_operators"]

@@ -1,0 +1,493 @@
+"""TFLite operators -> MLGraphBuilder calls, in NHWC (TFLite's own layout: no transposes).
+
+Each converter takes (imp, op) and returns the output operand(s). Constants stay numpy arrays in
+`imp.consts` until an operator needs them as operands, so load-time folding (DEQUANTIZE of float16
+or int8 weights, RESHAPE of a constant) is plain numpy.
+"""
+
+import struct
+
+import numpy as np
+import tflite
+
+from ..errors import DataError, NotSupportedError
+from .reader import Model, Operator
+
+ACT = tflite.ActivationFunctionType
+PAD = tflite.Padding
+
+
+# -- padding arithmetic (pure; unit-tested) ----------------------------------------------------
+
+
+def same_padding(in_size, kernel, stride, dilation=1):
+    """TFLite SAME padding as WebNN (beginning, ending): out = ceil(in / stride), the odd pixel at
+    the end (ComputePaddingWithOffset in tensorflow/lite/kernels/padding.h)."""
+    eff = (kernel - 1) * dilation + 1
+    out = (in_size + stride - 1) // stride
+    total = max((out - 1) * stride + eff - in_size, 0)
+    return total // 2, total - total // 2
+
+
+def conv_padding(padding, in_hw, kernel_hw, strides, dilations=(1, 1)):
+    """TFLite Padding (SAME / VALID) -> WebNN padding [top, bottom, left, right]."""
+    if padding == PAD.VALID:
+        return [0, 0, 0, 0]
+    if padding != PAD.SAME:
+        raise NotSupportedError(f"[tflite] unknown padding type {padding}")
+    t, b = same_padding(in_hw[0], kernel_hw[0], strides[0], dilations[0])
+    l, r = same_padding(in_hw[1], kernel_hw[1], strides[1], dilations[1])
+    return [t, b, l, r]
+
+
+def transpose_conv_padding(padding, in_size, kernel, stride, out_size):
+    """Builtin TRANSPOSE_CONV: (beginning, ending, output_padding) for a given output size.
+
+    TFLite computes the padding as if a convolution mapped the output back to the input
+    (transpose_conv.cc), starts each input pixel's footprint at `in * stride - beginning`, and
+    drops what falls outside [0, out_size)."""
+    if padding == PAD.SAME:
+        beg, _ = same_padding(out_size, kernel, stride)
+    else:
+        beg = 0
+    full = (in_size - 1) * stride + kernel
+    end = full - out_size - beg
+    out_pad = 0
+    if end < 0:
+        out_pad, end = -end, 0
+    return beg, end, out_pad
+
+
+def mediapipe_transpose_conv_padding(padding, in_size, kernel, stride):
+    """MediaPipe Convolution2DTransposeBias: (beginning, ending), output size follows from them.
+    padding uses TfLitePadding (1 = SAME, 2 = VALID)."""
+    if padding == 1:
+        total = max(0, kernel - (in_size - 1) % stride - 1)
+        return total // 2, total - total // 2
+    return 0, 0
+
+
+# -- the importer -------------------------------------------------------------------------------
+
+
+class Importer:
+    def __init__(self, model: Model, builder, free_dimensions=None):
+        self.model = model
+        self.b = builder
+        self.values = {}  # tensor index -> MLOperand
+        self.consts = {}  # tensor index -> numpy array (float16/int8 weights already dequantized)
+        self.free = dict(free_dimensions or {})
+        for t in model.tensors:
+            if t.data is not None:
+                self.consts[t.index] = t.data
+
+    # tensors
+    def tensor(self, i):
+        return self.model.tensors[i]
+
+    def is_const(self, i):
+        return i in self.consts
+
+    def const_value(self, op, i, what):
+        if i not in self.consts:
+            raise NotSupportedError(
+                f"[tflite] operator {op.index} ({op.display}): {what} (tensor {i} '{self.tensor(i).name}') "
+                f"must be a constant"
+            )
+        return self.consts[i]
+
+    def operand(self, op, i):
+        """The MLOperand for tensor i (a constant becomes a builder constant on first use)."""
+        if i in self.values:
+            return self.values[i]
+        if i in self.consts:
+            arr = self.consts[i]
+            if arr.dtype == np.float64:
+                arr = arr.astype(np.float32)
+            if arr.dtype == np.bool_:
+                raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): bool constants are not supported")
+            v = self.b.constant(np.ascontiguousarray(arr))
+            self.values[i] = v
+            return v
+        t = self.tensor(i)
+        raise DataError(f"[tflite] operator {op.index} ({op.display}) reads tensor {i} ('{t.name}') before it is computed")
+
+    def input_shape(self, t):
+        shape = list(t.shape)
+        if t.name in self.free:
+            want = [int(d) for d in self.free[t.name]]
+            if len(want) != len(shape) or any(s != -1 and s != w for s, w in zip(t.signature, want)):
+                raise TypeError(
+                    f"[tflite] free_dimensions['{t.name}'] = {want} does not fit the input's shape signature "
+                    f"{list(t.signature)} (-1 marks a free dimension)"
+                )
+            return want
+        for k, d in enumerate(t.signature):
+            if d == -1 and k == 0 and "batch" in self.free:
+                shape[k] = int(self.free["batch"])
+        return shape
+
+    # the run
+    def run(self):
+        m = self.model
+        names = []
+        for i in m.inputs:
+            t = m.tensors[i]
+            if t.data_type is None or t.scale is not None and t.data_type != "float32":
+                raise NotSupportedError(
+                    f"[tflite] input {i} ('{t.name}') has type {t.type_name}"
+                    f"{' (quantized)' if t.scale is not None else ''}; quantized and {t.type_name} inputs are not supported"
+                )
+            shape = self.input_shape(t)
+            name = t.name or f"input_{i}"
+            self.values[i] = self.b.input(name, data_type=t.data_type, shape=shape)
+            names.append((name, t.data_type, tuple(shape)))
+
+        for op in m.operators:
+            fn = CONVERTERS.get(op.custom_code if op.custom_code is not None else op.name)
+            if fn is None:
+                raise NotSupportedError(unsupported_message(op))
+            self.check_types(op)
+            try:
+                out = fn(self, op)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"[tflite] operator {op.index} ({op.display}): {e}") from e
+            if out is None:  # folded at load
+                continue
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            for i, v in zip(op.outputs, outs):
+                if isinstance(v, np.ndarray):
+                    self.consts[i] = v
+                else:
+                    self.values[i] = v
+
+        outputs = {}
+        out_desc = []
+        for i in m.outputs:
+            t = m.tensors[i]
+            name = t.name or f"output_{i}"
+            v = self.values.get(i)
+            if v is None and i in self.consts:
+                v = self.operand(None, i)
+            if v is None:
+                raise DataError(f"[tflite] model output {i} ('{name}') is never computed")
+            if v._kind in ("input", "constant") or name in outputs:
+                v = self.b.identity(v)
+            outputs[name] = v
+            out_desc.append((name, v.data_type, tuple(v.shape)))
+        return outputs, names, out_desc
+
+    def check_types(self, op):
+        """Reject quantized activations and types WebNN has no form for, naming the operator."""
+        for i in list(op.inputs) + list(op.outputs):
+            if i < 0:
+                continue
+            t = self.tensor(i)
+            if i in self.consts and op.name == "DEQUANTIZE":
+                continue
+            if t.scale is not None and t.data_type in ("int8", "uint8") and i not in self.consts:
+                raise NotSupportedError(
+                    f"[tflite] operator {op.index} ({op.display}): quantized tensor {i} ('{t.name}', {t.type_name}) "
+                    f"is not supported; only float models (float16 weights allowed) are"
+                )
+            if t.data_type is None and i not in self.consts:
+                raise NotSupportedError(
+                    f"[tflite] operator {op.index} ({op.display}): tensor {i} ('{t.name}') has type {t.type_name}, "
+                    f"which WebNN does not support"
+                )
+
+
+def unsupported_message(op):
+    supported = ", ".join(sorted(k for k in CONVERTERS if k.isupper())) + ", CUSTOM " + ", ".join(
+        f"'{k}'" for k in sorted(k for k in CONVERTERS if not k.isupper())
+    )
+    return f"[tflite] operator {op.index} ({op.display}) is not supported; supported operators: {supported}"
+
+
+# -- helpers for converters ----------------------------------------------------------------------
+
+
+def _opt(op, getter, default):
+    o = op.options
+    if o is None or not hasattr(o, getter):
+        return default
+    return getattr(o, getter)()
+
+
+def activation(imp, op, y, code=None):
+    if code is None:
+        code = _opt(op, "FusedActivationFunction", ACT.NONE)
+    b = imp.b
+    if code == ACT.NONE:
+        return y
+    if code == ACT.RELU:
+        return b.relu(y)
+    if code == ACT.RELU6:
+        return b.clamp(y, min_value=0.0, max_value=6.0)
+    if code == ACT.RELU_N1_TO_1:
+        return b.clamp(y, min_value=-1.0, max_value=1.0)
+    if code == ACT.TANH:
+        return b.tanh(y)
+    raise NotSupportedError(
+        f"[tflite] operator {op.index} ({op.display}): fused activation {code} is not supported "
+        f"(supported: NONE, RELU, RELU6, RELU_N1_TO_1, TANH)"
+    )
+
+
+def _f32(arr):
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _bias(imp, op, k):
+    if len(op.inputs) <= k or op.inputs[k] < 0:
+        return None
+    return imp.operand(op, op.inputs[k])
+
+
+# -- converters -----------------------------------------------------------------------------------
+
+
+def conv_2d(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    w = imp.operand(op, op.inputs[1])
+    bias = _bias(imp, op, 2)
+    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
+    dh, dw = _opt(op, "DilationHFactor", 1), _opt(op, "DilationWFactor", 1)
+    o, kh, kw, ci = w.shape
+    pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
+    groups = x.shape[3] // ci if ci else 1
+    y = imp.b.conv2d(
+        x, w, padding=pad, strides=[sh, sw], dilations=[dh, dw], groups=groups,
+        input_layout="nhwc", filter_layout="ohwi", bias=bias,
+    )
+    return activation(imp, op, y)
+
+
+def depthwise_conv_2d(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    w = imp.operand(op, op.inputs[1])  # [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
+    bias = _bias(imp, op, 2)
+    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
+    dh, dw = _opt(op, "DilationHFactor", 1), _opt(op, "DilationWFactor", 1)
+    _, kh, kw, _ = w.shape
+    pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
+    y = imp.b.conv2d(
+        x, w, padding=pad, strides=[sh, sw], dilations=[dh, dw], groups=x.shape[3],
+        input_layout="nhwc", filter_layout="ihwo", bias=bias,
+    )
+    return activation(imp, op, y)
+
+
+def transpose_conv(imp, op):
+    out_shape = [int(v) for v in imp.const_value(op, op.inputs[0], "output_shape").reshape(-1)]
+    w = imp.operand(op, op.inputs[1])  # [O, kh, kw, I]
+    x = imp.operand(op, op.inputs[2])
+    bias = _bias(imp, op, 3)
+    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
+    _, kh, kw, _ = w.shape
+    padding = _opt(op, "Padding", PAD.SAME)
+    t, bo, ph = transpose_conv_padding(padding, x.shape[1], kh, sh, out_shape[1])
+    l, r, pw = transpose_conv_padding(padding, x.shape[2], kw, sw, out_shape[2])
+    y = imp.b.conv_transpose2d(
+        x, w, padding=[t, bo, l, r], strides=[sh, sw], output_padding=[ph, pw],
+        output_sizes=out_shape[1:3], input_layout="nhwc", filter_layout="ohwi", bias=bias,
+    )
+    return activation(imp, op, y)
+
+
+def mediapipe_transpose_conv_bias(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    w = imp.operand(op, op.inputs[1])  # [O, kh, kw, I]
+    bias = _bias(imp, op, 2)
+    if len(op.custom_options) < 12:
+        raise DataError(
+            f"[tflite] operator {op.index} ({op.display}): custom options must hold TfLiteTransposeConvParams "
+            f"(12 bytes: padding, stride_w, stride_h), got {len(op.custom_options)} bytes"
+        )
+    padding, sw, sh = struct.unpack("<iii", op.custom_options[:12])
+    _, kh, kw, _ = w.shape
+    t, bo = mediapipe_transpose_conv_padding(padding, x.shape[1], kh, sh)
+    l, r = mediapipe_transpose_conv_padding(padding, x.shape[2], kw, sw)
+    return imp.b.conv_transpose2d(
+        x, w, padding=[t, bo, l, r], strides=[sh, sw], input_layout="nhwc", filter_layout="ohwi", bias=bias,
+    )
+
+
+def fully_connected(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    w = imp.operand(op, op.inputs[1])  # [N, K]
+    bias = _bias(imp, op, 2)
+    if _opt(op, "WeightsFormat", 0) != 0:
+        raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): shuffled weights are not supported")
+    n, k = w.shape
+    batch = int(np.prod(x.shape)) // k
+    x2 = x if tuple(x.shape) == (batch, k) else imp.b.reshape(x, [batch, k])
+    y = imp.b.gemm(x2, w, c=bias, b_transpose=True)
+    y = activation(imp, op, y)
+    out_shape = list(imp.tensor(op.outputs[0]).shape)
+    if _opt(op, "KeepNumDims", False):
+        out_shape = list(x.shape[:-1]) + [n]
+    if len(out_shape) and int(np.prod(out_shape)) == batch * n and tuple(out_shape) != (batch, n):
+        y = imp.b.reshape(y, out_shape)
+    return y
+
+
+def _pool(kind):
+    def convert(imp, op):
+        x = imp.operand(op, op.inputs[0])
+        sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
+        fh, fw = _opt(op, "FilterHeight", 1), _opt(op, "FilterWidth", 1)
+        pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (fh, fw), (sh, sw))
+        fn = imp.b.average_pool2d if kind == "average" else imp.b.max_pool2d
+        y = fn(x, window_dimensions=[fh, fw], padding=pad, strides=[sh, sw], layout="nhwc")
+        return activation(imp, op, y)
+
+    return convert
+
+
+def mean(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    axes = imp.const_value(op, op.inputs[1], "axes").reshape(-1)
+    axes = sorted({int(a) % x.rank for a in axes})
+    return imp.b.reduce_mean(x, axes=axes, keep_dimensions=bool(_opt(op, "KeepDims", False)))
+
+
+def _binary(method):
+    def convert(imp, op):
+        a = imp.operand(op, op.inputs[0])
+        c = imp.operand(op, op.inputs[1])
+        return activation(imp, op, getattr(imp.b, method)(a, c))
+
+    return convert
+
+
+def _unary(fn):
+    def convert(imp, op):
+        return fn(imp.b, imp.operand(op, op.inputs[0]))
+
+    return convert
+
+
+def softmax(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    beta = float(_opt(op, "Beta", 1.0))
+    if beta != 1.0:
+        x = imp.b.mul(x, imp.b.constant(data_type=x.data_type, value=beta))
+    return imp.b.softmax(x, axis=x.rank - 1)
+
+
+def _resize(mode):
+    def convert(imp, op):
+        x = imp.operand(op, op.inputs[0])
+        size = [int(v) for v in imp.const_value(op, op.inputs[1], "size").reshape(-1)]
+        if _opt(op, "AlignCorners", False):
+            ct = "align_corners"
+        elif _opt(op, "HalfPixelCenters", False):
+            ct = "half_pixel"
+        else:
+            ct = "asymmetric"
+        return imp.b.resample2d(x, mode=mode, sizes=size, axes=[1, 2], coordinate_transformation=ct)
+
+    return convert
+
+
+def reshape(imp, op):
+    x_i = op.inputs[0]
+    if len(op.inputs) > 1 and op.inputs[1] >= 0 and imp.is_const(op.inputs[1]):
+        shape = [int(v) for v in imp.consts[op.inputs[1]].reshape(-1)]
+    elif op.options is not None and op.options.NewShapeLength():
+        shape = [int(v) for v in op.options.NewShapeAsNumpy()]
+    else:
+        shape = list(imp.tensor(op.outputs[0]).shape)
+    if imp.is_const(x_i) and x_i not in imp.values:
+        return imp.consts[x_i].reshape(shape)
+    x = imp.operand(op, x_i)
+    size = int(np.prod(x.shape))
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = size // known if known else 0
+    if tuple(shape) == tuple(x.shape):
+        return x
+    return imp.b.reshape(x, shape)
+
+
+def concatenation(imp, op):
+    xs = [imp.operand(op, i) for i in op.inputs]
+    axis = int(_opt(op, "Axis", 0)) % xs[0].rank
+    return activation(imp, op, imp.b.concat(xs, axis))
+
+
+def pad(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    p = imp.const_value(op, op.inputs[1], "paddings").reshape(-1, 2).astype(np.int64)
+    value = 0.0
+    if op.name == "PADV2" and len(op.inputs) > 2 and op.inputs[2] >= 0:
+        value = float(imp.const_value(op, op.inputs[2], "constant_values").reshape(-1)[0])
+    if not p.any():
+        return x
+    return imp.b.pad(x, [int(v) for v in p[:, 0]], [int(v) for v in p[:, 1]], mode="constant", value=value)
+
+
+def dequantize(imp, op):
+    i = op.inputs[0]
+    t = imp.tensor(i)
+    if imp.is_const(i):  # folded at load into a float32 constant
+        arr = imp.consts[i]
+        if t.scale is not None and arr.dtype.kind in "iu":
+            shape = [1] * arr.ndim
+            if t.scale.size > 1:
+                shape[t.quantized_dimension] = -1
+            arr = (arr.astype(np.float32) - t.zero_point.reshape(shape).astype(np.float32)) * t.scale.reshape(shape)
+        return _f32(arr)
+    x = imp.operand(op, i)
+    if x.data_type == "float16":
+        return imp.b.cast(x, "float32")
+    raise NotSupportedError(
+        f"[tflite] operator {op.index} ({op.display}): only constant weights or float16 tensors can be dequantized, "
+        f"got a computed {t.type_name} tensor"
+    )
+
+
+CONVERTERS = {
+    "CONV_2D": conv_2d,
+    "DEPTHWISE_CONV_2D": depthwise_conv_2d,
+    "TRANSPOSE_CONV": transpose_conv,
+    "Convolution2DTransposeBias": mediapipe_transpose_conv_bias,
+    "FULLY_CONNECTED": fully_connected,
+    "AVERAGE_POOL_2D": _pool("average"),
+    "MAX_POOL_2D": _pool("max"),
+    "MEAN": mean,
+    "ADD": _binary("add"),
+    "SUB": _binary("sub"),
+    "MUL": _binary("mul"),
+    "DIV": _binary("div"),
+    "MAXIMUM": _binary("max"),
+    "MINIMUM": _binary("min"),
+    "RELU": _unary(lambda b, x: b.relu(x)),
+    "RELU6": _unary(lambda b, x: b.clamp(x, min_value=0.0, max_value=6.0)),
+    "RELU_N1_TO_1": _unary(lambda b, x: b.clamp(x, min_value=-1.0, max_value=1.0)),
+    "HARD_SWISH": _unary(lambda b, x: b.hard_swish(x)),
+    "LOGISTIC": _unary(lambda b, x: b.sigmoid(x)),
+    "TANH": _unary(lambda b, x: b.tanh(x)),
+    "SOFTMAX": softmax,
+    "RESIZE_BILINEAR": _resize("linear"),
+    "RESIZE_NEAREST_NEIGHBOR": _resize("nearest-neighbor"),
+    "RESHAPE": reshape,
+    "CONCATENATION": concatenation,
+    "PAD": pad,
+    "PADV2": pad,
+    "DEQUANTIZE": dequantize,
+}
+
+
+def supported_operators():
+    """Builtin operator names and MediaPipe custom codes the importer converts."""
+    return sorted(CONVERTERS)
+
+
+def convert(model: Model, builder, free_dimensions=None):
+    """Record the model into `builder`; returns (outputs dict, inputs list, outputs list)."""
+    return Importer(model, builder, free_dimensions).run()
+
+
+__all__ = ["convert", "supported_operators", "same_padding", "conv_padding", "Operator"]

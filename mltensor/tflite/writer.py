@@ -1,0 +1,161 @@
+"""Write small .tflite flatbuffers (for tests: single-operator models LiteRT can run as reference).
+
+    w = ModelWriter()
+    x = w.input("x", [1, 8, 8, 3])
+    k = w.const("k", np.ones((4, 3, 3, 3), np.float32))
+    y = w.tensor("y", [1, 8, 8, 4])
+    w.op("CONV_2D", [x, k, -1], [y], "Conv2DOptions", Padding=0, StrideW=1, StrideH=1)
+    data = w.finish([x], [y])
+"""
+
+import flatbuffers
+import numpy as np
+import tflite
+from tflite.utils import BUILTIN_OPCODE2NAME
+
+_CODES = {v: k for k, v in BUILTIN_OPCODE2NAME.items()}
+_TYPES = {
+    np.dtype(np.float32): tflite.TensorType.FLOAT32,
+    np.dtype(np.float16): tflite.TensorType.FLOAT16,
+    np.dtype(np.int32): tflite.TensorType.INT32,
+    np.dtype(np.int64): tflite.TensorType.INT64,
+    np.dtype(np.int8): tflite.TensorType.INT8,
+    np.dtype(np.uint8): tflite.TensorType.UINT8,
+}
+
+
+class ModelWriter:
+    def __init__(self):
+        self.tensors = []  # (name, shape, type, buffer index)
+        self.buffers = [b""]  # buffer 0: the empty sentinel
+        self.ops = []
+        self.codes = []  # (builtin name, custom code)
+
+    def tensor(self, name, shape, dtype=np.float32, signature=None, quant=None):
+        """An activation tensor; `signature` (shape_signature) marks free dimensions with -1;
+        `quant` = (scale, zero_point) makes it a quantized tensor."""
+        self.tensors.append((name, list(shape), _TYPES[np.dtype(dtype)], 0, signature, quant))
+        return len(self.tensors) - 1
+
+    input = tensor
+
+    def const(self, name, array):
+        a = np.ascontiguousarray(array)
+        self.buffers.append(a.astype(a.dtype.newbyteorder("<")).tobytes())
+        self.tensors.append((name, list(a.shape), _TYPES[a.dtype], len(self.buffers) - 1, None, None))
+        return len(self.tensors) - 1
+
+    def op(self, name, inputs, outputs, options_type=None, custom=None, custom_options=b"", **options):
+        key = (name, custom)
+        if key not in self.codes:
+            self.codes.append(key)
+        self.ops.append((self.codes.index(key), list(inputs), list(outputs), options_type, options, custom_options))
+
+    def finish(self, inputs, outputs):
+        fb = flatbuffers.Builder(1024)
+
+        def ivec(start, values):
+            start(fb, len(values))
+            for v in reversed(values):
+                fb.PrependInt32(int(v))
+            return fb.EndVector()
+
+        def table_vec(start, offsets):
+            start(fb, len(offsets))
+            for o in reversed(offsets):
+                fb.PrependUOffsetTRelative(o)
+            return fb.EndVector()
+
+        bufs = []
+        for data in self.buffers:
+            d = fb.CreateByteVector(data) if data else None
+            tflite.BufferStart(fb)
+            if d is not None:
+                tflite.BufferAddData(fb, d)
+            bufs.append(tflite.BufferEnd(fb))
+
+        tens = []
+        for name, shape, ttype, buf, sig, quant in self.tensors:
+            n = fb.CreateString(name)
+            q = None
+            if quant is not None:
+                tflite.QuantizationParametersStartScaleVector(fb, 1)
+                fb.PrependFloat32(float(quant[0]))
+                sc = fb.EndVector()
+                tflite.QuantizationParametersStartZeroPointVector(fb, 1)
+                fb.PrependInt64(int(quant[1]))
+                zp = fb.EndVector()
+                tflite.QuantizationParametersStart(fb)
+                tflite.QuantizationParametersAddScale(fb, sc)
+                tflite.QuantizationParametersAddZeroPoint(fb, zp)
+                q = tflite.QuantizationParametersEnd(fb)
+            s = ivec(tflite.TensorStartShapeVector, shape)
+            sg = ivec(tflite.TensorStartShapeSignatureVector, sig) if sig is not None else None
+            tflite.TensorStart(fb)
+            tflite.TensorAddShape(fb, s)
+            if sg is not None:
+                tflite.TensorAddShapeSignature(fb, sg)
+            tflite.TensorAddType(fb, ttype)
+            tflite.TensorAddBuffer(fb, buf)
+            tflite.TensorAddName(fb, n)
+            if q is not None:
+                tflite.TensorAddQuantization(fb, q)
+            tens.append(tflite.TensorEnd(fb))
+
+        ops = []
+        for code, ins, outs, otype, opts, copts in self.ops:
+            i = ivec(tflite.OperatorStartInputsVector, ins)
+            o = ivec(tflite.OperatorStartOutputsVector, outs)
+            opt = None
+            if otype:
+                getattr(tflite, f"{otype}Start")(fb)
+                for k, v in opts.items():
+                    getattr(tflite, f"{otype}Add{k}")(fb, v)
+                opt = getattr(tflite, f"{otype}End")(fb)
+            c = fb.CreateByteVector(copts) if copts else None
+            tflite.OperatorStart(fb)
+            tflite.OperatorAddOpcodeIndex(fb, code)
+            tflite.OperatorAddInputs(fb, i)
+            tflite.OperatorAddOutputs(fb, o)
+            if opt is not None:
+                tflite.OperatorAddBuiltinOptionsType(fb, getattr(tflite.BuiltinOptions, otype))
+                tflite.OperatorAddBuiltinOptions(fb, opt)
+            if c is not None:
+                tflite.OperatorAddCustomOptions(fb, c)
+            ops.append(tflite.OperatorEnd(fb))
+
+        t_vec = table_vec(tflite.SubGraphStartTensorsVector, tens)
+        o_vec = table_vec(tflite.SubGraphStartOperatorsVector, ops)
+        in_vec = ivec(tflite.SubGraphStartInputsVector, inputs)
+        out_vec = ivec(tflite.SubGraphStartOutputsVector, outputs)
+        tflite.SubGraphStart(fb)
+        tflite.SubGraphAddTensors(fb, t_vec)
+        tflite.SubGraphAddInputs(fb, in_vec)
+        tflite.SubGraphAddOutputs(fb, out_vec)
+        tflite.SubGraphAddOperators(fb, o_vec)
+        sg = tflite.SubGraphEnd(fb)
+
+        codes = []
+        for name, custom in self.codes:
+            cc = fb.CreateString(custom) if custom else None
+            code = _CODES[name]
+            tflite.OperatorCodeStart(fb)
+            tflite.OperatorCodeAddDeprecatedBuiltinCode(fb, min(code, 127))
+            tflite.OperatorCodeAddBuiltinCode(fb, code)
+            tflite.OperatorCodeAddVersion(fb, 1)
+            if cc is not None:
+                tflite.OperatorCodeAddCustomCode(fb, cc)
+            codes.append(tflite.OperatorCodeEnd(fb))
+
+        codes_vec = table_vec(tflite.ModelStartOperatorCodesVector, codes)
+        sg_vec = table_vec(tflite.ModelStartSubgraphsVector, [sg])
+        buf_vec = table_vec(tflite.ModelStartBuffersVector, bufs)
+        desc = fb.CreateString("mltensor test model")
+        tflite.ModelStart(fb)
+        tflite.ModelAddVersion(fb, 3)
+        tflite.ModelAddOperatorCodes(fb, codes_vec)
+        tflite.ModelAddSubgraphs(fb, sg_vec)
+        tflite.ModelAddDescription(fb, desc)
+        tflite.ModelAddBuffers(fb, buf_vec)
+        fb.Finish(tflite.ModelEnd(fb), file_identifier=b"TFL3")
+        return bytes(fb.Output())
