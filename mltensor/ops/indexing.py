@@ -1,0 +1,203 @@
+"""gather_elements, gather_nd, scatter_elements, scatter_nd (shaders/indexing.wgsl).
+
+Indices may be negative (counted from the end of the dimension); indices out of range are clamped
+into it, so a bad index never reads or writes outside a tensor. Scatters copy the input to the
+output, then one thread per update element writes it; where several updates hit the same element
+the one that lands is unspecified (the WebNN spec leaves duplicates undefined too).
+"""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from . import check_support, lowering, register, same_type
+from .layout import coords, flat, size
+
+ALL = dtypes.ALL
+INDEX = ("int32", "uint32", "int64")
+
+
+def _axis(where, axis, rank):
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"[{where}] axis must be an integer, got {axis!r}")
+    if not 0 <= axis < rank:
+        raise TypeError(f"[{where}] axis {axis} is out of range for input rank {rank}")
+    return axis
+
+
+def _wrap(kc, indices, expr, n):
+    return f"wrap_{kc.wtype(indices)}({expr}, {n}u)"
+
+
+def _launch(kc, name, n, body, args, names):
+    """indexing.wgsl over n threads; args are bound as `names` (the last one is the output)."""
+    bindings = [Binding(nm, kc.wtype(a), k == len(args) - 1) for k, (nm, a) in enumerate(zip(names, args))]
+    k = Kernel(name, "indexing.wgsl", {"n": n, "body": "\n".join(body)}, bindings)
+    kc.launch(k, args, grid(-(-n // WORKGROUP)))
+
+
+def _shape_name(*shapes):
+    return "_".join("x".join(map(str, s)) or "s" for s in shapes)
+
+
+# -- gather_elements ----------------------------------------------------------------------------
+
+register("gather_elements", {"input": ALL, "indices": INDEX, "output": ALL},
+         ranks={"input": (1, 8), "indices": (1, 8)})
+
+
+@builder_op
+def gather_elements(b, x, indices, *, axis=0, label=None):
+    # IDL: MLOperand gatherElements(MLOperand input, MLOperand indices,
+    #                               optional MLGatherOptions options = {});
+    where = "gather_elements"
+    b._operand(x, where, "input")
+    b._operand(indices, where, "indices")
+    check_support(where, input=x, indices=indices)
+    axis = _axis(where, axis, x.rank)
+    expected = list(x.shape)
+    if indices.rank == x.rank:
+        expected[axis] = indices.shape[axis]
+    if list(indices.shape) != expected:
+        raise TypeError(f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
+                        f"{list(x.shape)} except along axis {axis}")
+    return b._emit1(where, [x, indices], {"axis": axis}, x.data_type, indices.shape, label)
+
+
+@lowering("gather_elements")
+def _lower_gather_elements(kc, node):
+    x, ind = node.inputs
+    out = kc.out(node)
+    axis = node.attrs["axis"]
+    shape = out.shape
+    body = coords(shape)
+    body.append(f"    let k = {_wrap(kc, ind, 'ind[i]', x.shape[axis])};")
+    terms = ["k" if d == axis else f"c{d}" for d in range(len(shape))]
+    body.append(f"    out[i] = x[{flat(terms, x.shape)}];")
+    name = f"gather_elements_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, shape)}_a{axis}"
+    _launch(kc, name, size(shape), body, [x, ind, out], ("x", "ind", "out"))
+
+
+# -- gather_nd ----------------------------------------------------------------------------------
+
+register("gather_nd", {"input": ALL, "indices": INDEX, "output": ALL},
+         ranks={"input": (1, 8), "indices": (1, 8)})
+
+
+@builder_op
+def gather_nd(b, x, indices, *, label=None):
+    # IDL: MLOperand gatherND(MLOperand input, MLOperand indices, optional MLOperatorOptions options = {});
+    where = "gather_nd"
+    b._operand(x, where, "input")
+    b._operand(indices, where, "indices")
+    check_support(where, input=x, indices=indices)
+    k = indices.shape[-1]
+    if k > x.rank:
+        raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({x.rank})")
+    shape = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
+    if len(shape) > 8:
+        raise TypeError(f"[{where}] output rank {len(shape)} exceeds the maximum rank 8")
+    return b._emit1(where, [x, indices], {}, x.data_type, shape, label)
+
+
+def _nd_offset(kc, ind, in_shape, k, inner):
+    """WGSL lines computing `q` (which coordinate tuple), `r` (offset inside the slice) and
+    `off` (flat index of the slice start in a tensor of in_shape) from `i`."""
+    strides = [1] * len(in_shape)
+    for d in range(len(in_shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * in_shape[d + 1]
+    body = [f"    let q = i / {inner}u;", f"    let r = i % {inner}u;", "    var off = r;"]
+    for j in range(k):
+        body.append(f"    off = off + {_wrap(kc, ind, f'ind[q * {k}u + {j}u]', in_shape[j])} * {strides[j]}u;")
+    return body
+
+
+@lowering("gather_nd")
+def _lower_gather_nd(kc, node):
+    x, ind = node.inputs
+    out = kc.out(node)
+    k = ind.shape[-1]
+    inner = size(x.shape[k:])
+    body = _nd_offset(kc, ind, x.shape, k, inner)
+    body.append("    out[i] = x[off];")
+    name = f"gather_nd_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, ind.shape)}"
+    _launch(kc, name, size(out.shape), body, [x, ind, out], ("x", "ind", "out"))
+
+
+# -- scatter_elements ---------------------------------------------------------------------------
+
+register("scatter_elements", {"input": ALL, "indices": INDEX, "updates": ALL, "output": ALL},
+         ranks={"input": (1, 8), "indices": (1, 8), "updates": (1, 8)})
+
+
+@builder_op
+def scatter_elements(b, x, indices, updates, *, axis=0, label=None):
+    # IDL: MLOperand scatterElements(MLOperand input, MLOperand indices, MLOperand updates,
+    #                                optional MLScatterOptions options = {});
+    where = "scatter_elements"
+    for what, v in (("input", x), ("indices", indices), ("updates", updates)):
+        b._operand(v, where, what)
+    check_support(where, input=x, indices=indices, updates=updates)
+    same_type(where, ("input", x), ("updates", updates))
+    axis = _axis(where, axis, x.rank)
+    expected = list(x.shape)
+    if indices.rank == x.rank:
+        expected[axis] = indices.shape[axis]
+    if list(indices.shape) != expected:
+        raise TypeError(f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
+                        f"{list(x.shape)} except along axis {axis}")
+    if updates.shape != indices.shape:
+        raise TypeError(f"[{where}] updates shape {list(updates.shape)} must equal indices shape "
+                        f"{list(indices.shape)}")
+    return b._emit1(where, [x, indices, updates], {"axis": axis}, x.data_type, x.shape, label)
+
+
+@lowering("scatter_elements")
+def _lower_scatter_elements(kc, node):
+    x, ind, upd = node.inputs
+    out = kc.out(node)
+    axis = node.attrs["axis"]
+    kc.copy(x, out)
+    body = coords(upd.shape)
+    body.append(f"    let k = {_wrap(kc, ind, 'ind[i]', x.shape[axis])};")
+    terms = ["k" if d == axis else f"c{d}" for d in range(len(upd.shape))]
+    body.append(f"    out[{flat(terms, x.shape)}] = upd[i];")
+    name = f"scatter_elements_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, upd.shape)}_a{axis}"
+    _launch(kc, name, size(upd.shape), body, [ind, upd, out], ("ind", "upd", "out"))
+
+
+# -- scatter_nd ---------------------------------------------------------------------------------
+
+register("scatter_nd", {"input": ALL, "indices": INDEX, "updates": ALL, "output": ALL},
+         ranks={"input": (1, 8), "indices": (1, 8)})
+
+
+@builder_op
+def scatter_nd(b, x, indices, updates, *, label=None):
+    # IDL: MLOperand scatterND(MLOperand input, MLOperand indices, MLOperand updates,
+    #                          optional MLOperatorOptions options = {});
+    where = "scatter_nd"
+    for what, v in (("input", x), ("indices", indices), ("updates", updates)):
+        b._operand(v, where, what)
+    check_support(where, input=x, indices=indices, updates=updates)
+    same_type(where, ("input", x), ("updates", updates))
+    k = indices.shape[-1]
+    if k > x.rank:
+        raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({x.rank})")
+    expected = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
+    if updates.shape != expected:
+        raise TypeError(f"[{where}] updates shape {list(updates.shape)} must be indices.shape[:-1] + "
+                        f"input.shape[{k}:] = {list(expected)}")
+    return b._emit1(where, [x, indices, updates], {}, x.data_type, x.shape, label)
+
+
+@lowering("scatter_nd")
+def _lower_scatter_nd(kc, node):
+    x, ind, upd = node.inputs
+    out = kc.out(node)
+    k = ind.shape[-1]
+    inner = size(x.shape[k:])
+    kc.copy(x, out)
+    body = _nd_offset(kc, ind, x.shape, k, inner)
+    body.append("    out[off] = upd[i];")
+    name = f"scatter_nd_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, ind.shape)}"
+    _launch(kc, name, size(upd.shape), body, [ind, upd, out], ("ind", "upd", "out"))
