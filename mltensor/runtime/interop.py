@@ -1,0 +1,308 @@
+"""WebGPU interop: lend an MLTensor to a wgpu.GPUDevice (WebGPU `device.importExternalBuffer`).
+
+A lease per lent tensor. While it lasts the tensor is in `timeline.lent`, so ML work touching it
+(and work depending on that work) is held back and runs in call order after the release.
+
+- Same device (the context runs on `device`): zero-copy. The lent buffer is a second wgpu-py
+  object around the tensor's native buffer (one more native reference). The import submits the
+  ML work recorded so far, so the device's later submits on the shared queue see it; nothing waits
+  for the GPU.
+- Another device: the tensor is copied (after the ML work touching it) into a fresh buffer of that
+  device at import, and copied back (after the device's work on it) at release.
+
+`buf.destroy()` / `buf.release()` end the lease. They never free the tensor's memory: the buffer
+object is re-pointed at a tiny stub buffer, so a stray use afterwards cannot touch the tensor.
+"""
+
+import asyncio
+
+import wgpu
+from wgpu.backends.wgpu_native import _api as _native
+from wgpu.backends.wgpu_native._ffi import lib as _lib
+
+from ..errors import InvalidStateError
+from ..front.context import _device_destroyed
+from .timeline import Task
+
+_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+
+
+def _device_state(device):
+    """Per-device interop state, kept on the device object itself (a dict keyed by the device
+    would keep it alive: its buffers reference it): the 4-byte stub that released leases point
+    to, and a small pool of MAP_READ buffers for cross-device copy-back."""
+    st = getattr(device, "_mltensor_interop", None)
+    if st is None:
+        st = device._mltensor_interop = {"stub": None, "staging": {}}
+    return st
+
+
+class LentBuffer(_native.GPUBuffer):
+    """A wgpu.GPUBuffer handed to a device by import_external_buffer. destroy() and release()
+    return the tensor to ML; they do not free its memory."""
+
+    @classmethod
+    def _wrap(cls, lease, internal, device, size, label):
+        """A second wgpu-py object around a native buffer, with its own native reference
+        (balanced by the release in _release() or _repoint())."""
+        _lib.wgpuBufferAddRef(internal)
+        self = cls(label, internal, device, size, _USAGE, "unmapped")
+        self._lease = lease
+        return self
+
+    # IDL: undefined destroy();
+    def destroy(self):
+        """End the lease (the tensor goes back to ML with the device's writes); idempotent."""
+        self._lease.end()
+
+    def release(self):
+        """Python extension, same as destroy(): end the lease; idempotent."""
+        self._lease.end()
+
+    def _repoint(self, device):
+        """After the lease: point this object at a stub so later use cannot reach the tensor."""
+        state = _device_state(device)
+        stub = state["stub"]
+        if stub is None:
+            if _device_destroyed(device):
+                return  # nothing can use this buffer any more anyway
+            stub = device.create_buffer(label="mltensor-released-lease", size=4, usage=_USAGE)
+            state["stub"] = stub
+        _lib.wgpuBufferAddRef(stub._internal)
+        old, self._internal = self._internal, stub._internal
+        if old is not None:
+            _lib.wgpuBufferRelease(old)
+
+
+class _Lease:
+    def __init__(self, tensor, device):
+        ctx = tensor._context
+        self.tensor = tensor
+        self.ctx = ctx
+        self.device = device
+        self.same = device is ctx.device
+        self.size = tensor._buffer.size
+        self.state = "pending"  # -> "lent" -> "ended"
+        self.buffer = None
+        self.error = None
+        self._staging = None
+        self._promise = None
+        self.task = Task((tensor,), (tensor,), self._start)
+
+    # -- import ---------------------------------------------------------------------------------
+
+    def _start(self):
+        """The import task: runs once the ML work before it is recorded (call order)."""
+        tl = self.ctx._timeline
+        t = self.tensor
+        tl.lent.add(t)
+        try:
+            if not self.same:
+                self._staging = tl.acquire_staging(self.size)
+                tl.encoder().copy_buffer_to_buffer(t._buffer, 0, self._staging, 0, self.size)
+                tl.touch((t._buffer, self._staging))
+            tl.flush()  # same device: the device's later submits come after this ML work
+            if not self.same:
+                self._promise = self._staging.map_async(wgpu.MapMode.READ, 0, self.size)
+        except Exception as e:  # e.g. a lost device: reported to the importer, never to resume()
+            self.error = e
+
+    def _label(self):
+        t = self.tensor
+        return f"mltensor-lent-{t._data_type}{list(t._shape)}"
+
+    def _complete(self, where):
+        """After the import task ran (and, cross device, the staging map resolved)."""
+        ctx = self.ctx
+        if self.error is not None:
+            raise self.error
+        if ctx._lost_info is not None:
+            raise InvalidStateError(f"[{where}] the context was lost while the import was pending")
+        if self.same:
+            buf = LentBuffer._wrap(self, self.tensor._buffer._internal, self.device, self.size,
+                                   self._label())
+        else:
+            if _device_destroyed(self.device):
+                raise InvalidStateError(f"[{where}] the GPUDevice was destroyed while the import was pending")
+            mv = self._staging.read_mapped(0, self.size, copy=False)
+            native = self.device.create_buffer(label=self._label(), size=self.size, usage=_USAGE,
+                                               mapped_at_creation=True)
+            native.write_mapped(mv)
+            native.unmap()
+            del mv
+            self._drop_staging()
+            buf = LentBuffer._wrap(self, native._internal, self.device, self.size, self._label())
+            del native  # the wrapper holds its own native reference
+            ctx._counters["bytes_copied_between_devices"] += self.size
+        self.buffer = buf
+        self.state = "lent"
+        return buf
+
+    def _drop_staging(self):
+        if self._staging is not None:
+            if self._promise is not None:
+                try:
+                    self._staging.unmap()
+                except Exception:
+                    pass
+            if self.ctx._lost_info is None:
+                self.ctx._timeline.release_staging(self._staging)
+            self._staging = self._promise = None
+
+    def _abort(self):
+        """The import failed or was cancelled: the tensor is not lent after all."""
+        if not self.task.done:  # still held back: take it out of the queue
+            self.task.body = lambda: None
+            tl = self.ctx._timeline
+            if self.task in tl.held:
+                tl.held.remove(self.task)
+        self._drop_staging()
+        self._finish_lease()
+
+    def run_sync(self, where):
+        try:
+            if self._promise is not None:
+                self._promise.sync_wait()
+            return self._complete(where)
+        except BaseException:
+            self._abort()
+            raise
+
+    async def run_async(self, where):
+        ctx = self.ctx
+        try:
+            if not self.task.done:
+                fut = asyncio.get_running_loop().create_future()
+                self.task.on_done(lambda: fut.done() or fut.set_result(None))
+                ctx._read_waiters.add(fut)  # a lost context wakes it
+                try:
+                    await fut
+                finally:
+                    ctx._read_waiters.discard(fut)
+                if ctx._lost_info is not None:
+                    raise InvalidStateError(f"[{where}] the context was lost while the import was pending")
+            if self._promise is not None:
+                await self._promise
+            return self._complete(where)
+        except BaseException:
+            self._abort()
+            raise
+
+    # -- release --------------------------------------------------------------------------------
+
+    def end(self):
+        """buf.destroy() / buf.release(): idempotent."""
+        if self.state != "lent":
+            return
+        self.state = "ended"
+        ctx, t = self.ctx, self.tensor
+        ctx._check_device()  # a destroyed context device loses the context first
+        try:
+            if not self.same and ctx._lost_info is None and not t._destroyed:
+                self._copy_back()
+        finally:
+            self.buffer._repoint(self.device)
+            self._finish_lease()
+
+    def _copy_back(self):
+        """Wait for the device's work on the buffer (map a staging copy), then write it into the
+        tensor through the context's queue, ahead of the held-back ML work."""
+        dev = self.device
+        if _device_destroyed(dev):
+            return  # nothing to copy back from; the tensor keeps its pre-import contents
+        pool = _device_state(dev)["staging"].setdefault(self.size, [])
+        st = pool.pop() if pool else dev.create_buffer(
+            label="mltensor-lease-copyback", size=self.size,
+            usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        enc = dev.create_command_encoder()
+        enc.copy_buffer_to_buffer(self.buffer, 0, st, 0, self.size)
+        dev.queue.submit([enc.finish()])
+        st.map_sync(wgpu.MapMode.READ, 0, self.size)
+        try:
+            mv = st.read_mapped(0, self.size, copy=False)
+            tl = self.ctx._timeline
+            tb = self.tensor._buffer
+            if tl.uses(tb):
+                tl.flush()
+            tl.queue.write_buffer(tb, 0, mv)
+            del mv
+            self.ctx._counters["bytes_copied_between_devices"] += self.size
+        finally:
+            st.unmap()
+            if len(pool) < 2:
+                pool.append(st)
+            else:
+                st.destroy()
+
+    def _finish_lease(self):
+        self.state = "ended"
+        t, ctx = self.tensor, self.ctx
+        if getattr(t, "_lease", None) is self:
+            t._lease = None
+        tl = ctx._timeline
+        tl.lent.discard(t)
+        if ctx._lost_info is None:
+            tl.resume()
+
+
+def _begin(device, tensor, where, asynchronous):
+    from ..front.tensor import MLTensor
+
+    if not isinstance(device, wgpu.GPUDevice):
+        raise TypeError(f"[{where}] device must be a wgpu.GPUDevice, got {type(device).__name__}")
+    if not isinstance(tensor, MLTensor):
+        raise TypeError(f"[{where}] tensor must be an MLTensor, got {type(tensor).__name__}")
+    if not isinstance(device, _native.GPUDevice):
+        raise TypeError(f"[{where}] device must be a device of wgpu's native backend")
+    if not tensor._importable:
+        raise TypeError(f"[{where}] the tensor was not created with importable_to_webgpu=True")
+    if _device_destroyed(device):
+        raise InvalidStateError(f"[{where}] the GPUDevice is destroyed")
+    ctx = tensor._context
+    ctx._check(where)
+    if tensor._destroyed:
+        raise InvalidStateError(f"[{where}] the tensor is destroyed")
+    lease = getattr(tensor, "_lease", None)
+    if lease is not None:
+        if lease.state == "pending":
+            raise TypeError(f"[{where}] an import of this tensor has not resolved yet")
+        if lease.device is not device:
+            raise TypeError(f"[{where}] the tensor is already lent to another GPUDevice")
+        return lease, True
+    lease = _Lease(tensor, device)
+    tl = ctx._timeline
+    if not asynchronous and tl._must_hold(lease.task):
+        raise InvalidStateError(
+            f"[{where}] the tensor depends on work held back behind another lent tensor; release "
+            "that lease first, or use import_external_buffer_async, which resolves after it"
+        )
+    tensor._lease = lease
+    tl.enqueue(lease.task)
+    return lease, False
+
+
+# IDL (WebGPU, MLTensor explainer): GPUBuffer importExternalBuffer(GPUExternalBufferDescriptor descriptor);
+def import_external_buffer_sync(device, tensor):
+    """Lend `tensor` (created with importable_to_webgpu=True) to `device`; returns a wgpu.GPUBuffer
+    with usage STORAGE | COPY_SRC | COPY_DST. `buf.destroy()` or `buf.release()` returns it."""
+    where = "import_external_buffer"
+    lease, again = _begin(device, tensor, where, False)
+    if again:
+        return lease.buffer
+    return lease.run_sync(where)
+
+
+def import_external_buffer_async(device, tensor):
+    """As import_external_buffer_sync, awaitable; resolves after any held-back work it depends on."""
+    from ..front._util import awaitable
+
+    where = "import_external_buffer"
+    lease, again = _begin(device, tensor, where, True)
+
+    async def existing():
+        return lease.buffer
+
+    return awaitable(existing() if again else lease.run_async(where))
+
+
+__all__ = ["import_external_buffer_sync", "import_external_buffer_async", "LentBuffer"]
