@@ -124,6 +124,10 @@ class MLContext:
         if own:
             adapter = _adapter(power_preference)
             features = [f for f in _WANTED_FEATURES if f in adapter.features]
+            # On a CPU adapter all buffers live in host memory: readable tensors can be mapped
+            # directly, saving a full GPU copy per synchronous read (see read_tensor_sync).
+            if adapter.info.get("adapter_type") == "CPU" and "mappable-primary-buffers" in adapter.features:
+                features.append("mappable-primary-buffers")
             limits = {k: adapter.limits[k] for k in _WANTED_LIMITS if k in adapter.limits}
             device = adapter.request_device_sync(
                 label="mltensor", required_features=features, required_limits=limits
@@ -144,6 +148,7 @@ class MLContext:
         self._graphs = set()
         self._read_waiters = set()
         self._pending_reads = set()
+        self._direct_map = "mappable-primary-buffers" in device.features
         lim = device.limits
         self._max_bytes = min(lim["max-buffer-size"], lim["max-storage-buffer-binding-size"])
         return self
@@ -297,7 +302,7 @@ class MLContext:
 
     # IDL: Promise<ArrayBuffer> readTensor(MLTensor tensor);
     # IDL: Promise<undefined> readTensor(MLTensor tensor, AllowSharedBufferSource outputData);
-    def _start_read(self, tensor, out, where):
+    def _read_args(self, tensor, out, where):
         self._check_tensor(tensor, where)
         self._check(where)
         if not tensor._readable:
@@ -314,15 +319,20 @@ class MLContext:
             if not mv.c_contiguous:
                 raise TypeError(f"[{where}] output buffer must be contiguous")
             out = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-        r = PendingRead(self, tensor, out)
-        self._timeline.enqueue(r.task)
-        return r
+        return out
 
     def read_tensor_sync(self, tensor, out=None):
-        return self._start_read(tensor, out, "read_tensor").wait_sync("read_tensor")
+        out = self._read_args(tensor, out, "read_tensor")
+        r = PendingRead(self, tensor, out)
+        if tensor._direct_map and not self._timeline._must_hold(r.task):
+            return r.read_mapped_tensor("read_tensor")
+        self._timeline.enqueue(r.task)
+        return r.wait_sync("read_tensor")
 
     def read_tensor_async(self, tensor, out=None):
-        r = self._start_read(tensor, out, "read_tensor")
+        out = self._read_args(tensor, out, "read_tensor")
+        r = PendingRead(self, tensor, out)
+        self._timeline.enqueue(r.task)
         return awaitable(r.wait_async("read_tensor"))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);

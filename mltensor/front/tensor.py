@@ -25,6 +25,10 @@ class MLTensor:
             usage |= wgpu.BufferUsage.COPY_SRC
         if writable or importable or constant:
             usage |= wgpu.BufferUsage.COPY_DST
+        # CPU adapters: map readable tensors in place (a lent buffer's usage must stay exact).
+        self._direct_map = ctx._direct_map and self._readable and not self._importable
+        if self._direct_map:
+            usage |= wgpu.BufferUsage.MAP_READ
         self._buffer = ctx.device.create_buffer(
             label=f"mltensor-{data_type}{list(shape)}", size=dtypes.padded(self._nbytes), usage=usage
         )

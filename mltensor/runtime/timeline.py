@@ -204,22 +204,35 @@ class PendingRead:
     def _finish(self, where):
         try:
             self._check(where)
-            t = self.tensor
-            nbytes = t._nbytes
-            mv = self.staging.read_mapped(0, self.size, copy=False)
-            src = np.frombuffer(mv, dtype=np.uint8, count=nbytes)
-            if self.out is None:
-                result = np.empty(t.shape, dtype=t._np_dtype)
-                result.reshape(-1).view(np.uint8)[:] = src
-            else:
-                dst = np.frombuffer(self.out, dtype=np.uint8, count=nbytes)
-                dst[:] = src
-                result = None
-            del mv, src
-            self.ctx._counters["bytes_downloaded"] += nbytes
-            return result
+            return self._copy_out(self.staging)
         finally:
             self._release()
+
+    def read_mapped_tensor(self, where):
+        """Synchronous read of a tensor created mappable (CPU adapters): map the tensor itself.
+        Safe because nothing else can be recorded while this call blocks."""
+        self.ctx._timeline.flush()
+        buf = self.tensor._buffer
+        buf.map_sync(wgpu.MapMode.READ, 0, self.size)
+        try:
+            return self._copy_out(buf)
+        finally:
+            buf.unmap()
+
+    def _copy_out(self, mapped):
+        t = self.tensor
+        nbytes = t._nbytes
+        mv = mapped.read_mapped(0, self.size, copy=False)
+        src = np.frombuffer(mv, dtype=np.uint8, count=nbytes)
+        if self.out is None:
+            result = np.empty(t.shape, dtype=t._np_dtype)
+            result.reshape(-1).view(np.uint8)[:] = src
+        else:
+            np.frombuffer(self.out, dtype=np.uint8, count=nbytes)[:] = src
+            result = None
+        del mv, src
+        self.ctx._counters["bytes_downloaded"] += nbytes
+        return result
 
     def _release(self):
         if self.staging is not None:
