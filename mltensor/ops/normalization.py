@@ -1,0 +1,181 @@
+"""Normalizations: batch_normalization, instance_normalization, layer_normalization.
+
+batch_normalization is elementwise once mean and variance are given: one thread per element, the
+channel index computed from the flat index. instance_ and layer_normalization reduce: one kernel per
+op computes each group's mean and variance (two passes over the group, for accuracy) and writes the
+normalized, scaled and shifted group, with one thread per group (small groups) or one workgroup per
+group and a shared-memory tree (shaders/normalization.wgsl). Index arithmetic is shared with the
+reductions (ops/reduce.py): the group index `o` and the element index `k` give the input offset
+and the scale/bias index through mixed-radix expressions with baked-in strides.
+"""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from . import check_support, register
+from .reduce import THREAD_MAX_K, WG, axes_option, merge_dims, prod, radix, row_strides
+
+FLOAT = dtypes.FLOATS
+
+
+def _epsilon(where, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"[{where}] epsilon must be a number, got {v!r}")
+    return float(v)
+
+
+def _param(b, where, what, p, x, shape):
+    """An optional 1-D (or N-D) parameter operand: same data type as input, given shape."""
+    if p is None:
+        return None
+    b._operand(p, where, what)
+    if p.data_type != x.data_type:
+        raise TypeError(f"[{where}] {what} data type {p.data_type} differs from input data type {x.data_type}")
+    if tuple(p.shape) != tuple(shape):
+        raise TypeError(f"[{where}] {what} shape must be {list(shape)}, got {list(p.shape)}")
+    return p
+
+
+# -- batch_normalization --------------------------------------------------------------------
+
+@builder_op
+def batch_normalization(b, x, mean, variance, *, scale=None, bias=None, axis=1, epsilon=1e-5, label=None):
+    # IDL: MLOperand batchNormalization(MLOperand input, MLOperand mean, MLOperand variance, optional MLBatchNormalizationOptions options = {});
+    where = "batch_normalization"
+    b._operand(x, where, "input")
+    check_support(where, input=x)
+    if isinstance(axis, bool) or not hasattr(axis, "__index__"):
+        raise TypeError(f"[{where}] axis must be an integer, got {axis!r}")
+    axis = int(axis)
+    if not 0 <= axis < x.rank:
+        raise TypeError(f"[{where}] axis must be in [0, {x.rank}) for an input of rank {x.rank}, got {axis}")
+    eps = _epsilon(where, epsilon)
+    c = (x.shape[axis],)
+    if mean is None or variance is None:
+        raise TypeError(f"[{where}] mean and variance are required operands")
+    mean = _param(b, where, "mean", mean, x, c)
+    variance = _param(b, where, "variance", variance, x, c)
+    scale = _param(b, where, "scale", scale, x, c)
+    bias = _param(b, where, "bias", bias, x, c)
+    attrs = {"axis": axis, "epsilon": eps}
+    return b._emit1(where, [x, mean, variance, scale, bias], attrs, x.data_type, x.shape, label)
+
+
+def _lower_batch(kc, node):
+    x, mean, var, scale, bias = node.inputs
+    out = kc.out(node)
+    axis = node.attrs["axis"]
+    n, C, inner = x.size, x.shape[axis], prod(x.shape[axis + 1:])
+    c = "i" if inner == 1 else f"(i / {inner}u)"
+    if n > C * inner:
+        c = f"({c} % {C}u)"
+    params = _params(node, mode="batch", N=n, cidx=c if C > 1 else "0u", scale=scale is not None,
+                     bias=bias is not None)
+    args = [x, mean, var] + [p for p in (scale, bias) if p is not None] + [out]
+    names = ["src", "p_mean", "p_var"] + (["p_scale"] if scale is not None else []) + (
+        ["p_bias"] if bias is not None else [])
+    k = Kernel(f"batchnorm_n{n}_c{C}_in{inner}{_sb(scale, bias)}", "normalization.wgsl", params, _bindings(names))
+    kc.launch(k, args, grid(-(-n // WORKGROUP)))
+
+
+# -- instance_normalization -----------------------------------------------------------------
+
+@builder_op
+def instance_normalization(b, x, *, scale=None, bias=None, epsilon=1e-5, layout="nchw", label=None):
+    # IDL: MLOperand instanceNormalization(MLOperand input, optional MLInstanceNormalizationOptions options = {});
+    where = "instance_normalization"
+    b._operand(x, where, "input")
+    check_support(where, input=x)
+    if layout not in ("nchw", "nhwc"):
+        raise TypeError(f"[{where}] layout must be 'nchw' or 'nhwc', got {layout!r}")
+    eps = _epsilon(where, epsilon)
+    c = (x.shape[1] if layout == "nchw" else x.shape[3],)
+    scale = _param(b, where, "scale", scale, x, c)
+    bias = _param(b, where, "bias", bias, x, c)
+    attrs = {"layout": layout, "epsilon": eps}
+    return b._emit1(where, [x, scale, bias], attrs, x.data_type, x.shape, label)
+
+
+def _lower_instance(kc, node):
+    x = node.inputs[0]
+    st = row_strides(x.shape)
+    ch = 1 if node.attrs["layout"] == "nchw" else 3
+    sp = (2, 3) if ch == 1 else (1, 2)
+    # groups (n, c): the parameter index is the channel; elements: the spatial positions
+    kept = [(x.shape[0], (st[0], 0)), (x.shape[ch], (st[ch], 1))]
+    red = [(x.shape[d], (st[d], 0)) for d in sp]
+    _lower_norm(kc, node, kept, red)
+
+
+# -- layer_normalization --------------------------------------------------------------------
+
+@builder_op
+def layer_normalization(b, x, *, scale=None, bias=None, axes=None, epsilon=1e-5, label=None):
+    # IDL: MLOperand layerNormalization(MLOperand input, optional MLLayerNormalizationOptions options = {});
+    where = "layer_normalization"
+    b._operand(x, where, "input")
+    check_support(where, input=x)
+    axes = list(range(1, x.rank)) if axes is None else axes_option(where, axes, x.rank)
+    eps = _epsilon(where, epsilon)
+    pshape = tuple(x.shape[a] for a in axes)
+    scale = _param(b, where, "scale", scale, x, pshape)
+    bias = _param(b, where, "bias", bias, x, pshape)
+    attrs = {"axes": tuple(axes), "epsilon": eps}
+    return b._emit1(where, [x, scale, bias], attrs, x.data_type, x.shape, label)
+
+
+def _lower_layer(kc, node):
+    x = node.inputs[0]
+    axes = node.attrs["axes"]
+    st = row_strides(x.shape)
+    # scale/bias have shape [x.shape[a] for a in axes] (in the order given): stride of each axis
+    pst = dict(zip(axes, row_strides([x.shape[a] for a in axes])))
+    kept = [(x.shape[d], (st[d], 0)) for d in range(x.rank) if d not in pst]
+    red = [(x.shape[d], (st[d], pst[d])) for d in sorted(axes)]
+    _lower_norm(kc, node, kept, red)
+
+
+# -- shared lowering ------------------------------------------------------------------------
+
+
+def _params(node, **kw):
+    p = {"eps": lit(node.attrs["epsilon"], "f32"), "WG": WG, "M": 1, "K": 1, "base": "0u",
+         "off": "0u", "pbase": "0u", "poff": "0u", "N": 1, "cidx": "0u"}
+    p.update(kw)
+    return p
+
+
+def _sb(scale, bias):
+    return ("_s" if scale is not None else "") + ("_b" if bias is not None else "")
+
+
+def _bindings(names):
+    return [Binding(n, "f32") for n in names] + [Binding("dst", "f32", True)]
+
+
+def _lower_norm(kc, node, kept, red):
+    """kept/red: radix dims with two strides each (input offset, scale/bias index)."""
+    x, scale, bias = node.inputs
+    out = kc.out(node)
+    M, K = prod(s for s, _ in kept), prod(s for s, _ in red)
+    base, pbase = radix("o", merge_dims(kept), 2)
+    off, poff = radix("k", merge_dims(red), 2)
+    mode = "norm_thread" if K <= THREAD_MAX_K else "norm_group"
+    params = _params(node, mode=mode, M=M, K=K, base=base, off=off, pbase=pbase, poff=poff,
+                     scale=scale is not None, bias=bias is not None)
+    args = [x] + [p for p in (scale, bias) if p is not None] + [out]
+    bindings = _bindings(["src"] + (["p_scale"] if scale is not None else []) + (
+        ["p_bias"] if bias is not None else []))
+    short = node.op.split("_")[0]
+    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}_{mode[5:]}"
+    groups = grid(-(-M // WORKGROUP)) if mode == "norm_thread" else grid(M)
+    kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups)
+
+
+register("batch_normalization",
+         {"input": FLOAT, "mean": FLOAT, "variance": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
+         ranks={"mean": (1, 1), "variance": (1, 1), "scale": (1, 1), "bias": (1, 1)}, lower=_lower_batch)
+register("instance_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
+         ranks={"input": (4, 4), "scale": (1, 1), "bias": (1, 1)}, lower=_lower_instance)
+register("layer_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
+         lower=_lower_layer)

@@ -1,0 +1,91 @@
+// Normalizations; see mltensor/ops/normalization.py.
+// batch: one thread per element, y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c].
+// norm_thread / norm_group: group o (one thread / one workgroup each) has K elements,
+// element k at src[base(o) + off(k)] with scale/bias index pbase(o) + poff(k); mean and variance
+// are two passes over the group (subtracting the mean first keeps the variance accurate).
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+// (bitcast is not a WGSL const-expression in naga, hence a function)
+fn eps() -> f32 { return {{ eps }}; }
+const M: u32 = {{ M }}u;
+const K: u32 = {{ K }}u;
+const WG: u32 = {{ WG }}u;
+
+fn base(o: u32) -> u32 { return {{ base }}; }
+fn off(k: u32) -> u32 { return {{ off }}; }
+fn pidx(o: u32, k: u32) -> u32 { return {{ pbase }} + {{ poff }}; }
+
+// scale and shift of one normalized value, with parameter index p
+fn affine(y: f32, p: u32) -> f32 {
+    var r = y;
+{$ if scale $}
+    r = r * p_scale[p];
+{$ endif $}
+{$ if bias $}
+    r = r + p_bias[p];
+{$ endif $}
+    return r;
+}
+
+{$ if mode == "batch" $}
+@compute @workgroup_size({{ WORKGROUP }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid);
+    if (i >= {{ N }}u) { return; }
+    let c = {{ cidx }};
+    dst[i] = affine((src[i] - p_mean[c]) / sqrt(p_var[c] + eps()), c);
+}
+{$ elif mode == "norm_thread" $}
+@compute @workgroup_size({{ WORKGROUP }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let o = linear_id(wid, nwg, lid);
+    if (o >= M) { return; }
+    let b = base(o);
+    var s = 0.0;
+    for (var k = 0u; k < K; k++) { s += src[b + off(k)]; }
+    let mean = s / f32(K);
+    var v = 0.0;
+    for (var k = 0u; k < K; k++) { let d = src[b + off(k)] - mean; v += d * d; }
+    let den = sqrt(v / f32(K) + eps());
+    for (var k = 0u; k < K; k++) {
+        let i = b + off(k);
+        dst[i] = affine((src[i] - mean) / den, pidx(o, k));
+    }
+}
+{$ else $}
+var<workgroup> sh: array<f32, WG>;
+
+// Sum of every thread's v, returned to all threads (uniform control flow only: barriers).
+fn tree_sum(lid: u32, v: f32) -> f32 {
+    sh[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) { sh[lid] = sh[lid] + sh[lid + s]; }
+        workgroupBarrier();
+    }
+    let r = sh[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size({{ WG }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let o = wid.y * nwg.x + wid.x;
+    if (o >= M) { return; }
+    let b = base(o);
+    var s = 0.0;
+    for (var k = lid; k < K; k += WG) { s += src[b + off(k)]; }
+    let mean = tree_sum(lid, s) / f32(K);
+    var v = 0.0;
+    for (var k = lid; k < K; k += WG) { let d = src[b + off(k)] - mean; v += d * d; }
+    let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
+    for (var k = lid; k < K; k += WG) {
+        let i = b + off(k);
+        dst[i] = affine((src[i] - mean) / den, pidx(o, k));
+    }
+}
+{$ endif $}
