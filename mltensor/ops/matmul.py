@@ -1,0 +1,194 @@
+"""matmul and gemm: one batched GEMM kernel family (shaders/matmul.wgsl).
+
+Shapes are static, so sizes, strides, transposes and batch broadcasting are baked into the WGSL
+as constants. Two paths: a shared-memory tiled, register-blocked kernel (32x32 output tiles, 4x4
+outputs per thread) and a split-K GEMV kernel for M <= 4. The fused activation epilogue (and
+gemm's alpha, beta * c) is applied as each output is stored. conv.py reuses `gemm_launch`.
+"""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import Binding, Kernel, grid
+from . import MAX_RANK, broadcast_shapes, check_support, lowering, register, same_type, unidirectional
+
+FLOAT = dtypes.FLOATS
+TILE = 32  # BM = BN of the tiled path
+GEMV_MAX_M = 4
+
+
+def _strides(shape):
+    s, out = 1, [0] * len(shape)
+    for d in range(len(shape) - 1, -1, -1):
+        out[d] = s
+        s *= shape[d]
+    return out
+
+
+def batch_offset_expr(batch_shape, out_batch, matrix_size):
+    """WGSL expression (in `bt`, the flat output batch index) for the flat offset of the matrix
+    of an operand whose batch shape `batch_shape` broadcasts to `out_batch`."""
+    r = len(out_batch)
+    s = (1,) * (r - len(batch_shape)) + tuple(batch_shape)
+    if tuple(s) == tuple(out_batch):
+        return f"bt * {matrix_size}u" if matrix_size != 1 else "bt"
+    strides = _strides(s)
+    terms, inner = [], 1
+    for d in range(r - 1, -1, -1):
+        if s[d] != 1:
+            c = f"(bt / {inner}u)" if inner != 1 else "bt"
+            if d > 0:
+                c = f"({c} % {out_batch[d]}u)"
+            terms.append(f"{c} * {strides[d] * matrix_size}u")
+        inner *= out_batch[d]
+    return " + ".join(terms) if terms else "0u"
+
+
+def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
+    """Pick the path for an (M x K) * (K x N) GEMM over `batch` matrices and launch it.
+    `params` are the template's loader parameters; the kernel name gets the path appended."""
+    p = dict(params, M=M, N=N, K=K, path="tiled")
+    if M <= GEMV_MAX_M:
+        cols = -(-N // 4)
+        groups = batch * cols
+        p.update(path="gemv", cols=cols, groups=groups)
+        p.setdefault("check_a", M < 4)
+        p.setdefault("check_b", N % 4 != 0)
+        p.setdefault("check_out", N % 4 != 0)
+        kc.launch(Kernel(f"{name}_gemv", template, p, bindings), args, grid(groups))
+        return
+    bk = 32 if K >= 32 else 8
+    tiles_m, tiles_n = -(-M // TILE), -(-N // TILE)
+    tiles = tiles_m * tiles_n * batch
+    p.update(BK=bk, tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles)
+    p.setdefault("check_a", M % TILE != 0 or K % bk != 0)
+    p.setdefault("check_b", N % TILE != 0 or K % bk != 0)
+    p.setdefault("check_out", M % TILE != 0 or N % TILE != 0)
+    kc.launch(Kernel(f"{name}_t32x32k{bk}", template, p, bindings), args, grid(tiles))
+
+
+# -- matmul ---------------------------------------------------------------------------------
+
+register(
+    "matmul",
+    {"a": FLOAT, "b": FLOAT, "output": FLOAT},
+    ranks={"a": (2, MAX_RANK), "b": (2, MAX_RANK)},
+)
+
+
+@builder_op
+def matmul(b, a, c, *, label=None):
+    # IDL: MLOperand matmul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    b._operand(a, "matmul", "a")
+    b._operand(c, "matmul", "b")
+    check_support("matmul", a=a, b=c)
+    same_type("matmul", ("a", a), ("b", c))
+    if a.shape[-1] != c.shape[-2]:
+        raise TypeError(
+            f"[matmul] columns of a ({a.shape[-1]}) must equal rows of b ({c.shape[-2]}); "
+            f"shapes {list(a.shape)} and {list(c.shape)}"
+        )
+    batch = broadcast_shapes("matmul", a.shape[:-2], c.shape[:-2])
+    shape = tuple(batch) + (a.shape[-2], c.shape[-1])
+    return b._emit1("matmul", [a, c], {}, a.data_type, shape, label)
+
+
+@lowering("matmul")
+def _lower_matmul(kc, node):
+    a, b = node.inputs
+    out = kc.out(node)
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    ob = out.shape[:-2]
+    batch = 1
+    for d in ob:
+        batch *= d
+    params = {
+        "act": kc.activation(),
+        "a_base": batch_offset_expr(a.shape[:-2], ob, M * K),
+        "b_base": batch_offset_expr(b.shape[:-2], ob, K * N),
+        "a_sm": K, "a_sk": 1, "b_sk": N, "b_sn": 1,
+        "alpha": 1.0, "beta": 0.0, "has_c": False,
+    }
+    bindings = (Binding("a", "f32"), Binding("b", "f32"), Binding("out", "f32", True))
+    name = f"matmul_f32_{'b%d_' % batch if batch > 1 else ''}{M}x{K}x{N}"
+    gemm_launch(kc, name, "matmul.wgsl", params, bindings, [a, b, out], M, N, K, batch)
+
+
+
+
+# -- gemm -----------------------------------------------------------------------------------
+
+register(
+    "gemm",
+    {"a": FLOAT, "b": FLOAT, "c": FLOAT, "output": FLOAT},
+    ranks={"a": (2, 2), "b": (2, 2), "c": (0, 2)},
+)
+
+
+def _number(where, what, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"[{where}] {what} must be a number, got {v!r}")
+    return float(v)
+
+
+def _bool(where, what, v):
+    if not isinstance(v, bool):
+        raise TypeError(f"[{where}] {what} must be a bool, got {v!r}")
+    return v
+
+
+@builder_op
+def gemm(b, a, bb, *, c=None, alpha=1.0, beta=1.0, a_transpose=False, b_transpose=False, label=None):
+    # IDL: MLOperand gemm(MLOperand a, MLOperand b, optional MLGemmOptions options = {});
+    b._operand(a, "gemm", "a")
+    b._operand(bb, "gemm", "b")
+    if c is not None:
+        b._operand(c, "gemm", "c")
+    check_support("gemm", a=a, b=bb, c=c)
+    same_type("gemm", ("a", a), ("b", bb), ("c", c))
+    alpha = _number("gemm", "alpha", alpha)
+    beta = _number("gemm", "beta", beta)
+    a_transpose = _bool("gemm", "a_transpose", a_transpose)
+    b_transpose = _bool("gemm", "b_transpose", b_transpose)
+    sa = a.shape[::-1] if a_transpose else a.shape
+    sb = bb.shape[::-1] if b_transpose else bb.shape
+    if sa[1] != sb[0]:
+        raise TypeError(
+            f"[gemm] K of a ({sa[1]}) must equal K of b ({sb[0]}); shapes {list(a.shape)} "
+            f"(a_transpose={a_transpose}) and {list(bb.shape)} (b_transpose={b_transpose})"
+        )
+    shape = (sa[0], sb[1])
+    if c is not None:
+        unidirectional("gemm", c.shape, shape)
+    attrs = {"alpha": alpha, "beta": beta, "a_transpose": a_transpose, "b_transpose": b_transpose}
+    return b._emit1("gemm", [a, bb, c], attrs, a.data_type, shape, label)
+
+
+@lowering("gemm")
+def _lower_gemm(kc, node):
+    a, b, c = node.inputs
+    out = kc.out(node)
+    at, bt = node.attrs["a_transpose"], node.attrs["b_transpose"]
+    M, N = out.shape
+    K = a.shape[0] if at else a.shape[1]
+    params = {
+        "act": kc.activation(),
+        "a_base": "0u", "b_base": "0u",
+        # A is [M, K] or, transposed, [K, M]; B is [K, N] or [N, K]
+        "a_sm": 1 if at else K, "a_sk": M if at else 1,
+        "b_sk": 1 if bt else N, "b_sn": K if bt else 1,
+        "alpha": node.attrs["alpha"], "beta": node.attrs["beta"], "has_c": c is not None,
+    }
+    bindings = [Binding("a", "f32"), Binding("b", "f32")]
+    args = [a, b]
+    if c is not None:
+        cs = (1,) * (2 - len(c.shape)) + tuple(c.shape)
+        params["c_sm"] = cs[1] if cs[0] != 1 else 0
+        params["c_sn"] = 1 if cs[1] != 1 else 0
+        bindings.append(Binding("c", "f32"))
+        args.append(c)
+    bindings.append(Binding("out", "f32", True))
+    args.append(out)
+    name = f"gemm_f32_{M}x{K}x{N}{'_at' if at else ''}{'_bt' if bt else ''}{'_c' if c is not None else ''}"
+    gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, 1)
+
+

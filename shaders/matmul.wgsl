@@ -1,0 +1,153 @@
+// Batched GEMM: out[bt] = epilogue(A[bt] (M x K) * B[bt] (K x N)), sizes baked in.
+//
+// The kernels below see the operands only through three functions, so that conv2d
+// (implicit GEMM, shaders/conv2d.wgsl extends this file) reuses them unchanged:
+//   load_a(bt, m, k) -> f32    element (m, k) of A for batch bt, 0 outside the matrix
+//   load_b(bt, k, n) -> f32    element (k, n) of B, 0 outside
+//   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
+// Paths:
+//   "tiled": 8x8 threads, each computing a 4x4 block of a 32x32 output tile; A and B tiles of
+//            depth BK are staged in workgroup memory as vec4 so the inner loop is 2 vec4 loads
+//            per 4 vec4 FMAs (register blocking: each loaded value is used 4 times).
+//   "gemv":  small M (<= 4 rows): a workgroup owns 4 output columns of all rows and its 64
+//            threads split K; partial sums are reduced in workgroup memory.
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+{{ act }}
+
+const M = {{ M }}u;
+const N = {{ N }}u;
+const K = {{ K }}u;
+
+{$ block loaders $}
+// Flat offset of batch bt's matrix in a / b (batch dimensions broadcast numpy-style).
+fn a_base(bt: u32) -> u32 { return {{ a_base }}; }
+fn b_base(bt: u32) -> u32 { return {{ b_base }}; }
+
+fn load_a(bt: u32, m: u32, k: u32) -> f32 {
+{$ if check_a $}
+    if (m >= M || k >= K) { return 0.0; }
+{$ endif $}
+    return a[a_base(bt) + m * {{ a_sm }}u + k * {{ a_sk }}u];
+}
+
+fn load_b(bt: u32, k: u32, n: u32) -> f32 {
+{$ if check_b $}
+    if (k >= K || n >= N) { return 0.0; }
+{$ endif $}
+    return b[b_base(bt) + k * {{ b_sk }}u + n * {{ b_sn }}u];
+}
+
+fn store(bt: u32, m: u32, n: u32, acc: f32) {
+{$ if check_out $}
+    if (m >= M || n >= N) { return; }
+{$ endif $}
+    var v = acc{$ if alpha != 1.0 $} * {{ f32_lit(alpha) }}{$ endif $};
+{$ if has_c $}
+    v = v + {{ f32_lit(beta) }} * c[m * {{ c_sm }}u + n * {{ c_sn }}u];
+{$ endif $}
+    out[bt * (M * N) + m * N + n] = act(v);
+}
+{$ endblock $}
+
+{$ block kernels $}
+{$ if path == "tiled" $}
+const BM = 32u;
+const BN = 32u;
+const BK = {{ BK }}u;
+const TILES_N = {{ tiles_n }}u;
+const TILES_M = {{ tiles_m }}u;
+const TILES = {{ tiles }}u;
+
+// As[k][m] and Bs[k][n], 4 consecutive m (n) per vec4.
+var<workgroup> As: array<vec4<f32>, {{ BK * 8 }}>;
+var<workgroup> Bs: array<vec4<f32>, {{ BK * 8 }}>;
+
+@compute @workgroup_size(8, 8)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    // Linear tile index (the grid is folded into 2-D past 65535 groups); uniform per workgroup.
+    let tile = wid.y * nwg.x + wid.x;
+    if (tile >= TILES) { return; }
+    let bt = tile / (TILES_M * TILES_N);
+    let r = tile % (TILES_M * TILES_N);
+    let m0 = (r / TILES_N) * BM;
+    let n0 = (r % TILES_N) * BN;
+    let tx = lid.x;
+    let ty = lid.y;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
+        // Stage the tiles: BK * 8 vec4 each, 64 threads.
+        for (var i = 0u; i < BK / 8u; i = i + 1u) {
+            let e = i * 64u + li;
+            let q = e % 8u;         // which group of 4 rows / columns
+            let kk = e / 8u;
+            let k = k0 + kk;
+            let m = m0 + q * 4u;
+            As[e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
+                              load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
+            let n = n0 + q * 4u;
+            Bs[e] = vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u),
+                              load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk = kk + 1u) {
+            let av = As[kk * 8u + ty];
+            let bv = Bs[kk * 8u + tx];
+            acc0 = fma(vec4<f32>(av.x), bv, acc0);
+            acc1 = fma(vec4<f32>(av.y), bv, acc1);
+            acc2 = fma(vec4<f32>(av.z), bv, acc2);
+            acc3 = fma(vec4<f32>(av.w), bv, acc3);
+        }
+        workgroupBarrier();
+    }
+    let m = m0 + ty * 4u;
+    let n = n0 + tx * 4u;
+    store(bt, m, n, acc0.x); store(bt, m, n + 1u, acc0.y); store(bt, m, n + 2u, acc0.z); store(bt, m, n + 3u, acc0.w);
+    store(bt, m + 1u, n, acc1.x); store(bt, m + 1u, n + 1u, acc1.y); store(bt, m + 1u, n + 2u, acc1.z); store(bt, m + 1u, n + 3u, acc1.w);
+    store(bt, m + 2u, n, acc2.x); store(bt, m + 2u, n + 1u, acc2.y); store(bt, m + 2u, n + 2u, acc2.z); store(bt, m + 2u, n + 3u, acc2.w);
+    store(bt, m + 3u, n, acc3.x); store(bt, m + 3u, n + 1u, acc3.y); store(bt, m + 3u, n + 2u, acc3.z); store(bt, m + 3u, n + 3u, acc3.w);
+}
+{$ else $}
+// GEMV: one workgroup per (batch, 4 columns); rows m < M <= 4 in vec4 lanes of 4 accumulators.
+const COLS = {{ cols }}u;   // ceil(N / 4)
+const GROUPS = {{ groups }}u;
+
+var<workgroup> partial: array<mat4x4<f32>, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= GROUPS) { return; }
+    let bt = g / COLS;
+    let n = (g % COLS) * 4u;
+    // acc[j] holds column n + j for rows 0..3 (x..w).
+    var acc = mat4x4<f32>();
+    for (var k = li; k < K; k = k + 64u) {
+        let av = vec4<f32>(load_a(bt, 0u, k), load_a(bt, 1u, k), load_a(bt, 2u, k), load_a(bt, 3u, k));
+        acc[0] = fma(av, vec4<f32>(load_b(bt, k, n)), acc[0]);
+        acc[1] = fma(av, vec4<f32>(load_b(bt, k, n + 1u)), acc[1]);
+        acc[2] = fma(av, vec4<f32>(load_b(bt, k, n + 2u)), acc[2]);
+        acc[3] = fma(av, vec4<f32>(load_b(bt, k, n + 3u)), acc[3]);
+    }
+    partial[li] = acc;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (li < s) { partial[li] = partial[li] + partial[li + s]; }
+        workgroupBarrier();
+    }
+    if (li < 16u) {
+        let j = li / 4u;
+        let row = li % 4u;
+        if (row < M) {
+            store(bt, row, n + j, partial[0][j][row]);
+        }
+    }
+}
+{$ endif $}
+{$ endblock $}
