@@ -1,0 +1,83 @@
+"""quantize_linear and dequantize_linear (shaders/quantize.wgsl), with the spec's blockwise
+broadcasting of scale and zero point: each has the input's rank and every input dimension is a
+whole multiple of theirs (each scale element covers a block of input elements)."""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, grid, lit
+from . import check_support, lowering, register, same_type
+from .layout import coords, flat, size
+
+FLOAT = dtypes.FLOATS
+QUANT = ("uint8", "int8", "uint32", "int32")
+# Saturation bounds, as f32 values that convert exactly (2**31 - 1 is not an f32).
+RANGE = {"uint8": (0.0, 255.0), "int8": (-128.0, 127.0), "int32": (-2147483648.0, 2147483520.0),
+         "uint32": (0.0, 4294967040.0)}
+
+register("quantize_linear", {"input": FLOAT, "scale": FLOAT, "zero_point": QUANT, "output": QUANT})
+register("dequantize_linear", {"input": QUANT, "scale": FLOAT, "zero_point": QUANT, "output": FLOAT})
+
+
+def _check(where, b, x, scale, zero_point):
+    for what, v in (("input", x), ("scale", scale), ("zero_point", zero_point)):
+        b._operand(v, where, what)
+    check_support(where, input=x, scale=scale, zero_point=zero_point)
+    if scale.rank != x.rank or zero_point.rank != x.rank:
+        raise TypeError(f"[{where}] scale and zero_point must have the input's rank {x.rank}, got "
+                        f"{scale.rank} and {zero_point.rank}")
+    if scale.shape != zero_point.shape:
+        raise TypeError(f"[{where}] zero_point shape {list(zero_point.shape)} differs from scale shape "
+                        f"{list(scale.shape)}")
+    if any(d % s for d, s in zip(x.shape, scale.shape)):
+        raise TypeError(f"[{where}] scale shape {list(scale.shape)} is not blockwise broadcastable to "
+                        f"the input shape {list(x.shape)} (each input dimension must be a multiple)")
+
+
+@builder_op
+def quantize_linear(b, x, scale, zero_point, *, label=None):
+    # IDL: MLOperand quantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
+    #                               optional MLOperatorOptions options = {});
+    _check("quantize_linear", b, x, scale, zero_point)
+    same_type("quantize_linear", ("input", x), ("scale", scale))
+    return b._emit1("quantize_linear", [x, scale, zero_point], {}, zero_point.data_type, x.shape, label)
+
+
+@builder_op
+def dequantize_linear(b, x, scale, zero_point, *, label=None):
+    # IDL: MLOperand dequantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
+    #                                 optional MLOperatorOptions options = {});
+    _check("dequantize_linear", b, x, scale, zero_point)
+    same_type("dequantize_linear", ("input", x), ("zero_point", zero_point))
+    return b._emit1("dequantize_linear", [x, scale, zero_point], {}, scale.data_type, x.shape, label)
+
+
+def _index(x_shape, s_shape):
+    if size(s_shape) == 1:
+        return "    let sidx = 0u;"
+    if tuple(s_shape) == tuple(x_shape):
+        return "    let sidx = i;"
+    lines = coords(x_shape)
+    terms = [f"c{d}" if n == s else f"c{d} / {n // s}u" for d, (n, s) in enumerate(zip(x_shape, s_shape))]
+    lines.append(f"    let sidx = {flat(terms, s_shape)};")
+    return "\n".join(lines)
+
+
+def _lower(kc, node, mode):
+    x, scale, zp = node.inputs
+    out = kc.out(node)
+    n = size(x.shape)
+    params = {"mode": mode, "n": n, "index": _index(x.shape, scale.shape), "itype": kc.wtype(x)}
+    if mode == "quantize":
+        lo, hi = RANGE[out.data_type]
+        top = {"uint8": 255, "int8": 127, "int32": 2**31 - 1, "uint32": 2**32 - 1}[out.data_type]
+        params.update(lo=f32_lit(lo), hi=f32_lit(hi), otype=kc.wtype(out), top=lit(top, kc.wtype(out)))
+    name = (f"{mode}_linear_{x.data_type}_{out.data_type}_{'x'.join(map(str, x.shape)) or 's'}"
+            f"_b{'x'.join(map(str, scale.shape)) or 's'}")
+    k = Kernel(name, "quantize.wgsl", params,
+               (Binding("x", kc.wtype(x)), Binding("scale", "f32"), Binding("zp", kc.wtype(zp)),
+                Binding("out", kc.wtype(out), True)))
+    kc.launch(k, [x, scale, zp, out], grid(-(-n // WORKGROUP)))
+
+
+lowering("quantize_linear")(lambda kc, node: _lower(kc, node, "quantize"))
+lowering("dequantize_linear")(lambda kc, node: _lower(kc, node, "dequantize"))
