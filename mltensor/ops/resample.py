@@ -1,0 +1,168 @@
+"""resample2d: nearest-neighbor and bilinear resampling of two dimensions of a 4-D tensor.
+
+The spec's coordinate transform is half-pixel with scale = outputSize / inputSize:
+    x = (o + 0.5) * inputSize / outputSize - 0.5, clamped to [0, inputSize - 1]
+nearest-neighbor takes ceil(x - 0.5) (ties go down), linear interpolates between floor(x) and the
+next sample. The kernel evaluates x as an exact rational num/den (num = A*o + B, den = D, all
+integers reduced by their gcd), so nearest-neighbor rounding is exact integer arithmetic: ties
+really are ties, as in the spec's real-number formulas, and no float error can move a sample.
+
+Python extensions (keyword-only, defaults are the spec's behaviour), for the importers to map
+ONNX Resize and TFLite RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR faithfully:
+- coordinate_transformation: "half_pixel" (spec), "pytorch_half_pixel" (half_pixel, but 0 when
+  the output size is 1), "align_corners" (x = o * (in - 1) / (out - 1)), "asymmetric"
+  (x = o * in / out).
+- nearest_rounding: "round_prefer_floor" (spec), "round_prefer_ceil", "floor", "ceil".
+  TFLite half_pixel_centers nearest is half_pixel + round_prefer_ceil; TFLite's default nearest is
+  asymmetric + floor; align_corners nearest is align_corners + round_prefer_ceil.
+"""
+
+import math
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from . import check_support, register
+from .movement import _out, _seq, _strides
+
+MODES = ("nearest-neighbor", "linear")
+TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+ROUNDINGS = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _rational(transform, n_in, n_out):
+    """(A, B, D): the source coordinate of output index o is (A*o + B) / D, before clamping."""
+    if transform in ("half_pixel", "pytorch_half_pixel"):
+        if transform == "pytorch_half_pixel" and n_out == 1:
+            return 0, 0, 1
+        g = math.gcd(n_in, n_out)
+        i, o = n_in // g, n_out // g
+        # ((2o + 1) * in - out) / (2 * out)
+        return 2 * i, i - o, 2 * o
+    if transform == "align_corners":
+        if n_out == 1:
+            return 0, 0, 1
+        g = math.gcd(n_in - 1, n_out - 1) or 1
+        return (n_in - 1) // g, 0, (n_out - 1) // g
+    g = math.gcd(n_in, n_out)
+    return n_in // g, 0, n_out // g
+
+
+def _lower_resample2d(kc, node):
+    x = node.inputs[0]
+    out = kc.out(node)
+    a = node.attrs
+    ax_h, ax_w = a["axes"]
+    ist = _strides(x.shape)
+    params = {
+        "n": out.size,
+        "out_shape": list(out.shape),
+        "in_strides": ist,
+        "axes": [ax_h, ax_w],
+        "mode": a["mode"],
+        "rounding": a["nearest_rounding"],
+    }
+    for tag, ax in (("h", ax_h), ("w", ax_w)):
+        A, B, D = _rational(a["coordinate_transformation"], x.shape[ax], out.shape[ax])
+        # 2*(A*o + B) +- D must fit in i32 for the integer rounding
+        if 2 * (abs(A) * out.shape[ax] + abs(B)) + D >= 2**31:
+            raise NotImplementedError(f"[resample2d] sizes {x.shape[ax]} -> {out.shape[ax]} are too large")
+        params[f"{tag}_rat"] = [A, B, D]
+        params[f"{tag}_last"] = x.shape[ax] - 1
+    kernel = Kernel(
+        f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
+        + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)),
+        "resample.wgsl",
+        params,
+        (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True)),
+    )
+    kc.launch(kernel, [x, out], grid(-(-out.size // WORKGROUP)))
+
+
+register(
+    "resample2d",
+    {"input": dtypes.FLOATS, "output": dtypes.FLOATS},
+    ranks={"input": (4, 4)},
+    lower=_lower_resample2d,
+)
+
+
+def _scales(scales):
+    if isinstance(scales, (str, bytes)) or not hasattr(scales, "__iter__"):
+        raise TypeError(f"[resample2d] scales must be a sequence of 2 numbers, got {scales!r}")
+    vals = list(scales)
+    if len(vals) != 2:
+        raise TypeError(f"[resample2d] scales must have 2 values, got {len(vals)}")
+    out = []
+    for v in vals:
+        if isinstance(v, (bool, str, bytes)) or not hasattr(v, "__float__"):
+            raise TypeError(f"[resample2d] scales must be numbers, got {vals!r}")
+        import numpy as np
+
+        f = float(np.float32(v))  # IDL sequence<float>
+        if not f > 0 or math.isinf(f):
+            raise TypeError(f"[resample2d] scales must be positive and finite, got {vals!r}")
+        out.append(f)
+    return out
+
+
+@builder_op
+def resample2d(
+    b,
+    x,
+    *,
+    mode="nearest-neighbor",
+    scales=None,
+    sizes=None,
+    axes=None,
+    coordinate_transformation="half_pixel",
+    nearest_rounding="round_prefer_floor",
+    label=None,
+):
+    # IDL: MLOperand resample2d(MLOperand input, optional MLResample2dOptions options = {});
+    # Python extensions: coordinate_transformation, nearest_rounding (see the module docstring).
+    b._operand(x, "resample2d", "input")
+    check_support("resample2d", input=x)
+    if mode not in MODES:
+        raise TypeError(f"[resample2d] mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if coordinate_transformation not in TRANSFORMS:
+        raise TypeError(
+            f"[resample2d] coordinate_transformation must be one of {', '.join(TRANSFORMS)}, "
+            f"got {coordinate_transformation!r}"
+        )
+    if nearest_rounding not in ROUNDINGS:
+        raise TypeError(
+            f"[resample2d] nearest_rounding must be one of {', '.join(ROUNDINGS)}, got {nearest_rounding!r}"
+        )
+    scales = [1.0, 1.0] if scales is None else _scales(scales)
+    if sizes is not None:
+        sizes = _seq("resample2d", "sizes", sizes, length=2)
+        if 0 in sizes:
+            raise TypeError(f"[resample2d] sizes must be positive, got {sizes}")
+    if axes is None:
+        axes = [2, 3]
+    else:
+        axes = _seq("resample2d", "axes", axes, length=2)
+        if axes[0] == axes[1] or any(a >= x.rank for a in axes):
+            raise TypeError(
+                f"[resample2d] axes must be two different dimensions below the input's rank {x.rank}, got {axes}"
+            )
+    shape = list(x.shape)
+    for k, ax in enumerate(axes):
+        size = sizes[k] if sizes is not None else math.floor(x.shape[ax] * scales[k])
+        if size < 1:
+            raise TypeError(
+                f"[resample2d] output size along axis {ax} is {size} (input size {x.shape[ax]} * "
+                f"scale {scales[k]}); it must be at least 1"
+            )
+        shape[ax] = size
+    shape = _out(b, "resample2d", x.data_type, shape)
+    attrs = {
+        "mode": mode,
+        "scales": scales,
+        "sizes": sizes,
+        "axes": axes,
+        "coordinate_transformation": coordinate_transformation,
+        "nearest_rounding": nearest_rounding,
+    }
+    return b._emit1("resample2d", [x], attrs, x.data_type, shape, label)

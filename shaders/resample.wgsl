@@ -1,0 +1,76 @@
+// resample2d: one thread per output element of a 4-D tensor; dims axes[0] (h) and axes[1] (w)
+// are resampled. The source coordinate along each is the exact rational (A*o + B) / D (see
+// mltensor/ops/resample.py), clamped to [0, last].
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+// floor(a / b) for b > 0 (WGSL integer division truncates toward zero)
+fn floor_div(a: i32, b: i32) -> i32 {
+    let q = a / b;
+    return select(q, q - 1, (a % b != 0) && (a < 0));
+}
+
+fn ceil_div(a: i32, b: i32) -> i32 {
+    return -floor_div(-a, b);
+}
+
+// Nearest sample index of output index o; rounding commutes with clamping to [0, last].
+fn nearest(o: u32, A: i32, B: i32, D: i32, last: i32) -> u32 {
+    let num = A * i32(o) + B;
+{$ if rounding == "round_prefer_floor" $}
+    let q = ceil_div(2 * num - D, 2 * D);    // ceil(x - 0.5)
+{$ elif rounding == "round_prefer_ceil" $}
+    let q = floor_div(2 * num + D, 2 * D);   // floor(x + 0.5)
+{$ elif rounding == "floor" $}
+    let q = floor_div(num, D);
+{$ else $}
+    let q = ceil_div(num, D);
+{$ endif $}
+    return u32(clamp(q, 0, last));
+}
+
+fn coord(o: u32, A: i32, B: i32, D: i32, last: i32) -> f32 {
+    return clamp(f32(A * i32(o) + B) / f32(D), 0.0, f32(last));
+}
+
+@compute @workgroup_size({{ WORKGROUP }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid);
+    if (i >= {{ n }}u) { return; }
+    var c: array<u32, 4>;
+    c[3] = i % {{ out_shape[3] }}u;
+    c[2] = (i / {{ out_shape[3] }}u) % {{ out_shape[2] }}u;
+    c[1] = (i / {{ out_shape[3] * out_shape[2] }}u) % {{ out_shape[1] }}u;
+    c[0] = i / {{ out_shape[3] * out_shape[2] * out_shape[1] }}u;
+    // offset of the non-resampled dims
+    var base = 0u;
+{$ for d in range(4) $}
+{$ if d != axes[0] and d != axes[1] $}
+    base = base + c[{{ d }}] * {{ in_strides[d] }}u;
+{$ endif $}
+{$ endfor $}
+    let oh = c[{{ axes[0] }}];
+    let ow = c[{{ axes[1] }}];
+{$ if mode == "nearest-neighbor" $}
+    let y = nearest(oh, {{ h_rat[0] }}, {{ h_rat[1] }}, {{ h_rat[2] }}, {{ h_last }});
+    let x = nearest(ow, {{ w_rat[0] }}, {{ w_rat[1] }}, {{ w_rat[2] }}, {{ w_last }});
+    dst[i] = src[base + y * {{ in_strides[axes[0]] }}u + x * {{ in_strides[axes[1]] }}u];
+{$ else $}
+    let y = coord(oh, {{ h_rat[0] }}, {{ h_rat[1] }}, {{ h_rat[2] }}, {{ h_last }});
+    let x = coord(ow, {{ w_rat[0] }}, {{ w_rat[1] }}, {{ w_rat[2] }}, {{ w_last }});
+    let y0 = u32(floor(y));
+    let x0 = u32(floor(x));
+    let y1 = min(y0 + 1u, {{ h_last }}u);
+    let x1 = min(x0 + 1u, {{ w_last }}u);
+    let ty = y - floor(y);
+    let tx = x - floor(x);
+    let r0 = base + y0 * {{ in_strides[axes[0]] }}u;
+    let r1 = base + y1 * {{ in_strides[axes[0]] }}u;
+    let sx0 = x0 * {{ in_strides[axes[1]] }}u;
+    let sx1 = x1 * {{ in_strides[axes[1]] }}u;
+    let vy0 = src[r0 + sx0] * (1.0 - tx) + src[r0 + sx1] * tx;
+    let vy1 = src[r1 + sx0] * (1.0 - tx) + src[r1 + sx1] * tx;
+    dst[i] = vy0 * (1.0 - ty) + vy1 * ty;
+{$ endif $}
+}
