@@ -1,0 +1,337 @@
+"""gru, gru_cell, lstm, lstm_cell: composed from other builder operators, as the WebNN spec's own
+emulation does, so they emit no nodes of their own.
+
+Unlike the spec's step-by-step emulation, the input projection of a whole sequence is one gemm per
+direction ([steps * batch, input] x W^T, with the bias folded in as gemm's C); each step then costs
+one recurrent gemm, a split into gates and fused elementwise chains for the gate math.
+Semantics follow the spec's emulation code, including the LSTM output gate's peephole term, which
+uses the incoming cell state.
+"""
+
+import numpy as np
+
+from .. import dtypes
+from ..front.builder import builder_op
+from . import check_support, register, same_type
+
+FLOAT = dtypes.FLOATS
+ACTIVATIONS = ("relu", "sigmoid", "tanh")
+DIRECTIONS = ("forward", "backward", "both")
+GRU_LAYOUTS = {"zrn": "zrn", "rzn": "rzn"}
+LSTM_LAYOUTS = {"iofg": "iofg", "ifgo": "ifgo"}
+
+register("gru", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "bias", "recurrent_bias",
+                                    "initial_hidden_state", "outputs")},
+         ranks={"input": (3, 3), "weight": (3, 3), "recurrent_weight": (3, 3), "bias": (2, 2),
+                "recurrent_bias": (2, 2), "initial_hidden_state": (3, 3)})
+register("gru_cell", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "hidden_state", "bias",
+                                         "recurrent_bias", "output")},
+         ranks={"input": (2, 2), "weight": (2, 2), "recurrent_weight": (2, 2), "hidden_state": (2, 2),
+                "bias": (1, 1), "recurrent_bias": (1, 1)})
+register("lstm", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "bias", "recurrent_bias",
+                                     "peephole_weight", "initial_hidden_state", "initial_cell_state",
+                                     "outputs")},
+         ranks={"input": (3, 3), "weight": (3, 3), "recurrent_weight": (3, 3), "bias": (2, 2),
+                "recurrent_bias": (2, 2), "peephole_weight": (2, 2), "initial_hidden_state": (3, 3),
+                "initial_cell_state": (3, 3)})
+register("lstm_cell", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "hidden_state",
+                                          "cell_state", "bias", "recurrent_bias", "peephole_weight",
+                                          "outputs")},
+         ranks={"input": (2, 2), "weight": (2, 2), "recurrent_weight": (2, 2), "hidden_state": (2, 2),
+                "cell_state": (2, 2), "bias": (1, 1), "recurrent_bias": (1, 1),
+                "peephole_weight": (1, 1)})
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def _positive(where, what, v):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v < 2**32:
+        raise TypeError(f"[{where}] {what} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _flag(where, what, v):
+    if not isinstance(v, bool):
+        raise TypeError(f"[{where}] {what} must be a bool, got {v!r}")
+    return v
+
+
+def _enum(where, what, v, allowed):
+    if v not in allowed:
+        raise TypeError(f"[{where}] {what} must be one of {', '.join(allowed)}, got {v!r}")
+    return v
+
+
+def _activations(where, acts, default):
+    if acts is None:
+        return list(default)
+    if isinstance(acts, str) or not hasattr(acts, "__iter__"):
+        raise TypeError(f"[{where}] activations must be a sequence of {', '.join(ACTIVATIONS)}, got {acts!r}")
+    acts = list(acts)
+    if len(acts) != len(default):
+        raise TypeError(f"[{where}] activations must have {len(default)} entries, got {len(acts)}")
+    for a in acts:
+        _enum(where, "activations entries", a, ACTIVATIONS)
+    return acts
+
+
+def _operands(b, where, named):
+    """named: dict what -> operand or None. Validates builder, support table, shared type."""
+    for what, v in named.items():
+        if v is not None:
+            b._operand(v, where, what)
+    check_support(where, **named)
+    first = next(iter(named))
+    same_type(where, *[(w, v) for w, v in named.items()])
+    return named[first]
+
+
+def _shape(where, what, v, want):
+    if v is not None and tuple(v.shape) != tuple(want):
+        raise TypeError(f"[{where}] {what} shape {list(v.shape)} must be {list(want)}")
+
+
+def _act(b, name, x):
+    return getattr(b, name)(x)
+
+
+# -- the gate math of one step ------------------------------------------------------------------
+
+
+def _gru_step(b, gx, h, rec, hs, reset_after, layout, acts, one):
+    """gx: [batch, 3h] input projection (bias included); rec: per-direction recurrent pieces."""
+    parts = b.split(gx, 3, axis=1)
+    g = dict(zip(layout, parts))
+    if reset_after:
+        hp = dict(zip(layout, b.split(b.gemm(h, rec["R"], c=rec["rb"], b_transpose=True), 3, axis=1)))
+        z = _act(b, acts[0], b.add(g["z"], hp["z"]))
+        r = _act(b, acts[0], b.add(g["r"], hp["r"]))
+        n = _act(b, acts[1], b.add(g["n"], b.mul(r, hp["n"])))
+    else:
+        z = _act(b, acts[0], b.add(g["z"], b.gemm(h, rec["Rg"]["z"], c=rec["rbg"]["z"], b_transpose=True)))
+        r = _act(b, acts[0], b.add(g["r"], b.gemm(h, rec["Rg"]["r"], c=rec["rbg"]["r"], b_transpose=True)))
+        hn = b.gemm(b.mul(r, h), rec["Rg"]["n"], c=rec["rbg"]["n"], b_transpose=True)
+        n = _act(b, acts[1], b.add(g["n"], hn))
+    return b.add(b.mul(z, h), b.mul(n, b.sub(one, z)))
+
+
+def _lstm_step(b, gx, h, c, rec, layout, acts):
+    gates = b.add(gx, b.gemm(h, rec["R"], c=rec["rb"], b_transpose=True))
+    g = dict(zip(layout, b.split(gates, 4, axis=1)))
+    p = rec["peep"]
+
+    def peep(x, k):
+        return x if p is None else b.add(x, b.mul(c, p[k]))
+
+    i = _act(b, acts[0], peep(g["i"], "i"))
+    f = _act(b, acts[0], peep(g["f"], "f"))
+    cg = _act(b, acts[1], g["g"])
+    o = _act(b, acts[0], peep(g["o"], "o"))
+    c2 = b.add(b.mul(f, c), b.mul(i, cg))
+    h2 = b.mul(o, _act(b, acts[2], c2))
+    return h2, c2
+
+
+def _gate_slices(b, x, layout, hs, axis0):
+    """Per-gate [hs(, ...)] slices of a packed [G*hs(, ...)] operand (None stays None)."""
+    if x is None:
+        return {k: None for k in layout}
+    out = {}
+    for j, k in enumerate(layout):
+        starts = [j * hs] + [0] * (x.rank - 1)
+        sizes = [hs] + list(x.shape[1:])
+        out[k] = b.slice(x, starts, sizes)
+    return out
+
+
+def _dir(b, x, d, nd):
+    """Direction d of a [nd, ...] operand, without the leading dimension (None stays None)."""
+    if x is None:
+        return None
+    rest = list(x.shape[1:])
+    y = x if nd == 1 else b.slice(x, [d] + [0] * len(rest), [1] + rest)
+    return b.reshape(y, rest)
+
+
+def _zeros(b, dt, shape):
+    return b.constant(np.zeros(shape, dtypes.NUMPY[dt]))
+
+
+# -- gru ------------------------------------------------------------------------------------------
+
+
+@builder_op
+def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurrent_bias=None,
+        initial_hidden_state=None, reset_after=True, return_sequence=False, direction="forward",
+        layout="zrn", activations=None, label=None):
+    # IDL: sequence<MLOperand> gru(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
+    #                              unsigned long steps, unsigned long hiddenSize, optional MLGruOptions options = {});
+    where = "gru"
+    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
+                         "recurrent_bias": recurrent_bias, "initial_hidden_state": initial_hidden_state})
+    steps = _positive(where, "steps", steps)
+    hs = _positive(where, "hidden_size", hidden_size)
+    reset_after = _flag(where, "reset_after", reset_after)
+    return_sequence = _flag(where, "return_sequence", return_sequence)
+    _enum(where, "direction", direction, DIRECTIONS)
+    _enum(where, "layout", layout, tuple(GRU_LAYOUTS))
+    acts = _activations(where, activations, ("sigmoid", "tanh"))
+    if x.shape[0] != steps:
+        raise TypeError(f"[{where}] input.shape[0] ({x.shape[0]}) must equal steps ({steps})")
+    _, batch, isz = x.shape
+    nd = 2 if direction == "both" else 1
+    _shape(where, "weight", weight, (nd, 3 * hs, isz))
+    _shape(where, "recurrent_weight", recurrent_weight, (nd, 3 * hs, hs))
+    _shape(where, "bias", bias, (nd, 3 * hs))
+    _shape(where, "recurrent_bias", recurrent_bias, (nd, 3 * hs))
+    _shape(where, "initial_hidden_state", initial_hidden_state, (nd, batch, hs))
+
+    dt = x.data_type
+    one = b.constant(data_type=dt, value=1.0)
+    x2 = b.reshape(x, [steps * batch, isz])
+    finals, seqs = [], []
+    for d in range(nd):
+        backward = direction == "backward" or d == 1
+        W = _dir(b, weight, d, nd)
+        R = _dir(b, recurrent_weight, d, nd)
+        bb = _dir(b, bias, d, nd)
+        rb = _dir(b, recurrent_bias, d, nd)
+        rec = {"R": R, "rb": rb}
+        if not reset_after:
+            rec["Rg"] = _gate_slices(b, R, layout, hs, 0)
+            rec["rbg"] = _gate_slices(b, rb, layout, hs, 0)
+        gx_all = b.gemm(x2, W, c=bb, b_transpose=True)  # [steps * batch, 3h]
+        h = _dir(b, initial_hidden_state, d, nd) if initial_hidden_state is not None else _zeros(b, dt, (batch, hs))
+        per_t = [None] * steps
+        for s in range(steps):
+            t = steps - 1 - s if backward else s
+            gx = b.slice(gx_all, [t * batch, 0], [batch, 3 * hs])
+            h = _gru_step(b, gx, h, rec, hs, reset_after, layout, acts, one)
+            per_t[t] = h
+        finals.append(b.reshape(h, [1, batch, hs]))
+        if return_sequence:
+            seqs.append(b.concat([b.reshape(v, [1, 1, batch, hs]) for v in per_t], 0))
+    out = [finals[0] if nd == 1 else b.concat(finals, 0)]
+    if return_sequence:
+        out.append(seqs[0] if nd == 1 else b.concat(seqs, 1))
+    return out
+
+
+@builder_op
+def gru_cell(b, x, weight, recurrent_weight, hidden_state, hidden_size, *, bias=None, recurrent_bias=None,
+             reset_after=True, layout="zrn", activations=None, label=None):
+    # IDL: MLOperand gruCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
+    #                        MLOperand hiddenState, unsigned long hiddenSize, optional MLGruCellOptions options = {});
+    where = "gru_cell"
+    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight,
+                         "hidden_state": hidden_state, "bias": bias, "recurrent_bias": recurrent_bias})
+    hs = _positive(where, "hidden_size", hidden_size)
+    reset_after = _flag(where, "reset_after", reset_after)
+    _enum(where, "layout", layout, tuple(GRU_LAYOUTS))
+    acts = _activations(where, activations, ("sigmoid", "tanh"))
+    batch, isz = x.shape
+    _shape(where, "weight", weight, (3 * hs, isz))
+    _shape(where, "recurrent_weight", recurrent_weight, (3 * hs, hs))
+    _shape(where, "hidden_state", hidden_state, (batch, hs))
+    _shape(where, "bias", bias, (3 * hs,))
+    _shape(where, "recurrent_bias", recurrent_bias, (3 * hs,))
+    rec = {"R": recurrent_weight, "rb": recurrent_bias}
+    if not reset_after:
+        rec["Rg"] = _gate_slices(b, recurrent_weight, layout, hs, 0)
+        rec["rbg"] = _gate_slices(b, recurrent_bias, layout, hs, 0)
+    one = b.constant(data_type=x.data_type, value=1.0)
+    gx = b.gemm(x, weight, c=bias, b_transpose=True)
+    return _gru_step(b, gx, hidden_state, rec, hs, reset_after, layout, acts, one)
+
+
+# -- lstm -----------------------------------------------------------------------------------------
+
+
+def _peep(b, p, hs):
+    """Peephole [3h] packed as input, output, forget -> per-gate [h] operands."""
+    if p is None:
+        return None
+    return {k: b.slice(p, [j * hs], [hs]) for j, k in enumerate("iof")}
+
+
+@builder_op
+def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurrent_bias=None,
+         peephole_weight=None, initial_hidden_state=None, initial_cell_state=None, return_sequence=False,
+         direction="forward", layout="iofg", activations=None, label=None):
+    # IDL: sequence<MLOperand> lstm(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
+    #                               unsigned long steps, unsigned long hiddenSize, optional MLLstmOptions options = {});
+    where = "lstm"
+    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
+                         "recurrent_bias": recurrent_bias, "peephole_weight": peephole_weight,
+                         "initial_hidden_state": initial_hidden_state, "initial_cell_state": initial_cell_state})
+    steps = _positive(where, "steps", steps)
+    hs = _positive(where, "hidden_size", hidden_size)
+    return_sequence = _flag(where, "return_sequence", return_sequence)
+    _enum(where, "direction", direction, DIRECTIONS)
+    _enum(where, "layout", layout, tuple(LSTM_LAYOUTS))
+    acts = _activations(where, activations, ("sigmoid", "tanh", "tanh"))
+    if x.shape[0] != steps:
+        raise TypeError(f"[{where}] input.shape[0] ({x.shape[0]}) must equal steps ({steps})")
+    _, batch, isz = x.shape
+    nd = 2 if direction == "both" else 1
+    _shape(where, "weight", weight, (nd, 4 * hs, isz))
+    _shape(where, "recurrent_weight", recurrent_weight, (nd, 4 * hs, hs))
+    _shape(where, "bias", bias, (nd, 4 * hs))
+    _shape(where, "recurrent_bias", recurrent_bias, (nd, 4 * hs))
+    _shape(where, "peephole_weight", peephole_weight, (nd, 3 * hs))
+    _shape(where, "initial_hidden_state", initial_hidden_state, (nd, batch, hs))
+    _shape(where, "initial_cell_state", initial_cell_state, (nd, batch, hs))
+
+    dt = x.data_type
+    x2 = b.reshape(x, [steps * batch, isz])
+    hfin, cfin, seqs = [], [], []
+    for d in range(nd):
+        backward = direction == "backward" or d == 1
+        W = _dir(b, weight, d, nd)
+        rec = {"R": _dir(b, recurrent_weight, d, nd), "rb": _dir(b, recurrent_bias, d, nd),
+               "peep": _peep(b, _dir(b, peephole_weight, d, nd), hs)}
+        gx_all = b.gemm(x2, W, c=_dir(b, bias, d, nd), b_transpose=True)  # [steps * batch, 4h]
+        h = _dir(b, initial_hidden_state, d, nd) if initial_hidden_state is not None else _zeros(b, dt, (batch, hs))
+        c = _dir(b, initial_cell_state, d, nd) if initial_cell_state is not None else _zeros(b, dt, (batch, hs))
+        per_t = [None] * steps
+        for s in range(steps):
+            t = steps - 1 - s if backward else s
+            gx = b.slice(gx_all, [t * batch, 0], [batch, 4 * hs])
+            h, c = _lstm_step(b, gx, h, c, rec, layout, acts)
+            per_t[t] = h
+        hfin.append(b.reshape(h, [1, batch, hs]))
+        cfin.append(b.reshape(c, [1, batch, hs]))
+        if return_sequence:
+            seqs.append(b.concat([b.reshape(v, [1, 1, batch, hs]) for v in per_t], 0))
+    out = [hfin[0], cfin[0]] if nd == 1 else [b.concat(hfin, 0), b.concat(cfin, 0)]
+    if return_sequence:
+        out.append(seqs[0] if nd == 1 else b.concat(seqs, 1))
+    return out
+
+
+@builder_op
+def lstm_cell(b, x, weight, recurrent_weight, hidden_state, cell_state, hidden_size, *, bias=None,
+              recurrent_bias=None, peephole_weight=None, layout="iofg", activations=None, label=None):
+    # IDL: sequence<MLOperand> lstmCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
+    #                                   MLOperand hiddenState, MLOperand cellState, unsigned long hiddenSize,
+    #                                   optional MLLstmCellOptions options = {});
+    where = "lstm_cell"
+    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight,
+                         "hidden_state": hidden_state, "cell_state": cell_state, "bias": bias,
+                         "recurrent_bias": recurrent_bias, "peephole_weight": peephole_weight})
+    hs = _positive(where, "hidden_size", hidden_size)
+    _enum(where, "layout", layout, tuple(LSTM_LAYOUTS))
+    acts = _activations(where, activations, ("sigmoid", "tanh", "tanh"))
+    batch, isz = x.shape
+    _shape(where, "weight", weight, (4 * hs, isz))
+    _shape(where, "recurrent_weight", recurrent_weight, (4 * hs, hs))
+    _shape(where, "hidden_state", hidden_state, (batch, hs))
+    _shape(where, "cell_state", cell_state, (batch, hs))
+    _shape(where, "bias", bias, (4 * hs,))
+    _shape(where, "recurrent_bias", recurrent_bias, (4 * hs,))
+    _shape(where, "peephole_weight", peephole_weight, (3 * hs,))
+    rec = {"R": recurrent_weight, "rb": recurrent_bias, "peep": _peep(b, peephole_weight, hs)}
+    gx = b.gemm(x, weight, c=bias, b_transpose=True)
+    h, c = _lstm_step(b, gx, hidden_state, cell_state, rec, layout, acts)
+    return [h, c]
