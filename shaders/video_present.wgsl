@@ -24,8 +24,9 @@ fn fs_main(@builtin(position) pos: vec4<f32>) -> @location(0) vec4<f32> {
     }
     let c = unpack_rgba(frame_out[u32(p.y) * {{ W }}u + u32(p.x)]);
     {$ if SRGB $}
-    // An srgb canvas format encodes on store: hand it linear values.
-    return vec4<f32>(pow(c, vec3<f32>(2.2)), 1.0);
+    // An srgb canvas format encodes on store: hand it linear values (the exact sRGB curve).
+    let lin = select(pow((c + 0.055) / 1.055, vec3<f32>(2.4)), c / 12.92, c <= vec3<f32>(0.04045));
+    return vec4<f32>(lin, 1.0);
     {$ else $}
     return vec4<f32>(c, 1.0);
     {$ endif $}

@@ -773,7 +773,7 @@ def run(args=None, *, device=None, log=print):
     setup_s = time.perf_counter() - t_setup
 
     last = np.empty((H, W, 4), np.uint8) if args.pipeline == "gpu" else None
-    frame_times, present_times = [], []
+    frame_times, present_times, readback_times, source_times = [], [], [], []
     snapshot_frame = None
     writer = None
     n = 0
@@ -797,20 +797,26 @@ def run(args=None, *, device=None, log=print):
             bar = tqdm(total=n_total, unit="frame", desc=f"encoding {os.path.basename(output)}",
                        file=sys.stderr, dynamic_ncols=True)
         try:
-            for frame in frames:
+            while True:
+                ts = time.perf_counter()
+                frame = next(frames, None)
+                if frame is None:
+                    break
                 t0 = time.perf_counter()
+                source_times.append(t0 - ts)
                 if args.pipeline == "gpu":
                     pipe.process(frame)
                     t1 = time.perf_counter()
                     pipe.read_frame(last)
-                    writer.write(last)
                 else:
                     last = pipe.process(frame)
                     t1 = time.perf_counter()
-                    writer.write(last)
                 t2 = time.perf_counter()
-                frame_times.append(t2 - t0)
-                present_times.append(t2 - t1)
+                writer.write(last)
+                t3 = time.perf_counter()
+                frame_times.append(t3 - t0)
+                readback_times.append(t2 - t1)
+                present_times.append(t3 - t2)
                 n += 1
                 if bar is not None:
                     bar.update(1)
@@ -826,9 +832,14 @@ def run(args=None, *, device=None, log=print):
     # -- summary
     steady = frame_times[1:] if len(frame_times) > 2 else frame_times
     fps = len(steady) / sum(steady) if steady and sum(steady) > 0 else 0.0
-    stages = {k: 1e3 * float(np.mean(v[1:] if len(v) > 2 else v)) for k, v in pipe.times.items() if v}
+    def ms(v):
+        return 1e3 * float(np.mean(v[1:] if len(v) > 2 else v))
+
+    stages = {k: ms(v) for k, v in pipe.times.items() if v}
+    if readback_times and args.pipeline == "gpu":
+        stages["readback"] = ms(readback_times)
     if present_times:
-        stages[present_label] = 1e3 * float(np.mean(present_times[1:] if len(present_times) > 2 else present_times))
+        stages[present_label] = ms(present_times)
     if args.pipeline == "gpu":
         traffic = pipe.traffic()
     else:
@@ -841,7 +852,7 @@ def run(args=None, *, device=None, log=print):
         "model_input": model_in, "model_output": model_out, "model_path": model_path,
         "fps": fps, "ms_per_frame": 1e3 / fps if fps else float("nan"),
         "first_frame_ms": 1e3 * frame_times[0] if frame_times else float("nan"),
-        "setup_s": setup_s, "stages_ms": stages, "stage_sync": getattr(args, "stage_sync", True),
+        "setup_s": setup_s, "stages_ms": stages, "source_ms": ms(source_times) if source_times else None, "stage_sync": getattr(args, "stage_sync", True),
         "traffic": traffic, "output": None if window else output, "snapshot": args.snapshot,
         "adapter": f"{adapter_info.get('device', '?')} ({adapter_info.get('backend_type', '?')}, "
                    f"{adapter_info.get('adapter_type', '?')})",
@@ -908,6 +919,8 @@ def format_summary(s):
         how = "wall time"
     yield "  per stage (ms/frame, " + how + "): " + ", ".join(
         f"{k} {v:.2f}" for k, v in s["stages_ms"].items())
+    if s.get("source_ms") is not None:
+        yield f"  (frame source: {s['source_ms']:.2f} ms/frame on the CPU, not counted in the FPS)"
     t = s["traffic"]
     ml = t["ml"]
     yield (f"  ML context counters over the run: bytes_uploaded {ml['bytes_uploaded']}, "
