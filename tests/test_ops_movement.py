@@ -560,3 +560,37 @@ def test_support_limits_list_movement_ops(ctx):
     assert set(lim["split"]) == {"input", "outputs"}
     for op in ("concat", "expand", "pad", "reshape", "slice", "split", "transpose", "where"):
         assert op in lim
+
+
+def test_movement_of_constants_and_shared_outputs(ctx):
+    # constant inputs: bound in place, folded at build when not outputs, copied when outputs
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[3, 2])
+    cv = np.arange(6, dtype=np.float32).reshape(2, 3)
+    c = b.constant(cv)
+    c16 = b.constant(cv.astype(np.float16))
+    halves = b.concat([b.slice(c, [0, 0], [1, 3]), b.slice(c, [1, 0], [1, 3])], 1)
+    outs = {
+        "r": b.reshape(c, [3, 2]),
+        "t": b.transpose(c),
+        "f": b.add(b.transpose(c), x),
+        "g": b.add(b.reshape(halves, [3, 2]), x),
+        "h": b.reshape(c16, [6]),
+        "p": b.pad(c16, [0, 1], [0, 0], value=3),
+    }
+    got = run_graph(ctx, outs, {"x": np.ones((3, 2), np.float32)}, b)
+    _check(got["r"], cv.reshape(3, 2))
+    _check(got["t"], cv.T)
+    _check(got["f"], cv.T + 1)
+    _check(got["g"], cv.reshape(3, 2) + 1)
+    _check(got["h"], cv.reshape(6).astype(np.float16))
+    _check(got["p"], np.pad(cv, [(0, 0), (1, 0)], constant_values=3).astype(np.float16))
+    # one value as three outputs, two of them through aliases (each output gets its own copy)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 3])
+    y = b.relu(x)
+    got = run_graph(ctx, {"a": y, "b": b.reshape(y, [6]), "c": b.transpose(y, permutation=[0, 1])}, {"x": 2 - cv}, b)
+    want = np.maximum(2 - cv, 0)
+    _check(got["a"], want)
+    _check(got["b"], want.reshape(6))
+    _check(got["c"], want)
