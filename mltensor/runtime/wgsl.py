@@ -17,7 +17,7 @@ import wgpu
 
 from ..errors import OperationError
 
-WORKGROUP = 64
+WORKGROUP = 256  # threads per 1-D workgroup: software adapters and GPUs both like 256
 MAX_GROUPS = 65535
 
 
