@@ -1,0 +1,232 @@
+"""conv2d and conv_transpose2d (shaders/conv2d.wgsl).
+
+Both lower to the GEMM of matmul.wgsl as an implicit GEMM per group (the im2col matrix is never
+built: the kernel computes each input coordinate as it stages a tile), with a dedicated 1x1 path
+(A is the input itself) and a depthwise path (one thread per output, no GEMM). Every input and
+filter layout is read in place through baked strides, so NHWC models (TFLite) get no transposes,
+and filters may be graph inputs as well as constants. Bias and the fused activation are applied
+in the epilogue.
+"""
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from . import check_support, int_list, lowering, register, same_type
+from .matmul import gemm_launch
+
+FLOAT = dtypes.FLOATS
+INPUT_LAYOUTS = ("nchw", "nhwc")
+CONV_FILTER_LAYOUTS = ("oihw", "hwio", "ohwi", "ihwo")
+TRANSPOSE_FILTER_LAYOUTS = ("iohw", "hwoi", "ohwi")
+
+_SUPPORT = {"input": FLOAT, "filter": FLOAT, "bias": FLOAT, "output": FLOAT}
+_RANKS = {"input": (4, 4), "filter": (4, 4), "bias": (1, 1)}
+register("conv2d", _SUPPORT, ranks=_RANKS)
+register("conv_transpose2d", _SUPPORT, ranks=_RANKS)
+
+
+def _enum(where, what, value, allowed):
+    if value not in allowed:
+        raise TypeError(f"[{where}] {what} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    return value
+
+
+def _int(where, what, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TypeError(f"[{where}] {what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _common(b, where, x, w, bias, padding, strides, dilations, groups, input_layout, filter_layouts, filter_layout):
+    b._operand(x, where, "input")
+    b._operand(w, where, "filter")
+    if bias is not None:
+        b._operand(bias, where, "bias")
+    check_support(where, input=x, filter=w, bias=bias)
+    same_type(where, ("input", x), ("filter", w), ("bias", bias))
+    _enum(where, "input_layout", input_layout, INPUT_LAYOUTS)
+    _enum(where, "filter_layout", filter_layout, filter_layouts)
+    pad = int_list(where, "padding", [0, 0, 0, 0] if padding is None else padding, 4, 0)
+    st = int_list(where, "strides", [1, 1] if strides is None else strides, 2, 1)
+    dil = int_list(where, "dilations", [1, 1] if dilations is None else dilations, 2, 1)
+    groups = _int(where, "groups", groups, 1)
+    if input_layout == "nchw":
+        n, c, h, wd = x.shape
+    else:
+        n, h, wd, c = x.shape
+    return pad, st, dil, groups, (n, c, h, wd)
+
+
+def _check_bias(where, bias, oc):
+    if bias is not None and tuple(bias.shape) != (oc,):
+        raise TypeError(f"[{where}] bias shape must be [{oc}] (output channels), got {list(bias.shape)}")
+
+
+def _out_shape(layout, n, c, h, w):
+    return (n, c, h, w) if layout == "nchw" else (n, h, w, c)
+
+
+@builder_op
+def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, groups=1,
+           input_layout="nchw", filter_layout="oihw", bias=None, label=None):
+    # IDL: MLOperand conv2d(MLOperand input, MLOperand filter, optional MLConv2dOptions options = {});
+    where = "conv2d"
+    pad, st, dil, groups, (n, ic, ih, iw) = _common(
+        b, where, input, filter, bias, padding, strides, dilations, groups, input_layout,
+        CONV_FILTER_LAYOUTS, filter_layout)
+    fshape = dict(zip(filter_layout, filter.shape))
+    oc, fic, kh, kw = fshape["o"], fshape["i"], fshape["h"], fshape["w"]
+    if ic % groups:
+        raise TypeError(f"[{where}] input channels ({ic}) must be divisible by groups ({groups})")
+    if ic // groups != fic:
+        raise TypeError(
+            f"[{where}] input channels ({ic}) / groups ({groups}) must equal filter input channels ({fic})")
+    if oc % groups:
+        raise TypeError(f"[{where}] output channels ({oc}) must be divisible by groups ({groups})")
+    _check_bias(where, bias, oc)
+    out_hw = []
+    for axis, size, k, (p0, p1), s, d in (
+        ("height", ih, kh, pad[0:2], st[0], dil[0]),
+        ("width", iw, kw, pad[2:4], st[1], dil[1]),
+    ):
+        span = size + p0 + p1 - ((k - 1) * d + 1)
+        if span < 0:
+            raise TypeError(
+                f"[{where}] the dilated filter {axis} ({(k - 1) * d + 1}) exceeds the padded input "
+                f"{axis} ({size + p0 + p1})")
+        out_hw.append(span // s + 1)
+    attrs = {"padding": pad, "strides": st, "dilations": dil, "groups": groups,
+             "input_layout": input_layout, "filter_layout": filter_layout}
+    shape = _out_shape(input_layout, n, oc, *out_hw)
+    return b._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
+
+
+@builder_op
+def conv_transpose2d(b, input, filter, *, padding=None, strides=None, dilations=None,
+                     output_padding=None, output_sizes=None, groups=1, input_layout="nchw",
+                     filter_layout="iohw", bias=None, label=None):
+    # IDL: MLOperand convTranspose2d(MLOperand input, MLOperand filter, optional MLConvTranspose2dOptions options = {});
+    where = "conv_transpose2d"
+    pad, st, dil, groups, (n, ic, ih, iw) = _common(
+        b, where, input, filter, bias, padding, strides, dilations, groups, input_layout,
+        TRANSPOSE_FILTER_LAYOUTS, filter_layout)
+    opad = int_list(where, "output_padding", [0, 0] if output_padding is None else output_padding, 2, 0)
+    sizes = None
+    if output_sizes is not None:
+        sizes = int_list(where, "output_sizes", output_sizes, 2, 1)
+    elif opad[0] >= st[0] or opad[1] >= st[1]:
+        raise TypeError(f"[{where}] output_padding {opad} must be smaller than strides {st}")
+    fshape = dict(zip(filter_layout, filter.shape))
+    ocg, fic, kh, kw = fshape["o"], fshape["i"], fshape["h"], fshape["w"]
+    if ic != fic:
+        raise TypeError(f"[{where}] input channels ({ic}) must equal filter input channels ({fic})")
+    if ic % groups:
+        raise TypeError(f"[{where}] input channels ({ic}) must be divisible by groups ({groups})")
+    oc = ocg * groups
+    _check_bias(where, bias, oc)
+    out_hw = []
+    for i, (axis, size, k, (p0, p1), s, d) in enumerate((
+        ("height", ih, kh, pad[0:2], st[0], dil[0]),
+        ("width", iw, kw, pad[2:4], st[1], dil[1]),
+    )):
+        calc = (size - 1) * s + (k - 1) * d + 1 - p0 - p1
+        if sizes is not None:
+            if not calc <= sizes[i] < calc + s:
+                raise TypeError(
+                    f"[{where}] output_sizes {axis} ({sizes[i]}) must be in [{calc}, {calc + s}) for "
+                    f"these input size, filter size, padding and strides")
+            o = sizes[i]
+        else:
+            o = calc + opad[i]
+        if o < 1:
+            raise TypeError(f"[{where}] output {axis} would be {o}; padding {pad} is too large")
+        out_hw.append(o)
+    attrs = {"padding": pad, "strides": st, "dilations": dil, "groups": groups,
+             "input_layout": input_layout, "filter_layout": filter_layout}
+    shape = _out_shape(input_layout, n, oc, *out_hw)
+    return b._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
+
+
+# -- lowering -------------------------------------------------------------------------------
+
+
+def _strides_nchw(layout, shape):
+    """Element strides of (n, c, h, w) for a 4-D tensor of the given layout."""
+    n, a, bb, c = shape
+    if layout == "nchw":
+        return (a * bb * c, bb * c, c, 1)
+    return (a * bb * c, 1, bb * c, c)  # nhwc: shape is (n, h, w, c)
+
+
+def _filter_strides(layout, shape):
+    """Element strides of (o, i, h, w) for a filter of the given layout string."""
+    dims = dict(zip(layout, shape))
+    strides, s = {}, 1
+    for ch in reversed(layout):
+        strides[ch] = s
+        s *= dims[ch]
+    return tuple(strides[ch] for ch in "oihw")
+
+
+def _lower(kc, node, transposed):
+    x, w, bias = node.inputs
+    out = kc.out(node)
+    a = node.attrs
+    lay = a["input_layout"]
+    groups = a["groups"]
+    in_s = _strides_nchw(lay, x.shape)
+    out_s = _strides_nchw(lay, out.shape)
+    f_s = _filter_strides(a["filter_layout"], w.shape)
+    fdims = dict(zip(a["filter_layout"], w.shape))
+    kh, kw = fdims["h"], fdims["w"]
+    if lay == "nchw":
+        nb, ic, ih, iw = x.shape
+        _, oc, oh, ow = out.shape
+    else:
+        nb, ih, iw, ic = x.shape
+        _, oh, ow, oc = out.shape
+    icg, ocg = ic // groups, oc // groups
+    (pt, _, pl, _), (sh, sw), (dh, dw) = a["padding"], a["strides"], a["dilations"]
+    params = {
+        "act": kc.activation(), "IC": ic, "IH": ih, "IW": iw, "OC": oc, "OH": oh, "OW": ow,
+        "ICg": icg, "OCg": ocg, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw,
+        "PT": pt, "PL": pl, "in_s": in_s, "out_s": out_s, "f_s": f_s, "groups": groups,
+        "has_bias": bias is not None, "transposed": transposed,
+        # conv2d: group g owns filter outputs [g*OCg, ...); transpose: filter inputs [g*ICg, ...)
+        "f_g": icg * f_s[1] if transposed else ocg * f_s[0],
+    }
+    bindings = [Binding("x", "f32"), Binding("w", "f32")]
+    args = [x, w]
+    if bias is not None:
+        bindings.append(Binding("bias", "f32"))
+        args.append(bias)
+    bindings.append(Binding("out", "f32", True))
+    args.append(out)
+    op = "conv_transpose2d" if transposed else "conv2d"
+    name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
+
+    if not transposed and icg == 1 and groups > 1:
+        total = nb * oc * oh * ow
+        params.update(path="dw", MULT=ocg, total=total, M=1, N=1, K=1, pointwise=False, ic_inner=False)
+        kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
+                  grid(-(-total // WORKGROUP)))
+        return
+    pointwise = (not transposed and kh == kw == 1 and (sh, sw) == (1, 1)
+                 and a["padding"] == [0, 0, 0, 0])
+    params.update(pointwise=pointwise, ic_inner=lay == "nhwc")
+    if pointwise:
+        name = f"{op}_{lay}_f32_1x1"
+    if groups > 1:
+        name += f"_g{groups}"
+    gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,
+                M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=groups)
+
+
+@lowering("conv2d")
+def _lower_conv2d(kc, node):
+    _lower(kc, node, transposed=False)
+
+
+@lowering("conv_transpose2d")
+def _lower_conv_transpose2d(kc, node):
+    _lower(kc, node, transposed=True)
