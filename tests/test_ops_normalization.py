@@ -247,3 +247,22 @@ def test_layer_normalization_validation(ctx):
     other = mltensor.MLGraphBuilder(ctx).input("s", data_type="float32", shape=[3, 4])
     with pytest.raises(TypeError, match="another MLGraphBuilder"):
         ln(x, scale=other)
+
+
+def test_folded_grids(ctx, rng, monkeypatch):
+    # Past 65535 workgroups a launch is folded into 2-D; shrink the limit to test that cheaply.
+    import mltensor.runtime.wgsl as wgsl
+
+    monkeypatch.setattr(wgsl, "MAX_GROUPS", 3)
+    for shape in [(50, 40), (700, 3)]:  # one workgroup per row, one thread per row
+        x = rng.standard_normal(shape).astype(np.float32)
+        b = mltensor.MLGraphBuilder(ctx)
+        xi = b.input("x", data_type="float32", shape=shape)
+        r = run_graph(ctx, {"y": b.layer_normalization(xi)}, {"x": x}, b)["y"]
+        check(r, layer_ref(x, None, None, None, 1e-5), "float32")
+    x = rng.standard_normal((2, 3, 10, 20)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=x.shape)
+    y = b.batch_normalization(xi, b.constant(np.zeros(3, np.float32)), b.constant(np.ones(3, np.float32)))
+    r = run_graph(ctx, {"y": y}, {"x": x}, b)["y"]
+    check(r, x / np.sqrt(1 + 1e-5), "float32")

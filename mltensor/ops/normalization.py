@@ -13,7 +13,7 @@ from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
 from . import check_support, register
-from .reduce import THREAD_MAX_K, WG, axes_option, merge_dims, prod, radix, row_strides
+from .reduce import WG, axes_option, merge_dims, prod, radix, reduce_shape, row_strides
 
 FLOAT = dtypes.FLOATS
 
@@ -160,7 +160,7 @@ def _lower_norm(kc, node, kept, red):
     M, K = prod(s for s, _ in kept), prod(s for s, _ in red)
     base, pbase = radix("o", merge_dims(kept), 2)
     off, poff = radix("k", merge_dims(red), 2)
-    mode = "norm_thread" if K <= THREAD_MAX_K else "norm_group"
+    mode = "norm_thread" if reduce_shape(M, K)[0] == "thread" else "norm_group"
     params = _params(node, mode=mode, M=M, K=K, base=base, off=off, pbase=pbase, poff=poff,
                      scale=scale is not None, bias=bias is not None)
     args = [x] + [p for p in (scale, bias) if p is not None] + [out]

@@ -19,6 +19,7 @@ from . import check_support, register
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
 THREAD_MAX_K = 32  # up to this many reduced elements, one thread per output is faster
+MANY_OUTPUTS, THREAD_MAX_K_MANY = 16384, 256  # ... and up to 256 when outputs alone fill the GPU
 CHUNK = 4096  # elements per workgroup in the two-level scheme
 MAX_SPLIT = 1024  # partials per output in the two-level scheme (the final pass reduces these)
 
@@ -124,8 +125,11 @@ def split_axes(shape, axes):
 
 
 def reduce_shape(n_out, n_red):
-    """Kernel shape for n_out outputs of n_red elements each: ("thread"|"group"|"split", S)."""
-    if n_red <= THREAD_MAX_K:
+    """Kernel shape for n_out outputs of n_red elements each: ("thread"|"group"|"split", S).
+    A thread per output when its loop is short, or when there are so many outputs that the
+    threads alone fill the GPU (a barrier-heavy workgroup per output then only adds cost);
+    otherwise a workgroup per output, split further when K is huge and outputs are few."""
+    if n_red <= THREAD_MAX_K or (n_out >= MANY_OUTPUTS and n_red <= THREAD_MAX_K_MANY):
         return "thread", 1
     splits = min(-(-n_red // CHUNK), MAX_SPLIT)
     if splits > 1 and n_out < 256:
@@ -258,7 +262,7 @@ def _lower_softmax(kc, node):
               "pre": "x", "comb": "a + b", "post": "a", "init": "0.0"}
     tag = f"r{rows}_k{K}"
     bindings = (Binding("src", "f32"), Binding("dst", "f32", True))
-    if K <= THREAD_MAX_K:
+    if reduce_shape(rows, K)[0] == "thread":
         k = Kernel(f"softmax_{tag}_thread", "reduce.wgsl", dict(params, mode="softmax_thread"), bindings)
         kc.launch(k, [x, out], grid(-(-rows // WORKGROUP)))
     else:
