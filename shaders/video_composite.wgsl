@@ -51,11 +51,37 @@ fn background(p: vec2<f32>) -> vec3<f32> {
 }
 {$ endif $}
 
+fn composite(x: u32, y: u32, orig: vec3<f32>) -> u32 {
+    let p = vec2<f32>(f32(x), f32(y));
+    let m = smoothstep({{ LO }}, {{ HI }}, mask_at(p));
+    return pack_rgba(mix(background(p), orig, m));
+}
+
+fn rgb_of(b0: u32, b1: u32, b2: u32) -> vec3<f32> {
+    return vec3<f32>(f32(b0 & 0xFFu), f32(b1 & 0xFFu), f32(b2 & 0xFFu)) * (1.0 / 255.0);
+}
+
+{$ if QUAD $}
+// Four horizontally adjacent pixels per thread: their 12 rgb24 bytes are 3 aligned words.
+@compute @workgroup_size(16, 4)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x >= {{ W // 4 }}u || gid.y >= {{ H }}u) { return; }
+    let x = gid.x * 4u;
+    let y = gid.y;
+    let w = (y * {{ W }}u + x) * 3u / 4u;
+    let w0 = frame[w];
+    let w1 = frame[w + 1u];
+    let w2 = frame[w + 2u];
+    let o = y * {{ W }}u + x;
+    out[o] = composite(x, y, rgb_of(w0, w0 >> 8u, w0 >> 16u));
+    out[o + 1u] = composite(x + 1u, y, rgb_of(w0 >> 24u, w1, w1 >> 8u));
+    out[o + 2u] = composite(x + 2u, y, rgb_of(w1 >> 16u, w1 >> 24u, w2));
+    out[o + 3u] = composite(x + 3u, y, rgb_of(w2 >> 8u, w2 >> 16u, w2 >> 24u));
+}
+{$ else $}
 @compute @workgroup_size(8, 8)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (gid.x >= {{ W }}u || gid.y >= {{ H }}u) { return; }
-    let p = vec2<f32>(gid.xy);
-    let m = smoothstep({{ LO }}, {{ HI }}, mask_at(p));
-    let c = mix(background(p), frame_rgb(gid.x, gid.y), m);
-    out[gid.y * {{ W }}u + gid.x] = pack_rgba(c);
+    out[gid.y * {{ W }}u + gid.x] = composite(gid.x, gid.y, frame_rgb(gid.x, gid.y));
 }
+{$ endif $}

@@ -373,13 +373,14 @@ class GpuPipeline:
         else:
             raise ValueError(f"--effect must be 'blur' or 'replace', got {effect!r}")
         cl = layout("r", "r", "r", "w")
+        cp["QUAD"] = quad = W % 4 == 0
         self._comp = compute("video_composite.wgsl", "main", cp, cl, f"video_composite_{effect}_{W}x{H}")
         self._comp_bg = device.create_bind_group(layout=cl, entries=[
             {"binding": 0, "resource": {"buffer": self.frame_buf}},
             {"binding": 1, "resource": {"buffer": self.ema_buf}},
             {"binding": 2, "resource": {"buffer": back}},
             {"binding": 3, "resource": {"buffer": self.out_buffer}}])
-        self._comp_groups = ((W + 7) // 8, (H + 7) // 8, 1)
+        self._comp_groups = ((W // 4 + 15) // 16, (H + 3) // 4, 1) if quad else ((W + 7) // 8, (H + 7) // 8, 1)
         self._present = None
         self.times = {k: [] for k in STAGES_GPU}
         self.counters_start = ctx.counters
