@@ -133,7 +133,7 @@ def _lstm_step(b, gx, h, c, rec, layout, acts):
     return h2, c2
 
 
-def _gate_slices(b, x, layout, hs, axis0):
+def _gate_slices(b, x, layout, hs):
     """Per-gate [hs(, ...)] slices of a packed [G*hs(, ...)] operand (None stays None)."""
     if x is None:
         return {k: None for k in layout}
@@ -199,8 +199,8 @@ def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurr
         rb = _dir(b, recurrent_bias, d, nd)
         rec = {"R": R, "rb": rb}
         if not reset_after:
-            rec["Rg"] = _gate_slices(b, R, layout, hs, 0)
-            rec["rbg"] = _gate_slices(b, rb, layout, hs, 0)
+            rec["Rg"] = _gate_slices(b, R, layout, hs)
+            rec["rbg"] = _gate_slices(b, rb, layout, hs)
         gx_all = b.gemm(x2, W, c=bb, b_transpose=True)  # [steps * batch, 3h]
         h = _dir(b, initial_hidden_state, d, nd) if initial_hidden_state is not None else _zeros(b, dt, (batch, hs))
         per_t = [None] * steps
@@ -238,8 +238,8 @@ def gru_cell(b, x, weight, recurrent_weight, hidden_state, hidden_size, *, bias=
     _shape(where, "recurrent_bias", recurrent_bias, (3 * hs,))
     rec = {"R": recurrent_weight, "rb": recurrent_bias}
     if not reset_after:
-        rec["Rg"] = _gate_slices(b, recurrent_weight, layout, hs, 0)
-        rec["rbg"] = _gate_slices(b, recurrent_bias, layout, hs, 0)
+        rec["Rg"] = _gate_slices(b, recurrent_weight, layout, hs)
+        rec["rbg"] = _gate_slices(b, recurrent_bias, layout, hs)
     one = b.constant(data_type=x.data_type, value=1.0)
     gx = b.gemm(x, weight, c=bias, b_transpose=True)
     return _gru_step(b, gx, hidden_state, rec, hs, reset_after, layout, acts, one)
