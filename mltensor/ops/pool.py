@@ -1,0 +1,121 @@
+"""average_pool2d, l2_pool2d, max_pool2d (shaders/pool.wgsl).
+
+One thread per output with the window baked in, or, for global pooling of a large plane, one
+workgroup per output with a tree reduction. Both layouts are read in place through strides.
+Padding is excluded from the average's count (ONNX count_include_pad=0, TFLite, CoreML).
+"""
+
+import math
+
+from .. import dtypes
+from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from . import check_support, int_list, lowering, register
+
+GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
+
+_KINDS = {
+    "average_pool2d": dtypes.FLOATS,
+    "l2_pool2d": dtypes.FLOATS,
+    "max_pool2d": dtypes.ALL,
+}
+for _name, _types in _KINDS.items():
+    register(_name, {"input": _types, "output": _types}, ranks={"input": (4, 4)})
+
+
+def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, rounding_type,
+          output_sizes, label):
+    b._operand(x, where, "input")
+    check_support(where, input=x)
+    if layout not in ("nchw", "nhwc"):
+        raise TypeError(f"[{where}] layout must be 'nchw' or 'nhwc', got {layout!r}")
+    if rounding_type not in ("floor", "ceil"):
+        raise TypeError(f"[{where}] rounding_type must be 'floor' or 'ceil', got {rounding_type!r}")
+    if layout == "nchw":
+        n, c, h, w = x.shape
+    else:
+        n, h, w, c = x.shape
+    win = int_list(where, "window_dimensions", [h, w] if window_dimensions is None else window_dimensions, 2, 1)
+    pad = int_list(where, "padding", [0, 0, 0, 0] if padding is None else padding, 4, 0)
+    st = int_list(where, "strides", [1, 1] if strides is None else strides, 2, 1)
+    dil = int_list(where, "dilations", [1, 1] if dilations is None else dilations, 2, 1)
+    calc = []
+    for axis, size, k, (p0, p1), s, d in (
+        ("height", h, win[0], pad[0:2], st[0], dil[0]),
+        ("width", w, win[1], pad[2:4], st[1], dil[1]),
+    ):
+        span = size + p0 + p1 - ((k - 1) * d + 1)
+        if span < 0:
+            raise TypeError(
+                f"[{where}] the dilated window {axis} ({(k - 1) * d + 1}) exceeds the padded input "
+                f"{axis} ({size + p0 + p1})")
+        calc.append((span // s + 1, -(-span // s) + 1))  # (floor, ceil) of span / s + 1
+    floor_hw = (calc[0][0], calc[1][0])
+    ceil_hw = (calc[0][1], calc[1][1])
+    if output_sizes is not None:
+        sizes = tuple(int_list(where, "output_sizes", output_sizes, 2, 1))
+        if sizes not in (floor_hw, ceil_hw):
+            raise TypeError(
+                f"[{where}] output_sizes {list(sizes)} must be the floor {list(floor_hw)} or ceil "
+                f"{list(ceil_hw)} rounding of the computed output size")
+        oh, ow = sizes
+    else:
+        oh, ow = floor_hw if rounding_type == "floor" else ceil_hw
+    attrs = {"window_dimensions": win, "padding": pad, "strides": st, "dilations": dil, "layout": layout}
+    shape = (n, c, oh, ow) if layout == "nchw" else (n, oh, ow, c)
+    return b._emit1(where, [x], attrs, x.data_type, shape, label)
+
+
+def _make(where):
+    def op(b, input, *, window_dimensions=None, padding=None, strides=None, dilations=None,
+           layout="nchw", rounding_type="floor", output_sizes=None, label=None):
+        return _pool(b, where, input, window_dimensions, padding, strides, dilations, layout,
+                     rounding_type, output_sizes, label)
+
+    op.__name__ = where
+    op.__doc__ = f"IDL: MLOperand {where}(MLOperand input, optional MLPool2dOptions options = {{}});"
+    builder_op(op)
+
+
+for _name in _KINDS:
+    _make(_name)
+
+
+def _lower(kc, node, mode):
+    (x,) = node.inputs
+    out = node.outputs[0]
+    a = node.attrs
+    nhwc = a["layout"] == "nhwc"
+    if nhwc:
+        n, ih, iw, c = x.shape
+        _, oh, ow, _ = out.shape
+        in_s = (ih * iw * c, 1, iw * c, c)
+    else:
+        n, c, ih, iw = x.shape
+        _, _, oh, ow = out.shape
+        in_s = (c * ih * iw, ih * iw, iw, 1)
+    t = kc.wtype(x)
+    if mode == "max":
+        init = {"f32": lit(-math.inf, "f32"), "i32": lit(-(2**31), "i32"), "u32": "0u"}[t]
+    else:
+        init = lit(0, t)
+    (kh, kw), (pt, _, pl, _) = a["window_dimensions"], a["padding"]
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    total = 1
+    for d in out.shape:
+        total *= d
+    whole = (kh, kw) == (ih, iw) and a["padding"] == [0, 0, 0, 0] and (oh, ow) == (1, 1)
+    path = "global" if whole and kh * kw >= GLOBAL_MIN_WINDOW else "window"
+    params = {
+        "mode": mode, "path": path, "T": t, "init": init, "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
+        "OH": oh, "OW": ow, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw, "PT": pt,
+        "PL": pl, "in_s": in_s, "total": total,
+    }
+    name = f"{node.op}_{a['layout']}_{t}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
+    k = Kernel(name, "pool.wgsl", params, (Binding("x", t), Binding("out", t, True)))
+    groups = total if path == "global" else -(-total // WORKGROUP)
+    kc.launch(k, [x, out], grid(groups))
+
+
+for _name, _mode in (("average_pool2d", "avg"), ("l2_pool2d", "l2"), ("max_pool2d", "max")):
+    lowering(_name)(lambda kc, node, _m=_mode: _lower(kc, node, _m))
