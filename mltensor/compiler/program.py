@@ -254,7 +254,28 @@ class MLGraph:
             del self._bg_cache[k]
 
 
-def dispatch(ctx, graph, inputs, outputs):
+def _valid_fast(ctx, graph, inputs, outputs):
+    """True when every dispatch rule holds, checked with the fewest operations (the common case).
+    Anything unusual goes through _validate, which raises the precise error."""
+    try:
+        if not (graph.__class__ is MLGraph and graph._context is ctx and not graph._destroyed
+                and ctx._lost_info is None and inputs.keys() == graph._inputs.keys()
+                and outputs.keys() == graph._outputs.keys()):
+            return False
+    except AttributeError:
+        return False
+    for given, want in ((inputs, graph._inputs), (outputs, graph._outputs)):
+        for name, t in given.items():
+            if (t.__class__ is not MLTensor or t._context is not ctx or t._destroyed or t._constant
+                    or (t._data_type, t._shape) != want[name]):
+                return False
+    ids = {id(t) for t in outputs.values()}
+    if len(ids) != len(outputs) or any(id(t) in ids for t in inputs.values()):
+        return False
+    return True
+
+
+def _validate(ctx, graph, inputs, outputs):
     where = "dispatch"
     if not isinstance(graph, MLGraph):
         raise TypeError(f"[{where}] graph must be an MLGraph, got {type(graph).__name__}")
@@ -296,6 +317,12 @@ def dispatch(ctx, graph, inputs, outputs):
             if t._destroyed:
                 raise InvalidStateError(f"[{where}] {kind} {name!r} is destroyed")
 
+
+def dispatch(ctx, graph, inputs, outputs):
+    if not _valid_fast(ctx, graph, inputs, outputs):
+        _validate(ctx, graph, inputs, outputs)
+    ctx._check("dispatch")  # a shared device destroyed since the last call loses the context
+    outs = tuple(outputs.values())
     tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
     tl = ctx._timeline
     buffers = [t._buffer for t in tensors]

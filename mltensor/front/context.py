@@ -337,9 +337,7 @@ class MLContext:
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
     def dispatch(self, graph, inputs, outputs):
-        from ..compiler.program import dispatch
-
-        dispatch(self, graph, inputs, outputs)
+        _dispatch(self, graph, inputs, outputs)
 
     def flush(self):
         """Python extension: submit recorded GPU work now (it is submitted anyway when something
@@ -371,3 +369,6 @@ def _bytes_of(data, data_type, nbytes, where):
     if data.nbytes != nbytes:
         raise TypeError(f"[{where}] data has {data.nbytes} bytes, the tensor needs {nbytes}")
     return memoryview(data.reshape(-1).view(np.uint8))
+
+
+from ..compiler.program import dispatch as _dispatch  # noqa: E402  (program imports this module)
