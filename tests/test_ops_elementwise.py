@@ -329,6 +329,13 @@ def test_cast_all_pairs(ctx, src):
                                        rtol=0, atol=0, err_msg=f"{src}->{dst}")
 
 
+def test_cast_float_to_uint32_above_int32_range(ctx):
+    # regression: the conversion went through i32 and saturated at 2**31 - 1
+    a = np.array([3e9, 4e9, 2147483648.0, 1.5, 7.0], np.float32)
+    (r,) = run(ctx, lambda b, x: b.cast(x, "uint32"), [(a,)])
+    check(r, a.astype(np.uint32), "uint32")
+
+
 def test_cast_numpy_dtype_and_scalar(ctx):
     a = np.array(3.75, np.float32)
     (r,) = run(ctx, lambda b, x: b.cast(x, np.int32), [(a,)])

@@ -220,8 +220,9 @@ def _cast(kc, n, x):
     if src == dst:
         return x
     if dst == "u32" and src == "f32":
-        # negative floats to unsigned wrap like C casts through a signed integer
-        return f"bitcast<u32>(i32({x}))"
+        # negative floats to unsigned wrap like C casts through a signed integer; the rest
+        # converts directly (through i32, values from 2**31 up would saturate)
+        return f"select(u32({x}), bitcast<u32>(i32({x})), {x} < 0.0)"
     return f"{dst}({x})"
 
 
