@@ -119,6 +119,36 @@ def test_demo_source_moves():
     assert not np.array_equal(a[y0, x0], b[y1, x1])  # changing background
 
 
+def test_run_headless_defaults_to_mp4(tmp_path, monkeypatch):
+    """No display and no --output: the run writes selfie_segmentation.mp4 instead of opening a
+    window (rendercanvas.auto would abort the process with glfw and no display)."""
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr(app, "has_display", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(app, "load_model", lambda ctx, model=None: (*_standin_graph(ctx), "standin"))
+    s = app.run(["--frames", "2", "--size", "128x72", "--quiet"])
+    assert s["frames"] == 2 and s["output"] == "selfie_segmentation.mp4"
+    assert (tmp_path / "selfie_segmentation.mp4").stat().st_size > 0
+
+
+def test_video_file_source(tmp_path):
+    """A video file source (PyAV) yields the frames that were written, at their size."""
+    W, H = 96, 64
+    demo = app.DemoSource(W, H, frames=3)
+    w = app.Mp4Writer(str(tmp_path / "in.mp4"), W, H, fps=30)
+    for f in demo:
+        w.write(f)
+    w.close()
+    src = app.open_source(str(tmp_path / "in.mp4"))
+    frames = list(src)
+    src.close()
+    assert (src.width, src.height) == (W, H)
+    assert len(frames) == 3 and frames[0].shape == (H, W, 3) and frames[0].dtype == np.uint8
+    # lossy H.264 (yuv420p halves the chroma of a busy 96x64 pattern): compare grey levels
+    assert abs(frames[0].mean() - demo.frame(0).mean()) < 3
+
+
 # -- the real model --------------------------------------------------------------------------------
 
 
