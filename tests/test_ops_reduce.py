@@ -289,3 +289,18 @@ def test_folded_grids(ctx, rng, monkeypatch):
     for shape in [(50, 40), (700, 3)]:
         a = (rng.standard_normal(shape) * 3).astype(np.float32)
         np.testing.assert_allclose(run_softmax(ctx, a, 1), softmax_ref(a, 1), rtol=1e-5, atol=1e-7)
+
+
+def test_reduce_of_constants_folded_at_build(ctx, rng):
+    # constant subgraphs (including the two-level path with its scratch buffer) run once at build
+    c1 = rng.standard_normal((3, 40)).astype(np.float32)
+    c2 = rng.standard_normal((2, 9000)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[3])
+    s1 = b.softmax(b.constant(c1), 1)
+    folded = b.reduce_mean(b.reduce_sum(b.constant(c2), axes=[1]))
+    y = b.add(b.mul(x, b.reduce_max(s1, axes=[1])), folded)
+    a = rng.standard_normal(3).astype(np.float32)
+    r = run_graph(ctx, {"y": y}, {"x": a}, b)["y"]
+    e = a * softmax_ref(c1, 1).max(1) + c2.astype(np.float64).sum(1).mean()
+    check(r, e, "float32", 9000)
