@@ -4,7 +4,8 @@ Every reduction is viewed as M outputs times K reduced elements: the kept axes o
 order) give the output index `o`, the reduced axes give `k`, and the input element is at
 `base(o) + off(k)`, two mixed-radix expressions with the strides baked in (so reduced axes need not
 be contiguous). Three kernel shapes, chosen from M and K (shaders/reduce.wgsl):
-- "thread": one thread per output loops over its K elements (K small: a workgroup would idle);
+- "thread": one thread per output loops over its K elements (K small, or so many outputs that
+  the threads alone fill the GPU);
 - "group": one workgroup per output, threads stride over K, then a shared-memory tree;
 - "partial" + "final": K huge and few outputs: S workgroups per output each reduce a chunk into a
   scratch buffer, then one workgroup per output combines the S partials (keeps the GPU busy when
@@ -26,7 +27,6 @@ MAX_SPLIT = 1024  # partials per output in the two-level scheme (the final pass 
 FLOAT = dtypes.FLOATS
 # WebNN reduction data types (current spec): float-only, float + 32/64-bit ints, everything.
 SUMLIKE = ("float32", "float16", "int32", "uint32", "int64", "uint64")
-
 
 
 def _init(value):
