@@ -329,11 +329,16 @@ class MLContext:
         self._timeline.enqueue(r.task)
         return r.wait_sync("read_tensor")
 
-    def read_tensor_async(self, tensor, out=None):
-        out = self._read_args(tensor, out, "read_tensor")
+    def _start_read(self, tensor, out=None, where="read_tensor"):
+        """Validate and enqueue a read; returns the PendingRead (wait_sync / wait_async). Several
+        started before any is waited on complete with one submit (InferenceSession uses this)."""
+        out = self._read_args(tensor, out, where)
         r = PendingRead(self, tensor, out)
         self._timeline.enqueue(r.task)
-        return awaitable(r.wait_async("read_tensor"))
+        return r
+
+    def read_tensor_async(self, tensor, out=None):
+        return awaitable(self._start_read(tensor, out).wait_async("read_tensor"))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
     def dispatch(self, graph, inputs, outputs):

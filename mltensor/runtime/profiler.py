@@ -1,0 +1,55 @@
+"""GPU timestamp profiler: per-kernel GPU time of one dispatch of a graph.
+
+Each launch gets its own compute pass with begin/end timestamp writes, so kernel work can be told
+apart from CPU overhead (which `bench/` measures separately). Needs the adapter feature
+`timestamp-query` (requested by the context when present). Internal: used by bench/profile.py.
+"""
+
+import numpy as np
+import wgpu
+
+from ..errors import NotSupportedError
+
+
+def profile_dispatch(ctx, graph, inputs, outputs, repeat=3):
+    """[(kernel name, median GPU seconds)] for each launch of one dispatch, in launch order."""
+    if "timestamp-query" not in ctx.device.features:
+        raise NotSupportedError("[profile] the adapter has no timestamp-query feature")
+    ctx.dispatch(graph, inputs, outputs)  # validates, warms the bind-group cache
+    ctx.flush()
+    tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
+    bound = graph._bound(tensors)
+    dev = ctx.device
+    n = len(bound)
+    qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+    resolve = dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    runs = []
+    for _ in range(repeat):
+        enc = dev.create_command_encoder()
+        for i, (pipe, bg, groups) in enumerate(bound):
+            p = enc.begin_compute_pass(timestamp_writes={
+                "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+            p.set_pipeline(pipe)
+            p.set_bind_group(0, bg)
+            p.dispatch_workgroups(*groups)
+            p.end()
+        enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+        dev.queue.submit([enc.finish()])
+        ticks = np.frombuffer(dev.queue.read_buffer(resolve), dtype=np.uint64).reshape(n, 2)
+        runs.append((ticks[:, 1] - ticks[:, 0]).astype(np.float64) * 1e-9)
+    qs.destroy()
+    resolve.destroy()
+    med = np.median(np.stack(runs), axis=0)
+    return list(zip(graph._kernel_names, med.tolist()))
+
+
+def format_profile(rows, top=None):
+    """A text table: kernel, GPU ms, share of the total."""
+    total = sum(t for _, t in rows) or 1.0
+    order = sorted(rows, key=lambda r: -r[1])[: top or len(rows)]
+    width = max([len(n) for n, _ in order] + [6])
+    lines = [f"{'kernel':<{width}}  {'GPU ms':>9}  {'share':>6}"]
+    for name, t in order:
+        lines.append(f"{name:<{width}}  {t * 1e3:9.3f}  {t / total:6.1%}")
+    lines.append(f"{'total (' + str(len(rows)) + ' kernels)':<{width}}  {total * 1e3:9.3f}")
+    return "\n".join(lines)
