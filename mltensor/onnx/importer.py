@@ -1,0 +1,579 @@
+"""ONNX model -> MLGraphBuilder calls.
+
+Load (path, bytes or ModelProto, external data included), fix symbolic dimensions, run ONNX shape
+inference (for value types), then walk the nodes in order:
+- a node whose inputs are all known on the host (initializers, Constant, results of folded nodes,
+  and shapes of operands, which are static) is folded with numpy through onnx.reference;
+- otherwise its handler in ops.py maps it onto builder calls, decomposing where WebNN has no
+  single operator;
+- an op without a handler that ONNX defines as a function is expanded into its function body;
+- anything else fails here, at load, naming the node, op type, opset and the supported ops.
+
+Values live in `env`: a numpy array (host constant) or an MLOperand. ONNX types WebNN lacks are
+mapped at the edges: double -> float32, bool -> uint8, int16/uint16 -> int32/uint32; `Imported`
+remembers the ONNX types so InferenceSession can convert feeds and results back.
+"""
+
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import NotSupportedError
+from ..front.builder import MLGraphBuilder, MLOperand
+
+
+class UnsupportedError(NotSupportedError):
+    """A node, attribute, data type or model feature this importer cannot map onto WebNN."""
+
+
+class NeedsValue(UnsupportedError):
+    """A graph input is used where a value known at load is required (a shape, axes, pads...).
+    InferenceSession handles it by binding the input's value at the first run."""
+
+    def __init__(self, name, what):
+        super().__init__(f"[onnx] graph input {name!r} is used as {what}, which must be known at load "
+                         "(make it an initializer, or run through InferenceSession, which binds it "
+                         "at the first run)")
+        self.input_name = name
+
+
+class _Unsupported(Exception):
+    """Raised by handlers; wrapped into UnsupportedError with the node's identity."""
+
+
+# ONNX element type -> WebNN data type of the operand that carries it.
+WEBNN_TYPE = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.DOUBLE: "float32",
+    TensorProto.INT32: "int32",
+    TensorProto.UINT32: "uint32",
+    TensorProto.INT64: "int64",
+    TensorProto.UINT64: "uint64",
+    TensorProto.INT8: "int8",
+    TensorProto.UINT8: "uint8",
+    TensorProto.BOOL: "uint8",
+    TensorProto.INT16: "int32",
+    TensorProto.UINT16: "uint32",
+}
+ONNX_OF_WEBNN = {
+    "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int32": TensorProto.INT32,
+    "uint32": TensorProto.UINT32, "int64": TensorProto.INT64, "uint64": TensorProto.UINT64,
+    "int8": TensorProto.INT8, "uint8": TensorProto.UINT8,
+}
+# onnxruntime's type strings, for NodeArg.type
+TYPE_STRING = {
+    TensorProto.FLOAT: "tensor(float)", TensorProto.FLOAT16: "tensor(float16)",
+    TensorProto.DOUBLE: "tensor(double)", TensorProto.INT32: "tensor(int32)",
+    TensorProto.UINT32: "tensor(uint32)", TensorProto.INT64: "tensor(int64)",
+    TensorProto.UINT64: "tensor(uint64)", TensorProto.INT8: "tensor(int8)",
+    TensorProto.UINT8: "tensor(uint8)", TensorProto.BOOL: "tensor(bool)",
+    TensorProto.INT16: "tensor(int16)", TensorProto.UINT16: "tensor(uint16)",
+}
+_NP_TO_STORAGE = {
+    np.dtype(np.float64): np.float32, np.dtype(np.bool_): np.uint8,
+    np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.uint32,
+}
+# Ops never folded at load: their value is not a function of their inputs.
+_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                 "Multinomial", "Bernoulli"}
+
+
+def onnx_type_of_np(dtype):
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def storage_array(a):
+    """A host constant in the dtype of the WebNN operand that carries its ONNX type."""
+    a = np.asarray(a)
+    to = _NP_TO_STORAGE.get(a.dtype)
+    if to is not None:
+        a = a.astype(to)
+    return a
+
+
+def load_model(source):
+    """ModelProto from a path, bytes or a ModelProto, external data loaded."""
+    if isinstance(source, onnx.ModelProto):
+        return source, None
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return onnx.load_model_from_string(bytes(source)), None
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        return onnx.load(path, load_external_data=True), os.path.dirname(os.path.abspath(path))
+    raise TypeError(f"[onnx] model must be a path, bytes or onnx.ModelProto, got {type(source).__name__}")
+
+
+class IOInfo:
+    """One graph input or output: name, ONNX element type, WebNN data type, static shape."""
+
+    __slots__ = ("name", "onnx_type", "data_type", "shape", "const")
+
+    def __init__(self, name, onnx_type, data_type, shape, const=None):
+        self.name, self.onnx_type, self.data_type, self.shape = name, onnx_type, data_type, tuple(shape)
+        self.const = const  # host value of an output folded at load (not computed by the graph)
+
+    @property
+    def np_dtype(self):
+        return np.dtype(helper.tensor_dtype_to_np_dtype(self.onnx_type))
+
+    def __repr__(self):
+        return f"<IOInfo {self.name} {TYPE_STRING.get(self.onnx_type)} {self.data_type} {list(self.shape)}>"
+
+
+class Imported:
+    """Result of an import: the built graph (None when every output folded to a constant) and
+    the graph's inputs and outputs with their ONNX and WebNN types."""
+
+    def __init__(self, graph, inputs, outputs, opset):
+        self.graph, self.inputs, self.outputs, self.opset = graph, inputs, outputs, opset
+
+
+def symbolic_inputs(model):
+    """{input name: [dim or None ...]} of the model's real inputs (initializers excluded), with
+    the dim_param names: returns (shapes, params) where params[name][i] is the symbol or None."""
+    inits = {i.name for i in model.graph.initializer}
+    shapes, params = {}, {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims, syms = [], []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(d.dim_value)
+                syms.append(None)
+            else:
+                dims.append(None)
+                syms.append(d.dim_param or None)
+        shapes[vi.name] = dims
+        params[vi.name] = syms
+    return shapes, params
+
+
+class Importer:
+    def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, base_dir=None,
+                 input_values=None):
+        self.ctx = context
+        self.input_values = dict(input_values or {})
+        self.base_dir = base_dir
+        self.free = dict(free_dimensions or {})
+        self.input_shapes = dict(input_shapes or {})
+        self.model = model
+        self.opset = self._default_opset(model)
+        self.cur_opset = self.opset
+        self.functions = {(f.domain, f.name): f for f in model.functions}
+        self.env = {}
+        self.types = {}  # value name -> ONNX element type
+        self.bools = set()  # id() of operands that carry ONNX bool
+        self._consts = {}  # id(array) -> (array, operand)
+        self._uid = 0
+        self.node = None
+
+    @staticmethod
+    def _default_opset(model):
+        for o in model.opset_import:
+            if o.domain in ("", "ai.onnx"):
+                return o.version
+        return 1 if not model.opset_import else onnx.defs.onnx_opset_version()
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def fail(self, reason, node=None):
+        from .ops import supported_ops
+
+        node = node or self.node
+        if node is not None:
+            dom = f"{node.domain}." if node.domain not in ("", "ai.onnx") else ""
+            where = f"node {node.name or '(unnamed)'!r} ({dom}{node.op_type}, opset {self.cur_opset})"
+        else:
+            where = f"model (opset {self.opset})"
+        raise UnsupportedError(
+            f"[onnx] {where}: {reason}. Supported ONNX ops: {', '.join(supported_ops())}"
+        )
+
+    # -- values --------------------------------------------------------------------------------
+
+    def is_const(self, v):
+        return isinstance(v, np.ndarray)
+
+    def operand(self, v, like=None):
+        """MLOperand for a value (host constants become builder constants, cached)."""
+        if v is None or isinstance(v, MLOperand):
+            return v
+        a = np.asarray(v)
+        hit = self._consts.get(id(v))
+        if hit is not None and hit[0] is v:
+            return hit[1]
+        if like is not None and a.dtype.kind == "f" and like.data_type in ("float32", "float16"):
+            a = a.astype(like.data_type)
+        s = storage_array(a)
+        op = self.b.constant(np.ascontiguousarray(s))
+        if a.dtype == np.bool_:
+            self.bools.add(id(op))
+        self._consts[id(v)] = (v, op)
+        return op
+
+    def np_const(self, a, dtype):
+        return np.asarray(a, dtype=dtype)
+
+    def onnx_type(self, v, name=None):
+        if name is not None and name in self.types:
+            return self.types[name]
+        if isinstance(v, np.ndarray):
+            return onnx_type_of_np(v.dtype)
+        if id(v) in self.bools:
+            return TensorProto.BOOL
+        return ONNX_OF_WEBNN[v.data_type]
+
+    def shape(self, v):
+        return tuple(v.shape)
+
+    # -- load ----------------------------------------------------------------------------------
+
+    def run(self, *, const_outputs_as_ops=False):
+        m = self.model
+        g = m.graph
+        for o in m.opset_import:
+            if o.domain not in ("", "ai.onnx") and not any(f.domain == o.domain for f in m.functions):
+                used = any(n.domain == o.domain for n in g.node)
+                if used:
+                    self.fail(f"operator domain {o.domain!r} is not supported (only the default ONNX domain)")
+        self.b = MLGraphBuilder(self.ctx)
+
+        for init in g.initializer:
+            arr = self._tensor(init)
+            self.env[init.name] = arr
+            self.types[init.name] = init.data_type
+        for sp in g.sparse_initializer:
+            self.fail("sparse initializers are not supported")
+
+        shapes, params = symbolic_inputs(m)
+        inputs = []
+        for vi in g.input:
+            if vi.name in self.env:
+                continue
+            if vi.name in self.input_values:
+                arr = np.asarray(self.input_values[vi.name])
+                self.env[vi.name] = arr
+                self.types[vi.name] = onnx_type_of_np(arr.dtype)
+                continue
+            if not vi.type.HasField("tensor_type"):
+                self.fail(f"input {vi.name!r} is not a tensor (sequences, maps and optionals are not supported)")
+            et = vi.type.tensor_type.elem_type
+            if et not in WEBNN_TYPE:
+                self.fail(f"input {vi.name!r} has unsupported element type {TensorProto.DataType.Name(et)}")
+            dims = self._fix_dims(vi.name, shapes[vi.name], params[vi.name])
+            if 0 in dims:
+                # WebNN has no zero-sized tensors; an empty input has no data: a constant
+                self.env[vi.name] = np.zeros(dims, dtype=helper.tensor_dtype_to_np_dtype(et))
+                self.types[vi.name] = et
+                continue
+            x = self.b.input(vi.name, data_type=WEBNN_TYPE[et], shape=dims)
+            if et == TensorProto.BOOL:
+                self.bools.add(id(x))
+            self.env[vi.name] = x
+            self.types[vi.name] = et
+            inputs.append(IOInfo(vi.name, et, WEBNN_TYPE[et], dims))
+
+        self._value_types()
+        self.run_nodes(g.node, self.opset)
+
+        outputs, named = [], {}
+        seen = {}
+        for vo in g.output:
+            v = self.env.get(vo.name)
+            if v is None:
+                self.fail(f"graph output {vo.name!r} is not produced by any node")
+            et = vo.type.tensor_type.elem_type if vo.type.HasField("tensor_type") else 0
+            if not et:
+                et = self.onnx_type(v, vo.name)
+            if et not in WEBNN_TYPE:
+                self.fail(f"output {vo.name!r} has unsupported element type {TensorProto.DataType.Name(et)}")
+            if isinstance(v, np.ndarray):
+                want = helper.tensor_dtype_to_np_dtype(et)
+                if not const_outputs_as_ops:
+                    outputs.append(IOInfo(vo.name, et, WEBNN_TYPE[et], v.shape, const=v.astype(want)))
+                    continue
+                if v.ndim == 0 or 0 in v.shape:
+                    pass
+                v = self.b.identity(self.operand(v.astype(want)))
+            elif v._kind != "op" or id(v) in seen:
+                v = self.b.identity(v)
+            seen[id(v)] = True
+            if WEBNN_TYPE[et] != v.data_type:
+                v = self.b.cast(v, WEBNN_TYPE[et])
+            named[vo.name] = v
+            outputs.append(IOInfo(vo.name, et, v.data_type, v.shape))
+        graph = self.b.build_sync(named) if named else None
+        return Imported(graph, inputs, outputs, self.opset)
+
+    def _fix_dims(self, name, dims, syms):
+        if name in self.input_shapes:
+            given = tuple(int(d) for d in self.input_shapes[name])
+            if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
+                raise TypeError(f"[onnx] input {name!r} expects shape {dims}, got {list(given)}")
+            return given
+        out = []
+        for i, (d, s) in enumerate(zip(dims, syms)):
+            if d is None:
+                if s is not None and s in self.free:
+                    d = int(self.free[s])
+                else:
+                    what = f"symbolic dimension {s!r}" if s else f"dimension {i} (unnamed, unknown)"
+                    hint = f"free_dimensions={{{s!r}: N}}" if s else "a feed of the input's shape"
+                    raise TypeError(f"[onnx] {what} of input {name!r} must be fixed at session creation: pass {hint}")
+            out.append(d)
+        return tuple(out)
+
+    def _value_types(self):
+        """Element types of intermediate values from ONNX shape inference (best effort)."""
+        g = self.model.graph
+        try:
+            m = onnx.ModelProto()
+            m.CopyFrom(self.model) if self.model.ByteSize() < (1 << 30) else None
+            if not m.graph.node:
+                return
+            inits = {i.name for i in m.graph.initializer}
+            for vi in m.graph.input:
+                if vi.name in inits:
+                    continue
+                x = self.env[vi.name]
+                tt = vi.type.tensor_type
+                del tt.shape.dim[:]
+                for d in x.shape:
+                    tt.shape.dim.add().dim_value = d
+            for i in m.graph.initializer:
+                i.ClearField("raw_data")  # types only: do not copy the weights around
+                i.ClearField("float_data")
+            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+            for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+                et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+                if et:
+                    self.types.setdefault(vi.name, et)
+        except Exception:
+            for vi in list(g.value_info) + list(g.output):
+                if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                    self.types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+
+    def _tensor(self, t):
+        if t.data_location == TensorProto.EXTERNAL and self.base_dir:
+            from onnx.external_data_helper import load_external_data_for_tensor
+
+            load_external_data_for_tensor(t, self.base_dir)
+        return numpy_helper.to_array(t)
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def run_nodes(self, nodes, opset):
+        from .ops import HANDLERS
+
+        saved = self.cur_opset
+        for node in nodes:
+            self.cur_opset = opset
+            self.node = node
+            key = node.op_type if node.domain in ("", "ai.onnx") else None
+            fn = (self.domain_function(node) or (None,))[0]
+            if fn is None and key is None:
+                self.fail(f"operator domain {node.domain!r} is not supported")
+            ins = []
+            for name in node.input:
+                if not name:
+                    ins.append(None)
+                    continue
+                if name not in self.env:
+                    self.fail(f"input {name!r} is not produced by any earlier node or graph input")
+                ins.append(self.env[name])
+            if fn is not None:
+                self.expand_function(node, fn, ins)
+                continue
+            if self._try_fold(node, ins):
+                continue
+            h = HANDLERS.get(key)
+            if h is None:
+                if self.expand_schema_function(node, ins):
+                    continue
+                self.fail("operator is not supported")
+            attrs = self.attrs(node, h)
+            try:
+                outs = h.fn(self, node, ins, attrs)
+            except _Unsupported as e:
+                self.fail(str(e))
+            except (TypeError, ValueError) as e:
+                self.fail(f"cannot be mapped onto WebNN ({e})")
+            if not isinstance(outs, (list, tuple)):
+                outs = [outs]
+            self._bind(node, outs)
+        self.cur_opset = saved
+
+    def _bind(self, node, outs):
+        for name, v in zip(node.output, outs):
+            if not name or v is None:
+                continue
+            if isinstance(v, np.ndarray) or np.isscalar(v):
+                v = np.asarray(v)
+            self.env[name] = v
+            if isinstance(v, np.ndarray):
+                self.types[name] = onnx_type_of_np(v.dtype)
+            elif id(v) in self.bools:
+                self.types[name] = TensorProto.BOOL
+            elif name not in self.types or WEBNN_TYPE.get(self.types[name]) != v.data_type:
+                self.types[name] = ONNX_OF_WEBNN[v.data_type]
+        for name in node.output[len(outs):]:
+            if name:
+                self.fail(f"output {name!r} is not supported")
+
+    def attrs(self, node, h):
+        out = {}
+        for a in node.attribute:
+            if a.ref_attr_name:
+                self.fail(f"attribute {a.name!r} references an undefined function attribute")
+            if h.attrs is not None and a.name not in h.attrs:
+                self.fail(f"attribute {a.name!r} is not supported")
+            if a.type == onnx.AttributeProto.TENSOR:
+                out[a.name] = numpy_helper.to_array(a.t)
+            elif a.type == onnx.AttributeProto.GRAPH:
+                out[a.name] = a.g
+            else:
+                v = helper.get_attribute_value(a)
+                if isinstance(v, bytes):
+                    v = v.decode()
+                elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                    v = [s.decode() for s in v]
+                out[a.name] = v
+        return out
+
+    # -- constant folding ----------------------------------------------------------------------
+
+    def _try_fold(self, node, ins):
+        if node.op_type in _NOT_FOLDABLE:
+            return False
+        if any(v is not None and not isinstance(v, np.ndarray) for v in ins):
+            return False
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return False
+        try:
+            outs = self.evaluate(node, ins)
+        except Exception:
+            return False
+        if any(not isinstance(o, np.ndarray) for o in outs):
+            return False
+        self._bind(node, [np.asarray(o) for o in outs])
+        return True
+
+    def evaluate(self, node, ins):
+        """Run one node on host arrays with the ONNX reference implementation."""
+        from onnx.reference import ReferenceEvaluator
+
+        names = []
+        vis = []
+        for i, (name, v) in enumerate(zip(node.input, ins)):
+            if v is None:
+                names.append("")
+                continue
+            n = f"in{i}"
+            names.append(n)
+            vis.append(helper.make_tensor_value_info(n, onnx_type_of_np(v.dtype), v.shape))
+        outs = [f"out{i}" if o else "" for i, o in enumerate(node.output)]
+        n2 = helper.make_node(node.op_type, names, outs, domain=node.domain)
+        n2.attribute.extend(node.attribute)
+        g = helper.make_graph([n2], "fold", vis,
+                              [helper.make_value_info(o, onnx.TypeProto()) for o in outs if o])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.cur_opset)])
+        feeds = {n: v for n, v in zip(names, [v for v in ins]) if n}
+        res = ReferenceEvaluator(m).run(None, feeds)
+        return list(res)
+
+    # -- functions -----------------------------------------------------------------------------
+
+    def domain_function(self, node):
+        f = self.functions.get((node.domain, node.op_type))
+        return (f,) if f is not None else None
+
+    def expand_function(self, node, fp, ins, attr_values=None):
+        """Inline a FunctionProto: rename its values, bind formal inputs, resolve attribute refs."""
+        self._uid += 1
+        prefix = f"__{fp.name}{self._uid}/"
+        rename = {}
+        for formal, actual in zip(fp.input, node.input):
+            rename[formal] = actual
+        for formal in fp.input[len(node.input):]:
+            rename[formal] = ""
+        for formal, actual in zip(fp.output, node.output):
+            rename[formal] = actual
+        given = {a.name: a for a in node.attribute}
+        defaults = {a.name: a for a in fp.attribute_proto}
+        body = []
+        for n in fp.node:
+            n2 = onnx.NodeProto()
+            n2.CopyFrom(n)
+            del n2.input[:]
+            del n2.output[:]
+            n2.input.extend(rename.get(x, prefix + x) if x else "" for x in n.input)
+            n2.output.extend(rename.get(x, prefix + x) if x else "" for x in n.output)
+            del n2.attribute[:]
+            for a in n.attribute:
+                if a.ref_attr_name:
+                    src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+                    if src is None:
+                        continue
+                    a2 = onnx.AttributeProto()
+                    a2.CopyFrom(src)
+                    a2.name = a.name
+                    n2.attribute.append(a2)
+                else:
+                    n2.attribute.append(a)
+            if not n2.name:
+                n2.name = f"{node.name or node.op_type}/{n.op_type}"
+            body.append(n2)
+        opset = self.cur_opset
+        for o in fp.opset_import:
+            if o.domain in ("", "ai.onnx"):
+                opset = o.version
+        saved_node = self.node
+        self.run_nodes(body, opset)
+        self.node = saved_node
+
+    def expand_schema_function(self, node, ins):
+        """Expand an op that ONNX defines as a function of other ops (e.g. Celu, Mish, Swish)."""
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.cur_opset, node.domain)
+        except Exception:
+            return False
+        raw = None
+        try:
+            vers = [v for v in schema.function_opset_versions if v <= self.cur_opset]
+            if schema.has_function and vers:
+                raw = schema.get_function_with_opset_version(max(vers))
+            else:
+                vers = [v for v in schema.context_dependent_function_opset_versions if v <= self.cur_opset]
+                if schema.has_context_dependent_function and vers:
+                    types = []
+                    for name, v in zip(node.input, ins):
+                        et = self.onnx_type(v, name) if v is not None else TensorProto.FLOAT
+                        shp = list(v.shape) if v is not None else None
+                        types.append(helper.make_tensor_type_proto(et, shp).SerializeToString())
+                    raw = schema.get_context_dependent_function_with_opset_version(
+                        max(vers), node.SerializeToString(), types)
+        except Exception:
+            raw = None
+        if not raw:
+            return False
+        fp = onnx.FunctionProto()
+        fp.ParseFromString(raw)
+        if not fp.node:
+            return False
+        if any(n.op_type == node.op_type and n.domain == node.domain for n in fp.node):
+            return False
+        self.expand_function(node, fp, ins)
+        return True
+
+
+def import_onnx(source, context, *, free_dimensions=None, input_shapes=None, input_values=None,
+                const_outputs_as_ops=False):
+    model, base_dir = load_model(source)
+    im = Importer(model, context, free_dimensions=free_dimensions, input_shapes=input_shapes,
+                  base_dir=base_dir, input_values=input_values)
+    return im.run(const_outputs_as_ops=const_outputs_as_ops)

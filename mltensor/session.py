@@ -1,0 +1,397 @@
+"""InferenceSession: an onnxruntime-style runner for ONNX and TFLite models on an MLContext.
+
+    sess = mltensor.InferenceSession("model.onnx", free_dimensions={"batch": 1})
+    y, = sess.run(None, {"x": array})                               # numpy in, numpy out
+    t, = sess.run(None, {"x": tensor}, output_location="ml-tensor")  # MLTensors in and out
+
+Runs are cheap by construction:
+- the session keeps one MLTensor per input and per output, created at the first run (for the
+  shapes fixed at creation) and reused: a run allocates nothing;
+- the same tensors are bound every run, so the graph's cached bind groups are reused;
+- each numpy feed is uploaded once (write_tensor straight from the array); an MLTensor feed is
+  bound as is (no copy);
+- all outputs are read in parallel: every read is started before any is waited on, so one submit
+  serves them all, and each result is one copy from the mapped staging memory.
+
+output_location="ml-tensor" returns the session's own output tensors (IOBinding semantics): they
+stay valid until `close()`, and the NEXT RUN OVERWRITES THEM. Read or copy them before running
+again if you need to keep them. They may be fed to another session on the same context (no copy).
+Outputs ONNX folds to constants at load are returned from the host (numpy), or as a tensor written
+once (ml-tensor).
+"""
+
+import asyncio
+import os
+
+import numpy as np
+
+from . import dtypes
+from .front.tensor import MLTensor
+
+_default_ctx = None
+
+
+def default_context():
+    """The context sessions share when none is given (so their tensors can be chained)."""
+    global _default_ctx
+    if _default_ctx is None or _default_ctx._lost_info is not None:
+        from .front.context import ml
+
+        _default_ctx = ml.create_context_sync()
+    return _default_ctx
+
+
+class NodeArg:
+    """An input or output as onnxruntime describes it: .name, .shape, .type ("tensor(float)")."""
+
+    __slots__ = ("name", "shape", "type")
+
+    def __init__(self, name, shape, type):
+        self.name, self.shape, self.type = name, list(shape), type
+
+    def __repr__(self):
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
+
+
+def _is_tflite(model):
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model).lower().endswith(".tflite")
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model[4:8]) == b"TFL3"
+    return False
+
+
+class InferenceSession:
+    def __init__(self, model, context=None, *, free_dimensions=None, providers=None, sess_options=None):
+        self._ctx = context if context is not None else default_context()
+        self._free = dict(free_dimensions or {})
+        self._closed = False
+        self._graph = None
+        self._in_tensors = {}
+        self._out_tensors = {}
+        self._const_tensors = {}
+        if _is_tflite(model):
+            self._kind = "tflite"
+            self._load_tflite(model)
+        else:
+            self._kind = "onnx"
+            from .onnx.importer import load_model, symbolic_inputs
+
+            self._model, self._base_dir = load_model(model)
+            shapes, params = symbolic_inputs(self._model)
+            self._describe(shapes, params)
+            self._value_inputs = {}  # input name -> value the graph is specialized to
+            self._pending = any(
+                d is None and (p is None or p not in self._free)
+                for name in shapes for d, p in zip(shapes[name], params[name])
+            )
+            if not self._pending:
+                # Otherwise some dimension has no value yet: the first run's feeds fix it.
+                self._import({}, {})
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _import(self, input_shapes, feeds):
+        """Import the ONNX model; graph inputs that must be known at load (shapes, axes, pads
+        given as inputs) take their value from `feeds` and the graph is specialized to it."""
+        from .onnx.importer import Importer, NeedsValue
+
+        while True:
+            values = {n: np.array(_host(feeds[n], self._ctx)) for n in self._value_inputs if n in feeds}
+            im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=input_shapes,
+                          base_dir=self._base_dir, input_values=values)
+            try:
+                imp = im.run()
+                break
+            except NeedsValue as e:
+                if e.input_name in self._value_inputs:
+                    raise
+                self._value_inputs[e.input_name] = None
+                if e.input_name not in feeds:
+                    self._pending = True  # known at the first run
+                    return
+        if self._graph is not None:
+            self._release_graph()
+        self._value_inputs = values
+        self._set(imp.graph, imp.inputs, imp.outputs)
+        self._pending = False
+        if not values:
+            self._model = None  # the graph holds the weights now
+
+    def _load_tflite(self, model):
+        from . import tflite
+        from .onnx.importer import IOInfo, ONNX_OF_WEBNN
+
+        graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free)
+        self._set(
+            graph,
+            [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins],
+            [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs],
+        )
+        self._pending = False
+
+    def _set(self, graph, inputs, outputs):
+        from .onnx.importer import TYPE_STRING
+
+        self._graph = graph
+        self._inputs = {i.name: i for i in inputs}
+        self._outputs = {o.name: o for o in outputs}
+        if self._kind == "tflite":
+            self._input_args = [NodeArg(i.name, i.shape, TYPE_STRING[i.onnx_type]) for i in inputs]
+            self._np_in = {i.name: i.np_dtype for i in inputs}
+        else:
+            for a in self._input_args:
+                if a.name in self._inputs:
+                    a.shape = list(self._inputs[a.name].shape)
+        self._output_args = [NodeArg(o.name, o.shape, TYPE_STRING[o.onnx_type]) for o in outputs]
+
+    def _describe(self, shapes, params):
+        """get_inputs()/get_outputs() from the model (dims not yet fixed stay symbolic)."""
+        from onnx import helper
+
+        from .onnx.importer import TYPE_STRING
+
+        self._input_args = []
+        self._np_in = {}
+        for vi in self._model.graph.input:
+            if vi.name not in shapes:
+                continue
+            et = vi.type.tensor_type.elem_type
+            dims = [d if d is not None else (p if p is None or p not in self._free else self._free[p])
+                    for d, p in zip(shapes[vi.name], params[vi.name])]
+            self._input_args.append(NodeArg(vi.name, dims, TYPE_STRING.get(et, f"tensor({et})")))
+            self._np_in[vi.name] = np.dtype(helper.tensor_dtype_to_np_dtype(et)) if et else None
+        self._output_args = []
+        for vo in self._model.graph.output:
+            tt = vo.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+            self._output_args.append(NodeArg(vo.name, dims, TYPE_STRING.get(tt.elem_type, "tensor(?)")))
+
+    def _release_graph(self):
+        for t in list(self._out_tensors.values()) + list(self._const_tensors.values()):
+            t.destroy()
+        self._out_tensors, self._const_tensors = {}, {}
+        self._graph.destroy()
+        self._graph = None
+
+    # -- onnxruntime surface -----------------------------------------------------------------------
+
+    @property
+    def context(self):
+        return self._ctx
+
+    @property
+    def graph(self):
+        return self._graph
+
+    def get_inputs(self):
+        return list(self._input_args)
+
+    def get_outputs(self):
+        return list(self._output_args)
+
+    def get_providers(self):
+        return ["WebNNExecutionProvider"]
+
+    def run(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
+        """Run the model. output_names None -> all outputs, in model order. Feeds: numpy arrays
+        (uploaded once) or MLTensors (bound as is). Returns numpy arrays, or MLTensors with
+        output_location="ml-tensor" (the session's own tensors; the next run overwrites them)."""
+        names, outs = self._enqueue(output_names, input_feed, output_location)
+        if output_location == "ml-tensor":
+            return outs
+        res = _read_all(self._ctx, outs, "InferenceSession.run")
+        return [self._to_onnx(n, r) for n, r in zip(names, res)]
+
+    async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
+        names, outs = self._enqueue(output_names, input_feed, output_location)
+        if output_location == "ml-tensor":
+            return outs
+        reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
+        done = await asyncio.gather(*[r for r in reads if r is not None])
+        it = iter(done)
+        res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
+        return [self._to_onnx(n, r) for n, r in zip(names, res)]
+
+    def close(self):
+        """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included)."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in list(self._in_tensors.values()) + list(self._out_tensors.values()) + list(self._const_tensors.values()):
+            t.destroy()
+        self._in_tensors, self._out_tensors, self._const_tensors = {}, {}, {}
+        if self._graph is not None:
+            self._graph.destroy()
+            self._graph = None
+
+    def __del__(self):
+        try:
+            if self._ctx._lost_info is None:
+                self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the run path ------------------------------------------------------------------------------
+
+    def _check_feeds(self, input_feed):
+        where = "InferenceSession.run"
+        if not isinstance(input_feed, dict):
+            raise TypeError(f"[{where}] feeds must be a dict of input name -> numpy array or MLTensor")
+        known = [a.name for a in self._input_args]
+        for name in input_feed:
+            if name not in self._np_in:
+                raise TypeError(f"[{where}] unknown input {name!r}; the model's inputs are {known}")
+        missing = [n for n in known if n not in input_feed]
+        if missing:
+            raise TypeError(f"[{where}] missing input(s) {missing}; the model's inputs are {known}")
+
+    def _enqueue(self, output_names, input_feed, output_location):
+        where = "InferenceSession.run"
+        if self._closed:
+            raise TypeError(f"[{where}] the session is closed")
+        if output_location not in ("cpu", "ml-tensor"):
+            raise TypeError(f"[{where}] output_location must be 'cpu' or 'ml-tensor', got {output_location!r}")
+        self._check_feeds(input_feed)
+        if self._kind == "onnx" and (self._pending or self._values_changed(input_feed)):
+            self._import({n: tuple(v.shape) for n, v in input_feed.items() if n not in self._value_inputs},
+                         input_feed)
+            if self._pending:
+                raise TypeError(f"[{where}] the model could not be specialized to these feeds")
+        ctx = self._ctx
+        bind = {}
+        uploads = []
+        for name, info in self._inputs.items():
+            v = input_feed[name]
+            if isinstance(v, MLTensor):
+                if v._context is not ctx:
+                    raise TypeError(f"[{where}] input {name!r}: the MLTensor belongs to another MLContext")
+                if v.data_type != info.data_type or tuple(v.shape) != info.shape:
+                    raise TypeError(
+                        f"[{where}] input {name!r} must be {info.data_type} {list(info.shape)}, "
+                        f"got an MLTensor {v.data_type} {list(v.shape)}"
+                    )
+                bind[name] = v
+                continue
+            arr = v if isinstance(v, np.ndarray) else np.asarray(v)
+            want = info.np_dtype
+            if arr.dtype != want:
+                raise TypeError(
+                    f"[{where}] input {name!r} must have dtype {want} ({_type_str(info)}), got {arr.dtype}"
+                )
+            if tuple(arr.shape) != info.shape:
+                raise TypeError(
+                    f"[{where}] input {name!r} must have shape {list(info.shape)}, got {list(arr.shape)}"
+                )
+            store = dtypes.NUMPY[info.data_type]
+            if arr.dtype != store:
+                arr = arr.view(np.uint8) if arr.dtype == np.bool_ else arr.astype(store)
+            t = self._in_tensors.get(name)
+            if t is None:
+                t = ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape, writable=True)
+                self._in_tensors[name] = t
+            uploads.append((t, arr))
+            bind[name] = t
+        if output_names is None:
+            names = list(self._outputs)
+        else:
+            names = list(output_names)
+            for n in names:
+                if n not in self._outputs:
+                    raise TypeError(f"[{where}] unknown output {n!r}; the model's outputs are {list(self._outputs)}")
+        for t, arr in uploads:
+            ctx.write_tensor(t, arr)
+        if self._graph is not None:
+            outs = {}
+            for n, (dt, shape) in self._graph.output_descriptors.items():
+                t = self._out_tensors.get(n)
+                if t is None:
+                    t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+                    self._out_tensors[n] = t
+                outs[n] = t
+            ins = {n: bind[n] for n in self._graph.input_descriptors}
+            ctx.dispatch(self._graph, ins, outs)
+        result = []
+        for n in names:
+            info = self._outputs[n]
+            if info.const is None:
+                result.append(self._out_tensors[n])
+            elif output_location == "ml-tensor":
+                result.append(self._const_tensor(n, info))
+            else:
+                result.append(info.const.copy())
+        return names, result
+
+    def _values_changed(self, feeds):
+        for n, v in self._value_inputs.items():
+            if v is None or not np.array_equal(v, _host(feeds[n], self._ctx)):
+                return True
+        return False
+
+    def _const_tensor(self, name, info):
+        t = self._const_tensors.get(name)
+        if t is None:
+            data = np.ascontiguousarray(info.const)
+            store = dtypes.NUMPY[info.data_type]
+            data = data.view(np.uint8) if data.dtype == np.bool_ else data.astype(store)
+            t = self._ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape or (),
+                                             readable=True, writable=True)
+            self._ctx.write_tensor(t, data)
+            self._const_tensors[name] = t
+        return t
+
+    def _to_onnx(self, name, arr):
+        info = self._outputs[name]
+        want = info.np_dtype
+        if arr.dtype == want:
+            return arr
+        if want == np.bool_:
+            return arr.view(np.bool_)
+        return arr.astype(want)
+
+
+def _read_all(ctx, values, where):
+    """Read every MLTensor in `values` (numpy values pass through): all reads are recorded
+    before any is waited on, so one submit serves them all; one host copy each."""
+    from .runtime.timeline import PendingRead
+
+    ctx._check(where)
+    tl = ctx._timeline
+    pend = []
+    for v in values:
+        if not isinstance(v, MLTensor):
+            pend.append((v, None))
+            continue
+        r = PendingRead(ctx, v, None)
+        if getattr(v, "_direct_map", False) and not tl._must_hold(r.task):
+            pend.append((r, "mapped"))  # CPU adapter: map the tensor itself, no staging copy
+        else:
+            tl.enqueue(r.task)
+            pend.append((r, "staged"))
+    out = []
+    for r, how in pend:
+        if how is None:
+            out.append(r)
+        elif how == "mapped":
+            out.append(r.read_mapped_tensor(where))
+        else:
+            out.append(r.wait_sync(where))
+    return out
+
+
+def _host(v, ctx):
+    if isinstance(v, MLTensor):
+        return ctx.read_tensor_sync(v)
+    return np.asarray(v)
+
+
+def _type_str(info):
+    from .onnx.importer import TYPE_STRING
+
+    return TYPE_STRING.get(info.onnx_type, "?")
