@@ -784,7 +784,7 @@ def run(args=None, *, device=None, log=print):
 
     if window:
         present_label = "present"
-        _run_window(args, pipe, frames, n_total, frame_times, present_times, last)
+        _run_window(args, pipe, frames, frame_times, present_times)
         n = len(frame_times)
         if args.snapshot and n and args.pipeline == "gpu":
             snapshot_frame = pipe.read_frame(last)
@@ -867,7 +867,7 @@ def run(args=None, *, device=None, log=print):
     return summary
 
 
-def _run_window(args, pipe, frames, n_total, frame_times, present_times, last):
+def _run_window(args, pipe, frames, frame_times, present_times):
     from rendercanvas.auto import RenderCanvas, loop
 
     W, H = pipe.width, pipe.height
