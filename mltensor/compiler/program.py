@@ -9,6 +9,8 @@ import weakref
 
 import numpy as np
 import wgpu
+from wgpu.backends.wgpu_native._ffi import ffi as _ffi
+from wgpu.backends.wgpu_native._ffi import lib as _lib
 
 from .. import dtypes
 from ..errors import InvalidStateError
@@ -19,6 +21,10 @@ from .lower import Ext, KernelContext, Scratch, compute_nbytes, lower_steps, pla
 from .passes import live_nodes, plan_steps
 
 _BG_CACHE_MAX = 64
+_set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
+_set_bind_group = _lib.wgpuComputePassEncoderSetBindGroup
+_dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
+_NULL = _ffi.NULL
 
 
 def compile_graph(builder, outputs):
@@ -186,6 +192,7 @@ class MLGraph:
         self._launches = []
         self._destroyed = False
         self._bg_cache = {}
+        self._last_tensors, self._last = [], None
         self._kernel_names = []
         ctx._graphs.add(self)
 
@@ -217,15 +224,24 @@ class MLGraph:
         self._destroyed = True
         self._context._graphs.discard(self)
         self._bg_cache.clear()
+        self._last_tensors, self._last = [], None
         bufs, self._buffers = self._buffers, []
         tl = self._context._timeline
         tl.after_submit(lambda: [b.destroy() for b in bufs])
 
     def _bound(self, tensors):
-        """Launch list with bind groups for this tensor set (cached)."""
+        """Launch list [(pipeline, bind group, groups)] for this tensor set (cached)."""
+        return self._replay(tensors)[0]
+
+    def _replay(self, tensors):
+        """(bound launches, raw replay list of native handles) for this tensor set, cached per
+        set; the last set is checked first (a session binds the same tensors every run)."""
+        if tensors == self._last_tensors:
+            return self._last
         key = tuple(id(t) for t in tensors)
         hit = self._bg_cache.get(key)
         if hit is not None and all(r() is t for r, t in zip(hit[0], tensors)):
+            self._last_tensors, self._last = list(tensors), hit[1]
             return hit[1]
         by_slot = {}
         names = [("in", n) for n in self._in_names] + [("out", n) for n in self._out_names]
@@ -241,14 +257,19 @@ class MLGraph:
                     entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(real)],
                 )
             bound.append((pipe, bg, groups))
+        raw = [(pipe._internal, bg._internal, *groups) for pipe, bg, groups in bound]
         if len(self._bg_cache) >= _BG_CACHE_MAX:
             self._bg_cache.pop(next(iter(self._bg_cache)))
-        self._bg_cache[key] = ([weakref.ref(t) for t in tensors], bound)
+        entry = (bound, raw)
+        self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
             t._on_destroy.append(self._evict)
-        return bound
+        self._last_tensors, self._last = list(tensors), entry
+        return entry
 
     def _evict(self, tensor):
+        if tensor in self._last_tensors:
+            self._last_tensors, self._last = [], None
         tid = id(tensor)
         for k in [k for k in self._bg_cache if tid in k]:
             del self._bg_cache[k]
@@ -257,21 +278,26 @@ class MLGraph:
 def _valid_fast(ctx, graph, inputs, outputs):
     """True when every dispatch rule holds, checked with the fewest operations (the common case).
     Anything unusual goes through _validate, which raises the precise error."""
-    try:
-        if not (graph.__class__ is MLGraph and graph._context is ctx and not graph._destroyed
-                and ctx._lost_info is None and inputs.keys() == graph._inputs.keys()
-                and outputs.keys() == graph._outputs.keys()):
+    if (graph.__class__ is not MLGraph or graph._context is not ctx or graph._destroyed
+            or ctx._lost_info is not None or inputs.__class__ is not dict or outputs.__class__ is not dict):
+        return False
+    gi, go = graph._inputs, graph._outputs
+    if len(inputs) != len(gi) or len(outputs) != len(go):
+        return False
+    seen = set()
+    for name, t in outputs.items():
+        d = go.get(name)
+        if (d is None or t.__class__ is not MLTensor or t._context is not ctx or t._destroyed
+                or t._constant or t._data_type != d[0] or t._shape != d[1]):
             return False
-    except AttributeError:
+        seen.add(t)
+    if len(seen) != len(outputs):
         return False
-    for given, want in ((inputs, graph._inputs), (outputs, graph._outputs)):
-        for name, t in given.items():
-            if (t.__class__ is not MLTensor or t._context is not ctx or t._destroyed or t._constant
-                    or (t._data_type, t._shape) != want[name]):
-                return False
-    ids = {id(t) for t in outputs.values()}
-    if len(ids) != len(outputs) or any(id(t) in ids for t in inputs.values()):
-        return False
+    for name, t in inputs.items():
+        d = gi.get(name)
+        if (d is None or t.__class__ is not MLTensor or t._context is not ctx or t._destroyed
+                or t._constant or t._data_type != d[0] or t._shape != d[1] or t in seen):
+            return False
     return True
 
 
@@ -328,13 +354,16 @@ def dispatch(ctx, graph, inputs, outputs):
     buffers = [t._buffer for t in tensors]
 
     def record():
-        bound = graph._bound(tensors)
-        p = tl.compute_pass()
-        for pipe, bg, groups in bound:
-            p.set_pipeline(pipe)
-            p.set_bind_group(0, bg)
-            p.dispatch_workgroups(*groups)
+        # The replay loop calls wgpu-native directly: pipelines and bind groups were validated
+        # when they were created, and wgpu-py's per-call wrapping costs ~7 us a call.
+        bound, raw = graph._replay(tensors)
+        p = tl.compute_pass()._internal
+        for pipe, bg, x, y, z in raw:
+            _set_pipeline(p, pipe)
+            _set_bind_group(p, 0, bg, 0, _NULL)
+            _dispatch(p, x, y, z)
+        tl.keep(bound)  # the objects stay alive until the submit
         tl.touch(buffers)
-        tl.launched(len(bound))
+        tl.launched(len(raw))
 
     tl.enqueue(Task(tuple(inputs.values()), outs, record))

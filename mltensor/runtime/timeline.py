@@ -54,6 +54,7 @@ class Timeline:
         self._encoder = None
         self._pass = None
         self._touched = set()  # buffers used by commands in the open encoder
+        self._kept = []  # objects recorded commands refer to (released after the submit)
         self._launches = 0
         self._after_submit = []  # callbacks run right after the next submit
         self.held = []  # tasks held back, in call order
@@ -104,6 +105,10 @@ class Timeline:
             self._encoder = self.device.create_command_encoder()
         return self._encoder
 
+    def keep(self, obj):
+        """Hold a reference until the open encoder is submitted."""
+        self._kept.append(obj)
+
     def touch(self, buffers):
         self._touched.update(buffers)
 
@@ -133,6 +138,7 @@ class Timeline:
             self.queue.submit([cb])
             self.counters["submits"] += 1
         self._touched.clear()
+        self._kept = []
         self._launches = 0
         callbacks, self._after_submit = self._after_submit, []
         for cb in callbacks:
