@@ -52,8 +52,9 @@ fn tanh_f32(x: f32) -> f32 {
     return (e - 1.0) / (e + 1.0);
 }
 
+// One exp: for large -x, exp overflows to inf and 1/inf gives the exact limit 0.
 fn sigmoid_f32(x: f32) -> f32 {
-    return select(exp(x) / (1.0 + exp(x)), 1.0 / (1.0 + exp(-x)), x >= 0.0);
+    return 1.0 / (1.0 + exp(-x));
 }
 
 fn softplus_f32(x: f32) -> f32 {
