@@ -6,9 +6,10 @@
 //   load_b(bt, k, n) -> f32    element (k, n) of B, 0 outside
 //   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
 // Paths:
-//   "tiled": 8x8 threads, each computing a 4x4 block of a 32x32 output tile; A and B tiles of
-//            depth BK are staged in workgroup memory as vec4 so the inner loop is 2 vec4 loads
-//            per 4 vec4 FMAs (register blocking: each loaded value is used 4 times).
+//   "tiled": 8x8 threads, each computing an RM x RN block (8x8 or 4x4) of a (8 RM) x (8 RN)
+//            output tile; A and B tiles of depth BK are staged in workgroup memory as vec4, so
+//            the inner loop does (RM + RN) / 4 vec4 loads per RM * RN / 4 vec4 FMAs (register
+//            blocking: each loaded value is used RN or RM times).
 //   "gemv":  small M (<= 4 rows): a workgroup owns 4 output columns of all rows and its 64
 //            threads split K; partial sums are reduced in workgroup memory.
 {{ bindings }}
@@ -53,16 +54,17 @@ fn store(bt: u32, m: u32, n: u32, acc: f32) {
 
 {$ block kernels $}
 {$ if path == "tiled" $}
-const BM = 32u;
-const BN = 32u;
+// Each of the 8x8 threads computes RM x RN outputs: rows ty*RM.., columns tx*RN.. of the tile.
+const BM = {{ 8 * RM }}u;
+const BN = {{ 8 * RN }}u;
 const BK = {{ BK }}u;
 const TILES_N = {{ tiles_n }}u;
 const TILES_M = {{ tiles_m }}u;
 const TILES = {{ tiles }}u;
 
 // As[k][m] and Bs[k][n], 4 consecutive m (n) per vec4.
-var<workgroup> As: array<vec4<f32>, {{ BK * 8 }}>;
-var<workgroup> Bs: array<vec4<f32>, {{ BK * 8 }}>;
+var<workgroup> As: array<vec4<f32>, {{ BK * 2 * RM }}>;
+var<workgroup> Bs: array<vec4<f32>, {{ BK * 2 * RN }}>;
 
 @compute @workgroup_size(8, 8)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -76,41 +78,53 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n0 = (r % TILES_N) * BN;
     let tx = lid.x;
     let ty = lid.y;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
+{$ for i in range(RM) $}
+{$ for j in range(RN // 4) $}
+    var acc{{ i }}_{{ j }} = vec4<f32>(0.0);
+{$ endfor $}
+{$ endfor $}
     for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
-        // Stage the tiles: BK * 8 vec4 each, 64 threads.
-        for (var i = 0u; i < BK / 8u; i = i + 1u) {
+        // Stage the tiles (64 threads, one vec4 each per step).
+        for (var i = 0u; i < BK * {{ 2 * RM }}u / 64u; i = i + 1u) {
             let e = i * 64u + li;
-            let q = e % 8u;         // which group of 4 rows / columns
-            let kk = e / 8u;
-            let k = k0 + kk;
-            let m = m0 + q * 4u;
+            let k = k0 + e / {{ 2 * RM }}u;
+            let m = m0 + (e % {{ 2 * RM }}u) * 4u;
             As[e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
                               load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
-            let n = n0 + q * 4u;
+        }
+        for (var i = 0u; i < BK * {{ 2 * RN }}u / 64u; i = i + 1u) {
+            let e = i * 64u + li;
+            let k = k0 + e / {{ 2 * RN }}u;
+            let n = n0 + (e % {{ 2 * RN }}u) * 4u;
             Bs[e] = vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u),
                               load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
-            let av = As[kk * 8u + ty];
-            let bv = Bs[kk * 8u + tx];
-            acc0 = fma(vec4<f32>(av.x), bv, acc0);
-            acc1 = fma(vec4<f32>(av.y), bv, acc1);
-            acc2 = fma(vec4<f32>(av.z), bv, acc2);
-            acc3 = fma(vec4<f32>(av.w), bv, acc3);
+{$ for j in range(RN // 4) $}
+            let bv{{ j }} = Bs[kk * {{ 2 * RN }}u + tx * {{ RN // 4 }}u + {{ j }}u];
+{$ endfor $}
+{$ for q in range(RM // 4) $}
+            let av{{ q }} = As[kk * {{ 2 * RM }}u + ty * {{ RM // 4 }}u + {{ q }}u];
+{$ for i in range(4) $}
+{$ for j in range(RN // 4) $}
+            acc{{ 4 * q + i }}_{{ j }} = fma(vec4<f32>(av{{ q }}.{{ "xyzw"[i] }}), bv{{ j }}, acc{{ 4 * q + i }}_{{ j }});
+{$ endfor $}
+{$ endfor $}
+{$ endfor $}
         }
         workgroupBarrier();
     }
-    let m = m0 + ty * 4u;
-    let n = n0 + tx * 4u;
-    store(bt, m, n, acc0.x); store(bt, m, n + 1u, acc0.y); store(bt, m, n + 2u, acc0.z); store(bt, m, n + 3u, acc0.w);
-    store(bt, m + 1u, n, acc1.x); store(bt, m + 1u, n + 1u, acc1.y); store(bt, m + 1u, n + 2u, acc1.z); store(bt, m + 1u, n + 3u, acc1.w);
-    store(bt, m + 2u, n, acc2.x); store(bt, m + 2u, n + 1u, acc2.y); store(bt, m + 2u, n + 2u, acc2.z); store(bt, m + 2u, n + 3u, acc2.w);
-    store(bt, m + 3u, n, acc3.x); store(bt, m + 3u, n + 1u, acc3.y); store(bt, m + 3u, n + 2u, acc3.z); store(bt, m + 3u, n + 3u, acc3.w);
+    let m = m0 + ty * {{ RM }}u;
+    let n = n0 + tx * {{ RN }}u;
+{$ for i in range(RM) $}
+{$ for j in range(RN // 4) $}
+    store(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}.x);
+    store(bt, m + {{ i }}u, n + {{ 4 * j + 1 }}u, acc{{ i }}_{{ j }}.y);
+    store(bt, m + {{ i }}u, n + {{ 4 * j + 2 }}u, acc{{ i }}_{{ j }}.z);
+    store(bt, m + {{ i }}u, n + {{ 4 * j + 3 }}u, acc{{ i }}_{{ j }}.w);
+{$ endfor $}
+{$ endfor $}
 }
 {$ else $}
 // GEMV: one workgroup per (batch, 4 columns); rows m < M <= 4 in vec4 lanes of 4 accumulators.

@@ -32,6 +32,9 @@ def _mm(ctx, rng, sa, sb, dtype="float32", epilogue=None):
         ((5, 7), (7, 9)),  # tiny, edges everywhere
         ((64, 64), (64, 64)),  # exact tiles
         ((33, 70), (70, 45)),  # ragged tiles
+        ((70, 33), (33, 130)),  # ragged 64x64 tiles (8x8 outputs per thread)
+        ((20, 40), (40, 100)),  # 32x64 tiles
+        ((100, 40), (40, 20)),  # 64x32 tiles
         ((1, 100), (100, 37)),  # GEMV path
         ((3, 5), (5, 8)),  # GEMV path, M < 4
         ((40, 3), (3, 2)),  # K smaller than a tile

@@ -1,8 +1,8 @@
 """matmul and gemm: one batched GEMM kernel family (shaders/matmul.wgsl).
 
 Shapes are static, so sizes, strides, transposes and batch broadcasting are baked into the WGSL
-as constants. Two paths: a shared-memory tiled, register-blocked kernel (32x32 output tiles, 4x4
-outputs per thread) and a split-K GEMV kernel for M <= 4. The fused activation epilogue (and
+as constants. Two paths: a shared-memory tiled, register-blocked kernel (8x8 threads with 8x8 or
+4x4 outputs each: 64x64 to 32x32 output tiles) and a split-K GEMV kernel for M <= 4. The fused activation epilogue (and
 gemm's alpha, beta * c) is applied as each output is stored. conv.py reuses `gemm_launch`.
 """
 
@@ -12,7 +12,6 @@ from ..runtime.wgsl import Binding, Kernel, grid
 from . import MAX_RANK, broadcast_shapes, check_support, lowering, register, same_type, unidirectional
 
 FLOAT = dtypes.FLOATS
-TILE = 32  # BM = BN of the tiled path
 GEMV_MAX_M = 4
 
 
@@ -56,14 +55,20 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
         p.setdefault("check_out", N % 4 != 0)
         kc.launch(Kernel(f"{name}_gemv", template, p, bindings), args, grid(groups))
         return
+    # 8x8 threads, each RM x RN outputs. 8x8 outputs per thread (64x64 tiles: 16 vec4 loads
+    # per 64 FMAs) measured 1.5-2x faster than 4x4 on lavapipe at 512^3; 4 along a dimension
+    # shorter than 64 so that small problems do not compute mostly padding.
+    rm = 8 if M >= 64 else 4
+    rn = 8 if N >= 64 else 4
+    bm, bn = 8 * rm, 8 * rn
     bk = 32 if K >= 32 else 8
-    tiles_m, tiles_n = -(-M // TILE), -(-N // TILE)
+    tiles_m, tiles_n = -(-M // bm), -(-N // bn)
     tiles = tiles_m * tiles_n * batch
-    p.update(BK=bk, tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles)
-    p.setdefault("check_a", M % TILE != 0 or K % bk != 0)
-    p.setdefault("check_b", N % TILE != 0 or K % bk != 0)
-    p.setdefault("check_out", M % TILE != 0 or N % TILE != 0)
-    kc.launch(Kernel(f"{name}_t32x32k{bk}", template, p, bindings), args, grid(tiles))
+    p.update(BK=bk, RM=rm, RN=rn, tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles)
+    p.setdefault("check_a", M % bm != 0 or K % bk != 0)
+    p.setdefault("check_b", N % bn != 0 or K % bk != 0)
+    p.setdefault("check_out", M % bm != 0 or N % bn != 0)
+    kc.launch(Kernel(f"{name}_t{bm}x{bn}k{bk}", template, p, bindings), args, grid(tiles))
 
 
 # -- matmul ---------------------------------------------------------------------------------
