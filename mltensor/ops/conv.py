@@ -206,8 +206,11 @@ def _lower(kc, node, transposed):
     name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
 
     if not transposed and icg == 1 and groups > 1:
-        total = nb * oc * oh * ow
-        params.update(path="dw", MULT=ocg, total=total, M=1, N=1, K=1, pointwise=False, ic_inner=False)
+        # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
+        owb = min(4, ow)
+        total = nb * oc * oh * -(-ow // owb)
+        params.update(path="dw", MULT=ocg, total=total, OWB=owb, SPAN=(owb - 1) * sw + (kw - 1) * dw + 1,
+                      M=1, N=1, K=1, pointwise=False, ic_inner=False)
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
                   grid(-(-total // WORKGROUP)))
         return
