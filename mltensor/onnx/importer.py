@@ -452,8 +452,6 @@ class Importer:
             return False
         if any(v is not None and not isinstance(v, np.ndarray) for v in ins):
             return False
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-            return False
         try:
             outs = self.evaluate(node, ins)
         except Exception:
@@ -467,22 +465,31 @@ class Importer:
         """Run one node on host arrays with the ONNX reference implementation."""
         from onnx.reference import ReferenceEvaluator
 
-        names = []
-        vis = []
+        names, vis, feeds = [], [], {}
         for i, (name, v) in enumerate(zip(node.input, ins)):
             if v is None:
                 names.append("")
                 continue
-            n = f"in{i}"
+            n = name if name and name not in feeds else f"__in{i}"
             names.append(n)
-            vis.append(helper.make_tensor_value_info(n, onnx_type_of_np(v.dtype), v.shape))
-        outs = [f"out{i}" if o else "" for i, o in enumerate(node.output)]
+            if n not in feeds:
+                feeds[n] = v
+                vis.append(helper.make_tensor_value_info(n, onnx_type_of_np(v.dtype), v.shape))
+        # values a subgraph (Loop/If/Scan body) takes from the enclosing scope
+        for outer in _outer_names(node):
+            v = self.env.get(outer)
+            if outer in feeds or v is None:
+                continue
+            if not isinstance(v, np.ndarray):
+                raise ValueError("subgraph uses a computed value")
+            feeds[outer] = v
+            vis.append(helper.make_tensor_value_info(outer, onnx_type_of_np(v.dtype), v.shape))
+        outs = [f"__out{i}" if o else "" for i, o in enumerate(node.output)]
         n2 = helper.make_node(node.op_type, names, outs, domain=node.domain)
         n2.attribute.extend(node.attribute)
         g = helper.make_graph([n2], "fold", vis,
                               [helper.make_value_info(o, onnx.TypeProto()) for o in outs if o])
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.cur_opset)])
-        feeds = {n: v for n, v in zip(names, [v for v in ins]) if n}
         res = ReferenceEvaluator(m).run(None, feeds)
         return list(res)
 
@@ -492,7 +499,7 @@ class Importer:
         f = self.functions.get((node.domain, node.op_type))
         return (f,) if f is not None else None
 
-    def expand_function(self, node, fp, ins, attr_values=None):
+    def expand_function(self, node, fp, ins, schema_defaults=None):
         """Inline a FunctionProto: rename its values, bind formal inputs, resolve attribute refs."""
         self._uid += 1
         prefix = f"__{fp.name}{self._uid}/"
@@ -504,7 +511,8 @@ class Importer:
         for formal, actual in zip(fp.output, node.output):
             rename[formal] = actual
         given = {a.name: a for a in node.attribute}
-        defaults = {a.name: a for a in fp.attribute_proto}
+        defaults = dict(schema_defaults or {})
+        defaults.update({a.name: a for a in fp.attribute_proto})
         body = []
         for n in fp.node:
             n2 = onnx.NodeProto()
@@ -567,8 +575,28 @@ class Importer:
             return False
         if any(n.op_type == node.op_type and n.domain == node.domain for n in fp.node):
             return False
-        self.expand_function(node, fp, ins)
+        defaults = {}
+        for name, a in schema.attributes.items():
+            if a.default_value is not None and a.default_value.type:
+                defaults[name] = a.default_value
+        self.expand_function(node, fp, ins, defaults)
         return True
+
+
+def _outer_names(node):
+    """Names a node's subgraphs read from the enclosing scope."""
+    out = []
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {i.name for i in g.initializer}
+            for n in g.node:
+                for x in n.input:
+                    if x and x not in local:
+                        out.append(x)
+                out.extend(_outer_names(n))
+                local.update(n.output)
+    return out
 
 
 def import_onnx(source, context, *, free_dimensions=None, input_shapes=None, input_values=None,

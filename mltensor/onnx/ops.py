@@ -49,12 +49,29 @@ def const(im, v, what):
     if v is None:
         return None
     if not isinstance(v, np.ndarray):
-        if getattr(v, "_kind", None) == "input":
-            # a graph input that decides a shape or an attribute: InferenceSession binds its
-            # value at the first run and specializes the graph to it
-            raise NeedsValue(v._name, what)
+        # a value computed from graph inputs decides a shape or an attribute: InferenceSession
+        # binds those inputs' values at the first run and specializes the graph to them
+        names = _input_leaves(v)
+        if names:
+            raise NeedsValue(names[0], what)
         unsupported(f"{what} must be a constant (known at load), got a computed tensor")
     return v
+
+
+def _input_leaves(v):
+    """Names of the graph inputs an operand is computed from."""
+    seen, out, stack = set(), [], [v]
+    while stack:
+        o = stack.pop()
+        if o is None or id(o) in seen:
+            continue
+        seen.add(id(o))
+        kind = getattr(o, "_kind", None)
+        if kind == "input":
+            out.append(o._name)
+        elif kind == "op":
+            stack.extend(o._node.inputs)
+    return out
 
 
 def ints(im, v, what):
@@ -145,6 +162,11 @@ def _pow(im, node, ins, attrs):
         if is_float(xa):
             return im.b.pow(xa, scalar(im, v, xa))
     xe = X(im, e)
+    if not is_float(xa):
+        # WebNN pow is float-only: compute in float32, cast back (exact for small integers)
+        fe = xe if xe.data_type == "float32" else im.b.cast(xe, "float32")
+        y = im.b.pow(im.b.cast(xa, "float32"), fe)
+        return im.b.cast(im.b.round_even(y), xa.data_type)
     if xe.data_type != xa.data_type:
         xe = im.b.cast(xe, xa.data_type)
     return im.b.pow(xa, xe)
@@ -286,6 +308,39 @@ def _hyperbolic(im, node, ins, attrs):
     return b.mul(b.log(b.div(b.add(one, x), b.sub(one, x))), half)
 
 
+def _atan(im, x):
+    """atan with |x| > 1 folded by atan(x) = pi/2 - atan(1/x); minimax polynomial
+    (max error ~1e-5 rad)."""
+    b = im.b
+    ax = b.abs(x)
+    big = b.greater(ax, scalar(im, 1.0, x))
+    t = b.where(big, b.reciprocal(b.max(ax, scalar(im, 1e-30, x))), ax)
+    t2 = b.mul(t, t)
+    p = scalar(im, -0.0117212, x)
+    for c in (0.05265332, -0.11643287, 0.19354346, -0.33262347, 0.99997726):
+        p = b.add(b.mul(p, t2), scalar(im, c, x))
+    r = b.mul(p, t)
+    r = b.where(big, b.sub(scalar(im, math.pi / 2, x), r), r)
+    return b.mul(r, b.sign(x))
+
+
+@op("Atan", "Asin", "Acos")
+def _inverse_trig(im, node, ins, attrs):
+    x = X(im, ins[0])
+    b = im.b
+    if node.op_type == "Atan":
+        return _atan(im, x)
+    # asin(x) = atan(x / sqrt(1 - x^2))
+    c = b.sqrt(b.max(b.sub(scalar(im, 1.0, x), b.mul(x, x)), scalar(im, 0.0, x)))
+    ax = b.abs(x)
+    s = _atan(im, b.div(ax, b.max(c, scalar(im, 1e-30, x))))
+    s = b.where(b.greater_or_equal(ax, scalar(im, 1.0, x)), scalar(im, math.pi / 2, x), s)
+    s = b.mul(s, b.sign(x))
+    if node.op_type == "Asin":
+        return s
+    return b.sub(scalar(im, math.pi / 2, x), s)
+
+
 @op("PRelu", attrs=("consumed_inputs",))
 def _prelu(im, node, ins, attrs):
     x = X(im, ins[0])
@@ -356,7 +411,7 @@ def _mod(im, node, ins, attrs):
     b = im.b
     if attrs.get("fmod", 0):
         if not is_float(a):
-            unsupported("fmod=1 on integers is not supported")
+            return b.sub(a, b.mul(b.div(a, c), c))  # C remainder (sign of the dividend)
         q = b.div(a, c)
         tq = b.where(b.lesser(q, scalar(im, 0, q)), b.ceil(q), b.floor(q))
         return b.sub(a, b.mul(tq, c))
@@ -430,7 +485,19 @@ def _eyelike(im, node, ins, attrs):
 
 @op("ConstantOfShape", attrs=("value",))
 def _constant_of_shape(im, node, ins, attrs):
-    unsupported("the shape input must be a constant")
+    shape = ints(im, ins[0], "shape")
+    v = attrs.get("value", np.zeros(1, np.float32))
+    return np.full(shape, v.reshape(-1)[0], dtype=v.dtype)
+
+
+@op("Constant", attrs=None)
+def _constant(im, node, ins, attrs):
+    for k in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if k in attrs:
+            v = attrs[k]
+            dt = np.float32 if "float" in k else (np.int64 if "int" in k else None)
+            return np.asarray(v, dtype=dt) if dt else np.asarray(v)
+    unsupported(f"attributes {sorted(attrs)}")
 
 
 @op("Dropout", attrs=("ratio", "seed", "is_test", "consumed_inputs"))
@@ -531,7 +598,7 @@ def _transpose(im, node, ins, attrs):
 
 @op("Concat", attrs=("axis",))
 def _concat(im, node, ins, attrs):
-    vals = [v for v in ins if v is not None]
+    vals = [v for v in ins if v is not None and not (isinstance(v, np.ndarray) and v.size == 0)]
     first = next((v for v in vals if not isinstance(v, np.ndarray)), None)
     xs = [X(im, v, first) for v in vals]
     r = len(xs[0].shape)
@@ -546,6 +613,8 @@ def _concat(im, node, ins, attrs):
 
 @op("Split", attrs=("axis", "split", "num_outputs"))
 def _split(im, node, ins, attrs):
+    if len(ins) > 1 and ins[1] is not None:
+        ints(im, ins[1], "split")
     x = X(im, ins[0])
     r = len(x.shape)
     axis = norm_axis(attrs.get("axis", 0), r)
@@ -566,8 +635,17 @@ def _split(im, node, ins, attrs):
     sizes = list(sizes)
     if len(sizes) == 1:
         return [im.b.identity(x)]
-    outs = im.b.split(x, sizes, axis=axis)
-    return [_keep_bool(im, x, o) for o in outs]
+    nz = [s for s in sizes if s]
+    outs = iter(im.b.split(x, nz, axis=axis) if len(nz) > 1 else [im.b.identity(x)])
+    res = []
+    for sz in sizes:
+        if sz:
+            res.append(_keep_bool(im, x, next(outs)))
+        else:  # WebNN has no zero-sized tensors: an empty piece is an (empty) host constant
+            shp = list(x.shape)
+            shp[axis] = 0
+            res.append(np.zeros(shp, dtype=helper.tensor_dtype_to_np_dtype(im.onnx_type(x))))
+    return res
 
 
 def _slice_params(shape, starts, ends, axes, steps):
@@ -584,13 +662,17 @@ def _slice_params(shape, starts, ends, axes, steps):
         idx = range(lo, hi, step)
         n = len(idx)
         if n == 0:
-            unsupported("the slice is empty (WebNN has no zero-sized tensors)")
+            raise _Empty()
         if step < 0:
             rev.append(a)
             lo = d - 1 - lo
             step = -step
         st[a], sz[a], stride[a] = lo, n, step
     return st, sz, stride, rev
+
+
+class _Empty(Exception):
+    pass
 
 
 @op("Slice", attrs=("starts", "ends", "axes"))
@@ -603,7 +685,16 @@ def _slice(im, node, ins, attrs):
         ends = ints(im, ins[2], "ends")
         axes = ints(im, ins[3], "axes") if len(ins) > 3 else None
         steps = ints(im, ins[4], "steps") if len(ins) > 4 else None
-    st, sz, stride, rev = _slice_params(x.shape, list(starts), list(ends), axes and list(axes), steps)
+    try:
+        st, sz, stride, rev = _slice_params(x.shape, list(starts), list(ends), axes and list(axes), steps)
+    except _Empty:
+        # empty result: WebNN has no zero-sized tensors, so it is an (empty) host constant
+        ref = np.zeros(x.shape, dtype=helper.tensor_dtype_to_np_dtype(im.onnx_type(x)))
+        sl = [slice(None)] * len(x.shape)
+        for i, (s0, e0) in enumerate(zip(starts, ends)):
+            a = norm_axis(axes[i], len(x.shape)) if axes else i
+            sl[a] = slice(s0, e0, steps[i] if steps else 1)
+        return ref[tuple(sl)]
     if rev:
         x2 = im.b.reverse(x, axes=rev)
     else:
@@ -611,7 +702,9 @@ def _slice(im, node, ins, attrs):
     if list(st) == [0] * len(st) and list(sz) == list(x.shape) and all(s == 1 for s in stride):
         return _keep_bool(im, x, im.b.identity(x2))
     kw = {"strides": stride} if any(s != 1 for s in stride) else {}
-    return _keep_bool(im, x, im.b.slice(x2, st, sz, **kw))
+    # WebNN sizes count input elements spanned (the output has ceil(size / stride))
+    span = [(n - 1) * k + 1 for n, k in zip(sz, stride)]
+    return _keep_bool(im, x, im.b.slice(x2, st, span, **kw))
 
 
 @op("Pad", attrs=("mode", "pads", "value", "paddings"))
@@ -625,7 +718,10 @@ def _pad(im, node, ins, attrs):
     else:
         pads = ints(im, ins[1], "pads")
         cv = ins[2] if len(ins) > 2 else None
-        value = float(const(im, cv, "constant_value").reshape(-1)[0]) if cv is not None and cv.size else 0
+        if cv is not None and not isinstance(cv, np.ndarray) and getattr(cv, "_kind", None) != "input":
+            value = cv  # computed: applied through a mask below
+        else:
+            value = float(const(im, cv, "constant_value").reshape(-1)[0]) if cv is not None and cv.size else 0
         axes = ints(im, ins[3], "axes") if len(ins) > 3 and ins[3] is not None else None
         if axes is not None:
             full = [0] * (2 * r)
@@ -635,9 +731,9 @@ def _pad(im, node, ins, attrs):
                 full[a], full[a + r] = pads[i], pads[i + n]
             pads = full
     begin, end = pads[:r], pads[r:]
-    modes = {"constant": "constant", "edge": "edge", "reflect": "reflection"}
+    modes = {"constant": "constant", "edge": "edge", "reflect": "reflection", "wrap": "wrap"}
     if mode not in modes:
-        unsupported(f"pad mode {mode!r} is not supported (constant, edge, reflect)")
+        unsupported(f"pad mode {mode!r} is not supported (constant, edge, reflect, wrap)")
     # negative pads crop
     if any(p < 0 for p in begin + end):
         st = [max(-p, 0) for p in begin]
@@ -647,10 +743,35 @@ def _pad(im, node, ins, attrs):
         end = [max(p, 0) for p in end]
     if not any(begin) and not any(end):
         return im.b.identity(x)
+    b = im.b
+    if mode == "wrap":
+        for a in range(r):
+            p, q = begin[a], end[a]
+            if not p and not q:
+                continue
+            d = x.shape[a]
+            if p > d or q > d:
+                unsupported("wrap padding larger than the dimension")
+            parts = []
+            if p:
+                parts.append(b.slice(x, [0] * a + [d - p] + [0] * (r - a - 1),
+                                     [*x.shape[:a], p, *x.shape[a + 1:]]))
+            parts.append(x)
+            if q:
+                parts.append(b.slice(x, [0] * r, [*x.shape[:a], q, *x.shape[a + 1:]]))
+            x = b.concat(parts, a)
+        return x
     kw = {"mode": modes[mode]}
+    if mode == "constant" and not isinstance(value, (int, float)):
+        # constant value computed in the graph: pad with 0, then select it where the padding is
+        mask = np.pad(np.ones(x.shape, np.uint8), list(zip(begin, end)))
+        cv = X(im, value, x)
+        if cv.shape:
+            cv = b.reshape(cv, [])
+        return b.where(X(im, mask), b.pad(x, begin, end), cv)
     if mode == "constant":
         kw["value"] = value
-    return im.b.pad(x, begin, end, **kw)
+    return b.pad(x, begin, end, **kw)
 
 
 def _broadcast(a, c):
@@ -747,8 +868,8 @@ def _scatter_nd(im, node, ins, attrs):
 
 @op("Trilu", attrs=("upper",))
 def _trilu(im, node, ins, attrs):
-    x = X(im, ins[0])
     k = ints(im, ins[1], "k")[0] if len(ins) > 1 and ins[1] is not None else 0
+    x = X(im, ins[0])
     return im.b.triangular(x, upper=bool(attrs.get("upper", 1)), diagonal=k)
 
 
@@ -767,14 +888,15 @@ def _depth_to_space(im, node, ins, attrs):
     return b.reshape(t, [n, c // bs // bs, h * bs, w * bs])
 
 
-@op("SpaceToDepth", attrs=("blocksize",))
+@op("SpaceToDepth", attrs=("blocksize", "mode"))
 def _space_to_depth(im, node, ins, attrs):
     x = X(im, ins[0])
     n, c, h, w = x.shape
     bs = attrs["blocksize"]
     b = im.b
     t = b.reshape(x, [n, c, h // bs, bs, w // bs, bs])
-    t = b.transpose(t, permutation=[0, 3, 5, 1, 2, 4])
+    crd = attrs.get("mode", "DCR") == "CRD"
+    t = b.transpose(t, permutation=[0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4])
     return b.reshape(t, [n, c * bs * bs, h // bs, w // bs])
 
 
@@ -820,7 +942,9 @@ def _compress(im, node, ins, attrs):
 
 @op("Range")
 def _range(im, node, ins, attrs):
-    unsupported("start, limit and delta must be constants")
+    start, limit, delta = (const(im, v, w) for v, w in zip(ins, ("start", "limit", "delta")))
+    n = max(int(np.ceil((limit - start) / delta)), 0)
+    return (start + np.arange(n) * delta).astype(start.dtype)
 
 
 @op("If", attrs=("then_branch", "else_branch"))
@@ -845,8 +969,8 @@ _REDUCE = {
 
 @op(*_REDUCE, attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce(im, node, ins, attrs):
-    x = X(im, ins[0])
     axes = _axes_arg(im, node, ins, attrs)
+    x = X(im, ins[0])
     keep = bool(attrs.get("keepdims", 1))
     r = len(x.shape)
     if not axes:
@@ -1122,8 +1246,25 @@ def _pool(im, node, ins, attrs):
         out = _pool_out(in_sp, k, s, d, begin, end, ceil)
     b = im.b
     t = node.op_type
-    if t == "LpPool" and attrs.get("p", 2) != 2:
-        unsupported(f"LpPool with p={attrs.get('p')} (only p=2)")
+    p = attrs.get("p", 2)
+    if t == "LpPool" and p != 2:
+        # (sum |x|^p)^(1/p): zero-pad explicitly, average without padding, times the window size
+        xp = b.pow(b.abs(x), scalar(im, float(p), x))
+        if any(begin + end):
+            xp = b.pad(xp, [0, 0] + begin, [0, 0] + end)
+        if sp == 1:
+            k1, s1, d1, o1 = [1] + k, [1] + s, [1] + d, [1] + out
+        else:
+            k1, s1, d1, o1 = k, s, d, out
+        x2 = _to2d(im, xp, sp)
+        kw = dict(window_dimensions=k1, strides=s1, dilations=d1)
+        if list(o1) != _pool_out(x2.shape[2:], k1, s1, d1, [0, 0], [0, 0], False):
+            kw["output_sizes"] = list(o1)
+        avg = b.average_pool2d(x2, **kw)
+        y = b.pow(b.mul(avg, scalar(im, float(prod(k)), x)), scalar(im, 1.0 / p, x))
+        if sp == 1:
+            y = b.reshape(y, [y.shape[0], y.shape[1], y.shape[3]])
+        return y
     if t == "AveragePool" and attrs.get("count_include_pad", 0) and any(begin + end):
         # WebNN averages over the window without the padding: pad explicitly with zeros
         x = b.pad(x, [0, 0] + begin, [0, 0] + end)
@@ -1324,9 +1465,11 @@ def _resize(im, node, ins, attrs):
                          full_sizes[a] == x.shape[a] * full_scales[a] for a in changed)
         ok = integer_up and ((ctm == "asymmetric" and nearest == "floor") or (
             ctm in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor", "round_prefer_ceil")))
+    if sizes is None and any(not float(full_scales[a] * x.shape[a]).is_integer() for a in changed):
+        ok = False  # ONNX maps coordinates with the given scale, WebNN with out/in: differ
     if ok and hasattr(im.b, "resample2d"):
         kw = {"mode": wmode, "axes": changed}
-        if any(not float(full_scales[a] * x.shape[a]).is_integer() for a in changed):
+        if sizes is not None:
             kw["sizes"] = [full_sizes[a] for a in changed]
         else:
             kw["scales"] = [float(full_scales[a]) for a in changed]
@@ -1336,36 +1479,52 @@ def _resize(im, node, ins, attrs):
     # interpolation matrix computed at load by the ONNX reference implementation.
     if not is_float(x):
         unsupported(f"{mode} resize of {x.data_type} data")
+    roi = None
     if ctm == "tf_crop_and_resize":
-        unsupported("coordinate_transformation_mode 'tf_crop_and_resize'")
+        roi = [float(v) for v in const(im, ins[1], "roi").reshape(-1)]
+        n = len(roi) // 2
+        roi_axes = axes if n == len(axes) else list(range(r))
+        roi = {a: (roi[i], roi[i + n]) for i, a in enumerate(roi_axes)}
     y = x
     for a in changed:
-        mat = _interp_matrix(im, node, attrs, x.shape[a], full_sizes[a], full_scales[a], mode, ctm, nearest)
+        mat, fill = _interp_matrix(im, node, attrs, x.shape[a], full_sizes[a], full_scales[a], mode, ctm,
+                                   nearest, roi and roi.get(a, (0.0, 1.0)))
         y = _apply_along(im, y, a, mat)
+        if fill is not None and fill.any():
+            shp = [1] * r
+            shp[a] = fill.size
+            ev = attrs.get("extrapolation_value", 0.0)
+            y = im.b.add(y, X(im, (fill * ev).reshape(shp).astype(np.dtype(x.data_type))))
     return y
 
 
-def _interp_matrix(im, node, attrs, n_in, n_out, scale, mode, ctm, nearest):
-    """[n_in, n_out] matrix M with resize(v) == v @ M along one axis."""
+def _interp_matrix(im, node, attrs, n_in, n_out, scale, mode, ctm, nearest, roi=None):
+    """[n_in, n_out] matrix M with resize(v) == v @ M along one axis, and for
+    tf_crop_and_resize the 0/1 vector of outputs that take the extrapolation value."""
     from onnx import helper as h
 
     keep = {k: v for k, v in attrs.items() if k in ("cubic_coeff_a", "exclude_outside", "antialias")}
-    node2 = h.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode,
-                        coordinate_transformation_mode=ctm, nearest_mode=nearest, **keep)
-    eye = np.eye(n_in, dtype=np.float32)
-    scales = np.array([1.0, scale], dtype=np.float32)
+    roi_arr = np.array([0.0, roi[0], 1.0, roi[1]], dtype=np.float32) if roi else None
+
+    def run(data, extrapolation):
+        use_sizes = n_out != int(np.floor(n_in * scale))
+        names = ["x", "roi" if roi else "", "" if use_sizes else "scales"] + (["sizes"] if use_sizes else [])
+        node2 = h.make_node("Resize", names, ["y"], mode=mode, coordinate_transformation_mode=ctm,
+                            nearest_mode=nearest, extrapolation_value=extrapolation, **keep)
+        args = [data, roi_arr, None if use_sizes else np.array([1.0, scale], dtype=np.float32)]
+        if use_sizes:
+            args.append(np.array([data.shape[0], n_out], dtype=np.int64))
+        (m,) = im.evaluate(node2, args)
+        return np.asarray(m, dtype=np.float32)
+
     saved = im.cur_opset
     im.cur_opset = max(saved, 19 if keep.get("antialias") else 13)
     try:
-        if n_out != int(np.floor(n_in * scale)):
-            node2 = h.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode,
-                                coordinate_transformation_mode=ctm, nearest_mode=nearest, **keep)
-            (m,) = im.evaluate(node2, [eye, None, None, np.array([n_in, n_out], dtype=np.int64)])
-        else:
-            (m,) = im.evaluate(node2, [eye, None, scales])
+        m = run(np.eye(n_in, dtype=np.float32), 0.0)
+        fill = run(np.zeros((1, n_in), np.float32), 1.0).reshape(-1) if roi else None
     finally:
         im.cur_opset = saved
-    return np.asarray(m, dtype=np.float32)
+    return m, fill
 
 
 def _apply_along(im, x, axis, mat):
@@ -1383,6 +1542,13 @@ def _apply_along(im, x, axis, mat):
 
 
 # -- quantization ---------------------------------------------------------------------------------
+
+
+def _q_axis(attrs, scale, r):
+    n = prod(scale.shape)
+    if n == 1 or not r:
+        return 0
+    return norm_axis(attrs.get("axis", 1), r)
 
 
 def _q_param(im, p, x, axis, block_size):
@@ -1405,7 +1571,7 @@ def _q_param(im, p, x, axis, block_size):
 def _quantize(im, node, ins, attrs):
     x = X(im, ins[0])
     r = len(x.shape)
-    axis = norm_axis(attrs.get("axis", 1), max(r, 1)) if r else 0
+    axis = _q_axis(attrs, ins[1], r)
     bs = attrs.get("block_size", 0)
     scale = _q_param(im, ins[1], x, axis, bs)
     zp = ins[2] if len(ins) > 2 else None
@@ -1415,8 +1581,18 @@ def _quantize(im, node, ins, attrs):
             unsupported(f"output type {TensorProto.DataType.Name(od)}")
         zp = np.zeros(ins[1].shape if isinstance(ins[1], np.ndarray) else scale.shape,
                       dtype=helper.tensor_dtype_to_np_dtype(od))
-    if isinstance(zp, np.ndarray) and zp.dtype not in (np.uint8, np.int8):
-        unsupported(f"zero point type {zp.dtype}")
+    zdt = zp.dtype if isinstance(zp, np.ndarray) else np.dtype(
+        helper.tensor_dtype_to_np_dtype(im.onnx_type(zp, node.input[2])))
+    if zdt not in (np.uint8, np.int8):
+        if zdt not in (np.int16, np.uint16, np.int32, np.uint32) or bs:
+            unsupported(f"zero point type {zdt}")
+        # wider integer types: round(x / scale) + zero point, saturated, in float32
+        b = im.b
+        info = np.iinfo(zdt)
+        zf = b.cast(_q_param(im, zp, x, axis, bs), "float32")
+        q = b.add(b.round_even(b.div(to_float(im, x), to_float(im, scale))), zf)
+        q = b.clamp(q, min_value=float(info.min), max_value=float(info.max))
+        return b.cast(q, WEBNN_TYPE[helper.np_dtype_to_tensor_dtype(zdt)])
     zpo = _q_param(im, zp, x, axis, bs)
     return im.b.quantize_linear(x, scale, zpo)
 
@@ -1425,7 +1601,7 @@ def _quantize(im, node, ins, attrs):
 def _dequantize(im, node, ins, attrs):
     x = X(im, ins[0])
     r = len(x.shape)
-    axis = norm_axis(attrs.get("axis", 1), max(r, 1)) if r else 0
+    axis = _q_axis(attrs, ins[1], r)
     bs = attrs.get("block_size", 0)
     scale = _q_param(im, ins[1], x, axis, bs)
     zp = ins[2] if len(ins) > 2 else None
@@ -1531,9 +1707,11 @@ def _gru(im, node, ins, attrs):
                   "hidden_size", "layout"))
 def _rnn(im, node, ins, attrs):
     """Simple RNN, unrolled: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
-    if attrs.get("layout", 0) or "clip" in attrs:
-        unsupported("layout=1 / clip")
+    if "clip" in attrs:
+        unsupported("clip")
     x = X(im, ins[0])
+    if attrs.get("layout", 0):
+        x = im.b.transpose(x, permutation=[1, 0, 2])
     steps, batch, _ = x.shape
     w, r = X(im, ins[1], x), X(im, ins[2], x)
     nd, hidden = w.shape[0], w.shape[1]
@@ -1555,7 +1733,7 @@ def _rnn(im, node, ins, attrs):
             wb, rb = b.split(bd, 2, axis=0)
             bias = b.add(wb, rb)
         if len(ins) > 5 and ins[5] is not None:
-            h0 = X(im, ins[5], x)
+            h0 = _state_in(im, X(im, ins[5], x), attrs)
             h = b.reshape(b.slice(h0, [dnum, 0, 0], [1, batch, hidden]), [batch, hidden])
         else:
             h = None
@@ -1574,7 +1752,7 @@ def _rnn(im, node, ins, attrs):
         hs.append(b.reshape(h, [1, batch, hidden]))
     y = b.concat(ys, 1) if nd > 1 else ys[0]
     yh = b.concat(hs, 0) if nd > 1 else hs[0]
-    return [y, yh]
+    return _rnn_outs(im, attrs, y, [yh])
 
 
 # -- misc -----------------------------------------------------------------------------------------
@@ -1584,17 +1762,35 @@ def _rnn(im, node, ins, attrs):
 def _einsum(im, node, ins, attrs):
     """The contractions that are a transpose/matmul: 'bij,bjk->bik', 'ij,jk', 'ij->ji', 'ii->i' no."""
     eq = attrs["equation"].replace(" ", "")
-    if "->" not in eq or "." in eq:
-        unsupported(f"equation {eq!r}")
+    if "->" not in eq:
+        letters = eq.replace(",", "")
+        eq = eq + "->" + "".join(sorted(ch for ch in set(letters) if letters.count(ch) == 1))
     lhs, out = eq.split("->")
     terms = lhs.split(",")
     xs = [X(im, v) for v in ins]
     b = im.b
+    if "..." in eq:
+        # ellipsis: name the broadcast dims with letters the equation does not use
+        free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+        n_ell = max(len(x.shape) - (len(t) - 3) for t, x in zip(terms, xs) if "..." in t)
+        ell = "".join(free[:n_ell])
+        terms = [t.replace("...", ell[n_ell - (len(x.shape) - (len(t) - 3)):]) if "..." in t else t
+                 for t, x in zip(terms, xs)]
+        out = out.replace("...", ell)
+    if "." in "".join(terms) + out:
+        unsupported(f"equation {eq!r}")
     if len(terms) == 1:
         (t,) = terms
         x = xs[0]
-        if len(set(t)) != len(t):
-            unsupported(f"equation {eq!r}")
+        while len(set(t)) != len(t):  # repeated letter: take the diagonal
+            ch = next(c for c in t if t.count(c) > 1)
+            p = t.index(ch)
+            q = t.index(ch, p + 1)
+            shp = [1] * len(t)
+            shp[p] = shp[q] = x.shape[p]
+            eye = np.eye(x.shape[p]).reshape(shp).astype(np.dtype(x.data_type))
+            x = b.reduce_sum(b.mul(x, X(im, eye)), axes=[q], keep_dimensions=False)
+            t = t[:q] + t[q + 1:]
         red = [i for i, c in enumerate(t) if c not in out]
         if red:
             x = b.reduce_sum(x, axes=red, keep_dimensions=False)
@@ -1636,3 +1832,13 @@ def _einsum(im, node, ins, attrs):
     y = b.reshape(y, [dims[ch] for ch in order])
     perm = [order.index(ch) for ch in out]
     return b.transpose(y, permutation=perm) if perm != list(range(len(perm))) else y
+
+
+@op("Loop", "Scan", attrs=None)
+def _control_flow(im, node, ins, attrs):
+    """Loops run at load, on values known then (trip counts and carried values included)."""
+    vals = [const(im, v, f"{node.op_type} input") for v in ins]
+    try:
+        return im.evaluate(node, vals)
+    except ValueError as e:
+        unsupported(f"the loop body reads a value computed in the graph ({e})")
