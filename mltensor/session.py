@@ -15,7 +15,9 @@ Runs are cheap by construction:
 
 output_location="ml-tensor" returns the session's own output tensors (IOBinding semantics): they
 stay valid until `close()`, and the NEXT RUN OVERWRITES THEM. Read or copy them before running
-again if you need to keep them. They may be fed to another session on the same context (no copy).
+again if you need to keep them. They may be fed to another session on the same context (no copy),
+or back into this session (a decode loop): that run writes the output into a second tensor kept
+for the purpose, so the two alternate (still no allocation after the first such run).
 Outputs ONNX folds to constants at load are returned from the host (numpy), or as a tensor written
 once (ml-tensor).
 """
@@ -69,6 +71,7 @@ class InferenceSession:
         self._graph = None
         self._in_tensors = {}
         self._out_tensors = {}
+        self._spare = {}  # second output tensors, for outputs fed back into the session
         self._const_tensors = {}
         if _is_tflite(model):
             self._kind = "tflite"
@@ -168,9 +171,9 @@ class InferenceSession:
             self._output_args.append(NodeArg(vo.name, dims, TYPE_STRING.get(tt.elem_type, "tensor(?)")))
 
     def _release_graph(self):
-        for t in list(self._out_tensors.values()) + list(self._const_tensors.values()):
+        for t in list(self._out_tensors.values()) + list(self._spare.values()) + list(self._const_tensors.values()):
             t.destroy()
-        self._out_tensors, self._const_tensors = {}, {}
+        self._out_tensors, self._spare, self._const_tensors = {}, {}, {}
         self._graph.destroy()
         self._graph = None
 
@@ -218,9 +221,10 @@ class InferenceSession:
         if self._closed:
             return
         self._closed = True
-        for t in list(self._in_tensors.values()) + list(self._out_tensors.values()) + list(self._const_tensors.values()):
+        for t in (list(self._in_tensors.values()) + list(self._out_tensors.values())
+                  + list(self._spare.values()) + list(self._const_tensors.values())):
             t.destroy()
-        self._in_tensors, self._out_tensors, self._const_tensors = {}, {}, {}
+        self._in_tensors, self._out_tensors, self._spare, self._const_tensors = {}, {}, {}, {}
         if self._graph is not None:
             self._graph.destroy()
             self._graph = None
@@ -309,11 +313,16 @@ class InferenceSession:
             ctx.write_tensor(t, arr)
         if self._graph is not None:
             outs = {}
+            fed = {id(t) for t in bind.values()}
             for n, (dt, shape) in self._graph.output_descriptors.items():
                 t = self._out_tensors.get(n)
+                if t is not None and id(t) in fed:
+                    # this output of an earlier run is fed back in (a decode loop): write into
+                    # a second tensor, kept as well, so the two alternate without allocating
+                    t, self._spare[n] = self._spare.get(n), t
                 if t is None:
                     t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
-                    self._out_tensors[n] = t
+                self._out_tensors[n] = t
                 outs[n] = t
             ins = {n: bind[n] for n in self._graph.input_descriptors}
             ctx.dispatch(self._graph, ins, outs)

@@ -326,3 +326,23 @@ def test_int64_io(ctx):
     (c,) = sess.run(None, {"a": np.array([1, -2, 3], np.int64), "b": np.array([10, 20, -30], np.int64)})
     assert c.dtype == np.int64
     np.testing.assert_array_equal(c, [11, 18, -27])
+
+
+def test_output_fed_back_into_same_session(ctx):
+    """A decode loop: the output tensor of a run is the next run's input (no copy, no allocation
+    after the second run: the output alternates between two tensors)."""
+    m = _single("Add", [("x", TensorProto.FLOAT, [3]), ("one", TensorProto.FLOAT, [3])],
+                [("y", TensorProto.FLOAT, [3])])
+    sess = InferenceSession(m, ctx)
+    one = np.ones(3, np.float32)
+    t = ctx.create_tensor_sync(data_type="float32", shape=[3], writable=True)
+    ctx.write_tensor(t, np.zeros(3, np.float32))
+    cur = t
+    for _ in range(2):
+        (cur,) = sess.run(None, {"x": cur, "one": one}, output_location="ml-tensor")
+    alive = ctx.counters["tensors_alive"]
+    for _ in range(3):
+        (cur,) = sess.run(None, {"x": cur, "one": one}, output_location="ml-tensor")
+    assert ctx.counters["tensors_alive"] == alive
+    np.testing.assert_array_equal(ctx.read_tensor_sync(cur), [5, 5, 5])
+    t.destroy()

@@ -332,22 +332,30 @@ class Importer:
         """Element types of intermediate values from ONNX shape inference (best effort)."""
         g = self.model.graph
         try:
-            m = onnx.ModelProto()
-            m.CopyFrom(self.model) if self.model.ByteSize() < (1 << 30) else None
-            if not m.graph.node:
+            if not g.node:
                 return
-            inits = {i.name for i in m.graph.initializer}
-            for vi in m.graph.input:
+            # a weightless copy: types and shapes only (never duplicate the weights)
+            m = onnx.ModelProto()
+            m.ir_version = self.model.ir_version
+            m.opset_import.extend(self.model.opset_import)
+            m.functions.extend(self.model.functions)
+            mg = m.graph
+            mg.node.extend(g.node)
+            mg.output.extend(g.output)
+            mg.value_info.extend(g.value_info)
+            for init in g.initializer:
+                mg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+            inits = {i.name for i in g.initializer}
+            for vi in g.input:
                 if vi.name in inits:
                     continue
+                vi2 = mg.input.add()
+                vi2.CopyFrom(vi)
                 x = self.env[vi.name]
-                tt = vi.type.tensor_type
+                tt = vi2.type.tensor_type
                 del tt.shape.dim[:]
                 for d in x.shape:
                     tt.shape.dim.add().dim_value = d
-            for i in m.graph.initializer:
-                i.ClearField("raw_data")  # types only: do not copy the weights around
-                i.ClearField("float_data")
             inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
             for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
                 et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
