@@ -380,13 +380,16 @@ def _resize(mode):
     def convert(imp, op):
         x = imp.operand(op, op.inputs[0])
         size = [int(v) for v in imp.const_value(op, op.inputs[1], "size").reshape(-1)]
+        # TFLite nearest: floor(o * scale) by default, round half up (away from zero) of the
+        # mapped coordinate with align_corners or half_pixel_centers.
         if _opt(op, "AlignCorners", False):
-            ct = "align_corners"
+            ct, rounding = "align_corners", "round_prefer_ceil"
         elif _opt(op, "HalfPixelCenters", False):
-            ct = "half_pixel"
+            ct, rounding = "half_pixel", "round_prefer_ceil"
         else:
-            ct = "asymmetric"
-        return imp.b.resample2d(x, mode=mode, sizes=size, axes=[1, 2], coordinate_transformation=ct)
+            ct, rounding = "asymmetric", "floor"
+        kw = {"nearest_rounding": rounding} if mode == "nearest-neighbor" else {}
+        return imp.b.resample2d(x, mode=mode, sizes=size, axes=[1, 2], coordinate_transformation=ct, **kw)
 
     return convert
 
