@@ -5,6 +5,7 @@ set of tensors (dropped when one of them is destroyed). Dispatch records the lau
 context's open compute pass; nothing is allocated per dispatch once the cache is warm.
 """
 
+import os
 import weakref
 
 import numpy as np
@@ -34,7 +35,8 @@ def compile_graph(builder, outputs):
     used_inputs = {id(x) for n in nodes for x in n.inputs if x is not None and x._kind == "input"}
     used_inputs |= {id(v) for v in outputs.values() if v._kind == "input"}
     inputs = {name: x for name, x in builder._inputs.items()}
-    steps = plan_steps(nodes, outputs)
+    # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
+    steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"))
 
     kc = KernelContext(device, outputs)
     loc = {}  # id(value) -> ("ext", Ext) | ("buf", GPUBuffer) | ("persist", None) | ("temp", None)
