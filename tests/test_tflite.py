@@ -3,7 +3,6 @@ numpy reference builder, so the mapping is tested apart from the GPU kernels, an
 MLGraphBuilder), single-operator models against LiteRT, and the MediaPipe selfie segmentation
 models against LiteRT on a real photo."""
 
-import os
 
 import numpy as np
 import pytest
@@ -700,6 +699,8 @@ def test_free_dimensions(ctx):
     assert inputs == [("x", "float32", (2, 4))]
     with pytest.raises(TypeError, match="free_dimensions"):
         import_model(data, ctx, free_dimensions={"x": [3, 5]})
+    with pytest.raises(TypeError, match=r"free_dimensions keys \['N'\] name no model input"):
+        import_model(data, ctx, free_dimensions={"N": 3})
 
 
 def test_session_runs_tflite_bytes(ctx):

@@ -131,6 +131,13 @@ class Importer:
     def run(self):
         m = self.model
         names = []
+        known = {m.tensors[i].name for i in m.inputs} | {"batch"}
+        unknown = sorted(set(self.free) - known)
+        if unknown:
+            raise TypeError(
+                f"[tflite] free_dimensions keys {unknown} name no model input; use an input name "
+                f"({', '.join(sorted(known - {'batch'}))}) with its full shape, or 'batch' for free leading dimensions"
+            )
         for i in m.inputs:
             t = m.tensors[i]
             if t.data_type is None or t.scale is not None and t.data_type != "float32":
