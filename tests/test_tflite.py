@@ -3,7 +3,6 @@ numpy reference builder, so the mapping is tested apart from the GPU kernels, an
 MLGraphBuilder), single-operator models against LiteRT, and the MediaPipe selfie segmentation
 models against LiteRT on a real photo."""
 
-
 import numpy as np
 import pytest
 
