@@ -297,8 +297,9 @@ class Importer:
                 if not const_outputs_as_ops:
                     outputs.append(IOInfo(vo.name, et, WEBNN_TYPE[et], v.shape, const=v.astype(want)))
                     continue
-                if v.ndim == 0 or 0 in v.shape:
-                    pass
+                if 0 in v.shape:
+                    self.fail(f"output {vo.name!r} is empty (WebNN has no zero-sized tensors; "
+                              "InferenceSession returns it from the host)")
                 v = self.b.identity(self.operand(v.astype(want)))
             elif v._kind != "op" or id(v) in seen:
                 v = self.b.identity(v)

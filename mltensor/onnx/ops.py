@@ -1055,8 +1055,15 @@ def _softmax(im, node, ins, attrs):
 @op("MatMul")
 def _matmul(im, node, ins, attrs):
     a = X(im, ins[0])
-    c = X(im, ins[1], a)
+    w = ins[1]
     b = im.b
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.size * 4 > im.ctx._max_bytes and len(a.shape) >= 2:
+        # a weight above the largest binding: split along N, concat the partial products
+        n = w.shape[1]
+        step = -(-n // -(-w.size * 4 // im.ctx._max_bytes))
+        outs = [b.matmul(a, X(im, np.ascontiguousarray(w[:, lo:lo + step]), a)) for lo in range(0, n, step)]
+        return b.concat(outs, len(a.shape) - 1)
+    c = X(im, w, a)
     ra, rc = len(a.shape), len(c.shape)
     a2 = b.reshape(a, [1, a.shape[0]]) if ra == 1 else a
     c2 = b.reshape(c, [c.shape[0], 1]) if rc == 1 else c
@@ -1074,20 +1081,42 @@ def _matmul(im, node, ins, attrs):
 @op("Gemm", attrs=("alpha", "beta", "transA", "transB", "broadcast"))
 def _gemm(im, node, ins, attrs):
     a = X(im, ins[0])
-    bb = X(im, ins[1], a)
     kw = {}
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
     if alpha != 1.0:
         kw["alpha"] = alpha
     if attrs.get("transA", 0):
         kw["a_transpose"] = True
-    if attrs.get("transB", 0):
+    tb = bool(attrs.get("transB", 0))
+    if tb:
         kw["b_transpose"] = True
-    if len(ins) > 2 and ins[2] is not None:
-        c = X(im, ins[2], a)
-        if beta != 1.0:
-            kw["beta"] = beta
-        kw["c"] = c
+    if beta != 1.0 and len(ins) > 2 and ins[2] is not None:
+        kw["beta"] = beta
+    w = ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    limit = im.ctx._max_bytes
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.size * 4 > limit:
+        # a weight above the largest binding: split it along N, one gemm per slice, concat
+        n = w.shape[0] if tb else w.shape[1]
+        pieces = -(-w.size * 4 // limit)
+        step = -(-n // pieces)
+        outs = []
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            wi = np.ascontiguousarray(w[lo:hi] if tb else w[:, lo:hi])
+            kwi = dict(kw)
+            if c is not None:
+                ci = c
+                if isinstance(c, np.ndarray) and c.ndim and c.shape[-1] == n:
+                    ci = np.ascontiguousarray(c[..., lo:hi])
+                elif not isinstance(c, np.ndarray) or (c.ndim and c.shape[-1] != 1):
+                    unsupported("a split weight with a computed or full-size C")
+                kwi["c"] = X(im, ci, a)
+            outs.append(im.b.gemm(a, X(im, wi, a), **kwi))
+        return im.b.concat(outs, 1)
+    bb = X(im, w, a)
+    if c is not None:
+        kw["c"] = X(im, c, a)
     return im.b.gemm(a, bb, **kw)
 
 
