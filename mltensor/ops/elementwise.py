@@ -265,8 +265,19 @@ def _index_expr(in_shape, out_shape):
     return " + ".join(terms) if terms else "0u"
 
 
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def lower_group(kc, nodes, out):
-    """One kernel for a fused chain of elementwise nodes writing `out`."""
+    """One kernel for a fused chain of elementwise nodes writing `out`.
+
+    vec4 path: when every input is either the output's shape or a single value and the size is a
+    multiple of 4, each thread loads and stores vec4s (128-bit memory ops) and evaluates the
+    scalar chain once per component, so any operator's expression works unchanged."""
     produced = {id(v): v for n in nodes for v in n.outputs}
     ext, names = [], {}
     for n in nodes:
@@ -274,28 +285,48 @@ def lower_group(kc, nodes, out):
             if x is not None and id(x) not in produced and id(x) not in names:
                 names[id(x)] = f"x{len(ext)}"
                 ext.append(x)
+    size = _size(out.shape)
+    types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
+    vec = (size % 4 == 0 and types <= {"f32", "i32", "u32"}
+           and all(x.shape == out.shape or _size(x.shape) == 1 for x in ext))
     loads, body = [], []
+    lanes = ("x", "y", "z", "w") if vec else ("",)
     for k, x in enumerate(ext):
-        loads.append(f"    let x{k} = in{k}[{_index_expr(x.shape, out.shape)}];")
-    for j, n in enumerate(nodes):
-        args = [names[id(x)] for x in n.inputs if x is not None]
-        v = f"v{j}"
-        body.append(f"    let {v}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
-        names[id(n.outputs[0])] = v
-    size = 1
-    for d in out.shape:
-        size *= d
+        if not vec:
+            loads.append(f"    let x{k} = in{k}[{_index_expr(x.shape, out.shape)}];")
+        elif x.shape == out.shape:
+            loads.append(f"    let x{k} = in{k}[i];")
+        else:
+            loads.append(f"    let x{k}s = in{k}[0];")
+    for c in lanes:
+        lane = {id(x): (f"x{k}" + (f".{c}" if x.shape == out.shape else "s") if vec else f"x{k}")
+                for k, x in enumerate(ext)}
+        for j, n in enumerate(nodes):
+            args = [lane.get(id(x), names.get(id(x))) for x in n.inputs if x is not None]
+            v = f"v{j}{c}"
+            body.append(f"    let {v}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
+            names[id(n.outputs[0])] = v
+        for j, n in enumerate(nodes):  # the next lane reads its own copies
+            names.pop(id(n.outputs[0]), None)
+    last = len(nodes) - 1
+    t = kc.wtype(out)
+    result = f"vec4<{t}>(" + ", ".join(f"v{last}{c}" for c in lanes) + ")" if vec else f"v{last}"
+    threads = size // 4 if vec else size
     name = "ew_" + "_".join(n.op for n in nodes[:6]) + ("_etc" if len(nodes) > 6 else "")
-    name += f"_{kc.wtype(out)}_n{size}"
-    bindings = [Binding(f"in{k}", kc.wtype(x)) for k, x in enumerate(ext)]
-    bindings.append(Binding("out", kc.wtype(out), True))
+    name += f"_{'vec4' if vec else ''}{t}_n{size}"
+
+    def elem(x):
+        return f"vec4<{kc.wtype(x)}>" if vec and x.shape == out.shape else kc.wtype(x)
+
+    bindings = [Binding(f"in{k}", elem(x)) for k, x in enumerate(ext)]
+    bindings.append(Binding("out", f"vec4<{t}>" if vec else t, True))
     kernel = Kernel(
         name,
         "elementwise.wgsl",
-        {"n": size, "loads": "\n".join(loads), "body": "\n".join(body), "result": names[id(out)]},
+        {"n": threads, "loads": "\n".join(loads), "body": "\n".join(body), "result": result},
         bindings,
     )
-    kc.launch(kernel, ext + [out], grid(-(-size // WORKGROUP)))
+    kc.launch(kernel, ext + [out], grid(-(-threads // WORKGROUP)))
 
 
 def OPS_EXPR(node):
