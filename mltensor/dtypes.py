@@ -4,11 +4,18 @@ Storage: 4-byte types are plain arrays; int64/uint64 are two 32-bit words (littl
 float16, int8 and uint8 are packed into array<u32> (two or four per word). Buffers are rounded up
 to a multiple of 4 bytes.
 
-Compute: every kernel works on 32-bit values (f32, i32, u32). Graph inputs in a packed or 64-bit
-type are unpacked into a 32-bit intermediate and outputs packed back, at the graph's edges only,
-so each operator needs one kernel per compute type instead of one per storage type. float16 is
-therefore computed in float32 (more precise than the spec requires); int64/uint64 are computed in
-32 bits (values must fit; the edge kernels sign/zero-extend).
+Compute: kernels work on one WGSL scalar type per data type, its compute type (`compute_type`).
+Graph inputs in a packed type are unpacked into a compute-form intermediate and outputs packed
+back, at the graph's edges only, so each operator needs one kernel per compute type instead of one
+per storage type. float16 is therefore computed in float32 (more precise than the spec requires),
+int8/uint8 in i32/u32.
+
+int64/uint64 depend on the device. Where it has the WebGPU feature "shader-int64" (requested by
+the context when the adapter offers it), they compute natively in i64/u64: stored and bound in
+place like float32, full 64-bit range. Otherwise they compute in i32/u32: their values must fit
+in 32 bits (the edge kernels truncate on the way in and sign/zero-extend on the way out). There
+is no emulation with two 32-bit words. The `int64` flag of the functions below selects the mode;
+the compiler passes the context's (MLContext._int64).
 """
 
 import numpy as np
@@ -28,16 +35,42 @@ FLOATS = ("float32", "float16")
 INTS = ("int32", "uint32", "int64", "uint64", "int8", "uint8")
 SIGNED = ("float32", "float16", "int32", "int64", "int8")
 
-# WGSL scalar type each data type is computed in.
+WIDE = ("int64", "uint64")
+
+# WGSL scalar type each data type is computed in on a device without native 64-bit integers
+# (use compute_type(), which also knows the native 64-bit mode).
 COMPUTE = {
     "float32": "f32", "float16": "f32",
     "int32": "i32", "int64": "i32", "int8": "i32",
     "uint32": "u32", "uint64": "u32", "uint8": "u32",
 }
-# Data types whose storage is the compute type itself (no edge conversion needed).
+COMPUTE_INT64 = dict(COMPUTE, int64="i64", uint64="u64")
+# Data types whose storage is the compute type itself (no edge conversion needed), 32-bit mode.
 NATIVE = ("float32", "int32", "uint32")
-# numpy dtype of the compute type, used for constants uploaded in compute form.
-COMPUTE_NUMPY = {"f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32)}
+# numpy dtype of each compute type, used for constants uploaded in compute form.
+COMPUTE_NUMPY = {"f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32),
+                 "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64)}
+
+# Value range of each integer compute type.
+INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1),
+             "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1)}
+
+
+def compute_type(data_type, int64=False):
+    """The WGSL scalar type kernels compute `data_type` in: f32, i32, u32, or with native 64-bit
+    integers (int64=True, the device has "shader-int64") i64/u64 for int64/uint64. The single
+    source of truth for the compiler (KernelContext.wtype) and constant uploads."""
+    return (COMPUTE_INT64 if int64 else COMPUTE)[data_type]
+
+
+def is_native(data_type, int64=False):
+    """True when `data_type` is stored in its compute form: bound in place, no edge conversion."""
+    return data_type in NATIVE or (int64 and data_type in WIDE)
+
+
+def compute_itemsize(data_type, int64=False):
+    """Bytes per element of the compute form (4, or 8 for native int64/uint64)."""
+    return COMPUTE_NUMPY[compute_type(data_type, int64)].itemsize
 
 
 def normalize(data_type, where="data_type"):
@@ -73,11 +106,11 @@ def padded(nbytes):
     return max(4, (nbytes + 3) & ~3)
 
 
-def to_compute_numpy(data_type, array):
-    """Host array of `data_type` converted to the 32-bit form kernels compute on."""
-    cdt = COMPUTE_NUMPY[COMPUTE[data_type]]
+def to_compute_numpy(data_type, array, int64=False):
+    """Host array of `data_type` converted to the form kernels compute on (see compute_type)."""
+    cdt = COMPUTE_NUMPY[compute_type(data_type, int64)]
     a = np.asarray(array, dtype=NUMPY[data_type])
-    if data_type in ("int64", "uint64"):
+    if data_type in WIDE and not int64:
         info = np.iinfo(cdt)
         if a.size and (a.min() < info.min or a.max() > info.max):
             raise TypeError(f"[constant] {data_type} values outside the 32-bit range are not supported")

@@ -42,6 +42,29 @@ fn pow_u32(a: u32, b: u32) -> u32 {
     return r;
 }
 
+{$ if wide64 $}
+// 64-bit integer helpers: only in kernels that use 64-bit integers (see runtime/wgsl.py).
+fn pow_i64(a: i64, b: i64) -> i64 {
+    var r = 1li; var base = a; var e = b;
+    if (e < 0li) {
+        if (a == 1li) { return 1li; }
+        if (a == -1li) { return select(-1li, 1li, (e & 1li) == 0li); }
+        return 0li;
+    }
+    loop { if (e == 0li) { break; } if ((e & 1li) == 1li) { r = r * base; } base = base * base; e = e >> 1u; }
+    return r;
+}
+
+fn pow_u64(a: u64, b: u64) -> u64 {
+    var r = 1lu; var base = a; var e = b;
+    loop { if (e == 0lu) { break; } if ((e & 1lu) == 1lu) { r = r * base; } base = base * base; e = e >> 1u; }
+    return r;
+}
+
+// sign() of WGSL has no 64-bit integer overload.
+fn sign_i64(x: i64) -> i64 { return select(select(0li, -1li, x < 0li), 1li, x > 0li); }
+{$ endif $}
+
 // Round half to even (WGSL round() already does this; kept as a named helper for clarity).
 fn round_even_f32(x: f32) -> f32 { return round(x); }
 

@@ -15,6 +15,19 @@ fn wrap_i32(v: i32, n: u32) -> u32 {
 fn wrap_u32(v: u32, n: u32) -> u32 {
     return min(v, n - 1u);
 }
+{$ if wide64 $}
+
+fn wrap_i64(v: i64, n: u32) -> u32 {
+    let m = i64(u64(n));  // (i64 of a u32 sign-extends; through u64 it does not)
+    var k = v;
+    if (k < 0li) { k = k + m; }
+    return u32(clamp(k, 0li, m - 1li));
+}
+
+fn wrap_u64(v: u64, n: u32) -> u32 {
+    return u32(min(v, u64(n) - 1lu));
+}
+{$ endif $}
 
 @compute @workgroup_size({{ WORKGROUP }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -1,4 +1,5 @@
-// Data movement on the 32-bit compute form: one thread per element of the iteration space.
+// Data movement on the compute form (u32 elements, u64 for native 64-bit integers): one thread
+// per element of the iteration space.
 // copy:   dst[dst_index] = src[src_index], both flat indices built in Python from baked sizes and
 //         strides (transpose, slice, split, concat slabs).
 // pad, gather: per-thread body generated in Python (see mltensor/ops/movement.py).

@@ -2,7 +2,7 @@
 
 Every value a kernel touches lives in one of: the caller's input/output tensor (`Ext`), a
 constant or constant-folded buffer owned by the graph, or a pooled intermediate buffer. Values in
-the compute form (32-bit) are contiguous row-major. Intermediates share a few pooled buffers:
+the compute form (see dtypes.compute_type) are contiguous row-major. Intermediates share a few pooled buffers:
 a buffer is reused as soon as the last launch reading its previous value has been recorded.
 """
 
@@ -39,19 +39,24 @@ class Launch:
     prologue: bool
 
 
-def compute_nbytes(v):
+def compute_nbytes(v, int64=False):
+    """Bytes of a value in compute form (4 per element; 8 for native int64/uint64)."""
     n = 1
     for d in v.shape:
         n *= d
-    return 4 * n
+    return dtypes.compute_itemsize(v.data_type, int64) * n
 
 
 class KernelContext:
-    """What an operator's lowering sees: value types, launches, aliases, scratch, epilogues."""
+    """What an operator's lowering sees: value types, launches, aliases, scratch, epilogues.
 
-    def __init__(self, device, outputs):
+    int64: int64/uint64 compute natively in i64/u64 (the device has "shader-int64" and the context
+    uses it); None means "whenever the device has the feature"."""
+
+    def __init__(self, device, outputs, int64=None):
         self.device = device
         self.features = set(device.features)
+        self.int64 = ("shader-int64" in self.features) if int64 is None else bool(int64)
         self.limits = device.limits
         self.launches = []
         self.alias_of = {}  # id(value) -> value it aliases (reshape and friends)
@@ -62,10 +67,18 @@ class KernelContext:
 
     # -- used by lowerings ---------------------------------------------------------------------
 
-    @staticmethod
-    def wtype(v):
-        """WGSL compute type of a value: f32, i32 or u32."""
-        return dtypes.COMPUTE[v.data_type]
+    def wtype(self, v):
+        """WGSL compute type of a value: f32, i32, u32, or i64/u64 (native 64-bit integers)."""
+        return dtypes.compute_type(v.data_type, self.int64)
+
+    def nbytes(self, v):
+        """Bytes of a value in compute form."""
+        return compute_nbytes(v, self.int64)
+
+    def move_type(self, v):
+        """WGSL element type for kernels that move a value's elements without looking at them:
+        u32, or u64 for 64-bit compute types."""
+        return "u64" if self.wtype(v) in ("i64", "u64") else "u32"
 
     def launch(self, kernel, args, groups):
         assert len(args) == len(kernel.bindings), kernel.name
@@ -101,7 +114,7 @@ class KernelContext:
         return activation_fn(self, step.epilogue, self.wtype(step.outputs[0]))
 
     def copy(self, src, dst):
-        n = compute_nbytes(src) // 4
+        n = self.nbytes(src) // 4  # 32-bit words, whatever the element type
         k = Kernel(
             f"copy_n{n}",
             "edge.wgsl",
@@ -122,7 +135,7 @@ class KernelContext:
             f"unpack_{dt}_n{n}",
             "edge.wgsl",
             {"mode": "unpack", "dtype": dt, "n": n},
-            (Binding("src", "u32"), Binding("dst", dtypes.COMPUTE[dt], True)),
+            (Binding("src", "u32"), Binding("dst", dtypes.compute_type(dt, self.int64), True)),
         )
         self.launch(k, [ext, value], grid(-(-n // WORKGROUP)))
 
@@ -138,7 +151,7 @@ class KernelContext:
             f"pack_{dt}_n{n}",
             "edge.wgsl",
             {"mode": "pack", "dtype": dt, "n": n, "words": words},
-            (Binding("src", dtypes.COMPUTE[dt]), Binding("dst", "u32", True)),
+            (Binding("src", dtypes.compute_type(dt, self.int64)), Binding("dst", "u32", True)),
         )
         threads = words if dt not in ("int64", "uint64") else n
         self.launch(k, [value, ext], grid(-(-threads // WORKGROUP)))
@@ -163,9 +176,10 @@ def lower_steps(kc, steps, inputs, outputs):
     kc._prologue = False
 
 
-def plan_memory(launches, kc, is_temp):
+def plan_memory(launches, kc, is_temp, int64=False):
     """Assign pooled buffers to intermediate values by liveness. Returns (assign, sizes):
-    assign maps id(root value) -> pool index, sizes the byte size of each pool buffer."""
+    assign maps id(root value) -> pool index, sizes the byte size of each pool buffer.
+    int64: values are sized for native 64-bit integers (see compute_nbytes)."""
     first, last, size, order = {}, {}, {}, []
     for i, l in enumerate(launches):
         for a in l.args:
@@ -176,7 +190,7 @@ def plan_memory(launches, kc, is_temp):
             if k not in first:
                 first[k] = i
                 order.append(k)
-                size[k] = r.nbytes if isinstance(r, Scratch) else compute_nbytes(r)
+                size[k] = r.nbytes if isinstance(r, Scratch) else compute_nbytes(r, int64)
             last[k] = i
     starts = {}
     for k in order:

@@ -38,13 +38,14 @@ def compile_graph(builder, outputs):
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
     steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"))
 
-    kc = KernelContext(device, outputs)
+    int64 = ctx._int64
+    kc = KernelContext(device, outputs, int64=int64)
     loc = {}  # id(value) -> ("ext", Ext) | ("buf", GPUBuffer) | ("persist", None) | ("temp", None)
 
     # Edges in: native inputs are read in place, others are unpacked into an intermediate.
     for name, x in inputs.items():
         ext = Ext("in", name, x.data_type, x.shape)
-        if x.data_type in dtypes.NATIVE:
+        if dtypes.is_native(x.data_type, int64):
             loc[id(x)] = ext
         elif id(x) in used_inputs:
             kc.unpack(ext, x)
@@ -55,7 +56,7 @@ def compile_graph(builder, outputs):
     for name, v in outputs.items():
         ext = Ext("out", name, v.data_type, v.shape)
         out_ext[name] = ext
-        if v.data_type in dtypes.NATIVE and id(v) not in kc.out_slot:
+        if dtypes.is_native(v.data_type, int64) and id(v) not in kc.out_slot:
             kc.out_slot[id(v)] = ext
             loc[id(v)] = ext
         else:
@@ -72,7 +73,7 @@ def compile_graph(builder, outputs):
     for x in const_ops.values():
         if isinstance(x._value, MLTensor):
             keep.append(x._value)
-            if x.data_type in dtypes.NATIVE:
+            if dtypes.is_native(x.data_type, int64):
                 loc[id(x)] = ("buf", x._value._buffer)
             else:
                 kc._prologue = True
@@ -80,7 +81,7 @@ def compile_graph(builder, outputs):
                 kc.launches[-1].args[0] = ("buf", x._value._buffer)
                 kc._prologue = False
         else:
-            data = dtypes.to_compute_numpy(x.data_type, x._value)
+            data = dtypes.to_compute_numpy(x.data_type, x._value, int64)
             buf = device.create_buffer(
                 label="mltensor-constant",
                 size=dtypes.padded(data.nbytes),
@@ -93,7 +94,7 @@ def compile_graph(builder, outputs):
 
     lower_steps(kc, steps, inputs, outputs)
     for v, ext in pending_out:
-        if v.data_type in dtypes.NATIVE:
+        if dtypes.is_native(v.data_type, int64):
             kc.copy(v, ext)
         else:
             kc.pack(v, ext)
@@ -119,14 +120,14 @@ def compile_graph(builder, outputs):
 
     launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
     # Liveness on resolved args (aliases resolved to roots).
-    assign, sizes = plan_memory([_L(args) for _, args in launches], _IdentityRoots(), is_temp)
+    assign, sizes = plan_memory([_L(args) for _, args in launches], _IdentityRoots(), is_temp, int64)
     pool = [
         device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
         for i, s in enumerate(sizes)
     ]
     for k, v in prologue_values.items():
         buf = device.create_buffer(
-            label="mltensor-folded", size=dtypes.padded(compute_nbytes(v)), usage=wgpu.BufferUsage.STORAGE
+            label="mltensor-folded", size=dtypes.padded(compute_nbytes(v, int64)), usage=wgpu.BufferUsage.STORAGE
         )
         persist.append(buf)
         loc[k] = ("buf", buf)

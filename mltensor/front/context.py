@@ -1,6 +1,7 @@
 """The entry point `ml` and MLContext: device, tensors, transfers and the timeline."""
 
 import asyncio
+import os
 import threading
 
 import numpy as np
@@ -13,7 +14,7 @@ from ._util import as_shape, awaitable
 from .tensor import MLTensor
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
-_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "shader-int64")
 _WANTED_LIMITS = (
     "max-buffer-size",
     "max-storage-buffer-binding-size",
@@ -41,6 +42,13 @@ def _adapter(power_preference):
                 )
             _adapters[power_preference] = a
         return a
+
+
+def _int64_disabled():
+    """Internal switch, read when a context is created: MLTENSOR_DISABLE_INT64=1 makes the context
+    ignore "shader-int64" (not requested, not used on a given device), so int64/uint64 compute in
+    32 bits as on an adapter without the feature. For testing that path; not a public option."""
+    return os.environ.get("MLTENSOR_DISABLE_INT64", "") not in ("", "0")
 
 
 def _device_destroyed(device):
@@ -123,7 +131,8 @@ class MLContext:
         own = device is None
         if own:
             adapter = _adapter(power_preference)
-            features = [f for f in _WANTED_FEATURES if f in adapter.features]
+            features = [f for f in _WANTED_FEATURES if f in adapter.features
+                        and not (f == "shader-int64" and _int64_disabled())]
             # On a CPU adapter all buffers live in host memory: readable tensors can be mapped
             # directly, saving a full GPU copy per synchronous read (see read_tensor_sync).
             if adapter.info.get("adapter_type") == "CPU" and "mappable-primary-buffers" in adapter.features:
@@ -136,6 +145,8 @@ class MLContext:
             adapter = device.adapter
         self._device = device
         self._own_device = own
+        # int64/uint64 compute natively in 64 bits (else in 32 bits, see dtypes.py)
+        self._int64 = "shader-int64" in device.features and not _int64_disabled()
         self._adapter_info = adapter.info
         self._power_preference = power_preference
         self._counters = dict.fromkeys(

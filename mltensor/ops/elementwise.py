@@ -28,7 +28,7 @@ def _div(kc, node, a, b):
     if t == "f32":
         return f"({a} / {b})"
     # integers: truncating division; division by zero gives 0 rather than WGSL's `a`
-    z = "0i" if t == "i32" else "0u"
+    z = lit(0, t)
     return f"select({a} / {b}, {z}, {b} == {z})"
 
 
@@ -76,7 +76,7 @@ def _f(expr):
 
 
 def _abs(kc, n, x):
-    return f"abs({x})" if _t(kc, n) != "u32" else x
+    return f"abs({x})" if _t(kc, n) not in ("u32", "u64") else x
 
 
 def _neg(kc, n, x):
@@ -84,7 +84,8 @@ def _neg(kc, n, x):
 
 
 def _sign(kc, n, x):
-    return f"sign({x})"
+    # WGSL's sign() has no 64-bit integer overload
+    return f"sign_i64({x})" if _t(kc, n) == "i64" else f"sign({x})"
 
 
 UNARY = {
@@ -147,9 +148,17 @@ def _opts(defaults):
     return attrs_of
 
 
+def _bound_opt(name, what, v):
+    """A clamp bound as a float, or as an int where the float would round it (64-bit integer
+    bounds beyond 2**53 stay exact)."""
+    if hasattr(v, "__index__") and not isinstance(v, bool) and float(int(v)) != int(v):
+        return int(v)
+    return _float_opt(name, what, v)
+
+
 def _clamp_attrs(name, x, min_value=None, max_value=None):
-    lo = float("-inf") if min_value is None else _float_opt(name, "min_value", min_value)
-    hi = float("inf") if max_value is None else _float_opt(name, "max_value", max_value)
+    lo = float("-inf") if min_value is None else _bound_opt(name, "min_value", min_value)
+    hi = float("inf") if max_value is None else _bound_opt(name, "max_value", max_value)
     if lo > hi:
         raise TypeError(f"[{name}] min_value ({lo}) must not be greater than max_value ({hi})")
     return {"min_value": lo, "max_value": hi}
@@ -159,8 +168,8 @@ def _clamp(kc, n, x):
     t = _t(kc, n)
     lo, hi = n.attrs["min_value"], n.attrs["max_value"]
     if t != "f32":
-        # integers: saturate the float bounds into the type's range
-        bound = (-(2**31), 2**31 - 1) if t == "i32" else (0, 2**32 - 1)
+        # integers: saturate the float bounds into the compute type's range
+        bound = dtypes.INT_RANGE[t]
         lo = max(bound[0], min(bound[1], lo)) if lo != float("-inf") else bound[0]
         hi = max(bound[0], min(bound[1], hi)) if hi != float("inf") else bound[1]
         import math
@@ -219,10 +228,18 @@ def _cast(kc, n, x):
     src, dst = _t(kc, n), kc.wtype(n.outputs[0])
     if src == dst:
         return x
-    if dst == "u32" and src == "f32":
+    if dst in ("u32", "u64") and src == "f32":
         # negative floats to unsigned wrap like C casts through a signed integer; the rest
-        # converts directly (through i32, values from 2**31 up would saturate)
-        return f"select(u32({x}), bitcast<u32>(i32({x})), {x} < 0.0)"
+        # converts directly (through the signed type, values from 2**31 / 2**63 up would saturate)
+        s = "i32" if dst == "u32" else "i64"
+        return f"select({dst}({x}), bitcast<{dst}>({s}({x})), {x} < 0.0)"
+    # Widening to 64 bits extends by the source's signedness (numpy/C): naga's i64(u32)
+    # sign-extends and u64(i32) zero-extends, so go through the 64-bit type of the source's kind.
+    if dst == "i64" and src == "u32":
+        return f"i64(u64({x}))"
+    if dst == "u64" and src == "i32":
+        return f"u64(i64({x}))"
+    # narrowing integers truncate (wrap); int <-> float convert the value
     return f"{dst}({x})"
 
 

@@ -1,7 +1,8 @@
 """Data movement: concat, expand, gather, pad, reshape, slice, split, transpose, where.
 
-Every kernel works on the 32-bit compute form, so moving data never looks at the data type: one
-"strided copy" kernel (shaders/movement.wgsl) covers transpose, slice, split and concat. Each thread
+Every kernel works on the compute form, so moving data never looks at the data type, only at its
+width (u32 words, or u64 for native 64-bit integers): one "strided copy" kernel
+(shaders/movement.wgsl) covers transpose, slice, split and concat. Each thread
 owns one element of its iteration space and computes both flat indices from its linear id with
 sizes and strides baked into the WGSL. Before that the iteration space is coalesced (size-1 dims
 dropped, dims contiguous in every operand merged), so e.g. a channel split of NCHW is a 2-D
@@ -115,11 +116,12 @@ def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_stride
         return
     src_index = _index(cshape, sst, src_base)
     dst_index = "i" if dense else _index(cshape, dst_st, dst_base)
+    mt = kc.move_type(src)
     kernel = Kernel(
-        f"{name}_n{n}_" + "x".join(map(str, cshape or [1])),
+        f"{name}_n{n}_" + "x".join(map(str, cshape or [1])) + ("_u64" if mt == "u64" else ""),
         "movement.wgsl",
         {"mode": "copy", "n": n, "src_index": src_index, "dst_index": dst_index},
-        (Binding("src", "u32"), Binding("dst", "u32", True)),
+        (Binding("src", mt), Binding("dst", mt, True)),
     )
     kc.launch(kernel, [src, dst], grid(-(-n // WORKGROUP)))
 
@@ -368,18 +370,21 @@ def concat(b, inputs, axis, *, label=None):
 PAD_MODES = ("constant", "edge", "reflection")
 
 
-def _pad_value(data_type, value):
-    """The spec casts the pad value to the input's data type; integers saturate."""
+def _pad_value(data_type, value, t):
+    """The spec casts the pad value to the input's data type; integers saturate. `t` is the
+    compute type (the literal's type)."""
     import numpy as np
 
-    t = dtypes.COMPUTE[data_type]
     if t == "f32":
         v = float(np.float16(value)) if data_type == "float16" else float(np.float32(value))
         return lit(v, "f32")
     info = np.iinfo(dtypes.NUMPY[data_type])
-    v = float(value)
-    if v != v:  # NaN
-        v = 0.0
+    if hasattr(value, "__index__"):
+        v = int(value)  # exact for 64-bit integers beyond 2**53
+    else:
+        v = float(value)
+        if v != v:  # NaN
+            v = 0.0
     v = max(info.min, min(info.max, v))
     return lit(int(v), t)
 
@@ -412,7 +417,7 @@ def _lower_pad(kc, node):
         inner *= n_out
     if mode == "constant":
         # never read outside the input: the index is only used when inside
-        lines.append(f"    var v = {node.attrs['value_lit']};")
+        lines.append(f"    var v = {_pad_value(x.data_type, node.attrs['value'], t)};")
         lines.append("    if (inside) { v = src[u32(s)]; }")
         lines.append("    dst[i] = v;")
     else:
@@ -461,7 +466,6 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
         "ending_padding": end,
         "mode": mode,
         "value": value,
-        "value_lit": _pad_value(x.data_type, value),
     }
     return b._emit1("pad", [x], attrs, x.data_type, shape, label)
 
@@ -483,23 +487,24 @@ def _lower_gather(kc, node):
     k_expr = f"(i % {inner}u)" if inner != 1 else "0u"
     j_expr = f"((i / {inner}u) % {count}u)" if inner != 1 else f"(i % {count}u)"
     o_expr = f"(i / {inner * count}u)"
-    if it == "i32":
+    if it in ("i32", "i64"):
         # negative indices count from the end; anything still out of range is clamped so no
         # thread ever reads outside the input
         fix = (
             f"    var v = idx[{j_expr}];\n"
-            f"    v = select(v, v + {dim}i, v < 0i);\n"
-            f"    let a = u32(clamp(v, 0i, {dim - 1}i));"
+            f"    v = select(v, v + {lit(dim, it)}, v < {lit(0, it)});\n"
+            f"    let a = u32(clamp(v, {lit(0, it)}, {lit(dim - 1, it)}));"
         )
     else:
-        fix = f"    let a = min(idx[{j_expr}], {dim - 1}u);"
+        fix = f"    let a = u32(min(idx[{j_expr}], {lit(dim - 1, it)}));"
     src = f"{o_expr} * {dim * inner}u + a * {inner}u + {k_expr}"
     body = f"{fix}\n    dst[i] = src[{src}];"
+    mt = kc.move_type(x)
     kernel = Kernel(
-        f"gather_{it}_n{n}_d{dim}_k{inner}",
+        f"gather_{it}_n{n}_d{dim}_k{inner}" + ("_u64" if mt == "u64" else ""),
         "movement.wgsl",
         {"mode": "gather", "n": n, "body": body},
-        (Binding("src", "u32"), Binding("idx", it), Binding("dst", "u32", True)),
+        (Binding("src", mt), Binding("idx", it), Binding("dst", mt, True)),
     )
     kc.launch(kernel, [x, idx, out], grid(-(-n // WORKGROUP)))
 

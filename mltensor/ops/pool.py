@@ -96,7 +96,7 @@ def _lower(kc, node, mode):
         in_s = (c * ih * iw, ih * iw, iw, 1)
     t = kc.wtype(x)
     if mode == "max":
-        init = {"f32": lit(-math.inf, "f32"), "i32": lit(-(2**31), "i32"), "u32": "0u"}[t]
+        init = lit(-math.inf, "f32") if t == "f32" else lit(dtypes.INT_RANGE[t][0], t)
     else:
         init = lit(0, t)
     (kh, kw), (pt, _, pl, _) = a["window_dimensions"], a["padding"]

@@ -37,15 +37,13 @@ def _extreme(lowest):
     def init(t):
         if t == "f32":
             return lit(float("-inf") if lowest else float("inf"), t)
-        if t == "i32":
-            return lit(-(2**31) if lowest else 2**31 - 1, t)
-        return lit(0 if lowest else 2**32 - 1, t)
+        return lit(dtypes.INT_RANGE[t][0 if lowest else 1], t)
 
     return init
 
 
 def _abs(t, x):
-    return x if t == "u32" else f"abs({x})"
+    return x if t in ("u32", "u64") else f"abs({x})"
 
 
 # name: (data types, pre(type, x), combine(a, b), post(a), init(type))
@@ -218,7 +216,7 @@ def _lower_reduce(kc, node):
         chunk = -(-K // S)
         S = -(-K // chunk)
         width = 2 if lse else 1  # log-sum-exp partials are (max, sum of exp(x - max)) pairs
-        part = kc.scratch(4 * M * S * width)
+        part = kc.scratch(dtypes.compute_itemsize(x.data_type, kc.int64) * M * S * width)
         p = dict(params, S=S, CHUNK=chunk)
         k1 = Kernel(f"reduce_{tag}_partial{S}", "reduce.wgsl", dict(p, mode="partial"),
                     (Binding("src", t), Binding("part", t, True)))

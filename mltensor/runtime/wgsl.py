@@ -7,6 +7,7 @@ Set MLTENSOR_DUMP_WGSL=1 to get the numbered source of a kernel that fails to co
 """
 
 import os
+import re
 import struct
 import weakref
 from dataclasses import dataclass, field
@@ -54,24 +55,38 @@ def f32_lit(x):
 
 
 def lit(x, wtype):
-    """A WGSL literal of compute type `wtype` ("f32", "i32", "u32")."""
+    """A WGSL literal of compute type `wtype` ("f32", "i32", "u32", "i64", "u64"). Integers
+    saturate into the type's range (negative values give 0 for unsigned types)."""
     if wtype == "f32":
         return f32_lit(x)
     if wtype == "i32":
         v = int(x)
         v = max(-(2**31), min(2**31 - 1, v))
         return f"i32({v})" if v != -(2**31) else "i32(-2147483647 - 1)"
+    if wtype == "i64":
+        v = max(-(2**63), min(2**63 - 1, int(x)))
+        # -(2**63) has no literal (the negation of 2**63 overflows)
+        return f"i64({v}li)" if v != -(2**63) else "(-9223372036854775807li - 1li)"
+    if wtype == "u64":
+        v = max(0, min(2**64 - 1, int(x)))
+        return f"{v}lu"
     v = int(x) & 0xFFFFFFFF if int(x) >= 0 else 0
     return f"{v}u"
 
 
-_env.globals.update(f32_lit=f32_lit, lit=lit, WORKGROUP=WORKGROUP)
+# Kernels that use 64-bit integers (only compiled on a device with "shader-int64") are rendered
+# with `wide64` true, which adds the 64-bit helpers to common.wgsl; other kernels must not contain
+# them (they would not compile on a device without the feature).
+_WIDE_RE = re.compile(r"\b[iu]64\b|\dl[iu]\b")
+_COMMENT_RE = re.compile(r"//[^\n]*")
+
+_env.globals.update(f32_lit=f32_lit, lit=lit, WORKGROUP=WORKGROUP, wide64=False)
 
 
 @dataclass(frozen=True)
 class Binding:
     name: str
-    elem: str  # WGSL element type of the array: f32, i32, u32
+    elem: str  # WGSL element type of the array: f32, i32, u32 (i64, u64 with native 64-bit ints)
     writable: bool = False
 
 
@@ -96,7 +111,11 @@ class Kernel:
             f"{b.name}: array<{b.elem}>;"
             for i, b in enumerate(self.bindings)
         )
-        return _env.get_template(self.template).render(bindings=decls, **self.params)
+        template = _env.get_template(self.template)
+        src = template.render(bindings=decls, **self.params)
+        if _WIDE_RE.search(_COMMENT_RE.sub("", src)):
+            src = template.render(bindings=decls, wide64=True, **self.params)
+        return src
 
 
 def _freeze(v):
