@@ -5,6 +5,13 @@ os.environ.setdefault("RENDERCANVAS_FORCE_OFFSCREEN", "1")
 
 import pytest  # noqa: E402
 
+try:  # onnxruntime, a reference in some tests, warns about every unused initializer otherwise
+    import onnxruntime as _ort
+
+    _ort.set_default_logger_severity(3)
+except ImportError:  # pragma: no cover
+    pass
+
 from mltensor import ml  # noqa: E402
 
 

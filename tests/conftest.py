@@ -3,6 +3,13 @@ import os
 import numpy as np
 import pytest
 
+try:  # onnxruntime, a reference in some tests, warns about every unused initializer otherwise
+    import onnxruntime as _ort
+
+    _ort.set_default_logger_severity(3)
+except ImportError:  # pragma: no cover
+    pass
+
 os.environ.setdefault("RENDERCANVAS_FORCE_OFFSCREEN", "1")
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
