@@ -105,11 +105,7 @@ fn store(g: u32, m: u32, o: u32, acc: f32) {
 // column blocks in NCHW.
 const OWQ = {{ (OW + OWB - 1) // OWB }}u;
 
-@compute @workgroup_size({{ WORKGROUP }})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let i = linear_id(wid, nwg, li);
-    if (i >= {{ total }}u) { return; }
+{{ main_1d(total) }}
 {$ if out_s[1] == 1 $}
     let oc = i % {{ OC }}u;
     let p = i / {{ OC }}u;

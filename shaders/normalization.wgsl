@@ -29,20 +29,12 @@ fn affine(y: f32, p: u32) -> f32 {
 }
 
 {$ if mode == "batch" $}
-@compute @workgroup_size({{ WORKGROUP }})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid);
-    if (i >= {{ N }}u) { return; }
+{{ main_1d(N) }}
     let c = {{ cidx }};
     dst[i] = affine((src[i] - p_mean[c]) / sqrt(p_var[c] + eps()), c);
 }
 {$ elif mode == "norm_thread" $}
-@compute @workgroup_size({{ WORKGROUP }})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let o = linear_id(wid, nwg, lid);
-    if (o >= M) { return; }
+{{ main_1d("M", "o") }}
     let b = base(o);
     var s = 0.0;
     for (var k = 0u; k < K; k++) { s += src[b + off(k)]; }

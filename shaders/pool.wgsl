@@ -30,11 +30,7 @@ fn finish(acc: {{ T }}, count: u32) -> {{ T }} {
 }
 
 {$ if path == "window" $}
-@compute @workgroup_size({{ WORKGROUP }})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let i = linear_id(wid, nwg, li);
-    if (i >= {{ total }}u) { return; }
+{{ main_1d(total) }}
 {$ if nhwc $}
     let c = i % {{ C }}u;
     let p = i / {{ C }}u;

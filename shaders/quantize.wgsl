@@ -3,11 +3,7 @@
 {{ bindings }}
 {$ include "common.wgsl" $}
 
-@compute @workgroup_size({{ WORKGROUP }})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid);
-    if (i >= {{ n }}u) { return; }
+{{ main_1d(n) }}
 {{ index }}
     let s = scale[sidx];
     let z = zp[sidx];

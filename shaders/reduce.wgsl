@@ -47,11 +47,7 @@ fn {{ fname }}(lid: u32, v: {{ T }}) -> {{ T }} {
 {$ endif $}
 
 {$ if mode in ("thread", "softmax_thread") $}
-@compute @workgroup_size({{ WORKGROUP }})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let o = linear_id(wid, nwg, lid);
-    if (o >= M) { return; }
+{{ main_1d("M", "o") }}
     let b = base(o);
   {$ if lse or mode == "softmax_thread" $}
     var m = {{ NEG_INF }};

@@ -33,11 +33,7 @@ fn coord(o: u32, A: i32, B: i32, D: i32, last: i32) -> f32 {
     return clamp(f32(A * i32(o) + B) / f32(D), 0.0, f32(last));
 }
 
-@compute @workgroup_size({{ WORKGROUP }})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid);
-    if (i >= {{ n }}u) { return; }
+{{ main_1d(n) }}
     var c: array<u32, 4>;
     c[3] = i % {{ out_shape[3] }}u;
     c[2] = (i / {{ out_shape[3] }}u) % {{ out_shape[2] }}u;

@@ -80,7 +80,21 @@ def lit(x, wtype):
 _WIDE_RE = re.compile(r"\b[iu]64\b|\dl[iu]\b")
 _COMMENT_RE = re.compile(r"//[^\n]*")
 
-_env.globals.update(f32_lit=f32_lit, lit=lit, WORKGROUP=WORKGROUP, wide64=False)
+def main_1d(count, index="i"):
+    """The entry point of a kernel with one thread per item, as WGSL: `index` is the item (the
+    1-D launch is folded into 2-D by grid()), threads past `count` return at once. Templates
+    write `{{ main_1d(n) }}` and close the function themselves."""
+    count = f"{count}u" if isinstance(count, int) else count
+    return (
+        f"@compute @workgroup_size({WORKGROUP})\n"
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,\n"
+        "        @builtin(local_invocation_index) lid: u32) {\n"
+        f"    let {index} = linear_id(wid, nwg, lid);\n"
+        f"    if ({index} >= {count}) {{ return; }}"
+    )
+
+
+_env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False)
 
 
 @dataclass(frozen=True)
