@@ -18,6 +18,8 @@ is no emulation with two 32-bit words. The `int64` flag of the functions below s
 the compiler passes the context's (MLContext._int64).
 """
 
+import math
+
 import numpy as np
 
 NUMPY = {
@@ -95,10 +97,7 @@ def itemsize(data_type):
 
 
 def byte_length(data_type, shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n * itemsize(data_type)
+    return math.prod(shape) * itemsize(data_type)
 
 
 def padded(nbytes):

@@ -6,6 +6,7 @@ the compute form (see dtypes.compute_type) are contiguous row-major. Intermediat
 a buffer is reused as soon as the last launch reading its previous value has been recorded.
 """
 
+import math
 from dataclasses import dataclass
 
 from .. import dtypes
@@ -41,10 +42,7 @@ class Launch:
 
 def compute_nbytes(v, int64=False):
     """Bytes of a value in compute form (4 per element; 8 for native int64/uint64)."""
-    n = 1
-    for d in v.shape:
-        n *= d
-    return dtypes.compute_itemsize(v.data_type, int64) * n
+    return dtypes.compute_itemsize(v.data_type, int64) * math.prod(v.shape)
 
 
 class KernelContext:
@@ -127,9 +125,7 @@ class KernelContext:
 
     def unpack(self, ext, value):
         """Caller's tensor in its storage type -> compute-form value."""
-        n = 1
-        for d in ext.shape:
-            n *= d
+        n = math.prod(ext.shape)
         dt = ext.data_type
         k = Kernel(
             f"unpack_{dt}_n{n}",
@@ -141,9 +137,7 @@ class KernelContext:
 
     def pack(self, value, ext):
         """Compute-form value -> caller's tensor in its storage type (one thread per word)."""
-        n = 1
-        for d in ext.shape:
-            n *= d
+        n = math.prod(ext.shape)
         dt = ext.data_type
         per_word = {"float16": 2, "int8": 4, "uint8": 4}.get(dt, 1)
         words = -(-n // per_word) if dt not in ("int64", "uint64") else 2 * n

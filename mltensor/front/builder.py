@@ -6,6 +6,7 @@ method is quoted above it there.
 """
 
 import functools
+import math
 
 import numpy as np
 
@@ -37,10 +38,7 @@ class MLOperand:
 
     @property
     def size(self):
-        n = 1
-        for d in self._shape:
-            n *= d
-        return n
+        return math.prod(self._shape)
 
     def __repr__(self):
         what = self._name or (self._node.op if self._node else self._kind)

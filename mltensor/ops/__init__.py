@@ -105,6 +105,15 @@ def unidirectional(where, shape, target):
     return True
 
 
+def check_axis(where, axis, rank):
+    """A single integer axis in [0, rank) (gather/scatter_elements, cumulative_sum, arg_min/max)."""
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"[{where}] axis must be an integer, got {axis!r}")
+    if not 0 <= axis < rank:
+        raise TypeError(f"[{where}] axis {axis} is out of range for input rank {rank}")
+    return axis
+
+
 def check_axes(where, axes, rank, what="axes", unique=True):
     if axes is None:
         return list(range(rank))
@@ -132,6 +141,18 @@ def int_list(where, what, value, length=None, minimum=None):
     if minimum is not None and any(v < minimum for v in vals):
         raise TypeError(f"[{where}] {what} values must be >= {minimum}, got {vals}")
     return vals
+
+
+# -- shape helpers shared by the lowerings (element counts: math.prod(shape)) -----------------
+
+
+def row_strides(shape):
+    """Element strides of a dense row-major tensor of `shape` (the last dimension has stride 1)."""
+    s, out = 1, [0] * len(shape)
+    for d in range(len(shape) - 1, -1, -1):
+        out[d] = s
+        s *= shape[d]
+    return out
 
 
 def support_limits(ctx):

@@ -6,6 +6,8 @@ Inputs broadcast numpy-style; the kernel computes each input's index from the ou
 strides baked in (0 along broadcast dimensions).
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
@@ -259,10 +261,7 @@ def _index_expr(in_shape, out_shape):
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
     if in_shape == out_shape:
         return "i"
-    n_in = 1
-    for d in in_shape:
-        n_in *= d
-    if n_in == 1:
+    if math.prod(in_shape) == 1:
         return "0u"
     r = len(out_shape)
     s = (1,) * (r - len(in_shape)) + in_shape
@@ -282,13 +281,6 @@ def _index_expr(in_shape, out_shape):
     return " + ".join(terms) if terms else "0u"
 
 
-def _size(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def lower_group(kc, nodes, out):
     """One kernel for a fused chain of elementwise nodes writing `out`.
 
@@ -302,10 +294,10 @@ def lower_group(kc, nodes, out):
             if x is not None and id(x) not in produced and id(x) not in names:
                 names[id(x)] = f"x{len(ext)}"
                 ext.append(x)
-    size = _size(out.shape)
+    size = math.prod(out.shape)
     types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
     vec = (size % 4 == 0 and types <= {"f32", "i32", "u32"}
-           and all(x.shape == out.shape or _size(x.shape) == 1 for x in ext))
+           and all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext))
     loads, body = [], []
     lanes = ("x", "y", "z", "w") if vec else ("",)
     for k, x in enumerate(ext):

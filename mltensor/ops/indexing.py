@@ -6,22 +6,16 @@ output, then one thread per update element writes it; where several updates hit 
 the one that lands is unspecified (the WebNN spec leaves duplicates undefined too).
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
-from . import check_support, lowering, register, same_type
-from .layout import coords, flat, size
+from . import check_axis, check_support, lowering, register, row_strides, same_type
+from .layout import coords, flat
 
 ALL = dtypes.ALL
 INDEX = ("int32", "uint32", "int64")
-
-
-def _axis(where, axis, rank):
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"[{where}] axis must be an integer, got {axis!r}")
-    if not 0 <= axis < rank:
-        raise TypeError(f"[{where}] axis {axis} is out of range for input rank {rank}")
-    return axis
 
 
 def _wrap(kc, indices, expr, n):
@@ -53,7 +47,7 @@ def gather_elements(b, x, indices, *, axis=0, label=None):
     b._operand(x, where, "input")
     b._operand(indices, where, "indices")
     check_support(where, input=x, indices=indices)
-    axis = _axis(where, axis, x.rank)
+    axis = check_axis(where, axis, x.rank)
     expected = list(x.shape)
     if indices.rank == x.rank:
         expected[axis] = indices.shape[axis]
@@ -74,7 +68,7 @@ def _lower_gather_elements(kc, node):
     terms = ["k" if d == axis else f"c{d}" for d in range(len(shape))]
     body.append(f"    out[i] = x[{flat(terms, x.shape)}];")
     name = f"gather_elements_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, shape)}_a{axis}"
-    _launch(kc, name, size(shape), body, [x, ind, out], ("x", "ind", "out"))
+    _launch(kc, name, math.prod(shape), body, [x, ind, out], ("x", "ind", "out"))
 
 
 # -- gather_nd ----------------------------------------------------------------------------------
@@ -102,9 +96,7 @@ def gather_nd(b, x, indices, *, label=None):
 def _nd_offset(kc, ind, in_shape, k, inner):
     """WGSL lines computing `q` (which coordinate tuple), `r` (offset inside the slice) and
     `off` (flat index of the slice start in a tensor of in_shape) from `i`."""
-    strides = [1] * len(in_shape)
-    for d in range(len(in_shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * in_shape[d + 1]
+    strides = row_strides(in_shape)
     body = [f"    let q = i / {inner}u;", f"    let r = i % {inner}u;", "    var off = r;"]
     for j in range(k):
         body.append(f"    off = off + {_wrap(kc, ind, f'ind[q * {k}u + {j}u]', in_shape[j])} * {strides[j]}u;")
@@ -116,11 +108,11 @@ def _lower_gather_nd(kc, node):
     x, ind = node.inputs
     out = kc.out(node)
     k = ind.shape[-1]
-    inner = size(x.shape[k:])
+    inner = math.prod(x.shape[k:])
     body = _nd_offset(kc, ind, x.shape, k, inner)
     body.append("    out[i] = x[off];")
     name = f"gather_nd_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, ind.shape)}"
-    _launch(kc, name, size(out.shape), body, [x, ind, out], ("x", "ind", "out"))
+    _launch(kc, name, math.prod(out.shape), body, [x, ind, out], ("x", "ind", "out"))
 
 
 # -- scatter_elements ---------------------------------------------------------------------------
@@ -138,7 +130,7 @@ def scatter_elements(b, x, indices, updates, *, axis=0, label=None):
         b._operand(v, where, what)
     check_support(where, input=x, indices=indices, updates=updates)
     same_type(where, ("input", x), ("updates", updates))
-    axis = _axis(where, axis, x.rank)
+    axis = check_axis(where, axis, x.rank)
     expected = list(x.shape)
     if indices.rank == x.rank:
         expected[axis] = indices.shape[axis]
@@ -162,7 +154,7 @@ def _lower_scatter_elements(kc, node):
     terms = ["k" if d == axis else f"c{d}" for d in range(len(upd.shape))]
     body.append(f"    out[{flat(terms, x.shape)}] = upd[i];")
     name = f"scatter_elements_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, upd.shape)}_a{axis}"
-    _launch(kc, name, size(upd.shape), body, [ind, upd, out], ("ind", "upd", "out"))
+    _launch(kc, name, math.prod(upd.shape), body, [ind, upd, out], ("ind", "upd", "out"))
 
 
 # -- scatter_nd ---------------------------------------------------------------------------------
@@ -195,9 +187,9 @@ def _lower_scatter_nd(kc, node):
     x, ind, upd = node.inputs
     out = kc.out(node)
     k = ind.shape[-1]
-    inner = size(x.shape[k:])
+    inner = math.prod(x.shape[k:])
     kc.copy(x, out)
     body = _nd_offset(kc, ind, x.shape, k, inner)
     body.append("    out[off] = upd[i];")
     name = f"scatter_nd_{kc.wtype(x)}_{kc.wtype(ind)}_{_shape_name(x.shape, ind.shape)}"
-    _launch(kc, name, size(upd.shape), body, [ind, upd, out], ("ind", "upd", "out"))
+    _launch(kc, name, math.prod(upd.shape), body, [ind, upd, out], ("ind", "upd", "out"))

@@ -1,25 +1,19 @@
 """reverse, tile and triangular (shaders/layout.wgsl): one thread per output element, with the
 coordinate arithmetic generated from the static shapes."""
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_axes, check_support, int_list, lowering, register
+from . import check_axes, check_support, int_list, lowering, register, row_strides
 
 ALL = dtypes.ALL
 
 
-def strides(shape):
-    s, out = 1, [0] * len(shape)
-    for d in range(len(shape) - 1, -1, -1):
-        out[d] = s
-        s *= shape[d]
-    return out
-
-
 def coords(shape, var="i", prefix="c"):
     """WGSL lines: `let c{d} = ...` for every dimension of `shape`, from the flat index `var`."""
-    st = strides(shape)
+    st = row_strides(shape)
     lines = []
     for d, n in enumerate(shape):
         e = f"{var} / {st[d]}u" if st[d] != 1 else var
@@ -31,23 +25,16 @@ def coords(shape, var="i", prefix="c"):
 
 def flat(terms, shape):
     """WGSL u32 expression: flat row-major index of coordinate expressions `terms` in `shape`."""
-    st = strides(shape)
+    st = row_strides(shape)
     parts = [f"({t}) * {s}u" if s != 1 else f"({t})" for t, s in zip(terms, st)]
     return " + ".join(parts) if parts else "0u"
-
-
-def size(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def launch_body(kc, name, node, body, extra_bindings=()):
     """Launch layout.wgsl over the node's output with generated `body` lines."""
     x = node.inputs[0]
     out = kc.out(node)
-    n = size(out.shape)
+    n = math.prod(out.shape)
     t = kc.wtype(out)
     k = Kernel(name, "layout.wgsl", {"n": n, "body": "\n".join(body)},
                (Binding("x", kc.wtype(x)), *extra_bindings, Binding("out", t, True)))
@@ -147,7 +134,7 @@ def _lower_triangular(kc, node):
         f"    let keep = (c - r) {'>=' if up else '<='} {lit(dg, 'i32')};",
         f"    out[i] = select({lit(0, t)}, x[i], keep);",
     ]
-    name = f"triangular_{t}_n{size(x.shape)}_{rows}x{cols}_{'u' if up else 'l'}{dg}"
+    name = f"triangular_{t}_n{math.prod(x.shape)}_{rows}x{cols}_{'u' if up else 'l'}{dg}"
     k, out, n = launch_body(kc, name, node, body)
     kc.launch(k, [x, out], grid(-(-n // WORKGROUP)))
 

@@ -6,21 +6,15 @@ as constants. Two paths: a shared-memory tiled, register-blocked kernel (8x8 thr
 gemm's alpha, beta * c) is applied as each output is stored. conv.py reuses `gemm_launch`.
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import Binding, Kernel, grid
-from . import MAX_RANK, broadcast_shapes, check_support, lowering, register, same_type, unidirectional
+from . import MAX_RANK, broadcast_shapes, check_support, lowering, register, row_strides, same_type, unidirectional
 
 FLOAT = dtypes.FLOATS
 GEMV_MAX_M = 4
-
-
-def _strides(shape):
-    s, out = 1, [0] * len(shape)
-    for d in range(len(shape) - 1, -1, -1):
-        out[d] = s
-        s *= shape[d]
-    return out
 
 
 def batch_offset_expr(batch_shape, out_batch, matrix_size):
@@ -30,7 +24,7 @@ def batch_offset_expr(batch_shape, out_batch, matrix_size):
     s = (1,) * (r - len(batch_shape)) + tuple(batch_shape)
     if tuple(s) == tuple(out_batch):
         return f"bt * {matrix_size}u" if matrix_size != 1 else "bt"
-    strides = _strides(s)
+    strides = row_strides(s)
     terms, inner = [], 1
     for d in range(r - 1, -1, -1):
         if s[d] != 1:
@@ -103,9 +97,7 @@ def _lower_matmul(kc, node):
     out = kc.out(node)
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     ob = out.shape[:-2]
-    batch = 1
-    for d in ob:
-        batch *= d
+    batch = math.prod(ob)
     params = {
         "act": kc.activation(),
         "a_base": batch_offset_expr(a.shape[:-2], ob, M * K),

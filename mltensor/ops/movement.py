@@ -13,11 +13,13 @@ elementwise expressions: the elementwise compiler already broadcasts their input
 strides, and as expressions they fuse into the chains around them.
 """
 
+import math
+
 from .. import dtypes
 from ..front._util import as_shape
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import MAX_RANK, broadcast_shapes, check_support, int_list, register, same_type, unidirectional
+from . import MAX_RANK, broadcast_shapes, check_support, int_list, register, row_strides, same_type, unidirectional
 
 ALL = dtypes.ALL
 INDEX_TYPES = ("int32", "uint32", "int64")
@@ -50,21 +52,6 @@ def _seq(where, what, v, length=None, minimum=0):
 def _out(b, where, data_type, shape):
     """Validate an inferred output shape like a tensor descriptor (valid dims, rank, bytes)."""
     return b._context._tensor_args(where, data_type, shape)[1]
-
-
-def _size(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _strides(shape):
-    s, out = 1, [0] * len(shape)
-    for d in range(len(shape) - 1, -1, -1):
-        out[d] = s
-        s *= shape[d]
-    return out
 
 
 # -- strided index generation ------------------------------------------------------------------
@@ -107,8 +94,8 @@ def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_stride
     dst_strides=None means dst is written densely (row-major `shape`)."""
     dense = dst_strides is None
     if dense:
-        dst_strides = _strides(shape)
-    n = _size(shape)
+        dst_strides = row_strides(shape)
+    n = math.prod(shape)
     cshape, (sst, dst_st) = _coalesce(shape, src_strides, dst_strides)
     if dense and src_base == 0 and sst == dst_st:
         # same element order as the source: no data moves at all
@@ -135,9 +122,9 @@ def reshape(b, x, new_shape, *, label=None):
     b._operand(x, "reshape", "input")
     check_support("reshape", input=x)
     shape = as_shape(new_shape, "reshape")
-    if _size(shape) != x.size:
+    if math.prod(shape) != x.size:
         raise TypeError(
-            f"[reshape] new_shape {list(shape)} has {_size(shape)} elements, expected {x.size} "
+            f"[reshape] new_shape {list(shape)} has {math.prod(shape)} elements, expected {x.size} "
             f"(the input's shape is {list(x.shape)})"
         )
     shape = _out(b, "reshape", x.data_type, shape)
@@ -197,7 +184,7 @@ def where(b, condition, true_value, false_value, *, label=None):
 def _lower_transpose(kc, node):
     x, out = node.inputs[0], kc.out(node)
     perm = node.attrs["permutation"]
-    ist = _strides(x.shape)
+    ist = row_strides(x.shape)
     _strided_copy(kc, "transpose", x, out, out.shape, [ist[p] for p in perm])
 
 
@@ -228,7 +215,7 @@ def transpose(b, x, *, permutation=None, label=None):
 def _lower_slice(kc, node):
     x, out = node.inputs[0], kc.out(node)
     starts, steps = node.attrs["starts"], node.attrs["strides"]
-    ist = _strides(x.shape)
+    ist = row_strides(x.shape)
     base = sum(s * st for s, st in zip(starts, ist))
     _strided_copy(kc, "slice", x, out, out.shape, [st * k for st, k in zip(ist, steps)], base)
 
@@ -271,7 +258,7 @@ def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebN
 def _lower_split(kc, node):
     x = node.inputs[0]
     axis = node.attrs["axis"]
-    ist = _strides(x.shape)
+    ist = row_strides(x.shape)
     offset = 0
     for k, size in enumerate(node.attrs["sizes"]):
         out = kc.out(node, k)
@@ -320,13 +307,13 @@ def split(b, x, splits, *, axis=0, label=None):
 def _lower_concat(kc, node):
     out = kc.out(node)
     axis = node.attrs["axis"]
-    ost = _strides(out.shape)
+    ost = row_strides(out.shape)
     if len(node.inputs) == 1:
         kc.alias(out, node.inputs[0])
         return
     offset = 0
     for k, x in enumerate(node.inputs):
-        _strided_copy(kc, f"concat{k}", x, out, x.shape, _strides(x.shape), 0, ost, offset * ost[axis])
+        _strided_copy(kc, f"concat{k}", x, out, x.shape, row_strides(x.shape), 0, ost, offset * ost[axis])
         offset += x.shape[axis]
 
 
@@ -393,7 +380,7 @@ def _lower_pad(kc, node):
     x, out = node.inputs[0], kc.out(node)
     begin, mode = node.attrs["beginning_padding"], node.attrs["mode"]
     t = kc.wtype(x)
-    ist = _strides(x.shape)
+    ist = row_strides(x.shape)
     lines, inner = [], 1
     lines.append("    var s = 0i;")
     if mode == "constant":
@@ -478,7 +465,7 @@ def _lower_gather(kc, node):
     out = kc.out(node)
     axis = node.attrs["axis"]
     dim = x.shape[axis]
-    inner = _size(x.shape[axis + 1:])
+    inner = math.prod(x.shape[axis + 1:])
     count = idx.size
     n = out.size
     it = kc.wtype(idx)

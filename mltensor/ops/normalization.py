@@ -9,11 +9,13 @@ reductions (ops/reduce.py): the group index `o` and the element index `k` give t
 and the scale/bias index through mixed-radix expressions with baked-in strides.
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_support, register
-from .reduce import WG, axes_option, merge_dims, prod, radix, reduce_shape, row_strides
+from . import check_support, register, row_strides
+from .reduce import WG, axes_option, merge_dims, radix, reduce_shape
 
 FLOAT = dtypes.FLOATS
 
@@ -65,7 +67,7 @@ def _lower_batch(kc, node):
     x, mean, var, scale, bias = node.inputs
     out = kc.out(node)
     axis = node.attrs["axis"]
-    n, C, inner = x.size, x.shape[axis], prod(x.shape[axis + 1:])
+    n, C, inner = x.size, x.shape[axis], math.prod(x.shape[axis + 1:])
     c = "i" if inner == 1 else f"(i / {inner}u)"
     if n > C * inner:
         c = f"({c} % {C}u)"
@@ -157,7 +159,7 @@ def _lower_norm(kc, node, kept, red):
     """kept/red: radix dims with two strides each (input offset, scale/bias index)."""
     x, scale, bias = node.inputs
     out = kc.out(node)
-    M, K = prod(s for s, _ in kept), prod(s for s, _ in red)
+    M, K = math.prod(s for s, _ in kept), math.prod(s for s, _ in red)
     base, pbase = radix("o", merge_dims(kept), 2)
     off, poff = radix("k", merge_dims(red), 2)
     mode = "norm_thread" if reduce_shape(M, K)[0] == "thread" else "norm_group"

@@ -101,9 +101,7 @@ def _lower(kc, node, mode):
         init = lit(0, t)
     (kh, kw), (pt, _, pl, _) = a["window_dimensions"], a["padding"]
     (sh, sw), (dh, dw) = a["strides"], a["dilations"]
-    total = 1
-    for d in out.shape:
-        total *= d
+    total = math.prod(out.shape)
     whole = (kh, kw) == (ih, iw) and a["padding"] == [0, 0, 0, 0] and (oh, ow) == (1, 1)
     path = "global" if whole and kh * kw >= GLOBAL_MIN_WINDOW else "window"
     params = {

@@ -2,11 +2,13 @@
 broadcasting of scale and zero point: each has the input's rank and every input dimension is a
 whole multiple of theirs (each scale element covers a block of input elements)."""
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, grid, lit
 from . import check_support, lowering, register, same_type
-from .layout import coords, flat, size
+from .layout import coords, flat
 
 FLOAT = dtypes.FLOATS
 QUANT = ("uint8", "int8", "uint32", "int32")
@@ -52,7 +54,7 @@ def dequantize_linear(b, x, scale, zero_point, *, label=None):
 
 
 def _index(x_shape, s_shape):
-    if size(s_shape) == 1:
+    if math.prod(s_shape) == 1:
         return "    let sidx = 0u;"
     if tuple(s_shape) == tuple(x_shape):
         return "    let sidx = i;"
@@ -65,7 +67,7 @@ def _index(x_shape, s_shape):
 def _lower(kc, node, mode):
     x, scale, zp = node.inputs
     out = kc.out(node)
-    n = size(x.shape)
+    n = math.prod(x.shape)
     params = {"mode": mode, "n": n, "index": _index(x.shape, scale.shape), "itype": kc.wtype(x)}
     if mode == "quantize":
         lo, hi = RANGE[out.data_type]

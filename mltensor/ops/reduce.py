@@ -13,10 +13,12 @@ be contiguous). Three kernel shapes, chosen from M and K (shaders/reduce.wgsl):
 Softmax is one kernel per row (max, sum of exp(x - max), normalize), thread or workgroup per row.
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_support, register
+from . import check_support, register, row_strides
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
 THREAD_MAX_K = 32  # up to this many reduced elements, one thread per output is faster
@@ -64,21 +66,6 @@ REDUCE = {
 # -- index expressions (shared with normalization.py) -------------------------------------------
 
 
-def row_strides(shape):
-    strides, s = [0] * len(shape), 1
-    for d in range(len(shape) - 1, -1, -1):
-        strides[d] = s
-        s *= shape[d]
-    return strides
-
-
-def prod(xs):
-    n = 1
-    for x in xs:
-        n *= x
-    return n
-
-
 def merge_dims(dims):
     """Drop size-1 dims and merge neighbours that are contiguous for every target, so the WGSL
     does fewer divisions. dims: [(size, (stride per target, ...)), ...] outermost first."""
@@ -98,7 +85,7 @@ def merge_dims(dims):
 def radix(var, dims, n_targets=1):
     """WGSL u32 expressions (one per target) for the offsets of flat index `var`, decomposed
     row-major over dims [(size, strides per target)] (outermost first)."""
-    total = prod(s for s, _ in dims)
+    total = math.prod(s for s, _ in dims)
     terms = [[] for _ in range(n_targets)]
     inner = 1
     for size, strides in reversed(dims):
@@ -191,7 +178,7 @@ def _lower_reduce(kc, node):
     t = kc.wtype(x)
     axes = node.attrs["axes"]
     kept, red = split_axes(x.shape, axes)
-    M, K = prod(s for s, _ in kept), prod(s for s, _ in red)
+    M, K = math.prod(s for s, _ in kept), math.prod(s for s, _ in red)
     (base,) = radix("o", merge_dims(kept))
     (off,) = radix("k", merge_dims(red))
     _, pre, comb, post, init = REDUCE[node.op]
@@ -252,7 +239,7 @@ def _lower_softmax(kc, node):
     out = kc.out(node)
     axis = node.attrs["axis"]
     kept, red = split_axes(x.shape, [axis])
-    rows, K = prod(s for s, _ in kept), x.shape[axis]
+    rows, K = math.prod(s for s, _ in kept), x.shape[axis]
     (base,) = radix("o", merge_dims(kept))
     (off,) = radix("k", merge_dims(red))
     params = {"T": "f32", "M": rows, "K": K, "WG": WG, "base": base, "off": off,

@@ -22,8 +22,8 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
-from . import check_support, register
-from .movement import _out, _seq, _strides
+from . import check_support, register, row_strides
+from .movement import _out, _seq
 
 MODES = ("nearest-neighbor", "linear")
 TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
@@ -53,7 +53,7 @@ def _lower_resample2d(kc, node):
     out = kc.out(node)
     a = node.attrs
     ax_h, ax_w = a["axes"]
-    ist = _strides(x.shape)
+    ist = row_strides(x.shape)
     params = {
         "n": out.size,
         "out_shape": list(out.shape),

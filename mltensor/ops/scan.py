@@ -4,30 +4,19 @@ One thread per line along the axis, walking it serially: the outputs of these op
 every earlier element of the line, and lines are many where tensors are large.
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_support, lowering, register
+from . import check_axis, check_support, lowering, register
 
 ALL = dtypes.ALL
 INDEX_OUT = ("int32", "int64")
 
 
-def _axis(where, axis, rank):
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"[{where}] axis must be an integer, got {axis!r}")
-    if not 0 <= axis < rank:
-        raise TypeError(f"[{where}] axis {axis} is out of range for input rank {rank}")
-    return axis
-
-
 def _split(shape, axis):
-    outer = inner = 1
-    for d in shape[:axis]:
-        outer *= d
-    for d in shape[axis + 1:]:
-        inner *= d
-    return outer, shape[axis], inner
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
 # -- arg_min / arg_max ------------------------------------------------------------------------
@@ -41,7 +30,7 @@ def _arg_op(name, cmp):
         #                               optional MLArgMinMaxOptions options = {});
         b._operand(x, name, "input")
         check_support(name, input=x)
-        axis = _axis(name, axis, x.rank)
+        axis = check_axis(name, axis, x.rank)
         odt = dtypes.normalize(output_data_type, name)
         if odt not in INDEX_OUT:
             raise TypeError(f"[{name}] output_data_type must be one of {', '.join(INDEX_OUT)}, got {odt}")
@@ -89,7 +78,7 @@ def cumulative_sum(b, x, axis, *, exclusive=False, reversed=False, label=None):
     #                              optional MLCumulativeSumOptions options = {});
     b._operand(x, "cumulative_sum", "input")
     check_support("cumulative_sum", input=x)
-    axis = _axis("cumulative_sum", axis, x.rank)
+    axis = check_axis("cumulative_sum", axis, x.rank)
     for what, v in (("exclusive", exclusive), ("reversed", reversed)):
         if not isinstance(v, bool):
             raise TypeError(f"[cumulative_sum] {what} must be a bool, got {v!r}")
