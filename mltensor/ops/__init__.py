@@ -105,6 +105,20 @@ def unidirectional(where, shape, target):
     return True
 
 
+def check_bool(where, what, v):
+    """A boolean option (a bool, not merely truthy)."""
+    if not isinstance(v, bool):
+        raise TypeError(f"[{where}] {what} must be a bool, got {v!r}")
+    return v
+
+
+def check_number(where, what, v):
+    """A numeric option (int or float, not bool) as a float."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"[{where}] {what} must be a number, got {v!r}")
+    return float(v)
+
+
 def check_axis(where, axis, rank):
     """A single integer axis in [0, rank) (gather/scatter_elements, cumulative_sum, arg_min/max)."""
     if isinstance(axis, bool) or not isinstance(axis, int):

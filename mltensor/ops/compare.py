@@ -8,7 +8,8 @@ IEEE: every ordered comparison with NaN is false, `not_equal` is true.
 
 from .. import dtypes
 from ..front.builder import builder_op
-from . import broadcast_shapes, check_support, register, same_type
+from . import check_support, register
+from .elementwise import binary_op
 
 ALL = dtypes.ALL
 FLOAT = dtypes.FLOATS
@@ -38,18 +39,7 @@ LOGICAL = {
 
 def _binary(name, types, fn):
     register(name, {"a": types, "b": types, "output": U8}, expr=lambda kc, n, a, b: fn(a, b))
-
-    def op(b, a, c, *, label=None):
-        # IDL: MLOperand <name>(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
-        b._operand(a, name, "a")
-        b._operand(c, name, "b")
-        check_support(name, a=a, b=c)
-        same_type(name, ("a", a), ("b", c))
-        shape = broadcast_shapes(name, a.shape, c.shape)
-        return b._emit1(name, [a, c], {}, "uint8", shape, label)
-
-    op.__name__ = name
-    builder_op(op)
+    binary_op(name, "uint8")
 
 
 for _name, _fn in COMPARE.items():

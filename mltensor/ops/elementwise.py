@@ -11,7 +11,7 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import broadcast_shapes, check_support, register, same_type
+from . import broadcast_shapes, check_number, check_support, register, same_type
 
 ALL = dtypes.ALL
 FLOAT = dtypes.FLOATS
@@ -49,8 +49,9 @@ BINARY = {
 }
 
 
-def _binary(name, types, fn):
-    register(name, {"a": types, "b": types, "output": types}, expr=fn)
+def binary_op(name, out_type=None):
+    """Attach the builder method of a broadcasting binary operator (arithmetic here, comparison and
+    logical in compare.py): `a` and `b` of one data type; the output is out_type, else that type."""
 
     def op(b, a, c, *, label=None):
         b._operand(a, name, "a")
@@ -58,11 +59,16 @@ def _binary(name, types, fn):
         check_support(name, a=a, b=c)
         same_type(name, ("a", a), ("b", c))
         shape = broadcast_shapes(name, a.shape, c.shape)
-        return b._emit1(name, [a, c], {}, a.data_type, shape, label)
+        return b._emit1(name, [a, c], {}, out_type or a.data_type, shape, label)
 
     op.__name__ = name
     op.__doc__ = f"IDL: MLOperand {name}(MLOperand a, MLOperand b, optional MLOperatorOptions options = {{}});"
     builder_op(op)
+
+
+def _binary(name, types, fn):
+    register(name, {"a": types, "b": types, "output": types}, expr=fn)
+    binary_op(name)
 
 
 for _name, (_types, _fn) in BINARY.items():
@@ -134,18 +140,12 @@ for _name, (_types, _fn) in UNARY.items():
 # -- activations ----------------------------------------------------------------------------
 
 
-def _float_opt(name, what, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"[{name}] {what} must be a number, got {v!r}")
-    return float(v)
-
-
 def _opts(defaults):
     def attrs_of(name, x, **options):
         extra = set(options) - set(defaults)
         if extra:
             raise TypeError(f"[{name}] unexpected options {sorted(extra)}")
-        return {k: _float_opt(name, k, options.get(k, d)) for k, d in defaults.items()}
+        return {k: check_number(name, k, options.get(k, d)) for k, d in defaults.items()}
 
     return attrs_of
 
@@ -155,7 +155,7 @@ def _bound_opt(name, what, v):
     bounds beyond 2**53 stay exact)."""
     if hasattr(v, "__index__") and not isinstance(v, bool) and float(int(v)) != int(v):
         return int(v)
-    return _float_opt(name, what, v)
+    return check_number(name, what, v)
 
 
 def _clamp_attrs(name, x, min_value=None, max_value=None):

@@ -18,6 +18,19 @@ ALL = dtypes.ALL
 INDEX = ("int32", "uint32", "int64")
 
 
+def _elements_axis(where, x, indices, axis):
+    """The axis of gather_elements/scatter_elements, checked with their shared indices rule:
+    indices has the input's shape except along `axis`."""
+    axis = check_axis(where, axis, x.rank)
+    expected = list(x.shape)
+    if indices.rank == x.rank:
+        expected[axis] = indices.shape[axis]
+    if list(indices.shape) != expected:
+        raise TypeError(f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
+                        f"{list(x.shape)} except along axis {axis}")
+    return axis
+
+
 def _wrap(kc, indices, expr, n):
     return f"wrap_{kc.wtype(indices)}({expr}, {n}u)"
 
@@ -47,13 +60,7 @@ def gather_elements(b, x, indices, *, axis=0, label=None):
     b._operand(x, where, "input")
     b._operand(indices, where, "indices")
     check_support(where, input=x, indices=indices)
-    axis = check_axis(where, axis, x.rank)
-    expected = list(x.shape)
-    if indices.rank == x.rank:
-        expected[axis] = indices.shape[axis]
-    if list(indices.shape) != expected:
-        raise TypeError(f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
-                        f"{list(x.shape)} except along axis {axis}")
+    axis = _elements_axis(where, x, indices, axis)
     return b._emit1(where, [x, indices], {"axis": axis}, x.data_type, indices.shape, label)
 
 
@@ -130,13 +137,7 @@ def scatter_elements(b, x, indices, updates, *, axis=0, label=None):
         b._operand(v, where, what)
     check_support(where, input=x, indices=indices, updates=updates)
     same_type(where, ("input", x), ("updates", updates))
-    axis = check_axis(where, axis, x.rank)
-    expected = list(x.shape)
-    if indices.rank == x.rank:
-        expected[axis] = indices.shape[axis]
-    if list(indices.shape) != expected:
-        raise TypeError(f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
-                        f"{list(x.shape)} except along axis {axis}")
+    axis = _elements_axis(where, x, indices, axis)
     if updates.shape != indices.shape:
         raise TypeError(f"[{where}] updates shape {list(updates.shape)} must equal indices shape "
                         f"{list(indices.shape)}")

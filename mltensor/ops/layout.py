@@ -6,7 +6,7 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_axes, check_support, int_list, lowering, register, row_strides
+from . import check_axes, check_bool, check_support, int_list, lowering, register, row_strides
 
 ALL = dtypes.ALL
 
@@ -113,8 +113,7 @@ def triangular(b, x, *, upper=True, diagonal=0, label=None):
     # IDL: MLOperand triangular(MLOperand input, optional MLTriangularOptions options = {});
     b._operand(x, "triangular", "input")
     check_support("triangular", input=x)
-    if not isinstance(upper, bool):
-        raise TypeError(f"[triangular] upper must be a bool, got {upper!r}")
+    check_bool("triangular", "upper", upper)
     if isinstance(diagonal, bool) or not isinstance(diagonal, int) or not -(2**31) <= diagonal < 2**31:
         raise TypeError(f"[triangular] diagonal must be a 32-bit integer, got {diagonal!r}")
     attrs = {"upper": upper, "diagonal": diagonal}

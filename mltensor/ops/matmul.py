@@ -11,7 +11,8 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import Binding, Kernel, grid
-from . import MAX_RANK, broadcast_shapes, check_support, lowering, register, row_strides, same_type, unidirectional
+from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, register,
+               row_strides, same_type, unidirectional)
 
 FLOAT = dtypes.FLOATS
 GEMV_MAX_M = 4
@@ -121,18 +122,6 @@ register(
 )
 
 
-def _number(where, what, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"[{where}] {what} must be a number, got {v!r}")
-    return float(v)
-
-
-def _bool(where, what, v):
-    if not isinstance(v, bool):
-        raise TypeError(f"[{where}] {what} must be a bool, got {v!r}")
-    return v
-
-
 @builder_op
 def gemm(b, a, bb, *, c=None, alpha=1.0, beta=1.0, a_transpose=False, b_transpose=False, label=None):
     # IDL: MLOperand gemm(MLOperand a, MLOperand b, optional MLGemmOptions options = {});
@@ -142,10 +131,10 @@ def gemm(b, a, bb, *, c=None, alpha=1.0, beta=1.0, a_transpose=False, b_transpos
         b._operand(c, "gemm", "c")
     check_support("gemm", a=a, b=bb, c=c)
     same_type("gemm", ("a", a), ("b", bb), ("c", c))
-    alpha = _number("gemm", "alpha", alpha)
-    beta = _number("gemm", "beta", beta)
-    a_transpose = _bool("gemm", "a_transpose", a_transpose)
-    b_transpose = _bool("gemm", "b_transpose", b_transpose)
+    alpha = check_number("gemm", "alpha", alpha)
+    beta = check_number("gemm", "beta", beta)
+    a_transpose = check_bool("gemm", "a_transpose", a_transpose)
+    b_transpose = check_bool("gemm", "b_transpose", b_transpose)
     sa = a.shape[::-1] if a_transpose else a.shape
     sb = bb.shape[::-1] if b_transpose else bb.shape
     if sa[1] != sb[0]:

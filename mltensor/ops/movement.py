@@ -49,6 +49,18 @@ def _seq(where, what, v, length=None, minimum=0):
     return vals
 
 
+def _per_dim(where, rank, first, second):
+    """Two (what, value) sequences with one unsigned value per input dimension (slice's starts
+    and sizes, pad's beginning and ending padding)."""
+    (wa, a), (wb, b) = first, second
+    a, b = _seq(where, wa, a), _seq(where, wb, b)
+    if len(a) != rank or len(b) != rank:
+        raise TypeError(
+            f"[{where}] {wa} and {wb} must both have {rank} values (the input's rank), got {len(a)} and {len(b)}"
+        )
+    return a, b
+
+
 def _out(b, where, data_type, shape):
     """Validate an inferred output shape like a tensor descriptor (valid dims, rank, bytes)."""
     return b._context._tensor_args(where, data_type, shape)[1]
@@ -229,12 +241,7 @@ def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebN
     b._operand(x, "slice", "input")
     check_support("slice", input=x)
     r = x.rank
-    starts = _seq("slice", "starts", starts)
-    sizes = _seq("slice", "sizes", sizes)
-    if len(starts) != r or len(sizes) != r:
-        raise TypeError(
-            f"[slice] starts and sizes must both have {r} values (the input's rank), got {len(starts)} and {len(sizes)}"
-        )
+    starts, sizes = _per_dim("slice", r, ("starts", starts), ("sizes", sizes))
     steps = [1] * r if strides is None else _seq("slice", "strides", strides, length=r)
     shape = []
     for d in range(r):
@@ -429,13 +436,7 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
     b._operand(x, "pad", "input")
     check_support("pad", input=x)
     r = x.rank
-    begin = _seq("pad", "beginning_padding", beginning_padding)
-    end = _seq("pad", "ending_padding", ending_padding)
-    if len(begin) != r or len(end) != r:
-        raise TypeError(
-            f"[pad] beginning_padding and ending_padding must both have {r} values (the input's rank), "
-            f"got {len(begin)} and {len(end)}"
-        )
+    begin, end = _per_dim("pad", r, ("beginning_padding", beginning_padding), ("ending_padding", ending_padding))
     if mode not in PAD_MODES:
         raise TypeError(f"[pad] mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):

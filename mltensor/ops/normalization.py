@@ -14,16 +14,10 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_support, register, row_strides
+from . import check_number, check_support, register, row_strides
 from .reduce import WG, axes_option, merge_dims, radix, reduce_shape
 
 FLOAT = dtypes.FLOATS
-
-
-def _epsilon(where, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"[{where}] epsilon must be a number, got {v!r}")
-    return float(v)
 
 
 def _param(b, where, what, p, x, shape):
@@ -51,7 +45,7 @@ def batch_normalization(b, x, mean, variance, *, scale=None, bias=None, axis=1, 
     axis = int(axis)
     if not 0 <= axis < x.rank:
         raise TypeError(f"[{where}] axis must be in [0, {x.rank}) for an input of rank {x.rank}, got {axis}")
-    eps = _epsilon(where, epsilon)
+    eps = check_number(where, "epsilon", epsilon)
     c = (x.shape[axis],)
     if mean is None or variance is None:
         raise TypeError(f"[{where}] mean and variance are required operands")
@@ -90,7 +84,7 @@ def instance_normalization(b, x, *, scale=None, bias=None, epsilon=1e-5, layout=
     check_support(where, input=x)
     if layout not in ("nchw", "nhwc"):
         raise TypeError(f"[{where}] layout must be 'nchw' or 'nhwc', got {layout!r}")
-    eps = _epsilon(where, epsilon)
+    eps = check_number(where, "epsilon", epsilon)
     c = (x.shape[1] if layout == "nchw" else x.shape[3],)
     scale = _param(b, where, "scale", scale, x, c)
     bias = _param(b, where, "bias", bias, x, c)
@@ -118,7 +112,7 @@ def layer_normalization(b, x, *, scale=None, bias=None, axes=None, epsilon=1e-5,
     b._operand(x, where, "input")
     check_support(where, input=x)
     axes = list(range(1, x.rank)) if axes is None else axes_option(where, axes, x.rank)
-    eps = _epsilon(where, epsilon)
+    eps = check_number(where, "epsilon", epsilon)
     pshape = tuple(x.shape[a] for a in axes)
     scale = _param(b, where, "scale", scale, x, pshape)
     bias = _param(b, where, "bias", bias, x, pshape)

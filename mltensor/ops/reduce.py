@@ -18,7 +18,7 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_support, register, row_strides
+from . import check_bool, check_support, register, row_strides
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
 THREAD_MAX_K = 32  # up to this many reduced elements, one thread per output is faster
@@ -144,12 +144,6 @@ def axes_option(where, axes, rank):
     return axes
 
 
-def bool_option(where, what, v):
-    if not isinstance(v, bool):
-        raise TypeError(f"[{where}] {what} must be a bool, got {v!r}")
-    return v
-
-
 def _reduce_op(name, types):
     register(name, {"input": types, "output": types}, lower=_lower_reduce)
 
@@ -157,7 +151,7 @@ def _reduce_op(name, types):
         b._operand(x, name, "input")
         check_support(name, input=x)
         axes = axes_option(name, axes, x.rank)
-        keep = bool_option(name, "keep_dimensions", keep_dimensions)
+        keep = check_bool(name, "keep_dimensions", keep_dimensions)
         if keep:
             shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
         else:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import dtypes
 from ..front.builder import builder_op
-from . import check_support, register, same_type
+from . import check_bool, check_support, register, same_type
 
 FLOAT = dtypes.FLOATS
 ACTIVATIONS = ("relu", "sigmoid", "tanh")
@@ -51,12 +51,6 @@ def _positive(where, what, v):
     return int(v)
 
 
-def _flag(where, what, v):
-    if not isinstance(v, bool):
-        raise TypeError(f"[{where}] {what} must be a bool, got {v!r}")
-    return v
-
-
 def _enum(where, what, v, allowed):
     if v not in allowed:
         raise TypeError(f"[{where}] {what} must be one of {', '.join(allowed)}, got {v!r}")
@@ -90,6 +84,31 @@ def _operands(b, where, named):
 def _shape(where, what, v, want):
     if v is not None and tuple(v.shape) != tuple(want):
         raise TypeError(f"[{where}] {what} shape {list(v.shape)} must be {list(want)}")
+
+
+def _sequence_args(b, where, named, steps, hidden_size, return_sequence, direction, layout, activations, *,
+                   gates, layouts, default_activations):
+    """The checks gru and lstm share (operands, options, and the shapes of the `gates`-gate
+    weights, biases and initial hidden state); returns
+    (steps, hidden_size, return_sequence, activations, batch, input_size, directions)."""
+    x = _operands(b, where, named)
+    steps = _positive(where, "steps", steps)
+    hs = _positive(where, "hidden_size", hidden_size)
+    return_sequence = check_bool(where, "return_sequence", return_sequence)
+    _enum(where, "direction", direction, DIRECTIONS)
+    _enum(where, "layout", layout, tuple(layouts))
+    acts = _activations(where, activations, default_activations)
+    if x.shape[0] != steps:
+        raise TypeError(f"[{where}] input.shape[0] ({x.shape[0]}) must equal steps ({steps})")
+    _, batch, isz = x.shape
+    nd = 2 if direction == "both" else 1
+    g = gates * hs
+    _shape(where, "weight", named["weight"], (nd, g, isz))
+    _shape(where, "recurrent_weight", named["recurrent_weight"], (nd, g, hs))
+    _shape(where, "bias", named["bias"], (nd, g))
+    _shape(where, "recurrent_bias", named["recurrent_bias"], (nd, g))
+    _shape(where, "initial_hidden_state", named["initial_hidden_state"], (nd, batch, hs))
+    return steps, hs, return_sequence, acts, batch, isz, nd
 
 
 def _act(b, name, x):
@@ -168,24 +187,12 @@ def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurr
     # IDL: sequence<MLOperand> gru(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                              unsigned long steps, unsigned long hiddenSize, optional MLGruOptions options = {});
     where = "gru"
-    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
-                         "recurrent_bias": recurrent_bias, "initial_hidden_state": initial_hidden_state})
-    steps = _positive(where, "steps", steps)
-    hs = _positive(where, "hidden_size", hidden_size)
-    reset_after = _flag(where, "reset_after", reset_after)
-    return_sequence = _flag(where, "return_sequence", return_sequence)
-    _enum(where, "direction", direction, DIRECTIONS)
-    _enum(where, "layout", layout, tuple(GRU_LAYOUTS))
-    acts = _activations(where, activations, ("sigmoid", "tanh"))
-    if x.shape[0] != steps:
-        raise TypeError(f"[{where}] input.shape[0] ({x.shape[0]}) must equal steps ({steps})")
-    _, batch, isz = x.shape
-    nd = 2 if direction == "both" else 1
-    _shape(where, "weight", weight, (nd, 3 * hs, isz))
-    _shape(where, "recurrent_weight", recurrent_weight, (nd, 3 * hs, hs))
-    _shape(where, "bias", bias, (nd, 3 * hs))
-    _shape(where, "recurrent_bias", recurrent_bias, (nd, 3 * hs))
-    _shape(where, "initial_hidden_state", initial_hidden_state, (nd, batch, hs))
+    named = {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
+             "recurrent_bias": recurrent_bias, "initial_hidden_state": initial_hidden_state}
+    steps, hs, return_sequence, acts, batch, isz, nd = _sequence_args(
+        b, where, named, steps, hidden_size, return_sequence, direction, layout, activations,
+        gates=3, layouts=GRU_LAYOUTS, default_activations=("sigmoid", "tanh"))
+    reset_after = check_bool(where, "reset_after", reset_after)
 
     dt = x.data_type
     one = b.constant(data_type=dt, value=1.0)
@@ -227,7 +234,7 @@ def gru_cell(b, x, weight, recurrent_weight, hidden_state, hidden_size, *, bias=
     _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight,
                          "hidden_state": hidden_state, "bias": bias, "recurrent_bias": recurrent_bias})
     hs = _positive(where, "hidden_size", hidden_size)
-    reset_after = _flag(where, "reset_after", reset_after)
+    reset_after = check_bool(where, "reset_after", reset_after)
     _enum(where, "layout", layout, tuple(GRU_LAYOUTS))
     acts = _activations(where, activations, ("sigmoid", "tanh"))
     batch, isz = x.shape
@@ -262,25 +269,13 @@ def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recur
     # IDL: sequence<MLOperand> lstm(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                               unsigned long steps, unsigned long hiddenSize, optional MLLstmOptions options = {});
     where = "lstm"
-    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
-                         "recurrent_bias": recurrent_bias, "peephole_weight": peephole_weight,
-                         "initial_hidden_state": initial_hidden_state, "initial_cell_state": initial_cell_state})
-    steps = _positive(where, "steps", steps)
-    hs = _positive(where, "hidden_size", hidden_size)
-    return_sequence = _flag(where, "return_sequence", return_sequence)
-    _enum(where, "direction", direction, DIRECTIONS)
-    _enum(where, "layout", layout, tuple(LSTM_LAYOUTS))
-    acts = _activations(where, activations, ("sigmoid", "tanh", "tanh"))
-    if x.shape[0] != steps:
-        raise TypeError(f"[{where}] input.shape[0] ({x.shape[0]}) must equal steps ({steps})")
-    _, batch, isz = x.shape
-    nd = 2 if direction == "both" else 1
-    _shape(where, "weight", weight, (nd, 4 * hs, isz))
-    _shape(where, "recurrent_weight", recurrent_weight, (nd, 4 * hs, hs))
-    _shape(where, "bias", bias, (nd, 4 * hs))
-    _shape(where, "recurrent_bias", recurrent_bias, (nd, 4 * hs))
+    named = {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
+             "recurrent_bias": recurrent_bias, "peephole_weight": peephole_weight,
+             "initial_hidden_state": initial_hidden_state, "initial_cell_state": initial_cell_state}
+    steps, hs, return_sequence, acts, batch, isz, nd = _sequence_args(
+        b, where, named, steps, hidden_size, return_sequence, direction, layout, activations,
+        gates=4, layouts=LSTM_LAYOUTS, default_activations=("sigmoid", "tanh", "tanh"))
     _shape(where, "peephole_weight", peephole_weight, (nd, 3 * hs))
-    _shape(where, "initial_hidden_state", initial_hidden_state, (nd, batch, hs))
     _shape(where, "initial_cell_state", initial_cell_state, (nd, batch, hs))
 
     dt = x.data_type

@@ -9,7 +9,7 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_axis, check_support, lowering, register
+from . import check_axis, check_bool, check_support, lowering, register
 
 ALL = dtypes.ALL
 INDEX_OUT = ("int32", "int64")
@@ -34,8 +34,7 @@ def _arg_op(name, cmp):
         odt = dtypes.normalize(output_data_type, name)
         if odt not in INDEX_OUT:
             raise TypeError(f"[{name}] output_data_type must be one of {', '.join(INDEX_OUT)}, got {odt}")
-        if not isinstance(keep_dimensions, bool):
-            raise TypeError(f"[{name}] keep_dimensions must be a bool, got {keep_dimensions!r}")
+        check_bool(name, "keep_dimensions", keep_dimensions)
         shape = list(x.shape)
         if keep_dimensions:
             shape[axis] = 1
@@ -79,9 +78,8 @@ def cumulative_sum(b, x, axis, *, exclusive=False, reversed=False, label=None):
     b._operand(x, "cumulative_sum", "input")
     check_support("cumulative_sum", input=x)
     axis = check_axis("cumulative_sum", axis, x.rank)
-    for what, v in (("exclusive", exclusive), ("reversed", reversed)):
-        if not isinstance(v, bool):
-            raise TypeError(f"[cumulative_sum] {what} must be a bool, got {v!r}")
+    check_bool("cumulative_sum", "exclusive", exclusive)
+    check_bool("cumulative_sum", "reversed", reversed)
     attrs = {"axis": axis, "exclusive": exclusive, "reversed": reversed}
     return b._emit1("cumulative_sum", [x], attrs, x.data_type, x.shape, label)
 
