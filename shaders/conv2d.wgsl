@@ -14,6 +14,16 @@ fn in_at(n: u32, c: u32, h: u32, w: u32) -> f32 {
     return x[n * {{ in_s[0] }}u + c * {{ in_s[1] }}u + h * {{ in_s[2] }}u + w * {{ in_s[3] }}u];
 }
 
+// (ic, kh, kw) of reduction index k (columns ordered (kh, kw, ic) for NHWC, else (ic, kh, kw)),
+// shared by load_a (im2col) and load_b (filter).
+fn k_coords(k: u32) -> vec3<u32> {
+{$ if ic_inner $}
+    return vec3<u32>(k % {{ ICg }}u, k / {{ ICg * KW }}u, (k / {{ ICg }}u) % {{ KW }}u);
+{$ else $}
+    return vec3<u32>(k / {{ KH * KW }}u, (k / {{ KW }}u) % {{ KH }}u, k % {{ KW }}u);
+{$ endif $}
+}
+
 {$ if pointwise $}
 // 1x1, stride 1, no padding: A is the input itself (pixels x channels).
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
@@ -33,15 +43,10 @@ fn load_a(g: u32, m: u32, k: u32) -> f32 {
     let p = m % OHW;
     let oh = p / {{ OW }}u;
     let ow = p % {{ OW }}u;
-{$ if ic_inner $}
-    let ic = k % {{ ICg }}u;
-    let kw = (k / {{ ICg }}u) % {{ KW }}u;
-    let kh = k / {{ ICg * KW }}u;
-{$ else $}
-    let kw = k % {{ KW }}u;
-    let kh = (k / {{ KW }}u) % {{ KH }}u;
-    let ic = k / {{ KH * KW }}u;
-{$ endif $}
+    let kc = k_coords(k);
+    let ic = kc.x;
+    let kh = kc.y;
+    let kw = kc.z;
 {$ if transposed $}
     // output row oh gathers input row ih where oh = ih * SH - PT + kh * DH
     let th = i32(oh) + {{ PT }} - i32(kh * {{ DH }}u);
@@ -69,14 +74,11 @@ fn load_b(g: u32, k: u32, o: u32) -> f32 {
     let ic = k;
     let kh = 0u;
     let kw = 0u;
-{$ elif ic_inner $}
-    let ic = k % {{ ICg }}u;
-    let kw = (k / {{ ICg }}u) % {{ KW }}u;
-    let kh = k / {{ ICg * KW }}u;
 {$ else $}
-    let kw = k % {{ KW }}u;
-    let kh = (k / {{ KW }}u) % {{ KH }}u;
-    let ic = k / {{ KH * KW }}u;
+    let kc = k_coords(k);
+    let ic = kc.x;
+    let kh = kc.y;
+    let kw = kc.z;
 {$ endif $}
     // f_g: offset of group g's filter slice (along o for conv2d, along i for the transpose)
     return w[g * {{ f_g }}u + o * {{ f_s[0] }}u + ic * {{ f_s[1] }}u + kh * {{ f_s[2] }}u + kw * {{ f_s[3] }}u];
