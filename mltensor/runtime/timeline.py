@@ -12,6 +12,8 @@ the numpy result.
 """
 
 import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import wgpu
@@ -178,6 +180,32 @@ class Timeline:
         self._staging.clear()
 
 
+_PARALLEL_COPY = 8 << 20  # bytes: above this, the host copy is split across threads
+_copy_pool = None
+
+
+def _copy(dst, src):
+    """dst[:] = src, in parallel chunks for large reads: the copy into fresh memory is bound by
+    page faults, which cores take in parallel (numpy releases the GIL while it copies)."""
+    global _copy_pool
+    n = src.nbytes
+    workers = min(4, os.cpu_count() or 1)
+    if n < _PARALLEL_COPY or workers < 2:
+        dst[:] = src
+        return
+    if _copy_pool is None:
+        _copy_pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="mltensor-copy")
+    step = -(-n // workers) + 4095 & ~4095  # page-aligned chunks
+
+    def part(k):
+        dst[k * step:(k + 1) * step] = src[k * step:(k + 1) * step]
+
+    futures = [_copy_pool.submit(part, k) for k in range(1, workers)]
+    part(0)
+    for f in futures:
+        f.result()
+
+
 class PendingRead:
     """A read_tensor in flight: copy recorded by its task, mapped after the submit, then copied
     once from mapped memory into the result."""
@@ -232,9 +260,9 @@ class PendingRead:
         src = np.frombuffer(mv, dtype=np.uint8, count=nbytes)
         if self.out is None:
             result = np.empty(t.shape, dtype=t._np_dtype)
-            result.reshape(-1).view(np.uint8)[:] = src
+            _copy(result.reshape(-1).view(np.uint8), src)
         else:
-            np.frombuffer(self.out, dtype=np.uint8, count=nbytes)[:] = src
+            _copy(np.frombuffer(self.out, dtype=np.uint8, count=nbytes), src)
             result = None
         del mv, src
         self.ctx._counters["bytes_downloaded"] += nbytes
