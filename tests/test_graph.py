@@ -369,3 +369,17 @@ def _dispatch(ctx, g, feeds):
 
 def _run(ctx, b, outputs, feeds):
     return _dispatch(ctx, b.build_sync(outputs), feeds)
+
+
+def test_fusion_respects_the_binding_limit(ctx):
+    """A chain with more inputs than a kernel may bind is split into several fused kernels."""
+    limit = ctx.device.limits["max-storage-buffers-per-shader-stage"]
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[4])
+    y, feeds = x, {"x": np.zeros(4, np.float32)}
+    for k in range(limit + 8):
+        y = b.add(y, b.input(f"c{k}", data_type="float32", shape=[4]))
+        feeds[f"c{k}"] = np.full(4, k, np.float32)
+    g = b.build_sync({"y": y})
+    assert 2 <= len(g.kernel_names) <= 3
+    assert _dispatch(ctx, g, feeds)["y"].tolist() == [sum(range(limit + 8))] * 4

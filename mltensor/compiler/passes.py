@@ -45,7 +45,21 @@ def live_nodes(builder, outputs):
     return [n for n in builder._nodes if id(n) in needed]
 
 
-def plan_steps(nodes, outputs, fuse=True):
+def external_inputs(nodes):
+    """Distinct values a group of nodes reads that it does not produce (its kernel's inputs)."""
+    produced = {id(v) for n in nodes for v in n.outputs}
+    seen, out = set(), []
+    for n in nodes:
+        for x in n.inputs:
+            if x is not None and id(x) not in produced and id(x) not in seen:
+                seen.add(id(x))
+                out.append(x)
+    return out
+
+
+def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
+    """`max_inputs`: the most inputs a fused elementwise kernel may bind (storage buffers per
+    shader stage, less one for the output)."""
     out_values = {id(v) for v in outputs.values()}
     consumers = {}
     for n in nodes:
@@ -104,6 +118,7 @@ def plan_steps(nodes, outputs, fuse=True):
                     and p.outputs[0] is x
                     and x.shape == n.outputs[0].shape
                     and single_use(x)
+                    and len(external_inputs(p.nodes + step.nodes)) <= max_inputs
                 ):
                     steps.remove(p)
                     step.nodes[:0] = [m for m in p.nodes if m not in step.nodes]

@@ -36,7 +36,8 @@ def compile_graph(builder, outputs):
     used_inputs |= {id(v) for v in outputs.values() if v._kind == "input"}
     inputs = {name: x for name, x in builder._inputs.items()}
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
-    steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"))
+    steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
+                       max_inputs=device.limits["max-storage-buffers-per-shader-stage"] - 1)
 
     int64 = ctx._int64
     kc = KernelContext(device, outputs, int64=int64)

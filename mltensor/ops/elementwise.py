@@ -9,6 +9,7 @@ strides baked in (0 along broadcast dimensions).
 import math
 
 from .. import dtypes
+from ..compiler.passes import external_inputs
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
 from . import broadcast_shapes, check_number, check_support, register, same_type
@@ -287,13 +288,8 @@ def lower_group(kc, nodes, out):
     vec4 path: when every input is either the output's shape or a single value and the size is a
     multiple of 4, each thread loads and stores vec4s (128-bit memory ops) and evaluates the
     scalar chain once per component, so any operator's expression works unchanged."""
-    produced = {id(v): v for n in nodes for v in n.outputs}
-    ext, names = [], {}
-    for n in nodes:
-        for x in n.inputs:
-            if x is not None and id(x) not in produced and id(x) not in names:
-                names[id(x)] = f"x{len(ext)}"
-                ext.append(x)
+    ext = external_inputs(nodes)
+    names = {id(x): f"x{k}" for k, x in enumerate(ext)}
     size = math.prod(out.shape)
     types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
     vec = (size % 4 == 0 and types <= {"f32", "i32", "u32"}
