@@ -383,3 +383,23 @@ def test_fusion_respects_the_binding_limit(ctx):
     g = b.build_sync({"y": y})
     assert 2 <= len(g.kernel_names) <= 3
     assert _dispatch(ctx, g, feeds)["y"].tolist() == [sum(range(limit + 8))] * 4
+
+
+def test_results_beyond_the_byte_limit_are_type_errors(ctx):
+    limit = ctx.op_support_limits()["max_tensor_byte_length"]
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 1024])
+    with pytest.raises(TypeError, match="max_tensor_byte_length"):
+        b.expand(x, [limit // 4096 + 1, 1024])
+    b.build_sync({"y": b.relu(x)})  # the builder is still usable
+
+
+def test_gpu_compile_failures_are_operation_errors(ctx, monkeypatch):
+    from mltensor.ops import OPS
+
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[4])
+    y = b.relu(x)
+    monkeypatch.setattr(OPS["relu"], "expr", lambda kc, n, v: f"not_a_function({v})")
+    with pytest.raises(mltensor.OperationError, match=r"\[build\].*ew_relu"):
+        b.build_sync({"y": y})

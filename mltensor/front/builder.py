@@ -106,6 +106,8 @@ class MLGraphBuilder:
         """Record a node; `outs` is a list of (data_type, shape). Returns the output operands."""
         if label is not None and not isinstance(label, str):
             raise TypeError(f"[{op}] label must be a string")
+        # Every result must be a valid tensor descriptor (rank, byte length within the limit).
+        outs = [self._context._tensor_args(op, dt, shape) for dt, shape in outs]
         node = Node(op, inputs, attrs, label)
         node.outputs = [MLOperand(self, dt, shape, "op", node=node) for dt, shape in outs]
         self._nodes.append(node)
@@ -193,21 +195,30 @@ class MLGraphBuilder:
     # IDL: Promise<MLGraph> build(MLNamedOperands outputs);
     def build_sync(self, outputs):
         outputs = self._check_outputs(outputs, "build")
-        from ..compiler.program import compile_graph
-
         self._built = True
-        return compile_graph(self, outputs)
+        return _compile(self, outputs)
 
     def build_async(self, outputs):
         outputs = self._check_outputs(outputs, "build")
-        from ..compiler.program import compile_graph
-
         self._built = True
 
         async def build():
-            return compile_graph(self, outputs)
+            return _compile(self, outputs)
 
         return awaitable(build())
+
+
+def _compile(builder, outputs):
+    """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
+    from ..compiler.program import compile_graph
+    from ..errors import DOMException, OperationError
+
+    try:
+        return compile_graph(builder, outputs)
+    except (TypeError, DOMException):
+        raise
+    except Exception as e:
+        raise OperationError(f"[build] compilation failed: {type(e).__name__}: {e}") from e
 
 
 # Attach the operator methods (each ops module decorates its functions with @builder_op).
