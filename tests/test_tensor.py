@@ -324,3 +324,22 @@ def test_constant_tensor(ctx):
 async def test_constant_tensor_async(ctx):
     c = await ctx.create_constant_tensor_async(data_type="int8", shape=[2], data=np.array([1, -1], np.int8))
     assert c.constant and c.data_type == "int8"
+
+
+def test_large_results_never_share_memory_while_alive(ctx):
+    """Large reads recycle host memory, but only once no array (or view) refers to it."""
+    n = 1 << 19  # 2 MiB of float32: above the recycling threshold
+    t = _t(ctx, "float32", (n,))
+    ctx.write_tensor(t, np.full(n, 1, np.float32))
+    first = ctx.read_tensor_sync(t)
+    part = first[10:20]  # a view keeps the block alive after `first` goes
+    del first
+    ctx.write_tensor(t, np.full(n, 2, np.float32))
+    second = ctx.read_tensor_sync(t)
+    assert part.tolist() == [1] * 10
+    assert second[:3].tolist() == [2, 2, 2]
+    del part, second
+    ctx.write_tensor(t, np.full(n, 3, np.float32))
+    third = ctx.read_tensor_sync(t)  # may reuse a block now: it must hold the new values
+    assert third.shape == (n,) and third.dtype == np.float32
+    assert (third == 3).all()

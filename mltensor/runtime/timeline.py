@@ -13,6 +13,8 @@ the numpy result.
 
 import asyncio
 import os
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -206,6 +208,50 @@ def _copy(dst, src):
         f.result()
 
 
+class _HostPool:
+    """Recycled host memory for large read results.
+
+    Writing into fresh memory costs about twice the copy itself (the kernel faults in and zeroes
+    every page), and real-time loops read the same sizes every frame. A block is handed out again
+    only when no array refers to it any more: numpy views keep their owner (the block) as `base`,
+    so the block's reference count shows whether any result, or view of one, is alive."""
+
+    MIN_BYTES = 1 << 20
+    CAP_BYTES = 512 << 20
+
+    def __init__(self):
+        self._blocks = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes):
+        if nbytes < self.MIN_BYTES:
+            return np.empty(nbytes, np.uint8)
+        with self._lock:
+            blocks = self._blocks
+            for i in range(len(blocks)):
+                b = blocks[i]
+                # references: the list, `b`, getrefcount's argument -> nothing else holds it
+                if b.nbytes == nbytes and sys.getrefcount(b) == 3:
+                    return b
+            block = np.empty(nbytes, np.uint8)
+            total = sum(b.nbytes for b in blocks) + nbytes
+            if total > self.CAP_BYTES:  # forget blocks nobody uses, oldest first
+                keep = []
+                for i in range(len(blocks)):
+                    b = blocks[i]
+                    if total > self.CAP_BYTES and sys.getrefcount(b) == 3:
+                        total -= b.nbytes
+                    else:
+                        keep.append(b)
+                self._blocks = blocks = keep
+            if total <= self.CAP_BYTES:
+                blocks.append(block)
+            return block
+
+
+_host_pool = _HostPool()
+
+
 class PendingRead:
     """A read_tensor in flight: copy recorded by its task, mapped after the submit, then copied
     once from mapped memory into the result."""
@@ -259,8 +305,9 @@ class PendingRead:
         mv = mapped.read_mapped(0, self.size, copy=False)
         src = np.frombuffer(mv, dtype=np.uint8, count=nbytes)
         if self.out is None:
-            result = np.empty(t.shape, dtype=t._np_dtype)
-            _copy(result.reshape(-1).view(np.uint8), src)
+            block = _host_pool.take(nbytes)
+            _copy(block, src)
+            result = block.view(t._np_dtype).reshape(t.shape)
         else:
             _copy(np.frombuffer(self.out, dtype=np.uint8, count=nbytes), src)
             result = None
