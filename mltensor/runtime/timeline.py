@@ -217,7 +217,7 @@ class _HostPool:
     so the block's reference count shows whether any result, or view of one, is alive."""
 
     MIN_BYTES = 1 << 20
-    CAP_BYTES = 512 << 20
+    CAP_BYTES = 256 << 20  # at most this much is kept for reuse
 
     def __init__(self):
         self._blocks = []
