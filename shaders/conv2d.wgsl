@@ -94,7 +94,8 @@ fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ else $}
     let v = acc;
 {$ endif $}
-    out[n * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + p * {{ out_s[3] }}u] = act(v);
+    let oi = n * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + p * {{ out_s[3] }}u;
+    out[oi] = act(v, oi);
 }
 {$ endblock $}
 
@@ -155,9 +156,9 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
 {$ endif $}
 {$ for j in range(OWB) $}
 {$ if j == 0 $}
-    out[ob] = act(acc0 + bv);
+    out[ob] = act(acc0 + bv, ob);
 {$ else $}
-    if (ow0 + {{ j }}u < {{ OW }}u) { out[ob + {{ j * out_s[3] }}u] = act(acc{{ j }} + bv); }
+    if (ow0 + {{ j }}u < {{ OW }}u) { out[ob + {{ j * out_s[3] }}u] = act(acc{{ j }} + bv, ob + {{ j * out_s[3] }}u); }
 {$ endif $}
 {$ endfor $}
 }

@@ -5,6 +5,7 @@
 //   load_a(bt, m, k) -> f32    element (m, k) of A for batch bt, 0 outside the matrix
 //   load_b(bt, k, n) -> f32    element (k, n) of B, 0 outside
 //   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
+// act(v, i) is the fused epilogue (kc.epilogue): i is the flat index of the stored element in out.
 // Paths:
 //   "tiled": 8x8 threads, each computing an RM x RN block (8x8 or 4x4) of a (8 RM) x (8 RN)
 //            output tile; A and B tiles of depth BK are staged in workgroup memory as vec4, so
@@ -48,7 +49,8 @@ fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ if has_c $}
     v = v + {{ f32_lit(beta) }} * c[m * {{ c_sm }}u + n * {{ c_sn }}u];
 {$ endif $}
-    out[bt * (M * N) + m * N + n] = act(v);
+    let oi = bt * (M * N) + m * N + n;
+    out[oi] = act(v, oi);
 }
 {$ endblock $}
 

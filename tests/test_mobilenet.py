@@ -129,7 +129,8 @@ def test_mobilenet_block_matches_numpy(ctx, rng, layout):
 
 
 def test_mobilenet_fuses_activations(ctx, rng):
-    """Every conv + activation pair is one kernel; no layout transposes in the NHWC graph."""
+    """Every conv + activation pair is one kernel, and so is the residual add after proj; no layout
+    transposes in the NHWC graph."""
     if not hasattr(MLGraphBuilder, "resample2d"):
         pytest.skip("resample2d is not implemented yet")
     net = Net(rng)
@@ -140,5 +141,7 @@ def test_mobilenet_fuses_activations(ctx, rng):
     convs = [n for n in names if n.startswith("conv2d")]
     assert len(convs) == 9, names
     assert not any("transpose" in n for n in names), names
-    # the activations of stem, dw1, se1, se2, exp, dw2 (twice hard_swish) and head are fused
-    assert len(names) == 9 + 5, names  # + pool, mul, add, resample, sigmoid
+    # the activations of stem, dw1, se1, se2, exp, dw2 (twice hard_swish) and head are fused,
+    # and the residual add into proj
+    assert len(names) == 9 + 4, names  # + pool, mul, resample, sigmoid
+    assert not any(n.startswith("ew_add") for n in names), names

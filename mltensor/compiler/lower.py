@@ -83,8 +83,8 @@ class KernelContext:
         self.launches.append(Launch(kernel, list(args), tuple(groups), self._prologue))
 
     def out(self, node, i=0):
-        """The value a node's kernel writes for output i: with a fused activation epilogue, the
-        last activation's output."""
+        """The value a node's kernel writes for output i: with a fused epilogue, the
+        last epilogue node's output."""
         step = self.step
         if step is not None and step.epilogue and node is step.node:
             return step.outputs[0]
@@ -104,12 +104,22 @@ class KernelContext:
     def scratch(self, nbytes):
         return Scratch(dtypes.padded(nbytes))
 
-    def activation(self, step=None):
-        """WGSL `fn act(x: T) -> T` applying the step's fused activation epilogue (or identity)."""
-        from ..ops.elementwise import activation_fn
+    def epilogue(self, bindings, args):
+        """WGSL `fn act(x: T, i: u32) -> T` for the step's fused epilogue (identity if none): the
+        value about to be stored at flat index `i` of `kc.out(node)` (row-major, the output's own
+        layout) goes through the fused activations and binary nodes in order. The other operands
+        of binary nodes are read at `i` (broadcast through baked strides) from extra read-only
+        bindings `e0`, `e1`, ...: they are inserted into the lists `bindings` and `args` before
+        their last entry (the output). Every store of the kernel must go through act()."""
+        from ..ops.elementwise import epilogue_fn
+        from .passes import epilogue_operands
 
-        step = step or self.step
-        return activation_fn(self, step.epilogue, self.wtype(step.outputs[0]))
+        step = self.step
+        extra = epilogue_operands(step)
+        for k, v in enumerate(extra):
+            bindings.insert(len(bindings) - 1, Binding(f"e{k}", self.wtype(v)))
+            args.insert(len(args) - 1, v)
+        return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]))
 
     def copy(self, src, dst):
         n = self.nbytes(src) // 4  # 32-bit words, whatever the element type

@@ -1,12 +1,13 @@
 """Graph passes on the builder's nodes: dead-node removal, constant classification, fusion.
 
 The result is a list of Steps in topological order. A step is one node, a fused elementwise
-group, or a conv2d/matmul/gemm with an epilogue of activations.
+group, or a conv2d/matmul/gemm with an epilogue: unary activations and binary elementwise nodes
+whose other operand (a residual, a scale) is read at the stored element's index.
 """
 
 from ..ops import OPS
 
-# Operators whose kernels apply an activation epilogue (`kc.activation(step)`).
+# Operators whose kernels apply a fused epilogue (`kc.epilogue(bindings, args)`).
 EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm"}
 
 
@@ -15,7 +16,9 @@ class Step:
 
     def __init__(self, node, const):
         self.nodes = [node]  # one node, or a fused elementwise group in topological order
-        self.epilogue = []  # activation nodes applied to the (single) output, in order
+        # Elementwise nodes applied to the (single) output, in order: unary activations and binary
+        # nodes with one operand the chain's value (see epilogue_operands for the other)
+        self.epilogue = []
         self.const = const
         self.outputs = list(node.outputs)
 
@@ -29,6 +32,27 @@ class Step:
 
     def __repr__(self):
         return f"<Step {'+'.join(n.op for n in self.nodes + self.epilogue)}{' const' if self.const else ''}>"
+
+
+def epilogue_operands(step):
+    """Distinct values the step's epilogue reads besides its chain value, in order of first use:
+    the other operands of its binary nodes (extra bindings of the fused kernel)."""
+    cur = step.nodes[0].outputs[0]
+    seen, out = set(), []
+    for n in step.epilogue:
+        for x in n.inputs:
+            if x is not None and x is not cur and id(x) not in seen:
+                seen.add(id(x))
+                out.append(x)
+        cur = n.outputs[0]
+    return out
+
+
+def _broadcasts_to(shape, target):
+    """`shape` broadcasts unidirectionally to `target` (numpy rules)."""
+    if len(shape) > len(target):
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(shape), reversed(target)))
 
 
 def live_nodes(builder, outputs):
@@ -86,19 +110,15 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
             return id(v) not in out_values and len(consumers.get(id(v), ())) == 1
 
         if fuse and op.expr is not None:
-            x = n.inputs[0]
-            prev = producer.get(id(x)) if x is not None else None
-            # Activation epilogue onto conv2d/matmul/gemm.
-            if (
-                op.activation
-                and prev is not None
-                and prev.node.op in EPILOGUE_OPS
-                and prev.const == const
-                and len(prev.outputs) == 1
-                and prev.outputs[0] is x
-                and single_use(x)
-                and all(y is None for y in n.inputs[1:])
-            ):
+            target = _epilogue_target(n, op, const, producer, single_use, max_inputs)
+            if target is not None:
+                prev, other = target
+                if other is not None:
+                    # the kernel reads `other`: run it after the step producing `other`
+                    src = producer.get(id(other))
+                    if src in steps and steps.index(src) > steps.index(prev):
+                        steps.remove(prev)
+                        steps.append(prev)
                 prev.epilogue.append(n)
                 prev.outputs = list(n.outputs)
                 producer[id(n.outputs[0])] = prev
@@ -130,3 +150,46 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
         for v in n.outputs:
             producer[id(v)] = step
     return steps
+
+
+def _epilogue_target(n, op, const, producer, single_use, max_inputs):
+    """(step, other operand or None) when elementwise node `n` can join the epilogue of the
+    conv2d/matmul/gemm step producing one of its inputs, else None. Unary activations join as
+    before; a binary node joins when its other operand broadcasts to the chain value's shape
+    (it is read at the stored element's index through baked strides), the data type and shape
+    are kept, and the kernel stays within the storage-buffer limit."""
+    ins = [x for x in n.inputs if x is not None]
+    for x in ins:
+        prev = producer.get(id(x))
+        if (
+            prev is None
+            or prev.node.op not in EPILOGUE_OPS
+            or prev.const != const
+            or len(prev.outputs) != 1
+            or prev.outputs[0] is not x
+            or not single_use(x)
+        ):
+            continue
+        if op.activation:
+            if len(ins) == 1 and n.inputs[0] is x:
+                return prev, None
+            return None
+        if len(ins) != 2 or len(n.inputs) != 2 or len(n.outputs) != 1:
+            return None
+        other = ins[1] if ins[0] is x else ins[0]
+        y = n.outputs[0]
+        if (
+            other is x
+            or producer.get(id(other)) is prev
+            or y.shape != x.shape
+            or y.data_type != x.data_type
+            or other.data_type != x.data_type
+            or not _broadcasts_to(tuple(other.shape), tuple(x.shape))
+        ):
+            return None
+        extra = epilogue_operands(prev)
+        bound = len([v for v in prev.node.inputs if v is not None]) + len(extra)
+        if all(v is not other for v in extra) and bound + 1 > max_inputs:
+            return None  # one more read binding would exceed the limit (the output takes one more)
+        return prev, other
+    return None

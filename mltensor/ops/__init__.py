@@ -5,7 +5,8 @@ kernels from shaders/.
 A family registers each operator with `register`: the data types and ranks it supports per operand
 (the single source of both validation and `op_support_limits()`), and either
 - `expr`: an elementwise operator given as a WGSL expression; the compiler fuses chains of these
-  into one kernel (and unary ones into conv2d/matmul/gemm epilogues when `activation=True`), or
+  into one kernel (and into conv2d/matmul/gemm epilogues: unary ones when `activation=True`,
+  binary ones whose other operand broadcasts to the conv/matmul output, e.g. residual adds), or
 - `lower`: a function `lower(kc, node)` that emits launches through the compiler's KernelContext.
 """
 

@@ -4,8 +4,8 @@ Both lower to the GEMM of matmul.wgsl as an implicit GEMM per group (the im2col 
 built: the kernel computes each input coordinate as it stages a tile), with a dedicated 1x1 path
 (A is the input itself) and a depthwise path (one thread per output, no GEMM). Every input and
 filter layout is read in place through baked strides, so NHWC models (TFLite) get no transposes,
-and filters may be graph inputs as well as constants. Bias and the fused activation are applied
-in the epilogue.
+and filters may be graph inputs as well as constants. Bias and the fused epilogue (activations,
+residual adds) are applied as each output is stored.
 """
 
 from .. import dtypes
@@ -188,7 +188,7 @@ def _lower(kc, node, transposed):
     icg, ocg = ic // groups, oc // groups
     (pt, _, pl, _), (sh, sw), (dh, dw) = a["padding"], a["strides"], a["dilations"]
     params = {
-        "act": kc.activation(), "IC": ic, "IH": ih, "IW": iw, "OC": oc, "OH": oh, "OW": ow,
+        "IC": ic, "IH": ih, "IW": iw, "OC": oc, "OH": oh, "OW": ow,
         "ICg": icg, "OCg": ocg, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw,
         "PT": pt, "PL": pl, "in_s": in_s, "out_s": out_s, "f_s": f_s, "groups": groups,
         "has_bias": bias is not None, "transposed": transposed,
@@ -202,6 +202,7 @@ def _lower(kc, node, transposed):
         args.append(bias)
     bindings.append(Binding("out", "f32", True))
     args.append(out)
+    params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
 

@@ -1,7 +1,8 @@
 """Elementwise operators: binary arithmetic, unary math, cast and activations.
 
 Each operator is a WGSL expression over its operands; the compiler fuses chains of them into one
-kernel (shaders/elementwise.wgsl) and unary activations into conv2d/matmul/gemm epilogues.
+kernel (shaders/elementwise.wgsl), and unary activations and binary nodes (residual adds, scales)
+into conv2d/matmul/gemm epilogues (epilogue_fn).
 Inputs broadcast numpy-style; the kernel computes each input's index from the output index with
 strides baked in (0 along broadcast dimensions).
 """
@@ -340,11 +341,17 @@ def OPS_EXPR(node):
     return OPS[node.op].expr
 
 
-def activation_fn(kc, nodes, wtype):
-    """WGSL `fn act(x) -> T` applying a chain of unary activation nodes (identity if none)."""
+def epilogue_fn(kc, step, extra, wtype):
+    """WGSL `fn act(x: T, i: u32) -> T` applying a step's epilogue nodes to the value `x` stored at
+    flat output index `i`; `extra` are the other operands of its binary nodes, bound as `e0`, ..."""
+    out_shape = step.nodes[0].outputs[0].shape
+    names = {id(v): f"e{k}[{_index_expr(v.shape, out_shape)}]" for k, v in enumerate(extra)}
+    names[id(step.nodes[0].outputs[0])] = "x"
     lines, cur = [], "x"
-    for j, n in enumerate(nodes):
-        lines.append(f"    let a{j}: {wtype} = {OPS_EXPR(n)(kc, n, cur)};")
+    for j, n in enumerate(step.epilogue):
+        args = [names[id(x)] for x in n.inputs if x is not None]
         cur = f"a{j}"
+        lines.append(f"    let {cur}: {wtype} = {OPS_EXPR(n)(kc, n, *args)};")
+        names[id(n.outputs[0])] = cur
     body = "\n".join(lines)
-    return f"fn act(x: {wtype}) -> {wtype} {{\n{body}\n    return {cur};\n}}"
+    return f"fn act(x: {wtype}, i: u32) -> {wtype} {{\n{body}\n    return {cur};\n}}"

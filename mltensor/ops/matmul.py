@@ -2,8 +2,8 @@
 
 Shapes are static, so sizes, strides, transposes and batch broadcasting are baked into the WGSL
 as constants. Two paths: a shared-memory tiled, register-blocked kernel (8x8 threads with 8x8 or
-4x4 outputs each: 64x64 to 32x32 output tiles) and a split-K GEMV kernel for M <= 4. The fused activation epilogue (and
-gemm's alpha, beta * c) is applied as each output is stored. conv.py reuses `gemm_launch`.
+4x4 outputs each: 64x64 to 32x32 output tiles) and a split-K GEMV kernel for M <= 4. The fused epilogue (activations,
+residual operands; gemm's alpha, beta * c) is applied as each output is stored. conv.py reuses `gemm_launch`.
 """
 
 import math
@@ -100,15 +100,16 @@ def _lower_matmul(kc, node):
     ob = out.shape[:-2]
     batch = math.prod(ob)
     params = {
-        "act": kc.activation(),
         "a_base": batch_offset_expr(a.shape[:-2], ob, M * K),
         "b_base": batch_offset_expr(b.shape[:-2], ob, K * N),
         "a_sm": K, "a_sk": 1, "b_sk": N, "b_sn": 1,
         "alpha": 1.0, "beta": 0.0, "has_c": False,
     }
-    bindings = (Binding("a", "f32"), Binding("b", "f32"), Binding("out", "f32", True))
+    bindings = [Binding("a", "f32"), Binding("b", "f32"), Binding("out", "f32", True)]
+    args = [a, b, out]
+    params["act"] = kc.epilogue(bindings, args)
     name = f"matmul_f32_{'b%d_' % batch if batch > 1 else ''}{M}x{K}x{N}"
-    gemm_launch(kc, name, "matmul.wgsl", params, bindings, [a, b, out], M, N, K, batch)
+    gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
 
 
 
@@ -157,7 +158,6 @@ def _lower_gemm(kc, node):
     M, N = out.shape
     K = a.shape[0] if at else a.shape[1]
     params = {
-        "act": kc.activation(),
         "a_base": "0u", "b_base": "0u",
         # A is [M, K] or, transposed, [K, M]; B is [K, N] or [N, K]
         "a_sm": 1 if at else K, "a_sk": M if at else 1,
@@ -174,6 +174,7 @@ def _lower_gemm(kc, node):
         args.append(c)
     bindings.append(Binding("out", "f32", True))
     args.append(out)
+    params["act"] = kc.epilogue(bindings, args)
     name = f"gemm_f32_{M}x{K}x{N}{'_at' if at else ''}{'_bt' if bt else ''}{'_c' if c is not None else ''}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, 1)
 
