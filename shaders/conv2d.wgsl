@@ -3,6 +3,7 @@
 {#   n*OH*OW, columns k = (kh, kw, ic) or (ic, kh, kw)), B = filter (k x output channel of g).   #}
 {#   im2col is never materialized: load_a computes the input coordinate of (m, k) on the fly.    #}
 {# - "dw": depthwise (one input channel per group), one thread per output element.              #}
+{# - "direct": fewer than 4 output channels per group, one thread per output pixel.              #}
 {# Layouts are handled by baked strides: tensor (n, c, h, w) lives at n*sn + c*sc + h*sh + w*sw, #}
 {# filter (o, i, kh, kw) at o*fo + i*fi + kh*fh + kw*fw, whatever the layout string.            #}
 {$ extends "matmul.wgsl" $}
@@ -27,7 +28,9 @@ fn k_coords(k: u32) -> vec3<u32> {
 {$ if pointwise $}
 // 1x1, stride 1, no padding: A is the input itself (pixels x channels).
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
+{$ if check_a $}
     if (m >= M || k >= K) { return 0.0; }
+{$ endif $}
 {$ if in_s[1] == 1 and groups == 1 $}
     return x[m * {{ IC }}u + k];
 {$ else $}
@@ -38,7 +41,9 @@ fn load_a(g: u32, m: u32, k: u32) -> f32 {
 }
 {$ else $}
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
+{$ if check_a $}
     if (m >= M || k >= K) { return 0.0; }
+{$ endif $}
     let n = m / OHW;
     let p = m % OHW;
     let oh = p / {{ OW }}u;
@@ -69,7 +74,9 @@ fn load_a(g: u32, m: u32, k: u32) -> f32 {
 {$ endif $}
 
 fn load_b(g: u32, k: u32, o: u32) -> f32 {
+{$ if check_b $}
     if (k >= K || o >= N) { return 0.0; }
+{$ endif $}
 {$ if pointwise $}
     let ic = k;
     let kh = 0u;
@@ -85,16 +92,20 @@ fn load_b(g: u32, k: u32, o: u32) -> f32 {
 }
 
 fn store(g: u32, m: u32, o: u32, acc: f32) {
+{$ if check_out $}
     if (m >= M || o >= N) { return; }
-    let n = m / OHW;
-    let p = m % OHW;
+{$ endif $}
     let oc = g * {{ OCg }}u + o;
 {$ if has_bias $}
     let v = acc + bias[oc];
 {$ else $}
     let v = acc;
 {$ endif $}
-    let oi = n * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + p * {{ out_s[3] }}u;
+{$ if out_s[1] == 1 $}
+    let oi = m * {{ OC }}u + oc;  // NHWC: pixel m's channels are contiguous
+{$ else $}
+    let oi = (m / OHW) * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + (m % OHW) * {{ out_s[3] }}u;
+{$ endif $}
     out[oi] = act(v, oi);
 }
 {$ endblock $}
@@ -160,6 +171,83 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
 {$ else $}
     if (ow0 + {{ j }}u < {{ OW }}u) { out[ob + {{ j * out_s[3] }}u] = act(acc{{ j }} + bv, ob + {{ j * out_s[3] }}u); }
 {$ endif $}
+{$ endfor $}
+}
+{$ elif path == "direct" $}
+// Direct convolution for few output channels per group (the GEMM tiles would be mostly padding):
+// one thread per output pixel and block of OCB output channels. Items are ordered (group, channel
+// block, pixel), so the threads of a workgroup share the channel block and the filter loads are
+// the same address in every thread; each input value loaded feeds OCB accumulators.
+const P = {{ M }}u;             // output pixels n * OH * OW
+const OCBN = {{ ocb_n }}u;      // channel blocks per group
+
+{{ main_1d(total) }}
+    let pix = i % P;
+    let gb = i / P;
+    let g = gb / OCBN;
+    let o0 = (gb % OCBN) * {{ OCB }}u;
+    let n = pix / OHW;
+    let p = pix % OHW;
+    let oh = p / {{ OW }}u;
+    let ow = p % {{ OW }}u;
+    let xg = n * {{ in_s[0] }}u + g * {{ ICg * in_s[1] }}u;
+    let wg = g * {{ f_g }}u;
+{$ for j in range(OCB) $}
+    var acc{{ j }} = 0.0;
+{$ endfor $}
+{$ for j in range(OCB) $}
+{$ if check_oc $}
+    let wo{{ j }} = wg + min(o0 + {{ j }}u, {{ OCg - 1 }}u) * {{ f_s[0] }}u;
+{$ else $}
+    let wo{{ j }} = wg + (o0 + {{ j }}u) * {{ f_s[0] }}u;
+{$ endif $}
+{$ endfor $}
+{$ for kh in range(KH) $}
+{$ for kw in range(KW) $}
+    {
+{$ if transposed $}
+        let th = i32(oh) + {{ PT - kh * DH }};
+        let tw = i32(ow) + {{ PL - kw * DW }};
+        let ih = u32(th) / {{ SH }}u;
+        let iw = u32(tw) / {{ SW }}u;
+        if (th >= 0 && tw >= 0 && ih * {{ SH }}u == u32(th) && iw * {{ SW }}u == u32(tw)
+            && ih < {{ IH }}u && iw < {{ IW }}u) {
+{$ else $}
+        let th = i32(oh * {{ SH }}u) + {{ kh * DH - PT }};
+        let tw = i32(ow * {{ SW }}u) + {{ kw * DW - PL }};
+        let ih = u32(th);
+        let iw = u32(tw);
+        if (th >= 0 && tw >= 0 && th < {{ IH }} && tw < {{ IW }}) {
+{$ endif $}
+            let xb = xg + ih * {{ in_s[2] }}u + iw * {{ in_s[3] }}u;
+            for (var ic = 0u; ic < {{ ICg }}u; ic = ic + 1u) {
+                let xv = x[xb + ic * {{ in_s[1] }}u];
+                let wk = ic * {{ f_s[1] }}u + {{ kh * f_s[2] + kw * f_s[3] }}u;
+{$ for j in range(OCB) $}
+                acc{{ j }} = fma(xv, w[wo{{ j }} + wk], acc{{ j }});
+{$ endfor $}
+            }
+        }
+    }
+{$ endfor $}
+{$ endfor $}
+    let ob = n * {{ out_s[0] }}u + p * {{ out_s[3] }}u;
+{$ for j in range(OCB) $}
+    {
+        let oc = g * {{ OCg }}u + o0 + {{ j }}u;
+{$ if check_oc $}
+        if (o0 + {{ j }}u < {{ OCg }}u) {
+{$ else $}
+        {
+{$ endif $}
+            let oi = ob + oc * {{ out_s[1] }}u;
+{$ if has_bias $}
+            out[oi] = act(acc{{ j }} + bias[oc], oi);
+{$ else $}
+            out[oi] = act(acc{{ j }}, oi);
+{$ endif $}
+        }
+    }
 {$ endfor $}
 }
 {$ else $}

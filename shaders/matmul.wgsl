@@ -7,8 +7,9 @@
 //   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
 // act(v, i) is the fused epilogue (kc.epilogue): i is the flat index of the stored element in out.
 // Paths:
-//   "tiled": 8x8 threads, each computing an RM x RN block (8x8 or 4x4) of a (8 RM) x (8 RN)
-//            output tile; A and B tiles of depth BK are staged in workgroup memory as vec4, so
+//   "tiled": TY x TX = 64 threads (8 x 8; 16 x 4 or 32 x 2 for narrow N), each computing an
+//            RM x RN block (RM, RN in {4, 8}) of a (TY RM) x (TX RN) output tile; A and B tiles
+//            of depth BK are staged in workgroup memory as vec4, so
 //            the inner loop does (RM + RN) / 4 vec4 loads per RM * RN / 4 vec4 FMAs (register
 //            blocking: each loaded value is used RN or RM times).
 //   "gemv":  small M (<= 4 rows): a workgroup owns 4 output columns of all rows and its 64
@@ -56,19 +57,19 @@ fn store(bt: u32, m: u32, n: u32, acc: f32) {
 
 {$ block kernels $}
 {$ if path == "tiled" $}
-// Each of the 8x8 threads computes RM x RN outputs: rows ty*RM.., columns tx*RN.. of the tile.
-const BM = {{ 8 * RM }}u;
-const BN = {{ 8 * RN }}u;
+// Each of the TY x TX threads computes RM x RN outputs: rows ty*RM.., columns tx*RN.. of the tile.
+const BM = {{ TY * RM }}u;
+const BN = {{ TX * RN }}u;
 const BK = {{ BK }}u;
 const TILES_N = {{ tiles_n }}u;
 const TILES_M = {{ tiles_m }}u;
 const TILES = {{ tiles }}u;
 
 // As[k][m] and Bs[k][n], 4 consecutive m (n) per vec4.
-var<workgroup> As: array<vec4<f32>, {{ BK * 2 * RM }}>;
-var<workgroup> Bs: array<vec4<f32>, {{ BK * 2 * RN }}>;
+var<workgroup> As: array<vec4<f32>, {{ BK * TY * RM // 4 }}>;
+var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 }}>;
 
-@compute @workgroup_size(8, 8)
+@compute @workgroup_size({{ TX }}, {{ TY }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     // Linear tile index (the grid is folded into 2-D past 65535 groups); uniform per workgroup.
@@ -87,27 +88,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
     for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
         // Stage the tiles (64 threads, one vec4 each per step).
-        for (var i = 0u; i < BK * {{ 2 * RM }}u / 64u; i = i + 1u) {
-            let e = i * 64u + li;
-            let k = k0 + e / {{ 2 * RM }}u;
-            let m = m0 + (e % {{ 2 * RM }}u) * 4u;
+        for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + 64u) {
+            let k = k0 + e / {{ TY * RM // 4 }}u;
+            let m = m0 + (e % {{ TY * RM // 4 }}u) * 4u;
             As[e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
                               load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
         }
-        for (var i = 0u; i < BK * {{ 2 * RN }}u / 64u; i = i + 1u) {
-            let e = i * 64u + li;
-            let k = k0 + e / {{ 2 * RN }}u;
-            let n = n0 + (e % {{ 2 * RN }}u) * 4u;
+        for (var e = li; e < {{ BK * TX * RN // 4 }}u; e = e + 64u) {
+            let k = k0 + e / {{ TX * RN // 4 }}u;
+            let n = n0 + (e % {{ TX * RN // 4 }}u) * 4u;
             Bs[e] = vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u),
                               load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
 {$ for j in range(RN // 4) $}
-            let bv{{ j }} = Bs[kk * {{ 2 * RN }}u + tx * {{ RN // 4 }}u + {{ j }}u];
+            let bv{{ j }} = Bs[kk * {{ TX * RN // 4 }}u + tx * {{ RN // 4 }}u + {{ j }}u];
 {$ endfor $}
 {$ for q in range(RM // 4) $}
-            let av{{ q }} = As[kk * {{ 2 * RM }}u + ty * {{ RM // 4 }}u + {{ q }}u];
+            let av{{ q }} = As[kk * {{ TY * RM // 4 }}u + ty * {{ RM // 4 }}u + {{ q }}u];
 {$ for i in range(4) $}
 {$ for j in range(RN // 4) $}
             acc{{ 4 * q + i }}_{{ j }} = fma(vec4<f32>(av{{ q }}.{{ "xyzw"[i] }}), bv{{ j }}, acc{{ 4 * q + i }}_{{ j }});

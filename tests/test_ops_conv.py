@@ -306,3 +306,34 @@ def test_conv_transpose2d_validation(ctx):
         b.conv_transpose2d(x, w, padding=[4, 4, 0, 0])
     y = b.conv_transpose2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], output_padding=[1, 1])
     assert y.shape == (1, 2, 8, 8)
+
+
+# -- paths chosen by shape: direct (few output channels), narrow GEMM tiles ----------------------
+
+
+@pytest.mark.parametrize("input_layout,filter_layout", [("nhwc", "ohwi"), ("nchw", "iohw")])
+def test_conv_transpose2d_few_channels_direct(ctx, rng, input_layout, filter_layout):
+    """A segmentation head: 2x2 stride-2 transposed conv to 1 channel, sigmoid fused."""
+    got, ref = _run_conv(ctx, rng, (1, 16, 9, 7), (16, 1, 2, 2), transpose=True, strides=[2, 2],
+                         input_layout=input_layout, filter_layout=filter_layout, use_bias=True,
+                         epilogue=lambda b, y: b.sigmoid(y), expect_kernels=1)
+    _check(got, 1.0 / (1.0 + np.exp(-ref)), np.float32)
+
+
+@pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("oc,groups", [(1, 1), (3, 1), (4, 2), (6, 3)])
+def test_conv2d_few_output_channels_direct(ctx, rng, input_layout, oc, groups):
+    fl = "ohwi" if input_layout == "nhwc" else "oihw"
+    got, ref = _run_conv(ctx, rng, (2, 6, 9, 7), (oc, 6 // groups, 3, 2), input_layout=input_layout,
+                         filter_layout=fl, groups=groups, use_bias=True, padding=[1, 0, 2, 1],
+                         strides=[2, 1], dilations=[1, 2])
+    _check(got, ref, np.float32)
+
+
+@pytest.mark.parametrize("oc", [5, 8, 12, 16, 24])
+def test_conv2d_1x1_nhwc_narrow_tiles(ctx, rng, oc):
+    """1x1 NHWC convolutions to few channels (16x4 / 32x2-thread tiles), K not a multiple of 8."""
+    got, ref = _run_conv(ctx, rng, (1, 20, 17, 19), (oc, 20, 1, 1), input_layout="nhwc",
+                         filter_layout="ohwi", use_bias=True, epilogue=lambda b, y: b.relu(y),
+                         expect_kernels=1)
+    _check(got, np.maximum(ref, 0), np.float32)

@@ -2,7 +2,8 @@
 
 Both lower to the GEMM of matmul.wgsl as an implicit GEMM per group (the im2col matrix is never
 built: the kernel computes each input coordinate as it stages a tile), with a dedicated 1x1 path
-(A is the input itself) and a depthwise path (one thread per output, no GEMM). Every input and
+(A is the input itself), a depthwise path (one thread per output, no GEMM) and a direct path for
+fewer than 4 output channels per group (one thread per output pixel, no GEMM tile padding). Every input and
 filter layout is read in place through baked strides, so NHWC models (TFLite) get no transposes,
 and filters may be graph inputs as well as constants. Bias and the fused epilogue (activations,
 residual adds) are applied as each output is stored.
@@ -211,8 +212,20 @@ def _lower(kc, node, transposed):
         owb = min(4, ow)
         total = nb * oc * oh * -(-ow // owb)
         params.update(path="dw", MULT=ocg, total=total, OWB=owb, SPAN=(owb - 1) * sw + (kw - 1) * dw + 1,
-                      M=1, N=1, K=1, pointwise=False, ic_inner=False)
+                      M=1, N=1, K=1, pointwise=False, ic_inner=False, check_a=False, check_b=False,
+                      check_out=False)
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
+                  grid(-(-total // WORKGROUP)))
+        return
+    if ocg < 4:
+        # Few output channels (a segmentation head, the last upsampling): GEMM tiles would be
+        # mostly padding, so one thread per output pixel computes its ocg channels directly
+        # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).
+        total = groups * nb * oh * ow
+        params.update(path="direct", OCB=ocg, ocb_n=1, check_oc=False, total=total,
+                      M=nb * oh * ow, N=ocg, K=icg * kh * kw, pointwise=False, ic_inner=False,
+                      check_a=False, check_b=False, check_out=False)
+        kc.launch(Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args,
                   grid(-(-total // WORKGROUP)))
         return
     pointwise = (not transposed and kh == kw == 1 and (sh, sw) == (1, 1)
