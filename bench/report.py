@@ -121,18 +121,24 @@ def plot(rows, png, stamp):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [(f"{g}: {n.removeprefix('test_')}", info["ratio"]) for g, n, info in rows if info.get("ratio")]
+    pts = [(n.removeprefix("test_"), info["ratio"]) for g, n, info in rows if info.get("ratio")]
     if not pts:
         return None
     labels, ratios = zip(*pts)
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(pts) + 1.5))
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(pts) + 1.6))
     colors = ["tab:green" if r >= 1 else "tab:red" for r in ratios]
-    ax.barh(range(len(pts)), ratios, color=colors)
+    # bars grow from 1 (parity) to the ratio, so slower and faster read the same way on a log axis
+    ax.barh(range(len(pts)), [r - 1 for r in ratios], left=1, color=colors)
+    for i, r in enumerate(ratios):
+        ax.text(r * (1.15 if r >= 1 else 1 / 1.15), i, f"{r:.2g}x", va="center",
+                ha="left" if r >= 1 else "right", fontsize=7)
     ax.set_yticks(range(len(pts)), labels, fontsize=8)
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel("reference time / mltensor time (log; > 1 = mltensor faster)")
-    ax.set_title(f"mltensor vs references on {stamp['adapter']}", fontsize=10)
+    lo, hi = min(ratios + (1,)), max(ratios + (1,))
+    ax.set_xlim(lo / 4, hi * 4)
+    ax.set_xlabel("reference time / mltensor time (log scale; right of 1: mltensor is faster)")
+    ax.set_title(f"mltensor vs same-run references, {stamp['adapter']}", fontsize=10)
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(png, dpi=110)
