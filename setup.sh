@@ -21,15 +21,16 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
-probe='import wgpu, sys; a = wgpu.gpu.request_adapter_sync(); sys.exit(0 if a else 1)'
+# wgpu falls back to OpenGL when no Vulkan driver exists; mltensor needs Vulkan/Metal/D3D12.
+probe='import wgpu, sys; a = wgpu.gpu.request_adapter_sync(); sys.exit(0 if a and a.info["backend_type"] != "OpenGL" else 1)'
 if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then
-    echo "setup: wgpu found no GPU adapter; installing Mesa's software Vulkan driver (lavapipe)"
+    echo "setup: wgpu found no Vulkan adapter; installing Mesa's software Vulkan driver (lavapipe)"
     if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO=sudo; else SUDO=; fi
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq mesa-vulkan-drivers >/dev/null
     if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then
-        echo "setup: still no adapter after installing mesa-vulkan-drivers" >&2
+        echo "setup: still no Vulkan adapter after installing mesa-vulkan-drivers" >&2
         exit 1
     fi
 fi

@@ -14,8 +14,10 @@ os.environ.setdefault("RENDERCANVAS_FORCE_OFFSCREEN", "1")
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 wgpu = pytest.importorskip("wgpu")
-if wgpu.gpu.request_adapter_sync() is None:  # pragma: no cover
-    pytest.skip("no wgpu adapter (run setup.sh)", allow_module_level=True)
+_adapter = wgpu.gpu.request_adapter_sync()
+if _adapter is None or _adapter.info["backend_type"] == "OpenGL":  # pragma: no cover
+    # fail loudly rather than skip: a run with no adapter would pass without testing anything
+    raise pytest.UsageError("no Vulkan/Metal/D3D12 adapter for wgpu: run setup.sh")
 
 import mltensor  # noqa: E402
 from mltensor import ml  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import wgpu
 
 from .. import dtypes
-from ..errors import InvalidStateError
+from ..errors import InvalidStateError, NotSupportedError
 from ..runtime.timeline import PendingRead, Task, Timeline
 from ._util import as_shape, awaitable
 from .tensor import MLTensor
@@ -36,12 +36,26 @@ def _adapter(power_preference):
         if a is None:
             a = wgpu.gpu.request_adapter_sync(power_preference=_POWER[power_preference])
             if a is None:
-                raise RuntimeError(
-                    "mltensor: wgpu found no GPU adapter. On Linux without a GPU install Mesa's "
-                    "software Vulkan driver: apt-get install -y mesa-vulkan-drivers"
+                raise NotSupportedError(
+                    "[create_context] wgpu found no GPU adapter. On Linux without a GPU install "
+                    "Mesa's software Vulkan driver: apt-get install -y mesa-vulkan-drivers "
+                    "(setup.sh does this)"
                 )
+            _check_backend(a, "create_context")
             _adapters[power_preference] = a
         return a
+
+
+def _check_backend(adapter, where):
+    # wgpu's OpenGL backend lacks what the kernels need (it aborts the process on some of them),
+    # and wgpu picks it only when no Vulkan/Metal/D3D12 adapter exists.
+    info = adapter.info
+    if info.get("backend_type") == "OpenGL":
+        raise NotSupportedError(
+            f"[{where}] the only adapter is {info.get('device')} through OpenGL; mltensor needs "
+            "Vulkan, Metal or D3D12. On Linux install a Vulkan driver, e.g. Mesa's software one: "
+            "apt-get install -y mesa-vulkan-drivers (setup.sh does this)"
+        )
 
 
 def _int64_disabled():
@@ -143,6 +157,7 @@ class MLContext:
             )
         else:
             adapter = device.adapter
+            _check_backend(adapter, "create_context")
         self._device = device
         self._own_device = own
         # int64/uint64 compute natively in 64 bits (else in 32 bits, see dtypes.py)
