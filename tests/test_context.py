@@ -150,3 +150,16 @@ def test_public_surface_is_small():
     # besides __all__, only submodules (implementation packages) appear on the package
     extra = {n for n in public - set(mltensor.__all__) if not isinstance(getattr(mltensor, n), types.ModuleType)}
     assert extra <= {"__version__"}, extra
+
+
+def test_opengl_fallback_adapter_is_refused_clearly():
+    """wgpu picks its OpenGL backend only when no Vulkan/Metal/D3D12 driver exists; mltensor
+    refuses it with instructions instead of letting a kernel abort the process later."""
+    from mltensor.front.context import _check_backend
+
+    class GLAdapter:
+        info = {"backend_type": "OpenGL", "device": "llvmpipe"}
+
+    with pytest.raises(mltensor.NotSupportedError, match="mesa-vulkan-drivers"):
+        _check_backend(GLAdapter(), "create_context")
+    _check_backend(type("VkAdapter", (), {"info": {"backend_type": "Vulkan"}})(), "create_context")
