@@ -24,3 +24,11 @@ def run_graph(ctx, outputs, feeds, builder):
         t.destroy()
     g.destroy()
     return res
+
+
+def assert_exact(got, want):
+    """Shape, then dtype, then every value equal (for operators with exact results)."""
+    want = np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_array_equal(got, want)

@@ -4,7 +4,7 @@ that fit. References are numpy (wrapping integer arithmetic, like the GPU)."""
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import assert_exact, run_graph
 
 import mltensor
 from mltensor import dtypes, ml
@@ -38,11 +38,7 @@ def _in(b, name, arr):
     return b.input(name, data_type=dtypes.normalize(arr.dtype), shape=list(arr.shape))
 
 
-def _check(got, want):
-    want = np.asarray(want)
-    assert got.shape == want.shape
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    np.testing.assert_array_equal(got, want)
+_check = assert_exact
 
 
 def _wrap(fn, *arrays):

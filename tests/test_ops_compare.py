@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import assert_exact, run_graph
 
 import mltensor
 
@@ -29,10 +29,7 @@ def _data(dt, shape, rng):
     return np.asarray(a).astype(NP[dt])
 
 
-def _check(got, want):
-    assert got.shape == want.shape
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
+_check = assert_exact
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16", "int32", "uint32", "int64", "uint64", "int8", "uint8"])

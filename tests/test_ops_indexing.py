@@ -3,7 +3,7 @@ the spec's examples, negative indices and clamping of out-of-range ones."""
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import assert_exact, run_graph
 
 import mltensor
 
@@ -11,11 +11,7 @@ NP = mltensor.dtypes.NUMPY
 TYPES = ["float32", "float16", "int32", "uint32", "int64", "uint64", "int8", "uint8"]
 
 
-def _check(got, want):
-    want = np.ascontiguousarray(want)
-    assert got.shape == want.shape
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
+_check = assert_exact
 
 
 def _fix(idx, n):

@@ -3,7 +3,7 @@ transpose, where. Assertions in the order shape, dtype, values."""
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import assert_exact, run_graph
 
 import mltensor
 
@@ -18,11 +18,7 @@ def _data(rng, dt, shape):
     return rng.integers(lo, hi, size=shape, endpoint=True).astype(NP[dt])
 
 
-def _check(got, want):
-    want = np.asarray(want)
-    assert got.shape == want.shape
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
+_check = assert_exact
 
 
 def _build(ctx, dt, shape, fn):

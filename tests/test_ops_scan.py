@@ -2,17 +2,14 @@
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import assert_exact, run_graph
 
 import mltensor
 
 NP = mltensor.dtypes.NUMPY
 
 
-def _check(got, want):
-    assert got.shape == want.shape
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
+_check = assert_exact
 
 
 def _one(ctx, arr, fn, dt=None):
