@@ -180,14 +180,14 @@ def lower_steps(kc, steps, inputs, outputs):
     kc._prologue = False
 
 
-def plan_memory(launches, kc, is_temp, int64=False):
-    """Assign pooled buffers to intermediate values by liveness. Returns (assign, sizes):
-    assign maps id(root value) -> pool index, sizes the byte size of each pool buffer.
+def plan_memory(arg_lists, is_temp, int64=False):
+    """Assign pooled buffers to intermediate values by liveness. `arg_lists` holds each launch's
+    arguments, aliases already resolved to their roots. Returns (assign, sizes): assign maps
+    id(value) -> pool index, sizes the byte size of each pool buffer.
     int64: values are sized for native 64-bit integers (see compute_nbytes)."""
     first, last, size, order = {}, {}, {}, []
-    for i, l in enumerate(launches):
-        for a in l.args:
-            r = kc.root(a) if not isinstance(a, (Scratch, Ext)) else a
+    for i, args in enumerate(arg_lists):
+        for r in args:
             if not is_temp(r):
                 continue
             k = id(r)
@@ -203,10 +203,10 @@ def plan_memory(launches, kc, is_temp, int64=False):
     for k in order:
         ends.setdefault(last[k], []).append(k)
     assign, sizes, free = {}, [], []
-    for i in range(len(launches)):
+    for i in range(len(arg_lists)):
         for k in starts.get(i, ()):
             need = size[k]
-            # best fit among free buffers, else grow the smallest free one, else a new buffer
+            # best fit among free buffers, else grow the largest free one, else a new buffer
             fit = [b for b in free if sizes[b] >= need]
             if fit:
                 b = min(fit, key=lambda b: sizes[b])

@@ -33,15 +33,14 @@ def compile_graph(builder, outputs):
     device = ctx.device
     nodes = live_nodes(builder, outputs)
     used_inputs = {id(x) for n in nodes for x in n.inputs if x is not None and x._kind == "input"}
-    used_inputs |= {id(v) for v in outputs.values() if v._kind == "input"}
-    inputs = {name: x for name, x in builder._inputs.items()}
+    inputs = builder._inputs
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
     steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
                        max_inputs=device.limits["max-storage-buffers-per-shader-stage"] - 1)
 
     int64 = ctx._int64
     kc = KernelContext(device, outputs, int64=int64)
-    loc = {}  # id(value) -> ("ext", Ext) | ("buf", GPUBuffer) | ("persist", None) | ("temp", None)
+    loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
 
     # Edges in: native inputs are read in place, others are unpacked into an intermediate.
     for name, x in inputs.items():
@@ -52,11 +51,9 @@ def compile_graph(builder, outputs):
             kc.unpack(ext, x)
 
     # Edges out: a native output is written straight into the caller's tensor by its producer.
-    out_ext = {}
     pending_out = []
     for name, v in outputs.items():
         ext = Ext("out", name, v.data_type, v.shape)
-        out_ext[name] = ext
         if dtypes.is_native(v.data_type, int64) and id(v) not in kc.out_slot:
             kc.out_slot[id(v)] = ext
             loc[id(v)] = ext
@@ -109,9 +106,7 @@ def compile_graph(builder, outputs):
                     prologue_values[id(kc.root(a))] = kc.root(a)
 
     def resolve(a):
-        if isinstance(a, (Ext, tuple)):
-            return a
-        if isinstance(a, Scratch):
+        if isinstance(a, (Ext, tuple, Scratch)):
             return a
         r = kc.root(a)
         return loc.get(id(r), r)
@@ -120,8 +115,7 @@ def compile_graph(builder, outputs):
         return not isinstance(r, (Ext, tuple)) and id(r) not in loc and id(r) not in prologue_values
 
     launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
-    # Liveness on resolved args (aliases resolved to roots).
-    assign, sizes = plan_memory([_L(args) for _, args in launches], _IdentityRoots(), is_temp, int64)
+    assign, sizes = plan_memory([args for _, args in launches], is_temp, int64)
     pool = [
         device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
         for i, s in enumerate(sizes)
@@ -169,19 +163,6 @@ def compile_graph(builder, outputs):
         tl.enqueue(Task(tuple(keep), (), run_prologue))
     graph._finish()
     return graph
-
-
-class _L:
-    __slots__ = ("args",)
-
-    def __init__(self, args):
-        self.args = args
-
-
-class _IdentityRoots:
-    @staticmethod
-    def root(a):
-        return a
 
 
 class MLGraph:
