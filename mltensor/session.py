@@ -366,32 +366,11 @@ class InferenceSession:
 
 
 def _read_all(ctx, values, where):
-    """Read every MLTensor in `values` (numpy values pass through): all reads are recorded
-    before any is waited on, so one submit serves them all; one host copy each."""
-    from .runtime.timeline import PendingRead
-
+    """Read every MLTensor in `values` (numpy values pass through): all reads are started before
+    any is waited on, so one submit serves them all; one host copy each."""
     ctx._check(where)
-    tl = ctx._timeline
-    pend = []
-    for v in values:
-        if not isinstance(v, MLTensor):
-            pend.append((v, None))
-            continue
-        r = PendingRead(ctx, v, None)
-        if getattr(v, "_direct_map", False) and not tl._must_hold(r.task):
-            pend.append((r, "mapped"))  # CPU adapter: map the tensor itself, no staging copy
-        else:
-            tl.enqueue(r.task)
-            pend.append((r, "staged"))
-    out = []
-    for r, how in pend:
-        if how is None:
-            out.append(r)
-        elif how == "mapped":
-            out.append(r.read_mapped_tensor(where))
-        else:
-            out.append(r.wait_sync(where))
-    return out
+    started = [ctx._start_read(v, where=where, sync=True) if isinstance(v, MLTensor) else None for v in values]
+    return [v if r is None else r.wait_sync(where) for r, v in zip(started, values)]
 
 
 def _host(v, ctx):

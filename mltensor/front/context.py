@@ -348,19 +348,20 @@ class MLContext:
         return out
 
     def read_tensor_sync(self, tensor, out=None):
-        out = self._read_args(tensor, out, "read_tensor")
-        r = PendingRead(self, tensor, out)
-        if tensor._direct_map and not self._timeline._must_hold(r.task):
-            return r.read_mapped_tensor("read_tensor")
-        self._timeline.enqueue(r.task)
-        return r.wait_sync("read_tensor")
+        return self._start_read(tensor, out, sync=True).wait_sync("read_tensor")
 
-    def _start_read(self, tensor, out=None, where="read_tensor"):
-        """Validate and enqueue a read; returns the PendingRead (wait_sync / wait_async). Several
-        started before any is waited on complete with one submit (InferenceSession uses this)."""
+    def _start_read(self, tensor, out=None, where="read_tensor", sync=False):
+        """Validate and start a read; returns the PendingRead (wait_sync / wait_async). Several
+        started before any is waited on complete with one submit (InferenceSession uses this).
+        sync: the caller waits with wait_sync before recording anything else, so on CPU adapters
+        a mappable tensor that nothing holds back is mapped in place instead of copied."""
         out = self._read_args(tensor, out, where)
         r = PendingRead(self, tensor, out)
-        self._timeline.enqueue(r.task)
+        tl = self._timeline
+        if sync and tensor._direct_map and not tl._must_hold(r.task):
+            r.direct = True
+        else:
+            tl.enqueue(r.task)
         return r
 
     def read_tensor_async(self, tensor, out=None):

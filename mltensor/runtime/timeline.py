@@ -263,6 +263,7 @@ class PendingRead:
         self.staging = None
         self.promise = None
         self.size = tensor._buffer.size
+        self.direct = False  # mapped in place by wait_sync (see MLContext._start_read)
         self.task = Task((tensor,), (), self._record)
 
     def _record(self):
@@ -326,6 +327,8 @@ class PendingRead:
             self.staging = None
 
     def wait_sync(self, where):
+        if self.direct:
+            return self.read_mapped_tensor(where)
         if not self.task.done:
             self._check(where)
             raise InvalidStateError(
