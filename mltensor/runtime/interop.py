@@ -220,13 +220,8 @@ class _Lease:
         st.map_sync(wgpu.MapMode.READ, 0, self.size)
         try:
             mv = st.read_mapped(0, self.size, copy=False)
-            tl = self.ctx._timeline
-            tb = self.tensor._buffer
-            if tl.uses(tb):
-                tl.flush()
-            tl.queue.write_buffer(tb, 0, mv)
+            self.ctx._timeline.write(self.tensor._buffer, mv, self.size, "bytes_copied_between_devices")
             del mv
-            self.ctx._counters["bytes_copied_between_devices"] += self.size
         finally:
             st.unmap()
             if len(pool) < 2:

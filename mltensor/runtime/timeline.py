@@ -150,12 +150,12 @@ class Timeline:
 
     # -- transfers -----------------------------------------------------------------------------
 
-    def write(self, buffer, data, nbytes):
+    def write(self, buffer, data, nbytes, counter="bytes_uploaded"):
         """queue.write_buffer goes ahead of unsubmitted commands, so submit first if they use it."""
         if buffer in self._touched:
             self.flush()
         self.queue.write_buffer(buffer, 0, data)
-        self.counters["bytes_uploaded"] += nbytes
+        self.counters[counter] += nbytes
 
     def acquire_staging(self, size):
         cap = max(_MIN_STAGING, 1 << (size - 1).bit_length())
