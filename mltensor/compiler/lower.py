@@ -51,15 +51,12 @@ class KernelContext:
     int64: int64/uint64 compute natively in i64/u64 (the device has "shader-int64" and the context
     uses it); None means "whenever the device has the feature"."""
 
-    def __init__(self, device, outputs, int64=None):
+    def __init__(self, device, int64=None):
         self.device = device
-        self.features = set(device.features)
-        self.int64 = ("shader-int64" in self.features) if int64 is None else bool(int64)
-        self.limits = device.limits
+        self.int64 = ("shader-int64" in device.features) if int64 is None else bool(int64)
         self.launches = []
         self.alias_of = {}  # id(value) -> value it aliases (reshape and friends)
         self.out_slot = {}  # id(value) -> Ext it is written to directly
-        self._outputs = outputs
         self._prologue = False
         self.step = None
 
@@ -161,7 +158,7 @@ class KernelContext:
         self.launch(k, [value, ext], grid(-(-threads // WORKGROUP)))
 
 
-def lower_steps(kc, steps, inputs, outputs):
+def lower_steps(kc, steps):
     """Record the launches of all steps into kc; returns nothing (kc.launches is the result)."""
     from ..ops.elementwise import lower_group
 

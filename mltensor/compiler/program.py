@@ -39,7 +39,7 @@ def compile_graph(builder, outputs):
                        max_inputs=device.limits["max-storage-buffers-per-shader-stage"] - 1)
 
     int64 = ctx._int64
-    kc = KernelContext(device, outputs, int64=int64)
+    kc = KernelContext(device, int64=int64)
     loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
 
     # Edges in: native inputs are read in place, others are unpacked into an intermediate.
@@ -90,7 +90,7 @@ def compile_graph(builder, outputs):
             persist.append(buf)
             loc[id(x)] = ("buf", buf)
 
-    lower_steps(kc, steps, inputs, outputs)
+    lower_steps(kc, steps)
     for v, ext in pending_out:
         if dtypes.is_native(v.data_type, int64):
             kc.copy(v, ext)
