@@ -163,7 +163,6 @@ class MLContext:
         # int64/uint64 compute natively in 64 bits (else in 32 bits, see dtypes.py)
         self._int64 = "shader-int64" in device.features and not _int64_disabled()
         self._adapter_info = adapter.info
-        self._power_preference = power_preference
         self._counters = dict.fromkeys(
             ("bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
              "kernel_launches", "tensors_alive", "bytes_alive"), 0)
@@ -173,7 +172,6 @@ class MLContext:
         self._tensors = set()
         self._graphs = set()
         self._read_waiters = set()
-        self._pending_reads = set()
         self._direct_map = "mappable-primary-buffers" in device.features
         lim = device.limits
         self._max_bytes = min(lim["max-buffer-size"], lim["max-storage-buffer-binding-size"])
