@@ -10,12 +10,13 @@ back, at the graph's edges only, so each operator needs one kernel per compute t
 per storage type. float16 is therefore computed in float32 (more precise than the spec requires),
 int8/uint8 in i32/u32.
 
-int64/uint64 depend on the device. Where it has the WebGPU feature "shader-int64" (requested by
-the context when the adapter offers it), they compute natively in i64/u64: stored and bound in
-place like float32, full 64-bit range. Otherwise they compute in i32/u32: their values must fit
-in 32 bits (the edge kernels truncate on the way in and sign/zero-extend on the way out). There
-is no emulation with two 32-bit words. The `int64` flag of the functions below selects the mode;
-the compiler passes the context's (MLContext._int64).
+int64/uint64 keep their full 64-bit range on every device and are bound in place (no edge
+conversion). Where the device has the WebGPU feature "shader-int64" (requested by the context when
+the adapter offers it) they compute natively in i64/u64. Otherwise they compute in "i64e"/"u64e":
+two 32-bit words (vec2<u32>, low word first, exactly the storage form) with the arithmetic,
+comparisons and conversions of shaders/int64e.wgsl, spelled by runtime/wgsl.py (binop, compare,
+unop, convert, lit). The `int64` flag of the functions below selects native 64-bit integers; the
+compiler passes the context's (MLContext._int64).
 """
 
 import math
@@ -39,40 +40,42 @@ SIGNED = ("float32", "float16", "int32", "int64", "int8")
 
 WIDE = ("int64", "uint64")
 
-# WGSL scalar type each data type is computed in on a device without native 64-bit integers
-# (use compute_type(), which also knows the native 64-bit mode).
+# WGSL type each data type is computed in on a device without native 64-bit integers (use
+# compute_type(), which also knows the native 64-bit mode). i64e/u64e are emulated (see above).
 COMPUTE = {
     "float32": "f32", "float16": "f32",
-    "int32": "i32", "int64": "i32", "int8": "i32",
-    "uint32": "u32", "uint64": "u32", "uint8": "u32",
+    "int32": "i32", "int64": "i64e", "int8": "i32",
+    "uint32": "u32", "uint64": "u64e", "uint8": "u32",
 }
 COMPUTE_INT64 = dict(COMPUTE, int64="i64", uint64="u64")
-# Data types whose storage is the compute type itself (no edge conversion needed), 32-bit mode.
-NATIVE = ("float32", "int32", "uint32")
+# Data types whose storage is the compute type itself (no edge conversion needed).
+NATIVE = ("float32", "int32", "uint32", "int64", "uint64")
 # numpy dtype of each compute type, used for constants uploaded in compute form.
 COMPUTE_NUMPY = {"f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32),
-                 "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64)}
+                 "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64),
+                 "i64e": np.dtype(np.int64), "u64e": np.dtype(np.uint64)}
 
 # Value range of each integer compute type.
 INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1),
-             "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1)}
+             "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1),
+             "i64e": (-(2**63), 2**63 - 1), "u64e": (0, 2**64 - 1)}
 
 
 def compute_type(data_type, int64=False):
-    """The WGSL scalar type kernels compute `data_type` in: f32, i32, u32, or with native 64-bit
-    integers (int64=True, the device has "shader-int64") i64/u64 for int64/uint64. The single
-    source of truth for the compiler (KernelContext.wtype) and constant uploads."""
+    """The WGSL type kernels compute `data_type` in: f32, i32, u32, and for int64/uint64 i64/u64
+    with native 64-bit integers (int64=True, the device has "shader-int64"), else the emulated
+    i64e/u64e. The single source of truth for the compiler (KernelContext.wtype) and constants."""
     return (COMPUTE_INT64 if int64 else COMPUTE)[data_type]
 
 
-def is_native(data_type, int64=False):
+def is_native(data_type):
     """True when `data_type` is stored in its compute form: bound in place, no edge conversion."""
-    return data_type in NATIVE or (int64 and data_type in WIDE)
+    return data_type in NATIVE
 
 
-def compute_itemsize(data_type, int64=False):
-    """Bytes per element of the compute form (4, or 8 for native int64/uint64)."""
-    return COMPUTE_NUMPY[compute_type(data_type, int64)].itemsize
+def compute_itemsize(data_type):
+    """Bytes per element of the compute form: 4, or 8 for int64/uint64 (native or emulated)."""
+    return COMPUTE_NUMPY[compute_type(data_type)].itemsize
 
 
 def normalize(data_type, where="data_type"):
@@ -105,12 +108,7 @@ def padded(nbytes):
     return max(4, (nbytes + 3) & ~3)
 
 
-def to_compute_numpy(data_type, array, int64=False):
+def to_compute_numpy(data_type, array):
     """Host array of `data_type` converted to the form kernels compute on (see compute_type)."""
-    cdt = COMPUTE_NUMPY[compute_type(data_type, int64)]
-    a = np.asarray(array, dtype=NUMPY[data_type])
-    if data_type in WIDE and not int64:
-        info = np.iinfo(cdt)
-        if a.size and (a.min() < info.min or a.max() > info.max):
-            raise TypeError(f"[constant] {data_type} values outside the 32-bit range are not supported")
-    return a.astype(cdt)
+    cdt = COMPUTE_NUMPY[compute_type(data_type)]  # the same numpy type in both 64-bit modes
+    return np.asarray(array, dtype=NUMPY[data_type]).astype(cdt)

@@ -65,6 +65,10 @@ fn pow_u64(a: u64, b: u64) -> u64 {
 fn sign_i64(x: i64) -> i64 { return select(select(0li, -1li, x < 0li), 1li, x > 0li); }
 {$ endif $}
 
+{$ if emu64 $}
+{$ include "int64e.wgsl" $}
+{$ endif $}
+
 // Round half to even (WGSL round() already does this; kept as a named helper for clarity).
 fn round_even_f32(x: f32) -> f32 { return round(x); }
 

@@ -1,4 +1,4 @@
-// Graph edges: storage form <-> 32-bit compute form, and plain copies.
+// Graph edges: packed storage (float16, int8, uint8) <-> 32-bit compute form, and plain copies.
 // unpack: one thread per element; pack: one thread per 32-bit word (no two threads share a word).
 {{ bindings }}
 {$ include "common.wgsl" $}
@@ -18,10 +18,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     dst[i] = (bitcast<i32>(src[i / 4u] << (24u - 8u * (i % 4u)))) >> 24u;
   {$ elif dtype == "uint8" $}
     dst[i] = (src[i / 4u] >> (8u * (i % 4u))) & 0xffu;
-  {$ elif dtype == "int64" $}
-    dst[i] = bitcast<i32>(src[2u * i]);
-  {$ elif dtype == "uint64" $}
-    dst[i] = src[2u * i];
   {$ else $}
     dst[i] = bitcast<{{ "f32" if dtype == "float32" else ("i32" if dtype == "int32" else "u32") }}>(src[i]);
   {$ endif $}
@@ -40,14 +36,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (j < {{ n }}u) { w = w | ((bitcast<u32>(src[j]) & 0xffu) << (8u * k)); }
     }
     dst[i] = w;
-  {$ elif dtype == "int64" $}
-    if (i >= {{ n }}u) { return; }
-    dst[2u * i] = bitcast<u32>(src[i]);
-    dst[2u * i + 1u] = select(0u, 0xffffffffu, src[i] < 0i);
-  {$ elif dtype == "uint64" $}
-    if (i >= {{ n }}u) { return; }
-    dst[2u * i] = src[i];
-    dst[2u * i + 1u] = 0u;
   {$ endif $}
 {$ endif $}
 }

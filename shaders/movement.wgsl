@@ -1,4 +1,4 @@
-// Data movement on the compute form (u32 elements, u64 for native 64-bit integers): one thread
+// Data movement on the compute form (u32 elements; u64 or u64e for 64-bit integers): one thread
 // per element of the iteration space.
 // copy:   dst[dst_index] = src[src_index], both flat indices built in Python from baked sizes and
 //         strides (transpose, slice, split, concat slabs).

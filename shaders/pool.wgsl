@@ -10,7 +10,7 @@
 
 {$ macro accumulate(acc, v) $}
 {$ if mode == "max" $}
-{{ acc }} = max({{ acc }}, {{ v }});
+{{ acc }} = {{ max_.format(a=acc, b=v) }};
 {$ elif mode == "avg" $}
 {{ acc }} = {{ acc }} + {{ v }};
 {$ else $}
@@ -83,7 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var s = 32u; s > 0u; s = s >> 1u) {
         if (li < s) {
 {$ if mode == "max" $}
-            part[li] = max(part[li], part[li + s]);
+            part[li] = {{ max_.format(a="part[li]", b="part[li + s]") }};
 {$ else $}
             part[li] = part[li] + part[li + s];
 {$ endif $}

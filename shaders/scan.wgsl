@@ -15,12 +15,12 @@
         // numpy semantics: the first NaN wins, otherwise strict compare keeps the first of ties
         let v_nan = (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
         let b_nan = (bitcast<u32>(best) & 0x7fffffffu) > 0x7f800000u;
-        if (!b_nan && (v_nan || v {{ cmp }} best)) { best = v; best_k = k; }
+        if (!b_nan && (v_nan || {{ better }})) { best = v; best_k = k; }
   {$ else $}
-        if (v {{ cmp }} best) { best = v; best_k = k; }
+        if ({{ better }}) { best = v; best_k = k; }
   {$ endif $}
     }
-    out[i] = {{ otype }}(best_k);
+    out[i] = {{ result }};
 {$ elif mode == "cumsum" $}
     var acc = {{ zero }};
     for (var j = 0u; j < {{ len }}u; j++) {
@@ -32,9 +32,9 @@
         let v = x[at];
   {$ if exclusive $}
         out[at] = acc;
-        acc = acc + v;
+        acc = {{ add }};
   {$ else $}
-        acc = acc + v;
+        acc = {{ add }};
         out[at] = acc;
   {$ endif $}
     }

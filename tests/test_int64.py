@@ -1,6 +1,8 @@
-"""int64/uint64 with values beyond 32 bits: native i64/u64 compute where the device has
-"shader-int64" (lavapipe has it), and the 32-bit fallback (MLTENSOR_DISABLE_INT64=1) with values
-that fit. References are numpy (wrapping integer arithmetic, like the GPU)."""
+"""int64/uint64 with values beyond 32 bits, in both compute modes: native i64/u64 where the device
+has "shader-int64" (lavapipe has it), and two 32-bit words (shaders/int64e.wgsl) where it does not,
+tested on a context that ignores the feature (MLTENSOR_DISABLE_INT64=1: its device is created
+without it, so a kernel using native 64-bit integers would fail to compile there). Every test
+below runs in both modes. References are numpy (wrapping integer arithmetic, like the GPU)."""
 
 import numpy as np
 import pytest
@@ -19,19 +21,21 @@ UBIG2 = np.array([7, 2**62, 1, 2**33, 2**32 - 1, 5, 2**12, 2**63 + 5], U64)
 
 
 @pytest.fixture(scope="module")
-def nctx(ctx):
-    if not ctx._int64:
-        pytest.skip("the adapter has no shader-int64: int64 computes in 32 bits")
-    return ctx
-
-
-@pytest.fixture(scope="module")
-def fallback_ctx():
+def emulated_ctx():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLTENSOR_DISABLE_INT64", "1")
         c = ml.create_context_sync()
     yield c
     c.destroy()
+
+
+@pytest.fixture(scope="module", params=["native", "emulated"])
+def nctx(request, ctx, emulated_ctx):
+    if request.param == "emulated":
+        return emulated_ctx
+    if not ctx._int64:
+        pytest.skip("the adapter has no shader-int64 (the emulated run covers this device)")
+    return ctx
 
 
 def _in(b, name, arr):
@@ -141,6 +145,18 @@ def test_casts(nctx):
     _check(r["i8_i64"], i8.astype(I64))
     _check(r["i8_u64"], i8.astype(U64))
     _check(r["u8_i64"], u8.astype(I64))
+
+
+def test_float_to_64_bit_saturates_like_wgsl(nctx):
+    # WGSL clamps out-of-range floats to the f32 values nearest the bounds, then truncates
+    f = np.array([1e19, -1e19, 3e38, np.inf, -np.inf, 2.0**63, -(2.0**63), 1.8e19, 2.0**64], np.float32)
+    b = mltensor.MLGraphBuilder(nctx)
+    x = _in(b, "f", f)
+    r = run_graph(nctx, {"i": b.cast(x, "int64"), "u": b.cast(b.abs(x), "uint64")}, {"f": f}, b)
+    i_hi, u_hi = 2**63 - 2**39, 2**64 - 2**40  # the largest f32 values below 2**63 and 2**64
+    w = np.clip(f.astype(np.float64), -(2.0**63), 2.0**64)  # finite, still out of range
+    _check(r["i"], np.array([max(-(2**63), min(i_hi, int(v))) for v in w], I64))
+    _check(r["u"], np.array([min(u_hi, int(v)) for v in np.minimum(np.abs(f.astype(np.float64)), 2.0**64)], U64))
 
 
 def test_negative_float_to_uint64_wraps_like_c(nctx):
@@ -302,45 +318,41 @@ def test_reshaped_input_and_repeated_output(nctx):
     _check(r["y2"], _wrap(np.add, BIG, BIG))
 
 
-# -- the 32-bit fallback ----------------------------------------------------------------------
+# -- the emulated mode ---------------------------------------------------------------------------
 
 
-def test_fallback_context_computes_in_32_bits(fallback_ctx):
-    assert not fallback_ctx._int64
-    assert "shader-int64" not in fallback_ctx.features
+def test_emulated_context_has_no_native_64_bit_integers(emulated_ctx):
+    assert not emulated_ctx._int64
+    assert "shader-int64" not in emulated_ctx.features
+    assert "shader-int64" not in emulated_ctx.device.features
 
 
-def test_fallback_runs_int64_graphs_with_values_in_range(fallback_ctx):
-    ctx = fallback_ctx
-    a = np.array([2**31 - 10, -(2**31) + 3, 7, -5], I64)
-    c = np.array([3, 2, -4, 9], I64)
-    idx = np.array([-1, 0, 2], I64)
-    b = mltensor.MLGraphBuilder(ctx)
+@pytest.mark.parametrize("dt", [np.int64, np.uint64])
+def test_emulated_arithmetic_random_words(emulated_ctx, rng, dt):
+    # random 64-bit patterns: every carry, borrow and sign case of the word arithmetic, checked
+    # against numpy's wrapping arithmetic
+    n = 4096
+    a = rng.integers(0, 2**64, size=n, dtype=np.uint64, endpoint=False).astype(dt)
+    c = rng.integers(0, 2**64, size=n, dtype=np.uint64, endpoint=False).astype(dt)
+    # small and one-word values too (fast division path, 32-bit boundaries)
+    c[:512] = rng.integers(-(2**31), 2**31, size=512).astype(dt)
+    a[512:1024] = rng.integers(0, 2**32, size=512).astype(dt)
+    c[1024:1040] = 0
+    # int -> float rounding ties (to even, up with a sticky bit below) and the carry into 2**64
+    ties = [(2**23 + 1) * 2**17 + 2**16, (2**23 + 2) * 2**17 + 2**16, (2**23 + 2) * 2**17 + 2**16 + 1,
+            (2**23 + 1) * 2**40 + 2**39, (2**23 + 2) * 2**40 + 2**39, 2**64 - 1, 2**63 + 2**39 + 1]
+    a[1040:1040 + len(ties)] = np.array(ties, np.uint64).astype(dt)
+    b = mltensor.MLGraphBuilder(emulated_ctx)
     x, y = _in(b, "x", a), _in(b, "y", c)
-    outs = {
-        "add": b.add(x, y), "neg": b.neg(y), "sum": b.reduce_sum(y), "cum": b.cumulative_sum(y, 0),
-        "gather": b.gather(x, _in(b, "i", idx)), "amax": b.arg_max(x, 0, output_data_type="int64"),
-        "cast": b.cast(y, "float32"), "u": b.cast(b.abs(y), "uint64"), "cmp": b.greater(x, y),
-        "k": b.mul(y, b.constant(np.array([-2, 2, 2, 100], I64))),
-    }
-    r = run_graph(ctx, outs, {"x": a, "y": c, "i": idx}, b)
-    g = mltensor.MLGraphBuilder(ctx)
-    kernels = g.build_sync({"z": g.add(_in(g, "x", a), _in(g, "y", c))}).kernel_names
-    assert any(k.startswith("unpack_int64") for k in kernels) and any(k.startswith("pack_int64") for k in kernels)
-    _check(r["add"], a + c)
-    _check(r["neg"], -c)
-    _check(r["sum"], np.array(c.sum()))
-    _check(r["cum"], np.cumsum(c))
-    _check(r["gather"], a[[3, 0, 2]])
-    _check(r["amax"], np.array(a.argmax(), I64))
-    _check(r["cast"], c.astype(np.float32))
-    _check(r["u"], np.abs(c).astype(U64))
-    _check(r["cmp"], (a > c).astype(np.uint8))
-    _check(r["k"], c * np.array([-2, 2, 2, 100]))
-
-
-def test_fallback_rejects_constants_outside_32_bits(fallback_ctx):
-    b = mltensor.MLGraphBuilder(fallback_ctx)
-    y = b.add(b.input("x", data_type="int64", shape=[1]), b.constant(np.array([2**40], I64)))
-    with pytest.raises(TypeError, match="outside the 32-bit range"):
-        b.build_sync({"y": y})
+    outs = {op: getattr(b, op)(x, y) for op in ("add", "sub", "mul", "div", "max", "min", "lesser")}
+    outs["f"] = b.cast(x, "float32")
+    r = run_graph(emulated_ctx, outs, {"x": a, "y": c}, b)
+    _check(r["add"], _wrap(np.add, a, c))
+    _check(r["sub"], _wrap(np.subtract, a, c))
+    _check(r["mul"], _wrap(np.multiply, a, c))
+    _check(r["max"], np.maximum(a, c))
+    _check(r["min"], np.minimum(a, c))
+    _check(r["lesser"], (a < c).astype(np.uint8))
+    _check(r["f"], a.astype(np.float32))  # round to nearest even, as numpy
+    q = [0 if d == 0 else abs(p) // abs(d) * (1 if (p < 0) == (d < 0) else -1) for p, d in zip(a.tolist(), c.tolist())]
+    _check(r["div"], np.array([v & (2**64 - 1) for v in q], np.uint64).astype(dt))

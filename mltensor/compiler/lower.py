@@ -40,9 +40,9 @@ class Launch:
     prologue: bool
 
 
-def compute_nbytes(v, int64=False):
-    """Bytes of a value in compute form (4 per element; 8 for native int64/uint64)."""
-    return dtypes.compute_itemsize(v.data_type, int64) * math.prod(v.shape)
+def compute_nbytes(v):
+    """Bytes of a value in compute form (4 per element; 8 for int64/uint64)."""
+    return dtypes.compute_itemsize(v.data_type) * math.prod(v.shape)
 
 
 class KernelContext:
@@ -68,12 +68,13 @@ class KernelContext:
 
     def nbytes(self, v):
         """Bytes of a value in compute form."""
-        return compute_nbytes(v, self.int64)
+        return compute_nbytes(v)
 
     def move_type(self, v):
         """WGSL element type for kernels that move a value's elements without looking at them:
-        u32, or u64 for 64-bit compute types."""
-        return "u64" if self.wtype(v) in ("i64", "u64") else "u32"
+        u32, or for 64-bit integers u64 (native) or u64e (two words)."""
+        t = self.wtype(v)
+        return {"i64": "u64", "u64": "u64", "i64e": "u64e", "u64e": "u64e"}.get(t, "u32")
 
     def launch(self, kernel, args, groups):
         assert len(args) == len(kernel.bindings), kernel.name
@@ -131,7 +132,7 @@ class KernelContext:
     # -- edges ---------------------------------------------------------------------------------
 
     def unpack(self, ext, value):
-        """Caller's tensor in its storage type -> compute-form value."""
+        """Caller's tensor in a packed storage type (float16, int8, uint8) -> compute-form value."""
         n = math.prod(ext.shape)
         dt = ext.data_type
         k = Kernel(
@@ -146,16 +147,14 @@ class KernelContext:
         """Compute-form value -> caller's tensor in its storage type (one thread per word)."""
         n = math.prod(ext.shape)
         dt = ext.data_type
-        per_word = {"float16": 2, "int8": 4, "uint8": 4}.get(dt, 1)
-        words = -(-n // per_word) if dt not in ("int64", "uint64") else 2 * n
+        words = -(-n // {"float16": 2, "int8": 4, "uint8": 4}[dt])
         k = Kernel(
             f"pack_{dt}_n{n}",
             "edge.wgsl",
             {"mode": "pack", "dtype": dt, "n": n, "words": words},
             (Binding("src", dtypes.compute_type(dt, self.int64)), Binding("dst", "u32", True)),
         )
-        threads = words if dt not in ("int64", "uint64") else n
-        self.launch(k, [value, ext], grid(-(-threads // WORKGROUP)))
+        self.launch(k, [value, ext], grid(-(-words // WORKGROUP)))
 
 
 def lower_steps(kc, steps):
@@ -177,11 +176,10 @@ def lower_steps(kc, steps):
     kc._prologue = False
 
 
-def plan_memory(arg_lists, is_temp, int64=False):
+def plan_memory(arg_lists, is_temp):
     """Assign pooled buffers to intermediate values by liveness. `arg_lists` holds each launch's
     arguments, aliases already resolved to their roots. Returns (assign, sizes): assign maps
-    id(value) -> pool index, sizes the byte size of each pool buffer.
-    int64: values are sized for native 64-bit integers (see compute_nbytes)."""
+    id(value) -> pool index, sizes the byte size of each pool buffer."""
     first, last, size, order = {}, {}, {}, []
     for i, args in enumerate(arg_lists):
         for r in args:
@@ -191,7 +189,7 @@ def plan_memory(arg_lists, is_temp, int64=False):
             if k not in first:
                 first[k] = i
                 order.append(k)
-                size[k] = r.nbytes if isinstance(r, Scratch) else compute_nbytes(r, int64)
+                size[k] = r.nbytes if isinstance(r, Scratch) else compute_nbytes(r)
             last[k] = i
     starts = {}
     for k in order:

@@ -38,14 +38,13 @@ def compile_graph(builder, outputs):
     steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
                        max_inputs=device.limits["max-storage-buffers-per-shader-stage"] - 1)
 
-    int64 = ctx._int64
-    kc = KernelContext(device, int64=int64)
+    kc = KernelContext(device, int64=ctx._int64)
     loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
 
     # Edges in: native inputs are read in place, others are unpacked into an intermediate.
     for name, x in inputs.items():
         ext = Ext("in", name, x.data_type, x.shape)
-        if dtypes.is_native(x.data_type, int64):
+        if dtypes.is_native(x.data_type):
             loc[id(x)] = ext
         elif id(x) in used_inputs:
             kc.unpack(ext, x)
@@ -54,7 +53,7 @@ def compile_graph(builder, outputs):
     pending_out = []
     for name, v in outputs.items():
         ext = Ext("out", name, v.data_type, v.shape)
-        if dtypes.is_native(v.data_type, int64) and id(v) not in kc.out_slot:
+        if dtypes.is_native(v.data_type) and id(v) not in kc.out_slot:
             kc.out_slot[id(v)] = ext
             loc[id(v)] = ext
         else:
@@ -71,7 +70,7 @@ def compile_graph(builder, outputs):
     for x in const_ops.values():
         if isinstance(x._value, MLTensor):
             keep.append(x._value)
-            if dtypes.is_native(x.data_type, int64):
+            if dtypes.is_native(x.data_type):
                 loc[id(x)] = ("buf", x._value._buffer)
             else:
                 kc._prologue = True
@@ -79,7 +78,7 @@ def compile_graph(builder, outputs):
                 kc.launches[-1].args[0] = ("buf", x._value._buffer)
                 kc._prologue = False
         else:
-            data = dtypes.to_compute_numpy(x.data_type, x._value, int64)
+            data = dtypes.to_compute_numpy(x.data_type, x._value)
             buf = device.create_buffer(
                 label="mltensor-constant",
                 size=dtypes.padded(data.nbytes),
@@ -92,7 +91,7 @@ def compile_graph(builder, outputs):
 
     lower_steps(kc, steps)
     for v, ext in pending_out:
-        if dtypes.is_native(v.data_type, int64):
+        if dtypes.is_native(v.data_type):
             kc.copy(v, ext)
         else:
             kc.pack(v, ext)
@@ -115,14 +114,14 @@ def compile_graph(builder, outputs):
         return not isinstance(r, (Ext, tuple)) and id(r) not in loc and id(r) not in prologue_values
 
     launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
-    assign, sizes = plan_memory([args for _, args in launches], is_temp, int64)
+    assign, sizes = plan_memory([args for _, args in launches], is_temp)
     pool = [
         device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
         for i, s in enumerate(sizes)
     ]
     for k, v in prologue_values.items():
         buf = device.create_buffer(
-            label="mltensor-folded", size=dtypes.padded(compute_nbytes(v, int64)), usage=wgpu.BufferUsage.STORAGE
+            label="mltensor-folded", size=dtypes.padded(compute_nbytes(v)), usage=wgpu.BufferUsage.STORAGE
         )
         persist.append(buf)
         loc[k] = ("buf", buf)

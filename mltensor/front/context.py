@@ -60,8 +60,8 @@ def _check_backend(adapter, where):
 
 def _int64_disabled():
     """Internal switch, read when a context is created: MLTENSOR_DISABLE_INT64=1 makes the context
-    ignore "shader-int64" (not requested, not used on a given device), so int64/uint64 compute in
-    32 bits as on an adapter without the feature. For testing that path; not a public option."""
+    ignore "shader-int64" (not requested, not used on a given device), so int64/uint64 compute with
+    two 32-bit words as on an adapter without the feature. For testing that path; not public."""
     return os.environ.get("MLTENSOR_DISABLE_INT64", "") not in ("", "0")
 
 
@@ -160,7 +160,7 @@ class MLContext:
             _check_backend(adapter, "create_context")
         self._device = device
         self._own_device = own
-        # int64/uint64 compute natively in 64 bits (else in 32 bits, see dtypes.py)
+        # int64/uint64 compute natively in 64 bits (else emulated with two 32-bit words, see dtypes.py)
         self._int64 = "shader-int64" in device.features and not _int64_disabled()
         self._adapter_info = adapter.info
         self._counters = dict.fromkeys(

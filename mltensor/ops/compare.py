@@ -8,6 +8,7 @@ IEEE: every ordered comparison with NaN is false, `not_equal` is true.
 
 from .. import dtypes
 from ..front.builder import builder_op
+from ..runtime.wgsl import compare
 from . import check_support, register
 from .elementwise import binary_op
 
@@ -20,25 +21,29 @@ def _b(cond):
     return f"select(0u, 1u, {cond})"
 
 
+def _cmp(op):
+    return lambda kc, n, a, b: _b(compare(op, kc.wtype(n.inputs[0]), a, b))
+
+
 COMPARE = {
-    "equal": lambda a, b: _b(f"{a} == {b}"),
+    "equal": _cmp("=="),
     # !(a == b) rather than `!=`: true for NaN whatever the driver's ordered/unordered choice
-    "not_equal": lambda a, b: _b(f"!({a} == {b})"),
-    "greater": lambda a, b: _b(f"{a} > {b}"),
-    "greater_or_equal": lambda a, b: _b(f"{a} >= {b}"),
-    "lesser": lambda a, b: _b(f"{a} < {b}"),
-    "lesser_or_equal": lambda a, b: _b(f"{a} <= {b}"),
+    "not_equal": lambda kc, n, a, b: _b("!" + compare("==", kc.wtype(n.inputs[0]), a, b)),
+    "greater": _cmp(">"),
+    "greater_or_equal": _cmp(">="),
+    "lesser": _cmp("<"),
+    "lesser_or_equal": _cmp("<="),
 }
 
 LOGICAL = {
-    "logical_and": lambda a, b: _b(f"({a} != 0u) && ({b} != 0u)"),
-    "logical_or": lambda a, b: _b(f"({a} != 0u) || ({b} != 0u)"),
-    "logical_xor": lambda a, b: _b(f"({a} != 0u) != ({b} != 0u)"),
+    "logical_and": lambda kc, n, a, b: _b(f"({a} != 0u) && ({b} != 0u)"),
+    "logical_or": lambda kc, n, a, b: _b(f"({a} != 0u) || ({b} != 0u)"),
+    "logical_xor": lambda kc, n, a, b: _b(f"({a} != 0u) != ({b} != 0u)"),
 }
 
 
 def _binary(name, types, fn):
-    register(name, {"a": types, "b": types, "output": U8}, expr=lambda kc, n, a, b: fn(a, b))
+    register(name, {"a": types, "b": types, "output": U8}, expr=fn)
     binary_op(name, "uint8")
 
 

@@ -12,7 +12,7 @@ import math
 from .. import dtypes
 from ..compiler.passes import external_inputs
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit, unop
 from . import broadcast_shapes, check_number, check_support, register, same_type
 
 ALL = dtypes.ALL
@@ -31,9 +31,15 @@ def _div(kc, node, a, b):
     t = _t(kc, node)
     if t == "f32":
         return f"({a} / {b})"
+    if t in EMULATED:
+        return f"{t}_div({a}, {b})"  # truncating, 0 for division by zero
     # integers: truncating division; division by zero gives 0 rather than WGSL's `a`
     z = lit(0, t)
     return f"select({a} / {b}, {z}, {b} == {z})"
+
+
+def _arith(op):
+    return lambda kc, n, a, b: binop(op, _t(kc, n), a, b)
 
 
 def _pow(kc, node, a, b):
@@ -41,12 +47,12 @@ def _pow(kc, node, a, b):
 
 
 BINARY = {
-    "add": (ALL, lambda kc, n, a, b: f"({a} + {b})"),
-    "sub": (ALL, lambda kc, n, a, b: f"({a} - {b})"),
-    "mul": (ALL, lambda kc, n, a, b: f"({a} * {b})"),
+    "add": (ALL, _arith("+")),
+    "sub": (ALL, _arith("-")),
+    "mul": (ALL, _arith("*")),
     "div": (ALL, _div),
-    "max": (ALL, lambda kc, n, a, b: f"max({a}, {b})"),
-    "min": (ALL, lambda kc, n, a, b: f"min({a}, {b})"),
+    "max": (ALL, _arith("max")),
+    "min": (ALL, _arith("min")),
     "pow": (("float32", "float16", "int32", "uint32", "int8", "uint8"), _pow),
 }
 
@@ -85,21 +91,12 @@ def _f(expr):
     return lambda kc, n, x: expr.format(x=x)
 
 
-def _abs(kc, n, x):
-    return f"abs({x})" if _t(kc, n) not in ("u32", "u64") else x
-
-
-def _neg(kc, n, x):
-    return f"(-{x})"
-
-
-def _sign(kc, n, x):
-    # WGSL's sign() has no 64-bit integer overload
-    return f"sign_i64({x})" if _t(kc, n) == "i64" else f"sign({x})"
+def _un(op):
+    return lambda kc, n, x: unop(op, _t(kc, n), x)
 
 
 UNARY = {
-    "abs": (("float32", "float16", "int32", "int64", "int8"), _abs),
+    "abs": (("float32", "float16", "int32", "int64", "int8"), _un("abs")),
     "ceil": (FLOAT, _f("ceil({x})")),
     "cos": (FLOAT, _f("cos({x})")),
     "erf": (FLOAT, _f("erf_f32({x})")),
@@ -107,9 +104,9 @@ UNARY = {
     "floor": (FLOAT, _f("floor({x})")),
     "identity": (ALL, lambda kc, n, x: x),
     "log": (FLOAT, _f("log({x})")),
-    "neg": (("float32", "float16", "int32", "int64", "int8"), _neg),
+    "neg": (("float32", "float16", "int32", "int64", "int8"), _un("neg")),
     "reciprocal": (FLOAT, _f("(1.0 / {x})")),
-    "sign": (("float32", "float16", "int32", "int64", "int8"), _sign),
+    "sign": (("float32", "float16", "int32", "int64", "int8"), _un("sign")),
     "sin": (FLOAT, _f("sin({x})")),
     "sqrt": (FLOAT, _f("sqrt({x})")),
     "tan": (FLOAT, _f("tan({x})")),
@@ -176,9 +173,9 @@ def _clamp(kc, n, x):
         bound = dtypes.INT_RANGE[t]
         lo = max(bound[0], min(bound[1], lo)) if lo != float("-inf") else bound[0]
         hi = max(bound[0], min(bound[1], hi)) if hi != float("inf") else bound[1]
-        import math
-
         lo, hi = math.ceil(lo), math.floor(hi)
+    if t in EMULATED:
+        return f"{t}_clamp({x}, {lit(lo, t)}, {lit(hi, t)})"
     return f"clamp({x}, {lit(lo, t)}, {lit(hi, t)})"
 
 
@@ -195,7 +192,7 @@ ACTIVATIONS = {
     "hard_swish": (FLOAT, lambda kc, n, x: f"({x} * clamp({x} / 6.0 + 0.5, 0.0, 1.0))", None),
     "leaky_relu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * {x}, {x}, {x} >= 0.0)", _opts({"alpha": 0.01})),
     "linear": (FLOAT, lambda kc, n, x: f"({_a(n, 'alpha')} * {x} + {_a(n, 'beta')})", _opts({"alpha": 1.0, "beta": 0.0})),
-    "relu": (("float32", "float16", "int32", "int64", "int8"), lambda kc, n, x: f"max({x}, {lit(0, _t(kc, n))})", None),
+    "relu": (("float32", "float16", "int32", "int64", "int8"), lambda kc, n, x: binop("max", _t(kc, n), x, lit(0, _t(kc, n))), None),
     "sigmoid": (FLOAT, lambda kc, n, x: f"sigmoid_f32({x})", None),
     "softplus": (FLOAT, lambda kc, n, x: f"softplus_f32({x})", None),
     "softsign": (FLOAT, lambda kc, n, x: f"({x} / (1.0 + abs({x})))", None),
@@ -208,8 +205,12 @@ for _name, (_types, _fn, _attrs) in ACTIVATIONS.items():
 
 # -- prelu (binary, slope broadcasts unidirectionally) ----------------------------------------
 
-register("prelu", {"input": SIGNED, "slope": SIGNED, "output": SIGNED},
-         expr=lambda kc, n, x, s: f"select({x} * {s}, {x}, {x} >= {lit(0, _t(kc, n))})")
+def _prelu(kc, n, x, s):
+    t = _t(kc, n)
+    return f"select({binop('*', t, x, s)}, {x}, {compare('>=', t, x, lit(0, t))})"
+
+
+register("prelu", {"input": SIGNED, "slope": SIGNED, "output": SIGNED}, expr=_prelu)
 
 
 @builder_op
@@ -225,26 +226,10 @@ def prelu(b, x, slope, *, label=None):
 
 # -- cast -----------------------------------------------------------------------------------
 
-register("cast", {"input": ALL, "output": ALL}, expr=lambda kc, n, x: _cast(kc, n, x))
-
-
-def _cast(kc, n, x):
-    src, dst = _t(kc, n), kc.wtype(n.outputs[0])
-    if src == dst:
-        return x
-    if dst in ("u32", "u64") and src == "f32":
-        # negative floats to unsigned wrap like C casts through a signed integer; the rest
-        # converts directly (through the signed type, values from 2**31 / 2**63 up would saturate)
-        s = "i32" if dst == "u32" else "i64"
-        return f"select({dst}({x}), bitcast<{dst}>({s}({x})), {x} < 0.0)"
-    # Widening to 64 bits extends by the source's signedness (numpy/C): naga's i64(u32)
-    # sign-extends and u64(i32) zero-extends, so go through the 64-bit type of the source's kind.
-    if dst == "i64" and src == "u32":
-        return f"i64(u64({x}))"
-    if dst == "u64" and src == "i32":
-        return f"u64(i64({x}))"
-    # narrowing integers truncate (wrap); int <-> float convert the value
-    return f"{dst}({x})"
+# Narrowing integers truncate (wrap), widening extends by the source's signedness, int <-> float
+# converts the value, negative floats to unsigned wrap like C casts (see wgsl.convert).
+register("cast", {"input": ALL, "output": ALL},
+         expr=lambda kc, n, x: convert(x, _t(kc, n), kc.wtype(n.outputs[0])))
 
 
 @builder_op

@@ -1,7 +1,7 @@
 """Data movement: concat, expand, gather, pad, reshape, slice, split, transpose, where.
 
 Every kernel works on the compute form, so moving data never looks at the data type, only at its
-width (u32 words, or u64 for native 64-bit integers): one "strided copy" kernel
+width (u32 words, or for 64-bit integers u64 natively, u64e = two words emulated): one "strided copy" kernel
 (shaders/movement.wgsl) covers transpose, slice, split and concat. Each thread
 owns one element of its iteration space and computes both flat indices from its linear id with
 sizes and strides baked into the WGSL. Before that the iteration space is coalesced (size-1 dims
@@ -117,7 +117,7 @@ def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_stride
     dst_index = "i" if dense else _index(cshape, dst_st, dst_base)
     mt = kc.move_type(src)
     kernel = Kernel(
-        f"{name}_n{n}_" + "x".join(map(str, cshape or [1])) + ("_u64" if mt == "u64" else ""),
+        f"{name}_n{n}_" + "x".join(map(str, cshape or [1])) + (f"_{mt}" if mt != "u32" else ""),
         "movement.wgsl",
         {"mode": "copy", "n": n, "src_index": src_index, "dst_index": dst_index},
         (Binding("src", mt), Binding("dst", mt, True)),
@@ -475,7 +475,9 @@ def _lower_gather(kc, node):
     k_expr = f"(i % {inner}u)" if inner != 1 else "0u"
     j_expr = f"((i / {inner}u) % {count}u)" if inner != 1 else f"(i % {count}u)"
     o_expr = f"(i / {inner * count}u)"
-    if it in ("i32", "i64"):
+    if it == "i64e":
+        fix = f"    let a = wrap_i64e(idx[{j_expr}], {dim}u);"  # shaders/int64e.wgsl
+    elif it in ("i32", "i64"):
         # negative indices count from the end; anything still out of range is clamped so no
         # thread ever reads outside the input
         fix = (
@@ -489,7 +491,7 @@ def _lower_gather(kc, node):
     body = f"{fix}\n    dst[i] = src[{src}];"
     mt = kc.move_type(x)
     kernel = Kernel(
-        f"gather_{it}_n{n}_d{dim}_k{inner}" + ("_u64" if mt == "u64" else ""),
+        f"gather_{it}_n{n}_d{dim}_k{inner}" + (f"_{mt}" if mt != "u32" else ""),
         "movement.wgsl",
         {"mode": "gather", "n": n, "body": body},
         (Binding("src", mt), Binding("idx", it), Binding("dst", mt, True)),

@@ -9,7 +9,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, lit
 from . import check_support, int_list, lowering, register
 
 GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
@@ -105,7 +105,7 @@ def _lower(kc, node, mode):
     whole = (kh, kw) == (ih, iw) and a["padding"] == [0, 0, 0, 0] and (oh, ow) == (1, 1)
     path = "global" if whole and kh * kw >= GLOBAL_MIN_WINDOW else "window"
     params = {
-        "mode": mode, "path": path, "T": t, "init": init, "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
+        "mode": mode, "path": path, "T": t, "init": init, "max_": binop("max", t, "{a}", "{b}"), "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
         "OH": oh, "OW": ow, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw, "PT": pt,
         "PL": pl, "in_s": in_s, "total": total,
     }

@@ -17,7 +17,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, lit, unop
 from . import check_bool, check_support, register, row_strides
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
@@ -44,22 +44,26 @@ def _extreme(lowest):
     return init
 
 
-def _abs(t, x):
-    return x if t in ("u32", "u64") else f"abs({x})"
+def _same(t, x):
+    return x
 
 
-# name: (data types, pre(type, x), combine(a, b), post(a), init(type))
+def _square(t, x):
+    return binop("*", t, x, x)
+
+
+# name: (data types, pre(type, x), combining operator (wgsl.binop), post(a), init(type))
 REDUCE = {
-    "reduce_l1": (SUMLIKE, _abs, "a + b", "a", _init(0)),
-    "reduce_l2": (FLOAT, lambda t, x: f"{x} * {x}", "a + b", "sqrt(a)", _init(0)),
-    "reduce_log_sum": (FLOAT, lambda t, x: x, "a + b", "log(a)", _init(0)),
+    "reduce_l1": (SUMLIKE, lambda t, x: unop("abs", t, x), "+", "a", _init(0)),
+    "reduce_l2": (FLOAT, _square, "+", "sqrt(a)", _init(0)),
+    "reduce_log_sum": (FLOAT, _same, "+", "log(a)", _init(0)),
     "reduce_log_sum_exp": (FLOAT, None, None, None, None),  # own two-pass code in the template
-    "reduce_max": (dtypes.ALL, lambda t, x: x, "max(a, b)", "a", _extreme(True)),
-    "reduce_mean": (FLOAT, lambda t, x: x, "a + b", "a / f32(K)", _init(0)),
-    "reduce_min": (dtypes.ALL, lambda t, x: x, "min(a, b)", "a", _extreme(False)),
-    "reduce_product": (SUMLIKE, lambda t, x: x, "a * b", "a", _init(1)),
-    "reduce_sum": (SUMLIKE, lambda t, x: x, "a + b", "a", _init(0)),
-    "reduce_sum_square": (SUMLIKE, lambda t, x: f"{x} * {x}", "a + b", "a", _init(0)),
+    "reduce_max": (dtypes.ALL, _same, "max", "a", _extreme(True)),
+    "reduce_mean": (FLOAT, _same, "+", "a / f32(K)", _init(0)),
+    "reduce_min": (dtypes.ALL, _same, "min", "a", _extreme(False)),
+    "reduce_product": (SUMLIKE, _same, "*", "a", _init(1)),
+    "reduce_sum": (SUMLIKE, _same, "+", "a", _init(0)),
+    "reduce_sum_square": (SUMLIKE, _square, "+", "a", _init(0)),
 }
 
 
@@ -179,7 +183,7 @@ def _lower_reduce(kc, node):
     lse = node.op == "reduce_log_sum_exp"
     params = {
         "T": t, "M": M, "K": K, "WG": WG, "base": base, "off": off, "lse": lse,
-        "pre": "x" if lse else pre(t, "x"), "comb": comb or "a + b", "post": post or "a",
+        "pre": "x" if lse else pre(t, "x"), "comb": binop(comb or "+", t, "a", "b"), "post": post or "a",
         "init": lit(0, t) if lse else init(t), "NEG_INF": lit(float("-inf"), "f32"),
     }
     short = node.op[len("reduce_"):]
@@ -197,7 +201,7 @@ def _lower_reduce(kc, node):
         chunk = -(-K // S)
         S = -(-K // chunk)
         width = 2 if lse else 1  # log-sum-exp partials are (max, sum of exp(x - max)) pairs
-        part = kc.scratch(dtypes.compute_itemsize(x.data_type, kc.int64) * M * S * width)
+        part = kc.scratch(dtypes.compute_itemsize(x.data_type) * M * S * width)
         p = dict(params, S=S, CHUNK=chunk)
         k1 = Kernel(f"reduce_{tag}_partial{S}", "reduce.wgsl", dict(p, mode="partial"),
                     (Binding("src", t), Binding("part", t, True)))

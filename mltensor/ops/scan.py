@@ -8,7 +8,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit
 from . import check_axis, check_bool, check_support, lowering, register
 
 ALL = dtypes.ALL
@@ -55,8 +55,8 @@ def _lower_arg(kc, node):
     k = Kernel(
         f"{node.op}_{t}_o{outer}_n{n}_i{inner}",
         "scan.wgsl",
-        {"mode": "arg", "lines": lines, "len": n, "inner": inner, "cmp": node.attrs["cmp"],
-         "wtype": t, "otype": kc.wtype(out)},
+        {"mode": "arg", "lines": lines, "len": n, "inner": inner, "wtype": t,
+         "better": compare(node.attrs["cmp"], t, "v", "best"), "result": convert("best_k", "u32", kc.wtype(out))},
         (Binding("x", t), Binding("out", kc.wtype(out), True)),
     )
     kc.launch(k, [x, out], grid(-(-lines // WORKGROUP)))
@@ -97,6 +97,7 @@ def _lower_cumsum(kc, node):
         + ("_rev" if a["reversed"] else ""),
         "scan.wgsl",
         {"mode": "cumsum", "lines": lines, "len": n, "inner": inner, "zero": lit(0, t),
+         "add": binop("+", t, "acc", "v"),
          "exclusive": a["exclusive"], "reversed": a["reversed"]},
         (Binding("x", t), Binding("out", t, True)),
     )

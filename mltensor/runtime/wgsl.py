@@ -55,8 +55,8 @@ def f32_lit(x):
 
 
 def lit(x, wtype):
-    """A WGSL literal of compute type `wtype` ("f32", "i32", "u32", "i64", "u64"). Integers
-    saturate into the type's range (negative values give 0 for unsigned types)."""
+    """A WGSL literal of compute type `wtype` ("f32", "i32", "u32", "i64", "u64", "i64e", "u64e").
+    Integers saturate into the type's range (negative values give 0 for unsigned types)."""
     if wtype == "f32":
         return f32_lit(x)
     if wtype == "i32":
@@ -70,14 +70,84 @@ def lit(x, wtype):
     if wtype == "u64":
         v = max(0, min(2**64 - 1, int(x)))
         return f"{v}lu"
+    if wtype in EMULATED:
+        lo, hi = (-(2**63), 2**63 - 1) if wtype == "i64e" else (0, 2**64 - 1)
+        v = max(lo, min(hi, int(x))) & (2**64 - 1)  # two's complement words
+        return f"vec2<u32>({v & 0xFFFFFFFF}u, {v >> 32}u)"
     v = int(x) & 0xFFFFFFFF if int(x) >= 0 else 0
     return f"{v}u"
 
 
-# Kernels that use 64-bit integers (only compiled on a device with "shader-int64") are rendered
-# with `wide64` true, which adds the 64-bit helpers to common.wgsl; other kernels must not contain
-# them (they would not compile on a device without the feature).
+# -- typed expressions ------------------------------------------------------------------------
+# int64/uint64 on a device without "shader-int64" compute in "i64e"/"u64e": two 32-bit words
+# (vec2<u32>, shaders/int64e.wgsl), where WGSL's operators and builtins would work per word. Code
+# that generates arithmetic, comparisons or conversions for a value that may be 64-bit spells them
+# with the functions below: WGSL operators for the other types, int64e.wgsl calls for these.
+
+EMULATED = ("i64e", "u64e")
+_E64 = {"+": "e64_add", "-": "e64_sub", "*": "e64_mul"}
+
+
+def binop(op, t, a, b):
+    """`a op b` in compute type t; op is one of + - * max min (integer division is
+    elementwise.py's, which defines division by zero)."""
+    if t in EMULATED:
+        return f"{_E64[op]}({a}, {b})" if op in _E64 else f"{t}_{op}({a}, {b})"
+    return f"{op}({a}, {b})" if op in ("max", "min") else f"({a} {op} {b})"
+
+
+def compare(op, t, a, b):
+    """The bool `a op b` in compute type t; op is one of == != < <= > >=."""
+    if t not in EMULATED:
+        return f"({a} {op} {b})"
+    if op in ("==", "!="):
+        return f"{'!' if op == '!=' else ''}e64_eq({a}, {b})"
+    fn = f"{t}_{'lt' if op in ('<', '>') else 'le'}"
+    return f"{fn}({a}, {b})" if op[0] == "<" else f"{fn}({b}, {a})"
+
+
+def unop(op, t, x):
+    """neg, abs or sign of x in compute type t (abs of an unsigned value is itself)."""
+    if t in ("u32", "u64", "u64e") and op == "abs":
+        return x
+    if t in EMULATED:
+        return "e64_neg({x})".format(x=x) if op == "neg" else f"{t}_{op}({x})"
+    if op == "neg":
+        return f"(-{x})"
+    return f"sign_i64({x})" if (op, t) == ("sign", "i64") else f"{op}({x})"
+
+
+def convert(x, src, dst):
+    """x of compute type `src` as compute type `dst`: integers wrap (narrowing truncates, widening
+    extends by the source's signedness, as numpy and C), float -> integer truncates toward zero
+    (negative floats to unsigned wrap through the signed type, as C casts do)."""
+    if src == dst or {src, dst} <= set(EMULATED):
+        return x  # i64e <-> u64e: the same two's complement words
+    if dst in EMULATED:
+        if src == "f32":
+            return f"{dst}_from_f32({x})" if dst == "i64e" else f"select(u64e_from_f32({x}), i64e_from_f32({x}), {x} < 0.0)"
+        return f"i64e_from_i32({x})" if src == "i32" else f"e64_from_u32({x})"
+    if src in EMULATED:
+        if dst == "f32":
+            return f"{src}_to_f32({x})"
+        return f"({x}).x" if dst == "u32" else f"bitcast<i32>(({x}).x)"
+    if dst in ("u32", "u64") and src == "f32":
+        s = "i32" if dst == "u32" else "i64"
+        return f"select({dst}({x}), bitcast<{dst}>({s}({x})), {x} < 0.0)"
+    # naga's i64(u32) sign-extends and u64(i32) zero-extends: go through the source's 64-bit kind
+    if dst == "i64" and src == "u32":
+        return f"i64(u64({x}))"
+    if dst == "u64" and src == "i32":
+        return f"u64(i64({x}))"
+    return f"{dst}({x})"
+
+
+# Kernels that use native 64-bit integers (only compiled on a device with "shader-int64") are
+# rendered with `wide64` true, which adds the 64-bit helpers to common.wgsl; other kernels must not
+# contain them (they would not compile on a device without the feature). Kernels that use the
+# emulated ones are rendered with `emu64` true, which adds shaders/int64e.wgsl.
 _WIDE_RE = re.compile(r"\b[iu]64\b|\dl[iu]\b")
+_EMU_RE = re.compile(r"\b(?:[iu]64e\w*|e64_\w+|wrap_i64e)\b")
 _COMMENT_RE = re.compile(r"//[^\n]*")
 
 def main_1d(count, index="i"):
@@ -94,13 +164,14 @@ def main_1d(count, index="i"):
     )
 
 
-_env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False)
+_env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False,
+                    emu64=False)
 
 
 @dataclass(frozen=True)
 class Binding:
     name: str
-    elem: str  # WGSL element type of the array: f32, i32, u32 (i64, u64 with native 64-bit ints)
+    elem: str  # WGSL element type of the array: a compute type (or vec4 of one)
     writable: bool = False
 
 
@@ -127,8 +198,10 @@ class Kernel:
         )
         template = _env.get_template(self.template)
         src = template.render(bindings=decls, **self.params)
-        if _WIDE_RE.search(_COMMENT_RE.sub("", src)):
-            src = template.render(bindings=decls, wide64=True, **self.params)
+        code = _COMMENT_RE.sub("", src)
+        flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code))}
+        if any(flags.values()):
+            src = template.render(bindings=decls, **flags, **self.params)
         return src
 
 

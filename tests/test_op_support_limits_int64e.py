@@ -1,6 +1,6 @@
 """test_op_support_limits.py again, on a context that ignores "shader-int64" (the internal switch
 MLTENSOR_DISABLE_INT64=1): every listed operator x data type must also build and run where
-int64/uint64 compute in 32 bits, as on an adapter without the feature."""
+int64/uint64 compute with two 32-bit words, as on an adapter without the feature."""
 
 import pytest
 
