@@ -95,6 +95,30 @@ fn i64e_div(a: i64e, b: i64e) -> i64e {
     return select(q, e64_neg(q), i64e_negative(a) != i64e_negative(b));
 }
 
+// pow by squaring (wrapping, as pow_i64 / pow_u64 in common.wgsl). A negative exponent gives
+// 1 / a^-e truncated: 1 for a = 1, +-1 for a = -1, else 0.
+fn u64e_pow(a: u64e, b: u64e) -> u64e {
+    var r = vec2<u32>(1u, 0u);
+    var base = a;
+    var e = b;
+    loop {
+        if (e.x == 0u && e.y == 0u) { break; }
+        if ((e.x & 1u) == 1u) { r = e64_mul(r, base); }
+        base = e64_mul(base, base);
+        e = vec2<u32>((e.x >> 1u) | (e.y << 31u), e.y >> 1u);
+    }
+    return r;
+}
+
+fn i64e_pow(a: i64e, b: i64e) -> i64e {
+    if (i64e_negative(b)) {
+        if (a.x == 1u && a.y == 0u) { return a; }
+        if (a.x == 0xffffffffu && a.y == 0xffffffffu) { return select(a, vec2<u32>(1u, 0u), (b.x & 1u) == 0u); }
+        return vec2<u32>(0u, 0u);
+    }
+    return u64e_pow(a, b);  // the low 64 bits of the product do not depend on the sign
+}
+
 fn i64e_clamp(x: i64e, lo: i64e, hi: i64e) -> i64e { return i64e_max(i64e_min(x, hi), lo); }
 fn u64e_clamp(x: u64e, lo: u64e, hi: u64e) -> u64e { return u64e_max(u64e_min(x, hi), lo); }
 

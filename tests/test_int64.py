@@ -82,6 +82,22 @@ def test_binary_arithmetic(nctx, a, c):
     _check(r["div"], q)
 
 
+@pytest.mark.parametrize("dt", [I64, U64])
+def test_pow(nctx, dt):
+    a = np.array([3, -2, 7, 1, -1, -1, 5, 0, 2**40 + 3, 2, -3], I64).astype(dt)
+    e = np.array([5, 63, 23, -7, -3, -4, -1, 0, 3, 64, 41], I64).astype(dt)
+    b = mltensor.MLGraphBuilder(nctx)
+    r = run_graph(nctx, {"p": b.pow(_in(b, "a", a), _in(b, "e", e))}, {"a": a, "e": e}, b)
+    signed = dt == I64
+    want = []
+    for x, k in zip(a.tolist(), e.tolist()):
+        if signed and k < 0:  # 1 / x^-k truncated toward zero
+            want.append(1 if x == 1 else (-1 if k % 2 else 1) if x == -1 else 0)
+        else:
+            want.append(pow(x, k, 2**64))  # wrapping, as the GPU
+    _check(r["p"], np.array([w & (2**64 - 1) for w in want], np.uint64).astype(dt))
+
+
 def test_unary_and_activations(nctx):
     a = BIG[BIG != -(2**63)]  # neg/abs of the minimum overflow
     b = mltensor.MLGraphBuilder(nctx)

@@ -43,7 +43,8 @@ def _arith(op):
 
 
 def _pow(kc, node, a, b):
-    return f"pow_{_t(kc, node)}({a}, {b})"
+    t = _t(kc, node)
+    return f"{t}_pow({a}, {b})" if t in EMULATED else f"pow_{t}({a}, {b})"
 
 
 BINARY = {
@@ -53,7 +54,7 @@ BINARY = {
     "div": (ALL, _div),
     "max": (ALL, _arith("max")),
     "min": (ALL, _arith("min")),
-    "pow": (("float32", "float16", "int32", "uint32", "int8", "uint8"), _pow),
+    "pow": (ALL, _pow),
 }
 
 
