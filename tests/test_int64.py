@@ -65,21 +65,27 @@ def test_kernels_compute_in_64_bits(nctx):
     g.destroy()
 
 
-@pytest.mark.parametrize("a, c", [(BIG, BIG2), (UBIG, UBIG2)], ids=["int64", "uint64"])
-def test_binary_arithmetic(nctx, a, c):
-    b = mltensor.MLGraphBuilder(nctx)
-    x, y = _in(b, "x", a), _in(b, "y", c)
-    outs = {op: getattr(b, op)(x, y) for op in ("add", "sub", "mul", "max", "min", "div")}
-    r = run_graph(nctx, outs, {"x": a, "y": c}, b)
+ARITHMETIC = ("add", "sub", "mul", "max", "min", "div")
+
+
+def _check_arithmetic(r, a, c):
+    """Results of ARITHMETIC on a, c: wrapping like numpy; division truncates toward zero and
+    gives 0 for a zero divisor (computed exactly in Python ints, then wrapped)."""
     _check(r["add"], _wrap(np.add, a, c))
     _check(r["sub"], _wrap(np.subtract, a, c))
     _check(r["mul"], _wrap(np.multiply, a, c))
     _check(r["max"], np.maximum(a, c))
     _check(r["min"], np.minimum(a, c))
-    # integer division truncates toward zero (numpy floors): exact in Python ints
-    q = [abs(p) // abs(d) * (1 if (p < 0) == (d < 0) else -1) for p, d in zip(a.tolist(), c.tolist())]
-    q = np.array(q, a.dtype)
-    _check(r["div"], q)
+    q = [0 if d == 0 else abs(p) // abs(d) * (1 if (p < 0) == (d < 0) else -1) for p, d in zip(a.tolist(), c.tolist())]
+    _check(r["div"], np.array([v & (2**64 - 1) for v in q], np.uint64).astype(a.dtype))
+
+
+@pytest.mark.parametrize("a, c", [(BIG, BIG2), (UBIG, UBIG2)], ids=["int64", "uint64"])
+def test_binary_arithmetic(nctx, a, c):
+    b = mltensor.MLGraphBuilder(nctx)
+    x, y = _in(b, "x", a), _in(b, "y", c)
+    r = run_graph(nctx, {op: getattr(b, op)(x, y) for op in ARITHMETIC}, {"x": a, "y": c}, b)
+    _check_arithmetic(r, a, c)
 
 
 @pytest.mark.parametrize("dt", [I64, U64])
@@ -360,15 +366,9 @@ def test_emulated_arithmetic_random_words(emulated_ctx, rng, dt):
     a[1040:1040 + len(ties)] = np.array(ties, np.uint64).astype(dt)
     b = mltensor.MLGraphBuilder(emulated_ctx)
     x, y = _in(b, "x", a), _in(b, "y", c)
-    outs = {op: getattr(b, op)(x, y) for op in ("add", "sub", "mul", "div", "max", "min", "lesser")}
-    outs["f"] = b.cast(x, "float32")
+    outs = {op: getattr(b, op)(x, y) for op in ARITHMETIC}
+    outs.update(lesser=b.lesser(x, y), f=b.cast(x, "float32"))
     r = run_graph(emulated_ctx, outs, {"x": a, "y": c}, b)
-    _check(r["add"], _wrap(np.add, a, c))
-    _check(r["sub"], _wrap(np.subtract, a, c))
-    _check(r["mul"], _wrap(np.multiply, a, c))
-    _check(r["max"], np.maximum(a, c))
-    _check(r["min"], np.minimum(a, c))
+    _check_arithmetic(r, a, c)
     _check(r["lesser"], (a < c).astype(np.uint8))
     _check(r["f"], a.astype(np.float32))  # round to nearest even, as numpy
-    q = [0 if d == 0 else abs(p) // abs(d) * (1 if (p < 0) == (d < 0) else -1) for p, d in zip(a.tolist(), c.tolist())]
-    _check(r["div"], np.array([v & (2**64 - 1) for v in q], np.uint64).astype(dt))
