@@ -5,7 +5,6 @@ Python runtime on wgpu), the copy-per-call way of running graphs, and a device b
 """
 
 import numpy as np
-import pytest
 import wgpu
 
 import mltensor

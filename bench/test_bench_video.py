@@ -100,4 +100,4 @@ def test_video_pipeline(benchmark, setup, size):
     print(f"\n[video {w}x{h}] ours {info['fps']:.2f} FPS ({1e3 * ours['total_s']:.1f} ms, enqueue "
           f"{1e3 * ours['enqueue_s']:.1f} ms) vs copying way {info['ref_fps']:.2f} FPS: x{info['ratio']:.2f}\n"
           f"  ours per stage (fenced): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()) + "\n"
-          f"  copying way per stage:   " + ", ".join(f"{k} {v:.1f}" for k, v in ref_stages.items()))
+          "  copying way per stage:   " + ", ".join(f"{k} {v:.1f}" for k, v in ref_stages.items()))

@@ -19,7 +19,6 @@ if _adapter is None or _adapter.info["backend_type"] == "OpenGL":  # pragma: no 
     # fail loudly rather than skip: a run with no adapter would pass without testing anything
     raise pytest.UsageError("no Vulkan/Metal/D3D12 adapter for wgpu: run setup.sh")
 
-import mltensor  # noqa: E402
 from mltensor import ml  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mltensor
-from mltensor import MLGraphBuilder, ml
+from mltensor import MLGraphBuilder
 
 
 def _t(ctx, shape, dt="float32", **kw):

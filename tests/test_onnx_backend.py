@@ -17,7 +17,6 @@ import os
 import re
 import sys
 import time
-import traceback
 import unittest
 import warnings
 

@@ -909,7 +909,7 @@ def _run_window(args, pipe, frames, frame_times, present_times):
 
 def format_summary(s):
     W, H = s["size"]
-    (iname, ishape), (oname, oshape) = s["model_input"], s["model_output"]
+    (_, ishape), (_, oshape) = s["model_input"], s["model_output"]
     yield (f"selfie segmentation [{s['pipeline']}]: {s['frames']} frames {W}x{H} from "
            f"{getattr(s['source'], 'name', '?')} on {s['adapter']}")
     yield f"  model {os.path.basename(str(s['model_path']))}: {list(ishape)} -> {list(oshape)}"

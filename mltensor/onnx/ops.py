@@ -1653,7 +1653,7 @@ def _rnn_common(im, node, ins, attrs, gates):
     x = X(im, ins[0])
     if attrs.get("layout", 0):  # batch-first: [batch, seq, in] -> [seq, batch, in]
         x = im.b.transpose(x, permutation=[1, 0, 2])
-    steps, batch = x.shape[0], x.shape[1]
+    steps = x.shape[0]
     if len(ins) > 4 and ins[4] is not None:
         sl = const(im, ins[4], "sequence_lens")
         if not np.all(sl == steps):
@@ -1675,7 +1675,6 @@ def _rnn_common(im, node, ins, attrs, gates):
     r = X(im, ins[2], x)
     if len(ins) > 3 and ins[3] is not None:
         bias = X(im, ins[3], x)
-        nd = bias.shape[0]
         wb, rb = im.b.split(bias, 2, axis=1)
         kw["bias"], kw["recurrent_bias"] = wb, rb
     if len(ins) > 5 and ins[5] is not None:
