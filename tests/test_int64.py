@@ -308,11 +308,15 @@ def test_arg_max_min_int64_output(nctx):
     _check(r["f"], a.astype(np.float32).argmax(0).astype(I64))
 
 
-def test_max_pool_int64(nctx):
+def test_max_pool_int64(nctx, rng):
     a = (np.arange(16, dtype=I64) * -(2**35)).reshape(1, 1, 4, 4)
+    g = rng.integers(-(2**62), 2**62, size=(2, 3, 16, 16), dtype=I64)  # whole-plane: workgroup tree
     b = mltensor.MLGraphBuilder(nctx)
-    r = run_graph(nctx, {"y": b.max_pool2d(_in(b, "x", a), window_dimensions=[2, 2], strides=[2, 2])}, {"x": a}, b)
+    outs = {"y": b.max_pool2d(_in(b, "x", a), window_dimensions=[2, 2], strides=[2, 2]),
+            "g": b.max_pool2d(_in(b, "g", g), window_dimensions=[16, 16])}
+    r = run_graph(nctx, outs, {"x": a, "g": g}, b)
     _check(r["y"], a.reshape(1, 1, 2, 2, 2, 2).max(axis=(3, 5)))
+    _check(r["g"], g.max(axis=(2, 3), keepdims=True))
 
 
 def test_constants_and_constant_tensors_beyond_32_bits(nctx):
