@@ -38,8 +38,6 @@ FLOATS = ("float32", "float16")
 INTS = ("int32", "uint32", "int64", "uint64", "int8", "uint8")
 SIGNED = ("float32", "float16", "int32", "int64", "int8")
 
-WIDE = ("int64", "uint64")
-
 # WGSL type each data type is computed in on a device without native 64-bit integers (use
 # compute_type(), which also knows the native 64-bit mode). i64e/u64e are emulated (see above).
 COMPUTE = {
