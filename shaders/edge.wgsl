@@ -18,8 +18,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     dst[i] = (bitcast<i32>(src[i / 4u] << (24u - 8u * (i % 4u)))) >> 24u;
   {$ elif dtype == "uint8" $}
     dst[i] = (src[i / 4u] >> (8u * (i % 4u))) & 0xffu;
-  {$ else $}
-    dst[i] = bitcast<{{ "f32" if dtype == "float32" else ("i32" if dtype == "int32" else "u32") }}>(src[i]);
   {$ endif $}
 {$ elif mode == "pack" $}
   {$ if dtype == "float16" $}
