@@ -152,6 +152,25 @@ def test_constant_subgraph_is_folded_at_build(ctx):
     assert ctx.counters["kernel_launches"] - before == 1
 
 
+def test_folding_keeps_only_what_dispatch_reads(ctx, rng):
+    # int8 weights dequantized at build: the graph keeps the float32 result, not the (unpacked)
+    # int8 constant or the folded intermediates, and the result stays right after a collection
+    import gc
+
+    w = rng.integers(-128, 128, size=(64, 64), dtype=np.int8)
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[64, 64])
+    scale, zp = b.constant(np.full((1, 1), 0.5, np.float32)), b.constant(np.zeros((1, 1), np.int8))
+    wf = b.transpose(b.dequantize_linear(b.constant(w), scale, zp))
+    g = b.build_sync({"y": b.add(x, wf)})
+    kept = sum(buf.size for buf in g._buffers if "pool" not in buf.label)
+    assert kept == 64 * 64 * 4, [(buf.label, buf.size) for buf in g._buffers]
+    gc.collect()
+    for _ in range(2):
+        out = _dispatch(ctx, g, {"x": np.ones((64, 64), np.float32)})["y"]
+        np.testing.assert_array_equal(out, 1 + 0.5 * w.T.astype(np.float32))
+
+
 def test_intermediates_share_pooled_buffers(ctx):
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1024])

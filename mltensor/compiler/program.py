@@ -135,6 +135,12 @@ def compile_graph(builder, outputs):
             return buffer_of(loc[id(a)])
         return pool[assign[id(a)]]
 
+    # The graph keeps only buffers its dispatches read: constants consumed by constant folding
+    # alone and folded intermediates are dropped once the build-time prologue has run (its bind
+    # groups hold them until then), so e.g. int8 weights behind a folded dequantize_linear do not
+    # stay resident next to their float32 result.
+    at_dispatch = {id(buffer_of(a)) for l, args in launches if not l.prologue for a in args}
+    persist = [b for b in persist if id(b) in at_dispatch]
     graph = MLGraph(ctx, builder, outputs, keep, persist + pool)
     prologue = []
     for l, args in launches:
