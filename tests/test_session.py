@@ -242,6 +242,31 @@ def test_shape_input_bound_at_first_run(ctx, rng):
         import_model(m, ctx)
 
 
+@pytest.mark.parametrize("op, ishape, attrs", [
+    ("Gather", [2, 2], {"axis": 1}), ("GatherElements", [3, 4], {"axis": 0}), ("GatherND", [2, 1], {}),
+    ("ScatterElements", [3, 4], {"axis": 0}), ("ScatterND", [2, 1], {}),
+])
+def test_runtime_negative_indices_match_onnxruntime(ctx, rng, op, ishape, attrs):
+    """Indices fed at run time (not known at load), negative ones included: the WebNN kernels
+    count them from the end of the dimension, as ONNX does."""
+    data = rng.standard_normal((3, 4)).astype(np.float32)
+    if op == "GatherND" or op == "ScatterND":
+        idx = np.array([[-1], [0]], np.int64)
+    else:
+        idx = rng.integers(-3, 3, size=ishape).astype(np.int64)
+    inputs = [("x", TensorProto.FLOAT, [3, 4]), ("i", TensorProto.INT64, list(idx.shape))]
+    feeds = {"x": data, "i": idx}
+    if op.startswith("Scatter"):
+        upd = rng.standard_normal(idx.shape if op == "ScatterElements" else (2, 4)).astype(np.float32)
+        inputs.append(("u", TensorProto.FLOAT, list(upd.shape)))
+        feeds["u"] = upd
+        if op == "ScatterElements":  # one update per element: duplicate targets are unspecified
+            feeds["i"] = idx = np.array([[-1, 0, -3, 1], [0, -2, 2, -1], [-2, 2, 1, 0]], np.int64)
+    m = _single(op, inputs, [("y", TensorProto.FLOAT, None)], **attrs)
+    (y,) = InferenceSession(m, ctx).run(None, feeds)
+    np.testing.assert_array_equal(y, _ort(m, feeds)[0])
+
+
 def test_double_and_bool_io(ctx):
     m = _single("Greater", [("a", TensorProto.DOUBLE, [4]), ("b", TensorProto.DOUBLE, [4])],
                 [("c", TensorProto.BOOL, [4])])

@@ -802,34 +802,21 @@ def _tile(im, node, ins, attrs):
     return _keep_bool(im, x, im.b.tile(x, reps))
 
 
-def _fix_negative_indices(im, idx, dim):
-    """Indices known at load are normalized on the host; computed ones with a where()."""
-    if isinstance(idx, np.ndarray):
-        a = np.where(idx < 0, idx + dim, idx)
-        if a.dtype.kind in "iu" and a.size and a.max() < 2**31:
-            a = a.astype(np.int32)
-        return X(im, a)
-    x = X(im, idx)
-    if x.data_type.startswith("u"):
-        return x
-    b = im.b
-    return b.where(b.lesser(x, scalar(im, 0, x)), b.add(x, scalar(im, dim, x)), x)
+def _indices(im, idx):
+    """ONNX indices as an operand. Negative ones need no fixing: the WebNN gather/scatter kernels
+    count them from the end of the dimension. int64 indices known at load that fit are narrowed
+    to int32 (cheaper to read, and not 64-bit arithmetic where that is emulated)."""
+    if isinstance(idx, np.ndarray) and idx.dtype.kind == "i" and idx.size and np.abs(idx).max() < 2**31:
+        idx = idx.astype(np.int32)
+    return X(im, idx)
 
 
-@op("Gather", attrs=("axis",))
+@op("Gather", "GatherElements", attrs=("axis",))
 def _gather(im, node, ins, attrs):
     x = X(im, ins[0])
     axis = norm_axis(attrs.get("axis", 0), len(x.shape))
-    idx = _fix_negative_indices(im, ins[1], x.shape[axis])
-    return _keep_bool(im, x, im.b.gather(x, idx, axis=axis))
-
-
-@op("GatherElements", attrs=("axis",))
-def _gather_elements(im, node, ins, attrs):
-    x = X(im, ins[0])
-    axis = norm_axis(attrs.get("axis", 0), len(x.shape))
-    idx = _fix_negative_indices(im, ins[1], x.shape[axis])
-    return _keep_bool(im, x, im.b.gather_elements(x, idx, axis=axis))
+    fn = im.b.gather if node.op_type == "Gather" else im.b.gather_elements
+    return _keep_bool(im, x, fn(x, _indices(im, ins[1]), axis=axis))
 
 
 @op("GatherND", attrs=("batch_dims",))
@@ -837,11 +824,7 @@ def _gather_nd(im, node, ins, attrs):
     if attrs.get("batch_dims", 0):
         unsupported("batch_dims != 0 is not supported")
     x = X(im, ins[0])
-    idx = ins[1]
-    if isinstance(idx, np.ndarray):
-        k = idx.shape[-1]
-        idx = np.where(idx < 0, idx + np.array(x.shape[:k]), idx)
-    return _keep_bool(im, x, im.b.gather_nd(x, X(im, idx)))
+    return _keep_bool(im, x, im.b.gather_nd(x, _indices(im, ins[1])))
 
 
 @op("ScatterElements", "Scatter", attrs=("axis", "reduction"))
@@ -850,8 +833,7 @@ def _scatter_elements(im, node, ins, attrs):
         unsupported(f"reduction {attrs['reduction']!r} is not supported")
     x = X(im, ins[0])
     axis = norm_axis(attrs.get("axis", 0), len(x.shape))
-    idx = _fix_negative_indices(im, ins[1], x.shape[axis])
-    return im.b.scatter_elements(x, idx, X(im, ins[2], x), axis=axis)
+    return im.b.scatter_elements(x, _indices(im, ins[1]), X(im, ins[2], x), axis=axis)
 
 
 @op("ScatterND", attrs=("reduction",))
@@ -859,11 +841,7 @@ def _scatter_nd(im, node, ins, attrs):
     if attrs.get("reduction", "none") != "none":
         unsupported(f"reduction {attrs['reduction']!r} is not supported")
     x = X(im, ins[0])
-    idx = ins[1]
-    if isinstance(idx, np.ndarray):
-        k = idx.shape[-1]
-        idx = np.where(idx < 0, idx + np.array(x.shape[:k]), idx)
-    return im.b.scatter_nd(x, X(im, idx), X(im, ins[2], x))
+    return im.b.scatter_nd(x, _indices(im, ins[1]), X(im, ins[2], x))
 
 
 @op("Trilu", attrs=("upper",))
