@@ -58,20 +58,23 @@ BINARY = {
 }
 
 
-def binary_op(name, out_type=None):
-    """Attach the builder method of a broadcasting binary operator (arithmetic here, comparison and
-    logical in compare.py): `a` and `b` of one data type; the output is out_type, else that type."""
+def binary_op(name, out_type=None, operands=("a", "b")):
+    """Attach the builder method of a broadcasting binary operator (arithmetic and prelu here,
+    comparison and logical in compare.py): two operands (named `operands` in errors and support
+    limits) of one data type, broadcast both ways; the output is out_type, else that type."""
+    n0, n1 = operands
 
     def op(b, a, c, *, label=None):
-        b._operand(a, name, "a")
-        b._operand(c, name, "b")
-        check_support(name, a=a, b=c)
-        same_type(name, ("a", a), ("b", c))
+        b._operand(a, name, n0)
+        b._operand(c, name, n1)
+        check_support(name, **{n0: a, n1: c})
+        same_type(name, (n0, a), (n1, c))
         shape = broadcast_shapes(name, a.shape, c.shape)
         return b._emit1(name, [a, c], {}, out_type or a.data_type, shape, label)
 
     op.__name__ = name
-    op.__doc__ = f"IDL: MLOperand {name}(MLOperand a, MLOperand b, optional MLOperatorOptions options = {{}});"
+    op.__doc__ = (f"IDL: MLOperand {name}(MLOperand {n0}, MLOperand {n1}, "
+                  "optional MLOperatorOptions options = {});")
     builder_op(op)
 
 
@@ -204,7 +207,7 @@ for _name, (_types, _fn, _attrs) in ACTIVATIONS.items():
     _unary(_name, _types, _fn, attrs_of=_attrs, activation=True)
 
 
-# -- prelu (binary, slope broadcasts unidirectionally) ----------------------------------------
+# -- prelu (binary; input and slope broadcast both ways, as in the current spec) -----------------
 
 def _prelu(kc, n, x, s):
     t = _t(kc, n)
@@ -212,17 +215,7 @@ def _prelu(kc, n, x, s):
 
 
 register("prelu", {"input": SIGNED, "slope": SIGNED, "output": SIGNED}, expr=_prelu)
-
-
-@builder_op
-def prelu(b, x, slope, *, label=None):
-    # IDL: MLOperand prelu(MLOperand input, MLOperand slope, optional MLOperatorOptions options = {});
-    b._operand(x, "prelu", "input")
-    b._operand(slope, "prelu", "slope")
-    check_support("prelu", input=x, slope=slope)
-    same_type("prelu", ("input", x), ("slope", slope))
-    shape = broadcast_shapes("prelu", x.shape, slope.shape)
-    return b._emit1("prelu", [x, slope], {}, x.data_type, shape, label)
+binary_op("prelu", operands=("input", "slope"))
 
 
 # -- cast -----------------------------------------------------------------------------------
