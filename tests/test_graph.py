@@ -422,3 +422,19 @@ def test_gpu_compile_failures_are_operation_errors(ctx, monkeypatch):
     monkeypatch.setattr(OPS["relu"], "expr", lambda kc, n, v: f"not_a_function({v})")
     with pytest.raises(mltensor.OperationError, match=r"\[build\].*ew_relu"):
         b.build_sync({"y": y})
+
+
+def test_rebinding_does_not_pile_up_destroy_callbacks(ctx):
+    # one input tensor bound with 100 different output tensors (more than the bind-group cache
+    # holds): the input registers the graph's eviction callback once, and results stay right
+    g = _add_one(ctx)
+    x = _t(ctx, (4,))
+    ctx.write_tensor(x, np.arange(4, dtype=np.float32))
+    for _ in range(100):
+        y = _t(ctx, (4,))
+        ctx.dispatch(g, {"x": x}, {"y": y})
+        y.destroy()
+    assert len(x._on_destroy) == 1
+    y = _t(ctx, (4,))
+    ctx.dispatch(g, {"x": x}, {"y": y})
+    assert ctx.read_tensor_sync(y).tolist() == [1, 2, 3, 4]

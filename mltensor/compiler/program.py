@@ -253,7 +253,8 @@ class MLGraph:
         entry = (bound, raw)
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
-            t._on_destroy.append(self._evict)
+            if self._evict not in t._on_destroy:  # once per graph, however often its sets change
+                t._on_destroy.append(self._evict)
         self._last_tensors, self._last = list(tensors), entry
         return entry
 
