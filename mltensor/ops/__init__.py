@@ -10,6 +10,7 @@ A family registers each operator with `register`: the data types and ranks it su
 - `lower`: a function `lower(kc, node)` that emits launches through the compiler's KernelContext.
 """
 
+import math
 from dataclasses import dataclass, field
 
 from .. import dtypes
@@ -168,6 +169,46 @@ def row_strides(shape):
         out[d] = s
         s *= shape[d]
     return out
+
+
+# Index arithmetic baked into WGSL: a flat index (one thread, one output) is split row-major into
+# coordinates, each multiplied by a stride per target (input, output, ...). Every lowering that maps
+# a linear index to strided offsets uses these two (elementwise broadcasting, strided copies,
+# reductions, normalizations).
+
+def merge_dims(dims):
+    """Drop size-1 dims and merge neighbours that are contiguous for every target, so the WGSL
+    does fewer divisions. dims: [(size, (stride per target, ...)), ...] outermost first."""
+    out = []
+    for size, strides in dims:
+        if size == 1:
+            continue
+        if out:
+            psize, pstrides = out[-1]
+            if all(ps == size * s for ps, s in zip(pstrides, strides)):
+                out[-1] = (psize * size, tuple(strides))
+                continue
+        out.append((size, tuple(strides)))
+    return out
+
+
+def radix(var, dims, n_targets=1):
+    """WGSL u32 expressions (one per target) for the offsets of flat index `var`, decomposed
+    row-major over dims [(size, strides per target)] (outermost first)."""
+    total = math.prod(s for s, _ in dims)
+    terms = [[] for _ in range(n_targets)]
+    inner = 1
+    for size, strides in reversed(dims):
+        if size == 1:
+            continue
+        c = var if inner == 1 else f"({var} / {inner}u)"
+        if inner * size < total:
+            c = f"({c} % {size}u)"
+        for t, s in enumerate(strides):
+            if s:
+                terms[t].append(c if s == 1 else f"{c} * {s}u")
+        inner *= size
+    return [" + ".join(t) if t else "0u" for t in terms]
 
 
 def support_limits(ctx):

@@ -13,7 +13,7 @@ from .. import dtypes
 from ..compiler.passes import external_inputs
 from ..front.builder import builder_op
 from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit, unop
-from . import broadcast_shapes, check_number, check_support, register, same_type
+from . import broadcast_shapes, check_number, check_support, merge_dims, radix, register, row_strides, same_type
 
 ALL = dtypes.ALL
 FLOAT = dtypes.FLOATS
@@ -238,28 +238,11 @@ def cast(b, x, data_type, *, label=None):
 
 
 def _index_expr(in_shape, out_shape):
-    """WGSL expression for the flat index into an input broadcast to out_shape, from `i`."""
-    in_shape, out_shape = tuple(in_shape), tuple(out_shape)
-    if in_shape == out_shape:
-        return "i"
-    if math.prod(in_shape) == 1:
-        return "0u"
-    r = len(out_shape)
-    s = (1,) * (r - len(in_shape)) + in_shape
-    stride, strides = 1, [0] * r
-    for d in range(r - 1, -1, -1):
-        strides[d] = stride if s[d] != 1 else 0
-        stride *= s[d]
-    # coordinate of dim d: (i / prod(out[d+1:])) % out[d]
-    terms, inner = [], 1
-    for d in range(r - 1, -1, -1):
-        if strides[d]:
-            c = f"(i / {inner}u)" if inner != 1 else "i"
-            if d > 0:
-                c = f"({c} % {out_shape[d]}u)"
-            terms.append(f"{c} * {strides[d]}u" if strides[d] != 1 else c)
-        inner *= out_shape[d]
-    return " + ".join(terms) if terms else "0u"
+    """WGSL expression for the flat index into an input broadcast to out_shape, from `i`
+    (stride 0 along the broadcast dimensions)."""
+    s = (1,) * (len(out_shape) - len(in_shape)) + tuple(in_shape)
+    strides = [0 if n == 1 else st for n, st in zip(s, row_strides(s))]
+    return radix("i", merge_dims([(n, (st,)) for n, st in zip(out_shape, strides)]))[0]
 
 
 def lower_group(kc, nodes, out):

@@ -19,7 +19,8 @@ from .. import dtypes
 from ..front._util import as_shape
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import MAX_RANK, broadcast_shapes, check_support, int_list, register, row_strides, same_type, unidirectional
+from . import (MAX_RANK, broadcast_shapes, check_support, int_list, merge_dims, radix, register, row_strides,
+               same_type, unidirectional)
 
 ALL = dtypes.ALL
 INDEX_TYPES = ("int32", "uint32", "int64")
@@ -69,38 +70,6 @@ def _out(b, where, data_type, shape):
 # -- strided index generation ------------------------------------------------------------------
 
 
-def _coalesce(shape, *stride_lists):
-    """Drop size-1 dims and merge neighbours that are contiguous in every stride list.
-    Returns (shape, [strides...]) describing the same element mapping with fewer dims."""
-    dims = [(n, [s[d] for s in stride_lists]) for d, n in enumerate(shape) if n != 1]
-    out = []
-    for n, st in dims:
-        if out:
-            pn, pst = out[-1]
-            # previous dim (outer) merges into this one when outer stride == inner stride * size
-            if all(ps == s * n for ps, s in zip(pst, st)):
-                out[-1] = (pn * n, st)
-                continue
-        out.append((n, st))
-    return [n for n, _ in out], [[st[k] for _, st in out] for k in range(len(stride_lists))]
-
-
-def _index(shape, strides, base=0, var="i"):
-    """WGSL u32 expression: flat index sum(coord_d * strides[d]) + base, with the coordinates of
-    `var` in row-major `shape`."""
-    terms, inner = [], 1
-    for d in range(len(shape) - 1, -1, -1):
-        if strides[d]:
-            c = f"({var} / {inner}u)" if inner != 1 else var
-            if d > 0:  # the outermost coordinate needs no modulo: var < size
-                c = f"({c} % {shape[d]}u)"
-            terms.append(f"{c} * {strides[d]}u" if strides[d] != 1 else c)
-        inner *= shape[d]
-    if base:
-        terms.append(f"{base}u")
-    return " + ".join(terms) if terms else "0u"
-
-
 def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_strides=None, dst_base=0):
     """dst[dst_index(c)] = src[src_index(c)] for every coordinate c of `shape` (one launch).
     dst_strides=None means dst is written densely (row-major `shape`)."""
@@ -108,13 +77,16 @@ def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_stride
     if dense:
         dst_strides = row_strides(shape)
     n = math.prod(shape)
-    cshape, (sst, dst_st) = _coalesce(shape, src_strides, dst_strides)
-    if dense and src_base == 0 and sst == dst_st:
+    # size-1 dims dropped and neighbours contiguous in both merged: fewer divisions per thread
+    dims = merge_dims(list(zip(shape, zip(src_strides, dst_strides))))
+    if dense and src_base == 0 and all(s == d for _, (s, d) in dims):
         # same element order as the source: no data moves at all
         kc.alias(dst, src)
         return
-    src_index = _index(cshape, sst, src_base)
-    dst_index = "i" if dense else _index(cshape, dst_st, dst_base)
+    src_index, dst_index = radix("i", dims, 2)
+    src_index += f" + {src_base}u" if src_base else ""
+    dst_index = "i" if dense else dst_index + (f" + {dst_base}u" if dst_base else "")
+    cshape = [size for size, _ in dims]
     mt = kc.move_type(src)
     kernel = Kernel(
         f"{name}_n{n}_" + "x".join(map(str, cshape or [1])) + (f"_{mt}" if mt != "u32" else ""),

@@ -14,8 +14,8 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
-from . import check_number, check_support, register, row_strides
-from .reduce import WG, axes_option, merge_dims, radix, reduce_shape
+from . import check_number, check_support, merge_dims, radix, register, row_strides
+from .reduce import WG, axes_option, reduce_shape
 
 FLOAT = dtypes.FLOATS
 

@@ -18,7 +18,7 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, lit, unop
-from . import check_bool, check_support, register, row_strides
+from . import check_bool, check_support, merge_dims, radix, register, row_strides
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
 THREAD_MAX_K = 32  # up to this many reduced elements, one thread per output is faster
@@ -67,42 +67,7 @@ REDUCE = {
 }
 
 
-# -- index expressions (shared with normalization.py) -------------------------------------------
-
-
-def merge_dims(dims):
-    """Drop size-1 dims and merge neighbours that are contiguous for every target, so the WGSL
-    does fewer divisions. dims: [(size, (stride per target, ...)), ...] outermost first."""
-    out = []
-    for size, strides in dims:
-        if size == 1:
-            continue
-        if out:
-            psize, pstrides = out[-1]
-            if all(ps == size * s for ps, s in zip(pstrides, strides)):
-                out[-1] = (psize * size, tuple(strides))
-                continue
-        out.append((size, tuple(strides)))
-    return out
-
-
-def radix(var, dims, n_targets=1):
-    """WGSL u32 expressions (one per target) for the offsets of flat index `var`, decomposed
-    row-major over dims [(size, strides per target)] (outermost first)."""
-    total = math.prod(s for s, _ in dims)
-    terms = [[] for _ in range(n_targets)]
-    inner = 1
-    for size, strides in reversed(dims):
-        if size == 1:
-            continue
-        c = var if inner == 1 else f"({var} / {inner}u)"
-        if inner * size < total:
-            c = f"({c} % {size}u)"
-        for t, s in enumerate(strides):
-            if s:
-                terms[t].append(c if s == 1 else f"{c} * {s}u")
-        inner *= size
-    return [" + ".join(t) if t else "0u" for t in terms]
+# -- kernel shape (reduce_shape is shared with normalization.py) --------------------------------
 
 
 def split_axes(shape, axes):
