@@ -1568,19 +1568,20 @@ def _q_param(im, p, x, axis, block_size):
         shp = [1] * r
         shp[axis] = t.shape[0]
         return im.b.reshape(t, shp)
-    if block_size:
-        return im.b.expand(im.b.reshape(t, list(t.shape[:axis + 1]) + [1] + list(t.shape[axis + 1:])),
-                           list(t.shape[:axis + 1]) + [block_size] + list(t.shape[axis + 1:])) if False else t
-    return t
+    return t  # blocked: the parameter has x's rank and WebNN broadcasts it blockwise
+
+
+def _q_inputs(im, ins, attrs):
+    """(x, axis, block size, scale operand) of QuantizeLinear / DequantizeLinear."""
+    x = X(im, ins[0])
+    axis = _q_axis(attrs, ins[1], len(x.shape))
+    bs = attrs.get("block_size", 0)
+    return x, axis, bs, _q_param(im, ins[1], x, axis, bs)
 
 
 @op("QuantizeLinear", attrs=("axis", "saturate", "block_size", "output_dtype", "precision"))
 def _quantize(im, node, ins, attrs):
-    x = X(im, ins[0])
-    r = len(x.shape)
-    axis = _q_axis(attrs, ins[1], r)
-    bs = attrs.get("block_size", 0)
-    scale = _q_param(im, ins[1], x, axis, bs)
+    x, axis, bs, scale = _q_inputs(im, ins, attrs)
     zp = ins[2] if len(ins) > 2 else None
     if zp is None:
         od = attrs.get("output_dtype", 0) or TensorProto.UINT8
@@ -1606,11 +1607,7 @@ def _quantize(im, node, ins, attrs):
 
 @op("DequantizeLinear", attrs=("axis", "block_size", "output_dtype"))
 def _dequantize(im, node, ins, attrs):
-    x = X(im, ins[0])
-    r = len(x.shape)
-    axis = _q_axis(attrs, ins[1], r)
-    bs = attrs.get("block_size", 0)
-    scale = _q_param(im, ins[1], x, axis, bs)
+    x, axis, bs, scale = _q_inputs(im, ins, attrs)
     zp = ins[2] if len(ins) > 2 else None
     if zp is None:
         zp = np.zeros(ins[1].shape if isinstance(ins[1], np.ndarray) else scale.shape,
