@@ -4,6 +4,12 @@
 # Mesa's software Vulkan driver (lavapipe) via apt. Safe to run again: it only does what is missing.
 set -euo pipefail
 cd "$(dirname "$0")"
+# Without XDG_RUNTIME_DIR, libwayland prints "XDG_RUNTIME_DIR is invalid or not set" on every wgpu
+# start; give it a private directory as mltensor itself does (mltensor/_xdg.py).
+if [ -z "${XDG_RUNTIME_DIR:-}" ] && [ "$(uname -s)" = Linux ]; then
+    d="${TMPDIR:-/tmp}/mltensor-runtime-$(id -u)"
+    if mkdir -p -m 700 "$d" 2>/dev/null && [ -O "$d" ] && [ ! -L "$d" ]; then export XDG_RUNTIME_DIR="$d"; fi
+fi
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "setup: Python >= 3.11 is required ($("$PY" --version 2>&1))" >&2

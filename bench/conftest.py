@@ -1,7 +1,8 @@
 import os
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 os.environ.setdefault("RENDERCANVAS_FORCE_OFFSCREEN", "1")
+
+import mltensor  # noqa: E402,F401  (first: it gives wgpu an XDG_RUNTIME_DIR, see mltensor/_xdg.py)
 
 import pytest  # noqa: E402
 

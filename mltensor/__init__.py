@@ -3,7 +3,11 @@
 The public API is exactly what this module exports; see API.md of the project for the contract.
 """
 
-from .compiler.program import MLGraph
+from ._xdg import ensure_runtime_dir as _ensure_runtime_dir
+
+_ensure_runtime_dir()  # before wgpu loads (see _xdg.py)
+
+from .compiler.program import MLGraph  # noqa: E402
 from .errors import DataError, DOMException, InvalidStateError, NotSupportedError, OperationError, UnknownError
 from .front.builder import MLGraphBuilder, MLOperand
 from .front.context import ML, MLContext, ml

@@ -11,7 +11,8 @@ except ImportError:  # pragma: no cover
     pass
 
 os.environ.setdefault("RENDERCANVAS_FORCE_OFFSCREEN", "1")
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+import mltensor  # noqa: E402,F401  (first: it gives wgpu an XDG_RUNTIME_DIR, see mltensor/_xdg.py)
 
 wgpu = pytest.importorskip("wgpu")
 _adapter = wgpu.gpu.request_adapter_sync()

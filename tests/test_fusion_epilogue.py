@@ -182,7 +182,9 @@ def test_constant_conv_with_input_residual_is_not_fused(ctx, rng):
 def test_epilogue_respects_the_binding_limit(ctx, rng):
     """More residual operands than a kernel may bind: the epilogue stops at the limit, the rest
     is an elementwise kernel, and every kernel binds at most the limit."""
-    limit = ctx.device.limits["max-storage-buffers-per-shader-stage"]
+    from mltensor.compiler.passes import binding_cap
+
+    limit = binding_cap(ctx.device)  # small and fixed, whatever the adapter reports
     n_add = limit + 4
     X = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
     W = rng.standard_normal((4, 4, 1, 1)).astype(np.float32)

@@ -391,8 +391,12 @@ def _run(ctx, b, outputs, feeds):
 
 
 def test_fusion_respects_the_binding_limit(ctx):
-    """A chain with more inputs than a kernel may bind is split into several fused kernels."""
-    limit = ctx.device.limits["max-storage-buffers-per-shader-stage"]
+    """A chain with more inputs than a kernel may bind is split into several fused kernels, and the
+    cap is a small fixed number whatever the adapter reports (NVIDIA: 524,288)."""
+    from mltensor.compiler.passes import MAX_FUSED_BINDINGS, binding_cap
+
+    limit = binding_cap(ctx.device)
+    assert limit <= min(MAX_FUSED_BINDINGS, ctx.device.limits["max-storage-buffers-per-shader-stage"])
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[4])
     y, feeds = x, {"x": np.zeros(4, np.float32)}
@@ -401,7 +405,19 @@ def test_fusion_respects_the_binding_limit(ctx):
         feeds[f"c{k}"] = np.full(4, k, np.float32)
     g = b.build_sync({"y": y})
     assert 2 <= len(g.kernel_names) <= 3
+    assert all(len(entry[2]) <= limit for entry in g._launches)
     assert _dispatch(ctx, g, feeds)["y"].tolist() == [sum(range(limit + 8))] * 4
+
+
+def test_binding_cap_ignores_huge_adapter_limits():
+    from mltensor.compiler.passes import MAX_FUSED_BINDINGS, binding_cap
+
+    class Dev:
+        def __init__(self, n):
+            self.limits = {"max-storage-buffers-per-shader-stage": n}
+
+    assert binding_cap(Dev(524288)) == MAX_FUSED_BINDINGS
+    assert binding_cap(Dev(4)) == 4  # never above what the adapter allows
 
 
 def test_results_beyond_the_byte_limit_are_type_errors(ctx):

@@ -208,7 +208,6 @@ if __name__ == "__main__":
     ap.add_argument("--timeout", type=float, help="stop after this many seconds")
     ap.add_argument("-v", action="store_true")
     a = ap.parse_args()
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     t = time.time()
     items = cpu_items(BackendTest(MLTensorBackend, __name__)) if a.all else _default_items()
     print(f"loaded {len(items)} cases in {time.time() - t:.1f}s", flush=True)

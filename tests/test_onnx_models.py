@@ -168,7 +168,6 @@ def test_randomize_weights_keeps_shapes():
 if __name__ == "__main__":
     from mltensor import ml
 
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     c = ml.create_context_sync()
     import sys
 

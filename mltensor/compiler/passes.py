@@ -7,6 +7,17 @@ whose other operand (a residual, a scale) is read at the stored element's index.
 
 from ..ops import OPS
 
+# Storage buffers one fused kernel may bind, whatever the adapter allows (and never more than it
+# allows). Adapters report from 8 (WebGPU's default, so the same fusion everywhere) up to 524,288
+# (NVIDIA's Vulkan driver): growing kernels towards that only makes slow kernels and slow builds.
+MAX_FUSED_BINDINGS = 8
+
+
+def binding_cap(device):
+    """The most storage buffers (inputs and the output) a fused kernel binds on `device`."""
+    return min(MAX_FUSED_BINDINGS, device.limits["max-storage-buffers-per-shader-stage"])
+
+
 # Operators whose kernels apply a fused epilogue (`kc.epilogue(bindings, args)`).
 EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm"}
 

@@ -19,7 +19,7 @@ from ..front.tensor import MLTensor
 from ..runtime.timeline import Task
 from ..runtime.wgsl import pipeline
 from .lower import Ext, KernelContext, Scratch, compute_nbytes, lower_steps, plan_memory
-from .passes import live_nodes, plan_steps
+from .passes import binding_cap, live_nodes, plan_steps
 
 _BG_CACHE_MAX = 64
 _set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
@@ -36,7 +36,7 @@ def compile_graph(builder, outputs):
     inputs = builder._inputs
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
     steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
-                       max_inputs=device.limits["max-storage-buffers-per-shader-stage"] - 1)
+                       max_inputs=binding_cap(device) - 1)
 
     kc = KernelContext(device, int64=ctx._int64)
     loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate

@@ -1,0 +1,28 @@
+"""Give wgpu's Vulkan stack a valid XDG_RUNTIME_DIR before it loads.
+
+On Linux, libwayland (pulled in by Mesa's and the NVIDIA driver's window-system code) prints
+"error: XDG_RUNTIME_DIR is invalid or not set in the environment." on every start when the
+variable is unset, as in containers, CI and ssh sessions without a login manager. mltensor never
+opens a Wayland display, so the message is noise. When the variable is unset we point it at a
+private directory (mode 0700, owned by us: what the XDG spec asks for); a value the user set is
+left alone, and nothing is redirected, so real errors still reach stderr.
+"""
+
+import os
+import sys
+import tempfile
+
+
+def ensure_runtime_dir():
+    if not sys.platform.startswith("linux") or os.environ.get("XDG_RUNTIME_DIR"):
+        return
+    path = os.path.join(tempfile.gettempdir(), f"mltensor-runtime-{os.getuid()}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return
+    # someone else's directory (or a link planted in /tmp) is not ours to use
+    if st.st_uid == os.getuid() and (st.st_mode & 0o777) == 0o700 and os.path.isdir(path) \
+            and not os.path.islink(path):
+        os.environ["XDG_RUNTIME_DIR"] = path
