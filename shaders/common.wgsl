@@ -5,15 +5,79 @@ fn linear_id(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return (wid.y * nwg.x + wid.x) * {{ WORKGROUP }}u + lid;
 }
 
-// erf with |error| < 1.2e-7 (Numerical Recipes erfc Chebyshev fit), exact at 0 and odd.
-fn erf_f32(x: f32) -> f32 {
-    let z = abs(x);
+// Bit tests: unlike `x != x` or comparisons with inf, no compiler may fold them away (WGSL lets an
+// implementation assume that NaN and inf never occur in float arithmetic).
+fn is_nan_f32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn is_inf_f32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u; }
+fn nan_f32() -> f32 { return bitcast<f32>(0x7fc00000u); }
+
+// erfc(|x|) with relative error < 1.2e-7 (Numerical Recipes' Chebyshev fit); 0 for |x| = inf.
+fn erfc_abs_f32(z: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+    return t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
         t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
         t * (-0.82215223 + t * 0.17087277)))))))));
-    return select(r - 1.0, 1.0 - r, x >= 0.0);
 }
+
+// erf: Taylor series below 0.5 (1 - erfc would cancel every digit of a small result), 1 - erfc above.
+fn erf_f32(x: f32) -> f32 {
+    let z = abs(x);
+    let x2 = x * x;
+    let small = 1.1283791670955126 * x * (1.0 + x2 * (-0.3333333333 + x2 * (0.1 + x2 * (-0.0238095238 +
+        x2 * (0.0046296296 + x2 * (-0.0007575758 + x2 * 0.0001068376))))));
+    let r = erfc_abs_f32(z);
+    return select(select(r - 1.0, 1.0 - r, x >= 0.0), small, z < 0.5);
+}
+
+// erfc without cancellation for x > 0 (where erfc is small): gelu's left tail needs it.
+fn erfc_f32(x: f32) -> f32 {
+    let r = erfc_abs_f32(abs(x));
+    return select(2.0 - r, r, x >= 0.0);
+}
+
+// exp(x) - 1 keeping its relative precision near 0 (Taylor series below 0.35); -1 at -inf.
+fn expm1_f32(x: f32) -> f32 {
+    let p = x * (1.0 + x * (0.5 + x * (0.16666666666 + x * (0.04166666666 + x * (0.00833333333 +
+        x * (0.00138888888 + x * (0.000198412698 + x * (0.0000248015873 + x * 0.00000275573192))))))));
+    return select(exp(x) - 1.0, p, abs(x) < 0.35);
+}
+
+// log(1 + y) for y in [0, 1] without calling log near 1 (where approximate logs lose every
+// digit of a small result): 2 atanh(s), s = y / (2 + y) <= 1/3, as an odd series to s^15.
+fn log1p_unit_f32(y: f32) -> f32 {
+    let s = y / (2.0 + y);
+    let s2 = s * s;
+    return 2.0 * s * (1.0 + s2 * (0.33333333333 + s2 * (0.2 + s2 * (0.14285714286 + s2 * (0.11111111111 +
+        s2 * (0.09090909091 + s2 * (0.07692307692 + s2 * 0.06666666667)))))));
+}
+
+// sin and cos of an f32 by Cody-Waite reduction modulo pi/2 (three-part constant: exact products
+// for |x| < 65536) and minimax polynomials on [-pi/4, pi/4] (Cephes sinf/cosf, ~2 ulp). Drivers'
+// sin/cos are only specified on [-pi, pi] (NVIDIA's lose 1e-5 absolute by |x| = 100); beyond
+// 65536 the built-ins are used, and inf/NaN give NaN. `which`: 0 sin, 1 cos.
+fn sincos_f32(x: f32, which: u32) -> f32 {
+    let a = abs(x);
+    if (!(a < 65536.0)) {
+        if (is_nan_f32(x) || is_inf_f32(x)) { return nan_f32(); }
+        return select(sin(x), cos(x), which == 1u);
+    }
+    let j = u32(a * 0.63661977236758134 + 0.5);  // nearest multiple of pi/2; a >= 0: no UB
+    let y = f32(j);
+    let r = ((a - y * 1.5703125) - y * 4.837512969970703125e-4) - y * 7.54978995489188216e-8;
+    let z = r * r;
+    let s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r;
+    let c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
+    // quadrant q = j mod 4 of |x|: sin: s, c, -s, -c; cos: c, -s, -c, s
+    let q = (j + which) & 3u;
+    var v = select(s, c, (q & 1u) == 1u);
+    v = select(v, -v, q >= 2u);
+    // sin is odd, cos even
+    return select(v, -v, which == 0u && x < 0.0);
+}
+
+fn sin_f32(x: f32) -> f32 { return sincos_f32(x, 0u); }
+fn cos_f32(x: f32) -> f32 { return sincos_f32(x, 1u); }
+fn tan_f32(x: f32) -> f32 { return sincos_f32(x, 0u) / sincos_f32(x, 1u); }
 
 // pow that, like numpy, gives real results for a negative base with an integral exponent.
 fn pow_f32(a: f32, b: f32) -> f32 {
@@ -72,11 +136,22 @@ fn sign_i64(x: i64) -> i64 { return select(select(0li, -1li, x < 0li), 1li, x > 
 // Round half to even (WGSL round() already does this; kept as a named helper for clarity).
 fn round_even_f32(x: f32) -> f32 { return round(x); }
 
-// tanh that stays finite for large |x| (some drivers return NaN for tanh(±inf)/large inputs).
+// tanh as Eigen's rational minimax fit (a few ulp, no exp): exact-enough near 0, where
+// (e - 1) / (e + 1) cancels every digit, and no inf / inf for large |x| (it saturates at +-7.9).
 fn tanh_f32(x: f32) -> f32 {
-    let c = clamp(x, -15.0, 15.0);
-    let e = exp(2.0 * c);
-    return (e - 1.0) / (e + 1.0);
+    let c = clamp(x, -7.90531110763549805, 7.90531110763549805);
+    let x2 = c * c;
+    var p = x2 * -2.76076847742355e-16 + 2.00018790482477e-13;
+    p = x2 * p + -8.60467152213735e-11;
+    p = x2 * p + 5.12229709037114e-08;
+    p = x2 * p + 1.48572235717979e-05;
+    p = x2 * p + 6.37261928875436e-04;
+    p = x2 * p + 4.89352455891786e-03;
+    var q = x2 * 1.19825839466702e-06 + 1.18534705686654e-04;
+    q = x2 * q + 2.26843463243900e-03;
+    q = x2 * q + 4.89352518554385e-03;
+    let r = select(c * p / q, c, abs(c) < 0.0004);  // tanh(x) = x in f32 below 4e-4
+    return select(r, x, is_nan_f32(x));
 }
 
 // One exp: for large -x, exp overflows to inf and 1/inf gives the exact limit 0.
@@ -84,8 +159,9 @@ fn sigmoid_f32(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
 }
 
+// max(x, 0) + log(1 + exp(-|x|)), the log1p without log (softplus(-20) = 2e-9, not 0); NaN stays NaN.
 fn softplus_f32(x: f32) -> f32 {
-    return max(x, 0.0) + log(1.0 + exp(-abs(x)));
+    return select(max(x, 0.0) + log1p_unit_f32(exp(-abs(x))), x, is_nan_f32(x));
 }
 
 // IEEE binary16 bits of an f32, round to nearest even; inf, NaN and subnormals handled.

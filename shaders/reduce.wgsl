@@ -18,7 +18,11 @@ fn comb(a: {{ T }}, b: {{ T }}) -> {{ T }} { return {{ comb }}; }
 fn post(a: {{ T }}) -> {{ T }} { return {{ post }}; }
 
 // exp(x - m) that is 0 for x = -inf even when m = -inf too (all-(-inf) rows stay finite).
-fn ex(x: f32, m: f32) -> f32 { return select(exp(x - m), 0.0, x == {{ NEG_INF }}); }
+// Bit tests, not `x == -inf`: WGSL lets compilers assume no infinities in float comparisons.
+fn ex(x: f32, m: f32) -> f32 { return select(exp(x - m), 0.0, bitcast<u32>(x) == 0xff800000u); }
+
+// log-sum-exp from the row max m and sum(exp(x - m)): +inf when m is +inf (inf - inf would be NaN).
+fn lse(s: f32, m: f32) -> f32 { return select(log(s) + m, m, bitcast<u32>(m) == 0x7f800000u); }
 
 {$ if mode in ("group", "partial", "final", "softmax_group") $}
 var<workgroup> sh: array<{{ T }}, WG>;
@@ -55,7 +59,7 @@ fn {{ fname }}(lid: u32, v: {{ T }}) -> {{ T }} {
     var s = 0.0;
     for (var k = 0u; k < K; k++) { s += ex(src[b + off(k)], m); }
     {$ if lse $}
-    dst[o] = log(s) + m;
+    dst[o] = lse(s, m);
     {$ else $}
     for (var k = 0u; k < K; k++) { let i = b + off(k); dst[i] = ex(src[i], m) / s; }
     {$ endif $}
@@ -88,10 +92,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var s = 0.0;
     for (var j = lid; j < S; j += WG) {
         let i = 2u * (g * S + j);
-        s += select(part[i + 1u] * exp(part[i] - m), 0.0, part[i] == {{ NEG_INF }});
+        s += part[i + 1u] * ex(part[i], m);
     }
     s = tree_sum(lid, s);
-    if (lid == 0u) { dst[g] = log(s) + m; }
+    if (lid == 0u) { dst[g] = lse(s, m); }
     {$ else $}
     var a = {{ init }};
     for (var j = lid; j < S; j += WG) { a = comb(a, part[g * S + j]); }
@@ -115,7 +119,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       {$ elif mode == "partial" $}
     if (lid == 0u) { part[2u * g] = m; part[2u * g + 1u] = s; }
       {$ else $}
-    if (lid == 0u) { dst[g] = log(s) + m; }
+    if (lid == 0u) { dst[g] = lse(s, m); }
       {$ endif $}
     {$ else $}
     var a = {{ init }};

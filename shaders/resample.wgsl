@@ -4,29 +4,12 @@
 {{ bindings }}
 {$ include "common.wgsl" $}
 
-// floor(a / b) for b > 0 (WGSL integer division truncates toward zero)
-fn floor_div(a: i32, b: i32) -> i32 {
-    let q = a / b;
-    return select(q, q - 1, (a % b != 0) && (a < 0));
-}
-
-fn ceil_div(a: i32, b: i32) -> i32 {
-    return -floor_div(-a, b);
-}
-
-// Nearest sample index of output index o; rounding commutes with clamping to [0, last].
-fn nearest(o: u32, A: i32, B: i32, D: i32, last: i32) -> u32 {
+// Nearest sample index of output index o: floor((A*o + B) / D) with D > 0, clamped to [0, last]
+// (the rounding mode is folded into A, B, D in Python). Only non-negative numbers are divided:
+// a negative numerator is a sample left of 0, and rounding commutes with the clamp.
+fn nearest(o: u32, A: i32, B: i32, D: u32, last: u32) -> u32 {
     let num = A * i32(o) + B;
-{$ if rounding == "round_prefer_floor" $}
-    let q = ceil_div(2 * num - D, 2 * D);    // ceil(x - 0.5)
-{$ elif rounding == "round_prefer_ceil" $}
-    let q = floor_div(2 * num + D, 2 * D);   // floor(x + 0.5)
-{$ elif rounding == "floor" $}
-    let q = floor_div(num, D);
-{$ else $}
-    let q = ceil_div(num, D);
-{$ endif $}
-    return u32(clamp(q, 0, last));
+    return select(min(u32(num) / D, last), 0u, num < 0);
 }
 
 fn coord(o: u32, A: i32, B: i32, D: i32, last: i32) -> f32 {
@@ -49,8 +32,8 @@ fn coord(o: u32, A: i32, B: i32, D: i32, last: i32) -> f32 {
     let oh = c[{{ axes[0] }}];
     let ow = c[{{ axes[1] }}];
 {$ if mode == "nearest-neighbor" $}
-    let y = nearest(oh, {{ h_rat[0] }}, {{ h_rat[1] }}, {{ h_rat[2] }}, {{ h_last }});
-    let x = nearest(ow, {{ w_rat[0] }}, {{ w_rat[1] }}, {{ w_rat[2] }}, {{ w_last }});
+    let y = nearest(oh, {{ h_near[0] }}, {{ h_near[1] }}, {{ h_near[2] }}u, {{ h_last }}u);
+    let x = nearest(ow, {{ w_near[0] }}, {{ w_near[1] }}, {{ w_near[2] }}u, {{ w_last }}u);
     dst[i] = src[base + y * {{ in_strides[axes[0]] }}u + x * {{ in_strides[axes[1]] }}u];
 {$ else $}
     let y = coord(oh, {{ h_rat[0] }}, {{ h_rat[1] }}, {{ h_rat[2] }}, {{ h_last }});

@@ -214,3 +214,28 @@ def test_validation(ctx):
     with pytest.raises(TypeError, match=r"\[resample2d\] input data type int32 is not supported"):
         b.resample2d(b.input("i", data_type="int32", shape=[1, 1, 2, 2]))
     assert ctx.op_support_limits()["resample2d"]["input"]["rank_range"] == {"min": 4, "max": 4}
+
+
+# Size pairs whose source coordinates start left of 0 (upsampling: negative numerators), land
+# exactly on ties, run past the last sample, or collapse to one sample: the boundaries of the
+# integer rounding in the kernel (signed division of negative numerators misread whole rows on
+# NVIDIA's driver, where lavapipe was right).
+_SIZE_PAIRS = [(1, 1), (1, 4), (2, 5), (2, 6), (3, 1), (3, 8), (4, 2), (4, 6), (5, 9), (7, 3), (8, 3), (9, 16)]
+
+
+@pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("rounding", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+def test_nearest_rounding_boundaries(ctx, rng, transform, rounding):
+    b = mltensor.MLGraphBuilder(ctx)
+    outs, feeds, want = {}, {}, {}
+    for k in range(0, len(_SIZE_PAIRS), 2):
+        (hi, ho), (wi, wo) = _SIZE_PAIRS[k], _SIZE_PAIRS[k + 1]
+        xv = rng.permutation(2 * hi * wi).astype(np.float32).reshape(1, 2, hi, wi)  # distinct values
+        x = b.input(f"x{k}", data_type="float32", shape=list(xv.shape))
+        outs[f"y{k}"] = b.resample2d(x, sizes=[ho, wo], coordinate_transformation=transform,
+                                     nearest_rounding=rounding)
+        feeds[f"x{k}"] = xv
+        want[f"y{k}"] = reference(xv, [1, 2, ho, wo], [2, 3], "nearest-neighbor", transform, rounding)
+    got = run_graph(ctx, outs, feeds, b)
+    for name in outs:
+        _check(got[name], want[name], tol=0)

@@ -95,6 +95,11 @@ def _f(expr):
     return lambda kc, n, x: expr.format(x=x)
 
 
+def _keep_nan(kc, n, x, expr):
+    """`expr`, but NaN for a NaN float input: GPU min/max/sign return a number for NaN."""
+    return f"select({expr}, {x}, is_nan_f32({x}))" if _t(kc, n) == "f32" else expr
+
+
 def _un(op):
     return lambda kc, n, x: unop(op, _t(kc, n), x)
 
@@ -102,7 +107,7 @@ def _un(op):
 UNARY = {
     "abs": (("float32", "float16", "int32", "int64", "int8"), _un("abs")),
     "ceil": (FLOAT, _f("ceil({x})")),
-    "cos": (FLOAT, _f("cos({x})")),
+    "cos": (FLOAT, _f("cos_f32({x})")),
     "erf": (FLOAT, _f("erf_f32({x})")),
     "exp": (FLOAT, _f("exp({x})")),
     "floor": (FLOAT, _f("floor({x})")),
@@ -110,10 +115,10 @@ UNARY = {
     "log": (FLOAT, _f("log({x})")),
     "neg": (("float32", "float16", "int32", "int64", "int8"), _un("neg")),
     "reciprocal": (FLOAT, _f("(1.0 / {x})")),
-    "sign": (("float32", "float16", "int32", "int64", "int8"), _un("sign")),
-    "sin": (FLOAT, _f("sin({x})")),
+    "sign": (("float32", "float16", "int32", "int64", "int8"), lambda kc, n, x: _keep_nan(kc, n, x, unop("sign", _t(kc, n), x))),
+    "sin": (FLOAT, _f("sin_f32({x})")),
     "sqrt": (FLOAT, _f("sqrt({x})")),
-    "tan": (FLOAT, _f("tan({x})")),
+    "tan": (FLOAT, _f("tan_f32({x})")),
 }
 
 
@@ -190,16 +195,22 @@ def _a(n, k):
 ACTIVATIONS = {
     # name: (types, expr, option defaults or custom attrs function)
     "clamp": (ALL, _clamp, _clamp_attrs),
-    "elu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * (exp({x}) - 1.0), {x}, {x} >= 0.0)", _opts({"alpha": 1.0})),
-    "gelu": (FLOAT, lambda kc, n, x: f"(0.5 * {x} * (1.0 + erf_f32({x} * 0.70710678118654752)))", None),
-    "hard_sigmoid": (FLOAT, lambda kc, n, x: f"clamp({_a(n, 'alpha')} * {x} + {_a(n, 'beta')}, 0.0, 1.0)", _opts({"alpha": 0.2, "beta": 0.5})),
-    "hard_swish": (FLOAT, lambda kc, n, x: f"({x} * clamp({x} / 6.0 + 0.5, 0.0, 1.0))", None),
+    "elu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * expm1_f32({x}), {x}, {x} >= 0.0)", _opts({"alpha": 1.0})),
+    # 0.5 x erfc(-x / sqrt 2): no 1 + erf cancellation in the left tail; the limit 0 at -inf
+    "gelu": (FLOAT, lambda kc, n, x: f"select(0.5 * {x} * erfc_f32({x} * -0.70710678118654752), 0.0, {x} <= -3.0e38)", None),
+    # clamp() of NaN is a bound on GPUs (min/max drop NaN): keep NaN explicitly
+    "hard_sigmoid": (FLOAT, lambda kc, n, x: f"select(clamp({_a(n, 'alpha')} * {x} + {_a(n, 'beta')}, 0.0, 1.0), {x}, is_nan_f32({x}))", _opts({"alpha": 0.2, "beta": 0.5})),
+    # exactly 0 at and below -3 (so -inf gives 0, not -inf * 0)
+    "hard_swish": (FLOAT, lambda kc, n, x: f"select({x} * clamp({x} / 6.0 + 0.5, 0.0, 1.0), 0.0, {x} <= -3.0)", None),
     "leaky_relu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * {x}, {x}, {x} >= 0.0)", _opts({"alpha": 0.01})),
     "linear": (FLOAT, lambda kc, n, x: f"({_a(n, 'alpha')} * {x} + {_a(n, 'beta')})", _opts({"alpha": 1.0, "beta": 0.0})),
-    "relu": (("float32", "float16", "int32", "int64", "int8"), lambda kc, n, x: binop("max", _t(kc, n), x, lit(0, _t(kc, n))), None),
+    "relu": (("float32", "float16", "int32", "int64", "int8"),
+             lambda kc, n, x: _keep_nan(kc, n, x, binop("max", _t(kc, n), x, lit(0, _t(kc, n)))), None),
     "sigmoid": (FLOAT, lambda kc, n, x: f"sigmoid_f32({x})", None),
     "softplus": (FLOAT, lambda kc, n, x: f"softplus_f32({x})", None),
-    "softsign": (FLOAT, lambda kc, n, x: f"({x} / (1.0 + abs({x})))", None),
+    # beyond 1e7 the quotient is +-1 in f32; computing it would divide inf by inf (or, with a
+    # GPU's reciprocal-based division, flush 1 / 1e38 to 0)
+    "softsign": (FLOAT, lambda kc, n, x: f"select({x} / (1.0 + abs({x})), sign({x}), abs({x}) > 1.0e7)", None),
     "tanh": (FLOAT, lambda kc, n, x: f"tanh_f32({x})", None),
 }
 

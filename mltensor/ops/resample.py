@@ -48,6 +48,23 @@ def _rational(transform, n_in, n_out):
     return n_in // g, 0, n_out // g
 
 
+def _nearest_floor(A, B, D, rounding):
+    """(A2, B2, D2) with the nearest sample of output index o = floor((A2*o + B2) / D2), D2 > 0,
+    for the source coordinate x = (A*o + B) / D. Every rounding becomes one floor of a quotient,
+    so the kernel divides only non-negative numbers: a negative numerator means a sample left of
+    0, which clamps to 0. (The previous floor/ceil division used WGSL's `%` on negative i32s:
+    on an H100 with NVIDIA's Vulkan driver 580 and naga, `x % c` for a negative x and a constant
+    c that is not a power of two gave the unsigned remainder (-299 % 3 = 2), so whole rows and
+    columns came from the wrong place; lavapipe was right.)"""
+    if rounding == "round_prefer_floor":  # ceil(x - 1/2) = floor((2(A o + B) - D + 2D - 1) / 2D)
+        return 2 * A, 2 * B + D - 1, 2 * D
+    if rounding == "round_prefer_ceil":  # floor(x + 1/2)
+        return 2 * A, 2 * B + D, 2 * D
+    if rounding == "floor":
+        return A, B, D
+    return A, B + D - 1, D  # ceil(x) = floor((A o + B + D - 1) / D)
+
+
 def _lower_resample2d(kc, node):
     x = node.inputs[0]
     out = kc.out(node)
@@ -60,14 +77,15 @@ def _lower_resample2d(kc, node):
         "in_strides": ist,
         "axes": [ax_h, ax_w],
         "mode": a["mode"],
-        "rounding": a["nearest_rounding"],
     }
     for tag, ax in (("h", ax_h), ("w", ax_w)):
         A, B, D = _rational(a["coordinate_transformation"], x.shape[ax], out.shape[ax])
-        # 2*(A*o + B) +- D must fit in i32 for the integer rounding
-        if 2 * (abs(A) * out.shape[ax] + abs(B)) + D >= 2**31:
-            raise NotImplementedError(f"[resample2d] sizes {x.shape[ax]} -> {out.shape[ax]} are too large")
         params[f"{tag}_rat"] = [A, B, D]
+        params[f"{tag}_near"] = _nearest_floor(A, B, D, a["nearest_rounding"])
+        # every integer the kernel forms (A2*o + B2 below, A*o + B for linear) must fit in i32
+        A2, B2, D2 = params[f"{tag}_near"]
+        if max(abs(A2) * out.shape[ax] + abs(B2) + D2, abs(A) * out.shape[ax] + abs(B)) >= 2**31:
+            raise NotImplementedError(f"[resample2d] sizes {x.shape[ax]} -> {out.shape[ax]} are too large")
         params[f"{tag}_last"] = x.shape[ax] - 1
     kernel = Kernel(
         f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
