@@ -579,18 +579,50 @@ def _resize(img, taps_y, taps_x):
     return a * (1 - fy) + b * fy
 
 
+# Input normalizations a segmentation model may expect (`CopyingPipeline(..., preprocess=)`):
+# rgb in [0, 1] minus mean, over std, per channel.
+PREPROCESS = {
+    "unit": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),                        # [0, 1] (MediaPipe)
+    "signed": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),                      # [-1, 1]
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),        # torchvision models
+}
+# How the model's first output becomes a person probability in [0, 1] (`postprocess=`): the mask
+# itself (one channel), a sigmoid of logits (one channel), or the softmax probability of the last
+# class (background/person logits, channel axis as the input's layout).
+POSTPROCESS = ("mask", "sigmoid", "softmax")
+
+
+def _model_layout(shape):
+    """('nhwc' | 'nchw', H, W) of a 4-D rgb model input."""
+    if len(shape) == 4 and shape[-1] == 3:
+        return "nhwc", int(shape[1]), int(shape[2])
+    if len(shape) == 4 and shape[1] == 3:
+        return "nchw", int(shape[2]), int(shape[3])
+    raise ValueError(f"expected a 4-D rgb model input (NHWC or NCHW with 3 channels), got {list(shape)}")
+
+
 class CopyingPipeline:
     """The same pipeline done the usual way: frame to numpy, InferenceSession with numpy in and out
-    (upload and readback every frame), composite with numpy on the CPU."""
+    (upload and readback every frame), composite with numpy on the CPU. Also the per-file engine
+    of the batch app (mltensor/apps/batch.py), hence any rgb model: `preprocess` names the input
+    normalization (PREPROCESS), `postprocess` how the output becomes a mask (POSTPROCESS)."""
 
     def __init__(self, session, width, height, *, effect="blur", background=None, smoothing=0.5,
-                 blur_sigma=None):
+                 blur_sigma=None, preprocess="unit", postprocess="mask"):
         self.sess = session
         self.width, self.height = W, H = width, height
         inp = session.get_inputs()[0]
         self.in_name = inp.name
-        _, MH, MW, _ = [int(d) for d in inp.shape]
+        self.layout, MH, MW = _model_layout([int(d) for d in inp.shape])
         self.model_size = (MW, MH)
+        if preprocess not in PREPROCESS:
+            raise ValueError(f"preprocess must be one of {', '.join(PREPROCESS)}, got {preprocess!r}")
+        if postprocess not in POSTPROCESS:
+            raise ValueError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {postprocess!r}")
+        mean, std = (np.array(v, np.float32) for v in PREPROCESS[preprocess])
+        self._norm = None if preprocess == "unit" else (mean, 1 / std)
+        self.postprocess = postprocess
+        self.mask = None  # the last frame's smoothed person probability, frame resolution
         self._pre_taps = (_bilinear_taps(H, MH), _bilinear_taps(W, MW))
         self.effect = effect
         self.alpha = min(1.0, max(0.0, 1.0 - float(smoothing)))
@@ -617,19 +649,40 @@ class CopyingPipeline:
         v = sum(w[k] * p[k:k + SH] for k in range(2 * R + 1))
         return _resize(v, *self._up_taps)
 
+    def _person(self, out):
+        """The model's first output as a (h, w) person probability in [0, 1]."""
+        y = np.asarray(out, np.float32)
+        if y.ndim != 4:
+            raise ValueError(f"expected a 4-D mask output, got shape {list(y.shape)}")
+        ch = 1 if self.layout == "nchw" else 3
+        if self.postprocess == "softmax":
+            z = np.exp(y - y.max(axis=ch, keepdims=True))
+            y = z / z.sum(axis=ch, keepdims=True)
+            y = np.take(y, -1, axis=ch)[0]
+        else:
+            y = np.take(y, 0, axis=ch)[0]
+            if self.postprocess == "sigmoid":
+                y = 1 / (1 + np.exp(-y))
+        return np.clip(y, 0, 1)
+
     def process(self, frame):
         t = time.perf_counter()
         f = frame.astype(np.float32) * (1 / 255)
-        x = _resize(f, *self._pre_taps)[None].astype(np.float32)
+        x = _resize(f, *self._pre_taps)
+        if self._norm is not None:
+            x = (x - self._norm[0]) * self._norm[1]
+        x = x[None] if self.layout == "nhwc" else x.transpose(2, 0, 1)[None]
+        x = np.ascontiguousarray(x, np.float32)
         t1 = time.perf_counter()
         self.times["preprocess"].append(t1 - t)
-        (mask,) = self.sess.run(None, {self.in_name: x})
+        mask = self.sess.run(None, {self.in_name: x})[0]
         t2 = time.perf_counter()
         self.times["inference"].append(t2 - t1)
-        m = np.clip(mask[0, ..., 0], 0, 1)
+        m = self._person(mask)
         self.ema = m if self.ema is None else self.ema + (m - self.ema) * self.alpha
         H, W = self.height, self.width
         mm = _resize(self.ema, _bilinear_taps(m.shape[0], H), _bilinear_taps(m.shape[1], W))
+        self.mask = mm
         u = np.clip((mm - MASK_LO) / (MASK_HI - MASK_LO), 0, 1)
         mm = (u * u * (3 - 2 * u))[..., None]
         back = self._blurred(f) if self.effect == "blur" else self.background
