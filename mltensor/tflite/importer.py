@@ -438,6 +438,79 @@ def pad(imp, op):
     return imp.b.pad(x, [int(v) for v in p[:, 0]], [int(v) for v in p[:, 1]], mode="constant", value=value)
 
 
+def prelu(imp, op):
+    # TFLite's alpha broadcasts against the input (usually [1, 1, C] per channel), as WebNN's slope does.
+    return imp.b.prelu(imp.operand(op, op.inputs[0]), imp.operand(op, op.inputs[1]))
+
+
+def strided_slice(imp, op):
+    """STRIDED_SLICE with constant begin/end/strides, begin/end/shrink masks and `offset`; a negative
+    stride reverses the axis first. Ellipsis and new-axis masks are rejected."""
+    x_i = op.inputs[0]
+    begin = [int(v) for v in imp.const_value(op, op.inputs[1], "begin").reshape(-1)]
+    end = [int(v) for v in imp.const_value(op, op.inputs[2], "end").reshape(-1)]
+    strides = [int(v) for v in imp.const_value(op, op.inputs[3], "strides").reshape(-1)]
+    if _opt(op, "EllipsisMask", 0) or _opt(op, "NewAxisMask", 0):
+        raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): ellipsis and new-axis masks are not supported")
+    shape = list(imp.const_value(op, x_i, "input").shape if imp.is_const(x_i) and x_i not in imp.values
+                 else imp.operand(op, x_i).shape)
+    if not (len(begin) == len(end) == len(strides) == len(shape)):
+        raise DataError(
+            f"[tflite] operator {op.index} ({op.display}): begin/end/strides have {len(begin)}/{len(end)}/{len(strides)} "
+            f"values for an input of rank {len(shape)}"
+        )
+    bmask, emask, smask = _opt(op, "BeginMask", 0), _opt(op, "EndMask", 0), _opt(op, "ShrinkAxisMask", 0)
+    offset = bool(_opt(op, "Offset", False))
+    slices, out_shape = [], []
+    for k, n in enumerate(shape):
+        if strides[k] == 0:
+            raise DataError(f"[tflite] operator {op.index} ({op.display}): stride {k} is 0")
+        if smask >> k & 1:
+            b0 = begin[k] + n if begin[k] < 0 else begin[k]
+            if not 0 <= b0 < n:
+                raise DataError(f"[tflite] operator {op.index} ({op.display}): shrunk index {begin[k]} is outside [0, {n})")
+            slices.append(slice(b0, b0 + 1, 1))
+            continue
+        start = None if bmask >> k & 1 else begin[k]
+        stop = None if emask >> k & 1 else (begin[k] + end[k] if offset else end[k])
+        slices.append(slice(*slice(start, stop, strides[k]).indices(n)))
+        out_shape.append(len(range(*slices[-1].indices(n))))
+    if imp.is_const(x_i) and x_i not in imp.values:  # folded at load
+        return np.ascontiguousarray(imp.consts[x_i][tuple(slices)]).reshape(out_shape)
+    x = imp.operand(op, x_i)
+    counts = [len(range(*s.indices(n))) for s, n in zip(slices, shape)]
+    if 0 in counts:
+        raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): an empty slice is not supported")
+    rev = [k for k, s in enumerate(slices) if s.step < 0]
+    if rev:  # reverse the axis: index i becomes n - 1 - i and the step turns positive
+        x = imp.b.reverse(x, axes=rev)
+    starts = [shape[k] - 1 - s.start if s.step < 0 else s.start for k, s in enumerate(slices)]
+    steps = [abs(s.step) for s in slices]
+    if starts != [0] * len(shape) or counts != shape or steps != [1] * len(shape):
+        x = imp.b.slice(x, starts, counts, strides=steps)
+    if list(x.shape) != out_shape:
+        x = imp.b.reshape(x, out_shape)
+    return x
+
+
+def densify(imp, op):
+    # The reader already densified every sparse constant, so this is the constant itself.
+    return imp.const_value(op, op.inputs[0], "input")
+
+
+def depth_to_space(imp, op):
+    """NHWC, TensorFlow's DCR order: out[n, h*bs + i, w*bs + j, c] = in[n, h, w, (i*bs + j)*C + c]."""
+    x = imp.operand(op, op.inputs[0])
+    bs = int(_opt(op, "BlockSize", 0))
+    n, h, w, c = x.shape
+    if bs < 1 or c % (bs * bs):
+        raise DataError(f"[tflite] operator {op.index} ({op.display}): block size {bs} does not divide {c} channels into squares")
+    co = c // (bs * bs)
+    y = imp.b.reshape(x, [n * h, w, bs, bs * co])  # rank 4 at most: split the channels, move i before w
+    y = imp.b.transpose(y, permutation=[0, 2, 1, 3])  # [n*h, bs(i), w, bs*co]
+    return imp.b.reshape(y, [n, h * bs, w * bs, co])
+
+
 def dequantize(imp, op):
     i = op.inputs[0]
     t = imp.tensor(i)
@@ -487,6 +560,10 @@ CONVERTERS = {
     "PAD": pad,
     "PADV2": pad,
     "DEQUANTIZE": dequantize,
+    "PRELU": prelu,
+    "DENSIFY": densify,
+    "DEPTH_TO_SPACE": depth_to_space,
+    "STRIDED_SLICE": strided_slice,
 }
 
 
