@@ -11,6 +11,7 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
+from . import mediapipe_ops
 from .reader import Model, Operator
 
 ACT = tflite.ActivationFunctionType
@@ -565,6 +566,9 @@ CONVERTERS = {
     "DEPTH_TO_SPACE": depth_to_space,
     "STRIDED_SLICE": strided_slice,
 }
+
+
+CONVERTERS.update(mediapipe_ops.CONVERTERS)
 
 
 def supported_operators():
