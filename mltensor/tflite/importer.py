@@ -462,7 +462,7 @@ def strided_slice(imp, op):
         )
     bmask, emask, smask = _opt(op, "BeginMask", 0), _opt(op, "EndMask", 0), _opt(op, "ShrinkAxisMask", 0)
     offset = bool(_opt(op, "Offset", False))
-    slices, out_shape = [], []
+    ranges, out_shape = [], []  # per axis, the input indices taken (a range: negative steps too)
     for k, n in enumerate(shape):
         if strides[k] == 0:
             raise DataError(f"[tflite] operator {op.index} ({op.display}): stride {k} is 0")
@@ -470,25 +470,27 @@ def strided_slice(imp, op):
             b0 = begin[k] + n if begin[k] < 0 else begin[k]
             if not 0 <= b0 < n:
                 raise DataError(f"[tflite] operator {op.index} ({op.display}): shrunk index {begin[k]} is outside [0, {n})")
-            slices.append(slice(b0, b0 + 1, 1))
+            ranges.append(range(b0, b0 + 1))
             continue
         start = None if bmask >> k & 1 else begin[k]
         stop = None if emask >> k & 1 else (begin[k] + end[k] if offset else end[k])
-        slices.append(slice(*slice(start, stop, strides[k]).indices(n)))
-        out_shape.append(len(range(*slices[-1].indices(n))))
+        ranges.append(range(*slice(start, stop, strides[k]).indices(n)))
+        out_shape.append(len(ranges[-1]))
     if imp.is_const(x_i) and x_i not in imp.values:  # folded at load
-        return np.ascontiguousarray(imp.consts[x_i][tuple(slices)]).reshape(out_shape)
+        return np.ascontiguousarray(imp.consts[x_i][np.ix_(*[np.asarray(r, np.int64) for r in ranges])]).reshape(out_shape)
     x = imp.operand(op, x_i)
-    counts = [len(range(*s.indices(n))) for s, n in zip(slices, shape)]
+    counts = [len(r) for r in ranges]
     if 0 in counts:
         raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): an empty slice is not supported")
-    rev = [k for k, s in enumerate(slices) if s.step < 0]
+    rev = [k for k, r in enumerate(ranges) if r.step < 0]
     if rev:  # reverse the axis: index i becomes n - 1 - i and the step turns positive
         x = imp.b.reverse(x, axes=rev)
-    starts = [shape[k] - 1 - s.start if s.step < 0 else s.start for k, s in enumerate(slices)]
-    steps = [abs(s.step) for s in slices]
+    starts = [shape[k] - 1 - r.start if r.step < 0 else r.start for k, r in enumerate(ranges)]
+    steps = [abs(r.step) for r in ranges]
     if starts != [0] * len(shape) or counts != shape or steps != [1] * len(shape):
-        x = imp.b.slice(x, starts, counts, strides=steps)
+        # WebNN's sizes are input extents: ceil(size / stride) elements come out.
+        extents = [(c - 1) * st + 1 for c, st in zip(counts, steps)]
+        x = imp.b.slice(x, starts, extents, strides=steps)
     if list(x.shape) != out_shape:
         x = imp.b.reshape(x, out_shape)
     return x

@@ -1,0 +1,263 @@
+"""The operators the 14 MediaPipe models need beyond the selfie ones (PRELU, STRIDED_SLICE,
+DEPTH_TO_SPACE, sparse constants / DENSIFY) against LiteRT, MediaPipe's three custom operators
+against numpy transcriptions of their C++ kernels (tests/tflite_reference.py), and (slow) every
+model of the mediapipe 0.10.14 wheel against LiteRT."""
+
+import time
+
+import numpy as np
+import pytest
+from flatbuffers import flexbuffers
+
+import mltensor
+from mltensor import models
+from mltensor.tflite import import_model
+from mltensor.tflite.reader import densify, read
+from mltensor.tflite.writer import ModelWriter
+from test_tflite import _photo, _run_graph, litert_run
+import tflite_reference as ref
+
+
+def _rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _check(ctx, data, feeds, want, atol=1e-4):
+    graph, inputs, outputs = import_model(data, ctx)
+    got = _run_graph(ctx, graph, inputs, outputs, feeds)
+    graph.destroy()
+    assert len(got) == len(want)
+    for g, r in zip(got, want):
+        assert g.shape == r.shape
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, r, atol=atol, rtol=1e-4)
+
+
+# -- builtin operators against LiteRT -------------------------------------------------------------
+
+
+def test_prelu(ctx):
+    rng = np.random.default_rng(2)
+    w = ModelWriter()
+    x = w.input("x", [1, 4, 5, 3])
+    a = w.const("alpha", _rand(rng, 1, 1, 3))
+    y = w.tensor("y", [1, 4, 5, 3])
+    w.op("PRELU", [x, a], [y])
+    data, feeds = w.finish([x], [y]), [_rand(rng, 1, 4, 5, 3, scale=2)]
+    _check(ctx, data, feeds, litert_run(data, feeds))
+
+
+@pytest.mark.parametrize(
+    "begin,end,strides,masks,out",
+    [
+        ([0, 0, 0, 0], [1, 6, 7, 4], [1, 1, 1, 1], {}, [1, 6, 7, 4]),  # channel split (hand_recrop)
+        ([0, 1, 0, 3], [1, 6, 7, 8], [1, 2, 3, 2], {"BeginMask": 4}, [1, 3, 3, 3]),
+        ([0, -1, 0, 0], [1, -7, 7, 8], [1, -2, 1, 1], {}, [1, 3, 7, 8]),  # negative stride
+        ([0, 2, 0, 5], [1, 3, 7, 6], [1, 1, 1, 1], {"ShrinkAxisMask": 10, "EndMask": 4}, [1, 7]),
+        ([0, 1, 2, 1], [1, 2, 3, 4], [1, 1, 1, 1], {"Offset": True}, [1, 2, 3, 4]),  # end = begin + size
+    ],
+)
+def test_strided_slice(ctx, begin, end, strides, masks, out):
+    rng = np.random.default_rng(3)
+    w = ModelWriter()
+    x = w.input("x", [1, 6, 7, 8])
+    c = [w.const(n, np.array(v, np.int32)) for n, v in (("begin", begin), ("end", end), ("strides", strides))]
+    y = w.tensor("y", out)
+    w.op("STRIDED_SLICE", [x, *c], [y], "StridedSliceOptions", **masks)
+    data, feeds = w.finish([x], [y]), [_rand(rng, 1, 6, 7, 8)]
+    want = litert_run(data, feeds)
+    assert list(want[0].shape) == out
+    _check(ctx, data, feeds, want)
+
+
+def test_depth_to_space(ctx):
+    rng = np.random.default_rng(4)
+    w = ModelWriter()
+    x = w.input("x", [1, 3, 4, 12])
+    y = w.tensor("y", [1, 6, 8, 3])
+    w.op("DEPTH_TO_SPACE", [x], [y], "DepthToSpaceOptions", BlockSize=2)
+    data, feeds = w.finish([x], [y]), [_rand(rng, 1, 3, 4, 12)]
+    _check(ctx, data, feeds, litert_run(data, feeds))
+
+
+# -- sparse constants ------------------------------------------------------------------------------
+
+
+def test_densify_block_csr():
+    """The 4x4 example of TFLite's sparsity documentation, 2x2 blocks in CSR (BSR)."""
+    dense = np.array([[1, 0, 2, 3], [0, 4, 0, 0], [0, 0, 5, 0], [0, 0, 6, 0]], np.float32)
+    # Block rows: row 0 holds blocks (0, 0) and (0, 1); row 1 holds block (1, 1).
+    values = np.array([1, 0, 0, 4, 2, 3, 0, 0, 5, 0, 6, 0], np.float32)
+    dims = [
+        (0, 2, None, None),
+        (1, 0, np.array([0, 2, 3]), np.array([0, 1, 1])),
+        (0, 2, None, None),
+        (0, 2, None, None),
+    ]
+    np.testing.assert_array_equal(densify(values, (4, 4), [0, 1, 2, 3], [0, 1], dims), dense)
+    # Traversal order [1, 0]: column-major CSR of the same matrix.
+    cols = np.array([1, 4, 2, 5, 6, 3], np.float32)
+    dims = [(0, 4, None, None), (1, 0, np.array([0, 1, 2, 5, 6]), np.array([0, 1, 0, 2, 3, 0]))]
+    np.testing.assert_array_equal(densify(cols, (4, 4), [1, 0], [], dims), dense)
+
+
+@pytest.fixture(scope="module")
+def model_paths():
+    try:
+        return {name: models.fetch(name, progress=False) for name in models.MODELS}
+    except models.FetchError as e:
+        pytest.skip(f"the MediaPipe models cannot be fetched: {e}")
+
+
+@pytest.mark.parametrize("name", ["face_detection_full_range_sparse", "pose_detection"])
+def test_sparse_constants_match_litert_densify(model_paths, name):
+    """Every sparse constant, densified by the reader, equals what LiteRT's DENSIFY produces."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    data = open(model_paths[name], "rb").read()
+    m = read(data)
+    it = Interpreter(model_content=data, experimental_preserve_all_tensors=True,
+                     experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)  # fmt: skip
+    it.allocate_tensors()
+    d = it.get_input_details()[0]
+    it.set_tensor(d["index"], np.zeros(d["shape"], np.float32))
+    it.invoke()
+    ops = [op for op in m.operators if op.name == "DENSIFY"]
+    assert len(ops) > 30
+    for op in ops:
+        np.testing.assert_array_equal(m.tensors[op.inputs[0]].data, it.get_tensor(op.outputs[0]))
+
+
+# -- MediaPipe's custom operators against numpy transcriptions of their kernels -------------------
+
+
+def _custom_model(rng, n=30, feat=(1, 12, 10, 5), out_hw=(6, 7), bilinear_version=2):
+    l2t = {"left_rotation_idx": 3, "right_rotation_idx": 11, "output_height": out_hw[0],
+           "output_width": out_hw[1], "scale_x": 1.5, "scale_y": 1.25, "target_rotation_radians": 0.3,
+           "subset_idxs": [3, 11, 4, 5, 6, 7, 8, 20, 21]}  # fmt: skip
+    bil = {"output_height": out_hw[0], "output_width": out_hw[1]}
+    w = ModelWriter()
+    lm = w.input("landmarks", [1, n, 3])
+    fm = w.input("features", list(feat))
+    pts2 = w.input("points2", [1, 5, 2])
+    pts3 = w.input("points3", [1, 4, 3])
+    mat = w.tensor("matrix", [1, 4, 4])
+    crop = w.tensor("crop", [1, *out_hw, feat[3]])
+    o2, o3 = w.tensor("out2", [1, 5, 2]), w.tensor("out3", [1, 4, 3])
+    w.op("CUSTOM", [lm], [mat], custom="Landmarks2TransformMatrix", custom_options=flexbuffers.Dumps(l2t), version=2)
+    w.op("CUSTOM", [fm, mat], [crop], custom="TransformTensorBilinear", custom_options=flexbuffers.Dumps(bil),
+         version=bilinear_version)  # fmt: skip
+    w.op("CUSTOM", [pts2, mat], [o2], custom="TransformLandmarks", version=2)
+    w.op("CUSTOM", [pts3, mat], [o3], custom="TransformLandmarks", version=2)
+    data = w.finish([lm, fm, pts2, pts3], [mat, crop, o2, o3])
+    h, wd = feat[1:3]
+    landmarks = np.concatenate(
+        [rng.uniform(0, wd - 1, (1, n, 1)), rng.uniform(0, h - 1, (1, n, 1)), rng.standard_normal((1, n, 1))], 2
+    ).astype(np.float32)
+    feeds = [landmarks, _rand(rng, *feat), _rand(rng, 1, 5, 2, scale=4), _rand(rng, 1, 4, 3, scale=4)]
+    m = ref.landmarks_to_transform_matrix(landmarks, l2t)
+    want = [m, ref.transform_tensor_bilinear(feeds[1], m, bil, bilinear_version),
+            ref.transform_landmarks(feeds[2], m), ref.transform_landmarks(feeds[3], m)]  # fmt: skip
+    return data, feeds, want
+
+
+@pytest.mark.parametrize("bilinear_version", [1, 2])
+def test_mediapipe_custom_ops(ctx, bilinear_version):
+    data, feeds, want = _custom_model(np.random.default_rng(5), bilinear_version=bilinear_version)
+    crop = want[1]
+    assert (crop != 0).mean() > 0.5  # the crop mostly falls inside the features: a real test of sampling
+    _check(ctx, data, feeds, want, atol=2e-4)
+
+
+def test_mediapipe_custom_op_crop_outside_is_zero(ctx):
+    """A box far outside the feature map samples nothing: the kernel's out-of-bounds zeros."""
+    rng = np.random.default_rng(6)
+    data, feeds, _ = _custom_model(rng)
+    feeds[0] = feeds[0] + np.array([100, -80, 0], np.float32)
+    m = ref.landmarks_to_transform_matrix(feeds[0], flexbuffers.Loads(read(data).operators[0].custom_options))
+    graph, inputs, outputs = import_model(data, ctx)
+    got = _run_graph(ctx, graph, inputs, outputs, feeds)
+    graph.destroy()
+    np.testing.assert_allclose(got[0], m, rtol=1e-4, atol=1e-3)
+    assert not got[1].any()
+
+
+def test_custom_op_bad_options(ctx):
+    w = ModelWriter()
+    lm = w.input("landmarks", [1, 10, 3])
+    mat = w.tensor("matrix", [1, 4, 4])
+    w.op("CUSTOM", [lm], [mat], custom="Landmarks2TransformMatrix", custom_options=b"\x01\x02garbage", version=2)
+    with pytest.raises(mltensor.DataError, match="Landmarks2TransformMatrix.*flexbuffer"):
+        import_model(w.finish([lm], [mat]), ctx)
+    w = ModelWriter()
+    lm = w.input("landmarks", [1, 10, 3])
+    mat = w.tensor("matrix", [1, 4, 4])
+    opts = {"left_rotation_idx": 3, "right_rotation_idx": 11, "output_height": 4, "output_width": 4,
+            "scale_x": 1.0, "scale_y": 1.0, "subset_idxs": [1, 2]}  # fmt: skip
+    w.op("CUSTOM", [lm], [mat], custom="Landmarks2TransformMatrix", custom_options=flexbuffers.Dumps(opts), version=2)
+    with pytest.raises(mltensor.DataError, match="right_rotation_idx 11 is outside the 10 landmarks"):
+        import_model(w.finish([lm], [mat]), ctx)
+    w = ModelWriter()
+    lm = w.input("landmarks", [1, 10, 3])
+    mat = w.tensor("matrix", [1, 4, 4])
+    w.op("CUSTOM", [lm], [mat], custom="Landmarks2TransformMatrix", custom_options=flexbuffers.Dumps(opts), version=1)
+    with pytest.raises(mltensor.NotSupportedError, match="version 1"):
+        import_model(w.finish([lm], [mat]), ctx)
+
+
+# -- the 14 models of the mediapipe wheel (slow: minutes of shader compilation on lavapipe) --------
+
+# name -> input size (H, W); all take one float32 NHWC image in [0, 1].
+INPUTS = {
+    "face_detection_short_range": (128, 128),
+    "face_detection_full_range_sparse": (192, 192),
+    "face_landmark": (192, 192),
+    "face_landmark_with_attention": (192, 192),
+    "hand_landmark_full": (224, 224),
+    "hand_landmark_lite": (224, 224),
+    "hand_recrop": (256, 256),
+    "iris_landmark": (64, 64),
+    "palm_detection_full": (192, 192),
+    "palm_detection_lite": (192, 192),
+    "pose_detection": (224, 224),
+    "pose_landmark_full": (256, 256),
+    "selfie_segmentation": (256, 256),
+    "selfie_segmentation_landscape": (144, 256),
+}
+
+
+def test_registry_lists_every_model():
+    assert sorted(models.MODELS) == sorted(INPUTS)
+
+
+def compare_model(name, path):
+    """(max abs error vs the reference, max |reference|, steady-state latency in ms)."""
+    data = open(path, "rb").read()
+    x = _photo(*INPUTS[name])
+    if name == "face_landmark_with_attention":
+        want = ref.litert_with_custom_ops(data, [x])  # LiteRT alone cannot run its custom operators
+    else:
+        want = litert_run(data, [x])
+    sess = mltensor.InferenceSession(path)
+    (inp,) = sess.get_inputs()
+    assert list(inp.shape) == [1, *INPUTS[name], 3]
+    got = sess.run(None, {inp.name: x})
+    t = time.perf_counter()
+    got = sess.run(None, {inp.name: x})
+    ms = (time.perf_counter() - t) * 1000
+    assert len(got) == len(want)
+    err = 0.0
+    for g, r in zip(got, want):
+        assert g.shape == r.shape and g.dtype == np.float32
+        err = max(err, float(np.abs(g - r).max()))
+    return err, max(float(np.abs(r).max()) for r in want), ms
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_mediapipe_model_matches_litert(model_paths, name):
+    err, scale, ms = compare_model(name, model_paths[name])
+    print(f"{name}: max abs error {err:.2e} (outputs up to {scale:.1f}), {ms:.0f} ms")
+    # 1e-3, relative to the output's magnitude where it exceeds 1 (landmarks are pixel coordinates,
+    # scores are logits in the hundreds: float32 rounding alone is ~1e-5 of them).
+    assert err <= 1e-3 * max(1.0, scale), f"max abs error {err} vs outputs up to {scale}"
