@@ -230,8 +230,23 @@ def test_registry_lists_every_model():
     assert sorted(models.MODELS) == sorted(INPUTS)
 
 
+def litert_spread(data, x):
+    """Per output, how far LiteRT's own kernel sets (XNNPACK, optimized builtin, reference) differ."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    runs = []
+    for kind in (OpResolverType.AUTO, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES, OpResolverType.BUILTIN_REF):
+        it = Interpreter(model_content=data, experimental_op_resolver_type=kind)
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+        runs.append([it.get_tensor(d["index"]) for d in it.get_output_details()])
+    return [max(float(np.abs(a - b).max()) for a in outs for b in outs) for outs in zip(*runs)]
+
+
 def compare_model(name, path):
-    """(max abs error vs the reference, max |reference|, steady-state latency in ms)."""
+    """Per output (max abs error vs the reference, max |reference|, tolerance), and the
+    steady-state latency in ms."""
     data = open(path, "rb").read()
     x = _photo(*INPUTS[name])
     if name == "face_landmark_with_attention":
@@ -246,18 +261,22 @@ def compare_model(name, path):
     got = sess.run(None, {inp.name: x})
     ms = (time.perf_counter() - t) * 1000
     assert len(got) == len(want)
-    err = 0.0
+    rows = []
     for g, r in zip(got, want):
         assert g.shape == r.shape and g.dtype == np.float32
-        err = max(err, float(np.abs(g - r).max()))
-    return err, max(float(np.abs(r).max()) for r in want), ms
+        rows.append([float(np.abs(g - r).max()), float(np.abs(r).max()), 1e-3])
+    if any(e > tol for e, _, tol in rows) and name != "face_landmark_with_attention":
+        # An output float32 cannot pin down to 1e-3 (pose_landmark_full's segmentation logits):
+        # then the bar is how much LiteRT's own kernel sets disagree with each other.
+        for row, spread in zip(rows, litert_spread(data, x)):
+            row[2] = max(row[2], spread)
+    return rows, ms
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_mediapipe_model_matches_litert(model_paths, name):
-    err, scale, ms = compare_model(name, model_paths[name])
-    print(f"{name}: max abs error {err:.2e} (outputs up to {scale:.1f}), {ms:.0f} ms")
-    # 1e-3, relative to the output's magnitude where it exceeds 1 (landmarks are pixel coordinates,
-    # scores are logits in the hundreds: float32 rounding alone is ~1e-5 of them).
-    assert err <= 1e-3 * max(1.0, scale), f"max abs error {err} vs outputs up to {scale}"
+    rows, ms = compare_model(name, model_paths[name])
+    print(f"{name}: {ms:.0f} ms; per output (max abs error, max |ref|, tolerance): {rows}")
+    for k, (err, scale, tol) in enumerate(rows):
+        assert err <= tol, f"output {k}: max abs error {err} (outputs up to {scale}), tolerance {tol}"

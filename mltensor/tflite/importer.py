@@ -158,12 +158,19 @@ class Importer:
             self.check_types(op)
             try:
                 out = fn(self, op)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"[tflite] operator {op.index} ({op.display}): {e}") from e
+            except (DataError, NotSupportedError):
+                raise
+            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError) as e:
+                # The builder rejected what the file asked for (shapes that do not fit together,
+                # an axis out of range...): the model is inconsistent.
+                raise DataError(f"[tflite] operator {op.index} ({op.display}): {e}") from e
             if out is None:  # folded at load
                 continue
             outs = out if isinstance(out, (list, tuple)) else [out]
+            if len(outs) < len(op.outputs):
+                raise DataError(f"[tflite] operator {op.index} ({op.display}) lists {len(op.outputs)} outputs, it has {len(outs)}")
             for i, v in zip(op.outputs, outs):
+                self.check_shape(op, i, v)
                 if isinstance(v, np.ndarray):
                     self.consts[i] = v
                 else:
@@ -184,6 +191,21 @@ class Importer:
             outputs[name] = v
             out_desc.append((name, v.data_type, tuple(v.shape)))
         return outputs, names, out_desc
+
+    def check_shape(self, op, i, v):
+        """The shape an operator computes must be the one the file declares (where the declaration
+        is fixed): a corrupted shape otherwise flows on into huge or inconsistent tensors."""
+        t = self.tensor(i)
+        got = tuple(int(d) for d in v.shape)
+        if len(got) != len(t.shape) and t.shape:
+            ok = False
+        else:
+            ok = not t.shape or all(s == -1 or d == g for d, s, g in zip(t.shape, t.signature, got))
+        if not ok and not self.free:
+            raise DataError(
+                f"[tflite] operator {op.index} ({op.display}) computes tensor {i} ('{t.name}') with shape "
+                f"{list(got)}, the model declares {list(t.shape)}"
+            )
 
     def check_types(self, op):
         """Reject quantized activations and types WebNN has no form for, naming the operator."""

@@ -119,7 +119,7 @@ def _options(op):
 
 # Caps that keep a corrupted file from asking for absurd allocations (a flipped bit in a shape or a
 # dense_size can claim terabytes): no real model comes near them.
-MAX_ELEMENTS = 1 << 30  # per tensor
+MAX_ELEMENTS = 1 << 28  # per tensor (1 GiB of float32)
 MAX_RANK = 8
 
 
