@@ -264,8 +264,13 @@ def read(raw, name=None):
         return _read(raw, where)
     except DataError as e:
         raise DataError(f"{src}{where[0]}: {e}") from None
-    except (IndexError, ValueError, TypeError, KeyError, OverflowError, AttributeError, UnicodeDecodeError,
-            RecursionError, MemoryError, struct.error) as e:  # fmt: skip
+    except (struct.error, IndexError) as e:  # flatbuffers reads with struct.unpack_from / slicing
+        raise DataError(
+            f"{src}{where[0]}: reads past the end of the {len(raw)}-byte file (truncated, or a corrupt offset: "
+            f"{type(e).__name__}: {e})"
+        ) from None
+    except (ValueError, TypeError, KeyError, OverflowError, AttributeError, UnicodeDecodeError, RecursionError,
+            MemoryError) as e:  # fmt: skip
         raise DataError(f"{src}{where[0]}: malformed flatbuffer ({type(e).__name__}: {e})") from None
 
 
