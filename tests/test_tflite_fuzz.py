@@ -1,7 +1,7 @@
 """Mutation fuzzing of the TFLite importer: corrupted copies of the selfie segmentation model
 (bit flips, zeroed runs, truncation, swapped tables) either import or raise mltensor.DataError /
-NotSupportedError; nothing else escapes, nothing hangs. A quick run by default, 600 mutants with
--m slow."""
+NotSupportedError; nothing else escapes, nothing hangs. A quick run by default; with -m slow,
+600 mutants of the selfie model and 300 of the sparse and custom-operator models."""
 
 import struct
 import time
@@ -135,9 +135,24 @@ def test_fuzz_quick(ctx, selfie):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_fuzz_many(ctx, selfie, seed):
-    outcomes, slowest = run_mutants(ctx, selfie, 200, seed=seed)
-    print(f"seed {seed}: {outcomes}, slowest mutant {slowest:.2f} s")
-    assert sum(outcomes.values()) == 200
+@pytest.mark.parametrize(
+    "name,seed,n",
+    [
+        ("selfie_segmentation", 1, 200),
+        ("selfie_segmentation", 2, 200),
+        ("selfie_segmentation", 3, 200),
+        ("face_detection_full_range_sparse", 4, 200),  # sparse constants
+        ("face_landmark_with_attention", 5, 100),  # custom operators' flexbuffer options
+    ],
+)
+def test_fuzz_many(ctx, name, seed, n):
+    try:
+        path = models.fetch(name, progress=False)
+    except models.FetchError as e:
+        pytest.skip(f"the model cannot be fetched: {e}")
+    with open(path, "rb") as f:
+        data = f.read()
+    outcomes, slowest = run_mutants(ctx, data, n, seed=seed)
+    print(f"{name}, seed {seed}: {outcomes}, slowest mutant {slowest:.2f} s")
+    assert sum(outcomes.values()) == n
     assert slowest < 60

@@ -160,7 +160,8 @@ class Importer:
                 out = fn(self, op)
             except (DataError, NotSupportedError):
                 raise
-            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError) as e:
+            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError, AttributeError,
+                    struct.error) as e:  # fmt: skip
                 # The builder rejected what the file asked for (shapes that do not fit together,
                 # an axis out of range...): the model is inconsistent.
                 raise DataError(f"[tflite] operator {op.index} ({op.display}): {e}") from e
@@ -176,6 +177,8 @@ class Importer:
                 else:
                     self.values[i] = v
 
+        if not m.outputs:
+            raise DataError("[tflite] subgraph 0 lists no outputs")
         outputs = {}
         out_desc = []
         for i in m.outputs:

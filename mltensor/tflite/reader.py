@@ -114,6 +114,13 @@ def _options(op):
         return None
     opt = cls()
     opt.Init(table.Bytes, table.Pos)
+    # Touch every field now (the table is read lazily): a corrupt offset then fails here, where the
+    # error can name the operator's options, instead of deep inside a converter.
+    for attr in dir(cls):
+        fn = getattr(opt, attr)
+        if attr[:1].isupper() and callable(fn) and not attr.startswith(("Init", "GetRootAs")) and "BufferHas" not in attr:
+            if fn.__code__.co_argcount == 1:
+                fn()
     return opt
 
 
@@ -356,6 +363,7 @@ def _read(raw, where):
         if -1 in outs:
             raise DataError("an output is tensor -1")
         copts = op.CustomOptionsAsNumpy().tobytes() if op.CustomOptionsLength() else b""
+        where[0] += ", builtin options"
         ops.append(
             Operator(i, name, custom if name == "CUSTOM" else None, version, ins, outs, _options(op), copts)
         )
