@@ -3,7 +3,11 @@
     graph, inputs, outputs = mltensor.tflite.import_model("model.tflite", ctx)
 
 `inputs` / `outputs` are lists of (name, data_type, shape) in model order; names are the TFLite
-tensor names. Weights (float16 ones behind DEQUANTIZE included) become float32 constants at load.
+tensor names. Weights (float16 ones behind DEQUANTIZE included) become float32 constants at load;
+sparse constants (TFLite's sparsity format) are densified by the reader. MediaPipe's custom
+operators Convolution2DTransposeBias, Landmarks2TransformMatrix, TransformTensorBilinear and
+TransformLandmarks are composed from builder ops (mediapipe_ops.py), so all 14 models of the
+mediapipe 0.10.14 wheel (`mltensor.models`) run.
 """
 
 import os
