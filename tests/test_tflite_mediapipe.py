@@ -136,6 +136,8 @@ def _custom_model(rng, n=30, feat=(1, 12, 10, 5), out_hw=(6, 7), bilinear_versio
            "output_width": out_hw[1], "scale_x": 1.5, "scale_y": 1.25, "target_rotation_radians": 0.3,
            "subset_idxs": [3, 11, 4, 5, 6, 7, 8, 20, 21]}  # fmt: skip
     bil = {"output_height": out_hw[0], "output_width": out_hw[1]}
+    if bilinear_version == 1:
+        bil = {"mode": "bilinear", "output_size": list(out_hw)}
     w = ModelWriter()
     lm = w.input("landmarks", [1, n, 3])
     fm = w.input("features", list(feat))
@@ -182,6 +184,28 @@ def test_mediapipe_custom_op_crop_outside_is_zero(ctx):
     assert not got[1].any()
 
 
+def test_mediapipe_custom_ops_version_1(ctx):
+    """Version 1 of Landmarks2TransformMatrix (flat landmarks, atan rotation, input/output_hw) and
+    TransformLandmarks ([1, H, W, C] landmarks, scaled translation)."""
+    rng = np.random.default_rng(8)
+    n = 20
+    l2t = {"input_hw": [40, 30], "output_hw": [8, 6], "dimensions": 3, "landmarks_range": 64,
+           "bbox_size_multiplier": 1.25, "left_rotation_idx": 2, "right_rotation_idx": 9,
+           "subset": [2, 9, 4, 5, 11, 17, 18]}  # fmt: skip
+    tl = {"dimensions": 3, "scale": 0.5}
+    w = ModelWriter()
+    lm = w.input("landmarks", [1, 1, 1, 3 * n])
+    pts = w.input("points", [1, 2, 3, 6])
+    mat = w.tensor("matrix", [1, 4, 4])
+    out = w.tensor("out", [1, 2, 3, 6])
+    w.op("CUSTOM", [lm], [mat], custom="Landmarks2TransformMatrix", custom_options=flexbuffers.Dumps(l2t), version=1)
+    w.op("CUSTOM", [pts, mat], [out], custom="TransformLandmarks", custom_options=flexbuffers.Dumps(tl), version=1)
+    data = w.finish([lm, pts], [mat, out])
+    feeds = [rng.uniform(0, 64, (1, 1, 1, 3 * n)).astype(np.float32), _rand(rng, 1, 2, 3, 6, scale=5)]
+    m = ref.landmarks_to_transform_matrix_v1(feeds[0], l2t)
+    _check(ctx, data, feeds, [m, ref.transform_landmarks(feeds[1], m, 3, 0.5)], atol=2e-4)
+
+
 def test_custom_op_bad_options(ctx):
     w = ModelWriter()
     lm = w.input("landmarks", [1, 10, 3])
@@ -200,8 +224,8 @@ def test_custom_op_bad_options(ctx):
     w = ModelWriter()
     lm = w.input("landmarks", [1, 10, 3])
     mat = w.tensor("matrix", [1, 4, 4])
-    w.op("CUSTOM", [lm], [mat], custom="Landmarks2TransformMatrix", custom_options=flexbuffers.Dumps(opts), version=1)
-    with pytest.raises(mltensor.NotSupportedError, match="version 1"):
+    w.op("CUSTOM", [lm], [mat], custom="Landmarks2TransformMatrix", custom_options=flexbuffers.Dumps(opts), version=3)
+    with pytest.raises(mltensor.NotSupportedError, match="version 3"):
         import_model(w.finish([lm], [mat]), ctx)
 
 

@@ -47,10 +47,39 @@ def landmarks_to_transform_matrix(landmarks, opts):
     return t.astype(np.float32).reshape(1, 4, 4)
 
 
+def landmarks_to_transform_matrix_v1(landmarks, opts):
+    """Landmarks2TransformMatrix v1: landmarks [1, 1, 1, 3N] -> [1, 4, 4]."""
+    lm = landmarks.reshape(-1, 3).astype(np.float64)
+    left, right = lm[opts["left_rotation_idx"]], lm[opts["right_rotation_idx"]]
+    alpha = -math.atan((right[1] - left[1]) / (right[0] - left[0]))
+    idx = list(opts["subset"])
+    hi, lo = [-100000.0, -100000.0], [100000.0, 100000.0]
+    for i in idx:
+        x, y = lm[i, 0], lm[i, 1]
+        r = (x * math.cos(alpha) - y * math.sin(alpha), x * math.sin(alpha) + y * math.cos(alpha))
+        hi = [max(hi[0], r[0]), max(hi[1], r[1])]
+        lo = [min(lo[0], r[0]), min(lo[1], r[1])]
+    rng = opts["landmarks_range"]
+    bbox = ((hi[0] - lo[0]) * opts["bbox_size_multiplier"], (hi[1] - lo[1]) * opts["bbox_size_multiplier"])
+    scale = np.array([[bbox[0] / rng, 0, 0], [0, bbox[1] / rng, 0], [0, 0, 1]])
+    mid = ((hi[0] + lo[0]) / 2, (hi[1] + lo[1]) / 2)
+    rm = (mid[0] * math.cos(-alpha) - mid[1] * math.sin(-alpha), mid[0] * math.sin(-alpha) + mid[1] * math.cos(-alpha))
+    rotation = np.array([[math.cos(-alpha), -math.sin(-alpha), rm[0] / rng * 2 - 1],
+                         [math.sin(-alpha), math.cos(-alpha), rm[1] / rng * 2 - 1], [0, 0, 1]])  # fmt: skip
+    ih, iw = opts["input_hw"]
+    oh, ow = opts["output_hw"]
+    to_relative = np.array([[2 / (ow - 1), 0, -1], [0, 2 / (oh - 1), -1], [0, 0, 1]])
+    to_absolute = np.array([[(iw - 1) / 2, 0, (iw - 1) / 2], [0, (ih - 1) / 2, (ih - 1) / 2], [0, 0, 1]])
+    itm = to_absolute @ rotation @ scale @ to_relative
+    out = [itm[0, 0], itm[0, 1], 0, itm[0, 2], itm[1, 0], itm[1, 1], 0, itm[1, 2],
+           itm[2, 0], itm[2, 1], itm[2, 2], 0, 0, 0, 0, 1]  # fmt: skip
+    return np.array(out, np.float32).reshape(1, 4, 4)
+
+
 def transform_tensor_bilinear(data, matrix, opts, version=2):
     """TransformTensorBilinear: data [1, H, W, C], matrix [1, 4, 4] -> [1, oh, ow, C], pixel by pixel."""
     _, h, w, c = data.shape
-    oh, ow = opts["output_height"], opts["output_width"]
+    oh, ow = opts["output_size"] if version == 1 else (opts["output_height"], opts["output_width"])
     m = matrix.reshape(16).astype(np.float32)
     xt, yt = m[0:4].copy(), m[4:8].copy()
     if version == 2:
@@ -75,15 +104,18 @@ def transform_tensor_bilinear(data, matrix, opts, version=2):
     return out
 
 
-def transform_landmarks(landmarks, matrix):
-    """TransformLandmarks v2: landmarks [1, N, 2|3], matrix [1, 4, 4] -> x, y transformed, z kept."""
+def transform_landmarks(landmarks, matrix, dims=None, scale=1.0):
+    """TransformLandmarks: v2 landmarks [1, N, 2|3]; v1 [1, H, W, C] with `dims` values a landmark
+    and the translation times `scale`. x, y transformed, z kept."""
     m = matrix.reshape(16)
-    out = landmarks.astype(np.float32).copy()
-    for i in range(landmarks.shape[1]):
-        x, y = landmarks[0, i, 0], landmarks[0, i, 1]
-        out[0, i, 0] = m[0] * x + m[1] * y + m[3]
-        out[0, i, 1] = m[4] * x + m[5] * y + m[7]
-    return out
+    dims = dims or landmarks.shape[-1]
+    flat = landmarks.astype(np.float32).reshape(-1, dims)
+    out = flat.copy()
+    for i in range(flat.shape[0]):
+        x, y = flat[i, 0], flat[i, 1]
+        out[i, 0] = m[0] * x + m[1] * y + m[3] * scale
+        out[i, 1] = m[4] * x + m[5] * y + m[7] * scale
+    return out.reshape(landmarks.shape)
 
 
 def run_custom_op(code, version, inputs, custom_options):
@@ -91,10 +123,12 @@ def run_custom_op(code, version, inputs, custom_options):
 
     opts = flexbuffers.Loads(custom_options) if custom_options else {}
     if code == "Landmarks2TransformMatrix":
-        return landmarks_to_transform_matrix(inputs[0], opts)
+        return (landmarks_to_transform_matrix_v1 if version == 1 else landmarks_to_transform_matrix)(inputs[0], opts)
     if code == "TransformTensorBilinear":
         return transform_tensor_bilinear(inputs[0], inputs[1], opts, version)
     if code == "TransformLandmarks":
+        if version == 1:
+            return transform_landmarks(inputs[0], inputs[1], opts["dimensions"], opts["scale"])
         return transform_landmarks(inputs[0], inputs[1])
     raise KeyError(code)
 

@@ -1,13 +1,14 @@
 """MediaPipe's custom TFLite operators of face_landmark_with_attention, composed from builder ops.
 
-Semantics follow MediaPipe's reference kernels (mediapipe/util/tflite/operations/*.cc, version 2,
-the one the model uses); options are flexbuffer maps in the operator's custom_options.
+Semantics follow MediaPipe's reference kernels (mediapipe/util/tflite/operations/*.cc; versions 1
+and 2, the model uses 2); options are flexbuffer maps in the operator's custom_options.
 
-- Landmarks2TransformMatrix: landmarks [1, N, 3] -> [1, 4, 4], the affine matrix that maps an
-  output_width x output_height crop (pixel centres) onto the rotated box around a landmark subset.
+- Landmarks2TransformMatrix: landmarks [1, N, 3] (v1: [1, 1, 1, 3N]) -> [1, 4, 4], the affine
+  matrix that maps an output crop onto the rotated box around a landmark subset.
 - TransformTensorBilinear: features [1, H, W, C] and that matrix -> [1, oh, ow, C] bilinear samples
   (zero outside the input), with version 2's half-pixel correction of the matrix.
-- TransformLandmarks: landmarks [1, N, 2|3] and the matrix -> x, y transformed (z kept).
+- TransformLandmarks: landmarks [1, N, 2|3] (v1: [1, H, W, C], translation times `scale`) and the
+  matrix -> x, y transformed (z kept).
 
 Everything the kernels compute from the matrix is a handful of scalars, so these are small graphs
 of elementwise ops, gathers and reductions; no new kernel is needed.
@@ -69,12 +70,48 @@ def _const(b, v):
     return b.constant(np.asarray([v], np.float32))
 
 
+def _int_list(op, opts, key):
+    v = opts.get(key)
+    if not isinstance(v, list) or not v or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise _fail(op, f"custom option {key} must be a non-empty list of integers, got {v!r}")
+    return v
+
+
+def _check_indices(op, n, named):
+    for name, i in named:
+        if not 0 <= i < n:
+            raise _fail(op, f"{name} {i} is outside the {n} landmarks")
+
+
+def _box(b, c, s, px, py, clamp=None):
+    """Rotate points (px, py) by the angle with cosine c and sine s; their bounding box as
+    ([1]-shaped) hi_x, lo_x, hi_y, lo_y. `clamp`: the kernel's +-clamp start values (version 1)."""
+    rx = b.sub(b.mul(c, px), b.mul(s, py))
+    ry = b.add(b.mul(s, px), b.mul(c, py))
+    hi_x, lo_x = b.reduce_max(rx, axes=[0], keep_dimensions=True), b.reduce_min(rx, axes=[0], keep_dimensions=True)
+    hi_y, lo_y = b.reduce_max(ry, axes=[0], keep_dimensions=True), b.reduce_min(ry, axes=[0], keep_dimensions=True)
+    if clamp is not None:
+        hi_x, hi_y = b.max(hi_x, _const(b, -clamp)), b.max(hi_y, _const(b, -clamp))
+        lo_x, lo_y = b.min(lo_x, _const(b, clamp)), b.min(lo_y, _const(b, clamp))
+    return hi_x, lo_x, hi_y, lo_y
+
+
+def _matrix_4x4(b, rows):
+    """16 [1]-shaped operands or floats, row-major -> [1, 4, 4]."""
+    parts = [_const(b, v) if isinstance(v, float) else v for v in rows]
+    return b.reshape(b.concat(parts, 0), [1, 4, 4])
+
+
 def landmarks_to_transform_matrix(imp, op):
-    _version(op)
+    _version(op, (1, 2))
+    x = imp.operand(op, op.inputs[0])
+    return (_l2t_v1 if op.version == 1 else _l2t_v2)(imp, op, x)
+
+
+def _l2t_v2(imp, op, x):
     keys = ("left_rotation_idx", "right_rotation_idx", "output_height", "output_width", "scale_x", "scale_y",
             "subset_idxs")  # fmt: skip
     o = options(op, keys)
-    x = imp.operand(op, op.inputs[0])
     if x.rank != 3 or x.shape[0] != 1 or x.shape[2] < 2:
         raise _fail(op, f"landmarks must have shape [1, N, 2 or more], got {list(x.shape)}")
     n, dims = x.shape[1], x.shape[2]
@@ -82,21 +119,16 @@ def landmarks_to_transform_matrix(imp, op):
     oh, ow = _num(op, o, "output_height", int, True), _num(op, o, "output_width", int, True)
     scale_x, scale_y = _num(op, o, "scale_x", positive=True), _num(op, o, "scale_y", positive=True)
     target = _num(op, {"t": o.get("target_rotation_radians", 0.0)}, "t")
-    subset = o["subset_idxs"]
-    if not isinstance(subset, list) or not subset or not all(isinstance(i, int) for i in subset):
-        raise _fail(op, f"custom option subset_idxs must be a non-empty list of integers, got {subset!r}")
+    subset = _int_list(op, o, "subset_idxs")
     # The kernel reads subset_idxs as (a, b) pairs (an odd last one paired with itself) and uses both
     # members of every pair, so the box covers exactly the landmarks listed.
-    for name, i in [("left_rotation_idx", left), ("right_rotation_idx", right)] + [("subset_idxs", i) for i in subset]:
-        if not 0 <= i < n:
-            raise _fail(op, f"{name} {i} is outside the {n} landmarks")
+    _check_indices(op, n, [("left_rotation_idx", left), ("right_rotation_idx", right)] + [("subset_idxs", i) for i in subset])
     b = imp.b
     xy = b.slice(b.reshape(x, [n, dims]), [0, 0], [n, 2])  # [N, 2]
     # Rotation r = target - atan2(dy, dx) between the two rotation landmarks, kept as cos / sin:
     # cos(t - a) = cos t cos a + sin t sin a, sin(t - a) = sin t cos a - cos t sin a, with
     # cos a = dx / h, sin a = dy / h; atan2(0, 0) = 0 gives cos a = 1, sin a = 0.
-    d = b.sub(b.slice(xy, [right, 0], [1, 2]), b.slice(xy, [left, 0], [1, 2]))  # [1, 2]
-    d = b.reshape(d, [2])
+    d = b.reshape(b.sub(b.slice(xy, [right, 0], [1, 2]), b.slice(xy, [left, 0], [1, 2])), [2])
     dx, dy = b.slice(d, [0], [1]), b.slice(d, [1], [1])
     h = b.sqrt(b.add(b.mul(dx, dx), b.mul(dy, dy)))
     nonzero = b.greater(h, _const(b, 0.0))
@@ -107,13 +139,10 @@ def landmarks_to_transform_matrix(imp, op):
     c = b.add(b.mul(cos_a, _const(b, ct)), b.mul(sin_a, _const(b, st)))
     s = b.sub(b.mul(cos_a, _const(b, st)), b.mul(sin_a, _const(b, ct)))
     # Rotate the subset by r, take its bounding box, rotate the box centre back.
-    pts = b.gather(xy, b.constant(np.asarray(subset, np.int32)), axis=0)  # [K, 2]
     k = len(subset)
+    pts = b.gather(xy, b.constant(np.asarray(subset, np.int32)), axis=0)  # [K, 2]
     px, py = b.reshape(b.slice(pts, [0, 0], [k, 1]), [k]), b.reshape(b.slice(pts, [0, 1], [k, 1]), [k])
-    rx = b.sub(b.mul(c, px), b.mul(s, py))
-    ry = b.add(b.mul(s, px), b.mul(c, py))
-    hi_x, lo_x = b.reduce_max(rx, axes=[0], keep_dimensions=True), b.reduce_min(rx, axes=[0], keep_dimensions=True)
-    hi_y, lo_y = b.reduce_max(ry, axes=[0], keep_dimensions=True), b.reduce_min(ry, axes=[0], keep_dimensions=True)
+    hi_x, lo_x, hi_y, lo_y = _box(b, c, s, px, py)
     half = _const(b, 0.5)
     mx, my = b.mul(b.add(lo_x, hi_x), half), b.mul(b.add(lo_y, hi_y), half)
     cx = b.add(b.mul(c, mx), b.mul(s, my))  # rotation by -r: [[c, s], [-s, c]]
@@ -126,9 +155,65 @@ def landmarks_to_transform_matrix(imp, op):
     hx, hy = _const(b, -ow / 2.0), _const(b, -oh / 2.0)
     t0 = b.add(cx, b.add(b.mul(a00, hx), b.mul(a01, hy)))
     t1 = b.add(cy, b.add(b.mul(a10, hx), b.mul(a11, hy)))
-    zero, one = _const(b, 0.0), _const(b, 1.0)
-    rows = [a00, a01, zero, t0, a10, a11, zero, t1, zero, zero, one, zero, zero, zero, zero, one]
-    return b.reshape(b.concat(rows, 0), [1, 4, 4])
+    return _matrix_4x4(b, [a00, a01, 0.0, t0, a10, a11, 0.0, t1, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+
+
+def _l2t_v1(imp, op, x):
+    """Version 1: landmarks flattened to [1, 1, 1, 3N]; the crop's rotation is -atan(dy / dx) (not
+    atan2: the box is never turned upside down) and the matrix maps output pixels, normalized by
+    output_hw - 1, onto input pixels of an input_hw image whose landmarks span landmarks_range."""
+    keys = ("input_hw", "output_hw", "dimensions", "landmarks_range", "bbox_size_multiplier", "left_rotation_idx",
+            "right_rotation_idx", "subset")  # fmt: skip
+    o = options(op, keys)
+    if x.rank != 4 or list(x.shape[:3]) != [1, 1, 1]:
+        raise _fail(op, f"version 1 takes landmarks of shape [1, 1, 1, 3N], got {list(x.shape)}")
+    if _num(op, o, "dimensions", int) != 3 or x.shape[3] % 3:
+        raise _fail(op, f"version 1 needs 3-D landmarks (dimensions {o['dimensions']}, {x.shape[3]} values)")
+    in_hw, out_hw = _int_list(op, o, "input_hw"), _int_list(op, o, "output_hw")
+    if len(in_hw) != 2 or len(out_hw) != 2 or min(in_hw) <= 0 or min(out_hw) <= 1:
+        raise _fail(op, f"input_hw {o['input_hw']} must be positive and output_hw {o['output_hw']} above 1 "
+                        f"(the kernel divides by output size - 1)")  # fmt: skip
+    (ih, iw), (oh, ow) = in_hw, out_hw
+    rng_ = _num(op, o, "landmarks_range", float, True)
+    mult = _num(op, o, "bbox_size_multiplier")
+    if mult == 0:
+        raise _fail(op, "bbox_size_multiplier is 0")
+    left, right = _num(op, o, "left_rotation_idx", int), _num(op, o, "right_rotation_idx", int)
+    subset = _int_list(op, o, "subset")
+    n = x.shape[3] // 3
+    _check_indices(op, n, [("left_rotation_idx", left), ("right_rotation_idx", right)] + [("subset", i) for i in subset])
+    b = imp.b
+    xy = b.slice(b.reshape(x, [n, 3]), [0, 0], [n, 2])
+    d = b.reshape(b.sub(b.slice(xy, [right, 0], [1, 2]), b.slice(xy, [left, 0], [1, 2])), [2])
+    dx, dy = b.slice(d, [0], [1]), b.slice(d, [1], [1])
+    # alpha = -atan(dy / dx): cos alpha = |dx| / h, sin alpha = -sign(dx) dy / h (dx = 0 counts as
+    # positive; both landmarks equal, where the kernel produces NaN, gives the identity rotation).
+    h = b.sqrt(b.add(b.mul(dx, dx), b.mul(dy, dy)))
+    nonzero = b.greater(h, _const(b, 0.0))
+    h_safe = b.where(nonzero, h, _const(b, 1.0))
+    sgn = b.where(b.lesser(dx, _const(b, 0.0)), _const(b, -1.0), _const(b, 1.0))
+    c = b.where(nonzero, b.div(b.abs(dx), h_safe), _const(b, 1.0))
+    s = b.where(nonzero, b.neg(b.div(b.mul(sgn, dy), h_safe)), _const(b, 0.0))
+    k = len(subset)
+    pts = b.gather(xy, b.constant(np.asarray(subset, np.int32)), axis=0)
+    px, py = b.reshape(b.slice(pts, [0, 0], [k, 1]), [k]), b.reshape(b.slice(pts, [0, 1], [k, 1]), [k])
+    hi_x, lo_x, hi_y, lo_y = _box(b, c, s, px, py, clamp=100000.0)
+    half = _const(b, 0.5)
+    mx, my = b.mul(b.add(hi_x, lo_x), half), b.mul(b.add(hi_y, lo_y), half)
+    # rotated_middle = rot(-alpha) middle; the rotation matrix's translation is 2 rm / range - 1.
+    ux = b.sub(b.mul(b.add(b.mul(c, mx), b.mul(s, my)), _const(b, 2.0 / rng_)), _const(b, 1.0))
+    uy = b.sub(b.mul(b.sub(b.mul(c, my), b.mul(s, mx)), _const(b, 2.0 / rng_)), _const(b, 1.0))
+    sx = b.mul(b.sub(hi_x, lo_x), _const(b, mult / rng_))
+    sy = b.mul(b.sub(hi_y, lo_y), _const(b, mult / rng_))
+    # itm = to_absolute * [[c, s, ux], [-s, c, uy]] * diag(sx, sy) * to_relative, multiplied out.
+    ax, ay = 2.0 / (ow - 1.0), 2.0 / (oh - 1.0)
+    p, q = (iw - 1.0) / 2.0, (ih - 1.0) / 2.0
+    csx, ssy, ssx, csy = b.mul(c, sx), b.mul(s, sy), b.mul(s, sx), b.mul(c, sy)
+    r00, r01 = b.mul(csx, _const(b, p * ax)), b.mul(ssy, _const(b, p * ay))
+    r02 = b.mul(b.add(b.sub(ux, b.add(csx, ssy)), _const(b, 1.0)), _const(b, p))
+    r10, r11 = b.mul(b.neg(ssx), _const(b, q * ax)), b.mul(csy, _const(b, q * ay))
+    r12 = b.mul(b.add(b.add(b.sub(ssx, csy), uy), _const(b, 1.0)), _const(b, q))
+    return _matrix_4x4(b, [r00, r01, 0.0, r02, r10, r11, 0.0, r12, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
 
 
 def _check_matrix(op, m):
@@ -138,8 +223,28 @@ def _check_matrix(op, m):
 
 def transform_tensor_bilinear(imp, op):
     _version(op, (1, 2))
-    o = options(op, ("output_height", "output_width"))
-    oh, ow = _num(op, o, "output_height", int, True), _num(op, o, "output_width", int, True)
+    if op.version == 2:
+        o = options(op, ("output_height", "output_width"))
+        oh, ow = _num(op, o, "output_height", int, True), _num(op, o, "output_width", int, True)
+    else:  # version 1: {"mode": "bilinear", "output_size": [h, w]}, both optional
+        o = options(op, ())
+        if o.get("mode", "bilinear") != "bilinear":
+            raise _fail(op, f"mode {o['mode']!r} is not supported (only 'bilinear')", NotSupportedError)
+        oh = ow = None
+        if "output_size" in o:
+            size = _int_list(op, o, "output_size")
+            if len(size) != 2 or min(size) <= 0:
+                raise _fail(op, f"custom option output_size must be [height, width], got {size}")
+            oh, ow = size
+    # MediaPipe's CPU kernel takes the size from the output tensor: it must agree with the options.
+    declared = imp.tensor(op.outputs[0]).shape
+    if len(declared) == 4:
+        if oh is None:
+            oh, ow = declared[1], declared[2]
+        elif (declared[1], declared[2]) != (oh, ow):
+            raise _fail(op, f"output size {[oh, ow]} in the options, {list(declared)} declared")
+    if oh is None or oh <= 0 or ow <= 0:
+        raise _fail(op, "the output size is neither in the options nor declared")
     x = imp.operand(op, op.inputs[0])
     m = imp.operand(op, op.inputs[1])
     _check_matrix(op, m)
@@ -193,23 +298,37 @@ def transform_tensor_bilinear(imp, op):
 
 
 def transform_landmarks(imp, op):
-    _version(op)
+    _version(op, (1, 2))
     x = imp.operand(op, op.inputs[0])
     m = imp.operand(op, op.inputs[1])
     _check_matrix(op, m)
-    if op.custom_options:
-        options(op, ())  # validated; version 2 takes its dimensions from the input's shape
-    if x.rank != 3 or x.shape[2] not in (2, 3):
-        raise _fail(op, f"landmarks must have shape [B, N, 2 or 3], got {list(x.shape)}")
-    bsz, n, dims = x.shape
     b = imp.b
+    scale = 1.0
+    if op.version == 2:
+        if op.custom_options:
+            options(op, ())  # validated; version 2 takes its dimensions from the input's shape
+        if x.rank != 3 or x.shape[2] not in (2, 3):
+            raise _fail(op, f"landmarks must have shape [B, N, 2 or 3], got {list(x.shape)}")
+        dims = x.shape[2]
+    else:  # version 1: [1, H, W, C] holding C / dimensions landmarks per pixel; translation scaled
+        o = options(op, ("dimensions", "scale"))
+        dims, scale = _num(op, o, "dimensions", int), _num(op, o, "scale")
+        if dims not in (2, 3) or scale == 0:
+            raise _fail(op, f"dimensions must be 2 or 3 and scale non-zero, got {dims} and {scale}")
+        if x.rank != 4 or x.shape[0] != 1 or x.shape[3] % dims:
+            raise _fail(op, f"landmarks must have shape [1, H, W, C] with C a multiple of {dims}, got {list(x.shape)}")
+    shape = list(x.shape)
+    n = int(np.prod(shape)) // dims
+    pts = b.reshape(x, [n, dims])
     m00, m01, _, m03, m10, m11, _, m13 = _matrix_rows(b, m)
-    px = b.slice(x, [0, 0, 0], [bsz, n, 1])
-    py = b.slice(x, [0, 0, 1], [bsz, n, 1])
+    if scale != 1.0:
+        m03, m13 = b.mul(m03, _const(b, scale)), b.mul(m13, _const(b, scale))
+    px = b.slice(pts, [0, 0], [n, 1])
+    py = b.slice(pts, [0, 1], [n, 1])
     ox = b.add(b.add(b.mul(m00, px), b.mul(m01, py)), m03)
     oy = b.add(b.add(b.mul(m10, px), b.mul(m11, py)), m13)
-    parts = [ox, oy] + ([b.slice(x, [0, 0, 2], [bsz, n, 1])] if dims == 3 else [])
-    return b.concat(parts, 2)
+    parts = [ox, oy] + ([b.slice(pts, [0, 2], [n, 1])] if dims == 3 else [])
+    return b.reshape(b.concat(parts, 1), shape)
 
 
 CONVERTERS = {
