@@ -254,6 +254,24 @@ def test_registry_lists_every_model():
     assert sorted(models.MODELS) == sorted(INPUTS)
 
 
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_every_model_converts(ctx, model_paths, name):
+    """Quick (no shaders compiled): every operator of every model converts, each computed shape is
+    the declared one (the importer checks), inputs and outputs are LiteRT's."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from mltensor.front.builder import MLGraphBuilder
+    from mltensor.tflite import convert
+
+    data = open(model_paths[name], "rb").read()
+    _, inputs, outputs = convert(read(data), MLGraphBuilder(ctx))
+    assert inputs == [(inputs[0][0], "float32", (1, *INPUTS[name], 3))]
+    it = Interpreter(model_content=data) if name != "face_landmark_with_attention" else None
+    if it is not None:
+        want = [(d["name"], tuple(int(v) for v in d["shape"])) for d in it.get_output_details()]
+        assert [(n, s) for n, _, s in outputs] == want
+
+
 def litert_spread(data, x):
     """Per output, how far LiteRT's own kernel sets (XNNPACK, optimized builtin, reference) differ."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
