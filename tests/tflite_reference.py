@@ -39,7 +39,8 @@ def landmarks_to_transform_matrix(landmarks, opts):
     rotation4 = np.eye(4)
     rotation4[:2, :2] = [[math.cos(rr), -math.sin(rr)], [math.sin(rr), math.cos(rr)]]
     t = t @ rotation4
-    scale = np.diag([opts["scale_x"] * width / opts["output_width"], opts["scale_y"] * height / opts["output_height"], 1, 1])
+    sx, sy = opts["scale_x"] * width / opts["output_width"], opts["scale_y"] * height / opts["output_height"]
+    scale = np.diag([sx, sy, 1, 1])
     t = t @ scale
     shift2 = np.eye(4)
     shift2[0, 3], shift2[1, 3] = -opts["output_width"] / 2.0, -opts["output_height"] / 2.0

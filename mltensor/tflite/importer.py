@@ -169,7 +169,7 @@ class Importer:
                 continue
             outs = out if isinstance(out, (list, tuple)) else [out]
             if len(outs) < len(op.outputs):
-                raise DataError(f"[tflite] operator {op.index} ({op.display}) lists {len(op.outputs)} outputs, it has {len(outs)}")
+                raise op_error(op, f"lists {len(op.outputs)} outputs, it computes {len(outs)}")
             for i, v in zip(op.outputs, outs):
                 self.check_shape(op, i, v)
                 if isinstance(v, np.ndarray):
@@ -238,6 +238,11 @@ def unsupported_message(op):
 
 
 # -- helpers for converters ----------------------------------------------------------------------
+
+
+def op_error(op, msg, cls=DataError):
+    """An error about operator `op`, in the importer's format."""
+    return cls(f"[tflite] operator {op.index} ({op.display}): {msg}")
 
 
 def _opt(op, getter, default):
@@ -477,24 +482,22 @@ def strided_slice(imp, op):
     end = [int(v) for v in imp.const_value(op, op.inputs[2], "end").reshape(-1)]
     strides = [int(v) for v in imp.const_value(op, op.inputs[3], "strides").reshape(-1)]
     if _opt(op, "EllipsisMask", 0) or _opt(op, "NewAxisMask", 0):
-        raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): ellipsis and new-axis masks are not supported")
+        raise op_error(op, "ellipsis and new-axis masks are not supported", NotSupportedError)
     shape = list(imp.const_value(op, x_i, "input").shape if imp.is_const(x_i) and x_i not in imp.values
                  else imp.operand(op, x_i).shape)
     if not (len(begin) == len(end) == len(strides) == len(shape)):
-        raise DataError(
-            f"[tflite] operator {op.index} ({op.display}): begin/end/strides have {len(begin)}/{len(end)}/{len(strides)} "
-            f"values for an input of rank {len(shape)}"
-        )
+        raise op_error(op, f"begin/end/strides have {len(begin)}/{len(end)}/{len(strides)} values for an input "
+                           f"of rank {len(shape)}")  # fmt: skip
     bmask, emask, smask = _opt(op, "BeginMask", 0), _opt(op, "EndMask", 0), _opt(op, "ShrinkAxisMask", 0)
     offset = bool(_opt(op, "Offset", False))
     ranges, out_shape = [], []  # per axis, the input indices taken (a range: negative steps too)
     for k, n in enumerate(shape):
         if strides[k] == 0:
-            raise DataError(f"[tflite] operator {op.index} ({op.display}): stride {k} is 0")
+            raise op_error(op, f"stride {k} is 0")
         if smask >> k & 1:
             b0 = begin[k] + n if begin[k] < 0 else begin[k]
             if not 0 <= b0 < n:
-                raise DataError(f"[tflite] operator {op.index} ({op.display}): shrunk index {begin[k]} is outside [0, {n})")
+                raise op_error(op, f"shrunk index {begin[k]} is outside [0, {n})")
             ranges.append(range(b0, b0 + 1))
             continue
         start = None if bmask >> k & 1 else begin[k]
@@ -502,11 +505,12 @@ def strided_slice(imp, op):
         ranges.append(range(*slice(start, stop, strides[k]).indices(n)))
         out_shape.append(len(ranges[-1]))
     if imp.is_const(x_i) and x_i not in imp.values:  # folded at load
-        return np.ascontiguousarray(imp.consts[x_i][np.ix_(*[np.asarray(r, np.int64) for r in ranges])]).reshape(out_shape)
+        picked = imp.consts[x_i][np.ix_(*[np.asarray(r, np.int64) for r in ranges])]
+        return np.ascontiguousarray(picked).reshape(out_shape)
     x = imp.operand(op, x_i)
     counts = [len(r) for r in ranges]
     if 0 in counts:
-        raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): an empty slice is not supported")
+        raise op_error(op, "an empty slice is not supported", NotSupportedError)
     rev = [k for k, r in enumerate(ranges) if r.step < 0]
     if rev:  # reverse the axis: index i becomes n - 1 - i and the step turns positive
         x = imp.b.reverse(x, axes=rev)
@@ -532,7 +536,7 @@ def depth_to_space(imp, op):
     bs = int(_opt(op, "BlockSize", 0))
     n, h, w, c = x.shape
     if bs < 1 or c % (bs * bs):
-        raise DataError(f"[tflite] operator {op.index} ({op.display}): block size {bs} does not divide {c} channels into squares")
+        raise op_error(op, f"block size {bs} does not split {c} channels into {bs} x {bs} blocks")
     co = c // (bs * bs)
     y = imp.b.reshape(x, [n * h, w, bs, bs * co])  # rank 4 at most: split the channels, move i before w
     y = imp.b.transpose(y, permutation=[0, 2, 1, 3])  # [n*h, bs(i), w, bs*co]

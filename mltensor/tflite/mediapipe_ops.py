@@ -122,7 +122,8 @@ def _l2t_v2(imp, op, x):
     subset = _int_list(op, o, "subset_idxs")
     # The kernel reads subset_idxs as (a, b) pairs (an odd last one paired with itself) and uses both
     # members of every pair, so the box covers exactly the landmarks listed.
-    _check_indices(op, n, [("left_rotation_idx", left), ("right_rotation_idx", right)] + [("subset_idxs", i) for i in subset])
+    named = [("left_rotation_idx", left), ("right_rotation_idx", right)] + [("subset_idxs", i) for i in subset]
+    _check_indices(op, n, named)
     b = imp.b
     xy = b.slice(b.reshape(x, [n, dims]), [0, 0], [n, 2])  # [N, 2]
     # Rotation r = target - atan2(dy, dx) between the two rotation landmarks, kept as cos / sin:
@@ -181,7 +182,8 @@ def _l2t_v1(imp, op, x):
     left, right = _num(op, o, "left_rotation_idx", int), _num(op, o, "right_rotation_idx", int)
     subset = _int_list(op, o, "subset")
     n = x.shape[3] // 3
-    _check_indices(op, n, [("left_rotation_idx", left), ("right_rotation_idx", right)] + [("subset", i) for i in subset])
+    named = [("left_rotation_idx", left), ("right_rotation_idx", right)] + [("subset", i) for i in subset]
+    _check_indices(op, n, named)
     b = imp.b
     xy = b.slice(b.reshape(x, [n, 3]), [0, 0], [n, 2])
     d = b.reshape(b.sub(b.slice(xy, [right, 0], [1, 2]), b.slice(xy, [left, 0], [1, 2])), [2])

@@ -118,9 +118,9 @@ def _options(op):
     # error can name the operator's options, instead of deep inside a converter.
     for attr in dir(cls):
         fn = getattr(opt, attr)
-        if attr[:1].isupper() and callable(fn) and not attr.startswith(("Init", "GetRootAs")) and "BufferHas" not in attr:
-            if fn.__code__.co_argcount == 1:
-                fn()
+        getter = attr[:1].isupper() and not attr.startswith(("Init", "GetRootAs")) and "BufferHas" not in attr
+        if getter and callable(fn) and fn.__code__.co_argcount == 1:
+            fn()
     return opt
 
 
@@ -139,7 +139,7 @@ def _buffer_data(model, raw, index):
     off, size = buf.Offset(), buf.Size()
     if off > 1:  # large models keep buffers after the flatbuffer
         if off + size > len(raw):
-            raise DataError(f"buffer {index} spans bytes {off}..{off + size}, past the end of the file ({len(raw)} bytes)")
+            raise DataError(f"buffer {index} spans bytes {off}..{off + size}, past the {len(raw)}-byte file's end")
         return raw[off : off + size] if size else None
     if buf.DataLength() == 0:
         return None
@@ -237,7 +237,8 @@ def _sparsity(t):
     for lvl in range(sp.DimMetadataLength()):
         dm = sp.DimMetadata(lvl)
         if dm.Format() == tflite.DimensionType.SPARSE_CSR:
-            dims.append((dm.Format(), dm.DenseSize(), _index_vector(dm, "array_segments"), _index_vector(dm, "array_indices")))
+            segments, indices = _index_vector(dm, "array_segments"), _index_vector(dm, "array_indices")
+            dims.append((dm.Format(), dm.DenseSize(), segments, indices))
         else:
             dims.append((dm.Format(), dm.DenseSize(), None, None))
     return order, block_map, dims
@@ -329,8 +330,9 @@ def _read(raw, where):
             tt.quantized_dimension = q.QuantizedDimension()
             if tt.zero_point.size != tt.scale.size:
                 raise DataError(f"{tt.scale.size} scales but {tt.zero_point.size} zero points")
-            if tt.scale.size > 1 and not (0 <= tt.quantized_dimension < len(shape) and shape[tt.quantized_dimension] == tt.scale.size):
-                raise DataError(f"{tt.scale.size} per-axis scales do not fit dimension {tt.quantized_dimension} of {list(shape)}")
+            qd = tt.quantized_dimension
+            if tt.scale.size > 1 and not (0 <= qd < len(shape) and shape[qd] == tt.scale.size):
+                raise DataError(f"{tt.scale.size} per-axis scales do not fit dimension {qd} of {list(shape)}")
         tensors.append(tt)
 
     codes = []
