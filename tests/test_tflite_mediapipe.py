@@ -322,3 +322,24 @@ def test_mediapipe_model_matches_litert(model_paths, name):
     print(f"{name}: {ms:.0f} ms; per output (max abs error, max |ref|, tolerance): {rows}")
     for k, (err, scale, tol) in enumerate(rows):
         assert err <= tol, f"output {k}: max abs error {err} (outputs up to {scale}), tolerance {tol}"
+
+
+def test_litert_with_custom_ops_reference():
+    """The reference used for face_landmark_with_attention (LiteRT with the custom operators cut
+    out, numpy for them) agrees with the numpy kernels chained by hand, builtins in between."""
+    rng = np.random.default_rng(9)
+    data, feeds, want = _custom_model(rng)
+    w = ModelWriter()  # the same operators, with builtin RELU / ADD around them
+    n = feeds[0].shape[1]
+    lm = w.input("landmarks", [1, n, 3])
+    fm = w.input("features", list(feeds[1].shape))
+    lm_r, mat = w.tensor("lm_r", [1, n, 3]), w.tensor("m", [1, 4, 4])
+    crop, crop2 = w.tensor("c", [1, 6, 7, 5]), w.tensor("c2", [1, 6, 7, 5])
+    ops = read(data).operators
+    w.op("ABS", [lm], [lm_r])  # landmarks are positive here: ABS keeps x, y
+    w.op("CUSTOM", [lm_r], [mat], custom=ops[0].custom_code, custom_options=ops[0].custom_options, version=2)
+    w.op("CUSTOM", [fm, mat], [crop], custom=ops[1].custom_code, custom_options=ops[1].custom_options, version=2)
+    w.op("RELU", [crop], [crop2])
+    got = ref.litert_with_custom_ops(w.finish([lm, fm], [mat, crop2]), feeds[:2])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(got[1], np.maximum(want[1], 0), rtol=1e-6, atol=1e-5)
