@@ -3,6 +3,7 @@
 NotSupportedError; nothing else escapes, nothing hangs. A quick run by default; with -m slow,
 600 mutants of the selfie model and 300 of the sparse and custom-operator models."""
 
+import faulthandler
 import struct
 import time
 
@@ -78,6 +79,8 @@ def run_mutants(ctx, data, n, seed):
     for k in range(n):
         mutant, kind = mutate(data, rng, vectors)
         t = time.perf_counter()
+        # A hang would block the run forever: past 5 minutes, dump every thread's stack and exit.
+        faulthandler.dump_traceback_later(300, exit=True)
         try:
             graph, _, _ = import_model(mutant, ctx)
         except mltensor.DataError as e:
@@ -91,6 +94,8 @@ def run_mutants(ctx, data, n, seed):
         else:
             graph.destroy()
             outcomes["imported"] += 1
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         slowest = max(slowest, time.perf_counter() - t)
     return outcomes, slowest
 
@@ -109,6 +114,8 @@ def test_errors_name_the_file_and_field(ctx, selfie, tmp_path):
     struct.pack_into("<I", bad, t._tab.Pos + o, 100000)
     with pytest.raises(mltensor.DataError, match=r"subgraph 0, tensor 5 \('.*'\), buffer: buffer index 100000 is out of range"):
         import_model(bytes(bad), ctx)
+    with pytest.raises(mltensor.DataError, match=r"^\[tflite\] cut\.tflite: the model table: reads past the end"):
+        mltensor.InferenceSession(str(path), context=ctx)
     with pytest.raises(mltensor.DataError, match="file identifier"):
         import_model(b"\0" * 100, ctx)
     with pytest.raises(mltensor.DataError, match="TFL3"):
