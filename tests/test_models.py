@@ -10,10 +10,7 @@ import pytest
 
 from mltensor import models
 
-FAKE = {
-    "selfie_segmentation": b"portrait model bytes",
-    "selfie_segmentation_landscape": b"landscape model bytes",
-}
+FAKE = {name: f"{name} model bytes".encode() for name in models.MODELS}
 
 
 @pytest.fixture
@@ -58,7 +55,8 @@ def test_fetch_downloads_once_and_extracts_both(fake_models, tmp_path):
     q = models.fetch("selfie_segmentation_landscape", progress=False)
     assert open(q, "rb").read() == FAKE["selfie_segmentation_landscape"]
     assert len(fake_models) == 1
-    assert sorted(os.listdir(tmp_path / "cache")) == ["selfie_segmentation.tflite", "selfie_segmentation_landscape.tflite"]
+    # One wheel, every model of it.
+    assert sorted(os.listdir(tmp_path / "cache")) == sorted(f"{name}.tflite" for name in models.MODELS)
 
 
 def test_cache_hit_needs_no_download(fake_models, tmp_path, monkeypatch):
@@ -127,6 +125,13 @@ def test_pip_failure_names_the_command(monkeypatch, tmp_path):
 def test_unknown_model():
     with pytest.raises(KeyError, match="selfie_segmentation"):
         models.fetch("resnet")
+
+
+def test_registry_holds_the_fourteen_mediapipe_models():
+    assert len(models.MODELS) == 14
+    for name, (member, digest) in models.MODELS.items():
+        assert member.startswith("mediapipe/modules/") and member.endswith(f"/{name}.tflite")
+        assert len(digest) == 64 and int(digest, 16) >= 0
 
 
 def test_pinned_checksums_match_design():

@@ -3,9 +3,16 @@
     graph, inputs, outputs = mltensor.tflite.import_model("model.tflite", ctx)
 
 `inputs` / `outputs` are lists of (name, data_type, shape) in model order; names are the TFLite
-tensor names. Weights (float16 ones behind DEQUANTIZE included) become float32 constants at load.
+tensor names. Weights (float16 ones behind DEQUANTIZE included) become float32 constants at load;
+sparse constants (TFLite's sparsity format) are densified by the reader. MediaPipe's custom
+operators Convolution2DTransposeBias, Landmarks2TransformMatrix, TransformTensorBilinear and
+TransformLandmarks are composed from builder ops (mediapipe_ops.py), so all 14 models of the
+mediapipe 0.10.14 wheel (`mltensor.models`) run.
 """
 
+import os
+
+from ..errors import DataError, NotSupportedError
 from .importer import convert, supported_operators
 from .reader import is_tflite, load_bytes, read
 
@@ -16,13 +23,21 @@ def import_model(source, context, *, free_dimensions=None):
     free_dimensions: {input name: full shape} (or {"batch": n}) for inputs whose shape signature
     has free (-1) dimensions; by default the shape stored in the model is used.
     Returns (graph, inputs, outputs); unsupported operators raise NotSupportedError at load, naming
-    the operator, its index and the supported ones.
+    the operator, its index and the supported ones; a malformed or truncated file raises DataError
+    naming the file (when given by path), the table / field or operator, and what was wrong.
     """
     from ..front.builder import MLGraphBuilder
 
-    model = read(load_bytes(source))
+    name = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
+    model = read(load_bytes(source), name)
     b = MLGraphBuilder(context)
-    outs, inputs, outputs = convert(model, b, free_dimensions)
+    try:
+        outs, inputs, outputs = convert(model, b, free_dimensions)
+    except (DataError, NotSupportedError) as e:
+        if name is None:
+            raise
+        msg = str(e)
+        raise type(e)(f"[tflite] {name}: {msg[len('[tflite] '):] if msg.startswith('[tflite] ') else msg}") from None
     graph = b.build_sync(outs)
     return graph, inputs, outputs
 

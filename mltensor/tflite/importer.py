@@ -11,6 +11,7 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
+from . import mediapipe_ops
 from .reader import Model, Operator
 
 ACT = tflite.ActivationFunctionType
@@ -157,17 +158,27 @@ class Importer:
             self.check_types(op)
             try:
                 out = fn(self, op)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"[tflite] operator {op.index} ({op.display}): {e}") from e
+            except (DataError, NotSupportedError):
+                raise
+            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError, AttributeError,
+                    struct.error) as e:  # fmt: skip
+                # The builder rejected what the file asked for (shapes that do not fit together,
+                # an axis out of range...): the model is inconsistent.
+                raise DataError(f"[tflite] operator {op.index} ({op.display}): {e}") from e
             if out is None:  # folded at load
                 continue
             outs = out if isinstance(out, (list, tuple)) else [out]
+            if len(outs) < len(op.outputs):
+                raise op_error(op, f"lists {len(op.outputs)} outputs, it computes {len(outs)}")
             for i, v in zip(op.outputs, outs):
+                self.check_shape(op, i, v)
                 if isinstance(v, np.ndarray):
                     self.consts[i] = v
                 else:
                     self.values[i] = v
 
+        if not m.outputs:
+            raise DataError("[tflite] subgraph 0 lists no outputs")
         outputs = {}
         out_desc = []
         for i in m.outputs:
@@ -183,6 +194,21 @@ class Importer:
             outputs[name] = v
             out_desc.append((name, v.data_type, tuple(v.shape)))
         return outputs, names, out_desc
+
+    def check_shape(self, op, i, v):
+        """The shape an operator computes must be the one the file declares (where the declaration
+        is fixed): a corrupted shape otherwise flows on into huge or inconsistent tensors."""
+        t = self.tensor(i)
+        got = tuple(int(d) for d in v.shape)
+        if len(got) != len(t.shape) and t.shape:
+            ok = False
+        else:
+            ok = not t.shape or all(s == -1 or d == g for d, s, g in zip(t.shape, t.signature, got))
+        if not ok and not self.free:
+            raise DataError(
+                f"[tflite] operator {op.index} ({op.display}) computes tensor {i} ('{t.name}') with shape "
+                f"{list(got)}, the model declares {list(t.shape)}"
+            )
 
     def check_types(self, op):
         """Reject quantized activations and types WebNN has no form for, naming the operator."""
@@ -212,6 +238,11 @@ def unsupported_message(op):
 
 
 # -- helpers for converters ----------------------------------------------------------------------
+
+
+def op_error(op, msg, cls=DataError):
+    """An error about operator `op`, in the importer's format."""
+    return cls(f"[tflite] operator {op.index} ({op.display}): {msg}")
 
 
 def _opt(op, getter, default):
@@ -438,6 +469,80 @@ def pad(imp, op):
     return imp.b.pad(x, [int(v) for v in p[:, 0]], [int(v) for v in p[:, 1]], mode="constant", value=value)
 
 
+def prelu(imp, op):
+    # TFLite's alpha broadcasts against the input (usually [1, 1, C] per channel), as WebNN's slope does.
+    return imp.b.prelu(imp.operand(op, op.inputs[0]), imp.operand(op, op.inputs[1]))
+
+
+def strided_slice(imp, op):
+    """STRIDED_SLICE with constant begin/end/strides, begin/end/shrink masks and `offset`; a negative
+    stride reverses the axis first. Ellipsis and new-axis masks are rejected."""
+    x_i = op.inputs[0]
+    begin = [int(v) for v in imp.const_value(op, op.inputs[1], "begin").reshape(-1)]
+    end = [int(v) for v in imp.const_value(op, op.inputs[2], "end").reshape(-1)]
+    strides = [int(v) for v in imp.const_value(op, op.inputs[3], "strides").reshape(-1)]
+    if _opt(op, "EllipsisMask", 0) or _opt(op, "NewAxisMask", 0):
+        raise op_error(op, "ellipsis and new-axis masks are not supported", NotSupportedError)
+    shape = list(imp.const_value(op, x_i, "input").shape if imp.is_const(x_i) and x_i not in imp.values
+                 else imp.operand(op, x_i).shape)
+    if not (len(begin) == len(end) == len(strides) == len(shape)):
+        raise op_error(op, f"begin/end/strides have {len(begin)}/{len(end)}/{len(strides)} values for an input "
+                           f"of rank {len(shape)}")  # fmt: skip
+    bmask, emask, smask = _opt(op, "BeginMask", 0), _opt(op, "EndMask", 0), _opt(op, "ShrinkAxisMask", 0)
+    offset = bool(_opt(op, "Offset", False))
+    ranges, out_shape = [], []  # per axis, the input indices taken (a range: negative steps too)
+    for k, n in enumerate(shape):
+        if strides[k] == 0:
+            raise op_error(op, f"stride {k} is 0")
+        if smask >> k & 1:
+            b0 = begin[k] + n if begin[k] < 0 else begin[k]
+            if not 0 <= b0 < n:
+                raise op_error(op, f"shrunk index {begin[k]} is outside [0, {n})")
+            ranges.append(range(b0, b0 + 1))
+            continue
+        start = None if bmask >> k & 1 else begin[k]
+        stop = None if emask >> k & 1 else (begin[k] + end[k] if offset else end[k])
+        ranges.append(range(*slice(start, stop, strides[k]).indices(n)))
+        out_shape.append(len(ranges[-1]))
+    if imp.is_const(x_i) and x_i not in imp.values:  # folded at load
+        picked = imp.consts[x_i][np.ix_(*[np.asarray(r, np.int64) for r in ranges])]
+        return np.ascontiguousarray(picked).reshape(out_shape)
+    x = imp.operand(op, x_i)
+    counts = [len(r) for r in ranges]
+    if 0 in counts:
+        raise op_error(op, "an empty slice is not supported", NotSupportedError)
+    rev = [k for k, r in enumerate(ranges) if r.step < 0]
+    if rev:  # reverse the axis: index i becomes n - 1 - i and the step turns positive
+        x = imp.b.reverse(x, axes=rev)
+    starts = [shape[k] - 1 - r.start if r.step < 0 else r.start for k, r in enumerate(ranges)]
+    steps = [abs(r.step) for r in ranges]
+    if starts != [0] * len(shape) or counts != shape or steps != [1] * len(shape):
+        # WebNN's sizes are input extents: ceil(size / stride) elements come out.
+        extents = [(c - 1) * st + 1 for c, st in zip(counts, steps)]
+        x = imp.b.slice(x, starts, extents, strides=steps)
+    if list(x.shape) != out_shape:
+        x = imp.b.reshape(x, out_shape)
+    return x
+
+
+def densify(imp, op):
+    # The reader already densified every sparse constant, so this is the constant itself.
+    return imp.const_value(op, op.inputs[0], "input")
+
+
+def depth_to_space(imp, op):
+    """NHWC, TensorFlow's DCR order: out[n, h*bs + i, w*bs + j, c] = in[n, h, w, (i*bs + j)*C + c]."""
+    x = imp.operand(op, op.inputs[0])
+    bs = int(_opt(op, "BlockSize", 0))
+    n, h, w, c = x.shape
+    if bs < 1 or c % (bs * bs):
+        raise op_error(op, f"block size {bs} does not split {c} channels into {bs} x {bs} blocks")
+    co = c // (bs * bs)
+    y = imp.b.reshape(x, [n * h, w, bs, bs * co])  # rank 4 at most: split the channels, move i before w
+    y = imp.b.transpose(y, permutation=[0, 2, 1, 3])  # [n*h, bs(i), w, bs*co]
+    return imp.b.reshape(y, [n, h * bs, w * bs, co])
+
+
 def dequantize(imp, op):
     i = op.inputs[0]
     t = imp.tensor(i)
@@ -487,7 +592,14 @@ CONVERTERS = {
     "PAD": pad,
     "PADV2": pad,
     "DEQUANTIZE": dequantize,
+    "PRELU": prelu,
+    "DENSIFY": densify,
+    "DEPTH_TO_SPACE": depth_to_space,
+    "STRIDED_SLICE": strided_slice,
 }
+
+
+CONVERTERS.update(mediapipe_ops.CONVERTERS)
 
 
 def supported_operators():

@@ -29,7 +29,7 @@ class ModelWriter:
         self.tensors = []  # (name, shape, type, buffer index)
         self.buffers = [b""]  # buffer 0: the empty sentinel
         self.ops = []
-        self.codes = []  # (builtin name, custom code)
+        self.codes = []  # (builtin name, custom code, version)
 
     def tensor(self, name, shape, dtype=np.float32, signature=None, quant=None):
         """An activation tensor; `signature` (shape_signature) marks free dimensions with -1;
@@ -45,8 +45,8 @@ class ModelWriter:
         self.tensors.append((name, list(a.shape), _TYPES[a.dtype], len(self.buffers) - 1, None, None))
         return len(self.tensors) - 1
 
-    def op(self, name, inputs, outputs, options_type=None, custom=None, custom_options=b"", **options):
-        key = (name, custom)
+    def op(self, name, inputs, outputs, options_type=None, custom=None, custom_options=b"", version=1, **options):
+        key = (name, custom, version)
         if key not in self.codes:
             self.codes.append(key)
         self.ops.append((self.codes.index(key), list(inputs), list(outputs), options_type, options, custom_options))
@@ -136,13 +136,13 @@ class ModelWriter:
         sg = tflite.SubGraphEnd(fb)
 
         codes = []
-        for name, custom in self.codes:
+        for name, custom, version in self.codes:
             cc = fb.CreateString(custom) if custom else None
             code = _CODES[name]
             tflite.OperatorCodeStart(fb)
             tflite.OperatorCodeAddDeprecatedBuiltinCode(fb, min(code, 127))
             tflite.OperatorCodeAddBuiltinCode(fb, code)
-            tflite.OperatorCodeAddVersion(fb, 1)
+            tflite.OperatorCodeAddVersion(fb, version)
             if cc is not None:
                 tflite.OperatorCodeAddCustomCode(fb, cc)
             codes.append(tflite.OperatorCodeEnd(fb))
