@@ -14,23 +14,6 @@ from .timing import adapter_name, measure, record
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 ROUNDS = 7
-# input height, width of each model (NHWC float32 rgb in [0, 1])
-INPUTS = {
-    "face_detection_short_range": (128, 128),
-    "face_detection_full_range_sparse": (192, 192),
-    "face_landmark": (192, 192),
-    "face_landmark_with_attention": (192, 192),
-    "hand_landmark_full": (224, 224),
-    "hand_landmark_lite": (224, 224),
-    "hand_recrop": (256, 256),
-    "iris_landmark": (64, 64),
-    "palm_detection_full": (192, 192),
-    "palm_detection_lite": (192, 192),
-    "pose_detection": (224, 224),
-    "pose_landmark_full": (256, 256),
-    "selfie_segmentation": (256, 256),
-    "selfie_segmentation_landscape": (144, 256),
-}
 CUSTOM_OPS = {"face_landmark_with_attention"}
 
 
@@ -43,15 +26,17 @@ def _photo(height, width):
     return (np.asarray(img, dtype=np.float32) / 255.0)[None]
 
 
-@pytest.mark.parametrize("name", sorted(INPUTS))
+# the .tflite entries of the registry (the MediaPipe models)
+@pytest.mark.parametrize("name", sorted(n for n, entry in models.MODELS.items() if str(entry[0]).endswith(".tflite")))
 def test_mediapipe_model_latency(benchmark, ctx, name):
     try:
         path = models.fetch(name, progress=False)
     except models.FetchError as e:
         pytest.skip(f"model unavailable: {e}")
-    x = _photo(*INPUTS[name])
     sess = mltensor.InferenceSession(path, context=ctx)
-    feed = {sess.get_inputs()[0].name: x}
+    inp = sess.get_inputs()[0]
+    x = _photo(*[int(d) for d in inp.shape[1:3]])  # NHWC rgb: the model says its size
+    feed = {inp.name: x}
     ours = measure(lambda: sess.run(None, feed), rounds=ROUNDS, warmup=1)
     ref = None
     if name not in CUSTOM_OPS:
