@@ -28,7 +28,9 @@ _dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
 _NULL = _ffi.NULL
 
 
-def compile_graph(builder, outputs):
+def compile_graph(builder, outputs, placement=None):
+    if placement is None:
+        placement = _env_off("MLTENSOR_NO_FUSION") and _env_off("MLTENSOR_NO_PLACEMENT")
     ctx = builder._context
     device = ctx.device
     nodes = live_nodes(builder, outputs)
@@ -39,6 +41,7 @@ def compile_graph(builder, outputs):
                        max_inputs=binding_cap(device) - 1)
 
     kc = KernelContext(device, int64=ctx._int64)
+    kc.placement = placement
     loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
 
     # Edges in: native inputs are read in place, others are unpacked into an intermediate.
@@ -89,6 +92,7 @@ def compile_graph(builder, outputs):
             persist.append(buf)
             loc[id(x)] = ("buf", buf)
 
+    kc.fixed = set(loc)
     lower_steps(kc, steps)
     for v, ext in pending_out:
         if dtypes.is_native(v.data_type):
@@ -107,13 +111,20 @@ def compile_graph(builder, outputs):
     def resolve(a):
         if isinstance(a, (Ext, tuple, Scratch)):
             return a
-        r = kc.root(a)
+        r = kc.placed_root(a)[0]
         return loc.get(id(r), r)
+
+    def view(a):
+        """(byte offset, size) of a placed value's binding, None for a whole buffer."""
+        if isinstance(a, (Ext, tuple, Scratch)) or (id(kc.root(a)) not in kc.placed):
+            return None
+        return kc.placed_root(a)[1], dtypes.padded(compute_nbytes(a))
 
     def is_temp(r):
         return not isinstance(r, (Ext, tuple)) and id(r) not in loc and id(r) not in prologue_values
 
     launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
+    views = [[view(a) for a in l.args] for l in kc.launches]
     assign, sizes = plan_memory([args for _, args in launches], is_temp)
     pool = [
         device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
@@ -143,14 +154,19 @@ def compile_graph(builder, outputs):
     persist = [b for b in persist if id(b) in at_dispatch]
     graph = MLGraph(ctx, builder, outputs, keep, persist + pool)
     prologue = []
-    for l, args in launches:
+    for (l, args), vs in zip(launches, views):
         pipe, bgl = pipeline(device, l.kernel)
         bufs = [buffer_of(a) for a in args]
+        if placement and _shares_buffer(bufs, l.kernel.bindings):
+            # a case place() did not foresee (e.g. a fallback copy inside one concat's storage):
+            # build again without placement rather than bind one buffer for reading and writing
+            graph.destroy()
+            return compile_graph(builder, outputs, placement=False)
         entry = [pipe, bgl, bufs, l.groups, None]
         if not any(isinstance(b, Ext) for b in bufs):
             entry[4] = device.create_bind_group(
                 layout=bgl,
-                entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)],
+                entries=[{"binding": i, "resource": _resource(b, v)} for i, (b, v) in enumerate(zip(bufs, vs))],
             )
         (prologue if l.prologue else graph._launches).append(entry)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
@@ -168,6 +184,27 @@ def compile_graph(builder, outputs):
         tl.enqueue(Task(tuple(keep), (), run_prologue))
     graph._finish()
     return graph
+
+
+def _env_off(name):
+    return os.environ.get(name, "") in ("", "0")
+
+
+def _resource(buf, view):
+    if view is None:
+        return {"buffer": buf}
+    return {"buffer": buf, "offset": view[0], "size": view[1]}
+
+
+def _shares_buffer(bufs, bindings):
+    seen = {}
+    for b, bd in zip(bufs, bindings):
+        if isinstance(b, Ext):
+            continue
+        if id(b) in seen and (seen[id(b)] or bd.writable):
+            return True
+        seen[id(b)] = seen.get(id(b), False) or bd.writable
+    return False
 
 
 class MLGraph:

@@ -290,10 +290,17 @@ def _lower_concat(kc, node):
     if len(node.inputs) == 1:
         kc.alias(out, node.inputs[0])
         return
+    # When every dim before `axis` is 1 (channel concat at batch 1 in NCHW, ...), each input is
+    # one contiguous slab of the output: its producer writes there directly (kc.place) and no
+    # kernel runs. Inputs that cannot be placed are copied.
+    contiguous = all(d == 1 for d in out.shape[:axis])
     offset = 0
     for k, x in enumerate(node.inputs):
-        _strided_copy(kc, f"concat{k}", x, out, x.shape, row_strides(x.shape), 0, ost, offset * ost[axis])
+        start = offset * ost[axis]
         offset += x.shape[axis]
+        if contiguous and kc.place(x, out, start * kc.nbytes(out) // max(1, math.prod(out.shape))):
+            continue
+        _strided_copy(kc, f"concat{k}", x, out, x.shape, row_strides(x.shape), 0, ost, start)
 
 
 register("concat", {"inputs": ALL, "output": ALL}, ranks={"inputs": RANK1}, lower=_lower_concat)
