@@ -57,6 +57,8 @@ class Timeline:
         self.counters = counters
         self._encoder = None
         self._pass = None
+        self._raw_pass = None
+        self._pass_state = [None, None]  # raw pipeline and bind group 0 set in the open pass
         self._touched = set()  # buffers used by commands in the open encoder
         self._kept = []  # objects recorded commands refer to (released after the submit)
         self._launches = 0
@@ -94,10 +96,26 @@ class Timeline:
     # -- command recording ---------------------------------------------------------------------
 
     def compute_pass(self):
+        """The open compute pass (wgpu-py object); whoever asks will set its own state."""
+        p = self._open_pass()
+        self._pass_state[0] = self._pass_state[1] = None
+        return p
+
+    def native_pass(self):
+        """(raw handle of the open compute pass, [pipeline, bind group 0] it holds now): graph
+        replay skips setting what is already set and updates the list."""
+        p = self._pass
+        if p is None:
+            p = self._open_pass()
+        return self._raw_pass, self._pass_state
+
+    def _open_pass(self):
         if self._pass is None:
             if self._encoder is None:
                 self._encoder = self.device.create_command_encoder()
             self._pass = self._encoder.begin_compute_pass()
+            self._raw_pass = getattr(self._pass, "_internal", None)
+            self._pass_state = [None, None]
         return self._pass
 
     def encoder(self):
