@@ -163,11 +163,12 @@ def compile_graph(builder, outputs, placement=None):
             # build again without placement rather than bind one buffer for reading and writing
             graph.destroy()
             return compile_graph(builder, outputs, placement=False)
+        bufs = [b if v is None else (b, v) for b, v in zip(bufs, vs)]  # views: (buffer, (offset, size))
         entry = [pipe, bgl, bufs, l.groups, None]
         if not any(isinstance(b, Ext) for b in bufs):
             entry[4] = device.create_bind_group(
                 layout=bgl,
-                entries=[{"binding": i, "resource": _resource(b, v)} for i, (b, v) in enumerate(zip(bufs, vs))],
+                entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)],
             )
         (prologue if l.prologue else graph._launches).append(entry)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
@@ -191,10 +192,11 @@ def _env_off(name):
     return os.environ.get(name, "") in ("", "0")
 
 
-def _resource(buf, view):
-    if view is None:
-        return {"buffer": buf}
-    return {"buffer": buf, "offset": view[0], "size": view[1]}
+def _resource(b):
+    """Bind-group resource of a whole buffer, or of a view (buffer, (offset, size))."""
+    if b.__class__ is tuple:
+        return {"buffer": b[0], "offset": b[1][0], "size": b[1][1]}
+    return {"buffer": b}
 
 
 def _shares_buffer(bufs, bindings):
@@ -291,9 +293,7 @@ class MLGraph:
             if bg is None:
                 real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext) else b for b in bufs]
                 bg = device.create_bind_group(
-                    layout=bgl,
-                    entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(real)],
-                )
+                    layout=bgl, entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(real)])
             bound.append((pipe, bg, groups))
         raw, last_pipe, last_bg = [], None, None
         if self._native:
