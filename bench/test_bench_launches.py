@@ -9,7 +9,9 @@ map round trip with one submit.
 
 import collections
 import os
+import statistics
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -122,8 +124,7 @@ def test_small_read_after_dispatch(benchmark, ctx):
         ctx.dispatch(g, {"x": a}, {"y": c})
         got["v"] = ctx.read_tensor_sync(c)
 
-    m = measure(ours, rounds=41, warmup=5)
-    np.testing.assert_array_equal(got["v"], [1, 2, 3, 4])
+    np.testing.assert_array_equal((ours(), got["v"])[1], [1, 2, 3, 4])
 
     dev = ctx.device
     pipe, bg, by = _raw_kernel(dev)
@@ -142,11 +143,30 @@ def test_small_read_after_dispatch(benchmark, ctx):
         np.frombuffer(staging.read_mapped(0, 16), np.float32).copy()
         staging.unmap()
 
-    m_raw = measure(raw, rounds=41, warmup=5)
+    m, m_raw = _interleaved(ours, raw, rounds=61)
     info = record(benchmark, m, "launch cost", m_raw, "raw dispatch + copy + map", adapter=adapter_name(ctx),
                   time_vs_raw=m["total_s"] / m_raw["total_s"])
     print(f"\nsmall read after dispatch on {info['adapter']}: {m['total_s'] * 1e6:.0f} µs vs raw "
           f"{m_raw['total_s'] * 1e6:.0f} µs (x{info['time_vs_raw']:.2f} of raw; target <= 1.2)")
+
+
+def _interleaved(a, b, rounds, warmup=5):
+    """measure()-style results of a and b timed alternately: on a shared host, load that comes
+    and goes then hits both the same (round trips are a few hundred µs)."""
+    for _ in range(warmup):
+        a(), b()
+    ta, tb = [], []
+    for _ in range(rounds):
+        for f, t in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+
+    def res(f, t):
+        med = statistics.median(t)
+        return {"enqueue_s": med, "total_s": med, "rounds": rounds, "run": f}
+
+    return res(a, ta), res(b, tb)
 
 
 def _model_kernels(ctx, name, placement):
