@@ -165,3 +165,30 @@ def test_replay_hot_path_sees_destroyed_tensor(ctx):
     g.destroy()
     with pytest.raises(mltensor.InvalidStateError):
         ctx.dispatch(g, ins, outs)
+
+
+@pytest.mark.parametrize("pool", ["max_pool2d", "average_pool2d", "global"])
+def test_pool_epilogue_fused(ctx, pool):
+    """Pooling applies the activation / residual add after it as it stores: one kernel."""
+    rng = np.random.default_rng(3)
+    shape = [1, 3, 16, 16] if pool == "global" else [2, 3, 6, 6]
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=shape)
+    if pool == "global":
+        p = b.average_pool2d(x)  # whole plane: the workgroup-reduction path
+    else:
+        p = getattr(b, pool)(x, window_dimensions=[2, 2], strides=[2, 2])
+    res = rng.standard_normal(p.shape).astype(np.float32)
+    y = b.sigmoid(b.add(b.relu(p), b.constant(res)))
+    g = b.build_sync({"y": y})
+    assert len(g.kernel_names) == (4 if NO_FUSION else 1), g.kernel_names
+    xv = rng.standard_normal(shape).astype(np.float32)
+    got = _run(ctx, g, {"x": xv})["y"]
+    if pool == "global":
+        pv = xv.mean(axis=(2, 3), keepdims=True)
+    else:
+        blocks = xv.reshape(2, 3, 3, 2, 3, 2)
+        pv = blocks.max(axis=(3, 5)) if pool == "max_pool2d" else blocks.mean(axis=(3, 5))
+    want = 1 / (1 + np.exp(-(np.maximum(pv, 0) + res)))
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
