@@ -192,3 +192,38 @@ def test_pool_epilogue_fused(ctx, pool):
     want = 1 / (1 + np.exp(-(np.maximum(pv, 0) + res)))
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["batch", "instance", "layer"])
+def test_normalization_epilogue_fused(ctx, norm):
+    """A normalization applies the activations / residual add after it as it stores (densenet's
+    BatchNormalization -> Relu is one kernel)."""
+    rng = np.random.default_rng(4)
+    shape = [2, 4, 5, 6]
+    xv = rng.standard_normal(shape).astype(np.float32)
+    sc = rng.uniform(0.5, 2, 4).astype(np.float32)
+    bi = rng.standard_normal(4).astype(np.float32)
+    res = rng.standard_normal(shape).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=shape)
+    if norm == "batch":
+        mean = rng.standard_normal(4).astype(np.float32)
+        var = rng.uniform(0.5, 2, 4).astype(np.float32)
+        n = b.batch_normalization(x, b.constant(mean), b.constant(var), scale=b.constant(sc), bias=b.constant(bi))
+        c = lambda v: v.reshape(1, 4, 1, 1)  # noqa: E731
+        nv = (xv - c(mean)) / np.sqrt(c(var) + 1e-5) * c(sc) + c(bi)
+    elif norm == "instance":
+        n = b.instance_normalization(x, scale=b.constant(sc), bias=b.constant(bi))
+        m, v = xv.mean(axis=(2, 3), keepdims=True), xv.var(axis=(2, 3), keepdims=True)
+        nv = (xv - m) / np.sqrt(v + 1e-5) * sc.reshape(1, 4, 1, 1) + bi.reshape(1, 4, 1, 1)
+    else:
+        n = b.layer_normalization(x)
+        m, v = xv.mean(axis=(1, 2, 3), keepdims=True), xv.var(axis=(1, 2, 3), keepdims=True)
+        nv = (xv - m) / np.sqrt(v + 1e-5)
+    y = b.add(b.relu(n), b.constant(res))
+    g = b.build_sync({"y": y})
+    assert len(g.kernel_names) == (3 if NO_FUSION else 1), g.kernel_names
+    got = _run(ctx, g, {"x": xv})["y"]
+    want = np.maximum(nv, 0) + res
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
