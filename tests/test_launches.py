@@ -227,3 +227,26 @@ def test_normalization_epilogue_fused(ctx, norm):
     want = np.maximum(nv, 0) + res
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+def test_rnn_two_launches_per_step(ctx, op):
+    """Each step after the first is a recurrent gemm + one gate kernel (values: test_ops_rnn.py,
+    against numpy, in both modes)."""
+    steps, batch, isz, hs = 4, 2, 3, 8
+    g_ = 4 if op == "lstm" else 3
+    rng = np.random.default_rng(5)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[steps, batch, isz])
+    w = b.constant(rng.standard_normal((1, g_ * hs, isz)).astype(np.float32))
+    r = b.constant(rng.standard_normal((1, g_ * hs, hs)).astype(np.float32))
+    outs = getattr(b, op)(x, w, r, steps, hs)
+    g = b.build_sync({"h": outs[0]})
+    gates = [k for k in g.kernel_names if "_gates_" in k]
+    if NO_FUSION:
+        assert gates == []
+    else:
+        # the input projection gemm, then per step a gemm (folded away for the zero first state)
+        # and the gate kernel
+        assert len(gates) == steps and len(g.kernel_names) == 1 + steps + (steps - 1), g.kernel_names
+    g.destroy()
