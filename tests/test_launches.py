@@ -251,3 +251,38 @@ def test_rnn_two_launches_per_step(ctx, op):
         # output tensor
         assert len(gates) == steps and len(g.kernel_names) == 1 + steps + (steps - 1) + 1, g.kernel_names
     g.destroy()
+
+
+def test_concat_sharing_a_prefix_with_another(ctx):
+    """c1 = [x0, x1] and c2 = [x0, y], both read afterwards: moving c1 into c2 would let y's
+    slab overwrite x1, so it must not happen (values checked against numpy)."""
+    rng = np.random.default_rng(6)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 2, 8, 8])
+    x0, x1, yv = b.neg(x), b.abs(x), b.exp(x)
+    c1 = b.concat([x0, x1], 1)
+    c2 = b.concat([x0, yv], 1)
+    g = b.build_sync({"a": b.relu(c1), "b": b.relu(c2)})
+    xv = rng.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    got = _run(ctx, g, {"x": xv})
+    np.testing.assert_array_equal(got["a"], np.maximum(np.concatenate([-xv, np.abs(xv)], 1), 0))
+    np.testing.assert_allclose(got["b"], np.maximum(np.concatenate([-xv, np.exp(xv)], 1), 0), rtol=1e-6)
+
+
+def test_split_and_slice_views(ctx):
+    """A channel split at batch 1 (each part one aligned contiguous range) and a slice of rows are
+    read in place: no kernel."""
+    rng = np.random.default_rng(7)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 4, 8, 8])
+    h = b.neg(x)
+    p0, p1 = b.split(h, 2, axis=1)
+    s = b.slice(h, [0, 3, 0, 0], [1, 1, 8, 8])
+    g = b.build_sync({"a": b.relu(p0), "b": b.exp(p1), "c": b.abs(s)})
+    if not NO_FUSION:
+        assert not [k for k in g.kernel_names if k.startswith(("split", "slice"))], g.kernel_names
+    xv = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    got = _run(ctx, g, {"x": xv})
+    np.testing.assert_array_equal(got["a"], np.maximum(-xv[:, :2], 0))
+    np.testing.assert_allclose(got["b"], np.exp(-xv[:, 2:]), rtol=1e-6)
+    np.testing.assert_array_equal(got["c"], np.abs(xv[:, 3:4]))

@@ -114,7 +114,7 @@ class KernelContext:
             r, off = self.root(p), off + o
         return r, off
 
-    def place(self, x, out, byte_off):
+    def place(self, x, out, byte_off, slabs=()):
         """Make `x` live at bytes [byte_off, byte_off + nbytes(x)) of `out`'s storage, so its
         producer writes straight into that slab (concat then launches nothing). True if done.
 
@@ -143,6 +143,8 @@ class KernelContext:
         size = self.nbytes(xr)
         if base < 0 or base + size > self.nbytes(orr):
             return False
+        if size != n and not self._tree_matches(xr, base, oo, slabs):  # base: root bytes
+            return False
         spans = self.spans.setdefault(id(orr), [])
         if any(s < base + size and base < e for s, e in spans):
             return False
@@ -155,6 +157,40 @@ class KernelContext:
             del self.placed[id(xr)]
             spans.pop()
             return False
+        return True
+
+    def _tree_matches(self, xr, base, oo, slabs):
+        """x's storage tree (xr) is larger than x: it may move into out's only if the slabs of
+        `out` it would cover are exactly values already inside it at the same places (densenet:
+        the previous concat is a prefix of the next), else a fallback copy into out could
+        overwrite parts of xr that are still read. slabs: (value, byte offset in out) of all
+        the concat's inputs."""
+        lo, hi, covered = base, base + self.nbytes(xr), 0  # in the root's bytes, as oo + off
+        for v, off in slabs:
+            s, e = oo + off, oo + off + self.nbytes(v)
+            if e <= lo or s >= hi:
+                continue
+            if s < lo or e > hi:
+                return False
+            vr, vo = self.placed_root(v)
+            if vr is not xr or vo != s - lo:
+                return False
+            covered += e - s
+        return covered == hi - lo
+
+    def view(self, out, src, byte_off):
+        """`out` is bytes [byte_off, byte_off + nbytes(out)) of `src` (a slice or split part that
+        is one contiguous range): read it in place, bound with an offset. True if done."""
+        if not self.placement or self._prologue or id(out) in self.out_slot:
+            return False
+        sr, so = self.placed_root(src)
+        if (isinstance(sr, Scratch) or id(sr) in self.fixed or id(sr) in self.out_slot
+                or getattr(sr, "_kind", "op") != "op"):
+            return False
+        n, off = self.nbytes(out), so + byte_off
+        if n == 0 or n % 16 or off % self.align:
+            return False
+        self.placed[id(out)] = (sr, off)
         return True
 
     def _shared_binding(self):
