@@ -286,3 +286,17 @@ def test_split_and_slice_views(ctx):
     np.testing.assert_array_equal(got["a"], np.maximum(-xv[:, :2], 0))
     np.testing.assert_allclose(got["b"], np.exp(-xv[:, 2:]), rtol=1e-6)
     np.testing.assert_array_equal(got["c"], np.abs(xv[:, 3:4]))
+
+
+def test_replay_hot_path_rejects_non_tensors(ctx):
+    """After a valid dispatch, a dict holding a numpy array under the same name gets the usual
+    TypeError (not numpy's ambiguous-truth error from the same-tensors check)."""
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[8])
+    g = b.build_sync({"y": b.relu(x)})
+    a = ctx.create_tensor_sync(data_type="float32", shape=[8], writable=True)
+    c = ctx.create_tensor_sync(data_type="float32", shape=[8], readable=True)
+    ctx.dispatch(g, {"x": a}, {"y": c})
+    with pytest.raises(TypeError, match="MLTensor"):
+        ctx.dispatch(g, {"x": np.zeros(8, np.float32)}, {"y": c})
+    g.destroy()

@@ -396,7 +396,11 @@ def dispatch(ctx, graph, inputs, outputs):
     # (MLGraph._evict), so two dict comparisons (identity of the values, in C) re-validate them.
     if graph.__class__ is MLGraph and graph._context is ctx and graph._last_call is not None:
         last_in, last_out, tensors = graph._last_call
-        if inputs == last_in and outputs == last_out and inputs.__class__ is dict and outputs.__class__ is dict:
+        try:  # a value that is not a tensor (a numpy array) may raise from ==: the slow path says why
+            same = inputs.__class__ is dict and outputs.__class__ is dict and inputs == last_in and outputs == last_out
+        except Exception:
+            same = False
+        if same:
             ctx._check("dispatch")  # lost context, destroyed shared device
             tl = ctx._timeline
             if tl.lent or tl.held:
