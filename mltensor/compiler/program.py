@@ -1,8 +1,14 @@
 """build -> MLGraph: a flat list of launches with pipelines and bind groups made up front.
 
 Only launches that touch the caller's tensors need per-dispatch bind groups; those are cached per
-set of tensors (dropped when one of them is destroyed). Dispatch records the launches into the
-context's open compute pass; nothing is allocated per dispatch once the cache is warm.
+set of tensors (dropped when one of them is destroyed). Dispatch replays the launches into the
+context's open compute pass with direct wgpu-native calls on raw handles (wgpu-py's wrappers for
+other backends), skipping set_pipeline / set_bind_group where the pass already holds them; a
+dispatch with the same tensors as the graph's last one skips validation and allocates nothing.
+
+Copy-free placement (KernelContext.place / view): concat inputs are written straight into their
+slab of the concat's storage and contiguous slice/split parts are read in place, bound with an
+offset. MLTENSOR_NO_PLACEMENT=1 (or MLTENSOR_NO_FUSION=1) turns it off for comparison.
 """
 
 import os
