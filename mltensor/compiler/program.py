@@ -12,7 +12,6 @@ offset. MLTENSOR_NO_PLACEMENT=1 (or MLTENSOR_NO_FUSION=1) turns it off for compa
 """
 
 import os
-from itertools import islice
 import weakref
 
 import numpy as np
@@ -310,7 +309,7 @@ class MLGraph:
         if len(self._bg_cache) >= _BG_CACHE_MAX:
             self._bg_cache.pop(next(iter(self._bg_cache)))
         tail = (bound[-1][0]._internal, bound[-1][1]._internal) if raw else None
-        entry = (bound, raw, tuple(t._buffer for t in tensors), tail)
+        entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:])
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
             if self._evict not in t._on_destroy:  # once per graph, however often its sets change
@@ -430,7 +429,7 @@ def dispatch(ctx, graph, inputs, outputs):
 
 
 def _record(tl, graph, tensors):
-    bound, raw, buffers, tail = graph._replay(tensors)
+    bound, raw, buffers, tail, rest = graph._replay(tensors)
     if not graph._native:  # another wgpu backend: its Python wrappers
         p = tl.compute_pass()
         for pipe, bg, groups in bound:
@@ -442,7 +441,8 @@ def _record(tl, graph, tensors):
         # when they were created, and wgpu-py's per-call wrapping costs 2-7 us a call. The pass
         # keeps the last pipeline and bind group across dispatches (tl.native_pass), so
         # back-to-back dispatches of one graph skip re-setting them too.
-        p, state = tl.native_pass()
+        p = tl.native_pass()
+        state = tl._pass_state
         sp, sb, dp, null = _set_pipeline, _set_bind_group, _dispatch, _NULL
         if raw:  # the first launch always sets both, unless the pass holds exactly them already
             pipe, bg, x, y, z = raw[0]
@@ -451,7 +451,7 @@ def _record(tl, graph, tensors):
             if bg != state[1]:
                 sb(p, 0, bg, 0, null)
             dp(p, x, y, z)
-        for pipe, bg, x, y, z in islice(raw, 1, None):
+        for pipe, bg, x, y, z in rest:
             if pipe is not None:
                 sp(p, pipe)
             if bg is not None:

@@ -103,12 +103,11 @@ class Timeline:
         return p
 
     def native_pass(self):
-        """(raw handle of the open compute pass, [pipeline, bind group 0] it holds now): graph
-        replay skips setting what is already set and updates the list."""
-        p = self._pass
-        if p is None:
-            p = self._open_pass()
-        return self._raw_pass, self._pass_state
+        """Raw handle of the open compute pass. self._pass_state holds [pipeline, bind group 0]
+        set in it: graph replay skips setting what is already set and updates the list."""
+        if self._pass is None:
+            self._open_pass()
+        return self._raw_pass
 
     def _open_pass(self):
         if self._pass is None:
