@@ -209,4 +209,5 @@ def test_model_kernel_counts(benchmark, ctx, name):
                   concat_before=concats(before), concat_after=concats(after))
     print(f"\n{name}: {len(before)} -> {len(after)} kernels, concat kernels {concats(before)} -> "
           f"{concats(after)} ({dict(fam.most_common(5))})")
-    assert concats(after) == 0 and len(after) < len(before)
+    if os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"):  # NO_FUSION turns placement off too
+        assert concats(after) == 0 and len(after) < len(before)
