@@ -100,11 +100,23 @@ def write_report(data, stamp, out_md, plot_png, profile_text):
         "",
     ]
     for g, items in groups.items():
+        if g == "kernel counts":  # its own table below: counts, not times
+            continue
         lines += [f"## {g}", "", "| benchmark | mltensor | enqueue | reference | ratio | details |", "|---|---|---|---|---|---|"]
         for name, info in items:
             ratio = f"{info['ratio']:.2f}x" if info.get("ratio") else "-"
             lines.append(f"| {name.removeprefix('test_')} | {_ours(info)} | {_fmt_time(info.get('ours_enqueue_s'))} | "
                          f"{_ref(info)} | {ratio} | {_details(info)} |")
+        lines.append("")
+    counts = groups.get("kernel counts", [])
+    if counts:
+        # issue 15: kernels one dispatch launches, copy-free concat off (every concat input copied,
+        # MLTENSOR_NO_PLACEMENT=1) vs on, both built in this run
+        lines += ["## kernel counts", "", "| model | kernels before | kernels after | concat kernels before | "
+                  "concat kernels after |", "|---|---|---|---|---|"]
+        for _, info in counts:
+            lines.append(f"| {info['model']} | {info['kernels_before']} | {info['kernels_after']} | "
+                         f"{info['concat_before']} | {info['concat_after']} |")
         lines.append("")
     if profile_text:
         lines += ["## GPU time per kernel (timestamp queries)", "", "```", profile_text, "```", ""]

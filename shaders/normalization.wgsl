@@ -5,6 +5,7 @@
 // are two passes over the group (subtracting the mean first keeps the variance accurate).
 {{ bindings }}
 {$ include "common.wgsl" $}
+{{ act }}
 
 // (bitcast is not a WGSL const-expression in naga, hence a function)
 fn eps() -> f32 { return {{ eps }}; }
@@ -31,7 +32,7 @@ fn affine(y: f32, p: u32) -> f32 {
 {$ if mode == "batch" $}
 {{ main_1d(N) }}
     let c = {{ cidx }};
-    dst[i] = affine((src[i] - p_mean[c]) / sqrt(p_var[c] + eps()), c);
+    dst[i] = act(affine((src[i] - p_mean[c]) / sqrt(p_var[c] + eps()), c), i);
 }
 {$ elif mode == "norm_thread" $}
 {{ main_1d("M", "o") }}
@@ -44,7 +45,7 @@ fn affine(y: f32, p: u32) -> f32 {
     let den = sqrt(v / f32(K) + eps());
     for (var k = 0u; k < K; k++) {
         let i = b + off(k);
-        dst[i] = affine((src[i] - mean) / den, pidx(o, k));
+        dst[i] = act(affine((src[i] - mean) / den, pidx(o, k)), i);
     }
 }
 {$ else $}
@@ -77,7 +78,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
     for (var k = lid; k < K; k += WG) {
         let i = b + off(k);
-        dst[i] = affine((src[i] - mean) / den, pidx(o, k));
+        dst[i] = act(affine((src[i] - mean) / den, pidx(o, k)), i);
     }
 }
 {$ endif $}

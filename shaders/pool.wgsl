@@ -7,6 +7,7 @@
 // Tensor (n, c, h, w) lives at n*sn + c*sc + h*sh + w*sw whatever the layout.
 {{ bindings }}
 {$ include "common.wgsl" $}
+{{ act }}
 
 {$ macro accumulate(acc, v) $}
 {$ if mode == "max" $}
@@ -59,7 +60,7 @@ fn finish(acc: {{ T }}, count: u32) -> {{ T }} {
             count = count + 1u;
         }
     }
-    out[i] = finish(acc, count);
+    out[i] = act(finish(acc, count), i);
 }
 {$ else $}
 var<workgroup> part: array<{{ T }}, 64>;
@@ -91,7 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     if (li == 0u) {
-        out[o] = finish(part[0], {{ IH * IW }}u);
+        out[o] = act(finish(part[0], {{ IH * IW }}u), o);
     }
 }
 {$ endif $}

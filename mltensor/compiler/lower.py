@@ -59,6 +59,13 @@ class KernelContext:
         self.out_slot = {}  # id(value) -> Ext it is written to directly
         self._prologue = False
         self.step = None
+        # Copy-free placement (see place()): id(root value) -> (value it lives inside, byte offset);
+        # spans: id(root) -> byte intervals already given to values placed inside it.
+        self.placed = {}
+        self.spans = {}
+        self.fixed = set()  # ids of values bound to the caller's tensors or constants (never placed)
+        self.placement = True
+        self.align = device.limits.get("min-storage-buffer-offset-alignment", 256)
 
     # -- used by lowerings ---------------------------------------------------------------------
 
@@ -98,6 +105,108 @@ class KernelContext:
 
     def root(self, v):
         return self.alias_of.get(id(v), v)
+
+    def placed_root(self, v):
+        """(value owning v's storage, byte offset of v inside it), through aliases and placements."""
+        r, off = self.root(v), 0
+        while id(r) in self.placed:
+            p, o = self.placed[id(r)]
+            r, off = self.root(p), off + o
+        return r, off
+
+    def place(self, x, out, byte_off, slabs=()):
+        """Make `x` live at bytes [byte_off, byte_off + nbytes(x)) of `out`'s storage, so its
+        producer writes straight into that slab (concat then launches nothing). True if done.
+
+        Placement moves x's whole storage tree (x may already sit inside an earlier concat, as in
+        densenet, where every concat extends the previous one) into out's. Refused when: the
+        offset is not a multiple of minStorageBufferOffsetAlignment (views are bound with an
+        offset), the size is not a multiple of 16 bytes (vec4 kernels must not spill into the next
+        slab), either side is a caller's tensor, a constant or a build-time value, the slab
+        overlaps another value's, or some launch would bind one buffer both for reading and for
+        writing (WebGPU forbids that in one dispatch)."""
+        if not self.placement or self._prologue:
+            return False
+        n = self.nbytes(x)
+        xr, xo = self.placed_root(x)
+        orr, oo = self.placed_root(out)
+        target = oo + byte_off
+        if xr is orr:
+            return xo == target
+        if n == 0 or n % 16 or target % self.align or xo % self.align:
+            return False
+        for r in (xr, orr):
+            if (isinstance(r, Scratch) or id(r) in self.fixed or id(r) in self.out_slot
+                    or getattr(r, "_kind", "op") != "op"):
+                return False
+        base = target - xo
+        size = self.nbytes(xr)
+        if base < 0 or base + size > self.nbytes(orr):
+            return False
+        if size != n and not self._tree_matches(xr, base, oo, slabs):  # base: root bytes
+            return False
+        spans = self.spans.setdefault(id(orr), [])
+        if any(s < base + size and base < e for s, e in spans):
+            return False
+        if any(l.prologue and any(self.placed_root(a)[0] is xr for a in l.args
+                                  if not isinstance(a, (Ext, Scratch, tuple))) for l in self.launches):
+            return False
+        self.placed[id(xr)] = (orr, base)
+        spans.append((base, base + size))
+        if self._shared_binding():
+            del self.placed[id(xr)]
+            spans.pop()
+            return False
+        return True
+
+    def _tree_matches(self, xr, base, oo, slabs):
+        """x's storage tree (xr) is larger than x: it may move into out's only if the slabs of
+        `out` it would cover are exactly values already inside it at the same places (densenet:
+        the previous concat is a prefix of the next), else a fallback copy into out could
+        overwrite parts of xr that are still read. slabs: (value, byte offset in out) of all
+        the concat's inputs."""
+        lo, hi, covered = base, base + self.nbytes(xr), 0  # in the root's bytes, as oo + off
+        for v, off in slabs:
+            s, e = oo + off, oo + off + self.nbytes(v)
+            if e <= lo or s >= hi:
+                continue
+            if s < lo or e > hi:
+                return False
+            vr, vo = self.placed_root(v)
+            if vr is not xr or vo != s - lo:
+                return False
+            covered += e - s
+        return covered == hi - lo
+
+    def view(self, out, src, byte_off):
+        """`out` is bytes [byte_off, byte_off + nbytes(out)) of `src` (a slice or split part that
+        is one contiguous range): read it in place, bound with an offset. True if done."""
+        if not self.placement or self._prologue or id(out) in self.out_slot:
+            return False
+        sr, so = self.placed_root(src)
+        if (isinstance(sr, Scratch) or id(sr) in self.fixed or id(sr) in self.out_slot
+                or getattr(sr, "_kind", "op") != "op"):
+            return False
+        n, off = self.nbytes(out), so + byte_off
+        if n == 0 or n % 16 or off % self.align:
+            return False
+        self.placed[id(out)] = (sr, off)
+        return True
+
+    def _shared_binding(self):
+        """Some launch binds one storage root twice with a writable binding among them."""
+        for l in self.launches:
+            if l.prologue:
+                continue
+            seen = {}
+            for a, b in zip(l.args, l.kernel.bindings):
+                if isinstance(a, (Ext, Scratch, tuple)):
+                    continue
+                k = id(self.placed_root(a)[0])
+                if k in seen and (seen[k] or b.writable):
+                    return True
+                seen[k] = seen.get(k, False) or b.writable
+        return False
 
     def scratch(self, nbytes):
         return Scratch(dtypes.padded(nbytes))

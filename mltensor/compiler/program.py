@@ -1,8 +1,14 @@
 """build -> MLGraph: a flat list of launches with pipelines and bind groups made up front.
 
 Only launches that touch the caller's tensors need per-dispatch bind groups; those are cached per
-set of tensors (dropped when one of them is destroyed). Dispatch records the launches into the
-context's open compute pass; nothing is allocated per dispatch once the cache is warm.
+set of tensors (dropped when one of them is destroyed). Dispatch replays the launches into the
+context's open compute pass with direct wgpu-native calls on raw handles (wgpu-py's wrappers for
+other backends), skipping set_pipeline / set_bind_group where the pass already holds them; a
+dispatch with the same tensors as the graph's last one skips validation and allocates nothing.
+
+Copy-free placement (KernelContext.place / view): concat inputs are written straight into their
+slab of the concat's storage and contiguous slice/split parts are read in place, bound with an
+offset. MLTENSOR_NO_PLACEMENT=1 (or MLTENSOR_NO_FUSION=1) turns it off for comparison.
 """
 
 import os
@@ -28,7 +34,9 @@ _dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
 _NULL = _ffi.NULL
 
 
-def compile_graph(builder, outputs):
+def compile_graph(builder, outputs, placement=None):
+    if placement is None:
+        placement = _env_off("MLTENSOR_NO_FUSION") and _env_off("MLTENSOR_NO_PLACEMENT")
     ctx = builder._context
     device = ctx.device
     nodes = live_nodes(builder, outputs)
@@ -39,6 +47,7 @@ def compile_graph(builder, outputs):
                        max_inputs=binding_cap(device) - 1)
 
     kc = KernelContext(device, int64=ctx._int64)
+    kc.placement = placement
     loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
 
     # Edges in: native inputs are read in place, others are unpacked into an intermediate.
@@ -89,6 +98,7 @@ def compile_graph(builder, outputs):
             persist.append(buf)
             loc[id(x)] = ("buf", buf)
 
+    kc.fixed = set(loc)
     lower_steps(kc, steps)
     for v, ext in pending_out:
         if dtypes.is_native(v.data_type):
@@ -107,13 +117,20 @@ def compile_graph(builder, outputs):
     def resolve(a):
         if isinstance(a, (Ext, tuple, Scratch)):
             return a
-        r = kc.root(a)
+        r = kc.placed_root(a)[0]
         return loc.get(id(r), r)
+
+    def view(a):
+        """(byte offset, size) of a placed value's binding, None for a whole buffer."""
+        if isinstance(a, (Ext, tuple, Scratch)) or (id(kc.root(a)) not in kc.placed):
+            return None
+        return kc.placed_root(a)[1], dtypes.padded(compute_nbytes(a))
 
     def is_temp(r):
         return not isinstance(r, (Ext, tuple)) and id(r) not in loc and id(r) not in prologue_values
 
     launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
+    views = [[view(a) for a in l.args] for l in kc.launches]
     assign, sizes = plan_memory([args for _, args in launches], is_temp)
     pool = [
         device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
@@ -143,14 +160,20 @@ def compile_graph(builder, outputs):
     persist = [b for b in persist if id(b) in at_dispatch]
     graph = MLGraph(ctx, builder, outputs, keep, persist + pool)
     prologue = []
-    for l, args in launches:
+    for (l, args), vs in zip(launches, views):
         pipe, bgl = pipeline(device, l.kernel)
         bufs = [buffer_of(a) for a in args]
+        if placement and _shares_buffer(bufs, l.kernel.bindings):
+            # a case place() did not foresee (e.g. a fallback copy inside one concat's storage):
+            # build again without placement rather than bind one buffer for reading and writing
+            graph.destroy()
+            return compile_graph(builder, outputs, placement=False)
+        bufs = [b if v is None else (b, v) for b, v in zip(bufs, vs)]  # views: (buffer, (offset, size))
         entry = [pipe, bgl, bufs, l.groups, None]
         if not any(isinstance(b, Ext) for b in bufs):
             entry[4] = device.create_bind_group(
                 layout=bgl,
-                entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)],
+                entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)],
             )
         (prologue if l.prologue else graph._launches).append(entry)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
@@ -170,6 +193,28 @@ def compile_graph(builder, outputs):
     return graph
 
 
+def _env_off(name):
+    return os.environ.get(name, "") in ("", "0")
+
+
+def _resource(b):
+    """Bind-group resource of a whole buffer, or of a view (buffer, (offset, size))."""
+    if b.__class__ is tuple:
+        return {"buffer": b[0], "offset": b[1][0], "size": b[1][1]}
+    return {"buffer": b}
+
+
+def _shares_buffer(bufs, bindings):
+    seen = {}
+    for b, bd in zip(bufs, bindings):
+        if isinstance(b, Ext):
+            continue
+        if id(b) in seen and (seen[id(b)] or bd.writable):
+            return True
+        seen[id(b)] = seen.get(id(b), False) or bd.writable
+    return False
+
+
 class MLGraph:
     # IDL: interface MLGraph { undefined destroy(); }
 
@@ -184,6 +229,9 @@ class MLGraph:
         self._bg_cache = {}
         self._last_tensors, self._last = [], None
         self._kernel_names = []
+        self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
+        # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
+        self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
         ctx._graphs.add(self)
 
     def _finish(self):
@@ -212,6 +260,7 @@ class MLGraph:
         if self._destroyed:
             return
         self._destroyed = True
+        self._last_call = None
         self._context._graphs.discard(self)
         self._bg_cache.clear()
         self._last_tensors, self._last = [], None
@@ -224,8 +273,14 @@ class MLGraph:
         return self._replay(tensors)[0]
 
     def _replay(self, tensors):
-        """(bound launches, raw replay list of native handles) for this tensor set, cached per
-        set; the last set is checked first (a session binds the same tensors every run)."""
+        """(bound launches, replay list, buffers) for this tensor set, cached per set; the last
+        set is checked first (a session binds the same tensors every run).
+
+        The replay list holds raw wgpu-native handles, (pipeline | None, bind group | None, x, y,
+        z) per launch, None where the launch before set the same object: consecutive launches of
+        one kernel (chains of adds, RNN steps) skip set_pipeline, which costs as much as the
+        dispatch itself. Only launches that touch the caller's tensors get new bind groups for
+        a new set; the others are shared by every set."""
         if tensors == self._last_tensors:
             return self._last
         key = tuple(id(t) for t in tensors)
@@ -243,14 +298,18 @@ class MLGraph:
             if bg is None:
                 real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext) else b for b in bufs]
                 bg = device.create_bind_group(
-                    layout=bgl,
-                    entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(real)],
-                )
+                    layout=bgl, entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(real)])
             bound.append((pipe, bg, groups))
-        raw = [(pipe._internal, bg._internal, *groups) for pipe, bg, groups in bound]
+        raw, last_pipe, last_bg = [], None, None
+        if self._native:
+            for pipe, bg, groups in bound:
+                rp, rb = pipe._internal, bg._internal
+                raw.append((None if rp == last_pipe else rp, None if rb == last_bg else rb, *groups))
+                last_pipe, last_bg = rp, rb
         if len(self._bg_cache) >= _BG_CACHE_MAX:
             self._bg_cache.pop(next(iter(self._bg_cache)))
-        entry = (bound, raw)
+        tail = (bound[-1][0]._internal, bound[-1][1]._internal) if raw else None
+        entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:])
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
             if self._evict not in t._on_destroy:  # once per graph, however often its sets change
@@ -259,6 +318,7 @@ class MLGraph:
         return entry
 
     def _evict(self, tensor):
+        self._last_call = None
         if tensor in self._last_tensors:
             self._last_tensors, self._last = [], None
         tid = id(tensor)
@@ -336,25 +396,71 @@ def _validate(ctx, graph, inputs, outputs):
 
 
 def dispatch(ctx, graph, inputs, outputs):
+    # Hot path: the same tensors as this graph's last dispatch (a render loop, a session). They
+    # were validated then; tensors are immutable but for destroy(), which clears _last_call
+    # (MLGraph._evict), so two dict comparisons (identity of the values, in C) re-validate them.
+    if graph.__class__ is MLGraph and graph._context is ctx and graph._last_call is not None:
+        last_in, last_out, tensors = graph._last_call
+        try:  # a value that is not a tensor (a numpy array) may raise from ==: the slow path says why
+            same = inputs.__class__ is dict and outputs.__class__ is dict and inputs == last_in and outputs == last_out
+        except Exception:
+            same = False
+        if same:
+            ctx._check("dispatch")  # lost context, destroyed shared device
+            tl = ctx._timeline
+            if tl.lent or tl.held:
+                tl.enqueue(Task(tuple(inputs.values()), tuple(outputs.values()), lambda: _record(tl, graph, tensors)))
+            else:
+                _record(tl, graph, tensors)
+            return
     if not _valid_fast(ctx, graph, inputs, outputs):
         _validate(ctx, graph, inputs, outputs)
     ctx._check("dispatch")  # a shared device destroyed since the last call loses the context
-    outs = tuple(outputs.values())
     tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
+    graph._last_call = (dict(inputs), dict(outputs), tensors)
+    for t in tensors:  # destroying one of them clears _last_call (also before a held task runs)
+        if graph._evict not in t._on_destroy:
+            t._on_destroy.append(graph._evict)
     tl = ctx._timeline
-    buffers = [t._buffer for t in tensors]
+    if tl.lent or tl.held:  # may have to wait behind a lease: an ordinary task
+        tl.enqueue(Task(tuple(inputs.values()), tuple(outputs.values()), lambda: _record(tl, graph, tensors)))
+    else:  # nothing to wait for: record now, no Task, no closure
+        _record(tl, graph, tensors)
 
-    def record():
-        # The replay loop calls wgpu-native directly: pipelines and bind groups were validated
-        # when they were created, and wgpu-py's per-call wrapping costs ~7 us a call.
-        bound, raw = graph._replay(tensors)
-        p = tl.compute_pass()._internal
-        for pipe, bg, x, y, z in raw:
-            _set_pipeline(p, pipe)
-            _set_bind_group(p, 0, bg, 0, _NULL)
-            _dispatch(p, x, y, z)
-        tl.keep(bound)  # the objects stay alive until the submit
-        tl.touch(buffers)
-        tl.launched(len(raw))
 
-    tl.enqueue(Task(tuple(inputs.values()), outs, record))
+def _record(tl, graph, tensors):
+    bound, raw, buffers, tail, rest = graph._replay(tensors)
+    if not graph._native:  # another wgpu backend: its Python wrappers
+        p = tl.compute_pass()
+        for pipe, bg, groups in bound:
+            p.set_pipeline(pipe)
+            p.set_bind_group(0, bg)
+            p.dispatch_workgroups(*groups)
+    else:
+        # Direct calls into wgpu-native on raw handles: pipelines and bind groups were validated
+        # when they were created, and wgpu-py's per-call wrapping costs 2-7 us a call. The pass
+        # keeps the last pipeline and bind group across dispatches (tl.native_pass), so
+        # back-to-back dispatches of one graph skip re-setting them too.
+        p = tl.native_pass()
+        state = tl._pass_state
+        sp, sb, dp, null = _set_pipeline, _set_bind_group, _dispatch, _NULL
+        if raw:  # the first launch always sets both, unless the pass holds exactly them already
+            pipe, bg, x, y, z = raw[0]
+            if pipe != state[0]:
+                sp(p, pipe)
+            if bg != state[1]:
+                sb(p, 0, bg, 0, null)
+            dp(p, x, y, z)
+        for pipe, bg, x, y, z in rest:
+            if pipe is not None:
+                sp(p, pipe)
+            if bg is not None:
+                sb(p, 0, bg, 0, null)
+            dp(p, x, y, z)
+        if raw:
+            state[0], state[1] = tail
+    kept = tl._kept
+    if not kept or kept[-1] is not bound:
+        kept.append(bound)  # the objects stay alive until the submit
+    tl._touched.update(buffers)
+    tl.launched(len(bound))

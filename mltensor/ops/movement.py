@@ -83,6 +83,11 @@ def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_stride
         # same element order as the source: no data moves at all
         kc.alias(dst, src)
         return
+    if dense and len(dims) <= 1 and all(s == 1 for _, (s, _) in dims):
+        # one contiguous range of the source (a channel split at batch 1, a slice of rows): read
+        # in place when its offset is aligned (kc.view)
+        if kc.view(dst, src, src_base * kc.nbytes(src) // max(1, math.prod(src.shape))):
+            return
     src_index, dst_index = radix("i", dims, 2)
     src_index += f" + {src_base}u" if src_base else ""
     dst_index = "i" if dense else dst_index + (f" + {dst_base}u" if dst_base else "")
@@ -290,10 +295,20 @@ def _lower_concat(kc, node):
     if len(node.inputs) == 1:
         kc.alias(out, node.inputs[0])
         return
-    offset = 0
-    for k, x in enumerate(node.inputs):
-        _strided_copy(kc, f"concat{k}", x, out, x.shape, row_strides(x.shape), 0, ost, offset * ost[axis])
+    # When every dim before `axis` is 1 (channel concat at batch 1 in NCHW, ...), each input is
+    # one contiguous slab of the output: its producer writes there directly (kc.place) and no
+    # kernel runs. Inputs that cannot be placed are copied.
+    contiguous = all(d == 1 for d in out.shape[:axis])
+    item = kc.nbytes(out) // max(1, math.prod(out.shape))
+    starts, offset = [], 0
+    for x in node.inputs:
+        starts.append(offset * ost[axis])
         offset += x.shape[axis]
+    slabs = [(x, s * item) for x, s in zip(node.inputs, starts)]
+    for k, (x, start) in enumerate(zip(node.inputs, starts)):
+        if contiguous and kc.place(x, out, start * item, slabs):
+            continue
+        _strided_copy(kc, f"concat{k}", x, out, x.shape, row_strides(x.shape), 0, ost, start)
 
 
 register("concat", {"inputs": ALL, "output": ALL}, ranks={"inputs": RANK1}, lower=_lower_concat)

@@ -70,7 +70,9 @@ def _lower_batch(kc, node):
     args = [x, mean, var] + [p for p in (scale, bias) if p is not None] + [out]
     names = ["src", "p_mean", "p_var"] + (["p_scale"] if scale is not None else []) + (
         ["p_bias"] if bias is not None else [])
-    k = Kernel(f"batchnorm_n{n}_c{C}_in{inner}{_sb(scale, bias)}", "normalization.wgsl", params, _bindings(names))
+    bindings = _bindings(names)
+    params["act"] = kc.epilogue(bindings, args)  # e.g. densenet's BatchNormalization -> Relu
+    k = Kernel(f"batchnorm_n{n}_c{C}_in{inner}{_sb(scale, bias)}", "normalization.wgsl", params, bindings)
     kc.launch(k, args, grid(-(-n // WORKGROUP)))
 
 
@@ -162,6 +164,7 @@ def _lower_norm(kc, node, kept, red):
     args = [x] + [p for p in (scale, bias) if p is not None] + [out]
     bindings = _bindings(["src"] + (["p_scale"] if scale is not None else []) + (
         ["p_bias"] if bias is not None else []))
+    params["act"] = kc.epilogue(bindings, args)
     short = node.op.split("_")[0]
     name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}_{mode[5:]}"
     groups = grid(-(-M // WORKGROUP)) if mode == "norm_thread" else grid(M)

@@ -83,7 +83,7 @@ for _name in _KINDS:
 
 def _lower(kc, node, mode):
     (x,) = node.inputs
-    out = node.outputs[0]
+    out = kc.out(node)  # the last fused epilogue node's output, when there is one
     a = node.attrs
     nhwc = a["layout"] == "nhwc"
     if nhwc:
@@ -110,9 +110,12 @@ def _lower(kc, node, mode):
         "PL": pl, "in_s": in_s, "total": total,
     }
     name = f"{node.op}_{a['layout']}_{t}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
-    k = Kernel(name, "pool.wgsl", params, (Binding("x", t), Binding("out", t, True)))
+    # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
+    bindings, args = [Binding("x", t), Binding("out", t, True)], [x, out]
+    params["act"] = kc.epilogue(bindings, args)
+    k = Kernel(name, "pool.wgsl", params, tuple(bindings))
     groups = total if path == "global" else -(-total // WORKGROUP)
-    kc.launch(k, [x, out], grid(groups))
+    kc.launch(k, args, grid(groups))
 
 
 for _name, _mode in (("average_pool2d", "avg"), ("l2_pool2d", "l2"), ("max_pool2d", "max")):

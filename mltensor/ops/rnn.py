@@ -3,15 +3,22 @@ emulation does, so they emit no nodes of their own.
 
 Unlike the spec's step-by-step emulation, the input projection of a whole sequence is one gemm per
 direction ([steps * batch, input] x W^T, with the bias folded in as gemm's C); each step then costs
-one recurrent gemm, a split into gates and fused elementwise chains for the gate math.
+one recurrent gemm and one kernel for all the gate math (internal nodes _lstm_gates / _gru_gates,
+shaders/rnn.wgsl), which reads the gates in place: 2 launches a step instead of 7-8 (gemm, slice,
+a split per gate, two elementwise chains). GRU with reset_after=false needs r before its recurrent
+gemm and keeps the composed form, as does everything under MLTENSOR_NO_FUSION=1.
 Semantics follow the spec's emulation code, including the LSTM output gate's peephole term, which
 uses the incoming cell state.
 """
+
+import math
+import os
 
 import numpy as np
 
 from .. import dtypes
 from ..front.builder import builder_op
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
 from . import check_bool, check_support, register, same_type
 
 FLOAT = dtypes.FLOATS
@@ -40,6 +47,54 @@ register("lstm_cell", {k: FLOAT for k in ("input", "weight", "recurrent_weight",
          ranks={"input": (2, 2), "weight": (2, 2), "recurrent_weight": (2, 2), "hidden_state": (2, 2),
                 "cell_state": (2, 2), "bias": (1, 1), "recurrent_bias": (1, 1),
                 "peephole_weight": (1, 1)})
+
+
+# -- the fused gate kernel -----------------------------------------------------------------------
+
+# WGSL of the activations a recurrent op accepts (ACTIVATIONS), as the elementwise ops write them;
+# relu keeps NaN (max() need not pass it through on GPUs).
+_ACT_WGSL = {"sigmoid": "sigmoid_f32(x)", "tanh": "tanh_f32(x)", "relu": "select(max(x, 0.0), x, is_nan_f32(x))"}
+
+
+def _fuse_gates():
+    return os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0")
+
+
+def _lower_gates(kc, node):
+    a = node.attrs
+    lstm = node.op == "_lstm_gates"
+    H, layout = a["H"], a["layout"]
+    n = math.prod(node.outputs[0].shape)
+    params = {"mode": "lstm" if lstm else "gru", "n": n, "H": H, "G": len(layout), "gx_off": a["gx_off"],
+              "pos": {k: p for p, k in enumerate(layout)}, "peep": lstm and len(node.inputs) == 4}
+    for k, name in enumerate(a["acts"]):
+        params[f"act{k}"] = _ACT_WGSL[name]
+    names = ["gx", "rec", "c" if lstm else "h"] + (["peep"] if params["peep"] else [])
+    outs = ["h_out", "c_out"] if lstm else ["h_out"]
+    bindings = [Binding(x, "f32") for x in names] + [Binding(x, "f32", True) for x in outs]
+    args = list(node.inputs) + [kc.out(node, i) for i in range(len(outs))]
+    name = f"{'lstm' if lstm else 'gru'}_gates_{layout}_b{n // H}_h{H}" + ("_p" if params["peep"] else "")
+    kc.launch(Kernel(name, "rnn.wgsl", params, bindings), args, grid(-(-n // WORKGROUP)))
+
+
+register("_lstm_gates", {"input": FLOAT, "output": FLOAT}, lower=_lower_gates)
+register("_gru_gates", {"input": FLOAT, "output": FLOAT}, lower=_lower_gates)
+
+
+def _lstm_step_fused(b, gx_src, gx_off, h, c, rec, layout, acts):
+    """One LSTM step as a recurrent gemm + one gate kernel; gx_src[gx_off:] holds this step's
+    input projection rows ([batch, 4h], bias included). Returns (h, c)."""
+    recg = b.gemm(h, rec["R"], c=rec["rb"], b_transpose=True)
+    ins = [gx_src, recg, c] + ([rec["peep_full"]] if rec.get("peep_full") is not None else [])
+    attrs = {"layout": layout, "acts": tuple(acts), "gx_off": gx_off, "H": h.shape[1]}
+    return b._emit("_lstm_gates", ins, attrs, [(h.data_type, h.shape)] * 2)
+
+
+def _gru_step_fused(b, gx_src, gx_off, h, rec, layout, acts):
+    """One GRU step (reset_after) as a recurrent gemm + one gate kernel."""
+    recg = b.gemm(h, rec["R"], c=rec["rb"], b_transpose=True)
+    attrs = {"layout": layout, "acts": tuple(acts), "gx_off": gx_off, "H": h.shape[1]}
+    return b._emit1("_gru_gates", [gx_src, recg, h], attrs, h.data_type, h.shape)
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -213,8 +268,11 @@ def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurr
         per_t = [None] * steps
         for s in range(steps):
             t = steps - 1 - s if backward else s
-            gx = b.slice(gx_all, [t * batch, 0], [batch, 3 * hs])
-            h = _gru_step(b, gx, h, rec, hs, reset_after, layout, acts, one)
+            if reset_after and _fuse_gates():
+                h = _gru_step_fused(b, gx_all, t * batch * 3 * hs, h, rec, layout, acts)
+            else:
+                gx = b.slice(gx_all, [t * batch, 0], [batch, 3 * hs])
+                h = _gru_step(b, gx, h, rec, hs, reset_after, layout, acts, one)
             per_t[t] = h
         finals.append(b.reshape(h, [1, batch, hs]))
         if return_sequence:
@@ -249,6 +307,8 @@ def gru_cell(b, x, weight, recurrent_weight, hidden_state, hidden_size, *, bias=
         rec["rbg"] = _gate_slices(b, recurrent_bias, layout, hs)
     one = b.constant(data_type=x.data_type, value=1.0)
     gx = b.gemm(x, weight, c=bias, b_transpose=True)
+    if reset_after and _fuse_gates():
+        return _gru_step_fused(b, gx, 0, hidden_state, rec, layout, acts)
     return _gru_step(b, gx, hidden_state, rec, hs, reset_after, layout, acts, one)
 
 
@@ -284,16 +344,20 @@ def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recur
     for d in range(nd):
         backward = direction == "backward" or d == 1
         W = _dir(b, weight, d, nd)
+        peep = _dir(b, peephole_weight, d, nd)
         rec = {"R": _dir(b, recurrent_weight, d, nd), "rb": _dir(b, recurrent_bias, d, nd),
-               "peep": _peep(b, _dir(b, peephole_weight, d, nd), hs)}
+               "peep": _peep(b, peep, hs), "peep_full": peep}
         gx_all = b.gemm(x2, W, c=_dir(b, bias, d, nd), b_transpose=True)  # [steps * batch, 4h]
         h = _dir(b, initial_hidden_state, d, nd) if initial_hidden_state is not None else _zeros(b, dt, (batch, hs))
         c = _dir(b, initial_cell_state, d, nd) if initial_cell_state is not None else _zeros(b, dt, (batch, hs))
         per_t = [None] * steps
         for s in range(steps):
             t = steps - 1 - s if backward else s
-            gx = b.slice(gx_all, [t * batch, 0], [batch, 4 * hs])
-            h, c = _lstm_step(b, gx, h, c, rec, layout, acts)
+            if _fuse_gates():
+                h, c = _lstm_step_fused(b, gx_all, t * batch * 4 * hs, h, c, rec, layout, acts)
+            else:
+                gx = b.slice(gx_all, [t * batch, 0], [batch, 4 * hs])
+                h, c = _lstm_step(b, gx, h, c, rec, layout, acts)
             per_t[t] = h
         hfin.append(b.reshape(h, [1, batch, hs]))
         cfin.append(b.reshape(c, [1, batch, hs]))
@@ -326,7 +390,11 @@ def lstm_cell(b, x, weight, recurrent_weight, hidden_state, cell_state, hidden_s
     _shape(where, "bias", bias, (4 * hs,))
     _shape(where, "recurrent_bias", recurrent_bias, (4 * hs,))
     _shape(where, "peephole_weight", peephole_weight, (3 * hs,))
-    rec = {"R": recurrent_weight, "rb": recurrent_bias, "peep": _peep(b, peephole_weight, hs)}
+    rec = {"R": recurrent_weight, "rb": recurrent_bias, "peep": _peep(b, peephole_weight, hs),
+           "peep_full": peephole_weight}
     gx = b.gemm(x, weight, c=bias, b_transpose=True)
-    h, c = _lstm_step(b, gx, hidden_state, cell_state, rec, layout, acts)
+    if _fuse_gates():
+        h, c = _lstm_step_fused(b, gx, 0, hidden_state, cell_state, rec, layout, acts)
+    else:
+        h, c = _lstm_step(b, gx, hidden_state, cell_state, rec, layout, acts)
     return [h, c]

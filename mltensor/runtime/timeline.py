@@ -57,6 +57,9 @@ class Timeline:
         self.counters = counters
         self._encoder = None
         self._pass = None
+        self._raw_pass = None
+        self._pass_state = [None, None]  # raw pipeline and bind group 0 set in the open pass
+        self._unsubmitted_writes = False  # a queue.write_buffer since the last submit
         self._touched = set()  # buffers used by commands in the open encoder
         self._kept = []  # objects recorded commands refer to (released after the submit)
         self._launches = 0
@@ -94,10 +97,25 @@ class Timeline:
     # -- command recording ---------------------------------------------------------------------
 
     def compute_pass(self):
+        """The open compute pass (wgpu-py object); whoever asks will set its own state."""
+        p = self._open_pass()
+        self._pass_state[0] = self._pass_state[1] = None
+        return p
+
+    def native_pass(self):
+        """Raw handle of the open compute pass. self._pass_state holds [pipeline, bind group 0]
+        set in it: graph replay skips setting what is already set and updates the list."""
+        if self._pass is None:
+            self._open_pass()
+        return self._raw_pass
+
+    def _open_pass(self):
         if self._pass is None:
             if self._encoder is None:
                 self._encoder = self.device.create_command_encoder()
             self._pass = self._encoder.begin_compute_pass()
+            self._raw_pass = getattr(self._pass, "_internal", None)
+            self._pass_state = [None, None]
         return self._pass
 
     def encoder(self):
@@ -133,6 +151,11 @@ class Timeline:
             self._after_submit.append(callback)
 
     def flush(self):
+        if self._encoder is None and self._unsubmitted_writes:
+            # queue.write_buffer lands with the next submit: maps (requested without wgpu-py's
+            # own empty submit, see PendingRead._map) must come after one
+            self._encoder = self.device.create_command_encoder()
+        self._unsubmitted_writes = False
         if self._encoder is not None:
             if self._pass is not None:
                 self._pass.end()
@@ -155,6 +178,7 @@ class Timeline:
         if buffer in self._touched:
             self.flush()
         self.queue.write_buffer(buffer, 0, data)
+        self._unsubmitted_writes = True
         self.counters[counter] += nbytes
 
     def acquire_staging(self, size):
@@ -274,7 +298,10 @@ class PendingRead:
         tl.after_submit(self._map)
 
     def _map(self):
-        self.promise = self.staging.map_async(wgpu.MapMode.READ, 0, self.size)
+        # Requested right after the submit holding the copy. "READ_NOSYNC": wgpu-py would
+        # otherwise submit an empty command buffer first (a workaround for maps of never-submitted
+        # buffers, wgpu-native#305); ours always follow the submit of their copy.
+        self.promise = self.staging.map_async("READ_NOSYNC", 0, self.size)
 
     def _check(self, where):
         if self.ctx._lost_info is not None:
@@ -292,9 +319,9 @@ class PendingRead:
     def read_mapped_tensor(self, where):
         """Synchronous read of a tensor created mappable (CPU adapters): map the tensor itself.
         Safe because nothing else can be recorded while this call blocks."""
-        self.ctx._timeline.flush()
+        self.ctx._timeline.flush()  # also submits pending queue writes (Timeline.flush)
         buf = self.tensor._buffer
-        buf.map_sync(wgpu.MapMode.READ, 0, self.size)
+        buf.map_async("READ_NOSYNC", 0, self.size).sync_wait()
         try:
             return self._copy_out(buf)
         finally:

@@ -1,0 +1,41 @@
+// The gate math of one GRU / LSTM step in one kernel (mltensor/ops/rnn.py), one thread per
+// element (b, j) of the [batch, hidden] state. Gates are read in place: `gx` is the sequence's
+// input projection ([steps * batch, G * H], this step's rows from gx_off on) and `rec` the
+// recurrent gemm h x R^T + rb ([batch, G * H]), so no split or slice launches. Gate k sits at
+// column pos_k * H + j in both (pos: its place in the operator's layout).
+{{ bindings }}
+{$ include "common.wgsl" $}
+
+fn act0(x: f32) -> f32 { return {{ act0 }}; }
+fn act1(x: f32) -> f32 { return {{ act1 }}; }
+{$ if mode == "lstm" $}
+fn act2(x: f32) -> f32 { return {{ act2 }}; }
+{$ endif $}
+
+{{ main_1d(n) }}
+    let b = i / {{ H }}u;
+    let j = i - b * {{ H }}u;
+    let row = b * {{ G * H }}u + j;
+{$ if mode == "lstm" $}
+    let cv = c[i];
+    var gi = gx[{{ gx_off }}u + row + {{ pos.i * H }}u] + rec[row + {{ pos.i * H }}u];
+    var gf = gx[{{ gx_off }}u + row + {{ pos.f * H }}u] + rec[row + {{ pos.f * H }}u];
+    let gg = gx[{{ gx_off }}u + row + {{ pos.g * H }}u] + rec[row + {{ pos.g * H }}u];
+    var go = gx[{{ gx_off }}u + row + {{ pos.o * H }}u] + rec[row + {{ pos.o * H }}u];
+{$ if peep $}
+    // peephole order i, o, f (the spec's emulation), all on the incoming cell state
+    gi = gi + cv * peep[j];
+    go = go + cv * peep[{{ H }}u + j];
+    gf = gf + cv * peep[{{ 2 * H }}u + j];
+{$ endif $}
+    let c2 = act0(gf) * cv + act0(gi) * act1(gg);
+    c_out[i] = c2;
+    h_out[i] = act0(go) * act2(c2);
+{$ else $}
+    let hv = h[i];
+    let z = act0(gx[{{ gx_off }}u + row + {{ pos.z * H }}u] + rec[row + {{ pos.z * H }}u]);
+    let r = act0(gx[{{ gx_off }}u + row + {{ pos.r * H }}u] + rec[row + {{ pos.r * H }}u]);
+    let n = act1(gx[{{ gx_off }}u + row + {{ pos.n * H }}u] + r * rec[row + {{ pos.n * H }}u]);
+    h_out[i] = z * hv + n * (1.0 - z);
+{$ endif $}
+}
