@@ -119,11 +119,13 @@ class InferenceSession:
             self._load_tflite(model)
         else:
             self._kind = "onnx"
-            from .onnx.importer import load_model, symbolic_inputs
+            from .onnx.importer import data_errors, load_model, source_name, symbolic_inputs
 
             self._model, self._base_dir = load_model(model)
-            shapes, params = symbolic_inputs(self._model)
-            self._describe(shapes, params)
+            self._name = source_name(model)
+            with data_errors(self._name):
+                shapes, params = symbolic_inputs(self._model)
+                self._describe(shapes, params)
             self._value_names = set()  # inputs whose values the graph must know at load
             pending = any(
                 d is None and (p is None or p not in self._free)
@@ -176,7 +178,7 @@ class InferenceSession:
         """Import the ONNX model for the feeds' shapes; graph inputs that must be known at load
         (shapes, axes, pads given as inputs) take their value from `feeds` and the graph is
         specialized to it. None when such a value is needed but `build_only` (no values yet)."""
-        from .onnx.importer import Importer, NeedsValue
+        from .onnx.importer import Importer, NeedsValue, data_errors
 
         while True:
             values = {} if build_only else {
@@ -185,7 +187,8 @@ class InferenceSession:
             im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
                           base_dir=self._base_dir, input_values=values)
             try:
-                imp = im.run()
+                with data_errors(self._name, im):
+                    imp = im.run()
                 break
             except NeedsValue as e:
                 if e.input_name in self._value_names:
