@@ -281,7 +281,9 @@ class Importer:
         if like is not None and a.dtype.kind == "f" and like.data_type in ("float32", "float16"):
             a = a.astype(like.data_type)
         s = storage_array(a)
-        op = self.b.constant(np.ascontiguousarray(s))
+        # not np.ascontiguousarray: it turns a 0-d array into shape [1] (a scalar index would
+        # then keep its axis in Gather, a scalar would broadcast as rank 1)
+        op = self.b.constant(s if s.flags.c_contiguous else np.array(s, order="C"))
         if a.dtype == np.bool_:
             self.bools.add(id(op))
         self._consts[id(v)] = (v, op)
