@@ -59,7 +59,7 @@ class NodeArg:
     __slots__ = ("name", "shape", "type")
 
     def __init__(self, name, shape, type):
-        self.name, self.shape, self.type = name, list(shape), type
+        self.name, self.shape, self.type = name, None if shape is None else list(shape), type
 
     def __repr__(self):
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
@@ -127,7 +127,7 @@ class InferenceSession:
                 shapes, params = symbolic_inputs(self._model)
                 self._describe(shapes, params)
             self._value_names = set()  # inputs whose values the graph must know at load
-            pending = any(
+            pending = any(shapes[name] is None for name in shapes) or any(
                 d is None and (p is None or p not in self._free)
                 for name in shapes for d, p in zip(shapes[name], params[name])
             )
@@ -227,8 +227,9 @@ class InferenceSession:
             if vi.name not in shapes:
                 continue
             et = vi.type.tensor_type.elem_type
-            dims = [d if d is not None else (p if p is None or p not in self._free else self._free[p])
-                    for d, p in zip(shapes[vi.name], params[vi.name])]
+            dims = None if shapes[vi.name] is None else [  # None: declared without a shape
+                d if d is not None else (p if p is None or p not in self._free else self._free[p])
+                for d, p in zip(shapes[vi.name], params[vi.name])]
             self._input_args.append(NodeArg(vi.name, dims, TYPE_STRING.get(et, f"tensor({et})")))
             self._np_in[vi.name] = np.dtype(helper.tensor_dtype_to_np_dtype(et)) if et else None
         self._output_args = []
@@ -326,6 +327,8 @@ class InferenceSession:
             raise TypeError(f"[{where}] missing input(s) {missing}; the model's inputs are {known}")
         for a in self._input_args:
             v = input_feed[a.name]
+            if a.shape is None:  # declared without a shape: any rank
+                continue
             if not isinstance(v, MLTensor) and not isinstance(v, np.ndarray):
                 v = np.asarray(v)
             if len(v.shape) != len(a.shape) or any(

@@ -198,13 +198,17 @@ class Imported:
 
 def symbolic_inputs(model):
     """{input name: [dim or None ...]} of the model's real inputs (initializers excluded), with
-    the dim_param names: returns (shapes, params) where params[name][i] is the symbol or None."""
+    the dim_param names: returns (shapes, params) where params[name][i] is the symbol or None.
+    An input declared without a shape (any rank) has shapes[name] = params[name] = None."""
     inits = {i.name for i in model.graph.initializer}
     shapes, params = {}, {}
     for vi in model.graph.input:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            shapes[vi.name] = params[vi.name] = None
+            continue
         dims, syms = [], []
         for d in tt.shape.dim:
             if d.HasField("dim_value") and d.dim_value > 0:
@@ -392,9 +396,14 @@ class Importer:
     def _fix_dims(self, name, dims, syms):
         if name in self.input_shapes:
             given = tuple(int(d) for d in self.input_shapes[name])
+            if dims is None:  # declared without a shape: any rank
+                return given
             if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
                 raise FeedError(f"[onnx] input {name!r} expects shape {dims}, got {list(given)}")
             return given
+        if dims is None:
+            raise FeedError(f"[onnx] input {name!r} is declared without a shape: run it through "
+                            "InferenceSession, whose feeds give it one")
         out = []
         for i, (d, s) in enumerate(zip(dims, syms)):
             if d is None:

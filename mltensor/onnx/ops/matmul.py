@@ -36,6 +36,9 @@ def _matmul(im, node, ins, attrs):
 @op("Gemm", attrs=("alpha", "beta", "transA", "transB", "broadcast"))
 def _gemm(im, node, ins, attrs):
     a = X(im, ins[0])
+    if len(a.shape) == 1:
+        # onnxruntime takes a vector A as one row (one column with transA); WebNN gemm is 2-D
+        a = im.b.reshape(a, [a.shape[0], 1] if attrs.get("transA", 0) else [1, a.shape[0]])
     kw = {}
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
     if alpha != 1.0:
