@@ -4,8 +4,8 @@ Load (path, bytes or ModelProto, external data included), fix symbolic dimension
 inference (for value types), then walk the nodes in order:
 - a node whose inputs are all known on the host (initializers, Constant, results of folded nodes,
   and shapes of operands, which are static) is folded with numpy through onnx.reference;
-- otherwise its handler in ops/ (one module per family) maps it onto builder calls, decomposing where WebNN has no
-  single operator;
+- otherwise its handler in ops/ (one module per family) maps it onto builder calls,
+  decomposing where WebNN has no single operator;
 - an op without a handler that ONNX defines as a function is expanded into its function body;
 - anything else fails here, at load, naming the node, op type, opset and the supported ops.
 
