@@ -251,6 +251,11 @@ class InferenceSession:
         return self._spec.graph if self._spec is not None else None
 
     @property
+    def _out_tensors(self):
+        """The output tensors of the last run's specialization (bench/ binds them directly)."""
+        return self._spec.out_tensors if self._spec is not None else {}
+
+    @property
     def specializations(self):
         """How many specializations (one per combination of input sizes) are cached."""
         return len(self._specs)
