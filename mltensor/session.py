@@ -279,20 +279,22 @@ class InferenceSession:
         (uploaded once) or MLTensors (bound as is). Returns numpy arrays, or MLTensors with
         output_location="ml-tensor" (the session's own tensors; the next run overwrites them)."""
         names, outs = self._enqueue(output_names, input_feed, output_location)
+        spec = self._spec  # another run (run_async) may switch sizes before the results are read
         if output_location == "ml-tensor":
             return outs
         res = _read_all(self._ctx, outs, "InferenceSession.run")
-        return [self._to_onnx(n, r) for n, r in zip(names, res)]
+        return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
 
     async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
         names, outs = self._enqueue(output_names, input_feed, output_location)
+        spec = self._spec  # another run (run_async) may switch sizes before the results are read
         if output_location == "ml-tensor":
             return outs
         reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
         done = await asyncio.gather(*[r for r in reads if r is not None])
         it = iter(done)
         res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
-        return [self._to_onnx(n, r) for n, r in zip(names, res)]
+        return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
 
     def close(self):
         """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included)."""
@@ -434,8 +436,8 @@ class InferenceSession:
             spec.const_tensors[name] = t
         return t
 
-    def _to_onnx(self, name, arr):
-        info = self._spec.outputs[name]
+    def _to_onnx(self, spec, name, arr):
+        info = spec.outputs[name]
         want = info.np_dtype
         if arr.dtype == want:
             return arr

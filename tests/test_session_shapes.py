@@ -143,3 +143,17 @@ def test_shape_input_values_specialize_too(ctx, rng):
     np.testing.assert_array_equal(y, x8.reshape(2, 4))
     assert sess.stats["builds"] == 3 and sess.stats["hits"] == 1
     assert isinstance(sess.graph, mltensor.MLGraph)
+
+
+async def test_run_async_at_two_sizes_concurrently(ctx, model, ref, rng):
+    import asyncio
+
+    sess = InferenceSession(model, ctx)
+    a = rng.standard_normal((1, 3, 8, 16)).astype(np.float32)
+    b = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    ra, rb = await asyncio.gather(sess.run_async(None, {"x": a}), sess.run_async(None, {"x": b}))
+    for got, x in ((ra, a), (rb, b)):
+        for g, w in zip(got, ref(x)):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    sess.close()
