@@ -143,3 +143,32 @@ def test_fuzz_quick(ctx):
 def test_fuzz_600_mutants(ctx):
     out = _fuzz(ctx, 600, seed=1, run_loaded=True)
     assert sum(out.values()) == 600
+
+
+@pytest.mark.slow
+def test_fuzz_silero_vad_with_subgraphs(ctx):
+    """A real exported model with If subgraphs and LSTM, 200 mutants, each loaded one run with
+    16 kHz feeds (its sizes are symbolic, so the import happens at that run)."""
+    from mltensor import models
+
+    try:
+        data = open(models.fetch_onnx("silero_vad_16k_op15", progress=False), "rb").read()
+    except models.FetchError as e:  # pragma: no cover
+        pytest.skip(f"model unavailable: {e}")
+    feeds = {"input": np.zeros((1, 512), np.float32), "state": np.zeros((2, 1, 128), np.float32),
+             "sr": np.array(16000, np.int64)}
+    counts = {}
+    for kind, blob in _mutants(data, 200, seed=2):
+        try:
+            sess = InferenceSession(blob, ctx)
+            sess.run(None, feeds)
+            sess.close()
+            outcome = "ran"
+        except ALLOWED as e:
+            outcome = type(e).__name__
+        except TypeError:
+            outcome = "feed mismatch"  # the mutated model declares other inputs: the caller's error
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"mutant (kind {kind}) escaped as {type(e).__name__}: {e}")
+        counts[outcome] = counts.get(outcome, 0) + 1
+    assert sum(counts.values()) == 200
