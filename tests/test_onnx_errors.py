@@ -120,7 +120,7 @@ def _fuzz(ctx, n, seed, run_loaded):
         if run_loaded:
             feeds = {}
             for a in sess.get_inputs():
-                if not all(isinstance(d, int) for d in a.shape) or a.type != "tensor(float)":
+                if a.shape is None or not all(isinstance(d, int) for d in a.shape) or a.type != "tensor(float)":
                     break
                 feeds[a.name] = np.zeros(a.shape, np.float32)
             else:
