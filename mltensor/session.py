@@ -20,7 +20,17 @@ or back into this session (a decode loop): that run writes the output into a sec
 for the purpose, so the two alternate (still no allocation after the first such run).
 Outputs ONNX folds to constants at load are returned from the host (numpy), or as a tensor written
 once (ml-tensor).
+
+Shape-polymorphic (ONNX): a run accepts any input sizes the model allows (symbolic or unknown
+dimensions not pinned by `free_dimensions`). Each new combination of input sizes (and of the
+values of inputs that must be known at load, such as a shape fed as an input) is imported and
+built once into a specialization: its graph and its own input/output tensors. The session keeps
+the `max_specializations` most recently used ones (LRU, default 8) and destroys the rest, their
+ml-tensor outputs included. `session.specializations` says how many are cached;
+`session.stats` counts builds, cache hits and evictions.
 """
+
+from collections import OrderedDict
 
 import asyncio
 import os
@@ -49,7 +59,7 @@ class NodeArg:
     __slots__ = ("name", "shape", "type")
 
     def __init__(self, name, shape, type):
-        self.name, self.shape, self.type = name, list(shape), type
+        self.name, self.shape, self.type = name, None if shape is None else list(shape), type
 
     def __repr__(self):
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
@@ -63,89 +73,146 @@ def _is_tflite(model):
     return False
 
 
+class _Specialization:
+    """One build of the model for one combination of input sizes (and load-time input values):
+    the graph, its inputs/outputs (IOInfo) and the tensors runs with these sizes reuse."""
+
+    __slots__ = ("graph", "inputs", "outputs", "in_tensors", "out_tensors", "spare", "const_tensors",
+                 "values")
+
+    def __init__(self, graph, inputs, outputs, values=None):
+        self.graph = graph
+        self.inputs = {i.name: i for i in inputs}
+        self.outputs = {o.name: o for o in outputs}
+        self.in_tensors = {}
+        self.out_tensors = {}
+        self.spare = {}  # second output tensors, for outputs fed back into the session
+        self.const_tensors = {}
+        self.values = values or {}  # input name -> the value the graph is specialized to
+
+    def destroy(self):
+        for d in (self.in_tensors, self.out_tensors, self.spare, self.const_tensors):
+            for t in d.values():
+                t.destroy()
+            d.clear()
+        if self.graph is not None:
+            self.graph.destroy()
+            self.graph = None
+
+
 class InferenceSession:
-    def __init__(self, model, context=None, *, free_dimensions=None, providers=None, sess_options=None):
+    def __init__(self, model, context=None, *, free_dimensions=None, providers=None, sess_options=None,
+                 max_specializations=8):
         self._ctx = context if context is not None else default_context()
         self._free = dict(free_dimensions or {})
+        if isinstance(max_specializations, bool) or not isinstance(max_specializations, int) \
+                or max_specializations < 1:
+            raise TypeError(f"[InferenceSession] max_specializations must be an integer >= 1, "
+                            f"got {max_specializations!r}")
+        self.max_specializations = max_specializations
         self._closed = False
-        self._graph = None
-        self._in_tensors = {}
-        self._out_tensors = {}
-        self._spare = {}  # second output tensors, for outputs fed back into the session
-        self._const_tensors = {}
+        self._specs = OrderedDict()  # key -> _Specialization, least recently used first
+        self._spec = None  # the one the last run used
+        self._stats = {"builds": 0, "hits": 0, "evictions": 0}
         if _is_tflite(model):
             self._kind = "tflite"
             self._load_tflite(model)
         else:
             self._kind = "onnx"
-            from .onnx.importer import load_model, symbolic_inputs
+            from .onnx.importer import data_errors, load_model, source_name, symbolic_inputs
 
             self._model, self._base_dir = load_model(model)
-            shapes, params = symbolic_inputs(self._model)
-            self._describe(shapes, params)
-            self._value_inputs = {}  # input name -> value the graph is specialized to
-            self._pending = any(
+            self._name = source_name(model)
+            with data_errors(self._name):
+                shapes, params = symbolic_inputs(self._model)
+                self._describe(shapes, params)
+            self._value_names = set()  # inputs whose values the graph must know at load
+            pending = any(shapes[name] is None for name in shapes) or any(
                 d is None and (p is None or p not in self._free)
                 for name in shapes for d, p in zip(shapes[name], params[name])
             )
-            if not self._pending:
-                # Otherwise some dimension has no value yet: the first run's feeds fix it.
-                self._import({}, {})
+            if not pending:
+                # Otherwise some dimension has no value yet: each run's feeds fix it.
+                feeds = {a.name: _Shaped(a.shape) for a in self._input_args}
+                self._specialize(feeds, build_only=True)
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _import(self, input_shapes, feeds):
-        """Import the ONNX model; graph inputs that must be known at load (shapes, axes, pads
-        given as inputs) take their value from `feeds` and the graph is specialized to it."""
-        from .onnx.importer import Importer, NeedsValue
+    def _key(self, feeds):
+        """Cache key of a specialization: each input's shape, and the value of each input the
+        graph must know at load."""
+        key = []
+        for a in self._input_args:
+            v = feeds[a.name]
+            if a.name in self._value_names:
+                h = _host(v, self._ctx)
+                key.append((a.name, h.dtype.str, h.shape, h.tobytes()))
+            else:
+                key.append((a.name, tuple(v.shape)))
+        return tuple(key)
+
+    def _specialize(self, feeds, build_only=False):
+        """Make the specialization for these feeds current: from the cache, else imported and
+        built (evicting the least recently used one beyond max_specializations)."""
+        key = self._key(feeds)
+        spec = self._specs.get(key)
+        if spec is not None:
+            self._specs.move_to_end(key)
+            self._stats["hits"] += 1
+            self._spec = spec
+            return spec
+        spec = self._import(feeds, build_only)
+        if spec is None:
+            return None
+        key = self._key(feeds)  # the import may have found inputs whose values it needs
+        self._stats["builds"] += 1
+        self._specs[key] = spec
+        self._spec = spec
+        while len(self._specs) > self.max_specializations:
+            _, old = self._specs.popitem(last=False)
+            old.destroy()
+            self._stats["evictions"] += 1
+        return spec
+
+    def _import(self, feeds, build_only):
+        """Import the ONNX model for the feeds' shapes; graph inputs that must be known at load
+        (shapes, axes, pads given as inputs) take their value from `feeds` and the graph is
+        specialized to it. None when such a value is needed but `build_only` (no values yet)."""
+        from .onnx.importer import Importer, NeedsValue, data_errors
 
         while True:
-            values = {n: np.array(_host(feeds[n], self._ctx)) for n in self._value_inputs if n in feeds}
-            im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=input_shapes,
+            values = {} if build_only else {
+                n: np.array(_host(feeds[n], self._ctx)) for n in self._value_names}
+            shapes = {n: tuple(v.shape) for n, v in feeds.items() if n not in self._value_names}
+            im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
                           base_dir=self._base_dir, input_values=values)
             try:
-                imp = im.run()
+                with data_errors(self._name, im):
+                    imp = im.run()
                 break
             except NeedsValue as e:
-                if e.input_name in self._value_inputs:
+                if e.input_name in self._value_names:
                     raise
-                self._value_inputs[e.input_name] = None
-                if e.input_name not in feeds:
-                    self._pending = True  # known at the first run
-                    return
-        if self._graph is not None:
-            self._release_graph()
-        self._value_inputs = values
-        self._set(imp.graph, imp.inputs, imp.outputs)
-        self._pending = False
-        if not values:
-            self._model = None  # the graph holds the weights now
+                self._value_names.add(e.input_name)
+                if build_only:
+                    return None  # known at the first run
+        return _Specialization(imp.graph, imp.inputs, imp.outputs, values)
 
     def _load_tflite(self, model):
         from . import tflite
         from .onnx.importer import IOInfo, ONNX_OF_WEBNN
 
-        graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free)
-        self._set(
-            graph,
-            [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins],
-            [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs],
-        )
-        self._pending = False
-
-    def _set(self, graph, inputs, outputs):
         from .onnx.importer import TYPE_STRING
 
-        self._graph = graph
-        self._inputs = {i.name: i for i in inputs}
-        self._outputs = {o.name: o for o in outputs}
-        if self._kind == "tflite":
-            self._input_args = [NodeArg(i.name, i.shape, TYPE_STRING[i.onnx_type]) for i in inputs]
-            self._np_in = {i.name: i.np_dtype for i in inputs}
-        else:
-            for a in self._input_args:
-                if a.name in self._inputs:
-                    a.shape = list(self._inputs[a.name].shape)
+        graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free)
+        inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
+        outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
+        # one specialization, the sizes of the file (its inputs are checked against them)
+        self._spec = _Specialization(graph, inputs, outputs)
+        self._specs[None] = self._spec
+        self._stats["builds"] += 1
+        self._input_args = [NodeArg(i.name, i.shape, TYPE_STRING[i.onnx_type]) for i in inputs]
+        self._np_in = {i.name: i.np_dtype for i in inputs}
         self._output_args = [NodeArg(o.name, o.shape, TYPE_STRING[o.onnx_type]) for o in outputs]
 
     def _describe(self, shapes, params):
@@ -160,22 +227,17 @@ class InferenceSession:
             if vi.name not in shapes:
                 continue
             et = vi.type.tensor_type.elem_type
-            dims = [d if d is not None else (p if p is None or p not in self._free else self._free[p])
-                    for d, p in zip(shapes[vi.name], params[vi.name])]
+            dims = None if shapes[vi.name] is None else [  # None: declared without a shape
+                d if d is not None else (p if p is None or p not in self._free else self._free[p])
+                for d, p in zip(shapes[vi.name], params[vi.name])]
             self._input_args.append(NodeArg(vi.name, dims, TYPE_STRING.get(et, f"tensor({et})")))
             self._np_in[vi.name] = np.dtype(helper.tensor_dtype_to_np_dtype(et)) if et else None
         self._output_args = []
         for vo in self._model.graph.output:
             tt = vo.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+            dims = [d.dim_value if d.HasField("dim_value")
+                    else self._free.get(d.dim_param, d.dim_param or None) for d in tt.shape.dim]
             self._output_args.append(NodeArg(vo.name, dims, TYPE_STRING.get(tt.elem_type, "tensor(?)")))
-
-    def _release_graph(self):
-        for t in list(self._out_tensors.values()) + list(self._spare.values()) + list(self._const_tensors.values()):
-            t.destroy()
-        self._out_tensors, self._spare, self._const_tensors = {}, {}, {}
-        self._graph.destroy()
-        self._graph = None
 
     # -- onnxruntime surface -----------------------------------------------------------------------
 
@@ -185,7 +247,23 @@ class InferenceSession:
 
     @property
     def graph(self):
-        return self._graph
+        """The MLGraph of the specialization the last run used (None before one is built)."""
+        return self._spec.graph if self._spec is not None else None
+
+    @property
+    def _out_tensors(self):
+        """The output tensors of the last run's specialization (bench/ binds them directly)."""
+        return self._spec.out_tensors if self._spec is not None else {}
+
+    @property
+    def specializations(self):
+        """How many specializations (one per combination of input sizes) are cached."""
+        return len(self._specs)
+
+    @property
+    def stats(self):
+        """Snapshot: specializations cached, builds, cache hits and LRU evictions so far."""
+        return dict(self._stats, specializations=len(self._specs))
 
     def get_inputs(self):
         return list(self._input_args)
@@ -201,33 +279,32 @@ class InferenceSession:
         (uploaded once) or MLTensors (bound as is). Returns numpy arrays, or MLTensors with
         output_location="ml-tensor" (the session's own tensors; the next run overwrites them)."""
         names, outs = self._enqueue(output_names, input_feed, output_location)
+        spec = self._spec  # another run (run_async) may switch sizes before the results are read
         if output_location == "ml-tensor":
             return outs
         res = _read_all(self._ctx, outs, "InferenceSession.run")
-        return [self._to_onnx(n, r) for n, r in zip(names, res)]
+        return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
 
     async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
         names, outs = self._enqueue(output_names, input_feed, output_location)
+        spec = self._spec  # another run (run_async) may switch sizes before the results are read
         if output_location == "ml-tensor":
             return outs
         reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
         done = await asyncio.gather(*[r for r in reads if r is not None])
         it = iter(done)
         res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
-        return [self._to_onnx(n, r) for n, r in zip(names, res)]
+        return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
 
     def close(self):
         """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included)."""
         if self._closed:
             return
         self._closed = True
-        for t in (list(self._in_tensors.values()) + list(self._out_tensors.values())
-                  + list(self._spare.values()) + list(self._const_tensors.values())):
-            t.destroy()
-        self._in_tensors, self._out_tensors, self._spare, self._const_tensors = {}, {}, {}, {}
-        if self._graph is not None:
-            self._graph.destroy()
-            self._graph = None
+        for spec in self._specs.values():
+            spec.destroy()
+        self._specs.clear()
+        self._spec = None
 
     def __del__(self):
         try:
@@ -255,6 +332,16 @@ class InferenceSession:
         missing = [n for n in known if n not in input_feed]
         if missing:
             raise TypeError(f"[{where}] missing input(s) {missing}; the model's inputs are {known}")
+        for a in self._input_args:
+            v = input_feed[a.name]
+            if a.shape is None:  # declared without a shape: any rank
+                continue
+            if not isinstance(v, MLTensor) and not isinstance(v, np.ndarray):
+                v = np.asarray(v)
+            if len(v.shape) != len(a.shape) or any(
+                    isinstance(d, int) and d != g for d, g in zip(a.shape, v.shape)):
+                got = f"an MLTensor {v.data_type} {list(v.shape)}" if isinstance(v, MLTensor) else list(v.shape)
+                raise TypeError(f"[{where}] input {a.name!r} must have shape {a.shape}, got {got}")
 
     def _enqueue(self, output_names, input_feed, output_location):
         where = "InferenceSession.run"
@@ -263,15 +350,14 @@ class InferenceSession:
         if output_location not in ("cpu", "ml-tensor"):
             raise TypeError(f"[{where}] output_location must be 'cpu' or 'ml-tensor', got {output_location!r}")
         self._check_feeds(input_feed)
-        if self._kind == "onnx" and (self._pending or self._values_changed(input_feed)):
-            self._import({n: tuple(v.shape) for n, v in input_feed.items() if n not in self._value_inputs},
-                         input_feed)
-            if self._pending:
-                raise TypeError(f"[{where}] the model could not be specialized to these feeds")
+        if self._kind == "onnx":
+            spec = self._specialize(input_feed)
+        else:
+            spec = self._spec
         ctx = self._ctx
         bind = {}
         uploads = []
-        for name, info in self._inputs.items():
+        for name, info in spec.inputs.items():
             v = input_feed[name]
             if isinstance(v, MLTensor):
                 if v._context is not ctx:
@@ -296,55 +382,50 @@ class InferenceSession:
             store = dtypes.NUMPY[info.data_type]
             if arr.dtype != store:
                 arr = arr.view(np.uint8) if arr.dtype == np.bool_ else arr.astype(store)
-            t = self._in_tensors.get(name)
+            t = spec.in_tensors.get(name)
             if t is None:
                 t = ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape, writable=True)
-                self._in_tensors[name] = t
+                spec.in_tensors[name] = t
             uploads.append((t, arr))
             bind[name] = t
         if output_names is None:
-            names = list(self._outputs)
+            names = list(spec.outputs)
         else:
             names = list(output_names)
             for n in names:
-                if n not in self._outputs:
-                    raise TypeError(f"[{where}] unknown output {n!r}; the model's outputs are {list(self._outputs)}")
+                if n not in spec.outputs:
+                    raise TypeError(f"[{where}] unknown output {n!r}; the model's outputs are {list(spec.outputs)}")
         for t, arr in uploads:
             ctx.write_tensor(t, arr)
-        if self._graph is not None:
+        graph = spec.graph
+        if graph is not None:
             outs = {}
             fed = {id(t) for t in bind.values()}
-            for n, (dt, shape) in self._graph.output_descriptors.items():
-                t = self._out_tensors.get(n)
+            for n, (dt, shape) in graph.output_descriptors.items():
+                t = spec.out_tensors.get(n)
                 if t is not None and id(t) in fed:
                     # this output of an earlier run is fed back in (a decode loop): write into
                     # a second tensor, kept as well, so the two alternate without allocating
-                    t, self._spare[n] = self._spare.get(n), t
+                    t, spec.spare[n] = spec.spare.get(n), t
                 if t is None:
                     t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
-                self._out_tensors[n] = t
+                spec.out_tensors[n] = t
                 outs[n] = t
-            ins = {n: bind[n] for n in self._graph.input_descriptors}
-            ctx.dispatch(self._graph, ins, outs)
+            ins = {n: bind[n] for n in graph.input_descriptors}
+            ctx.dispatch(graph, ins, outs)
         result = []
         for n in names:
-            info = self._outputs[n]
+            info = spec.outputs[n]
             if info.const is None:
-                result.append(self._out_tensors[n])
+                result.append(spec.out_tensors[n])
             elif output_location == "ml-tensor":
-                result.append(self._const_tensor(n, info))
+                result.append(self._const_tensor(spec, n, info))
             else:
                 result.append(info.const.copy())
         return names, result
 
-    def _values_changed(self, feeds):
-        for n, v in self._value_inputs.items():
-            if v is None or not np.array_equal(v, _host(feeds[n], self._ctx)):
-                return True
-        return False
-
-    def _const_tensor(self, name, info):
-        t = self._const_tensors.get(name)
+    def _const_tensor(self, spec, name, info):
+        t = spec.const_tensors.get(name)
         if t is None:
             data = np.ascontiguousarray(info.const)
             store = dtypes.NUMPY[info.data_type]
@@ -352,11 +433,11 @@ class InferenceSession:
             t = self._ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape or (),
                                              readable=True, writable=True)
             self._ctx.write_tensor(t, data)
-            self._const_tensors[name] = t
+            spec.const_tensors[name] = t
         return t
 
-    def _to_onnx(self, name, arr):
-        info = self._outputs[name]
+    def _to_onnx(self, spec, name, arr):
+        info = spec.outputs[name]
         want = info.np_dtype
         if arr.dtype == want:
             return arr
@@ -371,6 +452,13 @@ def _read_all(ctx, values, where):
     ctx._check(where)
     started = [ctx._start_read(v, where=where, sync=True) if isinstance(v, MLTensor) else None for v in values]
     return [v if r is None else r.wait_sync(where) for r, v in zip(started, values)]
+
+
+class _Shaped:
+    """Stands for a feed of a given shape (the sizes known at creation)."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
 
 
 def _host(v, ctx):

@@ -48,5 +48,5 @@ def test_conv_batchnorm_residual_relu_is_one_kernel(with_bias):
     assert out.shape == ref.shape
     assert out.dtype == ref.dtype
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
-    names = sess._graph.kernel_names
+    names = sess.graph.kernel_names
     assert len(names) == 1 and names[0].startswith("conv2d"), names

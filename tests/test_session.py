@@ -72,7 +72,8 @@ def test_symbolic_dims_from_first_feed(ctx, rng):
     x3 = rng.standard_normal((3, 4)).astype(np.float32)
     y, z = sess.run(None, {"x": x3})
     assert y.shape == (3, 3)
-    assert sess.get_inputs()[0].shape == [3, 4]
+    # as in onnxruntime, the description stays symbolic: later runs may use other sizes
+    assert sess.get_inputs()[0].shape == ["batch", 4]
     np.testing.assert_allclose(y, _ort(m, {"x": x3})[0], rtol=1e-5, atol=1e-6)
 
 

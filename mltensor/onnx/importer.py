@@ -4,8 +4,8 @@ Load (path, bytes or ModelProto, external data included), fix symbolic dimension
 inference (for value types), then walk the nodes in order:
 - a node whose inputs are all known on the host (initializers, Constant, results of folded nodes,
   and shapes of operands, which are static) is folded with numpy through onnx.reference;
-- otherwise its handler in ops.py maps it onto builder calls, decomposing where WebNN has no
-  single operator;
+- otherwise its handler in ops/ (one module per family) maps it onto builder calls,
+  decomposing where WebNN has no single operator;
 - an op without a handler that ONNX defines as a function is expanded into its function body;
 - anything else fails here, at load, naming the node, op type, opset and the supported ops.
 
@@ -14,13 +14,14 @@ mapped at the edges: double -> float32, bool -> uint8, int16/uint16 -> int32/uin
 remembers the ONNX types so InferenceSession can convert feeds and results back.
 """
 
+import contextlib
 import os
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..errors import NotSupportedError
+from ..errors import DataError, DOMException, NotSupportedError
 from ..front.builder import MLGraphBuilder, MLOperand
 
 
@@ -37,6 +38,11 @@ class NeedsValue(UnsupportedError):
                          "(make it an initializer, or run through InferenceSession, which binds it "
                          "at the first run)")
         self.input_name = name
+
+
+class FeedError(TypeError):
+    """The sizes asked for do not fit the model's inputs (a caller's error, unlike a TypeError
+    from a corrupt model, which becomes DataError)."""
 
 
 class _Unsupported(Exception):
@@ -94,16 +100,75 @@ def storage_array(a):
     return a
 
 
+# Host arrays the importer may create at load (folded constants, expanded shapes): a corrupt
+# dimension must fail cleanly, not allocate gigabytes (2**28 elements = 1 GiB of float32).
+MAX_HOST_ELEMENTS = 1 << 28
+
+
+def source_name(source):
+    """How errors name a model source: its path, or what it is."""
+    if isinstance(source, (str, os.PathLike)):
+        return repr(os.fspath(source))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<ONNX bytes, {len(source)} bytes>"
+    return "<onnx.ModelProto>"
+
+
 def load_model(source):
-    """ModelProto from a path, bytes or a ModelProto, external data loaded."""
+    """ModelProto from a path, bytes or a ModelProto, external data loaded. A file or buffer that
+    is not a well-formed ONNX ModelProto raises DataError naming it."""
     if isinstance(source, onnx.ModelProto):
         return source, None
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return onnx.load_model_from_string(bytes(source)), None
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        return onnx.load(path, load_external_data=True), os.path.dirname(os.path.abspath(path))
-    raise TypeError(f"[onnx] model must be a path, bytes or onnx.ModelProto, got {type(source).__name__}")
+    if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)):
+        raise TypeError(f"[onnx] model must be a path, bytes or onnx.ModelProto, got {type(source).__name__}")
+    name = source_name(source)
+    base_dir = None
+    try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            model = onnx.load_model_from_string(bytes(source))
+        else:
+            path = os.fspath(source)
+            base_dir = os.path.dirname(os.path.abspath(path))
+            model = onnx.load(path, load_external_data=False)
+    except OSError:
+        raise
+    except Exception as e:
+        raise DataError(f"[onnx] {name}: not a well-formed ONNX model (the ModelProto protobuf does not "
+                        f"parse: {type(e).__name__}: {e})") from None
+    if not model.HasField("graph"):
+        raise DataError(f"[onnx] {name}: the ModelProto has no graph (field 'graph' is missing)")
+    if base_dir is not None:
+        try:
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, base_dir)
+        except Exception as e:
+            raise DataError(f"[onnx] {name}: external data cannot be loaded ({type(e).__name__}: {e})") from None
+    return model, base_dir
+
+
+@contextlib.contextmanager
+def data_errors(name, importer=None):
+    """Anything but the documented errors raised while reading a model (a corrupt field makes
+    onnx, numpy or the builder raise IndexError, KeyError, ValueError...) becomes a DataError
+    naming the model, and the node being imported if any."""
+    try:
+        yield
+    except DataError as e:
+        if name in str(e):
+            raise
+        msg = str(e).removeprefix("[onnx] ")
+        raise DataError(f"[onnx] {name}: {msg}") from None
+    except (DOMException, FeedError, OSError):
+        raise
+    except RecursionError:
+        raise DataError(f"[onnx] {name}: the model nests too deeply to be read") from None
+    except Exception as e:
+        node = getattr(importer, "node", None)
+        where = ""
+        if node is not None:
+            where = f" node {node.name or '(unnamed)'!r} ({node.op_type}):"
+        raise DataError(f"[onnx] {name}:{where} malformed model ({type(e).__name__}: {e})") from e
 
 
 class IOInfo:
@@ -133,13 +198,17 @@ class Imported:
 
 def symbolic_inputs(model):
     """{input name: [dim or None ...]} of the model's real inputs (initializers excluded), with
-    the dim_param names: returns (shapes, params) where params[name][i] is the symbol or None."""
+    the dim_param names: returns (shapes, params) where params[name][i] is the symbol or None.
+    An input declared without a shape (any rank) has shapes[name] = params[name] = None."""
     inits = {i.name for i in model.graph.initializer}
     shapes, params = {}, {}
     for vi in model.graph.input:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            shapes[vi.name] = params[vi.name] = None
+            continue
         dims, syms = [], []
         for d in tt.shape.dim:
             if d.HasField("dim_value") and d.dim_value > 0:
@@ -194,6 +263,12 @@ class Importer:
             f"[onnx] {where}: {reason}. Supported ONNX ops: {', '.join(supported_ops())}"
         )
 
+    def malformed(self, reason, node=None):
+        """A model that breaks ONNX's rules (not a feature we lack): DataError."""
+        node = node or self.node
+        where = f"node {node.name or '(unnamed)'!r} ({node.op_type})" if node is not None else "graph"
+        raise DataError(f"[onnx] {where}: {reason}")
+
     # -- values --------------------------------------------------------------------------------
 
     def is_const(self, v):
@@ -210,7 +285,9 @@ class Importer:
         if like is not None and a.dtype.kind == "f" and like.data_type in ("float32", "float16"):
             a = a.astype(like.data_type)
         s = storage_array(a)
-        op = self.b.constant(np.ascontiguousarray(s))
+        # not np.ascontiguousarray: it turns a 0-d array into shape [1] (a scalar index would
+        # then keep its axis in Gather, a scalar would broadcast as rank 1)
+        op = self.b.constant(s if s.flags.c_contiguous else np.array(s, order="C"))
         if a.dtype == np.bool_:
             self.bools.add(id(op))
         self._consts[id(v)] = (v, op)
@@ -250,6 +327,10 @@ class Importer:
         for sp in g.sparse_initializer:
             self.fail("sparse initializers are not supported")
 
+        for what, vals in (("input", g.input), ("output", g.output)):
+            for vi in vals:
+                if not isinstance(vi.name, str) or not vi.name:
+                    self.malformed(f"a graph {what} has an invalid name {vi.name!r}")
         shapes, params = symbolic_inputs(m)
         inputs = []
         for vi in g.input:
@@ -287,7 +368,7 @@ class Importer:
         for vo in g.output:
             v = self.env.get(vo.name)
             if v is None:
-                self.fail(f"graph output {vo.name!r} is not produced by any node")
+                self.malformed(f"graph output {vo.name!r} is not produced by any node")
             et = vo.type.tensor_type.elem_type if vo.type.HasField("tensor_type") else 0
             if not et:
                 et = self.onnx_type(v, vo.name)
@@ -315,9 +396,14 @@ class Importer:
     def _fix_dims(self, name, dims, syms):
         if name in self.input_shapes:
             given = tuple(int(d) for d in self.input_shapes[name])
+            if dims is None:  # declared without a shape: any rank
+                return given
             if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
-                raise TypeError(f"[onnx] input {name!r} expects shape {dims}, got {list(given)}")
+                raise FeedError(f"[onnx] input {name!r} expects shape {dims}, got {list(given)}")
             return given
+        if dims is None:
+            raise FeedError(f"[onnx] input {name!r} is declared without a shape: run it through "
+                            "InferenceSession, whose feeds give it one")
         out = []
         for i, (d, s) in enumerate(zip(dims, syms)):
             if d is None:
@@ -326,7 +412,7 @@ class Importer:
                 else:
                     what = f"symbolic dimension {s!r}" if s else f"dimension {i} (unnamed, unknown)"
                     hint = f"free_dimensions={{{s!r}: N}}" if s else "a feed of the input's shape"
-                    raise TypeError(f"[onnx] {what} of input {name!r} must be fixed at session creation: pass {hint}")
+                    raise FeedError(f"[onnx] {what} of input {name!r} must be fixed at session creation: pass {hint}")
             out.append(d)
         return tuple(out)
 
@@ -424,7 +510,20 @@ class Importer:
             from onnx.external_data_helper import load_external_data_for_tensor
 
             load_external_data_for_tensor(t, self.base_dir)
-        return numpy_helper.to_array(t)
+        dims = list(t.dims)
+        if any(d < 0 for d in dims) or _count(dims) > MAX_HOST_ELEMENTS:
+            raise DataError(f"[onnx] tensor {t.name!r}: field 'dims' {dims} is not a valid shape")
+        if t.data_type not in WEBNN_TYPE and t.data_type != TensorProto.STRING:
+            try:
+                TensorProto.DataType.Name(t.data_type)
+            except ValueError:
+                raise DataError(f"[onnx] tensor {t.name!r}: field 'data_type' {t.data_type} is not an "
+                                "ONNX element type") from None
+        try:
+            return numpy_helper.to_array(t)
+        except Exception as e:
+            raise DataError(f"[onnx] tensor {t.name!r} ({TensorProto.DataType.Name(t.data_type)} {dims}): "
+                            f"its data does not match its type and shape ({e})") from None
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -456,7 +555,7 @@ class Importer:
                     ins.append(None)
                     continue
                 if name not in self.env:
-                    self.fail(f"input {name!r} is not produced by any earlier node or graph input")
+                    self.malformed(f"input {name!r} is not produced by any earlier node or graph input")
                 ins.append(self.env[name])
             if fn is not None:
                 self.expand_function(node, fn, ins)
@@ -524,6 +623,10 @@ class Importer:
             return False
         if any(v is not None and not isinstance(v, np.ndarray) for v in ins):
             return False
+        n = _fold_size(node, ins)
+        if n is not None and n > MAX_HOST_ELEMENTS:
+            raise DataError(f"[onnx] node {node.name or '(unnamed)'!r} ({node.op_type}): its result would "
+                            f"hold {n} elements (more than {MAX_HOST_ELEMENTS}); a shape in the model is wrong")
         try:
             outs = self.evaluate(node, ins)
         except Exception:
@@ -655,6 +758,32 @@ class Importer:
         return True
 
 
+def _fold_size(node, ins):
+    """Elements a node folded at load would create, for the ops whose output size is a value
+    (None: not one of those, or not computable, in which case folding reports it)."""
+    t = node.op_type
+    try:
+        if t == "ConstantOfShape" and ins and ins[0] is not None:
+            return _count(ins[0].reshape(-1))
+        if t == "Expand" and len(ins) > 1:
+            return _count(np.broadcast_shapes(ins[0].shape, tuple(int(d) for d in ins[1].reshape(-1))))
+        if t == "Tile" and len(ins) > 1:
+            return ins[0].size * _count(ins[1].reshape(-1))
+        if t == "Range" and len(ins) == 3:
+            start, limit, delta = (float(np.asarray(v).reshape(-1)[0]) for v in ins)
+            return int(np.ceil((limit - start) / delta)) if delta else None
+    except Exception:
+        return None
+    return None
+
+
+def _count(dims):
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
 def _outer_names(node):
     """Names a node's subgraphs read from the enclosing scope."""
     out = []
@@ -676,4 +805,5 @@ def import_onnx(source, context, *, free_dimensions=None, input_shapes=None, inp
     model, base_dir = load_model(source)
     im = Importer(model, context, free_dimensions=free_dimensions, input_shapes=input_shapes,
                   base_dir=base_dir, input_values=input_values)
-    return im.run(const_outputs_as_ops=const_outputs_as_ops)
+    with data_errors(source_name(source), im):
+        return im.run(const_outputs_as_ops=const_outputs_as_ops)

@@ -1,0 +1,144 @@
+"""ONNX operator handlers: each maps one ONNX node onto MLGraphBuilder calls.
+
+A handler `fn(im, node, ins, attrs) -> output value(s)` gets the Importer, the NodeProto, its input
+values (numpy arrays for host constants, MLOperands, None for absent optional inputs) and its
+parsed attributes. It returns MLOperands or numpy arrays. `@op(names, attrs=...)` registers it; an
+attribute outside `attrs` fails at load. Version differences (attribute vs input, defaults) are
+resolved with `im.cur_opset`.
+
+One module per operator family, as in mltensor/ops/ (elementwise, compare, shape, movement,
+indexing, reduce, normalization, matmul, conv, pool, resample, quantize, rnn, control_flow); this
+package holds the registry and the helpers they share, and imports every family module.
+"""
+
+import numpy as np
+
+from ..importer import NeedsValue, _Unsupported
+
+
+class Handler:
+    __slots__ = ("fn", "attrs")
+
+    def __init__(self, fn, attrs):
+        self.fn, self.attrs = fn, attrs
+
+
+HANDLERS = {}
+
+
+def op(*names, attrs=()):
+    def deco(fn):
+        for n in names:
+            HANDLERS[n] = Handler(fn, set(attrs) if attrs is not None else None)
+        return fn
+
+    return deco
+
+
+def supported_ops():
+    return sorted(HANDLERS)
+
+
+def unsupported(msg):
+    raise _Unsupported(msg)
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def const(im, v, what):
+    if v is None:
+        return None
+    if not isinstance(v, np.ndarray):
+        # a value computed from graph inputs decides a shape or an attribute: InferenceSession
+        # binds those inputs' values at the first run and specializes the graph to them
+        names = _input_leaves(v)
+        if names:
+            raise NeedsValue(names[0], what)
+        unsupported(f"{what} must be a constant (known at load), got a computed tensor")
+    return v
+
+
+def _input_leaves(v):
+    """Names of the graph inputs an operand is computed from."""
+    seen, out, stack = set(), [], [v]
+    while stack:
+        o = stack.pop()
+        if o is None or id(o) in seen:
+            continue
+        seen.add(id(o))
+        kind = getattr(o, "_kind", None)
+        if kind == "input":
+            out.append(o._name)
+        elif kind == "op":
+            stack.extend(o._node.inputs)
+    return out
+
+
+def ints(im, v, what):
+    c = const(im, v, what)
+    return None if c is None else [int(i) for i in np.asarray(c).reshape(-1)]
+
+
+def norm_axis(axis, rank, what="axis"):
+    a = int(axis)
+    if a < 0:
+        a += rank
+    if not 0 <= a < max(rank, 1):
+        unsupported(f"{what} {axis} is out of range for rank {rank}")
+    return a
+
+
+def prod(xs):
+    n = 1
+    for x in xs:
+        n *= int(x)
+    return n
+
+
+def B(im):
+    return im.b
+
+
+def X(im, v, like=None):
+    return im.operand(v, like)
+
+
+def scalar(im, value, like):
+    """A scalar constant operand of `like`'s data type."""
+    from ... import dtypes
+
+    return im.b.constant(np.array(value, dtype=dtypes.NUMPY[like.data_type]))
+
+
+def reshape(im, x, shape):
+    shape = [int(s) for s in shape]
+    if tuple(shape) == tuple(x.shape) and x._kind == "op":
+        return x
+    return im.b.reshape(x, shape)
+
+
+def is_float(x):
+    return x.data_type in ("float32", "float16")
+
+
+def mark_bool(im, x):
+    im.bools.add(id(x))
+    return x
+
+
+def to_float(im, x):
+    return x if is_float(x) else im.b.cast(x, "float32")
+
+
+# Import every family module so each registers its handlers (adding a family is adding a file).
+def _load_families():
+    import importlib
+    import pkgutil
+
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{m.name}")
+
+
+_load_families()

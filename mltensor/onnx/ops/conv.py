@@ -1,0 +1,120 @@
+"""ONNX Conv and ConvTranspose (and the padding helpers pooling shares)."""
+
+from . import op, unsupported, X
+
+# -- convolution and pooling ---------------------------------------------------------------------
+
+
+def _explicit_pads(attrs, in_sp, k, s, d, transposed=False):
+    """ONNX pads / auto_pad -> [begin..., end...] for the spatial dims."""
+    n = len(in_sp)
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        p = list(attrs.get("pads", [0] * (2 * n)))
+        return p[:n], p[n:]
+    if auto == "VALID":
+        return [0] * n, [0] * n
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        unsupported(f"auto_pad {auto!r}")
+    begin, end = [], []
+    for i in range(n):
+        ek = (k[i] - 1) * d[i] + 1
+        out = -(-in_sp[i] // s[i])
+        total = max(0, (out - 1) * s[i] + ek - in_sp[i])
+        small = total // 2
+        if auto == "SAME_UPPER":
+            begin.append(small)
+            end.append(total - small)
+        else:
+            begin.append(total - small)
+            end.append(small)
+    return begin, end
+
+
+def _to2d(im, x, sp_rank):
+    """1D convolution/pool: [N, C, L] -> [N, C, 1, L]."""
+    if sp_rank == 2:
+        return x
+    if sp_rank == 1:
+        return im.b.reshape(x, list(x.shape[:2]) + [1, x.shape[2]])
+    unsupported(f"{sp_rank}D spatial inputs are not supported (WebNN is 2D)")
+
+
+def _webnn_pad(begin, end):
+    return [begin[0], end[0], begin[1], end[1]]
+
+
+@op("Conv", attrs=("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
+def _conv(im, node, ins, attrs):
+    x = X(im, ins[0])
+    w = X(im, ins[1], x)
+    sp = len(x.shape) - 2
+    k = attrs.get("kernel_shape") or list(w.shape[2:])
+    s = attrs.get("strides") or [1] * sp
+    d = attrs.get("dilations") or [1] * sp
+    begin, end = _explicit_pads(attrs, list(x.shape[2:]), k, s, d)
+    if sp == 1:
+        k, s, d, begin, end = [1] + list(k), [1] + list(s), [1] + list(d), [0] + begin, [0] + end
+        w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])
+    x2 = _to2d(im, x, sp)
+    kw = dict(padding=_webnn_pad(begin, end), strides=list(s), dilations=list(d),
+              groups=attrs.get("group", 1))
+    if len(ins) > 2 and ins[2] is not None:
+        kw["bias"] = X(im, ins[2], x)
+    y = im.b.conv2d(x2, w, **kw)
+    if sp == 1:
+        y = im.b.reshape(y, [y.shape[0], y.shape[1], y.shape[3]])
+    return y
+
+
+@op("ConvTranspose", attrs=("auto_pad", "dilations", "group", "kernel_shape", "output_padding",
+                            "output_shape", "pads", "strides"))
+def _conv_transpose(im, node, ins, attrs):
+    x = X(im, ins[0])
+    w = X(im, ins[1], x)
+    sp = len(x.shape) - 2
+    if sp not in (1, 2):
+        unsupported(f"{sp}D ConvTranspose is not supported")
+    in_sp = list(x.shape[2:])
+    k = list(attrs.get("kernel_shape") or w.shape[2:])
+    s = list(attrs.get("strides") or [1] * sp)
+    d = list(attrs.get("dilations") or [1] * sp)
+    op_ = list(attrs.get("output_padding") or [0] * sp)
+    auto = attrs.get("auto_pad", "NOTSET")
+    out_shape = attrs.get("output_shape")
+    if out_shape is not None:
+        out_shape = list(out_shape)[-sp:]
+    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if out_shape is None:
+            out_shape = [in_sp[i] * s[i] for i in range(sp)]
+        begin, end = [], []
+        for i in range(sp):
+            total = s[i] * (in_sp[i] - 1) + op_[i] + (k[i] - 1) * d[i] + 1 - out_shape[i]
+            if total < 0:
+                # extra output rows come from output padding
+                op_[i] -= total
+                total = 0
+            if auto == "SAME_UPPER":
+                begin.append(total // 2)
+                end.append(total - total // 2)
+            else:
+                begin.append(total - total // 2)
+                end.append(total // 2)
+    elif auto == "VALID":
+        begin, end = [0] * sp, [0] * sp
+    else:
+        p = list(attrs.get("pads", [0] * (2 * sp)))
+        begin, end = p[:sp], p[sp:]
+    if sp == 1:
+        k, s, d, op_, begin, end = [1] + k, [1] + s, [1] + d, [0] + op_, [0] + begin, [0] + end
+        w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])
+    x2 = _to2d(im, x, sp)
+    kw = dict(padding=_webnn_pad(begin, end), strides=s, dilations=d, groups=attrs.get("group", 1))
+    if any(op_):
+        kw["output_padding"] = op_
+    if len(ins) > 2 and ins[2] is not None:
+        kw["bias"] = X(im, ins[2], x)
+    y = im.b.conv_transpose2d(x2, w, **kw)
+    if sp == 1:
+        y = im.b.reshape(y, [y.shape[0], y.shape[1], y.shape[3]])
+    return y

@@ -1,0 +1,101 @@
+"""ONNX indexing operators: gather, scatter, Trilu, OneHot, Compress, Range."""
+
+import numpy as np
+
+from . import const, ints, is_float, norm_axis, op, prod, scalar, unsupported, X
+from .movement import _keep_bool
+
+def _indices(im, idx):
+    """ONNX indices as an operand. Negative ones need no fixing: the WebNN gather/scatter kernels
+    count them from the end of the dimension. int64 indices known at load that fit are narrowed
+    to int32 (cheaper to read, and not 64-bit arithmetic where that is emulated)."""
+    if isinstance(idx, np.ndarray) and idx.dtype.kind == "i" and idx.size and np.abs(idx).max() < 2**31:
+        idx = idx.astype(np.int32)
+    return X(im, idx)
+
+
+@op("Gather", "GatherElements", attrs=("axis",))
+def _gather(im, node, ins, attrs):
+    x = X(im, ins[0])
+    axis = norm_axis(attrs.get("axis", 0), len(x.shape))
+    fn = im.b.gather if node.op_type == "Gather" else im.b.gather_elements
+    return _keep_bool(im, x, fn(x, _indices(im, ins[1]), axis=axis))
+
+
+@op("GatherND", attrs=("batch_dims",))
+def _gather_nd(im, node, ins, attrs):
+    if attrs.get("batch_dims", 0):
+        unsupported("batch_dims != 0 is not supported")
+    x = X(im, ins[0])
+    return _keep_bool(im, x, im.b.gather_nd(x, _indices(im, ins[1])))
+
+
+@op("ScatterElements", "Scatter", attrs=("axis", "reduction"))
+def _scatter_elements(im, node, ins, attrs):
+    if attrs.get("reduction", "none") != "none":
+        unsupported(f"reduction {attrs['reduction']!r} is not supported")
+    x = X(im, ins[0])
+    axis = norm_axis(attrs.get("axis", 0), len(x.shape))
+    return im.b.scatter_elements(x, _indices(im, ins[1]), X(im, ins[2], x), axis=axis)
+
+
+@op("ScatterND", attrs=("reduction",))
+def _scatter_nd(im, node, ins, attrs):
+    if attrs.get("reduction", "none") != "none":
+        unsupported(f"reduction {attrs['reduction']!r} is not supported")
+    x = X(im, ins[0])
+    return im.b.scatter_nd(x, _indices(im, ins[1]), X(im, ins[2], x))
+
+
+@op("Trilu", attrs=("upper",))
+def _trilu(im, node, ins, attrs):
+    k = ints(im, ins[1], "k")[0] if len(ins) > 1 and ins[1] is not None else 0
+    x = X(im, ins[0])
+    return im.b.triangular(x, upper=bool(attrs.get("upper", 1)), diagonal=k)
+
+
+@op("OneHot", attrs=("axis",))
+def _onehot(im, node, ins, attrs):
+    idx, depth, values = ins
+    depth = int(const(im, depth, "depth").reshape(-1)[0])
+    vals = X(im, values)
+    b = im.b
+    x = X(im, idx)
+    if is_float(x):
+        x = b.cast(x, "int32")
+    x = b.where(b.lesser(x, scalar(im, 0, x)), b.add(x, scalar(im, depth, x)), x)
+    r = len(x.shape) + 1
+    axis = norm_axis(attrs.get("axis", -1), r)
+    shape = list(x.shape)
+    shape.insert(axis, 1)
+    xr = b.reshape(x, shape)
+    ar_shape = [1] * r
+    ar_shape[axis] = depth
+    ar = X(im, np.arange(depth).reshape(ar_shape).astype(np.dtype(x.data_type)))
+    hit = b.equal(xr, ar)
+    off = b.reshape(b.slice(vals, [0], [1]), [])
+    on = b.reshape(b.slice(vals, [1], [1]), [])
+    out_shape = list(x.shape)
+    out_shape.insert(axis, depth)
+    return b.where(b.expand(hit, out_shape), on, off)
+
+
+@op("Compress", attrs=("axis",))
+def _compress(im, node, ins, attrs):
+    x = X(im, ins[0])
+    cond = const(im, ins[1], "condition").astype(bool)
+    idx = np.nonzero(cond)[0].astype(np.int32)
+    if "axis" not in attrs:
+        x = im.b.reshape(x, [prod(x.shape)])
+        axis = 0
+    else:
+        axis = norm_axis(attrs["axis"], len(x.shape))
+    idx = idx[idx < x.shape[axis]]
+    return im.b.gather(x, X(im, idx), axis=axis)
+
+
+@op("Range")
+def _range(im, node, ins, attrs):
+    start, limit, delta = (const(im, v, w) for v, w in zip(ins, ("start", "limit", "delta")))
+    n = max(int(np.ceil((limit - start) / delta)), 0)
+    return (start + np.arange(n) * delta).astype(start.dtype)

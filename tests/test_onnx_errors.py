@@ -1,0 +1,174 @@
+"""Bad ONNX input fails cleanly: a malformed or truncated model raises mltensor.DataError naming
+the file and the field or node, an unsupported construct mltensor.NotSupportedError; nothing else
+escapes (protobuf DecodeError, IndexError, KeyError, ValueError...). A mutation fuzz test of a
+real model asserts exactly that: a quick run by default, 600 mutants with -m slow."""
+
+import os
+import random
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mltensor
+from mltensor import InferenceSession
+from mltensor.onnx import import_model
+
+SQUEEZENET = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
+                          "light_squeezenet.onnx")
+ALLOWED = (mltensor.DataError, mltensor.NotSupportedError)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def test_truncated_file_names_the_file(ctx, tmp_path):
+    data = open(SQUEEZENET, "rb").read()
+    p = tmp_path / "cut.onnx"
+    p.write_bytes(data[: len(data) // 3])
+    with pytest.raises(mltensor.DataError, match=r"cut\.onnx.*not a well-formed ONNX model"):
+        InferenceSession(str(p), ctx)
+    with pytest.raises(mltensor.DataError, match=r"cut\.onnx"):
+        import_model(str(p), ctx)
+    with pytest.raises(mltensor.DataError, match=r"<ONNX bytes, \d+ bytes>"):
+        InferenceSession(data[:100], ctx)
+
+
+def test_missing_file_is_os_error(ctx, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        InferenceSession(str(tmp_path / "nope.onnx"), ctx)
+
+
+def test_initializer_data_not_matching_its_shape(ctx):
+    t = numpy_helper.from_array(np.ones((2, 3), np.float32), "W")
+    t.raw_data = t.raw_data[:-4]  # one float short
+    m = _model([helper.make_node("Add", ["x", "W"], ["y"])], [_vi("x", [2, 3])], [_vi("y", [2, 3])], [t])
+    with pytest.raises(mltensor.DataError, match=r"<onnx.ModelProto>.*tensor 'W'.*does not match"):
+        InferenceSession(m, ctx)
+
+
+def test_dangling_node_input_and_output(ctx):
+    m = _model([helper.make_node("Relu", ["ghost"], ["y"], name="r")], [_vi("x", [2])], [_vi("y", [2])])
+    with pytest.raises(mltensor.DataError, match=r"node 'r' \(Relu\).*'ghost' is not produced"):
+        InferenceSession(m, ctx)
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("z", [2])])
+    with pytest.raises(mltensor.DataError, match=r"graph output 'z' is not produced"):
+        InferenceSession(m, ctx)
+
+
+def test_huge_folded_shape_is_refused_not_allocated(ctx):
+    shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
+    m = _model([helper.make_node("ConstantOfShape", ["s"], ["c"], name="big"),
+                helper.make_node("Add", ["x", "c"], ["y"])],
+               [_vi("x", [1])], [_vi("y", None)], [shape])
+    with pytest.raises(mltensor.DataError, match=r"node 'big' \(ConstantOfShape\).*would hold 1099511627776"):
+        InferenceSession(m, ctx)
+
+
+def test_unsupported_construct_is_not_supported_error(ctx):
+    m = _model([helper.make_node("Relu", ["x"], ["y"], domain="com.example")],
+               [_vi("x", [2])], [_vi("y", [2])])
+    m.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(mltensor.NotSupportedError, match="com.example"):
+        InferenceSession(m, ctx)
+
+
+def _mutants(data, n, seed):
+    """Bit flips, zeroed runs, truncation and swapped byte runs (which swap fields or parts of
+    them), in turn."""
+    rng = random.Random(seed)
+    for k in range(n):
+        b = bytearray(data)
+        kind = k % 4
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                i = rng.randrange(len(b))
+                b[i] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            i, m = rng.randrange(len(b)), rng.randint(1, 64)
+            b[i:i + m] = bytes(len(b[i:i + m]))
+        elif kind == 2:
+            b = b[: rng.randrange(len(b))]
+        else:
+            m = rng.randint(2, 40)
+            i, j = sorted(rng.sample(range(len(b) - m), 2))
+            if j - i >= m:
+                b[i:i + m], b[j:j + m] = b[j:j + m], b[i:i + m]
+        yield kind, bytes(b)
+
+
+def _fuzz(ctx, n, seed, run_loaded):
+    data = open(SQUEEZENET, "rb").read()
+    outcomes = {}
+    for kind, blob in _mutants(data, n, seed):
+        try:
+            sess = InferenceSession(blob, ctx)
+        except ALLOWED as e:
+            outcomes[type(e).__name__] = outcomes.get(type(e).__name__, 0) + 1
+            assert str(e).startswith("[onnx]")
+            continue
+        except Exception as e:  # noqa: BLE001 -- the point: nothing else may escape
+            pytest.fail(f"mutant (kind {kind}) escaped as {type(e).__name__}: {e}")
+        outcomes["loaded"] = outcomes.get("loaded", 0) + 1
+        if run_loaded:
+            feeds = {}
+            for a in sess.get_inputs():
+                if a.shape is None or not all(isinstance(d, int) for d in a.shape) or a.type != "tensor(float)":
+                    break
+                feeds[a.name] = np.zeros(a.shape, np.float32)
+            else:
+                try:
+                    sess.run(None, feeds)
+                except ALLOWED:
+                    pass
+                except TypeError:
+                    pass  # a feed the mutated model declares differently: the caller's error
+        sess.close()
+    return outcomes
+
+
+def test_fuzz_quick(ctx):
+    out = _fuzz(ctx, 40, seed=0, run_loaded=False)
+    assert out.get("DataError", 0) > 10
+
+
+@pytest.mark.slow
+def test_fuzz_600_mutants(ctx):
+    out = _fuzz(ctx, 600, seed=1, run_loaded=True)
+    assert sum(out.values()) == 600
+
+
+@pytest.mark.slow
+def test_fuzz_silero_vad_with_subgraphs(ctx):
+    """A real exported model with If subgraphs and LSTM, 200 mutants, each loaded one run with
+    16 kHz feeds (its sizes are symbolic, so the import happens at that run)."""
+    from mltensor import models
+
+    try:
+        data = open(models.fetch_onnx("silero_vad_16k_op15", progress=False), "rb").read()
+    except models.FetchError as e:  # pragma: no cover
+        pytest.skip(f"model unavailable: {e}")
+    feeds = {"input": np.zeros((1, 512), np.float32), "state": np.zeros((2, 1, 128), np.float32),
+             "sr": np.array(16000, np.int64)}
+    counts = {}
+    for kind, blob in _mutants(data, 200, seed=2):
+        try:
+            sess = InferenceSession(blob, ctx)
+            sess.run(None, feeds)
+            sess.close()
+            outcome = "ran"
+        except ALLOWED as e:
+            outcome = type(e).__name__
+        except TypeError:
+            outcome = "feed mismatch"  # the mutated model declares other inputs: the caller's error
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"mutant (kind {kind}) escaped as {type(e).__name__}: {e}")
+        counts[outcome] = counts.get(outcome, 0) + 1
+    assert sum(counts.values()) == 200
