@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from helpers import run_graph
 
 import mltensor
@@ -26,6 +27,8 @@ def _fresh(monkeypatch, tmp_path):
 
 
 def test_off_by_default_on_cpu_adapter(ctx, monkeypatch, tmp_path):
+    if str(ctx.device.adapter.info.get("adapter_type", "")).upper() != "CPU":
+        pytest.skip("a hardware adapter tunes by default")
     _fresh(monkeypatch, tmp_path)
     monkeypatch.delenv("MLTENSOR_AUTOTUNE", raising=False)
     assert not autotune.enabled(ctx.device)
