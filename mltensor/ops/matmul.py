@@ -102,13 +102,13 @@ def gemm_candidates(M, N, K, batch):
         s = _split_for(M, N, K, batch, c)
         if s > 1:
             cands.append(_cfg(*sh, split=s))
-    # heuristic: the largest tile that still gives a full grid, split-K when even 64x64 cannot
-    big = [i for i, c in enumerate(cands) if i and c["SPLIT"] == 1 and _tiles(M, N, batch, c) >= FILL_GROUPS // 2]
-    if big:
-        h = max(big, key=lambda i: cands[i]["TY"] * cands[i]["RM"] * cands[i]["TX"] * cands[i]["RN"])
-    else:
-        split = [i for i, c in enumerate(cands) if c["SPLIT"] > 1]
-        h = split[-1] if split else len(cands) - 1
+    # Heuristic (hardware adapters without tuning): on an H100 (bench/results/REPORT-h100-kernels.md)
+    # the 256-thread 64x64 BK=16 tile won most resnet50 layers and 64x128 the square matmuls;
+    # split-K whenever the grid is under half full.
+    pick = _cfg(16, 16, 4, 8, 8) if _cfg(16, 16, 4, 8, 8) in cands and M * N * batch >= 1 << 20 else _cfg(16, 16, 4, 4, 16)
+    h = cands.index(pick)
+    if _tiles(M, N, batch, pick) * 2 < FILL_GROUPS and h + 1 < len(cands) and cands[h + 1]["SPLIT"] > 1:
+        h += 1
     return cands, h
 
 
