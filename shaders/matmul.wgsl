@@ -35,14 +35,24 @@ fn load_a(bt: u32, m: u32, k: u32) -> f32 {
 {$ if check_a $}
     if (m >= M || k >= K) { return 0.0; }
 {$ endif $}
+{$ if vec_a $}
+    let ai = a_base(bt) + m * {{ a_sm }}u + k;
+    return a[ai / 4u][ai % 4u];
+{$ else $}
     return a[a_base(bt) + m * {{ a_sm }}u + k * {{ a_sk }}u];
+{$ endif $}
 }
 
 fn load_b(bt: u32, k: u32, n: u32) -> f32 {
 {$ if check_b $}
     if (k >= K || n >= N) { return 0.0; }
 {$ endif $}
+{$ if vec_b $}
+    let bi = b_base(bt) + k * {{ b_sk }}u + n;
+    return b[bi / 4u][bi % 4u];
+{$ else $}
     return b[b_base(bt) + k * {{ b_sk }}u + n * {{ b_sn }}u];
+{$ endif $}
 }
 
 fn store(bt: u32, m: u32, n: u32, acc: f32) {
@@ -96,17 +106,51 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
         // Stage the tiles (one vec4 per thread and step).
+{$ if vec_a $}
+        // A is row-major with K % 4 == 0 (vec4 binding): one 16-byte load of 4 consecutive k per
+        // step, written transposed into As[k][m] (a vec4 never straddles the K edge).
+        for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + THREADS) {
+            let ml = e / {{ BK // 4 }}u;
+            let kq = (e % {{ BK // 4 }}u) * 4u;
+            var v = vec4<f32>(0.0);
+{$ if check_a $}
+            if (m0 + ml < M && k0 + kq < K) {
+                v = a[(a_base(bt) + (m0 + ml) * K + k0 + kq) / 4u];
+            }
+{$ else $}
+            v = a[(a_base(bt) + (m0 + ml) * K + k0 + kq) / 4u];
+{$ endif $}
+            let s = kq * {{ TY * RM // 4 }}u + ml / 4u;
+            let lane = ml % 4u;
+            As[s][lane] = v.x;
+            As[s + {{ TY * RM // 4 }}u][lane] = v.y;
+            As[s + {{ 2 * TY * RM // 4 }}u][lane] = v.z;
+            As[s + {{ 3 * TY * RM // 4 }}u][lane] = v.w;
+        }
+{$ else $}
         for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + THREADS) {
             let k = k0 + e / {{ TY * RM // 4 }}u;
             let m = m0 + (e % {{ TY * RM // 4 }}u) * 4u;
             As[e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
                               load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
         }
+{$ endif $}
         for (var e = li; e < {{ BK * TX * RN // 4 }}u; e = e + THREADS) {
             let k = k0 + e / {{ TX * RN // 4 }}u;
             let n = n0 + (e % {{ TX * RN // 4 }}u) * 4u;
+{$ if vec_b $}
+            // B row-major with N % 4 == 0: 4 consecutive n in one 16-byte load
+{$ if check_b $}
+            var v = vec4<f32>(0.0);
+            if (k < K && n < N) { v = b[(b_base(bt) + k * N + n) / 4u]; }
+            Bs[e] = v;
+{$ else $}
+            Bs[e] = b[(b_base(bt) + k * N + n) / 4u];
+{$ endif $}
+{$ else $}
             Bs[e] = vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u),
                               load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
+{$ endif $}
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {

@@ -115,6 +115,8 @@ def gemm_candidates(M, N, K, batch):
 def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c):
     """[(Kernel, args, groups)] of one configuration of the tiled path."""
     p = dict(params, M=M, N=N, K=K, batch=batch, path="tiled", **c)
+    p.setdefault("vec_a", False)
+    p.setdefault("vec_b", False)
     bm, bn, bk, split = c["TY"] * c["RM"], c["TX"] * c["RN"], c["BK"], c["SPLIT"]
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
     tiles = tiles_m * tiles_n * batch
@@ -150,6 +152,8 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     configuration appended. The configuration is autotuned on hardware adapters (autotune.py)."""
     if M <= GEMV_MAX_M:
         p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv")
+        p.setdefault("vec_a", False)
+        p.setdefault("vec_b", False)
         cols = -(-N // 4)
         groups = batch * cols
         p.update(cols=cols, groups=groups)
@@ -214,8 +218,11 @@ def _lower_matmul(kc, node):
         "b_base": batch_offset_expr(b.shape[:-2], ob, K * N),
         "a_sm": K, "a_sk": 1, "b_sk": N, "b_sn": 1,
         "alpha": 1.0, "beta": 0.0, "has_c": False,
+        # 16-byte loads where rows are whole vec4s (row-major A with K % 4, B with N % 4)
+        "vec_a": K % 4 == 0, "vec_b": N % 4 == 0,
     }
-    bindings = [Binding("a", "f32"), Binding("b", "f32"), Binding("out", "f32", True)]
+    bindings = [Binding("a", "vec4<f32>" if K % 4 == 0 else "f32"),
+                Binding("b", "vec4<f32>" if N % 4 == 0 else "f32"), Binding("out", "f32", True)]
     args = [a, b, out]
     params["act"] = kc.epilogue(bindings, args)
     name = f"matmul_f32_{'b%d_' % batch if batch > 1 else ''}{M}x{K}x{N}"
