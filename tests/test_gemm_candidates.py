@@ -8,6 +8,7 @@ from helpers import run_graph
 from test_ops_conv import _run_conv
 
 import mltensor
+from mltensor.ops import matmul as matmul_ops
 from mltensor.ops.matmul import gemm_candidates
 from mltensor.runtime import autotune
 
@@ -52,8 +53,11 @@ def _matmul(ctx, rng, sa, sb, epilogue):
         _close(got, ref)
 
 
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 @pytest.mark.parametrize("sa,sb", MATMUL)
-def test_matmul_every_candidate(ctx, rng, sa, sb):
+def test_matmul_every_candidate(ctx, rng, monkeypatch, sa, sb, vec):
+    # vec4 global loads are the hardware-adapter default; force each way on any adapter
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
     _matmul(ctx, rng, sa, sb, epilogue=False)
 
 
