@@ -7,11 +7,13 @@
 //   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
 // act(v, i) is the fused epilogue (kc.epilogue): i is the flat index of the stored element in out.
 // Paths:
-//   "tiled": TY x TX = 64 threads (8 x 8; 16 x 4 or 32 x 2 for narrow N), each computing an
-//            RM x RN block (RM, RN in {4, 8}) of a (TY RM) x (TX RN) output tile; A and B tiles
-//            of depth BK are staged in workgroup memory as vec4, so
-//            the inner loop does (RM + RN) / 4 vec4 loads per RM * RN / 4 vec4 FMAs (register
-//            blocking: each loaded value is used RN or RM times).
+//   "tiled": TY x TX threads (64 or 256), each computing an RM x RN block (RM, RN in {4, 8}) of a
+//            (TY RM) x (TX RN) output tile (up to 128 x 128); A and B tiles of depth BK are staged
+//            in workgroup memory as vec4, so the inner loop does (RM + RN) / 4 vec4 loads per
+//            RM * RN / 4 vec4 FMAs (register blocking: each loaded value is used RN or RM times).
+//            With SPLIT > 1 (split-K: too few output tiles to fill the GPU), workgroup (s, tile)
+//            sums only K chunk s and writes raw partial sums to `part`; the "splitk_reduce" path
+//            then adds the SPLIT partials of each output and applies the epilogue through store().
 //   "gemv":  small M (<= 4 rows): a workgroup owns 4 output columns of all rows and its 64
 //            threads split K; partial sums are reduced in workgroup memory.
 {{ bindings }}
@@ -22,6 +24,7 @@
 const M = {{ M }}u;
 const N = {{ N }}u;
 const K = {{ K }}u;
+const BATCH = {{ batch }}u;
 
 {$ block loaders $}
 // Flat offset of batch bt's matrix in a / b (batch dimensions broadcast numpy-style).
@@ -32,14 +35,24 @@ fn load_a(bt: u32, m: u32, k: u32) -> f32 {
 {$ if check_a $}
     if (m >= M || k >= K) { return 0.0; }
 {$ endif $}
+{$ if vec_a $}
+    let ai = a_base(bt) + m * {{ a_sm }}u + k;
+    return a[ai / 4u][ai % 4u];
+{$ else $}
     return a[a_base(bt) + m * {{ a_sm }}u + k * {{ a_sk }}u];
+{$ endif $}
 }
 
 fn load_b(bt: u32, k: u32, n: u32) -> f32 {
 {$ if check_b $}
     if (k >= K || n >= N) { return 0.0; }
 {$ endif $}
+{$ if vec_b $}
+    let bi = b_base(bt) + k * {{ b_sk }}u + n;
+    return b[bi / 4u][bi % 4u];
+{$ else $}
     return b[b_base(bt) + k * {{ b_sk }}u + n * {{ b_sn }}u];
+{$ endif $}
 }
 
 fn store(bt: u32, m: u32, n: u32, acc: f32) {
@@ -61,9 +74,11 @@ fn store(bt: u32, m: u32, n: u32, acc: f32) {
 const BM = {{ TY * RM }}u;
 const BN = {{ TX * RN }}u;
 const BK = {{ BK }}u;
+const THREADS = {{ TX * TY }}u;
 const TILES_N = {{ tiles_n }}u;
 const TILES_M = {{ tiles_m }}u;
-const TILES = {{ tiles }}u;
+const TILES = {{ tiles }}u;     // output tiles over all batches
+const KCHUNK = {{ kchunk }}u;   // K range of one split (a multiple of BK; K when SPLIT = 1)
 
 // As[k][m] and Bs[k][n], 4 consecutive m (n) per vec4.
 var<workgroup> As: array<vec4<f32>, {{ BK * TY * RM // 4 }}>;
@@ -72,9 +87,12 @@ var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 }}>;
 @compute @workgroup_size({{ TX }}, {{ TY }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    // Linear tile index (the grid is folded into 2-D past 65535 groups); uniform per workgroup.
-    let tile = wid.y * nwg.x + wid.x;
-    if (tile >= TILES) { return; }
+    // Linear group index (the grid is folded into 2-D past 65535 groups); uniform per workgroup.
+    let gi = wid.y * nwg.x + wid.x;
+    if (gi >= TILES * {{ SPLIT }}u) { return; }
+    let tile = gi % TILES;
+    let k_begin = (gi / TILES) * KCHUNK;
+    let k_end = min(K, k_begin + KCHUNK);
     let bt = tile / (TILES_M * TILES_N);
     let r = tile % (TILES_M * TILES_N);
     let m0 = (r / TILES_N) * BM;
@@ -86,19 +104,53 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var acc{{ i }}_{{ j }} = vec4<f32>(0.0);
 {$ endfor $}
 {$ endfor $}
-    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
-        // Stage the tiles (64 threads, one vec4 each per step).
-        for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + 64u) {
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
+        // Stage the tiles (one vec4 per thread and step).
+{$ if vec_a $}
+        // A is row-major with K % 4 == 0 (vec4 binding): one 16-byte load of 4 consecutive k per
+        // step, written transposed into As[k][m] (a vec4 never straddles the K edge).
+        for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + THREADS) {
+            let ml = e / {{ BK // 4 }}u;
+            let kq = (e % {{ BK // 4 }}u) * 4u;
+            var v = vec4<f32>(0.0);
+{$ if check_a $}
+            if (m0 + ml < M && k0 + kq < K) {
+                v = a[(a_base(bt) + (m0 + ml) * K + k0 + kq) / 4u];
+            }
+{$ else $}
+            v = a[(a_base(bt) + (m0 + ml) * K + k0 + kq) / 4u];
+{$ endif $}
+            let s = kq * {{ TY * RM // 4 }}u + ml / 4u;
+            let lane = ml % 4u;
+            As[s][lane] = v.x;
+            As[s + {{ TY * RM // 4 }}u][lane] = v.y;
+            As[s + {{ 2 * TY * RM // 4 }}u][lane] = v.z;
+            As[s + {{ 3 * TY * RM // 4 }}u][lane] = v.w;
+        }
+{$ else $}
+        for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + THREADS) {
             let k = k0 + e / {{ TY * RM // 4 }}u;
             let m = m0 + (e % {{ TY * RM // 4 }}u) * 4u;
             As[e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
                               load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
         }
-        for (var e = li; e < {{ BK * TX * RN // 4 }}u; e = e + 64u) {
+{$ endif $}
+        for (var e = li; e < {{ BK * TX * RN // 4 }}u; e = e + THREADS) {
             let k = k0 + e / {{ TX * RN // 4 }}u;
             let n = n0 + (e % {{ TX * RN // 4 }}u) * 4u;
+{$ if vec_b $}
+            // B row-major with N % 4 == 0: 4 consecutive n in one 16-byte load
+{$ if check_b $}
+            var v = vec4<f32>(0.0);
+            if (k < K && n < N) { v = b[(b_base(bt) + k * N + n) / 4u]; }
+            Bs[e] = v;
+{$ else $}
+            Bs[e] = b[(b_base(bt) + k * N + n) / 4u];
+{$ endif $}
+{$ else $}
             Bs[e] = vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u),
                               load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
+{$ endif $}
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
@@ -118,6 +170,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let m = m0 + ty * {{ RM }}u;
     let n = n0 + tx * {{ RN }}u;
+{$ if SPLIT > 1 $}
+    // Raw partial sums of split gi / TILES; the reduction applies the epilogue.
+    let pbase = (gi / TILES) * (BATCH * M * N) + bt * (M * N);
+{$ for i in range(RM) $}
+{$ for j in range(RN // 4) $}
+{$ for c in range(4) $}
+    if (m + {{ i }}u < M && n + {{ 4 * j + c }}u < N) {
+        part[pbase + (m + {{ i }}u) * N + n + {{ 4 * j + c }}u] = acc{{ i }}_{{ j }}.{{ "xyzw"[c] }};
+    }
+{$ endfor $}
+{$ endfor $}
+{$ endfor $}
+{$ else $}
 {$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
     store(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}.x);
@@ -126,6 +191,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     store(bt, m + {{ i }}u, n + {{ 4 * j + 3 }}u, acc{{ i }}_{{ j }}.w);
 {$ endfor $}
 {$ endfor $}
+{$ endif $}
+}
+{$ elif path == "splitk_reduce" $}
+// Split-K second pass: one thread per output (bt, m, n) adds the SPLIT partial sums (in a fixed
+// order, so results are deterministic) and stores through the epilogue.
+{{ main_1d(batch * M * N) }}
+    var s = part[i];
+{$ for q in range(1, SPLIT) $}
+    s = s + part[i + {{ q }}u * (BATCH * M * N)];
+{$ endfor $}
+    let bt = i / (M * N);
+    let r = i % (M * N);
+    store(bt, r / N, r % N, s);
 }
 {$ else $}
 // GEMV: one workgroup per (batch, 4 columns); rows m < M <= 4 in vec4 lanes of 4 accumulators.

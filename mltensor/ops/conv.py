@@ -212,7 +212,7 @@ def _lower(kc, node, transposed):
         owb = min(4, ow)
         total = nb * oc * oh * -(-ow // owb)
         params.update(path="dw", MULT=ocg, total=total, OWB=owb, SPAN=(owb - 1) * sw + (kw - 1) * dw + 1,
-                      M=1, N=1, K=1, pointwise=False, ic_inner=False, check_a=False, check_b=False,
+                      M=1, N=1, K=1, batch=1, pointwise=False, ic_inner=False, check_a=False, check_b=False,
                       check_out=False)
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
                   grid(-(-total // WORKGROUP)))
@@ -223,7 +223,7 @@ def _lower(kc, node, transposed):
         # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).
         total = groups * nb * oh * ow
         params.update(path="direct", OCB=ocg, ocb_n=1, check_oc=False, total=total,
-                      M=nb * oh * ow, N=ocg, K=icg * kh * kw, pointwise=False, ic_inner=False,
+                      M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=1, pointwise=False, ic_inner=False,
                       check_a=False, check_b=False, check_out=False)
         kc.launch(Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args,
                   grid(-(-total // WORKGROUP)))

@@ -1,8 +1,10 @@
 """matmul and gemm: one batched GEMM kernel family (shaders/matmul.wgsl).
 
 Shapes are static, so sizes, strides, transposes and batch broadcasting are baked into the WGSL
-as constants. Two paths: a shared-memory tiled, register-blocked kernel (8x8 threads with 8x8 or
-4x4 outputs each: 64x64 to 32x32 output tiles) and a split-K GEMV kernel for M <= 4. The fused epilogue (activations,
+as constants. Two paths: a shared-memory tiled, register-blocked kernel (64 or 256 threads with
+8x8 to 4x4 outputs each: 128x128 down to 16x8 output tiles, optionally split-K) whose
+configuration is autotuned per signature on hardware adapters (runtime/autotune.py), and a
+GEMV kernel for M <= 4. The fused epilogue (activations,
 residual operands; gemm's alpha, beta * c) is applied as each output is stored. conv.py reuses `gemm_launch`.
 """
 
@@ -10,7 +12,8 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import Binding, Kernel, grid
+from ..runtime import autotune
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
 from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, register,
                row_strides, same_type, unidirectional)
 
@@ -37,19 +40,15 @@ def batch_offset_expr(batch_shape, out_batch, matrix_size):
     return " + ".join(terms) if terms else "0u"
 
 
-def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
-    """Pick the path for an (M x K) * (K x N) GEMM over `batch` matrices and launch it.
-    `params` are the template's loader parameters; the kernel name gets the path appended."""
-    p = dict(params, M=M, N=N, K=K, path="tiled")
-    if M <= GEMV_MAX_M:
-        cols = -(-N // 4)
-        groups = batch * cols
-        p.update(path="gemv", cols=cols, groups=groups)
-        p.setdefault("check_a", M < 4)
-        p.setdefault("check_b", N % 4 != 0)
-        p.setdefault("check_out", N % 4 != 0)
-        kc.launch(Kernel(f"{name}_gemv", template, p, bindings), args, grid(groups))
-        return
+# A tile configuration: TX x TY threads, RM x RN outputs each ((TY RM) x (TX RN) tile), depth BK,
+# SPLIT K chunks (split-K; partial sums in scratch, then a reduction fused with the epilogue).
+def _cfg(tx, ty, rm, rn, bk, split=1):
+    return {"TX": tx, "TY": ty, "RM": rm, "RN": rn, "BK": bk, "SPLIT": split}
+
+
+def lavapipe_config(M, N, K):
+    """The tiles measured best on lavapipe (2 CPU cores run every workgroup): the heuristic on
+    CPU adapters, and candidate 0 everywhere."""
     # TY x TX = 64 threads, each RM x RN outputs. 8x8 outputs per thread (64x64 tiles: 16 vec4
     # loads per 64 FMAs) measured 1.5-2x faster than 4x4 on lavapipe at 512^3; 4 along a
     # dimension shorter than 64 so that small problems do not compute mostly padding.
@@ -59,17 +58,138 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     tx = 8 if N > 16 else 4 if N > 8 else 2
     ty = 64 // tx
     rm = 8 if M >= 8 * ty else 4
-    bm, bn = ty * rm, tx * rn
     # Depth BK: 32, or K rounded up to a multiple of 8 when shorter (one staging round and two
     # barriers instead of several: 1.3-1.5x on the K = 16..24 1x1 convolutions of MobileNets)
-    bk = min(32, -(-K // 8) * 8)
+    return _cfg(tx, ty, rm, rn, min(32, -(-K // 8) * 8))
+
+
+# Workgroups that fill a large GPU (an H100 has 132 SMs; two resident workgroups each): below
+# this, split-K trades a second small pass for more parallelism along K.
+FILL_GROUPS = 264
+WG_STORAGE = 16384  # WebGPU's default maxComputeWorkgroupStorageSize: every candidate fits it
+
+
+def _tiles(M, N, batch, c):
+    return -(-M // (c["TY"] * c["RM"])) * -(-N // (c["TX"] * c["RN"])) * batch
+
+
+def _split_for(M, N, K, batch, c):
+    """Split factor making the grid fill the GPU, each chunk at least 8 BK deep (else 1)."""
+    tiles = _tiles(M, N, batch, c)
+    s = 1
+    while s < 16 and tiles * s * 2 <= FILL_GROUPS and K // (s * 2) >= 8 * c["BK"]:
+        s *= 2
+    return s
+
+
+def gemm_candidates(M, N, K, batch):
+    """(candidates, GPU heuristic index): a small set, every entry valid for any shape (ragged
+    edges are bounds-checked), so the tuner may pick any of them."""
+    cands = [lavapipe_config(M, N, K)]
+    shapes = []
+    # larger tiles only where they are not mostly padding
+    if M >= 128 and N >= 128:
+        shapes += [(16, 16, 8, 8, 8)]  # 128x128, 256 threads: the large-GEMM tile
+    if M >= 64 and N >= 128:
+        shapes += [(16, 16, 4, 8, 8)]  # 64x128
+    if M >= 128 and N >= 64:
+        shapes += [(16, 16, 8, 4, 8)]  # 128x64
+    shapes += [(16, 16, 4, 4, 16), (8, 8, 8, 8, 16)]  # 64x64 with 256 or 64 threads
+    for sh in shapes:
+        c = _cfg(*sh)
+        if c not in cands:
+            cands.append(c)
+        s = _split_for(M, N, K, batch, c)
+        if s > 1:
+            cands.append(_cfg(*sh, split=s))
+    # Heuristic (hardware adapters without tuning): on an H100 (bench/results/REPORT-h100-kernels.md)
+    # the 256-thread 64x64 BK=16 tile won most resnet50 layers and 64x128 the square matmuls;
+    # split-K whenever the grid is under half full.
+    pick = _cfg(16, 16, 4, 8, 8) if _cfg(16, 16, 4, 8, 8) in cands and M * N * batch >= 1 << 20 else _cfg(16, 16, 4, 4, 16)
+    h = cands.index(pick)
+    if _tiles(M, N, batch, pick) * 2 < FILL_GROUPS and h + 1 < len(cands) and cands[h + 1]["SPLIT"] > 1:
+        h += 1
+    return cands, h
+
+
+def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c):
+    """[(Kernel, args, groups)] of one configuration of the tiled path."""
+    p = dict(params, M=M, N=N, K=K, batch=batch, path="tiled", **c)
+    p.setdefault("vec_a", False)
+    p.setdefault("vec_b", False)
+    bm, bn, bk, split = c["TY"] * c["RM"], c["TX"] * c["RN"], c["BK"], c["SPLIT"]
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
     tiles = tiles_m * tiles_n * batch
-    p.update(BK=bk, RM=rm, RN=rn, TX=tx, TY=ty, tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles)
+    kchunk = -(-K // (split * bk)) * bk if split > 1 else K
+    p.update(tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles, kchunk=kchunk)
     p.setdefault("check_a", M % bm != 0 or K % bk != 0)
     p.setdefault("check_b", N % bn != 0 or K % bk != 0)
     p.setdefault("check_out", M % bm != 0 or N % bn != 0)
-    kc.launch(Kernel(f"{name}_t{bm}x{bn}k{bk}", template, p, bindings), args, grid(tiles))
+    threads = "" if c["TX"] * c["TY"] == 64 else f"w{c['TX'] * c['TY']}"
+    kname = f"{name}_t{bm}x{bn}k{bk}{threads}"
+    if split == 1:
+        return [(Kernel(kname, template, p, bindings), list(args), grid(tiles))]
+    split = -(-K // kchunk)  # chunks actually used
+    p["SPLIT"] = split
+    part = kc.scratch(4 * split * batch * M * N)
+    b1 = list(bindings) + [Binding("part", "f32", True)]
+    b2 = list(bindings) + [Binding("part", "f32")]
+    r = dict(p, path="splitk_reduce", check_out=False)
+    return [(Kernel(f"{kname}_s{split}", template, p, b1), list(args) + [part], grid(tiles * split)),
+            (Kernel(f"{kname}_s{split}_reduce", template, r, b2), list(args) + [part],
+             grid(-(-batch * M * N // WORKGROUP)))]
+
+
+def _nbytes(kc, a):
+    from ..compiler.lower import Scratch, compute_nbytes
+
+    return a.nbytes if isinstance(a, Scratch) else compute_nbytes(kc.root(a))
+
+
+def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
+    """Pick the path and configuration for an (M x K) * (K x N) GEMM over `batch` matrices and
+    launch it. `params` are the template's loader parameters; the kernel name gets the path and
+    configuration appended. The configuration is autotuned on hardware adapters (autotune.py)."""
+    if M <= GEMV_MAX_M:
+        p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv")
+        p.setdefault("vec_a", False)
+        p.setdefault("vec_b", False)
+        cols = -(-N // 4)
+        groups = batch * cols
+        p.update(cols=cols, groups=groups)
+        p.setdefault("check_a", M < 4)
+        p.setdefault("check_b", N % 4 != 0)
+        p.setdefault("check_out", N % 4 != 0)
+        kc.launch(Kernel(f"{name}_gemv", template, p, bindings), args, grid(groups))
+        return
+    cands, heur = gemm_candidates(M, N, K, batch)
+    if str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU":
+        heur = 0
+
+    def measure(i):
+        out = []
+        slots = {}
+        for k, a, g in _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, cands[i]):
+            out.append((k, [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in a], g))
+        return out
+
+    sig = autotune.signature_of((template, M, N, K, batch, len(bindings),
+                                 sorted((k, repr(v)) for k, v in params.items() if k != "act"), cands))
+    best = autotune.choose(kc, sig, cands, measure, heur)
+    for k, a, g in _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, cands[best]):
+        kc.launch(k, a, g)
+
+
+# vec4 global loads in matmul: on for hardware adapters; off on CPU adapters, where the transposed
+# workgroup-memory writes of A measured slower on lavapipe (512^3: ~95-155 ms vs ~80-95 ms, noisy
+# shared cores). Tests set it to True to check the vec4 path on lavapipe.
+VEC_LOADS = None
+
+
+def vec_loads(kc):
+    if VEC_LOADS is not None:
+        return VEC_LOADS
+    return str(kc.device.adapter.info.get("adapter_type", "")).upper() != "CPU"
 
 
 # -- matmul ---------------------------------------------------------------------------------
@@ -111,7 +231,11 @@ def _lower_matmul(kc, node):
         "a_sm": K, "a_sk": 1, "b_sk": N, "b_sn": 1,
         "alpha": 1.0, "beta": 0.0, "has_c": False,
     }
-    bindings = [Binding("a", "f32"), Binding("b", "f32"), Binding("out", "f32", True)]
+    # 16-byte loads where rows are whole vec4s (row-major A with K % 4, B with N % 4)
+    vec = vec_loads(kc)
+    params.update(vec_a=vec and K % 4 == 0, vec_b=vec and N % 4 == 0)
+    bindings = [Binding("a", "vec4<f32>" if params["vec_a"] else "f32"),
+                Binding("b", "vec4<f32>" if params["vec_b"] else "f32"), Binding("out", "f32", True)]
     args = [a, b, out]
     params["act"] = kc.epilogue(bindings, args)
     name = f"matmul_f32_{'b%d_' % batch if batch > 1 else ''}{M}x{K}x{N}"
