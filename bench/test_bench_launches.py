@@ -181,7 +181,7 @@ def _model_kernels(ctx, name, placement):
     os.environ["MLTENSOR_NO_PLACEMENT"] = "0" if placement else "1"
     try:
         s = InferenceSession(randomize_weights(onnx.load(light_path(name))), ctx)
-        names = list(s._graph.kernel_names)
+        names = list(s.graph.kernel_names)
         s.close()
     finally:
         if old is None:
