@@ -24,6 +24,8 @@ import time
 import numpy as np
 import wgpu
 
+from .profiler import time_launches as time_passes
+
 STATS = {"tuned": 0, "cache_hits": 0, "seconds": 0.0}
 _lock = threading.Lock()
 _tables = {}  # adapter key -> {signature: entry}
@@ -126,28 +128,11 @@ def time_launches(device, launches, repeat=3):
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
         bg = device.create_bind_group(layout=bgl, entries=entries)
         groups_bound.append((pipe, bg, groups))
-    n = len(groups_bound)
-    qs = device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
-    resolve = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    runs = []
-    for r in range(repeat + 1):  # the first run warms caches and clocks
-        enc = device.create_command_encoder()
-        for i, (pipe, bg, groups) in enumerate(groups_bound):
-            p = enc.begin_compute_pass(timestamp_writes={
-                "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
-            p.set_pipeline(pipe)
-            p.set_bind_group(0, bg)
-            p.dispatch_workgroups(*groups)
-            p.end()
-        enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
-        device.queue.submit([enc.finish()])
-        ticks = np.frombuffer(device.queue.read_buffer(resolve), dtype=np.uint64).reshape(n, 2)
-        if r:
-            runs.append(float((ticks[:, 1] - ticks[:, 0]).astype(np.float64).sum()) * 1e-9)
-    qs.destroy()
-    resolve.destroy()
-    for b in bufs.values():
-        b.destroy()
+    try:
+        runs = time_passes(device, groups_bound, repeat, warmup=1).sum(axis=1)
+    finally:
+        for b in bufs.values():
+            b.destroy()
     return float(np.median(runs))
 
 

@@ -11,6 +11,35 @@ import wgpu
 from ..errors import NotSupportedError
 
 
+def time_launches(device, launches, repeat=3, warmup=0):
+    """GPU seconds of each (pipeline, bind group, workgroups) launch, each in its own compute pass
+    with begin/end timestamp writes: an array of shape (repeat, len(launches)). The first
+    `warmup` runs are discarded (they warm caches and clocks). Also the autotuner's timer."""
+    n = len(launches)
+    qs = device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+    resolve = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    runs = []
+    try:
+        for r in range(warmup + repeat):
+            enc = device.create_command_encoder()
+            for i, (pipe, bg, groups) in enumerate(launches):
+                p = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                p.set_pipeline(pipe)
+                p.set_bind_group(0, bg)
+                p.dispatch_workgroups(*groups)
+                p.end()
+            enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+            device.queue.submit([enc.finish()])
+            ticks = np.frombuffer(device.queue.read_buffer(resolve), dtype=np.uint64).reshape(n, 2)
+            if r >= warmup:
+                runs.append((ticks[:, 1] - ticks[:, 0]).astype(np.float64) * 1e-9)
+    finally:
+        qs.destroy()
+        resolve.destroy()
+    return np.stack(runs)
+
+
 def profile_dispatch(ctx, graph, inputs, outputs, repeat=3):
     """[(kernel name, median GPU seconds)] for each launch of one dispatch, in launch order."""
     if "timestamp-query" not in ctx.device.features:
@@ -19,27 +48,7 @@ def profile_dispatch(ctx, graph, inputs, outputs, repeat=3):
     ctx.flush()
     tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
     bound = graph._bound(tensors)
-    dev = ctx.device
-    n = len(bound)
-    qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
-    resolve = dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    runs = []
-    for _ in range(repeat):
-        enc = dev.create_command_encoder()
-        for i, (pipe, bg, groups) in enumerate(bound):
-            p = enc.begin_compute_pass(timestamp_writes={
-                "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
-            p.set_pipeline(pipe)
-            p.set_bind_group(0, bg)
-            p.dispatch_workgroups(*groups)
-            p.end()
-        enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
-        dev.queue.submit([enc.finish()])
-        ticks = np.frombuffer(dev.queue.read_buffer(resolve), dtype=np.uint64).reshape(n, 2)
-        runs.append((ticks[:, 1] - ticks[:, 0]).astype(np.float64) * 1e-9)
-    qs.destroy()
-    resolve.destroy()
-    med = np.median(np.stack(runs), axis=0)
+    med = np.median(time_launches(ctx.device, bound, repeat), axis=0)
     return list(zip(graph._kernel_names, med.tolist()))
 
 
