@@ -33,6 +33,24 @@ def _raw_kernel(dev):
     return pipe, bg, by
 
 
+def _raw_loop(dev, n):
+    """(enqueue, wait) of the reference: n dispatches of one tiny kernel recorded with wgpu-py's
+    wrappers into one pass, waited on with a 4-byte read."""
+    pipe, bg, by = _raw_kernel(dev)
+
+    def raw():
+        enc = dev.create_command_encoder()
+        p = enc.begin_compute_pass()
+        for _ in range(n):
+            p.set_pipeline(pipe)
+            p.set_bind_group(0, bg)
+            p.dispatch_workgroups(1)
+        p.end()
+        dev.queue.submit([enc.finish()])
+
+    return raw, lambda: dev.queue.read_buffer(by, 0, 4)
+
+
 def test_replay_enqueue_200_kernels(benchmark, ctx):
     """Host enqueue per kernel of one dispatch of a 200-kernel graph (target <= 1 µs) against the
     raw wgpu-py loop recording 200 dispatches (same adapter, same run)."""
@@ -49,20 +67,7 @@ def test_replay_enqueue_200_kernels(benchmark, ctx):
     m = measure(lambda: ctx.dispatch(g, {"x": a}, {"y": out}), lambda: ctx.read_tensor_sync(out), rounds=15)
     assert np.all(ctx.read_tensor_sync(out) == 200.0)
 
-    dev = ctx.device
-    pipe, bg, by = _raw_kernel(dev)
-
-    def raw():
-        enc = dev.create_command_encoder()
-        p = enc.begin_compute_pass()
-        for _ in range(n):
-            p.set_pipeline(pipe)
-            p.set_bind_group(0, bg)
-            p.dispatch_workgroups(1)
-        p.end()
-        dev.queue.submit([enc.finish()])
-
-    m_raw = measure(raw, lambda: dev.queue.read_buffer(by, 0, 4), rounds=15)
+    m_raw = measure(*_raw_loop(ctx.device, n), rounds=15)
     info = record(benchmark, m, "launch cost", m_raw, "raw wgpu-py loop", kernels=n, adapter=adapter_name(ctx),
                   us_per_kernel_enqueue=m["enqueue_s"] / n * 1e6,
                   raw_us_per_kernel_enqueue=m_raw["enqueue_s"] / n * 1e6,
@@ -86,20 +91,7 @@ def test_replay_enqueue_one_kernel(benchmark, ctx):
             ctx.dispatch(g, ins, outs)
 
     m = measure(ours, lambda: ctx.read_tensor_sync(c), rounds=15)
-    dev = ctx.device
-    pipe, bg, by = _raw_kernel(dev)
-
-    def raw():
-        enc = dev.create_command_encoder()
-        p = enc.begin_compute_pass()
-        for _ in range(n_calls):
-            p.set_pipeline(pipe)
-            p.set_bind_group(0, bg)
-            p.dispatch_workgroups(1)
-        p.end()
-        dev.queue.submit([enc.finish()])
-
-    m_raw = measure(raw, lambda: dev.queue.read_buffer(by, 0, 4), rounds=15)
+    m_raw = measure(*_raw_loop(ctx.device, n_calls), rounds=15)
     info = record(benchmark, m, "launch cost", m_raw, "raw wgpu-py loop", adapter=adapter_name(ctx),
                   us_per_dispatch=m["enqueue_s"] / n_calls * 1e6,
                   raw_us_per_dispatch=m_raw["enqueue_s"] / n_calls * 1e6,
@@ -204,7 +196,7 @@ def test_model_kernel_counts(benchmark, ctx, name):
 
     fam = collections.Counter(k.split("_")[0] for k in after)
     m = {"enqueue_s": 0.0, "total_s": 0.0, "rounds": 0, "run": lambda: None}
-    info = record(benchmark, m, "kernel counts", adapter=adapter_name(ctx), model=name,
+    record(benchmark, m, "kernel counts", adapter=adapter_name(ctx), model=name,
                   kernels_before=len(before), kernels_after=len(after),
                   concat_before=concats(before), concat_after=concats(after))
     print(f"\n{name}: {len(before)} -> {len(after)} kernels, concat kernels {concats(before)} -> "
