@@ -43,7 +43,7 @@ def test_matmul_tflops(benchmark, ctx, n):
 
 def _ort_conv(xs, ws, stride):
     ort = pytest.importorskip("onnxruntime")
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     p = ws[2] // 2

@@ -73,7 +73,7 @@ def test_densenet_style_growing_concats(ctx, between):
     rng = np.random.default_rng(1)
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1, 4, 4, 4])  # 64 floats = 256 bytes a slab
-    feats, ref, ws = [b.relu(x)], None, []
+    feats, ws = [b.relu(x)], []
     cur = feats[0]
     for _ in range(3):
         src = b.mul(cur, b.constant(data_type="float32", value=0.5)) if between else cur

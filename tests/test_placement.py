@@ -4,14 +4,12 @@ Checked against numpy, and for the launch counts against MLTENSOR_NO_FUSION=1 bu
 import os
 
 import numpy as np
-import pytest
 
 import mltensor
 
 # counts are checked with fusion on; under MLTENSOR_NO_FUSION=1 only the values are
 FUSION = os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0")
 
-from helpers import run_graph
 
 
 def _build(ctx, fn, shapes):
