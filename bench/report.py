@@ -28,6 +28,7 @@ def run_suite(json_path, extra):
 
 
 def adapter_stamp():
+    import mltensor  # noqa: F401  (first: it gives wgpu an XDG_RUNTIME_DIR, see mltensor/_xdg.py)
     import wgpu
 
     a = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
