@@ -91,3 +91,23 @@ def test_budget_bounds_tuning(ctx, monkeypatch, tmp_path):
     b.build_sync({"z": z})
     assert autotune.STATS["tuned"] == t0["tuned"]  # budget spent: heuristic, nothing persisted
     assert not os.path.exists(os.path.join(tmp_path, "autotune"))
+
+
+def test_budget_running_out_mid_signature(ctx, monkeypatch, tmp_path):
+    """A budget smaller than one candidate's timing: the heuristic's candidate is timed first and
+    the tuner stops there (one candidate past the budget at most), persists nothing, and the
+    graph is still right."""
+    _fresh(monkeypatch, tmp_path)
+    monkeypatch.setenv("MLTENSOR_AUTOTUNE", "1")
+    monkeypatch.setenv("MLTENSOR_AUTOTUNE_BUDGET", "1e-9")
+    measured = []
+    real = autotune.time_launches
+    monkeypatch.setattr(autotune, "time_launches", lambda *a, **k: measured.append(1) or real(*a, **k))
+    t0 = dict(autotune.STATS)
+    b, z = _graph(ctx)
+    A = np.ones((96, 600), np.float32)
+    got = run_graph(ctx, {"z": z}, {"a": A}, b)["z"]
+    np.testing.assert_allclose(got, np.full((96, 72), 600.0), rtol=1e-5)
+    assert len(measured) == 1
+    assert autotune.STATS["tuned"] == t0["tuned"]
+    assert not os.path.exists(os.path.join(tmp_path, "autotune"))

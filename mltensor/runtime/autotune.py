@@ -156,18 +156,30 @@ def choose(kc, signature, candidates, measure, heuristic=0):
         return heuristic
     t0 = time.perf_counter()
     times = []
-    for i in range(len(candidates)):
+    # the heuristic's choice first: if the budget runs out mid-signature, what was measured can
+    # still be compared with it
+    order = [heuristic] + [i for i in range(len(candidates)) if i != heuristic]
+    for k, i in enumerate(order):
+        if k and spent + time.perf_counter() - t0 >= budget_s():
+            break  # the budget bounds the build: at most one candidate's timing past it
         try:
-            times.append(time_launches(device, measure(i)))
+            times.append((time_launches(device, measure(i)), i))
         except Exception:  # a candidate the driver rejects (limits) is simply not chosen
-            times.append(float("inf"))
-    best = int(np.argmin(times)) if np.isfinite(min(times)) else heuristic
+            times.append((float("inf"), i))
+    complete = len(times) == len(candidates)
+    t_best, best = min(times)
+    if not np.isfinite(t_best):
+        best = heuristic
     dt = time.perf_counter() - t0
     kc.tune_seconds = spent + dt
     kc.tune_count = getattr(kc, "tune_count", 0) + 1
     with _lock:
-        STATS["tuned"] += 1
         STATS["seconds"] += dt
+    if not complete:
+        return best  # partial: not persisted, a later build tunes this signature again
+    times = [t for t, _ in sorted(times, key=lambda ti: ti[1])]
+    with _lock:
+        STATS["tuned"] += 1
         table = _table(key)
         table[signature] = {"best": best, "n": len(candidates), "config": repr(candidates[best]),
                             "us": [round(t * 1e6, 2) if np.isfinite(t) else None for t in times]}
