@@ -120,8 +120,14 @@ def _advice(name, path):
 
 
 def _download_wheel(tmp, progress):
-    """pip download into tmp; returns the wheel's path. pip draws its own progress bar."""
-    cmd = pip_command(tmp)
+    """pip download of the mediapipe wheel into tmp; returns the wheel's path."""
+    return _run_pip(pip_command(tmp), tmp, progress, "mediapipe-")
+
+
+def _run_pip(cmd, tmp, progress, prefix=""):
+    """Run a `pip download ... -d tmp` command (pip draws its own progress bar); returns the path
+    of the wheel it left in tmp whose name starts with `prefix`."""
+    cmd = list(cmd)
     if not progress:
         cmd.insert(4, "--quiet")
     else:
@@ -133,9 +139,9 @@ def _download_wheel(tmp, progress):
     if res.returncode != 0:
         err = (res.stderr or "").strip().splitlines()
         raise FetchError(f"`{' '.join(cmd)}` failed (exit {res.returncode}): {' / '.join(err[-3:]) or 'no message'}")
-    wheels = [f for f in os.listdir(tmp) if f.startswith("mediapipe-") and f.endswith(".whl")]
+    wheels = [f for f in os.listdir(tmp) if f.startswith(prefix) and f.endswith(".whl")]
     if not wheels:
-        raise FetchError(f"pip succeeded but left no mediapipe wheel in {tmp}")
+        raise FetchError(f"pip succeeded but left no {prefix.rstrip('-') or 'wheel'} wheel in {tmp}")
     return os.path.join(tmp, wheels[0])
 
 
@@ -236,19 +242,7 @@ def _onnx_model_path(name):
 def _pip_wheel(req, tmp, progress):
     """pip download of one pure-Python wheel into tmp (no dependencies); returns its path."""
     cmd = [sys.executable, "-m", "pip", "download", req, "--no-deps", "--only-binary=:all:", "-d", tmp]
-    if not progress:
-        cmd.insert(4, "--quiet")
-    try:
-        res = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    except OSError as e:
-        raise FetchError(f"could not run pip ({e})") from e
-    if res.returncode != 0:
-        err = (res.stderr or "").strip().splitlines()
-        raise FetchError(f"`{' '.join(cmd)}` failed (exit {res.returncode}): {' / '.join(err[-3:]) or 'no message'}")
-    wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
-    if not wheels:
-        raise FetchError(f"pip succeeded but left no wheel of {req} in {tmp}")
-    return os.path.join(tmp, wheels[0])
+    return _run_pip(cmd, tmp, progress)
 
 
 def fetch_onnx(name, *, progress=True):
