@@ -31,6 +31,34 @@ RAW_WGSL = """
 """
 
 
+def _raw_kernel(dev):
+    bx = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE)
+    by = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    pipe = dev.create_compute_pipeline(
+        layout="auto", compute={"module": dev.create_shader_module(code=RAW_WGSL), "entry_point": "main"})
+    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+        {"binding": 0, "resource": {"buffer": bx}}, {"binding": 1, "resource": {"buffer": by}}])
+    return pipe, bg, by
+
+
+def _raw_loop(dev, n):
+    """(enqueue, wait) of the reference: n dispatches of one tiny kernel recorded with wgpu-py's
+    wrappers into one pass, waited on with a 4-byte read."""
+    pipe, bg, by = _raw_kernel(dev)
+
+    def raw():
+        enc = dev.create_command_encoder()
+        p = enc.begin_compute_pass()
+        for _ in range(n):
+            p.set_pipeline(pipe)
+            p.set_bind_group(0, bg)
+            p.dispatch_workgroups(1)
+        p.end()
+        dev.queue.submit([enc.finish()])
+
+    return raw, lambda: dev.queue.read_buffer(by, 0, 4)
+
+
 def test_dispatch_overhead(benchmark, ctx):
     """Microseconds per ctx.dispatch of a one-kernel graph, vs a minimal raw wgpu-py loop doing
     the same kernel (set_pipeline, set_bind_group, dispatch_workgroups, one submit per batch)."""
@@ -48,27 +76,7 @@ def test_dispatch_overhead(benchmark, ctx):
 
     m_ours = measure(ours, wait, rounds=5)
 
-    dev = ctx.device
-    bx = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE)
-    by = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    pipe = dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=RAW_WGSL), "entry_point": "main"})
-    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": bx}}, {"binding": 1, "resource": {"buffer": by}}])
-
-    def raw():
-        enc = dev.create_command_encoder()
-        p = enc.begin_compute_pass()
-        for _ in range(n_calls):
-            p.set_pipeline(pipe)
-            p.set_bind_group(0, bg)
-            p.dispatch_workgroups(1)
-        p.end()
-        dev.queue.submit([enc.finish()])
-
-    def raw_wait():
-        dev.queue.read_buffer(by, 0, 4)
-
-    m_raw = measure(raw, raw_wait, rounds=5)
+    m_raw = measure(*_raw_loop(ctx.device, n_calls), rounds=5)
     info = record(benchmark, m_ours, "dispatch overhead", m_raw, "raw wgpu-py loop",
                   us_per_dispatch=m_ours["enqueue_s"] / n_calls * 1e6,
                   raw_us_per_dispatch=m_raw["enqueue_s"] / n_calls * 1e6)

@@ -19,36 +19,8 @@ import wgpu
 
 import mltensor
 
-from .test_bench_dispatch import RAW_WGSL
+from .test_bench_dispatch import _raw_kernel, _raw_loop
 from .timing import adapter_name, measure, record
-
-
-def _raw_kernel(dev):
-    bx = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE)
-    by = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    pipe = dev.create_compute_pipeline(
-        layout="auto", compute={"module": dev.create_shader_module(code=RAW_WGSL), "entry_point": "main"})
-    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": bx}}, {"binding": 1, "resource": {"buffer": by}}])
-    return pipe, bg, by
-
-
-def _raw_loop(dev, n):
-    """(enqueue, wait) of the reference: n dispatches of one tiny kernel recorded with wgpu-py's
-    wrappers into one pass, waited on with a 4-byte read."""
-    pipe, bg, by = _raw_kernel(dev)
-
-    def raw():
-        enc = dev.create_command_encoder()
-        p = enc.begin_compute_pass()
-        for _ in range(n):
-            p.set_pipeline(pipe)
-            p.set_bind_group(0, bg)
-            p.dispatch_workgroups(1)
-        p.end()
-        dev.queue.submit([enc.finish()])
-
-    return raw, lambda: dev.queue.read_buffer(by, 0, 4)
 
 
 def test_replay_enqueue_200_kernels(benchmark, ctx):

@@ -14,6 +14,7 @@ package holds the registry and the helpers they share, and imports every family 
 import numpy as np
 
 from ..importer import NeedsValue, _Unsupported
+from ..importer import _count as prod  # product of a shape (one helper for importer and ops)
 
 
 class Handler:
@@ -52,15 +53,15 @@ def const(im, v, what):
     if not isinstance(v, np.ndarray):
         # a value computed from graph inputs decides a shape or an attribute: InferenceSession
         # binds those inputs' values at the first run and specializes the graph to them
-        names = _input_leaves(v)
-        if names:
-            raise NeedsValue(names[0], what)
+        leaves = input_leaves(v)
+        if leaves:
+            raise NeedsValue(leaves[0]._name, what)
         unsupported(f"{what} must be a constant (known at load), got a computed tensor")
     return v
 
 
-def _input_leaves(v):
-    """Names of the graph inputs an operand is computed from."""
+def input_leaves(v):
+    """The graph input operands an operand is computed from."""
     seen, out, stack = set(), [], [v]
     while stack:
         o = stack.pop()
@@ -69,7 +70,7 @@ def _input_leaves(v):
         seen.add(id(o))
         kind = getattr(o, "_kind", None)
         if kind == "input":
-            out.append(o._name)
+            out.append(o)
         elif kind == "op":
             stack.extend(o._node.inputs)
     return out
@@ -87,13 +88,6 @@ def norm_axis(axis, rank, what="axis"):
     if not 0 <= a < max(rank, 1):
         unsupported(f"{what} {axis} is out of range for rank {rank}")
     return a
-
-
-def prod(xs):
-    n = 1
-    for x in xs:
-        n *= int(x)
-    return n
 
 
 def B(im):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import const, mark_bool, norm_axis, op, prod, unsupported, X
+from . import const, input_leaves, mark_bool, norm_axis, op, prod, unsupported, X
 
 
 @op("If", attrs=("then_branch", "else_branch"))
@@ -53,20 +53,8 @@ def _run_branch(im, g):
 def _decided_by_small_inputs(v):
     """Whether an operand is computed only from graph inputs that are small integer or bool
     tensors (at most 16 elements): worth specializing the graph to their values."""
-    seen, stack, leaves = set(), [v], 0
-    while stack:
-        o = stack.pop()
-        if o is None or id(o) in seen:
-            continue
-        seen.add(id(o))
-        kind = getattr(o, "_kind", None)
-        if kind == "input":
-            if o.data_type.startswith("float") or prod(o.shape) > 16:
-                return False
-            leaves += 1
-        elif kind == "op":
-            stack.extend(o._node.inputs)
-    return leaves > 0
+    leaves = input_leaves(v)
+    return bool(leaves) and all(not o.data_type.startswith("float") and prod(o.shape) <= 16 for o in leaves)
 
 
 # Unrolling copies the body once per iteration into the graph: beyond this many, refuse.
