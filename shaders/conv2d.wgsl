@@ -12,8 +12,8 @@
 const OHW = {{ OH * OW }}u;
 
 // Input element at flat index i (channel c): every read of x goes through x_at / x_at4, which
-// apply the prologue (a fused batch normalization + activations of channel c, see
-// compiler/passes.py) where the step has one. Padding never goes through them: it stays 0, the
+// apply the prologue (a fused batch normalization + activations of channel c, or a per-(batch,
+// channel) factor; see compiler/passes.py) where the step has one. Padding never goes through them: it stays 0, the
 // padding of the normalized tensor.
 {{ pro }}
 
@@ -24,7 +24,7 @@ fn x_at(i: u32, c: u32) -> f32 {
     let v = x[i];
 {$ endif $}
 {$ if pro $}
-    return pro(v, c);
+    return pro(v, c, i);
 {$ else $}
     return v;
 {$ endif $}
@@ -248,7 +248,7 @@ fn setup_a(g: u32, m0: u32, li: u32) {}
 fn x_at4(i: u32, c: u32) -> vec4<f32> {
 {$ if pro $}
     let v = x[i / 4u];
-    return vec4<f32>(pro(v.x, c), pro(v.y, c + 1u), pro(v.z, c + 2u), pro(v.w, c + 3u));
+    return vec4<f32>(pro(v.x, c, i), pro(v.y, c + 1u, i + 1u), pro(v.z, c + 2u, i + 2u), pro(v.w, c + 3u, i + 3u));
 {$ else $}
     return x[i / 4u];
 {$ endif $}

@@ -142,6 +142,7 @@ def test_mobilenet_fuses_activations(ctx, rng):
     assert len(convs) == 9, names
     assert not any("transpose" in n for n in names), names
     # the activations of stem, dw1, se1, se2, exp, dw2 (twice hard_swish) and head are fused,
-    # and the residual add into proj
-    assert len(names) == 9 + 4, names  # + pool, mul, resample, sigmoid
+    # the residual add into proj, and the squeeze-and-excitation product into the conv after it
+    assert len(names) == 9 + 3, names  # + pool, resample, sigmoid
+    assert sum("_scaled_" in n for n in names) == 1, names
     assert not any(n.startswith("ew_add") for n in names), names

@@ -9,6 +9,8 @@ and filters may be graph inputs as well as constants. Bias and the fused epilogu
 residual adds) are applied as each output is stored.
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
@@ -170,10 +172,12 @@ def _filter_strides(layout, shape):
 
 
 def _prologue(kc, node, bindings, args):
-    """WGSL `fn pro(v: f32, c: u32) -> f32` applying the step's prologue (compiler/passes.py) to
-    input channel c: the batch normalization, either folded into a [scale; shift] constant
-    (p_ab) or computed as normalization.wgsl does from its parameters (p_mean, p_var, p_scale,
-    p_bias), then the fused activations. The bindings are appended to `bindings` and `args`.
+    """WGSL `fn pro(v: f32, c: u32, i: u32) -> f32` applying the step's prologue
+    (compiler/passes.py) to input element i of channel c: the batch normalization, either folded
+    into a [scale; shift] constant (p_ab) or computed as normalization.wgsl does from its
+    parameters (p_mean, p_var, p_scale, p_bias), then the fused activations; or the product with
+    a per-(batch, channel) factor (p_q), plus a tensor shaped like the input (p_r). The bindings
+    are appended to `bindings` and `args`.
     Returns (the prologue's input, which the conv reads instead, function text); (None, "")
     when the step has no prologue."""
     from .elementwise import OPS_EXPR
@@ -182,7 +186,22 @@ def _prologue(kc, node, bindings, args):
     if step is None or step.prologue is None or node is not step.node:
         return None, ""
     bn = step.prologue.node
-    x, mean, var, scale, bias = bn.inputs
+    x = step.prologue_input
+    if step.prologue_scale is not None:
+        q = step.prologue_scale
+        bindings.append(Binding("p_q", "f32"))
+        args.append(q)
+        qs = (1,) * (4 - len(q.shape)) + tuple(q.shape)
+        lay = node.attrs["input_layout"]
+        C = qs[1] if lay == "nchw" else qs[3]
+        n = f"(i / {math.prod(x.shape[1:])}u) * {C}u + " if qs[0] != 1 else ""
+        y = f"v * p_q[{n}{'c' if C != 1 else '0u'}]"
+        if step.prologue_add is not None:
+            bindings.append(Binding("p_r", "f32"))
+            args.append(step.prologue_add)
+            y += " + p_r[i]"
+        return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n    return {y};\n}}"
+    _, mean, var, scale, bias = bn.inputs
     if step.prologue_const is not None:
         bindings.append(Binding("p_ab", "f32"))
         args.append(step.prologue_const)
@@ -202,7 +221,7 @@ def _prologue(kc, node, bindings, args):
         lines.append(f"    let a{j}: f32 = {OPS_EXPR(n)(kc, n, cur)};")
         cur = f"a{j}"
     body = "\n".join(lines)
-    return x, f"fn pro(v: f32, c: u32) -> f32 {{\n{body}\n    return {cur};\n}}"
+    return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return {cur};\n}}"
 
 
 def _lower(kc, node, transposed):
@@ -248,7 +267,7 @@ def _lower(kc, node, transposed):
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
     if src is not None:
-        name = name.replace(op, op + "_bn", 1)
+        name = name.replace(op, op + ("_scaled" if kc.step.prologue_scale is not None else "_bn"), 1)
 
     if not transposed and icg == 1 and groups > 1:
         # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
@@ -296,7 +315,8 @@ def _lower(kc, node, transposed):
         st *= dims[d]
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
-        name = f"{op}{'_bn' if src is not None else ''}_{lay}_f32_1x1"
+        pro = "" if src is None else "_scaled" if kc.step.prologue_scale is not None else "_bn"
+        name = f"{op}{pro}_{lay}_f32_1x1"
     if groups > 1:
         name += f"_g{groups}"
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,
