@@ -23,7 +23,7 @@ fn x_at(i: u32, c: u32) -> f32 {
 {$ else $}
     let v = x[i];
 {$ endif $}
-{$ if pro $}
+{$ if pro and not dwp $}
     return pro(v, c, i);
 {$ else $}
     return v;
@@ -45,12 +45,15 @@ fn k_coords(k: u32) -> vec3<u32> {
 }
 
 {$ if pointwise $}
-// 1x1, stride 1, no padding: A is the input itself (pixels x channels).
+// 1x1, stride 1, no padding: A is the input itself (pixels x channels), or with a depthwise
+// prologue (dwp) the depthwise conv's output, computed here from its input x (dw_at, above).
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
 {$ if check_a $}
     if (m >= M || k >= K) { return 0.0; }
 {$ endif $}
-{$ if in_s[1] == 1 and groups == 1 $}
+{$ if dwp $}
+    return dw_at(m, k);
+{$ elif in_s[1] == 1 and groups == 1 $}
     return x_at(m * {{ IC }}u + k, k);
 {$ else $}
     let n = m / OHW;
@@ -246,7 +249,7 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
 fn setup_a(g: u32, m0: u32, li: u32) {}
 
 fn x_at4(i: u32, c: u32) -> vec4<f32> {
-{$ if pro $}
+{$ if pro and not dwp $}
     let v = x[i / 4u];
     return vec4<f32>(pro(v.x, c, i), pro(v.y, c + 1u, i + 1u), pro(v.z, c + 2u, i + 2u), pro(v.w, c + 3u, i + 3u));
 {$ else $}

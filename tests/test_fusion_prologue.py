@@ -245,3 +245,65 @@ def test_squeeze_excitation_block(ctx, rng):
     s = 1 / (1 + np.exp(-(np.maximum(s @ W1[:, 0, 0].T, 0) @ W2[:, 0, 0].T)))
     ref = (X * s[:, None, None, :]) @ W3[:, 0, 0].T
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+DW_PW = [
+    # (x NCHW, depthwise options, pointwise output channels)
+    ((1, 16, 9, 9), dict(padding=[1, 1, 1, 1]), 24),
+    ((2, 8, 11, 10), dict(strides=[2, 2], padding=[2, 1, 2, 2], dilations=[1, 2]), 70),  # two n tiles
+    ((1, 12, 2, 2), dict(padding=[1, 1, 1, 1]), 16),  # 4 output pixels: GEMV
+    ((1, 8, 7, 7), dict(padding=[2, 2, 2, 2]), 2),  # 2 output channels: no direct path with a prologue
+]
+
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("xshape,dwopts,oc", DW_PW)
+def test_depthwise_pointwise_is_one_kernel(ctx, rng, monkeypatch, xshape, dwopts, oc, layout, vec):
+    # MobileNet's depthwise-separable block: depthwise -> activation -> 1x1 conv; the 1x1 conv
+    # computes the depthwise output as it stages it
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    C = xshape[1]
+    k = 5 if dwopts.get("padding", [0])[0] == 2 and "dilations" not in dwopts else 3
+    wd = rng.standard_normal((C, 1, k, k)).astype(np.float32)
+    bd = rng.standard_normal(C).astype(np.float32)
+    from test_ops_conv import conv2d_ref
+
+    def build(b, x, axis):
+        w = wd if axis == 1 else np.ascontiguousarray(wd.transpose(0, 2, 3, 1))
+        y = b.conv2d(x, b.constant(w), groups=C, bias=b.constant(bd), input_layout=layout,
+                     filter_layout="oihw" if axis == 1 else "ohwi", **dwopts)
+        return b.clamp(y, min_value=0.0, max_value=6.0)
+
+    def ref(x):
+        st = dwopts.get("strides", (1, 1))
+        return np.clip(conv2d_ref(x, wd, pad=dwopts.get("padding", (0, 0, 0, 0)), st=st,
+                                  dil=dwopts.get("dilations", (1, 1)), groups=C, bias=bd), 0, 6)
+
+    fl = "oihw" if layout == "nchw" else "ohwi"
+    got, want = _run_conv(ctx, rng, xshape, (oc, C, 1, 1), input_layout=layout, filter_layout=fl, use_bias=True,
+                          prologue=(build, ref), expect_kernels=1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_depthwise_pointwise_not_fused_when_unsafe(ctx, rng):
+    C = 8
+    wd = rng.standard_normal((C, 1, 3, 3)).astype(np.float32)
+    wm = rng.standard_normal((2 * C, 1, 3, 3)).astype(np.float32)
+    wp = rng.standard_normal((12, C, 1, 1)).astype(np.float32)
+
+    def shared(b):  # the depthwise output is read twice
+        y = b.conv2d(b.input("x", data_type="float32", shape=[1, C, 6, 6]), b.constant(wd), groups=C, padding=[1] * 4)
+        return {"a": b.conv2d(y, b.constant(wp)), "b": b.relu(y)}
+
+    def multiplier(b):  # two outputs per input channel
+        y = b.conv2d(b.input("x", data_type="float32", shape=[1, C, 6, 6]), b.constant(wm), groups=C, padding=[1] * 4)
+        return {"a": b.conv2d(y, b.constant(np.concatenate([wp, wp], 1)))}
+
+    def strided_pointwise(b):  # the 1x1 conv is not a plain GEMM over the depthwise output
+        y = b.conv2d(b.input("x", data_type="float32", shape=[1, C, 6, 6]), b.constant(wd), groups=C, padding=[1] * 4)
+        return {"a": b.conv2d(y, b.constant(wp), strides=[2, 2])}
+
+    for fn in (shared, multiplier, strided_pointwise):
+        names = _kernels(ctx, fn)
+        assert any(n.endswith("_dw") for n in names) and not any("conv2d_dw_" in n for n in names), (fn.__name__, names)

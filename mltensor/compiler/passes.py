@@ -5,8 +5,10 @@ group, or a conv2d/matmul/gemm with an epilogue: unary activations and binary el
 whose other operand (a residual, a scale) is read at the stored element's index. A convolution
 step may also have a prologue, the step producing its input applied per input channel as the
 convolution loads each input element, so that tensor is never written: a batch_normalization
-(+ unary activations; densenet's BatchNormalization -> Relu -> Conv), or a multiplication by a
-per-(batch, channel) operand (the squeeze-and-excitation scale of MobileNetV3-style blocks).
+(+ unary activations; densenet's BatchNormalization -> Relu -> Conv), a multiplication by a
+per-(batch, channel) operand (the squeeze-and-excitation scale of MobileNetV3-style blocks), or,
+for a 1x1 convolution, the depthwise convolution (+ activations) before it (MobileNets'
+depthwise-separable blocks: the depthwise output is computed as the 1x1 conv stages it).
 """
 
 import numpy as np
@@ -70,7 +72,7 @@ def read_bindings(step):
     n = len([v for v in step.node.inputs if v is not None]) + len(epilogue_operands(step))
     if step.prologue_const is not None or step.prologue_scale is not None:
         n += 1 + (step.prologue_add is not None)
-    elif step.prologue is not None:
+    elif step.prologue is not None:  # batch_normalization or depthwise conv: its other inputs
         n += len([v for v in step.prologue.node.inputs[1:] if v is not None])
     return n
 
@@ -155,6 +157,24 @@ def _scale_prologue(p, x, axis):
     return full, s, r
 
 
+def _pointwise(n):
+    """conv2d node `n` is a 1x1 convolution, stride 1, no padding, one group."""
+    a = n.attrs
+    dims = dict(zip(a["filter_layout"], n.inputs[1].shape))
+    return (n.op == "conv2d" and dims["h"] == dims["w"] == 1 and a["strides"] == [1, 1]
+            and a["padding"] == [0, 0, 0, 0] and a["groups"] == 1)
+
+
+def _depthwise(n):
+    """conv2d node `n` is depthwise with one output channel per input channel."""
+    if n.op != "conv2d":
+        return False
+    a = n.attrs
+    c = n.inputs[0].shape[1 if a["input_layout"] == "nchw" else 3]
+    dims = dict(zip(a["filter_layout"], n.inputs[1].shape))
+    return a["groups"] == c > 1 and dims["o"] == c and dims["i"] == 1
+
+
 def _prologue(n, producer, single_use, const, max_inputs, consumers):
     """(step, activations, folded constant or None, input, scale or None) when the step producing
     conv node `n`'s input can become the conv's prologue, its output read by this conv only:
@@ -185,6 +205,11 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
         return None
     axis = 1 if n.attrs["input_layout"] == "nchw" else 3
     bound = len([v for v in n.inputs if v is not None])
+    if (_depthwise(p.node) and _pointwise(n) and p.prologue is None
+            and p.node.attrs["input_layout"] == n.attrs["input_layout"]
+            and all(OPS[e.op].activation and len([v for v in e.inputs if v is not None]) == 1 for e in p.epilogue)):
+        extra = len([v for v in p.node.inputs[1:] if v is not None])
+        return (p, list(p.epilogue), None, p.node.inputs[0], None, None) if bound + extra <= max_inputs else None
     sc = _scale_prologue(p, x, axis)
     if sc is not None:
         return (p, [], None) + sc if bound + 1 + (sc[2] is not None) <= max_inputs else None

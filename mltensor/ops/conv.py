@@ -187,6 +187,8 @@ def _prologue(kc, node, bindings, args):
         return None, ""
     bn = step.prologue.node
     x = step.prologue_input
+    if bn.op == "conv2d":
+        return x, _depthwise_prologue(kc, bn, step.prologue_acts, bindings, args)
     if step.prologue_scale is not None:
         q = step.prologue_scale
         bindings.append(Binding("p_q", "f32"))
@@ -222,6 +224,53 @@ def _prologue(kc, node, bindings, args):
         cur = f"a{j}"
     body = "\n".join(lines)
     return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return {cur};\n}}"
+
+
+def _depthwise_prologue(kc, dw, acts, bindings, args):
+    """WGSL `fn dw_at(m: u32, c: u32) -> f32`: output pixel m, channel c of depthwise conv node
+    `dw` and its activations, computed from its input (bound as x, the 1x1 conv's A operand) and
+    filter / bias (bound as dw_w, dw_b), for a 1x1 conv whose prologue it is."""
+    from .elementwise import OPS_EXPR
+
+    x, w, bias = dw.inputs
+    a = dw.attrs
+    lay = a["input_layout"]
+    in_s = _strides_nchw(lay, x.shape)
+    f_s = _filter_strides(a["filter_layout"], w.shape)
+    dims = dict(zip(a["filter_layout"], w.shape))
+    ih, iw = x.shape[2:] if lay == "nchw" else x.shape[1:3]
+    bindings.append(Binding("dw_w", "f32"))
+    args.append(w)
+    if bias is not None:
+        bindings.append(Binding("dw_b", "f32"))
+        args.append(bias)
+    (pt, _, pl, _), (sh, sw), (dh, dwd) = a["padding"], a["strides"], a["dilations"]
+    ow = dw.outputs[0].shape[3 if lay == "nchw" else 2]
+    lines = [
+        "fn dw_at(m: u32, c: u32) -> f32 {",
+        "    let p = m % OHW;",
+        f"    let ih0 = i32((p / {ow}u) * {sh}u) - {pt};",
+        f"    let iw0 = i32((p % {ow}u) * {sw}u) - {pl};",
+        f"    let xb = (m / OHW) * {in_s[0]}u + c * {in_s[1]}u;",
+        f"    let wb = c * {f_s[0]}u;",
+        "    var acc = 0.0;",
+    ]
+    for kh in range(dims["h"]):
+        lines.append(f"    if (ih0 + {kh * dh} >= 0 && ih0 + {kh * dh} < {ih}) {{")
+        lines.append(f"        let row = xb + u32(ih0 + {kh * dh}) * {in_s[2]}u;")
+        for kw in range(dims["w"]):
+            lines.append(f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw}) {{ acc = fma(x[row + u32(iw0 + {kw * dwd}) * {in_s[3]}u], "
+                         f"dw_w[wb + {kh * f_s[2] + kw * f_s[3]}u], acc); }}")
+        lines.append("    }")
+    if bias is not None:
+        lines.append("    acc = acc + dw_b[c];")
+    cur = "acc"
+    for j, n in enumerate(acts):
+        lines.append(f"    let a{j}: f32 = {OPS_EXPR(n)(kc, n, cur)};")
+        cur = f"a{j}"
+    lines.append(f"    return {cur};")
+    lines.append("}")
+    return "\n".join(lines)
 
 
 def _lower(kc, node, transposed):
@@ -266,8 +315,11 @@ def _lower(kc, node, transposed):
     params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
+    dwp = src is not None and kc.step.prologue.node.op == "conv2d"
+    params["dwp"] = dwp
     if src is not None:
-        name = name.replace(op, op + ("_scaled" if kc.step.prologue_scale is not None else "_bn"), 1)
+        kind = "_dw" if dwp else "_scaled" if kc.step.prologue_scale is not None else "_bn"
+        name = name.replace(op, op + kind, 1)
 
     if not transposed and icg == 1 and groups > 1:
         # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
@@ -279,7 +331,7 @@ def _lower(kc, node, transposed):
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
                   grid(-(-total // WORKGROUP)))
         return
-    if ocg < 4:
+    if ocg < 4 and not dwp:
         # Few output channels (a segmentation head, the last upsampling): GEMM tiles would be
         # mostly padding, so one thread per output pixel computes its ocg channels directly
         # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).
@@ -298,7 +350,7 @@ def _lower(kc, node, transposed):
     # along k: coalesced for NHWC); else "hoist" (threads along m, addresses precomputed per
     # thread: coalesced for NCHW). The transpose keeps the generic per-element loader.
     vec = vec_loads(kc)
-    if not transposed:
+    if not transposed and not dwp:
         nhwc4 = vec and ic_inner and icg % 4 == 0 and ic % 4 == 0
         # On CPU adapters the per-element loader stays: lavapipe measured the hoisted staging at
         # parity to 5% slower (LLVM already strength-reduces the constant divisions).
@@ -315,7 +367,7 @@ def _lower(kc, node, transposed):
         st *= dims[d]
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
-        pro = "" if src is None else "_scaled" if kc.step.prologue_scale is not None else "_bn"
+        pro = "" if src is None else "_dw" if dwp else "_scaled" if kc.step.prologue_scale is not None else "_bn"
         name = f"{op}{pro}_{lay}_f32_1x1"
     if groups > 1:
         name += f"_g{groups}"
