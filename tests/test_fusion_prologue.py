@@ -260,8 +260,9 @@ DW_PW = [
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("xshape,dwopts,oc", DW_PW)
 def test_depthwise_pointwise_is_one_kernel(ctx, rng, monkeypatch, xshape, dwopts, oc, layout, vec):
-    # MobileNet's depthwise-separable block: depthwise -> activation -> 1x1 conv; the 1x1 conv
-    # computes the depthwise output as it stages it
+    # MobileNet's depthwise-separable block: depthwise -> activation -> 1x1 conv; with the opt-in
+    # depthwise prologue the 1x1 conv computes the depthwise output as it stages it
+    monkeypatch.setenv("MLTENSOR_FUSE_DEPTHWISE", "1")
     monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
     C = xshape[1]
     k = 5 if dwopts.get("padding", [0])[0] == 2 and "dilations" not in dwopts else 3
@@ -286,7 +287,8 @@ def test_depthwise_pointwise_is_one_kernel(ctx, rng, monkeypatch, xshape, dwopts
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
 
 
-def test_depthwise_pointwise_not_fused_when_unsafe(ctx, rng):
+def test_depthwise_pointwise_not_fused_when_unsafe(ctx, rng, monkeypatch):
+    monkeypatch.setenv("MLTENSOR_FUSE_DEPTHWISE", "1")
     C = 8
     wd = rng.standard_normal((C, 1, 3, 3)).astype(np.float32)
     wm = rng.standard_normal((2 * C, 1, 3, 3)).astype(np.float32)
@@ -307,3 +309,16 @@ def test_depthwise_pointwise_not_fused_when_unsafe(ctx, rng):
     for fn in (shared, multiplier, strided_pointwise):
         names = _kernels(ctx, fn)
         assert any(n.endswith("_dw") for n in names) and not any("conv2d_dw_" in n for n in names), (fn.__name__, names)
+
+
+def test_depthwise_prologue_is_opt_in(ctx, rng, monkeypatch):
+    monkeypatch.delenv("MLTENSOR_FUSE_DEPTHWISE", raising=False)
+    C = 8
+    wd = rng.standard_normal((C, 1, 3, 3)).astype(np.float32)
+    wp = rng.standard_normal((12, C, 1, 1)).astype(np.float32)
+
+    def block(b):
+        y = b.conv2d(b.input("x", data_type="float32", shape=[1, C, 6, 6]), b.constant(wd), groups=C, padding=[1] * 4)
+        return {"a": b.conv2d(b.relu(y), b.constant(wp))}
+
+    assert [n.endswith("_dw") for n in _kernels(ctx, block)] == [True, False]

@@ -7,9 +7,11 @@ step may also have a prologue, the step producing its input applied per input ch
 convolution loads each input element, so that tensor is never written: a batch_normalization
 (+ unary activations; densenet's BatchNormalization -> Relu -> Conv), a multiplication by a
 per-(batch, channel) operand (the squeeze-and-excitation scale of MobileNetV3-style blocks), or,
-for a 1x1 convolution, the depthwise convolution (+ activations) before it (MobileNets'
-depthwise-separable blocks: the depthwise output is computed as the 1x1 conv stages it).
+opt-in (MLTENSOR_FUSE_DEPTHWISE=1, see fuse_depthwise), for a 1x1 convolution the depthwise
+convolution (+ activations) before it (the depthwise output computed as the 1x1 conv stages it).
 """
+
+import os
 
 import numpy as np
 
@@ -157,6 +159,15 @@ def _scale_prologue(p, x, axis):
     return full, s, r
 
 
+def fuse_depthwise():
+    """The depthwise prologue is opt-in (MLTENSOR_FUSE_DEPTHWISE=1): it saves a launch and the
+    depthwise output's round trip through memory, but each 1x1-conv workgroup recomputes the
+    depthwise outputs of its A tile with scalar loads, once per output-channel tile, where the
+    depthwise kernel shares its input columns between 4 outputs. On lavapipe that made the
+    MediaPipe detectors 1.6-3x slower (palm_detection_full 175 -> 590 ms); unmeasured on GPUs."""
+    return os.environ.get("MLTENSOR_FUSE_DEPTHWISE", "") not in ("", "0")
+
+
 def _pointwise(n):
     """conv2d node `n` is a 1x1 convolution, stride 1, no padding, one group."""
     a = n.attrs
@@ -205,7 +216,7 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
         return None
     axis = 1 if n.attrs["input_layout"] == "nchw" else 3
     bound = len([v for v in n.inputs if v is not None])
-    if (_depthwise(p.node) and _pointwise(n) and p.prologue is None
+    if (fuse_depthwise() and _depthwise(p.node) and _pointwise(n) and p.prologue is None
             and p.node.attrs["input_layout"] == n.attrs["input_layout"]
             and all(OPS[e.op].activation and len([v for v in e.inputs if v is not None]) == 1 for e in p.epilogue)):
         extra = len([v for v in p.node.inputs[1:] if v is not None])
