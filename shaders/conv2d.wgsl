@@ -11,8 +11,17 @@
 {$ block loaders $}
 const OHW = {{ OH * OW }}u;
 
+// Input element at flat index i (channel c): every read of x goes through x_at / x_at4.
+fn x_at(i: u32, c: u32) -> f32 {
+{$ if x_vec $}
+    return x[i / 4u][i % 4u];
+{$ else $}
+    return x[i];
+{$ endif $}
+}
+
 fn in_at(n: u32, c: u32, h: u32, w: u32) -> f32 {
-    return x[n * {{ in_s[0] }}u + c * {{ in_s[1] }}u + h * {{ in_s[2] }}u + w * {{ in_s[3] }}u];
+    return x_at(n * {{ in_s[0] }}u + c * {{ in_s[1] }}u + h * {{ in_s[2] }}u + w * {{ in_s[3] }}u, c);
 }
 
 // (ic, kh, kw) of reduction index k (columns ordered (kh, kw, ic) for NHWC, else (ic, kh, kw)),
@@ -32,11 +41,11 @@ fn load_a(g: u32, m: u32, k: u32) -> f32 {
     if (m >= M || k >= K) { return 0.0; }
 {$ endif $}
 {$ if in_s[1] == 1 and groups == 1 $}
-    return x[m * {{ IC }}u + k];
+    return x_at(m * {{ IC }}u + k, k);
 {$ else $}
     let n = m / OHW;
     let p = m % OHW;
-    return x[n * {{ in_s[0] }}u + (g * {{ ICg }}u + k) * {{ in_s[1] }}u + p * {{ in_s[3] }}u];
+    return x_at(n * {{ in_s[0] }}u + (g * {{ ICg }}u + k) * {{ in_s[1] }}u + p * {{ in_s[3] }}u, g * {{ ICg }}u + k);
 {$ endif $}
 }
 {$ else $}
@@ -91,6 +100,59 @@ fn load_b(g: u32, k: u32, o: u32) -> f32 {
     return w[g * {{ f_g }}u + o * {{ f_s[0] }}u + ic * {{ f_s[1] }}u + kh * {{ f_s[2] }}u + kw * {{ f_s[3] }}u];
 }
 
+// Filter offset of reduction index k (group g, output channel 0 of the group).
+fn w_k(g: u32, k: u32) -> u32 {
+{$ if pointwise $}
+    return g * {{ f_g }}u + k * {{ f_s[1] }}u;
+{$ else $}
+    let kc = k_coords(k);
+    return g * {{ f_g }}u + kc.x * {{ f_s[1] }}u + kc.y * {{ f_s[2] }}u + kc.z * {{ f_s[3] }}u;
+{$ endif $}
+}
+
+fn load_b4n(g: u32, k: u32, o: u32) -> vec4<f32> {
+    // the 4 output channels share k's coordinates: decomposed once
+{$ if check_b $}
+    if (k >= K) { return vec4<f32>(0.0); }
+{$ endif $}
+    let base = w_k(g, k) + o * {{ f_s[0] }}u;
+    var v = vec4<f32>(0.0);
+{$ for c in range(4) $}
+{$ if check_b $}
+    if (o + {{ c }}u < N) { v[{{ c }}] = w[base + {{ c * f_s[0] }}u]; }
+{$ else $}
+    v[{{ c }}] = w[base + {{ c * f_s[0] }}u];
+{$ endif $}
+{$ endfor $}
+    return v;
+}
+
+fn load_b4k(g: u32, k: u32, o: u32) -> vec4<f32> {
+{$ if w_kcontig $}
+    // the filter's k order is its memory order (OIHW, OHWI): 4 consecutive words
+{$ if check_b $}
+    if (o >= N) { return vec4<f32>(0.0); }
+{$ endif $}
+    let base = g * {{ f_g }}u + o * {{ f_s[0] }}u + k;
+{$ if K % 4 != 0 $}
+    var v = vec4<f32>(0.0);
+{$ for c in range(4) $}
+    if (k + {{ c }}u < K) { v[{{ c }}] = w[base + {{ c }}u]; }
+{$ endfor $}
+    return v;
+{$ else $}
+    if (k >= K) { return vec4<f32>(0.0); }
+    return vec4<f32>(w[base], w[base + 1u], w[base + 2u], w[base + 3u]);
+{$ endif $}
+{$ else $}
+    return vec4<f32>(load_b(g, k, o), load_b(g, k + 1u, o), load_b(g, k + 2u, o), load_b(g, k + 3u, o));
+{$ endif $}
+}
+
+fn load_a4(g: u32, m: u32, k: u32) -> vec4<f32> {
+    return vec4<f32>(load_a(g, m, k), load_a(g, m, k + 1u), load_a(g, m, k + 2u), load_a(g, m, k + 3u));
+}
+
 fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ if check_out $}
     if (m >= M || o >= N) { return; }
@@ -108,6 +170,108 @@ fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ endif $}
     out[oi] = act(v, oi);
 }
+{$ endblock $}
+
+{$ block stage_a $}
+{$ if a_mode == "hoist" $}
+// im2col with the address math out of the inner loop: a thread always stages the same 4 rows m
+// of A (THREADS is a multiple of AQ), so their output pixel -> input window origin and image base
+// are computed once (setup_a); a staged k row costs one k decomposition and 4 bounds tests, no
+// division per element. Rows past M get a window origin so far out that every test fails.
+var<private> a_ih: vec4<i32>;
+var<private> a_iw: vec4<i32>;
+var<private> a_xb: vec4<u32>;
+
+fn setup_a(g: u32, m0: u32, li: u32) {
+    let mb = m0 + (li % AQ) * 4u;
+{$ for q in range(4) $}
+    {
+        let m = mb + {{ q }}u;
+        let p = m % OHW;
+        a_ih[{{ q }}] = select(-16777216, i32((p / {{ OW }}u) * {{ SH }}u) - {{ PT }}, m < M);
+        a_iw[{{ q }}] = select(-16777216, i32((p % {{ OW }}u) * {{ SW }}u) - {{ PL }}, m < M);
+        a_xb[{{ q }}] = (m / OHW) * {{ in_s[0] }}u + g * {{ ICg * in_s[1] }}u;
+    }
+{$ endfor $}
+}
+
+fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
+    for (var e = li; e < AS; e = e + THREADS) {
+        let k = k0 + e / AQ;
+        var v = vec4<f32>(0.0);
+{$ if K % BK != 0 $}
+        if (k < K) {
+{$ else $}
+        {
+{$ endif $}
+{$ if pointwise $}
+            let c = k;
+            let dh = 0;
+            let dw = 0;
+{$ else $}
+            let kc = k_coords(k);
+            let c = kc.x;
+            let dh = i32(kc.y * {{ DH }}u);
+            let dw = i32(kc.z * {{ DW }}u);
+{$ endif $}
+            let cb = c * {{ in_s[1] }}u;
+{$ for q in range(4) $}
+            {
+                let ih = a_ih[{{ q }}] + dh;
+                let iw = a_iw[{{ q }}] + dw;
+                if (ih >= 0 && iw >= 0 && ih < {{ IH }} && iw < {{ IW }}) {
+                    v[{{ q }}] = x_at(a_xb[{{ q }}] + cb + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u, g * {{ ICg }}u + c);
+                }
+            }
+{$ endfor $}
+        }
+        As[o + e] = v;
+    }
+}
+{$ elif a_mode == "nhwc4" $}
+// NHWC with ICg % 4 == 0: the coalesced mapping is along k (consecutive input channels), so a
+// thread stages 4 consecutive k of one row m, one 16-byte load (x bound as vec4), written
+// transposed into As[k][m]. Its k quad is the same at every step of its loop (THREADS is a
+// multiple of KQ): decomposed once per stage, the row's pixel once per element.
+fn setup_a(g: u32, m0: u32, li: u32) {}
+
+fn x_at4(i: u32, c: u32) -> vec4<f32> {
+    return x[i / 4u];
+}
+
+fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
+{$ if (TX * TY) % (BK // 4) == 0 $}
+    let kq = (li % KQ) * 4u;
+    let kc = k_coords(k0 + kq);
+{$ endif $}
+    for (var e = li; e < AS; e = e + THREADS) {
+        let ml = e / KQ;
+{$ if (TX * TY) % (BK // 4) != 0 $}
+        let kq = (e % KQ) * 4u;
+        let kc = k_coords(k0 + kq);
+{$ endif $}
+        let m = m0 + ml;
+        var v = vec4<f32>(0.0);
+        if (m < M && k0 + kq < K) {
+            let p = m % OHW;
+            let ih = i32((p / {{ OW }}u) * {{ SH }}u + kc.y * {{ DH }}u) - {{ PT }};
+            let iw = i32((p % {{ OW }}u) * {{ SW }}u + kc.z * {{ DW }}u) - {{ PL }};
+            if (ih >= 0 && iw >= 0 && ih < {{ IH }} && iw < {{ IW }}) {
+                let c = g * {{ ICg }}u + kc.x;
+                v = x_at4((m / OHW) * {{ in_s[0] }}u + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u + c, c);
+            }
+        }
+        let s = o + kq * AQ + ml / 4u;
+        let lane = ml % 4u;
+        As[s][lane] = v.x;
+        As[s + AQ][lane] = v.y;
+        As[s + 2u * AQ][lane] = v.z;
+        As[s + 3u * AQ][lane] = v.w;
+    }
+}
+{$ else $}
+{{ super() }}
+{$ endif $}
 {$ endblock $}
 
 {$ block kernels $}

@@ -1,10 +1,11 @@
 // Batched GEMM: out[bt] = epilogue(A[bt] (M x K) * B[bt] (K x N)), sizes baked in.
 //
-// The kernels below see the operands only through three functions, so that conv2d
+// The kernels below see the operands only through these functions, so that conv2d
 // (implicit GEMM, shaders/conv2d.wgsl extends this file) reuses them unchanged:
 //   load_a(bt, m, k) -> f32    element (m, k) of A for batch bt, 0 outside the matrix
 //   load_b(bt, k, n) -> f32    element (k, n) of B, 0 outside
 //   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
+//   load_a4 / load_b4n / load_b4k: four of them at once (vec4 loads where the layout allows)
 // act(v, i) is the fused epilogue (kc.epilogue): i is the flat index of the stored element in out.
 // Paths:
 //   "tiled": TY x TX threads (64 or 256), each computing an RM x RN block (RM, RN in {4, 8}) of a
@@ -15,7 +16,8 @@
 //            sums only K chunk s and writes raw partial sums to `part`; the "splitk_reduce" path
 //            then adds the SPLIT partials of each output and applies the epilogue through store().
 //   "gemv":  small M (<= 4 rows): a workgroup owns 4 output columns of all rows and its 64
-//            threads split K; partial sums are reduced in workgroup memory.
+//            threads split K; partial sums are reduced in workgroup memory, or first within
+//            each subgroup (SG, where the adapter has "subgroup"; a tuning candidate).
 {{ bindings }}
 {$ include "common.wgsl" $}
 
@@ -55,6 +57,33 @@ fn load_b(bt: u32, k: u32, n: u32) -> f32 {
 {$ endif $}
 }
 
+// Four elements at once, for staging: A(m, k..k+3), B(k, n..n+3), B(k..k+3, n).
+fn load_a4(bt: u32, m: u32, k: u32) -> vec4<f32> {
+{$ if vec_a $}
+{$ if check_a $}
+    if (m >= M || k >= K) { return vec4<f32>(0.0); }  // K % 4 == 0: a quad is all in or all out
+{$ endif $}
+    return a[(a_base(bt) + m * {{ a_sm }}u + k) / 4u];
+{$ else $}
+    return vec4<f32>(load_a(bt, m, k), load_a(bt, m, k + 1u), load_a(bt, m, k + 2u), load_a(bt, m, k + 3u));
+{$ endif $}
+}
+
+fn load_b4n(bt: u32, k: u32, n: u32) -> vec4<f32> {
+{$ if vec_b $}
+{$ if check_b $}
+    if (k >= K || n >= N) { return vec4<f32>(0.0); }  // N % 4 == 0
+{$ endif $}
+    return b[(b_base(bt) + k * {{ b_sk }}u + n) / 4u];
+{$ else $}
+    return vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u), load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
+{$ endif $}
+}
+
+fn load_b4k(bt: u32, k: u32, n: u32) -> vec4<f32> {
+    return vec4<f32>(load_b(bt, k, n), load_b(bt, k + 1u, n), load_b(bt, k + 2u, n), load_b(bt, k + 3u, n));
+}
+
 fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ if check_out $}
     if (m >= M || n >= N) { return; }
@@ -79,10 +108,84 @@ const TILES_N = {{ tiles_n }}u;
 const TILES_M = {{ tiles_m }}u;
 const TILES = {{ tiles }}u;     // output tiles over all batches
 const KCHUNK = {{ kchunk }}u;   // K range of one split (a multiple of BK; K when SPLIT = 1)
+const AQ = {{ TY * RM // 4 }}u; // vec4s in one k row of As (4 consecutive m each)
+const BQ = {{ TX * RN // 4 }}u; // vec4s in one k row of Bs (4 consecutive n each)
+const KQ = {{ BK // 4 }}u;      // quads of k in BK
+const AS = {{ BK * TY * RM // 4 }}u;  // vec4s of one staged A tile
+const BS = {{ BK * TX * RN // 4 }}u;
 
-// As[k][m] and Bs[k][n], 4 consecutive m (n) per vec4.
-var<workgroup> As: array<vec4<f32>, {{ BK * TY * RM // 4 }}>;
-var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 }}>;
+// As[k][m] and Bs[k][n], 4 consecutive m (n) per vec4; DB (double buffering): two of each, the
+// next tile is staged into one while the other is read (one barrier per step instead of two).
+var<workgroup> As: array<vec4<f32>, {{ BK * TY * RM // 4 * (2 if DB else 1) }}>;
+var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 * (2 if DB else 1) }}>;
+
+// Staging: each thread loads one vec4 per step of its loop. Two mappings per operand, chosen by
+// which of the operand's strides is 1, so that consecutive threads read consecutive words:
+// "along m" (n): a thread takes 4 consecutive m (n) of one k row; "k-major": a thread takes 4
+// consecutive k of one row m (column n), one 16-byte load where aligned, written transposed.
+{$ block stage_a $}
+fn setup_a(bt: u32, m0: u32, li: u32) {}
+
+fn stage_a(bt: u32, m0: u32, k0: u32, o: u32, li: u32) {
+{$ if a_kmajor $}
+    for (var e = li; e < AS; e = e + THREADS) {
+        let ml = e / KQ;
+        let kq = (e % KQ) * 4u;
+        let v = load_a4(bt, m0 + ml, k0 + kq);
+        let s = o + kq * AQ + ml / 4u;
+        let lane = ml % 4u;
+        As[s][lane] = v.x;
+        As[s + AQ][lane] = v.y;
+        As[s + 2u * AQ][lane] = v.z;
+        As[s + 3u * AQ][lane] = v.w;
+    }
+{$ else $}
+    for (var e = li; e < AS; e = e + THREADS) {
+        let k = k0 + e / AQ;
+        let m = m0 + (e % AQ) * 4u;
+        As[o + e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
+                              load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
+    }
+{$ endif $}
+}
+{$ endblock $}
+
+fn stage_b(bt: u32, n0: u32, k0: u32, o: u32, li: u32) {
+{$ if b_kmajor $}
+    for (var e = li; e < BS; e = e + THREADS) {
+        let nl = e / KQ;
+        let kq = (e % KQ) * 4u;
+        let v = load_b4k(bt, k0 + kq, n0 + nl);
+        let s = o + kq * BQ + nl / 4u;
+        let lane = nl % 4u;
+        Bs[s][lane] = v.x;
+        Bs[s + BQ][lane] = v.y;
+        Bs[s + 2u * BQ][lane] = v.z;
+        Bs[s + 3u * BQ][lane] = v.w;
+    }
+{$ else $}
+    for (var e = li; e < BS; e = e + THREADS) {
+        Bs[o + e] = load_b4n(bt, k0 + e / BQ, n0 + (e % BQ) * 4u);
+    }
+{$ endif $}
+}
+
+// RM x RN outputs of this thread += the staged tiles at offsets oa, ob (BK steps).
+{$ macro compute(oa, ob) $}
+        for (var kk = 0u; kk < BK; kk = kk + 1u) {
+{$ for j in range(RN // 4) $}
+            let bv{{ j }} = Bs[{{ ob }}kk * BQ + tx * {{ RN // 4 }}u + {{ j }}u];
+{$ endfor $}
+{$ for q in range(RM // 4) $}
+            let av{{ q }} = As[{{ oa }}kk * AQ + ty * {{ RM // 4 }}u + {{ q }}u];
+{$ for i in range(4) $}
+{$ for j in range(RN // 4) $}
+            acc{{ 4 * q + i }}_{{ j }} = fma(vec4<f32>(av{{ q }}.{{ "xyzw"[i] }}), bv{{ j }}, acc{{ 4 * q + i }}_{{ j }});
+{$ endfor $}
+{$ endfor $}
+{$ endfor $}
+        }
+{$ endmacro $}
 
 @compute @workgroup_size({{ TX }}, {{ TY }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -104,70 +207,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var acc{{ i }}_{{ j }} = vec4<f32>(0.0);
 {$ endfor $}
 {$ endfor $}
+    setup_a(bt, m0, li);
+{$ if DB $}
+    stage_a(bt, m0, k_begin, 0u, li);
+    stage_b(bt, n0, k_begin, 0u, li);
+    workgroupBarrier();
+    var cur = 0u;
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
-        // Stage the tiles (one vec4 per thread and step).
-{$ if vec_a $}
-        // A is row-major with K % 4 == 0 (vec4 binding): one 16-byte load of 4 consecutive k per
-        // step, written transposed into As[k][m] (a vec4 never straddles the K edge).
-        for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + THREADS) {
-            let ml = e / {{ BK // 4 }}u;
-            let kq = (e % {{ BK // 4 }}u) * 4u;
-            var v = vec4<f32>(0.0);
-{$ if check_a $}
-            if (m0 + ml < M && k0 + kq < K) {
-                v = a[(a_base(bt) + (m0 + ml) * K + k0 + kq) / 4u];
-            }
-{$ else $}
-            v = a[(a_base(bt) + (m0 + ml) * K + k0 + kq) / 4u];
-{$ endif $}
-            let s = kq * {{ TY * RM // 4 }}u + ml / 4u;
-            let lane = ml % 4u;
-            As[s][lane] = v.x;
-            As[s + {{ TY * RM // 4 }}u][lane] = v.y;
-            As[s + {{ 2 * TY * RM // 4 }}u][lane] = v.z;
-            As[s + {{ 3 * TY * RM // 4 }}u][lane] = v.w;
+        // Stage step k0 + BK into the other buffers while this step's are read: a thread writes
+        // them only after the barrier that ended the previous step's reads of them.
+        if (k0 + BK < k_end) {
+            stage_a(bt, m0, k0 + BK, (cur ^ 1u) * AS, li);
+            stage_b(bt, n0, k0 + BK, (cur ^ 1u) * BS, li);
         }
-{$ else $}
-        for (var e = li; e < {{ BK * TY * RM // 4 }}u; e = e + THREADS) {
-            let k = k0 + e / {{ TY * RM // 4 }}u;
-            let m = m0 + (e % {{ TY * RM // 4 }}u) * 4u;
-            As[e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
-                              load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
-        }
-{$ endif $}
-        for (var e = li; e < {{ BK * TX * RN // 4 }}u; e = e + THREADS) {
-            let k = k0 + e / {{ TX * RN // 4 }}u;
-            let n = n0 + (e % {{ TX * RN // 4 }}u) * 4u;
-{$ if vec_b $}
-            // B row-major with N % 4 == 0: 4 consecutive n in one 16-byte load
-{$ if check_b $}
-            var v = vec4<f32>(0.0);
-            if (k < K && n < N) { v = b[(b_base(bt) + k * N + n) / 4u]; }
-            Bs[e] = v;
-{$ else $}
-            Bs[e] = b[(b_base(bt) + k * N + n) / 4u];
-{$ endif $}
-{$ else $}
-            Bs[e] = vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u),
-                              load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
-{$ endif $}
-        }
+        let oa = cur * AS;
+        let ob = cur * BS;
+{{ compute("oa + ", "ob + ") }}
         workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk = kk + 1u) {
-{$ for j in range(RN // 4) $}
-            let bv{{ j }} = Bs[kk * {{ TX * RN // 4 }}u + tx * {{ RN // 4 }}u + {{ j }}u];
-{$ endfor $}
-{$ for q in range(RM // 4) $}
-            let av{{ q }} = As[kk * {{ TY * RM // 4 }}u + ty * {{ RM // 4 }}u + {{ q }}u];
-{$ for i in range(4) $}
-{$ for j in range(RN // 4) $}
-            acc{{ 4 * q + i }}_{{ j }} = fma(vec4<f32>(av{{ q }}.{{ "xyzw"[i] }}), bv{{ j }}, acc{{ 4 * q + i }}_{{ j }});
-{$ endfor $}
-{$ endfor $}
-{$ endfor $}
-        }
+        cur = cur ^ 1u;
+    }
+{$ else $}
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
+        stage_a(bt, m0, k0, 0u, li);
+        stage_b(bt, n0, k0, 0u, li);
+        workgroupBarrier();
+{{ compute("", "") }}
         workgroupBarrier();
     }
+{$ endif $}
     let m = m0 + ty * {{ RM }}u;
     let n = n0 + tx * {{ RN }}u;
 {$ if SPLIT > 1 $}
@@ -214,6 +281,9 @@ var<workgroup> partial: array<mat4x4<f32>, 64>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+{$ if SG $}
+        @builtin(subgroup_size) sgs: u32, @builtin(subgroup_invocation_id) sid: u32,
+{$ endif $}
         @builtin(local_invocation_index) li: u32) {
     let g = wid.y * nwg.x + wid.x;
     if (g >= GROUPS) { return; }
@@ -228,6 +298,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         acc[2] = fma(av, vec4<f32>(load_b(bt, k, n + 2u)), acc[2]);
         acc[3] = fma(av, vec4<f32>(load_b(bt, k, n + 3u)), acc[3]);
     }
+{$ if SG $}
+    // Subgroup variant (the adapter has "subgroup"): each subgroup sums its lanes' 16 values in
+    // registers, then the 64 / subgroup-size subgroup sums meet in workgroup memory. Subgroup
+    // invocations are numbered in local_invocation_index order, as on every backend of naga.
+    let sum = mat4x4<f32>(subgroupAdd(acc[0]), subgroupAdd(acc[1]), subgroupAdd(acc[2]), subgroupAdd(acc[3]));
+    if (sid == 0u) { partial[li / sgs] = sum; }
+    workgroupBarrier();
+    if (li < 16u) {
+        let j = li / 4u;
+        let row = li % 4u;
+        var t = 0.0;
+        for (var q = 0u; q < (63u + sgs) / sgs; q = q + 1u) { t = t + partial[q][j][row]; }
+        if (row < M) {
+            store(bt, row, n + j, t);
+        }
+    }
+{$ else $}
     partial[li] = acc;
     workgroupBarrier();
     for (var s = 32u; s > 0u; s = s >> 1u) {
@@ -241,6 +328,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             store(bt, row, n + j, partial[0][j][row]);
         }
     }
+{$ endif $}
 }
 {$ endif $}
 {$ endblock $}

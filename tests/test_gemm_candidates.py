@@ -61,6 +61,24 @@ def test_matmul_every_candidate(ctx, rng, monkeypatch, sa, sb, vec):
     _matmul(ctx, rng, sa, sb, epilogue=False)
 
 
+@pytest.mark.parametrize("sa,sb", [((1, 300), (300, 70)), ((3, 4, 129), (129, 8)), ((2, 64), (64, 1030))])
+@pytest.mark.parametrize("sg", [0, 1], ids=["workgroup_memory", "subgroups"])
+def test_matmul_gemv_variants(ctx, rng, sa, sb, sg):
+    # M <= 4: the GEMV path, reduced in workgroup memory or (candidate 1) within subgroups first
+    if sg and "subgroup" not in ctx.device.features:
+        pytest.skip("the adapter has no subgroups")
+    A = rng.standard_normal(sa).astype(np.float32)
+    B = rng.standard_normal(sb).astype(np.float32)
+    with autotune.force(sg):
+        for check_name in (True, False):
+            b = mltensor.MLGraphBuilder(ctx)
+            z = b.relu(b.matmul(b.input("a", data_type="float32", shape=sa), b.constant(B)))
+            if check_name:
+                assert b.build_sync({"z": z}).kernel_names[0].endswith("_gemv_sg" if sg else "_gemv")
+        got = run_graph(ctx, {"z": z}, {"a": A}, b)["z"]
+    _close(got, np.maximum(np.matmul(A.astype(np.float64), B), 0))
+
+
 def test_matmul_every_candidate_residual_relu(ctx, rng):
     _matmul(ctx, rng, (96, 600), (600, 72), epilogue=True)
 
@@ -114,6 +132,10 @@ CONV = [
     ((1, 256, 7, 7), (72, 256, 1, 1), dict(input_layout="nhwc", filter_layout="hwio")),  # 1x1 deep: split-K
     ((1, 256, 7, 7), (72, 256, 1, 1), dict()),  # 1x1 NCHW
     ((1, 128, 5, 5), (40, 128, 3, 3), dict(padding=[1, 1, 1, 1], filter_input=True)),  # filter as input, split-K
+    ((2, 32, 10, 9), (48, 16, 3, 3), dict(groups=2, strides=[1, 2], padding=[1, 1, 0, 1], input_layout="nhwc",
+                                          filter_layout="ohwi")),  # NHWC grouped, 4-channel quads per group
+    ((1, 8, 12, 12), (36, 8, 1, 1), dict(strides=[2, 2], input_layout="nhwc", filter_layout="ihwo")),  # strided 1x1
+    ((1, 20, 16, 16), (24, 20, 1, 1), dict(input_layout="nhwc", filter_layout="ohwi")),  # 1x1 NHWC, K % BK != 0
 ]
 CONV_SLOW = [
     ((1, 512, 14, 14), (256, 512, 1, 1), dict()),
@@ -131,12 +153,17 @@ def _conv(ctx, rng, xshape, wshape, opts, transpose=False):
         _close(got, np.maximum(ref, 0))
 
 
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 @pytest.mark.parametrize("xshape,wshape,opts", CONV)
-def test_conv2d_every_candidate(ctx, rng, xshape, wshape, opts):
+def test_conv2d_every_candidate(ctx, rng, monkeypatch, xshape, wshape, opts, vec):
+    # vec: the hardware-adapter staging (16-byte NHWC input loads, k-major filter reads)
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
     _conv(ctx, rng, xshape, wshape, opts)
 
 
-def test_conv_transpose2d_every_candidate(ctx, rng):
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+def test_conv_transpose2d_every_candidate(ctx, rng, monkeypatch, vec):
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
     _conv(ctx, rng, (1, 32, 6, 7), (32, 24, 3, 3), dict(strides=[2, 2], padding=[1, 0, 0, 1]), transpose=True)
 
 

@@ -42,13 +42,20 @@ def batch_offset_expr(batch_shape, out_batch, matrix_size):
 
 # A tile configuration: TX x TY threads, RM x RN outputs each ((TY RM) x (TX RN) tile), depth BK,
 # SPLIT K chunks (split-K; partial sums in scratch, then a reduction fused with the epilogue).
-def _cfg(tx, ty, rm, rn, bk, split=1):
-    return {"TX": tx, "TY": ty, "RM": rm, "RN": rn, "BK": bk, "SPLIT": split}
+# DB: double-buffered staging (two tiles in workgroup memory, one barrier a step).
+def _cfg(tx, ty, rm, rn, bk, split=1, db=False):
+    return {"TX": tx, "TY": ty, "RM": rm, "RN": rn, "BK": bk, "SPLIT": split, "DB": db}
 
 
-def lavapipe_config(M, N, K):
+def _smem(c):
+    """Workgroup memory bytes of a configuration."""
+    return 4 * c["BK"] * (c["TY"] * c["RM"] + c["TX"] * c["RN"]) * (2 if c["DB"] else 1)
+
+
+def lavapipe_config(M, N, K, smem_limit=None):
     """The tiles measured best on lavapipe (2 CPU cores run every workgroup): the heuristic on
-    CPU adapters, and candidate 0 everywhere."""
+    CPU adapters, and candidate 0 everywhere. smem_limit: the device's workgroup memory (default
+    WebGPU's 16 KiB); BK is halved until the tiles fit it."""
     # TY x TX = 64 threads, each RM x RN outputs. 8x8 outputs per thread (64x64 tiles: 16 vec4
     # loads per 64 FMAs) measured 1.5-2x faster than 4x4 on lavapipe at 512^3; 4 along a
     # dimension shorter than 64 so that small problems do not compute mostly padding.
@@ -60,7 +67,10 @@ def lavapipe_config(M, N, K):
     rm = 8 if M >= 8 * ty else 4
     # Depth BK: 32, or K rounded up to a multiple of 8 when shorter (one staging round and two
     # barriers instead of several: 1.3-1.5x on the K = 16..24 1x1 convolutions of MobileNets)
-    return _cfg(tx, ty, rm, rn, min(32, -(-K // 8) * 8))
+    c = _cfg(tx, ty, rm, rn, min(32, -(-K // 8) * 8))
+    while _smem(c) > (smem_limit or WG_STORAGE) and c["BK"] > 4:
+        c["BK"] //= 2  # a 256x8 tile with BK 32 needs 33 KiB
+    return c
 
 
 # Workgroups that fill a large GPU (an H100 has 132 SMs; two resident workgroups each): below
@@ -82,10 +92,10 @@ def _split_for(M, N, K, batch, c):
     return s
 
 
-def gemm_candidates(M, N, K, batch):
+def gemm_candidates(M, N, K, batch, smem_limit=None):
     """(candidates, GPU heuristic index): a small set, every entry valid for any shape (ragged
     edges are bounds-checked), so the tuner may pick any of them."""
-    cands = [lavapipe_config(M, N, K)]
+    cands = [lavapipe_config(M, N, K, smem_limit)]
     shapes = []
     # larger tiles only where they are not mostly padding
     if M >= 128 and N >= 128:
@@ -102,6 +112,12 @@ def gemm_candidates(M, N, K, batch):
         s = _split_for(M, N, K, batch, c)
         if s > 1:
             cands.append(_cfg(*sh, split=s))
+    # Double-buffered variants of the GPU tiles, where K leaves several steps to overlap and two
+    # tiles fit the workgroup memory (not split: a split's chunk is short already).
+    for sh in shapes:
+        c = _cfg(*sh, db=True)
+        if K >= 4 * c["BK"] and _smem(c) <= WG_STORAGE:
+            cands.append(c)
     # Heuristic (hardware adapters without tuning): on an H100 (bench/results/REPORT-h100-kernels.md)
     # the 256-thread 64x64 BK=16 tile won most resnet50 layers and 64x128 the square matmuls;
     # split-K whenever the grid is under half full.
@@ -117,7 +133,11 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p = dict(params, M=M, N=N, K=K, batch=batch, path="tiled", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
+    p.setdefault("a_kmajor", p["vec_a"])
+    p.setdefault("b_kmajor", False)
     bm, bn, bk, split = c["TY"] * c["RM"], c["TX"] * c["RN"], c["BK"], c["SPLIT"]
+    # the staging loops give each thread fixed m / k quads (setup_a, conv2d.wgsl's hoisting)
+    assert (c["TX"] * c["TY"]) % (bm // 4) == 0 and bk % 4 == 0, c
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
     tiles = tiles_m * tiles_n * batch
     kchunk = -(-K // (split * bk)) * bk if split > 1 else K
@@ -126,7 +146,7 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p.setdefault("check_b", N % bn != 0 or K % bk != 0)
     p.setdefault("check_out", M % bm != 0 or N % bn != 0)
     threads = "" if c["TX"] * c["TY"] == 64 else f"w{c['TX'] * c['TY']}"
-    kname = f"{name}_t{bm}x{bn}k{bk}{threads}"
+    kname = f"{name}_t{bm}x{bn}k{bk}{threads}{'db' if c['DB'] else ''}"
     if split == 1:
         return [(Kernel(kname, template, p, bindings), list(args), grid(tiles))]
     split = -(-K // kchunk)  # chunks actually used
@@ -150,34 +170,43 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     """Pick the path and configuration for an (M x K) * (K x N) GEMM over `batch` matrices and
     launch it. `params` are the template's loader parameters; the kernel name gets the path and
     configuration appended. The configuration is autotuned on hardware adapters (autotune.py)."""
+    cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
     if M <= GEMV_MAX_M:
-        p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv")
-        p.setdefault("vec_a", False)
-        p.setdefault("vec_b", False)
-        cols = -(-N // 4)
-        groups = batch * cols
-        p.update(cols=cols, groups=groups)
-        p.setdefault("check_a", M < 4)
-        p.setdefault("check_b", N % 4 != 0)
-        p.setdefault("check_out", N % 4 != 0)
-        kc.launch(Kernel(f"{name}_gemv", template, p, bindings), args, grid(groups))
-        return
-    cands, heur = gemm_candidates(M, N, K, batch)
-    if str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU":
-        heur = 0
+        # reduction in workgroup memory, or within subgroups first where the adapter has them
+        cands = [{"SG": False}] + ([{"SG": True}] if "subgroup" in kc.device.features else [])
+        launches = lambda c: _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c)  # noqa: E731
+    else:
+        lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
+        cands, heur = gemm_candidates(M, N, K, batch, lim)
+        launches = lambda c: _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c)  # noqa: E731
+    if cpu or M <= GEMV_MAX_M:
+        heur = 0  # (gemv: the subgroup variant is unmeasured on GPUs; tuning decides there)
 
     def measure(i):
         out = []
         slots = {}
-        for k, a, g in _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, cands[i]):
+        for k, a, g in launches(cands[i]):
             out.append((k, [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in a], g))
         return out
 
     sig = autotune.signature_of((template, M, N, K, batch, len(bindings),
                                  sorted((k, repr(v)) for k, v in params.items() if k != "act"), cands))
     best = autotune.choose(kc, sig, cands, measure, heur)
-    for k, a, g in _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, cands[best]):
+    for k, a, g in launches(cands[best]):
         kc.launch(k, a, g)
+
+
+def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c):
+    p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
+    p.setdefault("vec_a", False)
+    p.setdefault("vec_b", False)
+    cols = -(-N // 4)
+    groups = batch * cols
+    p.update(cols=cols, groups=groups)
+    p.setdefault("check_a", M < 4)
+    p.setdefault("check_b", N % 4 != 0)
+    p.setdefault("check_out", N % 4 != 0)
+    return [(Kernel(f"{name}_gemv{'_sg' if c['SG'] else ''}", template, p, bindings), list(args), grid(groups))]
 
 
 # vec4 global loads in matmul: on for hardware adapters; off on CPU adapters, where the transposed
