@@ -321,3 +321,27 @@ def test_large_accumulations(mctx, rng, case):
     r = run_graph(mctx, {"y": y}, {"x": x}, b)["y"]
     assert r.dtype == np.float16
     np.testing.assert_allclose(r.astype(np.float64), ref.astype(np.float16).astype(np.float64), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("vec", [False, True])
+@pytest.mark.parametrize("mkn", [(3, 40, 9), (64, 64, 64), (33, 70, 45), (8, 4096, 8)])
+def test_gemm_family_f16_paths(mctx, rng, monkeypatch, vec, mkn):
+    """matmul in float16 on every GEMM path (gemv, tiled, tiled with ragged edges, split-K), with
+    and without vec4 loads (vec4<f16> -> vec4<f32> staging), and a fused epilogue (residual add
+    and relu on the f16 output): f32 accumulation keeps it within 1e-2 of numpy."""
+    from mltensor.ops import matmul as mm
+
+    monkeypatch.setattr(mm, "VEC_LOADS", vec)
+    M, K, N = mkn
+    a = rng.uniform(-1, 1, (M, K)).astype(np.float16)
+    w = rng.uniform(-1, 1, (K, N)).astype(np.float16)
+    r = rng.uniform(-1, 1, (M, N)).astype(np.float16)
+    b = mltensor.MLGraphBuilder(mctx)
+    ai = b.input("a", data_type="float16", shape=[M, K])
+    ri = b.input("r", data_type="float16", shape=[M, N])
+    y = b.relu(b.add(b.matmul(ai, b.constant(w)), ri))
+    got = run_graph(mctx, {"y": y}, {"a": a, "r": r}, b)["y"]
+    mm64 = a.astype(np.float64) @ w.astype(np.float64)
+    ref = np.maximum(mm64.astype(np.float16).astype(np.float64) + r, 0)
+    scale = np.sqrt(K)  # the sum's magnitude: tolerance relative to it
+    np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float16), rtol=1e-2, atol=1e-2 * scale / 4)

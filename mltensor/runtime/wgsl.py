@@ -206,8 +206,10 @@ def main_1d(count, index="i"):
     )
 
 
+# LD / ST: conversions templates put around loads and stores of kernels that compute float16 in
+# f32 (LD = "f32", ST = "f16_of"); empty (no conversion) unless a lowering sets them.
 _env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False,
-                    emu64=False, f16=False)
+                    emu64=False, f16=False, LD="", ST="")
 
 
 @dataclass(frozen=True)
