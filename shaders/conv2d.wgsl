@@ -11,12 +11,22 @@
 {$ block loaders $}
 const OHW = {{ OH * OW }}u;
 
-// Input element at flat index i (channel c): every read of x goes through x_at / x_at4.
+// Input element at flat index i (channel c): every read of x goes through x_at / x_at4, which
+// apply the prologue (a fused batch normalization + activations of channel c, see
+// compiler/passes.py) where the step has one. Padding never goes through them: it stays 0, the
+// padding of the normalized tensor.
+{{ pro }}
+
 fn x_at(i: u32, c: u32) -> f32 {
 {$ if x_vec $}
-    return x[i / 4u][i % 4u];
+    let v = x[i / 4u][i % 4u];
 {$ else $}
-    return x[i];
+    let v = x[i];
+{$ endif $}
+{$ if pro $}
+    return pro(v, c);
+{$ else $}
+    return v;
 {$ endif $}
 }
 
@@ -236,7 +246,12 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
 fn setup_a(g: u32, m0: u32, li: u32) {}
 
 fn x_at4(i: u32, c: u32) -> vec4<f32> {
+{$ if pro $}
+    let v = x[i / 4u];
+    return vec4<f32>(pro(v.x, c), pro(v.y, c + 1u), pro(v.z, c + 2u), pro(v.w, c + 3u));
+{$ else $}
     return x[i / 4u];
+{$ endif $}
 }
 
 fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
@@ -312,7 +327,7 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
             let row = xb + u32(ih) * {{ in_s[2] }}u;
 {$ for t in range(SPAN) $}
             var v{{ t }} = 0.0;
-            if (iw0 + {{ t }} >= 0 && iw0 + {{ t }} < {{ IW }}) { v{{ t }} = x[row + u32(iw0 + {{ t }}) * {{ in_s[3] }}u]; }
+            if (iw0 + {{ t }} >= 0 && iw0 + {{ t }} < {{ IW }}) { v{{ t }} = x_at(row + u32(iw0 + {{ t }}) * {{ in_s[3] }}u, ic); }
 {$ endfor $}
 {$ for kw in range(KW) $}
             let f{{ kw }} = w[wb + {{ kh * f_s[2] + kw * f_s[3] }}u];
@@ -385,7 +400,7 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
 {$ endif $}
             let xb = xg + ih * {{ in_s[2] }}u + iw * {{ in_s[3] }}u;
             for (var ic = 0u; ic < {{ ICg }}u; ic = ic + 1u) {
-                let xv = x[xb + ic * {{ in_s[1] }}u];
+                let xv = x_at(xb + ic * {{ in_s[1] }}u, g * {{ ICg }}u + ic);
                 let wk = ic * {{ f_s[1] }}u + {{ kh * f_s[2] + kw * f_s[3] }}u;
 {$ for j in range(OCB) $}
                 acc{{ j }} = fma(xv, w[wo{{ j }} + wk], acc{{ j }});

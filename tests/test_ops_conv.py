@@ -74,8 +74,10 @@ def _check(got, ref, dtype, tol=1e-4):
 
 def _run_conv(ctx, rng, xshape, wshape, *, input_layout="nchw", filter_layout=None, use_bias=False,
               filter_input=False, dtype="float32", epilogue=None, transpose=False, expect_kernels=None,
-              **opts):
-    """xshape NCHW, wshape OIHW (or IOHW for transpose); returns (got in NCHW, reference NCHW)."""
+              prologue=None, **opts):
+    """xshape NCHW, wshape OIHW (or IOHW for transpose); returns (got in NCHW, reference NCHW).
+    prologue: (fn(builder, x, channel_axis) -> operand, numpy fn of the NCHW input) applied to
+    the input before the convolution."""
     filter_layout = filter_layout or ("iohw" if transpose else "oihw")
     X = rng.standard_normal(xshape).astype(dtype)
     W = rng.standard_normal(wshape).astype(dtype)
@@ -87,6 +89,8 @@ def _run_conv(ctx, rng, xshape, wshape, *, input_layout="nchw", filter_layout=No
     def build():
         b = mltensor.MLGraphBuilder(ctx)
         x = b.input("x", data_type=dtype, shape=Xl.shape)
+        if prologue:
+            x = prologue[0](b, x, 1 if input_layout == "nchw" else 3)
         w = b.input("w", data_type=dtype, shape=Wl.shape) if filter_input else b.constant(Wl)
         kw = dict(opts, input_layout=input_layout, filter_layout=filter_layout)
         if use_bias:
@@ -113,10 +117,11 @@ def _run_conv(ctx, rng, xshape, wshape, *, input_layout="nchw", filter_layout=No
         "dil": opts.get("dilations", (1, 1)), "groups": opts.get("groups", 1),
         "bias": B if use_bias else None,
     }
+    Xr = prologue[1](X.astype(np.float64)) if prologue else X
     if transpose:
-        ref = conv_transpose2d_ref(X, W, got.shape[2:], **ref_opts)
+        ref = conv_transpose2d_ref(Xr, W, got.shape[2:], **ref_opts)
     else:
-        ref = conv2d_ref(X, W, **ref_opts)
+        ref = conv2d_ref(Xr, W, **ref_opts)
     return got, ref
 
 

@@ -2,9 +2,15 @@
 
 The result is a list of Steps in topological order. A step is one node, a fused elementwise
 group, or a conv2d/matmul/gemm with an epilogue: unary activations and binary elementwise nodes
-whose other operand (a residual, a scale) is read at the stored element's index.
+whose other operand (a residual, a scale) is read at the stored element's index. A convolution
+step may also have a prologue: the batch_normalization (+ unary activations) step producing its
+input, applied per input channel as the convolution loads each input element (densenet's
+BatchNormalization -> Relu -> Conv), so the normalized tensor is never written.
 """
 
+import numpy as np
+
+from ..front.builder import MLOperand
 from ..ops import OPS
 
 # Storage buffers one fused kernel may bind, whatever the adapter allows (and never more than it
@@ -24,7 +30,7 @@ EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d"
 
 
 class Step:
-    __slots__ = ("nodes", "epilogue", "const", "outputs")
+    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "prologue_acts", "prologue_const")
 
     def __init__(self, node, const):
         self.nodes = [node]  # one node, or a fused elementwise group in topological order
@@ -33,6 +39,12 @@ class Step:
         self.epilogue = []
         self.const = const
         self.outputs = list(node.outputs)
+        # conv2d / conv_transpose2d: the batch_normalization step it absorbed, the unary
+        # activations to apply after the normalization's affine part, and that part folded into
+        # one constant [scale; shift] of 2C values where all its operands are host constants
+        self.prologue = None
+        self.prologue_acts = []
+        self.prologue_const = None
 
     @property
     def node(self):
@@ -43,7 +55,106 @@ class Step:
         return len(self.nodes) > 1 or bool(self.epilogue)
 
     def __repr__(self):
-        return f"<Step {'+'.join(n.op for n in self.nodes + self.epilogue)}{' const' if self.const else ''}>"
+        pro = "+".join(n.op for n in self.prologue.nodes + self.prologue.epilogue) + ">" if self.prologue else ""
+        return f"<Step {pro}{'+'.join(n.op for n in self.nodes + self.epilogue)}{' const' if self.const else ''}>"
+
+
+def read_bindings(step):
+    """Storage buffers a fused step's kernel reads: its node's inputs, the prologue's parameters
+    (its input replaces the convolution's) and the epilogue's other operands."""
+    n = len([v for v in step.node.inputs if v is not None]) + len(epilogue_operands(step))
+    if step.prologue_const is not None:
+        n += 1
+    elif step.prologue is not None:
+        n += len([v for v in step.prologue.node.inputs[1:] if v is not None])
+    return n
+
+
+PROLOGUE_OPS = {"conv2d", "conv_transpose2d"}
+
+
+def _host(v):
+    """A constant operand's host array (None for anything else, constant tensors included)."""
+    if v is not None and v._kind == "constant" and isinstance(v._value, np.ndarray):
+        return np.asarray(v._value, dtype=np.float64)
+    return None
+
+
+def _per_channel(v, rank, axis):
+    """A host constant that broadcasts along every dimension but `axis`: its values (C or 1)."""
+    a = _host(v)
+    if a is None or a.ndim > rank:
+        return None
+    shape = (1,) * (rank - a.ndim) + a.shape
+    if any(d != 1 for k, d in enumerate(shape) if k != axis):
+        return None
+    return a.reshape(-1)
+
+
+def _fold(p, axis):
+    """(scale, shift, activations) when the batch_normalization step `p` is a per-channel affine
+    map of host constants (its parameters, then mul/add/sub/div by per-channel constants, as in
+    densenet's BatchNormalization -> Mul -> Add -> Relu) followed by unary activations only."""
+    bn = p.node
+    mean, var, scale, bias = (_host(v) for v in bn.inputs[1:])
+    if mean is None or var is None or any(v is not None and a is None for v, a in zip(bn.inputs[3:], (scale, bias))):
+        return None
+    a = 1.0 / np.sqrt(var + bn.attrs["epsilon"]) * (1.0 if scale is None else scale)
+    b = (0.0 if bias is None else bias) - mean * a
+    cur, acts, rank = bn.outputs[0], [], len(bn.outputs[0].shape)
+    for e in p.epilogue:
+        ins = [v for v in e.inputs if v is not None]
+        if OPS[e.op].activation and len(ins) == 1:
+            acts.append(e)
+        elif acts or len(ins) != 2 or e.op not in ("add", "sub", "mul", "div"):
+            return None
+        else:
+            first = ins[0] is cur
+            o = _per_channel(ins[1] if first else ins[0], rank, axis)
+            if o is None or (e.op == "div" and not first):
+                return None
+            if e.op == "mul":
+                a, b = a * o, b * o
+            elif e.op == "div":
+                a, b = a / o, b / o
+            elif e.op == "add":
+                b = b + o
+            else:
+                a, b = (a, b - o) if first else (-a, o - b)
+        cur = e.outputs[0]
+    C = bn.outputs[0].shape[axis]
+    return np.broadcast_to(a, (C,)), np.broadcast_to(b, (C,)), acts
+
+
+def _prologue(n, producer, single_use, const, max_inputs):
+    """(step, activations, folded constant or None) when the step producing conv node `n`'s input
+    can become the conv's prologue: a batch_normalization over the conv's channel axis whose
+    output only this conv reads, then either a per-channel affine tail of host constants (folded
+    into one [scale; shift] constant) or unary activations only (parameters read as they are)."""
+    x = n.inputs[0]
+    p = producer.get(id(x))
+    if p is None or p.node.op != "batch_normalization" or p.const != const or p.outputs[0] is not x:
+        return None
+    if not single_use(x) or len(p.outputs) != 1 or p.prologue is not None:
+        return None
+    axis = 1 if n.attrs["input_layout"] == "nchw" else 3
+    if p.node.attrs["axis"] != axis:
+        return None
+    bound = len([v for v in n.inputs if v is not None])
+    folded = _fold(p, axis)
+    if folded is not None:
+        a, b, acts = folded
+        dt = x.data_type
+        from .. import dtypes
+
+        ab = MLOperand(x._builder, dt, (2, len(a)), "constant",
+                       value=np.concatenate([a, b]).astype(dtypes.NUMPY[dt]).reshape(2, -1))
+        return (p, acts, ab) if bound + 1 <= max_inputs else None
+    if any(not OPS[e.op].activation or len([v for v in e.inputs if v is not None]) != 1 for e in p.epilogue):
+        return None
+    if bound + len([v for v in p.node.inputs[1:] if v is not None]) > max_inputs:
+        return None
+    return p, list(p.epilogue), None
 
 
 def epilogue_operands(step):
@@ -158,6 +269,11 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
             producer[id(n.outputs[0])] = step
             continue
         step = Step(n, const)
+        if fuse and n.op in PROLOGUE_OPS:
+            pro = _prologue(n, producer, single_use, const, max_inputs)
+            if pro is not None and pro[0] in steps:
+                steps.remove(pro[0])
+                step.prologue, step.prologue_acts, step.prologue_const = pro
         steps.append(step)
         for v in n.outputs:
             producer[id(v)] = step
@@ -200,7 +316,7 @@ def _epilogue_target(n, op, const, producer, single_use, max_inputs):
         ):
             return None
         extra = epilogue_operands(prev)
-        bound = len([v for v in prev.node.inputs if v is not None]) + len(extra)
+        bound = read_bindings(prev)
         if all(v is not other for v in extra) and bound + 1 > max_inputs:
             return None  # one more read binding would exceed the limit (the output takes one more)
         return prev, other

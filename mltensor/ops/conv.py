@@ -11,7 +11,7 @@ residual adds) are applied as each output is stored.
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
 from . import check_support, int_list, lowering, register, same_type
 from .matmul import gemm_launch, vec_loads
 
@@ -169,6 +169,42 @@ def _filter_strides(layout, shape):
     return tuple(strides[ch] for ch in "oihw")
 
 
+def _prologue(kc, node, bindings, args):
+    """WGSL `fn pro(v: f32, c: u32) -> f32` applying the step's prologue (compiler/passes.py) to
+    input channel c: the batch normalization, either folded into a [scale; shift] constant
+    (p_ab) or computed as normalization.wgsl does from its parameters (p_mean, p_var, p_scale,
+    p_bias), then the fused activations. The bindings are appended to `bindings` and `args`.
+    Returns (the prologue's input, which the conv reads instead, function text); (None, "")
+    when the step has no prologue."""
+    from .elementwise import OPS_EXPR
+
+    step = kc.step
+    if step is None or step.prologue is None or node is not step.node:
+        return None, ""
+    bn = step.prologue.node
+    x, mean, var, scale, bias = bn.inputs
+    if step.prologue_const is not None:
+        bindings.append(Binding("p_ab", "f32"))
+        args.append(step.prologue_const)
+        y = f"fma(v, p_ab[c], p_ab[{step.prologue_const.shape[1]}u + c])"
+    else:
+        for name, v in (("p_mean", mean), ("p_var", var), ("p_scale", scale), ("p_bias", bias)):
+            if v is not None:
+                bindings.append(Binding(name, "f32"))
+                args.append(v)
+        y = "(v - p_mean[c]) / sqrt(p_var[c] + " + lit(bn.attrs["epsilon"], "f32") + ")"
+        if scale is not None:
+            y = f"{y} * p_scale[c]"
+        if bias is not None:
+            y = f"{y} + p_bias[c]"
+    lines, cur = [f"    let a: f32 = {y};"], "a"
+    for j, n in enumerate(step.prologue_acts):
+        lines.append(f"    let a{j}: f32 = {OPS_EXPR(n)(kc, n, cur)};")
+        cur = f"a{j}"
+    body = "\n".join(lines)
+    return x, f"fn pro(v: f32, c: u32) -> f32 {{\n{body}\n    return {cur};\n}}"
+
+
 def _lower(kc, node, transposed):
     x, w, bias = node.inputs
     out = kc.out(node)
@@ -200,6 +236,9 @@ def _lower(kc, node, transposed):
     }
     bindings = [Binding("x", "f32"), Binding("w", "f32")]
     args = [x, w]
+    src, params["pro"] = _prologue(kc, node, bindings, args)
+    if src is not None:
+        args[0] = src  # the conv reads the normalization's input and normalizes as it loads
     if bias is not None:
         bindings.append(Binding("bias", "f32"))
         args.append(bias)
@@ -208,6 +247,8 @@ def _lower(kc, node, transposed):
     params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
+    if src is not None:
+        name = name.replace(op, op + "_bn", 1)
 
     if not transposed and icg == 1 and groups > 1:
         # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
@@ -255,7 +296,7 @@ def _lower(kc, node, transposed):
         st *= dims[d]
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
-        name = f"{op}_{lay}_f32_1x1"
+        name = f"{op}{'_bn' if src is not None else ''}_{lay}_f32_1x1"
     if groups > 1:
         name += f"_g{groups}"
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,

@@ -1,0 +1,191 @@
+"""Prologue fusion: batch_normalization (+ unary activations) feeding a convolution is applied as
+the convolution loads its input (compiler/passes.py), so BatchNormalization -> Relu -> Conv is one
+kernel. Checked against float64 numpy on every convolution path (implicit GEMM with each staging
+mode, 1x1, GEMV, depthwise, direct, transposed) with padding, which must stay zero after the
+normalization, and in both layouts; and the cases that must not fuse."""
+
+import numpy as np
+import pytest
+from helpers import run_graph
+from test_ops_conv import _run_conv
+
+import mltensor
+from mltensor.ops import matmul as matmul_ops
+
+
+def _bn(rng, C, scale=True, bias=True, act="relu", eps=1e-3):
+    mean = rng.standard_normal(C).astype(np.float32)
+    var = (rng.random(C) + 0.1).astype(np.float32)
+    sc = rng.standard_normal(C).astype(np.float32)
+    bi = rng.standard_normal(C).astype(np.float32)
+
+    def build(b, x, axis):
+        y = b.batch_normalization(x, b.constant(mean), b.constant(var), scale=b.constant(sc) if scale else None,
+                                  bias=b.constant(bi) if bias else None, axis=axis, epsilon=eps)
+        if act == "relu":
+            y = b.relu(y)
+        elif act == "clamp_sigmoid":
+            y = b.sigmoid(b.clamp(y, min_value=-1.0, max_value=1.5))
+        return y
+
+    def ref(x):
+        s = (slice(None), None, None)
+        y = (x - mean[s]) / np.sqrt(var[s].astype(np.float64) + np.float32(eps))
+        if scale:
+            y = y * sc[s]
+        if bias:
+            y = y + bi[s]
+        if act == "relu":
+            y = np.maximum(y, 0)
+        elif act == "clamp_sigmoid":
+            y = 1 / (1 + np.exp(-np.clip(y, -1.0, 1.5)))
+        return y
+
+    return build, ref
+
+
+CASES = [
+    # (xshape NCHW, wshape, options): one per convolution path
+    ((1, 8, 9, 9), (16, 8, 3, 3), dict(padding=[1, 1, 1, 1])),  # implicit GEMM, padded
+    ((2, 12, 7, 6), (20, 12, 3, 3), dict(strides=[2, 2], padding=[1, 0, 1, 1], dilations=[1, 2])),
+    ((1, 16, 6, 6), (24, 16, 1, 1), dict()),  # 1x1 (A is the input itself)
+    ((1, 16, 2, 2), (40, 16, 3, 3), dict(padding=[1, 1, 1, 1])),  # M = 4 output pixels: GEMV
+    ((1, 8, 8, 8), (8, 1, 3, 3), dict(groups=8, padding=[1, 1, 1, 1])),  # depthwise
+    ((1, 8, 8, 8), (2, 8, 3, 3), dict(padding=[2, 2, 2, 2])),  # 2 output channels: direct
+    ((1, 16, 6, 6), (32, 8, 3, 3), dict(groups=2, padding=[1, 1, 1, 1])),  # grouped
+]
+
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("xshape,wshape,opts", CASES)
+def test_batchnorm_relu_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec):
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)  # vec: the hardware staging (nhwc4, hoisted)
+    fl = "oihw" if layout == "nchw" else "ohwi"
+    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
+                         prologue=_bn(rng, xshape[1]), expect_kernels=1, **opts)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("scale,bias,act", [(False, False, "none"), (True, False, "clamp_sigmoid"),
+                                            (False, True, "relu")])
+def test_prologue_options(ctx, rng, scale, bias, act):
+    got, ref = _run_conv(ctx, rng, (1, 8, 7, 7), (12, 8, 3, 3), use_bias=False, padding=[1, 1, 1, 1],
+                         prologue=_bn(rng, 8, scale, bias, act), expect_kernels=1,
+                         epilogue=lambda b, y: b.relu(y))
+    np.testing.assert_allclose(got, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_prologue_conv_transpose2d(ctx, rng):
+    got, ref = _run_conv(ctx, rng, (1, 8, 5, 6), (8, 12, 3, 3), transpose=True, strides=[2, 2],
+                         padding=[1, 1, 0, 1], prologue=_bn(rng, 8), expect_kernels=1)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+def _kernels(ctx, fn):
+    b = mltensor.MLGraphBuilder(ctx)
+    outs = fn(b)
+    return b.build_sync(outs).kernel_names
+
+
+def test_prologue_not_fused_when_unsafe(ctx, rng):
+    C = 8
+    p = [b_.astype(np.float32) for b_ in (rng.standard_normal(C), rng.random(C) + 1)]
+    w = rng.standard_normal((4, C, 3, 3)).astype(np.float32)
+
+    def bn(b, x, axis=1):
+        return b.relu(b.batch_normalization(x, b.constant(p[0]), b.constant(p[1]), axis=axis))
+
+    def two_users(b):  # the normalized tensor is read twice: it must exist
+        y = bn(b, b.input("x", data_type="float32", shape=[1, C, 6, 6]))
+        return {"a": b.conv2d(y, b.constant(w)), "b": b.conv2d(y, b.constant(w))}
+
+    def is_output(b):  # a graph output
+        y = bn(b, b.input("x", data_type="float32", shape=[1, C, 6, 6]))
+        return {"y": y, "z": b.conv2d(y, b.constant(w))}
+
+    def wrong_axis(b):  # normalized over the width, not the conv's channels
+        y = bn(b, b.input("x", data_type="float32", shape=[1, C, 6, C]), axis=3)
+        return {"z": b.conv2d(y, b.constant(w))}
+
+    for fn in (two_users, is_output, wrong_axis):
+        names = _kernels(ctx, fn)
+        assert any(n.startswith("batchnorm") for n in names), (fn.__name__, names)
+        assert not any("_bn_" in n for n in names), (fn.__name__, names)
+
+
+def test_prologue_switched_off(ctx, rng, monkeypatch):
+    monkeypatch.setenv("MLTENSOR_NO_FUSION", "1")
+    build, ref = _bn(rng, 8)
+    w = rng.standard_normal((12, 8, 3, 3)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    z = b.conv2d(build(b, b.input("x", data_type="float32", shape=[1, 8, 5, 5]), 1), b.constant(w))
+    X = rng.standard_normal((1, 8, 5, 5)).astype(np.float32)
+    got = run_graph(ctx, {"z": z}, {"x": X}, b)["z"]
+    from test_ops_conv import conv2d_ref
+
+    np.testing.assert_allclose(got, conv2d_ref(ref(X.astype(np.float64)), w), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tail", ["mul_add", "sub_from", "div_sub", "none"])
+def test_prologue_folds_per_channel_tail(ctx, rng, tail):
+    # densenet (ONNX zoo): BatchNormalization -> Mul -> Add -> Relu -> Conv; the affine part is
+    # folded into one [scale; shift] constant at build
+    C = 8
+    build_bn, ref_bn = _bn(rng, C, act="none")
+    m = rng.standard_normal((C, 1, 1)).astype(np.float32)
+    a = rng.standard_normal((1, C, 1, 1)).astype(np.float32)
+    d = (rng.random((C, 1, 1)) + 0.5).astype(np.float32)
+
+    def build(b, x, axis):
+        y = build_bn(b, x, axis)
+        if tail == "mul_add":
+            y = b.add(b.mul(y, b.constant(m)), b.constant(a))
+        elif tail == "sub_from":
+            y = b.sub(b.constant(a), y)
+        elif tail == "div_sub":
+            y = b.sub(b.div(y, b.constant(d)), b.constant(np.float32(0.25).reshape(())))
+        return b.relu(y)
+
+    def ref(x):
+        y = ref_bn(x)
+        if tail == "mul_add":
+            y = y * m + a
+        elif tail == "sub_from":
+            y = a - y
+        elif tail == "div_sub":
+            y = y / d - 0.25
+        return np.maximum(y, 0)
+
+    got, want = _run_conv(ctx, rng, (1, C, 7, 7), (12, C, 3, 3), padding=[1, 1, 1, 1], prologue=(build, ref),
+                          expect_kernels=1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_prologue_with_runtime_parameters(ctx, rng):
+    # parameters that are graph inputs cannot be folded: the conv reads them and normalizes as
+    # normalization.wgsl does
+    C = 8
+    P = {"mean": rng.standard_normal(C), "var": rng.random(C) + 0.1, "scale": rng.standard_normal(C),
+         "bias": rng.standard_normal(C)}
+    P = {k: v.astype(np.float32) for k, v in P.items()}
+    X = rng.standard_normal((1, C, 6, 6)).astype(np.float32)
+    W = rng.standard_normal((10, C, 3, 3)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    ins = {k: b.input(k, data_type="float32", shape=[C]) for k in P}
+    y = b.relu(b.batch_normalization(b.input("x", data_type="float32", shape=[1, C, 6, 6]), ins["mean"], ins["var"],
+                                     scale=ins["scale"], bias=ins["bias"]))
+    z = b.conv2d(y, b.constant(W), padding=[1, 1, 1, 1])
+    names = _kernels(ctx, lambda bb: {"z": bb.conv2d(
+        bb.relu(bb.batch_normalization(bb.input("x", data_type="float32", shape=[1, C, 6, 6]),
+                                       *(bb.input(k, data_type="float32", shape=[C]) for k in ("mean", "var")),
+                                       scale=bb.input("scale", data_type="float32", shape=[C]),
+                                       bias=bb.input("bias", data_type="float32", shape=[C]))),
+        bb.constant(W), padding=[1, 1, 1, 1])})
+    assert len(names) == 1 and "_bn_" in names[0], names
+    got = run_graph(ctx, {"z": z}, dict(P, x=X), b)["z"]
+    s = (slice(None), None, None)
+    xn = np.maximum((X - P["mean"][s]) / np.sqrt(P["var"][s] + np.float32(1e-5)) * P["scale"][s] + P["bias"][s], 0)
+    from test_ops_conv import conv2d_ref
+
+    np.testing.assert_allclose(got, conv2d_ref(xn.astype(np.float64), W, pad=(1, 1, 1, 1)), rtol=1e-4, atol=1e-4)
