@@ -6,7 +6,8 @@ References: the float32 model on our side (relative error under 1e-2 of the outp
 the issue's bar for float16 models) and onnxruntime CPU running the float16 model itself, where it
 runs it (within 3e-2: both round every float16 intermediate, at different points). Light
 architectures with random weights (tests/test_onnx_models.py) and the real PaddleOCR classifier run
-by default, the heavy ones under -m slow.
+by default, the heavy ones under -m slow. (shufflenet is left out: with random weights its logits
+reach 1.4e5, past float16's 65504, so its float16 model overflows in onnxruntime too.)
 """
 
 import onnx
@@ -48,6 +49,7 @@ def _check(model32, feeds32, ctx, rel_f32=REL_F32):
     s16.close()
     s32.close()
     for g, w in zip(got, want):
+        assert np.abs(w).max() < 65504, "the float32 model leaves float16's range: no float16 reference"
         assert g.dtype == np.float16 and g.shape == w.shape
         assert np.isfinite(g).all()
         assert rel_err(g, w) < rel_f32, f"relative error {rel_err(g, w):.2e} against the float32 model"
@@ -66,13 +68,13 @@ def _light(name):
     return model, {vi.name: x}
 
 
-@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1"])
 def test_light_model_float16(name, ctx):
     _check(*_light(name), ctx)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["inception_v1", "resnet50", "densenet121"])
+@pytest.mark.parametrize("name", ["resnet50", "densenet121"])
 def test_light_model_float16_slow(name, ctx):
     _check(*_light(name), ctx)
 

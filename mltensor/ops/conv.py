@@ -13,7 +13,7 @@ from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
 from . import check_support, int_list, lowering, register, same_type
-from .matmul import gemm_launch, vec_loads
+from .matmul import f16_store, gemm_launch, vec_loads
 
 FLOAT = dtypes.FLOATS
 INPUT_LAYOUTS = ("nchw", "nhwc")
@@ -183,26 +183,29 @@ def _prologue(kc, node, bindings, args):
         return None, ""
     bn = step.prologue.node
     x, mean, var, scale, bias = bn.inputs
+    # f16: parameters are f16 (read widened), the affine part is f32 and rounded to f16 (the
+    # normalization's own output type), where the activations then apply as they would unfused
+    t = kc.wtype(x)
     if step.prologue_const is not None:
-        bindings.append(Binding("p_ab", "f32"))
+        bindings.append(Binding("p_ab", t))
         args.append(step.prologue_const)
-        y = f"fma(v, p_ab[c], p_ab[{step.prologue_const.shape[1]}u + c])"
+        y = f"fma(v, f32(p_ab[c]), f32(p_ab[{step.prologue_const.shape[1]}u + c]))"
     else:
         for name, v in (("p_mean", mean), ("p_var", var), ("p_scale", scale), ("p_bias", bias)):
             if v is not None:
-                bindings.append(Binding(name, "f32"))
+                bindings.append(Binding(name, t))
                 args.append(v)
-        y = "(v - p_mean[c]) / sqrt(p_var[c] + " + lit(bn.attrs["epsilon"], "f32") + ")"
+        y = "(v - f32(p_mean[c])) / sqrt(f32(p_var[c]) + " + lit(bn.attrs["epsilon"], "f32") + ")"
         if scale is not None:
-            y = f"{y} * p_scale[c]"
+            y = f"{y} * f32(p_scale[c])"
         if bias is not None:
-            y = f"{y} + p_bias[c]"
-    lines, cur = [f"    let a: f32 = {y};"], "a"
+            y = f"{y} + f32(p_bias[c])"
+    lines, cur = [f"    let a: {t} = {f16_store(t)}({y});"], "a"
     for j, n in enumerate(step.prologue_acts):
-        lines.append(f"    let a{j}: f32 = {OPS_EXPR(n)(kc, n, cur)};")
+        lines.append(f"    let a{j}: {t} = {OPS_EXPR(n)(kc, n, cur)};")
         cur = f"a{j}"
     body = "\n".join(lines)
-    return x, f"fn pro(v: f32, c: u32) -> f32 {{\n{body}\n    return {cur};\n}}"
+    return x, f"fn pro(v: f32, c: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
 
 
 def _lower(kc, node, transposed):
@@ -234,19 +237,21 @@ def _lower(kc, node, transposed):
         # GEMM staging (conv2d.wgsl): set below for the implicit GEMM
         "a_mode": "default", "x_vec": False, "w_kcontig": False, "a_kmajor": False, "b_kmajor": False,
     }
-    bindings = [Binding("x", "f32"), Binding("w", "f32")]
+    t = kc.wtype(x)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
+    params["ST"] = f16_store(t)
+    bindings = [Binding("x", t), Binding("w", t)]
     args = [x, w]
     src, params["pro"] = _prologue(kc, node, bindings, args)
     if src is not None:
         args[0] = src  # the conv reads the normalization's input and normalizes as it loads
     if bias is not None:
-        bindings.append(Binding("bias", "f32"))
+        bindings.append(Binding("bias", t))
         args.append(bias)
-    bindings.append(Binding("out", "f32", True))
+    bindings.append(Binding("out", t, True))
     args.append(out)
     params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
-    name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
+    name = f"{op}_{lay}_{t}_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
     if src is not None:
         name = name.replace(op, op + "_bn", 1)
 
@@ -285,7 +290,7 @@ def _lower(kc, node, transposed):
         # parity to 5% slower (LLVM already strength-reduces the constant divisions).
         params.update(a_mode="nhwc4" if nhwc4 else "hoist" if vec else "default", x_vec=nhwc4)
         if nhwc4:
-            bindings[0] = Binding("x", "vec4<f32>")
+            bindings[0] = Binding("x", f"vec4<{t}>")
     # B (filter): where its k order is its memory order (OIHW, OHWI filters), threads along k
     # read consecutive words of one output channel's filter.
     order = (1, 3, 2) if ic_inner else (3, 2, 1)  # f_s indices of k's digits, fastest first
@@ -296,7 +301,7 @@ def _lower(kc, node, transposed):
         st *= dims[d]
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
-        name = f"{op}{'_bn' if src is not None else ''}_{lay}_f32_1x1"
+        name = f"{op}{'_bn' if src is not None else ''}_{lay}_{t}_1x1"
     if groups > 1:
         name += f"_g{groups}"
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,
