@@ -2,7 +2,8 @@
 and without copy-free concat, and a small read after a dispatch.
 
 References in the same run: the raw wgpu-py loop (set_pipeline, set_bind_group,
-dispatch_workgroups through wgpu-py's wrappers, one submit), the same models built with
+dispatch_workgroups through wgpu-py's wrappers, one submit), the same launches as bare
+wgpu-native C calls (the floor of any replay from Python), the same models built with
 placement off (MLTENSOR_NO_PLACEMENT=1: every concat input copied), and a raw dispatch + copy +
 map round trip with one submit.
 """
@@ -40,12 +41,41 @@ def test_replay_enqueue_200_kernels(benchmark, ctx):
     assert np.all(ctx.read_tensor_sync(out) == 200.0)
 
     m_raw = measure(*_raw_loop(ctx.device, n), rounds=15)
+    floor = {}
+    if g._native:
+        # The floor under any replay from Python: the same launches as bare wgpu-native calls
+        # (set_pipeline, set_bind_group, dispatch_workgroups on raw handles, nothing else), and
+        # dispatch_workgroups alone.
+        from mltensor.compiler.program import _NULL, _dispatch, _set_bind_group, _set_pipeline
+
+        bound = g._replay(g._last_call[2])[0]
+        full = [(p._internal, bg._internal, *gr) for p, bg, gr in bound]
+        tl = ctx._timeline
+
+        def c_calls(set_state):
+            def run():
+                p = tl.native_pass()
+                _set_pipeline(p, full[0][0])
+                _set_bind_group(p, 0, full[0][1], 0, _NULL)
+                for pipe, bg, x, y, z in full:
+                    if set_state:
+                        _set_pipeline(p, pipe)
+                        _set_bind_group(p, 0, bg, 0, _NULL)
+                    _dispatch(p, x, y, z)
+                tl._pass_state[0], tl._pass_state[1] = (full[-1][0], full[-1][1]) if set_state else full[0][:2]
+            return run
+
+        fin = lambda: ctx.read_tensor_sync(out)  # noqa: E731
+        floor = {"c_calls_us_per_kernel": measure(c_calls(True), fin, rounds=15)["enqueue_s"] / n * 1e6,
+                 "c_dispatch_only_us_per_kernel": measure(c_calls(False), fin, rounds=15)["enqueue_s"] / n * 1e6}
     info = record(benchmark, m, "launch cost", m_raw, "raw wgpu-py loop", kernels=n, adapter=adapter_name(ctx),
                   us_per_kernel_enqueue=m["enqueue_s"] / n * 1e6,
                   raw_us_per_kernel_enqueue=m_raw["enqueue_s"] / n * 1e6,
-                  enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"])
+                  enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"], **floor)
     print(f"\n{n}-kernel graph on {info['adapter']}: {info['us_per_kernel_enqueue']:.2f} µs/kernel enqueue "
-          f"(raw wgpu-py loop {info['raw_us_per_kernel_enqueue']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 1 µs)")
+          f"(raw wgpu-py loop {info['raw_us_per_kernel_enqueue']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 1 µs; "
+          f"bare C calls {floor.get('c_calls_us_per_kernel', float('nan')):.2f}, dispatch alone "
+          f"{floor.get('c_dispatch_only_us_per_kernel', float('nan')):.2f})")
 
 
 def test_replay_enqueue_one_kernel(benchmark, ctx):

@@ -13,8 +13,8 @@
 const OHW = {{ OH * OW }}u;
 
 // Input element at flat index i (channel c): every read of x goes through x_at / x_at4, which
-// apply the prologue (a fused batch normalization + activations of channel c, see
-// compiler/passes.py) where the step has one. Padding never goes through them: it stays 0, the
+// apply the prologue (a fused batch normalization + activations of channel c, or a per-(batch,
+// channel) factor; see compiler/passes.py) where the step has one. Padding never goes through them: it stays 0, the
 // padding of the normalized tensor.
 {{ pro }}
 
@@ -24,8 +24,8 @@ fn x_at(i: u32, c: u32) -> f32 {
 {$ else $}
     let v = f32(x[i]);
 {$ endif $}
-{$ if pro $}
-    return pro(v, c);
+{$ if pro and not dwp $}
+    return pro(v, c, i);
 {$ else $}
     return v;
 {$ endif $}
@@ -46,12 +46,15 @@ fn k_coords(k: u32) -> vec3<u32> {
 }
 
 {$ if pointwise $}
-// 1x1, stride 1, no padding: A is the input itself (pixels x channels).
+// 1x1, stride 1, no padding: A is the input itself (pixels x channels), or with a depthwise
+// prologue (dwp) the depthwise conv's output, computed here from its input x (dw_at, above).
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
 {$ if check_a $}
     if (m >= M || k >= K) { return 0.0; }
 {$ endif $}
-{$ if in_s[1] == 1 and groups == 1 $}
+{$ if dwp $}
+    return dw_at(m, k);
+{$ elif in_s[1] == 1 and groups == 1 $}
     return x_at(m * {{ IC }}u + k, k);
 {$ else $}
     let n = m / OHW;
@@ -247,9 +250,9 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
 fn setup_a(g: u32, m0: u32, li: u32) {}
 
 fn x_at4(i: u32, c: u32) -> vec4<f32> {
-{$ if pro $}
+{$ if pro and not dwp $}
     let v = vec4<f32>(x[i / 4u]);
-    return vec4<f32>(pro(v.x, c), pro(v.y, c + 1u), pro(v.z, c + 2u), pro(v.w, c + 3u));
+    return vec4<f32>(pro(v.x, c, i), pro(v.y, c + 1u, i + 1u), pro(v.z, c + 2u, i + 2u), pro(v.w, c + 3u, i + 3u));
 {$ else $}
     return vec4<f32>(x[i / 4u]);
 {$ endif $}

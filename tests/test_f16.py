@@ -345,3 +345,55 @@ def test_gemm_family_f16_paths(mctx, rng, monkeypatch, vec, mkn):
     ref = np.maximum(mm64.astype(np.float16).astype(np.float64) + r, 0)
     scale = np.sqrt(K)  # the sum's magnitude: tolerance relative to it
     np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float16), rtol=1e-2, atol=1e-2 * scale / 4)
+
+
+@pytest.mark.parametrize("vec", [False, True])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("kind", ["bn_relu", "scaled_add", "depthwise"])
+def test_conv_prologues_f16(mctx, rng, monkeypatch, kind, layout, vec):
+    """The convolution prologues (compiler/passes.py: batch_normalization + activation, per-channel
+    scale + residual, depthwise conv + clamp feeding a 1x1 conv) in float16: one kernel, within
+    1e-2 of the same graph in float32 on the same values."""
+    from mltensor.ops import matmul as mm
+
+    monkeypatch.setattr(mm, "VEC_LOADS", vec)
+    N, C, H, W, OC = 1, 8, 7, 7, 12
+    nhwc = layout == "nhwc"
+    xs = (N, H, W, C) if nhwc else (N, C, H, W)
+    x = rng.uniform(-1, 1, xs).astype(np.float16)
+    k = 1 if kind == "depthwise" else 3
+    wconv = rng.uniform(-1, 1, (OC, k, k, C) if nhwc else (OC, C, k, k)).astype(np.float16)
+    params = {
+        "mean": rng.uniform(-0.5, 0.5, C), "var": rng.uniform(0.5, 1.5, C), "sc": rng.uniform(0.5, 1.5, C),
+        "bi": rng.uniform(-0.5, 0.5, C), "q": rng.uniform(-1, 1, (1, 1, 1, C) if nhwc else (1, C, 1, 1)),
+        "r": rng.uniform(-1, 1, xs), "wd": rng.uniform(-1, 1, (C, 3, 3, 1) if nhwc else (C, 1, 3, 3)),
+        "bd": rng.uniform(-0.5, 0.5, C),
+    }
+    params = {n: v.astype(np.float16) for n, v in params.items()}
+
+    def build(c, dt):
+        b = mltensor.MLGraphBuilder(c)
+        xi = b.input("x", data_type=dt, shape=list(xs))
+        p = {n: b.constant(v.astype(dt)) for n, v in params.items()}
+        kw = dict(input_layout=layout, filter_layout="ohwi" if nhwc else "oihw")
+        if kind == "bn_relu":
+            y = b.relu(b.batch_normalization(xi, p["mean"], p["var"], scale=p["sc"], bias=p["bi"], axis=3 if nhwc else 1))
+        elif kind == "scaled_add":
+            y = b.add(b.mul(xi, p["q"]), p["r"])
+        else:
+            y = b.clamp(b.conv2d(xi, p["wd"], groups=C, bias=p["bd"], padding=[1, 1, 1, 1], **kw), min_value=0.0, max_value=6.0)
+        out = b.conv2d(y, b.constant(wconv.astype(dt)), padding=[k // 2] * 4, **kw)
+        return b, {"y": out}
+
+    b16, o16 = build(mctx, "float16")
+    g = b16.build_sync(o16)
+    names = [n for n in g.kernel_names if "pack_float16" not in n]  # f32 mode: edge conversions
+    g.destroy()
+    tag = {"bn_relu": "_bn_", "scaled_add": "_scaled_", "depthwise": "_dw_"}[kind]
+    assert len(names) == 1 and tag in names[0], names
+    b16, o16 = build(mctx, "float16")
+    got = run_graph(mctx, o16, {"x": x}, b16)["y"]
+    b32, o32 = build(mctx, "float32")
+    want = run_graph(mctx, o32, {"x": x.astype(np.float32)}, b32)["y"]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-2, atol=1e-2 * np.abs(want).max())

@@ -189,3 +189,121 @@ def test_prologue_with_runtime_parameters(ctx, rng):
     from test_ops_conv import conv2d_ref
 
     np.testing.assert_allclose(got, conv2d_ref(xn.astype(np.float64), W, pad=(1, 1, 1, 1)), rtol=1e-4, atol=1e-4)
+
+
+def _scale(rng, N, C, per_batch, add=None):
+    """x * q[n, c] (+ r, a constant shaped like x when `add` gives its NCHW shape)."""
+    q = rng.standard_normal((N if per_batch else 1, C, 1, 1)).astype(np.float32)
+    r = None if add is None else rng.standard_normal(add).astype(np.float32)
+
+    def build(b, x, axis):
+        t = (lambda a: a) if axis == 1 else (lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)))
+        y = b.mul(x, b.constant(t(q)))
+        return y if r is None else b.add(b.constant(t(r)), y)
+
+    return build, lambda x: x * q + (0 if r is None else r)
+
+
+@pytest.mark.parametrize("per_batch,add", [(False, False), (True, False), (True, True)],
+                         ids=["scale", "per_batch", "per_batch_add"])
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("xshape,wshape,opts", [CASES[0], CASES[2], CASES[3], CASES[4], CASES[5]])
+def test_channel_scale_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, per_batch, add):
+    # x * s[n, c] (+ r) -> conv (squeeze-and-excitation, a decoder's residual): applied as the
+    # conv loads x
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    xshape = (2,) + tuple(xshape[1:])
+    fl = "oihw" if layout == "nchw" else "ohwi"
+    pro = _scale(rng, 2, xshape[1], per_batch, xshape if add else None)
+    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
+                         prologue=pro, expect_kernels=1, **opts)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+def test_squeeze_excitation_block(ctx, rng):
+    # MobileNetV3's block: the SE branch reads x too, so x must exist; its product with the
+    # branch's sigmoid is the 1x1 conv's prologue (no elementwise kernel left)
+    N, C, H, W = 2, 16, 6, 6
+    X = rng.standard_normal((N, H, W, C)).astype(np.float32)
+    W1 = rng.standard_normal((4, 1, 1, C)).astype(np.float32)
+    W2 = rng.standard_normal((C, 1, 1, 4)).astype(np.float32)
+    W3 = rng.standard_normal((24, 1, 1, C)).astype(np.float32)
+
+    def graph(b):
+        x = b.input("x", data_type="float32", shape=[N, H, W, C])
+        kw = dict(input_layout="nhwc", filter_layout="ohwi")
+        s = b.average_pool2d(x, layout="nhwc")
+        s = b.sigmoid(b.conv2d(b.relu(b.conv2d(s, b.constant(W1), **kw)), b.constant(W2), **kw))
+        return {"y": b.conv2d(b.mul(x, s), b.constant(W3), **kw)}
+
+    names = _kernels(ctx, graph)
+    assert not any(n.startswith("ew") for n in names) and sum("_scaled_" in n for n in names) == 1, names
+    b = mltensor.MLGraphBuilder(ctx)
+    got = run_graph(ctx, graph(b), {"x": X}, b)["y"]
+    s = X.astype(np.float64).mean(axis=(1, 2))
+    s = 1 / (1 + np.exp(-(np.maximum(s @ W1[:, 0, 0].T, 0) @ W2[:, 0, 0].T)))
+    ref = (X * s[:, None, None, :]) @ W3[:, 0, 0].T
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+DW_PW = [
+    # (x NCHW, depthwise options, pointwise output channels)
+    ((1, 16, 9, 9), dict(padding=[1, 1, 1, 1]), 24),
+    ((2, 8, 11, 10), dict(strides=[2, 2], padding=[2, 1, 2, 2], dilations=[1, 2]), 70),  # two n tiles
+    ((1, 12, 2, 2), dict(padding=[1, 1, 1, 1]), 16),  # 4 output pixels: GEMV
+    ((1, 8, 7, 7), dict(padding=[2, 2, 2, 2]), 2),  # 2 output channels: no direct path with a prologue
+]
+
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("xshape,dwopts,oc", DW_PW)
+def test_depthwise_pointwise_is_one_kernel(ctx, rng, monkeypatch, xshape, dwopts, oc, layout, vec):
+    # MobileNet's depthwise-separable block: depthwise -> activation -> 1x1 conv; the 1x1 conv
+    # computes the depthwise output as it stages it
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    C = xshape[1]
+    k = 5 if dwopts.get("padding", [0])[0] == 2 and "dilations" not in dwopts else 3
+    wd = rng.standard_normal((C, 1, k, k)).astype(np.float32)
+    bd = rng.standard_normal(C).astype(np.float32)
+    from test_ops_conv import conv2d_ref
+
+    def build(b, x, axis):
+        w = wd if axis == 1 else np.ascontiguousarray(wd.transpose(0, 2, 3, 1))
+        y = b.conv2d(x, b.constant(w), groups=C, bias=b.constant(bd), input_layout=layout,
+                     filter_layout="oihw" if axis == 1 else "ohwi", **dwopts)
+        return b.clamp(y, min_value=0.0, max_value=6.0)
+
+    def ref(x):
+        st = dwopts.get("strides", (1, 1))
+        return np.clip(conv2d_ref(x, wd, pad=dwopts.get("padding", (0, 0, 0, 0)), st=st,
+                                  dil=dwopts.get("dilations", (1, 1)), groups=C, bias=bd), 0, 6)
+
+    fl = "oihw" if layout == "nchw" else "ohwi"
+    got, want = _run_conv(ctx, rng, xshape, (oc, C, 1, 1), input_layout=layout, filter_layout=fl, use_bias=True,
+                          prologue=(build, ref), expect_kernels=1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_depthwise_pointwise_not_fused_when_unsafe(ctx, rng):
+    C = 8
+    wd = rng.standard_normal((C, 1, 3, 3)).astype(np.float32)
+    wm = rng.standard_normal((2 * C, 1, 3, 3)).astype(np.float32)
+    wp = rng.standard_normal((12, C, 1, 1)).astype(np.float32)
+
+    def shared(b):  # the depthwise output is read twice
+        y = b.conv2d(b.input("x", data_type="float32", shape=[1, C, 6, 6]), b.constant(wd), groups=C, padding=[1] * 4)
+        return {"a": b.conv2d(y, b.constant(wp)), "b": b.relu(y)}
+
+    def multiplier(b):  # two outputs per input channel
+        y = b.conv2d(b.input("x", data_type="float32", shape=[1, C, 6, 6]), b.constant(wm), groups=C, padding=[1] * 4)
+        return {"a": b.conv2d(y, b.constant(np.concatenate([wp, wp], 1)))}
+
+    def strided_pointwise(b):  # the 1x1 conv is not a plain GEMM over the depthwise output
+        y = b.conv2d(b.input("x", data_type="float32", shape=[1, C, 6, 6]), b.constant(wd), groups=C, padding=[1] * 4)
+        return {"a": b.conv2d(y, b.constant(wp), strides=[2, 2])}
+
+    for fn in (shared, multiplier, strided_pointwise):
+        names = _kernels(ctx, fn)
+        assert any(n.endswith("_dw") for n in names) and not any("conv2d_dw_" in n for n in names), (fn.__name__, names)

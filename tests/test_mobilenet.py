@@ -139,9 +139,10 @@ def test_mobilenet_fuses_activations(ctx, rng):
     g = b.build_sync({"y": forward_graph(net, b, x, "nhwc")})
     names = g.kernel_names
     convs = [n for n in names if n.startswith("conv2d")]
-    assert len(convs) == 9, names
+    assert len(convs) == 8, names  # 9 convolutions, dw2 computed inside proj (depthwise prologue)
     assert not any("transpose" in n for n in names), names
     # the activations of stem, dw1, se1, se2, exp, dw2 (twice hard_swish) and head are fused,
-    # and the residual add into proj
-    assert len(names) == 9 + 4, names  # + pool, mul, resample, sigmoid
+    # the residual add into proj, the squeeze-and-excitation product into the conv after it
+    assert len(names) == 8 + 3, names  # + pool, resample, sigmoid
+    assert sum("_scaled_" in n for n in names) == 1 and sum("conv2d_dw_" in n for n in names) == 1, names
     assert not any(n.startswith("ew_add") for n in names), names

@@ -3,9 +3,12 @@
 The result is a list of Steps in topological order. A step is one node, a fused elementwise
 group, or a conv2d/matmul/gemm with an epilogue: unary activations and binary elementwise nodes
 whose other operand (a residual, a scale) is read at the stored element's index. A convolution
-step may also have a prologue: the batch_normalization (+ unary activations) step producing its
-input, applied per input channel as the convolution loads each input element (densenet's
-BatchNormalization -> Relu -> Conv), so the normalized tensor is never written.
+step may also have a prologue, the step producing its input applied per input channel as the
+convolution loads each input element, so that tensor is never written: a batch_normalization
+(+ unary activations; densenet's BatchNormalization -> Relu -> Conv), a multiplication by a
+per-(batch, channel) operand (the squeeze-and-excitation scale of MobileNetV3-style blocks), or,
+for a 1x1 convolution, the depthwise convolution (+ activations) before it (MobileNets'
+depthwise-separable blocks: the depthwise output is computed as the 1x1 conv stages it).
 """
 
 import numpy as np
@@ -30,7 +33,8 @@ EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d"
 
 
 class Step:
-    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "prologue_acts", "prologue_const")
+    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "prologue_acts", "prologue_const",
+                 "prologue_input", "prologue_scale", "prologue_add")
 
     def __init__(self, node, const):
         self.nodes = [node]  # one node, or a fused elementwise group in topological order
@@ -45,6 +49,9 @@ class Step:
         self.prologue = None
         self.prologue_acts = []
         self.prologue_const = None
+        self.prologue_input = None  # what the convolution reads instead of its input
+        self.prologue_scale = None  # the per-(batch, channel) factor of a multiplication prologue
+        self.prologue_add = None  # and the tensor added to the product, if any
 
     @property
     def node(self):
@@ -63,9 +70,9 @@ def read_bindings(step):
     """Storage buffers a fused step's kernel reads: its node's inputs, the prologue's parameters
     (its input replaces the convolution's) and the epilogue's other operands."""
     n = len([v for v in step.node.inputs if v is not None]) + len(epilogue_operands(step))
-    if step.prologue_const is not None:
-        n += 1
-    elif step.prologue is not None:
+    if step.prologue_const is not None or step.prologue_scale is not None:
+        n += 1 + (step.prologue_add is not None)
+    elif step.prologue is not None:  # batch_normalization or depthwise conv: its other inputs
         n += len([v for v in step.prologue.node.inputs[1:] if v is not None])
     return n
 
@@ -126,21 +133,88 @@ def _fold(p, axis):
     return np.broadcast_to(a, (C,)), np.broadcast_to(b, (C,)), acts
 
 
-def _prologue(n, producer, single_use, const, max_inputs):
-    """(step, activations, folded constant or None) when the step producing conv node `n`'s input
-    can become the conv's prologue: a batch_normalization over the conv's channel axis whose
-    output only this conv reads, then either a per-channel affine tail of host constants (folded
-    into one [scale; shift] constant) or unary activations only (parameters read as they are)."""
+def _scale_prologue(p, x, axis):
+    """(input, factor, addend or None) when step `p` multiplies a tensor shaped like `x` by an
+    operand that varies along the batch and channel axes only (squeeze-and-excitation), then
+    optionally adds a tensor shaped like `x` (a residual, as in MobileNetV3-style decoders)."""
+    if p.epilogue or len(p.nodes) > 2 or p.nodes[0].op != "mul":
+        return None
+    a, b = p.nodes[0].inputs
+    full, s = (a, b) if tuple(a.shape) == tuple(x.shape) else (b, a)
+    if full is s or tuple(full.shape) != tuple(x.shape) or len(s.shape) > 4 or s.data_type != x.data_type:
+        return None
+    shape = (1,) * (4 - len(s.shape)) + tuple(s.shape)
+    if any(d != 1 for k, d in enumerate(shape) if k not in (0, axis)):
+        return None
+    r = None
+    if len(p.nodes) == 2:
+        add, prod = p.nodes[1], p.nodes[0].outputs[0]
+        if add.op != "add" or prod not in add.inputs:
+            return None
+        r = add.inputs[1] if add.inputs[0] is prod else add.inputs[0]
+        if r is prod or tuple(r.shape) != tuple(x.shape) or r.data_type != x.data_type:
+            return None
+    return full, s, r
+
+
+def _pointwise(n):
+    """conv2d node `n` is a 1x1 convolution, stride 1, no padding, one group."""
+    a = n.attrs
+    dims = dict(zip(a["filter_layout"], n.inputs[1].shape))
+    return (n.op == "conv2d" and dims["h"] == dims["w"] == 1 and a["strides"] == [1, 1]
+            and a["padding"] == [0, 0, 0, 0] and a["groups"] == 1)
+
+
+def _depthwise(n):
+    """conv2d node `n` is depthwise with one output channel per input channel."""
+    if n.op != "conv2d":
+        return False
+    a = n.attrs
+    c = n.inputs[0].shape[1 if a["input_layout"] == "nchw" else 3]
+    dims = dict(zip(a["filter_layout"], n.inputs[1].shape))
+    return a["groups"] == c > 1 and dims["o"] == c and dims["i"] == 1
+
+
+def _prologue(n, producer, single_use, const, max_inputs, consumers):
+    """(step, activations, folded constant or None, input, scale or None) when the step producing
+    conv node `n`'s input can become the conv's prologue, its output read by this conv only:
+    a batch_normalization over the conv's channel axis, then either a per-channel affine tail of
+    host constants (folded into one [scale; shift] constant) or unary activations only
+    (parameters read as they are); or a per-(batch, channel) multiplication."""
     x = n.inputs[0]
     p = producer.get(id(x))
-    if p is None or p.node.op != "batch_normalization" or p.const != const or p.outputs[0] is not x:
+    if p is None or p.const != const or p.outputs[0] is not x:
         return None
     if not single_use(x) or len(p.outputs) != 1 or p.prologue is not None:
         return None
-    axis = 1 if n.attrs["input_layout"] == "nchw" else 3
-    if p.node.attrs["axis"] != axis:
+    def in_concat(v, hops=0):
+        """v is, or may be placed inside, a concat's output (through the elementwise nodes an
+        epilogue may fuse after it)."""
+        if v is None:
+            return False
+        if v._node is not None and v._node.op == "concat" and hops == 0:
+            return True
+        cs = consumers.get(id(v), ())
+        return any(c.op == "concat" or (hops < 4 and OPS[c.op].expr is not None and in_concat(c.outputs[0], hops + 1))
+                   for c in cs)
+
+    if in_concat(n.outputs[0]) and any(in_concat(v) for v in p.nodes[0].inputs):
+        # a conv reading a concat (or a slab of one) and writing a slab of a concat, which may be
+        # the same buffer (densenet-style growth): one dispatch may not read and write one
+        # buffer, so the prologue would cost the concat its copy-free placement
         return None
+    axis = 1 if n.attrs["input_layout"] == "nchw" else 3
     bound = len([v for v in n.inputs if v is not None])
+    if (_depthwise(p.node) and _pointwise(n) and p.prologue is None
+            and p.node.attrs["input_layout"] == n.attrs["input_layout"]
+            and all(OPS[e.op].activation and len([v for v in e.inputs if v is not None]) == 1 for e in p.epilogue)):
+        extra = len([v for v in p.node.inputs[1:] if v is not None])
+        return (p, list(p.epilogue), None, p.node.inputs[0], None, None) if bound + extra <= max_inputs else None
+    sc = _scale_prologue(p, x, axis)
+    if sc is not None:
+        return (p, [], None) + sc if bound + 1 + (sc[2] is not None) <= max_inputs else None
+    if p.node.op != "batch_normalization" or p.node.attrs["axis"] != axis:
+        return None
     folded = _fold(p, axis)
     if folded is not None:
         a, b, acts = folded
@@ -149,12 +223,12 @@ def _prologue(n, producer, single_use, const, max_inputs):
 
         ab = MLOperand(x._builder, dt, (2, len(a)), "constant",
                        value=np.concatenate([a, b]).astype(dtypes.NUMPY[dt]).reshape(2, -1))
-        return (p, acts, ab) if bound + 1 <= max_inputs else None
+        return (p, acts, ab, p.node.inputs[0], None, None) if bound + 1 <= max_inputs else None
     if any(not OPS[e.op].activation or len([v for v in e.inputs if v is not None]) != 1 for e in p.epilogue):
         return None
     if bound + len([v for v in p.node.inputs[1:] if v is not None]) > max_inputs:
         return None
-    return p, list(p.epilogue), None
+    return p, list(p.epilogue), None, p.node.inputs[0], None, None
 
 
 def epilogue_operands(step):
@@ -270,10 +344,11 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
             continue
         step = Step(n, const)
         if fuse and n.op in PROLOGUE_OPS:
-            pro = _prologue(n, producer, single_use, const, max_inputs)
+            pro = _prologue(n, producer, single_use, const, max_inputs, consumers)
             if pro is not None and pro[0] in steps:
                 steps.remove(pro[0])
-                step.prologue, step.prologue_acts, step.prologue_const = pro
+                (step.prologue, step.prologue_acts, step.prologue_const, step.prologue_input,
+                 step.prologue_scale, step.prologue_add) = pro
         steps.append(step)
         for v in n.outputs:
             producer[id(v)] = step

@@ -183,6 +183,7 @@ def compile_graph(builder, outputs, placement=None):
             )
         (prologue if l.prologue else graph._launches).append(entry)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
+    graph._autotune = {"seconds": getattr(kc, "tune_seconds", 0.0), "signatures_tuned": getattr(kc, "tune_count", 0)}
     if prologue:
         tl = ctx._timeline
 
@@ -235,6 +236,7 @@ class MLGraph:
         self._bg_cache = {}
         self._last_tensors, self._last = [], None
         self._kernel_names = []
+        self._autotune = {"seconds": 0.0, "signatures_tuned": 0}
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
@@ -257,6 +259,13 @@ class MLGraph:
     def kernel_names(self):
         """Python extension: the kernels one dispatch launches, in order (after fusion)."""
         return list(self._kernel_names)
+
+    @property
+    def autotune(self):
+        """Python extension: what kernel autotuning cost this build: {"seconds": time spent timing
+        candidates (bounded by MLTENSOR_AUTOTUNE_BUDGET), "signatures_tuned": kernels timed
+        (0 when every choice came from the cache or the heuristic)}."""
+        return dict(self._autotune)
 
     def __repr__(self):
         return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"

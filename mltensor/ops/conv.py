@@ -9,6 +9,8 @@ and filters may be graph inputs as well as constants. Bias and the fused epilogu
 residual adds) are applied as each output is stored.
 """
 
+import math
+
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
@@ -170,10 +172,12 @@ def _filter_strides(layout, shape):
 
 
 def _prologue(kc, node, bindings, args):
-    """WGSL `fn pro(v: f32, c: u32) -> f32` applying the step's prologue (compiler/passes.py) to
-    input channel c: the batch normalization, either folded into a [scale; shift] constant
-    (p_ab) or computed as normalization.wgsl does from its parameters (p_mean, p_var, p_scale,
-    p_bias), then the fused activations. The bindings are appended to `bindings` and `args`.
+    """WGSL `fn pro(v: f32, c: u32, i: u32) -> f32` applying the step's prologue
+    (compiler/passes.py) to input element i of channel c: the batch normalization, either folded
+    into a [scale; shift] constant (p_ab) or computed as normalization.wgsl does from its
+    parameters (p_mean, p_var, p_scale, p_bias), then the fused activations; or the product with
+    a per-(batch, channel) factor (p_q), plus a tensor shaped like the input (p_r). The bindings
+    are appended to `bindings` and `args`.
     Returns (the prologue's input, which the conv reads instead, function text); (None, "")
     when the step has no prologue."""
     from .elementwise import OPS_EXPR
@@ -182,10 +186,27 @@ def _prologue(kc, node, bindings, args):
     if step is None or step.prologue is None or node is not step.node:
         return None, ""
     bn = step.prologue.node
-    x, mean, var, scale, bias = bn.inputs
+    x = step.prologue_input
     # f16: parameters are f16 (read widened), the affine part is f32 and rounded to f16 (the
     # normalization's own output type), where the activations then apply as they would unfused
     t = kc.wtype(x)
+    if bn.op == "conv2d":
+        return x, _depthwise_prologue(kc, bn, step.prologue_acts, bindings, args)
+    if step.prologue_scale is not None:
+        q = step.prologue_scale
+        bindings.append(Binding("p_q", t))
+        args.append(q)
+        qs = (1,) * (4 - len(q.shape)) + tuple(q.shape)
+        lay = node.attrs["input_layout"]
+        C = qs[1] if lay == "nchw" else qs[3]
+        n = f"(i / {math.prod(x.shape[1:])}u) * {C}u + " if qs[0] != 1 else ""
+        y = f"{f16_store(t)}(v * f32(p_q[{n}{'c' if C != 1 else '0u'}]))"
+        if step.prologue_add is not None:
+            bindings.append(Binding("p_r", t))
+            args.append(step.prologue_add)
+            y = f"{f16_store(t)}(f32({y}) + f32(p_r[i]))" if t == "f16" else f"{y} + p_r[i]"
+        return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n    return f32({y});\n}}"
+    _, mean, var, scale, bias = bn.inputs
     if step.prologue_const is not None:
         bindings.append(Binding("p_ab", t))
         args.append(step.prologue_const)
@@ -205,7 +226,56 @@ def _prologue(kc, node, bindings, args):
         lines.append(f"    let a{j}: {t} = {OPS_EXPR(n)(kc, n, cur)};")
         cur = f"a{j}"
     body = "\n".join(lines)
-    return x, f"fn pro(v: f32, c: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
+    return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
+
+
+def _depthwise_prologue(kc, dw, acts, bindings, args):
+    """WGSL `fn dw_at(m: u32, c: u32) -> f32`: output pixel m, channel c of depthwise conv node
+    `dw` and its activations, computed from its input (bound as x, the 1x1 conv's A operand) and
+    filter / bias (bound as dw_w, dw_b), for a 1x1 conv whose prologue it is."""
+    from .elementwise import OPS_EXPR
+
+    x, w, bias = dw.inputs
+    a = dw.attrs
+    lay = a["input_layout"]
+    in_s = _strides_nchw(lay, x.shape)
+    f_s = _filter_strides(a["filter_layout"], w.shape)
+    dims = dict(zip(a["filter_layout"], w.shape))
+    ih, iw = x.shape[2:] if lay == "nchw" else x.shape[1:3]
+    t = kc.wtype(x)  # f16: loads widened, the f32 sum rounded to f16 (the depthwise output type)
+    bindings.append(Binding("dw_w", t))
+    args.append(w)
+    if bias is not None:
+        bindings.append(Binding("dw_b", t))
+        args.append(bias)
+    (pt, _, pl, _), (sh, sw), (dh, dwd) = a["padding"], a["strides"], a["dilations"]
+    ow = dw.outputs[0].shape[3 if lay == "nchw" else 2]
+    lines = [
+        "fn dw_at(m: u32, c: u32) -> f32 {",
+        "    let p = m % OHW;",
+        f"    let ih0 = i32((p / {ow}u) * {sh}u) - {pt};",
+        f"    let iw0 = i32((p % {ow}u) * {sw}u) - {pl};",
+        f"    let xb = (m / OHW) * {in_s[0]}u + c * {in_s[1]}u;",
+        f"    let wb = c * {f_s[0]}u;",
+        "    var acc = 0.0;",
+    ]
+    for kh in range(dims["h"]):
+        lines.append(f"    if (ih0 + {kh * dh} >= 0 && ih0 + {kh * dh} < {ih}) {{")
+        lines.append(f"        let row = xb + u32(ih0 + {kh * dh}) * {in_s[2]}u;")
+        for kw in range(dims["w"]):
+            lines.append(f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw}) {{ acc = fma(f32(x[row + u32(iw0 + {kw * dwd}) * {in_s[3]}u]), "
+                         f"f32(dw_w[wb + {kh * f_s[2] + kw * f_s[3]}u]), acc); }}")
+        lines.append("    }")
+    if bias is not None:
+        lines.append("    acc = acc + f32(dw_b[c]);")
+    lines.append(f"    let a: {t} = {f16_store(t)}(acc);")
+    cur = "a"
+    for j, n in enumerate(acts):
+        lines.append(f"    let a{j}: {t} = {OPS_EXPR(n)(kc, n, cur)};")
+        cur = f"a{j}"
+    lines.append(f"    return f32({cur});")
+    lines.append("}")
+    return "\n".join(lines)
 
 
 def _lower(kc, node, transposed):
@@ -252,8 +322,11 @@ def _lower(kc, node, transposed):
     params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_{t}_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
+    dwp = src is not None and kc.step.prologue.node.op == "conv2d"
+    params["dwp"] = dwp
     if src is not None:
-        name = name.replace(op, op + "_bn", 1)
+        kind = "_dw" if dwp else "_scaled" if kc.step.prologue_scale is not None else "_bn"
+        name = name.replace(op, op + kind, 1)
 
     if not transposed and icg == 1 and groups > 1:
         # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
@@ -265,7 +338,7 @@ def _lower(kc, node, transposed):
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
                   grid(-(-total // WORKGROUP)))
         return
-    if ocg < 4:
+    if ocg < 4 and not dwp:
         # Few output channels (a segmentation head, the last upsampling): GEMM tiles would be
         # mostly padding, so one thread per output pixel computes its ocg channels directly
         # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).
@@ -284,7 +357,7 @@ def _lower(kc, node, transposed):
     # along k: coalesced for NHWC); else "hoist" (threads along m, addresses precomputed per
     # thread: coalesced for NCHW). The transpose keeps the generic per-element loader.
     vec = vec_loads(kc)
-    if not transposed:
+    if not transposed and not dwp:
         nhwc4 = vec and ic_inner and icg % 4 == 0 and ic % 4 == 0
         # On CPU adapters the per-element loader stays: lavapipe measured the hoisted staging at
         # parity to 5% slower (LLVM already strength-reduces the constant divisions).
@@ -301,7 +374,8 @@ def _lower(kc, node, transposed):
         st *= dims[d]
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
-        name = f"{op}{'_bn' if src is not None else ''}_{lay}_{t}_1x1"
+        pro = "" if src is None else "_dw" if dwp else "_scaled" if kc.step.prologue_scale is not None else "_bn"
+        name = f"{op}{pro}_{lay}_{t}_1x1"
     if groups > 1:
         name += f"_g{groups}"
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,
