@@ -238,7 +238,8 @@ class KernelContext:
 
     def copy(self, src, dst):
         # 32-bit words, whatever the element type; an odd number of f16 elements rounds up into
-        # the buffer's padding (dst is never a slab inside another value: see alias())
+        # the buffer's padding, never into a neighbour (values placed inside another value's
+        # storage are whole multiples of 16 bytes: see place())
         n = dtypes.padded(self.nbytes(src)) // 4
         k = Kernel(
             f"copy_n{n}",
