@@ -102,8 +102,11 @@ class _Specialization:
 
 class InferenceSession:
     def __init__(self, model, context=None, *, free_dimensions=None, providers=None, sess_options=None,
-                 max_specializations=8):
+                 max_specializations=8, float16=False):
         self._ctx = context if context is not None else default_context()
+        # float16=True: a TFLite model computes in float16 (tflite.import_model); ONNX models
+        # are converted to float16 beforehand (their float16 inputs and outputs are then native)
+        self._float16 = bool(float16)
         self._free = dict(free_dimensions or {})
         if isinstance(max_specializations, bool) or not isinstance(max_specializations, int) \
                 or max_specializations < 1:
@@ -117,6 +120,9 @@ class InferenceSession:
         if _is_tflite(model):
             self._kind = "tflite"
             self._load_tflite(model)
+        elif self._float16:
+            raise TypeError("[InferenceSession] float16=True applies to TFLite models; convert an ONNX model "
+                            "to float16 instead (onnxconverter_common.float16.convert_float_to_float16)")
         else:
             self._kind = "onnx"
             from .onnx.importer import data_errors, load_model, source_name, symbolic_inputs
@@ -204,7 +210,8 @@ class InferenceSession:
 
         from .onnx.importer import TYPE_STRING
 
-        graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free)
+        graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free,
+                                               float16=self._float16)
         inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
         outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
         # one specialization, the sizes of the file (its inputs are checked against them)

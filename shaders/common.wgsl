@@ -129,6 +129,21 @@ fn pow_u64(a: u64, b: u64) -> u64 {
 fn sign_i64(x: i64) -> i64 { return select(select(0li, -1li, x < 0li), 1li, x > 0li); }
 {$ endif $}
 
+{$ if f16 $}
+// f16 helpers: only in kernels that use f16 (see runtime/wgsl.py).
+fn is_nan_f16(x: f16) -> bool { return is_nan_f32(f32(x)); }
+
+// An f32 as f16, rounded to nearest; +-inf from 65520 on (where round to nearest even reaches
+// inf) and NaN for NaN, like numpy's float16 (WGSL leaves f16() of an out-of-range f32
+// undefined, so the finite case is clamped first).
+fn f16_of(x: f32) -> f16 {
+    let b = bitcast<u32>(x) & 0x7fffffffu;
+    let special = select(f16(bitcast<f32>((bitcast<u32>(x) & 0x80000000u) | 0x7f800000u)),
+                         f16(bitcast<f32>(0x7fc00000u)), b > 0x7f800000u);
+    return select(f16(clamp(x, -65504.0, 65504.0)), special, b >= 0x477ff000u);
+}
+{$ endif $}
+
 {$ if emu64 $}
 {$ include "int64e.wgsl" $}
 {$ endif $}

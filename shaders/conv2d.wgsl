@@ -6,6 +6,7 @@
 {# - "direct": fewer than 4 output channels per group, one thread per output pixel.              #}
 {# Layouts are handled by baked strides: tensor (n, c, h, w) lives at n*sn + c*sc + h*sh + w*sw, #}
 {# filter (o, i, kh, kw) at o*fo + i*fi + kh*fh + kw*fw, whatever the layout string.            #}
+{# x, w, bias, out are f32 or f16 (matmul.wgsl): reads widen to f32, stores narrow through ST. #}
 {$ extends "matmul.wgsl" $}
 
 {$ block loaders $}
@@ -19,9 +20,9 @@ const OHW = {{ OH * OW }}u;
 
 fn x_at(i: u32, c: u32) -> f32 {
 {$ if x_vec $}
-    let v = x[i / 4u][i % 4u];
+    let v = f32(x[i / 4u][i % 4u]);
 {$ else $}
-    let v = x[i];
+    let v = f32(x[i]);
 {$ endif $}
 {$ if pro and not dwp $}
     return pro(v, c, i);
@@ -110,7 +111,7 @@ fn load_b(g: u32, k: u32, o: u32) -> f32 {
     let kw = kc.z;
 {$ endif $}
     // f_g: offset of group g's filter slice (along o for conv2d, along i for the transpose)
-    return w[g * {{ f_g }}u + o * {{ f_s[0] }}u + ic * {{ f_s[1] }}u + kh * {{ f_s[2] }}u + kw * {{ f_s[3] }}u];
+    return f32(w[g * {{ f_g }}u + o * {{ f_s[0] }}u + ic * {{ f_s[1] }}u + kh * {{ f_s[2] }}u + kw * {{ f_s[3] }}u]);
 }
 
 // Filter offset of reduction index k (group g, output channel 0 of the group).
@@ -132,9 +133,9 @@ fn load_b4n(g: u32, k: u32, o: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
 {$ for c in range(4) $}
 {$ if check_b $}
-    if (o + {{ c }}u < N) { v[{{ c }}] = w[base + {{ c * f_s[0] }}u]; }
+    if (o + {{ c }}u < N) { v[{{ c }}] = f32(w[base + {{ c * f_s[0] }}u]); }
 {$ else $}
-    v[{{ c }}] = w[base + {{ c * f_s[0] }}u];
+    v[{{ c }}] = f32(w[base + {{ c * f_s[0] }}u]);
 {$ endif $}
 {$ endfor $}
     return v;
@@ -150,12 +151,12 @@ fn load_b4k(g: u32, k: u32, o: u32) -> vec4<f32> {
 {$ if K % 4 != 0 $}
     var v = vec4<f32>(0.0);
 {$ for c in range(4) $}
-    if (k + {{ c }}u < K) { v[{{ c }}] = w[base + {{ c }}u]; }
+    if (k + {{ c }}u < K) { v[{{ c }}] = f32(w[base + {{ c }}u]); }
 {$ endfor $}
     return v;
 {$ else $}
     if (k >= K) { return vec4<f32>(0.0); }
-    return vec4<f32>(w[base], w[base + 1u], w[base + 2u], w[base + 3u]);
+    return vec4<f32>(f32(w[base]), f32(w[base + 1u]), f32(w[base + 2u]), f32(w[base + 3u]));
 {$ endif $}
 {$ else $}
     return vec4<f32>(load_b(g, k, o), load_b(g, k + 1u, o), load_b(g, k + 2u, o), load_b(g, k + 3u, o));
@@ -172,7 +173,7 @@ fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ endif $}
     let oc = g * {{ OCg }}u + o;
 {$ if has_bias $}
-    let v = acc + bias[oc];
+    let v = acc + f32(bias[oc]);
 {$ else $}
     let v = acc;
 {$ endif $}
@@ -181,7 +182,7 @@ fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ else $}
     let oi = (m / OHW) * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + (m % OHW) * {{ out_s[3] }}u;
 {$ endif $}
-    out[oi] = act(v, oi);
+    out[oi] = act({{ ST }}(v), oi);
 }
 {$ endblock $}
 
@@ -250,10 +251,10 @@ fn setup_a(g: u32, m0: u32, li: u32) {}
 
 fn x_at4(i: u32, c: u32) -> vec4<f32> {
 {$ if pro and not dwp $}
-    let v = x[i / 4u];
+    let v = vec4<f32>(x[i / 4u]);
     return vec4<f32>(pro(v.x, c, i), pro(v.y, c + 1u, i + 1u), pro(v.z, c + 2u, i + 2u), pro(v.w, c + 3u, i + 3u));
 {$ else $}
-    return x[i / 4u];
+    return vec4<f32>(x[i / 4u]);
 {$ endif $}
 }
 
@@ -333,7 +334,7 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
             if (iw0 + {{ t }} >= 0 && iw0 + {{ t }} < {{ IW }}) { v{{ t }} = x_at(row + u32(iw0 + {{ t }}) * {{ in_s[3] }}u, ic); }
 {$ endfor $}
 {$ for kw in range(KW) $}
-            let f{{ kw }} = w[wb + {{ kh * f_s[2] + kw * f_s[3] }}u];
+            let f{{ kw }} = f32(w[wb + {{ kh * f_s[2] + kw * f_s[3] }}u]);
 {$ for j in range(OWB) $}
             acc{{ j }} = fma(v{{ j * SW + kw * DW }}, f{{ kw }}, acc{{ j }});
 {$ endfor $}
@@ -343,15 +344,15 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
 {$ endfor $}
     let ob = n * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + oh * {{ out_s[2] }}u + ow0 * {{ out_s[3] }}u;
 {$ if has_bias $}
-    let bv = bias[oc];
+    let bv = f32(bias[oc]);
 {$ else $}
     let bv = 0.0;
 {$ endif $}
 {$ for j in range(OWB) $}
 {$ if j == 0 $}
-    out[ob] = act(acc0 + bv, ob);
+    out[ob] = act({{ ST }}(acc0 + bv), ob);
 {$ else $}
-    if (ow0 + {{ j }}u < {{ OW }}u) { out[ob + {{ j * out_s[3] }}u] = act(acc{{ j }} + bv, ob + {{ j * out_s[3] }}u); }
+    if (ow0 + {{ j }}u < {{ OW }}u) { out[ob + {{ j * out_s[3] }}u] = act({{ ST }}(acc{{ j }} + bv), ob + {{ j * out_s[3] }}u); }
 {$ endif $}
 {$ endfor $}
 }
@@ -406,7 +407,7 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
                 let xv = x_at(xb + ic * {{ in_s[1] }}u, g * {{ ICg }}u + ic);
                 let wk = ic * {{ f_s[1] }}u + {{ kh * f_s[2] + kw * f_s[3] }}u;
 {$ for j in range(OCB) $}
-                acc{{ j }} = fma(xv, w[wo{{ j }} + wk], acc{{ j }});
+                acc{{ j }} = fma(xv, f32(w[wo{{ j }} + wk]), acc{{ j }});
 {$ endfor $}
             }
         }
@@ -424,9 +425,9 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
 {$ endif $}
             let oi = ob + oc * {{ out_s[1] }}u;
 {$ if has_bias $}
-            out[oi] = act(acc{{ j }} + bias[oc], oi);
+            out[oi] = act({{ ST }}(acc{{ j }} + f32(bias[oc])), oi);
 {$ else $}
-            out[oi] = act(acc{{ j }}, oi);
+            out[oi] = act({{ ST }}(acc{{ j }}), oi);
 {$ endif $}
         }
     }

@@ -7,6 +7,9 @@
 //   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
 //   load_a4 / load_b4n / load_b4k: four of them at once (vec4 loads where the layout allows)
 // act(v, i) is the fused epilogue (kc.epilogue): i is the flat index of the stored element in out.
+// Element types: a, b, c, out are f32 or f16 arrays (vec4 of them for vec loads); loads widen to
+// f32 (f32() / vec4<f32>() are no-ops on f32), accumulators and workgroup tiles are f32, and
+// store() narrows through ST (f16_of for f16 outputs, else empty) before the epilogue.
 // Paths:
 //   "tiled": TY x TX threads (64 or 256), each computing an RM x RN block (RM, RN in {4, 8}) of a
 //            (TY RM) x (TX RN) output tile (up to 128 x 128); A and B tiles of depth BK are staged
@@ -39,9 +42,9 @@ fn load_a(bt: u32, m: u32, k: u32) -> f32 {
 {$ endif $}
 {$ if vec_a $}
     let ai = a_base(bt) + m * {{ a_sm }}u + k;
-    return a[ai / 4u][ai % 4u];
+    return f32(a[ai / 4u][ai % 4u]);
 {$ else $}
-    return a[a_base(bt) + m * {{ a_sm }}u + k * {{ a_sk }}u];
+    return f32(a[a_base(bt) + m * {{ a_sm }}u + k * {{ a_sk }}u]);
 {$ endif $}
 }
 
@@ -51,9 +54,9 @@ fn load_b(bt: u32, k: u32, n: u32) -> f32 {
 {$ endif $}
 {$ if vec_b $}
     let bi = b_base(bt) + k * {{ b_sk }}u + n;
-    return b[bi / 4u][bi % 4u];
+    return f32(b[bi / 4u][bi % 4u]);
 {$ else $}
-    return b[b_base(bt) + k * {{ b_sk }}u + n * {{ b_sn }}u];
+    return f32(b[b_base(bt) + k * {{ b_sk }}u + n * {{ b_sn }}u]);
 {$ endif $}
 }
 
@@ -63,7 +66,7 @@ fn load_a4(bt: u32, m: u32, k: u32) -> vec4<f32> {
 {$ if check_a $}
     if (m >= M || k >= K) { return vec4<f32>(0.0); }  // K % 4 == 0: a quad is all in or all out
 {$ endif $}
-    return a[(a_base(bt) + m * {{ a_sm }}u + k) / 4u];
+    return vec4<f32>(a[(a_base(bt) + m * {{ a_sm }}u + k) / 4u]);
 {$ else $}
     return vec4<f32>(load_a(bt, m, k), load_a(bt, m, k + 1u), load_a(bt, m, k + 2u), load_a(bt, m, k + 3u));
 {$ endif $}
@@ -74,7 +77,7 @@ fn load_b4n(bt: u32, k: u32, n: u32) -> vec4<f32> {
 {$ if check_b $}
     if (k >= K || n >= N) { return vec4<f32>(0.0); }  // N % 4 == 0
 {$ endif $}
-    return b[(b_base(bt) + k * {{ b_sk }}u + n) / 4u];
+    return vec4<f32>(b[(b_base(bt) + k * {{ b_sk }}u + n) / 4u]);
 {$ else $}
     return vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u), load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
 {$ endif $}
@@ -90,10 +93,10 @@ fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ endif $}
     var v = acc{$ if alpha != 1.0 $} * {{ f32_lit(alpha) }}{$ endif $};
 {$ if has_c $}
-    v = v + {{ f32_lit(beta) }} * c[m * {{ c_sm }}u + n * {{ c_sn }}u];
+    v = v + {{ f32_lit(beta) }} * f32(c[m * {{ c_sm }}u + n * {{ c_sn }}u]);
 {$ endif $}
     let oi = bt * (M * N) + m * N + n;
-    out[oi] = act(v, oi);
+    out[oi] = act({{ ST }}(v), oi);
 }
 {$ endblock $}
 

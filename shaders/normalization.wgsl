@@ -3,6 +3,8 @@
 // norm_thread / norm_group: group o (one thread / one workgroup each) has K elements,
 // element k at src[base(o) + off(k)] with scale/bias index pbase(o) + poff(k); mean and variance
 // are two passes over the group (subtracting the mean first keeps the variance accurate).
+// Bindings are of the value's compute type (f32 or f16); loads widen to f32 (a no-op for f32),
+// sums and the normalization are f32, stores round back with ST (f16_of for f16, else nothing).
 {{ bindings }}
 {$ include "common.wgsl" $}
 {{ act }}
@@ -21,10 +23,10 @@ fn pidx(o: u32, k: u32) -> u32 { return {{ pbase }} + {{ poff }}; }
 fn affine(y: f32, p: u32) -> f32 {
     var r = y;
 {$ if scale $}
-    r = r * p_scale[p];
+    r = r * f32(p_scale[p]);
 {$ endif $}
 {$ if bias $}
-    r = r + p_bias[p];
+    r = r + f32(p_bias[p]);
 {$ endif $}
     return r;
 }
@@ -32,20 +34,20 @@ fn affine(y: f32, p: u32) -> f32 {
 {$ if mode == "batch" $}
 {{ main_1d(N) }}
     let c = {{ cidx }};
-    dst[i] = act(affine((src[i] - p_mean[c]) / sqrt(p_var[c] + eps()), c), i);
+    dst[i] = act({{ ST }}(affine((f32(src[i]) - f32(p_mean[c])) / sqrt(f32(p_var[c]) + eps()), c)), i);
 }
 {$ elif mode == "norm_thread" $}
 {{ main_1d("M", "o") }}
     let b = base(o);
     var s = 0.0;
-    for (var k = 0u; k < K; k++) { s += src[b + off(k)]; }
+    for (var k = 0u; k < K; k++) { s += f32(src[b + off(k)]); }
     let mean = s / f32(K);
     var v = 0.0;
-    for (var k = 0u; k < K; k++) { let d = src[b + off(k)] - mean; v += d * d; }
+    for (var k = 0u; k < K; k++) { let d = f32(src[b + off(k)]) - mean; v += d * d; }
     let den = sqrt(v / f32(K) + eps());
     for (var k = 0u; k < K; k++) {
         let i = b + off(k);
-        dst[i] = act(affine((src[i] - mean) / den, pidx(o, k)), i);
+        dst[i] = act({{ ST }}(affine((f32(src[i]) - mean) / den, pidx(o, k))), i);
     }
 }
 {$ else $}
@@ -71,14 +73,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (o >= M) { return; }
     let b = base(o);
     var s = 0.0;
-    for (var k = lid; k < K; k += WG) { s += src[b + off(k)]; }
+    for (var k = lid; k < K; k += WG) { s += f32(src[b + off(k)]); }
     let mean = tree_sum(lid, s) / f32(K);
     var v = 0.0;
-    for (var k = lid; k < K; k += WG) { let d = src[b + off(k)] - mean; v += d * d; }
+    for (var k = lid; k < K; k += WG) { let d = f32(src[b + off(k)]) - mean; v += d * d; }
     let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
     for (var k = lid; k < K; k += WG) {
         let i = b + off(k);
-        dst[i] = act(affine((src[i] - mean) / den, pidx(o, k)), i);
+        dst[i] = act({{ ST }}(affine((f32(src[i]) - mean) / den, pidx(o, k))), i);
     }
 }
 {$ endif $}

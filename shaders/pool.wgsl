@@ -5,6 +5,8 @@
 //   "global": the window is the whole plane (global pooling of a large plane): one workgroup per
 //             (n, c) output, 64 threads striding over the plane, tree reduction in workgroup memory.
 // Tensor (n, c, h, w) lives at n*sn + c*sc + h*sh + w*sw whatever the layout.
+// T is the accumulator type: the compute type, f32 for f16 values (loaded through LD = f32 and
+// stored through ST = f16_of; both empty otherwise).
 {{ bindings }}
 {$ include "common.wgsl" $}
 {{ act }}
@@ -55,12 +57,12 @@ fn finish(acc: {{ T }}, count: u32) -> {{ T }} {
         for (var kw = 0u; kw < {{ KW }}u; kw = kw + 1u) {
             let iw = iw0 + i32(kw * {{ DW }}u);
             if (iw < 0 || iw >= {{ IW }}) { continue; }
-            let v = x[base + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u];
+            let v = {{ LD }}(x[base + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u]);
             {{ accumulate("acc", "v") }}
             count = count + 1u;
         }
     }
-    out[i] = act(finish(acc, count), i);
+    out[i] = act({{ ST }}(finish(acc, count)), i);
 }
 {$ else $}
 var<workgroup> part: array<{{ T }}, 64>;
@@ -76,7 +78,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let base = n * {{ in_s[0] }}u + c * {{ in_s[1] }}u;
     var acc: {{ T }} = {{ init }};
     for (var p = li; p < {{ IH * IW }}u; p = p + 64u) {
-        let v = x[base + p * {{ in_s[3] }}u];
+        let v = {{ LD }}(x[base + p * {{ in_s[3] }}u]);
         {{ accumulate("acc", "v") }}
     }
     part[li] = acc;
@@ -92,7 +94,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     if (li == 0u) {
-        out[o] = act(finish(part[0], {{ IH * IW }}u), o);
+        out[o] = act({{ ST }}(finish(part[0], {{ IH * IW }}u)), o);
     }
 }
 {$ endif $}

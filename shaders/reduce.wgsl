@@ -2,6 +2,8 @@
 // Input element k of output o is src[base(o) + off(k)] (strides baked in by Python).
 // mode: thread (one thread per output), group (one workgroup per output + shared-memory tree),
 // partial/final (two levels for huge K), softmax_thread / softmax_group (one row per thread/group).
+// T is the accumulation type: the compute type, but f32 for f16 values, which are loaded through
+// LD (f32) and stored through ST (f16_of); both are empty for every other type.
 {{ bindings }}
 {$ include "common.wgsl" $}
 
@@ -55,18 +57,18 @@ fn {{ fname }}(lid: u32, v: {{ T }}) -> {{ T }} {
     let b = base(o);
   {$ if lse or mode == "softmax_thread" $}
     var m = {{ NEG_INF }};
-    for (var k = 0u; k < K; k++) { m = max(m, src[b + off(k)]); }
+    for (var k = 0u; k < K; k++) { m = max(m, {{ LD }}(src[b + off(k)])); }
     var s = 0.0;
-    for (var k = 0u; k < K; k++) { s += ex(src[b + off(k)], m); }
+    for (var k = 0u; k < K; k++) { s += ex({{ LD }}(src[b + off(k)]), m); }
     {$ if lse $}
-    dst[o] = lse(s, m);
+    dst[o] = {{ ST }}(lse(s, m));
     {$ else $}
-    for (var k = 0u; k < K; k++) { let i = b + off(k); dst[i] = ex(src[i], m) / s; }
+    for (var k = 0u; k < K; k++) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), m) / s); }
     {$ endif $}
   {$ else $}
     var a = {{ init }};
-    for (var k = 0u; k < K; k++) { a = comb(a, pre(src[b + off(k)])); }
-    dst[o] = post(a);
+    for (var k = 0u; k < K; k++) { a = comb(a, pre({{ LD }}(src[b + off(k)]))); }
+    dst[o] = {{ ST }}(post(a));
   {$ endif $}
 }
 {$ else $}
@@ -95,12 +97,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         s += part[i + 1u] * ex(part[i], m);
     }
     s = tree_sum(lid, s);
-    if (lid == 0u) { dst[g] = lse(s, m); }
+    if (lid == 0u) { dst[g] = {{ ST }}(lse(s, m)); }
     {$ else $}
     var a = {{ init }};
     for (var j = lid; j < S; j += WG) { a = comb(a, part[g * S + j]); }
     a = tree(lid, a);
-    if (lid == 0u) { dst[g] = post(a); }
+    if (lid == 0u) { dst[g] = {{ ST }}(post(a)); }
     {$ endif $}
   {$ else $}
     {$ if mode != "partial" $}
@@ -109,26 +111,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     {$ endif $}
     {$ if lse or mode == "softmax_group" $}
     var m = {{ NEG_INF }};
-    for (var k = k0 + lid; k < k1; k += WG) { m = max(m, src[b + off(k)]); }
+    for (var k = k0 + lid; k < k1; k += WG) { m = max(m, {{ LD }}(src[b + off(k)])); }
     m = tree_max(lid, m);
     var s = 0.0;
-    for (var k = k0 + lid; k < k1; k += WG) { s += ex(src[b + off(k)], m); }
+    for (var k = k0 + lid; k < k1; k += WG) { s += ex({{ LD }}(src[b + off(k)]), m); }
     s = tree_sum(lid, s);
       {$ if mode == "softmax_group" $}
-    for (var k = lid; k < K; k += WG) { let i = b + off(k); dst[i] = ex(src[i], m) / s; }
+    for (var k = lid; k < K; k += WG) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), m) / s); }
       {$ elif mode == "partial" $}
     if (lid == 0u) { part[2u * g] = m; part[2u * g + 1u] = s; }
       {$ else $}
-    if (lid == 0u) { dst[g] = lse(s, m); }
+    if (lid == 0u) { dst[g] = {{ ST }}(lse(s, m)); }
       {$ endif $}
     {$ else $}
     var a = {{ init }};
-    for (var k = k0 + lid; k < k1; k += WG) { a = comb(a, pre(src[b + off(k)])); }
+    for (var k = k0 + lid; k < k1; k += WG) { a = comb(a, pre({{ LD }}(src[b + off(k)]))); }
     a = tree(lid, a);
       {$ if mode == "partial" $}
     if (lid == 0u) { part[g] = a; }
       {$ else $}
-    if (lid == 0u) { dst[g] = post(a); }
+    if (lid == 0u) { dst[g] = {{ ST }}(post(a)); }
       {$ endif $}
     {$ endif $}
   {$ endif $}

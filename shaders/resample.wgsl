@@ -48,8 +48,9 @@ fn coord(o: u32, A: i32, B: i32, D: i32, last: i32) -> f32 {
     let r1 = base + y1 * {{ in_strides[axes[0]] }}u;
     let sx0 = x0 * {{ in_strides[axes[1]] }}u;
     let sx1 = x1 * {{ in_strides[axes[1]] }}u;
-    let vy0 = src[r0 + sx0] * (1.0 - tx) + src[r0 + sx1] * tx;
-    let vy1 = src[r1 + sx0] * (1.0 - tx) + src[r1 + sx1] * tx;
-    dst[i] = vy0 * (1.0 - ty) + vy1 * ty;
+    // f32 interpolation (f32() of an f16 sample widens it; of an f32 it is the sample)
+    let vy0 = f32(src[r0 + sx0]) * (1.0 - tx) + f32(src[r0 + sx1]) * tx;
+    let vy1 = f32(src[r1 + sx0]) * (1.0 - tx) + f32(src[r1 + sx1]) * tx;
+    dst[i] = {{ ST }}(vy0 * (1.0 - ty) + vy1 * ty);
 {$ endif $}
 }

@@ -3,6 +3,8 @@
 // input projection ([steps * batch, G * H], this step's rows from gx_off on) and `rec` the
 // recurrent gemm h x R^T + rb ([batch, G * H]), so no split or slice launches. Gate k sits at
 // column pos_k * H + j in both (pos: its place in the operator's layout).
+// Bindings are f32 or f16: the gate math is f32 (f32() widens each load) and stores go through
+// ST (f16_of for f16).
 {{ bindings }}
 {$ include "common.wgsl" $}
 
@@ -17,25 +19,25 @@ fn act2(x: f32) -> f32 { return {{ act2 }}; }
     let j = i - b * {{ H }}u;
     let row = b * {{ G * H }}u + j;
 {$ if mode == "lstm" $}
-    let cv = c[i];
-    var gi = gx[{{ gx_off }}u + row + {{ pos.i * H }}u] + rec[row + {{ pos.i * H }}u];
-    var gf = gx[{{ gx_off }}u + row + {{ pos.f * H }}u] + rec[row + {{ pos.f * H }}u];
-    let gg = gx[{{ gx_off }}u + row + {{ pos.g * H }}u] + rec[row + {{ pos.g * H }}u];
-    var go = gx[{{ gx_off }}u + row + {{ pos.o * H }}u] + rec[row + {{ pos.o * H }}u];
+    let cv = f32(c[i]);
+    var gi = f32(gx[{{ gx_off }}u + row + {{ pos.i * H }}u]) + f32(rec[row + {{ pos.i * H }}u]);
+    var gf = f32(gx[{{ gx_off }}u + row + {{ pos.f * H }}u]) + f32(rec[row + {{ pos.f * H }}u]);
+    let gg = f32(gx[{{ gx_off }}u + row + {{ pos.g * H }}u]) + f32(rec[row + {{ pos.g * H }}u]);
+    var go = f32(gx[{{ gx_off }}u + row + {{ pos.o * H }}u]) + f32(rec[row + {{ pos.o * H }}u]);
 {$ if peep $}
     // peephole order i, o, f (the spec's emulation), all on the incoming cell state
-    gi = gi + cv * peep[j];
-    go = go + cv * peep[{{ H }}u + j];
-    gf = gf + cv * peep[{{ 2 * H }}u + j];
+    gi = gi + cv * f32(peep[j]);
+    go = go + cv * f32(peep[{{ H }}u + j]);
+    gf = gf + cv * f32(peep[{{ 2 * H }}u + j]);
 {$ endif $}
     let c2 = act0(gf) * cv + act0(gi) * act1(gg);
-    c_out[i] = c2;
-    h_out[i] = act0(go) * act2(c2);
+    c_out[i] = {{ ST }}(c2);
+    h_out[i] = {{ ST }}(act0(go) * act2(c2));
 {$ else $}
-    let hv = h[i];
-    let z = act0(gx[{{ gx_off }}u + row + {{ pos.z * H }}u] + rec[row + {{ pos.z * H }}u]);
-    let r = act0(gx[{{ gx_off }}u + row + {{ pos.r * H }}u] + rec[row + {{ pos.r * H }}u]);
-    let n = act1(gx[{{ gx_off }}u + row + {{ pos.n * H }}u] + r * rec[row + {{ pos.n * H }}u]);
-    h_out[i] = z * hv + n * (1.0 - z);
+    let hv = f32(h[i]);
+    let z = act0(f32(gx[{{ gx_off }}u + row + {{ pos.z * H }}u]) + f32(rec[row + {{ pos.z * H }}u]));
+    let r = act0(f32(gx[{{ gx_off }}u + row + {{ pos.r * H }}u]) + f32(rec[row + {{ pos.r * H }}u]));
+    let n = act1(f32(gx[{{ gx_off }}u + row + {{ pos.n * H }}u]) + r * f32(rec[row + {{ pos.n * H }}u]));
+    h_out[i] = {{ ST }}(z * hv + n * (1.0 - z));
 {$ endif $}
 }

@@ -1,6 +1,7 @@
 // Scans along one axis: arg_min / arg_max and cumulative_sum. One thread per line (all elements
 // that share the coordinates outside the axis); the line is walked serially, `len` elements
 // `inner` apart. The output of arg_* has one element per line, in line order.
+// cumsum of f16 values accumulates in f32: loads through LD (f32), stores through ST (f16_of).
 {{ bindings }}
 {$ include "common.wgsl" $}
 
@@ -11,10 +12,11 @@
     var best_k = 0u;
     for (var k = 1u; k < {{ len }}u; k++) {
         let v = x[base + k * {{ inner }}u];
-  {$ if wtype == "f32" $}
+  {$ if wtype in ("f32", "f16") $}
         // numpy semantics: the first NaN wins, otherwise strict compare keeps the first of ties
-        let v_nan = (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-        let b_nan = (bitcast<u32>(best) & 0x7fffffffu) > 0x7f800000u;
+        // (f32() of an f16 keeps NaN; of an f32 it is the value itself)
+        let v_nan = is_nan_f32(f32(v));
+        let b_nan = is_nan_f32(f32(best));
         if (!b_nan && (v_nan || {{ better }})) { best = v; best_k = k; }
   {$ else $}
         if ({{ better }}) { best = v; best_k = k; }
@@ -29,13 +31,13 @@
   {$ else $}
         let at = base + j * {{ inner }}u;
   {$ endif $}
-        let v = x[at];
+        let v = {{ LD }}(x[at]);
   {$ if exclusive $}
-        out[at] = acc;
+        out[at] = {{ ST }}(acc);
         acc = {{ add }};
   {$ else $}
         acc = {{ add }};
-        out[at] = acc;
+        out[at] = {{ ST }}(acc);
   {$ endif $}
     }
 {$ endif $}

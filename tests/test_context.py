@@ -53,9 +53,14 @@ def test_mltensor_context_not_constructible():
 
 
 def test_optional_features_requested(ctx):
+    from mltensor.front.context import _f16_disabled
+
     adapter_features = ctx.device.adapter.features
     for f in ("shader-f16", "subgroup", "timestamp-query"):
-        assert (f in ctx.device.features) == (f in adapter_features)
+        # MLTENSOR_DISABLE_F16=1 (internal switch) leaves shader-f16 unrequested
+        want = f in adapter_features and not (f == "shader-f16" and _f16_disabled())
+        assert (f in ctx.device.features) == want
+    assert ctx._f16 == ("shader-f16" in ctx.device.features)
 
 
 def test_op_support_limits_shape(ctx):

@@ -141,6 +141,29 @@ def summary(passed, in_scope, total, failures, out=sys.stdout):
         print(f"  {len(ns):4d}  {m}\n        {' '.join(ns[:8])}{' ...' if len(ns) > 8 else ''}", file=out)
 
 
+# Every node case with a float16 input or output (in these modules) runs by default too: float16
+# computes in f16 where the context has "shader-f16" (tests/test_f16.py).
+FLOAT16_MODULES = ["attention", "cast", "castlike", "celu", "dequantizelinear", "isinf", "isnan", "max",
+                   "min", "mod", "rangeop", "swiglu"]
+
+
+def float16_cases():
+    """In-scope node cases of FLOAT16_MODULES whose graph has a float16 input or output."""
+    import onnx
+    import onnx.backend.test.case.node as node_pkg
+
+    for m in FLOAT16_MODULES:
+        importlib.import_module(f"onnx.backend.test.case.node.{m}")
+    f16 = onnx.TensorProto.FLOAT16
+
+    def uses_f16(tc):
+        g = tc.model.graph if tc.model is not None else None
+        return g is not None and any(v.type.tensor_type.elem_type == f16 for v in list(g.input) + list(g.output))
+
+    out = {c.name: c for c in node_pkg._NodeTestCases if exclusion_reason(c.name) is None and uses_f16(c)}
+    return [out[n] for n in sorted(out)]
+
+
 # -- pytest ------------------------------------------------------------------------------------
 
 _DEFAULT = None
@@ -163,6 +186,52 @@ def _default_names():
 @pytest.mark.parametrize("name", _default_names())
 def test_node_case(name):
     status, msg = run_item(_default_items()[name])
+    if status == "skipped":
+        pytest.skip(msg)
+    assert status == "passed", msg
+
+
+_FLOAT16 = None
+
+
+def _float16_items():
+    global _FLOAT16
+    if _FLOAT16 is None:
+        _FLOAT16 = cpu_items(CasesBackendTest(MLTensorBackend, __name__, float16_cases()))
+    return _FLOAT16
+
+
+def _float16_names():
+    try:
+        return list(_float16_items())
+    except Exception as e:  # pragma: no cover - keep collection alive
+        return [f"collection_error: {e}"]
+
+
+# Known float16 failures (strict xfail: a fix makes them fail until removed here).
+FLOAT16_KNOWN = {
+    # f16 mode only: intermediate results are float16 (as in WebNN implementations); 2 of 192
+    # outputs are 2 float16 ulps (4.9e-4) off, past the kit's rtol 1e-3 (tests/test_f16.py bounds
+    # accumulating families at 1e-2); the f32 mode passes
+    "test_attention_4d_causal_fp16_cpu": "f16",
+    "test_attention_4d_causal_fp16_expanded_cpu": "f16",
+    # both modes, and on main before float16 compute: importer bugs unrelated to float16
+    # (Mod fmod=1 gives NaN for x % inf and 0 for -0; the expanded Range computes a wrong shape)
+    "test_mod_float_edge_cases_fmod_0_float16_cpu": "any",
+    "test_range_float16_type_positive_delta_expanded_cpu": "any",
+}
+
+
+@pytest.mark.parametrize("name", _float16_names())
+def test_node_case_float16(name):
+    from mltensor.session import default_context
+
+    known = FLOAT16_KNOWN.get(name)
+    known = known == "any" or (known == "f16" and default_context()._f16)
+    status, msg = run_item(_float16_items()[name])
+    if known:
+        assert status != "passed", f"{name} passes now: remove it from FLOAT16_KNOWN"
+        pytest.xfail(f"known float16 failure (FLOAT16_KNOWN): {msg}")
     if status == "skipped":
         pytest.skip(msg)
     assert status == "passed", msg

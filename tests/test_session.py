@@ -329,8 +329,8 @@ def test_tflite_routing(ctx, monkeypatch):
 
     calls = []
 
-    def fake(source, context, free_dimensions=None):
-        calls.append((source, context, free_dimensions))
+    def fake(source, context, free_dimensions=None, float16=False):
+        calls.append((source, context, free_dimensions, float16))
         raise RuntimeError("routed")
 
     monkeypatch.setattr(tfl, "import_model", fake, raising=False)
@@ -339,8 +339,11 @@ def test_tflite_routing(ctx, monkeypatch):
         InferenceSession(blob, ctx, free_dimensions={"b": 1})
     with pytest.raises(RuntimeError, match="routed"):
         InferenceSession("model.tflite", ctx)
-    assert calls[0][0] == blob and calls[0][1] is ctx and calls[0][2] == {"b": 1}
+    with pytest.raises(RuntimeError, match="routed"):
+        InferenceSession("model.tflite", ctx, float16=True)
+    assert calls[0][0] == blob and calls[0][1] is ctx and calls[0][2] == {"b": 1} and calls[0][3] is False
     assert calls[1][0] == "model.tflite"
+    assert calls[2][3] is True
 
 
 def test_int64_io(ctx):

@@ -40,20 +40,22 @@ class Launch:
     prologue: bool
 
 
-def compute_nbytes(v):
-    """Bytes of a value in compute form (4 per element; 8 for int64/uint64)."""
-    return dtypes.compute_itemsize(v.data_type) * math.prod(v.shape)
+def compute_nbytes(v, f16=False):
+    """Bytes of a value in compute form (4 per element; 8 for int64/uint64; 2 for float16 in f16)."""
+    return dtypes.compute_itemsize(v.data_type, f16) * math.prod(v.shape)
 
 
 class KernelContext:
     """What an operator's lowering sees: value types, launches, aliases, scratch, epilogues.
 
     int64: int64/uint64 compute natively in i64/u64 (the device has "shader-int64" and the context
-    uses it); None means "whenever the device has the feature"."""
+    uses it); None means "whenever the device has the feature". f16: float16 computes in f16
+    (the device has "shader-f16"), likewise."""
 
-    def __init__(self, device, int64=None):
+    def __init__(self, device, int64=None, f16=None):
         self.device = device
         self.int64 = ("shader-int64" in device.features) if int64 is None else bool(int64)
+        self.f16 = ("shader-f16" in device.features) if f16 is None else bool(f16)
         self.launches = []
         self.alias_of = {}  # id(value) -> value it aliases (reshape and friends)
         self.out_slot = {}  # id(value) -> Ext it is written to directly
@@ -70,18 +72,24 @@ class KernelContext:
     # -- used by lowerings ---------------------------------------------------------------------
 
     def wtype(self, v):
-        """WGSL compute type of a value: f32, i32, u32, or i64/u64 (native 64-bit integers)."""
-        return dtypes.compute_type(v.data_type, self.int64)
+        """WGSL compute type of a value: f32, f16, i32, u32, i64/u64 or i64e/u64e (dtypes.py)."""
+        return dtypes.compute_type(v.data_type, self.int64, self.f16)
+
+    def is_native(self, data_type):
+        """`data_type` is stored in its compute form (bound in place, no edge conversion)."""
+        return dtypes.is_native(data_type, self.f16)
 
     def nbytes(self, v):
         """Bytes of a value in compute form."""
-        return compute_nbytes(v)
+        return compute_nbytes(v, self.f16)
 
     def move_type(self, v):
         """WGSL element type for kernels that move a value's elements without looking at them:
-        u32, or for 64-bit integers u64 (native) or u64e (two words)."""
+        u32, for 64-bit integers u64 (native) or u64e (two words), for float16 in f16 f16 (its
+        loads and stores keep every bit, NaN payloads and subnormals included:
+        tests/test_f16.py checks it on the device)."""
         t = self.wtype(v)
-        return {"i64": "u64", "u64": "u64", "i64e": "u64e", "u64e": "u64e"}.get(t, "u32")
+        return {"i64": "u64", "u64": "u64", "i64e": "u64e", "u64e": "u64e", "f16": "f16"}.get(t, "u32")
 
     def launch(self, kernel, args, groups):
         assert len(args) == len(kernel.bindings), kernel.name
@@ -229,7 +237,10 @@ class KernelContext:
         return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]))
 
     def copy(self, src, dst):
-        n = self.nbytes(src) // 4  # 32-bit words, whatever the element type
+        # 32-bit words, whatever the element type; an odd number of f16 elements rounds up into
+        # the buffer's padding, never into a neighbour (values placed inside another value's
+        # storage are whole multiples of 16 bytes: see place())
+        n = dtypes.padded(self.nbytes(src)) // 4
         k = Kernel(
             f"copy_n{n}",
             "edge.wgsl",
@@ -248,7 +259,7 @@ class KernelContext:
             f"unpack_{dt}_n{n}",
             "edge.wgsl",
             {"mode": "unpack", "dtype": dt, "n": n},
-            (Binding("src", "u32"), Binding("dst", dtypes.compute_type(dt, self.int64), True)),
+            (Binding("src", "u32"), Binding("dst", self.wtype(ext), True)),
         )
         self.launch(k, [ext, value], grid(-(-n // WORKGROUP)))
 
@@ -261,7 +272,7 @@ class KernelContext:
             f"pack_{dt}_n{n}",
             "edge.wgsl",
             {"mode": "pack", "dtype": dt, "n": n, "words": words},
-            (Binding("src", dtypes.compute_type(dt, self.int64)), Binding("dst", "u32", True)),
+            (Binding("src", self.wtype(ext)), Binding("dst", "u32", True)),
         )
         self.launch(k, [value, ext], grid(-(-words // WORKGROUP)))
 
@@ -285,10 +296,11 @@ def lower_steps(kc, steps):
     kc._prologue = False
 
 
-def plan_memory(arg_lists, is_temp):
+def plan_memory(arg_lists, is_temp, nbytes=compute_nbytes):
     """Assign pooled buffers to intermediate values by liveness. `arg_lists` holds each launch's
-    arguments, aliases already resolved to their roots. Returns (assign, sizes): assign maps
-    id(value) -> pool index, sizes the byte size of each pool buffer."""
+    arguments, aliases already resolved to their roots; nbytes(value) is a value's size in compute
+    form (KernelContext.nbytes). Returns (assign, sizes): assign maps id(value) -> pool index,
+    sizes the byte size of each pool buffer."""
     first, last, size, order = {}, {}, {}, []
     for i, args in enumerate(arg_lists):
         for r in args:
@@ -298,7 +310,7 @@ def plan_memory(arg_lists, is_temp):
             if k not in first:
                 first[k] = i
                 order.append(k)
-                size[k] = r.nbytes if isinstance(r, Scratch) else compute_nbytes(r)
+                size[k] = r.nbytes if isinstance(r, Scratch) else nbytes(r)
             last[k] = i
     starts = {}
     for k in order:

@@ -24,7 +24,7 @@ from ..errors import InvalidStateError
 from ..front.tensor import MLTensor
 from ..runtime.timeline import Task
 from ..runtime.wgsl import pipeline
-from .lower import Ext, KernelContext, Scratch, compute_nbytes, lower_steps, plan_memory
+from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
 from .passes import binding_cap, live_nodes, plan_steps
 
 _BG_CACHE_MAX = 64
@@ -46,14 +46,14 @@ def compile_graph(builder, outputs, placement=None):
     steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
                        max_inputs=binding_cap(device) - 1)
 
-    kc = KernelContext(device, int64=ctx._int64)
+    kc = KernelContext(device, int64=ctx._int64, f16=ctx._f16)
     kc.placement = placement
     loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
 
     # Edges in: native inputs are read in place, others are unpacked into an intermediate.
     for name, x in inputs.items():
         ext = Ext("in", name, x.data_type, x.shape)
-        if dtypes.is_native(x.data_type):
+        if kc.is_native(x.data_type):
             loc[id(x)] = ext
         elif id(x) in used_inputs:
             kc.unpack(ext, x)
@@ -62,7 +62,7 @@ def compile_graph(builder, outputs, placement=None):
     pending_out = []
     for name, v in outputs.items():
         ext = Ext("out", name, v.data_type, v.shape)
-        if dtypes.is_native(v.data_type) and id(v) not in kc.out_slot:
+        if kc.is_native(v.data_type) and id(v) not in kc.out_slot:
             kc.out_slot[id(v)] = ext
             loc[id(v)] = ext
         else:
@@ -82,7 +82,7 @@ def compile_graph(builder, outputs, placement=None):
     for x in const_ops.values():
         if isinstance(x._value, MLTensor):
             keep.append(x._value)
-            if dtypes.is_native(x.data_type):
+            if kc.is_native(x.data_type):
                 loc[id(x)] = ("buf", x._value._buffer)
             else:
                 kc._prologue = True
@@ -90,21 +90,24 @@ def compile_graph(builder, outputs, placement=None):
                 kc.launches[-1].args[0] = ("buf", x._value._buffer)
                 kc._prologue = False
         else:
-            data = dtypes.to_compute_numpy(x.data_type, x._value)
+            data = dtypes.to_compute_numpy(x.data_type, x._value, kc.f16)
             buf = device.create_buffer(
                 label="mltensor-constant",
                 size=dtypes.padded(data.nbytes),
                 usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
             )
             if data.nbytes:
-                ctx._timeline.write(buf, np.ascontiguousarray(data).reshape(-1).view(np.uint8), data.nbytes)
+                raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+                if data.nbytes % 4:  # an odd number of f16 elements: writes are whole words
+                    raw = np.concatenate([raw, np.zeros(4 - data.nbytes % 4, np.uint8)])
+                ctx._timeline.write(buf, raw, data.nbytes)
             persist.append(buf)
             loc[id(x)] = ("buf", buf)
 
     kc.fixed = set(loc)
     lower_steps(kc, steps)
     for v, ext in pending_out:
-        if dtypes.is_native(v.data_type):
+        if kc.is_native(v.data_type):
             kc.copy(v, ext)
         else:
             kc.pack(v, ext)
@@ -127,21 +130,21 @@ def compile_graph(builder, outputs, placement=None):
         """(byte offset, size) of a placed value's binding, None for a whole buffer."""
         if isinstance(a, (Ext, tuple, Scratch)) or (id(kc.root(a)) not in kc.placed):
             return None
-        return kc.placed_root(a)[1], dtypes.padded(compute_nbytes(a))
+        return kc.placed_root(a)[1], dtypes.padded(kc.nbytes(a))
 
     def is_temp(r):
         return not isinstance(r, (Ext, tuple)) and id(r) not in loc and id(r) not in prologue_values
 
     launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
     views = [[view(a) for a in l.args] for l in kc.launches]
-    assign, sizes = plan_memory([args for _, args in launches], is_temp)
+    assign, sizes = plan_memory([args for _, args in launches], is_temp, kc.nbytes)
     pool = [
         device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
         for i, s in enumerate(sizes)
     ]
     for k, v in prologue_values.items():
         buf = device.create_buffer(
-            label="mltensor-folded", size=dtypes.padded(compute_nbytes(v)), usage=wgpu.BufferUsage.STORAGE
+            label="mltensor-folded", size=dtypes.padded(kc.nbytes(v)), usage=wgpu.BufferUsage.STORAGE
         )
         persist.append(buf)
         loc[k] = ("buf", buf)

@@ -65,6 +65,13 @@ def _int64_disabled():
     return os.environ.get("MLTENSOR_DISABLE_INT64", "") not in ("", "0")
 
 
+def _f16_disabled():
+    """Internal switch, read when a context is created: MLTENSOR_DISABLE_F16=1 makes the context
+    ignore "shader-f16" (not requested, not used on a given device), so float16 is stored packed
+    and computed in f32 as on an adapter without the feature. For testing that path; not public."""
+    return os.environ.get("MLTENSOR_DISABLE_F16", "") not in ("", "0")
+
+
 def _device_destroyed(device):
     # wgpu-py 0.32 has no device.lost; destroy() stops the device's poll thread.
     return getattr(device, "_poller", True) is None
@@ -146,7 +153,8 @@ class MLContext:
         if own:
             adapter = _adapter(power_preference)
             features = [f for f in _WANTED_FEATURES if f in adapter.features
-                        and not (f == "shader-int64" and _int64_disabled())]
+                        and not (f == "shader-int64" and _int64_disabled())
+                        and not (f == "shader-f16" and _f16_disabled())]
             # On a CPU adapter all buffers live in host memory: readable tensors can be mapped
             # directly, saving a full GPU copy per synchronous read (see read_tensor_sync).
             if adapter.info.get("adapter_type") == "CPU" and "mappable-primary-buffers" in adapter.features:
@@ -162,6 +170,8 @@ class MLContext:
         self._own_device = own
         # int64/uint64 compute natively in 64 bits (else emulated with two 32-bit words, see dtypes.py)
         self._int64 = "shader-int64" in device.features and not _int64_disabled()
+        # float16 computes natively in f16 (else in f32, unpacked at the graph's edges; see dtypes.py)
+        self._f16 = "shader-f16" in device.features and not _f16_disabled()
         self._adapter_info = adapter.info
         self._counters = dict.fromkeys(
             ("bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",

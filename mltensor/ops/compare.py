@@ -8,7 +8,7 @@ IEEE: every ordered comparison with NaN is false, `not_equal` is true.
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import compare
+from ..runtime.wgsl import compare, from_f32, to_f32
 from . import check_support, register
 from .elementwise import binary_op
 
@@ -57,9 +57,15 @@ for _name, _fn in LOGICAL.items():
 
 
 def _unary(name, types, out_type, fn, what="input"):
-    """out_type None: same as the input."""
-    register(name, {what: types, "output": (out_type,) if out_type else types},
-             expr=lambda kc, n, x: fn(x))
+    """out_type None: same as the input. fn sees float inputs as f32 (an f16 input is widened
+    exactly, NaN and inf included) and a same-type float result is rounded back (from_f32)."""
+
+    def expr(kc, n, x):
+        t = kc.wtype(n.inputs[0])
+        r = fn(to_f32(x, t))
+        return from_f32(r, t) if out_type is None else r
+
+    register(name, {what: types, "output": (out_type,) if out_type else types}, expr=expr)
 
     def op(b, x, *, label=None):
         b._operand(x, name, what)

@@ -15,7 +15,7 @@ from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
 from . import check_support, int_list, lowering, register, same_type
-from .matmul import gemm_launch, vec_loads
+from .matmul import f16_store, gemm_launch, vec_loads
 
 FLOAT = dtypes.FLOATS
 INPUT_LAYOUTS = ("nchw", "nhwc")
@@ -187,43 +187,46 @@ def _prologue(kc, node, bindings, args):
         return None, ""
     bn = step.prologue.node
     x = step.prologue_input
+    # f16: parameters are f16 (read widened), the affine part is f32 and rounded to f16 (the
+    # normalization's own output type), where the activations then apply as they would unfused
+    t = kc.wtype(x)
     if bn.op == "conv2d":
         return x, _depthwise_prologue(kc, bn, step.prologue_acts, bindings, args)
     if step.prologue_scale is not None:
         q = step.prologue_scale
-        bindings.append(Binding("p_q", "f32"))
+        bindings.append(Binding("p_q", t))
         args.append(q)
         qs = (1,) * (4 - len(q.shape)) + tuple(q.shape)
         lay = node.attrs["input_layout"]
         C = qs[1] if lay == "nchw" else qs[3]
         n = f"(i / {math.prod(x.shape[1:])}u) * {C}u + " if qs[0] != 1 else ""
-        y = f"v * p_q[{n}{'c' if C != 1 else '0u'}]"
+        y = f"{f16_store(t)}(v * f32(p_q[{n}{'c' if C != 1 else '0u'}]))"
         if step.prologue_add is not None:
-            bindings.append(Binding("p_r", "f32"))
+            bindings.append(Binding("p_r", t))
             args.append(step.prologue_add)
-            y += " + p_r[i]"
-        return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n    return {y};\n}}"
+            y = f"{f16_store(t)}(f32({y}) + f32(p_r[i]))" if t == "f16" else f"{y} + p_r[i]"
+        return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n    return f32({y});\n}}"
     _, mean, var, scale, bias = bn.inputs
     if step.prologue_const is not None:
-        bindings.append(Binding("p_ab", "f32"))
+        bindings.append(Binding("p_ab", t))
         args.append(step.prologue_const)
-        y = f"fma(v, p_ab[c], p_ab[{step.prologue_const.shape[1]}u + c])"
+        y = f"fma(v, f32(p_ab[c]), f32(p_ab[{step.prologue_const.shape[1]}u + c]))"
     else:
         for name, v in (("p_mean", mean), ("p_var", var), ("p_scale", scale), ("p_bias", bias)):
             if v is not None:
-                bindings.append(Binding(name, "f32"))
+                bindings.append(Binding(name, t))
                 args.append(v)
-        y = "(v - p_mean[c]) / sqrt(p_var[c] + " + lit(bn.attrs["epsilon"], "f32") + ")"
+        y = "(v - f32(p_mean[c])) / sqrt(f32(p_var[c]) + " + lit(bn.attrs["epsilon"], "f32") + ")"
         if scale is not None:
-            y = f"{y} * p_scale[c]"
+            y = f"{y} * f32(p_scale[c])"
         if bias is not None:
-            y = f"{y} + p_bias[c]"
-    lines, cur = [f"    let a: f32 = {y};"], "a"
+            y = f"{y} + f32(p_bias[c])"
+    lines, cur = [f"    let a: {t} = {f16_store(t)}({y});"], "a"
     for j, n in enumerate(step.prologue_acts):
-        lines.append(f"    let a{j}: f32 = {OPS_EXPR(n)(kc, n, cur)};")
+        lines.append(f"    let a{j}: {t} = {OPS_EXPR(n)(kc, n, cur)};")
         cur = f"a{j}"
     body = "\n".join(lines)
-    return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return {cur};\n}}"
+    return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
 
 
 def _depthwise_prologue(kc, dw, acts, bindings, args):
@@ -239,10 +242,11 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
     f_s = _filter_strides(a["filter_layout"], w.shape)
     dims = dict(zip(a["filter_layout"], w.shape))
     ih, iw = x.shape[2:] if lay == "nchw" else x.shape[1:3]
-    bindings.append(Binding("dw_w", "f32"))
+    t = kc.wtype(x)  # f16: loads widened, the f32 sum rounded to f16 (the depthwise output type)
+    bindings.append(Binding("dw_w", t))
     args.append(w)
     if bias is not None:
-        bindings.append(Binding("dw_b", "f32"))
+        bindings.append(Binding("dw_b", t))
         args.append(bias)
     (pt, _, pl, _), (sh, sw), (dh, dwd) = a["padding"], a["strides"], a["dilations"]
     ow = dw.outputs[0].shape[3 if lay == "nchw" else 2]
@@ -259,16 +263,17 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
         lines.append(f"    if (ih0 + {kh * dh} >= 0 && ih0 + {kh * dh} < {ih}) {{")
         lines.append(f"        let row = xb + u32(ih0 + {kh * dh}) * {in_s[2]}u;")
         for kw in range(dims["w"]):
-            lines.append(f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw}) {{ acc = fma(x[row + u32(iw0 + {kw * dwd}) * {in_s[3]}u], "
-                         f"dw_w[wb + {kh * f_s[2] + kw * f_s[3]}u], acc); }}")
+            lines.append(f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw}) {{ acc = fma(f32(x[row + u32(iw0 + {kw * dwd}) * {in_s[3]}u]), "
+                         f"f32(dw_w[wb + {kh * f_s[2] + kw * f_s[3]}u]), acc); }}")
         lines.append("    }")
     if bias is not None:
-        lines.append("    acc = acc + dw_b[c];")
-    cur = "acc"
+        lines.append("    acc = acc + f32(dw_b[c]);")
+    lines.append(f"    let a: {t} = {f16_store(t)}(acc);")
+    cur = "a"
     for j, n in enumerate(acts):
-        lines.append(f"    let a{j}: f32 = {OPS_EXPR(n)(kc, n, cur)};")
+        lines.append(f"    let a{j}: {t} = {OPS_EXPR(n)(kc, n, cur)};")
         cur = f"a{j}"
-    lines.append(f"    return {cur};")
+    lines.append(f"    return f32({cur});")
     lines.append("}")
     return "\n".join(lines)
 
@@ -302,19 +307,21 @@ def _lower(kc, node, transposed):
         # GEMM staging (conv2d.wgsl): set below for the implicit GEMM
         "a_mode": "default", "x_vec": False, "w_kcontig": False, "a_kmajor": False, "b_kmajor": False,
     }
-    bindings = [Binding("x", "f32"), Binding("w", "f32")]
+    t = kc.wtype(x)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
+    params["ST"] = f16_store(t)
+    bindings = [Binding("x", t), Binding("w", t)]
     args = [x, w]
     src, params["pro"] = _prologue(kc, node, bindings, args)
     if src is not None:
         args[0] = src  # the conv reads the normalization's input and normalizes as it loads
     if bias is not None:
-        bindings.append(Binding("bias", "f32"))
+        bindings.append(Binding("bias", t))
         args.append(bias)
-    bindings.append(Binding("out", "f32", True))
+    bindings.append(Binding("out", t, True))
     args.append(out)
     params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
-    name = f"{op}_{lay}_f32_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
+    name = f"{op}_{lay}_{t}_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
     dwp = src is not None and kc.step.prologue.node.op == "conv2d"
     params["dwp"] = dwp
     if src is not None:
@@ -356,7 +363,7 @@ def _lower(kc, node, transposed):
         # parity to 5% slower (LLVM already strength-reduces the constant divisions).
         params.update(a_mode="nhwc4" if nhwc4 else "hoist" if vec else "default", x_vec=nhwc4)
         if nhwc4:
-            bindings[0] = Binding("x", "vec4<f32>")
+            bindings[0] = Binding("x", f"vec4<{t}>")
     # B (filter): where its k order is its memory order (OIHW, OHWI filters), threads along k
     # read consecutive words of one output channel's filter.
     order = (1, 3, 2) if ic_inner else (3, 2, 1)  # f_s indices of k's digits, fastest first
@@ -368,7 +375,7 @@ def _lower(kc, node, transposed):
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
         pro = "" if src is None else "_dw" if dwp else "_scaled" if kc.step.prologue_scale is not None else "_bn"
-        name = f"{op}{pro}_{lay}_f32_1x1"
+        name = f"{op}{pro}_{lay}_{t}_1x1"
     if groups > 1:
         name += f"_g{groups}"
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,

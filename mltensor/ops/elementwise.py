@@ -5,6 +5,11 @@ kernel (shaders/elementwise.wgsl), and unary activations and binary nodes (resid
 into conv2d/matmul/gemm epilogues (epilogue_fn).
 Inputs broadcast numpy-style; the kernel computes each input's index from the output index with
 strides baked in (0 along broadcast dimensions).
+
+float16 in f16 (dtypes.py): arithmetic, comparisons, abs/neg/sign, relu, clamp, prelu and casts are
+plain f16; every float-only unary and activation is evaluated in f32 on the widened input and
+rounded once (`_in_f32`): shaders/common.wgsl's GPU-safe helpers (tanh_f32, erf_f32, sin_f32, ...)
+are f32-only, and numpy's float16 math is exactly that (float32, then rounded).
 """
 
 import math
@@ -29,7 +34,7 @@ def _t(kc, node, i=0):
 
 def _div(kc, node, a, b):
     t = _t(kc, node)
-    if t == "f32":
+    if t in dtypes.FLOAT_COMPUTE:
         return f"({a} / {b})"
     if t in EMULATED:
         return f"{t}_div({a}, {b})"  # truncating, 0 for division by zero
@@ -44,6 +49,8 @@ def _arith(op):
 
 def _pow(kc, node, a, b):
     t = _t(kc, node)
+    if t == "f16":
+        return f"f16_of(pow_f32(f32({a}), f32({b})))"
     return f"{t}_pow({a}, {b})" if t in EMULATED else f"pow_{t}({a}, {b})"
 
 
@@ -97,7 +104,8 @@ def _f(expr):
 
 def _keep_nan(kc, n, x, expr):
     """`expr`, but NaN for a NaN float input: GPU min/max/sign return a number for NaN."""
-    return f"select({expr}, {x}, is_nan_f32({x}))" if _t(kc, n) == "f32" else expr
+    t = _t(kc, n)
+    return f"select({expr}, {x}, is_nan_{t}({x}))" if t in dtypes.FLOAT_COMPUTE else expr
 
 
 def _un(op):
@@ -122,7 +130,21 @@ UNARY = {
 }
 
 
+def _in_f32(fn):
+    """A float-only operator's expression (written for f32) for f16 too: evaluated on the input
+    widened to f32 and rounded once to f16 (f16_of: +-inf past 65504, as numpy's float16)."""
+
+    def expr(kc, n, x):
+        if _t(kc, n) != "f16":
+            return fn(kc, n, x)
+        return f"f16_of({fn(kc, n, f'f32({x})')})"
+
+    return expr
+
+
 def _unary(name, types, fn, attrs_of=None, activation=False):
+    if tuple(types) == FLOAT:
+        fn = _in_f32(fn)
     register(name, {"input": types, "output": types}, expr=fn, activation=activation)
 
     def op(b, x, *, label=None, **options):
@@ -177,7 +199,7 @@ def _clamp_attrs(name, x, min_value=None, max_value=None):
 def _clamp(kc, n, x):
     t = _t(kc, n)
     lo, hi = n.attrs["min_value"], n.attrs["max_value"]
-    if t != "f32":
+    if t not in dtypes.FLOAT_COMPUTE:
         # integers: saturate the float bounds into the compute type's range
         bound = dtypes.INT_RANGE[t]
         lo = max(bound[0], min(bound[1], lo)) if lo != float("-inf") else bound[0]
@@ -266,7 +288,7 @@ def lower_group(kc, nodes, out):
     names = {id(x): f"x{k}" for k, x in enumerate(ext)}
     size = math.prod(out.shape)
     types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
-    vec = (size % 4 == 0 and types <= {"f32", "i32", "u32"}
+    vec = (size % 4 == 0 and types <= {"f32", "f16", "i32", "u32"}
            and all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext))
     loads, body = [], []
     lanes = ("x", "y", "z", "w") if vec else ("",)

@@ -161,9 +161,9 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
 
 
 def _nbytes(kc, a):
-    from ..compiler.lower import Scratch, compute_nbytes
+    from ..compiler.lower import Scratch
 
-    return a.nbytes if isinstance(a, Scratch) else compute_nbytes(kc.root(a))
+    return a.nbytes if isinstance(a, Scratch) else kc.nbytes(kc.root(a))
 
 
 def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
@@ -207,6 +207,12 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c):
     p.setdefault("check_b", N % 4 != 0)
     p.setdefault("check_out", N % 4 != 0)
     return [(Kernel(f"{name}_gemv{'_sg' if c['SG'] else ''}", template, p, bindings), list(args), grid(groups))]
+
+
+def f16_store(t):
+    """The GEMM templates' store conversion (ST) for compute type t: f16 outputs are rounded from
+    the f32 accumulator by f16_of (+-inf past 65504); nothing for f32."""
+    return "f16_of" if t == "f16" else ""
 
 
 # vec4 global loads in matmul: on for hardware adapters; off on CPU adapters, where the transposed
@@ -263,11 +269,13 @@ def _lower_matmul(kc, node):
     # 16-byte loads where rows are whole vec4s (row-major A with K % 4, B with N % 4)
     vec = vec_loads(kc)
     params.update(vec_a=vec and K % 4 == 0, vec_b=vec and N % 4 == 0)
-    bindings = [Binding("a", "vec4<f32>" if params["vec_a"] else "f32"),
-                Binding("b", "vec4<f32>" if params["vec_b"] else "f32"), Binding("out", "f32", True)]
+    t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
+    params["ST"] = f16_store(t)
+    bindings = [Binding("a", f"vec4<{t}>" if params["vec_a"] else t),
+                Binding("b", f"vec4<{t}>" if params["vec_b"] else t), Binding("out", t, True)]
     args = [a, b, out]
     params["act"] = kc.epilogue(bindings, args)
-    name = f"matmul_f32_{'b%d_' % batch if batch > 1 else ''}{M}x{K}x{N}"
+    name = f"matmul_{t}_{'b%d_' % batch if batch > 1 else ''}{M}x{K}x{N}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
 
 
@@ -323,18 +331,20 @@ def _lower_gemm(kc, node):
         "b_sk": 1 if bt else N, "b_sn": K if bt else 1,
         "alpha": node.attrs["alpha"], "beta": node.attrs["beta"], "has_c": c is not None,
     }
-    bindings = [Binding("a", "f32"), Binding("b", "f32")]
+    t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
+    params["ST"] = f16_store(t)
+    bindings = [Binding("a", t), Binding("b", t)]
     args = [a, b]
     if c is not None:
         cs = (1,) * (2 - len(c.shape)) + tuple(c.shape)
         params["c_sm"] = cs[1] if cs[0] != 1 else 0
         params["c_sn"] = 1 if cs[1] != 1 else 0
-        bindings.append(Binding("c", "f32"))
+        bindings.append(Binding("c", t))
         args.append(c)
-    bindings.append(Binding("out", "f32", True))
+    bindings.append(Binding("out", t, True))
     args.append(out)
     params["act"] = kc.epilogue(bindings, args)
-    name = f"gemm_f32_{M}x{K}x{N}{'_at' if at else ''}{'_bt' if bt else ''}{'_c' if c is not None else ''}"
+    name = f"gemm_{t}_{M}x{K}x{N}{'_at' if at else ''}{'_bt' if bt else ''}{'_c' if c is not None else ''}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, 1)
 
 

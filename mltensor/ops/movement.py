@@ -356,9 +356,10 @@ def _pad_value(data_type, value, t):
     compute type (the literal's type)."""
     import numpy as np
 
-    if t == "f32":
-        v = float(np.float16(value)) if data_type == "float16" else float(np.float32(value))
-        return lit(v, "f32")
+    if t in dtypes.FLOAT_COMPUTE:
+        with np.errstate(over="ignore"):
+            v = float(np.float16(value)) if data_type == "float16" else float(np.float32(value))
+        return lit(v, t)
     info = np.iinfo(dtypes.NUMPY[data_type])
     if hasattr(value, "__index__"):
         v = int(value)  # exact for 64-bit integers beyond 2**53

@@ -70,9 +70,10 @@ def _lower_batch(kc, node):
     args = [x, mean, var] + [p for p in (scale, bias) if p is not None] + [out]
     names = ["src", "p_mean", "p_var"] + (["p_scale"] if scale is not None else []) + (
         ["p_bias"] if bias is not None else [])
-    bindings = _bindings(names)
+    bindings = _bindings(kc, x, names)
+    params["ST"] = _st(kc, x)
     params["act"] = kc.epilogue(bindings, args)  # e.g. densenet's BatchNormalization -> Relu
-    k = Kernel(f"batchnorm_n{n}_c{C}_in{inner}{_sb(scale, bias)}", "normalization.wgsl", params, bindings)
+    k = Kernel(f"batchnorm_n{n}_c{C}_in{inner}{_sb(scale, bias)}{_tag(kc, x)}", "normalization.wgsl", params, bindings)
     kc.launch(k, args, grid(-(-n // WORKGROUP)))
 
 
@@ -147,8 +148,20 @@ def _sb(scale, bias):
     return ("_s" if scale is not None else "") + ("_b" if bias is not None else "")
 
 
-def _bindings(names):
-    return [Binding(n, "f32") for n in names] + [Binding("dst", "f32", True)]
+def _bindings(kc, x, names):
+    """Bindings of the value's compute type: f32, or f16 (loaded as f32, sums in f32, stored as
+    f16 through the template's ST)."""
+    t = kc.wtype(x)
+    return [Binding(n, t) for n in names] + [Binding("dst", t, True)]
+
+
+def _st(kc, x):
+    """The template's store conversion from f32 (see shaders/normalization.wgsl)."""
+    return "f16_of" if kc.wtype(x) == "f16" else ""
+
+
+def _tag(kc, x):
+    return "_f16" if kc.wtype(x) == "f16" else ""
 
 
 def _lower_norm(kc, node, kept, red):
@@ -162,11 +175,12 @@ def _lower_norm(kc, node, kept, red):
     params = _params(node, mode=mode, M=M, K=K, base=base, off=off, pbase=pbase, poff=poff,
                      scale=scale is not None, bias=bias is not None)
     args = [x] + [p for p in (scale, bias) if p is not None] + [out]
-    bindings = _bindings(["src"] + (["p_scale"] if scale is not None else []) + (
+    bindings = _bindings(kc, x, ["src"] + (["p_scale"] if scale is not None else []) + (
         ["p_bias"] if bias is not None else []))
+    params["ST"] = _st(kc, x)
     params["act"] = kc.epilogue(bindings, args)
     short = node.op.split("_")[0]
-    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}_{mode[5:]}"
+    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}_{mode[5:]}{_tag(kc, x)}"
     groups = grid(-(-M // WORKGROUP)) if mode == "norm_thread" else grid(M)
     kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups)
 

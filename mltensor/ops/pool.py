@@ -94,7 +94,8 @@ def _lower(kc, node, mode):
         n, c, ih, iw = x.shape
         _, _, oh, ow = out.shape
         in_s = (c * ih * iw, ih * iw, iw, 1)
-    t = kc.wtype(x)
+    st = kc.wtype(x)
+    t = "f32" if st == "f16" else st  # f16 windows accumulate in f32 (shaders/pool.wgsl LD/ST)
     if mode == "max":
         init = lit(-math.inf, "f32") if t == "f32" else lit(dtypes.INT_RANGE[t][0], t)
     else:
@@ -108,10 +109,11 @@ def _lower(kc, node, mode):
         "mode": mode, "path": path, "T": t, "init": init, "max_": binop("max", t, "{a}", "{b}"), "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
         "OH": oh, "OW": ow, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw, "PT": pt,
         "PL": pl, "in_s": in_s, "total": total,
+        "LD": "f32" if st == "f16" else "", "ST": "f16_of" if st == "f16" else "",
     }
-    name = f"{node.op}_{a['layout']}_{t}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
+    name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
     # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
-    bindings, args = [Binding("x", t), Binding("out", t, True)], [x, out]
+    bindings, args = [Binding("x", st), Binding("out", st, True)], [x, out]
     params["act"] = kc.epilogue(bindings, args)
     k = Kernel(name, "pool.wgsl", params, tuple(bindings))
     groups = total if path == "global" else -(-total // WORKGROUP)

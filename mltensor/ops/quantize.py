@@ -68,7 +68,8 @@ def _lower(kc, node, mode):
     x, scale, zp = node.inputs
     out = kc.out(node)
     n = math.prod(x.shape)
-    params = {"mode": mode, "n": n, "index": _index(x.shape, scale.shape), "itype": kc.wtype(x)}
+    params = {"mode": mode, "n": n, "index": _index(x.shape, scale.shape), "itype": kc.wtype(x),
+              "ST": "f16_of" if kc.wtype(out) == "f16" else ""}
     if mode == "quantize":
         lo, hi = RANGE[out.data_type]
         top = {"uint8": 255, "int8": 127, "int32": 2**31 - 1, "uint32": 2**32 - 1}[out.data_type]
@@ -76,7 +77,7 @@ def _lower(kc, node, mode):
     name = (f"{mode}_linear_{x.data_type}_{out.data_type}_{'x'.join(map(str, x.shape)) or 's'}"
             f"_b{'x'.join(map(str, scale.shape)) or 's'}")
     k = Kernel(name, "quantize.wgsl", params,
-               (Binding("x", kc.wtype(x)), Binding("scale", "f32"), Binding("zp", kc.wtype(zp)),
+               (Binding("x", kc.wtype(x)), Binding("scale", kc.wtype(scale)), Binding("zp", kc.wtype(zp)),
                 Binding("out", kc.wtype(out), True)))
     kc.launch(k, [x, scale, zp, out], grid(-(-n // WORKGROUP)))
 

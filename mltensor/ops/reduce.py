@@ -37,7 +37,7 @@ def _init(value):
 
 def _extreme(lowest):
     def init(t):
-        if t == "f32":
+        if t in dtypes.FLOAT_COMPUTE:
             return lit(float("-inf") if lowest else float("inf"), t)
         return lit(dtypes.INT_RANGE[t][0 if lowest else 1], t)
 
@@ -138,7 +138,8 @@ def _reduce_op(name, types):
 def _lower_reduce(kc, node):
     x = node.inputs[0]
     out = kc.out(node)
-    t = kc.wtype(x)
+    st = kc.wtype(x)  # storage of src/dst
+    t = "f32" if st == "f16" else st  # accumulation: f16 values load, sum and store through f32
     axes = node.attrs["axes"]
     kept, red = split_axes(x.shape, axes)
     M, K = math.prod(s for s, _ in kept), math.prod(s for s, _ in red)
@@ -151,33 +152,39 @@ def _lower_reduce(kc, node):
         "pre": "x" if lse else pre(t, "x"), "comb": binop(comb or "+", t, "a", "b"), "post": post or "a",
         "init": lit(0, t) if lse else init(t), "NEG_INF": lit(float("-inf"), "f32"),
     }
+    params.update(_ld_st(st))
     short = node.op[len("reduce_"):]
     kind, S = reduce_shape(M, K)
-    tag = f"{short}_{t}_m{M}_k{K}"
+    tag = f"{short}_{st}_m{M}_k{K}"
     if kind == "thread":
         k = Kernel(f"reduce_{tag}_thread", "reduce.wgsl", dict(params, mode="thread", S=1, CHUNK=K),
-                   (Binding("src", t), Binding("dst", t, True)))
+                   (Binding("src", st), Binding("dst", st, True)))
         kc.launch(k, [x, out], grid(-(-M // WORKGROUP)))
     elif kind == "group":
         k = Kernel(f"reduce_{tag}_group", "reduce.wgsl", dict(params, mode="group", S=1, CHUNK=K),
-                   (Binding("src", t), Binding("dst", t, True)))
+                   (Binding("src", st), Binding("dst", st, True)))
         kc.launch(k, [x, out], grid(M))
     else:
         chunk = -(-K // S)
         S = -(-K // chunk)
         width = 2 if lse else 1  # log-sum-exp partials are (max, sum of exp(x - max)) pairs
-        part = kc.scratch(dtypes.compute_itemsize(x.data_type) * M * S * width)
+        part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * M * S * width)  # partials: type t
         p = dict(params, S=S, CHUNK=chunk)
-        k1 = Kernel(f"reduce_{tag}_partial{S}", "reduce.wgsl", dict(p, mode="partial"),
-                    (Binding("src", t), Binding("part", t, True)))
-        k2 = Kernel(f"reduce_{tag}_final{S}", "reduce.wgsl", dict(p, mode="final"),
-                    (Binding("part", t), Binding("dst", t, True)))
+        k1 = Kernel(f"reduce_{tag}_partial{S}", "reduce.wgsl", dict(p, mode="partial", ST=""),
+                    (Binding("src", st), Binding("part", t, True)))
+        k2 = Kernel(f"reduce_{tag}_final{S}", "reduce.wgsl", dict(p, mode="final", LD=""),
+                    (Binding("part", t), Binding("dst", st, True)))
         kc.launch(k1, [x, part], grid(M * S))
         kc.launch(k2, [part, out], grid(M))
 
 
 for _name, (_types, *_rest) in REDUCE.items():
     _reduce_op(_name, _types)
+
+
+def _ld_st(t):
+    """Template conversions around f32 accumulation of f16 values (shaders/reduce.wgsl)."""
+    return {"LD": "f32", "ST": "f16_of"} if t == "f16" else {"LD": "", "ST": ""}
 
 
 # -- softmax --------------------------------------------------------------------------------
@@ -207,9 +214,10 @@ def _lower_softmax(kc, node):
     (off,) = radix("k", merge_dims(red))
     params = {"T": "f32", "M": rows, "K": K, "WG": WG, "base": base, "off": off,
               "NEG_INF": lit(float("-inf"), "f32"), "S": 1, "CHUNK": K, "lse": False,
-              "pre": "x", "comb": "a + b", "post": "a", "init": "0.0"}
-    tag = f"r{rows}_k{K}"
-    bindings = (Binding("src", "f32"), Binding("dst", "f32", True))
+              "pre": "x", "comb": "a + b", "post": "a", "init": "0.0", **_ld_st(kc.wtype(x))}
+    t = kc.wtype(x)  # f32, or f16 loaded and stored around f32 max, exp and sum
+    tag = f"r{rows}_k{K}" + ("_f16" if t == "f16" else "")
+    bindings = (Binding("src", t), Binding("dst", t, True))
     if reduce_shape(rows, K)[0] == "thread":
         k = Kernel(f"softmax_{tag}_thread", "reduce.wgsl", dict(params, mode="softmax_thread"), bindings)
         kc.launch(k, [x, out], grid(-(-rows // WORKGROUP)))

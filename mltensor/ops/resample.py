@@ -77,6 +77,7 @@ def _lower_resample2d(kc, node):
         "in_strides": ist,
         "axes": [ax_h, ax_w],
         "mode": a["mode"],
+        "ST": "f16_of" if kc.wtype(x) == "f16" else "",  # linear: f32 result stored as f16
     }
     for tag, ax in (("h", ax_h), ("w", ax_w)):
         A, B, D = _rational(a["coordinate_transformation"], x.shape[ax], out.shape[ax])
@@ -89,7 +90,7 @@ def _lower_resample2d(kc, node):
         params[f"{tag}_last"] = x.shape[ax] - 1
     kernel = Kernel(
         f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
-        + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)),
+        + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}",
         "resample.wgsl",
         params,
         (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True)),

@@ -71,9 +71,11 @@ def _lower_gates(kc, node):
         params[f"act{k}"] = _ACT_WGSL[name]
     names = ["gx", "rec", "c" if lstm else "h"] + (["peep"] if params["peep"] else [])
     outs = ["h_out", "c_out"] if lstm else ["h_out"]
-    bindings = [Binding(x, "f32") for x in names] + [Binding(x, "f32", True) for x in outs]
+    t = kc.wtype(node.inputs[0])  # f32, or f16 (loaded into f32 gate math, stored through ST)
+    params["ST"] = "f16_of" if t == "f16" else ""
+    bindings = [Binding(x, t) for x in names] + [Binding(x, t, True) for x in outs]
     args = list(node.inputs) + [kc.out(node, i) for i in range(len(outs))]
-    name = f"{'lstm' if lstm else 'gru'}_gates_{layout}_b{n // H}_h{H}" + ("_p" if params["peep"] else "")
+    name = f"{'lstm' if lstm else 'gru'}_gates_{layout}_b{n // H}_h{H}" + ("_p" if params["peep"] else "") + f"_{t}"
     kc.launch(Kernel(name, "rnn.wgsl", params, bindings), args, grid(-(-n // WORKGROUP)))
 
 

@@ -90,16 +90,18 @@ def _lower_cumsum(kc, node):
     out = kc.out(node)
     a = node.attrs
     outer, n, inner = _split(x.shape, a["axis"])
-    t = kc.wtype(x)
+    st = kc.wtype(x)
+    t = "f32" if st == "f16" else st  # running sums of f16 values are f32
     lines = outer * inner
     k = Kernel(
-        f"cumulative_sum_{t}_o{outer}_n{n}_i{inner}" + ("_excl" if a["exclusive"] else "")
+        f"cumulative_sum_{st}_o{outer}_n{n}_i{inner}" + ("_excl" if a["exclusive"] else "")
         + ("_rev" if a["reversed"] else ""),
         "scan.wgsl",
         {"mode": "cumsum", "lines": lines, "len": n, "inner": inner, "zero": lit(0, t),
-         "add": binop("+", t, "acc", "v"),
+         "add": binop("+", t, "acc", "v"), "LD": "f32" if st == "f16" else "",
+         "ST": "f16_of" if st == "f16" else "",
          "exclusive": a["exclusive"], "reversed": a["reversed"]},
-        (Binding("x", t), Binding("out", t, True)),
+        (Binding("x", st), Binding("out", st, True)),
     )
     kc.launch(k, [x, out], grid(-(-lines // WORKGROUP)))
 

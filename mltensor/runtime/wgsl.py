@@ -23,7 +23,13 @@ MAX_GROUPS = 65535
 
 
 def _shader_dir():
-    # Installed: shaders/ is shipped as the package mltensor.shaders. Source tree: ../../shaders.
+    # Installed: shaders/ is shipped as the package mltensor.shaders. Source tree: ../../shaders,
+    # checked first so that a checkout imported through PYTHONPATH (a git worktree next to an
+    # editable install of another checkout) renders its own shaders, not the installed ones.
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "shaders")
+    if os.path.isfile(os.path.join(src, "common.wgsl")) and os.path.isfile(
+            os.path.join(src, "..", "pyproject.toml")):
+        return src
     try:
         d = resources.files("mltensor.shaders")
         if d.joinpath("common.wgsl").is_file():
@@ -54,11 +60,27 @@ def f32_lit(x):
     return f"bitcast<f32>({bits}u)"
 
 
+def f16_lit(x):
+    """An exact WGSL f16 expression for any Python float, rounded to float16 as numpy does (so
+    beyond 65504 it is +-inf). Finite values are decimal literals converted by f16(), exact
+    because the decimal is the float16 value itself; inf and NaN, which have no literal, are f32
+    bit patterns converted (naga rejects bitcast<vec2<f16>>, which would keep a NaN payload)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        v = float(np.float16(x))
+    if v != v or v in (float("inf"), float("-inf")):
+        return f"f16({f32_lit(v)})"
+    return f"f16({v!r})"
+
+
 def lit(x, wtype):
-    """A WGSL literal of compute type `wtype` ("f32", "i32", "u32", "i64", "u64", "i64e", "u64e").
-    Integers saturate into the type's range (negative values give 0 for unsigned types)."""
+    """A WGSL literal of compute type `wtype` ("f32", "f16", "i32", "u32", "i64", "u64", "i64e",
+    "u64e"). Integers saturate into the type's range (negative values give 0 for unsigned types)."""
     if wtype == "f32":
         return f32_lit(x)
+    if wtype == "f16":
+        return f16_lit(x)
     if wtype == "i32":
         v = int(x)
         v = max(-(2**31), min(2**31 - 1, v))
@@ -90,7 +112,8 @@ _E64 = {"+": "e64_add", "-": "e64_sub", "*": "e64_mul"}
 
 def binop(op, t, a, b):
     """`a op b` in compute type t; op is one of + - * max min (integer division is
-    elementwise.py's, which defines division by zero)."""
+    elementwise.py's, which defines division by zero). f16 arithmetic is plain f16 (IEEE: results
+    past 65504 are +-inf, as numpy's float16)."""
     if t in EMULATED:
         return f"{_E64[op]}({a}, {b})" if op in _E64 else f"{t}_{op}({a}, {b})"
     return f"{op}({a}, {b})" if op in ("max", "min") else f"({a} {op} {b})"
@@ -117,12 +140,27 @@ def unop(op, t, x):
     return f"sign_i64({x})" if (op, t) == ("sign", "i64") else f"{op}({x})"
 
 
+def to_f32(x, t):
+    """x of compute type t (f32 or f16) as f32: where f16 kernels compute what needs f32."""
+    return f"f32({x})" if t == "f16" else x
+
+
+def from_f32(x, t):
+    """An f32 expression as compute type t (f32 or f16): f16_of rounds to nearest and gives +-inf
+    past 65504 and NaN for NaN (a plain f16() of an out-of-range f32 is undefined in WGSL)."""
+    return f"f16_of({x})" if t == "f16" else x
+
+
 def convert(x, src, dst):
     """x of compute type `src` as compute type `dst`: integers wrap (narrowing truncates, widening
     extends by the source's signedness, as numpy and C), float -> integer truncates toward zero
     (negative floats to unsigned wrap through the signed type, as C casts do)."""
     if src == dst or {src, dst} <= set(EMULATED):
         return x  # i64e <-> u64e: the same two's complement words
+    if src == "f16":  # to f32 exactly, then as from f32
+        return convert(f"f32({x})", "f32", dst)
+    if dst == "f16":  # through f32 (exact for f16's range), rounded once by f16_of
+        return f"f16_of({convert(x, src, 'f32')})"
     if dst in EMULATED:
         if src == "f32":
             return f"{dst}_from_f32({x})" if dst == "i64e" else f"select(u64e_from_f32({x}), i64e_from_f32({x}), {x} < 0.0)"
@@ -147,6 +185,10 @@ def convert(x, src, dst):
 # contain them (they would not compile on a device without the feature). Kernels that use the
 # emulated ones are rendered with `emu64` true, which adds shaders/int64e.wgsl.
 _WIDE_RE = re.compile(r"\b[iu]64\b|\dl[iu]\b")
+# Kernels that use f16 (bindings, values or the f16 helpers of common.wgsl) are rendered with `f16`
+# true, which adds those helpers, and start with `enable f16;` (only compiled on a device with
+# "shader-f16"). f32_to_f16_bits / f16_bits_to_f32 (packed float16 in u32 words) are not f16 uses.
+_F16_RE = re.compile(r"\bf16\b|\w_f16\b|\bf16_of\b")
 _EMU_RE = re.compile(r"\b(?:[iu]64e\w*|e64_\w+|wrap_i64e)\b")
 _COMMENT_RE = re.compile(r"//[^\n]*")
 
@@ -164,8 +206,10 @@ def main_1d(count, index="i"):
     )
 
 
+# LD / ST: conversions templates put around loads and stores of kernels that compute float16 in
+# f32 (LD = "f32", ST = "f16_of"); empty (no conversion) unless a lowering sets them.
 _env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False,
-                    emu64=False)
+                    emu64=False, f16=False, LD="", ST="")
 
 
 @dataclass(frozen=True)
@@ -199,9 +243,12 @@ class Kernel:
         template = _env.get_template(self.template)
         src = template.render(bindings=decls, **self.params)
         code = _COMMENT_RE.sub("", src)
-        flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code))}
+        flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code)),
+                 "f16": bool(_F16_RE.search(code))}
         if any(flags.values()):
             src = template.render(bindings=decls, **flags, **self.params)
+        if flags["f16"]:
+            src = "enable f16;\n" + src
         return src
 
 

@@ -3,7 +3,9 @@
     graph, inputs, outputs = mltensor.tflite.import_model("model.tflite", ctx)
 
 `inputs` / `outputs` are lists of (name, data_type, shape) in model order; names are the TFLite
-tensor names. Weights (float16 ones behind DEQUANTIZE included) become float32 constants at load;
+tensor names. Weights (float16 ones behind DEQUANTIZE included) become float32 constants at load,
+or with float16=True the whole graph computes in float16 (float16 weights kept as they are, the
+model's float32 inputs and outputs cast at the graph's edges);
 sparse constants (TFLite's sparsity format) are densified by the reader. MediaPipe's custom
 operators Convolution2DTransposeBias, Landmarks2TransformMatrix, TransformTensorBilinear and
 TransformLandmarks are composed from builder ops (mediapipe_ops.py), so all 14 models of the
@@ -17,11 +19,13 @@ from .importer import convert, supported_operators
 from .reader import is_tflite, load_bytes, read
 
 
-def import_model(source, context, *, free_dimensions=None):
+def import_model(source, context, *, free_dimensions=None, float16=False):
     """Load `source` (a path, bytes or bytearray of a .tflite file) and build it on `context`.
 
     free_dimensions: {input name: full shape} (or {"batch": n}) for inputs whose shape signature
     has free (-1) dimensions; by default the shape stored in the model is used.
+    float16: compute the model in float16 (in f16 on a context with "shader-f16"): half the
+    memory traffic, float16 precision; inputs and outputs keep the model's types.
     Returns (graph, inputs, outputs); unsupported operators raise NotSupportedError at load, naming
     the operator, its index and the supported ones; a malformed or truncated file raises DataError
     naming the file (when given by path), the table / field or operator, and what was wrong.
@@ -32,7 +36,7 @@ def import_model(source, context, *, free_dimensions=None):
     model = read(load_bytes(source), name)
     b = MLGraphBuilder(context)
     try:
-        outs, inputs, outputs = convert(model, b, free_dimensions)
+        outs, inputs, outputs = convert(model, b, free_dimensions, float16)
     except (DataError, NotSupportedError) as e:
         if name is None:
             raise

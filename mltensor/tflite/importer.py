@@ -71,10 +71,33 @@ def mediapipe_transpose_conv_padding(padding, in_size, kernel, stride):
 # -- the importer -------------------------------------------------------------------------------
 
 
+class _Float16Builder:
+    """The builder as the converters see it in float16 mode: float32 host constants they make
+    (activation bounds, MediaPipe's coordinate grids, folded weights) become float16, so that
+    every float tensor of the graph is float16. Everything else is the builder itself."""
+
+    def __init__(self, builder):
+        self._b = builder
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+    def constant(self, *args, **kw):
+        if len(args) == 1 and not kw and isinstance(args[0], np.ndarray) and args[0].dtype.kind == "f":
+            args = (args[0].astype(np.float16),)
+        elif kw.get("data_type") == "float32":
+            kw["data_type"] = "float16"
+        return self._b.constant(*args, **kw)
+
+
 class Importer:
-    def __init__(self, model: Model, builder, free_dimensions=None):
+    def __init__(self, model: Model, builder, free_dimensions=None, float16=False):
         self.model = model
-        self.b = builder
+        # float16: the graph computes in float16 (in f16 where the context has "shader-f16"):
+        # float16 weights stay float16, float32 ones are rounded to it, float32 inputs and
+        # outputs keep their type with a cast at the edge
+        self.float16 = bool(float16)
+        self.b = _Float16Builder(builder) if self.float16 else builder
         self.values = {}  # tensor index -> MLOperand
         self.consts = {}  # tensor index -> numpy array (float16/int8 weights already dequantized)
         self.free = dict(free_dimensions or {})
@@ -105,6 +128,8 @@ class Importer:
             arr = self.consts[i]
             if arr.dtype == np.float64:
                 arr = arr.astype(np.float32)
+            if self.float16 and arr.dtype.kind == "f":
+                arr = arr.astype(np.float16)
             if arr.dtype == np.bool_:
                 raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): bool constants are not supported")
             v = self.b.constant(np.ascontiguousarray(arr))
@@ -148,7 +173,8 @@ class Importer:
                 )
             shape = self.input_shape(t)
             name = t.name or f"input_{i}"
-            self.values[i] = self.b.input(name, data_type=t.data_type, shape=shape)
+            x = self.b.input(name, data_type=t.data_type, shape=shape)
+            self.values[i] = self.b.cast(x, "float16") if self.float16 and t.data_type == "float32" else x
             names.append((name, t.data_type, tuple(shape)))
 
         for op in m.operators:
@@ -189,6 +215,8 @@ class Importer:
                 v = self.operand(None, i)
             if v is None:
                 raise DataError(f"[tflite] model output {i} ('{name}') is never computed")
+            if self.float16 and v.data_type == "float16" and t.data_type == "float32":
+                v = self.b.cast(v, "float32")  # the type the model declares
             if v._kind in ("input", "constant") or name in outputs:
                 v = self.b.identity(v)
             outputs[name] = v
@@ -553,10 +581,12 @@ def dequantize(imp, op):
             if t.scale.size > 1:
                 shape[t.quantized_dimension] = -1
             arr = (arr.astype(np.float32) - t.zero_point.reshape(shape).astype(np.float32)) * t.scale.reshape(shape)
+        if imp.float16 and arr.dtype == np.float16:
+            return np.ascontiguousarray(arr)  # float16 weights stay as they are
         return _f32(arr)
     x = imp.operand(op, i)
     if x.data_type == "float16":
-        return imp.b.cast(x, "float32")
+        return x if imp.float16 else imp.b.cast(x, "float32")
     raise NotSupportedError(
         f"[tflite] operator {op.index} ({op.display}): only constant weights or float16 tensors can be dequantized, "
         f"got a computed {t.type_name} tensor"
@@ -607,9 +637,10 @@ def supported_operators():
     return sorted(CONVERTERS)
 
 
-def convert(model: Model, builder, free_dimensions=None):
-    """Record the model into `builder`; returns (outputs dict, inputs list, outputs list)."""
-    return Importer(model, builder, free_dimensions).run()
+def convert(model: Model, builder, free_dimensions=None, float16=False):
+    """Record the model into `builder`; returns (outputs dict, inputs list, outputs list).
+    float16: compute in float16 (see Importer)."""
+    return Importer(model, builder, free_dimensions, float16).run()
 
 
 __all__ = ["convert", "supported_operators", "same_padding", "conv_padding", "Operator"]
