@@ -357,6 +357,7 @@ def test_conv_prologues_f16(mctx, rng, monkeypatch, kind, layout, vec):
     from mltensor.ops import matmul as mm
 
     monkeypatch.setattr(mm, "VEC_LOADS", vec)
+    monkeypatch.setenv("MLTENSOR_FUSE_DEPTHWISE", "1")  # opt-in (compiler/passes.py fuse_depthwise)
     N, C, H, W, OC = 1, 8, 7, 7, 12
     nhwc = layout == "nhwc"
     xs = (N, H, W, C) if nhwc else (N, C, H, W)
