@@ -89,8 +89,10 @@ def test_matmul_every_candidate_big(ctx, rng, sa, sb):
     _matmul(ctx, rng, sa, sb, epilogue=True)
 
 
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 @pytest.mark.parametrize("at,bt", [(False, False), (True, False), (False, True), (True, True)])
-def test_gemm_every_candidate(ctx, rng, at, bt):
+def test_gemm_every_candidate(ctx, rng, monkeypatch, at, bt, vec):
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)  # vec: transposed B staged k-major
     M, K, N = 67, 530, 90
     A = rng.standard_normal((K, M) if at else (M, K)).astype(np.float32)
     B = rng.standard_normal((N, K) if bt else (K, N)).astype(np.float32)

@@ -330,6 +330,9 @@ def _lower_gemm(kc, node):
         "a_sm": 1 if at else K, "a_sk": M if at else 1,
         "b_sk": 1 if bt else N, "b_sn": K if bt else 1,
         "alpha": node.attrs["alpha"], "beta": node.attrs["beta"], "has_c": c is not None,
+        # B transposed ([N, K], an ONNX Gemm with transB: fully connected layers) has k
+        # contiguous: staged k-major on hardware adapters, so threads read consecutive words
+        "b_kmajor": vec_loads(kc) and bt,
     }
     t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
     params["ST"] = f16_store(t)
