@@ -280,12 +280,7 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
                 v = x_at4((m / OHW) * {{ in_s[0] }}u + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u + c, c);
             }
         }
-        let s = o + kq * AQ + ml / 4u;
-        let lane = ml % 4u;
-        As[s][lane] = v.x;
-        As[s + AQ][lane] = v.y;
-        As[s + 2u * AQ][lane] = v.z;
-        As[s + 3u * AQ][lane] = v.w;
+        put_a4(o + kq * AQ, ml, v);
     }
 }
 {$ else $}

@@ -126,6 +126,26 @@ var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 * (2 if DB else 1) }}>;
 // which of the operand's strides is 1, so that consecutive threads read consecutive words:
 // "along m" (n): a thread takes 4 consecutive m (n) of one k row; "k-major": a thread takes 4
 // consecutive k of one row m (column n), one 16-byte load where aligned, written transposed.
+// k-major staging: the 4 k values v of row / column `lane` go to tile rows s, s + Q, s + 2Q,
+// s + 3Q (Q = vec4s in a k row), lane `lane % 4` of vec4 `lane / 4` there.
+fn put_a4(s: u32, lane: u32, v: vec4<f32>) {
+    let c = s + lane / 4u;
+    let l = lane % 4u;
+    As[c][l] = v.x;
+    As[c + AQ][l] = v.y;
+    As[c + 2u * AQ][l] = v.z;
+    As[c + 3u * AQ][l] = v.w;
+}
+
+fn put_b4(s: u32, lane: u32, v: vec4<f32>) {
+    let c = s + lane / 4u;
+    let l = lane % 4u;
+    Bs[c][l] = v.x;
+    Bs[c + BQ][l] = v.y;
+    Bs[c + 2u * BQ][l] = v.z;
+    Bs[c + 3u * BQ][l] = v.w;
+}
+
 {$ block stage_a $}
 fn setup_a(bt: u32, m0: u32, li: u32) {}
 
@@ -134,13 +154,7 @@ fn stage_a(bt: u32, m0: u32, k0: u32, o: u32, li: u32) {
     for (var e = li; e < AS; e = e + THREADS) {
         let ml = e / KQ;
         let kq = (e % KQ) * 4u;
-        let v = load_a4(bt, m0 + ml, k0 + kq);
-        let s = o + kq * AQ + ml / 4u;
-        let lane = ml % 4u;
-        As[s][lane] = v.x;
-        As[s + AQ][lane] = v.y;
-        As[s + 2u * AQ][lane] = v.z;
-        As[s + 3u * AQ][lane] = v.w;
+        put_a4(o + kq * AQ, ml, load_a4(bt, m0 + ml, k0 + kq));
     }
 {$ else $}
     for (var e = li; e < AS; e = e + THREADS) {
@@ -158,13 +172,7 @@ fn stage_b(bt: u32, n0: u32, k0: u32, o: u32, li: u32) {
     for (var e = li; e < BS; e = e + THREADS) {
         let nl = e / KQ;
         let kq = (e % KQ) * 4u;
-        let v = load_b4k(bt, k0 + kq, n0 + nl);
-        let s = o + kq * BQ + nl / 4u;
-        let lane = nl % 4u;
-        Bs[s][lane] = v.x;
-        Bs[s + BQ][lane] = v.y;
-        Bs[s + 2u * BQ][lane] = v.z;
-        Bs[s + 3u * BQ][lane] = v.w;
+        put_b4(o + kq * BQ, nl, load_b4k(bt, k0 + kq, n0 + nl));
     }
 {$ else $}
     for (var e = li; e < BS; e = e + THREADS) {

@@ -5,6 +5,19 @@ import numpy as np
 import mltensor
 
 
+def context_with_env(**env):
+    """A new MLContext created with environment variables set (e.g. MLTENSOR_DISABLE_F16="1":
+    the switches read at context creation), the environment restored afterwards."""
+    import pytest
+
+    from mltensor import ml
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        return ml.create_context_sync()
+
+
 def run_graph(ctx, outputs, feeds, builder):
     """Build `outputs` (dict name -> operand), dispatch with numpy `feeds`, return numpy dict."""
     g = builder.build_sync(outputs)

@@ -17,11 +17,11 @@
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import context_with_env, run_graph
 from test_op_support_limits import RECIPES
 
 import mltensor
-from mltensor import dtypes, ml
+from mltensor import dtypes
 
 # Families whose float16 kernels accumulate (f32 accumulators over float16 operands and outputs):
 ACCUMULATING = {
@@ -38,9 +38,7 @@ POSITIVE_KEYS = {"variance", "scale"}
 
 @pytest.fixture(scope="module")
 def f16off_ctx():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLTENSOR_DISABLE_F16", "1")
-        c = ml.create_context_sync()
+    c = context_with_env(MLTENSOR_DISABLE_F16="1")
     yield c
     c.destroy()
 

@@ -6,7 +6,7 @@ below runs in both modes. References are numpy (wrapping integer arithmetic, lik
 
 import numpy as np
 import pytest
-from helpers import assert_exact, run_graph
+from helpers import assert_exact, context_with_env, run_graph
 
 import mltensor
 from mltensor import dtypes, ml
@@ -22,9 +22,7 @@ UBIG2 = np.array([7, 2**62, 1, 2**33, 2**32 - 1, 5, 2**12, 2**63 + 5], U64)
 
 @pytest.fixture(scope="module")
 def emulated_ctx():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLTENSOR_DISABLE_INT64", "1")
-        c = ml.create_context_sync()
+    c = context_with_env(MLTENSOR_DISABLE_INT64="1")
     yield c
     c.destroy()
 

@@ -12,6 +12,7 @@ Out-of-scope cases are listed with reasons in mltensor/onnx/exclusions.py (the o
 """
 
 import collections
+import functools
 import importlib
 import os
 import re
@@ -166,46 +167,26 @@ def float16_cases():
 
 # -- pytest ------------------------------------------------------------------------------------
 
-_DEFAULT = None
+@functools.cache
+def _items(kind):
+    """{name: runnable case} of the default sweep ("default") or the float16 cases ("float16")."""
+    cases = default_cases() if kind == "default" else float16_cases()
+    return cpu_items(CasesBackendTest(MLTensorBackend, __name__, cases))
 
 
-def _default_items():
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = cpu_items(CasesBackendTest(MLTensorBackend, __name__, default_cases()))
-    return _DEFAULT
-
-
-def _default_names():
+def _names(kind):
     try:
-        return list(_default_items())
+        return list(_items(kind))
     except Exception as e:  # pragma: no cover - keep collection alive
         return [f"collection_error: {e}"]
 
 
-@pytest.mark.parametrize("name", _default_names())
+@pytest.mark.parametrize("name", _names("default"))
 def test_node_case(name):
-    status, msg = run_item(_default_items()[name])
+    status, msg = run_item(_items("default")[name])
     if status == "skipped":
         pytest.skip(msg)
     assert status == "passed", msg
-
-
-_FLOAT16 = None
-
-
-def _float16_items():
-    global _FLOAT16
-    if _FLOAT16 is None:
-        _FLOAT16 = cpu_items(CasesBackendTest(MLTensorBackend, __name__, float16_cases()))
-    return _FLOAT16
-
-
-def _float16_names():
-    try:
-        return list(_float16_items())
-    except Exception as e:  # pragma: no cover - keep collection alive
-        return [f"collection_error: {e}"]
 
 
 # Known float16 failures (strict xfail: a fix makes them fail until removed here).
@@ -222,13 +203,13 @@ FLOAT16_KNOWN = {
 }
 
 
-@pytest.mark.parametrize("name", _float16_names())
+@pytest.mark.parametrize("name", _names("float16"))
 def test_node_case_float16(name):
     from mltensor.session import default_context
 
     known = FLOAT16_KNOWN.get(name)
     known = known == "any" or (known == "f16" and default_context()._f16)
-    status, msg = run_item(_float16_items()[name])
+    status, msg = run_item(_items("float16")[name])
     if known:
         assert status != "passed", f"{name} passes now: remove it from FLOAT16_KNOWN"
         pytest.xfail(f"known float16 failure (FLOAT16_KNOWN): {msg}")
@@ -278,7 +259,7 @@ if __name__ == "__main__":
     ap.add_argument("-v", action="store_true")
     a = ap.parse_args()
     t = time.time()
-    items = cpu_items(BackendTest(MLTensorBackend, __name__)) if a.all else _default_items()
+    items = cpu_items(BackendTest(MLTensorBackend, __name__)) if a.all else _items("default")
     print(f"loaded {len(items)} cases in {time.time() - t:.1f}s", flush=True)
     res = sweep(items, pattern=a.pattern, verbose=a.v, timeout=a.timeout)
     summary(*res)

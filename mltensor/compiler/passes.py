@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from .. import dtypes
 from ..front.builder import MLOperand
 from ..ops import OPS
 
@@ -35,8 +36,7 @@ EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d"
 
 
 class Step:
-    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "prologue_acts", "prologue_const",
-                 "prologue_input", "prologue_scale", "prologue_add")
+    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue")
 
     def __init__(self, node, const):
         self.nodes = [node]  # one node, or a fused elementwise group in topological order
@@ -48,12 +48,7 @@ class Step:
         # conv2d / conv_transpose2d: the batch_normalization step it absorbed, the unary
         # activations to apply after the normalization's affine part, and that part folded into
         # one constant [scale; shift] of 2C values where all its operands are host constants
-        self.prologue = None
-        self.prologue_acts = []
-        self.prologue_const = None
-        self.prologue_input = None  # what the convolution reads instead of its input
-        self.prologue_scale = None  # the per-(batch, channel) factor of a multiplication prologue
-        self.prologue_add = None  # and the tensor added to the product, if any
+        self.prologue = None  # conv2d / conv_transpose2d: a ConvPrologue
 
     @property
     def node(self):
@@ -64,7 +59,8 @@ class Step:
         return len(self.nodes) > 1 or bool(self.epilogue)
 
     def __repr__(self):
-        pro = "+".join(n.op for n in self.prologue.nodes + self.prologue.epilogue) + ">" if self.prologue else ""
+        p = self.prologue and self.prologue.step
+        pro = "+".join(n.op for n in p.nodes + p.epilogue) + ">" if p else ""
         return f"<Step {pro}{'+'.join(n.op for n in self.nodes + self.epilogue)}{' const' if self.const else ''}>"
 
 
@@ -72,11 +68,32 @@ def read_bindings(step):
     """Storage buffers a fused step's kernel reads: its node's inputs, the prologue's parameters
     (its input replaces the convolution's) and the epilogue's other operands."""
     n = len([v for v in step.node.inputs if v is not None]) + len(epilogue_operands(step))
-    if step.prologue_const is not None or step.prologue_scale is not None:
-        n += 1 + (step.prologue_add is not None)
-    elif step.prologue is not None:  # batch_normalization or depthwise conv: its other inputs
-        n += len([v for v in step.prologue.node.inputs[1:] if v is not None])
-    return n
+    return n + (len(step.prologue.reads()) if step.prologue is not None else 0)
+
+
+class ConvPrologue:
+    """The step a convolution absorbs, applied as it loads its input (conv.py `_prologue`).
+    (Not the build-time "prologue" launches of constant steps, lower.py.)
+
+    kind "bn": step is a batch_normalization (+ its epilogue), `const` its affine part folded into
+    a [scale; shift] constant of 2C values or None (parameters read as they are), `acts` the
+    unary activations after it. kind "scaled": step multiplies `input` by `scale` (varying along
+    batch and channel only), then adds `add` (or None). kind "dw": step is a depthwise conv2d,
+    `acts` its activations. `input` is what the convolution reads instead of its own input."""
+
+    __slots__ = ("kind", "step", "input", "acts", "const", "scale", "add")
+
+    def __init__(self, kind, step, input, acts=(), const=None, scale=None, add=None):
+        self.kind, self.step, self.input, self.acts = kind, step, input, list(acts)
+        self.const, self.scale, self.add = const, scale, add
+
+    def reads(self):
+        """Values the convolution's kernel binds besides its own operands."""
+        if self.kind == "scaled":
+            return [v for v in (self.scale, self.add) if v is not None]
+        if self.const is not None:
+            return [self.const]
+        return [v for v in self.step.node.inputs[1:] if v is not None]
 
 
 PROLOGUE_OPS = {"conv2d", "conv_transpose2d"}
@@ -113,7 +130,7 @@ def _fold(p, axis):
     cur, acts, rank = bn.outputs[0], [], len(bn.outputs[0].shape)
     for e in p.epilogue:
         ins = [v for v in e.inputs if v is not None]
-        if OPS[e.op].activation and len(ins) == 1:
+        if _unary([e]):
             acts.append(e)
         elif acts or len(ins) != 2 or e.op not in ("add", "sub", "mul", "div"):
             return None
@@ -186,18 +203,25 @@ def _depthwise(n):
     return a["groups"] == c > 1 and dims["o"] == c and dims["i"] == 1
 
 
+def _unary(nodes):
+    """Every node is a unary activation (fusable after a prologue's affine or depthwise part)."""
+    return all(OPS[e.op].activation and len([v for v in e.inputs if v is not None]) == 1 for e in nodes)
+
+
 def _prologue(n, producer, single_use, const, max_inputs, consumers):
-    """(step, activations, folded constant or None, input, scale or None) when the step producing
-    conv node `n`'s input can become the conv's prologue, its output read by this conv only:
-    a batch_normalization over the conv's channel axis, then either a per-channel affine tail of
-    host constants (folded into one [scale; shift] constant) or unary activations only
-    (parameters read as they are); or a per-(batch, channel) multiplication."""
+    """A ConvPrologue when the step producing conv node `n`'s input can be applied as the conv
+    loads it, its output read by this conv only: a batch_normalization over the conv's channel
+    axis, then either a per-channel affine tail of host constants (folded into one [scale; shift]
+    constant) or unary activations only (parameters read as they are); a per-(batch, channel)
+    multiplication (+ a same-shaped addend); or, opt-in, a depthwise conv before a 1x1 conv.
+    None when not, or when the kernel would bind more than `max_inputs` inputs."""
     x = n.inputs[0]
     p = producer.get(id(x))
     if p is None or p.const != const or p.outputs[0] is not x:
         return None
     if not single_use(x) or len(p.outputs) != 1 or p.prologue is not None:
         return None
+
     def in_concat(v, hops=0):
         """v is, or may be placed inside, a concat's output (through the elementwise nodes an
         epilogue may fuse after it)."""
@@ -215,31 +239,26 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
         # buffer, so the prologue would cost the concat its copy-free placement
         return None
     axis = 1 if n.attrs["input_layout"] == "nchw" else 3
+    pro = None
+    if (fuse_depthwise() and _depthwise(p.node) and _pointwise(n)
+            and p.node.attrs["input_layout"] == n.attrs["input_layout"] and _unary(p.epilogue)):
+        pro = ConvPrologue("dw", p, p.node.inputs[0], p.epilogue)
+    elif (sc := _scale_prologue(p, x, axis)) is not None:
+        pro = ConvPrologue("scaled", p, sc[0], scale=sc[1], add=sc[2])
+    elif p.node.op == "batch_normalization" and p.node.attrs["axis"] == axis:
+        folded = _fold(p, axis)
+        if folded is not None:
+            a, b, acts = folded
+            dt = x.data_type
+            ab = MLOperand(x._builder, dt, (2, len(a)), "constant",
+                           value=np.concatenate([a, b]).astype(dtypes.NUMPY[dt]).reshape(2, -1))
+            pro = ConvPrologue("bn", p, p.node.inputs[0], acts, const=ab)
+        elif _unary(p.epilogue):
+            pro = ConvPrologue("bn", p, p.node.inputs[0], p.epilogue)
     bound = len([v for v in n.inputs if v is not None])
-    if (fuse_depthwise() and _depthwise(p.node) and _pointwise(n) and p.prologue is None
-            and p.node.attrs["input_layout"] == n.attrs["input_layout"]
-            and all(OPS[e.op].activation and len([v for v in e.inputs if v is not None]) == 1 for e in p.epilogue)):
-        extra = len([v for v in p.node.inputs[1:] if v is not None])
-        return (p, list(p.epilogue), None, p.node.inputs[0], None, None) if bound + extra <= max_inputs else None
-    sc = _scale_prologue(p, x, axis)
-    if sc is not None:
-        return (p, [], None) + sc if bound + 1 + (sc[2] is not None) <= max_inputs else None
-    if p.node.op != "batch_normalization" or p.node.attrs["axis"] != axis:
+    if pro is None or bound + len(pro.reads()) > max_inputs:
         return None
-    folded = _fold(p, axis)
-    if folded is not None:
-        a, b, acts = folded
-        dt = x.data_type
-        from .. import dtypes
-
-        ab = MLOperand(x._builder, dt, (2, len(a)), "constant",
-                       value=np.concatenate([a, b]).astype(dtypes.NUMPY[dt]).reshape(2, -1))
-        return (p, acts, ab, p.node.inputs[0], None, None) if bound + 1 <= max_inputs else None
-    if any(not OPS[e.op].activation or len([v for v in e.inputs if v is not None]) != 1 for e in p.epilogue):
-        return None
-    if bound + len([v for v in p.node.inputs[1:] if v is not None]) > max_inputs:
-        return None
-    return p, list(p.epilogue), None, p.node.inputs[0], None, None
+    return pro
 
 
 def epilogue_operands(step):
@@ -356,10 +375,9 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
         step = Step(n, const)
         if fuse and n.op in PROLOGUE_OPS:
             pro = _prologue(n, producer, single_use, const, max_inputs, consumers)
-            if pro is not None and pro[0] in steps:
-                steps.remove(pro[0])
-                (step.prologue, step.prologue_acts, step.prologue_const, step.prologue_input,
-                 step.prologue_scale, step.prologue_add) = pro
+            if pro is not None and pro.step in steps:
+                steps.remove(pro.step)
+                step.prologue = pro
         steps.append(step)
         for v in n.outputs:
             producer[id(v)] = step

@@ -77,8 +77,8 @@ def compile_graph(builder, outputs, placement=None):
             if x is not None and x._kind == "constant":
                 const_ops[id(x)] = x
     for s in steps:  # constants the passes made (a convolution prologue's folded normalization)
-        if s.prologue_const is not None:
-            const_ops[id(s.prologue_const)] = s.prologue_const
+        if s.prologue is not None and s.prologue.const is not None:
+            const_ops[id(s.prologue.const)] = s.prologue.const
     for x in const_ops.values():
         if isinstance(x._value, MLTensor):
             keep.append(x._value)

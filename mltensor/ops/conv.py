@@ -180,20 +180,20 @@ def _prologue(kc, node, bindings, args):
     are appended to `bindings` and `args`.
     Returns (the prologue's input, which the conv reads instead, function text); (None, "")
     when the step has no prologue."""
-    from .elementwise import OPS_EXPR
+    from .elementwise import activation_lines
 
     step = kc.step
     if step is None or step.prologue is None or node is not step.node:
         return None, ""
-    bn = step.prologue.node
-    x = step.prologue_input
+    pro = step.prologue
+    x = pro.input
     # f16: parameters are f16 (read widened), the affine part is f32 and rounded to f16 (the
     # normalization's own output type), where the activations then apply as they would unfused
     t = kc.wtype(x)
-    if bn.op == "conv2d":
-        return x, _depthwise_prologue(kc, bn, step.prologue_acts, bindings, args)
-    if step.prologue_scale is not None:
-        q = step.prologue_scale
+    if pro.kind == "dw":
+        return x, _depthwise_prologue(kc, pro.step.node, pro.acts, bindings, args)
+    if pro.kind == "scaled":
+        q = pro.scale
         bindings.append(Binding("p_q", t))
         args.append(q)
         qs = (1,) * (4 - len(q.shape)) + tuple(q.shape)
@@ -201,16 +201,17 @@ def _prologue(kc, node, bindings, args):
         C = qs[1] if lay == "nchw" else qs[3]
         n = f"(i / {math.prod(x.shape[1:])}u) * {C}u + " if qs[0] != 1 else ""
         y = f"{f16_store(t)}(v * f32(p_q[{n}{'c' if C != 1 else '0u'}]))"
-        if step.prologue_add is not None:
+        if pro.add is not None:
             bindings.append(Binding("p_r", t))
-            args.append(step.prologue_add)
+            args.append(pro.add)
             y = f"{f16_store(t)}(f32({y}) + f32(p_r[i]))" if t == "f16" else f"{y} + p_r[i]"
         return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n    return f32({y});\n}}"
+    bn = pro.step.node
     _, mean, var, scale, bias = bn.inputs
-    if step.prologue_const is not None:
+    if pro.const is not None:
         bindings.append(Binding("p_ab", t))
-        args.append(step.prologue_const)
-        y = f"fma(v, f32(p_ab[c]), f32(p_ab[{step.prologue_const.shape[1]}u + c]))"
+        args.append(pro.const)
+        y = f"fma(v, f32(p_ab[c]), f32(p_ab[{pro.const.shape[1]}u + c]))"
     else:
         for name, v in (("p_mean", mean), ("p_var", var), ("p_scale", scale), ("p_bias", bias)):
             if v is not None:
@@ -221,11 +222,8 @@ def _prologue(kc, node, bindings, args):
             y = f"{y} * f32(p_scale[c])"
         if bias is not None:
             y = f"{y} + f32(p_bias[c])"
-    lines, cur = [f"    let a: {t} = {f16_store(t)}({y});"], "a"
-    for j, n in enumerate(step.prologue_acts):
-        lines.append(f"    let a{j}: {t} = {OPS_EXPR(n)(kc, n, cur)};")
-        cur = f"a{j}"
-    body = "\n".join(lines)
+    lines, cur = activation_lines(kc, pro.acts, "a", t)
+    body = "\n".join([f"    let a: {t} = {f16_store(t)}({y});"] + lines)
     return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
 
 
@@ -233,7 +231,7 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
     """WGSL `fn dw_at(m: u32, c: u32) -> f32`: output pixel m, channel c of depthwise conv node
     `dw` and its activations, computed from its input (bound as x, the 1x1 conv's A operand) and
     filter / bias (bound as dw_w, dw_b), for a 1x1 conv whose prologue it is."""
-    from .elementwise import OPS_EXPR
+    from .elementwise import activation_lines
 
     x, w, bias = dw.inputs
     a = dw.attrs
@@ -269,10 +267,8 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
     if bias is not None:
         lines.append("    acc = acc + f32(dw_b[c]);")
     lines.append(f"    let a: {t} = {f16_store(t)}(acc);")
-    cur = "a"
-    for j, n in enumerate(acts):
-        lines.append(f"    let a{j}: {t} = {OPS_EXPR(n)(kc, n, cur)};")
-        cur = f"a{j}"
+    act_lines, cur = activation_lines(kc, acts, "a", t)
+    lines += act_lines
     lines.append(f"    return f32({cur});")
     lines.append("}")
     return "\n".join(lines)
@@ -322,11 +318,10 @@ def _lower(kc, node, transposed):
     params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_{t}_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
-    dwp = src is not None and kc.step.prologue.node.op == "conv2d"
+    kind = "" if src is None else "_" + kc.step.prologue.kind  # _bn, _scaled, _dw
+    dwp = kind == "_dw"
     params["dwp"] = dwp
-    if src is not None:
-        kind = "_dw" if dwp else "_scaled" if kc.step.prologue_scale is not None else "_bn"
-        name = name.replace(op, op + kind, 1)
+    name = name.replace(op, op + kind, 1)
 
     if not transposed and icg == 1 and groups > 1:
         # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
@@ -374,8 +369,7 @@ def _lower(kc, node, transposed):
         st *= dims[d]
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
-        pro = "" if src is None else "_dw" if dwp else "_scaled" if kc.step.prologue_scale is not None else "_bn"
-        name = f"{op}{pro}_{lay}_{t}_1x1"
+        name = f"{op}{kind}_{lay}_{t}_1x1"
     if groups > 1:
         name += f"_g{groups}"
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,

@@ -336,6 +336,16 @@ def OPS_EXPR(node):
     return OPS[node.op].expr
 
 
+def activation_lines(kc, nodes, x, wtype):
+    """(WGSL `let` lines, name of the result) applying unary nodes `nodes` in order to the value
+    named `x` (a fused prologue's activations, conv.py)."""
+    lines, cur = [], x
+    for j, n in enumerate(nodes):
+        lines.append(f"    let {x}{j}: {wtype} = {OPS_EXPR(n)(kc, n, cur)};")
+        cur = f"{x}{j}"
+    return lines, cur
+
+
 def epilogue_fn(kc, step, extra, wtype):
     """WGSL `fn act(x: T, i: u32) -> T` applying a step's epilogue nodes to the value `x` stored at
     flat output index `i`; `extra` are the other operands of its binary nodes, bound as `e0`, ..."""
