@@ -16,15 +16,21 @@ const OHW = {{ OH * OW }}u;
 // apply the prologue (a fused batch normalization + activations of channel c, or a per-(batch,
 // channel) factor; see compiler/passes.py) where the step has one. Padding never goes through them: it stays 0, the
 // padding of the normalized tensor.
+{$ if rsp $}
+{$ include "resample_at.wgsl" $}
+{$ endif $}
 {{ pro }}
 
 fn x_at(i: u32, c: u32) -> f32 {
-{$ if x_vec $}
+{$ if rsp $}
+    return rs_at(i);  // a resampled input: x is the resample's (smaller) input
+{$ elif x_vec $}
     let v = f32(x[i / 4u][i % 4u]);
 {$ else $}
     let v = f32(x[i]);
 {$ endif $}
-{$ if pro and not dwp $}
+{$ if rsp $}
+{$ elif pro and not dwp $}
     return pro(v, c, i);
 {$ else $}
     return v;

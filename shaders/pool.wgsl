@@ -4,6 +4,10 @@
 //             number of real elements (padding excluded, as ONNX count_include_pad=0 and TFLite).
 //   "global": the window is the whole plane (global pooling of a large plane): one workgroup per
 //             (n, c) output, 64 threads striding over the plane, tree reduction in workgroup memory.
+//   "gate":   a global average pool (or none: the input is already one value per channel) and the
+//             fully connected layers after it (compiler/passes.py fuse_gates, squeeze-and-excitation):
+//             one workgroup per batch item pools every channel into workgroup memory, then each
+//             layer computes its outputs from the previous layer's, one thread per output.
 // Tensor (n, c, h, w) lives at n*sn + c*sc + h*sh + w*sw whatever the layout.
 // T is the accumulator type: the compute type, f32 for f16 values (loaded through LD = f32 and
 // stored through ST = f16_of; both empty otherwise).
@@ -64,7 +68,7 @@ fn finish(acc: {{ T }}, count: u32) -> {{ T }} {
     }
     out[i] = act({{ ST }}(finish(acc, count)), i);
 }
-{$ else $}
+{$ elif path == "global" $}
 var<workgroup> part: array<{{ T }}, 64>;
 
 @compute @workgroup_size(64)
@@ -96,5 +100,79 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (li == 0u) {
         out[o] = act({{ ST }}(finish(part[0], {{ IH * IW }}u)), o);
     }
+}
+{$ elif path == "gate" $}
+// The pool's input at flat index i (read through the elementwise step producing it, if fused).
+{{ src_fn }}
+
+var<workgroup> part: array<f32, 256>;
+var<workgroup> va: array<f32, {{ CMAX }}>;
+var<workgroup> vb: array<f32, {{ CMAX }}>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = wid.x;
+{$ if pool $}
+    // Lanes along the contiguous axis (channels for NHWC, pixels for NCHW), rows along the other.
+    let lane = li % {{ L }}u;
+    let row = li / {{ L }}u;
+{$ if nhwc $}
+    for (var cb = 0u; cb < {{ C }}u; cb = cb + {{ L }}u) {
+        let c = cb + lane;
+        var acc = 0.0;
+        if (c < {{ C }}u) {
+            for (var p = row; p < {{ HW }}u; p = p + {{ R }}u) {
+                acc = acc + src(n * {{ HW * C }}u + p * {{ C }}u + c);
+            }
+        }
+        part[li] = acc;
+        workgroupBarrier();
+        if (li < {{ L }}u && cb + li < {{ C }}u) {
+            var s = 0.0;
+            for (var r = 0u; r < {{ R }}u; r = r + 1u) { s = s + part[r * {{ L }}u + li]; }
+            va[cb + li] = pooled(s);
+        }
+        workgroupBarrier();
+    }
+{$ else $}
+    for (var cb = 0u; cb < {{ C }}u; cb = cb + {{ R }}u) {
+        let c = cb + row;
+        var acc = 0.0;
+        if (c < {{ C }}u) {
+            for (var p = lane; p < {{ HW }}u; p = p + {{ L }}u) {
+                acc = acc + src(n * {{ HW * C }}u + c * {{ HW }}u + p);
+            }
+        }
+        part[li] = acc;
+        workgroupBarrier();
+        if (li < {{ R }}u && cb + li < {{ C }}u) {
+            var s = 0.0;
+            for (var l = 0u; l < {{ L }}u; l = l + 1u) { s = s + part[li * {{ L }}u + l]; }
+            va[cb + li] = pooled(s);
+        }
+        workgroupBarrier();
+    }
+{$ endif $}
+{$ else $}
+    for (var c = li; c < {{ C }}u; c = c + 256u) { va[c] = src(n * {{ C }}u + c); }
+    workgroupBarrier();
+{$ endif $}
+{$ for f in layers $}
+    for (var o = li; o < {{ f.O }}u; o = o + 256u) {
+        var acc = {{ "f32(" + f.b + "[o])" if f.b else "0.0" }};
+        for (var k = 0u; k < {{ f.I }}u; k = k + 1u) {
+            acc = fma(f32({{ f.w }}[o * {{ f.os }}u + k * {{ f.is_ }}u]), {{ f.vin }}[k], acc);
+        }
+{{ f.acts }}
+{$ if loop.last $}
+        out[n * {{ f.O }}u + o] = {{ f.cur }};
+{$ else $}
+        {{ f.vout }}[o] = f32({{ f.cur }});
+{$ endif $}
+    }
+{$ if not loop.last $}
+    workgroupBarrier();
+{$ endif $}
+{$ endfor $}
 }
 {$ endif $}

@@ -322,3 +322,65 @@ def test_depthwise_prologue_is_opt_in(ctx, rng, monkeypatch):
         return {"a": b.conv2d(b.relu(y), b.constant(wp))}
 
     assert [n.endswith("_dw") for n in _kernels(ctx, block)] == [True, False]
+
+
+def _resample(mode, scales=None, sizes=None, transform="half_pixel", rounding="round_prefer_floor"):
+    """resample2d of the conv's input (the decoders' upsampling before a 1x1 conv)."""
+    from test_ops_resample import reference
+
+    def build(b, x, axis):
+        axes = [2, 3] if axis == 1 else [1, 2]
+        return b.resample2d(x, mode=mode, scales=scales, sizes=sizes, axes=axes,
+                            coordinate_transformation=transform, nearest_rounding=rounding)
+
+    def ref(x):
+        hw = sizes or [int(np.floor(x.shape[2 + k] * np.float32(scales[k]))) for k in range(2)]
+        return reference(x, (*x.shape[:2], *hw), (2, 3), mode, transform, rounding)
+
+    return build, ref
+
+
+RESAMPLES = [
+    ("linear", dict(scales=[2.0, 2.0])),
+    ("linear", dict(sizes=[7, 5], transform="align_corners")),  # 4x3 -> 7x5 (x 4x4 below: 7x7)
+    ("nearest-neighbor", dict(scales=[2.0, 3.0])),
+    ("nearest-neighbor", dict(sizes=[3, 2], transform="asymmetric", rounding="floor")),  # downsampling
+]
+
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("mode,ropts", RESAMPLES)
+@pytest.mark.parametrize("xshape,wshape,opts", [((1, 16, 4, 4), (24, 16, 1, 1), {}), CASES[0], CASES[3], CASES[4],
+                                                CASES[5]])
+def test_resample_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, mode, ropts):
+    # resample2d -> conv: each input element is interpolated (or picked) from the resample's
+    # input as the conv loads it, so the resampled tensor is never written
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    fl = "oihw" if layout == "nchw" else "ohwi"
+    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
+                         prologue=_resample(mode, **ropts), expect_kernels=1, **opts)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+def test_resample_conv_transpose2d_and_f16(ctx, rng):
+    got, ref = _run_conv(ctx, rng, (1, 4, 3, 3), (4, 2, 2, 2), transpose=True, use_bias=True,
+                         prologue=_resample("linear", scales=[2.0, 2.0]), expect_kernels=1, strides=[2, 2])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    # float16: the interpolated value is rounded to f16 as the resample's own output would be
+    got, ref = _run_conv(ctx, rng, (1, 8, 4, 4), (8, 8, 1, 1), dtype="float16", input_layout="nhwc",
+                         filter_layout="ohwi", prologue=_resample("linear", scales=[2.0, 2.0]), expect_kernels=1)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
+
+
+def test_resample_not_fused_when_read_twice(ctx, rng):
+    X = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
+    W = rng.standard_normal((6, 4, 1, 1)).astype(np.float32)
+
+    def graph(b):
+        x = b.input("x", data_type="float32", shape=X.shape)
+        r = b.resample2d(x, mode="linear", scales=[2.0, 2.0])
+        return {"y": b.conv2d(r, b.constant(W)), "r": r}
+
+    names = _kernels(ctx, graph)
+    assert sum(n.startswith("resample2d") for n in names) == 1 and not any("_resample_" in n for n in names)

@@ -280,11 +280,14 @@ class KernelContext:
 def lower_steps(kc, steps):
     """Record the launches of all steps into kc; returns nothing (kc.launches is the result)."""
     from ..ops.elementwise import lower_group
+    from ..ops.pool import lower_gate
 
     for step in steps:
         kc.step = step
         kc._prologue = step.const
-        if OPS[step.nodes[-1].op].expr is not None and not step.epilogue:
+        if step.chain:
+            lower_gate(kc, step)
+        elif OPS[step.nodes[-1].op].expr is not None and not step.epilogue:
             lower_group(kc, step.nodes, step.outputs[0])
         else:
             node = step.node

@@ -8,9 +8,14 @@ convolution loads each input element, so that tensor is never written: a batch_n
 (+ unary activations; densenet's BatchNormalization -> Relu -> Conv), a multiplication by a
 per-(batch, channel) operand (the squeeze-and-excitation scale of MobileNetV3-style blocks), or,
 opt-in (MLTENSOR_FUSE_DEPTHWISE=1, see fuse_depthwise), for a 1x1 convolution the depthwise
-convolution (+ activations) before it (the depthwise output computed as the 1x1 conv stages it).
+convolution (+ activations) before it (the depthwise output computed as the 1x1 conv stages it),
+or the resample2d producing its input (each input element interpolated as it is loaded).
+A global average pool may carry the chain of fully connected 1x1 convolutions after it (the
+squeeze-and-excitation gate: pool -> FC -> act -> FC -> act), all of it one single-workgroup
+kernel per batch item (fuse_gates), and read its input through the elementwise step producing it.
 """
 
+import math
 import os
 
 import numpy as np
@@ -36,7 +41,7 @@ EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d"
 
 
 class Step:
-    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue")
+    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "chain", "source")
 
     def __init__(self, node, const):
         self.nodes = [node]  # one node, or a fused elementwise group in topological order
@@ -49,6 +54,10 @@ class Step:
         # activations to apply after the normalization's affine part, and that part folded into
         # one constant [scale; shift] of 2C values where all its operands are host constants
         self.prologue = None  # conv2d / conv_transpose2d: a ConvPrologue
+        # A gate (fuse_gates): the fully connected conv steps applied after this global pool (or
+        # after this fully connected conv), and the elementwise step the pool reads through
+        self.chain = []
+        self.source = None
 
     @property
     def node(self):
@@ -79,7 +88,8 @@ class ConvPrologue:
     a [scale; shift] constant of 2C values or None (parameters read as they are), `acts` the
     unary activations after it. kind "scaled": step multiplies `input` by `scale` (varying along
     batch and channel only), then adds `add` (or None). kind "dw": step is a depthwise conv2d,
-    `acts` its activations. `input` is what the convolution reads instead of its own input."""
+    `acts` its activations. kind "resample": step is a resample2d (+ unary `acts`). `input` is
+    what the convolution reads instead of its own input."""
 
     __slots__ = ("kind", "step", "input", "acts", "const", "scale", "add")
 
@@ -91,6 +101,8 @@ class ConvPrologue:
         """Values the convolution's kernel binds besides its own operands."""
         if self.kind == "scaled":
             return [v for v in (self.scale, self.add) if v is not None]
+        if self.kind == "resample":
+            return []
         if self.const is not None:
             return [self.const]
         return [v for v in self.step.node.inputs[1:] if v is not None]
@@ -213,7 +225,8 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
     loads it, its output read by this conv only: a batch_normalization over the conv's channel
     axis, then either a per-channel affine tail of host constants (folded into one [scale; shift]
     constant) or unary activations only (parameters read as they are); a per-(batch, channel)
-    multiplication (+ a same-shaped addend); or, opt-in, a depthwise conv before a 1x1 conv.
+    multiplication (+ a same-shaped addend); a resample2d; or, opt-in, a depthwise conv before a
+    1x1 conv.
     None when not, or when the kernel would bind more than `max_inputs` inputs."""
     x = n.inputs[0]
     p = producer.get(id(x))
@@ -243,6 +256,8 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
     if (fuse_depthwise() and _depthwise(p.node) and _pointwise(n)
             and p.node.attrs["input_layout"] == n.attrs["input_layout"] and _unary(p.epilogue)):
         pro = ConvPrologue("dw", p, p.node.inputs[0], p.epilogue)
+    elif p.node.op == "resample2d" and _unary(p.epilogue) and x.data_type in ("float32", "float16"):
+        pro = ConvPrologue("resample", p, p.node.inputs[0], p.epilogue)
     elif (sc := _scale_prologue(p, x, axis)) is not None:
         pro = ConvPrologue("scaled", p, sc[0], scale=sc[1], add=sc[2])
     elif p.node.op == "batch_normalization" and p.node.attrs["axis"] == axis:
@@ -259,6 +274,116 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
     if pro is None or bound + len(pro.reads()) > max_inputs:
         return None
     return pro
+
+
+# Gates (fuse_gates): one workgroup per batch item pools the plane, then runs the FC chain from
+# workgroup memory. Channels per layer are capped by that memory (two arrays of GATE_MAX_CHANNELS
+# f32); the plane by what one workgroup should read: GPUs stream about 100 GB/s into one compute
+# unit, so 2^18 elements (1 MiB of f32) cost about what the launches the fusion saves cost
+# (~5 us each measured on an H100); bigger planes keep their multi-workgroup pool kernel and only
+# the FC chain is fused. Both are guesses until a GPU run measures them.
+GATE_MAX_CHANNELS = 1024
+GATE_MAX_POOL = 1 << 18
+
+
+def global_average_pool(n):
+    """average_pool2d node `n` averages whole planes (1x1 output, no padding)."""
+    if n.op != "average_pool2d":
+        return False
+    a, x, y = n.attrs, n.inputs[0], n.outputs[0]
+    plane = list(x.shape[2:] if a["layout"] == "nchw" else x.shape[1:3])
+    out = list(y.shape[2:] if a["layout"] == "nchw" else y.shape[1:3])
+    return a["window_dimensions"] == plane and a["padding"] == [0, 0, 0, 0] and out == [1, 1]
+
+
+def fully_connected(n):
+    """conv2d node `n` is a fully connected layer: a 1x1 filter over a 1x1 plane, one group."""
+    if n.op != "conv2d":
+        return False
+    a, x = n.attrs, n.inputs[0]
+    plane = x.shape[2:] if a["input_layout"] == "nchw" else x.shape[1:3]
+    dims = dict(zip(a["filter_layout"], n.inputs[1].shape))
+    return (tuple(plane) == (1, 1) and dims["h"] == dims["w"] == 1 and a["groups"] == 1
+            and a["padding"] == [0, 0, 0, 0])
+
+
+def _gate_channels(v):
+    return v.shape[1] * v.shape[2] * v.shape[3]  # one of them is C, the others 1 (after a pool/FC)
+
+
+def fuse_gates(steps, single_use, max_inputs):
+    """Merge, in place, each global average pool step (or fully connected conv step) with the fully
+    connected conv steps that follow it, one consuming the other's only output, into one gate step
+    (its `chain`); and give such a pool the elementwise step producing its input (`source`) when
+    nothing else reads that input. Every step in the merge computes float32 or float16, applies
+    unary activations only, and the kernel stays within the binding cap. A pool whose plane is
+    too big for one workgroup (GATE_MAX_POOL) stays its own step; its FC chain still merges."""
+    producer = {id(v): s for s in steps for v in s.outputs}
+    reader = {}  # id(value) -> the steps reading it
+    for s in steps:
+        for n in s.nodes + s.epilogue:
+            for x in n.inputs:
+                if x is not None:
+                    reader.setdefault(id(x), []).append(s)
+    floats = ("float32", "float16")
+
+    def unary_only(s):
+        return s.prologue is None and not s.chain and s.source is None and _unary(s.epilogue)
+
+    for head in list(steps):
+        if head not in steps or head.const or not unary_only(head) or len(head.outputs) != 1:
+            continue
+        hn = head.node
+        pool = global_average_pool(hn)
+        if not pool and not fully_connected(hn):
+            continue
+        x = hn.inputs[0]
+        if x.data_type not in floats or x.rank != 4:
+            continue
+        if pool and math.prod(x.shape[1:]) > GATE_MAX_POOL:
+            continue  # the pool stays a multi-workgroup kernel; its first FC may head a chain
+
+        bound = len([v for v in hn.inputs if v is not None])
+        chain = []
+        cur = head.outputs[0]
+        while True:
+            rs = reader.get(id(cur), [])
+            if len(rs) != 1 or not single_use(cur):
+                break
+            f = rs[0]
+            if (f.const or not unary_only(f) or not fully_connected(f.node) or f.node.inputs[0] is not cur
+                    or len(f.outputs) != 1 or f.outputs[0].data_type != x.data_type
+                    or _gate_channels(f.outputs[0]) > GATE_MAX_CHANNELS):
+                break
+            extra = len([v for v in f.node.inputs[1:] if v is not None])
+            if bound + extra > max_inputs:
+                break
+            bound += extra
+            chain.append(f)
+            cur = f.outputs[0]
+        if not chain or _gate_channels(hn.outputs[0] if pool else x) > GATE_MAX_CHANNELS:
+            continue
+        # the merged step runs where its last FC ran: every FC operand (runtime weights too) is
+        # ready there, and nothing in between read the values the merge hides (single use)
+        steps[steps.index(chain[-1])] = head
+        steps.remove(head)
+        for f in chain[:-1]:
+            steps.remove(f)
+        head.chain = chain
+        head.outputs = list(chain[-1].outputs)
+        for v in head.outputs:
+            producer[id(v)] = head
+        if not pool:
+            continue
+        src = producer.get(id(x))
+        if (src is not None and src in steps and not src.const and not src.epilogue and src.outputs[0] is x
+                and OPS[src.nodes[-1].op].expr is not None and single_use(x) and len(reader.get(id(x), [])) == 1
+                and all(n.outputs[0].data_type in floats for n in src.nodes)
+                and all(v.data_type in floats for v in external_inputs(src.nodes))):
+            ins = external_inputs(src.nodes)
+            if bound - 1 + len(ins) <= max_inputs:
+                steps.remove(src)
+                head.source = src
 
 
 def epilogue_operands(step):
@@ -323,6 +448,9 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
     def is_const(v):
         return v._kind == "constant" or id(v) in const_values
 
+    def single_use(v):
+        return id(v) not in out_values and len(consumers.get(id(v), ())) == 1
+
     steps = []
     producer = {}  # id(value) -> step producing it
     for n in nodes:
@@ -332,10 +460,6 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
         if const:
             const_values.update(id(v) for v in n.outputs)
         op = OPS[n.op]
-
-        def single_use(v):
-            return id(v) not in out_values and len(consumers.get(id(v), ())) == 1
-
         if fuse and op.expr is not None:
             target = _epilogue_target(n, op, const, producer, single_use, max_inputs)
             if target is not None:
@@ -381,6 +505,8 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
         steps.append(step)
         for v in n.outputs:
             producer[id(v)] = step
+    if fuse:
+        fuse_gates(steps, single_use, max_inputs)
     return steps
 
 

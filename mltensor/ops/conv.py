@@ -192,6 +192,17 @@ def _prologue(kc, node, bindings, args):
     t = kc.wtype(x)
     if pro.kind == "dw":
         return x, _depthwise_prologue(kc, pro.step.node, pro.acts, bindings, args)
+    if pro.kind == "resample":
+        # the resampled element (resample_at.wgsl, x being the resample's input), rounded to the
+        # value type as the resample kernel would store it, then the activations
+        rs = pro.step.node
+        if rs.attrs["mode"] == "nearest-neighbor":
+            y = "x[rs_index(i)]"
+        else:
+            y = f"{f16_store(t)}(rs_linear(i))"
+        lines, cur = activation_lines(kc, pro.acts, "a", t)
+        body = "\n".join([f"    let a: {t} = {y};"] + lines)
+        return x, f"fn rs_at(i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
     if pro.kind == "scaled":
         q = pro.scale
         bindings.append(Binding("p_q", t))
@@ -308,6 +319,12 @@ def _lower(kc, node, transposed):
     bindings = [Binding("x", t), Binding("w", t)]
     args = [x, w]
     src, params["pro"] = _prologue(kc, node, bindings, args)
+    rsp = src is not None and kc.step.prologue.kind == "resample"
+    params["rsp"] = rsp
+    if rsp:
+        from .resample import resample_params
+
+        params["rs"] = resample_params(kc, kc.step.prologue.step.node, x, "x")
     if src is not None:
         args[0] = src  # the conv reads the normalization's input and normalizes as it loads
     if bias is not None:
@@ -353,7 +370,7 @@ def _lower(kc, node, transposed):
     # thread: coalesced for NCHW). The transpose keeps the generic per-element loader.
     vec = vec_loads(kc)
     if not transposed and not dwp:
-        nhwc4 = vec and ic_inner and icg % 4 == 0 and ic % 4 == 0
+        nhwc4 = vec and ic_inner and icg % 4 == 0 and ic % 4 == 0 and not rsp
         # On CPU adapters the per-element loader stays: lavapipe measured the hoisted staging at
         # parity to 5% slower (LLVM already strength-reduces the constant divisions).
         params.update(a_mode="nhwc4" if nhwc4 else "hoist" if vec else "default", x_vec=nhwc4)

@@ -330,6 +330,22 @@ def lower_group(kc, nodes, out):
     kc.launch(kernel, ext + [out], grid(-(-threads // WORKGROUP)))
 
 
+def group_fn(kc, nodes, name, prefix):
+    """(WGSL `fn name(i: u32) -> f32` evaluating a fused elementwise group at flat index `i` of its
+    output, widened to f32; its external inputs, bound as `{prefix}0`, `{prefix}1`, ... in order):
+    the group read through by the kernel consuming its output (a gate's pool, pool.py)."""
+    ext = external_inputs(nodes)
+    out = nodes[-1].outputs[0]
+    names = {id(x): f"{prefix}{k}[{_index_expr(x.shape, out.shape)}]" for k, x in enumerate(ext)}
+    lines = []
+    for j, n in enumerate(nodes):
+        args = [names[id(x)] for x in n.inputs if x is not None]
+        lines.append(f"    let v{j}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
+        names[id(n.outputs[0])] = f"v{j}"
+    body = "\n".join(lines)
+    return f"fn {name}(i: u32) -> f32 {{\n{body}\n    return f32(v{len(nodes) - 1});\n}}", ext
+
+
 def OPS_EXPR(node):
     from . import OPS
 

@@ -120,5 +120,71 @@ def _lower(kc, node, mode):
     kc.launch(k, args, grid(groups))
 
 
+def lower_gate(kc, step):
+    """One kernel for a gate step (compiler/passes.py fuse_gates): the global average pool (or the
+    first fully connected conv's input, already one value per channel) and the step's chain of
+    fully connected 1x1 convs with their activations, one workgroup per batch item. Values between
+    layers stay in workgroup memory as f32; each is rounded to the value type first (f16_of for
+    float16), as the unfused kernels would store it."""
+    from ..compiler.passes import global_average_pool
+    from .conv import _filter_strides
+    from .elementwise import activation_lines, group_fn
+
+    head = step.node
+    pool = global_average_pool(head)
+    x = head.inputs[0]
+    t = kc.wtype(x)
+    st = "f16_of" if t == "f16" else ""
+    fcs = [f.node for f in step.chain] if pool else [head] + [f.node for f in step.chain]
+    # each layer's activations: its step's epilogue (a pool's own, applied in pooled(), is the head's)
+    acts = ([] if pool else [step.epilogue]) + [f.epilogue for f in step.chain]
+    bindings, args = [], []
+    if step.source is not None:
+        src_fn, ext = group_fn(kc, step.source.nodes, "src", "g")
+        for k, v in enumerate(ext):
+            bindings.append(Binding(f"g{k}", kc.wtype(v)))
+            args.append(v)
+    else:
+        src_fn = "fn src(i: u32) -> f32 {\n    return f32(x[i]);\n}"
+        bindings.append(Binding("x", t))
+        args.append(x)
+    nb = x.shape[0]
+    nhwc = head.attrs["layout" if pool else "input_layout"] == "nhwc"
+    c = x.shape[3] if nhwc else x.shape[1]
+    hw = math.prod(x.shape[1:]) // c
+    params = {"path": "gate", "pool": pool, "nhwc": nhwc, "C": c, "HW": hw, "src_fn": src_fn,
+              "mode": "avg", "T": "f32", "init": "0.0", "max_": "", "act": "", "LD": "", "ST": st}
+    if pool:
+        lanes = min(64 if nhwc else WORKGROUP, 1 << max(0, (c if nhwc else hw) - 1).bit_length())
+        params.update(L=lanes, R=WORKGROUP // lanes)
+        lines, cur = activation_lines(kc, step.epilogue, "q", t)
+        body = "\n".join([f"    let q: {t} = {st}(s / {lit(float(hw), 'f32')});"] + lines)
+        params["src_fn"] += f"\n\nfn pooled(s: f32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
+    layers, widest = [], c
+    for j, (fc, ep) in enumerate(zip(fcs, acts)):
+        _, w, bias = fc.inputs
+        f_s = _filter_strides(fc.attrs["filter_layout"], w.shape)
+        o = dict(zip(fc.attrs["filter_layout"], w.shape))["o"]
+        bindings.append(Binding(f"w{j}", kc.wtype(w)))
+        args.append(w)
+        if bias is not None:
+            bindings.append(Binding(f"b{j}", kc.wtype(bias)))
+            args.append(bias)
+        lines, cur = activation_lines(kc, ep, "a", t)
+        lines = [f"        let a: {t} = {st}(acc);"] + ["    " + ln for ln in lines]
+        layers.append({"O": o, "I": dict(zip(fc.attrs["filter_layout"], w.shape))["i"], "os": f_s[0],
+                       "is_": f_s[1], "w": f"w{j}", "b": f"b{j}" if bias is not None else "",
+                       "vin": "va" if j % 2 == 0 else "vb", "vout": "vb" if j % 2 == 0 else "va",
+                       "acts": "\n".join(lines), "cur": cur})
+        widest = max(widest, o)
+    out = step.outputs[0]
+    bindings.append(Binding("out", kc.wtype(out), True))
+    args.append(out)
+    params.update(layers=layers, CMAX=widest)
+    name = (f"gate_{head.attrs['layout' if pool else 'input_layout']}_{t}_{'pool' if pool else 'fc'}"
+            + "".join(f"_{f['I']}x{f['O']}" for f in layers) + ("_src" if step.source is not None else ""))
+    kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings)), args, grid(nb))
+
+
 for _name, _mode in (("average_pool2d", "avg"), ("l2_pool2d", "l2"), ("max_pool2d", "max")):
     lowering(_name)(lambda kc, node, _m=_mode: _lower(kc, node, _m))

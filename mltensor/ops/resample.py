@@ -65,34 +65,42 @@ def _nearest_floor(A, B, D, rounding):
     return A, B + D - 1, D  # ceil(x) = floor((A o + B + D - 1) / D)
 
 
-def _lower_resample2d(kc, node):
+def resample_params(kc, node, out, src):
+    """Parameters of shaders/resample_at.wgsl (rs_index / rs_linear) for resample2d node `node`
+    writing `out`, its input bound as `src`: shared by its own kernel and by a convolution that
+    resamples its input as it loads it (conv.py, the "resample" prologue)."""
     x = node.inputs[0]
-    out = kc.out(node)
     a = node.attrs
     ax_h, ax_w = a["axes"]
-    ist = row_strides(x.shape)
-    params = {
-        "n": out.size,
+    rs = {
+        "src": src,
         "out_shape": list(out.shape),
-        "in_strides": ist,
+        "in_strides": row_strides(x.shape),
         "axes": [ax_h, ax_w],
         "mode": a["mode"],
         "ST": "f16_of" if kc.wtype(x) == "f16" else "",  # linear: f32 result stored as f16
     }
     for tag, ax in (("h", ax_h), ("w", ax_w)):
         A, B, D = _rational(a["coordinate_transformation"], x.shape[ax], out.shape[ax])
-        params[f"{tag}_rat"] = [A, B, D]
-        params[f"{tag}_near"] = _nearest_floor(A, B, D, a["nearest_rounding"])
+        rs[f"{tag}_rat"] = [A, B, D]
+        rs[f"{tag}_near"] = _nearest_floor(A, B, D, a["nearest_rounding"])
         # every integer the kernel forms (A2*o + B2 below, A*o + B for linear) must fit in i32
-        A2, B2, D2 = params[f"{tag}_near"]
+        A2, B2, D2 = rs[f"{tag}_near"]
         if max(abs(A2) * out.shape[ax] + abs(B2) + D2, abs(A) * out.shape[ax] + abs(B)) >= 2**31:
             raise NotImplementedError(f"[resample2d] sizes {x.shape[ax]} -> {out.shape[ax]} are too large")
-        params[f"{tag}_last"] = x.shape[ax] - 1
+        rs[f"{tag}_last"] = x.shape[ax] - 1
+    return rs
+
+
+def _lower_resample2d(kc, node):
+    x = node.inputs[0]
+    out = kc.out(node)
+    a = node.attrs
     kernel = Kernel(
         f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
         + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}",
         "resample.wgsl",
-        params,
+        {"n": out.size, "rs": resample_params(kc, node, out, "src")},
         (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True)),
     )
     kc.launch(kernel, [x, out], grid(-(-out.size // WORKGROUP)))
