@@ -40,6 +40,16 @@ if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then
         exit 1
     fi
 fi
+# Graph replay's compiled loop (mltensor/runtime/replay.c) needs a C compiler, once; without one
+# graphs replay from Python at about 3x the host cost per kernel. Built into ~/.cache/mltensor.
+if ! command -v cc >/dev/null && ! command -v gcc >/dev/null && command -v apt-get >/dev/null; then
+    echo "setup: installing a C compiler (gcc) for the compiled graph-replay loop"
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO=sudo; else SUDO=; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq gcc libc6-dev >/dev/null || echo "setup: could not install gcc; graphs replay from Python"
+fi
+.venv/bin/python -c 'from mltensor.runtime import replay; replay.main()' | sed 's/^/setup: /'
 .venv/bin/python - <<'PY'
 import wgpu
 a = wgpu.gpu.request_adapter_sync()

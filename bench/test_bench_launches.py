@@ -2,8 +2,9 @@
 and without copy-free concat, and a small read after a dispatch.
 
 References in the same run: the raw wgpu-py loop (set_pipeline, set_bind_group,
-dispatch_workgroups through wgpu-py's wrappers, one submit), the same launches as bare
-wgpu-native C calls (the floor of any replay from Python), the same models built with
+dispatch_workgroups through wgpu-py's wrappers, one submit), the same graph replayed by the
+Python loop instead of the compiled one (runtime/replay.py), the same launches as bare
+wgpu-native C calls from Python (the floor of any replay loop in Python), the same models built with
 placement off (MLTENSOR_NO_PLACEMENT=1: every concat input copied), and a raw dispatch + copy +
 map round trip with one submit.
 """
@@ -27,17 +28,33 @@ from .timing import adapter_name, measure, record
 def test_replay_enqueue_200_kernels(benchmark, ctx):
     """Host enqueue per kernel of one dispatch of a 200-kernel graph (target <= 1 µs) against the
     raw wgpu-py loop recording 200 dispatches (same adapter, same run)."""
-    b = mltensor.MLGraphBuilder(ctx)
-    x = b.input("x", data_type="float32", shape=[8, 8])
-    y, one = x, b.constant(data_type="float32", value=1.0)
-    for i in range(200):  # reshapes keep the adds from fusing into one kernel
-        y = b.reshape(b.add(y, one), [64] if i % 2 == 0 else [8, 8])
-    g = b.build_sync({"y": y})
+    def build():
+        b = mltensor.MLGraphBuilder(ctx)
+        x = b.input("x", data_type="float32", shape=[8, 8])
+        y, one = x, b.constant(data_type="float32", value=1.0)
+        for i in range(200):  # reshapes keep the adds from fusing into one kernel
+            y = b.reshape(b.add(y, one), [64] if i % 2 == 0 else [8, 8])
+        return b.build_sync({"y": y})
+
+    g = build()
     n = len(g.kernel_names)
     a = ctx.create_tensor_sync(data_type="float32", shape=[8, 8], writable=True)
     out = ctx.create_tensor_sync(data_type="float32", shape=[8, 8], readable=True)
     ctx.write_tensor(a, np.zeros((8, 8), np.float32))
     m = measure(lambda: ctx.dispatch(g, {"x": a}, {"y": out}), lambda: ctx.read_tensor_sync(out), rounds=15)
+    assert np.all(ctx.read_tensor_sync(out) == 200.0)
+    # The same graph replayed by the Python loop (what runs without the compiled loop: no C
+    # compiler, or MLTENSOR_NO_NATIVE_REPLAY=1), as a second graph in the same run.
+    from mltensor.runtime import replay
+
+    native_status = (replay.loaded(), replay.status())[1]
+    state = dict(replay._state)
+    replay._state.update(tried=True, lib=None)
+    try:
+        g_py = build()
+        m_py = measure(lambda: ctx.dispatch(g_py, {"x": a}, {"y": out}), lambda: ctx.read_tensor_sync(out), rounds=15)
+    finally:
+        replay._state.update(state)
     assert np.all(ctx.read_tensor_sync(out) == 200.0)
 
     m_raw = measure(*_raw_loop(ctx.device, n), rounds=15)
@@ -71,9 +88,11 @@ def test_replay_enqueue_200_kernels(benchmark, ctx):
     info = record(benchmark, m, "launch cost", m_raw, "raw wgpu-py loop", kernels=n, adapter=adapter_name(ctx),
                   us_per_kernel_enqueue=m["enqueue_s"] / n * 1e6,
                   raw_us_per_kernel_enqueue=m_raw["enqueue_s"] / n * 1e6,
-                  enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"], **floor)
+                  enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"], replay=native_status,
+                  python_replay_us_per_kernel=m_py["enqueue_s"] / n * 1e6, **floor)
     print(f"\n{n}-kernel graph on {info['adapter']}: {info['us_per_kernel_enqueue']:.2f} µs/kernel enqueue "
-          f"(raw wgpu-py loop {info['raw_us_per_kernel_enqueue']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 1 µs; "
+          f"[{native_status}] (Python replay {info['python_replay_us_per_kernel']:.2f}, "
+          f"raw wgpu-py loop {info['raw_us_per_kernel_enqueue']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 1 µs; "
           f"bare C calls {floor.get('c_calls_us_per_kernel', float('nan')):.2f}, dispatch alone "
           f"{floor.get('c_dispatch_only_us_per_kernel', float('nan')):.2f})")
 

@@ -1,5 +1,6 @@
-"""`pip install .` (not only editable) must ship the WGSL: build the wheel, unpack it, and build
-and run a graph from the unpacked copy alone (the source tree's shaders/ out of reach)."""
+"""`pip install .` (not only editable) must ship the WGSL and the C replay loop: build the wheel,
+unpack it, and build and run a graph from the unpacked copy alone (the source tree's shaders/ out
+of reach), replayed by the compiled loop where a C compiler exists."""
 
 import os
 import subprocess
@@ -37,6 +38,9 @@ def test_wheel_ships_shaders_and_runs(tmp_path):
         "ctx.write_tensor(t, np.array([[1, -2], [3, 4]], np.float32))\n"
         "ctx.dispatch(g, {'x': t}, {'y': o})\n"
         "print(ctx.read_tensor_sync(o).tolist())\n"
+        "import shutil\n"
+        "from mltensor.runtime import replay\n"
+        "assert 'native' in replay.status() or not shutil.which('cc'), replay.status()\n"
     )
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)

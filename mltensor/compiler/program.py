@@ -3,8 +3,10 @@
 Only launches that touch the caller's tensors need per-dispatch bind groups; those are cached per
 set of tensors (dropped when one of them is destroyed). Dispatch replays the launches into the
 context's open compute pass with direct wgpu-native calls on raw handles (wgpu-py's wrappers for
-other backends), skipping set_pipeline / set_bind_group where the pass already holds them; a
-dispatch with the same tensors as the graph's last one skips validation and allocates nothing.
+other backends), skipping set_pipeline / set_bind_group where the pass already holds them; all
+launches after the first go in one call to a compiled C loop where one could be built
+(runtime/replay.py), else through cffi one call at a time. A dispatch with the same tensors as
+the graph's last one skips validation and allocates nothing.
 
 Copy-free placement (KernelContext.place / view): concat inputs are written straight into their
 slab of the concat's storage and contiguous slice/split parts are read in place, bound with an
@@ -22,6 +24,7 @@ from wgpu.backends.wgpu_native._ffi import lib as _lib
 from .. import dtypes
 from ..errors import InvalidStateError
 from ..front.tensor import MLTensor
+from ..runtime import replay
 from ..runtime.timeline import Task
 from ..runtime.wgsl import pipeline
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
@@ -324,7 +327,11 @@ class MLGraph:
         if len(self._bg_cache) >= _BG_CACHE_MAX:
             self._bg_cache.pop(next(iter(self._bg_cache)))
         tail = (bound[-1][0]._internal, bound[-1][1]._internal) if raw else None
-        entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:])
+        # launches after the first as C arrays for the compiled loop (runtime/replay.py), if any
+        native = replay.loaded() if raw else None
+        if native is not None:
+            native = (native[1], replay.arrays(native[0], raw[1:], _address))
+        entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:], native)
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
             if self._evict not in t._on_destroy:  # once per graph, however often its sets change
@@ -443,8 +450,13 @@ def dispatch(ctx, graph, inputs, outputs):
         _record(tl, graph, tensors)
 
 
+def _address(handle):
+    """Integer address of a raw wgpu-native handle (for the compiled replay loop)."""
+    return int(_ffi.cast("uintptr_t", handle))
+
+
 def _record(tl, graph, tensors):
-    bound, raw, buffers, tail, rest = graph._replay(tensors)
+    bound, raw, buffers, tail, rest, native = graph._replay(tensors)
     if not graph._native:  # another wgpu backend: its Python wrappers
         p = tl.compute_pass()
         for pipe, bg, groups in bound:
@@ -466,12 +478,17 @@ def _record(tl, graph, tensors):
             if bg != state[1]:
                 sb(p, 0, bg, 0, null)
             dp(p, x, y, z)
-        for pipe, bg, x, y, z in rest:
-            if pipe is not None:
-                sp(p, pipe)
-            if bg is not None:
-                sb(p, 0, bg, 0, null)
-            dp(p, x, y, z)
+        if native is not None:  # the rest in one call: the compiled loop (runtime/replay.c)
+            lib, (n, pipes, groups, xyz) = native
+            if n:
+                lib.mlt_replay(int(_ffi.cast("uintptr_t", p)), n, pipes, groups, xyz)
+        else:
+            for pipe, bg, x, y, z in rest:
+                if pipe is not None:
+                    sp(p, pipe)
+                if bg is not None:
+                    sb(p, 0, bg, 0, null)
+                dp(p, x, y, z)
         if raw:
             state[0], state[1] = tail
     kept = tl._kept
