@@ -113,7 +113,8 @@ var<workgroup> vb: array<f32, {{ CMAX }}>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = wid.x;
 {$ if pool $}
-    // Lanes along the contiguous axis (channels for NHWC, pixels for NCHW), rows along the other.
+    // Lanes along the contiguous axis (channels for NHWC, pixels for NCHW), rows along the other;
+    // each pass pools L (NHWC) or R (NCHW) channels, then a tree over rows / lanes sums them.
     let lane = li % {{ L }}u;
     let row = li / {{ L }}u;
 {$ if nhwc $}
@@ -127,11 +128,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         part[li] = acc;
         workgroupBarrier();
-        if (li < {{ L }}u && cb + li < {{ C }}u) {
-            var s = 0.0;
-            for (var r = 0u; r < {{ R }}u; r = r + 1u) { s = s + part[r * {{ L }}u + li]; }
-            va[cb + li] = pooled(s);
+        for (var s = {{ R // 2 }}u; s > 0u; s = s >> 1u) {
+            if (row < s) { part[li] = part[li] + part[li + s * {{ L }}u]; }
+            workgroupBarrier();
         }
+        if (row == 0u && c < {{ C }}u) { va[c] = pooled(part[lane]); }
         workgroupBarrier();
     }
 {$ else $}
@@ -145,11 +146,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         part[li] = acc;
         workgroupBarrier();
-        if (li < {{ R }}u && cb + li < {{ C }}u) {
-            var s = 0.0;
-            for (var l = 0u; l < {{ L }}u; l = l + 1u) { s = s + part[li * {{ L }}u + l]; }
-            va[cb + li] = pooled(s);
+        for (var s = {{ L // 2 }}u; s > 0u; s = s >> 1u) {
+            if (lane < s) { part[li] = part[li] + part[li + s]; }
+            workgroupBarrier();
         }
+        if (lane == 0u && c < {{ C }}u) { va[c] = pooled(part[li]); }
         workgroupBarrier();
     }
 {$ endif $}

@@ -21,7 +21,7 @@ def _fc_weights(rng, o, i, fl):
 
 
 def _se(rng, N, C, H, W_, hidden, layout="nhwc", fl="ohwi", bias=True, source=False, acts=("relu", "sigmoid"),
-        dtype="float32", outputs_extra=False):
+        dtype="float32", outputs_extra=False, mean=False):
     """(graph fn, feeds, numpy reference of the gate [N, C]) for pool -> FC -> act -> FC -> act."""
     shape = (N, H, W_, C) if layout == "nhwc" else (N, C, H, W_)
     X = rng.standard_normal(shape).astype(dtype)
@@ -40,7 +40,10 @@ def _se(rng, N, C, H, W_, hidden, layout="nhwc", fl="ohwi", bias=True, source=Fa
         src = x
         if source:
             src = b.add(b.input("y", data_type=dtype, shape=shape), x)
-        s = b.average_pool2d(src, layout=layout)
+        if mean:  # TFLite's MEAN over the plane, keeping it
+            s = b.reduce_mean(src, axes=[1, 2] if layout == "nhwc" else [2, 3], keep_dimensions=True)
+        else:
+            s = b.average_pool2d(src, layout=layout)
         kw = dict(input_layout=layout, filter_layout=fl)
         c = (lambda a: b.constant(a.astype(dtype)))
         h = act[acts[0]](b, b.conv2d(s, c(W1l), bias=c(B1) if bias else None, **kw))
@@ -70,13 +73,22 @@ def _run(ctx, graph, feeds):
 
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("N,C,H,W,hidden", [(1, 16, 8, 8, 8), (2, 24, 7, 7, 6), (3, 100, 5, 3, 25),
-                                             (1, 96, 16, 16, 24), (2, 3, 17, 19, 300)])
+                                             (1, 96, 16, 16, 24), (2, 3, 17, 19, 300), (1, 3, 128, 128, 8),
+                                             (1, 480, 6, 48, 120), (1, 1024, 9, 9, 16)])
 def test_squeeze_excitation_gate_is_one_kernel(ctx, rng, layout, N, C, H, W, hidden):
     graph, feeds, ref = _se(rng, N, C, H, W, hidden, layout=layout, fl="ohwi" if layout == "nhwc" else "oihw")
     res, names = _run(ctx, graph, feeds)
     assert len(names) == 1 and names[0].startswith("gate_") and "_pool_" in names[0], names
     g = res["g"].reshape(N, C)
     np.testing.assert_allclose(g, ref(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_reduce_mean_heads_a_gate(ctx, rng, layout):
+    graph, feeds, ref = _se(rng, 2, 20, 6, 5, 8, layout=layout, fl="ohwi", mean=True, source=True)
+    res, names = _run(ctx, graph, feeds)
+    assert len(names) == 1 and names[0] == f"gate_{layout}_f32_pool_20x8_8x20_src", names
+    np.testing.assert_allclose(res["g"].reshape(2, 20), ref(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("fl", ["oihw", "ohwi", "hwio", "ihwo"])

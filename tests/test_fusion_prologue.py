@@ -384,3 +384,49 @@ def test_resample_not_fused_when_read_twice(ctx, rng):
 
     names = _kernels(ctx, graph)
     assert sum(n.startswith("resample2d") for n in names) == 1 and not any("_resample_" in n for n in names)
+
+
+def _zero_pad(hw_pads, value=0.0, mode="constant", channels=0):
+    """pad of the conv's input: [top, bottom, left, right] on the spatial dims (+ `channels` at the
+    end of the channel dim)."""
+    t, bt, l, r = hw_pads
+
+    def build(b, x, axis):
+        begin, end = [0] * 4, [0] * 4
+        h, w = (2, 3) if axis == 1 else (1, 2)
+        begin[h], end[h], begin[w], end[w] = t, bt, l, r
+        end[axis] = channels
+        return b.pad(x, begin, end, mode=mode, value=value)
+
+    def ref(x):
+        m = {"constant": "constant", "edge": "edge", "reflection": "reflect"}[mode]
+        kw = {"constant_values": value} if mode == "constant" else {}
+        return np.pad(x, ((0, 0), (0, channels), (t, bt), (l, r)), mode=m, **kw)
+
+    return build, ref
+
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("pads", [(0, 1, 0, 1), (2, 1, 1, 3)])
+@pytest.mark.parametrize("xshape,wshape,opts", [
+    ((1, 8, 9, 9), (16, 8, 3, 3), dict(strides=[2, 2])),  # TensorFlow's explicit pad before a strided conv
+    ((1, 16, 6, 6), (24, 16, 1, 1), dict()),  # a padded 1x1 is no longer pointwise
+    CASES[1], CASES[3], CASES[4], CASES[5], CASES[6],
+])
+def test_zero_pad_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, pads):
+    # the pad's amounts join the convolution's own padding: no pad kernel
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    fl = "oihw" if layout == "nchw" else "ohwi"
+    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
+                         prologue=_zero_pad(pads), expect_kernels=1, **opts)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("pad", [dict(value=1.5), dict(mode="edge"), dict(mode="reflection"), dict(channels=4)],
+                         ids=["nonzero", "edge", "reflection", "channels"])
+def test_pad_not_merged_unless_zero_and_spatial(ctx, rng, pad):
+    # anything but zeros on the spatial dims stays a pad kernel (and is still right)
+    got, ref = _run_conv(ctx, rng, (1, 4, 5, 5), (6, 8 if pad.get("channels") else 4, 3, 3), use_bias=True,
+                         prologue=_zero_pad((1, 1, 2, 0), **pad), expect_kernels=2)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))

@@ -88,8 +88,10 @@ class ConvPrologue:
     a [scale; shift] constant of 2C values or None (parameters read as they are), `acts` the
     unary activations after it. kind "scaled": step multiplies `input` by `scale` (varying along
     batch and channel only), then adds `add` (or None). kind "dw": step is a depthwise conv2d,
-    `acts` its activations. kind "resample": step is a resample2d (+ unary `acts`). `input` is
-    what the convolution reads instead of its own input."""
+    `acts` its activations. kind "resample": step is a resample2d (+ unary `acts`). kind "pad":
+    step pads with zeros along the spatial dimensions, `scale` the amounts [top, bottom, left,
+    right] added to the convolution's own padding. `input` is what the convolution reads instead
+    of its own input."""
 
     __slots__ = ("kind", "step", "input", "acts", "const", "scale", "add")
 
@@ -101,7 +103,7 @@ class ConvPrologue:
         """Values the convolution's kernel binds besides its own operands."""
         if self.kind == "scaled":
             return [v for v in (self.scale, self.add) if v is not None]
-        if self.kind == "resample":
+        if self.kind in ("resample", "pad"):
             return []
         if self.const is not None:
             return [self.const]
@@ -188,6 +190,22 @@ def _scale_prologue(p, x, axis):
     return full, s, r
 
 
+def _zero_pad(p, n):
+    """[top, bottom, left, right] when step `p` pads conv node `n`'s input with zeros along its
+    spatial dimensions only (TensorFlow's explicit padding before a strided convolution): the
+    convolution pads those itself, and the pad kernel goes."""
+    pn = p.node
+    if pn.op != "pad" or p.epilogue or len(p.nodes) != 1 or pn.attrs["mode"] != "constant":
+        return None
+    if float(pn.attrs["value"]) != 0.0:
+        return None
+    h, w = (2, 3) if n.attrs["input_layout"] == "nchw" else (1, 2)
+    b, e = pn.attrs["beginning_padding"], pn.attrs["ending_padding"]
+    if any(b[d] or e[d] for d in range(4) if d not in (h, w)):
+        return None
+    return [b[h], e[h], b[w], e[w]]
+
+
 def fuse_depthwise():
     """The depthwise prologue is opt-in (MLTENSOR_FUSE_DEPTHWISE=1): it saves a launch and the
     depthwise output's round trip through memory, but each 1x1-conv workgroup recomputes the
@@ -225,8 +243,8 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
     loads it, its output read by this conv only: a batch_normalization over the conv's channel
     axis, then either a per-channel affine tail of host constants (folded into one [scale; shift]
     constant) or unary activations only (parameters read as they are); a per-(batch, channel)
-    multiplication (+ a same-shaped addend); a resample2d; or, opt-in, a depthwise conv before a
-    1x1 conv.
+    multiplication (+ a same-shaped addend); a resample2d; a zero pad of the spatial dimensions
+    (merged into the convolution's padding); or, opt-in, a depthwise conv before a 1x1 conv.
     None when not, or when the kernel would bind more than `max_inputs` inputs."""
     x = n.inputs[0]
     p = producer.get(id(x))
@@ -256,6 +274,8 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
     if (fuse_depthwise() and _depthwise(p.node) and _pointwise(n)
             and p.node.attrs["input_layout"] == n.attrs["input_layout"] and _unary(p.epilogue)):
         pro = ConvPrologue("dw", p, p.node.inputs[0], p.epilogue)
+    elif n.op == "conv2d" and (pad := _zero_pad(p, n)) is not None:
+        pro = ConvPrologue("pad", p, p.node.inputs[0], const=None, scale=pad)
     elif p.node.op == "resample2d" and _unary(p.epilogue) and x.data_type in ("float32", "float16"):
         pro = ConvPrologue("resample", p, p.node.inputs[0], p.epilogue)
     elif (sc := _scale_prologue(p, x, axis)) is not None:
@@ -287,13 +307,19 @@ GATE_MAX_POOL = 1 << 18
 
 
 def global_average_pool(n):
-    """average_pool2d node `n` averages whole planes (1x1 output, no padding)."""
-    if n.op != "average_pool2d":
-        return False
-    a, x, y = n.attrs, n.inputs[0], n.outputs[0]
-    plane = list(x.shape[2:] if a["layout"] == "nchw" else x.shape[1:3])
-    out = list(y.shape[2:] if a["layout"] == "nchw" else y.shape[1:3])
-    return a["window_dimensions"] == plane and a["padding"] == [0, 0, 0, 0] and out == [1, 1]
+    """The layout ("nchw" | "nhwc") in which node `n` averages whole planes of a 4-D tensor into a
+    1x1 plane: an average_pool2d over the plane without padding, or a reduce_mean over both
+    spatial axes that keeps them (TFLite's MEAN); else None."""
+    x, y = n.inputs[0], n.outputs[0]
+    if n.op == "average_pool2d":
+        a = n.attrs
+        plane = list(x.shape[2:] if a["layout"] == "nchw" else x.shape[1:3])
+        out = list(y.shape[2:] if a["layout"] == "nchw" else y.shape[1:3])
+        if a["window_dimensions"] == plane and a["padding"] == [0, 0, 0, 0] and out == [1, 1]:
+            return a["layout"]
+    elif n.op == "reduce_mean" and x.rank == 4 and y.rank == 4:
+        return {(1, 2): "nhwc", (2, 3): "nchw"}.get(tuple(n.attrs["axes"]))
+    return None
 
 
 def fully_connected(n):
@@ -312,7 +338,8 @@ def _gate_channels(v):
 
 
 def fuse_gates(steps, single_use, max_inputs):
-    """Merge, in place, each global average pool step (or fully connected conv step) with the fully
+    """Merge, in place, each global average pool step (global_average_pool: an average_pool2d or a
+    reduce_mean over the plane; or a fully connected conv step) with the fully
     connected conv steps that follow it, one consuming the other's only output, into one gate step
     (its `chain`); and give such a pool the elementwise step producing its input (`source`) when
     nothing else reads that input. Every step in the merge computes float32 or float16, applies
@@ -334,7 +361,7 @@ def fuse_gates(steps, single_use, max_inputs):
         if head not in steps or head.const or not unary_only(head) or len(head.outputs) != 1:
             continue
         hn = head.node
-        pool = global_average_pool(hn)
+        pool = global_average_pool(hn) is not None
         if not pool and not fully_connected(hn):
             continue
         x = hn.inputs[0]

@@ -192,6 +192,8 @@ def _prologue(kc, node, bindings, args):
     t = kc.wtype(x)
     if pro.kind == "dw":
         return x, _depthwise_prologue(kc, pro.step.node, pro.acts, bindings, args)
+    if pro.kind == "pad":
+        return x, ""  # the padding is the conv's (_lower)
     if pro.kind == "resample":
         # the resampled element (resample_at.wgsl, x being the resample's input), rounded to the
         # value type as the resample kernel would store it, then the activations
@@ -289,6 +291,13 @@ def _lower(kc, node, transposed):
     x, w, bias = node.inputs
     out = kc.out(node)
     a = node.attrs
+    step = kc.step
+    if step is not None and step.prologue is not None and node is step.node and step.prologue.kind == "pad":
+        # a zero pad of the spatial dims before this conv (compiler/passes.py): read its input and
+        # pad by both amounts; padding never goes through x_at, so it reads as zero
+        extra = step.prologue.scale
+        x = step.prologue.input
+        a = dict(a, padding=[p + q for p, q in zip(a["padding"], extra)])
     lay = a["input_layout"]
     groups = a["groups"]
     in_s = _strides_nchw(lay, x.shape)

@@ -131,7 +131,8 @@ def lower_gate(kc, step):
     from .elementwise import activation_lines, group_fn
 
     head = step.node
-    pool = global_average_pool(head)
+    layout = global_average_pool(head)
+    pool = layout is not None
     x = head.inputs[0]
     t = kc.wtype(x)
     st = "f16_of" if t == "f16" else ""
@@ -149,13 +150,18 @@ def lower_gate(kc, step):
         bindings.append(Binding("x", t))
         args.append(x)
     nb = x.shape[0]
-    nhwc = head.attrs["layout" if pool else "input_layout"] == "nhwc"
+    layout = layout or head.attrs["input_layout"]
+    nhwc = layout == "nhwc"
     c = x.shape[3] if nhwc else x.shape[1]
     hw = math.prod(x.shape[1:]) // c
     params = {"path": "gate", "pool": pool, "nhwc": nhwc, "C": c, "HW": hw, "src_fn": src_fn,
               "mode": "avg", "T": "f32", "init": "0.0", "max_": "", "act": "", "LD": "", "ST": st}
     if pool:
-        lanes = min(64 if nhwc else WORKGROUP, 1 << max(0, (c if nhwc else hw) - 1).bit_length())
+        # NHWC: up to 64 channels a pass (256-byte rows), the other threads along the plane.
+        # NCHW: enough channels a pass to keep 256 threads busy, at least 16 lanes (64 bytes) along
+        # each channel's plane, fewer only for planes smaller than that.
+        p2 = lambda v: 1 << max(0, v - 1).bit_length()  # noqa: E731 (next power of two)
+        lanes = min(64, p2(c)) if nhwc else min(p2(hw), max(16, WORKGROUP // p2(c)))
         params.update(L=lanes, R=WORKGROUP // lanes)
         lines, cur = activation_lines(kc, step.epilogue, "q", t)
         body = "\n".join([f"    let q: {t} = {st}(s / {lit(float(hw), 'f32')});"] + lines)
@@ -181,7 +187,7 @@ def lower_gate(kc, step):
     bindings.append(Binding("out", kc.wtype(out), True))
     args.append(out)
     params.update(layers=layers, CMAX=widest)
-    name = (f"gate_{head.attrs['layout' if pool else 'input_layout']}_{t}_{'pool' if pool else 'fc'}"
+    name = (f"gate_{layout}_{t}_{'pool' if pool else 'fc'}"
             + "".join(f"_{f['I']}x{f['O']}" for f in layers) + ("_src" if step.source is not None else ""))
     kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings)), args, grid(nb))
 
