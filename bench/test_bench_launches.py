@@ -224,3 +224,60 @@ def test_model_kernel_counts(benchmark, ctx, name):
           f"{concats(after)} ({dict(fam.most_common(5))})")
     if os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"):  # NO_FUSION turns placement off too
         assert concats(after) == 0 and len(after) < len(before)
+
+
+def _mediapipe(ctx, name, fused):
+    from mltensor import models
+    from mltensor.tflite import import_model
+
+    try:
+        path = models.fetch(name, progress=False)
+    except models.FetchError as e:
+        pytest.skip(f"model unavailable: {e}")
+    old = os.environ.get("MLTENSOR_NO_FUSION")
+    os.environ["MLTENSOR_NO_FUSION"] = "0" if fused else "1"
+    try:
+        return import_model(path, ctx)
+    finally:
+        if old is None:
+            del os.environ["MLTENSOR_NO_FUSION"]
+        else:
+            os.environ["MLTENSOR_NO_FUSION"] = old
+
+
+@pytest.mark.parametrize("name", ["selfie_segmentation", "face_detection_short_range",
+                                  "face_detection_full_range_sparse", "palm_detection_full", "pose_detection"])
+def test_mediapipe_fusion(benchmark, ctx, name):
+    """Kernels one inference launches and its time (input on the device, output read back), the
+    model built with fusion (gates, prologues, pads read through or merged, epilogues) against
+    the same model built with MLTENSOR_NO_FUSION=1, alternated in one run; outputs must agree."""
+    runs = {}
+    for fused in (True, False):
+        graph, inputs, outputs = _mediapipe(ctx, name, fused)
+        ins = {n: ctx.create_tensor_sync(data_type=dt, shape=s, writable=True) for n, dt, s in inputs}
+        outs = {n: ctx.create_tensor_sync(data_type=dt, shape=s, readable=True) for n, dt, s in outputs}
+        rng = np.random.default_rng(0)
+        for (n, dt, s), t in zip(inputs, ins.values()):
+            ctx.write_tensor(t, rng.random(s, dtype=np.float32))
+        first = next(iter(outs.values()))
+        runs[fused] = (graph, ins, outs, first)
+    got = {f: (ctx.dispatch(g, i, o), ctx.read_tensor_sync(first))[1] for f, (g, i, o, first) in runs.items()}
+    np.testing.assert_allclose(got[True], got[False], rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(got[False]).max())))
+
+    def timed(f):
+        g, i, o, first = runs[f]
+        return lambda: ctx.dispatch(g, i, o), lambda: ctx.read_tensor_sync(first)
+
+    res = {True: [], False: []}
+    for _ in range(3):  # alternate: load on a shared host hits both alike
+        for f in (True, False):
+            res[f].append(measure(*timed(f), rounds=5, warmup=1))
+    m = min(res[True], key=lambda r: r["total_s"])
+    m_ref = min(res[False], key=lambda r: r["total_s"])
+    k_f, k_u = len(runs[True][0].kernel_names), len(runs[False][0].kernel_names)
+    info = record(benchmark, m, "fusion (MediaPipe)", m_ref, "same model, MLTENSOR_NO_FUSION=1",
+                  adapter=adapter_name(ctx), model=name, kernels_fused=k_f, kernels_unfused=k_u)
+    print(f"\n{name} on {info['adapter']}: {k_u} -> {k_f} kernels; {m['total_s'] * 1e3:.1f} ms fused vs "
+          f"{m_ref['total_s'] * 1e3:.1f} ms unfused (x{info['ratio']:.2f})")
+    for g, i, o, _ in runs.values():
+        g.destroy()

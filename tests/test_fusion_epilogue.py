@@ -248,3 +248,57 @@ def test_gemm_mul(ctx, rng, m):
     assert len(names) == 1 and names[0].startswith("gemm"), names
     ref = 0.5 * A.astype(np.float64) @ B.T.astype(np.float64) + C
     _check(_run(ctx, build)["z"], np.maximum(S * ref, -0.5))
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("value,mode_pads", [(0.0, "channels"), (0.0, "spatial"), (-1.5, "both")])
+def test_residual_through_a_constant_pad(ctx, rng, layout, value, mode_pads):
+    # BlazePalm / BlazeFace blocks: conv(z) + pad(max_pool(x)) (channels padded with zeros): the
+    # epilogue reads the pool's output through the pad, so the pad launches nothing
+    N, C, C2, H, W = 2, 4, 10, 8, 6
+    nhwc = layout == "nhwc"
+    ch = C2 - C if mode_pads in ("channels", "both") else 0
+    sp = (1, 0, 2, 1) if mode_pads in ("spatial", "both") else (0, 0, 0, 0)
+    OH, OW = H // 2 + sp[0] + sp[1], W // 2 + sp[2] + sp[3]
+    X = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    Z = rng.standard_normal((N, C2, OH, OW)).astype(np.float32)
+    Wt = (rng.standard_normal((C + ch, C2, 1, 1)) * 0.5).astype(np.float32)
+
+    def build():
+        b = mltensor.MLGraphBuilder(ctx)
+        x = b.input("x", data_type="float32", shape=_nhwc(X).shape if nhwc else X.shape)
+        z = b.input("z", data_type="float32", shape=_nhwc(Z).shape if nhwc else Z.shape)
+        p = b.max_pool2d(x, window_dimensions=[2, 2], strides=[2, 2], layout=layout)
+        c_ax, h_ax, w_ax = (3, 1, 2) if nhwc else (1, 2, 3)
+        begin, end = [0] * 4, [0] * 4
+        end[c_ax], begin[h_ax], end[h_ax], begin[w_ax], end[w_ax] = ch, sp[0], sp[1], sp[2], sp[3]
+        r = b.pad(p, begin, end, value=value)
+        kw = dict(input_layout=layout, filter_layout="ohwi" if nhwc else "oihw")
+        y = b.conv2d(z, b.constant(_nhwc(Wt) if nhwc else Wt), **kw)
+        return b, {"y": b.relu(b.add(y, r))}, {"x": _nhwc(X) if nhwc else X, "z": _nhwc(Z) if nhwc else Z}
+
+    names = _kernels(ctx, build)
+    assert len(names) == 2 and not any(n.startswith("pad") for n in names), names
+    got = _run(ctx, build)["y"]
+    pooled = X.reshape(N, C, H // 2, 2, W // 2, 2).max(axis=(3, 5)).astype(np.float64)
+    r = np.pad(pooled, ((0, 0), (0, ch), (sp[0], sp[1]), (sp[2], sp[3])), constant_values=value)
+    ref = np.maximum(conv2d_ref(Z.astype(np.float64), Wt) + r, 0)
+    _check(got.transpose(0, 3, 1, 2) if nhwc else got, ref)
+
+
+def test_pad_read_twice_still_launches(ctx, rng):
+    X = rng.standard_normal((1, 8, 4, 4)).astype(np.float32)
+
+    def build():
+        b = mltensor.MLGraphBuilder(ctx)
+        x = b.input("x", data_type="float32", shape=[1, 4, 4, 4])
+        r = b.pad(x, [0, 0, 0, 0], [0, 4, 0, 0])
+        y = b.conv2d(b.input("z", data_type="float32", shape=[1, 8, 4, 4]), b.constant(np.eye(8, dtype=np.float32).reshape(8, 8, 1, 1)))
+        return b, {"y": b.add(y, r), "r": r}, {"x": X[:, :4], "z": X}
+
+    names = _kernels(ctx, build)
+    assert any(n.startswith("pad") for n in names), names
+    got = _run(ctx, build)
+    want = np.pad(X[:, :4], ((0, 0), (0, 4), (0, 0), (0, 0)))
+    _check(got["r"], want)
+    _check(got["y"], X + want)

@@ -233,7 +233,8 @@ class KernelContext:
         extra = epilogue_operands(step)
         for k, v in enumerate(extra):
             bindings.insert(len(bindings) - 1, Binding(f"e{k}", self.wtype(v)))
-            args.insert(len(args) - 1, v)
+            pad = step.views.get(id(v))  # a constant pad read through: bind its input
+            args.insert(len(args) - 1, v if pad is None else pad.inputs[0])
         return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]))
 
     def copy(self, src, dst):

@@ -41,7 +41,7 @@ EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d"
 
 
 class Step:
-    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "chain", "source")
+    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "chain", "source", "views")
 
     def __init__(self, node, const):
         self.nodes = [node]  # one node, or a fused elementwise group in topological order
@@ -58,6 +58,9 @@ class Step:
         # after this fully connected conv), and the elementwise step the pool reads through
         self.chain = []
         self.source = None
+        # Epilogue operands read through a constant pad: id(pad output) -> the pad node, whose
+        # input the kernel binds instead (the pad launches nothing; lower.KernelContext.epilogue)
+        self.views = {}
 
     @property
     def node(self):
@@ -492,6 +495,12 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
             if target is not None:
                 prev, other = target
                 if other is not None:
+                    pad = producer.get(id(other))
+                    if (pad is not None and pad in steps and _constant_pad(pad) and pad.const == const
+                            and single_use(other) and tuple(other.shape) == tuple(n.outputs[0].shape)):
+                        steps.remove(pad)  # read through (the pad's input is bound instead)
+                        prev.views[id(other)] = pad.node
+                        other = pad.node.inputs[0]
                     # the kernel reads `other`: run it after the step producing `other`
                     src = producer.get(id(other))
                     if src in steps and steps.index(src) > steps.index(prev):
@@ -535,6 +544,12 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
     if fuse:
         fuse_gates(steps, single_use, max_inputs)
     return steps
+
+
+def _constant_pad(step):
+    """Step `step` is a lone pad with a constant value (read through by an epilogue)."""
+    n = step.node
+    return n.op == "pad" and len(step.nodes) == 1 and not step.epilogue and n.attrs["mode"] == "constant"
 
 
 def _epilogue_target(n, op, const, producer, single_use, max_inputs):

@@ -367,6 +367,12 @@ def epilogue_fn(kc, step, extra, wtype):
     flat output index `i`; `extra` are the other operands of its binary nodes, bound as `e0`, ..."""
     out_shape = step.nodes[0].outputs[0].shape
     names = {id(v): f"e{k}[{_index_expr(v.shape, out_shape)}]" for k, v in enumerate(extra)}
+    views = []
+    for k, v in enumerate(extra):
+        pad = step.views.get(id(v))
+        if pad is not None:
+            names[id(v)] = f"e{k}_at(i)"
+            views.append(_pad_view(kc, pad, f"e{k}"))
     names[id(step.nodes[0].outputs[0])] = "x"
     lines, cur = [], "x"
     for j, n in enumerate(step.epilogue):
@@ -375,4 +381,26 @@ def epilogue_fn(kc, step, extra, wtype):
         lines.append(f"    let {cur}: {wtype} = {OPS_EXPR(n)(kc, n, *args)};")
         names[id(n.outputs[0])] = cur
     body = "\n".join(lines)
-    return f"fn act(x: {wtype}, i: u32) -> {wtype} {{\n{body}\n    return {cur};\n}}"
+    return "".join(views) + f"fn act(x: {wtype}, i: u32) -> {wtype} {{\n{body}\n    return {cur};\n}}"
+
+
+def _pad_view(kc, pad, name):
+    """WGSL `fn {name}_at(i: u32) -> T`: element i (row-major) of constant pad node `pad`'s output,
+    read from its input bound as `name`: the pad value outside the input, else the input element."""
+    x, out = pad.inputs[0], pad.outputs[0]
+    t = kc.wtype(out)
+    begin = pad.attrs["beginning_padding"]
+    lines, terms, inner = [], [], 1
+    strides = row_strides(x.shape)
+    for d in range(len(out.shape) - 1, -1, -1):
+        size = out.shape[d]
+        c = f"((i / {inner}u) % {size}u)" if inner > 1 else f"(i % {size}u)"
+        if size == x.shape[d] and not begin[d]:
+            terms.append(f"{c} * {strides[d]}u")
+        else:  # u32: a coordinate left of the input wraps past its size and fails the test too
+            lines.append(f"    let c{d} = {c} - {begin[d]}u;")
+            lines.append(f"    if (c{d} >= {x.shape[d]}u) {{ return {lit(pad.attrs['value'], t)}; }}")
+            terms.append(f"c{d} * {strides[d]}u")
+        inner *= size
+    body = "\n".join(lines)
+    return (f"fn {name}_at(i: u32) -> {t} {{\n{body}\n    return {name}[{' + '.join(terms) or '0u'}];\n}}\n\n")
