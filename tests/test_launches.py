@@ -101,7 +101,8 @@ def test_densenet_style_growing_concats(ctx, between):
 @pytest.mark.parametrize("case", ["misaligned", "repeated", "output", "batch2", "input"])
 def test_concat_fallbacks_copy(ctx, case):
     """Where a slab cannot be placed (offset not a multiple of minStorageBufferOffsetAlignment,
-    the same value twice, a graph output, non-contiguous slabs, a graph input), concat copies."""
+    the same value twice, non-contiguous slabs, a graph input), concat copies. A concat that is a
+    graph output is placed too: its producers write into the caller's tensor."""
     rng = np.random.default_rng(2)
     shape = {"misaligned": [1, 3, 5], "batch2": [2, 4, 16]}.get(case, [1, 4, 16])
     b = mltensor.MLGraphBuilder(ctx)
@@ -111,8 +112,10 @@ def test_concat_fallbacks_copy(ctx, case):
     cat = b.concat(parts, 1)
     y = cat if case == "output" else b.mul(cat, b.constant(data_type="float32", value=2.0))
     g = b.build_sync({"y": y})
-    if not NO_FUSION and case in ("misaligned", "output", "batch2"):
+    if not NO_FUSION and case in ("misaligned", "batch2"):
         assert len(_concat_kernels(g)) == 2, g.kernel_names
+    if not NO_FUSION and case == "output":
+        assert len(_concat_kernels(g)) == 0 and len(g.kernel_names) == 2, g.kernel_names
     xv = rng.standard_normal(shape).astype(np.float32)
     ref = {"x": xv}
     want = np.concatenate([{id(x): xv, id(a): -xv, id(c): np.abs(xv)}[id(p)] for p in parts], 1)
@@ -120,6 +123,29 @@ def test_concat_fallbacks_copy(ctx, case):
         want = want * 2
     got = _run(ctx, g, ref)["y"]
     np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def test_concat_output_written_into_callers_tensors(ctx, rng):
+    """Producers of a concat that is a graph output write their slabs straight into the caller's
+    output tensor (a view bound per tensor set): two output tensors, alternately, each gets the
+    whole result, and a second output reads the concat back from the caller's tensor."""
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 8, 16])
+    cat = b.concat([b.relu(x), b.neg(x), b.sigmoid(x)], 1)
+    g = b.build_sync({"y": cat, "z": b.mul(cat, b.constant(data_type="float32", value=3.0))})
+    if not NO_FUSION:
+        assert not _concat_kernels(g) and len(g.kernel_names) == 4, g.kernel_names
+    xt = ctx.create_tensor_sync(data_type="float32", shape=[1, 8, 16], writable=True)
+    outs = [{k: ctx.create_tensor_sync(data_type="float32", shape=[1, 24, 16], readable=True) for k in "yz"}
+            for _ in range(2)]
+    for rnd in range(4):
+        xv = rng.standard_normal((1, 8, 16)).astype(np.float32)
+        ctx.write_tensor(xt, xv)
+        o = outs[rnd % 2]
+        ctx.dispatch(g, {"x": xt}, o)
+        want = np.concatenate([np.maximum(xv, 0), -xv, 1 / (1 + np.exp(-xv))], 1)
+        np.testing.assert_allclose(ctx.read_tensor_sync(o["y"]), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ctx.read_tensor_sync(o["z"]), want * 3, rtol=1e-6, atol=1e-6)
 
 
 def test_replay_state_skipping_across_graphs(ctx):

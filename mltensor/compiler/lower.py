@@ -130,7 +130,8 @@ class KernelContext:
         densenet, where every concat extends the previous one) into out's. Refused when: the
         offset is not a multiple of minStorageBufferOffsetAlignment (views are bound with an
         offset), the size is not a multiple of 16 bytes (vec4 kernels must not spill into the next
-        slab), either side is a caller's tensor, a constant or a build-time value, the slab
+        slab), x is a caller's tensor, either side is a caller's input, a constant or a build-time
+        value (out may be a graph output: its slabs are then views of the caller's tensor), the slab
         overlaps another value's, or some launch would bind one buffer both for reading and for
         writing (WebGPU forbids that in one dispatch)."""
         if not self.placement or self._prologue:
@@ -144,8 +145,11 @@ class KernelContext:
         if n == 0 or n % 16 or target % self.align or xo % self.align:
             return False
         for r in (xr, orr):
-            if (isinstance(r, Scratch) or id(r) in self.fixed or id(r) in self.out_slot
-                    or getattr(r, "_kind", "op") != "op"):
+            # the output may be written straight into a caller's output tensor (bound with an
+            # offset at dispatch); x itself must be an ordinary intermediate
+            out_ok = r is orr and id(r) in self.out_slot
+            if (isinstance(r, Scratch) or (id(r) in self.fixed and not out_ok)
+                    or (id(r) in self.out_slot and not out_ok) or getattr(r, "_kind", "op") != "op"):
                 return False
         base = target - xo
         size = self.nbytes(xr)

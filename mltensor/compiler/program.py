@@ -179,7 +179,7 @@ def compile_graph(builder, outputs, placement=None):
             return compile_graph(builder, outputs, placement=False)
         bufs = [b if v is None else (b, v) for b, v in zip(bufs, vs)]  # views: (buffer, (offset, size))
         entry = [pipe, bgl, bufs, l.groups, None]
-        if not any(isinstance(b, Ext) for b in bufs):
+        if not any(_ext(b) for b in bufs):
             entry[4] = device.create_bind_group(
                 layout=bgl,
                 entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)],
@@ -212,6 +212,13 @@ def _resource(b):
     if b.__class__ is tuple:
         return {"buffer": b[0], "offset": b[1][0], "size": b[1][1]}
     return {"buffer": b}
+
+
+def _ext(b):
+    """The caller's tensor slot a binding names (whole, or a view of it), else None."""
+    if b.__class__ is tuple:
+        b = b[0]
+    return b if isinstance(b, Ext) else None
 
 
 def _shares_buffer(bufs, bindings):
@@ -313,8 +320,9 @@ class MLGraph:
         device = self._context.device
         bound = []
         for pipe, bgl, bufs, groups, bg in self._launches:
-            if bg is None:
-                real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext) else b for b in bufs]
+            if bg is None:  # caller's tensors, whole or a view (a slab of a concat output)
+                real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext)
+                        else (by_slot[(b[0].kind, b[0].name)], b[1]) if _ext(b) else b for b in bufs]
                 bg = device.create_bind_group(
                     layout=bgl, entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(real)])
             bound.append((pipe, bg, groups))
