@@ -92,15 +92,15 @@ class ConvPrologue:
     unary activations after it. kind "scaled": step multiplies `input` by `scale` (varying along
     batch and channel only), then adds `add` (or None). kind "dw": step is a depthwise conv2d,
     `acts` its activations. kind "resample": step is a resample2d (+ unary `acts`). kind "pad":
-    step pads with zeros along the spatial dimensions, `scale` the amounts [top, bottom, left,
+    step pads with zeros along the spatial dimensions, `pads` the amounts [top, bottom, left,
     right] added to the convolution's own padding. `input` is what the convolution reads instead
     of its own input."""
 
-    __slots__ = ("kind", "step", "input", "acts", "const", "scale", "add")
+    __slots__ = ("kind", "step", "input", "acts", "const", "scale", "add", "pads")
 
-    def __init__(self, kind, step, input, acts=(), const=None, scale=None, add=None):
+    def __init__(self, kind, step, input, acts=(), const=None, scale=None, add=None, pads=None):
         self.kind, self.step, self.input, self.acts = kind, step, input, list(acts)
-        self.const, self.scale, self.add = const, scale, add
+        self.const, self.scale, self.add, self.pads = const, scale, add, pads
 
     def reads(self):
         """Values the convolution's kernel binds besides its own operands."""
@@ -278,7 +278,7 @@ def _prologue(n, producer, single_use, const, max_inputs, consumers):
             and p.node.attrs["input_layout"] == n.attrs["input_layout"] and _unary(p.epilogue)):
         pro = ConvPrologue("dw", p, p.node.inputs[0], p.epilogue)
     elif n.op == "conv2d" and (pad := _zero_pad(p, n)) is not None:
-        pro = ConvPrologue("pad", p, p.node.inputs[0], const=None, scale=pad)
+        pro = ConvPrologue("pad", p, p.node.inputs[0], pads=pad)
     elif p.node.op == "resample2d" and _unary(p.epilogue) and x.data_type in ("float32", "float16"):
         pro = ConvPrologue("resample", p, p.node.inputs[0], p.epilogue)
     elif (sc := _scale_prologue(p, x, axis)) is not None:

@@ -295,7 +295,7 @@ def _lower(kc, node, transposed):
     if step is not None and step.prologue is not None and node is step.node and step.prologue.kind == "pad":
         # a zero pad of the spatial dims before this conv (compiler/passes.py): read its input and
         # pad by both amounts; padding never goes through x_at, so it reads as zero
-        extra = step.prologue.scale
+        extra = step.prologue.pads
         x = step.prologue.input
         a = dict(a, padding=[p + q for p, q in zip(a["padding"], extra)])
     lay = a["input_layout"]
