@@ -278,7 +278,7 @@ def test_residual_through_a_constant_pad(ctx, rng, layout, value, mode_pads, dty
         y = b.conv2d(z, b.constant(_nhwc(Wt) if nhwc else Wt), **kw)
         return b, {"y": b.relu(b.add(y, r))}, {"x": _nhwc(X) if nhwc else X, "z": _nhwc(Z) if nhwc else Z}
 
-    names = _kernels(ctx, build)
+    names = [n for n in _kernels(ctx, build) if not n.startswith(("pack_", "unpack_"))]  # f16 edges without shader-f16
     assert len(names) == 2 and not any(n.startswith("pad") for n in names), names
     got = _run(ctx, build)["y"]
     pooled = X.reshape(N, C, H // 2, 2, W // 2, 2).max(axis=(3, 5)).astype(np.float64)

@@ -12,11 +12,13 @@ import mltensor
 from mltensor.runtime import replay
 
 
-def test_built_and_used_where_a_compiler_exists(ctx):
+def test_built_and_used_where_a_compiler_exists(ctx, monkeypatch):
     if not shutil.which("cc") and not shutil.which("gcc"):
         pytest.skip("no C compiler here")
     if not type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native"):
         pytest.skip("another wgpu backend")
+    monkeypatch.delenv("MLTENSOR_NO_NATIVE_REPLAY", raising=False)  # whatever this run's setting
+    monkeypatch.setattr(replay, "_state", {"lib": None, "tried": False, "status": ""})
     assert replay.loaded() is not None, replay.status()
     assert replay.status().startswith("native ("), replay.status()
 
@@ -73,6 +75,7 @@ def test_replay_paths_agree_with_numpy(ctx, rng, monkeypatch, native):
 
 
 def test_no_compiler_falls_back(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLTENSOR_NO_NATIVE_REPLAY", raising=False)
     monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))  # nothing built yet there
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(replay, "_state", {"lib": None, "tried": False, "status": ""})
