@@ -1,8 +1,14 @@
 """Shared test helpers (import as `from helpers import run_graph`)."""
 
+import os
+
 import numpy as np
 
 import mltensor
+
+# Kernel counts are fusion's results: tests check them with fusion on; under MLTENSOR_NO_FUSION=1
+# (one kernel per node, for comparison) they check only the values.
+FUSION = os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0")
 
 
 def context_with_env(**env):
