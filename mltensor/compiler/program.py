@@ -25,7 +25,7 @@ from .. import dtypes
 from ..errors import InvalidStateError
 from ..front.tensor import MLTensor
 from ..runtime import replay
-from ..runtime.timeline import Task
+from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
 from .passes import binding_cap, live_nodes, plan_steps
@@ -338,7 +338,7 @@ class MLGraph:
         # launches after the first as C arrays for the compiled loop (runtime/replay.py), if any
         native = replay.loaded() if raw else None
         if native is not None:
-            native = (native[1], replay.arrays(native[0], raw[1:], _address))
+            native = (native[1], replay.arrays(native[0], raw[1:], handle_address))
         entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:], native)
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
@@ -458,11 +458,6 @@ def dispatch(ctx, graph, inputs, outputs):
         _record(tl, graph, tensors)
 
 
-def _address(handle):
-    """Integer address of a raw wgpu-native handle (for the compiled replay loop)."""
-    return int(_ffi.cast("uintptr_t", handle))
-
-
 def _record(tl, graph, tensors):
     bound, raw, buffers, tail, rest, native = graph._replay(tensors)
     if not graph._native:  # another wgpu backend: its Python wrappers
@@ -489,7 +484,7 @@ def _record(tl, graph, tensors):
         if native is not None:  # the rest in one call: the compiled loop (runtime/replay.c)
             lib, (n, pipes, groups, xyz) = native
             if n:
-                lib.mlt_replay(int(_ffi.cast("uintptr_t", p)), n, pipes, groups, xyz)
+                lib.mlt_replay(tl._raw_pass_addr, n, pipes, groups, xyz)
         else:
             for pipe, bg, x, y, z in rest:
                 if pipe is not None:

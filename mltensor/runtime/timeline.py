@@ -56,6 +56,16 @@ def _native_factories():
     return create, begin
 
 
+def handle_address(handle):
+    """Integer address of a raw wgpu-native handle (0 for None or another backend's objects)."""
+    try:
+        from wgpu.backends.wgpu_native._ffi import ffi
+
+        return int(ffi.cast("uintptr_t", handle)) if handle is not None else 0
+    except Exception:
+        return 0
+
+
 _factories = _native_factories()
 _create_encoder, _begin_pass = _factories or (lambda d: d.create_command_encoder(),
                                               lambda e: e.begin_compute_pass())
@@ -93,6 +103,7 @@ class Timeline:
         self._encoder = None
         self._pass = None
         self._raw_pass = None
+        self._raw_pass_addr = 0
         self._pass_state = [None, None]  # raw pipeline and bind group 0 set in the open pass
         self._unsubmitted_writes = False  # a queue.write_buffer since the last submit
         self._touched = set()  # buffers used by commands in the open encoder
@@ -148,6 +159,7 @@ class Timeline:
         if self._pass is None:
             self._pass = _begin_pass(self._open_encoder())
             self._raw_pass = getattr(self._pass, "_internal", None)
+            self._raw_pass_addr = handle_address(self._raw_pass)  # for the compiled replay loop
             self._pass_state = [None, None]
         return self._pass
 
