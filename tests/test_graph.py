@@ -4,6 +4,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from helpers import FUSION
 
 import mltensor
 from mltensor import MLGraphBuilder
@@ -133,7 +134,7 @@ def test_elementwise_chain_fuses_into_one_kernel(ctx):
     bias = b.constant(np.linspace(-1, 1, 5).astype(np.float32))
     y = b.tanh(b.mul(b.add(x, bias), b.constant(data_type="float32", value=2.0)))
     g = b.build_sync({"y": y})
-    assert len(g.kernel_names) == 1 and g.kernel_names[0].startswith("ew_add_mul_tanh")
+    assert not FUSION or (len(g.kernel_names) == 1 and g.kernel_names[0].startswith("ew_add_mul_tanh")), g.kernel_names
     data = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
     out = _dispatch(ctx, g, {"x": data})["y"]
     np.testing.assert_allclose(out, np.tanh((data + np.linspace(-1, 1, 5)) * 2), rtol=1e-5, atol=1e-6)
@@ -404,7 +405,7 @@ def test_fusion_respects_the_binding_limit(ctx):
         y = b.add(y, b.input(f"c{k}", data_type="float32", shape=[4]))
         feeds[f"c{k}"] = np.full(4, k, np.float32)
     g = b.build_sync({"y": y})
-    assert 2 <= len(g.kernel_names) <= 3
+    assert not FUSION or 2 <= len(g.kernel_names) <= 3, g.kernel_names
     assert all(len(entry[2]) <= limit for entry in g._launches)
     assert _dispatch(ctx, g, feeds)["y"].tolist() == [sum(range(limit + 8))] * 4
 

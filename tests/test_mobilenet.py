@@ -8,7 +8,7 @@ TFLite importer emits them).
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import FUSION, run_graph
 from test_ops_conv import conv2d_ref
 from test_ops_pool import pool_ref
 
@@ -139,6 +139,8 @@ def test_mobilenet_fuses_activations(ctx, rng):
     g = b.build_sync({"y": forward_graph(net, b, x, "nhwc")})
     names = g.kernel_names
     convs = [n for n in names if n.startswith("conv2d")]
+    if not FUSION:
+        return  # the counts below are fusion's
     assert len(convs) == 7, names  # 9, less se1 and se2: the gate kernel runs them after the pool
     assert not any("transpose" in n for n in names), names
     # the activations of stem, dw1, se1, se2, exp, dw2 (twice hard_swish) and head are fused,

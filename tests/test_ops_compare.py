@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import assert_exact, run_graph
+from helpers import FUSION, assert_exact, run_graph
 
 import mltensor
 
@@ -118,7 +118,7 @@ def test_fused_chain_is_one_kernel(ctx, rng):
     xc = b.input("c", data_type="float32", shape=c.shape)
     y = b.cast(b.logical_or(b.logical_not(b.greater(xa, xc)), b.equal(xa, xa)), "float32")
     g = b.build_sync({"y": y})
-    assert len(g.kernel_names) == 1, g.kernel_names
+    assert not FUSION or len(g.kernel_names) == 1, g.kernel_names
     g.destroy()
     b = mltensor.MLGraphBuilder(ctx)
     xa = b.input("a", data_type="float32", shape=a.shape)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import run_graph
+from helpers import FUSION, run_graph
 
 import mltensor
 
@@ -73,7 +73,7 @@ def test_matmul_fused_relu(ctx, rng):
     w = rng.standard_normal((16, 24)).astype(np.float32)
     z = b.relu(b.matmul(x, b.constant(w)))
     g = b.build_sync({"z": z})
-    assert len(g.kernel_names) == 1 and g.kernel_names[0].startswith("matmul")
+    assert not FUSION or (len(g.kernel_names) == 1 and g.kernel_names[0].startswith("matmul")), g.kernel_names
     A = rng.standard_normal((40, 16)).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("a", data_type="float32", shape=[40, 16])
@@ -131,7 +131,7 @@ def test_gemm_large_fused_clamp(ctx, rng):
     a = b.input("a", data_type="float32", shape=[M, K])
     y = b.clamp(b.gemm(a, b.constant(B), c=b.constant(C)), min_value=-1.0, max_value=2.0)
     g = b.build_sync({"y": y})
-    assert len(g.kernel_names) == 1 and g.kernel_names[0].startswith("gemm")
+    assert not FUSION or (len(g.kernel_names) == 1 and g.kernel_names[0].startswith("gemm")), g.kernel_names
     b = mltensor.MLGraphBuilder(ctx)
     a = b.input("a", data_type="float32", shape=[M, K])
     y = b.clamp(b.gemm(a, b.constant(B), c=b.constant(C)), min_value=-1.0, max_value=2.0)

@@ -3,7 +3,7 @@ transpose, where. Assertions in the order shape, dtype, values."""
 
 import numpy as np
 import pytest
-from helpers import assert_exact, run_graph
+from helpers import FUSION, assert_exact, run_graph
 
 import mltensor
 
@@ -343,7 +343,7 @@ def test_expand_dtypes(ctx, rng, dt):
 
 def test_expand_fuses_into_elementwise(ctx, rng):
     names = _kernels(ctx, lambda b, x: {"y": b.add(b.expand(b.slice(x, [0, 0, 0], [1, 3, 1]), [2, 3, 4]), x)})
-    assert len(names) == 2 and names[1].startswith("ew_expand_add"), names
+    assert not FUSION or (len(names) == 2 and names[1].startswith("ew_expand_add")), names
     xv, got = _one(ctx, rng, "float32", (2, 3, 4), lambda b, x: b.add(b.expand(b.slice(x, [0, 0, 0], [1, 3, 1]), [2, 3, 4]), x))
     _check(got, xv[:1, :, :1] + xv)
 
