@@ -13,27 +13,29 @@
 const OHW = {{ OH * OW }}u;
 
 // Input element at flat index i (channel c): every read of x goes through x_at / x_at4, which
-// apply the prologue (a fused batch normalization + activations of channel c, or a per-(batch,
-// channel) factor; see compiler/passes.py) where the step has one. Padding never goes through them: it stays 0, the
-// padding of the normalized tensor.
-{$ if rsp $}
+// apply the step's prologue (compiler/passes.py ConvPrologue, text from conv.py): "bn" / "scaled"
+// transform the loaded value (pro), "resample" computes the element from the resample's input
+// (rs_at). Padding never goes through them: it stays 0, the padding of the transformed tensor
+// (a merged "pad" prologue is just more of it). "dw" replaces load_a of a 1x1 conv (dw_at).
+{$ if pro_kind == "resample" $}
 {$ include "resample_at.wgsl" $}
 {$ endif $}
 {{ pro }}
 
 fn x_at(i: u32, c: u32) -> f32 {
-{$ if rsp $}
-    return rs_at(i);  // a resampled input: x is the resample's (smaller) input
-{$ elif x_vec $}
+{$ if pro_kind == "resample" $}
+    return rs_at(i);  // x is the resample's (smaller) input
+{$ else $}
+{$ if x_vec $}
     let v = f32(x[i / 4u][i % 4u]);
 {$ else $}
     let v = f32(x[i]);
 {$ endif $}
-{$ if rsp $}
-{$ elif pro and not dwp $}
+{$ if pro_kind in ("bn", "scaled") $}
     return pro(v, c, i);
 {$ else $}
     return v;
+{$ endif $}
 {$ endif $}
 }
 
@@ -53,12 +55,12 @@ fn k_coords(k: u32) -> vec3<u32> {
 
 {$ if pointwise $}
 // 1x1, stride 1, no padding: A is the input itself (pixels x channels), or with a depthwise
-// prologue (dwp) the depthwise conv's output, computed here from its input x (dw_at, above).
+// prologue ("dw") the depthwise conv's output, computed here from its input x (dw_at, above).
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
 {$ if check_a $}
     if (m >= M || k >= K) { return 0.0; }
 {$ endif $}
-{$ if dwp $}
+{$ if pro_kind == "dw" $}
     return dw_at(m, k);
 {$ elif in_s[1] == 1 and groups == 1 $}
     return x_at(m * {{ IC }}u + k, k);
@@ -256,7 +258,7 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
 fn setup_a(g: u32, m0: u32, li: u32) {}
 
 fn x_at4(i: u32, c: u32) -> vec4<f32> {
-{$ if pro and not dwp $}
+{$ if pro_kind in ("bn", "scaled") $}
     let v = vec4<f32>(x[i / 4u]);
     return vec4<f32>(pro(v.x, c, i), pro(v.y, c + 1u, i + 1u), pro(v.z, c + 2u, i + 2u), pro(v.w, c + 3u, i + 3u));
 {$ else $}

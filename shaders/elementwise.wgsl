@@ -1,7 +1,9 @@
-// A fused chain of elementwise operators: one thread per output element.
-// `loads` computes each external input's (broadcast) index; `body` is the chain, in order.
+// A fused chain of elementwise operators: one thread per output element (or per vec4 of them).
+// `fns` is the chain as a function of the output index (elementwise.py group_fn, scalar path);
+// the vec4 path's `loads` read each external input and `body` evaluates the chain per lane.
 {{ bindings }}
 {$ include "common.wgsl" $}
+{{ fns }}
 
 {{ main_1d(n) }}
 {{ loads }}

@@ -15,20 +15,15 @@ fn coord(o: u32, A: i32, B: i32, D: i32, last: i32) -> f32 {
     return clamp(f32(A * i32(o) + B) / f32(D), 0.0, f32(last));
 }
 
-// (offset of the non-resampled dims in the source, output h, output w) of output index i.
+// (offset of the non-resampled dims in the source, output h, output w) of output index i:
+// the coordinates c0..c3 of i in the output (row-major), straight-line.
 fn rs_coords(i: u32) -> vec3<u32> {
-    var c: array<u32, 4>;
-    c[3] = i % {{ rs.out_shape[3] }}u;
-    c[2] = (i / {{ rs.out_shape[3] }}u) % {{ rs.out_shape[2] }}u;
-    c[1] = (i / {{ rs.out_shape[3] * rs.out_shape[2] }}u) % {{ rs.out_shape[1] }}u;
-    c[0] = i / {{ rs.out_shape[3] * rs.out_shape[2] * rs.out_shape[1] }}u;
-    var base = 0u;
-{$ for d in range(4) $}
-{$ if d != rs.axes[0] and d != rs.axes[1] $}
-    base = base + c[{{ d }}] * {{ rs.in_strides[d] }}u;
-{$ endif $}
-{$ endfor $}
-    return vec3<u32>(base, c[{{ rs.axes[0] }}], c[{{ rs.axes[1] }}]);
+    let c3 = i % {{ rs.out_shape[3] }}u;
+    let c2 = (i / {{ rs.out_shape[3] }}u) % {{ rs.out_shape[2] }}u;
+    let c1 = (i / {{ rs.out_shape[3] * rs.out_shape[2] }}u) % {{ rs.out_shape[1] }}u;
+    let c0 = i / {{ rs.out_shape[3] * rs.out_shape[2] * rs.out_shape[1] }}u;
+    let base = 0u{$ for d in range(4) $}{$ if d != rs.axes[0] and d != rs.axes[1] $} + c{{ d }} * {{ rs.in_strides[d] }}u{$ endif $}{$ endfor $};
+    return vec3<u32>(base, c{{ rs.axes[0] }}, c{{ rs.axes[1] }});
 }
 
 {$ if rs.mode == "nearest-neighbor" $}

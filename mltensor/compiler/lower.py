@@ -68,6 +68,8 @@ class KernelContext:
         self.fixed = set()  # ids of values bound to the caller's tensors or constants (never placed)
         self.placement = True
         self.align = device.limits.get("min-storage-buffer-offset-alignment", 256)
+        self.tune_seconds = 0.0  # kernel autotuning of this build (runtime/autotune.py)
+        self.tune_count = 0
 
     # -- used by lowerings ---------------------------------------------------------------------
 

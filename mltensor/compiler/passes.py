@@ -193,14 +193,18 @@ def _scale_prologue(p, x, axis):
     return full, s, r
 
 
+def _constant_pad(step):
+    """Step `step` is a lone pad with a constant value (merged into a conv, read through by an epilogue)."""
+    n = step.node
+    return n.op == "pad" and len(step.nodes) == 1 and not step.epilogue and n.attrs["mode"] == "constant"
+
+
 def _zero_pad(p, n):
     """[top, bottom, left, right] when step `p` pads conv node `n`'s input with zeros along its
     spatial dimensions only (TensorFlow's explicit padding before a strided convolution): the
     convolution pads those itself, and the pad kernel goes."""
     pn = p.node
-    if pn.op != "pad" or p.epilogue or len(p.nodes) != 1 or pn.attrs["mode"] != "constant":
-        return None
-    if float(pn.attrs["value"]) != 0.0:
+    if not _constant_pad(p) or float(pn.attrs["value"]) != 0.0:
         return None
     h, w = (2, 3) if n.attrs["input_layout"] == "nchw" else (1, 2)
     b, e = pn.attrs["beginning_padding"], pn.attrs["ending_padding"]
@@ -544,12 +548,6 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
     if fuse:
         fuse_gates(steps, single_use, max_inputs)
     return steps
-
-
-def _constant_pad(step):
-    """Step `step` is a lone pad with a constant value (read through by an epilogue)."""
-    n = step.node
-    return n.op == "pad" and len(step.nodes) == 1 and not step.epilogue and n.attrs["mode"] == "constant"
 
 
 def _epilogue_target(n, op, const, producer, single_use, max_inputs):

@@ -186,7 +186,7 @@ def compile_graph(builder, outputs, placement=None):
             )
         (prologue if l.prologue else graph._launches).append(entry)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
-    graph._autotune = {"seconds": getattr(kc, "tune_seconds", 0.0), "signatures_tuned": getattr(kc, "tune_count", 0)}
+    graph._autotune = {"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}
     if prologue:
         tl = ctx._timeline
 

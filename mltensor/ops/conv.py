@@ -13,9 +13,9 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, store_fn
 from . import check_support, int_list, lowering, register, same_type
-from .matmul import f16_store, gemm_launch, vec_loads
+from .matmul import gemm_launch, vec_loads
 
 FLOAT = dtypes.FLOATS
 INPUT_LAYOUTS = ("nchw", "nhwc")
@@ -171,29 +171,29 @@ def _filter_strides(layout, shape):
     return tuple(strides[ch] for ch in "oihw")
 
 
-def _prologue(kc, node, bindings, args):
-    """WGSL `fn pro(v: f32, c: u32, i: u32) -> f32` applying the step's prologue
-    (compiler/passes.py) to input element i of channel c: the batch normalization, either folded
-    into a [scale; shift] constant (p_ab) or computed as normalization.wgsl does from its
-    parameters (p_mean, p_var, p_scale, p_bias), then the fused activations; or the product with
-    a per-(batch, channel) factor (p_q), plus a tensor shaped like the input (p_r). The bindings
-    are appended to `bindings` and `args`.
-    Returns (the prologue's input, which the conv reads instead, function text); (None, "")
-    when the step has no prologue."""
+def _prologue(kc, node, pro, bindings, args):
+    """WGSL text of a convolution prologue (compiler/passes.py ConvPrologue `pro`, applied as the
+    conv reads its input, which is then `pro.input`); parameter bindings are appended to
+    `bindings` and `args`. By kind:
+    - "bn": `fn pro(v: f32, c: u32, i: u32) -> f32`, the batch normalization of element i of
+      channel c, either folded into a [scale; shift] constant (p_ab) or computed as
+      normalization.wgsl does from its parameters (p_mean, p_var, p_scale, p_bias), then the
+      fused activations;
+    - "scaled": `pro` as well, the product with a per-(batch, channel) factor (p_q), plus a tensor
+      shaped like the input (p_r);
+    - "dw": `fn dw_at(m, c)`, the depthwise conv's output (_depthwise_prologue);
+    - "resample": `fn rs_at(i)`, the resampled element (resample_at.wgsl's sampling);
+    - "pad": nothing (the amounts join the conv's padding in _lower)."""
     from .elementwise import activation_lines
 
-    step = kc.step
-    if step is None or step.prologue is None or node is not step.node:
-        return None, ""
-    pro = step.prologue
     x = pro.input
     # f16: parameters are f16 (read widened), the affine part is f32 and rounded to f16 (the
     # normalization's own output type), where the activations then apply as they would unfused
     t = kc.wtype(x)
     if pro.kind == "dw":
-        return x, _depthwise_prologue(kc, pro.step.node, pro.acts, bindings, args)
+        return _depthwise_prologue(kc, pro.step.node, pro.acts, bindings, args)
     if pro.kind == "pad":
-        return x, ""  # the padding is the conv's (_lower)
+        return ""
     if pro.kind == "resample":
         # the resampled element (resample_at.wgsl, x being the resample's input), rounded to the
         # value type as the resample kernel would store it, then the activations
@@ -201,10 +201,10 @@ def _prologue(kc, node, bindings, args):
         if rs.attrs["mode"] == "nearest-neighbor":
             y = "x[rs_index(i)]"
         else:
-            y = f"{f16_store(t)}(rs_linear(i))"
+            y = f"{store_fn(t)}(rs_linear(i))"
         lines, cur = activation_lines(kc, pro.acts, "a", t)
         body = "\n".join([f"    let a: {t} = {y};"] + lines)
-        return x, f"fn rs_at(i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
+        return f"fn rs_at(i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
     if pro.kind == "scaled":
         q = pro.scale
         bindings.append(Binding("p_q", t))
@@ -213,12 +213,12 @@ def _prologue(kc, node, bindings, args):
         lay = node.attrs["input_layout"]
         C = qs[1] if lay == "nchw" else qs[3]
         n = f"(i / {math.prod(x.shape[1:])}u) * {C}u + " if qs[0] != 1 else ""
-        y = f"{f16_store(t)}(v * f32(p_q[{n}{'c' if C != 1 else '0u'}]))"
+        y = f"{store_fn(t)}(v * f32(p_q[{n}{'c' if C != 1 else '0u'}]))"
         if pro.add is not None:
             bindings.append(Binding("p_r", t))
             args.append(pro.add)
-            y = f"{f16_store(t)}(f32({y}) + f32(p_r[i]))" if t == "f16" else f"{y} + p_r[i]"
-        return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n    return f32({y});\n}}"
+            y = f"{store_fn(t)}(f32({y}) + f32(p_r[i]))" if t == "f16" else f"{y} + p_r[i]"
+        return f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n    return f32({y});\n}}"
     bn = pro.step.node
     _, mean, var, scale, bias = bn.inputs
     if pro.const is not None:
@@ -236,8 +236,8 @@ def _prologue(kc, node, bindings, args):
         if bias is not None:
             y = f"{y} + f32(p_bias[c])"
     lines, cur = activation_lines(kc, pro.acts, "a", t)
-    body = "\n".join([f"    let a: {t} = {f16_store(t)}({y});"] + lines)
-    return x, f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
+    body = "\n".join([f"    let a: {t} = {store_fn(t)}({y});"] + lines)
+    return f"fn pro(v: f32, c: u32, i: u32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
 
 
 def _depthwise_prologue(kc, dw, acts, bindings, args):
@@ -279,7 +279,7 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
         lines.append("    }")
     if bias is not None:
         lines.append("    acc = acc + f32(dw_b[c]);")
-    lines.append(f"    let a: {t} = {f16_store(t)}(acc);")
+    lines.append(f"    let a: {t} = {store_fn(t)}(acc);")
     act_lines, cur = activation_lines(kc, acts, "a", t)
     lines += act_lines
     lines.append(f"    return f32({cur});")
@@ -292,12 +292,13 @@ def _lower(kc, node, transposed):
     out = kc.out(node)
     a = node.attrs
     step = kc.step
-    if step is not None and step.prologue is not None and node is step.node and step.prologue.kind == "pad":
+    pro = step.prologue if step is not None and node is step.node else None
+    kind = "" if pro is None else pro.kind  # "", "bn", "scaled", "dw", "resample", "pad"
+    if kind == "pad":
         # a zero pad of the spatial dims before this conv (compiler/passes.py): read its input and
         # pad by both amounts; padding never goes through x_at, so it reads as zero
-        extra = step.prologue.pads
-        x = step.prologue.input
-        a = dict(a, padding=[p + q for p, q in zip(a["padding"], extra)])
+        x = pro.input
+        a = dict(a, padding=[p + q for p, q in zip(a["padding"], pro.pads)])
     lay = a["input_layout"]
     groups = a["groups"]
     in_s = _strides_nchw(lay, x.shape)
@@ -324,18 +325,17 @@ def _lower(kc, node, transposed):
         "a_mode": "default", "x_vec": False, "w_kcontig": False, "a_kmajor": False, "b_kmajor": False,
     }
     t = kc.wtype(x)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
-    params["ST"] = f16_store(t)
+    params["ST"] = store_fn(t)
     bindings = [Binding("x", t), Binding("w", t)]
     args = [x, w]
-    src, params["pro"] = _prologue(kc, node, bindings, args)
-    rsp = src is not None and kc.step.prologue.kind == "resample"
-    params["rsp"] = rsp
-    if rsp:
+    params["pro_kind"] = kind
+    params["pro"] = "" if pro is None else _prologue(kc, node, pro, bindings, args)
+    if kind == "resample":
         from .resample import resample_params
 
-        params["rs"] = resample_params(kc, kc.step.prologue.step.node, x, "x")
-    if src is not None:
-        args[0] = src  # the conv reads the normalization's input and normalizes as it loads
+        params["rs"] = resample_params(kc, pro.step.node, x, "x")
+    if pro is not None:
+        args[0] = pro.input  # the conv reads the prologue's input and applies it as it loads
     if bias is not None:
         bindings.append(Binding("bias", t))
         args.append(bias)
@@ -344,10 +344,9 @@ def _lower(kc, node, transposed):
     params["act"] = kc.epilogue(bindings, args)
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_{t}_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
-    kind = "" if src is None else "_" + kc.step.prologue.kind  # _bn, _scaled, _dw
-    dwp = kind == "_dw"
-    params["dwp"] = dwp
-    name = name.replace(op, op + kind, 1)
+    if kind:
+        name = name.replace(op, f"{op}_{kind}", 1)  # conv2d_bn_..., conv2d_resample_...
+    dwp = kind == "dw"
 
     if not transposed and icg == 1 and groups > 1:
         # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
@@ -379,7 +378,7 @@ def _lower(kc, node, transposed):
     # thread: coalesced for NCHW). The transpose keeps the generic per-element loader.
     vec = vec_loads(kc)
     if not transposed and not dwp:
-        nhwc4 = vec and ic_inner and icg % 4 == 0 and ic % 4 == 0 and not rsp
+        nhwc4 = vec and ic_inner and icg % 4 == 0 and ic % 4 == 0 and kind != "resample"
         # On CPU adapters the per-element loader stays: lavapipe measured the hoisted staging at
         # parity to 5% slower (LLVM already strength-reduces the constant divisions).
         params.update(a_mode="nhwc4" if nhwc4 else "hoist" if vec else "default", x_vec=nhwc4)
@@ -395,7 +394,7 @@ def _lower(kc, node, transposed):
         st *= dims[d]
     params.update(w_kcontig=kcontig, b_kmajor=vec and kcontig)
     if pointwise:
-        name = f"{op}{kind}_{lay}_{t}_1x1"
+        name = f"{op}{'_' + kind if kind else ''}_{lay}_{t}_1x1"
     if groups > 1:
         name += f"_g{groups}"
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,

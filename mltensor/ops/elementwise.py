@@ -279,39 +279,32 @@ def _index_expr(in_shape, out_shape):
 
 
 def lower_group(kc, nodes, out):
-    """One kernel for a fused chain of elementwise nodes writing `out`.
+    """One kernel for a fused chain of elementwise nodes writing `out`: one thread per element,
+    evaluating the chain through group_fn.
 
     vec4 path: when every input is either the output's shape or a single value and the size is a
     multiple of 4, each thread loads and stores vec4s (128-bit memory ops) and evaluates the
     scalar chain once per component, so any operator's expression works unchanged."""
     ext = external_inputs(nodes)
-    names = {id(x): f"x{k}" for k, x in enumerate(ext)}
     size = math.prod(out.shape)
+    t = kc.wtype(out)
     types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
     vec = (size % 4 == 0 and types <= {"f32", "f16", "i32", "u32"}
            and all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext))
-    loads, body = [], []
-    lanes = ("x", "y", "z", "w") if vec else ("",)
-    for k, x in enumerate(ext):
-        if not vec:
-            loads.append(f"    let x{k} = in{k}[{_index_expr(x.shape, out.shape)}];")
-        elif x.shape == out.shape:
-            loads.append(f"    let x{k} = in{k}[i];")
-        else:
-            loads.append(f"    let x{k}s = in{k}[0];")
-    for c in lanes:
-        lane = {id(x): (f"x{k}" + (f".{c}" if x.shape == out.shape else "s") if vec else f"x{k}")
-                for k, x in enumerate(ext)}
-        for j, n in enumerate(nodes):
-            args = [lane.get(id(x), names.get(id(x))) for x in n.inputs if x is not None]
-            v = f"v{j}{c}"
-            body.append(f"    let {v}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
-            names[id(n.outputs[0])] = v
-        for j, n in enumerate(nodes):  # the next lane reads its own copies
-            names.pop(id(n.outputs[0]), None)
-    last = len(nodes) - 1
-    t = kc.wtype(out)
-    result = f"vec4<{t}>(" + ", ".join(f"v{last}{c}" for c in lanes) + ")" if vec else f"v{last}"
+    if vec:
+        fns, loads, body = "", [], []
+        for k, x in enumerate(ext):
+            loads.append(f"    let x{k} = in{k}[i];" if x.shape == out.shape else f"    let x{k}s = in{k}[0];")
+        for c in "xyzw":
+            names = {id(x): f"x{k}.{c}" if x.shape == out.shape else f"x{k}s" for k, x in enumerate(ext)}
+            for j, n in enumerate(nodes):
+                args = [names[id(x)] for x in n.inputs if x is not None]
+                body.append(f"    let v{j}{c}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
+                names[id(n.outputs[0])] = f"v{j}{c}"
+        last = len(nodes) - 1
+        result = f"vec4<{t}>(" + ", ".join(f"v{last}{c}" for c in "xyzw") + ")"
+    else:
+        (fns, _), loads, body, result = group_fn(kc, nodes, "elem", "in"), [], [], "elem(i)"
     threads = size // 4 if vec else size
     name = "ew_" + "_".join(n.op for n in nodes[:6]) + ("_etc" if len(nodes) > 6 else "")
     name += f"_{'vec4' if vec else ''}{t}_n{size}"
@@ -324,26 +317,28 @@ def lower_group(kc, nodes, out):
     kernel = Kernel(
         name,
         "elementwise.wgsl",
-        {"n": threads, "loads": "\n".join(loads), "body": "\n".join(body), "result": result},
+        {"n": threads, "fns": fns, "loads": "\n".join(loads), "body": "\n".join(body), "result": result},
         bindings,
     )
     kc.launch(kernel, ext + [out], grid(-(-threads // WORKGROUP)))
 
 
 def group_fn(kc, nodes, name, prefix):
-    """(WGSL `fn name(i: u32) -> f32` evaluating a fused elementwise group at flat index `i` of its
-    output, widened to f32; its external inputs, bound as `{prefix}0`, `{prefix}1`, ... in order):
-    the group read through by the kernel consuming its output (a gate's pool, pool.py)."""
+    """(WGSL `fn name(i: u32) -> T` evaluating a fused elementwise group at flat index `i` of its
+    output, T its compute type; the group's external inputs, which the function reads bound as
+    `{prefix}0`, `{prefix}1`, ... in order, each loaded once at its broadcast index). Used by the
+    group's own kernel (lower_group) and by a kernel that reads through the group instead of its
+    output (a gate's pool, pool.py)."""
     ext = external_inputs(nodes)
     out = nodes[-1].outputs[0]
-    names = {id(x): f"{prefix}{k}[{_index_expr(x.shape, out.shape)}]" for k, x in enumerate(ext)}
-    lines = []
+    lines = [f"    let x{k} = {prefix}{k}[{_index_expr(x.shape, out.shape)}];" for k, x in enumerate(ext)]
+    names = {id(x): f"x{k}" for k, x in enumerate(ext)}
     for j, n in enumerate(nodes):
         args = [names[id(x)] for x in n.inputs if x is not None]
         lines.append(f"    let v{j}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
         names[id(n.outputs[0])] = f"v{j}"
     body = "\n".join(lines)
-    return f"fn {name}(i: u32) -> f32 {{\n{body}\n    return f32(v{len(nodes) - 1});\n}}", ext
+    return f"fn {name}(i: u32) -> {kc.wtype(out)} {{\n{body}\n    return v{len(nodes) - 1};\n}}", ext
 
 
 def OPS_EXPR(node):

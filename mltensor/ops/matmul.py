@@ -13,7 +13,7 @@ import math
 from .. import dtypes
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, store_fn
 from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, register,
                row_strides, same_type, unidirectional)
 
@@ -209,12 +209,6 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c):
     return [(Kernel(f"{name}_gemv{'_sg' if c['SG'] else ''}", template, p, bindings), list(args), grid(groups))]
 
 
-def f16_store(t):
-    """The GEMM templates' store conversion (ST) for compute type t: f16 outputs are rounded from
-    the f32 accumulator by f16_of (+-inf past 65504); nothing for f32."""
-    return "f16_of" if t == "f16" else ""
-
-
 # vec4 global loads in matmul: on for hardware adapters; off on CPU adapters, where the transposed
 # workgroup-memory writes of A measured slower on lavapipe (512^3: ~95-155 ms vs ~80-95 ms, noisy
 # shared cores). Tests set it to True to check the vec4 path on lavapipe.
@@ -270,7 +264,7 @@ def _lower_matmul(kc, node):
     vec = vec_loads(kc)
     params.update(vec_a=vec and K % 4 == 0, vec_b=vec and N % 4 == 0)
     t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
-    params["ST"] = f16_store(t)
+    params["ST"] = store_fn(t)
     bindings = [Binding("a", f"vec4<{t}>" if params["vec_a"] else t),
                 Binding("b", f"vec4<{t}>" if params["vec_b"] else t), Binding("out", t, True)]
     args = [a, b, out]
@@ -335,7 +329,7 @@ def _lower_gemm(kc, node):
         "b_kmajor": vec_loads(kc) and bt,
     }
     t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
-    params["ST"] = f16_store(t)
+    params["ST"] = store_fn(t)
     bindings = [Binding("a", t), Binding("b", t)]
     args = [a, b]
     if c is not None:

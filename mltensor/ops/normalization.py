@@ -13,7 +13,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, store_fn
 from . import check_number, check_support, merge_dims, radix, register, row_strides
 from .reduce import WG, axes_option, reduce_shape
 
@@ -71,7 +71,7 @@ def _lower_batch(kc, node):
     names = ["src", "p_mean", "p_var"] + (["p_scale"] if scale is not None else []) + (
         ["p_bias"] if bias is not None else [])
     bindings = _bindings(kc, x, names)
-    params["ST"] = _st(kc, x)
+    params["ST"] = store_fn(kc.wtype(x))
     params["act"] = kc.epilogue(bindings, args)  # e.g. densenet's BatchNormalization -> Relu
     k = Kernel(f"batchnorm_n{n}_c{C}_in{inner}{_sb(scale, bias)}{_tag(kc, x)}", "normalization.wgsl", params, bindings)
     kc.launch(k, args, grid(-(-n // WORKGROUP)))
@@ -155,11 +155,6 @@ def _bindings(kc, x, names):
     return [Binding(n, t) for n in names] + [Binding("dst", t, True)]
 
 
-def _st(kc, x):
-    """The template's store conversion from f32 (see shaders/normalization.wgsl)."""
-    return "f16_of" if kc.wtype(x) == "f16" else ""
-
-
 def _tag(kc, x):
     return "_f16" if kc.wtype(x) == "f16" else ""
 
@@ -177,7 +172,7 @@ def _lower_norm(kc, node, kept, red):
     args = [x] + [p for p in (scale, bias) if p is not None] + [out]
     bindings = _bindings(kc, x, ["src"] + (["p_scale"] if scale is not None else []) + (
         ["p_bias"] if bias is not None else []))
-    params["ST"] = _st(kc, x)
+    params["ST"] = store_fn(kc.wtype(x))
     params["act"] = kc.epilogue(bindings, args)
     short = node.op.split("_")[0]
     name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}_{mode[5:]}{_tag(kc, x)}"

@@ -9,7 +9,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
 from . import check_support, int_list, lowering, register
 
 GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
@@ -109,7 +109,7 @@ def _lower(kc, node, mode):
         "mode": mode, "path": path, "T": t, "init": init, "max_": binop("max", t, "{a}", "{b}"), "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
         "OH": oh, "OW": ow, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw, "PT": pt,
         "PL": pl, "in_s": in_s, "total": total,
-        "LD": "f32" if st == "f16" else "", "ST": "f16_of" if st == "f16" else "",
+        **ld_st(st),
     }
     name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
     # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
@@ -135,13 +135,14 @@ def lower_gate(kc, step):
     pool = layout is not None
     x = head.inputs[0]
     t = kc.wtype(x)
-    st = "f16_of" if t == "f16" else ""
+    st = store_fn(t)
     fcs = [f.node for f in step.chain] if pool else [head] + [f.node for f in step.chain]
     # each layer's activations: its step's epilogue (a pool's own, applied in pooled(), is the head's)
     acts = ([] if pool else [step.epilogue]) + [f.epilogue for f in step.chain]
     bindings, args = [], []
     if step.source is not None:
-        src_fn, ext = group_fn(kc, step.source.nodes, "src", "g")
+        src_fn, ext = group_fn(kc, step.source.nodes, "group", "g")
+        src_fn += "\n\nfn src(i: u32) -> f32 {\n    return f32(group(i));\n}"
         for k, v in enumerate(ext):
             bindings.append(Binding(f"g{k}", kc.wtype(v)))
             args.append(v)

@@ -6,7 +6,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, grid, lit, store_fn
 from . import check_support, lowering, register, same_type
 from .layout import coords, flat
 
@@ -69,7 +69,7 @@ def _lower(kc, node, mode):
     out = kc.out(node)
     n = math.prod(x.shape)
     params = {"mode": mode, "n": n, "index": _index(x.shape, scale.shape), "itype": kc.wtype(x),
-              "ST": "f16_of" if kc.wtype(out) == "f16" else ""}
+              "ST": store_fn(kc.wtype(out))}
     if mode == "quantize":
         lo, hi = RANGE[out.data_type]
         top = {"uint8": 255, "int8": 127, "int32": 2**31 - 1, "uint32": 2**32 - 1}[out.data_type]

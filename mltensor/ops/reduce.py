@@ -17,7 +17,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, lit, unop
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, unop
 from . import check_bool, check_support, merge_dims, radix, register, row_strides
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
@@ -152,7 +152,7 @@ def _lower_reduce(kc, node):
         "pre": "x" if lse else pre(t, "x"), "comb": binop(comb or "+", t, "a", "b"), "post": post or "a",
         "init": lit(0, t) if lse else init(t), "NEG_INF": lit(float("-inf"), "f32"),
     }
-    params.update(_ld_st(st))
+    params.update(ld_st(st))
     short = node.op[len("reduce_"):]
     kind, S = reduce_shape(M, K)
     tag = f"{short}_{st}_m{M}_k{K}"
@@ -182,11 +182,6 @@ for _name, (_types, *_rest) in REDUCE.items():
     _reduce_op(_name, _types)
 
 
-def _ld_st(t):
-    """Template conversions around f32 accumulation of f16 values (shaders/reduce.wgsl)."""
-    return {"LD": "f32", "ST": "f16_of"} if t == "f16" else {"LD": "", "ST": ""}
-
-
 # -- softmax --------------------------------------------------------------------------------
 
 
@@ -214,7 +209,7 @@ def _lower_softmax(kc, node):
     (off,) = radix("k", merge_dims(red))
     params = {"T": "f32", "M": rows, "K": K, "WG": WG, "base": base, "off": off,
               "NEG_INF": lit(float("-inf"), "f32"), "S": 1, "CHUNK": K, "lse": False,
-              "pre": "x", "comb": "a + b", "post": "a", "init": "0.0", **_ld_st(kc.wtype(x))}
+              "pre": "x", "comb": "a + b", "post": "a", "init": "0.0", **ld_st(kc.wtype(x))}
     t = kc.wtype(x)  # f32, or f16 loaded and stored around f32 max, exp and sum
     tag = f"r{rows}_k{K}" + ("_f16" if t == "f16" else "")
     bindings = (Binding("src", t), Binding("dst", t, True))

@@ -21,7 +21,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, store_fn
 from . import check_support, register, row_strides
 from .movement import _out, _seq
 
@@ -78,7 +78,7 @@ def resample_params(kc, node, out, src):
         "in_strides": row_strides(x.shape),
         "axes": [ax_h, ax_w],
         "mode": a["mode"],
-        "ST": "f16_of" if kc.wtype(x) == "f16" else "",  # linear: f32 result stored as f16
+        "ST": store_fn(kc.wtype(x)),  # linear: f32 result stored as f16
     }
     for tag, ax in (("h", ax_h), ("w", ax_w)):
         A, B, D = _rational(a["coordinate_transformation"], x.shape[ax], out.shape[ax])

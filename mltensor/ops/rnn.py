@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, store_fn
 from . import check_bool, check_support, register, same_type
 
 FLOAT = dtypes.FLOATS
@@ -72,7 +72,7 @@ def _lower_gates(kc, node):
     names = ["gx", "rec", "c" if lstm else "h"] + (["peep"] if params["peep"] else [])
     outs = ["h_out", "c_out"] if lstm else ["h_out"]
     t = kc.wtype(node.inputs[0])  # f32, or f16 (loaded into f32 gate math, stored through ST)
-    params["ST"] = "f16_of" if t == "f16" else ""
+    params["ST"] = store_fn(t)
     bindings = [Binding(x, t) for x in names] + [Binding(x, t, True) for x in outs]
     args = list(node.inputs) + [kc.out(node, i) for i in range(len(outs))]
     name = f"{'lstm' if lstm else 'gru'}_gates_{layout}_b{n // H}_h{H}" + ("_p" if params["peep"] else "") + f"_{t}"

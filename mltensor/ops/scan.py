@@ -8,7 +8,7 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, grid, ld_st, lit
 from . import check_axis, check_bool, check_support, lowering, register
 
 ALL = dtypes.ALL
@@ -98,8 +98,7 @@ def _lower_cumsum(kc, node):
         + ("_rev" if a["reversed"] else ""),
         "scan.wgsl",
         {"mode": "cumsum", "lines": lines, "len": n, "inner": inner, "zero": lit(0, t),
-         "add": binop("+", t, "acc", "v"), "LD": "f32" if st == "f16" else "",
-         "ST": "f16_of" if st == "f16" else "",
+         "add": binop("+", t, "acc", "v"), **ld_st(st),
          "exclusive": a["exclusive"], "reversed": a["reversed"]},
         (Binding("x", st), Binding("out", st, True)),
     )

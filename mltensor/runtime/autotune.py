@@ -151,7 +151,7 @@ def choose(kc, signature, candidates, measure, heuristic=0):
     if hit is not None and hit.get("n") == len(candidates) and 0 <= hit.get("best", -1) < len(candidates):
         STATS["cache_hits"] += 1
         return hit["best"]
-    spent = getattr(kc, "tune_seconds", 0.0)
+    spent = kc.tune_seconds
     if spent >= budget_s():
         return heuristic
     t0 = time.perf_counter()
@@ -172,7 +172,7 @@ def choose(kc, signature, candidates, measure, heuristic=0):
         best = heuristic
     dt = time.perf_counter() - t0
     kc.tune_seconds = spent + dt
-    kc.tune_count = getattr(kc, "tune_count", 0) + 1
+    kc.tune_count += 1
     with _lock:
         STATS["seconds"] += dt
     if not complete:

@@ -148,7 +148,20 @@ def to_f32(x, t):
 def from_f32(x, t):
     """An f32 expression as compute type t (f32 or f16): f16_of rounds to nearest and gives +-inf
     past 65504 and NaN for NaN (a plain f16() of an out-of-range f32 is undefined in WGSL)."""
-    return f"f16_of({x})" if t == "f16" else x
+    st = store_fn(t)
+    return f"{st}({x})" if st else x
+
+
+def store_fn(t):
+    """The templates' ST parameter for compute type t: the function an f32 result goes through to
+    be stored as t, "f16_of" for f16 (see from_f32), "" (nothing) for f32."""
+    return "f16_of" if t == "f16" else ""
+
+
+def ld_st(t):
+    """The LD / ST template parameters of kernels that accumulate in f32: f16 values are loaded
+    through LD = "f32" and stored through ST = "f16_of"; both empty for every other type."""
+    return {"LD": "f32" if t == "f16" else "", "ST": store_fn(t)}
 
 
 def convert(x, src, dst):
