@@ -1,7 +1,10 @@
 """WebNN's DOMException names as Python exceptions (API.md, "Errors").
 
-TypeError stays the builtin TypeError; everything else subclasses DOMException.
+TypeError stays the builtin TypeError; everything else subclasses DOMException. `gpu_errors`
+turns wgpu's own exceptions into them at the API's edge.
 """
+
+import wgpu
 
 
 class DOMException(Exception):
@@ -26,3 +29,26 @@ class UnknownError(DOMException):
 
 class DataError(DOMException):
     pass
+
+
+class gpu_errors:
+    """Context manager: a wgpu error raised inside (out of memory, a lost device, a validation
+    failure) becomes OperationError naming `where`; WebNN errors pass through."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where):
+        self.where = where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb):
+        if e is None or isinstance(e, (TypeError, DOMException)):
+            return False
+        if isinstance(e, wgpu.GPUError):
+            what = "out of GPU memory" if isinstance(e, wgpu.GPUOutOfMemoryError) or "memory" in str(e).lower() \
+                else "the GPU rejected the call"
+            msg = " ".join(str(e).split())
+            raise OperationError(f"[{self.where}] {what}: {msg}") from e
+        return False

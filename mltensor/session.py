@@ -14,12 +14,19 @@ Runs are cheap by construction:
   serves them all, and each result is one copy from the mapped staging memory.
 
 output_location="ml-tensor" returns the session's own output tensors (IOBinding semantics): they
-stay valid until `close()`, and the NEXT RUN OVERWRITES THEM. Read or copy them before running
-again if you need to keep them. They may be fed to another session on the same context (no copy),
-or back into this session (a decode loop): that run writes the output into a second tensor kept
-for the purpose, so the two alternate (still no allocation after the first such run).
+stay valid until `close()`, and the NEXT RUN FROM THE SAME THREAD OVERWRITES THEM (runs from other
+threads never touch them). Read or copy them before running again if you need to keep them. They
+may be fed to another session on the same context (no copy), or back into this session (a decode
+loop): that run writes the output into a second tensor kept for the purpose, so the two alternate
+(still no allocation after the first such run).
 Outputs ONNX folds to constants at load are returned from the host (numpy), or as a tensor written
 once (ml-tensor).
+
+Threads: `run` and `run_async` may be called concurrently on one session, as in onnxruntime. Each
+run takes a tensor set (input and output tensors) no other run in flight uses: a thread keeps
+reusing its own (so a single thread allocates nothing after its first run), concurrent runs get
+one each from a small pool. Results are exactly what sequential runs give. Builds of new sizes
+are made one at a time per session, while runs at sizes already built go on.
 
 Shape-polymorphic (ONNX): a run accepts any input sizes the model allows (symbolic or unknown
 dimensions not pinned by `free_dimensions`). Each new combination of input sizes (and of the
@@ -34,6 +41,7 @@ from collections import OrderedDict
 
 import asyncio
 import os
+import threading
 
 import numpy as np
 
@@ -41,16 +49,18 @@ from . import dtypes
 from .front.tensor import MLTensor
 
 _default_ctx = None
+_default_lock = threading.Lock()
 
 
 def default_context():
     """The context sessions share when none is given (so their tensors can be chained)."""
     global _default_ctx
-    if _default_ctx is None or _default_ctx._lost_info is not None:
-        from .front.context import ml
+    with _default_lock:
+        if _default_ctx is None or _default_ctx._lost_info is not None:
+            from .front.context import ml
 
-        _default_ctx = ml.create_context_sync()
-    return _default_ctx
+            _default_ctx = ml.create_context_sync()
+        return _default_ctx
 
 
 class NodeArg:
@@ -73,28 +83,96 @@ def _is_tflite(model):
     return False
 
 
+class _TensorSet:
+    """The tensors one run binds: an input tensor per numpy feed, an output tensor per output
+    (and a spare per output fed back into the session, so a decode loop alternates two)."""
+
+    __slots__ = ("inputs", "outputs", "spare")
+
+    def __init__(self):
+        self.inputs = {}
+        self.outputs = {}
+        self.spare = {}
+
+    def destroy(self):
+        for d in (self.inputs, self.outputs, self.spare):
+            for t in d.values():
+                t.destroy()
+            d.clear()
+
+
 class _Specialization:
     """One build of the model for one combination of input sizes (and load-time input values):
-    the graph, its inputs/outputs (IOInfo) and the tensors runs with these sizes reuse."""
+    the graph, its inputs/outputs (IOInfo) and the tensor sets runs with these sizes reuse.
 
-    __slots__ = ("graph", "inputs", "outputs", "in_tensors", "out_tensors", "spare", "const_tensors",
-                 "values")
+    Sets: `owned` maps a thread to the set its last run used (its ml-tensor outputs live there
+    until that thread runs again), `free` holds sets no run uses. A run takes its thread's own
+    set, else a free one, else a new one; `users` counts runs in flight, so an evicted or closed
+    specialization is destroyed only once none is (the session's lock guards all of this)."""
+
+    __slots__ = ("graph", "inputs", "outputs", "owned", "free", "busy", "seq", "const_tensors",
+                 "values", "users", "dropped")
 
     def __init__(self, graph, inputs, outputs, values=None):
         self.graph = graph
         self.inputs = {i.name: i for i in inputs}
         self.outputs = {o.name: o for o in outputs}
-        self.in_tensors = {}
-        self.out_tensors = {}
-        self.spare = {}  # second output tensors, for outputs fed back into the session
+        self.owned = {}  # thread ident -> (ticket, _TensorSet) of its latest ml-tensor run
+        self.free = []
+        self.busy = {}  # id(set) -> ticket (take order) of the run in flight using it
+        self.seq = 0
         self.const_tensors = {}
         self.values = values or {}  # input name -> the value the graph is specialized to
+        self.users = 0
+        self.dropped = False  # evicted or closed: destroyed when the last run in flight ends
+
+    def take(self):
+        """The tensor set for a run on this thread (lock held)."""
+        me = threading.get_ident()
+        mine = self.owned.get(me)
+        if mine is not None and id(mine[1]) not in self.busy:
+            s = mine[1]
+        else:  # none yet, or the thread's earlier run (run_async) is still in flight
+            s = self.free.pop() if self.free else _TensorSet()
+        self.seq += 1
+        self.busy[id(s)] = self.seq
+        self.users += 1
+        return s
+
+    def give_back(self, s, keep):
+        """A run ended (lock held). keep: its outputs were returned as tensors, so the set stays
+        this thread's until the thread's next run (of the thread's runs in flight at once, the
+        latest keeps it). True when the specialization is to be destroyed now."""
+        ticket = self.busy.pop(id(s))
+        self.users -= 1
+        me = threading.get_ident()
+        mine = self.owned.get(me)
+        if keep and (mine is None or mine[0] <= ticket):
+            self.owned[me] = (ticket, s)
+            if mine is not None and mine[1] is not s and id(mine[1]) not in self.busy:
+                self.free.append(mine[1])
+            if len(self.owned) > 8:  # sets of threads that ended go back to the pool
+                alive = {t.ident for t in threading.enumerate()}
+                for ident in [i for i in self.owned if i not in alive]:
+                    self.free.append(self.owned.pop(ident)[1])
+        elif mine is None or mine[1] is not s:
+            self.free.append(s)
+        return self.dropped and self.users == 0
+
+    def last_outputs(self):
+        """The output tensors of this thread's last ml-tensor run, else of any set."""
+        mine = self.owned.get(threading.get_ident()) or next(iter(self.owned.values()), None)
+        s = mine[1] if mine is not None else (self.free[-1] if self.free else None)
+        return s.outputs if s is not None else {}
 
     def destroy(self):
-        for d in (self.in_tensors, self.out_tensors, self.spare, self.const_tensors):
-            for t in d.values():
-                t.destroy()
-            d.clear()
+        for s in [*(s for _, s in self.owned.values()), *self.free]:
+            s.destroy()
+        self.owned.clear()
+        self.free.clear()
+        for t in self.const_tensors.values():
+            t.destroy()
+        self.const_tensors.clear()
         if self.graph is not None:
             self.graph.destroy()
             self.graph = None
@@ -117,6 +195,8 @@ class InferenceSession:
         self._specs = OrderedDict()  # key -> _Specialization, least recently used first
         self._spec = None  # the one the last run used
         self._stats = {"builds": 0, "hits": 0, "evictions": 0}
+        self._lock = threading.RLock()  # specializations, their tensor sets, stats
+        self._build_lock = threading.Lock()  # one build at a time; runs at built sizes go on
         if _is_tflite(model):
             self._kind = "tflite"
             self._load_tflite(model)
@@ -157,28 +237,57 @@ class InferenceSession:
                 key.append((a.name, tuple(v.shape)))
         return tuple(key)
 
-    def _specialize(self, feeds, build_only=False):
-        """Make the specialization for these feeds current: from the cache, else imported and
-        built (evicting the least recently used one beyond max_specializations)."""
-        key = self._key(feeds)
+    def _lookup(self, key):
+        """A cached specialization (lock held), marked most recently used, or None."""
         spec = self._specs.get(key)
         if spec is not None:
             self._specs.move_to_end(key)
             self._stats["hits"] += 1
             self._spec = spec
-            return spec
-        spec = self._import(feeds, build_only)
-        if spec is None:
-            return None
-        key = self._key(feeds)  # the import may have found inputs whose values it needs
-        self._stats["builds"] += 1
-        self._specs[key] = spec
-        self._spec = spec
-        while len(self._specs) > self.max_specializations:
-            _, old = self._specs.popitem(last=False)
-            old.destroy()
-            self._stats["evictions"] += 1
         return spec
+
+    def _specialize(self, feeds, build_only=False, take=False):
+        """Make the specialization for these feeds current: from the cache, else imported and
+        built (evicting the least recently used one beyond max_specializations). take: also take
+        a tensor set for a run, atomically with the lookup (returns (spec, set))."""
+        key = self._key(feeds)
+        with self._lock:
+            spec = self._lookup(key)
+            if spec is not None:
+                return (spec, spec.take()) if take else spec
+        with self._build_lock:  # another thread may be building this very key: wait for it
+            key = self._key(feeds)
+            with self._lock:
+                spec = self._lookup(key)
+                if spec is not None:
+                    return (spec, spec.take()) if take else spec
+            spec = self._import(feeds, build_only)
+            if spec is None:
+                return None
+            key = self._key(feeds)  # the import may have found inputs whose values it needs
+            with self._lock:
+                if self._closed:
+                    spec.destroy()
+                    raise TypeError("[InferenceSession.run] the session was closed during the run")
+                self._stats["builds"] += 1
+                self._specs[key] = spec
+                self._spec = spec
+                while len(self._specs) > self.max_specializations:
+                    _, old = self._specs.popitem(last=False)
+                    self._drop(old)
+                    self._stats["evictions"] += 1
+                return (spec, spec.take()) if take else spec
+
+    def _drop(self, spec):
+        """Evicted or closed (lock held): destroyed now, or by the last run in flight on it."""
+        spec.dropped = True
+        if spec.users == 0:
+            spec.destroy()
+
+    def _end_run(self, spec, tset, keep):
+        with self._lock:
+            if spec.give_back(tset, keep):
+                spec.destroy()
 
     def _import(self, feeds, build_only):
         """Import the ONNX model for the feeds' shapes; graph inputs that must be known at load
@@ -216,6 +325,7 @@ class InferenceSession:
         outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
         # one specialization, the sizes of the file (its inputs are checked against them)
         self._spec = _Specialization(graph, inputs, outputs)
+        self._tflite_key = None
         self._specs[None] = self._spec
         self._stats["builds"] += 1
         self._input_args = [NodeArg(i.name, i.shape, TYPE_STRING[i.onnx_type]) for i in inputs]
@@ -259,8 +369,9 @@ class InferenceSession:
 
     @property
     def _out_tensors(self):
-        """The output tensors of the last run's specialization (bench/ binds them directly)."""
-        return self._spec.out_tensors if self._spec is not None else {}
+        """The output tensors of this thread's last run (bench/ binds them directly)."""
+        with self._lock:
+            return self._spec.last_outputs() if self._spec is not None else {}
 
     @property
     def specializations(self):
@@ -270,7 +381,8 @@ class InferenceSession:
     @property
     def stats(self):
         """Snapshot: specializations cached, builds, cache hits and LRU evictions so far."""
-        return dict(self._stats, specializations=len(self._specs))
+        with self._lock:
+            return dict(self._stats, specializations=len(self._specs))
 
     def get_inputs(self):
         return list(self._input_args)
@@ -284,34 +396,43 @@ class InferenceSession:
     def run(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
         """Run the model. output_names None -> all outputs, in model order. Feeds: numpy arrays
         (uploaded once) or MLTensors (bound as is). Returns numpy arrays, or MLTensors with
-        output_location="ml-tensor" (the session's own tensors; the next run overwrites them)."""
-        names, outs = self._enqueue(output_names, input_feed, output_location)
-        spec = self._spec  # another run (run_async) may switch sizes before the results are read
-        if output_location == "ml-tensor":
-            return outs
-        res = _read_all(self._ctx, outs, "InferenceSession.run")
-        return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+        output_location="ml-tensor" (the session's own tensors; this thread's next run
+        overwrites them). Safe to call from several threads at once."""
+        names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
+        keep = output_location == "ml-tensor"
+        try:
+            if keep:
+                return outs
+            res = _read_all(self._ctx, outs, "InferenceSession.run")
+            return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+        finally:
+            self._end_run(spec, tset, keep)
 
     async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
-        names, outs = self._enqueue(output_names, input_feed, output_location)
-        spec = self._spec  # another run (run_async) may switch sizes before the results are read
-        if output_location == "ml-tensor":
-            return outs
-        reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
-        done = await asyncio.gather(*[r for r in reads if r is not None])
-        it = iter(done)
-        res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
-        return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+        names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
+        keep = output_location == "ml-tensor"
+        try:
+            if keep:
+                return outs
+            reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
+            done = await asyncio.gather(*[r for r in reads if r is not None])
+            it = iter(done)
+            res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
+            return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+        finally:
+            self._end_run(spec, tset, keep)
 
     def close(self):
-        """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included)."""
-        if self._closed:
-            return
-        self._closed = True
-        for spec in self._specs.values():
-            spec.destroy()
-        self._specs.clear()
-        self._spec = None
+        """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included).
+        Runs in flight on other threads finish first (their specializations go when they end)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for spec in self._specs.values():
+                self._drop(spec)
+            self._specs.clear()
+            self._spec = None
 
     def __del__(self):
         try:
@@ -358,9 +479,23 @@ class InferenceSession:
             raise TypeError(f"[{where}] output_location must be 'cpu' or 'ml-tensor', got {output_location!r}")
         self._check_feeds(input_feed)
         if self._kind == "onnx":
-            spec = self._specialize(input_feed)
+            spec, tset = self._specialize(input_feed, take=True)
         else:
-            spec = self._spec
+            with self._lock:
+                if self._closed:
+                    raise TypeError(f"[{where}] the session is closed")
+                spec = self._specs[None]
+                tset = spec.take()
+        try:
+            names, result = self._bind_and_dispatch(spec, tset, output_names, input_feed, output_location)
+        except BaseException:
+            self._end_run(spec, tset, False)
+            raise
+        return names, result, spec, tset
+
+    def _bind_and_dispatch(self, spec, tset, output_names, input_feed, output_location):
+        """Upload the numpy feeds into the set's input tensors and dispatch into its outputs."""
+        where = "InferenceSession.run"
         ctx = self._ctx
         bind = {}
         uploads = []
@@ -389,10 +524,10 @@ class InferenceSession:
             store = dtypes.NUMPY[info.data_type]
             if arr.dtype != store:
                 arr = arr.view(np.uint8) if arr.dtype == np.bool_ else arr.astype(store)
-            t = spec.in_tensors.get(name)
+            t = tset.inputs.get(name)
             if t is None:
                 t = ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape, writable=True)
-                spec.in_tensors[name] = t
+                tset.inputs[name] = t
             uploads.append((t, arr))
             bind[name] = t
         if output_names is None:
@@ -409,14 +544,14 @@ class InferenceSession:
             outs = {}
             fed = {id(t) for t in bind.values()}
             for n, (dt, shape) in graph.output_descriptors.items():
-                t = spec.out_tensors.get(n)
+                t = tset.outputs.get(n)
                 if t is not None and id(t) in fed:
                     # this output of an earlier run is fed back in (a decode loop): write into
                     # a second tensor, kept as well, so the two alternate without allocating
-                    t, spec.spare[n] = spec.spare.get(n), t
+                    t, tset.spare[n] = tset.spare.get(n), t
                 if t is None:
                     t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
-                spec.out_tensors[n] = t
+                tset.outputs[n] = t
                 outs[n] = t
             ins = {n: bind[n] for n in graph.input_descriptors}
             ctx.dispatch(graph, ins, outs)
@@ -424,7 +559,7 @@ class InferenceSession:
         for n in names:
             info = spec.outputs[n]
             if info.const is None:
-                result.append(spec.out_tensors[n])
+                result.append(tset.outputs[n])
             elif output_location == "ml-tensor":
                 result.append(self._const_tensor(spec, n, info))
             else:
@@ -432,16 +567,17 @@ class InferenceSession:
         return names, result
 
     def _const_tensor(self, spec, name, info):
-        t = spec.const_tensors.get(name)
-        if t is None:
-            data = np.ascontiguousarray(info.const)
-            store = dtypes.NUMPY[info.data_type]
-            data = data.view(np.uint8) if data.dtype == np.bool_ else data.astype(store)
-            t = self._ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape or (),
-                                             readable=True, writable=True)
-            self._ctx.write_tensor(t, data)
-            spec.const_tensors[name] = t
-        return t
+        with self._lock:
+            t = spec.const_tensors.get(name)
+            if t is None:
+                data = np.ascontiguousarray(info.const)
+                store = dtypes.NUMPY[info.data_type]
+                data = data.view(np.uint8) if data.dtype == np.bool_ else data.astype(store)
+                t = self._ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape or (),
+                                                 readable=True, writable=True)
+                self._ctx.write_tensor(t, data)
+                spec.const_tensors[name] = t
+            return t
 
     def _to_onnx(self, spec, name, arr):
         info = spec.outputs[name]

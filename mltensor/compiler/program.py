@@ -22,7 +22,7 @@ from wgpu.backends.wgpu_native._ffi import ffi as _ffi
 from wgpu.backends.wgpu_native._ffi import lib as _lib
 
 from .. import dtypes
-from ..errors import InvalidStateError
+from ..errors import DOMException, InvalidStateError, gpu_errors
 from ..front.tensor import MLTensor
 from ..runtime import replay
 from ..runtime.timeline import Task, handle_address
@@ -103,7 +103,8 @@ def compile_graph(builder, outputs, placement=None):
                 raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
                 if data.nbytes % 4:  # an odd number of f16 elements: writes are whole words
                     raw = np.concatenate([raw, np.zeros(4 - data.nbytes % 4, np.uint8)])
-                ctx._timeline.write(buf, raw, data.nbytes)
+                with ctx._lock:
+                    ctx._timeline.write(buf, raw, data.nbytes)
             persist.append(buf)
             loc[id(x)] = ("buf", buf)
 
@@ -198,7 +199,8 @@ def compile_graph(builder, outputs, placement=None):
                 p.dispatch_workgroups(*groups)
             tl.launched(len(prologue))
 
-        tl.enqueue(Task(tuple(keep), (), run_prologue))
+        with ctx._lock:
+            tl.enqueue(Task(tuple(keep), (), run_prologue))
     graph._finish()
     return graph
 
@@ -250,7 +252,8 @@ class MLGraph:
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
-        ctx._graphs.add(self)
+        with ctx._lock:
+            ctx._graphs.add(self)
 
     def _finish(self):
         self._dynamic = [i for i, e in enumerate(self._launches) if e[4] is None]
@@ -281,17 +284,21 @@ class MLGraph:
         return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"
 
     def destroy(self):
-        """Idempotent; work already dispatched completes (buffers are freed after the submit)."""
-        if self._destroyed:
-            return
-        self._destroyed = True
-        self._last_call = None
-        self._context._graphs.discard(self)
-        self._bg_cache.clear()
-        self._last_tensors, self._last = [], None
-        bufs, self._buffers = self._buffers, []
-        tl = self._context._timeline
-        tl.after_submit(lambda: [b.destroy() for b in bufs])
+        """Idempotent; work already dispatched completes: the buffers are freed after the submit
+        of the last dispatch called before, held-back ones included (a held dispatch reads the
+        graph itself, so this task, which writes it, waits for them)."""
+        ctx = self._context
+        with ctx._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            self._last_call = None
+            ctx._graphs.discard(self)
+            self._bg_cache.clear()
+            self._last_tensors, self._last = [], None
+            bufs, self._buffers = self._buffers, []
+            tl = ctx._timeline
+            tl.enqueue(Task((), (self,), lambda: tl.after_submit(lambda: [b.destroy() for b in bufs])))
 
     def _bound(self, tensors):
         """Launch list [(pipeline, bind group, groups)] for this tensor set (cached)."""
@@ -426,36 +433,58 @@ def _validate(ctx, graph, inputs, outputs):
 
 
 def dispatch(ctx, graph, inputs, outputs):
-    # Hot path: the same tensors as this graph's last dispatch (a render loop, a session). They
-    # were validated then; tensors are immutable but for destroy(), which clears _last_call
-    # (MLGraph._evict), so two dict comparisons (identity of the values, in C) re-validate them.
-    if graph.__class__ is MLGraph and graph._context is ctx and graph._last_call is not None:
-        last_in, last_out, tensors = graph._last_call
-        try:  # a value that is not a tensor (a numpy array) may raise from ==: the slow path says why
-            same = inputs.__class__ is dict and outputs.__class__ is dict and inputs == last_in and outputs == last_out
-        except Exception:
-            same = False
-        if same:
-            ctx._check("dispatch")  # lost context, destroyed shared device
+    """MLContext.dispatch itself (bound as the method: one Python call on the hot path). The whole
+    call holds the device lock (runtime/timeline.py): validated tensors cannot be destroyed by
+    another thread before their work is recorded, and calls record in call order."""
+    lock = ctx._lock
+    lock.acquire()  # (not `with`: acquire/release cost half as much, measured on the hot path)
+    try:
+        try:
+            # Hot path: the same tensors as this graph's last dispatch (a render loop, a
+            # session). They were validated then; tensors are immutable but for destroy(), which
+            # clears _last_call (MLGraph._evict), so two dict comparisons (identity of the
+            # values, in C) re-validate them.
+            if graph.__class__ is MLGraph and graph._context is ctx and graph._last_call is not None:
+                last_in, last_out, tensors = graph._last_call
+                try:  # a value that is not a tensor may raise from ==: the slow path says why
+                    same = (inputs.__class__ is dict and outputs.__class__ is dict and inputs == last_in
+                            and outputs == last_out)
+                except Exception:
+                    same = False
+                if same:
+                    ctx._check("dispatch")  # lost context, destroyed shared device
+                    tl = ctx._timeline
+                    if tl.lent or tl.held or tl.mapped:
+                        _held_dispatch(tl, graph, inputs, outputs, tensors)
+                    else:
+                        _record(tl, graph, tensors)
+                    return
+            if not _valid_fast(ctx, graph, inputs, outputs):
+                _validate(ctx, graph, inputs, outputs)
+            ctx._check("dispatch")  # a shared device destroyed since the last call loses the context
+            tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
+            graph._last_call = (dict(inputs), dict(outputs), tensors)
+            for t in tensors:  # destroying one of them clears _last_call (also before a held task runs)
+                if graph._evict not in t._on_destroy:
+                    t._on_destroy.append(graph._evict)
             tl = ctx._timeline
-            if tl.lent or tl.held:
-                tl.enqueue(Task(tuple(inputs.values()), tuple(outputs.values()), lambda: _record(tl, graph, tensors)))
-            else:
+            if tl.lent or tl.held or tl.mapped:  # may have to wait behind a lease or a mapping
+                _held_dispatch(tl, graph, inputs, outputs, tensors)
+            else:  # nothing to wait for: record now, no Task, no closure
                 _record(tl, graph, tensors)
-            return
-    if not _valid_fast(ctx, graph, inputs, outputs):
-        _validate(ctx, graph, inputs, outputs)
-    ctx._check("dispatch")  # a shared device destroyed since the last call loses the context
-    tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
-    graph._last_call = (dict(inputs), dict(outputs), tensors)
-    for t in tensors:  # destroying one of them clears _last_call (also before a held task runs)
-        if graph._evict not in t._on_destroy:
-            t._on_destroy.append(graph._evict)
-    tl = ctx._timeline
-    if tl.lent or tl.held:  # may have to wait behind a lease: an ordinary task
-        tl.enqueue(Task(tuple(inputs.values()), tuple(outputs.values()), lambda: _record(tl, graph, tensors)))
-    else:  # nothing to wait for: record now, no Task, no closure
-        _record(tl, graph, tensors)
+        except (TypeError, DOMException):
+            raise
+        except Exception as e:  # a wgpu error (out of memory making bind groups): not an abort
+            with gpu_errors("dispatch"):
+                raise e
+    finally:
+        lock.release()
+
+
+def _held_dispatch(tl, graph, inputs, outputs, tensors):
+    """A dispatch as an ordinary task. It reads the graph too, so a later graph.destroy() (a task
+    writing it) frees the graph's buffers only after this has been recorded."""
+    tl.enqueue(Task((*inputs.values(), graph), tuple(outputs.values()), lambda: _record(tl, graph, tensors)))
 
 
 def _record(tl, graph, tensors):

@@ -8,8 +8,8 @@ import numpy as np
 import wgpu
 
 from .. import dtypes
-from ..errors import InvalidStateError, NotSupportedError
-from ..runtime.timeline import PendingRead, Task, Timeline
+from ..errors import InvalidStateError, NotSupportedError, gpu_errors
+from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ._util import as_shape, awaitable
 from .tensor import MLTensor
 
@@ -93,9 +93,9 @@ class _Lost:
         self._futures = []
 
     def _resolve(self, info):
-        for loop, fut in self._futures:
+        futures, self._futures = self._futures, []
+        for loop, fut in futures:
             loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(info))
-        self._futures = []
 
     def __await__(self):
         ctx = self._ctx
@@ -104,7 +104,10 @@ class _Lost:
             return ctx._lost_info
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._futures.append((loop, fut))
+        with ctx._lock:
+            if ctx._lost_info is not None:
+                return ctx._lost_info
+            self._futures.append((loop, fut))
         return (yield from fut.__await__())
 
 
@@ -176,7 +179,11 @@ class MLContext:
         self._counters = dict.fromkeys(
             ("bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
              "kernel_launches", "tensors_alive", "bytes_alive"), 0)
-        self._timeline = Timeline(device, self._counters)
+        # The device's lock (shared by every context on it): every call that touches the timeline
+        # or the context's state holds it, from validation to the last recorded command.
+        self._lock = device_lock(device)
+        self._timeline = Timeline(device, self._counters,
+                                  device_gone=None if own else lambda: _device_destroyed(device))
         self._lost_info = None
         self._lost = _Lost(self)
         self._tensors = set()
@@ -207,7 +214,8 @@ class MLContext:
 
     @property
     def counters(self):
-        return dict(self._counters)
+        with self._lock:
+            return dict(self._counters)
 
     @property
     def features(self):
@@ -248,22 +256,26 @@ class MLContext:
         self._counters["bytes_alive"] -= t._buffer.size
 
     def _lose(self, message):
-        if self._lost_info is not None:
-            return
-        self._lost_info = _LostInfo(message)
-        try:
-            self._timeline.flush()
-        except Exception:
-            pass
-        for g in list(self._graphs):
-            g.destroy()
-        for t in list(self._tensors):
-            t.destroy()
-        for fut in list(self._read_waiters):
-            fut.done() or fut.set_result(None)
-        self._timeline.held = []
-        self._timeline.drop_staging()
-        self._lost._resolve(self._lost_info)
+        with self._lock:
+            if self._lost_info is not None:
+                return
+            self._lost_info = _LostInfo(message)
+            tl = self._timeline
+            try:
+                tl.flush()
+            except Exception:
+                pass
+            for g in list(self._graphs):
+                g.destroy()
+            for t in list(self._tensors):
+                t.destroy()
+            for wake in list(self._read_waiters):  # async reads and imports held back
+                wake()
+            tl.held = []
+            tl.mapped.clear()  # reads mapping in place unmap by themselves; nothing submits now
+            tl.drop_staging()
+            tl.changed.notify_all()  # synchronous reads waiting for held work raise
+            self._lost._resolve(self._lost_info)
 
     # IDL: undefined destroy();
     def destroy(self):
@@ -289,8 +301,9 @@ class MLContext:
     # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
     def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False,
                            importable_to_webgpu=False):
-        data_type, shape = self._tensor_args("create_tensor", data_type, shape)
-        return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
+        with self._lock:
+            data_type, shape = self._tensor_args("create_tensor", data_type, shape)
+            return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
 
     def create_tensor_async(self, *, data_type, shape, readable=False, writable=False,
                             importable_to_webgpu=False):
@@ -304,11 +317,18 @@ class MLContext:
 
     # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
     def create_constant_tensor_sync(self, *, data_type, shape, data):
-        data_type, shape = self._tensor_args("create_constant_tensor", data_type, shape)
-        raw = _bytes_of(data, data_type, dtypes.byte_length(data_type, shape), "create_constant_tensor")
-        t = MLTensor(self, data_type, shape, False, False, False, constant=True)
-        self._timeline.write(t._buffer, _pad4(raw), len(raw))
-        return t
+        where = "create_constant_tensor"
+        with self._lock:
+            data_type, shape = self._tensor_args(where, data_type, shape)
+            raw = _bytes_of(data, data_type, dtypes.byte_length(data_type, shape), where)
+            t = MLTensor(self, data_type, shape, False, False, False, constant=True)
+            with gpu_errors(where):
+                try:
+                    self._timeline.write(t._buffer, _pad4(raw), len(raw))
+                except BaseException:
+                    t.destroy()
+                    raise
+            return t
 
     def create_constant_tensor_async(self, *, data_type, shape, data):
         t = self.create_constant_tensor_sync(data_type=data_type, shape=shape, data=data)
@@ -321,18 +341,20 @@ class MLContext:
     # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource inputData);
     def write_tensor(self, tensor, data):
         where = "write_tensor"
-        self._check_tensor(tensor, where)
-        self._check(where)
-        if not tensor._writable:
-            raise TypeError(f"[{where}] the tensor was not created with writable=True")
-        raw = _bytes_of(data, tensor._data_type, tensor._nbytes, where)
-        tl = self._timeline
-        task = Task((), (tensor,), None)
-        if tl._must_hold(task):
-            raw = bytes(raw)  # held back: keep the bytes given at call time
-        payload = _pad4(raw)
-        task.body = lambda: tl.write(tensor._buffer, payload, len(raw))
-        tl.enqueue(task)
+        with self._lock:
+            self._check_tensor(tensor, where)
+            self._check(where)
+            if not tensor._writable:
+                raise TypeError(f"[{where}] the tensor was not created with writable=True")
+            raw = _bytes_of(data, tensor._data_type, tensor._nbytes, where)
+            tl = self._timeline
+            task = Task((), (tensor,), None)
+            if tl.hold_reason(task) is not None:
+                raw = bytes(raw)  # held back: keep the bytes given at call time
+            payload = _pad4(raw)
+            task.body = lambda: tl.write(tensor._buffer, payload, len(raw))
+            with gpu_errors(where):
+                tl.enqueue(task)
 
     # IDL: Promise<ArrayBuffer> readTensor(MLTensor tensor);
     # IDL: Promise<undefined> readTensor(MLTensor tensor, AllowSharedBufferSource outputData);
@@ -361,29 +383,32 @@ class MLContext:
     def _start_read(self, tensor, out=None, where="read_tensor", sync=False):
         """Validate and start a read; returns the PendingRead (wait_sync / wait_async). Several
         started before any is waited on complete with one submit (InferenceSession uses this).
-        sync: the caller waits with wait_sync before recording anything else, so on CPU adapters
-        a mappable tensor that nothing holds back is mapped in place instead of copied."""
-        out = self._read_args(tensor, out, where)
-        r = PendingRead(self, tensor, out)
-        tl = self._timeline
-        if sync and tensor._direct_map and not tl._must_hold(r.task):
-            r.direct = True
-        else:
-            tl.enqueue(r.task)
-        return r
+        sync: the caller will wait with wait_sync, so on CPU adapters a mappable tensor that
+        nothing holds back is mapped in place instead of copied (busy until the read ends)."""
+        with self._lock:
+            out = self._read_args(tensor, out, where)
+            r = PendingRead(self, tensor, out)
+            tl = self._timeline
+            with gpu_errors(where):
+                if sync and tensor._direct_map and tl.hold_reason(r.task) is None:
+                    r.start_direct()
+                else:
+                    tl.enqueue(r.task)
+            return r
 
     def read_tensor_async(self, tensor, out=None):
         return awaitable(self._start_read(tensor, out).wait_async("read_tensor"))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
-    def dispatch(self, graph, inputs, outputs):
-        _dispatch(self, graph, inputs, outputs)
+    # dispatch(graph, inputs, outputs) is compiler/program.dispatch, bound below (hot path).
 
     def flush(self):
         """Python extension: submit recorded GPU work now (it is submitted anyway when something
         waits on it)."""
-        self._check("flush")
-        self._timeline.flush()
+        with self._lock:
+            self._check("flush")
+            with gpu_errors("flush"):
+                self._timeline.flush()
 
 
 def _pad4(raw):
@@ -412,3 +437,5 @@ def _bytes_of(data, data_type, nbytes, where):
 
 
 from ..compiler.program import dispatch as _dispatch  # noqa: E402  (program imports this module)
+
+MLContext.dispatch = _dispatch

@@ -3,6 +3,7 @@
 import wgpu
 
 from .. import dtypes
+from ..errors import gpu_errors
 from ..runtime.timeline import Task
 
 
@@ -29,9 +30,10 @@ class MLTensor:
         self._direct_map = ctx._direct_map and self._readable and not self._importable
         if self._direct_map:
             usage |= wgpu.BufferUsage.MAP_READ
-        self._buffer = ctx.device.create_buffer(
-            label=f"mltensor-{data_type}{list(shape)}", size=dtypes.padded(self._nbytes), usage=usage
-        )
+        with gpu_errors("create_constant_tensor" if constant else "create_tensor"):  # out of memory
+            self._buffer = ctx.device.create_buffer(
+                label=f"mltensor-{data_type}{list(shape)}", size=dtypes.padded(self._nbytes), usage=usage
+            )
         self._on_destroy = []  # callbacks (bind-group caches, interop) run at destroy()
         ctx._tensor_created(self)
 
@@ -51,23 +53,24 @@ class MLTensor:
     def destroy(self):
         """Idempotent. Pending reads reject; work already enqueued on the tensor completes, and its
         memory is freed after that (the destroy is itself a task on the timeline)."""
-        if self._destroyed:
-            return
-        self._destroyed = True
         ctx = self._context
-        ctx._tensor_destroyed(self)
-        for cb in self._on_destroy:
-            cb(self)
-        self._on_destroy = []
-        if ctx._lost_info is not None:
-            return
-        buf = self._buffer
-        tl = ctx._timeline
+        with ctx._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            ctx._tensor_destroyed(self)
+            for cb in self._on_destroy:
+                cb(self)
+            self._on_destroy = []
+            if ctx._lost_info is not None:
+                return
+            buf = self._buffer
+            tl = ctx._timeline
 
-        def free():
-            if tl.uses(buf):
-                tl.after_submit(buf.destroy)
-            else:
-                buf.destroy()
+            def free():
+                if tl.uses(buf):
+                    tl.after_submit(buf.destroy)
+                else:
+                    buf.destroy()
 
-        tl.enqueue(Task((), (self,), free))
+            tl.enqueue(Task((), (self,), free))

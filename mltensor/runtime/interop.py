@@ -14,15 +14,13 @@ A lease per lent tensor. While it lasts the tensor is in `timeline.lent`, so ML 
 object is re-pointed at a tiny stub buffer, so a stray use afterwards cannot touch the tensor.
 """
 
-import asyncio
-
 import wgpu
 from wgpu.backends.wgpu_native import _api as _native
 from wgpu.backends.wgpu_native._ffi import lib as _lib
 
-from ..errors import InvalidStateError
+from ..errors import InvalidStateError, gpu_errors
 from ..front.context import _device_destroyed
-from .timeline import Task
+from .timeline import DeviceGone, Task, device_lock, task_done, wait_promise, wait_sync_promise
 
 _USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
@@ -162,72 +160,82 @@ class _Lease:
     def run_sync(self, where):
         try:
             if self._promise is not None:
-                self._promise.sync_wait()
-            return self._complete(where)
+                wait_sync_promise(self._promise, self.ctx._timeline.device_gone)  # without the lock
+            with self.ctx._lock, gpu_errors(where):
+                return self._complete(where)
         except BaseException:
-            self._abort()
+            with self.ctx._lock:
+                self._abort()
             raise
 
     async def run_async(self, where):
         ctx = self.ctx
         try:
-            if not self.task.done:
-                fut = asyncio.get_running_loop().create_future()
-                self.task.on_done(lambda: fut.done() or fut.set_result(None))
-                ctx._read_waiters.add(fut)  # a lost context wakes it
-                try:
-                    await fut
-                finally:
-                    ctx._read_waiters.discard(fut)
-                if ctx._lost_info is not None:
-                    raise InvalidStateError(f"[{where}] the context was lost while the import was pending")
+            await task_done(ctx, self.task)
+            if ctx._lost_info is not None:
+                raise InvalidStateError(f"[{where}] the context was lost while the import was pending")
             if self._promise is not None:
-                await self._promise
-            return self._complete(where)
+                await wait_promise(self._promise, ctx._timeline.device_gone)
+            with ctx._lock, gpu_errors(where):
+                return self._complete(where)
         except BaseException:
-            self._abort()
+            with ctx._lock:
+                self._abort()
             raise
 
     # -- release --------------------------------------------------------------------------------
 
     def end(self):
         """buf.destroy() / buf.release(): idempotent."""
-        if self.state != "lent":
-            return
-        self.state = "ended"
         ctx, t = self.ctx, self.tensor
-        ctx._check_device()  # a destroyed context device loses the context first
+        with ctx._lock:
+            if self.state != "lent":
+                return
+            self.state = "ending"
+            ctx._check_device()  # a destroyed context device loses the context first
+            copy = not self.same and ctx._lost_info is None and not t._destroyed
         try:
-            if not self.same and ctx._lost_info is None and not t._destroyed:
-                self._copy_back()
+            # Cross device: the copy back runs on the other device without this context's lock
+            # (that device may be another context's, whose lock is taken there: never both).
+            data = self._copy_back() if copy else None
+            with ctx._lock:
+                if data is not None and ctx._lost_info is None and not t._destroyed:
+                    ctx._timeline.write(t._buffer, data, self.size, "bytes_copied_between_devices")
         finally:
-            self.buffer._repoint(self.device)
-            self._finish_lease()
+            with ctx._lock:
+                self.buffer._repoint(self.device)
+                self._finish_lease()
 
     def _copy_back(self):
-        """Wait for the device's work on the buffer (map a staging copy), then write it into the
-        tensor through the context's queue, ahead of the held-back ML work."""
+        """Wait for the device's work on the buffer (map a staging copy) and return its bytes;
+        None when the device is gone (the tensor keeps its pre-import contents). end() writes
+        them into the tensor through the context's queue, ahead of the held-back ML work."""
         dev = self.device
-        if _device_destroyed(dev):
-            return  # nothing to copy back from; the tensor keeps its pre-import contents
-        pool = _device_state(dev)["staging"].setdefault(self.size, [])
-        st = pool.pop() if pool else dev.create_buffer(
-            label="mltensor-lease-copyback", size=self.size,
-            usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        enc = dev.create_command_encoder()
-        enc.copy_buffer_to_buffer(self.buffer, 0, st, 0, self.size)
-        dev.queue.submit([enc.finish()])
-        st.map_sync(wgpu.MapMode.READ, 0, self.size)
+        state = _device_state(dev)
+        with device_lock(dev):  # the device's destroy() takes it too: never a submit on a destroyed device
+            if _device_destroyed(dev):
+                return None
+            pool = state["staging"].setdefault(self.size, [])
+            st = pool.pop() if pool else dev.create_buffer(
+                label="mltensor-lease-copyback", size=self.size,
+                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            enc = dev.create_command_encoder()
+            enc.copy_buffer_to_buffer(self.buffer, 0, st, 0, self.size)
+            dev.queue.submit([enc.finish()])
+            promise = st.map_async(wgpu.MapMode.READ, 0, self.size)
         try:
-            mv = st.read_mapped(0, self.size, copy=False)
-            self.ctx._timeline.write(self.tensor._buffer, mv, self.size, "bytes_copied_between_devices")
-            del mv
+            wait_sync_promise(promise, lambda: _device_destroyed(dev))
+            return bytes(st.read_mapped(0, self.size, copy=False))
+        except DeviceGone:
+            return None  # destroyed meanwhile: the tensor keeps its pre-import contents
         finally:
-            st.unmap()
-            if len(pool) < 2:
-                pool.append(st)
-            else:
-                st.destroy()
+            with device_lock(dev):
+                if st.map_state == "mapped":
+                    st.unmap()
+                if len(pool) < 2 and st.map_state == "unmapped":
+                    pool.append(st)
+                elif not _device_destroyed(dev):
+                    st.destroy()
 
     def _finish_lease(self):
         self.state = "ended"
@@ -254,6 +262,11 @@ def _begin(device, tensor, where, asynchronous):
     if _device_destroyed(device):
         raise InvalidStateError(f"[{where}] the GPUDevice is destroyed")
     ctx = tensor._context
+    with ctx._lock, gpu_errors(where):
+        return _begin_locked(ctx, device, tensor, where, asynchronous)
+
+
+def _begin_locked(ctx, device, tensor, where, asynchronous):
     ctx._check(where)
     if tensor._destroyed:
         raise InvalidStateError(f"[{where}] the tensor is destroyed")
@@ -261,18 +274,30 @@ def _begin(device, tensor, where, asynchronous):
     if lease is not None:
         if lease.state == "pending":
             raise TypeError(f"[{where}] an import of this tensor has not resolved yet")
+        if lease.state == "ending":
+            raise TypeError(f"[{where}] a release of this tensor has not finished yet")
         if lease.device is not device:
             raise TypeError(f"[{where}] the tensor is already lent to another GPUDevice")
         return lease, True
     lease = _Lease(tensor, device)
     tl = ctx._timeline
-    if not asynchronous and tl._must_hold(lease.task):
+    if not asynchronous and tl.hold_reason(lease.task) == "lease":
         raise InvalidStateError(
             f"[{where}] the tensor depends on work held back behind another lent tensor; release "
             "that lease first, or use import_external_buffer_async, which resolves after it"
         )
     tensor._lease = lease
     tl.enqueue(lease.task)
+    if not asynchronous:  # held behind another thread's read mapping tensors in place: it ends soon
+        while not lease.task.done:
+            ctx._check(where)
+            if lease.task.lease:
+                tl.held.remove(lease.task)
+                tensor._lease = None
+                raise InvalidStateError(
+                    f"[{where}] the tensor depends on work held back behind another lent tensor; release "
+                    "that lease first, or use import_external_buffer_async, which resolves after it")
+            tl.changed.wait()
     return lease, False
 
 

@@ -1,26 +1,40 @@
 """The context timeline: every write, dispatch, read, import, release and destroy in call order.
 
 Each task names the tensors it reads and writes. A task runs (records GPU commands) at once unless
-it touches a lent tensor or conflicts with a task already held back (read-after-write,
-write-after-read, write-after-write); held tasks run in call order when a lease ends. GPU commands
-of running tasks go into one open command encoder (and one open compute pass), submitted when
-something waits on the GPU or after a bounded batch: one submit per flush, not per dispatch.
+it touches a tensor that is busy (lent to a GPUDevice, or mapped in place by a read) or conflicts
+with a task already held back (read-after-write, write-after-read, write-after-write); held tasks
+run in call order when the lease or the mapping ends. GPU commands of running tasks go into one
+open command encoder (and one open compute pass), submitted when something waits on the GPU or
+after a bounded batch: one submit per flush, not per dispatch.
 
 Reads copy into pooled MAP_READ staging buffers; after the submit all pending reads are mapped at
 once, so several reads complete in parallel, and the mapped memory is copied once, straight into
 the numpy result.
+
+Threads (API.md, "Threads"). One re-entrant lock per GPU device (`device_lock`, shared by every
+context on it) guards everything here: callers hold it from validation to the last recorded
+command, so the order of calls is the order of work, across threads as within one. Nothing waits
+for the GPU while holding it: maps are requested under the lock and waited on outside it. Two
+things would abort the interpreter instead of raising (wgpu-native panics on an invalid
+`queue.submit`), and the timeline makes both impossible:
+- a submit that uses a mapped (or map-pending) buffer: a tensor mapped in place by a read is
+  busy, so work touching it is held back until the read unmaps it, never recorded meanwhile;
+  flush also refuses (OperationError) to submit a batch touching a buffer that is not unmapped;
+- a submit on a destroyed device: flush checks it under the device lock, which the device's own
+  `destroy()` takes as well (see device_lock).
 """
 
 import asyncio
 import os
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import wgpu
 
-from ..errors import InvalidStateError
+from ..errors import InvalidStateError, OperationError
 
 BATCH_LAUNCHES = 4096  # submit after this many kernel launches even if nothing waits
 _MIN_STAGING = 4096
@@ -71,24 +85,73 @@ _create_encoder, _begin_pass = _factories or (lambda d: d.create_command_encoder
                                               lambda e: e.begin_compute_pass())
 
 
+_locks_guard = threading.Lock()
+
+
+def device_lock(device):
+    """The re-entrant lock of a GPU device, shared by every context (and lend) on it.
+
+    Made on first use and kept on the device object. Its `destroy()` is wrapped (on this object
+    only) to take the lock too: a device destroyed by another thread can then never go between a
+    timeline's check that the device is alive and its `queue.submit`, which wgpu-native turns into
+    a process abort on a destroyed device."""
+    lock = getattr(device, "_mltensor_lock", None)
+    if lock is not None:
+        return lock
+    with _locks_guard:
+        lock = getattr(device, "_mltensor_lock", None)
+        if lock is None:
+            lock = threading.RLock()
+            ref = weakref.ref(device)  # no cycle through the wrapper: the device stays collectable
+            cls_destroy = type(device).destroy
+
+            def destroy():
+                d = ref()
+                if d is not None:
+                    with lock:
+                        cls_destroy(d)
+
+            try:
+                device.destroy = destroy
+            except AttributeError:  # a device class without instance attributes: unguarded
+                pass
+            device._mltensor_lock = lock
+    return lock
+
+
 class Task:
-    __slots__ = ("reads", "writes", "body", "done", "_waiters")
+    """One call's work: the tensors (or other objects, see MLGraph.destroy) it reads and writes,
+    and the body that records it. `lease` says why a held task waits: True behind a lent tensor
+    (only the user's release ends that), False behind a read's mapping (ends by itself)."""
+
+    __slots__ = ("reads", "writes", "body", "done", "lease", "error", "_waiters")
 
     def __init__(self, reads, writes, body):
         self.reads = frozenset(reads)
         self.writes = frozenset(writes)
         self.body = body
         self.done = False
+        self.lease = False
+        self.error = None  # what the body raised when it ran late (resumed by another call)
         self._waiters = []
 
-    def run(self):
-        self.body()
+    def run(self, capture=False):
+        """Run the body. capture: keep an exception in `error` instead of raising it (a held task
+        run by another call's resume(): its own caller learns of it when it waits)."""
+        try:
+            self.body()
+        except Exception as e:
+            if not capture:
+                raise
+            self.error = e
         self.done = True
-        for w in self._waiters:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
             w()
-        self._waiters = []
 
     def on_done(self, callback):
+        """callback() once the task ran (now if it has); called with the timeline's lock held, on
+        whichever thread ran the task."""
         if self.done:
             callback()
         else:
@@ -96,10 +159,17 @@ class Task:
 
 
 class Timeline:
-    def __init__(self, device, counters):
+    """The work of one context. Every method expects the caller to hold `lock` (the device's)."""
+
+    def __init__(self, device, counters, device_gone=None):
         self.device = device
         self.queue = device.queue
         self.counters = counters
+        self.lock = device_lock(device)
+        self.changed = threading.Condition(self.lock)  # held tasks ran, a mapping ended, lost
+        # A user's device may be destroyed under us: device_gone() then says so (None for an own
+        # device); flush never submits on it and waits for maps give up (wait_sync_promise).
+        self.device_gone = device_gone
         self._encoder = None
         self._pass = None
         self._raw_pass = None
@@ -110,35 +180,58 @@ class Timeline:
         self._kept = []  # objects recorded commands refer to (released after the submit)
         self._launches = 0
         self._after_submit = []  # callbacks run right after the next submit
+        self.flush_error = None  # while after-submit callbacks run: the submit's failure, if any
         self.held = []  # tasks held back, in call order
         self.lent = set()  # tensors lent to a GPUDevice (interop)
+        self.mapped = set()  # tensors mapped in place by a synchronous read (CPU adapters)
         self._staging = {}  # size -> [free MAP_READ buffers]
 
     # -- tasks ---------------------------------------------------------------------------------
 
     def enqueue(self, task):
-        """Run `task` now, or hold it back behind lent tensors. Returns True if it ran."""
-        if self._must_hold(task):
+        """Run `task` now, or hold it back behind busy tensors. Returns True if it ran."""
+        reason = self.hold_reason(task)
+        if reason is not None:
+            task.lease = reason == "lease"
             self.held.append(task)
             return False
         task.run()
         return True
 
-    def _must_hold(self, task):
-        if not self.lent and not self.held:
-            return False
-        if (task.reads | task.writes) & self.lent:
-            return True
+    def hold_reason(self, task):
+        """None when `task` may run now; else "lease" when it waits, directly or behind held work,
+        for a tensor lent to a GPUDevice, or "map" when it only waits for a read that mapped a
+        tensor in place (a submit using a mapped buffer would abort the process)."""
+        if not self.lent and not self.held and not self.mapped:
+            return None
+        touched = task.reads | task.writes
+        if touched & self.lent:
+            return "lease"
+        reason = "map" if touched & self.mapped else None
         for h in self.held:
             if task.writes & (h.reads | h.writes) or task.reads & h.writes:
-                return True
-        return False
+                if h.lease:
+                    return "lease"
+                reason = "map"
+        return reason
 
     def resume(self):
-        """Run held tasks that no longer need to wait (after a lease ended), in call order."""
+        """Run held tasks that no longer need to wait (after a lease or a mapping ended), in call
+        order, and wake the threads waiting for them."""
         pending, self.held = self.held, []
         for t in pending:
-            self.enqueue(t)
+            reason = self.hold_reason(t)
+            if reason is not None:
+                t.lease = reason == "lease"
+                self.held.append(t)
+            else:
+                t.run(capture=True)
+        self.changed.notify_all()
+
+    def unmapped(self, tensor):
+        """A read's in-place mapping of `tensor` ended: work held behind it runs."""
+        self.mapped.discard(tensor)
+        self.resume()
 
     # -- command recording ---------------------------------------------------------------------
 
@@ -192,32 +285,60 @@ class Timeline:
             self.flush()
 
     def after_submit(self, callback):
-        """Run `callback` after the open encoder is submitted (at once if none is open)."""
+        """Run `callback` after the open encoder is submitted (at once if none is open). While it
+        runs, `flush_error` holds the submit's failure (None when the work was submitted)."""
         if self._encoder is None:
             callback()
         else:
             self._after_submit.append(callback)
 
     def flush(self):
+        """Submit the open encoder. The state is reset before anything can fail, so a failure
+        leaves the timeline usable: the batch is dropped, the reads recorded in it reject (their
+        after-submit callbacks see `flush_error`), and OperationError (InvalidStateError for a
+        destroyed device) is raised. Nothing invalid reaches `queue.submit`, whose validation
+        errors abort the process in wgpu-native."""
         if self._encoder is None and self._unsubmitted_writes:
             # queue.write_buffer lands with the next submit: maps (requested without wgpu-py's
             # own empty submit, see PendingRead._map) must come after one
             self._open_encoder()
         self._unsubmitted_writes = False
-        if self._encoder is not None:
-            if self._pass is not None:
-                self._pass.end()
-                self._pass = None
-            cb = self._encoder.finish()
-            self._encoder = None
-            self.queue.submit([cb])
-            self.counters["submits"] += 1
-        self._touched.clear()
-        self._kept = []
+        encoder, cpass, touched = self._encoder, self._pass, self._touched
+        self._encoder = self._pass = None
+        self._touched = set()
+        kept, self._kept = self._kept, []
         self._launches = 0
         callbacks, self._after_submit = self._after_submit, []
-        for cb in callbacks:
-            cb()
+        error = None
+        if encoder is not None:
+            try:
+                if cpass is not None:
+                    cpass.end()
+                cb = encoder.finish()
+                if self.device_gone is not None and self.device_gone():
+                    raise InvalidStateError("[submit] the GPUDevice was destroyed; the work was dropped")
+                busy = [b.label for b in touched if b.map_state != "unmapped"]
+                if busy:  # a bug if it ever happens: refuse rather than abort
+                    raise OperationError(f"[submit] buffers still mapped: {busy}; the work was dropped")
+                self.queue.submit([cb])
+                self.counters["submits"] += 1
+            except InvalidStateError as e:
+                error = e
+            except Exception as e:
+                if self.device_gone is not None and self.device_gone():  # destroyed mid-flush
+                    error = InvalidStateError("[submit] the GPUDevice was destroyed; the work was dropped")
+                else:
+                    error = e if isinstance(e, OperationError) else OperationError(
+                        f"[submit] the GPU rejected work recorded by earlier calls: {type(e).__name__}: {e}")
+        self.flush_error = error
+        try:
+            for cb in callbacks:
+                cb()
+        finally:
+            self.flush_error = None
+        del kept
+        if error is not None:
+            raise error
 
     # -- transfers -----------------------------------------------------------------------------
 
@@ -241,6 +362,8 @@ class Timeline:
         )
 
     def release_staging(self, buf):
+        if buf.map_state != "unmapped":  # a map that never resolved: not reusable
+            return
         free = self._staging.setdefault(buf.size, [])
         if len(free) < 4:
             free.append(buf)
@@ -254,8 +377,76 @@ class Timeline:
         self._staging.clear()
 
 
+_GONE_POLL = 0.05  # seconds between checks that a user's device still exists, while waiting
+
+
+class DeviceGone(InvalidStateError):
+    """A wait gave up: the device was destroyed, so the promise will never resolve."""
+
+
+def wait_sync_promise(promise, gone=None):
+    """promise.sync_wait(), but giving up with DeviceGone once `gone()` says the device was
+    destroyed: wgpu-py's destroy() stops the poll thread, and a pending map then never resolves."""
+    if gone is not None:
+        ev = promise._thread_event
+        while not ev.wait(_GONE_POLL):
+            if gone():
+                raise DeviceGone("the GPUDevice was destroyed while waiting for it")
+    return promise.sync_wait()
+
+
+async def wait_promise(promise, gone=None):
+    """Await a wgpu promise from any thread's event loop (giving up as wait_sync_promise does).
+    wgpu-py resolves a promise through the loop of the thread that created it; a map requested
+    by another thread's flush belongs to that thread's loop (or none), so it is waited for on an
+    executor thread instead."""
+    loop = asyncio.get_running_loop()
+    own_loop = promise._call_soon_threadsafe == loop.call_soon_threadsafe
+    if own_loop and gone is None:
+        return await promise
+    task = loop.create_task(_awaited(promise)) if own_loop else None
+    while True:
+        if task is not None:
+            done, _ = await asyncio.wait({task}, timeout=_GONE_POLL)
+            if done:
+                return task.result()
+        elif await loop.run_in_executor(None, promise._thread_event.wait, _GONE_POLL):
+            return promise.sync_wait()
+        if gone is not None and gone():
+            if task is not None:
+                task.cancel()
+            raise DeviceGone("the GPUDevice was destroyed while waiting for it")
+
+
+async def _awaited(promise):
+    return await promise
+
+
+def wake_future(loop, fut):
+    """A callable that resolves `fut` (of `loop`) from any thread, once."""
+    return lambda: loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+
+
+async def task_done(ctx, task):
+    """Return once `task` has run (at once if it has), or the context is lost (which wakes every
+    such waiter through ctx._read_waiters); the task may be run by any thread's call."""
+    with ctx._lock:
+        if task.done:
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        wake = wake_future(loop, fut)
+        task.on_done(wake)
+        ctx._read_waiters.add(wake)
+    try:
+        await fut
+    finally:
+        ctx._read_waiters.discard(wake)
+
+
 _PARALLEL_COPY = 8 << 20  # bytes: above this, the host copy is split across threads
 _copy_pool = None
+_copy_pool_lock = threading.Lock()
 
 
 def _copy(dst, src):
@@ -267,8 +458,9 @@ def _copy(dst, src):
     if n < _PARALLEL_COPY or workers < 2:
         dst[:] = src
         return
-    if _copy_pool is None:
-        _copy_pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="mltensor-copy")
+    with _copy_pool_lock:
+        if _copy_pool is None:
+            _copy_pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="mltensor-copy")
     step = -(-n // workers) + 4095 & ~4095  # page-aligned chunks
 
     def part(k):
@@ -326,7 +518,9 @@ _host_pool = _HostPool()
 
 class PendingRead:
     """A read_tensor in flight: copy recorded by its task, mapped after the submit, then copied
-    once from mapped memory into the result."""
+    once from mapped memory into the result. Or, on CPU adapters, for a synchronous read of a
+    tensor created mappable: the tensor itself mapped in place (`start_direct`), busy until the
+    copy is done, so no other call's work on it is recorded meanwhile."""
 
     def __init__(self, ctx, tensor, out):
         self.ctx = ctx
@@ -334,8 +528,9 @@ class PendingRead:
         self.out = out
         self.staging = None
         self.promise = None
+        self.error = None  # the submit of the copy failed (Timeline.flush)
         self.size = tensor._buffer.size
-        self.direct = False  # mapped in place by wait_sync (see MLContext._start_read)
+        self.direct = False  # mapped in place (start_direct)
         self.task = Task((tensor,), (), self._record)
 
     def _record(self):
@@ -349,7 +544,24 @@ class PendingRead:
         # Requested right after the submit holding the copy. "READ_NOSYNC": wgpu-py would
         # otherwise submit an empty command buffer first (a workaround for maps of never-submitted
         # buffers, wgpu-native#305); ours always follow the submit of their copy.
+        error = self.ctx._timeline.flush_error
+        if error is not None:
+            self.error = error
+            return
         self.promise = self.staging.map_async("READ_NOSYNC", 0, self.size)
+
+    def start_direct(self):
+        """Map the tensor itself (lock held): everything before the read is submitted first, and
+        the tensor stays busy (Timeline.mapped) until _release unmaps it."""
+        tl = self.ctx._timeline
+        tl.flush()  # also submits pending queue writes (Timeline.flush)
+        tl.mapped.add(self.tensor)
+        try:
+            self.promise = self.tensor._buffer.map_async("READ_NOSYNC", 0, self.size)
+        except BaseException:
+            tl.unmapped(self.tensor)
+            raise
+        self.direct = True
 
     def _check(self, where):
         if self.ctx._lost_info is not None:
@@ -357,23 +569,22 @@ class PendingRead:
         if self.tensor._destroyed:
             raise InvalidStateError(f"[{where}] the tensor was destroyed while the read was pending")
 
+    def _failed(self, where):
+        err = self.error or self.task.error
+        if isinstance(err, InvalidStateError):
+            raise InvalidStateError(f"[{where}] {err}") from err
+        raise OperationError(f"[{where}] {err}") from err
+
     def _finish(self, where):
         try:
             self._check(where)
-            return self._copy_out(self.staging)
-        finally:
+            result = self._copy_out(self.tensor._buffer if self.direct else self.staging)
+        except BaseException:
             self._release()
-
-    def read_mapped_tensor(self, where):
-        """Synchronous read of a tensor created mappable (CPU adapters): map the tensor itself.
-        Safe because nothing else can be recorded while this call blocks."""
-        self.ctx._timeline.flush()  # also submits pending queue writes (Timeline.flush)
-        buf = self.tensor._buffer
-        buf.map_async("READ_NOSYNC", 0, self.size).sync_wait()
-        try:
-            return self._copy_out(buf)
-        finally:
-            buf.unmap()
+            raise
+        self._release(self.tensor._nbytes)
+        self._check(where)  # lost meanwhile (a user's device destroyed under the read): reject
+        return result
 
     def _copy_out(self, mapped):
         t = self.tensor
@@ -388,58 +599,87 @@ class PendingRead:
             _copy(np.frombuffer(self.out, dtype=np.uint8, count=nbytes), src)
             result = None
         del mv, src
-        self.ctx._counters["bytes_downloaded"] += nbytes
         return result
 
-    def _release(self):
-        if self.staging is not None:
-            if self.promise is not None:
+    def _release(self, downloaded=0):
+        """Unmap and return the staging buffer (or end the in-place mapping); count the bytes."""
+        tl = self.ctx._timeline
+        with tl.lock:
+            self.ctx._counters["bytes_downloaded"] += downloaded
+            buf = self.tensor._buffer if self.direct else self.staging
+            if buf is not None and buf.map_state == "mapped":
                 try:
-                    self.staging.unmap()
-                except Exception:
-                    pass
-            self.ctx._timeline.release_staging(self.staging)
-            self.staging = None
+                    buf.unmap()
+                except Exception as e:  # the device is gone: nothing can use the buffer again
+                    self.ctx._check_device()
+                    self.ctx._lose(f"a read could not unmap its buffer: {' '.join(str(e).split())}")
+            if self.direct:
+                if buf.map_state == "unmapped":  # never submitted while a map is pending
+                    self.direct = False
+                    tl.unmapped(self.tensor)
+            elif self.staging is not None:
+                if self.ctx._lost_info is None:
+                    tl.release_staging(self.staging)
+                self.staging = None
+
+    def _wait_recorded(self, where):
+        """Lock held: return once the read's copy is recorded. A read held behind a mapping
+        waits (another thread's read ends it); one held behind a lent tensor raises, since only
+        a release, which this thread would make, ends that."""
+        tl = self.ctx._timeline
+        while not self.task.done:
+            self._check(where)
+            if self.task.lease:
+                raise InvalidStateError(
+                    f"[{where}] the tensor is held back behind a tensor lent to a GPUDevice; release "
+                    "the lease first, or use read_tensor_async, which resolves after the release"
+                )
+            tl.changed.wait()
 
     def wait_sync(self, where):
-        if self.direct:
-            return self.read_mapped_tensor(where)
-        if not self.task.done:
-            self._check(where)
-            raise InvalidStateError(
-                f"[{where}] the tensor is held back behind a tensor lent to a GPUDevice; release "
-                "the lease first, or use read_tensor_async, which resolves after the release"
-            )
-        if self.promise is None:
-            self.ctx._timeline.flush()
-        try:
-            self.promise.sync_wait()
-        except Exception:
+        tl = self.ctx._timeline
+        if not self.direct:
+            with tl.lock:
+                self._wait_recorded(where)
+                if self.task.error is None and self.error is None and self.promise is None:
+                    tl.flush()
+        if self.error is not None or self.task.error is not None:
             self._release()
-            self._check(where)
-            raise
+            self._failed(where)
+        try:  # without the lock: other threads go on meanwhile
+            wait_sync_promise(self.promise, tl.device_gone)
+        except Exception as e:
+            self._map_failed(e, where)
         return self._finish(where)
 
+    def _map_failed(self, e, where):
+        """A map that rejects or never resolves means the device failed (destroyed, lost, or the
+        buffer is gone): the context is lost, so nothing waits on this buffer forever, and the
+        read raises."""
+        self._release()
+        self._check(where)
+        if isinstance(e, DeviceGone):
+            self.ctx._lose("the GPUDevice was destroyed")
+            raise InvalidStateError(f"[{where}] the context is lost (the GPUDevice was destroyed)") from None
+        self.ctx._lose(f"a read could not map its buffer: {e}")
+        raise OperationError(f"[{where}] the read could not map its buffer (the context is lost): {e}") from e
+
     async def wait_async(self, where):
-        if not self.task.done:
-            loop = asyncio.get_running_loop()
-            fut = loop.create_future()
-            self.task.on_done(lambda: fut.done() or fut.set_result(None))
-            self.ctx._read_waiters.add(fut)
-            try:
-                await fut
-            finally:
-                self.ctx._read_waiters.discard(fut)
-        if self.staging is None:  # never recorded: the context was lost while it was held
-            self._check(where)
-        if self.promise is None:
-            self.ctx._timeline.flush()
+        tl = self.ctx._timeline
+        ctx = self.ctx
+        await task_done(ctx, self.task)
+        with tl.lock:
+            if self.staging is None and self.error is None and self.task.error is None:
+                self._check(where)  # never recorded: the context was lost while it was held
+            if self.task.error is None and self.error is None and self.promise is None:
+                tl.flush()
+        if self.error is not None or self.task.error is not None:
+            self._release()
+            self._failed(where)
         # Wait for the mapping even when the read will reject, so the staging buffer is
         # returned in a known state and no callback fires into a closed event loop later.
         try:
-            await self.promise
-        except Exception:
-            self._release()
-            self._check(where)
-            raise
+            await wait_promise(self.promise, tl.device_gone)
+        except Exception as e:
+            self._map_failed(e, where)
         return self._finish(where)

@@ -9,6 +9,7 @@ Set MLTENSOR_DUMP_WGSL=1 to get the numbered source of a kernel that fails to co
 import os
 import re
 import struct
+import threading
 import weakref
 from dataclasses import dataclass, field
 from importlib import resources
@@ -285,14 +286,38 @@ def grid(n_groups):
 
 
 _caches = weakref.WeakKeyDictionary()
+_compiling = {}  # (id(device), key) -> Event: compiled by one thread, waited for by the others
+_cache_lock = threading.Lock()
 
 
 def pipeline(device, kernel):
-    """(pipeline, bind group layout) for a kernel, compiled once per device and key."""
-    cache = _caches.setdefault(device, {})
-    hit = cache.get(kernel.key)
+    """(pipeline, bind group layout) for a kernel, compiled once per device and key, also when
+    several threads build graphs at once (one compiles, the others wait for its result)."""
+    cache = _caches.get(device)
+    hit = cache.get(kernel.key) if cache is not None else None
     if hit is not None:
         return hit
+    token = (id(device), kernel.key)
+    while True:
+        with _cache_lock:
+            cache = _caches.setdefault(device, {})
+            hit = cache.get(kernel.key)
+            if hit is not None:
+                return hit
+            ev = _compiling.get(token)
+            if ev is None:
+                ev = _compiling[token] = threading.Event()
+                break
+        ev.wait()  # another thread compiles it; if that failed, try ourselves (and raise the same)
+    try:
+        return _compile(device, kernel, cache)
+    finally:
+        with _cache_lock:
+            del _compiling[token]
+        ev.set()
+
+
+def _compile(device, kernel, cache):
     src = kernel.source()
     try:
         module = device.create_shader_module(label=kernel.name, code=src)
