@@ -8,6 +8,7 @@ from ._xdg import ensure_runtime_dir as _ensure_runtime_dir
 _ensure_runtime_dir()  # before wgpu loads (see _xdg.py)
 
 from .compiler.program import MLGraph  # noqa: E402
+from .dynamic.dims import MLDynamicDimension  # noqa: E402
 from .errors import DataError, DOMException, InvalidStateError, NotSupportedError, OperationError, UnknownError
 from .front.builder import MLGraphBuilder, MLOperand
 from .front.context import ML, MLContext, ml
@@ -16,7 +17,7 @@ from .front.tensor import MLTensor
 __version__ = "0.1.0"
 
 __all__ = [
-    "ml", "ML", "MLContext", "MLTensor", "MLGraphBuilder", "MLOperand", "MLGraph",
+    "ml", "ML", "MLContext", "MLTensor", "MLGraphBuilder", "MLOperand", "MLGraph", "MLDynamicDimension",
     "DOMException", "InvalidStateError", "NotSupportedError", "OperationError", "UnknownError", "DataError",
     "import_external_buffer_sync", "import_external_buffer_async", "InferenceSession",
     "onnx", "tflite", "models",

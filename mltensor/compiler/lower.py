@@ -6,10 +6,12 @@ the compute form (see dtypes.compute_type) are contiguous row-major. Intermediat
 a buffer is reused as soon as the last launch reading its previous value has been recorded.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from .. import dtypes
+from ..dynamic.dims import cdiv, high, is_static
 from ..ops import OPS
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
 
@@ -41,8 +43,9 @@ class Launch:
 
 
 def compute_nbytes(v, f16=False):
-    """Bytes of a value in compute form (4 per element; 8 for int64/uint64; 2 for float16 in f16)."""
-    return dtypes.compute_itemsize(v.data_type, f16) * math.prod(v.shape)
+    """Bytes of a value in compute form (4 per element; 8 for int64/uint64; 2 for float16 in f16);
+    for a value with dynamic dimensions, at their maximum sizes (what its buffer holds)."""
+    return dtypes.compute_itemsize(v.data_type, f16) * high(math.prod(v.shape))
 
 
 class KernelContext:
@@ -52,8 +55,11 @@ class KernelContext:
     uses it); None means "whenever the device has the feature". f16: float16 computes in f16
     (the device has "shader-f16"), likewise."""
 
-    def __init__(self, device, int64=None, f16=None):
+    def __init__(self, device, int64=None, f16=None, dims=()):
         self.device = device
+        # Names of the graph's dynamic dimensions, sorted (dynamic/kernels.py): kernels whose
+        # parameters read one get them declared as immediate data
+        self.dims = tuple(dims)
         self.int64 = ("shader-int64" in device.features) if int64 is None else bool(int64)
         self.f16 = ("shader-f16" in device.features) if f16 is None else bool(f16)
         self.launches = []
@@ -95,7 +101,11 @@ class KernelContext:
 
     def launch(self, kernel, args, groups):
         assert len(args) == len(kernel.bindings), kernel.name
-        self.launches.append(Launch(kernel, list(args), tuple(groups), self._prologue))
+        if self.dims and kernel.reads_dims():
+            kernel = dataclasses.replace(kernel, dims=self.dims)
+        if not isinstance(groups, tuple):  # a Fold (dynamic/kernels.py) stays as it is
+            groups = groups if hasattr(groups, "n") else tuple(groups)
+        self.launches.append(Launch(kernel, list(args), groups, self._prologue))
 
     def out(self, node, i=0):
         """The value a node's kernel writes for output i: with a fused epilogue, the
@@ -136,8 +146,8 @@ class KernelContext:
         value (out may be a graph output: its slabs are then views of the caller's tensor), the slab
         overlaps another value's, or some launch would bind one buffer both for reading and for
         writing (WebGPU forbids that in one dispatch)."""
-        if not self.placement or self._prologue:
-            return False
+        if not self.placement or self._prologue or not (is_static(x.shape) and is_static(out.shape)):
+            return False  # a slab at an offset known only at dispatch cannot be bound
         n = self.nbytes(x)
         xr, xo = self.placed_root(x)
         orr, oo = self.placed_root(out)
@@ -195,7 +205,8 @@ class KernelContext:
     def view(self, out, src, byte_off):
         """`out` is bytes [byte_off, byte_off + nbytes(out)) of `src` (a slice or split part that
         is one contiguous range): read it in place, bound with an offset. True if done."""
-        if not self.placement or self._prologue or id(out) in self.out_slot:
+        if (not self.placement or self._prologue or id(out) in self.out_slot
+                or not (is_static(out.shape) and is_static(src.shape))):
             return False
         sr, so = self.placed_root(src)
         if (isinstance(sr, Scratch) or id(sr) in self.fixed or id(sr) in self.out_slot
@@ -222,6 +233,10 @@ class KernelContext:
                 seen[k] = seen.get(k, False) or b.writable
         return False
 
+    def words(self, v):
+        """32-bit words of a value in compute form, at its actual (dispatch-time) size."""
+        return cdiv(dtypes.compute_itemsize(v.data_type, self.f16) * math.prod(v.shape), 4)
+
     def scratch(self, nbytes):
         return Scratch(dtypes.padded(nbytes))
 
@@ -247,14 +262,14 @@ class KernelContext:
         # 32-bit words, whatever the element type; an odd number of f16 elements rounds up into
         # the buffer's padding, never into a neighbour (values placed inside another value's
         # storage are whole multiples of 16 bytes: see place())
-        n = dtypes.padded(self.nbytes(src)) // 4
+        n = self.words(src)
         k = Kernel(
             f"copy_n{n}",
             "edge.wgsl",
             {"mode": "copy", "n": n},
             (Binding("src", "u32"), Binding("dst", "u32", True)),
         )
-        self.launch(k, [src, dst], grid(-(-n // WORKGROUP)))
+        self.launch(k, [src, dst], grid(cdiv(n, WORKGROUP)))
 
     # -- edges ---------------------------------------------------------------------------------
 
@@ -268,20 +283,20 @@ class KernelContext:
             {"mode": "unpack", "dtype": dt, "n": n},
             (Binding("src", "u32"), Binding("dst", self.wtype(ext), True)),
         )
-        self.launch(k, [ext, value], grid(-(-n // WORKGROUP)))
+        self.launch(k, [ext, value], grid(cdiv(n, WORKGROUP)))
 
     def pack(self, value, ext):
         """Compute-form value -> caller's tensor in its storage type (one thread per word)."""
         n = math.prod(ext.shape)
         dt = ext.data_type
-        words = -(-n // {"float16": 2, "int8": 4, "uint8": 4}[dt])
+        words = cdiv(n, {"float16": 2, "int8": 4, "uint8": 4}[dt])
         k = Kernel(
             f"pack_{dt}_n{n}",
             "edge.wgsl",
             {"mode": "pack", "dtype": dt, "n": n, "words": words},
             (Binding("src", self.wtype(ext)), Binding("dst", "u32", True)),
         )
-        self.launch(k, [value, ext], grid(-(-words // WORKGROUP)))
+        self.launch(k, [value, ext], grid(cdiv(words, WORKGROUP)))
 
 
 def lower_steps(kc, steps):

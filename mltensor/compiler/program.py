@@ -27,6 +27,8 @@ from ..front.tensor import MLTensor
 from ..runtime import replay
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
+from ..dynamic.kernels import check_device
+from ..dynamic.plan import DynamicPlan
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
 from .passes import binding_cap, live_nodes, plan_steps
 
@@ -34,6 +36,7 @@ _BG_CACHE_MAX = 64
 _set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
 _set_bind_group = _lib.wgpuComputePassEncoderSetBindGroup
 _dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
+_set_immediates = _lib.wgpuComputePassEncoderSetImmediates
 _NULL = _ffi.NULL
 
 
@@ -49,7 +52,10 @@ def compile_graph(builder, outputs, placement=None):
     steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
                        max_inputs=binding_cap(device) - 1)
 
-    kc = KernelContext(device, int64=ctx._int64, f16=ctx._f16)
+    dims = tuple(sorted(builder._dims))  # dynamic dimensions (dynamic/): sizes read at dispatch
+    if dims:
+        check_device(device, dims)
+    kc = KernelContext(device, int64=ctx._int64, f16=ctx._f16, dims=dims)
     kc.placement = placement
     loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
 
@@ -188,6 +194,11 @@ def compile_graph(builder, outputs, placement=None):
         (prologue if l.prologue else graph._launches).append(entry)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
     graph._autotune = {"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}
+    if dims:
+        run = [l for l, _ in launches if not l.prologue]
+        graph._dyn = DynamicPlan(dims, builder._dims, {n: s for n, (_, s) in graph._inputs.items()},
+                                 {n: s for n, (_, s) in graph._outputs.items()}, builder._constraints,
+                                 [l.groups for l in run], [bool(l.kernel.dims) for l in run])
     if prologue:
         tl = ctx._timeline
 
@@ -250,6 +261,7 @@ class MLGraph:
         self._kernel_names = []
         self._autotune = {"seconds": 0.0, "signatures_tuned": 0}
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
+        self._dyn = None  # a DynamicPlan when some dimension is known only at dispatch
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
         with ctx._lock:
@@ -262,7 +274,30 @@ class MLGraph:
 
     @property
     def input_descriptors(self):
+        """name -> (data type, shape); dynamic dimensions are Syms (.name, .max_size)."""
         return dict(self._inputs)
+
+    @property
+    def dynamic_dimensions(self):
+        """Python extension: {name: max_size} of the graph's dynamic dimensions ({} if none)."""
+        return dict(self._dyn.maxes) if self._dyn is not None else {}
+
+    # IDL (proposal, webnn PR #945): record<USVString, sequence<unsigned long>> computeShapes(record<USVString, sequence<unsigned long>> inputShapes);
+    def compute_shapes(self, input_shapes):
+        """{output name: shape} for {input name: shape}: the sizes a dispatch with inputs of these
+        shapes gives its outputs (TypeError when they do not fit the graph)."""
+        where = "compute_shapes"
+        if not isinstance(input_shapes, dict) or set(input_shapes) != set(self._inputs):
+            given = sorted(input_shapes) if isinstance(input_shapes, dict) else input_shapes
+            raise TypeError(f"[{where}] expected shapes for the inputs {sorted(self._inputs)}, got {given}")
+        shapes = {n: tuple(int(d) for d in s) for n, s in input_shapes.items()}
+        if self._dyn is None:
+            for n, s in shapes.items():
+                if s != tuple(self._inputs[n][1]):
+                    raise TypeError(f"[{where}] input {n!r} must have shape {list(self._inputs[n][1])}, "
+                                    f"got {list(s)}")
+            return {n: tuple(s) for n, (_, s) in self._outputs.items()}
+        return self._dyn.output_shapes(self._dyn.bind(shapes, where))
 
     @property
     def output_descriptors(self):
@@ -337,6 +372,8 @@ class MLGraph:
         if self._native:
             for pipe, bg, groups in bound:
                 rp, rb = pipe._internal, bg._internal
+                if self._dyn is not None:
+                    groups = (0, 0, 0)  # sized per dispatch (_record_dynamic)
                 raw.append((None if rp == last_pipe else rp, None if rb == last_bg else rb, *groups))
                 last_pipe, last_bg = rp, rb
         if len(self._bg_cache) >= _BG_CACHE_MAX:
@@ -345,7 +382,7 @@ class MLGraph:
         # launches after the first as C arrays for the compiled loop (runtime/replay.py), if any
         native = replay.loaded() if raw else None
         if native is not None:
-            native = (native[1], replay.arrays(native[0], raw[1:], handle_address))
+            native = (native[1], replay.arrays(native[0], raw[1:], handle_address), native[0])
         entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:], native)
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
@@ -389,7 +426,9 @@ def _valid_fast(ctx, graph, inputs, outputs):
     return True
 
 
-def _validate(ctx, graph, inputs, outputs):
+def _validate(ctx, graph, inputs, outputs, shapes=True):
+    """Every dispatch rule, raising the precise error. shapes=False: data types only (a graph with
+    dynamic dimensions checks shapes with its DynamicPlan)."""
     where = "dispatch"
     if not isinstance(graph, MLGraph):
         raise TypeError(f"[{where}] graph must be an MLGraph, got {type(graph).__name__}")
@@ -412,7 +451,7 @@ def _validate(ctx, graph, inputs, outputs):
             if t.constant:
                 raise TypeError(f"[{where}] {kind} {name!r} is a constant tensor")
             dt, shape = want[name]
-            if t.data_type != dt or t.shape != shape:
+            if t.data_type != dt or (shapes and t.shape != shape):
                 raise TypeError(
                     f"[{where}] {kind} {name!r} must be {dt} {list(shape)}, got {t.data_type} {list(t.shape)}"
                 )
@@ -459,6 +498,9 @@ def dispatch(ctx, graph, inputs, outputs):
                     else:
                         _record(tl, graph, tensors)
                     return
+            if graph.__class__ is MLGraph and graph._dyn is not None:
+                _dispatch_dynamic(ctx, graph, inputs, outputs)
+                return
             if not _valid_fast(ctx, graph, inputs, outputs):
                 _validate(ctx, graph, inputs, outputs)
             ctx._check("dispatch")  # a shared device destroyed since the last call loses the context
@@ -479,6 +521,86 @@ def dispatch(ctx, graph, inputs, outputs):
                 raise e
     finally:
         lock.release()
+
+
+def _dispatch_dynamic(ctx, graph, inputs, outputs):
+    """A dispatch of a graph with dynamic dimensions: the sizes come from the input tensors'
+    shapes, each output tensor must have the resulting shape (a resizable one takes it), and the
+    launches are recorded with those sizes (lock held)."""
+    _validate(ctx, graph, inputs, outputs, shapes=False)
+    plan = graph._dyn
+    values = plan.bind({n: t._shape for n, t in inputs.items()})
+    shapes = plan.output_shapes(values)
+    for name, t in outputs.items():
+        want = shapes[name]
+        if t._shape != want and t._max_shape is None:
+            raise TypeError(f"[dispatch] output {name!r} must be {t.data_type} {list(want)} for these input "
+                            f"sizes, got {t.data_type} {list(t.shape)}")
+    for name, t in outputs.items():
+        t._fit(shapes[name], "dispatch", f"output {name!r}")
+    tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
+    for t in tensors:
+        if graph._evict not in t._on_destroy:
+            t._on_destroy.append(graph._evict)
+    tl = ctx._timeline
+    if tl.lent or tl.held or tl.mapped:
+        tl.enqueue(Task((*inputs.values(), graph), tuple(outputs.values()),
+                        lambda: _record_dynamic(tl, graph, tensors, values)))
+    else:
+        _record_dynamic(tl, graph, tensors, values)
+
+
+def _record_dynamic(tl, graph, tensors, values):
+    """_record for a graph with dynamic dimensions: workgroup counts of these sizes, and the sizes
+    as immediate data after each pipeline that reads them (runtime/replay.c mlt_replay_dyn)."""
+    bound, raw, buffers, tail, rest, native = graph._replay(tensors)
+    plan = graph._dyn
+    imm, xyz = plan.launch_data(values)
+    reads = plan.reads_dims
+    if not graph._native:
+        p = tl.compute_pass()
+        for i, (pipe, bg, _) in enumerate(bound):
+            p.set_pipeline(pipe)
+            if reads[i]:
+                p.set_immediates(0, imm, 0, imm.nbytes)
+            p.set_bind_group(0, bg)
+            p.dispatch_workgroups(*(int(v) for v in xyz[3 * i:3 * i + 3]))
+    else:
+        p = tl.native_pass()
+        state = tl._pass_state
+        addr = _ffi.cast("void *", imm.ctypes.data)
+        if raw:
+            pipe, bg = raw[0][:2]
+            if pipe != state[0]:
+                _set_pipeline(p, pipe)
+            if reads[0]:  # always: the pass may hold this pipeline with another dispatch's sizes
+                _set_immediates(p, 0, addr, imm.nbytes)
+            if bg != state[1]:
+                _set_bind_group(p, 0, bg, 0, _NULL)
+            _dispatch(p, int(xyz[0]), int(xyz[1]), int(xyz[2]))
+        if native is not None and len(raw) > 1:
+            lib, (n, pipes, groups, _), cffi_ = native
+            flags = plan.native_flags(cffi_)
+            lib.mlt_replay_dyn(tl._raw_pass_addr, n, pipes, groups,
+                               cffi_.cast("uint32_t *", xyz.ctypes.data) + 3, flags + 1,
+                               cffi_.cast("void *", imm.ctypes.data), imm.nbytes)
+        else:
+            for i in range(1, len(raw)):
+                pipe, bg = raw[i][:2]
+                if pipe is not None:
+                    _set_pipeline(p, pipe)
+                    if reads[i]:
+                        _set_immediates(p, 0, addr, imm.nbytes)
+                if bg is not None:
+                    _set_bind_group(p, 0, bg, 0, _NULL)
+                _dispatch(p, int(xyz[3 * i]), int(xyz[3 * i + 1]), int(xyz[3 * i + 2]))
+        if raw:
+            state[0], state[1] = tail
+    kept = tl._kept
+    if not kept or kept[-1] is not bound:
+        kept.append(bound)
+    tl._touched.update(buffers)
+    tl.launched(len(bound))
 
 
 def _held_dispatch(tl, graph, inputs, outputs, tensors):
@@ -511,7 +633,7 @@ def _record(tl, graph, tensors):
                 sb(p, 0, bg, 0, null)
             dp(p, x, y, z)
         if native is not None:  # the rest in one call: the compiled loop (runtime/replay.c)
-            lib, (n, pipes, groups, xyz) = native
+            lib, (n, pipes, groups, xyz), _ = native
             if n:
                 lib.mlt_replay(tl._raw_pass_addr, n, pipes, groups, xyz)
         else:

@@ -7,8 +7,13 @@ def as_shape(shape, where, allow_zero=False):
     """A shape as a tuple of ints; TypeError for anything that is not a sequence of dims > 0."""
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
         raise TypeError(f"[{where}] shape must be a sequence of integers, got {shape!r}")
+    from ..dynamic.dims import Sym
+
     out = []
     for d in shape:
+        if isinstance(d, Sym):  # a dynamic dimension (its bounds are checked where it is made)
+            out.append(d)
+            continue
         if isinstance(d, bool) or not hasattr(d, "__index__"):
             raise TypeError(f"[{where}] shape dimensions must be integers, got {shape!r}")
         d = int(d)

@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..errors import InvalidStateError
+from ..dynamic.dims import Sym, is_static, low, parse_shape
+from ..errors import InvalidStateError, NotSupportedError
 from ._util import as_shape, awaitable
 from .tensor import MLTensor
 
@@ -30,11 +31,18 @@ class MLOperand:
         self._value = value  # constant: numpy array in the operand's data type, or an MLTensor
 
     data_type = property(lambda self: self._data_type)
+    # Entries are ints, or Syms for dynamic dimensions (each has .name and .max_size, as
+    # MLDynamicDimension; derived ones are expressions such as "past + 1").
     shape = property(lambda self: self._shape)
 
     @property
     def rank(self):
         return len(self._shape)
+
+    @property
+    def dynamic(self):
+        """Python extension: some dimension is known only at dispatch."""
+        return not is_static(self._shape)
 
     @property
     def size(self):
@@ -62,16 +70,30 @@ class Node:
 
 
 def builder_op(fn):
-    """Attach an operator function `fn(builder, ...)` as MLGraphBuilder.<fn name>."""
+    """Attach an operator function `fn(builder, ...)` as MLGraphBuilder.<fn name>. Operands with
+    dynamic dimensions reach only operators in ops.DYNAMIC (their family's DYNAMIC_OPS: shape
+    inference and kernels that handle sizes known at dispatch); any other raises
+    NotSupportedError first."""
     name = fn.__name__
 
     @functools.wraps(fn)
     def method(self, *args, **kwargs):
         self._check_state(name)
+        if self._dims and name not in _ops.DYNAMIC:
+            _refuse_dynamic(name, args, kwargs)
         return fn(self, *args, **kwargs)
 
     setattr(MLGraphBuilder, name, method)
     return fn
+
+
+def _refuse_dynamic(name, args, kwargs):
+    for v in [*args, *kwargs.values()]:
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(x, MLOperand) and x.dynamic:
+                raise NotSupportedError(
+                    f"[{name}] operand shape {list(x.shape)} has dynamic dimensions, which {name} does not "
+                    "support yet (it needs sizes fixed at build)")
 
 
 class MLGraphBuilder:
@@ -87,6 +109,10 @@ class MLGraphBuilder:
         self._inputs = {}
         self._nodes = []
         self._built = False
+        self._dims = {}  # dynamic dimension name -> max size (dynamic/dims.py)
+        # Checks only a dispatch can make: (size expression, what) that must be >= 1, and
+        # (a, b, what) that must be equal
+        self._constraints = []
 
     # -- shared validation helpers used by every operator file --------------------------------
 
@@ -108,10 +134,23 @@ class MLGraphBuilder:
             raise TypeError(f"[{op}] label must be a string")
         # Every result must be a valid tensor descriptor (rank, byte length within the limit).
         outs = [self._context._tensor_args(op, dt, shape) for dt, shape in outs]
+        for _, shape in outs:
+            for d in shape:
+                if isinstance(d, Sym) and low(d) < 1:  # positive for some sizes only: check then
+                    self._require_positive(d, f"[{op}] output dimension {d}")
         node = Node(op, inputs, attrs, label)
         node.outputs = [MLOperand(self, dt, shape, "op", node=node) for dt, shape in outs]
         self._nodes.append(node)
         return node.outputs
+
+    def _require_positive(self, size, what):
+        """`size` (a Sym) must be >= 1 at dispatch; else that dispatch raises TypeError."""
+        self._constraints.append(("positive", size, None, what))
+
+    def _require_equal(self, a, b, what):
+        """Sizes a and b must be equal at dispatch (sizes whose names differ but that an
+        operator requires equal, or a static size asked of a dynamic one)."""
+        self._constraints.append(("equal", a, b, what))
 
     def _emit1(self, op, inputs, attrs, data_type, shape, label=None):
         return self._emit(op, inputs, attrs, [(data_type, shape)], label)[0]
@@ -125,6 +164,7 @@ class MLGraphBuilder:
             raise TypeError(f"[input] name must be a non-empty string, got {name!r}")
         if name in self._inputs:
             raise TypeError(f"[input] an input named {name!r} already exists")
+        shape = parse_shape(shape, "input", self._dims)
         data_type, shape = self._context._tensor_args("input", data_type, shape)
         x = MLOperand(self, data_type, shape, "input", name=name)
         self._inputs[name] = x

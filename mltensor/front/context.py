@@ -8,13 +8,15 @@ import numpy as np
 import wgpu
 
 from .. import dtypes
+from ..dynamic.dims import high, parse_shape
 from ..errors import InvalidStateError, NotSupportedError, gpu_errors
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ._util import as_shape, awaitable
 from .tensor import MLTensor
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
-_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "shader-int64")
+# "immediates": sizes of dynamic dimensions reach kernels as push constants (dynamic/kernels.py)
+_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "shader-int64", "immediates")
 _WANTED_LIMITS = (
     "max-buffer-size",
     "max-storage-buffer-binding-size",
@@ -23,6 +25,7 @@ _WANTED_LIMITS = (
     "max-compute-workgroup-size-x",
     "max-compute-workgroup-size-y",
     "max-storage-buffers-per-shader-stage",
+    "max-immediate-size",
 )
 MAX_RANK = 8
 _adapters = {}
@@ -291,7 +294,7 @@ class MLContext:
         shape = as_shape(shape, where)
         if len(shape) > MAX_RANK:
             raise TypeError(f"[{where}] rank {len(shape)} is above the supported maximum {MAX_RANK}")
-        nbytes = dtypes.byte_length(data_type, shape)
+        nbytes = high(dtypes.byte_length(data_type, shape))  # dynamic dimensions: at their maximum
         if nbytes > self._max_bytes:
             raise TypeError(
                 f"[{where}] byte length {nbytes} exceeds max_tensor_byte_length {self._max_bytes}"
@@ -302,6 +305,7 @@ class MLContext:
     def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False,
                            importable_to_webgpu=False):
         with self._lock:
+            shape = parse_shape(shape, "create_tensor", {})  # dynamic dimensions: resizable
             data_type, shape = self._tensor_args("create_tensor", data_type, shape)
             return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
 
@@ -346,6 +350,9 @@ class MLContext:
             self._check(where)
             if not tensor._writable:
                 raise TypeError(f"[{where}] the tensor was not created with writable=True")
+            if (tensor._max_shape is not None and isinstance(data, np.ndarray) and data.ndim
+                    and data.shape != tensor._shape and data.dtype != np.uint8):
+                tensor._fit(data.shape, where)  # a resizable tensor takes the array's shape
             raw = _bytes_of(data, tensor._data_type, tensor._nbytes, where)
             tl = self._timeline
             task = Task((), (tensor,), None)

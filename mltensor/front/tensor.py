@@ -3,6 +3,7 @@
 import wgpu
 
 from .. import dtypes
+from ..dynamic.dims import bind, check_derived, high, is_static
 from ..errors import gpu_errors
 from ..runtime.timeline import Task
 
@@ -13,6 +14,12 @@ class MLTensor:
     def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False):
         self._context = ctx
         self._data_type = data_type
+        # Python extension: a shape with dynamic dimensions makes a resizable tensor. Its buffer
+        # holds the maximum sizes; its current shape (`shape`, the maximum at first) is set by
+        # write_tensor of an array and by each dispatch writing it as an output, so one tensor
+        # serves every size of a decode loop without allocating (dynamic/dims.py).
+        self._max_shape = None if is_static(shape) else tuple(shape)
+        shape = tuple(high(d) for d in shape)
         self._shape = shape
         self._readable = bool(readable)
         self._writable = bool(writable)
@@ -39,6 +46,23 @@ class MLTensor:
 
     data_type = property(lambda self: self._data_type)
     shape = property(lambda self: self._shape)
+    # Python extension: the declared shape of a resizable tensor (ints and Syms: .name,
+    # .max_size), None for a tensor of one fixed shape
+    max_shape = property(lambda self: self._max_shape)
+
+    def _fit(self, shape, where, what="the tensor"):
+        """Make `shape` the current shape of a resizable tensor (TypeError if it does not fit its
+        declared shape); a fixed tensor's shape must equal it."""
+        shape = tuple(int(d) for d in shape)
+        if shape == self._shape:
+            return
+        if self._max_shape is None:
+            raise TypeError(f"[{where}] {what} has shape {list(self._shape)}, expected {list(shape)}")
+        values = {}
+        bind(self._max_shape, shape, values, f"[{where}] {what}")
+        check_derived(self._max_shape, shape, values, f"[{where}] {what}")
+        self._shape = shape
+        self._nbytes = dtypes.byte_length(self._data_type, shape)
     readable = property(lambda self: self._readable)
     writable = property(lambda self: self._writable)
     importable_to_webgpu = property(lambda self: self._importable)

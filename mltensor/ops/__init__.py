@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import dtypes
+from ..dynamic.dims import Sym, wgsl
 
 MAX_RANK = 8
 
@@ -194,19 +195,18 @@ def merge_dims(dims):
 
 def radix(var, dims, n_targets=1):
     """WGSL u32 expressions (one per target) for the offsets of flat index `var`, decomposed
-    row-major over dims [(size, strides per target)] (outermost first)."""
-    total = math.prod(s for s, _ in dims)
+    row-major over dims [(size, strides per target)] (outermost first). Sizes and strides may be
+    dynamic (Syms): they are then read at dispatch (dynamic/kernels.py)."""
+    live = [(size, strides) for size, strides in dims if size != 1]
     terms = [[] for _ in range(n_targets)]
     inner = 1
-    for size, strides in reversed(dims):
-        if size == 1:
-            continue
-        c = var if inner == 1 else f"({var} / {inner}u)"
-        if inner * size < total:
-            c = f"({c} % {size}u)"
+    for k, (size, strides) in enumerate(reversed(live)):
+        c = var if inner == 1 else f"({var} / {wgsl(inner)})"
+        if k < len(live) - 1:  # every dimension but the outermost wraps
+            c = f"({c} % {wgsl(size)})"
         for t, s in enumerate(strides):
-            if s:
-                terms[t].append(c if s == 1 else f"{c} * {s}u")
+            if isinstance(s, Sym) or s:
+                terms[t].append(c if s == 1 else f"{c} * {wgsl(s)}")
         inner *= size
     return [" + ".join(t) if t else "0u" for t in terms]
 
@@ -233,13 +233,17 @@ def support_limits(ctx):
 
 # Import every family module in this package so that each registers itself and attaches its
 # builder methods (adding a family is adding a file).
+DYNAMIC = set()  # builder methods that accept dynamic dimensions (each family's DYNAMIC_OPS)
+
+
 def _load_families():
     import importlib
     import pkgutil
 
     for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if not m.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{m.name}")
+            mod = importlib.import_module(f"{__name__}.{m.name}")
+            DYNAMIC.update(getattr(mod, "DYNAMIC_OPS", ()))
 
 
 _load_families()

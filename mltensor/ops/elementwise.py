@@ -24,6 +24,13 @@ ALL = dtypes.ALL
 FLOAT = dtypes.FLOATS
 SIGNED = dtypes.SIGNED
 
+# Every operator here takes dynamic dimensions (mltensor/dynamic/): broadcasting compares sizes
+# structurally and the fused kernels index with sizes read at dispatch.
+DYNAMIC_OPS = frozenset((
+    "add sub mul div max min pow prelu abs ceil cos erf exp floor identity log neg reciprocal sign "
+    "sin sqrt tan clamp elu gelu hard_sigmoid hard_swish leaky_relu linear relu sigmoid softplus "
+    "softsign tanh cast").split())
+
 
 def _t(kc, node, i=0):
     return kc.wtype(node.inputs[i])

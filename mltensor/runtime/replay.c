@@ -12,15 +12,18 @@ typedef void (*set_pipeline_fn)(void *pass, void *pipeline);
 typedef void (*set_bind_group_fn)(void *pass, uint32_t index, void *group, size_t n_offsets,
                                   const uint32_t *offsets);
 typedef void (*dispatch_fn)(void *pass, uint32_t x, uint32_t y, uint32_t z);
+typedef void (*set_immediates_fn)(void *pass, uint32_t offset, const void *data, size_t size);
 
 static set_pipeline_fn set_pipeline;
 static set_bind_group_fn set_bind_group;
 static dispatch_fn dispatch;
+static set_immediates_fn set_immediates;
 
-void mlt_init(uintptr_t sp, uintptr_t sb, uintptr_t dp) {
+void mlt_init(uintptr_t sp, uintptr_t sb, uintptr_t dp, uintptr_t si) {
     set_pipeline = (set_pipeline_fn)sp;
     set_bind_group = (set_bind_group_fn)sb;
     dispatch = (dispatch_fn)dp;
+    set_immediates = (set_immediates_fn)si;
 }
 
 /* n launches into `pass`: pipes[i] / groups[i] are NULL where launch i - 1 set the same object;
@@ -29,6 +32,22 @@ void mlt_replay(uintptr_t pass, size_t n, void *const *pipes, void *const *group
     void *p = (void *)pass;
     for (size_t i = 0; i < n; i++) {
         if (pipes[i]) set_pipeline(p, pipes[i]);
+        if (groups[i]) set_bind_group(p, 0, groups[i], 0, NULL);
+        dispatch(p, xyz[3 * i], xyz[3 * i + 1], xyz[3 * i + 2]);
+    }
+}
+
+/* The same for a graph with dynamic dimensions (mltensor/dynamic/): xyz holds this dispatch's
+ * workgroup counts, and a launch that sets a pipeline reading the sizes (reads[i] != 0) sets the
+ * immediate data right after it (a pipeline change may reset it; the same pipeline keeps it). */
+void mlt_replay_dyn(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, const uint32_t *xyz,
+                    const uint8_t *reads, const void *imm, size_t imm_size) {
+    void *p = (void *)pass;
+    for (size_t i = 0; i < n; i++) {
+        if (pipes[i]) {
+            set_pipeline(p, pipes[i]);
+            if (reads[i]) set_immediates(p, 0, imm, imm_size);
+        }
         if (groups[i]) set_bind_group(p, 0, groups[i], 0, NULL);
         dispatch(p, xyz[3 * i], xyz[3 * i + 1], xyz[3 * i + 2]);
     }

@@ -17,8 +17,10 @@ import tempfile
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay.c")
 _CDEF = """
-void mlt_init(uintptr_t sp, uintptr_t sb, uintptr_t dp);
+void mlt_init(uintptr_t sp, uintptr_t sb, uintptr_t dp, uintptr_t si);
 void mlt_replay(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, const uint32_t *xyz);
+void mlt_replay_dyn(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, const uint32_t *xyz,
+                    const uint8_t *reads, const void *imm, size_t imm_size);
 """
 _state = {"lib": None, "tried": False, "status": "not loaded yet"}
 
@@ -80,7 +82,7 @@ def loaded():
         lib = ffi.dlopen(path)
         lib.mlt_init(*(int(wffi.cast("uintptr_t", f)) for f in (
             wlib.wgpuComputePassEncoderSetPipeline, wlib.wgpuComputePassEncoderSetBindGroup,
-            wlib.wgpuComputePassEncoderDispatchWorkgroups)))
+            wlib.wgpuComputePassEncoderDispatchWorkgroups, wlib.wgpuComputePassEncoderSetImmediates)))
     except Exception as e:  # no compiler, a failed build, an unloadable library: Python replays
         _state["status"] = f"unavailable ({type(e).__name__}: {e}): Python replay"
         return None

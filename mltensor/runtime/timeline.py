@@ -38,6 +38,7 @@ from ..errors import InvalidStateError, OperationError
 
 BATCH_LAUNCHES = 4096  # submit after this many kernel launches even if nothing waits
 _MIN_STAGING = 4096
+_MIN_ALIGN = 4
 
 
 def _native_factories():
@@ -529,7 +530,9 @@ class PendingRead:
         self.staging = None
         self.promise = None
         self.error = None  # the submit of the copy failed (Timeline.flush)
-        self.size = tensor._buffer.size
+        # the tensor's shape at the call (a resizable one may change before the read completes)
+        self.shape, self.nbytes = tensor._shape, tensor._nbytes
+        self.size = min(tensor._buffer.size, max(_MIN_ALIGN, (self.nbytes + 3) & ~3))
         self.direct = False  # mapped in place (start_direct)
         self.task = Task((tensor,), (), self._record)
 
@@ -582,19 +585,19 @@ class PendingRead:
         except BaseException:
             self._release()
             raise
-        self._release(self.tensor._nbytes)
+        self._release(self.nbytes)
         self._check(where)  # lost meanwhile (a user's device destroyed under the read): reject
         return result
 
     def _copy_out(self, mapped):
         t = self.tensor
-        nbytes = t._nbytes
+        nbytes = self.nbytes
         mv = mapped.read_mapped(0, self.size, copy=False)
         src = np.frombuffer(mv, dtype=np.uint8, count=nbytes)
         if self.out is None:
             block = _host_pool.take(nbytes)
             _copy(block, src)
-            result = block.view(t._np_dtype).reshape(t.shape)
+            result = block.view(t._np_dtype).reshape(self.shape)
         else:
             _copy(np.frombuffer(self.out, dtype=np.uint8, count=nbytes), src)
             result = None

@@ -17,6 +17,8 @@ from importlib import resources
 import jinja2
 import wgpu
 
+from ..dynamic.dims import Sym
+from ..dynamic.dims import wgsl as dims_wgsl
 from ..errors import OperationError
 
 WORKGROUP = 256  # threads per 1-D workgroup: software adapters and GPUs both like 256
@@ -209,8 +211,9 @@ _COMMENT_RE = re.compile(r"//[^\n]*")
 def main_1d(count, index="i"):
     """The entry point of a kernel with one thread per item, as WGSL: `index` is the item (the
     1-D launch is folded into 2-D by grid()), threads past `count` return at once. Templates
-    write `{{ main_1d(n) }}` and close the function themselves."""
-    count = f"{count}u" if isinstance(count, int) else count
+    write `{{ main_1d(n) }}` and close the function themselves. `count`: an int, a Sym (a size
+    known at dispatch) or a WGSL expression."""
+    count = size(count) if isinstance(count, (int, Sym)) else count
     return (
         f"@compute @workgroup_size({WORKGROUP})\n"
         "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,\n"
@@ -223,7 +226,7 @@ def main_1d(count, index="i"):
 # LD / ST: conversions templates put around loads and stores of kernels that compute float16 in
 # f32 (LD = "f32", ST = "f16_of"); empty (no conversion) unless a lowering sets them.
 _env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False,
-                    emu64=False, f16=False, LD="", ST="")
+                    emu64=False, f16=False, LD="", ST="", u=lambda x: size(x))
 
 
 @dataclass(frozen=True)
@@ -236,17 +239,24 @@ class Binding:
 @dataclass
 class Kernel:
     """One specialized compute shader. `name` is readable and encodes the specialization; it is
-    the wgpu label. `template` renders with `params`; `bindings` are group 0, in order."""
+    the wgpu label. `template` renders with `params`; `bindings` are group 0, in order. `dims`:
+    the graph's dynamic dimension names when the kernel reads sizes at dispatch (set by
+    KernelContext.launch; dynamic/kernels.py), which declares them as immediate data."""
 
     name: str
     template: str
     params: dict
     bindings: tuple
+    dims: tuple = ()
     key: tuple = field(init=False)
 
     def __post_init__(self):
         self.bindings = tuple(self.bindings)
-        self.key = (self.template, _freeze(self.params), self.bindings)
+        self.key = (self.template, _freeze(self.params), self.bindings, self.dims)
+
+    def reads_dims(self):
+        """Some parameter renders a size read at dispatch (`dims.` in the WGSL it inserts)."""
+        return any("dims." in v for v in _strings(self.params))
 
     def source(self):
         decls = "\n".join(
@@ -254,6 +264,10 @@ class Kernel:
             f"{b.name}: array<{b.elem}>;"
             for i, b in enumerate(self.bindings)
         )
+        if self.dims:
+            from ..dynamic.kernels import declaration
+
+            decls += "\n" + declaration(self.dims)
         template = _env.get_template(self.template)
         src = template.render(bindings=decls, **self.params)
         code = _COMMENT_RE.sub("", src)
@@ -266,6 +280,22 @@ class Kernel:
         return src
 
 
+def _strings(v):
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _strings(x)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _strings(x)
+
+
+def size(x):
+    """WGSL u32 expression of a size: `12u`, or for a Sym the expression reading it at dispatch."""
+    return dims_wgsl(x)
+
+
 def _freeze(v):
     if isinstance(v, dict):
         return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
@@ -276,7 +306,12 @@ def _freeze(v):
 
 def grid(n_groups):
     """Workgroup counts for n_groups 1-D groups, folded into 2-D past the per-dimension limit.
-    Kernels rebuild the linear group index with `wid.y * nwg.x + wid.x`."""
+    Kernels rebuild the linear group index with `wid.y * nwg.x + wid.x`. A count that is a Sym
+    (known at dispatch) gives a Fold, folded the same way per dispatch."""
+    if isinstance(n_groups, Sym):
+        from ..dynamic.kernels import Fold
+
+        return Fold(n_groups)
     n_groups = max(1, int(n_groups))
     if n_groups <= MAX_GROUPS:
         return (n_groups, 1, 1)
@@ -334,7 +369,8 @@ def _compile(device, kernel, cache):
             for i, b in enumerate(kernel.bindings)
         ]
         bgl = device.create_bind_group_layout(label=kernel.name, entries=entries)
-        layout = device.create_pipeline_layout(label=kernel.name, bind_group_layouts=[bgl])
+        layout = device.create_pipeline_layout(label=kernel.name, bind_group_layouts=[bgl],
+                                               immediate_size=4 * len(kernel.dims))
         pipe = device.create_compute_pipeline(
             label=kernel.name, layout=layout, compute={"module": module, "entry_point": "main"}
         )

@@ -1,0 +1,522 @@
+"""Dynamic dimensions: named sizes known only at dispatch, and the size expressions built on them.
+
+`MLDynamicDimension(name, max_size)` is the WebNN proposal's descriptor entry (webnn issue #883):
+an input's dimension that each dispatch may choose, up to `max_size`. Every shape derived from it
+carries a `Sym`, an integer expression over the named dimensions (`past + 1`, `12*seq`,
+`(seq + 1) // 2`), kept in a canonical form so that equal expressions compare equal: broadcasting
+and "these must be equal" checks work on Syms as on ints, structurally.
+
+A Sym is deliberately not an int. Code that needs a value at build time (range(), int(), numpy
+shapes, an f-string baked into WGSL as `{n}u`) fails loudly instead of silently using some size;
+kernels render a Sym with `wgsl()` into an expression that reads the dimension from the dispatch's
+immediate data (`dims.d_past`, see dynamic/kernels.py), and the host evaluates it with `eval()`
+for workgroup counts. Bounds (`lo`, `hi`) come from interval arithmetic over [1, max_size] per
+dimension: buffers are sized for `hi`, and order comparisons are answered only when the bounds
+decide them (else TypeError), so validation at build is against the maximum, never a guess.
+"""
+
+import re
+
+U32_MAX = 0xFFFFFFFF
+
+
+class MLDynamicDimension:
+    # IDL (proposal): dictionary MLDynamicDimension { required DOMString name; required unsigned long maxSize; };
+    """A dimension chosen at dispatch: `name` ties equal dimensions of different inputs together,
+    `max_size` bounds it (buffers are sized for it)."""
+
+    __slots__ = ("name", "max_size")
+
+    def __init__(self, name, max_size):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"[MLDynamicDimension] name must be a non-empty string, got {name!r}")
+        if isinstance(max_size, bool) or not hasattr(max_size, "__index__") or not 1 <= int(max_size) <= U32_MAX:
+            raise TypeError(f"[MLDynamicDimension] max_size must be an integer in [1, 2**32-1], got {max_size!r}")
+        self.name = name
+        self.max_size = int(max_size)
+
+    def __eq__(self, other):
+        return isinstance(other, MLDynamicDimension) and (self.name, self.max_size) == (other.name, other.max_size)
+
+    def __hash__(self):
+        return hash(("MLDynamicDimension", self.name, self.max_size))
+
+    def __repr__(self):
+        return f"MLDynamicDimension(name={self.name!r}, max_size={self.max_size})"
+
+
+def field_name(name):
+    """The WGSL struct field holding dimension `name` (an identifier derived from the name; a
+    short hash keeps two names that sanitize alike apart)."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    if s != name:
+        s += f"_{sum(map(ord, name)) % 997}"
+    return "d_" + s
+
+
+# -- atoms: the named dimensions and the non-polynomial parts of an expression -------------------
+
+class _Atom:
+    """A factor of a monomial. Kinds: "dim" (args: name, max), "div" (floor division), "mod",
+    "max", "min" (args: Syms or ints). Compared and hashed by a canonical key."""
+
+    __slots__ = ("kind", "args", "key")
+
+    def __init__(self, kind, args):
+        self.kind, self.args = kind, tuple(args)
+        self.key = (kind, tuple(a.key if isinstance(a, Sym) else (("int", a) if isinstance(a, int) else a)
+                                for a in self.args))
+
+    def __eq__(self, o):
+        return isinstance(o, _Atom) and self.key == o.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def bounds(self):
+        if self.kind == "dim":
+            return 1, self.args[1]
+        a, b = self.args
+        (alo, ahi), (blo, bhi) = _bounds(a), _bounds(b)
+        if self.kind == "div":
+            return alo // bhi if alo >= 0 else alo // blo, ahi // blo
+        if self.kind == "mod":
+            return 0, bhi - 1
+        if self.kind == "max":
+            return max(alo, blo), max(ahi, bhi)
+        return min(alo, blo), min(ahi, bhi)
+
+    def eval(self, values):
+        if self.kind == "dim":
+            return values[self.args[0]]
+        a, b = (_eval(x, values) for x in self.args)
+        return {"div": lambda: a // b, "mod": lambda: a % b, "max": lambda: max(a, b),
+                "min": lambda: min(a, b)}[self.kind]()
+
+    def names(self):
+        if self.kind == "dim":
+            return {self.args[0]}
+        return set().union(*(a.names() for a in self.args if isinstance(a, Sym)))
+
+    def text(self):
+        if self.kind == "dim":
+            return self.args[0]
+        a, b = (_text(x, group=True) for x in self.args)
+        return {"div": f"{a} // {b}", "mod": f"{a} % {b}", "max": f"max({a}, {b})",
+                "min": f"min({a}, {b})"}[self.kind]
+
+    def wgsl(self):
+        if self.kind == "dim":
+            return f"dims.{field_name(self.args[0])}"
+        a, b = (wgsl(x) for x in self.args)
+        return {"div": f"({a} / {b})", "mod": f"({a} % {b})", "max": f"max({a}, {b})",
+                "min": f"min({a}, {b})"}[self.kind]
+
+
+def _bounds(x):
+    return (x, x) if isinstance(x, int) else (x.lo, x.hi)
+
+
+def _eval(x, values):
+    return x if isinstance(x, int) else x.eval(values)
+
+
+def _text(x, group=False):
+    if isinstance(x, int):
+        return str(x)
+    s = str(x)
+    return f"({s})" if group and len(x.terms) > 1 else s
+
+
+def _mul_bounds(a, b):
+    ps = [a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]]
+    return min(ps), max(ps)
+
+
+class Sym:
+    """A size expression: sum of coefficient * product of atoms (terms: {monomial: coefficient},
+    a monomial a sorted tuple of atoms, () the constant). Never constant: arithmetic that cancels
+    every atom returns a plain int."""
+
+    __slots__ = ("terms", "key", "_hash", "_bounds")
+
+    def __init__(self, terms):
+        self.terms = terms  # dict, canonical: no zero coefficients, at least one non-constant term
+        self.key = tuple(sorted(((tuple(a.key for a in m), c) for m, c in terms.items()), key=repr))
+        self._hash = hash(self.key)
+        self._bounds = None
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @staticmethod
+    def dim(name, max_size):
+        return Sym({(_Atom("dim", (name, int(max_size))),): 1})
+
+    @staticmethod
+    def _make(terms):
+        terms = {m: c for m, c in terms.items() if c}
+        if not terms:
+            return 0
+        if list(terms) == [()]:
+            return terms[()]
+        return Sym(terms)
+
+    @staticmethod
+    def _terms(x):
+        if isinstance(x, Sym):
+            return x.terms
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"cannot combine a dynamic dimension with {x!r}")
+        return {(): x} if x else {}
+
+    @staticmethod
+    def _atom(kind, a, b):
+        return Sym({(_Atom(kind, (a, b)),): 1})
+
+    # -- arithmetic ------------------------------------------------------------------------------
+
+    def __add__(self, o):
+        if not isinstance(o, (int, Sym)) or isinstance(o, bool):
+            return NotImplemented
+        t = dict(self.terms)
+        for m, c in Sym._terms(o).items():
+            t[m] = t.get(m, 0) + c
+        return Sym._make(t)
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        return Sym._make({m: -c for m, c in self.terms.items()})
+
+    def __sub__(self, o):
+        if not isinstance(o, (int, Sym)) or isinstance(o, bool):
+            return NotImplemented
+        return self + (-o)
+
+    def __rsub__(self, o):
+        if not isinstance(o, (int, Sym)) or isinstance(o, bool):
+            return NotImplemented
+        return (-self) + o
+
+    def __mul__(self, o):
+        if not isinstance(o, (int, Sym)) or isinstance(o, bool):
+            return NotImplemented
+        t = {}
+        for m1, c1 in self.terms.items():
+            for m2, c2 in Sym._terms(o).items():
+                m = tuple(sorted(m1 + m2, key=lambda a: repr(a.key)))
+                t[m] = t.get(m, 0) + c1 * c2
+        return Sym._make(t)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        if not isinstance(o, (int, Sym)) or isinstance(o, bool):
+            return NotImplemented
+        q = exact_div(self, o)
+        if q is not None:
+            return q
+        if self.hi <= 0 and isinstance(o, int) and o > 0:
+            return -cdiv(-self, o)  # so the ceiling idiom -(-n // k) works on sizes too
+        if self.lo < 0:
+            raise TypeError(f"[dynamic dimensions] {self} may be negative: cannot divide it")
+        if isinstance(o, int) and o <= 0:
+            raise ZeroDivisionError(f"dimension {self} divided by {o}")
+        return Sym._atom("div", self, o)
+
+    def __rfloordiv__(self, o):
+        if not isinstance(o, int) or isinstance(o, bool):
+            return NotImplemented
+        if o < 0:
+            raise TypeError(f"[dynamic dimensions] {o} // {self}: negative numerator")
+        return Sym._atom("div", o, self) if o else 0
+
+    def __mod__(self, o):
+        if not isinstance(o, (int, Sym)) or isinstance(o, bool):
+            return NotImplemented
+        if exact_div(self, o) is not None:
+            return 0
+        if self.lo < 0:
+            raise TypeError(f"[dynamic dimensions] {self} may be negative: no remainder")
+        return Sym._atom("mod", self, o)
+
+    # -- comparisons: structural equality, order only where the bounds decide ------------------
+
+    def __eq__(self, o):
+        return isinstance(o, Sym) and self.key == o.key
+
+    def __ne__(self, o):
+        return not self.__eq__(o)
+
+    def __hash__(self):
+        return self._hash
+
+    def _order(self, o, op):
+        d = self - o
+        lo, hi = _bounds(d)
+        res = {"<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0), ">": (lo > 0, hi <= 0),
+               ">=": (lo >= 0, hi < 0)}[op]
+        if res[0]:
+            return True
+        if res[1]:
+            return False
+        raise TypeError(f"[dynamic dimensions] whether {self} {op} {o} depends on the sizes given at "
+                        "dispatch (dimensions range over [1, max_size])")
+
+    def __lt__(self, o):
+        return self._order(o, "<")
+
+    def __le__(self, o):
+        return self._order(o, "<=")
+
+    def __gt__(self, o):
+        return self._order(o, ">")
+
+    def __ge__(self, o):
+        return self._order(o, ">=")
+
+    def __bool__(self):
+        return True
+
+    def __int__(self):
+        raise TypeError(f"dynamic dimension {self} has no value before dispatch (kernels read it "
+                        "from the dispatch's sizes: dynamic/dims.py)")
+
+    __index__ = __int__
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    @property
+    def lo(self):
+        return self._range()[0]
+
+    @property
+    def hi(self):
+        return self._range()[1]
+
+    @property
+    def max_size(self):
+        """The largest value over all allowed sizes (buffers are sized for it)."""
+        return self.hi
+
+    @property
+    def name(self):
+        return str(self)
+
+    def _range(self):
+        if self._bounds is None:
+            lo = hi = 0
+            for m, c in self.terms.items():
+                b = (1, 1)
+                for a in m:
+                    b = _mul_bounds(b, a.bounds())
+                b = _mul_bounds(b, (c, c))
+                lo, hi = lo + b[0], hi + b[1]
+            self._bounds = (lo, hi)
+        return self._bounds
+
+    def names(self):
+        """The named dimensions this expression reads."""
+        return set().union(*(a.names() for m in self.terms for a in m))
+
+    def eval(self, values):
+        """Its value for {dimension name: size}."""
+        total = 0
+        for m, c in self.terms.items():
+            v = c
+            for a in m:
+                v *= a.eval(values)
+            total += v
+        return total
+
+    def __str__(self):
+        parts = []
+        for m, c in sorted(self.terms.items(), key=lambda mc: (-len(mc[0]), repr(mc[0]))):
+            body = "*".join(a.text() for a in m)
+            if not body:
+                s = str(abs(c))
+            elif abs(c) == 1:
+                s = body
+            else:
+                s = f"{abs(c)}*{body}"
+            parts.append(("- " if c < 0 else "+ ") + s)
+        s = " ".join(parts)
+        return s[2:] if s.startswith("+ ") else "-" + s[2:]
+
+    def __repr__(self):
+        return f"<dim {self} (<= {self.hi})>"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+    def wgsl(self):
+        """A WGSL u32 expression of this size, reading named dimensions from the immediate `dims`
+        (every intermediate value is reduced modulo 2**32, so a negative term is fine as long as
+        the whole is in range, which its bounds say)."""
+        pos, neg = [], []
+        for m, c in sorted(self.terms.items(), key=lambda mc: repr(mc[0])):
+            factors = [a.wgsl() for a in m]
+            if abs(c) != 1 or not factors:
+                factors.insert(0, f"{abs(c)}u")
+            (neg if c < 0 else pos).append(" * ".join(factors))
+        s = " + ".join(pos) if pos else "0u"
+        for n in neg:
+            s += f" - {n}"
+        return f"({s})"
+
+
+def wgsl(x):
+    """WGSL u32 expression of a size: a literal for an int, dims reads for a Sym."""
+    if isinstance(x, Sym):
+        return x.wgsl()
+    x = int(x)
+    if not 0 <= x <= U32_MAX:
+        raise TypeError(f"size {x} does not fit in u32")
+    return f"{x}u"
+
+
+def exact_div(a, b):
+    """a / b when it divides exactly as polynomials (every term of a divisible by the single term
+    b, or a an integer multiple of b), else None."""
+    if isinstance(b, int):
+        if b == 0:
+            raise ZeroDivisionError("division of a dimension by zero")
+        if isinstance(a, int):
+            return a // b if a % b == 0 else None
+        if all(c % b == 0 for c in a.terms.values()):
+            return Sym._make({m: c // b for m, c in a.terms.items()})
+        return None
+    if isinstance(a, int):
+        return None
+    if a == b:
+        return 1
+    if len(b.terms) == 1:
+        (bm, bc), = b.terms.items()
+        out = {}
+        for m, c in a.terms.items():
+            rest = list(m)
+            for atom in bm:
+                if atom not in rest:
+                    return None
+                rest.remove(atom)
+            if c % bc:
+                return None
+            out[tuple(rest)] = c // bc
+        return Sym._make(out)
+    for k in range(2, 65):  # a = k * b
+        if a == b * k:
+            return k
+    return None
+
+
+def cdiv(a, b):
+    """Ceiling division of a non-negative size by a positive int (workgroup counts)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return (a + (b - 1)) // b
+
+
+def smax(a, b):
+    """max() of sizes; a Sym atom when the bounds do not decide it."""
+    try:
+        return a if a >= b else b
+    except TypeError:
+        return Sym._atom("max", a, b)
+
+
+def smin(a, b):
+    try:
+        return a if a <= b else b
+    except TypeError:
+        return Sym._atom("min", a, b)
+
+
+def is_static(shape):
+    return all(isinstance(d, int) for d in shape)
+
+
+def high(x):
+    """The largest value a size takes (itself for an int)."""
+    return x.hi if isinstance(x, Sym) else x
+
+
+def low(x):
+    return x.lo if isinstance(x, Sym) else x
+
+
+def names_of(shape):
+    """Named dimensions read by a shape's entries."""
+    out = set()
+    for d in shape:
+        if isinstance(d, Sym):
+            out |= d.names()
+    return out
+
+
+def evaluate(x, values):
+    """An int for a size (or a tuple for a shape) given {dimension name: size}."""
+    if isinstance(x, (tuple, list)):
+        return tuple(evaluate(d, values) for d in x)
+    return x.eval(values) if isinstance(x, Sym) else x
+
+
+def parse_shape(shape, where, names):
+    """A shape given by a user, with MLDynamicDimension entries (or {"name", "max_size"} dicts,
+    or a named Sym taken from an operand's shape) turned into Syms. `names` ({name: max_size})
+    collects the dimensions seen: one name has one maximum."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        return shape
+    out = []
+    for d in shape:
+        if isinstance(d, dict):
+            extra = set(d) - {"name", "max_size", "maxSize"}
+            if extra:
+                raise TypeError(f"[{where}] unexpected dynamic dimension keys {sorted(extra)}")
+            d = MLDynamicDimension(d.get("name"), d.get("max_size", d.get("maxSize")))
+        elif isinstance(d, Sym):
+            if len(d.names()) != 1 or d != Sym.dim(d.name, d.max_size):
+                raise TypeError(f"[{where}] a dynamic dimension here must be a named one, got {d}")
+            d = MLDynamicDimension(d.name, d.max_size)
+        if isinstance(d, MLDynamicDimension):
+            known = names.get(d.name)
+            if known is not None and known != d.max_size:
+                raise TypeError(f"[{where}] dynamic dimension {d.name!r} has max_size {known} elsewhere, "
+                                f"got {d.max_size}")
+            names[d.name] = d.max_size
+            d = Sym.dim(d.name, d.max_size)
+        out.append(d)
+    return out
+
+
+def bind(pattern, shape, values, what):
+    """Match a concrete shape against a pattern (ints and Syms), adding named dimensions' sizes to
+    `values`; TypeError naming `what` when it does not fit (rank, a static size, a size above its
+    maximum, one name given two sizes). Derived entries (past + 1) are checked once every name
+    they read is known (check_derived)."""
+    if len(pattern) != len(shape):
+        raise TypeError(f"{what} must have rank {len(pattern)} (shape {list(pattern)}), got shape {list(shape)}")
+    for p, s in zip(pattern, shape):
+        if isinstance(p, int):
+            if p != s:
+                raise TypeError(f"{what} must have shape {list(pattern)}, got {list(shape)}")
+            continue
+        if len(p.terms) == 1 and next(iter(p.terms)) and len(next(iter(p.terms))) == 1 \
+                and p == Sym.dim(p.name, p.max_size):  # a named dimension: it takes this size
+            if not 1 <= s <= p.max_size:
+                raise TypeError(f"{what}: dimension {p.name!r} is {s}, outside [1, {p.max_size}] "
+                                f"(shape {list(shape)})")
+            old = values.setdefault(p.name, s)
+            if old != s:
+                raise TypeError(f"{what}: dimension {p.name!r} is {s} here and {old} elsewhere")
+
+
+def check_derived(pattern, shape, values, what):
+    """The derived entries of a pattern (past + 1) equal their value for `values`."""
+    for p, s in zip(pattern, shape):
+        if isinstance(p, Sym) and p.names() <= set(values):
+            want = p.eval(values)
+            if want != s:
+                raise TypeError(f"{what}: dimension {p} must be {want} for "
+                                f"{', '.join(f'{k}={v}' for k, v in sorted(values.items()))}, got {s}")
+        elif isinstance(p, Sym) and s > p.hi:
+            raise TypeError(f"{what}: dimension {p} is {s}, above its maximum {p.hi}")

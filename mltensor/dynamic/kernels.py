@@ -1,0 +1,138 @@
+"""Sizes at dispatch: how kernels read dynamic dimensions and the host sizes their launches.
+
+A graph with dynamic dimensions passes their values to its kernels as WebGPU immediate data (the
+native `immediates` feature: push constants, set in the command stream right before the
+dispatches, so two dispatches of one graph with different sizes in one command buffer each see
+their own, and nothing is allocated or written through the queue per dispatch). Every kernel of
+the graph that reads a size declares the same struct, one u32 per named dimension in name order:
+
+    struct Dims { d_past: u32, d_seq: u32 }
+    var<immediate> dims: Dims;
+
+Lowerings never write this: they render sizes with `dims.wgsl(x)` (a literal for a static size,
+an expression over `dims.*` for a Sym), and `KernelContext.launch` marks the kernels whose
+parameters mention `dims.` (runtime/wgsl.Kernel.dims), which adds the declaration and the
+pipeline layout's immediate range. Static sizes stay WGSL constants, so a static graph is
+compiled exactly as before. Workgroup counts that depend on sizes are `Fold` (a 1-D count folded
+past 65535 like wgsl.grid) or tuples holding Syms, evaluated per dispatch by `concrete_groups`.
+"""
+
+import numpy as np
+
+from ..errors import NotSupportedError
+from .dims import Sym, evaluate, field_name
+
+FEATURE = "immediates"
+MAX_DIMS = 32  # 128 bytes of immediates (the smallest max-immediate-size seen: lavapipe)
+
+
+def declaration(names):
+    """WGSL declaring the immediate struct for dimension names (sorted)."""
+    fields = ", ".join(f"{field_name(n)}: u32" for n in names)
+    return f"struct Dims {{ {fields} }}\nvar<immediate> dims: Dims;\n"
+
+
+def immediate_size(names):
+    return 4 * len(names)
+
+
+def pack(names, values):
+    """The immediate bytes for {name: size}, in the struct's field order."""
+    return np.array([values[n] for n in names], dtype=np.uint32)
+
+
+def check_device(device, names, where="build"):
+    """NotSupportedError unless `device` can pass len(names) sizes as immediate data."""
+    if FEATURE not in device.features:
+        raise NotSupportedError(
+            f"[{where}] dynamic dimensions need the adapter feature '{FEATURE}' (push constants), "
+            "which this device lacks: give every dimension a fixed size")
+    room = device.limits.get("max-immediate-size", 0) // 4
+    if len(names) > min(MAX_DIMS, room):
+        raise NotSupportedError(f"[{where}] {len(names)} dynamic dimensions ({', '.join(names)}); at most "
+                                f"{min(MAX_DIMS, room)} fit in this device's immediate data")
+
+
+class Fold:
+    """A 1-D workgroup count known at dispatch, folded into 2-D past 65535 as wgsl.grid does."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __repr__(self):
+        return f"Fold({self.n})"
+
+
+def is_dynamic(groups):
+    return isinstance(groups, Fold) or any(isinstance(g, Sym) for g in groups)
+
+
+def concrete_groups(groups, values):
+    """(x, y, z) workgroup counts of a launch for {name: size}."""
+    from ..runtime.wgsl import MAX_GROUPS, grid
+
+    if isinstance(groups, Fold):
+        return grid(evaluate(groups.n, values))
+    out = tuple(max(1, evaluate(g, values)) for g in groups)
+    if any(g > MAX_GROUPS for g in out):
+        raise NotSupportedError(f"[dispatch] these sizes need {out} workgroups, more than {MAX_GROUPS} "
+                                "along one dimension")
+    return out
+
+
+def compile_groups(all_groups, names):
+    """A function {name: size} -> flat [x0, y0, z0, x1, ...] for a list of launches' groups:
+    the Sym expressions are compiled once into one Python function (a decode loop sizes every
+    launch at every step)."""
+    from ..runtime.wgsl import MAX_GROUPS
+
+    lines, env = [], {"_fold": _fold, "MAXG": MAX_GROUPS}
+    for i, g in enumerate(all_groups):
+        if isinstance(g, Fold):
+            lines.append(f"    o.extend(_fold({_py(g.n)}))")
+        else:
+            lines.append("    o.extend((" + ", ".join(f"max(1, {_py(x)})" for x in g) + "))")
+    args = ", ".join(f"{_var(n)}" for n in names)
+    src = "def f(" + args + "):\n    o = []\n" + "\n".join(lines) + "\n    return o\n"
+    exec(compile(src, "<dynamic launch sizes>", "exec"), env)
+    fn = env["f"]
+
+    def groups_for(values):
+        out = fn(*(values[n] for n in names))
+        if max(out, default=0) > MAX_GROUPS:
+            raise NotSupportedError(f"[dispatch] these sizes need more than {MAX_GROUPS} workgroups along "
+                                    "one dimension")
+        return out
+
+    return groups_for
+
+
+def _fold(n):
+    from ..runtime.wgsl import grid
+
+    return grid(n)
+
+
+def _var(name):
+    return "v_" + field_name(name)
+
+
+def _py(x):
+    """A Python expression of a size over the variables _var(name)."""
+    if isinstance(x, int):
+        return str(x)
+    parts = []
+    for m, c in x.terms.items():
+        factors = [str(c)] + [_py_atom(a) for a in m]
+        parts.append("*".join(factors))
+    return "(" + " + ".join(parts) + ")"
+
+
+def _py_atom(a):
+    if a.kind == "dim":
+        return _var(a.args[0])
+    x, y = (_py(v) for v in a.args)
+    return {"div": f"({x} // {y})", "mod": f"({x} % {y})", "max": f"max({x}, {y})",
+            "min": f"min({x}, {y})"}[a.kind]
