@@ -11,9 +11,22 @@
 
 // (bitcast is not a WGSL const-expression in naga, hence a function)
 fn eps() -> f32 { return {{ eps }}; }
-const M: u32 = {{ M }}u;
-const K: u32 = {{ K }}u;
+{# Sizes (M, K, N) are WGSL u32 expressions: "12u" static (module constants), else over `dims.*`,
+   read at dispatch (`let`s at the top of main). THR (dynamic group kernels only): a u32 expression,
+   1 where a static kernel at these sizes would be norm_thread; it then takes that kernel's path,
+   one group per thread, so each size gets the static kernel's arithmetic. #}
+{$ if "dims." not in M $}
+const M: u32 = {{ M }};
+{$ endif $}
+{$ if "dims." not in K $}
+const K: u32 = {{ K }};
+{$ endif $}
 const WG: u32 = {{ WG }}u;
+{$ macro sizes() $}
+{$ for name, v in (("M", M), ("K", K)) if "dims." in v $}
+    let {{ name }} = {{ v }};
+{$ endfor $}
+{$ endmacro $}
 
 fn base(o: u32) -> u32 { return {{ base }}; }
 fn off(k: u32) -> u32 { return {{ off }}; }
@@ -31,13 +44,7 @@ fn affine(y: f32, p: u32) -> f32 {
     return r;
 }
 
-{$ if mode == "batch" $}
-{{ main_1d(N) }}
-    let c = {{ cidx }};
-    dst[i] = act({{ ST }}(affine((f32(src[i]) - f32(p_mean[c])) / sqrt(f32(p_var[c]) + eps()), c)), i);
-}
-{$ elif mode == "norm_thread" $}
-{{ main_1d("M", "o") }}
+{$ macro thread_body() $}
     let b = base(o);
     var s = 0.0;
     for (var k = 0u; k < K; k++) { s += f32(src[b + off(k)]); }
@@ -49,7 +56,16 @@ fn affine(y: f32, p: u32) -> f32 {
         let i = b + off(k);
         dst[i] = act({{ ST }}(affine((f32(src[i]) - mean) / den, pidx(o, k))), i);
     }
+{$ endmacro $}
+{$ if mode == "batch" $}
+{{ main_1d(N) }}
+    let c = {{ cidx }};
+    dst[i] = act({{ ST }}(affine((f32(src[i]) - f32(p_mean[c])) / sqrt(f32(p_var[c]) + eps()), c)), i);
 }
+{$ elif mode == "norm_thread" $}
+{{ main_1d(M if "dims." in M else "M", "o") }}
+{$ if "dims." in M ~ K $}{{ sizes() }}{$ endif $}
+{{ thread_body() }}}
 {$ else $}
 var<workgroup> sh: array<f32, WG>;
 
@@ -69,6 +85,16 @@ fn tree_sum(lid: u32, v: f32) -> f32 {
 @compute @workgroup_size({{ WG }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
+{$ if "dims." in M ~ K $}{{ sizes() }}{$ endif $}
+  {$ if THR $}
+    if ({{ THR }} != 0u) {  // the thread kernel's path: one group per thread
+        let o = (wid.y * nwg.x + wid.x) * WG + lid;
+        if (o < M) {
+{{ thread_body() }}
+        }
+        return;
+    }
+  {$ endif $}
     let o = wid.y * nwg.x + wid.x;
     if (o >= M) { return; }
     let b = base(o);

@@ -7,11 +7,32 @@
 {{ bindings }}
 {$ include "common.wgsl" $}
 
-const M: u32 = {{ M }}u;
-const K: u32 = {{ K }}u;
+{# Sizes M, K, S, CHUNK are WGSL u32 expressions: "12u" for a static size, a module constant as
+   always; an expression over `dims.*` (dynamic/kernels.py) for a size known only at dispatch,
+   then a `let` of the same name at the top of main (sizes()).
+   Dynamic kernels only: THR, a u32 expression that is 1 where a static kernel at these sizes would
+   be a "thread" kernel, adds that path to a group-shaped kernel (WG outputs per workgroup, one per
+   thread, running the thread kernel's loop), so each size gets the static kernel's arithmetic;
+   `direct` (a partial pass whose S may be 1) stores the result itself when S is 1 (then exactly
+   the group kernel's), and the final pass has nothing to do (its M is 0 then). #}
+{$ if "dims." not in M $}
+const M: u32 = {{ M }};
+{$ endif $}
+{$ if "dims." not in K $}
+const K: u32 = {{ K }};
+{$ endif $}
 const WG: u32 = {{ WG }}u;
-const S: u32 = {{ S }}u;          // partial/final: partials per output
-const CHUNK: u32 = {{ CHUNK }}u;  // partial: reduced elements per partial
+{$ if "dims." not in S $}
+const S: u32 = {{ S }};          // partial/final: partials per output
+{$ endif $}
+{$ if "dims." not in CHUNK $}
+const CHUNK: u32 = {{ CHUNK }};  // partial: reduced elements per partial
+{$ endif $}
+{$ macro sizes() $}
+{$ for name, v in (("M", M), ("K", K), ("S", S), ("CHUNK", CHUNK)) if "dims." in v $}
+    let {{ name }} = {{ v }};
+{$ endfor $}
+{$ endmacro $}
 
 fn base(o: u32) -> u32 { return {{ base }}; }
 fn off(k: u32) -> u32 { return {{ off }}; }
@@ -26,6 +47,24 @@ fn ex(x: f32, m: f32) -> f32 { return select(exp(x - m), 0.0, bitcast<u32>(x) ==
 // log-sum-exp from the row max m and sum(exp(x - m)): +inf when m is +inf (inf - inf would be NaN).
 fn lse(s: f32, m: f32) -> f32 { return select(log(s) + m, m, bitcast<u32>(m) == 0x7f800000u); }
 
+{$ macro thread_body() $}
+    let b = base(o);
+  {$ if lse or mode.startswith("softmax") $}
+    var m = {{ NEG_INF }};
+    for (var k = 0u; k < K; k++) { m = max(m, {{ LD }}(src[b + off(k)])); }
+    var s = 0.0;
+    for (var k = 0u; k < K; k++) { s += ex({{ LD }}(src[b + off(k)]), m); }
+    {$ if lse $}
+    dst[o] = {{ ST }}(lse(s, m));
+    {$ else $}
+    for (var k = 0u; k < K; k++) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), m) / s); }
+    {$ endif $}
+  {$ else $}
+    var a = {{ init }};
+    for (var k = 0u; k < K; k++) { a = comb(a, pre({{ LD }}(src[b + off(k)]))); }
+    dst[o] = {{ ST }}(post(a));
+  {$ endif $}
+{$ endmacro $}
 {$ if mode in ("group", "partial", "final", "softmax_group") $}
 var<workgroup> sh: array<{{ T }}, WG>;
 
@@ -53,29 +92,24 @@ fn {{ fname }}(lid: u32, v: {{ T }}) -> {{ T }} {
 {$ endif $}
 
 {$ if mode in ("thread", "softmax_thread") $}
-{{ main_1d("M", "o") }}
-    let b = base(o);
-  {$ if lse or mode == "softmax_thread" $}
-    var m = {{ NEG_INF }};
-    for (var k = 0u; k < K; k++) { m = max(m, {{ LD }}(src[b + off(k)])); }
-    var s = 0.0;
-    for (var k = 0u; k < K; k++) { s += ex({{ LD }}(src[b + off(k)]), m); }
-    {$ if lse $}
-    dst[o] = {{ ST }}(lse(s, m));
-    {$ else $}
-    for (var k = 0u; k < K; k++) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), m) / s); }
-    {$ endif $}
-  {$ else $}
-    var a = {{ init }};
-    for (var k = 0u; k < K; k++) { a = comb(a, pre({{ LD }}(src[b + off(k)]))); }
-    dst[o] = {{ ST }}(post(a));
-  {$ endif $}
-}
+{{ main_1d(M if "dims." in M else "M", "o") }}
+{$ if "dims." in M ~ K ~ S ~ CHUNK $}{{ sizes() }}{$ endif $}
+{{ thread_body() }}}
 {$ else $}
 @compute @workgroup_size({{ WG }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let g = wid.y * nwg.x + wid.x;
+{$ if "dims." in M ~ K ~ S ~ CHUNK $}{{ sizes() }}{$ endif $}
+  {$ if THR $}
+    if ({{ THR }} != 0u) {  // the thread kernel's path: one output per thread
+        let o = g * WG + lid;
+        if (o < M) {
+{{ thread_body() }}
+        }
+        return;
+    }
+  {$ endif $}
   {$ if mode == "partial" $}
     if (g >= M * S) { return; }
     let b = base(g / S);
@@ -118,6 +152,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     s = tree_sum(lid, s);
       {$ if mode == "softmax_group" $}
     for (var k = lid; k < K; k += WG) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), m) / s); }
+      {$ elif mode == "partial" and direct $}
+    if (lid == 0u) {
+        if (S == 1u) { dst[g] = {{ ST }}(lse(s, m)); } else { part[2u * g] = m; part[2u * g + 1u] = s; }
+    }
       {$ elif mode == "partial" $}
     if (lid == 0u) { part[2u * g] = m; part[2u * g + 1u] = s; }
       {$ else $}
@@ -127,7 +165,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var a = {{ init }};
     for (var k = k0 + lid; k < k1; k += WG) { a = comb(a, pre({{ LD }}(src[b + off(k)]))); }
     a = tree(lid, a);
-      {$ if mode == "partial" $}
+      {$ if mode == "partial" and direct $}
+    if (lid == 0u) {
+        if (S == 1u) { dst[g] = {{ ST }}(post(a)); } else { part[g] = a; }
+    }
+      {$ elif mode == "partial" $}
     if (lid == 0u) { part[g] = a; }
       {$ else $}
     if (lid == 0u) { dst[g] = {{ ST }}(post(a)); }

@@ -5,13 +5,15 @@
 {{ bindings }}
 {$ include "common.wgsl" $}
 
+{# lines, len, inner, stride (= len * inner) and last (= len - 1): WGSL u32 expressions, "12u" for
+   static sizes, else read at dispatch (dims.*). #}
 {{ main_1d(lines) }}
-    let base = (i / {{ inner }}u) * {{ len * inner }}u + i % {{ inner }}u;
+    let base = (i / {{ inner }}) * {{ stride }} + i % {{ inner }};
 {$ if mode == "arg" $}
     var best = x[base];
     var best_k = 0u;
-    for (var k = 1u; k < {{ len }}u; k++) {
-        let v = x[base + k * {{ inner }}u];
+    for (var k = 1u; k < {{ len }}; k++) {
+        let v = x[base + k * {{ inner }}];
   {$ if wtype in ("f32", "f16") $}
         // numpy semantics: the first NaN wins, otherwise strict compare keeps the first of ties
         // (f32() of an f16 keeps NaN; of an f32 it is the value itself)
@@ -25,11 +27,11 @@
     out[i] = {{ result }};
 {$ elif mode == "cumsum" $}
     var acc = {{ zero }};
-    for (var j = 0u; j < {{ len }}u; j++) {
+    for (var j = 0u; j < {{ len }}; j++) {
   {$ if reversed $}
-        let at = base + ({{ len - 1 }}u - j) * {{ inner }}u;
+        let at = base + ({{ last }} - j) * {{ inner }};
   {$ else $}
-        let at = base + j * {{ inner }}u;
+        let at = base + j * {{ inner }};
   {$ endif $}
         let v = {{ LD }}(x[at]);
   {$ if exclusive $}

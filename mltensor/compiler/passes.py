@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from .. import dtypes
+from ..dynamic.dims import is_static
 from ..front.builder import MLOperand
 from ..ops import OPS
 
@@ -372,8 +373,8 @@ def fuse_gates(steps, single_use, max_inputs):
         if not pool and not fully_connected(hn):
             continue
         x = hn.inputs[0]
-        if x.data_type not in floats or x.rank != 4:
-            continue
+        if x.data_type not in floats or x.rank != 4 or not is_static(x.shape):
+            continue  # (a gate's kernel has fixed sizes)
         if pool and math.prod(x.shape[1:]) > GATE_MAX_POOL:
             continue  # the pool stays a multi-workgroup kernel; its first FC may head a chain
 

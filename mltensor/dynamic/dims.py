@@ -79,7 +79,8 @@ class _Atom:
         a, b = self.args
         (alo, ahi), (blo, bhi) = _bounds(a), _bounds(b)
         if self.kind == "div":
-            return alo // bhi if alo >= 0 else alo // blo, ahi // blo
+            blo, bhi = max(blo, 1), max(bhi, 1)  # a divisor is positive where it is used
+            return alo // bhi if alo >= 0 else alo // blo, ahi // blo if ahi >= 0 else ahi // bhi
         if self.kind == "mod":
             return 0, bhi - 1
         if self.kind == "max":
@@ -108,6 +109,11 @@ class _Atom:
     def wgsl(self):
         if self.kind == "dim":
             return f"dims.{field_name(self.args[0])}"
+        if self.kind in ("div", "mod") and _bounds(self.args[0])[0] < 0:
+            # (workgroup counts of a size checked positive at dispatch are computed on the host,
+            # in Python's floor semantics; WGSL's u32 division would be wrong for a negative one)
+            raise TypeError(f"[dynamic dimensions] {self.text()}: a division of a possibly negative size "
+                            "cannot be computed in a kernel")
         a, b = (wgsl(x) for x in self.args)
         return {"div": f"({a} / {b})", "mod": f"({a} % {b})", "max": f"max({a}, {b})",
                 "min": f"min({a}, {b})"}[self.kind]
@@ -126,6 +132,11 @@ def _text(x, group=False):
         return str(x)
     s = str(x)
     return f"({s})" if group and len(x.terms) > 1 else s
+
+
+def _mkey(monomial):
+    """A deterministic sort key of a monomial (its atoms' keys, not object addresses)."""
+    return repr(tuple(a.key for a in monomial))
 
 
 def _mul_bounds(a, b):
@@ -218,8 +229,6 @@ class Sym:
             return q
         if self.hi <= 0 and isinstance(o, int) and o > 0:
             return -cdiv(-self, o)  # so the ceiling idiom -(-n // k) works on sizes too
-        if self.lo < 0:
-            raise TypeError(f"[dynamic dimensions] {self} may be negative: cannot divide it")
         if isinstance(o, int) and o <= 0:
             raise ZeroDivisionError(f"dimension {self} divided by {o}")
         return Sym._atom("div", self, o)
@@ -331,7 +340,7 @@ class Sym:
 
     def __str__(self):
         parts = []
-        for m, c in sorted(self.terms.items(), key=lambda mc: (-len(mc[0]), repr(mc[0]))):
+        for m, c in sorted(self.terms.items(), key=lambda mc: (mc[1] < 0, -len(mc[0]), _mkey(mc[0]))):
             body = "*".join(a.text() for a in m)
             if not body:
                 s = str(abs(c))
@@ -354,7 +363,7 @@ class Sym:
         (every intermediate value is reduced modulo 2**32, so a negative term is fine as long as
         the whole is in range, which its bounds say)."""
         pos, neg = [], []
-        for m, c in sorted(self.terms.items(), key=lambda mc: repr(mc[0])):
+        for m, c in sorted(self.terms.items(), key=lambda mc: _mkey(mc[0])):
             factors = [a.wgsl() for a in m]
             if abs(c) != 1 or not factors:
                 factors.insert(0, f"{abs(c)}u")
@@ -460,10 +469,11 @@ def evaluate(x, values):
     return x.eval(values) if isinstance(x, Sym) else x
 
 
-def parse_shape(shape, where, names):
+def parse_shape(shape, where, names, named_only=True):
     """A shape given by a user, with MLDynamicDimension entries (or {"name", "max_size"} dicts,
     or a named Sym taken from an operand's shape) turned into Syms. `names` ({name: max_size})
-    collects the dimensions seen: one name has one maximum."""
+    collects the dimensions seen: one name has one maximum. named_only=False also takes derived
+    Syms (past + 1: a resizable tensor shaped like a graph's output)."""
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
         return shape
     out = []
@@ -475,7 +485,10 @@ def parse_shape(shape, where, names):
             d = MLDynamicDimension(d.get("name"), d.get("max_size", d.get("maxSize")))
         elif isinstance(d, Sym):
             if len(d.names()) != 1 or d != Sym.dim(d.name, d.max_size):
-                raise TypeError(f"[{where}] a dynamic dimension here must be a named one, got {d}")
+                if named_only:
+                    raise TypeError(f"[{where}] a dynamic dimension here must be a named one, got {d}")
+                out.append(d)
+                continue
             d = MLDynamicDimension(d.name, d.max_size)
         if isinstance(d, MLDynamicDimension):
             known = names.get(d.name)

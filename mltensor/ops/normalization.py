@@ -7,17 +7,27 @@ normalized, scaled and shifted group, with one thread per group (small groups) o
 group and a shared-memory tree (shaders/normalization.wgsl). Index arithmetic is shared with the
 reductions (ops/reduce.py): the group index `o` and the element index `k` give the input offset
 and the scale/bias index through mixed-radix expressions with baked-in strides.
+
+Dynamic dimensions (mltensor/dynamic/): any dimension may be a size known only at dispatch (the
+channel dimension too, where the parameters are inputs of that shape). Sizes reach the kernels
+through wgsl() (constants when static). Where the bounds do not decide between one thread and one
+workgroup per group, the workgroup kernel also has the thread kernel's path, taken at dispatch
+where a static build at those sizes would take the thread kernel (reduce.thread_flag): every size
+computes bit for bit what its static build computes.
 """
 
 import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, store_fn
+from ..dynamic.dims import Sym, cdiv, high, low, wgsl
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
 from . import check_number, check_support, merge_dims, radix, register, row_strides
-from .reduce import WG, axes_option, reduce_shape
+from .reduce import WG, axes_option, groups, size_params, thread_flag
 
 FLOAT = dtypes.FLOATS
+# Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
+DYNAMIC_OPS = frozenset({"batch_normalization", "instance_normalization", "layer_normalization"})
 
 
 def _param(b, where, what, p, x, shape):
@@ -28,8 +38,21 @@ def _param(b, where, what, p, x, shape):
     if p.data_type != x.data_type:
         raise TypeError(f"[{where}] {what} data type {p.data_type} differs from input data type {x.data_type}")
     if tuple(p.shape) != tuple(shape):
-        raise TypeError(f"[{where}] {what} shape must be {list(shape)}, got {list(p.shape)}")
+        msg = f"[{where}] {what} shape must be {list(shape)}, got {list(p.shape)}"
+        if len(p.shape) != len(shape) or not all(_may_equal(a, c) for a, c in zip(p.shape, shape)):
+            raise TypeError(msg)
+        for a, c in zip(p.shape, shape):  # a dynamic size against another or a static one
+            if a != c:
+                b._require_equal(a, c, msg)
     return p
+
+
+def _may_equal(a, c):
+    """Sizes a and c are equal for some allowed sizes (equal ints; for dynamic ones, ranges that
+    meet: then each dispatch checks them)."""
+    if isinstance(a, int) and isinstance(c, int):
+        return a == c
+    return a == c or not (low(a) > high(c) or low(c) > high(a))
 
 
 # -- batch_normalization --------------------------------------------------------------------
@@ -62,11 +85,15 @@ def _lower_batch(kc, node):
     out = kc.out(node)
     axis = node.attrs["axis"]
     n, C, inner = x.size, x.shape[axis], math.prod(x.shape[axis + 1:])
-    c = "i" if inner == 1 else f"(i / {inner}u)"
-    if n > C * inner:
-        c = f"({c} % {C}u)"
-    params = _params(node, mode="batch", N=n, cidx=c if C > 1 else "0u", scale=scale is not None,
-                     bias=bias is not None)
+    c = "i" if inner == 1 else f"(i / {wgsl(inner)})"
+    try:
+        wrap = n > C * inner
+    except TypeError:  # dynamic: more than one item along the outer axes for some sizes
+        wrap = True
+    if wrap:
+        c = f"({c} % {wgsl(C)})"
+    params = _params(node, mode="batch", N=wgsl(n), cidx=c if isinstance(C, Sym) or C > 1 else "0u",
+                     scale=scale is not None, bias=bias is not None)
     args = [x, mean, var] + [p for p in (scale, bias) if p is not None] + [out]
     names = ["src", "p_mean", "p_var"] + (["p_scale"] if scale is not None else []) + (
         ["p_bias"] if bias is not None else [])
@@ -74,7 +101,7 @@ def _lower_batch(kc, node):
     params["ST"] = store_fn(kc.wtype(x))
     params["act"] = kc.epilogue(bindings, args)  # e.g. densenet's BatchNormalization -> Relu
     k = Kernel(f"batchnorm_n{n}_c{C}_in{inner}{_sb(scale, bias)}{_tag(kc, x)}", "normalization.wgsl", params, bindings)
-    kc.launch(k, args, grid(-(-n // WORKGROUP)))
+    kc.launch(k, args, groups("batch_normalization", cdiv(n, WORKGROUP)))
 
 
 # -- instance_normalization -----------------------------------------------------------------
@@ -138,8 +165,8 @@ def _lower_layer(kc, node):
 
 
 def _params(node, **kw):
-    p = {"eps": lit(node.attrs["epsilon"], "f32"), "WG": WG, "M": 1, "K": 1, "base": "0u",
-         "off": "0u", "pbase": "0u", "poff": "0u", "N": 1, "cidx": "0u"}
+    p = {"eps": lit(node.attrs["epsilon"], "f32"), "WG": WG, "M": "1u", "K": "1u", "base": "0u",
+         "off": "0u", "pbase": "0u", "poff": "0u", "N": "1u", "cidx": "0u", "THR": ""}
     p.update(kw)
     return p
 
@@ -166,8 +193,9 @@ def _lower_norm(kc, node, kept, red):
     M, K = math.prod(s for s, _ in kept), math.prod(s for s, _ in red)
     base, pbase = radix("o", merge_dims(kept), 2)
     off, poff = radix("k", merge_dims(red), 2)
-    mode = "norm_thread" if reduce_shape(M, K)[0] == "thread" else "norm_group"
-    params = _params(node, mode=mode, M=M, K=K, base=base, off=off, pbase=pbase, poff=poff,
+    thr = thread_flag(M, K)  # 1: one thread per group, 0: one workgroup, else decided at dispatch
+    mode = "norm_thread" if thr == 1 else "norm_group"
+    params = _params(node, mode=mode, **size_params(M=M, K=K), base=base, off=off, pbase=pbase, poff=poff,
                      scale=scale is not None, bias=bias is not None)
     args = [x] + [p for p in (scale, bias) if p is not None] + [out]
     bindings = _bindings(kc, x, ["src"] + (["p_scale"] if scale is not None else []) + (
@@ -175,9 +203,13 @@ def _lower_norm(kc, node, kept, red):
     params["ST"] = store_fn(kc.wtype(x))
     params["act"] = kc.epilogue(bindings, args)
     short = node.op.split("_")[0]
-    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}_{mode[5:]}{_tag(kc, x)}"
-    groups = grid(-(-M // WORKGROUP)) if mode == "norm_thread" else grid(M)
-    kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups)
+    auto = ""
+    if thr not in (0, 1):  # dynamic: the thread kernel's path too, where a static build takes it
+        params["THR"] = wgsl(thr)
+        auto = "_auto"
+    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}{auto}_{mode[5:]}{_tag(kc, x)}"
+    n = cdiv(M, WORKGROUP) if mode == "norm_thread" else thr * cdiv(M, WG) + (1 - thr) * M
+    kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups(node.op, n))
 
 
 register("batch_normalization",

@@ -11,13 +11,24 @@ be contiguous). Three kernel shapes, chosen from M and K (shaders/reduce.wgsl):
   scratch buffer, then one workgroup per output combines the S partials (keeps the GPU busy when
   M alone would launch a handful of workgroups).
 Softmax is one kernel per row (max, sum of exp(x - max), normalize), thread or workgroup per row.
+
+Dynamic dimensions (mltensor/dynamic/): M and K may be sizes known only at dispatch. The kernels
+read them there (wgsl(), as constants when static) and take the shape a static build at the same
+sizes would take, decided in the kernel from the dispatch's sizes where the bounds do not decide
+it: `thread_flag` (1 where a static kernel would be "thread") selects, in a group-shaped kernel, a
+path with one output per thread that runs the thread kernel's loop; `split_plan` gives the
+two-level scheme's S and CHUNK as expressions (S = 1 where a static build would not split, the
+partial pass then stores the result itself). So a dynamic build computes bit for bit what the
+static build at the same sizes computes. Scratch is sized for the largest sizes.
 """
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import cdiv, high, low, smax, smin, wgsl
+from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, unop
+from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, unop
 from . import check_bool, check_support, merge_dims, radix, register, row_strides
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
@@ -27,6 +38,11 @@ CHUNK = 4096  # elements per workgroup in the two-level scheme
 MAX_SPLIT = 1024  # partials per output in the two-level scheme (the final pass reduces these)
 
 FLOAT = dtypes.FLOATS
+# Builder methods taking operands with dynamic dimensions (mltensor/dynamic/): any axes may be
+# dynamic, reduced or kept.
+DYNAMIC_OPS = frozenset((
+    "reduce_l1 reduce_l2 reduce_log_sum reduce_log_sum_exp reduce_max reduce_mean reduce_min "
+    "reduce_product reduce_sum reduce_sum_square softmax").split())
 # WebNN reduction data types (current spec): float-only, float + 32/64-bit ints, everything.
 SUMLIKE = ("float32", "float16", "int32", "uint32", "int64", "uint64")
 
@@ -59,7 +75,7 @@ REDUCE = {
     "reduce_log_sum": (FLOAT, _same, "+", "log(a)", _init(0)),
     "reduce_log_sum_exp": (FLOAT, None, None, None, None),  # own two-pass code in the template
     "reduce_max": (dtypes.ALL, _same, "max", "a", _extreme(True)),
-    "reduce_mean": (FLOAT, _same, "+", "a / f32(K)", _init(0)),
+    "reduce_mean": (FLOAT, _same, "+", "a / f32({K})", _init(0)),  # K: the reduced count
     "reduce_min": (dtypes.ALL, _same, "min", "a", _extreme(False)),
     "reduce_product": (SUMLIKE, _same, "*", "a", _init(1)),
     "reduce_sum": (SUMLIKE, _same, "+", "a", _init(0)),
@@ -89,6 +105,80 @@ def reduce_shape(n_out, n_red):
     if splits > 1 and n_out < 256:
         return "split", splits
     return "group", 1
+
+
+# -- sizes known at dispatch: the same decisions, as expressions -----------------------------
+
+
+def at_least(x, c):
+    """[x >= c] for a size x and an int c >= 1: 1 or 0 where every allowed size decides it, else
+    a Sym that is 1 or 0 at dispatch."""
+    if low(x) >= c:
+        return 1
+    if high(x) < c:
+        return 0
+    return smin(x // c, 1)
+
+
+def at_most(x, c):
+    """[x <= c] for a size x >= 1 and an int c >= 0, likewise (no subtraction: the expression
+    keeps bounds >= 0, so sizes derived from it stay divisible)."""
+    if high(x) <= c:
+        return 1
+    if low(x) > c:
+        return 0
+    return smin(c // x, 1)
+
+
+def _or(a, b):
+    if a == 1 or b == 1:
+        return 1
+    return b if a == 0 else a if b == 0 else smax(a, b)
+
+
+def thread_flag(n_out, n_red):
+    """1 where reduce_shape(n_out, n_red) is "thread", else 0; a Sym (1 or 0 at dispatch) where
+    that depends on sizes given at dispatch."""
+    return _or(at_most(n_red, THREAD_MAX_K),
+               at_least(n_out, MANY_OUTPUTS) * at_most(n_red, THREAD_MAX_K_MANY))
+
+
+def may_split(n_out, n_red):
+    """Some allowed sizes take the two-level scheme (reduce_shape "split")."""
+    return high(n_red) > CHUNK and low(n_out) < 256
+
+
+def split_plan(n_out, n_red):
+    """(S, CHUNK) of the two-level scheme, as reduce_shape and _lower_reduce choose them for a
+    static size: S partials per output of CHUNK reduced elements each; S is 1 (one workgroup per
+    output, CHUNK = n_red) where reduce_shape is not "split"."""
+    s0 = smin(cdiv(n_red, CHUNK), MAX_SPLIT)
+    small = at_most(n_out, 255)
+    s0 = s0 if small == 1 else 1 if small == 0 else smax(s0 * small, 1)
+    chunk = cdiv(n_red, s0)
+    if not isinstance(chunk, int):  # >= 1; the bounds say so (dims' bounds of a quotient need it)
+        chunk = smax(chunk, 1)
+    return cdiv(n_red, chunk), chunk
+
+
+def groups(where, n):
+    """Workgroup counts of a 1-D launch of n workgroups (folded past 65535, also per dispatch);
+    NotSupportedError naming the operator when some allowed size needs more than fold into 2-D."""
+    if high(n) > MAX_GROUPS * MAX_GROUPS:
+        raise NotSupportedError(f"[{where}] up to {high(n)} workgroups ({n}): more than "
+                                f"{MAX_GROUPS}x{MAX_GROUPS} for the largest sizes")
+    return grid(n)
+
+
+def size_params(**sizes):
+    """Template parameters for sizes: WGSL u32 expressions ("12u" static, `dims.*` dynamic)."""
+    return {k: wgsl(v) for k, v in sizes.items()}
+
+
+def use(name, expr):
+    """How WGSL refers to a size rendered as `expr`: the module constant `name` where it is static
+    (the templates declare it), else the expression itself."""
+    return expr if "dims." in expr else name
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -147,35 +237,62 @@ def _lower_reduce(kc, node):
     (off,) = radix("k", merge_dims(red))
     _, pre, comb, post, init = REDUCE[node.op]
     lse = node.op == "reduce_log_sum_exp"
+    sizes = size_params(M=M, K=K)
     params = {
-        "T": t, "M": M, "K": K, "WG": WG, "base": base, "off": off, "lse": lse,
-        "pre": "x" if lse else pre(t, "x"), "comb": binop(comb or "+", t, "a", "b"), "post": post or "a",
-        "init": lit(0, t) if lse else init(t), "NEG_INF": lit(float("-inf"), "f32"),
+        "T": t, **sizes, "WG": WG, "base": base, "off": off, "lse": lse,
+        "pre": "x" if lse else pre(t, "x"), "comb": binop(comb or "+", t, "a", "b"),
+        "post": (post or "a").format(K=use("K", sizes["K"])),
+        "init": lit(0, t) if lse else init(t), "NEG_INF": lit(float("-inf"), "f32"), "THR": "", "direct": False,
     }
     params.update(ld_st(st))
     short = node.op[len("reduce_"):]
-    kind, S = reduce_shape(M, K)
     tag = f"{short}_{st}_m{M}_k{K}"
-    if kind == "thread":
-        k = Kernel(f"reduce_{tag}_thread", "reduce.wgsl", dict(params, mode="thread", S=1, CHUNK=K),
-                   (Binding("src", st), Binding("dst", st, True)))
-        kc.launch(k, [x, out], grid(-(-M // WORKGROUP)))
-    elif kind == "group":
-        k = Kernel(f"reduce_{tag}_group", "reduce.wgsl", dict(params, mode="group", S=1, CHUNK=K),
-                   (Binding("src", st), Binding("dst", st, True)))
-        kc.launch(k, [x, out], grid(M))
+    where = node.op
+    if isinstance(M, int) and isinstance(K, int):
+        kind, S = reduce_shape(M, K)
+        thr = 1 if kind == "thread" else 0
     else:
+        thr = thread_flag(M, K)
+        kind = "thread" if thr == 1 else "split" if may_split(M, K) else "group"
+    if kind != "thread" and thr != 0:
+        params["THR"] = wgsl(thr)  # and the thread kernel's path where it is 1 (dynamic only)
+        tag += "_auto"
+    if kind == "thread":
+        k = Kernel(f"reduce_{tag}_thread", "reduce.wgsl", dict(params, mode="thread", **size_params(S=1, CHUNK=K)),
+                   (Binding("src", st), Binding("dst", st, True)))
+        kc.launch(k, [x, out], groups(where, cdiv(M, WORKGROUP)))
+    elif kind == "group":
+        k = Kernel(f"reduce_{tag}_group", "reduce.wgsl", dict(params, mode="group", **size_params(S=1, CHUNK=K)),
+                   (Binding("src", st), Binding("dst", st, True)))
+        kc.launch(k, [x, out], groups(where, thr * cdiv(M, WG) + (1 - thr) * M))
+    elif isinstance(M, int) and isinstance(K, int):
         chunk = -(-K // S)
         S = -(-K // chunk)
         width = 2 if lse else 1  # log-sum-exp partials are (max, sum of exp(x - max)) pairs
         part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * M * S * width)  # partials: type t
-        p = dict(params, S=S, CHUNK=chunk)
+        p = dict(params, **size_params(S=S, CHUNK=chunk))
         k1 = Kernel(f"reduce_{tag}_partial{S}", "reduce.wgsl", dict(p, mode="partial", ST=""),
                     (Binding("src", st), Binding("part", t, True)))
         k2 = Kernel(f"reduce_{tag}_final{S}", "reduce.wgsl", dict(p, mode="final", LD=""),
                     (Binding("part", t), Binding("dst", st, True)))
         kc.launch(k1, [x, part], grid(M * S))
         kc.launch(k2, [part, out], grid(M))
+    else:
+        # S and CHUNK known at dispatch (split_plan); S = 1: the partial pass stores the result
+        # (the group kernel's arithmetic) and the final pass has no outputs to combine
+        S, chunk = split_plan(M, K)
+        width = 2 if lse else 1
+        most = min(high(M), 255) * min(cdiv(high(K), CHUNK), MAX_SPLIT)  # partials, when S > 1
+        part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * most * width)
+        p = dict(params, **size_params(S=S, CHUNK=chunk))
+        k1 = Kernel(f"reduce_{tag}_partialN", "reduce.wgsl", dict(p, mode="partial", direct=True),
+                    (Binding("src", st), Binding("part", t, True), Binding("dst", st, True)))
+        m_final = M * at_least(S, 2)  # outputs the final pass combines (S > 1: not thread)
+        k2 = Kernel(f"reduce_{tag}_finalN", "reduce.wgsl",
+                    dict(p, mode="final", LD="", THR="", **size_params(M=m_final)),
+                    (Binding("part", t), Binding("dst", st, True)))
+        kc.launch(k1, [x, part, out], groups(where, thr * cdiv(M, WG) + (1 - thr) * M * S))
+        kc.launch(k2, [part, out], groups(where, m_final))
 
 
 for _name, (_types, *_rest) in REDUCE.items():
@@ -207,18 +324,23 @@ def _lower_softmax(kc, node):
     rows, K = math.prod(s for s, _ in kept), x.shape[axis]
     (base,) = radix("o", merge_dims(kept))
     (off,) = radix("k", merge_dims(red))
-    params = {"T": "f32", "M": rows, "K": K, "WG": WG, "base": base, "off": off,
-              "NEG_INF": lit(float("-inf"), "f32"), "S": 1, "CHUNK": K, "lse": False,
-              "pre": "x", "comb": "a + b", "post": "a", "init": "0.0", **ld_st(kc.wtype(x))}
+    params = {"T": "f32", **size_params(M=rows, K=K), "WG": WG, "base": base, "off": off,
+              "NEG_INF": lit(float("-inf"), "f32"), **size_params(S=1, CHUNK=K), "lse": False,
+              "pre": "x", "comb": "a + b", "post": "a", "init": "0.0", "THR": "", "direct": False,
+              **ld_st(kc.wtype(x))}
     t = kc.wtype(x)  # f32, or f16 loaded and stored around f32 max, exp and sum
     tag = f"r{rows}_k{K}" + ("_f16" if t == "f16" else "")
     bindings = (Binding("src", t), Binding("dst", t, True))
-    if reduce_shape(rows, K)[0] == "thread":
+    thr = thread_flag(rows, K)
+    if thr == 1:
         k = Kernel(f"softmax_{tag}_thread", "reduce.wgsl", dict(params, mode="softmax_thread"), bindings)
-        kc.launch(k, [x, out], grid(-(-rows // WORKGROUP)))
+        kc.launch(k, [x, out], groups("softmax", cdiv(rows, WORKGROUP)))
     else:
+        if thr != 0:  # dynamic: the thread kernel's path where a static build would take it
+            params["THR"] = wgsl(thr)
+            tag += "_auto"
         k = Kernel(f"softmax_{tag}_group", "reduce.wgsl", dict(params, mode="softmax_group"), bindings)
-        kc.launch(k, [x, out], grid(rows))
+        kc.launch(k, [x, out], groups("softmax", thr * cdiv(rows, WG) + (1 - thr) * rows))
 
 
 register("softmax", {"input": FLOAT, "output": FLOAT}, ranks={"input": (1, 8)}, lower=_lower_softmax)

@@ -2,21 +2,34 @@
 
 One thread per line along the axis, walking it serially: the outputs of these operators depend on
 every earlier element of the line, and lines are many where tensors are large.
+
+Dynamic dimensions (mltensor/dynamic/): the axis and the others may be sizes known at dispatch;
+the kernel reads them there (wgsl(); constants when static) and is otherwise the static kernel.
 """
 
 import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, grid, ld_st, lit
+from ..dynamic.dims import cdiv, wgsl
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, ld_st, lit
 from . import check_axis, check_bool, check_support, lowering, register
+from .reduce import groups
 
 ALL = dtypes.ALL
 INDEX_OUT = ("int32", "int64")
+# Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
+DYNAMIC_OPS = frozenset({"arg_min", "arg_max", "cumulative_sum"})
 
 
 def _split(shape, axis):
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def _sizes(outer, n, inner):
+    """Template sizes of a scan over `outer` x `n` x `inner` (WGSL u32 expressions)."""
+    return {"lines": wgsl(outer * inner), "len": wgsl(n), "inner": wgsl(inner), "stride": wgsl(n * inner),
+            "last": wgsl(n - 1)}
 
 
 # -- arg_min / arg_max ------------------------------------------------------------------------
@@ -55,11 +68,11 @@ def _lower_arg(kc, node):
     k = Kernel(
         f"{node.op}_{t}_o{outer}_n{n}_i{inner}",
         "scan.wgsl",
-        {"mode": "arg", "lines": lines, "len": n, "inner": inner, "wtype": t,
+        {"mode": "arg", **_sizes(outer, n, inner), "wtype": t,
          "better": compare(node.attrs["cmp"], t, "v", "best"), "result": convert("best_k", "u32", kc.wtype(out))},
         (Binding("x", t), Binding("out", kc.wtype(out), True)),
     )
-    kc.launch(k, [x, out], grid(-(-lines // WORKGROUP)))
+    kc.launch(k, [x, out], groups(node.op, cdiv(lines, WORKGROUP)))
 
 
 _arg_op("arg_min", "<")
@@ -97,10 +110,10 @@ def _lower_cumsum(kc, node):
         f"cumulative_sum_{st}_o{outer}_n{n}_i{inner}" + ("_excl" if a["exclusive"] else "")
         + ("_rev" if a["reversed"] else ""),
         "scan.wgsl",
-        {"mode": "cumsum", "lines": lines, "len": n, "inner": inner, "zero": lit(0, t),
+        {"mode": "cumsum", **_sizes(outer, n, inner), "zero": lit(0, t),
          "add": binop("+", t, "acc", "v"), **ld_st(st),
          "exclusive": a["exclusive"], "reversed": a["reversed"]},
         (Binding("x", st), Binding("out", st, True)),
     )
-    kc.launch(k, [x, out], grid(-(-lines // WORKGROUP)))
+    kc.launch(k, [x, out], groups("cumulative_sum", cdiv(lines, WORKGROUP)))
 
