@@ -1,6 +1,7 @@
 // gather_elements, gather_nd, scatter_elements, scatter_nd: one thread per output element
 // (gathers) or per update element (scatters, after the input was copied to the output).
-// `body` is generated from the static shapes in mltensor/ops/indexing.py.
+// `body` is generated from the shapes in mltensor/ops/indexing.py (static sizes are constants,
+// dynamic ones are read from `dims` at dispatch).
 {{ bindings }}
 {$ include "common.wgsl" $}
 

@@ -235,7 +235,9 @@ class KernelContext:
 
     def words(self, v):
         """32-bit words of a value in compute form, at its actual (dispatch-time) size."""
-        return cdiv(dtypes.compute_itemsize(v.data_type, self.f16) * math.prod(v.shape), 4)
+        size = dtypes.compute_itemsize(v.data_type, self.f16)
+        n = math.prod(v.shape)
+        return n * (size // 4) if size % 4 == 0 else cdiv(size * n, 4)
 
     def scratch(self, nbytes):
         return Scratch(dtypes.padded(nbytes))

@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from .. import dtypes
-from ..dynamic.dims import is_static
+from ..dynamic.dims import Sym, is_static
 from ..front.builder import MLOperand
 from ..ops import OPS
 
@@ -489,9 +489,11 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
     steps = []
     producer = {}  # id(value) -> step producing it
     for n in nodes:
+        # (a node reading sizes known only at dispatch is never computed at build, whatever
+        # its inputs: its result depends on the dispatch)
         const = all(is_const(x) for x in n.inputs if x is not None) and not any(
             id(v) in out_values for v in n.outputs
-        )
+        ) and not _reads_sizes(n)
         if const:
             const_values.update(id(v) for v in n.outputs)
         op = OPS[n.op]
@@ -502,7 +504,8 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
                 if other is not None:
                     pad = producer.get(id(other))
                     if (pad is not None and pad in steps and _constant_pad(pad) and pad.const == const
-                            and single_use(other) and tuple(other.shape) == tuple(n.outputs[0].shape)):
+                            and single_use(other) and tuple(other.shape) == tuple(n.outputs[0].shape)
+                            and is_static(other.shape)):
                         steps.remove(pad)  # read through (the pad's input is bound instead)
                         prev.views[id(other)] = pad.node
                         other = pad.node.inputs[0]
@@ -549,6 +552,23 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
     if fuse:
         fuse_gates(steps, single_use, max_inputs)
     return steps
+
+
+def _reads_sizes(n):
+    """Node `n` depends on sizes given at dispatch: a dynamic dimension in an output's shape or
+    in an attribute (a slice starting at `past`, a range of `seq` elements)."""
+    if any(not is_static(v.shape) for v in n.outputs):
+        return True
+    stack = list(n.attrs.values())
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Sym):
+            return True
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return False
 
 
 def _epilogue_target(n, op, const, producer, single_use, max_inputs):

@@ -4,42 +4,63 @@ Indices may be negative (counted from the end of the dimension); indices out of 
 into it, so a bad index never reads or writes outside a tensor. Scatters copy the input to the
 output, then one thread per update element writes it; where several updates hit the same element
 the one that lands is unspecified (the WebNN spec leaves duplicates undefined too).
+
+Dynamic dimensions (mltensor/dynamic/): shapes may hold Syms (sizes read at dispatch through
+`wgsl()`), except the last dimension of gather_nd/scatter_nd indices (it sets the output's rank).
+Shape rules that the builder cannot decide are checked at every dispatch.
 """
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import wgsl
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import Binding, Kernel
 from . import check_axis, check_support, lowering, register, row_strides, same_type
 from .layout import coords, flat
+from .movement import Checks, launch_1d
+
+DYNAMIC_OPS = frozenset({"gather_elements", "gather_nd", "scatter_elements", "scatter_nd"})
 
 ALL = dtypes.ALL
 INDEX = ("int32", "uint32", "int64")
 
 
-def _elements_axis(where, x, indices, axis):
+def _same_shape(checks, a, b, what):
+    """Shapes a and b are equal (entries checked at dispatch where the build cannot decide)."""
+    return len(a) == len(b) and all(checks.same(x, y, f"{what} dimension {d}")
+                                    for d, (x, y) in enumerate(zip(a, b)))
+
+
+def _static_last(where, indices):
+    k = indices.shape[-1]
+    if not isinstance(k, int):
+        raise TypeError(f"[{where}] indices.shape[-1] ({k}) must be static (it sets the output's rank)")
+    return k
+
+
+def _elements_axis(where, x, indices, axis, checks):
     """The axis of gather_elements/scatter_elements, checked with their shared indices rule:
     indices has the input's shape except along `axis`."""
     axis = check_axis(where, axis, x.rank)
     expected = list(x.shape)
     if indices.rank == x.rank:
         expected[axis] = indices.shape[axis]
-    if list(indices.shape) != expected:
+    if not _same_shape(checks, list(indices.shape), expected, f"[{where}] indices"):
         raise TypeError(f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
                         f"{list(x.shape)} except along axis {axis}")
     return axis
 
 
 def _wrap(kc, indices, expr, n):
-    return f"wrap_{kc.wtype(indices)}({expr}, {n}u)"
+    return f"wrap_{kc.wtype(indices)}({expr}, {wgsl(n)})"
 
 
 def _launch(kc, name, n, body, args, names):
     """indexing.wgsl over n threads; args are bound as `names` (the last one is the output)."""
     bindings = [Binding(nm, kc.wtype(a), k == len(args) - 1) for k, (nm, a) in enumerate(zip(names, args))]
     k = Kernel(name, "indexing.wgsl", {"n": n, "body": "\n".join(body)}, bindings)
-    kc.launch(k, args, grid(-(-n // WORKGROUP)))
+    launch_1d(kc, k, args, n)
 
 
 def _shape_name(*shapes):
@@ -60,7 +81,9 @@ def gather_elements(b, x, indices, *, axis=0, label=None):
     b._operand(x, where, "input")
     b._operand(indices, where, "indices")
     check_support(where, input=x, indices=indices)
-    axis = _elements_axis(where, x, indices, axis)
+    checks = Checks(b)
+    axis = _elements_axis(where, x, indices, axis, checks)
+    checks.commit()
     return b._emit1(where, [x, indices], {"axis": axis}, x.data_type, indices.shape, label)
 
 
@@ -91,7 +114,7 @@ def gather_nd(b, x, indices, *, label=None):
     b._operand(x, where, "input")
     b._operand(indices, where, "indices")
     check_support(where, input=x, indices=indices)
-    k = indices.shape[-1]
+    k = _static_last(where, indices)
     if k > x.rank:
         raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({x.rank})")
     shape = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
@@ -104,9 +127,9 @@ def _nd_offset(kc, ind, in_shape, k, inner):
     """WGSL lines computing `q` (which coordinate tuple), `r` (offset inside the slice) and
     `off` (flat index of the slice start in a tensor of in_shape) from `i`."""
     strides = row_strides(in_shape)
-    body = [f"    let q = i / {inner}u;", f"    let r = i % {inner}u;", "    var off = r;"]
+    body = [f"    let q = i / {wgsl(inner)};", f"    let r = i % {wgsl(inner)};", "    var off = r;"]
     for j in range(k):
-        body.append(f"    off = off + {_wrap(kc, ind, f'ind[q * {k}u + {j}u]', in_shape[j])} * {strides[j]}u;")
+        body.append(f"    off = off + {_wrap(kc, ind, f'ind[q * {k}u + {j}u]', in_shape[j])} * {wgsl(strides[j])};")
     return body
 
 
@@ -137,10 +160,12 @@ def scatter_elements(b, x, indices, updates, *, axis=0, label=None):
         b._operand(v, where, what)
     check_support(where, input=x, indices=indices, updates=updates)
     same_type(where, ("input", x), ("updates", updates))
-    axis = _elements_axis(where, x, indices, axis)
-    if updates.shape != indices.shape:
+    checks = Checks(b)
+    axis = _elements_axis(where, x, indices, axis, checks)
+    if not _same_shape(checks, updates.shape, indices.shape, f"[{where}] updates"):
         raise TypeError(f"[{where}] updates shape {list(updates.shape)} must equal indices shape "
                         f"{list(indices.shape)}")
+    checks.commit()
     return b._emit1(where, [x, indices, updates], {"axis": axis}, x.data_type, x.shape, label)
 
 
@@ -173,13 +198,15 @@ def scatter_nd(b, x, indices, updates, *, label=None):
         b._operand(v, where, what)
     check_support(where, input=x, indices=indices, updates=updates)
     same_type(where, ("input", x), ("updates", updates))
-    k = indices.shape[-1]
+    k = _static_last(where, indices)
     if k > x.rank:
         raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({x.rank})")
     expected = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
-    if updates.shape != expected:
+    checks = Checks(b)
+    if not _same_shape(checks, tuple(updates.shape), expected, f"[{where}] updates"):
         raise TypeError(f"[{where}] updates shape {list(updates.shape)} must be indices.shape[:-1] + "
                         f"input.shape[{k}:] = {list(expected)}")
+    checks.commit()
     return b._emit1(where, [x, indices, updates], {}, x.data_type, x.shape, label)
 
 

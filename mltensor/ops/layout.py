@@ -1,18 +1,26 @@
 """reverse, tile and triangular (shaders/layout.wgsl): one thread per output element, with the
-coordinate arithmetic generated from the static shapes."""
+coordinate arithmetic generated from the shapes: static sizes are WGSL constants, dynamic ones
+(Syms, mltensor/dynamic/) are read at dispatch through `wgsl()`. triangular's diagonal may be a
+Sym too (a causal mask over [seq, past + seq] keeps c - r <= past)."""
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import Sym, is_static, wgsl
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import Binding, Kernel, lit
 from . import check_axes, check_bool, check_support, int_list, lowering, register, row_strides
+from .movement import check_syms, coords_at, launch_1d
+
+DYNAMIC_OPS = frozenset({"reverse", "tile", "triangular"})
 
 ALL = dtypes.ALL
 
 
 def coords(shape, var="i", prefix="c"):
     """WGSL lines: `let c{d} = ...` for every dimension of `shape`, from the flat index `var`."""
+    if not is_static(shape):
+        return [f"    let {prefix}{d} = {e};" for d, e in enumerate(coords_at(var, list(shape)))]
     st = row_strides(shape)
     lines = []
     for d, n in enumerate(shape):
@@ -26,7 +34,7 @@ def coords(shape, var="i", prefix="c"):
 def flat(terms, shape):
     """WGSL u32 expression: flat row-major index of coordinate expressions `terms` in `shape`."""
     st = row_strides(shape)
-    parts = [f"({t}) * {s}u" if s != 1 else f"({t})" for t, s in zip(terms, st)]
+    parts = [f"({t}) * {wgsl(s)}" if s != 1 else f"({t})" for t, s in zip(terms, st)]
     return " + ".join(parts) if parts else "0u"
 
 
@@ -64,11 +72,11 @@ def _lower_reverse(kc, node):
         return
     shape = x.shape
     body = coords(shape)
-    terms = [f"{shape[d] - 1}u - c{d}" if d in axes else f"c{d}" for d in range(len(shape))]
+    terms = [f"{wgsl(shape[d] - 1)} - c{d}" if d in axes else f"c{d}" for d in range(len(shape))]
     body.append(f"    out[i] = x[{flat(terms, shape)}];")
     name = f"reverse_{kc.wtype(x)}_{'x'.join(map(str, shape))}_a{''.join(map(str, axes))}"
     k, out, n = launch_body(kc, name, node, body)
-    kc.launch(k, [x, out], grid(-(-n // WORKGROUP)))
+    launch_1d(kc, k, [x, out], n)
 
 
 # -- tile ---------------------------------------------------------------------------------------
@@ -96,11 +104,11 @@ def _lower_tile(kc, node):
         kc.alias(out, x)
         return
     body = coords(out.shape)
-    terms = [f"c{d}" if r == 1 else f"c{d} % {x.shape[d]}u" for d, r in enumerate(node.attrs["repetitions"])]
+    terms = [f"c{d}" if r == 1 else f"c{d} % {wgsl(x.shape[d])}" for d, r in enumerate(node.attrs["repetitions"])]
     body.append(f"    out[i] = x[{flat(terms, x.shape)}];")
     name = f"tile_{kc.wtype(x)}_{'x'.join(map(str, x.shape))}_r{'x'.join(map(str, node.attrs['repetitions']))}"
     k, out, n = launch_body(kc, name, node, body)
-    kc.launch(k, [x, out], grid(-(-n // WORKGROUP)))
+    launch_1d(kc, k, [x, out], n)
 
 
 # -- triangular ---------------------------------------------------------------------------------
@@ -114,7 +122,11 @@ def triangular(b, x, *, upper=True, diagonal=0, label=None):
     b._operand(x, "triangular", "input")
     check_support("triangular", input=x)
     check_bool("triangular", "upper", upper)
-    if isinstance(diagonal, bool) or not isinstance(diagonal, int) or not -(2**31) <= diagonal < 2**31:
+    if isinstance(diagonal, Sym):  # a size from an operand's shape (past), read at dispatch
+        check_syms(b, "triangular", "diagonal", [diagonal])
+        if not -(2**31) <= diagonal.lo <= diagonal.hi < 2**31:
+            raise TypeError(f"[triangular] diagonal {diagonal} must be a 32-bit integer for every size")
+    elif isinstance(diagonal, bool) or not isinstance(diagonal, int) or not -(2**31) <= diagonal < 2**31:
         raise TypeError(f"[triangular] diagonal must be a 32-bit integer, got {diagonal!r}")
     attrs = {"upper": upper, "diagonal": diagonal}
     return b._emit1("triangular", [x], attrs, x.data_type, x.shape, label)
@@ -126,14 +138,20 @@ def _lower_triangular(kc, node):
     rows, cols = x.shape[-2:]
     t = kc.wtype(x)
     up, dg = node.attrs["upper"], node.attrs["diagonal"]
-    # keep element (r, c) when c - r >= diagonal (upper) or c - r <= diagonal (lower)
+    # keep element (r, c) when c - r >= diagonal (upper) or c - r <= diagonal (lower); a dynamic
+    # diagonal wraps in u32 arithmetic and i32() reinterprets the bits (so -past works too)
+    diag = lit(dg, "i32") if isinstance(dg, int) else f"i32({wgsl(dg)})"
+    if is_static(x.shape):
+        r, c = f"(i / {cols}u) % {rows}u", f"i % {cols}u"
+    else:
+        r, c = coords_at("i", list(x.shape))[-2:]
     body = [
-        f"    let r = i32((i / {cols}u) % {rows}u);",
-        f"    let c = i32(i % {cols}u);",
-        f"    let keep = (c - r) {'>=' if up else '<='} {lit(dg, 'i32')};",
+        f"    let r = i32({r});",
+        f"    let c = i32({c});",
+        f"    let keep = (c - r) {'>=' if up else '<='} {diag};",
         f"    out[i] = select({lit(0, t)}, x[i], keep);",
     ]
     name = f"triangular_{t}_n{math.prod(x.shape)}_{rows}x{cols}_{'u' if up else 'l'}{dg}"
     k, out, n = launch_body(kc, name, node, body)
-    kc.launch(k, [x, out], grid(-(-n // WORKGROUP)))
+    launch_1d(kc, k, [x, out], n)
 

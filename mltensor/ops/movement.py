@@ -11,14 +11,24 @@ copy, and a copy that turns out to be the identity becomes a zero-cost alias ins
 reshape is always an alias (a copy only when it is a graph output). expand and where are
 elementwise expressions: the elementwise compiler already broadcasts their inputs with baked
 strides, and as expressions they fuse into the chains around them.
+
+Dynamic dimensions (mltensor/dynamic/): every operator here takes operands whose shapes hold Syms
+(DYNAMIC_OPS). Sizes, strides and offsets reach the WGSL through `wgsl()` (read at dispatch); a
+flat index is split into coordinates by chained quotients (coords_at: one division per dynamic
+size); launches are sized per dispatch. What the builder cannot decide (element counts over
+different names, a slice's start + size against its dimension, concat's other dimensions) is
+checked at every dispatch (Checks). Copy-free placement and views need offsets known at build,
+so dynamic concat inputs and slices are copied.
 """
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import Sym, cdiv, high, is_static, wgsl
+from ..dynamic.kernels import is_dynamic
 from ..front._util import as_shape
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, convert, grid, lit
 from . import (MAX_RANK, broadcast_shapes, check_support, int_list, merge_dims, radix, register, row_strides,
                same_type, unidirectional)
 
@@ -26,6 +36,8 @@ ALL = dtypes.ALL
 INDEX_TYPES = ("int32", "uint32", "int64")
 ANY_RANK = (0, MAX_RANK)
 RANK1 = (1, MAX_RANK)
+
+DYNAMIC_OPS = frozenset("reshape expand where transpose slice split concat pad gather".split())
 
 
 # -- argument helpers -------------------------------------------------------------------------
@@ -50,11 +62,14 @@ def _seq(where, what, v, length=None, minimum=0):
     return vals
 
 
-def _per_dim(where, rank, first, second):
+def _per_dim(where, rank, first, second, builder=None):
     """Two (what, value) sequences with one unsigned value per input dimension (slice's starts
-    and sizes, pad's beginning and ending padding)."""
+    and sizes, pad's beginning and ending padding); with `builder`, entries may be Syms."""
     (wa, a), (wb, b) = first, second
-    a, b = _seq(where, wa, a), _seq(where, wb, b)
+    if builder is None:
+        a, b = _seq(where, wa, a), _seq(where, wb, b)
+    else:
+        a, b = _sizes_arg(builder, where, wa, a), _sizes_arg(builder, where, wb, b)
     if len(a) != rank or len(b) != rank:
         raise TypeError(
             f"[{where}] {wa} and {wb} must both have {rank} values (the input's rank), got {len(a)} and {len(b)}"
@@ -67,7 +82,124 @@ def _out(b, where, data_type, shape):
     return b._context._tensor_args(where, data_type, shape)[1]
 
 
+# -- dynamic dimensions (shared with indexing.py and layout.py) ---------------------------------
+
+
+def check_syms(b, where, what, values):
+    """Sizes given as arguments (a new shape, slice starts) may be Syms taken from operand shapes:
+    they must read only this graph's dynamic dimensions."""
+    for v in values:
+        if isinstance(v, Sym) and not v.names() <= set(b._dims):
+            raise TypeError(f"[{where}] {what} entry {v} reads dynamic dimension(s) "
+                            f"{sorted(v.names() - set(b._dims))} that no input of this graph has")
+
+
+class Checks:
+    """Size checks of one builder call: decided at build where the sizes allow, else deferred to
+    every dispatch (a TypeError naming `what`). Deferred ones reach the builder on commit(), once
+    the whole call has validated, so a call that raises leaves none behind."""
+
+    def __init__(self, b):
+        self.b, self.deferred = b, []
+
+    def same(self, a, c, what):
+        """Sizes a and c must be equal: True when they are (structurally) or may be (checked at
+        dispatch), False when they never are."""
+        if a == c:
+            return True
+        d = a - c
+        if isinstance(d, int) or d.lo > 0 or d.hi < 0:
+            return False
+        self.deferred.append((self.b._require_equal, (a, c, what)))
+        return True
+
+    def positive(self, x, what):
+        """Size x must be >= 1: True when it is or may be (checked at dispatch), False when it
+        never is."""
+        if isinstance(x, int):
+            return x >= 1
+        if x.hi < 1:
+            return False
+        if x.lo < 1:
+            self.deferred.append((self.b._require_positive, (x, what)))
+        return True
+
+    def commit(self):
+        for fn, args in self.deferred:
+            fn(*args)
+        self.deferred = []
+
+
+def launch(kc, kernel, args, groups):
+    """kc.launch. A kernel that reads sizes known only at dispatch never runs in the build-time
+    prologue of a constant step (a slice of a constant at a dynamic offset): it is launched at
+    every dispatch instead."""
+    if kc._prologue and (is_dynamic(groups) or kernel.reads_dims()):
+        kc._prologue = False
+        try:
+            kc.launch(kernel, args, groups)
+        finally:
+            kc._prologue = True
+    else:
+        kc.launch(kernel, args, groups)
+
+
+def launch_1d(kc, kernel, args, n):
+    """launch() over n threads."""
+    launch(kc, kernel, args, grid(cdiv(n, WORKGROUP)))
+
+
+def _sizes_arg(b, where, what, v):
+    """_seq, but entries may also be Syms (sizes taken from operand shapes)."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(f"[{where}] {what} must be a sequence of integers, got {v!r}")
+    v = list(v)
+    syms = {k: d for k, d in enumerate(v) if isinstance(d, Sym)}
+    if not syms:
+        return _seq(where, what, v)
+    check_syms(b, where, what, syms.values())
+    vals = _seq(where, what, [0 if isinstance(d, Sym) else d for d in v])
+    return [syms.get(k, d) for k, d in enumerate(vals)]
+
+
 # -- strided index generation ------------------------------------------------------------------
+
+
+def coords_at(var, sizes):
+    """WGSL u32 coordinates (outermost first) of the flat row-major index `var` over `sizes`,
+    for shapes with sizes known only at dispatch: chained quotients, so each dynamic size costs
+    one division (the repeated quotient subexpressions are shared by the shader compiler) where
+    radix would divide by a product of sizes once per coordinate. A division by a value read at
+    dispatch is a real division (GPUs and software rasterizers turn constant ones into a multiply),
+    so a remainder by one reuses the quotient. Static shapes use radix (their kernels stay as
+    they are)."""
+    out, q = [], var
+    for k in range(len(sizes) - 1, -1, -1):
+        size = sizes[k]
+        if size == 1:
+            out.append("0u")
+            continue
+        if k == 0 or all(d == 1 for d in sizes[:k]):  # the outermost dimension left: no wrap
+            out.append(q)
+            break
+        nq = f"({q} / {wgsl(size)})"
+        out.append(f"({q} % {wgsl(size)})" if isinstance(size, int) else f"({q} - {nq} * {wgsl(size)})")
+        q = nq
+    out += ["0u"] * (len(sizes) - len(out))
+    return out[::-1]
+
+
+def index_terms(var, dims, n_targets=1):
+    """radix (ops/__init__.py) for dims with sizes known only at dispatch, through coords_at."""
+    cs = coords_at(var, [size for size, _ in dims])
+    terms = [[] for _ in range(n_targets)]
+    for c, (size, strides) in zip(cs, dims):
+        if size == 1:
+            continue
+        for t, st in enumerate(strides):
+            if isinstance(st, Sym) or st:
+                terms[t].append(c if st == 1 else f"{c} * {wgsl(st)}")
+    return [" + ".join(t) if t else "0u" for t in terms]
 
 
 def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_strides=None, dst_base=0):
@@ -83,23 +215,69 @@ def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_stride
         # same element order as the source: no data moves at all
         kc.alias(dst, src)
         return
-    if dense and len(dims) <= 1 and all(s == 1 for _, (s, _) in dims):
+    if (dense and len(dims) <= 1 and all(s == 1 for _, (s, _) in dims) and isinstance(src_base, int)
+            and is_static(shape) and is_static(src.shape)):
         # one contiguous range of the source (a channel split at batch 1, a slice of rows): read
         # in place when its offset is aligned (kc.view)
         if kc.view(dst, src, src_base * kc.nbytes(src) // max(1, math.prod(src.shape))):
             return
-    src_index, dst_index = radix("i", dims, 2)
-    src_index += f" + {src_base}u" if src_base else ""
-    dst_index = "i" if dense else dst_index + (f" + {dst_base}u" if dst_base else "")
-    cshape = [size for size, _ in dims]
     mt = kc.move_type(src)
+    if is_static(shape):
+        src_index, dst_index = radix("i", dims, 2)
+    elif _copy_rows(kc, name, src, dst, dims, src_base, 0 if dense else dst_base, mt):
+        return
+    else:  # a side that is row-major over the iteration space is read or written at `i` itself
+        src_index, dst_index = index_terms("i", dims, 2)
+        dense_at = row_strides([size for size, _ in dims])
+        src_index = "i" if [st[0] for _, st in dims] == dense_at else src_index
+        dst_index = "i" if [st[1] for _, st in dims] == dense_at else dst_index
+    src_index += f" + {wgsl(src_base)}" if src_base else ""
+    dst_index = "i" if dense else dst_index + (f" + {wgsl(dst_base)}" if dst_base else "")
+    cshape = [size for size, _ in dims]
     kernel = Kernel(
         f"{name}_n{n}_" + "x".join(map(str, cshape or [1])) + (f"_{mt}" if mt != "u32" else ""),
         "movement.wgsl",
         {"mode": "copy", "n": n, "src_index": src_index, "dst_index": dst_index},
         (Binding("src", mt), Binding("dst", mt, True)),
     )
-    kc.launch(kernel, [src, dst], grid(-(-n // WORKGROUP)))
+    launch_1d(kc, kernel, [src, dst], n)
+
+
+def _copy_rows(kc, name, src, dst, dims, src_base, dst_base, mt):
+    """The strided copy of coalesced `dims` with dynamic sizes as a 2-D launch (movement.wgsl
+    "rows"): a row is the innermost dynamic dimension and the static ones inside it, workgroup row
+    wid.y one combination of the outer dimensions. Coordinates then come from divisions by static
+    sizes only (the outer ones from wid.y, where only the outermost may be dynamic). False, to
+    launch 1-D instead, when no dimension but the outermost is dynamic (1-D divides by none
+    either) or the counts could pass the 65535 workgroups of one dimension."""
+    dyn = [k for k, (size, _) in enumerate(dims) if isinstance(size, Sym)]
+    if not dyn or dyn[-1] == 0 or any(0 < k < dyn[-1] for k in dyn[:-1]):
+        return False  # (an outer dynamic dimension inside another would be divided by)
+    m = dyn[-1]
+    outer, row = dims[:m], dims[m:]
+    row_len, n_outer = math.prod(s for s, _ in row), math.prod(s for s, _ in outer)
+    if high(cdiv(row_len, WORKGROUP)) > MAX_GROUPS or high(n_outer) > MAX_GROUPS:
+        return False
+    oc, rc = coords_at("o", [s for s, _ in outer]), coords_at("i", [s for s, _ in row])
+    index = []
+    for t, base in ((0, src_base), (1, dst_base)):
+        if [st[t] for _, st in dims] == row_strides([s for s, _ in dims]):
+            terms = [f"o * {wgsl(row_len)} + i"]  # row-major: no coordinates needed
+        else:
+            terms = [c if st[t] == 1 else f"{c} * {wgsl(st[t])}"
+                     for c, (size, st) in zip(oc + rc, dims) if size != 1 and (isinstance(st[t], Sym) or st[t])]
+        if base:
+            terms.append(wgsl(base))
+        index.append(" + ".join(terms) or "0u")
+    cshape = "x".join(str(s) for s, _ in dims)
+    kernel = Kernel(
+        f"{name}_rows_{cshape}" + (f"_{mt}" if mt != "u32" else ""),
+        "movement.wgsl",
+        {"mode": "rows", "row": wgsl(row_len), "src_index": index[0], "dst_index": index[1]},
+        (Binding("src", mt), Binding("dst", mt, True)),
+    )
+    launch(kc, kernel, [src, dst], (cdiv(row_len, WORKGROUP), n_outer, 1))
+    return True
 
 
 # -- reshape ----------------------------------------------------------------------------------
@@ -111,12 +289,16 @@ def reshape(b, x, new_shape, *, label=None):
     b._operand(x, "reshape", "input")
     check_support("reshape", input=x)
     shape = as_shape(new_shape, "reshape")
-    if math.prod(shape) != x.size:
+    check_syms(b, "reshape", "new_shape", shape)
+    # no -1 to infer: equal element counts, structurally (768*batch*seq) or checked at dispatch
+    checks = Checks(b)
+    if not checks.same(math.prod(shape), x.size, f"[reshape] new_shape {list(shape)} element count"):
         raise TypeError(
             f"[reshape] new_shape {list(shape)} has {math.prod(shape)} elements, expected {x.size} "
             f"(the input's shape is {list(x.shape)})"
         )
     shape = _out(b, "reshape", x.data_type, shape)
+    checks.commit()
     return b._emit1("reshape", [x], {}, x.data_type, shape, label)
 
 
@@ -139,6 +321,7 @@ def expand(b, x, new_shape, *, label=None):
     b._operand(x, "expand", "input")
     check_support("expand", input=x)
     shape = as_shape(new_shape, "expand")
+    check_syms(b, "expand", "new_shape", shape)
     unidirectional("expand", x.shape, shape)
     shape = _out(b, "expand", x.data_type, shape)
     return b._emit1("expand", [x], {"new_shape": shape}, x.data_type, shape, label)
@@ -218,21 +401,28 @@ def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebN
     b._operand(x, "slice", "input")
     check_support("slice", input=x)
     r = x.rank
-    starts, sizes = _per_dim("slice", r, ("starts", starts), ("sizes", sizes))
+    starts, sizes = _per_dim("slice", r, ("starts", starts), ("sizes", sizes), builder=b)
     steps = [1] * r if strides is None else _seq("slice", "strides", strides, length=r)
+    checks = Checks(b)
     shape = []
     for d in range(r):
-        if sizes[d] == 0:
+        start, size, dim = starts[d], sizes[d], x.shape[d]
+        if not checks.positive(size, f"[slice] sizes[{d}] ({size})"):
             raise TypeError(f"[slice] sizes must be positive, got {sizes}")
         if steps[d] < 1:
             raise TypeError(f"[slice] strides must be >= 1, got {steps}")
-        if starts[d] + sizes[d] > x.shape[d]:
+        if not checks.positive(start + 1, f"[slice] starts[{d}] + 1 ({start} + 1)"):
+            raise TypeError(f"[slice] starts must not be negative, got {starts}")
+        # start + size <= dim; sizes known only at dispatch are checked then
+        if not checks.positive(dim - start - size + 1, f"[slice] starts[{d}] + sizes[{d}] against the input's "
+                               f"dimension {d}: {dim} + 1 - ({start} + {size})"):
             raise TypeError(
-                f"[slice] starts[{d}] + sizes[{d}] ({starts[d]} + {sizes[d]}) exceeds the input's "
-                f"dimension {d} of size {x.shape[d]}"
+                f"[slice] starts[{d}] + sizes[{d}] ({start} + {size}) exceeds the input's "
+                f"dimension {d} of size {dim}"
             )
-        shape.append(-(-sizes[d] // steps[d]))
+        shape.append(cdiv(size, steps[d]))
     attrs = {"starts": starts, "sizes": sizes, "strides": steps}
+    checks.commit()
     return b._emit1("slice", [x], attrs, x.data_type, tuple(shape), label)
 
 
@@ -298,8 +488,9 @@ def _lower_concat(kc, node):
     # When every dim before `axis` is 1 (channel concat at batch 1 in NCHW, ...), each input is
     # one contiguous slab of the output: its producer writes there directly (kc.place) and no
     # kernel runs. Inputs that cannot be placed are copied.
-    contiguous = all(d == 1 for d in out.shape[:axis])
-    item = kc.nbytes(out) // max(1, math.prod(out.shape))
+    # (not with dynamic sizes: a slab offset known only at dispatch cannot be bound)
+    contiguous = all(d == 1 for d in out.shape[:axis]) and is_static(out.shape)
+    item = kc.nbytes(out) // max(1, math.prod(out.shape)) if contiguous else 0
     starts, offset = [], 0
     for x in node.inputs:
         starts.append(offset * ost[axis])
@@ -329,11 +520,13 @@ def concat(b, inputs, axis, *, label=None):
     check_support("concat", inputs=first)
     if axis >= first.rank:
         raise TypeError(f"[concat] axis must be below the inputs' rank {first.rank}, got {axis}")
+    checks = Checks(b)
     total = 0
     for k, x in enumerate(inputs):
         same_type("concat", ("inputs[0]", first), (f"inputs[{k}]", x))
         if x.rank != first.rank or any(
-            d != axis and x.shape[d] != first.shape[d] for d in range(first.rank)
+            d != axis and not checks.same(x.shape[d], first.shape[d], f"[concat] inputs[{k}] dimension {d}")
+            for d in range(first.rank)
         ):
             raise TypeError(
                 f"[concat] inputs[{k}] shape {list(x.shape)} must match inputs[0] shape "
@@ -343,6 +536,7 @@ def concat(b, inputs, axis, *, label=None):
     shape = list(first.shape)
     shape[axis] = total
     shape = _out(b, "concat", first.data_type, shape)
+    checks.commit()
     return b._emit1("concat", inputs, {"axis": axis}, first.data_type, shape, label)
 
 
@@ -371,11 +565,17 @@ def _pad_value(data_type, value, t):
     return lit(int(v), t)
 
 
+def _i32(x):
+    """WGSL i32 of a size (a literal, or the size read at dispatch)."""
+    return f"{x}i" if isinstance(x, int) else f"i32({wgsl(x)})"
+
+
 def _lower_pad(kc, node):
     x, out = node.inputs[0], kc.out(node)
     begin, mode = node.attrs["beginning_padding"], node.attrs["mode"]
     t = kc.wtype(x)
     ist = row_strides(x.shape)
+    dyn = None if is_static(out.shape) else coords_at("i", list(out.shape))
     lines, inner = [], 1
     lines.append("    var s = 0i;")
     if mode == "constant":
@@ -388,14 +588,16 @@ def _lower_pad(kc, node):
         c = f"(i / {inner}u)" if inner != 1 else "i"
         if d > 0:
             c = f"({c} % {n_out}u)"
+        if dyn is not None:
+            c = dyn[d]
         lines.append(f"    var c{d} = i32({c}) - {begin[d]}i;")
         if mode == "constant":
-            lines.append(f"    inside = inside && c{d} >= 0i && c{d} < {n_in}i;")
+            lines.append(f"    inside = inside && c{d} >= 0i && c{d} < {_i32(n_in)};")
         elif mode == "edge":
-            lines.append(f"    c{d} = clamp(c{d}, 0i, {n_in - 1}i);")
+            lines.append(f"    c{d} = clamp(c{d}, 0i, {_i32(n_in - 1)});")
         else:  # reflection without repeating the edge; padding < size is validated
-            lines.append(f"    c{d} = {n_in - 1}i - abs({n_in - 1}i - abs(c{d}));")
-        lines.append(f"    s = s + c{d} * {ist[d]}i;")
+            lines.append(f"    c{d} = {_i32(n_in - 1)} - abs({_i32(n_in - 1)} - abs(c{d}));")
+        lines.append(f"    s = s + c{d} * {_i32(ist[d])};")
         inner *= n_out
     if mode == "constant":
         # never read outside the input: the index is only used when inside
@@ -412,7 +614,7 @@ def _lower_pad(kc, node):
         {"mode": "pad", "n": n, "body": "\n".join(lines)},
         (Binding("src", t), Binding("dst", t, True)),
     )
-    kc.launch(kernel, [x, out], grid(-(-n // WORKGROUP)))
+    launch_1d(kc, kernel, [x, out], n)
 
 
 register("pad", {"input": ALL, "output": ALL}, ranks={"input": RANK1}, lower=_lower_pad)
@@ -429,9 +631,16 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
         raise TypeError(f"[pad] mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
         raise TypeError(f"[pad] value must be a number, got {value!r}")
+    checks = Checks(b)
     if mode == "reflection":
         for d in range(r):
-            if begin[d] >= x.shape[d] or end[d] >= x.shape[d]:
+            dim = x.shape[d]
+            if isinstance(dim, Sym):  # a dynamic dimension: checked at dispatch where need be
+                fits = all(checks.positive(dim - p, f"[pad] dimension {d} ({dim}) minus its reflection "
+                                           f"padding {p}") for p in (begin[d], end[d]))
+            else:
+                fits = begin[d] < dim and end[d] < dim
+            if not fits:
                 raise TypeError(
                     f"[pad] reflection padding must be smaller than the dimension: dimension {d} has size "
                     f"{x.shape[d]}, got padding {begin[d]} and {end[d]}"
@@ -443,10 +652,16 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
         "mode": mode,
         "value": value,
     }
+    checks.commit()
     return b._emit1("pad", [x], attrs, x.data_type, shape, label)
 
 
 # -- gather -----------------------------------------------------------------------------------
+
+
+def _ilit(x, t):
+    """A size as a value of index compute type t (i32, u32, i64): a literal, or read at dispatch."""
+    return lit(x, t) if isinstance(x, int) else convert(wgsl(x), "u32", t)
 
 
 def _lower_gather(kc, node):
@@ -460,22 +675,28 @@ def _lower_gather(kc, node):
     it = kc.wtype(idx)
     # Output coordinate (outer, j, k): outer over input dims before axis, j over the indices,
     # k over input dims after axis.
-    k_expr = f"(i % {inner}u)" if inner != 1 else "0u"
-    j_expr = f"((i / {inner}u) % {count}u)" if inner != 1 else f"(i % {count}u)"
-    o_expr = f"(i / {inner * count}u)"
+    if all(isinstance(v, int) for v in (dim, inner, count)):
+        k_expr = f"(i % {inner}u)" if inner != 1 else "0u"
+        j_expr = f"((i / {inner}u) % {count}u)" if inner != 1 else f"(i % {count}u)"
+        o_expr = f"(i / {inner * count}u)"
+        src = f"{o_expr} * {dim * inner}u + a * {inner}u + {k_expr}"
+    else:  # sizes read at dispatch: no division or remainder that a size of 1 makes useless
+        outer = math.prod(x.shape[:axis])
+        o_off, j_expr, k_expr = index_terms("i", [(outer, (dim * inner, 0, 0)), (count, (0, 1, 0)),
+                                            (inner, (0, 0, 1))], 3)
+        src = " + ".join(t for t in (o_off, "a" if inner == 1 else f"a * {wgsl(inner)}", k_expr) if t != "0u")
     if it == "i64e":
-        fix = f"    let a = wrap_i64e(idx[{j_expr}], {dim}u);"  # shaders/int64e.wgsl
+        fix = f"    let a = wrap_i64e(idx[{j_expr}], {wgsl(dim)});"  # shaders/int64e.wgsl
     elif it in ("i32", "i64"):
         # negative indices count from the end; anything still out of range is clamped so no
         # thread ever reads outside the input
         fix = (
             f"    var v = idx[{j_expr}];\n"
-            f"    v = select(v, v + {lit(dim, it)}, v < {lit(0, it)});\n"
-            f"    let a = u32(clamp(v, {lit(0, it)}, {lit(dim - 1, it)}));"
+            f"    v = select(v, v + {_ilit(dim, it)}, v < {lit(0, it)});\n"
+            f"    let a = u32(clamp(v, {lit(0, it)}, {_ilit(dim - 1, it)}));"
         )
     else:
-        fix = f"    let a = u32(min(idx[{j_expr}], {lit(dim - 1, it)}));"
-    src = f"{o_expr} * {dim * inner}u + a * {inner}u + {k_expr}"
+        fix = f"    let a = u32(min(idx[{j_expr}], {_ilit(dim - 1, it)}));"
     body = f"{fix}\n    dst[i] = src[{src}];"
     mt = kc.move_type(x)
     kernel = Kernel(
@@ -484,7 +705,7 @@ def _lower_gather(kc, node):
         {"mode": "gather", "n": n, "body": body},
         (Binding("src", mt), Binding("idx", it), Binding("dst", mt, True)),
     )
-    kc.launch(kernel, [x, idx, out], grid(-(-n // WORKGROUP)))
+    launch_1d(kc, kernel, [x, idx, out], n)
 
 
 register(

@@ -255,7 +255,8 @@ class Kernel:
         self.key = (self.template, _freeze(self.params), self.bindings, self.dims)
 
     def reads_dims(self):
-        """Some parameter renders a size read at dispatch (`dims.` in the WGSL it inserts)."""
+        """Some parameter renders a size read at dispatch (`dims.` in the WGSL it inserts, or a
+        Sym a template renders with u())."""
         return any("dims." in v for v in _strings(self.params))
 
     def source(self):
@@ -283,6 +284,8 @@ class Kernel:
 def _strings(v):
     if isinstance(v, str):
         yield v
+    elif isinstance(v, Sym):  # rendered by a template's u(): a size read at dispatch
+        yield "dims."
     elif isinstance(v, dict):
         for x in v.values():
             yield from _strings(x)
