@@ -1,3 +1,6 @@
+{# Sizes known only at dispatch (dynamic dimensions) are WGSL expressions over the immediate  #}
+{# `dims`: the code reads every size through `sz` (sz.M is the constant M when static, declared #}
+{# below) and strides through u(), so a static GEMM renders exactly as constants.               #}
 // Batched GEMM: out[bt] = epilogue(A[bt] (M x K) * B[bt] (K x N)), sizes baked in.
 //
 // The kernels below see the operands only through these functions, so that conv2d
@@ -26,76 +29,89 @@
 
 {{ act }}
 
+{$ if M is integer $}
 const M = {{ M }}u;
+{$ endif $}
+{$ if N is integer $}
 const N = {{ N }}u;
+{$ endif $}
+{$ if K is integer $}
 const K = {{ K }}u;
+{$ endif $}
+{$ if batch is integer $}
 const BATCH = {{ batch }}u;
+{$ endif $}
 
 {$ block loaders $}
 // Flat offset of batch bt's matrix in a / b (batch dimensions broadcast numpy-style).
 fn a_base(bt: u32) -> u32 { return {{ a_base }}; }
 fn b_base(bt: u32) -> u32 { return {{ b_base }}; }
 
-fn load_a(bt: u32, m: u32, k: u32) -> f32 {
-{$ if check_a $}
-    if (m >= M || k >= K) { return 0.0; }
+{# The element loaders; sfx "_in": unchecked copies for tiles inside every edge (edge_a / edge_b) #}
+{$ macro loaders(sfx, ca, cb) $}
+fn load_a{{ sfx }}(bt: u32, m: u32, k: u32) -> f32 {
+{$ if ca $}
+    if (m >= {{ sz.M }} || k >= {{ sz.K }}) { return 0.0; }
 {$ endif $}
 {$ if vec_a $}
-    let ai = a_base(bt) + m * {{ a_sm }}u + k;
+    let ai = a_base(bt) + m * {{ u(a_sm) }} + k;
     return f32(a[ai / 4u][ai % 4u]);
 {$ else $}
-    return f32(a[a_base(bt) + m * {{ a_sm }}u + k * {{ a_sk }}u]);
+    return f32(a[a_base(bt) + m * {{ u(a_sm) }} + k * {{ u(a_sk) }}]);
 {$ endif $}
 }
 
-fn load_b(bt: u32, k: u32, n: u32) -> f32 {
-{$ if check_b $}
-    if (k >= K || n >= N) { return 0.0; }
+fn load_b{{ sfx }}(bt: u32, k: u32, n: u32) -> f32 {
+{$ if cb $}
+    if (k >= {{ sz.K }} || n >= {{ sz.N }}) { return 0.0; }
 {$ endif $}
 {$ if vec_b $}
-    let bi = b_base(bt) + k * {{ b_sk }}u + n;
+    let bi = b_base(bt) + k * {{ u(b_sk) }} + n;
     return f32(b[bi / 4u][bi % 4u]);
 {$ else $}
-    return f32(b[b_base(bt) + k * {{ b_sk }}u + n * {{ b_sn }}u]);
+    return f32(b[b_base(bt) + k * {{ u(b_sk) }} + n * {{ u(b_sn) }}]);
 {$ endif $}
 }
 
 // Four elements at once, for staging: A(m, k..k+3), B(k, n..n+3), B(k..k+3, n).
-fn load_a4(bt: u32, m: u32, k: u32) -> vec4<f32> {
+fn load_a4{{ sfx }}(bt: u32, m: u32, k: u32) -> vec4<f32> {
 {$ if vec_a $}
-{$ if check_a $}
-    if (m >= M || k >= K) { return vec4<f32>(0.0); }  // K % 4 == 0: a quad is all in or all out
+{$ if ca $}
+    if (m >= {{ sz.M }} || k >= {{ sz.K }}) { return vec4<f32>(0.0); }  // K % 4 == 0: a quad is all in or all out
 {$ endif $}
-    return vec4<f32>(a[(a_base(bt) + m * {{ a_sm }}u + k) / 4u]);
+    return vec4<f32>(a[(a_base(bt) + m * {{ u(a_sm) }} + k) / 4u]);
 {$ else $}
-    return vec4<f32>(load_a(bt, m, k), load_a(bt, m, k + 1u), load_a(bt, m, k + 2u), load_a(bt, m, k + 3u));
+    return vec4<f32>(load_a{{ sfx }}(bt, m, k), load_a{{ sfx }}(bt, m, k + 1u), load_a{{ sfx }}(bt, m, k + 2u), load_a{{ sfx }}(bt, m, k + 3u));
 {$ endif $}
 }
 
-fn load_b4n(bt: u32, k: u32, n: u32) -> vec4<f32> {
+fn load_b4n{{ sfx }}(bt: u32, k: u32, n: u32) -> vec4<f32> {
 {$ if vec_b $}
-{$ if check_b $}
-    if (k >= K || n >= N) { return vec4<f32>(0.0); }  // N % 4 == 0
+{$ if cb $}
+    if (k >= {{ sz.K }} || n >= {{ sz.N }}) { return vec4<f32>(0.0); }  // N % 4 == 0
 {$ endif $}
-    return vec4<f32>(b[(b_base(bt) + k * {{ b_sk }}u + n) / 4u]);
+    return vec4<f32>(b[(b_base(bt) + k * {{ u(b_sk) }} + n) / 4u]);
 {$ else $}
-    return vec4<f32>(load_b(bt, k, n), load_b(bt, k, n + 1u), load_b(bt, k, n + 2u), load_b(bt, k, n + 3u));
+    return vec4<f32>(load_b{{ sfx }}(bt, k, n), load_b{{ sfx }}(bt, k, n + 1u), load_b{{ sfx }}(bt, k, n + 2u), load_b{{ sfx }}(bt, k, n + 3u));
 {$ endif $}
 }
 
-fn load_b4k(bt: u32, k: u32, n: u32) -> vec4<f32> {
-    return vec4<f32>(load_b(bt, k, n), load_b(bt, k + 1u, n), load_b(bt, k + 2u, n), load_b(bt, k + 3u, n));
+fn load_b4k{{ sfx }}(bt: u32, k: u32, n: u32) -> vec4<f32> {
+    return vec4<f32>(load_b{{ sfx }}(bt, k, n), load_b{{ sfx }}(bt, k + 1u, n), load_b{{ sfx }}(bt, k + 2u, n), load_b{{ sfx }}(bt, k + 3u, n));
 }
 
+{$ endmacro $}
+{{ loaders("", check_a, check_b) }}{$ if edge_a or edge_b $}
+{{ loaders("_in", False, False) }}{$ endif $}
 fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ if check_out $}
-    if (m >= M || n >= N) { return; }
+    if (m >= {{ sz.M }} || n >= {{ sz.N }}) { return; }
 {$ endif $}
     var v = acc{$ if alpha != 1.0 $} * {{ f32_lit(alpha) }}{$ endif $};
 {$ if has_c $}
-    v = v + {{ f32_lit(beta) }} * f32(c[m * {{ c_sm }}u + n * {{ c_sn }}u]);
+    v = v + {{ f32_lit(beta) }} * f32(c[m * {{ u(c_sm) }} + n * {{ u(c_sn) }}]);
 {$ endif $}
-    let oi = bt * (M * N) + m * N + n;
+    let oi = bt * ({{ sz.M }} * {{ sz.N }}) + m * {{ sz.N }} + n;
     out[oi] = act({{ ST }}(v), oi);
 }
 {$ endblock $}
@@ -107,10 +123,18 @@ const BM = {{ TY * RM }}u;
 const BN = {{ TX * RN }}u;
 const BK = {{ BK }}u;
 const THREADS = {{ TX * TY }}u;
+{$ if tiles_n is integer $}
 const TILES_N = {{ tiles_n }}u;
+{$ endif $}
+{$ if tiles_m is integer $}
 const TILES_M = {{ tiles_m }}u;
+{$ endif $}
+{$ if tiles is integer $}
 const TILES = {{ tiles }}u;     // output tiles over all batches
+{$ endif $}
+{$ if kchunk is integer $}
 const KCHUNK = {{ kchunk }}u;   // K range of one split (a multiple of BK; K when SPLIT = 1)
+{$ endif $}
 const AQ = {{ TY * RM // 4 }}u; // vec4s in one k row of As (4 consecutive m each)
 const BQ = {{ TX * RN // 4 }}u; // vec4s in one k row of Bs (4 consecutive n each)
 const KQ = {{ BK // 4 }}u;      // quads of k in BK
@@ -149,38 +173,58 @@ fn put_b4(s: u32, lane: u32, v: vec4<f32>) {
 {$ block stage_a $}
 fn setup_a(bt: u32, m0: u32, li: u32) {}
 
-fn stage_a(bt: u32, m0: u32, k0: u32, o: u32, li: u32) {
+{$ macro stage_a_fn(sfx) $}
+fn stage_a{{ sfx }}(bt: u32, m0: u32, k0: u32, o: u32, li: u32) {
 {$ if a_kmajor $}
     for (var e = li; e < AS; e = e + THREADS) {
         let ml = e / KQ;
         let kq = (e % KQ) * 4u;
-        put_a4(o + kq * AQ, ml, load_a4(bt, m0 + ml, k0 + kq));
+        put_a4(o + kq * AQ, ml, load_a4{{ sfx }}(bt, m0 + ml, k0 + kq));
     }
 {$ else $}
     for (var e = li; e < AS; e = e + THREADS) {
         let k = k0 + e / AQ;
         let m = m0 + (e % AQ) * 4u;
-        As[o + e] = vec4<f32>(load_a(bt, m, k), load_a(bt, m + 1u, k),
-                              load_a(bt, m + 2u, k), load_a(bt, m + 3u, k));
+        As[o + e] = vec4<f32>(load_a{{ sfx }}(bt, m, k), load_a{{ sfx }}(bt, m + 1u, k),
+                              load_a{{ sfx }}(bt, m + 2u, k), load_a{{ sfx }}(bt, m + 3u, k));
     }
 {$ endif $}
 }
+{$ endmacro $}
+{{ stage_a_fn("") }}{$ if edge_a $}
+
+{{ stage_a_fn("_in") }}{$ endif $}
 {$ endblock $}
 
-fn stage_b(bt: u32, n0: u32, k0: u32, o: u32, li: u32) {
+{$ macro stage_b_fn(sfx) $}
+fn stage_b{{ sfx }}(bt: u32, n0: u32, k0: u32, o: u32, li: u32) {
 {$ if b_kmajor $}
     for (var e = li; e < BS; e = e + THREADS) {
         let nl = e / KQ;
         let kq = (e % KQ) * 4u;
-        put_b4(o + kq * BQ, nl, load_b4k(bt, k0 + kq, n0 + nl));
+        put_b4(o + kq * BQ, nl, load_b4k{{ sfx }}(bt, k0 + kq, n0 + nl));
     }
 {$ else $}
     for (var e = li; e < BS; e = e + THREADS) {
-        Bs[o + e] = load_b4n(bt, k0 + e / BQ, n0 + (e % BQ) * 4u);
+        Bs[o + e] = load_b4n{{ sfx }}(bt, k0 + e / BQ, n0 + (e % BQ) * 4u);
     }
 {$ endif $}
 }
 
+{$ endmacro $}
+{{ stage_b_fn("") }}{$ if edge_b $}
+{{ stage_b_fn("_in") }}{$ endif $}
+{# Staging of the step at k into offsets oa, ob. With edge_a (edge_b): a tile inside M (N), ia #}
+{# (ib), stages whole steps of K with the unchecked loaders (a uniform branch per workgroup). #}
+{$ macro stage(k, oa, ob, pad) $}
+{$ if edge_a $}
+{{ pad }}if (ia && {{ k }} + BK <= {{ sz.K }}) { stage_a_in(bt, m0, {{ k }}, {{ oa }}, li); } else { stage_a(bt, m0, {{ k }}, {{ oa }}, li); }
+{$ else $}
+{{ pad }}stage_a(bt, m0, {{ k }}, {{ oa }}, li);
+{$ endif $}
+{$ if edge_b $}
+{{ pad }}if (ib && {{ k }} + BK <= {{ sz.K }}) { stage_b_in(bt, n0, {{ k }}, {{ ob }}, li); } else { stage_b(bt, n0, {{ k }}, {{ ob }}, li); }{$ else $}
+{{ pad }}stage_b(bt, n0, {{ k }}, {{ ob }}, li);{$ endif $}{$ endmacro $}
 // RM x RN outputs of this thread += the staged tiles at offsets oa, ob (BK steps).
 {$ macro compute(oa, ob) $}
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
@@ -201,16 +245,33 @@ fn stage_b(bt: u32, n0: u32, k0: u32, o: u32, li: u32) {
 @compute @workgroup_size({{ TX }}, {{ TY }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+{$ if grid3 $}
+    // Sizes known at dispatch: a 3-D grid (tile columns, tile rows, batch * SPLIT) whose counts
+    // are exact, so the tile needs no division by a size.
+{$ if gate $}
+    if (!({{ gate }})) { return; }  // M known at dispatch: the GEMV kernel takes small M
+{$ endif $}
+    let ks = wid.z % {{ SPLIT }}u;  // K chunk
+    let bt = wid.z / {{ SPLIT }}u;
+    let k_begin = ks * {{ sz.KCHUNK }};
+    let k_end = min({{ sz.K }}, k_begin + {{ sz.KCHUNK }});
+    let m0 = wid.y * BM;
+    let n0 = wid.x * BN;
+{$ else $}
     // Linear group index (the grid is folded into 2-D past 65535 groups); uniform per workgroup.
     let gi = wid.y * nwg.x + wid.x;
-    if (gi >= TILES * {{ SPLIT }}u) { return; }
-    let tile = gi % TILES;
-    let k_begin = (gi / TILES) * KCHUNK;
-    let k_end = min(K, k_begin + KCHUNK);
-    let bt = tile / (TILES_M * TILES_N);
-    let r = tile % (TILES_M * TILES_N);
-    let m0 = (r / TILES_N) * BM;
-    let n0 = (r % TILES_N) * BN;
+    if (gi >= {{ sz.TILES }} * {{ SPLIT }}u) { return; }
+{$ if gate $}
+    if (!({{ gate }})) { return; }  // M known at dispatch: the GEMV kernel takes small M
+{$ endif $}
+    let tile = gi % {{ sz.TILES }};
+    let k_begin = (gi / {{ sz.TILES }}) * {{ sz.KCHUNK }};
+    let k_end = min({{ sz.K }}, k_begin + {{ sz.KCHUNK }});
+    let bt = tile / ({{ sz.TILES_M }} * {{ sz.TILES_N }});
+    let r = tile % ({{ sz.TILES_M }} * {{ sz.TILES_N }});
+    let m0 = (r / {{ sz.TILES_N }}) * BM;
+    let n0 = (r % {{ sz.TILES_N }}) * BN;
+{$ endif $}
     let tx = lid.x;
     let ty = lid.y;
 {$ for i in range(RM) $}
@@ -219,17 +280,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
 {$ endfor $}
     setup_a(bt, m0, li);
+{$ if edge_a $}
+    let ia = m0 + BM <= {{ sz.M }};
+{$ endif $}
+{$ if edge_b $}
+    let ib = n0 + BN <= {{ sz.N }};
+{$ endif $}
 {$ if DB $}
-    stage_a(bt, m0, k_begin, 0u, li);
-    stage_b(bt, n0, k_begin, 0u, li);
+{{ stage("k_begin", "0u", "0u", "    ") }}
     workgroupBarrier();
     var cur = 0u;
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
         // Stage step k0 + BK into the other buffers while this step's are read: a thread writes
         // them only after the barrier that ended the previous step's reads of them.
         if (k0 + BK < k_end) {
-            stage_a(bt, m0, k0 + BK, (cur ^ 1u) * AS, li);
-            stage_b(bt, n0, k0 + BK, (cur ^ 1u) * BS, li);
+{{ stage("k0 + BK", "(cur ^ 1u) * AS", "(cur ^ 1u) * BS", "            ") }}
         }
         let oa = cur * AS;
         let ob = cur * BS;
@@ -239,8 +304,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 {$ else $}
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
-        stage_a(bt, m0, k0, 0u, li);
-        stage_b(bt, n0, k0, 0u, li);
+{{ stage("k0", "0u", "0u", "        ") }}
         workgroupBarrier();
 {{ compute("", "") }}
         workgroupBarrier();
@@ -250,12 +314,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n = n0 + tx * {{ RN }}u;
 {$ if SPLIT > 1 $}
     // Raw partial sums of split gi / TILES; the reduction applies the epilogue.
-    let pbase = (gi / TILES) * (BATCH * M * N) + bt * (M * N);
+    let pbase = {{ "ks" if grid3 else "(gi / " ~ sz.TILES ~ ")" }} * ({{ sz.BATCH }} * {{ sz.M }} * {{ sz.N }}) + bt * ({{ sz.M }} * {{ sz.N }});
 {$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
 {$ for c in range(4) $}
-    if (m + {{ i }}u < M && n + {{ 4 * j + c }}u < N) {
-        part[pbase + (m + {{ i }}u) * N + n + {{ 4 * j + c }}u] = acc{{ i }}_{{ j }}.{{ "xyzw"[c] }};
+    if (m + {{ i }}u < {{ sz.M }} && n + {{ 4 * j + c }}u < {{ sz.N }}) {
+        part[pbase + (m + {{ i }}u) * {{ sz.N }} + n + {{ 4 * j + c }}u] = acc{{ i }}_{{ j }}.{{ "xyzw"[c] }};
     }
 {$ endfor $}
 {$ endfor $}
@@ -275,18 +339,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // Split-K second pass: one thread per output (bt, m, n) adds the SPLIT partial sums (in a fixed
 // order, so results are deterministic) and stores through the epilogue.
 {{ main_1d(batch * M * N) }}
+{$ if gate $}
+    if (!({{ gate }})) { return; }
+{$ endif $}
     var s = part[i];
 {$ for q in range(1, SPLIT) $}
-    s = s + part[i + {{ q }}u * (BATCH * M * N)];
+    s = s + part[i + {{ q }}u * ({{ sz.BATCH }} * {{ sz.M }} * {{ sz.N }})];
 {$ endfor $}
-    let bt = i / (M * N);
-    let r = i % (M * N);
-    store(bt, r / N, r % N, s);
+    let bt = i / ({{ sz.M }} * {{ sz.N }});
+    let r = i % ({{ sz.M }} * {{ sz.N }});
+    store(bt, r / {{ sz.N }}, r % {{ sz.N }}, s);
 }
 {$ else $}
 // GEMV: one workgroup per (batch, 4 columns); rows m < M <= 4 in vec4 lanes of 4 accumulators.
+{$ if cols is integer $}
 const COLS = {{ cols }}u;   // ceil(N / 4)
+{$ endif $}
+{$ if groups is integer $}
 const GROUPS = {{ groups }}u;
+{$ endif $}
 
 var<workgroup> partial: array<mat4x4<f32>, 64>;
 
@@ -296,13 +367,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(subgroup_size) sgs: u32, @builtin(subgroup_invocation_id) sid: u32,
 {$ endif $}
         @builtin(local_invocation_index) li: u32) {
+{$ if grid3 $}
+    // sizes known at dispatch: a 2-D grid (column quads, batch), no division by a size
+{$ if gate $}
+    if (!({{ gate }})) { return; }  // M known at dispatch: the tiled kernel takes large M
+{$ endif $}
+    let bt = wid.y;
+    let n = wid.x * 4u;
+{$ else $}
     let g = wid.y * nwg.x + wid.x;
-    if (g >= GROUPS) { return; }
-    let bt = g / COLS;
-    let n = (g % COLS) * 4u;
+    if (g >= {{ sz.GROUPS }}) { return; }
+{$ if gate $}
+    if (!({{ gate }})) { return; }  // M known at dispatch: the tiled kernel takes large M
+{$ endif $}
+    let bt = g / {{ sz.COLS }};
+    let n = (g % {{ sz.COLS }}) * 4u;
+{$ endif $}
     // acc[j] holds column n + j for rows 0..3 (x..w).
     var acc = mat4x4<f32>();
-    for (var k = li; k < K; k = k + 64u) {
+    for (var k = li; k < {{ sz.K }}; k = k + 64u) {
         let av = vec4<f32>(load_a(bt, 0u, k), load_a(bt, 1u, k), load_a(bt, 2u, k), load_a(bt, 3u, k));
         acc[0] = fma(av, vec4<f32>(load_b(bt, k, n)), acc[0]);
         acc[1] = fma(av, vec4<f32>(load_b(bt, k, n + 1u)), acc[1]);
@@ -321,7 +404,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let row = li % 4u;
         var t = 0.0;
         for (var q = 0u; q < (63u + sgs) / sgs; q = q + 1u) { t = t + partial[q][j][row]; }
-        if (row < M) {
+        if (row < {{ sz.M }}) {
             store(bt, row, n + j, t);
         }
     }
@@ -335,7 +418,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (li < 16u) {
         let j = li / 4u;
         let row = li % 4u;
-        if (row < M) {
+        if (row < {{ sz.M }}) {
             store(bt, row, n + j, partial[0][j][row]);
         }
     }

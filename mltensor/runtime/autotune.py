@@ -49,6 +49,11 @@ class force:
         _forced = self.prev
 
 
+def forced_index(n):
+    """The index force() imposes among n candidates (the last when it has fewer), else None."""
+    return None if _forced is None else min(_forced, n - 1)
+
+
 def adapter_key(device):
     info = device.adapter.info
     parts = [str(info.get(k, "")) for k in ("vendor", "device", "description", "backend_type")]
@@ -114,11 +119,13 @@ def signature_of(kernels):
 def time_launches(device, launches, repeat=3):
     """Median GPU seconds of one run of `launches` [(Kernel, [nbytes per binding], groups)], on
     zero-filled buffers (values do not change fp32 FMA timing). Same-size bindings of different
-    launches share a buffer when they are the same object index (see `build`)."""
+    launches share a buffer when they are the same object index (see `build`). A launch of a
+    kernel reading dynamic sizes (Kernel.dims) carries a fourth item, its immediate data (the
+    sizes it is timed at, its groups already counted for them)."""
     from .wgsl import pipeline
 
     bufs, groups_bound = {}, []
-    for kernel, sizes, groups in launches:
+    for kernel, sizes, groups, *imm in launches:
         pipe, bgl = pipeline(device, kernel)
         entries = []
         for i, (slot, nbytes) in enumerate(sizes):
@@ -127,7 +134,7 @@ def time_launches(device, launches, repeat=3):
                 buf = bufs[slot] = device.create_buffer(size=max(16, nbytes), usage=wgpu.BufferUsage.STORAGE)
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
         bg = device.create_bind_group(layout=bgl, entries=entries)
-        groups_bound.append((pipe, bg, groups))
+        groups_bound.append((pipe, bg, tuple(int(g) for g in groups), imm[0] if imm else None))
     try:
         runs = time_passes(device, groups_bound, repeat, warmup=1).sum(axis=1)
     finally:
@@ -140,7 +147,7 @@ def choose(kc, signature, candidates, measure, heuristic=0):
     """Index of the candidate to use. `measure(i)` returns the launches of candidate i in
     `time_launches` form; it is only called when tuning."""
     if _forced is not None:
-        return min(_forced, len(candidates) - 1)
+        return forced_index(len(candidates))
     device = kc.device
     if len(candidates) == 1 or not enabled(device):
         return heuristic

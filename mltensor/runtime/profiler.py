@@ -12,9 +12,10 @@ from ..errors import NotSupportedError
 
 
 def time_launches(device, launches, repeat=3, warmup=0):
-    """GPU seconds of each (pipeline, bind group, workgroups) launch, each in its own compute pass
-    with begin/end timestamp writes: an array of shape (repeat, len(launches)). The first
-    `warmup` runs are discarded (they warm caches and clocks). Also the autotuner's timer."""
+    """GPU seconds of each (pipeline, bind group, workgroups[, immediate data]) launch, each in its
+    own compute pass with begin/end timestamp writes: an array of shape (repeat, len(launches)).
+    The first `warmup` runs are discarded (they warm caches and clocks). A launch reading dynamic
+    sizes carries their immediate data (set after its pipeline). Also the autotuner's timer."""
     n = len(launches)
     qs = device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
     resolve = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
@@ -22,10 +23,12 @@ def time_launches(device, launches, repeat=3, warmup=0):
     try:
         for r in range(warmup + repeat):
             enc = device.create_command_encoder()
-            for i, (pipe, bg, groups) in enumerate(launches):
+            for i, (pipe, bg, groups, *imm) in enumerate(launches):
                 p = enc.begin_compute_pass(timestamp_writes={
                     "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
                 p.set_pipeline(pipe)
+                if imm and imm[0] is not None:
+                    p.set_immediates(0, imm[0], 0, imm[0].nbytes)
                 p.set_bind_group(0, bg)
                 p.dispatch_workgroups(*groups)
                 p.end()
@@ -48,6 +51,12 @@ def profile_dispatch(ctx, graph, inputs, outputs, repeat=3):
     ctx.flush()
     tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
     bound = graph._bound(tensors)
+    if graph._dyn is not None:  # at the sizes of these inputs
+        plan = graph._dyn
+        data = plan.launch_data(plan.bind({n: t.shape for n, t in inputs.items()}, "profile"))
+        g = data.groups
+        bound = [(pipe, bg, tuple(g[3 * i:3 * i + 3]), data.imm if plan.reads_dims[i] else None)
+                 for i, (pipe, bg, _) in enumerate(bound)]
     med = np.median(time_launches(ctx.device, bound, repeat), axis=0)
     return list(zip(graph._kernel_names, med.tolist()))
 

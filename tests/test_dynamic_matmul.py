@@ -1,0 +1,297 @@
+"""matmul and gemm with dynamic dimensions (mltensor/dynamic/): one build serves every size up to
+the maxima. Each case builds once and runs at several sizes (1, the maxima, ragged ones) against
+float64 numpy and bit for bit against a static build of the same graph at that size (the tiled
+path accumulates every output in k order whatever its tile, and an M on both sides of the GEMV
+bound runs the path a static build of that M runs). Also: every autotuning candidate with dynamic
+sizes, tuning at the maxima, vec4 loads, float16, and the checks (sizes past a maximum, K)."""
+
+import numpy as np
+import pytest
+from helpers import FUSION, context_with_env
+
+import mltensor
+from mltensor.dynamic.dims import MLDynamicDimension as D
+from mltensor.ops import matmul as matmul_ops
+from mltensor.ops.matmul import gemm_candidates
+from mltensor.runtime import autotune
+
+NP = {"float32": np.float32, "float16": np.float16}
+
+
+def _concrete(spec, sizes):
+    return tuple(sizes[d.name] if isinstance(d, D) else d for d in spec)
+
+
+def _build(ctx, specs, fn, dt="float32"):
+    """A graph of fn(builder, {name: operand}) over inputs named by specs ({name: shape})."""
+    b = mltensor.MLGraphBuilder(ctx)
+    ins = {n: b.input(n, data_type=dt, shape=list(s)) for n, s in specs.items()}
+    return b.build_sync({"z": fn(b, ins)})
+
+
+def _run(ctx, g, feeds, dt="float32"):
+    ins = {}
+    for n, a in feeds.items():
+        t = ctx.create_tensor_sync(data_type=dt, shape=a.shape, writable=True)
+        ctx.write_tensor(t, a)
+        ins[n] = t
+    shape = g.compute_shapes({n: a.shape for n, a in feeds.items()})["z"]
+    out = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+    ctx.dispatch(g, ins, {"z": out})
+    r = ctx.read_tensor_sync(out)
+    for t in [*ins.values(), out]:
+        t.destroy()
+    return r
+
+
+def _check(ctx, rng, specs, fn, ref, size_sets, dt="float32", static=True, rtol=1e-4):
+    """Build once with dynamic dimensions; at each size set compare with float64 numpy `ref(feeds)`
+    (tolerance relative to the largest |reference|) and, if static, bit for bit with a static build."""
+    g = _build(ctx, specs, fn, dt)
+    assert g.dynamic_dimensions
+    for sizes in size_sets:
+        feeds = {n: rng.standard_normal(_concrete(s, sizes)).astype(NP[dt]) for n, s in specs.items()}
+        got = _run(ctx, g, feeds, dt)
+        want = ref({n: a.astype(np.float64) for n, a in feeds.items()})
+        assert got.shape == want.shape, (sizes, got.shape, want.shape)
+        scale = max(1.0, float(np.abs(want).max(initial=0)))
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=rtol * scale, err_msg=str(sizes))
+        if static:
+            gs = _build(ctx, {n: _concrete(s, sizes) for n, s in specs.items()}, fn, dt)
+            want = _run(ctx, gs, feeds, dt)
+            if _same_order(g, gs):
+                np.testing.assert_array_equal(got, want, err_msg=f"static build, {sizes}")
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"static build, {sizes}")
+            gs.destroy()
+    return g
+
+
+def _same_order(*graphs):
+    """The graphs sum every output in the same order (bit for bit): tiled kernels do whatever
+    their tiles, GEMV kernels too; split-K (a GPU heuristic for small grids) and the subgroup
+    GEMV (chosen by tuning) sum in another order."""
+    return not any("_reduce" in n or n.endswith("_sg") for g in graphs for n in g.kernel_names)
+
+
+@pytest.fixture(autouse=True)
+def _heuristic(monkeypatch):
+    # the heuristic's configurations (no tuning, which hardware adapters do by default: it would
+    # time every build); test_tuning_at_the_maximum turns it on
+    monkeypatch.setenv("MLTENSOR_AUTOTUNE", "0")
+
+
+def _mm(b, x):
+    return b.matmul(x["a"], x["b"])
+
+
+def _mm_ref(f):
+    return f["a"] @ f["b"]
+
+
+# -- 2-D ------------------------------------------------------------------------------------------
+
+MAXS = {"m": 70, "k": 66, "n": 68}
+SIZES_2D = [dict(m=1, k=1, n=1), dict(MAXS), dict(m=7, k=33, n=65), dict(m=65, k=7, n=33),
+            dict(m=4, k=65, n=7), dict(m=5, k=2, n=1)]
+
+
+@pytest.mark.parametrize("dyn", ["m", "k", "n", "mkn"])
+def test_matmul_2d(ctx, rng, dyn):
+    dims = {d: D(d, MAXS[d]) if d in dyn else None for d in "mkn"}
+    static = {"m": 37, "k": 45, "n": 29}
+    sizes = [{d: (s[d] if dims[d] else static[d]) for d in "mkn"} for s in SIZES_2D]
+    sizes = [dict(t) for t in sorted({tuple(sorted(s.items())) for s in sizes})]  # no repeats
+    spec = {d: dims[d] or static[d] for d in "mkn"}
+    g = _check(ctx, rng, {"a": (spec["m"], spec["k"]), "b": (spec["k"], spec["n"])}, _mm, _mm_ref, sizes)
+    # M on both sides of the GEMV bound: both paths, each gated on M at dispatch
+    assert len(g.kernel_names) == (2 if "m" in dyn else 1), g.kernel_names
+    g.destroy()
+
+
+def test_matmul_gemv_only_and_tiled_only(ctx, rng):
+    # M's maximum within the GEMV bound: the GEMV kernel alone; a static M past it, the tiled one
+    g = _check(ctx, rng, {"a": (D("m", 4), 40), "b": (40, D("n", 30))}, _mm, _mm_ref,
+               [dict(m=1, n=1), dict(m=4, n=30), dict(m=3, n=17)])
+    assert [n.rsplit("_", 1)[1] for n in g.kernel_names] == ["gemv"]
+    g.destroy()
+    g = _check(ctx, rng, {"a": (9, D("k", 50)), "b": (D("k", 50), D("n", 30))}, _mm, _mm_ref,
+               [dict(k=1, n=1), dict(k=50, n=30), dict(k=17, n=3)])
+    assert len(g.kernel_names) == 1 and "gemv" not in g.kernel_names[0]
+    g.destroy()
+
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+def test_matmul_vec4_loads(ctx, rng, monkeypatch, vec):
+    # 16-byte loads of A (K % 4 == 0) and B (N % 4 == 0) stay valid for every M: only M is dynamic
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    g = _check(ctx, rng, {"a": (2, D("m", 70), 64), "b": (2, 64, 48)}, _mm, _mm_ref,
+               [dict(m=1), dict(m=70), dict(m=33), dict(m=4), dict(m=5)])
+    g.destroy()
+
+
+# -- batched, broadcast ---------------------------------------------------------------------------
+
+B, S, P = D("B", 3), D("S", 70), D("P", 66)
+ATTN_SIZES = [dict(B=1, S=1, P=1), dict(B=3, S=70, P=66), dict(B=2, S=7, P=33), dict(B=1, S=65, P=5),
+              dict(B=2, S=3, P=65)]
+
+
+def test_matmul_attention_scores(ctx, rng):
+    # q [B, H, S, 64] x k^T [B, H, 64, P]
+    _check(ctx, rng, {"a": (B, 2, S, 64), "b": (B, 2, 64, P)}, _mm, _mm_ref, ATTN_SIZES).destroy()
+
+
+def test_matmul_attention_values(ctx, rng):
+    # probabilities [B, H, S, P] x v [B, H, P, 64]: K dynamic
+    _check(ctx, rng, {"a": (B, 2, S, P), "b": (B, 2, P, 64)}, _mm, _mm_ref, ATTN_SIZES).destroy()
+
+
+@pytest.mark.parametrize("sa,sb", [
+    ((S, 40), (B, 40, 24)),  # a broadcast along the batch
+    ((B, 1, S, 24), (1, 3, 24, P)),  # both broadcast, a static batch dimension
+    ((2, B, S, 24), (B, 24, P)),  # b broadcast along a leading dimension: index modulo B
+], ids=["a_bcast", "both_bcast", "mod_B"])
+def test_matmul_broadcast_batch(ctx, rng, sa, sb):
+    _check(ctx, rng, {"a": sa, "b": sb}, _mm, _mm_ref, ATTN_SIZES[:4]).destroy()
+
+
+@pytest.mark.parametrize("m", [2, 5], ids=["gemv", "tiled"])
+def test_batch_past_a_grid_dimension(ctx, rng, m):
+    # a batch maximum past 65535 workgroups along one dimension: the folded 1-D grid of the
+    # static kernels (the tile from the linear workgroup index) instead of (columns, rows, batch)
+    # (70000 workgroups of a few outputs each are slow on lavapipe: one large size, no static build)
+    g = _check(ctx, rng, {"a": (D("B", 70000), m, 3), "b": (D("B", 70000), 3, 2)}, _mm, _mm_ref,
+               [dict(B=1), dict(B=65536)], static=False)
+    g.destroy()
+
+
+# -- gemm -----------------------------------------------------------------------------------------
+
+M, K, N = D("m", 70), D("k", 66), D("n", 68)
+
+
+@pytest.mark.parametrize("at,bt,c", [(False, False, "n"), (True, False, "mn"), (False, True, "m1"),
+                                     (True, True, None)])
+def test_gemm(ctx, rng, at, bt, c):
+    specs = {"a": (K, M) if at else (M, K), "b": (N, K) if bt else (K, N)}
+    if c:
+        specs["c"] = {"n": (N,), "mn": (M, N), "m1": (M, 1)}[c]
+
+    def fn(b, x):
+        return b.gemm(x["a"], x["b"], c=x.get("c"), alpha=0.5, beta=2.0, a_transpose=at, b_transpose=bt)
+
+    def ref(f):
+        r = 0.5 * ((f["a"].T if at else f["a"]) @ (f["b"].T if bt else f["b"]))
+        return r + 2.0 * f["c"] if c else r
+
+    _check(ctx, rng, specs, fn, ref, SIZES_2D[:4]).destroy()
+
+
+# -- fused epilogue, float16 ------------------------------------------------------------------------
+
+def test_fused_bias_relu_epilogue(ctx, rng):
+    def fn(b, x):
+        return b.relu(b.add(b.matmul(x["a"], x["b"]), x["bias"]))
+
+    g = _check(ctx, rng, {"a": (B, S, 40), "b": (40, P), "bias": (P,)}, fn,
+               lambda f: np.maximum(f["a"] @ f["b"] + f["bias"], 0), ATTN_SIZES)
+    if FUSION:  # add and relu are stored by the matmul kernels: no elementwise kernel
+        assert all(n.startswith("matmul") for n in g.kernel_names), g.kernel_names
+    g.destroy()
+
+
+@pytest.fixture(scope="module")
+def f16off_ctx():
+    c = context_with_env(MLTENSOR_DISABLE_F16="1")
+    yield c
+    c.destroy()
+
+
+@pytest.mark.parametrize("mode", ["f16", "f32"])
+def test_float16(ctx, f16off_ctx, rng, mode):
+    c = f16off_ctx if mode == "f32" else ctx
+    if mode == "f16" and not ctx._f16:
+        pytest.skip("the adapter has no shader-f16")
+
+    def fn(b, x):
+        return b.relu(b.add(b.matmul(x["a"], x["b"]), x["r"]))
+
+    g = _check(c, rng, {"a": (S, K), "b": (K, N), "r": (S, N)}, fn,
+               lambda f: np.maximum(f["a"] @ f["b"] + f["r"], 0),
+               [dict(S=1, k=1, n=1), dict(S=70, k=66, n=68), dict(S=7, k=33, n=65), dict(S=3, k=9, n=2)],
+               dt="float16", rtol=1e-2)
+    g.destroy()
+
+
+# -- every candidate, tuning --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+def test_every_candidate(ctx, rng, monkeypatch, vec):
+    # the tuner may pick any candidate for the maximum sizes (split-K here: deep K, few tiles);
+    # each must be right at every size. Not bit for bit: split-K sums its chunks separately.
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    sm, sk = D("m", 96), D("k", 600)
+    cands, _ = gemm_candidates(96, 72, 600, 2)
+    assert any(c["SPLIT"] > 1 for c in cands)
+    sizes = [dict(m=96, k=600), dict(m=1, k=1), dict(m=37, k=333), dict(m=3, k=70), dict(m=5, k=9)]
+    for i in range(len(cands)):
+        with autotune.force(i):
+            _check(ctx, rng, {"a": (2, sm, sk), "b": (2, sk, 72)}, _mm, _mm_ref, sizes, static=False).destroy()
+
+
+def test_every_gemm_candidate(ctx, rng):
+    cands, _ = gemm_candidates(67, 90, 530, 1)
+    for i in range(len(cands)):
+        with autotune.force(i):
+            _check(ctx, rng, {"a": (K, D("m", 67)), "b": (90, K), "c": (90,)},
+                   lambda b, x: b.gemm(x["a"], x["b"], c=x["c"], alpha=0.5, a_transpose=True, b_transpose=True),
+                   lambda f: 0.5 * (f["a"].T @ f["b"].T) + f["c"],
+                   [dict(m=67, k=66), dict(m=1, k=1), dict(m=30, k=17)], static=False).destroy()
+
+
+def test_tuning_at_the_maximum(ctx, rng, monkeypatch, tmp_path):
+    # MLTENSOR_AUTOTUNE=1: candidates are timed with the sizes set to their maxima (immediates)
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))
+    monkeypatch.setenv("MLTENSOR_AUTOTUNE", "1")
+    autotune._tables.clear()
+    timed = []
+    real = autotune.time_launches
+    monkeypatch.setattr(autotune, "time_launches", lambda *a, **k: timed.append(real(*a, **k)) or timed[-1])
+    g = _check(ctx, rng, {"a": (S, 64), "b": (64, P)}, _mm, _mm_ref, ATTN_SIZES[:3], static=False)
+    assert g.autotune["signatures_tuned"] == 1 and timed and all(np.isfinite(timed)), timed
+    g.destroy()
+    autotune._tables.clear()
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+def test_size_beyond_maximum(ctx):
+    g = _build(ctx, {"a": (S, 8), "b": (8, P)}, _mm)
+    with pytest.raises(TypeError, match="outside"):
+        _run(ctx, g, {"a": np.ones((71, 8), np.float32), "b": np.ones((8, 3), np.float32)})
+    g.destroy()
+
+
+def test_k_mismatch(ctx):
+    one = lambda *s: np.ones(s, np.float32)  # noqa: E731
+    # K of different names, ranges that meet: checked by each dispatch
+    g = _build(ctx, {"a": (S, D("k1", 40)), "b": (D("k2", 30), 5)}, _mm)
+    np.testing.assert_array_equal(_run(ctx, g, {"a": one(3, 20), "b": one(20, 5)}), np.full((3, 5), 20, np.float32))
+    with pytest.raises(TypeError, match=r"\[matmul\] columns of a"):
+        _run(ctx, g, {"a": one(3, 20), "b": one(21, 5)})
+    g.destroy()
+    # a dynamic K against a static one within its range: checked by each dispatch too
+    g = _build(ctx, {"a": (D("k", 40), 3), "b": (6, 16)},
+               lambda b, x: b.gemm(x["a"], x["b"], a_transpose=True, b_transpose=True))
+    np.testing.assert_array_equal(_run(ctx, g, {"a": one(16, 3), "b": one(6, 16)}), np.full((3, 6), 16, np.float32))
+    with pytest.raises(TypeError, match=r"\[gemm\] K of a"):
+        _run(ctx, g, {"a": one(15, 3), "b": one(6, 16)})
+    g.destroy()
+    # never equal: at build
+    b = mltensor.MLGraphBuilder(ctx)
+    with pytest.raises(TypeError, match=r"\[matmul\] columns of a \(k\) must equal rows of b \(9\)"):
+        b.matmul(b.input("x", data_type="float32", shape=[2, D("k", 8)]), b.input("y", data_type="float32", shape=[9, 2]))
+    with pytest.raises(TypeError, match=r"\[gemm\] K of a"):
+        b.gemm(b.input("u", data_type="float32", shape=[2, D("k", 8)]), b.input("w", data_type="float32", shape=[3, 9]),
+               b_transpose=True)
