@@ -29,12 +29,20 @@ one each from a small pool. Results are exactly what sequential runs give. Build
 are made one at a time per session, while runs at sizes already built go on.
 
 Shape-polymorphic (ONNX): a run accepts any input sizes the model allows (symbolic or unknown
-dimensions not pinned by `free_dimensions`). Each new combination of input sizes (and of the
-values of inputs that must be known at load, such as a shape fed as an input) is imported and
-built once into a specialization: its graph and its own input/output tensors. The session keeps
-the `max_specializations` most recently used ones (LRU, default 8) and destroys the rest, their
-ml-tensor outputs included. `session.specializations` says how many are cached;
-`session.stats` counts builds, cache hits and evictions.
+dimensions not pinned by `free_dimensions`). Those dimensions are dynamic dimensions
+(mltensor/dynamic/): one build serves every size, kernels read the sizes at dispatch, and the
+session's tensors are resizable, sized for a maximum per dimension (`max_dimensions={"past":
+4096}`, else grown by doubling from the first size: dynamic/capacity.py). A decode loop feeding
+each step's `present_*` outputs back as `past_*` (output_location="ml-tensor") thus moves no
+cache bytes between host and GPU and allocates nothing per step. An input fed with a zero-sized
+dimension (an empty cache) gets its own build, as do the values of inputs that must be known at
+load (a shape fed as an input). Where a model's graph needs a size fixed at build (an operator
+without dynamic kernels), or the adapter lacks the `immediates` feature, or `dynamic=False`, each
+new combination of input sizes is imported and built once instead (its reason in
+`stats["static_reason"]`). Either way builds are specializations, each with its own graph and
+tensors; the session keeps the `max_specializations` most recently used ones (LRU, default 8) and
+destroys the rest, their ml-tensor outputs included. `session.specializations` says how many are
+cached; `session.stats` counts builds, cache hits and evictions.
 """
 
 from collections import OrderedDict
@@ -46,6 +54,7 @@ import threading
 import numpy as np
 
 from . import dtypes
+from .errors import DataError, NotSupportedError
 from .front.tensor import MLTensor
 
 _default_ctx = None
@@ -179,8 +188,8 @@ class _Specialization:
 
 
 class InferenceSession:
-    def __init__(self, model, context=None, *, free_dimensions=None, providers=None, sess_options=None,
-                 max_specializations=8, float16=False):
+    def __init__(self, model, context=None, *, free_dimensions=None, max_dimensions=None, dynamic=None,
+                 providers=None, sess_options=None, max_specializations=8, float16=False):
         self._ctx = context if context is not None else default_context()
         # float16=True: a TFLite model computes in float16 (tflite.import_model); ONNX models
         # are converted to float16 beforehand (their float16 inputs and outputs are then native)
@@ -197,6 +206,10 @@ class InferenceSession:
         self._stats = {"builds": 0, "hits": 0, "evictions": 0}
         self._lock = threading.RLock()  # specializations, their tensor sets, stats
         self._build_lock = threading.Lock()  # one build at a time; runs at built sizes go on
+        if dynamic not in (None, True, False):
+            raise TypeError(f"[InferenceSession] dynamic must be None, True or False, got {dynamic!r}")
+        self._caps = None  # dynamic/capacity.Capacities when unknown dimensions are dynamic
+        self._static_reason = None  # why this session builds one graph per size
         if _is_tflite(model):
             self._kind = "tflite"
             self._load_tflite(model)
@@ -213,6 +226,7 @@ class InferenceSession:
                 shapes, params = symbolic_inputs(self._model)
                 self._describe(shapes, params)
             self._value_names = set()  # inputs whose values the graph must know at load
+            self._setup_dynamic(shapes, params, max_dimensions, dynamic)
             pending = any(shapes[name] is None for name in shapes) or any(
                 d is None and (p is None or p not in self._free)
                 for name in shapes for d, p in zip(shapes[name], params[name])
@@ -223,6 +237,34 @@ class InferenceSession:
                 self._specialize(feeds, build_only=True)
 
     # -- loading -------------------------------------------------------------------------------
+
+    def _setup_dynamic(self, shapes, params, max_dimensions, dynamic):
+        from .dynamic.capacity import Capacities
+        from .dynamic.kernels import FEATURE
+
+        caps = Capacities({n: (shapes[n], params[n]) for n in shapes}, self._free, max_dimensions)
+        unknown = set(max_dimensions or {}) - set(caps.names)
+        if unknown:
+            raise TypeError(f"[InferenceSession] max_dimensions names {sorted(unknown)}, which are not dynamic "
+                            f"dimensions of the model's inputs (those are {caps.names})")
+        if not caps or dynamic is False:
+            self._static_reason = "dynamic=False" if caps else None
+            return
+        if FEATURE not in self._ctx.device.features:
+            if dynamic:
+                from .errors import DataError, NotSupportedError
+
+                raise NotSupportedError(f"[InferenceSession] dynamic=True needs the adapter feature '{FEATURE}'")
+            self._static_reason = f"the adapter lacks the '{FEATURE}' feature"
+            return
+        self._caps = caps
+        self._require_dynamic = bool(dynamic)
+
+    @property
+    def dynamic_dimensions(self):
+        """{name: current maximum} of the inputs' dynamic dimensions ({} when this session builds
+        one graph per size; stats["static_reason"] says why)."""
+        return dict(self._caps.cap) if self._caps is not None else {}
 
     def _key(self, feeds):
         """Cache key of a specialization: each input's shape, and the value of each input the
@@ -250,6 +292,8 @@ class InferenceSession:
         """Make the specialization for these feeds current: from the cache, else imported and
         built (evicting the least recently used one beyond max_specializations). take: also take
         a tensor set for a run, atomically with the lookup (returns (spec, set))."""
+        if self._caps is not None and not build_only:
+            return self._specialize_dynamic(feeds, take)
         key = self._key(feeds)
         with self._lock:
             spec = self._lookup(key)
@@ -272,11 +316,81 @@ class InferenceSession:
                 self._stats["builds"] += 1
                 self._specs[key] = spec
                 self._spec = spec
-                while len(self._specs) > self.max_specializations:
-                    _, old = self._specs.popitem(last=False)
-                    self._drop(old)
-                    self._stats["evictions"] += 1
+                self._evict_lru()
                 return (spec, spec.take()) if take else spec
+
+    def _specialize_dynamic(self, feeds, take):
+        """_specialize with dynamic dimensions: one build for every size up to the capacities,
+        redone (compiling nothing new) when a feed outgrows one; a static build per size if the
+        model cannot be built with dynamic dimensions."""
+        shapes = {a.name: tuple(feeds[a.name].shape) for a in self._input_args}
+        sizes = self._caps.sizes(shapes)
+
+        def fits(spec):
+            return all(sizes.get(n, 0) <= m for n, m in spec.values.get("__maxes__", {}).items())
+
+        def key():
+            vals = tuple(k for k in self._key(feeds) if k[0] in self._value_names)
+            return ("dynamic", self._caps.empty(sizes), vals)
+
+        with self._lock:
+            k = key()
+            spec = self._specs.get(k)
+            if spec is not None and fits(spec):
+                self._lookup(k)
+                return (spec, spec.take()) if take else spec
+        with self._build_lock:
+            with self._lock:
+                k = key()
+                spec = self._specs.get(k)
+                if spec is not None and fits(spec):
+                    self._lookup(k)
+                    return (spec, spec.take()) if take else spec
+            self._caps.grow(sizes)
+            maxes = self._caps.for_build(sizes)
+            try:
+                spec = self._import(feeds, False, dynamic=maxes, sizes=sizes)
+            except (NotSupportedError, TypeError, DataError) as e:
+                # (a malformed model raises its DataError again in the static import below)
+                if self._require_dynamic:
+                    raise
+                # a dynamic dimension reaches an operator that needs a fixed size: one build per
+                # size from now on (as without dynamic dimensions)
+                self._static_reason = f"{type(e).__name__}: {e}"
+                self._caps = None
+                spec = None
+            if spec is None:
+                return self._specialize_static_locked(feeds, take)
+            spec.values["__maxes__"] = maxes
+            with self._lock:
+                if self._closed:
+                    spec.destroy()
+                    raise TypeError("[InferenceSession.run] the session was closed during the run")
+                self._stats["builds"] += 1
+                old = self._specs.pop(key(), None)
+                if old is not None:  # outgrown: the bigger build replaces it
+                    self._drop(old)
+                self._specs[key()] = spec
+                self._spec = spec
+                self._evict_lru()
+                return (spec, spec.take()) if take else spec
+
+    def _specialize_static_locked(self, feeds, take):
+        """The static path of _specialize, the build lock already held."""
+        spec = self._import(feeds, False)
+        k = self._key(feeds)
+        with self._lock:
+            self._stats["builds"] += 1
+            self._specs[k] = spec
+            self._spec = spec
+            self._evict_lru()
+            return (spec, spec.take()) if take else spec
+
+    def _evict_lru(self):
+        while len(self._specs) > self.max_specializations:
+            _, old = self._specs.popitem(last=False)
+            self._drop(old)
+            self._stats["evictions"] += 1
 
     def _drop(self, spec):
         """Evicted or closed (lock held): destroyed now, or by the last run in flight on it."""
@@ -289,18 +403,25 @@ class InferenceSession:
             if spec.give_back(tset, keep):
                 spec.destroy()
 
-    def _import(self, feeds, build_only):
+    def _import(self, feeds, build_only, dynamic=None, sizes=None):
         """Import the ONNX model for the feeds' shapes; graph inputs that must be known at load
         (shapes, axes, pads given as inputs) take their value from `feeds` and the graph is
-        specialized to it. None when such a value is needed but `build_only` (no values yet)."""
+        specialized to it. None when such a value is needed but `build_only` (no values yet).
+        dynamic: {dimension name: maximum} of the dynamic dimensions of this build (the inputs
+        having one are declared with it instead of the feed's size; an input fed with one of
+        them empty keeps the feed's shape, an empty constant)."""
         from .onnx.importer import Importer, NeedsValue, data_errors
 
         while True:
             values = {} if build_only else {
                 n: np.array(_host(feeds[n], self._ctx)) for n in self._value_names}
             shapes = {n: tuple(v.shape) for n, v in feeds.items() if n not in self._value_names}
+            if dynamic is not None:
+                caps = self._caps
+                shapes = {n: s for n, s in shapes.items()
+                          if n not in caps.axes or any(sizes.get(d) == 0 for _, d in caps.axes[n])}
             im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
-                          base_dir=self._base_dir, input_values=values)
+                          base_dir=self._base_dir, input_values=values, dynamic=dynamic)
             try:
                 with data_errors(self._name, im):
                     imp = im.run()
@@ -380,9 +501,11 @@ class InferenceSession:
 
     @property
     def stats(self):
-        """Snapshot: specializations cached, builds, cache hits and LRU evictions so far."""
+        """Snapshot: specializations cached, builds, cache hits and LRU evictions so far; whether
+        builds use dynamic dimensions, and if not why (None: the model has no unknown sizes)."""
         with self._lock:
-            return dict(self._stats, specializations=len(self._specs))
+            return dict(self._stats, specializations=len(self._specs), dynamic=self._caps is not None,
+                        static_reason=self._static_reason)
 
     def get_inputs(self):
         return list(self._input_args)
@@ -499,12 +622,15 @@ class InferenceSession:
         ctx = self._ctx
         bind = {}
         uploads = []
+        plan = spec.graph._dyn if spec.graph is not None else None
+        if plan is not None:  # sizes within the build's maxima, one size per name, deferred checks
+            plan.bind({n: tuple(input_feed[n].shape) for n in spec.inputs}, where)
         for name, info in spec.inputs.items():
             v = input_feed[name]
             if isinstance(v, MLTensor):
                 if v._context is not ctx:
                     raise TypeError(f"[{where}] input {name!r}: the MLTensor belongs to another MLContext")
-                if v.data_type != info.data_type or tuple(v.shape) != info.shape:
+                if v.data_type != info.data_type or (plan is None and tuple(v.shape) != info.shape):
                     raise TypeError(
                         f"[{where}] input {name!r} must be {info.data_type} {list(info.shape)}, "
                         f"got an MLTensor {v.data_type} {list(v.shape)}"
@@ -517,7 +643,7 @@ class InferenceSession:
                 raise TypeError(
                     f"[{where}] input {name!r} must have dtype {want} ({_type_str(info)}), got {arr.dtype}"
                 )
-            if tuple(arr.shape) != info.shape:
+            if plan is None and tuple(arr.shape) != info.shape:
                 raise TypeError(
                     f"[{where}] input {name!r} must have shape {list(info.shape)}, got {list(arr.shape)}"
                 )
@@ -525,9 +651,11 @@ class InferenceSession:
             if arr.dtype != store:
                 arr = arr.view(np.uint8) if arr.dtype == np.bool_ else arr.astype(store)
             t = tset.inputs.get(name)
-            if t is None:
+            if t is None:  # resizable when the shape has dynamic dimensions
                 t = ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape, writable=True)
                 tset.inputs[name] = t
+            if plan is not None:
+                t._fit(arr.shape, where, f"input {name!r}")
             uploads.append((t, arr))
             bind[name] = t
         if output_names is None:

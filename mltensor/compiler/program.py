@@ -262,6 +262,7 @@ class MLGraph:
         self._autotune = {"seconds": 0.0, "signatures_tuned": 0}
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
         self._dyn = None  # a DynamicPlan when some dimension is known only at dispatch
+        self._last_dyn = None  # _last_call of a graph with a DynamicPlan
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
         with ctx._lock:
@@ -327,7 +328,7 @@ class MLGraph:
             if self._destroyed:
                 return
             self._destroyed = True
-            self._last_call = None
+            self._last_call = self._last_dyn = None
             ctx._graphs.discard(self)
             self._bg_cache.clear()
             self._last_tensors, self._last = [], None
@@ -392,7 +393,7 @@ class MLGraph:
         return entry
 
     def _evict(self, tensor):
-        self._last_call = None
+        self._last_call = self._last_dyn = None
         if tensor in self._last_tensors:
             self._last_tensors, self._last = [], None
         tid = id(tensor)
@@ -527,7 +528,14 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
     """A dispatch of a graph with dynamic dimensions: the sizes come from the input tensors'
     shapes, each output tensor must have the resulting shape (a resizable one takes it), and the
     launches are recorded with those sizes (lock held)."""
-    _validate(ctx, graph, inputs, outputs, shapes=False)
+    last = graph._last_dyn  # same tensors as the last dispatch: validated then (as _last_call)
+    if last is not None and inputs.__class__ is dict and outputs.__class__ is dict \
+            and inputs == last[0] and outputs == last[1]:
+        ctx._check("dispatch")
+        tensors = last[2]
+    else:
+        _validate(ctx, graph, inputs, outputs, shapes=False)
+        tensors = None
     plan = graph._dyn
     values = plan.bind({n: t._shape for n, t in inputs.items()})
     shapes = plan.output_shapes(values)
@@ -538,10 +546,12 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
                             f"sizes, got {t.data_type} {list(t.shape)}")
     for name, t in outputs.items():
         t._fit(shapes[name], "dispatch", f"output {name!r}")
-    tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
-    for t in tensors:
-        if graph._evict not in t._on_destroy:
-            t._on_destroy.append(graph._evict)
+    if tensors is None:
+        tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
+        for t in tensors:
+            if graph._evict not in t._on_destroy:
+                t._on_destroy.append(graph._evict)
+        graph._last_dyn = (dict(inputs), dict(outputs), tensors)
     tl = ctx._timeline
     if tl.lent or tl.held or tl.mapped:
         tl.enqueue(Task((*inputs.values(), graph), tuple(outputs.values()),
@@ -555,45 +565,43 @@ def _record_dynamic(tl, graph, tensors, values):
     as immediate data after each pipeline that reads them (runtime/replay.c mlt_replay_dyn)."""
     bound, raw, buffers, tail, rest, native = graph._replay(tensors)
     plan = graph._dyn
-    imm, xyz = plan.launch_data(values)
-    reads = plan.reads_dims
+    data = plan.launch_data(values)
+    g, reads, size = data.groups, plan.reads_dims, data.imm.nbytes
     if not graph._native:
         p = tl.compute_pass()
         for i, (pipe, bg, _) in enumerate(bound):
             p.set_pipeline(pipe)
             if reads[i]:
-                p.set_immediates(0, imm, 0, imm.nbytes)
+                p.set_immediates(0, data.imm, 0, size)
             p.set_bind_group(0, bg)
-            p.dispatch_workgroups(*(int(v) for v in xyz[3 * i:3 * i + 3]))
+            p.dispatch_workgroups(g[3 * i], g[3 * i + 1], g[3 * i + 2])
     else:
         p = tl.native_pass()
         state = tl._pass_state
-        addr = _ffi.cast("void *", imm.ctypes.data)
+        ptr = data.imm_ptr
         if raw:
             pipe, bg = raw[0][:2]
             if pipe != state[0]:
                 _set_pipeline(p, pipe)
             if reads[0]:  # always: the pass may hold this pipeline with another dispatch's sizes
-                _set_immediates(p, 0, addr, imm.nbytes)
+                _set_immediates(p, 0, ptr, size)
             if bg != state[1]:
                 _set_bind_group(p, 0, bg, 0, _NULL)
-            _dispatch(p, int(xyz[0]), int(xyz[1]), int(xyz[2]))
+            _dispatch(p, g[0], g[1], g[2])
         if native is not None and len(raw) > 1:
             lib, (n, pipes, groups, _), cffi_ = native
-            flags = plan.native_flags(cffi_)
-            lib.mlt_replay_dyn(tl._raw_pass_addr, n, pipes, groups,
-                               cffi_.cast("uint32_t *", xyz.ctypes.data) + 3, flags + 1,
-                               cffi_.cast("void *", imm.ctypes.data), imm.nbytes)
+            lib.mlt_replay_dyn(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12,
+                               plan.native_flags(cffi_) + 1, data.imm_addr, size)
         else:
             for i in range(1, len(raw)):
                 pipe, bg = raw[i][:2]
                 if pipe is not None:
                     _set_pipeline(p, pipe)
                     if reads[i]:
-                        _set_immediates(p, 0, addr, imm.nbytes)
+                        _set_immediates(p, 0, ptr, size)
                 if bg is not None:
                     _set_bind_group(p, 0, bg, 0, _NULL)
-                _dispatch(p, int(xyz[3 * i]), int(xyz[3 * i + 1]), int(xyz[3 * i + 2]))
+                _dispatch(p, g[3 * i], g[3 * i + 1], g[3 * i + 2])
         if raw:
             state[0], state[1] = tail
     kept = tl._kept

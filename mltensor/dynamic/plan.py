@@ -10,8 +10,8 @@ a maximum that does not fit, or one name given two sizes), runs the checks, size
 
 import numpy as np
 
-from .dims import bind, check_derived, evaluate
-from .kernels import compile_groups, pack
+from .dims import Sym, bind, check_derived, evaluate
+from .kernels import _py, _var, compile_groups, pack
 
 
 class DynamicPlan:
@@ -25,6 +25,8 @@ class DynamicPlan:
         self.reads_dims = list(reads_dims)  # per launch: its kernel reads the immediates
         self._cache = {}  # sizes -> (immediates, flat workgroup counts as uint32)
         self._flags = None
+        self._fast = None  # compiled bind() for the common case
+        self._out_fn = None
 
     def native_flags(self, ffi):
         """reads_dims as a C array for the compiled replay loop (made once)."""
@@ -34,7 +36,20 @@ class DynamicPlan:
 
     def bind(self, shapes, where="dispatch"):
         """{dimension name: size} for {input name: concrete shape}; TypeError when they do not
-        fit the graph, or break a check an operator deferred to dispatch."""
+        fit the graph, or break a check an operator deferred to dispatch. The common case runs
+        the compiled checker (a decode loop binds new sizes every step); any failure is
+        diagnosed by the general path below, which raises the precise error."""
+        if self._fast is None:
+            self._fast = _compile_binder(self)
+        try:
+            values = self._fast(shapes)
+        except Exception:
+            values = None
+        if values is not None:
+            return values
+        return self._bind_slow(shapes, where)
+
+    def _bind_slow(self, shapes, where):
         values = {}
         for name, pattern in self.inputs.items():
             bind(pattern, shapes[name], values, f"[{where}] input {name!r}")
@@ -53,15 +68,23 @@ class DynamicPlan:
         return values
 
     def output_shapes(self, values):
-        return {n: evaluate(s, values) for n, s in self.outputs.items()}
+        if self._out_fn is None:
+            names = sorted(self.outputs)
+            src = "def f(" + ", ".join(_var(n) for n in self.names) + "):\n    return {" + ", ".join(
+                f"{n!r}: (" + "".join(f"{_py(d)}, " for d in self.outputs[n]) + ")" for n in names) + "}\n"
+            env = {}
+            exec(compile(src, "<dynamic output shapes>", "exec"), env)
+            fn = env["f"]
+            self._out_fn = lambda v: fn(*(v[n] for n in self.names))
+        return self._out_fn(values)
 
     def launch_data(self, values):
-        """(immediate bytes, workgroup counts [x0, y0, z0, ...] as uint32) for these sizes, cached
-        for the last few size sets (a batch loop repeats them; a decode loop does not)."""
+        """LaunchData for these sizes, cached for the last few size sets (a batch loop repeats
+        them; a decode loop does not)."""
         key = tuple(values[n] for n in self.names)
         hit = self._cache.get(key)
         if hit is None:
-            hit = (pack(self.names, values), np.asarray(self.groups_for(values), dtype=np.uint32))
+            hit = LaunchData(pack(self.names, values), self.groups_for(values))
             if len(self._cache) >= 16:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = hit
@@ -70,3 +93,56 @@ class DynamicPlan:
 
 def _sizes(values):
     return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+
+
+class LaunchData:
+    """What recording a dispatch at some sizes needs: the immediate bytes and the workgroup
+    counts, as arrays the compiled replay loop reads by address and as Python values."""
+
+    __slots__ = ("imm", "xyz", "groups", "imm_addr", "xyz_addr", "imm_ptr")
+
+    def __init__(self, imm, groups):
+        from wgpu.backends.wgpu_native._ffi import ffi
+
+        self.imm = imm
+        self.xyz = np.asarray(groups, dtype=np.uint32)
+        self.groups = list(groups)
+        self.imm_addr = int(imm.ctypes.data)
+        self.xyz_addr = int(self.xyz.ctypes.data)
+        self.imm_ptr = ffi.cast("void *", self.imm_addr)  # for wgpu-native's own SetImmediates
+
+
+def _compile_binder(plan):
+    """A function {input: shape} -> {name: size}, or None when anything is off (the caller then
+    runs the general path for the error): one Python function with every check unrolled."""
+    lines, derived, seen = [], [], set()
+    for name, pattern in plan.inputs.items():
+        lines.append(f"    s = shapes[{name!r}]")
+        lines.append(f"    if len(s) != {len(pattern)}: return None")
+        for i, p in enumerate(pattern):
+            if isinstance(p, int):
+                lines.append(f"    if s[{i}] != {p}: return None")
+            elif len(p.terms) == 1 and p == Sym.dim(p.name, p.max_size):
+                v = _var(p.name)
+                if p.name in seen:
+                    lines.append(f"    if s[{i}] != {v}: return None")
+                else:
+                    seen.add(p.name)
+                    lines.append(f"    {v} = s[{i}]")
+                    lines.append(f"    if not 1 <= {v} <= {p.max_size}: return None")
+            else:
+                derived.append((name, i, p))
+    if set(plan.names) - seen:
+        return lambda shapes: None
+    for name, i, p in derived:
+        lines.append(f"    if shapes[{name!r}][{i}] != {_py(p)}: return None")
+    for kind, a, b, _ in plan.constraints:
+        if kind == "positive":
+            lines.append(f"    if {_py(a)} < 1: return None")
+        else:
+            lines.append(f"    if {_py(a)} != {_py(b)}: return None")
+    ret = ", ".join(f"{n!r}: {_var(n)}" for n in plan.names)
+    src = "def f(shapes):\n" + "\n".join(lines) + "\n    return {" + ret + "}\n"
+    env = {"min": min, "max": max}
+    exec(compile(src, "<dynamic bind>", "exec"), env)
+    return env["f"]

@@ -144,7 +144,8 @@ class MLGraphBuilder:
         return node.outputs
 
     def _require_positive(self, size, what):
-        """`size` (a Sym) must be >= 1 at dispatch; else that dispatch raises TypeError."""
+        """`size` (a Sym) must be >= 1 at dispatch; else that dispatch raises TypeError: "{what}
+        is {value} for these sizes (...); it must be >= 1" (`what` names the quantity)."""
         self._constraints.append(("positive", size, None, what))
 
     def _require_equal(self, a, b, what):

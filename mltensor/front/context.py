@@ -305,7 +305,7 @@ class MLContext:
     def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False,
                            importable_to_webgpu=False):
         with self._lock:
-            shape = parse_shape(shape, "create_tensor", {})  # dynamic dimensions: resizable
+            shape = parse_shape(shape, "create_tensor", {}, named_only=False)  # dynamic: resizable
             data_type, shape = self._tensor_args("create_tensor", data_type, shape)
             return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
 
@@ -351,7 +351,7 @@ class MLContext:
             if not tensor._writable:
                 raise TypeError(f"[{where}] the tensor was not created with writable=True")
             if (tensor._max_shape is not None and isinstance(data, np.ndarray) and data.ndim
-                    and data.shape != tensor._shape and data.dtype != np.uint8):
+                    and data.shape != tensor._shape and data.dtype == tensor._np_dtype):
                 tensor._fit(data.shape, where)  # a resizable tensor takes the array's shape
             raw = _bytes_of(data, tensor._data_type, tensor._nbytes, where)
             tl = self._timeline

@@ -21,8 +21,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..dynamic.dims import MLDynamicDimension, Sym
 from ..errors import DataError, DOMException, NotSupportedError
 from ..front.builder import MLGraphBuilder, MLOperand
+from . import symbolic
 
 
 class UnsupportedError(NotSupportedError):
@@ -222,10 +224,19 @@ def symbolic_inputs(model):
     return shapes, params
 
 
+def dim_name(input_name, axis, param):
+    """The name of an input's unknown dimension: its dim_param, else "<input>_<axis>"."""
+    return param or f"{input_name}_{axis}"
+
+
 class Importer:
     def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, base_dir=None,
-                 input_values=None):
+                 input_values=None, dynamic=None):
         self.ctx = context
+        # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic
+        # dimensions (mltensor/dynamic/) instead of taking a size from input_shapes
+        self.dynamic = dict(dynamic or {})
+        self.dim_refs = {}  # dynamic dimension name -> an input operand that has it
         self.input_values = dict(input_values or {})
         self.base_dir = base_dir
         self.free = dict(free_dimensions or {})
@@ -275,9 +286,12 @@ class Importer:
         return isinstance(v, np.ndarray)
 
     def operand(self, v, like=None):
-        """MLOperand for a value (host constants become builder constants, cached)."""
+        """MLOperand for a value (host constants become builder constants, cached; sizes holding
+        dynamic dimensions are computed at dispatch, see materialize)."""
         if v is None or isinstance(v, MLOperand):
             return v
+        if symbolic.is_symbolic(v):
+            return self.materialize(v, like)
         a = np.asarray(v)
         hit = self._consts.get(id(v))
         if hit is not None and hit[0] is v:
@@ -293,12 +307,36 @@ class Importer:
         self._consts[id(v)] = (v, op)
         return op
 
+    def ref(self, size):
+        """An input operand whose dimensions a size (a Sym) reads: the anchor of the internal
+        operators that turn sizes into tensors (ops/sizes.py)."""
+        for n in sorted(size.names()):
+            if n in self.dim_refs:
+                return self.dim_refs[n]
+        raise NotSupportedError(f"[onnx] size {size} reads no input's dimension")
+
+    def materialize(self, arr, like=None):
+        """An operand holding a host array of sizes some of which are Syms: constants for the
+        known entries, `_size` tensors (written at dispatch) for the others, concatenated."""
+        dt = like.data_type if like is not None and like.data_type in ("float32", "int32") else "int64"
+        b = self.b
+        parts = []
+        for x in arr.reshape(-1):
+            if isinstance(x, Sym):
+                parts.append(b.reshape(b._size(self.ref(x), x, dt), [1]))
+            else:
+                parts.append(b.constant(np.array([x], dtype=np.float32 if dt == "float32" else dt)))
+        flat = parts[0] if len(parts) == 1 else b.concat(parts, 0)
+        return b.reshape(flat, list(arr.shape))
+
     def np_const(self, a, dtype):
         return np.asarray(a, dtype=dtype)
 
     def onnx_type(self, v, name=None):
         if name is not None and name in self.types:
             return self.types[name]
+        if symbolic.is_symbolic(v):
+            return TensorProto.INT64
         if isinstance(v, np.ndarray):
             return onnx_type_of_np(v.dtype)
         if id(v) in self.bools:
@@ -347,12 +385,15 @@ class Importer:
             if et not in WEBNN_TYPE:
                 self.fail(f"input {vi.name!r} has unsupported element type {TensorProto.DataType.Name(et)}")
             dims = self._fix_dims(vi.name, shapes[vi.name], params[vi.name])
-            if 0 in dims:
+            if any(d == 0 for d in dims if isinstance(d, int)):
                 # WebNN has no zero-sized tensors; an empty input has no data: a constant
                 self.env[vi.name] = np.zeros(dims, dtype=helper.tensor_dtype_to_np_dtype(et))
                 self.types[vi.name] = et
                 continue
             x = self.b.input(vi.name, data_type=WEBNN_TYPE[et], shape=dims)
+            for d in dims:
+                if isinstance(d, MLDynamicDimension):
+                    self.dim_refs.setdefault(d.name, x)
             if et == TensorProto.BOOL:
                 self.bools.add(id(x))
             self.env[vi.name] = x
@@ -406,7 +447,10 @@ class Importer:
                             "InferenceSession, whose feeds give it one")
         out = []
         for i, (d, s) in enumerate(zip(dims, syms)):
-            if d is None:
+            n = dim_name(name, i, s if s is None or list(syms).count(s) == 1 else None)
+            if d is None and n in self.dynamic:
+                d = MLDynamicDimension(n, self.dynamic[n])
+            elif d is None:
                 if s is not None and s in self.free:
                     d = int(self.free[s])
                 else:
@@ -443,7 +487,10 @@ class Importer:
                 tt = vi2.type.tensor_type
                 del tt.shape.dim[:]
                 for d in x.shape:
-                    tt.shape.dim.add().dim_value = d
+                    if isinstance(d, Sym):
+                        tt.shape.dim.add().dim_param = str(d)
+                    else:
+                        tt.shape.dim.add().dim_value = d
             inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
             for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
                 et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
@@ -586,7 +633,9 @@ class Importer:
             if isinstance(v, np.ndarray) or np.isscalar(v):
                 v = np.asarray(v)
             self.env[name] = v
-            if isinstance(v, np.ndarray):
+            if symbolic.is_symbolic(v):  # sizes holding dynamic dimensions: ONNX's int64 shapes
+                self.types[name] = TensorProto.INT64
+            elif isinstance(v, np.ndarray):
                 self.types[name] = onnx_type_of_np(v.dtype)
             elif id(v) in self.bools:
                 self.types[name] = TensorProto.BOOL
@@ -601,7 +650,7 @@ class Importer:
         for a in node.attribute:
             if a.ref_attr_name:
                 self.fail(f"attribute {a.name!r} references an undefined function attribute")
-            if h.attrs is not None and a.name not in h.attrs:
+            if h is not None and h.attrs is not None and a.name not in h.attrs:
                 self.fail(f"attribute {a.name!r} is not supported")
             if a.type == onnx.AttributeProto.TENSOR:
                 out[a.name] = numpy_helper.to_array(a.t)
@@ -623,6 +672,12 @@ class Importer:
             return False
         if any(v is not None and not isinstance(v, np.ndarray) for v in ins):
             return False
+        if any(symbolic.is_symbolic(v) for v in ins):  # shape arithmetic on dynamic dimensions
+            outs = symbolic.fold(node, ins, self.attrs(node, None), self.cur_opset)
+            if outs is None:
+                return False
+            self._bind(node, outs)
+            return True
         n = _fold_size(node, ins)
         if n is not None and n > MAX_HOST_ELEMENTS:
             raise DataError(f"[onnx] node {node.name or '(unnamed)'!r} ({node.op_type}): its result would "
@@ -780,7 +835,7 @@ def _fold_size(node, ins):
 def _count(dims):
     n = 1
     for d in dims:
-        n *= int(d)
+        n *= d if isinstance(d, Sym) else int(d)
     return n
 
 

@@ -40,9 +40,11 @@ void mlt_replay(uintptr_t pass, size_t n, void *const *pipes, void *const *group
 /* The same for a graph with dynamic dimensions (mltensor/dynamic/): xyz holds this dispatch's
  * workgroup counts, and a launch that sets a pipeline reading the sizes (reads[i] != 0) sets the
  * immediate data right after it (a pipeline change may reset it; the same pipeline keeps it). */
-void mlt_replay_dyn(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, const uint32_t *xyz,
-                    const uint8_t *reads, const void *imm, size_t imm_size) {
+void mlt_replay_dyn(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, uintptr_t xyz_addr,
+                    const uint8_t *reads, uintptr_t imm_addr, size_t imm_size) {
     void *p = (void *)pass;
+    const uint32_t *xyz = (const uint32_t *)xyz_addr;
+    const void *imm = (const void *)imm_addr;
     for (size_t i = 0; i < n; i++) {
         if (pipes[i]) {
             set_pipeline(p, pipes[i]);

@@ -13,6 +13,7 @@ package holds the registry and the helpers they share, and imports every family 
 
 import numpy as np
 
+from ...dynamic.dims import Sym
 from ..importer import NeedsValue, _Unsupported
 from ..importer import _count as prod  # product of a shape (one helper for importer and ops)
 
@@ -81,6 +82,15 @@ def ints(im, v, what):
     return None if c is None else [int(i) for i in np.asarray(c).reshape(-1)]
 
 
+def sizes(im, v, what):
+    """ints(), but entries may be Syms (a shape computed from dynamic dimensions, onnx/symbolic.py):
+    for the inputs that take sizes (Reshape, Expand, Slice, ConstantOfShape, Range)."""
+    c = const(im, v, what)
+    if c is None:
+        return None
+    return [i if isinstance(i, Sym) else int(i) for i in np.asarray(c).reshape(-1)]
+
+
 def norm_axis(axis, rank, what="axis"):
     a = int(axis)
     if a < 0:
@@ -106,7 +116,7 @@ def scalar(im, value, like):
 
 
 def reshape(im, x, shape):
-    shape = [int(s) for s in shape]
+    shape = [s if isinstance(s, Sym) else int(s) for s in shape]
     if tuple(shape) == tuple(x.shape) and x._kind == "op":
         return x
     return im.b.reshape(x, shape)

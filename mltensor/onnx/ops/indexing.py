@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from ...dynamic.dims import Sym
+from .. import symbolic
 from . import const, ints, is_float, norm_axis, op, prod, scalar, unsupported, X
 from .movement import _keep_bool
 
@@ -97,5 +99,18 @@ def _compress(im, node, ins, attrs):
 @op("Range")
 def _range(im, node, ins, attrs):
     start, limit, delta = (const(im, v, w) for v, w in zip(ins, ("start", "limit", "delta")))
+    if any(symbolic.is_symbolic(v) for v in (start, limit, delta)):
+        # position ids from `past` to `past + seq`: computed at dispatch (ops/sizes.py)
+        s, l, d = (np.asarray(v).reshape(-1)[0] for v in (start, limit, delta))
+        if isinstance(d, Sym) or not isinstance(d, (int, np.integer)) or d == 0:
+            unsupported("Range over dynamic dimensions needs a constant integer delta")
+        d = int(d)
+        n = (l - s) if d == 1 else symbolic._div(l - s + (d - 1 if d > 0 else d + 1), d)
+        if isinstance(n, int) and n <= 0:
+            unsupported("an empty Range")
+        s = s if isinstance(s, Sym) else int(s)
+        ref = im.ref(next(v for v in (s, n, l) if isinstance(v, Sym)))
+        dt = {np.dtype(np.int32): "int32"}.get(np.asarray(start).dtype, "int64")
+        return im.b._range(ref, s, d, n, dt)
     n = max(int(np.ceil((limit - start) / delta)), 0)
     return (start + np.arange(n) * delta).astype(start.dtype)

@@ -4,7 +4,9 @@ expand, tile, depth/space rearrangement."""
 import numpy as np
 from onnx import helper
 
-from . import const, ints, mark_bool, norm_axis, op, prod, unsupported, X
+from ...dynamic.dims import exact_div, is_static
+from .. import symbolic
+from . import const, ints, mark_bool, norm_axis, op, prod, sizes, unsupported, X
 
 # -- movement ---------------------------------------------------------------------------------
 
@@ -12,22 +14,29 @@ from . import const, ints, mark_bool, norm_axis, op, prod, unsupported, X
 def _reshape_shape(in_shape, shape, allowzero=False):
     out = []
     for i, s in enumerate(shape):
-        if s == 0 and not allowzero:
+        if isinstance(s, int) and s == 0 and not allowzero:
             out.append(in_shape[i])
         else:
             out.append(s)
-    if -1 in out:
-        k = out.index(-1)
+    minus = [j for j, d in enumerate(out) if isinstance(d, int) and d == -1]
+    if minus:
+        k = minus[0]
         rest = prod(d for j, d in enumerate(out) if j != k)
-        out[k] = prod(in_shape) // rest if rest else 0
-    if prod(out) != prod(in_shape):
+        if not is_static(out) or not is_static(in_shape):  # sizes: the quotient must be exact
+            q = exact_div(prod(in_shape), rest)
+            if q is None:
+                unsupported(f"cannot infer -1 in reshape of {list(in_shape)} to {list(out)} for every size")
+            out[k] = q
+        else:
+            out[k] = prod(in_shape) // rest if rest else 0
+    if is_static(out) and is_static(in_shape) and prod(out) != prod(in_shape):
         unsupported(f"cannot reshape {list(in_shape)} to {shape}")
     return out
 
 
 @op("Reshape", attrs=("allowzero", "shape", "consumed_inputs"))
 def _reshape(im, node, ins, attrs):
-    shape = attrs.get("shape") if im.cur_opset < 5 else ints(im, ins[1], "shape")
+    shape = attrs.get("shape") if im.cur_opset < 5 else sizes(im, ins[1], "shape")
     x = X(im, ins[0])
     out = _reshape_shape(x.shape, list(shape), attrs.get("allowzero", 0))
     return _keep_bool(im, x, im.b.reshape(x, out))
@@ -174,10 +183,21 @@ def _slice(im, node, ins, attrs):
     if im.cur_opset < 10:
         starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs.get("axes"), None
     else:
-        starts = ints(im, ins[1], "starts")
-        ends = ints(im, ins[2], "ends")
+        starts = sizes(im, ins[1], "starts")
+        ends = sizes(im, ins[2], "ends")
         axes = ints(im, ins[3], "axes") if len(ins) > 3 else None
         steps = ints(im, ins[4], "steps") if len(ins) > 4 else None
+    if not (is_static(x.shape) and is_static(starts) and is_static(ends)):
+        # dynamic dimensions (onnx/symbolic.py): unit steps, bounds placed for every size
+        p = symbolic.slice_params(list(x.shape), list(starts), list(ends), axes and list(axes), steps)
+        if p is None:
+            unsupported(f"slice of {list(x.shape)} from {starts} to {ends} (steps {steps}) for every size")
+        st, sz, checks = p
+        for size, what in checks:  # bounds ONNX would clamp for these sizes: beyond the model
+            im.b._require_positive(size, f"[onnx Slice {node.name!r}] {what}")
+        if all(isinstance(v, int) and v == 0 for v in st) and list(sz) == list(x.shape):
+            return _keep_bool(im, x, im.b.identity(x))
+        return _keep_bool(im, x, im.b.slice(x, st, sz))
     try:
         st, sz, stride, rev = _slice_params(x.shape, list(starts), list(ends), axes and list(axes), steps)
     except _Empty:
@@ -275,14 +295,14 @@ def _broadcast(a, c):
     for p, q in zip(a, c):
         if p != q and p != 1 and q != 1:
             unsupported(f"shapes {a} and {c} do not broadcast")
-        out.append(q if p == 1 else p)
+        out.append(q if (isinstance(p, int) and p == 1) else p)
     return out
 
 
 @op("Expand")
 def _expand(im, node, ins, attrs):
     x = X(im, ins[0])
-    shape = _broadcast(x.shape, ints(im, ins[1], "shape"))
+    shape = _broadcast(x.shape, sizes(im, ins[1], "shape"))
     if tuple(shape) == tuple(x.shape):
         return _keep_bool(im, x, im.b.identity(x))
     return _keep_bool(im, x, im.b.expand(x, shape))

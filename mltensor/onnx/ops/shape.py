@@ -3,7 +3,9 @@
 import numpy as np
 from onnx import helper
 
-from . import const, ints, op, prod, unsupported, X
+from ...dynamic.dims import Sym
+from .. import symbolic
+from . import const, ints, mark_bool, op, prod, sizes, unsupported, X
 
 # -- shape-only ops (folded at load on operands) ------------------------------------------------
 
@@ -16,12 +18,12 @@ def _shape(im, node, ins, attrs):
     end = attrs.get("end", r)
     start = min(max(start + r if start < 0 else start, 0), r)
     end = min(max(end + r if end < 0 else end, 0), r)
-    return np.array(s[start:end], dtype=np.int64)
+    return symbolic.array(s[start:end])  # Syms for dynamic dimensions (onnx/symbolic.py)
 
 
 @op("Size")
 def _size(im, node, ins, attrs):
-    return np.array(prod(ins[0].shape), dtype=np.int64)
+    return symbolic.array([prod(ins[0].shape)], ())
 
 
 @op("EyeLike", attrs=("dtype", "k"))
@@ -34,8 +36,14 @@ def _eyelike(im, node, ins, attrs):
 
 @op("ConstantOfShape", attrs=("value",))
 def _constant_of_shape(im, node, ins, attrs):
-    shape = ints(im, ins[0], "shape")
+    shape = sizes(im, ins[0], "shape")
     v = attrs.get("value", np.zeros(1, np.float32))
+    if any(isinstance(d, Sym) for d in shape):  # a dynamic shape: the value expanded at dispatch
+        c = X(im, np.asarray(v.reshape(-1)[0], dtype=v.dtype))
+        y = im.b.expand(c, shape)
+        if v.dtype == np.bool_:
+            mark_bool(im, y)
+        return y
     return np.full(shape, v.reshape(-1)[0], dtype=v.dtype)
 
 
