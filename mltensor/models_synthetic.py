@@ -15,8 +15,11 @@ weights large enough that greedy decoding wanders over the vocabulary instead of
 import numpy as np
 
 
-def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, seed=0, opset=17):
-    """ONNX bytes of the model described above; embedding width heads * head_size."""
+def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, seed=0, opset=17,
+              attention_mask=False):
+    """ONNX bytes of the model described above; embedding width heads * head_size. With
+    attention_mask, also the int64 input attention_mask [batch, "past_sequence + sequence"]
+    (1 keeps a position, 0 masks it out), added to the scores as transformers does."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -62,6 +65,13 @@ def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, se
     merge_shape = n("Concat", [bs, "embed_dim"], axis=0)
 
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])]
+    pad = None
+    if attention_mask:  # (1 - mask) * -10000 as [batch, 1, 1, past + sequence]
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                                    ["batch", "past_sequence + sequence"]))
+        c("mask_big", np.float32(-10000.0), np.float32), c("ax12", [1, 2])
+        keep = n("Cast", ["attention_mask"], to=TensorProto.FLOAT)
+        pad = n("Unsqueeze", [n("Mul", [n("Sub", ["onef", keep]), "mask_big"]), "ax12"])
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", vocab])]
     for i in range(layers):
         p = f"h{i}."
@@ -74,6 +84,8 @@ def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, se
         k = n("Concat", [pk, k], [f"present.{i}.key"], axis=2)
         v = n("Concat", [pv, v], [f"present.{i}.value"], axis=2)
         scores = n("Div", [n("MatMul", [q, n("Transpose", [k], perm=[0, 1, 3, 2])]), "scale"])
+        if pad is not None:
+            scores = n("Add", [scores, pad])
         probs = n("Softmax", [n("Where", [mask, scores, "neg_big"])], axis=-1)
         attn = n("Reshape", [n("Transpose", [n("MatMul", [probs, v])], perm=[0, 2, 1, 3]), merge_shape])
         h = n("Add", [h, n("Add", [n("MatMul", [attn, w(p + "proj.w", E, E, scale=0.3)]), w(p + "proj.b", E)])])

@@ -331,7 +331,7 @@ class InferenceSession:
 
         def key():
             vals = tuple(k for k in self._key(feeds) if k[0] in self._value_names)
-            return ("dynamic", self._caps.empty(sizes), vals)
+            return ("dynamic", self._caps.pattern(sizes), vals)
 
         with self._lock:
             k = key()
@@ -347,9 +347,9 @@ class InferenceSession:
                     self._lookup(k)
                     return (spec, spec.take()) if take else spec
             self._caps.grow(sizes)
-            maxes = self._caps.for_build(sizes)
+            maxes, ones = self._caps.for_build(sizes)
             try:
-                spec = self._import(feeds, False, dynamic=maxes, sizes=sizes)
+                spec = self._import(feeds, False, dynamic=maxes, sizes=sizes, ones=ones)
             except (NotSupportedError, TypeError, DataError) as e:
                 # (a malformed model raises its DataError again in the static import below)
                 if self._require_dynamic:
@@ -403,13 +403,13 @@ class InferenceSession:
             if spec.give_back(tset, keep):
                 spec.destroy()
 
-    def _import(self, feeds, build_only, dynamic=None, sizes=None):
+    def _import(self, feeds, build_only, dynamic=None, sizes=None, ones=None):
         """Import the ONNX model for the feeds' shapes; graph inputs that must be known at load
         (shapes, axes, pads given as inputs) take their value from `feeds` and the graph is
         specialized to it. None when such a value is needed but `build_only` (no values yet).
         dynamic: {dimension name: maximum} of the dynamic dimensions of this build (the inputs
         having one are declared with it instead of the feed's size; an input fed with one of
-        them empty keeps the feed's shape, an empty constant)."""
+        them empty keeps the feed's shape, an empty constant); ones: those fixed to 1 in it."""
         from .onnx.importer import Importer, NeedsValue, data_errors
 
         while True:
@@ -421,7 +421,7 @@ class InferenceSession:
                 shapes = {n: s for n, s in shapes.items()
                           if n not in caps.axes or any(sizes.get(d) == 0 for _, d in caps.axes[n])}
             im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
-                          base_dir=self._base_dir, input_values=values, dynamic=dynamic)
+                          base_dir=self._base_dir, input_values=values, dynamic=dynamic, ones=ones)
             try:
                 with data_errors(self._name, im):
                     imp = im.run()

@@ -163,3 +163,34 @@ def test_static_graphs_unchanged(ctx):
     assert g.compute_shapes({"x": [2, 3]}) == {"y": (2, 3)}
     with pytest.raises(TypeError, match="must have shape"):
         g.compute_shapes({"x": [3, 3]})
+
+
+def test_broadcasting_unifies_dynamic_dimensions(ctx):
+    """Two different dynamic sizes (or one against a static size) broadcast as equal; each
+    dispatch checks that they are (an attention mask of `total` against scores of past + seq)."""
+    b = mltensor.MLGraphBuilder(ctx)
+    m = b.input("mask", data_type="float32", shape=[D("total", 16)])
+    p = b.input("p", data_type="float32", shape=[2, D("past", 8)])
+    s = b.input("s", data_type="float32", shape=[2, D("seq", 8)])
+    scores = b.concat([p, s], 1)  # [2, past + seq]
+    g = b.build_sync({"y": b.add(scores, m)})
+
+    def run(past, seq, total):
+        t = {n: ctx.create_tensor_sync(data_type="float32", shape=sh, writable=True)
+             for n, sh in (("mask", [total]), ("p", [2, past]), ("s", [2, seq]))}
+        vals = {n: np.arange(np.prod(x.shape), dtype=np.float32).reshape(x.shape) for n, x in t.items()}
+        for n, x in t.items():
+            ctx.write_tensor(x, vals[n])
+        out = ctx.create_tensor_sync(data_type="float32", shape=[2, past + seq], readable=True)
+        ctx.dispatch(g, t, {"y": out})
+        want = np.concatenate([vals["p"], vals["s"]], 1) + vals["mask"]
+        assert_exact(ctx.read_tensor_sync(out), want)
+
+    run(3, 2, 5)
+    run(1, 7, 8)
+    with pytest.raises(TypeError, match=r"\[add\] broadcast dimensions .* must be equal"):
+        run(3, 2, 4)
+    with pytest.raises(TypeError, match="not broadcastable"):
+        b2 = mltensor.MLGraphBuilder(ctx)
+        x = b2.input("x", data_type="float32", shape=[D("n", 4)])
+        b2.add(x, b2.constant(np.zeros(9, np.float32)))  # n can never be 9

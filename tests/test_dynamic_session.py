@@ -42,20 +42,27 @@ def _feeds(ids, past=None, batch=1):
 
 
 def test_prefill_at_many_sizes_is_one_build(ctx, model, ort_sess, rng):
-    """Batch and sequence vary on every run; the cache is empty: one build serves them all."""
+    """Batch and sequence vary on every run; the cache is empty: one build serves them all, and
+    one more per pattern of sizes 1 (fixed to 1 in that build: dynamic/capacity.py)."""
     sess = mltensor.InferenceSession(model, ctx)
     names = [o.name for o in sess.get_outputs()]
-    for batch, seq in [(1, 4), (2, 7), (1, 1), (3, 16), (1, 33), (2, 1)]:
-        ids = rng.integers(0, V, (batch, seq))
-        f = _feeds(ids, batch=batch)
+
+    def check(batch, seq):
+        f = _feeds(rng.integers(0, V, (batch, seq)), batch=batch)
         got = dict(zip(names, sess.run(None, f)))
         want = dict(zip(names, ort_sess.run(None, f)))
         for n in names:
             assert got[n].shape == want[n].shape, n
             np.testing.assert_allclose(got[n], want[n], rtol=1e-4, atol=1e-4, err_msg=n)
+
+    for batch, seq in [(2, 7), (3, 16), (2, 33), (4, 2), (3, 3)]:
+        check(batch, seq)
     st = sess.stats
     assert st["dynamic"] and st["builds"] == 1, st
     assert sess.dynamic_dimensions["sequence"] >= 33
+    for batch, seq in [(1, 4), (1, 9), (2, 1), (5, 1), (1, 1)]:  # batch 1; sequence 1; both
+        check(batch, seq)
+    assert sess.stats["builds"] == 4
 
 
 def test_decode_loop_numpy_matches_onnxruntime(ctx, model, ort_sess):
@@ -135,3 +142,26 @@ def test_bad_sizes_raise_type_errors(ctx, model, rng):
 
 def test_past_names():
     assert past_names(["input_ids", "past_key_values.0.key"]) == [("past_key_values.0.key", "present.0.key")]
+
+
+def test_decode_loop_with_attention_mask(ctx, rng):
+    """An attention_mask input of its own dimension ("past_sequence + sequence") unifies with the
+    scores' past + sequence when broadcast: one dynamic build, checked at each dispatch; masked
+    positions (a padded prompt) match onnxruntime."""
+    model = tiny_gpt2(layers=L, heads=H, head_size=D, vocab=V, attention_mask=True)
+    ref_sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    sess = mltensor.InferenceSession(model, ctx, max_dimensions={"past_sequence": 64})
+    names = [o.name for o in sess.get_outputs()]
+    mask = np.array([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], np.int64)  # the first prompt left-padded
+    f_ours = f_ref = dict(_feeds(rng.integers(0, V, (2, 5)), batch=2), attention_mask=mask)
+    for step in range(10):
+        ours = dict(zip(names, sess.run(None, f_ours)))
+        ref = dict(zip(names, ref_sess.run(None, f_ref)))
+        np.testing.assert_allclose(ours["logits"], ref["logits"], rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+        nxt = ref["logits"][:, -1].argmax(-1).reshape(2, 1)
+        mask = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
+        f_ours = dict(_feeds(nxt, ours), attention_mask=mask)
+        f_ref = dict(_feeds(nxt, ref), attention_mask=mask)
+    assert sess.stats["dynamic"] and sess.stats["builds"] == 2, sess.stats
+    with pytest.raises(TypeError, match="must be equal"):  # a mask one position short
+        sess.run(None, dict(f_ours, attention_mask=mask[:, 1:]))

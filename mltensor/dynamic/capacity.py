@@ -6,9 +6,15 @@ Every input dimension the model leaves unknown (a dim_param such as "sequence", 
 `max_dimensions[name]` when given (a larger feed is a TypeError); otherwise it starts at the first
 feed's size rounded up to a power of two (at least MIN_CAPACITY) and doubles when a feed outgrows
 it: a growing decode loop rebuilds O(log n) times, and rebuilds compile nothing new (kernels read
-sizes at dispatch; the pipeline cache holds them). A feed with a zero-sized dynamic dimension (an
-empty KV cache at the first step) is specialized with that input as an empty constant: the one
-other build of a decode loop.
+sizes at dispatch; the pipeline cache holds them).
+
+Sizes 0 and 1 are not like the others, so a build is made per pattern of them (`pattern`): a
+dimension fed empty (the KV cache of a decode loop's first step) makes its input an empty
+constant, and a dimension of size 1 (the one new token of every later step, a batch of one) is
+fixed to 1 in that build, where transposes around it are reshapes, splits are views and matrix
+products take their vector path, as in a build for that exact shape. A decode loop is then two
+builds: the prompt (cache empty, sequence dynamic) and every step after it (cache dynamic,
+sequence 1).
 """
 
 MIN_CAPACITY = 64
@@ -59,9 +65,10 @@ class Capacities:
                                     f"max_dimensions[{n!r}] = {self.user[n]}")
         return out
 
-    def empty(self, sizes):
-        """The dimensions fed with size 0 (their inputs become empty constants)."""
-        return tuple(sorted(n for n, s in sizes.items() if s == 0))
+    def pattern(self, sizes):
+        """The dimensions fed with size 0 or 1, and which: the part of a build's key that sizes
+        decide (every other size shares the build)."""
+        return tuple(sorted((n, s) for n, s in sizes.items() if s <= 1))
 
     def grow(self, sizes):
         """Raise capacities to fit `sizes`; True when one changed (the build is redone)."""
@@ -75,6 +82,8 @@ class Capacities:
         return changed
 
     def for_build(self, sizes):
-        """{name: maximum} of the dynamic dimensions of a build for these feeds (those fed empty
-        are not dynamic in it)."""
-        return {n: self.cap[n] for n in self.names if sizes.get(n, 1) != 0 and n in self.cap}
+        """({name: maximum} of the dynamic dimensions, {name: 1} of those fixed to 1) of a build
+        for these feeds (dimensions fed empty are neither: their inputs are given as they are)."""
+        dynamic = {n: self.cap[n] for n in self.names if sizes.get(n, 2) >= 2 and n in self.cap}
+        ones = {n: 1 for n in self.names if sizes.get(n) == 1}
+        return dynamic, ones

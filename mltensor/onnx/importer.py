@@ -231,11 +231,13 @@ def dim_name(input_name, axis, param):
 
 class Importer:
     def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, base_dir=None,
-                 input_values=None, dynamic=None):
+                 input_values=None, dynamic=None, ones=None):
         self.ctx = context
         # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic
-        # dimensions (mltensor/dynamic/) instead of taking a size from input_shapes
+        # dimensions (mltensor/dynamic/) instead of taking a size from input_shapes; `ones`:
+        # {name: 1} of unknown dimensions fixed to 1 (InferenceSession's builds, capacity.py)
         self.dynamic = dict(dynamic or {})
+        self.ones = dict(ones or {})
         self.dim_refs = {}  # dynamic dimension name -> an input operand that has it
         self.input_values = dict(input_values or {})
         self.base_dir = base_dir
@@ -450,6 +452,8 @@ class Importer:
             n = dim_name(name, i, s if s is None or list(syms).count(s) == 1 else None)
             if d is None and n in self.dynamic:
                 d = MLDynamicDimension(n, self.dynamic[n])
+            elif d is None and n in self.ones:
+                d = 1
             elif d is None:
                 if s is not None and s in self.free:
                     d = int(self.free[s])

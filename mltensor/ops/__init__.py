@@ -79,21 +79,33 @@ def same_type(where, *pairs):
             raise TypeError(f"[{where}] {w} data type {x.data_type} differs from {w0} data type {x0.data_type}")
 
 
-def broadcast_shapes(where, a, b):
-    """Numpy-style bidirectional broadcasting of two shapes."""
+def broadcast_shapes(where, a, b, builder=None):
+    """Numpy-style bidirectional broadcasting of two shapes. With a `builder`, dynamic dimensions
+    unify: two different sizes of which one is dynamic (`total` against `past + seq`, `seq`
+    against 5) broadcast as equal, and every dispatch checks that they are (TypeError naming
+    `where` otherwise); a dynamic size that is 1 at dispatch is not broadcast then, it must equal
+    the other."""
     a, b = tuple(a), tuple(b)
     n = max(len(a), len(b))
     a = (1,) * (n - len(a)) + a
     b = (1,) * (n - len(b)) + b
     out = []
     for x, y in zip(a, b):
-        if x == y or y == 1:
+        if x == y or (isinstance(y, int) and y == 1):
             out.append(x)
-        elif x == 1:
+        elif isinstance(x, int) and x == 1:
             out.append(y)
+        elif builder is not None and (isinstance(x, Sym) or isinstance(y, Sym)) and _may_equal(x, y):
+            builder._require_equal(x, y, f"[{where}] broadcast dimensions of shapes {list(a)} and {list(b)}")
+            out.append(y if isinstance(y, int) else x)
         else:
             raise TypeError(f"[{where}] shapes {list(a)} and {list(b)} are not broadcastable")
     return tuple(out)
+
+
+def _may_equal(x, y):
+    d = x - y
+    return isinstance(d, Sym) and d.lo <= 0 <= d.hi
 
 
 def unidirectional(where, shape, target):

@@ -83,7 +83,7 @@ def binary_op(name, out_type=None, operands=("a", "b")):
         b._operand(c, name, n1)
         check_support(name, **{n0: a, n1: c})
         same_type(name, (n0, a), (n1, c))
-        shape = broadcast_shapes(name, a.shape, c.shape)
+        shape = broadcast_shapes(name, a.shape, c.shape, b)
         return b._emit1(name, [a, c], {}, out_type or a.data_type, shape, label)
 
     op.__name__ = name

@@ -344,8 +344,8 @@ def where(b, condition, true_value, false_value, *, label=None):
     b._operand(false_value, "where", "false_value")
     check_support("where", condition=condition, true_value=true_value, false_value=false_value)
     same_type("where", ("true_value", true_value), ("false_value", false_value))
-    shape = broadcast_shapes("where", true_value.shape, false_value.shape)
-    shape = broadcast_shapes("where", condition.shape, shape)
+    shape = broadcast_shapes("where", true_value.shape, false_value.shape, b)
+    shape = broadcast_shapes("where", condition.shape, shape, b)
     shape = _out(b, "where", true_value.data_type, shape)
     return b._emit1("where", [condition, true_value, false_value], {}, true_value.data_type, shape, label)
 
