@@ -190,6 +190,46 @@ def sessions(nthreads, iters, shared, location="cpu", batches=(1,)):
     _report(errors=errors, wrong=wrong, far_from_onnxruntime=far, runs=len(got), stats=stats)
 
 
+def dynamic_session(nthreads, iters):
+    """One session with dynamic dimensions (the tiny GPT-2 decoder) shared by threads running
+    different batch and sequence sizes and cache lengths at once: one build per pattern of sizes
+    0/1, results as one thread gives them (and onnxruntime)."""
+    import onnxruntime as ort
+
+    import mltensor
+    from mltensor import ml
+    from mltensor.models_synthetic import tiny_gpt2
+
+    ctx = ml.create_context_sync()
+    model = tiny_gpt2()
+    sess = mltensor.InferenceSession(model, ctx, max_dimensions={"past_sequence": 64})
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    got = {}
+
+    def feeds(rng):
+        b, s_, p = int(rng.integers(2, 4)), int(rng.integers(2, 9)), int(rng.integers(2, 33))
+        f = {"input_ids": rng.integers(0, 512, (b, s_))}
+        for i in range(2):
+            for k in ("key", "value"):
+                f[f"past_key_values.{i}.{k}"] = rng.standard_normal((b, 4, p, 16)).astype(np.float32)
+        return f
+
+    def work(k):
+        rng = np.random.default_rng(700 + k)
+        for i in range(iters):
+            f = feeds(rng)
+            got[(k, i)] = (f, [o.copy() for o in sess.run(None, f)])
+
+    errors = _threads(nthreads, work)
+    wrong = far = 0
+    for f, outs in got.values():
+        if not all(np.array_equal(a, b) for a, b in zip(outs, sess.run(None, f))):
+            wrong += 1
+        if not all(np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(outs, ref.run(None, f))):
+            far += 1
+    _report(errors=errors, wrong=wrong, far_from_onnxruntime=far, runs=len(got), stats=sess.stats)
+
+
 def selfie(nthreads, iters, shared):
     """The selfie segmentation model (MediaPipe, TFLite) on a shared context, a session per
     thread or one for all, against one-thread runs."""
@@ -519,6 +559,13 @@ def test_shared_session_ml_tensor_outputs_stay_with_their_thread():
     r = _spawn("sessions", 4, 20, True, "ml-tensor")
     assert r["errors"] == []
     assert r["wrong"] == 0 and r["far_from_onnxruntime"] == 0
+
+
+def test_dynamic_session_threads():
+    r = _spawn("dynamic_session", 4, 8)
+    assert r["errors"] == [] and r["runs"] == 32
+    assert r["wrong"] == 0 and r["far_from_onnxruntime"] == 0
+    assert r["stats"]["dynamic"] and r["stats"]["builds"] == 1, r["stats"]
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["own-session", "shared-session"])
