@@ -11,6 +11,11 @@
 // Tensor (n, c, h, w) lives at n*sn + c*sc + h*sh + w*sw whatever the layout.
 // T is the accumulator type: the compute type, f32 for f16 values (loaded through LD = f32 and
 // stored through ST = f16_of; both empty otherwise).
+{# Sizes may be dynamic (Syms, read at dispatch: mltensor/dynamic/): rendered with u() as u32,
+   IH and IW compared as i32 through i32(); `coords` (dynamic kernels) splits the output index;
+   `auto` (dynamic "global" kernels whose plane may be small) is 1 where a static build would take
+   the window path: then each thread runs the window loop over the whole plane for one output. #}
+{$ macro iconst(v) $}{$ if v is number $}{{ v }}{$ else $}i32({{ u(v) }}){$ endif $}{$ endmacro $}
 {{ bindings }}
 {$ include "common.wgsl" $}
 {{ act }}
@@ -37,31 +42,45 @@ fn finish(acc: {{ T }}, count: u32) -> {{ T }} {
 }
 
 {$ if path == "window" $}
-{{ main_1d(total) }}
-{$ if nhwc $}
-    let c = i % {{ C }}u;
-    let p = i / {{ C }}u;
-    let ow = p % {{ OW }}u;
-    let oh = (p / {{ OW }}u) % {{ OH }}u;
-    let n = p / {{ OH * OW }}u;
-{$ else $}
-    let ow = i % {{ OW }}u;
-    let oh = (i / {{ OW }}u) % {{ OH }}u;
-    let c = (i / {{ OH * OW }}u) % {{ C }}u;
-    let n = i / {{ C * OH * OW }}u;
+{$ if fast_div is defined and fast_div $}
+// n / d for a size d read at dispatch and n < 2^23 (mltensor/ops/pool.py index_lines): f32(n) is
+// exact and the f32 quotient within 2.5 ulp (WGSL's bound), so its truncation is within 2 of the
+// integer quotient; the remainder corrects it.
+fn pool_div(n: u32, d: u32) -> u32 {
+    let q = u32(f32(n) / f32(d));
+    let r = i32(n) - i32(q * d);
+    let di = i32(d);
+    return q + select(0u, 1u, r >= di) + select(0u, 1u, r >= 2 * di) - select(0u, 1u, r < 0) - select(0u, 1u, r < -di);
+}
+
 {$ endif $}
-    let base = n * {{ in_s[0] }}u + c * {{ in_s[1] }}u;
+{{ main_1d(total) }}
+{$ if coords is defined $}
+{{ coords }}
+{$ elif nhwc $}
+    let c = i % {{ u(C) }};
+    let p = i / {{ u(C) }};
+    let ow = p % {{ u(OW) }};
+    let oh = (p / {{ u(OW) }}) % {{ u(OH) }};
+    let n = p / {{ u(OH * OW) }};
+{$ else $}
+    let ow = i % {{ u(OW) }};
+    let oh = (i / {{ u(OW) }}) % {{ u(OH) }};
+    let c = (i / {{ u(OH * OW) }}) % {{ u(C) }};
+    let n = i / {{ u(C * OH * OW) }};
+{$ endif $}
+    let base = n * {{ u(in_s[0]) }} + c * {{ u(in_s[1]) }};
     let ih0 = i32(oh * {{ SH }}u) - {{ PT }};
     let iw0 = i32(ow * {{ SW }}u) - {{ PL }};
     var acc: {{ T }} = {{ init }};
     var count = 0u;
-    for (var kh = 0u; kh < {{ KH }}u; kh = kh + 1u) {
+    for (var kh = 0u; kh < {{ u(KH) }}; kh = kh + 1u) {
         let ih = ih0 + i32(kh * {{ DH }}u);
-        if (ih < 0 || ih >= {{ IH }}) { continue; }
-        for (var kw = 0u; kw < {{ KW }}u; kw = kw + 1u) {
+        if (ih < 0 || ih >= {{ iconst(IH) }}) { continue; }
+        for (var kw = 0u; kw < {{ u(KW) }}; kw = kw + 1u) {
             let iw = iw0 + i32(kw * {{ DW }}u);
-            if (iw < 0 || iw >= {{ IW }}) { continue; }
-            let v = {{ LD }}(x[base + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u]);
+            if (iw < 0 || iw >= {{ iconst(IW) }}) { continue; }
+            let v = {{ LD }}(x[base + u32(ih) * {{ u(in_s[2]) }} + u32(iw) * {{ u(in_s[3]) }}]);
             {{ accumulate("acc", "v") }}
             count = count + 1u;
         }
@@ -76,13 +95,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) li: u32) {
     // One output per workgroup; with a 1x1 output plane its flat index is n * C + c in both layouts.
     let o = wid.y * nwg.x + wid.x;
-    if (o >= {{ total }}u) { return; }
-    let n = o / {{ C }}u;
-    let c = o % {{ C }}u;
-    let base = n * {{ in_s[0] }}u + c * {{ in_s[1] }}u;
+{$ if auto is defined and auto $}
+    if ({{ auto }} != 0u) {  // a small plane: the window kernel's loop, one output per thread
+        let i = o * 64u + li;
+        if (i >= {{ u(total) }}) { return; }
+        let base = (i / {{ u(C) }}) * {{ u(in_s[0]) }} + (i % {{ u(C) }}) * {{ u(in_s[1]) }};
+        var acc: {{ T }} = {{ init }};
+        var count = 0u;
+        for (var p = 0u; p < {{ u(IH * IW) }}; p = p + 1u) {
+            let v = {{ LD }}(x[base + p * {{ u(in_s[3]) }}]);
+            {{ accumulate("acc", "v") }}
+            count = count + 1u;
+        }
+        out[i] = act({{ ST }}(finish(acc, count)), i);
+        return;
+    }
+{$ endif $}
+    if (o >= {{ u(total) }}) { return; }
+    let n = o / {{ u(C) }};
+    let c = o % {{ u(C) }};
+    let base = n * {{ u(in_s[0]) }} + c * {{ u(in_s[1]) }};
     var acc: {{ T }} = {{ init }};
-    for (var p = li; p < {{ IH * IW }}u; p = p + 64u) {
-        let v = {{ LD }}(x[base + p * {{ in_s[3] }}u]);
+    for (var p = li; p < {{ u(IH * IW) }}; p = p + 64u) {
+        let v = {{ LD }}(x[base + p * {{ u(in_s[3]) }}]);
         {{ accumulate("acc", "v") }}
     }
     part[li] = acc;
@@ -98,7 +133,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     if (li == 0u) {
-        out[o] = act({{ ST }}(finish(part[0], {{ IH * IW }}u)), o);
+        out[o] = act({{ ST }}(finish(part[0], {{ u(IH * IW) }})), o);
     }
 }
 {$ elif path == "gate" $}

@@ -20,10 +20,10 @@ fn act2(x: f32) -> f32 { return {{ act2 }}; }
     let row = b * {{ G * H }}u + j;
 {$ if mode == "lstm" $}
     let cv = f32(c[i]);
-    var gi = f32(gx[{{ gx_off }}u + row + {{ pos.i * H }}u]) + f32(rec[row + {{ pos.i * H }}u]);
-    var gf = f32(gx[{{ gx_off }}u + row + {{ pos.f * H }}u]) + f32(rec[row + {{ pos.f * H }}u]);
-    let gg = f32(gx[{{ gx_off }}u + row + {{ pos.g * H }}u]) + f32(rec[row + {{ pos.g * H }}u]);
-    var go = f32(gx[{{ gx_off }}u + row + {{ pos.o * H }}u]) + f32(rec[row + {{ pos.o * H }}u]);
+    var gi = f32(gx[{{ u(gx_off) }} + row + {{ pos.i * H }}u]) + f32(rec[row + {{ pos.i * H }}u]);
+    var gf = f32(gx[{{ u(gx_off) }} + row + {{ pos.f * H }}u]) + f32(rec[row + {{ pos.f * H }}u]);
+    let gg = f32(gx[{{ u(gx_off) }} + row + {{ pos.g * H }}u]) + f32(rec[row + {{ pos.g * H }}u]);
+    var go = f32(gx[{{ u(gx_off) }} + row + {{ pos.o * H }}u]) + f32(rec[row + {{ pos.o * H }}u]);
 {$ if peep $}
     // peephole order i, o, f (the spec's emulation), all on the incoming cell state
     gi = gi + cv * f32(peep[j]);
@@ -35,9 +35,9 @@ fn act2(x: f32) -> f32 { return {{ act2 }}; }
     h_out[i] = {{ ST }}(act0(go) * act2(c2));
 {$ else $}
     let hv = f32(h[i]);
-    let z = act0(f32(gx[{{ gx_off }}u + row + {{ pos.z * H }}u]) + f32(rec[row + {{ pos.z * H }}u]));
-    let r = act0(f32(gx[{{ gx_off }}u + row + {{ pos.r * H }}u]) + f32(rec[row + {{ pos.r * H }}u]));
-    let n = act1(f32(gx[{{ gx_off }}u + row + {{ pos.n * H }}u]) + r * f32(rec[row + {{ pos.n * H }}u]));
+    let z = act0(f32(gx[{{ u(gx_off) }} + row + {{ pos.z * H }}u]) + f32(rec[row + {{ pos.z * H }}u]));
+    let r = act0(f32(gx[{{ u(gx_off) }} + row + {{ pos.r * H }}u]) + f32(rec[row + {{ pos.r * H }}u]));
+    let n = act1(f32(gx[{{ u(gx_off) }} + row + {{ pos.n * H }}u]) + r * f32(rec[row + {{ pos.n * H }}u]));
     h_out[i] = {{ ST }}(z * hv + n * (1.0 - z));
 {$ endif $}
 }

@@ -127,15 +127,17 @@ def test_read_keeps_the_shape_at_the_call(ctx):
     assert_exact(c, np.arange(7, dtype=np.float32) + 1)
 
 
-def test_operators_without_dynamic_kernels_refuse(ctx):
+def test_refused_dynamic_dimensions_name_the_operator(ctx):
+    """What cannot be dynamic raises NotSupportedError at build, naming the operator: a recurrent
+    network's steps (unrolled at build); static operands are unaffected in the same builder."""
     b = mltensor.MLGraphBuilder(ctx)
-    x = b.input("x", data_type="float32", shape=[D("n", 4), 3, 8, 8])
-    w = b.constant(np.ones((2, 3, 1, 1), np.float32))
-    with pytest.raises(NotSupportedError, match=r"\[conv2d\] .*dynamic dimensions"):
-        b.conv2d(x, w)
-    # static operands are unaffected in the same builder
-    s = b.input("s", data_type="float32", shape=[1, 3, 8, 8])
-    assert b.conv2d(s, w).shape == (1, 2, 8, 8)
+    x = b.input("x", data_type="float32", shape=[D("steps", 8), 1, 4])
+    w = b.constant(np.ones((1, 12, 4), np.float32))
+    r = b.constant(np.ones((1, 12, 4), np.float32))
+    with pytest.raises(NotSupportedError, match=r"\[gru\].*steps"):
+        b.gru(x, w, r, 8, 4)
+    s = b.input("s", data_type="float32", shape=[8, 1, 4])
+    assert b.gru(s, w, r, 8, 4)[0].shape == (1, 1, 4)
 
 
 def test_deferred_check_raises_at_dispatch(ctx):

@@ -3,16 +3,39 @@
 One thread per output with the window baked in, or, for global pooling of a large plane, one
 workgroup per output with a tree reduction. Both layouts are read in place through strides.
 Padding is excluded from the average's count (ONNX count_include_pad=0, TFLite, CoreML).
+
+Dynamic dimensions (mltensor/dynamic/): batch, channels and the plane may be sizes known only at
+dispatch. Output sizes are size expressions of the window, padding, strides and dilations; where
+the padded input may be smaller than the dilated window for some sizes, every dispatch checks it
+(TypeError naming the operator) and the output size is computed from max(span, 0), so no
+division ever sees a negative numerator. Windows, padding, strides and dilations stay static,
+except the default window (the whole plane), which may be dynamic: a whole-plane pool then takes
+the kernel a static build at the same sizes would take ("window" below GLOBAL_MIN_WINDOW
+elements, "global" from it), decided per dispatch where the bounds do not decide it (`auto`: a
+global-shaped kernel that runs the window kernel's loop, one output per thread, where the plane is
+small), so each size gets the static kernel's arithmetic. Dynamic kernels split the output index
+with one division per dynamic size (chained quotients, index_lines), through f32 with an integer
+correction where the largest output has fewer than FAST_DIV_MAX elements (a u32 division by a
+size read at dispatch is a real division; the f32 one is a few vector instructions). The gate
+kernel is static only (compiler/passes.py fuse_gates skips dynamic shapes).
 """
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
 from . import check_support, int_list, lowering, register
+from .reduce import at_least
+from .reduce import groups as groups_for
 
 GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
+GLOBAL_WG = 64  # threads of a global-path workgroup (shaders/pool.wgsl)
+FAST_DIV_MAX = 1 << 23  # flat indices below this divide by dispatch-time sizes through f32 (index_lines)
+
+# Builder methods taking operands with dynamic dimensions (batch, channels, plane)
+DYNAMIC_OPS = frozenset({"average_pool2d", "l2_pool2d", "max_pool2d"})
 
 _KINDS = {
     "average_pool2d": dtypes.FLOATS,
@@ -35,25 +58,37 @@ def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, r
         n, c, h, w = x.shape
     else:
         n, h, w, c = x.shape
-    win = int_list(where, "window_dimensions", [h, w] if window_dimensions is None else window_dimensions, 2, 1)
+    if window_dimensions is None and not is_static((h, w)):
+        win = [h, w]  # the whole plane, dynamic (whole-plane pools, see the module docstring)
+    else:
+        win = int_list(where, "window_dimensions", [h, w] if window_dimensions is None else window_dimensions, 2, 1)
     pad = int_list(where, "padding", [0, 0, 0, 0] if padding is None else padding, 4, 0)
     st = int_list(where, "strides", [1, 1] if strides is None else strides, 2, 1)
     dil = int_list(where, "dilations", [1, 1] if dilations is None else dilations, 2, 1)
-    calc = []
+    calc, deferred = [], []
     for axis, size, k, (p0, p1), s, d in (
         ("height", h, win[0], pad[0:2], st[0], dil[0]),
         ("width", w, win[1], pad[2:4], st[1], dil[1]),
     ):
         span = size + p0 + p1 - ((k - 1) * d + 1)
-        if span < 0:
+        if high(span) < 0:
             raise TypeError(
                 f"[{where}] the dilated window {axis} ({(k - 1) * d + 1}) exceeds the padded input "
                 f"{axis} ({size + p0 + p1})")
-        calc.append((span // s + 1, -(-span // s) + 1))  # (floor, ceil) of span / s + 1
+        if low(span) < 0:  # for some sizes only: every dispatch checks it
+            deferred.append((span + 1, f"[{where}] padded input {axis} {size + p0 + p1} - dilated window {axis} "
+                                       f"{(k - 1) * d + 1} + 1 (the window must fit in the padded input)"))
+            span = smax(span, 0)
+        calc.append((span // s + 1, cdiv(span, s) + 1))  # (floor, ceil) of span / s + 1
     floor_hw = (calc[0][0], calc[1][0])
     ceil_hw = (calc[0][1], calc[1][1])
     if output_sizes is not None:
-        sizes = tuple(int_list(where, "output_sizes", output_sizes, 2, 1))
+        if any(isinstance(v, Sym) for v in output_sizes) or not is_static(floor_hw + ceil_hw):
+            sizes = tuple(output_sizes)  # sizes known at dispatch: equal as expressions
+            if len(sizes) != 2:
+                raise TypeError(f"[{where}] output_sizes must have 2 values, got {len(sizes)}")
+        else:
+            sizes = tuple(int_list(where, "output_sizes", output_sizes, 2, 1))
         if sizes not in (floor_hw, ceil_hw):
             raise TypeError(
                 f"[{where}] output_sizes {list(sizes)} must be the floor {list(floor_hw)} or ceil "
@@ -63,7 +98,10 @@ def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, r
         oh, ow = floor_hw if rounding_type == "floor" else ceil_hw
     attrs = {"window_dimensions": win, "padding": pad, "strides": st, "dilations": dil, "layout": layout}
     shape = (n, c, oh, ow) if layout == "nchw" else (n, oh, ow, c)
-    return b._emit1(where, [x], attrs, x.data_type, shape, label)
+    y = b._emit1(where, [x], attrs, x.data_type, shape, label)
+    for size, what in deferred:
+        b._require_positive(size, what)
+    return y
 
 
 def _make(where):
@@ -104,7 +142,10 @@ def _lower(kc, node, mode):
     (sh, sw), (dh, dw) = a["strides"], a["dilations"]
     total = math.prod(out.shape)
     whole = (kh, kw) == (ih, iw) and a["padding"] == [0, 0, 0, 0] and (oh, ow) == (1, 1)
-    path = "global" if whole and kh * kw >= GLOBAL_MIN_WINDOW else "window"
+    # a whole-plane pool of a dynamic plane: "global" where every allowed plane is large enough,
+    # "window" where none is, else both (`auto`, decided per dispatch: 1 for the window loop)
+    big = at_least(kh * kw, GLOBAL_MIN_WINDOW) if whole else 0
+    path = "window" if big == 0 else "global"
     params = {
         "mode": mode, "path": path, "T": t, "init": init, "max_": binop("max", t, "{a}", "{b}"), "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
         "OH": oh, "OW": ow, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw, "PT": pt,
@@ -112,12 +153,49 @@ def _lower(kc, node, mode):
         **ld_st(st),
     }
     name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
+    if not is_static(out.shape):  # the output coordinates as chained quotients (one division per dynamic size)
+        div = "pool_div" if high(total) < FAST_DIV_MAX else None
+        params["coords"] = "\n".join(index_lines("i", ("n", "oh", "ow", "c") if nhwc else ("n", "c", "oh", "ow"),
+                                                 list(out.shape), div))
+        params["fast_div"] = bool(div)
+    if isinstance(big, Sym):  # and the window loop's path in a global kernel where the plane may be small
+        params["auto"] = wgsl(1 - big)
+        name += "_auto"
     # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
     bindings, args = [Binding("x", st), Binding("out", st, True)], [x, out]
     params["act"] = kc.epilogue(bindings, args)
     k = Kernel(name, "pool.wgsl", params, tuple(bindings))
-    groups = total if path == "global" else -(-total // WORKGROUP)
-    kc.launch(k, args, grid(groups))
+    if path == "window":
+        groups = cdiv(total, WORKGROUP)
+    else:
+        groups = big * total + (1 - big) * cdiv(total, GLOBAL_WG)
+    kc.launch(k, args, groups_for(node.op, groups))
+
+
+def index_lines(var, names, sizes, div=None):
+    """WGSL `let` lines for the coordinates `names` (outermost first) of the flat row-major index
+    `var` over `sizes`, a shape with sizes known only at dispatch: chained quotients as
+    movement.coords_at, one division per dynamic size. `div`: the WGSL function dividing by a
+    dynamic size (pool_div in shaders/pool.wgsl, rs_div in resample_at.wgsl: an f32 quotient and
+    its integer correction, exact for dividends below FAST_DIV_MAX), else u32 division."""
+    lines, out, q = [], [], var
+    for k in range(len(sizes) - 1, -1, -1):
+        size = sizes[k]
+        if size == 1:
+            out.append("0u")
+            continue
+        if k == 0 or all(d == 1 for d in sizes[:k]):  # the outermost dimension left: no wrap
+            out.append(q)
+            break
+        if isinstance(size, int):
+            out.append(f"({q} % {size}u)")
+            q = f"({q} / {size}u)"
+        else:
+            lines.append(f"    let q{k} = {div}({q}, {wgsl(size)});" if div else f"    let q{k} = {q} / {wgsl(size)};")
+            out.append(f"({q} - q{k} * {wgsl(size)})")
+            q = f"q{k}"
+    out += ["0u"] * (len(sizes) - len(out))
+    return lines + [f"    let {n} = {e};" for n, e in zip(names, out[::-1])]
 
 
 def lower_gate(kc, step):

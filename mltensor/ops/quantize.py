@@ -1,14 +1,25 @@
 """quantize_linear and dequantize_linear (shaders/quantize.wgsl), with the spec's blockwise
 broadcasting of scale and zero point: each has the input's rank and every input dimension is a
-whole multiple of theirs (each scale element covers a block of input elements)."""
+whole multiple of theirs (each scale element covers a block of input elements).
+
+Dynamic dimensions (mltensor/dynamic/): any dimension of the input, scale and zero point may be a
+size known at dispatch. Scale and zero point broadcast structurally (a dimension equal to the
+input's, 1, or a whole divisor of it as expressions); where only the sizes given at dispatch can
+tell whether an input dimension is a multiple of the scale's, every dispatch checks it (TypeError
+naming the operator). Block sizes and the element count are then read at dispatch."""
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import cdiv, exact_div, wgsl
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, grid, lit, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, lit, store_fn
 from . import check_support, lowering, register, same_type
 from .layout import coords, flat
+from .movement import Checks
+from .reduce import groups
+
+DYNAMIC_OPS = frozenset({"quantize_linear", "dequantize_linear"})
 
 FLOAT = dtypes.FLOATS
 QUANT = ("uint8", "int8", "uint32", "int32")
@@ -30,27 +41,46 @@ def _check(where, b, x, scale, zero_point):
     if scale.shape != zero_point.shape:
         raise TypeError(f"[{where}] zero_point shape {list(zero_point.shape)} differs from scale shape "
                         f"{list(scale.shape)}")
-    if any(d % s for d, s in zip(x.shape, scale.shape)):
+    chk = Checks(b)
+    if not all(_multiple(chk, where, d, s) for d, s in zip(x.shape, scale.shape)):
         raise TypeError(f"[{where}] scale shape {list(scale.shape)} is not blockwise broadcastable to "
                         f"the input shape {list(x.shape)} (each input dimension must be a multiple)")
+    return chk
+
+
+def _multiple(chk, where, n, s):
+    """Input dimension n is a whole multiple of scale dimension s: True when it is, or may be
+    (then checked at dispatch), False when it never is."""
+    if isinstance(n, int) and isinstance(s, int):
+        return n % s == 0
+    if s == 1 or exact_div(n, s) is not None:
+        return True
+    if isinstance(n, int) and n < s.lo:
+        return False
+    what = f"[{where}] input dimension {n} must be a whole multiple of scale dimension {s}; the remainder"
+    return chk.same(n - (n // s) * s, 0, what)
 
 
 @builder_op
 def quantize_linear(b, x, scale, zero_point, *, label=None):
     # IDL: MLOperand quantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
     #                               optional MLOperatorOptions options = {});
-    _check("quantize_linear", b, x, scale, zero_point)
+    chk = _check("quantize_linear", b, x, scale, zero_point)
     same_type("quantize_linear", ("input", x), ("scale", scale))
-    return b._emit1("quantize_linear", [x, scale, zero_point], {}, zero_point.data_type, x.shape, label)
+    y = b._emit1("quantize_linear", [x, scale, zero_point], {}, zero_point.data_type, x.shape, label)
+    chk.commit()
+    return y
 
 
 @builder_op
 def dequantize_linear(b, x, scale, zero_point, *, label=None):
     # IDL: MLOperand dequantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
     #                                 optional MLOperatorOptions options = {});
-    _check("dequantize_linear", b, x, scale, zero_point)
+    chk = _check("dequantize_linear", b, x, scale, zero_point)
     same_type("dequantize_linear", ("input", x), ("zero_point", zero_point))
-    return b._emit1("dequantize_linear", [x, scale, zero_point], {}, scale.data_type, x.shape, label)
+    y = b._emit1("dequantize_linear", [x, scale, zero_point], {}, scale.data_type, x.shape, label)
+    chk.commit()
+    return y
 
 
 def _index(x_shape, s_shape):
@@ -59,7 +89,7 @@ def _index(x_shape, s_shape):
     if tuple(s_shape) == tuple(x_shape):
         return "    let sidx = i;"
     lines = coords(x_shape)
-    terms = [f"c{d}" if n == s else f"c{d} / {n // s}u" for d, (n, s) in enumerate(zip(x_shape, s_shape))]
+    terms = [f"c{d}" if n == s else f"c{d} / {wgsl(n // s)}" for d, (n, s) in enumerate(zip(x_shape, s_shape))]
     lines.append(f"    let sidx = {flat(terms, s_shape)};")
     return "\n".join(lines)
 
@@ -79,7 +109,7 @@ def _lower(kc, node, mode):
     k = Kernel(name, "quantize.wgsl", params,
                (Binding("x", kc.wtype(x)), Binding("scale", kc.wtype(scale)), Binding("zp", kc.wtype(zp)),
                 Binding("out", kc.wtype(out), True)))
-    kc.launch(k, [x, scale, zp, out], grid(-(-n // WORKGROUP)))
+    kc.launch(k, [x, scale, zp, out], groups(node.op, cdiv(n, WORKGROUP)))
 
 
 lowering("quantize_linear")(lambda kc, node: _lower(kc, node, "quantize"))

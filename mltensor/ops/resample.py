@@ -15,15 +15,32 @@ ONNX Resize and TFLite RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR faithfully:
 - nearest_rounding: "round_prefer_floor" (spec), "round_prefer_ceil", "floor", "ceil".
   TFLite half_pixel_centers nearest is half_pixel + round_prefer_ceil; TFLite's default nearest is
   asymmetric + floor; align_corners nearest is align_corners + round_prefer_ceil.
+
+Dynamic dimensions (mltensor/dynamic/): every dimension of the input may be a size known at
+dispatch. With `sizes`, the output sizes are static; with `scales`, an output size is
+floor(size * scale) as a size expression: size * k for an integer scale, (size * p) // q for a
+scale p / q (a float's exact ratio, q a power of two) where size * p fits in 32 bits for the
+largest size (else NotSupportedError: give sizes); an output size that is 0 for small sizes is
+checked by every dispatch. The coordinate map of a resampled dimension is then, where the output
+size is an integer multiple k of the input size (integer scales), the static build's constants
+(they depend on k only), else computed in the kernel from the sizes read at dispatch with the
+same gcd reduction as _rational (resample_at.wgsl rs_rat), so every size samples exactly as a
+static build at that size does.
 """
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import cdiv, exact_div, high, is_static, wgsl
+from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
 from . import check_support, register, row_strides
 from .movement import _out, _seq
+from .pool import FAST_DIV_MAX, index_lines
+from .reduce import groups
+
+DYNAMIC_OPS = frozenset({"resample2d"})
 
 MODES = ("nearest-neighbor", "linear")
 TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
@@ -65,10 +82,42 @@ def _nearest_floor(A, B, D, rounding):
     return A, B + D - 1, D  # ceil(x) = floor((A o + B + D - 1) / D)
 
 
+# rs_rat's transform codes (shaders/resample_at.wgsl)
+_KIND = {"half_pixel": 0, "pytorch_half_pixel": 1, "align_corners": 2, "asymmetric": 3}
+
+
+def _structural(transform, n_in, n_out):
+    """(A, B, D) of _rational for sizes known only at dispatch, where they are the same for every
+    size (an output size k times the input size): the static build's constants, else None.
+    pytorch_half_pixel and align_corners at k = 1 differ from these only where the output size
+    is 1, whose single sample (o = 0) is at coordinate 0 either way."""
+    k = exact_div(n_out, n_in)
+    if not isinstance(k, int) or k < 1:
+        return None
+    if transform == "align_corners":
+        return (1, 0, 1) if k == 1 else None
+    return _rational("half_pixel" if transform == "pytorch_half_pixel" else transform, 1, k)
+
+
+def _nearest_wgsl(r, rounding):
+    """_nearest_floor of the rational held in the WGSL vec3<i32> `r`: (A2, B2 as i32, D2 as u32)
+    WGSL expressions."""
+    A, B, D = f"{r}.x", f"{r}.y", f"{r}.z"
+    if rounding == "round_prefer_floor":
+        return f"2 * {A}", f"2 * {B} + {D} - 1", f"u32(2 * {D})"
+    if rounding == "round_prefer_ceil":
+        return f"2 * {A}", f"2 * {B} + {D}", f"u32(2 * {D})"
+    if rounding == "floor":
+        return A, B, f"u32({D})"
+    return A, f"{B} + {D} - 1", f"u32({D})"
+
+
 def resample_params(kc, node, out, src):
     """Parameters of shaders/resample_at.wgsl (rs_index / rs_linear) for resample2d node `node`
     writing `out`, its input bound as `src`: shared by its own kernel and by a convolution that
-    resamples its input as it loads it (conv.py, the "resample" prologue)."""
+    resamples its input as it loads it (conv.py, the "resample" prologue). Sizes known only at
+    dispatch (Syms) are read there; a resampled dimension whose coordinate map depends on them
+    gets `{h,w}_dyn` (rs_rat's arguments) and WGSL expressions of that map."""
     x = node.inputs[0]
     a = node.attrs
     ax_h, ax_w = a["axes"]
@@ -80,13 +129,31 @@ def resample_params(kc, node, out, src):
         "mode": a["mode"],
         "ST": store_fn(kc.wtype(x)),  # linear: f32 result stored as f16
     }
+    if not is_static(out.shape):  # the output coordinates as chained quotients
+        fast = high(math.prod(out.shape)) < FAST_DIV_MAX
+        rs["coords"] = "\n".join(index_lines("i", ("c0", "c1", "c2", "c3"), list(out.shape), "rs_div" if fast else None))
+        rs["fast_div"] = fast
     for tag, ax in (("h", ax_h), ("w", ax_w)):
-        A, B, D = _rational(a["coordinate_transformation"], x.shape[ax], out.shape[ax])
+        n_in, n_out = x.shape[ax], out.shape[ax]
+        rat = None if is_static((n_in, n_out)) else _structural(a["coordinate_transformation"], n_in, n_out)
+        if rat is None and not is_static((n_in, n_out)):
+            # computed in the kernel (rs_rat): every integer it forms is at most a few times
+            # in * out, as the unreduced ratio's
+            if 8 * (high(n_in) + 1) * (high(n_out) + 1) >= 2**31:
+                raise NotSupportedError(f"[resample2d] sizes up to {high(n_in)} -> {high(n_out)} are too large "
+                                        "for a coordinate map computed at dispatch")
+            r = f"r{tag}"
+            rs[f"{tag}_dyn"] = [_KIND[a["coordinate_transformation"]], wgsl(n_in), wgsl(n_out)]
+            rs[f"{tag}_rat"] = [f"{r}.x", f"{r}.y", f"{r}.z"]
+            rs[f"{tag}_near"] = list(_nearest_wgsl(r, a["nearest_rounding"]))
+            rs[f"{tag}_last"] = n_in - 1
+            continue
+        A, B, D = rat or _rational(a["coordinate_transformation"], n_in, n_out)
         rs[f"{tag}_rat"] = [A, B, D]
         rs[f"{tag}_near"] = _nearest_floor(A, B, D, a["nearest_rounding"])
         # every integer the kernel forms (A2*o + B2 below, A*o + B for linear) must fit in i32
         A2, B2, D2 = rs[f"{tag}_near"]
-        if max(abs(A2) * out.shape[ax] + abs(B2) + D2, abs(A) * out.shape[ax] + abs(B)) >= 2**31:
+        if max(abs(A2) * high(n_out) + abs(B2) + D2, abs(A) * high(n_out) + abs(B)) >= 2**31:
             raise NotImplementedError(f"[resample2d] sizes {x.shape[ax]} -> {out.shape[ax]} are too large")
         rs[f"{tag}_last"] = x.shape[ax] - 1
     return rs
@@ -103,7 +170,7 @@ def _lower_resample2d(kc, node):
         {"n": out.size, "rs": resample_params(kc, node, out, "src")},
         (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True)),
     )
-    kc.launch(kernel, [x, out], grid(-(-out.size // WORKGROUP)))
+    kc.launch(kernel, [x, out], groups("resample2d", cdiv(out.size, WORKGROUP)))
 
 
 register(
@@ -131,6 +198,19 @@ def _scales(scales):
             raise TypeError(f"[resample2d] scales must be positive and finite, got {vals!r}")
         out.append(f)
     return out
+
+
+def _scaled(n, scale):
+    """floor(n * scale) for an input size n: an int for a static one (the float product, as
+    always), else a size expression equal to it for every size."""
+    if isinstance(n, int):
+        return math.floor(n * scale)
+    p, q = scale.as_integer_ratio()  # exact: q is a power of two
+    if high(n) * p >= 2**32:
+        raise NotSupportedError(
+            f"[resample2d] scale {scale} of a dynamic input size {n}: floor(size * scale) is not exact in "
+            "32-bit size arithmetic for its largest sizes; give sizes, or an integer or simpler scale")
+    return (n * p) // q
 
 
 @builder_op
@@ -176,8 +256,8 @@ def resample2d(
             )
     shape = list(x.shape)
     for k, ax in enumerate(axes):
-        size = sizes[k] if sizes is not None else math.floor(x.shape[ax] * scales[k])
-        if size < 1:
+        size = sizes[k] if sizes is not None else _scaled(x.shape[ax], scales[k])
+        if high(size) < 1:
             raise TypeError(
                 f"[resample2d] output size along axis {ax} is {size} (input size {x.shape[ax]} * "
                 f"scale {scales[k]}); it must be at least 1"

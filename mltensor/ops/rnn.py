@@ -9,6 +9,12 @@ a split per gate, two elementwise chains). GRU with reset_after=false needs r be
 gemm and keeps the composed form, as does everything under MLTENSOR_NO_FUSION=1.
 Semantics follow the spec's emulation code, including the LSTM output gate's peephole term, which
 uses the incoming cell state.
+
+Dynamic dimensions (mltensor/dynamic/): the batch may be a size known at dispatch: the composed
+operators take it, the gate kernel reads it and this step's offset into the projection at
+dispatch, and a zero initial state is a slice of a constant sized for the largest batch (read in
+place). The number of steps stays static: the
+recurrence is unrolled at build, so a dynamic steps dimension is refused.
 """
 
 import math
@@ -17,15 +23,20 @@ import os
 import numpy as np
 
 from .. import dtypes
+from ..dynamic.dims import Sym, cdiv, high, is_static
+from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
 from . import check_bool, check_support, register, same_type
+from .reduce import groups
 
 FLOAT = dtypes.FLOATS
 ACTIVATIONS = ("relu", "sigmoid", "tanh")
 DIRECTIONS = ("forward", "backward", "both")
 GRU_LAYOUTS = {"zrn": "zrn", "rzn": "rzn"}
 LSTM_LAYOUTS = {"iofg": "iofg", "ifgo": "ifgo"}
+# Builder methods taking operands with dynamic dimensions (the batch; the steps stay static)
+DYNAMIC_OPS = frozenset({"gru", "gru_cell", "lstm", "lstm_cell"})
 
 register("gru", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "bias", "recurrent_bias",
                                     "initial_hidden_state", "outputs")},
@@ -76,7 +87,7 @@ def _lower_gates(kc, node):
     bindings = [Binding(x, t) for x in names] + [Binding(x, t, True) for x in outs]
     args = list(node.inputs) + [kc.out(node, i) for i in range(len(outs))]
     name = f"{'lstm' if lstm else 'gru'}_gates_{layout}_b{n // H}_h{H}" + ("_p" if params["peep"] else "") + f"_{t}"
-    kc.launch(Kernel(name, "rnn.wgsl", params, bindings), args, grid(-(-n // WORKGROUP)))
+    kc.launch(Kernel(name, "rnn.wgsl", params, bindings), args, groups(node.op, cdiv(n, WORKGROUP)))
 
 
 register("_lstm_gates", {"input": FLOAT, "output": FLOAT}, lower=_lower_gates)
@@ -155,6 +166,10 @@ def _sequence_args(b, where, named, steps, hidden_size, return_sequence, directi
     _enum(where, "direction", direction, DIRECTIONS)
     _enum(where, "layout", layout, tuple(layouts))
     acts = _activations(where, activations, default_activations)
+    if isinstance(x.shape[0], Sym):
+        raise NotSupportedError(
+            f"[{where}] input.shape[0] ({x.shape[0]}) is a dynamic dimension: the number of steps must be "
+            "fixed at build (the recurrence is unrolled at build, one set of kernels per step)")
     if x.shape[0] != steps:
         raise TypeError(f"[{where}] input.shape[0] ({x.shape[0]}) must equal steps ({steps})")
     _, batch, isz = x.shape
@@ -231,7 +246,12 @@ def _dir(b, x, d, nd):
 
 
 def _zeros(b, dt, shape):
-    return b.constant(np.zeros(shape, dtypes.NUMPY[dt]))
+    """Zeros of `shape`; for a dynamic shape, the leading part of a constant sized for its largest
+    sizes (a slice from 0 of a row-major constant: read in place, no kernel)."""
+    if is_static(shape):
+        return b.constant(np.zeros(shape, dtypes.NUMPY[dt]))
+    full = b.constant(np.zeros([high(d) for d in shape], dtypes.NUMPY[dt]))
+    return b.slice(full, [0] * len(shape), list(shape))
 
 
 # -- gru ------------------------------------------------------------------------------------------
