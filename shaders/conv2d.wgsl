@@ -10,7 +10,30 @@
 {$ extends "matmul.wgsl" $}
 
 {$ block loaders $}
+{$ set ohw = "OHW" if (OH * OW) is integer else u(OH * OW) $}
+{$ set IHi = IH if IH is integer else "i32(" ~ u(IH) ~ ")" $}
+{$ set IWi = IW if IW is integer else "i32(" ~ u(IW) ~ ")" $}
+{$ set fd = fdiv is defined and fdiv $}
+{$ macro dv(a, d) $}{$ if fd and "dims." in d $}udiv_({{ a }}, {{ d }}){$ else $}{{ a }} / {{ d }}{$ endif $}{$ endmacro $}
+{$ macro md(a, d) $}{$ if fd and "dims." in d $}umod_({{ a }}, {{ d }}){$ else $}{{ a }} % {{ d }}{$ endif $}{$ endmacro $}
+{$ if fd $}
+// Sizes known at dispatch (numerators below 2^22): a division by one in f32 (vector lanes, where
+// a u32 division by a value unknown at compile time runs lane by lane), the quotient off by at
+// most one (2.5 ulp), corrected exactly.
+fn udiv_(a: u32, d: u32) -> u32 {
+    let q = u32(f32(a) / f32(d));
+    let r = i32(a) - i32(q * d);
+    return select(select(q, q + 1u, r >= i32(d)), q - 1u, r < 0);
+}
+
+fn umod_(a: u32, d: u32) -> u32 {
+    return a - udiv_(a, d) * d;
+}
+
+{$ endif $}
+{$ if (OH * OW) is integer $}
 const OHW = {{ OH * OW }}u;
+{$ endif $}
 
 // Input element at flat index i (channel c): every read of x goes through x_at / x_at4, which
 // apply the step's prologue (compiler/passes.py ConvPrologue, text from conv.py): "bn" / "scaled"
@@ -40,7 +63,7 @@ fn x_at(i: u32, c: u32) -> f32 {
 }
 
 fn in_at(n: u32, c: u32, h: u32, w: u32) -> f32 {
-    return x_at(n * {{ in_s[0] }}u + c * {{ in_s[1] }}u + h * {{ in_s[2] }}u + w * {{ in_s[3] }}u, c);
+    return x_at(n * {{ u(in_s[0]) }} + c * {{ u(in_s[1]) }} + h * {{ u(in_s[2]) }} + w * {{ u(in_s[3]) }}, c);
 }
 
 // (ic, kh, kw) of reduction index k (columns ordered (kh, kw, ic) for NHWC, else (ic, kh, kw)),
@@ -58,27 +81,27 @@ fn k_coords(k: u32) -> vec3<u32> {
 // prologue ("dw") the depthwise conv's output, computed here from its input x (dw_at, above).
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
 {$ if check_a $}
-    if (m >= M || k >= K) { return 0.0; }
+    if (m >= {{ sz.M }} || k >= K) { return 0.0; }
 {$ endif $}
 {$ if pro_kind == "dw" $}
     return dw_at(m, k);
 {$ elif in_s[1] == 1 and groups == 1 $}
     return x_at(m * {{ IC }}u + k, k);
 {$ else $}
-    let n = m / OHW;
-    let p = m % OHW;
-    return x_at(n * {{ in_s[0] }}u + (g * {{ ICg }}u + k) * {{ in_s[1] }}u + p * {{ in_s[3] }}u, g * {{ ICg }}u + k);
+    let n = {{ dv("m", ohw) }};
+    let p = {{ md("m", ohw) }};
+    return x_at(n * {{ u(in_s[0]) }} + (g * {{ ICg }}u + k) * {{ u(in_s[1]) }} + p * {{ u(in_s[3]) }}, g * {{ ICg }}u + k);
 {$ endif $}
 }
 {$ else $}
 fn load_a(g: u32, m: u32, k: u32) -> f32 {
 {$ if check_a $}
-    if (m >= M || k >= K) { return 0.0; }
+    if (m >= {{ sz.M }} || k >= K) { return 0.0; }
 {$ endif $}
-    let n = m / OHW;
-    let p = m % OHW;
-    let oh = p / {{ OW }}u;
-    let ow = p % {{ OW }}u;
+    let n = {{ dv("m", ohw) }};
+    let p = {{ md("m", ohw) }};
+    let oh = {{ dv("p", u(OW)) }};
+    let ow = {{ md("p", u(OW)) }};
     let kc = k_coords(k);
     let ic = kc.x;
     let kh = kc.y;
@@ -90,13 +113,13 @@ fn load_a(g: u32, m: u32, k: u32) -> f32 {
     if (th < 0 || tw < 0) { return 0.0; }
     let ih = u32(th) / {{ SH }}u;
     let iw = u32(tw) / {{ SW }}u;
-    if (ih * {{ SH }}u != u32(th) || iw * {{ SW }}u != u32(tw) || ih >= {{ IH }}u || iw >= {{ IW }}u) {
+    if (ih * {{ SH }}u != u32(th) || iw * {{ SW }}u != u32(tw) || ih >= {{ u(IH) }} || iw >= {{ u(IW) }}) {
         return 0.0;
     }
 {$ else $}
     let th = i32(oh * {{ SH }}u + kh * {{ DH }}u) - {{ PT }};
     let tw = i32(ow * {{ SW }}u + kw * {{ DW }}u) - {{ PL }};
-    if (th < 0 || tw < 0 || th >= {{ IH }} || tw >= {{ IW }}) { return 0.0; }
+    if (th < 0 || tw < 0 || th >= {{ IHi }} || tw >= {{ IWi }}) { return 0.0; }
     let ih = u32(th);
     let iw = u32(tw);
 {$ endif $}
@@ -177,7 +200,7 @@ fn load_a4(g: u32, m: u32, k: u32) -> vec4<f32> {
 
 fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ if check_out $}
-    if (m >= M || o >= N) { return; }
+    if (m >= {{ sz.M }} || o >= N) { return; }
 {$ endif $}
     let oc = g * {{ OCg }}u + o;
 {$ if has_bias $}
@@ -188,13 +211,19 @@ fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ if out_s[1] == 1 $}
     let oi = m * {{ OC }}u + oc;  // NHWC: pixel m's channels are contiguous
 {$ else $}
-    let oi = (m / OHW) * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + (m % OHW) * {{ out_s[3] }}u;
+    let oi = ({{ dv("m", ohw) }}) * {{ u(out_s[0]) }} + oc * {{ u(out_s[1]) }} + ({{ md("m", ohw) }}) * {{ u(out_s[3]) }};
 {$ endif $}
     out[oi] = act({{ ST }}(v), oi);
 }
 {$ endblock $}
 
 {$ block stage_a $}
+{$ set ohw = "OHW" if (OH * OW) is integer else u(OH * OW) $}
+{$ set IHi = IH if IH is integer else "i32(" ~ u(IH) ~ ")" $}
+{$ set IWi = IW if IW is integer else "i32(" ~ u(IW) ~ ")" $}
+{$ set fd = fdiv is defined and fdiv $}
+{$ macro dv(a, d) $}{$ if fd and "dims." in d $}udiv_({{ a }}, {{ d }}){$ else $}{{ a }} / {{ d }}{$ endif $}{$ endmacro $}
+{$ macro md(a, d) $}{$ if fd and "dims." in d $}umod_({{ a }}, {{ d }}){$ else $}{{ a }} % {{ d }}{$ endif $}{$ endmacro $}
 {$ if a_mode == "hoist" $}
 // im2col with the address math out of the inner loop: a thread always stages the same 4 rows m
 // of A (THREADS is a multiple of AQ), so their output pixel -> input window origin and image base
@@ -209,10 +238,10 @@ fn setup_a(g: u32, m0: u32, li: u32) {
 {$ for q in range(4) $}
     {
         let m = mb + {{ q }}u;
-        let p = m % OHW;
-        a_ih[{{ q }}] = select(-16777216, i32((p / {{ OW }}u) * {{ SH }}u) - {{ PT }}, m < M);
-        a_iw[{{ q }}] = select(-16777216, i32((p % {{ OW }}u) * {{ SW }}u) - {{ PL }}, m < M);
-        a_xb[{{ q }}] = (m / OHW) * {{ in_s[0] }}u + g * {{ ICg * in_s[1] }}u;
+        let p = {{ md("m", ohw) }};
+        a_ih[{{ q }}] = select(-16777216, i32(({{ dv("p", u(OW)) }}) * {{ SH }}u) - {{ PT }}, m < {{ sz.M }});
+        a_iw[{{ q }}] = select(-16777216, i32(({{ md("p", u(OW)) }}) * {{ SW }}u) - {{ PL }}, m < {{ sz.M }});
+        a_xb[{{ q }}] = ({{ dv("m", ohw) }}) * {{ u(in_s[0]) }} + g * {{ u(ICg * in_s[1]) }};
     }
 {$ endfor $}
 }
@@ -236,13 +265,13 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
             let dh = i32(kc.y * {{ DH }}u);
             let dw = i32(kc.z * {{ DW }}u);
 {$ endif $}
-            let cb = c * {{ in_s[1] }}u;
+            let cb = c * {{ u(in_s[1]) }};
 {$ for q in range(4) $}
             {
                 let ih = a_ih[{{ q }}] + dh;
                 let iw = a_iw[{{ q }}] + dw;
-                if (ih >= 0 && iw >= 0 && ih < {{ IH }} && iw < {{ IW }}) {
-                    v[{{ q }}] = x_at(a_xb[{{ q }}] + cb + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u, g * {{ ICg }}u + c);
+                if (ih >= 0 && iw >= 0 && ih < {{ IHi }} && iw < {{ IWi }}) {
+                    v[{{ q }}] = x_at(a_xb[{{ q }}] + cb + u32(ih) * {{ u(in_s[2]) }} + u32(iw) * {{ u(in_s[3]) }}, g * {{ ICg }}u + c);
                 }
             }
 {$ endfor $}
@@ -279,13 +308,13 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
 {$ endif $}
         let m = m0 + ml;
         var v = vec4<f32>(0.0);
-        if (m < M && k0 + kq < K) {
-            let p = m % OHW;
-            let ih = i32((p / {{ OW }}u) * {{ SH }}u + kc.y * {{ DH }}u) - {{ PT }};
-            let iw = i32((p % {{ OW }}u) * {{ SW }}u + kc.z * {{ DW }}u) - {{ PL }};
-            if (ih >= 0 && iw >= 0 && ih < {{ IH }} && iw < {{ IW }}) {
+        if (m < {{ sz.M }} && k0 + kq < K) {
+            let p = {{ md("m", ohw) }};
+            let ih = i32(({{ dv("p", u(OW)) }}) * {{ SH }}u + kc.y * {{ DH }}u) - {{ PT }};
+            let iw = i32(({{ md("p", u(OW)) }}) * {{ SW }}u + kc.z * {{ DW }}u) - {{ PL }};
+            if (ih >= 0 && iw >= 0 && ih < {{ IHi }} && iw < {{ IWi }}) {
                 let c = g * {{ ICg }}u + kc.x;
-                v = x_at4((m / OHW) * {{ in_s[0] }}u + u32(ih) * {{ in_s[2] }}u + u32(iw) * {{ in_s[3] }}u + c, c);
+                v = x_at4(({{ dv("m", ohw) }}) * {{ u(in_s[0]) }} + u32(ih) * {{ u(in_s[2]) }} + u32(iw) * {{ u(in_s[3]) }} + c, c);
             }
         }
         put_a4(o + kq * AQ, ml, v);
@@ -297,32 +326,41 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
 {$ endblock $}
 
 {$ block kernels $}
+{$ set ohw = "OHW" if (OH * OW) is integer else u(OH * OW) $}
+{$ set IHi = IH if IH is integer else "i32(" ~ u(IH) ~ ")" $}
+{$ set IWi = IW if IW is integer else "i32(" ~ u(IW) ~ ")" $}
+{$ set fd = fdiv is defined and fdiv $}
+{$ macro dv(a, d) $}{$ if fd and "dims." in d $}udiv_({{ a }}, {{ d }}){$ else $}{{ a }} / {{ d }}{$ endif $}{$ endmacro $}
+{$ macro md(a, d) $}{$ if fd and "dims." in d $}umod_({{ a }}, {{ d }}){$ else $}{{ a }} % {{ d }}{$ endif $}{$ endmacro $}
 {$ if path == "dw" $}
 // Depthwise: output channel oc reads input channel oc / MULT only. A thread computes OWB
 // horizontally adjacent outputs of one channel, so the input columns their windows share and
 // the filter row are loaded once (for 3x3 stride 1: 27 loads for 4 outputs instead of 72).
 // Consecutive threads take consecutive channels in NHWC (consecutive words) and consecutive
 // column blocks in NCHW.
+{$ if OW is integer $}
 const OWQ = {{ (OW + OWB - 1) // OWB }}u;
+{$ endif $}
+{$ set owq = "OWQ" if OW is integer else u((OW + OWB - 1) // OWB) $}
 
 {{ main_1d(total) }}
 {$ if out_s[1] == 1 $}
     let oc = i % {{ OC }}u;
     let p = i / {{ OC }}u;
-    let owq = p % OWQ;
-    let oh = (p / OWQ) % {{ OH }}u;
-    let n = p / (OWQ * {{ OH }}u);
+    let owq = {{ md("p", owq) }};
+    let oh = {{ md("(" ~ dv("p", owq) ~ ")", u(OH)) }};
+    let n = {{ dv("p", "(" ~ owq ~ " * " ~ u(OH) ~ ")") }};
 {$ else $}
-    let owq = i % OWQ;
-    let oh = (i / OWQ) % {{ OH }}u;
-    let oc = (i / (OWQ * {{ OH }}u)) % {{ OC }}u;
-    let n = i / (OWQ * {{ OH * OC }}u);
+    let owq = {{ md("i", owq) }};
+    let oh = {{ md("(" ~ dv("i", owq) ~ ")", u(OH)) }};
+    let oc = ({{ dv("i", "(" ~ owq ~ " * " ~ u(OH) ~ ")") }}) % {{ OC }}u;
+    let n = {{ dv("i", "(" ~ owq ~ " * " ~ u(OH * OC) ~ ")") }};
 {$ endif $}
     let ow0 = owq * {{ OWB }}u;
     let ic = oc / {{ MULT }}u;
     let ih0 = i32(oh * {{ SH }}u) - {{ PT }};
     let iw0 = i32(ow0 * {{ SW }}u) - {{ PL }};
-    let xb = n * {{ in_s[0] }}u + ic * {{ in_s[1] }}u;
+    let xb = n * {{ u(in_s[0]) }} + ic * {{ u(in_s[1]) }};
     let wb = oc * {{ f_s[0] }}u;
 {$ for j in range(OWB) $}
     var acc{{ j }} = 0.0;
@@ -330,11 +368,11 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
 {$ for kh in range(KH) $}
     {
         let ih = ih0 + {{ kh * DH }};
-        if (ih >= 0 && ih < {{ IH }}) {
-            let row = xb + u32(ih) * {{ in_s[2] }}u;
+        if (ih >= 0 && ih < {{ IHi }}) {
+            let row = xb + u32(ih) * {{ u(in_s[2]) }};
 {$ for t in range(SPAN) $}
             var v{{ t }} = 0.0;
-            if (iw0 + {{ t }} >= 0 && iw0 + {{ t }} < {{ IW }}) { v{{ t }} = x_at(row + u32(iw0 + {{ t }}) * {{ in_s[3] }}u, ic); }
+            if (iw0 + {{ t }} >= 0 && iw0 + {{ t }} < {{ IWi }}) { v{{ t }} = x_at(row + u32(iw0 + {{ t }}) * {{ u(in_s[3]) }}, ic); }
 {$ endfor $}
 {$ for kw in range(KW) $}
             let f{{ kw }} = f32(w[wb + {{ kh * f_s[2] + kw * f_s[3] }}u]);
@@ -345,7 +383,7 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
         }
     }
 {$ endfor $}
-    let ob = n * {{ out_s[0] }}u + oc * {{ out_s[1] }}u + oh * {{ out_s[2] }}u + ow0 * {{ out_s[3] }}u;
+    let ob = n * {{ u(out_s[0]) }} + oc * {{ u(out_s[1]) }} + oh * {{ u(out_s[2]) }} + ow0 * {{ u(out_s[3]) }};
 {$ if has_bias $}
     let bv = f32(bias[oc]);
 {$ else $}
@@ -355,7 +393,7 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
 {$ if j == 0 $}
     out[ob] = act({{ ST }}(acc0 + bv), ob);
 {$ else $}
-    if (ow0 + {{ j }}u < {{ OW }}u) { out[ob + {{ j * out_s[3] }}u] = act({{ ST }}(acc{{ j }} + bv), ob + {{ j * out_s[3] }}u); }
+    if (ow0 + {{ j }}u < {{ u(OW) }}) { out[ob + {{ u(j * out_s[3]) }}] = act({{ ST }}(acc{{ j }} + bv), ob + {{ u(j * out_s[3]) }}); }
 {$ endif $}
 {$ endfor $}
 }
@@ -364,19 +402,22 @@ const OWQ = {{ (OW + OWB - 1) // OWB }}u;
 // one thread per output pixel and block of OCB output channels. Items are ordered (group, channel
 // block, pixel), so the threads of a workgroup share the channel block and the filter loads are
 // the same address in every thread; each input value loaded feeds OCB accumulators.
+{$ if M is integer $}
 const P = {{ M }}u;             // output pixels n * OH * OW
+{$ endif $}
+{$ set pp = "P" if M is integer else u(M) $}
 const OCBN = {{ ocb_n }}u;      // channel blocks per group
 
 {{ main_1d(total) }}
-    let pix = i % P;
-    let gb = i / P;
+    let pix = {{ md("i", pp) }};
+    let gb = {{ dv("i", pp) }};
     let g = gb / OCBN;
     let o0 = (gb % OCBN) * {{ OCB }}u;
-    let n = pix / OHW;
-    let p = pix % OHW;
-    let oh = p / {{ OW }}u;
-    let ow = p % {{ OW }}u;
-    let xg = n * {{ in_s[0] }}u + g * {{ ICg * in_s[1] }}u;
+    let n = {{ dv("pix", ohw) }};
+    let p = {{ md("pix", ohw) }};
+    let oh = {{ dv("p", u(OW)) }};
+    let ow = {{ md("p", u(OW)) }};
+    let xg = n * {{ u(in_s[0]) }} + g * {{ u(ICg * in_s[1]) }};
     let wg = g * {{ f_g }}u;
 {$ for j in range(OCB) $}
     var acc{{ j }} = 0.0;
@@ -397,17 +438,17 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
         let ih = u32(th) / {{ SH }}u;
         let iw = u32(tw) / {{ SW }}u;
         if (th >= 0 && tw >= 0 && ih * {{ SH }}u == u32(th) && iw * {{ SW }}u == u32(tw)
-            && ih < {{ IH }}u && iw < {{ IW }}u) {
+            && ih < {{ u(IH) }} && iw < {{ u(IW) }}) {
 {$ else $}
         let th = i32(oh * {{ SH }}u) + {{ kh * DH - PT }};
         let tw = i32(ow * {{ SW }}u) + {{ kw * DW - PL }};
         let ih = u32(th);
         let iw = u32(tw);
-        if (th >= 0 && tw >= 0 && th < {{ IH }} && tw < {{ IW }}) {
+        if (th >= 0 && tw >= 0 && th < {{ IHi }} && tw < {{ IWi }}) {
 {$ endif $}
-            let xb = xg + ih * {{ in_s[2] }}u + iw * {{ in_s[3] }}u;
+            let xb = xg + ih * {{ u(in_s[2]) }} + iw * {{ u(in_s[3]) }};
             for (var ic = 0u; ic < {{ ICg }}u; ic = ic + 1u) {
-                let xv = x_at(xb + ic * {{ in_s[1] }}u, g * {{ ICg }}u + ic);
+                let xv = x_at(xb + ic * {{ u(in_s[1]) }}, g * {{ ICg }}u + ic);
                 let wk = ic * {{ f_s[1] }}u + {{ kh * f_s[2] + kw * f_s[3] }}u;
 {$ for j in range(OCB) $}
                 acc{{ j }} = fma(xv, f32(w[wo{{ j }} + wk]), acc{{ j }});
@@ -417,7 +458,7 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
     }
 {$ endfor $}
 {$ endfor $}
-    let ob = n * {{ out_s[0] }}u + p * {{ out_s[3] }}u;
+    let ob = n * {{ u(out_s[0]) }} + p * {{ u(out_s[3]) }};
 {$ for j in range(OCB) $}
     {
         let oc = g * {{ OCg }}u + o0 + {{ j }}u;
@@ -426,7 +467,7 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
 {$ else $}
         {
 {$ endif $}
-            let oi = ob + oc * {{ out_s[1] }}u;
+            let oi = ob + oc * {{ u(out_s[1]) }};
 {$ if has_bias $}
             out[oi] = act({{ ST }}(acc{{ j }} + f32(bias[oc])), oi);
 {$ else $}

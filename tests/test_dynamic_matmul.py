@@ -11,6 +11,7 @@ from helpers import FUSION, context_with_env
 
 import mltensor
 from mltensor.dynamic.dims import MLDynamicDimension as D
+from mltensor.dynamic.dims import high
 from mltensor.ops import matmul as matmul_ops
 from mltensor.ops.matmul import gemm_candidates
 from mltensor.runtime import autotune
@@ -104,8 +105,14 @@ def test_matmul_2d(ctx, rng, dyn):
     sizes = [dict(t) for t in sorted({tuple(sorted(s.items())) for s in sizes})]  # no repeats
     spec = {d: dims[d] or static[d] for d in "mkn"}
     g = _check(ctx, rng, {"a": (spec["m"], spec["k"]), "b": (spec["k"], spec["n"])}, _mm, _mm_ref, sizes)
-    # M on both sides of the GEMV bound: both paths, each gated on M at dispatch
-    assert len(g.kernel_names) == (2 if "m" in dyn else 1), g.kernel_names
+    # M on both sides of the GEMV bound: both paths, each gated on M at dispatch, the tiled one
+    # in up to two buckets of M (here: the 32- and 64-row tiles lavapipe's heuristic picks below
+    # and above 64 rows); K alone: one kernel
+    names = g.kernel_names
+    if "m" in dyn:
+        assert 2 <= len(names) <= matmul_ops.MAX_VARIANTS and sum(n.endswith("_gemv") for n in names) == 1, names
+    elif "n" not in dyn:
+        assert len(names) == 1, names
     g.destroy()
 
 
@@ -127,6 +134,111 @@ def test_matmul_vec4_loads(ctx, rng, monkeypatch, vec):
     monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
     g = _check(ctx, rng, {"a": (2, D("m", 70), 64), "b": (2, 64, 48)}, _mm, _mm_ref,
                [dict(m=1), dict(m=70), dict(m=33), dict(m=4), dict(m=5)])
+    g.destroy()
+
+
+# -- size buckets: a configuration per range of M (or N) -----------------------------------------
+
+def _kc(ctx):
+    import types
+
+    return types.SimpleNamespace(device=ctx.device)
+
+
+def _bucket_configs(ctx, M, N, K, batch):
+    """[(gemv, bucket, the configuration the heuristic picks at the bucket's maximum)] on a CPU
+    adapter (lavapipe's configuration)."""
+    out = []
+    for gemv, bk in matmul_ops._variants(_kc(ctx), True, M, N, K, batch):
+        m, n = bk.at if bk is not None else (M, N)
+        out.append((gemv, bk, None if gemv else matmul_ops.lavapipe_config(m, n, high(K))))
+    return out
+
+
+def test_bucket_choice(ctx):
+    from mltensor.dynamic.dims import Sym
+
+    s, p = Sym.dim("S", 128), Sym.dim("P", 512)
+    # attention values [1, 4, S, P] x [1, 4, P, 16]: the GEMV for S <= 4, then the 64-row tile
+    # below 128 rows and the 128-row one from there (lavapipe: 8 rows a thread from 8 * TY)
+    v = _bucket_configs(ctx, s, 16, p, 4)
+    assert [(g, b.wgsl()) for g, b, _ in v] == [
+        (True, "(dims.d_S) <= 4u"), (False, "(dims.d_S) >= 5u && (dims.d_S) <= 127u"), (False, "(dims.d_S) >= 128u")]
+    assert [c["TY"] * c["RM"] for _, _, c in v[1:]] == [64, 128]
+    # each bucket's configuration is the one a static build picks at any of its sizes
+    for gemv, b, c in v[1:]:
+        (_, lo, hi), = b.conds
+        for m in (lo, (lo + hi) // 2, hi):
+            assert matmul_ops.lavapipe_config(m, 16, 512) == c
+    # the workgroup counts' factor is 1 inside a bucket, 0 outside
+    for m in (1, 4, 5, 64, 127, 128):
+        assert [b.sym().eval({"S": m}) if isinstance(b.sym(), Sym) else b.sym() for _, b, _ in v] == \
+            [int(m <= 4), int(5 <= m <= 127), int(m >= 128)]
+    # static sizes: one ungated variant; M above the GEMV bound and one configuration: ungated
+    assert matmul_ops._variants(_kc(ctx), True, 70, 48, s, 1) == [(False, None)]
+    assert matmul_ops._variants(_kc(ctx), True, Sym.dim("m", 40) + 8, 64, 64, 1) == [(False, None)]
+    # N where M is static: lavapipe's tile narrows for N <= 16 and widens from 64; at most
+    # MAX_VARIANTS in all, the cheapest boundaries merged
+    v = _bucket_configs(ctx, 100, Sym.dim("n", 80), 64, 1)
+    assert len(v) == matmul_ops.MAX_VARIANTS and not any(g for g, _, _ in v)
+    assert [c["TX"] * c["RN"] for _, _, c in v] == [16, 32, 64]
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "gpu_heuristic"])
+def test_buckets_partition_the_sizes(ctx, cpu):
+    # whatever the adapter's heuristic: at most MAX_VARIANTS variants, and at every size exactly
+    # one of them runs (its workgroup-count factor 1, the others 0)
+    from mltensor.dynamic.dims import Sym
+
+    m, n = Sym.dim("m", 3000), Sym.dim("n", 700)
+    for M, N, K, batch in [(m, 64, 512, 1), (m, n, 64, 2), (37, n, 300, 1), (m, 8, 4096, 1), (m + 2, n, 32, 4)]:
+        v = matmul_ops._variants(_kc(ctx), cpu, M, N, K, batch)
+        assert 1 <= len(v) <= matmul_ops.MAX_VARIANTS, v
+        if len(v) == 1:
+            assert v[0][1] is None
+            continue
+        for mv in (1, 2, 4, 5, 63, 64, 65, 127, 128, 129, 1000, 3000):
+            for nv in (1, 8, 16, 17, 64, 128, 700):
+                vals = {"m": mv, "n": nv}
+                on = [b.sym().eval(vals) if isinstance(b.sym(), Sym) else b.sym() for _, b in v]
+                assert sorted(on) == [0] * (len(v) - 1) + [1], (M, N, vals, on)
+                # the active one is the GEMV exactly when M <= GEMV_MAX_M
+                gemv = v[on.index(1)][0]
+                assert gemv == ((M.eval(vals) if isinstance(M, Sym) else M) <= matmul_ops.GEMV_MAX_M)
+
+
+VALUE_SIZES = [dict(S=1, P=1), dict(S=4, P=300), dict(S=5, P=7), dict(S=64, P=256), dict(S=127, P=512),
+               dict(S=128, P=512), dict(S=100, P=33)]
+
+
+def test_buckets_attention_values(ctx, rng):
+    # one build, sizes in every bucket; bit for bit with the static build of each size (the
+    # static build picks the same configuration: test_bucket_choice)
+    S, P = D("S", 128), D("P", 512)
+    g = _check(ctx, rng, {"a": (1, 4, S, P), "b": (1, 4, P, 16)}, _mm, _mm_ref, VALUE_SIZES)
+    assert [n.rsplit("_", 1)[1] for n in g.kernel_names] == ["gemv", "t64x16k32", "t128x16k32"], g.kernel_names
+    g.destroy()
+
+
+def test_buckets_along_n(ctx, rng):
+    g = _check(ctx, rng, {"a": (100, 24), "b": (24, D("n", 80))}, _mm, _mm_ref,
+               [dict(n=1), dict(n=8), dict(n=16), dict(n=17), dict(n=63), dict(n=64), dict(n=80)])
+    assert len(g.kernel_names) == 3, g.kernel_names
+    g.destroy()
+
+
+def test_buckets_fused_epilogue_and_gemm(ctx, rng):
+    # gemm with a transposed A, a bias row and relu: every bucket stores through the epilogue
+    M, K = D("m", 300), D("k", 40)
+
+    def fn(b, x):
+        return b.relu(b.gemm(x["a"], x["b"], c=x["c"], a_transpose=True))
+
+    g = _check(ctx, rng, {"a": (K, M), "b": (K, 72), "c": (72,)}, fn,
+               lambda f: np.maximum(f["a"].T @ f["b"] + f["c"], 0),
+               [dict(m=1, k=1), dict(m=4, k=40), dict(m=5, k=9), dict(m=63, k=40), dict(m=64, k=17),
+                dict(m=300, k=40), dict(m=129, k=3)])
+    assert len(g.kernel_names) == 3, g.kernel_names
     g.destroy()
 
 
@@ -258,8 +370,22 @@ def test_tuning_at_the_maximum(ctx, rng, monkeypatch, tmp_path):
     timed = []
     real = autotune.time_launches
     monkeypatch.setattr(autotune, "time_launches", lambda *a, **k: timed.append(real(*a, **k)) or timed[-1])
+    # each size bucket tuned at its own maximum: record the M of every timed tiled launch
+    seen = []
+    real_groups = matmul_ops._tiled_launches
+
+    def spy(*a, **k):
+        out = real_groups(*a, **k)
+        seen.append(k.get("gate") or a[-1])
+        return out
+
+    monkeypatch.setattr(matmul_ops, "_tiled_launches", spy)
     g = _check(ctx, rng, {"a": (S, 64), "b": (64, P)}, _mm, _mm_ref, ATTN_SIZES[:3], static=False)
-    assert g.autotune["signatures_tuned"] == 1 and timed and all(np.isfinite(timed)), timed
+    # the GEMV bucket (two candidates where the adapter has subgroups) and the two tiled ones
+    # (M below and from 64): one signature each
+    variants = len(g.kernel_names) - (0 if "subgroup" in ctx.device.features else 1)
+    assert g.autotune["signatures_tuned"] == variants and timed and all(np.isfinite(timed)), timed
+    assert sorted({b.at for b in seen if b is not None}) == [(63, 66), (70, 66)]
     g.destroy()
     autotune._tables.clear()
 

@@ -74,8 +74,9 @@ def concrete_groups(groups, values):
     from ..runtime.wgsl import MAX_GROUPS, grid
 
     if isinstance(groups, Fold):
-        return grid(evaluate(groups.n, values))
-    out = tuple(max(1, evaluate(g, values)) for g in groups)
+        n = evaluate(groups.n, values)
+        return grid(n) if n > 0 else (0, 1, 1)
+    out = tuple(max(0, evaluate(g, values)) for g in groups)
     if any(g > MAX_GROUPS for g in out):
         raise NotSupportedError(f"[dispatch] these sizes need {out} workgroups, more than {MAX_GROUPS} "
                                 "along one dimension")
@@ -92,8 +93,8 @@ def compile_groups(all_groups, names):
     for i, g in enumerate(all_groups):
         if isinstance(g, Fold):
             lines.append(f"    o.extend(_fold({_py(g.n)}))")
-        else:
-            lines.append("    o.extend((" + ", ".join(f"max(1, {_py(x)})" for x in g) + "))")
+        else:  # (a count of 0 is a gated-off variant, ops/matmul.py: wgpu makes it a no-op)
+            lines.append("    o.extend((" + ", ".join(f"max(0, {_py(x)})" for x in g) + "))")
     args = ", ".join(f"{_var(n)}" for n in names)
     src = "def f(" + args + "):\n    o = []\n" + "\n".join(lines) + "\n    return o\n"
     exec(compile(src, "<dynamic launch sizes>", "exec"), env)
@@ -112,7 +113,7 @@ def compile_groups(all_groups, names):
 def _fold(n):
     from ..runtime.wgsl import grid
 
-    return grid(n)
+    return grid(n) if n > 0 else (0, 1, 1)
 
 
 def _var(name):

@@ -7,15 +7,27 @@ fewer than 4 output channels per group (one thread per output pixel, no GEMM til
 filter layout is read in place through baked strides, so NHWC models (TFLite) get no transposes,
 and filters may be graph inputs as well as constants. Bias and the fused epilogue (activations,
 residual adds) are applied as each output is stored.
+
+Dynamic dimensions (mltensor/dynamic/): batch and spatial sizes may be known only at dispatch
+(channels and filter sizes stay static, so the GEMM's N and K are). Output sizes are size
+expressions ((H + pads - dilation*(k-1) - 1) // stride + 1); where the bounds do not decide that
+one is positive, each dispatch checks it. Kernels read sizes through `u()`, the implicit GEMM
+takes gemm_launch's size buckets (a tile per range of output pixels), workgroup counts are
+evaluated per dispatch, and a division by a size known at dispatch goes through f32 (udiv_ in
+conv2d.wgsl: on CPU adapters a u32 division by a value unknown to the compiler runs lane by
+lane). On CPU adapters the implicit GEMM stages its A tile with the hoisted addresses (divisions
+once per staged row, not per element) where a static build divides by constants.
 """
 
 import math
 
 from .. import dtypes
+from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
+from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
 from . import check_support, int_list, lowering, register, same_type
-from .matmul import gemm_launch, vec_loads
+from .matmul import _grid, gemm_launch, vec_loads
 
 FLOAT = dtypes.FLOATS
 INPUT_LAYOUTS = ("nchw", "nhwc")
@@ -26,6 +38,9 @@ _SUPPORT = {"input": FLOAT, "filter": FLOAT, "bias": FLOAT, "output": FLOAT}
 _RANKS = {"input": (4, 4), "filter": (4, 4), "bias": (1, 1)}
 register("conv2d", _SUPPORT, ranks=_RANKS)
 register("conv_transpose2d", _SUPPORT, ranks=_RANKS)
+
+# Builder methods taking operands with dynamic dimensions (batch, height, width; mltensor/dynamic/)
+DYNAMIC_OPS = frozenset({"conv2d", "conv_transpose2d"})
 
 
 def _enum(where, what, value, allowed):
@@ -57,7 +72,27 @@ def _common(b, where, x, w, bias, padding, strides, dilations, groups, input_lay
         n, c, h, wd = x.shape
     else:
         n, h, wd, c = x.shape
+    # dynamic dimensions: batch and spatial sizes only (channels and filters size the GEMM's N
+    # and K, its tiles and the filter reads, all fixed at build)
+    for what, v in (("input channels", c), *((f"filter dimension {i}", d) for i, d in enumerate(w.shape)),
+                    *(() if bias is None else (("bias", bias.shape[0]),))):
+        if isinstance(v, Sym):
+            raise NotSupportedError(f"[{where}] {what} ({v}) is a dynamic dimension; {where} takes dynamic "
+                                    "batch, height and width only (channels and filter sizes fixed at build)")
     return pad, st, dil, groups, (n, c, h, wd)
+
+
+def _deferred_order(defer, lo, x, what, quantity):
+    """Size x >= lo: decided at build where the bounds allow (TypeError(what) if it never holds),
+    else appended to `defer` for each dispatch to check (the builder's _require_positive of
+    x - lo + 1, named `quantity`), once the whole call has validated."""
+    if isinstance(x, int) or low(x) >= lo:
+        if isinstance(x, int) and x < lo:
+            raise TypeError(what)
+        return
+    if high(x) < lo:
+        raise TypeError(what)
+    defer.append((x - (lo - 1), quantity))
 
 
 def _check_bias(where, bias, oc):
@@ -87,20 +122,27 @@ def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, grou
     if oc % groups:
         raise TypeError(f"[{where}] output channels ({oc}) must be divisible by groups ({groups})")
     _check_bias(where, bias, oc)
-    out_hw = []
+    out_hw, defer = [], []
     for axis, size, k, (p0, p1), s, d in (
         ("height", ih, kh, pad[0:2], st[0], dil[0]),
         ("width", iw, kw, pad[2:4], st[1], dil[1]),
     ):
         span = size + p0 + p1 - ((k - 1) * d + 1)
-        if span < 0:
-            raise TypeError(
-                f"[{where}] the dilated filter {axis} ({(k - 1) * d + 1}) exceeds the padded input "
-                f"{axis} ({size + p0 + p1})")
+        _deferred_order(defer, 0, span,
+                        f"[{where}] the dilated filter {axis} ({(k - 1) * d + 1}) exceeds the padded input "
+                        f"{axis} ({size + p0 + p1})",
+                        f"[{where}] output {axis} (padded input {axis} {size + p0 + p1} - dilated filter "
+                        f"{axis} {(k - 1) * d + 1} + 1)")
+        if isinstance(span, Sym) and low(span) < 0:
+            # checked >= 0 at dispatch: the output size is max(span, 0) // s + 1, so that its
+            # bounds say positive (kernels divide it, and products of it, as unsigned sizes)
+            span = smax(span, 0)
         out_hw.append(span // s + 1)
     attrs = {"padding": pad, "strides": st, "dilations": dil, "groups": groups,
              "input_layout": input_layout, "filter_layout": filter_layout}
     shape = _out_shape(input_layout, n, oc, *out_hw)
+    for x, quantity in defer:  # (before _emit's own check of the output sizes: this names them)
+        b._require_positive(x, quantity)
     return b._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
 
 
@@ -127,26 +169,33 @@ def conv_transpose2d(b, input, filter, *, padding=None, strides=None, dilations=
         raise TypeError(f"[{where}] input channels ({ic}) must be divisible by groups ({groups})")
     oc = ocg * groups
     _check_bias(where, bias, oc)
-    out_hw = []
+    out_hw, defer = [], []
     for i, (axis, size, k, (p0, p1), s, d) in enumerate((
         ("height", ih, kh, pad[0:2], st[0], dil[0]),
         ("width", iw, kw, pad[2:4], st[1], dil[1]),
     )):
         calc = (size - 1) * s + (k - 1) * d + 1 - p0 - p1
         if sizes is not None:
-            if not calc <= sizes[i] < calc + s:
-                raise TypeError(
-                    f"[{where}] output_sizes {axis} ({sizes[i]}) must be in [{calc}, {calc + s}) for "
+            what = (f"[{where}] output_sizes {axis} ({sizes[i]}) must be in [{calc}, {calc + s}) for "
                     f"these input size, filter size, padding and strides")
+            # (for a dynamic input size, checked by each dispatch)
+            _deferred_order(defer, 0, sizes[i] - calc, what,
+                            f"[{where}] output_sizes {axis} ({sizes[i]}) - ({calc}) + 1")
+            _deferred_order(defer, 1, calc + s - sizes[i], what,
+                            f"[{where}] ({calc + s}) - output_sizes {axis} ({sizes[i]})")
             o = sizes[i]
         else:
             o = calc + opad[i]
-        if o < 1:
-            raise TypeError(f"[{where}] output {axis} would be {o}; padding {pad} is too large")
+        _deferred_order(defer, 1, o, f"[{where}] output {axis} would be {o}; padding {pad} is too large",
+                        f"[{where}] output {axis} ({o}; padding {pad})")
+        if isinstance(o, Sym) and low(o) < 1:
+            o = smax(o, 1)  # checked >= 1 at dispatch (as conv2d's)
         out_hw.append(o)
     attrs = {"padding": pad, "strides": st, "dilations": dil, "groups": groups,
              "input_layout": input_layout, "filter_layout": filter_layout}
     shape = _out_shape(input_layout, n, oc, *out_hw)
+    for x, quantity in defer:  # (before _emit's own check of the output sizes: this names them)
+        b._require_positive(x, quantity)
     return b._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
 
 
@@ -212,7 +261,7 @@ def _prologue(kc, node, pro, bindings, args):
         qs = (1,) * (4 - len(q.shape)) + tuple(q.shape)
         lay = node.attrs["input_layout"]
         C = qs[1] if lay == "nchw" else qs[3]
-        n = f"(i / {math.prod(x.shape[1:])}u) * {C}u + " if qs[0] != 1 else ""
+        n = f"(i / {wgsl(math.prod(x.shape[1:]))}) * {C}u + " if qs[0] != 1 else ""
         y = f"{store_fn(t)}(v * f32(p_q[{n}{'c' if C != 1 else '0u'}]))"
         if pro.add is not None:
             bindings.append(Binding("p_r", t))
@@ -260,21 +309,23 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
         bindings.append(Binding("dw_b", t))
         args.append(bias)
     (pt, _, pl, _), (sh, sw), (dh, dwd) = a["padding"], a["strides"], a["dilations"]
-    ow = dw.outputs[0].shape[3 if lay == "nchw" else 2]
+    oh, ow = dw.outputs[0].shape[2:] if lay == "nchw" else dw.outputs[0].shape[1:3]
+    ohw = "OHW" if isinstance(oh * ow, int) else wgsl(oh * ow)  # the 1x1 conv's plane, its const
+    ih_i, iw_i = (str(v) if isinstance(v, int) else f"i32({wgsl(v)})" for v in (ih, iw))
     lines = [
         "fn dw_at(m: u32, c: u32) -> f32 {",
-        "    let p = m % OHW;",
-        f"    let ih0 = i32((p / {ow}u) * {sh}u) - {pt};",
-        f"    let iw0 = i32((p % {ow}u) * {sw}u) - {pl};",
-        f"    let xb = (m / OHW) * {in_s[0]}u + c * {in_s[1]}u;",
+        f"    let p = m % {ohw};",
+        f"    let ih0 = i32((p / {wgsl(ow)}) * {sh}u) - {pt};",
+        f"    let iw0 = i32((p % {wgsl(ow)}) * {sw}u) - {pl};",
+        f"    let xb = (m / {ohw}) * {wgsl(in_s[0])} + c * {wgsl(in_s[1])};",
         f"    let wb = c * {f_s[0]}u;",
         "    var acc = 0.0;",
     ]
     for kh in range(dims["h"]):
-        lines.append(f"    if (ih0 + {kh * dh} >= 0 && ih0 + {kh * dh} < {ih}) {{")
-        lines.append(f"        let row = xb + u32(ih0 + {kh * dh}) * {in_s[2]}u;")
+        lines.append(f"    if (ih0 + {kh * dh} >= 0 && ih0 + {kh * dh} < {ih_i}) {{")
+        lines.append(f"        let row = xb + u32(ih0 + {kh * dh}) * {wgsl(in_s[2])};")
         for kw in range(dims["w"]):
-            lines.append(f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw}) {{ acc = fma(f32(x[row + u32(iw0 + {kw * dwd}) * {in_s[3]}u]), "
+            lines.append(f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw_i}) {{ acc = fma(f32(x[row + u32(iw0 + {kw * dwd}) * {wgsl(in_s[3])}]), "
                          f"f32(dw_w[wb + {kh * f_s[2] + kw * f_s[3]}u]), acc); }}")
         lines.append("    }")
     if bias is not None:
@@ -342,6 +393,13 @@ def _lower(kc, node, transposed):
     bindings.append(Binding("out", t, True))
     args.append(out)
     params["act"] = kc.epilogue(bindings, args)
+    dynamic = not (is_static(x.shape) and is_static(out.shape))
+    if dynamic:
+        # Divisions by sizes known at dispatch in f32 (conv2d.wgsl's udiv_: exact for numerators
+        # below 2^22: a flat output index, or a row of the last GEMM tile), where a u32 division
+        # runs lane by lane on CPU adapters; conv2d.wgsl's loaders have no unchecked interior
+        # copies (matmul.wgsl's edge_a)
+        params.update(fdiv=high(nb * oh * ow) * max(oc, groups) + 1024 < 1 << 22, edge_a=False, edge_b=False)
     op = "conv_transpose2d" if transposed else "conv2d"
     name = f"{op}_{lay}_{t}_k{kh}x{kw}s{sh}x{sw}" + (f"d{dh}x{dw}" if (dh, dw) != (1, 1) else "")
     if kind:
@@ -349,14 +407,15 @@ def _lower(kc, node, transposed):
     dwp = kind == "dw"
 
     if not transposed and icg == 1 and groups > 1:
-        # OWB adjacent outputs per thread share their input columns (SPAN of them per row)
-        owb = min(4, ow)
-        total = nb * oc * oh * -(-ow // owb)
+        # OWB adjacent outputs per thread share their input columns (SPAN of them per row); a
+        # dynamic width: 4 unless its maximum is smaller (outputs past OW are not stored)
+        owb = min(4, high(ow))
+        total = nb * oc * oh * cdiv(ow, owb)
         params.update(path="dw", MULT=ocg, total=total, OWB=owb, SPAN=(owb - 1) * sw + (kw - 1) * dw + 1,
                       M=1, N=1, K=1, batch=1, pointwise=False, ic_inner=False, check_a=False, check_b=False,
                       check_out=False)
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
-                  grid(-(-total // WORKGROUP)))
+                  _grid(cdiv(total, WORKGROUP), op))
         return
     if ocg < 4 and not dwp:
         # Few output channels (a segmentation head, the last upsampling): GEMM tiles would be
@@ -367,7 +426,7 @@ def _lower(kc, node, transposed):
                       M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=1, pointwise=False, ic_inner=False,
                       check_a=False, check_b=False, check_out=False)
         kc.launch(Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args,
-                  grid(-(-total // WORKGROUP)))
+                  _grid(cdiv(total, WORKGROUP), op))
         return
     pointwise = (not transposed and kh == kw == 1 and (sh, sw) == (1, 1)
                  and a["padding"] == [0, 0, 0, 0])
@@ -380,8 +439,12 @@ def _lower(kc, node, transposed):
     if not transposed and not dwp:
         nhwc4 = vec and ic_inner and icg % 4 == 0 and ic % 4 == 0 and kind != "resample"
         # On CPU adapters the per-element loader stays: lavapipe measured the hoisted staging at
-        # parity to 5% slower (LLVM already strength-reduces the constant divisions).
-        params.update(a_mode="nhwc4" if nhwc4 else "hoist" if vec else "default", x_vec=nhwc4)
+        # parity to 5% slower (LLVM already strength-reduces the constant divisions). Not so for
+        # sizes known at dispatch, where it divides by the plane and the width once per staged
+        # row instead of once per element (an NHWC 1x1 convolution reads row m at m * IC: no
+        # division either way).
+        hoist = vec or dynamic and not (pointwise and in_s[1] == 1 and groups == 1)
+        params.update(a_mode="nhwc4" if nhwc4 else "hoist" if hoist else "default", x_vec=nhwc4)
         if nhwc4:
             bindings[0] = Binding("x", f"vec4<{t}>")
     # B (filter): where its k order is its memory order (OIHW, OHWI filters), threads along k

@@ -11,18 +11,21 @@ Dynamic dimensions (mltensor/dynamic/): matmul and gemm take M, N, K and batch d
 only at dispatch. Such a size reaches the WGSL as an expression over the immediate `dims` (the
 template reads every size through `sz`, which names its constant when static), workgroup counts
 are evaluated per dispatch, and variants are chosen on what holds for every size: vec4 loads and
-unchecked edges only where structurally valid (`K % 4 == 0` for `4*seq`), tiles and split-K
-factors by the maximum sizes (dims.high), split-K with a fixed chunk count (a chunk's length
-follows K). An M that may be either side of GEMV_MAX_M launches both paths, each gated on M at
-dispatch (the inactive one gets a single workgroup that returns at once), so every size computes
-exactly as a static build of that size does.
+unchecked edges only where structurally valid (`K % 4 == 0` for `4*seq`), split-K with a fixed
+chunk count (a chunk's length follows K). The range of M (or else N) is cut into at most
+MAX_VARIANTS size buckets (_variants): the GEMV range (M <= GEMV_MAX_M) and the ranges where the
+tile chosen at a bucket's maximum changes (lavapipe's 8 rows a thread from M >= 8*TY, the
+candidates' 64- and 128-row tiles); each bucket's configuration is chosen (tuned) at its maximum,
+and each is launched gated on its sizes at dispatch (outside its bucket, a single workgroup that
+returns at once), so a size runs the tile a static build of the bucket's maximum runs, and the
+path a static build of that size runs.
 """
 
 import dataclasses
 import math
 
 from .. import dtypes
-from ..dynamic.dims import Sym, cdiv, high, low, smin, wgsl
+from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
@@ -203,8 +206,8 @@ def gemm_candidates(M, N, K, batch, smem_limit=None):
 
 def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c, gate=None):
     """[(Kernel, args, groups)] of one configuration of the tiled path. Sizes may be Syms;
-    `gate` (dual mode, gemm_launch): the Sym that is 1 when this path runs (M > GEMV_MAX_M at
-    dispatch), else 0."""
+    `gate` (a _Bucket, gemm_launch): the sizes this variant runs at, checked at dispatch (else
+    one workgroup returning at once)."""
     p = dict(params, M=M, N=N, K=K, batch=batch, path="tiled", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
@@ -229,10 +232,10 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     dynamic = any(isinstance(x, Sym) for x in (M, N, K, batch))
     p.setdefault("edge_a", dynamic and p["check_a"])
     p.setdefault("edge_b", dynamic and p["check_b"])
-    p["gate"] = f"{wgsl(M)} > {GEMV_MAX_M}u" if gate is not None else ""
+    p["gate"] = gate.wgsl() if gate is not None else ""
     threads = "" if c["TX"] * c["TY"] == 64 else f"w{c['TX'] * c['TY']}"
     kname = f"{name}_t{bm}x{bn}k{bk}{threads}{'db' if c['DB'] else ''}"
-    on = 1 if gate is None else gate
+    on = 1 if gate is None else gate.sym()
     if split > 1 and isinstance(kchunk, int):
         split = -(-K // kchunk)  # chunks actually used
     p.update(tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles, kchunk=kchunk, SPLIT=split,
@@ -263,27 +266,187 @@ def _nbytes(kc, a):
     return a.nbytes if isinstance(a, Scratch) else kc.nbytes(kc.root(a))
 
 
+# -- dynamic sizes: one gated variant per size bucket ---------------------------------------------
+
+MAX_VARIANTS = 3  # launches of one dynamic GEMM, each gated on its bucket of sizes
+MIN_GAIN = 1.1  # a bucket boundary is kept only where it saves at least this factor of padded work
+
+
+def _at_least(x, t):
+    """A size expression that is 1 where size x >= t, else 0 (x >= 1)."""
+    return 1 if t <= max(1, low(x)) else smin(x // t, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bucket:
+    """Sizes one variant of a dynamic GEMM runs at: lo <= x <= hi for each (x, lo, hi) of conds
+    (x: M or N, a Sym; a bound that every size meets is not checked). `at`: (M, N), the sizes
+    its configuration is chosen (and tuned) at, its maxima."""
+
+    conds: tuple
+    at: tuple
+
+    def sym(self):
+        """1 where the sizes are in the bucket, else 0: the factor of its workgroup counts."""
+        on = 1
+        for x, lo, hi in self.conds:
+            on = on * (_at_least(x, lo) - (_at_least(x, hi + 1) if hi < high(x) else 0))
+        return on
+
+    def wgsl(self):
+        """The WGSL condition of the bucket (its kernels return at once where it fails)."""
+        out = []
+        for x, lo, hi in self.conds:
+            if lo > max(1, low(x)):
+                out.append(f"{wgsl(x)} >= {lo}u")
+            if hi < high(x):
+                out.append(f"{wgsl(x)} <= {hi}u")
+        return " && ".join(out) or "true"
+
+    def key(self):
+        return tuple((str(x), lo, hi) for x, lo, hi in self.conds)
+
+
+def _padded(c, m, n):
+    """Output elements a configuration computes for an m x n GEMM (whole tiles)."""
+    bm, bn = c["TY"] * c["RM"], c["TX"] * c["RN"]
+    return -(-m // bm) * bm * -(-n // bn) * bn
+
+
+def _pieces(key, a, b):
+    """[(lo, hi, key)]: [a, b] cut where key(size) changes (found by doubling then bisection;
+    the choices are piecewise constant in a size, changing at a few thresholds)."""
+    out, lo = [], a
+    while lo <= b:
+        k, hi, step = key(lo), lo, 1
+        while hi < b and key(min(b, lo + step)) == k:
+            hi, step = min(b, lo + step), step * 2
+        if hi < b:
+            bad = min(b, lo + step)
+            while bad - hi > 1:
+                mid = (hi + bad) // 2
+                hi, bad = (mid, bad) if key(mid) == k else (hi, mid)
+        out.append([lo, hi, k])
+        lo = hi + 1
+    return out
+
+
+def _buckets(pieces, room, cfg_at, padded):
+    """Merge adjacent pieces [lo, hi, key] (a merged piece takes the upper one's configuration,
+    chosen at its maximum) until at most `room` remain and every boundary left saves at least
+    MIN_GAIN: the cost of merging piece i into i + 1 is the padded work of i + 1's configuration
+    over i's own, the worst at i's smallest, middle and largest size (for a smaller split-K
+    factor, at least the factor lost)."""
+    def cost(i):
+        lo, hi = pieces[i][0], pieces[i][1]
+        c0, c1 = cfg_at(hi), cfg_at(pieces[i + 1][1])
+        r = max(padded(c1, s) / padded(c0, s) for s in (lo, (lo + hi) // 2, hi))
+        return max(r, c0["SPLIT"] / c1["SPLIT"])
+
+    pieces = [list(p) for p in pieces]
+    while len(pieces) > 1:
+        costs = [cost(i) for i in range(len(pieces) - 1)]
+        i = min(range(len(costs)), key=costs.__getitem__)
+        if len(pieces) <= room and costs[i] >= MIN_GAIN:
+            break
+        pieces[i + 1][0] = pieces[i][0]
+        del pieces[i]
+    return [(lo, hi) for lo, hi, _ in pieces]
+
+
+def _fit(values, x, target):
+    """values with the dimensions of size x lowered (in proportion to their maxima) so that x is
+    as large as it can be without exceeding target."""
+    names = sorted(x.names())
+    if len(names) == 1 and x == Sym.dim(names[0], values[names[0]]):
+        return dict(values, **{names[0]: target})
+    maxes = {n: values[n] for n in names}
+    T = 1 << 16
+
+    def at(t):
+        return dict(values, **{n: max(1, v * t // T) for n, v in maxes.items()})
+
+    lo, hi = 0, T
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if x.eval(at(mid)) <= target else (lo, mid)
+    return at(lo)
+
+
+def _variants(kc, cpu, M, N, K, batch):
+    """[(gemv, _Bucket or None)]: the paths and size buckets a GEMM launches. Static sizes: one
+    path, ungated. Dynamic ones: the GEMV path for M <= GEMV_MAX_M and the tiled path above it,
+    the tiled range cut where the configuration chosen at a bucket's maximum changes (the
+    heuristic's tile, or with tuning the candidate list), along M or else N, into at most
+    MAX_VARIANTS variants in all; each variant's kernels check its bucket at dispatch."""
+    mlo, mhi = max(1, low(M)), high(M)
+    if not any(isinstance(x, Sym) for x in (M, N, K, batch)) or not isinstance(M, Sym) and not isinstance(N, Sym):
+        return [(mhi <= GEMV_MAX_M, None)]
+    hN, hK, hb = high(N), high(K), high(batch)
+    nlo = max(1, low(N))
+    out = []
+    if mlo <= GEMV_MAX_M:
+        out.append((True, _Bucket(((M, mlo, min(mhi, GEMV_MAX_M)),), (min(mhi, GEMV_MAX_M), hN))))
+    if mhi <= GEMV_MAX_M:
+        return [(True, None)]
+    a = max(mlo, GEMV_MAX_M + 1)
+    lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
+    tuning = autotune.enabled(kc.device) or autotune.forced_index(2) is not None
+
+    def cfg(m, n):  # the configuration the heuristic picks
+        if cpu:
+            return lavapipe_config(m, n, hK, lim)
+        cands, h = gemm_candidates(m, n, hK, hb, lim)
+        return cands[h]
+
+    def key(m, n):
+        if not tuning:
+            return repr(cfg(m, n))
+        return repr(gemm_candidates(m, n, hK, hb, lim))
+
+    room = MAX_VARIANTS - len(out)
+    axis = []
+    if isinstance(M, Sym):
+        pm = _pieces(lambda m: key(m, hN), a, mhi)
+        axis.append((len(pm), 0, pm))
+    if isinstance(N, Sym):
+        pn = _pieces(lambda n: key(mhi, n), nlo, hN)
+        axis.append((len(pn), 1, pn))
+    _, ax, pieces = max(axis, key=lambda t: (t[0] > 1, -t[1]))  # M where it has pieces
+    if ax == 0:
+        spans = _buckets(pieces, room, lambda m: cfg(m, hN), lambda c, m: _padded(c, m, hN))
+        tiled = [_Bucket(((M, lo, hi),), (hi, hN)) for lo, hi in spans]
+    else:
+        spans = _buckets(pieces, room, lambda n: cfg(mhi, n), lambda c, n: _padded(c, mhi, n))
+        mc = ((M, a, mhi),) if a > mlo else ()
+        tiled = [_Bucket(mc + ((N, lo, hi),), (mhi, hi)) for lo, hi in spans]
+    if len(tiled) == 1 and not out:
+        return [(False, None)]
+    return out + [(False, t) for t in tiled]
+
+
 def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     """Pick the path and configuration for an (M x K) * (K x N) GEMM over `batch` matrices and
     launch it. `params` are the template's loader parameters; the kernel name gets the path and
     configuration appended. The configuration is autotuned on hardware adapters (autotune.py).
 
-    Sizes may be Syms (dynamic dimensions): configurations are chosen for their maximum sizes
-    (tuned there too), and an M that may be on either side of GEMV_MAX_M gets both paths, each
-    launched with a workgroup count that is 0 (1 workgroup returning at once) when M selects the
-    other."""
+    Sizes may be Syms (dynamic dimensions): the sizes are cut into buckets (_variants: the GEMV
+    range of M, and the ranges of M or N where a different tile would be chosen), each launched
+    with its configuration chosen (tuned) at the bucket's maximum and a workgroup count that is
+    0 (1 workgroup returning at once) outside the bucket."""
     cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
-    gemv, tiled = high(M) <= GEMV_MAX_M, low(M) > GEMV_MAX_M
-    if not (gemv or tiled):  # dynamic M on both sides: 1 when the tiled path runs
-        big = smin(M // (GEMV_MAX_M + 1), 1)
-        _gemm_path(kc, cpu, True, name, template, params, bindings, args, M, N, K, batch, 1 - big)
-        _gemm_path(kc, cpu, False, name, template, params, bindings, args, M, N, K, batch, big)
-    else:
-        _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch)
+    # a size whose bounds lose its positivity (a product of differences: a transposed conv's
+    # N * 2H * (3W - 1)) is checked >= 1 at dispatch: as max(x, 1) its bounds say so, for the
+    # tile counts and remainders below
+    M, N, K, batch = (smax(x, 1) if isinstance(x, Sym) and low(x) < 1 else x for x in (M, N, K, batch))
+    for gemv, bucket in _variants(kc, cpu, M, N, K, batch):
+        _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch, bucket)
 
 
 def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch, gate=None):
     hM, hN, hK, hb = high(M), high(N), high(K), high(batch)
+    if gate is not None:
+        hM, hN = gate.at  # the bucket's maxima: chosen (tuned) there
     if gemv:
         # reduction in workgroup memory, or within subgroups first where the adapter has them
         cands = [{"SG": False}] + ([{"SG": True}] if "subgroup" in kc.device.features else [])
@@ -295,12 +458,16 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         launches = lambda c: _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c, gate)  # noqa: E731
         if cpu:
             heur = 0
-    # Dynamic sizes: timed at their maximum (immediates and workgroup counts of those sizes); a
-    # gated GEMV (M may exceed GEMV_MAX_M) is not timed: at the maximum it does nothing.
+    # Dynamic sizes: timed at the maximum of the bucket (immediates and workgroup counts of
+    # those sizes)
     values = None
     if any(isinstance(x, Sym) for x in (M, N, K, batch)):
         values = dict.fromkeys(kc.dims, 1)
         values.update(_dim_maxes(M, N, K, batch))
+        if gate is not None:
+            for x, _, hi in gate.conds:
+                if hi < high(x):
+                    values = _fit(values, x, hi)
 
     def measure(i):
         from ..dynamic.kernels import concrete_groups, pack
@@ -319,13 +486,11 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
             out.append((k, sizes, concrete_groups(g, values), imm))
         return out
 
-    sig = autotune.signature_of((template, M, N, K, batch, len(bindings),
-                                 sorted((k, repr(v)) for k, v in params.items() if k != "act"), cands))
-    if gemv and gate is not None:
-        forced = autotune.forced_index(len(cands))
-        best = heur if forced is None else forced
-    else:
-        best = autotune.choose(kc, sig, cands, measure, heur)
+    problem = (template, M, N, K, batch, len(bindings),
+               sorted((k, repr(v)) for k, v in params.items() if k != "act"), cands)
+    if gate is not None:
+        problem += (gate.key(),)
+    best = autotune.choose(kc, autotune.signature_of(problem), cands, measure, heur)
     for k, a, g in launches(cands[best]):
         kc.launch(k, a, g)
 
@@ -341,8 +506,8 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p.setdefault("check_b", N % 4 != 0)
     p.setdefault("check_out", N % 4 != 0)
     p.update(edge_a=False, edge_b=False)
-    p["gate"] = f"{wgsl(M)} <= {GEMV_MAX_M}u" if gate is not None else ""
-    on = 1 if gate is None else gate
+    p["gate"] = gate.wgsl() if gate is not None else ""
+    on = 1 if gate is None else gate.sym()
     # dynamic sizes: (column quads, batch) where both fit, so that no invocation divides by a size
     p["grid3"] = (any(isinstance(x, Sym) for x in (M, N, K, batch))
                   and max(high(cols), high(batch)) <= MAX_GROUPS)
