@@ -9,7 +9,9 @@ onnxruntime, and what a size read at dispatch costs a kernel.
   costs a step;
 - kernels: the same graph built with dynamic dimensions and with static ones, run at the same
   sizes (matmul, attention-shaped batched matmuls, layer normalization, softmax, an elementwise
-  chain, a KV-cache concat), same run.
+  chain, a KV-cache concat, a 3x3 convolution), same run.
+Pairs are timed alternately, round by round (timing.measure_pair: on a shared machine, drift
+hits both alike); the ratios are medians of the per-round ratios.
 """
 
 import os
@@ -22,7 +24,7 @@ import mltensor
 from mltensor import MLDynamicDimension as Dyn
 from mltensor.models_synthetic import past_names, tiny_gpt2
 
-from .timing import adapter_name, measure, record
+from .timing import adapter_name, measure_pair, record
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import generate  # noqa: E402
@@ -85,11 +87,11 @@ def test_decode_step_vs_static_build(benchmark, ctx, model):
         return (lambda: sess.run(None, f, output_location="ml-tensor"),
                 lambda: ctx.read_tensor_sync(sess._out_tensors["logits"]))
 
-    ours = measure(*step(dyn, fd), rounds=21, warmup=3)
-    ref = measure(*step(static, fs), rounds=21, warmup=3)
+    ours, ref, ratio = measure_pair(step(dyn, fd), step(static, fs), rounds=31, warmup=3)
     np.testing.assert_allclose(dyn.run(None, feeds)[0], static.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
     info = record(benchmark, ours, "dynamic: decode step", ref, "session built for this shape",
-                  adapter=adapter_name(ctx), step_ratio=ours["total_s"] / ref["total_s"])
+                  adapter=adapter_name(ctx), step_ratio=ratio,
+                  kernels=len(dyn.graph.kernel_names), ref_kernels=len(static.graph.kernel_names))
     print(f"\ndecode step on {info['adapter']}: dynamic {ours['total_s'] * 1e3:.2f} ms, static "
           f"{ref['total_s'] * 1e3:.2f} ms: x{info['step_ratio']:.2f} (target <= 1.2)")
 
@@ -131,6 +133,11 @@ def _graph(ctx, dynamic, case):
         x, a = inp("x", [("n", 1 << 16, 1 << 17), 16], True)
         y = b.tanh(b.mul(b.add(x, x), x))
         feeds = {"x": a}
+    elif case == "conv2d 3x3":
+        x, a = inp("x", [("n", 1, 2), 32, ("h", 28, 56), ("w", 28, 56)], True)
+        w = b.constant((rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32))
+        y = b.relu(b.conv2d(x, w, padding=[1, 1, 1, 1]))
+        feeds = {"x": a}
     else:  # kv concat
         x, a = inp("past", [1, 4, ("p", 500, 1024), 16], True)
         n, c = inp("new", [1, 4, ("s", 1, 8), 16], True)
@@ -140,7 +147,7 @@ def _graph(ctx, dynamic, case):
 
 
 @pytest.mark.parametrize("case", ["matmul 256", "attention scores", "attention values", "layer_normalization",
-                                  "softmax", "elementwise chain", "kv concat"])
+                                  "softmax", "elementwise chain", "kv concat", "conv2d 3x3"])
 def test_dynamic_kernel_vs_static(benchmark, ctx, case):
     """The same graph with dynamic dimensions and with fixed ones at the same sizes. Target:
     dynamic <= 1.15x the static time."""
@@ -160,11 +167,9 @@ def test_dynamic_kernel_vs_static(benchmark, ctx, case):
         g, ins, outs = runs[dynamic]
         return (lambda: ctx.dispatch(g, ins, outs)), (lambda: ctx.read_tensor_sync(outs["y"]))
 
-    ours = measure(*run(True), rounds=15, warmup=3)
-    ref = measure(*run(False), rounds=15, warmup=3)
+    ours, ref, ratio = measure_pair(run(True), run(False), rounds=25, warmup=3, repeat=3)
     np.testing.assert_allclose(ctx.read_tensor_sync(runs[True][2]["y"]), ctx.read_tensor_sync(runs[False][2]["y"]),
                                rtol=1e-5, atol=1e-5)
     info = record(benchmark, ours, "dynamic: kernels", ref, "static build", adapter=adapter_name(ctx), case=case,
-                  time_ratio=ours["total_s"] / ref["total_s"],
-                  kernels=len(runs[True][0].kernel_names))
+                  time_ratio=ratio, kernels=len(runs[True][0].kernel_names))
     print(f"\n{case} on {info['adapter']}: dynamic/static time x{info['time_ratio']:.2f} (target <= 1.15)")

@@ -37,6 +37,39 @@ def measure(enqueue, wait=None, *, rounds=10, warmup=2, min_time=0.0):
             "run": run}
 
 
+def measure_pair(ours, ref, *, rounds=21, warmup=2, repeat=1):
+    """measure() of two (enqueue, wait) pairs, alternated round by round so that a shared
+    machine's drift hits both alike: (ours, ref, median of the per-round time ratios ours/ref).
+    Each round runs `repeat` enqueues then one wait."""
+    def once(enqueue, wait):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            enqueue()
+        t1 = time.perf_counter()
+        if wait:
+            wait()
+        return t1 - t0, time.perf_counter() - t0
+
+    for _ in range(warmup):
+        once(*ours)
+        once(*ref)
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(once(*ours))
+        b.append(once(*ref))
+
+    def stats(xs, pair):
+        def run():
+            for _ in range(repeat):
+                pair[0]()
+            if pair[1]:
+                pair[1]()
+        return {"enqueue_s": statistics.median(x[0] for x in xs) / repeat,
+                "total_s": statistics.median(x[1] for x in xs) / repeat, "rounds": rounds, "run": run}
+
+    return stats(a, ours), stats(b, ref), statistics.median(x[1] / y[1] for x, y in zip(a, b))
+
+
 def record(benchmark, ours, group, ref=None, ref_name=None, unit=None, work=None, **extra):
     """Put our measurement (and a reference's) into pytest-benchmark's report.
 
