@@ -333,19 +333,22 @@ class InferenceSession:
             vals = tuple(k for k in self._key(feeds) if k[0] in self._value_names)
             return ("dynamic", self._caps.pattern(sizes), vals)
 
-        with self._lock:
-            k = key()
-            spec = self._specs.get(k)
-            if spec is not None and fits(spec):
-                self._lookup(k)
-                return (spec, spec.take()) if take else spec
-        with self._build_lock:
+        def cached():
             with self._lock:
                 k = key()
                 spec = self._specs.get(k)
                 if spec is not None and fits(spec):
                     self._lookup(k)
                     return (spec, spec.take()) if take else spec
+            return None
+
+        hit = cached()
+        if hit is not None:
+            return hit
+        with self._build_lock:  # another thread may have built it meanwhile
+            hit = cached()
+            if hit is not None:
+                return hit
             self._caps.grow(sizes)
             maxes, ones = self._caps.for_build(sizes)
             try:

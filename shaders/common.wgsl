@@ -1,6 +1,19 @@
 // Helpers shared by all kernels. Included by every template after the bindings.
 
 // Linear invocation index for a 1-D launch folded into 2-D (see runtime/wgsl.py grid()).
+{$ if fast_div $}
+// n / d for a size d read at dispatch (a u32 division by a value unknown at compile time runs
+// lane by lane on CPU adapters) and n < 2^23 (ops.FAST_DIV_MAX): f32(n) is exact and WGSL bounds
+// the f32 quotient within 2.5 ulp, so its truncation is within 2 of the integer quotient, which
+// the remainder corrects exactly. Added to kernels that call it (runtime/wgsl.py).
+fn div_fast(n: u32, d: u32) -> u32 {
+    let q = u32(f32(n) / f32(d));
+    let r = i32(n) - i32(q * d);
+    let di = i32(d);
+    return q + select(0u, 1u, r >= di) + select(0u, 1u, r >= 2 * di) - select(0u, 1u, r < 0) - select(0u, 1u, r < -di);
+}
+
+{$ endif $}
 fn linear_id(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return (wid.y * nwg.x + wid.x) * {{ WORKGROUP }}u + lid;
 }

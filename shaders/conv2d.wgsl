@@ -10,27 +10,7 @@
 {$ extends "matmul.wgsl" $}
 
 {$ block loaders $}
-{$ set ohw = "OHW" if (OH * OW) is integer else u(OH * OW) $}
-{$ set IHi = IH if IH is integer else "i32(" ~ u(IH) ~ ")" $}
-{$ set IWi = IW if IW is integer else "i32(" ~ u(IW) ~ ")" $}
-{$ set fd = fdiv is defined and fdiv $}
-{$ macro dv(a, d) $}{$ if fd and "dims." in d $}udiv_({{ a }}, {{ d }}){$ else $}{{ a }} / {{ d }}{$ endif $}{$ endmacro $}
-{$ macro md(a, d) $}{$ if fd and "dims." in d $}umod_({{ a }}, {{ d }}){$ else $}{{ a }} % {{ d }}{$ endif $}{$ endmacro $}
-{$ if fd $}
-// Sizes known at dispatch (numerators below 2^22): a division by one in f32 (vector lanes, where
-// a u32 division by a value unknown at compile time runs lane by lane), the quotient off by at
-// most one (2.5 ulp), corrected exactly.
-fn udiv_(a: u32, d: u32) -> u32 {
-    let q = u32(f32(a) / f32(d));
-    let r = i32(a) - i32(q * d);
-    return select(select(q, q + 1u, r >= i32(d)), q - 1u, r < 0);
-}
-
-fn umod_(a: u32, d: u32) -> u32 {
-    return a - udiv_(a, d) * d;
-}
-
-{$ endif $}
+{$ from "conv_sizes.wgsl" import ohw, IHi, IWi, fd, dv, md with context $}
 {$ if (OH * OW) is integer $}
 const OHW = {{ OH * OW }}u;
 {$ endif $}
@@ -218,12 +198,7 @@ fn store(g: u32, m: u32, o: u32, acc: f32) {
 {$ endblock $}
 
 {$ block stage_a $}
-{$ set ohw = "OHW" if (OH * OW) is integer else u(OH * OW) $}
-{$ set IHi = IH if IH is integer else "i32(" ~ u(IH) ~ ")" $}
-{$ set IWi = IW if IW is integer else "i32(" ~ u(IW) ~ ")" $}
-{$ set fd = fdiv is defined and fdiv $}
-{$ macro dv(a, d) $}{$ if fd and "dims." in d $}udiv_({{ a }}, {{ d }}){$ else $}{{ a }} / {{ d }}{$ endif $}{$ endmacro $}
-{$ macro md(a, d) $}{$ if fd and "dims." in d $}umod_({{ a }}, {{ d }}){$ else $}{{ a }} % {{ d }}{$ endif $}{$ endmacro $}
+{$ from "conv_sizes.wgsl" import ohw, IHi, IWi, fd, dv, md with context $}
 {$ if a_mode == "hoist" $}
 // im2col with the address math out of the inner loop: a thread always stages the same 4 rows m
 // of A (THREADS is a multiple of AQ), so their output pixel -> input window origin and image base
@@ -326,12 +301,7 @@ fn stage_a(g: u32, m0: u32, k0: u32, o: u32, li: u32) {
 {$ endblock $}
 
 {$ block kernels $}
-{$ set ohw = "OHW" if (OH * OW) is integer else u(OH * OW) $}
-{$ set IHi = IH if IH is integer else "i32(" ~ u(IH) ~ ")" $}
-{$ set IWi = IW if IW is integer else "i32(" ~ u(IW) ~ ")" $}
-{$ set fd = fdiv is defined and fdiv $}
-{$ macro dv(a, d) $}{$ if fd and "dims." in d $}udiv_({{ a }}, {{ d }}){$ else $}{{ a }} / {{ d }}{$ endif $}{$ endmacro $}
-{$ macro md(a, d) $}{$ if fd and "dims." in d $}umod_({{ a }}, {{ d }}){$ else $}{{ a }} % {{ d }}{$ endif $}{$ endmacro $}
+{$ from "conv_sizes.wgsl" import ohw, IHi, IWi, fd, dv, md with context $}
 {$ if path == "dw" $}
 // Depthwise: output channel oc reads input channel oc / MULT only. A thread computes OWB
 // horizontally adjacent outputs of one channel, so the input columns their windows share and

@@ -42,18 +42,6 @@ fn finish(acc: {{ T }}, count: u32) -> {{ T }} {
 }
 
 {$ if path == "window" $}
-{$ if fast_div is defined and fast_div $}
-// n / d for a size d read at dispatch and n < 2^23 (mltensor/ops/pool.py index_lines): f32(n) is
-// exact and the f32 quotient within 2.5 ulp (WGSL's bound), so its truncation is within 2 of the
-// integer quotient; the remainder corrects it.
-fn pool_div(n: u32, d: u32) -> u32 {
-    let q = u32(f32(n) / f32(d));
-    let r = i32(n) - i32(q * d);
-    let di = i32(d);
-    return q + select(0u, 1u, r >= di) + select(0u, 1u, r >= 2 * di) - select(0u, 1u, r < 0) - select(0u, 1u, r < -di);
-}
-
-{$ endif $}
 {{ main_1d(total) }}
 {$ if coords is defined $}
 {{ coords }}

@@ -5,8 +5,8 @@
 {# Sizes known only at dispatch (Syms, mltensor/dynamic/) render through u() (u32) and ii() (i32);
    a resampled dimension whose coordinate map depends on them has rs.h_dyn / rs.w_dyn (rs_rat's
    arguments) and its A, B, D (and the nearest rounding's) as WGSL expressions over rh / rw.
-   rs.coords (dynamic output shapes) splits the output index with chained quotients (through rs_div
-   where rs.fast_div). #}
+   rs.coords (dynamic output shapes) splits the output index with chained quotients (through
+   common.wgsl's div_fast where the index stays small). #}
 {$ macro ii(v) $}{$ if v is number or v is string $}{{ v }}{$ else $}i32({{ u(v) }}){$ endif $}{$ endmacro $}
 {$ macro uu(v) $}{$ if v is string $}{{ v }}{$ else $}{{ u(v) }}{$ endif $}{$ endmacro $}
 
@@ -51,17 +51,6 @@ fn rs_rat(kind: u32, n_in: u32, n_out: u32) -> vec3<i32> {
 }
 {$ endif $}
 
-{$ if rs.fast_div is defined and rs.fast_div $}
-// n / d for a size d read at dispatch and n < 2^23: as pool.wgsl's pool_div (f32 quotient within
-// 2 of the integer one, corrected with the remainder).
-fn rs_div(n: u32, d: u32) -> u32 {
-    let q = u32(f32(n) / f32(d));
-    let r = i32(n) - i32(q * d);
-    let di = i32(d);
-    return q + select(0u, 1u, r >= di) + select(0u, 1u, r >= 2 * di) - select(0u, 1u, r < 0) - select(0u, 1u, r < -di);
-}
-
-{$ endif $}
 // (offset of the non-resampled dims in the source, output h, output w) of output index i:
 // the coordinates c0..c3 of i in the output (row-major), straight-line.
 fn rs_coords(i: u32) -> vec3<u32> {

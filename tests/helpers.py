@@ -51,3 +51,22 @@ def assert_exact(got, want):
     assert got.shape == want.shape, (got.shape, want.shape)
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     np.testing.assert_array_equal(got, want)
+
+
+def dispatch_at(ctx, g, feeds):
+    """Dispatch graph `g` on numpy `feeds` of any sizes it allows (dynamic dimensions: the
+    output shapes from g.compute_shapes) and return {output: numpy}; the tensors are destroyed."""
+    ins = {}
+    for name, a in feeds.items():
+        t = ctx.create_tensor_sync(data_type=g.input_descriptors[name][0], shape=a.shape, writable=True)
+        ctx.write_tensor(t, a)
+        ins[name] = t
+    shapes = g.compute_shapes({n: a.shape for n, a in feeds.items()})
+    outs = {n: ctx.create_tensor_sync(data_type=g.output_descriptors[n][0], shape=s, readable=True)
+            for n, s in shapes.items()}
+    try:
+        ctx.dispatch(g, ins, outs)
+        return {n: ctx.read_tensor_sync(t) for n, t in outs.items()}
+    finally:
+        for t in [*ins.values(), *outs.values()]:
+            t.destroy()

@@ -13,27 +13,14 @@ from test_ops_resample import reference as resample_ref
 from test_ops_rnn import ref_gru_cell, ref_lstm_cell, ref_rnn
 
 import mltensor
+from helpers import dispatch_at
 from mltensor.dynamic.dims import MLDynamicDimension as D
 from mltensor.errors import NotSupportedError
 
 NP = mltensor.dtypes.NUMPY
 
 
-def _dispatch(ctx, g, feeds):
-    ins = {}
-    for name, a in feeds.items():
-        t = ctx.create_tensor_sync(data_type=g.input_descriptors[name][0], shape=a.shape, writable=True)
-        ctx.write_tensor(t, a)
-        ins[name] = t
-    shapes = g.compute_shapes({n: a.shape for n, a in feeds.items()})
-    outs = {n: ctx.create_tensor_sync(data_type=g.output_descriptors[n][0], shape=s, readable=True)
-            for n, s in shapes.items()}
-    try:
-        ctx.dispatch(g, ins, outs)
-        return {n: ctx.read_tensor_sync(t) for n, t in outs.items()}
-    finally:
-        for t in [*ins.values(), *outs.values()]:
-            t.destroy()
+_dispatch = dispatch_at
 
 
 def _gen(rng, dt, shape):

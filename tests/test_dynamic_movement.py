@@ -6,26 +6,13 @@ import numpy as np
 import pytest
 
 import mltensor
-from helpers import context_with_env
+from helpers import context_with_env, dispatch_at
 from mltensor.dynamic.dims import MLDynamicDimension as D
 
 NP = mltensor.dtypes.NUMPY
 
 
-def _dispatch(ctx, g, feeds):
-    ins = {}
-    for name, a in feeds.items():
-        t = ctx.create_tensor_sync(data_type=g.input_descriptors[name][0], shape=a.shape, writable=True)
-        ctx.write_tensor(t, a)
-        ins[name] = t
-    shapes = g.compute_shapes({n: a.shape for n, a in feeds.items()})
-    outs = {n: ctx.create_tensor_sync(data_type=g.output_descriptors[n][0], shape=s, readable=True)
-            for n, s in shapes.items()}
-    ctx.dispatch(g, ins, outs)
-    res = {n: ctx.read_tensor_sync(t) for n, t in outs.items()}
-    for t in [*ins.values(), *outs.values()]:
-        t.destroy()
-    return res
+_dispatch = dispatch_at
 
 
 def _gen(rng, dt, shape):

@@ -223,6 +223,47 @@ def radix(var, dims, n_targets=1):
     return [" + ".join(t) if t else "0u" for t in terms]
 
 
+FAST_DIV_MAX = 1 << 23  # flat indices below this divide by dispatch-time sizes through f32 (div_fast)
+
+
+def chained_coords(var, sizes, fast=False, let=False):
+    """(`let` lines, coordinate expressions outermost first) of the flat row-major index `var`
+    over `sizes`, a shape with sizes known only at dispatch: chained quotients, one division per
+    dynamic size (radix would divide by a product of sizes once per coordinate, and a division by
+    a dispatch-time value is a real division; a remainder reuses the quotient). let: bind each
+    quotient by a dynamic size to a `let` (else they stay inline, repeated subexpressions the
+    shader compiler shares); fast: divide through common.wgsl's div_fast (an f32 quotient
+    corrected exactly, for indices below FAST_DIV_MAX), else u32 division."""
+    lines, out, q = [], [], var
+    for k in range(len(sizes) - 1, -1, -1):
+        size = sizes[k]
+        if size == 1:
+            out.append("0u")
+            continue
+        if k == 0 or all(d == 1 for d in sizes[:k]):  # the outermost dimension left: no wrap
+            out.append(q)
+            break
+        d = wgsl(size)
+        if isinstance(size, int):
+            out.append(f"({q} % {d})")
+            q = f"({q} / {d})"
+            continue
+        nq = f"div_fast({q}, {d})" if fast else f"({q} / {d})"
+        if let:
+            lines.append(f"    let q{k} = {nq};")
+            nq = f"q{k}"
+        out.append(f"({q} - {nq} * {d})")
+        q = nq
+    out += ["0u"] * (len(sizes) - len(out))
+    return lines, out[::-1]
+
+
+def index_lines(var, names, sizes, fast=False):
+    """WGSL `let` lines binding the coordinates `names` of `var` over `sizes` (chained_coords)."""
+    lines, coords = chained_coords(var, sizes, fast, let=True)
+    return lines + [f"    let {n} = {e};" for n, e in zip(names, coords)]
+
+
 def support_limits(ctx):
     """The WebNN MLOpSupportLimits dictionary, in snake_case."""
 

@@ -29,8 +29,8 @@ from ..dynamic.kernels import is_dynamic
 from ..front._util import as_shape
 from ..front.builder import builder_op
 from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, convert, grid, lit
-from . import (MAX_RANK, broadcast_shapes, check_support, int_list, merge_dims, radix, register, row_strides,
-               same_type, unidirectional)
+from . import (MAX_RANK, broadcast_shapes, chained_coords, check_support, int_list, merge_dims, radix, register,
+               row_strides, same_type, unidirectional)
 
 ALL = dtypes.ALL
 INDEX_TYPES = ("int32", "uint32", "int64")
@@ -166,27 +166,10 @@ def _sizes_arg(b, where, what, v):
 
 
 def coords_at(var, sizes):
-    """WGSL u32 coordinates (outermost first) of the flat row-major index `var` over `sizes`,
-    for shapes with sizes known only at dispatch: chained quotients, so each dynamic size costs
-    one division (the repeated quotient subexpressions are shared by the shader compiler) where
-    radix would divide by a product of sizes once per coordinate. A division by a value read at
-    dispatch is a real division (GPUs and software rasterizers turn constant ones into a multiply),
-    so a remainder by one reuses the quotient. Static shapes use radix (their kernels stay as
-    they are)."""
-    out, q = [], var
-    for k in range(len(sizes) - 1, -1, -1):
-        size = sizes[k]
-        if size == 1:
-            out.append("0u")
-            continue
-        if k == 0 or all(d == 1 for d in sizes[:k]):  # the outermost dimension left: no wrap
-            out.append(q)
-            break
-        nq = f"({q} / {wgsl(size)})"
-        out.append(f"({q} % {wgsl(size)})" if isinstance(size, int) else f"({q} - {nq} * {wgsl(size)})")
-        q = nq
-    out += ["0u"] * (len(sizes) - len(out))
-    return out[::-1]
+    """WGSL u32 coordinates (outermost first) of the flat row-major index `var` over `sizes` with
+    sizes known only at dispatch: chained quotients inline (ops.chained_coords). Static shapes
+    use radix (their kernels stay as they are)."""
+    return chained_coords(var, sizes)[1]
 
 
 def index_terms(var, dims, n_targets=1):

@@ -26,13 +26,12 @@ from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
-from . import check_support, int_list, lowering, register
+from . import FAST_DIV_MAX, check_support, index_lines, int_list, lowering, register
 from .reduce import at_least
 from .reduce import groups as groups_for
 
 GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
 GLOBAL_WG = 64  # threads of a global-path workgroup (shaders/pool.wgsl)
-FAST_DIV_MAX = 1 << 23  # flat indices below this divide by dispatch-time sizes through f32 (index_lines)
 
 # Builder methods taking operands with dynamic dimensions (batch, channels, plane)
 DYNAMIC_OPS = frozenset({"average_pool2d", "l2_pool2d", "max_pool2d"})
@@ -154,10 +153,9 @@ def _lower(kc, node, mode):
     }
     name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
     if not is_static(out.shape):  # the output coordinates as chained quotients (one division per dynamic size)
-        div = "pool_div" if high(total) < FAST_DIV_MAX else None
+        div = high(total) < FAST_DIV_MAX
         params["coords"] = "\n".join(index_lines("i", ("n", "oh", "ow", "c") if nhwc else ("n", "c", "oh", "ow"),
                                                  list(out.shape), div))
-        params["fast_div"] = bool(div)
     if isinstance(big, Sym):  # and the window loop's path in a global kernel where the plane may be small
         params["auto"] = wgsl(1 - big)
         name += "_auto"
@@ -170,32 +168,6 @@ def _lower(kc, node, mode):
     else:
         groups = big * total + (1 - big) * cdiv(total, GLOBAL_WG)
     kc.launch(k, args, groups_for(node.op, groups))
-
-
-def index_lines(var, names, sizes, div=None):
-    """WGSL `let` lines for the coordinates `names` (outermost first) of the flat row-major index
-    `var` over `sizes`, a shape with sizes known only at dispatch: chained quotients as
-    movement.coords_at, one division per dynamic size. `div`: the WGSL function dividing by a
-    dynamic size (pool_div in shaders/pool.wgsl, rs_div in resample_at.wgsl: an f32 quotient and
-    its integer correction, exact for dividends below FAST_DIV_MAX), else u32 division."""
-    lines, out, q = [], [], var
-    for k in range(len(sizes) - 1, -1, -1):
-        size = sizes[k]
-        if size == 1:
-            out.append("0u")
-            continue
-        if k == 0 or all(d == 1 for d in sizes[:k]):  # the outermost dimension left: no wrap
-            out.append(q)
-            break
-        if isinstance(size, int):
-            out.append(f"({q} % {size}u)")
-            q = f"({q} / {size}u)"
-        else:
-            lines.append(f"    let q{k} = {div}({q}, {wgsl(size)});" if div else f"    let q{k} = {q} / {wgsl(size)};")
-            out.append(f"({q} - q{k} * {wgsl(size)})")
-            q = f"q{k}"
-    out += ["0u"] * (len(sizes) - len(out))
-    return lines + [f"    let {n} = {e};" for n, e in zip(names, out[::-1])]
 
 
 def lower_gate(kc, step):

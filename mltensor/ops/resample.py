@@ -35,9 +35,8 @@ from ..dynamic.dims import cdiv, exact_div, high, is_static, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
-from . import check_support, register, row_strides
+from . import FAST_DIV_MAX, check_support, index_lines, register, row_strides
 from .movement import _out, _seq
-from .pool import FAST_DIV_MAX, index_lines
 from .reduce import groups
 
 DYNAMIC_OPS = frozenset({"resample2d"})
@@ -131,8 +130,7 @@ def resample_params(kc, node, out, src):
     }
     if not is_static(out.shape):  # the output coordinates as chained quotients
         fast = high(math.prod(out.shape)) < FAST_DIV_MAX
-        rs["coords"] = "\n".join(index_lines("i", ("c0", "c1", "c2", "c3"), list(out.shape), "rs_div" if fast else None))
-        rs["fast_div"] = fast
+        rs["coords"] = "\n".join(index_lines("i", ("c0", "c1", "c2", "c3"), list(out.shape), fast))
     for tag, ax in (("h", ax_h), ("w", ax_w)):
         n_in, n_out = x.shape[ax], out.shape[ax]
         rat = None if is_static((n_in, n_out)) else _structural(a["coordinate_transformation"], n_in, n_out)

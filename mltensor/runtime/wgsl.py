@@ -206,6 +206,7 @@ _WIDE_RE = re.compile(r"\b[iu]64\b|\dl[iu]\b")
 # "shader-f16"). f32_to_f16_bits / f16_bits_to_f32 (packed float16 in u32 words) are not f16 uses.
 _F16_RE = re.compile(r"\bf16\b|\w_f16\b|\bf16_of\b")
 _EMU_RE = re.compile(r"\b(?:[iu]64e\w*|e64_\w+|wrap_i64e)\b")
+_FAST_DIV_RE = re.compile(r"\bdiv_fast\(")  # common.wgsl's f32 division by a dispatch-time size
 _COMMENT_RE = re.compile(r"//[^\n]*")
 
 def main_1d(count, index="i"):
@@ -226,7 +227,7 @@ def main_1d(count, index="i"):
 # LD / ST: conversions templates put around loads and stores of kernels that compute float16 in
 # f32 (LD = "f32", ST = "f16_of"); empty (no conversion) unless a lowering sets them.
 _env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False,
-                    emu64=False, f16=False, LD="", ST="", u=lambda x: size(x))
+                    emu64=False, f16=False, fast_div=False, LD="", ST="", u=lambda x: size(x))
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ class Kernel:
         src = template.render(bindings=decls, **self.params)
         code = _COMMENT_RE.sub("", src)
         flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code)),
-                 "f16": bool(_F16_RE.search(code))}
+                 "f16": bool(_F16_RE.search(code)), "fast_div": bool(_FAST_DIV_RE.search(code))}
         if any(flags.values()):
             src = template.render(bindings=decls, **flags, **self.params)
         if flags["f16"]:
