@@ -23,7 +23,7 @@ from wgpu.backends.wgpu_native._ffi import lib as _lib
 
 from .. import dtypes
 from ..errors import DOMException, InvalidStateError, gpu_errors
-from ..front.tensor import MLTensor
+from ..front.tensor import MLTensor, exported_error
 from ..runtime import replay
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
@@ -414,7 +414,7 @@ def _valid_fast(ctx, graph, inputs, outputs):
     for name, t in outputs.items():
         d = go.get(name)
         if (d is None or t.__class__ is not MLTensor or t._context is not ctx or t._destroyed
-                or t._constant or t._data_type != d[0] or t._shape != d[1]):
+                or t._constant or t._data_type != d[0] or t._shape != d[1] or t._exported is not None):
             return False
         seen.add(t)
     if len(seen) != len(outputs):
@@ -422,7 +422,8 @@ def _valid_fast(ctx, graph, inputs, outputs):
     for name, t in inputs.items():
         d = gi.get(name)
         if (d is None or t.__class__ is not MLTensor or t._context is not ctx or t._destroyed
-                or t._constant or t._data_type != d[0] or t._shape != d[1] or t in seen):
+                or t._constant or t._data_type != d[0] or t._shape != d[1] or t in seen
+                or t._exported is not None):
             return False
     return True
 
@@ -451,6 +452,8 @@ def _validate(ctx, graph, inputs, outputs, shapes=True):
                 raise TypeError(f"[{where}] {kind} {name!r} belongs to another MLContext")
             if t.constant:
                 raise TypeError(f"[{where}] {kind} {name!r} is a constant tensor")
+            if t._exported is not None:
+                raise TypeError(exported_error(where, f"{kind} {name!r}"))
             dt, shape = want[name]
             if t.data_type != dt or (shapes and t.shape != shape):
                 raise TypeError(

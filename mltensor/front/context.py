@@ -12,7 +12,7 @@ from ..dynamic.dims import high, parse_shape
 from ..errors import InvalidStateError, NotSupportedError, gpu_errors
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ._util import as_shape, awaitable
-from .tensor import MLTensor
+from .tensor import MLTensor, exported_error
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
 # "immediates": sizes of dynamic dimensions reach kernels as push constants (dynamic/kernels.py)
@@ -247,6 +247,8 @@ class MLContext:
             raise TypeError(f"[{where}] {what} belongs to another MLContext")
         if t._destroyed:
             raise InvalidStateError(f"[{where}] {what} is destroyed")
+        if t._exported is not None:
+            raise TypeError(exported_error(where, what))
 
     def _tensor_created(self, t):
         self._tensors.add(t)
@@ -318,6 +320,45 @@ class MLContext:
             return t
 
         return awaitable(done())
+
+    # IDL (WebNN interop, webnn PR #942): Promise<MLTensor> createExportableTensor(MLTensorDescriptor descriptor, GPUDevice device);
+    def create_exportable_tensor_sync(self, *, data_type, shape, device, readable=False, writable=False):
+        """A tensor export_to_gpu can rent to `device` (zero-copy when it is this context's device,
+        copied in and out otherwise). See runtime/interop.py."""
+        where = "create_exportable_tensor"
+        if not isinstance(device, wgpu.GPUDevice):
+            raise TypeError(f"[{where}] device must be a wgpu.GPUDevice, got {type(device).__name__}")
+        if not type(device).__module__.startswith("wgpu.backends.wgpu_native"):
+            raise TypeError(f"[{where}] device must be a device of wgpu's native backend")
+        with self._lock:
+            self._check(where)
+            if _device_destroyed(device):
+                raise InvalidStateError(f"[{where}] the GPUDevice is destroyed")
+            data_type, shape = self._tensor_args(where, data_type, shape)
+            return MLTensor(self, data_type, shape, readable, writable, False, export_device=device)
+
+    def create_exportable_tensor_async(self, *, data_type, shape, device, readable=False, writable=False):
+        t = self.create_exportable_tensor_sync(data_type=data_type, shape=shape, device=device,
+                                               readable=readable, writable=writable)
+
+        async def done():
+            return t
+
+        return awaitable(done())
+
+    # IDL (WebNN interop, webnn PR #942): Promise<GPUBuffer> exportToGPU(MLTensor tensor);
+    def export_to_gpu_sync(self, tensor):
+        """Rent an exportable tensor to its GPUDevice: a wgpu.GPUBuffer (usage STORAGE | COPY_SRC
+        | COPY_DST) the device uses exclusively; WebNN use of the tensor fails until its
+        destroy(), which returns the tensor with the device's writes in it."""
+        from ..runtime.interop import export_to_gpu
+
+        return export_to_gpu(self, tensor, False)
+
+    def export_to_gpu_async(self, tensor):
+        from ..runtime.interop import export_to_gpu
+
+        return export_to_gpu(self, tensor, True)
 
     # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
     def create_constant_tensor_sync(self, *, data_type, shape, data):

@@ -11,9 +11,14 @@ from ..runtime.timeline import Task
 class MLTensor:
     # IDL: interface MLTensor { dataType; shape; readable; writable; importableToWebGPU; constant; destroy(); }
 
-    def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False):
+    def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False,
+                 export_device=None):
         self._context = ctx
         self._data_type = data_type
+        # create_exportable_tensor: the GPUDevice export_to_gpu rents it to, and the lease while it
+        # is exported (runtime/interop.py; WebNN calls on it then fail)
+        self._export_device = export_device
+        self._exported = None
         # Python extension: a shape with dynamic dimensions makes a resizable tensor. Its buffer
         # holds the maximum sizes; its current shape (`shape`, the maximum at first) is set by
         # write_tensor of an array and by each dispatch writing it as an output, so one tensor
@@ -29,12 +34,13 @@ class MLTensor:
         self._np_dtype = dtypes.NUMPY[data_type]
         self._nbytes = dtypes.byte_length(data_type, shape)
         usage = wgpu.BufferUsage.STORAGE
-        if readable or importable:
+        lendable = importable or export_device is not None
+        if readable or lendable:
             usage |= wgpu.BufferUsage.COPY_SRC
-        if writable or importable or constant:
+        if writable or lendable or constant:
             usage |= wgpu.BufferUsage.COPY_DST
         # CPU adapters: map readable tensors in place (a lent buffer's usage must stay exact).
-        self._direct_map = ctx._direct_map and self._readable and not self._importable
+        self._direct_map = ctx._direct_map and self._readable and not lendable
         if self._direct_map:
             usage |= wgpu.BufferUsage.MAP_READ
         with gpu_errors("create_constant_tensor" if constant else "create_tensor"):  # out of memory
@@ -70,7 +76,8 @@ class MLTensor:
 
     def __repr__(self):
         flags = [n for n in ("readable", "writable", "importable_to_webgpu", "constant") if getattr(self, n)]
-        state = " destroyed" if self._destroyed else ""
+        flags += ["exportable"] if self._export_device is not None else []
+        state = " destroyed" if self._destroyed else " exported" if self._exported else ""
         return f"<MLTensor {self._data_type} {list(self._shape)} {' '.join(flags)}{state}>"
 
     # IDL: undefined destroy();
@@ -98,3 +105,9 @@ class MLTensor:
                     buf.destroy()
 
             tl.enqueue(Task((), (self,), free))
+
+
+def exported_error(where, what="tensor"):
+    """The message of a WebNN call on a tensor rented to WebGPU by export_to_gpu (a TypeError)."""
+    return (f"[{where}] {what} is exported to WebGPU (export_to_gpu): WebNN cannot use it until the "
+            "GPUBuffer is destroyed")

@@ -1,7 +1,13 @@
-"""WebGPU interop: lend an MLTensor to a wgpu.GPUDevice (WebGPU `device.importExternalBuffer`).
+"""WebGPU interop: lend an MLTensor to a wgpu.GPUDevice, in two forms sharing one lease.
 
-A lease per lent tensor. While it lasts the tensor is in `timeline.lent`, so ML work touching it
-(and work depending on that work) is held back and runs in call order after the release.
+- `import_external_buffer(device, tensor)`, the MLTensor explainer's model (WebGPU
+  `device.importExternalBuffer`): while lent the tensor is in `timeline.lent`, so ML work touching
+  it (and work depending on that work) is held back and runs in call order after the release.
+- `MLContext.export_to_gpu(tensor)` of a tensor made by `create_exportable_tensor(..., device)`,
+  the WebNN interop specification (webnn PR #942, Chromium's exportToGPU): while exported
+  (`tensor._exported`) the tensor is rented to the device and WebNN use of it fails at once
+  (dispatch, read_tensor, write_tensor, exporting it again: TypeError naming the call). The
+  tensor is in `timeline.lent` too, which then holds back only its destroy()'s free.
 
 - Same device (the context runs on `device`): zero-copy. The lent buffer is a second wgpu-py
   object around the tensor's native buffer (one more native reference). The import submits the
@@ -73,11 +79,15 @@ class LentBuffer(_native.GPUBuffer):
 
 
 class _Lease:
-    def __init__(self, tensor, device):
+    """One lend of a tensor to a device: `rent` for export_to_gpu (WebNN use fails meanwhile),
+    else import_external_buffer's (WebNN use is held back meanwhile)."""
+
+    def __init__(self, tensor, device, rent=False):
         ctx = tensor._context
         self.tensor = tensor
         self.ctx = ctx
         self.device = device
+        self.rent = rent
         self.same = device is ctx.device
         self.size = tensor._buffer.size
         self.state = "pending"  # -> "lent" -> "ended"
@@ -93,6 +103,8 @@ class _Lease:
         """The import task: runs once the ML work before it is recorded (call order)."""
         tl = self.ctx._timeline
         t = self.tensor
+        # A rented tensor is refused by WebNN calls instead (tensor._exported), so the only task
+        # this holds back for it is destroy()'s free: the device keeps the buffer until its end.
         tl.lent.add(t)
         try:
             if not self.same:
@@ -242,6 +254,8 @@ class _Lease:
         t, ctx = self.tensor, self.ctx
         if getattr(t, "_lease", None) is self:
             t._lease = None
+        if t._exported is self:
+            t._exported = None
         tl = ctx._timeline
         tl.lent.discard(t)
         if ctx._lost_info is None:
@@ -266,11 +280,14 @@ def _begin(device, tensor, where, asynchronous):
         return _begin_locked(ctx, device, tensor, where, asynchronous)
 
 
-def _begin_locked(ctx, device, tensor, where, asynchronous):
+def _begin_locked(ctx, device, tensor, where, asynchronous, rent=False):
     ctx._check(where)
     if tensor._destroyed:
         raise InvalidStateError(f"[{where}] the tensor is destroyed")
     lease = getattr(tensor, "_lease", None)
+    if rent and lease is not None:
+        raise TypeError(f"[{where}] the tensor is already exported (or its export is pending); destroy() "
+                        "the GPUBuffer export_to_gpu returned first")
     if lease is not None:
         if lease.state == "pending":
             raise TypeError(f"[{where}] an import of this tensor has not resolved yet")
@@ -279,14 +296,18 @@ def _begin_locked(ctx, device, tensor, where, asynchronous):
         if lease.device is not device:
             raise TypeError(f"[{where}] the tensor is already lent to another GPUDevice")
         return lease, True
-    lease = _Lease(tensor, device)
+    lease = _Lease(tensor, device, rent)
     tl = ctx._timeline
     if not asynchronous and tl.hold_reason(lease.task) == "lease":
         raise InvalidStateError(
             f"[{where}] the tensor depends on work held back behind another lent tensor; release "
-            "that lease first, or use import_external_buffer_async, which resolves after it"
+            f"that lease first, or use {where}_async, which resolves after it"
         )
     tensor._lease = lease
+    if rent:  # from this call on, WebNN use of the tensor fails (call order)
+        tensor._exported = lease
+        for cb in tensor._on_destroy:  # graphs forget it was validated for their fast paths
+            cb(tensor)
     tl.enqueue(lease.task)
     if not asynchronous:  # held behind another thread's read mapping tensors in place: it ends soon
         while not lease.task.done:
@@ -294,9 +315,11 @@ def _begin_locked(ctx, device, tensor, where, asynchronous):
             if lease.task.lease:
                 tl.held.remove(lease.task)
                 tensor._lease = None
+                if tensor._exported is lease:
+                    tensor._exported = None
                 raise InvalidStateError(
                     f"[{where}] the tensor depends on work held back behind another lent tensor; release "
-                    "that lease first, or use import_external_buffer_async, which resolves after it")
+                    f"that lease first, or use {where}_async, which resolves after it")
             tl.changed.wait()
     return lease, False
 
@@ -323,6 +346,34 @@ def import_external_buffer_async(device, tensor):
         return lease.buffer
 
     return awaitable(existing() if again else lease.run_async(where))
+
+
+# IDL (WebNN interop, webnn PR #942): Promise<GPUBuffer> exportToGPU(MLTensor tensor);
+def export_to_gpu(ctx, tensor, asynchronous):
+    """MLContext.export_to_gpu_sync/_async: rent an exportable tensor to its device."""
+    from ..front.tensor import MLTensor
+
+    where = "export_to_gpu"
+    if not isinstance(tensor, MLTensor):
+        raise TypeError(f"[{where}] tensor must be an MLTensor, got {type(tensor).__name__}")
+    with ctx._lock, gpu_errors(where):
+        ctx._check(where)
+        if tensor._context is not ctx:
+            raise TypeError(f"[{where}] the tensor was not created by this context")
+        if tensor._export_device is None:
+            raise TypeError(f"[{where}] the tensor was not created by create_exportable_tensor (it cannot be "
+                            "exported to WebGPU)")
+        if tensor._destroyed:
+            raise InvalidStateError(f"[{where}] the tensor is destroyed")
+        device = tensor._export_device
+        if _device_destroyed(device):
+            raise InvalidStateError(f"[{where}] the tensor's GPUDevice is destroyed")
+        lease, _ = _begin_locked(ctx, device, tensor, where, asynchronous, rent=True)
+    if not asynchronous:
+        return lease.run_sync(where)
+    from ..front._util import awaitable
+
+    return awaitable(lease.run_async(where))
 
 
 __all__ = ["import_external_buffer_sync", "import_external_buffer_async", "LentBuffer"]
