@@ -127,4 +127,4 @@ def padded(nbytes):
 def to_compute_numpy(data_type, array, f16=False):
     """Host array of `data_type` converted to the form kernels compute on (see compute_type)."""
     cdt = COMPUTE_NUMPY[compute_type(data_type, f16=f16)]  # the same numpy type in both 64-bit modes
-    return np.asarray(array, dtype=NUMPY[data_type]).astype(cdt)
+    return np.asarray(array, dtype=NUMPY[data_type]).astype(cdt, copy=False)

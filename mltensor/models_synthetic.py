@@ -116,3 +116,85 @@ def past_names(model_inputs):
         if name.startswith("past_key_values."):
             out.append((name, "present." + name[len("past_key_values."):]))
     return out
+
+
+def vit(*, layers=12, hidden=768, heads=12, mlp=3072, image=224, patch=16, classes=1000, seed=0,
+        opset=17, batch="batch", external_data=None):
+    """ONNX bytes of a ViT image classifier shaped like transformers' ViT-B/16 export (the
+    defaults: 86 M parameters, 344 MB of float32 weights): a 16x16 stride-16 patch Conv, the class
+    token and position embeddings, pre-norm encoder layers (LayerNormalization, one fused QKV
+    MatMul split into heads, Softmax attention, exact-erf GELU MLP), the final norm and a
+    classifier on the class token. Input pixel_values [batch, 3, image, image], output logits
+    [batch, classes]; `batch` an int fixes it. Seeded random weights, checkable against
+    onnxruntime. external_data: a file path: the weights go to `<path>.data` beside it (ONNX
+    external data) and the model is written to `path`, which is returned instead of bytes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    E, H, D = hidden, heads, hidden // heads
+    n_patches = (image // patch) ** 2
+    inits, nodes = [], []
+
+    def w(name, *shape, scale=0.02):
+        a = rng.standard_normal(shape, dtype=np.float32)
+        a *= scale
+        inits.append(numpy_helper.from_array(a, name))
+        return name
+
+    def c(name, value, dtype=np.int64):
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def n(op, ins, outs=None, **attrs):
+        outs = outs or [f"{op}_{len(nodes)}"]
+        nodes.append(helper.make_node(op, ins, outs, name=f"{op}_{len(nodes)}", **attrs))
+        return outs[0] if len(outs) == 1 else outs
+
+    def norm(x, p):
+        g = c(p + ".g", 1 + rng.standard_normal(E) * 0.05, np.float32)
+        b = c(p + ".b", rng.standard_normal(E) * 0.05, np.float32)
+        return n("LayerNormalization", [x, g, b], axis=-1, epsilon=1e-12)
+
+    c("scale", np.float32(1 / np.sqrt(D)), np.float32)
+    c("sqrt2", np.float32(np.sqrt(2)), np.float32)
+    c("half", np.float32(0.5), np.float32), c("onef", np.float32(1.0), np.float32)
+    c("heads_dims", [0, -1, H, D]), c("merge_dims", [0, -1, E]), c("zero", [0]), c("one", [1])
+    # patches: [batch, E, 14, 14] -> [batch, 196, E], then the class token in front
+    x = n("Conv", ["pixel_values", w("patch.w", E, 3, patch, patch), w("patch.b", E)],
+          kernel_shape=[patch, patch], strides=[patch, patch])
+    x = n("Transpose", [n("Reshape", [x, c("pflat", [0, E, -1])])], perm=[0, 2, 1])
+    batch_dim = n("Slice", [n("Shape", ["pixel_values"]), "zero", "one"])
+    cls = n("Expand", [w("cls", 1, 1, E), n("Concat", [batch_dim, c("cls_rest", [1, E])], axis=0)])
+    x = n("Add", [n("Concat", [cls, x], axis=1), w("pos", 1, n_patches + 1, E)])
+    for i in range(layers):
+        p = f"layer{i}"
+        a = norm(x, p + ".ln1")
+        qkv = n("Add", [n("MatMul", [a, w(p + ".qkv.w", E, 3 * E)]), w(p + ".qkv.b", 3 * E)])
+        q, k, v = n("Split", [qkv, c(p + ".split", [E, E, E])], [p + ".q", p + ".k", p + ".v"], axis=2)
+        heads_of = lambda t: n("Transpose", [n("Reshape", [t, "heads_dims"])], perm=[0, 2, 1, 3])  # noqa: E731
+        q, k, v = heads_of(q), heads_of(k), heads_of(v)
+        scores = n("Mul", [n("MatMul", [q, n("Transpose", [k], perm=[0, 1, 3, 2])]), "scale"])
+        ctx_ = n("MatMul", [n("Softmax", [scores], axis=-1), v])
+        merged = n("Reshape", [n("Transpose", [ctx_], perm=[0, 2, 1, 3]), "merge_dims"])
+        x = n("Add", [x, n("Add", [n("MatMul", [merged, w(p + ".proj.w", E, E)]), w(p + ".proj.b", E)])])
+        m = norm(x, p + ".ln2")
+        f = n("Add", [n("MatMul", [m, w(p + ".fc1.w", E, mlp)]), w(p + ".fc1.b", mlp)])
+        g = n("Mul", [n("Mul", [f, "half"]), n("Add", [n("Erf", [n("Div", [f, "sqrt2"])]), "onef"])])
+        x = n("Add", [x, n("Add", [n("MatMul", [g, w(p + ".fc2.w", mlp, E)]), w(p + ".fc2.b", E)])])
+    x = norm(x, "final")
+    first = n("Squeeze", [n("Slice", [x, "zero", "one", "one"]), "one"])
+    n("Gemm", [first, w("head.w", classes, E), w("head.b", classes)], ["logits"], transB=1)
+    graph = helper.make_graph(
+        nodes, "vit", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, [batch, 3, image, image])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="mltensor")
+    model.ir_version = 8
+    del inits, graph
+    if external_data is None:
+        return model.SerializeToString()
+    import os
+
+    onnx.save_model(model, external_data, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=os.path.basename(external_data) + ".data", size_threshold=1024)
+    return external_data

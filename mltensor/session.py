@@ -220,7 +220,7 @@ class InferenceSession:
             self._kind = "onnx"
             from .onnx.importer import data_errors, load_model, source_name, symbolic_inputs
 
-            self._model, self._base_dir = load_model(model)
+            self._model, self._weights = load_model(model)
             self._name = source_name(model)
             with data_errors(self._name):
                 shapes, params = symbolic_inputs(self._model)
@@ -424,7 +424,7 @@ class InferenceSession:
                 shapes = {n: s for n, s in shapes.items()
                           if n not in caps.axes or any(sizes.get(d) == 0 for _, d in caps.axes[n])}
             im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
-                          base_dir=self._base_dir, input_values=values, dynamic=dynamic, ones=ones)
+                          weights=self._weights, input_values=values, dynamic=dynamic, ones=ones)
             try:
                 with data_errors(self._name, im):
                     imp = im.run()
@@ -435,6 +435,8 @@ class InferenceSession:
                 self._value_names.add(e.input_name)
                 if build_only:
                     return None  # known at the first run
+        if self._weights is not None:
+            self._weights.release()  # uploaded: the mapped pages leave this process's memory
         return _Specialization(imp.graph, imp.inputs, imp.outputs, values)
 
     def _load_tflite(self, model):

@@ -79,7 +79,7 @@ def test_counters_snapshot_is_a_copy(ctx):
     c["submits"] = -1
     assert ctx.counters["submits"] != -1
     assert set(c) == {"bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
-                      "kernel_launches", "tensors_alive", "bytes_alive"}
+                      "kernel_launches", "tensors_alive", "bytes_alive", "constant_bytes"}
 
 
 def test_destroy_is_idempotent_and_invalidates_everything():

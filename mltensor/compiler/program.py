@@ -29,6 +29,7 @@ from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
 from ..dynamic.kernels import check_device
 from ..dynamic.plan import DynamicPlan
+from ..runtime.constants import UPLOAD_BATCH, digest
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
 from .passes import binding_cap, live_nodes, plan_steps
 
@@ -80,6 +81,8 @@ def compile_graph(builder, outputs, placement=None):
     # Constants: uploaded once in compute form, or bound in place (native constant tensors).
     keep = []  # objects the graph must keep alive (constant tensors)
     persist = []
+    shared = []  # constant buffers from the context's store (one reference each)
+    read = 0
     const_ops = {}
     for n in nodes:
         for x in n.inputs:
@@ -98,21 +101,22 @@ def compile_graph(builder, outputs, placement=None):
                 kc.unpack(Ext("const", "", x.data_type, x.shape), x)
                 kc.launches[-1].args[0] = ("buf", x._value._buffer)
                 kc._prologue = False
-        else:
+        else:  # held once per context whatever builds bind it (runtime/constants.py)
+            if x._value is None:  # (forget_host_constants ran: internal callers only)
+                raise InvalidStateError("[build] the builder has already built a graph")
             data = dtypes.to_compute_numpy(x.data_type, x._value, kc.f16)
-            buf = device.create_buffer(
-                label="mltensor-constant",
-                size=dtypes.padded(data.nbytes),
-                usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
-            )
-            if data.nbytes:
-                raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-                if data.nbytes % 4:  # an odd number of f16 elements: writes are whole words
-                    raw = np.concatenate([raw, np.zeros(4 - data.nbytes % 4, np.uint8)])
-                with ctx._lock:
-                    ctx._timeline.write(buf, raw, data.nbytes)
-            persist.append(buf)
+            key = digest(data)  # (hashed without the lock)
+            with ctx._lock:
+                ctx._check("build")
+                buf = ctx._constants.acquire(key, data)
+            shared.append(buf)
             loc[id(x)] = ("buf", buf)
+            read += data.nbytes
+            if builder._release_host is not None and read >= UPLOAD_BATCH:
+                builder._release_host()  # weights mapped from the model file: uploaded, drop the pages
+                read = 0
+    if builder._release_host is not None:
+        builder._release_host()
 
     kc.fixed = set(loc)
     lower_steps(kc, steps)
@@ -174,7 +178,14 @@ def compile_graph(builder, outputs, placement=None):
     # stay resident next to their float32 result.
     at_dispatch = {id(buffer_of(a)) for l, args in launches if not l.prologue for a in args}
     persist = [b for b in persist if id(b) in at_dispatch]
+    unused = [b for b in shared if id(b) not in at_dispatch]  # given back after the prologue
+    shared = [b for b in shared if id(b) in at_dispatch]
     graph = MLGraph(ctx, builder, outputs, keep, persist + pool)
+    graph._shared = shared
+    graph._memory = {"constants": sum(b.size for b in shared),
+                     "constant_tensors": sum(t._buffer.size for t in keep),
+                     "folded_constants": sum(b.size for b in persist),
+                     "intermediates": sum(b.size for b in pool)}
     prologue = []
     for (l, args), vs in zip(launches, views):
         pipe, bgl = pipeline(device, l.kernel)
@@ -183,6 +194,8 @@ def compile_graph(builder, outputs, placement=None):
             # a case place() did not foresee (e.g. a fallback copy inside one concat's storage):
             # build again without placement rather than bind one buffer for reading and writing
             graph.destroy()
+            with ctx._lock:
+                ctx._constants.release(unused)
             return compile_graph(builder, outputs, placement=False)
         bufs = [b if v is None else (b, v) for b, v in zip(bufs, vs)]  # views: (buffer, (offset, size))
         entry = [pipe, bgl, bufs, l.groups, None]
@@ -209,11 +222,23 @@ def compile_graph(builder, outputs, placement=None):
                 p.set_bind_group(0, bg)
                 p.dispatch_workgroups(*groups)
             tl.launched(len(prologue))
+            ctx._constants.release(unused)  # (freed after the submit holding the prologue)
 
         with ctx._lock:
             tl.enqueue(Task(tuple(keep), (), run_prologue))
+    elif unused:
+        with ctx._lock:
+            ctx._constants.release(unused)
     graph._finish()
     return graph
+
+
+def forget_host_constants(builder):
+    """A built builder builds nothing more: drop its host copies of the weights (uploaded)."""
+    for n in builder._nodes:
+        for x in n.inputs:
+            if x is not None and x._kind == "constant" and not isinstance(x._value, MLTensor):
+                x._value = None
 
 
 def _env_off(name):
@@ -254,6 +279,8 @@ class MLGraph:
         self._outputs = {n: (v.data_type, v.shape) for n, v in outputs.items()}
         self._keep = keep
         self._buffers = buffers
+        self._shared = []  # constant buffers of the context's store (runtime/constants.py)
+        self._memory = {}
         self._launches = []
         self._destroyed = False
         self._bg_cache = {}
@@ -316,6 +343,15 @@ class MLGraph:
         (0 when every choice came from the cache or the heuristic)}."""
         return dict(self._autotune)
 
+    @property
+    def memory(self):
+        """Python extension: GPU bytes this graph binds, by kind: "constants" (weights, held once
+        per context and shared with every graph binding the same bytes), "constant_tensors"
+        (create_constant_tensor tensors bound in place), "folded_constants" (values computed once
+        at build, its own) and "intermediates" (its pooled buffers, reused by liveness). Staging
+        memory is per context; `ctx.counters["constant_bytes"]` is the store's total."""
+        return dict(self._memory)
+
     def __repr__(self):
         return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"
 
@@ -333,8 +369,14 @@ class MLGraph:
             self._bg_cache.clear()
             self._last_tensors, self._last = [], None
             bufs, self._buffers = self._buffers, []
+            shared, self._shared = self._shared, []
             tl = ctx._timeline
-            tl.enqueue(Task((), (self,), lambda: tl.after_submit(lambda: [b.destroy() for b in bufs])))
+
+            def free():
+                tl.after_submit(lambda: [b.destroy() for b in bufs])
+                ctx._constants.release(shared)  # other graphs may still bind them
+
+            tl.enqueue(Task((), (self,), free))
 
     def _bound(self, tensors):
         """Launch list [(pipeline, bind group, groups)] for this tensor set (cached)."""

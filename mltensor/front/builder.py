@@ -109,6 +109,9 @@ class MLGraphBuilder:
         self._inputs = {}
         self._nodes = []
         self._built = False
+        # Set by an importer reading weights in place from a mapped file (onnx/weights.py):
+        # called as the build uploads them, to drop the mapped pages from memory
+        self._release_host = None
         self._dims = {}  # dynamic dimension name -> max size (dynamic/dims.py)
         # Checks only a dispatch can make: (size expression, what) that must be >= 1, and
         # (a, b, what) that must be equal
@@ -201,6 +204,18 @@ class MLGraphBuilder:
                 if tuple(shape) != arr.shape and arr.size != int(np.prod(shape, dtype=np.int64)):
                     raise TypeError(f"[{where}] array of shape {arr.shape} does not fit shape {list(shape)}")
                 return MLOperand(self, dt, shape, "constant", value=np.array(arr).reshape(shape))
+        return self._constant_args(where, data_type, shape, data, value)
+
+    def _constant_nocopy(self, arr):
+        """constant(arr) without the copy, for importers whose arrays nobody changes afterwards
+        (weights read in place from a model file: onnx/weights.py). The graph uploads them at
+        build and forgets them."""
+        self._check_state("constant")
+        dt = dtypes.normalize(arr.dtype, "constant")
+        self._context._tensor_args("constant", dt, arr.shape)
+        return MLOperand(self, dt, arr.shape, "constant", value=arr)
+
+    def _constant_args(self, where, data_type, shape, data, value):
         if data_type is None:
             raise TypeError(f"[{where}] data_type is required")
         dt = dtypes.normalize(data_type, where)
@@ -251,11 +266,13 @@ class MLGraphBuilder:
 
 def _compile(builder, outputs):
     """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
-    from ..compiler.program import compile_graph
+    from ..compiler.program import compile_graph, forget_host_constants
     from ..errors import DOMException, OperationError
 
     try:
-        return compile_graph(builder, outputs)
+        graph = compile_graph(builder, outputs)
+        forget_host_constants(builder)  # uploaded: the graph never needs the host copies again
+        return graph
     except (TypeError, DOMException):
         raise
     except Exception as e:

@@ -10,6 +10,7 @@ import wgpu
 from .. import dtypes
 from ..dynamic.dims import high, parse_shape
 from ..errors import InvalidStateError, NotSupportedError, gpu_errors
+from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ._util import as_shape, awaitable
 from .tensor import MLTensor, exported_error
@@ -181,7 +182,7 @@ class MLContext:
         self._adapter_info = adapter.info
         self._counters = dict.fromkeys(
             ("bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
-             "kernel_launches", "tensors_alive", "bytes_alive"), 0)
+             "kernel_launches", "tensors_alive", "bytes_alive", "constant_bytes"), 0)
         # The device's lock (shared by every context on it): every call that touches the timeline
         # or the context's state holds it, from validation to the last recorded command.
         self._lock = device_lock(device)
@@ -193,6 +194,8 @@ class MLContext:
         self._graphs = set()
         self._read_waiters = set()
         self._direct_map = "mappable-primary-buffers" in device.features
+        # graphs' weights, one buffer per distinct content shared by every build (runtime/constants.py)
+        self._constants = ConstantStore(device, self._timeline, self._counters, direct=self._direct_map)
         lim = device.limits
         self._max_bytes = min(lim["max-buffer-size"], lim["max-storage-buffer-binding-size"])
         return self
@@ -277,6 +280,7 @@ class MLContext:
             for wake in list(self._read_waiters):  # async reads and imports held back
                 wake()
             tl.held = []
+            self._constants.clear()  # (graph frees held back above never run; the device frees all)
             tl.mapped.clear()  # reads mapping in place unmap by themselves; nothing submits now
             tl.drop_staging()
             tl.changed.notify_all()  # synchronous reads waiting for held work raise

@@ -1,6 +1,7 @@
 """ONNX model -> MLGraphBuilder calls.
 
-Load (path, bytes or ModelProto, external data included), fix symbolic dimensions, run ONNX shape
+Load (path, bytes or ModelProto; big weights stay in the file and are read in place, see
+weights.py), fix symbolic dimensions, run ONNX shape
 inference (for value types), then walk the nodes in order:
 - a node whose inputs are all known on the host (initializers, Constant, results of folded nodes,
   and shapes of operands, which are static) is folded with numpy through onnx.reference;
@@ -117,21 +118,19 @@ def source_name(source):
 
 
 def load_model(source):
-    """ModelProto from a path, bytes or a ModelProto, external data loaded. A file or buffer that
-    is not a well-formed ONNX ModelProto raises DataError naming it."""
+    """(ModelProto, Weights or None) from a path, bytes or a ModelProto. For a path or bytes the
+    big initializers stay in the file (or the caller's buffer) and are read in place
+    (onnx/weights.py); external data files are mapped, not loaded. A file or buffer that is not
+    a well-formed ONNX ModelProto raises DataError naming it."""
+    from . import weights as W
+
     if isinstance(source, onnx.ModelProto):
         return source, None
     if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)):
         raise TypeError(f"[onnx] model must be a path, bytes or onnx.ModelProto, got {type(source).__name__}")
     name = source_name(source)
-    base_dir = None
     try:
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            model = onnx.load_model_from_string(bytes(source))
-        else:
-            path = os.fspath(source)
-            base_dir = os.path.dirname(os.path.abspath(path))
-            model = onnx.load(path, load_external_data=False)
+        model, weights = W.load(source, name)
     except OSError:
         raise
     except Exception as e:
@@ -139,14 +138,55 @@ def load_model(source):
                         f"parse: {type(e).__name__}: {e})") from None
     if not model.HasField("graph"):
         raise DataError(f"[onnx] {name}: the ModelProto has no graph (field 'graph' is missing)")
-    if base_dir is not None:
-        try:
-            from onnx.external_data_helper import load_external_data_for_model
+    for t in model.graph.initializer:  # external data files: there, and big enough (mapped, not read)
+        if t.data_location == TensorProto.EXTERNAL and weights.base_dir is not None:
+            try:
+                _external_view(weights, t)
+            except DataError:
+                raise
+            except Exception as e:
+                raise DataError(f"[onnx] {name}: external data cannot be loaded ({type(e).__name__}: {e})") from None
+    return model, weights
 
-            load_external_data_for_model(model, base_dir)
-        except Exception as e:
-            raise DataError(f"[onnx] {name}: external data cannot be loaded ({type(e).__name__}: {e})") from None
-    return model, base_dir
+
+# ONNX element types read in place from a model file (numpy's own little-endian types); the
+# others (bfloat16, float8, int4, strings) are converted by numpy_helper from a copy.
+_IN_PLACE = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT8, TensorProto.UINT8,
+             TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32, TensorProto.UINT32,
+             TensorProto.INT64, TensorProto.UINT64, TensorProto.BOOL}
+
+
+def _external_view(weights, t):
+    """The read-only numpy view of an initializer whose data lies in the model file or an
+    external data file (onnx/weights.py), converted through numpy_helper for element types
+    numpy cannot view; None if its file is not one Weights maps."""
+    import sys
+
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location", "")
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise DataError(f"[onnx] tensor {t.name!r}: external data offset/length are not integers") from None
+    dims = list(t.dims)
+    if any(d < 0 for d in dims) or _count(dims) > MAX_HOST_ELEMENTS:
+        raise DataError(f"[onnx] tensor {t.name!r}: field 'dims' {dims} is not a valid shape")
+    view = weights.raw(location, offset, length)
+    if view is None:
+        return None
+    if t.data_type in _IN_PLACE and sys.byteorder == "little":
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        if len(view) != _count(dims) * dt.itemsize:
+            raise DataError(f"[onnx] tensor {t.name!r} ({TensorProto.DataType.Name(t.data_type)} {dims}): "
+                            f"its data does not match its type and shape ({len(view)} bytes)")
+        return np.frombuffer(view, dtype=dt).reshape(dims)
+    copy = TensorProto()
+    copy.CopyFrom(t)
+    del copy.external_data[:]
+    copy.data_location = TensorProto.DEFAULT
+    copy.raw_data = bytes(view)
+    return numpy_helper.to_array(copy)
 
 
 @contextlib.contextmanager
@@ -230,7 +270,7 @@ def dim_name(input_name, axis, param):
 
 
 class Importer:
-    def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, base_dir=None,
+    def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, weights=None,
                  input_values=None, dynamic=None, ones=None):
         self.ctx = context
         # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic
@@ -240,7 +280,7 @@ class Importer:
         self.ones = dict(ones or {})
         self.dim_refs = {}  # dynamic dimension name -> an input operand that has it
         self.input_values = dict(input_values or {})
-        self.base_dir = base_dir
+        self.weights = weights  # onnx/weights.Weights: where big initializers are read in place
         self.free = dict(free_dimensions or {})
         self.input_shapes = dict(input_shapes or {})
         self.model = model
@@ -299,11 +339,13 @@ class Importer:
         if hit is not None and hit[0] is v:
             return hit[1]
         if like is not None and a.dtype.kind == "f" and like.data_type in ("float32", "float16"):
-            a = a.astype(like.data_type)
+            a = a.astype(like.data_type, copy=False)
         s = storage_array(a)
         # not np.ascontiguousarray: it turns a 0-d array into shape [1] (a scalar index would
         # then keep its axis in Gather, a scalar would broadcast as rank 1)
-        op = self.b.constant(s if s.flags.c_contiguous else np.array(s, order="C"))
+        # (no copy: the importer never changes a host array once made, and weights read in place
+        # from the model file are read-only: onnx/weights.py)
+        op = self.b._constant_nocopy(s if s.flags.c_contiguous else np.array(s, order="C"))
         if a.dtype == np.bool_:
             self.bools.add(id(op))
         self._consts[id(v)] = (v, op)
@@ -359,6 +401,8 @@ class Importer:
                 if used:
                     self.fail(f"operator domain {o.domain!r} is not supported (only the default ONNX domain)")
         self.b = MLGraphBuilder(self.ctx)
+        if self.weights is not None:
+            self.b._release_host = self.weights.release
 
         for init in g.initializer:
             arr = self._tensor(init)
@@ -557,10 +601,10 @@ class Importer:
         return fused
 
     def _tensor(self, t):
-        if t.data_location == TensorProto.EXTERNAL and self.base_dir:
-            from onnx.external_data_helper import load_external_data_for_tensor
-
-            load_external_data_for_tensor(t, self.base_dir)
+        if t.data_location == TensorProto.EXTERNAL and self.weights is not None:
+            a = _external_view(self.weights, t)
+            if a is not None:
+                return a
         dims = list(t.dims)
         if any(d < 0 for d in dims) or _count(dims) > MAX_HOST_ELEMENTS:
             raise DataError(f"[onnx] tensor {t.name!r}: field 'dims' {dims} is not a valid shape")
@@ -861,8 +905,11 @@ def _outer_names(node):
 
 def import_onnx(source, context, *, free_dimensions=None, input_shapes=None, input_values=None,
                 const_outputs_as_ops=False):
-    model, base_dir = load_model(source)
+    model, weights = load_model(source)
     im = Importer(model, context, free_dimensions=free_dimensions, input_shapes=input_shapes,
-                  base_dir=base_dir, input_values=input_values)
+                  weights=weights, input_values=input_values)
     with data_errors(source_name(source), im):
-        return im.run(const_outputs_as_ops=const_outputs_as_ops)
+        imported = im.run(const_outputs_as_ops=const_outputs_as_ops)
+    if weights is not None:
+        weights.release()  # uploaded: the mapped pages leave this process's memory
+    return imported
