@@ -25,6 +25,7 @@ from .. import dtypes
 from ..errors import DOMException, InvalidStateError, gpu_errors
 from ..front.tensor import MLTensor, exported_error
 from ..runtime import replay
+from ..runtime.compile import compile_kernels
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
 from ..dynamic.kernels import check_device
@@ -186,6 +187,7 @@ def compile_graph(builder, outputs, placement=None):
                      "constant_tensors": sum(t._buffer.size for t in keep),
                      "folded_constants": sum(b.size for b in persist),
                      "intermediates": sum(b.size for b in pool)}
+    compile_kernels(ctx, [l.kernel for l, _ in launches])  # in parallel (runtime/compile.py)
     prologue = []
     for (l, args), vs in zip(launches, views):
         pipe, bgl = pipeline(device, l.kernel)

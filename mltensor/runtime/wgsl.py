@@ -329,9 +329,16 @@ _compiling = {}  # (id(device), key) -> Event: compiled by one thread, waited fo
 _cache_lock = threading.Lock()
 
 
-def pipeline(device, kernel):
+def compiled(device, kernel):
+    """The kernel's pipeline is already in the device's cache."""
+    cache = _caches.get(device)
+    return cache is not None and kernel.key in cache
+
+
+def pipeline(device, kernel, src=None):
     """(pipeline, bind group layout) for a kernel, compiled once per device and key, also when
-    several threads build graphs at once (one compiles, the others wait for its result)."""
+    several threads build graphs at once (one compiles, the others wait for its result). `src`:
+    its WGSL when the caller rendered it already (runtime/compile.py)."""
     cache = _caches.get(device)
     hit = cache.get(kernel.key) if cache is not None else None
     if hit is not None:
@@ -349,15 +356,15 @@ def pipeline(device, kernel):
                 break
         ev.wait()  # another thread compiles it; if that failed, try ourselves (and raise the same)
     try:
-        return _compile(device, kernel, cache)
+        return _compile(device, kernel, cache, src)
     finally:
         with _cache_lock:
             del _compiling[token]
         ev.set()
 
 
-def _compile(device, kernel, cache):
-    src = kernel.source()
+def _compile(device, kernel, cache, src=None):
+    src = kernel.source() if src is None else src
     try:
         module = device.create_shader_module(label=kernel.name, code=src)
         entries = [
