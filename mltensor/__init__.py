@@ -9,16 +9,29 @@ _ensure_runtime_dir()  # before wgpu loads (see _xdg.py)
 
 from .compiler.program import MLGraph  # noqa: E402
 from .dynamic.dims import MLDynamicDimension  # noqa: E402
-from .errors import DataError, DOMException, InvalidStateError, NotSupportedError, OperationError, UnknownError
+from .errors import (DataError, DOMException, InvalidStateError, NotFoundError, NotSupportedError, OperationError,
+                     UnknownError)
 from .front.builder import MLGraphBuilder, MLOperand
 from .front.context import ML, MLContext, ml
 from .front.tensor import MLTensor
+
+
+def _fast_wgpu_types():
+    from wgpu.backends.wgpu_native._ffi import ffi
+
+    from .runtime.cffi_types import install
+
+    install(ffi)
+
+
+_fast_wgpu_types()  # start-up: see runtime/cffi_types.py
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ml", "ML", "MLContext", "MLTensor", "MLGraphBuilder", "MLOperand", "MLGraph", "MLDynamicDimension",
     "DOMException", "InvalidStateError", "NotSupportedError", "OperationError", "UnknownError", "DataError",
+    "NotFoundError",
     "import_external_buffer_sync", "import_external_buffer_async", "InferenceSession",
     "onnx", "tflite", "models",
 ]

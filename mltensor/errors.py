@@ -31,6 +31,10 @@ class DataError(DOMException):
     pass
 
 
+class NotFoundError(DOMException):
+    """load_graph of a key the graph cache does not hold (for this adapter and code)."""
+
+
 class gpu_errors:
     """Context manager: a wgpu error raised inside (out of memory, a lost device, a validation
     failure) becomes OperationError naming `where`; WebNN errors pass through."""

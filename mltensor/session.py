@@ -189,8 +189,17 @@ class _Specialization:
 
 class InferenceSession:
     def __init__(self, model, context=None, *, free_dimensions=None, max_dimensions=None, dynamic=None,
-                 providers=None, sess_options=None, max_specializations=8, float16=False):
+                 providers=None, sess_options=None, max_specializations=8, float16=False, cache=None):
         self._ctx = context if context is not None else default_context()
+        # The persistent graph cache (mltensor/graphcache/): on unless cache=False or
+        # MLTENSOR_GRAPH_CACHE=0; _cache_id is the model's SHA-256 (None: not cached)
+        if cache not in (None, True, False):
+            raise TypeError(f"[InferenceSession] cache must be None, True or False, got {cache!r}")
+        from .graphcache import store as _store
+
+        self._use_cache = _store.enabled() if cache is None else cache
+        self._cache_id = None
+        self._source = model
         # float16=True: a TFLite model computes in float16 (tflite.import_model); ONNX models
         # are converted to float16 beforehand (their float16 inputs and outputs are then native)
         self._float16 = bool(float16)
@@ -203,7 +212,7 @@ class InferenceSession:
         self._closed = False
         self._specs = OrderedDict()  # key -> _Specialization, least recently used first
         self._spec = None  # the one the last run used
-        self._stats = {"builds": 0, "hits": 0, "evictions": 0}
+        self._stats = {"builds": 0, "hits": 0, "evictions": 0, "loaded": 0}
         self._lock = threading.RLock()  # specializations, their tensor sets, stats
         self._build_lock = threading.Lock()  # one build at a time; runs at built sizes go on
         if dynamic not in (None, True, False):
@@ -227,6 +236,7 @@ class InferenceSession:
                 self._describe(shapes, params)
             self._value_names = set()  # inputs whose values the graph must know at load
             self._setup_dynamic(shapes, params, max_dimensions, dynamic)
+            self._cache_note()
             pending = any(shapes[name] is None for name in shapes) or any(
                 d is None and (p is None or p not in self._free)
                 for name in shapes for d, p in zip(shapes[name], params[name])
@@ -237,6 +247,28 @@ class InferenceSession:
                 self._specialize(feeds, build_only=True)
 
     # -- loading -------------------------------------------------------------------------------
+
+    def _cache_note(self):
+        """With the graph cache: the model's id, and what earlier processes learned of it."""
+        if not self._use_cache:
+            return
+        from .graphcache import sessions
+
+        self._cache_id = sessions.model_id(self._source, getattr(self, "_weights", None))
+        if self._cache_id is None:
+            return
+        note = sessions.load_note(self)
+        self._value_names.update(note.get("value_names", ()))
+        reason = note.get("static_reason")
+        if reason and self._caps is not None and not self._require_dynamic:
+            self._static_reason, self._caps = reason, None
+
+    def _save_note(self):
+        if self._cache_id is not None:
+            from .graphcache import sessions
+
+            sessions.save_note(self, {"value_names": sorted(self._value_names),
+                                      "static_reason": self._static_reason if self._caps is None else None})
 
     def _setup_dynamic(self, shapes, params, max_dimensions, dynamic):
         from .dynamic.capacity import Capacities
@@ -361,6 +393,7 @@ class InferenceSession:
                 # size from now on (as without dynamic dimensions)
                 self._static_reason = f"{type(e).__name__}: {e}"
                 self._caps = None
+                self._save_note()  # a later process goes straight to per-size builds
                 spec = None
             if spec is None:
                 return self._specialize_static_locked(feeds, take)
@@ -423,6 +456,15 @@ class InferenceSession:
                 caps = self._caps
                 shapes = {n: s for n, s in shapes.items()
                           if n not in caps.axes or any(sizes.get(d) == 0 for _, d in caps.axes[n])}
+            key = None
+            if self._cache_id is not None:  # built by an earlier process: loaded, not imported
+                from .graphcache import sessions
+
+                key = sessions.spec_key(self, shapes, values, dynamic, ones)
+                hit = sessions.load_spec(self, key)
+                if hit is not None:
+                    self._stats["loaded"] += 1
+                    return _Specialization(hit[0], hit[1], hit[2], values)
             im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
                           weights=self._weights, input_values=values, dynamic=dynamic, ones=ones)
             try:
@@ -433,10 +475,13 @@ class InferenceSession:
                 if e.input_name in self._value_names:
                     raise
                 self._value_names.add(e.input_name)
+                self._save_note()
                 if build_only:
                     return None  # known at the first run
         if self._weights is not None:
             self._weights.release()  # uploaded: the mapped pages leave this process's memory
+        if key is not None:
+            sessions.save_spec(self, key, imp.graph, imp.inputs, imp.outputs, values)
         return _Specialization(imp.graph, imp.inputs, imp.outputs, values)
 
     def _load_tflite(self, model):
@@ -445,10 +490,24 @@ class InferenceSession:
 
         from .onnx.importer import TYPE_STRING
 
-        graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free,
-                                               float16=self._float16)
-        inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
-        outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
+        hit = key = None
+        if self._use_cache:  # (mltensor/graphcache/sessions.py)
+            from .graphcache import sessions
+
+            self._cache_id = sessions.model_id(model)
+            if self._cache_id is not None:
+                key = sessions.session_key(self, "tflite")
+                hit = sessions.load_spec(self, key)
+        if hit is not None:
+            graph, inputs, outputs, _ = hit
+            self._stats["loaded"] += 1
+        else:
+            graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free,
+                                                   float16=self._float16)
+            inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
+            outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
+            if key is not None:
+                sessions.save_spec(self, key, graph, inputs, outputs, {})
         # one specialization, the sizes of the file (its inputs are checked against them)
         self._spec = _Specialization(graph, inputs, outputs)
         self._tflite_key = None

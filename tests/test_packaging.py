@@ -23,6 +23,10 @@ def test_wheel_ships_shaders_and_runs(tmp_path):
     with zipfile.ZipFile(tmp_path / whl) as z:
         names = z.namelist()
         z.extractall(tmp_path / "site")
+    packages = {os.path.dirname(n) for n in names if n.endswith("/__init__.py")}
+    in_tree_packages = {os.path.relpath(d, ROOT) for d, _, files in os.walk(os.path.join(ROOT, "mltensor"))
+                        if "__init__.py" in files}
+    assert in_tree_packages <= packages, in_tree_packages - packages  # (pyproject's list of packages)
     shipped = {os.path.basename(n) for n in names if n.startswith("mltensor/shaders/")}
     in_tree = {n for n in os.listdir(os.path.join(ROOT, "shaders")) if n.endswith(".wgsl")}
     assert in_tree <= shipped, in_tree - shipped

@@ -213,7 +213,7 @@ def test_session_load_and_run_make_no_host_copy_of_the_weights(fresh_ctx, pixels
 def test_a_changed_model_file_is_refused_not_read_torn(fresh_ctx, pixels, tmp_path):
     p = tmp_path / "vit.onnx"
     p.write_bytes(vit(**SMALL_VIT))
-    sess = InferenceSession(str(p), fresh_ctx, dynamic=False)
+    sess = InferenceSession(str(p), fresh_ctx, dynamic=False, cache=False)  # (cached: not read again)
     sess.run(None, {"pixel_values": pixels[:1]})
     p.write_bytes(b"\0" * 100)  # truncated by an exporter overwriting it in place
     with pytest.raises(mltensor.DataError, match=r"changed since the session loaded it"):

@@ -159,7 +159,8 @@ def compile_graph(builder, outputs, placement=None):
     ]
     for k, v in prologue_values.items():
         buf = device.create_buffer(
-            label="mltensor-folded", size=dtypes.padded(kc.nbytes(v)), usage=wgpu.BufferUsage.STORAGE
+            label="mltensor-folded", size=dtypes.padded(kc.nbytes(v)),
+            usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC,  # (save_graph reads it back)
         )
         persist.append(buf)
         loc[k] = ("buf", buf)
@@ -181,8 +182,10 @@ def compile_graph(builder, outputs, placement=None):
     persist = [b for b in persist if id(b) in at_dispatch]
     unused = [b for b in shared if id(b) not in at_dispatch]  # given back after the prologue
     shared = [b for b in shared if id(b) in at_dispatch]
-    graph = MLGraph(ctx, builder, outputs, keep, persist + pool)
+    graph = MLGraph(ctx, {n: (x.data_type, x.shape) for n, x in builder._inputs.items()},
+                    {n: (v.data_type, v.shape) for n, v in outputs.items()}, keep, persist + pool)
     graph._shared = shared
+    graph._pool, graph._folded = pool, persist  # (what graphcache/recipe.py tells apart)
     graph._memory = {"constants": sum(b.size for b in shared),
                      "constant_tensors": sum(t._buffer.size for t in keep),
                      "folded_constants": sum(b.size for b in persist),
@@ -207,13 +210,16 @@ def compile_graph(builder, outputs, placement=None):
                 entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)],
             )
         (prologue if l.prologue else graph._launches).append(entry)
+        if not l.prologue:
+            graph._kernels.append(l.kernel)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
     graph._autotune = {"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}
     if dims:
         run = [l for l, _ in launches if not l.prologue]
-        graph._dyn = DynamicPlan(dims, builder._dims, {n: s for n, (_, s) in graph._inputs.items()},
-                                 {n: s for n, (_, s) in graph._outputs.items()}, builder._constraints,
-                                 [l.groups for l in run], [bool(l.kernel.dims) for l in run])
+        graph._dyn_args = (dims, dict(builder._dims), {n: s for n, (_, s) in graph._inputs.items()},
+                           {n: s for n, (_, s) in graph._outputs.items()}, list(builder._constraints),
+                           [l.groups for l in run], [bool(l.kernel.dims) for l in run])
+        graph._dyn = DynamicPlan(*graph._dyn_args)
     if prologue:
         tl = ctx._timeline
 
@@ -275,14 +281,18 @@ def _shares_buffer(bufs, bindings):
 class MLGraph:
     # IDL: interface MLGraph { undefined destroy(); }
 
-    def __init__(self, ctx, builder, outputs, keep, buffers):
+    def __init__(self, ctx, inputs, outputs, keep, buffers):
+        """inputs / outputs: name -> (data type, shape) (dynamic dimensions as Syms)."""
         self._context = ctx
-        self._inputs = {n: (x.data_type, x.shape) for n, x in builder._inputs.items()}
-        self._outputs = {n: (v.data_type, v.shape) for n, v in outputs.items()}
+        self._inputs = dict(inputs)
+        self._outputs = dict(outputs)
         self._keep = keep
         self._buffers = buffers
         self._shared = []  # constant buffers of the context's store (runtime/constants.py)
+        self._pool, self._folded = [], []
         self._memory = {}
+        self._kernels = []  # the Kernel of each launch, in order (graphcache/recipe.py saves them)
+        self._dyn_args = None  # what the DynamicPlan was made from (likewise)
         self._launches = []
         self._destroyed = False
         self._bg_cache = {}

@@ -9,7 +9,7 @@ import wgpu
 
 from .. import dtypes
 from ..dynamic.dims import high, parse_shape
-from ..errors import InvalidStateError, NotSupportedError, gpu_errors
+from ..errors import InvalidStateError, NotSupportedError, OperationError, gpu_errors
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ._util import as_shape, awaitable
@@ -364,6 +364,75 @@ class MLContext:
 
         return export_to_gpu(self, tensor, True)
 
+    # -- graph cache (webnn cache-explainer.md; mltensor/graphcache/) ----------------------------
+
+    def _graph_key(self, key, where):
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"[{where}] key must be a non-empty string, got {key!r}")
+        return key
+
+    # IDL (proposal): Promise<undefined> saveGraph(DOMString key, MLGraph graph);
+    def save_graph_sync(self, key, graph):
+        """Store a built graph on disk under `key` for this adapter: its kernels, memory plan,
+        autotuning choices and constants, so that load_graph in a later process skips import,
+        compilation passes and WGSL generation. Replaces an entry of the same key."""
+        from ..compiler.program import MLGraph
+        from ..graphcache import store
+
+        where = "save_graph"
+        key = self._graph_key(key, where)
+        if not isinstance(graph, MLGraph):
+            raise TypeError(f"[{where}] graph must be an MLGraph, got {type(graph).__name__}")
+        if graph._context is not self:
+            raise TypeError(f"[{where}] the graph belongs to another MLContext")
+        self._check(where)
+        if graph._destroyed:
+            raise InvalidStateError(f"[{where}] the graph is destroyed")
+        with gpu_errors(where):
+            try:
+                store.save(self, key, graph)
+            except OSError as e:
+                raise OperationError(f"[{where}] the graph cache at {store.root()} cannot be written: {e}") from None
+
+    def save_graph_async(self, key, graph):
+        return _later(self.save_graph_sync, key, graph)
+
+    # IDL (proposal): Promise<MLGraph> loadGraph(DOMString key);
+    def load_graph_sync(self, key):
+        """The graph save_graph stored under `key` (on this adapter, by this version of
+        mltensor): NotFoundError when there is none, or it was stale or corrupt."""
+        from ..errors import NotFoundError
+        from ..graphcache import store
+
+        where = "load_graph"
+        key = self._graph_key(key, where)
+        self._check(where)
+        with gpu_errors(where):
+            hit = store.load(self, key)
+        if hit is None:
+            raise NotFoundError(f"[{where}] no graph is cached under {key!r} for this adapter")
+        return hit[0]
+
+    def load_graph_async(self, key):
+        return _later(self.load_graph_sync, key)
+
+    # IDL (proposal): Promise<sequence<DOMString>> listGraphs();
+    def list_graphs_sync(self):
+        """Keys of the graphs load_graph can load here, sorted."""
+        from ..graphcache import store
+
+        self._check("list_graphs")
+        return sorted(store.keys(self))
+
+    def list_graphs_async(self):
+        return _later(self.list_graphs_sync)
+
+    # IDL (proposal): undefined deleteGraph(DOMString key);
+    def delete_graph(self, key):
+        from ..graphcache import store
+
+        store.delete(self, self._graph_key(key, "delete_graph"))
+
     # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
     def create_constant_tensor_sync(self, *, data_type, shape, data):
         where = "create_constant_tensor"
@@ -491,3 +560,12 @@ def _bytes_of(data, data_type, nbytes, where):
 from ..compiler.program import dispatch as _dispatch  # noqa: E402  (program imports this module)
 
 MLContext.dispatch = _dispatch
+
+
+def _later(fn, *args):
+    """The _async form of a call that does its work at once: an awaitable of its result (its
+    error raised at the await)."""
+    async def run():
+        return fn(*args)
+
+    return awaitable(run())

@@ -35,7 +35,7 @@ class MLTensor:
         self._nbytes = dtypes.byte_length(data_type, shape)
         usage = wgpu.BufferUsage.STORAGE
         lendable = importable or export_device is not None
-        if readable or lendable:
+        if readable or lendable or constant:  # (a constant's bytes: save_graph reads them back)
             usage |= wgpu.BufferUsage.COPY_SRC
         if writable or lendable or constant:
             usage |= wgpu.BufferUsage.COPY_DST

@@ -176,6 +176,15 @@ class Weights:
                             f"outside its file ({size} bytes)")
         return memoryview(buf)[offset:offset + length]
 
+    def main_buffer(self):
+        """The model file's (or the caller's) bytes, or None."""
+        entry = self._maps.get(LOCATION)
+        return entry[0] if entry is not None else None
+
+    def external_identities(self):
+        """(location, (size, mtime, inode)) of the external data files mapped so far."""
+        return [(loc, e[3]) for loc, e in sorted(self._maps.items()) if loc != LOCATION and e[3]]
+
     def _map_file(self, location, path):
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

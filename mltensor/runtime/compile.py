@@ -43,23 +43,27 @@ def threads():
     return max(1, min(os.cpu_count() or 1, _MAX_THREADS))
 
 
-def compile_kernels(ctx, kernels):
+def compile_kernels(ctx, kernels, sources=None):
     """Make sure every kernel has its pipeline on the context's device, compiling the missing
-    ones in parallel (see the module docstring)."""
+    ones in parallel (see the module docstring). sources: their WGSL, when known (a graph
+    loaded from the graph cache), else rendered here."""
     from .wgsl import compiled, pipeline
 
     device = ctx.device
-    todo, seen_keys = [], set()
-    for k in kernels:
+    todo, src_of, seen_keys = [], {}, set()
+    for i, k in enumerate(kernels):
         if k.key not in seen_keys and not compiled(device, k):
             seen_keys.add(k.key)
             todo.append(k)
+            if sources is not None:
+                src_of[k.key] = sources[i]
     n = threads()
     if len(todo) < 2 or n == 1:
         for k in todo:
-            pipeline(device, k)
+            pipeline(device, k, src_of.get(k.key))
         return
-    sources = [k.source() for k in todo]  # (jinja: holds the GIL, no gain from threads)
+    # (jinja: holds the GIL, no gain from threads)
+    sources = [src_of[k.key] if k.key in src_of else k.source() for k in todo]
     with ThreadPoolExecutor(max_workers=min(n, len(todo)), thread_name_prefix="mltensor-compile") as pool:
         for f in [pool.submit(pipeline, device, k, src) for k, src in zip(todo, sources)]:
             f.result()  # the first failure (OperationError naming the kernel) is raised

@@ -69,7 +69,7 @@ class ConstantStore:
         U = wgpu.BufferUsage
         direct = self._direct and n > 0
         buf = self._device.create_buffer(label="mltensor-constant", size=dtypes.padded(n),
-                                         usage=U.STORAGE | (U.MAP_WRITE if direct else U.COPY_DST),
+                                         usage=U.STORAGE | U.COPY_SRC | (U.MAP_WRITE if direct else U.COPY_DST),
                                          mapped_at_creation=direct)
         if direct:
             buf.write_mapped(raw)
@@ -87,8 +87,17 @@ class ConstantStore:
         self._counters["constant_bytes"] += buf.size
         return buf
 
-    def owns(self, buf):
-        return id(buf) in self._keys
+    def key_of(self, buf):
+        """The store key of one of its buffers (None for any other buffer)."""
+        return self._keys.get(id(buf))
+
+    def acquire_existing(self, key):
+        """acquire() when some graph already holds these bytes, else None (nothing uploaded)."""
+        e = self._entries.get(key)
+        if e is None:
+            return None
+        e[1] += 1
+        return e[0]
 
     def release(self, buffers):
         """Drop one reference to each buffer; the last one frees it (after the open batch is

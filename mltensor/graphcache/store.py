@@ -1,0 +1,283 @@
+"""The graph cache on disk: entries per adapter, constant bytes stored once by content.
+
+    <cache dir>/graphs/blobs/<sha256>                          constant bytes, shared by entries
+    <cache dir>/graphs/<adapter hash>/<key hash>.recipe       the graph (recipe.py), pickled
+    <cache dir>/graphs/<adapter hash>/<key hash>.json         its key, mltensor's code digest, blobs, size
+
+<cache dir> is MLTENSOR_CACHE (else $XDG_CACHE_HOME/mltensor, else ~/.cache/mltensor).
+The adapter hash covers the adapter and driver, the device features the kernels were compiled
+for and the context's float16/int64 modes: a graph saved on one GPU or driver is invisible to
+another. The JSON is written last, each file atomically (a temporary file renamed), so
+concurrent processes never read half an entry. An entry whose code digest differs from this
+mltensor's (any .py, .wgsl or .c file of the package changed), that does not unpickle, or whose
+blobs are missing or do not match their digests is a miss: it is deleted and the graph rebuilt.
+The recipe unpickles with only mltensor's own kernel and size classes allowed, never arbitrary
+callables. Beyond MLTENSOR_CACHE_MAX_BYTES (default 8 GiB) the least recently used entries are
+evicted, then the blobs no entry names.
+"""
+
+import hashlib
+import io
+import json
+import mmap
+import os
+import pickle
+import tempfile
+import threading
+import time
+
+from ..errors import OperationError
+from . import recipe as R
+
+_code = None
+_lock = threading.Lock()
+
+_ALLOWED = {
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
+    ("mltensor.runtime.wgsl", "Kernel"), ("mltensor.runtime.wgsl", "Binding"),
+    ("mltensor.dynamic.dims", "Sym"), ("mltensor.dynamic.dims", "_Atom"),
+    ("mltensor.dynamic.dims", "MLDynamicDimension"), ("mltensor.dynamic.kernels", "Fold"),
+    ("mltensor.compiler.lower", "Ext"),
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a graph cache entry")
+        return super().find_class(module, name)
+
+
+def root():
+    from ..models import cache_dir
+
+    return os.path.join(cache_dir(), "graphs")
+
+
+def enabled():
+    """MLTENSOR_GRAPH_CACHE=0 turns the cache off for InferenceSession (the explicit
+    save_graph / load_graph calls always work)."""
+    return os.environ.get("MLTENSOR_GRAPH_CACHE", "1").strip() not in ("0", "false", "no")
+
+
+def max_bytes():
+    try:
+        return int(float(os.environ.get("MLTENSOR_CACHE_MAX_BYTES", str(8 << 30))))
+    except ValueError:
+        return 8 << 30
+
+
+def code_digest():
+    """SHA-256 over mltensor's code (.py, .c) and kernel templates (.wgsl): a cached graph is
+    valid only for the exact code that compiled it."""
+    global _code
+    if _code is None:
+        from ..runtime.wgsl import _shader_dir
+
+        h = hashlib.sha256()
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for base in (pkg, _shader_dir()):
+            for d, dirs, files in sorted(os.walk(base)):
+                dirs.sort()
+                for f in sorted(files):
+                    if f.endswith((".py", ".wgsl", ".c")):
+                        h.update(os.path.relpath(os.path.join(d, f), base).encode())
+                        with open(os.path.join(d, f), "rb") as fh:
+                            h.update(fh.read())
+        _code = h.hexdigest()
+    return _code
+
+
+def _adapter_dir(ctx):
+    info = ctx._adapter_info
+    parts = [str(info.get(k, "")) for k in ("vendor", "device", "description", "backend_type", "adapter_type")]
+    parts += sorted(str(f) for f in ctx.device.features)
+    parts += [f"f16={ctx._f16}", f"int64={ctx._int64}", f"align={ctx.device.limits.get('min-storage-buffer-offset-alignment')}"]
+    return os.path.join(root(), hashlib.sha256("|".join(parts).encode()).hexdigest()[:20])
+
+
+def _key_hash(key):
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _write_atomic(path, data):
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def save(ctx, key, graph, extra=None):
+    """Store `graph` under `key` (replacing an entry of that key). Returns the bytes written."""
+    recipe, consts = R.capture(graph)
+    blobs_dir = os.path.join(root(), "blobs")
+    names, written = [], 0
+    for _, data in R.read_back(ctx, consts):
+        name = R.blob_name(data)
+        path = os.path.join(blobs_dir, name)
+        if not (os.path.exists(path) and os.path.getsize(path) == len(data)):
+            _write_atomic(path, data)
+            written += len(data)
+        else:
+            os.utime(path)
+        names.append(name)
+    buf = io.BytesIO()
+    pickle.dump({"recipe": recipe, "extra": extra}, buf, protocol=pickle.HIGHEST_PROTOCOL)
+    d = _adapter_dir(ctx)
+    h = _key_hash(key)
+    _write_atomic(os.path.join(d, h + ".recipe"), buf.getvalue())
+    meta = {"key": key, "format": R.FORMAT, "code": code_digest(), "blobs": names,
+            "bytes": sum(c[2] for c in consts) + len(buf.getvalue()), "saved": time.time()}
+    _write_atomic(os.path.join(d, h + ".json"), json.dumps(meta).encode())
+    _evict()
+    return written + len(buf.getvalue())
+
+
+def _meta(path):
+    try:
+        with open(path) as f:
+            m = json.load(f)
+        if not isinstance(m, dict) or not isinstance(m.get("key"), str):
+            return None
+        return m
+    except (OSError, ValueError):
+        return None
+
+
+def load(ctx, key):
+    """(graph, extra) saved under `key` for this adapter and code, or None (a stale or corrupt
+    entry is deleted)."""
+    d = _adapter_dir(ctx)
+    h = _key_hash(key)
+    meta_path = os.path.join(d, h + ".json")
+    meta = _meta(meta_path)
+    if meta is None or meta["key"] != key:
+        return None
+    if meta.get("format") != R.FORMAT or meta.get("code") != code_digest():
+        _delete_files(d, h)
+        return None
+    try:
+        with open(os.path.join(d, h + ".recipe"), "rb") as f:
+            entry = _Unpickler(f).load()
+        rec = entry["recipe"]
+        names = meta["blobs"]
+        if rec.get("format") != R.FORMAT or len(names) != len(rec["constants"]):
+            raise ValueError("the recipe does not match its entry")
+
+        def blob(i):  # mapped, not read: no host copy of the weights (closed when dropped)
+            with open(os.path.join(root(), "blobs", names[i]), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+
+        graph = R.rebuild(ctx, rec, blob)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError,
+            pickle.UnpicklingError, OperationError):
+        _delete_files(d, h)  # corrupt, truncated, a blob gone: rebuilt by the caller
+        return None
+    try:
+        os.utime(meta_path)  # recently used: evicted last
+    except OSError:
+        pass
+    return graph, entry.get("extra")
+
+
+def keys(ctx):
+    d = _adapter_dir(ctx)
+    out = []
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return out
+    code = code_digest()
+    for n in names:
+        if n.endswith(".json"):
+            m = _meta(os.path.join(d, n))
+            if m is not None and m.get("code") == code and m.get("format") == R.FORMAT:
+                out.append(m["key"])
+    return out
+
+
+def delete(ctx, key):
+    _delete_files(_adapter_dir(ctx), _key_hash(key))
+
+
+def _delete_files(d, h):
+    for ext in (".json", ".recipe"):
+        try:
+            os.unlink(os.path.join(d, h + ext))
+        except OSError:
+            pass
+
+
+def _evict():
+    """Least recently used entries out until the cache fits MLTENSOR_CACHE_MAX_BYTES, then the
+    blobs no remaining entry names (a blob another process is writing right now is younger than
+    a minute and kept)."""
+    with _lock:
+        r = root()
+        entries = []
+        try:
+            adapters = [os.path.join(r, a) for a in os.listdir(r) if a != "blobs"]
+        except OSError:
+            return
+        for a in adapters:
+            try:
+                files = os.listdir(a)
+            except OSError:
+                continue
+            for n in files:
+                if n.endswith(".json"):
+                    p = os.path.join(a, n)
+                    m = _meta(p)
+                    try:
+                        used = os.path.getmtime(p)
+                    except OSError:
+                        continue
+                    entries.append((used, a, n[:-5], m))
+        blobs_dir = os.path.join(r, "blobs")
+        try:
+            blobs = {b: os.path.getsize(os.path.join(blobs_dir, b)) for b in os.listdir(blobs_dir)
+                     if not b.endswith(".tmp")}
+        except OSError:
+            blobs = {}
+        total = sum(blobs.values())
+        limit = max_bytes()
+        entries.sort()
+        while total > limit and entries:
+            _, a, h, _ = entries.pop(0)
+            _delete_files(a, h)
+            live = {b for _, _, _, m in entries if m for b in m.get("blobs", ())}
+            total = sum(s for b, s in blobs.items() if b in live)
+        live = {b for _, _, _, m in entries if m for b in m.get("blobs", ())}
+        now = time.time()
+        for b in blobs:
+            if b not in live:
+                p = os.path.join(blobs_dir, b)
+                try:
+                    if now - os.path.getmtime(p) > 60:
+                        os.unlink(p)
+                except OSError:
+                    pass
+
+
+def save_note(ctx, key, note):
+    """A small JSON record beside the entries (InferenceSession's per-model facts)."""
+    d = _adapter_dir(ctx)
+    _write_atomic(os.path.join(d, _key_hash(key) + ".note"),
+                  json.dumps({"key": key, "code": code_digest(), "note": note}).encode())
+
+
+def load_note(ctx, key):
+    m = _meta(os.path.join(_adapter_dir(ctx), _key_hash(key) + ".note"))
+    if m is None or m["key"] != key or m.get("code") != code_digest():
+        return None
+    return m.get("note")

@@ -1,0 +1,376 @@
+"""The persistent graph cache (mltensor/graphcache/): MLContext.save_graph / load_graph /
+list_graphs / delete_graph after WebNN's graph-cache explainer, and InferenceSession loading a
+specialization an earlier process built. Every test points MLTENSOR_CACHE at its own folder."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mltensor
+from mltensor import MLDynamicDimension as D
+from mltensor import ml
+
+from helpers import dispatch_at
+
+ort = pytest.importorskip("onnxruntime")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("MLTENSOR_CACHE", str(d))
+    monkeypatch.delenv("MLTENSOR_GRAPH_CACHE", raising=False)
+    monkeypatch.delenv("MLTENSOR_CACHE_MAX_BYTES", raising=False)
+    return d
+
+
+def _conv_graph(ctx, seed=0, n=2):
+    """Conv + bias + relu + matmul with weights: constants of several kinds, pooled intermediates."""
+    rng = np.random.default_rng(seed)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[n, 3, 8, 8])
+    w = b.constant(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    bias = b.constant(rng.standard_normal(4).astype(np.float32))
+    y = b.relu(b.conv2d(x, w, bias=bias, padding=[1, 1, 1, 1]))
+    m = b.constant(rng.standard_normal((64, 5)).astype(np.float32))
+    z = b.matmul(b.reshape(y, [n, 4, 64]), m)
+    return b.build_sync({"z": z, "y": y})
+
+
+def _entries(cache):
+    return sorted(p for p in cache.rglob("*.json"))
+
+
+def test_save_load_round_trip(cache, ctx, rng):
+    g = _conv_graph(ctx)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    want = dispatch_at(ctx, g, {"x": x})
+    ctx.save_graph_sync("conv", g)
+    assert ctx.list_graphs_sync() == ["conv"]
+    before = ctx._counters["constant_bytes"]
+    h = ctx.load_graph_sync("conv")
+    assert ctx._counters["constant_bytes"] == before  # the loaded graph binds the same constants
+    assert h.input_descriptors == g.input_descriptors and h.output_descriptors == g.output_descriptors
+    assert h.kernel_names == g.kernel_names
+    got = dispatch_at(ctx, h, {"x": x})
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    g.destroy()  # the loaded graph keeps the shared constants alive
+    got = dispatch_at(ctx, h, {"x": x})
+    np.testing.assert_array_equal(got["z"], want["z"])
+    h.destroy()
+    ctx.delete_graph("conv")
+    assert ctx.list_graphs_sync() == []
+    with pytest.raises(mltensor.NotFoundError, match="no graph is cached under 'conv'"):
+        ctx.load_graph_sync("conv")
+
+
+def test_async_forms_and_argument_errors(cache, ctx):
+    import asyncio
+
+    g = _conv_graph(ctx)
+
+    async def go():
+        await ctx.save_graph_async("a", g)
+        h = await ctx.load_graph_async("a")
+        return h, await ctx.list_graphs_async()
+
+    h, keys = asyncio.run(go())
+    assert keys == ["a"] and h.kernel_names == g.kernel_names
+    with pytest.raises(TypeError, match="key must be a non-empty string"):
+        ctx.save_graph_sync("", g)
+    with pytest.raises(TypeError, match="graph must be an MLGraph"):
+        ctx.save_graph_sync("b", object())
+    other = ml.create_context_sync()
+    try:
+        with pytest.raises(TypeError, match="another MLContext"):
+            other.save_graph_sync("b", g)
+    finally:
+        other.destroy()
+    h.destroy()
+    with pytest.raises(mltensor.InvalidStateError, match="destroyed"):
+        ctx.save_graph_sync("b", h)
+    with pytest.raises(mltensor.NotFoundError):
+        asyncio.run(ctx.load_graph_async("missing"))
+
+
+def test_load_in_a_fresh_context_uploads_from_the_cache(cache, rng):
+    a = ml.create_context_sync()
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    try:
+        g = _conv_graph(a)
+        want = dispatch_at(a, g, {"x": x})
+        a.save_graph_sync("conv", g)
+    finally:
+        a.destroy()
+    b = ml.create_context_sync()
+    try:
+        h = b.load_graph_sync("conv")
+        assert b._counters["constant_bytes"] > 0
+        got = dispatch_at(b, h, {"x": x})
+        np.testing.assert_array_equal(got["z"], want["z"])
+        np.testing.assert_array_equal(got["y"], want["y"])
+    finally:
+        b.destroy()
+
+
+def test_dynamic_graph_round_trip(cache, ctx, rng):
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[D("batch", 8), D("seq", 40), 16])
+    w = b.constant(rng.standard_normal((16, 24)).astype(np.float32))
+    y = b.softmax(b.matmul(x, w), 2)
+    g = b.build_sync({"y": y})
+    ctx.save_graph_sync("dyn", g)
+    h = ctx.load_graph_sync("dyn")
+    assert h.dynamic_dimensions == {"batch": 8, "seq": 40}
+    for bs, sq in [(1, 1), (3, 17), (8, 40)]:
+        a = rng.standard_normal((bs, sq, 16)).astype(np.float32)
+        np.testing.assert_array_equal(dispatch_at(ctx, h, {"x": a})["y"], dispatch_at(ctx, g, {"x": a})["y"])
+    with pytest.raises(TypeError, match="outside"):  # the loaded graph checks sizes as the built one
+        dispatch_at(ctx, h, {"x": np.zeros((9, 1, 16), np.float32)})
+
+
+def _entry_files(cache, key):
+    metas = [p for p in cache.rglob("*.json") if json.loads(p.read_text()).get("key") == key]
+    assert len(metas) == 1, metas
+    m = metas[0]
+    return m, m.with_suffix(".recipe"), [cache / "graphs" / "blobs" / n for n in json.loads(m.read_text())["blobs"]]
+
+
+@pytest.mark.parametrize("damage", ["truncated recipe", "garbage json", "blob changed", "blob missing",
+                                    "other code", "recipe of another key"])
+def test_a_damaged_entry_is_a_miss_and_removed(cache, rng, damage):
+    a = ml.create_context_sync()
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    try:
+        g = _conv_graph(a)
+        want = dispatch_at(a, g, {"x": x})["z"]
+        a.save_graph_sync("k", g)
+        a.save_graph_sync("other", _conv_graph(a, seed=1, n=1))
+    finally:
+        a.destroy()
+    meta, recipe, blobs = _entry_files(cache, "k")
+    if damage == "truncated recipe":
+        recipe.write_bytes(recipe.read_bytes()[:100])
+    elif damage == "garbage json":
+        meta.write_text("{not json")
+    elif damage == "blob changed":
+        big = max(blobs, key=lambda p: p.stat().st_size)
+        data = bytearray(big.read_bytes())
+        data[0] ^= 1
+        big.write_bytes(bytes(data))
+    elif damage == "blob missing":
+        blobs[0].unlink()
+    elif damage == "other code":
+        m = json.loads(meta.read_text())
+        m["code"] = "0" * 64
+        meta.write_text(json.dumps(m))
+    else:
+        _, other_recipe, _ = _entry_files(cache, "other")
+        recipe.write_bytes(other_recipe.read_bytes())
+    b = ml.create_context_sync()  # a fresh context: the constants come from the blobs
+    try:
+        if damage in ("garbage json", "other code"):
+            assert "k" not in b.list_graphs_sync()
+        with pytest.raises(mltensor.NotFoundError):
+            b.load_graph_sync("k")
+        if damage != "garbage json":
+            assert not meta.exists() and not recipe.exists()  # removed: the next save rebuilds it
+        # rebuilt and saved again, then loaded
+        g = _conv_graph(b)
+        b.save_graph_sync("k", g)
+        h = b.load_graph_sync("k")
+        np.testing.assert_array_equal(dispatch_at(b, h, {"x": x})["z"], want)
+        assert b.load_graph_sync("other").kernel_names
+    finally:
+        b.destroy()
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.remove, (self.path,))
+
+
+def test_recipe_unpickles_only_mltensor_classes(cache, ctx, tmp_path):
+    g = _conv_graph(ctx)
+    ctx.save_graph_sync("k", g)
+    meta, recipe, _ = _entry_files(cache, "k")
+    victim = tmp_path / "victim"
+    victim.write_text("still here")
+    boom = _Boom()
+    boom.path = str(victim)
+    entry = pickle.loads(recipe.read_bytes())  # (our own entry, trusted here)
+    entry["extra"] = boom
+    recipe.write_bytes(pickle.dumps(entry))
+    with pytest.raises(mltensor.NotFoundError):
+        ctx.load_graph_sync("k")
+    assert victim.read_text() == "still here"
+
+
+def test_eviction_keeps_the_cache_under_its_limit(cache, ctx, monkeypatch):
+    for i in range(3):
+        ctx.save_graph_sync(f"g{i}", _conv_graph(ctx, seed=i))
+    sizes = sum(p.stat().st_size for p in (cache / "graphs" / "blobs").iterdir())
+    # room for about one entry's blobs: the least recently used go first
+    monkeypatch.setenv("MLTENSOR_CACHE_MAX_BYTES", str(sizes // 3 + 16))
+    ctx.load_graph_sync("g0").destroy()  # used: now the most recent
+    os.utime(_entry_files(cache, "g0")[0], (2e9, 2e9))
+    for p in (cache / "graphs" / "blobs").iterdir():  # (blobs younger than a minute are kept:
+        os.utime(p, (1e9, 1e9))                         #  another process may be writing them)
+    ctx.save_graph_sync("g3", _conv_graph(ctx, seed=3))
+    keys = ctx.list_graphs_sync()
+    assert "g1" not in keys and "g2" not in keys and len(keys) <= 2
+    live = sum(p.stat().st_size for p in (cache / "graphs" / "blobs").iterdir())
+    assert live <= sizes * 2 // 3  # the blobs of evicted entries went with them
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+def _model(path, seed=0):
+    """A small ONNX CNN with a free batch dimension."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal((8, 10)).astype(np.float32), "fc")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["logits"])]
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, 16])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 10])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(path))
+    return path
+
+
+_SESSION = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import mltensor
+    s = mltensor.InferenceSession(sys.argv[1], dynamic=False)
+    x = np.load(sys.argv[2])
+    out = s.run(None, {"x": x})[0]
+    np.save(sys.argv[3], out)
+    print(json.dumps(s.stats))
+""")
+
+
+def _run(env, *args):
+    r = subprocess.run([sys.executable, "-c", _SESSION, *map(str, args)], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_loads_the_session(cache, tmp_path, rng):
+    model = _model(tmp_path / "m.onnx")
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    env = dict(os.environ, MLTENSOR_CACHE=str(cache))
+    first = _run(env, model, tmp_path / "x.npy", tmp_path / "a.npy")
+    assert first["builds"] == 1 and first["loaded"] == 0
+    second = _run(env, model, tmp_path / "x.npy", tmp_path / "b.npy")
+    assert second["loaded"] == 1
+    np.testing.assert_allclose(np.load(tmp_path / "b.npy"), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), np.load(tmp_path / "a.npy"))
+    # the same model path with other weights is another model: built, not loaded
+    _model(model, seed=1)
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    third = _run(env, model, tmp_path / "x.npy", tmp_path / "c.npy")
+    assert third["loaded"] == 0
+    np.testing.assert_allclose(np.load(tmp_path / "c.npy"), want, rtol=1e-4, atol=1e-5)
+    # switched off: nothing loaded, nothing written
+    off = tmp_path / "off"
+    stats = _run(dict(env, MLTENSOR_CACHE=str(off), MLTENSOR_GRAPH_CACHE="0"), model, tmp_path / "x.npy",
+                 tmp_path / "d.npy")
+    assert stats["loaded"] == 0 and not (off / "graphs").exists()
+
+
+def test_session_in_process(cache, tmp_path, rng):
+    model = _model(tmp_path / "m.onnx")
+    x = rng.standard_normal((3, 3, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    a = mltensor.InferenceSession(str(model), dynamic=False)
+    a.run(None, {"x": x})
+    assert a.stats["loaded"] == 0
+    b = mltensor.InferenceSession(model.read_bytes(), dynamic=False)  # the same bytes: the same model
+    np.testing.assert_allclose(b.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+    assert b.stats["loaded"] == 1 and b.stats["builds"] == 1  # (a load is a build, without import)
+    c = mltensor.InferenceSession(str(model), dynamic=False, cache=False)
+    c.run(None, {"x": x})
+    assert c.stats["loaded"] == 0
+    with pytest.raises(TypeError, match="cache must be"):
+        mltensor.InferenceSession(str(model), cache="yes")
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import mltensor
+    from mltensor import ml
+    ctx = ml.create_context_sync()
+    me = int(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        b = mltensor.MLGraphBuilder(ctx)
+        x = b.input("x", data_type="float32", shape=[4, 32])
+        seed = i % 3  # the same keys from both writers, and keys of their own
+        w = np.random.default_rng(seed).standard_normal((32, 32)).astype(np.float32)
+        g = b.build_sync({"y": b.relu(b.matmul(x, b.constant(w)))})
+        ctx.save_graph_sync(f"shared{seed}", g)
+        ctx.save_graph_sync(f"w{me}-{i}", g)
+        try:
+            ctx.load_graph_sync(f"shared{(i + 1) % 3}").destroy()
+        except mltensor.NotFoundError:
+            pass  # not written yet by either
+        g.destroy()
+""")
+
+
+def test_two_processes_write_one_cache(cache, ctx, rng):
+    env = dict(os.environ, MLTENSOR_CACHE=str(cache))
+    n = 6
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(k), str(n)], env=env, cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True) for k in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    keys = ctx.list_graphs_sync()
+    assert keys == sorted([f"shared{s}" for s in range(3)] + [f"w{k}-{i}" for k in range(2) for i in range(n)])
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    for key in keys:
+        seed = int(key[-1]) if key.startswith("shared") else int(key.split("-")[1]) % 3
+        w = np.random.default_rng(seed).standard_normal((32, 32)).astype(np.float32)
+        got = dispatch_at(ctx, ctx.load_graph_sync(key), {"x": x})["y"]
+        np.testing.assert_allclose(got, np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+    assert not list(cache.rglob("*.tmp"))
+
+
+def test_fast_cffi_types_parse_as_cffi_does():
+    """runtime/cffi_types.py: wgpu's ffi (patched at import) and an unpatched ffi of the same
+    header agree on every struct wgpu-py uses."""
+    import cffi
+    from wgpu.backends.wgpu_native._ffi import ffi, get_wgpu_header
+
+    ref = cffi.FFI()
+    ref.cdef(get_wgpu_header())
+    names = sorted({k.split(" ", 1)[1] for k in ref._parser._declarations if k.startswith("typedef WGPU")})
+    assert len(names) > 100 and getattr(ffi._parser, "_mltensor_fast", False)
+    for name in names[:200]:
+        for form in (f"{name} *", f"{name}[2]"):
+            a, b = ffi.typeof(form), ref.typeof(form)
+            assert a.cname == b.cname and ffi.sizeof(a.item) == ref.sizeof(b.item)
+            if a.item.kind == "struct":
+                assert [(f, t.type.cname, t.offset) for f, t in a.item.fields] == \
+                    [(f, t.type.cname, t.offset) for f, t in b.item.fields]
