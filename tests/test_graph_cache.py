@@ -42,7 +42,7 @@ def _conv_graph(ctx, seed=0, n=2):
     w = b.constant(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
     bias = b.constant(rng.standard_normal(4).astype(np.float32))
     y = b.relu(b.conv2d(x, w, bias=bias, padding=[1, 1, 1, 1]))
-    m = b.constant(rng.standard_normal((64, 5)).astype(np.float32))
+    m = b.constant(rng.standard_normal((64, 260)).astype(np.float32))  # >= 64 KiB: a blob of its own
     z = b.matmul(b.reshape(y, [n, 4, 64]), m)
     return b.build_sync({"z": z, "y": y})
 
@@ -144,10 +144,12 @@ def _entry_files(cache, key):
     metas = [p for p in cache.rglob("*.json") if json.loads(p.read_text()).get("key") == key]
     assert len(metas) == 1, metas
     m = metas[0]
-    return m, m.with_suffix(".recipe"), [cache / "graphs" / "blobs" / n for n in json.loads(m.read_text())["blobs"]]
+    names = sorted({r[0] for r in json.loads(m.read_text())["blobs"]})
+    return m, m.with_suffix(".recipe"), [cache / "graphs" / "blobs" / n for n in names]
 
 
-@pytest.mark.parametrize("damage", ["truncated recipe", "garbage json", "blob changed", "blob missing",
+@pytest.mark.parametrize("damage", ["truncated recipe", "garbage json", "blob changed", "small blob changed",
+                                    "blob truncated", "blob missing",
                                     "other code", "recipe of another key"])
 def test_a_damaged_entry_is_a_miss_and_removed(cache, rng, damage):
     a = ml.create_context_sync()
@@ -169,6 +171,14 @@ def test_a_damaged_entry_is_a_miss_and_removed(cache, rng, damage):
         data = bytearray(big.read_bytes())
         data[0] ^= 1
         big.write_bytes(bytes(data))
+    elif damage == "small blob changed":  # the entry's pack of small constants
+        small = min(blobs, key=lambda p: p.stat().st_size)
+        data = bytearray(small.read_bytes())
+        data[-20] ^= 4
+        small.write_bytes(bytes(data))
+    elif damage == "blob truncated":
+        big = max(blobs, key=lambda p: p.stat().st_size)
+        big.write_bytes(big.read_bytes()[:-8])
     elif damage == "blob missing":
         blobs[0].unlink()
     elif damage == "other code":

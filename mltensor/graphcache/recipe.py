@@ -17,8 +17,9 @@ import wgpu
 
 from .. import dtypes
 from ..compiler.lower import Ext
+from ..runtime.wgsl import source_of
 
-FORMAT = 1
+FORMAT = 2
 _READ_CHUNK = 64 << 20
 
 
@@ -58,7 +59,7 @@ def capture(graph):
         "format": FORMAT,
         "inputs": graph._inputs, "outputs": graph._outputs,
         "kernels": graph._kernels,
-        "sources": [k.source() for k in graph._kernels],  # (no template rendering at load)
+        "sources": [source_of(ctx.device, k) for k in graph._kernels],  # (no rendering at load)
         "launches": launches,
         "pool": [b.size for b in graph._pool],
         "constants": [(key, size) for key, _, size in consts],
@@ -69,42 +70,41 @@ def capture(graph):
 
 
 def read_back(ctx, consts):
-    """The bytes of each constant buffer, copied to mappable staging (<= 64 MB a batch); the
-    copies are submitted with the context's lock held and waited for without it. Yields
-    (store key, memoryview of the mapped bytes): valid only until the next item is asked for,
-    so the caller hashes and writes them with no host copy."""
+    """The bytes of each constant buffer, copied into one mappable staging buffer per batch
+    (<= 64 MB, a larger constant alone); the copies are submitted with the context's lock held
+    and waited for without it. Yields (store key, memoryview of the mapped bytes): valid only
+    until the next batch is asked for, so the caller hashes and writes them with no host copy."""
     device = ctx.device
     i = 0
     while i < len(consts):
         batch, total = [], 0
-        while i < len(consts) and (not batch or total + consts[i][2] <= _READ_CHUNK):
-            batch.append(consts[i])
-            total += consts[i][2]
+        while i < len(consts) and (not batch or total + dtypes.padded(consts[i][2]) <= _READ_CHUNK):
+            batch.append((consts[i], total))
+            total += -(-dtypes.padded(consts[i][2]) // 16) * 16
             i += 1
-        staging = []
         with ctx._lock:
             ctx._check("save_graph")
             tl = ctx._timeline
             tl.flush()  # the build's uploads and prologue first
+            st = device.create_buffer(size=max(16, total), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
             enc = device.create_command_encoder(label="mltensor-save")
-            for key, buf, size in batch:
-                st = device.create_buffer(size=max(4, dtypes.padded(size)),
-                                          usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            for (_, buf, size), off in batch:
                 if size:
-                    enc.copy_buffer_to_buffer(buf, 0, st, 0, dtypes.padded(size))
-                staging.append((key, st, size))
+                    enc.copy_buffer_to_buffer(buf, 0, st, off, dtypes.padded(size))
             device.queue.submit([enc.finish()])
             tl.counters["submits"] += 1
-        for key, st, size in staging:
+        try:
             st.map_sync(wgpu.MapMode.READ)
-            data = st.read_mapped(0, max(4, dtypes.padded(size)), copy=False)
-            ctx._counters["bytes_downloaded"] += size
+            data = st.read_mapped(0, max(16, total), copy=False).cast("B")
             try:
-                yield key, data.cast("B")[:size]
+                for (key, _, size), off in batch:
+                    ctx._counters["bytes_downloaded"] += size
+                    yield key, data[off:off + size]
             finally:
                 del data
                 st.unmap()
-                st.destroy()
+        finally:
+            st.destroy()
 
 
 def blob_name(data):

@@ -116,12 +116,20 @@ def _write_atomic(path, data):
         raise
 
 
+_PACK = 64 << 10  # constants smaller than this go into one file per entry
+
+
 def save(ctx, key, graph, extra=None):
-    """Store `graph` under `key` (replacing an entry of that key). Returns the bytes written."""
+    """Store `graph` under `key` (replacing an entry of that key). Returns the bytes written.
+    Each constant is stored by content (shared with every entry holding the same bytes); the
+    small ones (biases, scales, folded shapes: most of a model's constants by count) together
+    in one file, so an entry is a few files, not hundreds."""
     recipe, consts = R.capture(graph)
     blobs_dir = os.path.join(root(), "blobs")
-    names, written = [], 0
-    for _, data in R.read_back(ctx, consts):
+    refs, written, pack = [], 0, bytearray()
+
+    def put(data):
+        nonlocal written
         name = R.blob_name(data)
         path = os.path.join(blobs_dir, name)
         if not (os.path.exists(path) and os.path.getsize(path) == len(data)):
@@ -129,13 +137,26 @@ def save(ctx, key, graph, extra=None):
             written += len(data)
         else:
             os.utime(path)
-        names.append(name)
+        return name
+
+    for _, data in R.read_back(ctx, consts):
+        if len(data) < _PACK:
+            refs.append([None, len(pack), len(data)])
+            pack += data
+            pack += bytes(-len(pack) % 16)
+        else:
+            refs.append([put(data), 0, len(data)])
+    if pack:
+        name = put(pack)
+        for r in refs:
+            if r[0] is None:
+                r[0] = name
     buf = io.BytesIO()
     pickle.dump({"recipe": recipe, "extra": extra}, buf, protocol=pickle.HIGHEST_PROTOCOL)
     d = _adapter_dir(ctx)
     h = _key_hash(key)
     _write_atomic(os.path.join(d, h + ".recipe"), buf.getvalue())
-    meta = {"key": key, "format": R.FORMAT, "code": code_digest(), "blobs": names,
+    meta = {"key": key, "format": R.FORMAT, "code": code_digest(), "blobs": refs,
             "bytes": sum(c[2] for c in consts) + len(buf.getvalue()), "saved": time.time()}
     _write_atomic(os.path.join(d, h + ".json"), json.dumps(meta).encode())
     _evict()
@@ -169,16 +190,33 @@ def load(ctx, key):
         with open(os.path.join(d, h + ".recipe"), "rb") as f:
             entry = _Unpickler(f).load()
         rec = entry["recipe"]
-        names = meta["blobs"]
-        if rec.get("format") != R.FORMAT or len(names) != len(rec["constants"]):
+        refs = meta["blobs"]
+        if rec.get("format") != R.FORMAT or len(refs) != len(rec["constants"]):
             raise ValueError("the recipe does not match its entry")
+        files = {}
 
-        def blob(i):  # mapped, not read: no host copy of the weights (closed when dropped)
-            with open(os.path.join(root(), "blobs", names[i]), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+        def blob(i):
+            """Constant i's bytes: a view of its mapped file (no host copy of the weights).
+            A constant without a content key (folded at build) is trusted only once its whole
+            file hashes to the file's name."""
+            name, off, size = refs[i]
+            if name not in files:
+                with open(os.path.join(root(), "blobs", name), "rb") as f:
+                    n = os.fstat(f.fileno()).st_size
+                    files[name] = [mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ) if n else b"", False]
+            m = files[name]
+            if rec["constants"][i][0] is None and not m[1]:
+                if R.blob_name(m[0]) != name:
+                    raise ValueError(f"blob {name} does not match its digest")
+                m[1] = True
+            if off + size > len(m[0]):
+                raise ValueError(f"blob {name} is shorter than its entry says")
+            return memoryview(m[0])[off:off + size]
 
-        graph = R.rebuild(ctx, rec, blob)
+        try:
+            graph = R.rebuild(ctx, rec, blob)
+        finally:
+            files.clear()  # (each mapping closes with its last view)
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError,
             pickle.UnpicklingError, OperationError):
         _delete_files(d, h)  # corrupt, truncated, a blob gone: rebuilt by the caller
@@ -255,9 +293,9 @@ def _evict():
         while total > limit and entries:
             _, a, h, _ = entries.pop(0)
             _delete_files(a, h)
-            live = {b for _, _, _, m in entries if m for b in m.get("blobs", ())}
+            live = _live(entries)
             total = sum(s for b, s in blobs.items() if b in live)
-        live = {b for _, _, _, m in entries if m for b in m.get("blobs", ())}
+        live = _live(entries)
         now = time.time()
         for b in blobs:
             if b not in live:
@@ -267,6 +305,16 @@ def _evict():
                         os.unlink(p)
                 except OSError:
                     pass
+
+
+def _live(entries):
+    """Names of the blobs the entries refer to."""
+    out = set()
+    for _, _, _, m in entries:
+        for r in (m or {}).get("blobs", ()):
+            if isinstance(r, list) and r and isinstance(r[0], str):
+                out.add(r[0])
+    return out
 
 
 def save_note(ctx, key, note):

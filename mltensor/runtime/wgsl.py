@@ -327,6 +327,7 @@ def grid(n_groups):
 _caches = weakref.WeakKeyDictionary()
 _compiling = {}  # (id(device), key) -> Event: compiled by one thread, waited for by the others
 _cache_lock = threading.Lock()
+_sources = weakref.WeakKeyDictionary()  # device -> {kernel key: WGSL}
 
 
 def compiled(device, kernel):
@@ -394,4 +395,13 @@ def _compile(device, kernel, cache, src=None):
             msg += "\n(set MLTENSOR_DUMP_WGSL=1 to see the WGSL source)"
         raise OperationError(msg) from None
     cache[kernel.key] = (pipe, bgl)
+    with _cache_lock:
+        _sources.setdefault(device, {})[kernel.key] = src
     return pipe, bgl
+
+
+def source_of(device, kernel):
+    """The WGSL a kernel was compiled from on this device (rendered again if it was not):
+    save_graph stores it, rendering ~100 templates would cost it 0.2 s."""
+    src = _sources.get(device, {}).get(kernel.key)
+    return kernel.source() if src is None else src
