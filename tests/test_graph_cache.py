@@ -384,3 +384,44 @@ def test_fast_cffi_types_parse_as_cffi_does():
             if a.item.kind == "struct":
                 assert [(f, t.type.cname, t.offset) for f, t in a.item.fields] == \
                     [(f, t.type.cname, t.offset) for f, t in b.item.fields]
+
+
+def test_a_load_maps_one_weight_file_at_a_time(cache, rng, monkeypatch):
+    """Constants are uploaded from mapped blob files, each unmapped once uploaded: the process
+    never holds a second copy of all the weights next to the GPU's."""
+    def build(ctx):
+        b = mltensor.MLGraphBuilder(ctx)
+        y = b.input("x", data_type="float32", shape=[2, 64])
+        for k, (m, n) in enumerate([(64, 256), (256, 256), (256, 64)]):  # >= 64 KiB each: own files
+            y = b.relu(b.matmul(y, b.constant(np.random.default_rng(k).standard_normal((m, n)).astype(np.float32))))
+        return b.build_sync({"y": y})
+
+    a = ml.create_context_sync()
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    try:
+        g = build(a)
+        want = dispatch_at(a, g, {"x": x})["y"]
+        a.save_graph_sync("mlp", g)
+    finally:
+        a.destroy()
+    blobs = str(cache / "graphs" / "blobs")
+    seen = []
+    b = ml.create_context_sync()
+    orig = type(b._constants).acquire
+
+    def acquire(self, key, data):  # (observes the mappings; the upload itself is unchanged)
+        with open("/proc/self/maps") as f:
+            seen.append({line.split()[-1] for line in f if blobs in line})
+        return orig(self, key, data)
+
+    monkeypatch.setattr(type(b._constants), "acquire", acquire)
+    try:
+        h = b.load_graph_sync("mlp")
+        big = [m for m in seen if m]
+        assert len(seen) >= 3 and all(len(m) <= 2 for m in seen), seen  # the pack and one weight
+        assert len(set().union(*big)) >= 3
+        with open("/proc/self/maps") as f:
+            assert not [line for line in f if blobs in line]
+        np.testing.assert_array_equal(dispatch_at(b, h, {"x": x})["y"], want)
+    finally:
+        b.destroy()

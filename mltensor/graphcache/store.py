@@ -200,11 +200,13 @@ def load(ctx, key):
             A constant without a content key (folded at build) is trusted only once its whole
             file hashes to the file's name."""
             name, off, size = refs[i]
-            if name not in files:
+            m = files.get(name)
+            if m is None:
                 with open(os.path.join(root(), "blobs", name), "rb") as f:
                     n = os.fstat(f.fileno()).st_size
-                    files[name] = [mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ) if n else b"", False]
-            m = files[name]
+                    m = [mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ) if n else b"", False]
+                if (off, size) != (0, n):  # a pack of small constants: mapped once per load;
+                    files[name] = m        # a weight's own file is unmapped once uploaded
             if rec["constants"][i][0] is None and not m[1]:
                 if R.blob_name(m[0]) != name:
                     raise ValueError(f"blob {name} does not match its digest")
