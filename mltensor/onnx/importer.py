@@ -396,10 +396,11 @@ class Importer:
         m = self.model
         g = m.graph
         for o in m.opset_import:
-            if o.domain not in ("", "ai.onnx") and not any(f.domain == o.domain for f in m.functions):
+            if o.domain not in ("", "ai.onnx", CONTRIB) and not any(f.domain == o.domain for f in m.functions):
                 used = any(n.domain == o.domain for n in g.node)
                 if used:
-                    self.fail(f"operator domain {o.domain!r} is not supported (only the default ONNX domain)")
+                    self.fail(f"operator domain {o.domain!r} is not supported (only the default ONNX "
+                              f"domain and onnxruntime's {CONTRIB!r})")
         self.b = MLGraphBuilder(self.ctx)
         if self.weights is not None:
             self.b._release_host = self.weights.release
@@ -640,7 +641,7 @@ class Importer:
                     node = fused
             self.cur_opset = opset
             self.node = node
-            key = node.op_type if node.domain in ("", "ai.onnx") else None
+            key = handler_key(node)
             fn = (self.domain_function(node) or (None,))[0]
             if fn is None and key is None:
                 self.fail(f"operator domain {node.domain!r} is not supported")
@@ -716,7 +717,7 @@ class Importer:
     # -- constant folding ----------------------------------------------------------------------
 
     def _try_fold(self, node, ins):
-        if node.op_type in _NOT_FOLDABLE:
+        if node.op_type in _NOT_FOLDABLE or node.domain == CONTRIB:  # (the reference lacks contrib ops)
             return False
         if any(v is not None and not isinstance(v, np.ndarray) for v in ins):
             return False
@@ -859,6 +860,21 @@ class Importer:
                 defaults[name] = a.default_value
         self.expand_function(node, fp, ins, defaults)
         return True
+
+
+# onnxruntime's contrib operators (com.microsoft): their handlers register as
+# "com.microsoft.<OpType>" (onnx/ops/contrib_*.py), next to the default domain's plain names
+CONTRIB = "com.microsoft"
+
+
+def handler_key(node):
+    """The HANDLERS key of a node: its op type in the default domain, "<domain>.<op type>" in
+    the contrib domain, None in any other."""
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type
+    if node.domain == CONTRIB:
+        return f"{CONTRIB}.{node.op_type}"
+    return None
 
 
 def _fold_size(node, ins):
