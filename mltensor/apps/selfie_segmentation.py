@@ -305,7 +305,7 @@ class GpuPipeline:
         self.bytes_uploaded = 0  # frames (and a replacement background, once) by queue.write_buffer
         self.bytes_read_back = 0  # composited frames, for encoding / snapshot only
 
-        env = wgsl._env
+        env = wgsl.template_env()
         common = dict(W=W, H=H, MW=MW, MH=MH)
 
         def compute(template, entry, params, layout, label):
@@ -494,7 +494,7 @@ class GpuPipeline:
         tex = canvas_context.get_current_texture()
         fmt = tex.format
         if self._present is None or self._present[0] != fmt:
-            src = wgsl._env.get_template("video_present.wgsl").render(
+            src = wgsl.template_env().get_template("video_present.wgsl").render(
                 W=self.width, H=self.height, SRGB=fmt.endswith("srgb"))
             module = self.device.create_shader_module(label="video_present", code=src)
             pipe = self.device.create_render_pipeline(

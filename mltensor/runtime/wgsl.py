@@ -14,7 +14,6 @@ import weakref
 from dataclasses import dataclass, field
 from importlib import resources
 
-import jinja2
 import wgpu
 
 from ..dynamic.dims import Sym
@@ -42,19 +41,40 @@ def _shader_dir():
     return os.path.join(os.path.dirname(__file__), "..", "..", "shaders")
 
 
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(_shader_dir()),
-    block_start_string="{$",
-    block_end_string="$}",
-    variable_start_string="{{",
-    variable_end_string="}}",
-    comment_start_string="{#",
-    comment_end_string="#}",
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
+_env_made = None
+_env_lock = threading.Lock()
+
+
+def template_env():
+    """The jinja2 environment of shaders/ (made on first use: a process that loads its graphs
+    from the graph cache renders nothing and never imports jinja2)."""
+    global _env_made
+    if _env_made is None:
+        with _env_lock:
+            if _env_made is None:
+                import jinja2
+
+                env = jinja2.Environment(
+                    loader=jinja2.FileSystemLoader(_shader_dir()),
+                    block_start_string="{$",
+                    block_end_string="$}",
+                    variable_start_string="{{",
+                    variable_end_string="}}",
+                    comment_start_string="{#",
+                    comment_end_string="#}",
+                    undefined=jinja2.StrictUndefined,
+                    trim_blocks=True,
+                    lstrip_blocks=True,
+                    keep_trailing_newline=True,
+                )
+                # LD / ST: conversions templates put around loads and stores of kernels that
+                # compute float16 in f32 (LD = "f32", ST = "f16_of"); empty (no conversion)
+                # unless a lowering sets them.
+                env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP,
+                                   wide64=False, emu64=False, f16=False, fast_div=False, LD="", ST="",
+                                   u=lambda x: size(x))
+                _env_made = env
+    return _env_made
 
 
 def f32_lit(x):
@@ -224,10 +244,6 @@ def main_1d(count, index="i"):
     )
 
 
-# LD / ST: conversions templates put around loads and stores of kernels that compute float16 in
-# f32 (LD = "f32", ST = "f16_of"); empty (no conversion) unless a lowering sets them.
-_env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP, wide64=False,
-                    emu64=False, f16=False, fast_div=False, LD="", ST="", u=lambda x: size(x))
 
 
 @dataclass(frozen=True)
@@ -270,7 +286,7 @@ class Kernel:
             from ..dynamic.kernels import declaration
 
             decls += "\n" + declaration(self.dims)
-        template = _env.get_template(self.template)
+        template = template_env().get_template(self.template)
         src = template.render(bindings=decls, **self.params)
         code = _COMMENT_RE.sub("", src)
         flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code)),
