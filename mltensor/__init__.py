@@ -7,6 +7,10 @@ from ._xdg import ensure_runtime_dir as _ensure_runtime_dir
 
 _ensure_runtime_dir()  # before wgpu loads (see _xdg.py)
 
+from .runtime.cffi_types import cache_cdef as _cache_cdef  # noqa: E402
+
+_cache_cdef()  # before wgpu loads: its header's C parse comes from the cache (runtime/cffi_types.py)
+
 from .compiler.program import MLGraph  # noqa: E402
 from .dynamic.dims import MLDynamicDimension  # noqa: E402
 from .errors import (DataError, DOMException, InvalidStateError, NotFoundError, NotSupportedError, OperationError,

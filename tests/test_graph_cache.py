@@ -367,23 +367,47 @@ def test_two_processes_write_one_cache(cache, ctx, rng):
     assert not list(cache.rglob("*.tmp"))
 
 
-def test_fast_cffi_types_parse_as_cffi_does():
-    """runtime/cffi_types.py: wgpu's ffi (patched at import) and an unpatched ffi of the same
-    header agree on every struct wgpu-py uses."""
+def _layouts(ffi, names):
+    out = []
+    for name in names:
+        for form in (f"{name} *", f"{name}[2]"):
+            t = ffi.typeof(form)
+            fields = [(f, x.type.cname, x.offset) for f, x in t.item.fields] if t.item.kind == "struct" else None
+            out.append((t.cname, ffi.sizeof(t.item), fields))
+    return out
+
+
+def test_fast_cffi_parses_as_cffi_does(tmp_path, monkeypatch):
+    """runtime/cffi_types.py: wgpu's ffi (its header's parse from the cache, type strings parsed
+    the fast way) and an ffi of the same header parsed by plain cffi agree on every struct; a
+    damaged cache file is parsed again."""
     import cffi
+    from cffi import cparser
     from wgpu.backends.wgpu_native._ffi import ffi, get_wgpu_header
 
-    ref = cffi.FFI()
-    ref.cdef(get_wgpu_header())
+    cached = cparser.Parser._parse
+    assert getattr(cached, "_mltensor_cached", False) and getattr(ffi._parser, "_mltensor_fast", False)
+    with monkeypatch.context() as m:
+        m.setattr(cparser.Parser, "_parse", cached._orig)
+        ref = cffi.FFI()
+        ref.cdef(get_wgpu_header())
     names = sorted({k.split(" ", 1)[1] for k in ref._parser._declarations if k.startswith("typedef WGPU")})
-    assert len(names) > 100 and getattr(ffi._parser, "_mltensor_fast", False)
-    for name in names[:200]:
-        for form in (f"{name} *", f"{name}[2]"):
-            a, b = ffi.typeof(form), ref.typeof(form)
-            assert a.cname == b.cname and ffi.sizeof(a.item) == ref.sizeof(b.item)
-            if a.item.kind == "struct":
-                assert [(f, t.type.cname, t.offset) for f, t in a.item.fields] == \
-                    [(f, t.type.cname, t.offset) for f, t in b.item.fields]
+    assert len(names) > 100
+    names = names[::4]  # (plain cffi parses each type string in ~12 ms)
+    assert _layouts(ffi, names) == _layouts(ref, names)
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))
+    victim = tmp_path / "victim"
+    victim.write_text("still here")
+    boom = _Boom()
+    boom.path = str(victim)
+    for damage in (None, b"garbage", pickle.dumps(boom)):  # (the last would remove victim if loaded)
+        if damage is not None:
+            [p] = (tmp_path / "cffi").glob("*.pickle")
+            p.write_bytes(damage)
+        again = cffi.FFI()
+        again.cdef(get_wgpu_header())  # (through the cache: stored, then read back or re-parsed)
+        assert _layouts(again, names[:8]) == _layouts(ref, names[:8])
+    assert len(list((tmp_path / "cffi").glob("*.pickle"))) == 1 and victim.read_text() == "still here"
 
 
 def test_a_load_maps_one_weight_file_at_a_time(cache, rng, monkeypatch):
