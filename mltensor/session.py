@@ -211,6 +211,7 @@ class InferenceSession:
         self.max_specializations = max_specializations
         self._closed = False
         self._specs = OrderedDict()  # key -> _Specialization, least recently used first
+        self._retiring = {}  # id(tensor set of a run) -> the outgrown build it replaced
         self._spec = None  # the one the last run used
         self._stats = {"builds": 0, "hits": 0, "evictions": 0, "loaded": 0}
         self._lock = threading.RLock()  # specializations, their tensor sets, stats
@@ -404,12 +405,19 @@ class InferenceSession:
                     raise TypeError("[InferenceSession.run] the session was closed during the run")
                 self._stats["builds"] += 1
                 old = self._specs.pop(key(), None)
+                taken = spec.take() if take else None
                 if old is not None:  # outgrown: the bigger build replaces it
+                    if taken is not None:
+                        # this run's feeds may be the old build's ml-tensor outputs (a decode
+                        # loop feeding present back as past): the old build is destroyed when
+                        # this run ends (_end_run), not before it reads them
+                        old.users += 1
+                        self._retiring[id(taken)] = old
                     self._drop(old)
                 self._specs[key()] = spec
                 self._spec = spec
                 self._evict_lru()
-                return (spec, spec.take()) if take else spec
+                return (spec, taken) if take else spec
 
     def _specialize_static_locked(self, feeds, take):
         """The static path of _specialize, the build lock already held."""
@@ -436,8 +444,13 @@ class InferenceSession:
 
     def _end_run(self, spec, tset, keep):
         with self._lock:
+            old = self._retiring.pop(id(tset), None)
             if spec.give_back(tset, keep):
                 spec.destroy()
+            if old is not None:  # the build this run's rebuild replaced (_specialize_dynamic)
+                old.users -= 1
+                if old.dropped and old.users == 0:
+                    old.destroy()
 
     def _import(self, feeds, build_only, dynamic=None, sizes=None, ones=None):
         """Import the ONNX model for the feeds' shapes; graph inputs that must be known at load

@@ -99,6 +99,17 @@ def test_decode_loop_on_the_gpu(ctx, model, ort_sess):
     assert sess.stats["builds"] == 2
 
 
+def test_decode_loop_on_the_gpu_outgrows_its_capacity(ctx, model, ort_sess):
+    """examples/generate.py without max_dimensions: the cache crosses the first capacity (64)
+    while each step feeds the last step's ml-tensor outputs; the rebuild keeps the build it
+    replaces (whose outputs this step reads) until the step ends."""
+    sess = mltensor.InferenceSession(model, ctx)
+    tokens, _, _ = generate.generate(sess, list(range(5, 65)), 8)
+    ref, _ = generate.reference(model, list(range(5, 65)), 8)
+    assert tokens == ref
+    assert sess.dynamic_dimensions["past_sequence"] == 128
+
+
 def test_capacity_grows_by_doubling(ctx, model, ort_sess):
     """Without max_dimensions a dimension's buffers start at the first size (rounded up to a
     power of two, at least 64) and double when outgrown: O(log n) builds for n steps."""
