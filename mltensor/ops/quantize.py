@@ -62,12 +62,31 @@ def _multiple(chk, where, n, s):
 
 
 @builder_op
-def quantize_linear(b, x, scale, zero_point, *, label=None):
+def quantize_linear(b, x, scale, zero_point, *, label=None, _saturate=None, _half_quotient=False):
     # IDL: MLOperand quantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
     #                               optional MLOperatorOptions options = {});
+    # Two importer-only options (not WebNN; the ONNX importer's QuantizeLinear, which must match
+    # the ONNX reference bit for bit):
+    #  _saturate=(lo, hi): saturate into a narrower integer range than the output type's (ONNX
+    #    int16/uint16, carried as int32/uint32 operands);
+    #  _half_quotient=True: round x / scale to float16 before rounding to an integer, since ONNX
+    #    divides in the scale's type and a float16 quotient can land on a tie (k + 0.5) that the
+    #    f32 quotient misses. WebNN's own semantics keep the f32 quotient.
     chk = _check("quantize_linear", b, x, scale, zero_point)
     same_type("quantize_linear", ("input", x), ("scale", scale))
-    y = b._emit1("quantize_linear", [x, scale, zero_point], {}, zero_point.data_type, x.shape, label)
+    attrs = {}
+    if _saturate is not None:
+        lo, hi = (int(v) for v in _saturate)
+        tlo, thi = dtypes.INT_RANGE[dtypes.COMPUTE[zero_point.data_type]]
+        if not (tlo <= lo <= hi <= thi and abs(lo) <= 2**24 and abs(hi) <= 2**24):
+            raise TypeError(f"[quantize_linear] saturation range {(lo, hi)} is not within "
+                            f"{zero_point.data_type} (and |bound| <= 2**24)")
+        attrs["saturate"] = (lo, hi)
+    if _half_quotient:
+        if x.data_type != "float16":
+            raise TypeError("[quantize_linear] a float16 quotient needs a float16 input")
+        attrs["half_quotient"] = True
+    y = b._emit1("quantize_linear", [x, scale, zero_point], attrs, zero_point.data_type, x.shape, label)
     chk.commit()
     return y
 
@@ -99,13 +118,21 @@ def _lower(kc, node, mode):
     out = kc.out(node)
     n = math.prod(x.shape)
     params = {"mode": mode, "n": n, "index": _index(x.shape, scale.shape), "itype": kc.wtype(x),
-              "ST": store_fn(kc.wtype(out))}
+              "ST": store_fn(kc.wtype(out)), "half": False}
     if mode == "quantize":
         lo, hi = RANGE[out.data_type]
         top = {"uint8": 255, "int8": 127, "int32": 2**31 - 1, "uint32": 2**32 - 1}[out.data_type]
-        params.update(lo=f32_lit(lo), hi=f32_lit(hi), otype=kc.wtype(out), top=lit(top, kc.wtype(out)))
+        if "saturate" in node.attrs:  # a narrower range, exact in f32 (checked at build)
+            lo, hi = (float(v) for v in node.attrs["saturate"])
+            top = int(hi)
+        params.update(lo=f32_lit(lo), hi=f32_lit(hi), otype=kc.wtype(out), top=lit(top, kc.wtype(out)),
+                      bottom=lit(int(lo), kc.wtype(out)), half=bool(node.attrs.get("half_quotient")))
     name = (f"{mode}_linear_{x.data_type}_{out.data_type}_{'x'.join(map(str, x.shape)) or 's'}"
             f"_b{'x'.join(map(str, scale.shape)) or 's'}")
+    if mode == "quantize" and "saturate" in node.attrs:
+        name += "_r{}_{}".format(*node.attrs["saturate"]).replace("-", "m")
+    if mode == "quantize" and node.attrs.get("half_quotient"):
+        name += "_hq"
     k = Kernel(name, "quantize.wgsl", params,
                (Binding("x", kc.wtype(x)), Binding("scale", kc.wtype(scale)), Binding("zp", kc.wtype(zp)),
                 Binding("out", kc.wtype(out), True)))
