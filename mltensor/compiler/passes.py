@@ -24,6 +24,7 @@ from .. import dtypes
 from ..dynamic.dims import Sym, is_static
 from ..front.builder import MLOperand
 from ..ops import OPS
+from .attention import fuse_attention
 
 # Storage buffers one fused kernel may bind, whatever the adapter allows (and never more than it
 # allows). Adapters report from 8 (WebGPU's default, so the same fusion everywhere) up to 524,288
@@ -550,6 +551,7 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
         for v in n.outputs:
             producer[id(v)] = step
     if fuse:
+        fuse_attention(steps, single_use, max_inputs)  # matmul -> softmax -> matmul: one kernel
         fuse_gates(steps, single_use, max_inputs)
     return steps
 

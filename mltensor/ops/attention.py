@@ -1,0 +1,304 @@
+"""_attention: scaled dot-product attention as one kernel (shaders/attention.wgsl).
+
+An internal builder operator (leading underscore: not a WebNN operator, not in
+op_support_limits()), made by the compiler from the chain matmul(Q, K^T) -> [scale] -> [+ bias]
+-> [where(mask, ., value)] -> softmax -> matmul(P, V) (compiler/attention.py), and callable
+directly as `builder._attention(q, k, v, scale=..., bias=..., causal=..., k_transposed=...)`.
+
+Shapes: q [B, H, Sq, D] (or rank 3, [B*H, Sq, D]); k [B, Hkv, Sk, D], or [B, Hkv, D, Sk] with
+k_transposed (read through strides, never copied); v [B, Hkv, Sk, DV]; out [B, H, Sq, DV]. Each
+batch dimension of k and v equals q's, is 1, or divides it (grouped-query heads: head h reads kv
+head h / (H / Hkv)). bias broadcasts to the scores [B, H, Sq, Sk] and is added to them; causal
+masks key j from row i when j > i + Sk - Sq (bottom-right aligned, as a decode step with a cache
+of Sk - Sq earlier keys needs). The softmax is computed online (running maximum and sum per row)
+over tiles of keys, so the Sq x Sk scores are never written: see the template's header.
+
+Variants (`attention_candidates`): a tiled kernel for prompts (BQ query rows per workgroup, K and
+V tiles staged in workgroup memory), and for Sq <= DECODE_MAX_SQ a decode kernel whose threads
+split the keys (one score per thread per tile, outputs spread over the head dimension), with K
+and V read in place. Candidate 0 is the lavapipe choice; the others are autotuned on hardware
+adapters like the GEMM family's (runtime/autotune.py), each correct for every shape.
+
+Sizes Sq, Sk and the batch dimensions may be dynamic (Syms, rendered with wgsl()); head sizes
+are static. float32, and float16 loaded into f32 (every sum in f32, stored through f16_of).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..dynamic.dims import Sym, cdiv, high, low, wgsl
+from ..errors import NotSupportedError
+from ..front.builder import builder_op
+from ..runtime import autotune
+from ..runtime.wgsl import Binding, Kernel, f32_lit, ld_st
+from . import check_bool, check_number, check_support, lowering, register, row_strides, same_type, unidirectional
+from .reduce import groups
+
+FLOAT = ("float32", "float16")
+DYNAMIC_OPS = frozenset({"_attention"})
+
+DECODE_MAX_SQ = 4  # query rows up to which the decode kernel (keys split over threads) is used
+# Largest head size the compiler fuses: up to it some tiled candidate fits WebGPU's default 16 KiB
+# of workgroup memory (4 rows, 8 keys a tile at 256)
+MAX_HEAD = 256
+WG_STORAGE = 16384  # WebGPU's default workgroup memory: every candidate but the first fits it
+
+
+def _cfg(wg, bq, bk, stage, rk4=1, rc4=1):
+    """WG threads, BQ rows, BK keys a tile; STAGE: the tiled kernel, whose threads compute
+    blocks of 4 rows x 4 RK4 keys (scores) and 4 rows x 4 RC4 columns (outputs)."""
+    return {"WG": wg, "BQ": bq, "BK": bk, "STAGE": stage, "RK4": rk4, "RC4": rc4}
+
+
+def _smem(c, D, DV):
+    """Workgroup memory bytes of a configuration (attention.wgsl's workgroup arrays)."""
+    bq, bk = c["BQ"], c["BK"]
+    if c["STAGE"]:  # qT, kvs (K tile, then V tile with rows padded to RC4 quads), sT, red, red2, rowf
+        dvp = -(-(-(-DV // 4)) // c["RC4"]) * c["RC4"]
+        return 4 * (D * bq + max(D * bk, bk * 4 * dvp) + bk * bq + 2 * c["WG"] + bq)
+    return 4 * (bq * D + bq * bk + bq)  # qs, ps, rowf
+
+
+def _fit(c, D, DV, limit):
+    """c with BK, then BQ, halved until it fits `limit` bytes of workgroup memory (the tiled
+    kernel keeps both multiples of 4, and WG a multiple of BQ)."""
+    c = dict(c)
+    while _smem(c, D, DV) > limit and c["BK"] > max(8, 8 * c["RK4"]):
+        c["BK"] //= 2
+    while _smem(c, D, DV) > limit and c["BQ"] > (4 if c["STAGE"] else 1):
+        c["BQ"] //= 2
+    return c
+
+
+def attention_candidates(Sq, Sk, D, DV, smem_limit=None):
+    """(candidates, GPU heuristic index). Sizes may be Syms: chosen at their maxima."""
+    hq = high(Sq)
+    lim0 = smem_limit or WG_STORAGE
+    if hq <= DECODE_MAX_SQ:
+        bq = 1 if hq == 1 else 2 if hq == 2 else 4
+        # BK = WG: one score per row per thread per tile (the key dimension spread over the
+        # threads); a larger tile halves the tiles (and barriers) of a long cache
+        shapes = [_cfg(64, bq, 64, False), _cfg(128, bq, 128, False), _cfg(256, bq, 256, False)]
+        heur = 1
+    else:
+        # lavapipe (measured on 2 cores, 12 heads of 256 x 256 x 64: 39 ms against 46-54 ms
+        # for 4 x 4 blocks or 16-row tiles): 64 threads, 32 rows, 32 keys a tile, 4 x 8 blocks
+        # (16 FMAs per vec4 read from workgroup memory). GPU shapes, within 16 KiB: more
+        # threads and rows a workgroup (unmeasured on GPUs: the tuner decides there)
+        shapes = [_cfg(64, 32, 32, True, 2, 2), _cfg(64, 16, 32, True, 2, 2), _cfg(128, 32, 32, True, 2, 2),
+                  _cfg(64, 16, 64, True), _cfg(256, 64, 16, True)]
+        heur = 2
+    cands = []
+    for k, c in enumerate(shapes):
+        c = _fit(c, D, DV, lim0 if k == 0 else WG_STORAGE)
+        if c not in cands and _smem(c, D, DV) <= (lim0 if k == 0 else WG_STORAGE):
+            cands.append(c)
+    if not cands:
+        raise NotSupportedError(f"[_attention] head sizes {D} and {DV} need more workgroup memory than "
+                                f"{lim0} bytes")
+    return cands, min(heur, len(cands) - 1)
+
+
+def _batch_ok(qd, kd):
+    """A k/v batch dimension kd serves q's qd: equal, 1, or (static sizes) a divisor of it."""
+    if kd == qd or (isinstance(kd, int) and kd == 1):
+        return True
+    return isinstance(kd, int) and isinstance(qd, int) and kd > 0 and qd % kd == 0
+
+
+def _is_one(x):
+    return isinstance(x, int) and x == 1
+
+
+# -- builder method -------------------------------------------------------------------------------
+
+register(
+    "_attention",
+    {"q": FLOAT, "k": FLOAT, "v": FLOAT, "bias": FLOAT, "cond": ("uint8",), "output": FLOAT},
+    ranks={"q": (3, 4), "k": (3, 4), "v": (3, 4), "bias": (0, 4), "cond": (0, 4)},
+)
+
+
+def check_shapes(where, q, k, v, k_transposed):
+    """(Sq, Sk, D, DV) of an attention, TypeError when the shapes do not fit together."""
+    if not q.rank == k.rank == v.rank:
+        raise TypeError(f"[{where}] q, k and v must have one rank, got {q.rank}, {k.rank}, {v.rank}")
+    Sq, D = q.shape[-2], q.shape[-1]
+    kd, Sk = (k.shape[-2], k.shape[-1]) if k_transposed else (k.shape[-1], k.shape[-2])
+    DV = v.shape[-1]
+    if not all(isinstance(x, int) for x in (D, kd, DV)) or D != kd:
+        raise TypeError(f"[{where}] head sizes must be static and equal for q and k, got q {list(q.shape)}, "
+                        f"k {list(k.shape)} (k_transposed={k_transposed})")
+    if v.shape[-2] != Sk:
+        raise TypeError(f"[{where}] v must have Sk = {Sk} rows, got shape {list(v.shape)}")
+    for x, name in ((k, "k"), (v, "v")):
+        if not all(_batch_ok(a, b) for a, b in zip(q.shape[:-2], x.shape[:-2])):
+            raise TypeError(f"[{where}] {name} batch dimensions {list(x.shape[:-2])} must equal q's "
+                            f"{list(q.shape[:-2])}, be 1 or divide them")
+    return Sq, Sk, D, DV
+
+
+@builder_op
+def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=False, label=None):
+    """softmax((q k^T) * scale + bias [causal]) v in one kernel; see the module's docstring."""
+    for what, x in (("q", q), ("k", k), ("v", v)):
+        b._operand(x, "_attention", what)
+    if bias is not None:
+        b._operand(bias, "_attention", "bias")
+    check_support("_attention", q=q, k=k, v=v, bias=bias)
+    same_type("_attention", ("q", q), ("k", k), ("v", v), ("bias", bias))
+    scale = check_number("_attention", "scale", scale)
+    causal = check_bool("_attention", "causal", causal)
+    k_transposed = check_bool("_attention", "k_transposed", k_transposed)
+    Sq, Sk, D, DV = check_shapes("_attention", q, k, v, k_transposed)
+    if bias is not None:
+        unidirectional("_attention", bias.shape, tuple(q.shape[:-2]) + (Sq, Sk))
+    attrs = {"scale": scale, "scale_op": "mul", "causal": causal, "k_transposed": k_transposed,
+             "where_value": None, "where_keeps": True}
+    return b._emit1("_attention", [q, k, v, bias, None], attrs, q.data_type, tuple(q.shape[:-1]) + (DV,), label)
+
+
+# -- lowering -------------------------------------------------------------------------------------
+
+
+def _offset(var, out_batch, shape, strides):
+    """WGSL u32 offset, for the flat batch index `var` over `out_batch`, of the matrix of an
+    operand whose batch shape `shape` (same rank) is equal along a dimension, 1 (broadcast), or
+    a divisor (grouped heads: coordinate c reads c / (out / size)); `strides` its element strides.
+    Dynamic sizes that differ by name only are equal at dispatch (unified by the builder)."""
+    terms, inner = [], 1
+    for d in range(len(out_batch) - 1, -1, -1):
+        n, s, st = out_batch[d], shape[d], strides[d]
+        if not _is_one(s) and not _is_one(n):
+            c = var if _is_one(inner) else f"({var} / {wgsl(inner)})"
+            if d > 0:
+                c = f"({c} % {wgsl(n)})"
+            if isinstance(s, int) and isinstance(n, int) and s != n:
+                c = f"({c} / {wgsl(n // s)})"
+            terms.append(c if _is_one(st) else f"{c} * {wgsl(st)}")
+        inner = inner * n
+    return " + ".join(terms) if terms else "0u"
+
+
+def _mask_at(x, rank, out_batch):
+    """(batch offset in `bt`, offset of (qi, kj)) of an operand broadcast to the scores."""
+    shape = (1,) * (rank - x.rank) + tuple(x.shape)
+    st = row_strides(shape)
+    base = _offset("bt", out_batch, shape[:-2], st[:-2])
+    parts = [f"qi * {wgsl(st[-2])}" if not _is_one(shape[-2]) else "",
+             f"kj * {wgsl(st[-1])}" if not _is_one(shape[-1]) else ""]
+    return base, " + ".join(p for p in parts if p) or "0u"
+
+
+@lowering("_attention")
+def _lower_attention(kc, node):
+    q, k, v, bias, cond = node.inputs
+    a = node.attrs
+    out = kc.out(node)
+    kt = a["k_transposed"]
+    Sq, Sk, D, DV = check_shapes("_attention", q, k, v, kt)
+    rank = q.rank
+    ob = tuple(q.shape[:-2])
+    nb = math.prod(ob)
+    t = kc.wtype(q)
+    kst, vst = row_strides(k.shape), row_strides(v.shape)
+    params = {
+        "D": D, "DV": DV, "causal": a["causal"], **ld_st(t),
+        "q_base": _offset("bt", ob, ob, row_strides(q.shape)[:-2]),
+        "k_base": _offset("bt", ob, k.shape[:-2], kst[:-2]),
+        "v_base": _offset("bt", ob, v.shape[:-2], vst[:-2]),
+        # element (key j, column d) of k: [.., Sk, D] rows, or [.., D, Sk] columns
+        "k_sj": wgsl(1 if kt else D), "k_sd": wgsl(k.shape[-1] if kt else 1),
+        "sizes": [("SQ", wgsl(Sq)), ("SK", wgsl(Sk)), ("NB", wgsl(nb))],
+        "scale": "", "has_bias": bias is not None, "has_cond": cond is not None,
+        "bias_base": "", "bias_at": "", "cond_base": "", "cond_at": "", "where_value": "", "where_keeps": "true",
+    }
+    if a["scale_op"] is not None:
+        params["scale"] = f" {'*' if a['scale_op'] == 'mul' else '/'} {f32_lit(a['scale'])}"
+    bindings = [Binding("q", t), Binding("k", t), Binding("v", t)]
+    args = [q, k, v]
+    if bias is not None:
+        params["bias_base"], params["bias_at"] = _mask_at(bias, rank, ob)
+        bindings.append(Binding("bias", kc.wtype(bias)))
+        args.append(bias)
+    if cond is not None:
+        params["cond_base"], params["cond_at"] = _mask_at(cond, rank, ob)
+        # the value the unfused where stores, in the value type (-3.4e38 is -inf in float16)
+        w = float(a["where_value"])
+        if t == "f16":
+            with np.errstate(over="ignore"):
+                w = float(np.float16(w))
+        params["where_value"] = f32_lit(w)
+        params["where_keeps"] = "true" if a["where_keeps"] else "false"
+        bindings.append(Binding("cond", kc.wtype(cond)))
+        args.append(cond)
+    bindings.append(Binding("out", t, True))
+    args.append(out)
+    params["act"] = kc.epilogue(bindings, args)
+
+    base = (f"attention_{t}_{f'b{nb}_' if isinstance(nb, Sym) or nb > 1 else ''}q{Sq}k{Sk}d{D}"
+            f"{f'v{DV}' if DV != D else ''}{'_kt' if kt else ''}{'_causal' if a['causal'] else ''}")
+    # A dynamic Sq on both sides of DECODE_MAX_SQ: both kernels are launched, each gated on Sq at
+    # dispatch (outside its range, one workgroup that returns at once), so every size runs the
+    # kernel a static build of it runs (a row's result depends on the kernel, not on Sq)
+    if isinstance(Sq, Sym) and low(Sq) <= DECODE_MAX_SQ < high(Sq):
+        from .matmul import _at_least
+
+        on = _at_least(Sq, DECODE_MAX_SQ + 1)
+        variants = [(DECODE_MAX_SQ, f"{wgsl(Sq)} <= {DECODE_MAX_SQ}u", 1 - on),
+                    (Sq, f"{wgsl(Sq)} > {DECODE_MAX_SQ}u", on)]
+    else:
+        variants = [(Sq, "", 1)]
+    for at, gate, on in variants:
+        _launch_variant(kc, dict(params, gate=gate), bindings, args, base, Sq, Sk, D, DV, nb, at, on)
+
+
+def _launch_variant(kc, params, bindings, args, base, Sq, Sk, D, DV, nb, at, on):
+    """Choose (autotune) and launch one kernel among the candidates for query length `at` (Sq,
+    or the largest Sq of the variant's range), `on` (1, or a Sym 0 outside the range) times
+    its workgroup count."""
+    lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
+    cands, heur = attention_candidates(at, Sk, D, DV, lim)
+    if str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU":
+        heur = 0
+
+    def launch_of(c):
+        # NB3: output blocks a thread owns (tiled kernel)
+        p = dict(params, **c, NB3=cdiv(c["BQ"] // 4 * cdiv(cdiv(DV, 4), c["RC4"]), c["WG"]))
+        kind = "tile" if c["STAGE"] else "dec"
+        blocks = f"r{c['RK4']}{c['RC4']}" if c["STAGE"] and (c["RK4"], c["RC4"]) != (1, 1) else ""
+        name = f"{base}_{kind}{c['BQ']}x{c['BK']}w{c['WG']}{blocks}"
+        return Kernel(name, "attention.wgsl", p, bindings), groups("_attention", nb * cdiv(Sq, c["BQ"]) * on)
+
+    values = None
+    if any(isinstance(x, Sym) for x in (Sq, Sk, nb)):  # timed at the maxima (of the variant's range)
+        from .matmul import _dim_maxes, _fit
+
+        values = dict.fromkeys(kc.dims, 1)
+        values.update(_dim_maxes(Sq, Sk, nb))
+        if isinstance(Sq, Sym) and at != Sq:
+            values = _fit(values, Sq, at)
+
+    def measure(i):  # (autotune on hardware adapters: scratch buffers of the right sizes)
+        from ..dynamic.kernels import concrete_groups, pack
+        from .matmul import _nbytes
+
+        kern, g = launch_of(cands[i])
+        slots = {}
+        sizes = [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in args]
+        if values is None:
+            return [(kern, sizes, g)]
+        imm = None
+        if kc.dims and kern.reads_dims():
+            kern = dataclasses.replace(kern, dims=kc.dims)
+            imm = pack(kc.dims, values)
+        return [(kern, sizes, concrete_groups(g, values), imm)]
+
+    problem = ("attention.wgsl", Sq, Sk, D, DV, nb, len(bindings),
+               sorted((key, repr(val)) for key, val in params.items() if key != "act"), cands)
+    best = autotune.choose(kc, autotune.signature_of(problem), cands, measure, heur)
+    kern, g = launch_of(cands[best])
+    kc.launch(kern, args, g)
+
