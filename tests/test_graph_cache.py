@@ -449,3 +449,22 @@ def test_a_load_maps_one_weight_file_at_a_time(cache, rng, monkeypatch):
         np.testing.assert_array_equal(dispatch_at(b, h, {"x": x})["y"], want)
     finally:
         b.destroy()
+
+
+def test_a_session_built_under_other_switches_is_not_loaded(cache, tmp_path, rng, monkeypatch):
+    """A graph built with MLTENSOR_NO_FUSION=1 (one kernel per node) is cached under that
+    switch: a session without it builds its own fused graph, and the switch loads its own."""
+    model = _model(tmp_path / "m.onnx")
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    monkeypatch.setenv("MLTENSOR_NO_FUSION", "1")
+    a = mltensor.InferenceSession(str(model), dynamic=False)
+    a.run(None, {"x": x})
+    unfused = len(a._spec.graph.kernel_names)
+    monkeypatch.delenv("MLTENSOR_NO_FUSION")
+    b = mltensor.InferenceSession(str(model), dynamic=False)
+    b.run(None, {"x": x})
+    assert b.stats["loaded"] == 0 and len(b._spec.graph.kernel_names) < unfused
+    monkeypatch.setenv("MLTENSOR_NO_FUSION", "1")
+    c = mltensor.InferenceSession(str(model), dynamic=False)
+    np.testing.assert_allclose(c.run(None, {"x": x})[0], b.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert c.stats["loaded"] == 1 and len(c._spec.graph.kernel_names) == unfused

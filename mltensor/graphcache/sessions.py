@@ -51,8 +51,17 @@ def _model_id(source, weights):
     return None
 
 
+# Switches read at build that change what a build makes (fusion, placement, the attention pass,
+# the depthwise prologue, autotuning): a session started with other switches builds its own
+# graph rather than loading one made under these. (The float16/int64 modes are the context's,
+# part of the adapter's folder in store.py.)
+BUILD_SWITCHES = ("MLTENSOR_NO_FUSION", "MLTENSOR_NO_PLACEMENT", "MLTENSOR_NO_ATTENTION",
+                  "MLTENSOR_FUSE_DEPTHWISE", "MLTENSOR_AUTOTUNE")
+
+
 def session_key(sess, what):
-    opts = {"free": sorted(sess._free.items()), "float16": sess._float16, "kind": sess._kind}
+    opts = {"free": sorted(sess._free.items()), "float16": sess._float16, "kind": sess._kind,
+            "switches": {k: os.environ[k] for k in BUILD_SWITCHES if os.environ.get(k)}}
     return f"session|{sess._cache_id}|{json.dumps(opts, sort_keys=True, default=str)}|{what}"
 
 
