@@ -130,7 +130,11 @@ def test_a_further_input_size_adds_no_constant_bytes(fresh_ctx, pixels):
     # host (Expand of a constant, 2 x 64 floats), never the weights
     added = c2["constant_bytes"] - c1["constant_bytes"]
     assert 0 <= added <= 512, added
-    assert c2["bytes_uploaded"] - c1["bytes_uploaded"] == pixels.nbytes + added  # the feed
+    # uploaded: the feed, that class token, and scalars only the build reads (the attention
+    # scale a fused kernel takes as a parameter: released after the build, uploaded again by
+    # the next): never the weights
+    extra = c2["bytes_uploaded"] - c1["bytes_uploaded"] - pixels.nbytes - added
+    assert 0 <= extra <= 64, extra
     graphs = [spec.graph for spec in sess._specs.values()]
     assert abs(graphs[0].memory["constants"] - graphs[1].memory["constants"]) <= 512
     want = _ort(model, {"pixel_values": pixels})[0]
