@@ -66,9 +66,11 @@ def session_key(sess, what):
 
 
 def spec_key(sess, shapes, values, dynamic, ones):
-    what = {"shapes": sorted((n, list(s)) for n, s in shapes.items()),
-            "values": sorted((n, _array(v)) for n, v in values.items()),
-            "dynamic": sorted((dynamic or {}).items()), "ones": sorted((ones or {}).items())}
+    def rows(d, f=repr):  # (repr: a damaged model's names and sizes need not be comparable)
+        return sorted((repr(k), f(v)) for k, v in (d or {}).items())
+
+    what = {"shapes": rows(shapes, lambda s: repr(list(s))), "values": rows(values, _array),
+            "dynamic": rows(dynamic), "ones": rows(ones)}
     return session_key(sess, json.dumps(what, sort_keys=True, default=str))
 
 
