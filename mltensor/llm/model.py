@@ -1,0 +1,342 @@
+"""The Llama architecture written with MLGraphBuilder, over weights from a GGUF file.
+
+One layer: h += Wo . attention(rope(Wq . n), rope(Wk . n), Wv . n) with n = rms_norm(h);
+h += W_down . (silu(W_gate . n2) * (W_up . n2)) with n2 = rms_norm(h); then the last position's
+rms_norm(h) times the output head (token_embd when the file has no output.weight: tied).
+
+- Quantized weights (Q4_0, Q4_1, Q8_0) stay in their blocks on the GPU: `_matmul_nbits` decodes
+  them inside the GEMV/GEMM kernels, `_gather_nbits` decodes only the embedding rows gathered.
+- Rotary embeddings as llama.cpp applies them to GGUF weights (its converter permutes Wq and Wk
+  so that rotating adjacent pairs (2i, 2i+1) equals Hugging Face's rotate-half): the first
+  rope.dimension_count channels of each head, angle pos * base^(-2i / dims).
+- Grouped-query attention with the fused `_attention` kernel (query head h reads KV head
+  h // (heads / kv_heads)), causal with the mask aligned bottom-right (a step with a cache of
+  `past` positions sees keys 0 .. past + s).
+- Three builds with dynamic dimensions serve a whole conversation: "prefill" (the first tokens,
+  no cache: `seq` dynamic), "step" (one token after a cache of `past` positions: the decode
+  step, its token count static so its projections take GEMV kernels) and "chunk" (`seq` new
+  tokens after a cache of `past`, both dynamic: a later message of a chat). On CPU adapters the
+  decode step's quantized projections use `_llm_gemv` (kernels.py: threads of two output rows,
+  no barriers; SmolLM2's step on lavapipe 1.1 s with `_matmul_nbits`' GEMV, 0.15 s with it), on
+  GPUs `_matmul_nbits`.
+  The caches are per layer [kv_heads, positions, head_dim] tensors on the GPU: a build's present
+  cache (past ++ new) is an output written into a resizable MLTensor that the next dispatch reads
+  as its past; two sets alternate (WebNN forbids a tensor being both input and output of one
+  dispatch). Nothing of the cache ever comes back to the host.
+- Weights are graph constants; the context's constant store keys them by content, so the
+  builds share one GPU copy (ctx.counters["constant_bytes"]).
+"""
+
+import math
+import threading
+
+import numpy as np
+
+from .. import MLDynamicDimension, MLGraphBuilder
+from . import kernels  # noqa: F401 - registers _llm_gemv
+from .gguf import GGUFFile, LlamaConfig, load_weight
+
+
+class LlamaWeights:
+    """Every tensor a Llama model needs, read from a GGUF file and repacked (host memory)."""
+
+    def __init__(self, source):
+        f = source if isinstance(source, GGUFFile) else GGUFFile(source)
+        self.file = f
+        c = self.config = LlamaConfig(f)
+        H, kv = c.hidden, c.n_kv_heads * c.head_dim
+        self.token_embd = load_weight(f, "token_embd.weight", (c.vocab, H))
+        self.output_norm = load_weight(f, "output_norm.weight", (H,))
+        self.output = load_weight(f, "output.weight", (c.vocab, H)) if "output.weight" in f.tensors else None
+        self.layers = []
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            shapes = {"attn_norm": (H,), "attn_q": (H, H), "attn_k": (kv, H), "attn_v": (kv, H),
+                      "attn_output": (H, H), "ffn_norm": (H,), "ffn_gate": (c.ffn, H), "ffn_up": (c.ffn, H),
+                      "ffn_down": (H, c.ffn)}
+            self.layers.append({k: load_weight(f, f"{p}{k}.weight", s) for k, s in shapes.items()})
+
+    def _all(self):
+        yield self.token_embd
+        yield self.output_norm
+        if self.output is not None:
+            yield self.output
+        for layer in self.layers:
+            yield from layer.values()
+
+    @property
+    def nbytes(self):
+        """Bytes of the weights as they go to the GPU (packed blocks, scales, zero points)."""
+        return sum(w.nbytes for w in self._all())
+
+    def rope_tables(self, n_positions):
+        """cos, sin [n_positions, rope_dims / 2] float32 (angles computed in float64)."""
+        c = self.config
+        half = c.rope_dims // 2
+        inv = c.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / c.rope_dims)
+        ang = np.arange(n_positions, dtype=np.float64)[:, None] * inv[None, :]
+        return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+class _Graph:
+    """One MLGraph of the model and the names of its cache inputs / outputs."""
+
+    def __init__(self, graph, past_names, present_names):
+        self.graph, self.past_names, self.present_names = graph, past_names, present_names
+
+
+class _Builder:
+    """Writes the Llama graph into one MLGraphBuilder (constants made once per array)."""
+
+    def __init__(self, ctx, weights, max_context, gemv=False):
+        self.b = MLGraphBuilder(ctx)
+        self.gemv = gemv
+        self.w = weights
+        self.c = weights.config
+        self.max_context = max_context
+        self._consts = {}
+
+    def const(self, arr):
+        key = id(arr)
+        if key not in self._consts:
+            self._consts[key] = (arr, self.b.constant(np.ascontiguousarray(arr)))
+        return self._consts[key][1]
+
+    def linear(self, x, w):
+        """x [..., K] times w [N, K] transposed -> [..., N]."""
+        b = self.b
+        if w.q is not None and self.gemv and tuple(x.shape[:-1]) == (1,):
+            q = w.q
+            zp = None if q.zero_points is None else self.const(q.zero_points)
+            return b._llm_gemv(x, self.const(q.packed), self.const(q.scales), K=q.cols, N=q.rows, bits=q.bits,
+                               zero_points=zp)
+        if w.q is not None:
+            q = w.q
+            zp = None if q.zero_points is None else self.const(q.zero_points)
+            return b._matmul_nbits(x, self.const(q.packed), self.const(q.scales), K=q.cols, N=q.rows, bits=q.bits,
+                                   block_size=q.block_size, zero_points=zp,
+                                   zp_mode="none" if zp is None else "float")
+        wt = self.const(_transposed(w))
+        if wt.data_type != "float32":
+            wt = b.cast(wt, "float32")
+        return b.matmul(x, wt)
+
+    def embed(self, ids):
+        b, w = self.b, self.w.token_embd
+        if w.q is not None:
+            q = w.q
+            zp = None if q.zero_points is None else self.const(q.zero_points)
+            return b._gather_nbits(self.const(q.packed), ids, self.const(q.scales), V=q.rows, H=q.cols, bits=q.bits,
+                                   block_size=q.block_size, zero_points=zp, zp_mode="none" if zp is None else "float")
+        table = self.const(w.dense)
+        x = b.gather(table, ids, axis=0)
+        return x if x.data_type == "float32" else b.cast(x, "float32")
+
+    def norm(self, x, w):
+        b = self.b
+        ms = b.reduce_mean(b.mul(x, x), axes=[len(x.shape) - 1], keep_dimensions=True)
+        inv = b.reciprocal(b.sqrt(b.add(ms, b.constant(np.array(self.c.eps, np.float32)))))
+        g = self.const(w.dense)
+        if g.data_type != "float32":
+            g = b.cast(g, "float32")
+        return b.mul(b.mul(x, inv), g)
+
+    def rope(self, x, cos, sin):
+        """x [seq, heads, head_dim]: adjacent pairs of the first rope_dims channels rotated by
+        cos/sin [seq, 1, rope_dims/2] (llama.cpp's LLAMA_ROPE_TYPE_NORM)."""
+        b, c = self.b, self.c
+        seq, nh, hd = x.shape
+        rot, half = c.rope_dims, c.rope_dims // 2
+        xr = b.slice(x, [0, 0, 0], [seq, nh, rot]) if rot < hd else x
+        pairs = b.reshape(xr, [seq, nh, half, 2])
+        xe = b.reshape(b.slice(pairs, [0, 0, 0, 0], [seq, nh, half, 1]), [seq, nh, half])
+        xo = b.reshape(b.slice(pairs, [0, 0, 0, 1], [seq, nh, half, 1]), [seq, nh, half])
+        ye = b.sub(b.mul(xe, cos), b.mul(xo, sin))
+        yo = b.add(b.mul(xo, cos), b.mul(xe, sin))
+        y = b.reshape(b.concat([b.reshape(ye, [seq, nh, half, 1]), b.reshape(yo, [seq, nh, half, 1])], 3),
+                      [seq, nh, rot])
+        if rot < hd:
+            y = b.concat([y, b.slice(x, [0, 0, rot], [seq, nh, hd - rot])], 2)
+        return y
+
+    def build(self, with_past, max_seq):
+        """max_seq: the most tokens a dispatch takes (1: a static size, the decode step)."""
+        b, c, w = self.b, self.c, self.w
+        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        ids = b.input("ids", data_type="int32", shape=[1 if max_seq == 1 else MLDynamicDimension("seq", max_seq)])
+        seq = ids.shape[0]
+        pasts = []
+        if with_past:
+            pdim = MLDynamicDimension("past", self.max_context - 1)
+            for i in range(c.n_layers):
+                pasts.append((b.input(f"past_k{i}", data_type="float32", shape=[nkv, pdim, hd]),
+                              b.input(f"past_v{i}", data_type="float32", shape=[nkv, pdim, hd])))
+            past = pasts[0][0].shape[1]
+            pos = b._range(pasts[0][0], past, 1, seq, "int32")
+        else:
+            pos = b._range(ids, 0, 1, seq, "int32")
+        cos_t, sin_t = self.w.rope_tables(self.max_context)
+        half = c.rope_dims // 2
+        cos = b.reshape(b.gather(b.constant(cos_t), pos, axis=0), [seq, 1, half])
+        sin = b.reshape(b.gather(b.constant(sin_t), pos, axis=0), [seq, 1, half])
+        h = self.embed(ids)  # [seq, hidden]
+        outputs = {}
+        for i, lw in enumerate(w.layers):
+            n = self.norm(h, lw["attn_norm"])
+            q, k, v = (self.linear(n, lw[x]) for x in ("attn_q", "attn_k", "attn_v"))
+            q = self.rope(b.reshape(q, [seq, nh, hd]), cos, sin)
+            k = self.rope(b.reshape(k, [seq, nkv, hd]), cos, sin)
+            v = b.reshape(v, [seq, nkv, hd])
+            k = b.transpose(k, permutation=[1, 0, 2])
+            v = b.transpose(v, permutation=[1, 0, 2])
+            if with_past:
+                k = b.concat([pasts[i][0], k], 1)
+                v = b.concat([pasts[i][1], v], 1)
+            outputs[f"present_k{i}"], outputs[f"present_v{i}"] = k, v
+            total = k.shape[1]
+            qh = b.reshape(b.transpose(q, permutation=[1, 0, 2]), [1, nh, seq, hd])
+            att = b._attention(qh, b.reshape(k, [1, nkv, total, hd]), b.reshape(v, [1, nkv, total, hd]),
+                               scale=1.0 / math.sqrt(hd), causal=True)
+            att = b.reshape(b.transpose(b.reshape(att, [nh, seq, hd]), permutation=[1, 0, 2]), [seq, nh * hd])
+            h = b.add(h, self.linear(att, lw["attn_output"]))
+            n = self.norm(h, lw["ffn_norm"])
+            g, u = self.linear(n, lw["ffn_gate"]), self.linear(n, lw["ffn_up"])
+            h = b.add(h, self.linear(b.mul(b.mul(g, b.sigmoid(g)), u), lw["ffn_down"]))
+        last = b.slice(h, [seq - 1, 0], [1, c.hidden])
+        logits = self.linear(self.norm(last, w.output_norm), w.output if w.output is not None else w.token_embd)
+        outputs["logits"] = logits
+        graph = b.build_sync(outputs)
+        return _Graph(graph, [f"past_{kv}{i}" for i in range(c.n_layers) for kv in "kv"] if with_past else [],
+                      [f"present_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
+
+
+def _transposed(w):
+    return np.ascontiguousarray(w.dense.T)
+
+
+class LlamaModel:
+    """A Llama model from a GGUF file on an MLContext: two graphs (prompt, step) built on first
+    use. `max_context` bounds the positions of a conversation (cache tensors are sized for it).
+    `max_step` bounds the tokens of one step after the first prompt (longer feeds are split)."""
+
+    def __init__(self, source, ctx, *, max_context=1024, max_step=64, gemv=True):
+        self.weights = source if isinstance(source, LlamaWeights) else LlamaWeights(source)
+        self.config = self.weights.config
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
+            raise TypeError(f"[LlamaModel] max_context must be an integer >= 2, got {max_context!r}")
+        if isinstance(max_step, bool) or not isinstance(max_step, int) or max_step < 1:
+            raise TypeError(f"[LlamaModel] max_step must be a positive integer, got {max_step!r}")
+        self.max_context = min(max_context, self.config.context_length)
+        self.max_step = min(max_step, self.max_context - 1)
+        self.ctx = ctx
+        self.gemv = bool(gemv)  # False: `_matmul_nbits` on every adapter (for comparisons)
+        self._lock = threading.Lock()  # builds once, whichever thread asks first
+        self._graphs = {}
+
+    def graph(self, which):
+        """The "prefill", "step" or "chunk" _Graph, built on first use."""
+        with self._lock:
+            if which not in self._graphs:
+                cpu = str(self.ctx.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+                bld = _Builder(self.ctx, self.weights, self.max_context, gemv=cpu and self.gemv)
+                if which == "prefill":
+                    self._graphs[which] = bld.build(False, self.max_context)
+                elif which == "step":
+                    self._graphs[which] = bld.build(True, 1)
+                elif which == "chunk":
+                    self._graphs[which] = bld.build(True, max(self.max_step, 2))
+                else:
+                    raise ValueError(f"unknown graph {which!r}")
+            return self._graphs[which]
+
+    def session(self):
+        return LlamaSession(self)
+
+
+class LlamaSession:
+    """One conversation's KV cache on the GPU. `feed(ids)` runs the tokens (a host array of int32
+    ids, or an int32 MLTensor of shape [n] already on the GPU, e.g. a sampler's output) and
+    returns the logits MLTensor [1, vocab] of the last one. Not for concurrent use from several
+    threads (calls are serialized by a lock)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.ctx = model.ctx
+        c = model.config
+        self.length = 0
+        self._lock = threading.Lock()
+        ctx = self.ctx
+        shape = [c.n_kv_heads, MLDynamicDimension("positions", model.max_context), c.head_dim]
+        names = [f"{kv}{i}" for i in range(c.n_layers) for kv in "kv"]
+        # two sets of cache tensors: a dispatch reads one and writes the other
+        self._caches = [{n: ctx.create_tensor_sync(data_type="float32", shape=shape) for n in names}
+                        for _ in range(2)]
+        self._cur = 0
+        self._ids = ctx.create_tensor_sync(data_type="int32",
+                                           shape=[MLDynamicDimension("seq", model.max_context)], writable=True)
+        self.logits = ctx.create_tensor_sync(data_type="float32", shape=[1, c.vocab], readable=True)
+
+    def reset(self):
+        with self._lock:
+            self.length = 0
+
+    def feed(self, ids):
+        """Run `ids` (the next tokens) through the model; returns self.logits (the last token's)."""
+        with self._lock:
+            if hasattr(ids, "data_type"):  # an MLTensor already on the GPU
+                n = int(np.prod(ids.shape)) if ids.shape else 1
+                if ids.data_type != "int32" or len(ids.shape) != 1 or n < 1:
+                    raise TypeError(f"[LlamaSession.feed] a tensor of ids must be non-empty int32 of rank 1, got "
+                                    f"{ids.data_type} {list(ids.shape)}")
+                limit = self.model.max_context if self.length == 0 else self.model.max_step
+                if n > limit:
+                    raise ValueError(f"[LlamaSession.feed] a tensor of {n} ids exceeds the {limit} tokens one "
+                                     "dispatch takes here (pass a host array: it is split)")
+                chunks = [ids]
+            else:
+                arr = np.asarray(ids)
+                if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+                    raise TypeError(f"[LlamaSession.feed] ids must be a non-empty 1-D integer array, got "
+                                    f"{arr.dtype} {list(arr.shape)}")
+                vocab = self.model.config.vocab
+                if arr.min() < 0 or arr.max() >= vocab:
+                    raise ValueError(f"[LlamaSession.feed] token ids must lie in [0, {vocab}), got "
+                                     f"{int(arr.min())}..{int(arr.max())}")
+                n = arr.size
+                chunks = None
+            if self.length + n > self.model.max_context:
+                raise ValueError(f"[LlamaSession.feed] {self.length} + {n} tokens exceed the context of "
+                                 f"{self.model.max_context} positions")
+            if chunks is None:
+                arr = arr.astype(np.int32)
+                # the first tokens in one prefill dispatch (they fit: checked above), later ones in
+                # dispatches of at most max_step
+                chunks = [arr] if self.length == 0 else _split(arr, self.model.max_step)
+            for ch in chunks:
+                self._run(ch)
+            return self.logits
+
+    def _run(self, chunk):
+        ctx = self.ctx
+        if isinstance(chunk, np.ndarray):
+            ctx.write_tensor(self._ids, chunk)
+            ids, n = self._ids, chunk.size
+        else:
+            ids, n = chunk, int(chunk.shape[0])
+        src, dst = self._caches[self._cur], self._caches[1 - self._cur]
+        outs = {"logits": self.logits}
+        if self.length == 0:
+            g = self.model.graph("prefill")
+            ins = {"ids": ids}
+        else:
+            g = self.model.graph("step" if n == 1 else "chunk")
+            ins = {"ids": ids}
+            ins.update({f"past_{k}": t for k, t in src.items()})
+        outs.update({f"present_{k}": t for k, t in dst.items()})
+        ctx.dispatch(g.graph, ins, outs)
+        self._cur = 1 - self._cur
+        self.length += n
+
+
+def _split(arr, size):
+    return [arr[i:i + size] for i in range(0, arr.size, size)]

@@ -1,0 +1,116 @@
+"""Next-token sampling on the GPU: greedy, temperature, top-k, top-p (shaders/llm_sample.wgsl).
+
+`_sample_token(logits, rnd, temperature=, top_k=, top_p=)` is an internal builder operator (leading
+underscore, not WebNN) registered when mltensor.llm is imported: logits float32 [1, V] (or [V]),
+rnd float32 [1] (a uniform number in [0, 1), not read when greedy), output int32 [1], the chosen
+id. Settings are build-time constants: a Sampler builds one small graph per setting.
+
+Sampler(ctx, vocab, ...) wraps it: `sampler(logits_tensor)` dispatches the graph into its int32
+[1] output tensor (which a LlamaSession can feed straight back: the next step's input ids);
+`read()` brings back those 4 bytes. The uniform numbers come from numpy's PCG64 seeded with
+`seed` (4 bytes written per sampled step).
+"""
+
+import threading
+
+import numpy as np
+
+from .. import MLGraphBuilder
+from ..front.builder import builder_op
+from ..ops import check_number, lowering, register
+from ..runtime.wgsl import Binding, Kernel, f32_lit
+
+WG = 256
+
+register("_sample_token", {"logits": ("float32",), "rnd": ("float32",), "output": ("int32",)},
+         ranks={"logits": (1, 2), "rnd": (1, 1)})
+
+
+def _settings(temperature, top_k, top_p):
+    where = "_sample_token"
+    temperature = check_number(where, "temperature", temperature)
+    top_p = check_number(where, "top_p", top_p)
+    if not (temperature >= 0.0 and np.isfinite(temperature)):
+        raise TypeError(f"[{where}] temperature must be a finite number >= 0, got {temperature}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise TypeError(f"[{where}] top_k must be an integer >= 0 (0: off), got {top_k!r}")
+    if not 0.0 < top_p <= 1.0:
+        raise TypeError(f"[{where}] top_p must be in (0, 1], got {top_p}")
+    return temperature, top_k, top_p
+
+
+@builder_op
+def _sample_token(b, logits, rnd=None, *, temperature=0.0, top_k=0, top_p=1.0, label=None):
+    where = "_sample_token"
+    temperature, top_k, top_p = _settings(temperature, top_k, top_p)
+    b._operand(logits, where, "logits")
+    if logits.data_type != "float32" or not all(isinstance(d, int) for d in logits.shape) or \
+            logits.rank not in (1, 2) or (logits.rank == 2 and logits.shape[0] != 1):
+        raise TypeError(f"[{where}] logits must be float32 [V] or [1, V] with static sizes, got "
+                        f"{logits.data_type} {list(logits.shape)}")
+    greedy = temperature == 0.0 or top_k == 1
+    ins = [logits]
+    if not greedy:
+        if rnd is None:
+            raise TypeError(f"[{where}] sampling with temperature > 0 needs rnd (a float32 [1] uniform number)")
+        b._operand(rnd, where, "rnd")
+        if rnd.data_type != "float32" or tuple(rnd.shape) != (1,):
+            raise TypeError(f"[{where}] rnd must be float32 [1], got {rnd.data_type} {list(rnd.shape)}")
+        ins.append(rnd)
+    V = logits.shape[-1]
+    if V >= 1 << 31:
+        raise TypeError(f"[{where}] a vocabulary of {V} does not fit int32 ids")
+    attrs = {"greedy": greedy, "temperature": temperature, "top_k": 0 if top_k >= V else top_k, "top_p": top_p,
+             "V": V}
+    return b._emit1(where, ins, attrs, "int32", (1,), label)
+
+
+@lowering("_sample_token")
+def _lower(kc, node):
+    a = node.attrs
+    V = a["V"]
+    p = {"V": V, "WG": WG, "CH": -(-V // WG), "greedy": a["greedy"], "top_k": a["top_k"], "top_p": a["top_p"],
+         "TOP_P": f32_lit(a["top_p"]), "TEMP_INV": f32_lit(0.0 if a["greedy"] else 1.0 / a["temperature"])}
+    bindings = [Binding("logits", "f32")]
+    args = [node.inputs[0]]
+    if not a["greedy"]:
+        bindings.append(Binding("rnd", "f32"))
+        args.append(node.inputs[1])
+    bindings.append(Binding("out", "i32", True))
+    args.append(kc.out(node))
+    mode = "greedy" if a["greedy"] else f"k{a['top_k']}_p{a['top_p']:g}"
+    kc.launch(Kernel(f"llm_sample_{V}_{mode}", "llm_sample.wgsl", p, bindings), args, (1, 1, 1))
+
+
+class Sampler:
+    """Chooses the next token on the GPU. temperature 0 (or top_k 1) is greedy; top_k 0 and
+    top_p 1 are off. Thread-safe (one lock per sampler)."""
+
+    def __init__(self, ctx, vocab, *, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+        self.temperature, self.top_k, self.top_p = _settings(temperature, top_k, top_p)
+        self.ctx = ctx
+        self.vocab = vocab
+        self.greedy = self.temperature == 0.0 or self.top_k == 1
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        b = MLGraphBuilder(ctx)
+        logits = b.input("logits", data_type="float32", shape=[1, vocab])
+        rnd = None if self.greedy else b.input("rnd", data_type="float32", shape=[1])
+        ids = b._sample_token(logits, rnd, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        self._graph = b.build_sync({"ids": ids})
+        self._rnd = None if self.greedy else ctx.create_tensor_sync(data_type="float32", shape=[1], writable=True)
+        self.ids = ctx.create_tensor_sync(data_type="int32", shape=[1], readable=True)
+
+    def __call__(self, logits):
+        """Dispatch the choice from `logits` (an MLTensor [1, vocab]); returns self.ids (on the GPU)."""
+        with self._lock:
+            ins = {"logits": logits}
+            if not self.greedy:
+                self.ctx.write_tensor(self._rnd, np.array([self._rng.random(dtype=np.float32)], np.float32))
+                ins["rnd"] = self._rnd
+            self.ctx.dispatch(self._graph, ins, {"ids": self.ids})
+            return self.ids
+
+    def read(self):
+        """The last chosen id (4 bytes read back)."""
+        return int(self.ctx.read_tensor_sync(self.ids)[0])
