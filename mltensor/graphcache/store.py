@@ -17,7 +17,6 @@ evicted, then the blobs no entry names.
 """
 
 import hashlib
-import io
 import json
 import mmap
 import os
@@ -101,13 +100,20 @@ def _key_hash(key):
 
 
 def _write_atomic(path, data):
+    """Write bytes (or, for a callable, what it writes to the file) to a temporary file renamed
+    over `path`. Returns the bytes written."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            n = f.tell()
         os.replace(tmp, path)
+        return n
     except BaseException:
         try:
             os.unlink(tmp)
@@ -151,16 +157,18 @@ def save(ctx, key, graph, extra=None):
         for r in refs:
             if r[0] is None:
                 r[0] = name
-    buf = io.BytesIO()
-    pickle.dump({"recipe": recipe, "extra": extra}, buf, protocol=pickle.HIGHEST_PROTOCOL)
     d = _adapter_dir(ctx)
     h = _key_hash(key)
-    _write_atomic(os.path.join(d, h + ".recipe"), buf.getvalue())
+    # pickled straight into the file: a recipe holds every kernel's WGSL (megabytes for a
+    # transformer), which a bytes object would hold a second time
+    size = _write_atomic(os.path.join(d, h + ".recipe"),
+                         lambda f: pickle.dump({"recipe": recipe, "extra": extra}, f,
+                                               protocol=pickle.HIGHEST_PROTOCOL))
     meta = {"key": key, "format": R.FORMAT, "code": code_digest(), "blobs": refs,
-            "bytes": sum(c[2] for c in consts) + len(buf.getvalue()), "saved": time.time()}
+            "bytes": sum(c[2] for c in consts) + size, "saved": time.time()}
     _write_atomic(os.path.join(d, h + ".json"), json.dumps(meta).encode())
     _evict()
-    return written + len(buf.getvalue())
+    return written + size
 
 
 def _meta(path):
