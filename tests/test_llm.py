@@ -291,6 +291,34 @@ def test_smollm2_logits_and_greedy(ctx, smollm2):
         assert gpu == want
 
 
+@pytest.mark.slow
+def test_smollm2_greedy_matches_transformers(ctx, smollm2):
+    """transformers (with gguf) loads the same file, dequantized, and decodes greedily on torch
+    CPU: the same 24 tokens after each prompt (the issue's reference)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # (transformers needs it to load a GGUF file)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(smollm2),
+                                                           gguf_file=os.path.basename(smollm2))
+    hf.eval()
+    t = _tokenizer(smollm2)
+    model = LlamaModel(smollm2, ctx, max_context=128)
+    for text in ("What is the capital of France?", "Write a haiku about GPUs."):
+        prompt = t.encode(t.apply_chat_template([{"role": "user", "content": text}]))
+        s = model.session()
+        ours, feed = [], list(prompt)
+        for _ in range(24):
+            ours.append(int(ctx.read_tensor_sync(s.feed(np.array(feed, np.int32)))[0].argmax()))
+            feed = [ours[-1]]
+        theirs = []
+        with torch.no_grad():  # greedy steps as ours, past the end-of-turn token (no stop rule)
+            out = hf(torch.tensor([prompt]), use_cache=True)
+            for _ in range(24):
+                theirs.append(int(out.logits[0, -1].argmax()))
+                out = hf(torch.tensor([[theirs[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+        assert ours == theirs, (text, t.decode(ours), t.decode(theirs))
+
+
 # -- sampling on the GPU --------------------------------------------------------------------------
 
 
