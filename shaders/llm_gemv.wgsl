@@ -60,7 +60,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ else $}
         let z{{ r }} = {{ f32_lit(ZP) }};
 {$ endif $}
-        acc{{ r }} = acc{{ r }} + scales[n{{ r }} * KB + blk] * (qa{{ r }} - z{{ r }} * suma);
+        acc{{ r }} = acc{{ r }} + f32(scales[n{{ r }} * KB + blk]) * (qa{{ r }} - z{{ r }} * suma);
 {$ endfor $}
     }
 {$ for r in range(R) $}

@@ -143,8 +143,10 @@ def main(argv=None, *, stdin=None, stdout=None, stderr=None):
     except (OSError, TypeError, ValueError) as e:
         raise SystemExit(f"mltensor-chat: {e}") from None
     adapter = _adapter(chat.ctx)
-    stderr.write(f"[{path}: {chat.model.config.n_layers} layers, {chat.model.weights.nbytes / 1e6:.1f} MB of weights "
-                 f"on the GPU, graphs built in {chat.build_s:.1f} s]\n")
+    # (the context's constants once the graphs are built: the weights as the GPU holds them, with
+    # the rotary tables and a tied embedding's float32 scales for its gather)
+    stderr.write(f"[{path}: {chat.model.config.n_layers} layers, {chat.ctx.counters['constant_bytes'] / 1e6:.1f} MB "
+                 f"of weights on the GPU, graphs built in {chat.build_s:.1f} s]\n")
     if args.prompt is not None:
         _, stats = chat.reply(args.prompt, max_tokens=args.max_tokens, out=stdout)
         _report(stats, adapter, stderr)

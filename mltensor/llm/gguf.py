@@ -36,16 +36,21 @@ class QuantizedWeight:
     values, `bits` each, back to back), `scales` float32 [rows * cols / 32], `zero_points`
     float32 of the same shape or None (the default 2^(bits-1))."""
 
-    __slots__ = ("rows", "cols", "bits", "block_size", "packed", "scales", "zero_points", "kind")
+    __slots__ = ("rows", "cols", "bits", "block_size", "packed", "scales", "zero_points", "kind", "scales16")
 
     def __init__(self, rows, cols, bits, packed, scales, zero_points, kind):
         self.rows, self.cols, self.bits, self.block_size = rows, cols, bits, BLOCK
         self.packed, self.scales, self.zero_points, self.kind = packed, scales, zero_points, kind
+        # the scales as the matmuls read them: float16 when that is exact (GGUF stores them in
+        # float16), 2 bytes a block instead of 4: the weights take the file's size on the GPU
+        s16 = scales.astype(np.float16)
+        self.scales16 = s16 if np.array_equal(s16.astype(np.float32), scales) else scales
 
     @property
     def nbytes(self):
+        """Bytes on the GPU as the matmuls read it (a gather of embeddings adds float32 scales)."""
         zp = 0 if self.zero_points is None else self.zero_points.nbytes
-        return self.packed.nbytes + self.scales.nbytes + zp
+        return self.packed.nbytes + self.scales16.nbytes + zp
 
     def dequantize(self):
         """The float32 matrix the GPU decodes (numpy; for checks, not on the GPU path)."""

@@ -25,7 +25,7 @@ BLOCK = 32
 WG = 32
 ROWS = 2
 
-register("_llm_gemv", {"a": ("float32",), "b": ("uint32",), "scales": ("float32",), "zero_points": ("float32",),
+register("_llm_gemv", {"a": ("float32",), "b": ("uint32",), "scales": ("float32", "float16"), "zero_points": ("float32",),
                        "output": ("float32",)},
          ranks={"a": (1, 2), "b": (1, 1), "scales": (1, 1), "zero_points": (1, 1)})
 
@@ -48,9 +48,10 @@ def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, label=None)
     kb = K // BLOCK
     if packed.data_type != "uint32" or tuple(packed.shape) != (N * kb * bits,):
         raise TypeError(f"[{where}] b must be uint32 [{N * kb * bits}], got {packed.data_type} {list(packed.shape)}")
-    for what, v in (("scales", scales), ("zero_points", zero_points)):
-        if v is not None and (v.data_type != "float32" or tuple(v.shape) != (N * kb,)):
-            raise TypeError(f"[{where}] {what} must be float32 [{N * kb}], got {v.data_type} {list(v.shape)}")
+    for what, v, types in (("scales", scales, ("float32", "float16")), ("zero_points", zero_points, ("float32",))):
+        if v is not None and (v.data_type not in types or tuple(v.shape) != (N * kb,)):
+            raise TypeError(f"[{where}] {what} must be {' or '.join(types)} [{N * kb}], got {v.data_type} "
+                            f"{list(v.shape)}")
     attrs = {"K": K, "N": N, "bits": bits, "has_zp": zero_points is not None}
     ins = [a, packed, scales] + ([zero_points] if zero_points is not None else [])
     return b._emit1(where, ins, attrs, "float32", tuple(a.shape[:-1]) + (N,), label)
@@ -62,12 +63,12 @@ def _lower(kc, node):
     K, N, bits = at["K"], at["N"], at["bits"]
     p = {"N": N, "KB": K // BLOCK, "BITS": bits, "has_zp": at["has_zp"], "ZP": float(1 << (bits - 1)), "WG": WG,
          "R": ROWS}
-    bindings = [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("scales", "f32")]
+    bindings = [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("scales", kc.wtype(node.inputs[2]))]
     args = list(node.inputs[:3])
     if at["has_zp"]:
         bindings.append(Binding("zp", "f32"))
         args.append(node.inputs[3])
     bindings.append(Binding("out", "f32", True))
     args.append(kc.out(node))
-    name = f"llm_gemv{bits}_{K}x{N}{'_zp' if at['has_zp'] else ''}"
+    name = f"llm_gemv{bits}_{K}x{N}{'_zp' if at['has_zp'] else ''}_s{kc.wtype(node.inputs[2])}"
     kc.launch(Kernel(name, "llm_gemv.wgsl", p, bindings), args, grid(-(-N // (WG * ROWS))))

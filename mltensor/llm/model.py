@@ -108,12 +108,12 @@ class _Builder:
         if w.q is not None and self.gemv and tuple(x.shape[:-1]) == (1,):
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
-            return b._llm_gemv(x, self.const(q.packed), self.const(q.scales), K=q.cols, N=q.rows, bits=q.bits,
+            return b._llm_gemv(x, self.const(q.packed), self.const(q.scales16), K=q.cols, N=q.rows, bits=q.bits,
                                zero_points=zp)
         if w.q is not None:
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
-            return b._matmul_nbits(x, self.const(q.packed), self.const(q.scales), K=q.cols, N=q.rows, bits=q.bits,
+            return b._matmul_nbits(x, self.const(q.packed), self.const(q.scales16), K=q.cols, N=q.rows, bits=q.bits,
                                    block_size=q.block_size, zero_points=zp,
                                    zp_mode="none" if zp is None else "float")
         wt = self.const(_transposed(w))

@@ -73,7 +73,8 @@ def _check_zp(where, zero_points, zp_mode, scales, n_rows, kb, bits):
             raise TypeError(f"[{where}] packed zero_points must be uint32 words")
         _words(where, "zero_points", zero_points, cdiv(n_rows * _zp_bytes(kb, bits), 4))
     elif zp_mode == "float":
-        same_type(where, ("scales", scales), ("zero_points", zero_points))
+        if zero_points.data_type not in ("float32", "float16"):
+            raise TypeError(f"[{where}] float zero_points must be float32 or float16, got {zero_points.data_type}")
         if zero_points.shape != scales.shape:
             raise TypeError(f"[{where}] float zero_points shape {list(zero_points.shape)} differs from "
                             f"scales shape {list(scales.shape)}")
@@ -87,7 +88,9 @@ def _matmul_nbits(b, a, packed, scales, *, K, N, bits, block_size, zero_points=N
         if v is not None:
             b._operand(v, where, what)
     check_support(where, a=a, b=packed, scales=scales, zero_points=zero_points, bias=bias)
-    same_type(where, ("a", a), ("scales", scales), ("bias", bias))
+    # (scales and float zero points may be float16 next to float32 activations: GGUF's scales
+    # are float16, kept at 2 bytes a block; the kernels widen them to f32 as they load)
+    same_type(where, ("a", a), ("bias", bias))
     kb, wpr = _geometry(where, K, N, bits, block_size)
     if a.shape[-1] != K:
         raise TypeError(f"[{where}] the last dimension of a ({a.shape[-1]}) must be K ({K})")
