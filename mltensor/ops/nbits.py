@@ -6,8 +6,9 @@ internal operators behind onnxruntime's com.microsoft MatMulNBits and GatherBloc
 (+ bias[n]), with q packed as onnxruntime packs it: row n of B is k_blocks * block_size values,
 `bits` each, low bits first, read here as little-endian u32 words (a `uint32` operand holding the
 packed bytes as they are). Zero points: none (2^(bits-1)), packed like B (a `uint32` operand of
-the packed bytes, one row of ceil(k_blocks * bits / 8) bytes per n) or float (same type as the
-scales, one per block). The weights are decoded in the kernels' loads, never expanded in memory:
+the packed bytes, one row of ceil(k_blocks * bits / 8) bytes per n) or float (float32 or
+float16, one per block). The scales may be float16 next to float32 activations (GGUF's are:
+2 bytes a block on the GPU); the kernels widen both to f32 as they load them. The weights are decoded in the kernels' loads, never expanded in memory:
 a GEMV path for M <= 4 (decoding) and a shared-memory tiled path above.
 
 `_gather_nbits`: rows of a [V, H] 2/4/8-bit matrix quantized in blocks along H (its rows packed
