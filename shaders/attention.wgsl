@@ -56,7 +56,6 @@ var<workgroup> red2: array<f32, {{ WG }}>;  // partial row sums
 var<workgroup> rowf: array<f32, {{ BQ }}>;  // per row: this tile's rescale factor, at the end l
 {$ else $}
 const NS: u32 = {{ (BQ * BK + WG - 1) // WG }}u;  // scores per thread per tile
-const NO: u32 = {{ (BQ * DV + WG - 1) // WG }}u;  // outputs per thread
 
 var<workgroup> qs: array<f32, {{ BQ * D }}>;
 var<workgroup> ps: array<f32, {{ BQ * BK }}>;
@@ -286,7 +285,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (qi < SQ) { x = {{ LD }}(q[qb + qi * D + e % D]); }
         qs[e] = x;
     }
-    var acc: array<f32, NO>;
+{$ set no = (BQ * DV + WG - 1) // WG $}
+    // outputs of this thread (o = t + s * WG), named accumulators: a dynamically indexed local
+    // array would live in scratch memory on GPUs
+{$ for s in range(no) $}
+    var acc{{ s }} = 0.0;
+{$ endfor $}
     workgroupBarrier();
     for (var j0 = 0u; j0 < kend; j0 += BK) {
         let jn = min(BK, kend - j0);  // keys of this tile
@@ -324,33 +328,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             rowf[t] = a;
         }
         workgroupBarrier();
-        for (var s = 0u; s < NO; s++) {
-            let o = t + s * WG;
+{$ for s in range(no) $}
+        {
+            let o = t + {{ s * WG }}u;
             if (o < BQ * DV) {
                 let r = o / DV;
                 let d = o - r * DV;
-                var a = acc[s] * rowf[r];
+                var a = acc{{ s }} * rowf[r];
                 for (var j = 0u; j < jn; j++) {
                     a += ps[r * BK + j] * {{ LD }}(v[vb + (j0 + j) * DV + d]);
                 }
-                acc[s] = a;
+                acc{{ s }} = a;
             }
         }
+{$ endfor $}
         workgroupBarrier();  // ps and rowf are rewritten by the next tile
     }
     if (t < BQ) { rowf[t] = l_run; }
     workgroupBarrier();
-    for (var s = 0u; s < NO; s++) {
-        let o = t + s * WG;
+{$ for s in range(no) $}
+    {
+        let o = t + {{ s * WG }}u;
         let r = o / DV;
         let qi = q0 + r;
         if (o < BQ * DV && qi < SQ) {
             let l = rowf[r];
             // a row with every score -inf has l = 0: NaN, as the unfused softmax's 0 / 0
-            let y = select(acc[s] / l, nan_f32(), l == 0.0);
+            let y = select(acc{{ s }} / l, nan_f32(), l == 0.0);
             let oi = (bt * SQ + qi) * DV + (o - r * DV);
             out[oi] = act({{ ST }}(y), oi);
         }
     }
+{$ endfor $}
 {$ endif $}
 }

@@ -111,31 +111,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (!({{ gate }})) { return; }  // M known at dispatch: the tiled kernel takes M > 4
 {$ endif $}
     let n0 = g * 4u;
-    // acc[j] holds column n0 + j for rows 0..3 (x..w)
-    var acc = mat4x4<f32>();
+    // acc_j holds column n0 + j for rows 0..3 (x..w): named accumulators, the column loop
+    // unrolled (a dynamically indexed local matrix would live in scratch memory on GPUs)
+{$ for j in range(4) $}
+    var acc_{{ j }} = vec4<f32>();
+{$ endfor $}
     for (var wi = li; wi < KW; wi = wi + 64u) {
         let k0 = wi * VPW;
         let blk = k0 / BS;
 {$ for e in range(VPW) $}
         let a{{ e }} = vec4<f32>({$ for m in range(4) $}{$ if m < MROWS $}load_a({{ m }}u, k0 + {{ e }}u){$ else $}0.0{$ endif $}{{ ", " if m < 3 else "" }}{$ endfor $});
 {$ endfor $}
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let n = n0 + j;
+{$ for j in range(4) $}
+        {
+            let n = n0 + {{ j }}u;
 {$ if N % 4 != 0 $}
-            if (n >= N) { break; }
+            if (n < N) {
+{$ else $}
+            {
 {$ endif $}
             let s = scale_of(n, blk);
             let z = zp_of(n, blk);
             let w = b[n * WPR + wi];
 {{ decode("w", "k0", "            ") }}
-            var c = acc[j];
 {$ for e in range(VPW) $}
-            c = fma(a{{ e }}, vec4<f32>(d{{ e }}), c);
+            acc_{{ j }} = fma(a{{ e }}, vec4<f32>(d{{ e }}), acc_{{ j }});
 {$ endfor $}
-            acc[j] = c;
+            }
         }
+{$ endfor $}
     }
-    partial[li] = acc;
+    partial[li] = mat4x4<f32>(acc_0, acc_1, acc_2, acc_3);
     workgroupBarrier();
     for (var h = 32u; h > 0u; h = h >> 1u) {
         if (li < h) { partial[li] = partial[li] + partial[li + h]; }
