@@ -70,3 +70,31 @@ def dispatch_at(ctx, g, feeds):
     finally:
         for t in [*ins.values(), *outs.values()]:
             t.destroy()
+
+
+def one_node_model(op, inputs, outputs, attrs=None, *, opset=21, domain=""):
+    """An ONNX model of one node. inputs: [(name, array or None, fed)]: fed ones are graph inputs,
+    the others initializers (None: an omitted optional input). outputs: [(name, onnx type)].
+    domain "com.microsoft": an onnxruntime contrib operator (the domain is imported too)."""
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    vis, inits, names = [], [], []
+    for name, arr, fed in inputs:
+        if arr is None:
+            names.append("")
+            continue
+        names.append(name)
+        if fed:
+            vis.append(h.make_tensor_value_info(name, h.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
+        else:
+            inits.append(nh.from_array(arr, name))
+    node = h.make_node(op, names, [o for o, _ in outputs], domain=domain, **(attrs or {}))
+    g = h.make_graph([node], "g", vis, [h.make_tensor_value_info(o, t, None) for o, t in outputs], inits)
+    imports = [h.make_opsetid("", opset)] + ([h.make_opsetid(domain, 1)] if domain else [])
+    return h.make_model(g, opset_imports=imports, ir_version=10 if not domain else 8)
+
+
+def fed_values(inputs):
+    """The feeds of one_node_model's fed inputs."""
+    return {name: arr for name, arr, fed in inputs if fed and arr is not None}

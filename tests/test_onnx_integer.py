@@ -7,6 +7,7 @@ implement (per-row zero points of A, per-channel filter zero points of ConvInteg
 are compared with an int64 numpy reference, itself checked against onnxruntime where both run.
 Integer results must be exact."""
 
+import functools
 import zlib
 
 import numpy as np
@@ -19,30 +20,11 @@ from onnx import numpy_helper as nh
 import mltensor
 from mltensor import InferenceSession
 
+from helpers import assert_exact, fed_values, one_node_model
+
 _TP = {np.dtype(np.int8): TP.INT8, np.dtype(np.uint8): TP.UINT8, np.dtype(np.float32): TP.FLOAT,
        np.dtype(np.int32): TP.INT32}
-
-
-def _model(op, inputs, outputs, attrs=None, opset=21):
-    """One-node model. inputs: [(name, array or None, fed)]: fed ones are graph inputs, the others
-    initializers (None: an omitted optional input). outputs: [(name, onnx type)]."""
-    vis, inits, names = [], [], []
-    for name, arr, fed in inputs:
-        if arr is None:
-            names.append("")
-            continue
-        names.append(name)
-        if fed:
-            vis.append(h.make_tensor_value_info(name, _TP[arr.dtype], arr.shape))
-        else:
-            inits.append(nh.from_array(arr, name))
-    node = h.make_node(op, names, [o for o, _ in outputs], **(attrs or {}))
-    g = h.make_graph([node], "g", vis, [h.make_tensor_value_info(o, t, None) for o, t in outputs], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=10)
-
-
-def _feeds(inputs):
-    return {name: arr for name, arr, fed in inputs if fed and arr is not None}
+_one = functools.partial(one_node_model, opset=21)  # (an ONNX operator of this file, one node)
 
 
 def _ort(model, feeds):
@@ -64,12 +46,6 @@ def _ours(ctx, model, feeds):
         return s.run(None, feeds)
     finally:
         s.close()
-
-
-def _exact(got, want):
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    np.testing.assert_array_equal(got, want)
 
 
 def _seed(*key):
@@ -138,16 +114,16 @@ def test_matmul_integer(ctx, ta, tb, zps, shapes):
     if zps in ("per_row", "both") and len(sa) > 1:
         za = _q(rng, ta, (M,))
     ins = [("a", a, True), ("b", b, False), ("za", za, False), ("zb", zb, False)]
-    m = _model("MatMulInteger", ins[:2] if za is None and zb is None else ins, [("y", TP.INT32)])
-    (got,) = _ours(ctx, m, _feeds(ins))
+    m = _one("MatMulInteger", ins[:2] if za is None and zb is None else ins, [("y", TP.INT32)])
+    (got,) = _ours(ctx, m, fed_values(ins))
     want = _ref_matmul_integer(a, b, za, zb)
-    ref = _ort(m, _feeds(ins))
+    ref = _ort(m, fed_values(ins))
     if ref is not None:
-        _exact(want, ref[0])  # the numpy reference agrees with onnxruntime
+        assert_exact(want, ref[0])  # the numpy reference agrees with onnxruntime
     elif (zps in ("none", "scalar") or (zps == "per_column" and len(sb) == 2)) and (ta, tb) != (np.int8, np.uint8):
         # (onnxruntime wants a batched B's zero point as [batch, 1, N], not [N])
         pytest.fail("onnxruntime implements this variant: it must be the reference")
-    _exact(got, want)
+    assert_exact(got, want)
 
 
 # Shapes that reach each tile configuration of ops/integer._config: 64 x 64 tiles of 8 x 8 outputs
@@ -164,11 +140,11 @@ def test_matmul_integer_tiles(ctx, shapes):
     a, b = _q(rng, np.uint8, sa), _q(rng, np.int8, sb)
     za, zb = _q(rng, np.uint8, ()), _q(rng, np.int8, (sb[-1],) if len(sb) == 2 else ())
     ins = [("a", a, True), ("b", b, False), ("za", za, False), ("zb", zb, False)]
-    m = _model("MatMulInteger", ins, [("y", TP.INT32)])
-    (got,) = _ours(ctx, m, _feeds(ins))
+    m = _one("MatMulInteger", ins, [("y", TP.INT32)])
+    (got,) = _ours(ctx, m, fed_values(ins))
     want = _ref_matmul_integer(a, b, za, zb)
-    _exact(want, _ort(m, _feeds(ins))[0])
-    _exact(got, want)
+    assert_exact(want, _ort(m, fed_values(ins))[0])
+    assert_exact(got, want)
 
 
 def test_matmul_integer_zero_points_as_inputs(ctx):
@@ -178,12 +154,12 @@ def test_matmul_integer_zero_points_as_inputs(ctx):
     a, b = _q(rng, np.uint8, (2, 6, 50)), _q(rng, np.int8, (2, 50, 12))
     za, zb = _q(rng, np.uint8, ()), _q(rng, np.int8, (2, 1, 12))
     ins = [("a", a, True), ("b", b, True), ("za", za, True), ("zb", zb, True)]
-    m = _model("MatMulInteger", ins, [("y", TP.INT32)])
-    (got,) = _ours(ctx, m, _feeds(ins))
-    _exact(got, _ref_matmul_integer(a, b, za, zb))
-    ref = _ort(m, _feeds(ins))
+    m = _one("MatMulInteger", ins, [("y", TP.INT32)])
+    (got,) = _ours(ctx, m, fed_values(ins))
+    assert_exact(got, _ref_matmul_integer(a, b, za, zb))
+    ref = _ort(m, fed_values(ins))
     if ref is not None:
-        _exact(got, ref[0])
+        assert_exact(got, ref[0])
 
 
 @pytest.mark.parametrize("ta,tb", [(np.uint8, np.int8), (np.int8, np.int8)], ids=lambda t: np.dtype(t).name)
@@ -198,8 +174,8 @@ def test_matmul_integer_large_k_is_exact(ctx, ta, tb):
     b[:, ::2] = -b[:, ::2] - 1  # -128..-121 in every other column: large sums of both signs
     za = np.array(0 if ta == np.uint8 else -3, ta)
     ins = [("a", a, True), ("b", b, False), ("za", za, False)]
-    m = _model("MatMulInteger", ins, [("y", TP.INT32)])
-    (got,) = _ours(ctx, m, _feeds(ins))
+    m = _one("MatMulInteger", ins, [("y", TP.INT32)])
+    (got,) = _ours(ctx, m, fed_values(ins))
     want = _ref_matmul_integer(a, b, za, None)
     assert np.abs(want).max() > 2**24
     f32 = np.zeros(want.shape, np.float32)
@@ -207,9 +183,9 @@ def test_matmul_integer_large_k_is_exact(ctx, ta, tb):
     for k in range(K):  # f32 accumulation in order, as a float kernel would
         f32 += af[..., k:k + 1] * bf[k]
     assert (f32.astype(np.int64) != want).any(), "f32 accumulation would be exact here: the test proves nothing"
-    ref = _ort(m, _feeds(ins))
-    _exact(want, ref[0])
-    _exact(got, want)
+    ref = _ort(m, fed_values(ins))
+    assert_exact(want, ref[0])
+    assert_exact(got, want)
 
 
 # -- DynamicQuantizeLinear ----------------------------------------------------------------------
@@ -236,11 +212,11 @@ def test_dynamic_quantize_linear(ctx, case):
     elif case == "4d":
         x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32) * 3 + 1
     ins = [("x", x, True)]
-    m = _model("DynamicQuantizeLinear", ins, [("y", TP.UINT8), ("s", TP.FLOAT), ("z", TP.UINT8)])
-    got = _ours(ctx, m, _feeds(ins))
-    ref = _ort(m, _feeds(ins))
+    m = _one("DynamicQuantizeLinear", ins, [("y", TP.UINT8), ("s", TP.FLOAT), ("z", TP.UINT8)])
+    got = _ours(ctx, m, fed_values(ins))
+    ref = _ort(m, fed_values(ins))
     for g, r in zip(got, ref):
-        _exact(g, r)
+        assert_exact(g, r)
 
 
 # -- ConvInteger ------------------------------------------------------------------------------
@@ -298,18 +274,18 @@ def test_conv_integer(ctx, tx, tw, zps, conv):
         zx = _q(rng, tx, ())
         zw = _q(rng, tw, () if zps == "scalar" else (ws[0],))
     ins = [("x", x, True), ("w", w, False), ("zx", zx, False), ("zw", zw, False)]
-    m = _model("ConvInteger", ins[:2] if zps == "none" else ins, [("y", TP.INT32)], attrs)
-    (got,) = _ours(ctx, m, _feeds(ins))
+    m = _one("ConvInteger", ins[:2] if zps == "none" else ins, [("y", TP.INT32)], attrs)
+    (got,) = _ours(ctx, m, fed_values(ins))
     pads, s, d = _conv_pads(xs, ws, attrs)
     x4 = x.reshape(xs[:2] + (1, xs[2])) if len(xs) == 3 else x
     w4 = w.reshape(ws[:2] + (1, ws[2])) if len(ws) == 3 else w
     want = _ref_conv_integer(x4, w4, zx, zw, pads, s, d, attrs.get("group", 1)).reshape(got.shape)
-    ref = _ort(m, _feeds(ins))
+    ref = _ort(m, fed_values(ins))
     if ref is not None:
-        _exact(want, ref[0])
+        assert_exact(want, ref[0])
     elif zps != "per_channel" and tx == np.uint8:
         pytest.fail("onnxruntime implements this variant: it must be the reference")
-    _exact(got, want)
+    assert_exact(got, want)
 
 
 def test_conv_integer_filter_as_input(ctx):
@@ -320,9 +296,9 @@ def test_conv_integer_filter_as_input(ctx):
     zx, zw = _q(rng, np.uint8, ()), _q(rng, np.int8, (4,))
     ins = [("x", x, True), ("w", w, True), ("zx", zx, False), ("zw", zw, True)]
     attrs = {"pads": [1, 0, 1, 1], "strides": [1, 2], "group": 2}
-    m = _model("ConvInteger", ins, [("y", TP.INT32)], attrs)
-    (got,) = _ours(ctx, m, _feeds(ins))
-    _exact(got, _ref_conv_integer(x, w, zx, zw, [1, 0, 1, 1], [1, 2], [1, 1], 2))
+    m = _one("ConvInteger", ins, [("y", TP.INT32)], attrs)
+    (got,) = _ours(ctx, m, fed_values(ins))
+    assert_exact(got, _ref_conv_integer(x, w, zx, zw, [1, 0, 1, 1], [1, 2], [1, 1], 2))
 
 
 # -- QLinearMatMul / QLinearConv ---------------------------------------------------------------
@@ -361,11 +337,11 @@ def test_qlinear_matmul(ctx, ta, tb, per, shapes):
     ins = [("a", a, True), ("as", a_scale, False), ("az", _zp(rng, ta, ()), False),
            ("b", b, False), ("bs", b_scale, False), ("bz", _zp(rng, tb, bshape), False),
            ("ys", _y_scale(rng, a_scale, b_scale, sa[-1]), False), ("yz", _zp(rng, ta, ()), False)]
-    m = _model("QLinearMatMul", ins, [("y", _TP[np.dtype(ta)])])
-    (got,) = _ours(ctx, m, _feeds(ins))
-    ref = _ort(m, _feeds(ins))
+    m = _one("QLinearMatMul", ins, [("y", _TP[np.dtype(ta)])])
+    (got,) = _ours(ctx, m, fed_values(ins))
+    ref = _ort(m, fed_values(ins))
     assert ref is not None
-    _exact(got, ref[0])
+    assert_exact(got, ref[0])
     info = np.iinfo(ta)
     assert 0 < (got == info.min).sum() + (got == info.max).sum() < got.size * 0.6  # some saturate
 
@@ -380,14 +356,14 @@ def test_qlinear_matmul_per_row(ctx):
     yz, y_scale = _zp(rng, np.uint8, (5,)), _y_scale(rng, a_scale, b_scale, 24, (5,))
     ins = [("a", a, True), ("as", a_scale, False), ("az", az, False), ("b", b, False), ("bs", b_scale, False),
            ("bz", bz, False), ("ys", y_scale, False), ("yz", yz, False)]
-    m = _model("QLinearMatMul", ins, [("y", TP.UINT8)])
-    (got,) = _ours(ctx, m, _feeds(ins))
+    m = _one("QLinearMatMul", ins, [("y", TP.UINT8)])
+    (got,) = _ours(ctx, m, fed_values(ins))
     acc = np.matmul(a.astype(np.int64) - az, b.astype(np.int64) - bz).astype(np.int32)
     mult = (a_scale * b_scale) / y_scale.reshape(5, 1)
     zy = yz.reshape(5, 1).astype(np.int32)
     v = np.clip(acc.astype(np.float32) * mult, (0 - zy).astype(np.float32), (255 - zy).astype(np.float32))
     want = (np.round(v).astype(np.int32) + zy).astype(np.uint8)
-    _exact(got, want)
+    assert_exact(got, want)
     assert 0 < ((got == 0) | (got == 255)).sum() < got.size * 0.6
 
 
@@ -398,9 +374,9 @@ def test_qlinear_matmul_scales_as_inputs(ctx):
     ins = [("a", a, True), ("as", _scale(rng, ()), True), ("az", _zp(rng, np.uint8, ()), False),
            ("b", b, False), ("bs", _scale(rng, (9,)), False), ("bz", _zp(rng, np.int8, (9,)), False),
            ("ys", _scale(rng, (), 0.005, 0.01), True), ("yz", _zp(rng, np.uint8, ()), False)]
-    m = _model("QLinearMatMul", ins, [("y", TP.UINT8)])
-    (got,) = _ours(ctx, m, _feeds(ins))
-    _exact(got, _ort(m, _feeds(ins))[0])
+    m = _one("QLinearMatMul", ins, [("y", TP.UINT8)])
+    (got,) = _ours(ctx, m, fed_values(ins))
+    assert_exact(got, _ort(m, fed_values(ins))[0])
 
 
 @pytest.mark.parametrize("tx,tw", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)],
@@ -423,11 +399,11 @@ def test_qlinear_conv(ctx, tx, tw, per, bias, conv):
            ("ys", _y_scale(rng, x_scale, w_scale, k), False), ("yz", _zp(rng, tx, ()), False)]
     if bias:
         ins.append(("B", rng.integers(-20000, 20000, (oc,)).astype(np.int32), False))
-    m = _model("QLinearConv", ins, [("y", _TP[np.dtype(tx)])], attrs)
-    (got,) = _ours(ctx, m, _feeds(ins))
-    ref = _ort(m, _feeds(ins))
+    m = _one("QLinearConv", ins, [("y", _TP[np.dtype(tx)])], attrs)
+    (got,) = _ours(ctx, m, fed_values(ins))
+    ref = _ort(m, fed_values(ins))
     assert ref is not None
-    _exact(got, ref[0])
+    assert_exact(got, ref[0])
     info = np.iinfo(tx)
     assert 0 < (got == info.min).sum() + (got == info.max).sum() < got.size * 0.6  # some saturate
 
@@ -440,15 +416,15 @@ def test_unsupported_variants(ctx):
     a = _q(rng, np.uint8, (4, 8))
     bad_zp = [("a", a, True), ("b", _q(rng, np.uint8, (8, 5)), False), ("za", _q(rng, np.uint8, (2, 2)), False)]
     with pytest.raises(mltensor.NotSupportedError, match="a_zero_point shape"):
-        InferenceSession(_model("MatMulInteger", bad_zp, [("y", TP.INT32)]), ctx)
+        InferenceSession(_one("MatMulInteger", bad_zp, [("y", TP.INT32)]), ctx)
     x = _q(rng, np.uint8, (1, 2, 4, 4, 4))
     conv3d = [("x", x, True), ("w", _q(rng, np.uint8, (2, 2, 1, 1, 1)), False)]
     with pytest.raises(mltensor.NotSupportedError, match="3-D convolutions"):
-        InferenceSession(_model("ConvInteger", conv3d, [("y", TP.INT32)]), ctx)
+        InferenceSession(_one("ConvInteger", conv3d, [("y", TP.INT32)]), ctx)
     zx = [("x", _q(rng, np.uint8, (1, 2, 4, 4)), True), ("w", _q(rng, np.uint8, (2, 2, 1, 1)), False),
           ("zx", _q(rng, np.uint8, (2,)), False)]
     with pytest.raises(mltensor.NotSupportedError, match="x_zero_point"):
-        InferenceSession(_model("ConvInteger", zx, [("y", TP.INT32)]), ctx)
+        InferenceSession(_one("ConvInteger", zx, [("y", TP.INT32)]), ctx)
 
 
 # -- a BERT-like model quantized by onnxruntime ------------------------------------------------
@@ -536,7 +512,7 @@ def test_quantize_dynamic_bert(ctx, tmp_path, weight_type):
             got = sess.run(None, {"x": x})
             ref = ref_sess.run(None, {"x": x})
             for g, r in zip(got[1:], ref[1:]):
-                _exact(g, r)
+                assert_exact(g, r)
             y, yr = got[0], ref[0]
             assert y.shape == yr.shape and y.dtype == yr.dtype
             err = np.abs(y - yr).max() / np.abs(yr).max()
@@ -549,7 +525,7 @@ def test_quantize_dynamic_bert(ctx, tmp_path, weight_type):
 
 
 def _ms_model(op, inputs, outputs):
-    m = _model(op, inputs, outputs)
+    m = _one(op, inputs, outputs)
     m.graph.node[0].domain = "com.microsoft"
     m.opset_import.append(h.make_opsetid("com.microsoft", 1))
     return m
@@ -570,16 +546,16 @@ def test_contrib_integer_matmuls(ctx, tb, variant):
     x = (rng.standard_normal(sa) * 2).astype(np.float32)
     ins = [("x", x, True), ("b", b, False), ("bs", bs, False), ("bz", bz, False), ("bias", bias, False)]
     m = _ms_model("DynamicQuantizeMatMul", ins, [("y", TP.FLOAT)])
-    (got,) = _ours(ctx, m, _feeds(ins))
-    (ref,) = _ort(m, _feeds(ins))
+    (got,) = _ours(ctx, m, fed_values(ins))
+    (ref,) = _ort(m, fed_values(ins))
     assert got.shape == ref.shape and got.dtype == ref.dtype
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     a = _q(rng, np.uint8, sa)
     ins = [("a", a, True), ("b", b, False), ("as", _scale(rng, ()), False), ("bs", bs, False),
            ("az", _zp(rng, np.uint8, ()), False), ("bz", bz, False), ("bias", bias, False)]
     m = _ms_model("MatMulIntegerToFloat", ins, [("y", TP.FLOAT)])
-    (got,) = _ours(ctx, m, _feeds(ins))
-    (ref,) = _ort(m, _feeds(ins))
+    (got,) = _ours(ctx, m, fed_values(ins))
+    (ref,) = _ort(m, fed_values(ins))
     assert got.shape == ref.shape and got.dtype == ref.dtype
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
@@ -660,9 +636,9 @@ def test_int_matmul_dynamic(ctx, dyn, requant):
             want = (np.round(v).astype(np.int32) + 120).astype(np.uint8)
         else:
             want = acc
-        _exact(got, want)
+        assert_exact(got, want)
         gs = build(lambda d: cur[d])
-        _exact(dispatch_at(ctx, gs, feeds)["y"], got)
+        assert_exact(dispatch_at(ctx, gs, feeds)["y"], got)
         gs.destroy()
     g.destroy()
 
@@ -692,4 +668,4 @@ def test_onnx_node_cases(ctx, case):
         got = _ours(ctx, case.model, dict(zip(names, inputs)))
         assert len(got) == len(outputs)
         for g, w in zip(got, outputs):
-            _exact(g, np.asarray(w))
+            assert_exact(g, np.asarray(w))

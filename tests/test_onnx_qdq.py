@@ -21,6 +21,8 @@ from onnx.reference import ReferenceEvaluator
 import mltensor
 from mltensor import InferenceSession
 
+from helpers import assert_exact
+
 QTYPES = {"uint8": (np.uint8, TP.UINT8), "int8": (np.int8, TP.INT8), "uint16": (np.uint16, TP.UINT16),
           "int16": (np.int16, TP.INT16)}
 
@@ -78,18 +80,12 @@ def _ours(ctx, model, feeds):
         s.close()
 
 
-def _exact(got, want):
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    np.testing.assert_array_equal(got, want)
-
-
 def _check_q(ctx, model, feeds, ort_too=True):
     got = _ours(ctx, model, feeds)
     want = _ref(model, feeds)
-    _exact(got, want)
+    assert_exact(got, want)
     if ort_too:
-        _exact(got, _ort(model, feeds))
+        assert_exact(got, _ort(model, feeds))
     return got
 
 
@@ -191,8 +187,8 @@ def test_quantize_blocked_params_as_inputs(ctx):
     _check_q(ctx, m, feeds)
     md = _model("DequantizeLinear", {"x": _ref(m, feeds), "s": scale, "z": zp}, {}, {"axis": 1, "block_size": 3})
     fd = {"x": _ref(m, feeds), "s": scale, "z": zp}
-    _exact(_ours(ctx, md, fd), _ref(md, fd))
-    _exact(_ours(ctx, md, fd), _ort(md, fd))
+    assert_exact(_ours(ctx, md, fd), _ref(md, fd))
+    assert_exact(_ours(ctx, md, fd), _ort(md, fd))
 
 
 @pytest.mark.parametrize("qt", ["uint8", "int8", "int16", "uint16"])
@@ -230,7 +226,7 @@ def test_quantize_mixed_float_types(ctx, xt, st):
     x = _x_for(rng, "int8", (5, 9), float(scale.max()), xt)
     x.flat[::3] = (np.round(x.flat[::3] * 2) / 2).astype(xt)  # near-ties, where the types differ
     m = _model("QuantizeLinear", {"x": x}, {"s": scale, "z": zp}, {"axis": 0}, opset=23)
-    _check_q(ctx, m, {"x": x}) if st == np.float32 else _exact(_ours(ctx, m, {"x": x}), _ort(m, {"x": x}))
+    _check_q(ctx, m, {"x": x}) if st == np.float32 else assert_exact(_ours(ctx, m, {"x": x}), _ort(m, {"x": x}))
 
 
 def test_quantize_precision_float16(ctx):
@@ -239,7 +235,7 @@ def test_quantize_precision_float16(ctx):
     scale, zp = _params(rng, "uint8", ())
     x = _x_for(rng, "uint8", (64,), float(scale))
     m = _model("QuantizeLinear", {"x": x}, {"s": scale, "z": zp}, {"precision": TP.FLOAT16}, opset=23)
-    _exact(_ours(ctx, m, {"x": x}), _ref(m, {"x": x}))
+    assert_exact(_ours(ctx, m, {"x": x}), _ref(m, {"x": x}))
 
 
 @pytest.mark.parametrize("od", ["uint8", "int8", "uint16", "int16"])
@@ -259,7 +255,7 @@ def test_quantize_nan_gives_the_minimum(ctx):
     for qt in ("uint8", "int8", "int16"):
         zp = np.array(2, QTYPES[qt][0])
         m = _model("QuantizeLinear", {"x": x}, {"s": np.array(0.3, np.float32), "z": zp})
-        _exact(_ours(ctx, m, {"x": x}), _ort(m, {"x": x}))
+        assert_exact(_ours(ctx, m, {"x": x}), _ort(m, {"x": x}))
 
 
 # -- DequantizeLinear -------------------------------------------------------------------------
@@ -282,8 +278,8 @@ def test_dequantize(ctx, qt, mode, ft):
     zp = np.zeros(sshape, dt) if qt == "int32" else _params(rng, qt, sshape)[1]
     m = _model("DequantizeLinear", {"x": x}, {"s": scale, "z": zp}, attrs)
     got = _ours(ctx, m, {"x": x})
-    _exact(got, _ref(m, {"x": x}))
-    _exact(got, _ort(m, {"x": x}))
+    assert_exact(got, _ref(m, {"x": x}))
+    assert_exact(got, _ort(m, {"x": x}))
 
 
 @pytest.mark.parametrize("st,ot", [(np.float16, TP.FLOAT), (np.float32, TP.FLOAT16)])
@@ -295,8 +291,8 @@ def test_dequantize_output_dtype(ctx, st, ot):
     zp = rng.integers(-10, 10, (7,)).astype(np.int8)
     m = _model("DequantizeLinear", {"x": x}, {"s": scale, "z": zp}, {"axis": 1, "output_dtype": ot}, opset=23)
     got = _ours(ctx, m, {"x": x})
-    _exact(got, _ref(m, {"x": x}))
-    _exact(got, _ort(m, {"x": x}))
+    assert_exact(got, _ref(m, {"x": x}))
+    assert_exact(got, _ort(m, {"x": x}))
 
 
 # -- what is refused --------------------------------------------------------------------------
@@ -320,7 +316,7 @@ def test_refused_types(ctx, t):
                      [h.make_tensor_value_info("y", TP.FLOAT, None)],
                      [q, nh.from_array(np.array(0.5, np.float32), "s")])
     md = h.make_model(g, opset_imports=[h.make_opsetid("", 21)], ir_version=10)
-    _exact(_ours(ctx, md, {}), _ref(md, {}))
+    assert_exact(_ours(ctx, md, {}), _ref(md, {}))
 
 
 def test_refused_variants(ctx):

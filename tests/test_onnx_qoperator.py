@@ -8,6 +8,7 @@ Exact where onnxruntime's arithmetic is reproduced (tables computed at load, int
 otherwise at most one quantization step, with at least 95% of values bit-equal (the reason is
 given at each such comparison)."""
 
+import functools
 import zlib
 
 import numpy as np
@@ -21,36 +22,16 @@ from onnx import numpy_helper as nh
 import mltensor
 from mltensor import InferenceSession
 
+from helpers import assert_exact, fed_values, one_node_model
+
 _TP = {np.dtype(np.int8): TP.INT8, np.dtype(np.uint8): TP.UINT8, np.dtype(np.float32): TP.FLOAT,
        np.dtype(np.int32): TP.INT32, np.dtype(np.bool_): TP.BOOL}
 _TYPES = [np.uint8, np.int8]
+_one = functools.partial(one_node_model, opset=13, domain="com.microsoft")  # (a contrib operator, one node)
 
 
 def _seed(*key):
     return zlib.crc32(repr(key).encode())
-
-
-def _model(op, inputs, outputs, attrs=None, domain="com.microsoft"):
-    """One-node model; inputs [(name, array or None, fed)]: fed ones are graph inputs, others
-    initializers (None: an omitted optional input)."""
-    vis, inits, names = [], [], []
-    for name, arr, fed in inputs:
-        if arr is None:
-            names.append("")
-            continue
-        names.append(name)
-        if fed:
-            vis.append(h.make_tensor_value_info(name, _TP[arr.dtype], arr.shape))
-        else:
-            inits.append(nh.from_array(arr, name))
-    node = h.make_node(op, names, [o for o, _ in outputs], domain=domain, **(attrs or {}))
-    g = h.make_graph([node], "g", vis, [h.make_tensor_value_info(o, t, None) for o, t in outputs], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 13), h.make_opsetid("com.microsoft", 1)],
-                        ir_version=8)
-
-
-def _feeds(inputs):
-    return {n: a for n, a, fed in inputs if fed and a is not None}
 
 
 def _ort(model, feeds):
@@ -77,12 +58,6 @@ def _zp(rng, dt):
 
 def _s(v):
     return np.array(v, np.float32)
-
-
-def _exact(got, want):
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    np.testing.assert_array_equal(got, want)
 
 
 def _one_step(got, want, frac=0.95):
@@ -115,16 +90,16 @@ def test_qlinear_binary(ctx, dt, op, shapes):
     ins = [("a", _q(rng, dt, shapes[0]), True), ("as", _s(sa), False), ("az", _zp(rng, dt), False),
            ("b", _q(rng, dt, shapes[1]), True), ("bs", _s(sb), False), ("bz", _zp(rng, dt), False),
            ("cs", _s(sc), False), ("cz", _zp(rng, dt), False)]
-    m = _model(op, ins, [("c", _TP[np.dtype(dt)])])
-    (got,) = _ours(ctx, m, _feeds(ins))
-    (want,) = _ort(m, _feeds(ins))
+    m = _one(op, ins, [("c", _TP[np.dtype(dt)])])
+    (got,) = _ours(ctx, m, fed_values(ins))
+    (want,) = _ort(m, fed_values(ins))
     assert _saturates(want, dt) or want.size < 100
     if op == "QLinearAdd" and shapes[0] != shapes[1]:
         # onnxruntime's one-sided broadcast path folds the scalar side into the constant before
         # the FMA (another rounding of the same sum): a near-tie value may round the other way
         _one_step(got, want, 0.99)
     else:
-        _exact(got, want)  # the table reproduces MLAS's arithmetic for every pair of codes
+        assert_exact(got, want)  # the table reproduces MLAS's arithmetic for every pair of codes
 
 
 @pytest.mark.parametrize("dt", _TYPES, ids=lambda t: np.dtype(t).name)
@@ -141,8 +116,8 @@ def test_qlinear_binary_every_pair(ctx, dt, op):
         ins = [("a", a, True), ("as", _s(sa), False), ("az", _zp(rng, dt), False),
                ("b", b, True), ("bs", _s(sb), False), ("bz", _zp(rng, dt), False),
                ("cs", _s(sc), False), ("cz", _zp(rng, dt), False)]
-        m = _model(op, ins, [("c", _TP[np.dtype(dt)])])
-        _exact(_ours(ctx, m, _feeds(ins))[0], _ort(m, _feeds(ins))[0])
+        m = _one(op, ins, [("c", _TP[np.dtype(dt)])])
+        assert_exact(_ours(ctx, m, fed_values(ins))[0], _ort(m, fed_values(ins))[0])
 
 
 # -- lookup-table activations ------------------------------------------------------------------
@@ -164,9 +139,9 @@ def test_qlinear_lookup(ctx, dt, op, attrs):
             ys, yz = xs * rng.uniform(0.3, 1.5), _zp(rng, dt)
         ins = [("x", x, True), ("xs", _s(xs), False), ("xz", _zp(rng, dt), False),
                ("ys", _s(ys), False), ("yz", yz, False)]
-        m = _model(op, ins, [("y", _TP[np.dtype(dt)])], attrs)
-        (want,) = _ort(m, _feeds(ins))
-        _exact(_ours(ctx, m, _feeds(ins))[0], want)  # onnxruntime's own table, computed alike
+        m = _one(op, ins, [("y", _TP[np.dtype(dt)])], attrs)
+        (want,) = _ort(m, fed_values(ins))
+        assert_exact(_ours(ctx, m, fed_values(ins))[0], want)  # onnxruntime's own table, computed alike
 
 
 # -- QLinearConcat / QLinearWhere --------------------------------------------------------------
@@ -183,10 +158,10 @@ def test_qlinear_concat(ctx, dt, axis):
         same = k == 1  # one input already in the output's parameters (copied as is)
         ins += [(f"x{k}", _q(rng, dt, shp), True), (f"s{k}", ys if same else _s(rng.uniform(0.02, 0.12)), False),
                 (f"z{k}", yz if same else _zp(rng, dt), False)]
-    m = _model("QLinearConcat", ins, [("y", _TP[np.dtype(dt)])], {"axis": axis})
-    (want,) = _ort(m, _feeds(ins))
+    m = _one("QLinearConcat", ins, [("y", _TP[np.dtype(dt)])], {"axis": axis})
+    (want,) = _ort(m, fed_values(ins))
     assert _saturates(want, dt)
-    _exact(_ours(ctx, m, _feeds(ins))[0], want)
+    assert_exact(_ours(ctx, m, fed_values(ins))[0], want)
 
 
 @pytest.mark.parametrize("dt", _TYPES, ids=lambda t: np.dtype(t).name)
@@ -196,9 +171,9 @@ def test_qlinear_where(ctx, dt):
     ins = [("c", cond, True), ("x", _q(rng, dt, (3, 5, 8)), True), ("xs", _s(0.07), False), ("xz", _zp(rng, dt), False),
            ("y", _q(rng, dt, (5, 1)), True), ("ys", _s(0.03), False), ("yz", _zp(rng, dt), False),
            ("zs", _s(0.05), False), ("zz", _zp(rng, dt), False)]
-    m = _model("QLinearWhere", ins, [("z", _TP[np.dtype(dt)])])
-    (want,) = _ort(m, _feeds(ins))
-    _exact(_ours(ctx, m, _feeds(ins))[0], want)
+    m = _one("QLinearWhere", ins, [("z", _TP[np.dtype(dt)])])
+    (want,) = _ort(m, fed_values(ins))
+    assert_exact(_ours(ctx, m, fed_values(ins))[0], want)
 
 
 # -- pools -------------------------------------------------------------------------------------
@@ -213,10 +188,10 @@ def test_qlinear_global_average_pool(ctx, dt, shape):
     xs = rng.uniform(0.01, 0.1)
     ins = [("x", x, True), ("xs", _s(xs), False), ("xz", _zp(rng, dt), False),
            ("ys", _s(xs / 4), False), ("yz", _zp(rng, dt), False)]
-    m = _model("QLinearGlobalAveragePool", ins, [("y", _TP[np.dtype(dt)])], {"channels_last": 0})
-    (want,) = _ort(m, _feeds(ins))
+    m = _one("QLinearGlobalAveragePool", ins, [("y", _TP[np.dtype(dt)])], {"channels_last": 0})
+    (want,) = _ort(m, fed_values(ins))
     assert _saturates(want, dt)
-    _exact(_ours(ctx, m, _feeds(ins))[0], want)  # exact integer sums, one float32 multiply
+    assert_exact(_ours(ctx, m, fed_values(ins))[0], want)  # exact integer sums, one float32 multiply
 
 
 _POOLS = [((2, 3, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}),
@@ -240,12 +215,12 @@ def test_qlinear_average_pool(ctx, dt, case, params):
     ys, yz = (xs, xz) if params == "same" else (xs / 6.3, _zp(rng, dt))
     ins = [("x", _q(rng, dt, shape), True), ("xs", _s(xs), False), ("xz", xz, False),
            ("ys", _s(ys), False), ("yz", yz, False)]
-    m = _model("QLinearAveragePool", ins, [("y", _TP[np.dtype(dt)])], attrs)
-    (want,) = _ort(m, _feeds(ins))
+    m = _one("QLinearAveragePool", ins, [("y", _TP[np.dtype(dt)])], attrs)
+    (want,) = _ort(m, fed_values(ins))
     assert _saturates(want, dt) or params == "same" or want.size < 10  # (6 global averages may not)
     # the same float32 additions in the same order, then the division by the count: exact where
     # f32 division is correctly rounded (lavapipe, CPUs; WGSL allows 2.5 ulp on GPUs)
-    _exact(_ours(ctx, m, _feeds(ins))[0], want)
+    assert_exact(_ours(ctx, m, fed_values(ins))[0], want)
 
 
 # -- QLinearSoftmax ----------------------------------------------------------------------------
@@ -258,11 +233,11 @@ def test_qlinear_softmax(ctx, dt, shape, axis, opset):
     yz = np.array(0 if dt == np.uint8 else -128, dt)
     ins = [("x", _q(rng, dt, shape), True), ("xs", _s(rng.uniform(0.02, 0.08)), False), ("xz", _zp(rng, dt), False),
            ("ys", _s(1 / 256), False), ("yz", yz, False)]
-    m = _model("QLinearSoftmax", ins, [("y", _TP[np.dtype(dt)])], {"axis": axis, "opset": opset})
-    (want,) = _ort(m, _feeds(ins))
+    m = _one("QLinearSoftmax", ins, [("y", _TP[np.dtype(dt)])], {"axis": axis, "opset": opset})
+    (want,) = _ort(m, fed_values(ins))
     # a float32 sum per row (onnxruntime's order is sequential) and a float division: a near-tie
     # quotient may round one step the other way
-    _one_step(_ours(ctx, m, _feeds(ins))[0], want)
+    _one_step(_ours(ctx, m, fed_values(ins))[0], want)
 
 
 # -- QGemm -------------------------------------------------------------------------------------
@@ -285,13 +260,13 @@ def test_qgemm(ctx, ta, tb, per, bias, out):
            ("c", rng.integers(-3000, 3000, (N,)).astype(np.int32) if bias else None, False)]
     if out == "quant":
         ins += [("ys", _s(sa * np.mean(sb) * np.sqrt(K) * 45), False), ("yz", _zp(rng, ta), False)]
-    m = _model("QGemm", ins, [("y", _TP[np.dtype(ta)] if out == "quant" else TP.FLOAT)],
+    m = _one("QGemm", ins, [("y", _TP[np.dtype(ta)] if out == "quant" else TP.FLOAT)],
                {"transB": 1, "alpha": 0.75})
-    (want,) = _ort(m, _feeds(ins))
-    (got,) = _ours(ctx, m, _feeds(ins))
+    (want,) = _ort(m, fed_values(ins))
+    (got,) = _ours(ctx, m, fed_values(ins))
     if out == "quant":
         assert _saturates(want, ta)
-        _exact(got, want)
+        assert_exact(got, want)
     else:
         # exact int32 sums times one float32 multiplier; onnxruntime's output processor does the
         # same multiply, so equality is expected
@@ -307,24 +282,24 @@ def test_unsupported(ctx):
     base = [("x", x, True), ("xs", _s(0.1), False), ("xz", np.array(128, np.uint8), False),
             ("ys", _s(0.1), False), ("yz", np.array(128, np.uint8), False)]
     with pytest.raises(mltensor.NotSupportedError, match="channels_last"):
-        InferenceSession(_model("QLinearGlobalAveragePool", base, [("y", TP.UINT8)], {"channels_last": 1}), ctx)
+        InferenceSession(_one("QLinearGlobalAveragePool", base, [("y", TP.UINT8)], {"channels_last": 1}), ctx)
     per_channel = [base[0], ("xs", _s([0.1, 0.2]), False)] + base[2:]
     with pytest.raises(mltensor.NotSupportedError, match="X_scale"):
-        InferenceSession(_model("QLinearSigmoid", per_channel, [("y", TP.UINT8)]), ctx)
+        InferenceSession(_one("QLinearSigmoid", per_channel, [("y", TP.UINT8)]), ctx)
     fed_scale = [base[0], ("xs", _s([0.1]), True)] + base[2:]
     with pytest.raises(mltensor.NotSupportedError, match="constant"):
-        InferenceSession(_model("QLinearLeakyRelu", fed_scale, [("y", TP.UINT8)]), ctx)
+        InferenceSession(_one("QLinearLeakyRelu", fed_scale, [("y", TP.UINT8)]), ctx)
     with pytest.raises(mltensor.NotSupportedError, match="channels_last"):
-        InferenceSession(_model("QLinearAveragePool", base, [("y", TP.UINT8)],
+        InferenceSession(_one("QLinearAveragePool", base, [("y", TP.UINT8)],
                                 {"kernel_shape": [2, 2], "channels_last": 1}), ctx)
     with pytest.raises(mltensor.NotSupportedError, match="opset"):
-        InferenceSession(_model("QLinearSoftmax", base, [("y", TP.UINT8)], {"axis": -1}), ctx)
+        InferenceSession(_one("QLinearSoftmax", base, [("y", TP.UINT8)], {"axis": -1}), ctx)
     a = _q(rng, np.uint8, (4, 6))
     gemm = [("a", a, True), ("as", _s(0.1), False), ("az", np.array(128, np.uint8), False),
             ("b", _q(rng, np.int8, (4, 3)), False), ("bs", _s(0.1), False), ("bz", np.array(0, np.int8), False),
             ("c", None, False), ("ys", _s(0.5), False), ("yz", np.array(128, np.uint8), False)]
     with pytest.raises(mltensor.NotSupportedError, match="transA"):
-        InferenceSession(_model("QGemm", gemm, [("y", TP.UINT8)], {"transA": 1}), ctx)
+        InferenceSession(_one("QGemm", gemm, [("y", TP.UINT8)], {"transA": 1}), ctx)
 
 
 # -- whole models quantized by onnxruntime.quantization (QOperator format) ---------------------
