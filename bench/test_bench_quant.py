@@ -30,7 +30,8 @@ from .timing import adapter_name, measure_pair, record
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_onnx_integer import _bert  # noqa: E402
-from test_onnx_llm_decoder import Config, exact, float_decoder, quantize_decoder  # noqa: E402
+from helpers import without_accuracy_level  # noqa: E402
+from test_onnx_llm_decoder import Config, float_decoder, quantize_decoder  # noqa: E402
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -50,10 +51,10 @@ class _Model:
     def __init__(self, model, feeds):
         self.ctx = ml.create_context_sync(power_preference="high-performance")
         self.sess = InferenceSession(model, self.ctx)
-        # the reference computes MatMulNBits in f32 (exact(): no accuracy_level), as we do; the
+        # the reference computes MatMulNBits in f32 (without_accuracy_level()), as we do; the
         # timed onnxruntime runs the model as exported (int4: accuracy_level=4, A quantized to
         # int8, genai's CPU setting)
-        self.ref = ort.InferenceSession(exact(model).SerializeToString(), providers=["CPUExecutionProvider"])
+        self.ref = ort.InferenceSession(without_accuracy_level(model).SerializeToString(), providers=["CPUExecutionProvider"])
         self.timed = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         self.feeds = feeds
         self.ops = {n.op_type for n in model.graph.node}

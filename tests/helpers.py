@@ -98,3 +98,18 @@ def one_node_model(op, inputs, outputs, attrs=None, *, opset=21, domain=""):
 def fed_values(inputs):
     """The feeds of one_node_model's fed inputs."""
     return {name: arr for name, arr, fed in inputs if fed and arr is not None}
+
+
+def without_accuracy_level(model):
+    """A copy of an ONNX model with MatMulNBits' accuracy_level removed: onnxruntime's level 4
+    quantizes A to int8 (an approximation); level 0 computes in f32, as mltensor always does, so
+    that is the reference."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for n in m.graph.node:
+        keep = [a for a in n.attribute if a.name != "accuracy_level"]
+        del n.attribute[:]
+        n.attribute.extend(keep)
+    return m

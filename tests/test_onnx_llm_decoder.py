@@ -27,6 +27,8 @@ from onnx import helper, numpy_helper
 
 from mltensor import InferenceSession
 
+from helpers import without_accuracy_level
+
 ort = pytest.importorskip("onnxruntime")
 
 MS = "com.microsoft"
@@ -167,7 +169,7 @@ def float_decoder(cfg, seed=0):
 def quantize_decoder(model, cfg, embedding="gather", accuracy_level=4):
     """The int4 model: MatMulNBitsQuantizer in two passes (symmetric blocks of 32, then the rest
     asymmetric in blocks of 128), with accuracy_level=4 as genai sets it for CPU (onnxruntime
-    then quantizes A to int8: compare with `exact(model)`); embedding "gather" keeps the float
+    then quantizes A to int8: compare with `without_accuracy_level(model)`); embedding "gather" keeps the float
     table, "tied" replaces it with genai's shared int4 embeddings (GatherBlockQuantized over the
     lm_head's packed bytes, scales and zero points, which needs hidden % 128 == 0)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -203,18 +205,6 @@ def quantize_decoder(model, cfg, embedding="gather", accuracy_level=4):
     return m
 
 
-def exact(model):
-    """The model with MatMulNBits' accuracy_level removed: onnxruntime's level 4 quantizes A to
-    int8 (an approximation), level 0 computes in f32 as we always do; the reference."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for n in m.graph.node:
-        keep = [a for a in n.attribute if a.name != "accuracy_level"]
-        del n.attribute[:]
-        n.attribute.extend(keep)
-    return m
-
-
 def _rel(got, want):
     want = np.asarray(want, np.float64)
     return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
@@ -227,7 +217,7 @@ class Decoder:
 
     def __init__(self, ctx, model, cfg, location="ml-tensor", **session_args):
         self.ctx, self.cfg, self.location = ctx, cfg, location
-        self.ref = ort.InferenceSession(exact(model).SerializeToString(), providers=["CPUExecutionProvider"])
+        self.ref = ort.InferenceSession(without_accuracy_level(model).SerializeToString(), providers=["CPUExecutionProvider"])
         self.sess = InferenceSession(model, ctx, **session_args)
 
     def close(self):

@@ -17,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 import mltensor
 from mltensor import InferenceSession, ml
 
+from helpers import without_accuracy_level
+
 ort = pytest.importorskip("onnxruntime")
 
 OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
@@ -161,20 +163,8 @@ def _hand_model(rng, M, K, N, bs, bits=4, zp="packed", bias=False, ftype=np.floa
     return helper.make_model(g, opset_imports=OPSETS)
 
 
-def _exact(model):
-    """The model with accuracy_level removed: onnxruntime's level 4 quantizes A to int8 (an
-    approximation); we always compute in f32, which level 0 does too."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for n in m.graph.node:
-        keep = [a for a in n.attribute if a.name != "accuracy_level"]
-        del n.attribute[:]
-        n.attribute.extend(keep)
-    return m
-
-
 def _check(model, feeds, ctx, tol=1e-5):
-    want = _ort(_exact(model), feeds)
+    want = _ort(without_accuracy_level(model), feeds)
     s = InferenceSession(model, ctx)
     got = s.run(None, feeds)
     s.close()
@@ -307,7 +297,7 @@ def test_float16(ctx, M, zp):
             m32.graph.initializer[i].CopyFrom(numpy_helper.from_array(arr.astype(np.float32), t.name))
     for v in list(m32.graph.input) + list(m32.graph.output):
         v.type.tensor_type.elem_type = TensorProto.FLOAT
-    (want,) = _ort(_exact(m32), {"A": a.astype(np.float32)})
+    (want,) = _ort(without_accuracy_level(m32), {"A": a.astype(np.float32)})
     assert _rel(got, want) < 2e-3, _rel(got, want)
 
 
@@ -369,7 +359,7 @@ def test_dynamic_rows(ctx, bits, zp):
     for seq in (1, 4, 5, 17, 64, 2):
         a = rng.standard_normal((1, seq, K)).astype(np.float32)
         (got,) = s.run(None, {"A": a})
-        (want,) = _ort(_exact(m), {"A": a})
+        (want,) = _ort(without_accuracy_level(m), {"A": a})
         assert got.shape == want.shape and _rel(got, want) < 1e-5, (seq, _rel(got, want))
     # one build for every size (a session specializes sizes of 1 apart: two at most)
     assert s.stats["dynamic"] and s.stats["builds"] <= 2, s.stats
