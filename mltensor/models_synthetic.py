@@ -15,6 +15,24 @@ weights large enough that greedy decoding wanders over the vocabulary instead of
 import numpy as np
 
 
+def _constant_and_node(inits, nodes):
+    """c(name, value, dtype): an initializer; n(op, inputs, outputs, **attrs): a node named by its
+    position (its output name, or names). Both append to the given lists: the model builders'
+    shorthand."""
+    from onnx import helper, numpy_helper
+
+    def c(name, value, dtype=np.int64):
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def n(op, ins, outs=None, **attrs):
+        outs = outs or [f"{op}_{len(nodes)}"]
+        nodes.append(helper.make_node(op, ins, outs, name=f"{op}_{len(nodes)}", **attrs))
+        return outs[0] if len(outs) == 1 else outs
+
+    return c, n
+
+
 def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, seed=0, opset=17,
               attention_mask=False):
     """ONNX bytes of the model described above; embedding width heads * head_size. With
@@ -31,14 +49,7 @@ def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, se
         inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name))
         return name
 
-    def c(name, value, dtype=np.int64):
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def n(op, ins, outs=None, **attrs):
-        outs = outs or [f"{op}_{len(nodes)}"]
-        nodes.append(helper.make_node(op, ins, outs, name=f"{op}_{len(nodes)}", **attrs))
-        return outs[0] if len(outs) == 1 else outs
+    c, n = _constant_and_node(inits, nodes)
 
     ones = lambda name: c(name, np.ones(E, np.float32), np.float32)  # noqa: E731
     zeros = lambda name: c(name, np.zeros(E, np.float32), np.float32)  # noqa: E731
@@ -142,14 +153,7 @@ def vit(*, layers=12, hidden=768, heads=12, mlp=3072, image=224, patch=16, class
         inits.append(numpy_helper.from_array(a, name))
         return name
 
-    def c(name, value, dtype=np.int64):
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def n(op, ins, outs=None, **attrs):
-        outs = outs or [f"{op}_{len(nodes)}"]
-        nodes.append(helper.make_node(op, ins, outs, name=f"{op}_{len(nodes)}", **attrs))
-        return outs[0] if len(outs) == 1 else outs
+    c, n = _constant_and_node(inits, nodes)
 
     def norm(x, p):
         g = c(p + ".g", 1 + rng.standard_normal(E) * 0.05, np.float32)
