@@ -116,10 +116,19 @@ def save_spec(sess, key, graph, inputs, outputs, values):
         return
     extra = {"inputs": _io(inputs), "outputs": _io(outputs),
              "values": {n: _array(v) for n, v in values.items() if not n.startswith("__")}}
+    import pickle
+
+    import wgpu
+
+    from ..errors import DOMException
+
     try:
         store.save(sess._ctx, key, graph, extra)
-    except OSError:
-        pass  # a read-only or full disk costs the next process a build, nothing else
+    except (OSError, pickle.PicklingError, DOMException, wgpu.GPUError):
+        # a cache write is best effort: a read-only or full disk, or a device that fails the
+        # constants' read-back, costs the next process a build, never this run its result (a
+        # lost device says so at this run's own dispatch)
+        pass
 
 
 def load_note(sess):
