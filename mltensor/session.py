@@ -120,9 +120,13 @@ class _Specialization:
     specialization is destroyed only once none is (the session's lock guards all of this)."""
 
     __slots__ = ("graph", "inputs", "outputs", "owned", "free", "busy", "seq", "const_tensors",
-                 "values", "users", "dropped")
+                 "values", "users", "dropped", "stage", "retired")
 
-    def __init__(self, graph, inputs, outputs, values=None):
+    def __init__(self, graph, inputs, outputs, values=None, stage=None):
+        # stage: a model with data-dependent shapes runs as a tree of graphs (stages/plan.py);
+        # graph is None then. retired: stages evicted from it while runs were in flight
+        self.stage = stage
+        self.retired = []
         self.graph = graph
         self.inputs = {i.name: i for i in inputs}
         self.outputs = {o.name: o for o in outputs}
@@ -174,6 +178,11 @@ class _Specialization:
         s = mine[1] if mine is not None else (self.free[-1] if self.free else None)
         return s.outputs if s is not None else {}
 
+    def destroy_retired(self):
+        for st in self.retired:
+            st.destroy()
+        self.retired.clear()
+
     def destroy(self):
         for s in [*(s for _, s in self.owned.values()), *self.free]:
             s.destroy()
@@ -182,6 +191,10 @@ class _Specialization:
         for t in self.const_tensors.values():
             t.destroy()
         self.const_tensors.clear()
+        self.destroy_retired()
+        if self.stage is not None:
+            self.stage.destroy()
+            self.stage = None
         if self.graph is not None:
             self.graph.destroy()
             self.graph = None
@@ -213,7 +226,10 @@ class InferenceSession:
         self._specs = OrderedDict()  # key -> _Specialization, least recently used first
         self._retiring = {}  # id(tensor set of a run) -> the outgrown build it replaced
         self._spec = None  # the one the last run used
-        self._stats = {"builds": 0, "hits": 0, "evictions": 0, "loaded": 0}
+        # stage_*: models with data-dependent shapes (stages/): later stages built, reused;
+        # readbacks/readback_bytes: the values read back to decide shapes (and loop conditions)
+        self._stats = {"builds": 0, "hits": 0, "evictions": 0, "loaded": 0, "stage_builds": 0,
+                       "stage_hits": 0, "readbacks": 0, "readback_bytes": 0}
         self._lock = threading.RLock()  # specializations, their tensor sets, stats
         self._build_lock = threading.Lock()  # one build at a time; runs at built sizes go on
         if dynamic not in (None, True, False):
@@ -447,6 +463,8 @@ class InferenceSession:
             old = self._retiring.pop(id(tset), None)
             if spec.give_back(tset, keep):
                 spec.destroy()
+            elif spec.users == 0 and spec.retired:
+                spec.destroy_retired()
             if old is not None:  # the build this run's rebuild replaced (_specialize_dynamic)
                 old.users -= 1
                 if old.dropped and old.users == 0:
@@ -493,9 +511,64 @@ class InferenceSession:
                     return None  # known at the first run
         if self._weights is not None:
             self._weights.release()  # uploaded: the mapped pages leave this process's memory
+        if imp.cut is not None:  # data-dependent shapes: the first of a tree of stages (not cached)
+            from .stages.plan import Stage
+
+            return _Specialization(None, imp.inputs, [], values, stage=Stage(imp))
         if key is not None:
             sessions.save_spec(self, key, imp.graph, imp.inputs, imp.outputs, values)
         return _Specialization(imp.graph, imp.inputs, imp.outputs, values)
+
+    # -- data-dependent shapes (stages/) ---------------------------------------------------------
+
+    def _next_stage(self, spec, stage, key, cut, values, carried):
+        """The stage after `stage` for its step's outcome: cached, else imported from the cut's
+        snapshot and built (one build at a time, as for specializations)."""
+        from .onnx.importer import Importer, NeedsValue, data_errors
+        from .stages.plan import Stage
+
+        def cached():
+            with self._lock:
+                child = stage.children.get(key)
+                if child is not None:
+                    stage.children.move_to_end(key)
+                    self._stats["stage_hits"] += 1
+                return child
+
+        child = cached()
+        if child is not None:
+            return child
+        with self._build_lock:
+            child = cached()
+            if child is not None:
+                return child
+            snap = cut.snapshot.with_outcome(cut.key, values, carried)
+            im = Importer(self._model, self._ctx, free_dimensions=self._free, weights=self._weights,
+                          input_values=spec.values, resume=snap)
+            try:
+                with data_errors(self._name, im):
+                    imp = im.run()
+            except NeedsValue as e:
+                raise NotSupportedError(f"{e} (here after a data-dependent shape: not supported)") from None
+            if self._weights is not None:
+                self._weights.release()
+            child = Stage(imp)
+            with self._lock:
+                if self._closed or spec.dropped:
+                    child.destroy()
+                    raise TypeError("[InferenceSession.run] the session was closed during the run")
+                stage.children[key] = child
+                self._stats["stage_builds"] += 1
+                while len(stage.children) > self.max_specializations:
+                    _, old = stage.children.popitem(last=False)
+                    spec.retired.append(old)  # destroyed once no run is in flight on spec
+                    self._stats["evictions"] += 1
+            return child
+
+    def _count_read(self, nbytes):
+        with self._lock:
+            self._stats["readbacks"] += 1
+            self._stats["readback_bytes"] += int(nbytes)
 
     def _load_tflite(self, model):
         from . import tflite
@@ -735,15 +808,20 @@ class InferenceSession:
                 t._fit(arr.shape, where, f"input {name!r}")
             uploads.append((t, arr))
             bind[name] = t
+        known = list(spec.outputs) if spec.stage is None else [o.name for o in self._output_args]
         if output_names is None:
-            names = list(spec.outputs)
+            names = known
         else:
             names = list(output_names)
             for n in names:
-                if n not in spec.outputs:
-                    raise TypeError(f"[{where}] unknown output {n!r}; the model's outputs are {list(spec.outputs)}")
+                if n not in known:
+                    raise TypeError(f"[{where}] unknown output {n!r}; the model's outputs are {known}")
         for t, arr in uploads:
             ctx.write_tensor(t, arr)
+        if spec.stage is not None:  # data-dependent shapes: a chain of graphs (stages/plan.py)
+            from .stages import plan
+
+            return names, plan.run(self, spec, tset, bind, names, output_location)
         graph = spec.graph
         if graph is not None:
             outs = {}
@@ -785,6 +863,8 @@ class InferenceSession:
             return t
 
     def _to_onnx(self, spec, name, arr):
+        if spec.stage is not None:  # converted by stages/plan.run
+            return arr
         info = spec.outputs[name]
         want = info.np_dtype
         if arr.dtype == want:

@@ -67,9 +67,21 @@ def test_if_on_a_small_int_input_specializes(ctx, rng):
     assert sess.stats["builds"] == 2 and sess.stats["hits"] == 1
 
 
-def test_if_with_branches_of_different_shapes_is_not_supported(ctx):
-    with pytest.raises(mltensor.NotSupportedError, match=r"differs between the branches.*\[2, 3\] vs.*\[3, 2\]"):
-        InferenceSession(_if_model(else_shape=(3, 2)), ctx)
+def test_if_with_branches_of_different_shapes_reads_the_condition_back(ctx, rng):
+    """The branches give [2, 3] and [3, 2]: the condition is read back (1 byte) at run time and
+    the rest of the graph built for the branch taken, once per branch."""
+    m = _if_model(else_shape=(3, 2))
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = InferenceSession(m, ctx, cache=False)
+    for sign in (1, -1, 1, -1):
+        x = (np.abs(rng.standard_normal((2, 3))) * sign).astype(np.float32)
+        (y,) = sess.run(None, {"x": x})
+        (want,) = ref.run(None, {"x": x})
+        assert y.shape == want.shape
+        np.testing.assert_allclose(y, want, rtol=1e-6)
+    st = sess.stats
+    assert st["stage_builds"] == 2 and st["stage_hits"] == 2
+    assert st["readback_bytes"] == 4 * 1  # the condition (a uint8) of each of the 4 runs
 
 
 def _ort_check(ctx, m, feeds, rtol=1e-5):
@@ -130,7 +142,8 @@ def test_scan_is_unrolled(ctx, rng, reverse):
     _ort_check(ctx, m, {"x": rng.standard_normal((5, 4)).astype(np.float32)})
 
 
-def test_loop_with_run_time_exit_condition_is_not_supported(ctx):
+def test_loop_with_run_time_exit_condition_runs_on_the_gpu(ctx, rng):
+    """v doubles while sum(v) < 100, at most 5 times: executed, the condition read back."""
     body = helper.make_graph(
         [helper.make_node("ReduceSum", ["v_in"], ["s"], keepdims=0),
          helper.make_node("Less", ["s", "lim"], ["c_out"]),
@@ -147,5 +160,6 @@ def test_loop_with_run_time_exit_condition_is_not_supported(ctx):
         [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2])],
         [helper.make_tensor("M", TensorProto.INT64, [], [5]), helper.make_tensor("lim", TensorProto.FLOAT, [], [100.0])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(mltensor.NotSupportedError, match="exit condition is computed at run time"):
-        InferenceSession(m, ctx)
+    for scale in (1.0, 30.0, 200.0, 0.01):
+        x = (np.abs(rng.standard_normal(2)) * scale).astype(np.float32)
+        _ort_check(ctx, m, {"x": x})

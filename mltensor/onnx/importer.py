@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..dynamic.dims import MLDynamicDimension, Sym
 from ..errors import DataError, DOMException, NotSupportedError
 from ..front.builder import MLGraphBuilder, MLOperand
+from ..stages import cut as stages_cut
 from . import symbolic
 
 
@@ -232,10 +233,23 @@ class IOInfo:
 
 class Imported:
     """Result of an import: the built graph (None when every output folded to a constant) and
-    the graph's inputs and outputs with their ONNX and WebNN types."""
+    the graph's inputs and outputs with their ONNX and WebNN types. `cut`: None, or the StageCut
+    that ended this import early (a stage of a data-dependent model; no outputs then)."""
 
     def __init__(self, graph, inputs, outputs, opset):
         self.graph, self.inputs, self.outputs, self.opset = graph, inputs, outputs, opset
+        self.cut = None
+
+
+class StageCut:
+    """Where a stage ends (mltensor/stages/): resume from `snapshot` once the step ran; the step
+    reads back the run's tensors `reads` or runs `loop` (stages.loop.LoopSpec) on `carried`."""
+
+    __slots__ = ("snapshot", "key", "reads", "carried", "loop", "what")
+
+    def __init__(self, snapshot, key, reads, carried, loop, what):
+        self.snapshot, self.key, self.reads, self.carried = snapshot, key, reads, carried
+        self.loop, self.what = loop, what
 
 
 def symbolic_inputs(model):
@@ -271,8 +285,19 @@ def dim_name(input_name, axis, param):
 
 class Importer:
     def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, weights=None,
-                 input_values=None, dynamic=None, ones=None):
+                 input_values=None, dynamic=None, ones=None, resume=None):
         self.ctx = context
+        # Data-dependent shapes (mltensor/stages/): `resume` is the stages.cut.Snapshot this
+        # import continues from (a later stage); cut_refusal says why this import may not be cut
+        # (None: it may); resumed: {cut key: (values, operands)} of the cuts already passed;
+        # avail_of: id(input operand) -> the name of the run's tensor it is bound to
+        self.resume = resume
+        self.cut_refusal = "in a build with dynamic dimensions" if dynamic else None
+        self.resumed = {}
+        self.avail_of = {}
+        self.stage_inputs = set()  # ids of the inputs a resumed import binds to earlier stages' tensors
+        self._top_index = None  # the top-level node being imported (cuts are keyed by it)
+        self._cut_seq = 0
         # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic
         # dimensions (mltensor/dynamic/) instead of taking a size from input_shapes; `ones`:
         # {name: 1} of unknown dimensions fixed to 1 (InferenceSession's builds, capacity.py)
@@ -405,6 +430,10 @@ class Importer:
         if self.weights is not None:
             self.b._release_host = self.weights.release
 
+        self.graph_outputs = {o.name for o in g.output}
+        if self.resume is not None:  # a later stage: the environment at the cut (stages/cut.py)
+            inputs = stages_cut.restore(self, self.resume)
+            return self._run_top(inputs, const_outputs_as_ops)
         for init in g.initializer:
             arr = self._tensor(init)
             self.env[init.name] = arr
@@ -438,6 +467,7 @@ class Importer:
                 self.types[vi.name] = et
                 continue
             x = self.b.input(vi.name, data_type=WEBNN_TYPE[et], shape=dims)
+            self.avail_of[id(x)] = vi.name
             for d in dims:
                 if isinstance(d, MLDynamicDimension):
                     self.dim_refs.setdefault(d.name, x)
@@ -448,8 +478,21 @@ class Importer:
             inputs.append(IOInfo(vi.name, et, WEBNN_TYPE[et], dims))
 
         self._value_types()
-        self.graph_outputs = {o.name for o in g.output}
-        self.run_nodes(g.node, self.opset, fold_batchnorm=True)
+        return self._run_top(inputs, const_outputs_as_ops)
+
+    def _run_top(self, inputs, const_outputs_as_ops):
+        """The top-level nodes (from the cut a resumed import continues at), then the outputs.
+        A cut (stages/cut.py) ends the import at its node: the result is that stage's graph."""
+        g = self.model.graph
+        try:
+            self.run_nodes(g.node, self.opset, fold_batchnorm=True, top=True)
+        except stages_cut.Cut as c:
+            i, uid, folded = self._top_state
+            outputs, snap, reads, carried = stages_cut.end_stage(self, c, g.node, i, uid, folded)
+            graph = self.b.build_sync(outputs) if outputs else None
+            imp = Imported(graph, inputs, [], self.opset)
+            imp.cut = StageCut(snap, c.key, reads, carried, c.loop, c.what)
+            return imp
 
         outputs, named = [], {}
         seen = {}
@@ -551,14 +594,15 @@ class Importer:
                     self.types.setdefault(vi.name, vi.type.tensor_type.elem_type)
 
     def _batchnorm_partners(self, nodes):
-        """Conv output name -> the inference BatchNormalization that is its only consumer."""
+        """Conv output name -> (the inference BatchNormalization that is its only consumer, its
+        index in `nodes`)."""
         uses = {}
         for n in nodes:
             for i in n.input:
                 uses[i] = uses.get(i, 0) + 1
         outs = self.graph_outputs
         partners = {}
-        for n in nodes:
+        for j, n in enumerate(nodes):
             if n.op_type != "BatchNormalization" or n.domain not in ("", "ai.onnx") or len(n.input) < 5:
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
@@ -566,7 +610,7 @@ class Importer:
                     or len([o for o in n.output if o]) != 1):
                 continue
             if uses.get(n.input[0]) == 1 and n.input[0] not in outs:
-                partners[n.input[0]] = n
+                partners[n.input[0]] = (n, j)
         return partners
 
     def _fold_batchnorm(self, conv, bn):
@@ -623,21 +667,29 @@ class Importer:
 
     # -- nodes ---------------------------------------------------------------------------------
 
-    def run_nodes(self, nodes, opset, fold_batchnorm=False):
+    def run_nodes(self, nodes, opset, fold_batchnorm=False, top=False):
+        """top: the graph's own nodes (a resumed import starts at its cut, and cuts are keyed by
+        the node being imported, stages/cut.py)."""
         from .ops import HANDLERS
 
         saved = self.cur_opset
         # Only at the top level: inside a function body a value may also be used outside it.
         partners = self._batchnorm_partners(nodes) if fold_batchnorm else {}
-        folded = set()  # BatchNormalization nodes already folded into their Conv
-        for node in nodes:
-            if id(node) in folded:
+        # BatchNormalization nodes (indices) already folded into their Conv
+        folded = set(self.resume.folded) if top and self.resume is not None else set()
+        start = self.resume.index if top and self.resume is not None else 0
+        for i in range(start, len(nodes)):
+            node = nodes[i]
+            if i in folded:
                 continue
+            if top:
+                self._top_index, self._cut_seq = i, 0
+                self._top_state = (i, self._uid, frozenset(folded))
             bn = partners.get(node.output[0]) if node.op_type == "Conv" and node.output else None
             if bn is not None:
-                fused = self._fold_batchnorm(node, bn)
+                fused = self._fold_batchnorm(node, bn[0])
                 if fused is not None:
-                    folded.add(id(bn))
+                    folded.add(bn[1])
                     node = fused
             self.cur_opset = opset
             self.node = node
@@ -673,6 +725,8 @@ class Importer:
             if not isinstance(outs, (list, tuple)):
                 outs = [outs]
             self._bind(node, outs)
+        if top:
+            self._top_index = None
         self.cur_opset = saved
 
     def _bind(self, node, outs):

@@ -14,6 +14,7 @@ package holds the registry and the helpers they share, and imports every family 
 import numpy as np
 
 from ...dynamic.dims import Sym
+from ...stages import cut as stages_cut
 from ..importer import NeedsValue, _Unsupported
 from ..importer import _count as prod  # product of a shape (one helper for importer and ops)
 
@@ -52,13 +53,19 @@ def const(im, v, what):
     if v is None:
         return None
     if not isinstance(v, np.ndarray):
-        # a value computed from graph inputs decides a shape or an attribute: InferenceSession
-        # binds those inputs' values at the first run and specializes the graph to them
+        # A value computed only from small graph inputs (a size, a flag) decides a shape or an
+        # attribute: InferenceSession binds those inputs' values at the first run and specializes
+        # the graph to them. Any other (computed from an image's values, say) is read back at run
+        # time: the graph is cut there (mltensor/stages/)
         leaves = input_leaves(v)
-        if leaves:
+        if leaves and all(prod(x.shape) <= SMALL_INPUT and id(x) not in im.stage_inputs for x in leaves):
             raise NeedsValue(leaves[0]._name, what)
-        unsupported(f"{what} must be a constant (known at load), got a computed tensor")
+        return np.asarray(stages_cut.read(im, v, what))
     return v
+
+
+# Graph inputs of at most this many elements may be bound by value at the first run (NeedsValue)
+SMALL_INPUT = 16
 
 
 def input_leaves(v):

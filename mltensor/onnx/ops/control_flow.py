@@ -2,6 +2,12 @@
 
 import numpy as np
 
+from onnx import numpy_helper
+
+from ... import dtypes
+from ...stages import cut as stages_cut
+from ...stages import loop
+from ..importer import _outer_names
 from . import const, input_leaves, mark_bool, norm_axis, op, prod, unsupported, X
 
 
@@ -9,8 +15,8 @@ from . import const, input_leaves, mark_bool, norm_axis, op, prod, unsupported, 
 def _if(im, node, ins, attrs):
     """A condition known at load takes its branch. One decided by small integer/bool graph
     inputs (a sample rate, a flag) specializes the session to their values (NeedsValue). Any
-    other computed condition runs both branches and selects with `where`, which needs both to give
-    the same shapes and types."""
+    other computed condition runs both branches and selects with `where` when both give the same
+    shapes and types; otherwise it is read back at run time (a cut, mltensor/stages/)."""
     cond = ins[0]
     if isinstance(cond, np.ndarray) or _decided_by_small_inputs(cond):
         cond = const(im, cond, "cond (the branch must be chosen at load)")
@@ -23,16 +29,19 @@ def _if(im, node, ins, attrs):
     if len(c.shape) and prod(c.shape) != 1:
         unsupported(f"cond has shape {list(c.shape)}, not a single value")
     c = b.reshape(c, [])
-    res = []
-    for o, t, e in zip(node.output, outs_t, outs_e):
+    pairs = []
+    for t, e in zip(outs_t, outs_e):
         t_op = X(im, t) if t is not None else None
         e_op = X(im, e, t_op) if e is not None else None
-        if t_op is None or e_op is None or tuple(t_op.shape) != tuple(e_op.shape) \
-                or t_op.data_type != e_op.data_type:
-            def desc(v):
-                return "nothing" if v is None else f"{v.data_type} {list(v.shape)}"
-            unsupported(f"the condition is only known at run time and output {o!r} differs between the "
-                        f"branches ({desc(t_op)} vs {desc(e_op)}), so they cannot be selected with where")
+        pairs.append((t_op, e_op))
+    if any(t is None or e is None or tuple(t.shape) != tuple(e.shape) or t.data_type != e.data_type
+           for t, e in pairs):
+        # the branches give different shapes: the condition is read back at run time and the
+        # graph after it built for the branch taken (mltensor/stages/)
+        taken = stages_cut.read(im, c, "the If condition (its branches give different shapes)")
+        return _run_branch(im, attrs["then_branch"] if bool(taken.reshape(-1)[0]) else attrs["else_branch"])
+    res = []
+    for t_op, e_op in pairs:
         y = b.where(c, t_op, e_op)
         if id(t_op) in im.bools:
             mark_bool(im, y)
@@ -57,22 +66,124 @@ def _decided_by_small_inputs(v):
     return bool(leaves) and all(not o.data_type.startswith("float") and prod(o.shape) <= 16 for o in leaves)
 
 
-# Unrolling copies the body once per iteration into the graph: beyond this many, refuse.
+# Unrolling copies the body once per iteration into the graph: a loop whose trip count and
+# condition are known at load is unrolled up to this many iterations (one graph, kernels fused
+# across iterations, no per-iteration dispatch); longer ones, and loops whose condition is
+# computed on the GPU, are executed (mltensor/stages/loop.py).
 MAX_UNROLL = 256
 
 
 @op("Loop", "Scan", attrs=None)
 def _control_flow(im, node, ins, attrs):
     """Loops on values all known at load run then (trip counts and carried values included).
-    Otherwise a loop whose trip count is known at load is unrolled into the graph."""
+    Otherwise a loop known at load to be short is unrolled into the graph, any other executed on
+    the GPU: the graph is cut at the loop (mltensor/stages/)."""
     if all(v is None or isinstance(v, np.ndarray) for v in ins):
         try:
             return im.evaluate(node, ins)
-        except ValueError as e:
-            unsupported(f"the loop body reads a value computed in the graph ({e})")
+        except ValueError:
+            pass  # the body reads a value computed in the graph
     if node.op_type == "Loop":
-        return _unroll_loop(im, node, ins, attrs)
-    return _unroll_scan(im, node, ins, attrs)
+        return _loop(im, node, ins, attrs)
+    return _scan(im, node, ins, attrs)
+
+
+def _outer(im, node):
+    """The enclosing graph's values the node's subgraphs read: (operand names, {name: host})."""
+    ops, host = [], {}
+    for n in dict.fromkeys(_outer_names(node)):
+        v = im.env.get(n)
+        if v is None:
+            continue
+        if isinstance(v, np.ndarray):
+            host[n] = v
+        else:
+            ops.append(n)
+    return ops, host
+
+
+def _loop(im, node, ins, attrs):
+    body = attrs["body"]
+    m = ins[0] if ins else None
+    trips = None
+    if m is not None:
+        trips = int(const(im, m, "trip count M").reshape(-1)[0])
+        if trips >= loop.UNBOUNDED:
+            trips = None
+        trips = None if trips is None else max(trips, 0)
+    n_state = len(ins) - 2
+    n_scan = len(body.output) - 1 - n_state
+    got = stages_cut.outcome(im)
+    if got is not None:  # executed: the final state and the stacked scan outputs
+        return _executed_results(im, got, n_state, n_scan, [0] * n_scan, [0] * n_scan)
+    cond = ins[1] if len(ins) > 1 else None
+    if trips is not None and trips <= MAX_UNROLL and (cond is None or isinstance(cond, np.ndarray)):
+        res = _unroll_loop(im, node, ins, attrs, trips)
+        if res is not None:
+            return res
+    b = im.b
+    if cond is None or isinstance(cond, np.ndarray):
+        cond0 = np.array(True if cond is None else bool(np.asarray(cond).reshape(-1)[0]))
+        cond_true = bool(cond0)
+    else:
+        cond0 = mark_bool(im, b.reshape(X(im, cond), []))
+        cond_true = False
+    ops, host = _outer(im, node)
+    spec = loop.LoopSpec("loop", node, body, im.model, im.cur_opset, trips=trips, n_state=n_state,
+                         n_scan_out=n_scan, outer=ops, outer_host=host,
+                         dynamic_cond=_computes_condition(body), cond_true=cond_true)
+    carry = [cond0] + list(ins[2:]) + [im.env[n] for n in ops]
+    stages_cut.cut(im, carry=carry, loop=spec, what=f"Loop {node.name or '(unnamed)'!r}")
+
+
+def _computes_condition(body):
+    """Whether a Loop body computes its exit condition (not just passing the one it gets, or a
+    constant true)."""
+    out = body.output[0].name
+    cond_in = body.input[1].name if len(body.input) > 1 else None
+    for _ in range(len(body.node) + 1):
+        if out == cond_in:
+            return False
+        prod_node = next((n for n in body.node if out in n.output), None)
+        if prod_node is None:
+            init = next((t for t in body.initializer if t.name == out), None)
+            return init is None or not bool(np.all(numpy_helper.to_array(init)))
+        if prod_node.op_type == "Identity":
+            out = prod_node.input[0]
+            continue
+        if prod_node.op_type == "Constant" and prod_node.attribute:
+            a = prod_node.attribute[0]
+            return not (a.name == "value" and bool(np.all(numpy_helper.to_array(a.t))))
+        return True
+    return True
+
+
+def _executed_results(im, got, n_state, n_scan, out_axes, out_dirs):
+    """The outputs of an executed Loop/Scan from its step's outcome: the final state, and each
+    scan output ([count, padded row] on the GPU) cut to its rows, shaped, reversed and moved to
+    its axis as the node asks."""
+    values, operands = got
+    b = im.b
+    count = int(values[0])
+    res = list(operands[:n_state])
+    for j in range(n_scan):
+        shape = [int(d) for d in np.asarray(values[1 + j]).reshape(-1)]
+        v = operands[n_state + j]
+        if isinstance(v, np.ndarray):  # no iteration ran: empty
+            res.append(v)
+            continue
+        elems = prod(shape)
+        if v.shape[1] != elems:
+            v = b.slice(v, [0, 0], [count, elems])
+        v = b.reshape(v, [count] + shape)
+        if out_dirs[j]:
+            v = b.reverse(v, axes=[0])
+        axis = norm_axis(out_axes[j], len(shape) + 1)
+        if axis:
+            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(shape) + 1))
+            v = b.transpose(v, permutation=perm)
+        res.append(v)
+    return res
 
 
 def _bind_body(im, body, values):
@@ -99,18 +210,11 @@ def _stack(im, items, axis=0):
     return b.concat(parts, axis) if len(parts) > 1 else parts[0]
 
 
-def _unroll_loop(im, node, ins, attrs):
+def _unroll_loop(im, node, ins, attrs, trips):
+    """The loop unrolled, or None once an iteration's condition is only known at run time."""
     body = attrs["body"]
-    m = ins[0] if ins else None
     cond = ins[1] if len(ins) > 1 else None
     carried = list(ins[2:])
-    if m is None:
-        unsupported("a Loop without a trip count known at load cannot be unrolled")
-    trips = int(const(im, m, "trip count M").reshape(-1)[0])
-    if cond is not None:
-        cond = const(im, cond, "the loop's initial condition")
-    if trips > MAX_UNROLL:
-        unsupported(f"trip count {trips} is above {MAX_UNROLL}, the most iterations unrolled")
     go = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
     scans = []
     i = 0
@@ -118,8 +222,7 @@ def _unroll_loop(im, node, ins, attrs):
         outs = _bind_body(im, body, [np.array(i, np.int64), np.array(go)] + carried)
         c = outs[0]
         if not isinstance(c, np.ndarray):
-            unsupported("the loop's exit condition is computed at run time (only trip counts known at "
-                        "load are unrolled)")
+            return None  # the exit condition is computed on the GPU: executed instead
         go = bool(c.reshape(-1)[0])
         carried = outs[1:1 + len(carried)]
         scans.append(outs[1 + len(carried):])
@@ -129,7 +232,7 @@ def _unroll_loop(im, node, ins, attrs):
     return carried + stacked
 
 
-def _unroll_scan(im, node, ins, attrs):
+def _scan(im, node, ins, attrs):
     if im.cur_opset < 9:
         unsupported("Scan before opset 9 (batch axis and sequence_lens) is not supported")
     body = attrs["body"]
@@ -147,8 +250,11 @@ def _unroll_scan(im, node, ins, attrs):
     if len(lengths) != 1:
         im.malformed(f"scan inputs have different lengths {sorted(lengths)}")
     (steps,) = lengths
+    got = stages_cut.outcome(im)
+    if got is not None:  # executed
+        return _executed_results(im, got, len(states), n_out, out_axes, out_dirs)
     if steps > MAX_UNROLL:
-        unsupported(f"{steps} scan steps is above {MAX_UNROLL}, the most iterations unrolled")
+        return _execute_scan(im, node, body, states, xs, axes, in_dirs, steps, n_out)
     scans = []
     for t in range(steps):
         slices = []
@@ -170,3 +276,29 @@ def _unroll_scan(im, node, ins, attrs):
             items = items[::-1]
         res.append(_stack(im, items, out_axes[k]))
     return res
+
+
+def _execute_scan(im, node, body, states, xs, axes, in_dirs, steps, n_out):
+    """Cut at the Scan: each scan input laid out [steps, row] (its axis first, rows padded to whole
+    4-byte words for the per-iteration copies, stages/loop.py), executed on the GPU."""
+    b = im.b
+    rows, scan_in = [], []
+    for x, a, d in zip(xs, axes, in_dirs):
+        if a:
+            perm = [a] + [i for i in range(len(x.shape)) if i != a]
+            x = b.transpose(x, permutation=perm)
+        shape = [int(s) for s in x.shape[1:]]
+        elems = prod(shape)
+        pad = loop._padded_row(elems, dtypes.itemsize(x.data_type))
+        x = b.reshape(x, [steps, elems])
+        if pad != elems:
+            x = b.pad(x, [0, 0], [0, pad - elems])
+        elif x._kind != "op":
+            x = b.identity(x)
+        rows.append(x)
+        scan_in.append((elems, shape, bool(d)))
+    ops, host = _outer(im, node)
+    spec = loop.LoopSpec("scan", node, body, im.model, im.cur_opset, trips=steps, n_state=len(states),
+                         n_scan_out=n_out, outer=ops, outer_host=host, scan_in=scan_in)
+    carry = list(states) + rows + [im.env[n] for n in ops]
+    stages_cut.cut(im, carry=carry, loop=spec, what=f"Scan {node.name or '(unnamed)'!r}")

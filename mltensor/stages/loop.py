@@ -1,0 +1,418 @@
+"""Loop and Scan executed on the GPU timeline instead of unrolled into the graph.
+
+The body is imported once (per shapes of its inputs) as its own graph, wrapped in a few ONNX
+nodes (`_wrap_loop`, `_wrap_scan`), and dispatched once per iteration; the loop-carried values
+alternate between two sets of MLTensors and never leave the GPU. Scan outputs are copied, one row
+an iteration, into a buffer that grows by doubling.
+
+A Loop's exit condition is computed on the GPU. Waiting for it after every iteration would cost a
+host round trip each; instead the wrapper gates the body: an iteration whose incoming condition
+is false keeps every carried value as it was (`Where(cond, new, old)`), keeps the condition false
+and does not count itself. So iterations may be dispatched past the exit harmlessly: the host
+dispatches BATCH at a time and reads back the condition and the count (a few bytes) once per
+batch, the read of one batch overlapping the next batch's work. An early exit thus costs at most
+2 * BATCH gated iterations, and n iterations at most n / BATCH + 1 waits.
+"""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .. import dtypes
+from ..errors import NotSupportedError, gpu_errors
+from ..runtime.timeline import Task
+from .cut import Carried
+
+BATCH = 8
+# A Loop with no trip count (absent, or INT64_MAX as exporters write a while loop) fails after
+# this many iterations instead of hanging on a condition that never turns false.
+MAX_ITERATIONS = 1 << 24
+UNBOUNDED = 1 << 31  # trip counts from here up are "no trip count"
+
+_ITER, _COND = "__loop_iter_next", "__loop_cond_next"
+
+
+class LoopSpec:
+    """A Loop or Scan node to execute (built by onnx/ops/control_flow.py at its cut).
+
+    carry order (cut.carry): Loop: [initial condition (bool []), initial carried..., outer];
+    Scan: [initial states..., scan inputs ([steps, row] each, scan axis first, rows padded to
+    4 bytes), outer]. `outer` are the operands of the enclosing graph the body reads (host values
+    the body reads are made initializers of the body: `outer_host`). trips: the trip count
+    (None: none, Loop only). dynamic_cond: the body computes its exit condition; cond_true: the
+    initial condition is true (known at load). scan_in:
+    [(row elements, slice shape, reversed)] of a Scan's inputs."""
+
+    def __init__(self, kind, node, body, model, opset, *, trips, n_state, n_scan_out, outer, outer_host,
+                 dynamic_cond=False, cond_true=False, scan_in=()):
+        self.kind, self.node, self.body, self.model, self.opset = kind, node, body, model, opset
+        self.trips, self.n_state, self.n_scan_out = trips, n_state, n_scan_out
+        self.outer, self.outer_host = list(outer), dict(outer_host)
+        self.dynamic_cond, self.cond_true, self.scan_in = dynamic_cond, cond_true, list(scan_in)
+        self.graphs = {}  # signature of the body's inputs -> _Body
+
+    def destroy(self):
+        for b in self.graphs.values():
+            b.graph.destroy()
+        self.graphs.clear()
+
+    def where(self):
+        n = self.node
+        return f"node {n.name or '(unnamed)'!r} ({n.op_type})"
+
+
+class _Body:
+    __slots__ = ("graph", "ins", "outs", "scan_rows")
+
+    def __init__(self, graph, ins, outs, scan_rows):
+        self.graph, self.ins, self.outs, self.scan_rows = graph, ins, outs, scan_rows
+
+
+def _onnx_type(t, is_bool):
+    from ..onnx.importer import ONNX_OF_WEBNN
+
+    return TensorProto.BOOL if is_bool else ONNX_OF_WEBNN[t.data_type]
+
+
+def _padded_row(n, itemsize):
+    """Elements of a row of n padded so that it is a whole number of 4-byte words (buffer copies
+    move 4-byte multiples)."""
+    per = max(1, 4 // itemsize)
+    return -(-n // per) * per
+
+
+def _const(name, arr):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr), name))
+
+
+def _build(session, spec, tensors, bools):
+    """Import the wrapped body for input tensors of these shapes (cached by their signature)."""
+    from ..onnx.importer import Importer, data_errors
+
+    sig = tuple((t.data_type, tuple(t.shape), b) for t, b in zip(tensors, bools))
+    hit = spec.graphs.get(sig)
+    if hit is not None:
+        return hit
+    with session._build_lock:
+        hit = spec.graphs.get(sig)
+        if hit is not None:
+            return hit
+        model, names, shapes = (_wrap_loop if spec.kind == "loop" else _wrap_scan)(spec, tensors, bools)
+        im = Importer(model, session._ctx, input_shapes=shapes)
+        im.cut_refusal = "inside a Loop or Scan body run on the GPU"
+        with data_errors(session._name, im):
+            imp = im.run(const_outputs_as_ops=True)
+        # which body outputs are the next iteration's inputs, with their shapes checked
+        outs = {o.name: o for o in imp.outputs}
+        n = spec.n_state
+        first = 2 if spec.kind == "loop" else 0
+        state_in = names[first:first + n]
+        state_out = ([_ITER, _COND] if spec.kind == "loop" else []) + [f"__state{k}" for k in range(n)]
+        for k, (i_name, o_name) in enumerate(zip(names[:first + n], state_out)):
+            want = tuple(tensors[k].shape)
+            if tuple(outs[o_name].shape) != want or outs[o_name].data_type != tensors[k].data_type:
+                what = "the iteration count" if k < first else f"loop-carried value {i_name!r}"
+                raise NotSupportedError(
+                    f"[onnx] {spec.where()}: {what} changes from {tensors[k].data_type} {list(want)} to "
+                    f"{outs[o_name].data_type} {list(outs[o_name].shape)} across iterations (not supported)")
+        del state_in
+        rows = [(outs[f"__scan{j}"].data_type, tuple(outs[f"__scan{j}"].shape)) for j in range(spec.n_scan_out)]
+        body = _Body(imp.graph, names, state_out, rows)
+        spec.graphs[sig] = body
+        return body
+
+
+def _model(spec, nodes, inputs, outputs, inits):
+    parent = spec.model
+    g = helper.make_graph(nodes, "body", inputs, [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
+                          initializer=inits)
+    m = helper.make_model(g, opset_imports=list(parent.opset_import), functions=list(parent.functions))
+    m.ir_version = parent.ir_version
+    return m
+
+
+def _body_inits(spec):
+    inits = list(spec.body.initializer)
+    for name, v in spec.outer_host.items():
+        a = np.asarray(v)
+        inits.append(numpy_helper.from_array(a, name))
+    return inits
+
+
+def _wrap_loop(spec, tensors, bools):
+    """The Loop body with the gating: inputs (iteration, condition, carried..., outer...),
+    outputs (_ITER, _COND, __state<k>..., __scan<j>...) where a gated iteration changes nothing."""
+    body = spec.body
+    names = [i.name for i in body.input] + spec.outer
+    it, cond = names[0], names[1]
+    inputs = [helper.make_tensor_value_info(n, _onnx_type(t, b), list(t.shape))
+              for n, t, b in zip(names, tensors, bools)]
+    nodes = list(body.node)
+    bo = [o.name for o in body.output]
+    nodes += [_const("__loop_one", np.array(1, np.int64)),
+              helper.make_node("Add", [it, "__loop_one"], ["__loop_iter_inc"]),
+              helper.make_node("Where", [cond, "__loop_iter_inc", it], [_ITER]),
+              helper.make_node("Cast", [bo[0]], ["__loop_cond_b"], to=TensorProto.BOOL),
+              helper.make_node("And", [cond, "__loop_cond_b"], ["__loop_cond_and"]),
+              _const("__loop_scalar", np.zeros(0, np.int64)),
+              helper.make_node("Reshape", ["__loop_cond_and", "__loop_scalar"], [_COND])]
+    outs = [_ITER, _COND]
+    for k in range(spec.n_state):
+        nodes.append(helper.make_node("Where", [cond, bo[1 + k], names[2 + k]], [f"__state{k}"]))
+        outs.append(f"__state{k}")
+    scan = bo[1 + spec.n_state:]
+    for j, name in enumerate(scan):
+        nodes.append(helper.make_node("Identity", [name], [f"__scan{j}"]))
+        outs.append(f"__scan{j}")
+    m = _model(spec, nodes, inputs, outs, _body_inits(spec))
+    return m, names, {n: tuple(t.shape) for n, t in zip(names, tensors)}
+
+
+def _wrap_scan(spec, tensors, bools):
+    """The Scan body: inputs (states..., padded scan rows..., outer...), each row reshaped to the
+    body's slice; outputs (__state<k>..., __scan<j>...)."""
+    body = spec.body
+    n = spec.n_state
+    bnames = [i.name for i in body.input]
+    names = bnames[:n] + [f"__row{k}" for k in range(len(spec.scan_in))] + spec.outer
+    inputs = [helper.make_tensor_value_info(nm, _onnx_type(t, b), list(t.shape))
+              for nm, t, b in zip(names, tensors, bools)]
+    nodes = []
+    for k, (elems, shape, _) in enumerate(spec.scan_in):
+        src = f"__row{k}"
+        if tensors[n + k].shape[0] != elems:
+            nodes += [_const(f"__row{k}/st", np.array([0], np.int64)),
+                      _const(f"__row{k}/en", np.array([elems], np.int64)),
+                      helper.make_node("Slice", [src, f"__row{k}/st", f"__row{k}/en"], [f"__row{k}/cut"])]
+            src = f"__row{k}/cut"
+        nodes += [_const(f"__row{k}/shape", np.array(shape, np.int64)),
+                  helper.make_node("Reshape", [src, f"__row{k}/shape"], [bnames[n + k]])]
+    nodes += list(body.node)
+    bo = [o.name for o in body.output]
+    outs = []
+    for k in range(n):
+        nodes.append(helper.make_node("Identity", [bo[k]], [f"__state{k}"]))
+        outs.append(f"__state{k}")
+    for j, name in enumerate(bo[n:]):
+        nodes.append(helper.make_node("Identity", [name], [f"__scan{j}"]))
+        outs.append(f"__scan{j}")
+    m = _model(spec, nodes, inputs, outs, _body_inits(spec))
+    return m, names, {nm: tuple(t.shape) for nm, t in zip(names, tensors)}
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def _copy(ctx, src, src_off, dst, dst_off, size):
+    """Copy `size` bytes (a multiple of 4) between two tensors' buffers, in call order on the
+    context's timeline (after the work already enqueued on them)."""
+    with ctx._lock:
+        tl = ctx._timeline
+
+        def body():
+            tl.encoder().copy_buffer_to_buffer(src._buffer, src_off, dst._buffer, dst_off, size)
+            tl.touch((src._buffer, dst._buffer))
+
+        with gpu_errors("InferenceSession.run"):
+            tl.enqueue(Task((src,), (dst,), body))
+
+
+def _row(data_type, shape):
+    """(elements of one row, elements with the padding to 4 bytes, bytes with it)."""
+    n = int(np.prod(shape)) if shape else 1
+    size = dtypes.itemsize(data_type)
+    p = _padded_row(n, size)
+    return n, p, p * size
+
+
+class _Stack:
+    """Rows of one scan output, one an iteration, in a [capacity, row] tensor grown by doubling."""
+
+    def __init__(self, ctx, data_type, shape, cap, made):
+        self.ctx, self.data_type, self.made = ctx, data_type, made
+        self.n, self.pad, self.bytes = _row(data_type, shape)
+        self.t = None
+        self._alloc(cap)
+
+    def _alloc(self, cap):
+        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(cap, self.pad), readable=True,
+                                        writable=True)
+        self.made.append(t)
+        if self.t is not None:  # the rows so far move to the bigger tensor
+            _copy(self.ctx, self.t, 0, t, 0, self.cap * self.bytes)
+            self.made.remove(self.t)
+            self.t.destroy()
+        self.t, self.cap = t, cap
+
+    def put(self, src, slot):
+        if slot >= self.cap:
+            self._alloc(self.cap * 2)
+        _copy(self.ctx, src, 0, self.t, slot * self.bytes, self.bytes)
+
+    def take(self, count):
+        """[count, padded row] tensor of the first `count` rows."""
+        if count == self.cap:
+            return self.t
+        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(count, self.pad), readable=True,
+                                        writable=True)
+        self.made.append(t)
+        _copy(self.ctx, self.t, 0, t, 0, count * self.bytes)
+        return t
+
+
+def execute(session, c, avail, made):
+    """Run the Loop/Scan of cut `c` (importer.StageCut) on the run's tensors. Returns (values,
+    carried, key): values [count, scan row shapes...] (numpy), carried the final state and the
+    stacked scan outputs ([count, padded row] tensors, named in `avail`, or host arrays when
+    empty), key the outcome's cache key."""
+    spec = c.loop
+    ctx = session._ctx
+    tensors, bools = [], []
+    for d in c.carried:
+        if d.host is not None:
+            from ..onnx.importer import storage_array
+
+            is_bool = np.asarray(d.host).dtype == np.bool_
+            a = np.array(storage_array(d.host), order="C")  # bool -> uint8, double -> float32 (0-d kept)
+            t = ctx.create_tensor_sync(data_type=a.dtype.name, shape=a.shape, readable=True, writable=True)
+            ctx.write_tensor(t, a)
+            made.append(t)
+            tensors.append(t)
+            bools.append(is_bool)
+        else:
+            tensors.append(avail[d.avail])
+            bools.append(d.is_bool)
+    if spec.kind == "loop":
+        it = ctx.create_tensor_sync(data_type="int64", shape=(), readable=True, writable=True)
+        ctx.write_tensor(it, np.array(0, np.int64))
+        made.append(it)
+        tensors.insert(0, it)
+        bools.insert(0, False)
+    body = _build(session, spec, tensors, bools)
+    ins = dict(zip(body.ins, tensors))
+    if spec.kind == "loop":
+        count, final = _run_loop(session, spec, body, ins, made)
+    else:
+        count, final = _run_scan(session, spec, body, ins, tensors, made)
+    n_first = 2 if spec.kind == "loop" else 0
+    depth = c.snapshot.depth
+    carried = []
+    for k, t in enumerate(final[n_first:n_first + spec.n_state]):
+        name = f"~loop{depth}.{c.key[1]}.{k}"
+        avail[name] = t
+        carried.append(Carried(name, t.data_type, t.shape, bools[n_first + k]))
+    values = [np.array(count, np.int64)]
+    for j, (dt, shape) in enumerate(body.scan_rows):
+        values.append(np.array(shape, np.int64))
+        stack = final[n_first + spec.n_state + j]
+        if count == 0:
+            carried.append(Carried(host=np.zeros((0,) + shape, dtypes.NUMPY[dt])))
+            continue
+        t = stack.take(count)
+        name = f"~loop{depth}.{c.key[1]}.s{j}"
+        avail[name] = t
+        carried.append(Carried(name, t.data_type, t.shape, False))
+    # the next stage depends on the count only through the scan outputs' shapes
+    key = tuple((v.tobytes(), v.shape) for v in values) if body.scan_rows else ()
+    return values, carried, key
+
+
+def _sets(ctx, body, made):
+    sets = []
+    for _ in range(2):
+        s = {}
+        for n, (dt, shape) in body.graph.output_descriptors.items():
+            t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+            made.append(t)
+            s[n] = t
+        sets.append(s)
+    return sets
+
+
+def _stacks(ctx, body, cap, made):
+    return [_Stack(ctx, dt, shape, cap, made) for dt, shape in body.scan_rows]
+
+
+def _run_loop(session, spec, body, ins, made):
+    """Iterations in batches; returns (count, [final iteration, condition, state..., stacks...])."""
+    ctx = session._ctx
+    g = body.graph
+    trips = spec.trips
+    known_start = not spec.dynamic_cond and spec.cond_true
+    if trips is None and not spec.dynamic_cond:
+        raise NotSupportedError(f"[onnx] {spec.where()}: a Loop with neither a trip count nor an exit "
+                                "condition computed in its body never ends")
+    limit = MAX_ITERATIONS if trips is None else trips
+    sets = _sets(ctx, body, made)
+    stacks = _stacks(ctx, body, max(1, min(limit, 64)), made)
+    nxt = {body.ins[k]: body.outs[k] for k in range(len(body.outs))}
+    t = 0
+    count = None
+    pending = None  # the reads of the previous batch's condition and count
+    while t < limit:
+        for _ in range(min(BATCH, limit - t)):
+            outs = sets[t % 2]
+            ctx.dispatch(g, ins, outs)
+            for j, st in enumerate(stacks):
+                st.put(outs[f"__scan{j}"], t)
+            ins = dict(ins)
+            for i_name, o_name in nxt.items():
+                ins[i_name] = outs[o_name]
+            t += 1
+        if known_start:
+            continue  # the condition stays true: exactly `trips` iterations, nothing to read
+        started = (ctx._start_read(outs[_COND]), ctx._start_read(outs[_ITER]))
+        if pending is not None:
+            go, n = _finish(session, pending)
+            if not go:
+                count = n
+                break
+        pending = started
+    else:
+        if trips is None:
+            raise NotSupportedError(f"[onnx] {spec.where()}: the Loop ran {MAX_ITERATIONS} iterations "
+                                    "without its condition turning false (stopped)")
+    if count is None:
+        count = t if known_start else _finish(session, pending)[1]
+    final = [ins[n] for n in body.ins[:2 + spec.n_state]] + stacks
+    return count, final
+
+
+def _finish(session, reads):
+    """Wait for a batch's condition and count: (condition, iterations that ran)."""
+    where = "InferenceSession.run"
+    cond = reads[0].wait_sync(where)
+    n = reads[1].wait_sync(where)
+    session._count_read(cond.nbytes + n.nbytes)
+    return bool(cond.reshape(-1)[0]), int(n.reshape(-1)[0])
+
+
+def _run_scan(session, spec, body, ins, tensors, made):
+    """A Scan: each iteration's rows copied from the scan inputs into the body's row inputs."""
+    ctx = session._ctx
+    g = body.graph
+    n = spec.n_state
+    steps = spec.trips
+    rows = []
+    for k, (elems, shape, rev) in enumerate(spec.scan_in):
+        src = tensors[n + k]
+        dt = src.data_type
+        _, pad, nbytes = _row(dt, (elems,))
+        dst = ctx.create_tensor_sync(data_type=dt, shape=(pad,), writable=True)
+        made.append(dst)
+        ins[body.ins[n + k]] = dst
+        rows.append((src, dst, nbytes, rev))
+    sets = _sets(ctx, body, made)
+    stacks = _stacks(ctx, body, max(1, steps), made)
+    for t in range(steps):
+        for src, dst, nbytes, rev in rows:
+            _copy(ctx, src, (steps - 1 - t if rev else t) * nbytes, dst, 0, nbytes)
+        outs = sets[t % 2]
+        ctx.dispatch(g, ins, outs)
+        for j, st in enumerate(stacks):
+            st.put(outs[f"__scan{j}"], t)
+        ins = dict(ins)
+        for k in range(n):
+            ins[body.ins[k]] = outs[f"__state{k}"]
+    final = [ins[nm] for nm in body.ins[:n]] + stacks
+    return steps, final

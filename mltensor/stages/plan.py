@@ -1,0 +1,141 @@
+"""The session's side of a staged model: the tree of stage graphs of one specialization, and a run
+along it.
+
+A specialization whose import was cut (cut.py) holds a root Stage: the graph up to the first
+cut. Each Stage that ends at a cut has children keyed by the outcome of its step (the bytes read
+back, or a loop's trip count where its scan outputs take it as a size), each built at the first
+run that meets that outcome and kept (the `max_specializations` most recently used per stage).
+
+A run binds the feeds, then walks the tree: dispatch the stage's graph into fresh tensors (named
+in the run's `avail` namespace: feeds by input name, stage outputs by the names cut.end_stage gave
+them), run the step, move to the child. Every tensor a run creates is its own (concurrent runs
+share none) and is destroyed when the run ends, except the outputs an ml-tensor run returns,
+which stay the thread's until its next run (as InferenceSession's own outputs do).
+"""
+
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import dtypes
+
+
+class Stage:
+    """One graph of a staged specialization. `cut`: where it ends (importer.StageCut), None for the
+    last stage, whose `outputs` are the model's (IOInfo)."""
+
+    __slots__ = ("graph", "inputs", "outputs", "cut", "children")
+
+    def __init__(self, imported):
+        self.graph = imported.graph
+        self.inputs = imported.inputs
+        self.outputs = {o.name: o for o in imported.outputs}
+        self.cut = imported.cut
+        self.children = OrderedDict()
+
+    def destroy(self):
+        for child in self.children.values():
+            child.destroy()
+        self.children.clear()
+        if self.cut is not None and self.cut.loop is not None:
+            self.cut.loop.destroy()
+        if self.graph is not None:
+            self.graph.destroy()
+            self.graph = None
+
+    def count(self):
+        return 1 + sum(c.count() for c in self.children.values())
+
+
+def outcome_key(values):
+    """The cache key of a read step's outcome: the exact bytes read back."""
+    return tuple((v.dtype.str, v.shape, v.tobytes()) for v in values)
+
+
+def run(session, spec, tset, bind, names, output_location):
+    """Run a staged specialization with the feeds bound in `bind` ({input name: tensor}). Returns
+    the results in `names` order: numpy arrays converted to the ONNX types (cpu), or tensors."""
+    ctx = session._ctx
+    avail = dict(bind)
+    made = []  # tensors this run created: destroyed when it ends (but the ml-tensor results)
+    kept = set()
+    stage = spec.stage
+    try:
+        while True:
+            g = stage.graph
+            if g is not None:
+                outs = {}
+                for n, (dt, shape) in g.output_descriptors.items():
+                    t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+                    made.append(t)
+                    outs[n] = t
+                ctx.dispatch(g, {n: avail[n] for n in g.input_descriptors}, outs)
+                avail.update(outs)
+            c = stage.cut
+            if c is None:
+                break
+            if c.loop is None:  # only the bytes that decide the shape cross to the host
+                values = read(session, [avail[n] for n in c.reads])
+                key, carried = outcome_key(values), c.carried
+            else:
+                from . import loop
+
+                values, carried, key = loop.execute(session, c, avail, made)
+            stage = session._next_stage(spec, stage, key, c, values, carried)
+        result = []
+        for n in names:
+            info = stage.outputs[n]
+            if info.const is not None:
+                if output_location == "ml-tensor":
+                    t = _constant(ctx, info)
+                    made.append(t)
+                    result.append(t)
+                else:
+                    result.append(info.const.copy())
+            else:
+                result.append(avail[n])
+        if output_location == "ml-tensor":
+            # the thread's earlier results go (a run feeding them back has enqueued its reads of
+            # them already: the destroy is ordered after those on the timeline)
+            for t in tset.outputs.values():
+                t.destroy()
+            tset.outputs = {n: t for n, t in zip(names, result)}
+            kept = {id(t) for t in result}
+            return result
+        from ..session import _read_all
+
+        host = _read_all(ctx, result, "InferenceSession.run")
+        return [to_onnx(stage.outputs[n], a) for n, a in zip(names, host)]
+    finally:
+        for t in made:
+            if id(t) not in kept:
+                t.destroy()
+
+
+def read(session, tensors):
+    """Read tensors back in one submit (numpy values pass through); counted in the session's
+    stats as the bytes a staged run reads."""
+    from ..session import _read_all
+
+    vals = _read_all(session._ctx, tensors, "InferenceSession.run")
+    session._count_read(sum(v.nbytes for v in vals))
+    return vals
+
+
+def _constant(ctx, info):
+    data = np.ascontiguousarray(info.const)
+    store = dtypes.NUMPY[info.data_type]
+    data = data.view(np.uint8) if data.dtype == np.bool_ else data.astype(store)
+    t = ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape or (), readable=True, writable=True)
+    ctx.write_tensor(t, data)
+    return t
+
+
+def to_onnx(info, arr):
+    """A result in its ONNX type (bool from uint8, double from float32...)."""
+    if isinstance(arr, np.ndarray) and arr.dtype == info.np_dtype:
+        return arr
+    arr = np.asarray(arr)
+    if info.np_dtype == np.bool_:
+        return arr.view(np.bool_) if arr.dtype.itemsize == 1 else arr.astype(np.bool_)
+    return arr.astype(info.np_dtype)
