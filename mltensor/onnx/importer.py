@@ -296,6 +296,7 @@ class Importer:
         self.resumed = {}
         self.avail_of = {}
         self.stage_inputs = set()  # ids of the inputs a resumed import binds to earlier stages' tensors
+        self.values_bindable = True  # graph inputs may be bound by value (NeedsValue); not in a loop body
         self._top_index = None  # the top-level node being imported (cuts are keyed by it)
         self._cut_seq = 0
         # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic

@@ -100,6 +100,7 @@ def _build(session, spec, tensors, bools):
         model, names, shapes = (_wrap_loop if spec.kind == "loop" else _wrap_scan)(spec, tensors, bools)
         im = Importer(model, session._ctx, input_shapes=shapes)
         im.cut_refusal = "inside a Loop or Scan body run on the GPU"
+        im.values_bindable = False  # its inputs change every iteration
         with data_errors(session._name, im):
             imp = im.run(const_outputs_as_ops=True)
         # which body outputs are the next iteration's inputs, with their shapes checked
@@ -288,12 +289,21 @@ def execute(session, c, avail, made):
         made.append(it)
         tensors.insert(0, it)
         bools.insert(0, False)
+    rows = []
+    if spec.kind == "scan":  # the body reads one row of each scan input, copied in per iteration
+        n = spec.n_state
+        for k in range(len(spec.scan_in)):
+            src = tensors[n + k]
+            dst = ctx.create_tensor_sync(data_type=src.data_type, shape=src.shape[1:], writable=True)
+            made.append(dst)
+            tensors[n + k] = dst
+            rows.append((src, dst, spec.scan_in[k][2]))
     body = _build(session, spec, tensors, bools)
     ins = dict(zip(body.ins, tensors))
     if spec.kind == "loop":
         count, final = _run_loop(session, spec, body, ins, made)
     else:
-        count, final = _run_scan(session, spec, body, ins, tensors, made)
+        count, final = _run_scan(session, spec, body, ins, rows, made)
     n_first = 2 if spec.kind == "loop" else 0
     depth = c.snapshot.depth
     carried = []
@@ -387,25 +397,17 @@ def _finish(session, reads):
     return bool(cond.reshape(-1)[0]), int(n.reshape(-1)[0])
 
 
-def _run_scan(session, spec, body, ins, tensors, made):
+def _run_scan(session, spec, body, ins, rows, made):
     """A Scan: each iteration's rows copied from the scan inputs into the body's row inputs."""
     ctx = session._ctx
     g = body.graph
     n = spec.n_state
     steps = spec.trips
-    rows = []
-    for k, (elems, shape, rev) in enumerate(spec.scan_in):
-        src = tensors[n + k]
-        dt = src.data_type
-        _, pad, nbytes = _row(dt, (elems,))
-        dst = ctx.create_tensor_sync(data_type=dt, shape=(pad,), writable=True)
-        made.append(dst)
-        ins[body.ins[n + k]] = dst
-        rows.append((src, dst, nbytes, rev))
     sets = _sets(ctx, body, made)
     stacks = _stacks(ctx, body, max(1, steps), made)
     for t in range(steps):
-        for src, dst, nbytes, rev in rows:
+        for src, dst, rev in rows:
+            nbytes = dst._nbytes
             _copy(ctx, src, (steps - 1 - t if rev else t) * nbytes, dst, 0, nbytes)
         outs = sets[t % 2]
         ctx.dispatch(g, ins, outs)

@@ -32,9 +32,11 @@ def _resize(im, node, ins, attrs):
     else:
         sc = ins[2] if len(ins) > 2 else None
         sz = ins[3] if len(ins) > 3 else None
-        if sc is not None and const(im, sc, "scales").size:
+        sc = const(im, sc, "scales") if sc is not None else None
+        if sc is not None and sc.size:
             scales = [float(v) for v in sc.reshape(-1)]
-        if sz is not None and const(im, sz, "sizes").size:
+        sz = const(im, sz, "sizes") if sz is not None else None
+        if sz is not None and sz.size:
             sizes = [int(v) for v in sz.reshape(-1)]
         ctm = attrs.get("coordinate_transformation_mode", "half_pixel")
         nearest = attrs.get("nearest_mode", "round_prefer_floor")
