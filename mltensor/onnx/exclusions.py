@@ -38,8 +38,6 @@ EXCLUDED = [
     (r"^test_(bitshift|bitwise|bitcast)", "bitwise op (WebNN has no bitwise operators)"),
     (r"^test_(reversesequence|reverse_sequence)", "per-batch sequence lengths"),
     (r"^test_(cumprod)", "cumulative product (no WebNN operator)"),
-    # 3D spatial ops: WebNN convolution and pooling are 2D
-    (r"^test_(conv|convtranspose|averagepool|maxpool|lppool)(_?3d|_\w*_3d(_|$))", "3D convolution/pooling"),
     # big attention-style ops added after opset 23
     (r"^test_(flex_?attention|linear_?attention|causal_?conv_?with_?state|tensor_?scatter)",
      "opset 24+ sequence-model op with a cache-state interface"),

@@ -1,6 +1,9 @@
 """ONNX Conv and ConvTranspose (and the padding helpers pooling shares)."""
 
+import numpy as np
+
 from . import op, unsupported, X
+from .conv3d import conv3d, conv_transpose3d
 
 # -- convolution and pooling ---------------------------------------------------------------------
 
@@ -37,7 +40,15 @@ def _to2d(im, x, sp_rank):
         return x
     if sp_rank == 1:
         return im.b.reshape(x, list(x.shape[:2]) + [1, x.shape[2]])
-    unsupported(f"{sp_rank}D spatial inputs are not supported (WebNN is 2D)")
+    _spatial_rank(sp_rank)  # (ranks outside 1-3 are refused there)
+    unsupported(f"{sp_rank}-D spatial inputs go through conv3d.py, not a 2-D reshape")
+
+
+def _spatial_rank(sp, what="inputs"):
+    """1-D and 2-D map onto WebNN's 2-D operators directly, 3-D through conv3d.py; refuse others."""
+    if not 1 <= sp <= 3:
+        unsupported(f"{sp}-D spatial {what} are not supported (1-D, 2-D and 3-D are: an input of "
+                    f"rank 3, 4 or 5)")
 
 
 def _webnn_pad(begin, end):
@@ -49,10 +60,14 @@ def _conv(im, node, ins, attrs):
     x = X(im, ins[0])
     w = X(im, ins[1], x)
     sp = len(x.shape) - 2
+    _spatial_rank(sp, "convolutions")
     k = attrs.get("kernel_shape") or list(w.shape[2:])
     s = attrs.get("strides") or [1] * sp
     d = attrs.get("dilations") or [1] * sp
     begin, end = _explicit_pads(attrs, list(x.shape[2:]), k, s, d)
+    if sp == 3:
+        return conv3d(im, x, w, ins[2] if len(ins) > 2 else None, k, s, d, begin, end,
+                      attrs.get("group", 1))
     if sp == 1:
         k, s, d, begin, end = [1] + list(k), [1] + list(s), [1] + list(d), [0] + begin, [0] + end
         w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])
@@ -71,10 +86,10 @@ def _conv(im, node, ins, attrs):
                             "output_shape", "pads", "strides"))
 def _conv_transpose(im, node, ins, attrs):
     x = X(im, ins[0])
-    w = X(im, ins[1], x)
     sp = len(x.shape) - 2
-    if sp not in (1, 2):
-        unsupported(f"{sp}D ConvTranspose is not supported")
+    _spatial_rank(sp, "transposed convolutions")
+    # (3-D rearranges a constant filter on the host: no operand of the original one)
+    w = ins[1] if sp == 3 and isinstance(ins[1], np.ndarray) else X(im, ins[1], x)
     in_sp = list(x.shape[2:])
     k = list(attrs.get("kernel_shape") or w.shape[2:])
     s = list(attrs.get("strides") or [1] * sp)
@@ -105,6 +120,9 @@ def _conv_transpose(im, node, ins, attrs):
     else:
         p = list(attrs.get("pads", [0] * (2 * sp)))
         begin, end = p[:sp], p[sp:]
+    if sp == 3:
+        return conv_transpose3d(im, x, ins[1], ins[2] if len(ins) > 2 else None, k, s, d, begin, end,
+                                op_, attrs.get("group", 1))
     if sp == 1:
         k, s, d, op_, begin, end = [1] + k, [1] + s, [1] + d, [0] + op_, [0] + begin, [0] + end
         w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])

@@ -1,7 +1,8 @@
 """ONNX pooling: Max/Average/Lp pools and their global forms."""
 
 from . import op, prod, scalar, unsupported, X
-from .conv import _explicit_pads, _to2d, _webnn_pad
+from .conv import _explicit_pads, _spatial_rank, _to2d, _webnn_pad
+from .conv3d import pool3d
 
 def _pool_out(in_sp, k, s, d, begin, end, ceil):
     out = []
@@ -26,6 +27,9 @@ def _pool(im, node, ins, attrs):
         unsupported("the Indices output of MaxPool is not supported")
     x = X(im, ins[0])
     sp = len(x.shape) - 2
+    _spatial_rank(sp, "pools")
+    if "kernel_shape" not in attrs:
+        im.malformed("the kernel_shape attribute is required")
     k = list(attrs["kernel_shape"])
     s = list(attrs.get("strides") or [1] * sp)
     d = list(attrs.get("dilations") or [1] * sp)
@@ -41,6 +45,10 @@ def _pool(im, node, ins, attrs):
     b = im.b
     t = node.op_type
     p = attrs.get("p", 2)
+    if t == "LpPool" and not p > 0:
+        unsupported(f"LpPool with p={p} (p must be positive)")
+    if sp == 3:
+        return pool3d(im, t, x, k, s, d, begin, end, out, bool(attrs.get("count_include_pad", 0)), p)
     if t == "LpPool" and p != 2:
         # (sum |x|^p)^(1/p): zero-pad explicitly, average without padding, times the window size
         xp = b.pow(b.abs(x), scalar(im, float(p), x))
@@ -83,8 +91,12 @@ def _global_pool(im, node, ins, attrs):
     x = X(im, ins[0])
     axes = list(range(2, len(x.shape)))
     if node.op_type == "GlobalLpPool":
-        if attrs.get("p", 2) != 2:
-            unsupported("GlobalLpPool with p != 2")
-        return im.b.reduce_l2(x, axes=axes, keep_dimensions=True)
+        p = attrs.get("p", 2)
+        if p in (1, 2):
+            return getattr(im.b, f"reduce_l{p}")(x, axes=axes, keep_dimensions=True)
+        if not p > 0:
+            unsupported(f"GlobalLpPool with p={p} (p must be positive)")
+        s = im.b.reduce_sum(im.b.pow(im.b.abs(x), scalar(im, float(p), x)), axes=axes, keep_dimensions=True)
+        return im.b.pow(s, scalar(im, 1.0 / p, x))
     fn = "reduce_mean" if node.op_type == "GlobalAveragePool" else "reduce_max"
     return getattr(im.b, fn)(x, axes=axes, keep_dimensions=True)
