@@ -83,11 +83,13 @@ def cut(im, *, read=(), carry=(), loop=None, what, inputs_done=False):
     reason = im.cut_refusal
     if reason is None and im._top_index is None:
         reason = "inside a Loop, Scan or If body"
-    if reason is not None:
-        from ..onnx.ops import unsupported
+    if reason is not None:  # (not the importer's fail(): no list of supported operators here)
+        from ..onnx.importer import UnsupportedError
 
-        unsupported(f"{what} is only known at run time (a data-dependent shape), which is not supported "
-                    f"{reason}")
+        n = im.node
+        where = f"node {n.name or '(unnamed)'!r} ({n.op_type})" if n is not None else "model"
+        raise UnsupportedError(f"[onnx] {where}: {what} is only known at run time (a data-dependent "
+                               f"shape), which is not supported {reason}")
     for v in read:
         n = int(np.prod(v.shape))
         if n > MAX_READ_ELEMENTS:

