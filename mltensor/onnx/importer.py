@@ -711,6 +711,8 @@ class Importer:
                 continue
             if self._try_fold(node, ins):
                 continue
+            if self._empty_result(node, ins):
+                continue
             h = HANDLERS.get(key)
             if h is None:
                 if self.expand_schema_function(node, ins):
@@ -793,6 +795,43 @@ class Importer:
         if any(not isinstance(o, np.ndarray) for o in outs):
             return False
         self._bind(node, [np.asarray(o) for o in outs])
+        return True
+
+    def _empty_result(self, node, ins):
+        """A node reading an empty host array (WebNN has no empty tensors: a NonZero that found
+        nothing, a loop that ran no iteration) next to computed operands: when ONNX shape
+        inference says every output is empty too, bind empty host arrays and skip the handler."""
+        if not any(isinstance(v, np.ndarray) and v.size == 0 for v in ins) or \
+                all(v is None or isinstance(v, np.ndarray) for v in ins) or not node.output:
+            return False
+        vis, names = [], []
+        for i, (name, v) in enumerate(zip(node.input, ins)):
+            if v is None:
+                names.append("")
+                continue
+            n = f"__in{i}"
+            names.append(n)
+            et = self.onnx_type(v, name or None)
+            vis.append(helper.make_tensor_value_info(n, et, [int(d) for d in v.shape]))
+        outs = [f"__out{i}" if o else "" for i, o in enumerate(node.output)]
+        n2 = helper.make_node(node.op_type, names, outs, domain=node.domain)
+        n2.attribute.extend(node.attribute)
+        g = helper.make_graph([n2], "empty", vis, [helper.make_value_info(o, onnx.TypeProto()) for o in outs if o])
+        try:
+            m = helper.make_model(g, opset_imports=[helper.make_opsetid(node.domain, self.cur_opset)])
+            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+        except Exception:
+            return False
+        got = {}
+        for vi in inferred.graph.output:
+            tt = vi.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if not tt.HasField("shape") or None in dims or 0 not in dims:
+                return False
+            got[vi.name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        if len(got) != len([o for o in outs if o]):
+            return False
+        self._bind(node, [got.get(o) if o else None for o in outs])
         return True
 
     def evaluate(self, node, ins):

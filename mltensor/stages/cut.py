@@ -26,10 +26,10 @@ class Cut(BaseException):
     """A handler needs a value only a run can give. BaseException: a handler's own `except
     Exception` (folding attempts, optional paths) must not swallow it on its way to Importer.run."""
 
-    def __init__(self, key, read, carry, loop, what, inputs_done):
+    def __init__(self, key, read, carry, loop, what, drop_inputs):
         super().__init__(what)
         self.key, self.read, self.carry, self.loop = key, list(read), list(carry), loop
-        self.what, self.inputs_done = what, inputs_done
+        self.what, self.drop_inputs = what, frozenset(drop_inputs)
 
 
 class Carried:
@@ -75,11 +75,11 @@ def outcome(im):
     return got
 
 
-def cut(im, *, read=(), carry=(), loop=None, what, inputs_done=False):
+def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=()):
     """End the stage here: run it, then read `read` back (operands of a few elements) or run
     `loop` (loop.LoopSpec, its inputs in `carry`), and import the rest again from this node with
-    the outcome. inputs_done: the node's inputs are not read again once resumed (they are not
-    kept for it)."""
+    the outcome. drop_inputs: positions of the node's inputs its handler does not read once
+    resumed (they are not kept for it: None then)."""
     reason = im.cut_refusal
     if reason is None and im._top_index is None:
         reason = "inside a Loop, Scan or If body"
@@ -98,7 +98,7 @@ def cut(im, *, read=(), carry=(), loop=None, what, inputs_done=False):
             unsupported(f"{what} is computed at run time and has {n} elements; a value read back to decide a "
                         f"shape may have at most {MAX_READ_ELEMENTS}")
     im._cut_seq += 1
-    raise Cut((im._top_index, im._cut_seq), read, carry, loop, what, inputs_done)
+    raise Cut((im._top_index, im._cut_seq), read, carry, loop, what, drop_inputs)
 
 
 def read(im, v, what):
@@ -113,15 +113,14 @@ def read(im, v, what):
 # -- ending a stage ---------------------------------------------------------------------------
 
 
-def live_names(im, nodes, i, inputs_done):
+def live_names(im, nodes, i, drop):
     """Names the import reads from node i on: inputs of the nodes (and of their subgraphs, from
-    the enclosing scope) and the graph's outputs."""
+    the enclosing scope) and the graph's outputs; not node i's inputs at positions `drop`."""
     from ..onnx.importer import _outer_names
 
     names = set(im.graph_outputs)
     for j, n in enumerate(nodes[i:]):
-        if j or not inputs_done:
-            names.update(x for x in n.input if x)
+        names.update(x for k, x in enumerate(n.input) if x and (j or k not in drop))
         names.update(_outer_names(n))
     return names
 
@@ -143,7 +142,7 @@ def end_stage(im, c, nodes, i, uid, folded):
             im.avail_of[id(v)] = name
         return Carried(name, v.data_type, v.shape, id(v) in im.bools)
 
-    live = live_names(im, nodes, i, c.inputs_done)
+    live = live_names(im, nodes, i, c.drop_inputs)
     s = Snapshot()
     s.index, s.uid, s.depth, s.folded = i, uid, depth, frozenset(folded)
     s.host, s.ops = {}, {}
@@ -153,7 +152,7 @@ def end_stage(im, c, nodes, i, uid, folded):
             s.ops[name] = export(v)
         elif v is not None:
             s.host[name] = v
-    s.gone = frozenset(x for x in nodes[i].input if x and x not in live) if c.inputs_done else frozenset()
+    s.gone = frozenset(x for x in nodes[i].input if x and x not in live)
     s.types = dict(im.types)
     prior = im.resume.outcomes if im.resume is not None else {}
     s.outcomes = {k: v for k, v in prior.items() if k[0] >= i}  # cuts of nodes imported again

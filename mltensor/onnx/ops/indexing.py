@@ -1,4 +1,4 @@
-"""ONNX indexing operators: gather, scatter, Trilu, OneHot, Compress, Range."""
+"""ONNX indexing operators: gather, scatter, Trilu, OneHot, Range (Compress: select.py)."""
 
 import numpy as np
 
@@ -80,20 +80,6 @@ def _onehot(im, node, ins, attrs):
     out_shape = list(x.shape)
     out_shape.insert(axis, depth)
     return b.where(b.expand(hit, out_shape), on, off)
-
-
-@op("Compress", attrs=("axis",))
-def _compress(im, node, ins, attrs):
-    x = X(im, ins[0])
-    cond = const(im, ins[1], "condition").astype(bool)
-    idx = np.nonzero(cond)[0].astype(np.int32)
-    if "axis" not in attrs:
-        x = im.b.reshape(x, [prod(x.shape)])
-        axis = 0
-    else:
-        axis = norm_axis(attrs["axis"], len(x.shape))
-    idx = idx[idx < x.shape[axis]]
-    return im.b.gather(x, X(im, idx), axis=axis)
 
 
 @op("Range")

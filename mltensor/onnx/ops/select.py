@@ -1,0 +1,102 @@
+"""ONNX operators whose output size is a count computed from the values: NonZero, Compress,
+NonMaxSuppression.
+
+The selection runs on the GPU (mltensor/ops/select.py: a compaction, a greedy NMS) into outputs
+of the largest possible size plus a count; the graph is cut there (mltensor/stages/): only the
+count (4 bytes) is read back, and the rest of the model is built for it, once per distinct
+count. A condition or box set known at load is folded on the host instead.
+"""
+
+import numpy as np
+from onnx import helper
+
+from ...stages import cut as stages_cut
+from . import X, const, norm_axis, op, prod, unsupported
+
+
+def _selected(im, node, make, drop):
+    """(count, padded operand): the outcome of this node's selection cut, cutting the first time
+    (`make()` builds (padded, count) then)."""
+    got = stages_cut.outcome(im)
+    if got is None:
+        padded, count = make()
+        stages_cut.cut(im, read=[count], carry=[padded], what=f"{node.op_type}'s count", drop_inputs=drop)
+    (count,), (padded,) = got
+    return int(np.asarray(count).reshape(-1)[0]), padded
+
+
+@op("NonZero")
+def _nonzero(im, node, ins, attrs):
+    # (a value known at load was folded by the importer already)
+    n, idx = _selected(im, node, lambda: im.b._nonzero(X(im, ins[0])), drop=(0,))
+    rows = idx.shape[0]
+    if n == 0:
+        return np.zeros((rows, 0), np.int64)
+    return im.b.slice(idx, [0, 0], [rows, n])
+
+
+@op("Compress", attrs=("axis",))
+def _compress(im, node, ins, attrs):
+    x = X(im, ins[0])
+    if "axis" not in attrs:
+        x = im.b.reshape(x, [prod(x.shape)])
+        axis = 0
+    else:
+        axis = norm_axis(attrs["axis"], len(x.shape))
+    cond = ins[1]
+    if isinstance(cond, np.ndarray):
+        idx = np.nonzero(cond.astype(bool).reshape(-1))[0].astype(np.int32)
+        idx = idx[idx < x.shape[axis]]
+        if idx.size == 0:
+            return _empty(im, x, axis)
+        return im.b.gather(x, X(im, idx), axis=axis)
+    if cond is not None:  # (None once resumed after the cut: the condition is not kept for it)
+        if len(cond.shape) != 1:
+            im.malformed(f"condition must be 1-D, got shape {list(cond.shape)}")
+        if cond.shape[0] > x.shape[axis]:
+            im.malformed(f"condition has {cond.shape[0]} entries, more than the {x.shape[axis]} of the axis")
+    n, idx = _selected(im, node, lambda: im.b._nonzero(X(im, cond)), drop=(1,))
+    if n == 0:
+        return _empty(im, x, axis)
+    idx = im.b.reshape(im.b.slice(idx, [0, 0], [1, n]), [n])
+    return im.b.gather(x, idx, axis=axis)
+
+
+def _empty(im, x, axis):
+    """An empty result: a host array (WebNN has no empty tensors)."""
+    shape = list(x.shape)
+    shape[axis] = 0
+    return np.zeros(shape, helper.tensor_dtype_to_np_dtype(im.onnx_type(x)))
+
+
+@op("NonMaxSuppression", attrs=("center_point_box",))
+def _nms(im, node, ins, attrs):
+    def number(i, what, default):
+        v = ins[i] if len(ins) > i else None
+        v = const(im, v, what)
+        return default if v is None or v.size == 0 else np.asarray(v).reshape(-1)[0]
+
+    # the parameters first (a computed one is read back: its cut comes before the selection's)
+    max_pc = int(number(2, "max_output_boxes_per_class", 0))
+    iou = float(np.float32(number(3, "iou_threshold", 0.0)))
+    score = number(4, "score_threshold", None)
+    score = None if score is None else float(np.float32(score))
+    cpb = int(attrs.get("center_point_box", 0))
+    if cpb not in (0, 1):
+        unsupported(f"center_point_box must be 0 or 1, got {cpb}")
+
+    def make():
+        boxes, scores = X(im, ins[0]), X(im, ins[1])
+        if len(boxes.shape) != 3 or len(scores.shape) != 3:
+            im.malformed(f"boxes {list(boxes.shape)} and scores {list(scores.shape)} must be 3-D")
+        if boxes.data_type != "float32":
+            boxes = im.b.cast(boxes, "float32")
+        if scores.data_type != "float32":
+            scores = im.b.cast(scores, "float32")
+        return im.b._nms(boxes, scores, max_per_class=max_pc, iou_threshold=iou, score_threshold=score,
+                         center_point_box=cpb)
+
+    n, sel = _selected(im, node, make, drop=(0, 1))
+    if n == 0:
+        return np.zeros((0, 3), np.int64)
+    return im.b.slice(sel, [0, 0], [n, 3])

@@ -1,0 +1,127 @@
+"""ONNX NonZero, Compress and NonMaxSuppression on values computed in the graph: the selection on
+the GPU, only its count read back (mltensor/stages/), against onnxruntime."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from mltensor import InferenceSession
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _vi(name, et, shape):
+    return h.make_tensor_value_info(name, et, shape)
+
+
+def _run_both(m, feeds_list):
+    b = m.SerializeToString()
+    sess = InferenceSession(b, cache=False)
+    ref = ort.InferenceSession(b, providers=["CPUExecutionProvider"])
+    for feeds in feeds_list:
+        got = sess.run(None, feeds)
+        want = ref.run(None, feeds)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    return sess
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    return h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                        opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4)])
+def test_nonzero_of_a_computed_mask(shape, rng):
+    """NonZero(x > t), its indices used to gather x's values (the usual pattern): empty, some, all."""
+    m = _model([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
+                h.make_node("Transpose", ["nz"], ["nzt"]), h.make_node("GatherND", ["x", "nzt"], ["vals"])],
+               [_vi("x", T.FLOAT, list(shape)), _vi("t", T.FLOAT, [])],
+               [_vi("nz", T.INT64, None), _vi("vals", T.FLOAT, None)])
+    x = rng.standard_normal(shape).astype(np.float32)
+    feeds = [{"x": x, "t": np.float32(t)} for t in (0.0, 0.5, 10.0, -10.0, 0.0)]
+    sess = _run_both(m, [dict(f, t=np.array(f["t"], np.float32)) for f in feeds[:1]] + [
+        {"x": x, "t": np.array(t, np.float32)} for t in (0.5, -10.0, 0.0)] + [
+        {"x": rng.standard_normal(shape).astype(np.float32), "t": np.array(0.0, np.float32)}])
+    st = sess.stats
+    assert st["readback_bytes"] == 4 * st["readbacks"]  # only the count crossed, 4 bytes a run
+
+
+def test_nonzero_none_at_all_gives_an_empty_result(rng):
+    m = _model([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"])],
+               [_vi("x", T.FLOAT, [4, 4]), _vi("t", T.FLOAT, [])], [_vi("nz", T.INT64, None)])
+    _run_both(m, [{"x": np.zeros((4, 4), np.float32), "t": np.array(1.0, np.float32)},
+                  {"x": np.ones((4, 4), np.float32), "t": np.array(0.5, np.float32)}])
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_compress_on_a_computed_condition(axis, rng):
+    n = 6 if axis != 0 else 4
+    attrs = {} if axis is None else {"axis": axis}
+    m = _model([h.make_node("Greater", ["c", "zero"], ["cond"]), h.make_node("Compress", ["x", "cond"], ["y"], **attrs),
+                h.make_node("Relu", ["y"], ["z"])],
+               [_vi("x", T.FLOAT, [4, 6]), _vi("c", T.FLOAT, [n if axis is not None else 24])], [_vi("z", T.FLOAT, None)],
+               [h.make_tensor("zero", T.FLOAT, [], [0.0])])
+    length = n if axis is not None else 24
+    cases = [rng.standard_normal(length), -np.ones(length), np.ones(length)]
+    _run_both(m, [{"x": rng.standard_normal((4, 6)).astype(np.float32), "c": c.astype(np.float32)} for c in cases])
+
+
+def _nms_model(center_point_box=0, params_as_inputs=False, opset=17):
+    """Detector post-processing as exporters write it: scores = sigmoid(logits), NMS, then the
+    kept boxes gathered by the selected indices."""
+    inputs = [_vi("boxes", T.FLOAT, [2, 50, 4]), _vi("logits", T.FLOAT, [2, 3, 50])]
+    inits = []
+    if params_as_inputs:  # given as data: each is read back too
+        inputs += [_vi("mx", T.FLOAT, [8]), _vi("thr", T.FLOAT, [8])]
+        pre = [h.make_node("ReduceMax", ["mx"], ["mxf"], keepdims=0), h.make_node("Cast", ["mxf"], ["mx0"], to=T.INT64),
+               h.make_node("Reshape", ["mx0", "one"], ["max_out"]),
+               h.make_node("Slice", ["thr", "s0", "s1"], ["iou"]), h.make_node("Slice", ["thr", "s1", "s2"], ["score"])]
+        inits += [h.make_tensor("one", T.INT64, [1], [1])] + [h.make_tensor(f"s{k}", T.INT64, [1], [k]) for k in range(3)]
+    else:
+        pre = []
+        inits += [h.make_tensor("max_out", T.INT64, [1], [7]), h.make_tensor("iou", T.FLOAT, [1], [0.4]),
+                  h.make_tensor("score", T.FLOAT, [1], [0.3])]
+    nodes = pre + [
+        h.make_node("Sigmoid", ["logits"], ["scores"]),
+        h.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "score"], ["sel"],
+                    center_point_box=center_point_box),
+        h.make_node("Gather", ["sel", "two"], ["box_idx"], axis=1),
+        h.make_node("Gather", ["boxes", "box_idx"], ["kept"], axis=1)]
+    inits.append(h.make_tensor("two", T.INT64, [], [2]))
+    return _model(nodes, inputs, [_vi("sel", T.INT64, None), _vi("kept", T.FLOAT, None)], inits, opset)
+
+
+def _boxes(rng, cpb):
+    xy = rng.uniform(0, 10, (2, 50, 2))
+    wh = rng.uniform(0.5, 4, (2, 50, 2))
+    if cpb:
+        b = np.concatenate([xy, wh], -1)
+    else:
+        b = np.concatenate([xy, xy + wh], -1)
+        b[:, ::3] = b[:, ::3][..., [2, 3, 0, 1]]  # some corners flipped
+    return b.astype(np.float32)
+
+
+@pytest.mark.parametrize("cpb", [0, 1])
+def test_nms_in_the_graph(cpb, rng):
+    m = _nms_model(cpb)
+    feeds = [{"boxes": _boxes(rng, cpb), "logits": (rng.standard_normal((2, 3, 50)) * 2).astype(np.float32)}
+             for _ in range(3)]
+    feeds.append({"boxes": _boxes(rng, cpb), "logits": np.full((2, 3, 50), -5, np.float32)})  # none kept
+    sess = _run_both(m, feeds)
+    st = sess.stats
+    assert st["readback_bytes"] == 4 * st["readbacks"]
+
+
+def test_nms_parameters_computed_at_run_time(rng):
+    m = _nms_model(params_as_inputs=True)
+    feeds = []
+    for mx, iou, score in [(3, 0.5, 0.2), (50, 1.0, 0.0), (0, 0.5, 0.2), (3, 0.5, 0.2)]:
+        thr = np.zeros(8, np.float32)
+        thr[:2] = iou, score
+        feeds.append({"boxes": _boxes(rng, 0), "logits": rng.standard_normal((2, 3, 50)).astype(np.float32),
+                      "mx": np.full(8, mx, np.float32), "thr": thr})
+    _run_both(m, feeds)
