@@ -89,3 +89,68 @@ def test_greedy_decoder_loop_many_runs(rng):
     sess = InferenceSession(m, cache=False)
     ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
     _decode_cases(sess, ref, _sources(rng, [(n, s) for n in (3, 11, 3) for s in (0.3, 1, 2, 4)]))
+
+
+def tiny_detector(C=3, seed=0):
+    """A single-shot detector exported with its post-processing in the graph, as torchvision and
+    YOLO exports have it: conv features, per-location boxes and class scores, NonMaxSuppression,
+    the kept boxes and scores gathered by the selected indices, then the best 10 by TopK with
+    k = min(kept, 10) computed from the kept count."""
+    rng = np.random.default_rng(seed)
+
+    def w(*s):
+        return (rng.standard_normal(s) * 0.4).astype(np.float32)
+
+    def init(name, arr):
+        t = nh.from_array(np.asarray(arr))
+        t.name = name
+        return t
+
+    inits = [init("w1", w(8, 3, 3, 3)), init("w2", w(8, 8, 3, 3)), init("wb", w(4, 8, 1, 1)), init("wc", w(C, 8, 1, 1)),
+             init("shape_b", np.array([1, 4, -1], np.int64)), init("shape_c", np.array([1, C, -1], np.int64)),
+             init("max_out", np.array([20], np.int64)), init("iou", np.array([0.5], np.float32)),
+             init("score_thr", np.array([0.75], np.float32)), init("ten", np.array([10], np.int64)),
+             init("one", np.array(1, np.int64)), init("two", np.array(2, np.int64)),
+             init("zero", np.array(0, np.int64)), init("scale", np.array([40.0], np.float32))]
+    nodes = [
+        h.make_node("Conv", ["img", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]), h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), h.make_node("Relu", ["c2"], ["feat"]),
+        h.make_node("Conv", ["feat", "wb"], ["braw"]), h.make_node("Reshape", ["braw", "shape_b"], ["b3"]),
+        h.make_node("Transpose", ["b3"], ["bt"], perm=[0, 2, 1]), h.make_node("Sigmoid", ["bt"], ["bs"]),
+        h.make_node("Mul", ["bs", "scale"], ["boxes"]),
+        h.make_node("Conv", ["feat", "wc"], ["craw"]), h.make_node("Reshape", ["craw", "shape_c"], ["c3"]),
+        h.make_node("Sigmoid", ["c3"], ["scores"]),
+        h.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "score_thr"], ["sel"]),
+        h.make_node("Gather", ["sel", "two"], ["box_i"], axis=1), h.make_node("Gather", ["sel", "one"], ["labels_all"], axis=1),
+        h.make_node("Gather", ["boxes", "zero"], ["boxes0"], axis=0), h.make_node("Gather", ["boxes0", "box_i"], ["kept"], axis=0),
+        h.make_node("GatherND", ["scores", "sel"], ["kept_scores"]),
+        h.make_node("Shape", ["kept_scores"], ["n_kept"]), h.make_node("Min", ["n_kept", "ten"], ["k"]),
+        h.make_node("TopK", ["kept_scores", "k"], ["top_scores", "top_i"]),
+        h.make_node("Gather", ["kept", "top_i"], ["top_boxes"], axis=0),
+        h.make_node("Gather", ["labels_all", "top_i"], ["top_labels"], axis=0)]
+    g = h.make_graph(nodes, "detector", [_vi("img", T.FLOAT, [1, 3, "h", "w"])],
+                     [_vi("top_boxes", T.FLOAT, None), _vi("top_scores", T.FLOAT, None),
+                      _vi("top_labels", T.INT64, None)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def test_detector_with_nms_in_the_graph_two_image_sizes():
+    rng = np.random.default_rng(0)  # images giving 0, a few and more than 10 detections
+    m = tiny_detector().SerializeToString()
+    sess = InferenceSession(m, cache=False)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    counts = []
+    for hw in [(32, 48), (64, 64), (32, 48)]:
+        for scale in (0.3, 1.0, 0.0):
+            img = (rng.standard_normal((1, 3) + hw) * scale).astype(np.float32)
+            got = sess.run(None, {"img": img})
+            want = ref.run(None, {"img": img})
+            for g, w_ in zip(got, want):
+                assert g.shape == w_.shape and g.dtype == w_.dtype
+            np.testing.assert_array_equal(got[2], want[2])  # identical labels, boxes and scores
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+            counts.append(len(want[1]))
+    assert len(set(counts)) > 1  # different numbers of detections
+    st = sess.stats
+    assert st["readback_bytes"] == 4 * st["readbacks"]  # only NMS's count crossed before the outputs
