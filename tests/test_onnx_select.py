@@ -125,3 +125,15 @@ def test_nms_parameters_computed_at_run_time(rng):
         feeds.append({"boxes": _boxes(rng, 0), "logits": rng.standard_normal((2, 3, 50)).astype(np.float32),
                       "mx": np.full(8, mx, np.float32), "thr": thr})
     _run_both(m, feeds)
+
+
+@pytest.mark.parametrize("sorted_", [1, 0])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_unique_of_computed_values(sorted_, dtype, rng):
+    et = T.FLOAT if dtype == np.float32 else T.INT64
+    m = _model([h.make_node("Abs", ["x"], ["a"]),
+                h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], sorted=sorted_)],
+               [_vi("x", et, [5, 7])], [_vi("y", et, None), _vi("idx", T.INT64, None), _vi("inv", T.INT64, None),
+                                        _vi("cnt", T.INT64, None)], opset=11)
+    cases = [rng.integers(-4, 5, (5, 7)), np.full((5, 7), 3), rng.permutation(35).reshape(5, 7) - 17]
+    _run_both(m, [{"x": c.astype(dtype)} for c in cases])

@@ -274,3 +274,17 @@ def test_a_data_dependent_shape_inside_an_executed_loop_body_is_refused(rng):
     sess = InferenceSession(m, cache=False)
     with pytest.raises(mltensor.NotSupportedError, match="inside a Loop or Scan body"):
         sess.run(None, {"v0": np.ones(1, np.float32)})
+
+
+def test_topk_with_k_computed_from_values(rng):
+    """k = max(s) (a float input of 64 values): read back (8 bytes), TopK built for each k."""
+    m = _model([h.make_node("ReduceMax", ["s"], ["kf"], keepdims=1), h.make_node("Cast", ["kf"], ["k"], to=T.INT64),
+                h.make_node("TopK", ["x", "k"], ["v", "i"], axis=1)],
+               [_vi("x", T.FLOAT, [3, 40]), _vi("s", T.FLOAT, [64])],
+               [_vi("v", T.FLOAT, None), _vi("i", T.INT64, None)])
+    sess, ref = _pair(m)
+    for k in (5, 40, 1, 5):
+        s = np.zeros(64, np.float32)
+        s[7] = k
+        _check(sess, ref, {"x": rng.standard_normal((3, 40)).astype(np.float32), "s": s})
+    assert sess.stats["stage_builds"] == 3 and sess.stats["readback_bytes"] == 4 * 8

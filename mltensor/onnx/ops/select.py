@@ -100,3 +100,45 @@ def _nms(im, node, ins, attrs):
     if n == 0:
         return np.zeros((0, 3), np.int64)
     return im.b.slice(sel, [0, 0], [n, 3])
+
+
+@op("Unique", attrs=("axis", "sorted"))
+def _unique(im, node, ins, attrs):
+    """The flattened form: sort (mltensor/ops/sort.py's `_topk` over all N values, ties to the
+    lower index, so each run of equal values starts at its first occurrence), mark the first of
+    each run, compact those marks (`_nonzero`); their count U is read back and the outputs built
+    for it: Y and indices gathered at the run starts, counts from the gaps between starts,
+    inverse_indices scattered from the running count of starts. sorted=0 reorders the U values
+    by first occurrence with a second sort."""
+    if attrs.get("axis") is not None:
+        unsupported("Unique along an axis is not supported (only the flattened form, no axis)")
+    b = im.b
+    got = stages_cut.outcome(im)
+    if got is None:
+        x = X(im, ins[0])
+        n = prod(x.shape)
+        v, idx = b._topk(b.reshape(x, [n]), k=n, axis=0, largest=False)
+        if n == 1:
+            flags = b.constant(np.ones(1, np.uint8))
+        else:
+            ne = b.not_equal(b.slice(v, [1], [n - 1]), b.slice(v, [0], [n - 1]))
+            flags = b.concat([b.constant(np.ones(1, np.uint8)), ne], 0)
+        pos, count = b._nonzero(flags)
+        stages_cut.cut(im, read=[count], carry=[pos, v, idx, flags], what="Unique's count", drop_inputs=(0,))
+    (count,), (pos, v, idx, flags) = got
+    u, n = int(np.asarray(count).reshape(-1)[0]), v.shape[0]
+    p = b.reshape(b.slice(pos, [0, 0], [1, u]), [u])
+    y = b.gather(v, p, axis=0)
+    first = b.gather(idx, p, axis=0)
+    last = b.constant(np.array([n], np.int64))
+    ends = b.concat([b.slice(p, [1], [u - 1]), last], 0) if u > 1 else last
+    counts = b.sub(ends, p)
+    uid = b.sub(b.cumulative_sum(b.cast(flags, "int32"), 0), b.constant(np.array(1, np.int32)))
+    inverse = b.scatter_elements(b.constant(np.zeros(n, np.int32)), idx, uid, axis=0)
+    if not attrs.get("sorted", 1):  # in order of first occurrence
+        first, perm = b._topk(first, k=u, axis=0, largest=False)
+        y, counts = b.gather(y, perm, axis=0), b.gather(counts, perm, axis=0)
+        rank = b.scatter_elements(b.constant(np.zeros(u, np.int32)), perm,
+                                  b.constant(np.arange(u, dtype=np.int32)), axis=0)
+        inverse = b.gather(rank, inverse, axis=0)
+    return [y, first, b.cast(inverse, "int64"), counts]
