@@ -35,7 +35,7 @@ _ITER, _COND = "__loop_iter_next", "__loop_cond_next"
 class LoopSpec:
     """A Loop or Scan node to execute (built by onnx/ops/control_flow.py at its cut).
 
-    carry order (cut.carry): Loop: [initial condition (bool []), initial carried..., outer];
+    carry order (cut.carry): Loop: [initial condition (int32 []), initial carried..., outer];
     Scan: [initial states..., scan inputs ([steps, row] each, scan axis first, rows padded to
     4 bytes), outer]. `outer` are the operands of the enclosing graph the body reads (host values
     the body reads are made initializers of the body: `outer_host`). trips: the trip count
@@ -144,22 +144,26 @@ def _wrap_loop(spec, tensors, bools):
     """The Loop body with the gating: inputs (iteration, condition, carried..., outer...),
     outputs (_ITER, _COND, __state<k>..., __scan<j>...) where a gated iteration changes nothing."""
     body = spec.body
-    names = [i.name for i in body.input] + spec.outer
-    it, cond = names[0], names[1]
+    bnames = [i.name for i in body.input]
+    it, cond = bnames[0], bnames[1]
+    # the condition crosses iterations as an int32 (bool is uint8 in memory, which kernels
+    # unpack and pack at a graph's edges: two launches an iteration saved)
+    names = [it, "__loop_cond_in"] + bnames[2:] + spec.outer
     inputs = [helper.make_tensor_value_info(n, _onnx_type(t, b), list(t.shape))
               for n, t, b in zip(names, tensors, bools)]
-    nodes = list(body.node)
+    nodes = [helper.make_node("Cast", ["__loop_cond_in"], [cond], to=TensorProto.BOOL)] + list(body.node)
     bo = [o.name for o in body.output]
     nodes += [_const("__loop_one", np.array(1, np.int64)),
               helper.make_node("Add", [it, "__loop_one"], ["__loop_iter_inc"]),
               helper.make_node("Where", [cond, "__loop_iter_inc", it], [_ITER]),
               helper.make_node("Cast", [bo[0]], ["__loop_cond_b"], to=TensorProto.BOOL),
               helper.make_node("And", [cond, "__loop_cond_b"], ["__loop_cond_and"]),
+              helper.make_node("Cast", ["__loop_cond_and"], ["__loop_cond_i"], to=TensorProto.INT32),
               _const("__loop_scalar", np.zeros(0, np.int64)),
-              helper.make_node("Reshape", ["__loop_cond_and", "__loop_scalar"], [_COND])]
+              helper.make_node("Reshape", ["__loop_cond_i", "__loop_scalar"], [_COND])]
     outs = [_ITER, _COND]
     for k in range(spec.n_state):
-        nodes.append(helper.make_node("Where", [cond, bo[1 + k], names[2 + k]], [f"__state{k}"]))
+        nodes.append(helper.make_node("Where", [cond, bo[1 + k], bnames[2 + k]], [f"__state{k}"]))
         outs.append(f"__state{k}")
     scan = bo[1 + spec.n_state:]
     for j, name in enumerate(scan):

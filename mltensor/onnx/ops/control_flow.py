@@ -122,11 +122,12 @@ def _loop(im, node, ins, attrs):
         if res is not None:
             return res
     b = im.b
+    # (the condition crosses iterations as an int32: stages/loop.py)
     if cond is None or isinstance(cond, np.ndarray):
-        cond0 = np.array(True if cond is None else bool(np.asarray(cond).reshape(-1)[0]))
-        cond_true = bool(cond0)
+        cond_true = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+        cond0 = np.array(int(cond_true), np.int32)
     else:
-        cond0 = mark_bool(im, b.reshape(X(im, cond), []))
+        cond0 = b.reshape(b.cast(X(im, cond), "int32"), [])
         cond_true = False
     ops, host = _outer(im, node)
     spec = loop.LoopSpec("loop", node, body, im.model, im.cur_opset, trips=trips, n_state=n_state,
