@@ -24,9 +24,6 @@ EXCLUDED = [
     # element types WebNN has no data type for
     (r"bfloat16|bf16|float8|e4m3|e5m2|float4|_int4|_uint4|int4_|uint4_|_int2|_uint2|int2_|uint2_|complex",
      "element type WebNN lacks (bfloat16, float8, int4/int2, float4, complex)"),
-    # data-dependent output shapes: WebNN graphs have static shapes
-    (r"^test_(nonzero|unique|nonmaxsuppression|compress)", "data-dependent output shape"),
-    (r"^test_(loop|scan|if)(\d|_)", "control flow with a computed condition or trip count"),
     # random
     (r"^test_(bernoulli|random)", "random values (nothing deterministic to compare)"),
     # ops with no WebNN counterpart and no reasonable decomposition into WebNN operators

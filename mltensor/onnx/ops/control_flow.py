@@ -117,6 +117,8 @@ def _loop(im, node, ins, attrs):
     if got is not None:  # executed: the final state and the stacked scan outputs
         return _executed_results(im, got, n_state, n_scan, [0] * n_scan, [0] * n_scan)
     cond = ins[1] if len(ins) > 1 else None
+    if cond is not None and not isinstance(cond, np.ndarray) and _decided_by_small_inputs(cond):
+        cond = const(im, cond, "the loop's initial condition")  # the session binds the input's value
     if trips is not None and 0 < trips <= MAX_UNROLL and (cond is None or isinstance(cond, np.ndarray)):
         res = _unroll_loop(im, node, ins, attrs, trips)
         if res is not None:
