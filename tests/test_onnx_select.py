@@ -65,8 +65,10 @@ def test_compress_on_a_computed_condition(axis, rng):
                [_vi("x", T.FLOAT, [4, 6]), _vi("c", T.FLOAT, [n if axis is not None else 24])], [_vi("z", T.FLOAT, None)],
                [h.make_tensor("zero", T.FLOAT, [], [0.0])])
     length = n if axis is not None else 24
-    cases = [rng.standard_normal(length), -np.ones(length), np.ones(length)]
-    _run_both(m, [{"x": rng.standard_normal((4, 6)).astype(np.float32), "c": c.astype(np.float32)} for c in cases])
+    cases = [rng.standard_normal(length), -np.ones(length), np.ones(length), rng.standard_normal(length)]
+    sess = _run_both(m, [{"x": rng.standard_normal((4, 6)).astype(np.float32), "c": c.astype(np.float32)}
+                         for c in cases])
+    assert sess.stats["stage_builds"] == 2  # every count in one build, none kept in another
 
 
 def _nms_model(center_point_box=0, params_as_inputs=False, opset=17):
@@ -114,6 +116,9 @@ def test_nms_in_the_graph(cpb, rng):
     sess = _run_both(m, feeds)
     st = sess.stats
     assert st["readback_bytes"] == 4 * st["readbacks"]
+    # the gathers after NMS take the count as a dynamic dimension: one build for every count
+    # (and one for none kept: an empty result)
+    assert st["stage_builds"] == 2 and sess._spec.stage.cut.dynamic_ok
 
 
 def test_nms_parameters_computed_at_run_time(rng):

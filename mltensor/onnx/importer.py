@@ -245,11 +245,14 @@ class StageCut:
     """Where a stage ends (mltensor/stages/): resume from `snapshot` once the step ran; the step
     reads back the run's tensors `reads` or runs `loop` (stages.loop.LoopSpec) on `carried`."""
 
-    __slots__ = ("snapshot", "key", "reads", "carried", "loop", "what")
+    __slots__ = ("snapshot", "key", "reads", "carried", "loop", "what", "counted", "dynamic_ok")
 
-    def __init__(self, snapshot, key, reads, carried, loop, what):
+    def __init__(self, snapshot, key, reads, carried, loop, what, counted=None):
         self.snapshot, self.key, self.reads, self.carried = snapshot, key, reads, carried
         self.loop, self.what = loop, what
+        # (carried position, axis) of a count read back (stages/cut.py); dynamic_ok: whether the
+        # rest builds with it as a dynamic dimension (None: not tried yet)
+        self.counted, self.dynamic_ok = counted, None
 
 
 def symbolic_inputs(model):
@@ -492,7 +495,7 @@ class Importer:
             outputs, snap, reads, carried = stages_cut.end_stage(self, c, g.node, i, uid, folded)
             graph = self.b.build_sync(outputs) if outputs else None
             imp = Imported(graph, inputs, [], self.opset)
-            imp.cut = StageCut(snap, c.key, reads, carried, c.loop, c.what)
+            imp.cut = StageCut(snap, c.key, reads, carried, c.loop, c.what, c.counted)
             return imp
 
         outputs, named = [], {}
@@ -803,8 +806,9 @@ class Importer:
         nothing, a loop that ran no iteration) next to computed operands: when ONNX shape
         inference says every output is empty too, bind empty host arrays and skip the handler."""
         if not any(isinstance(v, np.ndarray) and v.size == 0 for v in ins) or \
-                all(v is None or isinstance(v, np.ndarray) for v in ins) or not node.output:
-            return False
+                all(v is None or isinstance(v, np.ndarray) for v in ins) or not node.output or \
+                any(isinstance(d, Sym) for v in ins if v is not None for d in v.shape):
+            return False  # (sizes known only at dispatch: the handler decides)
         vis, names = [], []
         for i, (name, v) in enumerate(zip(node.input, ins)):
             if v is None:

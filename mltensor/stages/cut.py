@@ -15,6 +15,7 @@ that cuts twice (a computed k, then the count) finds both outcomes when it is im
 
 import numpy as np
 
+from ..dynamic.dims import MLDynamicDimension
 from ..front.builder import MLOperand
 
 # A value read back to decide a shape holds sizes, a count or a k: a few bytes. Reading more than
@@ -26,10 +27,10 @@ class Cut(BaseException):
     """A handler needs a value only a run can give. BaseException: a handler's own `except
     Exception` (folding attempts, optional paths) must not swallow it on its way to Importer.run."""
 
-    def __init__(self, key, read, carry, loop, what, drop_inputs):
+    def __init__(self, key, read, carry, loop, what, drop_inputs, counted):
         super().__init__(what)
         self.key, self.read, self.carry, self.loop = key, list(read), list(carry), loop
-        self.what, self.drop_inputs = what, frozenset(drop_inputs)
+        self.what, self.drop_inputs, self.counted = what, frozenset(drop_inputs), counted
 
 
 class Carried:
@@ -75,11 +76,14 @@ def outcome(im):
     return got
 
 
-def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=()):
+def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=(), counted=None):
     """End the stage here: run it, then read `read` back (operands of a few elements) or run
     `loop` (loop.LoopSpec, its inputs in `carry`), and import the rest again from this node with
     the outcome. drop_inputs: positions of the node's inputs its handler does not read once
-    resumed (they are not kept for it: None then)."""
+    resumed (they are not kept for it: None then). counted: (position in `carry`, axis) when the
+    value read is a count of the valid leading entries of that padded operand along that axis:
+    the next stage is then first tried with the count as a dynamic dimension (one build for
+    every count, plan.run; the handler gets the padded operand already of the count's size)."""
     reason = im.cut_refusal
     if reason is None and im._top_index is None:
         reason = "inside a Loop, Scan or If body"
@@ -98,7 +102,7 @@ def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=()):
             unsupported(f"{what} is computed at run time and has {n} elements; a value read back to decide a "
                         f"shape may have at most {MAX_READ_ELEMENTS}")
     im._cut_seq += 1
-    raise Cut((im._top_index, im._cut_seq), read, carry, loop, what, drop_inputs)
+    raise Cut((im._top_index, im._cut_seq), read, carry, loop, what, drop_inputs, counted)
 
 
 def read(im, v, what):
@@ -177,6 +181,9 @@ def restore(im, snap):
         op = made.get(d.avail)
         if op is None:
             op = made[d.avail] = b.input(d.avail, data_type=d.data_type, shape=d.shape)
+            for dim in d.shape:  # a count as a dynamic dimension (plan.run): read through this input
+                if isinstance(dim, MLDynamicDimension):
+                    im.dim_refs.setdefault(dim.name, op)
             im.avail_of[id(op)] = d.avail
             im.stage_inputs.add(id(op))
             if d.is_bool:
@@ -188,6 +195,10 @@ def restore(im, snap):
     im.env = dict(snap.host)
     for name, d in snap.ops.items():
         im.env[name] = make(d)
+    dynamic = any(isinstance(dim, MLDynamicDimension) for _, carried in snap.outcomes.values()
+                  for d in carried for dim in d.shape)
+    if dynamic:  # a count as a dynamic dimension: no further cut in this build (its shapes are Syms)
+        im.cut_refusal = "in a build with dynamic dimensions"
     for name in snap.gone:
         im.env.setdefault(name, None)
     im.types = dict(snap.types)

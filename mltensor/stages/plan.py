@@ -18,6 +18,9 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import dtypes
+from ..dynamic.dims import MLDynamicDimension
+from ..errors import NotSupportedError
+from .cut import Carried
 
 
 class Stage:
@@ -47,6 +50,53 @@ class Stage:
         return 1 + sum(c.count() for c in self.children.values())
 
 
+def _counted_dim(c):
+    """The dynamic dimension a counted cut's padded output takes (cut.cut's `counted`)."""
+    i, axis = c.counted
+    d = c.carried[i]
+    return d, axis, MLDynamicDimension(f"count{c.key[0]}_{c.key[1]}", d.shape[axis])
+
+
+def _counted_output(c):
+    """(name, resizable shape) of the stage output a counted cut cuts to the count, or None."""
+    if c is None or c.counted is None or c.dynamic_ok is False:
+        return None
+    d, axis, dim = _counted_dim(c)
+    shape = list(d.shape)
+    shape[axis] = dim
+    return d.avail, tuple(shape)
+
+
+def _counted_stage(session, spec, stage, values, avail):
+    """The next stage of a counted cut with the count as a dynamic dimension: one build for every
+    count (the padded tensor resized to it, no copy). None when the count is 0 (an empty result:
+    its own build) or when an operator after the cut needs fixed sizes (remembered: from then on
+    one build per count)."""
+    c = stage.cut
+    if _counted_output(c) is None:
+        return None
+    n = int(np.asarray(values[0]).reshape(-1)[0])
+    if n <= 0:
+        return None
+    d, axis, dim = _counted_dim(c)
+    t = avail[d.avail]
+    shape = list(d.shape)
+    shape[axis] = n
+    t._fit(shape, "InferenceSession.run")
+    dyn = list(d.shape)
+    dyn[axis] = dim
+    carried = list(c.carried)
+    carried[c.counted[0]] = Carried(d.avail, d.data_type, tuple(dyn), d.is_bool)
+    try:
+        child = session._next_stage(spec, stage, ("counted",), c, values, carried)
+    except (NotSupportedError, TypeError):  # (a malformed model's DataError goes on)
+        c.dynamic_ok = False
+        t._fit(d.shape, "InferenceSession.run")
+        return None
+    c.dynamic_ok = True
+    return child
+
+
 def outcome_key(values):
     """The cache key of a read step's outcome: the exact bytes read back."""
     return tuple((v.dtype.str, v.shape, v.tobytes()) for v in values)
@@ -65,7 +115,10 @@ def run(session, spec, tset, bind, names, output_location):
             g = stage.graph
             if g is not None:
                 outs = {}
+                grow = _counted_output(stage.cut)
                 for n, (dt, shape) in g.output_descriptors.items():
+                    if grow is not None and n == grow[0]:  # resizable: cut to the count (below)
+                        shape = grow[1]
                     t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
                     made.append(t)
                     outs[n] = t
@@ -77,6 +130,10 @@ def run(session, spec, tset, bind, names, output_location):
             if c.loop is None:  # only the bytes that decide the shape cross to the host
                 values = read(session, [avail[n] for n in c.reads])
                 key, carried = outcome_key(values), c.carried
+                child = _counted_stage(session, spec, stage, values, avail)
+                if child is not None:
+                    stage = child
+                    continue
             else:
                 from . import loop
 

@@ -10,26 +10,37 @@ count. A condition or box set known at load is folded on the host instead.
 import numpy as np
 from onnx import helper
 
+from ...dynamic.dims import Sym
 from ...stages import cut as stages_cut
 from . import X, const, norm_axis, op, prod, unsupported
 
 
-def _selected(im, node, make, drop):
+def _selected(im, node, make, drop, axis):
     """(count, padded operand): the outcome of this node's selection cut, cutting the first time
-    (`make()` builds (padded, count) then)."""
+    (`make()` builds (padded, count) then; the count's entries lead along `axis`). count is None
+    when the stage is built for every count: the operand then already has the count's size (a
+    dynamic dimension, stages/plan.py)."""
     got = stages_cut.outcome(im)
     if got is None:
         padded, count = make()
-        stages_cut.cut(im, read=[count], carry=[padded], what=f"{node.op_type}'s count", drop_inputs=drop)
+        counted = (0, axis) if axis is not None else None
+        stages_cut.cut(im, read=[count], carry=[padded], what=f"{node.op_type}'s count", drop_inputs=drop,
+                       counted=counted)
     (count,), (padded,) = got
+    if any(isinstance(d, Sym) for d in padded.shape):
+        return None, padded
     return int(np.asarray(count).reshape(-1)[0]), padded
 
 
 @op("NonZero")
 def _nonzero(im, node, ins, attrs):
     # (a value known at load was folded by the importer already)
-    n, idx = _selected(im, node, lambda: im.b._nonzero(X(im, ins[0])), drop=(0,))
+    # (a count over one axis leads the padded indices: a dynamic dimension is possible there)
+    one_axis = ins[0] is not None and len(ins[0].shape) <= 1
+    n, idx = _selected(im, node, lambda: im.b._nonzero(X(im, ins[0])), drop=(0,), axis=1 if one_axis else None)
     rows = idx.shape[0]
+    if n is None:
+        return idx
     if n == 0:
         return np.zeros((rows, 0), np.int64)
     return im.b.slice(idx, [0, 0], [rows, n])
@@ -55,10 +66,13 @@ def _compress(im, node, ins, attrs):
             im.malformed(f"condition must be 1-D, got shape {list(cond.shape)}")
         if cond.shape[0] > x.shape[axis]:
             im.malformed(f"condition has {cond.shape[0]} entries, more than the {x.shape[axis]} of the axis")
-    n, idx = _selected(im, node, lambda: im.b._nonzero(X(im, cond)), drop=(1,))
+    n, idx = _selected(im, node, lambda: im.b._nonzero(X(im, cond)), drop=(1,), axis=1)
     if n == 0:
         return _empty(im, x, axis)
-    idx = im.b.reshape(im.b.slice(idx, [0, 0], [1, n]), [n])
+    if n is None:
+        idx = im.b.reshape(idx, [idx.shape[1]])
+    else:
+        idx = im.b.reshape(im.b.slice(idx, [0, 0], [1, n]), [n])
     return im.b.gather(x, idx, axis=axis)
 
 
@@ -96,7 +110,9 @@ def _nms(im, node, ins, attrs):
         return im.b._nms(boxes, scores, max_per_class=max_pc, iou_threshold=iou, score_threshold=score,
                          center_point_box=cpb)
 
-    n, sel = _selected(im, node, make, drop=(0, 1))
+    n, sel = _selected(im, node, make, drop=(0, 1), axis=0)
+    if n is None:
+        return sel
     if n == 0:
         return np.zeros((0, 3), np.int64)
     return im.b.slice(sel, [0, 0], [n, 3])
