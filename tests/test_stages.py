@@ -288,3 +288,27 @@ def test_topk_with_k_computed_from_values(rng):
         s[7] = k
         _check(sess, ref, {"x": rng.standard_normal((3, 40)).astype(np.float32), "s": s})
     assert sess.stats["stage_builds"] == 3 and sess.stats["readback_bytes"] == 4 * 8
+
+
+@pytest.mark.parametrize("stop,init", [(1, 1), (20, 1), (7, 1), (5, 0), (0, 1)])
+def test_loop_exit_at_the_first_and_the_last_iteration(stop, init, rng):
+    """cond_out = i + 1 < stop with M = 20: the exit falls at the first iteration (stop 0, 1), in
+    the middle (7), exactly at the last (20), or before any iteration (initial condition false,
+    computed from the input); scan outputs and the final state as onnxruntime's."""
+    body = h.make_graph([h.make_node("Add", ["i", "one"], ["i1"]), h.make_node("Cast", ["i1"], ["i1f"], to=T.FLOAT),
+                         h.make_node("Less", ["i1f", "stop"], ["cond_out"]),
+                         h.make_node("Add", ["v_in", "i1f"], ["v_out"]), h.make_node("Identity", ["i"], ["i_scan"])],
+                        "body", [_vi("i", T.INT64, []), _vi("c_in", T.BOOL, []), _vi("v_in", T.FLOAT, [])],
+                        [_vi("cond_out", T.BOOL, []), _vi("v_out", T.FLOAT, []), _vi("i_scan", T.INT64, [])],
+                        [h.make_tensor("one", T.INT64, [], [1])])
+    m = _model([h.make_node("ReduceMax", ["s"], ["stop"], keepdims=0), h.make_node("ReduceMin", ["s"], ["c0f"], keepdims=0),
+                h.make_node("Cast", ["c0f"], ["c0"], to=T.BOOL),
+                h.make_node("Loop", ["M", "c0", "v0"], ["v", "iters"], body=body)],
+               [_vi("s", T.FLOAT, [64]), _vi("v0", T.FLOAT, [])],
+               [_vi("v", T.FLOAT, None), _vi("iters", T.INT64, None)], [h.make_tensor("M", T.INT64, [], [20])])
+    sess, ref = _pair(m)
+    s = np.full(64, float(stop), np.float32)
+    s[3] = init  # the minimum: the initial condition
+    if stop < init:
+        s[3], s[4] = stop, stop
+    _check(sess, ref, {"s": s, "v0": np.array(0.5, np.float32)})
