@@ -136,7 +136,9 @@ def test_nonzero_count_vs_host_compaction(benchmark, ctx):
     assert host_way() == ref.run(None, feeds)[0]
     b0 = sess.stats["readback_bytes"]
     sess.run(None, feeds)
+    nbytes = sess.stats["readback_bytes"] - b0
     ours, theirs, ratio = measure_pair((lambda: sess.run(None, feeds), None), (host_way, None), rounds=9, warmup=1)
     record(benchmark, ours, "stages: NonZero of 1M elements (count read back)", theirs,
            "mask read back, compacted on the host", adapter=adapter_name(ctx),
-           readback_bytes_per_run=sess.stats["readback_bytes"] - b0, host_way_bytes=n)
+           readback_bytes_per_run=nbytes, host_way_bytes=n)
+    assert nbytes == 4
