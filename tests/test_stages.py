@@ -312,3 +312,16 @@ def test_loop_exit_at_the_first_and_the_last_iteration(stop, init, rng):
     if stop < init:
         s[3], s[4] = stop, stop
     _check(sess, ref, {"s": s, "v0": np.array(0.5, np.float32)})
+
+
+def test_a_shape_fed_as_a_large_input_is_read_back(rng):
+    """Reshape's shape comes from a graph input of 32 values (too many to bind by value): read back
+    each run (16 bytes), the rest built once per shape."""
+    m = _model([h.make_node("Slice", ["shp", "zero1", "n2"], ["shape"]), h.make_node("Reshape", ["x", "shape"], ["y"])],
+               [_vi("x", T.FLOAT, [12]), _vi("shp", T.INT64, [32])], [_vi("y", T.FLOAT, None)], _INITS)
+    sess, ref = _pair(m)
+    for a, b_ in [(3, 4), (2, 6), (3, 4)]:
+        shp = np.zeros(32, np.int64)
+        shp[:2] = a, b_
+        _check(sess, ref, {"x": rng.standard_normal(12).astype(np.float32), "shp": shp})
+    assert sess.stats["stage_builds"] == 2 and sess.stats["readback_bytes"] == 3 * 16

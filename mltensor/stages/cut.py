@@ -160,7 +160,8 @@ def end_stage(im, c, nodes, i, uid, folded):
     s.types = dict(im.types)
     prior = im.resume.outcomes if im.resume is not None else {}
     s.outcomes = {k: v for k, v in prior.items() if k[0] >= i}  # cuts of nodes imported again
-    reads = [export(v).avail for v in c.read]
+    # (a value read back is a stage output: a feed's tensor need not be readable)
+    reads = [export(v if v._kind == "op" else b.identity(v)).avail for v in c.read]
     carried = [export(v) for v in c.carry]
     return outputs, s, reads, carried
 
