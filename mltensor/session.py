@@ -635,8 +635,12 @@ class InferenceSession:
 
     @property
     def graph(self):
-        """The MLGraph of the specialization the last run used (None before one is built)."""
-        return self._spec.graph if self._spec is not None else None
+        """The MLGraph of the specialization the last run used (None before one is built); for a
+        model with data-dependent shapes, its first stage's graph (mltensor/stages/)."""
+        spec = self._spec
+        if spec is None:
+            return None
+        return spec.graph if spec.stage is None else spec.stage.graph
 
     @property
     def _out_tensors(self):
