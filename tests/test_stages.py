@@ -18,6 +18,17 @@ from mltensor import InferenceSession
 ort = pytest.importorskip("onnxruntime")
 
 
+def _cuts(sess):
+    """Every stage cut of a session's specializations (mltensor/stages/plan.Stage trees)."""
+    out, todo = [], [spec.stage for spec in sess._specs.values() if spec.stage is not None]
+    while todo:
+        st = todo.pop()
+        if st.cut is not None:
+            out.append(st.cut)
+        todo.extend(st.children.values())
+    return out
+
+
 def _model(nodes, inputs, outputs, inits=(), opset=17):
     g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
     return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
@@ -223,9 +234,14 @@ def test_loop_with_a_gpu_condition_early_exit_and_round_trips(rng):
     assert {"first", "none"} <= seen
 
 
-def test_loop_zero_trips_and_computed_trip_count(rng):
+@pytest.mark.parametrize("with_topk", [False, True])
+def test_loop_zero_trips_and_computed_trip_count(with_topk, rng):
     """M computed from the input's values (read back first), including 0: no iteration, empty scan
-    output, the state unchanged."""
+    output, the state unchanged. With a TopK over the scan output (an operator that takes no
+    dynamic dimension) the rest is built per count instead of once for every count."""
+    top = [h.make_node("TopK", ["sqs", "one_k"], ["top", "top_i"], axis=0)] if with_topk else []
+    top_out = [_vi("top", T.FLOAT, None)] if with_topk else []
+    cases = (3, 300, 3, 5) if with_topk else (0, 3, 300, 0, 3)
     body = h.make_graph([h.make_node("Add", ["v_in", "one"], ["v_out"]), h.make_node("Mul", ["v_out", "v_out"], ["sq"]),
                          h.make_node("Identity", ["c_in"], ["c_out"])], "body",
                         [_vi("i", T.INT64, []), _vi("c_in", T.BOOL, []), _vi("v_in", T.FLOAT, [3])],
@@ -233,13 +249,18 @@ def test_loop_zero_trips_and_computed_trip_count(rng):
                         [h.make_tensor("one", T.FLOAT, [], [1.0])])
     m = _model([h.make_node("ReduceMax", ["s"], ["mf"], keepdims=0), h.make_node("Cast", ["mf"], ["M"], to=T.INT64),
                 h.make_node("Loop", ["M", "", "v0"], ["v", "sqs"], body=body),
-                h.make_node("Neg", ["v"], ["nv"])],
-               [_vi("v0", T.FLOAT, [3]), _vi("s", T.FLOAT, [5])],
-               [_vi("nv", T.FLOAT, [3]), _vi("sqs", T.FLOAT, None)])
+                h.make_node("Neg", ["v"], ["nv"])] + top,
+               [_vi("v0", T.FLOAT, [3]), _vi("s", T.FLOAT, [64])],
+               [_vi("nv", T.FLOAT, [3]), _vi("sqs", T.FLOAT, None)] + top_out,
+               [h.make_tensor("one_k", T.INT64, [1], [1])])
     sess, ref = _pair(m)
-    for trips in (0, 3, 300, 0, 3):
-        s = np.full(5, trips, np.float32)
+    for trips in cases:
+        s = np.full(64, trips, np.float32)
         _check(sess, ref, {"v0": rng.standard_normal(3).astype(np.float32), "s": s}, rtol=1e-5)
+    # the executed loop (300 iterations; shorter ones are unrolled once M is known): its scan
+    # output's count lands as a dynamic dimension, except where TopK needs a fixed size
+    tried = [c.dynamic_ok for c in _cuts(sess) if c.loop is not None and c.dynamic_ok is not None]
+    assert tried and all(ok is (not with_topk) for ok in tried)  # (None: the loop ran no iteration)
 
 
 @pytest.mark.parametrize("rev_in,rev_out,in_axis,out_axis", [(0, 0, 0, 0), (1, 0, 1, 1), (0, 1, 0, 1)])

@@ -231,16 +231,19 @@ def _row(data_type, shape):
 
 
 class _Stack:
-    """Rows of one scan output, one an iteration, in a [capacity, row] tensor grown by doubling."""
+    """Rows of one scan output, one an iteration, in a [capacity, row] tensor grown by doubling;
+    or, with `dim` (an MLDynamicDimension of the whole trip count), one resizable tensor of every
+    row the loop can make, cut to the count in place afterwards (`fit`)."""
 
-    def __init__(self, ctx, data_type, shape, cap, made):
-        self.ctx, self.data_type, self.made = ctx, data_type, made
+    def __init__(self, ctx, data_type, shape, cap, made, dim=None):
+        self.ctx, self.data_type, self.made, self.dim = ctx, data_type, made, dim
         self.n, self.pad, self.bytes = _row(data_type, shape)
         self.t = None
-        self._alloc(cap)
+        self._alloc(cap if dim is None else dim.max_size)
 
     def _alloc(self, cap):
-        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(cap, self.pad), readable=True,
+        rows = cap if self.dim is None else self.dim
+        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(rows, self.pad), readable=True,
                                         writable=True)
         self.made.append(t)
         if self.t is not None:  # the rows so far move to the bigger tensor
@@ -254,8 +257,15 @@ class _Stack:
             self._alloc(self.cap * 2)
         _copy(self.ctx, src, 0, self.t, slot * self.bytes, self.bytes)
 
+    def fit(self, count):
+        """The resizable tensor itself, its shape [count, padded row] (no copy)."""
+        self.t._fit((count, self.pad), "InferenceSession.run")
+        return self.t
+
     def take(self, count):
         """[count, padded row] tensor of the first `count` rows."""
+        if self.dim is not None:
+            self.t._fit((self.cap, self.pad), "InferenceSession.run")
         if count == self.cap:
             return self.t
         t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(count, self.pad), readable=True,
@@ -267,9 +277,11 @@ class _Stack:
 
 def execute(session, c, avail, made):
     """Run the Loop/Scan of cut `c` (importer.StageCut) on the run's tensors. Returns (values,
-    carried, key): values [count, scan row shapes...] (numpy), carried the final state and the
-    stacked scan outputs ([count, padded row] tensors, named in `avail`, or host arrays when
-    empty), key the outcome's cache key."""
+    carried, key, exact): values [count, scan row shapes...] (numpy), carried the final state and
+    the stacked scan outputs ([count, padded row] tensors, named in `avail`, or host arrays when
+    empty), key the outcome's cache key. When the count lands as a dynamic dimension (key
+    ("counted",), the stacks resized in place), `exact()` gives (values, carried, key) for a
+    build per count instead, should the next stage refuse it; else exact is None."""
     spec = c.loop
     ctx = session._ctx
     tensors, bools = [], []
@@ -304,10 +316,11 @@ def execute(session, c, avail, made):
             rows.append((src, dst, spec.scan_in[k][2]))
     body = _build(session, spec, tensors, bools)
     ins = dict(zip(body.ins, tensors))
+    dim = _count_dim(c, body)
     if spec.kind == "loop":
-        count, final = _run_loop(session, spec, body, ins, made)
+        count, final = _run_loop(session, spec, body, ins, made, dim)
     else:
-        count, final = _run_scan(session, spec, body, ins, rows, made)
+        count, final = _run_scan(session, spec, body, ins, rows, made, dim)
     n_first = 2 if spec.kind == "loop" else 0
     depth = c.snapshot.depth
     carried = []
@@ -315,20 +328,51 @@ def execute(session, c, avail, made):
         name = f"~loop{depth}.{c.key[1]}.{k}"
         avail[name] = t
         carried.append(Carried(name, t.data_type, t.shape, bools[n_first + k]))
-    values = [np.array(count, np.int64)]
-    for j, (dt, shape) in enumerate(body.scan_rows):
-        values.append(np.array(shape, np.int64))
-        stack = final[n_first + spec.n_state + j]
-        if count == 0:
-            carried.append(Carried(host=np.zeros((0,) + shape, dtypes.NUMPY[dt])))
-            continue
-        t = stack.take(count)
+    values = [np.array(count, np.int64)] + [np.array(shape, np.int64) for _, shape in body.scan_rows]
+    stacks = final[n_first + spec.n_state:]
+
+    def exact():
+        """(carried, key) with the scan outputs cut to the count by a copy each: the next stage
+        built for this count."""
+        out = list(carried)
+        for j, ((dt, shape), stack) in enumerate(zip(body.scan_rows, stacks)):
+            if count == 0:
+                out.append(Carried(host=np.zeros((0,) + shape, dtypes.NUMPY[dt])))
+                continue
+            t = stack.take(count)
+            name = f"~loop{depth}.{c.key[1]}.s{j}"
+            avail[name] = t
+            out.append(Carried(name, t.data_type, t.shape, False))
+        # the next stage depends on the count only through the scan outputs' shapes
+        return out, (tuple((v.tobytes(), v.shape) for v in values) if body.scan_rows else ())
+
+    if dim is None or count == 0:
+        return values, *exact(), None
+    out = list(carried)
+    for j, stack in enumerate(stacks):  # the count as a dynamic dimension: the tensors cut in place
+        t = stack.fit(count)
         name = f"~loop{depth}.{c.key[1]}.s{j}"
         avail[name] = t
-        carried.append(Carried(name, t.data_type, t.shape, False))
-    # the next stage depends on the count only through the scan outputs' shapes
-    key = tuple((v.tobytes(), v.shape) for v in values) if body.scan_rows else ()
-    return values, carried, key
+        out.append(Carried(name, t.data_type, (dim, stack.pad), False))
+    return values, out, ("counted",), lambda: (values, *exact())
+
+
+# A scan output kept whole for every possible row (the count as a dynamic dimension) holds at most
+# this many bytes; a bigger one grows by doubling and the next stage is built per count instead.
+MAX_DYNAMIC_STACK = 64 << 20
+
+
+def _count_dim(c, body):
+    """The dynamic dimension the scan outputs' count takes, or None: when the trip count is known
+    and the rows of every iteration fit MAX_DYNAMIC_STACK (and no earlier build refused it)."""
+    spec = c.loop
+    if c.dynamic_ok is False or not body.scan_rows or not spec.trips or spec.trips >= UNBOUNDED:
+        return None
+    if any(spec.trips * _row(dt, shape)[2] > MAX_DYNAMIC_STACK for dt, shape in body.scan_rows):
+        return None
+    from ..dynamic.dims import MLDynamicDimension
+
+    return MLDynamicDimension(f"count{c.key[0]}_{c.key[1]}", spec.trips)
 
 
 def _sets(ctx, body, made):
@@ -343,11 +387,11 @@ def _sets(ctx, body, made):
     return sets
 
 
-def _stacks(ctx, body, cap, made):
-    return [_Stack(ctx, dt, shape, cap, made) for dt, shape in body.scan_rows]
+def _stacks(ctx, body, cap, made, dim=None):
+    return [_Stack(ctx, dt, shape, cap, made, dim) for dt, shape in body.scan_rows]
 
 
-def _run_loop(session, spec, body, ins, made):
+def _run_loop(session, spec, body, ins, made, dim=None):
     """Iterations in batches; returns (count, [final iteration, condition, state..., stacks...])."""
     ctx = session._ctx
     g = body.graph
@@ -358,7 +402,7 @@ def _run_loop(session, spec, body, ins, made):
                                 "condition computed in its body never ends")
     limit = MAX_ITERATIONS if trips is None else trips
     sets = _sets(ctx, body, made)
-    stacks = _stacks(ctx, body, max(1, min(limit, 64)), made)
+    stacks = _stacks(ctx, body, max(1, min(limit, 64)), made, dim)
     nxt = {body.ins[k]: body.outs[k] for k in range(len(body.outs))}
     t = 0
     count = None
@@ -401,14 +445,14 @@ def _finish(session, reads):
     return bool(cond.reshape(-1)[0]), int(n.reshape(-1)[0])
 
 
-def _run_scan(session, spec, body, ins, rows, made):
+def _run_scan(session, spec, body, ins, rows, made, dim=None):
     """A Scan: each iteration's rows copied from the scan inputs into the body's row inputs."""
     ctx = session._ctx
     g = body.graph
     n = spec.n_state
     steps = spec.trips
     sets = _sets(ctx, body, made)
-    stacks = _stacks(ctx, body, max(1, steps), made)
+    stacks = _stacks(ctx, body, max(1, steps), made, dim)
     for t in range(steps):
         for src, dst, rev in rows:
             nbytes = dst._nbytes

@@ -137,7 +137,15 @@ def run(session, spec, tset, bind, names, output_location):
             else:
                 from . import loop
 
-                values, carried, key = loop.execute(session, c, avail, made)
+                values, carried, key, exact = loop.execute(session, c, avail, made)
+                if exact is not None:  # the count as a dynamic dimension, if the rest takes it
+                    try:
+                        stage = session._next_stage(spec, stage, key, c, values, carried)
+                        c.dynamic_ok = True
+                        continue
+                    except (NotSupportedError, TypeError):
+                        c.dynamic_ok = False
+                        values, carried, key = exact()
             stage = session._next_stage(spec, stage, key, c, values, carried)
         result = []
         for n in names:

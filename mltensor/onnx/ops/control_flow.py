@@ -176,9 +176,10 @@ def _executed_results(im, got, n_state, n_scan, out_axes, out_dirs):
             res.append(v)
             continue
         elems = prod(shape)
+        rows = v.shape[0]  # the count, or a dynamic dimension standing for every count
         if v.shape[1] != elems:
-            v = b.slice(v, [0, 0], [count, elems])
-        v = b.reshape(v, [count] + shape)
+            v = b.slice(v, [0, 0], [rows, elems])
+        v = b.reshape(v, [rows] + shape)
         if out_dirs[j]:
             v = b.reverse(v, axes=[0])
         axis = norm_axis(out_axes[j], len(shape) + 1)
