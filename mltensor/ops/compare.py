@@ -79,7 +79,17 @@ def _unary(name, types, out_type, fn, what="input"):
         return b._emit1(name, [x], {}, out_type or x.data_type, x.shape, label)
 
     op.__name__ = name
+    op.__doc__ = _UNARY_DOCS.get(name)
     builder_op(op)
+
+
+# Docstrings of the generated methods (what MLGraphBuilder.<name> shows).
+_UNARY_DOCS = {
+    "logical_not": "1 (uint8) where the uint8 input `a` is 0, else 0.",
+    "is_nan": "1 (uint8) where the float input is NaN, else 0.",
+    "is_infinite": "1 (uint8) where the float input is +inf or -inf, else 0.",
+    "round_even": "Round to the nearest integer, ties to even (as numpy.rint).",
+}
 
 
 # IDL: MLOperand logicalNot(MLOperand a, optional MLOperatorOptions options = {});

@@ -107,6 +107,13 @@ def _out_shape(layout, n, c, h, w):
 @builder_op
 def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, groups=1,
            input_layout="nchw", filter_layout="oihw", bias=None, label=None):
+    """2-D convolution of a 4-D `input` with a 4-D `filter`, plus an optional 1-D `bias`.
+
+    padding: [top, bottom, left, right] (default zeros); strides, dilations: [h, w] (default
+    ones); groups: input channels split into groups (depthwise when it equals the channels).
+    input_layout: "nchw" or "nhwc"; filter_layout: "oihw", "hwio", "ohwi" or "ihwo". The output
+    keeps the input layout. Runs as an implicit GEMM (depthwise and 1x1 paths too); a
+    normalization, resample or zero pad producing its input and activations after it fuse."""
     # IDL: MLOperand conv2d(MLOperand input, MLOperand filter, optional MLConv2dOptions options = {});
     where = "conv2d"
     pad, st, dil, groups, (n, ic, ih, iw) = _common(
@@ -150,6 +157,12 @@ def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, grou
 def conv_transpose2d(b, input, filter, *, padding=None, strides=None, dilations=None,
                      output_padding=None, output_sizes=None, groups=1, input_layout="nchw",
                      filter_layout="iohw", bias=None, label=None):
+    """2-D transposed convolution (the gradient of conv2d with respect to its input), plus an
+    optional 1-D `bias`.
+
+    padding, strides, dilations, groups as conv2d; output_padding: [h, w] added to the output's
+    bottom/right; output_sizes: [h, w] of the output (instead of output_padding).
+    input_layout: "nchw" or "nhwc"; filter_layout: "iohw", "hwoi" or "ohwi"."""
     # IDL: MLOperand convTranspose2d(MLOperand input, MLOperand filter, optional MLConvTranspose2dOptions options = {});
     where = "conv_transpose2d"
     pad, st, dil, groups, (n, ic, ih, iw) = _common(

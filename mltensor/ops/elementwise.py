@@ -161,7 +161,40 @@ def _unary(name, types, fn, attrs_of=None, activation=False):
         return b._emit1(name, [x], attrs, x.data_type, x.shape, label)
 
     op.__name__ = name
+    op.__doc__ = _UNARY_DOCS.get(name)
     builder_op(op)
+
+
+# Docstrings of the generated unary and activation methods (what MLGraphBuilder.<name> shows).
+_UNARY_DOCS = {
+    "abs": "Elementwise absolute value.",
+    "ceil": "Elementwise ceiling (round toward +inf).",
+    "cos": "Elementwise cosine (radians).",
+    "erf": "Elementwise Gauss error function.",
+    "exp": "Elementwise e to the power x.",
+    "floor": "Elementwise floor (round toward -inf).",
+    "identity": "The input unchanged (a copy; fused away where it can be).",
+    "log": "Elementwise natural logarithm (NaN below 0, -inf at 0).",
+    "neg": "Elementwise negation.",
+    "reciprocal": "Elementwise 1 / x.",
+    "sign": "Elementwise sign: -1, 0 or 1 (NaN stays NaN).",
+    "sin": "Elementwise sine (radians).",
+    "sqrt": "Elementwise square root.",
+    "tan": "Elementwise tangent (radians).",
+    "clamp": "Clamp to [`min_value`, `max_value`] (options; default -inf and +inf). Fuses into the "
+             "producing convolution / matmul as an activation.",
+    "elu": "x where x >= 0, else `alpha` * (exp(x) - 1) (option `alpha`, default 1.0).",
+    "gelu": "Gaussian error linear unit: 0.5 * x * (1 + erf(x / sqrt(2))).",
+    "hard_sigmoid": "max(0, min(1, `alpha` * x + `beta`)) (options, defaults 0.2 and 0.5).",
+    "hard_swish": "x * max(0, min(1, x / 6 + 0.5)).",
+    "leaky_relu": "x where x >= 0, else `alpha` * x (option `alpha`, default 0.01).",
+    "linear": "`alpha` * x + `beta` (options, defaults 1.0 and 0.0).",
+    "relu": "max(0, x) (NaN stays NaN). Fuses into the producing convolution / matmul.",
+    "sigmoid": "1 / (1 + exp(-x)).",
+    "softplus": "log(1 + exp(x)), computed without overflow.",
+    "softsign": "x / (1 + abs(x)).",
+    "tanh": "Elementwise hyperbolic tangent.",
+}
 
 
 def _no_options(name, options):
@@ -268,6 +301,9 @@ register("cast", {"input": ALL, "output": ALL},
 
 @builder_op
 def cast(b, x, data_type, *, label=None):
+    """Convert to `data_type`: integers narrowing wrap, widening extend by the source's
+    signedness; floats to integers truncate toward zero (negative floats to unsigned wrap,
+    as C casts)."""
     # IDL: MLOperand cast(MLOperand input, MLOperandDataType type, optional MLOperatorOptions options = {});
     b._operand(x, "cast", "input")
     dt = dtypes.normalize(data_type, "cast")

@@ -75,6 +75,8 @@ register("gather_elements", {"input": ALL, "indices": INDEX, "output": ALL},
 
 @builder_op
 def gather_elements(b, x, indices, *, axis=0, label=None):
+    """Element-wise gather along `axis`: output[i][j][k] = input[indices[i][j][k]][j][k] for axis 0
+    (likewise for other axes). `indices` has the input's rank; the output has its shape."""
     # IDL: MLOperand gatherElements(MLOperand input, MLOperand indices,
     #                               optional MLGatherOptions options = {});
     where = "gather_elements"
@@ -109,6 +111,8 @@ register("gather_nd", {"input": ALL, "indices": INDEX, "output": ALL},
 
 @builder_op
 def gather_nd(b, x, indices, *, label=None):
+    """Gather slices addressed by the last dimension of `indices`: each index tuple of length k
+    selects input[t0, ..., tk-1, ...]. Output shape: indices.shape[:-1] + input.shape[k:]."""
     # IDL: MLOperand gatherND(MLOperand input, MLOperand indices, optional MLOperatorOptions options = {});
     where = "gather_nd"
     b._operand(x, where, "input")
@@ -153,6 +157,8 @@ register("scatter_elements", {"input": ALL, "indices": INDEX, "updates": ALL, "o
 
 @builder_op
 def scatter_elements(b, x, indices, updates, *, axis=0, label=None):
+    """A copy of the input with `updates` written at `indices` along `axis` (the inverse of
+    gather_elements); `indices` and `updates` share a shape."""
     # IDL: MLOperand scatterElements(MLOperand input, MLOperand indices, MLOperand updates,
     #                                optional MLScatterOptions options = {});
     where = "scatter_elements"
@@ -191,6 +197,8 @@ register("scatter_nd", {"input": ALL, "indices": INDEX, "updates": ALL, "output"
 
 @builder_op
 def scatter_nd(b, x, indices, updates, *, label=None):
+    """A copy of the input with the slices of `updates` written where the index tuples of the last
+    dimension of `indices` point (the inverse of gather_nd)."""
     # IDL: MLOperand scatterND(MLOperand input, MLOperand indices, MLOperand updates,
     #                          optional MLOperatorOptions options = {});
     where = "scatter_nd"

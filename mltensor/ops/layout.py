@@ -56,6 +56,7 @@ register("reverse", {"input": ALL, "output": ALL})
 
 @builder_op
 def reverse(b, x, *, axes=None, label=None):
+    """Reverse the order of elements along `axes` (default: every axis; `[]` reverses none)."""
     # IDL: MLOperand reverse(MLOperand input, optional MLReverseOptions options = {});
     b._operand(x, "reverse", "input")
     check_support("reverse", input=x)
@@ -86,6 +87,7 @@ register("tile", {"input": ALL, "output": ALL})
 
 @builder_op
 def tile(b, x, repetitions, *, label=None):
+    """Repeat the input `repetitions[i]` times along each dimension i (one entry per dimension)."""
     # IDL: MLOperand tile(MLOperand input, sequence<unsigned long> repetitions,
     #                     optional MLOperatorOptions options = {});
     b._operand(x, "tile", "input")
@@ -118,6 +120,8 @@ register("triangular", {"input": ALL, "output": ALL}, ranks={"input": (2, 8)})
 
 @builder_op
 def triangular(b, x, *, upper=True, diagonal=0, label=None):
+    """Keep the upper (`upper=True`) or lower triangle of the last two dimensions, the rest set to
+    zero; `diagonal` shifts the boundary (positive: above the main diagonal)."""
     # IDL: MLOperand triangular(MLOperand input, optional MLTriangularOptions options = {});
     b._operand(x, "triangular", "input")
     check_support("triangular", input=x)

@@ -538,6 +538,10 @@ register(
 
 @builder_op
 def matmul(b, a, c, *, label=None):
+    """Matrix product of `a` [..., M, K] and `c` [..., K, N] (WebNN's operand names are a and b)
+    -> [..., M, N], batch dimensions broadcast; 1-D operands are not allowed (rank >= 2).
+    Runs on the tiled GEMM kernel family (or the GEMV path for M <= 4); activations and
+    residual adds after it are fused into its stores."""
     # IDL: MLOperand matmul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
     b._operand(a, "matmul", "a")
     b._operand(c, "matmul", "b")
@@ -592,6 +596,9 @@ register(
 
 @builder_op
 def gemm(b, a, bb, *, c=None, alpha=1.0, beta=1.0, a_transpose=False, b_transpose=False, label=None):
+    """General matrix multiply of 2-D operands: alpha * A' @ B' + beta * C, where A' is `a`
+    (transposed when `a_transpose`), B' is `bb` (transposed when `b_transpose`; WebNN's operand
+    is named b) and `c` an optional operand that broadcasts to the [M, N] output."""
     # IDL: MLOperand gemm(MLOperand a, MLOperand b, optional MLGemmOptions options = {});
     b._operand(a, "gemm", "a")
     b._operand(bb, "gemm", "b")

@@ -268,6 +268,8 @@ def _copy_rows(kc, name, src, dst, dims, src_base, dst_base, mt):
 
 @builder_op
 def reshape(b, x, new_shape, *, label=None):
+    """The same elements in `new_shape` (a list of sizes whose product equals the input's; no -1
+    placeholder, as in WebNN). Launches nothing: the output aliases the input's memory."""
     # IDL: MLOperand reshape(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
     b._operand(x, "reshape", "input")
     check_support("reshape", input=x)
@@ -300,6 +302,8 @@ register("expand", {"input": ALL, "output": ALL}, expr=lambda kc, n, x: x)
 
 @builder_op
 def expand(b, x, new_shape, *, label=None):
+    """Broadcast the input to `new_shape` (each input dimension 1 or equal to the new one, aligned
+    from the right; the rank may grow)."""
     # IDL: MLOperand expand(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
     b._operand(x, "expand", "input")
     check_support("expand", input=x)
@@ -321,6 +325,8 @@ register(
 
 @builder_op
 def where(b, condition, true_value, false_value, *, label=None):
+    """Elementwise select: `true_value` where `condition` (uint8) is non-zero, else `false_value`.
+    The three operands broadcast to one shape; the two values share a data type."""
     # IDL: MLOperand where(MLOperand condition, MLOperand trueValue, MLOperand falseValue, optional MLOperatorOptions options = {});
     b._operand(condition, "where", "condition")
     b._operand(true_value, "where", "true_value")
@@ -348,6 +354,8 @@ register("transpose", {"input": ALL, "output": ALL}, lower=_lower_transpose)
 
 @builder_op
 def transpose(b, x, *, permutation=None, label=None):
+    """Permute the dimensions: output dimension i is input dimension `permutation[i]` (default:
+    the reversed order)."""
     # IDL: MLOperand transpose(MLOperand input, optional MLTransposeOptions options = {});
     b._operand(x, "transpose", "input")
     check_support("transpose", input=x)
@@ -380,6 +388,9 @@ register("slice", {"input": ALL, "output": ALL}, lower=_lower_slice)
 
 @builder_op
 def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebNN name)
+    """The block starting at `starts` with `sizes` elements per dimension, taking every `strides`-th
+    element (default 1). A contiguous slice is read in place (copy-free) where the layout
+    allows."""
     # IDL: MLOperand slice(MLOperand input, sequence<[EnforceRange] unsigned long> starts, sequence<[EnforceRange] unsigned long> sizes, optional MLSliceOptions options = {});
     b._operand(x, "slice", "input")
     check_support("slice", input=x)
@@ -428,6 +439,8 @@ register("split", {"input": ALL, "outputs": ALL}, ranks={"input": RANK1}, lower=
 
 @builder_op
 def split(b, x, splits, *, axis=0, label=None):
+    """Split along `axis` into a list of operands: `splits` is an int (that many equal parts) or a
+    list of part sizes summing to the dimension."""
     # IDL: sequence<MLOperand> split(MLOperand input, ([EnforceRange] unsigned long or sequence<[EnforceRange] unsigned long>) splits, optional MLSplitOptions options = {});
     b._operand(x, "split", "input")
     check_support("split", input=x)
@@ -490,6 +503,9 @@ register("concat", {"inputs": ALL, "output": ALL}, ranks={"inputs": RANK1}, lowe
 
 @builder_op
 def concat(b, inputs, axis, *, label=None):
+    """Join `inputs` (a list of operands of one data type and rank, equal but for `axis`) along
+    `axis`. Launches nothing where it can: each producer writes straight into its slab of the
+    output."""
     # IDL: MLOperand concat(sequence<MLOperand> inputs, [EnforceRange] unsigned long axis, optional MLOperatorOptions options = {});
     if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__"):
         raise TypeError(f"[concat] inputs must be a sequence of MLOperand, got {type(inputs).__name__}")
@@ -605,6 +621,9 @@ register("pad", {"input": ALL, "output": ALL}, ranks={"input": RANK1}, lower=_lo
 
 @builder_op
 def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, label=None):
+    """Pad with `beginning_padding` / `ending_padding` elements per dimension. mode: "constant"
+    (filled with `value`, default 0), "edge" (the edge element repeated) or "reflection" (mirrored
+    without repeating the edge; each padding smaller than its dimension)."""
     # IDL: MLOperand pad(MLOperand input, sequence<[EnforceRange] unsigned long> beginningPadding, sequence<[EnforceRange] unsigned long> endingPadding, optional MLPadOptions options = {});
     b._operand(x, "pad", "input")
     check_support("pad", input=x)
@@ -701,6 +720,9 @@ register(
 
 @builder_op
 def gather(b, x, indices, *, axis=0, label=None):
+    """Take entries of the input along `axis` at `indices` (an operand of int32, uint32 or int64;
+    negative indices count from the end). Output shape: input.shape[:axis] + indices.shape +
+    input.shape[axis + 1:]. Out-of-range indices are clamped, as WebNN allows."""
     # IDL: MLOperand gather(MLOperand input, MLOperand indices, optional MLGatherOptions options = {});
     b._operand(x, "gather", "input")
     b._operand(indices, "gather", "indices")

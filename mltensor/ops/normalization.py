@@ -59,6 +59,9 @@ def _may_equal(a, c):
 
 @builder_op
 def batch_normalization(b, x, mean, variance, *, scale=None, bias=None, axis=1, epsilon=1e-5, label=None):
+    """(x - mean) / sqrt(variance + epsilon) * scale + bias along channel `axis` (default 1);
+    `mean`, `variance`, `scale`, `bias` are 1-D of that dimension's size. Feeding a convolution,
+    it is applied as the convolution loads its input."""
     # IDL: MLOperand batchNormalization(MLOperand input, MLOperand mean, MLOperand variance, optional MLBatchNormalizationOptions options = {});
     where = "batch_normalization"
     b._operand(x, where, "input")
@@ -108,6 +111,8 @@ def _lower_batch(kc, node):
 
 @builder_op
 def instance_normalization(b, x, *, scale=None, bias=None, epsilon=1e-5, layout="nchw", label=None):
+    """Normalize each (batch, channel) plane over its spatial dimensions, then scale and bias per
+    channel (1-D, optional); layout: "nchw" or "nhwc"."""
     # IDL: MLOperand instanceNormalization(MLOperand input, optional MLInstanceNormalizationOptions options = {});
     where = "instance_normalization"
     b._operand(x, where, "input")
@@ -137,6 +142,8 @@ def _lower_instance(kc, node):
 
 @builder_op
 def layer_normalization(b, x, *, scale=None, bias=None, axes=None, epsilon=1e-5, label=None):
+    """Normalize over `axes` (default: every axis but the first), then multiply by `scale` and add
+    `bias` (shaped as the normalized dimensions, optional)."""
     # IDL: MLOperand layerNormalization(MLOperand input, optional MLLayerNormalizationOptions options = {});
     where = "layer_normalization"
     b._operand(x, where, "input")

@@ -63,6 +63,9 @@ def _multiple(chk, where, n, s):
 
 @builder_op
 def quantize_linear(b, x, scale, zero_point, *, label=None, _saturate=None, _half_quotient=False):
+    """Quantize: saturate(round_half_to_even(x / scale) + zero_point) into the zero point's data
+    type (int8, uint8, int32, uint32). `scale` and `zero_point` have the input's rank and
+    broadcast blockwise (every input dimension a whole multiple of theirs)."""
     # IDL: MLOperand quantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
     #                               optional MLOperatorOptions options = {});
     # Two importer-only options (not WebNN; the ONNX importer's QuantizeLinear, which must match
@@ -93,6 +96,8 @@ def quantize_linear(b, x, scale, zero_point, *, label=None, _saturate=None, _hal
 
 @builder_op
 def dequantize_linear(b, x, scale, zero_point, *, label=None):
+    """Dequantize: (x - zero_point) * scale, in the scale's data type. `scale` and `zero_point`
+    broadcast blockwise as in quantize_linear."""
     # IDL: MLOperand dequantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
     #                                 optional MLOperatorOptions options = {});
     chk = _check("dequantize_linear", b, x, scale, zero_point)

@@ -305,6 +305,8 @@ for _name, (_types, *_rest) in REDUCE.items():
 
 @builder_op
 def softmax(b, x, axis, *, label=None):
+    """Softmax along `axis` (an int in [0, rank)): exp(x - max) / sum(exp(x - max)), computed in
+    one kernel per row. The output has the input's shape and data type (float32, float16)."""
     # IDL: MLOperand softmax(MLOperand input, [EnforceRange] unsigned long axis, optional MLOperatorOptions options = {});
     b._operand(x, "softmax", "input")
     check_support("softmax", input=x)

@@ -224,6 +224,13 @@ def resample2d(
     nearest_rounding="round_prefer_floor",
     label=None,
 ):
+    """Resample two dimensions (`axes`, default [2, 3]) of a 4-D input by `scales` (two floats) or
+    to `sizes` (two ints; wins over scales). mode: "nearest-neighbor" or "linear" (bilinear).
+
+    Python extensions (used by the importers; defaults are the spec's):
+    coordinate_transformation "half_pixel", "pytorch_half_pixel", "align_corners" or
+    "asymmetric"; nearest_rounding "round_prefer_floor", "round_prefer_ceil", "floor" or "ceil".
+    Nearest sampling positions are computed in exact integer arithmetic."""
     # IDL: MLOperand resample2d(MLOperand input, optional MLResample2dOptions options = {});
     # Python extensions: coordinate_transformation, nearest_rounding (see the module docstring).
     b._operand(x, "resample2d", "input")

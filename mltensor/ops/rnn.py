@@ -261,6 +261,12 @@ def _zeros(b, dt, shape):
 def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurrent_bias=None,
         initial_hidden_state=None, reset_after=True, return_sequence=False, direction="forward",
         layout="zrn", activations=None, label=None):
+    """A GRU over `steps` time steps of `input` [steps, batch, input_size]; returns a list: the
+    last hidden state [num_directions, batch, hidden_size], and with `return_sequence` every
+    step's. weight / recurrent_weight: [num_directions, 3 * hidden_size, ...]; optional
+    `bias`, `recurrent_bias`, `initial_hidden_state`; reset_after; direction "forward",
+    "backward" or "both"; layout "zrn" or "rzn" (gate order); activations: two of "relu",
+    "sigmoid", "tanh" (default sigmoid, tanh). Unrolled at build, the gates of a step fused."""
     # IDL: sequence<MLOperand> gru(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                              unsigned long steps, unsigned long hiddenSize, optional MLGruOptions options = {});
     where = "gru"
@@ -308,6 +314,8 @@ def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurr
 @builder_op
 def gru_cell(b, x, weight, recurrent_weight, hidden_state, hidden_size, *, bias=None, recurrent_bias=None,
              reset_after=True, layout="zrn", activations=None, label=None):
+    """One GRU step: the new hidden state [batch, hidden_size] from `input` [batch, input_size]
+    and `hidden_state`; weights, bias, reset_after, layout and activations as in gru."""
     # IDL: MLOperand gruCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                        MLOperand hiddenState, unsigned long hiddenSize, optional MLGruCellOptions options = {});
     where = "gru_cell"
@@ -348,6 +356,12 @@ def _peep(b, p, hs):
 def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurrent_bias=None,
          peephole_weight=None, initial_hidden_state=None, initial_cell_state=None, return_sequence=False,
          direction="forward", layout="iofg", activations=None, label=None):
+    """An LSTM over `steps` time steps of `input` [steps, batch, input_size]; returns a list: the
+    last hidden and cell states, and with `return_sequence` every step's hidden state.
+    weight / recurrent_weight: [num_directions, 4 * hidden_size, ...]; optional `bias`,
+    `recurrent_bias`, `peephole_weight`, initial states; direction "forward", "backward" or
+    "both"; layout "iofg" or "ifgo" (gate order); activations: three of "relu", "sigmoid",
+    "tanh" (default sigmoid, tanh, tanh). Unrolled at build."""
     # IDL: sequence<MLOperand> lstm(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                               unsigned long steps, unsigned long hiddenSize, optional MLLstmOptions options = {});
     where = "lstm"
@@ -394,6 +408,8 @@ def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recur
 @builder_op
 def lstm_cell(b, x, weight, recurrent_weight, hidden_state, cell_state, hidden_size, *, bias=None,
               recurrent_bias=None, peephole_weight=None, layout="iofg", activations=None, label=None):
+    """One LSTM step: returns [hidden_state, cell_state] from `input` [batch, input_size] and the
+    previous states; weights, bias, peephole, layout and activations as in lstm."""
     # IDL: sequence<MLOperand> lstmCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                                   MLOperand hiddenState, MLOperand cellState, unsigned long hiddenSize,
     #                                   optional MLLstmCellOptions options = {});

@@ -39,6 +39,9 @@ def op(*names, attrs=()):
 
 
 def supported_ops():
+    """The ONNX operators the importer maps, sorted: op types of the default domain, and
+    onnxruntime's contrib operators as "com.microsoft.<OpType>". Operators that ONNX defines
+    as functions of these are expanded at load too, and are not listed."""
     return sorted(HANDLERS)
 
 
