@@ -95,6 +95,17 @@ REPLACE_DOCSTRINGS = {
 }
 
 
+# Classes users never construct (ml.create_context_sync, ctx.create_tensor_sync, builder methods
+# and build_sync make them): the reference shows no constructor signature for them.
+NO_CONSTRUCTOR = {"mltensor.ML", "mltensor.MLContext", "mltensor.MLTensor", "mltensor.MLOperand", "mltensor.MLGraph"}
+
+
+def process_signature(app, what, name, obj, options, signature, return_annotation):
+    if what == "class" and name in NO_CONSTRUCTOR:
+        return "", None
+    return None
+
+
 def _interim(text):
     return inspect.cleandoc(text).splitlines()
 
@@ -435,4 +446,5 @@ def generate(app):
 def setup(app):
     app.connect("builder-inited", generate)
     app.connect("autodoc-process-docstring", process_docstring)
+    app.connect("autodoc-process-signature", process_signature)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
