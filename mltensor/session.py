@@ -201,6 +201,19 @@ class _Specialization:
 
 
 class InferenceSession:
+    """Run an ONNX or TFLite model as onnxruntime's `InferenceSession` does, on an MLContext.
+
+    model: a path, bytes, or an `onnx.ModelProto` (a .tflite path or bytes for TFLite).
+    context: the MLContext to run on (default: one context shared by the process).
+    free_dimensions: fix named or free input dimensions ({"batch": 1}). max_dimensions: bound the
+    dynamic ones ({"past_sequence": 4096}). dynamic: False builds once per input size instead of
+    once for every size. max_specializations: how many per-size builds (and, for models with
+    data-dependent shapes, later stages per stage) to keep (LRU, default 8). float16: compute a
+    TFLite model in float16. cache: False keeps this session away from the on-disk graph cache.
+    providers, sess_options: accepted for onnxruntime compatibility (ignored). See the module
+    docstring and the sessions guide for sizes, data-dependent shapes, ml-tensor outputs and
+    threads."""
+
     def __init__(self, model, context=None, *, free_dimensions=None, max_dimensions=None, dynamic=None,
                  providers=None, sess_options=None, max_specializations=8, float16=False, cache=None):
         self._ctx = context if context is not None else default_context()
@@ -631,6 +644,7 @@ class InferenceSession:
 
     @property
     def context(self):
+        """The MLContext the session runs on."""
         return self._ctx
 
     @property
@@ -662,12 +676,16 @@ class InferenceSession:
                         static_reason=self._static_reason)
 
     def get_inputs(self):
+        """The model's inputs, as onnxruntime gives them: objects with `.name`, `.shape` (ints, and
+        names or None for unknown dimensions) and `.type` (e.g. "tensor(float)")."""
         return list(self._input_args)
 
     def get_outputs(self):
+        """The model's outputs, as `get_inputs` describes inputs."""
         return list(self._output_args)
 
     def get_providers(self):
+        """["WebNNExecutionProvider"] (onnxruntime compatibility)."""
         return ["WebNNExecutionProvider"]
 
     def run(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
@@ -686,6 +704,7 @@ class InferenceSession:
             self._end_run(spec, tset, keep)
 
     async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
+        """The awaitable form of `run` (same arguments); several may be in flight at once."""
         names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
         keep = output_location == "ml-tensor"
         try:

@@ -53,24 +53,6 @@ PENDING_DOCSTRINGS = {
     "mltensor.MLGraph.output_descriptors": """
         Python extension: {output name: (data type, shape)}; dynamic dimensions are size
         expressions (`.name`, `.max_size`).""",
-    "mltensor.InferenceSession": """
-        Run an ONNX or TFLite model as onnxruntime's `InferenceSession` does, on an MLContext.
-
-        model: a path, bytes, or an `onnx.ModelProto` (a .tflite path or bytes for TFLite).
-        context: the MLContext to run on (default: one shared context). free_dimensions: fix
-        named or free input dimensions ({"batch": 1}); max_dimensions: bound the dynamic ones
-        ({"past_sequence": 4096}); dynamic: False builds once per input size instead of once
-        for every size; max_specializations: how many per-size builds to keep (LRU, default 8);
-        float16: compute a TFLite model in float16; cache: False keeps this session away from
-        the on-disk graph cache. See the sessions guide.""",
-    "mltensor.InferenceSession.context": "The MLContext the session runs on.",
-    "mltensor.InferenceSession.get_inputs": """
-        The model's inputs, as onnxruntime gives them: objects with `.name`, `.shape` (ints, and
-        names or None for unknown dimensions) and `.type` (e.g. "tensor(float)").""",
-    "mltensor.InferenceSession.get_outputs": "The model's outputs, as `get_inputs` describes inputs.",
-    "mltensor.InferenceSession.get_providers": '``["WebNNExecutionProvider"]`` (onnxruntime compatibility).',
-    "mltensor.InferenceSession.run_async": """
-        The awaitable form of `run` (same arguments); several may be in flight at once.""",
     "mltensor.MLGraphBuilder.arg_min": """
         Index of the smallest element along `axis` (the first on ties; a NaN wins), as `output_data_type`
         ("int32" default, or "int64"); `keep_dimensions` keeps the reduced axis as size 1.""",
