@@ -45,14 +45,6 @@ GEN = os.path.join(DOCS, "_generated")
 # work right now (their docstrings could not be added with the docs). Shown only while the
 # source has no docstring; "replace" entries stand in for a docstring written for maintainers.
 PENDING_DOCSTRINGS = {
-    "mltensor.MLGraph": """
-        A compiled graph (WebNN `MLGraph`), returned by `MLGraphBuilder.build_sync` and run with
-        `MLContext.dispatch(graph, inputs, outputs)` as many times as wanted. Python extensions:
-        `input_descriptors` / `output_descriptors`, `kernel_names`, `memory`, `autotune`,
-        `dynamic_dimensions`, `compute_shapes()`.""",
-    "mltensor.MLGraph.output_descriptors": """
-        Python extension: {output name: (data type, shape)}; dynamic dimensions are size
-        expressions (`.name`, `.max_size`).""",
     "mltensor.MLGraphBuilder.arg_min": """
         Index of the smallest element along `axis` (the first on ties; a NaN wins), as `output_data_type`
         ("int32" default, or "int64"); `keep_dimensions` keeps the reduced axis as size 1.""",
@@ -66,14 +58,6 @@ PENDING_DOCSTRINGS = {
 # Names whose docstring is written for maintainers (module owned by other work): the reference
 # shows the PENDING_DOCSTRINGS text instead, followed by nothing of the internal one.
 REPLACE_DOCSTRINGS = {
-    "mltensor.MLContext.dispatch": """
-        Run `graph` (WebNN `dispatch`): `inputs` and `outputs` map the graph's input and output
-        names to MLTensors of exactly the graph's data types and shapes (with dynamic
-        dimensions: any sizes up to the maxima, taken from the input tensors). Returns at once;
-        the work is recorded in call order and submitted in batches. Everything is validated
-        before anything is enqueued: a wrong name, type or shape, a tensor of another context, a
-        constant tensor, or one tensor bound to two outputs (or to an input and an output)
-        raises TypeError; a destroyed graph or tensor, or a lost context, InvalidStateError.""",
 }
 
 

@@ -279,6 +279,11 @@ def _shares_buffer(bufs, bindings):
 
 
 class MLGraph:
+    """A compiled graph (WebNN `MLGraph`), returned by `MLGraphBuilder.build_sync` and run with
+    `MLContext.dispatch(graph, inputs, outputs)` as many times as wanted. Python extensions:
+    `input_descriptors` / `output_descriptors`, `kernel_names`, `memory`, `autotune`,
+    `dynamic_dimensions`, `compute_shapes()`."""
+
     # IDL: interface MLGraph { undefined destroy(); }
 
     def __init__(self, ctx, inputs, outputs, keep, buffers):
@@ -341,6 +346,8 @@ class MLGraph:
 
     @property
     def output_descriptors(self):
+        """Python extension: {output name: (data type, shape)}; dynamic dimensions are size
+        expressions (`.name`, `.max_size`)."""
         return dict(self._outputs)
 
     @property
@@ -530,9 +537,16 @@ def _validate(ctx, graph, inputs, outputs, shapes=True):
 
 
 def dispatch(ctx, graph, inputs, outputs):
-    """MLContext.dispatch itself (bound as the method: one Python call on the hot path). The whole
-    call holds the device lock (runtime/timeline.py): validated tensors cannot be destroyed by
-    another thread before their work is recorded, and calls record in call order."""
+    """Run `graph` (WebNN `dispatch`): `inputs` and `outputs` map the graph's input and output
+    names to MLTensors of exactly the graph's data types and shapes (with dynamic dimensions: any
+    sizes up to the maxima, taken from the input tensors). Returns at once; the work is recorded
+    in call order and submitted in batches. Everything is validated before anything is enqueued:
+    a wrong name, type or shape, a tensor of another context, a constant tensor, or one tensor
+    bound to two outputs (or to an input and an output) raises TypeError; a destroyed graph or
+    tensor, or a lost context, InvalidStateError."""
+    # (MLContext.dispatch itself, bound as the method: one Python call on the hot path. The whole
+    # call holds the device lock (runtime/timeline.py): validated tensors cannot be destroyed by
+    # another thread before their work is recorded, and calls record in call order.)
     lock = ctx._lock
     lock.acquire()  # (not `with`: acquire/release cost half as much, measured on the hot path)
     try:
