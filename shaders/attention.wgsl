@@ -22,6 +22,77 @@
 // Without STAGE (the decode kernel, few query rows), K and V are read from global memory where
 // they are used: the key dimension is what spreads over the threads (one key per thread per
 // tile for the scores, the head dimension for the outputs), a row's statistics are one thread's.
+// SPLIT (flash-decoding, few query rows): the keys are cut into at most SPLIT blocks of whole
+// tiles; a workgroup computes, for one block and GR query heads that read one K/V head (every
+// query row of each), per tile: the scores (a thread per key, K read once for all RB = GR x BQ
+// rows), the rows' statistics (TPR threads a row) and the outputs (a thread per column and key
+// slice, V read once for all rows); it writes each row's partial (maximum m, sum l, the DV
+// outputs scaled by exp(-m)) for its block and key slice to `part`. REDUCE, one workgroup per
+// output row, then combines the partials: out = sum_b o_b exp(m_b - M) / sum_b l_b exp(m_b - M)
+// with M the largest m_b (a block whose scores are all -inf has m = -inf and weighs 0).
+// Layouts: q, v and the output are read and written through row strides (q_si, v_sj, o_si) and
+// per-matrix offsets (q_base, v_base, o_base of the flat batch index bt), so position-major
+// tensors ([.., S, H, D], a KV cache appended in place) need no transposes.
+{$ if REDUCE $}
+{{ bindings }}
+{$ include "common.wgsl" $}
+{{ act }}
+
+const DV: u32 = {{ DV }}u;
+const WG: u32 = {{ WG }}u;
+const BK: u32 = {{ BK }}u;          // keys per tile of the split kernel
+const NSPLIT: u32 = {{ SPLIT }}u;   // the most blocks
+const KS: u32 = {{ KS }}u;          // key slices per block
+const PW: u32 = DV + 2u;            // words of one partial: m, l, DV outputs
+{$ for name, v in sizes $}
+{$ if "dims." not in v $}
+const {{ name }}: u32 = {{ v }};
+{$ endif $}
+{$ endfor $}
+
+var<workgroup> wts: array<f32, {{ SPLIT * KS }}>;
+
+fn is_neg_inf(x: f32) -> bool { return bitcast<u32>(x) == 0xff800000u; }
+fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
+fn o_base_of(bt: u32) -> u32 { return {{ o_base }}; }
+
+@compute @workgroup_size({{ WG }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+{$ for name, v in sizes if "dims." in v $}
+    let {{ name }} = {{ v }};
+{$ endfor $}
+{$ if gate $}
+    if (!({{ gate }})) { return; }  // Sq known at dispatch: the other kernel serves this size
+{$ endif $}
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= NB * SQ) { return; }  // (uniform per workgroup: before the barrier)
+    let bt = g / SQ;
+    let qi = g - bt * SQ;
+    let nkt = (SK + BK - 1u) / BK;
+    let tps = (nkt + NSPLIT - 1u) / NSPLIT;
+    let ne = (nkt + tps - 1u) / tps * KS;  // partials of this row
+    let pb = g * ne * PW;
+    var mx = neg_inf();
+    for (var e = 0u; e < ne; e++) { mx = max(mx, part[pb + e * PW]); }
+    for (var e = t; e < ne; e += WG) {
+        let m = part[pb + e * PW];
+        wts[e] = select(exp(m - mx), 0.0, is_neg_inf(m));
+    }
+    workgroupBarrier();
+    var l = 0.0;
+    for (var e = 0u; e < ne; e++) { l = fma(part[pb + e * PW + 1u], wts[e], l); }
+    let obase = o_base_of(bt) + qi * {{ o_si }};
+    for (var c = t; c < DV; c += WG) {
+        var acc = 0.0;
+        for (var e = 0u; e < ne; e++) { acc = fma(part[pb + e * PW + 2u + c], wts[e], acc); }
+        // a row with every score -inf has l = 0: NaN, as the unfused softmax's 0 / 0
+        let y = select(acc / l, nan_f32(), l == 0.0);
+        let oi = obase + c;
+        out[oi] = act({{ ST }}(y), oi);
+    }
+}
+{$ else $}
 {{ bindings }}
 {$ include "common.wgsl" $}
 {{ act }}
@@ -54,6 +125,37 @@ var<workgroup> sT: array<vec4<f32>, {{ BK * BQ // 4 }}>;  // [key][row quad]: sc
 var<workgroup> red: array<f32, {{ WG }}>;   // partial row maxima
 var<workgroup> red2: array<f32, {{ WG }}>;  // partial row sums
 var<workgroup> rowf: array<f32, {{ BQ }}>;  // per row: this tile's rescale factor, at the end l
+{$ elif SPLIT $}
+const GR: u32 = {{ GR }}u;          // query heads of the workgroup (one K/V head)
+const RB: u32 = {{ GR * BQ }}u;     // rows: GR heads x BQ query rows (row r: head r / BQ, query r % BQ)
+const NSPLIT: u32 = {{ SPLIT }}u;   // the most blocks of keys
+const TPR: u32 = {{ WG // (GR * BQ) }}u;  // threads per row for the row statistics
+const KS: u32 = {{ KS }}u;          // key slices of the outputs (threads t and t + DV: other keys)
+const PW: u32 = DV + 2u;
+
+{$ if V4 $}
+const D4: u32 = {{ D // 4 }}u;
+const DV4: u32 = {{ DV // 4 }}u;
+var<workgroup> qs: array<vec4<f32>, {{ GR * BQ * D // 4 }}>;
+{$ else $}
+var<workgroup> qs: array<f32, {{ GR * BQ * D }}>;
+{$ endif $}
+var<workgroup> ps: array<f32, {{ GR * BQ * BK }}>;  // [row][key]: scores, then exp(score - m)
+var<workgroup> red: array<f32, {{ WG }}>;
+var<workgroup> red2: array<f32, {{ WG }}>;
+var<workgroup> rowf: array<f32, {{ GR * BQ }}>;  // per row: this tile's rescale factor
+var<workgroup> rowm: array<f32, {{ GR * BQ }}>;  // at the end: m and l
+var<workgroup> rowl: array<f32, {{ GR * BQ }}>;
+
+fn q_base_of(bt: u32) -> u32 { return {{ q_base }}; }
+fn k_base_of(bt: u32) -> u32 { return {{ k_base }}; }
+fn v_base_of(bt: u32) -> u32 { return {{ v_base }}; }
+{$ if has_bias $}
+fn bias_base_of(bt: u32) -> u32 { return {{ bias_base }}; }
+{$ endif $}
+{$ if has_cond $}
+fn cond_base_of(bt: u32) -> u32 { return {{ cond_base }}; }
+{$ endif $}
 {$ else $}
 const NS: u32 = {{ (BQ * BK + WG - 1) // WG }}u;  // scores per thread per tile
 
@@ -99,6 +201,183 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ if gate $}
     if (!({{ gate }})) { return; }  // Sq known at dispatch: the other kernel serves this size
 {$ endif $}
+{$ if SPLIT $}
+{$ set RB = GR * BQ $}
+    let nkt = (SK + BK - 1u) / BK;           // tiles of keys
+    let tps = (nkt + NSPLIT - 1u) / NSPLIT;  // tiles per block
+    let ns = (nkt + tps - 1u) / tps;         // blocks (each holds at least one key)
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= NB / GR * ns) { return; }  // (uniform per workgroup: before any barrier)
+    let gi = g / ns;
+    let sp = g - gi * ns;
+    let bt0 = gi * GR;  // the workgroup's first query head (flat batch index)
+    let kb = k_base_of(bt0);
+    let vb = v_base_of(bt0);
+{$ for i in range(GR) $}
+{$ if has_bias $}
+    let bb{{ i }} = bias_base_of(bt0 + {{ i }}u);
+{$ endif $}
+{$ if has_cond $}
+    let cb{{ i }} = cond_base_of(bt0 + {{ i }}u);
+{$ endif $}
+{$ endfor $}
+    let j_lo = sp * tps * BK;
+    let j_hi = min(j_lo + tps * BK, SK);
+{$ if V4 $}
+    // V4: q, k and v bound as vec4 (head sizes, row strides and offsets multiples of 4)
+    for (var e = t; e < RB * D4; e += WG) {
+        let r = e / D4;
+        let qi = r % BQ;
+        var x = vec4<f32>(0.0);
+        if (qi < SQ) { x = {{ LD4 }}(q[(q_base_of(bt0 + r / BQ) + qi * {{ q_si }}) / 4u + (e - r * D4)]); }
+        qs[e] = x;
+    }
+{$ else $}
+    for (var e = t; e < RB * D; e += WG) {
+        let r = e / D;
+        let qi = r % BQ;
+        var x = 0.0;
+        if (qi < SQ) { x = {{ LD }}(q[q_base_of(bt0 + r / BQ) + qi * {{ q_si }} + (e - r * D)]); }
+        qs[e] = x;
+    }
+{$ endif $}
+    let row = t / TPR;             // row statistics: this thread's row (none past RB rows)
+    let share = t - row * TPR;     // and its share of a tile's keys (every TPR-th)
+    let ks = t / {{ CT }}u;        // outputs: this thread's key slice (every KS-th key)
+    let c0 = t - ks * {{ CT }}u;   // and its first column (quad with V4)
+    var m_run = neg_inf();  // the running maximum of this thread's row
+    var l_run = 0.0;        // and its sum of exp(score - m_run) (the row's first thread)
+    // outputs of this thread (columns c0 + u CT, every row), named accumulators: a dynamically
+    // indexed local array would live in scratch memory on GPUs
+{$ for u in range(NU) $}
+{$ for r in range(RB) $}
+    var acc{{ u }}_{{ r }} = {{ "vec4<f32>(0.0)" if V4 else "0.0" }};
+{$ endfor $}
+{$ endfor $}
+    workgroupBarrier();
+    for (var j0 = j_lo; j0 < j_hi; j0 += BK) {
+        let jn = min(BK, j_hi - j0);  // keys of this tile
+        {
+{$ for r in range(RB) $}
+            var s{{ r }} = 0.0;
+{$ endfor $}
+            if (t < jn) {  // key j0 + t: its K row read once for every row
+{$ if V4 $}
+                let kr = ({{ k_at("j0 + t", "0u") }}) / 4u;
+                for (var d = 0u; d < D4; d++) {
+                    let kv = {{ LD4 }}(k[kr + d]);
+{$ for r in range(RB) $}
+                    s{{ r }} += dot(qs[{{ r }}u * D4 + d], kv);
+{$ endfor $}
+                }
+{$ else $}
+                for (var d = 0u; d < D; d++) {
+                    let kv = {{ LD }}(k[{{ k_at("j0 + t", "d") }}]);
+{$ for r in range(RB) $}
+                    s{{ r }} = fma(qs[{{ r }}u * D + d], kv, s{{ r }});
+{$ endfor $}
+                }
+{$ endif $}
+            }
+{$ for r in range(RB) $}
+            {
+                var x = neg_inf();
+                if (t < jn && {{ r % BQ }}u < SQ) { x = score(s{{ r }}, {{ r % BQ }}u, j0 + t, {{ ("bb" ~ (r // BQ)) if has_bias else "0u" }}, {{ ("cb" ~ (r // BQ)) if has_cond else "0u" }}, SQ, SK); }
+                ps[{{ r }}u * BK + t] = x;
+            }
+{$ endfor $}
+        }
+        workgroupBarrier();
+        if (row < RB) {
+            var mx = m_run;
+            for (var j = share; j < jn; j += TPR) { mx = max(mx, ps[row * BK + j]); }
+            red[t] = mx;
+        }
+        workgroupBarrier();
+        var a = 0.0;
+        if (row < RB) {
+            var m = m_run;
+            for (var u = 0u; u < TPR; u++) { m = max(m, red[row * TPR + u]); }
+            var ls = 0.0;
+            for (var j = share; j < jn; j += TPR) {
+                let p = ex(ps[row * BK + j], m);
+                ps[row * BK + j] = p;
+                ls += p;
+            }
+            red2[t] = ls;
+            // rescale what earlier tiles summed; nothing was summed while the maximum was -inf
+            a = select(exp(m_run - m), 0.0, is_neg_inf(m_run));
+            m_run = m;
+            if (share == 0u) { rowf[row] = a; }
+        }
+        workgroupBarrier();
+        if (row < RB && share == 0u) {
+            var l = 0.0;
+            for (var u = 0u; u < TPR; u++) { l += red2[row * TPR + u]; }
+            l_run = l_run * a + l;
+        }
+        if (ks < KS) {
+{$ for r in range(RB) $}
+            let f{{ r }} = rowf[{{ r }}u];
+{$ for u in range(NU) $}
+            acc{{ u }}_{{ r }} = acc{{ u }}_{{ r }} * f{{ r }};
+{$ endfor $}
+{$ endfor $}
+            for (var j = ks; j < jn; j += KS) {
+                let vr = {{ "(" if V4 else "" }}vb + (j0 + j) * {{ v_sj }}{{ ") / 4u" if V4 else "" }};
+{$ for u in range(NU) $}
+                {
+                    let c = c0 + {{ u * CT }}u;
+{$ if NU > 1 $}
+                    if (c < {{ "DV4" if V4 else "DV" }}) {
+{$ endif $}
+                    let vv = {{ LD4 if V4 else LD }}(v[vr + c]);  // V read once for every row
+{$ for r in range(RB) $}
+                    acc{{ u }}_{{ r }} = fma({{ "vec4<f32>(" if V4 else "" }}ps[{{ r }}u * BK + j]{{ ")" if V4 else "" }}, vv, acc{{ u }}_{{ r }});
+{$ endfor $}
+{$ if NU > 1 $}
+                    }
+{$ endif $}
+                }
+{$ endfor $}
+            }
+        }
+        workgroupBarrier();  // ps and rowf are rewritten by the next tile
+    }
+    if (row < RB && share == 0u) {
+        rowm[row] = m_run;
+        rowl[row] = l_run;
+    }
+    workgroupBarrier();
+    if (ks < KS) {
+        // partial e = block * KS + key slice of row (bt, qi): part[((bt SQ + qi) ne + e) PW ..];
+        // every slice stores the block's maximum, the first one its sum (the others 0)
+        let ne = ns * KS;
+{$ for r in range(RB) $}
+        if ({{ r % BQ }}u < SQ) {
+            let pb = (((bt0 + {{ r // BQ }}u) * SQ + {{ r % BQ }}u) * ne + sp * KS + ks) * PW;
+            if (c0 == 0u) {
+                part[pb] = rowm[{{ r }}u];
+                part[pb + 1u] = select(0.0, rowl[{{ r }}u], ks == 0u);
+            }
+{$ for u in range(NU) $}
+            {
+                let c = c0 + {{ u * CT }}u;
+{$ if V4 $}
+                if (c < DV4) {
+{$ for i in range(4) $}
+                    part[pb + 2u + 4u * c + {{ i }}u] = acc{{ u }}_{{ r }}[{{ i }}];
+{$ endfor $}
+                }
+{$ else $}
+                if (c < DV) { part[pb + 2u + c] = acc{{ u }}_{{ r }}; }
+{$ endif $}
+            }
+{$ endfor $}
+        }
+{$ endfor $}
+    }
+{$ else $}
     let nqt = (SQ + BQ - 1u) / BQ;
     let g = wid.y * nwg.x + wid.x;
     if (g >= NB * nqt) { return; }  // (uniform per workgroup: before any barrier)
@@ -107,6 +386,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let qb = {{ q_base }};
     let kb = {{ k_base }};
     let vb = {{ v_base }};
+    let obase = {{ o_base }};
     let bb = {{ bias_base if has_bias else "0u" }};
     let cb = {{ cond_base if has_cond else "0u" }};
     // Keys past the last one any row of the tile may see are skipped (causal: all in u32, no
@@ -124,7 +404,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let r4 = e - d * BQ4;
         var x = vec4<f32>(0.0);
 {$ for i in range(4) $}
-        if (q0 + 4u * r4 + {{ i }}u < SQ) { x[{{ i }}] = {{ LD }}(q[qb + (q0 + 4u * r4 + {{ i }}u) * D + d]); }
+        if (q0 + 4u * r4 + {{ i }}u < SQ) { x[{{ i }}] = {{ LD }}(q[qb + (q0 + 4u * r4 + {{ i }}u) * {{ q_si }} + d]); }
 {$ endfor $}
         qT[e] = x;
     }
@@ -196,7 +476,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             var x = vec4<f32>(0.0);
             if (j < jn) {
 {$ for i in range(4) $}
-                if (4u * c4 + {{ i }}u < DV) { x[{{ i }}] = {{ LD }}(v[vb + (j0 + j) * DV + 4u * c4 + {{ i }}u]); }
+                if (4u * c4 + {{ i }}u < DV) { x[{{ i }}] = {{ LD }}(v[vb + (j0 + j) * {{ v_sj }} + 4u * c4 + {{ i }}u]); }
 {$ endfor $}
             }
             kvs[e] = x;
@@ -267,7 +547,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                     if (4u * (c4 + {{ u }}u) + {{ c }}u < DV) {
                         // a row with every score -inf has l = 0: NaN, as the unfused 0 / 0
                         let y = select(o{{ b }}_{{ i }}_{{ u }}[{{ c }}] / l, nan_f32(), l == 0.0);
-                        let oi = (bt * SQ + qi) * DV + 4u * (c4 + {{ u }}u) + {{ c }}u;
+                        let oi = obase + qi * {{ o_si }} + 4u * (c4 + {{ u }}u) + {{ c }}u;
                         out[oi] = act({{ ST }}(y), oi);
                     }
 {$ endfor $}
@@ -282,7 +562,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var e = t; e < BQ * D; e += WG) {
         let qi = q0 + e / D;
         var x = 0.0;
-        if (qi < SQ) { x = {{ LD }}(q[qb + qi * D + e % D]); }
+        if (qi < SQ) { x = {{ LD }}(q[qb + qi * {{ q_si }} + e % D]); }
         qs[e] = x;
     }
 {$ set no = (BQ * DV + WG - 1) // WG $}
@@ -336,7 +616,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 let d = o - r * DV;
                 var a = acc{{ s }} * rowf[r];
                 for (var j = 0u; j < jn; j++) {
-                    a += ps[r * BK + j] * {{ LD }}(v[vb + (j0 + j) * DV + d]);
+                    a += ps[r * BK + j] * {{ LD }}(v[vb + (j0 + j) * {{ v_sj }} + d]);
                 }
                 acc{{ s }} = a;
             }
@@ -355,10 +635,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let l = rowf[r];
             // a row with every score -inf has l = 0: NaN, as the unfused softmax's 0 / 0
             let y = select(acc{{ s }} / l, nan_f32(), l == 0.0);
-            let oi = (bt * SQ + qi) * DV + (o - r * DV);
+            let oi = obase + qi * {{ o_si }} + (o - r * DV);
             out[oi] = act({{ ST }}(y), oi);
         }
     }
 {$ endfor $}
 {$ endif $}
+{$ endif $}
 }
+{$ endif $}

@@ -52,8 +52,9 @@ def close(got, want, tol):
 
 
 def compute(names):
-    """Kernel names less the edge conversions (a uint8 mask input is unpacked to u32 words)."""
-    return [n for n in names if not n.startswith(("unpack_", "pack_"))]
+    """Kernel names less the edge conversions (a uint8 mask input is unpacked to u32 words), a
+    split decode's reduce kernel counted with its partials kernel (one attention step)."""
+    return [n for n in names if not n.startswith(("unpack_", "pack_")) and "_reduce" not in n]
 
 
 def f16_tag(ctx):
@@ -157,6 +158,121 @@ def test_operator_validation(ctx):
         b._attention(q, b.input("k2", data_type="float32", shape=[1, 4, 5, 8]),
                      b.input("v2", data_type="float32", shape=[1, 4, 5, 16]))
     assert "_attention" not in ctx.op_support_limits()
+
+
+# -- position-major layout and the split decode (flash-decoding) -----------------------------------
+
+
+def _to_bhsd(x):
+    """[.., S, H, D] (layout "bshd", rank 3 or 4) as [B, H, S, D] for the reference."""
+    x = x if x.ndim == 4 else x[None]
+    return np.swapaxes(x, 1, 2)
+
+
+def _split_candidates(ctx, sq, sk, d, ratio):
+    lim = ctx.device.limits["max-compute-workgroup-storage-size"]
+    return [i for i, c in enumerate(attention_candidates(sq, sk, d, d, lim, ratio=ratio)[0]) if c["SPLIT"]]
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+@pytest.mark.parametrize("sq", [1, 3, 40])
+def test_layout_bshd(ctx, rng, rank, sq):
+    """q [.., Sq, H, D], k and v [.., Sk, Hkv, D] (a KV cache appended in place), out [.., Sq, H,
+    D]: read and written through strides by every candidate (decode, split, tiled), 6 query heads
+    on 2 K/V heads, causal with a bias, against numpy."""
+    H, Hkv, Sk, D = 6, 2, 45, 32
+    lead = (2,) if rank == 4 else ()
+    feeds = {"q": rng.standard_normal(lead + (sq, H, D)).astype(np.float32),
+             "k": rng.standard_normal(lead + (Sk, Hkv, D)).astype(np.float32),
+             "v": rng.standard_normal(lead + (Sk, Hkv, D)).astype(np.float32),
+             "bias": np.where(rng.random((1, Sk)) < 0.2, -30.0, 0.0).astype(np.float32)}
+    want = np.swapaxes(reference(*(_to_bhsd(feeds[n]) for n in "qkv"), 0.2, feeds["bias"], causal=True), 1, 2)
+    want = want if rank == 4 else want[0]
+    lim = ctx.device.limits["max-compute-workgroup-storage-size"]
+    n = len(attention_candidates(sq, Sk, D, D, lim, ratio=H // Hkv)[0])
+    kinds = set()
+    for i in range(n):
+        with autotune.force(i):
+            b = mltensor.MLGraphBuilder(ctx)
+            ins = {x: b.input(x, data_type="float32", shape=a.shape) for x, a in feeds.items()}
+            o = b._attention(ins["q"], ins["k"], ins["v"], scale=0.2, bias=ins["bias"], causal=True, layout="bshd")
+            assert o.shape == feeds["q"].shape
+            g = b.build_sync({"o": o})
+        kinds.add(g.kernel_names[0].rsplit("_", 1)[1][:3])
+        assert all("_bshd" in k for k in g.kernel_names), g.kernel_names
+        got = dispatch_at(ctx, g, feeds)["o"]
+        g.destroy()
+        close(got, want, 2e-5)
+    assert kinds == ({"spl", "dec"} if sq <= 4 else {"til"}), kinds
+
+
+SPLIT_KEYS = [1, 7, 64, 1000, 2048]
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("which", ["lavapipe", pytest.param("others", marks=pytest.mark.slow)])
+def test_split_decode(ctx, rng, D, dt, which):
+    """Flash-decoding: one query row per head, 9 query heads on 3 K/V heads (position-major, as
+    the LLM's cache), one build with a dynamic key count run at 1, 7, 64, 1000 and 2048 keys
+    (one block, ragged tiles, many blocks), against numpy. "lavapipe": the CPU adapters' choice
+    (candidate 0) and the largest workgroup; "others" (slow): the other split candidates."""
+    H, Hkv = 9, 3
+    total = MLDynamicDimension("total", 2048)
+    idx = _split_candidates(ctx, 1, total, D, H // Hkv)
+    idx = [idx[0], idx[-1]] if which == "lavapipe" else idx[1:-1]
+    tol = 2e-5 if dt == "float32" else 3e-3
+    for i in idx:
+        with autotune.force(i):
+            b = mltensor.MLGraphBuilder(ctx)
+            q = b.input("q", data_type=dt, shape=[1, H, D])
+            k = b.input("k", data_type=dt, shape=[total, Hkv, D])
+            v = b.input("v", data_type=dt, shape=[total, Hkv, D])
+            g = b.build_sync({"o": b._attention(q, k, v, scale=D ** -0.5, causal=True, layout="bshd")})
+        assert ["_split" in n for n in g.kernel_names] == [True, False], g.kernel_names
+        assert "_reduce" in g.kernel_names[1]
+        assert all(n.startswith(f"attention_{f16_tag(ctx) if dt == 'float16' else 'f32'}_") for n in g.kernel_names)
+        for sk in SPLIT_KEYS:
+            feeds = {"q": rng.standard_normal((1, H, D)).astype(NP[dt]),
+                     "k": rng.standard_normal((sk, Hkv, D)).astype(NP[dt]),
+                     "v": rng.standard_normal((sk, Hkv, D)).astype(NP[dt])}
+            got = dispatch_at(ctx, g, feeds)["o"]
+            assert got.dtype == NP[dt]
+            want = np.swapaxes(reference(*(_to_bhsd(feeds[n]) for n in "qkv"), D ** -0.5, causal=True), 1, 2)[0]
+            close(got, want, tol)
+        g.destroy()
+
+
+@pytest.mark.parametrize("case", ["k_transposed", "odd_head", "masked_rows", "mqa_bias"])
+def test_split_decode_edges(ctx, rng, case):
+    """Every split candidate where q, k and v are not read as vec4 (K given transposed, a head
+    size of 30), with query rows that see no key (causal, Sq = 4 > Sk = 2: NaN, as the unfused
+    graph), and one K/V head for 8 query heads with a padding bias."""
+    B, H, Hkv, Sq, Sk, D, kt, bias = {"k_transposed": (1, 4, 2, 1, 300, 32, True, False),
+                                       "odd_head": (2, 6, 3, 2, 130, 30, False, False),
+                                       "masked_rows": (1, 2, 1, 4, 2, 16, False, False),
+                                       "mqa_bias": (1, 8, 1, 3, 257, 64, False, True)}[case]
+    feeds = {"q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
+             "k": rng.standard_normal((B, Hkv, D, Sk) if kt else (B, Hkv, Sk, D)).astype(np.float32),
+             "v": rng.standard_normal((B, Hkv, Sk, D)).astype(np.float32)}
+    if bias:
+        feeds["bias"] = np.where(rng.random((B, 1, 1, Sk)) < 0.3, -1e4, 0.0).astype(np.float32)
+    want = reference(feeds["q"], feeds["k"], feeds["v"], 0.3, feeds.get("bias"), causal=True, k_transposed=kt)
+    for i in _split_candidates(ctx, Sq, Sk, D, H // Hkv):
+        with autotune.force(i):
+            b = mltensor.MLGraphBuilder(ctx)
+            ins = {n: b.input(n, data_type="float32", shape=a.shape) for n, a in feeds.items()}
+            o = b._attention(ins["q"], ins["k"], ins["v"], scale=0.3, bias=ins.get("bias"), causal=True,
+                             k_transposed=kt)
+            g = b.build_sync({"o": o})
+        assert "_split" in g.kernel_names[0] and ("v4" in g.kernel_names[0]) == (case in ("masked_rows", "mqa_bias"))
+        got = dispatch_at(ctx, g, feeds)["o"]
+        g.destroy()
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=2e-5, atol=2e-5)
+    if case == "masked_rows":
+        assert np.isnan(want[..., :2, :]).all() and not np.isnan(want[..., 2:, :]).any()
 
 
 # -- recognition in the compiler ------------------------------------------------------------------
@@ -390,7 +506,7 @@ def test_dynamic_sizes(ctx, rng):
     m = b.input("mask", data_type="float32", shape=[1, 1, 1, sk])
     g = b.build_sync({"o": _chain(b, {"q": q, "k": k, "v": v}, bias=m)})
     if FUSION:  # the decode and the tiled kernel, each gated on the dispatch's query length
-        assert ["_dec" in n for n in g.kernel_names] == [True, False], g.kernel_names
+        assert [("_dec" in n or "_split" in n) for n in compute(g.kernel_names)] == [True, False], g.kernel_names
         assert all(n.startswith("attention_") for n in g.kernel_names), g.kernel_names
     for s, t in [(1, 1), (40, 90), (7, 33), (17, 17)]:
         feeds = {"q": rng.standard_normal((1, 2, s, 32)).astype(np.float32),
@@ -488,7 +604,7 @@ def test_tiny_gpt2_against_onnxruntime(ctx, monkeypatch):
                 # one per layer; a dynamic prompt build has two (decode and tiled kernels,
                 # gated on the dispatch's query length)
                 gated = dynamic and step == 0
-                assert sum(n.startswith("attention_") for n in kn) == L * (2 if gated else 1), kn
+                assert sum(n.startswith("attention_") for n in compute(kn)) == L * (2 if gated else 1), kn
                 assert not any(n.startswith("softmax") for n in kn), kn
             nxt = want["logits"][:, -1].argmax(-1).reshape(2, 1)
             mask = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)

@@ -3,10 +3,14 @@
 An internal builder operator (leading underscore: not a WebNN operator, not in
 op_support_limits()), made by the compiler from the chain matmul(Q, K^T) -> [scale] -> [+ bias]
 -> [where(mask, ., value)] -> softmax -> matmul(P, V) (compiler/attention.py), and callable
-directly as `builder._attention(q, k, v, scale=..., bias=..., causal=..., k_transposed=...)`.
+directly as `builder._attention(q, k, v, scale=..., bias=..., causal=..., k_transposed=...,
+layout=...)`.
 
-Shapes: q [B, H, Sq, D] (or rank 3, [B*H, Sq, D]); k [B, Hkv, Sk, D], or [B, Hkv, D, Sk] with
-k_transposed (read through strides, never copied); v [B, Hkv, Sk, DV]; out [B, H, Sq, DV]. Each
+Shapes (layout "bhsd", the default): q [B, H, Sq, D] (or rank 3, [B*H, Sq, D]); k [B, Hkv, Sk, D],
+or [B, Hkv, D, Sk] with k_transposed (read through strides, never copied); v [B, Hkv, Sk, DV];
+out [B, H, Sq, DV]. Layout "bshd" (position-major, as a KV cache appended in place is stored,
+mltensor/llm): q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, DV], out [B, Sq, H, DV], or at
+rank 3 the same without B; read and written through strides, nothing transposed. Each
 batch dimension of k and v equals q's, is 1, or divides it (grouped-query heads: head h reads kv
 head h / (H / Hkv)). bias broadcasts to the scores [B, H, Sq, Sk] and is added to them; causal
 masks key j from row i when j > i + Sk - Sq (bottom-right aligned, as a decode step with a cache
@@ -14,10 +18,17 @@ of Sk - Sq earlier keys needs). The softmax is computed online (running maximum 
 over tiles of keys, so the Sq x Sk scores are never written: see the template's header.
 
 Variants (`attention_candidates`): a tiled kernel for prompts (BQ query rows per workgroup, K and
-V tiles staged in workgroup memory), and for Sq <= DECODE_MAX_SQ a decode kernel whose threads
-split the keys (one score per thread per tile, outputs spread over the head dimension), with K
-and V read in place. Candidate 0 is the lavapipe choice; the others are autotuned on hardware
-adapters like the GEMM family's (runtime/autotune.py), each correct for every shape.
+V tiles staged in workgroup memory), and for Sq <= DECODE_MAX_SQ two decode kernels, K and V
+read in place:
+- "dec": one workgroup per head walks every key, its threads splitting each tile of keys (one
+  score per thread per tile, outputs spread over the head dimension);
+- "split" (flash-decoding): the keys are cut into at most SPLIT blocks of whole tiles, one
+  workgroup per (group of query heads, block) computing the block's partial maximum, sum and
+  unnormalized output for every row of its heads (GR query heads sharing one K/V head: each K/V
+  element is read once for all of them), then a reduce kernel (one workgroup per output row)
+  rescales and sums the partials. Long caches then use many workgroups, not one per head.
+Candidate 0 is the lavapipe choice; the others are autotuned on hardware adapters like the GEMM
+family's (runtime/autotune.py), each correct for every shape.
 
 Sizes Sq, Sk and the batch dimensions may be dynamic (Syms, rendered with wgsl()); head sizes
 are static. float32, and float16 loaded into f32 (every sum in f32, stored through f16_of).
@@ -28,7 +39,7 @@ import math
 
 import numpy as np
 
-from ..dynamic.dims import Sym, cdiv, high, low, wgsl
+from ..dynamic.dims import Sym, cdiv, exact_div, high, low, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
@@ -46,15 +57,20 @@ MAX_HEAD = 256
 WG_STORAGE = 16384  # WebGPU's default workgroup memory: every candidate but the first fits it
 
 
-def _cfg(wg, bq, bk, stage, rk4=1, rc4=1):
+def _cfg(wg, bq, bk, stage, rk4=1, rc4=1, split=0, gr=1):
     """WG threads, BQ rows, BK keys a tile; STAGE: the tiled kernel, whose threads compute
-    blocks of 4 rows x 4 RK4 keys (scores) and 4 rows x 4 RC4 columns (outputs)."""
-    return {"WG": wg, "BQ": bq, "BK": bk, "STAGE": stage, "RK4": rk4, "RC4": rc4}
+    blocks of 4 rows x 4 RK4 keys (scores) and 4 rows x 4 RC4 columns (outputs). SPLIT (decode):
+    the most blocks the keys are cut into (0: the one-workgroup-per-head decode kernel), GR the
+    query heads a split workgroup serves."""
+    return {"WG": wg, "BQ": bq, "BK": bk, "STAGE": stage, "RK4": rk4, "RC4": rc4, "SPLIT": split, "GR": gr}
 
 
 def _smem(c, D, DV):
     """Workgroup memory bytes of a configuration (attention.wgsl's workgroup arrays)."""
     bq, bk = c["BQ"], c["BK"]
+    if c["SPLIT"]:  # qs, ps (all rows of the heads), red, red2, rowf, rowm, rowl
+        rb = c["GR"] * bq
+        return 4 * (rb * D + rb * bk + 2 * c["WG"] + 3 * rb)
     if c["STAGE"]:  # qT, kvs (K tile, then V tile with rows padded to RC4 quads), sT, red, red2, rowf
         dvp = -(-(-(-DV // 4)) // c["RC4"]) * c["RC4"]
         return 4 * (D * bq + max(D * bk, bk * 4 * dvp) + bk * bq + 2 * c["WG"] + bq)
@@ -72,16 +88,40 @@ def _fit(c, D, DV, limit):
     return c
 
 
-def attention_candidates(Sq, Sk, D, DV, smem_limit=None):
-    """(candidates, GPU heuristic index). Sizes may be Syms: chosen at their maxima."""
+MAX_SPLIT_ROWS = 16  # rows (query heads x query rows) of one split workgroup
+
+
+def _split_cfg(wg, bq, split, ratio, D, DV, limit):
+    """A split configuration with the most query heads a workgroup serves (a divisor of `ratio`)
+    within MAX_SPLIT_ROWS rows, WG threads (at least one per row) and `limit` bytes."""
+    for gr in sorted((g for g in range(1, ratio + 1) if ratio % g == 0), reverse=True):
+        c = _cfg(wg, bq, wg, False, split=split, gr=gr)
+        if gr * bq <= min(MAX_SPLIT_ROWS, wg) and _smem(c, D, DV) <= limit:
+            return c
+    return None
+
+
+def attention_candidates(Sq, Sk, D, DV, smem_limit=None, ratio=1):
+    """(candidates, GPU heuristic index). Sizes may be Syms: chosen at their maxima. `ratio`:
+    consecutive query heads that read one K/V head (grouped-query attention), which a split
+    decode workgroup may serve together."""
     hq = high(Sq)
     lim0 = smem_limit or WG_STORAGE
     if hq <= DECODE_MAX_SQ:
         bq = 1 if hq == 1 else 2 if hq == 2 else 4
-        # BK = WG: one score per row per thread per tile (the key dimension spread over the
-        # threads); a larger tile halves the tiles (and barriers) of a long cache
-        shapes = [_cfg(64, bq, 64, False), _cfg(128, bq, 128, False), _cfg(256, bq, 256, False)]
-        heur = 1
+        # Split (flash-decoding): at most SPLIT blocks of keys, the query heads of one K/V head
+        # together. lavapipe (2 cores, SmolLM2's 9 heads on 3 K/V heads of 64, bshd, CPU time
+        # of one launch pair): 64 threads and 8 blocks, 0.24 / 1.5 / 2.5 ms at 64 / 512 / 1000
+        # keys against 0.36 / 4.3 / 8.5 ms for the best one-workgroup-per-head kernel (q, k and
+        # v read as vec4: 2.5x faster than scalar loads there). GPUs: more blocks (enough
+        # workgroups for a long cache with few heads; unmeasured, the tuner decides there).
+        split = [(64, 8), (64, 32), (128, 16), (128, 64), (256, 32)]
+        shapes = [c for c in (_split_cfg(wg, bq, n, ratio, D, DV, lim0 if not k else WG_STORAGE)
+                              for k, (wg, n) in enumerate(split)) if c]
+        heur = 1 if len(shapes) > 1 else 0
+        # One workgroup per head, BK = WG: one score per row per thread per tile (the key
+        # dimension spread over the threads); a larger tile halves the tiles (and barriers)
+        shapes += [_cfg(64, bq, 64, False), _cfg(128, bq, 128, False), _cfg(256, bq, 256, False)]
     else:
         # lavapipe (measured on 2 cores, 12 heads of 256 x 256 x 64: 39 ms against 46-54 ms
         # for 4 x 4 blocks or 16-row tiles): 64 threads, 32 rows, 32 keys a tile, 4 x 8 blocks
@@ -92,7 +132,8 @@ def attention_candidates(Sq, Sk, D, DV, smem_limit=None):
         heur = 2
     cands = []
     for k, c in enumerate(shapes):
-        c = _fit(c, D, DV, lim0 if k == 0 else WG_STORAGE)
+        if not c["SPLIT"]:
+            c = _fit(c, D, DV, lim0 if k == 0 else WG_STORAGE)
         if c not in cands and _smem(c, D, DV) <= (lim0 if k == 0 else WG_STORAGE):
             cands.append(c)
     if not cands:
@@ -121,27 +162,41 @@ register(
 )
 
 
-def check_shapes(where, q, k, v, k_transposed):
+LAYOUTS = ("bhsd", "bshd")
+
+
+def _logical(shape, layout):
+    """An operand's shape as the kernel indexes it, [.., heads, rows, columns], and the element
+    strides of its storage along those axes ("bshd" keeps rows before heads in memory)."""
+    shape, st = tuple(shape), row_strides(shape)
+    if layout == "bshd":
+        shape = shape[:-3] + (shape[-2], shape[-3], shape[-1])
+        st = st[:-3] + [st[-2], st[-3], st[-1]]
+    return shape, list(st)
+
+
+def check_shapes(where, q, k, v, k_transposed, layout="bhsd"):
     """(Sq, Sk, D, DV) of an attention, TypeError when the shapes do not fit together."""
     if not q.rank == k.rank == v.rank:
         raise TypeError(f"[{where}] q, k and v must have one rank, got {q.rank}, {k.rank}, {v.rank}")
-    Sq, D = q.shape[-2], q.shape[-1]
-    kd, Sk = (k.shape[-2], k.shape[-1]) if k_transposed else (k.shape[-1], k.shape[-2])
-    DV = v.shape[-1]
+    qs, ks, vs = (_logical(x.shape, layout)[0] for x in (q, k, v))
+    Sq, D = qs[-2], qs[-1]
+    kd, Sk = (ks[-2], ks[-1]) if k_transposed else (ks[-1], ks[-2])
+    DV = vs[-1]
     if not all(isinstance(x, int) for x in (D, kd, DV)) or D != kd:
         raise TypeError(f"[{where}] head sizes must be static and equal for q and k, got q {list(q.shape)}, "
-                        f"k {list(k.shape)} (k_transposed={k_transposed})")
-    if v.shape[-2] != Sk:
-        raise TypeError(f"[{where}] v must have Sk = {Sk} rows, got shape {list(v.shape)}")
-    for x, name in ((k, "k"), (v, "v")):
-        if not all(_batch_ok(a, b) for a, b in zip(q.shape[:-2], x.shape[:-2])):
-            raise TypeError(f"[{where}] {name} batch dimensions {list(x.shape[:-2])} must equal q's "
-                            f"{list(q.shape[:-2])}, be 1 or divide them")
+                        f"k {list(k.shape)} (k_transposed={k_transposed}, layout {layout})")
+    if vs[-2] != Sk:
+        raise TypeError(f"[{where}] v must have Sk = {Sk} rows, got shape {list(v.shape)} (layout {layout})")
+    for x, name in ((ks, "k"), (vs, "v")):
+        if not all(_batch_ok(a, b) for a, b in zip(qs[:-2], x[:-2])):
+            raise TypeError(f"[{where}] {name} batch dimensions {list(x[:-2])} must equal q's "
+                            f"{list(qs[:-2])}, be 1 or divide them (layout {layout})")
     return Sq, Sk, D, DV
 
 
 @builder_op
-def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=False, label=None):
+def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=False, layout="bhsd", label=None):
     """softmax((q k^T) * scale + bias [causal]) v in one kernel; see the module's docstring."""
     for what, x in (("q", q), ("k", k), ("v", v)):
         b._operand(x, "_attention", what)
@@ -152,11 +207,15 @@ def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=F
     scale = check_number("_attention", "scale", scale)
     causal = check_bool("_attention", "causal", causal)
     k_transposed = check_bool("_attention", "k_transposed", k_transposed)
-    Sq, Sk, D, DV = check_shapes("_attention", q, k, v, k_transposed)
-    if bias is not None:
-        unidirectional("_attention", bias.shape, tuple(q.shape[:-2]) + (Sq, Sk))
+    if layout not in LAYOUTS:
+        raise TypeError(f"[_attention] layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == "bshd" and k_transposed:
+        raise TypeError("[_attention] k_transposed needs layout 'bhsd'")
+    Sq, Sk, D, DV = check_shapes("_attention", q, k, v, k_transposed, layout)
+    if bias is not None:  # (broadcast to the scores [.., H, Sq, Sk], whatever the layout)
+        unidirectional("_attention", bias.shape, _logical(q.shape, layout)[0][:-2] + (Sq, Sk))
     attrs = {"scale": scale, "scale_op": "mul", "causal": causal, "k_transposed": k_transposed,
-             "where_value": None, "where_keeps": True}
+             "where_value": None, "where_keeps": True, "layout": layout}
     return b._emit1("_attention", [q, k, v, bias, None], attrs, q.data_type, tuple(q.shape[:-1]) + (DV,), label)
 
 
@@ -168,6 +227,9 @@ def _offset(var, out_batch, shape, strides):
     operand whose batch shape `shape` (same rank) is equal along a dimension, 1 (broadcast), or
     a divisor (grouped heads: coordinate c reads c / (out / size)); `strides` its element strides.
     Dynamic sizes that differ by name only are equal at dispatch (unified by the builder)."""
+    if tuple(shape) == tuple(out_batch) and all(strides[d] == strides[d + 1] * shape[d + 1]
+                                                for d in range(len(shape) - 1)):
+        return "0u" if not shape or _is_one(math.prod(shape)) else f"{var} * {wgsl(strides[-1])}"
     terms, inner = [], 1
     for d in range(len(out_batch) - 1, -1, -1):
         n, s, st = out_batch[d], shape[d], strides[d]
@@ -196,24 +258,29 @@ def _mask_at(x, rank, out_batch):
 def _lower_attention(kc, node):
     q, k, v, bias, cond = node.inputs
     a = node.attrs
+    layout = a.get("layout", "bhsd")
     out = kc.out(node)
     kt = a["k_transposed"]
-    Sq, Sk, D, DV = check_shapes("_attention", q, k, v, kt)
+    Sq, Sk, D, DV = check_shapes("_attention", q, k, v, kt, layout)
+    (qs, qst), (ks, kst), (vs, vst), (_, ost) = (_logical(x.shape, layout) for x in (q, k, v, out))
     rank = q.rank
-    ob = tuple(q.shape[:-2])
+    ob = tuple(qs[:-2])
     nb = math.prod(ob)
     t = kc.wtype(q)
-    kst, vst = row_strides(k.shape), row_strides(v.shape)
     params = {
         "D": D, "DV": DV, "causal": a["causal"], **ld_st(t),
-        "q_base": _offset("bt", ob, ob, row_strides(q.shape)[:-2]),
-        "k_base": _offset("bt", ob, k.shape[:-2], kst[:-2]),
-        "v_base": _offset("bt", ob, v.shape[:-2], vst[:-2]),
-        # element (key j, column d) of k: [.., Sk, D] rows, or [.., D, Sk] columns
-        "k_sj": wgsl(1 if kt else D), "k_sd": wgsl(k.shape[-1] if kt else 1),
+        "q_base": _offset("bt", ob, ob, qst[:-2]),
+        "k_base": _offset("bt", ob, ks[:-2], kst[:-2]),
+        "v_base": _offset("bt", ob, vs[:-2], vst[:-2]),
+        "o_base": _offset("bt", ob, ob, ost[:-2]),
+        # row strides of q, v and the output; element (key j, column d) of k: [.., Sk, D] rows,
+        # or [.., D, Sk] columns (k_transposed)
+        "q_si": wgsl(qst[-2]), "v_sj": wgsl(vst[-2]), "o_si": wgsl(ost[-2]),
+        "k_sj": wgsl(1 if kt else kst[-2]), "k_sd": wgsl(kst[-2] if kt else 1),
         "sizes": [("SQ", wgsl(Sq)), ("SK", wgsl(Sk)), ("NB", wgsl(nb))],
         "scale": "", "has_bias": bias is not None, "has_cond": cond is not None,
         "bias_base": "", "bias_at": "", "cond_base": "", "cond_at": "", "where_value": "", "where_keeps": "true",
+        "REDUCE": False, "LD4": "vec4<f32>" if t == "f16" else "",
     }
     if a["scale_op"] is not None:
         params["scale"] = f" {'*' if a['scale_op'] == 'mul' else '/'} {f32_lit(a['scale'])}"
@@ -234,12 +301,21 @@ def _lower_attention(kc, node):
         params["where_keeps"] = "true" if a["where_keeps"] else "false"
         bindings.append(Binding("cond", kc.wtype(cond)))
         args.append(cond)
+    reads = (list(bindings), list(args))  # what a split decode's first kernel binds (its output: scratch)
     bindings.append(Binding("out", t, True))
     args.append(out)
     params["act"] = kc.epilogue(bindings, args)
+    # the split decode's reduce kernel: the partials, the epilogue's operands, the output
+    red_b, red_a = [Binding("part", "f32"), Binding("out", t, True)], [None, out]
+    kc.epilogue(red_b, red_a)  # (the same act(): its operands bound under the same names)
+    # the split decode reads q, k and v as vec4 where every row and matrix starts at a multiple
+    # of 4 elements
+    v4 = not kt and all(_mult4(x) for x in [D, DV] + qst[:-1] + kst[:-1] + vst[:-1])
+    split = {"reads": reads, "reduce": (red_b, red_a), "ratio": _ratio(ob, ks[:-2], vs[:-2]), "v4": v4}
 
     base = (f"attention_{t}_{f'b{nb}_' if isinstance(nb, Sym) or nb > 1 else ''}q{Sq}k{Sk}d{D}"
-            f"{f'v{DV}' if DV != D else ''}{'_kt' if kt else ''}{'_causal' if a['causal'] else ''}")
+            f"{f'v{DV}' if DV != D else ''}{'_kt' if kt else ''}{'_bshd' if layout == 'bshd' else ''}"
+            f"{'_causal' if a['causal'] else ''}")
     # A dynamic Sq on both sides of DECODE_MAX_SQ: both kernels are launched, each gated on Sq at
     # dispatch (outside its range, one workgroup that returns at once), so every size runs the
     # kernel a static build of it runs (a row's result depends on the kernel, not on Sq)
@@ -252,25 +328,46 @@ def _lower_attention(kc, node):
     else:
         variants = [(Sq, "", 1)]
     for at, gate, on in variants:
-        _launch_variant(kc, dict(params, gate=gate), bindings, args, base, Sq, Sk, D, DV, nb, at, on)
+        _launch_variant(kc, dict(params, gate=gate), bindings, args, split, base, Sq, Sk, D, DV, nb, at, on)
 
 
-def _launch_variant(kc, params, bindings, args, base, Sq, Sk, D, DV, nb, at, on):
+def _mult4(x):
+    """Size x is a multiple of 4 for every value of its dimensions."""
+    return x % 4 == 0 if isinstance(x, int) else exact_div(x, 4) is not None
+
+
+def _ratio(ob, kb, vb):
+    """Consecutive query heads (flat batch indices) that read one K/V matrix: the last batch
+    dimension's ratio when k and v are indexed alike (grouped-query heads, or one K/V head
+    broadcast), else 1."""
+    if not ob or tuple(kb) != tuple(vb) or not isinstance(ob[-1], int):
+        return 1
+    n, s = ob[-1], kb[-1]
+    if _is_one(s):
+        return n
+    return n // s if isinstance(s, int) and n % s == 0 else 1
+
+
+def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, at, on):
     """Choose (autotune) and launch one kernel among the candidates for query length `at` (Sq,
     or the largest Sq of the variant's range), `on` (1, or a Sym 0 outside the range) times
     its workgroup count."""
     lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
-    cands, heur = attention_candidates(at, Sk, D, DV, lim)
+    cands, heur = attention_candidates(at, Sk, D, DV, lim, ratio=split["ratio"])
     if str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU":
         heur = 0
+    scratch = {}
 
-    def launch_of(c):
+    def launches_of(c):
+        """[(Kernel, args, groups)] of configuration c: one kernel, or the split decode's two."""
+        kind = "tile" if c["STAGE"] else "split" if c["SPLIT"] else "dec"
+        if c["SPLIT"]:
+            return _split_launches(kc, params, split, base, c, Sq, Sk, DV, nb, at, on, scratch)
         # NB3: output blocks a thread owns (tiled kernel)
         p = dict(params, **c, NB3=cdiv(c["BQ"] // 4 * cdiv(cdiv(DV, 4), c["RC4"]), c["WG"]))
-        kind = "tile" if c["STAGE"] else "dec"
         blocks = f"r{c['RK4']}{c['RC4']}" if c["STAGE"] and (c["RK4"], c["RC4"]) != (1, 1) else ""
         name = f"{base}_{kind}{c['BQ']}x{c['BK']}w{c['WG']}{blocks}"
-        return Kernel(name, "attention.wgsl", p, bindings), groups("_attention", nb * cdiv(Sq, c["BQ"]) * on)
+        return [(Kernel(name, "attention.wgsl", p, bindings), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))]
 
     values = None
     if any(isinstance(x, Sym) for x in (Sq, Sk, nb)):  # timed at the maxima (of the variant's range)
@@ -285,20 +382,52 @@ def _launch_variant(kc, params, bindings, args, base, Sq, Sk, D, DV, nb, at, on)
         from ..dynamic.kernels import concrete_groups, pack
         from .matmul import _nbytes
 
-        kern, g = launch_of(cands[i])
-        slots = {}
-        sizes = [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in args]
-        if values is None:
-            return [(kern, sizes, g)]
-        imm = None
-        if kc.dims and kern.reads_dims():
-            kern = dataclasses.replace(kern, dims=kc.dims)
-            imm = pack(kc.dims, values)
-        return [(kern, sizes, concrete_groups(g, values), imm)]
+        slots, out = {}, []
+        for kern, largs, g in launches_of(cands[i]):
+            sizes = [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in largs]
+            if values is None:
+                out.append((kern, sizes, g))
+                continue
+            imm = None
+            if kc.dims and kern.reads_dims():
+                kern = dataclasses.replace(kern, dims=kc.dims)
+                imm = pack(kc.dims, values)
+            out.append((kern, sizes, concrete_groups(g, values), imm))
+        return out
 
     problem = ("attention.wgsl", Sq, Sk, D, DV, nb, len(bindings),
                sorted((key, repr(val)) for key, val in params.items() if key != "act"), cands)
     best = autotune.choose(kc, autotune.signature_of(problem), cands, measure, heur)
-    kern, g = launch_of(cands[best])
-    kc.launch(kern, args, g)
+    for kern, largs, g in launches_of(cands[best]):
+        kc.launch(kern, largs, g)
 
+
+def _split_launches(kc, params, split, base, c, Sq, Sk, DV, nb, at, on, scratch):
+    """The split decode (flash-decoding): partials of each (group of GR heads, block of keys),
+    then one reduce workgroup per output row. The partials (maximum, sum, DV outputs per row,
+    block and key slice) live in a scratch buffer sized for the most blocks."""
+    gr, wg = c["GR"], c["WG"]
+    cols = DV // 4 if split["v4"] else DV  # a thread per column (or column quad) and key slice:
+    ct = min(wg, cols)  # threads of a slice (NU columns each, CT apart)
+    ks = wg // ct  # key slices of a tile (threads beyond the columns sum other keys)
+    rows = high(nb) * min(high(Sq), high(at))
+    n = rows * c["SPLIT"] * ks * (DV + 2)
+    if n not in scratch:  # (one buffer for every candidate measured, and the launches)
+        scratch[n] = kc.scratch(4 * n)
+    part = scratch[n]
+    nkt = cdiv(Sk, c["BK"])
+    ns = cdiv(nkt, cdiv(nkt, c["SPLIT"]))  # blocks: whole tiles, as the kernels count them
+    ng = exact_div(nb, gr)
+    p = dict(params, **c, KS=ks, CT=ct, NU=cdiv(cols, ct), V4=split["v4"], NB3=0,
+             act="")  # (no store goes through act() here)
+    rb, ra = split["reads"]
+    if split["v4"]:  # q, k and v as vec4
+        rb = [dataclasses.replace(b, elem=f"vec4<{b.elem}>") if b.name in ("q", "k", "v") else b for b in rb]
+    tag = f"{c['BQ']}x{c['BK']}w{wg}s{c['SPLIT']}g{gr}{'v4' if split['v4'] else ''}"
+    first = (Kernel(f"{base}_split{tag}", "attention.wgsl", p, rb + [Binding("part", "f32", True)]),
+             ra + [part], groups("_attention", ng * ns * on))
+    red_b, red_a = split["reduce"]
+    pr = dict(p, REDUCE=True, WG=64, act=params["act"])
+    second = (Kernel(f"{base}_reduce{tag}", "attention.wgsl", pr, red_b), [part] + red_a[1:],
+              groups("_attention", nb * Sq * on))
+    return [first, second]
