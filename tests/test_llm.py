@@ -218,6 +218,119 @@ def test_weights_stay_packed(ctx, synth):
     assert grown <= w.nbytes + 2 * 32 * 8 * 4 * 2 + 4096
 
 
+# -- the KV cache: one tensor per layer and K/V, appended in place (issue 31) ----------------------
+
+FLOAT_TYPES = {k: "F32" for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+
+
+def _read_cache(ctx, t):
+    """A session's cache tensor (not readable: its only reader is the model) through a copy."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=list(t.shape))
+    g = b.build_sync({"y": b.identity(x)})
+    y = ctx.create_tensor_sync(data_type="float32", shape=list(t.shape), readable=True)
+    ctx.dispatch(g, {"x": t}, {"y": y})
+    return ctx.read_tensor_sync(y)
+
+
+def test_kv_cache_in_place(ctx, tmp_path):
+    """A float32 Llama (9 query heads on 3 K/V heads) through LlamaSession: a prompt, decode
+    steps, a chunk, a feed split into chunks and steps up to the last position: every logit
+    equals the numpy Llama's (1e-5), the cache tensors hold its rotated keys and values row for
+    row, they are one set (2 per layer, max_context positions each), and no step allocates,
+    uploads or reads back anything but the logits read here."""
+    path = write_synthetic(str(tmp_path / "f32.gguf"), layers=3, hidden=144, heads=9, kv_heads=3, ffn=96,
+                           vocab=200, seed=9, embd="F32", output="F32", types=FLOAT_TYPES)
+    ref = NumpyLlama(path)
+    model = LlamaModel(path, ctx, max_context=48, max_step=8)
+    c = model.config
+    c0 = ctx.counters
+    s = model.session()
+    c1 = ctx.counters
+    caches = s.cache_tensors
+    one_set = 2 * c.n_layers * 48 * c.n_kv_heads * c.head_dim * 4
+    assert len(caches) == 2 * c.n_layers and sum(t._buffer.size for t in caches.values()) == one_set
+    own = [s._ids, s._past, s.logits]
+    assert c1["tensors_alive"] - c0["tensors_alive"] == 2 * c.n_layers + len(own)
+    assert c1["bytes_alive"] - c0["bytes_alive"] == one_set + sum(t._buffer.size for t in own)
+    rng = np.random.default_rng(3)
+    feeds = [[5, 17, 3, 99, 120]] + [None] * 20 + [list(rng.integers(0, 200, 6))] + [None] * 3
+    feeds += [list(rng.integers(0, 200, 11))] + [None] * 3  # 11 tokens: two chunk dispatches
+    tok, moved = None, []
+    for f in feeds:
+        ids = [tok] if f is None else f
+        before = ctx.counters
+        got = ctx.read_tensor_sync(s.feed(np.array(ids, np.int32)))[0]
+        after = ctx.counters
+        want = ref.forward(ids)
+        assert rel_err(got, want) < 1e-5, (s.length, rel_err(got, want))
+        tok = int(want.argmax())
+        moved.append({k: after[k] - before[k] for k in ("tensors_alive", "bytes_alive")})
+    assert s.length == 48 == model.max_context
+    assert all(m == {"tensors_alive": 0, "bytes_alive": 0} for m in moved), moved
+    for i in range(c.n_layers):
+        for kv, want in (("k", ref.k[i]), ("v", ref.v[i])):
+            t = caches[f"cache_{kv}{i}"]
+            assert t.shape == (48, c.n_kv_heads, c.head_dim)
+            got = _read_cache(ctx, t)
+            np.testing.assert_allclose(got, want.transpose(1, 0, 2), rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(ValueError, match="exceed the context"):
+        s.feed(np.array([1]))
+    # a new conversation in the same tensors (the prompt overwrites their first rows)
+    s.reset()
+    ref.reset()
+    got = ctx.read_tensor_sync(s.feed(np.array([7, 8, 9], np.int32)))[0]
+    assert rel_err(got, ref.forward([7, 8, 9])) < 1e-5
+    got = ctx.read_tensor_sync(s.feed(np.array([1], np.int32)))[0]
+    assert rel_err(got, ref.forward([1])) < 1e-5
+    assert caches["cache_k0"].shape == (4, c.n_kv_heads, c.head_dim)
+
+
+def test_kv_append_writes_only_its_rows(ctx):
+    """_kv_append (ops/kvcache.py): a dispatch writes rows [past, past + seq) of the output tensor
+    and nothing else; the rows before are what earlier dispatches left there. Refused at build
+    when its result is not a graph output stored in place."""
+    from mltensor.errors import NotSupportedError as NSE
+
+    b = MLGraphBuilder(ctx)
+    new = b.input("new", data_type="float32", shape=[MLDynamicDimension("seq", 4), 2, 3])
+    past = b.input("past", data_type="int32", shape=[MLDynamicDimension("past", 9)]).shape[0]
+    k, v = b._kv_append([new, b.neg(new)], past)
+    g = b.build_sync({"k": k, "v": v})
+    assert [n for n in g.kernel_names if n.startswith("kv_append")] == g.kernel_names[-1:]
+    rows = MLDynamicDimension("rows", 10)
+    tk, tv = (ctx.create_tensor_sync(data_type="float32", shape=[rows, 2, 3], readable=True, writable=True)
+              for _ in range(2))
+    fill = np.full((10, 2, 3), 7.0, np.float32)
+    ctx.write_tensor(tk, fill)
+    ctx.write_tensor(tv, fill)
+    tn = ctx.create_tensor_sync(data_type="float32", shape=[MLDynamicDimension("seq", 4), 2, 3], writable=True)
+    tp = ctx.create_tensor_sync(data_type="int32", shape=[MLDynamicDimension("past", 9)], writable=True)
+    want = fill.copy()
+    length = 0
+    for n in (1, 3, 2, 3):
+        x = np.random.default_rng(n).standard_normal((n, 2, 3)).astype(np.float32)
+        ctx.write_tensor(tn, x)
+        ctx.write_tensor(tp, np.zeros(max(length, 1), np.int32))  # (its shape is the only thing read)
+        past_len = max(length, 1)
+        ctx.dispatch(g, {"new": tn, "past": tp}, {"k": tk, "v": tv})
+        want[past_len:past_len + n] = x
+        length = past_len + n
+        assert tk.shape == (length, 2, 3)
+        np.testing.assert_array_equal(ctx.read_tensor_sync(tk), want[:length])
+        np.testing.assert_array_equal(ctx.read_tensor_sync(tv)[past_len:], -x)
+    tk._fit((10, 2, 3), "test")  # rows past the shape: untouched (what write_tensor put there)
+    np.testing.assert_array_equal(ctx.read_tensor_sync(tk), want)
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 3])
+    (y,) = b._kv_append([x], 1)
+    with pytest.raises(NSE, match="graph output"):
+        b.build_sync({"z": b.relu(y)})
+    b = MLGraphBuilder(ctx)
+    with pytest.raises(TypeError, match="past"):
+        b._kv_append([b.input("x", data_type="float32", shape=[2])], -1)
+
+
 # -- malformed and unsupported files -------------------------------------------------------------
 
 
@@ -546,7 +659,8 @@ def test_chat_app_through_a_pipe(synth_tok):
 
 def test_decode_loop_stays_on_the_gpu(ctx, synth):
     """The chat's loop: the sampler's output tensor is the next step's input; per token 4 bytes
-    come back (the id), nothing goes up, no tensor is created; tokens equal numpy's greedy ones."""
+    come back (the id), nothing goes up, no tensor or memory is allocated (the cache is appended
+    in place); tokens equal numpy's greedy ones."""
     from mltensor.llm.sampling import Sampler
 
     model = LlamaModel(synth, ctx, max_context=64, max_step=8)
@@ -562,10 +676,11 @@ def test_decode_loop_stays_on_the_gpu(ctx, synth):
         nxt = sampler(s.feed(nxt))
         got.append(sampler.read())
         c1 = ctx.counters
-        moved.append({k: c1[k] - c0[k] for k in ("bytes_uploaded", "bytes_downloaded", "tensors_alive")})
+        moved.append({k: c1[k] - c0[k] for k in ("bytes_uploaded", "bytes_downloaded", "tensors_alive",
+                                                   "bytes_alive")})
     assert got == want
     for m in moved[2:]:  # after the first steps (the step graph's first dispatch)
-        assert m == {"bytes_uploaded": 0, "bytes_downloaded": 4, "tensors_alive": 0}
+        assert m == {"bytes_uploaded": 0, "bytes_downloaded": 4, "tensors_alive": 0, "bytes_alive": 0}
     with pytest.raises(ValueError, match="exceeds"):
         big = ctx.create_tensor_sync(data_type="int32", shape=[9], writable=True)
         s.feed(big)

@@ -19,10 +19,15 @@ rms_norm(h) times the output head (token_embd when the file has no output.weight
   decode step's quantized projections use `_llm_gemv` (kernels.py: threads of two output rows,
   no barriers; SmolLM2's step on lavapipe 1.1 s with `_matmul_nbits`' GEMV, 0.15 s with it), on
   GPUs `_matmul_nbits`.
-  The caches are per layer [kv_heads, positions, head_dim] tensors on the GPU: a build's present
-  cache (past ++ new) is an output written into a resizable MLTensor that the next dispatch reads
-  as its past; two sets alternate (WebNN forbids a tensor being both input and output of one
-  dispatch). Nothing of the cache ever comes back to the host.
+  The KV cache is one tensor per layer and K/V, [positions, kv_heads, head_dim] (position-major),
+  allocated for max_context and written in place: each build's cache operands are
+  `_kv_append(new rows, past)` (ops/kvcache.py), graph outputs of shape [past + seq, ...] whose
+  kernel writes only rows [past, past + seq) of the session's tensors; the rows before are what
+  earlier dispatches wrote there. The attention reads those operands in that layout
+  (`_attention(..., layout="bshd")`), so no tensor is both an input and an output of a dispatch,
+  nothing is copied, and a step moves only its new rows. `past` reaches the graph as the shape of
+  a small int32 input the session resizes (never uploaded, never read). Nothing of the cache
+  ever comes back to the host.
 - Weights are graph constants; the context's constant store keys them by content, so the
   builds share one GPU copy (ctx.counters["constant_bytes"]).
 """
@@ -79,10 +84,10 @@ class LlamaWeights:
 
 
 class _Graph:
-    """One MLGraph of the model and the names of its cache inputs / outputs."""
+    """One MLGraph of the model and the names of its cache outputs."""
 
-    def __init__(self, graph, past_names, present_names):
-        self.graph, self.past_names, self.present_names = graph, past_names, present_names
+    def __init__(self, graph, cache_names):
+        self.graph, self.cache_names = graph, cache_names
 
 
 class _Builder:
@@ -165,16 +170,13 @@ class _Builder:
         nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
         ids = b.input("ids", data_type="int32", shape=[1 if max_seq == 1 else MLDynamicDimension("seq", max_seq)])
         seq = ids.shape[0]
-        pasts = []
         if with_past:
-            pdim = MLDynamicDimension("past", self.max_context - 1)
-            for i in range(c.n_layers):
-                pasts.append((b.input(f"past_k{i}", data_type="float32", shape=[nkv, pdim, hd]),
-                              b.input(f"past_v{i}", data_type="float32", shape=[nkv, pdim, hd])))
-            past = pasts[0][0].shape[1]
-            pos = b._range(pasts[0][0], past, 1, seq, "int32")
+            # the cache length: only this input's shape is read (LlamaSession sets it, no upload)
+            past = b.input("past", data_type="int32",
+                           shape=[MLDynamicDimension("past", self.max_context - 1)]).shape[0]
         else:
-            pos = b._range(ids, 0, 1, seq, "int32")
+            past = 0
+        pos = b._range(ids, past, 1, seq, "int32")
         cos_t, sin_t = self.w.rope_tables(self.max_context)
         half = c.rope_dims // 2
         cos = b.reshape(b.gather(b.constant(cos_t), pos, axis=0), [seq, 1, half])
@@ -187,18 +189,12 @@ class _Builder:
             q = self.rope(b.reshape(q, [seq, nh, hd]), cos, sin)
             k = self.rope(b.reshape(k, [seq, nkv, hd]), cos, sin)
             v = b.reshape(v, [seq, nkv, hd])
-            k = b.transpose(k, permutation=[1, 0, 2])
-            v = b.transpose(v, permutation=[1, 0, 2])
-            if with_past:
-                k = b.concat([pasts[i][0], k], 1)
-                v = b.concat([pasts[i][1], v], 1)
-            outputs[f"present_k{i}"], outputs[f"present_v{i}"] = k, v
-            total = k.shape[1]
-            qh = b.reshape(b.transpose(q, permutation=[1, 0, 2]), [1, nh, seq, hd])
-            att = b._attention(qh, b.reshape(k, [1, nkv, total, hd]), b.reshape(v, [1, nkv, total, hd]),
-                               scale=1.0 / math.sqrt(hd), causal=True)
-            att = b.reshape(b.transpose(b.reshape(att, [nh, seq, hd]), permutation=[1, 0, 2]), [seq, nh * hd])
-            h = b.add(h, self.linear(att, lw["attn_output"]))
+            # the new rows written in place after the `past` ones: the results are the session's
+            # cache tensors [past + seq, kv_heads, head_dim] (graph outputs), read by the attention
+            k, v = b._kv_append([k, v], past)
+            outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
+            att = b._attention(q, k, v, scale=1.0 / math.sqrt(hd), causal=True, layout="bshd")  # [seq, nh, hd]
+            h = b.add(h, self.linear(b.reshape(att, [seq, nh * hd]), lw["attn_output"]))
             n = self.norm(h, lw["ffn_norm"])
             g, u = self.linear(n, lw["ffn_gate"]), self.linear(n, lw["ffn_up"])
             h = b.add(h, self.linear(b.mul(b.mul(g, b.sigmoid(g)), u), lw["ffn_down"]))
@@ -206,8 +202,7 @@ class _Builder:
         logits = self.linear(self.norm(last, w.output_norm), w.output if w.output is not None else w.token_embd)
         outputs["logits"] = logits
         graph = b.build_sync(outputs)
-        return _Graph(graph, [f"past_{kv}{i}" for i in range(c.n_layers) for kv in "kv"] if with_past else [],
-                      [f"present_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
+        return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
 
 
 def _transposed(w):
@@ -266,15 +261,22 @@ class LlamaSession:
         self.length = 0
         self._lock = threading.Lock()
         ctx = self.ctx
-        shape = [c.n_kv_heads, MLDynamicDimension("positions", model.max_context), c.head_dim]
-        names = [f"{kv}{i}" for i in range(c.n_layers) for kv in "kv"]
-        # two sets of cache tensors: a dispatch reads one and writes the other
-        self._caches = [{n: ctx.create_tensor_sync(data_type="float32", shape=shape) for n in names}
-                        for _ in range(2)]
-        self._cur = 0
+        # one cache tensor per layer and K/V, position-major, sized for the context and written
+        # in place: each dispatch appends its rows after the first `length` ones
+        shape = [MLDynamicDimension("positions", model.max_context), c.n_kv_heads, c.head_dim]
+        self._cache = {f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=shape)
+                       for i in range(c.n_layers) for kv in "kv"}
+        # the cache length as a shape (the step and chunk graphs' "past" input; never read)
+        self._past = ctx.create_tensor_sync(data_type="int32", shape=[MLDynamicDimension("past", model.max_context)])
         self._ids = ctx.create_tensor_sync(data_type="int32",
                                            shape=[MLDynamicDimension("seq", model.max_context)], writable=True)
         self.logits = ctx.create_tensor_sync(data_type="float32", shape=[1, c.vocab], readable=True)
+
+    @property
+    def cache_tensors(self):
+        """{name: MLTensor} of the KV cache (cache_k{layer}, cache_v{layer}), [length, kv_heads,
+        head_dim] after a feed: the rows of the positions fed so far."""
+        return dict(self._cache)
 
     def reset(self):
         with self._lock:
@@ -323,18 +325,18 @@ class LlamaSession:
             ids, n = self._ids, chunk.size
         else:
             ids, n = chunk, int(chunk.shape[0])
-        src, dst = self._caches[self._cur], self._caches[1 - self._cur]
-        outs = {"logits": self.logits}
+        outs = {"logits": self.logits, **self._cache}
         if self.length == 0:
             g = self.model.graph("prefill")
             ins = {"ids": ids}
         else:
             g = self.model.graph("step" if n == 1 else "chunk")
-            ins = {"ids": ids}
-            ins.update({f"past_{k}": t for k, t in src.items()})
-        outs.update({f"present_{k}": t for k, t in dst.items()})
+            # the shape a write_tensor of `length` values would give it, without the upload
+            with ctx._lock:
+                ctx._check_tensor(self._past, "LlamaSession.feed")
+                self._past._fit((self.length,), "LlamaSession.feed", "the cache length")
+            ins = {"ids": ids, "past": self._past}
         ctx.dispatch(g.graph, ins, outs)
-        self._cur = 1 - self._cur
         self.length += n
 
 
