@@ -111,11 +111,12 @@ def attention_candidates(Sq, Sk, D, DV, smem_limit=None, ratio=1):
         bq = 1 if hq == 1 else 2 if hq == 2 else 4
         # Split (flash-decoding): at most SPLIT blocks of keys, the query heads of one K/V head
         # together. lavapipe (2 cores, SmolLM2's 9 heads on 3 K/V heads of 64, bshd, CPU time
-        # of one launch pair): 64 threads and 8 blocks, 0.24 / 1.5 / 2.5 ms at 64 / 512 / 1000
-        # keys against 0.36 / 4.3 / 8.5 ms for the best one-workgroup-per-head kernel (q, k and
-        # v read as vec4: 2.5x faster than scalar loads there). GPUs: more blocks (enough
-        # workgroups for a long cache with few heads; unmeasured, the tuner decides there).
-        split = [(64, 8), (64, 32), (128, 16), (128, 64), (256, 32)]
+        # of one launch pair): 32 threads and 8 blocks, 0.25 / 1.2 / 2.1 / 3.8 ms at 64 / 512 /
+        # 1000 / 2000 keys (64 threads: 0.24 / 1.5 / 2.5 / 4.4; 2 blocks: 0.23 / 1.2 / 2.1 /
+        # 4.0) against 0.36 / 4.3 / 8.5 ms for the best one-workgroup-per-head kernel; q, k and
+        # v read as vec4, 2.5x faster than scalar loads there. GPUs: more threads and blocks
+        # (enough workgroups for a long cache with few heads; unmeasured, the tuner decides).
+        split = [(32, 8), (64, 32), (64, 8), (128, 16), (128, 64), (256, 32)]
         shapes = [c for c in (_split_cfg(wg, bq, n, ratio, D, DV, lim0 if not k else WG_STORAGE)
                               for k, (wg, n) in enumerate(split)) if c]
         heur = 1 if len(shapes) > 1 else 0
