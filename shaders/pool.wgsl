@@ -30,10 +30,11 @@
 {$ endif $}
 {$ endmacro $}
 
-// Result of a window from its accumulator and the number of input elements it covered.
+// Result of a window from its accumulator and the number of input elements it covered: a window
+// of padding only gives `empty` (max: the data type's lowest value, as onnxruntime; else 0).
 fn finish(acc: {{ T }}, count: u32) -> {{ T }} {
 {$ if mode == "max" $}
-    return select({{ lit(0, T) }}, acc, count > 0u);
+    return select({{ empty }}, acc, count > 0u);
 {$ elif mode == "avg" $}
     return select(0.0, acc / f32(count), count > 0u);
 {$ else $}

@@ -1,7 +1,8 @@
 // Reductions (M outputs x K reduced elements each) and softmax; see mltensor/ops/reduce.py.
 // Input element k of output o is src[base(o) + off(k)] (strides baked in by Python).
 // mode: thread (one thread per output), group (one workgroup per output + shared-memory tree),
-// partial/final (two levels for huge K), softmax_thread / softmax_group (one row per thread/group).
+// partial/final (two levels for huge K), softmax_thread / softmax_group (one row per thread/group),
+// partial + softmax_norm (softmax of long rows: each chunk's (max, sum of exp), then per chunk).
 // T is the accumulation type: the compute type, but f32 for f16 values, which are loaded through
 // LD (f32) and stored through ST (f16_of); both are empty for every other type.
 {{ bindings }}
@@ -65,7 +66,7 @@ fn lse(s: f32, m: f32) -> f32 { return select(log(s) + m, m, bitcast<u32>(m) == 
     dst[o] = {{ ST }}(post(a));
   {$ endif $}
 {$ endmacro $}
-{$ if mode in ("group", "partial", "final", "softmax_group") $}
+{$ if mode in ("group", "partial", "final", "softmax_group", "softmax_norm") $}
 var<workgroup> sh: array<{{ T }}, WG>;
 
 {$ macro tree(fname, expr) $}
@@ -110,7 +111,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
   {$ endif $}
-  {$ if mode == "partial" $}
+  {$ if mode in ("partial", "softmax_norm") $}
     if (g >= M * S) { return; }
     let b = base(g / S);
     let k0 = (g % S) * CHUNK;
@@ -138,6 +139,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     a = tree(lid, a);
     if (lid == 0u) { dst[g] = {{ ST }}(post(a)); }
     {$ endif $}
+  {$ elif mode == "softmax_norm" $}
+    // softmax of a long row, chunk g % S: the row's S (max, sum of exp(x - max)) pairs combined
+    // (as the final pass of reduce_log_sum_exp does), then the chunk normalized
+    let o = g / S;
+    var m = {{ NEG_INF }};
+    for (var j = lid; j < S; j += WG) { m = max(m, part[2u * (o * S + j)]); }
+    m = tree_max(lid, m);
+    var s = 0.0;
+    for (var j = lid; j < S; j += WG) {
+        let i = 2u * (o * S + j);
+        s += part[i + 1u] * ex(part[i], m);
+    }
+    s = tree_sum(lid, s);
+    for (var k = k0 + lid; k < k1; k += WG) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), m) / s); }
   {$ else $}
     {$ if mode != "partial" $}
     let k0 = 0u;

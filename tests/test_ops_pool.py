@@ -125,3 +125,65 @@ def test_pool_validation(ctx):
         b.max_pool2d(x, window_dimensions=[7, 2])
     with pytest.raises(TypeError, match=r"output_sizes \[4, 4\] must be the floor \[2, 2\] or ceil \[3, 3\]"):
         b.max_pool2d(x, window_dimensions=[3, 3], strides=[2, 2], output_sizes=[4, 4])
+
+
+# -- windows of padding only ---------------------------------------------------------------------
+# (dilations that step over the input, large padding, ceil rounding). max_pool2d gives the data
+# type's lowest value there, as onnxruntime (and TFLite's reference kernels) do: float32 -3.4e38,
+# float16 -inf (-3.4e38 rounded), int8 -128, uint8 0; average and l2 give 0.
+
+NP = mltensor.dtypes.NUMPY
+LOWEST = {"float32": np.float32(-np.finfo(np.float32).max), "float16": np.float16(-np.inf),
+          "int8": -128, "uint8": 0, "int32": -(2**31), "uint32": 0, "int64": -(2**63), "uint64": 0}
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", sorted(LOWEST))
+def test_max_pool_padding_only_window(ctx, layout, dtype):
+    # 3x5 input, window 2x2 with dilations (4, 2) and padding 1: every window of the first row
+    # steps over the input rows (taps at rows -1 and 3), the others hold real elements
+    x = (np.arange(15).reshape(1, 1, 3, 5) - (0 if dtype.startswith("uint") else 7)).astype(NP[dtype])
+    x = np.concatenate([x, x + 1], axis=1)  # two channels
+    xl = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if layout == "nhwc" else x
+    b = mltensor.MLGraphBuilder(ctx)
+    v = b.input("x", data_type=dtype, shape=xl.shape)
+    opts = dict(window_dimensions=[2, 2], padding=[1, 1, 1, 1], dilations=[4, 2], layout=layout)
+    outs = {"max": b.max_pool2d(v, **opts)}
+    if dtype in ("float32", "float16"):
+        outs["avg"] = b.average_pool2d(v, **opts)
+        outs["l2"] = b.l2_pool2d(v, **opts)
+        outs["relu"] = b.relu(b.max_pool2d(v, **opts))  # a fused epilogue sees the lowest value
+    res = run_graph(ctx, outs, {"x": xl}, b)
+    for mode, got in res.items():
+        got = got.transpose(0, 3, 1, 2) if layout == "nhwc" else got
+        assert got.dtype == NP[dtype]
+        ref = pool_ref(x, "max" if mode == "relu" else mode, [2, 2], (1, 1, 1, 1), (1, 1), (4, 2), got.shape[2:])
+        empty = np.zeros(got.shape, bool)
+        empty[:, :, 0, :] = True  # taps at rows -1 and 3: padding only
+        if mode == "max":
+            ref[empty] = LOWEST[dtype]
+        if mode == "relu":
+            ref = np.maximum(ref, 0)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2 if dtype == "float16" else 1e-6)
+        assert np.array_equal(got[empty], np.full(empty.sum(), ref[empty][0], NP[dtype])), (mode, got[empty])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "uint8"])
+@pytest.mark.parametrize("shape,attrs", [
+    ((1, 2, 1, 1), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], dilations=[2, 2])),
+    ((1, 1, 3, 5), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], dilations=[4, 2])),
+    ((1, 1, 3, 7), dict(kernel_shape=[2, 3], pads=[1, 2, 1, 2], dilations=[4, 4], strides=[1, 2])),
+    ((1, 1, 4, 4), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], strides=[4, 4], ceil_mode=1)),
+])
+def test_onnx_max_pool_padding_only_window(dtype, shape, attrs):
+    """A one-node ONNX MaxPool against onnxruntime (opset 12: integer inputs)."""
+    ort = pytest.importorskip("onnxruntime")
+    from helpers import one_node_model
+
+    x = (np.arange(np.prod(shape)).reshape(shape) - (0 if dtype == "uint8" else 3)).astype(NP[dtype])
+    onnx_type = {"float32": 1, "uint8": 2, "int8": 3, "float16": 10}[dtype]
+    model = one_node_model("MaxPool", [("x", x, True)], [("y", onnx_type)], attrs, opset=12).SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = mltensor.InferenceSession(model).run(None, {"x": x})[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)

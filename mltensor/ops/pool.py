@@ -22,6 +22,8 @@ kernel is static only (compiler/passes.py fuse_gates skips dynamic shapes).
 
 import math
 
+import numpy as np
+
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..front.builder import builder_op
@@ -118,6 +120,11 @@ for _name in _KINDS:
     _make(_name)
 
 
+def _lowest(data_type):
+    """The lowest value of an integer data type."""
+    return int(np.iinfo(dtypes.NUMPY[data_type]).min)
+
+
 def _lower(kc, node, mode):
     (x,) = node.inputs
     out = kc.out(node)  # the last fused epilogue node's output, when there is one
@@ -135,8 +142,13 @@ def _lower(kc, node, mode):
     t = "f32" if st == "f16" else st  # f16 windows accumulate in f32 (shaders/pool.wgsl LD/ST)
     if mode == "max":
         init = lit(-math.inf, "f32") if t == "f32" else lit(dtypes.INT_RANGE[t][0], t)
+        # a window of padding only (dilations, large padding, ceil rounding): the lowest value of
+        # the data type, as onnxruntime and TFLite's reference kernels give (float32: -3.4e38,
+        # float16: f16_of(-3.4e38) = -inf, int8: -128, uint8: 0); WebNN leaves it open (0 or -inf
+        # by backend: webmachinelearning/webnn#935)
+        empty = lit(-np.finfo(np.float32).max, "f32") if t == "f32" else lit(_lowest(x.data_type), t)
     else:
-        init = lit(0, t)
+        init = empty = lit(0, t)
     (kh, kw), (pt, _, pl, _) = a["window_dimensions"], a["padding"]
     (sh, sw), (dh, dw) = a["strides"], a["dilations"]
     total = math.prod(out.shape)
@@ -146,7 +158,7 @@ def _lower(kc, node, mode):
     big = at_least(kh * kw, GLOBAL_MIN_WINDOW) if whole else 0
     path = "window" if big == 0 else "global"
     params = {
-        "mode": mode, "path": path, "T": t, "init": init, "max_": binop("max", t, "{a}", "{b}"), "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
+        "mode": mode, "path": path, "T": t, "init": init, "empty": empty, "max_": binop("max", t, "{a}", "{b}"), "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
         "OH": oh, "OW": ow, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw, "PT": pt,
         "PL": pl, "in_s": in_s, "total": total,
         **ld_st(st),

@@ -10,7 +10,11 @@ be contiguous). Three kernel shapes, chosen from M and K (shaders/reduce.wgsl):
 - "partial" + "final": K huge and few outputs: S workgroups per output each reduce a chunk into a
   scratch buffer, then one workgroup per output combines the S partials (keeps the GPU busy when
   M alone would launch a handful of workgroups).
-Softmax is one kernel per row (max, sum of exp(x - max), normalize), thread or workgroup per row.
+Softmax is one kernel per row (max, sum of exp(x - max), normalize), thread or workgroup per row;
+rows longer than SOFTMAX_SPLIT_K (SOFTMAX_SPLIT_K_CPU on CPU adapters) take two launches: the
+partial pass's (max, sum of exp(x - max)) per chunk, then a workgroup per chunk combines its
+row's pairs and normalizes the chunk (one workgroup looping over a row of 1.4M elements passed
+llvmpipe's 65535 loop iterations an invocation, silently cut, and leaves a GPU idle).
 
 Dynamic dimensions (mltensor/dynamic/): M and K may be sizes known only at dispatch. The kernels
 read them there (wgsl(), as constants when static) and take the shape a static build at the same
@@ -36,6 +40,12 @@ THREAD_MAX_K = 32  # up to this many reduced elements, one thread per output is 
 MANY_OUTPUTS, THREAD_MAX_K_MANY = 16384, 256  # ... and up to 256 when outputs alone fill the GPU
 CHUNK = 4096  # elements per workgroup in the two-level scheme
 MAX_SPLIT = 1024  # partials per output in the two-level scheme (the final pass reduces these)
+# softmax rows longer than this take two launches over chunks of CHUNK: on GPUs, where one
+# workgroup per long row leaves the GPU idle; on CPU adapters (lavapipe: 1.2-1.4x slower split up
+# to ~1M, as fast past it) where a workgroup per row would loop 3 * K / WG times a thread, past
+# llvmpipe's 65535 iterations an invocation (silently cut) at K ~ 1.4M
+SOFTMAX_SPLIT_K = 65536
+SOFTMAX_SPLIT_K_CPU = 524288
 
 FLOAT = dtypes.FLOATS
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/): any axes may be
@@ -333,16 +343,34 @@ def _lower_softmax(kc, node):
     t = kc.wtype(x)  # f32, or f16 loaded and stored around f32 max, exp and sum
     tag = f"r{rows}_k{K}" + ("_f16" if t == "f16" else "")
     bindings = (Binding("src", t), Binding("dst", t, True))
+    cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+    split = at_least(K, (SOFTMAX_SPLIT_K_CPU if cpu else SOFTMAX_SPLIT_K) + 1)  # long rows: two launches
     thr = thread_flag(rows, K)
     if thr == 1:
         k = Kernel(f"softmax_{tag}_thread", "reduce.wgsl", dict(params, mode="softmax_thread"), bindings)
         kc.launch(k, [x, out], groups("softmax", cdiv(rows, WORKGROUP)))
-    else:
+    elif split != 1:
         if thr != 0:  # dynamic: the thread kernel's path where a static build would take it
             params["THR"] = wgsl(thr)
             tag += "_auto"
         k = Kernel(f"softmax_{tag}_group", "reduce.wgsl", dict(params, mode="softmax_group"), bindings)
-        kc.launch(k, [x, out], groups("softmax", thr * cdiv(rows, WG) + (1 - thr) * rows))
+        kc.launch(k, [x, out], groups("softmax", (thr * cdiv(rows, WG) + (1 - thr) * rows) * (1 - split)))
+    if split != 0:
+        # S chunks of CHUNK elements per row: each chunk's (max, sum of exp(x - max)), then one
+        # workgroup per chunk combines its row's S pairs and normalizes the chunk
+        S = smin(cdiv(K, CHUNK), MAX_SPLIT)
+        chunk = cdiv(K, S)
+        if not isinstance(chunk, int):
+            chunk = smax(chunk, 1)
+        S = cdiv(K, chunk)
+        part = kc.scratch(4 * 2 * high(rows) * min(cdiv(high(K), CHUNK), MAX_SPLIT))
+        p = dict(params, lse=True, THR="", **size_params(S=S, CHUNK=chunk))
+        k1 = Kernel(f"softmax_{tag}_partial", "reduce.wgsl", dict(p, mode="partial", ST=""),
+                    (Binding("src", t), Binding("part", "f32", True)))
+        k2 = Kernel(f"softmax_{tag}_normalize", "reduce.wgsl", dict(p, mode="softmax_norm"),
+                    (Binding("src", t), Binding("part", "f32"), Binding("dst", t, True)))
+        kc.launch(k1, [x, part], groups("softmax", rows * S * split))
+        kc.launch(k2, [x, part, out], groups("softmax", rows * S * split))
 
 
 register("softmax", {"input": FLOAT, "output": FLOAT}, ranks={"input": (1, 8)}, lower=_lower_softmax)
