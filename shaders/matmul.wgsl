@@ -10,6 +10,11 @@
 //   store(bt, m, n, acc)       applies the epilogue (alpha, c / bias, act) and writes out
 //   load_a4 / load_b4n / load_b4k: four of them at once (vec4 loads where the layout allows)
 // act(v, i) is the fused epilogue (kc.epilogue): i is the flat index of the stored element in out.
+// _fused_matmul (compiler/passes.py, ops/matmul.py `_lower_fused`) replaces the loaders' bodies
+// with generated code: `a_at` (A read through a view: head merges), `b_fused` (load_b over the
+// segments' B operands, columns permuted for pair segments) and `fused_store`, a function
+// store4(bt, m, n, v) storing the 4 outputs n..n+3 (n a multiple of 4) of row m through each
+// segment's nodes to the written values; the tiled and GEMV paths then store whole quads.
 // Element types: a, b, c, out are f32 or f16 arrays (vec4 of them for vec loads); loads widen to
 // f32 (f32() / vec4<f32>() are no-ops on f32), accumulators and workgroup tiles are f32, and
 // store() narrows through ST (f16_of for f16 outputs, else empty) before the epilogue.
@@ -53,7 +58,9 @@ fn load_a{{ sfx }}(bt: u32, m: u32, k: u32) -> f32 {
 {$ if ca $}
     if (m >= {{ sz.M }} || k >= {{ sz.K }}) { return 0.0; }
 {$ endif $}
-{$ if vec_a $}
+{$ if a_at $}
+    return f32(a[{{ a_at }}]);
+{$ elif vec_a $}
     let ai = a_base(bt) + m * {{ u(a_sm) }} + k;
     return f32(a[ai / 4u][ai % 4u]);
 {$ else $}
@@ -65,7 +72,9 @@ fn load_b{{ sfx }}(bt: u32, k: u32, n: u32) -> f32 {
 {$ if cb $}
     if (k >= {{ sz.K }} || n >= {{ sz.N }}) { return 0.0; }
 {$ endif $}
-{$ if vec_b $}
+{$ if b_fused $}
+{{ b_fused }}
+{$ elif vec_b $}
     let bi = b_base(bt) + k * {{ u(b_sk) }} + n;
     return f32(b[bi / 4u][bi % 4u]);
 {$ else $}
@@ -103,6 +112,9 @@ fn load_b4k{{ sfx }}(bt: u32, k: u32, n: u32) -> vec4<f32> {
 {$ endmacro $}
 {{ loaders("", check_a, check_b) }}{$ if edge_a or edge_b $}
 {{ loaders("_in", False, False) }}{$ endif $}
+{$ if fused_store $}
+{{ fused_store }}
+{$ else $}
 fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ if check_out $}
     if (m >= {{ sz.M }} || n >= {{ sz.N }}) { return; }
@@ -114,6 +126,7 @@ fn store(bt: u32, m: u32, n: u32, acc: f32) {
     let oi = bt * ({{ sz.M }} * {{ sz.N }}) + m * {{ sz.N }} + n;
     out[oi] = act({{ ST }}(v), oi);
 }
+{$ endif $}
 {$ endblock $}
 
 {$ block kernels $}
@@ -324,6 +337,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
 {$ endfor $}
 {$ endfor $}
+{$ elif fused_store $}
+{$ for i in range(RM) $}
+{$ for j in range(RN // 4) $}
+    store4(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }});
+{$ endfor $}
+{$ endfor $}
 {$ else $}
 {$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
@@ -399,6 +418,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let sum = mat4x4<f32>(subgroupAdd(acc[0]), subgroupAdd(acc[1]), subgroupAdd(acc[2]), subgroupAdd(acc[3]));
     if (sid == 0u) { partial[li / sgs] = sum; }
     workgroupBarrier();
+{$ if fused_store $}
+    if (li < {{ sz.M }}) {  // one thread per row stores the quad of columns n..n+3
+        var t = vec4<f32>(0.0);
+        for (var q = 0u; q < (63u + sgs) / sgs; q = q + 1u) {
+            t = t + vec4<f32>(partial[q][0][li], partial[q][1][li], partial[q][2][li], partial[q][3][li]);
+        }
+        store4(bt, li, n, t);
+    }
+{$ else $}
     if (li < 16u) {
         let j = li / 4u;
         let row = li % 4u;
@@ -408,6 +436,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             store(bt, row, n + j, t);
         }
     }
+{$ endif $}
 {$ else $}
     partial[li] = acc;
     workgroupBarrier();
@@ -415,6 +444,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (li < s) { partial[li] = partial[li] + partial[li + s]; }
         workgroupBarrier();
     }
+{$ if fused_store $}
+    if (li < {{ sz.M }}) {  // one thread per row stores the quad of columns n..n+3
+        store4(bt, li, n, vec4<f32>(partial[0][0][li], partial[0][1][li], partial[0][2][li], partial[0][3][li]));
+    }
+{$ else $}
     if (li < 16u) {
         let j = li / 4u;
         let row = li % 4u;
@@ -422,6 +456,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             store(bt, row, n + j, partial[0][j][row]);
         }
     }
+{$ endif $}
 {$ endif $}
 }
 {$ endif $}

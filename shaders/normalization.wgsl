@@ -3,6 +3,8 @@
 // norm_thread / norm_group: group o (one thread / one workgroup each) has K elements,
 // element k at src[base(o) + off(k)] with scale/bias index pbase(o) + poff(k); mean and variance
 // are two passes over the group (subtracting the mean first keeps the variance accurate).
+// rms (RMS normalization, _rms_normalization): no mean, one pass for the mean of the squares,
+// y = x * (1 / sqrt(mean(x^2) + eps)) * scale, as the exported chain computes it.
 // Bindings are of the value's compute type (f32 or f16); loads widen to f32 (a no-op for f32),
 // sums and the normalization are f32, stores round back with ST (f16_of for f16, else nothing).
 {{ bindings }}
@@ -46,15 +48,21 @@ fn affine(y: f32, p: u32) -> f32 {
 
 {$ macro thread_body() $}
     let b = base(o);
+{$ if rms $}
+    var v = 0.0;
+    for (var k = 0u; k < K; k++) { let x = f32(src[b + off(k)]); v += x * x; }
+    let r = 1.0 / sqrt(v / f32(K) + eps());
+{$ else $}
     var s = 0.0;
     for (var k = 0u; k < K; k++) { s += f32(src[b + off(k)]); }
     let mean = s / f32(K);
     var v = 0.0;
     for (var k = 0u; k < K; k++) { let d = f32(src[b + off(k)]) - mean; v += d * d; }
     let den = sqrt(v / f32(K) + eps());
+{$ endif $}
     for (var k = 0u; k < K; k++) {
         let i = b + off(k);
-        dst[i] = act({{ ST }}(affine((f32(src[i]) - mean) / den, pidx(o, k))), i);
+        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
     }
 {$ endmacro $}
 {$ if mode == "batch" $}
@@ -98,15 +106,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let o = wid.y * nwg.x + wid.x;
     if (o >= M) { return; }
     let b = base(o);
+{$ if rms $}
+    var v = 0.0;
+    for (var k = lid; k < K; k += WG) { let x = f32(src[b + off(k)]); v += x * x; }
+    let r = 1.0 / sqrt(tree_sum(lid, v) / f32(K) + eps());
+{$ else $}
     var s = 0.0;
     for (var k = lid; k < K; k += WG) { s += f32(src[b + off(k)]); }
     let mean = tree_sum(lid, s) / f32(K);
     var v = 0.0;
     for (var k = lid; k < K; k += WG) { let d = f32(src[b + off(k)]) - mean; v += d * d; }
     let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
+{$ endif $}
     for (var k = lid; k < K; k += WG) {
         let i = b + off(k);
-        dst[i] = act({{ ST }}(affine((f32(src[i]) - mean) / den, pidx(o, k))), i);
+        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
     }
 }
 {$ endif $}

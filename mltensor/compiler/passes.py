@@ -21,8 +21,8 @@ import os
 import numpy as np
 
 from .. import dtypes
-from ..dynamic.dims import Sym, is_static
-from ..front.builder import MLOperand
+from ..dynamic.dims import Sym, is_static, wgsl
+from ..front.builder import MLOperand, Node
 from ..ops import OPS
 from .attention import fuse_attention
 
@@ -39,7 +39,8 @@ def binding_cap(device):
 
 # Operators whose kernels apply a fused epilogue (`kc.epilogue(bindings, args)`).
 EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d", "l2_pool2d", "max_pool2d",
-                "batch_normalization", "instance_normalization", "layer_normalization"}
+                "batch_normalization", "instance_normalization", "layer_normalization", "_rms_normalization",
+                "_fused_matmul"}
 
 
 class Step:
@@ -423,17 +424,26 @@ def fuse_gates(steps, single_use, max_inputs):
 
 
 def epilogue_operands(step):
-    """Distinct values the step's epilogue reads besides its chain value, in order of first use:
-    the other operands of its binary nodes (extra bindings of the fused kernel)."""
-    cur = step.nodes[0].outputs[0]
-    seen, out = set(), []
+    """Distinct values the step's epilogue reads besides the values it computes (the node's
+    output and its own nodes' outputs: a chain, or a DAG joined by fuse_dag_epilogues), in order
+    of first use: the extra bindings of the fused kernel. Float constants of one element are
+    not among them: the epilogue inlines them (inline_scalar)."""
+    seen = {id(step.nodes[0].outputs[0])} | {id(n.outputs[0]) for n in step.epilogue}
+    out = []
     for n in step.epilogue:
         for x in n.inputs:
-            if x is not None and x is not cur and id(x) not in seen:
+            if x is not None and id(x) not in seen and inline_scalar(x) is None:
                 seen.add(id(x))
                 out.append(x)
-        cur = n.outputs[0]
     return out
+
+
+def inline_scalar(v):
+    """The value of a float32/float16 host constant of one element (fused epilogues write it
+    as a literal instead of binding it), else None."""
+    if v.data_type not in ("float32", "float16"):
+        return None
+    return scalar_value(v)
 
 
 def _broadcasts_to(shape, target):
@@ -472,6 +482,8 @@ def external_inputs(nodes):
 def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
     """`max_inputs`: the most inputs a fused elementwise kernel may bind (storage buffers per
     shader stage, less one for the output)."""
+    if fuse:
+        nodes = rewrite_nodes(nodes, outputs, max_inputs + 1)  # transformer patterns (module end)
     out_values = {id(v) for v in outputs.values()}
     consumers = {}
     for n in nodes:
@@ -552,8 +564,114 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
             producer[id(v)] = step
     if fuse:
         fuse_attention(steps, single_use, max_inputs)  # matmul -> softmax -> matmul: one kernel
+        fuse_grouped_heads(steps, single_use)
         fuse_gates(steps, single_use, max_inputs)
+        fuse_dag_epilogues(steps, consumers, out_values, max_inputs)  # last: others see chains only
     return steps
+
+
+def _lone_step(s, op):
+    """Step s is a single non-constant `op` node without epilogue, prologue or gate."""
+    return (s is not None and len(s.nodes) == 1 and not s.epilogue and not s.const and s.prologue is None
+            and not s.chain and s.source is None and s.nodes[0].op == op and len(s.outputs) == 1)
+
+
+def _grouped_source(v, q, producer, single_use):
+    """(kv, steps made redundant) when attention operand v ([.., H, S, D]) is K or V heads repeated
+    for grouped-query attention by copies the attention kernel need not make: reshape(expand(
+    reshape(kv [.., Hkv, S, D] -> [.., Hkv, 1, S, D]) -> [.., Hkv, H / Hkv, S, D]) -> [.., H, S, D])
+    (transformers' repeat_kv), or expand(kv) along size-1 leading dimensions (one K/V head for all,
+    or one batch entry); else None. Head h of v is kv head h // (H / Hkv), which is how
+    ops/attention.py indexes a K/V operand with fewer heads."""
+    r = v.rank
+    if r < 3 or not single_use(v):
+        return None
+    st = producer.get(id(v))
+    if _lone_step(st, "expand"):
+        kv = st.nodes[0].inputs[0]
+        if (kv.rank == r and tuple(kv.shape[-2:]) == tuple(v.shape[-2:])
+                and all(_int1(a) or a == b for a, b in zip(kv.shape[:-2], v.shape[:-2]))):
+            return kv, [st]
+        return None
+    if not _lone_step(st, "reshape"):
+        return None
+    e = st.nodes[0].inputs[0]
+    ex = producer.get(id(e))
+    if not _lone_step(ex, "expand") or not single_use(e) or e.rank != r + 1:
+        return None
+    u = ex.nodes[0].inputs[0]
+    r0 = producer.get(id(u))
+    if not _lone_step(r0, "reshape") or not single_use(u):
+        return None
+    kv = r0.nodes[0].inputs[0]
+    if kv.rank != r:
+        return None
+    lead, hkv, tail = tuple(kv.shape[:-3]), kv.shape[-3], tuple(kv.shape[-2:])
+    rep = e.shape[-3]
+    if (tuple(u.shape) != lead + (hkv, 1) + tail or tuple(e.shape) != lead + (hkv, rep) + tail
+            or tuple(v.shape) != lead + (hkv * rep,) + tail or tuple(q.shape[:-2]) != tuple(v.shape[:-2])):
+        return None
+    return kv, [st, ex, r0]
+
+
+# Off until tests/test_fusion_attention.py::test_grouped_heads_by_expand, which asserts that the
+# repeat copies stay (3 kernels), expects 1 kernel: tests/test_fusion_transformer.py turns it on.
+FUSE_GROUPED_HEADS = False
+
+
+def fuse_grouped_heads(steps, single_use):
+    """Let each fused attention read grouped K/V heads as they are (_grouped_source): the
+    repeat copies go (FUSE_GROUPED_HEADS)."""
+    if not FUSE_GROUPED_HEADS:
+        return
+    producer = {id(v): s for s in steps for v in s.outputs}
+    for st in list(steps):
+        n = st.nodes[0]
+        if n.op != "_attention" or st.const or n.attrs.get("layout", "bhsd") != "bhsd":
+            continue
+        for slot in (1, 2):
+            got = _grouped_source(n.inputs[slot], n.inputs[0], producer, single_use)
+            if got is None or any(s not in steps for s in got[1]):
+                continue
+            n.inputs[slot] = got[0]
+            for s in got[1]:
+                steps.remove(s)
+
+
+def fuse_dag_epilogues(steps, consumers, out_values, max_inputs):
+    """Merge, in place, each elementwise group step reading the output x of a step that takes
+    epilogues (several times: GELU's x * 0.5 * (1 + erf(x / sqrt 2)), the tanh approximation,
+    x * sigmoid(x)) into that step's epilogue, as a DAG: x read only by the group, every other
+    operand a float scalar constant (inlined) or a value broadcasting to x's shape, every node
+    of x's shape and data type. The merged step runs where the group ran (its inputs are all
+    computed by then). Runs after the other passes, which expect chains."""
+    producer = {id(v): s for s in steps for v in s.outputs}
+    for e in list(steps):
+        if (e not in steps or e.const or e.epilogue or e.prologue is not None or e.chain or e.source is not None
+                or len(e.outputs) != 1 or OPS[e.nodes[-1].op].expr is None):
+            continue
+        ins = external_inputs(e.nodes)
+        for x in ins:
+            p = producer.get(id(x))
+            if (p is None or p not in steps or p is e or p.const or p.node.op not in EPILOGUE_OPS or p.chain
+                    or p.source is not None or len(p.outputs) != 1 or p.outputs[0] is not x
+                    or id(x) in out_values or any(n not in e.nodes for n in consumers.get(id(x), ()))):
+                continue
+            shape, dt = tuple(x.shape), x.data_type
+            if any(tuple(n.outputs[0].shape) != shape or n.outputs[0].data_type != dt for n in e.nodes):
+                break
+            others = [v for v in ins if v is not x and inline_scalar(v) is None]
+            if any(v.data_type != dt or not _broadcasts_to(tuple(v.shape), shape) for v in others):
+                break
+            extra = epilogue_operands(p)
+            if read_bindings(p) + len([v for v in others if all(v is not o for o in extra)]) > max_inputs:
+                break
+            steps.remove(p)
+            steps[steps.index(e)] = p
+            p.epilogue += e.nodes
+            p.outputs = list(e.outputs)
+            producer[id(p.outputs[0])] = p
+            break
 
 
 def _reads_sizes(n):
@@ -614,3 +732,845 @@ def _epilogue_target(n, op, const, producer, single_use, max_inputs):
             return None  # one more read binding would exceed the limit (the output takes one more)
         return prev, other
     return None
+
+
+# -- node rewrites: transformer patterns (before the steps are planned) ------------------------
+#
+# Exporters write some operators as chains of small ones (RMSNorm as Pow / ReduceMean / Add /
+# Sqrt / Reciprocal / Mul). rewrite_nodes replaces each recognised chain by one internal node
+# computing the same function in one kernel; everything else is planned as before. The chains'
+# intermediates must be read only inside the chain (and not be graph outputs); the replacement
+# node keeps the chain's last output operand, so the nodes reading it are unchanged.
+
+
+class _Uses:
+    """Readers of every value among `nodes`, and the graph's outputs."""
+
+    def __init__(self, nodes, outputs):
+        self.out_ids = {id(v) for v in outputs.values()}
+        self.by = {}
+        self.prod = {id(v): n for n in nodes for v in n.outputs}  # (v._node may be a replaced node)
+        self.index = {id(n): i for i, n in enumerate(nodes)}
+        for n in nodes:
+            for x in n.inputs:
+                if x is not None:
+                    lst = self.by.setdefault(id(x), [])
+                    if n not in lst:
+                        lst.append(n)
+
+    def readers(self, v):
+        return self.by.get(id(v), [])
+
+    def only(self, v, node=None):
+        """v is read by one node (`node` if given) and is not a graph output."""
+        rs = self.readers(v)
+        return id(v) not in self.out_ids and len(rs) == 1 and (node is None or rs[0] is node)
+
+    def sole(self, v):
+        """The one node reading v (v not a graph output), else None."""
+        return self.readers(v)[0] if self.only(v) else None
+
+
+def scalar_value(v):
+    """The value of a host constant with one element, else None."""
+    if v is None or v._kind != "constant" or not isinstance(v._value, np.ndarray) or v._value.size != 1:
+        return None
+    return float(np.asarray(v._value, dtype=np.float64).reshape(()))
+
+
+def _other(n, x):
+    """The operand of binary node `n` that is not `x` (None when x is not an operand, or both)."""
+    a, b = n.inputs[0], n.inputs[1]
+    if a is x and b is not x:
+        return b
+    if b is x and a is not x:
+        return a
+    return None
+
+
+def _rms_chain(n, uses):
+    """(x, scale or None, axes, epsilon, nodes of the chain, output) when reduce_mean node `n`
+    begins an RMS normalization as exporters write it:
+        ms = reduce_mean(x * x or pow(x, 2), axes, keeping them)
+        r  = 1 / sqrt(ms + eps)  as reciprocal(sqrt(.)), div(1, sqrt(.)) or pow(., -0.5)
+        y  = x * r  (or x / sqrt(ms + eps))
+        [y = y * scale]  (either operand order; scale varies along the normalized axes only)
+    with every intermediate read only by the next node; else None."""
+    sq = n.inputs[0]
+    sn = uses.prod.get(id(sq))
+    if sn is None or not uses.only(sq, n) or sq.data_type not in ("float32", "float16"):
+        return None
+    if sn.op == "mul" and sn.inputs[0] is sn.inputs[1]:
+        x = sn.inputs[0]
+    elif sn.op == "pow" and scalar_value(sn.inputs[1]) == 2.0:
+        x = sn.inputs[0]
+    else:
+        return None
+    ms = n.outputs[0]
+    if ms.rank != x.rank or x.data_type != sq.data_type:
+        return None
+    axes = tuple(n.attrs["axes"])
+    chain = [sn, n]
+    add = uses.sole(ms)
+    if add is None or add.op != "add":
+        return None
+    eps = scalar_value(_other(add, ms))
+    if eps is None or eps < 0:
+        return None
+    chain.append(add)
+    v = add.outputs[0]
+    nx = uses.sole(v)
+    if nx is None:
+        return None
+    y = None
+    if nx.op == "pow" and nx.inputs[0] is v and scalar_value(nx.inputs[1]) == -0.5:
+        chain.append(nx)
+        r = nx.outputs[0]
+    elif nx.op == "sqrt":
+        chain.append(nx)
+        s = nx.outputs[0]
+        m = uses.sole(s)
+        if m is None:
+            return None
+        if m.op == "reciprocal":
+            chain.append(m)
+            r = m.outputs[0]
+        elif m.op == "div" and m.inputs[1] is s and scalar_value(m.inputs[0]) == 1.0:
+            chain.append(m)
+            r = m.outputs[0]
+        elif m.op == "div" and m.inputs[0] is x and m.inputs[1] is s:
+            chain.append(m)
+            y = m.outputs[0]
+        else:
+            return None
+    else:
+        return None
+    if y is None:
+        m = uses.sole(r)
+        if m is None or m.op != "mul" or _other(m, r) is not x:
+            return None
+        chain.append(m)
+        y = m.outputs[0]
+    if tuple(y.shape) != tuple(x.shape) or y.data_type != x.data_type:
+        return None
+    scale = None
+    m = uses.sole(y)
+    if m is not None and m.op == "mul":
+        w = _other(m, y)
+        z = m.outputs[0]
+        pshape = tuple(x.shape[a] for a in axes)
+        if (w is not None and w.data_type == x.data_type and tuple(z.shape) == tuple(x.shape)
+                and w.rank <= x.rank and math.prod(w.shape) == math.prod(pshape)
+                and all(d == 1 for d in ((1,) * (x.rank - w.rank) + tuple(w.shape))[:min(axes)])
+                and tuple(d for d in w.shape if d != 1) == tuple(d for d in pshape if d != 1)
+                and list(axes) == list(range(min(axes), x.rank))):
+            scale, y = w, z
+            chain.append(m)
+    return x, scale, axes, eps, chain, y
+
+
+def _rewrite_rms(nodes, uses):
+    """RMS normalization chains (_rms_chain) -> one _rms_normalization node each."""
+    out, drop, put = [], set(), {}
+    for n in nodes:
+        if n.op != "reduce_mean" or id(n) in drop:
+            continue
+        found = _rms_chain(n, uses)
+        if found is None:
+            continue
+        x, scale, axes, eps, chain, y = found
+        # (a scale shaped [1, .., C] is read as [C]: the same elements in the same order; the
+        # lowering indexes it by the normalized dimensions)
+        node = Node("_rms_normalization", [x, scale, None], {"axes": axes, "epsilon": eps}, chain[-1].label)
+        node.outputs = [y]
+        drop.update(id(c) for c in chain)
+        put[id(chain[-1])] = node
+    for n in nodes:
+        if id(n) in put:
+            out.append(put[id(n)])
+        elif id(n) not in drop:
+            out.append(n)
+    return out
+
+
+def rewrite_nodes(nodes, outputs, cap=MAX_FUSED_BINDINGS):
+    """The live nodes with the transformer patterns replaced (module comment above); `cap`: the
+    storage buffers a fused kernel may bind."""
+    nodes = _rewrite_rms(nodes, _Uses(nodes, outputs))
+    return _rewrite_gemms(nodes, outputs, cap)
+
+
+# -- fused GEMMs: views, rotary pairs, gated units, merged projections -------------------------
+#
+# A matmul whose output only goes through layout operators (reshape, transpose, slice, split,
+# identity: the head split of attention projections, a fused QKV split) is written by the GEMM
+# straight to the values those operators produce: each written value is a view of the GEMM's
+# output, and the store computes the element's index in it (DigitView). Likewise a matmul whose
+# A operand is such a view (the head merge before the output projection) reads A through it.
+# On top of that, _fused_matmul nodes carry:
+# - a rotary position embedding of a view (rotate-half: t * cos + concat(-t2, t1) * sin, as
+#   transformers' Llama exports write it): the GEMM's columns are permuted (in load_b's index
+#   arithmetic, the weights stay as they are) so that column d and d + D/2 of each head are
+#   computed by one thread (the x/z and y/w lanes of one vec4 of accumulators), which stores
+#   both rotated values;
+# - a gated unit (SwiGLU's silu(x W_gate) * (x W_up), GeGLU): the two matmuls of one A are one
+#   GEMM whose columns interleave gate and up (lanes x, y: gate; z, w: up), the elementwise nodes
+#   combining them applied as the pair is stored;
+# - several projections of one A (Q, K, V) as one GEMM over their B operands side by side, as
+#   many as the binding cap allows (each its own storage binding: the weights are not copied).
+
+
+class _Digit:
+    """One mixed-radix digit of a base value's axis (axes are split into digits by reshapes)."""
+
+    __slots__ = ("axis", "size")
+
+    def __init__(self, axis, size):
+        self.axis, self.size = axis, size
+
+
+def _int1(x):
+    return isinstance(x, int) and x == 1
+
+
+class DigitView:
+    """A value reached from a `base` value through reshape / transpose / slice / split /
+    identity, as dimensions over the base's digits: each dimension is a list of slots
+    [digit, lo, size] (outermost first; a slot takes digit values lo .. lo + size - 1), its
+    coordinate the slots' values (minus lo) in mixed radix. Every element of the view is one
+    element of the base; store_index gives where a base element lands in the view (and the
+    condition that it lands at all), load_index where a view element is in the base."""
+
+    def __init__(self, shape):
+        self.base = tuple(shape)
+        self.axes = [[] if _int1(s) else [_Digit(a, s)] for a, s in enumerate(shape)]
+        self.dims = [[[d, 0, d.size] for d in ax] for ax in self.axes]
+
+    def copy(self):
+        v = DigitView.__new__(DigitView)
+        v.base, v.axes = self.base, [list(a) for a in self.axes]
+        v.dims = [[list(s) for s in dim] for dim in self.dims]
+        return v
+
+    @property
+    def shape(self):
+        return tuple(math.prod(s[2] for s in dim) for dim in self.dims)
+
+    def _split(self, slot, q):
+        """Split slot [digit, lo, size] into an outer part of q values and the inner rest
+        (size / q); the digit is split alike. False where the slot's range does not align."""
+        dg, lo, size = slot
+        if not (isinstance(dg.size, int) and isinstance(size, int) and isinstance(q, int)):
+            return None
+        if q <= 0 or size % q:
+            return None
+        r = size // q
+        if lo % r or dg.size % r:
+            return None
+        outer, inner = _Digit(dg.axis, dg.size // r), _Digit(dg.axis, r)
+        ax = self.axes[dg.axis]
+        i = ax.index(dg)
+        ax[i:i + 1] = [outer, inner]
+        return [outer, lo // r, q], [inner, 0, r]
+
+    def reshape(self, shape):
+        seq = [s for dim in self.dims for s in dim]
+        out, pos = [], 0
+        for want in shape:
+            group, prod = [], 1
+            while not (prod == want):
+                if pos >= len(seq):
+                    return False
+                s = seq[pos]
+                nxt = prod * s[2]
+                if nxt == want or (isinstance(nxt, int) and isinstance(want, int) and want % nxt == 0):
+                    group.append(s)
+                    prod = nxt
+                    pos += 1
+                    continue
+                if not (isinstance(want, int) and isinstance(prod, int) and want % prod == 0):
+                    return False
+                parts = self._split(s, want // prod)
+                if parts is None:
+                    return False
+                seq[pos:pos + 1] = list(parts)
+                group.append(parts[0])
+                prod *= parts[0][2]
+                pos += 1
+            out.append(group)
+        if pos != len(seq):
+            return False
+        self.dims = out
+        return True
+
+    def transpose(self, perm):
+        self.dims = [self.dims[p] for p in perm]
+        return True
+
+    def slice(self, starts, sizes, strides=None):
+        shape = self.shape
+        for d, (st, sz) in enumerate(zip(starts, sizes)):
+            if _int1(sz) and _int1(shape[d]):
+                continue
+            if st == 0 and sz == shape[d]:
+                continue
+            if strides is not None and strides[d] != 1:
+                return False
+            if not (isinstance(st, int) and isinstance(sz, int)) or not self.dims[d]:
+                return False
+            dim = self.dims[d]
+            inner = math.prod(s[2] for s in dim[1:])
+            if not isinstance(inner, int) or st % inner or sz % inner:
+                return False
+            dim[0][1] += st // inner
+            dim[0][2] = sz // inner
+        return True
+
+    def apply(self, n, k=0):
+        """This view after layout node `n` (output k); False where it cannot be expressed."""
+        if n.op == "identity":
+            return True
+        if n.op == "reshape":
+            return self.reshape(n.outputs[0].shape)
+        if n.op == "transpose":
+            return self.transpose(n.attrs["permutation"])
+        if n.op == "slice":
+            return self.slice(n.attrs["starts"], n.attrs["sizes"], n.attrs["strides"])
+        if n.op == "split":
+            axis = n.attrs["axis"]
+            start = sum(n.attrs["sizes"][:k])
+            r = len(self.dims)
+            starts = [start if d == axis else 0 for d in range(r)]
+            return self.slice(starts, list(n.outputs[k].shape))
+        return False
+
+    # -- index arithmetic (WGSL) --
+
+    def _digit_expr(self, dg, coords):
+        ax = self.axes[dg.axis]
+        i = ax.index(dg)
+        inner = math.prod(d.size for d in ax[i + 1:])
+        c = coords[dg.axis]
+        e = c if _int1(inner) else f"({c} / {wgsl(inner)})"
+        return e if i == 0 else f"({e} % {wgsl(dg.size)})"
+
+    def store_index(self, coords):
+        """(flat index expression in the view, [conditions]) of the base element whose
+        coordinates (one WGSL expression per base axis) are `coords`."""
+        shape = self.shape
+        rs = _row_strides(shape)
+        terms, conds, const = [], [], 0
+        for d, dim in enumerate(self.dims):
+            inner = 1
+            for dg, lo, size in reversed(dim):
+                e = self._digit_expr(dg, coords)
+                w = inner * rs[d]
+                if not (lo == 0 and size == dg.size):
+                    conds.append(f"{e} >= {wgsl(lo)}" if lo else None)
+                    conds.append(f"{e} < {wgsl(lo + size)}")
+                terms.append(e if _int1(w) else f"{e} * {wgsl(w)}")
+                const -= lo * w
+                inner = inner * size
+        expr = " + ".join(terms) or "0u"
+        if const:
+            expr = f"({expr} - {wgsl(-const)})"
+        return expr, [c for c in conds if c]
+
+    def load_index(self, coords):
+        """Flat index expression in the base of the view element whose coordinates (one WGSL
+        expression per view dimension) are `coords`."""
+        weight = {}
+        rs = _row_strides(self.base)
+        for a, ax in enumerate(self.axes):
+            inner = 1
+            for dg in reversed(ax):
+                weight[id(dg)] = inner * rs[a]
+                inner = inner * dg.size
+        terms = []
+        for d, dim in enumerate(self.dims):
+            inner = 1
+            for j in range(len(dim) - 1, -1, -1):
+                dg, lo, size = dim[j]
+                c = coords[d] if _int1(inner) else f"({coords[d]} / {wgsl(inner)})"
+                if j > 0:
+                    c = f"({c} % {wgsl(size)})"
+                if lo:
+                    c = f"({c} + {wgsl(lo)})"
+                w = weight[id(dg)]
+                terms.append(c if _int1(w) else f"{c} * {wgsl(w)}")
+                inner = inner * size
+        return " + ".join(terms) or "0u"
+
+    def innermost(self):
+        """The slot of the view's last dimension when it is exactly the base's innermost digit,
+        whole (the axis rotary pairs are taken along), else None."""
+        if not self.dims or len(self.dims[-1]) != 1 or not self.axes[-1]:
+            return None
+        dg, lo, size = self.dims[-1][0]
+        if dg is not self.axes[-1][-1] or lo != 0 or size != dg.size:
+            return None
+        return dg
+
+
+def _row_strides(shape):
+    s, out = 1, [0] * len(shape)
+    for d in range(len(shape) - 1, -1, -1):
+        out[d] = s
+        s = s * shape[d]
+    return out
+
+
+def coords_of_batch(shape, var="bt"):
+    """WGSL coordinates of the batch axes `shape` of flat batch index `var` (row-major)."""
+    out, inner = [], 1
+    for d in range(len(shape) - 1, -1, -1):
+        s = shape[d]
+        if _int1(s):
+            out.append("0u")
+            continue
+        c = var if _int1(inner) else f"({var} / {wgsl(inner)})"
+        if any(not _int1(x) for x in shape[:d]):
+            c = f"({c} % {wgsl(s)})"
+        out.append(c)
+        inner = inner * s
+    return out[::-1]
+
+
+LAYOUT_OPS = ("reshape", "transpose", "slice", "split", "identity")
+
+
+class Leaf:
+    """Values a fused GEMM writes at one view of a segment's output: `values` (a value and the
+    identity copies of it, same shape), `view` (a DigitView of the segment's output), and for a
+    rotary leaf `rope` = (cos, sin): the values are the rotation of the view."""
+
+    __slots__ = ("view", "values", "rope")
+
+    def __init__(self, view, values, rope=None):
+        self.view, self.values, self.rope = view, values, rope
+
+
+class Segment:
+    """One projection of a fused GEMM: kind "plain" (matmuls [mm]), "rope" (one rotary leaf,
+    columns paired within heads of `head` channels) or "glu" (matmuls [gate, up], columns
+    interleaved). `pre`: elementwise nodes applied per element before the views (a bias; for
+    "glu" the nodes combining gate and up), `x` the value they give (the views' base), `n` its
+    columns, `width` the GEMM columns it takes, `leaves` what is written, `nodes` every node it
+    replaces."""
+
+    def __init__(self, kind, mms, pre, x, leaves, nodes, head=None):
+        self.kind, self.mms, self.pre, self.x, self.leaves, self.nodes = kind, mms, pre, x, leaves, nodes
+        self.head = head
+        self.n = x.shape[-1]
+        self.width = 2 * self.n if kind == "glu" else self.n
+        self.bs = [m.inputs[1] for m in mms]
+
+    def extras(self):
+        """Values read besides A and the B operands (host scalars are inlined: not bound)."""
+        out = []
+        for n in self.pre:
+            for v in n.inputs:
+                if v is not None and v not in out and not _produced(v, self) and scalar_value(v) is None:
+                    out.append(v)
+        for leaf in self.leaves:
+            if leaf.rope:
+                out += [v for v in leaf.rope if v not in out]
+        return out
+
+    def outputs(self):
+        return [v for leaf in self.leaves for v in leaf.values]
+
+
+def _produced(v, seg):
+    return any(v is m.outputs[0] for m in seg.mms) or any(v is n.outputs[0] for n in seg.pre)
+
+
+class FusedPlan:
+    """attrs["plan"] of a _fused_matmul node: `segments` side by side along the GEMM's columns,
+    `a_view` (a DigitView of inputs[0] that A is, or None: inputs[0] is A), `a` the A operand
+    the matmuls read (its shape), `bind`: the node's inputs after A (B operands, then extras)."""
+
+    def __init__(self, segments, a, a_view):
+        self.segments, self.a, self.a_view = segments, a, a_view
+
+
+def _epilogue_operand_ok(n, cur):
+    """Elementwise node `n` reading `cur` can be applied per element of cur's shape: unary, or
+    binary with the other operand broadcasting to cur (same data type, same output shape)."""
+    op = OPS[n.op]
+    if op.expr is None or len(n.outputs) != 1:
+        return False
+    y = n.outputs[0]
+    if tuple(y.shape) != tuple(cur.shape) or y.data_type != cur.data_type:
+        return False
+    ins = [v for v in n.inputs if v is not None]
+    if op.activation and len(ins) == 1 and ins[0] is cur:
+        return True
+    if len(n.inputs) != 2 or len(ins) != 2:
+        return False
+    other = _other(n, cur)
+    return (other is not None and other.data_type == cur.data_type
+            and _broadcasts_to(tuple(other.shape), tuple(cur.shape)))
+
+
+def _copies(v, uses):
+    """[v if read by anything but identities or an output] + identity copies of v."""
+    rs = uses.readers(v)
+    vals = [v] if id(v) in uses.out_ids or any(r.op != "identity" for r in rs) else []
+    return vals + [r.outputs[0] for r in rs if r.op == "identity"], [r for r in rs if r.op == "identity"]
+
+
+def _rope_at(t, uses):
+    """(cos, sin, nodes, output) when t's readers are exactly a rotate-half rotary embedding:
+    add(mul(t, cos), mul(concat(neg(t[.., D/2:]), t[.., :D/2]), sin)) (operands in either order),
+    intermediates read only there, D a multiple of 4; else None."""
+    D = t.shape[-1] if t.rank else None
+    if not isinstance(D, int) or D % 4 or id(t) in uses.out_ids:
+        return None
+    rs = uses.readers(t)
+    if len(rs) != 3:
+        return None
+    half, r = D // 2, t.rank
+    lo = hi = mc = None
+    for n in rs:
+        if n.op == "slice" and n.inputs[0] is t and all(s == 1 for s in n.attrs["strides"]):
+            st, sz = n.attrs["starts"], n.attrs["sizes"]
+            if any(st[d] != 0 or sz[d] != t.shape[d] for d in range(r - 1)) or sz[-1] != half:
+                return None
+            if st[-1] == 0:
+                lo = n
+            elif st[-1] == half:
+                hi = n
+            else:
+                return None
+        elif n.op == "mul":
+            mc = n
+        else:
+            return None
+    if lo is None or hi is None or mc is None:
+        return None
+    x1, x2 = lo.outputs[0], hi.outputs[0]
+    neg = uses.sole(x2)
+    if neg is None or neg.op != "neg" or not uses.only(x1):
+        return None
+    cat = uses.sole(neg.outputs[0])
+    if cat is None or cat.op != "concat" or cat.attrs["axis"] != r - 1 or list(cat.inputs) != [neg.outputs[0], x1]:
+        return None
+    ms = uses.sole(cat.outputs[0])
+    if ms is None or ms.op != "mul":
+        return None
+    cos, sin = _other(mc, t), _other(ms, cat.outputs[0])
+    if cos is None or sin is None:
+        return None
+    add = uses.sole(mc.outputs[0])
+    if add is None or add.op != "add" or uses.sole(ms.outputs[0]) is not add or _other(add, mc.outputs[0]) is not ms.outputs[0]:
+        return None
+    y = add.outputs[0]
+    for v in (cos, sin):
+        if v.data_type != t.data_type or not _broadcasts_to(tuple(v.shape), tuple(t.shape)):
+            return None
+    if any(tuple(n.outputs[0].shape) != tuple(t.shape) for n in (mc, ms, add)) or y.data_type != t.data_type:
+        return None
+    return cos, sin, [lo, hi, neg, cat, mc, ms, add], y
+
+
+def _view_tree(x, uses, max_leaves):
+    """(leaves, nodes) of the layout operators after value x (module comment): a value every
+    reader of which is a layout operator that a DigitView expresses (not a graph output) is not
+    written; the others are (their identity copies with them); a value whose readers are a
+    rotary embedding gives a rotary leaf. None when nothing is gained (x itself the only leaf)."""
+    leaves, nodes = [], []
+    stack = [(x, DigitView(x.shape))]
+    while stack:
+        v, view = stack.pop()
+        rs = uses.readers(v)
+        rope = _rope_at(v, uses)
+        if rope is not None and view.innermost() is not None:
+            cos, sin, rnodes, y = rope
+            vals, ids = _copies(y, uses)
+            if not vals:
+                return None
+            leaves.append(Leaf(view, vals, (cos, sin)))
+            nodes += rnodes + ids
+            continue
+        branches = []
+        ok = id(v) not in uses.out_ids and bool(rs)
+        for r in rs if ok else ():
+            if r.op not in LAYOUT_OPS or r.inputs[0] is not v:
+                ok = False
+                break
+            if r.op == "transpose" and _kt_transpose(r, uses):
+                ok = False  # (attention reads K through its own Kᵀ transpose)
+                break
+            for k in range(len(r.outputs)):
+                w = view.copy()
+                if not w.apply(r, k):
+                    ok = False
+                    break
+                branches.append((r.outputs[k], w))
+            if not ok:
+                break
+        if ok:
+            nodes += [r for r in rs if r not in nodes]
+            stack.extend(branches)
+            continue
+        vals, ids = _copies(v, uses)
+        leaves.append(Leaf(view, vals))
+        nodes += ids
+        if len(leaves) > max_leaves:
+            return None
+    if len(leaves) == 1 and leaves[0].values == [x] and not leaves[0].rope:
+        return None
+    return leaves, nodes
+
+
+def _kt_transpose(n, uses):
+    """Transpose node n swaps the last two axes and feeds a matmul's second operand (attention's
+    K^T, which the attention kernel reads in place)."""
+    p = list(n.attrs["permutation"])
+    r = len(p)
+    if r < 2 or p != list(range(r - 2)) + [r - 1, r - 2]:
+        return False
+    return any(m.op == "matmul" and m.inputs[1] is n.outputs[0] for m in uses.readers(n.outputs[0]))
+
+
+def _plain_b(mm):
+    """The matmul's B is one [K, N] matrix for every batch entry, N a multiple of 4, static."""
+    b = mm.inputs[1]
+    n = b.shape[-1]
+    return (all(_int1(d) for d in b.shape[:-2]) and isinstance(n, int) and n % 4 == 0
+            and mm.inputs[0].data_type in ("float32", "float16"))
+
+
+def _segment(mm, uses, max_leaves):
+    """The plain or rotary Segment of matmul node `mm` (pre nodes, then the view tree), or None."""
+    if not _plain_b(mm):
+        return None
+    x = mm.outputs[0]
+    pre, cur = [], x
+    while uses.only(cur):
+        n = uses.sole(cur)
+        if not _epilogue_operand_ok(n, cur):
+            break
+        pre.append(n)
+        cur = n.outputs[0]
+    tree = _view_tree(cur, uses, max_leaves)
+    if tree is None and pre:  # the pre nodes without views are an ordinary epilogue
+        pre, cur = [], x
+        tree = _view_tree(cur, uses, max_leaves)
+    if tree is None:
+        return None
+    leaves, vnodes = tree
+    ropes = [lf for lf in leaves if lf.rope]
+    if ropes:
+        if len(leaves) != 1:
+            return None
+        head = leaves[0].view.innermost().size
+        if x.shape[-1] % head:
+            return None
+        return Segment("rope", [mm], pre, cur, leaves, [mm] + pre + vnodes, head=head)
+    return Segment("plain", [mm], pre, cur, leaves, [mm] + pre + vnodes)
+
+
+def _glu(g_mm, u_mm, uses, order):
+    """The "glu" Segment of matmuls g_mm (gate) and u_mm (up) of one A: the elementwise nodes
+    reading only their outputs, scalar host constants and values made before both, with exactly
+    one value y leaving them, depending on both; or None."""
+    g, u = g_mm.outputs[0], u_mm.outputs[0]
+    if (tuple(g.shape) != tuple(u.shape) or g.data_type != u.data_type or id(g) in uses.out_ids
+            or id(u) in uses.out_ids or not (_plain_b(g_mm) and _plain_b(u_mm))):
+        return None
+    first = min(order[id(g_mm)], order[id(u_mm)])
+    inside = {id(g), id(u)}
+    region = []
+    grew = True
+    while grew:
+        grew = False
+        for v in [g, u] + [n.outputs[0] for n in region]:
+            for n in uses.readers(v):
+                if n in region or OPS[n.op].expr is None or len(n.outputs) != 1:
+                    continue
+                y = n.outputs[0]
+                if tuple(y.shape) != tuple(g.shape) or y.data_type != g.data_type:
+                    continue
+                if all(x is None or id(x) in inside or scalar_value(x) is not None
+                       or (id(x) not in uses.prod or order[id(uses.prod[id(x)])] < first)
+                       and _broadcasts_to(tuple(x.shape), tuple(g.shape)) and x.data_type == g.data_type
+                       for x in n.inputs):
+                    region.append(n)
+                    inside.add(id(y))
+                    grew = True
+    if not region:
+        return None
+    leaving = [n.outputs[0] for n in region
+               if id(n.outputs[0]) in uses.out_ids or any(r not in region for r in uses.readers(n.outputs[0]))]
+    if any(r not in region for v in (g, u) for r in uses.readers(v)) or len(leaving) != 1:
+        return None
+    y = leaving[0]
+    # (both read: y depends on g and u)
+    dep, stack = set(), [y]
+    while stack:
+        v = stack.pop()
+        if id(v) in dep:
+            continue
+        dep.add(id(v))
+        p = uses.prod.get(id(v))
+        if v is not g and v is not u and p in region:
+            stack.extend(x for x in p.inputs if x is not None and id(x) in inside)
+    if id(g) not in dep or id(u) not in dep:
+        return None
+    region = [n for n in region if id(n.outputs[0]) in dep]
+    # topological order (the node list's)
+    region.sort(key=lambda n: order[id(n)])
+    vals, ids = _copies(y, uses)
+    leaves = [Leaf(DigitView(y.shape), vals)]
+    return Segment("glu", [g_mm, u_mm], region, y, leaves, [g_mm, u_mm] + region + ids)
+
+
+def _a_view(mm, uses):
+    """(base value, DigitView) when matmul mm's A is a layout view (reshape / transpose of a value,
+    read by nothing else) of another value: the head merge transpose; else None."""
+    a = mm.inputs[0]
+    chain = []
+    v = a
+    while id(v) in uses.prod and uses.prod[id(v)].op in ("reshape", "transpose") and uses.only(v):
+        chain.append(uses.prod[id(v)])
+        v = chain[-1].inputs[0]
+    if not any(n.op == "transpose" for n in chain):
+        return None
+    view = DigitView(v.shape)
+    for n in reversed(chain):
+        if not view.apply(n):
+            return None
+    if tuple(view.shape) != tuple(a.shape) or any(not _int1(d) for d in a.shape[:-2]):
+        return None
+    return v, view, chain
+
+
+def _bindings_of(segs, a_extra=0):
+    """Storage buffers of one fused GEMM of these segments: A, the B operands, the extras (each
+    distinct value once) and the written values."""
+    extras = []
+    for s in segs:
+        extras += [v for v in s.extras() if not any(v is e for e in extras)]
+    return 1 + a_extra + sum(len(s.bs) for s in segs) + len(extras) + sum(len(s.outputs()) for s in segs)
+
+
+def _rewrite_gemms(nodes, outputs, cap):
+    """Matmuls -> _fused_matmul nodes (module comment above); the node list re-sorted."""
+    uses = _Uses(nodes, outputs)
+    order = {id(n): i for i, n in enumerate(nodes)}
+    mms = [n for n in nodes if n.op == "matmul" and n.inputs[0].data_type in ("float32", "float16")]
+    taken = set()
+    fused = []  # (segments, a_view info)
+    # gated units first: two matmuls of one A whose outputs meet in elementwise nodes
+    by_a = {}
+    for m in mms:
+        by_a.setdefault(id(m.inputs[0]), []).append(m)
+    for group in by_a.values():
+        for i, g in enumerate(group):
+            for u in group[i + 1:]:
+                if id(g) in taken or id(u) in taken:
+                    continue
+                if tuple(g.inputs[1].shape) != tuple(u.inputs[1].shape):
+                    continue
+                seg = None
+                for gate, up in ((g, u), (u, g)):
+                    seg = _glu(gate, up, uses, order)
+                    if seg is not None:
+                        break
+                if seg is not None and _bindings_of([seg]) <= cap:
+                    fused.append(([seg], None))
+                    taken.update((id(g), id(u)))
+    # projections: views after the output (merged when they share A), or a view before A
+    for group in by_a.values():
+        segs = []
+        for m in group:
+            if id(m) in taken:
+                continue
+            s = _segment(m, uses, cap - 2)
+            if s is not None and _bindings_of([s]) <= cap:
+                segs.append(s)
+        run = []
+        for s in segs:
+            if run and (_bindings_of(run + [s]) > cap or s.mms[0].inputs[1].shape[-2] != run[0].mms[0].inputs[1].shape[-2]):
+                fused.append((run, None))
+                run = []
+            run.append(s)
+            taken.add(id(s.mms[0]))
+        if run:
+            fused.append((run, None))
+    for m in mms:
+        if id(m) in taken or not _plain_b(m):
+            continue
+        av = _a_view(m, uses)
+        if av is None:
+            continue
+        seg = Segment("plain", [m], [], m.outputs[0], [Leaf(DigitView(m.outputs[0].shape), [m.outputs[0]])], [m])
+        fused.append(([seg], av))
+        taken.add(id(m))
+    if not fused:
+        return nodes
+    return _place_fused(nodes, fused, order)
+
+
+def _fused_node(segs, av):
+    first = segs[0].mms[0]
+    a = first.inputs[0]
+    src, view, chain = (a, None, []) if av is None else av
+    extras = []
+    for s in segs:
+        extras += [v for v in s.extras() if not any(v is e for e in extras)]
+    inputs = [src] + [b for s in segs for b in s.bs] + extras
+    node = Node("_fused_matmul", inputs, {"plan": FusedPlan(segs, a, view)}, first.label)
+    node.outputs = [v for s in segs for v in s.outputs()]
+    return node, [n for s in segs for n in s.nodes] + chain
+
+
+def _place_fused(nodes, fused, order):
+    """The node list with each fused group's nodes replaced by its _fused_matmul node, sorted
+    topologically (stable: original order where free). A group that would make a cycle (one of
+    its inputs computed from one of its outputs) is left unfused."""
+    made = [_fused_node(segs, av) for segs, av in fused]
+    while True:
+        drop = {}
+        for i, (node, gone) in enumerate(made):
+            for n in gone:
+                drop[id(n)] = i
+        rest = [n for n in nodes if id(n) not in drop] + [node for node, _ in made]
+        key = {id(n): order[id(n)] for n in nodes if id(n) not in drop}
+        for node, gone in made:
+            key[id(node)] = min(order[id(n)] for n in gone)
+        out = _topo(rest, key)
+        if out is not None:
+            return out
+        # a cycle: drop the group with the latest first node and try again
+        made.pop(max(range(len(made)), key=lambda i: key[id(made[i][0])]))
+        if not made:
+            return nodes
+
+
+def _topo(nodes, key):
+    """Nodes in topological order (ties by key), or None on a cycle."""
+    import heapq
+
+    prod = {id(v): n for n in nodes for v in n.outputs}
+    deps = {id(n): {id(prod[id(x)]) for x in n.inputs if x is not None and id(x) in prod} - {id(n)} for n in nodes}
+    users = {}
+    for n in nodes:
+        for d in deps[id(n)]:
+            users.setdefault(d, []).append(n)
+    byid = {id(n): n for n in nodes}
+    pos = {id(n): i for i, n in enumerate(nodes)}
+    heap = [(key[id(n)], i, id(n)) for i, n in enumerate(nodes) if not deps[id(n)]]
+    heapq.heapify(heap)
+    left = {k: len(v) for k, v in deps.items()}
+    out = []
+    while heap:
+        _, _, k = heapq.heappop(heap)
+        out.append(byid[k])
+        for u in users.get(k, ()):
+            left[id(u)] -= 1
+            if left[id(u)] == 0:
+                heapq.heappush(heap, (key[id(u)], pos[id(u)], id(u)))
+    return out if len(out) == len(nodes) else None

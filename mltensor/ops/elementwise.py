@@ -403,8 +403,14 @@ def activation_lines(kc, nodes, x, wtype):
 def epilogue_fn(kc, step, extra, wtype):
     """WGSL `fn act(x: T, i: u32) -> T` applying a step's epilogue nodes to the value `x` stored at
     flat output index `i`; `extra` are the other operands of its binary nodes, bound as `e0`, ..."""
+    from ..compiler.passes import inline_scalar
+
     out_shape = step.nodes[0].outputs[0].shape
     names = {id(v): f"e{k}[{_index_expr(v.shape, out_shape)}]" for k, v in enumerate(extra)}
+    for n in step.epilogue:  # float scalar constants: literals (epilogue_operands leaves them out)
+        for v in n.inputs:
+            if v is not None and id(v) not in names and inline_scalar(v) is not None:
+                names[id(v)] = lit(inline_scalar(v), kc.wtype(v))
     views = []
     for k, v in enumerate(extra):
         pad = step.views.get(id(v))
@@ -442,3 +448,41 @@ def _pad_view(kc, pad, name):
         inner *= size
     body = "\n".join(lines)
     return (f"fn {name}_at(i: u32) -> {t} {{\n{body}\n    return {name}[{' + '.join(terms) or '0u'}];\n}}\n\n")
+
+
+def node_lines(kc, nodes, names, tag="p"):
+    """(WGSL `let` lines, name of the last result) evaluating elementwise `nodes` in order (a DAG:
+    each reads values named in `names`, id(value) -> WGSL expression, or earlier nodes' results;
+    host constants of one element are inlined as literals). `names` gains each result. Used by
+    the fused GEMM's stores (matmul.py _lower_fused)."""
+    from ..compiler.passes import scalar_value
+
+    lines, cur = [], None
+    for j, n in enumerate(nodes):
+        args = []
+        for x in n.inputs:
+            if x is None:
+                continue
+            if id(x) in names:
+                args.append(names[id(x)])
+            else:
+                c = scalar_value(x)
+                if c is None:
+                    raise KeyError(f"{n.op}: operand {x} is not bound")
+                args.append(lit(c, kc.wtype(x)))
+        cur = f"{tag}{j}"
+        lines.append(f"    let {cur}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
+        names[id(n.outputs[0])] = cur
+    return lines, cur
+
+
+def broadcast_index(in_shape, out_shape, var):
+    """WGSL flat index into a value of `in_shape` broadcast to `out_shape`, at flat index `var`
+    of the output."""
+    e = _index_expr(in_shape, out_shape)
+    return e if var == "i" else _re_i.sub(var, e)
+
+
+import re as _re  # noqa: E402
+
+_re_i = _re.compile(r"\bi\b")

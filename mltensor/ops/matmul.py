@@ -29,7 +29,7 @@ from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, grid, store_fn
+from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, grid, store_fn
 from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, register,
                row_strides, same_type, unidirectional)
 
@@ -212,6 +212,8 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
     p.setdefault("a_kmajor", p["vec_a"])
+    for k in ("a_at", "b_fused", "fused_store"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
+        p.setdefault(k, "")
     p.setdefault("b_kmajor", False)
     bm, bn, bk, split = c["TY"] * c["RM"], c["TX"] * c["RN"], c["BK"], c["SPLIT"]
     # the staging loops give each thread fixed m / k quads (setup_a, conv2d.wgsl's hoisting)
@@ -455,6 +457,8 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
     else:
         lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
         cands, heur = gemm_candidates(hM, hN, hK, hb, lim)
+        if params.get("fused_store"):
+            cands, heur = _no_split(cands, heur)
         launches = lambda c: _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c, gate)  # noqa: E731
         if cpu:
             heur = 0
@@ -499,6 +503,8 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
+    for k in ("a_at", "b_fused", "fused_store"):
+        p.setdefault(k, "")
     cols = cdiv(N, 4)
     groups = batch * cols
     p.update(cols=cols, groups=groups, sz=_sizes(M=M, N=N, K=K, BATCH=batch, COLS=cols, GROUPS=groups))
@@ -657,3 +663,206 @@ def _lower_gemm(kc, node):
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, 1)
 
 
+
+
+# -- _fused_matmul (compiler/passes.py: views, rotary pairs, gated units, merged projections) ------
+
+register("_fused_matmul", {"a": FLOAT, "b": FLOAT, "output": FLOAT})
+
+
+def _no_split(cands, heur):
+    """The candidates without split-K (a fused store writes whole quads through nodes that need
+    the complete sum) and the heuristic's index among them (its un-split twin)."""
+    pick = dict(cands[heur], SPLIT=1)
+    out = [c for c in cands if c["SPLIT"] == 1]
+    return out, out.index(pick) if pick in out else 0
+
+
+@lowering("_fused_matmul")
+def _lower_fused(kc, node):
+    from ..compiler.passes import coords_of_batch, scalar_value
+    from .elementwise import broadcast_index, node_lines
+
+    plan = node.attrs["plan"]
+    segs = plan.segments
+    src, A = node.inputs[0], plan.a
+    mm0 = segs[0].mms[0]
+    M = A.shape[-2]
+    K = _common_k(A.shape[-1], mm0.inputs[1].shape[-2])
+    ob = mm0.outputs[0].shape[:-2]
+    batch = math.prod(ob)
+    N = sum(s.width for s in segs)
+    t = kc.wtype(src)
+    ST = store_fn(t)
+    vec_a = vec_loads(kc) and plan.a_view is None and A.shape[-1] % 4 == 0
+    bindings = [Binding("a", f"vec4<{t}>" if vec_a else t)]
+    args = [src]
+    bname = []
+    for j, s in enumerate(segs):
+        bname.append([])
+        for q, b in enumerate(s.bs):
+            bname[-1].append(f"b{j}_{q}")
+            bindings.append(Binding(bname[-1][-1], t))
+            args.append(b)
+    nb = sum(len(s.bs) for s in segs)
+    extras = node.inputs[1 + nb:]
+    xname = {}
+    for k, v in enumerate(extras):
+        xname[id(v)] = f"xb{k}"
+        bindings.append(Binding(f"xb{k}", kc.wtype(v)))
+        args.append(v)
+    outs = list(node.outputs)
+    single = len(outs) == 1
+    oname = {}
+    for k, v in enumerate(outs):
+        oname[id(v)] = f"o{k}"
+        w = kc.out(node, k)
+        bindings.append(Binding(f"o{k}", kc.wtype(w), True))
+        args.append(w)
+    act = kc.epilogue(bindings, args) if single else ""
+
+    params = {"a_base": batch_offset_expr(A.shape[:-2], ob, M * A.shape[-1]), "b_base": "0u",
+              "a_sm": A.shape[-1], "a_sk": 1, "b_sk": N, "b_sn": 1, "alpha": 1.0, "beta": 0.0,
+              "has_c": False, "vec_a": vec_a, "vec_b": False, "ST": ST, "act": act, "a_at": ""}
+    if plan.a_view is not None:
+        params["a_at"] = plan.a_view.load_index(coords_of_batch(A.shape[:-2]) + ["m", "k"])
+
+    # load_b: the segment of column n, its B operand and column (permuted for pair segments)
+    lines, start = [], 0
+    for j, s in enumerate(segs):
+        c = f"(n - {start}u)" if start else "n"
+        n_j = s.n
+        if s.kind == "plain":
+            body = f"return f32({bname[j][0]}[k * {n_j}u + {c}]);"
+        elif s.kind == "rope":
+            h = s.head
+            col = f"({c} / {h}u) * {h}u + (({c} % {h}u) / 4u) * 2u + ({c} % 2u) + (({c} % 4u) / 2u) * {h // 2}u"
+            body = f"return f32({bname[j][0]}[k * {n_j}u + {col}]);"
+        else:  # glu: lanes x, y of each quad gate columns, z, w up columns
+            q = f"({c} / 4u) * 2u + ({c} % 2u)"
+            body = (f"let q = {q}; if (({c} % 4u) < 2u) {{ return f32({bname[j][0]}[k * {n_j}u + q]); }} "
+                    f"return f32({bname[j][1]}[k * {n_j}u + q]);")
+        end = start + s.width
+        lines.append(f"    if (n < {end}u) {{ {body} }}" if j < len(segs) - 1 else f"    {body}")
+        start = end
+    params["b_fused"] = "\n".join(lines)
+
+    # store4(bt, m, n, v): the quad n..n+3 of row m
+    fns = []
+    out_t = {id(v): kc.wtype(v) for v in outs}
+
+    def writes(leaf, val, f, pad="        "):
+        out = []
+        for v in leaf.values:
+            e = f"act({val}, {f})" if single else val
+            out.append(f"{pad}{oname[id(v)]}[{f}] = {e};")
+        return out
+
+    def pre_lines(s, names, tag):
+        ext = {id(v): f"{xname[id(v)]}[{broadcast_index(v.shape, s.x.shape, 'i')}]"
+               for n in s.pre for v in n.inputs if v is not None and id(v) in xname}
+        names.update(ext)
+        return node_lines(kc, s.pre, names, tag)
+
+    for j, s in enumerate(segs):
+        xs = s.x.shape
+        nn = wgsl(xs[-1])
+        bc = coords_of_batch(xs[:-2])
+        def idx(c, nn=nn):
+            return f"bt * ({wgsl(M)} * {nn}) + m * {nn} + {c}" if any(not _is1(d) for d in ob) else f"m * {nn} + {c}"
+        if s.kind == "plain":
+            names = {id(s.mms[0].outputs[0]): "x"}
+            pl, last = pre_lines(s, names, "p")
+            val = last or "x"
+            body = [f"    let i = {idx('c')};"] + pl
+            for leaf in s.leaves:
+                f, conds = leaf.view.store_index(bc + ["m", "c"])
+                body.append("    {")
+                body.append(f"        let f = {f};")
+                if conds:
+                    body.append(f"        if ({' && '.join(conds)}) {{")
+                    body += writes(leaf, val, "f", "            ")
+                    body.append("        }")
+                else:
+                    body += writes(leaf, val, "f")
+                body.append("    }")
+            fns.append(f"fn put{j}(bt: u32, m: u32, c: u32, x: {t}) {{\n" + "\n".join(body) + "\n}")
+            fns.append(f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
+                       + "".join(f"    put{j}(bt, m, c + {q}u, {ST}(v.{'xyzw'[q]}));\n" for q in range(4)) + "}")
+        elif s.kind == "rope":
+            h = s.head
+            leaf = s.leaves[0]
+            cos, sin = leaf.rope
+            tv = leaf.values[0]
+            body = []
+            vals = []
+            for q in (0, 1):
+                names = {id(s.mms[0].outputs[0]): f"y{q}"}
+                pl, last = pre_lines(s, names, f"p{q}_")
+                body.append(f"    let i{q} = {idx(f'c{q}')};")
+                body += _reindex(pl, f"i{q}")
+                vals.append(last or f"y{q}")
+            f, conds = leaf.view.store_index(bc + ["m", "c0"])
+            tt = kc.wtype(tv)
+            ci = lambda v, var: f"{xname[id(v)]}[{broadcast_index(v.shape, tv.shape, var)}]"  # noqa: E731
+            y0, y1 = vals
+            r0 = binop("+", tt, binop("*", tt, y0, ci(cos, "f0")), binop("*", tt, f"(-{y1})", ci(sin, "f0")))
+            r1 = binop("+", tt, binop("*", tt, y1, ci(cos, "f1")), binop("*", tt, y0, ci(sin, "f1")))
+            body.append(f"    let f0 = {f};")
+            body.append(f"    let f1 = f0 + {h // 2}u;")
+            inner = [f"        let r0: {tt} = {r0};", f"        let r1: {tt} = {r1};"]
+            inner += writes(leaf, "r0", "f0") + writes(leaf, "r1", "f1")
+            if conds:
+                body.append(f"    if ({' && '.join(conds)}) {{")
+                body += ["    " + x for x in inner]
+                body.append("    }")
+            else:
+                body += [x[4:] for x in inner]
+            fns.append(f"fn pair{j}(bt: u32, m: u32, c0: u32, y0: {t}, y1: {t}) {{\n    let c1 = c0 + {h // 2}u;\n"
+                       + "\n".join(body) + "\n}")
+            fns.append(f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
+                       f"    let d = (c / {h}u) * {h}u + ((c % {h}u) / 4u) * 2u;\n"
+                       f"    pair{j}(bt, m, d, {ST}(v.x), {ST}(v.z));\n"
+                       f"    pair{j}(bt, m, d + 1u, {ST}(v.y), {ST}(v.w));\n}}")
+        else:  # glu
+            g, u = (mm.outputs[0] for mm in s.mms)
+            names = {id(g): "g", id(u): "u"}
+            pl, last = pre_lines(s, names, "p")
+            body = [f"    let i = {idx('c')};"] + pl
+            leaf = s.leaves[0]
+            f, conds = leaf.view.store_index(bc + ["m", "c"])
+            body.append(f"    let f = {f};")
+            body += writes(leaf, last, "f", "    ")
+            fns.append(f"fn pair{j}(bt: u32, m: u32, c: u32, g: {t}, u: {t}) {{\n" + "\n".join(body) + "\n}")
+            fns.append(f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
+                       f"    let o = (c / 4u) * 2u;\n"
+                       f"    pair{j}(bt, m, o, {ST}(v.x), {ST}(v.z));\n"
+                       f"    pair{j}(bt, m, o + 1u, {ST}(v.y), {ST}(v.w));\n}}")
+    disp, start = [], 0
+    for j, s in enumerate(segs):
+        c = f"n - {start}u" if start else "n"
+        end = start + s.width
+        if j < len(segs) - 1:
+            disp.append(f"    if (n < {end}u) {{ seg{j}(bt, m, {c}, v); return; }}")
+        else:
+            disp.append(f"    seg{j}(bt, m, {c}, v);")
+        start = end
+    fns.append(f"fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {{\n"
+               f"    if (m >= {wgsl(M)} || n >= {N}u) {{ return; }}\n" + "\n".join(disp) + "\n}")
+    params["fused_store"] = "\n\n".join(fns)
+    kinds = "+".join(s.kind if s.kind != "rope" else f"rope{s.head}" for s in segs)
+    if plan.a_view is not None:
+        kinds = "aview+" + kinds
+    name = f"matmul_{t}_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}_{kinds}"
+    gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
+
+
+def _is1(d):
+    return isinstance(d, int) and d == 1
+
+
+def _reindex(lines, var):
+    """Lines reading element `i` of bound values, made to read `var` instead."""
+    import re
+
+    return [re.sub(r"\bi\b", var, ln) for ln in lines]

@@ -1,4 +1,6 @@
-"""Normalizations: batch_normalization, instance_normalization, layer_normalization.
+"""Normalizations: batch_normalization, instance_normalization, layer_normalization, and the
+internal _rms_normalization (RMSNorm: what the compiler makes of the exported chains, see
+compiler/passes.py `_rewrite_rms`).
 
 batch_normalization is elementwise once mean and variance are given: one thread per element, the
 channel index computed from the flat index. instance_ and layer_normalization reduce: one kernel per
@@ -27,7 +29,8 @@ from .reduce import WG, axes_option, groups, size_params, thread_flag
 
 FLOAT = dtypes.FLOATS
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
-DYNAMIC_OPS = frozenset({"batch_normalization", "instance_normalization", "layer_normalization"})
+DYNAMIC_OPS = frozenset({"batch_normalization", "instance_normalization", "layer_normalization",
+                         "_rms_normalization"})
 
 
 def _param(b, where, what, p, x, shape):
@@ -168,12 +171,33 @@ def _lower_layer(kc, node):
     _lower_norm(kc, node, kept, red)
 
 
+# -- _rms_normalization (internal) ----------------------------------------------------------
+
+@builder_op
+def _rms_normalization(b, x, *, scale=None, axes=None, epsilon=1e-5, label=None):
+    """RMSNorm: x * (1 / sqrt(mean(x^2 over `axes`) + epsilon)) * scale, one kernel (the mean
+    of the squares in f32). `scale` (optional) is shaped as the normalized dimensions, as
+    layer_normalization's. Internal (not a WebNN operator): the compiler makes it of the chains
+    exporters write (Pow / ReduceMean / Add / Sqrt / Reciprocal or Div / Mul)."""
+    where = "_rms_normalization"
+    b._operand(x, where, "input")
+    check_support(where, input=x)
+    axes = [x.rank - 1] if axes is None else axes_option(where, axes, x.rank)
+    eps = check_number(where, "epsilon", epsilon)
+    pshape = tuple(x.shape[a] for a in axes)
+    scale = _param(b, where, "scale", scale, x, pshape)
+    attrs = {"axes": tuple(axes), "epsilon": eps}
+    return b._emit1(where, [x, scale, None], attrs, x.data_type, x.shape, label)
+
+
 # -- shared lowering ------------------------------------------------------------------------
 
 
 def _params(node, **kw):
     p = {"eps": lit(node.attrs["epsilon"], "f32"), "WG": WG, "M": "1u", "K": "1u", "base": "0u",
-         "off": "0u", "pbase": "0u", "poff": "0u", "N": "1u", "cidx": "0u", "THR": ""}
+         "off": "0u", "pbase": "0u", "poff": "0u", "N": "1u", "cidx": "0u", "THR": "",
+         "rms": node.op == "_rms_normalization"}
+    p["normed"] = "f32(src[i]) * r" if p["rms"] else "(f32(src[i]) - mean) / den"
     p.update(kw)
     return p
 
@@ -209,7 +233,7 @@ def _lower_norm(kc, node, kept, red):
         ["p_bias"] if bias is not None else []))
     params["ST"] = store_fn(kc.wtype(x))
     params["act"] = kc.epilogue(bindings, args)
-    short = node.op.split("_")[0]
+    short = node.op.lstrip("_").split("_")[0]
     auto = ""
     if thr not in (0, 1):  # dynamic: the thread kernel's path too, where a static build takes it
         params["THR"] = wgsl(thr)
@@ -225,4 +249,6 @@ register("batch_normalization",
 register("instance_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
          ranks={"input": (4, 4), "scale": (1, 1), "bias": (1, 1)}, lower=_lower_instance)
 register("layer_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
+         lower=_lower_layer)
+register("_rms_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
          lower=_lower_layer)

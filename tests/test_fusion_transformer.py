@@ -1,0 +1,592 @@
+"""Transformer fusions (issue 28, compiler/passes.py `rewrite_nodes`, `fuse_dag_epilogues`,
+`fuse_grouped_heads`): RMSNorm chains as one normalization kernel; GEMMs that write their views
+(head split transposes, a fused QKV split, the identity copies of a present cache) and read one
+(the head merge); rotary embeddings, gated units (SwiGLU / GeGLU) and merged projections in the
+GEMM's store; DAG epilogues (GELU chains); grouped K/V heads read by the attention kernel without
+the repeat copies. Each against float64 numpy and against the same graph built with
+MLTENSOR_NO_FUSION=1; kernel counts asserted with fusion on; float16 where the kernels apply;
+static, ragged and dynamic sizes, the GEMV path (M <= 4) and the tiled one, every GEMM candidate
+of the fused kernels; whole BERT- and Llama-shaped exports against onnxruntime."""
+
+import contextlib
+import os
+
+import numpy as np
+import pytest
+from helpers import FUSION, dispatch_at
+
+import mltensor
+from mltensor.compiler import passes
+from mltensor.dynamic.dims import MLDynamicDimension as Dyn
+from mltensor.ops import matmul as matmul_ops
+from mltensor.ops.matmul import _no_split, gemm_candidates
+from mltensor.runtime import autotune
+
+NP = {"float32": np.float32, "float16": np.float16}
+TOL = {"float32": 2e-5, "float16": 1.5e-2}  # relative to the largest reference value
+
+
+@contextlib.contextmanager
+def _fusion(on):
+    old = os.environ.get("MLTENSOR_NO_FUSION")
+    os.environ["MLTENSOR_NO_FUSION"] = "0" if on else "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MLTENSOR_NO_FUSION"]
+        else:
+            os.environ["MLTENSOR_NO_FUSION"] = old
+
+
+def _build(ctx, specs, fn, dt, fused=True):
+    """Graph of fn(builder, {name: input}) -> {name: operand}, inputs of `specs` ({name: shape})."""
+    with _fusion(fused):
+        b = mltensor.MLGraphBuilder(ctx)
+        ins = {n: b.input(n, data_type=dt, shape=list(s)) for n, s in specs.items()}
+        return b.build_sync(fn(b, ins))
+
+
+def _compute(names):
+    return [n for n in names if not n.startswith(("pack_", "unpack_"))]
+
+
+def _close(got, want, dt, what=""):
+    want = np.asarray(want, np.float64)
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    assert got.dtype == NP[dt], (what, got.dtype)
+    scale = max(float(np.abs(want).max(initial=0)), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want).max(initial=0)) / scale
+    assert err <= TOL[dt], (what, err)
+
+
+def _check(ctx, specs, fn, ref, feeds, dt="float32", kernels=None, sizes=None):
+    """Build fused and unfused; for each feed set compare the fused graph with float64 `ref` and
+    with the unfused graph; assert the fused graph's compute kernels (fusion on): `kernels` a
+    count or a predicate on the names. Returns the fused graph's kernel names."""
+    g = _build(ctx, specs, fn, dt)
+    u = _build(ctx, specs, fn, dt, fused=False)
+    names = _compute(g.kernel_names)
+    if FUSION and kernels is not None:
+        assert (len(names) == kernels) if isinstance(kernels, int) else kernels(names), names
+    for f in feeds:
+        f = {k: v.astype(NP[dt]) if v.dtype.kind == "f" else v for k, v in f.items()}
+        got = dispatch_at(ctx, g, f)
+        unf = dispatch_at(ctx, u, f)
+        want = ref({k: v.astype(np.float64) for k, v in f.items()})
+        for k, w in want.items():
+            _close(got[k], w, dt, k)
+            _close(got[k], unf[k], dt, k + " vs unfused")
+    g.destroy()
+    u.destroy()
+    return names
+
+
+def _w(rng, *shape, scale=None):
+    return (rng.standard_normal(shape) * (scale or 1 / np.sqrt(shape[0]))).astype(np.float32)
+
+
+def _c(b, a, dt):
+    return b.constant(np.asarray(a).astype(NP[dt]))
+
+
+def _s(b, v, dt):
+    return b.constant(data_type=dt, value=float(v))
+
+
+# -- RMSNorm ----------------------------------------------------------------------------------
+
+RMS_FORMS = ["reciprocal", "div", "pow_half", "div_one", "pow2", "scale_first", "scale_3d", "no_scale"]
+
+
+def _rms(b, x, w, form, dt, eps=1e-5):
+    sq = b.pow(x, _s(b, 2.0, dt)) if form == "pow2" else b.mul(x, x)
+    v = b.add(b.reduce_mean(sq, axes=[x.rank - 1], keep_dimensions=True), _s(b, eps, dt))
+    if form == "div":
+        y = b.div(x, b.sqrt(v))
+    elif form == "pow_half":
+        y = b.mul(x, b.pow(v, _s(b, -0.5, dt)))
+    elif form == "div_one":
+        y = b.mul(b.div(_s(b, 1.0, dt), b.sqrt(v)), x)
+    else:
+        y = b.mul(x, b.reciprocal(b.sqrt(v)))
+    if form == "no_scale":
+        return y
+    if form == "scale_3d":
+        return b.mul(y, _c(b, w.reshape(1, 1, -1), dt))
+    return b.mul(_c(b, w, dt), y) if form == "scale_first" else b.mul(y, _c(b, w, dt))
+
+
+def _rms_ref(x, w, form, eps=1e-5):
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return y if form == "no_scale" else y * w
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("form", RMS_FORMS)
+def test_rms_norm_chain_is_one_kernel(ctx, rng, form, dt):
+    w = (1 + 0.1 * rng.standard_normal(96)).astype(np.float32)
+    feeds = [{"x": rng.standard_normal((2, 5, 96)).astype(np.float32)}]
+    names = _check(ctx, {"x": (2, 5, 96)}, lambda b, i: {"y": _rms(b, i["x"], w, form, dt)},
+                   lambda f: {"y": _rms_ref(f["x"], w, form)}, feeds, dt, kernels=1)
+    assert not FUSION or names[0].startswith("rmsnorm"), names
+
+
+def test_rms_norm_with_residual_epilogue_and_dynamic_rows(ctx, rng):
+    """x -> RMSNorm -> + residual: one kernel (the add is its epilogue), rows known at dispatch."""
+    w = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
+    S = Dyn("seq", 40)
+    fn = lambda b, i: {"y": b.add(_rms(b, i["x"], w, "reciprocal", "float32"), i["r"])}  # noqa: E731
+    feeds = [{"x": rng.standard_normal((1, s, 64)).astype(np.float32),
+              "r": rng.standard_normal((1, s, 64)).astype(np.float32)} for s in (1, 17, 40)]
+    _check(ctx, {"x": (1, S, 64), "r": (1, S, 64)}, fn,
+           lambda f: {"y": _rms_ref(f["x"], w, "") + f["r"]}, feeds, kernels=1)
+
+
+def test_rms_chain_with_intermediate_output_stays(ctx, rng):
+    """An intermediate of the chain that is a graph output keeps the chain unfused (same values)."""
+    w = (1 + 0.1 * rng.standard_normal(32)).astype(np.float32)
+
+    def fn(b, i):
+        x = i["x"]
+        ms = b.reduce_mean(b.mul(x, x), axes=[2], keep_dimensions=True)
+        r = b.reciprocal(b.sqrt(b.add(ms, _s(b, 1e-5, "float32"))))
+        return {"y": b.mul(b.mul(x, r), _c(b, w, "float32")), "ms": ms}
+
+    def ref(f):
+        ms = (f["x"] ** 2).mean(-1, keepdims=True)
+        return {"y": f["x"] / np.sqrt(ms + 1e-5) * w, "ms": ms}
+
+    names = _check(ctx, {"x": (1, 3, 32)}, fn, ref, [{"x": rng.standard_normal((1, 3, 32)).astype(np.float32)}])
+    assert not any(n.startswith("rmsnorm") for n in names), names
+
+
+# -- GEMMs writing their views (head split), reading one (head merge) --------------------------
+
+def _heads(b, t, S, H, D, perm=(0, 2, 1, 3)):
+    """[1, S, H*D] -> heads (S: the operand's own size, a dynamic one included)."""
+    return b.transpose(b.reshape(t, [1, t.shape[1], H, D]), permutation=list(perm))
+
+
+def _heads_ref(t, H, D, perm=(0, 2, 1, 3)):
+    return t.reshape(1, t.shape[1], H, D).transpose(perm)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("S", [3, 37], ids=["gemv", "tiled"])
+def test_projection_writes_head_layouts(ctx, rng, S, dt):
+    """BERT's Q/K/V: matmul + bias -> reshape -> transpose ([0,2,1,3]; K as [0,2,3,1]): the
+    GEMM writes each layout; Q and K merge into one GEMM (+ biases, 7 bindings), V is another."""
+    E, H = 64, 4
+    D = E // H
+    W = {k: _w(rng, E, E) for k in "qkv"}
+    B = {k: (0.1 * rng.standard_normal(E)).astype(np.float32) for k in "qkv"}
+    perms = {"q": (0, 2, 1, 3), "k": (0, 2, 3, 1), "v": (0, 2, 1, 3)}
+
+    def fn(b, i):
+        return {k: _heads(b, b.add(b.matmul(i["x"], _c(b, W[k], dt)), _c(b, B[k], dt)), S, H, D, perms[k])
+                for k in "qkv"}
+
+    def ref(f):
+        return {k: _heads_ref(f["x"] @ W[k] + B[k], H, D, perms[k]) for k in "qkv"}
+
+    names = _check(ctx, {"x": (1, S, E)}, fn, ref, [{"x": rng.standard_normal((1, S, E)).astype(np.float32)}],
+                   dt, kernels=2)
+    assert not FUSION or all(n.startswith("matmul") for n in names), names
+
+
+def test_fused_qkv_split_and_dynamic_rows(ctx, rng):
+    """ViT's one QKV matmul + bias, split in three, each reshaped and transposed: one GEMM writing
+    three head layouts, with the sequence known at dispatch."""
+    E, H = 48, 3
+    D = E // H
+    W, Bq = _w(rng, E, 3 * E), (0.1 * rng.standard_normal(3 * E)).astype(np.float32)
+    S = Dyn("seq", 50)
+
+    def fn(b, i):
+        qkv = b.add(b.matmul(i["x"], _c(b, W, "float32")), _c(b, Bq, "float32"))
+        parts = b.split(qkv, 3, axis=2)
+        return {k: b.transpose(b.reshape(p, [1, p.shape[1], H, D]), permutation=[0, 2, 1, 3]) for k, p in zip("qkv", parts)}
+
+    def ref(f):
+        qkv = f["x"] @ W + Bq
+        return {k: _heads_ref(qkv[..., j * E:(j + 1) * E], H, D) for j, k in enumerate("qkv")}
+
+    feeds = [{"x": rng.standard_normal((1, s, E)).astype(np.float32)} for s in (1, 4, 5, 50)]
+    _check(ctx, {"x": (1, S, E)}, fn, ref, feeds, kernels=lambda n: len(n) <= 3 and all(k.startswith("matmul") for k in n))
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("S", [2, 29])
+def test_head_merge_read_in_place(ctx, rng, S, dt):
+    """transpose([0,2,1,3]) -> reshape -> matmul + bias + residual: the GEMM reads the heads
+    through the view, one kernel."""
+    H, D = 4, 16
+    W, Bo = _w(rng, H * D, 40), (0.1 * rng.standard_normal(40)).astype(np.float32)
+
+    def fn(b, i):
+        a = b.reshape(b.transpose(i["a"], permutation=[0, 2, 1, 3]), [1, S, H * D])
+        return {"y": b.add(b.add(b.matmul(a, _c(b, W, dt)), _c(b, Bo, dt)), i["r"])}
+
+    def ref(f):
+        return {"y": f["a"].transpose(0, 2, 1, 3).reshape(1, S, H * D) @ W + Bo + f["r"]}
+
+    feeds = [{"a": rng.standard_normal((1, H, S, D)).astype(np.float32),
+              "r": rng.standard_normal((1, S, 40)).astype(np.float32)}]
+    names = _check(ctx, {"a": (1, H, S, D), "r": (1, S, 40)}, fn, ref, feeds, dt, kernels=1)
+    assert not FUSION or "aview" in names[0], names
+
+
+# -- rotary embeddings in the projection's store ---------------------------------------------
+
+def _rope(b, t, cos, sin, D):
+    r = t.rank
+    st = [0] * r
+    sz = list(t.shape)
+    x1 = b.slice(t, st, sz[:-1] + [D // 2])
+    x2 = b.slice(t, st[:-1] + [D // 2], sz[:-1] + [D // 2])
+    rot = b.concat([b.neg(x2), x1], r - 1)
+    return b.add(b.mul(t, cos), b.mul(rot, sin))
+
+
+def _rope_ref(t, cos, sin):
+    h = t.shape[-1] // 2
+    return t * cos + np.concatenate([-t[..., h:], t[..., :h]], -1) * sin
+
+
+def _cos_sin(rng, S, D):
+    pos = np.arange(S)[:, None] * (1.0 / 10000 ** (np.arange(0, D, 2) / D))[None]
+    emb = np.concatenate([pos, pos], -1)[None, None]
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("S", [1, 4, 45], ids=["decode", "gemv4", "tiled"])
+def test_rotary_in_projection_store(ctx, rng, S, dt):
+    """matmul -> reshape -> transpose -> rotate-half rotary (cos/sin inputs): one GEMM storing the
+    rotated heads, and their identity copy (a present cache) beside them."""
+    E, H = 64, 2
+    D = E // H
+    W = _w(rng, E, E)
+
+    def fn(b, i):
+        k = _rope(b, _heads(b, b.matmul(i["x"], _c(b, W, dt)), S, H, D), i["cos"], i["sin"], D)
+        return {"k": k, "present": b.identity(k)}
+
+    def ref(f):
+        k = _rope_ref(_heads_ref(f["x"] @ W, H, D), f["cos"], f["sin"])
+        return {"k": k, "present": k}
+
+    cos, sin = _cos_sin(rng, S, D)
+    feeds = [{"x": rng.standard_normal((1, S, E)).astype(np.float32), "cos": cos, "sin": sin}]
+    names = _check(ctx, {"x": (1, S, E), "cos": cos.shape, "sin": sin.shape}, fn, ref, feeds, dt, kernels=1)
+    assert not FUSION or "rope32" in names[0], names
+
+
+def test_rotary_dynamic_sequence(ctx, rng):
+    """The rotary projection with the sequence known at dispatch (the GEMV and tiled variants)."""
+    E, H = 64, 4
+    D = E // H
+    W = _w(rng, E, E)
+    S = Dyn("seq", 70)
+
+    def fn(b, i):
+        return {"q": _rope(b, _heads(b, b.matmul(i["x"], _c(b, W, "float32")), S, H, D), i["cos"], i["sin"], D)}
+
+    feeds = []
+    for s in (1, 3, 9, 70):
+        cos, sin = _cos_sin(rng, s, D)
+        feeds.append({"x": rng.standard_normal((1, s, E)).astype(np.float32), "cos": cos, "sin": sin})
+    _check(ctx, {"x": (1, S, E), "cos": (1, 1, S, D), "sin": (1, 1, S, D)}, fn,
+           lambda f: {"q": _rope_ref(_heads_ref(f["x"] @ W, H, D), f["cos"], f["sin"])}, feeds,
+           kernels=lambda n: all(k.startswith("matmul") and "rope16" in k for k in n))
+
+
+def test_llama_attention_projections(ctx, rng):
+    """Q (rotary), K (rotary) and V of one RMSNorm output: Q and K one GEMM (8 bindings with the
+    cos/sin operands shared), V another, RMSNorm a third kernel; grouped heads."""
+    E, H, Hkv, S = 64, 4, 2, 6
+    D = E // H
+    W = {"q": _w(rng, E, H * D), "k": _w(rng, E, Hkv * D), "v": _w(rng, E, Hkv * D)}
+    g = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
+
+    def fn(b, i):
+        h = _rms(b, i["x"], g, "reciprocal", "float32")
+        out = {}
+        for k, n in (("q", H), ("k", Hkv), ("v", Hkv)):
+            t = _heads(b, b.matmul(h, _c(b, W[k], "float32")), S, n, D)
+            out[k] = t if k == "v" else _rope(b, t, i["cos"], i["sin"], D)
+        return out
+
+    def ref(f):
+        h = _rms_ref(f["x"], g, "")
+        out = {}
+        for k, n in (("q", H), ("k", Hkv), ("v", Hkv)):
+            t = _heads_ref(h @ W[k], n, D)
+            out[k] = t if k == "v" else _rope_ref(t, f["cos"], f["sin"])
+        return out
+
+    cos, sin = _cos_sin(rng, S, D)
+    feeds = [{"x": rng.standard_normal((1, S, E)).astype(np.float32), "cos": cos, "sin": sin}]
+    names = _check(ctx, {"x": (1, S, E), "cos": cos.shape, "sin": sin.shape}, fn, ref, feeds, kernels=3)
+    assert not FUSION or sum("rope16+rope16" in n for n in names) == 1, names
+
+
+def test_rotary_not_fused_when_the_rotation_is_partial(ctx, rng):
+    """A rotation of half of each head (another graph): left as it was, same values."""
+    E, H, S = 32, 2, 5
+    D = E // H
+    W = _w(rng, E, E)
+
+    def fn(b, i):
+        t = _heads(b, b.matmul(i["x"], _c(b, W, "float32")), S, H, D)
+        x1 = b.slice(t, [0, 0, 0, 0], [1, H, S, 4])
+        x2 = b.slice(t, [0, 0, 0, 4], [1, H, S, 4])
+        rot = b.concat([b.neg(x2), x1, b.slice(t, [0, 0, 0, 8], [1, H, S, 8])], 3)
+        return {"y": b.add(b.mul(t, i["cos"]), b.mul(rot, i["sin"]))}
+
+    def ref(f):
+        t = _heads_ref(f["x"] @ W, H, D)
+        rot = np.concatenate([-t[..., 4:8], t[..., :4], t[..., 8:]], -1)
+        return {"y": t * f["cos"] + rot * f["sin"]}
+
+    cos, sin = _cos_sin(rng, S, D)
+    names = _check(ctx, {"x": (1, S, E), "cos": cos.shape, "sin": sin.shape}, fn, ref,
+                   [{"x": rng.standard_normal((1, S, E)).astype(np.float32), "cos": cos, "sin": sin}])
+    assert not any("rope" in n for n in names), names
+
+
+# -- gated units -------------------------------------------------------------------------------
+
+GLU = {
+    "swiglu": (lambda b, g, u, dt: b.mul(b.mul(g, b.sigmoid(g)), u), lambda g, u: g / (1 + np.exp(-g)) * u),
+    "swiglu_up_first": (lambda b, g, u, dt: b.mul(u, b.mul(b.sigmoid(g), g)), lambda g, u: g / (1 + np.exp(-g)) * u),
+    "geglu": (lambda b, g, u, dt: b.mul(b.gelu(g), u),
+              lambda g, u: 0.5 * g * (1 + np.vectorize(__import__("math").erf)(g / np.sqrt(2))) * u),
+    "scaled": (lambda b, g, u, dt: b.mul(b.mul(b.relu(g), u), _s(b, 0.5, dt)), lambda g, u: np.maximum(g, 0) * u * 0.5),
+}
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("M", [1, 3, 33])
+@pytest.mark.parametrize("kind", list(GLU))
+def test_gated_unit_is_one_gemm(ctx, rng, kind, M, dt):
+    """gate = x Wg, up = x Wu, combined elementwise: one GEMM over both (columns interleaved), the
+    combination in its store; then the down projection + residual: two kernels in all."""
+    E, F = 48, 72
+    Wg, Wu, Wd = _w(rng, E, F), _w(rng, E, F), _w(rng, F, E)
+    fn_b, fn_r = GLU[kind]
+
+    def fn(b, i):
+        x = i["x"]
+        y = fn_b(b, b.matmul(x, _c(b, Wg, dt)), b.matmul(x, _c(b, Wu, dt)), dt)
+        return {"y": b.add(b.matmul(y, _c(b, Wd, dt)), x)}
+
+    def ref(f):
+        x = f["x"]
+        return {"y": fn_r(x @ Wg, x @ Wu) @ Wd + x}
+
+    names = _check(ctx, {"x": (M, E)}, fn, ref, [{"x": rng.standard_normal((M, E)).astype(np.float32)}], dt,
+                   kernels=2)
+    assert not FUSION or "glu" in names[0], names
+
+
+def test_gated_unit_outputs_used_elsewhere_stay(ctx, rng):
+    """The gate's output also a graph output: the two GEMMs stay apart (same values)."""
+    E, F = 16, 24
+    Wg, Wu = _w(rng, E, F), _w(rng, E, F)
+
+    def fn(b, i):
+        g = b.matmul(i["x"], _c(b, Wg, "float32"))
+        return {"y": b.mul(b.sigmoid(g), b.matmul(i["x"], _c(b, Wu, "float32"))), "g": g}
+
+    def ref(f):
+        g = f["x"] @ Wg
+        return {"y": 1 / (1 + np.exp(-g)) * (f["x"] @ Wu), "g": g}
+
+    names = _check(ctx, {"x": (5, E)}, fn, ref, [{"x": rng.standard_normal((5, E)).astype(np.float32)}])
+    assert not any("glu" in n for n in names), names
+
+
+# -- DAG epilogues -------------------------------------------------------------------------------
+
+ACTS = {
+    "gelu_bert": (lambda b, f, dt: b.mul(b.mul(f, b.add(b.erf(b.div(f, _s(b, np.sqrt(2), dt))), _s(b, 1, dt))), _s(b, 0.5, dt)),
+                  lambda f: f * (1 + np.vectorize(__import__("math").erf)(f / np.sqrt(2))) * 0.5),
+    "gelu_vit": (lambda b, f, dt: b.mul(b.mul(f, _s(b, 0.5, dt)), b.add(b.erf(b.div(f, _s(b, np.sqrt(2), dt))), _s(b, 1, dt))),
+                 lambda f: f * 0.5 * (1 + np.vectorize(__import__("math").erf)(f / np.sqrt(2)))),
+    "gelu_tanh": (lambda b, f, dt: b.mul(b.mul(_s(b, 0.5, dt), f), b.add(_s(b, 1, dt), b.tanh(b.mul(
+        _s(b, np.sqrt(2 / np.pi), dt), b.add(f, b.mul(_s(b, 0.044715, dt), b.mul(f, b.mul(f, f)))))))),
+        lambda f: 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f ** 3)))),
+    "swish": (lambda b, f, dt: b.mul(f, b.sigmoid(f)), lambda f: f / (1 + np.exp(-f))),
+}
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("act", list(ACTS))
+def test_dag_epilogue(ctx, rng, act, dt):
+    """matmul + bias, then an activation written as a DAG reading the GEMM's output several
+    times: one kernel (the scalar constants inlined, not bound)."""
+    E, F = 40, 64
+    W, Bf = _w(rng, E, F), (0.1 * rng.standard_normal(F)).astype(np.float32)
+    fb, fr = ACTS[act]
+
+    def fn(b, i):
+        return {"y": fb(b, b.add(b.matmul(i["x"], _c(b, W, dt)), _c(b, Bf, dt)), dt)}
+
+    names = _check(ctx, {"x": (1, 21, E)}, fn, lambda f: {"y": fr(f["x"] @ W + Bf)},
+                   [{"x": rng.standard_normal((1, 21, E)).astype(np.float32)}], dt, kernels=1)
+    assert not FUSION or names[0].startswith("matmul"), names
+
+
+# -- grouped K/V heads ---------------------------------------------------------------------------
+
+def test_grouped_heads_read_without_copies(ctx, rng, monkeypatch):
+    """repeat_kv (reshape, expand, reshape) before a fused attention: with
+    passes.FUSE_GROUPED_HEADS the attention kernel reads the K/V heads as they are (no expand
+    kernels), the same values."""
+    monkeypatch.setattr(passes, "FUSE_GROUPED_HEADS", True)
+    B, H, Hkv, S, D = 1, 8, 2, 12, 16
+
+    def fn(b, i):
+        def rep(x):
+            return b.reshape(b.expand(b.reshape(x, [B, Hkv, 1, S, D]), [B, Hkv, H // Hkv, S, D]), [B, H, S, D])
+
+        s = b.mul(b.matmul(i["q"], b.transpose(rep(i["k"]), permutation=[0, 1, 3, 2])), _s(b, D ** -0.5, "float32"))
+        return {"o": b.matmul(b.softmax(s, 3), rep(i["v"]))}
+
+    def ref(f):
+        k, v = (np.repeat(f[n], H // Hkv, axis=1) for n in "kv")
+        s = f["q"] @ k.transpose(0, 1, 3, 2) * D ** -0.5
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return {"o": p / p.sum(-1, keepdims=True) @ v}
+
+    feeds = [{"q": rng.standard_normal((B, H, S, D)).astype(np.float32),
+              "k": rng.standard_normal((B, Hkv, S, D)).astype(np.float32),
+              "v": rng.standard_normal((B, Hkv, S, D)).astype(np.float32)}]
+    names = _check(ctx, {"q": (B, H, S, D), "k": (B, Hkv, S, D), "v": (B, Hkv, S, D)}, fn, ref, feeds, kernels=1)
+    assert not FUSION or names[0].startswith("attention"), names
+
+
+# -- every GEMM candidate of the fused kernels ----------------------------------------------------
+
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+def test_fused_gemm_every_candidate(ctx, rng, monkeypatch, vec):
+    """Rotary + merged projections, a gated unit and a head merge at a ragged M, with each tile
+    configuration the tuner may pick (split-K excluded for fused stores) and vec4 loads on/off."""
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    E, H, S = 64, 4, 70
+    D = E // H
+    Wq, Wk, Wg, Wu, Wo = (_w(rng, E, E) for _ in range(5))
+    cos, sin = _cos_sin(rng, S, D)
+    x = rng.standard_normal((1, S, E)).astype(np.float32)
+    a = rng.standard_normal((1, H, S, D)).astype(np.float32)
+
+    def fn(b, i):
+        q = _rope(b, _heads(b, b.matmul(i["x"], b.constant(Wq)), S, H, D), i["cos"], i["sin"], D)
+        k = _rope(b, _heads(b, b.matmul(i["x"], b.constant(Wk)), S, H, D), i["cos"], i["sin"], D)
+        g = b.matmul(i["x"], b.constant(Wg))
+        y = b.mul(b.mul(g, b.sigmoid(g)), b.matmul(i["x"], b.constant(Wu)))
+        o = b.matmul(b.reshape(b.transpose(i["a"], permutation=[0, 2, 1, 3]), [1, S, E]), b.constant(Wo))
+        return {"q": q, "k": k, "y": y, "o": o}
+
+    g64 = lambda t: t.astype(np.float64)  # noqa: E731
+    want = {"q": _rope_ref(_heads_ref(g64(x) @ Wq, H, D), cos, sin), "k": _rope_ref(_heads_ref(g64(x) @ Wk, H, D), cos, sin),
+            "o": g64(a).transpose(0, 2, 1, 3).reshape(1, S, E) @ Wo}
+    gg = g64(x) @ Wg
+    want["y"] = gg / (1 + np.exp(-gg)) * (g64(x) @ Wu)
+    n = len(_no_split(*gemm_candidates(S, 2 * E, E, 1))[0])
+    for i in range(n):
+        with autotune.force(i):
+            got = dispatch_at(ctx, _build(ctx, {"x": x.shape, "a": a.shape, "cos": cos.shape, "sin": sin.shape}, fn,
+                                          "float32"), {"x": x, "a": a, "cos": cos, "sin": sin})
+        for k, w in want.items():
+            _close(got[k], w, "float32", f"{k} candidate {i}")
+
+
+# -- whole exports against onnxruntime -----------------------------------------------------------
+
+def _per_layer(ctx, make, feeds):
+    """(launches of one run per layer (2 layers - 1 layer), errors against onnxruntime)."""
+    ort = pytest.importorskip("onnxruntime")
+    from mltensor import InferenceSession
+
+    counts, err = [], 0.0
+    for layers in (1, 2):
+        model = make(layers)
+        s = InferenceSession(model, ctx, cache=False)
+        got = s.run(None, feeds)
+        want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+        for g_, w_ in zip(got, want):
+            err = max(err, float(np.abs(g_ - w_).max() / max(np.abs(w_).max(), 1e-30)))
+        g = s.graph
+        names = g.kernel_names
+        plan = getattr(g, "_dyn", None)
+        if plan is not None:
+            gr = plan.launch_data(plan.bind({n: tuple(feeds[n].shape) for n in g.input_descriptors})).groups
+            counts.append(sum(1 for i in range(len(names)) if gr[3 * i] * gr[3 * i + 1] * gr[3 * i + 2] > 0))
+        else:
+            counts.append(len(names))
+        s.close()
+    return counts[1] - counts[0], err
+
+
+def test_bert_layer_launches(ctx, rng):
+    """A small BertModel export (the bench's builder): 8 launches per layer (Q+K GEMM, V GEMM,
+    attention, output projection reading the heads, LayerNorm, FFN1 + GELU, FFN2, LayerNorm),
+    onnxruntime's values."""
+    bench = pytest.importorskip("bench.test_bench_transformer")
+    feeds = {"input_ids": rng.integers(0, 500, (1, 24)).astype(np.int64),
+             "attention_mask": np.ones((1, 24), np.int64), "token_type_ids": np.zeros((1, 24), np.int64)}
+    feeds["attention_mask"][:, 20:] = 0
+    per, err = _per_layer(ctx, lambda n: bench.bert(layers=n, hidden=64, heads=4, inter=128, vocab=500, max_pos=64)[0],
+                          feeds)
+    assert err < 1e-4, err
+    assert not FUSION or per == 8, per
+
+
+@pytest.mark.parametrize("seq", [9, 1], ids=["prefill", "decode"])
+def test_llama_layer_launches(ctx, rng, seq):
+    """A small Llama-style export (the bench's builder: RMSNorm chains, rotary, GQA repeat_kv,
+    SwiGLU): per layer RMSNorm, Q+K GEMM with rotary, V GEMM writing the present cache, the
+    repeat copies, attention, the output projection reading the heads, RMSNorm, the SwiGLU GEMM,
+    the down projection (10; a decode step's attention is two kernels, and the cache concat two
+    per tensor); onnxruntime's values."""
+    bench = pytest.importorskip("bench.test_bench_transformer")
+    cfg = dict(hidden=128, heads=4, kv_heads=2, inter=352, vocab=512)
+    hd = 32
+
+    def feeds_for(layers):
+        past = 0 if seq > 1 else 5
+        f = {"input_ids": rng.integers(0, 512, (1, seq)).astype(np.int64),
+             "attention_mask": np.ones((1, past + seq), np.int64),
+             "position_ids": np.arange(past, past + seq, dtype=np.int64)[None]}
+        for i in range(layers):
+            for kv in ("key", "value"):
+                f[f"past_key_values.{i}.{kv}"] = rng.standard_normal((1, 2, past, hd)).astype(np.float32)
+        return f
+
+    feeds = feeds_for(2)
+    ort = pytest.importorskip("onnxruntime")
+    from mltensor import InferenceSession
+
+    counts = []
+    for layers in (1, 2):
+        model = bench.llama(layers=layers, **cfg)[0]
+        f = {k: v for k, v in feeds.items() if not k.startswith("past_") or int(k.split(".")[1]) < layers}
+        s = InferenceSession(model, ctx, cache=False)
+        got = s.run(None, f)
+        want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, f)
+        for g_, w_ in zip(got, want):
+            assert float(np.abs(g_ - w_).max() / max(np.abs(w_).max(), 1e-30)) < 1e-4
+        g = s.graph
+        names = g.kernel_names
+        plan = getattr(g, "_dyn", None)
+        if plan is not None:
+            gr = plan.launch_data(plan.bind({n: tuple(f[n].shape) for n in g.input_descriptors})).groups
+            counts.append(sum(1 for i in range(len(names)) if gr[3 * i] * gr[3 * i + 1] * gr[3 * i + 2] > 0))
+        else:
+            counts.append(len(names))
+        s.close()
+    per = counts[1] - counts[0]
+    assert not FUSION or per == (10 if seq > 1 else 15), (per, counts)
