@@ -229,9 +229,9 @@ def test_split_decode(ctx, rng, D, dt, which):
             k = b.input("k", data_type=dt, shape=[total, Hkv, D])
             v = b.input("v", data_type=dt, shape=[total, Hkv, D])
             g = b.build_sync({"o": b._attention(q, k, v, scale=D ** -0.5, causal=True, layout="bshd")})
-        assert ["_split" in n for n in g.kernel_names] == [True, False], g.kernel_names
-        assert "_reduce" in g.kernel_names[1]
-        assert all(n.startswith(f"attention_{f16_tag(ctx) if dt == 'float16' else 'f32'}_") for n in g.kernel_names)
+        names = [n for n in g.kernel_names if not n.startswith(("unpack_", "pack_"))]  # (edges: no shader-f16)
+        assert ["_split" in n for n in names] == [True, False] and "_reduce" in names[1], g.kernel_names
+        assert all(n.startswith(f"attention_{f16_tag(ctx) if dt == 'float16' else 'f32'}_") for n in names)
         for sk in SPLIT_KEYS:
             feeds = {"q": rng.standard_normal((1, H, D)).astype(NP[dt]),
                      "k": rng.standard_normal((sk, Hkv, D)).astype(NP[dt]),
