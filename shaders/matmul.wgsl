@@ -12,9 +12,11 @@
 // act(v, i) is the fused epilogue (kc.epilogue): i is the flat index of the stored element in out.
 // _fused_matmul (compiler/passes.py, ops/matmul.py `_lower_fused`) replaces the loaders' bodies
 // with generated code: `a_at` (A read through a view: head merges), `b_fused` (load_b over the
-// segments' B operands, columns permuted for pair segments) and `fused_store`, a function
-// store4(bt, m, n, v) storing the 4 outputs n..n+3 (n a multiple of 4) of row m through each
-// segment's nodes to the written values; the tiled and GEMV paths then store whole quads.
+// segments' B operands, columns permuted for pair segments; `b4_fused` the same a quad at a
+// time) and `fused_store`, a function store4(bt, m, n, v) storing the 4 outputs n..n+3 (n a
+// multiple of 4) of row m through each segment's nodes to the written values, or, where pair
+// segments need 8 columns (fused_w 8: column c pairs with c + 4), store8(bt, m, n, lo, hi);
+// the tiled path (RN 8 then) and the fused GEMV then store whole quads / octets.
 // Element types: a, b, c, out are f32 or f16 arrays (vec4 of them for vec loads); loads widen to
 // f32 (f32() / vec4<f32>() are no-ops on f32), accumulators and workgroup tiles are f32, and
 // store() narrows through ST (f16_of for f16 outputs, else empty) before the epilogue.
@@ -52,6 +54,9 @@ const BATCH = {{ batch }}u;
 fn a_base(bt: u32) -> u32 { return {{ a_base }}; }
 fn b_base(bt: u32) -> u32 { return {{ b_base }}; }
 
+{$ if b_quad $}
+{{ b_quad }}
+{$ endif $}
 {# The element loaders; sfx "_in": unchecked copies for tiles inside every edge (edge_a / edge_b) #}
 {$ macro loaders(sfx, ca, cb) $}
 fn load_a{{ sfx }}(bt: u32, m: u32, k: u32) -> f32 {
@@ -95,7 +100,12 @@ fn load_a4{{ sfx }}(bt: u32, m: u32, k: u32) -> vec4<f32> {
 }
 
 fn load_b4n{{ sfx }}(bt: u32, k: u32, n: u32) -> vec4<f32> {
-{$ if vec_b $}
+{$ if b4_fused $}
+{$ if cb $}
+    if (k >= {{ sz.K }} || n >= {{ sz.N }}) { return vec4<f32>(0.0); }  // N % 4 == 0: quads are whole
+{$ endif $}
+{{ b4_fused }}
+{$ elif vec_b $}
 {$ if cb $}
     if (k >= {{ sz.K }} || n >= {{ sz.N }}) { return vec4<f32>(0.0); }  // N % 4 == 0
 {$ endif $}
@@ -337,6 +347,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
 {$ endfor $}
 {$ endfor $}
+{$ elif fused_store and fused_w == 8 $}
+{$ for i in range(RM) $}
+{$ for j in range(0, RN // 4, 2) $}
+    store8(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}, acc{{ i }}_{{ j + 1 }});
+{$ endfor $}
+{$ endfor $}
 {$ elif fused_store $}
 {$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
@@ -368,6 +384,86 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let bt = i / ({{ sz.M }} * {{ sz.N }});
     let r = i % ({{ sz.M }} * {{ sz.N }});
     store(bt, r / {{ sz.N }}, r % {{ sz.N }}, s);
+}
+{$ elif fused_store $}
+// GEMV of a _fused_matmul: one workgroup per (batch, QW quads of columns), B read a quad at a
+// time (load_b4n: pair segments keep each quad one run of columns), rows m < M <= 4 in vec4
+// lanes; one thread per row stores the workgroup's columns through store4 / store8.
+{$ set QW = fused_w // 4 $}
+{$ if cols is integer $}
+const COLS = {{ cols }}u;   // ceil(N / (4 QW))
+{$ endif $}
+{$ if groups is integer $}
+const GROUPS = {{ groups }}u;
+{$ endif $}
+
+var<workgroup> partial: array<mat4x4<f32>, {{ 64 * QW }}>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+{$ if SG $}
+        @builtin(subgroup_size) sgs: u32, @builtin(subgroup_invocation_id) sid: u32,
+{$ endif $}
+        @builtin(local_invocation_index) li: u32) {
+{$ if grid3 $}
+{$ if gate $}
+    if (!({{ gate }})) { return; }
+{$ endif $}
+    let bt = wid.y;
+    let n = wid.x * {{ 4 * QW }}u;
+{$ else $}
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= {{ sz.GROUPS }}) { return; }
+{$ if gate $}
+    if (!({{ gate }})) { return; }
+{$ endif $}
+    let bt = g / {{ sz.COLS }};
+    let n = (g % {{ sz.COLS }}) * {{ 4 * QW }}u;
+{$ endif $}
+{$ for q in range(QW) $}
+    var acc{{ q }} = mat4x4<f32>();  // acc{{ q }}[j]: column n + {{ 4 * q }} + j, rows 0..3 in x..w
+{$ endfor $}
+    // the loop over k, one per segment (its B operands and columns fixed for the workgroup)
+{{ gemv_loop }}
+{$ if SG $}
+{$ for q in range(QW) $}
+    let sum{{ q }} = mat4x4<f32>(subgroupAdd(acc{{ q }}[0]), subgroupAdd(acc{{ q }}[1]), subgroupAdd(acc{{ q }}[2]), subgroupAdd(acc{{ q }}[3]));
+    if (sid == 0u) { partial[{{ 64 * q }}u + li / sgs] = sum{{ q }}; }
+{$ endfor $}
+    workgroupBarrier();
+    if (li < {{ sz.M }}) {
+{$ for q in range(QW) $}
+        var t{{ q }} = vec4<f32>(0.0);
+        for (var s = 0u; s < (63u + sgs) / sgs; s = s + 1u) {
+            let p = partial[{{ 64 * q }}u + s];
+            t{{ q }} = t{{ q }} + vec4<f32>(p[0][li], p[1][li], p[2][li], p[3][li]);
+        }
+{$ endfor $}
+{$ else $}
+{$ for q in range(QW) $}
+    partial[{{ 64 * q }}u + li] = acc{{ q }};
+{$ endfor $}
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+{$ for q in range(QW) $}
+            partial[{{ 64 * q }}u + li] = partial[{{ 64 * q }}u + li] + partial[{{ 64 * q }}u + li + s];
+{$ endfor $}
+        }
+        workgroupBarrier();
+    }
+    if (li < {{ sz.M }}) {
+{$ for q in range(QW) $}
+        let p{{ q }} = partial[{{ 64 * q }}u];
+        let t{{ q }} = vec4<f32>(p{{ q }}[0][li], p{{ q }}[1][li], p{{ q }}[2][li], p{{ q }}[3][li]);
+{$ endfor $}
+{$ endif $}
+{$ if QW == 2 $}
+        store8(bt, li, n, t0, t1);
+{$ else $}
+        store4(bt, li, n, t0);
+{$ endif $}
+    }
 }
 {$ else $}
 // GEMV: one workgroup per (batch, 4 columns); rows m < M <= 4 in vec4 lanes of 4 accumulators.
@@ -418,15 +514,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let sum = mat4x4<f32>(subgroupAdd(acc[0]), subgroupAdd(acc[1]), subgroupAdd(acc[2]), subgroupAdd(acc[3]));
     if (sid == 0u) { partial[li / sgs] = sum; }
     workgroupBarrier();
-{$ if fused_store $}
-    if (li < {{ sz.M }}) {  // one thread per row stores the quad of columns n..n+3
-        var t = vec4<f32>(0.0);
-        for (var q = 0u; q < (63u + sgs) / sgs; q = q + 1u) {
-            t = t + vec4<f32>(partial[q][0][li], partial[q][1][li], partial[q][2][li], partial[q][3][li]);
-        }
-        store4(bt, li, n, t);
-    }
-{$ else $}
     if (li < 16u) {
         let j = li / 4u;
         let row = li % 4u;
@@ -436,7 +523,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             store(bt, row, n + j, t);
         }
     }
-{$ endif $}
 {$ else $}
     partial[li] = acc;
     workgroupBarrier();
@@ -444,11 +530,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (li < s) { partial[li] = partial[li] + partial[li + s]; }
         workgroupBarrier();
     }
-{$ if fused_store $}
-    if (li < {{ sz.M }}) {  // one thread per row stores the quad of columns n..n+3
-        store4(bt, li, n, vec4<f32>(partial[0][0][li], partial[0][1][li], partial[0][2][li], partial[0][3][li]));
-    }
-{$ else $}
     if (li < 16u) {
         let j = li / 4u;
         let row = li % 4u;
@@ -456,7 +537,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             store(bt, row, n + j, partial[0][j][row]);
         }
     }
-{$ endif $}
 {$ endif $}
 }
 {$ endif $}

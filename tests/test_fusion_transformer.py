@@ -590,3 +590,32 @@ def test_llama_layer_launches(ctx, rng, seq):
         s.close()
     per = counts[1] - counts[0]
     assert not FUSION or per == (10 if seq > 1 else 15), (per, counts)
+
+
+@pytest.mark.parametrize("sg", [0, 1], ids=["workgroup_memory", "subgroups"])
+def test_fused_gemv_variants(ctx, rng, sg):
+    """M <= 4: the fused GEMV (octets for rotary and gated segments, quads otherwise), reduced in
+    workgroup memory or within subgroups first."""
+    if sg and "subgroup" not in ctx.device.features:
+        pytest.skip("the adapter has no subgroups")
+    E, H, S = 64, 2, 3
+    D = E // H
+    Wq, Wv, Wg, Wu = (_w(rng, E, E) for _ in range(4))
+    cos, sin = _cos_sin(rng, S, D)
+    x = rng.standard_normal((1, S, E)).astype(np.float32)
+
+    def fn(b, i):
+        q = _rope(b, _heads(b, b.matmul(i["x"], b.constant(Wq)), S, H, D), i["cos"], i["sin"], D)
+        v = _heads(b, b.matmul(i["x"], b.constant(Wv)), S, H, D)
+        g = b.matmul(i["x"], b.constant(Wg))
+        return {"q": q, "v": v, "y": b.mul(b.relu(g), b.matmul(i["x"], b.constant(Wu)))}
+
+    x64 = x.astype(np.float64)
+    want = {"q": _rope_ref(_heads_ref(x64 @ Wq, H, D), cos, sin), "v": _heads_ref(x64 @ Wv, H, D),
+            "y": np.maximum(x64 @ Wg, 0) * (x64 @ Wu)}
+    with autotune.force(sg):
+        g = _build(ctx, {"x": x.shape, "cos": cos.shape, "sin": sin.shape}, fn, "float32")
+        got = dispatch_at(ctx, g, {"x": x, "cos": cos, "sin": sin})
+    assert not FUSION or all(n.endswith("_gemv_sg" if sg else "_gemv") for n in _compute(g.kernel_names)), g.kernel_names
+    for k, w in want.items():
+        _close(got[k], w, "float32", k)

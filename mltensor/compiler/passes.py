@@ -1223,9 +1223,10 @@ def _copies(v, uses):
 def _rope_at(t, uses):
     """(cos, sin, nodes, output) when t's readers are exactly a rotate-half rotary embedding:
     add(mul(t, cos), mul(concat(neg(t[.., D/2:]), t[.., :D/2]), sin)) (operands in either order),
-    intermediates read only there, D a multiple of 4; else None."""
+    intermediates read only there, D a multiple of 8 (the GEMM pairs channels d and d + D/2 in
+    octets of columns); else None."""
     D = t.shape[-1] if t.rank else None
-    if not isinstance(D, int) or D % 4 or id(t) in uses.out_ids:
+    if not isinstance(D, int) or D % 8 or id(t) in uses.out_ids:
         return None
     rs = uses.readers(t)
     if len(rs) != 3:
@@ -1493,7 +1494,9 @@ def _rewrite_gemms(nodes, outputs, cap):
                 segs.append(s)
         run = []
         for s in segs:
-            if run and (_bindings_of(run + [s]) > cap or s.mms[0].inputs[1].shape[-2] != run[0].mms[0].inputs[1].shape[-2]):
+            octets = any(x.kind != "plain" for x in run + [s])  # pair segments: 8-column stores
+            if run and (_bindings_of(run + [s]) > cap or s.mms[0].inputs[1].shape[-2] != run[0].mms[0].inputs[1].shape[-2]
+                        or octets and any(x.width % 8 for x in run + [s])):
                 fused.append((run, None))
                 run = []
             run.append(s)

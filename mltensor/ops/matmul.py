@@ -212,8 +212,9 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
     p.setdefault("a_kmajor", p["vec_a"])
-    for k in ("a_at", "b_fused", "fused_store"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
         p.setdefault(k, "")
+    p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
     bm, bn, bk, split = c["TY"] * c["RM"], c["TX"] * c["RN"], c["BK"], c["SPLIT"]
     # the staging loops give each thread fixed m / k quads (setup_a, conv2d.wgsl's hoisting)
@@ -458,7 +459,7 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
         cands, heur = gemm_candidates(hM, hN, hK, hb, lim)
         if params.get("fused_store"):
-            cands, heur = _no_split(cands, heur)
+            cands, heur = _no_split(cands, heur, params.get("fused_w", 4))
         launches = lambda c: _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c, gate)  # noqa: E731
         if cpu:
             heur = 0
@@ -503,9 +504,10 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
-    for k in ("a_at", "b_fused", "fused_store"):
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store"):
         p.setdefault(k, "")
-    cols = cdiv(N, 4)
+    p.setdefault("fused_w", 4)
+    cols = cdiv(N, p["fused_w"] if p["fused_store"] else 4)
     groups = batch * cols
     p.update(cols=cols, groups=groups, sz=_sizes(M=M, N=N, K=K, BATCH=batch, COLS=cols, GROUPS=groups))
     p.setdefault("check_a", isinstance(M, Sym) or M < 4)
@@ -670,17 +672,31 @@ def _lower_gemm(kc, node):
 register("_fused_matmul", {"a": FLOAT, "b": FLOAT, "output": FLOAT})
 
 
-def _no_split(cands, heur):
+def _no_split(cands, heur, w=4):
     """The candidates without split-K (a fused store writes whole quads through nodes that need
-    the complete sum) and the heuristic's index among them (its un-split twin)."""
-    pick = dict(cands[heur], SPLIT=1)
-    out = [c for c in cands if c["SPLIT"] == 1]
+    the complete sum), with 8 columns a thread where the store takes octets (w 8), and the
+    heuristic's index among them (its un-split twin)."""
+    def fix(c):
+        return dict(c, SPLIT=1, RN=8) if w == 8 else dict(c, SPLIT=1)
+
+    pick = fix(cands[heur])
+    out = []
+    for c in cands:  # (the first, lavapipe's, halves BK itself where it must)
+        if c["SPLIT"] == 1 and fix(c) not in out and (not out or _smem(fix(c)) <= WG_STORAGE):
+            out.append(fix(c))
     return out, out.index(pick) if pick in out else 0
 
 
 @lowering("_fused_matmul")
 def _lower_fused(kc, node):
-    from ..compiler.passes import coords_of_batch, scalar_value
+    """One GEMM over the plan's segments side by side (compiler/passes.py FusedPlan). Columns of a
+    pair segment come in octets: rotary "rope" (head size D): GEMM column c of head h, octet o,
+    half j, lane l is channel o*4 + l + j*D/2, so channels d and d + D/2 are columns c and c + 4
+    of one octet; "glu": quad 2o holds gate columns 4o..4o+3, quad 2o + 1 the same up columns.
+    Every quad is one run of a B operand's columns (read as one quad: load_b4n). A thread (the
+    tiled path with 8 columns a thread, or the GEMV's row thread) stores an octet through store8
+    (any pair segment) or a quad through store4."""
+    from ..compiler.passes import coords_of_batch
     from .elementwise import broadcast_index, node_lines
 
     plan = node.attrs["plan"]
@@ -692,6 +708,7 @@ def _lower_fused(kc, node):
     ob = mm0.outputs[0].shape[:-2]
     batch = math.prod(ob)
     N = sum(s.width for s in segs)
+    W = 8 if any(s.kind != "plain" for s in segs) else 4  # columns a store call takes
     t = kc.wtype(src)
     ST = store_fn(t)
     vec_a = vec_loads(kc) and plan.a_view is None and A.shape[-1] % 4 == 0
@@ -723,79 +740,118 @@ def _lower_fused(kc, node):
 
     params = {"a_base": batch_offset_expr(A.shape[:-2], ob, M * A.shape[-1]), "b_base": "0u",
               "a_sm": A.shape[-1], "a_sk": 1, "b_sk": N, "b_sn": 1, "alpha": 1.0, "beta": 0.0,
-              "has_c": False, "vec_a": vec_a, "vec_b": False, "ST": ST, "act": act, "a_at": ""}
+              "has_c": False, "vec_a": vec_a, "vec_b": False, "ST": ST, "act": act, "a_at": "",
+              "fused_w": W}
     if plan.a_view is not None:
         params["a_at"] = plan.a_view.load_index(coords_of_batch(A.shape[:-2]) + ["m", "k"])
 
-    # load_b: the segment of column n, its B operand and column (permuted for pair segments)
-    lines, start = [], 0
+    # B: the segment of column n, its operand and the column there (quad base for load_b4n)
+    def col_of(s, c):
+        """(operand index, WGSL column) of segment column c (c a WGSL expression)."""
+        if s.kind == "plain":
+            return 0, c
+        if s.kind == "rope":
+            h = s.head
+            return 0, f"({c} / {h}u) * {h}u + (({c} % {h}u) / 8u) * 4u + ((({c} % {h}u) / 4u) % 2u) * {h // 2}u + ({c} % 4u)"
+        return None, f"({c} / 8u) * 4u + ({c} % 4u)"  # glu: operand by ((c / 4) % 2)
+
+    one, where, start = [], [], 0
+    ops = [(j, q) for j, s in enumerate(segs) for q in range(len(s.bs))]  # operand codes
     for j, s in enumerate(segs):
         c = f"(n - {start}u)" if start else "n"
-        n_j = s.n
-        if s.kind == "plain":
-            body = f"return f32({bname[j][0]}[k * {n_j}u + {c}]);"
-        elif s.kind == "rope":
-            h = s.head
-            col = f"({c} / {h}u) * {h}u + (({c} % {h}u) / 4u) * 2u + ({c} % 2u) + (({c} % 4u) / 2u) * {h // 2}u"
-            body = f"return f32({bname[j][0]}[k * {n_j}u + {col}]);"
-        else:  # glu: lanes x, y of each quad gate columns, z, w up columns
-            q = f"({c} / 4u) * 2u + ({c} % 2u)"
-            body = (f"let q = {q}; if (({c} % 4u) < 2u) {{ return f32({bname[j][0]}[k * {n_j}u + q]); }} "
-                    f"return f32({bname[j][1]}[k * {n_j}u + q]);")
         end = start + s.width
-        lines.append(f"    if (n < {end}u) {{ {body} }}" if j < len(segs) - 1 else f"    {body}")
+        q, col = col_of(s, c)
+        code = ops.index((j, 0))
+        if q is None:  # glu: gate quads, up quads alternate
+            b1 = (f"let q = {col}; if ((({c} / 4u) % 2u) == 0u) {{ return f32({bname[j][0]}[k * {s.n}u + q]); }} "
+                  f"return f32({bname[j][1]}[k * {s.n}u + q]);")
+            w4 = f"return vec2<u32>({code}u + (({c} / 4u) % 2u), {col});"
+        else:
+            b1 = f"return f32({bname[j][q]}[k * {s.n}u + {col}]);"
+            w4 = f"return vec2<u32>({code + q}u, {col});"
+        last = j == len(segs) - 1
+        one.append(f"    {b1}" if last else f"    if (n < {end}u) {{ {b1} }}")
+        where.append(f"    {w4}" if last else f"    if (n < {end}u) {{ {w4} }}")
         start = end
-    params["b_fused"] = "\n".join(lines)
+    params["b_fused"] = "\n".join(one)
+    cases = []
+    for code, (j, q) in enumerate(ops):
+        b = bname[j][q]
+        ld = f"let r = k * {segs[j].n}u + w.y; return vec4<f32>(f32({b}[r]), f32({b}[r + 1u]), f32({b}[r + 2u]), f32({b}[r + 3u]));"
+        cases.append(f"        case {code}u: {{ {ld} }}" if code < len(ops) - 1 else f"        default: {{ {ld} }}")
+    # the fused GEMV's loops over k: one per segment, B operands and columns fixed outside them
+    loops, start = [], 0
+    for j, s in enumerate(segs):
+        c = f"(n - {start}u)" if start else "n"
+        end = start + s.width
+        body = ["        let av = vec4<f32>(load_a(bt, 0u, k), load_a(bt, 1u, k), load_a(bt, 2u, k), load_a(bt, 3u, k));"]
+        head = []
+        for qq in range(W // 4):
+            cq = f"({c} + {4 * qq}u)" if qq else c
+            q, col = col_of(s, cq)
+            b = bname[j][qq % 2 if q is None else q]  # glu: the octet's quads are gate, then up
+            head.append(f"        let c{qq} = {col};")
+            body.append(f"        let r{qq} = k * {s.n}u + c{qq};")
+            body.append(f"        let b{qq} = vec4<f32>(f32({b}[r{qq}]), f32({b}[r{qq} + 1u]), f32({b}[r{qq} + 2u]), f32({b}[r{qq} + 3u]));")
+            body += [f"        acc{qq}[{e}] = fma(av, vec4<f32>(b{qq}.{'xyzw'[e]}), acc{qq}[{e}]);" for e in range(4)]
+        loop = (head + [f"        for (var k = li; k < {wgsl(K)}; k = k + 64u) {{"] + ["    " + x for x in body] + ["        }"])
+        cond = f"n < {end}u" if j < len(segs) - 1 else "true"
+        loops.append(f"    {'if' if j == 0 else 'else if'} ({cond}) {{\n" + "\n".join(loop) + "\n    }")
+        start = end
+    params["gemv_loop"] = "\n".join(loops)
+    # where a quad of columns is (operand, first column): computed once per quad, outside the loops
+    # over k where the kernel can (the GEMV); load_bq reads row k there
+    params["b4_fused"] = "    return load_bq(k, bquad(n));"
+    params["b_quad"] = ("fn bquad(n: u32) -> vec2<u32> {\n" + "\n".join(where) + "\n}\n\n"
+                        "fn load_bq(k: u32, w: vec2<u32>) -> vec4<f32> {\n    switch w.x {\n" + "\n".join(cases)
+                        + "\n    }\n}\n")
 
-    # store4(bt, m, n, v): the quad n..n+3 of row m
+    # stores
     fns = []
-    out_t = {id(v): kc.wtype(v) for v in outs}
 
     def writes(leaf, val, f, pad="        "):
-        out = []
-        for v in leaf.values:
-            e = f"act({val}, {f})" if single else val
-            out.append(f"{pad}{oname[id(v)]}[{f}] = {e};")
-        return out
+        return [f"{pad}{oname[id(v)]}[{f}] = {f'act({val}, {f})' if single else val};" for v in leaf.values]
 
     def pre_lines(s, names, tag):
-        ext = {id(v): f"{xname[id(v)]}[{broadcast_index(v.shape, s.x.shape, 'i')}]"
-               for n in s.pre for v in n.inputs if v is not None and id(v) in xname}
-        names.update(ext)
+        names.update({id(v): f"{xname[id(v)]}[{broadcast_index(v.shape, s.x.shape, 'i')}]"
+                      for n in s.pre for v in n.inputs if v is not None and id(v) in xname})
         return node_lines(kc, s.pre, names, tag)
+
+    def guarded(conds, lines):
+        if not conds:
+            return lines
+        return [f"    if ({' && '.join(conds)}) {{"] + ["    " + x for x in lines] + ["    }"]
 
     for j, s in enumerate(segs):
         xs = s.x.shape
         nn = wgsl(xs[-1])
         bc = coords_of_batch(xs[:-2])
+
         def idx(c, nn=nn):
             return f"bt * ({wgsl(M)} * {nn}) + m * {nn} + {c}" if any(not _is1(d) for d in ob) else f"m * {nn} + {c}"
+
         if s.kind == "plain":
             names = {id(s.mms[0].outputs[0]): "x"}
             pl, last = pre_lines(s, names, "p")
             val = last or "x"
             body = [f"    let i = {idx('c')};"] + pl
-            for leaf in s.leaves:
+            for k, leaf in enumerate(s.leaves):
                 f, conds = leaf.view.store_index(bc + ["m", "c"])
-                body.append("    {")
-                body.append(f"        let f = {f};")
-                if conds:
-                    body.append(f"        if ({' && '.join(conds)}) {{")
-                    body += writes(leaf, val, "f", "            ")
-                    body.append("        }")
-                else:
-                    body += writes(leaf, val, "f")
-                body.append("    }")
+                body.append(f"    let f{k} = {f};")
+                body += guarded(conds, writes(leaf, val, f"f{k}", "    "))
             fns.append(f"fn put{j}(bt: u32, m: u32, c: u32, x: {t}) {{\n" + "\n".join(body) + "\n}")
             fns.append(f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
                        + "".join(f"    put{j}(bt, m, c + {q}u, {ST}(v.{'xyzw'[q]}));\n" for q in range(4)) + "}")
+            if W == 8:
+                fns.append(f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
+                           f"    seg{j}(bt, m, c, lo);\n    seg{j}(bt, m, c + 4u, hi);\n}}")
         elif s.kind == "rope":
             h = s.head
             leaf = s.leaves[0]
             cos, sin = leaf.rope
             tv = leaf.values[0]
-            body = []
-            vals = []
+            tt = kc.wtype(tv)
+            body, vals = [], []
             for q in (0, 1):
                 names = {id(s.mms[0].outputs[0]): f"y{q}"}
                 pl, last = pre_lines(s, names, f"p{q}_")
@@ -803,27 +859,24 @@ def _lower_fused(kc, node):
                 body += _reindex(pl, f"i{q}")
                 vals.append(last or f"y{q}")
             f, conds = leaf.view.store_index(bc + ["m", "c0"])
-            tt = kc.wtype(tv)
-            ci = lambda v, var: f"{xname[id(v)]}[{broadcast_index(v.shape, tv.shape, var)}]"  # noqa: E731
+
+            def at(v, var):
+                return f"{xname[id(v)]}[{broadcast_index(v.shape, tv.shape, var)}]"
+
             y0, y1 = vals
-            r0 = binop("+", tt, binop("*", tt, y0, ci(cos, "f0")), binop("*", tt, f"(-{y1})", ci(sin, "f0")))
-            r1 = binop("+", tt, binop("*", tt, y1, ci(cos, "f1")), binop("*", tt, y0, ci(sin, "f1")))
-            body.append(f"    let f0 = {f};")
-            body.append(f"    let f1 = f0 + {h // 2}u;")
-            inner = [f"        let r0: {tt} = {r0};", f"        let r1: {tt} = {r1};"]
-            inner += writes(leaf, "r0", "f0") + writes(leaf, "r1", "f1")
-            if conds:
-                body.append(f"    if ({' && '.join(conds)}) {{")
-                body += ["    " + x for x in inner]
-                body.append("    }")
-            else:
-                body += [x[4:] for x in inner]
+            r0 = binop("+", tt, binop("*", tt, y0, at(cos, "f0")), binop("*", tt, f"(-{y1})", at(sin, "f0")))
+            r1 = binop("+", tt, binop("*", tt, y1, at(cos, "f1")), binop("*", tt, y0, at(sin, "f1")))
+            body += [f"    let f0 = {f};", f"    let f1 = f0 + {h // 2}u;"]
+            inner = [f"    let r0: {tt} = {r0};", f"    let r1: {tt} = {r1};"]
+            inner += writes(leaf, "r0", "f0", "    ") + writes(leaf, "r1", "f1", "    ")
+            body += guarded(conds, inner)
             fns.append(f"fn pair{j}(bt: u32, m: u32, c0: u32, y0: {t}, y1: {t}) {{\n    let c1 = c0 + {h // 2}u;\n"
                        + "\n".join(body) + "\n}")
-            fns.append(f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
-                       f"    let d = (c / {h}u) * {h}u + ((c % {h}u) / 4u) * 2u;\n"
-                       f"    pair{j}(bt, m, d, {ST}(v.x), {ST}(v.z));\n"
-                       f"    pair{j}(bt, m, d + 1u, {ST}(v.y), {ST}(v.w));\n}}")
+            # octet c (a multiple of 8) of head h: channels d .. d+3 and d + D/2 .. d + D/2 + 3
+            fns.append(f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
+                       f"    let d = (c / {h}u) * {h}u + ((c % {h}u) / 8u) * 4u;\n"
+                       + "".join(f"    pair{j}(bt, m, d + {q}u, {ST}(lo.{'xyzw'[q]}), {ST}(hi.{'xyzw'[q]}));\n"
+                                 for q in range(4)) + "}")
         else:  # glu
             g, u = (mm.outputs[0] for mm in s.mms)
             names = {id(g): "g", id(u): "u"}
@@ -832,22 +885,22 @@ def _lower_fused(kc, node):
             leaf = s.leaves[0]
             f, conds = leaf.view.store_index(bc + ["m", "c"])
             body.append(f"    let f = {f};")
-            body += writes(leaf, last, "f", "    ")
+            body += guarded(conds, writes(leaf, last, "f", "    "))
             fns.append(f"fn pair{j}(bt: u32, m: u32, c: u32, g: {t}, u: {t}) {{\n" + "\n".join(body) + "\n}")
-            fns.append(f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
-                       f"    let o = (c / 4u) * 2u;\n"
-                       f"    pair{j}(bt, m, o, {ST}(v.x), {ST}(v.z));\n"
-                       f"    pair{j}(bt, m, o + 1u, {ST}(v.y), {ST}(v.w));\n}}")
+            fns.append(f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
+                       f"    let o = (c / 8u) * 4u;\n"
+                       + "".join(f"    pair{j}(bt, m, o + {q}u, {ST}(lo.{'xyzw'[q]}), {ST}(hi.{'xyzw'[q]}));\n"
+                                 for q in range(4)) + "}")
     disp, start = [], 0
+    call = "oct{j}(bt, m, {c}, lo, hi)" if W == 8 else "seg{j}(bt, m, {c}, v)"
     for j, s in enumerate(segs):
         c = f"n - {start}u" if start else "n"
         end = start + s.width
-        if j < len(segs) - 1:
-            disp.append(f"    if (n < {end}u) {{ seg{j}(bt, m, {c}, v); return; }}")
-        else:
-            disp.append(f"    seg{j}(bt, m, {c}, v);")
+        cj = call.format(j=j, c=c)
+        disp.append(f"    if (n < {end}u) {{ {cj}; return; }}" if j < len(segs) - 1 else f"    {cj};")
         start = end
-    fns.append(f"fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {{\n"
+    sig = "lo: vec4<f32>, hi: vec4<f32>" if W == 8 else "v: vec4<f32>"
+    fns.append(f"fn store{W}(bt: u32, m: u32, n: u32, {sig}) {{\n"
                f"    if (m >= {wgsl(M)} || n >= {N}u) {{ return; }}\n" + "\n".join(disp) + "\n}")
     params["fused_store"] = "\n\n".join(fns)
     kinds = "+".join(s.kind if s.kind != "rope" else f"rope{s.head}" for s in segs)
