@@ -16,7 +16,9 @@
 // time) and `fused_store`, a function store4(bt, m, n, v) storing the 4 outputs n..n+3 (n a
 // multiple of 4) of row m through each segment's nodes to the written values, or, where pair
 // segments need 8 columns (fused_w 8: column c pairs with c + 4), store8(bt, m, n, lo, hi);
-// the tiled path (RN 8 then) and the fused GEMV then store whole quads / octets.
+// the tiled path (RN 8 then) and the fused GEMV then store whole quads / octets. `fused_copy`:
+// copy_in(group, groups, thread, threads), run by every workgroup first, copies the inputs of
+// concats the kernel writes into (a KV cache's past; the new rows are the GEMM's), grid-stride.
 // Element types: a, b, c, out are f32 or f16 arrays (vec4 of them for vec loads); loads widen to
 // f32 (f32() / vec4<f32>() are no-ops on f32), accumulators and workgroup tiles are f32, and
 // store() narrows through ST (f16_of for f16 outputs, else empty) before the epilogue.
@@ -124,6 +126,7 @@ fn load_b4k{{ sfx }}(bt: u32, k: u32, n: u32) -> vec4<f32> {
 {{ loaders("_in", False, False) }}{$ endif $}
 {$ if fused_store $}
 {{ fused_store }}
+{{ fused_copy }}
 {$ else $}
 fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ if check_out $}
@@ -274,6 +277,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ if gate $}
     if (!({{ gate }})) { return; }  // M known at dispatch: the GEMV kernel takes small M
 {$ endif $}
+{$ if fused_copy $}
+    copy_in(wid.x + nwg.x * (wid.y + nwg.y * wid.z), nwg.x * nwg.y * nwg.z, li, THREADS);
+{$ endif $}
     let ks = wid.z % {{ SPLIT }}u;  // K chunk
     let bt = wid.z / {{ SPLIT }}u;
     let k_begin = ks * {{ sz.KCHUNK }};
@@ -283,6 +289,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ else $}
     // Linear group index (the grid is folded into 2-D past 65535 groups); uniform per workgroup.
     let gi = wid.y * nwg.x + wid.x;
+{$ if fused_copy $}
+    if ({{ gate if gate else "true" }}) { copy_in(gi, nwg.x * nwg.y, li, THREADS); }
+{$ endif $}
     if (gi >= {{ sz.TILES }} * {{ SPLIT }}u) { return; }
 {$ if gate $}
     if (!({{ gate }})) { return; }  // M known at dispatch: the GEMV kernel takes small M
@@ -409,10 +418,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ if gate $}
     if (!({{ gate }})) { return; }
 {$ endif $}
+{$ if fused_copy $}
+    copy_in(wid.x + nwg.x * wid.y, nwg.x * nwg.y, li, 64u);
+{$ endif $}
     let bt = wid.y;
     let n = wid.x * {{ 4 * QW }}u;
 {$ else $}
     let g = wid.y * nwg.x + wid.x;
+{$ if fused_copy $}
+    if ({{ gate if gate else "true" }}) { copy_in(g, nwg.x * nwg.y, li, 64u); }
+{$ endif $}
     if (g >= {{ sz.GROUPS }}) { return; }
 {$ if gate $}
     if (!({{ gate }})) { return; }

@@ -1054,12 +1054,16 @@ class DigitView:
         e = c if _int1(inner) else f"({c} / {wgsl(inner)})"
         return e if i == 0 else f"({e} % {wgsl(dg.size)})"
 
-    def store_index(self, coords):
+    def store_index(self, coords, into=None):
         """(flat index expression in the view, [conditions]) of the base element whose
-        coordinates (one WGSL expression per base axis) are `coords`."""
+        coordinates (one WGSL expression per base axis) are `coords`. into: (shape, axis,
+        offset): the view is a slab of a tensor of that shape starting at `offset` along `axis`
+        (a concat's output): the index there."""
         shape = self.shape
-        rs = _row_strides(shape)
+        rs = _row_strides(shape if into is None else into[0])
         terms, conds, const = [], [], 0
+        if into is not None:
+            const = into[2] * rs[into[1]]
         for d, dim in enumerate(self.dims):
             inner = 1
             for dg, lo, size in reversed(dim):
@@ -1072,7 +1076,9 @@ class DigitView:
                 const -= lo * w
                 inner = inner * size
         expr = " + ".join(terms) or "0u"
-        if const:
+        if isinstance(const, Sym) or const > 0:
+            expr = f"({expr} + {wgsl(const)})"
+        elif const:
             expr = f"({expr} - {wgsl(-const)})"
         return expr, [c for c in conds if c]
 
@@ -1144,10 +1150,18 @@ class Leaf:
     identity copies of it, same shape), `view` (a DigitView of the segment's output), and for a
     rotary leaf `rope` = (cos, sin): the values are the rotation of the view."""
 
-    __slots__ = ("view", "values", "rope")
+    __slots__ = ("view", "values", "rope", "cat")
 
-    def __init__(self, view, values, rope=None):
-        self.view, self.values, self.rope = view, values, rope
+    def __init__(self, view, values, rope=None, cat=None):
+        self.view, self.values, self.rope, self.cat = view, values, rope, cat
+
+    def into(self):
+        """store_index's `into` for a leaf written into a concat's output (cat: (the input before
+        it, axis)): the output's shape, the axis, the offset there."""
+        if self.cat is None:
+            return None
+        p, axis = self.cat
+        return tuple(self.values[0].shape), axis, p.shape[axis]
 
 
 class Segment:
@@ -1174,7 +1188,9 @@ class Segment:
                     out.append(v)
         for leaf in self.leaves:
             if leaf.rope:
-                out += [v for v in leaf.rope if v not in out]
+                out += [v for v in leaf.rope if not any(v is o for o in out)]
+            if leaf.cat and not any(leaf.cat[0] is o for o in out):
+                out.append(leaf.cat[0])
         return out
 
     def outputs(self):
@@ -1218,6 +1234,33 @@ def _copies(v, uses):
     rs = uses.readers(v)
     vals = [v] if id(v) in uses.out_ids or any(r.op != "identity" for r in rs) else []
     return vals + [r.outputs[0] for r in rs if r.op == "identity"], [r for r in rs if r.op == "identity"]
+
+
+def _concat_after(v, uses):
+    """(concat node, input before v, axis) when v is read only by a concat of two inputs, v the
+    second, along an axis other than the last: a KV cache's present = concat(past, new). The
+    GEMM writing v then writes the concat's output: v's rows at their place, and (copy_in) the
+    past's."""
+    rs = uses.readers(v)
+    if id(v) in uses.out_ids or len(rs) != 1:
+        return None
+    n = rs[0]
+    if n.op != "concat" or len(n.inputs) != 2 or n.inputs[1] is not v or n.inputs[0] is v:
+        return None
+    axis = n.attrs["axis"]
+    if axis == v.rank - 1 or n.inputs[0].data_type != v.data_type:
+        return None
+    return n, n.inputs[0], axis
+
+
+def _leaf(view, v, uses, rope=None):
+    """(Leaf writing value v (or the concat of a cache it ends, _concat_after), nodes absorbed)."""
+    cat = _concat_after(v, uses)
+    if cat is not None:
+        vals, ids = _copies(cat[0].outputs[0], uses)
+        return Leaf(view, vals, rope, (cat[1], cat[2])), [cat[0]] + ids
+    vals, ids = _copies(v, uses)
+    return Leaf(view, vals, rope), ids
 
 
 def _rope_at(t, uses):
@@ -1288,10 +1331,10 @@ def _view_tree(x, uses, max_leaves):
         rope = _rope_at(v, uses)
         if rope is not None and view.innermost() is not None:
             cos, sin, rnodes, y = rope
-            vals, ids = _copies(y, uses)
-            if not vals:
+            leaf, ids = _leaf(view, y, uses, (cos, sin))
+            if not leaf.values:
                 return None
-            leaves.append(Leaf(view, vals, (cos, sin)))
+            leaves.append(leaf)
             nodes += rnodes + ids
             continue
         branches = []
@@ -1315,8 +1358,8 @@ def _view_tree(x, uses, max_leaves):
             nodes += [r for r in rs if r not in nodes]
             stack.extend(branches)
             continue
-        vals, ids = _copies(v, uses)
-        leaves.append(Leaf(view, vals))
+        leaf, ids = _leaf(view, v, uses)
+        leaves.append(leaf)
         nodes += ids
         if len(leaves) > max_leaves:
             return None

@@ -30,8 +30,8 @@ from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
 from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, grid, store_fn
-from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, register,
-               row_strides, same_type, unidirectional)
+from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, merge_dims, radix,
+               register, row_strides, same_type, unidirectional)
 
 FLOAT = dtypes.FLOATS
 GEMV_MAX_M = 4
@@ -212,7 +212,7 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
     p.setdefault("a_kmajor", p["vec_a"])
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
@@ -504,7 +504,7 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store"):
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy"):
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     cols = cdiv(N, p["fused_w"] if p["fused_store"] else 4)
@@ -836,7 +836,7 @@ def _lower_fused(kc, node):
             val = last or "x"
             body = [f"    let i = {idx('c')};"] + pl
             for k, leaf in enumerate(s.leaves):
-                f, conds = leaf.view.store_index(bc + ["m", "c"])
+                f, conds = leaf.view.store_index(bc + ["m", "c"], leaf.into())
                 body.append(f"    let f{k} = {f};")
                 body += guarded(conds, writes(leaf, val, f"f{k}", "    "))
             fns.append(f"fn put{j}(bt: u32, m: u32, c: u32, x: {t}) {{\n" + "\n".join(body) + "\n}")
@@ -858,15 +858,20 @@ def _lower_fused(kc, node):
                 body.append(f"    let i{q} = {idx(f'c{q}')};")
                 body += _reindex(pl, f"i{q}")
                 vals.append(last or f"y{q}")
-            f, conds = leaf.view.store_index(bc + ["m", "c0"])
+            f, conds = leaf.view.store_index(bc + ["m", "c0"], leaf.into())
+            rshape = leaf.view.shape  # the rotation's own shape (cos / sin broadcast to it)
 
             def at(v, var):
-                return f"{xname[id(v)]}[{broadcast_index(v.shape, tv.shape, var)}]"
+                return f"{xname[id(v)]}[{broadcast_index(v.shape, rshape, var)}]"
 
             y0, y1 = vals
-            r0 = binop("+", tt, binop("*", tt, y0, at(cos, "f0")), binop("*", tt, f"(-{y1})", at(sin, "f0")))
-            r1 = binop("+", tt, binop("*", tt, y1, at(cos, "f1")), binop("*", tt, y0, at(sin, "f1")))
+            r0 = binop("+", tt, binop("*", tt, y0, at(cos, "t0")), binop("*", tt, f"(-{y1})", at(sin, "t0")))
+            r1 = binop("+", tt, binop("*", tt, y1, at(cos, "t1")), binop("*", tt, y0, at(sin, "t1")))
             body += [f"    let f0 = {f};", f"    let f1 = f0 + {h // 2}u;"]
+            if leaf.cat is not None:  # (f0: the place in the concat; t0: in the rotation)
+                body += [f"    let t0 = {leaf.view.store_index(bc + ['m', 'c0'])[0]};", f"    let t1 = t0 + {h // 2}u;"]
+            else:
+                body += ["    let t0 = f0;", "    let t1 = f1;"]
             inner = [f"    let r0: {tt} = {r0};", f"    let r1: {tt} = {r1};"]
             inner += writes(leaf, "r0", "f0", "    ") + writes(leaf, "r1", "f1", "    ")
             body += guarded(conds, inner)
@@ -883,7 +888,7 @@ def _lower_fused(kc, node):
             pl, last = pre_lines(s, names, "p")
             body = [f"    let i = {idx('c')};"] + pl
             leaf = s.leaves[0]
-            f, conds = leaf.view.store_index(bc + ["m", "c"])
+            f, conds = leaf.view.store_index(bc + ["m", "c"], leaf.into())
             body.append(f"    let f = {f};")
             body += guarded(conds, writes(leaf, last, "f", "    "))
             fns.append(f"fn pair{j}(bt: u32, m: u32, c: u32, g: {t}, u: {t}) {{\n" + "\n".join(body) + "\n}")
@@ -903,6 +908,19 @@ def _lower_fused(kc, node):
     fns.append(f"fn store{W}(bt: u32, m: u32, n: u32, {sig}) {{\n"
                f"    if (m >= {wgsl(M)} || n >= {N}u) {{ return; }}\n" + "\n".join(disp) + "\n}")
     params["fused_store"] = "\n\n".join(fns)
+    # the inputs before the rows this kernel writes into concats (a KV cache's past), copied by
+    # every workgroup's threads in turn (grid-stride) before the GEMM
+    copies = []
+    for s in segs:
+        for leaf in s.leaves:
+            if leaf.cat is None:
+                continue
+            p, axis = leaf.cat
+            rs = row_strides(leaf.values[0].shape)
+            idx = radix("e", merge_dims([(d, (st,)) for d, st in zip(p.shape, rs)]))[0]
+            writes_ = " ".join(f"{oname[id(v)]}[{idx}] = {xname[id(p)]}[e];" for v in leaf.values)
+            copies.append(f"    for (var e = g * nt + li; e < {wgsl(math.prod(p.shape))}; e = e + ng * nt) {{ {writes_} }}")
+    params["fused_copy"] = ("fn copy_in(g: u32, ng: u32, li: u32, nt: u32) {\n" + "\n".join(copies) + "\n}") if copies else ""
     kinds = "+".join(s.kind if s.kind != "rope" else f"rope{s.head}" for s in segs)
     if plan.a_view is not None:
         kinds = "aview+" + kinds
