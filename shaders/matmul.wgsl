@@ -127,6 +127,11 @@ fn load_b4k{{ sfx }}(bt: u32, k: u32, n: u32) -> vec4<f32> {
 {$ if fused_store $}
 {{ fused_store }}
 {{ fused_copy }}
+{$ if fused_rms $}
+// RMS prologue: A is x, the GEMM's B rows are scaled by the norm's weight (load_bq) and each
+// row's sum reaches the store scaled by 1 / sqrt(mean(x^2) + eps)
+fn rms_scale(ss: f32) -> f32 { return 1.0 / sqrt(ss / f32({{ sz.K }}) + {{ fused_rms }}); }
+{$ endif $}
 {$ else $}
 fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ if check_out $}
@@ -171,6 +176,9 @@ const BS = {{ BK * TX * RN // 4 }}u;
 // next tile is staged into one while the other is read (one barrier per step instead of two).
 var<workgroup> As: array<vec4<f32>, {{ BK * TY * RM // 4 * (2 if DB else 1) }}>;
 var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 * (2 if DB else 1) }}>;
+{$ if fused_rms $}
+var<workgroup> rowss: array<f32, {{ TY * RM }}>;  // each row's sum of squares (RMS prologue)
+{$ endif $}
 
 // Staging: each thread loads one vec4 per step of its loop. Two mappings per operand, chosen by
 // which of the operand's strides is 1, so that consecutive threads read consecutive words:
@@ -312,6 +320,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
 {$ endfor $}
     setup_a(bt, m0, li);
+{$ if fused_rms $}
+    var rss = 0.0;  // RMS prologue: thread li < BM sums the squares of row m0 + li of A
+{$ endif $}
 {$ if edge_a $}
     let ia = m0 + BM <= {{ sz.M }};
 {$ endif $}
@@ -330,6 +341,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         let oa = cur * AS;
         let ob = cur * BS;
+{$ if fused_rms $}
+        if (li < BM) { for (var kk = 0u; kk < BK; kk = kk + 1u) { let x = As[oa + kk * AQ + li / 4u][li % 4u]; rss = fma(x, x, rss); } }
+{$ endif $}
 {{ compute("oa + ", "ob + ") }}
         workgroupBarrier();
         cur = cur ^ 1u;
@@ -338,12 +352,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
 {{ stage("k0", "0u", "0u", "        ") }}
         workgroupBarrier();
+{$ if fused_rms $}
+        if (li < BM) { for (var kk = 0u; kk < BK; kk = kk + 1u) { let x = As[kk * AQ + li / 4u][li % 4u]; rss = fma(x, x, rss); } }
+{$ endif $}
 {{ compute("", "") }}
         workgroupBarrier();
     }
 {$ endif $}
     let m = m0 + ty * {{ RM }}u;
     let n = n0 + tx * {{ RN }}u;
+{$ if fused_rms $}
+    if (li < BM) { rowss[li] = rss; }
+    workgroupBarrier();
+{$ for i in range(RM) $}
+    let rsc{{ i }} = rms_scale(rowss[ty * {{ RM }}u + {{ i }}u]);
+{$ endfor $}
+{$ endif $}
 {$ if SPLIT > 1 $}
     // Raw partial sums of split gi / TILES; the reduction applies the epilogue.
     let pbase = {{ "ks" if grid3 else "(gi / " ~ sz.TILES ~ ")" }} * ({{ sz.BATCH }} * {{ sz.M }} * {{ sz.N }}) + bt * ({{ sz.M }} * {{ sz.N }});
@@ -359,13 +383,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ elif fused_store and fused_w == 8 $}
 {$ for i in range(RM) $}
 {$ for j in range(0, RN // 4, 2) $}
-    store8(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}, acc{{ i }}_{{ j + 1 }});
+    store8(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}{{ " * rsc%d" % i if fused_rms else "" }}, acc{{ i }}_{{ j + 1 }}{{ " * rsc%d" % i if fused_rms else "" }});
 {$ endfor $}
 {$ endfor $}
 {$ elif fused_store $}
 {$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
-    store4(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }});
+    store4(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}{{ " * rsc%d" % i if fused_rms else "" }});
 {$ endfor $}
 {$ endfor $}
 {$ else $}
@@ -396,8 +420,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 {$ elif fused_store $}
 // GEMV of a _fused_matmul: one workgroup per (batch, QW quads of columns), B read a quad at a
-// time (load_b4n: pair segments keep each quad one run of columns), rows m < M <= 4 in vec4
-// lanes; one thread per row stores the workgroup's columns through store4 / store8.
+// time (pair segments keep each quad one run of columns), rows m < M <= 4 in vec4 lanes; one
+// thread per row stores the workgroup's columns through store4 / store8.
 {$ set QW = fused_w // 4 $}
 {$ if cols is integer $}
 const COLS = {{ cols }}u;   // ceil(N / (4 QW))
@@ -407,6 +431,9 @@ const GROUPS = {{ groups }}u;
 {$ endif $}
 
 var<workgroup> partial: array<mat4x4<f32>, {{ 64 * QW }}>;
+{$ if fused_rms $}
+var<workgroup> pss: array<vec4<f32>, 64>;
+{$ endif $}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -438,6 +465,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ for q in range(QW) $}
     var acc{{ q }} = mat4x4<f32>();  // acc{{ q }}[j]: column n + {{ 4 * q }} + j, rows 0..3 in x..w
 {$ endfor $}
+{$ if fused_rms $}
+    var ssq = vec4<f32>(0.0);  // rows' sums of squares of A (RMS prologue)
+{$ endif $}
     // the loop over k, one per segment (its B operands and columns fixed for the workgroup)
 {{ gemv_loop }}
 {$ if SG $}
@@ -445,8 +475,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let sum{{ q }} = mat4x4<f32>(subgroupAdd(acc{{ q }}[0]), subgroupAdd(acc{{ q }}[1]), subgroupAdd(acc{{ q }}[2]), subgroupAdd(acc{{ q }}[3]));
     if (sid == 0u) { partial[{{ 64 * q }}u + li / sgs] = sum{{ q }}; }
 {$ endfor $}
+{$ if fused_rms $}
+    let ssum = subgroupAdd(ssq);
+    if (sid == 0u) { pss[li / sgs] = ssum; }
+{$ endif $}
     workgroupBarrier();
     if (li < {{ sz.M }}) {
+{$ if fused_rms $}
+        var rs = 0.0;
+        for (var s = 0u; s < (63u + sgs) / sgs; s = s + 1u) { rs = rs + pss[s][li]; }
+        let rsc = rms_scale(rs);
+{$ endif $}
 {$ for q in range(QW) $}
         var t{{ q }} = vec4<f32>(0.0);
         for (var s = 0u; s < (63u + sgs) / sgs; s = s + 1u) {
@@ -458,25 +497,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ for q in range(QW) $}
     partial[{{ 64 * q }}u + li] = acc{{ q }};
 {$ endfor $}
+{$ if fused_rms $}
+    pss[li] = ssq;
+{$ endif $}
     workgroupBarrier();
     for (var s = 32u; s > 0u; s = s >> 1u) {
         if (li < s) {
 {$ for q in range(QW) $}
             partial[{{ 64 * q }}u + li] = partial[{{ 64 * q }}u + li] + partial[{{ 64 * q }}u + li + s];
 {$ endfor $}
+{$ if fused_rms $}
+            pss[li] = pss[li] + pss[li + s];
+{$ endif $}
         }
         workgroupBarrier();
     }
     if (li < {{ sz.M }}) {
+{$ if fused_rms $}
+        let rsc = rms_scale(pss[0][li]);
+{$ endif $}
 {$ for q in range(QW) $}
         let p{{ q }} = partial[{{ 64 * q }}u];
         let t{{ q }} = vec4<f32>(p{{ q }}[0][li], p{{ q }}[1][li], p{{ q }}[2][li], p{{ q }}[3][li]);
 {$ endfor $}
 {$ endif $}
 {$ if QW == 2 $}
-        store8(bt, li, n, t0, t1);
+        store8(bt, li, n, t0{{ " * rsc" if fused_rms else "" }}, t1{{ " * rsc" if fused_rms else "" }});
 {$ else $}
-        store4(bt, li, n, t0);
+        store4(bt, li, n, t0{{ " * rsc" if fused_rms else "" }});
 {$ endif $}
     }
 }

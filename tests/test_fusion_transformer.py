@@ -652,3 +652,59 @@ def test_fused_gemv_variants(ctx, rng, sg):
     assert not FUSION or all(n.endswith("_gemv_sg" if sg else "_gemv") for n in _compute(g.kernel_names)), g.kernel_names
     for k, w in want.items():
         _close(got[k], w, "float32", k)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("M", [1, 3, 45])
+@pytest.mark.parametrize("scale", [True, False], ids=["scale", "no_scale"])
+def test_rms_prologue(ctx, rng, monkeypatch, M, scale, dt):
+    """passes.RMS_PROLOGUE: an RMSNorm read only as GEMMs' A (a gated unit and a plain
+    projection) is computed by them as they load A: two kernels, no rmsnorm."""
+    monkeypatch.setattr(passes, "RMS_PROLOGUE", True)
+    E, F = 64, 48
+    g = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
+    Wg, Wu, Wp = _w(rng, E, F), _w(rng, E, F), _w(rng, E, 40)
+    form = "reciprocal" if scale else "no_scale"
+
+    def fn(b, i):
+        h = _rms(b, i["x"], g, form, dt)
+        gate = b.matmul(h, _c(b, Wg, dt))
+        return {"y": b.mul(b.mul(gate, b.sigmoid(gate)), b.matmul(h, _c(b, Wu, dt))),
+                "p": b.add(b.matmul(h, _c(b, Wp, dt)), _c(b, np.ones(40), dt))}
+
+    def ref(f):
+        h = _rms_ref(f["x"], g, form)
+        gg = h @ Wg
+        return {"y": gg / (1 + np.exp(-gg)) * (h @ Wu), "p": h @ Wp + 1}
+
+    names = _check(ctx, {"x": (M, E)}, fn, ref, [{"x": rng.standard_normal((M, E)).astype(np.float32)}], dt, kernels=2)
+    assert not FUSION or all("rms+" in n for n in names), names
+
+
+def test_rms_prologue_every_candidate(ctx, rng, monkeypatch):
+    """The RMS prologue with merged rotary projections, each tile configuration, dynamic rows."""
+    monkeypatch.setattr(passes, "RMS_PROLOGUE", True)
+    E, H = 64, 2
+    D = E // H
+    g = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
+    Wq, Wk = _w(rng, E, E), _w(rng, E, E)
+    S = Dyn("seq", 80)
+
+    def fn(b, i):
+        h = _rms(b, i["x"], g, "reciprocal", "float32")
+        return {k: _rope(b, _heads(b, b.matmul(h, b.constant(w)), None, H, D), i["cos"], i["sin"], D)
+                for k, w in (("q", Wq), ("k", Wk))}
+
+    n = len(_no_split(*gemm_candidates(80, 2 * E, E, 1), 8)[0])
+    for s in (2, 67):
+        cos, sin = _cos_sin(rng, s, D)
+        x = rng.standard_normal((1, s, E)).astype(np.float32)
+        h = _rms_ref(x.astype(np.float64), g, "")
+        want = {k: _rope_ref(_heads_ref(h @ w, H, D), cos, sin) for k, w in (("q", Wq), ("k", Wk))}
+        for i in range(n):
+            with autotune.force(i):
+                gr = _build(ctx, {"x": (1, S, E), "cos": (1, 1, S, D), "sin": (1, 1, S, D)}, fn, "float32")
+                got = dispatch_at(ctx, gr, {"x": x, "cos": cos, "sin": sin})
+            assert not FUSION or all("rms+rope32+rope32" in k for k in gr.kernel_names), gr.kernel_names
+            for k, w in want.items():
+                _close(got[k], w, "float32", f"{k} s={s} candidate {i}")

@@ -897,7 +897,62 @@ def rewrite_nodes(nodes, outputs, cap=MAX_FUSED_BINDINGS):
     """The live nodes with the transformer patterns replaced (module comment above); `cap`: the
     storage buffers a fused kernel may bind."""
     nodes = _rewrite_rms(nodes, _Uses(nodes, outputs))
-    return _rewrite_gemms(nodes, outputs, cap)
+    nodes = _rewrite_gemms(nodes, outputs, cap)
+    return _rms_prologues(nodes, outputs, cap) if RMS_PROLOGUE else nodes
+
+
+# Off: the GEMMs computing the normalization they read (_rms_prologues) measured 10-13% slower
+# on lavapipe (Llama-style layer, hidden 1024: 357 -> 397 ms for the SwiGLU GEMM of a 128-token
+# prompt, 29 -> 32 ms for its decode-step GEMV: the staged rows' sums of squares and a load of
+# the scale per k cost more than the normalization kernel they save, about 0.3 ms there). On a
+# GPU the GEMV would hide both behind the weights' stream; unmeasured: switch it on where a GPU
+# run shows it pays (tests/test_fusion_transformer.py checks it).
+RMS_PROLOGUE = False
+
+
+def _rms_prologues(nodes, outputs, cap):
+    """An RMS normalization over the last axis read only as the A operand of GEMMs (matmuls with
+    one [K, N] B, _fused_matmul nodes reading it as it is) is computed by each of them as it
+    loads A: the sum of squares of each row from the staged A tiles, the scale applied to B's
+    rows, the row's factor 1 / sqrt(mean + eps) to the sums before the store (matmul.wgsl
+    `fused_rms`); the normalized tensor is never written. Only where every reader takes it
+    within the binding cap."""
+    uses = _Uses(nodes, outputs)
+    put, drop = {}, set()
+    for r in nodes:
+        if r.op != "_rms_normalization":
+            continue
+        x, scale = r.inputs[0], r.inputs[1]
+        h = r.outputs[0]
+        if id(h) in uses.out_ids or tuple(r.attrs["axes"]) != (x.rank - 1,) or not uses.readers(h):
+            continue
+        new = []
+        for n in uses.readers(h):
+            if n.op == "matmul" and n.inputs[0] is h and n.inputs[1] is not h and _plain_b(n) and id(n) not in put:
+                seg = Segment("plain", [n], [], n.outputs[0], [Leaf(DigitView(n.outputs[0].shape), [n.outputs[0]])], [n])
+                plan = FusedPlan([seg], h, None)
+                base = Node("_fused_matmul", [h, n.inputs[1]], {"plan": plan}, n.label)
+                base.outputs = list(n.outputs)
+            elif n.op == "_fused_matmul" and n.inputs[0] is h and n.attrs["plan"].a_view is None \
+                    and n.attrs["plan"].rms is None and all(v is not h for v in n.inputs[1:]) and id(n) not in put:
+                base, plan = n, n.attrs["plan"]
+            else:
+                break
+            narrow = any(s.width <= 16 for s in plan.segments)  # (one thread a row of a tile: TX >= RM)
+            if narrow or len(base.inputs) + len(base.outputs) + (scale is not None) > cap:
+                break
+            p2 = FusedPlan(plan.segments, plan.a, None, (scale, r.attrs["epsilon"]))
+            node = Node("_fused_matmul", [x] + base.inputs[1:] + ([scale] if scale is not None else []),
+                        {"plan": p2}, base.label)
+            node.outputs = list(base.outputs)
+            new.append((n, node))
+        else:
+            for n, node in new:
+                put[id(n)] = node
+            drop.add(id(r))
+    if not put:
+        return nodes
+    return [put.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
 # -- fused GEMMs: views, rotary pairs, gated units, merged projections -------------------------
@@ -1204,10 +1259,12 @@ def _produced(v, seg):
 class FusedPlan:
     """attrs["plan"] of a _fused_matmul node: `segments` side by side along the GEMM's columns,
     `a_view` (a DigitView of inputs[0] that A is, or None: inputs[0] is A), `a` the A operand
-    the matmuls read (its shape), `bind`: the node's inputs after A (B operands, then extras)."""
+    the matmuls read (its shape), `rms`: (scale or None, epsilon) where A is the RMS
+    normalization of inputs[0] (_rms_prologues; the scale then the node's last input). The
+    node's inputs: A's source, the segments' B operands, their extras[, the scale]."""
 
-    def __init__(self, segments, a, a_view):
-        self.segments, self.a, self.a_view = segments, a, a_view
+    def __init__(self, segments, a, a_view, rms=None):
+        self.segments, self.a, self.a_view, self.rms = segments, a, a_view, rms
 
 
 def _epilogue_operand_ok(n, cur):

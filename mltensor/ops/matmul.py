@@ -29,7 +29,7 @@ from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, grid, store_fn
+from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, f32_lit, grid, store_fn
 from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, merge_dims, radix,
                register, row_strides, same_type, unidirectional)
 
@@ -212,7 +212,7 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
     p.setdefault("a_kmajor", p["vec_a"])
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
@@ -504,7 +504,7 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy"):
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms"):
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     cols = cdiv(N, p["fused_w"] if p["fused_store"] else 4)
@@ -723,6 +723,13 @@ def _lower_fused(kc, node):
             args.append(b)
     nb = sum(len(s.bs) for s in segs)
     extras = node.inputs[1 + nb:]
+    rms = plan.rms  # (scale or None, epsilon): A is x, the GEMM computes rms_norm(x) * scale @ B
+    rw = ""
+    if rms is not None and rms[0] is not None:
+        extras = extras[:-1]  # (the scale is the last input)
+        bindings.append(Binding("rw", t))
+        args.append(node.inputs[-1])
+        rw = " * f32(rw[k])"
     xname = {}
     for k, v in enumerate(extras):
         xname[id(v)] = f"xb{k}"
@@ -741,7 +748,7 @@ def _lower_fused(kc, node):
     params = {"a_base": batch_offset_expr(A.shape[:-2], ob, M * A.shape[-1]), "b_base": "0u",
               "a_sm": A.shape[-1], "a_sk": 1, "b_sk": N, "b_sn": 1, "alpha": 1.0, "beta": 0.0,
               "has_c": False, "vec_a": vec_a, "vec_b": False, "ST": ST, "act": act, "a_at": "",
-              "fused_w": W}
+              "fused_w": W, "fused_rms": f32_lit(rms[1]) if rms is not None else ""}
     if plan.a_view is not None:
         params["a_at"] = plan.a_view.load_index(coords_of_batch(A.shape[:-2]) + ["m", "k"])
 
@@ -763,11 +770,11 @@ def _lower_fused(kc, node):
         q, col = col_of(s, c)
         code = ops.index((j, 0))
         if q is None:  # glu: gate quads, up quads alternate
-            b1 = (f"let q = {col}; if ((({c} / 4u) % 2u) == 0u) {{ return f32({bname[j][0]}[k * {s.n}u + q]); }} "
-                  f"return f32({bname[j][1]}[k * {s.n}u + q]);")
+            b1 = (f"let q = {col}; if ((({c} / 4u) % 2u) == 0u) {{ return f32({bname[j][0]}[k * {s.n}u + q]){rw}; }} "
+                  f"return f32({bname[j][1]}[k * {s.n}u + q]){rw};")
             w4 = f"return vec2<u32>({code}u + (({c} / 4u) % 2u), {col});"
         else:
-            b1 = f"return f32({bname[j][q]}[k * {s.n}u + {col}]);"
+            b1 = f"return f32({bname[j][q]}[k * {s.n}u + {col}]){rw};"
             w4 = f"return vec2<u32>({code + q}u, {col});"
         last = j == len(segs) - 1
         one.append(f"    {b1}" if last else f"    if (n < {end}u) {{ {b1} }}")
@@ -777,7 +784,7 @@ def _lower_fused(kc, node):
     cases = []
     for code, (j, q) in enumerate(ops):
         b = bname[j][q]
-        ld = f"let r = k * {segs[j].n}u + w.y; return vec4<f32>(f32({b}[r]), f32({b}[r + 1u]), f32({b}[r + 2u]), f32({b}[r + 3u]));"
+        ld = f"let r = k * {segs[j].n}u + w.y; return vec4<f32>(f32({b}[r]), f32({b}[r + 1u]), f32({b}[r + 2u]), f32({b}[r + 3u])){rw};"
         cases.append(f"        case {code}u: {{ {ld} }}" if code < len(ops) - 1 else f"        default: {{ {ld} }}")
     # the fused GEMV's loops over k: one per segment, B operands and columns fixed outside them
     loops, start = [], 0
@@ -785,6 +792,8 @@ def _lower_fused(kc, node):
         c = f"(n - {start}u)" if start else "n"
         end = start + s.width
         body = ["        let av = vec4<f32>(load_a(bt, 0u, k), load_a(bt, 1u, k), load_a(bt, 2u, k), load_a(bt, 3u, k));"]
+        if rms is not None:
+            body.append("        ssq = fma(av, av, ssq);")
         head = []
         for qq in range(W // 4):
             cq = f"({c} + {4 * qq}u)" if qq else c
@@ -792,7 +801,7 @@ def _lower_fused(kc, node):
             b = bname[j][qq % 2 if q is None else q]  # glu: the octet's quads are gate, then up
             head.append(f"        let c{qq} = {col};")
             body.append(f"        let r{qq} = k * {s.n}u + c{qq};")
-            body.append(f"        let b{qq} = vec4<f32>(f32({b}[r{qq}]), f32({b}[r{qq} + 1u]), f32({b}[r{qq} + 2u]), f32({b}[r{qq} + 3u]));")
+            body.append(f"        let b{qq} = vec4<f32>(f32({b}[r{qq}]), f32({b}[r{qq} + 1u]), f32({b}[r{qq} + 2u]), f32({b}[r{qq} + 3u])){rw};")
             body += [f"        acc{qq}[{e}] = fma(av, vec4<f32>(b{qq}.{'xyzw'[e]}), acc{qq}[{e}]);" for e in range(4)]
         loop = (head + [f"        for (var k = li; k < {wgsl(K)}; k = k + 64u) {{"] + ["    " + x for x in body] + ["        }"])
         cond = f"n < {end}u" if j < len(segs) - 1 else "true"
@@ -924,6 +933,8 @@ def _lower_fused(kc, node):
     kinds = "+".join(s.kind if s.kind != "rope" else f"rope{s.head}" for s in segs)
     if plan.a_view is not None:
         kinds = "aview+" + kinds
+    if rms is not None:
+        kinds = "rms+" + kinds
     name = f"matmul_{t}_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}_{kinds}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
 
