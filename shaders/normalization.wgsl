@@ -5,6 +5,10 @@
 // are two passes over the group (subtracting the mean first keeps the variance accurate).
 // rms (RMS normalization, _rms_normalization): no mean, one pass for the mean of the squares,
 // y = x * (1 / sqrt(mean(x^2) + eps)) * scale, as the exported chain computes it.
+// norm_*: the group's elements are read through x_at(i): src[i], or, where the normalization
+// reads through the elementwise step producing its input (compiler/passes.py fuse_norm_sources:
+// a residual or embedding sum), that step's expression at i (its inputs bound as s0, s1, ...);
+// `xout`: that sum is also a graph value, written once (binding xs) in the last pass.
 // Bindings are of the value's compute type (f32 or f16); loads widen to f32 (a no-op for f32),
 // sums and the normalization are f32, stores round back with ST (f16_of for f16, else nothing).
 {{ bindings }}
@@ -30,6 +34,8 @@ const WG: u32 = {{ WG }}u;
 {$ endfor $}
 {$ endmacro $}
 
+{{ xfn }}
+
 fn base(o: u32) -> u32 { return {{ base }}; }
 fn off(k: u32) -> u32 { return {{ off }}; }
 fn pidx(o: u32, k: u32) -> u32 { return {{ pbase }} + {{ poff }}; }
@@ -50,18 +56,21 @@ fn affine(y: f32, p: u32) -> f32 {
     let b = base(o);
 {$ if rms $}
     var v = 0.0;
-    for (var k = 0u; k < K; k++) { let x = f32(src[b + off(k)]); v += x * x; }
+    for (var k = 0u; k < K; k++) { let x = f32(x_at(b + off(k))); v += x * x; }
     let r = 1.0 / sqrt(v / f32(K) + eps());
 {$ else $}
     var s = 0.0;
-    for (var k = 0u; k < K; k++) { s += f32(src[b + off(k)]); }
+    for (var k = 0u; k < K; k++) { s += f32(x_at(b + off(k))); }
     let mean = s / f32(K);
     var v = 0.0;
-    for (var k = 0u; k < K; k++) { let d = f32(src[b + off(k)]) - mean; v += d * d; }
+    for (var k = 0u; k < K; k++) { let d = f32(x_at(b + off(k))) - mean; v += d * d; }
     let den = sqrt(v / f32(K) + eps());
 {$ endif $}
     for (var k = 0u; k < K; k++) {
         let i = b + off(k);
+{$ if xout $}
+        xs[i] = x_at(i);
+{$ endif $}
         dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
     }
 {$ endmacro $}
@@ -108,18 +117,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let b = base(o);
 {$ if rms $}
     var v = 0.0;
-    for (var k = lid; k < K; k += WG) { let x = f32(src[b + off(k)]); v += x * x; }
+    for (var k = lid; k < K; k += WG) { let x = f32(x_at(b + off(k))); v += x * x; }
     let r = 1.0 / sqrt(tree_sum(lid, v) / f32(K) + eps());
 {$ else $}
     var s = 0.0;
-    for (var k = lid; k < K; k += WG) { s += f32(src[b + off(k)]); }
+    for (var k = lid; k < K; k += WG) { s += f32(x_at(b + off(k))); }
     let mean = tree_sum(lid, s) / f32(K);
     var v = 0.0;
-    for (var k = lid; k < K; k += WG) { let d = f32(src[b + off(k)]) - mean; v += d * d; }
+    for (var k = lid; k < K; k += WG) { let d = f32(x_at(b + off(k))) - mean; v += d * d; }
     let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
 {$ endif $}
     for (var k = lid; k < K; k += WG) {
         let i = b + off(k);
+{$ if xout $}
+        xs[i] = x_at(i);
+{$ endif $}
         dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
     }
 }

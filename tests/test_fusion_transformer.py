@@ -708,3 +708,56 @@ def test_rms_prologue_every_candidate(ctx, rng, monkeypatch):
             assert not FUSION or all("rms+rope32+rope32" in k for k in gr.kernel_names), gr.kernel_names
             for k, w in want.items():
                 _close(got[k], w, "float32", f"{k} s={s} candidate {i}")
+
+
+# -- normalizations reading through the sum before them ------------------------------------------
+
+def _ln_ref(x, g, bb, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * g + bb
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("reuse", [False, True], ids=["sum_read_once", "sum_read_again"])
+def test_norm_reads_the_residual_sum(ctx, rng, norm, reuse, dt):
+    """y = norm(a + b [+ c, broadcast]): one kernel, the sum evaluated as the norm reads it; where
+    the sum is read again (a pre-norm residual stream, here a graph output and a later add) the
+    normalization's kernel writes it too."""
+    E = 96
+    g, bb = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32), (0.1 * rng.standard_normal(E)).astype(np.float32)
+    pos = rng.standard_normal((1, 1, E)).astype(np.float32)
+
+    def fn(b, i):
+        s = b.add(b.add(i["a"], i["b"]), _c(b, pos, dt))
+        y = (b.layer_normalization(s, axes=[2], scale=_c(b, g, dt), bias=_c(b, bb, dt)) if norm == "layer"
+             else _rms(b, s, g, "reciprocal", dt))
+        out = {"y": y}
+        if reuse:
+            out["s"] = s
+            out["z"] = b.add(y, s)
+        return out
+
+    def ref(f):
+        s = f["a"] + f["b"] + pos
+        y = _ln_ref(s, g, bb) if norm == "layer" else _rms_ref(s, g, "")
+        return {"y": y, "s": s, "z": y + s} if reuse else {"y": y}
+
+    feeds = [{"a": rng.standard_normal((2, 7, E)).astype(np.float32), "b": rng.standard_normal((2, 7, E)).astype(np.float32)}]
+    names = _check(ctx, {"a": (2, 7, E), "b": (2, 7, E)}, fn, ref, feeds, dt, kernels=2 if reuse else 1)
+    assert not FUSION or names[0].endswith(("_src", "_src_f16")) or "_src" in names[0], names
+
+
+def test_norm_source_dynamic_rows(ctx, rng):
+    """The embedding sum before a LayerNorm, rows known at dispatch: one kernel."""
+    E = 64
+    g, bb = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32), (0.1 * rng.standard_normal(E)).astype(np.float32)
+    S = Dyn("seq", 50)
+
+    def fn(b, i):
+        return {"y": b.layer_normalization(b.add(i["a"], i["b"]), axes=[2], scale=_c(b, g, "float32"),
+                                           bias=_c(b, bb, "float32"))}
+
+    feeds = [{"a": rng.standard_normal((1, s, E)).astype(np.float32), "b": rng.standard_normal((1, s, E)).astype(np.float32)}
+             for s in (1, 9, 50)]
+    _check(ctx, {"a": (1, S, E), "b": (1, S, E)}, fn, lambda f: {"y": _ln_ref(f["a"] + f["b"], g, bb)}, feeds, kernels=1)

@@ -567,7 +567,55 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
         fuse_grouped_heads(steps, single_use)
         fuse_gates(steps, single_use, max_inputs)
         fuse_dag_epilogues(steps, consumers, out_values, max_inputs)  # last: others see chains only
+        fuse_norm_sources(steps, consumers, out_values, max_inputs)
     return steps
+
+
+NORM_SOURCE_OPS = ("layer_normalization", "_rms_normalization")
+
+
+def fuse_norm_sources(steps, consumers, out_values, max_inputs):
+    """A layer / RMS normalization reads its input through the elementwise step producing it
+    (a residual add, an embedding sum: `Step.source`), the step's launch gone: the kernel
+    evaluates the step's expression at each element it reads (three times for a layer norm:
+    two statistics passes and the output, each reading the step's inputs, where the separate
+    kernel wrote the sum once and the norm read it three times). Where the sum is also read
+    elsewhere (the residual stream of a pre-norm model) or is a graph output, the kernel writes
+    it too, once. Not where another reader runs before the normalization, the normalization's
+    epilogue reads the sum, or the kernel would exceed the binding cap."""
+    producer = {id(v): s for s in steps for v in s.outputs}
+    for st in list(steps):
+        node = st.nodes[0]
+        if (node.op not in NORM_SOURCE_OPS or st.const or st.prologue is not None or st.chain
+                or st.source is not None or len(st.outputs) != 1):
+            continue
+        x = node.inputs[0]
+        e = producer.get(id(x))
+        if (e is None or e not in steps or e.const or e.epilogue or e.prologue is not None or e.chain
+                or e.source is not None or len(e.outputs) != 1 or e.outputs[0] is not x
+                or OPS[e.nodes[-1].op].expr is None):
+            continue
+        ins = external_inputs(e.nodes)
+        if any(n.outputs[0].data_type != x.data_type for n in e.nodes) or any(
+                v.data_type not in ("float32", "float16") for v in ins):
+            continue
+        if any(v is x for v in epilogue_operands(st)):
+            continue
+        others = [n for n in consumers.get(id(x), ()) if n is not node]
+        i = steps.index(st)
+        reader_steps = [s for s in steps for n in others if n in s.nodes or n in s.epilogue
+                        or (s.prologue is not None and n in s.prologue.step.nodes)]
+        if len(reader_steps) < len(others) or any(steps.index(s) < i for s in reader_steps):
+            continue  # (a reader not found as a step, or running before the normalization)
+        write = bool(others) or id(x) in out_values
+        params = len([v for v in node.inputs[1:] if v is not None])
+        if len(ins) + params + len(epilogue_operands(st)) + (1 if write else 0) > max_inputs:
+            continue
+        steps.remove(e)
+        st.source = e
+        if write:
+            st.outputs.append(x)
+            producer[id(x)] = st
 
 
 def _lone_step(s, op):

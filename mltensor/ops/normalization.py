@@ -196,8 +196,8 @@ def _rms_normalization(b, x, *, scale=None, axes=None, epsilon=1e-5, label=None)
 def _params(node, **kw):
     p = {"eps": lit(node.attrs["epsilon"], "f32"), "WG": WG, "M": "1u", "K": "1u", "base": "0u",
          "off": "0u", "pbase": "0u", "poff": "0u", "N": "1u", "cidx": "0u", "THR": "",
-         "rms": node.op == "_rms_normalization"}
-    p["normed"] = "f32(src[i]) * r" if p["rms"] else "(f32(src[i]) - mean) / den"
+         "rms": node.op == "_rms_normalization", "xfn": "", "xout": False}
+    p["normed"] = "f32(x_at(i)) * r" if p["rms"] else "(f32(x_at(i)) - mean) / den"
     p.update(kw)
     return p
 
@@ -228,17 +228,34 @@ def _lower_norm(kc, node, kept, red):
     mode = "norm_thread" if thr == 1 else "norm_group"
     params = _params(node, mode=mode, **size_params(M=M, K=K), base=base, off=off, pbase=pbase, poff=poff,
                      scale=scale is not None, bias=bias is not None)
-    args = [x] + [p for p in (scale, bias) if p is not None] + [out]
-    bindings = _bindings(kc, x, ["src"] + (["p_scale"] if scale is not None else []) + (
-        ["p_bias"] if bias is not None else []))
-    params["ST"] = store_fn(kc.wtype(x))
+    t = kc.wtype(x)
+    step = kc.step
+    src = step.source if step is not None and step.node is node else None
+    pnames = (["p_scale"] if scale is not None else []) + (["p_bias"] if bias is not None else [])
+    if src is None:
+        args = [x] + [p for p in (scale, bias) if p is not None] + [out]
+        bindings = _bindings(kc, x, ["src"] + pnames)
+        params["xfn"] = f"fn x_at(i: u32) -> {t} {{ return src[i]; }}"
+    else:
+        # reading through the elementwise step producing x (a residual or embedding sum,
+        # compiler/passes.py fuse_norm_sources): its expression at i, its inputs bound as s0, ...
+        from .elementwise import group_fn
+
+        params["xfn"], ext = group_fn(kc, src.nodes, "x_at", "s")
+        args = ext + [p for p in (scale, bias) if p is not None] + [out]
+        bindings = [Binding(f"s{k}", kc.wtype(v)) for k, v in enumerate(ext)] + _bindings(kc, x, pnames)
+    params["ST"] = store_fn(t)
     params["act"] = kc.epilogue(bindings, args)
+    if src is not None and len(step.outputs) > 1:  # the sum is read elsewhere too: written once
+        params["xout"] = True
+        bindings.append(Binding("xs", t, True))
+        args.append(step.outputs[1])
     short = node.op.lstrip("_").split("_")[0]
     auto = ""
     if thr not in (0, 1):  # dynamic: the thread kernel's path too, where a static build takes it
         params["THR"] = wgsl(thr)
         auto = "_auto"
-    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}{auto}_{mode[5:]}{_tag(kc, x)}"
+    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}{auto}_{mode[5:]}{'_src' if src is not None else ''}{_tag(kc, x)}"
     n = cdiv(M, WORKGROUP) if mode == "norm_thread" else thr * cdiv(M, WG) + (1 - thr) * M
     kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups(node.op, n))
 
