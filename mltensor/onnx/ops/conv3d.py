@@ -247,15 +247,6 @@ def pool3d(im, kind, x, k, s, d, begin, end, out, include_pad=False, p=2):
     if lp_sum:
         y = b.pow(y, b.constant(np.array(1.0 / p, dtype=_np_type(x))))
     y = b.reshape(y, [n, c, out[0], ho, wo])
-    if kind == "MaxPool" and any(d[i] > 1 and begin[i] > 0 for i in range(3)):
-        # a dilated window that starts in the padding may hold padding only (one starting inside
-        # holds its first element): WebNN's max pool gives 0 there, onnxruntime the lowest value
-        _static(f"[{where}] a dilated window's element counts", depth, h, w, *out)
-        real = _count_map([depth, h, w], k, s, d, begin, end, out, False).reshape(out)
-        if not real.all():
-            t = _np_type(x)
-            low = np.finfo(t).min if np.issubdtype(t, np.floating) else np.iinfo(t).min
-            y = b.where(b.constant((real > 0).astype(np.uint8)), y, b.constant(np.array(low, dtype=t)))
     return y
 
 
