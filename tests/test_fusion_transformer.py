@@ -761,3 +761,48 @@ def test_norm_source_dynamic_rows(ctx, rng):
     feeds = [{"a": rng.standard_normal((1, s, E)).astype(np.float32), "b": rng.standard_normal((1, s, E)).astype(np.float32)}
              for s in (1, 9, 50)]
     _check(ctx, {"a": (1, S, E), "b": (1, S, E)}, fn, lambda f: {"y": _ln_ref(f["a"] + f["b"], g, bb)}, feeds, kernels=1)
+
+
+def test_single_kv_head_attention_keeps_its_matmuls(ctx, rng):
+    """One K/V head ([1, 1, S, D], broadcast over the query heads) and the head merge after the
+    attention: the matmuls of the scores and of P @ V stay the attention pass's (one attention
+    kernel), the output projection reads the merged heads: two kernels."""
+    H, S, D = 4, 12, 16
+    Wo = _w(rng, H * D, 32)
+
+    def fn(b, i):
+        s = b.mul(b.matmul(i["q"], b.transpose(i["k"], permutation=[0, 1, 3, 2])), _s(b, D ** -0.5, "float32"))
+        a = b.matmul(b.softmax(s, 3), i["v"])
+        return {"y": b.matmul(b.reshape(b.transpose(a, permutation=[0, 2, 1, 3]), [1, S, H * D]), _c(b, Wo, "float32"))}
+
+    def ref(f):
+        s = f["q"] @ f["k"].transpose(0, 1, 3, 2) * D ** -0.5
+        p = np.exp(s - s.max(-1, keepdims=True))
+        a = p / p.sum(-1, keepdims=True) @ f["v"]
+        return {"y": a.transpose(0, 2, 1, 3).reshape(1, S, H * D) @ Wo}
+
+    feeds = [{"q": rng.standard_normal((1, H, S, D)).astype(np.float32),
+              "k": rng.standard_normal((1, 1, S, D)).astype(np.float32),
+              "v": rng.standard_normal((1, 1, S, D)).astype(np.float32)}]
+    names = _check(ctx, {"q": (1, H, S, D), "k": (1, 1, S, D), "v": (1, 1, S, D)}, fn, ref, feeds, kernels=2)
+    assert not FUSION or (names[0].startswith("attention") and "aview" in names[1]), names
+
+
+def test_projection_view_feeding_another_projection(ctx, rng):
+    """A projection's head-split view read as A by another projection through the head merge:
+    the first GEMM writes the view, the second reads that written value (not the first's
+    unwritten output)."""
+    E, H, S = 32, 4, 5
+    D = E // H
+    W1, W2 = _w(rng, E, E), _w(rng, E, 24)
+
+    def fn(b, i):
+        t = _heads(b, b.matmul(i["x"], _c(b, W1, "float32")), S, H, D)
+        t2 = b.reshape(b.transpose(t, permutation=[0, 2, 3, 1]), [1, S, E])  # channels d * H + h
+        return {"y": b.matmul(t2, _c(b, W2, "float32"))}
+
+    def ref(f):
+        t = _heads_ref(f["x"] @ W1, H, D)
+        return {"y": t.transpose(0, 2, 3, 1).reshape(1, S, E) @ W2}
+
+    _check(ctx, {"x": (1, S, E)}, fn, ref, [{"x": rng.standard_normal((1, S, E)).astype(np.float32)}])

@@ -1484,10 +1484,12 @@ def _kt_transpose(n, uses):
 
 
 def _plain_b(mm):
-    """The matmul's B is one [K, N] matrix for every batch entry, N a multiple of 4, static."""
+    """The matmul's B is one constant [K, N] matrix for every batch entry (a projection's
+    weights: never the attention's K or V, which the attention pass needs as matmuls), N a
+    static multiple of 4."""
     b = mm.inputs[1]
     n = b.shape[-1]
-    return (all(_int1(d) for d in b.shape[:-2]) and isinstance(n, int) and n % 4 == 0
+    return (b._kind == "constant" and all(_int1(d) for d in b.shape[:-2]) and isinstance(n, int) and n % 4 == 0
             and mm.inputs[0].data_type in ("float32", "float16"))
 
 
@@ -1651,12 +1653,13 @@ def _rewrite_gemms(nodes, outputs, cap):
             taken.add(id(s.mms[0]))
         if run:
             fused.append((run, None))
+    absorbed = {id(n) for segs, _ in fused for s in segs for n in s.nodes}
     for m in mms:
         if id(m) in taken or not _plain_b(m):
             continue
         av = _a_view(m, uses)
-        if av is None:
-            continue
+        if av is None or any(id(n) in absorbed for n in av[2]):
+            continue  # (a layout chain another GEMM writes the end of: A is that written value)
         seg = Segment("plain", [m], [], m.outputs[0], [Leaf(DigitView(m.outputs[0].shape), [m.outputs[0]])], [m])
         fused.append(([seg], av))
         taken.add(id(m))
