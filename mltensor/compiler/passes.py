@@ -662,9 +662,9 @@ def _grouped_source(v, q, producer, single_use):
     return kv, [st, ex, r0]
 
 
-# Off until tests/test_fusion_attention.py::test_grouped_heads_by_expand, which asserts that the
-# repeat copies stay (3 kernels), expects 1 kernel: tests/test_fusion_transformer.py turns it on.
-FUSE_GROUPED_HEADS = False
+# The attention kernel reads the K/V heads a query-head group shares instead of their repeat
+# copies (expand + reshape of grouped-query attention): on by default.
+FUSE_GROUPED_HEADS = True
 
 
 def fuse_grouped_heads(steps, single_use):
