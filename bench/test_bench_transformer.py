@@ -52,8 +52,8 @@ each; MLTENSOR_BENCH_LLAMA_HIDDEN (1024 or 2048) and MLTENSOR_BENCH_LLAMA_VOCAB 
 size; MLTENSOR_BENCH_TRANSFORMER_ROUNDS the timed rounds of each pair (default 5).
 """
 
-import contextlib
 import os
+import sys
 
 import numpy as np
 import onnx
@@ -64,6 +64,9 @@ from onnx import helper, numpy_helper
 import mltensor
 from mltensor import InferenceSession
 from mltensor.models_synthetic import vit
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from helpers import fusion as _fusion  # noqa: E402
 
 from .timing import adapter_name, measure_pair, record
 
@@ -95,19 +98,6 @@ GROUP = "transformer: one run, fused vs MLTENSOR_NO_FUSION=1 (onnxruntime CPU, t
 MIN32 = np.finfo(np.float32).min
 
 
-@contextlib.contextmanager
-def _fusion(on):
-    """MLTENSOR_NO_FUSION as a build reads it (a session builds at creation or at a run of new
-    sizes: both happen inside this)."""
-    old = os.environ.get("MLTENSOR_NO_FUSION")
-    os.environ["MLTENSOR_NO_FUSION"] = "0" if on else "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["MLTENSOR_NO_FUSION"]
-        else:
-            os.environ["MLTENSOR_NO_FUSION"] = old
 
 
 def _rel(got, want):

@@ -24,6 +24,21 @@ def context_with_env(**env):
         return ml.create_context_sync()
 
 
+@__import__("contextlib").contextmanager
+def fusion(on):
+    """MLTENSOR_NO_FUSION set for the builds made inside (a build reads it: a session builds at
+    creation or at a run of new sizes), restored afterwards."""
+    old = os.environ.get("MLTENSOR_NO_FUSION")
+    os.environ["MLTENSOR_NO_FUSION"] = "0" if on else "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MLTENSOR_NO_FUSION"]
+        else:
+            os.environ["MLTENSOR_NO_FUSION"] = old
+
+
 def run_graph(ctx, outputs, feeds, builder):
     """Build `outputs` (dict name -> operand), dispatch with numpy `feeds`, return numpy dict."""
     g = builder.build_sync(outputs)

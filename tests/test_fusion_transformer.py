@@ -8,12 +8,11 @@ MLTENSOR_NO_FUSION=1; kernel counts asserted with fusion on; float16 where the k
 static, ragged and dynamic sizes, the GEMV path (M <= 4) and the tiled one, every GEMM candidate
 of the fused kernels; whole BERT- and Llama-shaped exports against onnxruntime."""
 
-import contextlib
-import os
 
 import numpy as np
 import pytest
 from helpers import FUSION, dispatch_at
+from helpers import fusion as _fusion
 
 import mltensor
 from mltensor.compiler import passes
@@ -26,17 +25,6 @@ NP = {"float32": np.float32, "float16": np.float16}
 TOL = {"float32": 2e-5, "float16": 1.5e-2}  # relative to the largest reference value
 
 
-@contextlib.contextmanager
-def _fusion(on):
-    old = os.environ.get("MLTENSOR_NO_FUSION")
-    os.environ["MLTENSOR_NO_FUSION"] = "0" if on else "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["MLTENSOR_NO_FUSION"]
-        else:
-            os.environ["MLTENSOR_NO_FUSION"] = old
 
 
 def _build(ctx, specs, fn, dt, fused=True):
