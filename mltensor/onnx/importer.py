@@ -818,12 +818,8 @@ class Importer:
             names.append(n)
             et = self.onnx_type(v, name or None)
             vis.append(helper.make_tensor_value_info(n, et, [int(d) for d in v.shape]))
-        outs = [f"__out{i}" if o else "" for i, o in enumerate(node.output)]
-        n2 = helper.make_node(node.op_type, names, outs, domain=node.domain)
-        n2.attribute.extend(node.attribute)
-        g = helper.make_graph([n2], "empty", vis, [helper.make_value_info(o, onnx.TypeProto()) for o in outs if o])
+        m, outs = self._one_node_model(node, names, vis, node.domain)
         try:
-            m = helper.make_model(g, opset_imports=[helper.make_opsetid(node.domain, self.cur_opset)])
             inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
         except Exception:
             return False
@@ -862,14 +858,18 @@ class Importer:
                 raise ValueError("subgraph uses a computed value")
             feeds[outer] = v
             vis.append(helper.make_tensor_value_info(outer, onnx_type_of_np(v.dtype), v.shape))
+        m, _ = self._one_node_model(node, names, vis, "")
+        res = ReferenceEvaluator(m).run(None, feeds)
+        return list(res)
+
+    def _one_node_model(self, node, names, vis, domain):
+        """(model, output names) of `node` alone, reading `names` (declared by `vis`), its outputs
+        renamed __out<i>: for folding (evaluate) and for shape inference (_empty_result)."""
         outs = [f"__out{i}" if o else "" for i, o in enumerate(node.output)]
         n2 = helper.make_node(node.op_type, names, outs, domain=node.domain)
         n2.attribute.extend(node.attribute)
-        g = helper.make_graph([n2], "fold", vis,
-                              [helper.make_value_info(o, onnx.TypeProto()) for o in outs if o])
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.cur_opset)])
-        res = ReferenceEvaluator(m).run(None, feeds)
-        return list(res)
+        g = helper.make_graph([n2], "one_node", vis, [helper.make_value_info(o, onnx.TypeProto()) for o in outs if o])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid(domain, self.cur_opset)]), outs
 
     # -- functions -----------------------------------------------------------------------------
 
