@@ -387,6 +387,12 @@ def _sets(ctx, body, made):
     return sets
 
 
+def _following(ins, sets, nxt):
+    """The body's inputs after an iteration that wrote set 0, and after one that wrote set 1
+    (nxt: input name -> the output it takes): made once, not per iteration."""
+    return [{**ins, **{i: s[o] for i, o in nxt.items()}} for s in sets]
+
+
 def _stacks(ctx, body, cap, made, dim=None):
     return [_Stack(ctx, dt, shape, cap, made, dim) for dt, shape in body.scan_rows]
 
@@ -404,6 +410,7 @@ def _run_loop(session, spec, body, ins, made, dim=None):
     sets = _sets(ctx, body, made)
     stacks = _stacks(ctx, body, max(1, min(limit, 64)), made, dim)
     nxt = {body.ins[k]: body.outs[k] for k in range(len(body.outs))}
+    follow = _following(ins, sets, nxt)
     t = 0
     count = None
     pending = None  # the reads of the previous batch's condition and count
@@ -413,9 +420,7 @@ def _run_loop(session, spec, body, ins, made, dim=None):
             ctx.dispatch(g, ins, outs)
             for j, st in enumerate(stacks):
                 st.put(outs[f"__scan{j}"], t)
-            ins = dict(ins)
-            for i_name, o_name in nxt.items():
-                ins[i_name] = outs[o_name]
+            ins = follow[t % 2]
             t += 1
         if known_start:
             continue  # the condition stays true: exactly `trips` iterations, nothing to read
@@ -453,6 +458,7 @@ def _run_scan(session, spec, body, ins, rows, made, dim=None):
     steps = spec.trips
     sets = _sets(ctx, body, made)
     stacks = _stacks(ctx, body, max(1, steps), made, dim)
+    follow = _following(ins, sets, {body.ins[k]: f"__state{k}" for k in range(n)})
     for t in range(steps):
         for src, dst, rev in rows:
             nbytes = dst._nbytes
@@ -461,8 +467,6 @@ def _run_scan(session, spec, body, ins, rows, made, dim=None):
         ctx.dispatch(g, ins, outs)
         for j, st in enumerate(stacks):
             st.put(outs[f"__scan{j}"], t)
-        ins = dict(ins)
-        for k in range(n):
-            ins[body.ins[k]] = outs[f"__state{k}"]
+        ins = follow[t % 2]
     final = [ins[nm] for nm in body.ins[:n]] + stacks
     return steps, final
