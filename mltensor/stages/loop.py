@@ -107,7 +107,6 @@ def _build(session, spec, tensors, bools):
         outs = {o.name: o for o in imp.outputs}
         n = spec.n_state
         first = 2 if spec.kind == "loop" else 0
-        state_in = names[first:first + n]
         state_out = ([_ITER, _COND] if spec.kind == "loop" else []) + [f"__state{k}" for k in range(n)]
         for k, (i_name, o_name) in enumerate(zip(names[:first + n], state_out)):
             want = tuple(tensors[k].shape)
@@ -116,7 +115,6 @@ def _build(session, spec, tensors, bools):
                 raise NotSupportedError(
                     f"[onnx] {spec.where()}: {what} changes from {tensors[k].data_type} {list(want)} to "
                     f"{outs[o_name].data_type} {list(outs[o_name].shape)} across iterations (not supported)")
-        del state_in
         rows = [(outs[f"__scan{j}"].data_type, tuple(outs[f"__scan{j}"].shape)) for j in range(spec.n_scan_out)]
         body = _Body(imp.graph, names, state_out, rows)
         spec.graphs[sig] = body

@@ -46,9 +46,6 @@ class Stage:
             self.graph.destroy()
             self.graph = None
 
-    def count(self):
-        return 1 + sum(c.count() for c in self.children.values())
-
 
 def _counted_dim(c):
     """The dynamic dimension a counted cut's padded output takes (cut.cut's `counted`)."""
