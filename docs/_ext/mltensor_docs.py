@@ -21,8 +21,8 @@ It also checks, as Sphinx warnings (errors under -W):
   the moment may instead be listed in PENDING_DOCSTRINGS: the reference then shows the interim
   text given there until the source has a docstring of its own (an info message then asks to
   drop the entry; not a warning, so adding a docstring never breaks the build);
-- every `MLTENSOR_*` environment variable the code reads is documented in
-  guides/environment.md.
+- every `MLTENSOR_*` environment variable the code reads has a row in a table of
+  guides/environment.md (the scan is in mltensor_envvars.py, shared with tests/test_docs.py).
 """
 
 import collections
@@ -33,6 +33,7 @@ import re
 import shutil
 import types
 
+from mltensor_envvars import undocumented_env_vars
 from sphinx.util import logging
 
 log = logging.getLogger(__name__)
@@ -159,31 +160,11 @@ def process_docstring(app, what, name, obj, options, lines):
 
 # -- environment variables -----------------------------------------------------------------------
 
-ENV_RE = re.compile(r"\bMLTENSOR_[A-Z0-9_]*[A-Z0-9]\b")
-
-
-def env_vars_in_code():
-    found = collections.defaultdict(set)
-    for top in ("mltensor", "bench", "examples", "setup.sh"):
-        base = os.path.join(ROOT, top)
-        paths = [base] if os.path.isfile(base) else [
-            os.path.join(d, f) for d, _, fs in os.walk(base) for f in fs
-            if f.endswith((".py", ".c", ".sh", ".wgsl"))]
-        for p in paths:
-            with open(p, encoding="utf-8", errors="replace") as fh:
-                for name in ENV_RE.findall(fh.read()):
-                    found[name].add(os.path.relpath(p, ROOT))
-    return found
-
 
 def check_env_vars(app):
-    page = os.path.join(DOCS, "guides", "environment.md")
-    with open(page, encoding="utf-8") as fh:
-        documented = set(ENV_RE.findall(fh.read()))
-    for name, where in sorted(env_vars_in_code().items()):
-        if name not in documented:
-            log.warning(f"[mltensor-docs] environment variable {name} (read in {', '.join(sorted(where))}) "
-                        "is not documented in docs/guides/environment.md", type="mltensor", subtype="env")
+    for name, where in sorted(undocumented_env_vars(ROOT).items()):
+        log.warning(f"[mltensor-docs] environment variable {name} (read in {', '.join(sorted(where))}) "
+                    "has no row in the tables of docs/guides/environment.md", type="mltensor", subtype="env")
 
 
 # -- tables --------------------------------------------------------------------------------------
