@@ -1,6 +1,6 @@
 """Every MediaPipe model of the `mltensor.models` registry through InferenceSession (numpy in, numpy
 out, as an application calls it) against LiteRT's CPU interpreter on the same photo, same run.
-The README's `## Real models` latencies come from here. The model with MediaPipe's custom ops has
+The latencies in docs/reference/real-models.md come from here. The model with MediaPipe's custom ops has
 no LiteRT figure (LiteRT cannot run them)."""
 
 import numpy as np
@@ -64,7 +64,7 @@ ort = pytest.importorskip("onnxruntime")
 
 def _onnx_feeds(name, rng):
     """One real-looking feed per model: speech-like noise for the VADs, a text-like page for OCR
-    (shapes as the README's table lists them)."""
+    (shapes as docs/reference/real-models.md lists them)."""
     t = np.arange(576) / 16000
     voice = (0.2 * np.sin(2 * np.pi * 140 * t) + rng.normal(0, 0.005, t.shape)).astype(np.float32)[None]
     if name == "silero_vad_16k_sequence":
