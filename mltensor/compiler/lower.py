@@ -109,9 +109,10 @@ class KernelContext:
 
     def out(self, node, i=0):
         """The value a node's kernel writes for output i: with a fused epilogue, the
-        last epilogue node's output."""
+        last epilogue node's output; with a normalization after it (Step.post_norm), that
+        normalization's output (the kernel stores the sum there, then normalizes it in place)."""
         step = self.step
-        if step is not None and step.epilogue and node is step.node:
+        if step is not None and (step.epilogue or step.post_norm is not None) and node is step.node:
             return step.outputs[0]
         return node.outputs[i]
 
