@@ -183,7 +183,8 @@ var<workgroup> rowss: array<f32, {{ TY * RM }}>;  // each row's sum of squares (
 
 // Layer normalization after the epilogue (compiler/passes.py fuse_post_norms): the workgroup
 // stored the sums of rows m0 .. m0 + BM - 1, every column, into {{ post_ln }} (row-major); a
-// thread per row normalizes one row there in place as normalization.wgsl does: the mean, then
+// thread per row normalizes one row into {{ ln_dst }} (in place, or where the sum is a value of
+// its own the normalization's output) as normalization.wgsl does: the mean, then
 // the mean squared deviation from it (two passes in f32: no E[x^2] - mean^2 cancellation), then
 // (x - mean) / sqrt(var + eps) * scale + bias, stored through ST.
 fn ln_eps() -> f32 { return {{ ln_eps }}; }
@@ -208,7 +209,7 @@ fn post_norm(bt: u32, m0: u32, li: u32) {
 {$ if ln_bias $}
             y = y + f32(ln_b[n]);
 {$ endif $}
-            {{ post_ln }}[b + n] = {{ ST }}(y);
+            {{ ln_dst }}[b + n] = {{ ST }}(y);
         }
     }
 }

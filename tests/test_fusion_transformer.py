@@ -285,38 +285,62 @@ def test_layer_norm_after_head_merge_gemm_dynamic_rows(ctx, rng, post_norm, dt):
     assert not FUSION or ("aview" in names[0] and "_ln_" in names[0]), names
 
 
-@pytest.mark.parametrize("what", ["sum_read_again", "sum_is_output", "two_axes", "norm_epilogue"])
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("sum_out", [False, True], ids=["sum_read_again", "sum_is_output"])
+@pytest.mark.parametrize("M", [3, 70])
+def test_layer_norm_after_gemm_keeps_the_sum(ctx, rng, post_norm, M, sum_out, dt):
+    """Pre-LN (ViT's residual stream): s = x W1 + bias + r, then LayerNorm(s) W2 + s. The first
+    GEMM stores s and the normalized rows (two outputs), the second reads both: 2 kernels; s
+    also a graph output, or not."""
+    K, N = 40, 96
+    W1, W2 = _w(rng, K, N), _w(rng, N, N)
+    Bo = (0.1 * rng.standard_normal(N)).astype(np.float32)
+    G, Be = (1 + 0.1 * rng.standard_normal(N)).astype(np.float32), (0.1 * rng.standard_normal(N)).astype(np.float32)
+
+    def fn(b, i):
+        sm = b.add(b.add(b.matmul(i["x"], _c(b, W1, dt)), _c(b, Bo, dt)), i["r"])
+        z = b.layer_normalization(sm, scale=_c(b, G, dt), bias=_c(b, Be, dt), axes=[1], epsilon=1e-6)
+        out = {"y": b.add(b.matmul(z, _c(b, W2, dt)), sm)}
+        return dict(out, s=sm) if sum_out else out
+
+    def ref(f):
+        sm = f["x"] @ W1 + Bo + f["r"]
+        out = {"y": _ln_ref(sm, G, Be, 1e-6) @ W2 + sm}
+        return dict(out, s=sm) if sum_out else out
+
+    feeds = [{"x": rng.standard_normal((M, K)).astype(np.float32), "r": rng.standard_normal((M, N)).astype(np.float32)}]
+    names = _check(ctx, {"x": (M, K), "r": (M, N)}, fn, ref, feeds, dt, kernels=2)
+    assert not FUSION or "_ln2_" in names[0], names
+
+
+@pytest.mark.parametrize("what", ["two_axes", "norm_epilogue", "late_scale"])
 def test_layer_norm_after_gemm_not_fused(ctx, rng, post_norm, what):
-    """Left as two kernels: the sum is read elsewhere too (pre-LN: the residual stream) or is an
-    output, the normalization spans two axes, or has an epilogue of its own (still one launch
-    fewer where the epilogue joins the norm)."""
+    """Left as a normalization kernel: it spans two axes, has an epilogue of its own, or its
+    scale is computed after the GEMM (the kernel would read it before it exists)."""
     M, K, N = 6, 16, 32
     W = _w(rng, K, N)
 
     def fn(b, i):
         y = b.add(b.matmul(i["x"], b.constant(W)), i["r"])
         if what == "two_axes":
-            y3 = b.reshape(y, [M, 4, 8])
-            return {"z": b.layer_normalization(y3, axes=[1, 2])}
-        z = b.layer_normalization(y, axes=[1])
-        if what == "sum_read_again":
-            return {"z": b.add(z, y)}
-        if what == "sum_is_output":
-            return {"z": z, "y": y}
-        return {"z": b.relu(z)}
+            return {"z": b.layer_normalization(b.reshape(y, [M, 4, 8]), axes=[1, 2])}
+        if what == "late_scale":
+            return {"z": b.layer_normalization(y, scale=b.abs(i["g"]), axes=[1])}
+        return {"z": b.relu(b.layer_normalization(y, axes=[1]))}
 
     def ref(f):
         y = f["x"] @ W + f["r"]
         if what == "two_axes":
-            y3 = y.reshape(M, 32)
-            return {"z": _ln_ref(y3, 1.0, 0.0, 1e-5).reshape(M, 4, 8)}
-        z = _ln_ref(y, 1.0, 0.0, 1e-5)
-        return {"sum_read_again": {"z": z + y}, "sum_is_output": {"z": z, "y": y},
-                "norm_epilogue": {"z": np.maximum(z, 0)}}[what]
+            return {"z": _ln_ref(y, 1.0, 0.0, 1e-5).reshape(M, 4, 8)}
+        if what == "late_scale":
+            return {"z": _ln_ref(y, np.abs(f["g"]), 0.0, 1e-5)}
+        return {"z": np.maximum(_ln_ref(y, 1.0, 0.0, 1e-5), 0)}
 
-    feeds = [{"x": rng.standard_normal((M, K)).astype(np.float32), "r": rng.standard_normal((M, N)).astype(np.float32)}]
-    names = _check(ctx, {"x": (M, K), "r": (M, N)}, fn, ref, feeds)
-    assert not FUSION or not any("_ln_" in n for n in names), names
+    feeds = [{"x": rng.standard_normal((M, K)).astype(np.float32), "r": rng.standard_normal((M, N)).astype(np.float32),
+              "g": rng.standard_normal(N).astype(np.float32)}]
+    specs = {"x": (M, K), "r": (M, N), "g": (N,)}
+    names = _check(ctx, specs, fn, ref, feeds)
+    assert not FUSION or not any("_ln" in n for n in names), names
     assert not FUSION or any(n.startswith("layernorm") for n in names), names
 
 
@@ -662,6 +686,22 @@ def test_bert_layer_launches(ctx, rng, monkeypatch, ln):
                           feeds)
     assert err < 1e-4, err
     assert not FUSION or per == (6 if ln else 8), per
+
+
+@pytest.mark.parametrize("ln", [True, False], ids=["norm_in_gemm", "norm_kernels"])
+def test_vit_layer_launches(ctx, rng, monkeypatch, ln):
+    """A small ViT export (pre-LN: each LayerNorm reads the residual stream, which the next
+    residual add reads again): 5 launches per layer (QKV GEMM, attention, output projection +
+    residual storing the stream and its LayerNorm, FFN1 + GELU, FFN2 + residual storing the
+    stream and the next LayerNorm); 7 with the LayerNorms as kernels; onnxruntime's values."""
+    from mltensor.models_synthetic import vit
+
+    monkeypatch.setattr(passes, "POST_NORM", ln)
+    feeds = {"pixel_values": rng.random((1, 3, 40, 40), dtype=np.float32)}
+    per, err = _per_layer(ctx, lambda n: vit(layers=n, hidden=64, heads=4, mlp=128, image=40, patch=8, classes=10),
+                          feeds)
+    assert err < 1e-4, err
+    assert not FUSION or per == (5 if ln else 7), per
 
 
 @pytest.mark.parametrize("seq", [9, 1], ids=["prefill", "decode"])

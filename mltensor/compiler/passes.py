@@ -65,7 +65,8 @@ class Step:
         # input the kernel binds instead (the pad launches nothing; lower.KernelContext.epilogue)
         self.views = {}
         # A GEMM step: the layer_normalization node applied to its rows after the epilogue
-        # (fuse_post_norms); outputs is then the normalization's output
+        # (fuse_post_norms); outputs is then [the normalization's output(, the sum it reads,
+        # where that is read elsewhere too)]
         self.post_norm = None
 
     @property
@@ -650,14 +651,18 @@ def _row_view(v, seg):
 
 
 def fuse_post_norms(steps, consumers, out_values, max_inputs):
-    """A layer normalization over the last axis whose input is a GEMM step's output read by
-    nothing else (post-LN BERT: the output projection + bias + residual, the FFN's second GEMM
-    + bias + residual) joins that step (`Step.post_norm`): the GEMM stores the sum into the
-    normalization's output as before, then each workgroup, owning whole rows, normalizes them
-    in place (matmul.wgsl `post_ln`: two passes, mean then the sum of squared deviations, in
-    f32). The sum is never a separate value and the normalization launches nothing. Not where
-    the normalization has an epilogue, its parameters are computed after the GEMM, the columns
-    are dynamic or over POST_NORM_MAX_N, or the bindings exceed the cap."""
+    """A layer normalization over the last axis whose input is a GEMM step's output joins that
+    step (`Step.post_norm`): after its epilogue (a bias, a residual add) the GEMM stores the sum
+    as before, then each workgroup, owning whole rows, normalizes them (matmul.wgsl `post_ln`:
+    two passes, mean then the sum of squared deviations, in f32). Where nothing else reads the
+    sum (post-LN BERT: the output projection + bias + residual, the FFN's second GEMM + bias +
+    residual) it is stored into the normalization's output and normalized in place: it is never
+    a value of its own. Where it is read again or is an output (pre-LN ViT: the residual stream
+    the next residual add reads) it is stored as itself and the normalized rows go to the
+    normalization's output (Step.outputs: [normalized, sum]). Either way the normalization
+    launches nothing. Not where the normalization has an epilogue, its parameters are computed
+    after the GEMM, the columns are dynamic or over POST_NORM_MAX_N, or the bindings exceed
+    the cap."""
     producer = {id(v): s for s in steps for v in s.outputs}
     for st in list(steps):
         node = st.nodes[0]
@@ -683,8 +688,9 @@ def fuse_post_norms(steps, consumers, out_values, max_inputs):
                 continue
         else:
             continue
-        if id(x) in out_values or [n for n in consumers.get(id(x), ()) if n is not node]:
-            continue
+        # the sum read elsewhere too (a pre-norm residual stream: ViT) or an output: the kernel
+        # keeps storing it, and writes the normalized rows to the normalization's output
+        keep = id(x) in out_values or any(n is not node for n in consumers.get(id(x), ()))
         # the normalization's parameters exist when the GEMM runs (constants, or earlier steps)
         gi = steps.index(g)
         params = [v for v in node.inputs[1:] if v is not None]
@@ -692,11 +698,11 @@ def fuse_post_norms(steps, consumers, out_values, max_inputs):
             continue
         if any(producer.get(id(v)) in steps and steps.index(producer[id(v)]) >= gi for v in params):
             continue
-        if read_bindings(g) + len(params) > max_inputs:
+        if read_bindings(g) + len(params) + keep > max_inputs:
             continue
         steps.remove(st)
         g.post_norm = node
-        g.outputs = list(node.outputs)
+        g.outputs = list(node.outputs) + ([x] if keep else [])
         producer[id(node.outputs[0])] = g
 
 

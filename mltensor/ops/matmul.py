@@ -712,7 +712,9 @@ def _post_norm_cands(cands, heur):
 def _post_norm(kc, params, bindings, args, out_name):
     """The normalization after the GEMM's epilogue (compiler/passes.py fuse_post_norms: the
     step's post_norm node): its scale and bias bound before the output (the last binding),
-    `post_ln` the output binding it normalizes in place. Nothing where the step has none."""
+    `post_ln` the output binding holding the sums, `ln_dst` the one the normalized rows go to:
+    the same one (in place), or where the sum is a value of its own (Step.outputs[1]) the
+    normalization's output, bound last. Nothing where the step has none."""
     step = kc.step
     ln = step.post_norm if step is not None else None
     params.setdefault("post_ln", "")
@@ -723,9 +725,14 @@ def _post_norm(kc, params, bindings, args, out_name):
         if v is not None:
             bindings.insert(len(bindings) - 1, Binding(name, kc.wtype(v)))
             args.insert(len(args) - 1, v)
-    params.update(post_ln=out_name, ln_eps=f32_lit(ln.attrs["epsilon"]), ln_scale=scale is not None,
+    dst = out_name
+    if len(step.outputs) > 1:
+        bindings.append(Binding("ln_o", kc.wtype(step.outputs[0]), True))
+        args.append(step.outputs[0])
+        dst = "ln_o"
+    params.update(post_ln=out_name, ln_dst=dst, ln_eps=f32_lit(ln.attrs["epsilon"]), ln_scale=scale is not None,
                   ln_bias=bias is not None)
-    return "_ln"
+    return "_ln" if dst == out_name else "_ln2"
 
 
 @lowering("_fused_matmul")
