@@ -313,6 +313,37 @@ def test_layer_norm_after_gemm_keeps_the_sum(ctx, rng, post_norm, M, sum_out, dt
     assert not FUSION or "_ln2_" in names[0], names
 
 
+@pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
+def test_layer_norm_after_gemm_every_candidate(ctx, rng, post_norm, monkeypatch, vec):
+    """Each tile configuration the tuner may pick for a GEMM + LayerNorm (split-K excluded:
+    matmul._post_norm_cands; 256-thread and double-buffered tiles walking the column tiles), at
+    ragged M and N, the sum kept as an output and normalized in place, vec4 loads on and off."""
+    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    M, K, N = 150, 40, 136
+    W, W2 = _w(rng, K, N), _w(rng, K, N)
+    G = (1 + 0.1 * rng.standard_normal(N)).astype(np.float32)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    r = (5 + rng.standard_normal((M, N))).astype(np.float32)
+
+    def fn(b, i):
+        s = b.add(b.matmul(i["x"], b.constant(W)), i["r"])
+        return {"z": b.layer_normalization(s, scale=b.constant(G), axes=[1]), "s": s,
+                "z2": b.layer_normalization(b.add(b.matmul(i["x"], b.constant(W2)), i["r"]), axes=[1])}
+
+    s64 = x.astype(np.float64) @ W + r
+    want = {"z": _ln_ref(s64, G, 0.0, 1e-5), "s": s64, "z2": _ln_ref(x.astype(np.float64) @ W2 + r, 1.0, 0.0, 1e-5)}
+    n = len(matmul_ops._post_norm_cands(*gemm_candidates(M, N, K, 1))[0])
+    assert n >= 3
+    for i in range(n):
+        with autotune.force(i):
+            g = _build(ctx, {"x": x.shape, "r": r.shape}, fn, "float32")
+            assert not FUSION or sum("_ln" in k for k in g.kernel_names) == 2, g.kernel_names
+            got = dispatch_at(ctx, g, {"x": x, "r": r})
+            g.destroy()
+        for k, w in want.items():
+            _close(got[k], w, "float32", f"{k} candidate {i}")
+
+
 @pytest.mark.parametrize("what", ["two_axes", "norm_epilogue", "late_scale"])
 def test_layer_norm_after_gemm_not_fused(ctx, rng, post_norm, what):
     """Left as a normalization kernel: it spans two axes, has an epilogue of its own, or its
