@@ -179,6 +179,41 @@ var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 * (2 if DB else 1) }}>;
 {$ if fused_rms $}
 var<workgroup> rowss: array<f32, {{ TY * RM }}>;  // each row's sum of squares (RMS prologue)
 {$ endif $}
+{$ if post_ln $}
+
+// Layer normalization after the epilogue (compiler/passes.py fuse_post_norms): the workgroup
+// stored the sums of rows m0 .. m0 + BM - 1, every column, into {{ post_ln }} (row-major); a
+// thread per row normalizes one row into {{ ln_dst }} (in place, or where the sum is a value of
+// its own the normalization's output) as normalization.wgsl does: the mean, then
+// the mean squared deviation from it (two passes in f32: no E[x^2] - mean^2 cancellation), then
+// (x - mean) / sqrt(var + eps) * scale + bias, stored through ST.
+fn ln_eps() -> f32 { return {{ ln_eps }}; }
+
+fn post_norm(bt: u32, m0: u32, li: u32) {
+    storageBarrier();  // (a control barrier too) every thread's stores of the rows are visible
+    for (var r = li; r < BM; r = r + THREADS) {
+        let m = m0 + r;
+        if (m >= {{ sz.M }}) { break; }
+        let b = (bt * {{ sz.M }} + m) * {{ sz.N }};
+        var s = 0.0;
+        for (var n = 0u; n < {{ sz.N }}; n = n + 1u) { s = s + f32({{ post_ln }}[b + n]); }
+        let mean = s / f32({{ sz.N }});
+        var v = 0.0;
+        for (var n = 0u; n < {{ sz.N }}; n = n + 1u) { let d = f32({{ post_ln }}[b + n]) - mean; v = v + d * d; }
+        let den = sqrt(v / f32({{ sz.N }}) + ln_eps());
+        for (var n = 0u; n < {{ sz.N }}; n = n + 1u) {
+            var y = (f32({{ post_ln }}[b + n]) - mean) / den;
+{$ if ln_scale $}
+            y = y * f32(ln_s[n]);
+{$ endif $}
+{$ if ln_bias $}
+            y = y + f32(ln_b[n]);
+{$ endif $}
+            {{ ln_dst }}[b + n] = {{ ST }}(y);
+        }
+    }
+}
+{$ endif $}
 
 // Staging: each thread loads one vec4 per step of its loop. Two mappings per operand, chosen by
 // which of the operand's strides is 1, so that consecutive threads read consecutive words:
@@ -293,7 +328,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let k_begin = ks * {{ sz.KCHUNK }};
     let k_end = min({{ sz.K }}, k_begin + {{ sz.KCHUNK }});
     let m0 = wid.y * BM;
+{$ if not post_ln $}
     let n0 = wid.x * BN;
+{$ endif $}
 {$ else $}
     // Linear group index (the grid is folded into 2-D past 65535 groups); uniform per workgroup.
     let gi = wid.y * nwg.x + wid.x;
@@ -310,7 +347,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let bt = tile / ({{ sz.TILES_M }} * {{ sz.TILES_N }});
     let r = tile % ({{ sz.TILES_M }} * {{ sz.TILES_N }});
     let m0 = (r / {{ sz.TILES_N }}) * BM;
+{$ if not post_ln $}
     let n0 = (r % {{ sz.TILES_N }}) * BN;
+{$ endif $}
+{$ endif $}
+{$ if post_ln $}
+    // The normalization after the epilogue needs whole rows: this workgroup walks every column
+    // tile of its rows (the grid has one tile column), then normalizes them (post_norm)
+    for (var n0 = 0u; n0 < {{ sz.N }}; n0 = n0 + BN) {
 {$ endif $}
     let tx = lid.x;
     let ty = lid.y;
@@ -401,6 +445,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     store(bt, m + {{ i }}u, n + {{ 4 * j + 3 }}u, acc{{ i }}_{{ j }}.w);
 {$ endfor $}
 {$ endfor $}
+{$ endif $}
+{$ if post_ln $}
+    }
+    post_norm(bt, m0, li);
 {$ endif $}
 }
 {$ elif path == "splitk_reduce" $}

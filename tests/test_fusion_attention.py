@@ -12,7 +12,7 @@ from helpers import FUSION, dispatch_at, run_graph
 
 import mltensor
 from mltensor.dynamic.dims import MLDynamicDimension
-from mltensor.ops.attention import attention_candidates
+from mltensor.ops.attention import DECODE_SPLIT_MIN_SK, attention_candidates
 from mltensor.runtime import autotune
 
 NP = {"float32": np.float32, "float16": np.float16}
@@ -180,7 +180,8 @@ def test_layout_bshd(ctx, rng, rank, sq):
     """q [.., Sq, H, D], k and v [.., Sk, Hkv, D] (a KV cache appended in place), out [.., Sq, H,
     D]: read and written through strides by every candidate (decode, split, tiled), 6 query heads
     on 2 K/V heads, causal with a bias, against numpy."""
-    H, Hkv, Sk, D = 6, 2, 45, 32
+    H, Hkv, D = 6, 2, 32
+    Sk = 45 if sq > 4 else 200  # (a decode of up to DECODE_SPLIT_MIN_SK keys has no split candidates)
     lead = (2,) if rank == 4 else ()
     feeds = {"q": rng.standard_normal(lead + (sq, H, D)).astype(np.float32),
              "k": rng.standard_normal(lead + (Sk, Hkv, D)).astype(np.float32),
@@ -206,7 +207,7 @@ def test_layout_bshd(ctx, rng, rank, sq):
     assert kinds == ({"spl", "dec"} if sq <= 4 else {"til"}), kinds
 
 
-SPLIT_KEYS = [1, 7, 64, 1000, 2048]
+SPLIT_KEYS = [1, 7, 64, 192, 193, 1000, 2048]
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
@@ -214,9 +215,11 @@ SPLIT_KEYS = [1, 7, 64, 1000, 2048]
 @pytest.mark.parametrize("which", ["lavapipe", pytest.param("others", marks=pytest.mark.slow)])
 def test_split_decode(ctx, rng, D, dt, which):
     """Flash-decoding: one query row per head, 9 query heads on 3 K/V heads (position-major, as
-    the LLM's cache), one build with a dynamic key count run at 1, 7, 64, 1000 and 2048 keys
-    (one block, ragged tiles, many blocks), against numpy. "lavapipe": the CPU adapters' choice
-    (candidate 0) and the largest workgroup; "others" (slow): the other split candidates."""
+    the LLM's cache), one build with a dynamic key count run at 1, 7, 64, 192 keys (the
+    one-launch decode kernel, gated at dispatch: DECODE_SPLIT_MIN_SK), 193 (the split decode,
+    ragged tiles), 1000 and 2048 (many blocks), against numpy. "lavapipe": the CPU adapters'
+    choice (candidate 0) and the largest workgroup; "others" (slow): the other split
+    candidates."""
     H, Hkv = 9, 3
     total = MLDynamicDimension("total", 2048)
     idx = _split_candidates(ctx, 1, total, D, H // Hkv)
@@ -230,7 +233,8 @@ def test_split_decode(ctx, rng, D, dt, which):
             v = b.input("v", data_type=dt, shape=[total, Hkv, D])
             g = b.build_sync({"o": b._attention(q, k, v, scale=D ** -0.5, causal=True, layout="bshd")})
         names = [n for n in g.kernel_names if not n.startswith(("unpack_", "pack_"))]  # (edges: no shader-f16)
-        assert ["_split" in n for n in names] == [True, False] and "_reduce" in names[1], g.kernel_names
+        assert ["_dec" in n for n in names] == [True, False, False], g.kernel_names
+        assert "_split" in names[1] and "_reduce" in names[2], g.kernel_names
         assert all(n.startswith(f"attention_{f16_tag(ctx) if dt == 'float16' else 'f32'}_") for n in names)
         for sk in SPLIT_KEYS:
             feeds = {"q": rng.standard_normal((1, H, D)).astype(NP[dt]),
@@ -247,9 +251,10 @@ def test_split_decode(ctx, rng, D, dt, which):
 def test_split_decode_edges(ctx, rng, case):
     """Every split candidate where q, k and v are not read as vec4 (K given transposed, a head
     size of 30), with query rows that see no key (causal, Sq = 4 > Sk = 2: NaN, as the unfused
-    graph), and one K/V head for 8 query heads with a padding bias."""
+    graph; so few keys run the one-launch decode kernel, whichever candidate is forced), and
+    one K/V head for 8 query heads with a padding bias."""
     B, H, Hkv, Sq, Sk, D, kt, bias = {"k_transposed": (1, 4, 2, 1, 300, 32, True, False),
-                                       "odd_head": (2, 6, 3, 2, 130, 30, False, False),
+                                       "odd_head": (2, 6, 3, 2, 230, 30, False, False),
                                        "masked_rows": (1, 2, 1, 4, 2, 16, False, False),
                                        "mqa_bias": (1, 8, 1, 3, 257, 64, False, True)}[case]
     feeds = {"q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
@@ -265,7 +270,10 @@ def test_split_decode_edges(ctx, rng, case):
             o = b._attention(ins["q"], ins["k"], ins["v"], scale=0.3, bias=ins.get("bias"), causal=True,
                              k_transposed=kt)
             g = b.build_sync({"o": o})
-        assert "_split" in g.kernel_names[0] and ("v4" in g.kernel_names[0]) == (case in ("masked_rows", "mqa_bias"))
+        if Sk > DECODE_SPLIT_MIN_SK:
+            assert "_split" in g.kernel_names[0] and ("v4" in g.kernel_names[0]) == (case == "mqa_bias")
+        else:
+            assert "_dec" in g.kernel_names[0] and len(g.kernel_names) == 1, g.kernel_names
         got = dispatch_at(ctx, g, feeds)["o"]
         g.destroy()
         assert np.array_equal(np.isnan(got), np.isnan(want))
@@ -495,10 +503,12 @@ def test_not_fused(ctx, monkeypatch, what):
 # -- dynamic sizes, float16, memory, models --------------------------------------------------------
 
 
-def test_dynamic_sizes(ctx, rng):
+@pytest.mark.parametrize("max_keys", [90, 300])
+def test_dynamic_sizes(ctx, rng, max_keys):
     """One build with dynamic query and key lengths, run at several sizes, against numpy and a
-    static build of each size."""
-    sq, sk = MLDynamicDimension("seq", 40), MLDynamicDimension("total", 90)
+    static build of each size. Up to 300 keys: the decode is the one-launch kernel up to
+    DECODE_SPLIT_MIN_SK keys and the split decode past it, gated on the key length too."""
+    sq, sk = MLDynamicDimension("seq", 40), MLDynamicDimension("total", max_keys)
     b = mltensor.MLGraphBuilder(ctx)
     q = b.input("q", data_type="float32", shape=[1, 2, sq, 32])
     k = b.input("k", data_type="float32", shape=[1, 2, sk, 32])
@@ -506,9 +516,14 @@ def test_dynamic_sizes(ctx, rng):
     m = b.input("mask", data_type="float32", shape=[1, 1, 1, sk])
     g = b.build_sync({"o": _chain(b, {"q": q, "k": k, "v": v}, bias=m)})
     if FUSION:  # the decode and the tiled kernel, each gated on the dispatch's query length
-        assert [("_dec" in n or "_split" in n) for n in compute(g.kernel_names)] == [True, False], g.kernel_names
+        kinds = [n.rsplit("_", 1)[1][:3] for n in g.kernel_names]
+        assert kinds == (["dec", "til"] if max_keys <= DECODE_SPLIT_MIN_SK else ["dec", "spl", "red", "til"]), kinds
         assert all(n.startswith("attention_") for n in g.kernel_names), g.kernel_names
-    for s, t in [(1, 1), (40, 90), (7, 33), (17, 17)]:
+    sizes = [(1, 1), (40, 90), (7, 33), (17, 17)]
+    if max_keys > DECODE_SPLIT_MIN_SK:
+        # (the split decode at Sq = 4, the decode variant's own rows: its blocks then match the static build's)
+        sizes += [(1, DECODE_SPLIT_MIN_SK), (4, DECODE_SPLIT_MIN_SK + 1), (4, 300), (40, 300)]
+    for s, t in sizes:
         feeds = {"q": rng.standard_normal((1, 2, s, 32)).astype(np.float32),
                  "k": rng.standard_normal((1, 2, t, 32)).astype(np.float32),
                  "v": rng.standard_normal((1, 2, t, 32)).astype(np.float32),

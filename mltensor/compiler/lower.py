@@ -109,8 +109,12 @@ class KernelContext:
 
     def out(self, node, i=0):
         """The value a node's kernel writes for output i: with a fused epilogue, the
-        last epilogue node's output."""
+        last epilogue node's output; with a normalization after it (Step.post_norm), the sum
+        it normalizes: the normalization's output (normalized in place) unless the sum is a
+        value of its own (Step.outputs[1])."""
         step = self.step
+        if step is not None and step.post_norm is not None and node is step.node:
+            return step.outputs[-1]
         if step is not None and step.epilogue and node is step.node:
             return step.outputs[0]
         return node.outputs[i]

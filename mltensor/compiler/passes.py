@@ -44,7 +44,7 @@ EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d"
 
 
 class Step:
-    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "chain", "source", "views")
+    __slots__ = ("nodes", "epilogue", "const", "outputs", "prologue", "chain", "source", "views", "post_norm")
 
     def __init__(self, node, const):
         self.nodes = [node]  # one node, or a fused elementwise group in topological order
@@ -64,6 +64,10 @@ class Step:
         # Epilogue operands read through a constant pad: id(pad output) -> the pad node, whose
         # input the kernel binds instead (the pad launches nothing; lower.KernelContext.epilogue)
         self.views = {}
+        # A GEMM step: the layer_normalization node applied to its rows after the epilogue
+        # (fuse_post_norms); outputs is then [the normalization's output(, the sum it reads,
+        # where that is read elsewhere too)]
+        self.post_norm = None
 
     @property
     def node(self):
@@ -83,6 +87,8 @@ def read_bindings(step):
     """Storage buffers a fused step's kernel reads: its node's inputs, the prologue's parameters
     (its input replaces the convolution's) and the epilogue's other operands."""
     n = len([v for v in step.node.inputs if v is not None]) + len(epilogue_operands(step))
+    if step.post_norm is not None:
+        n += len([v for v in step.post_norm.inputs[1:] if v is not None])
     return n + (len(step.prologue.reads()) if step.prologue is not None else 0)
 
 
@@ -479,9 +485,9 @@ def external_inputs(nodes):
     return out
 
 
-def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
+def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False):
     """`max_inputs`: the most inputs a fused elementwise kernel may bind (storage buffers per
-    shader stage, less one for the output)."""
+    shader stage, less one for the output); `cpu`: the adapter is a CPU (POST_NORM)."""
     if fuse:
         nodes = rewrite_nodes(nodes, outputs, max_inputs + 1)  # transformer patterns (module end)
     out_values = {id(v) for v in outputs.values()}
@@ -568,6 +574,8 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7):
         fuse_gates(steps, single_use, max_inputs)
         fuse_dag_epilogues(steps, consumers, out_values, max_inputs)  # last: others see chains only
         fuse_norm_sources(steps, consumers, out_values, max_inputs)
+        if POST_NORM is True or (POST_NORM == "cpu" and cpu):
+            fuse_post_norms(steps, consumers, out_values, max_inputs)
     return steps
 
 
@@ -616,6 +624,86 @@ def fuse_norm_sources(steps, consumers, out_values, max_inputs):
         if write:
             st.outputs.append(x)
             producer[id(x)] = st
+
+
+# LayerNorm in the epilogue of the GEMM producing its input (fuse_post_norms). "cpu": on CPU
+# adapters only. The GEMM then runs one workgroup per tile of rows, walking every column tile
+# itself (the rows' statistics need all columns): on lavapipe's few cores a handful of row tiles
+# keep them busy and the normalization's launch and round trip go; on a GPU a 128-token
+# sequence would leave 2-4 workgroups for the whole GEMM (a per-row statistics buffer written by
+# the producer and the normalization applied where it is read is the GPU design; not built), so
+# it stays off there until measured. True: everywhere (tests), False: off.
+POST_NORM = "cpu"
+POST_NORM_MAX_N = 8192  # columns of the row walk: up to BERT-large / Llama-70B widths
+
+
+def _row_view(v, seg):
+    """The plain segment's leaf writes v as the GEMM output's own row-major layout (an identity
+    view: reshapes that keep the order only), so row m is v's elements m*N .. m*N + N - 1."""
+    if len(seg.leaves) != 1 or seg.leaves[0].values != [v] or seg.leaves[0].cat is not None \
+            or seg.leaves[0].rope is not None:
+        return False
+    view = seg.leaves[0].view
+    slots = [sl for dim in view.dims for sl in dim]
+    digits = [d for ax in view.axes for d in ax]
+    return len(slots) == len(digits) and all(sl[0] is d and sl[1] == 0 and sl[2] == d.size
+                                             for sl, d in zip(slots, digits))
+
+
+def fuse_post_norms(steps, consumers, out_values, max_inputs):
+    """A layer normalization over the last axis whose input is a GEMM step's output joins that
+    step (`Step.post_norm`): after its epilogue (a bias, a residual add) the GEMM stores the sum
+    as before, then each workgroup, owning whole rows, normalizes them (matmul.wgsl `post_ln`:
+    two passes, mean then the sum of squared deviations, in f32). Where nothing else reads the
+    sum (post-LN BERT: the output projection + bias + residual, the FFN's second GEMM + bias +
+    residual) it is stored into the normalization's output and normalized in place: it is never
+    a value of its own. Where it is read again or is an output (pre-LN ViT: the residual stream
+    the next residual add reads) it is stored as itself and the normalized rows go to the
+    normalization's output (Step.outputs: [normalized, sum]). Either way the normalization
+    launches nothing. Not where the normalization has an epilogue, its parameters are computed
+    after the GEMM, the columns are dynamic or over POST_NORM_MAX_N, or the bindings exceed
+    the cap."""
+    producer = {id(v): s for s in steps for v in s.outputs}
+    for st in list(steps):
+        node = st.nodes[0]
+        if (node.op != "layer_normalization" or st.const or st.epilogue or st.prologue is not None
+                or st.chain or st.source is not None or len(st.nodes) != 1 or len(st.outputs) != 1):
+            continue
+        x = node.inputs[0]
+        if tuple(node.attrs["axes"]) != (x.rank - 1,) or not isinstance(x.shape[-1], int) \
+                or x.shape[-1] > POST_NORM_MAX_N or x.shape[-1] % 4:
+            continue
+        g = producer.get(id(x))
+        if (g is None or g not in steps or g.const or g.prologue is not None or g.chain or g.source is not None
+                or g.post_norm is not None or len(g.outputs) != 1 or g.outputs[0] is not x or g.views):
+            continue
+        gn = g.node
+        if gn.op == "matmul":
+            if len(g.nodes) != 1 or gn.outputs[0].shape[-1] != x.shape[-1]:
+                continue
+        elif gn.op == "_fused_matmul":
+            plan = gn.attrs["plan"]
+            if (len(plan.segments) != 1 or plan.segments[0].kind != "plain" or plan.rms is not None
+                    or len(gn.outputs) != 1 or not _row_view(gn.outputs[0], plan.segments[0])):
+                continue
+        else:
+            continue
+        # the sum read elsewhere too (a pre-norm residual stream: ViT) or an output: the kernel
+        # keeps storing it, and writes the normalized rows to the normalization's output
+        keep = id(x) in out_values or any(n is not node for n in consumers.get(id(x), ()))
+        # the normalization's parameters exist when the GEMM runs (constants, or earlier steps)
+        gi = steps.index(g)
+        params = [v for v in node.inputs[1:] if v is not None]
+        if any(v.data_type != x.data_type for v in params):
+            continue
+        if any(producer.get(id(v)) in steps and steps.index(producer[id(v)]) >= gi for v in params):
+            continue
+        if read_bindings(g) + len(params) + keep > max_inputs:
+            continue
+        steps.remove(st)
+        g.post_norm = node
+        g.outputs = list(node.outputs) + ([x] if keep else [])
+        producer[id(node.outputs[0])] = g
 
 
 def _lone_step(s, op):

@@ -52,7 +52,8 @@ def compile_graph(builder, outputs, placement=None):
     inputs = builder._inputs
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
     steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
-                       max_inputs=binding_cap(device) - 1)
+                       max_inputs=binding_cap(device) - 1,
+                       cpu=str(device.adapter.info.get("adapter_type", "")).upper() == "CPU")
 
     dims = tuple(sorted(builder._dims))  # dynamic dimensions (dynamic/): sizes read at dispatch
     if dims:

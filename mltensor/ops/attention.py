@@ -51,6 +51,13 @@ FLOAT = ("float32", "float16")
 DYNAMIC_OPS = frozenset({"_attention"})
 
 DECODE_MAX_SQ = 4  # query rows up to which the decode kernel (keys split over threads) is used
+# Keys up to which a decode runs the one-workgroup-per-head kernel ("dec", one launch) rather
+# than the split decode (two launches: partials, then their reduction). lavapipe, the bench's
+# 2-layer Llama-style decoder (16 / 4 heads of 64), whole decode step, dec against split,
+# alternated: on par at 129 keys (1.015x), 5% slower at 257, 10% slower at 513. With a dynamic
+# key length spanning it both launch, each gated on the key length at dispatch. GPUs:
+# unmeasured (for a short cache the second launch likely costs more than the split gains).
+DECODE_SPLIT_MIN_SK = 192
 # Largest head size the compiler fuses: up to it some tiled candidate fits WebGPU's default 16 KiB
 # of workgroup memory (4 rows, 8 keys a tile at 256)
 MAX_HEAD = 256
@@ -329,7 +336,22 @@ def _lower_attention(kc, node):
     else:
         variants = [(Sq, "", 1)]
     for at, gate, on in variants:
-        _launch_variant(kc, dict(params, gate=gate), bindings, args, split, base, Sq, Sk, D, DV, nb, at, on)
+        if high(at) > DECODE_MAX_SQ or low(Sk) > DECODE_SPLIT_MIN_SK:
+            _launch_variant(kc, dict(params, gate=gate), bindings, args, split, base, Sq, Sk, D, DV, nb, at, on)
+            continue
+        # a decode: up to DECODE_SPLIT_MIN_SK keys the one-launch kernel; past it (a dynamic key
+        # length spanning it) the split decode's candidates too, both gated on Sk at dispatch
+        from .matmul import _at_least
+
+        long_ = _at_least(Sk, DECODE_SPLIT_MIN_SK + 1) if high(Sk) > DECODE_SPLIT_MIN_SK else 0
+        g0 = f"({gate}) && " if gate else ""
+        if long_ != 1:
+            short = f"{g0}{wgsl(Sk)} <= {DECODE_SPLIT_MIN_SK}u" if long_ != 0 else gate
+            _launch_variant(kc, dict(params, gate=short), bindings, args, split, base, Sq, Sk, D, DV, nb, at,
+                            on * (1 - long_), keys=min(high(Sk), DECODE_SPLIT_MIN_SK))
+        if long_ != 0:
+            _launch_variant(kc, dict(params, gate=f"{g0}{wgsl(Sk)} > {DECODE_SPLIT_MIN_SK}u"), bindings, args,
+                            split, base, Sq, Sk, D, DV, nb, at, on * long_)
 
 
 def _mult4(x):
@@ -349,12 +371,17 @@ def _ratio(ob, kb, vb):
     return n // s if isinstance(s, int) and n % s == 0 else 1
 
 
-def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, at, on):
+def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, at, on, keys=None):
     """Choose (autotune) and launch one kernel among the candidates for query length `at` (Sq,
     or the largest Sq of the variant's range), `on` (1, or a Sym 0 outside the range) times
-    its workgroup count."""
+    its workgroup count. `keys`: a decode of at most that many keys (DECODE_SPLIT_MIN_SK), which
+    runs one of the one-launch candidates (chosen, tuned, at that key length)."""
     lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
     cands, heur = attention_candidates(at, Sk, D, DV, lim, ratio=split["ratio"])
+    if keys is not None:
+        one = [c for c in cands if not c["SPLIT"]]
+        heur = one.index(cands[heur]) if cands[heur] in one else 0
+        cands = one
     if str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU":
         heur = 0
     scratch = {}
@@ -378,6 +405,8 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         values.update(_dim_maxes(Sq, Sk, nb))
         if isinstance(Sq, Sym) and at != Sq:
             values = _fit(values, Sq, at)
+        if keys is not None and isinstance(Sk, Sym) and keys < high(Sk):
+            values = _fit(values, Sk, keys)
 
     def measure(i):  # (autotune on hardware adapters: scratch buffers of the right sizes)
         from ..dynamic.kernels import concrete_groups, pack
@@ -398,6 +427,8 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
 
     problem = ("attention.wgsl", Sq, Sk, D, DV, nb, len(bindings),
                sorted((key, repr(val)) for key, val in params.items() if key != "act"), cands)
+    if keys is not None:
+        problem += (keys,)
     best = autotune.choose(kc, autotune.signature_of(problem), cands, measure, heur)
     for kern, largs, g in launches_of(cands[best]):
         kc.launch(kern, largs, g)

@@ -212,7 +212,8 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
     p.setdefault("a_kmajor", p["vec_a"])
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms"):  # (_fused_matmul's; conv2d.wgsl has its own loaders)
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms",
+              "post_ln"):  # (_fused_matmul's, _post_norm's; conv2d.wgsl has its own loaders)
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
@@ -220,6 +221,8 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     # the staging loops give each thread fixed m / k quads (setup_a, conv2d.wgsl's hoisting)
     assert (c["TX"] * c["TY"]) % (bm // 4) == 0 and bk % 4 == 0, c
     tiles_m, tiles_n = cdiv(M, bm), cdiv(N, bn)
+    if p["post_ln"]:
+        tiles_n = 1  # a workgroup walks every column tile of its rows (then normalizes them)
     tiles = tiles_m * tiles_n * batch
     # a split's K range, a multiple of BK; for a dynamic K a fixed number of chunks whose length
     # follows K (chunks past K, at small sizes, are empty: their partial sums are 0)
@@ -438,6 +441,11 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     with its configuration chosen (tuned) at the bucket's maximum and a workgroup count that is
     0 (1 workgroup returning at once) outside the bucket."""
     cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+    if params.get("post_ln"):
+        # a normalization after the GEMM (Step.post_norm): one tiled kernel for every size (its
+        # workgroups own whole rows; the GEMV path's own columns)
+        _gemm_path(kc, cpu, False, name, template, params, bindings, args, M, N, K, batch)
+        return
     # a size whose bounds lose its positivity (a product of differences: a transposed conv's
     # N * 2H * (3W - 1)) is checked >= 1 at dispatch: as max(x, 1) its bounds say so, for the
     # tile counts and remainders below
@@ -460,6 +468,8 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         cands, heur = gemm_candidates(hM, hN, hK, hb, lim)
         if params.get("fused_store"):
             cands, heur = _no_split(cands, heur, params.get("fused_w", 4))
+        if params.get("post_ln"):
+            cands, heur = _post_norm_cands(cands, heur)
         launches = lambda c: _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c, gate)  # noqa: E731
         if cpu:
             heur = 0
@@ -504,8 +514,9 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms"):
+    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms", "post_ln"):
         p.setdefault(k, "")
+    assert not p["post_ln"], "a normalization after the GEMM runs on the tiled path only"
     p.setdefault("fused_w", 4)
     cols = cdiv(N, p["fused_w"] if p["fused_store"] else 4)
     groups = batch * cols
@@ -587,7 +598,8 @@ def _lower_matmul(kc, node):
                 Binding("b", f"vec4<{t}>" if params["vec_b"] else t), Binding("out", t, True)]
     args = [a, b, out]
     params["act"] = kc.epilogue(bindings, args)
-    name = f"matmul_{t}_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}"
+    ln = _post_norm(kc, params, bindings, args, "out")
+    name = f"matmul_{t}_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}{ln}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
 
 
@@ -685,6 +697,42 @@ def _no_split(cands, heur, w=4):
         if c["SPLIT"] == 1 and fix(c) not in out and (not out or _smem(fix(c)) <= WG_STORAGE):
             out.append(fix(c))
     return out, out.index(pick) if pick in out else 0
+
+
+def _post_norm_cands(cands, heur):
+    """Candidates of a GEMM whose workgroups own whole rows (Step.post_norm): no split-K (its
+    partial sums are not the rows' values). (lavapipe's 64-row tile stays: 32-row tiles, twice
+    the workgroups, measured 1.45x slower there for BERT's 128 x 3072 x 768 + LayerNorm, their
+    4 x 8 blocks doing half the FMAs per staged load; the 64-row one is on par with the GEMM
+    and the normalization kernel it replaces.)"""
+    keep = [c for c in cands if c["SPLIT"] == 1]
+    return keep, keep.index(cands[heur]) if cands[heur] in keep else 0
+
+
+def _post_norm(kc, params, bindings, args, out_name):
+    """The normalization after the GEMM's epilogue (compiler/passes.py fuse_post_norms: the
+    step's post_norm node): its scale and bias bound before the output (the last binding),
+    `post_ln` the output binding holding the sums, `ln_dst` the one the normalized rows go to:
+    the same one (in place), or where the sum is a value of its own (Step.outputs[1]) the
+    normalization's output, bound last. Nothing where the step has none."""
+    step = kc.step
+    ln = step.post_norm if step is not None else None
+    params.setdefault("post_ln", "")
+    if ln is None:
+        return ""
+    _, scale, bias = ln.inputs
+    for name, v in (("ln_s", scale), ("ln_b", bias)):
+        if v is not None:
+            bindings.insert(len(bindings) - 1, Binding(name, kc.wtype(v)))
+            args.insert(len(args) - 1, v)
+    dst = out_name
+    if len(step.outputs) > 1:
+        bindings.append(Binding("ln_o", kc.wtype(step.outputs[0]), True))
+        args.append(step.outputs[0])
+        dst = "ln_o"
+    params.update(post_ln=out_name, ln_dst=dst, ln_eps=f32_lit(ln.attrs["epsilon"]), ln_scale=scale is not None,
+                  ln_bias=bias is not None)
+    return "_ln" if dst == out_name else "_ln2"
 
 
 @lowering("_fused_matmul")
@@ -935,6 +983,7 @@ def _lower_fused(kc, node):
         kinds = "aview+" + kinds
     if rms is not None:
         kinds = "rms+" + kinds
+    kinds += _post_norm(kc, params, bindings, args, "o0")
     name = f"matmul_{t}_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}_{kinds}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
 
