@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
 from ..ops import OPS
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, loop_guard
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,8 +99,14 @@ class KernelContext:
         t = self.wtype(v)
         return {"i64": "u64", "u64": "u64", "i64e": "u64e", "u64e": "u64e", "f16": "f16"}.get(t, "u32")
 
-    def launch(self, kernel, args, groups):
+    def launch(self, kernel, args, groups, iters=None):
+        """Record a launch. `iters`: the kernel's worst-case loop iterations per invocation (an int
+        or a Sym), where its loops grow with a size: past runtime.wgsl.LOOP_BUDGET the build
+        fails naming the operator (llvmpipe would silently cut the loops)."""
         assert len(args) == len(kernel.bindings), kernel.name
+        if iters is not None:
+            node = self.step.node if self.step is not None else None
+            loop_guard(node.op if node is not None else kernel.name, iters)
         if self.dims and kernel.reads_dims():
             kernel = dataclasses.replace(kernel, dims=self.dims)
         if not isinstance(groups, tuple):  # a Fold (dynamic/kernels.py) stays as it is

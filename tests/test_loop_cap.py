@@ -1,0 +1,125 @@
+"""Sizes past llvmpipe's loop cap (runtime/wgsl.py LOOP_BUDGET): Mesa's lavapipe silently ends an
+invocation's loops after 65535 iterations in total, so a kernel with one invocation walking a
+long group, plane or K axis returns wrong values without an error. Each test runs an operator at a
+size where its single-invocation kernel loops past the cap (it failed there before the split
+variants) against float64 numpy, with tolerances that a sum cut short would fail by far. Shapes
+are large along the walked axis only, so each test stays cheap on lavapipe."""
+
+import numpy as np
+import pytest
+from helpers import FUSION, run_graph
+
+import mltensor
+from mltensor import MLDynamicDimension as D
+from mltensor.errors import NotSupportedError
+from mltensor.runtime.wgsl import LOOP_BUDGET, loop_guard
+
+R = np.random.default_rng(11)
+BIG = 1_500_000  # one group / row: 3 loops of BIG / 64 in a workgroup-per-group kernel > 65535
+
+
+def _layer(a, axes, scale=None, bias=None, eps=1e-5):
+    a = a.astype(np.float64)
+    m = a.mean(axis=axes, keepdims=True)
+    v = ((a - m) ** 2).mean(axis=axes, keepdims=True)
+    r = (a - m) / np.sqrt(v + eps)
+    return r * (1 if scale is None else scale) + (0 if bias is None else bias)
+
+
+# -- the guard ------------------------------------------------------------------------------------
+
+def test_guard_refuses_a_declared_count_past_the_budget(ctx):
+    loop_guard("some_op", LOOP_BUDGET)
+    with pytest.raises(NotSupportedError, match=r"\[some_op\].*65535"):
+        loop_guard("some_op", LOOP_BUDGET + 1)
+    # a size known at dispatch counts at its largest allowed value
+    k = mltensor.MLGraphBuilder(ctx).input("x", data_type="float32", shape=[D("k", 30_000)]).shape[0]
+    loop_guard("some_op", 2 * k)
+    with pytest.raises(NotSupportedError, match="some_op"):
+        loop_guard("some_op", 3 * k)
+
+
+def test_guard_fires_in_a_lowering(ctx, monkeypatch):
+    """A kernel declaring more iterations than the budget fails the build with the operator's
+    name (here: the normalization's split threshold moved past the cap, so the one-workgroup
+    kernel would be used for a group it cannot walk)."""
+    from mltensor.ops import normalization
+
+    monkeypatch.setattr(normalization, "SPLIT_K_CPU", 1 << 30)
+    monkeypatch.setattr(normalization, "SPLIT_K", 1 << 30)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, BIG])
+    with pytest.raises(NotSupportedError, match="layer_normalization"):
+        b.build_sync({"y": b.layer_normalization(x)})
+
+
+# -- normalizations -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_layer_normalization_long_group(ctx, dt):
+    x = (R.standard_normal((1, BIG)) * 2 + 3).astype(dt)
+    scale = R.uniform(0.5, 1.5, BIG).astype(dt)
+    bias = R.standard_normal(BIG).astype(dt)
+    b = mltensor.MLGraphBuilder(ctx)
+    xi = b.input("x", data_type=dt, shape=x.shape)
+    y = b.relu(b.layer_normalization(xi, scale=b.constant(scale), bias=b.constant(bias)))
+    r = run_graph(ctx, {"y": y}, {"x": x}, b)["y"]
+    want = np.maximum(_layer(x, (1,), scale.astype(np.float64), bias.astype(np.float64)), 0)
+    tol = dict(rtol=1e-4, atol=1e-4) if dt == "float32" else dict(rtol=5e-3, atol=5e-3)
+    np.testing.assert_allclose(r.astype(np.float64), want, **tol)
+
+
+def test_layer_normalization_residual_source(ctx):
+    """A residual sum read by the normalization (fused as its source) and also a graph output:
+    the split path's apply pass writes it once."""
+    n = 1_300_000
+    a = R.standard_normal((2, n)).astype(np.float32)
+    c = R.standard_normal((2, n)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    ai, ci = b.input("a", data_type="float32", shape=a.shape), b.input("c", data_type="float32", shape=c.shape)
+    s = b.add(ai, ci)
+    r = run_graph(ctx, {"y": b.layer_normalization(s, axes=[1]), "s": s}, {"a": a, "c": c}, b)
+    np.testing.assert_allclose(r["y"], _layer(a.astype(np.float64) + c, (1,)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(r["s"], a + c)
+
+
+def test_rms_normalization_long_group(ctx):
+    x = (R.standard_normal((1, BIG)) + 1).astype(np.float32)
+    scale = R.uniform(0.5, 1.5, BIG).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=x.shape)
+    y = b._rms_normalization(xi, scale=b.constant(scale), axes=[1], epsilon=1e-6)
+    r = run_graph(ctx, {"y": y}, {"x": x}, b)["y"]
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * scale
+    np.testing.assert_allclose(r, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_instance_normalization_large_plane(ctx, layout):
+    """A GroupNorm of a Stable Diffusion VAE decoder at 512x512 normalizes groups of 1M-4M
+    elements; here two planes of 1.2M (past the cap with the one-workgroup kernel: 3 loops of
+    1.2M / 64 plus its trees) and a mean far from 0 (a variance computed carelessly loses it)."""
+    c, h, w = 2, 1100, 1100
+    shape = (1, c, h, w) if layout == "nchw" else (1, h, w, c)
+    x = (R.standard_normal(shape) * 0.5 + 10).astype(np.float32)
+    scale = R.uniform(0.5, 1.5, c).astype(np.float32)
+    bias = R.standard_normal(c).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=shape)
+    y = b.instance_normalization(xi, scale=b.constant(scale), bias=b.constant(bias), layout=layout)
+    r = run_graph(ctx, {"y": y}, {"x": x}, b)["y"]
+    sh = (1, c, 1, 1) if layout == "nchw" else (1, 1, 1, c)
+    want = _layer(x, (2, 3) if layout == "nchw" else (1, 2), scale.reshape(sh), bias.reshape(sh))
+    np.testing.assert_allclose(r, want, rtol=1e-3, atol=1e-3)
+
+
+def test_layer_normalization_dynamic_group(ctx):
+    """A dynamic normalized axis crossing the split threshold: the split launches are sized at
+    dispatch, each size computes what its static build computes, bit for bit."""
+    from test_dynamic_reduce import check
+
+    specs = {"x": ("float32", [2, D("n", BIG)])}
+    sizes = [{"n": 1}, {"n": 3000}, {"n": BIG}, {"n": 700_001}]
+    check(ctx, specs, lambda b, x: b.layer_normalization(x, axes=[1]), sizes, lambda a: _layer(a, (1,)),
+          rtol=1e-4, atol=1e-4)
