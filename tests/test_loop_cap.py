@@ -123,3 +123,47 @@ def test_layer_normalization_dynamic_group(ctx):
     sizes = [{"n": 1}, {"n": 3000}, {"n": BIG}, {"n": 700_001}]
     check(ctx, specs, lambda b, x: b.layer_normalization(x, axes=[1]), sizes, lambda a: _layer(a, (1,)),
           rtol=1e-4, atol=1e-4)
+
+
+# -- pools ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_global_pools_large_plane(ctx, layout):
+    """Global average / max / l2 pools of a 2048x2048 plane (64 threads walking it loop 65536
+    times each), two channels, a mean far from 0."""
+    c, h = 2, 2048
+    shape = (1, c, h, h) if layout == "nchw" else (1, h, h, c)
+    x = (R.standard_normal(shape) + 3).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=shape)
+    outs = {"avg": b.average_pool2d(xi, layout=layout), "max": b.max_pool2d(xi, layout=layout),
+            "l2": b.relu(b.l2_pool2d(xi, layout=layout))}
+    r = run_graph(ctx, outs, {"x": x}, b)
+    ax = (2, 3) if layout == "nchw" else (1, 2)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(r["avg"].ravel(), x64.mean(axis=ax).ravel(), rtol=1e-5)
+    np.testing.assert_array_equal(r["max"].ravel(), x.max(axis=ax).ravel())
+    np.testing.assert_allclose(r["l2"].ravel(), np.sqrt((x64 ** 2).sum(axis=ax)).ravel(), rtol=1e-5)
+
+
+def test_global_max_pool_int8_and_float16(ctx):
+    h = 2100
+    xi8 = R.integers(-128, 127, (1, 1, h, h)).astype(np.int8)
+    xi8[0, 0, -1, -1] = 127  # the maximum in the plane's last element: a walk cut short misses it
+    x16 = (R.standard_normal((1, 1, h, h)) + 3).astype(np.float16)
+    b = mltensor.MLGraphBuilder(ctx)
+    a = b.input("a", data_type="int8", shape=xi8.shape)
+    f = b.input("f", data_type="float16", shape=x16.shape)
+    r = run_graph(ctx, {"m": b.max_pool2d(a), "avg": b.average_pool2d(f)}, {"a": xi8, "f": x16}, b)
+    assert r["m"].ravel().tolist() == [127]
+    np.testing.assert_allclose(r["avg"].ravel(), [x16.astype(np.float64).mean()], rtol=2e-3)
+
+
+def test_global_pool_dynamic_plane(ctx):
+    """A dynamic plane crossing the split threshold: bit for bit its static build."""
+    from test_dynamic_reduce import check
+
+    specs = {"x": ("float32", [D("n", 2), 3, D("h", 2100), D("w", 2100)])}
+    sizes = [{"n": 1, "h": 5, "w": 7}, {"n": 2, "h": 200, "w": 300}, {"n": 1, "h": 2100, "w": 2050}]
+    check(ctx, specs, lambda b, x: b.average_pool2d(x), sizes,
+          lambda a: a.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
