@@ -167,3 +167,85 @@ def test_global_pool_dynamic_plane(ctx):
     sizes = [{"n": 1, "h": 5, "w": 7}, {"n": 2, "h": 200, "w": 300}, {"n": 1, "h": 2100, "w": 2050}]
     check(ctx, specs, lambda b, x: b.average_pool2d(x), sizes,
           lambda a: a.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+# -- GEMM family ----------------------------------------------------------------------------------
+
+def _mm_check(r, want):
+    # relative to the result's scale: a K cut at ~40000 of 70000 is off by ~40%
+    np.testing.assert_allclose(r, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("m,n", [(8, 8), (64, 64), (2, 3)])
+def test_matmul_long_k(ctx, m, n):
+    """K = 70000 (the tiled kernel's step loop, compute and staging loops pass the cap from
+    K ~ 40000 on lavapipe's tile): split-K, at least enough chunks; (2, 3): the GEMV."""
+    k = 70000
+    a = R.standard_normal((m, k)).astype(np.float32)
+    w = R.standard_normal((k, n)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    ai = b.input("a", data_type="float32", shape=a.shape)
+    r = run_graph(ctx, {"y": b.matmul(ai, b.constant(w))}, {"a": a}, b)["y"]
+    _mm_check(r, a.astype(np.float64) @ w)
+
+
+def test_gemm_long_k_transposed_batched(ctx):
+    k = 50000
+    a = R.standard_normal((k, 5)).astype(np.float32)
+    w = R.standard_normal((6, k)).astype(np.float32)
+    c = R.standard_normal((5, 6)).astype(np.float32)
+    x = R.standard_normal((3, 9, k)).astype(np.float32)
+    y = R.standard_normal((3, k, 7)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    ai, xi, yi = (b.input(nm, data_type="float32", shape=v.shape) for nm, v in (("a", a), ("x", x), ("y", y)))
+    g = b.gemm(ai, b.constant(w), c=b.constant(c), alpha=0.5, beta=2.0, a_transpose=True, b_transpose=True)
+    r = run_graph(ctx, {"g": g, "mm": b.relu(b.matmul(xi, yi))}, {"a": a, "x": x, "y": y}, b)
+    _mm_check(r["g"], 0.5 * a.T.astype(np.float64) @ w.T + 2.0 * c)
+    _mm_check(r["mm"], np.maximum(x.astype(np.float64) @ y, 0))
+
+
+def test_matmul_long_dynamic_k(ctx):
+    """K known at dispatch: the split is chosen for the largest allowed K."""
+    b = mltensor.MLGraphBuilder(ctx)
+    ai = b.input("a", data_type="float32", shape=[8, D("k", 70000)])
+    wi = b.input("w", data_type="float32", shape=[D("k", 70000), 8])
+    g = b.build_sync({"y": b.matmul(ai, wi)})
+    from helpers import dispatch_at
+
+    for k in (5, 70000):
+        a = R.standard_normal((8, k)).astype(np.float32)
+        w = R.standard_normal((k, 8)).astype(np.float32)
+        _mm_check(dispatch_at(ctx, g, {"a": a, "w": w})["y"], a.astype(np.float64) @ w)
+    g.destroy()
+
+
+@pytest.mark.parametrize("oc", [2, 8])
+def test_conv2d_long_k(ctx, oc):
+    """An implicit GEMM with K = 3 * 3 * 8000 = 72000 (oc 2: the direct kernel would loop over
+    them; oc 8: the GEMM's tiles)."""
+    ic = 8000
+    x = R.standard_normal((1, ic, 4, 4)).astype(np.float32)
+    w = R.standard_normal((oc, ic, 3, 3)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=x.shape)
+    r = run_graph(ctx, {"y": b.conv2d(xi, b.constant(w))}, {"x": x}, b)["y"]
+    cols = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.float64), (3, 3), axis=(1, 2))  # ic, 2, 2, 3, 3
+    want = np.einsum("chwij,ocij->ohw", cols, w)[None]
+    _mm_check(r, want)
+
+
+@pytest.mark.slow
+def test_gemv_very_long_k(ctx):
+    """M <= 4 with K = 4M: the GEMV's 64 threads would loop 62500 times each, so the tiled path
+    (split-K) computes it."""
+    k = 4_000_000
+    a = R.standard_normal((1, k)).astype(np.float32)
+    w = R.standard_normal((k, 2)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    ai = b.input("a", data_type="float32", shape=a.shape)
+    g = b.build_sync({"y": b.matmul(ai, b.constant(w))})
+    assert not any("gemv" in n for n in g.kernel_names), g.kernel_names
+    from helpers import dispatch_at
+
+    _mm_check(dispatch_at(ctx, g, {"a": a})["y"], a.astype(np.float64) @ w)
+    g.destroy()
