@@ -249,3 +249,65 @@ def test_gemv_very_long_k(ctx):
 
     _mm_check(dispatch_at(ctx, g, {"a": a})["y"], a.astype(np.float64) @ w)
     g.destroy()
+
+
+# -- attention ------------------------------------------------------------------------------------
+
+def _attn_ref(q, k, v, scale, bias=None, causal=False):
+    s = np.einsum("...qd,...kd->...qk", q.astype(np.float64), k.astype(np.float64)) * scale
+    if bias is not None:
+        s = s + bias
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None] + sk - sq, -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("...qk,...kd->...qd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+
+def _kv(sk, d, h=1, dt=np.float32):
+    k = R.standard_normal((1, h, sk, d)).astype(dt)
+    v = R.standard_normal((1, h, sk, d)).astype(dt)
+    # the last keys matter: a walk over the keys cut short misses them
+    k[..., -8:, :] *= 3
+    v[..., -8:, :] += 5
+    return k, v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_tiles_long_keys(ctx, causal):
+    """Prompt attention (the tiled kernel: a workgroup walks every key for its query rows) with
+    16384 keys: lavapipe's tile loops ~158 times a tile of 32 keys, past the cap from ~13000."""
+    sq, sk, d = 40, 16384, 64
+    q = R.standard_normal((1, 1, sq, d)).astype(np.float32)
+    k, v = _kv(sk, d)
+    bias = R.standard_normal((sq, sk)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    qi = b.input("q", data_type="float32", shape=q.shape)
+    y = b._attention(qi, b.constant(k), b.constant(v), scale=0.125, bias=b.constant(bias), causal=causal)
+    r = run_graph(ctx, {"y": y}, {"q": q}, b)["y"]
+    np.testing.assert_allclose(r, _attn_ref(q, k, v, 0.125, bias, causal), rtol=1e-4, atol=1e-4)
+
+
+def test_attention_tiles_long_keys_float16_dynamic(ctx):
+    """float16, and Sk known at dispatch: the key blocks are fixed, so every size computes what
+    its static build computes, bit for bit."""
+    from test_dynamic_reduce import check
+
+    d = 32
+    specs = {"q": ("float16", [1, 2, 16, d]), "k": ("float16", [1, 2, D("sk", 20000), d]),
+             "v": ("float16", [1, 2, D("sk", 20000), d])}
+    check(ctx, specs, lambda b, q, k, v: b._attention(q, k, v, scale=0.17), [{"sk": 7}, {"sk": 20000}],
+          lambda q, k, v: _attn_ref(q, k, v, 0.17), rtol=1e-2, atol=1e-2)
+
+
+def test_attention_decode_split_long_cache(ctx):
+    """A decode step over 150000 cached keys: the split decode takes more blocks than its
+    configuration's where a block would loop past the cap."""
+    sk, d = 150_000, 8
+    q = R.standard_normal((1, 2, 1, d)).astype(np.float32)
+    k, v = _kv(sk, d, h=2)
+    b = mltensor.MLGraphBuilder(ctx)
+    qi = b.input("q", data_type="float32", shape=q.shape)
+    y = b._attention(qi, b.constant(k), b.constant(v), scale=0.3)
+    r = run_graph(ctx, {"y": y}, {"q": q}, b)["y"]
+    np.testing.assert_allclose(r, _attn_ref(q, k, v, 0.3), rtol=1e-4, atol=1e-5)

@@ -255,7 +255,12 @@ def _launch(kc, node, name, params, bindings, args, M, N, batch):
     params.update(TX=tx, TY=ty, RM=rm, RN=rn, BK=bk, M=M, N=N,
                   check_a=not (whole(M, ty * rm) and whole(K, bk)), check_b=not (whole(K, bk) and whole(N, tx * rn)),
                   sz={n: wgsl(v) if isinstance(v, Sym) else n for n, v in (("M", M), ("N", N), ("K", K))})
-    kc.launch(Kernel(f"{name}_t{ty * rm}x{tx * rn}", "integer.wgsl", params, bindings), args, groups)
+    # loops of an invocation (runtime/wgsl.py LOOP_BUDGET; a loop of n counts n + 1 on llvmpipe):
+    # per BK step, the step, A's and B's staging and the BK-deep products. No split-K variant yet:
+    # K past ~40000 is refused rather than summed in part on lavapipe
+    per = 1 + cdiv(ty * rm * bk, 64) + 1 + cdiv(bk * tx * rn // 4, 64) + 1 + bk + 1
+    kc.launch(Kernel(f"{name}_t{ty * rm}x{tx * rn}", "integer.wgsl", params, bindings), args, groups,
+              iters=cdiv(high(K), bk) * per + 16)
 
 
 def _requant(kc, params, bindings, args, scale, zy, out, scale_idx, zy_idx):

@@ -197,7 +197,9 @@ def _lower_matmul_nbits(kc, node):
 def _gemv(kc, name, p, bindings, args, N, on):
     # decoding: a workgroup owns 4 output columns, its 64 threads split the row's words
     p = dict(p, path="gemv", COLS=cdiv(N, 4))
-    kc.launch(Kernel(f"{name}_gemv", "matmul_nbits.wgsl", p, bindings), args, grid(cdiv(N, 4) * on))
+    # (loops: the row's words over 64 threads, the tree; LOOP_BUDGET in runtime/wgsl.py)
+    kc.launch(Kernel(f"{name}_gemv", "matmul_nbits.wgsl", p, bindings), args, grid(cdiv(N, 4) * on),
+              iters=cdiv(p["KB"] * p["BS"] // p["VPW"], 64) + 16)
 
 
 def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
@@ -215,7 +217,12 @@ def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
     tiles = cdiv(M, bm) * cdiv(N, bn)
     p = dict(p, path="tiled", TX=tx, TY=ty, RM=rm, RN=rn, BK=32, TILES_N=cdiv(N, bn),
              TILES=wgsl(tiles) if isinstance(tiles, Sym) else f"{tiles}u")
-    kc.launch(Kernel(f"{name}_t{bm}x{bn}", "matmul_nbits.wgsl", p, bindings), args, grid(tiles * on))
+    # loops per BK step: the step, A's and B's staging, the products (runtime/wgsl.py LOOP_BUDGET,
+    # a loop of n counting n + 1). No split-K variant yet: K past ~40000 is refused on every
+    # adapter rather than summed in part on lavapipe
+    per = 1 + cdiv(32 * bm, tx * ty) + 1 + cdiv(32 // p["VPW"] * bn, tx * ty) + 1 + 33
+    kc.launch(Kernel(f"{name}_t{bm}x{bn}", "matmul_nbits.wgsl", p, bindings), args, grid(tiles * on),
+              iters=cdiv(p["KB"] * p["BS"], 32) * per + 16)
 
 
 @lowering("_gather_nbits")
