@@ -311,3 +311,76 @@ def test_attention_decode_split_long_cache(ctx):
     y = b._attention(qi, b.constant(k), b.constant(v), scale=0.3)
     r = run_graph(ctx, {"y": y}, {"q": q}, b)["y"]
     np.testing.assert_allclose(r, _attn_ref(q, k, v, 0.3), rtol=1e-4, atol=1e-5)
+
+
+# -- the rest -------------------------------------------------------------------------------------
+
+def test_topk_long_row(ctx):
+    """One row of 2.2M elements, k = 5: the one-workgroup plan's 32 threads would walk 68750
+    elements each; chunks and merges instead. The largest value is near the end."""
+    n = 2_200_000
+    x = R.standard_normal((1, n)).astype(np.float32)
+    x[0, -3] = 100.0
+    x[0, -1000] = 50.0
+    b = mltensor.MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=x.shape)
+    v, i = b._topk(xi, k=5, axis=1)
+    r = run_graph(ctx, {"v": v, "i": i}, {"x": x}, b)
+    order = np.argsort(-x[0], kind="stable")[:5]
+    np.testing.assert_array_equal(r["i"][0], order)
+    np.testing.assert_array_equal(r["v"][0], x[0, order])
+
+
+def test_sampling_huge_vocabulary_refused(ctx):
+    """Top-k and top-p sampling walks the logits 66 times a thread: past the cap (a 300000-token
+    vocabulary) the build is refused with the operator's name, not sampled from a prefix."""
+    from mltensor.llm import sampling  # noqa: F401 - registers _sample_token
+
+    b = mltensor.MLGraphBuilder(ctx)
+    logits = b.input("l", data_type="float32", shape=[1, 300_000])
+    rnd = b.input("r", data_type="float32", shape=[1])
+    with pytest.raises(NotSupportedError, match="_sample_token"):
+        b.build_sync({"t": b._sample_token(logits, rnd, temperature=0.8, top_k=40, top_p=0.9)})
+    b = mltensor.MLGraphBuilder(ctx)  # a Llama 3 vocabulary is fine
+    logits = b.input("l", data_type="float32", shape=[1, 128_256])
+    rnd = b.input("r", data_type="float32", shape=[1])
+    b.build_sync({"t": b._sample_token(logits, rnd, temperature=0.8, top_k=40, top_p=0.9)}).destroy()
+
+
+def test_int8_matmul_long_k(ctx):
+    """The exact integer GEMM at K = 70000 (int8, zero points): wrapped i32 sums as onnxruntime."""
+    k = 70000
+    a = R.integers(-128, 128, (3, k)).astype(np.int8)
+    w = R.integers(-128, 128, (k, 5)).astype(np.int8)
+    b = mltensor.MLGraphBuilder(ctx)
+    ai = b.input("a", data_type="int8", shape=a.shape)
+    azp = b.constant(np.array(3, np.int8))
+    y = b._int_matmul(ai, b.constant(w), a_zero_point=azp)
+    r = run_graph(ctx, {"y": y}, {"a": a}, b)["y"]
+    np.testing.assert_array_equal(r, (a.astype(np.int64) - 3) @ w.astype(np.int64))
+
+
+def test_int8_conv_and_requantized_matmul_long_k(ctx):
+    """QLinearMatMul-style requantization after the split (the reduce kernel stores), and the
+    integer convolution's implicit GEMM with K = 3 * 3 * 4000."""
+    k = 45000
+    a = R.integers(0, 256, (2, k)).astype(np.uint8)
+    w = R.integers(-128, 128, (k, 6)).astype(np.int8)
+    b = mltensor.MLGraphBuilder(ctx)
+    ai = b.input("a", data_type="uint8", shape=a.shape)
+    scale = np.float32(2e-5)
+    y = b._int_matmul(ai, b.constant(w), a_zero_point=b.constant(np.array(128, np.uint8)),
+                      scale=b.constant(np.array(scale, np.float32)),
+                      output_zero_point=b.constant(np.array(-3, np.int8)))
+    ic = 4000
+    x = R.integers(-128, 128, (1, ic, 3, 3)).astype(np.int8)
+    f = R.integers(-128, 128, (4, ic, 3, 3)).astype(np.int8)
+    xi = b.input("x", data_type="int8", shape=x.shape)
+    c = b._int_conv2d(xi, b.constant(f), padding=(1, 1, 1, 1))
+    r = run_graph(ctx, {"y": y, "c": c}, {"a": a, "x": x}, b)
+    acc = (a.astype(np.int64) - 128) @ w.astype(np.int64)
+    want = np.clip(np.round(acc.astype(np.float32) * scale), -128 + 3, 127 + 3) - 3
+    np.testing.assert_array_equal(r["y"], want.astype(np.int8))
+    xp = np.pad(x[0].astype(np.int64), ((0, 0), (1, 1), (1, 1)))
+    cols = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(1, 2))  # ic, 3, 3, 3, 3
+    np.testing.assert_array_equal(r["c"], np.einsum("chwij,ocij->ohw", cols, f.astype(np.int64))[None])
