@@ -47,6 +47,7 @@ def test_guard_fires_in_a_lowering(ctx, monkeypatch):
 
     monkeypatch.setattr(normalization, "SPLIT_K_CPU", 1 << 30)
     monkeypatch.setattr(normalization, "SPLIT_K", 1 << 30)
+    monkeypatch.setenv("MLTENSOR_LOOP_CAP", "1")  # (on a GPU too: refused where the cap may apply)
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1, BIG])
     with pytest.raises(NotSupportedError, match="layer_normalization"):
@@ -331,11 +332,12 @@ def test_topk_long_row(ctx):
     np.testing.assert_array_equal(r["v"][0], x[0, order])
 
 
-def test_sampling_huge_vocabulary_refused(ctx):
+def test_sampling_huge_vocabulary_refused(ctx, monkeypatch):
     """Top-k and top-p sampling walks the logits 66 times a thread: past the cap (a 300000-token
     vocabulary) the build is refused with the operator's name, not sampled from a prefix."""
     from mltensor.llm import sampling  # noqa: F401 - registers _sample_token
 
+    monkeypatch.setenv("MLTENSOR_LOOP_CAP", "1")  # (on a GPU too)
     b = mltensor.MLGraphBuilder(ctx)
     logits = b.input("l", data_type="float32", shape=[1, 300_000])
     rnd = b.input("r", data_type="float32", shape=[1])

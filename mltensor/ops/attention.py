@@ -43,7 +43,7 @@ from ..dynamic.dims import Sym, cdiv, exact_div, high, low, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import LOOP_BUDGET, Binding, Kernel, f32_lit, ld_st, loop_guard
+from ..runtime.wgsl import LOOP_BUDGET, Binding, Kernel, f32_lit, ld_st
 from . import check_bool, check_number, check_support, lowering, register, row_strides, same_type, unidirectional
 from .reduce import groups
 
@@ -384,7 +384,7 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         if nkt * per + fixed <= LOOP_BUDGET:
             return [(Kernel(name, "attention.wgsl", p, bindings), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))]
         if not c["STAGE"]:
-            loop_guard("_attention", nkt * per + fixed)  # (not a candidate then: attention_candidates)
+            kc.check_loops("_attention", nkt * per + fixed)  # (not a candidate then: attention_candidates)
         # Keys past what one workgroup may walk (llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET:
         # Sk ~13000 for lavapipe's tile): blocks of TPS tiles, a workgroup per (query tile, block)
         # writing the block's partials of its rows, then the split decode's reduce kernel. TPS is

@@ -29,7 +29,7 @@ from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, f32_lit, grid, loop_guard, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, f32_lit, grid, store_fn
 from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, merge_dims, radix,
                register, row_strides, same_type, unidirectional)
 
@@ -270,7 +270,7 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     on = 1 if gate is None else gate.sym()
     if split > 1 and isinstance(kchunk, int):
         split = -(-K // kchunk)  # chunks actually used
-    loop_guard(_op_name(kc, name), _tiled_iters(c, cdiv(high(K), split * bk) * bk if split > 1 else high(K),
+    kc.check_loops(_op_name(kc, name), _tiled_iters(c, cdiv(high(K), split * bk) * bk if split > 1 else high(K),
                                                 bool(p["fused_rms"])))
     p.update(tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles, kchunk=kchunk, SPLIT=split,
              sz=_sizes(M=M, N=N, K=K, BATCH=batch, TILES_M=tiles_m, TILES_N=tiles_n, TILES=tiles,

@@ -218,8 +218,8 @@ def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
     p = dict(p, path="tiled", TX=tx, TY=ty, RM=rm, RN=rn, BK=32, TILES_N=cdiv(N, bn),
              TILES=wgsl(tiles) if isinstance(tiles, Sym) else f"{tiles}u")
     # loops per BK step: the step, A's and B's staging, the products (runtime/wgsl.py LOOP_BUDGET,
-    # a loop of n counting n + 1). No split-K variant yet: K past ~40000 is refused on every
-    # adapter rather than summed in part on lavapipe
+    # a loop of n counting n + 1). No split-K variant yet: K past ~26000 (lavapipe's tile) is
+    # refused where the cap may apply (CPU adapters) rather than summed in part
     per = 1 + cdiv(32 * bm, tx * ty) + 1 + cdiv(32 // p["VPW"] * bn, tx * ty) + 1 + 33
     kc.launch(Kernel(f"{name}_t{bm}x{bn}", "matmul_nbits.wgsl", p, bindings), args, grid(tiles * on),
               iters=cdiv(p["KB"] * p["BS"], 32) * per + 16)

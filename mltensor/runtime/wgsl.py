@@ -34,6 +34,15 @@ LLVMPIPE_LOOP_CAP = 65535
 LOOP_BUDGET = 60000
 
 
+def loop_capped(device):
+    """The device may cut loops (a CPU adapter: Mesa's llvmpipe), or MLTENSOR_LOOP_CAP=1 (tests on
+    a GPU). Split variants are chosen from the sizes on every adapter (they are also what a GPU
+    wants); a kernel with no variant below the budget is refused only where the cap may apply."""
+    if os.environ.get("MLTENSOR_LOOP_CAP", "") not in ("", "0"):
+        return True
+    return str(device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+
+
 def loop_guard(where, iters):
     """NotSupportedError naming `where` when some allowed size gives an invocation more than
     LOOP_BUDGET loop iterations (`iters`: an int or a Sym, its largest value counts)."""
