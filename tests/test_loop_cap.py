@@ -73,7 +73,7 @@ def test_layer_normalization_long_group(ctx, dt):
 def test_layer_normalization_residual_source(ctx):
     """A residual sum read by the normalization (fused as its source) and also a graph output:
     the split path's apply pass writes it once."""
-    n = 1_300_000
+    n = BIG
     a = R.standard_normal((2, n)).astype(np.float32)
     c = R.standard_normal((2, n)).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
@@ -85,8 +85,9 @@ def test_layer_normalization_residual_source(ctx):
 
 
 def test_rms_normalization_long_group(ctx):
-    x = (R.standard_normal((1, BIG)) + 1).astype(np.float32)
-    scale = R.uniform(0.5, 1.5, BIG).astype(np.float32)
+    n = 2_200_000  # (two loops of n / 64: past the cap from ~2.1M)
+    x = (R.standard_normal((1, n)) + 1).astype(np.float32)
+    scale = R.uniform(0.5, 1.5, n).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
     xi = b.input("x", data_type="float32", shape=x.shape)
     y = b._rms_normalization(xi, scale=b.constant(scale), axes=[1], epsilon=1e-6)
@@ -99,9 +100,9 @@ def test_rms_normalization_long_group(ctx):
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_instance_normalization_large_plane(ctx, layout):
     """A GroupNorm of a Stable Diffusion VAE decoder at 512x512 normalizes groups of 1M-4M
-    elements; here two planes of 1.2M (past the cap with the one-workgroup kernel: 3 loops of
-    1.2M / 64 plus its trees) and a mean far from 0 (a variance computed carelessly loses it)."""
-    c, h, w = 2, 1100, 1100
+    elements; here two planes of 1.44M (past the cap with the one-workgroup kernel: 3 loops of
+    1.44M / 64 plus its trees) and a mean far from 0 (a variance computed carelessly loses it)."""
+    c, h, w = 2, 1200, 1200
     shape = (1, c, h, w) if layout == "nchw" else (1, h, w, c)
     x = (R.standard_normal(shape) * 0.5 + 10).astype(np.float32)
     scale = R.uniform(0.5, 1.5, c).astype(np.float32)
@@ -223,23 +224,23 @@ def test_matmul_long_dynamic_k(ctx):
 @pytest.mark.parametrize("oc", [2, 8])
 def test_conv2d_long_k(ctx, oc):
     """An implicit GEMM with K = 3 * 3 * 8000 = 72000 (oc 2: the direct kernel would loop over
-    them; oc 8: the GEMM's tiles)."""
+    them; oc 8: the GEMM's tiles, 16 output pixels so not the GEMV)."""
     ic = 8000
-    x = R.standard_normal((1, ic, 4, 4)).astype(np.float32)
+    x = R.standard_normal((1, ic, 6, 6)).astype(np.float32)
     w = R.standard_normal((oc, ic, 3, 3)).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
     xi = b.input("x", data_type="float32", shape=x.shape)
     r = run_graph(ctx, {"y": b.conv2d(xi, b.constant(w))}, {"x": x}, b)["y"]
-    cols = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.float64), (3, 3), axis=(1, 2))  # ic, 2, 2, 3, 3
+    cols = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.float64), (3, 3), axis=(1, 2))  # ic, 4, 4, 3, 3
     want = np.einsum("chwij,ocij->ohw", cols, w)[None]
     _mm_check(r, want)
 
 
 @pytest.mark.slow
 def test_gemv_very_long_k(ctx):
-    """M <= 4 with K = 4M: the GEMV's 64 threads would loop 62500 times each, so the tiled path
-    (split-K) computes it."""
-    k = 4_000_000
+    """M <= 4 with K = 4.3M: the GEMV's 64 threads would loop 67188 times each, so the tiled path
+    (split-K) computes it. (K = 70000 in test_matmul_long_k: the GEMV, under the cap.)"""
+    k = 4_300_000
     a = R.standard_normal((1, k)).astype(np.float32)
     w = R.standard_normal((k, 2)).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
@@ -303,7 +304,9 @@ def test_attention_tiles_long_keys_float16_dynamic(ctx):
 
 def test_attention_decode_split_long_cache(ctx):
     """A decode step over 150000 cached keys: the split decode takes more blocks than its
-    configuration's where a block would loop past the cap."""
+    configuration's where a block would loop past the cap (by a safe over-estimate: the eight
+    blocks of lavapipe's configuration measured right here too, llvmpipe unrolling the short
+    constant loops the estimate counts)."""
     sk, d = 150_000, 8
     q = R.standard_normal((1, 2, 1, d)).astype(np.float32)
     k, v = _kv(sk, d, h=2)
