@@ -31,6 +31,9 @@ from .reduce import CHUNK, MAX_SPLIT, SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU, WG, 
 # GPUs from 64K elements (one workgroup per group leaves a GPU idle), on CPU adapters from 512K
 # (well before llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, at ~1.28M)
 SPLIT_K, SPLIT_K_CPU = SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU
+# elements of a chunk (at least; more past MAX_SPLIT chunks): reduce.CHUNK on GPUs; on CPU
+# adapters 16x that (lavapipe pays per workgroup, and two cores are busy with a few chunks)
+CHUNK_CPU = 65536
 
 FLOAT = dtypes.FLOATS
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
@@ -280,19 +283,20 @@ def _lower_norm(kc, node, kept, red):
         # mean and variance) and normalizes the chunk. One workgroup looping over a group of
         # ~1.4M elements passes llvmpipe's loop cap (runtime/wgsl.py LOOP_BUDGET) and leaves a
         # GPU idle; a chunk loops 2 CHUNK / WG times, the combine 2 S / WG.
-        S = smin(cdiv(K, CHUNK), MAX_SPLIT)
+        c0 = CHUNK_CPU if _cpu(kc) else CHUNK
+        S = smin(cdiv(K, c0), MAX_SPLIT)
         chunk = cdiv(K, S)
         if not isinstance(chunk, int):
             chunk = smax(chunk, 1)
         S = cdiv(K, chunk)
-        part = kc.scratch(4 * 2 * high(M) * min(cdiv(high(K), CHUNK), MAX_SPLIT))
+        part = kc.scratch(4 * 2 * high(M) * min(cdiv(high(K), c0), MAX_SPLIT))
         p = dict(params, THR="", **size_params(S=S, CHUNK=chunk))
         # the stats pass binds only the group's source (src, or the fused step's inputs s0, ...)
         n_src = 1 if src is None else len(ext)
         kst = Kernel(f"{short}norm_m{M}_k{K}_stats{tail}", "normalization.wgsl", dict(p, mode="norm_stats", act="", scale=False, bias=False, xout=False),
                      bindings[:n_src] + [Binding("part", "f32", True)])
         # (the bounds of the size expressions are loose: the largest chunk and S, from the plan)
-        chunk_most, s_most = max(CHUNK, cdiv(high(K), MAX_SPLIT)), MAX_SPLIT
+        chunk_most, s_most = max(c0, cdiv(high(K), MAX_SPLIT)), MAX_SPLIT
         iters = 2 * cdiv(chunk_most, WG) + 12
         kc.launch(kst, args[:n_src] + [part], groups(node.op, M * S * split), iters=iters)
         kap = Kernel(f"{short}norm_m{M}_k{K}_apply{tail}", "normalization.wgsl", dict(p, mode="norm_apply"),

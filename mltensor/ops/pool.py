@@ -39,6 +39,11 @@ GLOBAL_WG = 64  # threads of a global-path workgroup (shaders/pool.wgsl)
 # 2048x2048 loop past llvmpipe's cap (runtime/wgsl.py LOOP_BUDGET), and few outputs of a large
 # plane leave a GPU (or lavapipe's second core) idle
 GLOBAL_SPLIT = 65536
+CHUNK_CPU = 65536  # a chunk on CPU adapters (on GPUs reduce.CHUNK): lavapipe pays per workgroup
+
+
+def _cpu(kc):
+    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 # Builder methods taking operands with dynamic dimensions (batch, channels, plane)
 DYNAMIC_OPS = frozenset({"average_pool2d", "l2_pool2d", "max_pool2d"})
@@ -195,13 +200,14 @@ def _lower(kc, node, mode):
         # S workgroups per output each pool a chunk of CHUNK elements into `part` (in T), then one
         # thread per output combines its S partials in order. One workgroup walking a 2048x2048
         # plane loops past llvmpipe's cap (runtime/wgsl.py LOOP_BUDGET) and leaves a GPU idle.
-        S = smin(cdiv(plane, CHUNK), MAX_SPLIT)
+        c0 = CHUNK_CPU if _cpu(kc) else CHUNK
+        S = smin(cdiv(plane, c0), MAX_SPLIT)
         chunk = cdiv(plane, S)
         if not isinstance(chunk, int):
             chunk = smax(chunk, 1)
         S = cdiv(plane, chunk)
-        chunk_most = max(CHUNK, cdiv(high(plane), MAX_SPLIT))  # (bounds of the expressions are loose)
-        part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * high(total) * min(cdiv(high(plane), CHUNK), MAX_SPLIT))
+        chunk_most = max(c0, cdiv(high(plane), MAX_SPLIT))  # (bounds of the expressions are loose)
+        part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * high(total) * min(cdiv(high(plane), c0), MAX_SPLIT))
         p = dict(params, S=S, CHUNK=chunk, auto=0)
         p.pop("coords", None)
         k1 = Kernel(name + "_partial", "pool.wgsl", dict(p, path="global_part", act="", ST=""),
