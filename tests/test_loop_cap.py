@@ -389,3 +389,27 @@ def test_int8_conv_and_requantized_matmul_long_k(ctx):
     xp = np.pad(x[0].astype(np.int64), ((0, 0), (1, 1), (1, 1)))
     cols = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(1, 2))  # ic, 3, 3, 3, 3
     np.testing.assert_array_equal(r["c"], np.einsum("chwij,ocij->ohw", cols, f.astype(np.int64))[None])
+
+
+@pytest.mark.parametrize("m", [8, D("m", 40)])
+def test_nbits_matmul_long_k(ctx, m):
+    """8-bit packed weights, K = 40000 (lavapipe's 32x32 tile loops 56 times a 32-deep step: the
+    old kernel summed the first 37441 of any longer K), with a bias; M static and dynamic (the
+    tiled variant gated on M > 4)."""
+    from helpers import dispatch_at
+
+    k, n, bs = 40000, 12, 32  # (a multiple of the block)
+    kb = k // bs
+    q = R.integers(0, 256, (n, k)).astype(np.uint8)
+    scales = R.uniform(0.01, 0.02, n * kb).astype(np.float32)
+    bias = R.standard_normal(n).astype(np.float32)
+    w = (q.astype(np.float64) - 128) * np.repeat(scales.reshape(n, kb), bs, axis=1)
+    b = mltensor.MLGraphBuilder(ctx)
+    ai = b.input("a", data_type="float32", shape=[m, k])
+    y = b._matmul_nbits(ai, b.constant(q.view("<u4").ravel()), b.constant(scales), K=k, N=n, bits=8,
+                        block_size=bs, bias=b.constant(bias))
+    g = b.build_sync({"y": y})
+    for rows in ((8,) if isinstance(m, int) else (3, 40)):
+        a = R.standard_normal((rows, k)).astype(np.float32)
+        _mm_check(dispatch_at(ctx, g, {"a": a})["y"], a.astype(np.float64) @ w.T + bias)
+    g.destroy()
