@@ -30,6 +30,10 @@
 // outputs scaled by exp(-m)) for its block and key slice to `part`. REDUCE, one workgroup per
 // output row, then combines the partials: out = sum_b o_b exp(m_b - M) / sum_b l_b exp(m_b - M)
 // with M the largest m_b (a block whose scores are all -inf has m = -inf and weighs 0).
+// TPS (the tiled kernel, keys past what one invocation may loop over: runtime/wgsl.py
+// LOOP_BUDGET, llvmpipe's silent cap): the keys are cut into blocks of TPS tiles, a workgroup per
+// (query tile, block) writes its rows' partials (m, l, unnormalized outputs) as the split decode
+// does, and REDUCE (with TPS: the same fixed blocks) combines them.
 // Layouts: q, v and the output are read and written through row strides (q_si, v_sj, o_si) and
 // per-matrix offsets (q_base, v_base, o_base of the flat batch index bt), so position-major
 // tensors ([.., S, H, D], a KV cache appended in place) need no transposes.
@@ -70,7 +74,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let bt = g / SQ;
     let qi = g - bt * SQ;
     let nkt = (SK + BK - 1u) / BK;
+{$ if TPS $}
+    let tps = {{ TPS }}u;  // (the tiled kernel's key blocks: TPS tiles each)
+{$ else $}
     let tps = (nkt + NSPLIT - 1u) / NSPLIT;
+{$ endif $}
     let ne = (nkt + tps - 1u) / tps * KS;  // partials of this row
     let pb = g * ne * PW;
     var mx = neg_inf();
@@ -379,8 +387,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 {$ else $}
     let nqt = (SQ + BQ - 1u) / BQ;
+{$ if TPS $}
+    // key split (TPS tiles a block, runtime/wgsl.py LOOP_BUDGET): workgroup (query tile, block)
+    let nsb = ((SK + BK - 1u) / BK + {{ TPS - 1 }}u) / {{ TPS }}u;
+    let gk = wid.y * nwg.x + wid.x;
+    if (gk >= NB * nqt * nsb) { return; }  // (uniform per workgroup: before any barrier)
+    let sb = gk % nsb;
+    let g = gk / nsb;
+{$ else $}
     let g = wid.y * nwg.x + wid.x;
     if (g >= NB * nqt) { return; }  // (uniform per workgroup: before any barrier)
+{$ endif $}
     let bt = g / nqt;
     let q0 = (g - bt * nqt) * BQ;
     let qb = {{ q_base }};
@@ -395,6 +412,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ if causal $}
     let lim = min(q0 + BQ, SQ) + SK;  // (last row + 1) + SK
     kend = select(0u, min(SK, lim - SQ), lim > SQ);
+{$ endif $}
+    var j_lo = 0u;
+{$ if TPS $}
+    j_lo = sb * {{ TPS * BK }}u;
+    kend = min(kend, j_lo + {{ TPS * BK }}u);  // (a block past the causal limit sums nothing)
 {$ endif $}
     var m_run = neg_inf();  // the running maximum of this thread's row
     var l_run = 0.0;        // and its sum of exp(score - m_run) (the row's first thread)
@@ -419,7 +441,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
 {$ endfor $}
 {$ endfor $}
-    for (var j0 = 0u; j0 < kend; j0 += BK) {
+    for (var j0 = j_lo; j0 < kend; j0 += BK) {
         let jn = min(BK, kend - j0);  // keys of this tile
         for (var e = t; e < D * BK4; e += WG) {
             let d = e / BK4;
@@ -530,6 +552,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();  // sT, kvs and rowf are rewritten by the next tile
     }
     if (part == 0u) { rowf[row] = l_run; }
+{$ if TPS $}
+    // key split: the block's partials of each row (maximum, sum, unnormalized outputs), combined
+    // by the REDUCE kernel as the split decode's: pout[((bt SQ + qi) nsb + sb) PW ..]
+    if (part == 0u && q0 + row < SQ) {
+        let pb = ((bt * SQ + q0 + row) * nsb + sb) * (DV + 2u);
+        pout[pb] = m_run;
+        pout[pb + 1u] = l_run;
+    }
+{$ endif $}
     workgroupBarrier();
 {$ for b in range(NB3) $}
     {
@@ -545,10 +576,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ for u in range(RC4) $}
 {$ for c in range(4) $}
                     if (4u * (c4 + {{ u }}u) + {{ c }}u < DV) {
+{$ if TPS $}
+                        pout[((bt * SQ + qi) * nsb + sb) * (DV + 2u) + 2u + 4u * (c4 + {{ u }}u) + {{ c }}u] = o{{ b }}_{{ i }}_{{ u }}[{{ c }}];
+{$ else $}
                         // a row with every score -inf has l = 0: NaN, as the unfused 0 / 0
                         let y = select(o{{ b }}_{{ i }}_{{ u }}[{{ c }}] / l, nan_f32(), l == 0.0);
                         let oi = obase + qi * {{ o_si }} + 4u * (c4 + {{ u }}u) + {{ c }}u;
                         out[oi] = act({{ ST }}(y), oi);
+{$ endif $}
                     }
 {$ endfor $}
 {$ endfor $}

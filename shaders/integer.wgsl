@@ -150,10 +150,38 @@ fn store(bt: u32, m: u32, n: u32, acc: i32) {
 {$ endif $}
 }
 
+{$ if SPLIT > 1 and not REDUCE $}
+// split-K (K past what one invocation may loop over: runtime/wgsl.py LOOP_BUDGET, llvmpipe's
+// silent cap): workgroup z = bt * SPLIT + ks sums the K chunk ks into part[ks][bt][m][n]; the
+// reduce kernel adds the SPLIT chunks (i32, wrapping: the same sum in any order) and stores.
+fn put_part(bt: u32, ks: u32, m: u32, n: u32, acc: i32) {
+    if (m >= {{ sz.M }} || n >= {{ sz.N }}) { return; }
+    part[((ks * {{ sz.BATCH }} + bt) * {{ sz.M }} + m) * {{ sz.N }} + n] = acc;
+}
+{$ endif $}
+
+{$ if REDUCE $}
+{{ main_1d(sz.TOTAL) }}
+    var acc = 0;
+    for (var s = 0u; s < {{ SPLIT }}u; s++) { acc = acc + part[s * {{ sz.TOTAL }} + i]; }
+    let n = i % {{ sz.N }};
+    let r = i / {{ sz.N }};
+    store(r / {{ sz.M }}, r % {{ sz.M }}, n, acc);
+}
+{$ else $}
 @compute @workgroup_size({{ TX }}, {{ TY }}, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
+{$ if SPLIT > 1 $}
+    let bt = wg.z / {{ SPLIT }}u;
+    let ks = wg.z % {{ SPLIT }}u;
+    let k_begin = ks * {{ KCHUNK }}u;
+    let k_end = min({{ sz.K }}, k_begin + {{ KCHUNK }}u);
+{$ else $}
     let bt = wg.z;
+    let k_begin = 0u;
+    let k_end = {{ sz.K }};
+{$ endif $}
     let m0 = wg.y * BM;
     let n0 = wg.x * BN;
     let tx = lid.x;
@@ -163,7 +191,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var acc{{ i }}_{{ j }} = vec4<i32>(0);
 {$ endfor $}
 {$ endfor $}
-    for (var k0 = 0u; k0 < {{ sz.K }}; k0 = k0 + BK) {
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
         // A: consecutive threads read consecutive k of a row (A is row-major in k), each
         // written into its lane of the tile's vec4
         for (var e = li; e < BM * BK; e = e + THREADS) {
@@ -199,8 +227,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 {$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
 {$ for c in range(4) $}
+{$ if SPLIT > 1 $}
+    put_part(bt, ks, m + {{ i }}u, n + {{ 4 * j + c }}u, acc{{ i }}_{{ j }}.{{ "xyzw"[c] }});
+{$ else $}
     store(bt, m + {{ i }}u, n + {{ 4 * j + c }}u, acc{{ i }}_{{ j }}.{{ "xyzw"[c] }});
+{$ endif $}
 {$ endfor $}
 {$ endfor $}
 {$ endfor $}
 }
+{$ endif $}

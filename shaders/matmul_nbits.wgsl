@@ -155,6 +155,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
 }
+{$ elif path == "reduce" $}
+// split-K's second pass: one thread per output adds its SPLIT chunk sums in order, then stores
+{{ main_1d(SM ~ " * N", "o") }}
+    var acc = 0.0;
+    for (var ks = 0u; ks < {{ SPLIT }}u; ks++) { acc = acc + part[ks * {{ SM }} * N + o]; }
+    store(o / N, o % N, acc);
+}
 {$ else $}
 // Tiled: each of the TY x TX threads computes RM x RN outputs: rows ty*RM.., columns tx*RN.. of
 // a BM x BN tile.
@@ -173,8 +180,21 @@ var<workgroup> Bs: array<vec4<f32>, {{ BK * TX * RN // 4 }}>;
 @compute @workgroup_size({{ TX }}, {{ TY }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+{$ if SPLIT > 1 $}
+    // split-K (runtime/wgsl.py LOOP_BUDGET, llvmpipe's silent loop cap): group (ks, tile) sums
+    // the K chunk ks of its tile into part[ks][m][n]; the reduce kernel adds them in order
+    let gk = wid.y * nwg.x + wid.x;
+    if (gk >= {{ TILES }} * {{ SPLIT }}u) { return; }  // uniform
+    let ks = gk / {{ TILES }};
+    let gi = gk - ks * {{ TILES }};
+    let k_begin = ks * {{ KCHUNK }}u;
+    let k_end = min(K, k_begin + {{ KCHUNK }}u);
+{$ else $}
     let gi = wid.y * nwg.x + wid.x;
     if (gi >= {{ TILES }}) { return; }  // output tiles (read at dispatch when M is); uniform
+    let k_begin = 0u;
+    let k_end = K;
+{$ endif $}
 {$ if gate $}
     if (!({{ gate }})) { return; }  // M known at dispatch: the GEMV kernel takes M <= 4
 {$ endif $}
@@ -187,7 +207,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var acc{{ i }}_{{ j }} = vec4<f32>(0.0);
 {$ endfor $}
 {$ endfor $}
-    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
         // A: consecutive threads take consecutive k of a row (row-major A: coalesced)
         for (var e = li; e < BK * BM; e = e + THREADS) {
             let kk = e % BK;
@@ -243,7 +263,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (m + {{ i }}u < {{ SM }}) {
 {$ for j in range(RN // 4) $}
 {$ for c in range(4) $}
+{$ if SPLIT > 1 $}
+        if (n + {{ 4 * j + c }}u < N) { part[(ks * {{ SM }} + m + {{ i }}u) * N + n + {{ 4 * j + c }}u] = acc{{ i }}_{{ j }}.{{ "xyzw"[c] }}; }
+{$ else $}
         if (n + {{ 4 * j + c }}u < N) { store(m + {{ i }}u, n + {{ 4 * j + c }}u, acc{{ i }}_{{ j }}.{{ "xyzw"[c] }}); }
+{$ endif $}
 {$ endfor $}
 {$ endfor $}
     }

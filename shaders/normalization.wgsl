@@ -3,6 +3,10 @@
 // norm_thread / norm_group: group o (one thread / one workgroup each) has K elements,
 // element k at src[base(o) + off(k)] with scale/bias index pbase(o) + poff(k); mean and variance
 // are two passes over the group (subtracting the mean first keeps the variance accurate).
+// norm_stats / norm_apply (groups longer than normalization.SPLIT_K*): workgroup (o, c) takes
+// chunk c of CHUNK elements of group o; stats writes the chunk's (mean, sum of squared deviations)
+// to `part`, apply combines the group's S pairs (Chan et al.) and normalizes its chunk. One
+// workgroup per group would loop past llvmpipe's cap (runtime/wgsl.py LOOP_BUDGET) for ~1.3M.
 // rms (RMS normalization, _rms_normalization): no mean, one pass for the mean of the squares,
 // y = x * (1 / sqrt(mean(x^2) + eps)) * scale, as the exported chain computes it.
 // norm_*: the group's elements are read through x_at(i): src[i], or, where the normalization
@@ -27,9 +31,15 @@ const M: u32 = {{ M }};
 {$ if "dims." not in K $}
 const K: u32 = {{ K }};
 {$ endif $}
+{$ if S is defined and "dims." not in S $}
+const S: u32 = {{ S }};
+{$ endif $}
+{$ if CHUNK is defined and "dims." not in CHUNK $}
+const CHUNK: u32 = {{ CHUNK }};
+{$ endif $}
 const WG: u32 = {{ WG }}u;
 {$ macro sizes() $}
-{$ for name, v in (("M", M), ("K", K)) if "dims." in v $}
+{$ for name, v in (("M", M), ("K", K), ("S", S), ("CHUNK", CHUNK)) if v is defined and "dims." in v $}
     let {{ name }} = {{ v }};
 {$ endfor $}
 {$ endmacro $}
@@ -112,6 +122,61 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
   {$ endif $}
+{$ if mode in ("norm_stats", "norm_apply") $}
+    // split path: workgroup g takes chunk c of group o, elements [k0, k1)
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= M * S) { return; }
+    let o = g / S;
+    let c = g % S;
+    let b = base(o);
+    let k0 = c * CHUNK;
+    let k1 = min(k0 + CHUNK, K);
+{$ if mode == "norm_stats" $}
+    // (mean, sum of squared deviations from it) of the chunk; rms: (sum of squares, 0)
+{$ if rms $}
+    var v = 0.0;
+    for (var k = k0 + lid; k < k1; k += WG) { let x = f32(x_at(b + off(k))); v += x * x; }
+    let sq = tree_sum(lid, v);
+    if (lid == 0u) { part[2u * g] = sq; part[2u * g + 1u] = 0.0; }
+{$ else $}
+    let n = f32(k1 - k0);
+    var s = 0.0;
+    for (var k = k0 + lid; k < k1; k += WG) { s += f32(x_at(b + off(k))); }
+    let cm = tree_sum(lid, s) / n;
+    var v = 0.0;
+    for (var k = k0 + lid; k < k1; k += WG) { let d = f32(x_at(b + off(k))) - cm; v += d * d; }
+    let m2 = tree_sum(lid, v);
+    if (lid == 0u) { part[2u * g] = cm; part[2u * g + 1u] = m2; }
+{$ endif $}
+{$ else $}
+    // the group's statistics from its S chunks' pairs (the same order in every chunk's workgroup)
+    let p0 = o * S;
+{$ if rms $}
+    var v = 0.0;
+    for (var j = lid; j < S; j += WG) { v += part[2u * (p0 + j)]; }
+    let r = 1.0 / sqrt(tree_sum(lid, v) / f32(K) + eps());
+{$ else $}
+    // mean = sum(n_j m_j) / K; M2 = sum(M2_j + n_j (m_j - mean)^2) (Chan et al.)
+    var s = 0.0;
+    for (var j = lid; j < S; j += WG) { s += f32(min(CHUNK, K - j * CHUNK)) * part[2u * (p0 + j)]; }
+    let mean = tree_sum(lid, s) / f32(K);
+    var v = 0.0;
+    for (var j = lid; j < S; j += WG) {
+        let d = part[2u * (p0 + j)] - mean;
+        v += part[2u * (p0 + j) + 1u] + f32(min(CHUNK, K - j * CHUNK)) * d * d;
+    }
+    let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
+{$ endif $}
+    for (var k = k0 + lid; k < k1; k += WG) {
+        let i = b + off(k);
+{$ if xout $}
+        xs[i] = x_at(i);
+{$ endif $}
+        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
+    }
+{$ endif $}
+}
+{$ else $}
     let o = wid.y * nwg.x + wid.x;
     if (o >= M) { return; }
     let b = base(o);
@@ -135,4 +200,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
     }
 }
+{$ endif $}
 {$ endif $}

@@ -4,6 +4,8 @@
 //             number of real elements (padding excluded, as ONNX count_include_pad=0 and TFLite).
 //   "global": the window is the whole plane (global pooling of a large plane): one workgroup per
 //             (n, c) output, 64 threads striding over the plane, tree reduction in workgroup memory.
+//   "global_part" + "global_final": the same for a plane larger than pool.GLOBAL_SPLIT: S workgroups
+//             per output each pool a chunk into `part`, then one thread per output combines them.
 //   "gate":   a global average pool (or none: the input is already one value per channel) and the
 //             fully connected layers after it (compiler/passes.py fuse_gates, squeeze-and-excitation):
 //             one workgroup per batch item pools every channel into workgroup memory, then each
@@ -124,6 +126,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (li == 0u) {
         out[o] = act({{ ST }}(finish(part[0], {{ u(IH * IW) }})), o);
     }
+}
+{$ elif path == "global_part" $}
+var<workgroup> part_: array<{{ T }}, 64>;
+
+// Chunk c of the plane of output o (workgroup o * S + c): its elements [p0, p1) pooled into part.
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= {{ u(total) }} * {{ u(S) }}) { return; }
+    let o = g / {{ u(S) }};
+    let p0 = (g % {{ u(S) }}) * {{ u(CHUNK) }};
+    let p1 = min(p0 + {{ u(CHUNK) }}, {{ u(IH * IW) }});
+    let base = (o / {{ u(C) }}) * {{ u(in_s[0]) }} + (o % {{ u(C) }}) * {{ u(in_s[1]) }};
+    var acc: {{ T }} = {{ init }};
+    for (var p = p0 + li; p < p1; p = p + 64u) {
+        let v = {{ LD }}(x[base + p * {{ u(in_s[3]) }}]);
+        {{ accumulate("acc", "v") }}
+    }
+    part_[li] = acc;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+{$ if mode == "max" $}
+            part_[li] = {{ max_.format(a="part_[li]", b="part_[li + s]") }};
+{$ else $}
+            part_[li] = part_[li] + part_[li + s];
+{$ endif $}
+        }
+        workgroupBarrier();
+    }
+    if (li == 0u) { part[g] = part_[0]; }
+}
+{$ elif path == "global_final" $}
+// One thread per output: its S chunk results in order, then the pool's result.
+{{ main_1d(total, "o") }}
+    var acc: {{ T }} = {{ init }};
+    for (var c = 0u; c < {{ u(S) }}; c = c + 1u) {
+        let v = part[o * {{ u(S) }} + c];
+{$ if mode == "l2" $}
+        acc = acc + v;
+{$ else $}
+        {{ accumulate("acc", "v") }}
+{$ endif $}
+    }
+    out[o] = act({{ ST }}(finish(acc, {{ u(IH * IW) }})), o);
 }
 {$ elif path == "gate" $}
 // The pool's input at flat index i (read through the elementwise step producing it, if fused).

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
 from ..ops import OPS
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, loop_capped, loop_guard
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +63,7 @@ class KernelContext:
         self.int64 = ("shader-int64" in device.features) if int64 is None else bool(int64)
         self.f16 = ("shader-f16" in device.features) if f16 is None else bool(f16)
         self.launches = []
+        self.loop_capped = loop_capped(device)  # (runtime/wgsl.py LOOP_BUDGET)
         self.alias_of = {}  # id(value) -> value it aliases (reshape and friends)
         self.out_slot = {}  # id(value) -> Ext it is written to directly
         self._prologue = False
@@ -99,13 +100,24 @@ class KernelContext:
         t = self.wtype(v)
         return {"i64": "u64", "u64": "u64", "i64e": "u64e", "u64e": "u64e", "f16": "f16"}.get(t, "u32")
 
-    def launch(self, kernel, args, groups):
+    def launch(self, kernel, args, groups, iters=None):
+        """Record a launch. `iters`: the kernel's worst-case loop iterations per invocation (an int
+        or a Sym), where its loops grow with a size: past runtime.wgsl.LOOP_BUDGET the build
+        fails naming the operator (llvmpipe would silently cut the loops)."""
         assert len(args) == len(kernel.bindings), kernel.name
+        if iters is not None:
+            node = self.step.node if self.step is not None else None
+            self.check_loops(node.op if node is not None else kernel.name, iters)
         if self.dims and kernel.reads_dims():
             kernel = dataclasses.replace(kernel, dims=self.dims)
         if not isinstance(groups, tuple):  # a Fold (dynamic/kernels.py) stays as it is
             groups = groups if hasattr(groups, "n") else tuple(groups)
         self.launches.append(Launch(kernel, list(args), groups, self._prologue))
+
+    def check_loops(self, where, iters):
+        """runtime.wgsl.loop_guard where the device may cut loops (loop_capped)."""
+        if self.loop_capped:
+            loop_guard(where, iters)
 
     def out(self, node, i=0):
         """The value a node's kernel writes for output i: with a fused epilogue, the

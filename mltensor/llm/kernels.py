@@ -71,4 +71,7 @@ def _lower(kc, node):
     bindings.append(Binding("out", "f32", True))
     args.append(kc.out(node))
     name = f"llm_gemv{bits}_{K}x{N}{'_zp' if at['has_zp'] else ''}_s{kc.wtype(node.inputs[2])}"
-    kc.launch(Kernel(name, "llm_gemv.wgsl", p, bindings), args, grid(-(-N // (WG * ROWS))))
+    # loops: K / 32 blocks of `bits` words (runtime/wgsl.py LOOP_BUDGET; K past ~190000 refused
+    # where the cap may apply)
+    kc.launch(Kernel(name, "llm_gemv.wgsl", p, bindings), args, grid(-(-N // (WG * ROWS))),
+              iters=(K // BLOCK) * (bits + 2) + 16)

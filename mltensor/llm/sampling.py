@@ -79,7 +79,12 @@ def _lower(kc, node):
     bindings.append(Binding("out", "i32", True))
     args.append(kc.out(node))
     mode = "greedy" if a["greedy"] else f"k{a['top_k']}_p{a['top_p']:g}"
-    kc.launch(Kernel(f"llm_sample_{V}_{mode}", "llm_sample.wgsl", p, bindings), args, (1, 1, 1))
+    # loops of a thread (runtime/wgsl.py LOOP_BUDGET): the maximum, the sum, each of the 32 radix
+    # rounds of top-k and of top-p walking V / WG logits (a tree of 8 each), two chunk walks and
+    # the first thread's two walks over the WG chunk sums: past ~220000 logits refused
+    ch, rounds = p["CH"], 32 * ((a["top_k"] > 0) + (a["top_p"] < 1.0))
+    iters = (2 + rounds) * (ch + 10) + 2 * (ch + 1) + 2 * (WG + 1) + 16
+    kc.launch(Kernel(f"llm_sample_{V}_{mode}", "llm_sample.wgsl", p, bindings), args, (1, 1, 1), iters=iters)
 
 
 class Sampler:

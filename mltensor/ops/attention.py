@@ -43,7 +43,7 @@ from ..dynamic.dims import Sym, cdiv, exact_div, high, low, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import Binding, Kernel, f32_lit, ld_st
+from ..runtime.wgsl import LOOP_BUDGET, Binding, Kernel, f32_lit, ld_st
 from . import check_bool, check_number, check_support, lowering, register, row_strides, same_type, unidirectional
 from .reduce import groups
 
@@ -288,7 +288,7 @@ def _lower_attention(kc, node):
         "sizes": [("SQ", wgsl(Sq)), ("SK", wgsl(Sk)), ("NB", wgsl(nb))],
         "scale": "", "has_bias": bias is not None, "has_cond": cond is not None,
         "bias_base": "", "bias_at": "", "cond_base": "", "cond_at": "", "where_value": "", "where_keeps": "true",
-        "REDUCE": False, "LD4": "vec4<f32>" if t == "f16" else "",
+        "REDUCE": False, "LD4": "vec4<f32>" if t == "f16" else "", "TPS": 0,
     }
     if a["scale_op"] is not None:
         params["scale"] = f" {'*' if a['scale_op'] == 'mul' else '/'} {f32_lit(a['scale'])}"
@@ -384,18 +384,54 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         cands = one
     if str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU":
         heur = 0
+
+    def fits(c):  # the one-workgroup-per-head decode kernel walks every key: only under the cap
+        if c["STAGE"] or c["SPLIT"]:
+            return True
+        per, fixed = _tile_iters(c, D, DV)
+        return cdiv(high(Sk), c["BK"]) * per + fixed <= LOOP_BUDGET
+
+    keep = [i for i, c in enumerate(cands) if fits(c)]  # (the split and tiled ones split keys)
+    heur = keep.index(heur) if heur in keep else 0
+    cands = [cands[i] for i in keep]
     scratch = {}
 
     def launches_of(c):
-        """[(Kernel, args, groups)] of configuration c: one kernel, or the split decode's two."""
+        """[(Kernel, args, groups)] of configuration c: one kernel, or the split decode's two, or
+        the tiled kernel's key split and its reduce."""
         kind = "tile" if c["STAGE"] else "split" if c["SPLIT"] else "dec"
         if c["SPLIT"]:
-            return _split_launches(kc, params, split, base, c, Sq, Sk, DV, nb, at, on, scratch)
+            return _split_launches(kc, params, split, base, c, Sq, Sk, D, DV, nb, at, on, scratch)
         # NB3: output blocks a thread owns (tiled kernel)
-        p = dict(params, **c, NB3=cdiv(c["BQ"] // 4 * cdiv(cdiv(DV, 4), c["RC4"]), c["WG"]))
+        p = dict(params, **c, NB3=cdiv(c["BQ"] // 4 * cdiv(cdiv(DV, 4), c["RC4"]), c["WG"]), TPS=0)
         blocks = f"r{c['RK4']}{c['RC4']}" if c["STAGE"] and (c["RK4"], c["RC4"]) != (1, 1) else ""
         name = f"{base}_{kind}{c['BQ']}x{c['BK']}w{c['WG']}{blocks}"
-        return [(Kernel(name, "attention.wgsl", p, bindings), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))]
+        per, fixed = _tile_iters(p, D, DV)
+        nkt = cdiv(high(Sk), c["BK"])
+        if nkt * per + fixed <= LOOP_BUDGET:
+            return [(Kernel(name, "attention.wgsl", p, bindings), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))]
+        if not c["STAGE"]:
+            kc.check_loops("_attention", nkt * per + fixed)  # (not a candidate then: attention_candidates)
+        # Keys past what one workgroup may walk (llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET:
+        # Sk ~13000 for lavapipe's tile): blocks of TPS tiles, a workgroup per (query tile, block)
+        # writing the block's partials of its rows, then the split decode's reduce kernel. TPS is
+        # fixed (not the block count), so a dynamic Sk gets a static build's blocks at every size.
+        tps = (LOOP_BUDGET - fixed) // per
+        nsb = cdiv(cdiv(Sk, c["BK"]), tps)
+        rows = high(nb) * high(Sq)
+        n = rows * cdiv(nkt, tps) * (DV + 2)
+        if n not in scratch:
+            scratch[n] = kc.scratch(4 * n)
+        part = scratch[n]
+        rb, ra = split["reads"]
+        p = dict(p, TPS=tps, act="")  # (no store goes through act() here)
+        first = (Kernel(f"{name}_ks{tps}", "attention.wgsl", p, rb + [Binding("pout", "f32", True)]), ra + [part],
+                 groups("_attention", nb * cdiv(Sq, c["BQ"]) * nsb * on))
+        red_b, red_a = split["reduce"]
+        pr = dict(p, REDUCE=True, WG=64, act=params["act"], KS=1, SPLIT=cdiv(nkt, tps))
+        second = (Kernel(f"{name}_ks{tps}_reduce", "attention.wgsl", pr, red_b), [part] + red_a[1:],
+                  groups("_attention", nb * Sq * on))
+        return [first, second]
 
     values = None
     if any(isinstance(x, Sym) for x in (Sq, Sk, nb)):  # timed at the maxima (of the variant's range)
@@ -434,7 +470,34 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         kc.launch(kern, largs, g)
 
 
-def _split_launches(kc, params, split, base, c, Sq, Sk, DV, nb, at, on, scratch):
+def _tile_iters(p, D, DV):
+    """(loop iterations per tile of keys, iterations outside the tile loop) of one invocation of
+    the tiled (STAGE) or one-workgroup-per-head decode kernel with parameters p, counting every
+    loop (llvmpipe counts a loop of n iterations as n + 1, and unrolls only some constant ones:
+    an over-estimate is safe) against runtime/wgsl.py LOOP_BUDGET."""
+    wg, bq, bk = p["WG"], p["BQ"], p["BK"]
+    if p["STAGE"]:
+        bq4, bk4 = bq // 4, bk // 4
+        kb, tpr = bk4 // p["RK4"], wg // bq
+        dvp = -(-(-(-DV // 4)) // p["RC4"]) * p["RC4"]
+        per = (1 + (-(-D * bk4 // wg) + 1) + -(-bq4 * kb // wg) * (D + 1) + 1 + 2 * (-(-bk // tpr) + 1)
+               + (-(-bk * dvp // wg) + 1) + 2 * (tpr + 1) + p["NB3"] * (bk + 1))
+        return per, -(-D * bq4 // wg) + 64
+    # decode kernel (one workgroup per head): per tile a thread's key (D), the row statistics
+    # (BK a row, rows in turn) and the outputs (the tile's keys, for each of its columns)
+    per = 1 + bq * (D + 1) + 4 * bq * (bk + 1) + -(-DV // wg) * bq * (bk + 1) + 16
+    return per, -(-bq * D // wg) + 64
+
+
+def _split_iters(c, D, DV, ks):
+    """Loop iterations per tile of keys of one invocation of the split decode kernel (as
+    _tile_iters)."""
+    rb, wg, bk = c["GR"] * c["BQ"], c["WG"], c["BK"]
+    tpr = wg // rb
+    return 1 + (D + 1) + 2 * (-(-bk // tpr) + 1) + 2 * (tpr + 1) + (-(-bk // ks) + 1)
+
+
+def _split_launches(kc, params, split, base, c, Sq, Sk, D, DV, nb, at, on, scratch):
     """The split decode (flash-decoding): partials of each (group of GR heads, block of keys),
     then one reduce workgroup per output row. The partials (maximum, sum, DV outputs per row,
     block and key slice) live in a scratch buffer sized for the most blocks."""
@@ -442,6 +505,10 @@ def _split_launches(kc, params, split, base, c, Sq, Sk, DV, nb, at, on, scratch)
     cols = DV // 4 if split["v4"] else DV  # a thread per column (or column quad) and key slice:
     ct = min(wg, cols)  # threads of a slice (NU columns each, CT apart)
     ks = wg // ct  # key slices of a tile (threads beyond the columns sum other keys)
+    # more blocks where a block's tiles would loop past llvmpipe's cap (runtime/wgsl.py
+    # LOOP_BUDGET): at most `tps` tiles a block
+    tps = (LOOP_BUDGET - 64 - D) // _split_iters(c, D, DV, ks)
+    c = dict(c, SPLIT=max(c["SPLIT"], cdiv(cdiv(high(Sk), c["BK"]), tps)))
     rows = high(nb) * min(high(Sq), high(at))
     n = rows * c["SPLIT"] * ks * (DV + 2)
     if n not in scratch:  # (one buffer for every candidate measured, and the launches)

@@ -25,7 +25,7 @@ from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, lit, store_fn
 from . import check_support, int_list, lowering, register, same_type
 from .matmul import _grid, gemm_launch, vec_loads
 
@@ -430,7 +430,9 @@ def _lower(kc, node, transposed):
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
                   _grid(cdiv(total, WORKGROUP), op))
         return
-    if ocg < 4 and not dwp:
+    # (the direct kernel unrolls the window and loops over the group's input channels: where that
+    # passes llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, the GEMM path splits K instead)
+    if ocg < 4 and not dwp and kh * kw * (high(icg) + 1) + 16 <= LOOP_BUDGET:
         # Few output channels (a segmentation head, the last upsampling): GEMM tiles would be
         # mostly padding, so one thread per output pixel computes its ocg channels directly
         # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).

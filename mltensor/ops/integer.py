@@ -35,7 +35,7 @@ import math
 from ..dynamic.dims import Sym, cdiv, high, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import MAX_GROUPS, Binding, Kernel, lit
+from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, grid, lit
 from . import MAX_RANK, broadcast_shapes, check_support, int_list, lowering, register
 from .matmul import _check_k, batch_offset_expr
 
@@ -252,10 +252,34 @@ def _launch(kc, node, name, params, bindings, args, M, N, batch):
     def whole(size, tile):  # every tile inside the matrix along this size, for every size
         return isinstance(size, int) and size % tile == 0
 
-    params.update(TX=tx, TY=ty, RM=rm, RN=rn, BK=bk, M=M, N=N,
+    # loops of an invocation (runtime/wgsl.py LOOP_BUDGET; a loop of n counts n + 1 on llvmpipe):
+    # per BK step, the step, A's and B's staging and the BK-deep products. Past the budget (K
+    # ~20000-40000 by tile) K is cut into SPLIT chunks of KCHUNK (a multiple of BK), each summed by
+    # its own workgroups into scratch, then added by a reduce kernel that stores (and requantizes)
+    per = 1 + cdiv(ty * rm * bk, 64) + 1 + cdiv(bk * tx * rn // 4, 64) + 1 + bk + 1
+    split = 1
+    while cdiv(high(K), split * bk) * per + 16 > LOOP_BUDGET:
+        split += 1
+    kchunk = cdiv(high(K), split * bk) * bk
+    split = cdiv(high(K), kchunk)
+    sizes = (("M", M), ("N", N), ("K", K), ("BATCH", batch), ("TOTAL", batch * M * N))
+    params.update(TX=tx, TY=ty, RM=rm, RN=rn, BK=bk, M=M, N=N, SPLIT=split, KCHUNK=kchunk, REDUCE=False,
                   check_a=not (whole(M, ty * rm) and whole(K, bk)), check_b=not (whole(K, bk) and whole(N, tx * rn)),
-                  sz={n: wgsl(v) if isinstance(v, Sym) else n for n, v in (("M", M), ("N", N), ("K", K))})
-    kc.launch(Kernel(f"{name}_t{ty * rm}x{tx * rn}", "integer.wgsl", params, bindings), args, groups)
+                  sz={n: wgsl(v) if isinstance(v, Sym) or n in ("BATCH", "TOTAL") else n for n, v in sizes})
+    kname = f"{name}_t{ty * rm}x{tx * rn}"
+    if split == 1:
+        kc.launch(Kernel(kname, "integer.wgsl", params, bindings), args, groups,
+                  iters=cdiv(high(K), bk) * per + 16)
+        return
+    if high(batch) * split > MAX_GROUPS:
+        raise NotSupportedError(f"[{node.op}] {high(batch)} x {split} K chunks exceed the per-dimension "
+                                f"workgroup limit {MAX_GROUPS}")
+    part = kc.scratch(4 * split * high(batch * M * N))
+    kc.launch(Kernel(f"{kname}_s{split}", "integer.wgsl", params, bindings + [Binding("part", "i32", True)]),
+              args + [part], groups[:2] + (batch * split,), iters=cdiv(kchunk, bk) * per + 16)
+    kc.launch(Kernel(f"{kname}_s{split}_reduce", "integer.wgsl", dict(params, REDUCE=True),
+                     bindings + [Binding("part", "i32")]), args + [part],
+              grid(cdiv(batch * M * N, WORKGROUP)), iters=split + 1)
 
 
 def _requant(kc, params, bindings, args, scale, zy, out, scale_idx, zy_idx):

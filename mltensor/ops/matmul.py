@@ -29,7 +29,7 @@ from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, f32_lit, grid, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, f32_lit, grid, store_fn
 from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, merge_dims, radix,
                register, row_strides, same_type, unidirectional)
 
@@ -204,6 +204,33 @@ def gemm_candidates(M, N, K, batch, smem_limit=None):
     return cands, h
 
 
+def _tiled_iters(c, kchunk, rms=False):
+    """Loop iterations of one invocation of the tiled kernel over kchunk of K: per BK step, the
+    step loop, the BK-deep compute loop (twice with the fused RMS prologue) and the staging loops
+    (AS / THREADS + BS / THREADS; the register blocks are unrolled), and a margin for the store.
+    llvmpipe counts a loop of n iterations as n + 1 (its exit test): measured, lavapipe's 128x8
+    tile (53 a step of 32) summed only the first 39560 of K = 40000-44000."""
+    threads, bk = c["TX"] * c["TY"], c["BK"]
+    per = (1 + (bk + 1) * (2 if rms else 1) + cdiv(c["TY"] * c["RM"] * bk // 4, threads) + 1
+           + cdiv(c["TX"] * c["RN"] * bk // 4, threads) + 1)
+    return cdiv(kchunk, bk) * per + 16
+
+
+def _loop_split(c, K, rms=False):
+    """The least split-K factor (at least the configuration's) keeping every invocation of the
+    tiled kernel under llvmpipe's loop cap (runtime/wgsl.py LOOP_BUDGET) for every allowed K:
+    K >= ~40000 on lavapipe's tile, which would otherwise silently sum only a prefix of K."""
+    split, bk = c["SPLIT"], c["BK"]
+    while _tiled_iters(c, cdiv(high(K), split * bk) * bk, rms) > LOOP_BUDGET:
+        split += 1
+    return split
+
+
+def _gemv_iters(K):
+    """Loop iterations of a GEMV invocation: its threads' walk over K (64 threads) and the tree."""
+    return cdiv(high(K), 64) + 16
+
+
 def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c, gate=None):
     """[(Kernel, args, groups)] of one configuration of the tiled path. Sizes may be Syms;
     `gate` (a _Bucket, gemm_launch): the sizes this variant runs at, checked at dispatch (else
@@ -217,6 +244,8 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
+    if not p["fused_store"]:  # (split-K cannot run a fused store: _no_split; the guard below refuses)
+        c = dict(c, SPLIT=_loop_split(c, K, bool(p["fused_rms"])))
     bm, bn, bk, split = c["TY"] * c["RM"], c["TX"] * c["RN"], c["BK"], c["SPLIT"]
     # the staging loops give each thread fixed m / k quads (setup_a, conv2d.wgsl's hoisting)
     assert (c["TX"] * c["TY"]) % (bm // 4) == 0 and bk % 4 == 0, c
@@ -244,6 +273,8 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     on = 1 if gate is None else gate.sym()
     if split > 1 and isinstance(kchunk, int):
         split = -(-K // kchunk)  # chunks actually used
+    kc.check_loops(_op_name(kc, name), _tiled_iters(c, cdiv(high(K), split * bk) * bk if split > 1 else high(K),
+                                                bool(p["fused_rms"])))
     p.update(tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles, kchunk=kchunk, SPLIT=split,
              sz=_sizes(M=M, N=N, K=K, BATCH=batch, TILES_M=tiles_m, TILES_N=tiles_n, TILES=tiles,
                        KCHUNK=kchunk))
@@ -386,6 +417,8 @@ def _variants(kc, cpu, M, N, K, batch):
     heuristic's tile, or with tuning the candidate list), along M or else N, into at most
     MAX_VARIANTS variants in all; each variant's kernels check its bucket at dispatch."""
     mlo, mhi = max(1, low(M)), high(M)
+    if _gemv_iters(K) > LOOP_BUDGET:  # K past ~3.8M: the GEMV's threads would loop past the cap
+        return [(False, None)]
     if not any(isinstance(x, Sym) for x in (M, N, K, batch)) or not isinstance(M, Sym) and not isinstance(N, Sym):
         return [(mhi <= GEMV_MAX_M, None)]
     hN, hK, hb = high(N), high(K), high(batch)
@@ -510,7 +543,15 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         kc.launch(k, a, g)
 
 
+def _op_name(kc, name):
+    """The operator a GEMM launch computes, for errors: the step's node, else the kernel name's head."""
+    step = kc.step
+    return step.node.op if step is not None and step.node is not None else name.split("_")[0]
+
+
 def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, gate=None):
+    # (_variants takes the tiled path, which splits K, where the GEMV would loop past the cap)
+    assert _gemv_iters(K) <= LOOP_BUDGET, (name, K)
     p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)

@@ -21,7 +21,7 @@ import math
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, low, smin, wgsl
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, grid, store_fn
 from . import MAX_RANK, check_support, lowering, register, same_type
 
 FLOAT = dtypes.FLOATS
@@ -197,7 +197,9 @@ def _lower_matmul_nbits(kc, node):
 def _gemv(kc, name, p, bindings, args, N, on):
     # decoding: a workgroup owns 4 output columns, its 64 threads split the row's words
     p = dict(p, path="gemv", COLS=cdiv(N, 4))
-    kc.launch(Kernel(f"{name}_gemv", "matmul_nbits.wgsl", p, bindings), args, grid(cdiv(N, 4) * on))
+    # (loops: the row's words over 64 threads, the tree; LOOP_BUDGET in runtime/wgsl.py)
+    kc.launch(Kernel(f"{name}_gemv", "matmul_nbits.wgsl", p, bindings), args, grid(cdiv(N, 4) * on),
+              iters=cdiv(p["KB"] * p["BS"] // p["VPW"], 64) + 16)
 
 
 def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
@@ -213,9 +215,31 @@ def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
         rm = rn = 4
     bm, bn = ty * rm, tx * rn
     tiles = cdiv(M, bm) * cdiv(N, bn)
-    p = dict(p, path="tiled", TX=tx, TY=ty, RM=rm, RN=rn, BK=32, TILES_N=cdiv(N, bn),
+    p = dict(p, path="tiled", SPLIT=1, KCHUNK=0, TX=tx, TY=ty, RM=rm, RN=rn, BK=32, TILES_N=cdiv(N, bn),
              TILES=wgsl(tiles) if isinstance(tiles, Sym) else f"{tiles}u")
-    kc.launch(Kernel(f"{name}_t{bm}x{bn}", "matmul_nbits.wgsl", p, bindings), args, grid(tiles * on))
+    # loops per BK step: the step, A's and B's staging, the products (runtime/wgsl.py LOOP_BUDGET,
+    # a loop of n counting n + 1). Past the budget (K ~26000 on lavapipe's tile) K is cut into
+    # SPLIT chunks of KCHUNK (whole BK steps), each summed into scratch, then added in order by a
+    # thread per output, which stores (with the bias)
+    per = 1 + cdiv(32 * bm, tx * ty) + 1 + cdiv(32 // p["VPW"] * bn, tx * ty) + 1 + 33
+    K = p["K"]
+    split = 1
+    while cdiv(K, 32 * split) * per + 16 > LOOP_BUDGET:
+        split += 1
+    kchunk = cdiv(K, 32 * split) * 32
+    split = cdiv(K, kchunk)
+    p = dict(p, SPLIT=split, KCHUNK=kchunk)
+    if split == 1:
+        kc.launch(Kernel(f"{name}_t{bm}x{bn}", "matmul_nbits.wgsl", p, bindings), args, grid(tiles * on),
+                  iters=cdiv(K, 32) * per + 16)
+        return
+    part = kc.scratch(4 * split * m_max * N)
+    kc.launch(Kernel(f"{name}_t{bm}x{bn}_s{split}", "matmul_nbits.wgsl", p,
+                     bindings + [Binding("part", "f32", True)]), args + [part], grid(tiles * split * on),
+              iters=cdiv(kchunk, 32) * per + 16)
+    kc.launch(Kernel(f"{name}_t{bm}x{bn}_s{split}_reduce", "matmul_nbits.wgsl", dict(p, path="reduce"),
+                     bindings + [Binding("part", "f32")]), args + [part],
+              grid(cdiv(M * N, WORKGROUP) * on), iters=split + 1)
 
 
 @lowering("_gather_nbits")

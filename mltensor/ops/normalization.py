@@ -22,10 +22,18 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..dynamic.dims import Sym, cdiv, high, low, wgsl
+from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
 from . import check_number, check_support, merge_dims, radix, register, row_strides
-from .reduce import WG, axes_option, groups, size_params, thread_flag
+from .reduce import CHUNK, MAX_SPLIT, SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU, WG, at_least, axes_option, groups, size_params, thread_flag
+
+# groups longer than this are normalized in chunks (split path, _lower_norm): as softmax rows, on
+# GPUs from 64K elements (one workgroup per group leaves a GPU idle), on CPU adapters from 512K
+# (well before llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, at ~1.28M)
+SPLIT_K, SPLIT_K_CPU = SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU
+# elements of a chunk (at least; more past MAX_SPLIT chunks): reduce.CHUNK on GPUs; on CPU
+# adapters 16x that (lavapipe pays per workgroup, and two cores are busy with a few chunks)
+CHUNK_CPU = 65536
 
 FLOAT = dtypes.FLOATS
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
@@ -251,13 +259,54 @@ def _lower_norm(kc, node, kept, red):
         bindings.append(Binding("xs", t, True))
         args.append(step.outputs[1])
     short = node.op.lstrip("_").split("_")[0]
+    tail = f"{_sb(scale, bias)}{'_src' if src is not None else ''}{_tag(kc, x)}"
+    # groups longer than this take the split path (1: every allowed size, else a Sym: at dispatch)
+    most = SPLIT_K_CPU if _cpu(kc) else SPLIT_K
+    split = at_least(K, most + 1)
     auto = ""
     if thr not in (0, 1):  # dynamic: the thread kernel's path too, where a static build takes it
         params["THR"] = wgsl(thr)
         auto = "_auto"
-    name = f"{short}norm_m{M}_k{K}{_sb(scale, bias)}{auto}_{mode[5:]}{'_src' if src is not None else ''}{_tag(kc, x)}"
-    n = cdiv(M, WORKGROUP) if mode == "norm_thread" else thr * cdiv(M, WG) + (1 - thr) * M
-    kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups(node.op, n))
+    if split != 1:
+        name = f"{short}norm_m{M}_k{K}{auto}_{mode[5:]}{tail}"
+        n = cdiv(M, WORKGROUP) if mode == "norm_thread" else thr * cdiv(M, WG) + (1 - thr) * M
+        # thread: 3 loops over K; group: 3 over K / WG, and 3 trees of log2(WG) (K: the longest
+        # group this kernel gets, at most `most` where some sizes split)
+        k = K if split == 0 else min(high(K), most)
+        iters = 3 * k if mode == "norm_thread" else 3 * cdiv(k, WG) + 18
+        kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups(node.op, n * (1 - split)),
+                  iters=iters)
+    if split != 0:
+        # S chunks of CHUNK elements per group: each chunk's (mean, sum of squared deviations)
+        # (two passes over the chunk), then a workgroup per chunk combines its group's S pairs
+        # (Chan et al.'s parallel variance, in a fixed order: every chunk of a group gets the same
+        # mean and variance) and normalizes the chunk. One workgroup looping over a group of
+        # ~1.4M elements passes llvmpipe's loop cap (runtime/wgsl.py LOOP_BUDGET) and leaves a
+        # GPU idle; a chunk loops 2 CHUNK / WG times, the combine 2 S / WG.
+        c0 = CHUNK_CPU if _cpu(kc) else CHUNK
+        S = smin(cdiv(K, c0), MAX_SPLIT)
+        chunk = cdiv(K, S)
+        if not isinstance(chunk, int):
+            chunk = smax(chunk, 1)
+        S = cdiv(K, chunk)
+        part = kc.scratch(4 * 2 * high(M) * min(cdiv(high(K), c0), MAX_SPLIT))
+        p = dict(params, THR="", **size_params(S=S, CHUNK=chunk))
+        # the stats pass binds only the group's source (src, or the fused step's inputs s0, ...)
+        n_src = 1 if src is None else len(ext)
+        kst = Kernel(f"{short}norm_m{M}_k{K}_stats{tail}", "normalization.wgsl", dict(p, mode="norm_stats", act="", scale=False, bias=False, xout=False),
+                     bindings[:n_src] + [Binding("part", "f32", True)])
+        # (the bounds of the size expressions are loose: the largest chunk and S, from the plan)
+        chunk_most, s_most = max(c0, cdiv(high(K), MAX_SPLIT)), MAX_SPLIT
+        iters = 2 * cdiv(chunk_most, WG) + 12
+        kc.launch(kst, args[:n_src] + [part], groups(node.op, M * S * split), iters=iters)
+        kap = Kernel(f"{short}norm_m{M}_k{K}_apply{tail}", "normalization.wgsl", dict(p, mode="norm_apply"),
+                     bindings + [Binding("part", "f32")])
+        kc.launch(kap, args + [part], groups(node.op, M * S * split),
+                  iters=2 * cdiv(s_most, WG) + cdiv(chunk_most, WG) + 12)
+
+
+def _cpu(kc):
+    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 
 register("batch_normalization",

@@ -25,15 +25,25 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
+from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, smin, wgsl
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
 from . import FAST_DIV_MAX, check_support, index_lines, int_list, lowering, register
-from .reduce import at_least
+from .reduce import CHUNK, MAX_SPLIT, at_least
 from .reduce import groups as groups_for
 
 GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
 GLOBAL_WG = 64  # threads of a global-path workgroup (shaders/pool.wgsl)
+# from this plane size a whole-plane pool is cut into chunks of reduce.CHUNK (S per output, at most
+# reduce.MAX_SPLIT), pooled by a workgroup each, then combined: 64 threads walking a plane of
+# 2048x2048 loop past llvmpipe's cap (runtime/wgsl.py LOOP_BUDGET), and few outputs of a large
+# plane leave a GPU (or lavapipe's second core) idle
+GLOBAL_SPLIT = 65536
+CHUNK_CPU = 65536  # a chunk on CPU adapters (on GPUs reduce.CHUNK): lavapipe pays per workgroup
+
+
+def _cpu(kc):
+    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 # Builder methods taking operands with dynamic dimensions (batch, channels, plane)
 DYNAMIC_OPS = frozenset({"average_pool2d", "l2_pool2d", "max_pool2d"})
@@ -175,11 +185,37 @@ def _lower(kc, node, mode):
     bindings, args = [Binding("x", st), Binding("out", st, True)], [x, out]
     params["act"] = kc.epilogue(bindings, args)
     k = Kernel(name, "pool.wgsl", params, tuple(bindings))
+    plane = kh * kw
     if path == "window":
-        groups = cdiv(total, WORKGROUP)
-    else:
+        # the window's loops: at most its kh * kw elements (checked: a huge non-global window)
+        kc.launch(k, args, groups_for(node.op, cdiv(total, WORKGROUP)), iters=high(kh) * high(kw) + high(kh))
+        return
+    # a plane larger than GLOBAL_SPLIT (1 for every allowed size, or a Sym: at dispatch): chunks
+    split = at_least(plane, GLOBAL_SPLIT + 1)
+    if split != 1:  # one workgroup per output: the plane / 64 a thread, a tree of 6
+        most = plane if split == 0 else min(high(plane), GLOBAL_SPLIT)
         groups = big * total + (1 - big) * cdiv(total, GLOBAL_WG)
-    kc.launch(k, args, groups_for(node.op, groups))
+        kc.launch(k, args, groups_for(node.op, groups * (1 - split)), iters=cdiv(most, GLOBAL_WG) + 6)
+    if split != 0:
+        # S workgroups per output each pool a chunk of CHUNK elements into `part` (in T), then one
+        # thread per output combines its S partials in order. One workgroup walking a 2048x2048
+        # plane loops past llvmpipe's cap (runtime/wgsl.py LOOP_BUDGET) and leaves a GPU idle.
+        c0 = CHUNK_CPU if _cpu(kc) else CHUNK
+        S = smin(cdiv(plane, c0), MAX_SPLIT)
+        chunk = cdiv(plane, S)
+        if not isinstance(chunk, int):
+            chunk = smax(chunk, 1)
+        S = cdiv(plane, chunk)
+        chunk_most = max(c0, cdiv(high(plane), MAX_SPLIT))  # (bounds of the expressions are loose)
+        part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * high(total) * min(cdiv(high(plane), c0), MAX_SPLIT))
+        p = dict(params, S=S, CHUNK=chunk, auto=0)
+        p.pop("coords", None)
+        k1 = Kernel(name + "_partial", "pool.wgsl", dict(p, path="global_part", act="", ST=""),
+                    (Binding("x", st), Binding("part", t, True)))
+        kc.launch(k1, [x, part], groups_for(node.op, total * S * split), iters=cdiv(chunk_most, GLOBAL_WG) + 6)
+        k2 = Kernel(name + "_final", "pool.wgsl", dict(p, path="global_final", LD=""),
+                    (Binding("part", t),) + tuple(bindings[1:]))
+        kc.launch(k2, [part] + args[1:], groups_for(node.op, cdiv(total, WORKGROUP) * split), iters=MAX_SPLIT)
 
 
 def lower_gate(kc, step):
@@ -252,7 +288,12 @@ def lower_gate(kc, step):
     params.update(layers=layers, CMAX=widest)
     name = (f"gate_{layout}_{t}_{'pool' if pool else 'fc'}"
             + "".join(f"_{f['I']}x{f['O']}" for f in layers) + ("_src" if step.source is not None else ""))
-    kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings)), args, grid(nb))
+    # loops of a thread: the pool's passes over channel blocks (each a walk of the plane and a
+    # tree), then each layer's outputs times its inputs (fuse_gates bounds both: GATE_MAX_*)
+    iters = sum(-(-f["O"] // WORKGROUP) * f["I"] for f in layers) + -(-c // WORKGROUP)
+    if pool:
+        iters += -(-c // (lanes if nhwc else WORKGROUP // lanes)) * (-(-hw // (WORKGROUP // lanes if nhwc else lanes)) + 8)
+    kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings)), args, grid(nb), iters=iters)
 
 
 for _name, _mode in (("average_pool2d", "avg"), ("l2_pool2d", "l2"), ("max_pool2d", "max")):

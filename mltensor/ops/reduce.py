@@ -270,11 +270,14 @@ def _lower_reduce(kc, node):
     if kind == "thread":
         k = Kernel(f"reduce_{tag}_thread", "reduce.wgsl", dict(params, mode="thread", **size_params(S=1, CHUNK=K)),
                    (Binding("src", st), Binding("dst", st, True)))
-        kc.launch(k, [x, out], groups(where, cdiv(M, WORKGROUP)))
+        kc.launch(k, [x, out], groups(where, cdiv(M, WORKGROUP)), iters=high(K) + 2)
     elif kind == "group":
         k = Kernel(f"reduce_{tag}_group", "reduce.wgsl", dict(params, mode="group", **size_params(S=1, CHUNK=K)),
                    (Binding("src", st), Binding("dst", st, True)))
-        kc.launch(k, [x, out], groups(where, thr * cdiv(M, WG) + (1 - thr) * M))
+        # (llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET: K / WG a thread, reached only by
+        # 256+ outputs of 3.8M+ elements, more than a buffer holds; the guard says so if ever)
+        kc.launch(k, [x, out], groups(where, thr * cdiv(M, WG) + (1 - thr) * M),
+                  iters=cdiv(high(K), WG) + 8 + (thr != 0) * THREAD_MAX_K_MANY)
     elif isinstance(M, int) and isinstance(K, int):
         chunk = -(-K // S)
         S = -(-K // chunk)

@@ -32,7 +32,7 @@ from .. import dtypes
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel
 from . import check_bool, check_support, lowering, register
 from .reduce import groups
 
@@ -95,8 +95,11 @@ def candidates(rows, n, k, kw, storage):
         wg_max = WORKGROUP
         while wg_max > 32 and wg_max // 2 * k * (kw + 1) * 4 > WG_STORAGE:
             wg_max //= 2
-        out.append(("reg", 1, 32))
-        if wg_max > 32 and n > 256:
+        # one workgroup a row: n / WG elements a thread, only under llvmpipe's loop cap
+        # (runtime/wgsl.py LOOP_BUDGET: 32 threads past ~1.9M elements silently kept a prefix)
+        if _reg_iters(n, 1, 32, k) <= LOOP_BUDGET:
+            out.append(("reg", 1, 32))
+        if wg_max > 32 and n > 256 and _reg_iters(n, 1, wg_max, k) <= LOOP_BUDGET:
             out.append(("reg", 1, wg_max))
         s = min(-(-n // SPLIT_MIN), -(-TARGET_GROUPS // rows))
         if s > 1:
@@ -110,6 +113,12 @@ def candidates(rows, n, k, kw, storage):
             seen.add(bc)
             out.append(("block", bc))
     return out
+
+
+def _reg_iters(n, s, wg, k):
+    """Loop iterations of a thread of the "reg" kernel: its strided part of a chunk, then log2(WG)
+    merge rounds of up to k insertions."""
+    return -(-(-(-n // s)) // wg) + 1 + wg.bit_length() * (k + 2) + 8
 
 
 def heuristic(cands, rows, n, k, kw, cpu):
@@ -127,7 +136,8 @@ def heuristic(cands, rows, n, k, kw, cpu):
         return find("row", REG_MAX_K) if i is None else i
     if cpu:
         i = find("row", n) if rows >= 16 else None
-        return find("reg", 1, 32) if i is None else i
+        i = find("reg", 1, 32) if i is None else i
+        return find("row", ROW_CHUNK) if i is None else i  # (a row past the loop cap: chunks)
     if n <= 64 or (n <= ROW_MAX_N and rows >= 8192):  # a thread a row fills the GPU
         return find("row", n)
     for i, c in enumerate(cands):
@@ -135,7 +145,8 @@ def heuristic(cands, rows, n, k, kw, cpu):
             return i
     if n > 2048:
         i = find("reg", 1)
-        return next((j for j, c in enumerate(cands) if c[0] == "reg" and c[1] == 1 and c[2] > 32), i)
+        i = next((j for j, c in enumerate(cands) if c[0] == "reg" and c[1] == 1 and c[2] > 32), i)
+        return find("row", ROW_CHUNK) if i is None else i  # (a row past the loop cap: chunks)
     return find("reg", 1, 32)
 
 

@@ -22,6 +22,39 @@ from ..errors import OperationError
 
 WORKGROUP = 256  # threads per 1-D workgroup: software adapters and GPUs both like 256
 MAX_GROUPS = 65535
+# Mesa's llvmpipe (lavapipe, the software Vulkan adapter CI and every no-GPU user runs on) ends
+# the loops of an invocation silently once it has run 65535 loop iterations in total (all its
+# loops, a nested loop's iterations each counted; loops the compiler unrolls not): no error, the
+# results are just wrong (one thread summing 100000 ones wrote 65535). A kernel whose loops grow
+# with a size declares its worst-case count per invocation (KernelContext.launch(iters=), through
+# loop_guard) and its lowering picks a variant splitting the work across invocations before the
+# count passes LOOP_BUDGET (margin for the few fixed loops a count leaves out: barriers' trees,
+# combine loops); a declared count past it is refused with an error naming the operator.
+LLVMPIPE_LOOP_CAP = 65535
+LOOP_BUDGET = 60000
+
+
+def loop_capped(device):
+    """The device may cut loops (a CPU adapter: Mesa's llvmpipe), or MLTENSOR_LOOP_CAP=1 (tests on
+    a GPU). Split variants are chosen from the sizes on every adapter (they are also what a GPU
+    wants); a kernel with no variant below the budget is refused only where the cap may apply."""
+    if os.environ.get("MLTENSOR_LOOP_CAP", "") not in ("", "0"):
+        return True
+    return str(device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+
+
+def loop_guard(where, iters):
+    """NotSupportedError naming `where` when some allowed size gives an invocation more than
+    LOOP_BUDGET loop iterations (`iters`: an int or a Sym, its largest value counts)."""
+    from ..dynamic.dims import high
+    from ..errors import NotSupportedError
+
+    n = high(iters)
+    if n > LOOP_BUDGET:
+        raise NotSupportedError(
+            f"[{where}] a kernel would loop up to {n} times in one invocation, more than the "
+            f"{LOOP_BUDGET} allowed (Mesa's llvmpipe silently stops an invocation's loops after "
+            f"{LLVMPIPE_LOOP_CAP} iterations, giving wrong results); no split variant covers this size")
 
 
 def _shader_dir():
