@@ -296,7 +296,13 @@ fn stage_b{{ sfx }}(bt: u32, n0: u32, k0: u32, o: u32, li: u32) {
 {{ pad }}stage_b(bt, n0, {{ k }}, {{ ob }}, li);{$ endif $}{$ endmacro $}
 // RM x RN outputs of this thread += the staged tiles at offsets oa, ob (BK steps).
 {$ macro compute(oa, ob) $}
-        for (var kk = 0u; kk < BK; kk = kk + 1u) {
+{$ set ku = KU | default(1) $}
+        // KU > 1 (the post-norm kernel, whose workgroups walk every column tile): KU steps of k
+        // per iteration, so that the invocation's loop count stays under llvmpipe's cap
+        for (var k4 = 0u; k4 < BK; k4 = k4 + {{ ku }}u) {
+{$ for u in range(ku) $}
+        {
+            let kk = k4 + {{ u }}u;
 {$ for j in range(RN // 4) $}
             let bv{{ j }} = Bs[{{ ob }}kk * BQ + tx * {{ RN // 4 }}u + {{ j }}u];
 {$ endfor $}
@@ -307,6 +313,8 @@ fn stage_b{{ sfx }}(bt: u32, n0: u32, k0: u32, o: u32, li: u32) {
             acc{{ 4 * q + i }}_{{ j }} = fma(vec4<f32>(av{{ q }}.{{ "xyzw"[i] }}), bv{{ j }}, acc{{ 4 * q + i }}_{{ j }});
 {$ endfor $}
 {$ endfor $}
+{$ endfor $}
+        }
 {$ endfor $}
         }
 {$ endmacro $}

@@ -332,7 +332,7 @@ def test_layer_norm_after_gemm_every_candidate(ctx, rng, post_norm, monkeypatch,
 
     s64 = x.astype(np.float64) @ W + r
     want = {"z": _ln_ref(s64, G, 0.0, 1e-5), "s": s64, "z2": _ln_ref(x.astype(np.float64) @ W2 + r, 1.0, 0.0, 1e-5)}
-    n = len(matmul_ops._post_norm_cands(*gemm_candidates(M, N, K, 1))[0])
+    n = len(matmul_ops._post_norm_cands(*gemm_candidates(M, N, K, 1), N, K)[0])
     assert n >= 3
     for i in range(n):
         with autotune.force(i):
@@ -342,6 +342,27 @@ def test_layer_norm_after_gemm_every_candidate(ctx, rng, post_norm, monkeypatch,
             g.destroy()
         for k, w in want.items():
             _close(got[k], w, "float32", f"{k} candidate {i}")
+
+
+@pytest.mark.parametrize("K,N,fused", [(4096, 1024, True), (8192, 2048, False)], ids=["bert_large", "too_long"])
+def test_layer_norm_after_long_gemm(ctx, rng, post_norm, K, N, fused):
+    """A workgroup of the GEMM + LayerNorm walks N x K of its rows in one invocation, past
+    llvmpipe's 65535 loop iterations (silently cut: wrong sums) with BERT-large's FFN (K 4096,
+    N 1024) on the 64x64 tile; a tile that fits is taken (its compute loop KU steps of k at
+    a time), and where none fits the normalization stays a kernel of its own."""
+    M = 6
+    W = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+    assert matmul_ops.post_norm_fits(M, N, K) == fused
+
+    def fn(b, i):
+        return {"z": b.layer_normalization(b.add(b.matmul(i["x"], b.constant(W)), i["r"]), axes=[1])}
+
+    def ref(f):
+        return {"z": _ln_ref(f["x"].astype(np.float64) @ W + f["r"], 1.0, 0.0, 1e-5)}
+
+    feeds = [{"x": rng.standard_normal((M, K)).astype(np.float32), "r": rng.standard_normal((M, N)).astype(np.float32)}]
+    names = _check(ctx, {"x": (M, K), "r": (M, N)}, fn, ref, feeds, kernels=1 if fused else 2)
+    assert not FUSION or any("_ln" in n for n in names) == fused, names
 
 
 @pytest.mark.parametrize("what", ["two_axes", "norm_epilogue", "late_scale"])

@@ -21,9 +21,10 @@ import os
 import numpy as np
 
 from .. import dtypes
-from ..dynamic.dims import Sym, is_static, wgsl
+from ..dynamic.dims import Sym, high, is_static, wgsl
 from ..front.builder import MLOperand, Node
 from ..ops import OPS
+from ..ops.matmul import post_norm_fits
 from .attention import fuse_attention
 
 # Storage buffers one fused kernel may bind, whatever the adapter allows (and never more than it
@@ -687,6 +688,12 @@ def fuse_post_norms(steps, consumers, out_values, max_inputs):
                     or len(gn.outputs) != 1 or not _row_view(gn.outputs[0], plan.segments[0])):
                 continue
         else:
+            continue
+        # its workgroups walk whole rows (N x K a row) in one invocation: only where a tile keeps
+        # that under llvmpipe's loop cap (BERT-large's 1024 x 4096 FFN does not: two kernels)
+        a = gn.attrs["plan"].a if gn.op == "_fused_matmul" else gn.inputs[0]
+        rows = math.prod(high(d) for d in x.shape[:-1])
+        if not post_norm_fits(rows, x.shape[-1], a.shape[-1]):
             continue
         # the sum read elsewhere too (a pre-norm residual stream: ViT) or an output: the kernel
         # keeps storing it, and writes the normalized rows to the normalization's output

@@ -204,14 +204,15 @@ def gemm_candidates(M, N, K, batch, smem_limit=None):
     return cands, h
 
 
-def _tiled_iters(c, kchunk, rms=False):
+def _tiled_iters(c, kchunk, rms=False, ku=1):
     """Loop iterations of one invocation of the tiled kernel over kchunk of K: per BK step, the
-    step loop, the BK-deep compute loop (twice with the fused RMS prologue) and the staging loops
-    (AS / THREADS + BS / THREADS; the register blocks are unrolled), and a margin for the store.
-    llvmpipe counts a loop of n iterations as n + 1 (its exit test): measured, lavapipe's 128x8
-    tile (53 a step of 32) summed only the first 39560 of K = 40000-44000."""
+    step loop, the BK-deep compute loop (BK / ku: `ku` steps of k an iteration; the RMS
+    prologue's loop besides) and the staging loops (AS / THREADS + BS / THREADS; the register
+    blocks are unrolled), and a margin for the store. llvmpipe counts a loop of n iterations as
+    n + 1 (its exit test): measured, lavapipe's 128x8 tile (53 a step of 32) summed only the
+    first 39560 of K = 40000-44000."""
     threads, bk = c["TX"] * c["TY"], c["BK"]
-    per = (1 + (bk + 1) * (2 if rms else 1) + cdiv(c["TY"] * c["RM"] * bk // 4, threads) + 1
+    per = (1 + (bk // ku + 1) + (bk + 1 if rms else 0) + cdiv(c["TY"] * c["RM"] * bk // 4, threads) + 1
            + cdiv(c["TX"] * c["RN"] * bk // 4, threads) + 1)
     return cdiv(kchunk, bk) * per + 16
 
@@ -224,6 +225,26 @@ def _loop_split(c, K, rms=False):
     while _tiled_iters(c, cdiv(high(K), split * bk) * bk, rms) > LOOP_BUDGET:
         split += 1
     return split
+
+
+POST_NORM_KU = 4  # k steps an iteration of the post-norm kernel's compute loop (matmul.wgsl KU)
+
+
+def _post_norm_iters(c, N, K):
+    """Loop iterations of one invocation of a GEMM + normalization (post_ln): the K walk of every
+    column tile of its rows, then per row it normalizes (BM / THREADS rows a thread) the mean,
+    deviation and store walks over N and the row loop."""
+    threads, bm, bn = c["TX"] * c["TY"], c["TY"] * c["RM"], c["TX"] * c["RN"]
+    return (cdiv(N, bn) * (1 + _tiled_iters(c, high(K), ku=POST_NORM_KU))
+            + cdiv(bm, threads) * (3 * (N + 1) + 1) + 1)
+
+
+def post_norm_fits(M, N, K):
+    """A GEMM of these sizes can take the normalization after it (compiler/passes.py
+    fuse_post_norms): some tile of _post_norm_cands keeps its invocations under the loop
+    budget (its workgroups walk whole rows, and cannot split K)."""
+    cands, _ = gemm_candidates(high(M), N, high(K), 1)
+    return bool(_post_norm_cands(cands, 0, N, K)[0])
 
 
 def _gemv_iters(K):
@@ -244,7 +265,10 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
-    if not p["fused_store"]:  # (split-K cannot run a fused store: _no_split; the guard below refuses)
+    if p["post_ln"]:  # whole rows a workgroup, no split (_post_norm_cands keeps the tiles that fit)
+        p["KU"] = POST_NORM_KU
+        kc.check_loops(_op_name(kc, name), _post_norm_iters(c, N, K))
+    elif not p["fused_store"]:  # (split-K cannot run a fused store: _no_split; the guard below refuses)
         c = dict(c, SPLIT=_loop_split(c, K, bool(p["fused_rms"])))
     bm, bn, bk, split = c["TY"] * c["RM"], c["TX"] * c["RN"], c["BK"], c["SPLIT"]
     # the staging loops give each thread fixed m / k quads (setup_a, conv2d.wgsl's hoisting)
@@ -502,7 +526,7 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         if params.get("fused_store"):
             cands, heur = _no_split(cands, heur, params.get("fused_w", 4))
         if params.get("post_ln"):
-            cands, heur = _post_norm_cands(cands, heur)
+            cands, heur = _post_norm_cands(cands, heur, hN, hK)
         launches = lambda c: _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, c, gate)  # noqa: E731
         if cpu:
             heur = 0
@@ -740,13 +764,14 @@ def _no_split(cands, heur, w=4):
     return out, out.index(pick) if pick in out else 0
 
 
-def _post_norm_cands(cands, heur):
+def _post_norm_cands(cands, heur, N, K):
     """Candidates of a GEMM whose workgroups own whole rows (Step.post_norm): no split-K (its
-    partial sums are not the rows' values). (lavapipe's 64-row tile stays: 32-row tiles, twice
+    partial sums are not the rows' values), and a walk over the row's N x K under the loop
+    budget (post_norm_fits: the pass fuses only where one is left). (lavapipe's 64-row tile stays: 32-row tiles, twice
     the workgroups, measured 1.45x slower there for BERT's 128 x 3072 x 768 + LayerNorm, their
     4 x 8 blocks doing half the FMAs per staged load; the 64-row one is on par with the GEMM
     and the normalization kernel it replaces.)"""
-    keep = [c for c in cands if c["SPLIT"] == 1]
+    keep = [c for c in cands if c["SPLIT"] == 1 and _post_norm_iters(c, N, K) <= LOOP_BUDGET]
     return keep, keep.index(cands[heur]) if cands[heur] in keep else 0
 
 
