@@ -22,10 +22,10 @@ import math
 
 from .. import dtypes
 from ..front.builder import builder_op
-from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
+from ..dynamic.dims import Sym, cdiv, high, low, wgsl
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
 from . import check_number, check_support, merge_dims, radix, register, row_strides
-from .reduce import CHUNK, MAX_SPLIT, SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU, WG, at_least, axes_option, groups, size_params, thread_flag
+from .reduce import CHUNK, MAX_SPLIT, SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU, WG, at_least, axes_option, chunks, groups, size_params, thread_flag
 
 # groups longer than this are normalized in chunks (split path, _lower_norm): as softmax rows, on
 # GPUs from 64K elements (one workgroup per group leaves a GPU idle), on CPU adapters from 512K
@@ -284,12 +284,8 @@ def _lower_norm(kc, node, kept, red):
         # ~1.4M elements passes llvmpipe's loop cap (runtime/wgsl.py LOOP_BUDGET) and leaves a
         # GPU idle; a chunk loops 2 CHUNK / WG times, the combine 2 S / WG.
         c0 = CHUNK_CPU if _cpu(kc) else CHUNK
-        S = smin(cdiv(K, c0), MAX_SPLIT)
-        chunk = cdiv(K, S)
-        if not isinstance(chunk, int):
-            chunk = smax(chunk, 1)
-        S = cdiv(K, chunk)
-        part = kc.scratch(4 * 2 * high(M) * min(cdiv(high(K), c0), MAX_SPLIT))
+        S, chunk, most = chunks(K, c0)
+        part = kc.scratch(4 * 2 * high(M) * most)
         p = dict(params, THR="", **size_params(S=S, CHUNK=chunk))
         # the stats pass binds only the group's source (src, or the fused step's inputs s0, ...)
         n_src = 1 if src is None else len(ext)

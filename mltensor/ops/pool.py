@@ -25,11 +25,11 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, smin, wgsl
+from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
 from . import FAST_DIV_MAX, check_support, index_lines, int_list, lowering, register
-from .reduce import CHUNK, MAX_SPLIT, at_least
+from .reduce import CHUNK, MAX_SPLIT, at_least, chunks
 from .reduce import groups as groups_for
 
 GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
@@ -201,13 +201,9 @@ def _lower(kc, node, mode):
         # thread per output combines its S partials in order. One workgroup walking a 2048x2048
         # plane loops past llvmpipe's cap (runtime/wgsl.py LOOP_BUDGET) and leaves a GPU idle.
         c0 = CHUNK_CPU if _cpu(kc) else CHUNK
-        S = smin(cdiv(plane, c0), MAX_SPLIT)
-        chunk = cdiv(plane, S)
-        if not isinstance(chunk, int):
-            chunk = smax(chunk, 1)
-        S = cdiv(plane, chunk)
+        S, chunk, most = chunks(plane, c0)
         chunk_most = max(c0, cdiv(high(plane), MAX_SPLIT))  # (bounds of the expressions are loose)
-        part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * high(total) * min(cdiv(high(plane), c0), MAX_SPLIT))
+        part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * high(total) * most)
         p = dict(params, S=S, CHUNK=chunk, auto=0)
         p.pop("coords", None)
         k1 = Kernel(name + "_partial", "pool.wgsl", dict(p, path="global_part", act="", ST=""),

@@ -47,6 +47,17 @@ MAX_SPLIT = 1024  # partials per output in the two-level scheme (the final pass 
 SOFTMAX_SPLIT_K = 65536
 SOFTMAX_SPLIT_K_CPU = 524288
 
+
+def chunks(K, c0):
+    """(S, chunk, most): a line of K elements cut into S chunks of `chunk` elements, about c0
+    each and at most MAX_SPLIT of them (longer chunks past that); K may be a Sym, S and chunk
+    then follow it at dispatch. `most`: the most chunks any allowed K takes (scratch sizes)."""
+    S = smin(cdiv(K, c0), MAX_SPLIT)
+    chunk = cdiv(K, S)
+    if not isinstance(chunk, int):
+        chunk = smax(chunk, 1)
+    return cdiv(K, chunk), chunk, min(cdiv(high(K), c0), MAX_SPLIT)
+
 FLOAT = dtypes.FLOATS
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/): any axes may be
 # dynamic, reduced or kept.
@@ -361,12 +372,8 @@ def _lower_softmax(kc, node):
     if split != 0:
         # S chunks of CHUNK elements per row: each chunk's (max, sum of exp(x - max)), then one
         # workgroup per chunk combines its row's S pairs and normalizes the chunk
-        S = smin(cdiv(K, CHUNK), MAX_SPLIT)
-        chunk = cdiv(K, S)
-        if not isinstance(chunk, int):
-            chunk = smax(chunk, 1)
-        S = cdiv(K, chunk)
-        part = kc.scratch(4 * 2 * high(rows) * min(cdiv(high(K), CHUNK), MAX_SPLIT))
+        S, chunk, most = chunks(K, CHUNK)
+        part = kc.scratch(4 * 2 * high(rows) * most)
         p = dict(params, lse=True, THR="", **size_params(S=S, CHUNK=chunk))
         k1 = Kernel(f"softmax_{tag}_partial", "reduce.wgsl", dict(p, mode="partial", ST=""),
                     (Binding("src", t), Binding("part", "f32", True)))
