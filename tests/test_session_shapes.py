@@ -165,3 +165,33 @@ async def test_run_async_at_two_sizes_concurrently(ctx, model, ref, rng):
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
     sess.close()
+
+
+@pytest.mark.parametrize("mode,ctm,nearest,scale,one_build", [
+    ("nearest", "asymmetric", "floor", 2.0, True), ("linear", "half_pixel", "", 2.0, True),
+    ("nearest", "half_pixel", "round_prefer_floor", 4.0, True), ("linear", "half_pixel", "", 0.5, False),
+    ("linear", "half_pixel", "", 1.5, False), ("nearest", "asymmetric", "round_prefer_floor", 2.0, False)])
+def test_resize_by_scales_of_dynamic_sizes(ctx, rng, mode, ctm, nearest, scale, one_build):
+    """Resize by constant scales (a detector's FPN: x2 upsampling, then an add with the finer
+    level; PP-OCR's det) on symbolic H and W: the output size floor(n * scale) is a size
+    expression, so where WebNN's resample2d computes what ONNX asks (integer scales, its
+    coordinate modes) one build serves every size; the rest takes the interpolation matrices
+    of the static path, a build per size as before. Every size against onnxruntime."""
+    kw = {"nearest_mode": nearest} if nearest else {}
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=ctm,
+                              **kw),
+             helper.make_node("Relu", ["y"], ["z"])]
+    sc = numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales")
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "H", "W"])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [sc])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = InferenceSession(m, ctx, cache=False)
+    sizes = [(6, 8), (10, 6), (7, 9), (6, 8)]
+    for h, w in sizes:
+        x = rng.standard_normal((1, 2, h, w)).astype(np.float32)
+        (got,), (want,) = sess.run(None, {"x": x}), ref.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert sess.stats["dynamic"] is one_build, sess.stats["static_reason"]
+    assert sess.stats["builds"] == (1 if one_build else len(set(sizes)))

@@ -1,12 +1,36 @@
 """ONNX Resize / Upsample."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
+from ...dynamic.dims import Sym
 from . import const, is_float, norm_axis, op, prod, unsupported, X
 
 # -- resize ----------------------------------------------------------------------------------------
+
+
+def _scaled(n, v):
+    """ONNX's output size floor(n * scale). With a dynamic size n (a Sym) only a scale that is a
+    small exact fraction (2.0, 0.5, 1.5: the upsampling of detectors and FPNs) keeps one build
+    for every size: floor(n * p / q) exactly, as the float product gives for such scales."""
+    if not isinstance(n, Sym):
+        return int(math.floor(n * v))
+    f = Fraction(v)
+    if f <= 0 or f.denominator > 64 or f.numerator > 1 << 16:
+        unsupported(f"Resize with scale {v} of a dynamic dimension (only small exact fractions "
+                    "such as 2, 0.5 or 1.5 keep one build for every size)")
+    return n * f.numerator // f.denominator
+
+
+def _whole(n, v):
+    """n * scale is a whole number: WebNN's resample maps coordinates with out / in, ONNX with the
+    given scale; they agree where that ratio is the scale (for a dynamic n: an integer scale)."""
+    if isinstance(n, Sym):
+        return float(v).is_integer()
+    return float(v * n).is_integer()
+
 
 
 @op("Resize", "Upsample", attrs=("mode", "coordinate_transformation_mode", "nearest_mode",
@@ -56,7 +80,7 @@ def _resize(im, node, ins, attrs):
     elif scales is not None:
         for a, v in zip(axes, scales):
             full_scales[a] = v
-            full_sizes[a] = int(math.floor(x.shape[a] * v))
+            full_sizes[a] = _scaled(x.shape[a], v)
     changed = [a for a in range(r) if full_sizes[a] != x.shape[a] or full_scales[a] != 1.0]
     if not changed:
         return im.b.identity(x)
@@ -70,10 +94,10 @@ def _resize(im, node, ins, attrs):
         ok = ctm == "half_pixel"
     elif ok:
         integer_up = all(float(full_scales[a]).is_integer() and full_scales[a] >= 1 and
-                         full_sizes[a] == x.shape[a] * full_scales[a] for a in changed)
+                         full_sizes[a] == x.shape[a] * int(full_scales[a]) for a in changed)
         ok = integer_up and ((ctm == "asymmetric" and nearest == "floor") or (
             ctm in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor", "round_prefer_ceil")))
-    if sizes is None and any(not float(full_scales[a] * x.shape[a]).is_integer() for a in changed):
+    if sizes is None and any(not _whole(x.shape[a], full_scales[a]) for a in changed):
         ok = False  # ONNX maps coordinates with the given scale, WebNN with out/in: differ
     if ok and hasattr(im.b, "resample2d"):
         kw = {"mode": wmode, "axes": changed}
