@@ -142,3 +142,77 @@ def test_unique_of_computed_values(sorted_, dtype, rng):
                                         _vi("cnt", T.INT64, None)], opset=11)
     cases = [rng.integers(-4, 5, (5, 7)), np.full((5, 7), 3), rng.permutation(35).reshape(5, 7) - 17]
     _run_both(m, [{"x": c.astype(dtype)} for c in cases])
+
+
+def _unique_model(et, shape, axis, sorted_):
+    kw = {} if axis is None else {"axis": axis}
+    return _model([h.make_node("Abs", ["x"], ["a"]),
+                   h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], sorted=sorted_, **kw)],
+                  [_vi("x", et, list(shape))], [_vi("y", et, None), _vi("idx", T.INT64, None),
+                                                _vi("inv", T.INT64, None), _vi("cnt", T.INT64, None)], opset=11)
+
+
+def _slices(rng, shape, axis, pattern):
+    """An input whose slices along `axis` repeat: drawn from a few distinct slices (duplicates
+    far apart, ties in the leading columns broken late), all equal, or all distinct."""
+    moved = [shape[axis]] + [s for i, s in enumerate(shape) if i != axis]
+    n, m = moved[0], int(np.prod(moved[1:]))
+    if pattern == "few":
+        base = rng.integers(-2, 3, (3, m))
+        base[1, :-1] = base[0, :-1]  # two slices equal but in their last entry
+        rows = base[rng.integers(0, 3, n)]
+    elif pattern == "equal":
+        rows = np.repeat(rng.integers(-3, 4, (1, m)), n, 0)
+    else:
+        rows = rng.permutation(n * m).reshape(n, m) - n * m // 2
+    x = rows.reshape(moved)
+    return np.moveaxis(x, 0, axis)
+
+
+@pytest.mark.parametrize("shape,axis", [((6, 4), 0), ((3, 7), 1), ((2, 5, 3), 1), ((4, 3, 2), -1), ((9, 1), 0),
+                                        ((5, 3, 4), 0)])
+@pytest.mark.parametrize("sorted_", [1, 0])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_unique_along_an_axis(shape, axis, sorted_, dtype, rng):
+    """Unique slices (lexicographic order, or first occurrence), their first indices, inverse
+    indices and counts, against onnxruntime: few distinct slices, all equal, all distinct."""
+    et = T.FLOAT if dtype == np.float32 else T.INT64
+    m = _unique_model(et, shape, axis, sorted_)
+    cases = [_slices(rng, shape, axis % len(shape), p) for p in ("few", "equal", "distinct", "few")]
+    _run_both(m, [{"x": c.astype(dtype)} for c in cases])
+
+
+def test_unique_along_an_axis_single_slice_and_wide_rows(rng):
+    # one slice: no cut at all; 37 columns: prefix doubling over an odd number of columns
+    _run_both(_unique_model(T.FLOAT, (1, 3, 2), 0, 1), [{"x": rng.standard_normal((1, 3, 2)).astype(np.float32)}])
+    shape = (40, 37)
+    m = _unique_model(T.INT64, shape, 0, 1)
+    _run_both(m, [{"x": _slices(rng, shape, 0, p)} for p in ("few", "distinct")])
+
+
+def test_unique_keys_past_int32(monkeypatch, rng):
+    """Rows of more than 46340 slices pair their ranks as int64 keys (n * n past int32): the
+    threshold lowered to take that path on a small input."""
+    from mltensor.onnx.ops import select
+
+    monkeypatch.setattr(select, "KEY32_MAX_N", 3)
+    shape = (12, 5)
+    m = _unique_model(T.FLOAT, shape, 0, 1)
+    _run_both(m, [{"x": _slices(rng, shape, 0, p).astype(np.float32)} for p in ("few", "distinct")])
+
+
+def test_unique_nan_as_numpy():
+    """NaN as the ONNX reference (numpy's unique): flattened, every NaN one value; along an axis,
+    a slice holding a NaN equal to no slice, placed by its other entries (onnxruntime's answer
+    depends on the input order here)."""
+    nan = np.nan
+    x = np.array([[nan, 0], [nan, 0], [1, -0.0], [1, 0.0], [nan, -1], [-1, nan]], np.float32)
+    for axis in (None, 0):
+        kw = {} if axis is None else {"axis": axis}
+        m = _model([h.make_node("Identity", ["x"], ["a"]), h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], **kw)],
+                   [_vi("x", T.FLOAT, [6, 2])], [_vi("y", T.FLOAT, None)] + [_vi(o, T.INT64, None) for o in ("idx", "inv", "cnt")],
+                   opset=11)
+        got = InferenceSession(m, cache=False).run(None, {"x": x})
+        want = np.unique(x, True, True, True, axis=axis)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w.reshape(-1) if g.ndim == 1 else w)  # (numpy 2: inverse in x's shape)
