@@ -216,3 +216,98 @@ def test_unique_nan_as_numpy():
         want = np.unique(x, True, True, True, axis=axis)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w.reshape(-1) if g.ndim == 1 else w)  # (numpy 2: inverse in x's shape)
+
+
+def _nonzero_gather_model():
+    """NonZero of a computed mask (a counted cut: the count as a dynamic dimension), its values
+    gathered and summed after it."""
+    return _model([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
+                   h.make_node("Squeeze", ["nz", "ax0"], ["i"]), h.make_node("Gather", ["x", "i"], ["vals"]),
+                   h.make_node("Mul", ["vals", "vals"], ["sq"]), h.make_node("ReduceSum", ["sq"], ["s"], keepdims=0)],
+                  [_vi("x", T.FLOAT, [64]), _vi("t", T.FLOAT, [])],
+                  [_vi("nz", T.INT64, None), _vi("vals", T.FLOAT, None), _vi("s", T.FLOAT, None)],
+                  [h.make_tensor("ax0", T.INT64, [1], [0])])
+
+
+def test_staged_runs_reuse_their_stage_tensors(rng):
+    """Repeated runs of a model with a cut (NonZero, then NonMaxSuppression) create no tensor
+    after the first runs (each stage's outputs come from its pool), and the context holds as
+    many tensors after each."""
+    x = rng.standard_normal(64).astype(np.float32)
+    m = _nonzero_gather_model()
+    b = m.SerializeToString()
+    sess = InferenceSession(b, cache=False)
+    ref = ort.InferenceSession(b, providers=["CPUExecutionProvider"])
+    ctx = sess.context
+    created = []
+    real = ctx.create_tensor_sync
+
+    def counting(*a, **k):
+        created.append(k.get("shape"))
+        return real(*a, **k)
+
+    ctx.create_tensor_sync = counting
+    try:
+        alive = []
+        for i in range(6):
+            feeds = {"x": x, "t": np.array(0.1 * (i % 3), np.float32)}  # three counts, each met twice
+            for g, w in zip(sess.run(None, feeds), ref.run(None, feeds)):
+                np.testing.assert_allclose(g, w, rtol=1e-5)
+            alive.append((len(created), ctx.counters["tensors_alive"], ctx.counters["bytes_alive"]))
+        assert alive[3:] == [alive[2]] * 3, alive  # nothing made, nothing left behind
+        nms = _nms_model()
+        sess2 = InferenceSession(nms, cache=False)
+        feeds = {"boxes": _boxes(rng, 0), "logits": (rng.standard_normal((2, 3, 50)) * 2).astype(np.float32)}
+        first = sess2.run(None, feeds)
+        n0 = len(created)
+        for _ in range(3):
+            for g, w in zip(sess2.run(None, feeds), first):
+                np.testing.assert_array_equal(g, w)
+        assert len(created) == n0
+    finally:
+        del ctx.create_tensor_sync
+
+
+def test_staged_runs_concurrent_on_pooled_tensors(rng):
+    """Threads running one staged session at once, at different counts, some taking their
+    outputs as MLTensors: every result as onnxruntime's (no run reads or writes a set another
+    run holds), and the pools keep no more sets than runs were in flight."""
+    import threading
+
+    from mltensor.stages.plan import POOL
+
+    m = _nonzero_gather_model()
+    b = m.SerializeToString()
+    sess = InferenceSession(b, cache=False)
+    ref = ort.InferenceSession(b, providers=["CPUExecutionProvider"])
+    cases = [{"x": rng.standard_normal(64).astype(np.float32), "t": np.array(t, np.float32)}
+             for t in (0.0, 0.5, -0.5, 1.0) * 4]
+    want = [ref.run(None, f) for f in cases]
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(3):
+                for i in range(k, len(cases), 4):
+                    if k % 2:
+                        ts = sess.run(None, cases[i], output_location="ml-tensor")
+                        got = [sess.context.read_tensor_sync(t) for t in ts]
+                    else:
+                        got = sess.run(None, cases[i])
+                    for g, w in zip(got, want[i]):
+                        np.testing.assert_allclose(g.reshape(w.shape), w, rtol=1e-5)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    stages, todo = [], [s.stage for s in sess._specs.values() if s.stage is not None]
+    while todo:
+        st = todo.pop()
+        stages.append(st)
+        todo.extend(st.children.values())
+    assert stages and all(len(st.pool) <= min(4, POOL) for st in stages)

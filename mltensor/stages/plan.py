@@ -6,13 +6,18 @@ cut. Each Stage that ends at a cut has children keyed by the outcome of its step
 back, or a loop's trip count where its scan outputs take it as a size), each built at the first
 run that meets that outcome and kept (the `max_specializations` most recently used per stage).
 
-A run binds the feeds, then walks the tree: dispatch the stage's graph into fresh tensors (named
-in the run's `avail` namespace: feeds by input name, stage outputs by the names cut.end_stage gave
-them), run the step, move to the child. Every tensor a run creates is its own (concurrent runs
-share none) and is destroyed when the run ends, except the outputs an ml-tensor run returns,
-which stay the thread's until its next run (as InferenceSession's own outputs do).
+A run binds the feeds, then walks the tree: dispatch the stage's graph into its output tensors
+(named in the run's `avail` namespace: feeds by input name, stage outputs by the names
+cut.end_stage gave them), run the step, move to the child. A stage's output tensors come from
+its pool (`Stage.take`): a set no other run holds, taken for the run and given back when it ends
+(`give_back`), so repeated runs allocate nothing for the stages and concurrent runs share no
+tensor. The outputs an ml-tensor run returns leave their set (they stay the thread's until its
+next run, as InferenceSession's own outputs do; the set makes new ones when next taken). Tensors
+a step makes (an executed loop's) and constants returned as tensors are the run's own and are
+destroyed when it ends.
 """
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -27,7 +32,7 @@ class Stage:
     """One graph of a staged specialization. `cut`: where it ends (importer.StageCut), None for the
     last stage, whose `outputs` are the model's (IOInfo)."""
 
-    __slots__ = ("graph", "inputs", "outputs", "cut", "children")
+    __slots__ = ("graph", "inputs", "outputs", "cut", "children", "pool", "lock")
 
     def __init__(self, imported):
         self.graph = imported.graph
@@ -35,6 +40,39 @@ class Stage:
         self.outputs = {o.name: o for o in imported.outputs}
         self.cut = imported.cut
         self.children = OrderedDict()
+        self.pool = []  # output tensor sets ({name: MLTensor}) no run holds
+        self.lock = threading.Lock()  # guards pool: a set is handed to one run at a time
+
+    def take(self, ctx):
+        """A set of this stage's output tensors for one run: a pooled one, else new ones. A tensor
+        the set lacks (an ml-tensor result kept by an earlier run) is made again; the count-sized
+        output of a counted cut is fit back to its padded size (the graph writes all of it)."""
+        with self.lock:
+            outs = self.pool.pop() if self.pool else {}
+        grow = _counted_output(self.cut)
+        for n, (dt, shape) in self.graph.output_descriptors.items():
+            t = outs.get(n)
+            if t is not None:
+                if grow is not None and n == grow[0]:
+                    t._fit(shape, "InferenceSession.run")
+                continue
+            if grow is not None and n == grow[0]:  # resizable: cut to the count (_counted_stage)
+                shape = grow[1]
+            outs[n] = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+        return outs
+
+    def give_back(self, outs, kept):
+        """A run ended: its set goes back to the pool, but the tensors it returned (ids in
+        `kept`), which the caller now holds. A stage destroyed meanwhile (evicted) destroys it;
+        at most POOL sets are kept (more only after more concurrent runs than that)."""
+        for n in [n for n, t in outs.items() if id(t) in kept]:
+            del outs[n]
+        with self.lock:
+            if self.graph is not None and len(self.pool) < POOL:
+                self.pool.append(outs)
+                return
+        for t in outs.values():
+            t.destroy()
 
     def destroy(self):
         for child in self.children.values():
@@ -42,9 +80,19 @@ class Stage:
         self.children.clear()
         if self.cut is not None and self.cut.loop is not None:
             self.cut.loop.destroy()
-        if self.graph is not None:
-            self.graph.destroy()
-            self.graph = None
+        with self.lock:
+            if self.graph is not None:
+                self.graph.destroy()
+                self.graph = None
+            pool, self.pool = self.pool, []
+        for outs in pool:
+            for t in outs.values():
+                t.destroy()
+
+
+# Output tensor sets a stage keeps for later runs: as many as runs have been in flight at once on
+# it, up to this many (a set beyond is destroyed when its run ends).
+POOL = 8
 
 
 def _counted_dim(c):
@@ -105,20 +153,15 @@ def run(session, spec, tset, bind, names, output_location):
     ctx = session._ctx
     avail = dict(bind)
     made = []  # tensors this run created: destroyed when it ends (but the ml-tensor results)
+    taken = []  # (stage, output set) taken from the stages' pools: given back when it ends
     kept = set()
     stage = spec.stage
     try:
         while True:
             g = stage.graph
             if g is not None:
-                outs = {}
-                grow = _counted_output(stage.cut)
-                for n, (dt, shape) in g.output_descriptors.items():
-                    if grow is not None and n == grow[0]:  # resizable: cut to the count (below)
-                        shape = grow[1]
-                    t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
-                    made.append(t)
-                    outs[n] = t
+                outs = stage.take(ctx)
+                taken.append((stage, outs))
                 ctx.dispatch(g, {n: avail[n] for n in g.input_descriptors}, outs)
                 avail.update(outs)
             c = stage.cut
@@ -169,6 +212,9 @@ def run(session, spec, tset, bind, names, output_location):
         host = _read_all(ctx, result, "InferenceSession.run")
         return [to_onnx(stage.outputs[n], a) for n, a in zip(names, host)]
     finally:
+        # (the next run's work on a pooled set is enqueued after this run's on the timeline)
+        for st, outs in taken:
+            st.give_back(outs, kept)
         for t in made:
             if id(t) not in kept:
                 t.destroy()
