@@ -156,10 +156,10 @@ def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
         feeds = {"img": (np.random.default_rng(0).standard_normal((1, 3, 64, 64))).astype(np.float32)}
     else:
         n = 4096
-        m = h.make_model(h.make_graph([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
-                                       h.make_node("ReduceSum", ["nz"], ["s"], keepdims=0)], "g",
-                                      [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])],
-                                      [h.make_tensor_value_info("s", T.INT64, None)]),
+        nodes = [h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
+                 h.make_node("ReduceSum", ["nz"], ["s"], keepdims=0)]
+        ins = [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])]
+        m = h.make_model(h.make_graph(nodes, "g", ins, [h.make_tensor_value_info("s", T.INT64, None)]),
                          opset_imports=[h.make_opsetid("", 17)], ir_version=8)
         feeds = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32), "t": np.array(1.0, np.float32)}
     pooled, ref = _pair(m, ctx)

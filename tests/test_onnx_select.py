@@ -209,9 +209,10 @@ def test_unique_nan_as_numpy():
     x = np.array([[nan, 0], [nan, 0], [1, -0.0], [1, 0.0], [nan, -1], [-1, nan]], np.float32)
     for axis in (None, 0):
         kw = {} if axis is None else {"axis": axis}
-        m = _model([h.make_node("Identity", ["x"], ["a"]), h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], **kw)],
-                   [_vi("x", T.FLOAT, [6, 2])], [_vi("y", T.FLOAT, None)] + [_vi(o, T.INT64, None) for o in ("idx", "inv", "cnt")],
-                   opset=11)
+        m = _model([h.make_node("Identity", ["x"], ["a"]),
+                    h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], **kw)],
+                   [_vi("x", T.FLOAT, [6, 2])],
+                   [_vi("y", T.FLOAT, None)] + [_vi(o, T.INT64, None) for o in ("idx", "inv", "cnt")], opset=11)
         got = InferenceSession(m, cache=False).run(None, {"x": x})
         want = np.unique(x, True, True, True, axis=axis)
         for g, w in zip(got, want):
@@ -248,6 +249,7 @@ def test_staged_runs_reuse_their_stage_tensors(rng):
 
     ctx.create_tensor_sync = counting
     try:
+        base = ctx.counters["tensors_alive"]
         alive = []
         for i in range(6):
             feeds = {"x": x, "t": np.array(0.1 * (i % 3), np.float32)}  # three counts, each met twice
@@ -255,6 +257,8 @@ def test_staged_runs_reuse_their_stage_tensors(rng):
                 np.testing.assert_allclose(g, w, rtol=1e-5)
             alive.append((len(created), ctx.counters["tensors_alive"], ctx.counters["bytes_alive"]))
         assert alive[3:] == [alive[2]] * 3, alive  # nothing made, nothing left behind
+        sess.close()  # the pools go with the stages
+        assert ctx.counters["tensors_alive"] == base
         nms = _nms_model()
         sess2 = InferenceSession(nms, cache=False)
         feeds = {"boxes": _boxes(rng, 0), "logits": (rng.standard_normal((2, 3, 50)) * 2).astype(np.float32)}

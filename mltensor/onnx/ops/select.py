@@ -2,10 +2,10 @@
 NonMaxSuppression, Unique.
 
 The selection runs on the GPU (mltensor/ops/select.py: a compaction, a greedy NMS; sorts for
-Unique) into outputs
-of the largest possible size plus a count; the graph is cut there (mltensor/stages/): only the
-count (4 bytes) is read back, and the rest of the model is built for it, once per distinct
-count. A condition or box set known at load is folded on the host instead.
+Unique) into outputs of the largest possible size plus a count; the graph is cut there
+(mltensor/stages/): only the count (4 bytes) is read back, and the rest of the model is built
+for it, once per distinct count. A condition or box set known at load is folded on the host
+instead.
 """
 
 import numpy as np
@@ -158,8 +158,8 @@ def _unique(im, node, ins, attrs):
             key, has_nan = src, None
         else:
             src = x
-            rows = x if axis == 0 else b.transpose(x, permutation=[axis] + [d for d in range(len(x.shape)) if d != axis])
-            rows = b.reshape(rows, [n, prod(x.shape) // n])
+            perm = [axis] + [d for d in range(len(x.shape)) if d != axis]
+            rows = b.reshape(b.transpose(x, permutation=perm) if axis else x, [n, prod(x.shape) // n])
             key = _row_keys(b, rows)
             # a slice holding a NaN is unique (NaN equals nothing): its run starts at it
             has_nan = b.reduce_max(b.is_nan(rows), axes=[1], keep_dimensions=False) if _floats(rows) else None
