@@ -314,4 +314,4 @@ def test_staged_runs_concurrent_on_pooled_tensors(rng):
         st = todo.pop()
         stages.append(st)
         todo.extend(st.children.values())
-    assert stages and all(len(st.pool) <= min(4, POOL) for st in stages)
+    assert stages and all(len(st.pool.free) <= min(4, POOL) for st in stages)

@@ -282,6 +282,41 @@ def test_scan_longer_than_the_unroll_limit(rev_in, rev_out, in_axis, out_axis, r
     sess, ref = _pair(m)
     x = np.abs(rng.standard_normal(xshape)).astype(np.float32)
     _check(sess, ref, {"s0": np.zeros(3, np.float32), "x": x}, rtol=1e-5)
+    if (rev_in, rev_out) != (0, 0):
+        return
+    # repeated runs take the loop's tensors (row inputs, the two sets of body outputs) and the
+    # stages' outputs from their pools: a steady run makes only its scan outputs' stacks (two);
+    # threads running it at once each get their own sets
+    ctx = sess.context
+    created = []
+    real = ctx.create_tensor_sync
+    ctx.create_tensor_sync = lambda *a, **k: created.append(1) or real(*a, **k)
+    try:
+        counts = []
+        for i in range(4):
+            _check(sess, ref, {"s0": np.full(3, i, np.float32), "x": x}, rtol=1e-5)
+            counts.append(len(created))
+        assert counts[3] - counts[2] == counts[2] - counts[1] == 2, counts
+    finally:
+        del ctx.create_tensor_sync
+    feeds = [{"s0": np.full(3, i, np.float32), "x": x * (i + 1)} for i in range(6)]
+    want = [ref.run(None, f) for f in feeds]
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(k, len(feeds), 3):
+                for g, w in zip(sess.run(None, feeds[i]), want[i]):
+                    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
 
 
 def test_a_data_dependent_shape_inside_an_executed_loop_body_is_refused(rng):
