@@ -144,14 +144,18 @@ def test_nonzero_count_vs_host_compaction(benchmark, ctx):
     assert nbytes == 4
 
 
-@pytest.mark.parametrize("which", ["detector", "nonzero 4096"])
+@pytest.mark.parametrize("which", ["detector", "nonzero 4096", "executed loop, 300 iterations"])
 def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
-    """The steady per-run time of a staged model with each stage's output tensors taken from its
-    pool (stages/plan.py) against the same model allocating and destroying them every run (the
-    pool turned off: plan.POOL = 0), same run, alternated round by round."""
+    """The steady per-run time of a staged model with each stage's output tensors (and an
+    executed loop's) taken from pools (stages/plan.py) against the same model allocating and
+    destroying them every run (the pools turned off: plan.POOL = 0), same run, alternated round
+    by round."""
     import mltensor.stages.plan as plan
 
-    if which == "detector":
+    if which.startswith("executed"):  # (past the unroll limit: executed)
+        m = _mlp_loop(300)
+        feeds = {"h0": np.ones((1, 64), np.float32), "x": np.full((1, 64), 0.1, np.float32)}
+    elif which == "detector":
         m = tiny_detector()
         feeds = {"img": (np.random.default_rng(0).standard_normal((1, 3, 64, 64))).astype(np.float32)}
     else:
