@@ -142,3 +142,48 @@ def test_nonzero_count_vs_host_compaction(benchmark, ctx):
            "mask read back, compacted on the host", adapter=adapter_name(ctx),
            readback_bytes_per_run=nbytes, host_way_bytes=n)
     assert nbytes == 4
+
+
+@pytest.mark.parametrize("which", ["detector", "nonzero 4096", "executed loop, 300 iterations"])
+def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
+    """The steady per-run time of a staged model with each stage's output tensors (and an
+    executed loop's) taken from pools (stages/plan.py) against the same model allocating and
+    destroying them every run (the pools turned off: plan.POOL = 0), same run, alternated round
+    by round."""
+    import mltensor.stages.plan as plan
+
+    if which.startswith("executed"):  # (past the unroll limit: executed)
+        m = _mlp_loop(300)
+        feeds = {"h0": np.ones((1, 64), np.float32), "x": np.full((1, 64), 0.1, np.float32)}
+    elif which == "detector":
+        m = tiny_detector()
+        feeds = {"img": (np.random.default_rng(0).standard_normal((1, 3, 64, 64))).astype(np.float32)}
+    else:
+        n = 4096
+        nodes = [h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
+                 h.make_node("ReduceSum", ["nz"], ["s"], keepdims=0)]
+        ins = [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])]
+        m = h.make_model(h.make_graph(nodes, "g", ins, [h.make_tensor_value_info("s", T.INT64, None)]),
+                         opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+        feeds = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32), "t": np.array(1.0, np.float32)}
+    pooled, ref = _pair(m, ctx)
+    fresh = InferenceSession(m.SerializeToString(), ctx, cache=False)
+    size = plan.POOL
+    want = ref.run(None, feeds)
+
+    def run_pooled():
+        plan.POOL = size
+        return pooled.run(None, feeds)
+
+    def run_fresh():
+        plan.POOL = 0
+        return fresh.run(None, feeds)
+
+    try:
+        _same(run_pooled(), want)
+        _same(run_fresh(), want)
+        ours, theirs, ratio = measure_pair((run_pooled, None), (run_fresh, None), rounds=15, warmup=2)
+    finally:
+        plan.POOL = size
+    record(benchmark, ours, f"stages: stage tensors pooled, {which}", theirs, "allocated every run (no pool)",
+           adapter=adapter_name(ctx))

@@ -282,6 +282,41 @@ def test_scan_longer_than_the_unroll_limit(rev_in, rev_out, in_axis, out_axis, r
     sess, ref = _pair(m)
     x = np.abs(rng.standard_normal(xshape)).astype(np.float32)
     _check(sess, ref, {"s0": np.zeros(3, np.float32), "x": x}, rtol=1e-5)
+    if (rev_in, rev_out) != (0, 0):
+        return
+    # repeated runs take the loop's tensors (row inputs, the two sets of body outputs) and the
+    # stages' outputs from their pools: a steady run makes only its scan outputs' stacks (two);
+    # threads running it at once each get their own sets
+    ctx = sess.context
+    created = []
+    real = ctx.create_tensor_sync
+    ctx.create_tensor_sync = lambda *a, **k: created.append(1) or real(*a, **k)
+    try:
+        counts = []
+        for i in range(4):
+            _check(sess, ref, {"s0": np.full(3, i, np.float32), "x": x}, rtol=1e-5)
+            counts.append(len(created))
+        assert counts[3] - counts[2] == counts[2] - counts[1] == 2, counts
+    finally:
+        del ctx.create_tensor_sync
+    feeds = [{"s0": np.full(3, i, np.float32), "x": x * (i + 1)} for i in range(6)]
+    want = [ref.run(None, f) for f in feeds]
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(k, len(feeds), 3):
+                for g, w in zip(sess.run(None, feeds[i]), want[i]):
+                    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
 
 
 def test_a_data_dependent_shape_inside_an_executed_loop_body_is_refused(rng):
@@ -346,3 +381,63 @@ def test_a_shape_fed_as_a_large_input_is_read_back(rng):
         shp[:2] = a, b_
         _check(sess, ref, {"x": rng.standard_normal(12).astype(np.float32), "shp": shp})
     assert sess.stats["stage_builds"] == 2 and sess.stats["readback_bytes"] == 3 * 16
+
+
+def _scan8_model(nb, steps, directions, lens_kind):
+    """Opset-8 Scan: a float state summing the first scan input, an int64 state counting the
+    iterations; scan outputs the running sum and the second input times two. lens_kind: None
+    (no sequence_lens), "input" (a graph input), "computed" (cast from a float input: read back)."""
+    body = h.make_graph([h.make_node("Add", ["s_in", "x_t"], ["s_out"]), h.make_node("Add", ["c_in", "one"], ["c_out"]),
+                         h.make_node("Identity", ["s_out"], ["y_t"]), h.make_node("Add", ["z_t", "z_t"], ["w_t"])], "b",
+                        [_vi("s_in", T.FLOAT, [2, 3]), _vi("c_in", T.INT64, []), _vi("x_t", T.FLOAT, [2, 3]),
+                         _vi("z_t", T.INT64, [4])],
+                        [_vi("s_out", T.FLOAT, [2, 3]), _vi("c_out", T.INT64, []), _vi("y_t", T.FLOAT, [2, 3]),
+                         _vi("w_t", T.INT64, [4])],
+                        [h.make_tensor("one", T.INT64, [], [1])])
+    nodes, inputs = [], [_vi("s0", T.FLOAT, [nb, 2, 3]), _vi("c0", T.INT64, [nb]), _vi("x", T.FLOAT, [nb, steps, 2, 3]),
+                         _vi("z", T.INT64, [nb, steps, 4])]
+    lens = ""
+    if lens_kind == "input":
+        inputs.append(_vi("lens", T.INT64, [nb]))
+        lens = "lens"
+    elif lens_kind == "computed":
+        inputs.append(_vi("lf", T.FLOAT, [nb]))
+        nodes.append(h.make_node("Cast", ["lf"], ["lens"], to=T.INT64))
+        lens = "lens"
+    nodes.append(h.make_node("Scan", [lens, "s0", "c0", "x", "z"], ["s", "c", "y", "w"], body=body, num_scan_inputs=2,
+                             directions=directions))
+    return _model(nodes, inputs, [_vi("s", T.FLOAT, None), _vi("c", T.INT64, None), _vi("y", T.FLOAT, None),
+                                  _vi("w", T.INT64, None)], opset=8)
+
+
+@pytest.mark.parametrize("nb,steps,directions,lens_kind,lens_list", [
+    (1, 5, [0, 0], None, [None]),
+    (3, 6, [1, 0], "input", [[6, 2, 1], [3, 6, 6], [6, 2, 1]]),
+    (2, 4, [0, 1], "computed", [[1, 4], [4, 3]]),
+    # executed (the lengths add up past the unroll limit): one cut per batch entry
+    (3, 120, [1, 0], "input", [[120, 37, 120], [1, 120, 120]]),
+])
+def test_scan_opset8_batch_and_sequence_lens(nb, steps, directions, lens_kind, lens_list, rng):
+    """Opset-8 Scan against onnxruntime: batch entries scanned over their own lengths (reversed
+    inputs read from the length back), scan outputs zero past it."""
+    sess, ref = _pair(_scan8_model(nb, steps, directions, lens_kind))
+    for lens in lens_list:
+        feeds = {"s0": rng.standard_normal((nb, 2, 3)).astype(np.float32), "c0": rng.integers(0, 9, nb),
+                 "x": rng.standard_normal((nb, steps, 2, 3)).astype(np.float32),
+                 "z": rng.integers(-50, 50, (nb, steps, 4))}
+        if lens_kind == "input":
+            feeds["lens"] = np.array(lens, np.int64)
+        elif lens_kind == "computed":
+            feeds["lf"] = np.array(lens, np.float32)
+        _check(sess, ref, feeds, rtol=1e-5)
+    if steps > 100:
+        assert sum(c.loop is not None for c in _cuts(sess)) >= nb
+
+
+def test_scan_opset8_lengths_out_of_range_are_refused(rng):
+    sess = InferenceSession(_scan8_model(2, 4, [0, 0], "input"), cache=False)
+    feeds = {"s0": np.zeros((2, 2, 3), np.float32), "c0": np.zeros(2, np.int64),
+             "x": np.zeros((2, 4, 2, 3), np.float32), "z": np.zeros((2, 4, 4), np.int64)}
+    for bad in ([0, 4], [5, 1]):
+        with pytest.raises(mltensor.DataError, match="sequence_lens"):
+            sess.run(None, {**feeds, "lens": np.array(bad, np.int64)})

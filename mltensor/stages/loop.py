@@ -14,6 +14,8 @@ batch, the read of one batch overlapping the next batch's work. An early exit th
 2 * BATCH gated iterations, and n iterations at most n / BATCH + 1 waits.
 """
 
+import threading
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -50,8 +52,23 @@ class LoopSpec:
         self.outer, self.outer_host = list(outer), dict(outer_host)
         self.dynamic_cond, self.cond_true, self.scan_in = dynamic_cond, cond_true, list(scan_in)
         self.graphs = {}  # signature of the body's inputs -> _Body
+        self.pools = {}  # signature of the body's inputs -> plan.Pool of a run's tensors (execute)
+        self.pools_lock = threading.Lock()
+
+    def pool(self, sig):
+        from .plan import Pool
+
+        with self.pools_lock:
+            p = self.pools.get(sig)
+            if p is None:
+                p = self.pools[sig] = Pool()
+            return p
 
     def destroy(self):
+        with self.pools_lock:
+            pools, self.pools = list(self.pools.values()), {}
+        for p in pools:
+            p.close()
         for b in self.graphs.values():
             b.graph.destroy()
         self.graphs.clear()
@@ -273,34 +290,56 @@ class _Stack:
         return t
 
 
-def execute(session, c, avail, made):
+def execute(session, c, avail, made, taken):
     """Run the Loop/Scan of cut `c` (importer.StageCut) on the run's tensors. Returns (values,
     carried, key, exact): values [count, scan row shapes...] (numpy), carried the final state and
     the stacked scan outputs ([count, padded row] tensors, named in `avail`, or host arrays when
     empty), key the outcome's cache key. When the count lands as a dynamic dimension (key
     ("counted",), the stacks resized in place), `exact()` gives (values, carried, key) for a
-    build per count instead, should the next stage refuse it; else exact is None."""
+    build per count instead, should the next stage refuse it; else exact is None.
+
+    The tensors a run of the loop needs whatever its count (host values uploaded, the iteration
+    counter, the scan inputs' row tensors, the two sets of body outputs) come from a pool of the
+    spec per shapes (`taken`: plan.run gives the set back when the run ends); the scan outputs'
+    stacks, sized by the count, are the run's own (`made`)."""
     spec = c.loop
     ctx = session._ctx
-    tensors, bools = [], []
-    for d in c.carried:
-        if d.host is not None:
-            from ..onnx.importer import storage_array
+    from ..onnx.importer import storage_array
 
-            is_bool = np.asarray(d.host).dtype == np.bool_
+    hosts = {}
+    sig = []  # the signature of the tensors the pooled set holds
+    for k, d in enumerate(c.carried):
+        if d.host is not None:
             a = np.array(storage_array(d.host), order="C")  # bool -> uint8, double -> float32 (0-d kept)
-            t = ctx.create_tensor_sync(data_type=a.dtype.name, shape=a.shape, readable=True, writable=True)
+            hosts[k] = (a, np.asarray(d.host).dtype == np.bool_)
+            sig.append((a.dtype.name, a.shape))
+        else:
+            t = avail[d.avail]
+            sig.append((t.data_type, tuple(t.shape)))
+    pool = spec.pool(tuple(sig))
+    kept = pool.take()
+    taken.append((pool, kept))
+
+    def pooled(name, data_type, shape, **kw):
+        t = kept.get(name)
+        if t is None:
+            t = kept[name] = ctx.create_tensor_sync(data_type=data_type, shape=shape, **kw)
+        return t
+
+    tensors, bools = [], []
+    for k, d in enumerate(c.carried):
+        if k in hosts:
+            a, is_bool = hosts[k]
+            t = pooled(f"host{k}", a.dtype.name, a.shape, readable=True, writable=True)
             ctx.write_tensor(t, a)
-            made.append(t)
             tensors.append(t)
             bools.append(is_bool)
         else:
             tensors.append(avail[d.avail])
             bools.append(d.is_bool)
     if spec.kind == "loop":
-        it = ctx.create_tensor_sync(data_type="int64", shape=(), readable=True, writable=True)
+        it = pooled("iteration", "int64", (), readable=True, writable=True)
         ctx.write_tensor(it, np.array(0, np.int64))
-        made.append(it)
         tensors.insert(0, it)
         bools.insert(0, False)
     rows = []
@@ -308,17 +347,18 @@ def execute(session, c, avail, made):
         n = spec.n_state
         for k in range(len(spec.scan_in)):
             src = tensors[n + k]
-            dst = ctx.create_tensor_sync(data_type=src.data_type, shape=src.shape[1:], writable=True)
-            made.append(dst)
+            dst = pooled(f"row{k}", src.data_type, src.shape[1:], writable=True)
             tensors[n + k] = dst
             rows.append((src, dst, spec.scan_in[k][2]))
     body = _build(session, spec, tensors, bools)
     ins = dict(zip(body.ins, tensors))
     dim = _count_dim(c, body)
+    sets = [{n: pooled(f"set{i}/{n}", dt, shape, readable=True)
+             for n, (dt, shape) in body.graph.output_descriptors.items()} for i in range(2)]
     if spec.kind == "loop":
-        count, final = _run_loop(session, spec, body, ins, made, dim)
+        count, final = _run_loop(session, spec, body, ins, made, sets, dim)
     else:
-        count, final = _run_scan(session, spec, body, ins, rows, made, dim)
+        count, final = _run_scan(session, spec, body, ins, rows, made, sets, dim)
     n_first = 2 if spec.kind == "loop" else 0
     depth = c.snapshot.depth
     carried = []
@@ -373,18 +413,6 @@ def _count_dim(c, body):
     return MLDynamicDimension(f"count{c.key[0]}_{c.key[1]}", spec.trips)
 
 
-def _sets(ctx, body, made):
-    sets = []
-    for _ in range(2):
-        s = {}
-        for n, (dt, shape) in body.graph.output_descriptors.items():
-            t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
-            made.append(t)
-            s[n] = t
-        sets.append(s)
-    return sets
-
-
 def _following(ins, sets, nxt):
     """The body's inputs after an iteration that wrote set 0, and after one that wrote set 1
     (nxt: input name -> the output it takes): made once, not per iteration."""
@@ -395,7 +423,7 @@ def _stacks(ctx, body, cap, made, dim=None):
     return [_Stack(ctx, dt, shape, cap, made, dim) for dt, shape in body.scan_rows]
 
 
-def _run_loop(session, spec, body, ins, made, dim=None):
+def _run_loop(session, spec, body, ins, made, sets, dim=None):
     """Iterations in batches; returns (count, [final iteration, condition, state..., stacks...])."""
     ctx = session._ctx
     g = body.graph
@@ -405,7 +433,6 @@ def _run_loop(session, spec, body, ins, made, dim=None):
         raise NotSupportedError(f"[onnx] {spec.where()}: a Loop with neither a trip count nor an exit "
                                 "condition computed in its body never ends")
     limit = MAX_ITERATIONS if trips is None else trips
-    sets = _sets(ctx, body, made)
     stacks = _stacks(ctx, body, max(1, min(limit, 64)), made, dim)
     nxt = {body.ins[k]: body.outs[k] for k in range(len(body.outs))}
     follow = _following(ins, sets, nxt)
@@ -448,13 +475,12 @@ def _finish(session, reads):
     return bool(cond.reshape(-1)[0]), int(n.reshape(-1)[0])
 
 
-def _run_scan(session, spec, body, ins, rows, made, dim=None):
+def _run_scan(session, spec, body, ins, rows, made, sets, dim=None):
     """A Scan: each iteration's rows copied from the scan inputs into the body's row inputs."""
     ctx = session._ctx
     g = body.graph
     n = spec.n_state
     steps = spec.trips
-    sets = _sets(ctx, body, made)
     stacks = _stacks(ctx, body, max(1, steps), made, dim)
     follow = _following(ins, sets, {body.ins[k]: f"__state{k}" for k in range(n)})
     for t in range(steps):

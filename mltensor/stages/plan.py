@@ -6,13 +6,19 @@ cut. Each Stage that ends at a cut has children keyed by the outcome of its step
 back, or a loop's trip count where its scan outputs take it as a size), each built at the first
 run that meets that outcome and kept (the `max_specializations` most recently used per stage).
 
-A run binds the feeds, then walks the tree: dispatch the stage's graph into fresh tensors (named
-in the run's `avail` namespace: feeds by input name, stage outputs by the names cut.end_stage gave
-them), run the step, move to the child. Every tensor a run creates is its own (concurrent runs
-share none) and is destroyed when the run ends, except the outputs an ml-tensor run returns,
-which stay the thread's until its next run (as InferenceSession's own outputs do).
+A run binds the feeds, then walks the tree: dispatch the stage's graph into its output tensors
+(named in the run's `avail` namespace: feeds by input name, stage outputs by the names
+cut.end_stage gave them), run the step, move to the child. A stage's output tensors come from
+its pool (`Stage.take`): a set no other run holds, taken for the run and given back when it ends
+(`give_back`), so repeated runs allocate nothing for the stages and concurrent runs share no
+tensor. An executed loop's tensors come from a pool of its own likewise (loop.execute), but for
+its scan outputs' stacks, sized by the count. The outputs an ml-tensor run returns leave their
+set (they stay the thread's until its next run, as InferenceSession's own outputs do; the set
+makes new ones when next taken). The stacks and constants returned as tensors are the run's own
+and are destroyed when it ends.
 """
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -27,7 +33,7 @@ class Stage:
     """One graph of a staged specialization. `cut`: where it ends (importer.StageCut), None for the
     last stage, whose `outputs` are the model's (IOInfo)."""
 
-    __slots__ = ("graph", "inputs", "outputs", "cut", "children")
+    __slots__ = ("graph", "inputs", "outputs", "cut", "children", "pool")
 
     def __init__(self, imported):
         self.graph = imported.graph
@@ -35,6 +41,24 @@ class Stage:
         self.outputs = {o.name: o for o in imported.outputs}
         self.cut = imported.cut
         self.children = OrderedDict()
+        self.pool = Pool()  # sets of the graph's output tensors
+
+    def take(self, ctx):
+        """A set of this stage's output tensors for one run: a pooled one, else new ones. A tensor
+        the set lacks (an ml-tensor result kept by an earlier run) is made again; the count-sized
+        output of a counted cut is fit back to its padded size (the graph writes all of it)."""
+        outs = self.pool.take()
+        grow = _counted_output(self.cut)
+        for n, (dt, shape) in self.graph.output_descriptors.items():
+            t = outs.get(n)
+            if t is not None:
+                if grow is not None and n == grow[0]:
+                    t._fit(shape, "InferenceSession.run")
+                continue
+            if grow is not None and n == grow[0]:  # resizable: cut to the count (_counted_stage)
+                shape = grow[1]
+            outs[n] = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+        return outs
 
     def destroy(self):
         for child in self.children.values():
@@ -42,9 +66,50 @@ class Stage:
         self.children.clear()
         if self.cut is not None and self.cut.loop is not None:
             self.cut.loop.destroy()
+        self.pool.close()
         if self.graph is not None:
             self.graph.destroy()
             self.graph = None
+
+
+# Tensor sets a pool keeps for later runs: as many as runs have been in flight at once on it, up
+# to this many (a set beyond is destroyed when its run ends).
+POOL = 8
+
+
+class Pool:
+    """Sets of tensors ({name: MLTensor}) a run takes and gives back when it ends, so that
+    repeated runs allocate nothing; a set belongs to one run at a time (the lock), so concurrent
+    runs share none. The taker fills in what a set lacks."""
+
+    __slots__ = ("free", "lock", "closed")
+
+    def __init__(self):
+        self.free, self.lock, self.closed = [], threading.Lock(), False
+
+    def take(self):
+        with self.lock:
+            return self.free.pop() if self.free else {}
+
+    def give_back(self, outs, kept):
+        """A run ended: its set goes back, but the tensors it returned (ids in `kept`), which the
+        caller now holds. A pool closed meanwhile (its stage evicted) destroys it."""
+        for n in [n for n, t in outs.items() if id(t) in kept]:
+            del outs[n]
+        with self.lock:
+            if not self.closed and len(self.free) < POOL:
+                self.free.append(outs)
+                return
+        for t in outs.values():
+            t.destroy()
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            free, self.free = self.free, []
+        for outs in free:
+            for t in outs.values():
+                t.destroy()
 
 
 def _counted_dim(c):
@@ -105,20 +170,15 @@ def run(session, spec, tset, bind, names, output_location):
     ctx = session._ctx
     avail = dict(bind)
     made = []  # tensors this run created: destroyed when it ends (but the ml-tensor results)
+    taken = []  # (pool, tensor set) taken from the stages' and loops' pools: given back when it ends
     kept = set()
     stage = spec.stage
     try:
         while True:
             g = stage.graph
             if g is not None:
-                outs = {}
-                grow = _counted_output(stage.cut)
-                for n, (dt, shape) in g.output_descriptors.items():
-                    if grow is not None and n == grow[0]:  # resizable: cut to the count (below)
-                        shape = grow[1]
-                    t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
-                    made.append(t)
-                    outs[n] = t
+                outs = stage.take(ctx)
+                taken.append((stage.pool, outs))
                 ctx.dispatch(g, {n: avail[n] for n in g.input_descriptors}, outs)
                 avail.update(outs)
             c = stage.cut
@@ -134,7 +194,7 @@ def run(session, spec, tset, bind, names, output_location):
             else:
                 from . import loop
 
-                values, carried, key, exact = loop.execute(session, c, avail, made)
+                values, carried, key, exact = loop.execute(session, c, avail, made, taken)
                 if exact is not None:  # the count as a dynamic dimension, if the rest takes it
                     try:
                         stage = session._next_stage(spec, stage, key, c, values, carried)
@@ -169,6 +229,9 @@ def run(session, spec, tset, bind, names, output_location):
         host = _read_all(ctx, result, "InferenceSession.run")
         return [to_onnx(stage.outputs[n], a) for n, a in zip(names, host)]
     finally:
+        # (the next run's work on a pooled set is enqueued after this run's on the timeline)
+        for pool, outs in taken:
+            pool.give_back(outs, kept)
         for t in made:
             if id(t) not in kept:
                 t.destroy()

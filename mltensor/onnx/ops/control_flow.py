@@ -238,7 +238,7 @@ def _unroll_loop(im, node, ins, attrs, trips):
 
 def _scan(im, node, ins, attrs):
     if im.cur_opset < 9:
-        unsupported("Scan before opset 9 (batch axis and sequence_lens) is not supported")
+        return _scan8(im, node, ins, attrs)
     body = attrs["body"]
     n_in = attrs["num_scan_inputs"]
     states = list(ins[:len(ins) - n_in])
@@ -248,16 +248,23 @@ def _scan(im, node, ins, attrs):
     n_out = len(body.output) - len(states)
     out_axes = attrs.get("scan_output_axes") or [0] * n_out
     out_dirs = attrs.get("scan_output_directions") or [0] * n_out
-    b = im.b
     axes = [norm_axis(a, len(x.shape)) for a, x in zip(in_axes, xs)]
     lengths = {x.shape[a] for x, a in zip(xs, axes)}
     if len(lengths) != 1:
         im.malformed(f"scan inputs have different lengths {sorted(lengths)}")
     (steps,) = lengths
+    return _scan_run(im, node, body, states, xs, axes, in_dirs, out_axes, out_dirs, steps, steps > MAX_UNROLL)
+
+
+def _scan_run(im, node, body, states, xs, axes, in_dirs, out_axes, out_dirs, steps, execute):
+    """One Scan (opset 9's form) of `steps` iterations: unrolled into the graph, or executed on
+    the GPU (a cut; `execute`). Returns the final states and the scan outputs."""
+    b = im.b
+    n_out = len(body.output) - len(states)
     got = stages_cut.outcome(im)
     if got is not None:  # executed
         return _executed_results(im, got, len(states), n_out, out_axes, out_dirs)
-    if steps > MAX_UNROLL:
+    if execute:
         return _execute_scan(im, node, body, states, xs, axes, in_dirs, steps, n_out)
     scans = []
     for t in range(steps):
@@ -279,6 +286,71 @@ def _scan(im, node, ins, attrs):
         if out_dirs[k]:
             items = items[::-1]
         res.append(_stack(im, items, out_axes[k]))
+    return res
+
+
+def _scan8(im, node, ins, attrs):
+    """Scan of opset 8: every state, scan input and scan output has a leading batch axis (scan
+    inputs [batch, sequence, ...]), and the optional first input sequence_lens gives each batch
+    entry's length (1 to the sequence axis' size, as onnxruntime checks). Each batch entry is a
+    Scan of opset 9's form over its first length elements (a reversed input read from its
+    length back: `directions`); its scan outputs, in iteration order, are zero past its length
+    (as onnxruntime), and the entries are stacked back on the batch axis. All entries are
+    unrolled when their lengths add up to at most MAX_UNROLL, else each is executed (a cut
+    each, one after the other; the lengths must then be known when the graph is built: a
+    computed sequence_lens is read back first)."""
+    body = attrs["body"]
+    n_in = attrs["num_scan_inputs"]
+    b = im.b
+    rest = ins[1:]
+    states = list(rest[:len(rest) - n_in])
+    xs = [X(im, v) for v in rest[len(rest) - n_in:]]
+    dirs = list(attrs.get("directions") or [0] * n_in)
+    if len(dirs) != n_in:
+        im.malformed(f"directions has {len(dirs)} entries for {n_in} scan inputs")
+    if any(len(x.shape) < 2 for x in xs):
+        im.malformed("a scan input must have a batch axis and a sequence axis")
+    batch = {x.shape[0] for x in xs} | {v.shape[0] for v in states if v is not None and len(v.shape)}
+    seq = {x.shape[1] for x in xs}
+    if len(batch) != 1 or len(seq) != 1 or any(v is None or not len(v.shape) for v in states):
+        im.malformed(f"states and scan inputs must share the batch axis, scan inputs the sequence axis "
+                     f"(batch sizes {sorted(batch)}, sequence lengths {sorted(seq)})")
+    (nb,), (steps,) = batch, seq
+    lens = const(im, ins[0], "sequence_lens") if ins and ins[0] is not None else None
+    if lens is None:
+        lens = [steps] * nb
+    else:
+        lens = [int(v) for v in np.asarray(lens).reshape(-1)]
+        if len(lens) != nb or any(not 1 <= v <= steps for v in lens):
+            im.malformed(f"sequence_lens {lens} must hold {nb} lengths in [1, {steps}] (the sequence axis)")
+    n_out = len(body.output) - len(states)
+    execute = sum(lens) > MAX_UNROLL
+
+    def entry(v, k):  # batch entry k of a state or scan input, without the batch axis
+        if isinstance(v, np.ndarray):
+            return v[k]
+        return b.reshape(b.slice(v, [k] + [0] * (len(v.shape) - 1), [1] + list(v.shape[1:])), list(v.shape[1:]))
+
+    finals, scans = [], []
+    for k, n in enumerate(lens):
+        st = [entry(v, k) for v in states]
+        xk = []
+        for x in xs:
+            x = entry(x, k)
+            if n < steps:
+                x = b.slice(x, [0] * len(x.shape), [n] + list(x.shape[1:]))
+            xk.append(x)
+        res = _scan_run(im, node, body, st, xk, [0] * n_in, dirs, [0] * n_out, [0] * n_out, n, execute)
+        finals.append(res[:len(states)])
+        outs = []
+        for y in res[len(states):]:
+            y = X(im, y)
+            if n < steps:  # zeros past the entry's length
+                y = b.pad(y, [0] * len(y.shape), [steps - n] + [0] * (len(y.shape) - 1))
+            outs.append(y)
+        scans.append(outs)
+    res = [_stack(im, [f[j] for f in finals]) for j in range(len(states))]
+    res += [_stack(im, [s[j] for s in scans]) for j in range(n_out)]
     return res
 
 
