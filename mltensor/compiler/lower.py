@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
+from ..dynamic.kernels import SizeParams, concrete_groups, is_dynamic, params_enabled, room
 from ..ops import OPS
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
 
@@ -74,6 +75,8 @@ class KernelContext:
         self.fixed = set()  # ids of values bound to the caller's tensors or constants (never placed)
         self.placement = True
         self.align = device.limits.get("min-storage-buffer-offset-alignment", 256)
+        # launch parameters a kernel may declare (SizeParams; MLTENSOR_NO_SIZE_PARAMS=1: none)
+        self.param_room = room(device) if params_enabled() else 0
         self.tune_seconds = 0.0  # kernel autotuning of this build (runtime/autotune.py)
         self.tune_count = 0
 
@@ -99,10 +102,20 @@ class KernelContext:
         t = self.wtype(v)
         return {"i64": "u64", "u64": "u64", "i64e": "u64e", "u64e": "u64e", "f16": "f16"}.get(t, "u32")
 
+    def size_params(self):
+        """A SizeParams for one kernel's static sizes (dynamic/kernels.py): parameters where the
+        device passes immediates, else (and in graphs with dynamic dimensions, whose kernels
+        read those, and in the build-time prologue, which sets no immediates) every size stays
+        a WGSL constant."""
+        on = not self.dims and not self._prologue and self.param_room > 0
+        return SizeParams(self.param_room if on else 0)
+
     def launch(self, kernel, args, groups):
         assert len(args) == len(kernel.bindings), kernel.name
         if self.dims and kernel.reads_dims():
             kernel = dataclasses.replace(kernel, dims=self.dims)
+        if kernel.sizes:  # workgroup counts of launch parameters: this launch's values
+            groups = concrete_groups(groups, {}) if is_dynamic(groups) else groups
         if not isinstance(groups, tuple):  # a Fold (dynamic/kernels.py) stays as it is
             groups = groups if hasattr(groups, "n") else tuple(groups)
         self.launches.append(Launch(kernel, list(args), groups, self._prologue))
@@ -242,13 +255,14 @@ class KernelContext:
     def scratch(self, nbytes):
         return Scratch(dtypes.padded(nbytes))
 
-    def epilogue(self, bindings, args):
+    def epilogue(self, bindings, args, P=None):
         """WGSL `fn act(x: T, i: u32) -> T` for the step's fused epilogue (identity if none): the
         value about to be stored at flat index `i` of `kc.out(node)` (row-major, the output's own
         layout) goes through the fused activations and binary nodes in order. The other operands
         of binary nodes are read at `i` (broadcast through baked strides) from extra read-only
         bindings `e0`, `e1`, ...: they are inserted into the lists `bindings` and `args` before
-        their last entry (the output). Every store of the kernel must go through act()."""
+        their last entry (the output). Every store of the kernel must go through act(). P: the
+        kernel's SizeParams when its sizes are launch parameters (then `i` < FAST_DIV_MAX)."""
         from ..ops.elementwise import epilogue_fn
         from .passes import epilogue_operands
 
@@ -258,7 +272,7 @@ class KernelContext:
             bindings.insert(len(bindings) - 1, Binding(f"e{k}", self.wtype(v)))
             pad = step.views.get(id(v))  # a constant pad read through: bind its input
             args.insert(len(args) - 1, v if pad is None else pad.inputs[0])
-        return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]))
+        return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]), P)
 
     def copy(self, src, dst):
         # 32-bit words, whatever the element type; an odd number of f16 elements rounds up into

@@ -18,7 +18,9 @@ from .. import dtypes
 from ..compiler.passes import external_inputs
 from ..front.builder import builder_op
 from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit, unop
-from . import broadcast_shapes, check_number, check_support, merge_dims, radix, register, row_strides, same_type
+from ..dynamic.kernels import SizeParams
+from . import (FAST_DIV_MAX, broadcast_shapes, check_number, check_support, merge_dims, radix, register, row_strides,
+               same_type)
 
 ALL = dtypes.ALL
 FLOAT = dtypes.FLOATS
@@ -313,12 +315,16 @@ def cast(b, x, data_type, *, label=None):
 # -- lowering of fused groups -----------------------------------------------------------------
 
 
-def _index_expr(in_shape, out_shape):
+def _index_expr(in_shape, out_shape, P=None):
     """WGSL expression for the flat index into an input broadcast to out_shape, from `i`
-    (stride 0 along the broadcast dimensions)."""
+    (stride 0 along the broadcast dimensions). P: the kernel's SizeParams (dynamic/kernels.py),
+    when its static sizes are launch parameters; `i` is then below FAST_DIV_MAX (lower_group)."""
     s = (1,) * (len(out_shape) - len(in_shape)) + tuple(in_shape)
     strides = [0 if n == 1 else st for n, st in zip(s, row_strides(s))]
-    return radix("i", merge_dims([(n, (st,)) for n, st in zip(out_shape, strides)]))[0]
+    dims = merge_dims([(n, (st,)) for n, st in zip(out_shape, strides)])
+    if P:  # (radix never reads the outermost size: no slot for it)
+        dims = [(n if k == 0 else P(n), tuple(P(st) for st in sts)) for k, (n, sts) in enumerate(dims)]
+    return radix("i", dims, fast=bool(P))[0]
 
 
 def lower_group(kc, nodes, out):
@@ -334,6 +340,12 @@ def lower_group(kc, nodes, out):
     types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
     vec = (size % 4 == 0 and types <= {"f32", "f16", "i32", "u32"}
            and all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext))
+    # Static sizes as launch parameters (one pipeline for every size of a chain): the element
+    # count, and broadcast indexing divided through div_fast, where indices stay below
+    # FAST_DIV_MAX (larger broadcasts keep their constants: a u32 division by a value read at
+    # dispatch is slow on CPU adapters; without broadcasting nothing is divided)
+    plain = all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext)
+    P = kc.size_params() if isinstance(size, int) and (plain or size < FAST_DIV_MAX) else SizeParams(0)
     if vec:
         fns, loads, body = "", [], []
         for k, x in enumerate(ext):
@@ -347,7 +359,7 @@ def lower_group(kc, nodes, out):
         last = len(nodes) - 1
         result = f"vec4<{t}>(" + ", ".join(f"v{last}{c}" for c in "xyzw") + ")"
     else:
-        (fns, _), loads, body, result = group_fn(kc, nodes, "elem", "in"), [], [], "elem(i)"
+        (fns, _), loads, body, result = group_fn(kc, nodes, "elem", "in", P), [], [], "elem(i)"
     threads = size // 4 if vec else size
     name = "ew_" + "_".join(n.op for n in nodes[:6]) + ("_etc" if len(nodes) > 6 else "")
     name += f"_{'vec4' if vec else ''}{t}_n{size}"
@@ -360,21 +372,23 @@ def lower_group(kc, nodes, out):
     kernel = Kernel(
         name,
         "elementwise.wgsl",
-        {"n": threads, "fns": fns, "loads": "\n".join(loads), "body": "\n".join(body), "result": result},
+        {"n": P(threads), "fns": fns, "loads": "\n".join(loads), "body": "\n".join(body), "result": result},
         bindings,
+        sizes=P.values,
     )
     kc.launch(kernel, ext + [out], grid(-(-threads // WORKGROUP)))
 
 
-def group_fn(kc, nodes, name, prefix):
+def group_fn(kc, nodes, name, prefix, P=None):
     """(WGSL `fn name(i: u32) -> T` evaluating a fused elementwise group at flat index `i` of its
     output, T its compute type; the group's external inputs, which the function reads bound as
     `{prefix}0`, `{prefix}1`, ... in order, each loaded once at its broadcast index). Used by the
     group's own kernel (lower_group) and by a kernel that reads through the group instead of its
-    output (a gate's pool, pool.py)."""
+    output (a gate's pool, pool.py). P: the kernel's SizeParams, if its sizes are parameters
+    (the group's indices then stay below FAST_DIV_MAX)."""
     ext = external_inputs(nodes)
     out = nodes[-1].outputs[0]
-    lines = [f"    let x{k} = {prefix}{k}[{_index_expr(x.shape, out.shape)}];" for k, x in enumerate(ext)]
+    lines = [f"    let x{k} = {prefix}{k}[{_index_expr(x.shape, out.shape, P)}];" for k, x in enumerate(ext)]
     names = {id(x): f"x{k}" for k, x in enumerate(ext)}
     for j, n in enumerate(nodes):
         args = [names[id(x)] for x in n.inputs if x is not None]
@@ -400,13 +414,13 @@ def activation_lines(kc, nodes, x, wtype):
     return lines, cur
 
 
-def epilogue_fn(kc, step, extra, wtype):
+def epilogue_fn(kc, step, extra, wtype, P=None):
     """WGSL `fn act(x: T, i: u32) -> T` applying a step's epilogue nodes to the value `x` stored at
     flat output index `i`; `extra` are the other operands of its binary nodes, bound as `e0`, ..."""
     from ..compiler.passes import inline_scalar
 
     out_shape = step.nodes[0].outputs[0].shape
-    names = {id(v): f"e{k}[{_index_expr(v.shape, out_shape)}]" for k, v in enumerate(extra)}
+    names = {id(v): f"e{k}[{_index_expr(v.shape, out_shape, P)}]" for k, v in enumerate(extra)}
     for n in step.epilogue:  # float scalar constants: literals (epilogue_operands leaves them out)
         for v in n.inputs:
             if v is not None and id(v) not in names and inline_scalar(v) is not None:

@@ -27,6 +27,7 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..front.builder import builder_op
+from ..dynamic.kernels import SizeParams
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
 from . import FAST_DIV_MAX, check_support, index_lines, int_list, lowering, register
 from .reduce import at_least
@@ -164,17 +165,29 @@ def _lower(kc, node, mode):
         **ld_st(st),
     }
     name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
-    if not is_static(out.shape):  # the output coordinates as chained quotients (one division per dynamic size)
+    # Static sizes as launch parameters (one pipeline per window, strides, padding and layout),
+    # the output index split as a dynamic build splits it, through div_fast: where every index
+    # stays below FAST_DIV_MAX (else the constants, divided as constants)
+    fast = is_static(out.shape + x.shape) and max(total, math.prod(x.shape)) < FAST_DIV_MAX
+    P = kc.size_params() if fast else SizeParams(0)
+    shape = list(out.shape)
+    if P:
+        C, IH, IW, OH, OW = P(c), P(ih), P(iw), P(oh), P(ow)
+        params.update(C=C, IH=IH, IW=IW, OH=OH, OW=OW, in_s=tuple(P(v) for v in in_s), total=P(total))
+        if whole:  # the window is the plane: its loop bounds are sizes too
+            params.update(KH=P(kh), KW=P(kw))
+        shape = [n, OH, OW, C] if nhwc else [n, C, OH, OW]
+    if not is_static(shape):  # the output coordinates as chained quotients (one division per dynamic size)
         div = high(total) < FAST_DIV_MAX
         params["coords"] = "\n".join(index_lines("i", ("n", "oh", "ow", "c") if nhwc else ("n", "c", "oh", "ow"),
-                                                 list(out.shape), div))
+                                                 shape, div))
     if isinstance(big, Sym):  # and the window loop's path in a global kernel where the plane may be small
         params["auto"] = wgsl(1 - big)
         name += "_auto"
     # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
     bindings, args = [Binding("x", st), Binding("out", st, True)], [x, out]
-    params["act"] = kc.epilogue(bindings, args)
-    k = Kernel(name, "pool.wgsl", params, tuple(bindings))
+    params["act"] = kc.epilogue(bindings, args, P)
+    k = Kernel(name, "pool.wgsl", params, tuple(bindings), sizes=P.values)
     if path == "window":
         groups = cdiv(total, WORKGROUP)
     else:
@@ -202,8 +215,12 @@ def lower_gate(kc, step):
     # each layer's activations: its step's epilogue (a pool's own, applied in pooled(), is the head's)
     acts = ([] if pool else [step.epilogue]) + [f.epilogue for f in step.chain]
     bindings, args = [], []
+    # The plane's size as a launch parameter (squeeze-and-excitation blocks of one width at
+    # several resolutions share a pipeline); where a fused source's indices stay below
+    # FAST_DIV_MAX (it divides by its sizes), which bounds every index of the kernel
+    P = kc.size_params() if high(math.prod(x.shape)) < FAST_DIV_MAX else SizeParams(0)
     if step.source is not None:
-        src_fn, ext = group_fn(kc, step.source.nodes, "group", "g")
+        src_fn, ext = group_fn(kc, step.source.nodes, "group", "g", P)
         src_fn += "\n\nfn src(i: u32) -> f32 {\n    return f32(group(i));\n}"
         for k, v in enumerate(ext):
             bindings.append(Binding(f"g{k}", kc.wtype(v)))
@@ -227,7 +244,9 @@ def lower_gate(kc, step):
         lanes = min(64, p2(c)) if nhwc else min(p2(hw), max(16, WORKGROUP // p2(c)))
         params.update(L=lanes, R=WORKGROUP // lanes)
         lines, cur = activation_lines(kc, step.epilogue, "q", t)
-        body = "\n".join([f"    let q: {t} = {st}(s / {lit(float(hw), 'f32')});"] + lines)
+        hw = params["HW"] = P(hw)  # (f32 of the value read at dispatch: exact, as the literal, below 2^24)
+        count = lit(float(hw), "f32") if isinstance(hw, int) else f"f32({wgsl(hw)})"
+        body = "\n".join([f"    let q: {t} = {st}(s / {count});"] + lines)
         params["src_fn"] += f"\n\nfn pooled(s: f32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
     layers, widest = [], c
     for j, (fc, ep) in enumerate(zip(fcs, acts)):
@@ -252,7 +271,7 @@ def lower_gate(kc, step):
     params.update(layers=layers, CMAX=widest)
     name = (f"gate_{layout}_{t}_{'pool' if pool else 'fc'}"
             + "".join(f"_{f['I']}x{f['O']}" for f in layers) + ("_src" if step.source is not None else ""))
-    kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings)), args, grid(nb))
+    kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings), sizes=P.values), args, grid(nb))
 
 
 for _name, _mode in (("average_pool2d", "avg"), ("l2_pool2d", "l2"), ("max_pool2d", "max")):

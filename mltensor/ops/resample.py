@@ -32,6 +32,7 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, exact_div, high, is_static, wgsl
+from ..dynamic.kernels import SizeParams
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
@@ -111,12 +112,15 @@ def _nearest_wgsl(r, rounding):
     return A, f"{B} + {D} - 1", f"u32({D})"
 
 
-def resample_params(kc, node, out, src):
+def resample_params(kc, node, out, src, P=None):
     """Parameters of shaders/resample_at.wgsl (rs_index / rs_linear) for resample2d node `node`
     writing `out`, its input bound as `src`: shared by its own kernel and by a convolution that
     resamples its input as it loads it (conv.py, the "resample" prologue). Sizes known only at
     dispatch (Syms) are read there; a resampled dimension whose coordinate map depends on them
-    gets `{h,w}_dyn` (rs_rat's arguments) and WGSL expressions of that map."""
+    gets `{h,w}_dyn` (rs_rat's arguments) and WGSL expressions of that map. P: the kernel's
+    SizeParams when its static sizes (shapes, strides, the coordinate maps' integers) are launch
+    parameters; the output index is then split as a dynamic build splits it (its flat indices
+    below FAST_DIV_MAX)."""
     x = node.inputs[0]
     a = node.attrs
     ax_h, ax_w = a["axes"]
@@ -128,9 +132,13 @@ def resample_params(kc, node, out, src):
         "mode": a["mode"],
         "ST": store_fn(kc.wtype(x)),  # linear: f32 result stored as f16
     }
-    if not is_static(out.shape):  # the output coordinates as chained quotients
+    shape = list(out.shape)
+    if P:
+        shape = [shape[0]] + [P(d) for d in shape[1:]]  # (the outermost size is never read)
+        rs["out_shape"], rs["in_strides"] = shape, [P(v) for v in rs["in_strides"]]
+    if not is_static(shape):  # the output coordinates as chained quotients
         fast = high(math.prod(out.shape)) < FAST_DIV_MAX
-        rs["coords"] = "\n".join(index_lines("i", ("c0", "c1", "c2", "c3"), list(out.shape), fast))
+        rs["coords"] = "\n".join(index_lines("i", ("c0", "c1", "c2", "c3"), shape, fast))
     for tag, ax in (("h", ax_h), ("w", ax_w)):
         n_in, n_out = x.shape[ax], out.shape[ax]
         rat = None if is_static((n_in, n_out)) else _structural(a["coordinate_transformation"], n_in, n_out)
@@ -154,6 +162,11 @@ def resample_params(kc, node, out, src):
         if max(abs(A2) * high(n_out) + abs(B2) + D2, abs(A) * high(n_out) + abs(B)) >= 2**31:
             raise NotImplementedError(f"[resample2d] sizes {x.shape[ax]} -> {out.shape[ax]} are too large")
         rs[f"{tag}_last"] = x.shape[ax] - 1
+        if P:  # (the mode decides which map the kernel reads: the other takes no slots)
+            used, unused = ("_near", "_rat") if a["mode"] == "nearest-neighbor" else ("_rat", "_near")
+            rs[tag + used] = [P(v) for v in rs[tag + used]]
+            del rs[tag + unused]  # (its values would tell the kernels apart)
+            rs[f"{tag}_last"] = P(rs[f"{tag}_last"])
     return rs
 
 
@@ -161,12 +174,18 @@ def _lower_resample2d(kc, node):
     x = node.inputs[0]
     out = kc.out(node)
     a = node.attrs
+    # static sizes as launch parameters (every resampling of one mode and transform shares a
+    # pipeline) where the output's indices stay below FAST_DIV_MAX
+    small = isinstance(out.size, int) and out.size < FAST_DIV_MAX
+    P = kc.size_params() if small else SizeParams(0)
+    rs = resample_params(kc, node, out, "src", P)
     kernel = Kernel(
         f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
         + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}",
         "resample.wgsl",
-        {"n": out.size, "rs": resample_params(kc, node, out, "src")},
+        {"n": P(out.size), "rs": rs},
         (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True)),
+        sizes=P.values,
     )
     kc.launch(kernel, [x, out], groups("resample2d", cdiv(out.size, WORKGROUP)))
 
