@@ -1,10 +1,12 @@
-"""Static sizes as launch parameters (dynamic/kernels.py SizeParams, issue 29): kernels of the
-elementwise, pool and resample families that differ only in sizes share one pipeline, each launch
-passing its own sizes as immediate data. Checked: the number of distinct pipelines a graph
-launches (MLGraph.pipelines) drops against a build with every size a WGSL constant
-(MLTENSOR_NO_SIZE_PARAMS=1), the results are bit-identical to that build and match numpy, in
-float32, float16 and emulated int64, through the graph cache, from two threads, and (slow) past
-65535 workgroups."""
+"""Static sizes as launch parameters (dynamic/kernels.py SizeParams, issue 29): kernels that differ
+only in sizes share one pipeline, each launch passing its own sizes as immediate data, where
+that costs nothing (elementwise chains without broadcasting; broadcasting ones and NCHW
+resampling as grid launches, which divide by nothing; whole-plane pools on their global path;
+squeeze-and-excitation gates); flat kernels that divide every index by sizes keep constants.
+Checked: the number of distinct pipelines a graph launches (MLGraph.pipelines) drops against a
+build with every size a WGSL constant (MLTENSOR_NO_SIZE_PARAMS=1), the results are bit-identical
+to that build and match numpy, in float32, float16 and emulated int64, through the graph cache,
+from two threads, and (slow) past 65535 workgroups."""
 
 import threading
 
@@ -14,7 +16,7 @@ import pytest
 import mltensor
 from mltensor import ml
 
-from helpers import context_with_env, dispatch_at
+from helpers import FUSION, context_with_env, dispatch_at
 
 
 @pytest.fixture
@@ -64,15 +66,16 @@ def _linear2x(x):
 
 
 # Same-family layers at several sizes, odd ones (tails of a workgroup, of a vec4) included.
-EW = [(1, 3, 5, 7), (2, 3, 9, 11), (1, 3, 4, 13)]  # add a per-channel-last bias, sigmoid: 1 pipeline
+EW = [(1, 3, 5, 7), (2, 3, 9, 11), (1, 3, 4, 13)]  # add a bias along the last axis, sigmoid: 1 pipeline (grid)
+CH = [(1, 4, 17, 19), (2, 3, 16, 16)]  # a per-channel scale, planes of >= 256: 1 pipeline (grid)
 VEC = [(4, 8), (2, 3, 16), (1000,)]  # vec4 multiply by a scalar: 1 pipeline
 # (A size of 1 is structural, a batch of 1 or 2 two different kernels: a model's layers share theirs.)
-POOL = [(1, 2, 15, 17), (1, 3, 32, 32), (1, 4, 9, 6)]  # max 3x3 s2 p1: 1 pipeline
-GAP = [(1, 4, 7, 9), (1, 3, 11, 5)]  # whole-plane average, small planes: 1 pipeline
-GAP_BIG = [(1, 3, 16, 16), (1, 2, 13, 17)]  # whole-plane average, >= 128 elements: 1 pipeline
-NEAR = [(1, 2, 5, 7), (1, 3, 6, 3)]  # nearest x2: 1 pipeline
-LIN = [(1, 2, 5, 7), (1, 3, 3, 8)]  # linear x2: 1 pipeline
-SHARED = 7
+POOL = [(1, 2, 15, 17), (1, 3, 32, 32)]  # max 3x3 s2 p1: flat, divides by sizes: constants, 2 pipelines
+GAP = [(1, 4, 7, 9), (1, 3, 11, 5)]  # whole-plane average, small planes (the window path): 2 pipelines
+GAP_BIG = [(1, 3, 16, 16), (1, 2, 13, 17)]  # whole-plane average, >= 128 elements (global path): 1 pipeline
+NEAR = [(1, 2, 5, 7), (1, 3, 6, 3)]  # nearest x2: 1 pipeline (grid)
+LIN = [(1, 2, 5, 7), (1, 3, 3, 8)]  # linear x2: 1 pipeline (grid)
+SHARED = 10
 
 
 def _model(ctx, rng):
@@ -90,6 +93,11 @@ def _model(ctx, rng):
         c = rng.standard_normal(s[-1:]).astype(np.float32)
         outs[f"ew{k}"] = b.sigmoid(b.add(x, b.constant(c)))
         refs[f"ew{k}"] = _sigmoid(a + c)
+    for k, s in enumerate(CH):
+        x, a = inp(f"ch{k}", s)
+        c = rng.standard_normal((s[1], 1, 1)).astype(np.float32)
+        outs[f"ch{k}"] = b.add(b.mul(x, b.constant(c)), x)
+        refs[f"ch{k}"] = a * c + a
     for k, s in enumerate(VEC):
         x, a = inp(f"vec{k}", s)
         outs[f"vec{k}"] = b.mul(x, b.constant(data_type="float32", value=1.5))
@@ -121,12 +129,40 @@ def test_layers_of_one_family_at_several_sizes_share_a_pipeline(ctx, no_params):
         g0, _, _ = _model(ctx, np.random.default_rng(0))
     launches = len(g.kernel_names)
     assert g0.kernel_names == g.kernel_names  # names still spell each launch's sizes
-    assert g0.pipelines == launches == 17, g0.kernel_names
-    assert g.pipelines == SHARED, g.kernel_names
+    assert g0.pipelines == launches, g0.kernel_names
+    if FUSION:  # (counts of fused kernels; without fusion only that they drop)
+        assert launches == 18 and g.pipelines == SHARED, g.kernel_names
+    assert g.pipelines < launches, g.kernel_names
     got, want = dispatch_at(ctx, g, feeds), dispatch_at(ctx, g0, feeds)
     for name, ref in refs.items():
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)  # the constants' arithmetic
         np.testing.assert_allclose(got[name], ref, rtol=2e-6, atol=1e-6, err_msg=name)
+
+
+def test_squeeze_and_excitation_gates_at_two_planes_share_a_pipeline(ctx, rng):
+    """The gate kernel (a global average pool and the fully connected layers after it) reads its
+    plane's size as a launch parameter: one pipeline for a block's width at every resolution."""
+    C, hidden = 8, 4
+    w1 = (rng.standard_normal((hidden, C, 1, 1)) / 3).astype(np.float32)
+    w2 = (rng.standard_normal((C, hidden, 1, 1)) / 2).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    outs, feeds, refs = {}, {}, {}
+    for k, (h, w) in enumerate([(8, 8), (10, 12), (6, 7)]):  # (planes of >= 32: one lane layout)
+        x = b.input(f"x{k}", data_type="float32", shape=[1, C, h, w])
+        s = b.average_pool2d(x)
+        g = b.sigmoid(b.conv2d(b.relu(b.conv2d(s, b.constant(w1))), b.constant(w2)))
+        outs[f"g{k}"] = g
+        a = rng.standard_normal((1, C, h, w)).astype(np.float32)
+        p = a.astype(np.float64).mean(axis=(2, 3))
+        feeds[f"x{k}"] = a
+        refs[f"g{k}"] = _sigmoid(np.maximum(p @ w1[:, :, 0, 0].T, 0) @ w2[:, :, 0, 0].T).reshape(1, C, 1, 1)
+    g = b.build_sync(outs)
+    if FUSION:
+        assert len(g.kernel_names) == 3 and all(n.startswith("gate_") for n in g.kernel_names), g.kernel_names
+        assert g.pipelines == 1, g.kernel_names
+    got = dispatch_at(ctx, g, feeds)
+    for k, ref in refs.items():
+        np.testing.assert_allclose(got[k], ref, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def test_one_pipeline_back_to_back_at_three_sizes(ctx, rng):
@@ -135,14 +171,14 @@ def test_one_pipeline_back_to_back_at_three_sizes(ctx, rng):
     dispatch, which finds the pipeline set with the last launch's sizes."""
     b = mltensor.MLGraphBuilder(ctx)
     outs, feeds, refs = {}, {}, {}
-    for k, s in enumerate([(3, 7), (5, 9), (2, 4)]):
+    for k, s in enumerate([(3, 7), (5, 9), (2, 5)]):
         x = b.input(f"x{k}", data_type="float32", shape=list(s))
         c = rng.standard_normal(s[-1:]).astype(np.float32)
         outs[f"y{k}"] = b.sigmoid(b.add(x, b.constant(c)))
         feeds[f"x{k}"] = rng.standard_normal(s).astype(np.float32)
         refs[f"y{k}"] = _sigmoid(feeds[f"x{k}"] + c)
     g = b.build_sync(outs)
-    assert len(set(g.kernel_names)) == 3 and g.pipelines == 1, g.kernel_names
+    assert g.pipelines == (1 if FUSION else 2) and len(set(g.kernel_names)) == len(g.kernel_names), g.kernel_names
     for _ in range(3):
         got = dispatch_at(ctx, g, feeds)
         for k, ref in refs.items():
@@ -163,7 +199,7 @@ def test_float16_and_emulated_int64_share_pipelines_across_sizes(rng):
                 outs[f"y{k}"] = b.mul(b.add(x, b.constant(v)), b.constant(data_type=dt, shape=[1], data=np.array([3], np_dt)))
                 feeds[f"x{k}"], refs[f"y{k}"] = a, (a + v) * np_dt(3)
             g = b.build_sync(outs)
-            assert g.pipelines == 1, (dt, g.kernel_names)
+            assert g.pipelines == (1 if FUSION else 2), (dt, g.kernel_names)
             got = dispatch_at(c, g, feeds)
             for k, ref in refs.items():
                 np.testing.assert_array_equal(got[k], ref, err_msg=f"{dt} {k}")

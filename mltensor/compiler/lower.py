@@ -255,14 +255,13 @@ class KernelContext:
     def scratch(self, nbytes):
         return Scratch(dtypes.padded(nbytes))
 
-    def epilogue(self, bindings, args, P=None):
+    def epilogue(self, bindings, args):
         """WGSL `fn act(x: T, i: u32) -> T` for the step's fused epilogue (identity if none): the
         value about to be stored at flat index `i` of `kc.out(node)` (row-major, the output's own
         layout) goes through the fused activations and binary nodes in order. The other operands
         of binary nodes are read at `i` (broadcast through baked strides) from extra read-only
         bindings `e0`, `e1`, ...: they are inserted into the lists `bindings` and `args` before
-        their last entry (the output). Every store of the kernel must go through act(). P: the
-        kernel's SizeParams when its sizes are launch parameters (then `i` < FAST_DIV_MAX)."""
+        their last entry (the output). Every store of the kernel must go through act()."""
         from ..ops.elementwise import epilogue_fn
         from .passes import epilogue_operands
 
@@ -272,7 +271,7 @@ class KernelContext:
             bindings.insert(len(bindings) - 1, Binding(f"e{k}", self.wtype(v)))
             pad = step.views.get(id(v))  # a constant pad read through: bind its input
             args.insert(len(args) - 1, v if pad is None else pad.inputs[0])
-        return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]), P)
+        return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]))
 
     def copy(self, src, dst):
         # 32-bit words, whatever the element type; an odd number of f16 elements rounds up into

@@ -205,20 +205,17 @@ def merge_dims(dims):
     return out
 
 
-def radix(var, dims, n_targets=1, fast=False):
+def radix(var, dims, n_targets=1):
     """WGSL u32 expressions (one per target) for the offsets of flat index `var`, decomposed
     row-major over dims [(size, strides per target)] (outermost first). Sizes and strides may be
-    dynamic (Syms): they are then read at dispatch (dynamic/kernels.py). fast: divide by those
-    through common.wgsl's div_fast (`var` below FAST_DIV_MAX), else u32 division."""
+    dynamic (Syms): they are then read at dispatch (dynamic/kernels.py)."""
     live = [(size, strides) for size, strides in dims if size != 1]
     terms = [[] for _ in range(n_targets)]
     inner = 1
     for k, (size, strides) in enumerate(reversed(live)):
-        fi = fast and isinstance(inner, Sym)
-        c = var if inner == 1 else f"div_fast({var}, {wgsl(inner)})" if fi else f"({var} / {wgsl(inner)})"
+        c = var if inner == 1 else f"({var} / {wgsl(inner)})"
         if k < len(live) - 1:  # every dimension but the outermost wraps
-            w = wgsl(size)
-            c = f"({c} - div_fast({c}, {w}) * {w})" if fast and isinstance(size, Sym) else f"({c} % {w})"
+            c = f"({c} % {wgsl(size)})"
         for t, s in enumerate(strides):
             if isinstance(s, Sym) or s:
                 terms[t].append(c if s == 1 else f"{c} * {wgsl(s)}")

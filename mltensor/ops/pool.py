@@ -165,28 +165,24 @@ def _lower(kc, node, mode):
         **ld_st(st),
     }
     name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
-    # Static sizes as launch parameters (one pipeline per window, strides, padding and layout),
-    # the output index split as a dynamic build splits it, through div_fast: where every index
-    # stays below FAST_DIV_MAX (else the constants, divided as constants)
-    fast = is_static(out.shape + x.shape) and max(total, math.prod(x.shape)) < FAST_DIV_MAX
-    P = kc.size_params() if fast else SizeParams(0)
-    shape = list(out.shape)
+    # Static sizes as launch parameters on the global path (a whole-plane pool at every plane
+    # size shares a pipeline): it divides by them once per workgroup. The window path divides
+    # every thread's index by the output's sizes: it keeps its constants (a division by a value
+    # read at dispatch made it 1.5x slower on lavapipe, bench/test_bench_startup.py).
+    P = kc.size_params() if path == "global" and is_static(out.shape + x.shape) and big == 1 else SizeParams(0)
     if P:
-        C, IH, IW, OH, OW = P(c), P(ih), P(iw), P(oh), P(ow)
-        params.update(C=C, IH=IH, IW=IW, OH=OH, OW=OW, in_s=tuple(P(v) for v in in_s), total=P(total))
-        if whole:  # the window is the plane: its loop bounds are sizes too
-            params.update(KH=P(kh), KW=P(kw))
-        shape = [n, OH, OW, C] if nhwc else [n, C, OH, OW]
-    if not is_static(shape):  # the output coordinates as chained quotients (one division per dynamic size)
+        params.update(C=P(c), IH=P(ih), IW=P(iw), in_s=tuple(P(v) for v in in_s), total=P(total), KH=P(kh),
+                      KW=P(kw))
+    if not is_static(out.shape):  # the output coordinates as chained quotients (one division per dynamic size)
         div = high(total) < FAST_DIV_MAX
         params["coords"] = "\n".join(index_lines("i", ("n", "oh", "ow", "c") if nhwc else ("n", "c", "oh", "ow"),
-                                                 shape, div))
+                                                 list(out.shape), div))
     if isinstance(big, Sym):  # and the window loop's path in a global kernel where the plane may be small
         params["auto"] = wgsl(1 - big)
         name += "_auto"
     # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
     bindings, args = [Binding("x", st), Binding("out", st, True)], [x, out]
-    params["act"] = kc.epilogue(bindings, args, P)
+    params["act"] = kc.epilogue(bindings, args)
     k = Kernel(name, "pool.wgsl", params, tuple(bindings), sizes=P.values)
     if path == "window":
         groups = cdiv(total, WORKGROUP)
@@ -216,11 +212,10 @@ def lower_gate(kc, step):
     acts = ([] if pool else [step.epilogue]) + [f.epilogue for f in step.chain]
     bindings, args = [], []
     # The plane's size as a launch parameter (squeeze-and-excitation blocks of one width at
-    # several resolutions share a pipeline); where a fused source's indices stay below
-    # FAST_DIV_MAX (it divides by its sizes), which bounds every index of the kernel
-    P = kc.size_params() if high(math.prod(x.shape)) < FAST_DIV_MAX else SizeParams(0)
+    # several resolutions share a pipeline): a loop bound and a multiplier, nothing divides by it
+    P = kc.size_params()
     if step.source is not None:
-        src_fn, ext = group_fn(kc, step.source.nodes, "group", "g", P)
+        src_fn, ext = group_fn(kc, step.source.nodes, "group", "g")
         src_fn += "\n\nfn src(i: u32) -> f32 {\n    return f32(group(i));\n}"
         for k, v in enumerate(ext):
             bindings.append(Binding(f"g{k}", kc.wtype(v)))

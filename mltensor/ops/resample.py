@@ -32,7 +32,6 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, exact_div, high, is_static, wgsl
-from ..dynamic.kernels import SizeParams
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
@@ -112,15 +111,12 @@ def _nearest_wgsl(r, rounding):
     return A, f"{B} + {D} - 1", f"u32({D})"
 
 
-def resample_params(kc, node, out, src, P=None):
+def resample_params(kc, node, out, src):
     """Parameters of shaders/resample_at.wgsl (rs_index / rs_linear) for resample2d node `node`
     writing `out`, its input bound as `src`: shared by its own kernel and by a convolution that
     resamples its input as it loads it (conv.py, the "resample" prologue). Sizes known only at
     dispatch (Syms) are read there; a resampled dimension whose coordinate map depends on them
-    gets `{h,w}_dyn` (rs_rat's arguments) and WGSL expressions of that map. P: the kernel's
-    SizeParams when its static sizes (shapes, strides, the coordinate maps' integers) are launch
-    parameters; the output index is then split as a dynamic build splits it (its flat indices
-    below FAST_DIV_MAX)."""
+    gets `{h,w}_dyn` (rs_rat's arguments) and WGSL expressions of that map."""
     x = node.inputs[0]
     a = node.attrs
     ax_h, ax_w = a["axes"]
@@ -132,13 +128,9 @@ def resample_params(kc, node, out, src, P=None):
         "mode": a["mode"],
         "ST": store_fn(kc.wtype(x)),  # linear: f32 result stored as f16
     }
-    shape = list(out.shape)
-    if P:
-        shape = [shape[0]] + [P(d) for d in shape[1:]]  # (the outermost size is never read)
-        rs["out_shape"], rs["in_strides"] = shape, [P(v) for v in rs["in_strides"]]
-    if not is_static(shape):  # the output coordinates as chained quotients
+    if not is_static(out.shape):  # the output coordinates as chained quotients
         fast = high(math.prod(out.shape)) < FAST_DIV_MAX
-        rs["coords"] = "\n".join(index_lines("i", ("c0", "c1", "c2", "c3"), shape, fast))
+        rs["coords"] = "\n".join(index_lines("i", ("c0", "c1", "c2", "c3"), list(out.shape), fast))
     for tag, ax in (("h", ax_h), ("w", ax_w)):
         n_in, n_out = x.shape[ax], out.shape[ax]
         rat = None if is_static((n_in, n_out)) else _structural(a["coordinate_transformation"], n_in, n_out)
@@ -162,11 +154,6 @@ def resample_params(kc, node, out, src, P=None):
         if max(abs(A2) * high(n_out) + abs(B2) + D2, abs(A) * high(n_out) + abs(B)) >= 2**31:
             raise NotImplementedError(f"[resample2d] sizes {x.shape[ax]} -> {out.shape[ax]} are too large")
         rs[f"{tag}_last"] = x.shape[ax] - 1
-        if P:  # (the mode decides which map the kernel reads: the other takes no slots)
-            used, unused = ("_near", "_rat") if a["mode"] == "nearest-neighbor" else ("_rat", "_near")
-            rs[tag + used] = [P(v) for v in rs[tag + used]]
-            del rs[tag + unused]  # (its values would tell the kernels apart)
-            rs[f"{tag}_last"] = P(rs[f"{tag}_last"])
     return rs
 
 
@@ -174,20 +161,47 @@ def _lower_resample2d(kc, node):
     x = node.inputs[0]
     out = kc.out(node)
     a = node.attrs
-    # static sizes as launch parameters (every resampling of one mode and transform shares a
-    # pipeline) where the output's indices stay below FAST_DIV_MAX
-    small = isinstance(out.size, int) and out.size < FAST_DIV_MAX
-    P = kc.size_params() if small else SizeParams(0)
-    rs = resample_params(kc, node, out, "src", P)
-    kernel = Kernel(
-        f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
-        + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}",
-        "resample.wgsl",
-        {"n": P(out.size), "rs": rs},
-        (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True)),
-        sizes=P.values,
-    )
+    name = (f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
+            + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}")
+    bindings = (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True))
+    rs = resample_params(kc, node, out, "src")
+    grid = _grid(kc, x, out, rs)
+    if grid is not None:
+        params, P, groups_ = grid
+        kc.launch(Kernel(name, "resample.wgsl", params, bindings, sizes=P.values), [x, out], groups_)
+        return
+    kernel = Kernel(name, "resample.wgsl", {"n": out.size, "rs": rs}, bindings)
     kc.launch(kernel, [x, out], groups("resample2d", cdiv(out.size, WORKGROUP)))
+
+
+def _grid(kc, x, out, rs):
+    """(template parameters, SizeParams, workgroup counts) of a grid launch, or None. An NCHW
+    resampling of the last two axes (the default) with static sizes runs as a grid: thread (x, y)
+    of workgroup (gx, gy, z) is output column x of row y of plane z, so no thread divides its
+    index; the sizes and strides are launch parameters (every resampling of one mode, transform
+    and scale shares a pipeline). A division by a size read at dispatch would have made the flat
+    kernel 1.6x slower on lavapipe (bench/test_bench_startup.py)."""
+    from ..runtime.wgsl import MAX_GROUPS
+    from .elementwise import GRID_WX
+
+    if rs["axes"] != [2, 3] or not is_static(tuple(x.shape) + tuple(out.shape)):
+        return None
+    P = kc.size_params()
+    n, c, ih, iw = x.shape
+    oh, ow = out.shape[2:]
+    wx = GRID_WX
+    wy = WORKGROUP // wx
+    counts = (-(-ow // wx), -(-oh // wy), n * c)
+    if not P or max(counts) > MAX_GROUPS:
+        return None
+    # The coordinate maps' integers stay constants: the nearest sample divides by D (a division
+    # by a value read at dispatch made the kernel 2x slower), and they depend only on the scale.
+    rs = dict(rs, out_shape=None, in_strides=[0, 0, P(iw), 1])  # (b.x: the plane's offset, from the grid)
+    for tag in ("h", "w"):
+        rs[tag + "_last"] = P(rs[tag + "_last"])
+        del rs[tag + ("_rat" if rs["mode"] == "nearest-neighbor" else "_near")]  # (unread)
+    params = {"rs": rs, "rs_grid": {"wx": wx, "wy": wy, "sx": P(ow), "sy": P(oh), "plane": P(ih * iw)}}
+    return params, P, counts
 
 
 register(
