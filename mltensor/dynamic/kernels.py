@@ -11,10 +11,15 @@ the graph that reads a size declares the same struct, one u32 per named dimensio
 
 Lowerings never write this: they render sizes with `dims.wgsl(x)` (a literal for a static size,
 an expression over `dims.*` for a Sym), and `KernelContext.launch` marks the kernels whose
-parameters mention `dims.` (runtime/wgsl.Kernel.dims), which adds the declaration and the
-pipeline layout's immediate range. Static sizes stay WGSL constants, so a static graph is
-compiled exactly as before. Workgroup counts that depend on sizes are `Fold` (a 1-D count folded
-past 65535 like wgsl.grid) or tuples holding Syms, evaluated per dispatch by `concrete_groups`.
+parameters mention `dims.d_` (runtime/wgsl.Kernel.dims), which adds the declaration and the
+pipeline layout's immediate range. Workgroup counts that depend on sizes are `Fold` (a 1-D count
+folded past 65535 like wgsl.grid) or tuples holding Syms, evaluated per dispatch by
+`concrete_groups`.
+
+The same immediates carry launch parameters (SizeParams, issue 29): static sizes of kernels that
+opt in, fields `p0, p1, ...` after the dimensions, each launch its own values (Kernel.sizes), so
+kernels differing only in sizes share one pipeline. `immediates_layout` says where each launch
+takes its immediates from; other static sizes stay WGSL constants.
 """
 
 import os
@@ -33,10 +38,6 @@ def declaration(names, n_params=0):
     parameters (SizeParams)."""
     fields = ", ".join([f"{field_name(n)}: u32" for n in names] + [f"{param_field(k)}: u32" for k in range(n_params)])
     return f"struct Dims {{ {fields} }}\nvar<immediate> dims: Dims;\n"
-
-
-def immediate_size(names, n_params=0):
-    return 4 * (len(names) + n_params)
 
 
 def room(device):
