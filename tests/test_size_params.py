@@ -185,6 +185,30 @@ def test_one_pipeline_back_to_back_at_three_sizes(ctx, rng):
             np.testing.assert_allclose(got[k], ref, rtol=1e-6, err_msg=k)
 
 
+def test_two_graphs_sharing_a_pipeline_dispatched_in_turn(ctx, rng):
+    """Graphs with one shared pipeline at different sizes, dispatched in turn into one pass: each
+    dispatch finds the pipeline set with the other graph's sizes and sets its own, and one
+    repeated finds its own still set."""
+    graphs, feeds, refs = [], [], []
+    for s in [(3, 7), (5, 9)]:
+        b = mltensor.MLGraphBuilder(ctx)
+        x = b.input("x", data_type="float32", shape=list(s))
+        graphs.append(b.build_sync({"y": b.sigmoid(b.mul(x, b.constant(data_type="float32", value=0.5)))}))
+        a = rng.standard_normal(s).astype(np.float32)
+        feeds.append(a)
+        refs.append(_sigmoid(a * 0.5))
+    assert graphs[0]._kernels[0].key == graphs[1]._kernels[0].key  # one pipeline
+    ins = [ctx.create_tensor_sync(data_type="float32", shape=list(a.shape), writable=True) for a in feeds]
+    for t, a in zip(ins, feeds):
+        ctx.write_tensor(t, a)
+    order = [0, 1, 1, 0, 1, 0, 0]
+    outs = [ctx.create_tensor_sync(data_type="float32", shape=list(feeds[k].shape), readable=True) for k in order]
+    for k, o in zip(order, outs):  # (no read in between: one pass)
+        ctx.dispatch(graphs[k], {"x": ins[k]}, {"y": o})
+    for k, o in zip(order, outs):
+        np.testing.assert_allclose(ctx.read_tensor_sync(o), refs[k], rtol=1e-6)
+
+
 def test_float16_and_emulated_int64_share_pipelines_across_sizes(rng):
     for env, dt, np_dt in ((dict(), "float16", np.float16),
                            (dict(MLTENSOR_DISABLE_INT64="1"), "int64", np.int64)):

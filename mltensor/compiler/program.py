@@ -306,7 +306,7 @@ class MLGraph:
         self._autotune = {"seconds": 0.0, "signatures_tuned": 0}
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
         self._dyn = None  # a DynamicPlan when some dimension is known only at dispatch
-        self._imm_at = self._imm_static = None  # (_finish)
+        self._imm_at = self._imm_static = self._imm_end = None  # (_finish)
         self._last_dyn = None  # _last_call of a graph with a DynamicPlan
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
@@ -318,11 +318,18 @@ class MLGraph:
         # Immediate data (dynamic/kernels.py immediates_layout): dynamic dimensions' sizes, per
         # dispatch; launch parameters (shared pipelines), fixed: one LaunchData for every dispatch
         self._imm_rows, self._imm_at, words = immediates_layout(self._kernels)
+        self._imm0 = self._imm_at[0][1] if self._imm_at else 0  # (offset 0: immediates_layout)
+        # offset of the immediates in effect after a replay (the last launch that sets some)
+        self._imm_last = next((off for off, size in reversed(self._imm_at) if size), None)
         self._imm_c = None  # _imm_at[1:] as a C array (the compiled loop's)
         if self._dyn is None and not any(size for _, size in self._imm_rows):
             self._imm_at = None  # the plain replay (runtime/replay.c mlt_replay)
         elif self._dyn is None:
             self._imm_static = LaunchData(words, [g for e in self._launches for g in e[3]])
+            self._imm_end = (self._imm_static, self._imm_last)
+            # what state[2] is when the pass holds this graph's first values (a repeated
+            # dispatch: the last launch's are its first's), else a token it never holds
+            self._imm_hold0 = self._imm_end if self._imm_last == 0 else object()
         self._in_names = tuple(sorted(self._inputs))
         self._out_names = tuple(sorted(self._outputs))
 
@@ -675,21 +682,32 @@ def _record_imm(tl, graph, tensors, data):
     else:
         p = tl.native_pass()
         state = tl._pass_state
-        at = graph._imm_at
+        # (what the pass holds afterwards: state[2], a token made once for a static graph)
+        end = graph._imm_end if data is graph._imm_static else (data, graph._imm_last)
         if raw:
-            pipe, bg = raw[0][:2]
+            pipe, bg, x, y, z = raw[0]
+            size = graph._imm0
             if pipe != state[0]:
                 _set_pipeline(p, pipe)
-            off, size = at[0]
-            if size:  # always: the pass may hold this pipeline with another dispatch's values
-                _set_immediates(p, 0, _ffi.cast("void *", base + off), size)
+                if size:
+                    _set_immediates(p, 0, data.imm_ptr, size)  # (the first launch's are at offset 0)
+            elif size:
+                # the pass holds this pipeline: with this graph's first values when this dispatch
+                # repeats the last one (they stay), else another dispatch's (another graph
+                # sharing the pipeline, other sizes): set ours
+                held = state[2]
+                if not (held is not None and held[0] is data and held[1] == 0):
+                    _set_immediates(p, 0, data.imm_ptr, size)
             if bg != state[1]:
                 _set_bind_group(p, 0, bg, 0, _NULL)
-            _dispatch(p, g[0], g[1], g[2])
+            if graph._dyn is not None:
+                x, y, z = g[0], g[1], g[2]
+            _dispatch(p, x, y, z)
         if native is not None and len(raw) > 1:
             lib, (n, pipes, groups, _), cffi_ = native
             lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, graph._imm_c, base)
         else:
+            at = graph._imm_at
             for i in range(1, len(raw)):
                 pipe, bg = raw[i][:2]
                 if pipe is not None:
@@ -702,6 +720,8 @@ def _record_imm(tl, graph, tensors, data):
                 _dispatch(p, g[3 * i], g[3 * i + 1], g[3 * i + 2])
         if raw:
             state[0], state[1] = tail
+            if graph._imm_last is not None:
+                state[2] = end
     kept = tl._kept
     if not kept or kept[-1] is not bound:
         kept.append(bound)
@@ -716,10 +736,11 @@ def _held_dispatch(tl, graph, inputs, outputs, tensors):
 
 
 def _record(tl, graph, tensors):
-    if graph._imm_at is not None:  # launch parameters (a static graph: its fixed LaunchData)
+    bound, raw, buffers, tail, rest, native = graph._replay(tensors)
+    imm = graph._imm_at is not None  # launch parameters (a static graph: its fixed LaunchData)
+    if imm and (native is None or not graph._native):
         _record_imm(tl, graph, tensors, graph._imm_static)
         return
-    bound, raw, buffers, tail, rest, native = graph._replay(tensors)
     if not graph._native:  # another wgpu backend: its Python wrappers
         p = tl.compute_pass()
         for pipe, bg, groups in bound:
@@ -738,12 +759,23 @@ def _record(tl, graph, tensors):
             pipe, bg, x, y, z = raw[0]
             if pipe != state[0]:
                 sp(p, pipe)
+                if imm and graph._imm0:
+                    _set_immediates(p, 0, graph._imm_static.imm_ptr, graph._imm0)
+            elif imm and graph._imm0 and state[2] is not graph._imm_hold0:
+                # (the pass holds the pipeline with other values: _record_imm says when)
+                _set_immediates(p, 0, graph._imm_static.imm_ptr, graph._imm0)
             if bg != state[1]:
                 sb(p, 0, bg, 0, null)
             dp(p, x, y, z)
         if native is not None:  # the rest in one call: the compiled loop (runtime/replay.c)
             lib, (n, pipes, groups, xyz), _ = native
-            if n:
+            if not n:
+                pass
+            elif imm:  # (launch parameters: graph._imm_at says where each launch sets them)
+                data = graph._imm_static
+                lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, graph._imm_c,
+                                   data.imm_addr)
+            else:
                 lib.mlt_replay(tl._raw_pass_addr, n, pipes, groups, xyz)
         else:
             for pipe, bg, x, y, z in rest:
@@ -754,6 +786,8 @@ def _record(tl, graph, tensors):
                 dp(p, x, y, z)
         if raw:
             state[0], state[1] = tail
+            if imm and graph._imm_last is not None:
+                state[2] = graph._imm_end
     kept = tl._kept
     if not kept or kept[-1] is not bound:
         kept.append(bound)  # the objects stay alive until the submit
