@@ -394,7 +394,8 @@ def _grid_layout(ext, out):
     for x in ext:
         s = (1,) * (rank - len(x.shape)) + tuple(x.shape)
         cols.append([0 if n == 1 else st for n, st in zip(s, row_strides(s))])
-    dims = merge_dims([(n, (os, *(c[d] for c in cols))) for d, (n, os) in enumerate(zip(out.shape, row_strides(out.shape)))])
+    out_strides = row_strides(out.shape)
+    dims = merge_dims([(n, (out_strides[d], *(c[d] for c in cols))) for d, n in enumerate(out.shape)])
     if not 2 <= len(dims) <= 3:
         return None
     dims = [(1, (0,) * (len(ext) + 1))] * (3 - len(dims)) + dims
