@@ -69,6 +69,7 @@ def main(argv):
     if engine == "mltensor":
         out["stats"] = sess.stats
         out["kernels"] = len(sess._spec.graph.kernel_names) if sess._spec is not None else None
+        out["pipelines"] = sess._spec.graph.pipelines if sess._spec is not None else None
     print(json.dumps(out))
 
 

@@ -9,7 +9,8 @@
 //   "gate":   a global average pool (or none: the input is already one value per channel) and the
 //             fully connected layers after it (compiler/passes.py fuse_gates, squeeze-and-excitation):
 //             one workgroup per batch item pools every channel into workgroup memory, then each
-//             layer computes its outputs from the previous layer's, one thread per output.
+//             layer computes its outputs from the previous layer's, one thread per output. HW
+//             (the plane) may be a launch parameter (u(): dynamic/kernels.py SizeParams).
 // Tensor (n, c, h, w) lives at n*sn + c*sc + h*sh + w*sw whatever the layout.
 // T is the accumulator type: the compute type, f32 for f16 values (loaded through LD = f32 and
 // stored through ST = f16_of; both empty otherwise).
@@ -194,8 +195,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let c = cb + lane;
         var acc = 0.0;
         if (c < {{ C }}u) {
-            for (var p = row; p < {{ HW }}u; p = p + {{ R }}u) {
-                acc = acc + src(n * {{ HW * C }}u + p * {{ C }}u + c);
+            for (var p = row; p < {{ u(HW) }}; p = p + {{ R }}u) {
+                acc = acc + src(n * {{ u(HW * C) }} + p * {{ C }}u + c);
             }
         }
         part[li] = acc;
@@ -212,8 +213,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let c = cb + row;
         var acc = 0.0;
         if (c < {{ C }}u) {
-            for (var p = lane; p < {{ HW }}u; p = p + {{ L }}u) {
-                acc = acc + src(n * {{ HW * C }}u + c * {{ HW }}u + p);
+            for (var p = lane; p < {{ u(HW) }}; p = p + {{ L }}u) {
+                acc = acc + src(n * {{ u(HW * C) }} + c * {{ u(HW) }} + p);
             }
         }
         part[li] = acc;

@@ -51,8 +51,10 @@ fn rs_rat(kind: u32, n_in: u32, n_out: u32) -> vec3<i32> {
 }
 {$ endif $}
 
+{$ if rs_grid is not defined $}
 // (offset of the non-resampled dims in the source, output h, output w) of output index i:
-// the coordinates c0..c3 of i in the output (row-major), straight-line.
+// the coordinates c0..c3 of i in the output (row-major), straight-line. (A grid launch of
+// resample.wgsl has them from its workgroup ids: rs_index_at / rs_linear_at only.)
 fn rs_coords(i: u32) -> vec3<u32> {
 {$ if rs.coords is defined $}
 {{ rs.coords }}
@@ -65,6 +67,7 @@ fn rs_coords(i: u32) -> vec3<u32> {
     let base = 0u{$ for d in range(4) $}{$ if d != rs.axes[0] and d != rs.axes[1] $} + c{{ d }} * {{ u(rs.in_strides[d]) }}{$ endif $}{$ endfor $};
     return vec3<u32>(base, c{{ rs.axes[0] }}, c{{ rs.axes[1] }});
 }
+{$ endif $}
 
 {$ macro rats() $}
 {$ for t in ("h", "w") if rs[t + "_dyn"] is defined $}
@@ -72,18 +75,23 @@ fn rs_coords(i: u32) -> vec3<u32> {
 {$ endfor $}
 {$ endmacro $}
 {$ if rs.mode == "nearest-neighbor" $}
-// Source index of output element i.
-fn rs_index(i: u32) -> u32 {
-    let b = rs_coords(i);
+// Source index of the output element at b (rs_coords).
+fn rs_index_at(b: vec3<u32>) -> u32 {
 {$ if rs.h_dyn is defined or rs.w_dyn is defined $}{{ rats() }}{$ endif $}
     let cy = nearest(b.y, {{ ii(rs.h_near[0]) }}, {{ ii(rs.h_near[1]) }}, {{ uu(rs.h_near[2]) }}, {{ u(rs.h_last) }});
     let cx = nearest(b.z, {{ ii(rs.w_near[0]) }}, {{ ii(rs.w_near[1]) }}, {{ uu(rs.w_near[2]) }}, {{ u(rs.w_last) }});
     return b.x + cy * {{ u(rs.in_strides[rs.axes[0]]) }} + cx * {{ u(rs.in_strides[rs.axes[1]]) }};
 }
+{$ if rs_grid is not defined $}
+
+// Source index of output element i.
+fn rs_index(i: u32) -> u32 {
+    return rs_index_at(rs_coords(i));
+}
+{$ endif $}
 {$ else $}
-// Bilinear value of output element i, in f32 (f32() of an f16 sample widens it).
-fn rs_linear(i: u32) -> f32 {
-    let b = rs_coords(i);
+// Bilinear value of the output element at b (rs_coords), in f32 (f32() of an f16 sample widens it).
+fn rs_linear_at(b: vec3<u32>) -> f32 {
 {$ if rs.h_dyn is defined or rs.w_dyn is defined $}{{ rats() }}{$ endif $}
     let cy = coord(b.y, {{ ii(rs.h_rat[0]) }}, {{ ii(rs.h_rat[1]) }}, {{ ii(rs.h_rat[2]) }}, {{ ii(rs.h_last) }});
     let cx = coord(b.z, {{ ii(rs.w_rat[0]) }}, {{ ii(rs.w_rat[1]) }}, {{ ii(rs.w_rat[2]) }}, {{ ii(rs.w_last) }});
@@ -101,4 +109,11 @@ fn rs_linear(i: u32) -> f32 {
     let vy1 = f32({{ rs.src }}[r1 + sx0]) * (1.0 - tx) + f32({{ rs.src }}[r1 + sx1]) * tx;
     return vy0 * (1.0 - ty) + vy1 * ty;
 }
+{$ if rs_grid is not defined $}
+
+// Bilinear value of output element i.
+fn rs_linear(i: u32) -> f32 {
+    return rs_linear_at(rs_coords(i));
+}
+{$ endif $}
 {$ endif $}

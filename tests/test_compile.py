@@ -90,8 +90,11 @@ def test_cpu_warm_up_remembers_compiled_kernels(tmp_path):
         ctx = ml.create_context_sync()
         b = mltensor.MLGraphBuilder(ctx)
         x = b.input("x", data_type="float32", shape=[256])
-        ys = {f"y{i}": b.exp(b.mul(b.slice(x, [0], [256 - 8 * i]), b.constant(data_type="float32", value=i + 0.5)))
-              for i in range(8)}
+        # (a different operator each: kernels differing only in size share one pipeline)
+        ops = ["sigmoid", "tanh", "sin", "exp", "cos", "abs", "neg", "sqrt"]
+        ys = {f"y{i}": getattr(b, op)(b.mul(b.slice(x, [0], [256 - 8 * i]),
+                                             b.constant(data_type="float32", value=i + 0.5)))
+              for i, op in enumerate(ops)}
         g = b.build_sync(ys)
         t = ctx.create_tensor_sync(data_type="float32", shape=[256], writable=True)
         ctx.write_tensor(t, np.ones(256, np.float32))

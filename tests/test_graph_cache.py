@@ -150,7 +150,7 @@ def _entry_files(cache, key):
 
 @pytest.mark.parametrize("damage", ["truncated recipe", "garbage json", "blob changed", "small blob changed",
                                     "blob truncated", "blob missing",
-                                    "other code", "recipe of another key"])
+                                    "other code", "older format", "recipe of another key"])
 def test_a_damaged_entry_is_a_miss_and_removed(cache, rng, damage):
     a = ml.create_context_sync()
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
@@ -185,12 +185,16 @@ def test_a_damaged_entry_is_a_miss_and_removed(cache, rng, damage):
         m = json.loads(meta.read_text())
         m["code"] = "0" * 64
         meta.write_text(json.dumps(m))
+    elif damage == "older format":  # (format 2: kernels without launch parameters)
+        m = json.loads(meta.read_text())
+        m["format"] -= 1
+        meta.write_text(json.dumps(m))
     else:
         _, other_recipe, _ = _entry_files(cache, "other")
         recipe.write_bytes(other_recipe.read_bytes())
     b = ml.create_context_sync()  # a fresh context: the constants come from the blobs
     try:
-        if damage in ("garbage json", "other code"):
+        if damage in ("garbage json", "other code", "older format"):
             assert "k" not in b.list_graphs_sync()
         with pytest.raises(mltensor.NotFoundError):
             b.load_graph_sync("k")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
+from ..dynamic.kernels import SizeParams, concrete_groups, is_dynamic, params_enabled, room
 from ..ops import OPS
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, loop_capped, loop_guard
 
@@ -75,6 +76,8 @@ class KernelContext:
         self.fixed = set()  # ids of values bound to the caller's tensors or constants (never placed)
         self.placement = True
         self.align = device.limits.get("min-storage-buffer-offset-alignment", 256)
+        # launch parameters a kernel may declare (SizeParams; MLTENSOR_NO_SIZE_PARAMS=1: none)
+        self.param_room = room(device) if params_enabled() else 0
         self.tune_seconds = 0.0  # kernel autotuning of this build (runtime/autotune.py)
         self.tune_count = 0
 
@@ -100,6 +103,14 @@ class KernelContext:
         t = self.wtype(v)
         return {"i64": "u64", "u64": "u64", "i64e": "u64e", "u64e": "u64e", "f16": "f16"}.get(t, "u32")
 
+    def size_params(self):
+        """A SizeParams for one kernel's static sizes (dynamic/kernels.py): parameters where the
+        device passes immediates, else (and in graphs with dynamic dimensions, whose kernels
+        read those, and in the build-time prologue, which sets no immediates) every size stays
+        a WGSL constant."""
+        on = not self.dims and not self._prologue and self.param_room > 0
+        return SizeParams(self.param_room if on else 0)
+
     def launch(self, kernel, args, groups, iters=None):
         """Record a launch. `iters`: the kernel's worst-case loop iterations per invocation (an int
         or a Sym), where its loops grow with a size: past runtime.wgsl.LOOP_BUDGET the build
@@ -110,6 +121,8 @@ class KernelContext:
             self.check_loops(node.op if node is not None else kernel.name, iters)
         if self.dims and kernel.reads_dims():
             kernel = dataclasses.replace(kernel, dims=self.dims)
+        if kernel.sizes:  # workgroup counts of launch parameters: this launch's values
+            groups = concrete_groups(groups, {}) if is_dynamic(groups) else groups
         if not isinstance(groups, tuple):  # a Fold (dynamic/kernels.py) stays as it is
             groups = groups if hasattr(groups, "n") else tuple(groups)
         self.launches.append(Launch(kernel, list(args), groups, self._prologue))

@@ -28,8 +28,8 @@ from ..runtime import replay
 from ..runtime.compile import compile_kernels
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
-from ..dynamic.kernels import check_device
-from ..dynamic.plan import DynamicPlan
+from ..dynamic.kernels import check_device, immediates_layout
+from ..dynamic.plan import DynamicPlan, LaunchData
 from ..runtime.constants import UPLOAD_BATCH, digest
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
 from .passes import binding_cap, live_nodes, plan_steps
@@ -307,6 +307,7 @@ class MLGraph:
         self._autotune = {"seconds": 0.0, "signatures_tuned": 0}
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
         self._dyn = None  # a DynamicPlan when some dimension is known only at dispatch
+        self._imm_at = self._imm_static = self._imm_end = None  # (_finish)
         self._last_dyn = None  # _last_call of a graph with a DynamicPlan
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
@@ -315,6 +316,21 @@ class MLGraph:
 
     def _finish(self):
         self._dynamic = [i for i, e in enumerate(self._launches) if e[4] is None]
+        # Immediate data (dynamic/kernels.py immediates_layout): dynamic dimensions' sizes, per
+        # dispatch; launch parameters (shared pipelines), fixed: one LaunchData for every dispatch
+        self._imm_rows, self._imm_at, words = immediates_layout(self._kernels)
+        self._imm0 = self._imm_at[0][1] if self._imm_at else 0  # (offset 0: immediates_layout)
+        # offset of the immediates in effect after a replay (the last launch that sets some)
+        self._imm_last = next((off for off, size in reversed(self._imm_at) if size), None)
+        self._imm_c = None  # _imm_at[1:] as a C array (the compiled loop's)
+        if self._dyn is None and not any(size for _, size in self._imm_rows):
+            self._imm_at = None  # the plain replay (runtime/replay.c mlt_replay)
+        elif self._dyn is None:
+            self._imm_static = LaunchData(words, [g for e in self._launches for g in e[3]])
+            self._imm_end = (self._imm_static, self._imm_last)
+            # what state[2] is when the pass holds this graph's first values (a repeated
+            # dispatch: the last launch's are its first's), else a token it never holds
+            self._imm_hold0 = self._imm_end if self._imm_last == 0 else object()
         self._in_names = tuple(sorted(self._inputs))
         self._out_names = tuple(sorted(self._outputs))
 
@@ -355,6 +371,13 @@ class MLGraph:
     def kernel_names(self):
         """Python extension: the kernels one dispatch launches, in order (after fusion)."""
         return list(self._kernel_names)
+
+    @property
+    def pipelines(self):
+        """Python extension: the number of distinct compute pipelines a dispatch launches (what
+        a load compiles: kernels that differ only in sizes passed as launch parameters share one,
+        dynamic/kernels.py SizeParams)."""
+        return len({k.key for k in self._kernels})
 
     @property
     def autotune(self):
@@ -445,7 +468,10 @@ class MLGraph:
         # launches after the first as C arrays for the compiled loop (runtime/replay.py), if any
         native = replay.loaded() if raw else None
         if native is not None:
-            native = (native[1], replay.arrays(native[0], raw[1:], handle_address), native[0])
+            ffi = native[0]
+            if self._imm_at is not None and self._imm_c is None:
+                self._imm_c = ffi.new("uint32_t[]", [v for r in self._imm_at[1:] for v in r] or 1)
+            native = (native[1], replay.arrays(ffi, raw[1:], handle_address), ffi)
         entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:], native)
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
@@ -634,48 +660,69 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
 
 def _record_dynamic(tl, graph, tensors, values):
     """_record for a graph with dynamic dimensions: workgroup counts of these sizes, and the sizes
-    as immediate data after each pipeline that reads them (runtime/replay.c mlt_replay_dyn)."""
+    as immediate data after each pipeline that reads them."""
+    _record_imm(tl, graph, tensors, graph._dyn.launch_data(values))
+
+
+def _record_imm(tl, graph, tensors, data):
+    """_record for a graph whose kernels take immediate data (runtime/replay.c mlt_replay_imm):
+    `data` (dynamic/plan.LaunchData) holds the workgroup counts and the immediate bytes, each
+    launch's at graph._imm_rows, set where graph._imm_at says."""
     bound, raw, buffers, tail, rest, native = graph._replay(tensors)
-    plan = graph._dyn
-    data = plan.launch_data(values)
-    g, reads, size = data.groups, plan.reads_dims, data.imm.nbytes
+    g, base = data.groups, data.imm_addr
     if not graph._native:
         p = tl.compute_pass()
+        rows = graph._imm_rows
         for i, (pipe, bg, _) in enumerate(bound):
-            p.set_pipeline(pipe)
-            if reads[i]:
-                p.set_immediates(0, data.imm, 0, size)
+            p.set_pipeline(pipe)  # (every launch: so every launch with immediates sets them)
+            off, size = rows[i]
+            if size:
+                p.set_immediates(0, data.imm, off, size)
             p.set_bind_group(0, bg)
             p.dispatch_workgroups(g[3 * i], g[3 * i + 1], g[3 * i + 2])
     else:
         p = tl.native_pass()
         state = tl._pass_state
-        ptr = data.imm_ptr
+        # (what the pass holds afterwards: state[2], a token made once for a static graph)
+        end = graph._imm_end if data is graph._imm_static else (data, graph._imm_last)
         if raw:
-            pipe, bg = raw[0][:2]
+            pipe, bg, x, y, z = raw[0]
+            size = graph._imm0
             if pipe != state[0]:
                 _set_pipeline(p, pipe)
-            if reads[0]:  # always: the pass may hold this pipeline with another dispatch's sizes
-                _set_immediates(p, 0, ptr, size)
+                if size:
+                    _set_immediates(p, 0, data.imm_ptr, size)  # (the first launch's are at offset 0)
+            elif size:
+                # the pass holds this pipeline: with this graph's first values when this dispatch
+                # repeats the last one (they stay), else another dispatch's (another graph
+                # sharing the pipeline, other sizes): set ours
+                held = state[2]
+                if not (held is not None and held[0] is data and held[1] == 0):
+                    _set_immediates(p, 0, data.imm_ptr, size)
             if bg != state[1]:
                 _set_bind_group(p, 0, bg, 0, _NULL)
-            _dispatch(p, g[0], g[1], g[2])
+            if graph._dyn is not None:
+                x, y, z = g[0], g[1], g[2]
+            _dispatch(p, x, y, z)
         if native is not None and len(raw) > 1:
             lib, (n, pipes, groups, _), cffi_ = native
-            lib.mlt_replay_dyn(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12,
-                               plan.native_flags(cffi_) + 1, data.imm_addr, size)
+            lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, graph._imm_c, base)
         else:
+            at = graph._imm_at
             for i in range(1, len(raw)):
                 pipe, bg = raw[i][:2]
                 if pipe is not None:
                     _set_pipeline(p, pipe)
-                    if reads[i]:
-                        _set_immediates(p, 0, ptr, size)
+                off, size = at[i]
+                if size:
+                    _set_immediates(p, 0, _ffi.cast("void *", base + off), size)
                 if bg is not None:
                     _set_bind_group(p, 0, bg, 0, _NULL)
                 _dispatch(p, g[3 * i], g[3 * i + 1], g[3 * i + 2])
         if raw:
             state[0], state[1] = tail
+            if graph._imm_last is not None:
+                state[2] = end
     kept = tl._kept
     if not kept or kept[-1] is not bound:
         kept.append(bound)
@@ -691,6 +738,10 @@ def _held_dispatch(tl, graph, inputs, outputs, tensors):
 
 def _record(tl, graph, tensors):
     bound, raw, buffers, tail, rest, native = graph._replay(tensors)
+    imm = graph._imm_at is not None  # launch parameters (a static graph: its fixed LaunchData)
+    if imm and (native is None or not graph._native):
+        _record_imm(tl, graph, tensors, graph._imm_static)
+        return
     if not graph._native:  # another wgpu backend: its Python wrappers
         p = tl.compute_pass()
         for pipe, bg, groups in bound:
@@ -709,12 +760,23 @@ def _record(tl, graph, tensors):
             pipe, bg, x, y, z = raw[0]
             if pipe != state[0]:
                 sp(p, pipe)
+                if imm and graph._imm0:
+                    _set_immediates(p, 0, graph._imm_static.imm_ptr, graph._imm0)
+            elif imm and graph._imm0 and state[2] is not graph._imm_hold0:
+                # (the pass holds the pipeline with other values: _record_imm says when)
+                _set_immediates(p, 0, graph._imm_static.imm_ptr, graph._imm0)
             if bg != state[1]:
                 sb(p, 0, bg, 0, null)
             dp(p, x, y, z)
         if native is not None:  # the rest in one call: the compiled loop (runtime/replay.c)
             lib, (n, pipes, groups, xyz), _ = native
-            if n:
+            if not n:
+                pass
+            elif imm:  # (launch parameters: graph._imm_at says where each launch sets them)
+                data = graph._imm_static
+                lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, graph._imm_c,
+                                   data.imm_addr)
+            else:
                 lib.mlt_replay(tl._raw_pass_addr, n, pipes, groups, xyz)
         else:
             for pipe, bg, x, y, z in rest:
@@ -725,6 +787,8 @@ def _record(tl, graph, tensors):
                 dp(p, x, y, z)
         if raw:
             state[0], state[1] = tail
+            if imm and graph._imm_last is not None:
+                state[2] = graph._imm_end
     kept = tl._kept
     if not kept or kept[-1] is not bound:
         kept.append(bound)  # the objects stay alive until the submit

@@ -54,16 +54,28 @@ def field_name(name):
     return "d_" + s
 
 
+def param_field(slot):
+    """The WGSL struct field holding launch parameter `slot` (never a dimension's: those start
+    with d_)."""
+    return f"p{slot}"
+
+
 # -- atoms: the named dimensions and the non-polynomial parts of an expression -------------------
 
 class _Atom:
     """A factor of a monomial. Kinds: "dim" (args: name, max), "div" (floor division), "mod",
-    "max", "min" (args: Syms or ints). Compared and hashed by a canonical key."""
+    "max", "min" (args: Syms or ints), "param" (args: slot, value: a static size passed to one
+    launch's kernel as immediate data, dynamic/kernels.py SizeParams). Compared and hashed by a
+    canonical key; a param's key is its slot only, so kernels that differ only in the values of
+    their parameters render and compare equal."""
 
     __slots__ = ("kind", "args", "key")
 
     def __init__(self, kind, args):
         self.kind, self.args = kind, tuple(args)
+        if kind == "param":
+            self.key = ("param", (self.args[0],))
+            return
         self.key = (kind, tuple(a.key if isinstance(a, Sym) else (("int", a) if isinstance(a, int) else a)
                                 for a in self.args))
 
@@ -76,6 +88,8 @@ class _Atom:
     def bounds(self):
         if self.kind == "dim":
             return 1, self.args[1]
+        if self.kind == "param":  # its launch's value: every decision is the static build's
+            return self.args[1], self.args[1]
         a, b = self.args
         (alo, ahi), (blo, bhi) = _bounds(a), _bounds(b)
         if self.kind == "div":
@@ -90,6 +104,8 @@ class _Atom:
     def eval(self, values):
         if self.kind == "dim":
             return values[self.args[0]]
+        if self.kind == "param":
+            return self.args[1]
         a, b = (_eval(x, values) for x in self.args)
         return {"div": lambda: a // b, "mod": lambda: a % b, "max": lambda: max(a, b),
                 "min": lambda: min(a, b)}[self.kind]()
@@ -97,11 +113,15 @@ class _Atom:
     def names(self):
         if self.kind == "dim":
             return {self.args[0]}
+        if self.kind == "param":
+            return set()
         return set().union(*(a.names() for a in self.args if isinstance(a, Sym)))
 
     def text(self):
         if self.kind == "dim":
             return self.args[0]
+        if self.kind == "param":
+            return f"p{self.args[0]}"
         a, b = (_text(x, group=True) for x in self.args)
         return {"div": f"{a} // {b}", "mod": f"{a} % {b}", "max": f"max({a}, {b})",
                 "min": f"min({a}, {b})"}[self.kind]
@@ -109,6 +129,8 @@ class _Atom:
     def wgsl(self):
         if self.kind == "dim":
             return f"dims.{field_name(self.args[0])}"
+        if self.kind == "param":
+            return f"dims.{param_field(self.args[0])}"
         if self.kind in ("div", "mod") and _bounds(self.args[0])[0] < 0:
             # (workgroup counts of a size checked positive at dispatch are computed on the host,
             # in Python's floor semantics; WGSL's u32 division would be wrong for a negative one)
@@ -162,6 +184,11 @@ class Sym:
     @staticmethod
     def dim(name, max_size):
         return Sym({(_Atom("dim", (name, int(max_size))),): 1})
+
+    @staticmethod
+    def param(slot, value):
+        """Launch parameter `slot` of a kernel, `value` for this launch (dynamic/kernels.py)."""
+        return Sym({(_Atom("param", (int(slot), int(value))),): 1})
 
     @staticmethod
     def _make(terms):

@@ -11,29 +11,73 @@ the graph that reads a size declares the same struct, one u32 per named dimensio
 
 Lowerings never write this: they render sizes with `dims.wgsl(x)` (a literal for a static size,
 an expression over `dims.*` for a Sym), and `KernelContext.launch` marks the kernels whose
-parameters mention `dims.` (runtime/wgsl.Kernel.dims), which adds the declaration and the
-pipeline layout's immediate range. Static sizes stay WGSL constants, so a static graph is
-compiled exactly as before. Workgroup counts that depend on sizes are `Fold` (a 1-D count folded
-past 65535 like wgsl.grid) or tuples holding Syms, evaluated per dispatch by `concrete_groups`.
+parameters mention `dims.d_` (runtime/wgsl.Kernel.dims), which adds the declaration and the
+pipeline layout's immediate range. Workgroup counts that depend on sizes are `Fold` (a 1-D count
+folded past 65535 like wgsl.grid) or tuples holding Syms, evaluated per dispatch by
+`concrete_groups`.
+
+The same immediates carry launch parameters (SizeParams, issue 29): static sizes of kernels that
+opt in, fields `p0, p1, ...` after the dimensions, each launch its own values (Kernel.sizes), so
+kernels differing only in sizes share one pipeline. `immediates_layout` says where each launch
+takes its immediates from; other static sizes stay WGSL constants.
 """
+
+import os
 
 import numpy as np
 
 from ..errors import NotSupportedError
-from .dims import Sym, evaluate, field_name
+from .dims import Sym, evaluate, field_name, param_field
 
 FEATURE = "immediates"
 MAX_DIMS = 32  # 128 bytes of immediates (the smallest max-immediate-size seen: lavapipe)
 
 
-def declaration(names):
-    """WGSL declaring the immediate struct for dimension names (sorted)."""
-    fields = ", ".join(f"{field_name(n)}: u32" for n in names)
+def declaration(names, n_params=0):
+    """WGSL declaring the immediate struct for dimension names (sorted), then n_params launch
+    parameters (SizeParams)."""
+    fields = ", ".join([f"{field_name(n)}: u32" for n in names] + [f"{param_field(k)}: u32" for k in range(n_params)])
     return f"struct Dims {{ {fields} }}\nvar<immediate> dims: Dims;\n"
 
 
-def immediate_size(names):
-    return 4 * len(names)
+def room(device):
+    """How many u32 immediates a kernel may declare on `device` (0 without the feature)."""
+    if FEATURE not in device.features:
+        return 0
+    return min(MAX_DIMS, device.limits.get("max-immediate-size", 0) // 4)
+
+
+class SizeParams:
+    """Static sizes of one kernel passed as launch parameters (issue 29: fewer distinct
+    pipelines). A lowering calls `P(size)` for each size it renders: a value >= 2 becomes the
+    next parameter slot, a Sym rendered as `dims.p<slot>` and read from the launch's immediate
+    data, the value kept in `values`; 0, 1 (structural: broadcasting, skipped dimensions) and
+    anything once the slots run out stay the ints they are. The lowering builds the kernel with
+    `sizes=P.values`: kernels whose WGSL differs only in these values then share one pipeline,
+    each launch setting its own values (compiler/program.py). Bounds of a parameter are its
+    value, so every decision a lowering takes from them is the static build's; what depends on
+    the value shows in the WGSL (a different kernel), what does not reads the parameter.
+    Disabled (every size its int) in graphs with dynamic dimensions, in build-time prologues,
+    on devices without immediates, and with MLTENSOR_NO_SIZE_PARAMS=1."""
+
+    __slots__ = ("values", "cap")
+
+    def __init__(self, cap):
+        self.values = []
+        self.cap = cap
+
+    def __call__(self, v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 2 or len(self.values) >= self.cap or v > 0xFFFFFFFF:
+            return v
+        self.values.append(v)
+        return Sym.param(len(self.values) - 1, v)
+
+    def __bool__(self):  # (a disabled set is still callable)
+        return self.cap > 0
+
+
+def params_enabled():
+    return os.environ.get("MLTENSOR_NO_SIZE_PARAMS", "") in ("", "0")
 
 
 def pack(names, values):
@@ -51,6 +95,37 @@ def check_device(device, names, where="build"):
     if len(names) > min(MAX_DIMS, room):
         raise NotSupportedError(f"[{where}] {len(names)} dynamic dimensions ({', '.join(names)}); at most "
                                 f"{min(MAX_DIMS, room)} fit in this device's immediate data")
+
+
+def immediates_layout(kernels):
+    """Where each launch of a graph takes its immediate data: a list of (byte offset, byte size)
+    per launch, (0, 0) where nothing needs setting, and the launch parameters' words (a uint32
+    array, their offsets count from its start). The dimensions of a graph with dynamic ones are
+    one struct at offset 0 of each dispatch's own data (DynamicPlan.launch_data), set after each
+    pipeline change (the same pipeline keeps them); launch parameters are each launch's own
+    (Kernel.sizes), set after a pipeline change and wherever they differ from the previous
+    launch's (consecutive launches of one shared pipeline at different sizes). A kernel declares
+    one or the other (SizeParams are off in graphs with dynamic dimensions). Also `rows`: each
+    launch's (offset, size) whether or not it needs setting (a replay that sets every pipeline
+    sets them all)."""
+    rows, at, words, prev = [], [], [], None
+    for k in kernels:
+        size = k.immediates()
+        row = (k.key, "dims" if k.dims else k.sizes)
+        if not size:
+            rows.append((0, 0))
+        elif k.dims:
+            if k.sizes:
+                raise NotSupportedError(f"[build] kernel {k.name} reads dynamic dimensions and launch parameters")
+            rows.append((0, size))
+        elif row == prev:
+            rows.append(rows[-1])
+        else:
+            rows.append((4 * len(words), size))
+            words.extend(k.sizes)
+        at.append((0, 0) if row == prev else rows[-1])
+        prev = row
+    return rows, at, np.array(words or [0], dtype=np.uint32)
 
 
 class Fold:
@@ -134,6 +209,8 @@ def _py(x):
 def _py_atom(a):
     if a.kind == "dim":
         return _var(a.args[0])
+    if a.kind == "param":
+        return str(a.args[1])
     x, y = (_py(v) for v in a.args)
     return {"div": f"({x} // {y})", "mod": f"({x} % {y})", "max": f"max({x}, {y})",
             "min": f"min({x}, {y})"}[a.kind]

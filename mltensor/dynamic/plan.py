@@ -24,15 +24,8 @@ class DynamicPlan:
         self.groups_for = compile_groups(groups, self.names)
         self.reads_dims = list(reads_dims)  # per launch: its kernel reads the immediates
         self._cache = {}  # sizes -> (immediates, flat workgroup counts as uint32)
-        self._flags = None
         self._fast = None  # compiled bind() for the common case
         self._out_fn = None
-
-    def native_flags(self, ffi):
-        """reads_dims as a C array for the compiled replay loop (made once)."""
-        if self._flags is None:
-            self._flags = ffi.new("uint8_t[]", [1 if r else 0 for r in self.reads_dims] or [0])
-        return self._flags
 
     def bind(self, shapes, where="dispatch"):
         """{dimension name: size} for {input name: concrete shape}; TypeError when they do not

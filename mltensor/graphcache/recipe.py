@@ -1,8 +1,10 @@
 """A built MLGraph as data, and back: what save_graph stores and load_graph rebuilds.
 
-A graph is its launches: each a kernel (the WGSL source it was compiled from, its bindings and
-workgroup counts) and the buffers it binds, which are the caller's tensors (bound at dispatch),
-pooled intermediates (sizes), or constant bytes: weights from the context's constant store,
+A graph is its launches: each a kernel (the WGSL source it was compiled from, its bindings,
+workgroup counts and launch parameters: kernels sharing a pipeline keep their own values in
+Kernel.sizes, the immediates layout is derived from them again at load) and the buffers it
+binds, which are the caller's tensors (bound at dispatch), pooled intermediates (sizes), or
+constant bytes: weights from the context's constant store,
 values folded at build, constant tensors. Constant bytes are read back from the device at save
 and stored once by content (store.py); a rebuilt graph binds them through the constant store
 like a fresh build, so it shares them with every other graph holding the same bytes. Nothing
@@ -19,7 +21,7 @@ from .. import dtypes
 from ..compiler.lower import Ext
 from ..runtime.wgsl import source_of
 
-FORMAT = 2
+FORMAT = 3  # 3: kernels carry their launch parameters (Kernel.sizes); an older entry is a miss
 _READ_CHUNK = 64 << 20
 
 

@@ -52,11 +52,11 @@ def _model_id(source, weights):
 
 
 # Switches read at build that change what a build makes (fusion, placement, the attention pass,
-# the depthwise prologue, autotuning): a session started with other switches builds its own
-# graph rather than loading one made under these. (The float16/int64 modes are the context's,
-# part of the adapter's folder in store.py.)
+# the depthwise prologue, autotuning, sizes as launch parameters): a session started with other
+# switches builds its own graph rather than loading one made under these. (The float16/int64
+# modes are the context's, part of the adapter's folder in store.py.)
 BUILD_SWITCHES = ("MLTENSOR_NO_FUSION", "MLTENSOR_NO_PLACEMENT", "MLTENSOR_NO_ATTENTION",
-                  "MLTENSOR_FUSE_DEPTHWISE", "MLTENSOR_AUTOTUNE")
+                  "MLTENSOR_FUSE_DEPTHWISE", "MLTENSOR_AUTOTUNE", "MLTENSOR_NO_SIZE_PARAMS")
 
 
 def session_key(sess, what):

@@ -17,6 +17,8 @@ import math
 from .. import dtypes
 from ..compiler.passes import external_inputs
 from ..front.builder import builder_op
+from ..dynamic.dims import wgsl
+from ..dynamic.kernels import SizeParams
 from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit, unop
 from . import broadcast_shapes, check_number, check_support, merge_dims, radix, register, row_strides, same_type
 
@@ -334,6 +336,19 @@ def lower_group(kc, nodes, out):
     types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
     vec = (size % 4 == 0 and types <= {"f32", "f16", "i32", "u32"}
            and all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext))
+    # Static sizes as launch parameters (one pipeline for a chain at every size): the element
+    # count where no input broadcasts; with broadcasting, the sizes and strides of a grid
+    # launch (_grid_layout: coordinates from workgroup ids, no division). The flat path's
+    # broadcast indices divide by sizes, and a division by a value read at dispatch (u32, or
+    # through f32) made those kernels 1.2-1.3x slower on lavapipe (constant divisors compile
+    # to multiplications; bench/test_bench_startup.py), so they keep their constants.
+    plain = all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext)
+    P = kc.size_params() if isinstance(size, int) else SizeParams(0)
+    layout = None if plain or not P else _grid_layout(ext, out)
+    if not plain and layout is None:
+        P = SizeParams(0)
+    if layout is not None:
+        return _lower_grid(kc, nodes, out, ext, layout, P)
     if vec:
         fns, loads, body = "", [], []
         for k, x in enumerate(ext):
@@ -360,28 +375,97 @@ def lower_group(kc, nodes, out):
     kernel = Kernel(
         name,
         "elementwise.wgsl",
-        {"n": threads, "fns": fns, "loads": "\n".join(loads), "body": "\n".join(body), "result": result},
+        {"n": P(threads), "fns": fns, "loads": "\n".join(loads), "body": "\n".join(body), "result": result},
         bindings,
+        sizes=P.values,
     )
     kc.launch(kernel, ext + [out], grid(-(-threads // WORKGROUP)))
 
 
-def group_fn(kc, nodes, name, prefix):
+def _grid_layout(ext, out):
+    """(sizes, strides) of a grid launch of a broadcasting group: the output's dimensions merged
+    where every input is contiguous along them, at most 3 left (z, y, x: outermost first), with
+    each input's strides along them (0: broadcast); None where more remain or a grid dimension
+    would exceed the workgroup-count limit (the flat path then)."""
+    from ..runtime.wgsl import MAX_GROUPS
+
+    rank = len(out.shape)
+    cols = []
+    for x in ext:
+        s = (1,) * (rank - len(x.shape)) + tuple(x.shape)
+        cols.append([0 if n == 1 else st for n, st in zip(s, row_strides(s))])
+    out_strides = row_strides(out.shape)
+    dims = merge_dims([(n, (out_strides[d], *(c[d] for c in cols))) for d, n in enumerate(out.shape)])
+    if not 2 <= len(dims) <= 3:
+        return None
+    dims = [(1, (0,) * (len(ext) + 1))] * (3 - len(dims)) + dims
+    (sz, _), (sy, _), (sx, _) = dims
+    wx = _grid_wx(sx)
+    if -(-sx // wx) > MAX_GROUPS or -(-sy // (WORKGROUP // wx)) > MAX_GROUPS or sz > MAX_GROUPS:
+        return None
+    return [d[0] for d in dims], [[d[1][k + 1] for d in dims] for k in range(len(ext))]
+
+
+GRID_WX = 8  # threads of a grid workgroup along short rows, the other 32 along y: at most 7 idle
+# at the end of a row whatever its width, so every width takes one kernel
+
+
+def _grid_wx(sx):
+    """Threads of a grid workgroup along x: WORKGROUP for rows of at least that many elements
+    (one row a workgroup: a broadcast over a whole plane), else GRID_WX. Two kernels per chain
+    at most; measured on lavapipe (bench/test_bench_startup.py), a grid launch reading its sizes
+    as parameters runs as fast as the flat launch dividing by constants, GRID_WX-wide rows for
+    planes of thousands of elements 10% slower."""
+    return WORKGROUP if sx >= WORKGROUP else GRID_WX
+
+
+def _lower_grid(kc, nodes, out, ext, layout, P):
+    """lower_group for a broadcasting group as a grid launch: thread (x, y) of workgroup
+    (gx, gy, z) computes output element (z, y, x) of the output merged into 3 dimensions
+    (_grid_layout), each input read at the dot product of those coordinates and its strides.
+    Sizes and strides are launch parameters: every size of a chain whose broadcast has this
+    shape shares the pipeline, and nothing divides."""
+    (sz, sy, sx), strides = layout
+    wx = _grid_wx(sx)
+    wy = WORKGROUP // wx
+    X, Y = P(sx), P(sy)
+
+    def index(k, x):
+        if x.shape == out.shape:
+            return "i"
+        terms = [(c if st == 1 else f"{c} * {wgsl(P(st))}") for c, st in zip(("cz", "cy", "cx"), strides[k]) if st]
+        return " + ".join(terms) or "0u"
+
+    loads = [f"    let x{k} = in{k}[{index(k, x)}];" for k, x in enumerate(ext)]
+    fns, _ = group_fn(kc, nodes, "elem", "in", loads=loads, signature="i: u32, cx: u32, cy: u32, cz: u32")
+    t = kc.wtype(out)
+    name = "ew_" + "_".join(n.op for n in nodes[:6]) + ("_etc" if len(nodes) > 6 else "")
+    name += f"_{t}_n{math.prod(out.shape)}"
+    bindings = [Binding(f"in{k}", kc.wtype(x)) for k, x in enumerate(ext)] + [Binding("out", t, True)]
+    kernel = Kernel(name, "elementwise.wgsl",
+                    {"grid": {"wx": wx, "wy": wy, "sx": X, "sy": Y}, "fns": fns, "loads": "", "body": "",
+                     "result": "elem(i, cx, cy, cz)"}, bindings, sizes=P.values)
+    kc.launch(kernel, ext + [out], (-(-sx // wx), -(-sy // wy), sz))
+
+
+def group_fn(kc, nodes, name, prefix, loads=None, signature="i: u32"):
     """(WGSL `fn name(i: u32) -> T` evaluating a fused elementwise group at flat index `i` of its
     output, T its compute type; the group's external inputs, which the function reads bound as
     `{prefix}0`, `{prefix}1`, ... in order, each loaded once at its broadcast index). Used by the
     group's own kernel (lower_group) and by a kernel that reads through the group instead of its
-    output (a gate's pool, pool.py)."""
+    output (a gate's pool, pool.py). loads: the `let x<k> = ...;` lines reading the inputs,
+    when the caller indexes them itself (a grid launch, whose function takes `signature`)."""
     ext = external_inputs(nodes)
     out = nodes[-1].outputs[0]
-    lines = [f"    let x{k} = {prefix}{k}[{_index_expr(x.shape, out.shape)}];" for k, x in enumerate(ext)]
+    lines = list(loads) if loads is not None else [
+        f"    let x{k} = {prefix}{k}[{_index_expr(x.shape, out.shape)}];" for k, x in enumerate(ext)]
     names = {id(x): f"x{k}" for k, x in enumerate(ext)}
     for j, n in enumerate(nodes):
         args = [names[id(x)] for x in n.inputs if x is not None]
         lines.append(f"    let v{j}: {kc.wtype(n.outputs[0])} = {OPS_EXPR(n)(kc, n, *args)};")
         names[id(n.outputs[0])] = f"v{j}"
     body = "\n".join(lines)
-    return f"fn {name}(i: u32) -> {kc.wtype(out)} {{\n{body}\n    return v{len(nodes) - 1};\n}}", ext
+    return f"fn {name}({signature}) -> {kc.wtype(out)} {{\n{body}\n    return v{len(nodes) - 1};\n}}", ext
 
 
 def OPS_EXPR(node):

@@ -27,6 +27,7 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..front.builder import builder_op
+from ..dynamic.kernels import SizeParams
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
 from . import FAST_DIV_MAX, check_support, index_lines, int_list, lowering, register
 from .reduce import CHUNK, MAX_SPLIT, at_least, chunks
@@ -174,6 +175,16 @@ def _lower(kc, node, mode):
         **ld_st(st),
     }
     name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
+    # Static sizes as launch parameters on the global path (a whole-plane pool at every plane
+    # size shares a pipeline): it divides by them once per workgroup. The window path divides
+    # every thread's index by the output's sizes: it keeps its constants (a division by a value
+    # read at dispatch made it 1.5x slower on lavapipe, bench/test_bench_startup.py).
+    # (not where the plane is cut into chunks: the chunk kernels below keep constants)
+    P = (kc.size_params() if path == "global" and is_static(out.shape + x.shape) and big == 1
+         and at_least(kh * kw, GLOBAL_SPLIT + 1) == 0 else SizeParams(0))
+    if P:
+        params.update(C=P(c), IH=P(ih), IW=P(iw), in_s=tuple(P(v) for v in in_s), total=P(total), KH=P(kh),
+                      KW=P(kw))
     if not is_static(out.shape):  # the output coordinates as chained quotients (one division per dynamic size)
         div = high(total) < FAST_DIV_MAX
         params["coords"] = "\n".join(index_lines("i", ("n", "oh", "ow", "c") if nhwc else ("n", "c", "oh", "ow"),
@@ -184,7 +195,7 @@ def _lower(kc, node, mode):
     # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
     bindings, args = [Binding("x", st), Binding("out", st, True)], [x, out]
     params["act"] = kc.epilogue(bindings, args)
-    k = Kernel(name, "pool.wgsl", params, tuple(bindings))
+    k = Kernel(name, "pool.wgsl", params, tuple(bindings), sizes=P.values)
     plane = kh * kw
     if path == "window":
         # the window's loops: at most its kh * kw elements (checked: a huge non-global window)
@@ -234,6 +245,9 @@ def lower_gate(kc, step):
     # each layer's activations: its step's epilogue (a pool's own, applied in pooled(), is the head's)
     acts = ([] if pool else [step.epilogue]) + [f.epilogue for f in step.chain]
     bindings, args = [], []
+    # The plane's size as a launch parameter (squeeze-and-excitation blocks of one width at
+    # several resolutions share a pipeline): a loop bound and a multiplier, nothing divides by it
+    P = kc.size_params()
     if step.source is not None:
         src_fn, ext = group_fn(kc, step.source.nodes, "group", "g")
         src_fn += "\n\nfn src(i: u32) -> f32 {\n    return f32(group(i));\n}"
@@ -259,7 +273,9 @@ def lower_gate(kc, step):
         lanes = min(64, p2(c)) if nhwc else min(p2(hw), max(16, WORKGROUP // p2(c)))
         params.update(L=lanes, R=WORKGROUP // lanes)
         lines, cur = activation_lines(kc, step.epilogue, "q", t)
-        body = "\n".join([f"    let q: {t} = {st}(s / {lit(float(hw), 'f32')});"] + lines)
+        hw = params["HW"] = P(hw)  # (f32 of the value read at dispatch: exact, as the literal, below 2^24)
+        count = lit(float(hw), "f32") if isinstance(hw, int) else f"f32({wgsl(hw)})"
+        body = "\n".join([f"    let q: {t} = {st}(s / {count});"] + lines)
         params["src_fn"] += f"\n\nfn pooled(s: f32) -> f32 {{\n{body}\n    return f32({cur});\n}}"
     layers, widest = [], c
     for j, (fc, ep) in enumerate(zip(fcs, acts)):
@@ -289,7 +305,7 @@ def lower_gate(kc, step):
     iters = sum(-(-f["O"] // WORKGROUP) * f["I"] for f in layers) + -(-c // WORKGROUP)
     if pool:
         iters += -(-c // (lanes if nhwc else WORKGROUP // lanes)) * (-(-hw // (WORKGROUP // lanes if nhwc else lanes)) + 8)
-    kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings)), args, grid(nb), iters=iters)
+    kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings), sizes=P.values), args, grid(nb), iters=iters)
 
 
 for _name, _mode in (("average_pool2d", "avg"), ("l2_pool2d", "l2"), ("max_pool2d", "max")):

@@ -161,14 +161,47 @@ def _lower_resample2d(kc, node):
     x = node.inputs[0]
     out = kc.out(node)
     a = node.attrs
-    kernel = Kernel(
-        f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
-        + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}",
-        "resample.wgsl",
-        {"n": out.size, "rs": resample_params(kc, node, out, "src")},
-        (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True)),
-    )
+    name = (f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
+            + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}")
+    bindings = (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True))
+    rs = resample_params(kc, node, out, "src")
+    grid = _grid(kc, x, out, rs)
+    if grid is not None:
+        params, P, groups_ = grid
+        kc.launch(Kernel(name, "resample.wgsl", params, bindings, sizes=P.values), [x, out], groups_)
+        return
+    kernel = Kernel(name, "resample.wgsl", {"n": out.size, "rs": rs}, bindings)
     kc.launch(kernel, [x, out], groups("resample2d", cdiv(out.size, WORKGROUP)))
+
+
+def _grid(kc, x, out, rs):
+    """(template parameters, SizeParams, workgroup counts) of a grid launch, or None. An NCHW
+    resampling of the last two axes (the default) with static sizes runs as a grid: thread (x, y)
+    of workgroup (gx, gy, z) is output column x of row y of plane z, so no thread divides its
+    index; the sizes and strides are launch parameters (every resampling of one mode, transform
+    and scale shares a pipeline). A division by a size read at dispatch would have made the flat
+    kernel 1.6x slower on lavapipe (bench/test_bench_startup.py)."""
+    from ..runtime.wgsl import MAX_GROUPS
+    from .elementwise import GRID_WX
+
+    if rs["axes"] != [2, 3] or not is_static(tuple(x.shape) + tuple(out.shape)):
+        return None
+    P = kc.size_params()
+    n, c, ih, iw = x.shape
+    oh, ow = out.shape[2:]
+    wx = GRID_WX
+    wy = WORKGROUP // wx
+    counts = (-(-ow // wx), -(-oh // wy), n * c)
+    if not P or max(counts) > MAX_GROUPS:
+        return None
+    # The coordinate maps' integers stay constants: the nearest sample divides by D (a division
+    # by a value read at dispatch made the kernel 2x slower), and they depend only on the scale.
+    rs = dict(rs, out_shape=None, in_strides=[0, 0, P(iw), 1])  # (b.x: the plane's offset, from the grid)
+    for tag in ("h", "w"):
+        rs[tag + "_last"] = P(rs[tag + "_last"])
+        del rs[tag + ("_rat" if rs["mode"] == "nearest-neighbor" else "_near")]  # (unread)
+    params = {"rs": rs, "rs_grid": {"wx": wx, "wy": wy, "sx": P(ow), "sy": P(oh), "plane": P(ih * iw)}}
+    return params, P, counts
 
 
 register(

@@ -193,7 +193,7 @@ def _helper_devices(device, count):
 def _pipeline_on(dev, kernel, src):
     module = dev.create_shader_module(label=kernel.name, code=src)
     bgl = dev.create_bind_group_layout(entries=_layout_entries(kernel))
-    layout = dev.create_pipeline_layout(bind_group_layouts=[bgl])
+    layout = dev.create_pipeline_layout(bind_group_layouts=[bgl], immediate_size=kernel.immediates())
     return dev.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": "main"}), bgl
 
 

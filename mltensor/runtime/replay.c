@@ -37,19 +37,18 @@ void mlt_replay(uintptr_t pass, size_t n, void *const *pipes, void *const *group
     }
 }
 
-/* The same for a graph with dynamic dimensions (mltensor/dynamic/): xyz holds this dispatch's
- * workgroup counts, and a launch that sets a pipeline reading the sizes (reads[i] != 0) sets the
- * immediate data right after it (a pipeline change may reset it; the same pipeline keeps it). */
-void mlt_replay_dyn(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, uintptr_t xyz_addr,
-                    const uint8_t *reads, uintptr_t imm_addr, size_t imm_size) {
+/* The same for a graph whose kernels take immediate data (mltensor/dynamic/kernels.py): the sizes
+ * of dynamic dimensions, or a kernel's launch parameters. xyz holds this dispatch's workgroup
+ * counts; at[2i], at[2i + 1] the byte offset in imm and the size of launch i's immediates, set
+ * after its pipeline (size 0: nothing to set, the pass keeps what the previous launch set). */
+void mlt_replay_imm(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, uintptr_t xyz_addr,
+                    const uint32_t *at, uintptr_t imm_addr) {
     void *p = (void *)pass;
     const uint32_t *xyz = (const uint32_t *)xyz_addr;
-    const void *imm = (const void *)imm_addr;
+    const uint8_t *imm = (const uint8_t *)imm_addr;
     for (size_t i = 0; i < n; i++) {
-        if (pipes[i]) {
-            set_pipeline(p, pipes[i]);
-            if (reads[i]) set_immediates(p, 0, imm, imm_size);
-        }
+        if (pipes[i]) set_pipeline(p, pipes[i]);
+        if (at[2 * i + 1]) set_immediates(p, 0, imm + at[2 * i], at[2 * i + 1]);
         if (groups[i]) set_bind_group(p, 0, groups[i], 0, NULL);
         dispatch(p, xyz[3 * i], xyz[3 * i + 1], xyz[3 * i + 2]);
     }

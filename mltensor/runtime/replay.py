@@ -19,8 +19,8 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay.c")
 _CDEF = """
 void mlt_init(uintptr_t sp, uintptr_t sb, uintptr_t dp, uintptr_t si);
 void mlt_replay(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, const uint32_t *xyz);
-void mlt_replay_dyn(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, uintptr_t xyz_addr,
-                    const uint8_t *reads, uintptr_t imm_addr, size_t imm_size);
+void mlt_replay_imm(uintptr_t pass, size_t n, void *const *pipes, void *const *groups, uintptr_t xyz_addr,
+                    const uint32_t *at, uintptr_t imm_addr);
 """
 _state = {"lib": None, "tried": False, "status": "not loaded yet"}
 

@@ -175,7 +175,9 @@ class Timeline:
         self._pass = None
         self._raw_pass = None
         self._raw_pass_addr = 0
-        self._pass_state = [None, None]  # raw pipeline and bind group 0 set in the open pass
+        # raw pipeline and bind group 0 set in the open pass, and (LaunchData, byte offset) of
+        # the immediates set last (compiler/program.py _record_imm)
+        self._pass_state = [None, None, None]
         self._unsubmitted_writes = False  # a queue.write_buffer since the last submit
         self._touched = set()  # buffers used by commands in the open encoder
         self._kept = []  # objects recorded commands refer to (released after the submit)
@@ -239,12 +241,12 @@ class Timeline:
     def compute_pass(self):
         """The open compute pass (wgpu-py object); whoever asks will set its own state."""
         p = self._open_pass()
-        self._pass_state[0] = self._pass_state[1] = None
+        self._pass_state[0] = self._pass_state[1] = self._pass_state[2] = None
         return p
 
     def native_pass(self):
-        """Raw handle of the open compute pass. self._pass_state holds [pipeline, bind group 0]
-        set in it: graph replay skips setting what is already set and updates the list."""
+        """Raw handle of the open compute pass. self._pass_state holds [pipeline, bind group 0,
+        immediates] set in it: graph replay skips setting what is already set and updates the list."""
         if self._pass is None:
             self._open_pass()
         return self._raw_pass
@@ -254,7 +256,7 @@ class Timeline:
             self._pass = _begin_pass(self._open_encoder())
             self._raw_pass = getattr(self._pass, "_internal", None)
             self._raw_pass_addr = handle_address(self._raw_pass)  # for the compiled replay loop
-            self._pass_state = [None, None]
+            self._pass_state = [None, None, None]
         return self._pass
 
     def _open_encoder(self):

@@ -291,23 +291,33 @@ class Kernel:
     """One specialized compute shader. `name` is readable and encodes the specialization; it is
     the wgpu label. `template` renders with `params`; `bindings` are group 0, in order. `dims`:
     the graph's dynamic dimension names when the kernel reads sizes at dispatch (set by
-    KernelContext.launch; dynamic/kernels.py), which declares them as immediate data."""
+    KernelContext.launch; dynamic/kernels.py), which declares them as immediate data. `sizes`:
+    the values of its launch parameters (dynamic/kernels.py SizeParams), declared after the
+    dimensions; only their number is part of the key, so kernels differing only in them share
+    one pipeline (and `name`, which may spell them, is no part of the key either)."""
 
     name: str
     template: str
     params: dict
     bindings: tuple
     dims: tuple = ()
+    sizes: tuple = ()
     key: tuple = field(init=False)
 
     def __post_init__(self):
         self.bindings = tuple(self.bindings)
-        self.key = (self.template, _freeze(self.params), self.bindings, self.dims)
+        self.sizes = tuple(self.sizes)
+        self.key = (self.template, _freeze(self.params), self.bindings, self.dims, len(self.sizes))
+
+    def immediates(self):
+        """Bytes of immediate data the kernel declares (its dimensions', then its parameters')."""
+        return 4 * (len(self.dims) + len(self.sizes))
 
     def reads_dims(self):
-        """Some parameter renders a size read at dispatch (`dims.` in the WGSL it inserts, or a
-        Sym a template renders with u())."""
-        return any("dims." in v for v in _strings(self.params))
+        """Some parameter renders a dynamic dimension read at dispatch (`dims.d_` in the WGSL it
+        inserts, or a Sym over dimensions a template renders with u()); launch parameters
+        (`dims.p<k>`, Kernel.sizes) are not dimensions."""
+        return any("dims.d_" in v for v in _strings(self.params))
 
     def source(self):
         decls = "\n".join(
@@ -315,10 +325,10 @@ class Kernel:
             f"{b.name}: array<{b.elem}>;"
             for i, b in enumerate(self.bindings)
         )
-        if self.dims:
+        if self.dims or self.sizes:
             from ..dynamic.kernels import declaration
 
-            decls += "\n" + declaration(self.dims)
+            decls += "\n" + declaration(self.dims, len(self.sizes))
         template = template_env().get_template(self.template)
         src = template.render(bindings=decls, **self.params)
         code = _COMMENT_RE.sub("", src)
@@ -335,7 +345,7 @@ def _strings(v):
     if isinstance(v, str):
         yield v
     elif isinstance(v, Sym):  # rendered by a template's u(): a size read at dispatch
-        yield "dims."
+        yield "dims.d_" if v.names() else ""
     elif isinstance(v, dict):
         for x in v.values():
             yield from _strings(x)
@@ -431,7 +441,7 @@ def _compile(device, kernel, cache, src=None):
         ]
         bgl = device.create_bind_group_layout(label=kernel.name, entries=entries)
         layout = device.create_pipeline_layout(label=kernel.name, bind_group_layouts=[bgl],
-                                               immediate_size=4 * len(kernel.dims))
+                                               immediate_size=kernel.immediates())
         pipe = device.create_compute_pipeline(
             label=kernel.name, layout=layout, compute={"module": module, "entry_point": "main"}
         )
