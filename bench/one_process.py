@@ -2,7 +2,11 @@
 and first result, steady runs, resident memory. Run by test_bench_startup.py and
 test_bench_memory.py (each figure from its own interpreter, so no cache of this process helps):
 
-    python -m bench.one_process mltensor|onnxruntime MODEL INPUT_NAME SHAPE_JSON [--runs N]
+    python -m bench.one_process mltensor|onnxruntime MODEL INPUT_NAME SHAPE_JSON [--runs N] [--static]
+
+(--static: InferenceSession(..., dynamic=False), a build for the one input size, as an app
+whose size never changes asks for; by default a session makes a model's symbolic dimensions
+dynamic: one build for every size.)
 
 prints one JSON line. Memory: RSS after import and context creation (start), then the peak
 resident set from there (/proc/self/clear_refs resets the high-water mark, Linux >= 4.0).
@@ -50,7 +54,7 @@ def main(argv):
         pass
     t = time.perf_counter()
     if engine == "mltensor":
-        sess = mltensor.InferenceSession(model, ctx)
+        sess = mltensor.InferenceSession(model, ctx, dynamic=False if "--static" in argv else None)
     else:
         sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     out["session_s"] = time.perf_counter() - t

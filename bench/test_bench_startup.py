@@ -12,12 +12,14 @@ session load + first result - a steady run. Three states of the caches, in this 
 Targets (lavapipe, 2 cores, a ~140-kernel model): cold <= 8 s; both warm <= 0.3x driver warm.
 The model: PP-OCRv4 det (fetched once, like the real-model tests), 1x3x320x320.
 
-Each state is measured twice in the same run: as built (static sizes of the elementwise, pool
-and resample kernels passed as launch parameters, so same-family layers share a pipeline:
-dynamic/kernels.py SizeParams) and with MLTENSOR_NO_SIZE_PARAMS=1 (every size a WGSL constant,
-one pipeline per distinct size), with the distinct-pipeline count of each. The launch
-parameters' cost in steady runs is measured per family (test_size_params_*): the same graph
-built both ways, dispatched alternately.
+Each state is measured three ways in the same run: the session as a user gets it by default
+(the model's symbolic height and width as dynamic dimensions: one build for every page size,
+138 kernels), a one-size session (`dynamic=False`: 70 kernels, its static sizes of the
+elementwise, pool and resample kernels passed as launch parameters, so same-family layers share
+a pipeline: dynamic/kernels.py SizeParams), and that one-size session with
+MLTENSOR_NO_SIZE_PARAMS=1 (every size a WGSL constant, one pipeline per distinct size), with the
+distinct-pipeline count of each. The launch parameters' cost in steady runs is measured per
+family (test_size_params_*): the same graph built both ways, dispatched alternately.
 """
 
 import json
@@ -38,11 +40,11 @@ MODEL, INPUT, SHAPE = "ppocr_v4_det", "x", [1, 3, 320, 320]
 RUNS = int(os.environ.get("MLTENSOR_BENCH_STARTUP_RUNS", "3"))
 
 
-def one_process(engine, model, name, shape, env=None, runs=3):
+def one_process(engine, model, name, shape, env=None, runs=3, static=False):
     env = dict(os.environ, **(env or {}))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user's machine: modules load from .pyc
     r = subprocess.run([sys.executable, "-m", "bench.one_process", engine, str(model), name, json.dumps(shape),
-                        "--runs", str(runs)], cwd=ROOT, env=env,
+                        "--runs", str(runs)] + (["--static"] if static else []), cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -56,17 +58,19 @@ def _median(rows, k):
 @pytest.fixture(scope="module")
 def startup():
     path = mltensor.models.fetch_onnx(MODEL)
-    rows = {f"{state}{tag}": [] for tag in ("", " (constants)") for state in ("cold", "driver warm", "both warm")}
+    ways = (("", False, {"MLTENSOR_NO_SIZE_PARAMS": "0"}), (" (one size)", True, {"MLTENSOR_NO_SIZE_PARAMS": "0"}),
+            (" (constants)", True, {"MLTENSOR_NO_SIZE_PARAMS": "1"}))
+    rows = {f"{state}{tag}": [] for tag, _, _ in ways for state in ("cold", "driver warm", "both warm")}
     rows["onnxruntime"] = []
     for _ in range(RUNS):
-        for tag, extra in (("", {"MLTENSOR_NO_SIZE_PARAMS": "0"}), (" (constants)", {"MLTENSOR_NO_SIZE_PARAMS": "1"})):
+        for tag, static, extra in ways:
             with tempfile.TemporaryDirectory() as mesa, tempfile.TemporaryDirectory() as ours:
                 env = {"MESA_SHADER_CACHE_DIR": mesa, "MLTENSOR_CACHE": ours, **extra}
-                rows["cold" + tag].append(one_process("mltensor", path, INPUT, SHAPE, env))
+                rows["cold" + tag].append(one_process("mltensor", path, INPUT, SHAPE, env, static=static))
                 with tempfile.TemporaryDirectory() as ours2:
                     rows["driver warm" + tag].append(
-                        one_process("mltensor", path, INPUT, SHAPE, dict(env, MLTENSOR_CACHE=ours2)))
-                rows["both warm" + tag].append(one_process("mltensor", path, INPUT, SHAPE, env))
+                        one_process("mltensor", path, INPUT, SHAPE, dict(env, MLTENSOR_CACHE=ours2), static=static))
+                rows["both warm" + tag].append(one_process("mltensor", path, INPUT, SHAPE, env, static=static))
         rows["onnxruntime"].append(one_process("onnxruntime", path, INPUT, SHAPE))
     for state, rs in rows.items():
         print(f"\n{state:>25}: " + ", ".join(f"{k} {_median(rs, k):.3f}" for k in
@@ -93,9 +97,13 @@ def test_startup_cold(benchmark, ctx, startup):
     info = _report(benchmark, ctx, "start-up overhead: cold (driver and mltensor caches empty)",
                    startup["cold"], startup["onnxruntime"], "onnxruntime CPU, same model",
                    import_s=_median(startup["cold"], "import_s"), context_s=_median(startup["cold"], "context_s"),
+                   one_size_overhead_s=_median(startup["cold (one size)"], "overhead_s"),
+                   one_size_kernels=startup["cold (one size)"][0].get("kernels"),
+                   one_size_pipelines=startup["cold (one size)"][0].get("pipelines"),
                    constants_overhead_s=_median(startup["cold (constants)"], "overhead_s"),
                    constants_pipelines=startup["cold (constants)"][0].get("pipelines"))
-    print(f"\ncold start-up overhead {info['ours_total_s']:.2f} s ({info['pipelines']} pipelines; every size a "
+    print(f"\ncold start-up overhead {info['ours_total_s']:.2f} s ({info['pipelines']} pipelines, every size; one "
+          f"size: {info['one_size_overhead_s']:.2f} s, {info['one_size_pipelines']} pipelines; every size a "
           f"constant: {info['constants_overhead_s']:.2f} s, {info['constants_pipelines']} pipelines), "
           f"onnxruntime {info['ref_total_s']:.2f} s")
 
@@ -108,27 +116,31 @@ def test_startup_both_warm(benchmark, ctx, startup):
                    onnxruntime_overhead_s=_median(startup["onnxruntime"], "overhead_s"),
                    both_warm_session_s=_median(startup["both warm"], "session_s"),
                    driver_warm_session_s=_median(startup["driver warm"], "session_s"),
+                   one_size_both_warm_s=_median(startup["both warm (one size)"], "overhead_s"),
+                   one_size_driver_warm_s=_median(startup["driver warm (one size)"], "overhead_s"),
                    constants_both_warm_s=_median(startup["both warm (constants)"], "overhead_s"),
                    constants_driver_warm_s=_median(startup["driver warm (constants)"], "overhead_s"),
                    constants_pipelines=startup["both warm (constants)"][0].get("pipelines"))
     print(f"\nboth warm {info['ours_total_s']:.3f} s = {1 / info['ratio']:.2f}x of driver warm "
-          f"{info['ref_total_s']:.3f} s (onnxruntime {info['onnxruntime_overhead_s']:.3f} s); every size a constant: "
+          f"{info['ref_total_s']:.3f} s (onnxruntime {info['onnxruntime_overhead_s']:.3f} s); one size: "
+          f"{info['one_size_both_warm_s']:.3f} s of {info['one_size_driver_warm_s']:.3f} s; every size a constant: "
           f"{info['constants_both_warm_s']:.3f} s of {info['constants_driver_warm_s']:.3f} s")
 
 
 def test_startup_size_params(benchmark, ctx, startup):
-    """What launch parameters give start-up (same run): both warm with every size a WGSL
-    constant against both warm as built (ratio = constants / parameters; > 1: faster start)."""
+    """What launch parameters give start-up (same run, one-size sessions: a graph with dynamic
+    dimensions keeps its sizes as those): both warm with every size a WGSL constant against both
+    warm as built (ratio = constants / parameters; > 1: faster start)."""
     info = _report(benchmark, ctx, "start-up overhead: sizes as launch parameters vs constants (both caches warm)",
-                   startup["both warm"], startup["both warm (constants)"], "every size a constant",
+                   startup["both warm (one size)"], startup["both warm (constants)"], "every size a constant",
                    constants_pipelines=startup["both warm (constants)"][0].get("pipelines"),
-                   cold_s=_median(startup["cold"], "overhead_s"),
+                   cold_s=_median(startup["cold (one size)"], "overhead_s"),
                    constants_cold_s=_median(startup["cold (constants)"], "overhead_s"),
-                   best_both_warm_s=min(r["overhead_s"] for r in startup["both warm"]),
+                   best_both_warm_s=min(r["overhead_s"] for r in startup["both warm (one size)"]),
                    best_constants_both_warm_s=min(r["overhead_s"] for r in startup["both warm (constants)"]),
-                   best_cold_s=min(r["overhead_s"] for r in startup["cold"]),
+                   best_cold_s=min(r["overhead_s"] for r in startup["cold (one size)"]),
                    best_constants_cold_s=min(r["overhead_s"] for r in startup["cold (constants)"]),
-                   steady_s=_median(startup["both warm"], "steady_s"),
+                   steady_s=_median(startup["both warm (one size)"], "steady_s"),
                    constants_steady_s=_median(startup["both warm (constants)"], "steady_s"))
     print(f"\nboth warm: {info['pipelines']} pipelines {info['ours_total_s']:.3f} s, every size a constant: "
           f"{info['constants_pipelines']} pipelines {info['ref_total_s']:.3f} s")
@@ -151,7 +163,7 @@ def test_startup_size_params_graph_cache_load(benchmark, ctx, tmp_path, monkeypa
     pipelines = {}
     for v in ("0", "1"):
         monkeypatch.setenv("MLTENSOR_NO_SIZE_PARAMS", v)
-        sess = mltensor.InferenceSession(path, ctx)
+        sess = mltensor.InferenceSession(path, ctx, dynamic=False)  # (a dynamic graph keeps constants)
         sess.run(None, {INPUT: x})
         ctx.save_graph_sync("det" + v, sess._spec.graph)
         pipelines[v] = sess._spec.graph.pipelines

@@ -1,6 +1,7 @@
 """Shared test helpers (import as `from helpers import run_graph`)."""
 
 import os
+import threading
 
 import numpy as np
 
@@ -128,3 +129,24 @@ def without_accuracy_level(model):
         del n.attribute[:]
         n.attribute.extend(keep)
     return m
+
+
+def in_threads(fn, args, timeout=300):
+    """Run fn(*a) for each `a` of `args`, each in its own thread, all at once; re-raise the first
+    exception any of them raised (an assertion in a thread would otherwise only be printed)."""
+    errors = []
+
+    def run(a):
+        try:
+            fn(*a)
+        except BaseException as e:  # noqa: BLE001 (re-raised below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    if errors:
+        raise errors[0]

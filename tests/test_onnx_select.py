@@ -8,6 +8,8 @@ from onnx import helper as h
 
 from mltensor import InferenceSession
 
+from helpers import in_threads
+
 ort = pytest.importorskip("onnxruntime")
 
 
@@ -276,7 +278,6 @@ def test_staged_runs_concurrent_on_pooled_tensors(rng):
     """Threads running one staged session at once, at different counts, some taking their
     outputs as MLTensors: every result as onnxruntime's (no run reads or writes a set another
     run holds), and the pools keep no more sets than runs were in flight."""
-    import threading
 
     from mltensor.stages.plan import POOL
 
@@ -287,28 +288,19 @@ def test_staged_runs_concurrent_on_pooled_tensors(rng):
     cases = [{"x": rng.standard_normal(64).astype(np.float32), "t": np.array(t, np.float32)}
              for t in (0.0, 0.5, -0.5, 1.0) * 4]
     want = [ref.run(None, f) for f in cases]
-    errors = []
 
     def work(k):
-        try:
-            for _ in range(3):
-                for i in range(k, len(cases), 4):
-                    if k % 2:
-                        ts = sess.run(None, cases[i], output_location="ml-tensor")
-                        got = [sess.context.read_tensor_sync(t) for t in ts]
-                    else:
-                        got = sess.run(None, cases[i])
-                    for g, w in zip(got, want[i]):
-                        np.testing.assert_allclose(g.reshape(w.shape), w, rtol=1e-5)
-        except BaseException as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        for _ in range(3):
+            for i in range(k, len(cases), 4):
+                if k % 2:
+                    ts = sess.run(None, cases[i], output_location="ml-tensor")
+                    got = [sess.context.read_tensor_sync(t) for t in ts]
+                else:
+                    got = sess.run(None, cases[i])
+                for g, w in zip(got, want[i]):
+                    np.testing.assert_allclose(g.reshape(w.shape), w, rtol=1e-5)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(work, [(k,) for k in range(4)])
     stages, todo = [], [s.stage for s in sess._specs.values() if s.stage is not None]
     while todo:
         st = todo.pop()

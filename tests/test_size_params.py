@@ -8,15 +8,13 @@ build with every size a WGSL constant (MLTENSOR_NO_SIZE_PARAMS=1), the results a
 to that build and match numpy, in float32, float16 and emulated int64, through the graph cache,
 from two threads, and (slow) past 65535 workgroups."""
 
-import threading
-
 import numpy as np
 import pytest
 
 import mltensor
 from mltensor import ml
 
-from helpers import FUSION, context_with_env, dispatch_at
+from helpers import FUSION, context_with_env, dispatch_at, in_threads
 
 
 @pytest.fixture
@@ -249,27 +247,19 @@ def test_shared_pipelines_through_the_graph_cache(ctx, rng, tmp_path, monkeypatc
 
 
 def test_builds_and_dispatches_from_two_threads(ctx):
-    errors, results = [], {}
+    results = {}
 
     def work(seed):
-        try:
-            rng = np.random.default_rng(seed)
-            for _ in range(3):
-                g, feeds, refs = _model(ctx, rng)
-                got = dispatch_at(ctx, g, feeds)
-                for k, ref in refs.items():
-                    np.testing.assert_allclose(got[k], ref, rtol=2e-6, atol=1e-6, err_msg=k)
-                g.destroy()
-            results[seed] = True
-        except Exception as e:  # (reported by the main thread)
-            errors.append(e)
+        rng = np.random.default_rng(seed)
+        for _ in range(3):
+            g, feeds, refs = _model(ctx, rng)
+            got = dispatch_at(ctx, g, feeds)
+            for k, ref in refs.items():
+                np.testing.assert_allclose(got[k], ref, rtol=2e-6, atol=1e-6, err_msg=k)
+            g.destroy()
+        results[seed] = True
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(work, [(s,) for s in (1, 2)])
     assert len(results) == 2
 
 

@@ -5,7 +5,6 @@ Resize sizes), If branches of different shapes, Loop with a condition computed o
 Scan longer than the unroll limit: each model is run at several values in one session, and the
 session's stats say what crossed to the host."""
 
-import threading
 
 import numpy as np
 import pytest
@@ -14,6 +13,8 @@ from onnx import helper as h
 
 import mltensor
 from mltensor import InferenceSession
+
+from helpers import in_threads
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -162,23 +163,13 @@ def test_if_cut_inside_a_concurrent_session(rng):
     sess, ref = _pair(m)
     xs = [(np.abs(rng.standard_normal((2, 3))) * (1 if i % 2 else -1)).astype(np.float32) for i in range(24)]
     want = [ref.run(None, {"x": x})[0] for x in xs]
-    errors = []
-
     def work(k):
-        try:
-            for i in range(k, len(xs), 4):
-                (y,) = sess.run(None, {"x": xs[i]})
-                assert y.shape == want[i].shape
-                np.testing.assert_allclose(y, want[i], rtol=1e-6)
-        except BaseException as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        for i in range(k, len(xs), 4):
+            (y,) = sess.run(None, {"x": xs[i]})
+            assert y.shape == want[i].shape
+            np.testing.assert_allclose(y, want[i], rtol=1e-6)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(work, [(k,) for k in range(4)])
     assert sess.stats["stage_builds"] == 2
 
 
@@ -301,22 +292,12 @@ def test_scan_longer_than_the_unroll_limit(rev_in, rev_out, in_axis, out_axis, r
         del ctx.create_tensor_sync
     feeds = [{"s0": np.full(3, i, np.float32), "x": x * (i + 1)} for i in range(6)]
     want = [ref.run(None, f) for f in feeds]
-    errors = []
-
     def work(k):
-        try:
-            for i in range(k, len(feeds), 3):
-                for g, w in zip(sess.run(None, feeds[i]), want[i]):
-                    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-        except BaseException as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        for i in range(k, len(feeds), 3):
+            for g, w in zip(sess.run(None, feeds[i]), want[i]):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(work, [(k,) for k in range(3)])
 
 
 def test_a_data_dependent_shape_inside_an_executed_loop_body_is_refused(rng):
