@@ -151,3 +151,13 @@ def test_profile_lists_the_launches_run(ctx, rng):
     assert len(rows) < len(g.kernel_names)
     for t in (x, z, g):
         t.destroy()
+
+
+def test_destroyed_tensors_leave_the_replay_cache(ctx, rng):
+    """Replay lists per (tensor set, launches left out) are dropped with their tensors."""
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    g = _graph(ctx, w)
+    _check(ctx, g, w, 2, rng)  # (dispatch_at destroys its tensors)
+    _check(ctx, g, w, 150, rng)
+    assert not g._bg_cache
+    g.destroy()

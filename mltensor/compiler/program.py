@@ -558,7 +558,8 @@ class MLGraph:
         if tensor in self._last_tensors:
             self._last_tensors, self._last = [], None
         tid = id(tensor)
-        for k in [k for k in self._bg_cache if tid in k]:
+        # (keys: the tensors' ids, or (ids, launches left out): _replay_skipping)
+        for k in [k for k in self._bg_cache if tid in (k[0] if k and k[0].__class__ is tuple else k)]:
             del self._bg_cache[k]
 
 
