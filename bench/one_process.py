@@ -74,6 +74,8 @@ def main(argv):
         out["stats"] = sess.stats
         out["kernels"] = len(sess._spec.graph.kernel_names) if sess._spec is not None else None
         out["pipelines"] = sess._spec.graph.pipelines if sess._spec is not None else None
+        # (size buckets' variants are made at their first use: those these runs' sizes made)
+        out["pipelines_created"] = sess._spec.graph.pipelines_created if sess._spec is not None else None
     print(json.dumps(out))
 
 

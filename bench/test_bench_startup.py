@@ -75,7 +75,8 @@ def startup():
     for state, rs in rows.items():
         print(f"\n{state:>25}: " + ", ".join(f"{k} {_median(rs, k):.3f}" for k in
                                                 ("import_s", "context_s", "session_s", "load_first_s", "steady_s",
-                                                 "overhead_s")) + f", pipelines {rs[0].get('pipelines')}, "
+                                                 "overhead_s")) + f", pipelines {rs[0].get('pipelines')} "
+              f"(created {rs[0].get('pipelines_created')}), "
               "overhead per run " + ", ".join("%.3f" % r["overhead_s"] for r in rs))
     assert rows["both warm"][-1]["stats"]["loaded"] == 1 and rows["cold"][-1]["stats"]["loaded"] == 0
     return rows
@@ -85,6 +86,7 @@ def _report(benchmark, ctx, group, ours, ref, ref_name, **extra):
     info = benchmark.extra_info
     info.update(group=group, adapter=adapter_name(ctx), model=MODEL, kernels=ours[0].get("kernels"),
                 pipelines=ours[0].get("pipelines"),
+                pipelines_created=ours[0].get("pipelines_created"),
                 ours_total_s=_median(ours, "overhead_s"), ref_total_s=_median(ref, "overhead_s"),
                 ref_name=ref_name, ours_enqueue_s=_median(ours, "overhead_s"), runs=len(ours), **extra)
     info["ratio"] = info["ref_total_s"] / info["ours_total_s"]
@@ -102,7 +104,8 @@ def test_startup_cold(benchmark, ctx, startup):
                    one_size_pipelines=startup["cold (one size)"][0].get("pipelines"),
                    constants_overhead_s=_median(startup["cold (constants)"], "overhead_s"),
                    constants_pipelines=startup["cold (constants)"][0].get("pipelines"))
-    print(f"\ncold start-up overhead {info['ours_total_s']:.2f} s ({info['pipelines']} pipelines, every size; one "
+    print(f"\ncold start-up overhead {info['ours_total_s']:.2f} s ({info['pipelines']} pipelines, "
+          f"{info['pipelines_created']} created at this size, every size; one "
           f"size: {info['one_size_overhead_s']:.2f} s, {info['one_size_pipelines']} pipelines; every size a "
           f"constant: {info['constants_overhead_s']:.2f} s, {info['constants_pipelines']} pipelines), "
           f"onnxruntime {info['ref_total_s']:.2f} s")

@@ -1,4 +1,7 @@
-"""build -> MLGraph: a flat list of launches with pipelines and bind groups made up front.
+"""build -> MLGraph: a flat list of launches with pipelines and bind groups made up front, but
+for the size buckets' variants of a graph with dynamic dimensions (launches whose workgroup count
+is 0 at some sizes): made at the first dispatch whose sizes run them (MLGraph._create), skipped by
+the replay where their count is 0.
 
 Only launches that touch the caller's tensors need per-dispatch bind groups; those are cached per
 set of tensors (dropped when one of them is destroyed). Dispatch replays the launches into the
@@ -28,7 +31,7 @@ from ..runtime import replay
 from ..runtime.compile import compile_kernels
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
-from ..dynamic.kernels import check_device, immediates_layout
+from ..dynamic.kernels import check_device, immediates_layout, may_be_zero
 from ..dynamic.plan import DynamicPlan, LaunchData
 from ..runtime.constants import UPLOAD_BATCH, digest
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
@@ -191,10 +194,14 @@ def compile_graph(builder, outputs, placement=None):
                      "constant_tensors": sum(t._buffer.size for t in keep),
                      "folded_constants": sum(b.size for b in persist),
                      "intermediates": sum(b.size for b in pool)}
-    compile_kernels(ctx, [l.kernel for l, _ in launches])  # in parallel (runtime/compile.py)
+    # A launch whose workgroup count is 0 at some sizes (a size bucket's variant of a GEMM or
+    # convolution, gated off outside it) gets its pipeline and bind groups at the first dispatch
+    # that runs it (MLGraph._create): a start pays only for the buckets its sizes use.
+    lazy = [bool(dims) and not l.prologue and may_be_zero(l.groups) for l, _ in launches]
+    compile_kernels(ctx, [l.kernel for (l, _), z in zip(launches, lazy) if not z])  # in parallel (runtime/compile.py)
     prologue = []
-    for (l, args), vs in zip(launches, views):
-        pipe, bgl = pipeline(device, l.kernel)
+    for (l, args), vs, z in zip(launches, views, lazy):
+        pipe, bgl = (None, None) if z else pipeline(device, l.kernel)
         bufs = [buffer_of(a) for a in args]
         if placement and _shares_buffer(bufs, l.kernel.bindings):
             # a case place() did not foresee (e.g. a fallback copy inside one concat's storage):
@@ -205,7 +212,9 @@ def compile_graph(builder, outputs, placement=None):
             return compile_graph(builder, outputs, placement=False)
         bufs = [b if v is None else (b, v) for b, v in zip(bufs, vs)]  # views: (buffer, (offset, size))
         entry = [pipe, bgl, bufs, l.groups, None]
-        if not any(_ext(b) for b in bufs):
+        if z:
+            graph._lazy += 1
+        elif not any(_ext(b) for b in bufs):
             entry[4] = device.create_bind_group(
                 layout=bgl,
                 entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)],
@@ -299,7 +308,10 @@ class MLGraph:
         self._memory = {}
         self._kernels = []  # the Kernel of each launch, in order (graphcache/recipe.py saves them)
         self._dyn_args = None  # what the DynamicPlan was made from (likewise)
-        self._launches = []
+        self._launches = []  # [pipeline, bind group layout, buffers, groups, bind group | None]
+        self._lazy = 0  # launches whose pipeline is not created yet (pipeline None: _create)
+        self._sources = None  # each launch's WGSL when known (a loaded graph: its lazy launches')
+        self._last_off = None  # the launches the last replay list skips (LaunchData.off)
         self._destroyed = False
         self._bg_cache = {}
         self._last_tensors, self._last = [], None
@@ -374,10 +386,19 @@ class MLGraph:
 
     @property
     def pipelines(self):
-        """Python extension: the number of distinct compute pipelines a dispatch launches (what
-        a load compiles: kernels that differ only in sizes passed as launch parameters share one,
-        dynamic/kernels.py SizeParams)."""
+        """Python extension: the number of distinct compute pipelines the graph's launches use,
+        all of them, created or not (kernels that differ only in sizes passed as launch
+        parameters share one, dynamic/kernels.py SizeParams). With dynamic dimensions, the size
+        buckets' variants are created at the first dispatch whose sizes run them:
+        `pipelines_created` counts those made so far."""
         return len({k.key for k in self._kernels})
+
+    @property
+    def pipelines_created(self):
+        """Python extension: the number of distinct pipelines of `pipelines` created so far (all
+        of them for a graph without dynamic dimensions; else those of the launches built
+        ungated and of the size buckets some dispatch ran)."""
+        return len({k.key for k, e in zip(self._kernels, list(self._launches)) if e[0] is not None})
 
     @property
     def autotune(self):
@@ -421,33 +442,74 @@ class MLGraph:
 
             tl.enqueue(Task((), (self,), free))
 
-    def _bound(self, tensors):
-        """Launch list [(pipeline, bind group, groups)] for this tensor set (cached)."""
-        return self._replay(tensors)[0]
+    def _bound(self, tensors, off=None):
+        """Launch list [(pipeline, bind group, groups)] for this tensor set (cached), without the
+        launches `off` (LaunchData.off)."""
+        return self._replay_skipping(tensors, off)[0]
+
+    def _create(self, idx):
+        """Create the pipelines and fixed bind groups of the launches `idx` not created yet (size
+        buckets' variants: at the first dispatch that runs them), in parallel as a build does.
+        Called with the device lock held (dispatch), so two threads never both create one; the
+        pipeline is set last, so a failure (an OperationError) leaves the launch to retry."""
+        todo = [i for i in idx if self._launches[i][0] is None]
+        if not todo:
+            return
+        device = self._context.device
+        kernels = [self._kernels[i] for i in todo]
+        sources = None if self._sources is None else [self._sources[i] for i in todo]
+        # (no Mesa warm-up: its helper work takes the device lock, held here)
+        compile_kernels(self._context, kernels, sources, warm=False)
+        for i, k in zip(todo, kernels):
+            e = self._launches[i]
+            pipe, bgl = pipeline(device, k, None if sources is None else self._sources[i])
+            if not any(_ext(b) for b in e[2]):
+                e[4] = device.create_bind_group(
+                    layout=bgl, entries=[{"binding": j, "resource": _resource(b)} for j, b in enumerate(e[2])])
+            e[1], e[0] = bgl, pipe
+            self._lazy -= 1
 
     def _replay(self, tensors):
-        """(bound launches, replay list, buffers) for this tensor set, cached per set; the last
-        set is checked first (a session binds the same tensors every run).
+        """_replay_skipping for a graph that skips no launch (no dynamic dimensions): the
+        dispatch hot path, whose check of the last tensor set is all it adds."""
+        if tensors == self._last_tensors:
+            return self._last
+        return self._replay_skipping(tensors, None)
+
+    def _replay_skipping(self, tensors, off):
+        """(bound launches, replay list, buffers, ..., immediates layout) for this tensor set,
+        cached per set; the last set is checked first (a session binds the same tensors every
+        run). `off`: launches left out (no workgroups at this dispatch's sizes: LaunchData.off),
+        each pattern its own entry; the launches kept are created here if they are not yet.
 
         The replay list holds raw wgpu-native handles, (pipeline | None, bind group | None, x, y,
         z) per launch, None where the launch before set the same object: consecutive launches of
         one kernel (chains of adds, RNN steps) skip set_pipeline, which costs as much as the
         dispatch itself. Only launches that touch the caller's tensors get new bind groups for
         a new set; the others are shared by every set."""
-        if tensors == self._last_tensors:
+        if tensors == self._last_tensors and (off is self._last_off or off == self._last_off):
             return self._last
         key = tuple(id(t) for t in tensors)
+        if off is not None:
+            key = (key, off)
         hit = self._bg_cache.get(key)
         if hit is not None and all(r() is t for r, t in zip(hit[0], tensors)):
-            self._last_tensors, self._last = list(tensors), hit[1]
+            self._last_tensors, self._last, self._last_off = list(tensors), hit[1], off
             return hit[1]
         by_slot = {}
         names = [("in", n) for n in self._in_names] + [("out", n) for n in self._out_names]
         for (kind, name), t in zip(names, tensors):
             by_slot[(kind, name)] = t._buffer
         device = self._context.device
+        idx = range(len(self._launches))
+        if off is not None:
+            skip = set(off)
+            idx = [i for i in idx if i not in skip]
+        if self._lazy:
+            self._create(idx)
         bound = []
-        for pipe, bgl, bufs, groups, bg in self._launches:
+        for i in idx:
+            pipe, bgl, bufs, groups, bg = self._launches[i]
             if bg is None:  # caller's tensors, whole or a view (a slab of a concat output)
                 real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext)
                         else (by_slot[(b[0].kind, b[0].name)], b[1]) if _ext(b) else b for b in bufs]
@@ -459,7 +521,7 @@ class MLGraph:
             for pipe, bg, groups in bound:
                 rp, rb = pipe._internal, bg._internal
                 if self._dyn is not None:
-                    groups = (0, 0, 0)  # sized per dispatch (_record_dynamic)
+                    groups = (0, 0, 0)  # sized per dispatch (_record_imm)
                 raw.append((None if rp == last_pipe else rp, None if rb == last_bg else rb, *groups))
                 last_pipe, last_bg = rp, rb
         if len(self._bg_cache) >= _BG_CACHE_MAX:
@@ -467,17 +529,28 @@ class MLGraph:
         tail = (bound[-1][0]._internal, bound[-1][1]._internal) if raw else None
         # launches after the first as C arrays for the compiled loop (runtime/replay.py), if any
         native = replay.loaded() if raw else None
+        # where each launch kept takes its immediates (rows, at, first size, last offset, at[1:]
+        # in C): the graph's own, else laid out again for the launches kept
+        if off is None:
+            imm = [self._imm_rows, self._imm_at, self._imm0, self._imm_last, None]
+        else:
+            rows, at, _ = immediates_layout([self._kernels[i] for i in idx])
+            imm = [rows, at, at[0][1] if at else 0, next((o for o, size in reversed(at) if size), None), None]
         if native is not None:
             ffi = native[0]
-            if self._imm_at is not None and self._imm_c is None:
-                self._imm_c = ffi.new("uint32_t[]", [v for r in self._imm_at[1:] for v in r] or 1)
+            if off is None:
+                if self._imm_at is not None and self._imm_c is None:
+                    self._imm_c = ffi.new("uint32_t[]", [v for r in self._imm_at[1:] for v in r] or 1)
+                imm[4] = self._imm_c
+            elif imm[1] is not None:
+                imm[4] = ffi.new("uint32_t[]", [v for r in imm[1][1:] for v in r] or 1)
             native = (native[1], replay.arrays(ffi, raw[1:], handle_address), ffi)
-        entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:], native)
+        entry = (bound, raw, tuple(t._buffer for t in tensors), tail, raw[1:], native, tuple(imm))
         self._bg_cache[key] = ([weakref.ref(t) for t in tensors], entry)
         for t in tensors:
             if self._evict not in t._on_destroy:  # once per graph, however often its sets change
                 t._on_destroy.append(self._evict)
-        self._last_tensors, self._last = list(tensors), entry
+        self._last_tensors, self._last, self._last_off = list(tensors), entry, off
         return entry
 
     def _evict(self, tensor):
@@ -485,7 +558,8 @@ class MLGraph:
         if tensor in self._last_tensors:
             self._last_tensors, self._last = [], None
         tid = id(tensor)
-        for k in [k for k in self._bg_cache if tid in k]:
+        # (keys: the tensors' ids, or (ids, launches left out): _replay_skipping)
+        for k in [k for k in self._bg_cache if tid in (k[0] if k and k[0].__class__ is tuple else k)]:
             del self._bg_cache[k]
 
 
@@ -650,29 +724,28 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
             if graph._evict not in t._on_destroy:
                 t._on_destroy.append(graph._evict)
         graph._last_dyn = (dict(inputs), dict(outputs), tensors)
+    data = plan.launch_data(values)
+    if graph._lazy and not data.made:  # size buckets' variants these sizes run for the first time
+        skip = set(data.off or ())
+        graph._create([i for i in range(len(graph._launches)) if i not in skip])
+        data.made = True  # (the plan, so its LaunchData, is this graph's alone)
     tl = ctx._timeline
     if tl.lent or tl.held or tl.mapped:
         tl.enqueue(Task((*inputs.values(), graph), tuple(outputs.values()),
-                        lambda: _record_dynamic(tl, graph, tensors, values)))
+                        lambda: _record_imm(tl, graph, tensors, data)))
     else:
-        _record_dynamic(tl, graph, tensors, values)
-
-
-def _record_dynamic(tl, graph, tensors, values):
-    """_record for a graph with dynamic dimensions: workgroup counts of these sizes, and the sizes
-    as immediate data after each pipeline that reads them."""
-    _record_imm(tl, graph, tensors, graph._dyn.launch_data(values))
+        _record_imm(tl, graph, tensors, data)
 
 
 def _record_imm(tl, graph, tensors, data):
     """_record for a graph whose kernels take immediate data (runtime/replay.c mlt_replay_imm):
     `data` (dynamic/plan.LaunchData) holds the workgroup counts and the immediate bytes, each
     launch's at graph._imm_rows, set where graph._imm_at says."""
-    bound, raw, buffers, tail, rest, native = graph._replay(tensors)
-    g, base = data.groups, data.imm_addr
+    bound, raw, buffers, tail, rest, native, (rows, at, imm0, imm_last, imm_c) = graph._replay_skipping(
+        tensors, data.off)
+    g, base = data.run, data.imm_addr  # (the counts of the launches kept)
     if not graph._native:
         p = tl.compute_pass()
-        rows = graph._imm_rows
         for i, (pipe, bg, _) in enumerate(bound):
             p.set_pipeline(pipe)  # (every launch: so every launch with immediates sets them)
             off, size = rows[i]
@@ -684,10 +757,10 @@ def _record_imm(tl, graph, tensors, data):
         p = tl.native_pass()
         state = tl._pass_state
         # (what the pass holds afterwards: state[2], a token made once for a static graph)
-        end = graph._imm_end if data is graph._imm_static else (data, graph._imm_last)
+        end = graph._imm_end if data is graph._imm_static else (data, imm_last)
         if raw:
             pipe, bg, x, y, z = raw[0]
-            size = graph._imm0
+            size = imm0
             if pipe != state[0]:
                 _set_pipeline(p, pipe)
                 if size:
@@ -706,9 +779,8 @@ def _record_imm(tl, graph, tensors, data):
             _dispatch(p, x, y, z)
         if native is not None and len(raw) > 1:
             lib, (n, pipes, groups, _), cffi_ = native
-            lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, graph._imm_c, base)
+            lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, imm_c, base)
         else:
-            at = graph._imm_at
             for i in range(1, len(raw)):
                 pipe, bg = raw[i][:2]
                 if pipe is not None:
@@ -721,7 +793,7 @@ def _record_imm(tl, graph, tensors, data):
                 _dispatch(p, g[3 * i], g[3 * i + 1], g[3 * i + 2])
         if raw:
             state[0], state[1] = tail
-            if graph._imm_last is not None:
+            if imm_last is not None:
                 state[2] = end
     kept = tl._kept
     if not kept or kept[-1] is not bound:
@@ -737,7 +809,7 @@ def _held_dispatch(tl, graph, inputs, outputs, tensors):
 
 
 def _record(tl, graph, tensors):
-    bound, raw, buffers, tail, rest, native = graph._replay(tensors)
+    bound, raw, buffers, tail, rest, native, _ = graph._replay(tensors)
     imm = graph._imm_at is not None  # launch parameters (a static graph: its fixed LaunchData)
     if imm and (native is None or not graph._native):
         _record_imm(tl, graph, tensors, graph._imm_static)

@@ -144,6 +144,16 @@ def is_dynamic(groups):
     return isinstance(groups, Fold) or any(isinstance(g, Sym) for g in groups)
 
 
+def may_be_zero(groups):
+    """Whether a launch's workgroup count may be 0 at some sizes (bounds: an undecided count
+    counts as possibly 0)."""
+    from .dims import low
+
+    if isinstance(groups, Fold):
+        return low(groups.n) < 1
+    return any(low(g) < 1 for g in groups)
+
+
 def concrete_groups(groups, values):
     """(x, y, z) workgroup counts of a launch for {name: size}."""
     from ..runtime.wgsl import MAX_GROUPS, grid

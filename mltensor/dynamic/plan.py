@@ -11,7 +11,7 @@ a maximum that does not fit, or one name given two sizes), runs the checks, size
 import numpy as np
 
 from .dims import Sym, bind, check_derived, evaluate
-from .kernels import _py, _var, compile_groups, pack
+from .kernels import _py, _var, compile_groups, may_be_zero, pack
 
 
 class DynamicPlan:
@@ -23,6 +23,10 @@ class DynamicPlan:
         self.constraints = list(constraints)
         self.groups_for = compile_groups(groups, self.names)
         self.reads_dims = list(reads_dims)  # per launch: its kernel reads the immediates
+        # launches whose workgroup count is 0 at some sizes (a size bucket's variant, gated off
+        # outside it: ops/matmul.py): skipped by the replay where it is, their pipelines made at
+        # the first dispatch that runs them (compiler/program.py MLGraph._create)
+        self.maybe_off = [i for i, g in enumerate(groups) if may_be_zero(g)]
         self._cache = {}  # sizes -> (immediates, flat workgroup counts as uint32)
         self._fast = None  # compiled bind() for the common case
         self._out_fn = None
@@ -77,7 +81,12 @@ class DynamicPlan:
         key = tuple(values[n] for n in self.names)
         hit = self._cache.get(key)
         if hit is None:
-            hit = LaunchData(pack(self.names, values), self.groups_for(values))
+            groups = self.groups_for(values)
+            off = None
+            if self.maybe_off:
+                off = tuple(i for i in self.maybe_off
+                            if not (groups[3 * i] and groups[3 * i + 1] and groups[3 * i + 2])) or None
+            hit = LaunchData(pack(self.names, values), groups, off)
             if len(self._cache) >= 16:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = hit
@@ -90,16 +99,26 @@ def _sizes(values):
 
 class LaunchData:
     """What recording a dispatch at some sizes needs: the immediate bytes and the workgroup
-    counts, as arrays the compiled replay loop reads by address and as Python values."""
+    counts, as arrays the compiled replay loop reads by address and as Python values. `groups`:
+    every launch's counts; `off`: the launches with no workgroups at these sizes that the replay
+    skips (a sorted tuple, None when none is), `run` and `xyz` the counts of the others; `made`:
+    the graph has created the pipelines of the others (compiler/program.py MLGraph._create)."""
 
-    __slots__ = ("imm", "xyz", "groups", "imm_addr", "xyz_addr", "imm_ptr")
+    __slots__ = ("imm", "xyz", "groups", "run", "off", "made", "imm_addr", "xyz_addr", "imm_ptr")
 
-    def __init__(self, imm, groups):
+    def __init__(self, imm, groups, off=None):
         from wgpu.backends.wgpu_native._ffi import ffi
 
         self.imm = imm
-        self.xyz = np.asarray(groups, dtype=np.uint32)
         self.groups = list(groups)
+        self.off = off
+        self.made = False
+        if off:
+            skip = set(off)
+            self.run = [v for i in range(len(groups) // 3) if i not in skip for v in groups[3 * i:3 * i + 3]]
+        else:
+            self.run = self.groups
+        self.xyz = np.asarray(self.run, dtype=np.uint32)
         self.imm_addr = int(imm.ctypes.data)
         self.xyz_addr = int(self.xyz.ctypes.data)
         self.imm_ptr = ffi.cast("void *", self.imm_addr)  # for wgpu-native's own SetImmediates

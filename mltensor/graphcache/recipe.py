@@ -61,7 +61,9 @@ def capture(graph):
         "format": FORMAT,
         "inputs": graph._inputs, "outputs": graph._outputs,
         "kernels": graph._kernels,
-        "sources": [source_of(ctx.device, k) for k in graph._kernels],  # (no rendering at load)
+        # (no rendering at load; a launch not created yet is rendered here, or a loaded graph's)
+        "sources": list(graph._sources) if graph._sources is not None
+        else [source_of(ctx.device, k) for k in graph._kernels],
         "launches": launches,
         "pool": [b.size for b in graph._pool],
         "constants": [(key, size) for key, _, size in consts],
@@ -146,10 +148,16 @@ def rebuild(ctx, recipe, blob):
         pool = [device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
                 for i, s in enumerate(recipe["pool"])]
         kernels = recipe["kernels"]
-        compile_kernels(ctx, kernels, recipe["sources"])
+        plan = DynamicPlan(*recipe["dyn_args"]) if recipe["dyn_args"] is not None else None
+        # size buckets' variants (launches with no workgroups at some sizes) are created at the
+        # first dispatch that runs them, as in a fresh build (compiler/program.py MLGraph._create)
+        lazy = set(plan.maybe_off) if plan is not None else set()
+        keep = [i for i in range(len(kernels)) if i not in lazy]
+        compile_kernels(ctx, [kernels[i] for i in keep], [recipe["sources"][i] for i in keep])
         graph = MLGraph(ctx, recipe["inputs"], recipe["outputs"], [], pool)
         graph._shared, graph._pool = shared, pool  # (one store reference per acquire)
         graph._kernels = list(kernels)
+        graph._sources = list(recipe["sources"])
 
         def buf_of(r):
             kind, view = r[0], r[-1]
@@ -164,18 +172,22 @@ def rebuild(ctx, recipe, blob):
         from ..compiler.program import _ext, _resource
 
         for ki, refs, groups in recipe["launches"]:
-            pipe, bgl = pipeline(device, kernels[ki])
             bufs = [buf_of(r) for r in refs]
             bg = None
+            if ki in lazy:
+                graph._launches.append([None, None, bufs, groups, None])
+                graph._lazy += 1
+                continue
+            pipe, bgl = pipeline(device, kernels[ki])
             if not any(_ext(b) for b in bufs):
                 bg = device.create_bind_group(
                     layout=bgl, entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)])
             graph._launches.append([pipe, bgl, bufs, groups, bg])
         graph._kernel_names = list(recipe["kernel_names"])
         graph._autotune = dict(recipe["autotune"])
-        if recipe["dyn_args"] is not None:
+        if plan is not None:
             graph._dyn_args = recipe["dyn_args"]
-            graph._dyn = DynamicPlan(*graph._dyn_args)
+            graph._dyn = plan
         graph._memory = {"constants": sum(b.size for b in {id(b): b for b in shared}.values()),
                          "constant_tensors": 0,
                          "folded_constants": 0, "intermediates": sum(b.size for b in pool)}

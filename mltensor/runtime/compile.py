@@ -43,10 +43,11 @@ def threads():
     return max(1, min(os.cpu_count() or 1, _MAX_THREADS))
 
 
-def compile_kernels(ctx, kernels, sources=None):
+def compile_kernels(ctx, kernels, sources=None, warm=True):
     """Make sure every kernel has its pipeline on the context's device, compiling the missing
     ones in parallel (see the module docstring). sources: their WGSL, when known (a graph
-    loaded from the graph cache), else rendered here."""
+    loaded from the graph cache), else rendered here. warm=False: no Mesa warm-up (its
+    context share takes the device lock: a caller holding it, MLGraph._create, would deadlock)."""
     from .wgsl import compiled, pipeline
 
     device = ctx.device
@@ -67,7 +68,7 @@ def compile_kernels(ctx, kernels, sources=None):
     with ThreadPoolExecutor(max_workers=min(n, len(todo)), thread_name_prefix="mltensor-compile") as pool:
         for f in [pool.submit(pipeline, device, k, src) for k, src in zip(todo, sources)]:
             f.result()  # the first failure (OperationError naming the kernel) is raised
-    if _is_cpu(ctx) and _disk_cache_on():
+    if warm and _is_cpu(ctx) and _disk_cache_on():
         _warm_cpu(ctx, todo, sources, n)
 
 

@@ -50,18 +50,22 @@ def profile_dispatch(ctx, graph, inputs, outputs, repeat=3):
     ctx.dispatch(graph, inputs, outputs)  # validates, warms the bind-group cache
     ctx.flush()
     tensors = [inputs[n] for n in graph._in_names] + [outputs[n] for n in graph._out_names]
-    bound = graph._bound(tensors)
     data = graph._imm_static
     if graph._dyn is not None:  # at the sizes of these inputs
         plan = graph._dyn
         data = plan.launch_data(plan.bind({n: t.shape for n, t in inputs.items()}, "profile"))
+    off = data.off if data is not None else None  # (launches with no workgroups at these sizes)
+    names = [n for i, n in enumerate(graph._kernel_names) if i not in set(off or ())]
+    with ctx._lock:  # (bind groups made for a new tensor set, as dispatch does)
+        entry = graph._replay_skipping(tensors, off)
+    bound = entry[0]
     if data is not None:  # each launch's workgroups and immediates (dimensions or parameters)
-        g, rows = data.groups, graph._imm_rows
+        g, rows = data.run, entry[6][0]
         bound = [(pipe, bg, tuple(g[3 * i:3 * i + 3]),
                   data.imm[rows[i][0] // 4:(rows[i][0] + rows[i][1]) // 4] if rows[i][1] else None)
                  for i, (pipe, bg, _) in enumerate(bound)]
     med = np.median(time_launches(ctx.device, bound, repeat), axis=0)
-    return list(zip(graph._kernel_names, med.tolist()))
+    return list(zip(names, med.tolist()))
 
 
 def format_profile(rows, top=None):
