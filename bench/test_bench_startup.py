@@ -33,6 +33,9 @@ import pytest
 
 import mltensor
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from helpers import size_params as _size_params  # noqa: E402
+
 from .timing import adapter_name, measure_pair, record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,9 +210,7 @@ def test_startup_size_params_graph_cache_load(benchmark, ctx, tmp_path, monkeypa
 def _family_graph(ctx, family, params):
     """A graph of one family's layers at PP-OCRv4 det's sizes (several sizes per kernel shape);
     params False: every size a WGSL constant (MLTENSOR_NO_SIZE_PARAMS=1 at build)."""
-    old = os.environ.get("MLTENSOR_NO_SIZE_PARAMS")
-    os.environ["MLTENSOR_NO_SIZE_PARAMS"] = "0" if params else "1"
-    try:
+    with _size_params(params):
         b = mltensor.MLGraphBuilder(ctx)
         rng = np.random.default_rng(0)
         outs, feeds = {}, {}
@@ -234,11 +235,6 @@ def _family_graph(ctx, family, params):
                 y = b.resample2d(x, scales=[2.0, 2.0])
             outs[f"y{k}"] = y
         g = b.build_sync(outs)
-    finally:
-        if old is None:
-            del os.environ["MLTENSOR_NO_SIZE_PARAMS"]
-        else:
-            os.environ["MLTENSOR_NO_SIZE_PARAMS"] = old
     ins = {n: ctx.create_tensor_sync(data_type="float32", shape=list(a.shape), writable=True) for n, a in feeds.items()}
     for n, a in feeds.items():
         ctx.write_tensor(ins[n], a)
@@ -273,19 +269,12 @@ def test_size_params_launch_overhead(benchmark, ctx):
     launch) against the same graph with every size a constant (200 pipelines, one set per
     launch): the compiled replay loop's cost of launch parameters."""
     def graph(params):
-        old = os.environ.get("MLTENSOR_NO_SIZE_PARAMS")
-        os.environ["MLTENSOR_NO_SIZE_PARAMS"] = "0" if params else "1"
-        try:
+        with _size_params(params):
             b = mltensor.MLGraphBuilder(ctx)
             x = b.input("x", data_type="float32", shape=[1024])
             one = b.constant(data_type="float32", value=1.0)
             outs = {f"y{i}": b.add(b.slice(x, [0], [1024 - 4 * i]), one) for i in range(200)}
             g = b.build_sync(outs)
-        finally:
-            if old is None:
-                del os.environ["MLTENSOR_NO_SIZE_PARAMS"]
-            else:
-                os.environ["MLTENSOR_NO_SIZE_PARAMS"] = old
         t = ctx.create_tensor_sync(data_type="float32", shape=[1024], writable=True)
         ctx.write_tensor(t, np.ones(1024, np.float32))
         outs = {n: ctx.create_tensor_sync(data_type=dt, shape=list(s), readable=True)

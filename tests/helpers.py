@@ -26,18 +26,28 @@ def context_with_env(**env):
 
 
 @__import__("contextlib").contextmanager
-def fusion(on):
-    """MLTENSOR_NO_FUSION set for the builds made inside (a build reads it: a session builds at
-    creation or at a run of new sizes), restored afterwards."""
-    old = os.environ.get("MLTENSOR_NO_FUSION")
-    os.environ["MLTENSOR_NO_FUSION"] = "0" if on else "1"
+def build_switch(name, value):
+    """Environment variable `name` set to `value` for the builds made inside (a build reads its
+    switches: a session builds at creation or at a run of new sizes), restored afterwards."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ["MLTENSOR_NO_FUSION"]
+            del os.environ[name]
         else:
-            os.environ["MLTENSOR_NO_FUSION"] = old
+            os.environ[name] = old
+
+
+def fusion(on):
+    """MLTENSOR_NO_FUSION off (on=True) or on for the builds made inside."""
+    return build_switch("MLTENSOR_NO_FUSION", "0" if on else "1")
+
+
+def size_params(on):
+    """MLTENSOR_NO_SIZE_PARAMS off (on=True) or on for the builds made inside."""
+    return build_switch("MLTENSOR_NO_SIZE_PARAMS", "0" if on else "1")
 
 
 def run_graph(ctx, outputs, feeds, builder):
