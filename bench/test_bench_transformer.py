@@ -67,6 +67,7 @@ from mltensor.models_synthetic import vit
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from helpers import fusion as _fusion  # noqa: E402
+from helpers import launches_run  # noqa: E402
 
 from .timing import adapter_name, measure_pair, record
 
@@ -384,13 +385,7 @@ def _counts(graph, feeds):
     """(launches, dispatches) of one run: a graph with dynamic dimensions records every size
     variant of a kernel (a matmul's GEMV and tile paths, attention's decode and prompt kernels),
     those not chosen for these sizes with no workgroups; launches counts the others."""
-    names = graph.kernel_names
-    plan = getattr(graph, "_dyn", None)
-    if plan is None:
-        return len(names), len(names)
-    g = plan.launch_data(plan.bind({n: tuple(feeds[n].shape) for n in graph.input_descriptors})).groups
-    assert len(g) == 3 * len(names)
-    return sum(1 for i in range(len(names)) if g[3 * i] * g[3 * i + 1] * g[3 * i + 2] > 0), len(names)
+    return launches_run(graph, feeds), len(graph.kernel_names)
 
 
 class _Model:

@@ -11,7 +11,7 @@ of the fused kernels; whole BERT- and Llama-shaped exports against onnxruntime."
 
 import numpy as np
 import pytest
-from helpers import FUSION, dispatch_at
+from helpers import FUSION, dispatch_at, launches_run
 from helpers import fusion as _fusion
 
 import mltensor
@@ -711,14 +711,7 @@ def _per_layer(ctx, make, feeds):
         want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
         for g_, w_ in zip(got, want):
             err = max(err, float(np.abs(g_ - w_).max() / max(np.abs(w_).max(), 1e-30)))
-        g = s.graph
-        names = g.kernel_names
-        plan = getattr(g, "_dyn", None)
-        if plan is not None:
-            gr = plan.launch_data(plan.bind({n: tuple(feeds[n].shape) for n in g.input_descriptors})).groups
-            counts.append(sum(1 for i in range(len(names)) if gr[3 * i] * gr[3 * i + 1] * gr[3 * i + 2] > 0))
-        else:
-            counts.append(len(names))
+        counts.append(launches_run(s.graph, feeds))
         s.close()
     return counts[1] - counts[0], err
 
@@ -792,14 +785,7 @@ def test_llama_layer_launches(ctx, rng, seq):
         want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, f)
         for g_, w_ in zip(got, want):
             assert float(np.abs(g_ - w_).max() / max(np.abs(w_).max(), 1e-30)) < 1e-4
-        g = s.graph
-        names = g.kernel_names
-        plan = getattr(g, "_dyn", None)
-        if plan is not None:
-            gr = plan.launch_data(plan.bind({n: tuple(f[n].shape) for n in g.input_descriptors})).groups
-            counts.append(sum(1 for i in range(len(names)) if gr[3 * i] * gr[3 * i + 1] * gr[3 * i + 2] > 0))
-        else:
-            counts.append(len(names))
+        counts.append(launches_run(s.graph, f))
         s.close()
     per = counts[1] - counts[0]
     assert not FUSION or per == 8, (per, counts)
