@@ -127,6 +127,28 @@ class KernelContext:
             groups = groups if hasattr(groups, "n") else tuple(groups)
         self.launches.append(Launch(kernel, list(args), groups, self._prologue))
 
+    def timing_form(self, launches, values=None):
+        """[(Kernel, args, groups)] not launched but timed by the autotuner, in
+        runtime/autotune.time_launches form: each argument as (slot, bytes) (the same object one
+        slot: bindings shared as in the graph); with dynamic dimensions `values` {name: size}
+        the sizes they are timed at (the kernels reading them get their immediate data, and
+        their workgroup counts for those sizes)."""
+        from ..dynamic.kernels import pack
+
+        slots, out = {}, []
+        for kern, args, groups in launches:
+            sizes = [(slots.setdefault(id(a), len(slots)),
+                      a.nbytes if isinstance(a, Scratch) else self.nbytes(self.root(a))) for a in args]
+            if values is None:
+                out.append((kern, sizes, groups))
+                continue
+            imm = None
+            if self.dims and kern.reads_dims():
+                kern = dataclasses.replace(kern, dims=self.dims)
+                imm = pack(self.dims, values)
+            out.append((kern, sizes, concrete_groups(groups, values), imm))
+        return out
+
     def check_loops(self, where, iters):
         """runtime.wgsl.loop_guard where the device may cut loops (loop_capped)."""
         if self.loop_capped:

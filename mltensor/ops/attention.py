@@ -445,21 +445,7 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
             values = _fit(values, Sk, keys)
 
     def measure(i):  # (autotune on hardware adapters: scratch buffers of the right sizes)
-        from ..dynamic.kernels import concrete_groups, pack
-        from .matmul import _nbytes
-
-        slots, out = {}, []
-        for kern, largs, g in launches_of(cands[i]):
-            sizes = [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in largs]
-            if values is None:
-                out.append((kern, sizes, g))
-                continue
-            imm = None
-            if kc.dims and kern.reads_dims():
-                kern = dataclasses.replace(kern, dims=kc.dims)
-                imm = pack(kc.dims, values)
-            out.append((kern, sizes, concrete_groups(g, values), imm))
-        return out
+        return kc.timing_form(launches_of(cands[i]), values)
 
     problem = ("attention.wgsl", Sq, Sk, D, DV, nb, len(bindings),
                sorted((key, repr(val)) for key, val in params.items() if key != "act"), cands)

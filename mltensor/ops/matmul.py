@@ -321,12 +321,6 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
              _grid(cdiv(batch * M * N, WORKGROUP) * on, name))]
 
 
-def _nbytes(kc, a):
-    from ..compiler.lower import Scratch
-
-    return a.nbytes if isinstance(a, Scratch) else kc.nbytes(kc.root(a))
-
-
 # -- dynamic sizes: one gated variant per size bucket ---------------------------------------------
 
 MAX_VARIANTS = 3  # launches of one dynamic GEMM, each gated on its bucket of sizes
@@ -542,21 +536,7 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
                     values = _fit(values, x, hi)
 
     def measure(i):
-        from ..dynamic.kernels import concrete_groups, pack
-
-        out = []
-        slots = {}
-        for k, a, g in launches(cands[i]):
-            sizes = [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in a]
-            if values is None:
-                out.append((k, sizes, g))
-                continue
-            imm = None
-            if kc.dims and k.reads_dims():
-                k = dataclasses.replace(k, dims=kc.dims)
-                imm = pack(kc.dims, values)
-            out.append((k, sizes, concrete_groups(g, values), imm))
-        return out
+        return kc.timing_form(launches(cands[i]), values)
 
     problem = (template, M, N, K, batch, len(bindings),
                sorted((k, repr(v)) for k, v in params.items() if k != "act"), cands)

@@ -127,27 +127,13 @@ class _Tiles:
 
 def _measure(kc, launches, sizes):
     """Launches in autotune.time_launches form (dynamic sizes at their maxima)."""
-    import dataclasses
-
-    from ..dynamic.kernels import concrete_groups, pack
-    from .matmul import _dim_maxes, _nbytes
+    from .matmul import _dim_maxes
 
     values = None
     if any(isinstance(x, Sym) for x in sizes):
         values = dict.fromkeys(kc.dims, 1)
         values.update(_dim_maxes(*sizes))
-    slots, out = {}, []
-    for k, a, g in launches:
-        nb = [(slots.setdefault(id(x), len(slots)), _nbytes(kc, x)) for x in a]
-        if values is None:
-            out.append((k, nb, g))
-            continue
-        imm = None
-        if kc.dims and k.reads_dims():
-            k = dataclasses.replace(k, dims=kc.dims)
-            imm = pack(kc.dims, values)
-        out.append((k, nb, concrete_groups(g, values), imm))
-    return out
+    return kc.timing_form(launches, values)
 
 
 def _launch(kc, where, problem, outer, n, inner, serial, chunks, tiles):

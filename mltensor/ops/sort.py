@@ -240,13 +240,7 @@ def _lower_topk(kc, node):
         return launches
 
     def measure(i):
-        from .matmul import _nbytes
-
-        slots, out = {}, []
-        for kern, args, g in plan(cands[i]):
-            sizes = [(slots.setdefault(id(a), len(slots)), _nbytes(kc, a)) for a in args]
-            out.append((kern, sizes, g))
-        return out
+        return kc.timing_form(plan(cands[i]))
 
     problem = ("topk.wgsl", kind, rows, n, inner, k, at["largest"], cands)
     best = autotune.choose(kc, autotune.signature_of(problem), cands, measure, heur)
