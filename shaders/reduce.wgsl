@@ -87,6 +87,23 @@ fn {{ fname }}(lid: u32, v: {{ T }}) -> {{ T }} {
 {$ if lse or mode.startswith("softmax") $}
 {{ tree("tree_max", "max(a, b)") }}
 {{ tree("tree_sum", "a + b") }}
+{$ if mode in ("final", "softmax_norm") $}
+
+// A long row's n (max, sum of exp(x - max)) chunk pairs from part (row r's at 2 (r n + j))
+// combined into the row's (max, sum of exp(x - max)), returned to all threads (uniform flow).
+// (n: S, a constant or a size read at dispatch in main.)
+fn combine_pairs(lid: u32, r: u32, n: u32) -> vec2<f32> {
+    var m = {{ NEG_INF }};
+    for (var j = lid; j < n; j += WG) { m = max(m, part[2u * (r * n + j)]); }
+    m = tree_max(lid, m);
+    var s = 0.0;
+    for (var j = lid; j < n; j += WG) {
+        let i = 2u * (r * n + j);
+        s += part[i + 1u] * ex(part[i], m);
+    }
+    return vec2<f32>(m, tree_sum(lid, s));
+}
+{$ endif $}
 {$ else $}
 {{ tree("tree", "comb(a, b)") }}
 {$ endif $}
@@ -123,16 +140,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   {$ if mode == "final" $}
     // combine the S partials of output g
     {$ if lse $}
-    var m = {{ NEG_INF }};
-    for (var j = lid; j < S; j += WG) { m = max(m, part[2u * (g * S + j)]); }
-    m = tree_max(lid, m);
-    var s = 0.0;
-    for (var j = lid; j < S; j += WG) {
-        let i = 2u * (g * S + j);
-        s += part[i + 1u] * ex(part[i], m);
-    }
-    s = tree_sum(lid, s);
-    if (lid == 0u) { dst[g] = {{ ST }}(lse(s, m)); }
+    let ms = combine_pairs(lid, g, S);
+    if (lid == 0u) { dst[g] = {{ ST }}(lse(ms.y, ms.x)); }
     {$ else $}
     var a = {{ init }};
     for (var j = lid; j < S; j += WG) { a = comb(a, part[g * S + j]); }
@@ -142,17 +151,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   {$ elif mode == "softmax_norm" $}
     // softmax of a long row, chunk g % S: the row's S (max, sum of exp(x - max)) pairs combined
     // (as the final pass of reduce_log_sum_exp does), then the chunk normalized
-    let o = g / S;
-    var m = {{ NEG_INF }};
-    for (var j = lid; j < S; j += WG) { m = max(m, part[2u * (o * S + j)]); }
-    m = tree_max(lid, m);
-    var s = 0.0;
-    for (var j = lid; j < S; j += WG) {
-        let i = 2u * (o * S + j);
-        s += part[i + 1u] * ex(part[i], m);
-    }
-    s = tree_sum(lid, s);
-    for (var k = k0 + lid; k < k1; k += WG) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), m) / s); }
+    let ms = combine_pairs(lid, g / S, S);
+    for (var k = k0 + lid; k < k1; k += WG) { let i = b + off(k); dst[i] = {{ ST }}(ex({{ LD }}(src[i]), ms.x) / ms.y); }
   {$ else $}
     {$ if mode != "partial" $}
     let k0 = 0u;

@@ -255,6 +255,26 @@ def test_softmax_is_stable(ctx, shape):
     np.testing.assert_allclose(r, softmax_ref(a, 1), rtol=1e-4, atol=1e-7)
 
 
+def test_softmax_long_rows_split(ctx, rng, monkeypatch):
+    """Rows past the split length take two launches: each chunk's (max, sum of exp) pairs, then
+    per chunk the row's pairs combined and the chunk normalized (a lower split length here,
+    so the test stays small); one row near -1000 and one near +1000."""
+    from mltensor.ops import reduce as reduce_ops
+
+    monkeypatch.setattr(reduce_ops, "SOFTMAX_SPLIT_K", 4096)
+    monkeypatch.setattr(reduce_ops, "SOFTMAX_SPLIT_K_CPU", 4096)
+    a = (rng.standard_normal((3, 20000)) * 4).astype(np.float32)
+    a[1] += 1000.0
+    a[2] -= 1000.0
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=list(a.shape))
+    g = b.build_sync({"y": b.softmax(x, 1)})
+    assert any("softmax" in n and "partial" in n for n in g.kernel_names), g.kernel_names
+    g.destroy()
+    r = run_softmax(ctx, a, 1)
+    np.testing.assert_allclose(r, softmax_ref(a, 1), rtol=1e-4, atol=1e-9)
+
+
 def test_softmax_validation(ctx):
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[2, 3])
