@@ -122,6 +122,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
   {$ endif $}
+{$ macro apply(k_from, k_to) $}
+    // elements [k_from, k_to) of group o normalized (the residual sum kept too where it is a value)
+    for (var k = {{ k_from }} + lid; k < {{ k_to }}; k += WG) {
+        let i = b + off(k);
+{$ if xout $}
+        xs[i] = x_at(i);
+{$ endif $}
+        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
+    }
+{$ endmacro $}
 {$ if mode in ("norm_stats", "norm_apply") $}
     // split path: workgroup g takes chunk c of group o, elements [k0, k1)
     let g = wid.y * nwg.x + wid.x;
@@ -167,13 +177,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
 {$ endif $}
-    for (var k = k0 + lid; k < k1; k += WG) {
-        let i = b + off(k);
-{$ if xout $}
-        xs[i] = x_at(i);
-{$ endif $}
-        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
-    }
+{{ apply("k0", "k1") }}
 {$ endif $}
 }
 {$ else $}
@@ -192,13 +196,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var k = lid; k < K; k += WG) { let d = f32(x_at(b + off(k))) - mean; v += d * d; }
     let den = sqrt(tree_sum(lid, v) / f32(K) + eps());
 {$ endif $}
-    for (var k = lid; k < K; k += WG) {
-        let i = b + off(k);
-{$ if xout $}
-        xs[i] = x_at(i);
-{$ endif $}
-        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
-    }
+{{ apply("0u", "K") }}
 }
 {$ endif $}
 {$ endif $}
