@@ -344,6 +344,7 @@ def builds(nthreads, iters):
     doomed, _ = _mlp_graph(ctx)
     far = []
     invalid = [0]
+    gone = threading.Event()  # doomed destroyed (a cold first build can outlast the dispatchers' loops)
 
     def dispatcher(k):
         tx = ctx.create_tensor_sync(data_type="float32", shape=[n, n], writable=True)
@@ -360,6 +361,11 @@ def builds(nthreads, iters):
             ctx.dispatch(g, {"x": tx}, {"y": ty, "s": ts})
             if not np.allclose(ctx.read_tensor_sync(ty), ref(a), rtol=1e-4, atol=1e-4):
                 far.append((k, i))
+        gone.wait(120)  # and once it is destroyed, a dispatch of it is refused
+        try:
+            ctx.dispatch(doomed, {"x": tx}, {"y": ty, "s": ts})
+        except InvalidStateError:
+            invalid[0] += 1
 
     def builder(k):
         rng = np.random.default_rng(600 + k)
@@ -387,6 +393,7 @@ def builds(nthreads, iters):
             gg.destroy()
             if k == 0 and i == 0:
                 doomed.destroy()  # the dispatchers' next calls on it raise InvalidStateError
+                gone.set()
 
     errors = _threads(nthreads, lambda k: (builder if k < nthreads // 2 else dispatcher)(k))
     _report(errors=errors, far=len(far), invalid=invalid[0], tensors_alive=ctx.counters["tensors_alive"])
