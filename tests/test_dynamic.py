@@ -8,7 +8,7 @@ import pytest
 import mltensor
 from mltensor import MLDynamicDimension as D
 from mltensor import NotSupportedError
-from mltensor.dynamic.dims import Sym, cdiv, exact_div, wgsl
+from mltensor.dynamic.dims import Sym, cdiv, exact_div, hoisting, untag, wgsl
 
 from helpers import assert_exact
 
@@ -26,7 +26,15 @@ def test_size_expressions_are_canonical():
         p > s
     with pytest.raises(TypeError, match="no value before dispatch"):
         range(p)
-    assert wgsl(p * 2 + 1) == "(2u * dims.d_past + 1u)" and wgsl(5) == "5u"
+    # a lowering's rendering marks an expression for the kernel's (a derived field, else inline)
+    assert untag(wgsl(p * 2 + 1), None) == "(2u * dims.d_past + 1u)" and wgsl(5) == "5u"
+    assert wgsl(p * 2 + 1) == "\x01(2u * dims.d_past + 1u)\x02" and wgsl(p) == "(dims.d_past)"
+    with hoisting(4) as h:
+        assert wgsl(p * 2 + 1) == "dims.s0" and wgsl(p) == "(dims.d_past)" and wgsl(s + p * 2 + 1) == "dims.s1"
+        assert untag(f"x < {wgsl(p + s)}", None) == "x < dims.s2" and untag(wgsl(p * 2 + 1), h) == "dims.s0"
+    assert h.syms == (p * 2 + 1, s + p * 2 + 1, p + s)
+    with hoisting(0) as h:  # no room: inline, as without
+        assert wgsl(p * 2 + 1) == "(2u * dims.d_past + 1u)" and h.syms == ()
 
 
 def test_input_with_dynamic_dimensions(ctx):

@@ -454,3 +454,92 @@ def test_session_builds_once(ctx):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     st = sess.stats
     assert st["dynamic"] is True and st["builds"] == 1, st
+
+
+# -- derived sizes (dynamic/dims.py hoisting) -----------------------------------------------------
+
+def _deep_chain(ctx, rng, shape):
+    """A 1x1 convolution after three stride-2 3x3 ones: its plane is ((((H - 1) / 2) / 2) / 2) + 1
+    squared, the kind of size a kernel rendered inline at every use."""
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=list(shape))
+    ws = [rng.standard_normal((8, 4 if i == 0 else 8, 3, 3)).astype(np.float32) / 4 for i in range(3)]
+    w1 = rng.standard_normal((12, 8, 1, 1)).astype(np.float32) / 3
+    y = x
+    for w in ws:
+        y = b.relu(b.conv2d(y, b.constant(w), padding=[1, 1, 1, 1], strides=[2, 2]))
+    y = b.conv2d(y, b.constant(w1))
+    ref = lambda a: conv2d_ref(_relu_chain(a.astype(np.float64), ws), w1)  # noqa: E731
+    return b.build_sync({"y": y}), ref
+
+
+def _relu_chain(a, ws):
+    for w in ws:
+        a = np.maximum(conv2d_ref(a, w, pad=(1, 1, 1, 1), st=(2, 2)), 0)
+    return a
+
+
+def test_derived_sizes_fields(ctx, rng):
+    """Sizes over the dynamic dimensions beyond a bare dimension are fields of the kernel's
+    immediate data, computed by the host per dispatch: the kernels render them once, not as
+    nested divisions at every use; results at every size match float64 numpy and a static build
+    bit for bit (the same sums)."""
+    from dataclasses import replace
+
+    dyn = (N, 4, D("H", 40), D("W", 40))
+    g, ref = _deep_chain(ctx, rng, dyn)
+    hoisted = [k for k in g._kernels if k.dims]
+    assert hoisted and all(k.derived for k in hoisted)
+    for k in hoisted:
+        src = k.source()
+        assert "/ 2u)) / 2u" not in src, k.name  # (the third layer's plane, inline)
+        assert f"dims.s{len(k.derived) - 1}" in src and f"dims.s{len(k.derived)}" not in src
+        inline = replace(k, hoist=0, derived=()).source()  # the same kernel without derived fields
+        assert len(src) < len(inline)
+    deep = [k for k in hoisted if "1x1" in k.name]
+    assert deep and "/ 2u)) / 2u" in replace(deep[0], hoist=0, derived=()).source()
+    for n, h, w in [(1, 1, 1), (3, 40, 40), (2, 17, 9), (1, 8, 33)]:
+        x = rng.standard_normal((n, 4, h, w)).astype(np.float32)
+        got = _run(ctx, g, x)
+        want = ref(x)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+        gs, _ = _deep_chain(ctx, np.random.default_rng(0), (n, 4, h, w))  # (other weights: shapes only)
+        assert [k.name for k in gs._kernels] != [] and gs.output_descriptors["y"][1] == tuple(want.shape)
+        gs.destroy()
+    g.destroy()
+
+
+def test_derived_sizes_same_source_one_pipeline(ctx, rng):
+    """Global average pools at two resolutions of one dynamic input (its 2x2 and 4x4 max pools)
+    render the same WGSL once their planes are derived fields: one pipeline, each launch setting
+    its own sizes; right at every size."""
+    H, W = D("H", 64), D("W", 64)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 16, H, W])
+    p = b.max_pool2d(x, window_dimensions=[2, 2], strides=[2, 2])
+    q = b.max_pool2d(p, window_dimensions=[2, 2], strides=[2, 2])
+    g = b.build_sync({"a": b.average_pool2d(p), "b": b.average_pool2d(q)})
+
+    def pool(a):
+        h, w = a.shape[2] // 2 * 2, a.shape[3] // 2 * 2
+        return a[:, :, :h, :w].reshape(1, 16, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+
+    for h, w in [(64, 64), (4, 4), (37, 12), (9, 64)]:
+        xv = rng.standard_normal((1, 16, h, w)).astype(np.float32)
+        t = ctx.create_tensor_sync(data_type="float32", shape=xv.shape, writable=True)
+        ctx.write_tensor(t, xv)
+        shapes = g.compute_shapes({"x": xv.shape})
+        outs = {n: ctx.create_tensor_sync(data_type="float32", shape=s, readable=True) for n, s in shapes.items()}
+        ctx.dispatch(g, {"x": t}, outs)
+        for name, want in (("a", pool(xv)), ("b", pool(pool(xv)))):
+            np.testing.assert_allclose(ctx.read_tensor_sync(outs[name]), want.mean(axis=(2, 3), keepdims=True),
+                                       rtol=1e-5, atol=1e-6, err_msg=f"{name} at {h}x{w}")
+        for o in (t, *outs.values()):
+            o.destroy()
+    keys = {}  # (a pool's variants for small and large planes are made at their first use)
+    for k, e in zip(g._kernels, g._launches):
+        if e[0] is not None:
+            keys.setdefault(id(e[0]), set()).add(k.key)
+    assert any(len(v) > 1 for v in keys.values()), [k.name for k in g._kernels]
+    assert g.pipelines_created < g.pipelines
+    g.destroy()

@@ -162,7 +162,7 @@ def test_bucket_choice(ctx):
     # attention values [1, 4, S, P] x [1, 4, P, 16]: the GEMV for S <= 4, then the 64-row tile
     # below 128 rows and the 128-row one from there (lavapipe: 8 rows a thread from 8 * TY)
     v = _bucket_configs(ctx, s, 16, p, 4)
-    assert [(g, b.wgsl()) for g, b, _ in v] == [
+    assert [(g, b.condition().wgsl()) for g, b, _ in v] == [
         (True, "(dims.d_S) <= 4u"), (False, "(dims.d_S) >= 5u && (dims.d_S) <= 127u"), (False, "(dims.d_S) >= 128u")]
     assert [c["TY"] * c["RM"] for _, _, c in v[1:]] == [64, 128]
     # each bucket's configuration is the one a static build picks at any of its sizes

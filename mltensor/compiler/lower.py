@@ -6,7 +6,6 @@ the compute form (see dtypes.compute_type) are contiguous row-major. Intermediat
 a buffer is reused as soon as the last launch reading its previous value has been recorded.
 """
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -77,7 +76,8 @@ class KernelContext:
         self.placement = True
         self.align = device.limits.get("min-storage-buffer-offset-alignment", 256)
         # launch parameters a kernel may declare (SizeParams; MLTENSOR_NO_SIZE_PARAMS=1: none)
-        self.param_room = room(device) if params_enabled() else 0
+        self.imm_room = room(device)
+        self.param_room = self.imm_room if params_enabled() else 0
         self.tune_seconds = 0.0  # kernel autotuning of this build (runtime/autotune.py)
         self.tune_count = 0
 
@@ -120,7 +120,7 @@ class KernelContext:
             node = self.step.node if self.step is not None else None
             self.check_loops(node.op if node is not None else kernel.name, iters)
         if self.dims and kernel.reads_dims():
-            kernel = dataclasses.replace(kernel, dims=self.dims)
+            kernel = kernel.with_dims(self.dims, self.imm_room)
         if kernel.sizes:  # workgroup counts of launch parameters: this launch's values
             groups = concrete_groups(groups, {}) if is_dynamic(groups) else groups
         if not isinstance(groups, tuple):  # a Fold (dynamic/kernels.py) stays as it is
@@ -133,7 +133,7 @@ class KernelContext:
         slot: bindings shared as in the graph); with dynamic dimensions `values` {name: size}
         the sizes they are timed at (the kernels reading them get their immediate data, and
         their workgroup counts for those sizes)."""
-        from ..dynamic.kernels import pack
+        from ..dynamic.kernels import words
 
         slots, out = {}, []
         for kern, args, groups in launches:
@@ -144,8 +144,8 @@ class KernelContext:
                 continue
             imm = None
             if self.dims and kern.reads_dims():
-                kern = dataclasses.replace(kern, dims=self.dims)
-                imm = pack(self.dims, values)
+                kern = kern.with_dims(self.dims, self.imm_room)
+                imm = words(kern, values)
             out.append((kern, sizes, concrete_groups(groups, values), imm))
         return out
 

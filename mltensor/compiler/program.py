@@ -31,7 +31,7 @@ from ..runtime import replay
 from ..runtime.compile import compile_kernels
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
-from ..dynamic.kernels import check_device, immediates_layout, may_be_zero
+from ..dynamic.kernels import check_device, dims_blocks, immediates_layout, may_be_zero
 from ..dynamic.plan import DynamicPlan, LaunchData
 from ..runtime.constants import UPLOAD_BATCH, digest
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
@@ -330,7 +330,10 @@ class MLGraph:
         self._dynamic = [i for i, e in enumerate(self._launches) if e[4] is None]
         # Immediate data (dynamic/kernels.py immediates_layout): dynamic dimensions' sizes, per
         # dispatch; launch parameters (shared pipelines), fixed: one LaunchData for every dispatch
-        self._imm_rows, self._imm_at, words = immediates_layout(self._kernels)
+        self._imm_blocks, lists = dims_blocks(self._kernels)
+        if self._dyn is not None:
+            self._dyn.set_blocks(lists)
+        self._imm_rows, self._imm_at, words = immediates_layout(self._kernels, self._imm_blocks)
         self._imm0 = self._imm_at[0][1] if self._imm_at else 0  # (offset 0: immediates_layout)
         # offset of the immediates in effect after a replay (the last launch that sets some)
         self._imm_last = next((off for off, size in reversed(self._imm_at) if size), None)
@@ -395,10 +398,11 @@ class MLGraph:
 
     @property
     def pipelines_created(self):
-        """Python extension: the number of distinct pipelines of `pipelines` created so far (all
-        of them for a graph without dynamic dimensions; else those of the launches built
-        ungated and of the size buckets some dispatch ran)."""
-        return len({k.key for k, e in zip(self._kernels, list(self._launches)) if e[0] is not None})
+        """Python extension: the number of distinct pipelines created so far for the graph's
+        launches (all of them for a graph without dynamic dimensions; else those of the launches
+        built ungated and of the size buckets some dispatch ran). Kernels that render the same
+        WGSL share one (runtime/wgsl.py), so this may be less than `pipelines`."""
+        return len({id(e[0]) for e in list(self._launches) if e[0] is not None})
 
     @property
     def autotune(self):
@@ -458,8 +462,8 @@ class MLGraph:
         device = self._context.device
         kernels = [self._kernels[i] for i in todo]
         sources = None if self._sources is None else [self._sources[i] for i in todo]
-        # (no Mesa warm-up: its helper work takes the device lock, held here)
-        compile_kernels(self._context, kernels, sources, warm=False)
+        # (the lock is held: the Mesa warm-up's share on this device runs on this thread)
+        compile_kernels(self._context, kernels, sources, locked=True)
         for i, k in zip(todo, kernels):
             e = self._launches[i]
             pipe, bgl = pipeline(device, k, None if sources is None else self._sources[i])
@@ -534,7 +538,7 @@ class MLGraph:
         if off is None:
             imm = [self._imm_rows, self._imm_at, self._imm0, self._imm_last, None]
         else:
-            rows, at, _ = immediates_layout([self._kernels[i] for i in idx])
+            rows, at, _ = immediates_layout([self._kernels[i] for i in idx], self._imm_blocks)
             imm = [rows, at, at[0][1] if at else 0, next((o for o, size in reversed(at) if size), None), None]
         if native is not None:
             ffi = native[0]
@@ -761,17 +765,20 @@ def _record_imm(tl, graph, tensors, data):
         if raw:
             pipe, bg, x, y, z = raw[0]
             size = imm0
+            # (the first launch's: at offset 0, or its derived sizes' block, dims_blocks)
+            off0 = rows[0][0]
+            ptr = data.imm_ptr if not off0 else _ffi.cast("void *", base + off0)
             if pipe != state[0]:
                 _set_pipeline(p, pipe)
                 if size:
-                    _set_immediates(p, 0, data.imm_ptr, size)  # (the first launch's are at offset 0)
+                    _set_immediates(p, 0, ptr, size)
             elif size:
                 # the pass holds this pipeline: with this graph's first values when this dispatch
                 # repeats the last one (they stay), else another dispatch's (another graph
                 # sharing the pipeline, other sizes): set ours
                 held = state[2]
-                if not (held is not None and held[0] is data and held[1] == 0):
-                    _set_immediates(p, 0, data.imm_ptr, size)
+                if not (held is not None and held[0] is data and held[1] == off0):
+                    _set_immediates(p, 0, ptr, size)
             if bg != state[1]:
                 _set_bind_group(p, 0, bg, 0, _NULL)
             if graph._dyn is not None:

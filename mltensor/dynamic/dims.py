@@ -16,6 +16,7 @@ decide them (else TypeError), so validation at build is against the maximum, nev
 """
 
 import re
+import threading
 
 U32_MAX = 0xFFFFFFFF
 
@@ -388,7 +389,27 @@ class Sym:
     def wgsl(self):
         """A WGSL u32 expression of this size, reading named dimensions from the immediate `dims`
         (every intermediate value is reduced modulo 2**32, so a negative term is fine as long as
-        the whole is in range, which its bounds say)."""
+        the whole is in range, which its bounds say). While a kernel with dynamic dimensions
+        renders (`hoisting`), an expression beyond a bare dimension is a field of the kernel's
+        immediate data instead, its value computed by the host at dispatch."""
+        h = getattr(_hoist, "table", None)
+        if h is not None:
+            slot = h.slot(self)
+            if slot is not None:
+                return f"dims.{derived_field(slot)}"
+        elif not getattr(_hoist, "inline", False) and _compound(self):
+            # rendered by a lowering into a text its kernel renders later (a condition, a
+            # prologue function): marked, so that the kernel's rendering can make it a field
+            _hoist.inline = True
+            try:
+                text = self.wgsl()
+            finally:
+                _hoist.inline = False
+            with _tags_lock:
+                if len(_tagged) >= _TAGGED_MAX:
+                    _tagged.pop(next(iter(_tagged)))
+                _tagged[text] = self
+            return f"{TAG_OPEN}{text}{TAG_CLOSE}"
         pos, neg = [], []
         for m, c in sorted(self.terms.items(), key=lambda mc: _mkey(mc[0])):
             factors = [a.wgsl() for a in m]
@@ -399,6 +420,119 @@ class Sym:
         for n in neg:
             s += f" - {n}"
         return f"({s})"
+
+
+# -- derived sizes: expressions computed by the host, read by kernels as immediate data ------------
+#
+# A kernel of a graph with dynamic dimensions renders its sizes as expressions over the
+# dimensions: a convolution four stride-2 layers deep reads its output height as
+# ((((h - 1) / 2) / 2) / 2) / 2 + 1, and its flat plane, strides and bounds as products of such,
+# at every use. PP-OCRv4 det's 1x1 convolutions were 42K characters of WGSL each (21K with
+# static sizes), each pipeline 10x slower to create on lavapipe (150 ms against 13 ms) and its
+# invocations repeating the divisions per element. Rendered under `hoisting`, each distinct
+# expression becomes one field after the dimensions (`dims.s0`, `dims.s1`, ...; the kernel's
+# `derived`), and the host evaluates them once per dispatch (dynamic/kernels.py).
+
+_hoist = threading.local()
+
+
+def derived_field(slot):
+    """The WGSL struct field holding derived size `slot` of a kernel (dimensions' fields start
+    with d_, launch parameters' with p)."""
+    return f"s{slot}"
+
+
+class _Hoisted:
+    __slots__ = ("room", "syms", "index")
+
+    def __init__(self, room):
+        self.room = room
+        self.syms = []
+        self.index = {}
+
+    def slot(self, x):
+        """The field of expression x, a new one while there is room; None: rendered inline (a bare
+        dimension, a launch parameter's expression, one that may be negative or overflow)."""
+        s = self.index.get(x.key)
+        if s is not None:
+            return s
+        if not _compound(x) or len(self.syms) >= self.room:
+            return None
+        self.index[x.key] = len(self.syms)
+        self.syms.append(x)
+        return len(self.syms) - 1
+
+
+def _compound(x):
+    """A size a kernel may read as a derived field: over dimensions, more than one of them
+    bare, never negative, within u32."""
+    if len(x.terms) == 1:
+        (m, c), = x.terms.items()
+        if c == 1 and len(m) == 1 and m[0].kind in ("dim", "param"):
+            return False
+    return bool(x.names()) and x.lo >= 0 and x.hi <= U32_MAX
+
+
+# Sizes a lowering renders outside a kernel's rendering go into its parameters as marked text;
+# the kernel's rendering (untag) looks each up here and makes it a derived field where there
+# is room, else drops the marks (the text is the inline expression, unique to its value).
+TAG_OPEN, TAG_CLOSE = "\x01", "\x02"
+_TAG_RE = re.compile("\x01([^\x01\x02]*)\x02")
+_tagged = {}  # inline text -> Sym
+_TAGGED_MAX = 1 << 16
+_tags_lock = threading.Lock()
+
+
+def untag(src, h):
+    """WGSL without the marks of sizes rendered by lowerings (see `_tagged`): each a field of
+    hoisting context h where it has room, else its inline text."""
+    if TAG_OPEN not in src:
+        return src
+
+    def one(m):
+        text = m.group(1)
+        with _tags_lock:
+            x = _tagged.get(text)
+        slot = None if x is None or h is None else h.table.slot(x)
+        return text if slot is None else f"dims.{derived_field(slot)}"
+
+    return _TAG_RE.sub(one, src)
+
+
+class hoisting:
+    """Context of one kernel's rendering: sizes over dynamic dimensions become up to `room`
+    derived fields; `.syms` lists them in field order (the same for every rendering of the
+    same template and parameters)."""
+
+    def __init__(self, room):
+        self.table = _Hoisted(room)
+
+    @property
+    def syms(self):
+        return tuple(self.table.syms)
+
+    def reset(self):
+        self.table.__init__(self.table.room)
+
+    def __enter__(self):
+        self._outer = getattr(_hoist, "table", None)
+        _hoist.table = self.table
+        return self
+
+    def __exit__(self, *exc):
+        _hoist.table = self._outer
+
+
+class Condition(tuple):
+    """A WGSL condition on sizes, ((size, "<=" or ">=", bound), ...) all holding, kept as sizes
+    until a kernel renders it (templates render it as `{{ gate }}`: wgsl.template_env's
+    finalize), so that its sizes become derived fields like any other (`hoisting`). Empty:
+    always true, and false as a Python value (`{{ gate if gate else "true" }}`)."""
+
+    __slots__ = ()
+
+    def wgsl(self):
+        return " && ".join(f"{wgsl(x)} {op} {b}u" for x, op, b in self) or "true"
 
 
 def wgsl(x):

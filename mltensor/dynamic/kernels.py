@@ -27,16 +27,17 @@ import os
 import numpy as np
 
 from ..errors import NotSupportedError
-from .dims import Sym, evaluate, field_name, param_field
+from .dims import Sym, derived_field, evaluate, field_name, param_field
 
 FEATURE = "immediates"
 MAX_DIMS = 32  # 128 bytes of immediates (the smallest max-immediate-size seen: lavapipe)
 
 
-def declaration(names, n_params=0):
-    """WGSL declaring the immediate struct for dimension names (sorted), then n_params launch
-    parameters (SizeParams)."""
-    fields = ", ".join([f"{field_name(n)}: u32" for n in names] + [f"{param_field(k)}: u32" for k in range(n_params)])
+def declaration(names, n_params=0, n_derived=0):
+    """WGSL declaring the immediate struct for dimension names (sorted), then n_derived derived
+    sizes (dims.py hoisting), then n_params launch parameters (SizeParams)."""
+    fields = ", ".join([f"{field_name(n)}: u32" for n in names] + [f"{derived_field(k)}: u32" for k in range(n_derived)]
+                       + [f"{param_field(k)}: u32" for k in range(n_params)])
     return f"struct Dims {{ {fields} }}\nvar<immediate> dims: Dims;\n"
 
 
@@ -85,6 +86,13 @@ def pack(names, values):
     return np.array([values[n] for n in names], dtype=np.uint32)
 
 
+def words(kernel, values):
+    """The immediate words of one kernel reading dynamic dimensions, for {name: size}: the
+    dimensions' sizes, then its derived sizes' values."""
+    return np.array([values[n] for n in kernel.dims] + [evaluate(x, values) for x in kernel.derived],
+                    dtype=np.uint32)
+
+
 def check_device(device, names, where="build"):
     """NotSupportedError unless `device` can pass len(names) sizes as immediate data."""
     if FEATURE not in device.features:
@@ -97,17 +105,36 @@ def check_device(device, names, where="build"):
                                 f"{min(MAX_DIMS, room)} fit in this device's immediate data")
 
 
-def immediates_layout(kernels):
+def dims_blocks(kernels):
+    """The blocks of a dispatch's immediate data in a graph with dynamic dimensions: block 0 the
+    dimensions' sizes (kernels without derived sizes), then one per distinct list of derived
+    sizes (Kernel.derived): the dimensions' sizes followed by those. ({derived keys: byte
+    offset}, the derived lists in block order: DynamicPlan.set_blocks.)"""
+    n = next((len(k.dims) for k in kernels if k.dims), 0)
+    offsets, lists, at = {(): 0}, [], 4 * n
+    for k in kernels:
+        key = tuple(x.key for x in k.derived)
+        if k.dims and key not in offsets:
+            offsets[key] = at
+            lists.append(k.derived)
+            at += 4 * (n + len(k.derived))
+    return offsets, lists
+
+
+def immediates_layout(kernels, blocks=None):
     """Where each launch of a graph takes its immediate data: a list of (byte offset, byte size)
     per launch, (0, 0) where nothing needs setting, and the launch parameters' words (a uint32
     array, their offsets count from its start). The dimensions of a graph with dynamic ones are
-    one struct at offset 0 of each dispatch's own data (DynamicPlan.launch_data), set after each
-    pipeline change (the same pipeline keeps them); launch parameters are each launch's own
+    a struct in each dispatch's own data (DynamicPlan.launch_data), at offset 0, or in the block
+    of the kernel's derived sizes (`blocks`, dims_blocks: the graph's, for a subset of its
+    launches), set after each pipeline change (the same pipeline keeps them); launch parameters are each launch's own
     (Kernel.sizes), set after a pipeline change and wherever they differ from the previous
     launch's (consecutive launches of one shared pipeline at different sizes). A kernel declares
     one or the other (SizeParams are off in graphs with dynamic dimensions). Also `rows`: each
     launch's (offset, size) whether or not it needs setting (a replay that sets every pipeline
     sets them all)."""
+    if blocks is None:
+        blocks = dims_blocks(kernels)[0]
     rows, at, words, prev = [], [], [], None
     for k in kernels:
         size = k.immediates()
@@ -117,7 +144,7 @@ def immediates_layout(kernels):
         elif k.dims:
             if k.sizes:
                 raise NotSupportedError(f"[build] kernel {k.name} reads dynamic dimensions and launch parameters")
-            rows.append((0, size))
+            rows.append((blocks[tuple(x.key for x in k.derived)], size))
         elif row == prev:
             rows.append(rows[-1])
         else:

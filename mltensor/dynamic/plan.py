@@ -30,6 +30,23 @@ class DynamicPlan:
         self._cache = {}  # sizes -> (immediates, flat workgroup counts as uint32)
         self._fast = None  # compiled bind() for the common case
         self._out_fn = None
+        self._imm_fn = lambda values: pack(self.names, values)
+
+    def set_blocks(self, lists):
+        """The derived sizes of the graph's kernels, a list per block of the immediate data after
+        the first (dynamic/kernels.py dims_blocks): each block the dimensions' sizes, then those
+        expressions' values, computed by one compiled function per dispatch's sizes."""
+        self._cache.clear()
+        if not lists:
+            self._imm_fn = lambda values: pack(self.names, values)
+            return
+        dims = ", ".join(_var(n) for n in self.names)
+        parts = [dims] + [dims + "".join(f", {_py(x)}" for x in d) for d in lists]
+        src = f"def f({dims}):\n    return [" + ", ".join(parts) + "]\n"
+        env = {"min": min, "max": max}
+        exec(compile(src, "<dynamic derived sizes>", "exec"), env)
+        fn = env["f"]
+        self._imm_fn = lambda values: np.array(fn(*(values[n] for n in self.names)), dtype=np.uint32)
 
     def bind(self, shapes, where="dispatch"):
         """{dimension name: size} for {input name: concrete shape}; TypeError when they do not
@@ -86,7 +103,7 @@ class DynamicPlan:
             if self.maybe_off:
                 off = tuple(i for i in self.maybe_off
                             if not (groups[3 * i] and groups[3 * i + 1] and groups[3 * i + 2])) or None
-            hit = LaunchData(pack(self.names, values), groups, off)
+            hit = LaunchData(self._imm_fn(values), groups, off)
             if len(self._cache) >= 16:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = hit

@@ -34,7 +34,7 @@ _lock = threading.Lock()
 _ALLOWED = {
     ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
     ("mltensor.runtime.wgsl", "Kernel"), ("mltensor.runtime.wgsl", "Binding"),
-    ("mltensor.dynamic.dims", "Sym"), ("mltensor.dynamic.dims", "_Atom"),
+    ("mltensor.dynamic.dims", "Sym"), ("mltensor.dynamic.dims", "_Atom"), ("mltensor.dynamic.dims", "Condition"),
     ("mltensor.dynamic.dims", "MLDynamicDimension"), ("mltensor.dynamic.kernels", "Fold"),
     ("mltensor.compiler.lower", "Ext"),
 }

@@ -265,7 +265,7 @@ def _launch(kc, node, name, params, bindings, args, M, N, batch):
     sizes = (("M", M), ("N", N), ("K", K), ("BATCH", batch), ("TOTAL", batch * M * N))
     params.update(TX=tx, TY=ty, RM=rm, RN=rn, BK=bk, M=M, N=N, SPLIT=split, KCHUNK=kchunk, REDUCE=False,
                   check_a=not (whole(M, ty * rm) and whole(K, bk)), check_b=not (whole(K, bk) and whole(N, tx * rn)),
-                  sz={n: wgsl(v) if isinstance(v, Sym) or n in ("BATCH", "TOTAL") else n for n, v in sizes})
+                  sz={n: v if isinstance(v, Sym) else wgsl(v) if n in ("BATCH", "TOTAL") else n for n, v in sizes})
     kname = f"{name}_t{ty * rm}x{tx * rn}"
     if split == 1:
         kc.launch(Kernel(kname, "integer.wgsl", params, bindings), args, groups,

@@ -25,7 +25,7 @@ import dataclasses
 import math
 
 from .. import dtypes
-from ..dynamic.dims import Sym, cdiv, high, low, smax, smin, wgsl
+from ..dynamic.dims import Condition, Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
@@ -62,9 +62,9 @@ def batch_offset_expr(batch_shape, out_batch, matrix_size):
 
 
 def _sizes(**sizes):
-    """The template's `sz`: WGSL text of each size, the name of its constant when static (the
-    template declares `const M = 12u;`), else the expression reading it at dispatch."""
-    return {n: wgsl(v) if isinstance(v, Sym) else n for n, v in sizes.items()}
+    """The template's `sz`: each size, the name of its constant when static (the template
+    declares `const M = 12u;`), else the Sym, which the kernel renders reading it at dispatch."""
+    return {n: v if isinstance(v, Sym) else n for n, v in sizes.items()}
 
 
 def _grid(n, name):
@@ -291,7 +291,7 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     dynamic = any(isinstance(x, Sym) for x in (M, N, K, batch))
     p.setdefault("edge_a", dynamic and p["check_a"])
     p.setdefault("edge_b", dynamic and p["check_b"])
-    p["gate"] = gate.wgsl() if gate is not None else ""
+    p["gate"] = gate.condition() if gate is not None else ""
     threads = "" if c["TX"] * c["TY"] == 64 else f"w{c['TX'] * c['TY']}"
     kname = f"{name}_t{bm}x{bn}k{bk}{threads}{'db' if c['DB'] else ''}"
     on = 1 if gate is None else gate.sym()
@@ -348,15 +348,16 @@ class _Bucket:
             on = on * (_at_least(x, lo) - (_at_least(x, hi + 1) if hi < high(x) else 0))
         return on
 
-    def wgsl(self):
-        """The WGSL condition of the bucket (its kernels return at once where it fails)."""
+    def condition(self):
+        """The condition of the bucket (its kernels return at once where it fails), rendered by
+        the kernel (dims.Condition)."""
         out = []
         for x, lo, hi in self.conds:
             if lo > max(1, low(x)):
-                out.append(f"{wgsl(x)} >= {lo}u")
+                out.append((x, ">=", lo))
             if hi < high(x):
-                out.append(f"{wgsl(x)} <= {hi}u")
-        return " && ".join(out) or "true"
+                out.append((x, "<=", hi))
+        return Condition(out)
 
     def key(self):
         return tuple((str(x), lo, hi) for x, lo, hi in self.conds)
@@ -570,7 +571,7 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p.setdefault("check_b", N % 4 != 0)
     p.setdefault("check_out", N % 4 != 0)
     p.update(edge_a=False, edge_b=False)
-    p["gate"] = gate.wgsl() if gate is not None else ""
+    p["gate"] = gate.condition() if gate is not None else ""
     on = 1 if gate is None else gate.sym()
     # dynamic sizes: (column quads, batch) where both fit, so that no invocation divides by a size
     p["grid3"] = (any(isinstance(x, Sym) for x in (M, N, K, batch))

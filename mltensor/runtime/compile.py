@@ -43,11 +43,13 @@ def threads():
     return max(1, min(os.cpu_count() or 1, _MAX_THREADS))
 
 
-def compile_kernels(ctx, kernels, sources=None, warm=True):
+def compile_kernels(ctx, kernels, sources=None, warm=True, locked=False):
     """Make sure every kernel has its pipeline on the context's device, compiling the missing
     ones in parallel (see the module docstring). sources: their WGSL, when known (a graph
-    loaded from the graph cache), else rendered here. warm=False: no Mesa warm-up (its
-    context share takes the device lock: a caller holding it, MLGraph._create, would deadlock)."""
+    loaded from the graph cache), else rendered here. warm=False: no Mesa warm-up. locked: the
+    caller holds the device lock (MLGraph._create, a dispatch's first use of size buckets): the
+    warm-up's context share runs on the calling thread (the lock is re-entrant; a pool thread
+    would wait for it forever), the helpers' on the pool."""
     from .wgsl import compiled, pipeline
 
     device = ctx.device
@@ -65,11 +67,18 @@ def compile_kernels(ctx, kernels, sources=None, warm=True):
         return
     # (jinja: holds the GIL, no gain from threads)
     sources = [src_of[k.key] if k.key in src_of else k.source() for k in todo]
-    with ThreadPoolExecutor(max_workers=min(n, len(todo)), thread_name_prefix="mltensor-compile") as pool:
-        for f in [pool.submit(pipeline, device, k, src) for k, src in zip(todo, sources)]:
+    # one of the kernels rendering the same WGSL first (the others then share its pipeline)
+    first, rest, seen_src = [], [], set()
+    for k, src in zip(todo, sources):
+        (rest if src in seen_src else first).append((k, src))
+        seen_src.add(src)
+    with ThreadPoolExecutor(max_workers=min(n, len(first)), thread_name_prefix="mltensor-compile") as pool:
+        for f in [pool.submit(pipeline, device, k, src) for k, src in first]:
             f.result()  # the first failure (OperationError naming the kernel) is raised
+    for k, src in rest:
+        pipeline(device, k, src)
     if warm and _is_cpu(ctx) and _disk_cache_on():
-        _warm_cpu(ctx, todo, sources, n)
+        _warm_cpu(ctx, todo, sources, n, locked)
 
 
 def _is_cpu(ctx):
@@ -119,13 +128,18 @@ def _remember(key, hashes):
             pass  # a read-only cache costs a warm-up next time, not correctness
 
 
-def _warm_cpu(ctx, kernels, sources, n):
+def _warm_cpu(ctx, kernels, sources, n, locked=False):
     from .autotune import adapter_key
     from .wgsl import pipeline
 
     key = adapter_key(ctx.device) + "|" + str(ctx._adapter_info.get("description", ""))
     known = _seen_set(key)
-    new = [(k, s) for k, s in zip(kernels, sources) if _hash(s) not in known and not k.dims]
+    new, hashes = [], set(known)
+    for k, s in zip(kernels, sources):
+        h = _hash(s)
+        if h not in hashes:  # (kernels of different keys may render the same WGSL)
+            hashes.add(h)
+            new.append((k, s))
     if len(new) < _MIN_WARM:
         return
     # longest source first (a rough cost: convolutions dominate), each worker taking the next
@@ -165,7 +179,14 @@ def _warm_cpu(ctx, kernels, sources, n):
 
     helpers = _helper_devices(ctx.device, n - 1)
     with ThreadPoolExecutor(max_workers=len(helpers) + 1, thread_name_prefix="mltensor-jit") as pool:
-        futures = [pool.submit(on_helper, dev) for dev in helpers] + [pool.submit(on_context)]
+        futures = [pool.submit(on_helper, dev) for dev in helpers]
+        if locked:
+            try:
+                on_context()
+            except Exception:
+                pass
+        else:
+            futures.append(pool.submit(on_context))
         for f in futures:
             try:
                 f.result()
@@ -211,6 +232,8 @@ def _record_empty(dev, enc, pipe, bgl, kernel):
                                                      for i, b in enumerate(bufs)])
     p = enc.begin_compute_pass()
     p.set_pipeline(pipe)
+    if kernel.immediates():  # (zero sizes: no workgroup reads them)
+        p.set_immediates(0, bytes(kernel.immediates()), 0, kernel.immediates())
     p.set_bind_group(0, bg)
     p.dispatch_workgroups(0, 0, 0)  # compiles the pipeline, runs nothing
     p.end()

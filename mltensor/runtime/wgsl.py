@@ -11,12 +11,12 @@ import re
 import struct
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 
 import wgpu
 
-from ..dynamic.dims import Sym
+from ..dynamic.dims import Condition, Sym, hoisting, untag
 from ..dynamic.dims import wgsl as dims_wgsl
 from ..errors import OperationError
 
@@ -78,6 +78,14 @@ _env_made = None
 _env_lock = threading.Lock()
 
 
+def _finalize(v):
+    if isinstance(v, Sym):
+        return dims_wgsl(v)
+    if isinstance(v, Condition):
+        return v.wgsl()
+    return v
+
+
 def template_env():
     """The jinja2 environment of shaders/ (made on first use: a process that loads its graphs
     from the graph cache renders nothing and never imports jinja2)."""
@@ -99,6 +107,9 @@ def template_env():
                     trim_blocks=True,
                     lstrip_blocks=True,
                     keep_trailing_newline=True,
+                    # a size (Sym) or a condition on sizes in `{{ }}` renders as WGSL reading
+                    # it at dispatch, a derived field where the kernel has room (dims.hoisting)
+                    finalize=_finalize,
                 )
                 # LD / ST: conversions templates put around loads and stores of kernels that
                 # compute float16 in f32 (LD = "f32", ST = "f16_of"); empty (no conversion)
@@ -294,7 +305,10 @@ class Kernel:
     KernelContext.launch; dynamic/kernels.py), which declares them as immediate data. `sizes`:
     the values of its launch parameters (dynamic/kernels.py SizeParams), declared after the
     dimensions; only their number is part of the key, so kernels differing only in them share
-    one pipeline (and `name`, which may spell them, is no part of the key either)."""
+    one pipeline (and `name`, which may spell them, is no part of the key either). `hoist`:
+    how many size expressions over the dimensions may become fields of their own (dims.py
+    hoisting; set with `dims`); `derived`: those expressions, found by rendering (`with_dims`),
+    declared after the dimensions and evaluated by the host per dispatch."""
 
     name: str
     template: str
@@ -302,16 +316,29 @@ class Kernel:
     bindings: tuple
     dims: tuple = ()
     sizes: tuple = ()
+    hoist: int = 0
+    derived: tuple = ()
     key: tuple = field(init=False)
+    _src: str = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.bindings = tuple(self.bindings)
         self.sizes = tuple(self.sizes)
-        self.key = (self.template, _freeze(self.params), self.bindings, self.dims, len(self.sizes))
+        # (derived: a function of the rest, so no part of the key)
+        self.key = (self.template, _freeze(self.params), self.bindings, self.dims, len(self.sizes), self.hoist)
 
     def immediates(self):
-        """Bytes of immediate data the kernel declares (its dimensions', then its parameters')."""
-        return 4 * (len(self.dims) + len(self.sizes))
+        """Bytes of immediate data the kernel declares (its dimensions', derived sizes', then its
+        parameters')."""
+        return 4 * (len(self.dims) + len(self.derived) + len(self.sizes))
+
+    def with_dims(self, dims, room):
+        """This kernel reading the graph's dynamic dimensions `dims` (sorted names), with up to
+        room - len(dims) derived sizes: rendered once here to find them (the source is kept for
+        its compile)."""
+        k = replace(self, dims=tuple(dims), hoist=max(0, room - len(dims) - len(self.sizes)), derived=())
+        k.source()
+        return k
 
     def reads_dims(self):
         """Some parameter renders a dynamic dimension read at dispatch (`dims.d_` in the WGSL it
@@ -320,25 +347,39 @@ class Kernel:
         return any("dims.d_" in v for v in _strings(self.params))
 
     def source(self):
+        if self._src is not None:
+            return self._src
         decls = "\n".join(
             f"@group(0) @binding({i}) var<storage, {'read_write' if b.writable else 'read'}> "
             f"{b.name}: array<{b.elem}>;"
             for i, b in enumerate(self.bindings)
         )
         if self.dims or self.sizes:
+            decls += "\n" + _DECL_MARK  # (the declaration once the derived sizes are known)
+        with hoisting(self.hoist) as h:
+            template = template_env().get_template(self.template)
+            src = untag(template.render(bindings=decls, **self.params), h)
+            code = _COMMENT_RE.sub("", src)
+            flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code)),
+                     "f16": bool(_F16_RE.search(code)), "fast_div": bool(_FAST_DIV_RE.search(code))}
+            if any(flags.values()):
+                h.reset()  # (a second rendering: the same fields in the same order)
+                src = untag(template.render(bindings=decls, **flags, **self.params), h)
+        self.derived = h.syms
+        if self.dims or self.sizes:
             from ..dynamic.kernels import declaration
 
-            decls += "\n" + declaration(self.dims, len(self.sizes))
-        template = template_env().get_template(self.template)
-        src = template.render(bindings=decls, **self.params)
-        code = _COMMENT_RE.sub("", src)
-        flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code)),
-                 "f16": bool(_F16_RE.search(code)), "fast_div": bool(_FAST_DIV_RE.search(code))}
-        if any(flags.values()):
-            src = template.render(bindings=decls, **flags, **self.params)
+            src = src.replace(_DECL_MARK, declaration(self.dims, len(self.sizes), len(self.derived)), 1)
         if flags["f16"]:
             src = "enable f16;\n" + src
+        if self.dims:  # (its derived sizes laid out the graph's immediates: rendered once)
+            self._src = src
         return src
+
+    def __getstate__(self):  # (the graph cache stores sources apart)
+        state = dict(self.__dict__)
+        state["_src"] = None
+        return state
 
 
 def _strings(v):
@@ -383,10 +424,13 @@ def grid(n_groups):
     return (x, y, 1)
 
 
+_DECL_MARK = "//@mltensor:immediates"
+
 _caches = weakref.WeakKeyDictionary()
 _compiling = {}  # (id(device), key) -> Event: compiled by one thread, waited for by the others
 _cache_lock = threading.Lock()
 _sources = weakref.WeakKeyDictionary()  # device -> {kernel key: WGSL}
+_by_source = weakref.WeakKeyDictionary()  # device -> {WGSL: (pipeline, bind group layout)}
 
 
 def compiled(device, kernel):
@@ -425,6 +469,16 @@ def pipeline(device, kernel, src=None):
 
 def _compile(device, kernel, cache, src=None):
     src = kernel.source() if src is None else src
+    # Kernels of different keys may render the same WGSL (sizes that became derived fields of a
+    # dynamic kernel's immediates, dims.hoisting): one pipeline for them (its text declares the
+    # bindings and immediates, so the layout is the same too)
+    with _cache_lock:
+        same = _by_source.setdefault(device, {}).get(src)
+    if same is not None:
+        cache[kernel.key] = same
+        with _cache_lock:
+            _sources.setdefault(device, {})[kernel.key] = src
+        return same
     try:
         module = device.create_shader_module(label=kernel.name, code=src)
         entries = [
@@ -453,9 +507,10 @@ def _compile(device, kernel, cache, src=None):
         else:
             msg += "\n(set MLTENSOR_DUMP_WGSL=1 to see the WGSL source)"
         raise OperationError(msg) from None
-    cache[kernel.key] = (pipe, bgl)
-    with _cache_lock:
+    with _cache_lock:  # (two threads that made one source at once: the first one's for both)
+        pipe, bgl = _by_source.setdefault(device, {}).setdefault(src, (pipe, bgl))
         _sources.setdefault(device, {})[kernel.key] = src
+    cache[kernel.key] = (pipe, bgl)
     return pipe, bgl
 
 
