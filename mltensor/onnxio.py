@@ -25,7 +25,7 @@ TYPE_STRING = {
     UINT8: "tensor(uint8)", BOOL: "tensor(bool)", INT16: "tensor(int16)", UINT16: "tensor(uint16)",
 }
 # onnx.helper.tensor_dtype_to_np_dtype of the numeric types (the others ask onnx)
-_NUMPY = {
+NUMPY = {
     FLOAT: np.dtype(np.float32), UINT8: np.dtype(np.uint8), INT8: np.dtype(np.int8),
     UINT16: np.dtype(np.uint16), INT16: np.dtype(np.int16), INT32: np.dtype(np.int32),
     INT64: np.dtype(np.int64), BOOL: np.dtype(np.bool_), FLOAT16: np.dtype(np.float16),
@@ -36,7 +36,7 @@ _NUMPY = {
 def np_dtype(onnx_type):
     """The numpy dtype of an ONNX element type, as onnx.helper.tensor_dtype_to_np_dtype gives it
     (KeyError for an unknown type)."""
-    dt = _NUMPY.get(onnx_type)
+    dt = NUMPY.get(onnx_type)
     if dt is None:
         from onnx import helper
 

@@ -271,14 +271,14 @@ class InferenceSession:
             # builds all come from the cache neither imports onnx nor parses the model.
             self._proto_lock = threading.Lock()
             self._loaded = None  # (ModelProto, Weights or None) once parsed
-            self._described = None  # (main bytes' hash, file identity): described from the note
+            self._main = None  # (hash of the model's bytes, file identity) read for the note
             noted = None
             if self._use_cache:
                 from .graphcache import sessions
 
-                noted = sessions.described(self)
+                cache_id, noted, self._main = sessions.described(self)
             if noted is not None:
-                self._cache_id, desc, self._described = noted
+                self._cache_id, desc = cache_id, noted
                 self._describe(desc)
             else:
                 from .onnx.importer import data_errors, io_description, load_model
@@ -311,7 +311,7 @@ class InferenceSession:
 
         if desc is not None:
             weights = self._loaded[1]
-            ids = sessions.model_ids(self._source, weights)
+            ids = sessions.model_ids(self._source, weights, self._main)
             if ids is None:
                 return
             self._cache_id = ids[1]
@@ -344,7 +344,7 @@ class InferenceSession:
                     from .onnx.importer import load_model
 
                     loaded = load_model(self._source, self._name)
-                    if not sessions.same_model(self, loaded[1], self._described):
+                    if not sessions.same_model(self, loaded[1], self._main):
                         raise DataError(f"[onnx] {self._name}: the model changed since the session loaded it; "
                                         "create the InferenceSession again")
                     self._loaded = loaded

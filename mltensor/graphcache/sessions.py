@@ -7,12 +7,15 @@ path, so an edited file is a new model), the session options that change what is
 dynamic maxima, inputs fed by value). Its extra holds the specialization's inputs and outputs
 (IOInfo, as plain data; outputs folded at load keep their values). A session also keeps a note
 per model: inputs it learned must be known at load, and why the model cannot be built with
-dynamic dimensions, so a later process does not find it out again by a failed import.
+dynamic dimensions, so a later process does not find it out again by a failed import; and a
+description of the model (its inputs, outputs and symbolic shapes: see described), so a later
+process whose builds all load from here neither imports onnx nor parses the model.
 A ModelProto source has no stable bytes to key it and is never cached.
 """
 
 import hashlib
 import json
+import mmap
 import os
 
 import numpy as np
@@ -29,11 +32,15 @@ def model_id(source, weights=None):
     return ids[1] if ids is not None else None
 
 
-def model_ids(source, weights=None):
+def model_ids(source, weights=None, main=None):
     """(id of the main bytes alone, model id), or None: the model id also covers the external
-    data files weights mapped (their identities), the first keys the description note."""
+    data files weights mapped (their identities), the first keys the description note. main:
+    (hash, identity) of the bytes `described` read, not hashed again if weights mapped them."""
     try:
-        h = _main_hash(source, weights)
+        if main is not None and weights is not None and weights.main_identity() == main[1]:
+            h = main[0]
+        else:
+            h = _main_hash(source, weights)
     except OSError:
         return None
     if h is None:
@@ -55,12 +62,14 @@ def _main_hash(source, weights):
 
 
 def _hash_file(path):
-    """(sha256 object of the file's bytes, its identity as onnx/weights.py takes it)."""
-    h = hashlib.sha256()
+    """(sha256 object of the file's bytes, its identity as onnx/weights.py takes it). Hashed
+    from a map of the file, unmapped at once: no copy of the model on the host."""
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
+        if not st.st_size:
+            return hashlib.sha256(), (st.st_size, st.st_mtime_ns, st.st_ino)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            h = hashlib.sha256(mm)
     return h, (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
@@ -176,9 +185,9 @@ DESCRIPTION_VERSION = 1
 
 
 def save_description(sess, main_id, desc, weights):
-    from ..onnxio import _NUMPY
+    from ..onnxio import NUMPY
 
-    if any(et and et not in _NUMPY for _, et in desc["inputs"]):
+    if any(et and et not in NUMPY for _, et in desc["inputs"]):
         return  # (an input of a type onnx alone maps to numpy: described from the proto)
     externals = [name for name, _ in weights.external_identities()] if weights is not None else []
     try:
@@ -189,10 +198,11 @@ def save_description(sess, main_id, desc, weights):
 
 
 def described(sess):
-    """(model id, description, (main bytes' hash, file identity)) of sess._source (a path or
-    bytes) from its description note, or None (no valid note, an unreadable file, an external
-    data file gone: the proto path says what is wrong). The hash and identity let
-    same_model check the proto parsed later against what was described."""
+    """(model id, description, main) of sess._source (a path or bytes) from its description
+    note; model id and description None without a valid note (or with an external data file
+    gone: the proto path says what is wrong). main: (hash of the model's bytes, the file's
+    identity), None for a file that cannot be read: what same_model checks a proto parsed
+    later against (and model_ids need not hash again)."""
     src = sess._source
     try:
         if isinstance(src, bytes):
@@ -201,16 +211,19 @@ def described(sess):
             h, ident = _hash_file(os.fspath(src))
             base = os.path.dirname(os.path.abspath(os.fspath(src)))
         else:
-            return None
+            return None, None, None
+    except OSError:
+        return None, None, None
+    try:
         desc = _valid_description(store.load_note(sess._ctx, session_key(sess, _DESCRIPTION, h.hexdigest())))
         if desc is None or (desc["externals"] and base is None):
-            return None
+            return None, None, (h, ident)
         ids = []
         for name in desc["externals"]:
             st = os.stat(os.path.join(base, name))  # (a location load_model accepted)
             ids.append((name, (st.st_size, st.st_mtime_ns, st.st_ino)))
     except OSError:
-        return None
+        return None, None, (h, ident)
     return _with_externals(h, ids), desc, (h, ident)
 
 
@@ -234,7 +247,7 @@ def _valid_description(note):
 
     if not isinstance(note, dict) or note.get("version") != DESCRIPTION_VERSION:
         return None
-    from ..onnxio import _NUMPY
+    from ..onnxio import NUMPY
 
     shapes, params = note.get("shapes"), note.get("params")
     inputs, outputs = note.get("inputs"), note.get("outputs")
@@ -250,8 +263,8 @@ def _valid_description(note):
                 and all(p is None or (isinstance(p, str) and p) for p in syms)):
             return None
     for row in inputs:
-        if not (isinstance(row, list) and len(row) == 2 and row[0] in shapes and is_int(row[1])
-                and (row[1] == 0 or row[1] in _NUMPY)):
+        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and row[0] in shapes
+                and is_int(row[1]) and (row[1] == 0 or row[1] in NUMPY)):
             return None
     for row in outputs:
         if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and is_int(row[1])
