@@ -257,16 +257,39 @@ class InferenceSession:
                             "to float16 instead (onnxconverter_common.float16.convert_float_to_float16)")
         else:
             self._kind = "onnx"
-            from .onnx.importer import data_errors, load_model, source_name, symbolic_inputs
+            from .onnxio import source_name
 
-            self._model, self._weights = load_model(model)
             self._name = source_name(model)
-            with data_errors(self._name):
-                shapes, params = symbolic_inputs(self._model)
-                self._describe(shapes, params)
+            if isinstance(model, (bytearray, memoryview)):
+                model = bytes(model)  # (the bytes described now are the ones parsed later)
+            elif isinstance(model, (str, os.PathLike)):
+                model = os.path.abspath(os.fspath(model))  # (parsed later: the cwd may change)
+            self._source = model
             self._value_names = set()  # inputs whose values the graph must know at load
+            # The model's proto: parsed here, or, when an earlier process left the description
+            # of this model in the graph cache, on first use only (_proto): a process whose
+            # builds all come from the cache neither imports onnx nor parses the model.
+            self._proto_lock = threading.Lock()
+            self._loaded = None  # (ModelProto, Weights or None) once parsed
+            self._main = None  # (hash of the model's bytes, file identity) read for the note
+            noted = None
+            if self._use_cache:
+                from .graphcache import sessions
+
+                cache_id, noted, self._main = sessions.described(self)
+            if noted is not None:
+                self._cache_id, desc = cache_id, noted
+                self._describe(desc)
+            else:
+                from .onnx.importer import data_errors, io_description, load_model
+
+                self._loaded = load_model(model, self._name)
+                with data_errors(self._name):
+                    desc = io_description(self._loaded[0])
+                    self._describe(desc)
+            shapes, params = desc["shapes"], desc["params"]
             self._setup_dynamic(shapes, params, max_dimensions, dynamic)
-            self._cache_note()
+            self._cache_note(desc if noted is None else None)
             pending = any(shapes[name] is None for name in shapes) or any(
                 d is None and (p is None or p not in self._free)
                 for name in shapes for d, p in zip(shapes[name], params[name])
@@ -278,13 +301,21 @@ class InferenceSession:
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _cache_note(self):
-        """With the graph cache: the model's id, and what earlier processes learned of it."""
+    def _cache_note(self, desc=None):
+        """With the graph cache: the model's id (desc: the session was described from the proto,
+        whose description is saved for later processes), and what earlier processes learned of
+        it."""
         if not self._use_cache:
             return
         from .graphcache import sessions
 
-        self._cache_id = sessions.model_id(self._source, getattr(self, "_weights", None))
+        if desc is not None:
+            weights = self._loaded[1]
+            ids = sessions.model_ids(self._source, weights, self._main)
+            if ids is None:
+                return
+            self._cache_id = ids[1]
+            sessions.save_description(self, ids[0], desc, weights)
         if self._cache_id is None:
             return
         note = sessions.load_note(self)
@@ -299,6 +330,33 @@ class InferenceSession:
 
             sessions.save_note(self, {"value_names": sorted(self._value_names),
                                       "static_reason": self._static_reason if self._caps is None else None})
+
+    def _proto(self):
+        """(ModelProto, Weights or None) of the model: parsed at creation, else (a session
+        described from the graph cache's note) at its first use, a build of a specialization or
+        stage the cache does not hold. `_model` and `_weights` read it."""
+        loaded = self._loaded
+        if loaded is None:
+            with self._proto_lock:
+                loaded = self._loaded
+                if loaded is None:
+                    from .graphcache import sessions
+                    from .onnx.importer import load_model
+
+                    loaded = load_model(self._source, self._name)
+                    if not sessions.same_model(self, loaded[1], self._main):
+                        raise DataError(f"[onnx] {self._name}: the model changed since the session loaded it; "
+                                        "create the InferenceSession again")
+                    self._loaded = loaded
+        return loaded
+
+    @property
+    def _model(self):
+        return self._proto()[0]
+
+    @property
+    def _weights(self):
+        return self._proto()[1]
 
     def _setup_dynamic(self, shapes, params, max_dimensions, dynamic):
         from .dynamic.capacity import Capacities
@@ -490,8 +548,6 @@ class InferenceSession:
         dynamic: {dimension name: maximum} of the dynamic dimensions of this build (the inputs
         having one are declared with it instead of the feed's size; an input fed with one of
         them empty keeps the feed's shape, an empty constant); ones: those fixed to 1 in it."""
-        from .onnx.importer import Importer, NeedsValue, data_errors
-
         while True:
             values = {} if build_only else {
                 n: np.array(_host(feeds[n], self._ctx)) for n in self._value_names}
@@ -509,6 +565,8 @@ class InferenceSession:
                 if hit is not None:
                     self._stats["loaded"] += 1
                     return _Specialization(hit[0], hit[1], hit[2], values)
+            from .onnx.importer import Importer, NeedsValue, data_errors
+
             im = Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
                           weights=self._weights, input_values=values, dynamic=dynamic, ones=ones)
             try:
@@ -584,10 +642,7 @@ class InferenceSession:
             self._stats["readback_bytes"] += int(nbytes)
 
     def _load_tflite(self, model):
-        from . import tflite
-        from .onnx.importer import IOInfo, ONNX_OF_WEBNN
-
-        from .onnx.importer import TYPE_STRING
+        from .onnxio import IOInfo, ONNX_OF_WEBNN, TYPE_STRING
 
         hit = key = None
         if self._use_cache:  # (mltensor/graphcache/sessions.py)
@@ -601,6 +656,8 @@ class InferenceSession:
             graph, inputs, outputs, _ = hit
             self._stats["loaded"] += 1
         else:
+            from . import tflite
+
             graph, ins, outs = tflite.import_model(model, self._ctx, free_dimensions=self._free,
                                                    float16=self._float16)
             inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
@@ -616,29 +673,24 @@ class InferenceSession:
         self._np_in = {i.name: i.np_dtype for i in inputs}
         self._output_args = [NodeArg(o.name, o.shape, TYPE_STRING[o.onnx_type]) for o in outputs]
 
-    def _describe(self, shapes, params):
-        """get_inputs()/get_outputs() from the model (dims not yet fixed stay symbolic)."""
-        from onnx import helper
+    def _describe(self, desc):
+        """get_inputs()/get_outputs() from the model's description (onnx/importer.io_description,
+        from the proto or the graph cache's note; dims not yet fixed stay symbolic)."""
+        from .onnxio import TYPE_STRING, np_dtype
 
-        from .onnx.importer import TYPE_STRING
-
+        shapes, params = desc["shapes"], desc["params"]
         self._input_args = []
         self._np_in = {}
-        for vi in self._model.graph.input:
-            if vi.name not in shapes:
-                continue
-            et = vi.type.tensor_type.elem_type
-            dims = None if shapes[vi.name] is None else [  # None: declared without a shape
+        for name, et in desc["inputs"]:
+            dims = None if shapes[name] is None else [  # None: declared without a shape
                 d if d is not None else (p if p is None or p not in self._free else self._free[p])
-                for d, p in zip(shapes[vi.name], params[vi.name])]
-            self._input_args.append(NodeArg(vi.name, dims, TYPE_STRING.get(et, f"tensor({et})")))
-            self._np_in[vi.name] = np.dtype(helper.tensor_dtype_to_np_dtype(et)) if et else None
+                for d, p in zip(shapes[name], params[name])]
+            self._input_args.append(NodeArg(name, dims, TYPE_STRING.get(et, f"tensor({et})")))
+            self._np_in[name] = np_dtype(et) if et else None
         self._output_args = []
-        for vo in self._model.graph.output:
-            tt = vo.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value")
-                    else self._free.get(d.dim_param, d.dim_param or None) for d in tt.shape.dim]
-            self._output_args.append(NodeArg(vo.name, dims, TYPE_STRING.get(tt.elem_type, "tensor(?)")))
+        for name, et, dims in desc["outputs"]:  # a dim: its dim_value (int) or dim_param (str)
+            dims = [d if isinstance(d, int) else self._free.get(d, d or None) for d in dims]
+            self._output_args.append(NodeArg(name, dims, TYPE_STRING.get(et, "tensor(?)")))
 
     # -- onnxruntime surface -----------------------------------------------------------------------
 
@@ -919,6 +971,6 @@ def _host(v, ctx):
 
 
 def _type_str(info):
-    from .onnx.importer import TYPE_STRING
+    from .onnxio import TYPE_STRING
 
     return TYPE_STRING.get(info.onnx_type, "?")

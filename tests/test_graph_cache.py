@@ -472,3 +472,190 @@ def test_a_session_built_under_other_switches_is_not_loaded(cache, tmp_path, rng
     c = mltensor.InferenceSession(str(model), dynamic=False)
     np.testing.assert_allclose(c.run(None, {"x": x})[0], b.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
     assert c.stats["loaded"] == 1 and len(c._spec.graph.kernel_names) == unfused
+
+
+# -- sessions described from the cache's note (no onnx import, no parse) -----------------------
+
+_WARM = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import mltensor
+    LIBS = ("onnx", "jinja2", "mltensor.tflite.reader")
+    out = {"imported": [sorted(m for m in LIBS if m in sys.modules)]}
+    model, name, *io = sys.argv[1:]
+    s = mltensor.InferenceSession(model, dynamic=False)
+    out["io"] = [[[a.name, a.shape, a.type] for a in s.get_inputs()],
+                 [[a.name, a.shape, a.type] for a in s.get_outputs()]]
+    out["errors"] = []
+    x0 = np.load(io[0])
+    for feed in ({"nope": x0}, {name: x0[0]}, {name: x0.astype(np.int32)}):
+        try:
+            s.run(None, feed)
+        except Exception as e:
+            out["errors"].append(f"{type(e).__name__}: {e}")
+    for x, y in zip(io[::2], io[1::2]):
+        np.save(y, s.run(None, {name: np.load(x)})[0])
+        out["imported"].append(sorted(m for m in LIBS if m in sys.modules))
+    out["stats"] = s.stats
+    print(json.dumps(out))
+""")
+
+
+def _warm(env, *args):
+    r = subprocess.run([sys.executable, "-c", _WARM, *map(str, args)], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_warm_process_neither_imports_onnx_nor_parses_the_model(cache, tmp_path, rng):
+    """The second process describes the session from the note the first left (inputs, outputs,
+    symbolic shapes) and loads its graph: onnx (and jinja2, the TFLite reader) is never imported,
+    yet what it answers is what the first answered. A size not in the cache is built: the model
+    is parsed then."""
+    model = _model(tmp_path / "m.onnx")
+    x2 = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    x5 = rng.standard_normal((5, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x2.npy", x2)
+    np.save(tmp_path / "x5.npy", x5)
+    env = dict(os.environ, MLTENSOR_CACHE=str(cache))
+    cold = _warm(env, model, "x", tmp_path / "x2.npy", tmp_path / "a2.npy")
+    assert cold["stats"]["loaded"] == 0 and "onnx" in cold["imported"][1]
+    warm = _warm(env, model, "x", tmp_path / "x2.npy", tmp_path / "b2.npy", tmp_path / "x5.npy", tmp_path / "b5.npy")
+    assert warm["imported"][:2] == [[], []]  # after `import mltensor`, after the cached size's run
+    assert warm["stats"]["loaded"] == 1 and warm["stats"]["builds"] == 2
+    assert warm["io"] == cold["io"] == [[["x", ["n", 3, 16, 16], "tensor(float)"]],
+                                        [["logits", ["n", 10], "tensor(float)"]]]
+    assert warm["errors"] == cold["errors"] and len(cold["errors"]) == 3
+    np.testing.assert_array_equal(np.load(tmp_path / "b2.npy"), np.load(tmp_path / "a2.npy"))
+    # the new size was imported and built from the model, parsed for it
+    assert "onnx" in warm["imported"][2]
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x5})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "b5.npy"), want, rtol=1e-4, atol=1e-5)
+    # a TFLite model's cached session imports neither the TFLite reader nor onnx
+    from mltensor.tflite.writer import ModelWriter
+
+    w = ModelWriter()
+    i = w.input("image", [1, 5, 5, 2])
+    k = w.const("kernel", rng.standard_normal((3, 3, 3, 2)).astype(np.float32))
+    o = w.tensor("features", [1, 5, 5, 3])
+    w.op("CONV_2D", [i, k, -1], [o], "Conv2DOptions", Padding=0, StrideW=1, StrideH=1)
+    tfl = tmp_path / "conv.tflite"
+    tfl.write_bytes(w.finish([i], [o]))
+    np.save(tmp_path / "img.npy", rng.standard_normal((1, 5, 5, 2)).astype(np.float32))
+    cold = _warm(env, tfl, "image", tmp_path / "img.npy", tmp_path / "t1.npy")
+    warm = _warm(env, tfl, "image", tmp_path / "img.npy", tmp_path / "t2.npy")
+    assert warm["stats"]["loaded"] == 1 and warm["imported"] == [[], []] and warm["io"] == cold["io"]
+    np.testing.assert_array_equal(np.load(tmp_path / "t2.npy"), np.load(tmp_path / "t1.npy"))
+
+
+def _description_note(cache):
+    notes = [p for p in (cache / "graphs").glob("*/*.note") if "|description" in json.loads(p.read_text())["key"]]
+    assert len(notes) == 1
+    return notes[0]
+
+
+def _io(sess):
+    return [[(a.name, a.shape, a.type) for a in sess.get_inputs()],
+            [(a.name, a.shape, a.type) for a in sess.get_outputs()]]
+
+
+@pytest.mark.parametrize("options", [{"dynamic": False}, {}, {"free_dimensions": {"n": 2}}])
+def test_a_session_described_from_its_note_answers_as_from_the_model(cache, tmp_path, rng, options):
+    model = _model(tmp_path / "m.onnx")
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    a = mltensor.InferenceSession(str(model), **options)
+    ya = a.run(None, {"x": x})[0]
+    assert a._loaded is not None  # (parsed: no note yet)
+    b = mltensor.InferenceSession(str(model), **options)
+    assert b._loaded is None and b._cache_id == a._cache_id
+    assert _io(b) == _io(a) and b._np_in == a._np_in
+    assert [b.stats[k] for k in ("dynamic", "static_reason")] == [a.stats[k] for k in ("dynamic", "static_reason")]
+    np.testing.assert_array_equal(b.run(None, {"x": x})[0], ya)
+    assert b._loaded is None and b.stats["loaded"] == 1
+    for bad in ({"x": x.astype(np.float64)}, {"x": x[0]}, {"y": x}, {}):
+        with pytest.raises(TypeError) as ea:
+            a.run(None, bad)
+        with pytest.raises(TypeError) as eb:
+            b.run(None, bad)
+        assert str(ea.value) == str(eb.value)
+    if options.get("dynamic") is False:  # another size: built, from the model parsed for it
+        x3 = x[:1].repeat(3, axis=0)
+        want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x3})[0]
+        np.testing.assert_allclose(b.run(None, {"x": x3})[0], want, rtol=1e-4, atol=1e-5)
+        assert b._loaded is not None and b.stats["builds"] == 2
+
+
+@pytest.mark.parametrize("damage", ["version", "garbage", "fields", "externals"])
+def test_a_stale_or_damaged_note_is_ignored(cache, tmp_path, rng, damage):
+    model = _model(tmp_path / "m.onnx")
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    a = mltensor.InferenceSession(str(model), dynamic=False)
+    ya = a.run(None, {"x": x})[0]
+    path = _description_note(cache)
+    entry = json.loads(path.read_text())
+    note = entry["note"]
+    if damage == "garbage":
+        path.write_bytes(b"\x00{not json")
+    else:
+        if damage == "version":
+            note["version"] -= 1
+        elif damage == "fields":
+            note["inputs"] = [["x", "float"]]
+        else:  # an external data file that is not there
+            note["externals"] = ["gone.bin"]
+        path.write_text(json.dumps(entry))
+    b = mltensor.InferenceSession(str(model), dynamic=False)
+    assert b._loaded is not None  # the model was parsed
+    assert _io(b) == _io(a) and b._cache_id == a._cache_id
+    np.testing.assert_array_equal(b.run(None, {"x": x})[0], ya)
+    assert b.stats["loaded"] == 1
+    # and the note it wrote describes the next one
+    assert json.loads(_description_note(cache).read_text())["note"]["externals"] == []
+    assert mltensor.InferenceSession(str(model), dynamic=False)._loaded is None
+
+
+def test_a_note_checks_the_files_it_describes(cache, tmp_path, rng):
+    """The note is keyed by the model file's bytes; its external data files are part of the model:
+    new weights there are a new model (built, not loaded). A model file replaced after a session
+    was described from the note is refused when the session comes to parse it."""
+    model = _model(tmp_path / "m.onnx")
+    m = onnx.load(str(model))
+    onnx.save(m, str(tmp_path / "e.onnx"), save_as_external_data=True, location="e.bin", size_threshold=0)
+    ext = str(tmp_path / "e.onnx")
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    a = mltensor.InferenceSession(ext, dynamic=False)
+    ya = a.run(None, {"x": x})[0]
+    b = mltensor.InferenceSession(ext, dynamic=False)
+    assert b._loaded is None and b._cache_id == a._cache_id
+    np.testing.assert_array_equal(b.run(None, {"x": x})[0], ya)
+    assert b.stats["loaded"] == 1
+    # other weights in the external data file, the model file unchanged
+    m2 = onnx.load(str(_model(tmp_path / "m2.onnx", seed=1)))
+    os.unlink(tmp_path / "e.bin")  # (onnx appends to an existing file)
+    onnx.save(m2, str(tmp_path / "e2.onnx"), save_as_external_data=True, location="e.bin", size_threshold=0)
+    assert (tmp_path / "e2.onnx").read_bytes() == (tmp_path / "e.onnx").read_bytes()
+    want = ort.InferenceSession(ext, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    c = mltensor.InferenceSession(ext, dynamic=False)
+    assert c._loaded is None and c._cache_id != a._cache_id
+    np.testing.assert_allclose(c.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+    assert c.stats["loaded"] == 0 and c._loaded is not None
+    # the model file replaced under a described session: refused at its parse, not misbuilt
+    d = mltensor.InferenceSession(str(model), dynamic=False)
+    d.run(None, {"x": x})
+    e = mltensor.InferenceSession(str(model), dynamic=False)
+    assert e._loaded is None
+    _model(model, seed=2)
+    with pytest.raises(mltensor.DataError, match="changed since the session loaded it"):
+        e.run(None, {"x": x[:1]})
+
+
+def test_onnx_io_constants_are_onnx_s():
+    from mltensor import onnxio
+
+    for name in ("FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING", "BOOL", "FLOAT16",
+                 "DOUBLE", "UINT32", "UINT64"):
+        et = getattr(onnxio, name)
+        assert et == getattr(TensorProto, name), name
+        assert onnxio.np_dtype(et) == np.dtype(helper.tensor_dtype_to_np_dtype(et)), name
+    assert onnxio.np_dtype(TensorProto.BFLOAT16) == np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16))

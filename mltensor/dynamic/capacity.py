@@ -23,7 +23,7 @@ MIN_CAPACITY = 64
 class Capacities:
     def __init__(self, inputs, free, max_dimensions):
         """inputs: {input name: (dims, params)} from onnx symbolic_inputs (None entries unknown)."""
-        from ..onnx.importer import dim_name
+        from ..onnxio import dim_name
 
         self.axes = {}  # input name -> [(axis, dimension name)] of its dynamic dimensions
         for name, (dims, params) in inputs.items():

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..dynamic.dims import MLDynamicDimension, Sym
 from ..errors import DataError, DOMException, NotSupportedError
 from ..front.builder import MLGraphBuilder, MLOperand
+from ..onnxio import IOInfo, ONNX_OF_WEBNN, TYPE_STRING, dim_name, source_name  # noqa: F401 (re-exported)
 from ..stages import cut as stages_cut
 from . import symbolic
 
@@ -68,20 +69,6 @@ WEBNN_TYPE = {
     TensorProto.INT16: "int32",
     TensorProto.UINT16: "uint32",
 }
-ONNX_OF_WEBNN = {
-    "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int32": TensorProto.INT32,
-    "uint32": TensorProto.UINT32, "int64": TensorProto.INT64, "uint64": TensorProto.UINT64,
-    "int8": TensorProto.INT8, "uint8": TensorProto.UINT8,
-}
-# onnxruntime's type strings, for NodeArg.type
-TYPE_STRING = {
-    TensorProto.FLOAT: "tensor(float)", TensorProto.FLOAT16: "tensor(float16)",
-    TensorProto.DOUBLE: "tensor(double)", TensorProto.INT32: "tensor(int32)",
-    TensorProto.UINT32: "tensor(uint32)", TensorProto.INT64: "tensor(int64)",
-    TensorProto.UINT64: "tensor(uint64)", TensorProto.INT8: "tensor(int8)",
-    TensorProto.UINT8: "tensor(uint8)", TensorProto.BOOL: "tensor(bool)",
-    TensorProto.INT16: "tensor(int16)", TensorProto.UINT16: "tensor(uint16)",
-}
 _NP_TO_STORAGE = {
     np.dtype(np.float64): np.float32, np.dtype(np.bool_): np.uint8,
     np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.uint32,
@@ -109,27 +96,18 @@ def storage_array(a):
 MAX_HOST_ELEMENTS = 1 << 28
 
 
-def source_name(source):
-    """How errors name a model source: its path, or what it is."""
-    if isinstance(source, (str, os.PathLike)):
-        return repr(os.fspath(source))
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return f"<ONNX bytes, {len(source)} bytes>"
-    return "<onnx.ModelProto>"
-
-
-def load_model(source):
+def load_model(source, name=None):
     """(ModelProto, Weights or None) from a path, bytes or a ModelProto. For a path or bytes the
     big initializers stay in the file (or the caller's buffer) and are read in place
     (onnx/weights.py); external data files are mapped, not loaded. A file or buffer that is not
-    a well-formed ONNX ModelProto raises DataError naming it."""
+    a well-formed ONNX ModelProto raises DataError naming it (`name`, else source_name)."""
     from . import weights as W
 
     if isinstance(source, onnx.ModelProto):
         return source, None
     if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)):
         raise TypeError(f"[onnx] model must be a path, bytes or onnx.ModelProto, got {type(source).__name__}")
-    name = source_name(source)
+    name = name or source_name(source)
     try:
         model, weights = W.load(source, name)
     except OSError:
@@ -214,23 +192,6 @@ def data_errors(name, importer=None):
         raise DataError(f"[onnx] {name}:{where} malformed model ({type(e).__name__}: {e})") from e
 
 
-class IOInfo:
-    """One graph input or output: name, ONNX element type, WebNN data type, static shape."""
-
-    __slots__ = ("name", "onnx_type", "data_type", "shape", "const")
-
-    def __init__(self, name, onnx_type, data_type, shape, const=None):
-        self.name, self.onnx_type, self.data_type, self.shape = name, onnx_type, data_type, tuple(shape)
-        self.const = const  # host value of an output folded at load (not computed by the graph)
-
-    @property
-    def np_dtype(self):
-        return np.dtype(helper.tensor_dtype_to_np_dtype(self.onnx_type))
-
-    def __repr__(self):
-        return f"<IOInfo {self.name} {TYPE_STRING.get(self.onnx_type)} {self.data_type} {list(self.shape)}>"
-
-
 class Imported:
     """Result of an import: the built graph (None when every output folded to a constant) and
     the graph's inputs and outputs with their ONNX and WebNN types. `cut`: None, or the StageCut
@@ -281,9 +242,19 @@ def symbolic_inputs(model):
     return shapes, params
 
 
-def dim_name(input_name, axis, param):
-    """The name of an input's unknown dimension: its dim_param, else "<input>_<axis>"."""
-    return param or f"{input_name}_{axis}"
+def io_description(model):
+    """What InferenceSession describes the model by, as plain data (JSON, for the graph cache's
+    note: graphcache/sessions.py): {"shapes", "params"} of symbolic_inputs, "inputs": [name, ONNX
+    element type] of those inputs in model order, "outputs": [name, element type, dims], a dim
+    being its dim_value (int) or its dim_param (str, "" when it has neither)."""
+    shapes, params = symbolic_inputs(model)
+    inputs = [[vi.name, vi.type.tensor_type.elem_type] for vi in model.graph.input if vi.name in shapes]
+    outputs = []
+    for vo in model.graph.output:
+        tt = vo.type.tensor_type
+        outputs.append([vo.name, tt.elem_type,
+                        [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]])
+    return {"shapes": shapes, "params": params, "inputs": inputs, "outputs": outputs}
 
 
 class Importer:

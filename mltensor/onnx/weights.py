@@ -181,6 +181,11 @@ class Weights:
         entry = self._maps.get(LOCATION)
         return entry[0] if entry is not None else None
 
+    def main_identity(self):
+        """(size, mtime, inode) of the model file when it was mapped, or None (bytes)."""
+        entry = self._maps.get(LOCATION)
+        return entry[3] if entry is not None else None
+
     def external_identities(self):
         """(location, (size, mtime, inode)) of the external data files mapped so far."""
         return [(loc, e[3]) for loc, e in sorted(self._maps.items()) if loc != LOCATION and e[3]]
