@@ -33,6 +33,9 @@ def test_size_expressions_are_canonical():
         assert wgsl(p * 2 + 1) == "dims.s0" and wgsl(p) == "(dims.d_past)" and wgsl(s + p * 2 + 1) == "dims.s1"
         assert untag(f"x < {wgsl(p + s)}", None) == "x < dims.s2" and untag(wgsl(p * 2 + 1), h) == "dims.s0"
     assert h.syms == (p * 2 + 1, s + p * 2 + 1, p + s)
+    with hoisting(2) as h:  # a common factor stays in the text (16 | the stride: the compiler knows it)
+        assert wgsl(16 * ((p - 1) // 2) + 16) == "(16u * dims.s0)" and wgsl(32 * p) == "(32u * dims.d_past)"
+    assert h.syms == ((p - 1) // 2 + 1,)
     with hoisting(0) as h:  # no room: inline, as without
         assert wgsl(p * 2 + 1) == "(2u * dims.d_past + 1u)" and h.syms == ()
 

@@ -15,6 +15,7 @@ dimension: buffers are sized for `hi`, and order comparisons are answered only w
 decide them (else TypeError), so validation at build is against the maximum, never a guess.
 """
 
+import math
 import re
 import threading
 
@@ -394,9 +395,12 @@ class Sym:
         immediate data instead, its value computed by the host at dispatch."""
         h = getattr(_hoist, "table", None)
         if h is not None:
-            slot = h.slot(self)
+            # (a common factor stays in the kernel's text: a stride or plane known to be a
+            # multiple of 16 lets the compiler keep what the inline expression let it know)
+            g = _factor(self)
+            slot = h.slot(self if g == 1 else exact_div(self, g))
             if slot is not None:
-                return f"dims.{derived_field(slot)}"
+                return f"dims.{derived_field(slot)}" if g == 1 else f"({g}u * dims.{derived_field(slot)})"
         elif not getattr(_hoist, "inline", False) and _compound(self):
             # rendered by a lowering into a text its kernel renders later (a condition, a
             # prologue function): marked, so that the kernel's rendering can make it a field
@@ -461,6 +465,11 @@ class _Hoisted:
         self.index[x.key] = len(self.syms)
         self.syms.append(x)
         return len(self.syms) - 1
+
+
+def _factor(x):
+    """The largest integer dividing every coefficient of x (1 for a bare dimension)."""
+    return math.gcd(*x.terms.values())
 
 
 def _compound(x):
