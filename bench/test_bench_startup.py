@@ -205,6 +205,57 @@ def test_startup_size_params_graph_cache_load(benchmark, ctx, tmp_path, monkeypa
           f"{min(times['1']):.3f})")
 
 
+def test_derived_sizes(benchmark, ctx, monkeypatch):
+    """The default session of PP-OCRv4 det (every size: dynamic height and width) built twice in
+    one process: sizes over the dimensions as derived fields computed by the host per dispatch
+    (dims.py hoisting, the default) and rendered inline at every use (MLTENSOR_NO_DERIVED_SIZES=1).
+    Figures: the WGSL of the distinct kernels, the time to create their pipelines on a fresh
+    device of the same adapter (one thread, Mesa's disk cache as it is: on lavapipe that is
+    SPIR-V -> NIR, what a warm start pays per pipeline), and steady runs at 320x320 alternated
+    round by round (ratio = inline / derived: > 1, derived is faster)."""
+    import time
+
+    from mltensor.runtime.compile import _layout_entries
+
+    path = mltensor.models.fetch_onnx(MODEL)
+    x = np.random.default_rng(0).random(SHAPE, dtype=np.float32)
+    sess, kernels = {}, {}
+    for v in ("0", "1"):
+        monkeypatch.setenv("MLTENSOR_NO_DERIVED_SIZES", v)
+        sess[v] = mltensor.InferenceSession(path, ctx, cache=False)
+        sess[v].run(None, {INPUT: x})
+        g = sess[v]._spec.graph
+        kernels[v] = list({k.key: k for k in g._kernels}.values())
+    np.testing.assert_array_equal(sess["0"].run(None, {INPUT: x})[0], sess["1"].run(None, {INPUT: x})[0])
+    dev = ctx.device.adapter.request_device_sync(
+        required_features=list(ctx.device.features),
+        required_limits={k: v for k, v in ctx.device.limits.items() if isinstance(v, int)})
+    create, chars = {}, {}
+    for v in ("1", "0", "1", "0"):  # (alternated; the second round counts)
+        t0 = time.perf_counter()
+        for k in kernels[v]:
+            src = k.source()
+            m = dev.create_shader_module(code=src)
+            bgl = dev.create_bind_group_layout(entries=_layout_entries(k))
+            layout = dev.create_pipeline_layout(bind_group_layouts=[bgl], immediate_size=k.immediates())
+            dev.create_compute_pipeline(layout=layout, compute={"module": m, "entry_point": "main"})
+        create[v] = time.perf_counter() - t0
+        chars[v] = sum(len(k.source()) for k in kernels[v])
+    dev.destroy()
+    ours, ref, ratio = measure_pair((lambda: sess["0"].run(None, {INPUT: x}), None),
+                                    (lambda: sess["1"].run(None, {INPUT: x}), None), rounds=9, warmup=1)
+    g0, g1 = sess["0"]._spec.graph, sess["1"]._spec.graph
+    info = record(benchmark, ours, "derived sizes: dynamic kernels' sizes as host-computed fields vs inline",
+                  ref, "every size inline (MLTENSOR_NO_DERIVED_SIZES=1)", adapter=adapter_name(ctx), model=MODEL,
+                  kernels=len(kernels["0"]), wgsl_chars=chars["0"], inline_wgsl_chars=chars["1"],
+                  create_s=create["0"], inline_create_s=create["1"], pipelines_created=g0.pipelines_created,
+                  inline_pipelines_created=g1.pipelines_created, median_round_ratio=1 / ratio)
+    print(f"\nderived sizes: {len(kernels['0'])} kernels, WGSL {chars['0'] / 1e6:.2f} M chars (inline "
+          f"{chars['1'] / 1e6:.2f} M), pipeline creation {create['0']:.2f} s (inline {create['1']:.2f} s), "
+          f"{g0.pipelines_created} pipelines created at 320x320 (inline {g1.pipelines_created}); steady "
+          f"inline / derived {info['median_round_ratio']:.3f}")
+
+
 # -- the launch parameters' cost in steady runs, per family (same graph built both ways) ---------
 
 def _family_graph(ctx, family, params):

@@ -543,3 +543,17 @@ def test_derived_sizes_same_source_one_pipeline(ctx, rng):
     assert any(len(v) > 1 for v in keys.values()), [k.name for k in g._kernels]
     assert g.pipelines_created < g.pipelines
     g.destroy()
+
+
+def test_derived_sizes_switched_off(ctx, rng, monkeypatch):
+    """MLTENSOR_NO_DERIVED_SIZES=1: every size inline, as before; the same results bit for bit."""
+    dyn = (N, 4, D("H", 40), D("W", 40))
+    x = rng.standard_normal((2, 4, 29, 17)).astype(np.float32)
+    g, _ = _deep_chain(ctx, np.random.default_rng(1), dyn)
+    monkeypatch.setenv("MLTENSOR_NO_DERIVED_SIZES", "1")
+    g0, _ = _deep_chain(ctx, np.random.default_rng(1), dyn)
+    assert all(not k.derived and "dims.s0" not in k.source() for k in g0._kernels)
+    assert any(k.derived for k in g._kernels)
+    np.testing.assert_array_equal(_run(ctx, g, x), _run(ctx, g0, x))
+    g.destroy()
+    g0.destroy()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
-from ..dynamic.kernels import SizeParams, concrete_groups, is_dynamic, params_enabled, room
+from ..dynamic.kernels import SizeParams, concrete_groups, derived_enabled, is_dynamic, params_enabled, room
 from ..ops import OPS
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, loop_capped, loop_guard
 
@@ -76,8 +76,10 @@ class KernelContext:
         self.placement = True
         self.align = device.limits.get("min-storage-buffer-offset-alignment", 256)
         # launch parameters a kernel may declare (SizeParams; MLTENSOR_NO_SIZE_PARAMS=1: none)
-        self.imm_room = room(device)
-        self.param_room = self.imm_room if params_enabled() else 0
+        # room for dynamic kernels' derived sizes (Kernel.with_dims; MLTENSOR_NO_DERIVED_SIZES=1:
+        # only the dimensions) and for launch parameters
+        self.imm_room = room(device) if derived_enabled() else 0
+        self.param_room = room(device) if params_enabled() else 0
         self.tune_seconds = 0.0  # kernel autotuning of this build (runtime/autotune.py)
         self.tune_count = 0
 

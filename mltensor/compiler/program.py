@@ -28,7 +28,7 @@ from .. import dtypes
 from ..errors import DOMException, InvalidStateError, gpu_errors
 from ..front.tensor import MLTensor, exported_error
 from ..runtime import replay
-from ..runtime.compile import compile_kernels
+from ..runtime.compile import compile_kernels, warm
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
 from ..dynamic.kernels import check_device, dims_blocks, immediates_layout, may_be_zero
@@ -198,7 +198,11 @@ def compile_graph(builder, outputs, placement=None):
     # convolution, gated off outside it) gets its pipeline and bind groups at the first dispatch
     # that runs it (MLGraph._create): a start pays only for the buckets its sizes use.
     lazy = [bool(dims) and not l.prologue and may_be_zero(l.groups) for l, _ in launches]
-    compile_kernels(ctx, [l.kernel for (l, _), z in zip(launches, lazy) if not z])  # in parallel (runtime/compile.py)
+    # in parallel (runtime/compile.py); with dynamic dimensions, Mesa's warm-up of the kernels a
+    # dispatch runs waits for the first dispatch, which warms them with its size buckets' at once
+    compile_kernels(ctx, [l.kernel for (l, _), z in zip(launches, lazy) if not z], warm=not dims)
+    if dims:
+        warm(ctx, [l.kernel for l, _ in launches if l.prologue])  # (they run at build)
     prologue = []
     for (l, args), vs, z in zip(launches, views, lazy):
         pipe, bgl = (None, None) if z else pipeline(device, l.kernel)
@@ -223,6 +227,8 @@ def compile_graph(builder, outputs, placement=None):
         if not l.prologue:
             graph._kernels.append(l.kernel)
     graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
+    if dims:
+        graph._unwarmed = [l.kernel for (l, _), z in zip(launches, lazy) if not z and not l.prologue]
     graph._autotune = {"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}
     if dims:
         run = [l for l, _ in launches if not l.prologue]
@@ -310,6 +316,7 @@ class MLGraph:
         self._dyn_args = None  # what the DynamicPlan was made from (likewise)
         self._launches = []  # [pipeline, bind group layout, buffers, groups, bind group | None]
         self._lazy = 0  # launches whose pipeline is not created yet (pipeline None: _create)
+        self._unwarmed = []  # kernels for Mesa's warm-up at the first dispatch (_create)
         self._sources = None  # each launch's WGSL when known (a loaded graph: its lazy launches')
         self._last_off = None  # the launches the last replay list skips (LaunchData.off)
         self._destroyed = False
@@ -457,13 +464,15 @@ class MLGraph:
         Called with the device lock held (dispatch), so two threads never both create one; the
         pipeline is set last, so a failure (an OperationError) leaves the launch to retry."""
         todo = [i for i in idx if self._launches[i][0] is None]
-        if not todo:
+        first, self._unwarmed = self._unwarmed, []  # (the first dispatch: the build's kernels too)
+        if not todo and not first:
             return
         device = self._context.device
         kernels = [self._kernels[i] for i in todo]
         sources = None if self._sources is None else [self._sources[i] for i in todo]
+        compile_kernels(self._context, kernels, sources, warm=False)
         # (the lock is held: the Mesa warm-up's share on this device runs on this thread)
-        compile_kernels(self._context, kernels, sources, locked=True)
+        warm(self._context, first + kernels, locked=True)
         for i, k in zip(todo, kernels):
             e = self._launches[i]
             pipe, bgl = pipeline(device, k, None if sources is None else self._sources[i])
@@ -509,7 +518,7 @@ class MLGraph:
         if off is not None:
             skip = set(off)
             idx = [i for i in idx if i not in skip]
-        if self._lazy:
+        if self._lazy or self._unwarmed:
             self._create(idx)
         bound = []
         for i in idx:
@@ -729,7 +738,7 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
                 t._on_destroy.append(graph._evict)
         graph._last_dyn = (dict(inputs), dict(outputs), tensors)
     data = plan.launch_data(values)
-    if graph._lazy and not data.made:  # size buckets' variants these sizes run for the first time
+    if (graph._lazy or graph._unwarmed) and not data.made:  # size buckets' variants these sizes run first
         skip = set(data.off or ())
         graph._create([i for i in range(len(graph._launches)) if i not in skip])
         data.made = True  # (the plan, so its LaunchData, is this graph's alone)

@@ -81,6 +81,12 @@ def params_enabled():
     return os.environ.get("MLTENSOR_NO_SIZE_PARAMS", "") in ("", "0")
 
 
+def derived_enabled():
+    """Derived sizes (dims.py hoisting) unless MLTENSOR_NO_DERIVED_SIZES=1: then kernels render
+    every size over the dynamic dimensions inline, as before (for comparison)."""
+    return os.environ.get("MLTENSOR_NO_DERIVED_SIZES", "") in ("", "0")
+
+
 def pack(names, values):
     """The immediate bytes for {name: size}, in the struct's field order."""
     return np.array([values[n] for n in names], dtype=np.uint32)
@@ -201,14 +207,15 @@ def compile_groups(all_groups, names):
     launch at every step)."""
     from ..runtime.wgsl import MAX_GROUPS
 
-    lines, env = [], {"_fold": _fold, "MAXG": MAX_GROUPS}
+    lines, env, cse = [], {"_fold": _fold, "MAXG": MAX_GROUPS}, PyCSE()
     for i, g in enumerate(all_groups):
         if isinstance(g, Fold):
-            lines.append(f"    o.extend(_fold({_py(g.n)}))")
+            lines.append(f"_fold({cse.sym(g.n)})")
         else:  # (a count of 0 is a gated-off variant, ops/matmul.py: wgpu makes it a no-op)
-            lines.append("    o.extend((" + ", ".join(f"max(0, {_py(x)})" for x in g) + "))")
+            lines.append("(" + ", ".join(f"max(0, {cse.sym(x)})" for x in g) + ")")
     args = ", ".join(f"{_var(n)}" for n in names)
-    src = "def f(" + args + "):\n    o = []\n" + "\n".join(lines) + "\n    return o\n"
+    body = "".join(f"    o.extend({x})\n" for x in lines)
+    src = "def f(" + args + "):\n" + cse.text() + "    o = []\n" + body + "    return o\n"
     exec(compile(src, "<dynamic launch sizes>", "exec"), env)
     fn = env["f"]
 
@@ -220,6 +227,43 @@ def compile_groups(all_groups, names):
         return out
 
     return groups_for
+
+
+class PyCSE:
+    """Size expressions as Python statements, each distinct expression and division computed
+    once into a local (`t<k>`): the functions evaluated per dispatch (workgroup counts, derived
+    sizes) share most of their subexpressions, a convolution's ((h - 1) // 2) // 2 across every
+    later layer."""
+
+    def __init__(self):
+        self.lines, self.names = [], {}
+
+    def _local(self, key, expr):
+        v = self.names.get(key)
+        if v is None:
+            v = self.names[key] = f"t{len(self.names)}"
+            self.lines.append(f"    {v} = {expr}\n")
+        return v
+
+    def sym(self, x):
+        if isinstance(x, int):
+            return str(x)
+        if x.key in self.names:
+            return self.names[x.key]
+        parts = ["*".join([str(c)] + [self.atom(a) for a in m]) for m, c in x.terms.items()]
+        return self._local(x.key, " + ".join(parts))
+
+    def atom(self, a):
+        if a.kind == "dim":
+            return _var(a.args[0])
+        if a.kind == "param":
+            return str(a.args[1])
+        x, y = (self.sym(v) for v in a.args)
+        return self._local(a.key, {"div": f"{x} // {y}", "mod": f"{x} % {y}", "max": f"max({x}, {y})",
+                                   "min": f"min({x}, {y})"}[a.kind])
+
+    def text(self):
+        return "".join(self.lines)
 
 
 def _fold(n):

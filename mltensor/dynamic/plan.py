@@ -11,7 +11,7 @@ a maximum that does not fit, or one name given two sizes), runs the checks, size
 import numpy as np
 
 from .dims import Sym, bind, check_derived, evaluate
-from .kernels import _py, _var, compile_groups, may_be_zero, pack
+from .kernels import PyCSE, _py, _var, compile_groups, may_be_zero, pack
 
 
 class DynamicPlan:
@@ -40,9 +40,9 @@ class DynamicPlan:
         if not lists:
             self._imm_fn = lambda values: pack(self.names, values)
             return
-        dims = ", ".join(_var(n) for n in self.names)
-        parts = [dims] + [dims + "".join(f", {_py(x)}" for x in d) for d in lists]
-        src = f"def f({dims}):\n    return [" + ", ".join(parts) + "]\n"
+        dims, cse = ", ".join(_var(n) for n in self.names), PyCSE()
+        parts = [dims] + [dims + "".join(f", {cse.sym(x)}" for x in d) for d in lists]
+        src = f"def f({dims}):\n" + cse.text() + "    return [" + ", ".join(parts) + "]\n"
         env = {"min": min, "max": max}
         exec(compile(src, "<dynamic derived sizes>", "exec"), env)
         fn = env["f"]

@@ -81,6 +81,17 @@ def compile_kernels(ctx, kernels, sources=None, warm=True, locked=False):
         _warm_cpu(ctx, todo, sources, n, locked)
 
 
+def warm(ctx, kernels, locked=False):
+    """The Mesa warm-up (module docstring) of kernels whose pipelines the device has already:
+    a graph with dynamic dimensions warms its kernels at its first dispatch, together with the
+    size buckets that dispatch runs (MLGraph._create), one parallel pass instead of two."""
+    if not kernels or not (_is_cpu(ctx) and _disk_cache_on()) or threads() == 1:
+        return
+    from .wgsl import source_of
+
+    _warm_cpu(ctx, kernels, [source_of(ctx.device, k) for k in kernels], threads(), locked)
+
+
 def _is_cpu(ctx):
     return str(ctx._adapter_info.get("adapter_type", "")).upper() == "CPU"
 

@@ -356,14 +356,18 @@ class Kernel:
         )
         if self.dims or self.sizes:
             decls += "\n" + _DECL_MARK  # (the declaration once the derived sizes are known)
+        # (kernels reading dynamic dimensions mostly divide by them: common.wgsl's div_fast is in
+        # their first rendering, which spares most of them a second one)
+        pre = {"fast_div": True} if self.dims else {}
         with hoisting(self.hoist) as h:
             template = template_env().get_template(self.template)
-            src = untag(template.render(bindings=decls, **self.params), h)
+            src = untag(template.render(bindings=decls, **pre, **self.params), h)
             code = _COMMENT_RE.sub("", src)
             flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code)),
                      "f16": bool(_F16_RE.search(code)), "fast_div": bool(_FAST_DIV_RE.search(code))}
-            if any(flags.values()):
+            if any(v and not pre.get(k) for k, v in flags.items()):
                 h.reset()  # (a second rendering: the same fields in the same order)
+                flags = {k: v or bool(pre.get(k)) for k, v in flags.items()}
                 src = untag(template.render(bindings=decls, **flags, **self.params), h)
         self.derived = h.syms
         if self.dims or self.sizes:
