@@ -493,6 +493,7 @@ def test_derived_sizes_fields(ctx, rng):
     for k in hoisted:
         src = k.source()
         assert "/ 2u)) / 2u" not in src, k.name  # (the third layer's plane, inline)
+        assert "\x01" not in src and "\x02" not in src  # (every mark of a lowering's text resolved)
         assert f"dims.s{len(k.derived) - 1}" in src and f"dims.s{len(k.derived)}" not in src
         inline = replace(k, hoist=0, derived=()).source()  # the same kernel without derived fields
         assert len(src) < len(inline)
