@@ -116,3 +116,62 @@ def test_cpu_warm_up_remembers_compiled_kernels(tmp_path):
     second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "warmed 0" in second.stdout
+
+
+def test_cpu_warm_up_of_dynamic_kernels(tmp_path):
+    """Kernels reading dynamic dimensions (immediate data) are warmed too, at the graph's first
+    dispatch with the size buckets it runs: their empty dispatches set zero sizes (no error), the
+    index records them, and a second process warms nothing."""
+    ctx = ml.create_context_sync()
+    if str(ctx._adapter_info.get("adapter_type", "")).upper() != "CPU":
+        pytest.skip("the JIT warm-up is for Mesa's CPU drivers")
+    script = textwrap.dedent("""
+        import numpy as np, mltensor
+        from mltensor import ml
+        from mltensor.dynamic.dims import MLDynamicDimension as D
+        from mltensor.runtime import compile as C
+        done = []
+        real = C._record_empty
+        def record(dev, enc, pipe, bgl, k):
+            real(dev, enc, pipe, bgl, k)
+            done.append(k.immediates())
+        C._record_empty = record
+        ctx = ml.create_context_sync()
+        b = mltensor.MLGraphBuilder(ctx)
+        x = b.input("x", data_type="float32", shape=[1, 8, D("H", 64), D("W", 64)])
+        w = np.random.default_rng(0).standard_normal((16, 8, 3, 3)).astype(np.float32)
+        y = b.conv2d(x, b.constant(w), padding=[1, 1, 1, 1], strides=[2, 2])
+        y = b.sigmoid(b.conv2d(b.relu(y), b.constant(np.ones((4, 16, 1, 1), np.float32))))
+        z = b.max_pool2d(b.tanh(b.resample2d(y, scales=[2.0, 2.0])), window_dimensions=[3, 3], strides=[2, 2])
+        g = b.build_sync({"y": b.average_pool2d(y), "z": b.reduce_sum(b.exp(z), axes=[2, 3])})
+        print(len(g.kernel_names), g.kernel_names)
+        assert not done  # (not at build: at the first dispatch)
+        xv = np.random.default_rng(1).standard_normal((1, 8, 40, 24)).astype(np.float32)
+        t = ctx.create_tensor_sync(data_type="float32", shape=xv.shape, writable=True)
+        ctx.write_tensor(t, xv)
+        outs = {n: ctx.create_tensor_sync(data_type="float32", shape=s, readable=True)
+                for n, s in g.compute_shapes({"x": xv.shape}).items()}
+        ctx.dispatch(g, {"x": t}, outs)
+        assert ctx.read_tensor_sync(outs["y"]).shape == (1, 4, 1, 1)
+        print("warmed", len(done), "with immediates", sum(1 for n in done if n))
+    """)
+    env = dict(os.environ, MLTENSOR_CACHE=str(tmp_path), MLTENSOR_COMPILE_THREADS="2",
+               MESA_SHADER_CACHE_DIR=str(tmp_path / "mesa"))
+    env.pop("MESA_SHADER_CACHE_DISABLE", None)
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    words = first.stdout.split()
+    n, imm = int(words[-4]), int(words[-1])
+    assert n >= 4 and imm >= 4, first.stdout
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "warmed 0" in second.stdout, second.stdout
+
+
+def test_warm_up_order_starts_the_costliest():
+    """Loops with small literal trip counts count as their unrolled copies: a shorter kernel with
+    4 loops of 24 goes before a longer straight one (the warm-up's last kernel runs alone)."""
+    loops = "fn main() {\n" + "    for (var ic = 0u; ic < 24u; ic = ic + 1u) { acc = fma(a, b, acc); }\n" * 4 + "}\n"
+    straight = "fn main() {\n" + "    acc = fma(a, b, acc);\n" * 60 + "}\n"
+    assert len(loops) < len(straight) and C._cost(loops) > C._cost(straight)
+    assert C._cost("for (var i = 0u; i < 4096u; i = i + 1u) {}") == len("for (var i = 0u; i < 4096u; i = i + 1u) {}")
