@@ -3,6 +3,7 @@
 import asyncio
 import os
 import threading
+import weakref
 
 import numpy as np
 import wgpu
@@ -215,6 +216,9 @@ class MLContext:
         self._lock = device_lock(device)
         self._timeline = Timeline(device, self._counters,
                                   device_gone=None if own else lambda: _device_destroyed(device))
+        if not own:
+            me = weakref.ref(self)
+            self._timeline.on_gone = lambda message: (c := me()) is not None and c._lose(message)
         self._lost_info = None
         self._lost = _Lost(self)
         self._tensors = set()

@@ -171,6 +171,7 @@ class Timeline:
         # A user's device may be destroyed under us: device_gone() then says so (None for an own
         # device); flush never submits on it and waits for maps give up (wait_sync_promise).
         self.device_gone = device_gone
+        self.on_gone = None  # called with a message when a submit finds the device gone (the context's)
         self._encoder = None
         self._pass = None
         self._raw_pass = None
@@ -341,6 +342,11 @@ class Timeline:
             self.flush_error = None
         del kept
         if error is not None:
+            if isinstance(error, InvalidStateError) and self.on_gone is not None:
+                # the user's device was destroyed between a call's check and this submit: the
+                # context is lost from here on, as if that check had seen it (MLContext._lose
+                # re-enters flush, which has nothing left to submit)
+                self.on_gone("the GPUDevice was destroyed")
             raise error
 
     # -- transfers -----------------------------------------------------------------------------
