@@ -279,3 +279,75 @@ def test_past_65535_workgroups(ctx):
     got = dispatch_at(ctx, g, feeds)
     for k, n in enumerate(sizes):
         np.testing.assert_array_equal(got[f"y{k}"], feeds[f"x{k}"] + (k + 1))
+
+
+def _affine_convs(ctx, shape, pairs, rng):
+    """A chain of 1x1 convolutions, each followed by a learnable affine (scale, bias scalars: the
+    fused epilogue's constants), PP-OCRv4's blocks; (graph, float64 reference function)."""
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=list(shape))
+    c = shape[1]
+    ws = [rng.standard_normal((c, c, 1, 1)).astype(np.float32) / 3 for _ in pairs]
+    y = x
+    for w, (s, t) in zip(ws, pairs):
+        z = b.conv2d(y, b.constant(w))
+        y = b.relu(b.add(b.mul(z, b.constant(data_type="float32", value=s)), b.constant(data_type="float32", value=t)))
+
+    def ref(a):
+        r = a.astype(np.float64)
+        for w, (s, t) in zip(ws, pairs):
+            r = np.einsum("oi,nihw->nohw", w[:, :, 0, 0].astype(np.float64), r)
+            r = np.maximum(r * np.float32(s) + np.float32(t), 0)
+        return r
+
+    return b.build_sync({"y": y}), ref
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_epilogue_constants_share_a_pipeline(ctx, rng, no_params, dynamic):
+    """Layers that differ only in their fused epilogue's float constants read them from the
+    immediate data: one pipeline for the chain, each launch its own constants, in static and
+    dynamic builds; bit-identical to the build with literals (MLTENSOR_NO_SIZE_PARAMS=1)."""
+    from mltensor.dynamic.dims import MLDynamicDimension as D
+
+    pairs = [(1.25, -0.5), (0.75, 0.125), (1.5, 0.25), (0.5, -0.25)]
+    shape = (1, 16, D("H", 24), D("W", 24)) if dynamic else (1, 16, 12, 10)
+    g, ref = _affine_convs(ctx, shape, pairs, np.random.default_rng(3))
+    with no_params():
+        g0, _ = _affine_convs(ctx, shape, pairs, np.random.default_rng(3))
+    # (one fused kernel per layer; with dynamic dimensions, a variant per size bucket)
+    assert len(g.kernel_names) == len(g0.kernel_names) == len(pairs) * (3 if dynamic else 1)
+    assert all(k.consts for k in g._kernels) and not any(k.consts for k in g0._kernels)
+    for a_shape in ([(1, 16, 12, 10)] if not dynamic else [(1, 16, 24, 24), (1, 16, 5, 17)]):
+        a = rng.standard_normal(a_shape).astype(np.float32)
+        got, want = dispatch_at(ctx, g, {"x": a})["y"], dispatch_at(ctx, g0, {"x": a})["y"]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, ref(a), rtol=1e-4, atol=1e-4)
+    assert g0.pipelines_created == len(pairs) * g.pipelines_created and g.pipelines_created <= 3
+    g.destroy()
+    g0.destroy()
+
+
+def test_epilogue_constants_of_a_static_layer_in_a_dynamic_graph(ctx, rng):
+    """A layer of fixed size with epilogue constants in a graph with dynamic dimensions (a
+    decoder's MLP beside its attention over the past): its constants sit in the dispatch's
+    blocks of immediate data like the dynamic kernels' sizes (the decode loops read garbage
+    when they did not)."""
+    from mltensor.dynamic.dims import MLDynamicDimension as D
+
+    w = rng.standard_normal((16, 32)).astype(np.float32) / 4
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 16])
+    p = b.input("p", data_type="float32", shape=[D("past", 40), 32])
+    y = b.mul(b.add(b.matmul(x, b.constant(w)), b.constant(data_type="float32", value=3.0)),
+              b.constant(data_type="float32", value=0.5))
+    g = b.build_sync({"y": y, "s": b.reduce_sum(b.add(p, y), axes=[0])})
+    assert any(k.consts for k in g._kernels)
+    xv = rng.standard_normal((1, 16)).astype(np.float32)
+    for n in (1, 7, 40):
+        pv = rng.standard_normal((n, 32)).astype(np.float32)
+        got = dispatch_at(ctx, g, {"x": xv, "p": pv})
+        yv = (xv.astype(np.float64) @ w + 3.0) * 0.5
+        np.testing.assert_allclose(got["y"], yv, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["s"], (pv + yv).sum(axis=0), rtol=1e-4, atol=1e-4)
+    g.destroy()

@@ -7,13 +7,15 @@ a buffer is reused as soon as the last launch reading its previous value has bee
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
-from ..dynamic.kernels import SizeParams, concrete_groups, derived_enabled, is_dynamic, params_enabled, room
+from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, is_dynamic, params_enabled, room
 from ..ops import OPS
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, loop_capped, loop_guard
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, loop_capped, loop_guard
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +50,9 @@ def compute_nbytes(v, f16=False):
     return dtypes.compute_itemsize(v.data_type, f16) * high(math.prod(v.shape))
 
 
+# immediate words a fused epilogue's float constants may take (KernelContext.epilogue_const)
+CONST_ROOM = 8
+
 class KernelContext:
     """What an operator's lowering sees: value types, launches, aliases, scratch, epilogues.
 
@@ -79,7 +84,12 @@ class KernelContext:
         # room for dynamic kernels' derived sizes (Kernel.with_dims; MLTENSOR_NO_DERIVED_SIZES=1:
         # only the dimensions) and for launch parameters
         self.imm_room = room(device) if derived_enabled() else 0
-        self.param_room = room(device) if params_enabled() else 0
+        # fused epilogues' float constants as immediates too (epilogue_const: layers that differ
+        # only in them, PP-OCRv4's learnable scale and bias per block, share a pipeline), with
+        # room kept for them out of the launch parameters'
+        self.const_room = CONST_ROOM if params_enabled() and room(device) - len(self.dims) >= 16 else 0
+        self.param_room = room(device) - self.const_room if params_enabled() else 0
+        self._consts = []  # the current epilogue's constants (f32 bits), attached at launch
         self.tune_seconds = 0.0  # kernel autotuning of this build (runtime/autotune.py)
         self.tune_count = 0
 
@@ -121,7 +131,12 @@ class KernelContext:
         if iters is not None:
             node = self.step.node if self.step is not None else None
             self.check_loops(node.op if node is not None else kernel.name, iters)
-        if self.dims and kernel.reads_dims():
+        if self._consts and not kernel.consts and kernel.reads_consts():
+            kernel = replace(kernel, consts=tuple(self._consts))
+        if self.dims and (kernel.reads_dims() or kernel.consts):
+            # (in a graph with dynamic dimensions a dispatch's immediate data is blocks led by
+            # the dimensions: dynamic/kernels.py dims_blocks; a kernel with constants declares
+            # them too, unread, so that its block is laid out as every other)
             kernel = kernel.with_dims(self.dims, self.imm_room)
         if kernel.sizes:  # workgroup counts of launch parameters: this launch's values
             groups = concrete_groups(groups, {}) if is_dynamic(groups) else groups
@@ -139,13 +154,18 @@ class KernelContext:
 
         slots, out = {}, []
         for kern, args, groups in launches:
+            if self._consts and not kern.consts and kern.reads_consts():
+                kern = replace(kern, consts=tuple(self._consts))
             sizes = [(slots.setdefault(id(a), len(slots)),
                       a.nbytes if isinstance(a, Scratch) else self.nbytes(self.root(a))) for a in args]
             if values is None:
-                out.append((kern, sizes, groups))
+                if kern.consts:  # (its immediates: launch parameters, then the epilogue's constants)
+                    out.append((kern, sizes, groups, np.array(kern.sizes + kern.consts, dtype=np.uint32)))
+                else:
+                    out.append((kern, sizes, groups))
                 continue
             imm = None
-            if self.dims and kern.reads_dims():
+            if self.dims and (kern.reads_dims() or kern.consts):
                 kern = kern.with_dims(self.dims, self.imm_room)
                 imm = words(kern, values)
             out.append((kern, sizes, concrete_groups(groups, values), imm))
@@ -311,7 +331,21 @@ class KernelContext:
             bindings.insert(len(bindings) - 1, Binding(f"e{k}", self.wtype(v)))
             pad = step.views.get(id(v))  # a constant pad read through: bind its input
             args.insert(len(args) - 1, v if pad is None else pad.inputs[0])
+        self._consts = []
         return epilogue_fn(self, step, extra, self.wtype(step.outputs[0]))
+
+    def epilogue_const(self, value, wtype):
+        """WGSL of a float scalar constant of the current epilogue: a field of the kernel's
+        immediate data (`dims.c<k>`, its f32 bits; Kernel.consts, attached by launch) where there
+        is room, else a literal (f16 values, build-time prologues, which set no immediates)."""
+        if wtype != "f32" or self._prologue or not self.const_room:
+            return lit(value, wtype)
+        bits = int(np.float32(value).view(np.uint32))
+        if bits not in self._consts:
+            if len(self._consts) >= self.const_room:
+                return lit(value, wtype)
+            self._consts.append(bits)
+        return f"bitcast<f32>(dims.{const_field(self._consts.index(bits))})"
 
     def copy(self, src, dst):
         # 32-bit words, whatever the element type; an odd number of f16 elements rounds up into

@@ -33,11 +33,13 @@ FEATURE = "immediates"
 MAX_DIMS = 32  # 128 bytes of immediates (the smallest max-immediate-size seen: lavapipe)
 
 
-def declaration(names, n_params=0, n_derived=0):
+def declaration(names, n_params=0, n_derived=0, n_consts=0):
     """WGSL declaring the immediate struct for dimension names (sorted), then n_derived derived
-    sizes (dims.py hoisting), then n_params launch parameters (SizeParams)."""
+    sizes (dims.py hoisting), then n_params launch parameters (SizeParams), then n_consts
+    constants of a fused epilogue (f32 bits, `const_field`)."""
     fields = ", ".join([f"{field_name(n)}: u32" for n in names] + [f"{derived_field(k)}: u32" for k in range(n_derived)]
-                       + [f"{param_field(k)}: u32" for k in range(n_params)])
+                       + [f"{param_field(k)}: u32" for k in range(n_params)]
+                       + [f"{const_field(k)}: u32" for k in range(n_consts)])
     return f"struct Dims {{ {fields} }}\nvar<immediate> dims: Dims;\n"
 
 
@@ -92,11 +94,17 @@ def pack(names, values):
     return np.array([values[n] for n in names], dtype=np.uint32)
 
 
+def const_field(slot):
+    """The WGSL struct field holding a fused epilogue's scalar constant `slot` (its f32 bits:
+    lower.KernelContext.epilogue_const)."""
+    return f"c{slot}"
+
+
 def words(kernel, values):
     """The immediate words of one kernel reading dynamic dimensions, for {name: size}: the
     dimensions' sizes, then its derived sizes' values."""
-    return np.array([values[n] for n in kernel.dims] + [evaluate(x, values) for x in kernel.derived],
-                    dtype=np.uint32)
+    return np.array([values[n] for n in kernel.dims] + [evaluate(x, values) for x in kernel.derived]
+                    + list(kernel.consts), dtype=np.uint32)
 
 
 def check_device(device, names, where="build"):
@@ -114,17 +122,23 @@ def check_device(device, names, where="build"):
 def dims_blocks(kernels):
     """The blocks of a dispatch's immediate data in a graph with dynamic dimensions: block 0 the
     dimensions' sizes (kernels without derived sizes), then one per distinct list of derived
-    sizes (Kernel.derived): the dimensions' sizes followed by those. ({derived keys: byte
-    offset}, the derived lists in block order: DynamicPlan.set_blocks.)"""
+    sizes (Kernel.derived) and epilogue constants (Kernel.consts): the dimensions' sizes followed
+    by those. ({block_key: byte offset}, (derived, consts) in block order: DynamicPlan.set_blocks.)"""
     n = next((len(k.dims) for k in kernels if k.dims), 0)
-    offsets, lists, at = {(): 0}, [], 4 * n
+    offsets, lists, at = {((), ()): 0}, [], 4 * n
     for k in kernels:
-        key = tuple(x.key for x in k.derived)
+        key = block_key(k)
         if k.dims and key not in offsets:
             offsets[key] = at
-            lists.append(k.derived)
-            at += 4 * (n + len(k.derived))
+            lists.append((k.derived, k.consts))
+            at += 4 * (n + len(k.derived) + len(k.consts))
     return offsets, lists
+
+
+def block_key(kernel):
+    """What a kernel's block of a dispatch's immediate data holds after the dimensions: its
+    derived sizes and its epilogue's constants."""
+    return tuple(x.key for x in kernel.derived), kernel.consts
 
 
 def immediates_layout(kernels, blocks=None):
@@ -144,18 +158,20 @@ def immediates_layout(kernels, blocks=None):
     rows, at, words, prev = [], [], [], None
     for k in kernels:
         size = k.immediates()
-        row = (k.key, "dims" if k.dims else k.sizes)
+        # (consecutive launches of one kernel keep its immediates unless their values differ:
+        # launch parameters, or an epilogue's constants)
+        row = (k.key, ("dims", k.consts) if k.dims else k.sizes + k.consts)
         if not size:
             rows.append((0, 0))
         elif k.dims:
             if k.sizes:
                 raise NotSupportedError(f"[build] kernel {k.name} reads dynamic dimensions and launch parameters")
-            rows.append((blocks[tuple(x.key for x in k.derived)], size))
+            rows.append((blocks[block_key(k)], size))
         elif row == prev:
             rows.append(rows[-1])
         else:
             rows.append((4 * len(words), size))
-            words.extend(k.sizes)
+            words.extend(k.sizes + k.consts)
         at.append((0, 0) if row == prev else rows[-1])
         prev = row
     return rows, at, np.array(words or [0], dtype=np.uint32)

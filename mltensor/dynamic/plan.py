@@ -33,15 +33,17 @@ class DynamicPlan:
         self._imm_fn = lambda values: pack(self.names, values)
 
     def set_blocks(self, lists):
-        """The derived sizes of the graph's kernels, a list per block of the immediate data after
-        the first (dynamic/kernels.py dims_blocks): each block the dimensions' sizes, then those
-        expressions' values, computed by one compiled function per dispatch's sizes."""
+        """The derived sizes and epilogue constants of the graph's kernels, (derived, consts) per
+        block of the immediate data after the first (dynamic/kernels.py dims_blocks): each block
+        the dimensions' sizes, then those expressions' values, then the constants, computed by
+        one compiled function per dispatch's sizes."""
         self._cache.clear()
         if not lists:
             self._imm_fn = lambda values: pack(self.names, values)
             return
         dims, cse = ", ".join(_var(n) for n in self.names), PyCSE()
-        parts = [dims] + [dims + "".join(f", {cse.sym(x)}" for x in d) for d in lists]
+        parts = [dims] + [dims + "".join(f", {cse.sym(x)}" for x in d) + "".join(f", {c}" for c in consts)
+                          for d, consts in lists]
         src = f"def f({dims}):\n" + cse.text() + "    return [" + ", ".join(parts) + "]\n"
         env = {"min": min, "max": max}
         exec(compile(src, "<dynamic derived sizes>", "exec"), env)

@@ -21,7 +21,7 @@ from .. import dtypes
 from ..compiler.lower import Ext
 from ..runtime.wgsl import source_of
 
-FORMAT = 4  # 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); an older entry is a miss
+FORMAT = 5  # 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); an older entry is a miss
 _READ_CHUNK = 64 << 20
 
 

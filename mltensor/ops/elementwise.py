@@ -494,7 +494,7 @@ def epilogue_fn(kc, step, extra, wtype):
     for n in step.epilogue:  # float scalar constants: literals (epilogue_operands leaves them out)
         for v in n.inputs:
             if v is not None and id(v) not in names and inline_scalar(v) is not None:
-                names[id(v)] = lit(inline_scalar(v), kc.wtype(v))
+                names[id(v)] = kc.epilogue_const(inline_scalar(v), kc.wtype(v))
     views = []
     for k, v in enumerate(extra):
         pad = step.views.get(id(v))

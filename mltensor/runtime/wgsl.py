@@ -316,6 +316,7 @@ class Kernel:
     bindings: tuple
     dims: tuple = ()
     sizes: tuple = ()
+    consts: tuple = ()
     hoist: int = 0
     derived: tuple = ()
     key: tuple = field(init=False)
@@ -324,21 +325,30 @@ class Kernel:
     def __post_init__(self):
         self.bindings = tuple(self.bindings)
         self.sizes = tuple(self.sizes)
-        # (derived: a function of the rest, so no part of the key)
-        self.key = (self.template, _freeze(self.params), self.bindings, self.dims, len(self.sizes), self.hoist)
+        self.consts = tuple(self.consts)
+        # (derived: a function of the rest, so no part of the key; sizes and consts: their
+        # number, each launch its own values)
+        self.key = (self.template, _freeze(self.params), self.bindings, self.dims, len(self.sizes),
+                    len(self.consts), self.hoist)
 
     def immediates(self):
         """Bytes of immediate data the kernel declares (its dimensions', derived sizes', then its
         parameters')."""
-        return 4 * (len(self.dims) + len(self.derived) + len(self.sizes))
+        return 4 * (len(self.dims) + len(self.derived) + len(self.sizes) + len(self.consts))
 
     def with_dims(self, dims, room):
         """This kernel reading the graph's dynamic dimensions `dims` (sorted names), with up to
         room - len(dims) derived sizes: rendered once here to find them (the source is kept for
         its compile)."""
-        k = replace(self, dims=tuple(dims), hoist=max(0, room - len(dims) - len(self.sizes)), derived=())
+        k = replace(self, dims=tuple(dims), hoist=max(0, room - len(dims) - len(self.sizes) - len(self.consts)),
+                    derived=())
         k.source()
         return k
+
+    def reads_consts(self):
+        """Some parameter reads a fused epilogue's constant from the immediate data (`dims.c`,
+        KernelContext.epilogue_const)."""
+        return any("dims.c" in v for v in _strings(self.params))
 
     def reads_dims(self):
         """Some parameter renders a dynamic dimension read at dispatch (`dims.d_` in the WGSL it
@@ -354,7 +364,7 @@ class Kernel:
             f"{b.name}: array<{b.elem}>;"
             for i, b in enumerate(self.bindings)
         )
-        if self.dims or self.sizes:
+        if self.dims or self.sizes or self.consts:
             decls += "\n" + _DECL_MARK  # (the declaration once the derived sizes are known)
         # (kernels reading dynamic dimensions mostly divide by them: common.wgsl's div_fast is in
         # their first rendering, which spares most of them a second one)
@@ -370,10 +380,11 @@ class Kernel:
                 flags = {k: v or bool(pre.get(k)) for k, v in flags.items()}
                 src = untag(template.render(bindings=decls, **flags, **self.params), h)
         self.derived = h.syms
-        if self.dims or self.sizes:
+        if self.dims or self.sizes or self.consts:
             from ..dynamic.kernels import declaration
 
-            src = src.replace(_DECL_MARK, declaration(self.dims, len(self.sizes), len(self.derived)), 1)
+            src = src.replace(_DECL_MARK, declaration(self.dims, len(self.sizes), len(self.derived),
+                                                      len(self.consts)), 1)
         if flags["f16"]:
             src = "enable f16;\n" + src
         if self.dims:  # (its derived sizes laid out the graph's immediates: rendered once)
