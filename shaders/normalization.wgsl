@@ -62,6 +62,18 @@ fn affine(y: f32, p: u32) -> f32 {
     return r;
 }
 
+{$ macro apply(k_from, k_to, lane="lid", step="WG") $}
+    // elements [k_from, k_to) of group o normalized (the residual sum kept too where it is a
+    // value), each thread from k_from + lane in steps of `step` (one thread per group: 0u, 1u)
+    for (var k = {{ k_from }} + {{ lane }}; k < {{ k_to }}; k += {{ step }}) {
+        let i = b + off(k);
+{$ if xout $}
+        xs[i] = x_at(i);
+{$ endif $}
+        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
+    }
+{$ endmacro $}
+
 {$ macro thread_body() $}
     let b = base(o);
 {$ if rms $}
@@ -76,14 +88,7 @@ fn affine(y: f32, p: u32) -> f32 {
     for (var k = 0u; k < K; k++) { let d = f32(x_at(b + off(k))) - mean; v += d * d; }
     let den = sqrt(v / f32(K) + eps());
 {$ endif $}
-    for (var k = 0u; k < K; k++) {
-        let i = b + off(k);
-{$ if xout $}
-        xs[i] = x_at(i);
-{$ endif $}
-        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
-    }
-{$ endmacro $}
+{{ apply("0u", "K", "0u", "1u") }}{$ endmacro $}
 {$ if mode == "batch" $}
 {{ main_1d(N) }}
     let c = {{ cidx }};
@@ -122,16 +127,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
   {$ endif $}
-{$ macro apply(k_from, k_to) $}
-    // elements [k_from, k_to) of group o normalized (the residual sum kept too where it is a value)
-    for (var k = {{ k_from }} + lid; k < {{ k_to }}; k += WG) {
-        let i = b + off(k);
-{$ if xout $}
-        xs[i] = x_at(i);
-{$ endif $}
-        dst[i] = act({{ ST }}(affine({{ normed }}, pidx(o, k))), i);
-    }
-{$ endmacro $}
 {$ if mode in ("norm_stats", "norm_apply") $}
     // split path: workgroup g takes chunk c of group o, elements [k0, k1)
     let g = wid.y * nwg.x + wid.x;

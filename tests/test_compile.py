@@ -74,6 +74,20 @@ def test_threads_setting_is_validated(monkeypatch):
     assert C.threads() == 1
 
 
+def _two_processes(script, tmp_path):
+    """The outputs of `script` run in two fresh processes, one after the other, on caches that
+    start empty under tmp_path (2 compile threads, Mesa's disk cache on)."""
+    env = dict(os.environ, MLTENSOR_CACHE=str(tmp_path), MLTENSOR_COMPILE_THREADS="2",
+               MESA_SHADER_CACHE_DIR=str(tmp_path / "mesa"))
+    env.pop("MESA_SHADER_CACHE_DISABLE", None)
+    out = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out.append(r.stdout)
+    return out
+
+
 def test_cpu_warm_up_remembers_compiled_kernels(tmp_path):
     """In a fresh process (nothing compiled in it), a CPU adapter's build records the kernels its
     driver compiled; a second process finds them all recorded and warms nothing up."""
@@ -105,17 +119,11 @@ def test_cpu_warm_up_remembers_compiled_kernels(tmp_path):
         assert np.allclose(got, np.exp(3.5)), got[:4]
         print("warmed", len(calls))
     """)
-    env = dict(os.environ, MLTENSOR_CACHE=str(tmp_path), MLTENSOR_COMPILE_THREADS="2",
-               MESA_SHADER_CACHE_DIR=str(tmp_path / "mesa"))
-    env.pop("MESA_SHADER_CACHE_DISABLE", None)
-    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
-    assert "warmed 1" in first.stdout
+    first, second = _two_processes(script, tmp_path)
+    assert "warmed 1" in first
     (index,) = glob.glob(str(tmp_path / "compiled" / "*.txt"))
     assert len(open(index).read().split()) >= 8
-    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr
-    assert "warmed 0" in second.stdout
+    assert "warmed 0" in second
 
 
 def test_cpu_warm_up_of_dynamic_kernels(tmp_path):
@@ -155,17 +163,11 @@ def test_cpu_warm_up_of_dynamic_kernels(tmp_path):
         assert ctx.read_tensor_sync(outs["y"]).shape == (1, 4, 1, 1)
         print("warmed", len(done), "with immediates", sum(1 for n in done if n))
     """)
-    env = dict(os.environ, MLTENSOR_CACHE=str(tmp_path), MLTENSOR_COMPILE_THREADS="2",
-               MESA_SHADER_CACHE_DIR=str(tmp_path / "mesa"))
-    env.pop("MESA_SHADER_CACHE_DISABLE", None)
-    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
-    words = first.stdout.split()
+    first, second = _two_processes(script, tmp_path)
+    words = first.split()
     n, imm = int(words[-4]), int(words[-1])
-    assert n >= 4 and imm >= 4, first.stdout
-    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr
-    assert "warmed 0" in second.stdout, second.stdout
+    assert n >= 4 and imm >= 4, first
+    assert "warmed 0" in second, second
 
 
 def test_warm_up_order_starts_the_costliest():

@@ -280,8 +280,9 @@ _SESSION = textwrap.dedent("""
 """)
 
 
-def _run(env, *args):
-    r = subprocess.run([sys.executable, "-c", _SESSION, *map(str, args)], env=env, capture_output=True,
+def _run(env, *args, script=_SESSION):
+    """A script in a fresh process: the JSON of its last line."""
+    r = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True,
                        text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -502,10 +503,7 @@ _WARM = textwrap.dedent("""
 
 
 def _warm(env, *args):
-    r = subprocess.run([sys.executable, "-c", _WARM, *map(str, args)], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _run(env, *args, script=_WARM)
 
 
 def test_a_warm_process_neither_imports_onnx_nor_parses_the_model(cache, tmp_path, rng):
