@@ -83,12 +83,13 @@ class KernelContext:
         # launch parameters a kernel may declare (SizeParams; MLTENSOR_NO_SIZE_PARAMS=1: none)
         # room for dynamic kernels' derived sizes (Kernel.with_dims; MLTENSOR_NO_DERIVED_SIZES=1:
         # only the dimensions) and for launch parameters
-        self.imm_room = room(device) if derived_enabled() else 0
+        words = room(device)
+        self.imm_room = words if derived_enabled() else 0
         # fused epilogues' float constants as immediates too (epilogue_const: layers that differ
         # only in them, PP-OCRv4's learnable scale and bias per block, share a pipeline), with
         # room kept for them out of the launch parameters'
-        self.const_room = CONST_ROOM if params_enabled() and room(device) - len(self.dims) >= 16 else 0
-        self.param_room = room(device) - self.const_room if params_enabled() else 0
+        self.const_room = CONST_ROOM if params_enabled() and words - len(self.dims) >= 16 else 0
+        self.param_room = words - self.const_room if params_enabled() else 0
         self._consts = []  # the current epilogue's constants (f32 bits), attached at launch
         self.tune_seconds = 0.0  # kernel autotuning of this build (runtime/autotune.py)
         self.tune_count = 0
@@ -131,44 +132,47 @@ class KernelContext:
         if iters is not None:
             node = self.step.node if self.step is not None else None
             self.check_loops(node.op if node is not None else kernel.name, iters)
-        if self._consts and not kernel.consts and kernel.reads_consts():
-            kernel = replace(kernel, consts=tuple(self._consts))
-        if self.dims and (kernel.reads_dims() or kernel.consts):
-            # (in a graph with dynamic dimensions a dispatch's immediate data is blocks led by
-            # the dimensions: dynamic/kernels.py dims_blocks; a kernel with constants declares
-            # them too, unread, so that its block is laid out as every other)
-            kernel = kernel.with_dims(self.dims, self.imm_room)
+        kernel = self._immediate_form(kernel)
         if kernel.sizes:  # workgroup counts of launch parameters: this launch's values
             groups = concrete_groups(groups, {}) if is_dynamic(groups) else groups
         if not isinstance(groups, tuple):  # a Fold (dynamic/kernels.py) stays as it is
             groups = groups if hasattr(groups, "n") else tuple(groups)
         self.launches.append(Launch(kernel, list(args), groups, self._prologue))
 
+    def _immediate_form(self, kernel):
+        """The kernel as launched: with the current epilogue's constants where it reads them,
+        and with the graph's dynamic dimensions (and its derived sizes) where it reads those
+        or has constants (a dispatch's immediate data in such a graph is blocks led by the
+        dimensions: dynamic/kernels.py dims_blocks; the constants' kernel declares them too,
+        unread, so that its block is laid out as every other)."""
+        if self._consts and not kernel.consts and kernel.reads_consts():
+            kernel = replace(kernel, consts=tuple(self._consts))
+        if self.dims and (kernel.reads_dims() or kernel.consts):
+            kernel = kernel.with_dims(self.dims, self.imm_room)
+        return kernel
+
     def timing_form(self, launches, values=None):
-        """[(Kernel, args, groups)] not launched but timed by the autotuner, in
-        runtime/autotune.time_launches form: each argument as (slot, bytes) (the same object one
-        slot: bindings shared as in the graph); with dynamic dimensions `values` {name: size}
-        the sizes they are timed at (the kernels reading them get their immediate data, and
-        their workgroup counts for those sizes)."""
+        """[(Kernel, args, groups, immediate data or None)] not launched but timed by the
+        autotuner, in runtime/autotune.time_launches form: each argument as (slot, bytes) (the
+        same object one slot: bindings shared as in the graph), the kernels as launch makes them
+        (_immediate_form); with dynamic dimensions `values` {name: size} the sizes they are
+        timed at (the kernels reading them get their immediate data, and their workgroup counts
+        for those sizes)."""
         from ..dynamic.kernels import words
 
         slots, out = {}, []
         for kern, args, groups in launches:
-            if self._consts and not kern.consts and kern.reads_consts():
-                kern = replace(kern, consts=tuple(self._consts))
+            kern = self._immediate_form(kern)
             sizes = [(slots.setdefault(id(a), len(slots)),
                       a.nbytes if isinstance(a, Scratch) else self.nbytes(self.root(a))) for a in args]
-            if values is None:
-                if kern.consts:  # (its immediates: launch parameters, then the epilogue's constants)
-                    out.append((kern, sizes, groups, np.array(kern.sizes + kern.consts, dtype=np.uint32)))
-                else:
-                    out.append((kern, sizes, groups))
-                continue
+            # its immediate data: the dimensions' block (at 1 where only its epilogue's constants
+            # made it declare them), else launch parameters then constants
             imm = None
-            if self.dims and (kern.reads_dims() or kern.consts):
-                kern = kern.with_dims(self.dims, self.imm_room)
-                imm = words(kern, values)
-            out.append((kern, sizes, concrete_groups(groups, values), imm))
+            if kern.dims:
+                imm = words(kern, values if values is not None else dict.fromkeys(kern.dims, 1))
+            elif kern.sizes or kern.consts:
+                imm = np.array(kern.sizes + kern.consts, dtype=np.uint32)
+            out.append((kern, sizes, groups if values is None else concrete_groups(groups, values), imm))
         return out
 
     def check_loops(self, where, iters):

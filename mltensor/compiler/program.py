@@ -776,7 +776,7 @@ def _record_imm(tl, graph, tensors, data):
             size = imm0
             # (the first launch's: at offset 0, or its derived sizes' block, dims_blocks)
             off0 = rows[0][0]
-            ptr = data.imm_ptr if not off0 else _ffi.cast("void *", base + off0)
+            ptr = data.ptr(off0)
             if pipe != state[0]:
                 _set_pipeline(p, pipe)
                 if size:

@@ -395,12 +395,9 @@ class Sym:
         immediate data instead, its value computed by the host at dispatch."""
         h = getattr(_hoist, "table", None)
         if h is not None:
-            # (a common factor stays in the kernel's text: a stride or plane known to be a
-            # multiple of 16 lets the compiler keep what the inline expression let it know)
-            g = _factor(self)
-            slot = h.slot(self if g == 1 else exact_div(self, g))
-            if slot is not None:
-                return f"dims.{derived_field(slot)}" if g == 1 else f"({g}u * dims.{derived_field(slot)})"
+            field = h.field(self)
+            if field is not None:
+                return field
         elif not getattr(_hoist, "inline", False) and _compound(self):
             # rendered by a lowering into a text its kernel renders later (a condition, a
             # prologue function): marked, so that the kernel's rendering can make it a field
@@ -454,6 +451,16 @@ class _Hoisted:
         self.syms = []
         self.index = {}
 
+    def field(self, x):
+        """WGSL reading expression x from its field (None: no field), its common factor kept in
+        the text (a stride or plane known to be a multiple of 16 lets the compiler keep what the
+        inline expression let it know)."""
+        g = _factor(x)
+        slot = self.slot(x if g == 1 else exact_div(x, g))
+        if slot is None:
+            return None
+        return f"dims.{derived_field(slot)}" if g == 1 else f"({g}u * dims.{derived_field(slot)})"
+
     def slot(self, x):
         """The field of expression x, a new one while there is room; None: rendered inline (a bare
         dimension, a launch parameter's expression, one that may be negative or overflow)."""
@@ -473,8 +480,8 @@ def _factor(x):
 
 
 def _compound(x):
-    """A size a kernel may read as a derived field: over dimensions, more than one of them
-    bare, never negative, within u32."""
+    """A size a kernel may read as a derived field: an expression over dimensions beyond a bare
+    dimension (or launch parameter), never negative, within u32."""
     if len(x.terms) == 1:
         (m, c), = x.terms.items()
         if c == 1 and len(m) == 1 and m[0].kind in ("dim", "param"):
@@ -502,8 +509,8 @@ def untag(src, h):
         text = m.group(1)
         with _tags_lock:
             x = _tagged.get(text)
-        slot = None if x is None or h is None else h.table.slot(x)
-        return text if slot is None else f"dims.{derived_field(slot)}"
+        field = None if x is None or h is None else h.table.field(x)
+        return text if field is None else field
 
     return _TAG_RE.sub(one, src)
 

@@ -123,7 +123,7 @@ class LaunchData:
     skips (a sorted tuple, None when none is), `run` and `xyz` the counts of the others; `made`:
     the graph has created the pipelines of the others (compiler/program.py MLGraph._create)."""
 
-    __slots__ = ("imm", "xyz", "groups", "run", "off", "made", "imm_addr", "xyz_addr", "imm_ptr")
+    __slots__ = ("imm", "xyz", "groups", "run", "off", "made", "imm_addr", "xyz_addr", "imm_ptr", "ptrs")
 
     def __init__(self, imm, groups, off=None):
         from wgpu.backends.wgpu_native._ffi import ffi
@@ -141,6 +141,16 @@ class LaunchData:
         self.imm_addr = int(imm.ctypes.data)
         self.xyz_addr = int(self.xyz.ctypes.data)
         self.imm_ptr = ffi.cast("void *", self.imm_addr)  # for wgpu-native's own SetImmediates
+        self.ptrs = {0: self.imm_ptr}  # byte offset -> pointer (a block's: ptr())
+
+    def ptr(self, off):
+        """A pointer to the immediate bytes at `off` (made once per offset: dispatches reuse it)."""
+        p = self.ptrs.get(off)
+        if p is None:
+            from wgpu.backends.wgpu_native._ffi import ffi
+
+            p = self.ptrs[off] = ffi.cast("void *", self.imm_addr + off)
+        return p
 
 
 def _compile_binder(plan):

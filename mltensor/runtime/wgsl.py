@@ -308,7 +308,9 @@ class Kernel:
     one pipeline (and `name`, which may spell them, is no part of the key either). `hoist`:
     how many size expressions over the dimensions may become fields of their own (dims.py
     hoisting; set with `dims`); `derived`: those expressions, found by rendering (`with_dims`),
-    declared after the dimensions and evaluated by the host per dispatch."""
+    declared after the dimensions and evaluated by the host per dispatch. `consts`: the f32
+    bits of its fused epilogue's scalar constants (lower.KernelContext.epilogue_const),
+    declared last; like `sizes`, only their number is part of the key."""
 
     name: str
     template: str
