@@ -399,6 +399,35 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
     let wo{{ j }} = wg + (o0 + {{ j }}u) * {{ f_s[0] }}u;
 {$ endif $}
 {$ endfor $}
+{# the channel loop of one tap; wk: the tap's offset in the filter #}
+{$ macro taps(wk, pad) $}
+{{ pad }}let xb = xg + ih * {{ u(in_s[2]) }} + iw * {{ u(in_s[3]) }};
+{{ pad }}for (var ic = 0u; ic < {{ ICg }}u; ic = ic + 1u) {
+{{ pad }}    let xv = x_at(xb + ic * {{ u(in_s[1]) }}, g * {{ ICg }}u + ic);
+{{ pad }}    let wk = ic * {{ f_s[1] }}u + {{ wk }};
+{$ for j in range(OCB) $}
+{{ pad }}    acc{{ j }} = fma(xv, f32(w[wo{{ j }} + wk]), acc{{ j }});
+{$ endfor $}
+{{ pad }}}
+{$ endmacro $}
+{$ if tap_loop $}
+    // Transposed and undilated: output row oh reads kernel rows kh = oh + PT (mod SH) only
+    // (ih * SH = oh + PT - kh), so the loops visit those taps instead of testing all KH x KW
+    // (a stride-2 2x2 kernel: one in four). Unrolled, the tests and their KH x KW copies of the
+    // channel loop cost PP-OCR's head 70 ms of Mesa's NIR passes at every start and 1.2 s of
+    // LLVM on a fresh machine; on GPUs the threads of a row no longer diverge between taps.
+    let th0 = oh + {{ PT }}u;
+    let tw0 = ow + {{ PL }}u;
+    for (var kh = th0 % {{ SH }}u; kh < {{ KH }}u && kh <= th0; kh = kh + {{ SH }}u) {
+        let ih = (th0 - kh) / {{ SH }}u;
+        if (ih >= {{ u(IH) }}) { continue; }
+        for (var kw = tw0 % {{ SW }}u; kw < {{ KW }}u && kw <= tw0; kw = kw + {{ SW }}u) {
+            let iw = (tw0 - kw) / {{ SW }}u;
+            if (iw >= {{ u(IW) }}) { continue; }
+{{ taps("kh * %du + kw * %du" % (f_s[2], f_s[3]), "            ") }}
+        }
+    }
+{$ else $}
 {$ for kh in range(KH) $}
 {$ for kw in range(KW) $}
     {
@@ -416,18 +445,12 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
         let iw = u32(tw);
         if (th >= 0 && tw >= 0 && th < {{ IHi }} && tw < {{ IWi }}) {
 {$ endif $}
-            let xb = xg + ih * {{ u(in_s[2]) }} + iw * {{ u(in_s[3]) }};
-            for (var ic = 0u; ic < {{ ICg }}u; ic = ic + 1u) {
-                let xv = x_at(xb + ic * {{ u(in_s[1]) }}, g * {{ ICg }}u + ic);
-                let wk = ic * {{ f_s[1] }}u + {{ kh * f_s[2] + kw * f_s[3] }}u;
-{$ for j in range(OCB) $}
-                acc{{ j }} = fma(xv, f32(w[wo{{ j }} + wk]), acc{{ j }});
-{$ endfor $}
-            }
+{{ taps("%du" % (kh * f_s[2] + kw * f_s[3]), "            ") }}
         }
     }
 {$ endfor $}
 {$ endfor $}
+{$ endif $}
     let ob = n * {{ u(out_s[0]) }} + p * {{ u(out_s[3]) }};
 {$ for j in range(OCB) $}
     {

@@ -413,47 +413,64 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endif $}
     let m = m0 + ty * {{ RM }}u;
     let n = n0 + tx * {{ RN }}u;
+{$ if SPLIT > 1 $}
+    let pbase = {{ "ks" if grid3 else "(gi / " ~ sz.TILES ~ ")" }} * ({{ sz.BATCH }} * {{ sz.M }} * {{ sz.N }}) + bt * ({{ sz.M }} * {{ sz.N }});
+{$ endif $}
 {$ if fused_rms $}
     if (li < BM) { rowss[li] = rss; }
     workgroupBarrier();
+{$ endif $}
+    // The epilogue, one row of this thread's block per iteration: unrolled, its RM x RN inlined
+    // stores were half of a driver's front-end work on the kernel (Mesa's NIR passes: 13 -> 8 ms
+    // per tiled 1x1 convolution, paid again at every process start; LLVM's compile shrinks too).
+    // The trip count (rows inside M) is not a constant, so that no compiler unrolls it back. The
+    // row's accumulators are picked by a switch, not an array: they stay in registers.
+    let rows = select(0u, min({{ RM }}u, {{ sz.M }} - m), m < {{ sz.M }});
+    for (var i = 0u; i < rows; i = i + 1u) {
+{$ for j in range(RN // 4) $}
+        var r{{ j }}: vec4<f32>;
+{$ endfor $}
+        switch i {
 {$ for i in range(RM) $}
-    let rsc{{ i }} = rms_scale(rowss[ty * {{ RM }}u + {{ i }}u]);
+            {{ "default" if loop.last else "case %du" % i }}: {
+{$ for j in range(RN // 4) $}
+                r{{ j }} = acc{{ i }}_{{ j }};
+{$ endfor $}
+            }
+{$ endfor $}
+        }
+        let mi = m + i;
+{$ if fused_rms $}
+        let rsc = rms_scale(rowss[ty * {{ RM }}u + i]);
+{$ for j in range(RN // 4) $}
+        r{{ j }} = r{{ j }} * rsc;
 {$ endfor $}
 {$ endif $}
 {$ if SPLIT > 1 $}
-    // Raw partial sums of split gi / TILES; the reduction applies the epilogue.
-    let pbase = {{ "ks" if grid3 else "(gi / " ~ sz.TILES ~ ")" }} * ({{ sz.BATCH }} * {{ sz.M }} * {{ sz.N }}) + bt * ({{ sz.M }} * {{ sz.N }});
-{$ for i in range(RM) $}
+        // Raw partial sums of split gi / TILES; the reduction applies the epilogue.
 {$ for j in range(RN // 4) $}
 {$ for c in range(4) $}
-    if (m + {{ i }}u < {{ sz.M }} && n + {{ 4 * j + c }}u < {{ sz.N }}) {
-        part[pbase + (m + {{ i }}u) * {{ sz.N }} + n + {{ 4 * j + c }}u] = acc{{ i }}_{{ j }}.{{ "xyzw"[c] }};
-    }
-{$ endfor $}
+        if (mi < {{ sz.M }} && n + {{ 4 * j + c }}u < {{ sz.N }}) {
+            part[pbase + mi * {{ sz.N }} + n + {{ 4 * j + c }}u] = r{{ j }}.{{ "xyzw"[c] }};
+        }
 {$ endfor $}
 {$ endfor $}
 {$ elif fused_store and fused_w == 8 $}
-{$ for i in range(RM) $}
 {$ for j in range(0, RN // 4, 2) $}
-    store8(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}{{ " * rsc%d" % i if fused_rms else "" }}, acc{{ i }}_{{ j + 1 }}{{ " * rsc%d" % i if fused_rms else "" }});
-{$ endfor $}
+        store8(bt, mi, n + {{ 4 * j }}u, r{{ j }}, r{{ j + 1 }});
 {$ endfor $}
 {$ elif fused_store $}
-{$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
-    store4(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}{{ " * rsc%d" % i if fused_rms else "" }});
-{$ endfor $}
+        store4(bt, mi, n + {{ 4 * j }}u, r{{ j }});
 {$ endfor $}
 {$ else $}
-{$ for i in range(RM) $}
 {$ for j in range(RN // 4) $}
-    store(bt, m + {{ i }}u, n + {{ 4 * j }}u, acc{{ i }}_{{ j }}.x);
-    store(bt, m + {{ i }}u, n + {{ 4 * j + 1 }}u, acc{{ i }}_{{ j }}.y);
-    store(bt, m + {{ i }}u, n + {{ 4 * j + 2 }}u, acc{{ i }}_{{ j }}.z);
-    store(bt, m + {{ i }}u, n + {{ 4 * j + 3 }}u, acc{{ i }}_{{ j }}.w);
+{$ for c in range(4) $}
+        store(bt, mi, n + {{ 4 * j + c }}u, r{{ j }}.{{ "xyzw"[c] }});
 {$ endfor $}
 {$ endfor $}
 {$ endif $}
+    }
 {$ if post_ln $}
     }
     post_norm(bt, m0, li);

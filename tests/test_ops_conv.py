@@ -326,6 +326,26 @@ def test_conv_transpose2d_few_channels_direct(ctx, rng, input_layout, filter_lay
 
 
 @pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("kernel,strides,padding,output_padding,groups", [
+    ((2, 2), [2, 2], [0, 0, 0, 0], [0, 0], 1),   # one tap per output pixel
+    ((4, 4), [2, 2], [1, 1, 1, 1], [0, 0], 1),   # two taps per row and column, padded
+    ((3, 2), [2, 3], [2, 0, 1, 1], [1, 2], 2),   # odd sizes, output padding, groups
+    ((3, 3), [1, 1], [1, 1, 1, 1], [0, 0], 1),   # stride 1: every tap
+    ((1, 3), [3, 1], [0, 0, 2, 1], [2, 0], 1),   # stride larger than the kernel: gaps
+])
+def test_conv_transpose2d_direct_taps(ctx, rng, input_layout, kernel, strides, padding, output_padding, groups):
+    """The direct path's transposed tap loop (conv2d.wgsl `tap_loop`: only the kernel rows and
+    columns that land on an input pixel) against numpy, over strides, paddings and groups."""
+    fl = "ohwi" if input_layout == "nhwc" else "iohw"
+    ic = 6
+    got, ref = _run_conv(ctx, rng, (2, ic, 7, 5), (ic, 2 // groups if groups > 1 else 1, *kernel),
+                         transpose=True, input_layout=input_layout, filter_layout=fl, use_bias=True,
+                         strides=strides, padding=padding, output_padding=output_padding, groups=groups,
+                         expect_kernels=1)
+    _check(got, ref, np.float32)
+
+
+@pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("oc,groups", [(1, 1), (3, 1), (4, 2), (6, 3)])
 def test_conv2d_few_output_channels_direct(ctx, rng, input_layout, oc, groups):
     fl = "ohwi" if input_layout == "nhwc" else "oihw"

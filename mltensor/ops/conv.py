@@ -438,6 +438,7 @@ def _lower(kc, node, transposed):
         # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).
         total = groups * nb * oh * ow
         params.update(path="direct", OCB=ocg, ocb_n=1, check_oc=False, total=total,
+                      tap_loop=transposed and (dh, dw) == (1, 1) and pt >= 0 and pl >= 0,
                       M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=1, pointwise=False, ic_inner=False,
                       check_a=False, check_b=False, check_out=False)
         kc.launch(Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args,
