@@ -72,6 +72,19 @@ def test_huge_folded_shape_is_refused_not_allocated(ctx):
         InferenceSession(m, ctx)
 
 
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_name_not_utf8_is_data_error_at_construction(ctx, where, tmp_path, monkeypatch):
+    """protobuf gives a string field that is not UTF-8 as bytes: the session refuses the model
+    when it is built (it used to escape as a TypeError from the graph cache's JSON note)."""
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))
+    m = _model([helper.make_node("Relu", ["in_QQQQ"], ["out_RRRR"])],
+               [_vi("in_QQQQ", ["n", 3])], [_vi("out_RRRR", ["n", 3])])
+    bad = b"QQQQ" if where == "input" else b"RRRR"
+    blob = m.SerializeToString().replace(bad, b"\xff\xfe\xfd\xfc")
+    with pytest.raises(mltensor.DataError, match=rf"graph {where} has an invalid name"):
+        InferenceSession(blob, ctx)
+
+
 def test_unsupported_construct_is_not_supported_error(ctx):
     m = _model([helper.make_node("Relu", ["x"], ["y"], domain="com.example")],
                [_vi("x", [2])], [_vi("y", [2])])

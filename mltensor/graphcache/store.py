@@ -329,9 +329,11 @@ def _live(entries):
 
 def save_note(ctx, key, note):
     """A small JSON record beside the entries (InferenceSession's per-model facts)."""
-    d = _adapter_dir(ctx)
-    _write_atomic(os.path.join(d, _key_hash(key) + ".note"),
-                  json.dumps({"key": key, "code": code_digest(), "note": note}).encode())
+    try:
+        data = json.dumps({"key": key, "code": code_digest(), "note": note}).encode()
+    except (TypeError, ValueError):  # (bytes in it: an ONNX name that is not UTF-8, which
+        return                       # protobuf gives as bytes): no note, the model is read each time
+    _write_atomic(os.path.join(_adapter_dir(ctx), _key_hash(key) + ".note"), data)
 
 
 def load_note(ctx, key):

@@ -242,11 +242,21 @@ def symbolic_inputs(model):
     return shapes, params
 
 
+def check_io_names(g):
+    """The graph's inputs and outputs are named by non-empty text (a name that is not UTF-8 comes
+    out of protobuf as bytes; nothing could feed or fetch it)."""
+    for what, vals in (("input", g.input), ("output", g.output)):
+        for vi in vals:
+            if not isinstance(vi.name, str) or not vi.name:
+                raise DataError(f"[onnx] graph: a graph {what} has an invalid name {vi.name!r}")
+
+
 def io_description(model):
     """What InferenceSession describes the model by, as plain data (JSON, for the graph cache's
     note: graphcache/sessions.py): {"shapes", "params"} of symbolic_inputs, "inputs": [name, ONNX
     element type] of those inputs in model order, "outputs": [name, element type, dims], a dim
     being its dim_value (int) or its dim_param (str, "" when it has neither)."""
+    check_io_names(model.graph)
     shapes, params = symbolic_inputs(model)
     inputs = [[vi.name, vi.type.tensor_type.elem_type] for vi in model.graph.input if vi.name in shapes]
     outputs = []
@@ -416,10 +426,7 @@ class Importer:
         for sp in g.sparse_initializer:
             self.fail("sparse initializers are not supported")
 
-        for what, vals in (("input", g.input), ("output", g.output)):
-            for vi in vals:
-                if not isinstance(vi.name, str) or not vi.name:
-                    self.malformed(f"a graph {what} has an invalid name {vi.name!r}")
+        check_io_names(g)
         shapes, params = symbolic_inputs(m)
         inputs = []
         for vi in g.input:
