@@ -326,22 +326,40 @@ def test_conv_transpose2d_few_channels_direct(ctx, rng, input_layout, filter_lay
 
 
 @pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("kernel,strides,padding,output_padding,groups", [
-    ((2, 2), [2, 2], [0, 0, 0, 0], [0, 0], 1),   # one tap per output pixel
-    ((4, 4), [2, 2], [1, 1, 1, 1], [0, 0], 1),   # two taps per row and column, padded
-    ((3, 2), [2, 3], [2, 0, 1, 1], [1, 2], 2),   # odd sizes, output padding, groups
-    ((3, 3), [1, 1], [1, 1, 1, 1], [0, 0], 1),   # stride 1: every tap
-    ((1, 3), [3, 1], [0, 0, 2, 1], [2, 0], 1),   # stride larger than the kernel: gaps
+@pytest.mark.parametrize("kernel,strides,padding,output_padding,groups,dilations", [
+    ((2, 2), [2, 2], [0, 0, 0, 0], [0, 0], 1, [1, 1]),   # one tap per output pixel
+    ((4, 4), [2, 2], [1, 1, 1, 1], [0, 0], 1, [1, 1]),   # two taps per row and column, padded
+    ((3, 2), [2, 3], [2, 0, 1, 1], [1, 2], 2, [1, 1]),   # odd sizes, output padding, groups
+    ((3, 3), [1, 1], [1, 1, 1, 1], [0, 0], 1, [1, 1]),   # stride 1: every tap
+    ((1, 3), [3, 1], [0, 0, 2, 1], [2, 0], 1, [1, 1]),   # stride larger than the kernel: gaps
+    ((3, 2), [2, 2], [1, 0, 0, 1], [1, 0], 1, [2, 1]),   # dilated: every tap tested
 ])
-def test_conv_transpose2d_direct_taps(ctx, rng, input_layout, kernel, strides, padding, output_padding, groups):
-    """The direct path's transposed tap loop (conv2d.wgsl `tap_loop`: only the kernel rows and
-    columns that land on an input pixel) against numpy, over strides, paddings and groups."""
+def test_conv_transpose2d_direct_taps(ctx, rng, input_layout, kernel, strides, padding, output_padding, groups,
+                                      dilations):
+    """The direct path's transposed tap loops (conv2d.wgsl: `stride_taps`, only the kernel rows
+    and columns that land on an input pixel, where undilated) against numpy, over strides,
+    paddings, dilations and groups."""
     fl = "ohwi" if input_layout == "nhwc" else "iohw"
     ic = 6
     got, ref = _run_conv(ctx, rng, (2, ic, 7, 5), (ic, 2 // groups if groups > 1 else 1, *kernel),
                          transpose=True, input_layout=input_layout, filter_layout=fl, use_bias=True,
                          strides=strides, padding=padding, output_padding=output_padding, groups=groups,
-                         expect_kernels=1)
+                         dilations=dilations, expect_kernels=1)
+    _check(got, ref, np.float32)
+
+
+@pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("kernel,strides,padding,dilations", [
+    ((3, 3), [3, 3], [0, 0, 0, 0], [1, 1]),   # a landmark head: windows side by side
+    ((5, 5), [1, 1], [2, 2, 2, 2], [1, 1]),   # padded: edge taps tested away
+    ((3, 3), [2, 1], [1, 2, 0, 3], [2, 3]),   # dilated, uneven padding
+])
+def test_conv2d_direct_taps(ctx, rng, input_layout, kernel, strides, padding, dilations):
+    """The direct path's loops over the window's taps (conv2d.wgsl) against numpy."""
+    fl = "ohwi" if input_layout == "nhwc" else "oihw"
+    got, ref = _run_conv(ctx, rng, (2, 32, 11, 10), (1, 32, *kernel), input_layout=input_layout,
+                         filter_layout=fl, use_bias=True, strides=strides, padding=padding,
+                         dilations=dilations, expect_kernels=1)
     _check(got, ref, np.float32)
 
 

@@ -432,13 +432,13 @@ def _lower(kc, node, transposed):
         return
     # (the direct kernel unrolls the window and loops over the group's input channels: where that
     # passes llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, the GEMM path splits K instead)
-    if ocg < 4 and not dwp and kh * kw * (high(icg) + 1) + 16 <= LOOP_BUDGET:
+    if ocg < 4 and not dwp and kh * kw * (high(icg) + 1) + kh + 16 <= LOOP_BUDGET:
         # Few output channels (a segmentation head, the last upsampling): GEMM tiles would be
         # mostly padding, so one thread per output pixel computes its ocg channels directly
         # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).
         total = groups * nb * oh * ow
         params.update(path="direct", OCB=ocg, ocb_n=1, check_oc=False, total=total,
-                      tap_loop=transposed and (dh, dw) == (1, 1) and pt >= 0 and pl >= 0,
+                      stride_taps=transposed and (dh, dw) == (1, 1) and pt >= 0 and pl >= 0,
                       M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=1, pointwise=False, ic_inner=False,
                       check_a=False, check_b=False, check_out=False)
         kc.launch(Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args,
