@@ -430,8 +430,8 @@ def _lower(kc, node, transposed):
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
                   _grid(cdiv(total, WORKGROUP), op))
         return
-    # (the direct kernel unrolls the window and loops over the group's input channels: where that
-    # passes llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, the GEMM path splits K instead)
+    # (the direct kernel loops over the window's rows, taps and the group's input channels: where
+    # that passes llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, the GEMM path splits K instead)
     if ocg < 4 and not dwp and kh * kw * (high(icg) + 1) + kh + 16 <= LOOP_BUDGET:
         # Few output channels (a segmentation head, the last upsampling): GEMM tiles would be
         # mostly padding, so one thread per output pixel computes its ocg channels directly
