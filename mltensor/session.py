@@ -372,7 +372,7 @@ class InferenceSession:
             return
         if FEATURE not in self._ctx.device.features:
             if dynamic:
-                from .errors import DataError, NotSupportedError
+                from .errors import NotSupportedError
 
                 raise NotSupportedError(f"[InferenceSession] dynamic=True needs the adapter feature '{FEATURE}'")
             self._static_reason = f"the adapter lacks the '{FEATURE}' feature"

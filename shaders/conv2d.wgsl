@@ -431,26 +431,19 @@ const OCBN = {{ ocb_n }}u;      // channel blocks per group
     // tested block per tap, the copies cost face_landmark's 3x3 stride-3 head (32 channels)
     // 0.23 s of Mesa's NIR passes at every start and 1.8 s of LLVM on a fresh machine, and
     // PP-OCR's 2x2 transposed head 70 ms and 1.2 s.
+{# kernel row (a = "h") or column ("w") k{a} of output o{a}: input i{a}, or the next tap #}
+{$ macro tap(a, P, S, D, I, Ii, pad) $}
+{$ if transposed $}
+{{ pad }}let t{{ a }} = i32(o{{ a }}) + {{ P }} - i32(k{{ a }} * {{ D }}u);
+{{ pad }}let i{{ a }} = u32(t{{ a }}) / {{ S }}u;
+{{ pad }}if (t{{ a }} < 0 || i{{ a }} * {{ S }}u != u32(t{{ a }}) || i{{ a }} >= {{ u(I) }}) { continue; }{$ else $}
+{{ pad }}let t{{ a }} = i32(o{{ a }} * {{ S }}u + k{{ a }} * {{ D }}u) - {{ P }};
+{{ pad }}if (t{{ a }} < 0 || t{{ a }} >= {{ Ii }}) { continue; }
+{{ pad }}let i{{ a }} = u32(t{{ a }});{$ endif $}{$ endmacro $}
     for (var kh = 0u; kh < {{ KH }}u; kh = kh + 1u) {
-{$ if transposed $}
-        let th = i32(oh) + {{ PT }} - i32(kh * {{ DH }}u);
-        let ih = u32(th) / {{ SH }}u;
-        if (th < 0 || ih * {{ SH }}u != u32(th) || ih >= {{ u(IH) }}) { continue; }
-{$ else $}
-        let th = i32(oh * {{ SH }}u + kh * {{ DH }}u) - {{ PT }};
-        if (th < 0 || th >= {{ IHi }}) { continue; }
-        let ih = u32(th);
-{$ endif $}
+{{ tap("h", PT, SH, DH, IH, IHi, "        ") }}
         for (var kw = 0u; kw < {{ KW }}u; kw = kw + 1u) {
-{$ if transposed $}
-            let tw = i32(ow) + {{ PL }} - i32(kw * {{ DW }}u);
-            let iw = u32(tw) / {{ SW }}u;
-            if (tw < 0 || iw * {{ SW }}u != u32(tw) || iw >= {{ u(IW) }}) { continue; }
-{$ else $}
-            let tw = i32(ow * {{ SW }}u + kw * {{ DW }}u) - {{ PL }};
-            if (tw < 0 || tw >= {{ IWi }}) { continue; }
-            let iw = u32(tw);
-{$ endif $}
+{{ tap("w", PL, SW, DW, IW, IWi, "            ") }}
 {{ taps("kh * %du + kw * %du" % (f_s[2], f_s[3]), "            ") }}
         }
     }

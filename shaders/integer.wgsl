@@ -224,23 +224,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     }
     let m = m0 + ty * {{ RM }}u;
     let n = n0 + tx * {{ RN }}u;
-    // One row of the thread's block per iteration, its accumulators picked by a switch; the
-    // trip count is not a constant, so no compiler unrolls it back (matmul.wgsl's tiled
-    // epilogue: unrolled, the inlined stores were half a driver front end's work on a kernel).
-    let rows = select(0u, min({{ RM }}u, {{ sz.M }} - m), m < {{ sz.M }});
-    for (var i = 0u; i < rows; i = i + 1u) {
-{$ for j in range(RN // 4) $}
-        var r{{ j }}: vec4<i32>;
-{$ endfor $}
-        switch i {
-{$ for i in range(RM) $}
-            {{ "default" if loop.last else "case %du" % i }}: {
-{$ for j in range(RN // 4) $}
-                r{{ j }} = acc{{ i }}_{{ j }};
-{$ endfor $}
-            }
-{$ endfor $}
-        }
+    // (gemm_rows.wgsl: the epilogue a row per iteration, a loop no compiler unrolls)
+{$ from "gemm_rows.wgsl" import row_loop $}
+{$ call row_loop(RM, RN, "i32", sz.M) $}
 {$ for j in range(RN // 4) $}
 {$ for c in range(4) $}
 {$ if SPLIT > 1 $}
@@ -250,6 +236,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 {$ endif $}
 {$ endfor $}
 {$ endfor $}
-    }
+{$ endcall $}
 }
 {$ endif $}

@@ -420,25 +420,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (li < BM) { rowss[li] = rss; }
     workgroupBarrier();
 {$ endif $}
-    // The epilogue, one row of this thread's block per iteration: unrolled, its RM x RN inlined
-    // stores were half of a driver's front-end work on the kernel (Mesa's NIR passes: 13 -> 8 ms
-    // per tiled 1x1 convolution, paid again at every process start; LLVM's compile shrinks too).
-    // The trip count (rows inside M) is not a constant, so that no compiler unrolls it back. The
-    // row's accumulators are picked by a switch, not an array: they stay in registers.
-    let rows = select(0u, min({{ RM }}u, {{ sz.M }} - m), m < {{ sz.M }});
-    for (var i = 0u; i < rows; i = i + 1u) {
-{$ for j in range(RN // 4) $}
-        var r{{ j }}: vec4<f32>;
-{$ endfor $}
-        switch i {
-{$ for i in range(RM) $}
-            {{ "default" if loop.last else "case %du" % i }}: {
-{$ for j in range(RN // 4) $}
-                r{{ j }} = acc{{ i }}_{{ j }};
-{$ endfor $}
-            }
-{$ endfor $}
-        }
+{$ from "gemm_rows.wgsl" import row_loop $}
+{$ call row_loop(RM, RN, "f32", sz.M) $}
         let mi = m + i;
 {$ if fused_rms $}
         let rsc = rms_scale(rowss[ty * {{ RM }}u + i]);
@@ -470,7 +453,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
 {$ endfor $}
 {$ endif $}
-    }
+{$ endcall $}
 {$ if post_ln $}
     }
     post_norm(bt, m0, li);

@@ -85,6 +85,17 @@ def test_name_not_utf8_is_data_error_at_construction(ctx, where, tmp_path, monke
         InferenceSession(blob, ctx)
 
 
+def test_dim_param_not_utf8_still_runs(ctx, tmp_path, monkeypatch):
+    """A symbolic dimension whose name is not UTF-8 (bytes from protobuf) names nothing a user
+    feeds: the session runs, only without the graph cache's JSON description note."""
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["QQQQ", 3])], [_vi("y", ["QQQQ", 3])])
+    blob = m.SerializeToString().replace(b"QQQQ", b"\xff\xfe\xfd\xfc")
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    (y,) = InferenceSession(blob, ctx).run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
 def test_unsupported_construct_is_not_supported_error(ctx):
     m = _model([helper.make_node("Relu", ["x"], ["y"], domain="com.example")],
                [_vi("x", [2])], [_vi("y", [2])])

@@ -19,7 +19,6 @@ offset. MLTENSOR_NO_PLACEMENT=1 (or MLTENSOR_NO_FUSION=1) turns it off for compa
 import os
 import weakref
 
-import numpy as np
 import wgpu
 from wgpu.backends.wgpu_native._ffi import ffi as _ffi
 from wgpu.backends.wgpu_native._ffi import lib as _lib

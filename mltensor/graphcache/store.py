@@ -331,8 +331,8 @@ def save_note(ctx, key, note):
     """A small JSON record beside the entries (InferenceSession's per-model facts)."""
     try:
         data = json.dumps({"key": key, "code": code_digest(), "note": note}).encode()
-    except (TypeError, ValueError):  # (bytes in it: an ONNX name that is not UTF-8, which
-        return                       # protobuf gives as bytes): no note, the model is read each time
+    except (TypeError, ValueError):  # (bytes in it: an ONNX string that is not UTF-8, such as a
+        return                       # dim_param, which protobuf gives as bytes): no note
     _write_atomic(os.path.join(_adapter_dir(ctx), _key_hash(key) + ".note"), data)
 
 
