@@ -88,7 +88,7 @@ def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=(), counted=None)
     if reason is None and im._top_index is None:
         reason = "inside a Loop, Scan or If body"
     if reason is not None:  # (not the importer's fail(): no list of supported operators here)
-        from ..onnx.importer import UnsupportedError
+        from ..onnx.errors import UnsupportedError
 
         n = im.node
         where = f"node {n.name or '(unnamed)'!r} ({n.op_type})" if n is not None else "model"
@@ -97,7 +97,7 @@ def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=(), counted=None)
     for v in read:
         n = int(np.prod(v.shape))
         if n > MAX_READ_ELEMENTS:
-            from ..onnx.ops import unsupported
+            from ..onnx.errors import unsupported
 
             unsupported(f"{what} is computed at run time and has {n} elements; a value read back to decide a "
                         f"shape may have at most {MAX_READ_ELEMENTS}")
@@ -120,12 +120,12 @@ def read(im, v, what):
 def live_names(im, nodes, i, drop):
     """Names the import reads from node i on: inputs of the nodes (and of their subgraphs, from
     the enclosing scope) and the graph's outputs; not node i's inputs at positions `drop`."""
-    from ..onnx.importer import _outer_names
+    from ..onnx.model import outer_names
 
     names = set(im.graph_outputs)
     for j, n in enumerate(nodes[i:]):
         names.update(x for k, x in enumerate(n.input) if x and (j or k not in drop))
-        names.update(_outer_names(n))
+        names.update(outer_names(n))
     return names
 
 

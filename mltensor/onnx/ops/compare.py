@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from . import mark_bool, op, X
+from ._helpers import mark_bool, X
+from ._registry import op
 
 # -- comparison and logic --------------------------------------------------------------------
 

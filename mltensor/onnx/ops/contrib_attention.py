@@ -11,7 +11,8 @@ gets the softmax of its scores, as there.
 import numpy as np
 
 from ...dynamic.dims import Sym
-from . import scalar, unsupported, X
+from ..errors import unsupported
+from ._helpers import scalar, X
 from .contrib_transformer import _contrib, _float_input, _int32, _wanted
 
 

@@ -26,7 +26,9 @@ softmax; the present caches and masks are a few small index computations and one
 import numpy as np
 
 from ...dynamic.dims import Sym, low, smax
-from . import X, op, sizes, unsupported
+from ..errors import unsupported
+from ._helpers import X, sizes
+from ._registry import op
 
 _FLOAT = ("float32", "float16")
 # a masked score: finite, so a row with every key masked (padding rows of a batched first

@@ -37,7 +37,9 @@ import itertools
 
 import numpy as np
 
-from . import X, norm_axis, op, prod, unsupported
+from ..errors import unsupported
+from ._helpers import X, norm_axis, prod
+from ._registry import op
 from .integer import _Weight, _col_param, _matmul
 from .conv import _explicit_pads
 from .pool import _pool_out

@@ -4,7 +4,9 @@ are (a 4-bit model's weights stay 4-bit on the GPU)."""
 
 import numpy as np
 
-from . import X, const, op, prod, unsupported
+from ..errors import unsupported
+from ._helpers import X, const, prod
+from ._registry import op
 
 MS = "com.microsoft"
 

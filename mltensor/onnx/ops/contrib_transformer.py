@@ -9,7 +9,9 @@ tests compare against (tests/test_onnx_contrib.py).
 
 import numpy as np
 
-from . import norm_axis, op, scalar, unsupported, X
+from ..errors import unsupported
+from ._helpers import norm_axis, scalar, X
+from ._registry import op
 from .conv import _conv
 from .elementwise import _gelu as _onnx_gelu
 from .matmul import _matmul

@@ -7,8 +7,10 @@ from onnx import numpy_helper
 from ... import dtypes
 from ...stages import cut as stages_cut
 from ...stages import loop
-from ..importer import _outer_names
-from . import const, input_leaves, mark_bool, norm_axis, op, prod, unsupported, X
+from ..model import outer_names
+from ..errors import unsupported
+from ._helpers import const, input_leaves, mark_bool, norm_axis, prod, X
+from ._registry import op
 
 
 @op("If", attrs=("then_branch", "else_branch"))
@@ -91,7 +93,7 @@ def _control_flow(im, node, ins, attrs):
 def _outer(im, node):
     """The enclosing graph's values the node's subgraphs read: (operand names, {name: host})."""
     ops, host = [], {}
-    for n in dict.fromkeys(_outer_names(node)):
+    for n in dict.fromkeys(outer_names(node)):
         v = im.env.get(n)
         if v is None:
             continue

@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from . import op, unsupported, X
+from ..errors import unsupported
+from ._helpers import X
+from ._registry import op
 from .conv3d import conv3d, conv_transpose3d
 
 # -- convolution and pooling ---------------------------------------------------------------------

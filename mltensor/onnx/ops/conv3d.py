@@ -51,7 +51,8 @@ size instead.
 import numpy as np
 
 from ...dynamic.dims import Sym
-from . import X, unsupported
+from ..errors import unsupported
+from ._helpers import X
 
 
 def _static(what, *vals):

@@ -5,8 +5,10 @@ import math
 import numpy as np
 from onnx import TensorProto
 
-from ..importer import WEBNN_TYPE
-from . import is_float, mark_bool, op, scalar, unsupported, X
+from ..types import WEBNN_TYPE
+from ..errors import unsupported
+from ._helpers import is_float, mark_bool, scalar, X
+from ._registry import op
 
 # -- elementwise -----------------------------------------------------------------------------
 

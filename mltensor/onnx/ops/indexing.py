@@ -4,7 +4,9 @@ import numpy as np
 
 from ...dynamic.dims import Sym
 from .. import symbolic
-from . import const, ints, is_float, norm_axis, op, prod, scalar, unsupported, X
+from ..errors import unsupported
+from ._helpers import const, ints, is_float, norm_axis, prod, scalar, X
+from ._registry import op
 from .movement import _keep_bool
 
 def _indices(im, idx):

@@ -14,7 +14,9 @@ onnxruntime computes them) are folded on the host in float32 when the scales are
 
 import numpy as np
 
-from . import X, op, prod, unsupported
+from ..errors import unsupported
+from ._helpers import X, prod
+from ._registry import op
 from .conv import _explicit_pads
 
 _INT8 = ("int8", "uint8")

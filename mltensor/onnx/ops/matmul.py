@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from . import op, prod, unsupported, X
+from ..errors import unsupported
+from ._helpers import prod, X
+from ._registry import op
 
 # -- matmul ---------------------------------------------------------------------------------------
 

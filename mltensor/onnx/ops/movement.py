@@ -6,7 +6,9 @@ from onnx import helper
 
 from ...dynamic.dims import exact_div, is_static
 from .. import symbolic
-from . import const, ints, mark_bool, norm_axis, op, prod, sizes, unsupported, X
+from ..errors import unsupported
+from ._helpers import const, ints, mark_bool, norm_axis, prod, sizes, X
+from ._registry import op
 
 # -- movement ---------------------------------------------------------------------------------
 

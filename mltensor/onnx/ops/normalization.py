@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from . import norm_axis, op, prod, scalar, unsupported, X
+from ..errors import unsupported
+from ._helpers import norm_axis, prod, scalar, X
+from ._registry import op
 
 # -- softmax family ------------------------------------------------------------------------------
 

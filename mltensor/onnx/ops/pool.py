@@ -1,6 +1,8 @@
 """ONNX pooling: Max/Average/Lp pools and their global forms."""
 
-from . import op, prod, scalar, unsupported, X
+from ..errors import unsupported
+from ._helpers import prod, scalar, X
+from ._registry import op
 from .conv import _explicit_pads, _spatial_rank, _to2d, _webnn_pad
 from .conv3d import pool3d
 

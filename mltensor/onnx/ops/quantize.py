@@ -18,7 +18,9 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ...dynamic.dims import Sym
-from . import norm_axis, op, prod, unsupported, X
+from ..errors import unsupported
+from ._helpers import norm_axis, prod, X
+from ._registry import op
 
 # Integer types each op handles -> (saturation range, WebNN type carrying it).
 _QTYPES = {

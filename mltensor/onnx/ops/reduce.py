@@ -1,6 +1,7 @@
 """ONNX reductions, ArgMax/ArgMin, CumSum."""
 
-from . import ints, norm_axis, op, scalar, X
+from ._helpers import ints, norm_axis, scalar, X
+from ._registry import op
 from .movement import _axes_arg
 
 # -- reductions -------------------------------------------------------------------------------

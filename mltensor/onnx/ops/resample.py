@@ -6,7 +6,9 @@ from fractions import Fraction
 import numpy as np
 
 from ...dynamic.dims import Sym
-from . import const, is_float, norm_axis, op, prod, unsupported, X
+from ..errors import unsupported
+from ._helpers import const, is_float, norm_axis, prod, X
+from ._registry import op
 
 # -- resize ----------------------------------------------------------------------------------------
 

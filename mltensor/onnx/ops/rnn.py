@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from . import const, op, unsupported, X
+from ..errors import unsupported
+from ._helpers import const, X
+from ._registry import op
 
 # -- recurrent --------------------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ from onnx import helper
 
 from ...dynamic.dims import Sym
 from ...stages import cut as stages_cut
-from . import X, const, norm_axis, op, prod, unsupported
+from ..errors import unsupported
+from ._helpers import X, const, norm_axis, prod
+from ._registry import op
 
 
 def _selected(im, node, make, drop, axis):

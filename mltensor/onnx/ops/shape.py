@@ -5,7 +5,9 @@ from onnx import helper
 
 from ...dynamic.dims import Sym
 from .. import symbolic
-from . import const, ints, mark_bool, op, prod, sizes, unsupported, X
+from ..errors import unsupported
+from ._helpers import const, ints, mark_bool, prod, sizes, X
+from ._registry import op
 
 # -- shape-only ops (folded at load on operands) ------------------------------------------------
 

@@ -3,7 +3,8 @@
 import numpy as np
 from onnx import helper
 
-from . import X, ints, norm_axis, op
+from ._helpers import X, ints, norm_axis
+from ._registry import op
 
 
 @op("TopK", attrs=("axis", "k", "largest", "sorted"))

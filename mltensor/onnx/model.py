@@ -1,0 +1,150 @@
+"""Reading an ONNX model: load it (big weights read in place, weights.py), describe its inputs
+and outputs, and find the names a node's subgraphs read from the enclosing scope."""
+
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import DataError
+from ..onnxio import source_name
+from . import weights as W
+from .types import MAX_HOST_ELEMENTS, prod
+
+
+def load_model(source, name=None):
+    """(ModelProto, Weights or None) from a path, bytes or a ModelProto. For a path or bytes the
+    big initializers stay in the file (or the caller's buffer) and are read in place
+    (onnx/weights.py); external data files are mapped, not loaded. A file or buffer that is not
+    a well-formed ONNX ModelProto raises DataError naming it (`name`, else source_name)."""
+    if isinstance(source, onnx.ModelProto):
+        return source, None
+    if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)):
+        raise TypeError(f"[onnx] model must be a path, bytes or onnx.ModelProto, got {type(source).__name__}")
+    name = name or source_name(source)
+    try:
+        model, weights = W.load(source, name)
+    except OSError:
+        raise
+    except Exception as e:
+        raise DataError(f"[onnx] {name}: not a well-formed ONNX model (the ModelProto protobuf does not "
+                        f"parse: {type(e).__name__}: {e})") from None
+    if not model.HasField("graph"):
+        raise DataError(f"[onnx] {name}: the ModelProto has no graph (field 'graph' is missing)")
+    for t in model.graph.initializer:  # external data files: there, and big enough (mapped, not read)
+        if t.data_location == TensorProto.EXTERNAL and weights.base_dir is not None:
+            try:
+                external_view(weights, t)
+            except DataError:
+                raise
+            except Exception as e:
+                raise DataError(f"[onnx] {name}: external data cannot be loaded ({type(e).__name__}: {e})") from None
+    return model, weights
+
+
+# ONNX element types read in place from a model file (numpy's own little-endian types); the
+# others (bfloat16, float8, int4, strings) are converted by numpy_helper from a copy.
+_IN_PLACE = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT8, TensorProto.UINT8,
+             TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32, TensorProto.UINT32,
+             TensorProto.INT64, TensorProto.UINT64, TensorProto.BOOL}
+
+
+def external_view(weights, t):
+    """The read-only numpy view of an initializer whose data lies in the model file or an
+    external data file (onnx/weights.py), converted through numpy_helper for element types
+    numpy cannot view; None if its file is not one Weights maps."""
+    import sys
+
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location", "")
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise DataError(f"[onnx] tensor {t.name!r}: external data offset/length are not integers") from None
+    dims = list(t.dims)
+    if any(d < 0 for d in dims) or prod(dims) > MAX_HOST_ELEMENTS:
+        raise DataError(f"[onnx] tensor {t.name!r}: field 'dims' {dims} is not a valid shape")
+    view = weights.raw(location, offset, length)
+    if view is None:
+        return None
+    if t.data_type in _IN_PLACE and sys.byteorder == "little":
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        if len(view) != prod(dims) * dt.itemsize:
+            raise DataError(f"[onnx] tensor {t.name!r} ({TensorProto.DataType.Name(t.data_type)} {dims}): "
+                            f"its data does not match its type and shape ({len(view)} bytes)")
+        return np.frombuffer(view, dtype=dt).reshape(dims)
+    copy = TensorProto()
+    copy.CopyFrom(t)
+    del copy.external_data[:]
+    copy.data_location = TensorProto.DEFAULT
+    copy.raw_data = bytes(view)
+    return numpy_helper.to_array(copy)
+
+
+def symbolic_inputs(model):
+    """{input name: [dim or None ...]} of the model's real inputs (initializers excluded), with
+    the dim_param names: returns (shapes, params) where params[name][i] is the symbol or None.
+    An input declared without a shape (any rank) has shapes[name] = params[name] = None."""
+    inits = {i.name for i in model.graph.initializer}
+    shapes, params = {}, {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            shapes[vi.name] = params[vi.name] = None
+            continue
+        dims, syms = [], []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(d.dim_value)
+                syms.append(None)
+            else:
+                dims.append(None)
+                syms.append(d.dim_param or None)
+        shapes[vi.name] = dims
+        params[vi.name] = syms
+    return shapes, params
+
+
+def check_io_names(g):
+    """The graph's inputs and outputs are named by non-empty text (a name that is not UTF-8 comes
+    out of protobuf as bytes; nothing could feed or fetch it)."""
+    for what, vals in (("input", g.input), ("output", g.output)):
+        for vi in vals:
+            if not isinstance(vi.name, str) or not vi.name:
+                raise DataError(f"[onnx] graph: a graph {what} has an invalid name {vi.name!r}")
+
+
+def io_description(model):
+    """What InferenceSession describes the model by, as plain data (JSON, for the graph cache's
+    note: graphcache/sessions.py): {"shapes", "params"} of symbolic_inputs, "inputs": [name, ONNX
+    element type] of those inputs in model order, "outputs": [name, element type, dims], a dim
+    being its dim_value (int) or its dim_param (str, "" when it has neither)."""
+    check_io_names(model.graph)
+    shapes, params = symbolic_inputs(model)
+    inputs = [[vi.name, vi.type.tensor_type.elem_type] for vi in model.graph.input if vi.name in shapes]
+    outputs = []
+    for vo in model.graph.output:
+        tt = vo.type.tensor_type
+        outputs.append([vo.name, tt.elem_type,
+                        [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]])
+    return {"shapes": shapes, "params": params, "inputs": inputs, "outputs": outputs}
+
+
+def outer_names(node):
+    """Names a node's subgraphs read from the enclosing scope."""
+    out = []
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {i.name for i in g.initializer}
+            for n in g.node:
+                for x in n.input:
+                    if x and x not in local:
+                        out.append(x)
+                out.extend(outer_names(n))
+                local.update(n.output)
+    return out
