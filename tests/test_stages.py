@@ -175,7 +175,7 @@ def test_if_cut_inside_a_concurrent_session(rng):
 
 def test_a_read_of_a_whole_tensor_is_refused_clearly(rng):
     """A shape input of more than MAX_READ_ELEMENTS computed values is not a size: clear error."""
-    from mltensor.stages.cut import MAX_READ_ELEMENTS
+    from mltensor.onnx.resume import MAX_READ_ELEMENTS
 
     n = MAX_READ_ELEMENTS + 1
     m = _model([h.make_node("Cast", ["s"], ["si"], to=T.INT64), h.make_node("Reshape", ["x", "si"], ["y"])],

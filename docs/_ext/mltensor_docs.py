@@ -284,7 +284,7 @@ def onnx_table():
     head = [
         f"{len(rows)} operators: {len(rows) - contrib} of the default ONNX domain and {contrib} of onnxruntime's",
         "contrib domain `com.microsoft` (quantized, transformer-optimizer and LLM operators). Generated from",
-        "`mltensor.onnx.supported_ops()` and the handler registry (`mltensor/onnx/ops/__init__.py`).",
+        "`mltensor.onnx.supported_ops()` and the handler registry (`mltensor/onnx/ops/_registry.py`).",
         "*Attributes*: those the handler accepts; any other attribute fails at load with an error",
         "naming the node. Operators ONNX defines as functions of these are expanded and run too.",
         "",

@@ -23,8 +23,7 @@ from ..dynamic.dims import MLDynamicDimension, Sym
 from ..errors import DataError, NotSupportedError
 from ..front.builder import MLGraphBuilder, MLOperand
 from ..onnxio import IOInfo, ONNX_OF_WEBNN, TYPE_STRING, dim_name, source_name  # noqa: F401 (re-exported)
-from ..stages import cut as stages_cut
-from . import symbolic
+from . import resume, symbolic
 from .batchnorm import BatchNormFolding
 from .errors import FeedError, NeedsValue, Unsupported, UnsupportedError, data_errors  # noqa: F401 (re-exported)
 from .folding import ConstantFolding
@@ -54,7 +53,7 @@ class StageCut:
     def __init__(self, snapshot, key, reads, carried, loop, what, counted=None):
         self.snapshot, self.key, self.reads, self.carried = snapshot, key, reads, carried
         self.loop, self.what = loop, what
-        # (carried position, axis) of a count read back (stages/cut.py); dynamic_ok: whether the
+        # (carried position, axis) of a count read back (onnx/resume.py); dynamic_ok: whether the
         # rest builds with it as a dynamic dimension (None: not tried yet)
         self.counted, self.dynamic_ok = counted, None
 
@@ -63,7 +62,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
     def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, weights=None,
                  input_values=None, dynamic=None, ones=None, resume=None):
         self.ctx = context
-        # Data-dependent shapes (mltensor/stages/): `resume` is the stages.cut.Snapshot this
+        # Data-dependent shapes (mltensor/stages/): `resume` is the resume.Snapshot this
         # import continues from (a later stage); cut_refusal says why this import may not be cut
         # (None: it may); resumed: {cut key: (values, operands)} of the cuts already passed;
         # avail_of: id(input operand) -> the name of the run's tensor it is bound to
@@ -206,8 +205,8 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
             self.b._release_host = self.weights.release
 
         self.graph_outputs = {o.name for o in g.output}
-        if self.resume is not None:  # a later stage: the environment at the cut (stages/cut.py)
-            inputs = stages_cut.restore(self, self.resume)
+        if self.resume is not None:  # a later stage: the environment at the cut (onnx/resume.py)
+            inputs = resume.restore(self, self.resume)
             return self._run_top(inputs, const_outputs_as_ops)
         for init in g.initializer:
             arr = self._tensor(init)
@@ -254,13 +253,13 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
 
     def _run_top(self, inputs, const_outputs_as_ops):
         """The top-level nodes (from the cut a resumed import continues at), then the outputs.
-        A cut (stages/cut.py) ends the import at its node: the result is that stage's graph."""
+        A cut (onnx/resume.py) ends the import at its node: the result is that stage's graph."""
         g = self.model.graph
         try:
             self.run_nodes(g.node, self.opset, fold_batchnorm=True, top=True)
-        except stages_cut.Cut as c:
+        except resume.Cut as c:
             i, uid, folded = self._top_state
-            outputs, snap, reads, carried = stages_cut.end_stage(self, c, g.node, i, uid, folded)
+            outputs, snap, reads, carried = resume.end_stage(self, c, g.node, i, uid, folded)
             graph = self.b.build_sync(outputs) if outputs else None
             imp = Imported(graph, inputs, [], self.opset)
             imp.cut = StageCut(snap, c.key, reads, carried, c.loop, c.what, c.counted)
@@ -389,7 +388,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
 
     def run_nodes(self, nodes, opset, fold_batchnorm=False, top=False):
         """top: the graph's own nodes (a resumed import starts at its cut, and cuts are keyed by
-        the node being imported, stages/cut.py)."""
+        the node being imported, onnx/resume.py)."""
         saved = self.cur_opset
         # Only at the top level: inside a function body a value may also be used outside it.
         partners = self._batchnorm_partners(nodes) if fold_batchnorm else {}
@@ -427,7 +426,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                 self.expand_function(node, fn, ins)
                 continue
             # (the node a resumed import starts at was not folded the first time, and its
-            # dropped inputs are None now: stages/cut.py)
+            # dropped inputs are None now: onnx/resume.py)
             resumed = top and self.resume is not None and i == self.resume.index
             if not resumed and (self._try_fold(node, ins) or self._empty_result(node, ins)):
                 continue

@@ -12,8 +12,8 @@ importer cuts the model at such a value:
   stage k+1 the rest, imported again from the node that was cut, its inputs the tensors stage
             k left, built once per distinct outcome of the step and cached.
 
-cut.py    the importer's side: where a handler asks for a value (`outcome`, `cut`), the
-          snapshot of the import at the cut (`Snapshot`), the resumed import
+cut.py    Carried: a value crossing a cut (the importer's side of a cut, where a handler asks
+          for a value, the snapshot and the resumed import, is mltensor/onnx/resume.py)
 plan.py   the session's side: the tree of stages of one specialization, a run along it
 loop.py   Loop and Scan executed on the timeline: carried values in MLTensors, the exit
           condition read back once per batch of iterations

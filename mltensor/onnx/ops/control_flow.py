@@ -5,10 +5,10 @@ import numpy as np
 from onnx import numpy_helper
 
 from ... import dtypes
-from ...stages import cut as stages_cut
 from ...stages import loop
-from ..model import outer_names
+from .. import resume
 from ..errors import unsupported
+from ..model import outer_names
 from ._helpers import const, input_leaves, mark_bool, norm_axis, prod, X
 from ._registry import op
 
@@ -40,7 +40,7 @@ def _if(im, node, ins, attrs):
            for t, e in pairs):
         # the branches give different shapes: the condition is read back at run time and the
         # graph after it built for the branch taken (mltensor/stages/)
-        taken = stages_cut.read(im, c, "the If condition (its branches give different shapes)")
+        taken = resume.read(im, c, "the If condition (its branches give different shapes)")
         return _run_branch(im, attrs["then_branch"] if bool(taken.reshape(-1)[0]) else attrs["else_branch"])
     res = []
     for t_op, e_op in pairs:
@@ -115,7 +115,7 @@ def _loop(im, node, ins, attrs):
         trips = None if trips is None else max(trips, 0)
     n_state = len(ins) - 2
     n_scan = len(body.output) - 1 - n_state
-    got = stages_cut.outcome(im)
+    got = resume.outcome(im)
     if got is not None:  # executed: the final state and the stacked scan outputs
         return _executed_results(im, got, n_state, n_scan, [0] * n_scan, [0] * n_scan)
     cond = ins[1] if len(ins) > 1 else None
@@ -138,7 +138,7 @@ def _loop(im, node, ins, attrs):
                          n_scan_out=n_scan, outer=ops, outer_host=host,
                          dynamic_cond=_computes_condition(body), cond_true=cond_true)
     carry = [cond0] + list(ins[2:]) + [im.env[n] for n in ops]
-    stages_cut.cut(im, carry=carry, loop=spec, what=f"Loop {node.name or '(unnamed)'!r}")
+    resume.cut(im, carry=carry, loop=spec, what=f"Loop {node.name or '(unnamed)'!r}")
 
 
 def _computes_condition(body):
@@ -263,7 +263,7 @@ def _scan_run(im, node, body, states, xs, axes, in_dirs, out_axes, out_dirs, ste
     the GPU (a cut; `execute`). Returns the final states and the scan outputs."""
     b = im.b
     n_out = len(body.output) - len(states)
-    got = stages_cut.outcome(im)
+    got = resume.outcome(im)
     if got is not None:  # executed
         return _executed_results(im, got, len(states), n_out, out_axes, out_dirs)
     if execute:
@@ -379,4 +379,4 @@ def _execute_scan(im, node, body, states, xs, axes, in_dirs, steps, n_out):
     spec = loop.LoopSpec("scan", node, body, im.model, im.cur_opset, trips=steps, n_state=len(states),
                          n_scan_out=n_out, outer=ops, outer_host=host, scan_in=scan_in)
     carry = list(states) + rows + [im.env[n] for n in ops]
-    stages_cut.cut(im, carry=carry, loop=spec, what=f"Scan {node.name or '(unnamed)'!r}")
+    resume.cut(im, carry=carry, loop=spec, what=f"Scan {node.name or '(unnamed)'!r}")

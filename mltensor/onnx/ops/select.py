@@ -12,7 +12,7 @@ import numpy as np
 from onnx import helper
 
 from ...dynamic.dims import Sym
-from ...stages import cut as stages_cut
+from .. import resume
 from ..errors import unsupported
 from ._helpers import X, const, norm_axis, prod
 from ._registry import op
@@ -23,11 +23,11 @@ def _selected(im, node, make, drop, axis):
     (`make()` builds (padded, count) then; the count's entries lead along `axis`). count is None
     when the stage is built for every count: the operand then already has the count's size (a
     dynamic dimension, stages/plan.py)."""
-    got = stages_cut.outcome(im)
+    got = resume.outcome(im)
     if got is None:
         padded, count = make()
         counted = (0, axis) if axis is not None else None
-        stages_cut.cut(im, read=[count], carry=[padded], what=f"{node.op_type}'s count", drop_inputs=drop,
+        resume.cut(im, read=[count], carry=[padded], what=f"{node.op_type}'s count", drop_inputs=drop,
                        counted=counted)
     (count,), (padded,) = got
     if any(isinstance(d, Sym) for d in padded.shape):
@@ -145,7 +145,7 @@ def _unique(im, node, ins, attrs):
     onnxruntime compares NaN with `<` in a std::map, whose answer depends on the input order."""
     b = im.b
     axis = attrs.get("axis")
-    got = stages_cut.outcome(im)
+    got = resume.outcome(im)
     if got is None:
         x = X(im, ins[0])
         if axis is not None:
@@ -171,7 +171,7 @@ def _unique(im, node, ins, attrs):
         if has_nan is not None:
             flags = b.logical_or(flags, b.gather(has_nan, idx, axis=0))
         pos, count = b._nonzero(flags)
-        stages_cut.cut(im, read=[count], carry=[pos, idx, flags, src], what="Unique's count", drop_inputs=(0,))
+        resume.cut(im, read=[count], carry=[pos, idx, flags, src], what="Unique's count", drop_inputs=(0,))
     (count,), (pos, idx, flags, src) = got
     if axis is not None:
         axis = norm_axis(axis, len(src.shape))
