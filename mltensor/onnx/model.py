@@ -2,6 +2,7 @@
 and outputs, and find the names a node's subgraphs read from the enclosing scope."""
 
 import os
+import sys
 
 import numpy as np
 import onnx
@@ -54,8 +55,6 @@ def external_view(weights, t):
     """The read-only numpy view of an initializer whose data lies in the model file or an
     external data file (onnx/weights.py), converted through numpy_helper for element types
     numpy cannot view; None if its file is not one Weights maps."""
-    import sys
-
     info = {e.key: e.value for e in t.external_data}
     location = info.get("location", "")
     try:

@@ -20,6 +20,7 @@ reading torn data or crashing on a truncated map.
 import mmap
 import os
 
+from ..errors import DataError
 
 MIN_BYTES = 1024
 LOCATION = "<mltensor:model>"  # external_data location of a tensor moved out of the proto
@@ -153,8 +154,6 @@ class Weights:
     def raw(self, location, offset, length):
         """A read-only memoryview of a tensor's bytes (length None: to the end of its file), or
         None when its file is not one this maps (then the loader's own rules apply)."""
-        from ..errors import DataError
-
         entry = self._maps.get(location)
         if entry is None:
             if location == LOCATION or self.base_dir is None:

@@ -13,7 +13,7 @@ import numpy as np
 from ...dynamic.dims import Sym
 from ..errors import unsupported
 from ._helpers import scalar, X
-from .contrib_transformer import _contrib, _float_input, _int32, _wanted
+from .contrib_transformer import contrib_op, float_input, to_int32, wanted
 
 
 def _given(ins, i):
@@ -50,7 +50,7 @@ def _mask(im, mask, batch, seq, total, allow_start, what):
     positive value keeps; 4-D (B, 1, M, M) (Megatron GPT-2): row past + s of each batch's M x M
     mask, its first T columns."""
     b = im.b
-    m = _int32(im, X(im, mask))
+    m = to_int32(im, X(im, mask))
     r = len(m.shape)
     zero = b.constant(np.array(0, np.int32))
     if r == 1:
@@ -121,7 +121,7 @@ def _scale(attrs, head_size):
 # -- Attention -------------------------------------------------------------------------------------
 
 
-@_contrib("Attention", attrs=("num_heads", "qkv_hidden_sizes", "unidirectional", "scale",
+@contrib_op("Attention", attrs=("num_heads", "qkv_hidden_sizes", "unidirectional", "scale",
                               "mask_filter_value", "do_rotary", "past_present_share_buffer",
                               "rotary_embedding_dim"))
 def _attention(im, node, ins, attrs):
@@ -134,7 +134,7 @@ def _attention(im, node, ins, attrs):
     if _given(ins, 6):
         unsupported("input past_sequence_length (past_present_share_buffer) is not supported")
     b = im.b
-    x = _float_input(X(im, ins[0]), "input")
+    x = float_input(X(im, ins[0]), "input")
     if len(x.shape) != 3:
         unsupported(f"input of rank {len(x.shape)} is not supported (3-D (batch, sequence, hidden))")
     w = X(im, ins[1], x)
@@ -181,7 +181,7 @@ def _attention(im, node, ins, attrs):
                    causal_past=past_len if attrs.get("unidirectional", 0) else None,
                    out_shape=[batch, seq, sizes[2]])
     outs = [y]
-    if _wanted(node, 1):
+    if wanted(node, 1):
         if hq != hv:
             unsupported("output present with different Q/K and V hidden sizes is not supported")
         shp = [1] + list(k.shape)
@@ -192,7 +192,7 @@ def _attention(im, node, ins, attrs):
 # -- MultiHeadAttention ----------------------------------------------------------------------------
 
 
-@_contrib("MultiHeadAttention", attrs=("num_heads", "scale", "mask_filter_value", "unidirectional"))
+@contrib_op("MultiHeadAttention", attrs=("num_heads", "scale", "mask_filter_value", "unidirectional"))
 def _multi_head_attention(im, node, ins, attrs):
     # inputs: query, key?, value?, bias?, key_padding_mask?, attention_bias?, past_key?,
     # past_value?, past_sequence_length?, cache_indirection?
@@ -203,7 +203,7 @@ def _multi_head_attention(im, node, ins, attrs):
         unsupported("input cache_indirection (beam search) is not supported")
     b = im.b
     heads = int(attrs["num_heads"])
-    query = _float_input(X(im, ins[0]), "query")
+    query = float_input(X(im, ins[0]), "query")
     if len(query.shape) == 5:
         unsupported("packed QKV query (batch, sequence, num_heads, 3, head_size) is not supported")
     if len(query.shape) != 3:
@@ -275,8 +275,8 @@ def _multi_head_attention(im, node, ins, attrs):
                     filter_value=float(attrs.get("mask_filter_value", -10000.0)),
                     attn_bias=ins[5] if _given(ins, 5) else None,
                     causal_past=past_len if causal else None, out_shape=[batch, seq, hidden_v])
-    outs = [y, k if _wanted(node, 1) else None, v if _wanted(node, 2) else None]
-    if _wanted(node, 3):
+    outs = [y, k if wanted(node, 1) else None, v if wanted(node, 2) else None]
+    if wanted(node, 3):
         outs.append(qk)
     return outs
 
@@ -284,14 +284,14 @@ def _multi_head_attention(im, node, ins, attrs):
 # -- BiasSoftmax -----------------------------------------------------------------------------------
 
 
-@_contrib("BiasSoftmax", attrs=("axis", "is_inner_broadcast"))
+@contrib_op("BiasSoftmax", attrs=("axis", "is_inner_broadcast"))
 def _bias_softmax(im, node, ins, attrs):
     """softmax(data + bias) over the dimensions from `axis` on (flattened), as onnxruntime's CUDA
     kernel (the only one): data is [rows, E] (E = the product of those dimensions), bias
     [bias_rows, E]; row i takes bias row i // (rows / bias_rows) with is_inner_broadcast=1, else
     i % bias_rows."""
     b = im.b
-    x = _float_input(X(im, ins[0]), "data")
+    x = float_input(X(im, ins[0]), "data")
     bias = X(im, ins[1], x)
     r = len(x.shape)
     axis = int(attrs.get("axis", 1))

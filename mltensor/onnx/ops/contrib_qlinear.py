@@ -40,9 +40,8 @@ import numpy as np
 from ..errors import unsupported
 from ._helpers import X, norm_axis, prod
 from ._registry import op
-from .integer import _Weight, _col_param, _matmul
-from .conv import _explicit_pads
-from .pool import _pool_out
+from ._window import explicit_pads, pool_out
+from .integer import Weight, col_param, integer_matmul
 
 _RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 _NP = {"uint8": np.uint8, "int8": np.int8}
@@ -350,13 +349,13 @@ def _qlinear_average_pool(im, node, ins, attrs):
         unsupported(f"{t}: attribute kernel_shape is required")
     k = list(attrs["kernel_shape"])
     s = list(attrs.get("strides") or [1] * sp)
-    begin, end = _explicit_pads(attrs, in_sp, k, s, [1] * sp)
+    begin, end = explicit_pads(attrs, in_sp, k, s, [1] * sp)
     if k == in_sp and not any(begin + end):
         return _gap(im, x, xs, zx, ys, zy, t)
     if attrs.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
         out = [-(-in_sp[i] // s[i]) for i in range(sp)]
     else:
-        out = _pool_out(in_sp, k, s, [1] * sp, begin, end, bool(attrs.get("ceil_mode", 0)))
+        out = pool_out(in_sp, k, s, [1] * sp, begin, end, bool(attrs.get("ceil_mode", 0)))
     include = bool(attrs.get("count_include_pad", 0))
     b = im.b
     r = len(x.shape)
@@ -448,14 +447,14 @@ def _qgemm(im, node, ins, attrs):
     if len(a.shape) != 2:
         unsupported(f"{t}: A of rank {len(a.shape)} is not supported (2)")
     dt = a.data_type
-    bb = _Weight(im, ins[3], "B", t)
+    bb = Weight(im, ins[3], "B", t)
     if len(bb.shape) != 2:
         unsupported(f"{t}: B of rank {len(bb.shape)} is not supported (2)")
     b = im.b
     if attrs.get("transB", 0):
         if bb.operand is None:
             w = ins[3]
-            bb = _Weight(im, np.ascontiguousarray(w.T), "B", t)
+            bb = Weight(im, np.ascontiguousarray(w.T), "B", t)
         else:
             bb.operand = b.transpose(bb.operand, permutation=[1, 0])
             bb.shape = tuple(bb.operand.shape)
@@ -480,11 +479,11 @@ def _qgemm(im, node, ins, attrs):
             scales = _f32(scales / ys)
     scales = scales.reshape(()) if scales.size == 1 else scales
     zao = b.constant(np.array(za, _NP[dt]))
-    zbo = X(im, _col_param(im, zb.reshape(()) if zb.size == 1 else zb.reshape(-1), bb.shape, "b_zero_point", t))
+    zbo = X(im, col_param(im, zb.reshape(()) if zb.size == 1 else zb.reshape(-1), bb.shape, "b_zero_point", t))
     c = ins[6]
     if c is None and ys is not None:
-        return _matmul(im, a, bb, zao, zbo, (X(im, scales), b.constant(np.array(zy, _NP[dt]))))
-    acc = _matmul(im, a, bb, zao, zbo)  # int32
+        return integer_matmul(im, a, bb, zao, zbo, (X(im, scales), b.constant(np.array(zy, _NP[dt]))))
+    acc = integer_matmul(im, a, bb, zao, zbo)  # int32
     if c is not None:
         c = X(im, c)
         if c.data_type != "int32":

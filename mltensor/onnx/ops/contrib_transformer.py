@@ -12,20 +12,20 @@ import numpy as np
 from ..errors import unsupported
 from ._helpers import norm_axis, scalar, X
 from ._registry import op
-from .conv import _conv
-from .elementwise import _gelu as _onnx_gelu
-from .matmul import _matmul
+from .conv import conv
+from .elementwise import gelu as _onnx_gelu
+from .matmul import matmul
 
 
-def _contrib(name, attrs=()):
+def contrib_op(name, attrs=()):
     return op(f"com.microsoft.{name}", attrs=attrs)
 
 
-def _wanted(node, i):
+def wanted(node, i):
     return len(node.output) > i and bool(node.output[i])
 
 
-def _float_input(x, what):
+def float_input(x, what):
     if x.data_type not in ("float32", "float16"):
         unsupported(f"{what} of data type {x.data_type} is not supported (float32/float16 only)")
     return x
@@ -40,36 +40,36 @@ def _tanh_gelu(im, x):
     return _onnx_gelu(im, None, [x], {"approximate": "tanh"})
 
 
-@_contrib("Gelu")
+@contrib_op("Gelu")
 def _gelu(im, node, ins, attrs):
-    return im.b.gelu(_float_input(X(im, ins[0]), "X"))
+    return im.b.gelu(float_input(X(im, ins[0]), "X"))
 
 
-@_contrib("BiasGelu")
+@contrib_op("BiasGelu")
 def _bias_gelu(im, node, ins, attrs):
-    x = _float_input(X(im, ins[0]), "A")
+    x = float_input(X(im, ins[0]), "A")
     return im.b.gelu(im.b.add(x, X(im, ins[1], x)))
 
 
-@_contrib("FastGelu")
+@contrib_op("FastGelu")
 def _fast_gelu(im, node, ins, attrs):
-    x = _float_input(X(im, ins[0]), "X")
+    x = float_input(X(im, ins[0]), "X")
     if len(ins) > 1 and ins[1] is not None:
         x = im.b.add(x, X(im, ins[1], x))
     return _tanh_gelu(im, x)
 
 
-@_contrib("QuickGelu", attrs=("alpha",))
+@contrib_op("QuickGelu", attrs=("alpha",))
 def _quick_gelu(im, node, ins, attrs):
-    x = _float_input(X(im, ins[0]), "X")
+    x = float_input(X(im, ins[0]), "X")
     alpha = float(attrs.get("alpha", 1.702))
     b = im.b
     return b.mul(x, b.sigmoid(b.mul(x, scalar(im, alpha, x)) if alpha != 1.0 else x))
 
 
-@_contrib("BiasAdd")
+@contrib_op("BiasAdd")
 def _bias_add(im, node, ins, attrs):
-    x = _float_input(X(im, ins[0]), "X")
+    x = float_input(X(im, ins[0]), "X")
     return im.b.add(im.b.add(x, X(im, ins[1], x)), X(im, ins[2], x))
 
 
@@ -78,7 +78,7 @@ def _bias_add(im, node, ins, attrs):
 
 def _skip_sum(im, ins, bias_at):
     """input + skip (+ bias): the skip may be (B, S, H), (1, S, H) or (S, H), which broadcasts."""
-    x = _float_input(X(im, ins[0]), "input")
+    x = float_input(X(im, ins[0]), "input")
     if len(x.shape) < 2:
         unsupported(f"input of rank {len(x.shape)} is not supported (2-D or 3-D)")
     s = im.b.add(x, X(im, ins[1], x))
@@ -98,7 +98,7 @@ def _rms(im, x, axes, eps):
     return b.reciprocal(b.sqrt(b.add(ms, scalar(im, eps, x))))
 
 
-@_contrib("SkipLayerNormalization", attrs=("epsilon",))
+@contrib_op("SkipLayerNormalization", attrs=("epsilon",))
 def _skip_layer_norm(im, node, ins, attrs):
     # inputs: input, skip, gamma, beta?, bias?; outputs: output, mean?, inv_std_var?, sum?
     s = _skip_sum(im, ins, 4)
@@ -110,7 +110,7 @@ def _skip_layer_norm(im, node, ins, attrs):
         kw["bias"] = X(im, ins[3], s)
     y = b.layer_normalization(s, **kw)
     outs = [y, None, None, None]
-    if _wanted(node, 1) or _wanted(node, 2):
+    if wanted(node, 1) or wanted(node, 2):
         # onnxruntime's statistics, shaped like the input with the hidden axis kept as 1, float32
         # whatever the input's type
         s32 = _f32(im, s)
@@ -119,12 +119,12 @@ def _skip_layer_norm(im, node, ins, attrs):
         var = b.reduce_mean(b.mul(c, c), axes=[r - 1], keep_dimensions=True)
         outs[1] = mean
         outs[2] = b.reciprocal(b.sqrt(b.add(var, scalar(im, eps, s32))))
-    if _wanted(node, 3):
+    if wanted(node, 3):
         outs[3] = s
     return outs
 
 
-@_contrib("SkipSimplifiedLayerNormalization", attrs=("epsilon",))
+@contrib_op("SkipSimplifiedLayerNormalization", attrs=("epsilon",))
 def _skip_simplified_layer_norm(im, node, ins, attrs):
     # inputs: input, skip, gamma, bias?; outputs: output, mean?, inv_std_var?, sum?
     s = _skip_sum(im, ins, 3)
@@ -134,12 +134,12 @@ def _skip_simplified_layer_norm(im, node, ins, attrs):
     y = b.mul(b.mul(s, inv), X(im, ins[2], s))
     outs = [y, None, None, None]
     inv32 = _f32(im, inv)  # the statistics are float32 whatever the input's type
-    if _wanted(node, 1):
+    if wanted(node, 1):
         # RMS normalization has no mean: onnxruntime writes zeros there, and so do we
         outs[1] = b.expand(b.constant(np.zeros([1] * r, np.float32)), list(inv32.shape))
-    if _wanted(node, 2):
+    if wanted(node, 2):
         outs[2] = inv32
-    if _wanted(node, 3):
+    if wanted(node, 3):
         outs[3] = s
     return outs
 
@@ -147,9 +147,9 @@ def _skip_simplified_layer_norm(im, node, ins, attrs):
 # onnxruntime registers SimplifiedLayerNormalization (RMSNorm) in the default ONNX domain
 @op("SimplifiedLayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def _simplified_layer_norm(im, node, ins, attrs):
-    x = _float_input(X(im, ins[0]), "X")
+    x = float_input(X(im, ins[0]), "X")
     scale = X(im, ins[1])
-    _float_input(scale, "scale")
+    float_input(scale, "scale")
     b = im.b
     r = len(x.shape)
     axis = norm_axis(attrs.get("axis", -1), r)
@@ -160,28 +160,28 @@ def _simplified_layer_norm(im, node, ins, attrs):
     if y.data_type != scale.data_type:  # Y has the scale's type (V), X may differ (T)
         y = b.cast(y, scale.data_type)
     outs = [y]
-    if _wanted(node, 1):
+    if wanted(node, 1):
         outs.append(_f32(im, inv))
     return outs
 
 
-@_contrib("EmbedLayerNormalization", attrs=("epsilon", "mask_index_type"))
+@contrib_op("EmbedLayerNormalization", attrs=("epsilon", "mask_index_type"))
 def _embed_layer_norm(im, node, ins, attrs):
     # inputs: input_ids, segment_ids?, word_embedding, position_embedding, segment_embedding?,
     # gamma, beta, mask?, position_ids?; outputs: output, mask_index?, embedding_sum?
     ins = list(ins) + [None] * (9 - len(ins))
     ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids = ins[:9]
     b = im.b
-    ids = _int32(im, X(im, ids))
+    ids = to_int32(im, X(im, ids))
     if len(ids.shape) != 2:
         unsupported(f"input_ids of rank {len(ids.shape)} is not supported (2-D [batch, sequence])")
     batch, seq = ids.shape
-    word = _float_input(X(im, word), "word_embedding")
+    word = float_input(X(im, word), "word_embedding")
     e = b.gather(word, ids, axis=0)  # (B, S, H)
     pos = X(im, pos, word)
     if pos_ids is not None:
         # (B, S) or (1, S): the positions of each token (the latter broadcast over the batch)
-        e = b.add(e, b.gather(pos, _int32(im, X(im, pos_ids)), axis=0))
+        e = b.add(e, b.gather(pos, to_int32(im, X(im, pos_ids)), axis=0))
     else:
         # positions 0 .. S-1: the first S rows of the table, broadcast over the batch
         rows = b.slice(pos, [0, 0], [seq, pos.shape[1]])
@@ -189,24 +189,24 @@ def _embed_layer_norm(im, node, ins, attrs):
     if (seg_ids is None) != (seg is None):
         unsupported("segment_ids and segment_embedding must be given together")
     if seg_ids is not None:
-        e = b.add(e, b.gather(X(im, seg, word), _int32(im, X(im, seg_ids)), axis=0))
+        e = b.add(e, b.gather(X(im, seg, word), to_int32(im, X(im, seg_ids)), axis=0))
     y = b.layer_normalization(e, axes=[2], scale=X(im, gamma, word), bias=X(im, beta, word),
                               epsilon=float(attrs.get("epsilon", 1e-12)))
     outs = [y, None, None]
-    if _wanted(node, 1):
+    if wanted(node, 1):
         if mask is not None:
             # onnxruntime counts the entries equal to 1 (not the nonzero ones)
-            m = _int32(im, X(im, mask))
+            m = to_int32(im, X(im, mask))
             ones = b.cast(b.equal(m, b.constant(np.array(1, np.int32))), "int32")
             outs[1] = b.reduce_sum(ones, axes=[1], keep_dimensions=False)
         else:
             outs[1] = b.expand(b.constant(np.zeros([1], np.int32)), [batch])
-    if _wanted(node, 2):
+    if wanted(node, 2):
         outs[2] = e
     return outs
 
 
-def _int32(im, x):
+def to_int32(im, x):
     return x if x.data_type == "int32" else im.b.cast(x, "int32")
 
 
@@ -220,7 +220,7 @@ def _activation_params(attrs, name, n):
     return [float(v) for v in p]
 
 
-@_contrib("FusedConv", attrs=("activation", "activation_params", "auto_pad", "dilations", "group",
+@contrib_op("FusedConv", attrs=("activation", "activation_params", "auto_pad", "dilations", "group",
                               "kernel_shape", "pads", "strides"))
 def _fused_conv(im, node, ins, attrs):
     """activation(Conv(X, W, B) + Z): onnxruntime adds the optional Z before the activation."""
@@ -233,7 +233,7 @@ def _fused_conv(im, node, ins, attrs):
     params = None
     if act in ("LeakyRelu", "Clip", "HardSigmoid"):
         params = _activation_params(attrs, act, 1 if act == "LeakyRelu" else 2)
-    y = _conv(im, node, list(ins[:3]), attrs)
+    y = conv(im, node, list(ins[:3]), attrs)
     if len(ins) > 3 and ins[3] is not None:
         y = b.add(y, X(im, ins[3], y))
     if act is None:
@@ -263,9 +263,9 @@ def _fused_perm(rank, trans, trans_batch):
     return perm
 
 
-@_contrib("FusedMatMul", attrs=("alpha", "transA", "transB", "transBatchA", "transBatchB"))
+@contrib_op("FusedMatMul", attrs=("alpha", "transA", "transB", "transBatchA", "transBatchB"))
 def _fused_matmul(im, node, ins, attrs):
-    a = _float_input(X(im, ins[0]), "A")
+    a = float_input(X(im, ins[0]), "A")
     c = X(im, ins[1], a)
     b = im.b
     flags = {k: int(attrs.get(k, 0)) for k in ("transA", "transB", "transBatchA", "transBatchB")}
@@ -284,6 +284,6 @@ def _fused_matmul(im, node, ins, attrs):
             continue
         perm = _fused_perm(r, trans, tb)
         xs.append(b.transpose(v, permutation=perm) if perm != list(range(r)) else v)
-    y = _matmul(im, node, xs, {})
+    y = matmul(im, node, xs, {})
     alpha = float(attrs.get("alpha", 1.0))
     return y if alpha == 1.0 else b.mul(y, scalar(im, alpha, y))

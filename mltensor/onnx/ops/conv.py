@@ -1,80 +1,31 @@
-"""ONNX Conv and ConvTranspose (and the padding helpers pooling shares)."""
+"""ONNX Conv and ConvTranspose (the padding helpers they share with pooling are in _window.py)."""
 
 import numpy as np
 
-from ..errors import unsupported
 from ._helpers import X
 from ._registry import op
+from ._window import explicit_pads, spatial_rank, to2d, webnn_pad
 from .conv3d import conv3d, conv_transpose3d
-
-# -- convolution and pooling ---------------------------------------------------------------------
-
-
-def _explicit_pads(attrs, in_sp, k, s, d, transposed=False):
-    """ONNX pads / auto_pad -> [begin..., end...] for the spatial dims."""
-    n = len(in_sp)
-    auto = attrs.get("auto_pad", "NOTSET")
-    if auto in ("NOTSET", ""):
-        p = list(attrs.get("pads", [0] * (2 * n)))
-        return p[:n], p[n:]
-    if auto == "VALID":
-        return [0] * n, [0] * n
-    if auto not in ("SAME_UPPER", "SAME_LOWER"):
-        unsupported(f"auto_pad {auto!r}")
-    begin, end = [], []
-    for i in range(n):
-        ek = (k[i] - 1) * d[i] + 1
-        out = -(-in_sp[i] // s[i])
-        total = max(0, (out - 1) * s[i] + ek - in_sp[i])
-        small = total // 2
-        if auto == "SAME_UPPER":
-            begin.append(small)
-            end.append(total - small)
-        else:
-            begin.append(total - small)
-            end.append(small)
-    return begin, end
-
-
-def _to2d(im, x, sp_rank):
-    """1D convolution/pool: [N, C, L] -> [N, C, 1, L]."""
-    if sp_rank == 2:
-        return x
-    if sp_rank == 1:
-        return im.b.reshape(x, list(x.shape[:2]) + [1, x.shape[2]])
-    _spatial_rank(sp_rank)  # (ranks outside 1-3 are refused there)
-    unsupported(f"{sp_rank}-D spatial inputs go through conv3d.py, not a 2-D reshape")
-
-
-def _spatial_rank(sp, what="inputs"):
-    """1-D and 2-D map onto WebNN's 2-D operators directly, 3-D through conv3d.py; refuse others."""
-    if not 1 <= sp <= 3:
-        unsupported(f"{sp}-D spatial {what} are not supported (1-D, 2-D and 3-D are: an input of "
-                    f"rank 3, 4 or 5)")
-
-
-def _webnn_pad(begin, end):
-    return [begin[0], end[0], begin[1], end[1]]
 
 
 @op("Conv", attrs=("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
-def _conv(im, node, ins, attrs):
+def conv(im, node, ins, attrs):
     x = X(im, ins[0])
     w = X(im, ins[1], x)
     sp = len(x.shape) - 2
-    _spatial_rank(sp, "convolutions")
+    spatial_rank(sp, "convolutions")
     k = attrs.get("kernel_shape") or list(w.shape[2:])
     s = attrs.get("strides") or [1] * sp
     d = attrs.get("dilations") or [1] * sp
-    begin, end = _explicit_pads(attrs, list(x.shape[2:]), k, s, d)
+    begin, end = explicit_pads(attrs, list(x.shape[2:]), k, s, d)
     if sp == 3:
         return conv3d(im, x, w, ins[2] if len(ins) > 2 else None, k, s, d, begin, end,
                       attrs.get("group", 1))
     if sp == 1:
         k, s, d, begin, end = [1] + list(k), [1] + list(s), [1] + list(d), [0] + begin, [0] + end
         w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])
-    x2 = _to2d(im, x, sp)
-    kw = dict(padding=_webnn_pad(begin, end), strides=list(s), dilations=list(d),
+    x2 = to2d(im, x, sp)
+    kw = dict(padding=webnn_pad(begin, end), strides=list(s), dilations=list(d),
               groups=attrs.get("group", 1))
     if len(ins) > 2 and ins[2] is not None:
         kw["bias"] = X(im, ins[2], x)
@@ -89,7 +40,7 @@ def _conv(im, node, ins, attrs):
 def _conv_transpose(im, node, ins, attrs):
     x = X(im, ins[0])
     sp = len(x.shape) - 2
-    _spatial_rank(sp, "transposed convolutions")
+    spatial_rank(sp, "transposed convolutions")
     # (3-D rearranges a constant filter on the host: no operand of the original one)
     w = ins[1] if sp == 3 and isinstance(ins[1], np.ndarray) else X(im, ins[1], x)
     in_sp = list(x.shape[2:])
@@ -128,8 +79,8 @@ def _conv_transpose(im, node, ins, attrs):
     if sp == 1:
         k, s, d, op_, begin, end = [1] + k, [1] + s, [1] + d, [0] + op_, [0] + begin, [0] + end
         w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])
-    x2 = _to2d(im, x, sp)
-    kw = dict(padding=_webnn_pad(begin, end), strides=s, dilations=d, groups=attrs.get("group", 1))
+    x2 = to2d(im, x, sp)
+    kw = dict(padding=webnn_pad(begin, end), strides=s, dilations=d, groups=attrs.get("group", 1))
     if any(op_):
         kw["output_padding"] = op_
     if len(ins) > 2 and ins[2] is not None:

@@ -50,9 +50,11 @@ size instead.
 
 import numpy as np
 
+from ... import dtypes
 from ...dynamic.dims import Sym
 from ..errors import unsupported
 from ._helpers import X
+from ._window import pool_out
 
 
 def _static(what, *vals):
@@ -204,8 +206,6 @@ def _count_map(in_sp, k, s, d, begin, end, out, include_pad):
 def pool3d(im, kind, x, k, s, d, begin, end, out, include_pad=False, p=2):
     """ONNX MaxPool / AveragePool / LpPool on NCDHW. out: the ONNX output sizes (floor or ceil
     rounding resolved by the caller); the pads are explicit."""
-    from .pool import _pool_out
-
     where = f"{kind} 3-D"
     b = im.b
     n, c, depth, h, w = x.shape
@@ -231,7 +231,7 @@ def pool3d(im, kind, x, k, s, d, begin, end, out, include_pad=False, p=2):
         ho, wo = out[1], out[2]
         kw2 = dict(window_dimensions=k[1:], padding=[begin[1], end[1], begin[2], end[2]], strides=s[1:],
                    dilations=d[1:])
-        if [ho, wo] != _pool_out([h, w], k[1:], s[1:], d[1:], begin[1:], end[1:], False):
+        if [ho, wo] != pool_out([h, w], k[1:], s[1:], d[1:], begin[1:], end[1:], False):
             kw2["output_sizes"] = [ho, wo]
         y = getattr(b, fn)(b.reshape(src, [n, c * depth, h, w]), **kw2)  # [N, C*D, Ho, Wo]
         if scale is not None and d_id:
@@ -239,7 +239,7 @@ def pool3d(im, kind, x, k, s, d, begin, end, out, include_pad=False, p=2):
     if not d_id:
         kw2 = dict(window_dimensions=[k[0], 1], padding=[begin[0], end[0], 0, 0], strides=[s[0], 1],
                    dilations=[d[0], 1])
-        if out[0] != _pool_out([depth], k[:1], s[:1], d[:1], begin[:1], end[:1], False)[0]:
+        if out[0] != pool_out([depth], k[:1], s[:1], d[:1], begin[:1], end[:1], False)[0]:
             kw2["output_sizes"] = [out[0], ho * wo]
         y = getattr(b, fn)(b.reshape(y, [n, c, depth, ho * wo]), **kw2)  # [N, C, Do, Ho*Wo]
     if scale is not None:
@@ -252,6 +252,4 @@ def pool3d(im, kind, x, k, s, d, begin, end, out, include_pad=False, p=2):
 
 
 def _np_type(x):
-    from ... import dtypes
-
     return dtypes.NUMPY[x.data_type]

@@ -148,7 +148,7 @@ def _shrink(im, node, ins, attrs):
 
 
 @op("Gelu", attrs=("approximate",))
-def _gelu(im, node, ins, attrs):
+def gelu(im, node, ins, attrs):
     x = X(im, ins[0])
     if attrs.get("approximate", "none") == "none":
         return im.b.gelu(x)

@@ -7,7 +7,7 @@ from .. import symbolic
 from ..errors import unsupported
 from ._helpers import const, ints, is_float, norm_axis, prod, scalar, X
 from ._registry import op
-from .movement import _keep_bool
+from .movement import keep_bool
 
 def _indices(im, idx):
     """ONNX indices as an operand. Negative ones need no fixing: the WebNN gather/scatter kernels
@@ -23,7 +23,7 @@ def _gather(im, node, ins, attrs):
     x = X(im, ins[0])
     axis = norm_axis(attrs.get("axis", 0), len(x.shape))
     fn = im.b.gather if node.op_type == "Gather" else im.b.gather_elements
-    return _keep_bool(im, x, fn(x, _indices(im, ins[1]), axis=axis))
+    return keep_bool(im, x, fn(x, _indices(im, ins[1]), axis=axis))
 
 
 @op("GatherND", attrs=("batch_dims",))
@@ -31,7 +31,7 @@ def _gather_nd(im, node, ins, attrs):
     if attrs.get("batch_dims", 0):
         unsupported("batch_dims != 0 is not supported")
     x = X(im, ins[0])
-    return _keep_bool(im, x, im.b.gather_nd(x, _indices(im, ins[1])))
+    return keep_bool(im, x, im.b.gather_nd(x, _indices(im, ins[1])))
 
 
 @op("ScatterElements", "Scatter", attrs=("axis", "reduction"))

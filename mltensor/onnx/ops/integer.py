@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import unsupported
 from ._helpers import X, prod
 from ._registry import op
-from .conv import _explicit_pads
+from ._window import explicit_pads
 
 _INT8 = ("int8", "uint8")
 
@@ -33,7 +33,7 @@ def _shape(v):
     return tuple(v.shape)
 
 
-class _Weight:
+class Weight:
     """B of a matmul or a convolution's filter: an operand, or an int8/uint8 constant (the model's
     weights) uploaded packed, four bytes to a uint32 word (ops/integer.py: one byte an element on
     the GPU, not a 32-bit word)."""
@@ -82,7 +82,7 @@ def _row_param(im, v, a_shape, what, op_type):
                 f"(per tensor, per row [M] or [..., M, 1])")
 
 
-def _col_param(im, v, b_shape, what, op_type):
+def col_param(im, v, b_shape, what, op_type):
     """A per-tensor or per-column parameter of B ([..., K, N]): size 1, [N], or [..., 1, N]."""
     if v is None:
         return None
@@ -126,8 +126,8 @@ def _multiplier(im, a_scale, b_scale, y_scale, op_type, float16=False):
     return p if p.data_type == "float32" else b.cast(p, "float32")
 
 
-def _matmul(im, a, bb, za, zb, requant=None, post=None):
-    """(A - za) x (B - zb) with ONNX MatMul's 1-D rules (bb: a _Weight); requant: (scale, y zero point) shaped
+def integer_matmul(im, a, bb, za, zb, requant=None, post=None):
+    """(A - za) x (B - zb) with ONNX MatMul's 1-D rules (bb: a Weight); requant: (scale, y zero point) shaped
     against the 2-D+ operands, or None for int32; post: a function applied to the 2-D+ result
     (parameters shaped against it broadcast before a vector operand's axis is dropped)."""
     b = im.b
@@ -156,12 +156,12 @@ def _matmul(im, a, bb, za, zb, requant=None, post=None):
 def _matmul_integer(im, node, ins, attrs):
     t = "MatMulInteger"
     a = _int8_operand(im, ins[0], "A", t)
-    bb = _Weight(im, ins[1], "B", t)
+    bb = Weight(im, ins[1], "B", t)
     a_shape = (1,) + _shape(a) if len(a.shape) == 1 else _shape(a)
     b_shape = _shape(bb) + (1,) if len(bb.shape) == 1 else _shape(bb)
     za = _row_param(im, ins[2] if len(ins) > 2 else None, a_shape, "a_zero_point", t)
-    zb = _col_param(im, ins[3] if len(ins) > 3 else None, b_shape, "b_zero_point", t)
-    return _matmul(im, a, bb, _zp_operand(im, za, a, "a_zero_point", t),
+    zb = col_param(im, ins[3] if len(ins) > 3 else None, b_shape, "b_zero_point", t)
+    return integer_matmul(im, a, bb, _zp_operand(im, za, a, "a_zero_point", t),
                    _zp_operand(im, zb, bb, "b_zero_point", t))
 
 
@@ -171,19 +171,19 @@ def _qlinear_matmul(im, node, ins, attrs):
     if len(ins) < 8 or any(v is None for v in ins[:8]):
         unsupported(f"{t}: every scale and zero point input is required")
     a = _int8_operand(im, ins[0], "a", t)
-    bb = _Weight(im, ins[3], "b", t)
+    bb = Weight(im, ins[3], "b", t)
     a_shape = (1,) + _shape(a) if len(a.shape) == 1 else _shape(a)
     b_shape = _shape(bb) + (1,) if len(bb.shape) == 1 else _shape(bb)
     za = _zp_operand(im, _row_param(im, ins[2], a_shape, "a_zero_point", t), a, "a_zero_point", t)
-    zb = _zp_operand(im, _col_param(im, ins[5], b_shape, "b_zero_point", t), bb, "b_zero_point", t)
+    zb = _zp_operand(im, col_param(im, ins[5], b_shape, "b_zero_point", t), bb, "b_zero_point", t)
     a_scale = _row_param(im, ins[1], a_shape, "a_scale", t)
-    b_scale = _col_param(im, ins[4], b_shape, "b_scale", t)
+    b_scale = col_param(im, ins[4], b_shape, "b_scale", t)
     y_scale = _row_param(im, ins[6], a_shape, "y_scale", t)
     zy = X(im, _row_param(im, ins[7], a_shape, "y_zero_point", t))
     if zy.data_type not in _INT8:
         unsupported(f"{t}: output data type {zy.data_type} is not supported (int8 and uint8 are)")
     mult = X(im, _multiplier(im, a_scale, b_scale, y_scale, t, float16=True))
-    return _matmul(im, a, bb, za, zb, (mult, zy))
+    return integer_matmul(im, a, bb, za, zb, (mult, zy))
 
 
 # -- convolutions ----------------------------------------------------------------------------
@@ -192,7 +192,7 @@ _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "stride
 
 
 def _conv(im, node, attrs, x, w, zx, zw, requant=None, bias=None):
-    """The convolution of x by w (a _Weight), 1-D as 2-D."""
+    """The convolution of x by w (a Weight), 1-D as 2-D."""
     t = node.op_type
     sp = len(x.shape) - 2
     if sp not in (1, 2) or len(w.shape) != len(x.shape):
@@ -202,7 +202,7 @@ def _conv(im, node, attrs, x, w, zx, zw, requant=None, bias=None):
         unsupported(f"{t}: attribute kernel_shape={list(attrs['kernel_shape'])} differs from the filter's {k}")
     s = list(attrs.get("strides") or [1] * sp)
     d = list(attrs.get("dilations") or [1] * sp)
-    begin, end = _explicit_pads(attrs, list(x.shape[2:]), k, s, d)
+    begin, end = explicit_pads(attrs, list(x.shape[2:]), k, s, d)
     b = im.b
     if sp == 1:
         s, d, begin, end = [1] + s, [1] + d, [0] + list(begin), [0] + list(end)
@@ -236,7 +236,7 @@ def _per_channel(v, oc, what, t):
 def _conv_integer(im, node, ins, attrs):
     t = "ConvInteger"
     x = _int8_operand(im, ins[0], "x", t)
-    w = _Weight(im, ins[1], "w", t)
+    w = Weight(im, ins[1], "w", t)
     zx = _per_tensor(ins[2] if len(ins) > 2 else None, "x_zero_point", t)
     zw = _per_channel(ins[3] if len(ins) > 3 else None, w.shape[0], "w_zero_point", t)
     return _conv(im, node, attrs, x, w, _zp_operand(im, zx, x, "x_zero_point", t),
@@ -249,7 +249,7 @@ def _qlinear_conv(im, node, ins, attrs):
     if len(ins) < 8 or any(v is None for v in ins[:8]):
         unsupported(f"{t}: every scale and zero point input is required")
     x = _int8_operand(im, ins[0], "x", t)
-    w = _Weight(im, ins[3], "w", t)
+    w = Weight(im, ins[3], "w", t)
     oc = w.shape[0]
     zx = _zp_operand(im, _per_tensor(ins[2], "x_zero_point", t), x, "x_zero_point", t)
     zw = _zp_operand(im, _per_channel(ins[5], oc, "w_zero_point", t), w, "w_zero_point", t)
@@ -314,12 +314,12 @@ def _integer_to_float(im, t, a, bb, a_scale, b_scale, za, zb, bias):
     a_shape = (1,) + _shape(a) if len(a.shape) == 1 else _shape(a)
     b_shape = _shape(bb) + (1,) if len(bb.shape) == 1 else _shape(bb)
     za = _zp_operand(im, _row_param(im, za, a_shape, "a_zero_point", t), a, "a_zero_point", t)
-    zb = _zp_operand(im, _col_param(im, zb, b_shape, "b_zero_point", t), bb, "b_zero_point", t)
+    zb = _zp_operand(im, col_param(im, zb, b_shape, "b_zero_point", t), bb, "b_zero_point", t)
     a_scale = _row_param(im, a_scale, a_shape, "a_scale", t)
-    b_scale = _col_param(im, b_scale, b_shape, "b_scale", t)
+    b_scale = col_param(im, b_scale, b_shape, "b_scale", t)
     scale = X(im, _multiplier(im, a_scale, b_scale, None, t))
     b = im.b
-    y = _matmul(im, a, bb, za, zb, post=lambda acc: b.mul(b.cast(acc, "float32"), scale))
+    y = integer_matmul(im, a, bb, za, zb, post=lambda acc: b.mul(b.cast(acc, "float32"), scale))
     if bias is not None:
         bias = X(im, bias)
         if bias.data_type != "float32":
@@ -333,7 +333,7 @@ def _matmul_integer_to_float(im, node, ins, attrs):
     t = "MatMulIntegerToFloat"
     ins = list(ins) + [None] * (7 - len(ins))
     a = _int8_operand(im, ins[0], "A", t)
-    bb = _Weight(im, ins[1], "B", t)
+    bb = Weight(im, ins[1], "B", t)
     return _integer_to_float(im, t, a, bb, ins[2], ins[3], ins[4], ins[5], ins[6])
 
 
@@ -342,5 +342,5 @@ def _dynamic_quantize_matmul(im, node, ins, attrs):
     t = "DynamicQuantizeMatMul"
     ins = list(ins) + [None] * (5 - len(ins))
     a, a_scale, za = _dynamic_quantize(im, X(im, ins[0]), t)
-    bb = _Weight(im, ins[1], "B", t)
+    bb = Weight(im, ins[1], "B", t)
     return _integer_to_float(im, t, a, bb, a_scale, ins[2], za, ins[3], ins[4])

@@ -10,7 +10,7 @@ from ._registry import op
 
 
 @op("MatMul")
-def _matmul(im, node, ins, attrs):
+def matmul(im, node, ins, attrs):
     a = X(im, ins[0])
     w = ins[1]
     b = im.b

@@ -41,10 +41,10 @@ def _reshape(im, node, ins, attrs):
     shape = attrs.get("shape") if im.cur_opset < 5 else sizes(im, ins[1], "shape")
     x = X(im, ins[0])
     out = _reshape_shape(x.shape, list(shape), attrs.get("allowzero", 0))
-    return _keep_bool(im, x, im.b.reshape(x, out))
+    return keep_bool(im, x, im.b.reshape(x, out))
 
 
-def _keep_bool(im, src, y):
+def keep_bool(im, src, y):
     if id(src) in im.bools:
         mark_bool(im, y)
     return y
@@ -56,10 +56,10 @@ def _flatten(im, node, ins, attrs):
     r = len(x.shape)
     axis = attrs.get("axis", 1)
     axis = axis + r if axis < 0 else axis
-    return _keep_bool(im, x, im.b.reshape(x, [prod(x.shape[:axis]), prod(x.shape[axis:])]))
+    return keep_bool(im, x, im.b.reshape(x, [prod(x.shape[:axis]), prod(x.shape[axis:])]))
 
 
-def _axes_arg(im, node, ins, attrs, idx=1):
+def axes_arg(im, node, ins, attrs, idx=1):
     if "axes" in attrs:
         return list(attrs["axes"])
     if len(ins) > idx and ins[idx] is not None:
@@ -70,25 +70,25 @@ def _axes_arg(im, node, ins, attrs, idx=1):
 @op("Squeeze", attrs=("axes",))
 def _squeeze(im, node, ins, attrs):
     x = X(im, ins[0])
-    axes = _axes_arg(im, node, ins, attrs)
+    axes = axes_arg(im, node, ins, attrs)
     r = len(x.shape)
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
     axes = {norm_axis(a, r) for a in axes}
     shape = [d for i, d in enumerate(x.shape) if i not in axes]
-    return _keep_bool(im, x, im.b.reshape(x, shape))
+    return keep_bool(im, x, im.b.reshape(x, shape))
 
 
 @op("Unsqueeze", attrs=("axes",))
 def _unsqueeze(im, node, ins, attrs):
     x = X(im, ins[0])
-    axes = _axes_arg(im, node, ins, attrs)
+    axes = axes_arg(im, node, ins, attrs)
     r = len(x.shape) + len(axes)
     axes = sorted(norm_axis(a, r) for a in axes)
     shape = list(x.shape)
     for a in axes:
         shape.insert(a, 1)
-    return _keep_bool(im, x, im.b.reshape(x, shape))
+    return keep_bool(im, x, im.b.reshape(x, shape))
 
 
 @op("Transpose", attrs=("perm",))
@@ -97,7 +97,7 @@ def _transpose(im, node, ins, attrs):
     perm = attrs.get("perm")
     if perm is None:
         perm = list(range(len(x.shape)))[::-1]
-    return _keep_bool(im, x, im.b.transpose(x, permutation=list(perm)))
+    return keep_bool(im, x, im.b.transpose(x, permutation=list(perm)))
 
 
 @op("Concat", attrs=("axis",))
@@ -109,10 +109,10 @@ def _concat(im, node, ins, attrs):
     axis = norm_axis(attrs.get("axis", 1 if im.cur_opset < 4 else 0), r)
     xs = [x for x in xs if x.shape[axis] != 0]
     if len(xs) == 1:
-        return _keep_bool(im, xs[0], im.b.identity(xs[0]))
+        return keep_bool(im, xs[0], im.b.identity(xs[0]))
     dt = xs[0].data_type
     xs = [x if x.data_type == dt else im.b.cast(x, dt) for x in xs]
-    return _keep_bool(im, xs[0], im.b.concat(xs, axis))
+    return keep_bool(im, xs[0], im.b.concat(xs, axis))
 
 
 @op("Split", attrs=("axis", "split", "num_outputs"))
@@ -144,7 +144,7 @@ def _split(im, node, ins, attrs):
     res = []
     for sz in sizes:
         if sz:
-            res.append(_keep_bool(im, x, next(outs)))
+            res.append(keep_bool(im, x, next(outs)))
         else:  # WebNN has no zero-sized tensors: an empty piece is an (empty) host constant
             shp = list(x.shape)
             shp[axis] = 0
@@ -198,8 +198,8 @@ def _slice(im, node, ins, attrs):
         for size, what in checks:  # bounds ONNX would clamp for these sizes: beyond the model
             im.b._require_positive(size, f"[onnx Slice {node.name!r}] {what}")
         if all(isinstance(v, int) and v == 0 for v in st) and list(sz) == list(x.shape):
-            return _keep_bool(im, x, im.b.identity(x))
-        return _keep_bool(im, x, im.b.slice(x, st, sz))
+            return keep_bool(im, x, im.b.identity(x))
+        return keep_bool(im, x, im.b.slice(x, st, sz))
     try:
         st, sz, stride, rev = _slice_params(x.shape, list(starts), list(ends), axes and list(axes), steps)
     except _Empty:
@@ -215,11 +215,11 @@ def _slice(im, node, ins, attrs):
     else:
         x2 = x
     if list(st) == [0] * len(st) and list(sz) == list(x.shape) and all(s == 1 for s in stride):
-        return _keep_bool(im, x, im.b.identity(x2))
+        return keep_bool(im, x, im.b.identity(x2))
     kw = {"strides": stride} if any(s != 1 for s in stride) else {}
     # WebNN sizes count input elements spanned (the output has ceil(size / stride))
     span = [(n - 1) * k + 1 for n, k in zip(sz, stride)]
-    return _keep_bool(im, x, im.b.slice(x2, st, span, **kw))
+    return keep_bool(im, x, im.b.slice(x2, st, span, **kw))
 
 
 @op("Pad", attrs=("mode", "pads", "value", "paddings"))
@@ -306,15 +306,15 @@ def _expand(im, node, ins, attrs):
     x = X(im, ins[0])
     shape = _broadcast(x.shape, sizes(im, ins[1], "shape"))
     if tuple(shape) == tuple(x.shape):
-        return _keep_bool(im, x, im.b.identity(x))
-    return _keep_bool(im, x, im.b.expand(x, shape))
+        return keep_bool(im, x, im.b.identity(x))
+    return keep_bool(im, x, im.b.expand(x, shape))
 
 
 @op("Tile")
 def _tile(im, node, ins, attrs):
     x = X(im, ins[0])
     reps = ints(im, ins[1], "repeats")
-    return _keep_bool(im, x, im.b.tile(x, reps))
+    return keep_bool(im, x, im.b.tile(x, reps))
 
 
 @op("DepthToSpace", attrs=("blocksize", "mode"))

@@ -3,22 +3,8 @@
 from ..errors import unsupported
 from ._helpers import prod, scalar, X
 from ._registry import op
-from .conv import _explicit_pads, _spatial_rank, _to2d, _webnn_pad
+from ._window import explicit_pads, pool_out, spatial_rank, to2d, webnn_pad
 from .conv3d import pool3d
-
-def _pool_out(in_sp, k, s, d, begin, end, ceil):
-    out = []
-    for i in range(len(in_sp)):
-        ek = (k[i] - 1) * d[i] + 1
-        span = in_sp[i] + begin[i] + end[i] - ek
-        if ceil:
-            o = -(-span // s[i]) + 1
-            if (o - 1) * s[i] >= in_sp[i] + begin[i]:  # last window would start in the padding
-                o -= 1
-        else:
-            o = span // s[i] + 1
-        out.append(o)
-    return out
 
 
 @op("MaxPool", "AveragePool", "LpPool",
@@ -29,7 +15,7 @@ def _pool(im, node, ins, attrs):
         unsupported("the Indices output of MaxPool is not supported")
     x = X(im, ins[0])
     sp = len(x.shape) - 2
-    _spatial_rank(sp, "pools")
+    spatial_rank(sp, "pools")
     if "kernel_shape" not in attrs:
         im.malformed("the kernel_shape attribute is required")
     k = list(attrs["kernel_shape"])
@@ -39,11 +25,11 @@ def _pool(im, node, ins, attrs):
     auto = attrs.get("auto_pad", "NOTSET")
     ceil = bool(attrs.get("ceil_mode", 0))
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = _explicit_pads(attrs, in_sp, k, s, d)
+        begin, end = explicit_pads(attrs, in_sp, k, s, d)
         out = [-(-in_sp[i] // s[i]) for i in range(sp)]
     else:
-        begin, end = _explicit_pads(attrs, in_sp, k, s, d)
-        out = _pool_out(in_sp, k, s, d, begin, end, ceil)
+        begin, end = explicit_pads(attrs, in_sp, k, s, d)
+        out = pool_out(in_sp, k, s, d, begin, end, ceil)
     b = im.b
     t = node.op_type
     p = attrs.get("p", 2)
@@ -60,9 +46,9 @@ def _pool(im, node, ins, attrs):
             k1, s1, d1, o1 = [1] + k, [1] + s, [1] + d, [1] + out
         else:
             k1, s1, d1, o1 = k, s, d, out
-        x2 = _to2d(im, xp, sp)
+        x2 = to2d(im, xp, sp)
         kw = dict(window_dimensions=k1, strides=s1, dilations=d1)
-        if list(o1) != _pool_out(x2.shape[2:], k1, s1, d1, [0, 0], [0, 0], False):
+        if list(o1) != pool_out(x2.shape[2:], k1, s1, d1, [0, 0], [0, 0], False):
             kw["output_sizes"] = list(o1)
         avg = b.average_pool2d(x2, **kw)
         y = b.pow(b.mul(avg, scalar(im, float(prod(k)), x)), scalar(im, 1.0 / p, x))
@@ -76,10 +62,10 @@ def _pool(im, node, ins, attrs):
         begin, end = [0] * sp, [0] * sp
     if sp == 1:
         k, s, d, begin, end, out = [1] + k, [1] + s, [1] + d, [0] + begin, [0] + end, [1] + out
-    x2 = _to2d(im, x, sp)
+    x2 = to2d(im, x, sp)
     fn = {"MaxPool": "max_pool2d", "AveragePool": "average_pool2d", "LpPool": "l2_pool2d"}[t]
-    kw = dict(window_dimensions=k, padding=_webnn_pad(begin, end), strides=s, dilations=d)
-    floor_out = _pool_out(x2.shape[2:], k, s, d, begin, end, False)
+    kw = dict(window_dimensions=k, padding=webnn_pad(begin, end), strides=s, dilations=d)
+    floor_out = pool_out(x2.shape[2:], k, s, d, begin, end, False)
     if list(out) != floor_out:
         kw["output_sizes"] = list(out)
     y = getattr(b, fn)(x2, **kw)

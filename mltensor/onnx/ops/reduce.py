@@ -2,7 +2,7 @@
 
 from ._helpers import ints, norm_axis, scalar, X
 from ._registry import op
-from .movement import _axes_arg
+from .movement import axes_arg
 
 # -- reductions -------------------------------------------------------------------------------
 
@@ -16,7 +16,7 @@ _REDUCE = {
 
 @op(*_REDUCE, attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce(im, node, ins, attrs):
-    axes = _axes_arg(im, node, ins, attrs)
+    axes = axes_arg(im, node, ins, attrs)
     x = X(im, ins[0])
     keep = bool(attrs.get("keepdims", 1))
     r = len(x.shape)
