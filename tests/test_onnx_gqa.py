@@ -11,7 +11,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 from mltensor import InferenceSession
-from mltensor.onnx.importer import UnsupportedError
+from mltensor.onnx.errors import UnsupportedError
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -16,7 +16,7 @@ import mltensor
 from mltensor import InferenceSession, ml
 from mltensor.models_synthetic import vit
 from mltensor.onnx import weights as W
-from mltensor.onnx.importer import load_model
+from mltensor.onnx.model import load_model
 
 ort = pytest.importorskip("onnxruntime")
 
