@@ -34,7 +34,9 @@ from ..dynamic.kernels import check_device, dims_blocks, immediates_layout, may_
 from ..dynamic.plan import DynamicPlan, LaunchData
 from ..runtime.constants import UPLOAD_BATCH, digest
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
-from .passes import binding_cap, live_nodes, plan_steps
+from ..ir.graph import live_nodes
+from .plan import plan_steps
+from .steps import binding_cap
 
 _BG_CACHE_MAX = 64
 _set_pipeline = _lib.wgpuComputePassEncoderSetPipeline

@@ -13,7 +13,8 @@ from ..dynamic.dims import high, parse_shape
 from ..errors import InvalidStateError, NotSupportedError, OperationError, gpu_errors
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
-from ._util import as_shape, awaitable
+from ..ir.graph import as_shape
+from ._util import awaitable
 from .tensor import MLTensor, exported_error
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
@@ -276,7 +277,7 @@ class MLContext:
         and `output` operands, and one entry per builder operator giving, per operand, its
         `data_types` and `rank_range` (`{"min": .., "max": ..}`). The data types listed are
         exactly those that work on this context."""
-        from ..ops import support_limits
+        from ..ir.registry import support_limits
 
         return support_limits(self)
 

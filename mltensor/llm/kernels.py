@@ -13,8 +13,7 @@ rows each (no barriers, nibbles extracted as vec4s) are the lavapipe choice (see
 a: float32 [1, K] (or [K]) with K a multiple of 32; output float32 [1, N] (or [N]).
 """
 
-from ..front.builder import builder_op
-from ..ops import lowering, register
+from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import Binding, Kernel, grid
 
 BLOCK = 32

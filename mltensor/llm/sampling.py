@@ -16,8 +16,8 @@ import threading
 import numpy as np
 
 from .. import MLGraphBuilder
-from ..front.builder import builder_op
-from ..ops import check_number, lowering, register
+from ..ir.registry import builder_op, lowering, register
+from ..ops._checks import check_number
 from ..runtime.wgsl import Binding, Kernel, f32_lit
 
 WG = 256

@@ -25,9 +25,9 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
-from . import check_bool, check_support, register, same_type
+from ._checks import check_bool, check_support, same_type
 from .reduce import groups
 
 FLOAT = dtypes.FLOATS

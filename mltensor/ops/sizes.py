@@ -15,9 +15,8 @@ computation of the dispatch rather than a constant folded at build; the kernel d
 
 from .. import dtypes
 from ..dynamic.dims import Sym, wgsl
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, grid, lit
-from . import register
 
 TYPES = ("float32", "int32", "int64", "uint32")
 DYNAMIC_OPS = frozenset({"_size", "_range"})

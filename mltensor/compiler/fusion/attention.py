@@ -1,4 +1,4 @@
-"""Attention recognition (called by passes.plan_steps once the steps are planned).
+"""Attention recognition (called by plan.plan_steps once the steps are planned).
 
 The chain
 
@@ -30,9 +30,10 @@ import os
 
 import numpy as np
 
-from ..dynamic.dims import Sym, low
-from ..front.builder import Node
-from ..ops.attention import FLOAT, MAX_HEAD
+from ...dynamic.dims import Sym, low
+from ...ir.graph import Node
+from ...ops.attention import FLOAT, MAX_HEAD
+from ..steps import Step, epilogue_operands
 
 # MLTENSOR_NO_ATTENTION=1 leaves the chain as planned (the steps fusion makes without this pass),
 # for comparison
@@ -138,8 +139,6 @@ def fuse_attention(steps, single_use, max_inputs):
     """Replace, in place, each recognised chain's steps by one `_attention` step (module doc)."""
     if not enabled():
         return
-    from .passes import Step, epilogue_operands  # (passes imports this module)
-
     producer = {id(v): s for s in steps for v in s.outputs}
     for sm in list(steps):
         if sm not in steps or not _lone(sm, "softmax"):
@@ -199,7 +198,7 @@ def fuse_attention(steps, single_use, max_inputs):
         else:
             k, k_transposed, tr = kt, True, None
         inputs = [q, k, v, bias, cond]
-        # within the binding cap, counted as passes.read_bindings counts the new step
+        # within the binding cap, counted as steps.read_bindings counts the new step
         if len([a for a in inputs if a is not None]) + len(epilogue_operands(pv)) > max_inputs:
             continue
         attrs = {"scale": 1.0 if scale is None else scale, "scale_op": scale_op, "causal": False,
