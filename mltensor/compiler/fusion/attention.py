@@ -28,10 +28,9 @@ MLTENSOR_NO_ATTENTION=1 turns the pass off (for comparison; MLTENSOR_NO_FUSION=1
 
 import os
 
-import numpy as np
 
 from ...dynamic.dims import Sym, low
-from ...ir.graph import Node
+from ...ir.graph import Node, scalar_value
 from ...ops.attention import FLOAT, MAX_HEAD
 from ..steps import Step, epilogue_operands
 
@@ -42,13 +41,6 @@ _ENV = "MLTENSOR_NO_ATTENTION"
 
 def enabled():
     return os.environ.get(_ENV, "") in ("", "0")
-
-
-def _scalar(v):
-    """The value of a host constant with one element, else None."""
-    if v is None or v._kind != "constant" or not isinstance(v._value, np.ndarray) or v._value.size != 1:
-        return None
-    return float(np.asarray(v._value, dtype=np.float64).reshape(()))
 
 
 def _broadcasts(shape, target):
@@ -79,10 +71,10 @@ def _parse_post(e, producer):
     cond, wv, keeps = None, None, True
     if ops[-1] == "where":
         cond, tv, fv = ns[-1].inputs
-        if _scalar(fv) is not None and tv is not fv:
-            inner, wv = tv, _scalar(fv)
-        elif _scalar(tv) is not None and fv is not tv:
-            inner, wv, keeps = fv, _scalar(tv), False
+        if scalar_value(fv) is not None and tv is not fv:
+            inner, wv = tv, scalar_value(fv)
+        elif scalar_value(tv) is not None and fv is not tv:
+            inner, wv, keeps = fv, scalar_value(tv), False
         else:
             return None
         if cond.data_type != "uint8" or not _broadcasts(tuple(cond.shape), tuple(ns[-1].outputs[0].shape)):
@@ -118,7 +110,7 @@ def _parse_scores(step):
     if k < len(epi) and epi[k].op in ("mul", "div"):
         a, b = epi[k].inputs
         other = b if a is cur else a if b is cur else None
-        c = _scalar(other)
+        c = scalar_value(other)
         if c is None or (epi[k].op == "div" and a is not cur) or a is b:
             return None
         scale_op, scale = epi[k].op, c
