@@ -19,7 +19,7 @@ Per input `a/b.jpg` (relative to the folder or glob it came from) the outputs ar
 
 The default model is MediaPipe's selfie segmentation; `--model` takes any .onnx or .tflite with
 an rgb input (NHWC or NCHW) and a mask-like first output, with `--preprocess` / `--postprocess`
-naming its input normalization and output decoding (see selfie_segmentation.PREPROCESS).
+naming its input normalization and output decoding (see video_copy.PREPROCESS).
 """
 
 import argparse
@@ -114,7 +114,7 @@ class Segmenter:
                  background=None, smoothing=0.5, blur_sigma=None, lossless=False, context=None):
         import mltensor
 
-        from .selfie_segmentation import POSTPROCESS, PREPROCESS
+        from .video_copy import POSTPROCESS, PREPROCESS
 
         if preprocess not in PREPROCESS or postprocess not in POSTPROCESS:
             raise ValueError(f"preprocess must be one of {', '.join(PREPROCESS)} and postprocess one of "
@@ -132,7 +132,7 @@ class Segmenter:
         self.worker = f"{os.uname().nodename}:{os.getpid()}"
 
     def pipeline(self, width, height, smoothing=0.0):
-        from .selfie_segmentation import CopyingPipeline
+        from .video_copy import CopyingPipeline
 
         return CopyingPipeline(self.session, width, height, smoothing=smoothing, **self.options)
 
@@ -153,7 +153,7 @@ class Segmenter:
         return row
 
     def _image(self, path, out_path, mask_path):
-        from .selfie_segmentation import save_png
+        from .video_frames import save_png
 
         rgb = read_image(path)
         pipe = self.pipeline(rgb.shape[1], rgb.shape[0])  # one picture: no temporal smoothing
@@ -162,7 +162,7 @@ class Segmenter:
         return 1
 
     def _video(self, path, out_path, mask_path):
-        from .selfie_segmentation import AVSource, Mp4Writer
+        from .video_frames import AVSource, Mp4Writer
 
         try:
             src = AVSource(path)
@@ -322,7 +322,7 @@ def format_summary(s):
 
 
 def build_parser():
-    from .selfie_segmentation import POSTPROCESS, PREPROCESS
+    from .video_copy import POSTPROCESS, PREPROCESS
 
     p = argparse.ArgumentParser(prog="mltensor-batch", description=__doc__.split("\n\n")[0],
                                 epilog="Outputs: OUT/<name>.png|.mp4 (composited) and OUT/<name>_mask.png|.mp4.")
