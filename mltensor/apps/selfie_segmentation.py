@@ -37,6 +37,9 @@ import time
 
 import numpy as np
 
+import mltensor  # its models, tflite and InferenceSession load on first use (mltensor/__init__.py)
+
+from .. import ml
 from .video_copy import CopyingPipeline
 from .video_frames import Mp4Writer, open_source, save_png
 from .video_gpu import GpuPipeline, load_model
@@ -110,9 +113,6 @@ def run(args=None, *, device=None, log=print):
         output = "selfie_segmentation.mp4"
 
     import wgpu
-
-    import mltensor
-    from mltensor import ml
 
     t_setup = time.perf_counter()
     source = open_source(args.source, args.size, args.frames)

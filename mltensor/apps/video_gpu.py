@@ -8,6 +8,9 @@ import time
 
 import numpy as np
 
+import mltensor  # its tflite and import_external_buffer_sync load on first use (mltensor/__init__.py)
+
+from ..runtime import wgsl
 from .video_composite import MASK_HI, MASK_LO, blur_params, load_background
 
 STAGES_GPU = ("upload", "preprocess", "inference", "composite")
@@ -19,8 +22,6 @@ STAGES_GPU = ("upload", "preprocess", "inference", "composite")
 def load_model(ctx, model=None):
     """(graph, (input name, shape), (output name, shape)) of the selfie segmentation model, built
     on `ctx`. `model`: a .tflite path, or None for mltensor.models.fetch("selfie_segmentation")."""
-    import mltensor
-
     path = model or mltensor.models.fetch("selfie_segmentation")
     graph, inputs, outputs = mltensor.tflite.import_model(path, ctx)
     (iname, itype, ishape), (oname, otype, oshape) = inputs[0], outputs[0]
@@ -47,8 +48,6 @@ class GpuPipeline:
     def __init__(self, ctx, graph, model_in, model_out, width, height, *, effect="blur",
                  background=None, smoothing=0.5, blur_sigma=None, stage_sync=True):
         import wgpu
-
-        from ..runtime import wgsl
 
         self.ctx, self.graph = ctx, graph
         self.device = device = ctx.device
@@ -179,8 +178,6 @@ class GpuPipeline:
         return t1
 
     def _import(self, tensor):
-        import mltensor
-
         self.imports += 1
         return mltensor.import_external_buffer_sync(self.device, tensor)
 
@@ -262,8 +259,6 @@ class GpuPipeline:
     def present(self, canvas_context):
         """Draw the composited frame into a rendercanvas wgpu context (no readback)."""
         import wgpu
-
-        from ..runtime import wgsl
 
         tex = canvas_context.get_current_texture()
         fmt = tex.format
