@@ -17,7 +17,7 @@ import time
 
 from .. import ml
 from ..llm.model import LlamaModel, LlamaWeights
-from ..llm.sampling import Sampler
+from ..llm.sampler import Sampler
 from ..llm.tokenizer import GGUFTokenizer
 from ..models import fetch_gguf
 
