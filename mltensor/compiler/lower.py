@@ -13,9 +13,9 @@ import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
-from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, is_dynamic, params_enabled, room
+from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, grid, is_dynamic, params_enabled, room
 from ..ops import OPS
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, loop_capped, loop_guard
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, loop_capped, loop_guard
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,7 +13,7 @@ Lowerings never write this: they render sizes with `dims.wgsl(x)` (a literal for
 an expression over `dims.*` for a Sym), and `KernelContext.launch` marks the kernels whose
 parameters mention `dims.d_` (runtime/wgsl.Kernel.dims), which adds the declaration and the
 pipeline layout's immediate range. Workgroup counts that depend on sizes are `Fold` (a 1-D count
-folded past 65535 like wgsl.grid) or tuples holding Syms, evaluated per dispatch by
+folded past 65535 like `grid`) or tuples holding Syms, evaluated per dispatch by
 `concrete_groups`.
 
 The same immediates carry launch parameters (SizeParams, issue 29): static sizes of kernels that
@@ -27,9 +27,10 @@ import os
 import numpy as np
 
 from ..errors import NotSupportedError
-from .dims import Sym, derived_field, evaluate, field_name, param_field
+from .dims import Sym, derived_field, evaluate, field_name, low, param_field
 
 FEATURE = "immediates"
+MAX_GROUPS = 65535  # workgroups along one dimension of a launch (WebGPU's default limit)
 MAX_DIMS = 32  # 128 bytes of immediates (the smallest max-immediate-size seen: lavapipe)
 
 
@@ -177,8 +178,22 @@ def immediates_layout(kernels, blocks=None):
     return rows, at, np.array(words or [0], dtype=np.uint32)
 
 
+def grid(n_groups):
+    """Workgroup counts for n_groups 1-D groups, folded into 2-D past the per-dimension limit.
+    Kernels rebuild the linear group index with `wid.y * nwg.x + wid.x`. A count that is a Sym
+    (known at dispatch) gives a Fold, folded the same way per dispatch."""
+    if isinstance(n_groups, Sym):
+        return Fold(n_groups)
+    n_groups = max(1, int(n_groups))
+    if n_groups <= MAX_GROUPS:
+        return (n_groups, 1, 1)
+    y = -(-n_groups // MAX_GROUPS)
+    x = -(-n_groups // y)
+    return (x, y, 1)
+
+
 class Fold:
-    """A 1-D workgroup count known at dispatch, folded into 2-D past 65535 as wgsl.grid does."""
+    """A 1-D workgroup count known at dispatch, folded into 2-D past 65535 as grid does."""
 
     __slots__ = ("n",)
 
@@ -196,8 +211,6 @@ def is_dynamic(groups):
 def may_be_zero(groups):
     """Whether a launch's workgroup count may be 0 at some sizes (bounds: an undecided count
     counts as possibly 0)."""
-    from .dims import low
-
     if isinstance(groups, Fold):
         return low(groups.n) < 1
     return any(low(g) < 1 for g in groups)
@@ -205,8 +218,6 @@ def may_be_zero(groups):
 
 def concrete_groups(groups, values):
     """(x, y, z) workgroup counts of a launch for {name: size}."""
-    from ..runtime.wgsl import MAX_GROUPS, grid
-
     if isinstance(groups, Fold):
         n = evaluate(groups.n, values)
         return grid(n) if n > 0 else (0, 1, 1)
@@ -221,8 +232,6 @@ def compile_groups(all_groups, names):
     """A function {name: size} -> flat [x0, y0, z0, x1, ...] for a list of launches' groups:
     the Sym expressions are compiled once into one Python function (a decode loop sizes every
     launch at every step)."""
-    from ..runtime.wgsl import MAX_GROUPS
-
     lines, env, cse = [], {"_fold": _fold, "MAXG": MAX_GROUPS}, PyCSE()
     for i, g in enumerate(all_groups):
         if isinstance(g, Fold):
@@ -283,8 +292,6 @@ class PyCSE:
 
 
 def _fold(n):
-    from ..runtime.wgsl import grid
-
     return grid(n) if n > 0 else (0, 1, 1)
 
 

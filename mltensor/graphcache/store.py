@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 
+from .._xdg import cache_dir
 from ..errors import OperationError
 from . import recipe as R
 
@@ -48,8 +49,6 @@ class _Unpickler(pickle.Unpickler):
 
 
 def root():
-    from ..models import cache_dir
-
     return os.path.join(cache_dir(), "graphs")
 
 

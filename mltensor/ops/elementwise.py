@@ -18,8 +18,8 @@ from .. import dtypes
 from ..compiler.passes import external_inputs
 from ..front.builder import builder_op
 from ..dynamic.dims import wgsl
-from ..dynamic.kernels import SizeParams
-from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit, unop
+from ..dynamic.kernels import SizeParams, grid
+from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, lit, unop
 from . import broadcast_shapes, check_number, check_support, merge_dims, radix, register, row_strides, same_type
 
 ALL = dtypes.ALL
@@ -387,7 +387,7 @@ def _grid_layout(ext, out):
     where every input is contiguous along them, at most 3 left (z, y, x: outermost first), with
     each input's strides along them (0: broadcast); None where more remain or a grid dimension
     would exceed the workgroup-count limit (the flat path then)."""
-    from ..runtime.wgsl import MAX_GROUPS
+    from ..dynamic.kernels import MAX_GROUPS
 
     rank = len(out.shape)
     cols = []

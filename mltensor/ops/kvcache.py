@@ -23,9 +23,10 @@ All values are appended by one launch (one thread per element of the largest).
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, smax, wgsl
+from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel
 from . import register
 
 TYPES = ("float32", "float16")

@@ -26,10 +26,11 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import Condition, Sym, cdiv, high, low, smax, smin, wgsl
+from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
 from ..runtime import autotune
-from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, f32_lit, grid, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, binop, f32_lit, store_fn
 from . import (MAX_RANK, broadcast_shapes, check_bool, check_number, check_support, lowering, merge_dims, radix,
                register, row_strides, same_type, unidirectional)
 

@@ -25,10 +25,10 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, wgsl
-from ..dynamic.kernels import is_dynamic
+from ..dynamic.kernels import MAX_GROUPS, grid, is_dynamic
 from ..front._util import as_shape
 from ..front.builder import builder_op
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, convert, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, lit
 from . import (MAX_RANK, broadcast_shapes, chained_coords, check_support, int_list, merge_dims, radix, register,
                row_strides, same_type, unidirectional)
 

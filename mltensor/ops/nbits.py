@@ -20,8 +20,9 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, low, smin, wgsl
+from ..dynamic.kernels import grid
 from ..front.builder import builder_op
-from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, grid, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, store_fn
 from . import MAX_RANK, check_support, lowering, register, same_type
 
 FLOAT = dtypes.FLOATS

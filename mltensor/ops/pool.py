@@ -27,8 +27,8 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..front.builder import builder_op
-from ..dynamic.kernels import SizeParams
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
+from ..dynamic.kernels import SizeParams, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, store_fn
 from . import FAST_DIV_MAX, check_support, index_lines, int_list, lowering, register
 from .reduce import CHUNK, MAX_SPLIT, at_least, chunks
 from .reduce import groups as groups_for

@@ -181,7 +181,7 @@ def _grid(kc, x, out, rs):
     index; the sizes and strides are launch parameters (every resampling of one mode, transform
     and scale shares a pipeline). A division by a size read at dispatch would have made the flat
     kernel 1.6x slower on lavapipe (bench/test_bench_startup.py)."""
-    from ..runtime.wgsl import MAX_GROUPS
+    from ..dynamic.kernels import MAX_GROUPS
     from .elementwise import GRID_WX
 
     if rs["axes"] != [2, 3] or not is_static(tuple(x.shape) + tuple(out.shape)):

@@ -24,9 +24,10 @@ import struct
 import numpy as np
 
 from .. import dtypes
+from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel
 from . import MAX_RANK, chained_coords, check_number, check_support, lowering, register
 
 EPT = 4  # elements a thread owns in a block of the compaction

@@ -15,8 +15,9 @@ computation of the dispatch rather than a constant folded at build; the kernel d
 
 from .. import dtypes
 from ..dynamic.dims import Sym, wgsl
+from ..dynamic.kernels import grid
 from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, lit
 from . import register
 
 TYPES = ("float32", "int32", "int64", "uint32")
