@@ -238,7 +238,7 @@ def compile_groups(all_groups, names):
             lines.append(f"_fold({cse.sym(g.n)})")
         else:  # (a count of 0 is a gated-off variant, ops/matmul.py: wgpu makes it a no-op)
             lines.append("(" + ", ".join(f"max(0, {cse.sym(x)})" for x in g) + ")")
-    args = ", ".join(f"{_var(n)}" for n in names)
+    args = ", ".join(f"{py_var(n)}" for n in names)
     body = "".join(f"    o.extend({x})\n" for x in lines)
     src = "def f(" + args + "):\n" + cse.text() + "    o = []\n" + body + "    return o\n"
     exec(compile(src, "<dynamic launch sizes>", "exec"), env)
@@ -280,7 +280,7 @@ class PyCSE:
 
     def atom(self, a):
         if a.kind == "dim":
-            return _var(a.args[0])
+            return py_var(a.args[0])
         if a.kind == "param":
             return str(a.args[1])
         x, y = (self.sym(v) for v in a.args)
@@ -295,12 +295,13 @@ def _fold(n):
     return grid(n) if n > 0 else (0, 1, 1)
 
 
-def _var(name):
+def py_var(name):
+    """The Python variable holding dimension `name` in the generated size functions."""
     return "v_" + field_name(name)
 
 
-def _py(x):
-    """A Python expression of a size over the variables _var(name)."""
+def py_expr(x):
+    """A Python expression of a size over the variables py_var(name)."""
     if isinstance(x, int):
         return str(x)
     parts = []
@@ -312,9 +313,9 @@ def _py(x):
 
 def _py_atom(a):
     if a.kind == "dim":
-        return _var(a.args[0])
+        return py_var(a.args[0])
     if a.kind == "param":
         return str(a.args[1])
-    x, y = (_py(v) for v in a.args)
+    x, y = (py_expr(v) for v in a.args)
     return {"div": f"({x} // {y})", "mod": f"({x} % {y})", "max": f"max({x}, {y})",
             "min": f"min({x}, {y})"}[a.kind]

@@ -13,7 +13,7 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import Sym, is_static, low, parse_shape
 from ..errors import InvalidStateError, NotSupportedError
-from ._util import as_shape, awaitable
+from ._util import as_shape, awaitable, bytes_of
 from .tensor import MLTensor
 
 
@@ -261,9 +261,7 @@ class MLGraphBuilder:
         if shape is None or data is None:
             raise TypeError(f"[{where}] shape and data are required (or a scalar value)")
         dt, shape = self._context._tensor_args(where, dt, shape)
-        from .context import _bytes_of
-
-        raw = _bytes_of(data, dt, dtypes.byte_length(dt, shape), where)
+        raw = bytes_of(data, dt, dtypes.byte_length(dt, shape), where)
         arr = np.frombuffer(bytes(raw), dtype=dtypes.NUMPY[dt]).reshape(shape)
         return MLOperand(self, dt, shape, "constant", value=arr)
 

@@ -54,7 +54,7 @@ def loop_guard(where, iters):
             f"{LLVMPIPE_LOOP_CAP} iterations, giving wrong results); no split variant covers this size")
 
 
-def _shader_dir():
+def shader_dir():
     # Installed: shaders/ is shipped as the package mltensor.shaders. Source tree: ../../shaders,
     # checked first so that a checkout imported through PYTHONPATH (a git worktree next to an
     # editable install of another checkout) renders its own shaders, not the installed ones.
@@ -93,7 +93,7 @@ def template_env():
                 import jinja2
 
                 env = jinja2.Environment(
-                    loader=jinja2.FileSystemLoader(_shader_dir()),
+                    loader=jinja2.FileSystemLoader(shader_dir()),
                     block_start_string="{$",
                     block_end_string="$}",
                     variable_start_string="{{",
