@@ -16,7 +16,6 @@ kernel per batch item (fuse_gates), and read its input through the elementwise s
 """
 
 import math
-import os
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from ..dynamic.dims import Sym, high, is_static, wgsl
 from ..front.builder import MLOperand, Node
 from ..ops import OPS
 from ..ops.matmul import post_norm_fits
+from ..switches import switch
 from .attention import fuse_attention
 
 # Storage buffers one fused kernel may bind, whatever the adapter allows (and never more than it
@@ -229,7 +229,7 @@ def fuse_depthwise():
     depthwise outputs of its A tile with scalar loads, once per output-channel tile, where the
     depthwise kernel shares its input columns between 4 outputs. On lavapipe that made the
     MediaPipe detectors 1.6-3x slower (palm_detection_full 175 -> 590 ms); unmeasured on GPUs."""
-    return os.environ.get("MLTENSOR_FUSE_DEPTHWISE", "") not in ("", "0")
+    return switch("MLTENSOR_FUSE_DEPTHWISE")
 
 
 def _pointwise(n):

@@ -22,11 +22,10 @@ kernels differing only in sizes share one pipeline. `immediates_layout` says whe
 takes its immediates from; other static sizes stay WGSL constants.
 """
 
-import os
-
 import numpy as np
 
 from ..errors import NotSupportedError
+from ..switches import switch
 from .dims import Sym, derived_field, evaluate, field_name, low, param_field
 
 FEATURE = "immediates"
@@ -81,13 +80,13 @@ class SizeParams:
 
 
 def params_enabled():
-    return os.environ.get("MLTENSOR_NO_SIZE_PARAMS", "") in ("", "0")
+    return not switch("MLTENSOR_NO_SIZE_PARAMS")
 
 
 def derived_enabled():
     """Derived sizes (dims.py hoisting) unless MLTENSOR_NO_DERIVED_SIZES=1: then kernels render
     every size over the dynamic dimensions inline, as before (for comparison)."""
-    return os.environ.get("MLTENSOR_NO_DERIVED_SIZES", "") in ("", "0")
+    return not switch("MLTENSOR_NO_DERIVED_SIZES")
 
 
 def pack(names, values):

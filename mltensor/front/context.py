@@ -1,7 +1,6 @@
 """The entry point `ml` and MLContext: device, tensors, transfers and the timeline."""
 
 import asyncio
-import os
 import threading
 import weakref
 
@@ -14,6 +13,7 @@ from ..errors import InvalidStateError, NotFoundError, NotSupportedError, Operat
 from ..graphcache import store
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
+from ..switches import switch
 from ._util import as_shape, awaitable, bytes_of, device_destroyed
 from .interop import export_to_gpu
 from .tensor import MLTensor, exported_error
@@ -69,14 +69,14 @@ def _int64_disabled():
     """Internal switch, read when a context is created: MLTENSOR_DISABLE_INT64=1 makes the context
     ignore "shader-int64" (not requested, not used on a given device), so int64/uint64 compute with
     two 32-bit words as on an adapter without the feature. For testing that path; not public."""
-    return os.environ.get("MLTENSOR_DISABLE_INT64", "") not in ("", "0")
+    return switch("MLTENSOR_DISABLE_INT64")
 
 
 def _f16_disabled():
     """Internal switch, read when a context is created: MLTENSOR_DISABLE_F16=1 makes the context
     ignore "shader-f16" (not requested, not used on a given device), so float16 is stored packed
     and computed in f32 as on an adapter without the feature. For testing that path; not public."""
-    return os.environ.get("MLTENSOR_DISABLE_F16", "") not in ("", "0")
+    return switch("MLTENSOR_DISABLE_F16")
 
 
 class _LostInfo:

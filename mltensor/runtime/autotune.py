@@ -25,6 +25,7 @@ import numpy as np
 import wgpu
 
 from .._xdg import cache_dir
+from ..switches import value
 from .profiler import time_launches as time_passes
 from .wgsl import pipeline
 
@@ -63,7 +64,7 @@ def adapter_key(device):
 
 
 def enabled(device):
-    env = os.environ.get("MLTENSOR_AUTOTUNE", "").strip()
+    env = value("MLTENSOR_AUTOTUNE").strip()
     if "timestamp-query" not in device.features:
         return False
     if env in ("0", "1"):
