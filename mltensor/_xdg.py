@@ -33,7 +33,7 @@ def ensure_runtime_dir():
 
 
 def cache_dir():
-    """The directory models are cached in (not created)."""
+    """The directory mltensor's caches live in: models, graphs, compiled kernels... (not created)."""
     d = os.environ.get("MLTENSOR_CACHE")
     if d:
         return os.path.abspath(os.path.expanduser(d))
