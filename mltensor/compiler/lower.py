@@ -13,11 +13,11 @@ import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
-from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, is_dynamic, params_enabled, room, words
+from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, grid, is_dynamic, params_enabled, room, words
 from ..ir.registry import OPS
 from ..ops.elementwise import epilogue_fn, lower_group
 from ..ops.pool import lower_gate
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, loop_capped, loop_guard
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, loop_capped, loop_guard
 from .steps import epilogue_operands
 
 

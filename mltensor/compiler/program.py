@@ -16,7 +16,6 @@ slab of the concat's storage and contiguous slice/split parts are read in place,
 offset. MLTENSOR_NO_PLACEMENT=1 (or MLTENSOR_NO_FUSION=1) turns it off for comparison.
 """
 
-import os
 import weakref
 
 import wgpu
@@ -33,6 +32,7 @@ from ..runtime.wgsl import pipeline
 from ..dynamic.kernels import check_device, dims_blocks, immediates_layout, may_be_zero
 from ..dynamic.plan import DynamicPlan, LaunchData
 from ..runtime.constants import UPLOAD_BATCH, digest
+from ..switches import switch
 from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
 from ..ir.graph import live_nodes
 from .plan import plan_steps
@@ -48,14 +48,14 @@ _NULL = _ffi.NULL
 
 def compile_graph(builder, outputs, placement=None):
     if placement is None:
-        placement = _env_off("MLTENSOR_NO_FUSION") and _env_off("MLTENSOR_NO_PLACEMENT")
+        placement = not switch("MLTENSOR_NO_FUSION") and not switch("MLTENSOR_NO_PLACEMENT")
     ctx = builder._context
     device = ctx.device
     nodes = live_nodes(builder, outputs)
     used_inputs = {id(x) for n in nodes for x in n.inputs if x is not None and x._kind == "input"}
     inputs = builder._inputs
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
-    steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
+    steps = plan_steps(nodes, outputs, fuse=not switch("MLTENSOR_NO_FUSION"),
                        max_inputs=binding_cap(device) - 1,
                        cpu=str(device.adapter.info.get("adapter_type", "")).upper() == "CPU")
 
@@ -264,10 +264,6 @@ def forget_host_constants(builder):
         for x in n.inputs:
             if x is not None and x._kind == "constant" and not isinstance(x._value, MLTensor):
                 x._value = None
-
-
-def _env_off(name):
-    return os.environ.get(name, "") in ("", "0")
 
 
 def _resource(b):

@@ -11,7 +11,7 @@ a maximum that does not fit, or one name given two sizes), runs the checks, size
 import numpy as np
 
 from .dims import Sym, bind, check_derived, evaluate
-from .kernels import PyCSE, _py, _var, compile_groups, may_be_zero, pack
+from .kernels import PyCSE, compile_groups, may_be_zero, pack, py_expr, py_var
 
 
 class DynamicPlan:
@@ -41,7 +41,7 @@ class DynamicPlan:
         if not lists:
             self._imm_fn = lambda values: pack(self.names, values)
             return
-        dims, cse = ", ".join(_var(n) for n in self.names), PyCSE()
+        dims, cse = ", ".join(py_var(n) for n in self.names), PyCSE()
         parts = [dims] + [dims + "".join(f", {cse.sym(x)}" for x in d) + "".join(f", {c}" for c in consts)
                           for d, consts in lists]
         src = f"def f({dims}):\n" + cse.text() + "    return [" + ", ".join(parts) + "]\n"
@@ -86,8 +86,8 @@ class DynamicPlan:
     def output_shapes(self, values):
         if self._out_fn is None:
             names = sorted(self.outputs)
-            src = "def f(" + ", ".join(_var(n) for n in self.names) + "):\n    return {" + ", ".join(
-                f"{n!r}: (" + "".join(f"{_py(d)}, " for d in self.outputs[n]) + ")" for n in names) + "}\n"
+            src = "def f(" + ", ".join(py_var(n) for n in self.names) + "):\n    return {" + ", ".join(
+                f"{n!r}: (" + "".join(f"{py_expr(d)}, " for d in self.outputs[n]) + ")" for n in names) + "}\n"
             env = {}
             exec(compile(src, "<dynamic output shapes>", "exec"), env)
             fn = env["f"]
@@ -164,7 +164,7 @@ def _compile_binder(plan):
             if isinstance(p, int):
                 lines.append(f"    if s[{i}] != {p}: return None")
             elif len(p.terms) == 1 and p == Sym.dim(p.name, p.max_size):
-                v = _var(p.name)
+                v = py_var(p.name)
                 if p.name in seen:
                     lines.append(f"    if s[{i}] != {v}: return None")
                 else:
@@ -176,13 +176,13 @@ def _compile_binder(plan):
     if set(plan.names) - seen:
         return lambda shapes: None
     for name, i, p in derived:
-        lines.append(f"    if shapes[{name!r}][{i}] != {_py(p)}: return None")
+        lines.append(f"    if shapes[{name!r}][{i}] != {py_expr(p)}: return None")
     for kind, a, b, _ in plan.constraints:
         if kind == "positive":
-            lines.append(f"    if {_py(a)} < 1: return None")
+            lines.append(f"    if {py_expr(a)} < 1: return None")
         else:
-            lines.append(f"    if {_py(a)} != {_py(b)}: return None")
-    ret = ", ".join(f"{n!r}: {_var(n)}" for n in plan.names)
+            lines.append(f"    if {py_expr(a)} != {py_expr(b)}: return None")
+    ret = ", ".join(f"{n!r}: {py_var(n)}" for n in plan.names)
     src = "def f(shapes):\n" + "\n".join(lines) + "\n    return {" + ret + "}\n"
     env = {"min": min, "max": max}
     exec(compile(src, "<dynamic bind>", "exec"), env)

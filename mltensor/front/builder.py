@@ -15,7 +15,7 @@ from ..dynamic.dims import Sym, low, parse_shape
 from ..errors import InvalidStateError
 from ..ir.graph import MLOperand, Node, as_shape
 from ..ir.registry import attach
-from ._util import awaitable
+from ._util import awaitable, bytes_of
 from .tensor import MLTensor
 
 
@@ -173,9 +173,7 @@ class MLGraphBuilder:
         if shape is None or data is None:
             raise TypeError(f"[{where}] shape and data are required (or a scalar value)")
         dt, shape = self._context._tensor_args(where, dt, shape)
-        from .context import _bytes_of
-
-        raw = _bytes_of(data, dt, dtypes.byte_length(dt, shape), where)
+        raw = bytes_of(data, dt, dtypes.byte_length(dt, shape), where)
         arr = np.frombuffer(bytes(raw), dtype=dtypes.NUMPY[dt]).reshape(shape)
         return MLOperand(self, dt, shape, "constant", value=arr)
 

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from .. import switches
 from . import store
 
 _NOTE = "note"
@@ -80,12 +81,10 @@ def _with_externals(h, identities):
     return h.hexdigest()
 
 
-# Switches read at build that change what a build makes (fusion, placement, the attention pass,
-# the depthwise prologue, autotuning, sizes as launch parameters): a session started with other
-# switches builds its own graph rather than loading one made under these. (The float16/int64
-# modes are the context's, part of the adapter's folder in store.py.)
-BUILD_SWITCHES = ("MLTENSOR_NO_FUSION", "MLTENSOR_NO_PLACEMENT", "MLTENSOR_NO_ATTENTION",
-                  "MLTENSOR_FUSE_DEPTHWISE", "MLTENSOR_AUTOTUNE", "MLTENSOR_NO_SIZE_PARAMS")
+# Switches read at build that change what a build makes (the one list: mltensor/switches.py):
+# a session started with other switches builds its own graph rather than loading one made under
+# these. (The float16/int64 modes are also the context's, part of the adapter's folder in store.py.)
+BUILD_SWITCHES = switches.BUILD_SWITCHES
 
 
 def session_key(sess, what, model=None):

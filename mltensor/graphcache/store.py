@@ -25,7 +25,9 @@ import tempfile
 import threading
 import time
 
+from .._xdg import cache_dir
 from ..errors import OperationError
+from ..runtime.wgsl import shader_dir
 from . import recipe as R
 
 _code = None
@@ -48,8 +50,6 @@ class _Unpickler(pickle.Unpickler):
 
 
 def root():
-    from ..models import cache_dir
-
     return os.path.join(cache_dir(), "graphs")
 
 
@@ -71,11 +71,9 @@ def code_digest():
     valid only for the exact code that compiled it."""
     global _code
     if _code is None:
-        from ..runtime.wgsl import _shader_dir
-
         h = hashlib.sha256()
         pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for base in (pkg, _shader_dir()):
+        for base in (pkg, shader_dir()):
             for d, dirs, files in sorted(os.walk(base)):
                 dirs.sort()
                 for f in sorted(files):

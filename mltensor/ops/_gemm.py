@@ -14,7 +14,8 @@ import dataclasses
 from ..dynamic.dims import Condition, Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
 from ..runtime import autotune
-from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, grid
+from ..dynamic.kernels import MAX_GROUPS, grid
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel
 from ._index import row_strides
 
 GEMV_MAX_M = 4

@@ -33,9 +33,10 @@ are evaluated per dispatch, and the tile is chosen at the maxima. _int_conv2d is
 import math
 
 from ..dynamic.dims import Sym, cdiv, high, wgsl
+from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
-from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, grid, lit
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, lit
 from ._checks import broadcast_shapes, check_support, int_list
 from ._gemm import batch_offset_expr, check_k
 

@@ -23,9 +23,10 @@ All values are appended by one launch (one thread per element of the largest).
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, smax, wgsl
+from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
 from ..ir.registry import builder_op, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel
 
 TYPES = ("float32", "float16")
 DYNAMIC_OPS = frozenset({"_kv_append"})

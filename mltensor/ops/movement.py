@@ -25,10 +25,10 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, wgsl
-from ..dynamic.kernels import is_dynamic
+from ..dynamic.kernels import MAX_GROUPS, grid, is_dynamic
 from ..ir.graph import as_shape
 from ..ir.registry import MAX_RANK, builder_op, register
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, convert, grid, lit
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, lit
 from ._checks import broadcast_shapes, check_support, int_list, same_type, unidirectional
 from ._index import chained_coords, merge_dims, radix, row_strides
 

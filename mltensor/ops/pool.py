@@ -26,9 +26,9 @@ import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
-from ..dynamic.kernels import SizeParams
+from ..dynamic.kernels import SizeParams, grid
 from ..ir.registry import builder_op, lowering, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, store_fn
 from ._index import FAST_DIV_MAX, index_lines
 from ._checks import check_support, int_list
 from .reduce import CHUNK, MAX_SPLIT, at_least, chunks

@@ -30,9 +30,10 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, low, smax, smin, wgsl
+from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
 from ..ir.registry import builder_op, register
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, unop
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, unop
 from ._checks import check_bool, check_support
 from ._index import merge_dims, radix, row_strides
 

@@ -32,9 +32,10 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, exact_div, high, is_static, wgsl
+from ..dynamic import kernels as dynamic_kernels
 from ..errors import NotSupportedError
 from ..ir.registry import builder_op, register
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
 from ._index import FAST_DIV_MAX, index_lines, row_strides
 from ._checks import check_support
 from .elementwise import GRID_WX
@@ -192,7 +193,7 @@ def _grid(kc, x, out, rs):
     wx = GRID_WX
     wy = WORKGROUP // wx
     counts = (-(-ow // wx), -(-oh // wy), n * c)
-    if not P or max(counts) > MAX_GROUPS:
+    if not P or max(counts) > dynamic_kernels.MAX_GROUPS:
         return None
     # The coordinate maps' integers stay constants: the nearest sample divides by D (a division
     # by a value read at dispatch made the kernel 2x slower), and they depend only on the scale.

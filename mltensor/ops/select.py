@@ -24,9 +24,10 @@ import struct
 import numpy as np
 
 from .. import dtypes
+from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel
 from ._index import chained_coords
 from ._checks import check_number, check_support
 

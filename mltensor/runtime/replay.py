@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 
+from .._xdg import cache_dir
+
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay.c")
 _CDEF = """
 void mlt_init(uintptr_t sp, uintptr_t sb, uintptr_t dp, uintptr_t si);
@@ -27,8 +29,6 @@ _state = {"lib": None, "tried": False, "status": "not loaded yet"}
 
 def library_path():
     """Where the compiled library for this source, platform and Python lives."""
-    from ..models import cache_dir
-
     with open(_SRC, "rb") as f:
         digest = hashlib.sha256(f.read() + platform.machine().encode() + sys.platform.encode()).hexdigest()[:16]
     ext = ".dylib" if sys.platform == "darwin" else ".dll" if os.name == "nt" else ".so"

@@ -26,21 +26,18 @@ ops.attention.MAX_HEAD, and a kernel that would bind more than the binding cap.
 MLTENSOR_NO_ATTENTION=1 turns the pass off (for comparison; MLTENSOR_NO_FUSION=1 too).
 """
 
-import os
-
-
 from ...dynamic.dims import Sym, low
 from ...ir.graph import Node, scalar_value
 from ...ops.attention import FLOAT, MAX_HEAD
+from ...switches import switch
 from ..steps import Step, epilogue_operands
+
+
 
 # MLTENSOR_NO_ATTENTION=1 leaves the chain as planned (the steps fusion makes without this pass),
 # for comparison
-_ENV = "MLTENSOR_NO_ATTENTION"
-
-
 def enabled():
-    return os.environ.get(_ENV, "") in ("", "0")
+    return not switch("MLTENSOR_NO_ATTENTION")
 
 
 def _broadcasts(shape, target):

@@ -11,13 +11,12 @@ Emitter: ops/conv.py `_prologue` (the WGSL of `pro`); shader hook: shaders/conv2
 `x_at4` (every read of x goes through them).
 """
 
-import os
-
 import numpy as np
 
 from ... import dtypes
 from ...ir.graph import MLOperand
 from ...ir.registry import OPS
+from ...switches import switch
 from ..steps import ConvPrologue, all_unary
 
 
@@ -124,7 +123,7 @@ def fuse_depthwise():
     depthwise outputs of its A tile with scalar loads, once per output-channel tile, where the
     depthwise kernel shares its input columns between 4 outputs. On lavapipe that made the
     MediaPipe detectors 1.6-3x slower (palm_detection_full 175 -> 590 ms); unmeasured on GPUs."""
-    return os.environ.get("MLTENSOR_FUSE_DEPTHWISE", "") not in ("", "0")
+    return switch("MLTENSOR_FUSE_DEPTHWISE")
 
 
 def _pointwise(n):
