@@ -14,6 +14,7 @@ class StageTree:
     def next_stage(self, spec, stage, key, cut, values, carried):
         """The stage after `stage` for its step's outcome: cached, else imported from the cut's
         snapshot and built (one build at a time, as for specializations)."""
+
         def cached():
             with self._lock:
                 child = stage.children.get(key)
