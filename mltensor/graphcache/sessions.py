@@ -21,6 +21,8 @@ import os
 import numpy as np
 
 from .. import switches
+from ..errors import DOMException
+from ..onnxio import NUMPY, IOInfo
 from . import store
 
 _NOTE = "note"
@@ -117,8 +119,6 @@ def _io(infos):
 
 
 def _unio(rows):
-    from ..onnxio import IOInfo
-
     return [IOInfo(n, t, dt, shape, None if c is None else _unarray(c)) for n, t, dt, shape, c in rows]
 
 
@@ -147,8 +147,6 @@ def save_spec(sess, key, graph, inputs, outputs, values):
     import pickle
 
     import wgpu
-
-    from ..errors import DOMException
 
     try:
         store.save(sess._ctx, key, graph, extra)
@@ -184,8 +182,6 @@ DESCRIPTION_VERSION = 1
 
 
 def save_description(sess, main_id, desc, weights):
-    from ..onnxio import NUMPY
-
     if any(et and et not in NUMPY for _, et in desc["inputs"]):
         return  # (an input of a type onnx alone maps to numpy: described from the proto)
     externals = [name for name, _ in weights.external_identities()] if weights is not None else []
@@ -246,8 +242,6 @@ def _valid_description(note):
 
     if not isinstance(note, dict) or note.get("version") != DESCRIPTION_VERSION:
         return None
-    from ..onnxio import NUMPY
-
     shapes, params = note.get("shapes"), note.get("params")
     inputs, outputs = note.get("inputs"), note.get("outputs")
     if not (isinstance(shapes, dict) and isinstance(params, dict) and shapes.keys() == params.keys()
