@@ -16,6 +16,7 @@ from ..errors import InvalidStateError
 from ..ir.graph import MLOperand, Node, as_shape
 from ..ir.registry import attach
 from ._util import awaitable, bytes_of
+from .context import MLContext
 from .tensor import MLTensor
 
 
@@ -32,8 +33,6 @@ class MLGraphBuilder:
     # IDL: [Exposed=(Window, Worker)] interface MLGraphBuilder { constructor(MLContext context); ... }
 
     def __init__(self, context):
-        from .context import MLContext
-
         if not isinstance(context, MLContext):
             raise TypeError(f"[MLGraphBuilder] expected an MLContext, got {type(context).__name__}")
         context._check("MLGraphBuilder")

@@ -14,6 +14,7 @@ from ..graphcache import store
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ..ir.graph import as_shape
+from ..ir.registry import support_limits
 from ..switches import switch
 from ._util import awaitable, bytes_of, device_destroyed
 from .interop import export_to_gpu
@@ -274,8 +275,6 @@ class MLContext:
         and `output` operands, and one entry per builder operator giving, per operand, its
         `data_types` and `rank_range` (`{"min": .., "max": ..}`). The data types listed are
         exactly those that work on this context."""
-        from ..ir.registry import support_limits
-
         return support_limits(self)
 
     # -- state ---------------------------------------------------------------------------------
