@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mltensor
-from mltensor.compiler.program import compile_graph
+from mltensor.compiler.build import compile_graph
 
 NO_FUSION = os.environ.get("MLTENSOR_NO_FUSION", "") not in ("", "0")
 

@@ -15,17 +15,8 @@ from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
 from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, is_dynamic, params_enabled, room
 from ..ops import OPS
+from ..runtime.program import Ext
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, loop_capped, loop_guard
-
-
-@dataclass(frozen=True, eq=False)
-class Ext:
-    """A caller's tensor slot: ("in" | "out", name), bound at dispatch."""
-
-    kind: str
-    name: str
-    data_type: str
-    shape: tuple
 
 
 class Scratch:

@@ -307,7 +307,7 @@ class MLGraphBuilder:
 
 def _compile(builder, outputs):
     """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
-    from ..compiler.program import compile_graph, forget_host_constants
+    from ..compiler.build import compile_graph, forget_host_constants
     from ..errors import DOMException, OperationError
 
     try:

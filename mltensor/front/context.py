@@ -14,6 +14,8 @@ from ..errors import InvalidStateError, NotSupportedError, OperationError, gpu_e
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ._util import as_shape, awaitable
+from .graph import MLGraph
+from .graph import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
@@ -437,7 +439,6 @@ class MLContext:
         """Store a built graph on disk under `key` for this adapter: its kernels, memory plan,
         autotuning choices and constants, so that load_graph in a later process skips import,
         compilation passes and WGSL generation. Replaces an entry of the same key."""
-        from ..compiler.program import MLGraph
         from ..graphcache import store
 
         where = "save_graph"
@@ -607,7 +608,8 @@ class MLContext:
         return awaitable(self._start_read(tensor, out).wait_async("read_tensor"))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
-    # dispatch(graph, inputs, outputs) is compiler/program.dispatch, bound below (hot path).
+    # dispatch(graph, inputs, outputs) is front/graph.dispatch, bound as the method (hot path).
+    dispatch = _dispatch
 
     def flush(self):
         """Python extension: submit recorded GPU work now (it is submitted anyway when something
@@ -641,11 +643,6 @@ def _bytes_of(data, data_type, nbytes, where):
     if data.nbytes != nbytes:
         raise TypeError(f"[{where}] data has {data.nbytes} bytes, the tensor needs {nbytes}")
     return memoryview(data.reshape(-1).view(np.uint8))
-
-
-from ..compiler.program import dispatch as _dispatch  # noqa: E402  (program imports this module)
-
-MLContext.dispatch = _dispatch
 
 
 def _later(fn, *args):

@@ -18,7 +18,7 @@ import numpy as np
 import wgpu
 
 from .. import dtypes
-from ..compiler.lower import Ext
+from ..runtime.program import Ext, ext_of, resource_of
 from ..runtime.wgsl import source_of
 
 FORMAT = 5  # 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); an older entry is a miss
@@ -118,7 +118,7 @@ def blob_name(data):
 def rebuild(ctx, recipe, blob):
     """An MLGraph from a recipe; blob(i) gives constant i's bytes (a buffer) or raises. The
     constants are acquired from the store first (shared when another graph holds them)."""
-    from ..compiler.program import MLGraph
+    from ..front.graph import MLGraph
     from ..dynamic.plan import DynamicPlan
     from ..runtime.compile import compile_kernels
     from ..runtime.constants import digest
@@ -169,8 +169,6 @@ def rebuild(ctx, recipe, blob):
                 b = shared[r[1]]
             return b if view is None else (b, view)
 
-        from ..compiler.program import _ext, _resource
-
         for ki, refs, groups in recipe["launches"]:
             bufs = [buf_of(r) for r in refs]
             bg = None
@@ -179,9 +177,9 @@ def rebuild(ctx, recipe, blob):
                 graph._lazy += 1
                 continue
             pipe, bgl = pipeline(device, kernels[ki])
-            if not any(_ext(b) for b in bufs):
+            if not any(ext_of(b) for b in bufs):
                 bg = device.create_bind_group(
-                    layout=bgl, entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)])
+                    layout=bgl, entries=[{"binding": i, "resource": resource_of(b)} for i, b in enumerate(bufs)])
             graph._launches.append([pipe, bgl, bufs, groups, bg])
         graph._kernel_names = list(recipe["kernel_names"])
         graph._autotune = dict(recipe["autotune"])

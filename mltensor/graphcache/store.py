@@ -36,7 +36,7 @@ _ALLOWED = {
     ("mltensor.runtime.wgsl", "Kernel"), ("mltensor.runtime.wgsl", "Binding"),
     ("mltensor.dynamic.dims", "Sym"), ("mltensor.dynamic.dims", "_Atom"), ("mltensor.dynamic.dims", "Condition"),
     ("mltensor.dynamic.dims", "MLDynamicDimension"), ("mltensor.dynamic.kernels", "Fold"),
-    ("mltensor.compiler.lower", "Ext"),
+    ("mltensor.runtime.program", "Ext"),
 }
 
 
