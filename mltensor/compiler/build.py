@@ -1,6 +1,6 @@
-"""build -> MLGraph: lower the builder's live nodes into launches, plan their memory, upload the
-constants, run the build-time prologue (constant folding) and make the pipelines and bind groups
-(front/graph.py MLGraph holds them and dispatches).
+"""build -> Program: lower the builder's live nodes into launches, plan their memory, upload the
+constants, make the pipelines and bind groups and run the build-time prologue (constant
+folding); front/graph.py MLGraph(ctx, program) dispatches the result (runtime/program.py).
 
 Copy-free placement (KernelContext.place / view): concat inputs are written straight into their
 slab of the concat's storage and contiguous slice/split parts are read in place, bound with an
@@ -13,15 +13,11 @@ import wgpu
 
 from .. import dtypes
 from ..errors import InvalidStateError
-from ..front.graph import MLGraph
-from ..front.tensor import MLTensor
 from ..runtime.compile import compile_kernels, warm
 from ..runtime.constants import UPLOAD_BATCH, digest
-from ..runtime.program import Ext, ext_of, resource_of
+from ..runtime.program import Ext, Program, instantiate
 from ..runtime.timeline import Task
-from ..runtime.wgsl import pipeline
 from ..dynamic.kernels import check_device, may_be_zero
-from ..dynamic.plan import DynamicPlan
 from .lower import KernelContext, Scratch, lower_steps, plan_memory
 from .passes import binding_cap, live_nodes, plan_steps
 
@@ -78,7 +74,10 @@ def compile_graph(builder, outputs, placement=None):
         if s.prologue is not None and s.prologue.const is not None:
             const_ops[id(s.prologue.const)] = s.prologue.const
     for x in const_ops.values():
-        if isinstance(x._value, MLTensor):
+        # a constant tensor bound in place (create_constant_tensor): known by its buffer, since
+        # compiler/ does not import front/ (a host constant is a numpy array, or None once
+        # forget_host_constants ran)
+        if hasattr(x._value, "_buffer"):
             keep.append(x._value)
             if kc.is_native(x.data_type):
                 loc[id(x)] = ("buf", x._value._buffer)
@@ -167,14 +166,10 @@ def compile_graph(builder, outputs, placement=None):
     persist = [b for b in persist if id(b) in at_dispatch]
     unused = [b for b in shared if id(b) not in at_dispatch]  # given back after the prologue
     shared = [b for b in shared if id(b) in at_dispatch]
-    graph = MLGraph(ctx, {n: (x.data_type, x.shape) for n, x in builder._inputs.items()},
-                    {n: (v.data_type, v.shape) for n, v in outputs.items()}, keep, persist + pool)
-    graph._shared = shared
-    graph._pool, graph._folded = pool, persist  # (what graphcache/recipe.py tells apart)
-    graph._memory = {"constants": sum(b.size for b in shared),
-                     "constant_tensors": sum(t._buffer.size for t in keep),
-                     "folded_constants": sum(b.size for b in persist),
-                     "intermediates": sum(b.size for b in pool)}
+    memory = {"constants": sum(b.size for b in shared),
+              "constant_tensors": sum(t._buffer.size for t in keep),
+              "folded_constants": sum(b.size for b in persist),
+              "intermediates": sum(b.size for b in pool)}
     # A launch whose workgroup count is 0 at some sizes (a size bucket's variant of a GEMM or
     # convolution, gated off outside it) gets its pipeline and bind groups at the first dispatch
     # that runs it (MLGraph._create): a start pays only for the buckets its sizes use.
@@ -184,39 +179,37 @@ def compile_graph(builder, outputs, placement=None):
     compile_kernels(ctx, [l.kernel for (l, _), z in zip(launches, lazy) if not z], warm=not dims)
     if dims:
         warm(ctx, [l.kernel for l, _ in launches if l.prologue])  # (they run at build)
-    prologue = []
-    for (l, args), vs, z in zip(launches, views, lazy):
-        pipe, bgl = (None, None) if z else pipeline(device, l.kernel)
+    bound = []
+    for (l, args), vs in zip(launches, views):
         bufs = [buffer_of(a) for a in args]
         if placement and _shares_buffer(bufs, l.kernel.bindings):
             # a case place() did not foresee (e.g. a fallback copy inside one concat's storage):
             # build again without placement rather than bind one buffer for reading and writing
-            graph.destroy()
+            # (nothing has run on this build's buffers: they go after the next submit, as a
+            # destroyed graph's)
             with ctx._lock:
+                mine = persist + pool
+                ctx._timeline.after_submit(lambda: [b.destroy() for b in mine])
+                ctx._constants.release(shared)
                 ctx._constants.release(unused)
             return compile_graph(builder, outputs, placement=False)
-        bufs = [b if v is None else (b, v) for b, v in zip(bufs, vs)]  # views: (buffer, (offset, size))
-        entry = [pipe, bgl, bufs, l.groups, None]
-        if z:
-            graph._lazy += 1
-        elif not any(ext_of(b) for b in bufs):
-            entry[4] = device.create_bind_group(
-                layout=bgl,
-                entries=[{"binding": i, "resource": resource_of(b)} for i, b in enumerate(bufs)],
-            )
-        (prologue if l.prologue else graph._launches).append(entry)
-        if not l.prologue:
-            graph._kernels.append(l.kernel)
-    graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
+        bound.append((l.kernel, [b if v is None else (b, v) for b, v in zip(bufs, vs)], l.groups))  # views: (buffer, (offset, size))
+    entries = instantiate(device, bound, {i for i, z in enumerate(lazy) if z})
+    prologue = [e for (l, _), e in zip(launches, entries) if l.prologue]
+    run = [l for l, _ in launches if not l.prologue]
+    in_desc = {n: (x.data_type, x.shape) for n, x in builder._inputs.items()}
+    out_desc = {n: (v.data_type, v.shape) for n, v in outputs.items()}
+    dyn_args = None
     if dims:
-        graph._unwarmed = [l.kernel for (l, _), z in zip(launches, lazy) if not z and not l.prologue]
-    graph._autotune = {"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}
-    if dims:
-        run = [l for l, _ in launches if not l.prologue]
-        graph._dyn_args = (dims, dict(builder._dims), {n: s for n, (_, s) in graph._inputs.items()},
-                           {n: s for n, (_, s) in graph._outputs.items()}, list(builder._constraints),
-                           [l.groups for l in run], [bool(l.kernel.dims) for l in run])
-        graph._dyn = DynamicPlan(*graph._dyn_args)
+        dyn_args = (dims, dict(builder._dims), {n: s for n, (_, s) in in_desc.items()},
+                    {n: s for n, (_, s) in out_desc.items()}, list(builder._constraints),
+                    [l.groups for l in run], [bool(l.kernel.dims) for l in run])
+    program = Program(
+        in_desc, out_desc, [l.kernel for l in run], [e for (l, _), e in zip(launches, entries) if not l.prologue],
+        pool, folded=persist, shared=shared, keep=keep,
+        unwarmed=[l.kernel for (l, _), z in zip(launches, lazy) if not z and not l.prologue] if dims else (),
+        kernel_names=[l.kernel.name for l in run], memory=memory,
+        autotune={"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}, dyn_args=dyn_args)
     if prologue:
         tl = ctx._timeline
 
@@ -234,15 +227,7 @@ def compile_graph(builder, outputs, placement=None):
     elif unused:
         with ctx._lock:
             ctx._constants.release(unused)
-    graph._finish()
-    return graph
-
-def forget_host_constants(builder):
-    """A built builder builds nothing more: drop its host copies of the weights (uploaded)."""
-    for n in builder._nodes:
-        for x in n.inputs:
-            if x is not None and x._kind == "constant" and not isinstance(x._value, MLTensor):
-                x._value = None
+    return program
 
 
 def _env_off(name):

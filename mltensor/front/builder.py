@@ -12,8 +12,9 @@ import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import Sym, is_static, low, parse_shape
-from ..errors import InvalidStateError, NotSupportedError
+from ..errors import DOMException, InvalidStateError, NotSupportedError, OperationError
 from ._util import as_shape, awaitable
+from .graph import MLGraph
 from .tensor import MLTensor
 
 
@@ -307,17 +308,24 @@ class MLGraphBuilder:
 
 def _compile(builder, outputs):
     """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
-    from ..compiler.build import compile_graph, forget_host_constants
-    from ..errors import DOMException, OperationError
+    from ..compiler.build import compile_graph  # (compiler/passes.py imports this module)
 
     try:
-        graph = compile_graph(builder, outputs)
+        graph = MLGraph(builder._context, compile_graph(builder, outputs))
         forget_host_constants(builder)  # uploaded: the graph never needs the host copies again
         return graph
     except (TypeError, DOMException):
         raise
     except Exception as e:
         raise OperationError(f"[build] compilation failed: {type(e).__name__}: {e}") from e
+
+
+def forget_host_constants(builder):
+    """A built builder builds nothing more: drop its host copies of the weights (uploaded)."""
+    for n in builder._nodes:
+        for x in n.inputs:
+            if x is not None and x._kind == "constant" and not isinstance(x._value, MLTensor):
+                x._value = None
 
 
 # Attach the operator methods (each ops module decorates its functions with @builder_op).

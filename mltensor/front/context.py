@@ -10,7 +10,7 @@ import wgpu
 
 from .. import dtypes
 from ..dynamic.dims import high, parse_shape
-from ..errors import InvalidStateError, NotSupportedError, OperationError, gpu_errors
+from ..errors import InvalidStateError, NotFoundError, NotSupportedError, OperationError, gpu_errors
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ._util import as_shape, awaitable
@@ -452,7 +452,7 @@ class MLContext:
             raise InvalidStateError(f"[{where}] the graph is destroyed")
         with gpu_errors(where):
             try:
-                store.save(self, key, graph)
+                store.save(self, key, graph._program)
             except OSError as e:
                 raise OperationError(f"[{where}] the graph cache at {store.root()} cannot be written: {e}") from None
 
@@ -464,7 +464,6 @@ class MLContext:
     def load_graph_sync(self, key):
         """The graph save_graph stored under `key` (on this adapter, by this version of
         mltensor): NotFoundError when there is none, or it was stale or corrupt."""
-        from ..errors import NotFoundError
         from ..graphcache import store
 
         where = "load_graph"
@@ -474,7 +473,7 @@ class MLContext:
             hit = store.load(self, key)
         if hit is None:
             raise NotFoundError(f"[{where}] no graph is cached under {key!r} for this adapter")
-        return hit[0]
+        return MLGraph(self, hit[0])
 
     def load_graph_async(self, key):
         """The awaitable form of `load_graph_sync`."""

@@ -43,36 +43,35 @@ class MLGraph:
 
     # IDL: interface MLGraph { undefined destroy(); }
 
-    def __init__(self, ctx, inputs, outputs, keep, buffers):
-        """inputs / outputs: name -> (data type, shape) (dynamic dimensions as Syms)."""
+    def __init__(self, ctx, program):
+        """program: the build's result (runtime/program.py Program: compiler/build.py
+        compile_graph, or graphcache/recipe.py rebuild); the graph dispatches it."""
         self._context = ctx
-        self._inputs = dict(inputs)
-        self._outputs = dict(outputs)
-        self._keep = keep
-        self._buffers = buffers
-        self._shared = []  # constant buffers of the context's store (runtime/constants.py)
-        self._pool, self._folded = [], []
-        self._memory = {}
-        self._kernels = []  # the Kernel of each launch, in order (graphcache/recipe.py saves them)
-        self._dyn_args = None  # what the DynamicPlan was made from (likewise)
-        self._launches = []  # [pipeline, bind group layout, buffers, groups, bind group | None]
-        self._lazy = 0  # launches whose pipeline is not created yet (pipeline None: _create)
-        self._unwarmed = []  # kernels for Mesa's warm-up at the first dispatch (_create)
-        self._sources = None  # each launch's WGSL when known (a loaded graph: its lazy launches')
+        self._program = program  # (graphcache/recipe.py capture saves it)
+        self._inputs = program.inputs  # name -> (data type, shape) (dynamic dimensions as Syms)
+        self._outputs = program.outputs
+        self._keep = program.keep  # constant tensors bound in place
+        self._buffers = program.folded + program.pool  # its own buffers (destroy frees them)
+        self._shared = program.shared  # constant buffers of the context's store (runtime/constants.py)
+        self._kernels = program.kernels  # the Kernel of each launch, in order
+        self._launches = program.launches  # [pipeline, bind group layout, buffers, groups, bind group | None]
+        # launches whose pipeline is not created yet (pipeline None: _create)
+        self._lazy = sum(e[0] is None for e in self._launches)
+        self._unwarmed = program.unwarmed  # kernels for Mesa's warm-up at the first dispatch (_create)
+        self._sources = program.sources  # each launch's WGSL when known (a loaded graph: its lazy launches')
         self._last_off = None  # the launches the last replay list skips (LaunchData.off)
         self._destroyed = False
         self._bg_cache = {}
         self._last_tensors, self._last = [], None
-        self._kernel_names = []
-        self._autotune = {"seconds": 0.0, "signatures_tuned": 0}
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
-        self._dyn = None  # a DynamicPlan when some dimension is known only at dispatch
+        self._dyn = program.dyn  # a DynamicPlan when some dimension is known only at dispatch
         self._imm_at = self._imm_static = self._imm_end = None  # (_finish)
         self._last_dyn = None  # _last_call of a graph with a DynamicPlan
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
         with ctx._lock:
             ctx._graphs.add(self)
+        self._finish()
 
     def _finish(self):
         self._dynamic = [i for i, e in enumerate(self._launches) if e[4] is None]
@@ -133,7 +132,7 @@ class MLGraph:
     @property
     def kernel_names(self):
         """Python extension: the kernels one dispatch launches, in order (after fusion)."""
-        return list(self._kernel_names)
+        return list(self._program.kernel_names)
 
     @property
     def pipelines(self):
@@ -157,7 +156,7 @@ class MLGraph:
         """Python extension: what kernel autotuning cost this build: {"seconds": time spent timing
         candidates (bounded by MLTENSOR_AUTOTUNE_BUDGET), "signatures_tuned": kernels timed
         (0 when every choice came from the cache or the heuristic)}."""
-        return dict(self._autotune)
+        return dict(self._program.autotune)
 
     @property
     def memory(self):
@@ -166,7 +165,7 @@ class MLGraph:
         (create_constant_tensor tensors bound in place), "folded_constants" (values computed once
         at build, its own) and "intermediates" (its pooled buffers, reused by liveness). Staging
         memory is per context; `ctx.counters["constant_bytes"]` is the store's total."""
-        return dict(self._memory)
+        return dict(self._program.memory)
 
     def __repr__(self):
         return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"
@@ -316,6 +315,11 @@ class MLGraph:
         for k in [k for k in self._bg_cache if tid in (k[0] if k and k[0].__class__ is tuple else k)]:
             del self._bg_cache[k]
 
+
+
+def program_of(graph):
+    """The Program `graph` dispatches (runtime/program.py): what the graph cache saves."""
+    return graph._program
 
 def _valid_fast(ctx, graph, inputs, outputs):
     """True when every dispatch rule holds, checked with the fewest operations (the common case).

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from ..front.graph import MLGraph, program_of
 from . import store
 
 _NOTE = "note"
@@ -131,7 +132,8 @@ def load_spec(sess, key):
         return None
     if hit is None:
         return None
-    graph, extra = hit
+    program, extra = hit
+    graph = MLGraph(sess._ctx, program)
     try:
         return graph, _unio(extra["inputs"]), _unio(extra["outputs"]), \
             {n: _unarray(v) for n, v in extra["values"].items()}
@@ -152,7 +154,7 @@ def save_spec(sess, key, graph, inputs, outputs, values):
     from ..errors import DOMException
 
     try:
-        store.save(sess._ctx, key, graph, extra)
+        store.save(sess._ctx, key, program_of(graph), extra)
     except (OSError, pickle.PicklingError, DOMException, wgpu.GPUError):
         # a cache write is best effort: a read-only or full disk, or a device that fails the
         # constants' read-back, costs the next process a build, never this run its result (a
