@@ -308,7 +308,8 @@ class MLGraphBuilder:
 
 def _compile(builder, outputs):
     """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
-    from ..compiler.build import compile_graph  # (compiler/passes.py imports this module)
+    # (deferred while ops/ and compiler/passes.py import this module: builder_op, MLOperand, Node)
+    from ..compiler.build import compile_graph
 
     try:
         graph = MLGraph(builder._context, compile_graph(builder, outputs))
