@@ -12,7 +12,7 @@ from .runtime.cffi_types import install as _install_types  # noqa: E402
 
 _cache_cdef()  # before wgpu loads: its header's C parse comes from the cache (runtime/cffi_types.py)
 
-from .compiler.program import MLGraph  # noqa: E402
+from .front.graph import MLGraph  # noqa: E402
 from .dynamic.dims import MLDynamicDimension  # noqa: E402
 from .errors import (DataError, DOMException, InvalidStateError, NotFoundError, NotSupportedError, OperationError,
                      UnknownError)

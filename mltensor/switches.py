@@ -17,8 +17,8 @@ time (MLTENSOR_AUTOTUNE_BUDGET). What each does: docs/guides/environment.md.
 import os
 
 BUILD_SWITCHES = (
-    "MLTENSOR_NO_FUSION",  # one kernel per node (compiler/program.py, ops/rnn.py)
-    "MLTENSOR_NO_PLACEMENT",  # concat and slices copy (compiler/program.py)
+    "MLTENSOR_NO_FUSION",  # one kernel per node (compiler/build.py, ops/rnn.py)
+    "MLTENSOR_NO_PLACEMENT",  # concat and slices copy (compiler/build.py)
     "MLTENSOR_NO_ATTENTION",  # the attention pass is off (compiler/attention.py)
     "MLTENSOR_FUSE_DEPTHWISE",  # the depthwise prologue of 1x1 convolutions (compiler/passes.py)
     "MLTENSOR_AUTOTUNE",  # kernel configurations timed or chosen by a heuristic (runtime/autotune.py)

@@ -17,18 +17,9 @@ from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_
 from ..ir.registry import OPS
 from ..ops.elementwise import epilogue_fn, lower_group
 from ..ops.pool import lower_gate
+from ..runtime.program import Ext
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, loop_capped, loop_guard
 from .steps import epilogue_operands
-
-
-@dataclass(frozen=True, eq=False)
-class Ext:
-    """A caller's tensor slot: ("in" | "out", name), bound at dispatch."""
-
-    kind: str
-    name: str
-    data_type: str
-    shape: tuple
 
 
 class Scratch:

@@ -57,7 +57,7 @@ class SizeParams:
     data, the value kept in `values`; 0, 1 (structural: broadcasting, skipped dimensions) and
     anything once the slots run out stay the ints they are. The lowering builds the kernel with
     `sizes=P.values`: kernels whose WGSL differs only in these values then share one pipeline,
-    each launch setting its own values (compiler/program.py). Bounds of a parameter are its
+    each launch setting its own values (front/graph.py). Bounds of a parameter are its
     value, so every decision a lowering takes from them is the static build's; what depends on
     the value shows in the WGSL (a different kernel), what does not reads the parameter.
     Disabled (every size its int) in graphs with dynamic dimensions, in build-time prologues,

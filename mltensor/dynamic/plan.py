@@ -25,7 +25,7 @@ class DynamicPlan:
         self.reads_dims = list(reads_dims)  # per launch: its kernel reads the immediates
         # launches whose workgroup count is 0 at some sizes (a size bucket's variant, gated off
         # outside it: ops/matmul.py): skipped by the replay where it is, their pipelines made at
-        # the first dispatch that runs them (compiler/program.py MLGraph._create)
+        # the first dispatch that runs them (front/graph.py MLGraph._create)
         self.maybe_off = [i for i, g in enumerate(groups) if may_be_zero(g)]
         self._cache = {}  # sizes -> (immediates, flat workgroup counts as uint32)
         self._fast = None  # compiled bind() for the common case
@@ -121,7 +121,7 @@ class LaunchData:
     counts, as arrays the compiled replay loop reads by address and as Python values. `groups`:
     every launch's counts; `off`: the launches with no workgroups at these sizes that the replay
     skips (a sorted tuple, None when none is), `run` and `xyz` the counts of the others; `made`:
-    the graph has created the pipelines of the others (compiler/program.py MLGraph._create)."""
+    the graph has created the pipelines of the others (front/graph.py MLGraph._create)."""
 
     __slots__ = ("imm", "xyz", "groups", "run", "off", "made", "imm_addr", "xyz_addr", "imm_ptr", "ptrs")
 

@@ -12,11 +12,12 @@ import numpy as np
 from .. import dtypes
 from .. import ops  # noqa: F401 (loads the operator families: every builder method is registered)
 from ..dynamic.dims import Sym, low, parse_shape
-from ..errors import InvalidStateError
+from ..errors import DOMException, InvalidStateError, OperationError
 from ..ir.graph import MLOperand, Node, as_shape
 from ..ir.registry import attach
 from ._util import awaitable, bytes_of
 from .context import MLContext
+from .graph import MLGraph
 from .tensor import MLTensor
 
 
@@ -216,17 +217,25 @@ class MLGraphBuilder:
 
 def _compile(builder, outputs):
     """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
-    from ..compiler.program import compile_graph, forget_host_constants
-    from ..errors import DOMException, OperationError
+    # (deferred while ops/ and compiler/passes.py import this module: builder_op, MLOperand, Node)
+    from ..compiler.build import compile_graph
 
     try:
-        graph = compile_graph(builder, outputs)
+        graph = MLGraph(builder._context, compile_graph(builder, outputs))
         forget_host_constants(builder)  # uploaded: the graph never needs the host copies again
         return graph
     except (TypeError, DOMException):
         raise
     except Exception as e:
         raise OperationError(f"[build] compilation failed: {type(e).__name__}: {e}") from e
+
+
+def forget_host_constants(builder):
+    """A built builder builds nothing more: drop its host copies of the weights (uploaded)."""
+    for n in builder._nodes:
+        for x in n.inputs:
+            if x is not None and x._kind == "constant" and not isinstance(x._value, MLTensor):
+                x._value = None
 
 
 attach(MLGraphBuilder)  # the operator methods (each ops family registers them with @builder_op)

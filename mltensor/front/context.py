@@ -18,6 +18,8 @@ from ..ir.registry import support_limits
 from ..switches import switch
 from ._util import awaitable, bytes_of, device_destroyed
 from .interop import export_to_gpu
+from .graph import MLGraph
+from .graph import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
@@ -430,7 +432,6 @@ class MLContext:
         """Store a built graph on disk under `key` for this adapter: its kernels, memory plan,
         autotuning choices and constants, so that load_graph in a later process skips import,
         compilation passes and WGSL generation. Replaces an entry of the same key."""
-        from ..compiler.program import MLGraph
 
         where = "save_graph"
         key = self._graph_key(key, where)
@@ -443,7 +444,7 @@ class MLContext:
             raise InvalidStateError(f"[{where}] the graph is destroyed")
         with gpu_errors(where):
             try:
-                store.save(self, key, graph)
+                store.save(self, key, graph._program)
             except OSError as e:
                 raise OperationError(f"[{where}] the graph cache at {store.root()} cannot be written: {e}") from None
 
@@ -462,7 +463,7 @@ class MLContext:
             hit = store.load(self, key)
         if hit is None:
             raise NotFoundError(f"[{where}] no graph is cached under {key!r} for this adapter")
-        return hit[0]
+        return MLGraph(self, hit[0])
 
     def load_graph_async(self, key):
         """The awaitable form of `load_graph_sync`."""
@@ -592,7 +593,8 @@ class MLContext:
         return awaitable(self._start_read(tensor, out).wait_async("read_tensor"))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
-    # dispatch(graph, inputs, outputs) is compiler/program.dispatch, bound below (hot path).
+    # dispatch(graph, inputs, outputs) is front/graph.dispatch, bound as the method (hot path).
+    dispatch = _dispatch
 
     def flush(self):
         """Python extension: submit recorded GPU work now (it is submitted anyway when something
@@ -610,9 +612,6 @@ def _pad4(raw):
     return bytes(raw) + b"\0" * (dtypes.padded(n) - n)
 
 
-from ..compiler.program import dispatch as _dispatch  # noqa: E402  (program imports this module)
-
-MLContext.dispatch = _dispatch
 
 
 def _later(fn, *args):

@@ -23,6 +23,7 @@ import numpy as np
 from .. import switches
 from ..errors import DOMException
 from ..onnxio import NUMPY, IOInfo
+from ..front.graph import MLGraph, program_of
 from . import store
 
 _NOTE = "note"
@@ -130,7 +131,8 @@ def load_spec(sess, key):
         return None
     if hit is None:
         return None
-    graph, extra = hit
+    program, extra = hit
+    graph = MLGraph(sess._ctx, program)
     try:
         return graph, _unio(extra["inputs"]), _unio(extra["outputs"]), \
             {n: _unarray(v) for n, v in extra["values"].items()}
@@ -149,7 +151,7 @@ def save_spec(sess, key, graph, inputs, outputs, values):
     import wgpu
 
     try:
-        store.save(sess._ctx, key, graph, extra)
+        store.save(sess._ctx, key, program_of(graph), extra)
     except (OSError, pickle.PicklingError, DOMException, wgpu.GPUError):
         # a cache write is best effort: a read-only or full disk, or a device that fails the
         # constants' read-back, costs the next process a build, never this run its result (a

@@ -13,7 +13,7 @@ dispatch-time dimension, e.g. the length of an input whose shape carries it).
 
 Contract (checked at build where it can be): every output must be a graph output stored in
 place (float32; float16 where the device computes in f16), i.e. written straight into the
-caller's tensor by this kernel (compiler/program.py `compile_graph`: out_slot). It is not an
+caller's tensor by this kernel (compiler/build.py `compile_graph`: out_slot). It is not an
 elementwise or epilogue operator, so no pass fuses, places or relocates it, and nothing else
 writes the tensor. Reading the result inside the graph (attention) binds the caller's tensor for
 reading in later kernels, which orders those reads after the append. The caller keeps the rows

@@ -4,7 +4,7 @@ The C source is compiled once per source version and platform with the system C 
 or $CC) into mltensor's cache directory (outside the repository; set-up builds it ahead), and
 loaded with cffi in ABI mode: no Python headers, no setuptools. Anything missing (no compiler,
 another wgpu backend, MLTENSOR_NO_NATIVE_REPLAY=1) leaves `loaded()` None and graph replay in
-Python (compiler/program.py); `status()` says which and why.
+Python (front/graph.py); `status()` says which and why.
 """
 
 import hashlib
