@@ -2,7 +2,7 @@
 
 Every such switch is listed in BUILD_SWITCHES, and the code reads it only through `switch(name)`
 (on: set to anything but empty or "0") or `value(name)` (the raw string), which refuse a name not
-listed. The graph cache keys a session's graphs on the switches set (graphcache/sessions.py
+listed. The graph cache keys a session's graphs on the switches set (session/cache.py
 BUILD_SWITCHES, `build_key()`): a session started under other switches builds its own graph
 rather than loading one made under these. tests/test_build_switches.py fails on a build switch
 read from os.environ directly, and on an `MLTENSOR_*` name in the code that is in neither this

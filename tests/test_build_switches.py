@@ -10,7 +10,7 @@ import types
 import pytest
 
 from mltensor import switches
-from mltensor.graphcache import sessions
+from mltensor.session import cache as sessions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "mltensor")

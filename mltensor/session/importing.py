@@ -4,7 +4,7 @@ finds one more such input (NeedsValue)."""
 
 import numpy as np
 
-from ..graphcache import sessions
+from . import cache as graph_cache
 from . import lazy
 from .run import host_value
 from .tensorsets import Specialization
@@ -30,8 +30,8 @@ class Importing:
                           if n not in caps.axes or any(sizes.get(d) == 0 for _, d in caps.axes[n])}
             key = None
             if self._cache_id is not None:  # built by an earlier process: loaded, not imported
-                key = sessions.spec_key(self, shapes, values, dynamic, ones)
-                hit = sessions.load_spec(self, key)
+                key = graph_cache.spec_key(self, shapes, values, dynamic, ones)
+                hit = graph_cache.load_spec(self, key)
                 if hit is not None:
                     self._stats["loaded"] += 1
                     return Specialization(hit[0], hit[1], hit[2], values)
@@ -54,5 +54,5 @@ class Importing:
         if imp.cut is not None:  # data-dependent shapes: the first of a tree of stages (not cached)
             return Specialization(None, imp.inputs, [], values, stage=lazy.stages().Stage(imp))
         if key is not None:
-            sessions.save_spec(self, key, imp.graph, imp.inputs, imp.outputs, values)
+            graph_cache.save_spec(self, key, imp.graph, imp.inputs, imp.outputs, values)
         return Specialization(imp.graph, imp.inputs, imp.outputs, values)

@@ -9,7 +9,8 @@ import threading
 
 from ..front.context import ml
 from ..front.tensor import MLTensor
-from ..graphcache import sessions, store
+from ..graphcache import store
+from . import cache as graph_cache
 from ..onnxio import source_name
 from . import lazy
 from .importing import Importing
@@ -105,7 +106,7 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             self._main = None  # (hash of the model's bytes, file identity) read for the note
             noted = None
             if self._use_cache:
-                cache_id, noted, self._main = sessions.described(self)
+                cache_id, noted, self._main = graph_cache.described(self)
             if noted is not None:
                 self._cache_id, desc = cache_id, noted
                 self._describe(desc)

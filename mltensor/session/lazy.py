@@ -1,5 +1,5 @@
 """The modules an InferenceSession imports on first use only: a process whose builds all come
-from the graph cache (graphcache/sessions.py) never imports onnx, jinja2 or the TFLite reader
+from the graph cache (session/cache.py) never imports onnx, jinja2 or the TFLite reader
 (tests/test_graph_cache.py checks it). Each accessor imports its module once and returns it.
 """
 

@@ -8,7 +8,7 @@ import os
 from ..dynamic.capacity import Capacities
 from ..dynamic.kernels import FEATURE
 from ..errors import DataError, NotSupportedError
-from ..graphcache import sessions
+from . import cache as graph_cache
 from ..onnxio import IOInfo, ONNX_OF_WEBNN, TYPE_STRING, np_dtype
 from . import lazy
 from .tensorsets import Specialization
@@ -46,14 +46,14 @@ class Loading:
             return
         if desc is not None:
             weights = self._loaded[1]
-            ids = sessions.model_ids(self._source, weights, self._main)
+            ids = graph_cache.model_ids(self._source, weights, self._main)
             if ids is None:
                 return
             self._cache_id = ids[1]
-            sessions.save_description(self, ids[0], desc, weights)
+            graph_cache.save_description(self, ids[0], desc, weights)
         if self._cache_id is None:
             return
-        note = sessions.load_note(self)
+        note = graph_cache.load_note(self)
         self._value_names.update(note.get("value_names", ()))
         reason = note.get("static_reason")
         if reason and self._caps is not None and not self._require_dynamic:
@@ -61,7 +61,7 @@ class Loading:
 
     def _save_note(self):
         if self._cache_id is not None:
-            sessions.save_note(self, {"value_names": sorted(self._value_names),
+            graph_cache.save_note(self, {"value_names": sorted(self._value_names),
                                       "static_reason": self._static_reason if self._caps is None else None})
 
     def _proto(self):
@@ -74,7 +74,7 @@ class Loading:
                 loaded = self._loaded
                 if loaded is None:
                     loaded = lazy.importer().load_model(self._source, self._name)
-                    if not sessions.same_model(self, loaded[1], self._main):
+                    if not graph_cache.same_model(self, loaded[1], self._main):
                         raise DataError(f"[onnx] {self._name}: the model changed since the session loaded it; "
                                         "create the InferenceSession again")
                     self._loaded = loaded
@@ -113,11 +113,11 @@ class Loading:
 
     def _load_tflite(self, model):
         hit = key = None
-        if self._use_cache:  # (mltensor/graphcache/sessions.py)
-            self._cache_id = sessions.model_id(model)
+        if self._use_cache:  # (session/cache.py)
+            self._cache_id = graph_cache.model_id(model)
             if self._cache_id is not None:
-                key = sessions.session_key(self, "tflite")
-                hit = sessions.load_spec(self, key)
+                key = graph_cache.session_key(self, "tflite")
+                hit = graph_cache.load_spec(self, key)
         if hit is not None:
             graph, inputs, outputs, _ = hit
             self._stats["loaded"] += 1
@@ -127,7 +127,7 @@ class Loading:
             inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
             outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
             if key is not None:
-                sessions.save_spec(self, key, graph, inputs, outputs, {})
+                graph_cache.save_spec(self, key, graph, inputs, outputs, {})
         # one specialization, the sizes of the file (its inputs are checked against them)
         self._spec = Specialization(graph, inputs, outputs)
         self._tflite_key = None

@@ -24,7 +24,7 @@ from .. import switches
 from ..errors import DOMException
 from ..onnxio import NUMPY, IOInfo
 from ..front.graph import MLGraph, program_of
-from . import store
+from ..graphcache import store
 
 _NOTE = "note"
 
