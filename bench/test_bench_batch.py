@@ -17,7 +17,7 @@ Image = pytest.importorskip("PIL.Image")
 
 import mltensor  # noqa: E402
 from mltensor.apps import batch  # noqa: E402
-from mltensor.apps.selfie_segmentation import DemoSource  # noqa: E402
+from mltensor.apps.video_frames import DemoSource  # noqa: E402
 
 from .timing import measure, record  # noqa: E402
 

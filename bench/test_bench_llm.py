@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from mltensor.llm.model import LlamaModel, LlamaWeights
-from mltensor.llm.sampling import Sampler
+from mltensor.llm.sampler import Sampler
 from mltensor.llm.tokenizer import GGUFTokenizer
 
 from .timing import adapter_name, record

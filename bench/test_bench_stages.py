@@ -147,10 +147,10 @@ def test_nonzero_count_vs_host_compaction(benchmark, ctx):
 @pytest.mark.parametrize("which", ["detector", "nonzero 4096", "executed loop, 300 iterations"])
 def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
     """The steady per-run time of a staged model with each stage's output tensors (and an
-    executed loop's) taken from pools (stages/plan.py) against the same model allocating and
-    destroying them every run (the pools turned off: plan.POOL = 0), same run, alternated round
+    executed loop's) taken from pools (stages/pool.py) against the same model allocating and
+    destroying them every run (the pools turned off: pool.POOL = 0), same run, alternated round
     by round."""
-    import mltensor.stages.plan as plan
+    import mltensor.stages.pool as pool
 
     if which.startswith("executed"):  # (past the unroll limit: executed)
         m = _mlp_loop(300)
@@ -168,15 +168,15 @@ def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
         feeds = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32), "t": np.array(1.0, np.float32)}
     pooled, ref = _pair(m, ctx)
     fresh = InferenceSession(m.SerializeToString(), ctx, cache=False)
-    size = plan.POOL
+    size = pool.POOL
     want = ref.run(None, feeds)
 
     def run_pooled():
-        plan.POOL = size
+        pool.POOL = size
         return pooled.run(None, feeds)
 
     def run_fresh():
-        plan.POOL = 0
+        pool.POOL = 0
         return fresh.run(None, feeds)
 
     try:
@@ -184,6 +184,6 @@ def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
         _same(run_fresh(), want)
         ours, theirs, ratio = measure_pair((run_pooled, None), (run_fresh, None), rounds=15, warmup=2)
     finally:
-        plan.POOL = size
+        pool.POOL = size
     record(benchmark, ours, f"stages: stage tensors pooled, {which}", theirs, "allocated every run (no pool)",
            adapter=adapter_name(ctx))

@@ -1,6 +1,6 @@
 """The video segmentation example end to end: frames per second and time per stage.
 
-Ours: mltensor/apps/selfie_segmentation.GpuPipeline, everything on one device (frame uploaded
+Ours: mltensor/apps/video_gpu.GpuPipeline, everything on one device (frame uploaded
 once, preprocess into the lent input tensor, dispatch, EMA + composite from the lent mask, one
 readback of the composited frame). Reference, same frames, same run: the copying way
 (CopyingPipeline: numpy resize, InferenceSession with numpy in and out, numpy composite).
@@ -19,7 +19,9 @@ import wgpu
 
 import mltensor
 from mltensor import ml
-from mltensor.apps import selfie_segmentation as app
+from mltensor.apps.video_copy import CopyingPipeline
+from mltensor.apps.video_frames import DemoSource
+from mltensor.apps.video_gpu import GpuPipeline, load_model
 
 from .timing import adapter_name, measure, record
 
@@ -37,7 +39,7 @@ def setup():
     device = adapter.request_device_sync(label="bench-video")
     ctx = ml.create_context_sync(device)
     try:
-        graph, mi, mo, _ = app.load_model(ctx, path)
+        graph, mi, mo, _ = load_model(ctx, path)
     except (AttributeError, mltensor.NotSupportedError) as e:
         pytest.skip(f"model does not build yet: {e}")
     sess = mltensor.InferenceSession(path, context=ctx)
@@ -45,7 +47,7 @@ def setup():
 
 
 def _frames(w, h, n):
-    src = app.DemoSource(w, h, frames=n)
+    src = DemoSource(w, h, frames=n)
     return [src.frame(i) for i in range(n)]
 
 
@@ -62,7 +64,7 @@ def test_video_pipeline(benchmark, setup, size):
         return f
 
     # ours, unfenced: the FPS figure
-    fps_gpu = app.GpuPipeline(ctx, graph, mi, mo, w, h, stage_sync=False)
+    fps_gpu = GpuPipeline(ctx, graph, mi, mo, w, h, stage_sync=False)
     out = np.empty((h, w, 4), np.uint8)
     before = ctx.counters
     ours = measure(lambda: fps_gpu.process(next_frame()), lambda: fps_gpu.read_frame(out), rounds=ROUNDS, warmup=1)
@@ -71,7 +73,7 @@ def test_video_pipeline(benchmark, setup, size):
     assert moved == dict.fromkeys(moved, 0), moved
 
     # ours, fenced per stage: where the time goes
-    gpu = app.GpuPipeline(ctx, graph, mi, mo, w, h, stage_sync=True)
+    gpu = GpuPipeline(ctx, graph, mi, mo, w, h, stage_sync=True)
     rb = []
 
     def fenced():
@@ -87,7 +89,7 @@ def test_video_pipeline(benchmark, setup, size):
     gpu.close()
 
     # the copying way, same frames
-    cpu = app.CopyingPipeline(sess, w, h)
+    cpu = CopyingPipeline(sess, w, h)
     ref = measure(lambda: cpu.process(next_frame()), rounds=ROUNDS, warmup=1)
     ref_stages = {k: 1e3 * float(np.median(v[1:])) for k, v in cpu.times.items()}
 

@@ -5,7 +5,8 @@
     python examples/selfie_segmentation.py --source webcam
     python examples/selfie_segmentation.py --source clip.mp4 --effect replace --background beach.jpg
 
-The implementation is mltensor/apps/selfie_segmentation.py (also installed as `mltensor-selfie`).
+The implementation is mltensor/apps/selfie_segmentation.py and its video_*.py modules (also installed as
+`mltensor-selfie`).
 """
 
 import sys

@@ -8,24 +8,24 @@ from ._xdg import ensure_runtime_dir as _ensure_runtime_dir
 _ensure_runtime_dir()  # before wgpu loads (see _xdg.py)
 
 from .runtime.cffi_types import cache_cdef as _cache_cdef  # noqa: E402
+from .runtime.cffi_types import install as _install_types  # noqa: E402
 
 _cache_cdef()  # before wgpu loads: its header's C parse comes from the cache (runtime/cffi_types.py)
 
-from .compiler.program import MLGraph  # noqa: E402
+from .front.graph import MLGraph  # noqa: E402
 from .dynamic.dims import MLDynamicDimension  # noqa: E402
 from .errors import (DataError, DOMException, InvalidStateError, NotFoundError, NotSupportedError, OperationError,
                      UnknownError)
 from .front.builder import MLGraphBuilder, MLOperand
 from .front.context import ML, MLContext, ml
+from .front.interop import import_external_buffer_async, import_external_buffer_sync
 from .front.tensor import MLTensor
 
 
 def _fast_wgpu_types():
     from wgpu.backends.wgpu_native._ffi import ffi
 
-    from .runtime.cffi_types import install
-
-    install(ffi)
+    _install_types(ffi)
 
 
 _fast_wgpu_types()  # start-up: see runtime/cffi_types.py
@@ -40,10 +40,8 @@ __all__ = [
     "onnx", "tflite", "models",
 ]
 
-# Imported on first use: they pull in onnx / tflite / the interop machinery.
+# Imported on first use (start-up): the session, onnx, tflite and the model fetcher.
 _LAZY = {
-    "import_external_buffer_sync": ("mltensor.runtime.interop", "import_external_buffer_sync"),
-    "import_external_buffer_async": ("mltensor.runtime.interop", "import_external_buffer_async"),
     "InferenceSession": ("mltensor.session", "InferenceSession"),
     "onnx": ("mltensor.onnx", None),
     "tflite": ("mltensor.tflite", None),

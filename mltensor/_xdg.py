@@ -6,6 +6,10 @@ variable is unset, as in containers, CI and ssh sessions without a login manager
 opens a Wayland display, so the message is noise. When the variable is unset we point it at a
 private directory (mode 0700, owned by us: what the XDG spec asks for); a value the user set is
 left alone, and nothing is redirected, so real errors still reach stderr.
+
+Also `cache_dir()`, the XDG cache directory every on-disk cache of mltensor lives under (models,
+graphs, compiled kernels, autotune results, cffi tables, the replay library): a floor-0 home, so
+runtime/ and graphcache/ find it without importing models.py.
 """
 
 import os
@@ -26,3 +30,12 @@ def ensure_runtime_dir():
     if st.st_uid == os.getuid() and (st.st_mode & 0o777) == 0o700 and os.path.isdir(path) \
             and not os.path.islink(path):
         os.environ["XDG_RUNTIME_DIR"] = path
+
+
+def cache_dir():
+    """The directory mltensor's caches live in: models, graphs, compiled kernels... (not created)."""
+    d = os.environ.get("MLTENSOR_CACHE")
+    if d:
+        return os.path.abspath(os.path.expanduser(d))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mltensor")

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import zipfile
 
+from ._xdg import cache_dir
+
 MEDIAPIPE_VERSION = "0.10.14"
 _PIP_ARGS = [
     "download", f"mediapipe=={MEDIAPIPE_VERSION}", "--no-deps", "--only-binary=:all:",
@@ -86,15 +88,6 @@ MODELS = {
 
 class FetchError(RuntimeError):
     """A model could not be fetched; the message says what to do instead."""
-
-
-def cache_dir():
-    """The directory models are cached in (not created)."""
-    d = os.environ.get("MLTENSOR_CACHE")
-    if d:
-        return os.path.abspath(os.path.expanduser(d))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mltensor")
 
 
 def sha256(path):

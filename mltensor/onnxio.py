@@ -2,7 +2,7 @@
 element type numbers, their onnxruntime type strings and numpy dtypes, IOInfo (a graph input or
 output), how errors name a model source, the names of unknown input dimensions.
 
-A session whose graph comes from the graph cache (graphcache/sessions.py) runs on these alone:
+A session whose graph comes from the graph cache (session/cache.py) runs on these alone:
 onnx is imported, and the model parsed, only when something is built (onnx/importer.py, which
 re-exports these names).
 """

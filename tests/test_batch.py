@@ -15,7 +15,8 @@ Image = pytest.importorskip("PIL.Image")
 
 import mltensor  # noqa: E402
 from mltensor.apps import batch  # noqa: E402
-from mltensor.apps.selfie_segmentation import CopyingPipeline, DemoSource, Mp4Writer  # noqa: E402
+from mltensor.apps.video_copy import CopyingPipeline  # noqa: E402
+from mltensor.apps.video_frames import DemoSource, Mp4Writer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

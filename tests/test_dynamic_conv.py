@@ -15,7 +15,7 @@ from test_ops_conv import CONV_FILTER, TRANSPOSE_FILTER, conv2d_ref, conv_transp
 import mltensor
 from mltensor.dynamic.dims import MLDynamicDimension as D
 from mltensor.errors import NotSupportedError
-from mltensor.ops import matmul as matmul_ops
+from mltensor.ops import _gemm as gemm_engine
 from mltensor.runtime import autotune
 
 N, H, W = D("N", 3), D("H", 20), D("W", 21)
@@ -142,7 +142,7 @@ def test_conv2d_3x3_same(ctx, rng, layout, filter_layout):
     # buckets (the GEMV for up to 4 output pixels, then the tiles lavapipe picks by size)
     g = _check(ctx, rng, Case(rng, (N, 8, H, W), (16, 8, 3, 3), layout=layout, filter_layout=filter_layout,
                               padding=[1, 1, 1, 1]))
-    assert "gemv" in _paths(g) and 2 <= len(g.kernel_names) <= matmul_ops.MAX_VARIANTS, g.kernel_names
+    assert "gemv" in _paths(g) and 2 <= len(g.kernel_names) <= gemm_engine.MAX_VARIANTS, g.kernel_names
     if FUSION:
         assert all(n.startswith("conv2d") for n in g.kernel_names), g.kernel_names
     g.destroy()
@@ -375,11 +375,11 @@ def test_float16(ctx, rng):
 def test_every_candidate(ctx, rng, monkeypatch, vec, layout):
     # the tuner may pick any candidate for a bucket's maximum; each must be right at every size.
     # hw_staging: the hoisted (NCHW) and 16-byte (NHWC, channels % 4) staging of hardware adapters
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     n, h, w = D("N", 2), D("H", 24), D("W", 20)
     case = Case(rng, (n, 8, h, w), (24, 8, 3, 3), layout=layout, padding=[1, 0, 1, 2], strides=[1, 2])
     sizes = [dict(N=2, H=24, W=20), dict(N=1, H=2, W=1), dict(N=1, H=7, W=9), dict(N=2, H=13, W=3)]
-    cands, _ = matmul_ops.gemm_candidates(2 * 24 * 11, 24, 72, 1)
+    cands, _ = gemm_engine.gemm_candidates(2 * 24 * 11, 24, 72, 1)
     for i in range(len(cands)):
         with autotune.force(i):
             _check(ctx, rng, case, sizes, static=False).destroy()

@@ -12,8 +12,8 @@ from helpers import FUSION, context_with_env
 import mltensor
 from mltensor.dynamic.dims import MLDynamicDimension as D
 from mltensor.dynamic.dims import high
-from mltensor.ops import matmul as matmul_ops
-from mltensor.ops.matmul import gemm_candidates
+from mltensor.ops import _gemm as gemm_engine
+from mltensor.ops._gemm import gemm_candidates
 from mltensor.runtime import autotune
 
 NP = {"float32": np.float32, "float16": np.float16}
@@ -110,7 +110,7 @@ def test_matmul_2d(ctx, rng, dyn):
     # and above 64 rows); K alone: one kernel
     names = g.kernel_names
     if "m" in dyn:
-        assert 2 <= len(names) <= matmul_ops.MAX_VARIANTS and sum(n.endswith("_gemv") for n in names) == 1, names
+        assert 2 <= len(names) <= gemm_engine.MAX_VARIANTS and sum(n.endswith("_gemv") for n in names) == 1, names
     elif "n" not in dyn:
         assert len(names) == 1, names
     g.destroy()
@@ -131,7 +131,7 @@ def test_matmul_gemv_only_and_tiled_only(ctx, rng):
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 def test_matmul_vec4_loads(ctx, rng, monkeypatch, vec):
     # 16-byte loads of A (K % 4 == 0) and B (N % 4 == 0) stay valid for every M: only M is dynamic
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     g = _check(ctx, rng, {"a": (2, D("m", 70), 64), "b": (2, 64, 48)}, _mm, _mm_ref,
                [dict(m=1), dict(m=70), dict(m=33), dict(m=4), dict(m=5)])
     g.destroy()
@@ -149,9 +149,9 @@ def _bucket_configs(ctx, M, N, K, batch):
     """[(gemv, bucket, the configuration the heuristic picks at the bucket's maximum)] on a CPU
     adapter (lavapipe's configuration)."""
     out = []
-    for gemv, bk in matmul_ops._variants(_kc(ctx), True, M, N, K, batch):
+    for gemv, bk in gemm_engine._variants(_kc(ctx), True, M, N, K, batch):
         m, n = bk.at if bk is not None else (M, N)
-        out.append((gemv, bk, None if gemv else matmul_ops.lavapipe_config(m, n, high(K))))
+        out.append((gemv, bk, None if gemv else gemm_engine.lavapipe_config(m, n, high(K))))
     return out
 
 
@@ -169,18 +169,18 @@ def test_bucket_choice(ctx):
     for gemv, b, c in v[1:]:
         (_, lo, hi), = b.conds
         for m in (lo, (lo + hi) // 2, hi):
-            assert matmul_ops.lavapipe_config(m, 16, 512) == c
+            assert gemm_engine.lavapipe_config(m, 16, 512) == c
     # the workgroup counts' factor is 1 inside a bucket, 0 outside
     for m in (1, 4, 5, 64, 127, 128):
         assert [b.sym().eval({"S": m}) if isinstance(b.sym(), Sym) else b.sym() for _, b, _ in v] == \
             [int(m <= 4), int(5 <= m <= 127), int(m >= 128)]
     # static sizes: one ungated variant; M above the GEMV bound and one configuration: ungated
-    assert matmul_ops._variants(_kc(ctx), True, 70, 48, s, 1) == [(False, None)]
-    assert matmul_ops._variants(_kc(ctx), True, Sym.dim("m", 40) + 8, 64, 64, 1) == [(False, None)]
+    assert gemm_engine._variants(_kc(ctx), True, 70, 48, s, 1) == [(False, None)]
+    assert gemm_engine._variants(_kc(ctx), True, Sym.dim("m", 40) + 8, 64, 64, 1) == [(False, None)]
     # N where M is static: lavapipe's tile narrows for N <= 16 and widens from 64; at most
     # MAX_VARIANTS in all, the cheapest boundaries merged
     v = _bucket_configs(ctx, 100, Sym.dim("n", 80), 64, 1)
-    assert len(v) == matmul_ops.MAX_VARIANTS and not any(g for g, _, _ in v)
+    assert len(v) == gemm_engine.MAX_VARIANTS and not any(g for g, _, _ in v)
     assert [c["TX"] * c["RN"] for _, _, c in v] == [16, 32, 64]
 
 
@@ -192,8 +192,8 @@ def test_buckets_partition_the_sizes(ctx, cpu):
 
     m, n = Sym.dim("m", 3000), Sym.dim("n", 700)
     for M, N, K, batch in [(m, 64, 512, 1), (m, n, 64, 2), (37, n, 300, 1), (m, 8, 4096, 1), (m + 2, n, 32, 4)]:
-        v = matmul_ops._variants(_kc(ctx), cpu, M, N, K, batch)
-        assert 1 <= len(v) <= matmul_ops.MAX_VARIANTS, v
+        v = gemm_engine._variants(_kc(ctx), cpu, M, N, K, batch)
+        assert 1 <= len(v) <= gemm_engine.MAX_VARIANTS, v
         if len(v) == 1:
             assert v[0][1] is None
             continue
@@ -204,7 +204,7 @@ def test_buckets_partition_the_sizes(ctx, cpu):
                 assert sorted(on) == [0] * (len(v) - 1) + [1], (M, N, vals, on)
                 # the active one is the GEMV exactly when M <= GEMV_MAX_M
                 gemv = v[on.index(1)][0]
-                assert gemv == ((M.eval(vals) if isinstance(M, Sym) else M) <= matmul_ops.GEMV_MAX_M)
+                assert gemv == ((M.eval(vals) if isinstance(M, Sym) else M) <= gemm_engine.GEMV_MAX_M)
 
 
 VALUE_SIZES = [dict(S=1, P=1), dict(S=4, P=300), dict(S=5, P=7), dict(S=64, P=256), dict(S=127, P=512),
@@ -342,7 +342,7 @@ def test_float16(ctx, f16off_ctx, rng, mode):
 def test_every_candidate(ctx, rng, monkeypatch, vec):
     # the tuner may pick any candidate for the maximum sizes (split-K here: deep K, few tiles);
     # each must be right at every size. Not bit for bit: split-K sums its chunks separately.
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     sm, sk = D("m", 96), D("k", 600)
     cands, _ = gemm_candidates(96, 72, 600, 2)
     assert any(c["SPLIT"] > 1 for c in cands)
@@ -372,14 +372,14 @@ def test_tuning_at_the_maximum(ctx, rng, monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "time_launches", lambda *a, **k: timed.append(real(*a, **k)) or timed[-1])
     # each size bucket tuned at its own maximum: record the M of every timed tiled launch
     seen = []
-    real_groups = matmul_ops._tiled_launches
+    real_groups = gemm_engine._tiled_launches
 
     def spy(*a, **k):
         out = real_groups(*a, **k)
         seen.append(k.get("gate") or a[-1])
         return out
 
-    monkeypatch.setattr(matmul_ops, "_tiled_launches", spy)
+    monkeypatch.setattr(gemm_engine, "_tiled_launches", spy)
     g = _check(ctx, rng, {"a": (S, 64), "b": (64, P)}, _mm, _mm_ref, ATTN_SIZES[:3], static=False)
     # the GEMV bucket (two candidates where the adapter has subgroups) and the two tiled ones
     # (M below and from 64): one signature each

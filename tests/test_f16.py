@@ -90,7 +90,7 @@ class _Feeds:
 
 
 def _sweep_cases():
-    from mltensor.ops import OPS  # what op_support_limits() lists
+    from mltensor.ir.registry import OPS  # what op_support_limits() lists
 
     cases = []
     for op, (groups, _) in sorted(RECIPES.items()):
@@ -327,7 +327,7 @@ def test_gemm_family_f16_paths(mctx, rng, monkeypatch, vec, mkn):
     """matmul in float16 on every GEMM path (gemv, tiled, tiled with ragged edges, split-K), with
     and without vec4 loads (vec4<f16> -> vec4<f32> staging), and a fused epilogue (residual add
     and relu on the f16 output): f32 accumulation keeps it within 1e-2 of numpy."""
-    from mltensor.ops import matmul as mm
+    from mltensor.ops import _gemm as mm
 
     monkeypatch.setattr(mm, "VEC_LOADS", vec)
     M, K, N = mkn
@@ -352,10 +352,10 @@ def test_conv_prologues_f16(mctx, rng, monkeypatch, kind, layout, vec):
     """The convolution prologues (compiler/passes.py: batch_normalization + activation, per-channel
     scale + residual, depthwise conv + clamp feeding a 1x1 conv) in float16: one kernel, within
     1e-2 of the same graph in float32 on the same values."""
-    from mltensor.ops import matmul as mm
+    from mltensor.ops import _gemm as mm
 
     monkeypatch.setattr(mm, "VEC_LOADS", vec)
-    monkeypatch.setenv("MLTENSOR_FUSE_DEPTHWISE", "1")  # opt-in (compiler/passes.py fuse_depthwise)
+    monkeypatch.setenv("MLTENSOR_FUSE_DEPTHWISE", "1")  # opt-in (compiler/fusion/conv_prologue.py fuse_depthwise)
     N, C, H, W, OC = 1, 8, 7, 7, 12
     nhwc = layout == "nhwc"
     xs = (N, H, W, C) if nhwc else (N, C, H, W)

@@ -182,7 +182,7 @@ def test_constant_conv_with_input_residual_is_not_fused(ctx, rng):
 def test_epilogue_respects_the_binding_limit(ctx, rng):
     """More residual operands than a kernel may bind: the epilogue stops at the limit, the rest
     is an elementwise kernel, and every kernel binds at most the limit."""
-    from mltensor.compiler.passes import binding_cap
+    from mltensor.compiler.steps import binding_cap
 
     limit = binding_cap(ctx.device)  # small and fixed, whatever the adapter reports
     n_add = limit + 4

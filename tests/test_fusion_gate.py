@@ -1,4 +1,4 @@
-"""Gate fusion (compiler/passes.py fuse_gates): a global average pool and the fully connected 1x1
+"""Gate fusion (compiler/fusion/gate.py fuse_gates): a global average pool and the fully connected 1x1
 convolutions after it (squeeze-and-excitation: pool -> FC -> relu -> FC -> sigmoid) run as one
 kernel, one workgroup per batch item, reading the pool's input through the elementwise step that
 produces it (a decoder's skip + upsampled sum). Checked against float64 numpy in both layouts,
@@ -10,7 +10,7 @@ import pytest
 from helpers import FUSION, run_graph
 
 import mltensor
-from mltensor.compiler import passes
+from mltensor.compiler.fusion import gate
 
 FILTER_PERM = {"oihw": (0, 1, 2, 3), "ohwi": (0, 2, 3, 1), "hwio": (2, 3, 1, 0), "ihwo": (1, 2, 3, 0)}
 
@@ -168,7 +168,7 @@ def test_gate_not_fused_across_shared_values(ctx, rng):
 
 def test_big_plane_keeps_its_pool_kernel(ctx, rng, monkeypatch):
     # a plane too big for one workgroup keeps the multi-workgroup pool; the FCs still merge
-    monkeypatch.setattr(passes, "GATE_MAX_POOL", 8 * 8 * 16 - 1)
+    monkeypatch.setattr(gate, "GATE_MAX_POOL", 8 * 8 * 16 - 1)
     graph, feeds, ref = _se(rng, 2, 16, 8, 8, 4)
     res, names = _run(ctx, graph, feeds)
     assert not FUSION or (len(names) == 2 and names[0].startswith("average_pool2d") and "_fc_" in names[1]), names

@@ -10,7 +10,7 @@ from helpers import FUSION, run_graph
 from test_ops_conv import _run_conv
 
 import mltensor
-from mltensor.ops import matmul as matmul_ops
+from mltensor.ops import _gemm as gemm_engine
 
 
 def _bn(rng, C, scale=True, bias=True, act="relu", eps=1e-3):
@@ -60,7 +60,7 @@ CASES = [
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("xshape,wshape,opts", CASES)
 def test_batchnorm_relu_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec):
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)  # vec: the hardware staging (nhwc4, hoisted)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)  # vec: the hardware staging (nhwc4, hoisted)
     fl = "oihw" if layout == "nchw" else "ohwi"
     got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
                          prologue=_bn(rng, xshape[1]), expect_kernels=1, **opts)
@@ -212,7 +212,7 @@ def _scale(rng, N, C, per_batch, add=None):
 def test_channel_scale_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, per_batch, add):
     # x * s[n, c] (+ r) -> conv (squeeze-and-excitation, a decoder's residual): applied as the
     # conv loads x
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     xshape = (2,) + tuple(xshape[1:])
     fl = "oihw" if layout == "nchw" else "ohwi"
     pro = _scale(rng, 2, xshape[1], per_batch, xshape if add else None)
@@ -263,7 +263,7 @@ def test_depthwise_pointwise_is_one_kernel(ctx, rng, monkeypatch, xshape, dwopts
     # MobileNet's depthwise-separable block: depthwise -> activation -> 1x1 conv; with the opt-in
     # depthwise prologue the 1x1 conv computes the depthwise output as it stages it
     monkeypatch.setenv("MLTENSOR_FUSE_DEPTHWISE", "1")
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     C = xshape[1]
     k = 5 if dwopts.get("padding", [0])[0] == 2 and "dilations" not in dwopts else 3
     wd = rng.standard_normal((C, 1, k, k)).astype(np.float32)
@@ -357,7 +357,7 @@ RESAMPLES = [
 def test_resample_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, mode, ropts):
     # resample2d -> conv: each input element is interpolated (or picked) from the resample's
     # input as the conv loads it, so the resampled tensor is never written
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     fl = "oihw" if layout == "nchw" else "ohwi"
     got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
                          prologue=_resample(mode, **ropts), expect_kernels=1, **opts)
@@ -418,7 +418,7 @@ def _zero_pad(hw_pads, value=0.0, mode="constant", channels=0):
 ])
 def test_zero_pad_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, pads):
     # the pad's amounts join the convolution's own padding: no pad kernel
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     fl = "oihw" if layout == "nchw" else "ohwi"
     got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
                          prologue=_zero_pad(pads), expect_kernels=1, **opts)

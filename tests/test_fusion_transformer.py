@@ -1,4 +1,4 @@
-"""Transformer fusions (issue 28, compiler/passes.py `rewrite_nodes`, `fuse_dag_epilogues`,
+"""Transformer fusions (issue 28, compiler/plan.py `rewrite_nodes`, `fuse_dag_epilogues`,
 `fuse_grouped_heads`): RMSNorm chains as one normalization kernel; GEMMs that write their views
 (head split transposes, a fused QKV split, the identity copies of a present cache) and read one
 (the head merge); rotary embeddings, gated units (SwiGLU / GeGLU) and merged projections in the
@@ -15,10 +15,10 @@ from helpers import FUSION, dispatch_at, launches_run
 from helpers import fusion as _fusion
 
 import mltensor
-from mltensor.compiler import passes
+from mltensor.compiler.fusion import grouped, norm, rms
 from mltensor.dynamic.dims import MLDynamicDimension as Dyn
-from mltensor.ops import matmul as matmul_ops
-from mltensor.ops.matmul import _no_split, gemm_candidates
+from mltensor.ops import _gemm as gemm_engine
+from mltensor.ops._gemm import gemm_candidates, no_split
 from mltensor.runtime import autotune
 
 NP = {"float32": np.float32, "float16": np.float16}
@@ -229,8 +229,8 @@ def test_head_merge_read_in_place(ctx, rng, S, dt):
 
 @pytest.fixture
 def post_norm(monkeypatch):
-    """The fusion on whatever the adapter (off by default on GPUs: passes.POST_NORM)."""
-    monkeypatch.setattr(passes, "POST_NORM", True)
+    """The fusion on whatever the adapter (off by default on GPUs: norm.POST_NORM)."""
+    monkeypatch.setattr(norm, "POST_NORM", True)
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
@@ -318,7 +318,7 @@ def test_layer_norm_after_gemm_every_candidate(ctx, rng, post_norm, monkeypatch,
     """Each tile configuration the tuner may pick for a GEMM + LayerNorm (split-K excluded:
     matmul._post_norm_cands; 256-thread and double-buffered tiles walking the column tiles), at
     ragged M and N, the sum kept as an output and normalized in place, vec4 loads on and off."""
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     M, K, N = 150, 40, 136
     W, W2 = _w(rng, K, N), _w(rng, K, N)
     G = (1 + 0.1 * rng.standard_normal(N)).astype(np.float32)
@@ -332,7 +332,7 @@ def test_layer_norm_after_gemm_every_candidate(ctx, rng, post_norm, monkeypatch,
 
     s64 = x.astype(np.float64) @ W + r
     want = {"z": _ln_ref(s64, G, 0.0, 1e-5), "s": s64, "z2": _ln_ref(x.astype(np.float64) @ W2 + r, 1.0, 0.0, 1e-5)}
-    n = len(matmul_ops._post_norm_cands(*gemm_candidates(M, N, K, 1), N, K)[0])
+    n = len(gemm_engine._post_norm_cands(*gemm_candidates(M, N, K, 1), N, K)[0])
     assert n >= 3
     for i in range(n):
         with autotune.force(i):
@@ -352,7 +352,7 @@ def test_layer_norm_after_long_gemm(ctx, rng, post_norm, K, N, fused):
     a time), and where none fits the normalization stays a kernel of its own."""
     M = 6
     W = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
-    assert matmul_ops.post_norm_fits(M, N, K) == fused
+    assert gemm_engine.post_norm_fits(M, N, K) == fused
 
     def fn(b, i):
         return {"z": b.layer_normalization(b.add(b.matmul(i["x"], b.constant(W)), i["r"]), axes=[1])}
@@ -635,9 +635,9 @@ def test_dag_epilogue(ctx, rng, act, dt):
 
 def test_grouped_heads_read_without_copies(ctx, rng, monkeypatch):
     """repeat_kv (reshape, expand, reshape) before a fused attention: with
-    passes.FUSE_GROUPED_HEADS the attention kernel reads the K/V heads as they are (no expand
+    grouped.FUSE_GROUPED_HEADS the attention kernel reads the K/V heads as they are (no expand
     kernels), the same values."""
-    monkeypatch.setattr(passes, "FUSE_GROUPED_HEADS", True)
+    monkeypatch.setattr(grouped, "FUSE_GROUPED_HEADS", True)
     B, H, Hkv, S, D = 1, 8, 2, 12, 16
 
     def fn(b, i):
@@ -666,7 +666,7 @@ def test_grouped_heads_read_without_copies(ctx, rng, monkeypatch):
 def test_fused_gemm_every_candidate(ctx, rng, monkeypatch, vec):
     """Rotary + merged projections, a gated unit and a head merge at a ragged M, with each tile
     configuration the tuner may pick (split-K excluded for fused stores) and vec4 loads on/off."""
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     E, H, S = 64, 4, 70
     D = E // H
     Wq, Wk, Wg, Wu, Wo = (_w(rng, E, E) for _ in range(5))
@@ -687,7 +687,7 @@ def test_fused_gemm_every_candidate(ctx, rng, monkeypatch, vec):
             "o": g64(a).transpose(0, 2, 1, 3).reshape(1, S, E) @ Wo}
     gg = g64(x) @ Wg
     want["y"] = gg / (1 + np.exp(-gg)) * (g64(x) @ Wu)
-    n = len(_no_split(*gemm_candidates(S, 2 * E, E, 1))[0])
+    n = len(no_split(*gemm_candidates(S, 2 * E, E, 1))[0])
     for i in range(n):
         with autotune.force(i):
             got = dispatch_at(ctx, _build(ctx, {"x": x.shape, "a": a.shape, "cos": cos.shape, "sin": sin.shape}, fn,
@@ -720,9 +720,9 @@ def _per_layer(ctx, make, feeds):
 def test_bert_layer_launches(ctx, rng, monkeypatch, ln):
     """A small BertModel export (the bench's builder): 6 launches per layer (Q+K GEMM, V GEMM,
     attention, output projection reading the heads + residual + LayerNorm, FFN1 + GELU, FFN2 +
-    residual + LayerNorm); 8 with the LayerNorms as kernels (passes.POST_NORM off, GPUs'
+    residual + LayerNorm); 8 with the LayerNorms as kernels (norm.POST_NORM off, GPUs'
     default); onnxruntime's values."""
-    monkeypatch.setattr(passes, "POST_NORM", ln)
+    monkeypatch.setattr(norm, "POST_NORM", ln)
     bench = pytest.importorskip("bench.test_bench_transformer")
     feeds = {"input_ids": rng.integers(0, 500, (1, 24)).astype(np.int64),
              "attention_mask": np.ones((1, 24), np.int64), "token_type_ids": np.zeros((1, 24), np.int64)}
@@ -741,7 +741,7 @@ def test_vit_layer_launches(ctx, rng, monkeypatch, ln):
     stream and the next LayerNorm); 7 with the LayerNorms as kernels; onnxruntime's values."""
     from mltensor.models_synthetic import vit
 
-    monkeypatch.setattr(passes, "POST_NORM", ln)
+    monkeypatch.setattr(norm, "POST_NORM", ln)
     feeds = {"pixel_values": rng.random((1, 3, 40, 40), dtype=np.float32)}
     per, err = _per_layer(ctx, lambda n: vit(layers=n, hidden=64, heads=4, mlp=128, image=40, patch=8, classes=10),
                           feeds)
@@ -824,9 +824,9 @@ def test_fused_gemv_variants(ctx, rng, sg):
 @pytest.mark.parametrize("M", [1, 3, 45])
 @pytest.mark.parametrize("scale", [True, False], ids=["scale", "no_scale"])
 def test_rms_prologue(ctx, rng, monkeypatch, M, scale, dt):
-    """passes.RMS_PROLOGUE: an RMSNorm read only as GEMMs' A (a gated unit and a plain
+    """rms.RMS_PROLOGUE: an RMSNorm read only as GEMMs' A (a gated unit and a plain
     projection) is computed by them as they load A: two kernels, no rmsnorm."""
-    monkeypatch.setattr(passes, "RMS_PROLOGUE", True)
+    monkeypatch.setattr(rms, "RMS_PROLOGUE", True)
     E, F = 64, 48
     g = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
     Wg, Wu, Wp = _w(rng, E, F), _w(rng, E, F), _w(rng, E, 40)
@@ -849,7 +849,7 @@ def test_rms_prologue(ctx, rng, monkeypatch, M, scale, dt):
 
 def test_rms_prologue_every_candidate(ctx, rng, monkeypatch):
     """The RMS prologue with merged rotary projections, each tile configuration, dynamic rows."""
-    monkeypatch.setattr(passes, "RMS_PROLOGUE", True)
+    monkeypatch.setattr(rms, "RMS_PROLOGUE", True)
     E, H = 64, 2
     D = E // H
     g = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
@@ -861,7 +861,7 @@ def test_rms_prologue_every_candidate(ctx, rng, monkeypatch):
         return {k: _rope(b, _heads(b, b.matmul(h, b.constant(w)), None, H, D), i["cos"], i["sin"], D)
                 for k, w in (("q", Wq), ("k", Wk))}
 
-    n = len(_no_split(*gemm_candidates(80, 2 * E, E, 1), 8)[0])
+    n = len(no_split(*gemm_candidates(80, 2 * E, E, 1), 8)[0])
     for s in (2, 67):
         cos, sin = _cos_sin(rng, s, D)
         x = rng.standard_normal((1, s, E)).astype(np.float32)

@@ -8,8 +8,8 @@ from helpers import run_graph
 from test_ops_conv import _run_conv
 
 import mltensor
-from mltensor.ops import matmul as matmul_ops
-from mltensor.ops.matmul import gemm_candidates
+from mltensor.ops import _gemm as gemm_engine
+from mltensor.ops._gemm import gemm_candidates
 from mltensor.runtime import autotune
 
 
@@ -57,7 +57,7 @@ def _matmul(ctx, rng, sa, sb, epilogue):
 @pytest.mark.parametrize("sa,sb", MATMUL)
 def test_matmul_every_candidate(ctx, rng, monkeypatch, sa, sb, vec):
     # vec4 global loads are the hardware-adapter default; force each way on any adapter
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     _matmul(ctx, rng, sa, sb, epilogue=False)
 
 
@@ -92,7 +92,7 @@ def test_matmul_every_candidate_big(ctx, rng, sa, sb):
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 @pytest.mark.parametrize("at,bt", [(False, False), (True, False), (False, True), (True, True)])
 def test_gemm_every_candidate(ctx, rng, monkeypatch, at, bt, vec):
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)  # vec: transposed B staged k-major
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)  # vec: transposed B staged k-major
     M, K, N = 67, 530, 90
     A = rng.standard_normal((K, M) if at else (M, K)).astype(np.float32)
     B = rng.standard_normal((N, K) if bt else (K, N)).astype(np.float32)
@@ -159,13 +159,13 @@ def _conv(ctx, rng, xshape, wshape, opts, transpose=False):
 @pytest.mark.parametrize("xshape,wshape,opts", CONV)
 def test_conv2d_every_candidate(ctx, rng, monkeypatch, xshape, wshape, opts, vec):
     # vec: the hardware-adapter staging (16-byte NHWC input loads, k-major filter reads)
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     _conv(ctx, rng, xshape, wshape, opts)
 
 
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 def test_conv_transpose2d_every_candidate(ctx, rng, monkeypatch, vec):
-    monkeypatch.setattr(matmul_ops, "VEC_LOADS", vec)
+    monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     _conv(ctx, rng, (1, 32, 6, 7), (32, 24, 3, 3), dict(strides=[2, 2], padding=[1, 0, 0, 1]), transpose=True)
 
 

@@ -394,7 +394,7 @@ def _run(ctx, b, outputs, feeds):
 def test_fusion_respects_the_binding_limit(ctx):
     """A chain with more inputs than a kernel may bind is split into several fused kernels, and the
     cap is a small fixed number whatever the adapter reports (NVIDIA: 524,288)."""
-    from mltensor.compiler.passes import MAX_FUSED_BINDINGS, binding_cap
+    from mltensor.compiler.steps import MAX_FUSED_BINDINGS, binding_cap
 
     limit = binding_cap(ctx.device)
     assert limit <= min(MAX_FUSED_BINDINGS, ctx.device.limits["max-storage-buffers-per-shader-stage"])
@@ -411,7 +411,7 @@ def test_fusion_respects_the_binding_limit(ctx):
 
 
 def test_binding_cap_ignores_huge_adapter_limits():
-    from mltensor.compiler.passes import MAX_FUSED_BINDINGS, binding_cap
+    from mltensor.compiler.steps import MAX_FUSED_BINDINGS, binding_cap
 
     class Dev:
         def __init__(self, n):
@@ -431,7 +431,7 @@ def test_results_beyond_the_byte_limit_are_type_errors(ctx):
 
 
 def test_gpu_compile_failures_are_operation_errors(ctx, monkeypatch):
-    from mltensor.ops import OPS
+    from mltensor.ir.registry import OPS
 
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[4])

@@ -140,6 +140,31 @@ def test_dynamic_graph_round_trip(cache, ctx, rng):
         dispatch_at(ctx, h, {"x": np.zeros((9, 1, 16), np.float32)})
 
 
+
+def test_a_loaded_program_captures_as_the_built_one(cache, ctx, rng):
+    """The graph cache sees a graph only through its Program (runtime/program.py): what a load
+    rebuilds captures again as the build did, launches, pool, kernels and their WGSL."""
+    from mltensor.front.graph import program_of
+    from mltensor.graphcache import recipe
+    from mltensor.runtime.program import Program
+
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[D("batch", 8), 16])
+    w = b.constant(rng.standard_normal((16, 24)).astype(np.float32))
+    graphs = [_conv_graph(ctx), b.build_sync({"y": b.softmax(b.matmul(x, w), 1)})]
+    for i, g in enumerate(graphs):
+        ctx.save_graph_sync(f"g{i}", g)
+        h = ctx.load_graph_sync(f"g{i}")
+        assert isinstance(program_of(g), Program) and isinstance(program_of(h), Program)
+        (built, bc), (loaded, lc) = recipe.capture(ctx, program_of(g)), recipe.capture(ctx, program_of(h))
+        for field in ("launches", "pool", "sources", "kernel_names", "autotune", "inputs", "outputs", "dyn_args"):
+            assert repr(loaded[field]) == repr(built[field]), field  # (sizes and Folds: by what they say)
+        assert [k.key for k in loaded["kernels"]] == [k.key for k in built["kernels"]]
+        assert [c[2] for c in lc] == [c[2] for c in bc]  # the same constants, by size
+        assert (loaded["dyn_args"] is None) == (built["dyn_args"] is None) == (i == 0)
+        h.destroy()
+
+
 def _entry_files(cache, key):
     metas = [p for p in cache.rglob("*.json") if json.loads(p.read_text()).get("key") == key]
     assert len(metas) == 1, metas

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import mltensor
-from mltensor.compiler.program import compile_graph
+from mltensor.compiler.build import compile_graph
+from mltensor.front.graph import MLGraph
 
 NO_FUSION = os.environ.get("MLTENSOR_NO_FUSION", "") not in ("", "0")
 
@@ -82,7 +83,7 @@ def test_densenet_style_growing_concats(ctx, between):
         feats.append(f)
         cur = b.concat(feats, 1)
     y = b.sigmoid(cur)
-    off = compile_graph(b, {"y": y}, placement=False)  # (before build_sync, which spends the builder)
+    off = MLGraph(ctx, compile_graph(b, {"y": y}, placement=False))  # (before build_sync, which spends the builder)
     g = b.build_sync({"y": y})
     if not NO_FUSION and between:
         assert _concat_kernels(g) == [], g.kernel_names

@@ -480,7 +480,7 @@ def test_sampling_inverse_transform_matches_numpy(ctx):
 
 
 def test_sampler_draws_only_allowed_tokens(ctx):
-    from mltensor.llm.sampling import Sampler
+    from mltensor.llm.sampler import Sampler
 
     rng = np.random.default_rng(4)
     V = 500
@@ -506,7 +506,7 @@ def test_sampler_draws_only_allowed_tokens(ctx):
 
 
 def test_temperature_zero_is_greedy(ctx):
-    from mltensor.llm.sampling import Sampler
+    from mltensor.llm.sampler import Sampler
 
     rng = np.random.default_rng(5)
     V = 1000
@@ -661,7 +661,7 @@ def test_decode_loop_stays_on_the_gpu(ctx, synth):
     """The chat's loop: the sampler's output tensor is the next step's input; per token 4 bytes
     come back (the id), nothing goes up, no tensor or memory is allocated (the cache is appended
     in place); tokens equal numpy's greedy ones."""
-    from mltensor.llm.sampling import Sampler
+    from mltensor.llm.sampler import Sampler
 
     model = LlamaModel(synth, ctx, max_context=64, max_step=8)
     ref = NumpyLlama(synth)

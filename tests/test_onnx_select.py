@@ -279,7 +279,7 @@ def test_staged_runs_concurrent_on_pooled_tensors(rng):
     outputs as MLTensors: every result as onnxruntime's (no run reads or writes a set another
     run holds), and the pools keep no more sets than runs were in flight."""
 
-    from mltensor.stages.plan import POOL
+    from mltensor.stages.pool import POOL
 
     m = _nonzero_gather_model()
     b = m.SerializeToString()

@@ -251,9 +251,9 @@ def test_layer_normalization_validation(ctx):
 
 def test_folded_grids(ctx, rng, monkeypatch):
     # Past 65535 workgroups a launch is folded into 2-D; shrink the limit to test that cheaply.
-    import mltensor.runtime.wgsl as wgsl
+    import mltensor.dynamic.kernels as dyn_kernels
 
-    monkeypatch.setattr(wgsl, "MAX_GROUPS", 3)
+    monkeypatch.setattr(dyn_kernels, "MAX_GROUPS", 3)
     for shape in [(50, 40), (700, 3)]:  # one workgroup per row, one thread per row
         x = rng.standard_normal(shape).astype(np.float32)
         b = mltensor.MLGraphBuilder(ctx)

@@ -299,9 +299,9 @@ def test_softmax_validation(ctx):
 
 def test_folded_grids(ctx, rng, monkeypatch):
     # Past 65535 workgroups a launch is folded into 2-D; shrink the limit to test that cheaply.
-    import mltensor.runtime.wgsl as wgsl
+    import mltensor.dynamic.kernels as dyn_kernels
 
-    monkeypatch.setattr(wgsl, "MAX_GROUPS", 7)
+    monkeypatch.setattr(dyn_kernels, "MAX_GROUPS", 7)
     for shape, axis in [((50, 40), 1), ((3000, 5), 1), ((20, 5000), 1)]:  # group, thread, two-level
         a = data("reduce_sum", shape, "float32", rng)
         r = run_reduce(ctx, "reduce_sum", a, "float32", axes=[axis])

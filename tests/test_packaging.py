@@ -32,7 +32,7 @@ def test_wheel_ships_shaders_and_runs(tmp_path):
     assert in_tree <= shipped, in_tree - shipped
     code = (
         "import numpy as np, mltensor, mltensor.runtime.wgsl as w\n"
-        "assert 'site' in mltensor.__file__ and 'site' in w._shader_dir(), (mltensor.__file__, w._shader_dir())\n"
+        "assert 'site' in mltensor.__file__ and 'site' in w.shader_dir(), (mltensor.__file__, w.shader_dir())\n"
         "ctx = mltensor.ml.create_context_sync()\n"
         "b = mltensor.MLGraphBuilder(ctx)\n"
         "x = b.input('x', data_type='float32', shape=[2, 2])\n"

@@ -375,3 +375,44 @@ def test_output_fed_back_into_same_session(ctx):
     assert ctx.counters["tensors_alive"] == alive
     np.testing.assert_array_equal(ctx.read_tensor_sync(cur), [5, 5, 5])
     t.destroy()
+
+
+def test_session_package_imports_nothing_heavy():
+    """Importing the session package (as `mltensor.InferenceSession` does) imports neither onnx,
+    jinja2, the TFLite reader nor the importer and stage modules that pull them in: those come
+    through session/lazy.py when something is built (a process whose builds all load from the
+    graph cache never needs them: test_graph_cache.py checks that end to end)."""
+    import subprocess
+    import sys
+
+    heavy = ("onnx", "jinja2", "tflite", "mltensor.onnx", "mltensor.onnx.importer", "mltensor.tflite",
+             "mltensor.tflite.reader", "mltensor.stages.plan", "mltensor.stages.loop")
+    code = ("import sys, mltensor\n"
+            "assert mltensor.InferenceSession.__module__ == 'mltensor.session.inference'\n"
+            "import mltensor.session\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_stages_reach_the_session_through_stage_host_only():
+    """stages/ imports neither the session nor the ONNX importer (it reaches them through
+    stages/host.py StageHost), and InferenceSession implements every StageHost member."""
+    import ast
+    import os
+
+    from mltensor.stages import host
+
+    root = os.path.dirname(host.__file__)
+    for f in ("plan.py", "loop.py", "pool.py", "host.py"):
+        tree = ast.parse(open(os.path.join(root, f)).read())
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom):
+                mod = n.module or ""
+                assert "session" not in mod and "importer" not in mod, (f, mod)
+                assert all("session" not in a.name for a in n.names), f
+    members = [n for n in vars(host.StageHost) if not n.startswith("_")]
+    assert {"context", "build_lock", "next_stage", "import_body", "read_all", "count_read"} <= set(members)
+    for name in members:
+        assert hasattr(InferenceSession, name) or name == "build_lock", name
+    assert "build_lock" in InferenceSession.__init__.__code__.co_names

@@ -1,4 +1,4 @@
-"""The video segmentation example (mltensor/apps/selfie_segmentation.py), headless, a few frames.
+"""The video segmentation example (mltensor/apps/selfie_segmentation.py, video_*.py), headless, a few frames.
 
 - The shaders (resize into the lent input, mask EMA, blur, composite, present) against the same
   pipeline in numpy, with a stand-in model so the comparison does not depend on the real one.
@@ -14,6 +14,9 @@ import pytest
 import mltensor
 from mltensor import ml
 from mltensor.apps import selfie_segmentation as app
+from mltensor.apps.video_copy import CopyingPipeline
+from mltensor.apps.video_frames import DemoSource, Mp4Writer, open_source
+from mltensor.apps.video_gpu import GpuPipeline, load_model
 
 SIZE = (256, 144)
 
@@ -60,13 +63,13 @@ def test_shaders_match_numpy(shared_ctx, effect):
     ctx = shared_ctx
     W, H = SIZE
     graph, mi, mo = _standin_graph(ctx)
-    src = app.DemoSource(W, H, frames=3)
+    src = DemoSource(W, H, frames=3)
     back = None
     if effect == "replace":
         yy, xx = np.mgrid[0:H, 0:W]
         back = np.stack([xx * 255 // W, yy * 255 // H, np.full_like(xx, 128)], -1).astype(np.uint8)
-    gpu = app.GpuPipeline(ctx, graph, mi, mo, W, H, effect=effect, background=back, smoothing=0.5)
-    cpu = app.CopyingPipeline(_NumpyStandin(), W, H, effect=effect, background=back, smoothing=0.5)
+    gpu = GpuPipeline(ctx, graph, mi, mo, W, H, effect=effect, background=back, smoothing=0.5)
+    cpu = CopyingPipeline(_NumpyStandin(), W, H, effect=effect, background=back, smoothing=0.5)
     before = ctx.counters
     for frame in src:
         gpu.process(frame)
@@ -96,8 +99,8 @@ def test_present_to_canvas(shared_ctx):
     ctx = shared_ctx
     W, H = 128, 72
     graph, mi, mo = _standin_graph(ctx)
-    gpu = app.GpuPipeline(ctx, graph, mi, mo, W, H)
-    gpu.process(app.DemoSource(W, H).frame(0))
+    gpu = GpuPipeline(ctx, graph, mi, mo, W, H)
+    gpu.process(DemoSource(W, H).frame(0))
     canvas = RenderCanvas(size=(W, H), pixel_ratio=1)
     context = canvas.get_wgpu_context()
     context.configure(device=ctx.device, format=context.get_preferred_format(ctx.device.adapter))
@@ -111,7 +114,7 @@ def test_present_to_canvas(shared_ctx):
 
 
 def test_demo_source_moves():
-    src = app.DemoSource(*SIZE, frames=30)
+    src = DemoSource(*SIZE, frames=30)
     a, b = src.frame(0), src.frame(15)
     assert a.shape == (SIZE[1], SIZE[0], 3) and a.dtype == np.uint8
     assert src.layout(0) != src.layout(15)  # camera motion
@@ -135,12 +138,12 @@ def test_run_headless_defaults_to_mp4(tmp_path, monkeypatch):
 def test_video_file_source(tmp_path):
     """A video file source (PyAV) yields the frames that were written, at their size."""
     W, H = 96, 64
-    demo = app.DemoSource(W, H, frames=3)
-    w = app.Mp4Writer(str(tmp_path / "in.mp4"), W, H, fps=30)
+    demo = DemoSource(W, H, frames=3)
+    w = Mp4Writer(str(tmp_path / "in.mp4"), W, H, fps=30)
     for f in demo:
         w.write(f)
     w.close()
-    src = app.open_source(str(tmp_path / "in.mp4"))
+    src = open_source(str(tmp_path / "in.mp4"))
     frames = list(src)
     src.close()
     assert (src.width, src.height) == (W, H)
@@ -156,7 +159,7 @@ def _model_or_skip():
     try:
         path = mltensor.models.fetch("selfie_segmentation")
         c = ml.create_context_sync()
-        g, _, _, _ = app.load_model(c, path)
+        g, _, _, _ = load_model(c, path)
         g.destroy()
         c.destroy()
     except (ImportError, AttributeError, mltensor.NotSupportedError, RuntimeError, OSError) as e:

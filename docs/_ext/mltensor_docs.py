@@ -4,7 +4,7 @@ At `builder-inited` it writes, under docs/_generated/ (git-ignored, rewritten ev
 
 - tables/webnn_ops.md: every MLGraphBuilder operator with its family (the mltensor/ops/ file that
   defines it), the data types and ranks `ctx.op_support_limits()` reports for each operand on the
-  adapter building the docs, and whether it takes dynamic dimensions (ops.DYNAMIC);
+  adapter building the docs, and whether it takes dynamic dimensions (ir.registry.DYNAMIC);
 - tables/webnn_limits.md: the context-wide entries of op_support_limits();
 - tables/onnx_ops.md: `mltensor.onnx.supported_ops()` (contrib `com.microsoft.*` ones included),
   each with its family (mltensor/onnx/ops/<file>.py) and the attributes its handler accepts;
@@ -209,7 +209,7 @@ def _family(fn, package):
 
 def webnn_tables(ctx):
     from mltensor import MLGraphBuilder
-    from mltensor import ops
+    from mltensor.ir import registry
 
     limits = ctx.op_support_limits()
     info = ctx.device.adapter.info
@@ -220,7 +220,7 @@ def webnn_tables(ctx):
         fam = _family(method, "mltensor/ops") if method else "?"
         operands = "<br>".join(
             f"`{k}`: {_types(v['data_types'])}, rank {_rank(v['rank_range'])}" for k, v in limits[name].items())
-        dyn = "yes" if name in ops.DYNAMIC else ""
+        dyn = "yes" if name in registry.DYNAMIC else ""
         rows.append(f"| {{py:meth}}`~mltensor.MLGraphBuilder.{name}` | `{fam}` | {operands} | {dyn} |")
     n = len(rows)
     head = [

@@ -19,7 +19,7 @@ Per input `a/b.jpg` (relative to the folder or glob it came from) the outputs ar
 
 The default model is MediaPipe's selfie segmentation; `--model` takes any .onnx or .tflite with
 an rgb input (NHWC or NCHW) and a mask-like first output, with `--preprocess` / `--postprocess`
-naming its input normalization and output decoding (see selfie_segmentation.PREPROCESS).
+naming its input normalization and output decoding (see video_copy.PREPROCESS).
 """
 
 import argparse
@@ -29,6 +29,11 @@ import sys
 import time
 
 import numpy as np
+
+import mltensor  # its models and InferenceSession load on first use (mltensor/__init__.py)
+
+from .video_copy import POSTPROCESS, PREPROCESS, CopyingPipeline
+from .video_frames import AVSource, Mp4Writer, save_png
 
 IMAGE_EXT = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 VIDEO_EXT = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".mpg", ".mpeg")
@@ -112,10 +117,6 @@ class Segmenter:
 
     def __init__(self, model=None, *, preprocess="unit", postprocess="mask", effect="blur",
                  background=None, smoothing=0.5, blur_sigma=None, lossless=False, context=None):
-        import mltensor
-
-        from .selfie_segmentation import POSTPROCESS, PREPROCESS
-
         if preprocess not in PREPROCESS or postprocess not in POSTPROCESS:
             raise ValueError(f"preprocess must be one of {', '.join(PREPROCESS)} and postprocess one of "
                              f"{', '.join(POSTPROCESS)}, got {preprocess!r} / {postprocess!r}")
@@ -132,8 +133,6 @@ class Segmenter:
         self.worker = f"{os.uname().nodename}:{os.getpid()}"
 
     def pipeline(self, width, height, smoothing=0.0):
-        from .selfie_segmentation import CopyingPipeline
-
         return CopyingPipeline(self.session, width, height, smoothing=smoothing, **self.options)
 
     def process(self, item, out_dir):
@@ -153,8 +152,6 @@ class Segmenter:
         return row
 
     def _image(self, path, out_path, mask_path):
-        from .selfie_segmentation import save_png
-
         rgb = read_image(path)
         pipe = self.pipeline(rgb.shape[1], rgb.shape[0])  # one picture: no temporal smoothing
         save_png(out_path, pipe.process(rgb))
@@ -162,8 +159,6 @@ class Segmenter:
         return 1
 
     def _video(self, path, out_path, mask_path):
-        from .selfie_segmentation import AVSource, Mp4Writer
-
         try:
             src = AVSource(path)
         except Exception as e:
@@ -205,8 +200,6 @@ def _context_for_ray_gpu():
     if not ids:
         return None
     import wgpu
-
-    import mltensor
 
     hw = [a for a in wgpu.gpu.enumerate_adapters_sync()
           if a.info.get("adapter_type") in ("DiscreteGPU", "IntegratedGPU") and a.info.get("backend_type") != "OpenGL"]
@@ -322,8 +315,6 @@ def format_summary(s):
 
 
 def build_parser():
-    from .selfie_segmentation import POSTPROCESS, PREPROCESS
-
     p = argparse.ArgumentParser(prog="mltensor-batch", description=__doc__.split("\n\n")[0],
                                 epilog="Outputs: OUT/<name>.png|.mp4 (composited) and OUT/<name>_mask.png|.mp4.")
     p.add_argument("inputs", nargs="+", help="image/video files, folders (recursive) or globs")

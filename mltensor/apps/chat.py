@@ -15,6 +15,12 @@ import argparse
 import sys
 import time
 
+from .. import ml
+from ..llm.model import LlamaModel, LlamaWeights
+from ..llm.sampler import Sampler
+from ..llm.tokenizer import GGUFTokenizer
+from ..models import fetch_gguf
+
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="mltensor-chat", description=__doc__.splitlines()[0])
@@ -35,11 +41,6 @@ class Chat:
 
     def __init__(self, path, *, max_context=2048, temperature=0.0, top_k=0, top_p=1.0, seed=0, system=None,
                  ctx=None):
-        from .. import ml
-        from ..llm.model import LlamaModel, LlamaWeights
-        from ..llm.sampling import Sampler
-        from ..llm.tokenizer import GGUFTokenizer
-
         self.ctx = ctx or ml.create_context_sync()
         weights = LlamaWeights(path)
         self.tokenizer = GGUFTokenizer(weights.file)
@@ -134,8 +135,6 @@ def main(argv=None, *, stdin=None, stdout=None, stderr=None):
         raise SystemExit(f"--max-context must be at least 2, got {args.max_context}")
     path = args.model
     if path is None:
-        from ..models import fetch_gguf
-
         path = fetch_gguf("smollm2-135m-instruct")
     try:
         chat = Chat(path, max_context=args.max_context, temperature=args.temperature, top_k=args.top_k,

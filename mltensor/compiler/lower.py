@@ -13,19 +13,13 @@ import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
-from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, is_dynamic, params_enabled, room
-from ..ops import OPS
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid, lit, loop_capped, loop_guard
-
-
-@dataclass(frozen=True, eq=False)
-class Ext:
-    """A caller's tensor slot: ("in" | "out", name), bound at dispatch."""
-
-    kind: str
-    name: str
-    data_type: str
-    shape: tuple
+from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, grid, is_dynamic, params_enabled, room, words
+from ..ir.registry import OPS
+from ..ops.elementwise import epilogue_fn, lower_group
+from ..ops.pool import lower_gate
+from ..runtime.program import Ext
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, loop_capped, loop_guard
+from .steps import epilogue_operands
 
 
 class Scratch:
@@ -158,7 +152,6 @@ class KernelContext:
         (_immediate_form); with dynamic dimensions `values` {name: size} the sizes they are
         timed at (the kernels reading them get their immediate data, and their workgroup counts
         for those sizes)."""
-        from ..dynamic.kernels import words
 
         slots, out = {}, []
         for kern, args, groups in launches:
@@ -202,6 +195,10 @@ class KernelContext:
 
     def root(self, v):
         return self.alias_of.get(id(v), v)
+
+    def is_caller_tensor(self, v):
+        """v is written straight into a caller's output tensor (an Ext slot), not to the pool."""
+        return isinstance(self.out_slot.get(id(v)), Ext)
 
     def placed_root(self, v):
         """(value owning v's storage, byte offset of v inside it), through aliases and placements."""
@@ -326,8 +323,6 @@ class KernelContext:
         of binary nodes are read at `i` (broadcast through baked strides) from extra read-only
         bindings `e0`, `e1`, ...: they are inserted into the lists `bindings` and `args` before
         their last entry (the output). Every store of the kernel must go through act()."""
-        from ..ops.elementwise import epilogue_fn
-        from .passes import epilogue_operands
 
         step = self.step
         extra = epilogue_operands(step)
@@ -394,8 +389,6 @@ class KernelContext:
 
 def lower_steps(kc, steps):
     """Record the launches of all steps into kc; returns nothing (kc.launches is the result)."""
-    from ..ops.elementwise import lower_group
-    from ..ops.pool import lower_gate
 
     for step in steps:
         kc.step = step

@@ -17,14 +17,14 @@ builds: the prompt (cache empty, sequence dynamic) and every step after it (cach
 sequence 1).
 """
 
+from ..onnxio import dim_name
+
 MIN_CAPACITY = 64
 
 
 class Capacities:
     def __init__(self, inputs, free, max_dimensions):
         """inputs: {input name: (dims, params)} from onnx symbolic_inputs (None entries unknown)."""
-        from ..onnxio import dim_name
-
         self.axes = {}  # input name -> [(axis, dimension name)] of its dynamic dimensions
         for name, (dims, params) in inputs.items():
             if dims is None:

@@ -13,7 +13,7 @@ Lowerings never write this: they render sizes with `dims.wgsl(x)` (a literal for
 an expression over `dims.*` for a Sym), and `KernelContext.launch` marks the kernels whose
 parameters mention `dims.d_` (runtime/wgsl.Kernel.dims), which adds the declaration and the
 pipeline layout's immediate range. Workgroup counts that depend on sizes are `Fold` (a 1-D count
-folded past 65535 like wgsl.grid) or tuples holding Syms, evaluated per dispatch by
+folded past 65535 like `grid`) or tuples holding Syms, evaluated per dispatch by
 `concrete_groups`.
 
 The same immediates carry launch parameters (SizeParams, issue 29): static sizes of kernels that
@@ -22,14 +22,14 @@ kernels differing only in sizes share one pipeline. `immediates_layout` says whe
 takes its immediates from; other static sizes stay WGSL constants.
 """
 
-import os
-
 import numpy as np
 
 from ..errors import NotSupportedError
-from .dims import Sym, derived_field, evaluate, field_name, param_field
+from ..switches import switch
+from .dims import Sym, derived_field, evaluate, field_name, low, param_field
 
 FEATURE = "immediates"
+MAX_GROUPS = 65535  # workgroups along one dimension of a launch (WebGPU's default limit)
 MAX_DIMS = 32  # 128 bytes of immediates (the smallest max-immediate-size seen: lavapipe)
 
 
@@ -57,7 +57,7 @@ class SizeParams:
     data, the value kept in `values`; 0, 1 (structural: broadcasting, skipped dimensions) and
     anything once the slots run out stay the ints they are. The lowering builds the kernel with
     `sizes=P.values`: kernels whose WGSL differs only in these values then share one pipeline,
-    each launch setting its own values (compiler/program.py). Bounds of a parameter are its
+    each launch setting its own values (front/graph.py). Bounds of a parameter are its
     value, so every decision a lowering takes from them is the static build's; what depends on
     the value shows in the WGSL (a different kernel), what does not reads the parameter.
     Disabled (every size its int) in graphs with dynamic dimensions, in build-time prologues,
@@ -80,13 +80,13 @@ class SizeParams:
 
 
 def params_enabled():
-    return os.environ.get("MLTENSOR_NO_SIZE_PARAMS", "") in ("", "0")
+    return not switch("MLTENSOR_NO_SIZE_PARAMS")
 
 
 def derived_enabled():
     """Derived sizes (dims.py hoisting) unless MLTENSOR_NO_DERIVED_SIZES=1: then kernels render
     every size over the dynamic dimensions inline, as before (for comparison)."""
-    return os.environ.get("MLTENSOR_NO_DERIVED_SIZES", "") in ("", "0")
+    return not switch("MLTENSOR_NO_DERIVED_SIZES")
 
 
 def pack(names, values):
@@ -177,8 +177,22 @@ def immediates_layout(kernels, blocks=None):
     return rows, at, np.array(words or [0], dtype=np.uint32)
 
 
+def grid(n_groups):
+    """Workgroup counts for n_groups 1-D groups, folded into 2-D past the per-dimension limit.
+    Kernels rebuild the linear group index with `wid.y * nwg.x + wid.x`. A count that is a Sym
+    (known at dispatch) gives a Fold, folded the same way per dispatch."""
+    if isinstance(n_groups, Sym):
+        return Fold(n_groups)
+    n_groups = max(1, int(n_groups))
+    if n_groups <= MAX_GROUPS:
+        return (n_groups, 1, 1)
+    y = -(-n_groups // MAX_GROUPS)
+    x = -(-n_groups // y)
+    return (x, y, 1)
+
+
 class Fold:
-    """A 1-D workgroup count known at dispatch, folded into 2-D past 65535 as wgsl.grid does."""
+    """A 1-D workgroup count known at dispatch, folded into 2-D past 65535 as grid does."""
 
     __slots__ = ("n",)
 
@@ -196,8 +210,6 @@ def is_dynamic(groups):
 def may_be_zero(groups):
     """Whether a launch's workgroup count may be 0 at some sizes (bounds: an undecided count
     counts as possibly 0)."""
-    from .dims import low
-
     if isinstance(groups, Fold):
         return low(groups.n) < 1
     return any(low(g) < 1 for g in groups)
@@ -205,8 +217,6 @@ def may_be_zero(groups):
 
 def concrete_groups(groups, values):
     """(x, y, z) workgroup counts of a launch for {name: size}."""
-    from ..runtime.wgsl import MAX_GROUPS, grid
-
     if isinstance(groups, Fold):
         n = evaluate(groups.n, values)
         return grid(n) if n > 0 else (0, 1, 1)
@@ -221,15 +231,13 @@ def compile_groups(all_groups, names):
     """A function {name: size} -> flat [x0, y0, z0, x1, ...] for a list of launches' groups:
     the Sym expressions are compiled once into one Python function (a decode loop sizes every
     launch at every step)."""
-    from ..runtime.wgsl import MAX_GROUPS
-
     lines, env, cse = [], {"_fold": _fold, "MAXG": MAX_GROUPS}, PyCSE()
     for i, g in enumerate(all_groups):
         if isinstance(g, Fold):
             lines.append(f"_fold({cse.sym(g.n)})")
         else:  # (a count of 0 is a gated-off variant, ops/matmul.py: wgpu makes it a no-op)
             lines.append("(" + ", ".join(f"max(0, {cse.sym(x)})" for x in g) + ")")
-    args = ", ".join(f"{_var(n)}" for n in names)
+    args = ", ".join(f"{py_var(n)}" for n in names)
     body = "".join(f"    o.extend({x})\n" for x in lines)
     src = "def f(" + args + "):\n" + cse.text() + "    o = []\n" + body + "    return o\n"
     exec(compile(src, "<dynamic launch sizes>", "exec"), env)
@@ -271,7 +279,7 @@ class PyCSE:
 
     def atom(self, a):
         if a.kind == "dim":
-            return _var(a.args[0])
+            return py_var(a.args[0])
         if a.kind == "param":
             return str(a.args[1])
         x, y = (self.sym(v) for v in a.args)
@@ -283,17 +291,16 @@ class PyCSE:
 
 
 def _fold(n):
-    from ..runtime.wgsl import grid
-
     return grid(n) if n > 0 else (0, 1, 1)
 
 
-def _var(name):
+def py_var(name):
+    """The Python variable holding dimension `name` in the generated size functions."""
     return "v_" + field_name(name)
 
 
-def _py(x):
-    """A Python expression of a size over the variables _var(name)."""
+def py_expr(x):
+    """A Python expression of a size over the variables py_var(name)."""
     if isinstance(x, int):
         return str(x)
     parts = []
@@ -305,9 +312,9 @@ def _py(x):
 
 def _py_atom(a):
     if a.kind == "dim":
-        return _var(a.args[0])
+        return py_var(a.args[0])
     if a.kind == "param":
         return str(a.args[1])
-    x, y = (_py(v) for v in a.args)
+    x, y = (py_expr(v) for v in a.args)
     return {"div": f"({x} // {y})", "mod": f"({x} % {y})", "max": f"max({x}, {y})",
             "min": f"min({x}, {y})"}[a.kind]

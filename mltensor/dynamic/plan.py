@@ -11,7 +11,7 @@ a maximum that does not fit, or one name given two sizes), runs the checks, size
 import numpy as np
 
 from .dims import Sym, bind, check_derived, evaluate
-from .kernels import PyCSE, _py, _var, compile_groups, may_be_zero, pack
+from .kernels import PyCSE, compile_groups, may_be_zero, pack, py_expr, py_var
 
 
 class DynamicPlan:
@@ -25,7 +25,7 @@ class DynamicPlan:
         self.reads_dims = list(reads_dims)  # per launch: its kernel reads the immediates
         # launches whose workgroup count is 0 at some sizes (a size bucket's variant, gated off
         # outside it: ops/matmul.py): skipped by the replay where it is, their pipelines made at
-        # the first dispatch that runs them (compiler/program.py MLGraph._create)
+        # the first dispatch that runs them (front/graph.py MLGraph._create)
         self.maybe_off = [i for i, g in enumerate(groups) if may_be_zero(g)]
         self._cache = {}  # sizes -> (immediates, flat workgroup counts as uint32)
         self._fast = None  # compiled bind() for the common case
@@ -41,7 +41,7 @@ class DynamicPlan:
         if not lists:
             self._imm_fn = lambda values: pack(self.names, values)
             return
-        dims, cse = ", ".join(_var(n) for n in self.names), PyCSE()
+        dims, cse = ", ".join(py_var(n) for n in self.names), PyCSE()
         parts = [dims] + [dims + "".join(f", {cse.sym(x)}" for x in d) + "".join(f", {c}" for c in consts)
                           for d, consts in lists]
         src = f"def f({dims}):\n" + cse.text() + "    return [" + ", ".join(parts) + "]\n"
@@ -86,8 +86,8 @@ class DynamicPlan:
     def output_shapes(self, values):
         if self._out_fn is None:
             names = sorted(self.outputs)
-            src = "def f(" + ", ".join(_var(n) for n in self.names) + "):\n    return {" + ", ".join(
-                f"{n!r}: (" + "".join(f"{_py(d)}, " for d in self.outputs[n]) + ")" for n in names) + "}\n"
+            src = "def f(" + ", ".join(py_var(n) for n in self.names) + "):\n    return {" + ", ".join(
+                f"{n!r}: (" + "".join(f"{py_expr(d)}, " for d in self.outputs[n]) + ")" for n in names) + "}\n"
             env = {}
             exec(compile(src, "<dynamic output shapes>", "exec"), env)
             fn = env["f"]
@@ -121,7 +121,7 @@ class LaunchData:
     counts, as arrays the compiled replay loop reads by address and as Python values. `groups`:
     every launch's counts; `off`: the launches with no workgroups at these sizes that the replay
     skips (a sorted tuple, None when none is), `run` and `xyz` the counts of the others; `made`:
-    the graph has created the pipelines of the others (compiler/program.py MLGraph._create)."""
+    the graph has created the pipelines of the others (front/graph.py MLGraph._create)."""
 
     __slots__ = ("imm", "xyz", "groups", "run", "off", "made", "imm_addr", "xyz_addr", "imm_ptr", "ptrs")
 
@@ -164,7 +164,7 @@ def _compile_binder(plan):
             if isinstance(p, int):
                 lines.append(f"    if s[{i}] != {p}: return None")
             elif len(p.terms) == 1 and p == Sym.dim(p.name, p.max_size):
-                v = _var(p.name)
+                v = py_var(p.name)
                 if p.name in seen:
                     lines.append(f"    if s[{i}] != {v}: return None")
                 else:
@@ -176,13 +176,13 @@ def _compile_binder(plan):
     if set(plan.names) - seen:
         return lambda shapes: None
     for name, i, p in derived:
-        lines.append(f"    if shapes[{name!r}][{i}] != {_py(p)}: return None")
+        lines.append(f"    if shapes[{name!r}][{i}] != {py_expr(p)}: return None")
     for kind, a, b, _ in plan.constraints:
         if kind == "positive":
-            lines.append(f"    if {_py(a)} < 1: return None")
+            lines.append(f"    if {py_expr(a)} < 1: return None")
         else:
-            lines.append(f"    if {_py(a)} != {_py(b)}: return None")
-    ret = ", ".join(f"{n!r}: {_var(n)}" for n in plan.names)
+            lines.append(f"    if {py_expr(a)} != {py_expr(b)}: return None")
+    ret = ", ".join(f"{n!r}: {py_var(n)}" for n in plan.names)
     src = "def f(shapes):\n" + "\n".join(lines) + "\n    return {" + ret + "}\n"
     env = {"min": min, "max": max}
     exec(compile(src, "<dynamic bind>", "exec"), env)

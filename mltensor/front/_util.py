@@ -1,28 +1,33 @@
-"""Small argument helpers shared by the front objects."""
+"""Small helpers shared by the front objects: argument checks, awaitables, a destroyed device."""
 
 import asyncio
 
+import numpy as np
 
-def as_shape(shape, where, allow_zero=False):
-    """A shape as a tuple of ints; TypeError for anything that is not a sequence of dims > 0."""
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-        raise TypeError(f"[{where}] shape must be a sequence of integers, got {shape!r}")
-    from ..dynamic.dims import Sym
+from .. import dtypes
 
-    out = []
-    for d in shape:
-        if isinstance(d, Sym):  # a dynamic dimension (its bounds are checked where it is made)
-            out.append(d)
-            continue
-        if isinstance(d, bool) or not hasattr(d, "__index__"):
-            raise TypeError(f"[{where}] shape dimensions must be integers, got {shape!r}")
-        d = int(d)
-        if d < 0 or (d == 0 and not allow_zero):
-            raise TypeError(f"[{where}] shape dimensions must be positive, got {tuple(shape)!r}")
-        if d > 0xFFFFFFFF:
-            raise TypeError(f"[{where}] dimension {d} is larger than 2**32-1")
-        out.append(d)
-    return tuple(out)
+
+def device_destroyed(device):
+    # wgpu-py 0.32 has no device.lost; destroy() stops the device's poll thread.
+    return getattr(device, "_poller", True) is None
+
+
+def bytes_of(data, data_type, nbytes, where):
+    """Validate `data` against a tensor and return a byte view of it (no copy when contiguous)."""
+    if not isinstance(data, np.ndarray):
+        try:
+            data = np.asarray(memoryview(data))  # keeps a typed buffer's item type
+        except (TypeError, ValueError):
+            raise TypeError(f"[{where}] data must support the buffer protocol, got {type(data).__name__}") from None
+    if data.dtype != dtypes.NUMPY[data_type] and data.dtype != np.uint8:
+        raise TypeError(
+            f"[{where}] data of dtype {data.dtype} does not match the tensor's {data_type} "
+            "(pass raw bytes or uint8 to write any type)"
+        )
+    data = np.ascontiguousarray(data)
+    if data.nbytes != nbytes:
+        raise TypeError(f"[{where}] data has {data.nbytes} bytes, the tensor needs {nbytes}")
+    return memoryview(data.reshape(-1).view(np.uint8))
 
 
 def awaitable(coro):

@@ -1,110 +1,24 @@
-"""MLGraphBuilder and MLOperand: validate, infer shapes and types, record nodes.
+"""MLGraphBuilder: validate, infer shapes and types, record nodes (MLOperand and Node, the IR it
+records, live in ir/graph.py and are re-exported here).
 
-Operator methods live in mltensor/ops/ (one file per family); each is attached to
-MLGraphBuilder by `@builder_op`, which adds the shared state checks. The IDL signature of every
+Operator methods live in mltensor/ops/ (one file per family); each is registered by
+`@builder_op` (ir/registry.py), which adds the shared state checks, and attached here. The IDL signature of every
 method is quoted above it there.
 """
 
-import functools
-import math
 
 import numpy as np
 
 from .. import dtypes
-from ..dynamic.dims import Sym, is_static, low, parse_shape
-from ..errors import InvalidStateError, NotSupportedError
-from ._util import as_shape, awaitable
+from .. import ops  # noqa: F401 (loads the operator families: every builder method is registered)
+from ..dynamic.dims import Sym, low, parse_shape
+from ..errors import DOMException, InvalidStateError, OperationError
+from ..ir.graph import MLOperand, Node, as_shape
+from ..ir.registry import attach
+from ._util import awaitable, bytes_of
+from .context import MLContext
+from .graph import MLGraph
 from .tensor import MLTensor
-
-
-class MLOperand:
-    """A value in a graph being built: a graph input, a constant, or an operator's output.
-
-    Returned by `MLGraphBuilder.input`, `constant` and every operator method, and passed to
-    other operator methods of the same builder; it holds no data."""
-
-    # IDL: interface MLOperand { readonly attribute MLOperandDataType dataType; readonly attribute FrozenArray<unsigned long> shape; }
-    __slots__ = ("_builder", "_data_type", "_shape", "_kind", "_node", "_name", "_value", "__weakref__")
-
-    def __init__(self, builder, data_type, shape, kind, node=None, name=None, value=None):
-        self._builder = builder
-        self._data_type = data_type
-        self._shape = tuple(shape)
-        self._kind = kind  # "input" | "constant" | "op"
-        self._node = node
-        self._name = name
-        self._value = value  # constant: numpy array in the operand's data type, or an MLTensor
-
-    data_type = property(lambda self: self._data_type,
-                         doc='The WebNN data type, a string such as "float32".')
-    # Entries are ints, or Syms for dynamic dimensions (each has .name and .max_size, as
-    # MLDynamicDimension; derived ones are expressions such as "past + 1").
-    shape = property(lambda self: self._shape,
-                     doc="The shape, a tuple. Entries are ints, or for dynamic dimensions size "
-                         "expressions with `.name` and `.max_size` (derived ones read like "
-                         '"past + 1").')
-
-    @property
-    def rank(self):
-        """Python extension: the number of dimensions, `len(shape)`."""
-        return len(self._shape)
-
-    @property
-    def dynamic(self):
-        """Python extension: some dimension is known only at dispatch."""
-        return not is_static(self._shape)
-
-    @property
-    def size(self):
-        """Python extension: the number of elements (a size expression when dynamic)."""
-        return math.prod(self._shape)
-
-    def __repr__(self):
-        what = self._name or (self._node.op if self._node else self._kind)
-        return f"<MLOperand {what} {self._data_type} {list(self._shape)}>"
-
-
-class Node:
-    """One operator call: op name, operand inputs (None for absent optional ones), attributes."""
-
-    __slots__ = ("op", "inputs", "attrs", "outputs", "label")
-
-    def __init__(self, op, inputs, attrs, label):
-        self.op = op
-        self.inputs = list(inputs)
-        self.attrs = attrs
-        self.outputs = []
-        self.label = label
-
-    def __repr__(self):
-        return f"<Node {self.op}{' ' + self.label if self.label else ''}>"
-
-
-def builder_op(fn):
-    """Attach an operator function `fn(builder, ...)` as MLGraphBuilder.<fn name>. Operands with
-    dynamic dimensions reach only operators in ops.DYNAMIC (their family's DYNAMIC_OPS: shape
-    inference and kernels that handle sizes known at dispatch); any other raises
-    NotSupportedError first."""
-    name = fn.__name__
-
-    @functools.wraps(fn)
-    def method(self, *args, **kwargs):
-        self._check_state(name)
-        if self._dims and name not in _ops.DYNAMIC:
-            _refuse_dynamic(name, args, kwargs)
-        return fn(self, *args, **kwargs)
-
-    setattr(MLGraphBuilder, name, method)
-    return fn
-
-
-def _refuse_dynamic(name, args, kwargs):
-    for v in [*args, *kwargs.values()]:
-        for x in (v if isinstance(v, (list, tuple)) else (v,)):
-            if isinstance(x, MLOperand) and x.dynamic:
-                raise NotSupportedError(
-                    f"[{name}] operand shape {list(x.shape)} has dynamic dimensions, which {name} does not "
-                    "support yet (it needs sizes fixed at build)")
 
 
 class MLGraphBuilder:
@@ -120,8 +34,6 @@ class MLGraphBuilder:
     # IDL: [Exposed=(Window, Worker)] interface MLGraphBuilder { constructor(MLContext context); ... }
 
     def __init__(self, context):
-        from .context import MLContext
-
         if not isinstance(context, MLContext):
             raise TypeError(f"[MLGraphBuilder] expected an MLContext, got {type(context).__name__}")
         context._check("MLGraphBuilder")
@@ -261,9 +173,7 @@ class MLGraphBuilder:
         if shape is None or data is None:
             raise TypeError(f"[{where}] shape and data are required (or a scalar value)")
         dt, shape = self._context._tensor_args(where, dt, shape)
-        from .context import _bytes_of
-
-        raw = _bytes_of(data, dt, dtypes.byte_length(dt, shape), where)
+        raw = bytes_of(data, dt, dtypes.byte_length(dt, shape), where)
         arr = np.frombuffer(bytes(raw), dtype=dtypes.NUMPY[dt]).reshape(shape)
         return MLOperand(self, dt, shape, "constant", value=arr)
 
@@ -307,11 +217,12 @@ class MLGraphBuilder:
 
 def _compile(builder, outputs):
     """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
-    from ..compiler.program import compile_graph, forget_host_constants
-    from ..errors import DOMException, OperationError
+    # start-up: a process whose graphs all come from the graph cache never imports the compiler
+    # (about 22 ms of imports on a 2-core host; tests/test_layers.py DEFERRED)
+    from ..compiler.build import compile_graph
 
     try:
-        graph = compile_graph(builder, outputs)
+        graph = MLGraph(builder._context, compile_graph(builder, outputs))
         forget_host_constants(builder)  # uploaded: the graph never needs the host copies again
         return graph
     except (TypeError, DOMException):
@@ -320,5 +231,12 @@ def _compile(builder, outputs):
         raise OperationError(f"[build] compilation failed: {type(e).__name__}: {e}") from e
 
 
-# Attach the operator methods (each ops module decorates its functions with @builder_op).
-from .. import ops as _ops  # noqa: E402,F401
+def forget_host_constants(builder):
+    """A built builder builds nothing more: drop its host copies of the weights (uploaded)."""
+    for n in builder._nodes:
+        for x in n.inputs:
+            if x is not None and x._kind == "constant" and not isinstance(x._value, MLTensor):
+                x._value = None
+
+
+attach(MLGraphBuilder)  # the operator methods (each ops family registers them with @builder_op)

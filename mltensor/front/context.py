@@ -1,7 +1,6 @@
 """The entry point `ml` and MLContext: device, tensors, transfers and the timeline."""
 
 import asyncio
-import os
 import threading
 import weakref
 
@@ -10,10 +9,17 @@ import wgpu
 
 from .. import dtypes
 from ..dynamic.dims import high, parse_shape
-from ..errors import InvalidStateError, NotSupportedError, OperationError, gpu_errors
+from ..errors import InvalidStateError, NotFoundError, NotSupportedError, OperationError, gpu_errors
+from ..graphcache import store
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
-from ._util import as_shape, awaitable
+from ..ir.graph import as_shape
+from ..ir.registry import support_limits
+from ..switches import switch
+from ._util import awaitable, bytes_of, device_destroyed
+from .interop import export_to_gpu
+from .graph import MLGraph
+from .graph import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
@@ -67,19 +73,14 @@ def _int64_disabled():
     """Internal switch, read when a context is created: MLTENSOR_DISABLE_INT64=1 makes the context
     ignore "shader-int64" (not requested, not used on a given device), so int64/uint64 compute with
     two 32-bit words as on an adapter without the feature. For testing that path; not public."""
-    return os.environ.get("MLTENSOR_DISABLE_INT64", "") not in ("", "0")
+    return switch("MLTENSOR_DISABLE_INT64")
 
 
 def _f16_disabled():
     """Internal switch, read when a context is created: MLTENSOR_DISABLE_F16=1 makes the context
     ignore "shader-f16" (not requested, not used on a given device), so float16 is stored packed
     and computed in f32 as on an adapter without the feature. For testing that path; not public."""
-    return os.environ.get("MLTENSOR_DISABLE_F16", "") not in ("", "0")
-
-
-def _device_destroyed(device):
-    # wgpu-py 0.32 has no device.lost; destroy() stops the device's poll thread.
-    return getattr(device, "_poller", True) is None
+    return switch("MLTENSOR_DISABLE_F16")
 
 
 class _LostInfo:
@@ -177,7 +178,7 @@ class MLContext:
             )
         if device is not None and not isinstance(device, wgpu.GPUDevice):
             raise TypeError(f"[create_context] expected a wgpu.GPUDevice or options, got {device!r}")
-        if device is not None and _device_destroyed(device):
+        if device is not None and device_destroyed(device):
             raise InvalidStateError("[create_context] the GPUDevice is destroyed")
 
     @classmethod
@@ -215,7 +216,7 @@ class MLContext:
         # or the context's state holds it, from validation to the last recorded command.
         self._lock = device_lock(device)
         self._timeline = Timeline(device, self._counters,
-                                  device_gone=None if own else lambda: _device_destroyed(device))
+                                  device_gone=None if own else lambda: device_destroyed(device))
         if not own:
             me = weakref.ref(self)
             self._timeline.on_gone = lambda message: (c := me()) is not None and c._lose(message)
@@ -276,14 +277,12 @@ class MLContext:
         and `output` operands, and one entry per builder operator giving, per operand, its
         `data_types` and `rank_range` (`{"min": .., "max": ..}`). The data types listed are
         exactly those that work on this context."""
-        from ..ops import support_limits
-
         return support_limits(self)
 
     # -- state ---------------------------------------------------------------------------------
 
     def _check_device(self):
-        if self._lost_info is None and not self._own_device and _device_destroyed(self._device):
+        if self._lost_info is None and not self._own_device and device_destroyed(self._device):
             self._lose("the GPUDevice was destroyed")
 
     def _check(self, where):
@@ -387,7 +386,7 @@ class MLContext:
     # IDL (WebNN interop, webnn PR #942): Promise<MLTensor> createExportableTensor(MLTensorDescriptor descriptor, GPUDevice device);
     def create_exportable_tensor_sync(self, *, data_type, shape, device, readable=False, writable=False):
         """A tensor export_to_gpu can rent to `device` (zero-copy when it is this context's device,
-        copied in and out otherwise). See runtime/interop.py."""
+        copied in and out otherwise). See front/interop.py."""
         where = "create_exportable_tensor"
         if not isinstance(device, wgpu.GPUDevice):
             raise TypeError(f"[{where}] device must be a wgpu.GPUDevice, got {type(device).__name__}")
@@ -395,7 +394,7 @@ class MLContext:
             raise TypeError(f"[{where}] device must be a device of wgpu's native backend")
         with self._lock:
             self._check(where)
-            if _device_destroyed(device):
+            if device_destroyed(device):
                 raise InvalidStateError(f"[{where}] the GPUDevice is destroyed")
             data_type, shape = self._tensor_args(where, data_type, shape)
             return MLTensor(self, data_type, shape, readable, writable, False, export_device=device)
@@ -415,14 +414,10 @@ class MLContext:
         """Rent an exportable tensor to its GPUDevice: a wgpu.GPUBuffer (usage STORAGE | COPY_SRC
         | COPY_DST) the device uses exclusively; WebNN use of the tensor fails until its
         destroy(), which returns the tensor with the device's writes in it."""
-        from ..runtime.interop import export_to_gpu
-
         return export_to_gpu(self, tensor, False)
 
     def export_to_gpu_async(self, tensor):
         """The awaitable form of `export_to_gpu_sync`."""
-        from ..runtime.interop import export_to_gpu
-
         return export_to_gpu(self, tensor, True)
 
     # -- graph cache (webnn cache-explainer.md; mltensor/graphcache/) ----------------------------
@@ -437,8 +432,6 @@ class MLContext:
         """Store a built graph on disk under `key` for this adapter: its kernels, memory plan,
         autotuning choices and constants, so that load_graph in a later process skips import,
         compilation passes and WGSL generation. Replaces an entry of the same key."""
-        from ..compiler.program import MLGraph
-        from ..graphcache import store
 
         where = "save_graph"
         key = self._graph_key(key, where)
@@ -451,7 +444,7 @@ class MLContext:
             raise InvalidStateError(f"[{where}] the graph is destroyed")
         with gpu_errors(where):
             try:
-                store.save(self, key, graph)
+                store.save(self, key, graph._program)
             except OSError as e:
                 raise OperationError(f"[{where}] the graph cache at {store.root()} cannot be written: {e}") from None
 
@@ -463,9 +456,6 @@ class MLContext:
     def load_graph_sync(self, key):
         """The graph save_graph stored under `key` (on this adapter, by this version of
         mltensor): NotFoundError when there is none, or it was stale or corrupt."""
-        from ..errors import NotFoundError
-        from ..graphcache import store
-
         where = "load_graph"
         key = self._graph_key(key, where)
         self._check(where)
@@ -473,7 +463,7 @@ class MLContext:
             hit = store.load(self, key)
         if hit is None:
             raise NotFoundError(f"[{where}] no graph is cached under {key!r} for this adapter")
-        return hit[0]
+        return MLGraph(self, hit[0])
 
     def load_graph_async(self, key):
         """The awaitable form of `load_graph_sync`."""
@@ -482,8 +472,6 @@ class MLContext:
     # IDL (proposal): Promise<sequence<DOMString>> listGraphs();
     def list_graphs_sync(self):
         """Keys of the graphs load_graph can load here, sorted."""
-        from ..graphcache import store
-
         self._check("list_graphs")
         return sorted(store.keys(self))
 
@@ -495,8 +483,6 @@ class MLContext:
     def delete_graph(self, key):
         """Remove the graph stored under `key` for this adapter (nothing happens when there is
         none)."""
-        from ..graphcache import store
-
         store.delete(self, self._graph_key(key, "delete_graph"))
 
     # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
@@ -508,7 +494,7 @@ class MLContext:
         where = "create_constant_tensor"
         with self._lock:
             data_type, shape = self._tensor_args(where, data_type, shape)
-            raw = _bytes_of(data, data_type, dtypes.byte_length(data_type, shape), where)
+            raw = bytes_of(data, data_type, dtypes.byte_length(data_type, shape), where)
             t = MLTensor(self, data_type, shape, False, False, False, constant=True)
             with gpu_errors(where):
                 try:
@@ -545,7 +531,7 @@ class MLContext:
             if (tensor._max_shape is not None and isinstance(data, np.ndarray) and data.ndim
                     and data.shape != tensor._shape and data.dtype == tensor._np_dtype):
                 tensor._fit(data.shape, where)  # a resizable tensor takes the array's shape
-            raw = _bytes_of(data, tensor._data_type, tensor._nbytes, where)
+            raw = bytes_of(data, tensor._data_type, tensor._nbytes, where)
             tl = self._timeline
             task = Task((), (tensor,), None)
             if tl.hold_reason(task) is not None:
@@ -607,7 +593,8 @@ class MLContext:
         return awaitable(self._start_read(tensor, out).wait_async("read_tensor"))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
-    # dispatch(graph, inputs, outputs) is compiler/program.dispatch, bound below (hot path).
+    # dispatch(graph, inputs, outputs) is front/graph.dispatch, bound as the method (hot path).
+    dispatch = _dispatch
 
     def flush(self):
         """Python extension: submit recorded GPU work now (it is submitted anyway when something
@@ -625,27 +612,6 @@ def _pad4(raw):
     return bytes(raw) + b"\0" * (dtypes.padded(n) - n)
 
 
-def _bytes_of(data, data_type, nbytes, where):
-    """Validate `data` against a tensor and return a byte view of it (no copy when contiguous)."""
-    if not isinstance(data, np.ndarray):
-        try:
-            data = np.asarray(memoryview(data))  # keeps a typed buffer's item type
-        except (TypeError, ValueError):
-            raise TypeError(f"[{where}] data must support the buffer protocol, got {type(data).__name__}") from None
-    if data.dtype != dtypes.NUMPY[data_type] and data.dtype != np.uint8:
-        raise TypeError(
-            f"[{where}] data of dtype {data.dtype} does not match the tensor's {data_type} "
-            "(pass raw bytes or uint8 to write any type)"
-        )
-    data = np.ascontiguousarray(data)
-    if data.nbytes != nbytes:
-        raise TypeError(f"[{where}] data has {data.nbytes} bytes, the tensor needs {nbytes}")
-    return memoryview(data.reshape(-1).view(np.uint8))
-
-
-from ..compiler.program import dispatch as _dispatch  # noqa: E402  (program imports this module)
-
-MLContext.dispatch = _dispatch
 
 
 def _later(fn, *args):

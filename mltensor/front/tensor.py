@@ -23,7 +23,7 @@ class MLTensor:
         self._context = ctx
         self._data_type = data_type
         # create_exportable_tensor: the GPUDevice export_to_gpu rents it to, and the lease while it
-        # is exported (runtime/interop.py; WebNN calls on it then fail)
+        # is exported (front/interop.py; WebNN calls on it then fail)
         self._export_device = export_device
         self._exported = None
         # Python extension: a shape with dynamic dimensions makes a resizable tensor. Its buffer

@@ -1,4 +1,4 @@
-"""A built MLGraph as data, and back: what save_graph stores and load_graph rebuilds.
+"""A built graph's Program as data, and back: what save_graph stores and load_graph rebuilds.
 
 A graph is its launches: each a kernel (the WGSL source it was compiled from, its bindings,
 workgroup counts and launch parameters: kernels sharing a pipeline keep their own values in
@@ -18,18 +18,20 @@ import numpy as np
 import wgpu
 
 from .. import dtypes
-from ..compiler.lower import Ext
+from ..runtime.compile import compile_kernels
+from ..runtime.constants import digest
+from ..runtime.program import Ext, Program, instantiate
 from ..runtime.wgsl import source_of
 
-FORMAT = 5  # 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); an older entry is a miss
+FORMAT = 6  # 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); 6: Ext is runtime.program's (the Program); an older entry is a miss
 _READ_CHUNK = 64 << 20
 
 
-def capture(graph):
-    """(recipe, [(store key, GPUBuffer, size)] of the constant bytes to read back)."""
-    ctx = graph._context
+def capture(ctx, program):
+    """(recipe, [(store key, GPUBuffer, size)] of the constant bytes to read back) of a Program
+    of `ctx` (runtime/program.py)."""
     store = ctx._constants
-    pool = {id(b): i for i, b in enumerate(graph._pool)}
+    pool = {id(b): i for i, b in enumerate(program.pool)}
     consts, index = [], {}
 
     def const_ref(buf, nbytes=None):
@@ -40,7 +42,7 @@ def capture(graph):
             consts.append((key, buf, buf.size if nbytes is None else nbytes))
         return index[k]
 
-    for t in graph._keep:  # constant tensors bound in place: their bytes become plain constants
+    for t in program.keep:  # constant tensors bound in place: their bytes become plain constants
         const_ref(t._buffer, dtypes.padded(t._nbytes))
 
     def ref(b):
@@ -56,19 +58,19 @@ def capture(graph):
         return r + (view,)
 
     launches = [(i, [ref(b) for b in bufs], groups)
-                for i, (_, _, bufs, groups, _) in enumerate(graph._launches)]
+                for i, (_, _, bufs, groups, _) in enumerate(program.launches)]
     recipe = {
         "format": FORMAT,
-        "inputs": graph._inputs, "outputs": graph._outputs,
-        "kernels": graph._kernels,
+        "inputs": program.inputs, "outputs": program.outputs,
+        "kernels": program.kernels,
         # (no rendering at load; a launch not created yet is rendered here, or a loaded graph's)
-        "sources": list(graph._sources) if graph._sources is not None
-        else [source_of(ctx.device, k) for k in graph._kernels],
+        "sources": list(program.sources) if program.sources is not None
+        else [source_of(ctx.device, k) for k in program.kernels],
         "launches": launches,
-        "pool": [b.size for b in graph._pool],
+        "pool": [b.size for b in program.pool],
         "constants": [(key, size) for key, _, size in consts],
-        "kernel_names": graph._kernel_names, "autotune": graph._autotune,
-        "dyn_args": graph._dyn_args,
+        "kernel_names": program.kernel_names, "autotune": program.autotune,
+        "dyn_args": program.dyn_args,
     }
     return recipe, consts
 
@@ -116,14 +118,9 @@ def blob_name(data):
 
 
 def rebuild(ctx, recipe, blob):
-    """An MLGraph from a recipe; blob(i) gives constant i's bytes (a buffer) or raises. The
-    constants are acquired from the store first (shared when another graph holds them)."""
-    from ..compiler.program import MLGraph
-    from ..dynamic.plan import DynamicPlan
-    from ..runtime.compile import compile_kernels
-    from ..runtime.constants import digest
-    from ..runtime.wgsl import pipeline
-
+    """A Program from a recipe (front/graph.py MLGraph(ctx, program) dispatches it); blob(i)
+    gives constant i's bytes (a buffer) or raises. The constants are acquired from the store
+    first (shared when another graph holds them)."""
     device = ctx.device
     store = ctx._constants
     shared = []
@@ -148,16 +145,18 @@ def rebuild(ctx, recipe, blob):
         pool = [device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
                 for i, s in enumerate(recipe["pool"])]
         kernels = recipe["kernels"]
-        plan = DynamicPlan(*recipe["dyn_args"]) if recipe["dyn_args"] is not None else None
+        dyn_args = recipe["dyn_args"]
+        program = Program(recipe["inputs"], recipe["outputs"], kernels, [], pool, shared=shared,
+                          sources=recipe["sources"], kernel_names=recipe["kernel_names"],
+                          autotune=recipe["autotune"], dyn_args=dyn_args,
+                          memory={"constants": sum(b.size for b in {id(b): b for b in shared}.values()),
+                                  "constant_tensors": 0,
+                                  "folded_constants": 0, "intermediates": sum(b.size for b in pool)})
         # size buckets' variants (launches with no workgroups at some sizes) are created at the
-        # first dispatch that runs them, as in a fresh build (compiler/program.py MLGraph._create)
-        lazy = set(plan.maybe_off) if plan is not None else set()
+        # first dispatch that runs them, as in a fresh build (front/graph.py MLGraph._create)
+        lazy = set(program.dyn.maybe_off) if program.dyn is not None else set()
         keep = [i for i in range(len(kernels)) if i not in lazy]
         compile_kernels(ctx, [kernels[i] for i in keep], [recipe["sources"][i] for i in keep])
-        graph = MLGraph(ctx, recipe["inputs"], recipe["outputs"], [], pool)
-        graph._shared, graph._pool = shared, pool  # (one store reference per acquire)
-        graph._kernels = list(kernels)
-        graph._sources = list(recipe["sources"])
 
         def buf_of(r):
             kind, view = r[0], r[-1]
@@ -169,30 +168,11 @@ def rebuild(ctx, recipe, blob):
                 b = shared[r[1]]
             return b if view is None else (b, view)
 
-        from ..compiler.program import _ext, _resource
-
-        for ki, refs, groups in recipe["launches"]:
-            bufs = [buf_of(r) for r in refs]
-            bg = None
-            if ki in lazy:
-                graph._launches.append([None, None, bufs, groups, None])
-                graph._lazy += 1
-                continue
-            pipe, bgl = pipeline(device, kernels[ki])
-            if not any(_ext(b) for b in bufs):
-                bg = device.create_bind_group(
-                    layout=bgl, entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)])
-            graph._launches.append([pipe, bgl, bufs, groups, bg])
-        graph._kernel_names = list(recipe["kernel_names"])
-        graph._autotune = dict(recipe["autotune"])
-        if plan is not None:
-            graph._dyn_args = recipe["dyn_args"]
-            graph._dyn = plan
-        graph._memory = {"constants": sum(b.size for b in {id(b): b for b in shared}.values()),
-                         "constant_tensors": 0,
-                         "folded_constants": 0, "intermediates": sum(b.size for b in pool)}
-        graph._finish()
-        return graph
+        # (launch i runs kernel i: capture numbers them so)
+        program.launches = instantiate(device, [(kernels[ki], [buf_of(r) for r in refs], groups)
+                                                for ki, refs, groups in recipe["launches"]],
+                                       {i for i, (ki, _, _) in enumerate(recipe["launches"]) if ki in lazy})
+        return program
     except BaseException:
         with ctx._lock:
             store.release(shared)

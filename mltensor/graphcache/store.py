@@ -25,7 +25,9 @@ import tempfile
 import threading
 import time
 
+from .._xdg import cache_dir
 from ..errors import OperationError
+from ..runtime.wgsl import shader_dir
 from . import recipe as R
 
 _code = None
@@ -36,7 +38,7 @@ _ALLOWED = {
     ("mltensor.runtime.wgsl", "Kernel"), ("mltensor.runtime.wgsl", "Binding"),
     ("mltensor.dynamic.dims", "Sym"), ("mltensor.dynamic.dims", "_Atom"), ("mltensor.dynamic.dims", "Condition"),
     ("mltensor.dynamic.dims", "MLDynamicDimension"), ("mltensor.dynamic.kernels", "Fold"),
-    ("mltensor.compiler.lower", "Ext"),
+    ("mltensor.runtime.program", "Ext"),
 }
 
 
@@ -48,8 +50,6 @@ class _Unpickler(pickle.Unpickler):
 
 
 def root():
-    from ..models import cache_dir
-
     return os.path.join(cache_dir(), "graphs")
 
 
@@ -71,11 +71,9 @@ def code_digest():
     valid only for the exact code that compiled it."""
     global _code
     if _code is None:
-        from ..runtime.wgsl import _shader_dir
-
         h = hashlib.sha256()
         pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for base in (pkg, _shader_dir()):
+        for base in (pkg, shader_dir()):
             for d, dirs, files in sorted(os.walk(base)):
                 dirs.sort()
                 for f in sorted(files):
@@ -125,12 +123,13 @@ def _write_atomic(path, data):
 _PACK = 64 << 10  # constants smaller than this go into one file per entry
 
 
-def save(ctx, key, graph, extra=None):
-    """Store `graph` under `key` (replacing an entry of that key). Returns the bytes written.
+def save(ctx, key, program, extra=None):
+    """Store a graph's Program (front/graph.py program_of) under `key` (replacing an entry of
+    that key). Returns the bytes written.
     Each constant is stored by content (shared with every entry holding the same bytes); the
     small ones (biases, scales, folded shapes: most of a model's constants by count) together
     in one file, so an entry is a few files, not hundreds."""
-    recipe, consts = R.capture(graph)
+    recipe, consts = R.capture(ctx, program)
     blobs_dir = os.path.join(root(), "blobs")
     refs, written, pack = [], 0, bytearray()
 
@@ -183,8 +182,8 @@ def _meta(path):
 
 
 def load(ctx, key):
-    """(graph, extra) saved under `key` for this adapter and code, or None (a stale or corrupt
-    entry is deleted)."""
+    """(Program, extra) saved under `key` for this adapter and code, or None (a stale or corrupt
+    entry is deleted); front/graph.py MLGraph(ctx, program) dispatches the program."""
     d = _adapter_dir(ctx)
     h = _key_hash(key)
     meta_path = os.path.join(d, h + ".json")
@@ -224,7 +223,7 @@ def load(ctx, key):
             return memoryview(m[0])[off:off + size]
 
         try:
-            graph = R.rebuild(ctx, rec, blob)
+            program = R.rebuild(ctx, rec, blob)
         finally:
             files.clear()  # (each mapping closes with its last view)
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError,
@@ -235,7 +234,7 @@ def load(ctx, key):
         os.utime(meta_path)  # recently used: evicted last
     except OSError:
         pass
-    return graph, entry.get("extra")
+    return program, entry.get("extra")
 
 
 def keys(ctx):

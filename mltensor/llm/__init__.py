@@ -5,7 +5,8 @@
 - model.py: the Llama architecture with MLGraphBuilder (LlamaModel; LlamaSession: one
   conversation's KV cache on the GPU);
 - kernels.py: `_llm_gemv`, the decode step's 4/8-bit GEMV on CPU adapters;
-- sampling.py: `_sample_token` and Sampler: greedy / temperature / top-k / top-p on the GPU;
+- sampling.py: `_sample_token`: greedy / temperature / top-k / top-p on the GPU; sampler.py: Sampler,
+  its graph per setting;
 - tokenizer.py: GGUFTokenizer, the file's byte-level BPE and chat template.
 
 Needs the `gguf` and `tokenizers` packages (the `llm` extra). The console entry point is
@@ -14,7 +15,7 @@ Needs the `gguf` and `tokenizers` packages (the `llm` extra). The console entry 
 
 from .gguf import GGUFFile, LlamaConfig, QuantizedWeight, repack
 from .model import LlamaModel, LlamaSession, LlamaWeights
-from .sampling import Sampler
+from .sampler import Sampler
 from .tokenizer import GGUFTokenizer
 
 __all__ = ["GGUFFile", "LlamaConfig", "QuantizedWeight", "repack", "LlamaModel", "LlamaSession", "LlamaWeights",

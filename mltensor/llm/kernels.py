@@ -13,9 +13,9 @@ rows each (no barriers, nibbles extracted as vec4s) are the lavapipe choice (see
 a: float32 [1, K] (or [K]) with K a multiple of 32; output float32 [1, N] (or [N]).
 """
 
-from ..front.builder import builder_op
-from ..ops import lowering, register
-from ..runtime.wgsl import Binding, Kernel, grid
+from ..dynamic.kernels import grid
+from ..ir.registry import builder_op, lowering, register
+from ..runtime.wgsl import Binding, Kernel
 
 BLOCK = 32
 # Threads a workgroup and output rows a thread, measured on lavapipe (2 cores, SmolLM2-135M's

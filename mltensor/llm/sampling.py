@@ -3,21 +3,13 @@
 `_sample_token(logits, rnd, temperature=, top_k=, top_p=)` is an internal builder operator (leading
 underscore, not WebNN) registered when mltensor.llm is imported: logits float32 [1, V] (or [V]),
 rnd float32 [1] (a uniform number in [0, 1), not read when greedy), output int32 [1], the chosen
-id. Settings are build-time constants: a Sampler builds one small graph per setting.
-
-Sampler(ctx, vocab, ...) wraps it: `sampler(logits_tensor)` dispatches the graph into its int32
-[1] output tensor (which a LlamaSession can feed straight back: the next step's input ids);
-`read()` brings back those 4 bytes. The uniform numbers come from numpy's PCG64 seeded with
-`seed` (4 bytes written per sampled step).
+id. Settings are build-time constants: a Sampler (sampler.py) builds one small graph per setting.
 """
-
-import threading
 
 import numpy as np
 
-from .. import MLGraphBuilder
-from ..front.builder import builder_op
-from ..ops import check_number, lowering, register
+from ..ir.registry import builder_op, lowering, register
+from ..ops._checks import check_number
 from ..runtime.wgsl import Binding, Kernel, f32_lit
 
 WG = 256
@@ -26,7 +18,7 @@ register("_sample_token", {"logits": ("float32",), "rnd": ("float32",), "output"
          ranks={"logits": (1, 2), "rnd": (1, 1)})
 
 
-def _settings(temperature, top_k, top_p):
+def check_settings(temperature, top_k, top_p):
     where = "_sample_token"
     temperature = check_number(where, "temperature", temperature)
     top_p = check_number(where, "top_p", top_p)
@@ -42,7 +34,7 @@ def _settings(temperature, top_k, top_p):
 @builder_op
 def _sample_token(b, logits, rnd=None, *, temperature=0.0, top_k=0, top_p=1.0, label=None):
     where = "_sample_token"
-    temperature, top_k, top_p = _settings(temperature, top_k, top_p)
+    temperature, top_k, top_p = check_settings(temperature, top_k, top_p)
     b._operand(logits, where, "logits")
     if logits.data_type != "float32" or not all(isinstance(d, int) for d in logits.shape) or \
             logits.rank not in (1, 2) or (logits.rank == 2 and logits.shape[0] != 1):
@@ -85,37 +77,3 @@ def _lower(kc, node):
     ch, rounds = p["CH"], 32 * ((a["top_k"] > 0) + (a["top_p"] < 1.0))
     iters = (2 + rounds) * (ch + 10) + 2 * (ch + 1) + 2 * (WG + 1) + 16
     kc.launch(Kernel(f"llm_sample_{V}_{mode}", "llm_sample.wgsl", p, bindings), args, (1, 1, 1), iters=iters)
-
-
-class Sampler:
-    """Chooses the next token on the GPU. temperature 0 (or top_k 1) is greedy; top_k 0 and
-    top_p 1 are off. Thread-safe (one lock per sampler)."""
-
-    def __init__(self, ctx, vocab, *, temperature=0.0, top_k=0, top_p=1.0, seed=0):
-        self.temperature, self.top_k, self.top_p = _settings(temperature, top_k, top_p)
-        self.ctx = ctx
-        self.vocab = vocab
-        self.greedy = self.temperature == 0.0 or self.top_k == 1
-        self._rng = np.random.default_rng(seed)
-        self._lock = threading.Lock()
-        b = MLGraphBuilder(ctx)
-        logits = b.input("logits", data_type="float32", shape=[1, vocab])
-        rnd = None if self.greedy else b.input("rnd", data_type="float32", shape=[1])
-        ids = b._sample_token(logits, rnd, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-        self._graph = b.build_sync({"ids": ids})
-        self._rnd = None if self.greedy else ctx.create_tensor_sync(data_type="float32", shape=[1], writable=True)
-        self.ids = ctx.create_tensor_sync(data_type="int32", shape=[1], readable=True)
-
-    def __call__(self, logits):
-        """Dispatch the choice from `logits` (an MLTensor [1, vocab]); returns self.ids (on the GPU)."""
-        with self._lock:
-            ins = {"logits": logits}
-            if not self.greedy:
-                self.ctx.write_tensor(self._rnd, np.array([self._rng.random(dtype=np.float32)], np.float32))
-                ins["rnd"] = self._rnd
-            self.ctx.dispatch(self._graph, ins, {"ids": self.ids})
-            return self.ids
-
-    def read(self):
-        """The last chosen id (4 bytes read back)."""
-        return int(self.ctx.read_tensor_sync(self.ids)[0])

@@ -119,7 +119,7 @@ def check_io_names(g):
 
 def io_description(model):
     """What InferenceSession describes the model by, as plain data (JSON, for the graph cache's
-    note: graphcache/sessions.py): {"shapes", "params"} of symbolic_inputs, "inputs": [name, ONNX
+    note: session/cache.py): {"shapes", "params"} of symbolic_inputs, "inputs": [name, ONNX
     element type] of those inputs in model order, "outputs": [name, element type, dims], a dim
     being its dim_value (int) or its dim_param (str, "" when it has neither)."""
     check_io_names(model.graph)

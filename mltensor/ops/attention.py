@@ -41,11 +41,13 @@ import numpy as np
 
 from ..dynamic.dims import Sym, cdiv, exact_div, high, low, wgsl
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
 from ..runtime.wgsl import LOOP_BUDGET, Binding, Kernel, f32_lit, ld_st
-from . import check_bool, check_number, check_support, lowering, register, row_strides, same_type, unidirectional
+from ._checks import check_bool, check_number, check_support, same_type, unidirectional
+from ._index import row_strides
 from .reduce import groups
+from ._gemm import dim_maxes, fit_sizes, size_at_least
 
 FLOAT = ("float32", "float16")
 DYNAMIC_OPS = frozenset({"_attention"})
@@ -328,9 +330,8 @@ def _lower_attention(kc, node):
     # dispatch (outside its range, one workgroup that returns at once), so every size runs the
     # kernel a static build of it runs (a row's result depends on the kernel, not on Sq)
     if isinstance(Sq, Sym) and low(Sq) <= DECODE_MAX_SQ < high(Sq):
-        from .matmul import _at_least
 
-        on = _at_least(Sq, DECODE_MAX_SQ + 1)
+        on = size_at_least(Sq, DECODE_MAX_SQ + 1)
         variants = [(DECODE_MAX_SQ, f"{wgsl(Sq)} <= {DECODE_MAX_SQ}u", 1 - on),
                     (Sq, f"{wgsl(Sq)} > {DECODE_MAX_SQ}u", on)]
     else:
@@ -341,9 +342,8 @@ def _lower_attention(kc, node):
             continue
         # a decode: up to DECODE_SPLIT_MIN_SK keys the one-launch kernel; past it (a dynamic key
         # length spanning it) the split decode's candidates too, both gated on Sk at dispatch
-        from .matmul import _at_least
 
-        long_ = _at_least(Sk, DECODE_SPLIT_MIN_SK + 1) if high(Sk) > DECODE_SPLIT_MIN_SK else 0
+        long_ = size_at_least(Sk, DECODE_SPLIT_MIN_SK + 1) if high(Sk) > DECODE_SPLIT_MIN_SK else 0
         g0 = f"({gate}) && " if gate else ""
         if long_ != 1:
             short = f"{g0}{wgsl(Sk)} <= {DECODE_SPLIT_MIN_SK}u" if long_ != 0 else gate
@@ -435,14 +435,13 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
 
     values = None
     if any(isinstance(x, Sym) for x in (Sq, Sk, nb)):  # timed at the maxima (of the variant's range)
-        from .matmul import _dim_maxes, _fit
 
         values = dict.fromkeys(kc.dims, 1)
-        values.update(_dim_maxes(Sq, Sk, nb))
+        values.update(dim_maxes(Sq, Sk, nb))
         if isinstance(Sq, Sym) and at != Sq:
-            values = _fit(values, Sq, at)
+            values = fit_sizes(values, Sq, at)
         if keys is not None and isinstance(Sk, Sym) and keys < high(Sk):
-            values = _fit(values, Sk, keys)
+            values = fit_sizes(values, Sk, keys)
 
     def measure(i):  # (autotune on hardware adapters: scratch buffers of the right sizes)
         return kc.timing_form(launches_of(cands[i]), values)

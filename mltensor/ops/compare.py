@@ -7,9 +7,9 @@ IEEE: every ordered comparison with NaN is false, `not_equal` is true.
 """
 
 from .. import dtypes
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, register
 from ..runtime.wgsl import compare, from_f32, to_f32
-from . import check_support, register
+from ._checks import check_support
 from .elementwise import binary_op
 
 ALL = dtypes.ALL

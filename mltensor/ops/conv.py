@@ -24,10 +24,12 @@ import math
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, lit, store_fn
-from . import check_support, int_list, lowering, register, same_type
-from .matmul import _grid, gemm_launch, vec_loads
+from ._checks import check_support, int_list, same_type
+from ._gemm import gemm_launch, grid_checked, vec_loads
+from .elementwise import activation_lines
+from .resample import resample_params
 
 FLOAT = dtypes.FLOATS
 INPUT_LAYOUTS = ("nchw", "nhwc")
@@ -223,7 +225,7 @@ def _strides_nchw(layout, shape):
     return (a * bb * c, 1, bb * c, c)  # nhwc: shape is (n, h, w, c)
 
 
-def _filter_strides(layout, shape):
+def filter_strides(layout, shape):
     """Element strides of (o, i, h, w) for a filter of the given layout string."""
     dims = dict(zip(layout, shape))
     strides, s = {}, 1
@@ -246,7 +248,6 @@ def _prologue(kc, node, pro, bindings, args):
     - "dw": `fn dw_at(m, c)`, the depthwise conv's output (_depthwise_prologue);
     - "resample": `fn rs_at(i)`, the resampled element (resample_at.wgsl's sampling);
     - "pad": nothing (the amounts join the conv's padding in _lower)."""
-    from .elementwise import activation_lines
 
     x = pro.input
     # f16: parameters are f16 (read widened), the affine part is f32 and rounded to f16 (the
@@ -306,13 +307,12 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
     """WGSL `fn dw_at(m: u32, c: u32) -> f32`: output pixel m, channel c of depthwise conv node
     `dw` and its activations, computed from its input (bound as x, the 1x1 conv's A operand) and
     filter / bias (bound as dw_w, dw_b), for a 1x1 conv whose prologue it is."""
-    from .elementwise import activation_lines
 
     x, w, bias = dw.inputs
     a = dw.attrs
     lay = a["input_layout"]
     in_s = _strides_nchw(lay, x.shape)
-    f_s = _filter_strides(a["filter_layout"], w.shape)
+    f_s = filter_strides(a["filter_layout"], w.shape)
     dims = dict(zip(a["filter_layout"], w.shape))
     ih, iw = x.shape[2:] if lay == "nchw" else x.shape[1:3]
     t = kc.wtype(x)  # f16: loads widened, the f32 sum rounded to f16 (the depthwise output type)
@@ -367,7 +367,7 @@ def _lower(kc, node, transposed):
     groups = a["groups"]
     in_s = _strides_nchw(lay, x.shape)
     out_s = _strides_nchw(lay, out.shape)
-    f_s = _filter_strides(a["filter_layout"], w.shape)
+    f_s = filter_strides(a["filter_layout"], w.shape)
     fdims = dict(zip(a["filter_layout"], w.shape))
     kh, kw = fdims["h"], fdims["w"]
     if lay == "nchw":
@@ -395,7 +395,6 @@ def _lower(kc, node, transposed):
     params["pro_kind"] = kind
     params["pro"] = "" if pro is None else _prologue(kc, node, pro, bindings, args)
     if kind == "resample":
-        from .resample import resample_params
 
         params["rs"] = resample_params(kc, pro.step.node, x, "x")
     if pro is not None:
@@ -428,7 +427,7 @@ def _lower(kc, node, transposed):
                       M=1, N=1, K=1, batch=1, pointwise=False, ic_inner=False, check_a=False, check_b=False,
                       check_out=False)
         kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
-                  _grid(cdiv(total, WORKGROUP), op))
+                  grid_checked(cdiv(total, WORKGROUP), op))
         return
     # (the direct kernel loops over the window's rows, taps and the group's input channels: where
     # that passes llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, the GEMM path splits K instead)
@@ -442,7 +441,7 @@ def _lower(kc, node, transposed):
                       M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=1, pointwise=False, ic_inner=False,
                       check_a=False, check_b=False, check_out=False)
         kc.launch(Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args,
-                  _grid(cdiv(total, WORKGROUP), op))
+                  grid_checked(cdiv(total, WORKGROUP), op))
         return
     pointwise = (not transposed and kh == kw == 1 and (sh, sw) == (1, 1)
                  and a["padding"] == [0, 0, 0, 0])

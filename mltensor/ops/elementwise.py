@@ -13,14 +13,17 @@ are f32-only, and numpy's float16 math is exactly that (float32, then rounded).
 """
 
 import math
+import re as _re
 
 from .. import dtypes
-from ..compiler.passes import external_inputs
-from ..front.builder import builder_op
 from ..dynamic.dims import wgsl
-from ..dynamic.kernels import SizeParams
-from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, grid, lit, unop
-from . import broadcast_shapes, check_number, check_support, merge_dims, radix, register, row_strides, same_type
+from ..dynamic import kernels as dynamic_kernels
+from ..dynamic.kernels import SizeParams, grid
+from ..ir.graph import external_inputs, inline_scalar, scalar_value
+from ..ir.registry import OPS, builder_op, register
+from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, lit, unop
+from ._checks import broadcast_shapes, check_number, check_support, same_type
+from ._index import merge_dims, radix, row_strides
 
 ALL = dtypes.ALL
 FLOAT = dtypes.FLOATS
@@ -387,7 +390,6 @@ def _grid_layout(ext, out):
     where every input is contiguous along them, at most 3 left (z, y, x: outermost first), with
     each input's strides along them (0: broadcast); None where more remain or a grid dimension
     would exceed the workgroup-count limit (the flat path then)."""
-    from ..runtime.wgsl import MAX_GROUPS
 
     rank = len(out.shape)
     cols = []
@@ -401,7 +403,8 @@ def _grid_layout(ext, out):
     dims = [(1, (0,) * (len(ext) + 1))] * (3 - len(dims)) + dims
     (sz, _), (sy, _), (sx, _) = dims
     wx = _grid_wx(sx)
-    if -(-sx // wx) > MAX_GROUPS or -(-sy // (WORKGROUP // wx)) > MAX_GROUPS or sz > MAX_GROUPS:
+    cap = dynamic_kernels.MAX_GROUPS  # (read at the call: tests shrink it)
+    if -(-sx // wx) > cap or -(-sy // (WORKGROUP // wx)) > cap or sz > cap:
         return None
     return [d[0] for d in dims], [[d[1][k + 1] for d in dims] for k in range(len(ext))]
 
@@ -469,7 +472,6 @@ def group_fn(kc, nodes, name, prefix, loads=None, signature="i: u32"):
 
 
 def OPS_EXPR(node):
-    from . import OPS
 
     return OPS[node.op].expr
 
@@ -487,7 +489,6 @@ def activation_lines(kc, nodes, x, wtype):
 def epilogue_fn(kc, step, extra, wtype):
     """WGSL `fn act(x: T, i: u32) -> T` applying a step's epilogue nodes to the value `x` stored at
     flat output index `i`; `extra` are the other operands of its binary nodes, bound as `e0`, ..."""
-    from ..compiler.passes import inline_scalar
 
     out_shape = step.nodes[0].outputs[0].shape
     names = {id(v): f"e{k}[{_index_expr(v.shape, out_shape)}]" for k, v in enumerate(extra)}
@@ -539,7 +540,6 @@ def node_lines(kc, nodes, names, tag="p"):
     each reads values named in `names`, id(value) -> WGSL expression, or earlier nodes' results;
     host constants of one element are inlined as literals). `names` gains each result. Used by
     the fused GEMM's stores (matmul.py _lower_fused)."""
-    from ..compiler.passes import scalar_value
 
     lines, cur = [], None
     for j, n in enumerate(nodes):
@@ -567,6 +567,5 @@ def broadcast_index(in_shape, out_shape, var):
     return e if var == "i" else _re_i.sub(var, e)
 
 
-import re as _re  # noqa: E402
 
 _re_i = _re.compile(r"\bi\b")

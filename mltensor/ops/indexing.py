@@ -14,9 +14,10 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import wgsl
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import Binding, Kernel
-from . import check_axis, check_support, lowering, register, row_strides, same_type
+from ._checks import check_axis, check_support, same_type
+from ._index import row_strides
 from .layout import coords, flat
 from .movement import Checks, launch_1d
 

@@ -33,11 +33,12 @@ are evaluated per dispatch, and the tile is chosen at the maxima. _int_conv2d is
 import math
 
 from ..dynamic.dims import Sym, cdiv, high, wgsl
+from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
-from ..runtime.wgsl import LOOP_BUDGET, MAX_GROUPS, WORKGROUP, Binding, Kernel, grid, lit
-from . import MAX_RANK, broadcast_shapes, check_support, int_list, lowering, register
-from .matmul import _check_k, batch_offset_expr
+from ..ir.registry import MAX_RANK, builder_op, lowering, register
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, lit
+from ._checks import broadcast_shapes, check_support, int_list
+from ._gemm import batch_offset_expr, check_k
 
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
 DYNAMIC_OPS = frozenset({"_int_matmul"})
@@ -136,7 +137,7 @@ def _int_matmul(b, a, c, *, a_zero_point=None, b_zero_point=None, scale=None, ou
     out_type = _requant_args(b, where, scale, output_zero_point)
     check_support(where, a=a, b=c, a_zero_point=a_zero_point, b_zero_point=b_zero_point, scale=scale,
                   output_zero_point=output_zero_point)
-    _check_k(b, a.shape[-1], c.shape[-2],
+    check_k(b, a.shape[-1], c.shape[-2],
              f"[{where}] columns of a ({a.shape[-1]}) must equal rows of b ({c.shape[-2]}); "
              f"shapes {list(a.shape)} and {list(c.shape)}")
     batch = broadcast_shapes(where, a.shape[:-2], c.shape[:-2], b)

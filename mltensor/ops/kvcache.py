@@ -13,7 +13,7 @@ dispatch-time dimension, e.g. the length of an input whose shape carries it).
 
 Contract (checked at build where it can be): every output must be a graph output stored in
 place (float32; float16 where the device computes in f16), i.e. written straight into the
-caller's tensor by this kernel (compiler/program.py `compile_graph`: out_slot). It is not an
+caller's tensor by this kernel (compiler/build.py `compile_graph`: out_slot). It is not an
 elementwise or epilogue operator, so no pass fuses, places or relocates it, and nothing else
 writes the tensor. Reading the result inside the graph (attention) binds the caller's tensor for
 reading in later kernels, which orders those reads after the append. The caller keeps the rows
@@ -23,10 +23,10 @@ All values are appended by one launch (one thread per element of the largest).
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, smax, wgsl
+from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
-from . import register
+from ..ir.registry import builder_op, register
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel
 
 TYPES = ("float32", "float16")
 DYNAMIC_OPS = frozenset({"_kv_append"})
@@ -53,12 +53,10 @@ def _kv_append(b, values, past, *, label=None):
     return b._emit(where, list(values), {"past": past}, outs, label)
 
 def _lower(kc, node):
-    from ..compiler.lower import Ext
-
     past = node.attrs["past"]
     srcs, dsts, counts, offs = [], [], [], []
     for k, (v, o) in enumerate(zip(node.inputs, node.outputs)):
-        if not isinstance(kc.out_slot.get(id(o)), Ext) or kc.root(o) is not o:
+        if not kc.is_caller_tensor(o) or kc.root(o) is not o:
             raise NotSupportedError(
                 "[_kv_append] each result must be a graph output written in place (float32, or float16 where "
                 "the device computes in f16): the rows before `past` live only in the caller's tensor")

@@ -7,9 +7,10 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, is_static, wgsl
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import Binding, Kernel, lit
-from . import check_axes, check_bool, check_support, int_list, lowering, register, row_strides
+from ._checks import check_axes, check_bool, check_support, int_list
+from ._index import row_strides
 from .movement import check_syms, coords_at, launch_1d
 
 DYNAMIC_OPS = frozenset({"reverse", "tile", "triangular"})

@@ -25,12 +25,12 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, wgsl
-from ..dynamic.kernels import is_dynamic
-from ..front._util import as_shape
-from ..front.builder import builder_op
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, convert, grid, lit
-from . import (MAX_RANK, broadcast_shapes, chained_coords, check_support, int_list, merge_dims, radix, register,
-               row_strides, same_type, unidirectional)
+from ..dynamic.kernels import MAX_GROUPS, grid, is_dynamic
+from ..ir.graph import as_shape
+from ..ir.registry import MAX_RANK, builder_op, register
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, lit
+from ._checks import broadcast_shapes, check_support, int_list, same_type, unidirectional
+from ._index import chained_coords, merge_dims, radix, row_strides
 
 ALL = dtypes.ALL
 INDEX_TYPES = ("int32", "uint32", "int64")
@@ -53,7 +53,7 @@ def _uint(where, what, v):
     return v
 
 
-def _seq(where, what, v, length=None, minimum=0):
+def int_sequence(where, what, v, length=None, minimum=0):
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
         raise TypeError(f"[{where}] {what} must be a sequence of integers, got {v!r}")
     vals = int_list(where, what, list(v), length=length, minimum=minimum)
@@ -67,7 +67,7 @@ def _per_dim(where, rank, first, second, builder=None):
     and sizes, pad's beginning and ending padding); with `builder`, entries may be Syms."""
     (wa, a), (wb, b) = first, second
     if builder is None:
-        a, b = _seq(where, wa, a), _seq(where, wb, b)
+        a, b = int_sequence(where, wa, a), int_sequence(where, wb, b)
     else:
         a, b = _sizes_arg(builder, where, wa, a), _sizes_arg(builder, where, wb, b)
     if len(a) != rank or len(b) != rank:
@@ -77,7 +77,7 @@ def _per_dim(where, rank, first, second, builder=None):
     return a, b
 
 
-def _out(b, where, data_type, shape):
+def output_shape(b, where, data_type, shape):
     """Validate an inferred output shape like a tensor descriptor (valid dims, rank, bytes)."""
     return b._context._tensor_args(where, data_type, shape)[1]
 
@@ -150,15 +150,15 @@ def launch_1d(kc, kernel, args, n):
 
 
 def _sizes_arg(b, where, what, v):
-    """_seq, but entries may also be Syms (sizes taken from operand shapes)."""
+    """int_sequence, but entries may also be Syms (sizes taken from operand shapes)."""
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
         raise TypeError(f"[{where}] {what} must be a sequence of integers, got {v!r}")
     v = list(v)
     syms = {k: d for k, d in enumerate(v) if isinstance(d, Sym)}
     if not syms:
-        return _seq(where, what, v)
+        return int_sequence(where, what, v)
     check_syms(b, where, what, syms.values())
-    vals = _seq(where, what, [0 if isinstance(d, Sym) else d for d in v])
+    vals = int_sequence(where, what, [0 if isinstance(d, Sym) else d for d in v])
     return [syms.get(k, d) for k, d in enumerate(vals)]
 
 
@@ -282,7 +282,7 @@ def reshape(b, x, new_shape, *, label=None):
             f"[reshape] new_shape {list(shape)} has {math.prod(shape)} elements, expected {x.size} "
             f"(the input's shape is {list(x.shape)})"
         )
-    shape = _out(b, "reshape", x.data_type, shape)
+    shape = output_shape(b, "reshape", x.data_type, shape)
     checks.commit()
     return b._emit1("reshape", [x], {}, x.data_type, shape, label)
 
@@ -310,7 +310,7 @@ def expand(b, x, new_shape, *, label=None):
     shape = as_shape(new_shape, "expand")
     check_syms(b, "expand", "new_shape", shape)
     unidirectional("expand", x.shape, shape)
-    shape = _out(b, "expand", x.data_type, shape)
+    shape = output_shape(b, "expand", x.data_type, shape)
     return b._emit1("expand", [x], {"new_shape": shape}, x.data_type, shape, label)
 
 
@@ -335,7 +335,7 @@ def where(b, condition, true_value, false_value, *, label=None):
     same_type("where", ("true_value", true_value), ("false_value", false_value))
     shape = broadcast_shapes("where", true_value.shape, false_value.shape, b)
     shape = broadcast_shapes("where", condition.shape, shape, b)
-    shape = _out(b, "where", true_value.data_type, shape)
+    shape = output_shape(b, "where", true_value.data_type, shape)
     return b._emit1("where", [condition, true_value, false_value], {}, true_value.data_type, shape, label)
 
 
@@ -363,7 +363,7 @@ def transpose(b, x, *, permutation=None, label=None):
     if permutation is None:
         perm = list(range(r - 1, -1, -1))  # spec default: reverse the dimensions
     else:
-        perm = _seq("transpose", "permutation", permutation)
+        perm = int_sequence("transpose", "permutation", permutation)
         if sorted(perm) != list(range(r)):
             raise TypeError(
                 f"[transpose] permutation must be a permutation of 0..{r - 1} (the input's rank is {r}), got {perm}"
@@ -396,7 +396,7 @@ def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebN
     check_support("slice", input=x)
     r = x.rank
     starts, sizes = _per_dim("slice", r, ("starts", starts), ("sizes", sizes), builder=b)
-    steps = [1] * r if strides is None else _seq("slice", "strides", strides, length=r)
+    steps = [1] * r if strides is None else int_sequence("slice", "strides", strides, length=r)
     checks = Checks(b)
     shape = []
     for d in range(r):
@@ -456,7 +456,7 @@ def split(b, x, splits, *, axis=0, label=None):
             raise TypeError(f"[split] splits ({count}) must evenly divide the axis {axis} dimension ({dim})")
         sizes = [dim // count] * count
     else:
-        sizes = _seq("split", "splits", splits)
+        sizes = int_sequence("split", "splits", splits)
         if not sizes or any(s == 0 for s in sizes):
             raise TypeError(f"[split] splits (sizes) must be a non-empty list of positive integers, got {sizes}")
         if sum(sizes) != dim:
@@ -534,7 +534,7 @@ def concat(b, inputs, axis, *, label=None):
         total += x.shape[axis]
     shape = list(first.shape)
     shape[axis] = total
-    shape = _out(b, "concat", first.data_type, shape)
+    shape = output_shape(b, "concat", first.data_type, shape)
     checks.commit()
     return b._emit1("concat", inputs, {"axis": axis}, first.data_type, shape, label)
 
@@ -647,7 +647,7 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
                     f"[pad] reflection padding must be smaller than the dimension: dimension {d} has size "
                     f"{x.shape[d]}, got padding {begin[d]} and {end[d]}"
                 )
-    shape = _out(b, "pad", x.data_type, [bg + d + e for bg, d, e in zip(begin, x.shape, end)])
+    shape = output_shape(b, "pad", x.data_type, [bg + d + e for bg, d, e in zip(begin, x.shape, end)])
     attrs = {
         "beginning_padding": begin,
         "ending_padding": end,
@@ -731,5 +731,5 @@ def gather(b, x, indices, *, axis=0, label=None):
     if axis >= x.rank:
         raise TypeError(f"[gather] axis must be below the input's rank {x.rank}, got {axis}")
     shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
-    shape = _out(b, "gather", x.data_type, shape)
+    shape = output_shape(b, "gather", x.data_type, shape)
     return b._emit1("gather", [x, indices], {"axis": axis}, x.data_type, shape, label)

@@ -20,9 +20,10 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, low, smin, wgsl
-from ..front.builder import builder_op
-from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, grid, store_fn
-from . import MAX_RANK, check_support, lowering, register, same_type
+from ..dynamic.kernels import grid
+from ..ir.registry import MAX_RANK, builder_op, lowering, register
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, store_fn
+from ._checks import check_support, same_type
 
 FLOAT = dtypes.FLOATS
 GEMV_MAX_M = 4

@@ -21,10 +21,12 @@ computes bit for bit what its static build computes.
 import math
 
 from .. import dtypes
-from ..front.builder import builder_op
 from ..dynamic.dims import Sym, cdiv, high, low, wgsl
+from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
-from . import check_number, check_support, merge_dims, radix, register, row_strides
+from ._checks import check_number, check_support
+from ._index import merge_dims, radix, row_strides
+from .elementwise import group_fn
 from .reduce import CHUNK, MAX_SPLIT, SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU, WG, at_least, axes_option, chunks, groups, size_params, thread_flag
 
 # groups longer than this are normalized in chunks (split path, _lower_norm): as softmax rows, on
@@ -247,7 +249,6 @@ def _lower_norm(kc, node, kept, red):
     else:
         # reading through the elementwise step producing x (a residual or embedding sum,
         # compiler/passes.py fuse_norm_sources): its expression at i, its inputs bound as s0, ...
-        from .elementwise import group_fn
 
         params["xfn"], ext = group_fn(kc, src.nodes, "x_at", "s")
         args = ext + [p for p in (scale, bias) if p is not None] + [out]

@@ -26,12 +26,15 @@ import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
-from ..front.builder import builder_op
-from ..dynamic.kernels import SizeParams
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, store_fn
-from . import FAST_DIV_MAX, check_support, index_lines, int_list, lowering, register
+from ..dynamic.kernels import SizeParams, grid
+from ..ir.registry import builder_op, lowering, register
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, store_fn
+from ._index import FAST_DIV_MAX, index_lines
+from ._checks import check_support, int_list
 from .reduce import CHUNK, MAX_SPLIT, at_least, chunks
 from .reduce import groups as groups_for
+from .conv import filter_strides
+from .elementwise import activation_lines, group_fn
 
 GLOBAL_MIN_WINDOW = 128  # from this window size a whole-plane pool uses a workgroup per output
 GLOBAL_WG = 64  # threads of a global-path workgroup (shaders/pool.wgsl)
@@ -225,15 +228,28 @@ def _lower(kc, node, mode):
         kc.launch(k2, [part] + args[1:], groups_for(node.op, cdiv(total, WORKGROUP) * split), iters=MAX_SPLIT)
 
 
+def global_average_pool(n):
+    """The layout ("nchw" | "nhwc") in which node `n` averages whole planes of a 4-D tensor into a
+    1x1 plane: an average_pool2d over the plane without padding, or a reduce_mean over both
+    spatial axes that keeps them (TFLite's MEAN); else None."""
+    x, y = n.inputs[0], n.outputs[0]
+    if n.op == "average_pool2d":
+        a = n.attrs
+        plane = list(x.shape[2:] if a["layout"] == "nchw" else x.shape[1:3])
+        out = list(y.shape[2:] if a["layout"] == "nchw" else y.shape[1:3])
+        if a["window_dimensions"] == plane and a["padding"] == [0, 0, 0, 0] and out == [1, 1]:
+            return a["layout"]
+    elif n.op == "reduce_mean" and x.rank == 4 and y.rank == 4:
+        return {(1, 2): "nhwc", (2, 3): "nchw"}.get(tuple(n.attrs["axes"]))
+    return None
+
+
 def lower_gate(kc, step):
     """One kernel for a gate step (compiler/passes.py fuse_gates): the global average pool (or the
     first fully connected conv's input, already one value per channel) and the step's chain of
     fully connected 1x1 convs with their activations, one workgroup per batch item. Values between
     layers stay in workgroup memory as f32; each is rounded to the value type first (f16_of for
     float16), as the unfused kernels would store it."""
-    from ..compiler.passes import global_average_pool
-    from .conv import _filter_strides
-    from .elementwise import activation_lines, group_fn
 
     head = step.node
     layout = global_average_pool(head)
@@ -280,7 +296,7 @@ def lower_gate(kc, step):
     layers, widest = [], c
     for j, (fc, ep) in enumerate(zip(fcs, acts)):
         _, w, bias = fc.inputs
-        f_s = _filter_strides(fc.attrs["filter_layout"], w.shape)
+        f_s = filter_strides(fc.attrs["filter_layout"], w.shape)
         o = dict(zip(fc.attrs["filter_layout"], w.shape))["o"]
         bindings.append(Binding(f"w{j}", kc.wtype(w)))
         args.append(w)

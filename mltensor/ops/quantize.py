@@ -12,9 +12,9 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, exact_div, wgsl
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, lit, store_fn
-from . import check_support, lowering, register, same_type
+from ._checks import check_support, same_type
 from .layout import coords, flat
 from .movement import Checks
 from .reduce import groups

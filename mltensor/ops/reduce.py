@@ -30,10 +30,12 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, low, smax, smin, wgsl
+from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
-from ..runtime.wgsl import MAX_GROUPS, WORKGROUP, Binding, Kernel, binop, grid, ld_st, lit, unop
-from . import check_bool, check_support, merge_dims, radix, register, row_strides
+from ..ir.registry import builder_op, register
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, unop
+from ._checks import check_bool, check_support
+from ._index import merge_dims, radix, row_strides
 
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
 THREAD_MAX_K = 32  # up to this many reduced elements, one thread per output is faster

@@ -32,11 +32,14 @@ import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, exact_div, high, is_static, wgsl
+from ..dynamic import kernels as dynamic_kernels
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
-from . import FAST_DIV_MAX, check_support, index_lines, register, row_strides
-from .movement import _out, _seq
+from ._index import FAST_DIV_MAX, index_lines, row_strides
+from ._checks import check_support
+from .elementwise import GRID_WX
+from .movement import int_sequence, output_shape
 from .reduce import groups
 
 DYNAMIC_OPS = frozenset({"resample2d"})
@@ -181,8 +184,6 @@ def _grid(kc, x, out, rs):
     index; the sizes and strides are launch parameters (every resampling of one mode, transform
     and scale shares a pipeline). A division by a size read at dispatch would have made the flat
     kernel 1.6x slower on lavapipe (bench/test_bench_startup.py)."""
-    from ..runtime.wgsl import MAX_GROUPS
-    from .elementwise import GRID_WX
 
     if rs["axes"] != [2, 3] or not is_static(tuple(x.shape) + tuple(out.shape)):
         return None
@@ -192,7 +193,7 @@ def _grid(kc, x, out, rs):
     wx = GRID_WX
     wy = WORKGROUP // wx
     counts = (-(-ow // wx), -(-oh // wy), n * c)
-    if not P or max(counts) > MAX_GROUPS:
+    if not P or max(counts) > dynamic_kernels.MAX_GROUPS:
         return None
     # The coordinate maps' integers stay constants: the nearest sample divides by D (a division
     # by a value read at dispatch made the kernel 2x slower), and they depend only on the scale.
@@ -281,13 +282,13 @@ def resample2d(
         )
     scales = [1.0, 1.0] if scales is None else _scales(scales)
     if sizes is not None:
-        sizes = _seq("resample2d", "sizes", sizes, length=2)
+        sizes = int_sequence("resample2d", "sizes", sizes, length=2)
         if 0 in sizes:
             raise TypeError(f"[resample2d] sizes must be positive, got {sizes}")
     if axes is None:
         axes = [2, 3]
     else:
-        axes = _seq("resample2d", "axes", axes, length=2)
+        axes = int_sequence("resample2d", "axes", axes, length=2)
         if axes[0] == axes[1] or any(a >= x.rank for a in axes):
             raise TypeError(
                 f"[resample2d] axes must be two different dimensions below the input's rank {x.rank}, got {axes}"
@@ -301,7 +302,7 @@ def resample2d(
                 f"scale {scales[k]}); it must be at least 1"
             )
         shape[ax] = size
-    shape = _out(b, "resample2d", x.data_type, shape)
+    shape = output_shape(b, "resample2d", x.data_type, shape)
     attrs = {
         "mode": mode,
         "scales": scales,

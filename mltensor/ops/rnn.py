@@ -18,16 +18,16 @@ recurrence is unrolled at build, so a dynamic steps dimension is refused.
 """
 
 import math
-import os
 
 import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
-from . import check_bool, check_support, register, same_type
+from ..switches import switch
+from ._checks import check_bool, check_support, same_type
 from .reduce import groups
 
 FLOAT = dtypes.FLOATS
@@ -68,7 +68,7 @@ _ACT_WGSL = {"sigmoid": "sigmoid_f32(x)", "tanh": "tanh_f32(x)", "relu": "select
 
 
 def _fuse_gates():
-    return os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0")
+    return not switch("MLTENSOR_NO_FUSION")
 
 
 def _lower_gates(kc, node):

@@ -44,11 +44,12 @@ import math
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, smax, smin, wgsl
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, ld_st, lit
-from . import check_axis, check_bool, check_support, lowering, register
+from ._checks import check_axis, check_bool, check_support
 from .reduce import at_least, groups, thread_flag
+from ._gemm import dim_maxes
 
 ALL = dtypes.ALL
 INDEX_OUT = ("int32", "int64")
@@ -127,12 +128,11 @@ class _Tiles:
 
 def _measure(kc, launches, sizes):
     """Launches in autotune.time_launches form (dynamic sizes at their maxima)."""
-    from .matmul import _dim_maxes
 
     values = None
     if any(isinstance(x, Sym) for x in sizes):
         values = dict.fromkeys(kc.dims, 1)
-        values.update(_dim_maxes(*sizes))
+        values.update(dim_maxes(*sizes))
     return kc.timing_form(launches, values)
 
 

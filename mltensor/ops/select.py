@@ -24,10 +24,12 @@ import struct
 import numpy as np
 
 from .. import dtypes
+from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, grid
-from . import MAX_RANK, chained_coords, check_number, check_support, lowering, register
+from ..ir.registry import MAX_RANK, builder_op, lowering, register
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel
+from ._index import chained_coords
+from ._checks import check_number, check_support
 
 EPT = 4  # elements a thread owns in a block of the compaction
 BLOCK = WORKGROUP * EPT

@@ -15,9 +15,9 @@ computation of the dispatch rather than a constant folded at build; the kernel d
 
 from .. import dtypes
 from ..dynamic.dims import Sym, wgsl
-from ..front.builder import builder_op
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, grid, lit
-from . import register
+from ..dynamic.kernels import grid
+from ..ir.registry import builder_op, register
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, lit
 
 TYPES = ("float32", "int32", "int64", "uint32")
 DYNAMIC_OPS = frozenset({"_size", "_range"})

@@ -30,10 +30,10 @@ import math
 
 from .. import dtypes
 from ..errors import NotSupportedError
-from ..front.builder import builder_op
+from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
 from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel
-from . import check_bool, check_support, lowering, register
+from ._checks import check_bool, check_support
 from .reduce import groups
 
 REG_MAX_K = 16  # k kept in registers by the "row" and "reg" kernels

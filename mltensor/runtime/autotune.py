@@ -24,7 +24,10 @@ import time
 import numpy as np
 import wgpu
 
+from .._xdg import cache_dir
+from ..switches import value
 from .profiler import time_launches as time_passes
+from .wgsl import pipeline
 
 STATS = {"tuned": 0, "cache_hits": 0, "seconds": 0.0}
 _lock = threading.Lock()
@@ -61,7 +64,7 @@ def adapter_key(device):
 
 
 def enabled(device):
-    env = os.environ.get("MLTENSOR_AUTOTUNE", "").strip()
+    env = value("MLTENSOR_AUTOTUNE").strip()
     if "timestamp-query" not in device.features:
         return False
     if env in ("0", "1"):
@@ -77,8 +80,6 @@ def budget_s():
 
 
 def _path(key):
-    from ..models import cache_dir
-
     h = hashlib.sha256(key.encode()).hexdigest()[:16]
     return os.path.join(cache_dir(), "autotune", f"{h}.json")
 
@@ -122,8 +123,6 @@ def time_launches(device, launches, repeat=3):
     launches share a buffer when they are the same object index (see `build`). A launch of a
     kernel reading dynamic sizes (Kernel.dims) carries a fourth item, its immediate data (the
     sizes it is timed at, its groups already counted for them)."""
-    from .wgsl import pipeline
-
     bufs, groups_bound = {}, []
     for kernel, sizes, groups, *imm in launches:
         pipe, bgl = pipeline(device, kernel)

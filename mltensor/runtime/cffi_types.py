@@ -23,6 +23,8 @@ import re
 import tempfile
 import types
 
+from .._xdg import cache_dir
+
 _WORDS = re.compile(r"\w+")
 _SHORT = 4000  # type strings; a long source (a cdef) goes through unchanged
 
@@ -78,8 +80,6 @@ def cache_cdef():
     def _parse(self, csource):
         if len(csource) <= _SHORT or "WGPU" not in csource:  # wgpu's header only
             return orig(self, csource)
-        from ..models import cache_dir
-
         h = hashlib.sha256(f"{cffi.__version__}|{pycparser.__version__}|".encode() + csource.encode())
         path = os.path.join(cache_dir(), "cffi", h.hexdigest()[:32] + ".pickle")
         try:

@@ -26,6 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import wgpu
 
+from .._xdg import cache_dir
+from .autotune import adapter_key
+from .wgsl import compiled, pipeline, source_of
+
 _MAX_THREADS = 8
 _MIN_WARM = 4  # fewer new kernels than this compile at their first dispatch, as before
 _helpers = {}  # id(adapter) -> [helper devices]
@@ -51,8 +55,6 @@ def compile_kernels(ctx, kernels, sources=None, warm=True, locked=False):
     caller holds the device lock (MLGraph._create, a dispatch's first use of size buckets): the
     warm-up's context share runs on the calling thread (the lock is re-entrant; a pool thread
     would wait for it forever), the helpers' on the pool."""
-    from .wgsl import compiled, pipeline
-
     device = ctx.device
     todo, src_of, seen_keys = [], {}, set()
     for i, k in enumerate(kernels):
@@ -88,8 +90,6 @@ def warm(ctx, kernels, locked=False):
     size buckets that dispatch runs (MLGraph._create), one parallel pass instead of two."""
     if not kernels or not (_is_cpu(ctx) and _disk_cache_on()) or threads() == 1:
         return
-    from .wgsl import source_of
-
     _warm_cpu(ctx, kernels, [source_of(ctx.device, k) for k in kernels], threads(), locked)
 
 
@@ -123,8 +123,6 @@ def _hash(src):
 
 
 def _seen_path(key):
-    from ..models import cache_dir
-
     return os.path.join(cache_dir(), "compiled", hashlib.sha256(key.encode()).hexdigest()[:16] + ".txt")
 
 
@@ -154,9 +152,6 @@ def _remember(key, hashes):
 
 
 def _warm_cpu(ctx, kernels, sources, n, locked=False):
-    from .autotune import adapter_key
-    from .wgsl import pipeline
-
     key = adapter_key(ctx.device) + "|" + str(ctx._adapter_info.get("description", ""))
     known = _seen_set(key)
     new, hashes = [], set(known)

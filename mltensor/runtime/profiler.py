@@ -55,7 +55,7 @@ def profile_dispatch(ctx, graph, inputs, outputs, repeat=3):
         plan = graph._dyn
         data = plan.launch_data(plan.bind({n: t.shape for n, t in inputs.items()}, "profile"))
     off = data.off if data is not None else None  # (launches with no workgroups at these sizes)
-    names = [n for i, n in enumerate(graph._kernel_names) if i not in set(off or ())]
+    names = [n for i, n in enumerate(graph.kernel_names) if i not in set(off or ())]
     with ctx._lock:  # (bind groups made for a new tensor set, as dispatch does)
         entry = graph._replay_skipping(tensors, off)
     bound = entry[0]

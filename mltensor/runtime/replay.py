@@ -4,7 +4,7 @@ The C source is compiled once per source version and platform with the system C 
 or $CC) into mltensor's cache directory (outside the repository; set-up builds it ahead), and
 loaded with cffi in ABI mode: no Python headers, no setuptools. Anything missing (no compiler,
 another wgpu backend, MLTENSOR_NO_NATIVE_REPLAY=1) leaves `loaded()` None and graph replay in
-Python (compiler/program.py); `status()` says which and why.
+Python (front/graph.py); `status()` says which and why.
 """
 
 import hashlib
@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+from .._xdg import cache_dir
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay.c")
 _CDEF = """
@@ -27,8 +29,6 @@ _state = {"lib": None, "tried": False, "status": "not loaded yet"}
 
 def library_path():
     """Where the compiled library for this source, platform and Python lives."""
-    from ..models import cache_dir
-
     with open(_SRC, "rb") as f:
         digest = hashlib.sha256(f.read() + platform.machine().encode() + sys.platform.encode()).hexdigest()[:16]
     ext = ".dylib" if sys.platform == "darwin" else ".dll" if os.name == "nt" else ".so"

@@ -177,7 +177,7 @@ class Timeline:
         self._raw_pass = None
         self._raw_pass_addr = 0
         # raw pipeline and bind group 0 set in the open pass, and (LaunchData, byte offset) of
-        # the immediates set last (compiler/program.py _record_imm)
+        # the immediates set last (front/graph.py _record_imm)
         self._pass_state = [None, None, None]
         self._unsubmitted_writes = False  # a queue.write_buffer since the last submit
         self._touched = set()  # buffers used by commands in the open encoder

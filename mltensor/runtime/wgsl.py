@@ -16,12 +16,12 @@ from importlib import resources
 
 import wgpu
 
-from ..dynamic.dims import Condition, Sym, hoisting, untag
+from ..dynamic.dims import Condition, Sym, high, hoisting, untag
 from ..dynamic.dims import wgsl as dims_wgsl
-from ..errors import OperationError
+from ..dynamic.kernels import declaration
+from ..errors import NotSupportedError, OperationError
 
 WORKGROUP = 256  # threads per 1-D workgroup: software adapters and GPUs both like 256
-MAX_GROUPS = 65535
 # Mesa's llvmpipe (lavapipe, the software Vulkan adapter CI and every no-GPU user runs on) ends
 # the loops of an invocation silently once it has run 65535 loop iterations in total (all its
 # loops, a nested loop's iterations each counted; loops the compiler unrolls not): no error, the
@@ -46,9 +46,6 @@ def loop_capped(device):
 def loop_guard(where, iters):
     """NotSupportedError naming `where` when some allowed size gives an invocation more than
     LOOP_BUDGET loop iterations (`iters`: an int or a Sym, its largest value counts)."""
-    from ..dynamic.dims import high
-    from ..errors import NotSupportedError
-
     n = high(iters)
     if n > LOOP_BUDGET:
         raise NotSupportedError(
@@ -57,7 +54,7 @@ def loop_guard(where, iters):
             f"{LLVMPIPE_LOOP_CAP} iterations, giving wrong results); no split variant covers this size")
 
 
-def _shader_dir():
+def shader_dir():
     # Installed: shaders/ is shipped as the package mltensor.shaders. Source tree: ../../shaders,
     # checked first so that a checkout imported through PYTHONPATH (a git worktree next to an
     # editable install of another checkout) renders its own shaders, not the installed ones.
@@ -96,7 +93,7 @@ def template_env():
                 import jinja2
 
                 env = jinja2.Environment(
-                    loader=jinja2.FileSystemLoader(_shader_dir()),
+                    loader=jinja2.FileSystemLoader(shader_dir()),
                     block_start_string="{$",
                     block_end_string="$}",
                     variable_start_string="{{",
@@ -275,7 +272,7 @@ _COMMENT_RE = re.compile(r"//[^\n]*")
 
 def main_1d(count, index="i"):
     """The entry point of a kernel with one thread per item, as WGSL: `index` is the item (the
-    1-D launch is folded into 2-D by grid()), threads past `count` return at once. Templates
+    1-D launch is folded into 2-D by dynamic/kernels.grid()), threads past `count` return at once. Templates
     write `{{ main_1d(n) }}` and close the function themselves. `count`: an int, a Sym (a size
     known at dispatch) or a WGSL expression."""
     count = size(count) if isinstance(count, (int, Sym)) else count
@@ -383,8 +380,6 @@ class Kernel:
                 src = untag(template.render(bindings=decls, **flags, **self.params), h)
         self.derived = h.syms
         if self.dims or self.sizes or self.consts:
-            from ..dynamic.kernels import declaration
-
             src = src.replace(_DECL_MARK, declaration(self.dims, len(self.sizes), len(self.derived),
                                                       len(self.consts)), 1)
         if flags["f16"]:
@@ -423,22 +418,6 @@ def _freeze(v):
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(x) for x in v)
     return v
-
-
-def grid(n_groups):
-    """Workgroup counts for n_groups 1-D groups, folded into 2-D past the per-dimension limit.
-    Kernels rebuild the linear group index with `wid.y * nwg.x + wid.x`. A count that is a Sym
-    (known at dispatch) gives a Fold, folded the same way per dispatch."""
-    if isinstance(n_groups, Sym):
-        from ..dynamic.kernels import Fold
-
-        return Fold(n_groups)
-    n_groups = max(1, int(n_groups))
-    if n_groups <= MAX_GROUPS:
-        return (n_groups, 1, 1)
-    y = -(-n_groups // MAX_GROUPS)
-    x = -(-n_groups // y)
-    return (x, y, 1)
 
 
 _DECL_MARK = "//@mltensor:immediates"

@@ -17,6 +17,9 @@ cut.py    Carried: a value crossing a cut (the importer's side of a cut, where a
 plan.py   the session's side: the tree of stages of one specialization, a run along it
 loop.py   Loop and Scan executed on the timeline: carried values in MLTensors, the exit
           condition read back once per batch of iterations
+pool.py   the pools of tensor sets the stages and executed loops take a run's tensors from
+host.py   StageHost, what plan.py and loop.py need of the session running them (they import
+          neither the session nor the ONNX importer: the session builds for them)
 
 Not in a Loop/Scan body or in dynamic-dimension builds: those raise NotSupportedError (the
 session then builds per size).

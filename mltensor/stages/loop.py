@@ -21,9 +21,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .. import dtypes
+from ..dynamic.dims import MLDynamicDimension
 from ..errors import NotSupportedError, gpu_errors
+from ..onnxio import ONNX_OF_WEBNN
 from ..runtime.timeline import Task
 from .cut import Carried
+from .pool import Pool
 
 BATCH = 8
 # A Loop with no trip count (absent, or INT64_MAX as exporters write a while loop) fails after
@@ -52,12 +55,10 @@ class LoopSpec:
         self.outer, self.outer_host = list(outer), dict(outer_host)
         self.dynamic_cond, self.cond_true, self.scan_in = dynamic_cond, cond_true, list(scan_in)
         self.graphs = {}  # signature of the body's inputs -> _Body
-        self.pools = {}  # signature of the body's inputs -> plan.Pool of a run's tensors (execute)
+        self.pools = {}  # signature of the body's inputs -> pool.Pool of a run's tensors (execute)
         self.pools_lock = threading.Lock()
 
     def pool(self, sig):
-        from .plan import Pool
-
         with self.pools_lock:
             p = self.pools.get(sig)
             if p is None:
@@ -86,8 +87,6 @@ class _Body:
 
 
 def _onnx_type(t, is_bool):
-    from ..onnx.importer import ONNX_OF_WEBNN
-
     return TensorProto.BOOL if is_bool else ONNX_OF_WEBNN[t.data_type]
 
 
@@ -102,24 +101,18 @@ def _const(name, arr):
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr), name))
 
 
-def _build(session, spec, tensors, bools):
+def _build(host, spec, tensors, bools):
     """Import the wrapped body for input tensors of these shapes (cached by their signature)."""
-    from ..onnx.importer import Importer, data_errors
-
     sig = tuple((t.data_type, tuple(t.shape), b) for t, b in zip(tensors, bools))
     hit = spec.graphs.get(sig)
     if hit is not None:
         return hit
-    with session._build_lock:
+    with host.build_lock:
         hit = spec.graphs.get(sig)
         if hit is not None:
             return hit
         model, names, shapes = (_wrap_loop if spec.kind == "loop" else _wrap_scan)(spec, tensors, bools)
-        im = Importer(model, session._ctx, input_shapes=shapes)
-        im.cut_refusal = "inside a Loop or Scan body run on the GPU"
-        im.values_bindable = False  # its inputs change every iteration
-        with data_errors(session._name, im):
-            imp = im.run(const_outputs_as_ops=True)
+        imp = host.import_body(model, shapes)
         # which body outputs are the next iteration's inputs, with their shapes checked
         outs = {o.name: o for o in imp.outputs}
         n = spec.n_state
@@ -290,7 +283,7 @@ class _Stack:
         return t
 
 
-def execute(session, c, avail, made, taken):
+def execute(host, c, avail, made, taken):
     """Run the Loop/Scan of cut `c` (importer.StageCut) on the run's tensors. Returns (values,
     carried, key, exact): values [count, scan row shapes...] (numpy), carried the final state and
     the stacked scan outputs ([count, padded row] tensors, named in `avail`, or host arrays when
@@ -303,14 +296,12 @@ def execute(session, c, avail, made, taken):
     spec per shapes (`taken`: plan.run gives the set back when the run ends); the scan outputs'
     stacks, sized by the count, are the run's own (`made`)."""
     spec = c.loop
-    ctx = session._ctx
-    from ..onnx.importer import storage_array
-
+    ctx = host.context
     hosts = {}
     sig = []  # the signature of the tensors the pooled set holds
     for k, d in enumerate(c.carried):
         if d.host is not None:
-            a = np.array(storage_array(d.host), order="C")  # bool -> uint8, double -> float32 (0-d kept)
+            a = np.array(host.storage_array(d.host), order="C")  # bool -> uint8, double -> float32 (0-d kept)
             hosts[k] = (a, np.asarray(d.host).dtype == np.bool_)
             sig.append((a.dtype.name, a.shape))
         else:
@@ -350,15 +341,15 @@ def execute(session, c, avail, made, taken):
             dst = pooled(f"row{k}", src.data_type, src.shape[1:], writable=True)
             tensors[n + k] = dst
             rows.append((src, dst, spec.scan_in[k][2]))
-    body = _build(session, spec, tensors, bools)
+    body = _build(host, spec, tensors, bools)
     ins = dict(zip(body.ins, tensors))
     dim = _count_dim(c, body)
     sets = [{n: pooled(f"set{i}/{n}", dt, shape, readable=True)
              for n, (dt, shape) in body.graph.output_descriptors.items()} for i in range(2)]
     if spec.kind == "loop":
-        count, final = _run_loop(session, spec, body, ins, made, sets, dim)
+        count, final = _run_loop(host, spec, body, ins, made, sets, dim)
     else:
-        count, final = _run_scan(session, spec, body, ins, rows, made, sets, dim)
+        count, final = _run_scan(host, spec, body, ins, rows, made, sets, dim)
     n_first = 2 if spec.kind == "loop" else 0
     depth = c.snapshot.depth
     carried = []
@@ -408,8 +399,6 @@ def _count_dim(c, body):
         return None
     if any(spec.trips * _row(dt, shape)[2] > MAX_DYNAMIC_STACK for dt, shape in body.scan_rows):
         return None
-    from ..dynamic.dims import MLDynamicDimension
-
     return MLDynamicDimension(f"count{c.key[0]}_{c.key[1]}", spec.trips)
 
 
@@ -423,9 +412,9 @@ def _stacks(ctx, body, cap, made, dim=None):
     return [_Stack(ctx, dt, shape, cap, made, dim) for dt, shape in body.scan_rows]
 
 
-def _run_loop(session, spec, body, ins, made, sets, dim=None):
+def _run_loop(host, spec, body, ins, made, sets, dim=None):
     """Iterations in batches; returns (count, [final iteration, condition, state..., stacks...])."""
-    ctx = session._ctx
+    ctx = host.context
     g = body.graph
     trips = spec.trips
     known_start = not spec.dynamic_cond and spec.cond_true
@@ -451,7 +440,7 @@ def _run_loop(session, spec, body, ins, made, sets, dim=None):
             continue  # the condition stays true: exactly `trips` iterations, nothing to read
         started = (ctx._start_read(outs[_COND]), ctx._start_read(outs[_ITER]))
         if pending is not None:
-            go, n = _finish(session, pending)
+            go, n = _finish(host, pending)
             if not go:
                 count = n
                 break
@@ -461,23 +450,23 @@ def _run_loop(session, spec, body, ins, made, sets, dim=None):
             raise NotSupportedError(f"[onnx] {spec.where()}: the Loop ran {MAX_ITERATIONS} iterations "
                                     "without its condition turning false (stopped)")
     if count is None:
-        count = t if known_start else _finish(session, pending)[1]
+        count = t if known_start else _finish(host, pending)[1]
     final = [ins[n] for n in body.ins[:2 + spec.n_state]] + stacks
     return count, final
 
 
-def _finish(session, reads):
+def _finish(host, reads):
     """Wait for a batch's condition and count: (condition, iterations that ran)."""
     where = "InferenceSession.run"
     cond = reads[0].wait_sync(where)
     n = reads[1].wait_sync(where)
-    session._count_read(cond.nbytes + n.nbytes)
+    host.count_read(cond.nbytes + n.nbytes)
     return bool(cond.reshape(-1)[0]), int(n.reshape(-1)[0])
 
 
-def _run_scan(session, spec, body, ins, rows, made, sets, dim=None):
+def _run_scan(host, spec, body, ins, rows, made, sets, dim=None):
     """A Scan: each iteration's rows copied from the scan inputs into the body's row inputs."""
-    ctx = session._ctx
+    ctx = host.context
     g = body.graph
     n = spec.n_state
     steps = spec.trips

@@ -18,7 +18,6 @@ makes new ones when next taken). The stacks and constants returned as tensors ar
 and are destroyed when it ends.
 """
 
-import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -26,7 +25,9 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import MLDynamicDimension
 from ..errors import NotSupportedError
+from . import loop
 from .cut import Carried
+from .pool import Pool
 
 
 class Stage:
@@ -72,46 +73,6 @@ class Stage:
             self.graph = None
 
 
-# Tensor sets a pool keeps for later runs: as many as runs have been in flight at once on it, up
-# to this many (a set beyond is destroyed when its run ends).
-POOL = 8
-
-
-class Pool:
-    """Sets of tensors ({name: MLTensor}) a run takes and gives back when it ends, so that
-    repeated runs allocate nothing; a set belongs to one run at a time (the lock), so concurrent
-    runs share none. The taker fills in what a set lacks."""
-
-    __slots__ = ("free", "lock", "closed")
-
-    def __init__(self):
-        self.free, self.lock, self.closed = [], threading.Lock(), False
-
-    def take(self):
-        with self.lock:
-            return self.free.pop() if self.free else {}
-
-    def give_back(self, outs, kept):
-        """A run ended: its set goes back, but the tensors it returned (ids in `kept`), which the
-        caller now holds. A pool closed meanwhile (its stage evicted) destroys it."""
-        for n in [n for n, t in outs.items() if id(t) in kept]:
-            del outs[n]
-        with self.lock:
-            if not self.closed and len(self.free) < POOL:
-                self.free.append(outs)
-                return
-        for t in outs.values():
-            t.destroy()
-
-    def close(self):
-        with self.lock:
-            self.closed = True
-            free, self.free = self.free, []
-        for outs in free:
-            for t in outs.values():
-                t.destroy()
-
-
 def _counted_dim(c):
     """The dynamic dimension a counted cut's padded output takes (cut.cut's `counted`)."""
     i, axis = c.counted
@@ -129,7 +90,7 @@ def _counted_output(c):
     return d.avail, tuple(shape)
 
 
-def _counted_stage(session, spec, stage, values, avail):
+def _counted_stage(host, spec, stage, values, avail):
     """The next stage of a counted cut with the count as a dynamic dimension: one build for every
     count (the padded tensor resized to it, no copy). None when the count is 0 (an empty result:
     its own build) or when an operator after the cut needs fixed sizes (remembered: from then on
@@ -150,7 +111,7 @@ def _counted_stage(session, spec, stage, values, avail):
     carried = list(c.carried)
     carried[c.counted[0]] = Carried(d.avail, d.data_type, tuple(dyn), d.is_bool)
     try:
-        child = session._next_stage(spec, stage, ("counted",), c, values, carried)
+        child = host.next_stage(spec, stage, ("counted",), c, values, carried)
     except (NotSupportedError, TypeError):  # (a malformed model's DataError goes on)
         c.dynamic_ok = False
         t._fit(d.shape, "InferenceSession.run")
@@ -164,10 +125,11 @@ def outcome_key(values):
     return tuple((v.dtype.str, v.shape, v.tobytes()) for v in values)
 
 
-def run(session, spec, tset, bind, names, output_location):
-    """Run a staged specialization with the feeds bound in `bind` ({input name: tensor}). Returns
-    the results in `names` order: numpy arrays converted to the ONNX types (cpu), or tensors."""
-    ctx = session._ctx
+def run(host, spec, tset, bind, names, output_location):
+    """Run a staged specialization with the feeds bound in `bind` ({input name: tensor}) for
+    `host` (host.StageHost: the session). Returns the results in `names` order: numpy arrays
+    converted to the ONNX types (cpu), or tensors."""
+    ctx = host.context
     avail = dict(bind)
     made = []  # tensors this run created: destroyed when it ends (but the ml-tensor results)
     taken = []  # (pool, tensor set) taken from the stages' and loops' pools: given back when it ends
@@ -185,25 +147,23 @@ def run(session, spec, tset, bind, names, output_location):
             if c is None:
                 break
             if c.loop is None:  # only the bytes that decide the shape cross to the host
-                values = read(session, [avail[n] for n in c.reads])
+                values = read(host, [avail[n] for n in c.reads])
                 key, carried = outcome_key(values), c.carried
-                child = _counted_stage(session, spec, stage, values, avail)
+                child = _counted_stage(host, spec, stage, values, avail)
                 if child is not None:
                     stage = child
                     continue
             else:
-                from . import loop
-
-                values, carried, key, exact = loop.execute(session, c, avail, made, taken)
+                values, carried, key, exact = loop.execute(host, c, avail, made, taken)
                 if exact is not None:  # the count as a dynamic dimension, if the rest takes it
                     try:
-                        stage = session._next_stage(spec, stage, key, c, values, carried)
+                        stage = host.next_stage(spec, stage, key, c, values, carried)
                         c.dynamic_ok = True
                         continue
                     except (NotSupportedError, TypeError):
                         c.dynamic_ok = False
                         values, carried, key = exact()
-            stage = session._next_stage(spec, stage, key, c, values, carried)
+            stage = host.next_stage(spec, stage, key, c, values, carried)
         result = []
         for n in names:
             info = stage.outputs[n]
@@ -224,10 +184,8 @@ def run(session, spec, tset, bind, names, output_location):
             tset.outputs = {n: t for n, t in zip(names, result)}
             kept = {id(t) for t in result}
             return result
-        from ..session import _read_all
-
-        host = _read_all(ctx, result, "InferenceSession.run")
-        return [to_onnx(stage.outputs[n], a) for n, a in zip(names, host)]
+        got = host.read_all(result)
+        return [to_onnx(stage.outputs[n], a) for n, a in zip(names, got)]
     finally:
         # (the next run's work on a pooled set is enqueued after this run's on the timeline)
         for pool, outs in taken:
@@ -237,13 +195,11 @@ def run(session, spec, tset, bind, names, output_location):
                 t.destroy()
 
 
-def read(session, tensors):
+def read(host, tensors):
     """Read tensors back in one submit (numpy values pass through); counted in the session's
     stats as the bytes a staged run reads."""
-    from ..session import _read_all
-
-    vals = _read_all(session._ctx, tensors, "InferenceSession.run")
-    session._count_read(sum(v.nbytes for v in vals))
+    vals = host.read_all(tensors)
+    host.count_read(sum(v.nbytes for v in vals))
     return vals
 
 

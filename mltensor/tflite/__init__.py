@@ -15,6 +15,7 @@ mediapipe 0.10.14 wheel (`mltensor.models`) run.
 import os
 
 from ..errors import DataError, NotSupportedError
+from ..front.builder import MLGraphBuilder
 from .importer import convert, supported_operators
 from .reader import is_tflite, load_bytes, read
 
@@ -30,8 +31,6 @@ def import_model(source, context, *, free_dimensions=None, float16=False):
     the operator, its index and the supported ones; a malformed or truncated file raises DataError
     naming the file (when given by path), the table / field or operator, and what was wrong.
     """
-    from ..front.builder import MLGraphBuilder
-
     name = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
     model = read(load_bytes(source), name)
     b = MLGraphBuilder(context)

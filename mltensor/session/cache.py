@@ -20,7 +20,11 @@ import os
 
 import numpy as np
 
-from . import store
+from .. import switches
+from ..errors import DOMException
+from ..onnxio import NUMPY, IOInfo
+from ..front.graph import MLGraph, program_of
+from ..graphcache import store
 
 _NOTE = "note"
 
@@ -80,12 +84,10 @@ def _with_externals(h, identities):
     return h.hexdigest()
 
 
-# Switches read at build that change what a build makes (fusion, placement, the attention pass,
-# the depthwise prologue, autotuning, sizes as launch parameters): a session started with other
-# switches builds its own graph rather than loading one made under these. (The float16/int64
-# modes are the context's, part of the adapter's folder in store.py.)
-BUILD_SWITCHES = ("MLTENSOR_NO_FUSION", "MLTENSOR_NO_PLACEMENT", "MLTENSOR_NO_ATTENTION",
-                  "MLTENSOR_FUSE_DEPTHWISE", "MLTENSOR_AUTOTUNE", "MLTENSOR_NO_SIZE_PARAMS")
+# Switches read at build that change what a build makes (the one list: mltensor/switches.py):
+# a session started with other switches builds its own graph rather than loading one made under
+# these. (The float16/int64 modes are also the context's, part of the adapter's folder in store.py.)
+BUILD_SWITCHES = switches.BUILD_SWITCHES
 
 
 def session_key(sess, what, model=None):
@@ -118,8 +120,6 @@ def _io(infos):
 
 
 def _unio(rows):
-    from ..onnxio import IOInfo
-
     return [IOInfo(n, t, dt, shape, None if c is None else _unarray(c)) for n, t, dt, shape, c in rows]
 
 
@@ -131,7 +131,8 @@ def load_spec(sess, key):
         return None
     if hit is None:
         return None
-    graph, extra = hit
+    program, extra = hit
+    graph = MLGraph(sess._ctx, program)
     try:
         return graph, _unio(extra["inputs"]), _unio(extra["outputs"]), \
             {n: _unarray(v) for n, v in extra["values"].items()}
@@ -149,10 +150,8 @@ def save_spec(sess, key, graph, inputs, outputs, values):
 
     import wgpu
 
-    from ..errors import DOMException
-
     try:
-        store.save(sess._ctx, key, graph, extra)
+        store.save(sess._ctx, key, program_of(graph), extra)
     except (OSError, pickle.PicklingError, DOMException, wgpu.GPUError):
         # a cache write is best effort: a read-only or full disk, or a device that fails the
         # constants' read-back, costs the next process a build, never this run its result (a
@@ -185,8 +184,6 @@ DESCRIPTION_VERSION = 1
 
 
 def save_description(sess, main_id, desc, weights):
-    from ..onnxio import NUMPY
-
     if any(et and et not in NUMPY for _, et in desc["inputs"]):
         return  # (an input of a type onnx alone maps to numpy: described from the proto)
     externals = [name for name, _ in weights.external_identities()] if weights is not None else []
@@ -247,8 +244,6 @@ def _valid_description(note):
 
     if not isinstance(note, dict) or note.get("version") != DESCRIPTION_VERSION:
         return None
-    from ..onnxio import NUMPY
-
     shapes, params = note.get("shapes"), note.get("params")
     inputs, outputs = note.get("inputs"), note.get("outputs")
     if not (isinstance(shapes, dict) and isinstance(params, dict) and shapes.keys() == params.keys()

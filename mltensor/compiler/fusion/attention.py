@@ -1,4 +1,4 @@
-"""Attention recognition (called by passes.plan_steps once the steps are planned).
+"""Attention recognition (called by plan.plan_steps once the steps are planned).
 
 The chain
 
@@ -26,28 +26,18 @@ ops.attention.MAX_HEAD, and a kernel that would bind more than the binding cap.
 MLTENSOR_NO_ATTENTION=1 turns the pass off (for comparison; MLTENSOR_NO_FUSION=1 too).
 """
 
-import os
+from ...dynamic.dims import Sym, low
+from ...ir.graph import Node, scalar_value
+from ...ops.attention import FLOAT, MAX_HEAD
+from ...switches import switch
+from ..steps import Step, epilogue_operands
 
-import numpy as np
 
-from ..dynamic.dims import Sym, low
-from ..front.builder import Node
-from ..ops.attention import FLOAT, MAX_HEAD
 
 # MLTENSOR_NO_ATTENTION=1 leaves the chain as planned (the steps fusion makes without this pass),
 # for comparison
-_ENV = "MLTENSOR_NO_ATTENTION"
-
-
 def enabled():
-    return os.environ.get(_ENV, "") in ("", "0")
-
-
-def _scalar(v):
-    """The value of a host constant with one element, else None."""
-    if v is None or v._kind != "constant" or not isinstance(v._value, np.ndarray) or v._value.size != 1:
-        return None
-    return float(np.asarray(v._value, dtype=np.float64).reshape(()))
+    return not switch("MLTENSOR_NO_ATTENTION")
 
 
 def _broadcasts(shape, target):
@@ -78,10 +68,10 @@ def _parse_post(e, producer):
     cond, wv, keeps = None, None, True
     if ops[-1] == "where":
         cond, tv, fv = ns[-1].inputs
-        if _scalar(fv) is not None and tv is not fv:
-            inner, wv = tv, _scalar(fv)
-        elif _scalar(tv) is not None and fv is not tv:
-            inner, wv, keeps = fv, _scalar(tv), False
+        if scalar_value(fv) is not None and tv is not fv:
+            inner, wv = tv, scalar_value(fv)
+        elif scalar_value(tv) is not None and fv is not tv:
+            inner, wv, keeps = fv, scalar_value(tv), False
         else:
             return None
         if cond.data_type != "uint8" or not _broadcasts(tuple(cond.shape), tuple(ns[-1].outputs[0].shape)):
@@ -117,7 +107,7 @@ def _parse_scores(step):
     if k < len(epi) and epi[k].op in ("mul", "div"):
         a, b = epi[k].inputs
         other = b if a is cur else a if b is cur else None
-        c = _scalar(other)
+        c = scalar_value(other)
         if c is None or (epi[k].op == "div" and a is not cur) or a is b:
             return None
         scale_op, scale = epi[k].op, c
@@ -138,8 +128,6 @@ def fuse_attention(steps, single_use, max_inputs):
     """Replace, in place, each recognised chain's steps by one `_attention` step (module doc)."""
     if not enabled():
         return
-    from .passes import Step, epilogue_operands  # (passes imports this module)
-
     producer = {id(v): s for s in steps for v in s.outputs}
     for sm in list(steps):
         if sm not in steps or not _lone(sm, "softmax"):
@@ -199,7 +187,7 @@ def fuse_attention(steps, single_use, max_inputs):
         else:
             k, k_transposed, tr = kt, True, None
         inputs = [q, k, v, bias, cond]
-        # within the binding cap, counted as passes.read_bindings counts the new step
+        # within the binding cap, counted as steps.read_bindings counts the new step
         if len([a for a in inputs if a is not None]) + len(epilogue_operands(pv)) > max_inputs:
             continue
         attrs = {"scale": 1.0 if scale is None else scale, "scale_op": scale_op, "causal": False,

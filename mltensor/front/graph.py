@@ -1,4 +1,4 @@
-"""build -> MLGraph: a flat list of launches with pipelines and bind groups made up front, but
+"""MLGraph: a flat list of launches with pipelines and bind groups made up front, but
 for the size buckets' variants of a graph with dynamic dimensions (launches whose workgroup count
 is 0 at some sizes): made at the first dispatch whose sizes run them (MLGraph._create), skipped by
 the replay where their count is 0.
@@ -10,31 +10,22 @@ other backends), skipping set_pipeline / set_bind_group where the pass already h
 launches after the first go in one call to a compiled C loop where one could be built
 (runtime/replay.py), else through cffi one call at a time. A dispatch with the same tensors as
 the graph's last one skips validation and allocates nothing.
-
-Copy-free placement (KernelContext.place / view): concat inputs are written straight into their
-slab of the concat's storage and contiguous slice/split parts are read in place, bound with an
-offset. MLTENSOR_NO_PLACEMENT=1 (or MLTENSOR_NO_FUSION=1) turns it off for comparison.
 """
 
-import os
 import weakref
 
-import wgpu
 from wgpu.backends.wgpu_native._ffi import ffi as _ffi
 from wgpu.backends.wgpu_native._ffi import lib as _lib
 
-from .. import dtypes
 from ..errors import DOMException, InvalidStateError, gpu_errors
-from ..front.tensor import MLTensor, exported_error
 from ..runtime import replay
 from ..runtime.compile import compile_kernels, warm
+from ..runtime.program import Ext, ext_of, resource_of
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
-from ..dynamic.kernels import check_device, dims_blocks, immediates_layout, may_be_zero
-from ..dynamic.plan import DynamicPlan, LaunchData
-from ..runtime.constants import UPLOAD_BATCH, digest
-from .lower import Ext, KernelContext, Scratch, lower_steps, plan_memory
-from .passes import binding_cap, live_nodes, plan_steps
+from ..dynamic.kernels import dims_blocks, immediates_layout
+from ..dynamic.plan import LaunchData
+from .tensor import MLTensor, exported_error
 
 _BG_CACHE_MAX = 64
 _set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
@@ -42,255 +33,6 @@ _set_bind_group = _lib.wgpuComputePassEncoderSetBindGroup
 _dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
 _set_immediates = _lib.wgpuComputePassEncoderSetImmediates
 _NULL = _ffi.NULL
-
-
-def compile_graph(builder, outputs, placement=None):
-    if placement is None:
-        placement = _env_off("MLTENSOR_NO_FUSION") and _env_off("MLTENSOR_NO_PLACEMENT")
-    ctx = builder._context
-    device = ctx.device
-    nodes = live_nodes(builder, outputs)
-    used_inputs = {id(x) for n in nodes for x in n.inputs if x is not None and x._kind == "input"}
-    inputs = builder._inputs
-    # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
-    steps = plan_steps(nodes, outputs, fuse=os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"),
-                       max_inputs=binding_cap(device) - 1,
-                       cpu=str(device.adapter.info.get("adapter_type", "")).upper() == "CPU")
-
-    dims = tuple(sorted(builder._dims))  # dynamic dimensions (dynamic/): sizes read at dispatch
-    if dims:
-        check_device(device, dims)
-    kc = KernelContext(device, int64=ctx._int64, f16=ctx._f16, dims=dims)
-    kc.placement = placement
-    loc = {}  # id(value) -> Ext (caller's tensor) | ("buf", GPUBuffer); absent: pooled intermediate
-
-    # Edges in: native inputs are read in place, others are unpacked into an intermediate.
-    for name, x in inputs.items():
-        ext = Ext("in", name, x.data_type, x.shape)
-        if kc.is_native(x.data_type):
-            loc[id(x)] = ext
-        elif id(x) in used_inputs:
-            kc.unpack(ext, x)
-
-    # Edges out: a native output is written straight into the caller's tensor by its producer.
-    pending_out = []
-    for name, v in outputs.items():
-        ext = Ext("out", name, v.data_type, v.shape)
-        if kc.is_native(v.data_type) and id(v) not in kc.out_slot:
-            kc.out_slot[id(v)] = ext
-            loc[id(v)] = ext
-        else:
-            pending_out.append((v, ext))
-
-    # Constants: uploaded once in compute form, or bound in place (native constant tensors).
-    keep = []  # objects the graph must keep alive (constant tensors)
-    persist = []
-    shared = []  # constant buffers from the context's store (one reference each)
-    read = 0
-    const_ops = {}
-    for n in nodes:
-        for x in n.inputs:
-            if x is not None and x._kind == "constant":
-                const_ops[id(x)] = x
-    for s in steps:  # constants the passes made (a convolution prologue's folded normalization)
-        if s.prologue is not None and s.prologue.const is not None:
-            const_ops[id(s.prologue.const)] = s.prologue.const
-    for x in const_ops.values():
-        if isinstance(x._value, MLTensor):
-            keep.append(x._value)
-            if kc.is_native(x.data_type):
-                loc[id(x)] = ("buf", x._value._buffer)
-            else:
-                kc._prologue = True
-                kc.unpack(Ext("const", "", x.data_type, x.shape), x)
-                kc.launches[-1].args[0] = ("buf", x._value._buffer)
-                kc._prologue = False
-        else:  # held once per context whatever builds bind it (runtime/constants.py)
-            if x._value is None:  # (forget_host_constants ran: internal callers only)
-                raise InvalidStateError("[build] the builder has already built a graph")
-            data = dtypes.to_compute_numpy(x.data_type, x._value, kc.f16)
-            key = digest(data)  # (hashed without the lock)
-            with ctx._lock:
-                ctx._check("build")
-                buf = ctx._constants.acquire(key, data)
-            shared.append(buf)
-            loc[id(x)] = ("buf", buf)
-            read += data.nbytes
-            if builder._release_host is not None and read >= UPLOAD_BATCH:
-                builder._release_host()  # weights mapped from the model file: uploaded, drop the pages
-                read = 0
-    if builder._release_host is not None:
-        builder._release_host()
-
-    kc.fixed = set(loc)
-    lower_steps(kc, steps)
-    for v, ext in pending_out:
-        if kc.is_native(v.data_type):
-            kc.copy(v, ext)
-        else:
-            kc.pack(v, ext)
-
-    # Values computed once at build (constant-folded) get their own buffers; the rest are pooled.
-    prologue_values = {}
-    for l in kc.launches:
-        if l.prologue:
-            for a, b in zip(l.args, l.kernel.bindings):
-                if b.writable and not isinstance(a, (Ext, Scratch, tuple)):
-                    prologue_values[id(kc.root(a))] = kc.root(a)
-
-    def resolve(a):
-        if isinstance(a, (Ext, tuple, Scratch)):
-            return a
-        r = kc.placed_root(a)[0]
-        return loc.get(id(r), r)
-
-    def view(a):
-        """(byte offset, size) of a placed value's binding, None for a whole buffer."""
-        if isinstance(a, (Ext, tuple, Scratch)) or (id(kc.root(a)) not in kc.placed):
-            return None
-        return kc.placed_root(a)[1], dtypes.padded(kc.nbytes(a))
-
-    def is_temp(r):
-        return not isinstance(r, (Ext, tuple)) and id(r) not in loc and id(r) not in prologue_values
-
-    launches = [(l, [resolve(a) for a in l.args]) for l in kc.launches]
-    views = [[view(a) for a in l.args] for l in kc.launches]
-    assign, sizes = plan_memory([args for _, args in launches], is_temp, kc.nbytes)
-    pool = [
-        device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
-        for i, s in enumerate(sizes)
-    ]
-    for k, v in prologue_values.items():
-        buf = device.create_buffer(
-            label="mltensor-folded", size=dtypes.padded(kc.nbytes(v)),
-            usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC,  # (save_graph reads it back)
-        )
-        persist.append(buf)
-        loc[k] = ("buf", buf)
-
-    def buffer_of(a):
-        if isinstance(a, Ext):
-            return a
-        if isinstance(a, tuple):
-            return a[1]
-        if id(a) in loc:
-            return buffer_of(loc[id(a)])
-        return pool[assign[id(a)]]
-
-    # The graph keeps only buffers its dispatches read: constants consumed by constant folding
-    # alone and folded intermediates are dropped once the build-time prologue has run (its bind
-    # groups hold them until then), so e.g. int8 weights behind a folded dequantize_linear do not
-    # stay resident next to their float32 result.
-    at_dispatch = {id(buffer_of(a)) for l, args in launches if not l.prologue for a in args}
-    persist = [b for b in persist if id(b) in at_dispatch]
-    unused = [b for b in shared if id(b) not in at_dispatch]  # given back after the prologue
-    shared = [b for b in shared if id(b) in at_dispatch]
-    graph = MLGraph(ctx, {n: (x.data_type, x.shape) for n, x in builder._inputs.items()},
-                    {n: (v.data_type, v.shape) for n, v in outputs.items()}, keep, persist + pool)
-    graph._shared = shared
-    graph._pool, graph._folded = pool, persist  # (what graphcache/recipe.py tells apart)
-    graph._memory = {"constants": sum(b.size for b in shared),
-                     "constant_tensors": sum(t._buffer.size for t in keep),
-                     "folded_constants": sum(b.size for b in persist),
-                     "intermediates": sum(b.size for b in pool)}
-    # A launch whose workgroup count is 0 at some sizes (a size bucket's variant of a GEMM or
-    # convolution, gated off outside it) gets its pipeline and bind groups at the first dispatch
-    # that runs it (MLGraph._create): a start pays only for the buckets its sizes use.
-    lazy = [bool(dims) and not l.prologue and may_be_zero(l.groups) for l, _ in launches]
-    # in parallel (runtime/compile.py); with dynamic dimensions, Mesa's warm-up of the kernels a
-    # dispatch runs waits for the first dispatch, which warms them with its size buckets' at once
-    compile_kernels(ctx, [l.kernel for (l, _), z in zip(launches, lazy) if not z], warm=not dims)
-    if dims:
-        warm(ctx, [l.kernel for l, _ in launches if l.prologue])  # (they run at build)
-    prologue = []
-    for (l, args), vs, z in zip(launches, views, lazy):
-        pipe, bgl = (None, None) if z else pipeline(device, l.kernel)
-        bufs = [buffer_of(a) for a in args]
-        if placement and _shares_buffer(bufs, l.kernel.bindings):
-            # a case place() did not foresee (e.g. a fallback copy inside one concat's storage):
-            # build again without placement rather than bind one buffer for reading and writing
-            graph.destroy()
-            with ctx._lock:
-                ctx._constants.release(unused)
-            return compile_graph(builder, outputs, placement=False)
-        bufs = [b if v is None else (b, v) for b, v in zip(bufs, vs)]  # views: (buffer, (offset, size))
-        entry = [pipe, bgl, bufs, l.groups, None]
-        if z:
-            graph._lazy += 1
-        elif not any(_ext(b) for b in bufs):
-            entry[4] = device.create_bind_group(
-                layout=bgl,
-                entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(bufs)],
-            )
-        (prologue if l.prologue else graph._launches).append(entry)
-        if not l.prologue:
-            graph._kernels.append(l.kernel)
-    graph._kernel_names = [l.kernel.name for l, _ in launches if not l.prologue]
-    if dims:
-        graph._unwarmed = [l.kernel for (l, _), z in zip(launches, lazy) if not z and not l.prologue]
-    graph._autotune = {"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}
-    if dims:
-        run = [l for l, _ in launches if not l.prologue]
-        graph._dyn_args = (dims, dict(builder._dims), {n: s for n, (_, s) in graph._inputs.items()},
-                           {n: s for n, (_, s) in graph._outputs.items()}, list(builder._constraints),
-                           [l.groups for l in run], [bool(l.kernel.dims) for l in run])
-        graph._dyn = DynamicPlan(*graph._dyn_args)
-    if prologue:
-        tl = ctx._timeline
-
-        def run_prologue():
-            p = tl.compute_pass()
-            for pipe, _, _, groups, bg in prologue:
-                p.set_pipeline(pipe)
-                p.set_bind_group(0, bg)
-                p.dispatch_workgroups(*groups)
-            tl.launched(len(prologue))
-            ctx._constants.release(unused)  # (freed after the submit holding the prologue)
-
-        with ctx._lock:
-            tl.enqueue(Task(tuple(keep), (), run_prologue))
-    elif unused:
-        with ctx._lock:
-            ctx._constants.release(unused)
-    graph._finish()
-    return graph
-
-
-def forget_host_constants(builder):
-    """A built builder builds nothing more: drop its host copies of the weights (uploaded)."""
-    for n in builder._nodes:
-        for x in n.inputs:
-            if x is not None and x._kind == "constant" and not isinstance(x._value, MLTensor):
-                x._value = None
-
-
-def _env_off(name):
-    return os.environ.get(name, "") in ("", "0")
-
-
-def _resource(b):
-    """Bind-group resource of a whole buffer, or of a view (buffer, (offset, size))."""
-    if b.__class__ is tuple:
-        return {"buffer": b[0], "offset": b[1][0], "size": b[1][1]}
-    return {"buffer": b}
-
-
-def _ext(b):
-    """The caller's tensor slot a binding names (whole, or a view of it), else None."""
-    if b.__class__ is tuple:
-        b = b[0]
-    return b if isinstance(b, Ext) else None
-
-
-def _shares_buffer(bufs, bindings):
-    seen = {}
-    for b, bd in zip(bufs, bindings):
-        if isinstance(b, Ext):
-            continue
-        if id(b) in seen and (seen[id(b)] or bd.writable):
-            return True
-        seen[id(b)] = seen.get(id(b), False) or bd.writable
-    return False
 
 
 class MLGraph:
@@ -301,36 +43,35 @@ class MLGraph:
 
     # IDL: interface MLGraph { undefined destroy(); }
 
-    def __init__(self, ctx, inputs, outputs, keep, buffers):
-        """inputs / outputs: name -> (data type, shape) (dynamic dimensions as Syms)."""
+    def __init__(self, ctx, program):
+        """program: the build's result (runtime/program.py Program: compiler/build.py
+        compile_graph, or graphcache/recipe.py rebuild); the graph dispatches it."""
         self._context = ctx
-        self._inputs = dict(inputs)
-        self._outputs = dict(outputs)
-        self._keep = keep
-        self._buffers = buffers
-        self._shared = []  # constant buffers of the context's store (runtime/constants.py)
-        self._pool, self._folded = [], []
-        self._memory = {}
-        self._kernels = []  # the Kernel of each launch, in order (graphcache/recipe.py saves them)
-        self._dyn_args = None  # what the DynamicPlan was made from (likewise)
-        self._launches = []  # [pipeline, bind group layout, buffers, groups, bind group | None]
-        self._lazy = 0  # launches whose pipeline is not created yet (pipeline None: _create)
-        self._unwarmed = []  # kernels for Mesa's warm-up at the first dispatch (_create)
-        self._sources = None  # each launch's WGSL when known (a loaded graph: its lazy launches')
+        self._program = program  # (graphcache/recipe.py capture saves it)
+        self._inputs = program.inputs  # name -> (data type, shape) (dynamic dimensions as Syms)
+        self._outputs = program.outputs
+        self._keep = program.keep  # constant tensors bound in place
+        self._buffers = program.folded + program.pool  # its own buffers (destroy frees them)
+        self._shared = program.shared  # constant buffers of the context's store (runtime/constants.py)
+        self._kernels = program.kernels  # the Kernel of each launch, in order
+        self._launches = program.launches  # [pipeline, bind group layout, buffers, groups, bind group | None]
+        # launches whose pipeline is not created yet (pipeline None: _create)
+        self._lazy = sum(e[0] is None for e in self._launches)
+        self._unwarmed = program.unwarmed  # kernels for Mesa's warm-up at the first dispatch (_create)
+        self._sources = program.sources  # each launch's WGSL when known (a loaded graph: its lazy launches')
         self._last_off = None  # the launches the last replay list skips (LaunchData.off)
         self._destroyed = False
         self._bg_cache = {}
         self._last_tensors, self._last = [], None
-        self._kernel_names = []
-        self._autotune = {"seconds": 0.0, "signatures_tuned": 0}
         self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
-        self._dyn = None  # a DynamicPlan when some dimension is known only at dispatch
+        self._dyn = program.dyn  # a DynamicPlan when some dimension is known only at dispatch
         self._imm_at = self._imm_static = self._imm_end = None  # (_finish)
         self._last_dyn = None  # _last_call of a graph with a DynamicPlan
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
         with ctx._lock:
             ctx._graphs.add(self)
+        self._finish()
 
     def _finish(self):
         self._dynamic = [i for i, e in enumerate(self._launches) if e[4] is None]
@@ -391,7 +132,7 @@ class MLGraph:
     @property
     def kernel_names(self):
         """Python extension: the kernels one dispatch launches, in order (after fusion)."""
-        return list(self._kernel_names)
+        return list(self._program.kernel_names)
 
     @property
     def pipelines(self):
@@ -415,7 +156,7 @@ class MLGraph:
         """Python extension: what kernel autotuning cost this build: {"seconds": time spent timing
         candidates (bounded by MLTENSOR_AUTOTUNE_BUDGET), "signatures_tuned": kernels timed
         (0 when every choice came from the cache or the heuristic)}."""
-        return dict(self._autotune)
+        return dict(self._program.autotune)
 
     @property
     def memory(self):
@@ -424,7 +165,7 @@ class MLGraph:
         (create_constant_tensor tensors bound in place), "folded_constants" (values computed once
         at build, its own) and "intermediates" (its pooled buffers, reused by liveness). Staging
         memory is per context; `ctx.counters["constant_bytes"]` is the store's total."""
-        return dict(self._memory)
+        return dict(self._program.memory)
 
     def __repr__(self):
         return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"
@@ -475,9 +216,9 @@ class MLGraph:
         for i, k in zip(todo, kernels):
             e = self._launches[i]
             pipe, bgl = pipeline(device, k, None if sources is None else self._sources[i])
-            if not any(_ext(b) for b in e[2]):
+            if not any(ext_of(b) for b in e[2]):
                 e[4] = device.create_bind_group(
-                    layout=bgl, entries=[{"binding": j, "resource": _resource(b)} for j, b in enumerate(e[2])])
+                    layout=bgl, entries=[{"binding": j, "resource": resource_of(b)} for j, b in enumerate(e[2])])
             e[1], e[0] = bgl, pipe
             self._lazy -= 1
 
@@ -524,9 +265,9 @@ class MLGraph:
             pipe, bgl, bufs, groups, bg = self._launches[i]
             if bg is None:  # caller's tensors, whole or a view (a slab of a concat output)
                 real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext)
-                        else (by_slot[(b[0].kind, b[0].name)], b[1]) if _ext(b) else b for b in bufs]
+                        else (by_slot[(b[0].kind, b[0].name)], b[1]) if ext_of(b) else b for b in bufs]
                 bg = device.create_bind_group(
-                    layout=bgl, entries=[{"binding": i, "resource": _resource(b)} for i, b in enumerate(real)])
+                    layout=bgl, entries=[{"binding": i, "resource": resource_of(b)} for i, b in enumerate(real)])
             bound.append((pipe, bg, groups))
         raw, last_pipe, last_bg = [], None, None
         if self._native:
@@ -574,6 +315,11 @@ class MLGraph:
         for k in [k for k in self._bg_cache if tid in (k[0] if k and k[0].__class__ is tuple else k)]:
             del self._bg_cache[k]
 
+
+
+def program_of(graph):
+    """The Program `graph` dispatches (runtime/program.py): what the graph cache saves."""
+    return graph._program
 
 def _valid_fast(ctx, graph, inputs, outputs):
     """True when every dispatch rule holds, checked with the fewest operations (the common case).

@@ -25,8 +25,9 @@ from wgpu.backends.wgpu_native import _api as _native
 from wgpu.backends.wgpu_native._ffi import lib as _lib
 
 from ..errors import InvalidStateError, gpu_errors
-from ..front.context import _device_destroyed
-from .timeline import DeviceGone, Task, device_lock, task_done, wait_promise, wait_sync_promise
+from ..runtime.timeline import DeviceGone, Task, device_lock, task_done, wait_promise, wait_sync_promise
+from ._util import awaitable, device_destroyed
+from .tensor import MLTensor
 
 _USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
@@ -68,7 +69,7 @@ class LentBuffer(_native.GPUBuffer):
         state = _device_state(device)
         stub = state["stub"]
         if stub is None:
-            if _device_destroyed(device):
+            if device_destroyed(device):
                 return  # nothing can use this buffer any more anyway
             stub = device.create_buffer(label="mltensor-released-lease", size=4, usage=_USAGE)
             state["stub"] = stub
@@ -132,7 +133,7 @@ class _Lease:
             buf = LentBuffer._wrap(self, self.tensor._buffer._internal, self.device, self.size,
                                    self._label())
         else:
-            if _device_destroyed(self.device):
+            if device_destroyed(self.device):
                 raise InvalidStateError(f"[{where}] the GPUDevice was destroyed while the import was pending")
             mv = self._staging.read_mapped(0, self.size, copy=False)
             native = self.device.create_buffer(label=self._label(), size=self.size, usage=_USAGE,
@@ -225,7 +226,7 @@ class _Lease:
         dev = self.device
         state = _device_state(dev)
         with device_lock(dev):  # the device's destroy() takes it too: never a submit on a destroyed device
-            if _device_destroyed(dev):
+            if device_destroyed(dev):
                 return None
             pool = state["staging"].setdefault(self.size, [])
             st = pool.pop() if pool else dev.create_buffer(
@@ -236,7 +237,7 @@ class _Lease:
             dev.queue.submit([enc.finish()])
             promise = st.map_async(wgpu.MapMode.READ, 0, self.size)
         try:
-            wait_sync_promise(promise, lambda: _device_destroyed(dev))
+            wait_sync_promise(promise, lambda: device_destroyed(dev))
             return bytes(st.read_mapped(0, self.size, copy=False))
         except DeviceGone:
             return None  # destroyed meanwhile: the tensor keeps its pre-import contents
@@ -246,7 +247,7 @@ class _Lease:
                     st.unmap()
                 if len(pool) < 2 and st.map_state == "unmapped":
                     pool.append(st)
-                elif not _device_destroyed(dev):
+                elif not device_destroyed(dev):
                     st.destroy()
 
     def _finish_lease(self):
@@ -263,8 +264,6 @@ class _Lease:
 
 
 def _begin(device, tensor, where, asynchronous):
-    from ..front.tensor import MLTensor
-
     if not isinstance(device, wgpu.GPUDevice):
         raise TypeError(f"[{where}] device must be a wgpu.GPUDevice, got {type(device).__name__}")
     if not isinstance(tensor, MLTensor):
@@ -273,7 +272,7 @@ def _begin(device, tensor, where, asynchronous):
         raise TypeError(f"[{where}] device must be a device of wgpu's native backend")
     if not tensor._importable:
         raise TypeError(f"[{where}] the tensor was not created with importable_to_webgpu=True")
-    if _device_destroyed(device):
+    if device_destroyed(device):
         raise InvalidStateError(f"[{where}] the GPUDevice is destroyed")
     ctx = tensor._context
     with ctx._lock, gpu_errors(where):
@@ -337,8 +336,6 @@ def import_external_buffer_sync(device, tensor):
 
 def import_external_buffer_async(device, tensor):
     """As import_external_buffer_sync, awaitable; resolves after any held-back work it depends on."""
-    from ..front._util import awaitable
-
     where = "import_external_buffer"
     lease, again = _begin(device, tensor, where, True)
 
@@ -351,8 +348,6 @@ def import_external_buffer_async(device, tensor):
 # IDL (WebNN interop, webnn PR #942): Promise<GPUBuffer> exportToGPU(MLTensor tensor);
 def export_to_gpu(ctx, tensor, asynchronous):
     """MLContext.export_to_gpu_sync/_async: rent an exportable tensor to its device."""
-    from ..front.tensor import MLTensor
-
     where = "export_to_gpu"
     if not isinstance(tensor, MLTensor):
         raise TypeError(f"[{where}] tensor must be an MLTensor, got {type(tensor).__name__}")
@@ -366,13 +361,11 @@ def export_to_gpu(ctx, tensor, asynchronous):
         if tensor._destroyed:
             raise InvalidStateError(f"[{where}] the tensor is destroyed")
         device = tensor._export_device
-        if _device_destroyed(device):
+        if device_destroyed(device):
             raise InvalidStateError(f"[{where}] the tensor's GPUDevice is destroyed")
         lease, _ = _begin_locked(ctx, device, tensor, where, asynchronous, rent=True)
     if not asynchronous:
         return lease.run_sync(where)
-    from ..front._util import awaitable
-
     return awaitable(lease.run_async(where))
 
 

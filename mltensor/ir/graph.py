@@ -1,0 +1,133 @@
+"""The graph IR the builder records and the compiler reads: MLOperand (a value), Node (one
+operator call), and the queries on them that the compiler's passes and the operators' lowerings
+share. Pure Python: no wgpu, no templates (the bottom of the build path, CONTRIBUTING.md)."""
+
+import math
+
+import numpy as np
+
+from ..dynamic.dims import Sym, is_static
+
+
+class MLOperand:
+    """A value in a graph being built: a graph input, a constant, or an operator's output.
+
+    Returned by `MLGraphBuilder.input`, `constant` and every operator method, and passed to
+    other operator methods of the same builder; it holds no data."""
+
+    # IDL: interface MLOperand { readonly attribute MLOperandDataType dataType; readonly attribute FrozenArray<unsigned long> shape; }
+    __slots__ = ("_builder", "_data_type", "_shape", "_kind", "_node", "_name", "_value", "__weakref__")
+
+    def __init__(self, builder, data_type, shape, kind, node=None, name=None, value=None):
+        self._builder = builder
+        self._data_type = data_type
+        self._shape = tuple(shape)
+        self._kind = kind  # "input" | "constant" | "op"
+        self._node = node
+        self._name = name
+        self._value = value  # constant: numpy array in the operand's data type, or an MLTensor
+
+    data_type = property(lambda self: self._data_type,
+                         doc='The WebNN data type, a string such as "float32".')
+    # Entries are ints, or Syms for dynamic dimensions (each has .name and .max_size, as
+    # MLDynamicDimension; derived ones are expressions such as "past + 1").
+    shape = property(lambda self: self._shape,
+                     doc="The shape, a tuple. Entries are ints, or for dynamic dimensions size "
+                         "expressions with `.name` and `.max_size` (derived ones read like "
+                         '"past + 1").')
+
+    @property
+    def rank(self):
+        """Python extension: the number of dimensions, `len(shape)`."""
+        return len(self._shape)
+
+    @property
+    def dynamic(self):
+        """Python extension: some dimension is known only at dispatch."""
+        return not is_static(self._shape)
+
+    @property
+    def size(self):
+        """Python extension: the number of elements (a size expression when dynamic)."""
+        return math.prod(self._shape)
+
+    def __repr__(self):
+        what = self._name or (self._node.op if self._node else self._kind)
+        return f"<MLOperand {what} {self._data_type} {list(self._shape)}>"
+
+
+class Node:
+    """One operator call: op name, operand inputs (None for absent optional ones), attributes."""
+
+    __slots__ = ("op", "inputs", "attrs", "outputs", "label")
+
+    def __init__(self, op, inputs, attrs, label):
+        self.op = op
+        self.inputs = list(inputs)
+        self.attrs = attrs
+        self.outputs = []
+        self.label = label
+
+    def __repr__(self):
+        return f"<Node {self.op}{' ' + self.label if self.label else ''}>"
+
+
+def as_shape(shape, where, allow_zero=False):
+    """A shape as a tuple of ints; TypeError for anything that is not a sequence of dims > 0."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"[{where}] shape must be a sequence of integers, got {shape!r}")
+    out = []
+    for d in shape:
+        if isinstance(d, Sym):  # a dynamic dimension (its bounds are checked where it is made)
+            out.append(d)
+            continue
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise TypeError(f"[{where}] shape dimensions must be integers, got {shape!r}")
+        d = int(d)
+        if d < 0 or (d == 0 and not allow_zero):
+            raise TypeError(f"[{where}] shape dimensions must be positive, got {tuple(shape)!r}")
+        if d > 0xFFFFFFFF:
+            raise TypeError(f"[{where}] dimension {d} is larger than 2**32-1")
+        out.append(d)
+    return tuple(out)
+
+
+def live_nodes(builder, outputs):
+    """Nodes reachable from the outputs, in creation (= topological) order."""
+    needed = set()
+    stack = [v for v in outputs.values()]
+    while stack:
+        v = stack.pop()
+        n = v._node
+        if n is None or id(n) in needed:
+            continue
+        needed.add(id(n))
+        stack.extend(x for x in n.inputs if x is not None)
+    return [n for n in builder._nodes if id(n) in needed]
+
+
+def external_inputs(nodes):
+    """Distinct values a group of nodes reads that it does not produce (its kernel's inputs)."""
+    produced = {id(v) for n in nodes for v in n.outputs}
+    seen, out = set(), []
+    for n in nodes:
+        for x in n.inputs:
+            if x is not None and id(x) not in produced and id(x) not in seen:
+                seen.add(id(x))
+                out.append(x)
+    return out
+
+
+def scalar_value(v):
+    """The value of a host constant with one element, else None."""
+    if v is None or v._kind != "constant" or not isinstance(v._value, np.ndarray) or v._value.size != 1:
+        return None
+    return float(np.asarray(v._value, dtype=np.float64).reshape(()))
+
+
+def inline_scalar(v):
+    """The value of a float32/float16 host constant of one element (fused epilogues write it
+    as a literal instead of binding it), else None."""
+    if v.data_type not in ("float32", "float16"):
+        return None
+    return scalar_value(v)

@@ -1,0 +1,232 @@
+"""InferenceSession: the onnxruntime surface (creation, get_inputs/get_outputs, run, run_async,
+close), composed of the package's mixins; default_context."""
+
+from collections import OrderedDict
+
+import asyncio
+import os
+import threading
+
+from ..front.context import ml
+from ..front.tensor import MLTensor
+from ..graphcache import store
+from . import cache as graph_cache
+from ..onnxio import source_name
+from . import lazy
+from .importing import Importing
+from .loading import Loading, is_tflite
+from .run import RunPath, Shaped, read_all
+from .specializations import Specializations
+from .stagetree import StageTree
+
+_default_ctx = None
+_default_lock = threading.Lock()
+
+
+def default_context():
+    """The context sessions share when none is given (so their tensors can be chained)."""
+    global _default_ctx
+    with _default_lock:
+        if _default_ctx is None or _default_ctx._lost_info is not None:
+            _default_ctx = ml.create_context_sync()
+        return _default_ctx
+
+
+class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
+    """Run an ONNX or TFLite model as onnxruntime's `InferenceSession` does, on an MLContext.
+
+    model: a path, bytes, or an `onnx.ModelProto` (a .tflite path or bytes for TFLite).
+    context: the MLContext to run on (default: one context shared by the process).
+    free_dimensions: fix named or free input dimensions ({"batch": 1}). max_dimensions: bound the
+    dynamic ones ({"past_sequence": 4096}). dynamic: False builds once per input size instead of
+    once for every size. max_specializations: how many per-size builds (and, for models with
+    data-dependent shapes, later stages per stage) to keep (LRU, default 8). float16: compute a
+    TFLite model in float16. cache: False keeps this session away from the on-disk graph cache.
+    providers, sess_options: accepted for onnxruntime compatibility (ignored). See the module
+    docstring and the sessions guide for sizes, data-dependent shapes, ml-tensor outputs and
+    threads.
+
+    The methods live in the package's modules by concept (mltensor/session/__init__.py); the
+    StageHost ones (stages/host.py: next_stage, import_body, storage_array, read_all,
+    count_read, with `context` and `build_lock`) serve a staged model's run, not applications."""
+
+    def __init__(self, model, context=None, *, free_dimensions=None, max_dimensions=None, dynamic=None,
+                 providers=None, sess_options=None, max_specializations=8, float16=False, cache=None):
+        self._ctx = context if context is not None else default_context()
+        # The persistent graph cache (mltensor/graphcache/): on unless cache=False or
+        # MLTENSOR_GRAPH_CACHE=0; _cache_id is the model's SHA-256 (None: not cached)
+        if cache not in (None, True, False):
+            raise TypeError(f"[InferenceSession] cache must be None, True or False, got {cache!r}")
+        self._use_cache = store.enabled() if cache is None else cache
+        self._cache_id = None
+        self._source = model
+        # float16=True: a TFLite model computes in float16 (tflite.import_model); ONNX models
+        # are converted to float16 beforehand (their float16 inputs and outputs are then native)
+        self._float16 = bool(float16)
+        self._free = dict(free_dimensions or {})
+        if isinstance(max_specializations, bool) or not isinstance(max_specializations, int) \
+                or max_specializations < 1:
+            raise TypeError(f"[InferenceSession] max_specializations must be an integer >= 1, "
+                            f"got {max_specializations!r}")
+        self.max_specializations = max_specializations
+        self._closed = False
+        self._specs = OrderedDict()  # key -> Specialization, least recently used first
+        self._retiring = {}  # id(tensor set of a run) -> the outgrown build it replaced
+        self._spec = None  # the one the last run used
+        # stage_*: models with data-dependent shapes (stages/): later stages built, reused;
+        # readbacks/readback_bytes: the values read back to decide shapes (and loop conditions)
+        self._stats = {"builds": 0, "hits": 0, "evictions": 0, "loaded": 0, "stage_builds": 0,
+                       "stage_hits": 0, "readbacks": 0, "readback_bytes": 0}
+        self._lock = threading.RLock()  # specializations, their tensor sets, stats
+        self.build_lock = threading.Lock()  # one build at a time; runs at built sizes go on
+        if dynamic not in (None, True, False):
+            raise TypeError(f"[InferenceSession] dynamic must be None, True or False, got {dynamic!r}")
+        self._caps = None  # dynamic/capacity.Capacities when unknown dimensions are dynamic
+        self._static_reason = None  # why this session builds one graph per size
+        if is_tflite(model):
+            self._kind = "tflite"
+            self._load_tflite(model)
+        elif self._float16:
+            raise TypeError("[InferenceSession] float16=True applies to TFLite models; convert an ONNX model "
+                            "to float16 instead (onnxconverter_common.float16.convert_float_to_float16)")
+        else:
+            self._kind = "onnx"
+            self._name = source_name(model)
+            if isinstance(model, (bytearray, memoryview)):
+                model = bytes(model)  # (the bytes described now are the ones parsed later)
+            elif isinstance(model, (str, os.PathLike)):
+                model = os.path.abspath(os.fspath(model))  # (parsed later: the cwd may change)
+            self._source = model
+            self._value_names = set()  # inputs whose values the graph must know at load
+            # The model's proto: parsed here, or, when an earlier process left the description
+            # of this model in the graph cache, on first use only (_proto): a process whose
+            # builds all come from the cache neither imports onnx nor parses the model.
+            self._proto_lock = threading.Lock()
+            self._loaded = None  # (ModelProto, Weights or None) once parsed
+            self._main = None  # (hash of the model's bytes, file identity) read for the note
+            noted = None
+            if self._use_cache:
+                cache_id, noted, self._main = graph_cache.described(self)
+            if noted is not None:
+                self._cache_id, desc = cache_id, noted
+                self._describe(desc)
+            else:
+                importer = lazy.importer()
+                self._loaded = importer.load_model(model, self._name)
+                with importer.data_errors(self._name):
+                    desc = importer.io_description(self._loaded[0])
+                    self._describe(desc)
+            shapes, params = desc["shapes"], desc["params"]
+            self._setup_dynamic(shapes, params, max_dimensions, dynamic)
+            self._cache_note(desc if noted is None else None)
+            pending = any(shapes[name] is None for name in shapes) or any(
+                d is None and (p is None or p not in self._free)
+                for name in shapes for d, p in zip(shapes[name], params[name])
+            )
+            if not pending:
+                # Otherwise some dimension has no value yet: each run's feeds fix it.
+                feeds = {a.name: Shaped(a.shape) for a in self._input_args}
+                self._specialize(feeds, build_only=True)
+
+    # -- onnxruntime surface -----------------------------------------------------------------------
+
+    @property
+    def context(self):
+        """The MLContext the session runs on."""
+        return self._ctx
+
+    @property
+    def graph(self):
+        """The MLGraph of the specialization the last run used (None before one is built); for a
+        model with data-dependent shapes, its first stage's graph (mltensor/stages/)."""
+        spec = self._spec
+        if spec is None:
+            return None
+        return spec.graph if spec.stage is None else spec.stage.graph
+
+    @property
+    def _out_tensors(self):
+        """The output tensors of this thread's last run (bench/ binds them directly)."""
+        with self._lock:
+            return self._spec.last_outputs() if self._spec is not None else {}
+
+    @property
+    def specializations(self):
+        """How many specializations (one per combination of input sizes) are cached."""
+        return len(self._specs)
+
+    @property
+    def stats(self):
+        """Snapshot: specializations cached, builds, cache hits and LRU evictions so far; whether
+        builds use dynamic dimensions, and if not why (None: the model has no unknown sizes)."""
+        with self._lock:
+            return dict(self._stats, specializations=len(self._specs), dynamic=self._caps is not None,
+                        static_reason=self._static_reason)
+
+    def get_inputs(self):
+        """The model's inputs, as onnxruntime gives them: objects with `.name`, `.shape` (ints, and
+        names or None for unknown dimensions) and `.type` (e.g. "tensor(float)")."""
+        return list(self._input_args)
+
+    def get_outputs(self):
+        """The model's outputs, as `get_inputs` describes inputs."""
+        return list(self._output_args)
+
+    def get_providers(self):
+        """["WebNNExecutionProvider"] (onnxruntime compatibility)."""
+        return ["WebNNExecutionProvider"]
+
+    def run(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
+        """Run the model. output_names None -> all outputs, in model order. Feeds: numpy arrays
+        (uploaded once) or MLTensors (bound as is). Returns numpy arrays, or MLTensors with
+        output_location="ml-tensor" (the session's own tensors; this thread's next run
+        overwrites them). Safe to call from several threads at once."""
+        names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
+        keep = output_location == "ml-tensor"
+        try:
+            if keep:
+                return outs
+            res = read_all(self._ctx, outs, "InferenceSession.run")
+            return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+        finally:
+            self._end_run(spec, tset, keep)
+
+    async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
+        """The awaitable form of `run` (same arguments); several may be in flight at once."""
+        names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
+        keep = output_location == "ml-tensor"
+        try:
+            if keep:
+                return outs
+            reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
+            done = await asyncio.gather(*[r for r in reads if r is not None])
+            it = iter(done)
+            res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
+            return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+        finally:
+            self._end_run(spec, tset, keep)
+
+    def close(self):
+        """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included).
+        Runs in flight on other threads finish first (their specializations go when they end)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for spec in self._specs.values():
+                self._drop(spec)
+            self._specs.clear()
+            self._spec = None
+
+    def __del__(self):
+        try:
+            if self._ctx._lost_info is None:
+                self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
