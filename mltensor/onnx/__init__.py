@@ -8,9 +8,10 @@ converts them back). int64 stays int64 with its full range (see mltensor/dtypes.
 See importer.py for the pipeline (the node loop; model.py loads and describes the model,
 folding.py folds host constants, functions.py expands functions, batchnorm.py folds BatchNorm into
 Conv, resume.py cuts and resumes a data-dependent import, errors.py and types.py are shared) and
-ops/ (one module per operator family) for the operator mapping; `supported_ops()` lists the ONNX operators with a handler (ops ONNX defines as functions
-of those are expanded too). A malformed model raises mltensor.DataError, an unsupported construct
-mltensor.NotSupportedError (UnsupportedError).
+ops/ (one module per operator family) for the operator mapping; `supported_ops()` lists the ONNX
+operators with a handler (ops ONNX defines as functions of those are expanded too). A malformed
+model raises mltensor.DataError, an unsupported construct mltensor.NotSupportedError
+(UnsupportedError).
 """
 
 from .importer import Imported, IOInfo, UnsupportedError, import_onnx, load_model

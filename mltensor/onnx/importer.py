@@ -28,7 +28,8 @@ from .batchnorm import BatchNormFolding
 from .errors import FeedError, NeedsValue, Unsupported, UnsupportedError, data_errors  # noqa: F401 (re-exported)
 from .folding import ConstantFolding
 from .functions import FunctionExpansion
-from .model import check_io_names, external_view, io_description, load_model, symbolic_inputs  # noqa: F401 (re-exported)
+from .model import (  # noqa: F401 (re-exported: the session reads io_description here)
+    check_io_names, external_view, io_description, load_model, symbolic_inputs)
 from .ops import HANDLERS, supported_ops
 from .ops._registry import CONTRIB, handler_key
 from .types import MAX_HOST_ELEMENTS, WEBNN_TYPE, onnx_type_of_np, prod, storage_array

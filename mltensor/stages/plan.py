@@ -1,14 +1,14 @@
 """The session's side of a staged model: the tree of stage graphs of one specialization, and a run
 along it.
 
-A specialization whose import was cut (cut.py) holds a root Stage: the graph up to the first
+A specialization whose import was cut (onnx/resume.py) holds a root Stage: the graph up to the first
 cut. Each Stage that ends at a cut has children keyed by the outcome of its step (the bytes read
 back, or a loop's trip count where its scan outputs take it as a size), each built at the first
 run that meets that outcome and kept (the `max_specializations` most recently used per stage).
 
 A run binds the feeds, then walks the tree: dispatch the stage's graph into its output tensors
 (named in the run's `avail` namespace: feeds by input name, stage outputs by the names
-cut.end_stage gave them), run the step, move to the child. A stage's output tensors come from
+resume.end_stage gave them), run the step, move to the child. A stage's output tensors come from
 its pool (`Stage.take`): a set no other run holds, taken for the run and given back when it ends
 (`give_back`), so repeated runs allocate nothing for the stages and concurrent runs share no
 tensor. An executed loop's tensors come from a pool of its own likewise (loop.execute), but for
