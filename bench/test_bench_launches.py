@@ -63,7 +63,7 @@ def test_replay_enqueue_200_kernels(benchmark, ctx):
         # The floor under any replay from Python: the same launches as bare wgpu-native calls
         # (set_pipeline, set_bind_group, dispatch_workgroups on raw handles, nothing else), and
         # dispatch_workgroups alone.
-        from mltensor.front.graph import _NULL, _dispatch, _set_bind_group, _set_pipeline
+        from mltensor.front.dispatch import _NULL, _dispatch, _set_bind_group, _set_pipeline
 
         bound = g._replay(g._last_call[2])[0]
         full = [(p._internal, bg._internal, *gr) for p, bg, gr in bound]

@@ -1,3 +1,8 @@
-"""Graph compiler: runs in build. passes.py (dead nodes, constants, fusion) -> lower.py (kernels
-per step, edge conversions, memory plan) -> build.py (compile_graph: a Program, launches bound up
-front, runtime/program.py; front/graph.py MLGraph dispatches it)."""
+"""Graph compiler: runs in build and returns a Program (runtime/program.py), never an MLGraph.
+
+build.py (compile_graph: the whole build, in order) -> plan.py (live nodes -> Steps: the node
+rewrites, then every fusion, in the one order set there; each fusion is a file in fusion/, the
+step model is steps.py) -> lower.py (KernelContext: each step's operator family emits its launches,
+edge conversions) -> memory.py (intermediates pooled by liveness). front/graph.py's MLGraph
+dispatches the result; the graph cache stores it (graphcache/recipe.py).
+"""

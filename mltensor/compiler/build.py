@@ -18,7 +18,8 @@ from ..runtime.timeline import Task
 from ..dynamic.kernels import check_device, may_be_zero
 from ..ir.graph import live_nodes
 from ..switches import switch
-from .lower import KernelContext, Scratch, lower_steps, plan_memory
+from .lower import KernelContext, Scratch, lower_steps
+from .memory import plan_memory
 from .plan import plan_steps
 from .steps import binding_cap
 

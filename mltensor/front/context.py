@@ -19,7 +19,7 @@ from ..switches import switch
 from ._util import awaitable, bytes_of, device_destroyed
 from .interop import export_to_gpu
 from .graph import MLGraph
-from .graph import dispatch as _dispatch
+from .dispatch import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
