@@ -19,8 +19,8 @@ import os
 BUILD_SWITCHES = (
     "MLTENSOR_NO_FUSION",  # one kernel per node (compiler/build.py, ops/rnn.py)
     "MLTENSOR_NO_PLACEMENT",  # concat and slices copy (compiler/build.py)
-    "MLTENSOR_NO_ATTENTION",  # the attention pass is off (compiler/attention.py)
-    "MLTENSOR_FUSE_DEPTHWISE",  # the depthwise prologue of 1x1 convolutions (compiler/passes.py)
+    "MLTENSOR_NO_ATTENTION",  # the attention pass is off (compiler/fusion/attention.py)
+    "MLTENSOR_FUSE_DEPTHWISE",  # the depthwise prologue of 1x1 convolutions (compiler/fusion/conv_prologue.py)
     "MLTENSOR_AUTOTUNE",  # kernel configurations timed or chosen by a heuristic (runtime/autotune.py)
     "MLTENSOR_NO_SIZE_PARAMS",  # sizes as launch parameters (dynamic/kernels.py)
     "MLTENSOR_NO_DERIVED_SIZES",  # dynamic kernels' derived sizes (dynamic/kernels.py)

@@ -1,5 +1,5 @@
 """Size buckets' pipelines made at their first use (issue 29, front/graph.py MLGraph._create):
-a graph with dynamic dimensions launches each GEMM in size buckets (ops/matmul.py _variants),
+a graph with dynamic dimensions launches each GEMM in size buckets (ops/_gemm.py _variants),
 each gated off (no workgroups) outside its bucket; those launches get their pipelines and bind
 groups at the first dispatch whose sizes run them, and the replay skips them where they have no
 workgroups. Checked: what a dispatch creates (MLGraph.pipelines_created against the launches its

@@ -355,7 +355,7 @@ def test_deferred_reshape_and_concat_checks(ctx):
     assert not b._constraints  # the calls that raised deferred nothing
 
 
-# -- constant steps that read sizes run at dispatch (compiler/passes.py _reads_sizes) ----------------
+# -- constant steps that read sizes run at dispatch (compiler/plan.py _reads_sizes) ----------------
 
 
 

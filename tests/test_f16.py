@@ -349,7 +349,7 @@ def test_gemm_family_f16_paths(mctx, rng, monkeypatch, vec, mkn):
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("kind", ["bn_relu", "scaled_add", "depthwise"])
 def test_conv_prologues_f16(mctx, rng, monkeypatch, kind, layout, vec):
-    """The convolution prologues (compiler/passes.py: batch_normalization + activation, per-channel
+    """The convolution prologues (compiler/fusion/conv_prologue.py: batch_normalization + activation, per-channel
     scale + residual, depthwise conv + clamp feeding a 1x1 conv) in float16: one kernel, within
     1e-2 of the same graph in float32 on the same values."""
     from mltensor.ops import _gemm as mm

@@ -1,7 +1,7 @@
 """Attention as one kernel (issue 28): the `_attention` builder operator (ops/attention.py,
 shaders/attention.wgsl) against float64 numpy, and the compiler's recognition of
 matmul(Q, K^T) -> [scale] -> [+ mask] -> [where] -> softmax -> matmul(P, V)
-(compiler/attention.py) against numpy and against the same graph built with
+(compiler/fusion/attention.py) against numpy and against the same graph built with
 MLTENSOR_NO_FUSION=1, with kernel counts; the Sq x Sk scores never reach memory."""
 
 import pickle

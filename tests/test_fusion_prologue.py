@@ -1,5 +1,5 @@
 """Prologue fusion: batch_normalization (+ unary activations) feeding a convolution is applied as
-the convolution loads its input (compiler/passes.py), so BatchNormalization -> Relu -> Conv is one
+the convolution loads its input (compiler/fusion/conv_prologue.py), so BatchNormalization -> Relu -> Conv is one
 kernel. Checked against float64 numpy on every convolution path (implicit GEMM with each staging
 mode, 1x1, GEMV, depthwise, direct, transposed) with padding, which must stay zero after the
 normalization, and in both layouts; and the cases that must not fuse."""

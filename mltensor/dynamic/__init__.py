@@ -6,6 +6,6 @@ plan.py      what a dispatch of such a graph checks and computes (DynamicPlan, c
 
 Which operators accept dynamic dimensions: each operator family (mltensor/ops/<family>.py) lists
 its MLGraphBuilder methods whose shape inference and kernels handle them in a module-level
-`DYNAMIC_OPS`; ops/__init__.py gathers them into `ops.DYNAMIC`. Any other operator given an
-operand with a dynamic dimension raises NotSupportedError naming itself (front/builder.py).
+`DYNAMIC_OPS`; the ops/ loader gathers them into `ir.registry.DYNAMIC`. Any other operator given an
+operand with a dynamic dimension raises NotSupportedError naming itself (ir/registry.py builder_op).
 """

@@ -235,7 +235,7 @@ def compile_groups(all_groups, names):
     for i, g in enumerate(all_groups):
         if isinstance(g, Fold):
             lines.append(f"_fold({cse.sym(g.n)})")
-        else:  # (a count of 0 is a gated-off variant, ops/matmul.py: wgpu makes it a no-op)
+        else:  # (a count of 0 is a gated-off variant, ops/_gemm.py: wgpu makes it a no-op)
             lines.append("(" + ", ".join(f"max(0, {cse.sym(x)})" for x in g) + ")")
     args = ", ".join(f"{py_var(n)}" for n in names)
     body = "".join(f"    o.extend({x})\n" for x in lines)

@@ -24,7 +24,7 @@ class DynamicPlan:
         self.groups_for = compile_groups(groups, self.names)
         self.reads_dims = list(reads_dims)  # per launch: its kernel reads the immediates
         # launches whose workgroup count is 0 at some sizes (a size bucket's variant, gated off
-        # outside it: ops/matmul.py): skipped by the replay where it is, their pipelines made at
+        # outside it: ops/_gemm.py): skipped by the replay where it is, their pipelines made at
         # the first dispatch that runs them (front/graph.py MLGraph._create)
         self.maybe_off = [i for i, g in enumerate(groups) if may_be_zero(g)]
         self._cache = {}  # sizes -> (immediates, flat workgroup counts as uint32)

@@ -221,7 +221,7 @@ def _post_norm_iters(c, N, K):
 
 
 def post_norm_fits(M, N, K):
-    """A GEMM of these sizes can take the normalization after it (compiler/passes.py
+    """A GEMM of these sizes can take the normalization after it (compiler/fusion/norm.py
     fuse_post_norms): some tile of _post_norm_cands keeps its invocations under the loop
     budget (its workgroups walk whole rows, and cannot split K)."""
     cands, _ = gemm_candidates(high(M), N, high(K), 1)

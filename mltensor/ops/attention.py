@@ -2,7 +2,7 @@
 
 An internal builder operator (leading underscore: not a WebNN operator, not in
 op_support_limits()), made by the compiler from the chain matmul(Q, K^T) -> [scale] -> [+ bias]
--> [where(mask, ., value)] -> softmax -> matmul(P, V) (compiler/attention.py), and callable
+-> [where(mask, ., value)] -> softmax -> matmul(P, V) (compiler/fusion/attention.py), and callable
 directly as `builder._attention(q, k, v, scale=..., bias=..., causal=..., k_transposed=...,
 layout=...)`.
 

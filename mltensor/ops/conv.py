@@ -236,7 +236,7 @@ def filter_strides(layout, shape):
 
 
 def _prologue(kc, node, pro, bindings, args):
-    """WGSL text of a convolution prologue (compiler/passes.py ConvPrologue `pro`, applied as the
+    """WGSL text of a convolution prologue (compiler/steps.py ConvPrologue `pro`, applied as the
     conv reads its input, which is then `pro.input`); parameter bindings are appended to
     `bindings` and `args`. By kind:
     - "bn": `fn pro(v: f32, c: u32, i: u32) -> f32`, the batch normalization of element i of
@@ -359,7 +359,7 @@ def _lower(kc, node, transposed):
     pro = step.prologue if step is not None and node is step.node else None
     kind = "" if pro is None else pro.kind  # "", "bn", "scaled", "dw", "resample", "pad"
     if kind == "pad":
-        # a zero pad of the spatial dims before this conv (compiler/passes.py): read its input and
+        # a zero pad of the spatial dims before this conv (compiler/fusion/conv_prologue.py): read its input and
         # pad by both amounts; padding never goes through x_at, so it reads as zero
         x = pro.input
         a = dict(a, padding=[p + q for p, q in zip(a["padding"], pro.pads)])

@@ -225,7 +225,7 @@ def _param_index(shape, out_shape):
 
 
 def _config(M, N, K):
-    """(TX, TY, RM, RN, BK): 64 threads, each RM x RN outputs, as lavapipe_config in ops/matmul.py
+    """(TX, TY, RM, RN, BK): 64 threads, each RM x RN outputs, as lavapipe_config in ops/_gemm.py
     measured best on lavapipe for the float GEMM: 8 x 8 outputs a thread (64 x 64 tiles) where
     the matrix is large enough, 4 along a short dimension, and narrower thread rows for narrow N,
     so that small problems (a transformer's few tokens in M) do not compute mostly padding. BK:

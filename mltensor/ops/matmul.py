@@ -171,13 +171,13 @@ def _lower_gemm(kc, node):
 
 
 
-# -- _fused_matmul (compiler/passes.py: views, rotary pairs, gated units, merged projections) ------
+# -- _fused_matmul (compiler/fusion/gemm_views.py: views, rotary pairs, gated units, merged projections) ------
 
 register("_fused_matmul", {"a": FLOAT, "b": FLOAT, "output": FLOAT})
 
 
 def _post_norm(kc, params, bindings, args, out_name):
-    """The normalization after the GEMM's epilogue (compiler/passes.py fuse_post_norms: the
+    """The normalization after the GEMM's epilogue (compiler/fusion/norm.py fuse_post_norms: the
     step's post_norm node): its scale and bias bound before the output (the last binding),
     `post_ln` the output binding holding the sums, `ln_dst` the one the normalized rows go to:
     the same one (in place), or where the sum is a value of its own (Step.outputs[1]) the
@@ -204,7 +204,7 @@ def _post_norm(kc, params, bindings, args, out_name):
 
 @lowering("_fused_matmul")
 def _lower_fused(kc, node):
-    """One GEMM over the plan's segments side by side (compiler/passes.py FusedPlan). Columns of a
+    """One GEMM over the plan's segments side by side (compiler/fusion/gemm_views.py FusedPlan). Columns of a
     pair segment come in octets: rotary "rope" (head size D): GEMM column c of head h, octet o,
     half j, lane l is channel o*4 + l + j*D/2, so channels d and d + D/2 are columns c and c + 4
     of one octet; "glu": quad 2o holds gate columns 4o..4o+3, quad 2o + 1 the same up columns.

@@ -173,7 +173,7 @@ def coords_at(var, sizes):
 
 
 def index_terms(var, dims, n_targets=1):
-    """radix (ops/__init__.py) for dims with sizes known only at dispatch, through coords_at."""
+    """radix (ops/_index.py) for dims with sizes known only at dispatch, through coords_at."""
     cs = coords_at(var, [size for size, _ in dims])
     terms = [[] for _ in range(n_targets)]
     for c, (size, strides) in zip(cs, dims):

@@ -1,6 +1,6 @@
 """Normalizations: batch_normalization, instance_normalization, layer_normalization, and the
 internal _rms_normalization (RMSNorm: what the compiler makes of the exported chains, see
-compiler/passes.py `_rewrite_rms`).
+compiler/fusion/rms.py `rewrite_rms`).
 
 batch_normalization is elementwise once mean and variance are given: one thread per element, the
 channel index computed from the flat index. instance_ and layer_normalization reduce: one kernel per
@@ -248,7 +248,7 @@ def _lower_norm(kc, node, kept, red):
         params["xfn"] = f"fn x_at(i: u32) -> {t} {{ return src[i]; }}"
     else:
         # reading through the elementwise step producing x (a residual or embedding sum,
-        # compiler/passes.py fuse_norm_sources): its expression at i, its inputs bound as s0, ...
+        # compiler/fusion/norm.py fuse_norm_sources): its expression at i, its inputs bound as s0, ...
 
         params["xfn"], ext = group_fn(kc, src.nodes, "x_at", "s")
         args = ext + [p for p in (scale, bias) if p is not None] + [out]

@@ -17,7 +17,7 @@ small), so each size gets the static kernel's arithmetic. Dynamic kernels split 
 with one division per dynamic size (chained quotients, index_lines), through f32 with an integer
 correction where the largest output has fewer than FAST_DIV_MAX elements (a u32 division by a
 size read at dispatch is a real division; the f32 one is a few vector instructions). The gate
-kernel is static only (compiler/passes.py fuse_gates skips dynamic shapes).
+kernel is static only (compiler/fusion/gate.py fuse_gates skips dynamic shapes).
 """
 
 import math
@@ -195,7 +195,7 @@ def _lower(kc, node, mode):
     if isinstance(big, Sym):  # and the window loop's path in a global kernel where the plane may be small
         params["auto"] = wgsl(1 - big)
         name += "_auto"
-    # Activations / residual adds after the pool are applied as it stores (compiler.passes.EPILOGUE_OPS)
+    # Activations / residual adds after the pool are applied as it stores (compiler/steps.py EPILOGUE_OPS)
     bindings, args = [Binding("x", st), Binding("out", st, True)], [x, out]
     params["act"] = kc.epilogue(bindings, args)
     k = Kernel(name, "pool.wgsl", params, tuple(bindings), sizes=P.values)
@@ -245,7 +245,7 @@ def global_average_pool(n):
 
 
 def lower_gate(kc, step):
-    """One kernel for a gate step (compiler/passes.py fuse_gates): the global average pool (or the
+    """One kernel for a gate step (compiler/fusion/gate.py fuse_gates): the global average pool (or the
     first fully connected conv's input, already one value per channel) and the step's chain of
     fully connected 1x1 convs with their activations, one workgroup per batch item. Values between
     layers stay in workgroup memory as f32; each is rounded to the value type first (f16_of for

@@ -19,7 +19,7 @@ gqa_attention_base.h) as the definition:
   input InferenceSession binds at the run).
 
 The scores chain (matmul, scale, where(mask), softmax, matmul) is built in the shape the
-compiler's attention fusion recognizes (compiler/attention.py), without softcap or smooth
+compiler's attention fusion recognizes (compiler/fusion/attention.py), without softcap or smooth
 softmax; the present caches and masks are a few small index computations and one gather.
 """
 
@@ -337,7 +337,7 @@ def _group_query_attention(im, node, ins, attrs):
     # scores [B, H_kv, g*S, T]: the `group` query heads of a kv head are consecutive, so they
     # share one matmul as a [group * S, hd] block (row j*S + s: head h_kv*g + j, query row s).
     # The chain matmul -> scale -> where(mask) -> softmax -> matmul keeps no reshape between its
-    # steps, the shape compiler/attention.py fuses into one kernel.
+    # steps, the shape compiler/fusion/attention.py fuses into one kernel.
     f16 = q.data_type == "float16"
     # onnxruntime accumulates float16 attention in float32: so do we
     qc, kc, vc = (b.cast(t, "float32") for t in (q4, kp, vp)) if f16 else (q4, kp, vp)
