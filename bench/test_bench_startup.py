@@ -307,7 +307,7 @@ def test_size_params_steady_cost(benchmark, ctx, family):
                                     rounds=31, repeat=4)
     for n in outs:
         np.testing.assert_array_equal(ctx.read_tensor_sync(outs[n]), ctx.read_tensor_sync(outs0[n]))
-    info = record(benchmark, ours, f"launch parameters: steady cost per family (same graph, sizes as constants)",
+    info = record(benchmark, ours, "launch parameters: steady cost per family (same graph, sizes as constants)",
                   ref, "every size a constant", adapter=adapter_name(ctx), family=family,
                   launches=len(g.kernel_names), pipelines=g.pipelines, constants_pipelines=g0.pipelines,
                   median_round_ratio=1 / ratio)

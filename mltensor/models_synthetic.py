@@ -150,7 +150,7 @@ def vit(*, layers=12, hidden=768, heads=12, mlp=3072, image=224, patch=16, class
     def w(name, *shape, scale=0.02):
         a = rng.standard_normal(shape, dtype=np.float32)
         a *= scale
-        inits.append(numpy_helper.from_array(a, name))
+        inits.append(numpy_helper.from_array(a, name))  # noqa: F821 (w runs before `del inits` below)
         return name
 
     c, n = _constant_and_node(inits, nodes)

@@ -45,7 +45,10 @@ def _se(rng, N, C, H, W_, hidden, layout="nhwc", fl="ohwi", bias=True, source=Fa
         else:
             s = b.average_pool2d(src, layout=layout)
         kw = dict(input_layout=layout, filter_layout=fl)
-        c = (lambda a: b.constant(a.astype(dtype)))
+
+        def c(a):
+            return b.constant(a.astype(dtype))
+
         h = act[acts[0]](b, b.conv2d(s, c(W1l), bias=c(B1) if bias else None, **kw))
         g = act[acts[1]](b, b.conv2d(h, c(W2l), bias=c(B2) if bias else None, **kw))
         outs = {"g": g}

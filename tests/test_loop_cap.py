@@ -7,7 +7,7 @@ are large along the walked axis only, so each test stays cheap on lavapipe."""
 
 import numpy as np
 import pytest
-from helpers import FUSION, run_graph
+from helpers import run_graph
 
 import mltensor
 from mltensor import MLDynamicDimension as D

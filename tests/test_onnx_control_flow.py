@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-import mltensor
 from mltensor import InferenceSession
 
 ort = pytest.importorskip("onnxruntime")

@@ -26,10 +26,8 @@ It also checks, as Sphinx warnings (errors under -W):
 """
 
 import collections
-import importlib
 import inspect
 import os
-import re
 import shutil
 import types
 

@@ -14,7 +14,7 @@ model raises mltensor.DataError, an unsupported construct mltensor.NotSupportedE
 (UnsupportedError).
 """
 
-from .importer import Imported, IOInfo, UnsupportedError, import_onnx, load_model
+from .importer import Imported, IOInfo, UnsupportedError, import_onnx, load_model  # noqa: F401 (re-exported)
 from .ops import supported_ops
 
 __all__ = ["import_model", "supported_ops", "UnsupportedError"]

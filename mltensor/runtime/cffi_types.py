@@ -16,7 +16,6 @@ only pycparser's AST classes. Any failure falls back to parsing.
 """
 
 import hashlib
-import io
 import os
 import pickle
 import re

@@ -169,7 +169,6 @@ def _executed_results(im, got, n_state, n_scan, out_axes, out_dirs):
     its axis as the node asks."""
     values, operands = got
     b = im.b
-    count = int(values[0])
     res = list(operands[:n_state])
     for j in range(n_scan):
         shape = [int(d) for d in np.asarray(values[1 + j]).reshape(-1)]

@@ -5,7 +5,7 @@ import numpy as np
 from ...dynamic.dims import Sym
 from .. import symbolic
 from ..errors import unsupported
-from ._helpers import const, ints, is_float, norm_axis, prod, scalar, X
+from ._helpers import const, ints, is_float, norm_axis, scalar, X
 from ._registry import op
 from .movement import keep_bool
 

@@ -6,7 +6,7 @@ from onnx import helper
 from ...dynamic.dims import Sym
 from .. import symbolic
 from ..errors import unsupported
-from ._helpers import const, ints, mark_bool, prod, sizes, X
+from ._helpers import const, mark_bool, prod, sizes, X
 from ._registry import op
 
 # -- shape-only ops (folded at load on operands) ------------------------------------------------
