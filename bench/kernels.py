@@ -17,17 +17,28 @@ from mltensor.runtime.profiler import profile_dispatch
 # resnet50 (onnx light model) conv layers: (input NCHW, filter OIHW, stride, count in the model);
 # padding k // 2. From ../shared/gpu/h100-2026-11-22/conv-vs-cudnn.txt.
 RESNET50_CONVS = [
-    ((1, 3, 224, 224), (64, 3, 7, 7), 2, 1), ((1, 64, 56, 56), (64, 64, 1, 1), 1, 1),
-    ((1, 64, 56, 56), (64, 64, 3, 3), 1, 3), ((1, 64, 56, 56), (256, 64, 1, 1), 1, 4),
-    ((1, 256, 56, 56), (64, 256, 1, 1), 1, 2), ((1, 256, 56, 56), (128, 256, 1, 1), 1, 1),
-    ((1, 128, 56, 56), (128, 128, 3, 3), 2, 1), ((1, 128, 28, 28), (512, 128, 1, 1), 1, 4),
-    ((1, 256, 56, 56), (512, 256, 1, 1), 2, 1), ((1, 512, 28, 28), (128, 512, 1, 1), 1, 3),
-    ((1, 128, 28, 28), (128, 128, 3, 3), 1, 3), ((1, 512, 28, 28), (256, 512, 1, 1), 1, 1),
-    ((1, 256, 28, 28), (256, 256, 3, 3), 2, 1), ((1, 256, 14, 14), (1024, 256, 1, 1), 1, 6),
-    ((1, 512, 28, 28), (1024, 512, 1, 1), 2, 1), ((1, 1024, 14, 14), (256, 1024, 1, 1), 1, 5),
-    ((1, 256, 14, 14), (256, 256, 3, 3), 1, 5), ((1, 1024, 14, 14), (512, 1024, 1, 1), 1, 1),
-    ((1, 512, 14, 14), (512, 512, 3, 3), 2, 1), ((1, 512, 7, 7), (2048, 512, 1, 1), 1, 3),
-    ((1, 1024, 14, 14), (2048, 1024, 1, 1), 2, 1), ((1, 2048, 7, 7), (512, 2048, 1, 1), 1, 2),
+    ((1, 3, 224, 224), (64, 3, 7, 7), 2, 1),
+    ((1, 64, 56, 56), (64, 64, 1, 1), 1, 1),
+    ((1, 64, 56, 56), (64, 64, 3, 3), 1, 3),
+    ((1, 64, 56, 56), (256, 64, 1, 1), 1, 4),
+    ((1, 256, 56, 56), (64, 256, 1, 1), 1, 2),
+    ((1, 256, 56, 56), (128, 256, 1, 1), 1, 1),
+    ((1, 128, 56, 56), (128, 128, 3, 3), 2, 1),
+    ((1, 128, 28, 28), (512, 128, 1, 1), 1, 4),
+    ((1, 256, 56, 56), (512, 256, 1, 1), 2, 1),
+    ((1, 512, 28, 28), (128, 512, 1, 1), 1, 3),
+    ((1, 128, 28, 28), (128, 128, 3, 3), 1, 3),
+    ((1, 512, 28, 28), (256, 512, 1, 1), 1, 1),
+    ((1, 256, 28, 28), (256, 256, 3, 3), 2, 1),
+    ((1, 256, 14, 14), (1024, 256, 1, 1), 1, 6),
+    ((1, 512, 28, 28), (1024, 512, 1, 1), 2, 1),
+    ((1, 1024, 14, 14), (256, 1024, 1, 1), 1, 5),
+    ((1, 256, 14, 14), (256, 256, 3, 3), 1, 5),
+    ((1, 1024, 14, 14), (512, 1024, 1, 1), 1, 1),
+    ((1, 512, 14, 14), (512, 512, 3, 3), 2, 1),
+    ((1, 512, 7, 7), (2048, 512, 1, 1), 1, 3),
+    ((1, 1024, 14, 14), (2048, 1024, 1, 1), 2, 1),
+    ((1, 2048, 7, 7), (512, 2048, 1, 1), 1, 2),
     ((1, 512, 7, 7), (512, 512, 3, 3), 1, 2),
 ]
 
@@ -68,8 +79,9 @@ def gpu_seconds(ctx, builder, outputs, feeds, repeat=5):
         t = ctx.create_tensor_sync(data_type="float32", shape=arr.shape, writable=True)
         ctx.write_tensor(t, arr)
         ins[name] = t
-    outs = {n: ctx.create_tensor_sync(data_type=dt, shape=s, readable=True)
-            for n, (dt, s) in g.output_descriptors.items()}
+    outs = {
+        n: ctx.create_tensor_sync(data_type=dt, shape=s, readable=True) for n, (dt, s) in g.output_descriptors.items()
+    }
     rows = profile_dispatch(ctx, g, ins, outs, repeat=repeat)
     for t in list(ins.values()) + list(outs.values()):
         t.destroy()
@@ -81,8 +93,13 @@ def ours_conv(ctx, xs, ws, stride):
     b = mltensor.MLGraphBuilder(ctx)
     k = ws[2]
     p = k // 2
-    y = b.conv2d(b.input("x", data_type="float32", shape=xs), b.constant(np.zeros(ws, np.float32)),
-                 padding=[p, p, p, p], strides=[stride, stride], bias=b.constant(np.zeros(ws[0], np.float32)))
+    y = b.conv2d(
+        b.input("x", data_type="float32", shape=xs),
+        b.constant(np.zeros(ws, np.float32)),
+        padding=[p, p, p, p],
+        strides=[stride, stride],
+        bias=b.constant(np.zeros(ws[0], np.float32)),
+    )
     return gpu_seconds(ctx, b, {"y": b.relu(y)}, {"x": np.zeros(xs, np.float32)})
 
 
@@ -133,23 +150,37 @@ def main():
     info = ctx.device.adapter.info
     adapter = f"{info.get('device')} ({info.get('backend_type')}, {info.get('description')})"
     torch = torch_cuda()
-    lines = [f"# GEMM/conv kernels on {adapter}", "",
-             f"autotune enabled: {autotune.enabled(ctx.device)}; reference: "
-             f"{'torch ' + torch.__version__ + ' CUDA fp32 (TF32 off)' if torch else 'none'}", ""]
+    lines = [
+        f"# GEMM/conv kernels on {adapter}",
+        "",
+        f"autotune enabled: {autotune.enabled(ctx.device)}; reference: "
+        f"{'torch ' + torch.__version__ + ' CUDA fp32 (TF32 off)' if torch else 'none'}",
+        "",
+    ]
     warm_gpu()
-    lines += ["## matmul n x n fp32", "", "| n | ours ms | TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | build s (tuning s) | kernel |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "## matmul n x n fp32",
+        "",
+        "| n | ours ms | TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | build s (tuning s) | kernel |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for n in (1024, 2048, 4096):
         t, bs, ts, names = ours_matmul(ctx, n)
         ref = torch_matmul(torch, n) if torch else float("nan")
-        fl = 2 * n ** 3
-        lines.append(f"| {n} | {t * 1e3:.3f} | {fl / t / 1e12:.1f} | {ref * 1e3:.3f} | {fl / ref / 1e12:.1f} | "
-                     f"{bs:.2f} ({ts:.2f}) | {' + '.join(names)} |")
+        fl = 2 * n**3
+        lines.append(
+            f"| {n} | {t * 1e3:.3f} | {fl / t / 1e12:.1f} | {ref * 1e3:.3f} | {fl / ref / 1e12:.1f} | "
+            f"{bs:.2f} ({ts:.2f}) | {' + '.join(names)} |"
+        )
         print(lines[-1], flush=True)
     warm_gpu()
-    lines += ["", "## resnet50 conv layers (bias + relu fused), batch 1", "",
-              "| input | filter | s | count | ours ms | cuDNN ms | ours/cuDNN | build s (tuning s) | kernel |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## resnet50 conv layers (bias + relu fused), batch 1",
+        "",
+        "| input | filter | s | count | ours ms | cuDNN ms | ours/cuDNN | build s (tuning s) | kernel |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     tot_o = tot_r = tune = 0.0
     worst = 0.0
     for xs, ws, st, cnt in RESNET50_CONVS:
@@ -159,11 +190,17 @@ def main():
         tot_r += cnt * ref
         tune += ts
         worst = max(worst, t / ref) if torch else worst
-        lines.append(f"| {list(xs)} | {list(ws)} | {st} | {cnt} | {t * 1e3:.3f} | {ref * 1e3:.3f} | {t / ref:.2f} | "
-                     f"{bs:.2f} ({ts:.2f}) | {' + '.join(names)} |")
+        lines.append(
+            f"| {list(xs)} | {list(ws)} | {st} | {cnt} | {t * 1e3:.3f} | {ref * 1e3:.3f} | {t / ref:.2f} | "
+            f"{bs:.2f} ({ts:.2f}) | {' + '.join(names)} |"
+        )
         print(lines[-1], flush=True)
-    lines += ["", f"**resnet50 conv layers summed: ours {tot_o * 1e3:.2f} ms, cuDNN {tot_r * 1e3:.2f} ms, "
-              f"ratio {tot_o / tot_r:.2f}x (worst layer {worst:.2f}x); tuning {tune:.1f} s in all**", ""]
+    lines += [
+        "",
+        f"**resnet50 conv layers summed: ours {tot_o * 1e3:.2f} ms, cuDNN {tot_r * 1e3:.2f} ms, "
+        f"ratio {tot_o / tot_r:.2f}x (worst layer {worst:.2f}x); tuning {tune:.1f} s in all**",
+        "",
+    ]
     print(lines[-2], flush=True)
     if args.sessions:
         lines += session_rows(ctx, torch, args.sessions.split(","))
@@ -187,9 +224,12 @@ def session_rows(ctx, torch, names):
         import onnxruntime as ort
     except ImportError:
         ort = None
-    rows = ["## InferenceSession latency, batch 1 (numpy in, numpy out)", "",
-            "| model | first build s (tuning s) | second build s | ours ms | onnxruntime CPU ms | torch CUDA ms |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "## InferenceSession latency, batch 1 (numpy in, numpy out)",
+        "",
+        "| model | first build s (tuning s) | second build s | ours ms | onnxruntime CPU ms | torch CUDA ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in names:
         m = randomize_weights(onnx.load(light_path(name)))
         (vi,) = real_inputs(m)
@@ -213,7 +253,9 @@ def session_rows(ctx, torch, names):
         if torch is not None:
             tt = torch_session(torch, m, vi.name, x)
         sess.close()
-        rows.append(f"| {name} | {b1:.2f} ({tune:.2f}) | {b2:.2f} | {ours * 1e3:.2f} | {ref * 1e3:.2f} | {tt * 1e3:.2f} |")
+        rows.append(
+            f"| {name} | {b1:.2f} ({tune:.2f}) | {b2:.2f} | {ours * 1e3:.2f} | {ref * 1e3:.2f} | {tt * 1e3:.2f} |"
+        )
         print(rows[-1], flush=True)
     return rows
 

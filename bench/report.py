@@ -21,8 +21,20 @@ RESULTS = os.path.join(HERE, "results")
 
 
 def run_suite(json_path, extra):
-    cmd = [sys.executable, "-m", "pytest", HERE, "-q", "-p", "no:randomly", "-s",
-           "--benchmark-json", json_path, "--benchmark-columns=median", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        HERE,
+        "-q",
+        "-p",
+        "no:randomly",
+        "-s",
+        "--benchmark-json",
+        json_path,
+        "--benchmark-columns=median",
+        *extra,
+    ]
     print("running:", " ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=os.path.dirname(HERE))
 
@@ -62,12 +74,24 @@ def _ref(info):
         return f"{info.get('ref_name')}: not installed"
     if info.get("ref_total_s") is None:
         return "-"
-    val = f"{info['ref_rate']:.3g} {info['unit']}" if info.get("ref_rate") is not None else _fmt_time(info["ref_total_s"])
+    val = (
+        f"{info['ref_rate']:.3g} {info['unit']}" if info.get("ref_rate") is not None else _fmt_time(info["ref_total_s"])
+    )
     return f"{info.get('ref_name')}: {val}"
 
 
-_SKIP = {"group", "ours_total_s", "ours_enqueue_s", "ours_rate", "unit", "ref_name", "ref_total_s",
-         "ref_rate", "ratio", "ref_missing"}
+_SKIP = {
+    "group",
+    "ours_total_s",
+    "ours_enqueue_s",
+    "ours_rate",
+    "unit",
+    "ref_name",
+    "ref_total_s",
+    "ref_rate",
+    "ratio",
+    "ref_missing",
+}
 
 
 def _details(info):
@@ -103,21 +127,34 @@ def write_report(data, stamp, out_md, plot_png, profile_text):
     for g, items in groups.items():
         if g == "kernel counts":  # its own table below: counts, not times
             continue
-        lines += [f"## {g}", "", "| benchmark | mltensor | enqueue | reference | ratio | details |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"## {g}",
+            "",
+            "| benchmark | mltensor | enqueue | reference | ratio | details |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, info in items:
             ratio = f"{info['ratio']:.2f}x" if info.get("ratio") else "-"
-            lines.append(f"| {name.removeprefix('test_')} | {_ours(info)} | {_fmt_time(info.get('ours_enqueue_s'))} | "
-                         f"{_ref(info)} | {ratio} | {_details(info)} |")
+            lines.append(
+                f"| {name.removeprefix('test_')} | {_ours(info)} | {_fmt_time(info.get('ours_enqueue_s'))} | "
+                f"{_ref(info)} | {ratio} | {_details(info)} |"
+            )
         lines.append("")
     counts = groups.get("kernel counts", [])
     if counts:
         # issue 15: kernels one dispatch launches, copy-free concat off (every concat input copied,
         # MLTENSOR_NO_PLACEMENT=1) vs on, both built in this run
-        lines += ["## kernel counts", "", "| model | kernels before | kernels after | concat kernels before | "
-                  "concat kernels after |", "|---|---|---|---|---|"]
+        lines += [
+            "## kernel counts",
+            "",
+            "| model | kernels before | kernels after | concat kernels before | concat kernels after |",
+            "|---|---|---|---|---|",
+        ]
         for _, info in counts:
-            lines.append(f"| {info['model']} | {info['kernels_before']} | {info['kernels_after']} | "
-                         f"{info['concat_before']} | {info['concat_after']} |")
+            lines.append(
+                f"| {info['model']} | {info['kernels_before']} | {info['kernels_after']} | "
+                f"{info['concat_before']} | {info['concat_after']} |"
+            )
         lines.append("")
     if profile_text:
         lines += ["## GPU time per kernel (timestamp queries)", "", "```", profile_text, "```", ""]
@@ -143,8 +180,14 @@ def plot(rows, png, stamp):
     # bars grow from 1 (parity) to the ratio, so slower and faster read the same way on a log axis
     ax.barh(range(len(pts)), [r - 1 for r in ratios], left=1, color=colors)
     for i, r in enumerate(ratios):
-        ax.text(r * (1.15 if r >= 1 else 1 / 1.15), i, f"{r:.2g}x", va="center",
-                ha="left" if r >= 1 else "right", fontsize=7)
+        ax.text(
+            r * (1.15 if r >= 1 else 1 / 1.15),
+            i,
+            f"{r:.2g}x",
+            va="center",
+            ha="left" if r >= 1 else "right",
+            fontsize=7,
+        )
     ax.set_yticks(range(len(pts)), labels, fontsize=8)
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_xscale("log")
@@ -182,7 +225,9 @@ def profile_table():
         g = b.build_sync({"y": y})
         t_in = ctx.create_tensor_sync(data_type="float32", shape=[1, 64, 64, 16], writable=True)
         t_out = ctx.create_tensor_sync(data_type="float32", shape=list(g.output_descriptors["y"][1]), readable=True)
-        return "small NHWC conv net, 1x64x64x16:\n" + format_profile(profile_dispatch(ctx, g, {"x": t_in}, {"y": t_out}))
+        return "small NHWC conv net, 1x64x64x16:\n" + format_profile(
+            profile_dispatch(ctx, g, {"x": t_in}, {"y": t_out})
+        )
     except Exception as e:  # the report still gets written
         return f"(profile failed: {e})"
 

@@ -42,17 +42,24 @@ def test_batch_one_vs_two_actors(benchmark, folder, tmp_path):
     summaries = {}
 
     def run(workers):
-        s = batch.run_batch([folder], str(tmp_path / f"out{workers}"), workers=workers,
-                            ray_init={"num_cpus": cpus})
+        s = batch.run_batch([folder], str(tmp_path / f"out{workers}"), workers=workers, ray_init={"num_cpus": cpus})
         assert s["ok"] == N_IMAGES, batch.format_summary(s)
         summaries[workers] = s
 
     two = measure(lambda: run(2), rounds=1, warmup=0)
     one = measure(lambda: run(1), rounds=1, warmup=0)
-    info = record(benchmark, two, f"batch segmentation, {N_IMAGES} images 320x180, Ray Data",
-                  ref=one, ref_name="1 actor", frames_per_s=N_IMAGES / two["total_s"],
-                  ref_frames_per_s=N_IMAGES / one["total_s"],
-                  resources=summaries[2]["resources"],
-                  per_worker={k: round(v["frames_per_s"], 2) for k, v in summaries[2]["per_worker"].items()})
-    print(f"\n[batch] 2 actors {info['frames_per_s']:.2f} frames/s vs 1 actor {info['ref_frames_per_s']:.2f} "
-          f"frames/s: x{info['ratio']:.2f} ({summaries[2]['resources']})")
+    info = record(
+        benchmark,
+        two,
+        f"batch segmentation, {N_IMAGES} images 320x180, Ray Data",
+        ref=one,
+        ref_name="1 actor",
+        frames_per_s=N_IMAGES / two["total_s"],
+        ref_frames_per_s=N_IMAGES / one["total_s"],
+        resources=summaries[2]["resources"],
+        per_worker={k: round(v["frames_per_s"], 2) for k, v in summaries[2]["per_worker"].items()},
+    )
+    print(
+        f"\n[batch] 2 actors {info['frames_per_s']:.2f} frames/s vs 1 actor {info['ref_frames_per_s']:.2f} "
+        f"frames/s: x{info['ratio']:.2f} ({summaries[2]['resources']})"
+    )

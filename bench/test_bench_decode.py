@@ -49,15 +49,25 @@ def test_decode_loop(benchmark, ctx, model):
     ours = {"enqueue_s": 0.0, "total_s": float(np.median(t_dec)), "rounds": len(t_dec), "run": lambda: None}
     theirs = {"total_s": float(np.median(t_ref))}
     decode = steps[3:]  # steady state (see examples/generate.py)
-    info = record(benchmark, ours, "dynamic: decode loop", theirs, "onnxruntime CPU greedy loop",
-                  adapter=adapter_name(ctx), builds=sess.stats["builds"],
-                  tokens_per_s=1 / ours["total_s"], ref_tokens_per_s=1 / theirs["total_s"],
-                  bytes_up_per_step=max(s["bytes_uploaded"] for s in decode),
-                  bytes_down_per_step=max(s["bytes_downloaded"] for s in decode),
-                  tensors_per_step=max(s["tensors_alive"] for s in decode))
-    print(f"\ndecode loop on {info['adapter']}: {info['builds']} builds, {info['tokens_per_s']:.1f} tokens/s "
-          f"(onnxruntime CPU {info['ref_tokens_per_s']:.1f}); per step {info['bytes_up_per_step']} B up, "
-          f"{info['bytes_down_per_step']} B down, {info['tensors_per_step']} tensors")
+    info = record(
+        benchmark,
+        ours,
+        "dynamic: decode loop",
+        theirs,
+        "onnxruntime CPU greedy loop",
+        adapter=adapter_name(ctx),
+        builds=sess.stats["builds"],
+        tokens_per_s=1 / ours["total_s"],
+        ref_tokens_per_s=1 / theirs["total_s"],
+        bytes_up_per_step=max(s["bytes_uploaded"] for s in decode),
+        bytes_down_per_step=max(s["bytes_downloaded"] for s in decode),
+        tensors_per_step=max(s["tensors_alive"] for s in decode),
+    )
+    print(
+        f"\ndecode loop on {info['adapter']}: {info['builds']} builds, {info['tokens_per_s']:.1f} tokens/s "
+        f"(onnxruntime CPU {info['ref_tokens_per_s']:.1f}); per step {info['bytes_up_per_step']} B up, "
+        f"{info['bytes_down_per_step']} B down, {info['tensors_per_step']} tensors"
+    )
 
 
 def test_decode_step_vs_static_build(benchmark, ctx, model):
@@ -75,8 +85,9 @@ def test_decode_step_vs_static_build(benchmark, ctx, model):
         sess.run(None, feeds)  # build
         out = {}
         for name, a in feeds.items():
-            t = ctx.create_tensor_sync(data_type="int64" if a.dtype == np.int64 else "float32",
-                                       shape=a.shape, writable=True)
+            t = ctx.create_tensor_sync(
+                data_type="int64" if a.dtype == np.int64 else "float32", shape=a.shape, writable=True
+            )
             ctx.write_tensor(t, a)
             out[name] = t
         return out
@@ -84,16 +95,28 @@ def test_decode_step_vs_static_build(benchmark, ctx, model):
     fd, fs = gpu_feeds(dyn), gpu_feeds(static)
 
     def step(sess, f):
-        return (lambda: sess.run(None, f, output_location="ml-tensor"),
-                lambda: ctx.read_tensor_sync(sess._out_tensors["logits"]))
+        return (
+            lambda: sess.run(None, f, output_location="ml-tensor"),
+            lambda: ctx.read_tensor_sync(sess._out_tensors["logits"]),
+        )
 
     ours, ref, ratio = measure_pair(step(dyn, fd), step(static, fs), rounds=31, warmup=3)
     np.testing.assert_allclose(dyn.run(None, feeds)[0], static.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
-    info = record(benchmark, ours, "dynamic: decode step", ref, "session built for this shape",
-                  adapter=adapter_name(ctx), step_ratio=ratio,
-                  kernels=len(dyn.graph.kernel_names), ref_kernels=len(static.graph.kernel_names))
-    print(f"\ndecode step on {info['adapter']}: dynamic {ours['total_s'] * 1e3:.2f} ms, static "
-          f"{ref['total_s'] * 1e3:.2f} ms: x{info['step_ratio']:.2f} (target <= 1.2)")
+    info = record(
+        benchmark,
+        ours,
+        "dynamic: decode step",
+        ref,
+        "session built for this shape",
+        adapter=adapter_name(ctx),
+        step_ratio=ratio,
+        kernels=len(dyn.graph.kernel_names),
+        ref_kernels=len(static.graph.kernel_names),
+    )
+    print(
+        f"\ndecode step on {info['adapter']}: dynamic {ours['total_s'] * 1e3:.2f} ms, static "
+        f"{ref['total_s'] * 1e3:.2f} ms: x{info['step_ratio']:.2f} (target <= 1.2)"
+    )
 
 
 def _graph(ctx, dynamic, case):
@@ -103,8 +126,10 @@ def _graph(ctx, dynamic, case):
 
     def inp(name, shape, dyn):
         arr = rng.standard_normal([d if isinstance(d, int) else d[1] for d in shape]).astype(np.float32)
-        spec = [Dyn(d[0], d[2]) if (dynamic and not isinstance(d, int)) else (d if isinstance(d, int) else d[1])
-                for d in shape]
+        spec = [
+            Dyn(d[0], d[2]) if (dynamic and not isinstance(d, int)) else (d if isinstance(d, int) else d[1])
+            for d in shape
+        ]
         return b.input(name, data_type="float32", shape=spec), arr
 
     if case == "matmul 256":
@@ -146,8 +171,19 @@ def _graph(ctx, dynamic, case):
     return b.build_sync({"y": y}), feeds
 
 
-@pytest.mark.parametrize("case", ["matmul 256", "attention scores", "attention values", "layer_normalization",
-                                  "softmax", "elementwise chain", "kv concat", "conv2d 3x3"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "matmul 256",
+        "attention scores",
+        "attention values",
+        "layer_normalization",
+        "softmax",
+        "elementwise chain",
+        "kv concat",
+        "conv2d 3x3",
+    ],
+)
 def test_dynamic_kernel_vs_static(benchmark, ctx, case):
     """The same graph with dynamic dimensions and with fixed ones at the same sizes. Target:
     dynamic <= 1.15x the static time."""
@@ -168,8 +204,18 @@ def test_dynamic_kernel_vs_static(benchmark, ctx, case):
         return (lambda: ctx.dispatch(g, ins, outs)), (lambda: ctx.read_tensor_sync(outs["y"]))
 
     ours, ref, ratio = measure_pair(run(True), run(False), rounds=25, warmup=3, repeat=3)
-    np.testing.assert_allclose(ctx.read_tensor_sync(runs[True][2]["y"]), ctx.read_tensor_sync(runs[False][2]["y"]),
-                               rtol=1e-5, atol=1e-5)
-    info = record(benchmark, ours, "dynamic: kernels", ref, "static build", adapter=adapter_name(ctx), case=case,
-                  time_ratio=ratio, kernels=len(runs[True][0].kernel_names))
+    np.testing.assert_allclose(
+        ctx.read_tensor_sync(runs[True][2]["y"]), ctx.read_tensor_sync(runs[False][2]["y"]), rtol=1e-5, atol=1e-5
+    )
+    info = record(
+        benchmark,
+        ours,
+        "dynamic: kernels",
+        ref,
+        "static build",
+        adapter=adapter_name(ctx),
+        case=case,
+        time_ratio=ratio,
+        kernels=len(runs[True][0].kernel_names),
+    )
     print(f"\n{case} on {info['adapter']}: dynamic/static time x{info['time_ratio']:.2f} (target <= 1.15)")

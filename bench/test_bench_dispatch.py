@@ -35,9 +35,12 @@ def _raw_kernel(dev):
     bx = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE)
     by = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
     pipe = dev.create_compute_pipeline(
-        layout="auto", compute={"module": dev.create_shader_module(code=RAW_WGSL), "entry_point": "main"})
-    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": bx}}, {"binding": 1, "resource": {"buffer": by}}])
+        layout="auto", compute={"module": dev.create_shader_module(code=RAW_WGSL), "entry_point": "main"}
+    )
+    bg = dev.create_bind_group(
+        layout=pipe.get_bind_group_layout(0),
+        entries=[{"binding": 0, "resource": {"buffer": bx}}, {"binding": 1, "resource": {"buffer": by}}],
+    )
     return pipe, bg, by
 
 
@@ -77,10 +80,18 @@ def test_dispatch_overhead(benchmark, ctx):
     m_ours = measure(ours, wait, rounds=5)
 
     m_raw = measure(*_raw_loop(ctx.device, n_calls), rounds=5)
-    info = record(benchmark, m_ours, "dispatch overhead", m_raw, "raw wgpu-py loop",
-                  us_per_dispatch=m_ours["enqueue_s"] / n_calls * 1e6,
-                  raw_us_per_dispatch=m_raw["enqueue_s"] / n_calls * 1e6)
-    print(f"\ndispatch: {info['us_per_dispatch']:.1f} us/call enqueue (raw wgpu loop {info['raw_us_per_dispatch']:.1f} us)")
+    info = record(
+        benchmark,
+        m_ours,
+        "dispatch overhead",
+        m_raw,
+        "raw wgpu-py loop",
+        us_per_dispatch=m_ours["enqueue_s"] / n_calls * 1e6,
+        raw_us_per_dispatch=m_raw["enqueue_s"] / n_calls * 1e6,
+    )
+    print(
+        f"\ndispatch: {info['us_per_dispatch']:.1f} us/call enqueue (raw wgpu loop {info['raw_us_per_dispatch']:.1f} us)"
+    )
 
 
 def test_200_kernel_graph(benchmark, ctx):
@@ -99,12 +110,19 @@ def test_200_kernel_graph(benchmark, ctx):
     a = _tensor(ctx, [8, 8], writable=True)
     out = _tensor(ctx, list(g.output_descriptors["y"][1]), readable=True)
     m = measure(lambda: ctx.dispatch(g, {"x": a}, {"y": out}), lambda: ctx.read_tensor_sync(out), rounds=5)
-    info = record(benchmark, m, "dispatch overhead", kernels=n_kernels,
-                  us_per_kernel_enqueue=m["enqueue_s"] / n_kernels * 1e6,
-                  us_per_kernel_total=m["total_s"] / n_kernels * 1e6)
+    info = record(
+        benchmark,
+        m,
+        "dispatch overhead",
+        kernels=n_kernels,
+        us_per_kernel_enqueue=m["enqueue_s"] / n_kernels * 1e6,
+        us_per_kernel_total=m["total_s"] / n_kernels * 1e6,
+    )
     assert np.allclose(ctx.read_tensor_sync(out).reshape(-1)[:3], [200.0] * 3)
-    print(f"\n{n_kernels}-kernel graph: {info['us_per_kernel_enqueue']:.2f} us/kernel enqueue, "
-          f"{info['us_per_kernel_total']:.2f} us/kernel total")
+    print(
+        f"\n{n_kernels}-kernel graph: {info['us_per_kernel_enqueue']:.2f} us/kernel enqueue, "
+        f"{info['us_per_kernel_total']:.2f} us/kernel total"
+    )
 
 
 def test_chained_inference_fibonacci(benchmark, ctx):
@@ -148,7 +166,9 @@ def test_chained_inference_fibonacci(benchmark, ctx):
         fib.append(np.float32(fib[-1]) + np.float32(fib[-2]))
     np.testing.assert_allclose(last["v"][0], fib[-1], rtol=1e-6)
     info = record(benchmark, m_ours, "chained inference", m_copy, "read + re-upload per step", steps=n)
-    print(f"\nfibonacci x{n}: chained {m_ours['total_s'] * 1e3:.1f} ms vs copying {m_copy['total_s'] * 1e3:.1f} ms (x{info['ratio']:.2f})")
+    print(
+        f"\nfibonacci x{n}: chained {m_ours['total_s'] * 1e3:.1f} ms vs copying {m_copy['total_s'] * 1e3:.1f} ms (x{info['ratio']:.2f})"
+    )
 
 
 def test_buffer_reuse_three_graphs(benchmark, ctx):
@@ -186,9 +206,12 @@ def test_buffer_reuse_three_graphs(benchmark, ctx):
     m_copy = measure(copying, rounds=7, warmup=1)
     up_copy = (ctx.counters["bytes_uploaded"] - before) / (m_copy["rounds"] + 1)
     assert up_copy == 3 * up_ours
-    info = record(benchmark, m_ours, "buffer reuse", m_copy, "upload per call", bytes_uploaded=up_ours,
-                  ref_bytes_uploaded=up_copy)
-    print(f"\nthree graphs, one input: {up_ours / 2**20:.2f} MiB uploaded vs {up_copy / 2**20:.2f} MiB copy-per-call (x{info['ratio']:.2f} time)")
+    info = record(
+        benchmark, m_ours, "buffer reuse", m_copy, "upload per call", bytes_uploaded=up_ours, ref_bytes_uploaded=up_copy
+    )
+    print(
+        f"\nthree graphs, one input: {up_ours / 2**20:.2f} MiB uploaded vs {up_copy / 2**20:.2f} MiB copy-per-call (x{info['ratio']:.2f} time)"
+    )
 
 
 def test_elementwise_chain_bandwidth(benchmark, ctx):
@@ -197,7 +220,9 @@ def test_elementwise_chain_bandwidth(benchmark, ctx):
     n = 4 * 1024 * 1024
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[n])
-    y = b.sigmoid(b.mul(b.relu(b.add(x, b.constant(data_type="float32", value=0.5))), b.constant(data_type="float32", value=2.0)))
+    y = b.sigmoid(
+        b.mul(b.relu(b.add(x, b.constant(data_type="float32", value=0.5))), b.constant(data_type="float32", value=2.0))
+    )
     y = b.clamp(y, min_value=0.1, max_value=0.9)
     g = b.build_sync({"y": y})
     assert len(g.kernel_names) == 1, g.kernel_names

@@ -65,8 +65,10 @@ def test_matmul_f16_vs_f32(benchmark, ctx):
         ta = ctx.create_tensor_sync(data_type=dt, shape=[n, n], writable=True)
         ty = ctx.create_tensor_sync(data_type=dt, shape=[n, n], readable=True)
         ctx.write_tensor(ta, a.astype(dt))
-        runs[dt] = (lambda g=g, ta=ta, ty=ty: ctx.dispatch(g, {"a": ta}, {"y": ty}),
-                    lambda ty=ty: ctx.read_tensor_sync(ty))
+        runs[dt] = (
+            lambda g=g, ta=ta, ty=ty: ctx.dispatch(g, {"a": ta}, {"y": ty}),
+            lambda ty=ty: ctx.read_tensor_sync(ty),
+        )
         res[dt] = (_graph_bytes(g, [ta, ty]), uploaded)
         keep += [g, ta, ty]
     m16, m32 = _paired(*runs["float16"], *runs["float32"], rounds=3)
@@ -76,9 +78,20 @@ def test_matmul_f16_vs_f32(benchmark, ctx):
     ref = a.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64)
     assert np.abs(out["float16"] - ref).max() < 1e-2 * np.sqrt(n)  # correct, or the timing means nothing
     (b16, u16), (b32, u32) = res["float16"], res["float32"]
-    record(benchmark, m16, f"matmul {n}x{n} float16", m32, "float32 (same graph, same adapter)",
-           unit="GFLOP/s", work=2.0 * n ** 3, f16_native=ctx._f16, bytes_per_run_f16=b16,
-           bytes_per_run_f32=b32, bytes_uploaded_f16=u16, bytes_uploaded_f32=u32)
+    record(
+        benchmark,
+        m16,
+        f"matmul {n}x{n} float16",
+        m32,
+        "float32 (same graph, same adapter)",
+        unit="GFLOP/s",
+        work=2.0 * n**3,
+        f16_native=ctx._f16,
+        bytes_per_run_f16=b16,
+        bytes_per_run_f32=b32,
+        bytes_uploaded_f16=u16,
+        bytes_uploaded_f32=u32,
+    )
     for o in keep:  # after record(), which runs ours once more
         o.destroy()
 
@@ -109,8 +122,17 @@ def test_resnet50_f16_vs_f32(benchmark, ctx):
     b16, b32 = _graph_of(s16), _graph_of(s32)
     rel = float(np.abs(o16[-1].astype(np.float64) - o32[-1]).max() / np.abs(o32[-1]).max())
     assert rel < 1e-2, rel
-    record(benchmark, f16, "resnet50 (ONNX light, random weights) float16", f32, "float32 model",
-           f16_native=ctx._f16, graph_bytes_f16=b16, graph_bytes_f32=b32, max_rel_err_logits=rel)
+    record(
+        benchmark,
+        f16,
+        "resnet50 (ONNX light, random weights) float16",
+        f32,
+        "float32 model",
+        f16_native=ctx._f16,
+        graph_bytes_f16=b16,
+        graph_bytes_f32=b32,
+        max_rel_err_logits=rel,
+    )
     s16.close()
     s32.close()  # (record() ran ours once more before)
 
@@ -130,12 +152,23 @@ def test_selfie_f16_vs_f32(benchmark, ctx):
         up = ctx.counters["bytes_uploaded"] - up
         name = s.get_inputs()[0].name
         res[f16] = [None, _graph_of(s), up, s.run(None, {name: x})[0]]
-    res[True][0], res[False][0] = _paired(lambda: sess[True].run(None, {name: x}), None,
-                                          lambda: sess[False].run(None, {name: x}), None, 10)
+    res[True][0], res[False][0] = _paired(
+        lambda: sess[True].run(None, {name: x}), None, lambda: sess[False].run(None, {name: x}), None, 10
+    )
     err = float(np.abs(res[True][3].astype(np.float64) - res[False][3]).mean())
     assert err < 1e-3, err
-    record(benchmark, res[True][0], "selfie segmentation 256x256 float16 (float16 weights)", res[False][0],
-           "float32 import", f16_native=ctx._f16, graph_bytes_f16=res[True][1], graph_bytes_f32=res[False][1],
-           bytes_uploaded_f16=res[True][2], bytes_uploaded_f32=res[False][2], mean_abs_err_mask=err)
+    record(
+        benchmark,
+        res[True][0],
+        "selfie segmentation 256x256 float16 (float16 weights)",
+        res[False][0],
+        "float32 import",
+        f16_native=ctx._f16,
+        graph_bytes_f16=res[True][1],
+        graph_bytes_f32=res[False][1],
+        bytes_uploaded_f16=res[True][2],
+        bytes_uploaded_f32=res[False][2],
+        mean_abs_err_mask=err,
+    )
     for s in sess.values():
         s.close()

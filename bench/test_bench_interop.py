@@ -52,8 +52,7 @@ def test_import_release_cycle(benchmark, devices, cross, n):
     dev_a, dev_b = devices
     ctx = ml.create_context_sync(dev_a)
     target = dev_b if cross else dev_a
-    t = ctx.create_tensor_sync(data_type="float32", shape=[n], readable=True, writable=True,
-                               importable_to_webgpu=True)
+    t = ctx.create_tensor_sync(data_type="float32", shape=[n], readable=True, writable=True, importable_to_webgpu=True)
     ctx.write_tensor(t, np.arange(n, dtype=np.float32))
     ctx.flush()
 
@@ -71,14 +70,22 @@ def test_import_release_cycle(benchmark, devices, cross, n):
     ref_moved = _moved(ctx) - before
     np.testing.assert_array_equal(ctx.read_tensor_sync(t), np.arange(n, dtype=np.float32))
     info = record(
-        benchmark, ours, f"interop import+release ({'cross' if cross else 'same'} device)",
-        ref=ref, ref_name="host round trip (read_tensor + write_buffer + map + write_tensor)",
-        cycle_us=ours["total_s"] * 1e6, tensor_bytes=4 * n,
-        bytes_moved_per_cycle=per_cycle, ref_bytes_moved_per_cycle=ref_moved + 2 * 4 * n,
-        adapter=adapter_name(ctx))
-    print(f"\n[interop] {'cross' if cross else 'same'}-device {4 * n} B: cycle "
-          f"{info['cycle_us']:.1f} us, {per_cycle} B moved/cycle (ML counters); host round trip "
-          f"{ref['total_s'] * 1e6:.1f} us; ratio {info['ratio']:.1f}x")
+        benchmark,
+        ours,
+        f"interop import+release ({'cross' if cross else 'same'} device)",
+        ref=ref,
+        ref_name="host round trip (read_tensor + write_buffer + map + write_tensor)",
+        cycle_us=ours["total_s"] * 1e6,
+        tensor_bytes=4 * n,
+        bytes_moved_per_cycle=per_cycle,
+        ref_bytes_moved_per_cycle=ref_moved + 2 * 4 * n,
+        adapter=adapter_name(ctx),
+    )
+    print(
+        f"\n[interop] {'cross' if cross else 'same'}-device {4 * n} B: cycle "
+        f"{info['cycle_us']:.1f} us, {per_cycle} B moved/cycle (ML counters); host round trip "
+        f"{ref['total_s'] * 1e6:.1f} us; ratio {info['ratio']:.1f}x"
+    )
     if not cross:
         assert per_cycle == 0
     else:

@@ -28,6 +28,7 @@ from .timing import adapter_name, measure, record
 def test_replay_enqueue_200_kernels(benchmark, ctx):
     """Host enqueue per kernel of one dispatch of a 200-kernel graph (target <= 1 µs) against the
     raw wgpu-py loop recording 200 dispatches (same adapter, same run)."""
+
     def build():
         b = mltensor.MLGraphBuilder(ctx)
         x = b.input("x", data_type="float32", shape=[8, 8])
@@ -80,21 +81,36 @@ def test_replay_enqueue_200_kernels(benchmark, ctx):
                         _set_bind_group(p, 0, bg, 0, _NULL)
                     _dispatch(p, x, y, z)
                 tl._pass_state[0], tl._pass_state[1] = (full[-1][0], full[-1][1]) if set_state else full[0][:2]
+
             return run
 
         fin = lambda: ctx.read_tensor_sync(out)  # noqa: E731
-        floor = {"c_calls_us_per_kernel": measure(c_calls(True), fin, rounds=15)["enqueue_s"] / n * 1e6,
-                 "c_dispatch_only_us_per_kernel": measure(c_calls(False), fin, rounds=15)["enqueue_s"] / n * 1e6}
-    info = record(benchmark, m, "launch cost", m_raw, "raw wgpu-py loop", kernels=n, adapter=adapter_name(ctx),
-                  us_per_kernel_enqueue=m["enqueue_s"] / n * 1e6,
-                  raw_us_per_kernel_enqueue=m_raw["enqueue_s"] / n * 1e6,
-                  enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"], replay=native_status,
-                  python_replay_us_per_kernel=m_py["enqueue_s"] / n * 1e6, **floor)
-    print(f"\n{n}-kernel graph on {info['adapter']}: {info['us_per_kernel_enqueue']:.2f} µs/kernel enqueue "
-          f"[{native_status}] (Python replay {info['python_replay_us_per_kernel']:.2f}, "
-          f"raw wgpu-py loop {info['raw_us_per_kernel_enqueue']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 1 µs; "
-          f"bare C calls {floor.get('c_calls_us_per_kernel', float('nan')):.2f}, dispatch alone "
-          f"{floor.get('c_dispatch_only_us_per_kernel', float('nan')):.2f})")
+        floor = {
+            "c_calls_us_per_kernel": measure(c_calls(True), fin, rounds=15)["enqueue_s"] / n * 1e6,
+            "c_dispatch_only_us_per_kernel": measure(c_calls(False), fin, rounds=15)["enqueue_s"] / n * 1e6,
+        }
+    info = record(
+        benchmark,
+        m,
+        "launch cost",
+        m_raw,
+        "raw wgpu-py loop",
+        kernels=n,
+        adapter=adapter_name(ctx),
+        us_per_kernel_enqueue=m["enqueue_s"] / n * 1e6,
+        raw_us_per_kernel_enqueue=m_raw["enqueue_s"] / n * 1e6,
+        enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"],
+        replay=native_status,
+        python_replay_us_per_kernel=m_py["enqueue_s"] / n * 1e6,
+        **floor,
+    )
+    print(
+        f"\n{n}-kernel graph on {info['adapter']}: {info['us_per_kernel_enqueue']:.2f} µs/kernel enqueue "
+        f"[{native_status}] (Python replay {info['python_replay_us_per_kernel']:.2f}, "
+        f"raw wgpu-py loop {info['raw_us_per_kernel_enqueue']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 1 µs; "
+        f"bare C calls {floor.get('c_calls_us_per_kernel', float('nan')):.2f}, dispatch alone "
+        f"{floor.get('c_dispatch_only_us_per_kernel', float('nan')):.2f})"
+    )
 
 
 def test_replay_enqueue_one_kernel(benchmark, ctx):
@@ -113,12 +129,21 @@ def test_replay_enqueue_one_kernel(benchmark, ctx):
 
     m = measure(ours, lambda: ctx.read_tensor_sync(c), rounds=15)
     m_raw = measure(*_raw_loop(ctx.device, n_calls), rounds=15)
-    info = record(benchmark, m, "launch cost", m_raw, "raw wgpu-py loop", adapter=adapter_name(ctx),
-                  us_per_dispatch=m["enqueue_s"] / n_calls * 1e6,
-                  raw_us_per_dispatch=m_raw["enqueue_s"] / n_calls * 1e6,
-                  enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"])
-    print(f"\none-kernel dispatch on {info['adapter']}: {info['us_per_dispatch']:.2f} µs enqueue "
-          f"(raw wgpu-py loop {info['raw_us_per_dispatch']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 3 µs)")
+    info = record(
+        benchmark,
+        m,
+        "launch cost",
+        m_raw,
+        "raw wgpu-py loop",
+        adapter=adapter_name(ctx),
+        us_per_dispatch=m["enqueue_s"] / n_calls * 1e6,
+        raw_us_per_dispatch=m_raw["enqueue_s"] / n_calls * 1e6,
+        enqueue_ratio=m_raw["enqueue_s"] / m["enqueue_s"],
+    )
+    print(
+        f"\none-kernel dispatch on {info['adapter']}: {info['us_per_dispatch']:.2f} µs enqueue "
+        f"(raw wgpu-py loop {info['raw_us_per_dispatch']:.2f}, x{info['enqueue_ratio']:.2f}; target <= 3 µs)"
+    )
 
 
 def test_small_read_after_dispatch(benchmark, ctx):
@@ -157,10 +182,19 @@ def test_small_read_after_dispatch(benchmark, ctx):
         staging.unmap()
 
     m, m_raw = _interleaved(ours, raw, rounds=61)
-    info = record(benchmark, m, "launch cost", m_raw, "raw dispatch + copy + map", adapter=adapter_name(ctx),
-                  time_vs_raw=m["total_s"] / m_raw["total_s"])
-    print(f"\nsmall read after dispatch on {info['adapter']}: {m['total_s'] * 1e6:.0f} µs vs raw "
-          f"{m_raw['total_s'] * 1e6:.0f} µs (x{info['time_vs_raw']:.2f} of raw; target <= 1.2)")
+    info = record(
+        benchmark,
+        m,
+        "launch cost",
+        m_raw,
+        "raw dispatch + copy + map",
+        adapter=adapter_name(ctx),
+        time_vs_raw=m["total_s"] / m_raw["total_s"],
+    )
+    print(
+        f"\nsmall read after dispatch on {info['adapter']}: {m['total_s'] * 1e6:.0f} µs vs raw "
+        f"{m_raw['total_s'] * 1e6:.0f} µs (x{info['time_vs_raw']:.2f} of raw; target <= 1.2)"
+    )
 
 
 def _interleaved(a, b, rounds, warmup=5):
@@ -204,8 +238,7 @@ def _model_kernels(ctx, name, placement):
     return names
 
 
-@pytest.mark.parametrize("name", ["squeezenet", "inception_v1",
-                                  pytest.param("densenet121", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1", pytest.param("densenet121", marks=pytest.mark.slow)])
 def test_model_kernel_counts(benchmark, ctx, name):
     """Kernels one dispatch launches, with copy-free concat vs every concat input copied."""
     pytest.importorskip("onnx")
@@ -217,11 +250,21 @@ def test_model_kernel_counts(benchmark, ctx, name):
 
     fam = collections.Counter(k.split("_")[0] for k in after)
     m = {"enqueue_s": 0.0, "total_s": 0.0, "rounds": 0, "run": lambda: None}
-    record(benchmark, m, "kernel counts", adapter=adapter_name(ctx), model=name,
-                  kernels_before=len(before), kernels_after=len(after),
-                  concat_before=concats(before), concat_after=concats(after))
-    print(f"\n{name}: {len(before)} -> {len(after)} kernels, concat kernels {concats(before)} -> "
-          f"{concats(after)} ({dict(fam.most_common(5))})")
+    record(
+        benchmark,
+        m,
+        "kernel counts",
+        adapter=adapter_name(ctx),
+        model=name,
+        kernels_before=len(before),
+        kernels_after=len(after),
+        concat_before=concats(before),
+        concat_after=concats(after),
+    )
+    print(
+        f"\n{name}: {len(before)} -> {len(after)} kernels, concat kernels {concats(before)} -> "
+        f"{concats(after)} ({dict(fam.most_common(5))})"
+    )
     if os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0"):  # NO_FUSION turns placement off too
         assert concats(after) == 0 and len(after) < len(before)
 
@@ -245,8 +288,16 @@ def _mediapipe(ctx, name, fused):
             os.environ["MLTENSOR_NO_FUSION"] = old
 
 
-@pytest.mark.parametrize("name", ["selfie_segmentation", "face_detection_short_range",
-                                  "face_detection_full_range_sparse", "palm_detection_full", "pose_detection"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "selfie_segmentation",
+        "face_detection_short_range",
+        "face_detection_full_range_sparse",
+        "palm_detection_full",
+        "pose_detection",
+    ],
+)
 def test_mediapipe_fusion(benchmark, ctx, name):
     """Kernels one inference launches and its time (input on the device, output read back), the
     model built with fusion (gates, prologues, pads read through or merged, epilogues) against
@@ -275,9 +326,20 @@ def test_mediapipe_fusion(benchmark, ctx, name):
     m = min(res[True], key=lambda r: r["total_s"])
     m_ref = min(res[False], key=lambda r: r["total_s"])
     k_f, k_u = len(runs[True][0].kernel_names), len(runs[False][0].kernel_names)
-    info = record(benchmark, m, "fusion (MediaPipe)", m_ref, "same model, MLTENSOR_NO_FUSION=1",
-                  adapter=adapter_name(ctx), model=name, kernels_fused=k_f, kernels_unfused=k_u)
-    print(f"\n{name} on {info['adapter']}: {k_u} -> {k_f} kernels; {m['total_s'] * 1e3:.1f} ms fused vs "
-          f"{m_ref['total_s'] * 1e3:.1f} ms unfused (x{info['ratio']:.2f})")
+    info = record(
+        benchmark,
+        m,
+        "fusion (MediaPipe)",
+        m_ref,
+        "same model, MLTENSOR_NO_FUSION=1",
+        adapter=adapter_name(ctx),
+        model=name,
+        kernels_fused=k_f,
+        kernels_unfused=k_u,
+    )
+    print(
+        f"\n{name} on {info['adapter']}: {k_u} -> {k_f} kernels; {m['total_s'] * 1e3:.1f} ms fused vs "
+        f"{m_ref['total_s'] * 1e3:.1f} ms unfused (x{info['ratio']:.2f})"
+    )
     for g, i, o, _ in runs.values():
         g.destroy()

@@ -90,19 +90,30 @@ def test_smollm2_decode(benchmark, ctx, smollm2):
     step_s = float(np.median(t_steps))
     ref_s = _torch_reference(smollm2, ids, STEPS)
     ours = {"enqueue_s": 0.0, "total_s": step_s, "rounds": len(t_steps), "run": lambda: None}
-    info = record(benchmark, ours, "llm: SmolLM2-135M decode step",
-                  {"total_s": ref_s} if ref_s else None, "transformers torch CPU greedy step",
-                  adapter=adapter_name(ctx), tokens_per_s=1 / step_s, ttft_s=ttft, prompt_tokens=len(ids),
-                  weight_bytes=weight_bytes, file_bytes=os.path.getsize(w.file.path),
-                  bytes_down_per_token=max(m["bytes_downloaded"] for m in moved),
-                  bytes_up_per_token=max(m["bytes_uploaded"] for m in moved),
-                  tensors_per_token=max(m["tensors_alive"] for m in moved),
-                  reply=tok.decode(tokens, skip_special=True))
-    print(f"\nSmolLM2-135M Q4_1 on {info['adapter']}: {info['tokens_per_s']:.2f} tokens/s, time to first token "
-          f"{ttft * 1e3:.0f} ms ({len(ids)} prompt tokens), weights {weight_bytes / 1e6:.1f} MB on the GPU "
-          f"(file {info['file_bytes'] / 1e6:.1f} MB), per token {info['bytes_down_per_token']} B down, "
-          f"{info['bytes_up_per_token']} B up, {info['tensors_per_token']} tensors; reply {info['reply']!r}"
-          + (f"; transformers CPU {1 / ref_s:.2f} tokens/s" if ref_s else "; transformers not installed"))
+    info = record(
+        benchmark,
+        ours,
+        "llm: SmolLM2-135M decode step",
+        {"total_s": ref_s} if ref_s else None,
+        "transformers torch CPU greedy step",
+        adapter=adapter_name(ctx),
+        tokens_per_s=1 / step_s,
+        ttft_s=ttft,
+        prompt_tokens=len(ids),
+        weight_bytes=weight_bytes,
+        file_bytes=os.path.getsize(w.file.path),
+        bytes_down_per_token=max(m["bytes_downloaded"] for m in moved),
+        bytes_up_per_token=max(m["bytes_uploaded"] for m in moved),
+        tensors_per_token=max(m["tensors_alive"] for m in moved),
+        reply=tok.decode(tokens, skip_special=True),
+    )
+    print(
+        f"\nSmolLM2-135M Q4_1 on {info['adapter']}: {info['tokens_per_s']:.2f} tokens/s, time to first token "
+        f"{ttft * 1e3:.0f} ms ({len(ids)} prompt tokens), weights {weight_bytes / 1e6:.1f} MB on the GPU "
+        f"(file {info['file_bytes'] / 1e6:.1f} MB), per token {info['bytes_down_per_token']} B down, "
+        f"{info['bytes_up_per_token']} B up, {info['tensors_per_token']} tensors; reply {info['reply']!r}"
+        + (f"; transformers CPU {1 / ref_s:.2f} tokens/s" if ref_s else "; transformers not installed")
+    )
     assert info["bytes_down_per_token"] == 4 and info["bytes_up_per_token"] == 0
     assert info["tensors_per_token"] == 0
 
@@ -132,16 +143,27 @@ def test_smollm2_decode_long_past(benchmark, ctx, smollm2, past):
     step_s = float(np.median(t_steps))
     row = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4  # K and V of one position, every layer
     ours = {"enqueue_s": 0.0, "total_s": step_s, "rounds": len(t_steps), "run": lambda: None}
-    info = record(benchmark, ours, f"llm: SmolLM2-135M decode step after {past} positions", None,
-                  "the two-set cache path (before issue 31: measured with the commit before, see DESIGN 8)",
-                  adapter=adapter_name(ctx), past=past, tokens_per_s=1 / step_s,
-                  cpu_s_per_step=float(np.median(c_steps)), kv_cache_bytes=cache_bytes,
-                  two_set_cache_bytes=2 * cache_bytes, cache_bytes_written_per_token=row,
-                  two_set_cache_bytes_copied_per_token=row * (past + 1),
-                  bytes_up_per_token=max(m["bytes_uploaded"] for m in moved),
-                  bytes_alive_per_token=max(m["bytes_alive"] for m in moved))
-    print(f"\nSmolLM2-135M step after {past} positions on {info['adapter']}: {1 / step_s:.2f} tokens/s "
-          f"({step_s * 1e3:.1f} ms, CPU {info['cpu_s_per_step'] * 1e3:.1f} ms), KV cache {cache_bytes / 1e6:.1f} MB "
-          f"(two sets: {2 * cache_bytes / 1e6:.1f} MB), {row / 1e3:.1f} kB of cache written per token "
-          f"(the two-set path copied {row * (past + 1) / 1e6:.1f} MB)")
+    info = record(
+        benchmark,
+        ours,
+        f"llm: SmolLM2-135M decode step after {past} positions",
+        None,
+        "the two-set cache path (before issue 31: measured with the commit before, see DESIGN 8)",
+        adapter=adapter_name(ctx),
+        past=past,
+        tokens_per_s=1 / step_s,
+        cpu_s_per_step=float(np.median(c_steps)),
+        kv_cache_bytes=cache_bytes,
+        two_set_cache_bytes=2 * cache_bytes,
+        cache_bytes_written_per_token=row,
+        two_set_cache_bytes_copied_per_token=row * (past + 1),
+        bytes_up_per_token=max(m["bytes_uploaded"] for m in moved),
+        bytes_alive_per_token=max(m["bytes_alive"] for m in moved),
+    )
+    print(
+        f"\nSmolLM2-135M step after {past} positions on {info['adapter']}: {1 / step_s:.2f} tokens/s "
+        f"({step_s * 1e3:.1f} ms, CPU {info['cpu_s_per_step'] * 1e3:.1f} ms), KV cache {cache_bytes / 1e6:.1f} MB "
+        f"(two sets: {2 * cache_bytes / 1e6:.1f} MB), {row / 1e3:.1f} kB of cache written per token "
+        f"(the two-set path copied {row * (past + 1) / 1e6:.1f} MB)"
+    )
     assert info["bytes_up_per_token"] == 0 and info["bytes_alive_per_token"] == 0

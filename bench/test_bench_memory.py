@@ -49,15 +49,26 @@ def test_peak_rss_vs_weights(benchmark, ctx, vit_file):
     ref = [one_process("onnxruntime", vit_file, "pixel_values", shape, runs=1)]
     a, w, b = (_median(r, "rss_peak_above_start") for r in (ours, warm, ref))
     info = benchmark.extra_info
-    info.update(group="memory: peak RSS above start / weights (one process, one result)",
-                adapter=adapter_name(ctx), weights_bytes=weights, layers=LAYERS,
-                ours_total_s=None, ours_x_weights=a / weights, ours_graph_cache_warm_x_weights=w / weights,
-                ref_name="onnxruntime CPU, same file", ref_x_weights=b / weights, ratio=b / a,
-                ours_rss_peak=a, ref_rss_peak=b,
-                same_result=abs(ours[0]["checksum"] - ref[0]["checksum"]) <= 1e-3 * ref[0]["checksum"])
+    info.update(
+        group="memory: peak RSS above start / weights (one process, one result)",
+        adapter=adapter_name(ctx),
+        weights_bytes=weights,
+        layers=LAYERS,
+        ours_total_s=None,
+        ours_x_weights=a / weights,
+        ours_graph_cache_warm_x_weights=w / weights,
+        ref_name="onnxruntime CPU, same file",
+        ref_x_weights=b / weights,
+        ratio=b / a,
+        ours_rss_peak=a,
+        ref_rss_peak=b,
+        same_result=abs(ours[0]["checksum"] - ref[0]["checksum"]) <= 1e-3 * ref[0]["checksum"],
+    )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    print(f"\nViT ({LAYERS} layers, {weights / 1e6:.0f} MB of weights): peak RSS above start "
-          f"{a / weights:.2f}x the weights (graph cache warm {w / weights:.2f}x), onnxruntime {b / weights:.2f}x")
+    print(
+        f"\nViT ({LAYERS} layers, {weights / 1e6:.0f} MB of weights): peak RSS above start "
+        f"{a / weights:.2f}x the weights (graph cache warm {w / weights:.2f}x), onnxruntime {b / weights:.2f}x"
+    )
     assert info["same_result"]
 
 
@@ -71,9 +82,15 @@ def test_constant_bytes_per_further_size(benchmark, ctx):
         sess.run(None, {"pixel_values": rng.random((batch, 3, 224, 224), dtype=np.float32)})
         added.append(ctx._counters["constant_bytes"] - before)
     info = benchmark.extra_info
-    info.update(group="memory: constant bytes a further input size adds", adapter=adapter_name(ctx),
-                ours_total_s=None, first_size_bytes=added[0], second_size_bytes=added[1], third_size_bytes=added[2],
-                builds=sess.stats["builds"])
+    info.update(
+        group="memory: constant bytes a further input size adds",
+        adapter=adapter_name(ctx),
+        ours_total_s=None,
+        first_size_bytes=added[0],
+        second_size_bytes=added[1],
+        third_size_bytes=added[2],
+        builds=sess.stats["builds"],
+    )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
     print(f"\nconstant bytes added: first size {added[0]}, second {added[1]}, third {added[2]}")
     assert sess.stats["builds"] == 3

@@ -51,11 +51,18 @@ def test_mediapipe_model_latency(benchmark, ctx, name):
             return [it.get_tensor(k) for k in outs]
 
         ref = measure(run_litert, rounds=ROUNDS, warmup=1)
-    info = record(benchmark, ours, f"MediaPipe {name} (InferenceSession, numpy in/out)", ref=ref,
-                  ref_name="LiteRT CPU (XNNPACK, 2 threads)" if ref else "LiteRT cannot run its custom ops",
-                  adapter=adapter_name(ctx))
+    info = record(
+        benchmark,
+        ours,
+        f"MediaPipe {name} (InferenceSession, numpy in/out)",
+        ref=ref,
+        ref_name="LiteRT CPU (XNNPACK, 2 threads)" if ref else "LiteRT cannot run its custom ops",
+        adapter=adapter_name(ctx),
+    )
     ref_ms = f"{1e3 * ref['total_s']:.1f} ms" if ref else "n/a"
-    print(f"\n[{name}] ours {1e3 * ours['total_s']:.1f} ms, LiteRT {ref_ms}, ratio {info.get('ratio', float('nan')):.3f}")
+    print(
+        f"\n[{name}] ours {1e3 * ours['total_s']:.1f} ms, LiteRT {ref_ms}, ratio {info.get('ratio', float('nan')):.3f}"
+    )
 
 
 # -- real ONNX models from PyPI wheels (models.ONNX_MODELS) against onnxruntime CPU ------------------
@@ -94,7 +101,15 @@ def test_onnx_model_latency(benchmark, ctx, name):
     so.intra_op_num_threads = 2
     ref_sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     ref = measure(lambda: ref_sess.run(None, feeds), rounds=ROUNDS, warmup=1)
-    info = record(benchmark, ours, f"ONNX {name} (InferenceSession, numpy in/out)", ref=ref,
-                  ref_name="onnxruntime CPU (2 threads)", adapter=adapter_name(ctx))
-    print(f"\n[{name}] ours {1e3 * ours['total_s']:.1f} ms, onnxruntime {1e3 * ref['total_s']:.1f} ms, "
-          f"ratio {info['ratio']:.3f}")
+    info = record(
+        benchmark,
+        ours,
+        f"ONNX {name} (InferenceSession, numpy in/out)",
+        ref=ref,
+        ref_name="onnxruntime CPU (2 threads)",
+        adapter=adapter_name(ctx),
+    )
+    print(
+        f"\n[{name}] ours {1e3 * ours['total_s']:.1f} ms, onnxruntime {1e3 * ref['total_s']:.1f} ms, "
+        f"ratio {info['ratio']:.3f}"
+    )

@@ -46,12 +46,12 @@ def test_session_latency(benchmark, ctx, model):
     rounds = ROUNDS[name]
     ours = measure(lambda: sess.run(None, {iname: x}), rounds=rounds, warmup=1)
     theirs = measure(lambda: ref.run(None, {iname: x}), rounds=rounds, warmup=1)
-    np.testing.assert_allclose(sess.run(None, {iname: x})[0], ref.run(None, {iname: x})[0],
-                               rtol=1e-3, atol=1e-5)
-    info = record(benchmark, ours, f"onnx-session-{name}", theirs, "onnxruntime CPU",
-                  adapter=adapter_name(ctx))
-    print(f"\n{name}: ours {ours['total_s'] * 1e3:.1f} ms, onnxruntime CPU {theirs['total_s'] * 1e3:.1f} ms "
-          f"(ratio {info['ratio']:.2f}, >1 = we are faster) on {adapter_name(ctx)}")
+    np.testing.assert_allclose(sess.run(None, {iname: x})[0], ref.run(None, {iname: x})[0], rtol=1e-3, atol=1e-5)
+    info = record(benchmark, ours, f"onnx-session-{name}", theirs, "onnxruntime CPU", adapter=adapter_name(ctx))
+    print(
+        f"\n{name}: ours {ours['total_s'] * 1e3:.1f} ms, onnxruntime CPU {theirs['total_s'] * 1e3:.1f} ms "
+        f"(ratio {info['ratio']:.2f}, >1 = we are faster) on {adapter_name(ctx)}"
+    )
 
 
 def test_session_mltensor_path_and_host_overhead(benchmark, ctx, model):
@@ -65,18 +65,26 @@ def test_session_mltensor_path_and_host_overhead(benchmark, ctx, model):
     def wait():
         ctx.read_tensor_sync(probe)
 
-    ours = measure(lambda: sess.run(None, {iname: tx}, output_location="ml-tensor"), wait,
-                   rounds=rounds, warmup=1)
+    ours = measure(lambda: sess.run(None, {iname: tx}, output_location="ml-tensor"), wait, rounds=rounds, warmup=1)
     # bare dispatch of the same graph with the same tensors: what the session adds on top
     g = sess.graph
     ins = {n: tx for n in g.input_descriptors}
     bound = {n: sess._out_tensors[n] for n in g.output_descriptors}
     bare = measure(lambda: ctx.dispatch(g, ins, bound), wait, rounds=rounds, warmup=1)
-    info = record(benchmark, ours, f"onnx-session-{name}", adapter=adapter_name(ctx),
-                  host_overhead_s=ours["enqueue_s"], bare_dispatch_enqueue_s=bare["enqueue_s"],
-                  session_extra_s=ours["enqueue_s"] - bare["enqueue_s"], kernels=len(g.kernel_names))
-    print(f"\n{name}: ml-tensor run {ours['total_s'] * 1e3:.1f} ms; host overhead per run "
-          f"{ours['enqueue_s'] * 1e6:.0f} us (bare dispatch {bare['enqueue_s'] * 1e6:.0f} us, "
-          f"{len(g.kernel_names)} kernels)")
+    info = record(
+        benchmark,
+        ours,
+        f"onnx-session-{name}",
+        adapter=adapter_name(ctx),
+        host_overhead_s=ours["enqueue_s"],
+        bare_dispatch_enqueue_s=bare["enqueue_s"],
+        session_extra_s=ours["enqueue_s"] - bare["enqueue_s"],
+        kernels=len(g.kernel_names),
+    )
+    print(
+        f"\n{name}: ml-tensor run {ours['total_s'] * 1e3:.1f} ms; host overhead per run "
+        f"{ours['enqueue_s'] * 1e6:.0f} us (bare dispatch {bare['enqueue_s'] * 1e6:.0f} us, "
+        f"{len(g.kernel_names)} kernels)"
+    )
     assert info["host_overhead_s"] > 0
     tx.destroy()

@@ -47,8 +47,10 @@ def _naive_matmul(dev, A, B):
     probe = dev.create_buffer(size=4, usage=U.STORAGE | U.COPY_SRC)
     module = dev.create_shader_module(code=NAIVE_WGSL.replace("{n}", str(n)))
     pipe = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-        {"binding": i, "resource": {"buffer": x}} for i, x in enumerate((ba, bb, bc))])
+    bg = dev.create_bind_group(
+        layout=pipe.get_bind_group_layout(0),
+        entries=[{"binding": i, "resource": {"buffer": x}} for i, x in enumerate((ba, bb, bc))],
+    )
 
     def enqueue():
         enc = dev.create_command_encoder()
@@ -88,8 +90,9 @@ def test_matmul_1024(benchmark, ctx):
     ref = A @ B
     np.testing.assert_allclose(ours_out, ref, rtol=1e-3, atol=1e-3)
 
-    m_ours = measure(lambda: ctx.dispatch(g, {"a": ta}, {"y": ty}), lambda: ctx.read_tensor_sync(probe),
-                     rounds=3, warmup=1)
+    m_ours = measure(
+        lambda: ctx.dispatch(g, {"a": ta}, {"y": ty}), lambda: ctx.read_tensor_sync(probe), rounds=3, warmup=1
+    )
     m_np = measure(lambda: A @ B, rounds=3, warmup=1)
     enq, wait, result = _naive_matmul(ctx.device, A, B)
     enq()
@@ -100,12 +103,24 @@ def test_matmul_1024(benchmark, ctx):
     ours_rate = flops / m_ours["total_s"] / 1e9
     naive_rate = flops / m_naive["total_s"] / 1e9
     np_rate = flops / m_np["total_s"] / 1e9
-    record(benchmark, m_ours, "matmul 1024", m_np, "numpy", unit="GFLOP/s", work=flops,
-           naive_total_s=m_naive["total_s"], naive_rate=naive_rate,
-           speedup_vs_naive=m_naive["total_s"] / m_ours["total_s"], kernels=g.kernel_names)
-    print(f"\nmatmul {N}^3 f32: ours {ours_rate:.2f} GFLOP/s, naive WGSL {naive_rate:.2f} GFLOP/s "
-          f"({m_naive['total_s'] / m_ours['total_s']:.1f}x), numpy {np_rate:.2f} GFLOP/s "
-          f"({g.kernel_names[0]})")
+    record(
+        benchmark,
+        m_ours,
+        "matmul 1024",
+        m_np,
+        "numpy",
+        unit="GFLOP/s",
+        work=flops,
+        naive_total_s=m_naive["total_s"],
+        naive_rate=naive_rate,
+        speedup_vs_naive=m_naive["total_s"] / m_ours["total_s"],
+        kernels=g.kernel_names,
+    )
+    print(
+        f"\nmatmul {N}^3 f32: ours {ours_rate:.2f} GFLOP/s, naive WGSL {naive_rate:.2f} GFLOP/s "
+        f"({m_naive['total_s'] / m_ours['total_s']:.1f}x), numpy {np_rate:.2f} GFLOP/s "
+        f"({g.kernel_names[0]})"
+    )
 
 
 def _ort_conv(x_nchw, w_oihw, pads, strides, groups):
@@ -116,11 +131,16 @@ def _ort_conv(x_nchw, w_oihw, pads, strides, groups):
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:  # pragma: no cover
         return None
-    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[pads[0], pads[2], pads[1], pads[3]],
-                            strides=strides, group=groups)
-    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_nchw.shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=[numpy_helper.from_array(w_oihw, "w")])
+    node = helper.make_node(
+        "Conv", ["x", "w"], ["y"], pads=[pads[0], pads[2], pads[1], pads[3]], strides=strides, group=groups
+    )
+    graph = helper.make_graph(
+        [node],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_nchw.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(w_oihw, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = min(model.ir_version, 9)
     opts = ort.SessionOptions()
@@ -148,8 +168,14 @@ def test_conv2d_nhwc(benchmark, ctx, kind, c_in, c_out, hw, groups):
 
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=list(Xl.shape))
-    y = b.conv2d(x, b.constant(Wl), padding=[1, 1, 1, 1], groups=groups, input_layout="nhwc",
-                 filter_layout="ihwo" if dw else "ohwi")
+    y = b.conv2d(
+        x,
+        b.constant(Wl),
+        padding=[1, 1, 1, 1],
+        groups=groups,
+        input_layout="nhwc",
+        filter_layout="ihwo" if dw else "ohwi",
+    )
     g = b.build_sync({"y": y})
     tx = ctx.create_tensor_sync(data_type="float32", shape=list(Xl.shape), writable=True)
     ty = ctx.create_tensor_sync(data_type="float32", shape=list(y.shape), readable=True)
@@ -159,14 +185,25 @@ def test_conv2d_nhwc(benchmark, ctx, kind, c_in, c_out, hw, groups):
     got = ctx.read_tensor_sync(ty).transpose(0, 3, 1, 2)
 
     ort_run = _ort_conv(X, W, [1, 1, 1, 1], [1, 1], groups)
-    m_ours = measure(lambda: ctx.dispatch(g, {"x": tx}, {"y": ty}), lambda: ctx.read_tensor_sync(probe),
-                     rounds=5, warmup=1)
+    m_ours = measure(
+        lambda: ctx.dispatch(g, {"x": tx}, {"y": ty}), lambda: ctx.read_tensor_sync(probe), rounds=5, warmup=1
+    )
     m_ref = None
     if ort_run is not None:
         np.testing.assert_allclose(got, ort_run(), rtol=1e-3, atol=1e-3)
         m_ref = measure(ort_run, rounds=5, warmup=1)
-    info = record(benchmark, m_ours, f"conv2d nhwc {kind}", m_ref, "onnxruntime CPU", unit="GFLOP/s",
-                  work=flops, kernels=g.kernel_names)
+    info = record(
+        benchmark,
+        m_ours,
+        f"conv2d nhwc {kind}",
+        m_ref,
+        "onnxruntime CPU",
+        unit="GFLOP/s",
+        work=flops,
+        kernels=g.kernel_names,
+    )
     ref_txt = f", onnxruntime {info['ref_rate']:.2f} GFLOP/s" if m_ref else ""
-    print(f"\nconv2d {kind} 1x{hw}x{hw}x{c_in}->{c_out}: ours {info['ours_rate']:.2f} GFLOP/s"
-          f"{ref_txt} ({g.kernel_names[0]})")
+    print(
+        f"\nconv2d {kind} 1x{hw}x{hw}x{c_in}->{c_out}: ours {info['ours_rate']:.2f} GFLOP/s"
+        f"{ref_txt} ({g.kernel_names[0]})"
+    )

@@ -54,7 +54,9 @@ class _Model:
         # the reference computes MatMulNBits in f32 (without_accuracy_level()), as we do; the
         # timed onnxruntime runs the model as exported (int4: accuracy_level=4, A quantized to
         # int8, genai's CPU setting)
-        self.ref = ort.InferenceSession(without_accuracy_level(model).SerializeToString(), providers=["CPUExecutionProvider"])
+        self.ref = ort.InferenceSession(
+            without_accuracy_level(model).SerializeToString(), providers=["CPUExecutionProvider"]
+        )
         self.timed = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         self.feeds = feeds
         self.ops = {n.op_type for n in model.graph.node}
@@ -62,8 +64,9 @@ class _Model:
         self.host = self.sess.run(None, feeds)  # builds; the result checked against onnxruntime
         self.gpu = {}
         for name, a in feeds.items():
-            t = self.ctx.create_tensor_sync(data_type="int64" if a.dtype == np.int64 else "float32",
-                                            shape=a.shape, writable=True)
+            t = self.ctx.create_tensor_sync(
+                data_type="int64" if a.dtype == np.int64 else "float32", shape=a.shape, writable=True
+            )
             self.ctx.write_tensor(t, a)
             self.gpu[name] = t
 
@@ -91,12 +94,15 @@ def decoders():
     rng = np.random.default_rng(0)
     f32 = float_decoder(CFG, seed=1)
     q4 = quantize_decoder(f32, CFG, "tied")
-    feeds = {"input_ids": rng.integers(0, CFG.vocab, (1, 1)).astype(np.int64),
-             "attention_mask": np.ones((1, PAST + 1), np.int64)}
+    feeds = {
+        "input_ids": rng.integers(0, CFG.vocab, (1, 1)).astype(np.int64),
+        "attention_mask": np.ones((1, PAST + 1), np.int64),
+    }
     for i in range(CFG.layers):
         for kv in ("key", "value"):
-            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal(
-                (1, CFG.kv_heads, PAST, CFG.head_size)).astype(np.float32)
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((1, CFG.kv_heads, PAST, CFG.head_size)).astype(
+                np.float32
+            )
     models = {"int4": _Model(q4, feeds), "float32": _Model(f32, feeds)}
     yield models
     for m in models.values():
@@ -111,14 +117,26 @@ def test_int4_decode_step(benchmark, decoders):
         assert err <= 1e-3, err
     ours, ref, ratio = measure_pair(q4.step(), f32.step(), rounds=15, warmup=2)
     o4, of, ort_ratio = measure_pair(q4.ort_step(), f32.ort_step(), rounds=15, warmup=2)
-    info = record(benchmark, ours, "quant: int4 decode step (past 64)", ref, "float32 weights, same session path",
-                  adapter=adapter_name(q4.ctx), step_ratio=ratio, ort_int4_s=o4["total_s"],
-                  ort_float32_s=of["total_s"], ort_step_ratio=ort_ratio,
-                  vs_ort_int4=o4["total_s"] / ours["total_s"], vs_ort_float32=of["total_s"] / ref["total_s"])
-    print(f"\nint4 decode step on {info['adapter']}: {ours['total_s'] * 1e3:.1f} ms, float32 "
-          f"{ref['total_s'] * 1e3:.1f} ms: int4/float32 x{ratio:.2f} (target <= 1); onnxruntime CPU int4 "
-          f"{o4['total_s'] * 1e3:.1f} ms, float32 {of['total_s'] * 1e3:.1f} ms (x{ort_ratio:.2f}); "
-          f"onnxruntime/ours: int4 {info['vs_ort_int4']:.2f}, float32 {info['vs_ort_float32']:.2f}")
+    info = record(
+        benchmark,
+        ours,
+        "quant: int4 decode step (past 64)",
+        ref,
+        "float32 weights, same session path",
+        adapter=adapter_name(q4.ctx),
+        step_ratio=ratio,
+        ort_int4_s=o4["total_s"],
+        ort_float32_s=of["total_s"],
+        ort_step_ratio=ort_ratio,
+        vs_ort_int4=o4["total_s"] / ours["total_s"],
+        vs_ort_float32=of["total_s"] / ref["total_s"],
+    )
+    print(
+        f"\nint4 decode step on {info['adapter']}: {ours['total_s'] * 1e3:.1f} ms, float32 "
+        f"{ref['total_s'] * 1e3:.1f} ms: int4/float32 x{ratio:.2f} (target <= 1); onnxruntime CPU int4 "
+        f"{o4['total_s'] * 1e3:.1f} ms, float32 {of['total_s'] * 1e3:.1f} ms (x{ort_ratio:.2f}); "
+        f"onnxruntime/ours: int4 {info['vs_ort_int4']:.2f}, float32 {info['vs_ort_float32']:.2f}"
+    )
 
 
 def test_int4_constant_bytes(benchmark, decoders):
@@ -126,14 +144,23 @@ def test_int4_constant_bytes(benchmark, decoders):
     mem = {k: m.sess.graph.memory for k, m in decoders.items()}
     weights = {k: m.weight_bytes for k, m in decoders.items()}
     info = benchmark.extra_info
-    info.update(group="quant: GPU constant bytes, int4 / float32 decoder", adapter=adapter_name(decoders["int4"].ctx),
-                ours_total_s=None, int4_constant_bytes=sizes["int4"], float32_constant_bytes=sizes["float32"],
-                ratio=sizes["int4"] / sizes["float32"], int4_graph_memory=mem["int4"],
-                float32_graph_memory=mem["float32"], model_bytes=weights)
+    info.update(
+        group="quant: GPU constant bytes, int4 / float32 decoder",
+        adapter=adapter_name(decoders["int4"].ctx),
+        ours_total_s=None,
+        int4_constant_bytes=sizes["int4"],
+        float32_constant_bytes=sizes["float32"],
+        ratio=sizes["int4"] / sizes["float32"],
+        int4_graph_memory=mem["int4"],
+        float32_graph_memory=mem["float32"],
+        model_bytes=weights,
+    )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    print(f"\nconstant bytes: int4 {sizes['int4'] / 2**20:.1f} MiB, float32 {sizes['float32'] / 2**20:.1f} MiB: "
-          f"x{info['ratio']:.3f} (target <= 0.2); graph.memory int4 {mem['int4']}, float32 {mem['float32']}; "
-          f"initializer bytes {weights}")
+    print(
+        f"\nconstant bytes: int4 {sizes['int4'] / 2**20:.1f} MiB, float32 {sizes['float32'] / 2**20:.1f} MiB: "
+        f"x{info['ratio']:.3f} (target <= 0.2); graph.memory int4 {mem['int4']}, float32 {mem['float32']}; "
+        f"initializer bytes {weights}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -160,15 +187,27 @@ def test_dynamic_int8_bert(benchmark, berts):
         assert err <= 1e-2, err
     ours, ref, ratio = measure_pair(q8.step(), f32.step(), rounds=15, warmup=2)
     o8, of, ort_ratio = measure_pair(q8.ort_step(), f32.ort_step(), rounds=15, warmup=2)
-    info = record(benchmark, ours, "quant: dynamic int8 BERT-like (seq 128)", ref, "float32 model, same session path",
-                  adapter=adapter_name(q8.ctx), time_ratio=ratio, ort_int8_s=o8["total_s"],
-                  ort_float32_s=of["total_s"], ort_time_ratio=ort_ratio,
-                  vs_ort_int8=o8["total_s"] / ours["total_s"], vs_ort_float32=of["total_s"] / ref["total_s"],
-                  int8_constant_bytes=q8.ctx.counters["constant_bytes"],
-                  float32_constant_bytes=f32.ctx.counters["constant_bytes"])
-    print(f"\ndynamic int8 BERT on {info['adapter']}: {ours['total_s'] * 1e3:.1f} ms, float32 "
-          f"{ref['total_s'] * 1e3:.1f} ms: int8/float32 x{ratio:.2f}; onnxruntime CPU int8 "
-          f"{o8['total_s'] * 1e3:.1f} ms, float32 {of['total_s'] * 1e3:.1f} ms (x{ort_ratio:.2f}); "
-          f"onnxruntime/ours: int8 {info['vs_ort_int8']:.2f}, float32 {info['vs_ort_float32']:.2f}; "
-          f"constant bytes int8 {info['int8_constant_bytes'] / 2**20:.1f} MiB, "
-          f"float32 {info['float32_constant_bytes'] / 2**20:.1f} MiB")
+    info = record(
+        benchmark,
+        ours,
+        "quant: dynamic int8 BERT-like (seq 128)",
+        ref,
+        "float32 model, same session path",
+        adapter=adapter_name(q8.ctx),
+        time_ratio=ratio,
+        ort_int8_s=o8["total_s"],
+        ort_float32_s=of["total_s"],
+        ort_time_ratio=ort_ratio,
+        vs_ort_int8=o8["total_s"] / ours["total_s"],
+        vs_ort_float32=of["total_s"] / ref["total_s"],
+        int8_constant_bytes=q8.ctx.counters["constant_bytes"],
+        float32_constant_bytes=f32.ctx.counters["constant_bytes"],
+    )
+    print(
+        f"\ndynamic int8 BERT on {info['adapter']}: {ours['total_s'] * 1e3:.1f} ms, float32 "
+        f"{ref['total_s'] * 1e3:.1f} ms: int8/float32 x{ratio:.2f}; onnxruntime CPU int8 "
+        f"{o8['total_s'] * 1e3:.1f} ms, float32 {of['total_s'] * 1e3:.1f} ms (x{ort_ratio:.2f}); "
+        f"onnxruntime/ours: int8 {info['vs_ort_int8']:.2f}, float32 {info['vs_ort_float32']:.2f}; "
+        f"constant bytes int8 {info['int8_constant_bytes'] / 2**20:.1f} MiB, "
+        f"float32 {info['float32_constant_bytes'] / 2**20:.1f} MiB"
+    )

@@ -56,26 +56,52 @@ def test_greedy_decoder_loop(benchmark, ctx, which):
     before = sess.stats["readbacks"]
     sess.run(None, feeds)
     trips = sess.stats["readbacks"] - before  # the loop's waits (no other cut in this model)
-    ours, theirs, ratio = measure_pair((lambda: sess.run(None, feeds), None), (lambda: ref.run(None, feeds), None),
-                                       rounds=7, warmup=1)
-    info = record(benchmark, ours, f"stages: greedy decoder loop, {which}", theirs, "onnxruntime CPU",
-                  adapter=adapter_name(ctx), iterations=n, round_trips=trips, round_trip_target=n / 8 + 1,
-                  ms_per_iteration=ours["total_s"] / n * 1e3)
+    ours, theirs, ratio = measure_pair(
+        (lambda: sess.run(None, feeds), None), (lambda: ref.run(None, feeds), None), rounds=7, warmup=1
+    )
+    info = record(
+        benchmark,
+        ours,
+        f"stages: greedy decoder loop, {which}",
+        theirs,
+        "onnxruntime CPU",
+        adapter=adapter_name(ctx),
+        iterations=n,
+        round_trips=trips,
+        round_trip_target=n / 8 + 1,
+        ms_per_iteration=ours["total_s"] / n * 1e3,
+    )
     assert info["ratio"] > 0 and trips <= n / 8 + 1
 
 
 def _mlp_loop(trips):
-    body = h.make_graph([h.make_node("MatMul", ["h_in", "W"], ["hw"]), h.make_node("Add", ["hw", "x"], ["hx"]),
-                         h.make_node("Tanh", ["hx"], ["h_out"]), h.make_node("Identity", ["c_in"], ["c_out"])], "body",
-                        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
-                         h.make_tensor_value_info("h_in", T.FLOAT, [1, 64])],
-                        [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("h_out", T.FLOAT, [1, 64]),
-                         h.make_tensor_value_info("hw", T.FLOAT, [1, 64])])
+    body = h.make_graph(
+        [
+            h.make_node("MatMul", ["h_in", "W"], ["hw"]),
+            h.make_node("Add", ["hw", "x"], ["hx"]),
+            h.make_node("Tanh", ["hx"], ["h_out"]),
+            h.make_node("Identity", ["c_in"], ["c_out"]),
+        ],
+        "body",
+        [
+            h.make_tensor_value_info("i", T.INT64, []),
+            h.make_tensor_value_info("c_in", T.BOOL, []),
+            h.make_tensor_value_info("h_in", T.FLOAT, [1, 64]),
+        ],
+        [
+            h.make_tensor_value_info("c_out", T.BOOL, []),
+            h.make_tensor_value_info("h_out", T.FLOAT, [1, 64]),
+            h.make_tensor_value_info("hw", T.FLOAT, [1, 64]),
+        ],
+    )
     W = (np.random.default_rng(0).standard_normal((64, 64)) * 0.1).astype(np.float32)
-    g = h.make_graph([h.make_node("Loop", ["M", "", "h0"], ["hf", "hs"], body=body)], "g",
-                     [h.make_tensor_value_info("h0", T.FLOAT, [1, 64]), h.make_tensor_value_info("x", T.FLOAT, [1, 64])],
-                     [h.make_tensor_value_info("hf", T.FLOAT, None), h.make_tensor_value_info("hs", T.FLOAT, None)],
-                     [h.make_tensor("M", T.INT64, [], [trips]), h.make_tensor("W", T.FLOAT, [64, 64], W.ravel())])
+    g = h.make_graph(
+        [h.make_node("Loop", ["M", "", "h0"], ["hf", "hs"], body=body)],
+        "g",
+        [h.make_tensor_value_info("h0", T.FLOAT, [1, 64]), h.make_tensor_value_info("x", T.FLOAT, [1, 64])],
+        [h.make_tensor_value_info("hf", T.FLOAT, None), h.make_tensor_value_info("hs", T.FLOAT, None)],
+        [h.make_tensor("M", T.INT64, [], [trips]), h.make_tensor("W", T.FLOAT, [64, 64], W.ravel())],
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
@@ -91,10 +117,17 @@ def test_unrolled_vs_executed_loop(benchmark, ctx, monkeypatch):
     _same(unrolled.run(None, feeds), want)
     _same(executed.run(None, feeds), want)
     assert executed.stats["stage_builds"] == 1 and unrolled.stats["stage_builds"] == 0
-    ours, theirs, ratio = measure_pair((lambda: unrolled.run(None, feeds), None),
-                                       (lambda: executed.run(None, feeds), None), rounds=9, warmup=1)
-    record(benchmark, ours, "stages: 64-iteration loop, unrolled", theirs, "the same loop executed",
-           adapter=adapter_name(ctx))
+    ours, theirs, ratio = measure_pair(
+        (lambda: unrolled.run(None, feeds), None), (lambda: executed.run(None, feeds), None), rounds=9, warmup=1
+    )
+    record(
+        benchmark,
+        ours,
+        "stages: 64-iteration loop, unrolled",
+        theirs,
+        "the same loop executed",
+        adapter=adapter_name(ctx),
+    )
 
 
 def test_detector_with_nms(benchmark, ctx):
@@ -105,26 +138,50 @@ def test_detector_with_nms(benchmark, ctx):
     b0, r0 = sess.stats["readback_bytes"], sess.stats["readbacks"]
     sess.run(None, feeds)
     nbytes, reads = sess.stats["readback_bytes"] - b0, sess.stats["readbacks"] - r0
-    ours, theirs, ratio = measure_pair((lambda: sess.run(None, feeds), None), (lambda: ref.run(None, feeds), None),
-                                       rounds=9, warmup=1)
-    record(benchmark, ours, "stages: detector with NMS and TopK in the graph (64x64)", theirs, "onnxruntime CPU",
-           adapter=adapter_name(ctx), readback_bytes_per_run=nbytes, readbacks_per_run=reads)
+    ours, theirs, ratio = measure_pair(
+        (lambda: sess.run(None, feeds), None), (lambda: ref.run(None, feeds), None), rounds=9, warmup=1
+    )
+    record(
+        benchmark,
+        ours,
+        "stages: detector with NMS and TopK in the graph (64x64)",
+        theirs,
+        "onnxruntime CPU",
+        adapter=adapter_name(ctx),
+        readback_bytes_per_run=nbytes,
+        readbacks_per_run=reads,
+    )
     assert nbytes == 4 * reads
 
 
 def test_nonzero_count_vs_host_compaction(benchmark, ctx):
     n = 1 << 20
-    m = h.make_model(h.make_graph([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
-                                   h.make_node("ReduceSum", ["nz"], ["s"], keepdims=0)], "g",
-                                  [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])],
-                                  [h.make_tensor_value_info("s", T.INT64, None)]),
-                     opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    m = h.make_model(
+        h.make_graph(
+            [
+                h.make_node("Greater", ["x", "t"], ["mask"]),
+                h.make_node("NonZero", ["mask"], ["nz"]),
+                h.make_node("ReduceSum", ["nz"], ["s"], keepdims=0),
+            ],
+            "g",
+            [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])],
+            [h.make_tensor_value_info("s", T.INT64, None)],
+        ),
+        opset_imports=[h.make_opsetid("", 17)],
+        ir_version=8,
+    )
     sess, ref = _pair(m, ctx)
     # the way without the GPU compaction: the mask read back, compacted on the host
-    mask_m = h.make_model(h.make_graph([h.make_node("Greater", ["x", "t"], ["mask"])], "g",
-                                       [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])],
-                                       [h.make_tensor_value_info("mask", T.BOOL, None)]),
-                          opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    mask_m = h.make_model(
+        h.make_graph(
+            [h.make_node("Greater", ["x", "t"], ["mask"])],
+            "g",
+            [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])],
+            [h.make_tensor_value_info("mask", T.BOOL, None)],
+        ),
+        opset_imports=[h.make_opsetid("", 17)],
+        ir_version=8,
+    )
     mask_sess = InferenceSession(mask_m.SerializeToString(), ctx, cache=False)
     feeds = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32), "t": np.array(1.0, np.float32)}
     _same(sess.run(None, feeds), ref.run(None, feeds))
@@ -138,9 +195,16 @@ def test_nonzero_count_vs_host_compaction(benchmark, ctx):
     sess.run(None, feeds)
     nbytes = sess.stats["readback_bytes"] - b0
     ours, theirs, ratio = measure_pair((lambda: sess.run(None, feeds), None), (host_way, None), rounds=9, warmup=1)
-    record(benchmark, ours, "stages: NonZero of 1M elements (count read back)", theirs,
-           "mask read back, compacted on the host", adapter=adapter_name(ctx),
-           readback_bytes_per_run=nbytes, host_way_bytes=n)
+    record(
+        benchmark,
+        ours,
+        "stages: NonZero of 1M elements (count read back)",
+        theirs,
+        "mask read back, compacted on the host",
+        adapter=adapter_name(ctx),
+        readback_bytes_per_run=nbytes,
+        host_way_bytes=n,
+    )
     assert nbytes == 4
 
 
@@ -160,11 +224,17 @@ def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
         feeds = {"img": (np.random.default_rng(0).standard_normal((1, 3, 64, 64))).astype(np.float32)}
     else:
         n = 4096
-        nodes = [h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
-                 h.make_node("ReduceSum", ["nz"], ["s"], keepdims=0)]
+        nodes = [
+            h.make_node("Greater", ["x", "t"], ["mask"]),
+            h.make_node("NonZero", ["mask"], ["nz"]),
+            h.make_node("ReduceSum", ["nz"], ["s"], keepdims=0),
+        ]
         ins = [h.make_tensor_value_info("x", T.FLOAT, [n]), h.make_tensor_value_info("t", T.FLOAT, [])]
-        m = h.make_model(h.make_graph(nodes, "g", ins, [h.make_tensor_value_info("s", T.INT64, None)]),
-                         opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+        m = h.make_model(
+            h.make_graph(nodes, "g", ins, [h.make_tensor_value_info("s", T.INT64, None)]),
+            opset_imports=[h.make_opsetid("", 17)],
+            ir_version=8,
+        )
         feeds = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32), "t": np.array(1.0, np.float32)}
     pooled, ref = _pair(m, ctx)
     fresh = InferenceSession(m.SerializeToString(), ctx, cache=False)
@@ -185,5 +255,11 @@ def test_stage_tensors_pooled_vs_allocated(benchmark, ctx, which):
         ours, theirs, ratio = measure_pair((run_pooled, None), (run_fresh, None), rounds=15, warmup=2)
     finally:
         pool.POOL = size
-    record(benchmark, ours, f"stages: stage tensors pooled, {which}", theirs, "allocated every run (no pool)",
-           adapter=adapter_name(ctx))
+    record(
+        benchmark,
+        ours,
+        f"stages: stage tensors pooled, {which}",
+        theirs,
+        "allocated every run (no pool)",
+        adapter=adapter_name(ctx),
+    )

@@ -46,9 +46,15 @@ RUNS = int(os.environ.get("MLTENSOR_BENCH_STARTUP_RUNS", "3"))
 def one_process(engine, model, name, shape, env=None, runs=3, static=False):
     env = dict(os.environ, **(env or {}))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user's machine: modules load from .pyc
-    r = subprocess.run([sys.executable, "-m", "bench.one_process", engine, str(model), name, json.dumps(shape),
-                        "--runs", str(runs)] + (["--static"] if static else []), cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.one_process", engine, str(model), name, json.dumps(shape), "--runs", str(runs)]
+        + (["--static"] if static else []),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -61,8 +67,11 @@ def _median(rows, k):
 @pytest.fixture(scope="module")
 def startup():
     path = mltensor.models.fetch_onnx(MODEL)
-    ways = (("", False, {"MLTENSOR_NO_SIZE_PARAMS": "0"}), (" (one size)", True, {"MLTENSOR_NO_SIZE_PARAMS": "0"}),
-            (" (constants)", True, {"MLTENSOR_NO_SIZE_PARAMS": "1"}))
+    ways = (
+        ("", False, {"MLTENSOR_NO_SIZE_PARAMS": "0"}),
+        (" (one size)", True, {"MLTENSOR_NO_SIZE_PARAMS": "0"}),
+        (" (constants)", True, {"MLTENSOR_NO_SIZE_PARAMS": "1"}),
+    )
     rows = {f"{state}{tag}": [] for tag, _, _ in ways for state in ("cold", "driver warm", "both warm")}
     rows["onnxruntime"] = []
     for _ in range(RUNS):
@@ -72,26 +81,41 @@ def startup():
                 rows["cold" + tag].append(one_process("mltensor", path, INPUT, SHAPE, env, static=static))
                 with tempfile.TemporaryDirectory() as ours2:
                     rows["driver warm" + tag].append(
-                        one_process("mltensor", path, INPUT, SHAPE, dict(env, MLTENSOR_CACHE=ours2), static=static))
+                        one_process("mltensor", path, INPUT, SHAPE, dict(env, MLTENSOR_CACHE=ours2), static=static)
+                    )
                 rows["both warm" + tag].append(one_process("mltensor", path, INPUT, SHAPE, env, static=static))
         rows["onnxruntime"].append(one_process("onnxruntime", path, INPUT, SHAPE))
     for state, rs in rows.items():
-        print(f"\n{state:>25}: " + ", ".join(f"{k} {_median(rs, k):.3f}" for k in
-                                                ("import_s", "context_s", "session_s", "load_first_s", "steady_s",
-                                                 "overhead_s")) + f", pipelines {rs[0].get('pipelines')} "
-              f"(created {rs[0].get('pipelines_created')}), "
-              "overhead per run " + ", ".join("%.3f" % r["overhead_s"] for r in rs))
+        print(
+            f"\n{state:>25}: "
+            + ", ".join(
+                f"{k} {_median(rs, k):.3f}"
+                for k in ("import_s", "context_s", "session_s", "load_first_s", "steady_s", "overhead_s")
+            )
+            + f", pipelines {rs[0].get('pipelines')} "
+            f"(created {rs[0].get('pipelines_created')}), "
+            "overhead per run " + ", ".join("%.3f" % r["overhead_s"] for r in rs)
+        )
     assert rows["both warm"][-1]["stats"]["loaded"] == 1 and rows["cold"][-1]["stats"]["loaded"] == 0
     return rows
 
 
 def _report(benchmark, ctx, group, ours, ref, ref_name, **extra):
     info = benchmark.extra_info
-    info.update(group=group, adapter=adapter_name(ctx), model=MODEL, kernels=ours[0].get("kernels"),
-                pipelines=ours[0].get("pipelines"),
-                pipelines_created=ours[0].get("pipelines_created"),
-                ours_total_s=_median(ours, "overhead_s"), ref_total_s=_median(ref, "overhead_s"),
-                ref_name=ref_name, ours_enqueue_s=_median(ours, "overhead_s"), runs=len(ours), **extra)
+    info.update(
+        group=group,
+        adapter=adapter_name(ctx),
+        model=MODEL,
+        kernels=ours[0].get("kernels"),
+        pipelines=ours[0].get("pipelines"),
+        pipelines_created=ours[0].get("pipelines_created"),
+        ours_total_s=_median(ours, "overhead_s"),
+        ref_total_s=_median(ref, "overhead_s"),
+        ref_name=ref_name,
+        ours_enqueue_s=_median(ours, "overhead_s"),
+        runs=len(ours),
+        **extra,
+    )
     info["ratio"] = info["ref_total_s"] / info["ours_total_s"]
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
     return info
@@ -99,57 +123,82 @@ def _report(benchmark, ctx, group, ours, ref, ref_name, **extra):
 
 def test_startup_cold(benchmark, ctx, startup):
     """Both caches empty: overhead against onnxruntime's (target: <= 8 s on 2 lavapipe cores)."""
-    info = _report(benchmark, ctx, "start-up overhead: cold (driver and mltensor caches empty)",
-                   startup["cold"], startup["onnxruntime"], "onnxruntime CPU, same model",
-                   import_s=_median(startup["cold"], "import_s"), context_s=_median(startup["cold"], "context_s"),
-                   one_size_overhead_s=_median(startup["cold (one size)"], "overhead_s"),
-                   one_size_kernels=startup["cold (one size)"][0].get("kernels"),
-                   one_size_pipelines=startup["cold (one size)"][0].get("pipelines"),
-                   constants_overhead_s=_median(startup["cold (constants)"], "overhead_s"),
-                   constants_pipelines=startup["cold (constants)"][0].get("pipelines"))
-    print(f"\ncold start-up overhead {info['ours_total_s']:.2f} s ({info['pipelines']} pipelines, "
-          f"{info['pipelines_created']} created at this size, every size; one "
-          f"size: {info['one_size_overhead_s']:.2f} s, {info['one_size_pipelines']} pipelines; every size a "
-          f"constant: {info['constants_overhead_s']:.2f} s, {info['constants_pipelines']} pipelines), "
-          f"onnxruntime {info['ref_total_s']:.2f} s")
+    info = _report(
+        benchmark,
+        ctx,
+        "start-up overhead: cold (driver and mltensor caches empty)",
+        startup["cold"],
+        startup["onnxruntime"],
+        "onnxruntime CPU, same model",
+        import_s=_median(startup["cold"], "import_s"),
+        context_s=_median(startup["cold"], "context_s"),
+        one_size_overhead_s=_median(startup["cold (one size)"], "overhead_s"),
+        one_size_kernels=startup["cold (one size)"][0].get("kernels"),
+        one_size_pipelines=startup["cold (one size)"][0].get("pipelines"),
+        constants_overhead_s=_median(startup["cold (constants)"], "overhead_s"),
+        constants_pipelines=startup["cold (constants)"][0].get("pipelines"),
+    )
+    print(
+        f"\ncold start-up overhead {info['ours_total_s']:.2f} s ({info['pipelines']} pipelines, "
+        f"{info['pipelines_created']} created at this size, every size; one "
+        f"size: {info['one_size_overhead_s']:.2f} s, {info['one_size_pipelines']} pipelines; every size a "
+        f"constant: {info['constants_overhead_s']:.2f} s, {info['constants_pipelines']} pipelines), "
+        f"onnxruntime {info['ref_total_s']:.2f} s"
+    )
 
 
 def test_startup_both_warm(benchmark, ctx, startup):
     """The graph cache's gain: both warm against the driver warm with mltensor's cache empty
     (ratio = driver-warm / both-warm; target >= 3.3, i.e. both warm <= 0.3x)."""
-    info = _report(benchmark, ctx, "start-up overhead: graph cache warm vs empty (driver cache warm)",
-                   startup["both warm"], startup["driver warm"], "mltensor, its cache empty",
-                   onnxruntime_overhead_s=_median(startup["onnxruntime"], "overhead_s"),
-                   both_warm_session_s=_median(startup["both warm"], "session_s"),
-                   driver_warm_session_s=_median(startup["driver warm"], "session_s"),
-                   one_size_both_warm_s=_median(startup["both warm (one size)"], "overhead_s"),
-                   one_size_driver_warm_s=_median(startup["driver warm (one size)"], "overhead_s"),
-                   constants_both_warm_s=_median(startup["both warm (constants)"], "overhead_s"),
-                   constants_driver_warm_s=_median(startup["driver warm (constants)"], "overhead_s"),
-                   constants_pipelines=startup["both warm (constants)"][0].get("pipelines"))
-    print(f"\nboth warm {info['ours_total_s']:.3f} s = {1 / info['ratio']:.2f}x of driver warm "
-          f"{info['ref_total_s']:.3f} s (onnxruntime {info['onnxruntime_overhead_s']:.3f} s); one size: "
-          f"{info['one_size_both_warm_s']:.3f} s of {info['one_size_driver_warm_s']:.3f} s; every size a constant: "
-          f"{info['constants_both_warm_s']:.3f} s of {info['constants_driver_warm_s']:.3f} s")
+    info = _report(
+        benchmark,
+        ctx,
+        "start-up overhead: graph cache warm vs empty (driver cache warm)",
+        startup["both warm"],
+        startup["driver warm"],
+        "mltensor, its cache empty",
+        onnxruntime_overhead_s=_median(startup["onnxruntime"], "overhead_s"),
+        both_warm_session_s=_median(startup["both warm"], "session_s"),
+        driver_warm_session_s=_median(startup["driver warm"], "session_s"),
+        one_size_both_warm_s=_median(startup["both warm (one size)"], "overhead_s"),
+        one_size_driver_warm_s=_median(startup["driver warm (one size)"], "overhead_s"),
+        constants_both_warm_s=_median(startup["both warm (constants)"], "overhead_s"),
+        constants_driver_warm_s=_median(startup["driver warm (constants)"], "overhead_s"),
+        constants_pipelines=startup["both warm (constants)"][0].get("pipelines"),
+    )
+    print(
+        f"\nboth warm {info['ours_total_s']:.3f} s = {1 / info['ratio']:.2f}x of driver warm "
+        f"{info['ref_total_s']:.3f} s (onnxruntime {info['onnxruntime_overhead_s']:.3f} s); one size: "
+        f"{info['one_size_both_warm_s']:.3f} s of {info['one_size_driver_warm_s']:.3f} s; every size a constant: "
+        f"{info['constants_both_warm_s']:.3f} s of {info['constants_driver_warm_s']:.3f} s"
+    )
 
 
 def test_startup_size_params(benchmark, ctx, startup):
     """What launch parameters give start-up (same run, one-size sessions: a graph with dynamic
     dimensions keeps its sizes as those): both warm with every size a WGSL constant against both
     warm as built (ratio = constants / parameters; > 1: faster start)."""
-    info = _report(benchmark, ctx, "start-up overhead: sizes as launch parameters vs constants (both caches warm)",
-                   startup["both warm (one size)"], startup["both warm (constants)"], "every size a constant",
-                   constants_pipelines=startup["both warm (constants)"][0].get("pipelines"),
-                   cold_s=_median(startup["cold (one size)"], "overhead_s"),
-                   constants_cold_s=_median(startup["cold (constants)"], "overhead_s"),
-                   best_both_warm_s=min(r["overhead_s"] for r in startup["both warm (one size)"]),
-                   best_constants_both_warm_s=min(r["overhead_s"] for r in startup["both warm (constants)"]),
-                   best_cold_s=min(r["overhead_s"] for r in startup["cold (one size)"]),
-                   best_constants_cold_s=min(r["overhead_s"] for r in startup["cold (constants)"]),
-                   steady_s=_median(startup["both warm (one size)"], "steady_s"),
-                   constants_steady_s=_median(startup["both warm (constants)"], "steady_s"))
-    print(f"\nboth warm: {info['pipelines']} pipelines {info['ours_total_s']:.3f} s, every size a constant: "
-          f"{info['constants_pipelines']} pipelines {info['ref_total_s']:.3f} s")
+    info = _report(
+        benchmark,
+        ctx,
+        "start-up overhead: sizes as launch parameters vs constants (both caches warm)",
+        startup["both warm (one size)"],
+        startup["both warm (constants)"],
+        "every size a constant",
+        constants_pipelines=startup["both warm (constants)"][0].get("pipelines"),
+        cold_s=_median(startup["cold (one size)"], "overhead_s"),
+        constants_cold_s=_median(startup["cold (constants)"], "overhead_s"),
+        best_both_warm_s=min(r["overhead_s"] for r in startup["both warm (one size)"]),
+        best_constants_both_warm_s=min(r["overhead_s"] for r in startup["both warm (constants)"]),
+        best_cold_s=min(r["overhead_s"] for r in startup["cold (one size)"]),
+        best_constants_cold_s=min(r["overhead_s"] for r in startup["cold (constants)"]),
+        steady_s=_median(startup["both warm (one size)"], "steady_s"),
+        constants_steady_s=_median(startup["both warm (constants)"], "steady_s"),
+    )
+    print(
+        f"\nboth warm: {info['pipelines']} pipelines {info['ours_total_s']:.3f} s, every size a constant: "
+        f"{info['constants_pipelines']} pipelines {info['ref_total_s']:.3f} s"
+    )
 
 
 def test_startup_size_params_graph_cache_load(benchmark, ctx, tmp_path, monkeypatch):
@@ -182,8 +231,10 @@ def test_startup_size_params_graph_cache_load(benchmark, ctx, tmp_path, monkeypa
                 g = c.load_graph_sync("det" + v)
                 t_in = c.create_tensor_sync(data_type="float32", shape=SHAPE, writable=True)
                 c.write_tensor(t_in, x)
-                outs = {n: c.create_tensor_sync(data_type=dt, shape=list(s), readable=True)
-                        for n, (dt, s) in g.output_descriptors.items()}
+                outs = {
+                    n: c.create_tensor_sync(data_type=dt, shape=list(s), readable=True)
+                    for n, (dt, s) in g.output_descriptors.items()
+                }
                 probe = next(iter(outs.values()))
                 c.dispatch(g, {INPUT: t_in}, outs)
                 c.read_tensor_sync(probe)
@@ -195,14 +246,27 @@ def test_startup_size_params_graph_cache_load(benchmark, ctx, tmp_path, monkeypa
                 c.destroy()
     ours, ref = statistics.median(times["0"]), statistics.median(times["1"])
     info = benchmark.extra_info
-    info.update(group="start-up overhead: sizes as launch parameters vs constants (graph cache load, one process)",
-                adapter=adapter_name(ctx), model=MODEL, pipelines=pipelines["0"], constants_pipelines=pipelines["1"],
-                ours_total_s=ours, ours_enqueue_s=ours, ref_total_s=ref, ref_name="every size a constant",
-                ratio=ref / ours, rounds=len(times["0"]), best_s=min(times["0"]), constants_best_s=min(times["1"]))
+    info.update(
+        group="start-up overhead: sizes as launch parameters vs constants (graph cache load, one process)",
+        adapter=adapter_name(ctx),
+        model=MODEL,
+        pipelines=pipelines["0"],
+        constants_pipelines=pipelines["1"],
+        ours_total_s=ours,
+        ours_enqueue_s=ours,
+        ref_total_s=ref,
+        ref_name="every size a constant",
+        ratio=ref / ours,
+        rounds=len(times["0"]),
+        best_s=min(times["0"]),
+        constants_best_s=min(times["1"]),
+    )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    print(f"\ngraph cache load + first result - steady: {pipelines['0']} pipelines {ours:.3f} s (best "
-          f"{min(times['0']):.3f}), every size a constant: {pipelines['1']} pipelines {ref:.3f} s (best "
-          f"{min(times['1']):.3f})")
+    print(
+        f"\ngraph cache load + first result - steady: {pipelines['0']} pipelines {ours:.3f} s (best "
+        f"{min(times['0']):.3f}), every size a constant: {pipelines['1']} pipelines {ref:.3f} s (best "
+        f"{min(times['1']):.3f})"
+    )
 
 
 def test_derived_sizes(benchmark, ctx, monkeypatch):
@@ -229,7 +293,8 @@ def test_derived_sizes(benchmark, ctx, monkeypatch):
     np.testing.assert_array_equal(sess["0"].run(None, {INPUT: x})[0], sess["1"].run(None, {INPUT: x})[0])
     dev = ctx.device.adapter.request_device_sync(
         required_features=list(ctx.device.features),
-        required_limits={k: v for k, v in ctx.device.limits.items() if isinstance(v, int)})
+        required_limits={k: v for k, v in ctx.device.limits.items() if isinstance(v, int)},
+    )
     create, chars = {}, {}
     for v in ("1", "0", "1", "0"):  # (alternated; the second round counts)
         t0 = time.perf_counter()
@@ -242,21 +307,40 @@ def test_derived_sizes(benchmark, ctx, monkeypatch):
         create[v] = time.perf_counter() - t0
         chars[v] = sum(len(k.source()) for k in kernels[v])
     dev.destroy()
-    ours, ref, ratio = measure_pair((lambda: sess["0"].run(None, {INPUT: x}), None),
-                                    (lambda: sess["1"].run(None, {INPUT: x}), None), rounds=9, warmup=1)
+    ours, ref, ratio = measure_pair(
+        (lambda: sess["0"].run(None, {INPUT: x}), None),
+        (lambda: sess["1"].run(None, {INPUT: x}), None),
+        rounds=9,
+        warmup=1,
+    )
     g0, g1 = sess["0"]._spec.graph, sess["1"]._spec.graph
-    info = record(benchmark, ours, "derived sizes: dynamic kernels' sizes as host-computed fields vs inline",
-                  ref, "every size inline (MLTENSOR_NO_DERIVED_SIZES=1)", adapter=adapter_name(ctx), model=MODEL,
-                  kernels=len(kernels["0"]), wgsl_chars=chars["0"], inline_wgsl_chars=chars["1"],
-                  create_s=create["0"], inline_create_s=create["1"], pipelines_created=g0.pipelines_created,
-                  inline_pipelines_created=g1.pipelines_created, median_round_ratio=1 / ratio)
-    print(f"\nderived sizes: {len(kernels['0'])} kernels, WGSL {chars['0'] / 1e6:.2f} M chars (inline "
-          f"{chars['1'] / 1e6:.2f} M), pipeline creation {create['0']:.2f} s (inline {create['1']:.2f} s), "
-          f"{g0.pipelines_created} pipelines created at 320x320 (inline {g1.pipelines_created}); steady "
-          f"inline / derived {info['median_round_ratio']:.3f}")
+    info = record(
+        benchmark,
+        ours,
+        "derived sizes: dynamic kernels' sizes as host-computed fields vs inline",
+        ref,
+        "every size inline (MLTENSOR_NO_DERIVED_SIZES=1)",
+        adapter=adapter_name(ctx),
+        model=MODEL,
+        kernels=len(kernels["0"]),
+        wgsl_chars=chars["0"],
+        inline_wgsl_chars=chars["1"],
+        create_s=create["0"],
+        inline_create_s=create["1"],
+        pipelines_created=g0.pipelines_created,
+        inline_pipelines_created=g1.pipelines_created,
+        median_round_ratio=1 / ratio,
+    )
+    print(
+        f"\nderived sizes: {len(kernels['0'])} kernels, WGSL {chars['0'] / 1e6:.2f} M chars (inline "
+        f"{chars['1'] / 1e6:.2f} M), pipeline creation {create['0']:.2f} s (inline {create['1']:.2f} s), "
+        f"{g0.pipelines_created} pipelines created at 320x320 (inline {g1.pipelines_created}); steady "
+        f"inline / derived {info['median_round_ratio']:.3f}"
+    )
 
 
 # -- the launch parameters' cost in steady runs, per family (same graph built both ways) ---------
+
 
 def _family_graph(ctx, family, params):
     """A graph of one family's layers at PP-OCRv4 det's sizes (several sizes per kernel shape);
@@ -289,8 +373,10 @@ def _family_graph(ctx, family, params):
     ins = {n: ctx.create_tensor_sync(data_type="float32", shape=list(a.shape), writable=True) for n, a in feeds.items()}
     for n, a in feeds.items():
         ctx.write_tensor(ins[n], a)
-    outs = {n: ctx.create_tensor_sync(data_type=dt, shape=list(s), readable=True)
-            for n, (dt, s) in g.output_descriptors.items()}
+    outs = {
+        n: ctx.create_tensor_sync(data_type=dt, shape=list(s), readable=True)
+        for n, (dt, s) in g.output_descriptors.items()
+    }
     return g, ins, outs
 
 
@@ -302,23 +388,38 @@ def test_size_params_steady_cost(benchmark, ctx, family):
     g0, ins0, outs0 = _family_graph(ctx, family, False)
     probe = next(iter(outs.values()))
     probe0 = next(iter(outs0.values()))
-    ours, ref, ratio = measure_pair((lambda: ctx.dispatch(g, ins, outs), lambda: ctx.read_tensor_sync(probe)),
-                                    (lambda: ctx.dispatch(g0, ins0, outs0), lambda: ctx.read_tensor_sync(probe0)),
-                                    rounds=31, repeat=4)
+    ours, ref, ratio = measure_pair(
+        (lambda: ctx.dispatch(g, ins, outs), lambda: ctx.read_tensor_sync(probe)),
+        (lambda: ctx.dispatch(g0, ins0, outs0), lambda: ctx.read_tensor_sync(probe0)),
+        rounds=31,
+        repeat=4,
+    )
     for n in outs:
         np.testing.assert_array_equal(ctx.read_tensor_sync(outs[n]), ctx.read_tensor_sync(outs0[n]))
-    info = record(benchmark, ours, "launch parameters: steady cost per family (same graph, sizes as constants)",
-                  ref, "every size a constant", adapter=adapter_name(ctx), family=family,
-                  launches=len(g.kernel_names), pipelines=g.pipelines, constants_pipelines=g0.pipelines,
-                  median_round_ratio=1 / ratio)
-    print(f"\n{family}: {g.pipelines} pipelines for {len(g.kernel_names)} launches (constants: {g0.pipelines}); "
-          f"constants / parameters {info['median_round_ratio']:.3f}")
+    info = record(
+        benchmark,
+        ours,
+        "launch parameters: steady cost per family (same graph, sizes as constants)",
+        ref,
+        "every size a constant",
+        adapter=adapter_name(ctx),
+        family=family,
+        launches=len(g.kernel_names),
+        pipelines=g.pipelines,
+        constants_pipelines=g0.pipelines,
+        median_round_ratio=1 / ratio,
+    )
+    print(
+        f"\n{family}: {g.pipelines} pipelines for {len(g.kernel_names)} launches (constants: {g0.pipelines}); "
+        f"constants / parameters {info['median_round_ratio']:.3f}"
+    )
 
 
 def test_size_params_launch_overhead(benchmark, ctx):
     """Enqueue cost per launch of 200 launches of one pipeline at 200 sizes (immediates set per
     launch) against the same graph with every size a constant (200 pipelines, one set per
     launch): the compiled replay loop's cost of launch parameters."""
+
     def graph(params):
         with _size_params(params):
             b = mltensor.MLGraphBuilder(ctx)
@@ -328,21 +429,38 @@ def test_size_params_launch_overhead(benchmark, ctx):
             g = b.build_sync(outs)
         t = ctx.create_tensor_sync(data_type="float32", shape=[1024], writable=True)
         ctx.write_tensor(t, np.ones(1024, np.float32))
-        outs = {n: ctx.create_tensor_sync(data_type=dt, shape=list(s), readable=True)
-                for n, (dt, s) in g.output_descriptors.items()}
+        outs = {
+            n: ctx.create_tensor_sync(data_type=dt, shape=list(s), readable=True)
+            for n, (dt, s) in g.output_descriptors.items()
+        }
         return g, {"x": t}, outs
 
     g, ins, outs = graph(True)
     g0, ins0, outs0 = graph(False)
     probe, probe0 = outs["y0"], outs0["y0"]
-    ours, ref, ratio = measure_pair((lambda: ctx.dispatch(g, ins, outs), lambda: ctx.read_tensor_sync(probe)),
-                                    (lambda: ctx.dispatch(g0, ins0, outs0), lambda: ctx.read_tensor_sync(probe0)),
-                                    rounds=21, repeat=10)
+    ours, ref, ratio = measure_pair(
+        (lambda: ctx.dispatch(g, ins, outs), lambda: ctx.read_tensor_sync(probe)),
+        (lambda: ctx.dispatch(g0, ins0, outs0), lambda: ctx.read_tensor_sync(probe0)),
+        rounds=21,
+        repeat=10,
+    )
     n = len(g.kernel_names)
-    info = record(benchmark, ours, "launch parameters: dispatch overhead per launch", ref, "every size a constant",
-                  adapter=adapter_name(ctx), launches=n, pipelines=g.pipelines, constants_pipelines=g0.pipelines,
-                  us_per_launch_enqueue=ours["enqueue_s"] / n * 1e6,
-                  constants_us_per_launch_enqueue=ref["enqueue_s"] / n * 1e6, median_round_ratio=1 / ratio)
-    print(f"\n{n} launches: {info['us_per_launch_enqueue']:.3f} us/launch enqueue with parameters "
-          f"({g.pipelines} pipeline), {info['constants_us_per_launch_enqueue']:.3f} us with constants "
-          f"({g0.pipelines} pipelines)")
+    info = record(
+        benchmark,
+        ours,
+        "launch parameters: dispatch overhead per launch",
+        ref,
+        "every size a constant",
+        adapter=adapter_name(ctx),
+        launches=n,
+        pipelines=g.pipelines,
+        constants_pipelines=g0.pipelines,
+        us_per_launch_enqueue=ours["enqueue_s"] / n * 1e6,
+        constants_us_per_launch_enqueue=ref["enqueue_s"] / n * 1e6,
+        median_round_ratio=1 / ratio,
+    )
+    print(
+        f"\n{n} launches: {info['us_per_launch_enqueue']:.3f} us/launch enqueue with parameters "
+        f"({g.pipelines} pipeline), {info['constants_us_per_launch_enqueue']:.3f} us with constants "
+        f"({g0.pipelines} pipelines)"
+    )

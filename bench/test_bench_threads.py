@@ -43,22 +43,33 @@ def _stress(scenario, args, runs):
             seconds.append(time.perf_counter() - t0)
         errored += bool(r["errors"])
         wrong += r["wrong"]
-    return {"runs": runs, "died": died, "runs_with_errors": errored, "wrong_results": wrong,
-            "median_run_s": float(np.median(seconds))}
+    return {
+        "runs": runs,
+        "died": died,
+        "runs_with_errors": errored,
+        "wrong_results": wrong,
+        "median_run_s": float(np.median(seconds)),
+    }
 
 
-@pytest.mark.parametrize("scenario,args", [
-    ("raw_api", (4, 40)),
-    ("sessions", (4, 25, True, "cpu", (1, 2))),
-], ids=["raw-api-4-threads", "shared-session-4-threads"])
+@pytest.mark.parametrize(
+    "scenario,args",
+    [
+        ("raw_api", (4, 40)),
+        ("sessions", (4, 25, True, "cpu", (1, 2))),
+    ],
+    ids=["raw-api-4-threads", "shared-session-4-threads"],
+)
 def test_threaded_stress_runs(benchmark, ctx, scenario, args):
     """Target: 0 runs dying, 0 with errors, 0 wrong results over >= 20 runs (lavapipe)."""
     runs = int(os.environ.get("MLTENSOR_BENCH_STRESS_RUNS", "20"))
     s = _stress(scenario, args, runs)
     benchmark.extra_info.update(group="threads: stress runs", adapter=adapter_name(ctx), **s)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    print(f"\n{scenario}{args} x{runs} on {adapter_name(ctx)}: died {s['died']}, with errors "
-          f"{s['runs_with_errors']}, wrong results {s['wrong_results']}")
+    print(
+        f"\n{scenario}{args} x{runs} on {adapter_name(ctx)}: died {s['died']}, with errors "
+        f"{s['runs_with_errors']}, wrong results {s['wrong_results']}"
+    )
 
 
 def test_four_threads_own_sessions_vs_one(benchmark, ctx):
@@ -80,6 +91,7 @@ def test_four_threads_own_sessions_vs_one(benchmark, ctx):
         def work(k):
             for _ in range(per_thread):
                 sessions[k].run(None, {name: frames[k]})
+
         ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
         for t in ts:
             t.start()
@@ -89,9 +101,19 @@ def test_four_threads_own_sessions_vs_one(benchmark, ctx):
     ref = measure(one_thread, rounds=3, warmup=1)
     ours = measure(four_threads, rounds=3, warmup=1)
     n = 4 * per_thread
-    record(benchmark, ours, "threads: throughput", ref, "1 thread, 1 session", adapter=adapter_name(ctx),
-           frames_per_s=n / ours["total_s"], ref_frames_per_s=n / ref["total_s"])
-    print(f"\nselfie on {adapter_name(ctx)}: 4 threads {n / ours['total_s']:.1f} frames/s, "
-          f"1 thread {n / ref['total_s']:.1f} frames/s, x{ref['total_s'] / ours['total_s']:.2f}")
+    record(
+        benchmark,
+        ours,
+        "threads: throughput",
+        ref,
+        "1 thread, 1 session",
+        adapter=adapter_name(ctx),
+        frames_per_s=n / ours["total_s"],
+        ref_frames_per_s=n / ref["total_s"],
+    )
+    print(
+        f"\nselfie on {adapter_name(ctx)}: 4 threads {n / ours['total_s']:.1f} frames/s, "
+        f"1 thread {n / ref['total_s']:.1f} frames/s, x{ref['total_s'] / ours['total_s']:.2f}"
+    )
     for s in sessions:
         s.close()

@@ -25,10 +25,20 @@ def test_read_64mib(benchmark, ctx, big):
     ours = measure(lambda: ctx.read_tensor_sync(t), rounds=8)
     ref = measure(lambda: ctx.device.queue.read_buffer(t._buffer), rounds=8)
     npc = measure(lambda: data.copy(), rounds=8)
-    info = record(benchmark, ours, "transfers", ref, "queue.read_buffer", unit="GB/s", work=N_BYTES,
-                  numpy_copy_rate=N_BYTES / npc["total_s"] / 1e9)
-    print(f"\nread 64 MiB: ours {info['ours_rate']:.2f} GB/s, queue.read_buffer {info['ref_rate']:.2f} GB/s "
-          f"(x{info['ratio']:.2f}), numpy copy {info['numpy_copy_rate']:.2f} GB/s")
+    info = record(
+        benchmark,
+        ours,
+        "transfers",
+        ref,
+        "queue.read_buffer",
+        unit="GB/s",
+        work=N_BYTES,
+        numpy_copy_rate=N_BYTES / npc["total_s"] / 1e9,
+    )
+    print(
+        f"\nread 64 MiB: ours {info['ours_rate']:.2f} GB/s, queue.read_buffer {info['ref_rate']:.2f} GB/s "
+        f"(x{info['ratio']:.2f}), numpy copy {info['numpy_copy_rate']:.2f} GB/s"
+    )
 
 
 def test_read_64mib_byob(benchmark, ctx, big):
@@ -51,7 +61,17 @@ def test_write_64mib(benchmark, ctx, big):
     ours = measure(lambda: ctx.write_tensor(t, data), wait, rounds=8)
     ref = measure(lambda: ctx.device.queue.write_buffer(t._buffer, 0, data), wait, rounds=8)
     npc = measure(lambda: data.copy(), rounds=8)
-    info = record(benchmark, ours, "transfers", ref, "queue.write_buffer", unit="GB/s", work=N_BYTES,
-                  numpy_copy_rate=N_BYTES / npc["total_s"] / 1e9)
-    print(f"\nwrite 64 MiB: ours {info['ours_rate']:.2f} GB/s, queue.write_buffer {info['ref_rate']:.2f} GB/s "
-          f"(x{info['ratio']:.2f}), numpy copy {info['numpy_copy_rate']:.2f} GB/s")
+    info = record(
+        benchmark,
+        ours,
+        "transfers",
+        ref,
+        "queue.write_buffer",
+        unit="GB/s",
+        work=N_BYTES,
+        numpy_copy_rate=N_BYTES / npc["total_s"] / 1e9,
+    )
+    print(
+        f"\nwrite 64 MiB: ours {info['ours_rate']:.2f} GB/s, queue.write_buffer {info['ref_rate']:.2f} GB/s "
+        f"(x{info['ratio']:.2f}), numpy copy {info['numpy_copy_rate']:.2f} GB/s"
+    )

@@ -99,8 +99,6 @@ GROUP = "transformer: one run, fused vs MLTENSOR_NO_FUSION=1 (onnxruntime CPU, t
 MIN32 = np.finfo(np.float32).min
 
 
-
-
 def _rel(got, want):
     want = np.asarray(want, np.float64)
     return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
@@ -124,8 +122,9 @@ class _Graph:
         return name
 
     def norm_w(self, name, n, bias=0.05):
-        return self.w(name, value=1 + 0.1 * self.rng.standard_normal(n)), \
-            (self.w(name + "_bias", value=bias * self.rng.standard_normal(n)) if bias else None)
+        return self.w(name, value=1 + 0.1 * self.rng.standard_normal(n)), (
+            self.w(name + "_bias", value=bias * self.rng.standard_normal(n)) if bias else None
+        )
 
     def c(self, name, value, dtype=np.int64):
         self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
@@ -146,6 +145,7 @@ class _Graph:
 
 # -- BERT-base ---------------------------------------------------------------------------------
 
+
 def bert(*, layers, hidden=768, heads=12, inter=3072, vocab=30522, max_pos=512, seed=0):
     """(ONNX bytes, weights) of the BertModel export described above."""
     G = _Graph(seed)
@@ -162,13 +162,26 @@ def bert(*, layers, hidden=768, heads=12, inter=3072, vocab=30522, max_pos=512, 
         return n("LayerNormalization", [x, g, b], axis=-1, epsilon=1e-12)
 
     def dense(x, name, k, m):
-        return n("Add", [n("MatMul", [x, w(name + ".weight", k, m)]), w(name + ".bias", value=G.rng.standard_normal(m) * 0.05)])
+        return n(
+            "Add",
+            [n("MatMul", [x, w(name + ".weight", k, m)]), w(name + ".bias", value=G.rng.standard_normal(m) * 0.05)],
+        )
 
     seq_1d = n("Slice", [n("Shape", ["input_ids"]), "ax1", "ax2"])
     pos = n("Slice", ["position_ids", "ax0", seq_1d, "ax1"])  # [1, sequence]
-    x = n("Add", [n("Add", [n("Gather", [w("word_embeddings", vocab, E, scale=0.5), "input_ids"]),
-                            n("Gather", [w("token_type_embeddings", 2, E, scale=0.5), "token_type_ids"])]),
-                  n("Gather", [w("position_embeddings", max_pos, E, scale=0.5), pos])])
+    x = n(
+        "Add",
+        [
+            n(
+                "Add",
+                [
+                    n("Gather", [w("word_embeddings", vocab, E, scale=0.5), "input_ids"]),
+                    n("Gather", [w("token_type_embeddings", 2, E, scale=0.5), "token_type_ids"]),
+                ],
+            ),
+            n("Gather", [w("position_embeddings", max_pos, E, scale=0.5), pos]),
+        ],
+    )
     x = ln(x, "embeddings.LayerNorm")
     ext = n("Unsqueeze", ["attention_mask", "ax12"])  # [batch, 1, 1, sequence]
     ext = n("Mul", [n("Sub", ["onef", n("Cast", [ext], to=TP.FLOAT)]), "minf"])
@@ -190,10 +203,14 @@ def bert(*, layers, hidden=768, heads=12, inter=3072, vocab=30522, max_pos=512, 
     n("Identity", [x], "last_hidden_state")
     first = n("Gather", [x, "zero"], axis=1)
     n("Tanh", [dense(first, "pooler", E, E)], "pooler_output")
-    ins = [helper.make_tensor_value_info(k, TP.INT64, ["batch_size", "sequence_length"])
-           for k in ("input_ids", "attention_mask", "token_type_ids")]
-    outs = [helper.make_tensor_value_info("last_hidden_state", TP.FLOAT, ["batch_size", "sequence_length", E]),
-            helper.make_tensor_value_info("pooler_output", TP.FLOAT, ["batch_size", E])]
+    ins = [
+        helper.make_tensor_value_info(k, TP.INT64, ["batch_size", "sequence_length"])
+        for k in ("input_ids", "attention_mask", "token_type_ids")
+    ]
+    outs = [
+        helper.make_tensor_value_info("last_hidden_state", TP.FLOAT, ["batch_size", "sequence_length", E]),
+        helper.make_tensor_value_info("pooler_output", TP.FLOAT, ["batch_size", E]),
+    ]
     return G.model("bert", ins, outs), G.weights
 
 
@@ -217,8 +234,12 @@ def bert_torch(W, layers, heads):
         heads_of = lambda t: t.view(B, S, heads, D).transpose(1, 2)  # noqa: E731
         for i in range(layers):
             p = f"encoder.layer.{i}."
-            a = F.scaled_dot_product_attention(heads_of(dense(x, p + "query")), heads_of(dense(x, p + "key")),
-                                               heads_of(dense(x, p + "value")), attn_mask=ext)
+            a = F.scaled_dot_product_attention(
+                heads_of(dense(x, p + "query")),
+                heads_of(dense(x, p + "key")),
+                heads_of(dense(x, p + "value")),
+                attn_mask=ext,
+            )
             x = ln(dense(a.transpose(1, 2).reshape(B, S, E), p + "attention.output") + x, p + "attention.LayerNorm")
             x = ln(dense(F.gelu(dense(x, p + "intermediate")), p + "output") + x, p + "output.LayerNorm")
         return x, torch.tanh(dense(x[:, 0], "pooler"))
@@ -227,6 +248,7 @@ def bert_torch(W, layers, heads):
 
 
 # -- ViT-B/16 (mltensor.models_synthetic.vit) --------------------------------------------------
+
 
 def vit_torch(model_bytes, layers, heads=12, patch=16):
     """The same ViT in torch eager, weights read from the ONNX model."""
@@ -245,7 +267,9 @@ def vit_torch(model_bytes, layers, heads=12, patch=16):
         S = x.shape[1]
         for i in range(layers):
             p = f"layer{i}"
-            q, k, v = (ln(x, p + ".ln1") @ T[p + ".qkv.w"] + T[p + ".qkv.b"]).view(B, S, 3, heads, D).permute(2, 0, 3, 1, 4)
+            q, k, v = (
+                (ln(x, p + ".ln1") @ T[p + ".qkv.w"] + T[p + ".qkv.b"]).view(B, S, 3, heads, D).permute(2, 0, 3, 1, 4)
+            )
             a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S, E)
             x = x + a @ T[p + ".proj.w"] + T[p + ".proj.b"]
             x = x + F.gelu(ln(x, p + ".ln2") @ T[p + ".fc1.w"] + T[p + ".fc1.b"]) @ T[p + ".fc2.w"] + T[p + ".fc2.b"]
@@ -256,9 +280,12 @@ def vit_torch(model_bytes, layers, heads=12, patch=16):
 
 # -- the Llama-style decoder -------------------------------------------------------------------
 
+
 def llama_config(hidden):
     heads = hidden // 64
-    return dict(hidden=hidden, heads=heads, kv_heads=heads // 4, inter={1024: 2816, 2048: 8192}.get(hidden, hidden * 11 // 4))
+    return dict(
+        hidden=hidden, heads=heads, kv_heads=heads // 4, inter={1024: 2816, 2048: 8192}.get(hidden, hidden * 11 // 4)
+    )
 
 
 def llama(*, layers, hidden, heads, kv_heads, inter, vocab, theta=10000.0, eps=1e-5, seed=0):
@@ -271,13 +298,18 @@ def llama(*, layers, hidden, heads, kv_heads, inter, vocab, theta=10000.0, eps=1
     c("rep", [rep]), c("heads", [heads]), c("q_dims", [0, 0, heads, hd]), c("kv_dims", [0, 0, kv_heads, hd])
     c("merge_dims", [0, 0, heads * hd]), c("two", np.float32(2), np.float32), c("eps", np.float32(eps), np.float32)
     c("onef", np.float32(1), np.float32), c("zerof", np.float32(0), np.float32), c("minf", MIN32, np.float32)
-    c("scaling", np.float32(hd ** -0.5), np.float32)
+    c("scaling", np.float32(hd**-0.5), np.float32)
     c("inv_freq", (1.0 / theta ** (np.arange(0, hd, 2) / hd)).astype(np.float32), np.float32)
 
     def rms(x, name):
         var = n("ReduceMean", [n("Pow", [x, "two"])], axes=[-1], keepdims=1)
-        return n("Mul", [w(name, value=1 + 0.1 * G.rng.standard_normal(hidden)),
-                         n("Mul", [x, n("Reciprocal", [n("Sqrt", [n("Add", [var, "eps"])])])])])
+        return n(
+            "Mul",
+            [
+                w(name, value=1 + 0.1 * G.rng.standard_normal(hidden)),
+                n("Mul", [x, n("Reciprocal", [n("Sqrt", [n("Add", [var, "eps"])])])]),
+            ],
+        )
 
     # rotary: cos/sin of position_ids x inv_freq, [batch, 1, sequence, head_size]
     freqs = n("Mul", [n("Unsqueeze", [n("Cast", ["position_ids"], to=TP.FLOAT), "ax_1"]), "inv_freq"])
@@ -306,19 +338,36 @@ def llama(*, layers, hidden, heads, kv_heads, inter, vocab, theta=10000.0, eps=1
         return n("Reshape", [e, n("Concat", [n("Slice", [shp, "ax0", "ax1"]), "heads", t_hd], axis=0)])
 
     x = n("Gather", [w("model.embed_tokens.weight", vocab, hidden, scale=1.0), "input_ids"])
-    ins = [helper.make_tensor_value_info("input_ids", TP.INT64, ["batch_size", "sequence_length"]),
-           helper.make_tensor_value_info("attention_mask", TP.INT64, ["batch_size", "past_sequence_length + sequence_length"]),
-           helper.make_tensor_value_info("position_ids", TP.INT64, ["batch_size", "sequence_length"])]
+    ins = [
+        helper.make_tensor_value_info("input_ids", TP.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info(
+            "attention_mask", TP.INT64, ["batch_size", "past_sequence_length + sequence_length"]
+        ),
+        helper.make_tensor_value_info("position_ids", TP.INT64, ["batch_size", "sequence_length"]),
+    ]
     outs = [helper.make_tensor_value_info("logits", TP.FLOAT, ["batch_size", "sequence_length", vocab])]
     for i in range(layers):
         p = f"model.layers.{i}."
         h = rms(x, p + "input_layernorm.weight")
-        q = rope(n("Transpose", [n("Reshape", [n("MatMul", [h, w(p + "self_attn.q_proj", hidden, heads * hd)]), "q_dims"])],
-                   perm=[0, 2, 1, 3]))
-        k = rope(n("Transpose", [n("Reshape", [n("MatMul", [h, w(p + "self_attn.k_proj", hidden, kv_heads * hd)]), "kv_dims"])],
-                   perm=[0, 2, 1, 3]))
-        v = n("Transpose", [n("Reshape", [n("MatMul", [h, w(p + "self_attn.v_proj", hidden, kv_heads * hd)]), "kv_dims"])],
-              perm=[0, 2, 1, 3])
+        q = rope(
+            n(
+                "Transpose",
+                [n("Reshape", [n("MatMul", [h, w(p + "self_attn.q_proj", hidden, heads * hd)]), "q_dims"])],
+                perm=[0, 2, 1, 3],
+            )
+        )
+        k = rope(
+            n(
+                "Transpose",
+                [n("Reshape", [n("MatMul", [h, w(p + "self_attn.k_proj", hidden, kv_heads * hd)]), "kv_dims"])],
+                perm=[0, 2, 1, 3],
+            )
+        )
+        v = n(
+            "Transpose",
+            [n("Reshape", [n("MatMul", [h, w(p + "self_attn.v_proj", hidden, kv_heads * hd)]), "kv_dims"])],
+            perm=[0, 2, 1, 3],
+        )
         k = n("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
         v = n("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
         s = n("Mul", [n("MatMul", [q, n("Transpose", [repeat_kv(k)], perm=[0, 1, 3, 2])]), "scaling"])
@@ -331,10 +380,18 @@ def llama(*, layers, hidden, heads, kv_heads, inter, vocab, theta=10000.0, eps=1
         act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])]), up])
         x = n("Add", [x, n("MatMul", [act, w(p + "mlp.down_proj", inter, hidden)])])
         for kv in ("key", "value"):
-            ins.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", TP.FLOAT,
-                                                     ["batch_size", kv_heads, "past_sequence_length", hd]))
-            outs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", TP.FLOAT,
-                                                      ["batch_size", kv_heads, "past_sequence_length + sequence_length", hd]))
+            ins.append(
+                helper.make_tensor_value_info(
+                    f"past_key_values.{i}.{kv}", TP.FLOAT, ["batch_size", kv_heads, "past_sequence_length", hd]
+                )
+            )
+            outs.append(
+                helper.make_tensor_value_info(
+                    f"present.{i}.{kv}",
+                    TP.FLOAT,
+                    ["batch_size", kv_heads, "past_sequence_length + sequence_length", hd],
+                )
+            )
     n("MatMul", [rms(x, "model.norm.weight"), w("lm_head", hidden, vocab)], "logits")
     return G.model("llama", ins, outs), G.weights
 
@@ -349,7 +406,7 @@ def llama_torch(W, layers, hidden, heads, kv_heads, theta=10000.0, eps=1e-5, **_
         return T[name] * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
     def rope(t, cos, sin):
-        x1, x2 = t[..., :hd // 2], t[..., hd // 2:]
+        x1, x2 = t[..., : hd // 2], t[..., hd // 2 :]
         return t * cos + torch.cat([-x2, x1], -1) * sin
 
     def run(input_ids, attention_mask, position_ids, *past):
@@ -358,8 +415,9 @@ def llama_torch(W, layers, hidden, heads, kv_heads, theta=10000.0, eps=1e-5, **_
         freqs = position_ids[..., None].float() * inv_freq
         emb = torch.cat([freqs, freqs], -1)
         cos, sin = emb.cos()[:, None], emb.sin()[:, None]
-        keep = (torch.arange(total)[None, :] <= torch.arange(total - S, total)[:, None])[None, None] \
-            & attention_mask.bool()[:, None, None, :]
+        keep = (torch.arange(total)[None, :] <= torch.arange(total - S, total)[:, None])[
+            None, None
+        ] & attention_mask.bool()[:, None, None, :]
         x = T["model.embed_tokens.weight"][input_ids]
         presents = []
         for i in range(layers):
@@ -380,6 +438,7 @@ def llama_torch(W, layers, hidden, heads, kv_heads, theta=10000.0, eps=1e-5, **_
 
 
 # -- the harness -------------------------------------------------------------------------------
+
 
 def _counts(graph, feeds):
     """(launches, dispatches) of one run: a graph with dynamic dimensions records every size
@@ -495,34 +554,58 @@ def _bench(benchmark, ctx, m, ph, base, layers, model, phase):
     per = {f: [(k[f][j] - base[f][j]) / (layers - _base_layers(layers)) for j in (0, 1)] for f in (True, False)}
     per_layer = {f: per[f][0] for f in (True, False)}
     outside = {f: k[f][0] - per_layer[f] * layers for f in (True, False)}
-    extra = {"torch_s": t["total_s"], "vs_torch": vs_torch, "torch_err": ph["err"]["torch"]} \
-        if t else {"torch": "not installed"}
-    info = record(benchmark, fused, GROUP, unfused, "same model, MLTENSOR_NO_FUSION=1", adapter=adapter_name(ctx),
-                  model=model, phase=phase, layers=layers, launches_per_layer=per_layer[True],
-                  launches_per_layer_unfused=per_layer[False], launches_fused=k[True][0], launches_unfused=k[False][0],
-                  launches_outside_layers_fused=outside[True], launches_outside_layers_unfused=outside[False],
-                  dispatches_per_layer_fused=per[True][1], dispatches_per_layer_unfused=per[False][1],
-                  # the ratio column: the median of the per-round ratios unfused / fused (robust to a
-                  # shared host's load, which the ratio of the two medians is not: kept beside it)
-                  ratio=1 / step_ratio, ratio_of_medians=unfused["total_s"] / fused["total_s"],
-                  step_ratio=step_ratio, ort_s=o["total_s"], vs_onnxruntime=vs_ort,
-                  err_fused=ph["err"][True], err_unfused=ph["err"][False], **extra)
+    extra = (
+        {"torch_s": t["total_s"], "vs_torch": vs_torch, "torch_err": ph["err"]["torch"]}
+        if t
+        else {"torch": "not installed"}
+    )
+    info = record(
+        benchmark,
+        fused,
+        GROUP,
+        unfused,
+        "same model, MLTENSOR_NO_FUSION=1",
+        adapter=adapter_name(ctx),
+        model=model,
+        phase=phase,
+        layers=layers,
+        launches_per_layer=per_layer[True],
+        launches_per_layer_unfused=per_layer[False],
+        launches_fused=k[True][0],
+        launches_unfused=k[False][0],
+        launches_outside_layers_fused=outside[True],
+        launches_outside_layers_unfused=outside[False],
+        dispatches_per_layer_fused=per[True][1],
+        dispatches_per_layer_unfused=per[False][1],
+        # the ratio column: the median of the per-round ratios unfused / fused (robust to a
+        # shared host's load, which the ratio of the two medians is not: kept beside it)
+        ratio=1 / step_ratio,
+        ratio_of_medians=unfused["total_s"] / fused["total_s"],
+        step_ratio=step_ratio,
+        ort_s=o["total_s"],
+        vs_onnxruntime=vs_ort,
+        err_fused=ph["err"][True],
+        err_unfused=ph["err"][False],
+        **extra,
+    )
     peers = f"onnxruntime CPU {o['total_s'] * 1e3:.1f} ms (x{vs_ort:.2f})"
     if t:
         peers += f", torch eager {t['total_s'] * 1e3:.1f} ms (x{vs_torch:.2f})"
-    print(f"\n{model} {phase}, {layers} layers on {info['adapter']}: launches/layer {per_layer[True]:g} fused, "
-          f"{per_layer[False]:g} unfused ({k[True][0]} / {k[False][0]} in all; dispatches recorded per layer "
-          f"{per[True][1]:g} / {per[False][1]:g}); {fused['total_s'] * 1e3:.1f} ms fused vs "
-          f"{unfused['total_s'] * 1e3:.1f} ms unfused (x{info['ratio']:.2f}); {peers}")
+    print(
+        f"\n{model} {phase}, {layers} layers on {info['adapter']}: launches/layer {per_layer[True]:g} fused, "
+        f"{per_layer[False]:g} unfused ({k[True][0]} / {k[False][0]} in all; dispatches recorded per layer "
+        f"{per[True][1]:g} / {per[False][1]:g}); {fused['total_s'] * 1e3:.1f} ms fused vs "
+        f"{unfused['total_s'] * 1e3:.1f} ms unfused (x{info['ratio']:.2f}); {peers}"
+    )
     return info
 
 
 def _bert_feeds(rng):
     ids = rng.integers(0, 30522, (1, SEQ)).astype(np.int64)
     mask = np.ones((1, SEQ), np.int64)
-    mask[:, SEQ - PAD:] = 0
+    mask[:, SEQ - PAD :] = 0
     tt = np.zeros((1, SEQ), np.int64)
-    tt[:, SEQ // 2:] = 1
+    tt[:, SEQ // 2 :] = 1
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
 
 
@@ -533,8 +616,16 @@ def test_bert_base(benchmark, ctx):
     try:
         ph = m.phase(feeds)
         base = _kernels_of(ctx, bert(layers=_base_layers(BERT_LAYERS))[0], [feeds])
-        _bench(benchmark, ctx, m, ph, {f: v[0] for f, v in base.items()}, BERT_LAYERS, "BERT-base",
-               f"seq {SEQ} ({PAD} padding)")
+        _bench(
+            benchmark,
+            ctx,
+            m,
+            ph,
+            {f: v[0] for f, v in base.items()},
+            BERT_LAYERS,
+            "BERT-base",
+            f"seq {SEQ} ({PAD} padding)",
+        )
     finally:
         m.close()
 
@@ -558,13 +649,16 @@ def _llama_feeds(rng, seq, past):
     """Prompt (past None: an empty cache) or step feeds; past: the present outputs of a prompt."""
     kvh, hd = LLAMA["kv_heads"], LLAMA["hidden"] // LLAMA["heads"]
     n_past = 0 if past is None else past[0].shape[2]
-    feeds = {"input_ids": rng.integers(0, LLAMA_VOCAB, (1, seq)).astype(np.int64),
-             "attention_mask": np.ones((1, n_past + seq), np.int64),
-             "position_ids": np.arange(n_past, n_past + seq, dtype=np.int64)[None]}
+    feeds = {
+        "input_ids": rng.integers(0, LLAMA_VOCAB, (1, seq)).astype(np.int64),
+        "attention_mask": np.ones((1, n_past + seq), np.int64),
+        "position_ids": np.arange(n_past, n_past + seq, dtype=np.int64)[None],
+    }
     for i in range(LLAMA_LAYERS):
         for j, kv in enumerate(("key", "value")):
-            feeds[f"past_key_values.{i}.{kv}"] = np.zeros((1, kvh, 0, hd), np.float32) if past is None \
-                else np.ascontiguousarray(past[2 * i + j])
+            feeds[f"past_key_values.{i}.{kv}"] = (
+                np.zeros((1, kvh, 0, hd), np.float32) if past is None else np.ascontiguousarray(past[2 * i + j])
+            )
     return feeds
 
 
@@ -580,8 +674,9 @@ def llama_model(ctx):
     # per layer: the same decoder one layer shallower (its cache inputs dropped), the same sizes
     nb = _base_layers(LLAMA_LAYERS)
     base_model = llama(layers=nb, vocab=LLAMA_VOCAB, **LLAMA)[0]
-    base_feeds = [{k: v for k, v in f.items() if not k.startswith("past_") or int(k.split(".")[1]) < nb}
-                  for f in (prompt, step)]
+    base_feeds = [
+        {k: v for k, v in f.items() if not k.startswith("past_") or int(k.split(".")[1]) < nb} for f in (prompt, step)
+    ]
     base = _kernels_of(ctx, base_model, base_feeds)
     yield m, prompt, step, base
     m.close()
@@ -589,20 +684,35 @@ def llama_model(ctx):
 
 def test_llama_prefill(benchmark, ctx, llama_model):
     m, prompt, _, base = llama_model
-    _bench(benchmark, ctx, m, m.phase(prompt), {f: v[0] for f, v in base.items()}, LLAMA_LAYERS,
-           f"Llama-style decoder (hidden {LLAMA['hidden']}, {LLAMA['heads']}/{LLAMA['kv_heads']} heads)",
-           f"prefill {SEQ} tokens")
+    _bench(
+        benchmark,
+        ctx,
+        m,
+        m.phase(prompt),
+        {f: v[0] for f, v in base.items()},
+        LLAMA_LAYERS,
+        f"Llama-style decoder (hidden {LLAMA['hidden']}, {LLAMA['heads']}/{LLAMA['kv_heads']} heads)",
+        f"prefill {SEQ} tokens",
+    )
 
 
 def test_llama_decode_step(benchmark, ctx, llama_model):
     m, _, step, base = llama_model
-    _bench(benchmark, ctx, m, m.phase(step), {f: v[1] for f, v in base.items()}, LLAMA_LAYERS,
-           f"Llama-style decoder (hidden {LLAMA['hidden']}, {LLAMA['heads']}/{LLAMA['kv_heads']} heads)",
-           f"decode step, past {PAST}")
+    _bench(
+        benchmark,
+        ctx,
+        m,
+        m.phase(step),
+        {f: v[1] for f, v in base.items()},
+        LLAMA_LAYERS,
+        f"Llama-style decoder (hidden {LLAMA['hidden']}, {LLAMA['heads']}/{LLAMA['kv_heads']} heads)",
+        f"decode step, past {PAST}",
+    )
 
 
-@pytest.mark.parametrize("S,masked", [(2048, False), (2048, True), (1024, False)],
-                         ids=["S2048", "S2048_padding_mask", "S1024"])
+@pytest.mark.parametrize(
+    "S,masked", [(2048, False), (2048, True), (1024, False)], ids=["S2048", "S2048_padding_mask", "S1024"]
+)
 def test_attention_intermediate_bytes(benchmark, ctx, S, masked):
     """graph.memory["intermediates"] of softmax(Q Kᵀ / sqrt(d) [+ mask]) V, 12 heads of 64,
     float32, built (not run) fused and with MLTENSOR_NO_FUSION=1. Target: O(S*d) fused, no
@@ -619,9 +729,11 @@ def test_attention_intermediate_bytes(benchmark, ctx, S, masked):
         with _fusion(fused):
             b = mltensor.MLGraphBuilder(ctx)
             mask = b.input("mask", data_type="float32", shape=[1, 1, 1, S]) if masked else None
-            scale = b.constant(data_type="float32", value=float(D ** -0.5))
-            parts = [[b.input(f"{n}{j}", data_type="float32", shape=[1, H // groups, S, D]) for n in "qkv"]
-                     for j in range(groups)]
+            scale = b.constant(data_type="float32", value=float(D**-0.5))
+            parts = [
+                [b.input(f"{n}{j}", data_type="float32", shape=[1, H // groups, S, D]) for n in "qkv"]
+                for j in range(groups)
+            ]
             outs = []
             for qg, kg, vg in parts:
                 s = b.mul(b.matmul(qg, b.transpose(kg, permutation=[0, 1, 3, 2])), scale)
@@ -633,12 +745,24 @@ def test_attention_intermediate_bytes(benchmark, ctx, S, masked):
             g.destroy()
     sd, scores = S * D * H * 4, S * S * H * 4  # one [H, S, D] float32 tensor; the scores
     info = benchmark.extra_info
-    info.update(group="transformer: intermediate bytes of one attention (12 heads of 64, float32, built)",
-                adapter=adapter_name(ctx), ours_total_s=None, S=S, masked=masked, head_groups=groups,
-                intermediate_bytes_fused=mem[True], intermediate_bytes_unfused=mem[False],
-                fused_x_SHd=mem[True] / sd, unfused_x_SHd=mem[False] / sd, scores_bytes=scores,
-                kernels_fused=len(kernels[True]), kernels_unfused=len(kernels[False]))
+    info.update(
+        group="transformer: intermediate bytes of one attention (12 heads of 64, float32, built)",
+        adapter=adapter_name(ctx),
+        ours_total_s=None,
+        S=S,
+        masked=masked,
+        head_groups=groups,
+        intermediate_bytes_fused=mem[True],
+        intermediate_bytes_unfused=mem[False],
+        fused_x_SHd=mem[True] / sd,
+        unfused_x_SHd=mem[False] / sd,
+        scores_bytes=scores,
+        kernels_fused=len(kernels[True]),
+        kernels_unfused=len(kernels[False]),
+    )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    print(f"\none attention S={S} ({'padding mask' if masked else 'no mask'}, {groups} head group(s)): "
-          f"intermediates {mem[True]} B fused ({mem[True] / sd:.2f}x S*H*d*4 = {sd} B), {mem[False]} B unfused "
-          f"({mem[False] / sd:.1f}x; all scores {scores} B); kernels {kernels[True]} vs {len(kernels[False])}")
+    print(
+        f"\none attention S={S} ({'padding mask' if masked else 'no mask'}, {groups} head group(s)): "
+        f"intermediates {mem[True]} B fused ({mem[True] / sd:.2f}x S*H*d*4 = {sd} B), {mem[False]} B unfused "
+        f"({mem[False] / sd:.1f}x; all scores {scores} B); kernels {kernels[True]} vs {len(kernels[False])}"
+    )

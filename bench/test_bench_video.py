@@ -94,12 +94,22 @@ def test_video_pipeline(benchmark, setup, size):
     ref_stages = {k: 1e3 * float(np.median(v[1:])) for k, v in cpu.times.items()}
 
     info = record(
-        benchmark, ours, f"video selfie segmentation {w}x{h} (frame in -> composited frame out)",
-        ref=ref, ref_name="copying way (numpy resize + InferenceSession numpy in/out + numpy composite)",
-        fps=1 / ours["total_s"], ref_fps=1 / ref["total_s"],
-        stages_ms=stages, ref_stages_ms=ref_stages, ml_bytes_moved=moved, adapter=adapter_name(ctx))
+        benchmark,
+        ours,
+        f"video selfie segmentation {w}x{h} (frame in -> composited frame out)",
+        ref=ref,
+        ref_name="copying way (numpy resize + InferenceSession numpy in/out + numpy composite)",
+        fps=1 / ours["total_s"],
+        ref_fps=1 / ref["total_s"],
+        stages_ms=stages,
+        ref_stages_ms=ref_stages,
+        ml_bytes_moved=moved,
+        adapter=adapter_name(ctx),
+    )
     fps_gpu.close()  # after record(), which times one more run of it
-    print(f"\n[video {w}x{h}] ours {info['fps']:.2f} FPS ({1e3 * ours['total_s']:.1f} ms, enqueue "
-          f"{1e3 * ours['enqueue_s']:.1f} ms) vs copying way {info['ref_fps']:.2f} FPS: x{info['ratio']:.2f}\n"
-          f"  ours per stage (fenced): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()) + "\n"
-          "  copying way per stage:   " + ", ".join(f"{k} {v:.1f}" for k, v in ref_stages.items()))
+    print(
+        f"\n[video {w}x{h}] ours {info['fps']:.2f} FPS ({1e3 * ours['total_s']:.1f} ms, enqueue "
+        f"{1e3 * ours['enqueue_s']:.1f} ms) vs copying way {info['ref_fps']:.2f} FPS: x{info['ratio']:.2f}\n"
+        f"  ours per stage (fenced): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()) + "\n"
+        "  copying way per stage:   " + ", ".join(f"{k} {v:.1f}" for k, v in ref_stages.items())
+    )

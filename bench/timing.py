@@ -28,19 +28,20 @@ def measure(enqueue, wait=None, *, rounds=10, warmup=2, min_time=0.0):
         t2 = time.perf_counter()
         enq.append(t1 - t0)
         tot.append(t2 - t0)
+
     def run():
         enqueue()
         if wait:
             wait()
 
-    return {"enqueue_s": statistics.median(enq), "total_s": statistics.median(tot), "rounds": len(tot),
-            "run": run}
+    return {"enqueue_s": statistics.median(enq), "total_s": statistics.median(tot), "rounds": len(tot), "run": run}
 
 
 def measure_pair(ours, ref, *, rounds=21, warmup=2, repeat=1):
     """measure() of two (enqueue, wait) pairs, alternated round by round so that a shared
     machine's drift hits both alike: (ours, ref, median of the per-round time ratios ours/ref).
     Each round runs `repeat` enqueues then one wait."""
+
     def once(enqueue, wait):
         t0 = time.perf_counter()
         for _ in range(repeat):
@@ -64,8 +65,13 @@ def measure_pair(ours, ref, *, rounds=21, warmup=2, repeat=1):
                 pair[0]()
             if pair[1]:
                 pair[1]()
-        return {"enqueue_s": statistics.median(x[0] for x in xs) / repeat,
-                "total_s": statistics.median(x[1] for x in xs) / repeat, "rounds": rounds, "run": run}
+
+        return {
+            "enqueue_s": statistics.median(x[0] for x in xs) / repeat,
+            "total_s": statistics.median(x[1] for x in xs) / repeat,
+            "rounds": rounds,
+            "run": run,
+        }
 
     return stats(a, ours), stats(b, ref), statistics.median(x[1] / y[1] for x, y in zip(a, b))
 

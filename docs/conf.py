@@ -41,9 +41,17 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 # _generated/tables: included by the reference pages, not pages of their own.
 # README.md: how to build the docs (for the repository, not the site).
-exclude_patterns = ["_build", "_generated/tables", "README.md", "gallery/README.txt",
-                    "auto_gallery/*.ipynb", "auto_gallery/*.py", "auto_gallery/*.zip",
-                    "auto_gallery/*.md5", "auto_gallery/*.json"]
+exclude_patterns = [
+    "_build",
+    "_generated/tables",
+    "README.md",
+    "gallery/README.txt",
+    "auto_gallery/*.ipynb",
+    "auto_gallery/*.py",
+    "auto_gallery/*.zip",
+    "auto_gallery/*.md5",
+    "auto_gallery/*.json",
+]
 
 # The docstrings use `single backticks` for code, as the rest of the project does.
 default_role = "literal"

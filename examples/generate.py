@@ -106,21 +106,23 @@ def main(argv=None):
     ap.add_argument("--model", help="a decoder ONNX file exported with past key values (default: tiny_gpt2)")
     ap.add_argument("--tokens", type=int, default=32, help="tokens to generate")
     ap.add_argument("--prompt", default="1,2,3,4", help="comma-separated prompt token ids")
-    ap.add_argument("--max-past", type=int, default=None,
-                    help="max_dimensions['past_sequence']: the longest cache (default: the tiny model's "
-                         "position table, 256; without it the session grows its buffers by doubling)")
+    ap.add_argument(
+        "--max-past",
+        type=int,
+        default=None,
+        help="max_dimensions['past_sequence']: the longest cache (default: the tiny model's "
+        "position table, 256; without it the session grows its buffers by doubling)",
+    )
     ap.add_argument("--check", action="store_true", help="decode with onnxruntime too and compare")
     args = ap.parse_args(argv)
     model = open(args.model, "rb").read() if args.model else tiny_gpt2()
     prompt = [int(t) for t in args.prompt.split(",")]
     max_past = args.max_past or (None if args.model else 256)
     ctx = ml.create_context_sync()
-    sess = mltensor.InferenceSession(model, ctx,
-                                     max_dimensions={"past_sequence": max_past} if max_past else None)
+    sess = mltensor.InferenceSession(model, ctx, max_dimensions={"past_sequence": max_past} if max_past else None)
     print(f"adapter: {ctx.device.adapter.info['device']}; prompt {prompt}")
     print("tokens:", end=" ", flush=True)
-    tokens, steps, t_decode = generate(sess, prompt, args.tokens,
-                                       on_token=lambda t: print(t, end=" ", flush=True))
+    tokens, steps, t_decode = generate(sess, prompt, args.tokens, on_token=lambda t: print(t, end=" ", flush=True))
     print()
     # steady state: step 1 builds for a non-empty cache, step 2 makes the second set of cache
     # tensors the loop alternates with; from step 3 on nothing is allocated
@@ -130,13 +132,17 @@ def main(argv=None):
     new = max(s["tensors_alive"] for s in decode) if decode else 0
     st = sess.stats
     print(f"builds: {st['builds']} (dynamic dimensions: {sess.dynamic_dimensions or st['static_reason']})")
-    print(f"per decode step: {up} bytes uploaded, {down} bytes downloaded, {new} tensors created; "
-          f"{np.median(t_decode) * 1e3:.2f} ms ({1 / np.median(t_decode):.1f} tokens/s)")
+    print(
+        f"per decode step: {up} bytes uploaded, {down} bytes downloaded, {new} tensors created; "
+        f"{np.median(t_decode) * 1e3:.2f} ms ({1 / np.median(t_decode):.1f} tokens/s)"
+    )
     if args.check:
         ref, t_ref = reference(model, prompt, args.tokens)
         same = ref == tokens
-        print(f"onnxruntime CPU: {'same tokens' if same else 'DIFFERENT tokens: ' + str(ref)}; "
-              f"{np.median(t_ref) * 1e3:.2f} ms a step ({1 / np.median(t_ref):.1f} tokens/s)")
+        print(
+            f"onnxruntime CPU: {'same tokens' if same else 'DIFFERENT tokens: ' + str(ref)}; "
+            f"{np.median(t_ref) * 1e3:.2f} ms a step ({1 / np.median(t_ref):.1f} tokens/s)"
+        )
         return 0 if same else 1
     return 0
 

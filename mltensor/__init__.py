@@ -14,8 +14,15 @@ _cache_cdef()  # before wgpu loads: its header's C parse comes from the cache (r
 
 from .front.graph import MLGraph  # noqa: E402
 from .dynamic.dims import MLDynamicDimension  # noqa: E402
-from .errors import (DataError, DOMException, InvalidStateError, NotFoundError, NotSupportedError, OperationError,
-                     UnknownError)
+from .errors import (
+    DataError,
+    DOMException,
+    InvalidStateError,
+    NotFoundError,
+    NotSupportedError,
+    OperationError,
+    UnknownError,
+)
 from .front.builder import MLGraphBuilder, MLOperand
 from .front.context import ML, MLContext, ml
 from .front.interop import import_external_buffer_async, import_external_buffer_sync
@@ -33,11 +40,27 @@ _fast_wgpu_types()  # start-up: see runtime/cffi_types.py
 __version__ = "0.1.0"
 
 __all__ = [
-    "ml", "ML", "MLContext", "MLTensor", "MLGraphBuilder", "MLOperand", "MLGraph", "MLDynamicDimension",
-    "DOMException", "InvalidStateError", "NotSupportedError", "OperationError", "UnknownError", "DataError",
+    "ml",
+    "ML",
+    "MLContext",
+    "MLTensor",
+    "MLGraphBuilder",
+    "MLOperand",
+    "MLGraph",
+    "MLDynamicDimension",
+    "DOMException",
+    "InvalidStateError",
+    "NotSupportedError",
+    "OperationError",
+    "UnknownError",
+    "DataError",
     "NotFoundError",
-    "import_external_buffer_sync", "import_external_buffer_async", "InferenceSession",
-    "onnx", "tflite", "models",
+    "import_external_buffer_sync",
+    "import_external_buffer_async",
+    "InferenceSession",
+    "onnx",
+    "tflite",
+    "models",
 ]
 
 # Imported on first use (start-up): the session, onnx, tflite and the model fetcher.

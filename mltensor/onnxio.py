@@ -15,21 +15,44 @@ import numpy as np
 FLOAT, UINT8, INT8, UINT16, INT16, INT32, INT64, STRING, BOOL, FLOAT16, DOUBLE, UINT32, UINT64 = range(1, 14)
 
 ONNX_OF_WEBNN = {
-    "float32": FLOAT, "float16": FLOAT16, "int32": INT32, "uint32": UINT32, "int64": INT64,
-    "uint64": UINT64, "int8": INT8, "uint8": UINT8,
+    "float32": FLOAT,
+    "float16": FLOAT16,
+    "int32": INT32,
+    "uint32": UINT32,
+    "int64": INT64,
+    "uint64": UINT64,
+    "int8": INT8,
+    "uint8": UINT8,
 }
 # onnxruntime's type strings, for NodeArg.type
 TYPE_STRING = {
-    FLOAT: "tensor(float)", FLOAT16: "tensor(float16)", DOUBLE: "tensor(double)", INT32: "tensor(int32)",
-    UINT32: "tensor(uint32)", INT64: "tensor(int64)", UINT64: "tensor(uint64)", INT8: "tensor(int8)",
-    UINT8: "tensor(uint8)", BOOL: "tensor(bool)", INT16: "tensor(int16)", UINT16: "tensor(uint16)",
+    FLOAT: "tensor(float)",
+    FLOAT16: "tensor(float16)",
+    DOUBLE: "tensor(double)",
+    INT32: "tensor(int32)",
+    UINT32: "tensor(uint32)",
+    INT64: "tensor(int64)",
+    UINT64: "tensor(uint64)",
+    INT8: "tensor(int8)",
+    UINT8: "tensor(uint8)",
+    BOOL: "tensor(bool)",
+    INT16: "tensor(int16)",
+    UINT16: "tensor(uint16)",
 }
 # onnx.helper.tensor_dtype_to_np_dtype of the numeric types (the others ask onnx)
 NUMPY = {
-    FLOAT: np.dtype(np.float32), UINT8: np.dtype(np.uint8), INT8: np.dtype(np.int8),
-    UINT16: np.dtype(np.uint16), INT16: np.dtype(np.int16), INT32: np.dtype(np.int32),
-    INT64: np.dtype(np.int64), BOOL: np.dtype(np.bool_), FLOAT16: np.dtype(np.float16),
-    DOUBLE: np.dtype(np.float64), UINT32: np.dtype(np.uint32), UINT64: np.dtype(np.uint64),
+    FLOAT: np.dtype(np.float32),
+    UINT8: np.dtype(np.uint8),
+    INT8: np.dtype(np.int8),
+    UINT16: np.dtype(np.uint16),
+    INT16: np.dtype(np.int16),
+    INT32: np.dtype(np.int32),
+    INT64: np.dtype(np.int64),
+    BOOL: np.dtype(np.bool_),
+    FLOAT16: np.dtype(np.float16),
+    DOUBLE: np.dtype(np.float64),
+    UINT32: np.dtype(np.uint32),
+    UINT64: np.dtype(np.uint64),
 }
 
 

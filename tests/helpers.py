@@ -88,8 +88,10 @@ def dispatch_at(ctx, g, feeds):
         ctx.write_tensor(t, a)
         ins[name] = t
     shapes = g.compute_shapes({n: a.shape for n, a in feeds.items()})
-    outs = {n: ctx.create_tensor_sync(data_type=g.output_descriptors[n][0], shape=s, readable=True)
-            for n, s in shapes.items()}
+    outs = {
+        n: ctx.create_tensor_sync(data_type=g.output_descriptors[n][0], shape=s, readable=True)
+        for n, s in shapes.items()
+    }
     try:
         ctx.dispatch(g, ins, outs)
         return {n: ctx.read_tensor_sync(t) for n, t in outs.items()}

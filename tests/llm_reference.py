@@ -5,13 +5,36 @@ GGUFWriter, and an independent numpy Llama over the gguf package's own dequantiz
 import numpy as np
 
 # tensor types of the synthetic model, chosen so that every supported format is on the path
-SYNTH_TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "F16",
-               "ffn_gate": "Q4_1", "ffn_up": "Q4_0", "ffn_down": "Q8_0"}
+SYNTH_TYPES = {
+    "attn_q": "Q4_0",
+    "attn_k": "Q4_1",
+    "attn_v": "Q8_0",
+    "attn_output": "F16",
+    "ffn_gate": "Q4_1",
+    "ffn_up": "Q4_0",
+    "ffn_down": "Q8_0",
+}
 
 
-def write_synthetic(path, *, layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, seed=0,
-                    embd="Q8_0", output="Q4_1", tied=False, rope_dims=None, context=256, arch="llama",
-                    types=None, tokenizer=False):
+def write_synthetic(
+    path,
+    *,
+    layers=2,
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    ffn=96,
+    vocab=256,
+    seed=0,
+    embd="Q8_0",
+    output="Q4_1",
+    tied=False,
+    rope_dims=None,
+    context=256,
+    arch="llama",
+    types=None,
+    tokenizer=False,
+):
     """A random Llama GGUF file of the given sizes (weights scaled so activations stay O(1))."""
     import gguf
     from gguf.quants import quantize
@@ -80,14 +103,14 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 MERGES = ["h e", "t he", "Ġ t", "Ġt he", "1 2"]
 
 
 def bytes_to_unicode():
     """GPT-2's byte -> printable character map (openai/gpt-2 encoder.py)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -150,9 +173,9 @@ class NumpyLlama:
         ang = pos[:, None] * theta[None, :]
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         y = x.copy()
-        x0, x1 = x[..., 0:self.rot:2], x[..., 1:self.rot:2]
-        y[..., 0:self.rot:2] = x0 * c - x1 * s
-        y[..., 1:self.rot:2] = x0 * s + x1 * c
+        x0, x1 = x[..., 0 : self.rot : 2], x[..., 1 : self.rot : 2]
+        y[..., 0 : self.rot : 2] = x0 * c - x1 * s
+        y[..., 1 : self.rot : 2] = x0 * s + x1 * c
         return y
 
     def forward(self, ids):

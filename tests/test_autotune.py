@@ -53,8 +53,9 @@ def test_forced_tuning_persists_and_second_build_is_free(ctx, rng, monkeypatch, 
     got = run_graph(ctx, {"z": z}, {"a": A}, b)["z"]
     # the build shows what tuning cost it
     assert built[0].autotune["signatures_tuned"] == 1 and built[0].autotune["seconds"] > 0
-    np.testing.assert_allclose(got, np.maximum(A.astype(np.float64).sum(1, keepdims=True), 0) * np.ones((1, 72)),
-                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        got, np.maximum(A.astype(np.float64).sum(1, keepdims=True), 0) * np.ones((1, 72)), rtol=1e-4, atol=1e-3
+    )
     assert autotune.STATS["tuned"] == t0["tuned"] + 1
     assert autotune.STATS["seconds"] > t0["seconds"]
     files = os.listdir(os.path.join(tmp_path, "autotune"))

@@ -61,8 +61,9 @@ def _decode(p):
 
 def test_two_actors_match_a_single_process_session(model, inputs, tmp_path):
     out = tmp_path / "out"
-    s = batch.run_batch([str(inputs)], str(out), workers=2, lossless=True,
-                        ray_init={"num_cpus": 1, "num_gpus": 0})  # 2 actors share 1 CPU
+    s = batch.run_batch(
+        [str(inputs)], str(out), workers=2, lossless=True, ray_init={"num_cpus": 1, "num_gpus": 0}
+    )  # 2 actors share 1 CPU
     # every good file done, every bad one reported with a reason, nothing fatal
     assert s["files"] == 6 and s["ok"] == 3, batch.format_summary(s)
     failed = {os.path.basename(p): why for p, why in s["failed"]}
@@ -100,9 +101,15 @@ def test_two_actors_match_a_single_process_session(model, inputs, tmp_path):
 
 
 def test_inputs_from_globs_files_and_missing_paths(inputs):
-    files, rejected = batch.expand_inputs([str(inputs / "*.png"), str(inputs / "sub" / "b.jpg"),
-                                           str(inputs / "nope"), str(inputs / "notes.txt"),
-                                           str(inputs / "*.gif")])
+    files, rejected = batch.expand_inputs(
+        [
+            str(inputs / "*.png"),
+            str(inputs / "sub" / "b.jpg"),
+            str(inputs / "nope"),
+            str(inputs / "notes.txt"),
+            str(inputs / "*.gif"),
+        ]
+    )
     assert sorted(f["rel"] for f in files) == ["a.png", "b.jpg", "tiny.png"]
     assert {os.path.basename(p) for p, _ in rejected} == {"nope", "notes.txt", "*.gif"}
 
@@ -113,9 +120,11 @@ def test_custom_model_options_are_checked(model):
 
 
 def test_the_package_imports_without_ray_and_says_how_to_get_it():
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "import mltensor, mltensor.apps.batch as b\n"
-            "try:\n    b.run_batch(['x'], 'y')\nexcept SystemExit as e:\n    print(e)\n")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import mltensor, mltensor.apps.batch as b\n"
+        "try:\n    b.run_batch(['x'], 'y')\nexcept SystemExit as e:\n    print(e)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "pip install 'mltensor[ray]'" in r.stdout
@@ -123,9 +132,21 @@ def test_the_package_imports_without_ray_and_says_how_to_get_it():
 
 def test_batch_example_runs(model, inputs, tmp_path):
     env = dict(os.environ, RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "batch_segmentation.py"),
-                        str(inputs / "a.png"), "-o", str(tmp_path / "o"), "--workers", "1"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "batch_segmentation.py"),
+            str(inputs / "a.png"),
+            "-o",
+            str(tmp_path / "o"),
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 of 1 files done" in r.stdout
     assert (tmp_path / "o" / "a.png").is_file() and (tmp_path / "o" / "a_mask.png").is_file()

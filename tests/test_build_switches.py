@@ -64,12 +64,17 @@ def test_build_switches_are_read_only_through_the_list():
     the graph cache's key: every use of its name is an argument of switch() / value()."""
     found = _names_in_code()
     assert any(n == "MLTENSOR_NO_DERIVED_SIZES" for n, _, _ in found)  # (the scan sees the code)
-    direct = [f"{n} at {w}" for n, w, ok in found
-              if n in switches.BUILD_SWITCHES and not ok and not w.startswith(os.path.join("mltensor", "switches.py"))]
+    direct = [
+        f"{n} at {w}"
+        for n, w, ok in found
+        if n in switches.BUILD_SWITCHES and not ok and not w.startswith(os.path.join("mltensor", "switches.py"))
+    ]
     assert not direct, "read these through mltensor.switches.switch(): " + ", ".join(direct)
     unknown = sorted({f"{n} at {w}" for n, w, _ in found if n not in switches.BUILD_SWITCHES and n not in OTHER})
-    assert not unknown, ("new MLTENSOR_* variables: add each to switches.BUILD_SWITCHES if it changes what a "
-                         "build makes, else to OTHER here: " + ", ".join(unknown))
+    assert not unknown, (
+        "new MLTENSOR_* variables: add each to switches.BUILD_SWITCHES if it changes what a "
+        "build makes, else to OTHER here: " + ", ".join(unknown)
+    )
     # every listed switch is read somewhere (no stale entries), and OTHER names no build switch
     read = {n for n, _, ok in found if ok}
     assert set(switches.BUILD_SWITCHES) <= read, set(switches.BUILD_SWITCHES) - read

@@ -23,16 +23,18 @@ def _many_kernels(ctx, n=12):
     outs = {}
     for i in range(n):
         y = b.slice(x, [0], [64 - 4 * i]) if i else x
-        outs[f"y{i}"] = b.softmax(b.reshape(b.mul(y, b.constant(data_type="float32", value=float(i + 1))),
-                                            [1, 64 - 4 * i]), 1)
+        outs[f"y{i}"] = b.softmax(
+            b.reshape(b.mul(y, b.constant(data_type="float32", value=float(i + 1))), [1, 64 - 4 * i]), 1
+        )
     return b.build_sync(outs), outs
 
 
 def _run(ctx, g, xv):
     t = ctx.create_tensor_sync(data_type="float32", shape=[64], writable=True)
     ctx.write_tensor(t, xv)
-    outs = {n: ctx.create_tensor_sync(data_type=dt, shape=s, readable=True)
-            for n, (dt, s) in g.output_descriptors.items()}
+    outs = {
+        n: ctx.create_tensor_sync(data_type=dt, shape=s, readable=True) for n, (dt, s) in g.output_descriptors.items()
+    }
     ctx.dispatch(g, {"x": t}, outs)
     return {n: ctx.read_tensor_sync(o) for n, o in outs.items()}
 
@@ -46,7 +48,7 @@ def test_results_do_not_depend_on_compile_threads(monkeypatch, threads, rng):
     xv = rng.standard_normal(64).astype(np.float32)
     got = _run(ctx, g, xv)
     for i in range(12):
-        z = xv[:64 - 4 * i] * (i + 1)
+        z = xv[: 64 - 4 * i] * (i + 1)
         want = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
         np.testing.assert_allclose(got[f"y{i}"].reshape(-1), want, rtol=1e-5, atol=1e-7)
     ctx.destroy()
@@ -77,8 +79,12 @@ def test_threads_setting_is_validated(monkeypatch):
 def _two_processes(script, tmp_path):
     """The outputs of `script` run in two fresh processes, one after the other, on caches that
     start empty under tmp_path (2 compile threads, Mesa's disk cache on)."""
-    env = dict(os.environ, MLTENSOR_CACHE=str(tmp_path), MLTENSOR_COMPILE_THREADS="2",
-               MESA_SHADER_CACHE_DIR=str(tmp_path / "mesa"))
+    env = dict(
+        os.environ,
+        MLTENSOR_CACHE=str(tmp_path),
+        MLTENSOR_COMPILE_THREADS="2",
+        MESA_SHADER_CACHE_DIR=str(tmp_path / "mesa"),
+    )
     env.pop("MESA_SHADER_CACHE_DISABLE", None)
     out = []
     for _ in range(2):

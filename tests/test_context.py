@@ -78,8 +78,16 @@ def test_counters_snapshot_is_a_copy(ctx):
     c = ctx.counters
     c["submits"] = -1
     assert ctx.counters["submits"] != -1
-    assert set(c) == {"bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
-                      "kernel_launches", "tensors_alive", "bytes_alive", "constant_bytes"}
+    assert set(c) == {
+        "bytes_uploaded",
+        "bytes_downloaded",
+        "bytes_copied_between_devices",
+        "submits",
+        "kernel_launches",
+        "tensors_alive",
+        "bytes_alive",
+        "constant_bytes",
+    }
 
 
 def test_destroy_is_idempotent_and_invalidates_everything():
@@ -137,8 +145,13 @@ def test_destroyed_device_rejected_at_creation():
 
 
 def test_errors_hierarchy():
-    for e in (mltensor.InvalidStateError, mltensor.NotSupportedError, mltensor.OperationError,
-              mltensor.UnknownError, mltensor.DataError):
+    for e in (
+        mltensor.InvalidStateError,
+        mltensor.NotSupportedError,
+        mltensor.OperationError,
+        mltensor.UnknownError,
+        mltensor.DataError,
+    ):
         assert issubclass(e, mltensor.DOMException)
         assert issubclass(e, Exception)
     assert not issubclass(mltensor.DOMException, TypeError)

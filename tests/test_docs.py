@@ -32,16 +32,38 @@ def test_docs_build_without_warnings(tmp_path):
     if missing:
         pytest.skip(f"the docs extra is not installed (missing {', '.join(missing)}): pip install -e '.[docs]'")
     out = tmp_path / "html"
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-           "-d", str(tmp_path / "doctrees"), os.path.join(ROOT, "docs"), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-W",
+        "--keep-going",
+        "-q",
+        "-b",
+        "html",
+        "-d",
+        str(tmp_path / "doctrees"),
+        os.path.join(ROOT, "docs"),
+        str(out),
+    ]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=570)
     assert r.returncode == 0, f"docs build failed:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
     # the pages the issue asks for are there, generated tables and gallery images included
-    for page in ("index.html", "getting-started.html", "guides/environment.html", "guides/sessions.html",
-                 "guides/interop.html", "reference/api-context.html", "reference/onnx-operators.html",
-                 "reference/webnn-operators.html", "reference/tflite-operators.html", "reference/models.html",
-                 "results/index.html", "auto_gallery/index.html"):
+    for page in (
+        "index.html",
+        "getting-started.html",
+        "guides/environment.html",
+        "guides/sessions.html",
+        "guides/interop.html",
+        "reference/api-context.html",
+        "reference/onnx-operators.html",
+        "reference/webnn-operators.html",
+        "reference/tflite-operators.html",
+        "reference/models.html",
+        "results/index.html",
+        "auto_gallery/index.html",
+    ):
         assert (out / page).is_file(), page
     onnx_page = (out / "reference" / "onnx-operators.html").read_text()
     assert "com.microsoft" in onnx_page and "MatMulNBits" in onnx_page
@@ -97,18 +119,25 @@ def test_readme_links_reach_what_the_issue_asks_for():
     """From the front page, one click to each of these (issue #32's done-when: how to run a model
     at several sizes, how to lend a tensor to a render loop, what each environment variable does)."""
     links = set(LINK_RE.findall(FENCE_RE.sub("", _readme())))
-    for must in ("docs/getting-started.md", "docs/guides/sessions.md#sizes-and-dynamic-dimensions",
-                 "docs/guides/interop.md", "docs/guides/environment.md#environment-variables",
-                 "docs/guides/threads.md", "docs/guides/performance.md"):
+    for must in (
+        "docs/getting-started.md",
+        "docs/guides/sessions.md#sizes-and-dynamic-dimensions",
+        "docs/guides/interop.md",
+        "docs/guides/environment.md#environment-variables",
+        "docs/guides/threads.md",
+        "docs/guides/performance.md",
+    ):
         assert must in links, must
 
 
 def test_readme_commands():
     """The two commands, as CI (.ci/run) runs the second, and the docs build as docs/README.md has it."""
     text = _readme()
-    for cmd in ("bash setup.sh && .venv/bin/python examples/selfie_segmentation.py --frames 60 --output out.mp4 --snapshot out.png",
-                "bash setup.sh && .venv/bin/python -m pytest -q",
-                ".venv/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html"):
+    for cmd in (
+        "bash setup.sh && .venv/bin/python examples/selfie_segmentation.py --frames 60 --output out.mp4 --snapshot out.png",
+        "bash setup.sh && .venv/bin/python -m pytest -q",
+        ".venv/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html",
+    ):
         assert cmd in text, cmd
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as fh:
         assert "bash setup.sh && .venv/bin/python -m pytest -q" in fh.read()
@@ -137,11 +166,17 @@ def test_readme_tour_runs(tmp_path, monkeypatch):
 def test_every_env_var_the_code_reads_is_documented():
     """Fails when a new MLTENSOR_* switch lands without a row in docs/guides/environment.md (the
     docs build warns about the same gap; this check needs no Sphinx)."""
-    spec = importlib.util.spec_from_file_location("mltensor_envvars", os.path.join(ROOT, "docs", "_ext", "mltensor_envvars.py"))
+    spec = importlib.util.spec_from_file_location(
+        "mltensor_envvars", os.path.join(ROOT, "docs", "_ext", "mltensor_envvars.py")
+    )
     envvars = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(envvars)
     read = envvars.env_vars_in_code(ROOT)
-    assert {"MLTENSOR_CACHE", "MLTENSOR_NO_FUSION", "MLTENSOR_AUTOTUNE"} <= set(read), sorted(read)  # the scan sees the code
+    assert {"MLTENSOR_CACHE", "MLTENSOR_NO_FUSION", "MLTENSOR_AUTOTUNE"} <= set(read), sorted(
+        read
+    )  # the scan sees the code
     missing = envvars.undocumented_env_vars(ROOT)
-    assert not missing, "\n".join(f"{k} (read in {', '.join(sorted(v))}) has no row in docs/guides/environment.md"
-                                   for k, v in sorted(missing.items()))
+    assert not missing, "\n".join(
+        f"{k} (read in {', '.join(sorted(v))}) has no row in docs/guides/environment.md"
+        for k, v in sorted(missing.items())
+    )

@@ -189,8 +189,10 @@ def test_broadcasting_unifies_dynamic_dimensions(ctx):
     g = b.build_sync({"y": b.add(scores, m)})
 
     def run(past, seq, total):
-        t = {n: ctx.create_tensor_sync(data_type="float32", shape=sh, writable=True)
-             for n, sh in (("mask", [total]), ("p", [2, past]), ("s", [2, seq]))}
+        t = {
+            n: ctx.create_tensor_sync(data_type="float32", shape=sh, writable=True)
+            for n, sh in (("mask", [total]), ("p", [2, past]), ("s", [2, seq]))
+        }
         vals = {n: np.arange(np.prod(x.shape), dtype=np.float32).reshape(x.shape) for n, x in t.items()}
         for n, x in t.items():
             ctx.write_tensor(x, vals[n])

@@ -53,8 +53,21 @@ class Case:
     """A convolution graph over input x (NCHW shape `xshape` with dynamic entries), built from
     float64 references: the filter in OIHW (IOHW transposed), converted to `filter_layout`."""
 
-    def __init__(self, rng, xshape, wshape, *, layout="nchw", filter_layout=None, transpose=False, bias=True,
-                 act=True, prologue=None, epilogue=None, **opts):
+    def __init__(
+        self,
+        rng,
+        xshape,
+        wshape,
+        *,
+        layout="nchw",
+        filter_layout=None,
+        transpose=False,
+        bias=True,
+        act=True,
+        prologue=None,
+        epilogue=None,
+        **opts,
+    ):
         self.xshape, self.layout, self.transpose, self.opts = xshape, layout, transpose, opts
         self.filter_layout = filter_layout or ("iohw" if transpose else "oihw")
         self.W = rng.standard_normal(wshape).astype(np.float32)
@@ -76,7 +89,8 @@ class Case:
         if self.B is not None:
             kw["bias"] = b.constant(self.B)
         y = (b.conv_transpose2d if self.transpose else b.conv2d)(
-            x, b.constant(np.ascontiguousarray(self.W.transpose(perm))), **kw)
+            x, b.constant(np.ascontiguousarray(self.W.transpose(perm))), **kw
+        )
         if self.act:
             y = b.relu(y)
         if self.epilogue:
@@ -88,14 +102,21 @@ class Case:
         xr = (from_nhwc(x) if self.layout == "nhwc" else x).astype(np.float64)
         if self.prologue:
             xr = self.prologue[1](xr)
-        o = {"pad": self.opts.get("padding", (0, 0, 0, 0)), "st": self.opts.get("strides", (1, 1)),
-             "dil": self.opts.get("dilations", (1, 1)), "groups": self.opts.get("groups", 1), "bias": self.B}
+        o = {
+            "pad": self.opts.get("padding", (0, 0, 0, 0)),
+            "st": self.opts.get("strides", (1, 1)),
+            "dil": self.opts.get("dilations", (1, 1)),
+            "groups": self.opts.get("groups", 1),
+            "bias": self.B,
+        }
         if self.transpose:
             n, c, h, w = xr.shape
             (st, dil, pad), k = (o["st"], o["dil"], o["pad"]), self.W.shape[2:]
             op = self.opts.get("output_padding", (0, 0))
-            hw = [(s - 1) * st[i] + (k[i] - 1) * dil[i] + 1 - pad[2 * i] - pad[2 * i + 1] + op[i]
-                  for i, s in enumerate((h, w))]
+            hw = [
+                (s - 1) * st[i] + (k[i] - 1) * dil[i] + 1 - pad[2 * i] - pad[2 * i + 1] + op[i]
+                for i, s in enumerate((h, w))
+            ]
             r = conv_transpose2d_ref(xr, self.W, hw, **o)
         else:
             r = conv2d_ref(xr, self.W, **o)
@@ -135,13 +156,18 @@ def _paths(g):
 
 # -- conv2d ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layout,filter_layout", [("nchw", "oihw"), ("nchw", "hwio"), ("nhwc", "ohwi"),
-                                                  ("nhwc", "hwio")])
+
+@pytest.mark.parametrize(
+    "layout,filter_layout", [("nchw", "oihw"), ("nchw", "hwio"), ("nhwc", "ohwi"), ("nhwc", "hwio")]
+)
 def test_conv2d_3x3_same(ctx, rng, layout, filter_layout):
     # stride 1, padding 1: the output is H x W; bias and relu fused, the implicit GEMM in size
     # buckets (the GEMV for up to 4 output pixels, then the tiles lavapipe picks by size)
-    g = _check(ctx, rng, Case(rng, (N, 8, H, W), (16, 8, 3, 3), layout=layout, filter_layout=filter_layout,
-                              padding=[1, 1, 1, 1]))
+    g = _check(
+        ctx,
+        rng,
+        Case(rng, (N, 8, H, W), (16, 8, 3, 3), layout=layout, filter_layout=filter_layout, padding=[1, 1, 1, 1]),
+    )
     assert "gemv" in _paths(g) and 2 <= len(g.kernel_names) <= gemm_engine.MAX_VARIANTS, g.kernel_names
     if FUSION:
         assert all(n.startswith("conv2d") for n in g.kernel_names), g.kernel_names
@@ -159,23 +185,48 @@ def test_conv2d_strided_unpadded(ctx, rng, layout):
 def test_conv2d_dilated_groups(ctx, rng, layout):
     # output H - 1 by (W - 3) // 2 + 1
     sizes = [dict(N=1, H=2, W=3), dict(N=3, H=20, W=21), dict(N=2, H=7, W=9), dict(N=1, H=13, W=4)]
-    _check(ctx, rng, Case(rng, (N, 8, H, W), (16, 4, 3, 3), layout=layout, padding=[2, 1, 2, 0], dilations=[2, 2],
-                          groups=2, strides=[1, 2]), sizes).destroy()
+    _check(
+        ctx,
+        rng,
+        Case(
+            rng,
+            (N, 8, H, W),
+            (16, 4, 3, 3),
+            layout=layout,
+            padding=[2, 1, 2, 0],
+            dilations=[2, 2],
+            groups=2,
+            strides=[1, 2],
+        ),
+        sizes,
+    ).destroy()
 
 
 @pytest.mark.parametrize("layout,filter_layout", [("nchw", "oihw"), ("nhwc", "ihwo")])
 @pytest.mark.parametrize("mult", [1, 2])
 def test_conv2d_depthwise(ctx, rng, layout, filter_layout, mult):
-    g = _check(ctx, rng, Case(rng, (N, 8, H, W), (8 * mult, 1, 3, 3), layout=layout, filter_layout=filter_layout,
-                              padding=[1, 1, 1, 1], groups=8))
+    g = _check(
+        ctx,
+        rng,
+        Case(
+            rng,
+            (N, 8, H, W),
+            (8 * mult, 1, 3, 3),
+            layout=layout,
+            filter_layout=filter_layout,
+            padding=[1, 1, 1, 1],
+            groups=8,
+        ),
+    )
     assert _paths(g) == ["dw"], g.kernel_names
     g.destroy()
 
 
 def test_conv2d_depthwise_strided(ctx, rng):
     sizes = [dict(N=1, H=1, W=1), dict(N=3, H=20, W=21), dict(N=2, H=9, W=6), dict(N=1, H=2, W=3)]
-    _check(ctx, rng, Case(rng, (N, 6, H, W), (6, 1, 5, 5), padding=[2, 2, 2, 2], strides=[2, 2], groups=6),
-           sizes).destroy()
+    _check(
+        ctx, rng, Case(rng, (N, 6, H, W), (6, 1, 5, 5), padding=[2, 2, 2, 2], strides=[2, 2], groups=6), sizes
+    ).destroy()
 
 
 @pytest.mark.parametrize("layout,filter_layout", [("nchw", "oihw"), ("nhwc", "ohwi"), ("nhwc", "hwio")])
@@ -201,23 +252,53 @@ def test_conv2d_larger_plane_buckets(ctx, rng):
     # output pixel runs the GEMV
     n, h, w = D("N", 2), D("H", 32), D("W", 32)
     case = Case(rng, (n, 16, h, w), (64, 16, 3, 3), padding=[1, 1, 1, 1])
-    g = _check(ctx, rng, case, [dict(N=1, H=1, W=1), dict(N=1, H=5, W=7), dict(N=2, H=32, W=32),
-                                dict(N=1, H=8, W=8), dict(N=2, H=9, W=31)])
+    g = _check(
+        ctx,
+        rng,
+        case,
+        [dict(N=1, H=1, W=1), dict(N=1, H=5, W=7), dict(N=2, H=32, W=32), dict(N=1, H=8, W=8), dict(N=2, H=9, W=31)],
+    )
     assert len(g.kernel_names) == 3, g.kernel_names
     g.destroy()
 
 
 # -- conv_transpose2d -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("layout,filter_layout", [("nchw", "iohw"), ("nhwc", "ohwi"), ("nhwc", "hwoi")])
 def test_conv_transpose2d_stride2(ctx, rng, layout, filter_layout):
-    _check(ctx, rng, Case(rng, (N, 6, H, W), (6, 8, 3, 3), transpose=True, layout=layout, filter_layout=filter_layout,
-                          strides=[2, 2], padding=[1, 1, 1, 1], output_padding=[1, 1])).destroy()
+    _check(
+        ctx,
+        rng,
+        Case(
+            rng,
+            (N, 6, H, W),
+            (6, 8, 3, 3),
+            transpose=True,
+            layout=layout,
+            filter_layout=filter_layout,
+            strides=[2, 2],
+            padding=[1, 1, 1, 1],
+            output_padding=[1, 1],
+        ),
+    ).destroy()
 
 
 def test_conv_transpose2d_groups_dilation(ctx, rng):
-    _check(ctx, rng, Case(rng, (N, 8, H, W), (8, 4, 2, 3), transpose=True, strides=[2, 3], dilations=[2, 1],
-                          groups=2, padding=[0, 1, 1, 0])).destroy()
+    _check(
+        ctx,
+        rng,
+        Case(
+            rng,
+            (N, 8, H, W),
+            (8, 4, 2, 3),
+            transpose=True,
+            strides=[2, 3],
+            dilations=[2, 1],
+            groups=2,
+            padding=[0, 1, 1, 0],
+        ),
+    ).destroy()
 
 
 def test_conv_transpose2d_direct(ctx, rng):
@@ -229,13 +310,21 @@ def test_conv_transpose2d_direct(ctx, rng):
 
 # -- fused prologues and epilogues ----------------------------------------------------------------------
 
+
 def _bn(rng, c):
     mean, var = rng.standard_normal(c).astype(np.float32), rng.uniform(0.5, 2, c).astype(np.float32)
     scale, bias = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
 
     def fn(b, x, axis):
-        y = b.batch_normalization(x, b.constant(mean), b.constant(var), scale=b.constant(scale),
-                                  bias=b.constant(bias), axis=axis, epsilon=1e-5)
+        y = b.batch_normalization(
+            x,
+            b.constant(mean),
+            b.constant(var),
+            scale=b.constant(scale),
+            bias=b.constant(bias),
+            axis=axis,
+            epsilon=1e-5,
+        )
         return b.relu(y)
 
     def ref(x):
@@ -248,8 +337,9 @@ def _bn(rng, c):
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_prologue_batch_normalization(ctx, rng, layout):
-    g = _check(ctx, rng, Case(rng, (N, 8, H, W), (12, 8, 3, 3), layout=layout, padding=[1, 1, 1, 1],
-                              prologue=_bn(rng, 8)))
+    g = _check(
+        ctx, rng, Case(rng, (N, 8, H, W), (12, 8, 3, 3), layout=layout, padding=[1, 1, 1, 1], prologue=_bn(rng, 8))
+    )
     if FUSION:  # the normalization is applied as the conv loads its input
         assert all(n.startswith("conv2d_bn") for n in g.kernel_names), g.kernel_names
     g.destroy()
@@ -278,8 +368,7 @@ def test_prologue_scaled(ctx, rng):
     def ref(x):
         return x * (1 / (1 + np.exp(-x.mean(axis=(2, 3), keepdims=True))))
 
-    g = _check(ctx, rng, Case(rng, (N, 8, H, W), (12, 8, 3, 3), padding=[1, 1, 1, 1], prologue=(fn, ref)),
-               tol=1e-3)
+    g = _check(ctx, rng, Case(rng, (N, 8, H, W), (12, 8, 3, 3), padding=[1, 1, 1, 1], prologue=(fn, ref)), tol=1e-3)
     if FUSION:  # the product is applied as the conv loads its input
         assert sum(n.startswith("conv2d_scaled") for n in g.kernel_names) == 3, g.kernel_names
     g.destroy()
@@ -294,8 +383,11 @@ def test_prologue_resample(ctx, rng, layout):
     def ref(x):
         return x.repeat(2, axis=2).repeat(2, axis=3)
 
-    g = _check(ctx, rng, Case(rng, (N, 8, H, W), (12, 8, 3, 3), layout=layout, padding=[1, 1, 1, 1], strides=[2, 2],
-                              prologue=(fn, ref)))
+    g = _check(
+        ctx,
+        rng,
+        Case(rng, (N, 8, H, W), (12, 8, 3, 3), layout=layout, padding=[1, 1, 1, 1], strides=[2, 2], prologue=(fn, ref)),
+    )
     if FUSION:
         assert all(n.startswith("conv2d_resample") for n in g.kernel_names), g.kernel_names
     g.destroy()
@@ -370,6 +462,7 @@ def test_float16(ctx, rng):
 
 # -- every candidate, the hardware staging ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("vec", [False, True], ids=["cpu_staging", "hw_staging"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_every_candidate(ctx, rng, monkeypatch, vec, layout):
@@ -386,6 +479,7 @@ def test_every_candidate(ctx, rng, monkeypatch, vec, layout):
 
 
 # -- checks, refusals -------------------------------------------------------------------------------------
+
 
 def test_output_size_checked_at_dispatch(ctx, rng):
     case = Case(rng, (N, 4, H, W), (4, 4, 5, 5), strides=[2, 1])
@@ -440,6 +534,7 @@ def test_never_valid_and_refused(ctx):
 
 # -- an ONNX CNN with a symbolic batch and width: one build -------------------------------------------
 
+
 def test_session_builds_once(ctx):
     ort = pytest.importorskip("onnxruntime")
     from test_session_shapes import _convnet
@@ -457,6 +552,7 @@ def test_session_builds_once(ctx):
 
 
 # -- derived sizes (dynamic/dims.py hoisting) -----------------------------------------------------
+
 
 def _deep_chain(ctx, rng, shape):
     """A 1x1 convolution after three stride-2 3x3 ones: its plane is ((((H - 1) / 2) / 2) / 2) + 1
@@ -533,8 +629,13 @@ def test_derived_sizes_same_source_one_pipeline(ctx, rng):
         outs = {n: ctx.create_tensor_sync(data_type="float32", shape=s, readable=True) for n, s in shapes.items()}
         ctx.dispatch(g, {"x": t}, outs)
         for name, want in (("a", pool(xv)), ("b", pool(pool(xv)))):
-            np.testing.assert_allclose(ctx.read_tensor_sync(outs[name]), want.mean(axis=(2, 3), keepdims=True),
-                                       rtol=1e-5, atol=1e-6, err_msg=f"{name} at {h}x{w}")
+            np.testing.assert_allclose(
+                ctx.read_tensor_sync(outs[name]),
+                want.mean(axis=(2, 3), keepdims=True),
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=f"{name} at {h}x{w}",
+            )
         for o in (t, *outs.values()):
             o.destroy()
     keys = {}  # (a pool's variants for small and large planes are made at their first use)

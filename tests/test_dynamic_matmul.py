@@ -93,8 +93,14 @@ def _mm_ref(f):
 # -- 2-D ------------------------------------------------------------------------------------------
 
 MAXS = {"m": 70, "k": 66, "n": 68}
-SIZES_2D = [dict(m=1, k=1, n=1), dict(MAXS), dict(m=7, k=33, n=65), dict(m=65, k=7, n=33),
-            dict(m=4, k=65, n=7), dict(m=5, k=2, n=1)]
+SIZES_2D = [
+    dict(m=1, k=1, n=1),
+    dict(MAXS),
+    dict(m=7, k=33, n=65),
+    dict(m=65, k=7, n=33),
+    dict(m=4, k=65, n=7),
+    dict(m=5, k=2, n=1),
+]
 
 
 @pytest.mark.parametrize("dyn", ["m", "k", "n", "mkn"])
@@ -118,12 +124,24 @@ def test_matmul_2d(ctx, rng, dyn):
 
 def test_matmul_gemv_only_and_tiled_only(ctx, rng):
     # M's maximum within the GEMV bound: the GEMV kernel alone; a static M past it, the tiled one
-    g = _check(ctx, rng, {"a": (D("m", 4), 40), "b": (40, D("n", 30))}, _mm, _mm_ref,
-               [dict(m=1, n=1), dict(m=4, n=30), dict(m=3, n=17)])
+    g = _check(
+        ctx,
+        rng,
+        {"a": (D("m", 4), 40), "b": (40, D("n", 30))},
+        _mm,
+        _mm_ref,
+        [dict(m=1, n=1), dict(m=4, n=30), dict(m=3, n=17)],
+    )
     assert [n.rsplit("_", 1)[1] for n in g.kernel_names] == ["gemv"]
     g.destroy()
-    g = _check(ctx, rng, {"a": (9, D("k", 50)), "b": (D("k", 50), D("n", 30))}, _mm, _mm_ref,
-               [dict(k=1, n=1), dict(k=50, n=30), dict(k=17, n=3)])
+    g = _check(
+        ctx,
+        rng,
+        {"a": (9, D("k", 50)), "b": (D("k", 50), D("n", 30))},
+        _mm,
+        _mm_ref,
+        [dict(k=1, n=1), dict(k=50, n=30), dict(k=17, n=3)],
+    )
     assert len(g.kernel_names) == 1 and "gemv" not in g.kernel_names[0]
     g.destroy()
 
@@ -132,12 +150,19 @@ def test_matmul_gemv_only_and_tiled_only(ctx, rng):
 def test_matmul_vec4_loads(ctx, rng, monkeypatch, vec):
     # 16-byte loads of A (K % 4 == 0) and B (N % 4 == 0) stay valid for every M: only M is dynamic
     monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
-    g = _check(ctx, rng, {"a": (2, D("m", 70), 64), "b": (2, 64, 48)}, _mm, _mm_ref,
-               [dict(m=1), dict(m=70), dict(m=33), dict(m=4), dict(m=5)])
+    g = _check(
+        ctx,
+        rng,
+        {"a": (2, D("m", 70), 64), "b": (2, 64, 48)},
+        _mm,
+        _mm_ref,
+        [dict(m=1), dict(m=70), dict(m=33), dict(m=4), dict(m=5)],
+    )
     g.destroy()
 
 
 # -- size buckets: a configuration per range of M (or N) -----------------------------------------
+
 
 def _kc(ctx):
     import types
@@ -163,17 +188,23 @@ def test_bucket_choice(ctx):
     # below 128 rows and the 128-row one from there (lavapipe: 8 rows a thread from 8 * TY)
     v = _bucket_configs(ctx, s, 16, p, 4)
     assert [(g, b.condition().wgsl()) for g, b, _ in v] == [
-        (True, "(dims.d_S) <= 4u"), (False, "(dims.d_S) >= 5u && (dims.d_S) <= 127u"), (False, "(dims.d_S) >= 128u")]
+        (True, "(dims.d_S) <= 4u"),
+        (False, "(dims.d_S) >= 5u && (dims.d_S) <= 127u"),
+        (False, "(dims.d_S) >= 128u"),
+    ]
     assert [c["TY"] * c["RM"] for _, _, c in v[1:]] == [64, 128]
     # each bucket's configuration is the one a static build picks at any of its sizes
     for gemv, b, c in v[1:]:
-        (_, lo, hi), = b.conds
+        ((_, lo, hi),) = b.conds
         for m in (lo, (lo + hi) // 2, hi):
             assert gemm_engine.lavapipe_config(m, 16, 512) == c
     # the workgroup counts' factor is 1 inside a bucket, 0 outside
     for m in (1, 4, 5, 64, 127, 128):
-        assert [b.sym().eval({"S": m}) if isinstance(b.sym(), Sym) else b.sym() for _, b, _ in v] == \
-            [int(m <= 4), int(5 <= m <= 127), int(m >= 128)]
+        assert [b.sym().eval({"S": m}) if isinstance(b.sym(), Sym) else b.sym() for _, b, _ in v] == [
+            int(m <= 4),
+            int(5 <= m <= 127),
+            int(m >= 128),
+        ]
     # static sizes: one ungated variant; M above the GEMV bound and one configuration: ungated
     assert gemm_engine._variants(_kc(ctx), True, 70, 48, s, 1) == [(False, None)]
     assert gemm_engine._variants(_kc(ctx), True, Sym.dim("m", 40) + 8, 64, 64, 1) == [(False, None)]
@@ -207,8 +238,15 @@ def test_buckets_partition_the_sizes(ctx, cpu):
                 assert gemv == ((M.eval(vals) if isinstance(M, Sym) else M) <= gemm_engine.GEMV_MAX_M)
 
 
-VALUE_SIZES = [dict(S=1, P=1), dict(S=4, P=300), dict(S=5, P=7), dict(S=64, P=256), dict(S=127, P=512),
-               dict(S=128, P=512), dict(S=100, P=33)]
+VALUE_SIZES = [
+    dict(S=1, P=1),
+    dict(S=4, P=300),
+    dict(S=5, P=7),
+    dict(S=64, P=256),
+    dict(S=127, P=512),
+    dict(S=128, P=512),
+    dict(S=100, P=33),
+]
 
 
 def test_buckets_attention_values(ctx, rng):
@@ -221,8 +259,14 @@ def test_buckets_attention_values(ctx, rng):
 
 
 def test_buckets_along_n(ctx, rng):
-    g = _check(ctx, rng, {"a": (100, 24), "b": (24, D("n", 80))}, _mm, _mm_ref,
-               [dict(n=1), dict(n=8), dict(n=16), dict(n=17), dict(n=63), dict(n=64), dict(n=80)])
+    g = _check(
+        ctx,
+        rng,
+        {"a": (100, 24), "b": (24, D("n", 80))},
+        _mm,
+        _mm_ref,
+        [dict(n=1), dict(n=8), dict(n=16), dict(n=17), dict(n=63), dict(n=64), dict(n=80)],
+    )
     assert len(g.kernel_names) == 3, g.kernel_names
     g.destroy()
 
@@ -234,10 +278,22 @@ def test_buckets_fused_epilogue_and_gemm(ctx, rng):
     def fn(b, x):
         return b.relu(b.gemm(x["a"], x["b"], c=x["c"], a_transpose=True))
 
-    g = _check(ctx, rng, {"a": (K, M), "b": (K, 72), "c": (72,)}, fn,
-               lambda f: np.maximum(f["a"].T @ f["b"] + f["c"], 0),
-               [dict(m=1, k=1), dict(m=4, k=40), dict(m=5, k=9), dict(m=63, k=40), dict(m=64, k=17),
-                dict(m=300, k=40), dict(m=129, k=3)])
+    g = _check(
+        ctx,
+        rng,
+        {"a": (K, M), "b": (K, 72), "c": (72,)},
+        fn,
+        lambda f: np.maximum(f["a"].T @ f["b"] + f["c"], 0),
+        [
+            dict(m=1, k=1),
+            dict(m=4, k=40),
+            dict(m=5, k=9),
+            dict(m=63, k=40),
+            dict(m=64, k=17),
+            dict(m=300, k=40),
+            dict(m=129, k=3),
+        ],
+    )
     assert len(g.kernel_names) == 3, g.kernel_names
     g.destroy()
 
@@ -245,8 +301,13 @@ def test_buckets_fused_epilogue_and_gemm(ctx, rng):
 # -- batched, broadcast ---------------------------------------------------------------------------
 
 B, S, P = D("B", 3), D("S", 70), D("P", 66)
-ATTN_SIZES = [dict(B=1, S=1, P=1), dict(B=3, S=70, P=66), dict(B=2, S=7, P=33), dict(B=1, S=65, P=5),
-              dict(B=2, S=3, P=65)]
+ATTN_SIZES = [
+    dict(B=1, S=1, P=1),
+    dict(B=3, S=70, P=66),
+    dict(B=2, S=7, P=33),
+    dict(B=1, S=65, P=5),
+    dict(B=2, S=3, P=65),
+]
 
 
 def test_matmul_attention_scores(ctx, rng):
@@ -259,11 +320,15 @@ def test_matmul_attention_values(ctx, rng):
     _check(ctx, rng, {"a": (B, 2, S, P), "b": (B, 2, P, 64)}, _mm, _mm_ref, ATTN_SIZES).destroy()
 
 
-@pytest.mark.parametrize("sa,sb", [
-    ((S, 40), (B, 40, 24)),  # a broadcast along the batch
-    ((B, 1, S, 24), (1, 3, 24, P)),  # both broadcast, a static batch dimension
-    ((2, B, S, 24), (B, 24, P)),  # b broadcast along a leading dimension: index modulo B
-], ids=["a_bcast", "both_bcast", "mod_B"])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((S, 40), (B, 40, 24)),  # a broadcast along the batch
+        ((B, 1, S, 24), (1, 3, 24, P)),  # both broadcast, a static batch dimension
+        ((2, B, S, 24), (B, 24, P)),  # b broadcast along a leading dimension: index modulo B
+    ],
+    ids=["a_bcast", "both_bcast", "mod_B"],
+)
 def test_matmul_broadcast_batch(ctx, rng, sa, sb):
     _check(ctx, rng, {"a": sa, "b": sb}, _mm, _mm_ref, ATTN_SIZES[:4]).destroy()
 
@@ -273,8 +338,15 @@ def test_batch_past_a_grid_dimension(ctx, rng, m):
     # a batch maximum past 65535 workgroups along one dimension: the folded 1-D grid of the
     # static kernels (the tile from the linear workgroup index) instead of (columns, rows, batch)
     # (70000 workgroups of a few outputs each are slow on lavapipe: one large size, no static build)
-    g = _check(ctx, rng, {"a": (D("B", 70000), m, 3), "b": (D("B", 70000), 3, 2)}, _mm, _mm_ref,
-               [dict(B=1), dict(B=65536)], static=False)
+    g = _check(
+        ctx,
+        rng,
+        {"a": (D("B", 70000), m, 3), "b": (D("B", 70000), 3, 2)},
+        _mm,
+        _mm_ref,
+        [dict(B=1), dict(B=65536)],
+        static=False,
+    )
     g.destroy()
 
 
@@ -283,8 +355,7 @@ def test_batch_past_a_grid_dimension(ctx, rng, m):
 M, K, N = D("m", 70), D("k", 66), D("n", 68)
 
 
-@pytest.mark.parametrize("at,bt,c", [(False, False, "n"), (True, False, "mn"), (False, True, "m1"),
-                                     (True, True, None)])
+@pytest.mark.parametrize("at,bt,c", [(False, False, "n"), (True, False, "mn"), (False, True, "m1"), (True, True, None)])
 def test_gemm(ctx, rng, at, bt, c):
     specs = {"a": (K, M) if at else (M, K), "b": (N, K) if bt else (K, N)}
     if c:
@@ -302,12 +373,19 @@ def test_gemm(ctx, rng, at, bt, c):
 
 # -- fused epilogue, float16 ------------------------------------------------------------------------
 
+
 def test_fused_bias_relu_epilogue(ctx, rng):
     def fn(b, x):
         return b.relu(b.add(b.matmul(x["a"], x["b"]), x["bias"]))
 
-    g = _check(ctx, rng, {"a": (B, S, 40), "b": (40, P), "bias": (P,)}, fn,
-               lambda f: np.maximum(f["a"] @ f["b"] + f["bias"], 0), ATTN_SIZES)
+    g = _check(
+        ctx,
+        rng,
+        {"a": (B, S, 40), "b": (40, P), "bias": (P,)},
+        fn,
+        lambda f: np.maximum(f["a"] @ f["b"] + f["bias"], 0),
+        ATTN_SIZES,
+    )
     if FUSION:  # add and relu are stored by the matmul kernels: no elementwise kernel
         assert all(n.startswith("matmul") for n in g.kernel_names), g.kernel_names
     g.destroy()
@@ -329,14 +407,21 @@ def test_float16(ctx, f16off_ctx, rng, mode):
     def fn(b, x):
         return b.relu(b.add(b.matmul(x["a"], x["b"]), x["r"]))
 
-    g = _check(c, rng, {"a": (S, K), "b": (K, N), "r": (S, N)}, fn,
-               lambda f: np.maximum(f["a"] @ f["b"] + f["r"], 0),
-               [dict(S=1, k=1, n=1), dict(S=70, k=66, n=68), dict(S=7, k=33, n=65), dict(S=3, k=9, n=2)],
-               dt="float16", rtol=1e-2)
+    g = _check(
+        c,
+        rng,
+        {"a": (S, K), "b": (K, N), "r": (S, N)},
+        fn,
+        lambda f: np.maximum(f["a"] @ f["b"] + f["r"], 0),
+        [dict(S=1, k=1, n=1), dict(S=70, k=66, n=68), dict(S=7, k=33, n=65), dict(S=3, k=9, n=2)],
+        dt="float16",
+        rtol=1e-2,
+    )
     g.destroy()
 
 
 # -- every candidate, tuning --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 def test_every_candidate(ctx, rng, monkeypatch, vec):
@@ -356,10 +441,15 @@ def test_every_gemm_candidate(ctx, rng):
     cands, _ = gemm_candidates(67, 90, 530, 1)
     for i in range(len(cands)):
         with autotune.force(i):
-            _check(ctx, rng, {"a": (K, D("m", 67)), "b": (90, K), "c": (90,)},
-                   lambda b, x: b.gemm(x["a"], x["b"], c=x["c"], alpha=0.5, a_transpose=True, b_transpose=True),
-                   lambda f: 0.5 * (f["a"].T @ f["b"].T) + f["c"],
-                   [dict(m=67, k=66), dict(m=1, k=1), dict(m=30, k=17)], static=False).destroy()
+            _check(
+                ctx,
+                rng,
+                {"a": (K, D("m", 67)), "b": (90, K), "c": (90,)},
+                lambda b, x: b.gemm(x["a"], x["b"], c=x["c"], alpha=0.5, a_transpose=True, b_transpose=True),
+                lambda f: 0.5 * (f["a"].T @ f["b"].T) + f["c"],
+                [dict(m=67, k=66), dict(m=1, k=1), dict(m=30, k=17)],
+                static=False,
+            ).destroy()
 
 
 def test_tuning_at_the_maximum(ctx, rng, monkeypatch, tmp_path):
@@ -392,6 +482,7 @@ def test_tuning_at_the_maximum(ctx, rng, monkeypatch, tmp_path):
 
 # -- checks ---------------------------------------------------------------------------------------
 
+
 def test_size_beyond_maximum(ctx):
     g = _build(ctx, {"a": (S, 8), "b": (8, P)}, _mm)
     with pytest.raises(TypeError, match="outside"):
@@ -408,8 +499,11 @@ def test_k_mismatch(ctx):
         _run(ctx, g, {"a": one(3, 20), "b": one(21, 5)})
     g.destroy()
     # a dynamic K against a static one within its range: checked by each dispatch too
-    g = _build(ctx, {"a": (D("k", 40), 3), "b": (6, 16)},
-               lambda b, x: b.gemm(x["a"], x["b"], a_transpose=True, b_transpose=True))
+    g = _build(
+        ctx,
+        {"a": (D("k", 40), 3), "b": (6, 16)},
+        lambda b, x: b.gemm(x["a"], x["b"], a_transpose=True, b_transpose=True),
+    )
     np.testing.assert_array_equal(_run(ctx, g, {"a": one(16, 3), "b": one(6, 16)}), np.full((3, 6), 16, np.float32))
     with pytest.raises(TypeError, match=r"\[gemm\] K of a"):
         _run(ctx, g, {"a": one(15, 3), "b": one(6, 16)})
@@ -417,7 +511,12 @@ def test_k_mismatch(ctx):
     # never equal: at build
     b = mltensor.MLGraphBuilder(ctx)
     with pytest.raises(TypeError, match=r"\[matmul\] columns of a \(k\) must equal rows of b \(9\)"):
-        b.matmul(b.input("x", data_type="float32", shape=[2, D("k", 8)]), b.input("y", data_type="float32", shape=[9, 2]))
+        b.matmul(
+            b.input("x", data_type="float32", shape=[2, D("k", 8)]), b.input("y", data_type="float32", shape=[9, 2])
+        )
     with pytest.raises(TypeError, match=r"\[gemm\] K of a"):
-        b.gemm(b.input("u", data_type="float32", shape=[2, D("k", 8)]), b.input("w", data_type="float32", shape=[3, 9]),
-               b_transpose=True)
+        b.gemm(
+            b.input("u", data_type="float32", shape=[2, D("k", 8)]),
+            b.input("w", data_type="float32", shape=[3, 9]),
+            b_transpose=True,
+        )

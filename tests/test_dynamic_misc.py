@@ -36,8 +36,10 @@ def _shape(s, sizes):
 
 def build(ctx, inputs, make):
     b = mltensor.MLGraphBuilder(ctx)
-    ops = {n: b.input(n, data_type=dt, shape=[D(*d) if isinstance(d, tuple) else d for d in s])
-           for n, (dt, s) in inputs.items()}
+    ops = {
+        n: b.input(n, data_type=dt, shape=[D(*d) if isinstance(d, tuple) else d for d in s])
+        for n, (dt, s) in inputs.items()
+    }
     return b.build_sync(make(b, ops))
 
 
@@ -64,8 +66,9 @@ def check(ctx, inputs, make, ref, cases, gen=None, tol=None):
             if tol is None:
                 np.testing.assert_array_equal(got[n], w.astype(got[n].dtype), err_msg=f"{n} at {sizes}")
             else:
-                np.testing.assert_allclose(got[n].astype(np.float64), w.astype(np.float64), rtol=tol,
-                                           atol=tol, err_msg=f"{n} at {sizes}")
+                np.testing.assert_allclose(
+                    got[n].astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol, err_msg=f"{n} at {sizes}"
+                )
             assert got[n].tobytes() == static[n].tobytes(), (n, sizes)
     return g
 
@@ -105,19 +108,34 @@ def test_pool_window(ctx, mode, layout):
     opts = {"window_dimensions": [3, 2], "strides": [2, 1], "padding": [1, 1, 0, 1]}
     make, ref = _pool_case(mode, layout, opts)
     shape = [("N", 3), 4, ("H", 9), ("W", 8)] if layout == "nchw" else [("N", 3), ("H", 9), ("W", 8), 4]
-    check(ctx, {"x": ("float32", shape)}, make, ref,
-          [{"N": 1, "H": 1, "W": 1}, {"N": 3, "H": 9, "W": 8}, {"N": 2, "H": 6, "W": 5}], tol=1e-5)
+    check(
+        ctx,
+        {"x": ("float32", shape)},
+        make,
+        ref,
+        [{"N": 1, "H": 1, "W": 1}, {"N": 3, "H": 9, "W": 8}, {"N": 2, "H": 6, "W": 5}],
+        tol=1e-5,
+    )
 
 
-@pytest.mark.parametrize("opts", [
-    {"window_dimensions": [3, 3], "strides": [2, 2], "rounding_type": "ceil"},
-    {"window_dimensions": [2, 3], "dilations": [2, 1], "padding": [0, 1, 1, 0]},
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"window_dimensions": [3, 3], "strides": [2, 2], "rounding_type": "ceil"},
+        {"window_dimensions": [2, 3], "dilations": [2, 1], "padding": [0, 1, 1, 0]},
+    ],
+)
 def test_pool_deferred_window_check(ctx, opts):
     # the window exceeds the padded plane for small sizes: every dispatch checks it
     make, ref = _pool_case("max", "nchw", opts)
-    g = check(ctx, {"x": ("float32", [2, ("C", 3), ("H", 10), ("W", 9)])}, make, ref,
-              [{"C": 1, "H": 3, "W": 3}, {"C": 3, "H": 10, "W": 9}, {"C": 2, "H": 7, "W": 4}], tol=0)
+    g = check(
+        ctx,
+        {"x": ("float32", [2, ("C", 3), ("H", 10), ("W", 9)])},
+        make,
+        ref,
+        [{"C": 1, "H": 3, "W": 3}, {"C": 3, "H": 10, "W": 9}, {"C": 2, "H": 7, "W": 4}],
+        tol=0,
+    )
     dispatch_error(ctx, g, {"x": (2, 2, 1, 5)}, r"max_pool2d.*height")
     dispatch_error(ctx, g, {"x": (2, 2, 5, 11)}, "W")  # above its maximum
 
@@ -133,14 +151,25 @@ def test_pool_float16_and_epilogue(ctx):
         y = pool_ref(x, "avg", [3, 3], [1, 1, 1, 1], [2, 2], [1, 1], f["r"].shape[2:])
         return {"y": np.maximum(y.astype(np.float16).astype(np.float32) + f["r"], 0).astype(np.float16)}
 
-    check(ctx, {"x": ("float16", [("N", 2), 3, ("H", 9), 6]), "r": ("float16", [("N", 2), 3, ("OH", 5), 3])},
-          make, ref, [{"N": 1, "H": 1, "OH": 1}, {"N": 2, "H": 9, "OH": 5}, {"N": 1, "H": 4, "OH": 2}], tol=2e-3)
+    check(
+        ctx,
+        {"x": ("float16", [("N", 2), 3, ("H", 9), 6]), "r": ("float16", [("N", 2), 3, ("OH", 5), 3])},
+        make,
+        ref,
+        [{"N": 1, "H": 1, "OH": 1}, {"N": 2, "H": 9, "OH": 5}, {"N": 1, "H": 4, "OH": 2}],
+        tol=2e-3,
+    )
 
 
 def test_pool_int_max(ctx):
     make, ref = _pool_case("max", "nhwc", {"window_dimensions": [2, 2], "strides": [2, 2]})
-    check(ctx, {"x": ("int32", [("N", 2), ("H", 7), ("W", 6), 3])}, make, ref,
-          [{"N": 1, "H": 2, "W": 2}, {"N": 2, "H": 7, "W": 6}, {"N": 1, "H": 3, "W": 5}])
+    check(
+        ctx,
+        {"x": ("int32", [("N", 2), ("H", 7), ("W", 6), 3])},
+        make,
+        ref,
+        [{"N": 1, "H": 2, "W": 2}, {"N": 2, "H": 7, "W": 6}, {"N": 1, "H": 3, "W": 5}],
+    )
 
 
 @pytest.mark.parametrize("mode", ["avg", "max"])
@@ -150,39 +179,74 @@ def test_pool_whole_plane(ctx, mode, layout):
     # kernel's loop, larger ones the workgroup reduction, as a static build at that size would
     make, ref = _pool_case(mode, layout, {})
     shape = [("N", 2), 5, ("H", 16), ("W", 12)] if layout == "nchw" else [("N", 2), ("H", 16), ("W", 12), 5]
-    check(ctx, {"x": ("float32", shape)}, make, ref,
-          [{"N": 1, "H": 1, "W": 1}, {"N": 2, "H": 16, "W": 12}, {"N": 1, "H": 11, "W": 12},
-           {"N": 2, "H": 3, "W": 7}], tol=1e-5)
+    check(
+        ctx,
+        {"x": ("float32", shape)},
+        make,
+        ref,
+        [{"N": 1, "H": 1, "W": 1}, {"N": 2, "H": 16, "W": 12}, {"N": 1, "H": 11, "W": 12}, {"N": 2, "H": 3, "W": 7}],
+        tol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("mode", ["avg", "l2"])
 def test_pool_whole_dynamic_plane_static_output(ctx, mode):
     # static batch and channels: a static output shape over a dynamic plane, large or small
     make, ref = _pool_case(mode, "nchw", {})
-    check(ctx, {"x": ("float32", [2, 3, ("H", 16), ("W", 12)])}, make, ref,
-          [{"H": 1, "W": 1}, {"H": 16, "W": 12}, {"H": 5, "W": 9}], tol=1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [2, 3, ("H", 16), ("W", 12)])},
+        make,
+        ref,
+        [{"H": 1, "W": 1}, {"H": 16, "W": 12}, {"H": 5, "W": 9}],
+        tol=1e-5,
+    )
     # every allowed plane below GLOBAL_MIN_WINDOW: the window kernel with a dynamic window
     make, ref = _pool_case(mode, "nhwc", {})
-    check(ctx, {"x": ("float32", [("N", 2), ("H", 8), ("W", 9), 3])}, make, ref,
-          [{"N": 1, "H": 1, "W": 1}, {"N": 2, "H": 8, "W": 9}, {"N": 1, "H": 5, "W": 2}], tol=1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [("N", 2), ("H", 8), ("W", 9), 3])},
+        make,
+        ref,
+        [{"N": 1, "H": 1, "W": 1}, {"N": 2, "H": 8, "W": 9}, {"N": 1, "H": 5, "W": 2}],
+        tol=1e-5,
+    )
 
 
 def test_pool_and_resample_large_maxima(ctx):
     # maxima of 2^23 output elements or more: kernels divide by dispatch-time sizes in u32
     # (smaller ones through f32 with an integer correction); run at small sizes
     make, ref = _pool_case("avg", "nchw", {"window_dimensions": [2, 2], "padding": [0, 1, 1, 0]})
-    check(ctx, {"x": ("float32", [("N", 64), 8, ("H", 128), ("W", 128)])}, make, ref,
-          [{"N": 1, "H": 1, "W": 1}, {"N": 3, "H": 7, "W": 10}], tol=1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [("N", 64), 8, ("H", 128), ("W", 128)])},
+        make,
+        ref,
+        [{"N": 1, "H": 1, "W": 1}, {"N": 3, "H": 7, "W": 10}],
+        tol=1e-5,
+    )
     make, ref = _resample_case({"mode": "linear", "scales": [2.0, 2.0]})
-    check(ctx, {"x": ("float32", [("N", 256), 2, ("H", 64), ("W", 64)])}, make, ref,
-          [{"N": 1, "H": 1, "W": 1}, {"N": 3, "H": 5, "W": 9}], tol=1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [("N", 256), 2, ("H", 64), ("W", 64)])},
+        make,
+        ref,
+        [{"N": 1, "H": 1, "W": 1}, {"N": 3, "H": 5, "W": 9}],
+        tol=1e-5,
+    )
 
 
 def test_pool_global_dynamic_batch(ctx):
     # a static window over a large static plane (the "global" path) with a dynamic batch
     make, ref = _pool_case("avg", "nchw", {"window_dimensions": [16, 12]})
-    check(ctx, {"x": ("float32", [("N", 3), ("C", 4), 16, 12])}, make, ref,
-          [{"N": 1, "C": 1}, {"N": 3, "C": 4}, {"N": 2, "C": 3}], tol=1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [("N", 3), ("C", 4), 16, 12])},
+        make,
+        ref,
+        [{"N": 1, "C": 1}, {"N": 3, "C": 4}, {"N": 2, "C": 3}],
+        tol=1e-5,
+    )
 
 
 # -- quantize_linear / dequantize_linear -------------------------------------------------------
@@ -214,11 +278,18 @@ def test_quantize_dequantize(ctx, qt, kind):
 
     def x(rng, shape):
         v = (rng.standard_normal(shape) * 60).astype(np.float32)
-        v.flat[:4] = [0.5, 1.5, 2.5, -2.5][:v.size]  # ties round to even
+        v.flat[:4] = [0.5, 1.5, 2.5, -2.5][: v.size]  # ties round to even
         return v
 
-    g = check(ctx, inputs, make, ref, [{"N": 1, "W": 2}, {"N": 4, "W": 8}, {"N": 3, "W": 6}],
-              gen={"x": x, "s": _scale(0.25, 1.0), "z": _zp(qt)}, tol=None)
+    g = check(
+        ctx,
+        inputs,
+        make,
+        ref,
+        [{"N": 1, "W": 2}, {"N": 4, "W": 8}, {"N": 3, "W": 6}],
+        gen={"x": x, "s": _scale(0.25, 1.0), "z": _zp(qt)},
+        tol=None,
+    )
     if kind == "block":
         dispatch_error(ctx, g, {"x": (2, 6, 5), "s": (1, 3, 2), "z": (1, 3, 2)}, r"quantize_linear.*W")
 
@@ -230,8 +301,15 @@ def test_dequantize_dynamic_scale_blocks(ctx):
     def make(b, o):
         return {"y": b.dequantize_linear(o["x"], o["s"], o["z"])}
 
-    g = check(ctx, inputs, make, lambda f, sizes: {"y": ref_dequantize(f["x"], f["s"], f["z"])},
-              [{"S": 1}, {"S": 6}, {"S": 3}, {"S": 2}], gen={"s": _scale(0.01, 2.0), "z": _zp("int8")}, tol=1e-6)
+    g = check(
+        ctx,
+        inputs,
+        make,
+        lambda f, sizes: {"y": ref_dequantize(f["x"], f["s"], f["z"])},
+        [{"S": 1}, {"S": 6}, {"S": 3}, {"S": 2}],
+        gen={"s": _scale(0.01, 2.0), "z": _zp("int8")},
+        tol=1e-6,
+    )
     dispatch_error(ctx, g, {"x": (4, 6), "s": (1, 4), "z": (1, 4)}, r"dequantize_linear.*multiple")
 
 
@@ -242,10 +320,15 @@ def test_dequantize_float16(ctx, ft):
     def make(b, o):
         return {"y": b.dequantize_linear(o["x"], o["s"], o["z"])}
 
-    check(ctx, inputs, make, lambda f, sizes: {"y": ref_dequantize(f["x"], f["s"], f["z"])},
-          [{"N": 1, "W": 1}, {"N": 5, "W": 7}, {"N": 2, "W": 3}],
-          gen={"s": lambda rng, shape: rng.uniform(0.01, 2.0, shape).astype(NP[ft]), "z": _zp("int8")},
-          tol=1e-3 if ft == "float16" else 1e-6)
+    check(
+        ctx,
+        inputs,
+        make,
+        lambda f, sizes: {"y": ref_dequantize(f["x"], f["s"], f["z"])},
+        [{"N": 1, "W": 1}, {"N": 5, "W": 7}, {"N": 2, "W": 3}],
+        gen={"s": lambda rng, shape: rng.uniform(0.01, 2.0, shape).astype(NP[ft]), "z": _zp("int8")},
+        tol=1e-3 if ft == "float16" else 1e-6,
+    )
 
 
 # -- gru, gru_cell, lstm, lstm_cell: dynamic batch ----------------------------------------------
@@ -260,8 +343,13 @@ def _small(scale):
 
 def _rnn_inputs(kind, nd, init, dt="float32"):
     G = 3 if kind == "gru" else 4
-    ins = {"x": (dt, [RT, ("B", 6), RI]), "W": (dt, [nd, G * RH, RI]), "R": (dt, [nd, G * RH, RH]),
-           "b": (dt, [nd, G * RH]), "rb": (dt, [nd, G * RH])}
+    ins = {
+        "x": (dt, [RT, ("B", 6), RI]),
+        "W": (dt, [nd, G * RH, RI]),
+        "R": (dt, [nd, G * RH, RH]),
+        "b": (dt, [nd, G * RH]),
+        "rb": (dt, [nd, G * RH]),
+    }
     if kind == "lstm":
         ins["p"] = (dt, [nd, 3 * RH])
     if init:
@@ -278,14 +366,26 @@ def test_lstm(ctx, direction, init):
     ins, gen = _rnn_inputs("lstm", nd, init)
 
     def make(b, o):
-        h, c, seq = b.lstm(o["x"], o["W"], o["R"], RT, RH, bias=o["b"], recurrent_bias=o["rb"],
-                           peephole_weight=o["p"], initial_hidden_state=o.get("h0"),
-                           initial_cell_state=o.get("c0"), return_sequence=True, direction=direction)
+        h, c, seq = b.lstm(
+            o["x"],
+            o["W"],
+            o["R"],
+            RT,
+            RH,
+            bias=o["b"],
+            recurrent_bias=o["rb"],
+            peephole_weight=o["p"],
+            initial_hidden_state=o.get("h0"),
+            initial_cell_state=o.get("c0"),
+            return_sequence=True,
+            direction=direction,
+        )
         return {"h": h, "c": c, "seq": seq}
 
     def ref(f, sizes):
-        h, c, seq = ref_rnn("lstm", f["x"], f["W"], f["R"], RH, direction, f["b"], f["rb"], f["p"],
-                            h0=f.get("h0"), c0=f.get("c0"))
+        h, c, seq = ref_rnn(
+            "lstm", f["x"], f["W"], f["R"], RH, direction, f["b"], f["rb"], f["p"], h0=f.get("h0"), c0=f.get("c0")
+        )
         return {"h": h, "c": c, "seq": seq}
 
     check(ctx, ins, make, ref, BATCHES, gen=gen, tol=1e-4)
@@ -296,27 +396,58 @@ def test_gru(ctx, reset_after, direction):
     ins, gen = _rnn_inputs("gru", 1, True)
 
     def make(b, o):
-        h, seq = b.gru(o["x"], o["W"], o["R"], RT, RH, bias=o["b"], recurrent_bias=o["rb"],
-                       initial_hidden_state=o["h0"], reset_after=reset_after, return_sequence=True,
-                       direction=direction, layout="rzn")
+        h, seq = b.gru(
+            o["x"],
+            o["W"],
+            o["R"],
+            RT,
+            RH,
+            bias=o["b"],
+            recurrent_bias=o["rb"],
+            initial_hidden_state=o["h0"],
+            reset_after=reset_after,
+            return_sequence=True,
+            direction=direction,
+            layout="rzn",
+        )
         return {"h": h, "seq": seq}
 
     def ref(f, sizes):
-        h, _, seq = ref_rnn("gru", f["x"], f["W"], f["R"], RH, direction, f["b"], f["rb"], h0=f["h0"],
-                            reset_after=reset_after, layout="rzn")
+        h, _, seq = ref_rnn(
+            "gru",
+            f["x"],
+            f["W"],
+            f["R"],
+            RH,
+            direction,
+            f["b"],
+            f["rb"],
+            h0=f["h0"],
+            reset_after=reset_after,
+            layout="rzn",
+        )
         return {"h": h, "seq": seq}
 
     check(ctx, ins, make, ref, BATCHES, gen=gen, tol=1e-4)
 
 
 def test_lstm_cell_and_gru_cell(ctx):
-    ins = {"x": ("float32", [("B", 6), RI]), "W4": ("float32", [4 * RH, RI]), "R4": ("float32", [4 * RH, RH]),
-           "W3": ("float32", [3 * RH, RI]), "R3": ("float32", [3 * RH, RH]), "h": ("float32", [("B", 6), RH]),
-           "c": ("float32", [("B", 6), RH]), "b": ("float32", [4 * RH]), "p": ("float32", [3 * RH])}
+    ins = {
+        "x": ("float32", [("B", 6), RI]),
+        "W4": ("float32", [4 * RH, RI]),
+        "R4": ("float32", [4 * RH, RH]),
+        "W3": ("float32", [3 * RH, RI]),
+        "R3": ("float32", [3 * RH, RH]),
+        "h": ("float32", [("B", 6), RH]),
+        "c": ("float32", [("B", 6), RH]),
+        "b": ("float32", [4 * RH]),
+        "p": ("float32", [3 * RH]),
+    }
 
     def make(b, o):
-        h, c = b.lstm_cell(o["x"], o["W4"], o["R4"], o["h"], o["c"], RH, bias=o["b"], peephole_weight=o["p"],
-                           layout="ifgo")
+        h, c = b.lstm_cell(
+            o["x"], o["W4"], o["R4"], o["h"], o["c"], RH, bias=o["b"], peephole_weight=o["p"], layout="ifgo"
+        )
         g = b.gru_cell(o["x"], o["W3"], o["R3"], o["h"], RH, activations=("sigmoid", "relu"))
         return {"h": h, "c": c, "g": g}
 
@@ -329,8 +460,13 @@ def test_lstm_cell_and_gru_cell(ctx):
 
 
 def test_gru_cell_float16(ctx):
-    ins = {"x": ("float16", [("B", 6), RI]), "W": ("float16", [3 * RH, RI]), "R": ("float16", [3 * RH, RH]),
-           "h": ("float16", [("B", 6), RH]), "b": ("float16", [3 * RH])}
+    ins = {
+        "x": ("float16", [("B", 6), RI]),
+        "W": ("float16", [3 * RH, RI]),
+        "R": ("float16", [3 * RH, RH]),
+        "h": ("float16", [("B", 6), RH]),
+        "b": ("float16", [3 * RH]),
+    }
 
     def make(b, o):
         return {"y": b.gru_cell(o["x"], o["W"], o["R"], o["h"], RH, bias=o["b"], layout="rzn")}
@@ -339,8 +475,15 @@ def test_gru_cell_float16(ctx):
         f = {k: v.astype(np.float32) for k, v in f.items()}
         return {"y": ref_gru_cell(f["x"], f["W"], f["R"], f["h"], RH, f["b"], layout="rzn")}
 
-    check(ctx, ins, make, ref, BATCHES,
-          gen={k: (lambda rng, shape: (rng.standard_normal(shape) * 0.5).astype(np.float16)) for k in ins}, tol=2e-3)
+    check(
+        ctx,
+        ins,
+        make,
+        ref,
+        BATCHES,
+        gen={k: (lambda rng, shape: (rng.standard_normal(shape) * 0.5).astype(np.float16)) for k in ins},
+        tol=2e-3,
+    )
 
 
 def test_rnn_dynamic_steps_refused(ctx):
@@ -351,8 +494,13 @@ def test_rnn_dynamic_steps_refused(ctx):
     with pytest.raises(NotSupportedError, match=r"\[lstm\].*steps"):
         b.lstm(x, W, R, 8, RH)
     with pytest.raises(NotSupportedError, match=r"\[gru\].*steps"):
-        b.gru(x, b.input("W3", data_type="float32", shape=[1, 3 * RH, RI]),
-              b.input("R3", data_type="float32", shape=[1, 3 * RH, RH]), 8, RH)
+        b.gru(
+            x,
+            b.input("W3", data_type="float32", shape=[1, 3 * RH, RI]),
+            b.input("R3", data_type="float32", shape=[1, 3 * RH, RH]),
+            8,
+            RH,
+        )
 
 
 # -- resample2d ---------------------------------------------------------------------------------
@@ -369,9 +517,14 @@ def _resample_case(opts, dt="float32"):
         out = list(x.shape)
         for k, a in enumerate(axes):
             out[a] = opts["sizes"][k] if "sizes" in opts else math.floor(x.shape[a] * opts["scales"][k])
-        y = resample_ref(x.astype(np.float32), out, axes, opts.get("mode", "nearest-neighbor"),
-                         opts.get("coordinate_transformation", "half_pixel"),
-                         opts.get("nearest_rounding", "round_prefer_floor"))
+        y = resample_ref(
+            x.astype(np.float32),
+            out,
+            axes,
+            opts.get("mode", "nearest-neighbor"),
+            opts.get("coordinate_transformation", "half_pixel"),
+            opts.get("nearest_rounding", "round_prefer_floor"),
+        )
         return {"y": y.astype(NP[dt])}
 
     return make, ref
@@ -381,48 +534,83 @@ NHW = [{"N": 1, "H": 1, "W": 1}, {"N": 2, "H": 9, "W": 11}, {"N": 1, "H": 4, "W"
 
 
 @pytest.mark.parametrize("mode", ["nearest-neighbor", "linear"])
-@pytest.mark.parametrize("opts", [
-    {"scales": [2.0, 3.0]},  # integer scales: the static build's coordinate constants
-    {"scales": [1.0, 2.0], "coordinate_transformation": "align_corners"},
-    {"sizes": [5, 8]},  # static output sizes of dynamic inputs: the map computed at dispatch
-    {"scales": [1.5, 2.5]},  # floor(size * 3 / 2), floor(size * 5 / 2)
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"scales": [2.0, 3.0]},  # integer scales: the static build's coordinate constants
+        {"scales": [1.0, 2.0], "coordinate_transformation": "align_corners"},
+        {"sizes": [5, 8]},  # static output sizes of dynamic inputs: the map computed at dispatch
+        {"scales": [1.5, 2.5]},  # floor(size * 3 / 2), floor(size * 5 / 2)
+    ],
+)
 def test_resample(ctx, mode, opts):
     make, ref = _resample_case(dict(opts, mode=mode))
-    check(ctx, {"x": ("float32", [("N", 2), 3, ("H", 9), ("W", 11)])}, make, ref, NHW,
-          tol=None if mode == "nearest-neighbor" else 1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [("N", 2), 3, ("H", 9), ("W", 11)])},
+        make,
+        ref,
+        NHW,
+        tol=None if mode == "nearest-neighbor" else 1e-5,
+    )
 
 
-@pytest.mark.parametrize("transform,rounding", [
-    ("pytorch_half_pixel", "round_prefer_ceil"), ("align_corners", "floor"), ("asymmetric", "ceil"),
-    ("half_pixel", "round_prefer_floor"),
-])
+@pytest.mark.parametrize(
+    "transform,rounding",
+    [
+        ("pytorch_half_pixel", "round_prefer_ceil"),
+        ("align_corners", "floor"),
+        ("asymmetric", "ceil"),
+        ("half_pixel", "round_prefer_floor"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["nearest-neighbor", "linear"])
 def test_resample_transforms(ctx, transform, rounding, mode):
     # NHWC axes, sizes computed at dispatch for both dimensions (H: a downsample whose output may
     # be 1, the pytorch_half_pixel special case; W: static sizes)
     opts = {"mode": mode, "axes": [1, 2], "coordinate_transformation": transform, "nearest_rounding": rounding}
     make, ref = _resample_case(dict(opts, scales=[0.5, 3.0]))
-    check(ctx, {"x": ("float32", [2, ("H", 9), ("W", 6), 3])}, make, ref,
-          [{"H": 2, "W": 1}, {"H": 9, "W": 6}, {"H": 3, "W": 5}, {"H": 6, "W": 2}],
-          tol=None if mode == "nearest-neighbor" else 1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [2, ("H", 9), ("W", 6), 3])},
+        make,
+        ref,
+        [{"H": 2, "W": 1}, {"H": 9, "W": 6}, {"H": 3, "W": 5}, {"H": 6, "W": 2}],
+        tol=None if mode == "nearest-neighbor" else 1e-5,
+    )
     make, ref = _resample_case(dict(opts, sizes=[4, 1]))
-    check(ctx, {"x": ("float32", [2, ("H", 9), ("W", 6), 3])}, make, ref,
-          [{"H": 1, "W": 1}, {"H": 9, "W": 6}, {"H": 7, "W": 5}],
-          tol=None if mode == "nearest-neighbor" else 1e-5)
+    check(
+        ctx,
+        {"x": ("float32", [2, ("H", 9), ("W", 6), 3])},
+        make,
+        ref,
+        [{"H": 1, "W": 1}, {"H": 9, "W": 6}, {"H": 7, "W": 5}],
+        tol=None if mode == "nearest-neighbor" else 1e-5,
+    )
 
 
 def test_resample_float16(ctx):
     make, ref = _resample_case({"mode": "linear", "scales": [2.0, 1.5]}, "float16")
-    check(ctx, {"x": ("float16", [1, ("C", 3), ("H", 6), ("W", 7)])}, make, ref,
-          [{"C": 1, "H": 1, "W": 2}, {"C": 3, "H": 6, "W": 7}, {"C": 2, "H": 5, "W": 3}], tol=2e-3)
+    check(
+        ctx,
+        {"x": ("float16", [1, ("C", 3), ("H", 6), ("W", 7)])},
+        make,
+        ref,
+        [{"C": 1, "H": 1, "W": 2}, {"C": 3, "H": 6, "W": 7}, {"C": 2, "H": 5, "W": 3}],
+        tol=2e-3,
+    )
 
 
 def test_resample_deferred_and_refused(ctx):
     # floor(W * 0.5) is 0 for W = 1: checked at dispatch; a size above the maximum is refused
     make, ref = _resample_case({"scales": [1.0, 0.5]})
-    g = check(ctx, {"x": ("float32", [1, 2, ("H", 4), ("W", 8)])}, make, ref,
-              [{"H": 1, "W": 2}, {"H": 4, "W": 8}, {"H": 3, "W": 5}])
+    g = check(
+        ctx,
+        {"x": ("float32", [1, 2, ("H", 4), ("W", 8)])},
+        make,
+        ref,
+        [{"H": 1, "W": 2}, {"H": 4, "W": 8}, {"H": 3, "W": 5}],
+    )
     dispatch_error(ctx, g, {"x": (1, 2, 3, 1)}, r"resample2d")
     dispatch_error(ctx, g, {"x": (1, 2, 5, 4)}, r"'H' is 5")
     # a scale whose exact ratio p / q makes size * p overflow 32 bits for the largest size

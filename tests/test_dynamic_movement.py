@@ -29,8 +29,10 @@ def check(ctx, inputs, make, ref, cases, gen=None):
     gen: {input name: fn(rng, shape)} for inputs that need special values (indices)."""
     rng = np.random.default_rng(0)
     b = mltensor.MLGraphBuilder(ctx)
-    ops = {n: b.input(n, data_type=dt, shape=[D(*d) if isinstance(d, tuple) else d for d in s])
-           for n, (dt, s) in inputs.items()}
+    ops = {
+        n: b.input(n, data_type=dt, shape=[D(*d) if isinstance(d, tuple) else d for d in s])
+        for n, (dt, s) in inputs.items()
+    }
     g = b.build_sync(make(b, ops))
     assert g.dynamic_dimensions
     for sizes in cases:
@@ -68,9 +70,13 @@ def test_head_split_and_merge(ctx):
         back = b.reshape(b.transpose(h, permutation=[0, 2, 1, 3]), [B * S, 96])
         return {"h": h, "back": back}
 
-    check(ctx, {"x": ("float32", [("B", 3), ("S", 16), 96])}, make,
-          lambda f: {"h": f["x"].reshape(*f["x"].shape[:2], 4, 24).transpose(0, 2, 1, 3),
-                     "back": f["x"].reshape(-1, 96)}, BS)
+    check(
+        ctx,
+        {"x": ("float32", [("B", 3), ("S", 16), 96])},
+        make,
+        lambda f: {"h": f["x"].reshape(*f["x"].shape[:2], 4, 24).transpose(0, 2, 1, 3), "back": f["x"].reshape(-1, 96)},
+        BS,
+    )
 
 
 def test_transpose_three_dynamic_dims(ctx):
@@ -79,9 +85,13 @@ def test_transpose_three_dynamic_dims(ctx):
         x = o["x"]
         return {"y": b.transpose(x, permutation=[2, 0, 1]), "z": b.transpose(x, permutation=[0, 2, 1])}
 
-    check(ctx, {"x": ("int32", [("A", 4), ("B", 5), ("C", 6)])}, make,
-          lambda f: {"y": f["x"].transpose(2, 0, 1), "z": f["x"].transpose(0, 2, 1)},
-          [{"A": 1, "B": 1, "C": 1}, {"A": 4, "B": 5, "C": 6}, {"A": 3, "B": 2, "C": 5}])
+    check(
+        ctx,
+        {"x": ("int32", [("A", 4), ("B", 5), ("C", 6)])},
+        make,
+        lambda f: {"y": f["x"].transpose(2, 0, 1), "z": f["x"].transpose(0, 2, 1)},
+        [{"A": 1, "B": 1, "C": 1}, {"A": 4, "B": 5, "C": 6}, {"A": 3, "B": 2, "C": 5}],
+    )
 
 
 def test_kv_cache_concat(ctx):
@@ -90,17 +100,26 @@ def test_kv_cache_concat(ctx):
         return {"kv": b.concat([o["past"], o["new"]], axis=2)}
 
     cases = [{"B": 1, "P": 1, "S": 1}, {"B": 2, "P": 20, "S": 8}, {"B": 1, "P": 5, "S": 3}]
-    check(ctx, {"past": ("float32", [("B", 2), 4, ("P", 20), 8]), "new": ("float32", [("B", 2), 4, ("S", 8), 8])},
-          make, lambda f: {"kv": np.concatenate([f["past"], f["new"]], 2)}, cases)
+    check(
+        ctx,
+        {"past": ("float32", [("B", 2), 4, ("P", 20), 8]), "new": ("float32", [("B", 2), 4, ("S", 8), 8])},
+        make,
+        lambda f: {"kv": np.concatenate([f["past"], f["new"]], 2)},
+        cases,
+    )
 
 
 def test_concat_three_dynamic_and_static(ctx):
     def make(b, o):
         return {"y": b.concat([o["a"], o["c"], o["a"]], axis=1)}
 
-    check(ctx, {"a": ("int32", [("N", 5), ("S", 9)]), "c": ("int32", [("N", 5), 3])}, make,
-          lambda f: {"y": np.concatenate([f["a"], f["c"], f["a"]], 1)},
-          [{"N": 1, "S": 1}, {"N": 5, "S": 9}, {"N": 3, "S": 4}])
+    check(
+        ctx,
+        {"a": ("int32", [("N", 5), ("S", 9)]), "c": ("int32", [("N", 5), 3])},
+        make,
+        lambda f: {"y": np.concatenate([f["a"], f["c"], f["a"]], 1)},
+        [{"N": 1, "S": 1}, {"N": 5, "S": 9}, {"N": 3, "S": 4}],
+    )
 
 
 def test_causal_mask_slice(ctx):
@@ -114,12 +133,17 @@ def test_causal_mask_slice(ctx):
 
     def ref(f):
         p, s = f["p"].shape[3], f["x"].shape[2]
-        m = bias[:, :, p:p + s, :p + s]
+        m = bias[:, :, p : p + s, : p + s]
         return {"m": m, "y": np.concatenate([f["p"], f["x"]], 3) + m}
 
     cases = [{"P": 1, "S": 1}, {"P": 40, "S": 24}, {"P": 9, "S": 5}]
-    check(ctx, {"p": ("float32", [1, 1, ("S", 24), ("P", 40)]), "x": ("float32", [1, 1, ("S", 24), ("S", 24)])},
-          make, ref, cases)
+    check(
+        ctx,
+        {"p": ("float32", [1, 1, ("S", 24), ("P", 40)]), "x": ("float32", [1, 1, ("S", 24), ("S", 24)])},
+        make,
+        ref,
+        cases,
+    )
 
 
 def test_causal_mask_triangular(ctx):
@@ -129,8 +153,13 @@ def test_causal_mask_triangular(ctx):
         return {"y": b.triangular(x, upper=False, diagonal=past), "u": b.triangular(x, diagonal=1)}
 
     cases = [{"P": 1, "S": 1, "T": 2}, {"P": 12, "S": 9, "T": 21}, {"P": 4, "S": 5, "T": 9}]
-    check(ctx, {"past": ("float32", [("P", 12)]), "x": ("float32", [("S", 9), ("T", 21)])}, make,
-          lambda f: {"y": np.tril(f["x"], f["past"].shape[0]), "u": np.triu(f["x"], 1)}, cases)
+    check(
+        ctx,
+        {"past": ("float32", [("P", 12)]), "x": ("float32", [("S", 9), ("T", 21)])},
+        make,
+        lambda f: {"y": np.tril(f["x"], f["past"].shape[0]), "u": np.triu(f["x"], 1)},
+        cases,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +182,17 @@ def test_embedding_gather(request, it):
         i = f["ids"]
         return {"y": table[i], "t": f["tt"][:, np.clip(np.where(i < 0, i + 5, i), 0, 4)]}
 
-    check(c, {"ids": (it, [("B", 3), ("S", 16)]), "tt": ("int64", [("B", 3), 5])}, make, ref, BS,
-          gen={"ids": lambda rng, s: rng.integers(-5, 100, s).astype(NP[it]),
-               "tt": lambda rng, s: rng.integers(-2**62, 2**62, s)})
+    check(
+        c,
+        {"ids": (it, [("B", 3), ("S", 16)]), "tt": ("int64", [("B", 3), 5])},
+        make,
+        ref,
+        BS,
+        gen={
+            "ids": lambda rng, s: rng.integers(-5, 100, s).astype(NP[it]),
+            "tt": lambda rng, s: rng.integers(-(2**62), 2**62, s),
+        },
+    )
 
 
 @pytest.mark.parametrize("it", ["int32", "uint32", "int64"])
@@ -186,32 +223,60 @@ def test_expand_and_where(ctx):
         x = f["x"]
         return {"e": np.broadcast_to(f["m"], x.shape), "w": np.where(f["c"] != 0, x, f["y"])}
 
-    check(ctx, {"m": ("float32", [1, 1, ("S", 16)]), "x": ("float32", [("B", 3), 4, ("S", 16)]),
-                "c": ("uint8", [("B", 3), 1, ("S", 16)]), "y": ("float32", [("S", 16)])}, make, ref, BS)
+    check(
+        ctx,
+        {
+            "m": ("float32", [1, 1, ("S", 16)]),
+            "x": ("float32", [("B", 3), 4, ("S", 16)]),
+            "c": ("uint8", [("B", 3), 1, ("S", 16)]),
+            "y": ("float32", [("S", 16)]),
+        },
+        make,
+        ref,
+        BS,
+    )
 
 
 def test_compare_and_logical(ctx):
     def make(b, o):
         x, y = o["x"], o["y"]
         gt, eq = b.greater(x, y), b.equal(x, y)
-        return {"gt": gt, "ne": b.not_equal(x, x), "le": b.lesser_or_equal(y, x),
-                "or": b.logical_or(gt, eq), "not": b.logical_not(gt), "nan": b.is_nan(x),
-                "inf": b.is_infinite(b.div(x, y))}
+        return {
+            "gt": gt,
+            "ne": b.not_equal(x, x),
+            "le": b.lesser_or_equal(y, x),
+            "or": b.logical_or(gt, eq),
+            "not": b.logical_not(gt),
+            "nan": b.is_nan(x),
+            "inf": b.is_infinite(b.div(x, y)),
+        }
 
     def ref(f):
         x, y = f["x"], f["y"]
         with np.errstate(all="ignore"):
-            return {"gt": x > y, "ne": x != x, "le": y <= x, "or": (x > y) | (x == y), "not": ~(x > y),
-                    "nan": np.isnan(x), "inf": np.isinf(x / y)}
+            return {
+                "gt": x > y,
+                "ne": x != x,
+                "le": y <= x,
+                "or": (x > y) | (x == y),
+                "not": ~(x > y),
+                "nan": np.isnan(x),
+                "inf": np.isinf(x / y),
+            }
 
     def gen(rng, s):
         a = rng.integers(-2, 3, s).astype(np.float32)
         a.flat[::5] = np.nan
         return a
 
-    check(ctx, {"x": ("float32", [("B", 3), ("S", 16)]), "y": ("float32", [1, ("S", 16)])}, make,
-          lambda f: {k: v.astype(np.uint8) for k, v in ref(f).items()}, BS,
-          gen={"x": gen, "y": lambda rng, s: rng.integers(-2, 3, s).astype(np.float32)})
+    check(
+        ctx,
+        {"x": ("float32", [("B", 3), ("S", 16)]), "y": ("float32", [1, ("S", 16)])},
+        make,
+        lambda f: {k: v.astype(np.uint8) for k, v in ref(f).items()},
+        BS,
+        gen={"x": gen, "y": lambda rng, s: rng.integers(-2, 3, s).astype(np.float32)},
+    )
 
 
 # -- the other operators ----------------------------------------------------------------------
@@ -223,14 +288,27 @@ def test_slice_strided_and_split(ctx):
         S = x.shape[1]
         a, c = b.split(x, [2, 4], axis=2)
         z = o["z"]
-        return {"s": b.slice(x, [0, 1, 1], [x.shape[0], S - 1, 4], strides=[1, 2, 3]), "a": a, "c": c,
-                "tail": b.slice(x, [0, S - 2, 0], [x.shape[0], 2, 6]),  # a start read at dispatch
-                "h": b.split(b.concat([z, b.neg(z)], axis=1), 2, axis=1)[1]}  # 2*S in two
+        return {
+            "s": b.slice(x, [0, 1, 1], [x.shape[0], S - 1, 4], strides=[1, 2, 3]),
+            "a": a,
+            "c": c,
+            "tail": b.slice(x, [0, S - 2, 0], [x.shape[0], 2, 6]),  # a start read at dispatch
+            "h": b.split(b.concat([z, b.neg(z)], axis=1), 2, axis=1)[1],
+        }  # 2*S in two
 
-    check(ctx, {"x": ("float32", [("B", 3), ("S", 16), 6]), "z": ("float32", [("B", 3), ("S", 16)])}, make,
-          lambda f: {"s": f["x"][:, 1::2, 1:5:3], "a": f["x"][:, :, :2], "c": f["x"][:, :, 2:],
-                     "h": -f["z"], "tail": f["x"][:, -2:]},
-          [{"B": 1, "S": 2}, {"B": 3, "S": 16}, {"B": 2, "S": 6}])
+    check(
+        ctx,
+        {"x": ("float32", [("B", 3), ("S", 16), 6]), "z": ("float32", [("B", 3), ("S", 16)])},
+        make,
+        lambda f: {
+            "s": f["x"][:, 1::2, 1:5:3],
+            "a": f["x"][:, :, :2],
+            "c": f["x"][:, :, 2:],
+            "h": -f["z"],
+            "tail": f["x"][:, -2:],
+        },
+        [{"B": 1, "S": 2}, {"B": 3, "S": 16}, {"B": 2, "S": 6}],
+    )
 
 
 @pytest.mark.parametrize("mode", ["constant", "edge", "reflection"])
@@ -240,9 +318,13 @@ def test_pad(ctx, mode):
 
     np_mode = {"constant": "constant", "edge": "edge", "reflection": "reflect"}[mode]
     kw = {"constant_values": -3} if mode == "constant" else {}
-    check(ctx, {"x": ("float32", [("B", 3), ("S", 16), 5])}, make,
-          lambda f: {"y": np.pad(f["x"], [(0, 0), (1, 0), (2, 1)], mode=np_mode, **kw)},
-          [{"B": 1, "S": 2}, {"B": 3, "S": 16}, {"B": 2, "S": 7}])
+    check(
+        ctx,
+        {"x": ("float32", [("B", 3), ("S", 16), 5])},
+        make,
+        lambda f: {"y": np.pad(f["x"], [(0, 0), (1, 0), (2, 1)], mode=np_mode, **kw)},
+        [{"B": 1, "S": 2}, {"B": 3, "S": 16}, {"B": 2, "S": 7}],
+    )
 
 
 def test_reverse_and_tile(ctx):
@@ -250,15 +332,24 @@ def test_reverse_and_tile(ctx):
         x = o["x"]
         return {"r": b.reverse(x, axes=[1, 2]), "t": b.tile(x, [2, 1, 3])}
 
-    check(ctx, {"x": ("int32", [("B", 3), ("S", 16), 3])}, make,
-          lambda f: {"r": f["x"][:, ::-1, ::-1], "t": np.tile(f["x"], (2, 1, 3))}, BS)
+    check(
+        ctx,
+        {"x": ("int32", [("B", 3), ("S", 16), 3])},
+        make,
+        lambda f: {"r": f["x"][:, ::-1, ::-1], "t": np.tile(f["x"], (2, 1, 3))},
+        BS,
+    )
 
 
 def test_gather_scatter_elements_nd(ctx):
     def make(b, o):
         x, i = o["x"], o["i"]
-        return {"ge": b.gather_elements(x, i, axis=1), "se": b.scatter_elements(x, i, o["u"], axis=1),
-                "gn": b.gather_nd(x, o["nd"]), "sn": b.scatter_nd(x, o["nd"], o["v"])}
+        return {
+            "ge": b.gather_elements(x, i, axis=1),
+            "se": b.scatter_elements(x, i, o["u"], axis=1),
+            "gn": b.gather_nd(x, o["nd"]),
+            "sn": b.scatter_nd(x, o["nd"], o["v"]),
+        }
 
     def idx(rng, s):
         return rng.integers(0, 2, s).astype(np.int32)  # below the smallest S used
@@ -274,10 +365,20 @@ def test_gather_scatter_elements_nd(ctx):
         sn[n[:, 0], n[:, 1]] = f["v"]
         return {"ge": np.take_along_axis(x, i, 1), "gn": x[n[:, 0], n[:, 1]], "sn": sn, "se": se}
 
-    check(ctx, {"x": ("float32", [("B", 3), ("S", 9), 4]), "i": ("int32", [("B", 3), 1, 4]),
-                "u": ("float32", [("B", 3), 1, 4]), "nd": ("int32", [("B", 3), 2]),
-                "v": ("float32", [("B", 3), 4])}, make, ref,
-          [{"B": 1, "S": 2}, {"B": 3, "S": 9}, {"B": 2, "S": 5}], gen={"i": idx, "nd": nd})
+    check(
+        ctx,
+        {
+            "x": ("float32", [("B", 3), ("S", 9), 4]),
+            "i": ("int32", [("B", 3), 1, 4]),
+            "u": ("float32", [("B", 3), 1, 4]),
+            "nd": ("int32", [("B", 3), 2]),
+            "v": ("float32", [("B", 3), 4]),
+        },
+        make,
+        ref,
+        [{"B": 1, "S": 2}, {"B": 3, "S": 9}, {"B": 2, "S": 5}],
+        gen={"i": idx, "nd": nd},
+    )
 
 
 def test_static_graph_kernels_unchanged(ctx):
@@ -288,8 +389,13 @@ def test_static_graph_kernels_unchanged(ctx):
     a, c = b.split(x, 2, axis=1)
     y = b.concat([b.sigmoid(a), b.relu(b.slice(x, [0, 2, 0, 0], [1, 4, 4, 4]))], axis=1)
     g = b.build_sync({"y": y, "t": b.transpose(x, permutation=[0, 2, 3, 1]), "c": c})
-    assert g.kernel_names == ["ew_relu_vec4f32_n128", "split1_n64_64", "ew_sigmoid_vec4f32_n64",
-                              "ew_relu_vec4f32_n64", "transpose_n128_16x8"]
+    assert g.kernel_names == [
+        "ew_relu_vec4f32_n128",
+        "split1_n64_64",
+        "ew_sigmoid_vec4f32_n64",
+        "ew_relu_vec4f32_n64",
+        "transpose_n128_16x8",
+    ]
     g.destroy()
 
 
@@ -298,8 +404,10 @@ def test_static_graph_kernels_unchanged(ctx):
 
 def _graph(ctx, inputs, make):
     b = mltensor.MLGraphBuilder(ctx)
-    ops = {n: b.input(n, data_type="float32", shape=[D(*d) if isinstance(d, tuple) else d for d in s])
-           for n, s in inputs.items()}
+    ops = {
+        n: b.input(n, data_type="float32", shape=[D(*d) if isinstance(d, tuple) else d for d in s])
+        for n, s in inputs.items()
+    }
     return b.build_sync(make(b, ops))
 
 
@@ -318,7 +426,12 @@ def test_deferred_slice_check(ctx):
         return {"m": b.slice(b.constant(bias), [0, 0, p, 0], [1, 1, s, p + s])}
 
     g = _graph(ctx, {"past": [("P", 12)], "x": [("S", 8)]}, make)
-    assert _dispatch(ctx, g, {"past": np.zeros(8, np.float32), "x": np.zeros(8, np.float32)})["m"].shape == (1, 1, 8, 16)
+    assert _dispatch(ctx, g, {"past": np.zeros(8, np.float32), "x": np.zeros(8, np.float32)})["m"].shape == (
+        1,
+        1,
+        8,
+        16,
+    )
     with pytest.raises(TypeError, match=r"\[slice\]"):
         _dispatch(ctx, g, {"past": np.zeros(10, np.float32), "x": np.zeros(8, np.float32)})
     g.destroy()
@@ -330,16 +443,21 @@ def test_deferred_reshape_and_concat_checks(ctx):
         return {"r": b.reshape(y, [x.shape[0], 2]), "c": b.concat([x, z], axis=1)}  # C == 2*A, A == E
 
     g = _graph(ctx, {"x": [("A", 6), 2], "y": [("C", 12)], "z": [("E", 6), 3]}, make)
-    r = _dispatch(ctx, g, {"x": np.ones((3, 2), np.float32), "y": np.arange(6, dtype=np.float32),
-                           "z": np.zeros((3, 3), np.float32)})
+    r = _dispatch(
+        ctx,
+        g,
+        {"x": np.ones((3, 2), np.float32), "y": np.arange(6, dtype=np.float32), "z": np.zeros((3, 3), np.float32)},
+    )
     assert r["r"].shape == (3, 2) and r["c"].shape == (3, 5)
     np.testing.assert_array_equal(r["r"], np.arange(6).reshape(3, 2))
     with pytest.raises(TypeError, match=r"\[reshape\]"):
-        _dispatch(ctx, g, {"x": np.ones((3, 2), np.float32), "y": np.zeros(8, np.float32),
-                           "z": np.zeros((3, 3), np.float32)})
+        _dispatch(
+            ctx, g, {"x": np.ones((3, 2), np.float32), "y": np.zeros(8, np.float32), "z": np.zeros((3, 3), np.float32)}
+        )
     with pytest.raises(TypeError, match=r"\[concat\]"):
-        _dispatch(ctx, g, {"x": np.ones((3, 2), np.float32), "y": np.zeros(6, np.float32),
-                           "z": np.zeros((4, 3), np.float32)})
+        _dispatch(
+            ctx, g, {"x": np.ones((3, 2), np.float32), "y": np.zeros(6, np.float32), "z": np.zeros((4, 3), np.float32)}
+        )
     g.destroy()
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[D("A", 6), 2])
@@ -358,7 +476,6 @@ def test_deferred_reshape_and_concat_checks(ctx):
 # -- constant steps that read sizes run at dispatch (compiler/plan.py _reads_sizes) ----------------
 
 
-
 def test_constant_slice_at_dynamic_start_feeding_constant_math(ctx):
     tab = np.arange(64, dtype=np.float32).reshape(16, 4)
 
@@ -367,8 +484,13 @@ def test_constant_slice_at_dynamic_start_feeding_constant_math(ctx):
         row = b.slice(b.constant(tab), [x.shape[0], 0], [1, 4])  # static shape, dynamic start
         return {"y": b.add(b.mul(row, b.constant(np.full((1, 4), 2, np.float32))), b.slice(x, [0, 0], [1, 4]))}
 
-    check(ctx, {"x": ("float32", [("P", 8), 4])}, make,
-          lambda f: {"y": tab[f["x"].shape[0]][None] * 2 + f["x"][:1]}, [{"P": 1}, {"P": 5}])
+    check(
+        ctx,
+        {"x": ("float32", [("P", 8), 4])},
+        make,
+        lambda f: {"y": tab[f["x"].shape[0]][None] * 2 + f["x"][:1]},
+        [{"P": 1}, {"P": 5}],
+    )
 
 
 def test_expand_constant_to_dynamic_shape(ctx):
@@ -376,6 +498,10 @@ def test_expand_constant_to_dynamic_shape(ctx):
         x = o["x"]
         return {"y": b.concat([x, b.expand(b.constant(np.arange(3, dtype=np.float32).reshape(3, 1)), x.shape)], 0)}
 
-    check(ctx, {"x": ("float32", [3, ("S", 8)])}, make,
-          lambda f: {"y": np.concatenate([f["x"], np.broadcast_to(np.arange(3.0).reshape(3, 1), f["x"].shape)])},
-          [{"S": 1}, {"S": 5}])
+    check(
+        ctx,
+        {"x": ("float32", [3, ("S", 8)])},
+        make,
+        lambda f: {"y": np.concatenate([f["x"], np.broadcast_to(np.arange(3.0).reshape(3, 1), f["x"].shape)])},
+        [{"S": 1}, {"S": 5}],
+    )

@@ -82,6 +82,7 @@ def _f64(a):
 
 # -- reductions ---------------------------------------------------------------------------------
 
+
 def _lse(a, axis, keepdims):
     a = _f64(a)
     m = a.max(axis=axis, keepdims=True)
@@ -104,8 +105,15 @@ def test_reduce_dynamic_axis(ctx, op):
     """Reduced axis and kept axis both dynamic: thread (K <= 32), group and split kernels by size."""
     specs = {"x": ("float32", [D("m", 300), D("k", 9000)])}
     sizes = [{"m": 1, "k": 1}, {"m": 7, "k": 33}, {"m": 3, "k": 5000}, {"m": 300, "k": 9000}, {"m": 257, "k": 7}]
-    names = check(ctx, specs, lambda b, x: getattr(b, op)(x, axes=[1]), sizes,
-                  lambda a: REF[op](a, 1, False), rtol=1e-4, atol=1e-4)
+    names = check(
+        ctx,
+        specs,
+        lambda b, x: getattr(b, op)(x, axes=[1]),
+        sizes,
+        lambda a: REF[op](a, 1, False),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     assert [n.rsplit("_", 1)[-1] for n in names] == ["partialN", "finalN"], names
 
 
@@ -116,18 +124,33 @@ def test_reduce_static_axis_dynamic_outer(ctx, op, keep):
     the middle: strides and the output count are read at dispatch."""
     specs = {"x": ("float32", [D("batch", 3), 40, D("seq", 33)])}
     sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 33}, {"batch": 2, "seq": 7}]
-    check(ctx, specs, lambda b, x: getattr(b, op)(x, axes=[1], keep_dimensions=keep), sizes,
-          lambda a: REF[op](a, 1, keep), rtol=1e-4, atol=1e-4)
+    check(
+        ctx,
+        specs,
+        lambda b, x: getattr(b, op)(x, axes=[1], keep_dimensions=keep),
+        sizes,
+        lambda a: REF[op](a, 1, keep),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("keep", [False, True])
 def test_reduce_several_dynamic_axes(ctx, keep):
     specs = {"x": ("float32", [D("batch", 4), 5, D("seq", 257)])}
     sizes = [{"batch": 1, "seq": 1}, {"batch": 4, "seq": 257}, {"batch": 3, "seq": 7}]
-    check(ctx, specs, lambda b, x: b.reduce_sum(x, axes=[0, 2], keep_dimensions=keep), sizes,
-          lambda a: _f64(a).sum(axis=(0, 2), keepdims=keep), rtol=1e-4, atol=1e-4)
-    check(ctx, specs, lambda b, x: b.reduce_max(x, keep_dimensions=keep), sizes,
-          lambda a: a.max(axis=None, keepdims=keep))
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.reduce_sum(x, axes=[0, 2], keep_dimensions=keep),
+        sizes,
+        lambda a: _f64(a).sum(axis=(0, 2), keepdims=keep),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    check(
+        ctx, specs, lambda b, x: b.reduce_max(x, keep_dimensions=keep), sizes, lambda a: a.max(axis=None, keepdims=keep)
+    )
 
 
 def test_reduce_many_outputs_threshold(ctx):
@@ -135,8 +158,9 @@ def test_reduce_many_outputs_threshold(ctx):
     one thread per output from it on, in one kernel."""
     specs = {"x": ("float32", [D("rows", 16500), 100])}
     sizes = [{"rows": 1}, {"rows": 16384}, {"rows": 257}]
-    names = check(ctx, specs, lambda b, x: b.reduce_mean(x, axes=[1]), sizes,
-                  lambda a: _f64(a).mean(axis=1), rtol=1e-5, atol=1e-6)
+    names = check(
+        ctx, specs, lambda b, x: b.reduce_mean(x, axes=[1]), sizes, lambda a: _f64(a).mean(axis=1), rtol=1e-5, atol=1e-6
+    )
     assert len(names) == 1 and "auto_group" in names[0], names
 
 
@@ -149,6 +173,7 @@ def test_reduce_integers(ctx):
 
 # -- softmax ------------------------------------------------------------------------------------
 
+
 def _softmax(a, axis):
     a = _f64(a)
     e = np.exp(a - a.max(axis=axis, keepdims=True))
@@ -158,8 +183,12 @@ def _softmax(a, axis):
 def test_softmax_dynamic_last_axis(ctx):
     """Attention scores [batch, heads, query, key]: query and key lengths dynamic."""
     specs = {"x": ("float32", [D("batch", 2), 3, D("q", 33), D("k", 300)])}
-    sizes = [{"batch": 1, "q": 1, "k": 1}, {"batch": 2, "q": 33, "k": 300}, {"batch": 1, "q": 7, "k": 257},
-             {"batch": 2, "q": 1, "k": 33}]
+    sizes = [
+        {"batch": 1, "q": 1, "k": 1},
+        {"batch": 2, "q": 33, "k": 300},
+        {"batch": 1, "q": 7, "k": 257},
+        {"batch": 2, "q": 1, "k": 33},
+    ]
     names = check(ctx, specs, lambda b, x: b.softmax(x, 3), sizes, lambda a: _softmax(a, 3), rtol=1e-5, atol=1e-6)
     assert len(names) == 1 and "auto" in names[0], names
 
@@ -171,6 +200,7 @@ def test_softmax_static_axis_dynamic_rows(ctx):
 
 
 # -- normalizations -----------------------------------------------------------------------------
+
 
 def _layer(a, axes, scale=None, bias=None, eps=1e-5):
     a = _f64(a)
@@ -206,20 +236,46 @@ def test_layer_normalization_two_axes(ctx):
     last axis when it is the dynamic one (thread or workgroup per row by size)."""
     specs = {"x": ("float32", [D("batch", 5), D("seq", 300), 8])}
     sizes = [{"batch": 1, "seq": 1}, {"batch": 5, "seq": 300}, {"batch": 3, "seq": 3}, {"batch": 2, "seq": 33}]
-    check(ctx, specs, lambda b, x: b.layer_normalization(x, axes=[1, 2]), sizes, lambda a: _layer(a, (1, 2)),
-          rtol=1e-4, atol=1e-4)
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.layer_normalization(x, axes=[1, 2]),
+        sizes,
+        lambda a: _layer(a, (1, 2)),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     specs = {"x": ("float32", [D("rows", 40), D("hidden", 300)])}
-    sizes = [{"rows": 1, "hidden": 1}, {"rows": 40, "hidden": 300}, {"rows": 7, "hidden": 33}, {"rows": 33, "hidden": 7}]
-    check(ctx, specs, lambda b, x: b.layer_normalization(x, axes=[1]), sizes, lambda a: _layer(a, (1,)),
-          rtol=1e-4, atol=1e-4)
+    sizes = [
+        {"rows": 1, "hidden": 1},
+        {"rows": 40, "hidden": 300},
+        {"rows": 7, "hidden": 33},
+        {"rows": 33, "hidden": 7},
+    ]
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.layer_normalization(x, axes=[1]),
+        sizes,
+        lambda a: _layer(a, (1,)),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_layer_normalization_dynamic_parameters(ctx):
     """Scale and bias given as inputs whose shape is the dynamic normalized axis."""
     specs = {"x": ("float32", [4, D("n", 70)]), "s": ("float32", [D("n", 70)]), "t": ("float32", [D("n", 70)])}
     sizes = [{"n": 1}, {"n": 70}, {"n": 33}]
-    check(ctx, specs, lambda b, x, s, t: b.layer_normalization(x, axes=[1], scale=s, bias=t), sizes,
-          lambda a, s, t: _layer(a, (1,), s, t), rtol=1e-4, atol=1e-4)
+    check(
+        ctx,
+        specs,
+        lambda b, x, s, t: b.layer_normalization(x, axes=[1], scale=s, bias=t),
+        sizes,
+        lambda a, s, t: _layer(a, (1,), s, t),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_instance_normalization(ctx):
@@ -232,12 +288,26 @@ def test_instance_normalization(ctx):
 
     specs = {"x": ("float32", [D("batch", 2), c, D("h", 33), D("w", 9)])}
     sizes = [{"batch": 1, "h": 1, "w": 1}, {"batch": 2, "h": 33, "w": 9}, {"batch": 1, "h": 7, "w": 5}]
-    check(ctx, specs, lambda b, x: b.instance_normalization(x, scale=b.constant(scale), bias=b.constant(bias)),
-          sizes, ref_nchw, rtol=1e-4, atol=1e-4)
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.instance_normalization(x, scale=b.constant(scale), bias=b.constant(bias)),
+        sizes,
+        ref_nchw,
+        rtol=1e-4,
+        atol=1e-4,
+    )
     specs = {"x": ("float32", [D("batch", 2), D("h", 7), 5, c])}
     sizes = [{"batch": 1, "h": 1}, {"batch": 2, "h": 7}]
-    check(ctx, specs, lambda b, x: b.instance_normalization(x, scale=b.constant(scale), layout="nhwc"), sizes,
-          lambda a: _layer(a, (1, 2), scale), rtol=1e-4, atol=1e-4)
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.instance_normalization(x, scale=b.constant(scale), layout="nhwc"),
+        sizes,
+        lambda a: _layer(a, (1, 2), scale),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_batch_normalization(ctx):
@@ -248,8 +318,9 @@ def test_batch_normalization(ctx):
     bias = R.standard_normal(c).astype(np.float32)
 
     def fn(axis):
-        return lambda b, x: b.batch_normalization(x, b.constant(mean), b.constant(var), scale=b.constant(scale),
-                                                  bias=b.constant(bias), axis=axis)
+        return lambda b, x: b.batch_normalization(
+            x, b.constant(mean), b.constant(var), scale=b.constant(scale), bias=b.constant(bias), axis=axis
+        )
 
     def ref(axis):
         def r(a):
@@ -257,6 +328,7 @@ def test_batch_normalization(ctx):
             sh[axis] = c
             m, v, s, t = (p.reshape(sh).astype(np.float64) for p in (mean, var, scale, bias))
             return (_f64(a) - m) / np.sqrt(v + 1e-5) * s + t
+
         return r
 
     specs = {"x": ("float32", [D("batch", 3), c, D("h", 33), 5])}
@@ -268,6 +340,7 @@ def test_batch_normalization(ctx):
 
 # -- arg_min / arg_max, cumulative_sum ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("op", ["arg_max", "arg_min"])
 def test_arg_dynamic_axis(ctx, op):
     """Greedy decoding's arg_max over a dynamic vocabulary axis, with dynamic rows."""
@@ -276,8 +349,13 @@ def test_arg_dynamic_axis(ctx, op):
     npf = np.argmax if op == "arg_max" else np.argmin
     check(ctx, specs, lambda b, x: getattr(b, op)(x, 1), sizes, lambda a: npf(a, axis=1).astype(np.int32))
     specs = {"x": ("int32", [2, D("seq", 33), 3])}
-    check(ctx, specs, lambda b, x: getattr(b, op)(x, 1, keep_dimensions=True, output_data_type="int64"),
-          [{"seq": 1}, {"seq": 33}, {"seq": 7}], lambda a: npf(a, axis=1)[:, None, :].astype(np.int64))
+    check(
+        ctx,
+        specs,
+        lambda b, x: getattr(b, op)(x, 1, keep_dimensions=True, output_data_type="int64"),
+        [{"seq": 1}, {"seq": 33}, {"seq": 7}],
+        lambda a: npf(a, axis=1)[:, None, :].astype(np.int64),
+    )
 
 
 @pytest.mark.parametrize("exclusive", [False, True])
@@ -294,11 +372,19 @@ def test_cumulative_sum(ctx, exclusive, rev):
 
     specs = {"x": ("float32", [D("batch", 3), D("seq", 257), 2])}
     sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 257}, {"batch": 2, "seq": 7}]
-    check(ctx, specs, lambda b, x: b.cumulative_sum(x, 1, exclusive=exclusive, reversed=rev), sizes, ref,
-          rtol=1e-4, atol=1e-4)
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.cumulative_sum(x, 1, exclusive=exclusive, reversed=rev),
+        sizes,
+        ref,
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 # -- float16 ------------------------------------------------------------------------------------
+
 
 def test_float16(ctx):
     """f16 values loaded through f32 accumulators (or f32 throughout without shader-f16)."""
@@ -310,11 +396,19 @@ def test_float16(ctx):
     check(ctx, specs, lambda b, x: b.softmax(x, 1), sizes, lambda a: _softmax(a, 1), **tol)
     check(ctx, specs, lambda b, x: b.layer_normalization(x, axes=[1]), sizes, lambda a: _layer(a, (1,)), **tol)
     check(ctx, specs, lambda b, x: b.arg_max(x, 1), sizes, lambda a: np.argmax(a, axis=1).astype(np.int32))
-    check(ctx, {"x": ("float16", [D("m", 9), D("k", 300)])}, lambda b, x: b.cumulative_sum(x, 1),
-          [{"m": 1, "k": 1}, {"m": 9, "k": 300}], lambda a: np.cumsum(_f64(a), 1), rtol=1e-2, atol=0.1)
+    check(
+        ctx,
+        {"x": ("float16", [D("m", 9), D("k", 300)])},
+        lambda b, x: b.cumulative_sum(x, 1),
+        [{"m": 1, "k": 1}, {"m": 9, "k": 300}],
+        lambda a: np.cumsum(_f64(a), 1),
+        rtol=1e-2,
+        atol=0.1,
+    )
 
 
 # -- errors -------------------------------------------------------------------------------------
+
 
 def test_size_out_of_range_raises_at_dispatch(ctx):
     g = _build(ctx, {"x": ("float32", [D("rows", 8), D("k", 16)])}, lambda b, x: b.softmax(x, 1))
@@ -332,8 +426,14 @@ def test_static_graphs_unchanged(ctx):
     """A static build has no immediate sizes: its kernels are the same constants-only WGSL."""
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[4, 300])
-    g = b.build_sync({"a": b.reduce_sum(x, axes=[1]), "b": b.softmax(x, 1), "c": b.layer_normalization(x),
-                      "d": b.cumulative_sum(x, 1)})
+    g = b.build_sync(
+        {
+            "a": b.reduce_sum(x, axes=[1]),
+            "b": b.softmax(x, 1),
+            "c": b.layer_normalization(x),
+            "d": b.cumulative_sum(x, 1),
+        }
+    )
     assert not g.dynamic_dimensions
     assert not any("auto" in n or n.endswith("N") for n in g.kernel_names), g.kernel_names
     g.destroy()
@@ -363,8 +463,11 @@ def test_dispatch_time_decisions_match_static():
     from mltensor.ops.reduce import reduce_shape, split_plan, thread_flag
 
     m, k = Sym.dim("m", 20000), Sym.dim("k", 5_000_000)
-    pairs = [(mv, kv) for mv in (1, 2, 255, 256, 257, 16383, 16384, 20000)
-             for kv in (1, 32, 33, 256, 257, 4096, 4097, 12289, 70000, 4_194_304, 5_000_000)]
+    pairs = [
+        (mv, kv)
+        for mv in (1, 2, 255, 256, 257, 16383, 16384, 20000)
+        for kv in (1, 32, 33, 256, 257, 4096, 4097, 12289, 70000, 4_194_304, 5_000_000)
+    ]
     for M, K in ((m, k), (m + 1, k), (m, 2 * k + 3)):
         thr, (S, chunk) = thread_flag(M, K), split_plan(M, K)
         for mv, kv in pairs:

@@ -36,8 +36,9 @@ def _feeds(ids, past=None, batch=1):
     f = {"input_ids": np.asarray(ids, np.int64)}
     for i in range(L):
         for k in ("key", "value"):
-            f[f"past_key_values.{i}.{k}"] = (past[f"present.{i}.{k}"] if past is not None
-                                              else np.zeros((batch, H, 0, D), np.float32))
+            f[f"past_key_values.{i}.{k}"] = (
+                past[f"present.{i}.{k}"] if past is not None else np.zeros((batch, H, 0, D), np.float32)
+            )
     return f
 
 
@@ -128,8 +129,11 @@ def test_capacity_grows_by_doubling(ctx, model, ort_sess):
 def test_dynamic_and_static_builds_agree(ctx, model, rng):
     dyn = mltensor.InferenceSession(model, ctx)
     static = mltensor.InferenceSession(model, ctx, dynamic=False)
-    past = {f"present.{i}.{k}": rng.standard_normal((2, H, 5, D)).astype(np.float32)
-            for i in range(L) for k in ("key", "value")}
+    past = {
+        f"present.{i}.{k}": rng.standard_normal((2, H, 5, D)).astype(np.float32)
+        for i in range(L)
+        for k in ("key", "value")
+    }
     f = _feeds(rng.integers(0, V, (2, 3)), past)
     for a, b in zip(dyn.run(None, f), static.run(None, f)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

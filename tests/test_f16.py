@@ -25,10 +25,29 @@ from mltensor import dtypes
 
 # Families whose float16 kernels accumulate (f32 accumulators over float16 operands and outputs):
 ACCUMULATING = {
-    "reduce_l1", "reduce_l2", "reduce_log_sum", "reduce_log_sum_exp", "reduce_mean", "reduce_product",
-    "reduce_sum", "reduce_sum_square", "softmax", "batch_normalization", "instance_normalization",
-    "layer_normalization", "average_pool2d", "l2_pool2d", "matmul", "gemm", "conv2d", "conv_transpose2d",
-    "gru", "gru_cell", "lstm", "lstm_cell", "cumulative_sum",
+    "reduce_l1",
+    "reduce_l2",
+    "reduce_log_sum",
+    "reduce_log_sum_exp",
+    "reduce_mean",
+    "reduce_product",
+    "reduce_sum",
+    "reduce_sum_square",
+    "softmax",
+    "batch_normalization",
+    "instance_normalization",
+    "layer_normalization",
+    "average_pool2d",
+    "l2_pool2d",
+    "matmul",
+    "gemm",
+    "conv2d",
+    "conv_transpose2d",
+    "gru",
+    "gru_cell",
+    "lstm",
+    "lstm_cell",
+    "cumulative_sum",
 }
 TOL = {"elementwise": dict(rtol=2e-3, atol=2e-3), "accumulating": dict(rtol=1e-2, atol=1e-2)}
 # inputs that must be positive (logs, roots, variances, quantization scales)
@@ -133,14 +152,37 @@ def test_float16_sweep(mctx, op, group):
         w = want[name]
         if y.data_type == "float16":
             w = w.astype(np.float16)
-        np.testing.assert_allclose(got[name].astype(np.float64), w.astype(np.float64), **tol,
-                                   err_msg=f"{op} group {groups[group]} output {name}")
+        np.testing.assert_allclose(
+            got[name].astype(np.float64),
+            w.astype(np.float64),
+            **tol,
+            err_msg=f"{op} group {groups[group]} output {name}",
+        )
 
 
 # -- bits, range, mixed graphs --------------------------------------------------------------------
 
-SPECIAL_BITS = np.array([0x7E01, 0x7C01, 0xFE33, 0xFC00, 0x7C00, 0x0001, 0x8001, 0x03FF, 0x8000,
-                         0x7BFF, 0xFBFF, 0x3C00, 0x0400, 0x83FF, 0x7FFF, 0x1234], np.uint16)
+SPECIAL_BITS = np.array(
+    [
+        0x7E01,
+        0x7C01,
+        0xFE33,
+        0xFC00,
+        0x7C00,
+        0x0001,
+        0x8001,
+        0x03FF,
+        0x8000,
+        0x7BFF,
+        0xFBFF,
+        0x3C00,
+        0x0400,
+        0x83FF,
+        0x7FFF,
+        0x1234,
+    ],
+    np.uint16,
+)
 
 
 def test_moves_keep_every_bit(mctx):
@@ -161,10 +203,15 @@ def test_moves_keep_every_bit(mctx):
     r = run_graph(mctx, outs, {"x": x16.reshape(4, 4)}, b)
     xs = x16.reshape(4, 4)
     ref = {
-        "t": xs.T, "s": xs[1:4, 1:4], "c": np.concatenate([xs, xs[:, :1]], 1),
+        "t": xs.T,
+        "s": xs[1:4, 1:4],
+        "c": np.concatenate([xs, xs[:, :1]], 1),
         "p": np.pad(xs, [(1, 0), (0, 1)], constant_values=np.float16(1.0)),
-        "g": xs[:, [3, 0, 2]], "r": xs.T.reshape(16), "e": np.broadcast_to(xs[:1], (3, 4)),
-        "w": np.where(np.array([1, 0, 1, 0], bool), xs, xs[::-1, ::-1]), "i": xs,
+        "g": xs[:, [3, 0, 2]],
+        "r": xs.T.reshape(16),
+        "e": np.broadcast_to(xs[:1], (3, 4)),
+        "w": np.where(np.array([1, 0, 1, 0], bool), xs, xs[::-1, ::-1]),
+        "i": xs,
     }
     for k, v in ref.items():
         want = np.ascontiguousarray(v).view(np.uint16)
@@ -181,17 +228,28 @@ def test_range_and_nan(mctx):
     c = np.array([60000, -60000, np.inf, 1, 16, 1, 1, -np.inf], np.float16)
     b = mltensor.MLGraphBuilder(mctx)
     x, y = b.input("a", data_type="float16", shape=[8]), b.input("c", data_type="float16", shape=[8])
-    outs = {"add": b.add(x, y), "mul": b.mul(x, y), "exp": b.exp(x), "relu": b.relu(x),
-            "sq": b.reduce_sum_square(b.reshape(x, [2, 4]), axes=[1]),
-            "from32": b.cast(b.mul(b.cast(x, "float32"), b.constant(np.float32(4).reshape(()))), "float16"),
-            "isnan": b.is_nan(b.add(x, y)), "isinf": b.is_infinite(b.add(x, y))}
+    outs = {
+        "add": b.add(x, y),
+        "mul": b.mul(x, y),
+        "exp": b.exp(x),
+        "relu": b.relu(x),
+        "sq": b.reduce_sum_square(b.reshape(x, [2, 4]), axes=[1]),
+        "from32": b.cast(b.mul(b.cast(x, "float32"), b.constant(np.float32(4).reshape(()))), "float16"),
+        "isnan": b.is_nan(b.add(x, y)),
+        "isinf": b.is_infinite(b.add(x, y)),
+    }
     with np.errstate(all="ignore"):
         a32, c32 = a.astype(np.float32), c.astype(np.float32)
-        ref = {"add": (a32 + c32).astype(np.float16), "mul": (a32 * c32).astype(np.float16),
-               "exp": np.exp(a32).astype(np.float16), "relu": np.where(np.isnan(a32), a32, np.maximum(a32, 0)).astype(np.float16),
-               "sq": (a32.reshape(2, 4).astype(np.float64) ** 2).sum(1).astype(np.float16),
-               "from32": (a32 * 4).astype(np.float16),
-               "isnan": np.isnan(a32 + c32).astype(np.uint8), "isinf": np.isinf((a32 + c32).astype(np.float16) if mctx._f16 else a32 + c32).astype(np.uint8)}
+        ref = {
+            "add": (a32 + c32).astype(np.float16),
+            "mul": (a32 * c32).astype(np.float16),
+            "exp": np.exp(a32).astype(np.float16),
+            "relu": np.where(np.isnan(a32), a32, np.maximum(a32, 0)).astype(np.float16),
+            "sq": (a32.reshape(2, 4).astype(np.float64) ** 2).sum(1).astype(np.float16),
+            "from32": (a32 * 4).astype(np.float16),
+            "isnan": np.isnan(a32 + c32).astype(np.uint8),
+            "isinf": np.isinf((a32 + c32).astype(np.float16) if mctx._f16 else a32 + c32).astype(np.uint8),
+        }
     # (f32 mode keeps intermediates in f32: the sum overflows only when stored as float16)
     r = run_graph(mctx, outs, {"a": a, "c": c}, b)
     for k, v in ref.items():
@@ -214,7 +272,8 @@ def test_mixed_graph(mctx, rng):
         "deq": deq,
         "mix": b.cast(b.mul(b.cast(s, "float32"), fi), "float16"),
         "to32": b.add(b.cast(xi, "float32"), fi),
-        "to_i32": b.cast(xi, "int32"), "to_u8": b.cast(b.abs(xi), "uint8"),
+        "to_i32": b.cast(xi, "int32"),
+        "to_u8": b.cast(b.abs(xi), "uint8"),
         "from_i8": b.cast(qi, "float16"),
         "quant": b.quantize_linear(xi, scale16, zp),
     }
@@ -224,8 +283,9 @@ def test_mixed_graph(mctx, rng):
     deq_ref = ((q.astype(np.float32) - z) * sc).astype(np.float16)
     s_ref = (deq_ref.astype(np.float32) + x.astype(np.float32)).astype(np.float16)
     np.testing.assert_array_equal(r["deq"], deq_ref)
-    np.testing.assert_allclose(r["mix"].astype(np.float32), (s_ref.astype(np.float32) * x32).astype(np.float16),
-                               rtol=1e-3)
+    np.testing.assert_allclose(
+        r["mix"].astype(np.float32), (s_ref.astype(np.float32) * x32).astype(np.float16), rtol=1e-3
+    )
     np.testing.assert_allclose(r["to32"], x.astype(np.float32) + x32, rtol=1e-6)
     np.testing.assert_array_equal(r["to_i32"], x.astype(np.float32).astype(np.int32))
     np.testing.assert_array_equal(r["to_u8"], np.abs(x).astype(np.float32).astype(np.uint8))
@@ -288,15 +348,22 @@ def test_f16_graph_has_no_edge_conversions_and_two_byte_intermediates(mctx):
     g.destroy()
 
 
-@pytest.mark.parametrize("case", ["sum_split", "mean_group", "lse_split", "softmax_group", "layer_group",
-                                  "global_avg", "cumsum"])
+@pytest.mark.parametrize(
+    "case", ["sum_split", "mean_group", "lse_split", "softmax_group", "layer_group", "global_avg", "cumsum"]
+)
 def test_large_accumulations(mctx, rng, case):
     """The workgroup and two-level kernel shapes of the accumulating families (the sweep's small
     shapes take the one-thread paths): f32 accumulators over float16 inputs stay within 1e-2 of a
     float64 numpy reference, where float16 accumulation would drift far beyond it."""
-    shapes = {"sum_split": (2, 60000), "mean_group": (8, 3000), "lse_split": (1, 70000),
-              "softmax_group": (4, 2000), "layer_group": (4, 2000), "global_avg": (1, 3, 40, 40),
-              "cumsum": (2, 3000)}
+    shapes = {
+        "sum_split": (2, 60000),
+        "mean_group": (8, 3000),
+        "lse_split": (1, 70000),
+        "softmax_group": (4, 2000),
+        "layer_group": (4, 2000),
+        "global_avg": (1, 3, 40, 40),
+        "cumsum": (2, 3000),
+    }
     x = rng.uniform(0.5, 1.5, shapes[case]).astype(np.float16)
     x64 = x.astype(np.float64)
     b = mltensor.MLGraphBuilder(mctx)
@@ -363,9 +430,13 @@ def test_conv_prologues_f16(mctx, rng, monkeypatch, kind, layout, vec):
     k = 1 if kind == "depthwise" else 3
     wconv = rng.uniform(-1, 1, (OC, k, k, C) if nhwc else (OC, C, k, k)).astype(np.float16)
     params = {
-        "mean": rng.uniform(-0.5, 0.5, C), "var": rng.uniform(0.5, 1.5, C), "sc": rng.uniform(0.5, 1.5, C),
-        "bi": rng.uniform(-0.5, 0.5, C), "q": rng.uniform(-1, 1, (1, 1, 1, C) if nhwc else (1, C, 1, 1)),
-        "r": rng.uniform(-1, 1, xs), "wd": rng.uniform(-1, 1, (C, 3, 3, 1) if nhwc else (C, 1, 3, 3)),
+        "mean": rng.uniform(-0.5, 0.5, C),
+        "var": rng.uniform(0.5, 1.5, C),
+        "sc": rng.uniform(0.5, 1.5, C),
+        "bi": rng.uniform(-0.5, 0.5, C),
+        "q": rng.uniform(-1, 1, (1, 1, 1, C) if nhwc else (1, C, 1, 1)),
+        "r": rng.uniform(-1, 1, xs),
+        "wd": rng.uniform(-1, 1, (C, 3, 3, 1) if nhwc else (C, 1, 3, 3)),
         "bd": rng.uniform(-0.5, 0.5, C),
     }
     params = {n: v.astype(np.float16) for n, v in params.items()}
@@ -376,11 +447,15 @@ def test_conv_prologues_f16(mctx, rng, monkeypatch, kind, layout, vec):
         p = {n: b.constant(v.astype(dt)) for n, v in params.items()}
         kw = dict(input_layout=layout, filter_layout="ohwi" if nhwc else "oihw")
         if kind == "bn_relu":
-            y = b.relu(b.batch_normalization(xi, p["mean"], p["var"], scale=p["sc"], bias=p["bi"], axis=3 if nhwc else 1))
+            y = b.relu(
+                b.batch_normalization(xi, p["mean"], p["var"], scale=p["sc"], bias=p["bi"], axis=3 if nhwc else 1)
+            )
         elif kind == "scaled_add":
             y = b.add(b.mul(xi, p["q"]), p["r"])
         else:
-            y = b.clamp(b.conv2d(xi, p["wd"], groups=C, bias=p["bd"], padding=[1, 1, 1, 1], **kw), min_value=0.0, max_value=6.0)
+            y = b.clamp(
+                b.conv2d(xi, p["wd"], groups=C, bias=p["bd"], padding=[1, 1, 1, 1], **kw), min_value=0.0, max_value=6.0
+            )
         out = b.conv2d(y, b.constant(wconv.astype(dt)), padding=[k // 2] * 4, **kw)
         return b, {"y": out}
 

@@ -76,8 +76,13 @@ DIRECT = [  # B, H, Hkv, Sq, Sk, D, causal, k_transposed, bias shape (None: none
 ]
 
 
-@pytest.mark.parametrize("case", DIRECT, ids=lambda c: "B{}H{}kv{}q{}k{}d{}{}{}{}".format(
-    *c[:6], "_causal" if c[6] else "", "_kt" if c[7] else "", "_bias" if c[8] else ""))
+@pytest.mark.parametrize(
+    "case",
+    DIRECT,
+    ids=lambda c: "B{}H{}kv{}q{}k{}d{}{}{}{}".format(
+        *c[:6], "_causal" if c[6] else "", "_kt" if c[7] else "", "_bias" if c[8] else ""
+    ),
+)
 def test_operator_against_numpy(ctx, rng, case):
     B, H, Hkv, Sq, Sk, D, causal, kt, bshape = case
     qa = rng.standard_normal((B, H, Sq, D)).astype(np.float32)
@@ -91,23 +96,26 @@ def test_operator_against_numpy(ctx, rng, case):
         ba = np.where(rng.random(bshape) < 0.2, -60.0, rng.standard_normal(bshape)).astype(np.float32)
         feeds["bias"] = ba
         bias = b.input("bias", data_type="float32", shape=bshape)
-    out = b._attention(ins["q"], ins["k"], ins["v"], scale=D ** -0.5, bias=bias, causal=causal, k_transposed=kt)
+    out = b._attention(ins["q"], ins["k"], ins["v"], scale=D**-0.5, bias=bias, causal=causal, k_transposed=kt)
     got = run_graph(ctx, {"o": out}, feeds, b)["o"]
-    want = reference(qa, ka, va, D ** -0.5, feeds.get("bias"), causal, kt)
+    want = reference(qa, ka, va, D**-0.5, feeds.get("bias"), causal, kt)
     assert np.array_equal(np.isnan(got), np.isnan(want))
     ok = ~np.isnan(want)
     np.testing.assert_allclose(got[ok], want[ok], rtol=2e-5, atol=2e-5)
     if Sq < Sk or not causal:
         assert not np.isnan(got).any()
     else:  # rows i < Sq - Sk see no key: NaN, as an unfused softmax of all -inf
-        assert np.isnan(got[..., : Sq - Sk, :]).all() and not np.isnan(got[..., Sq - Sk:, :]).any()
+        assert np.isnan(got[..., : Sq - Sk, :]).all() and not np.isnan(got[..., Sq - Sk :, :]).any()
 
 
 @pytest.mark.parametrize("sq", [1, 3, 40])
 @pytest.mark.parametrize("dv", [6, 20])
 def test_value_head_size(ctx, rng, sq, dv):
     """v's head size differs from q's and k's, and is not a multiple of 4 (padded V rows)."""
-    qa, ka = rng.standard_normal((2, 3, sq, 32)).astype(np.float32), rng.standard_normal((2, 3, 45, 32)).astype(np.float32)
+    qa, ka = (
+        rng.standard_normal((2, 3, sq, 32)).astype(np.float32),
+        rng.standard_normal((2, 3, 45, 32)).astype(np.float32),
+    )
     va = rng.standard_normal((2, 3, 45, dv)).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
     q, k, v = (b.input(x, data_type="float32", shape=a.shape) for x, a in zip("qkv", (qa, ka, va)))
@@ -152,11 +160,17 @@ def test_operator_validation(ctx):
     b = mltensor.MLGraphBuilder(ctx)
     q = b.input("q", data_type="float32", shape=[1, 4, 3, 16])
     with pytest.raises(TypeError, match="batch dimensions"):
-        b._attention(q, b.input("k", data_type="float32", shape=[1, 3, 5, 16]),
-                     b.input("v", data_type="float32", shape=[1, 3, 5, 16]))
+        b._attention(
+            q,
+            b.input("k", data_type="float32", shape=[1, 3, 5, 16]),
+            b.input("v", data_type="float32", shape=[1, 3, 5, 16]),
+        )
     with pytest.raises(TypeError, match="head sizes"):
-        b._attention(q, b.input("k2", data_type="float32", shape=[1, 4, 5, 8]),
-                     b.input("v2", data_type="float32", shape=[1, 4, 5, 16]))
+        b._attention(
+            q,
+            b.input("k2", data_type="float32", shape=[1, 4, 5, 8]),
+            b.input("v2", data_type="float32", shape=[1, 4, 5, 16]),
+        )
     assert "_attention" not in ctx.op_support_limits()
 
 
@@ -183,10 +197,12 @@ def test_layout_bshd(ctx, rng, rank, sq):
     H, Hkv, D = 6, 2, 32
     Sk = 45 if sq > 4 else 200  # (a decode of up to DECODE_SPLIT_MIN_SK keys has no split candidates)
     lead = (2,) if rank == 4 else ()
-    feeds = {"q": rng.standard_normal(lead + (sq, H, D)).astype(np.float32),
-             "k": rng.standard_normal(lead + (Sk, Hkv, D)).astype(np.float32),
-             "v": rng.standard_normal(lead + (Sk, Hkv, D)).astype(np.float32),
-             "bias": np.where(rng.random((1, Sk)) < 0.2, -30.0, 0.0).astype(np.float32)}
+    feeds = {
+        "q": rng.standard_normal(lead + (sq, H, D)).astype(np.float32),
+        "k": rng.standard_normal(lead + (Sk, Hkv, D)).astype(np.float32),
+        "v": rng.standard_normal(lead + (Sk, Hkv, D)).astype(np.float32),
+        "bias": np.where(rng.random((1, Sk)) < 0.2, -30.0, 0.0).astype(np.float32),
+    }
     want = np.swapaxes(reference(*(_to_bhsd(feeds[n]) for n in "qkv"), 0.2, feeds["bias"], causal=True), 1, 2)
     want = want if rank == 4 else want[0]
     lim = ctx.device.limits["max-compute-workgroup-storage-size"]
@@ -231,18 +247,20 @@ def test_split_decode(ctx, rng, D, dt, which):
             q = b.input("q", data_type=dt, shape=[1, H, D])
             k = b.input("k", data_type=dt, shape=[total, Hkv, D])
             v = b.input("v", data_type=dt, shape=[total, Hkv, D])
-            g = b.build_sync({"o": b._attention(q, k, v, scale=D ** -0.5, causal=True, layout="bshd")})
+            g = b.build_sync({"o": b._attention(q, k, v, scale=D**-0.5, causal=True, layout="bshd")})
         names = [n for n in g.kernel_names if not n.startswith(("unpack_", "pack_"))]  # (edges: no shader-f16)
         assert ["_dec" in n for n in names] == [True, False, False], g.kernel_names
         assert "_split" in names[1] and "_reduce" in names[2], g.kernel_names
         assert all(n.startswith(f"attention_{f16_tag(ctx) if dt == 'float16' else 'f32'}_") for n in names)
         for sk in SPLIT_KEYS:
-            feeds = {"q": rng.standard_normal((1, H, D)).astype(NP[dt]),
-                     "k": rng.standard_normal((sk, Hkv, D)).astype(NP[dt]),
-                     "v": rng.standard_normal((sk, Hkv, D)).astype(NP[dt])}
+            feeds = {
+                "q": rng.standard_normal((1, H, D)).astype(NP[dt]),
+                "k": rng.standard_normal((sk, Hkv, D)).astype(NP[dt]),
+                "v": rng.standard_normal((sk, Hkv, D)).astype(NP[dt]),
+            }
             got = dispatch_at(ctx, g, feeds)["o"]
             assert got.dtype == NP[dt]
-            want = np.swapaxes(reference(*(_to_bhsd(feeds[n]) for n in "qkv"), D ** -0.5, causal=True), 1, 2)[0]
+            want = np.swapaxes(reference(*(_to_bhsd(feeds[n]) for n in "qkv"), D**-0.5, causal=True), 1, 2)[0]
             close(got, want, tol)
         g.destroy()
 
@@ -253,13 +271,17 @@ def test_split_decode_edges(ctx, rng, case):
     size of 30), with query rows that see no key (causal, Sq = 4 > Sk = 2: NaN, as the unfused
     graph; so few keys run the one-launch decode kernel, whichever candidate is forced), and
     one K/V head for 8 query heads with a padding bias."""
-    B, H, Hkv, Sq, Sk, D, kt, bias = {"k_transposed": (1, 4, 2, 1, 300, 32, True, False),
-                                       "odd_head": (2, 6, 3, 2, 230, 30, False, False),
-                                       "masked_rows": (1, 2, 1, 4, 2, 16, False, False),
-                                       "mqa_bias": (1, 8, 1, 3, 257, 64, False, True)}[case]
-    feeds = {"q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
-             "k": rng.standard_normal((B, Hkv, D, Sk) if kt else (B, Hkv, Sk, D)).astype(np.float32),
-             "v": rng.standard_normal((B, Hkv, Sk, D)).astype(np.float32)}
+    B, H, Hkv, Sq, Sk, D, kt, bias = {
+        "k_transposed": (1, 4, 2, 1, 300, 32, True, False),
+        "odd_head": (2, 6, 3, 2, 230, 30, False, False),
+        "masked_rows": (1, 2, 1, 4, 2, 16, False, False),
+        "mqa_bias": (1, 8, 1, 3, 257, 64, False, True),
+    }[case]
+    feeds = {
+        "q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
+        "k": rng.standard_normal((B, Hkv, D, Sk) if kt else (B, Hkv, Sk, D)).astype(np.float32),
+        "v": rng.standard_normal((B, Hkv, Sk, D)).astype(np.float32),
+    }
     if bias:
         feeds["bias"] = np.where(rng.random((B, 1, 1, Sk)) < 0.3, -1e4, 0.0).astype(np.float32)
     want = reference(feeds["q"], feeds["k"], feeds["v"], 0.3, feeds.get("bias"), causal=True, k_transposed=kt)
@@ -267,8 +289,9 @@ def test_split_decode_edges(ctx, rng, case):
         with autotune.force(i):
             b = mltensor.MLGraphBuilder(ctx)
             ins = {n: b.input(n, data_type="float32", shape=a.shape) for n, a in feeds.items()}
-            o = b._attention(ins["q"], ins["k"], ins["v"], scale=0.3, bias=ins.get("bias"), causal=True,
-                             k_transposed=kt)
+            o = b._attention(
+                ins["q"], ins["k"], ins["v"], scale=0.3, bias=ins.get("bias"), causal=True, k_transposed=kt
+            )
             g = b.build_sync({"o": o})
         if Sk > DECODE_SPLIT_MIN_SK:
             assert "_split" in g.kernel_names[0] and ("v4" in g.kernel_names[0]) == (case == "mqa_bias")
@@ -286,8 +309,9 @@ def test_split_decode_edges(ctx, rng, case):
 # -- recognition in the compiler ------------------------------------------------------------------
 
 
-def _chain(b, ins, *, scale_op="div", scale=8.0, bias=None, where=None, where_first_keeps=True,
-           transpose=True, dt="float32"):
+def _chain(
+    b, ins, *, scale_op="div", scale=8.0, bias=None, where=None, where_first_keeps=True, transpose=True, dt="float32"
+):
     """The exported pattern: matmul(q, transpose(k)) -> scale -> + bias -> where -> softmax -> matmul v."""
     q, k, v = ins["q"], ins["k"], ins["v"]
     kt = b.transpose(k, permutation=list(range(k.rank - 2)) + [k.rank - 1, k.rank - 2]) if transpose else k
@@ -339,7 +363,7 @@ def _masks(kind, rng, B, H, Sq, Sk, rank):
     lead = (B, 1) if rank == 4 else (B,)
     causal = np.where(np.arange(Sk)[None] > np.arange(Sq)[:, None] + Sk - Sq, -np.inf, 0.0).astype(np.float32)
     pad = np.zeros(lead + (1, Sk), np.float32)
-    pad[0, ..., Sk - Sk // 3:] = -10000.0  # batch 0 padded on the right (every row sees key 0)
+    pad[0, ..., Sk - Sk // 3 :] = -10000.0  # batch 0 padded on the right (every row sees key 0)
     if kind == "none":
         return {}, None
     if kind == "padding":
@@ -358,9 +382,11 @@ def test_fused_chain(ctx, unfused_ctx, rng, shape, mask):
     B, H, Hkv, Sq, Sk, D, rank = shape
     lead = (B, H) if rank == 4 else (B * H,)
     klead = (B, Hkv) if rank == 4 else (B * Hkv,)
-    feeds = {"q": rng.standard_normal(lead + (Sq, D)).astype(np.float32),
-             "k": rng.standard_normal(klead + (Sk, D)).astype(np.float32),
-             "v": rng.standard_normal(klead + (Sk, D)).astype(np.float32)}
+    feeds = {
+        "q": rng.standard_normal(lead + (Sq, D)).astype(np.float32),
+        "k": rng.standard_normal(klead + (Sk, D)).astype(np.float32),
+        "v": rng.standard_normal(klead + (Sk, D)).astype(np.float32),
+    }
     extra, use = _masks(mask, rng, B, H, Sq, Sk, rank)
     feeds.update(extra)
     types = {n: ("uint8" if n == "cond" else "float32") for n in feeds}
@@ -389,9 +415,11 @@ def test_pattern_variants(ctx, unfused_ctx, rng, variant):
     """Scale by mul or none, K given already transposed (read as [.., D, Sk]), where(cond, c, s),
     an elementwise node after P @ V (the attention's epilogue)."""
     B, H, Sq, Sk, D = 2, 2, 9, 33, 32
-    feeds = {"q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
-             "k": rng.standard_normal((B, H, D, Sk) if variant == "kt_input" else (B, H, Sk, D)).astype(np.float32),
-             "v": rng.standard_normal((B, H, Sk, D)).astype(np.float32)}
+    feeds = {
+        "q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
+        "k": rng.standard_normal((B, H, D, Sk) if variant == "kt_input" else (B, H, Sk, D)).astype(np.float32),
+        "v": rng.standard_normal((B, H, Sk, D)).astype(np.float32),
+    }
     if variant == "mqa_rank3":
         feeds = {"q": feeds["q"].reshape(B * H, Sq, D), "k": feeds["k"][:1, 0], "v": feeds["v"][:1, 0]}
     if variant == "where_flipped":
@@ -401,9 +429,12 @@ def test_pattern_variants(ctx, unfused_ctx, rng, variant):
     types = {n: ("uint8" if n == "cond" else "float32") for n in feeds}
 
     def fn(b, ins):
-        kw = {"mul": dict(scale_op="mul", scale=0.3), "no_scale": dict(scale_op=None),
-              "kt_input": dict(transpose=False),
-              "where_flipped": dict(where=ins.get("cond"), where_first_keeps=False)}.get(variant, {})
+        kw = {
+            "mul": dict(scale_op="mul", scale=0.3),
+            "no_scale": dict(scale_op=None),
+            "kt_input": dict(transpose=False),
+            "where_flipped": dict(where=ins.get("cond"), where_first_keeps=False),
+        }.get(variant, {})
         o = _chain(b, ins, **kw)
         return b.relu(b.add(o, ins["r"])) if variant == "epilogue" else o
 
@@ -431,13 +462,16 @@ def test_grouped_heads_by_expand(ctx, unfused_ctx, rng, H, Hkv):
     """K/V heads repeated by expand + reshape before the matmuls (ratios 4 and 3): the attention
     kernel reads the shared K/V heads, no repeat copies: one kernel."""
     B, S, D = 1, 20, 32
-    feeds = {"q": rng.standard_normal((B, H, S, D)).astype(np.float32),
-             "k": rng.standard_normal((B, Hkv, S, D)).astype(np.float32),
-             "v": rng.standard_normal((B, Hkv, S, D)).astype(np.float32)}
+    feeds = {
+        "q": rng.standard_normal((B, H, S, D)).astype(np.float32),
+        "k": rng.standard_normal((B, Hkv, S, D)).astype(np.float32),
+        "v": rng.standard_normal((B, Hkv, S, D)).astype(np.float32),
+    }
 
     def fn(b, ins):
-        rep = lambda x: b.reshape(b.expand(b.reshape(x, [B, Hkv, 1, S, D]), [B, Hkv, H // Hkv, S, D]),  # noqa: E731
-                                  [B, H, S, D])
+        def rep(x):
+            return b.reshape(b.expand(b.reshape(x, [B, Hkv, 1, S, D]), [B, Hkv, H // Hkv, S, D]), [B, H, S, D])
+
         return _chain(b, {"q": ins["q"], "k": rep(ins["k"]), "v": rep(ins["v"])})
 
     res = _build_pair([ctx, unfused_ctx], feeds, dict.fromkeys(feeds, "float32"), fn)
@@ -456,11 +490,15 @@ def test_fully_masked_rows_match_unfused(ctx, unfused_ctx, rng):
     mask = np.zeros((1, 1, Sq, Sk), np.float32)
     mask[..., 1, :] = -np.inf
     mask[..., 3, 2:] = -np.inf
-    feeds = {"q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
-             "k": rng.standard_normal((B, H, Sk, D)).astype(np.float32),
-             "v": rng.standard_normal((B, H, Sk, D)).astype(np.float32), "mask": mask}
-    res = _build_pair([ctx, unfused_ctx], feeds, dict.fromkeys(feeds, "float32"),
-                      lambda b, ins: _chain(b, ins, bias=ins["mask"]))
+    feeds = {
+        "q": rng.standard_normal((B, H, Sq, D)).astype(np.float32),
+        "k": rng.standard_normal((B, H, Sk, D)).astype(np.float32),
+        "v": rng.standard_normal((B, H, Sk, D)).astype(np.float32),
+        "mask": mask,
+    }
+    res = _build_pair(
+        [ctx, unfused_ctx], feeds, dict.fromkeys(feeds, "float32"), lambda b, ins: _chain(b, ins, bias=ins["mask"])
+    )
     names, got, _ = res[ctx]
     names = compute(names)
     unfused = res[unfused_ctx][1]
@@ -475,7 +513,9 @@ NOT_FUSED = {  # what the chain does instead of matching: (output, extra graph o
     "softmax over another axis": lambda b, q, kt, v, m: (b.matmul(b.softmax(b.matmul(q, kt), 2), v), {}),
     "scores also an output": lambda b, q, kt, v, m: (b.matmul(b.softmax(s := b.matmul(q, kt), 3), v), {"s": s}),
     "bias before the scale": lambda b, q, kt, v, m: (
-        b.matmul(b.softmax(b.mul(b.add(b.matmul(q, kt), m), b.constant(np.float32(0.5))), 3), v), {}),
+        b.matmul(b.softmax(b.mul(b.add(b.matmul(q, kt), m), b.constant(np.float32(0.5))), 3), v),
+        {},
+    ),
     "scale not a constant": lambda b, q, kt, v, m: (b.matmul(b.softmax(b.mul(b.matmul(q, kt), m), 3), v), {}),
     "probabilities also an output": lambda b, q, kt, v, m: (b.matmul(p := b.softmax(b.matmul(q, kt), 3), v), {"p": p}),
     "two biases": lambda b, q, kt, v, m: (b.matmul(b.softmax(b.add(b.add(b.matmul(q, kt), m), m), 3), v), {}),
@@ -524,10 +564,12 @@ def test_dynamic_sizes(ctx, rng, max_keys):
         # (the split decode at Sq = 4, the decode variant's own rows: its blocks then match the static build's)
         sizes += [(1, DECODE_SPLIT_MIN_SK), (4, DECODE_SPLIT_MIN_SK + 1), (4, 300), (40, 300)]
     for s, t in sizes:
-        feeds = {"q": rng.standard_normal((1, 2, s, 32)).astype(np.float32),
-                 "k": rng.standard_normal((1, 2, t, 32)).astype(np.float32),
-                 "v": rng.standard_normal((1, 2, t, 32)).astype(np.float32),
-                 "mask": np.where(rng.random((1, 1, 1, t)) < 0.3, -1e4, 0).astype(np.float32)}
+        feeds = {
+            "q": rng.standard_normal((1, 2, s, 32)).astype(np.float32),
+            "k": rng.standard_normal((1, 2, t, 32)).astype(np.float32),
+            "v": rng.standard_normal((1, 2, t, 32)).astype(np.float32),
+            "mask": np.where(rng.random((1, 1, 1, t)) < 0.3, -1e4, 0).astype(np.float32),
+        }
         got = dispatch_at(ctx, g, feeds)["o"]
         close(got, reference(feeds["q"], feeds["k"], feeds["v"], 1 / 8.0, feeds["mask"]), 3e-5)
         bs = mltensor.MLGraphBuilder(ctx)
@@ -542,13 +584,14 @@ def test_dynamic_sizes(ctx, rng, max_keys):
 
 def test_fused_chain_float16(ctx, unfused_ctx, rng):
     B, H, Sq, Sk, D = 1, 2, 33, 47, 64
-    feeds = {"q": rng.standard_normal((B, H, Sq, D)).astype(np.float16),
-             "k": rng.standard_normal((B, H, Sk, D)).astype(np.float16),
-             "v": rng.standard_normal((B, H, Sk, D)).astype(np.float16),
-             "cond": (np.arange(Sk)[None] <= np.arange(Sq)[:, None] + Sk - Sq).astype(np.uint8)}
+    feeds = {
+        "q": rng.standard_normal((B, H, Sq, D)).astype(np.float16),
+        "k": rng.standard_normal((B, H, Sk, D)).astype(np.float16),
+        "v": rng.standard_normal((B, H, Sk, D)).astype(np.float16),
+        "cond": (np.arange(Sk)[None] <= np.arange(Sq)[:, None] + Sk - Sq).astype(np.uint8),
+    }
     types = {"q": "float16", "k": "float16", "v": "float16", "cond": "uint8"}
-    res = _build_pair([ctx, unfused_ctx], feeds, types,
-                      lambda b, ins: _chain(b, ins, where=ins["cond"], dt="float16"))
+    res = _build_pair([ctx, unfused_ctx], feeds, types, lambda b, ins: _chain(b, ins, where=ins["cond"], dt="float16"))
     names, got, _ = res[ctx]
     names = compute(names)
     assert got.dtype == np.float16
@@ -603,12 +646,15 @@ def test_tiny_gpt2_against_onnxruntime(ctx, monkeypatch):
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     for dynamic in (True, False):
-        sess = mltensor.InferenceSession(model, ctx, dynamic=dynamic, **({"max_dimensions": {"past_sequence": 32}}
-                                                                           if dynamic else {}))
+        sess = mltensor.InferenceSession(
+            model, ctx, dynamic=dynamic, **({"max_dimensions": {"past_sequence": 32}} if dynamic else {})
+        )
         names = [o.name for o in sess.get_outputs()]
         mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], np.int64)
         f = {"input_ids": rng.integers(0, V, (2, 5)), "attention_mask": mask}
-        f.update({f"past_key_values.{i}.{k}": np.zeros((2, H, 0, D), np.float32) for i in range(L) for k in ("key", "value")})
+        f.update(
+            {f"past_key_values.{i}.{k}": np.zeros((2, H, 0, D), np.float32) for i in range(L) for k in ("key", "value")}
+        )
         for step in range(4):
             got = dict(zip(names, sess.run(None, f)))
             want = dict(zip(names, ref.run(None, f)))
@@ -624,7 +670,7 @@ def test_tiny_gpt2_against_onnxruntime(ctx, monkeypatch):
             nxt = want["logits"][:, -1].argmax(-1).reshape(2, 1)
             mask = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
             f = {"input_ids": nxt, "attention_mask": mask}
-            f.update({f"past_key_values.{n[len('present.'):]}": want[n] for n in names if n.startswith("present.")})
+            f.update({f"past_key_values.{n[len('present.') :]}": want[n] for n in names if n.startswith("present.")})
 
 
 @pytest.mark.slow

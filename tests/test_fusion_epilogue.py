@@ -48,8 +48,15 @@ def _conv_case(ctx, rng, layout, groups=1, c=8, residual="input", tail=None):
         feeds = {"x": _nhwc(X) if nhwc else X}
         r = b.input("r", data_type="float32", shape=list(_nhwc(R).shape if nhwc else R.shape))
         feeds["r"] = _nhwc(R) if nhwc else R
-        y = b.conv2d(x, b.constant(np.ascontiguousarray(Wl)), padding=[1, 1, 1, 1], groups=groups,
-                     bias=b.constant(B), input_layout=layout, filter_layout=flay)
+        y = b.conv2d(
+            x,
+            b.constant(np.ascontiguousarray(Wl)),
+            padding=[1, 1, 1, 1],
+            groups=groups,
+            bias=b.constant(B),
+            input_layout=layout,
+            filter_layout=flay,
+        )
         if residual == "intermediate":  # produced by a kernel recorded after the conv
             r = b.sigmoid(r)
         return b, {"y": tail(b, y, r)}, feeds
@@ -101,8 +108,9 @@ def test_depthwise_add_residual(ctx, rng, layout):
 
 def test_residual_from_a_later_kernel(ctx, rng):
     """The residual is computed by a kernel recorded after the conv: the fused conv runs after it."""
-    got, conv, r, names = _conv_case(ctx, rng, "nhwc", residual="intermediate",
-                                     tail=lambda b, y, r: b.relu(b.add(y, r)))
+    got, conv, r, names = _conv_case(
+        ctx, rng, "nhwc", residual="intermediate", tail=lambda b, y, r: b.relu(b.add(y, r))
+    )
     assert not FUSION or (len(names) == 2 and names[-1].startswith("conv2d")), names
     _check(got, np.maximum(conv + r, 0))
 
@@ -110,8 +118,7 @@ def test_residual_from_a_later_kernel(ctx, rng):
 def test_resnet_block_with_projection_shortcut(ctx, rng):
     """relu(conv_b(relu(conv_a(x))) + conv_s(x)): the add and relu join conv_b (3 kernels)."""
     X = rng.standard_normal((1, 6, 8, 8)).astype(np.float32)
-    Wa, Wb, Ws = ((rng.standard_normal(s) * 0.3).astype(np.float32)
-                  for s in ((8, 6, 3, 3), (8, 8, 3, 3), (8, 6, 1, 1)))
+    Wa, Wb, Ws = ((rng.standard_normal(s) * 0.3).astype(np.float32) for s in ((8, 6, 3, 3), (8, 8, 3, 3), (8, 6, 1, 1)))
 
     def build():
         b = mltensor.MLGraphBuilder(ctx)
@@ -285,7 +292,9 @@ def test_residual_through_a_constant_pad(ctx, rng, layout, value, mode_pads, dty
     r = np.pad(pooled, ((0, 0), (0, ch), (sp[0], sp[1]), (sp[2], sp[3])), constant_values=value)
     ref = np.maximum(conv2d_ref(Z.astype(np.float64), Wt.astype(np.float64)) + r, 0)
     got = (got.transpose(0, 3, 1, 2) if nhwc else got).astype(np.float64)
-    np.testing.assert_allclose(got, ref, rtol=1e-4 if dtype == "float32" else 1e-2, atol=1e-4 if dtype == "float32" else 2e-2)
+    np.testing.assert_allclose(
+        got, ref, rtol=1e-4 if dtype == "float32" else 1e-2, atol=1e-4 if dtype == "float32" else 2e-2
+    )
 
 
 def test_pad_read_twice_still_launches(ctx, rng):
@@ -295,7 +304,10 @@ def test_pad_read_twice_still_launches(ctx, rng):
         b = mltensor.MLGraphBuilder(ctx)
         x = b.input("x", data_type="float32", shape=[1, 4, 4, 4])
         r = b.pad(x, [0, 0, 0, 0], [0, 4, 0, 0])
-        y = b.conv2d(b.input("z", data_type="float32", shape=[1, 8, 4, 4]), b.constant(np.eye(8, dtype=np.float32).reshape(8, 8, 1, 1)))
+        y = b.conv2d(
+            b.input("z", data_type="float32", shape=[1, 8, 4, 4]),
+            b.constant(np.eye(8, dtype=np.float32).reshape(8, 8, 1, 1)),
+        )
         return b, {"y": b.add(y, r), "r": r}, {"x": X[:, :4], "z": X}
 
     names = _kernels(ctx, build)

@@ -20,8 +20,22 @@ def _fc_weights(rng, o, i, fl):
     return W, np.ascontiguousarray(W.transpose(FILTER_PERM[fl]))
 
 
-def _se(rng, N, C, H, W_, hidden, layout="nhwc", fl="ohwi", bias=True, source=False, acts=("relu", "sigmoid"),
-        dtype="float32", outputs_extra=False, mean=False):
+def _se(
+    rng,
+    N,
+    C,
+    H,
+    W_,
+    hidden,
+    layout="nhwc",
+    fl="ohwi",
+    bias=True,
+    source=False,
+    acts=("relu", "sigmoid"),
+    dtype="float32",
+    outputs_extra=False,
+    mean=False,
+):
     """(graph fn, feeds, numpy reference of the gate [N, C]) for pool -> FC -> act -> FC -> act."""
     shape = (N, H, W_, C) if layout == "nhwc" else (N, C, H, W_)
     X = rng.standard_normal(shape).astype(dtype)
@@ -30,10 +44,18 @@ def _se(rng, N, C, H, W_, hidden, layout="nhwc", fl="ohwi", bias=True, source=Fa
     W2, W2l = _fc_weights(rng, C, hidden, fl)
     B1 = rng.standard_normal(hidden).astype(np.float32)
     B2 = rng.standard_normal(C).astype(np.float32)
-    act = {"relu": lambda b, v: b.relu(v), "sigmoid": lambda b, v: b.sigmoid(v),
-           "hard_sigmoid": lambda b, v: b.hard_sigmoid(v, alpha=1 / 6, beta=0.5), "none": lambda b, v: v}
-    ref_act = {"relu": lambda v: np.maximum(v, 0), "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
-               "hard_sigmoid": lambda v: np.clip(v / 6 + 0.5, 0, 1), "none": lambda v: v}
+    act = {
+        "relu": lambda b, v: b.relu(v),
+        "sigmoid": lambda b, v: b.sigmoid(v),
+        "hard_sigmoid": lambda b, v: b.hard_sigmoid(v, alpha=1 / 6, beta=0.5),
+        "none": lambda b, v: v,
+    }
+    ref_act = {
+        "relu": lambda v: np.maximum(v, 0),
+        "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+        "hard_sigmoid": lambda v: np.clip(v / 6 + 0.5, 0, 1),
+        "none": lambda v: v,
+    }
 
     def graph(b):
         x = b.input("x", data_type=dtype, shape=shape)
@@ -76,9 +98,19 @@ def _run(ctx, graph, feeds):
 
 
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
-@pytest.mark.parametrize("N,C,H,W,hidden", [(1, 16, 8, 8, 8), (2, 24, 7, 7, 6), (3, 100, 5, 3, 25),
-                                             (1, 96, 16, 16, 24), (2, 3, 17, 19, 300), (1, 3, 128, 128, 8),
-                                             (1, 480, 6, 48, 120), (1, 1024, 9, 9, 16)])
+@pytest.mark.parametrize(
+    "N,C,H,W,hidden",
+    [
+        (1, 16, 8, 8, 8),
+        (2, 24, 7, 7, 6),
+        (3, 100, 5, 3, 25),
+        (1, 96, 16, 16, 24),
+        (2, 3, 17, 19, 300),
+        (1, 3, 128, 128, 8),
+        (1, 480, 6, 48, 120),
+        (1, 1024, 9, 9, 16),
+    ],
+)
 def test_squeeze_excitation_gate_is_one_kernel(ctx, rng, layout, N, C, H, W, hidden):
     graph, feeds, ref = _se(rng, N, C, H, W, hidden, layout=layout, fl="ohwi" if layout == "nhwc" else "oihw")
     res, names = _run(ctx, graph, feeds)
@@ -163,8 +195,9 @@ def test_gate_not_fused_across_shared_values(ctx, rng):
         return {"g": g, "s": s}
 
     res, names = _run(ctx, graph2, {"x": X})
-    assert not FUSION or (any(n.startswith("ew_") for n in names)
-                          and any(n.startswith("gate_") and not n.endswith("_src") for n in names)), names
+    assert not FUSION or (
+        any(n.startswith("ew_") for n in names) and any(n.startswith("gate_") and not n.endswith("_src") for n in names)
+    ), names
     want = np.maximum(X, 0).astype(np.float64).mean(axis=(1, 2)) @ W1[:, :, 0, 0].T @ W2[:, :, 0, 0].T
     np.testing.assert_allclose(res["g"].reshape(1, 8), want, rtol=1e-4, atol=1e-5)
 

@@ -30,8 +30,7 @@ def _run(ctx, g, a):
 
 def _c(b, v):
     v = np.asarray(v, np.float32)
-    return b.constant(v) if v.ndim else \
-        b.constant(data_type="float32", value=float(v))
+    return b.constant(v) if v.ndim else b.constant(data_type="float32", value=float(v))
 
 
 def _cases(rng):
@@ -49,7 +48,10 @@ def _cases(rng):
         return np.maximum((a - s(mean)) / np.sqrt(s(var) + 1e-5) * s(scale) + s(bias), 0)
 
     def pool(b, x):
-        return b.add(b.clamp(b.max_pool2d(x, window_dimensions=[2, 2], strides=[2, 2]), min_value=0.0, max_value=1.0), _c(b, resid))
+        return b.add(
+            b.clamp(b.max_pool2d(x, window_dimensions=[2, 2], strides=[2, 2]), min_value=0.0, max_value=1.0),
+            _c(b, resid),
+        )
 
     def pool_ref(a):
         m = a.reshape(1, c, 4, 2, 4, 2).max((3, 5))
@@ -68,8 +70,12 @@ def _cases(rng):
         mu, v = a.mean((1, 2, 3), keepdims=True), a.var((1, 2, 3), keepdims=True)
         return 0.5 * (a - mu) / np.sqrt(v + 1e-5)
 
-    return {"batchnorm_relu": (bn, bn_ref), "maxpool_clamp_add": (pool, pool_ref),
-            "global_avgpool_sigmoid": (gpool, gpool_ref), "layernorm_mul": (ln, ln_ref)}
+    return {
+        "batchnorm_relu": (bn, bn_ref),
+        "maxpool_clamp_add": (pool, pool_ref),
+        "global_avgpool_sigmoid": (gpool, gpool_ref),
+        "layernorm_mul": (ln, ln_ref),
+    }
 
 
 @pytest.mark.parametrize("case", ["batchnorm_relu", "maxpool_clamp_add", "global_avgpool_sigmoid", "layernorm_mul"])

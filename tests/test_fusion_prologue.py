@@ -20,8 +20,15 @@ def _bn(rng, C, scale=True, bias=True, act="relu", eps=1e-3):
     bi = rng.standard_normal(C).astype(np.float32)
 
     def build(b, x, axis):
-        y = b.batch_normalization(x, b.constant(mean), b.constant(var), scale=b.constant(sc) if scale else None,
-                                  bias=b.constant(bi) if bias else None, axis=axis, epsilon=eps)
+        y = b.batch_normalization(
+            x,
+            b.constant(mean),
+            b.constant(var),
+            scale=b.constant(sc) if scale else None,
+            bias=b.constant(bi) if bias else None,
+            axis=axis,
+            epsilon=eps,
+        )
         if act == "relu":
             y = b.relu(y)
         elif act == "clamp_sigmoid":
@@ -62,23 +69,51 @@ CASES = [
 def test_batchnorm_relu_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec):
     monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)  # vec: the hardware staging (nhwc4, hoisted)
     fl = "oihw" if layout == "nchw" else "ohwi"
-    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
-                         prologue=_bn(rng, xshape[1]), expect_kernels=1, **opts)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        xshape,
+        wshape,
+        input_layout=layout,
+        filter_layout=fl,
+        use_bias=True,
+        prologue=_bn(rng, xshape[1]),
+        expect_kernels=1,
+        **opts,
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
 
 
-@pytest.mark.parametrize("scale,bias,act", [(False, False, "none"), (True, False, "clamp_sigmoid"),
-                                            (False, True, "relu")])
+@pytest.mark.parametrize(
+    "scale,bias,act", [(False, False, "none"), (True, False, "clamp_sigmoid"), (False, True, "relu")]
+)
 def test_prologue_options(ctx, rng, scale, bias, act):
-    got, ref = _run_conv(ctx, rng, (1, 8, 7, 7), (12, 8, 3, 3), use_bias=False, padding=[1, 1, 1, 1],
-                         prologue=_bn(rng, 8, scale, bias, act), expect_kernels=1,
-                         epilogue=lambda b, y: b.relu(y))
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 8, 7, 7),
+        (12, 8, 3, 3),
+        use_bias=False,
+        padding=[1, 1, 1, 1],
+        prologue=_bn(rng, 8, scale, bias, act),
+        expect_kernels=1,
+        epilogue=lambda b, y: b.relu(y),
+    )
     np.testing.assert_allclose(got, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
 
 
 def test_prologue_conv_transpose2d(ctx, rng):
-    got, ref = _run_conv(ctx, rng, (1, 8, 5, 6), (8, 12, 3, 3), transpose=True, strides=[2, 2],
-                         padding=[1, 1, 0, 1], prologue=_bn(rng, 8), expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 8, 5, 6),
+        (8, 12, 3, 3),
+        transpose=True,
+        strides=[2, 2],
+        padding=[1, 1, 0, 1],
+        prologue=_bn(rng, 8),
+        expect_kernels=1,
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
 
 
@@ -157,8 +192,9 @@ def test_prologue_folds_per_channel_tail(ctx, rng, tail):
             y = y / d - 0.25
         return np.maximum(y, 0)
 
-    got, want = _run_conv(ctx, rng, (1, C, 7, 7), (12, C, 3, 3), padding=[1, 1, 1, 1], prologue=(build, ref),
-                          expect_kernels=1)
+    got, want = _run_conv(
+        ctx, rng, (1, C, 7, 7), (12, C, 3, 3), padding=[1, 1, 1, 1], prologue=(build, ref), expect_kernels=1
+    )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
 
 
@@ -166,22 +202,44 @@ def test_prologue_with_runtime_parameters(ctx, rng):
     # parameters that are graph inputs cannot be folded: the conv reads them and normalizes as
     # normalization.wgsl does
     C = 8
-    P = {"mean": rng.standard_normal(C), "var": rng.random(C) + 0.1, "scale": rng.standard_normal(C),
-         "bias": rng.standard_normal(C)}
+    P = {
+        "mean": rng.standard_normal(C),
+        "var": rng.random(C) + 0.1,
+        "scale": rng.standard_normal(C),
+        "bias": rng.standard_normal(C),
+    }
     P = {k: v.astype(np.float32) for k, v in P.items()}
     X = rng.standard_normal((1, C, 6, 6)).astype(np.float32)
     W = rng.standard_normal((10, C, 3, 3)).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
     ins = {k: b.input(k, data_type="float32", shape=[C]) for k in P}
-    y = b.relu(b.batch_normalization(b.input("x", data_type="float32", shape=[1, C, 6, 6]), ins["mean"], ins["var"],
-                                     scale=ins["scale"], bias=ins["bias"]))
+    y = b.relu(
+        b.batch_normalization(
+            b.input("x", data_type="float32", shape=[1, C, 6, 6]),
+            ins["mean"],
+            ins["var"],
+            scale=ins["scale"],
+            bias=ins["bias"],
+        )
+    )
     z = b.conv2d(y, b.constant(W), padding=[1, 1, 1, 1])
-    names = _kernels(ctx, lambda bb: {"z": bb.conv2d(
-        bb.relu(bb.batch_normalization(bb.input("x", data_type="float32", shape=[1, C, 6, 6]),
-                                       *(bb.input(k, data_type="float32", shape=[C]) for k in ("mean", "var")),
-                                       scale=bb.input("scale", data_type="float32", shape=[C]),
-                                       bias=bb.input("bias", data_type="float32", shape=[C]))),
-        bb.constant(W), padding=[1, 1, 1, 1])})
+    names = _kernels(
+        ctx,
+        lambda bb: {
+            "z": bb.conv2d(
+                bb.relu(
+                    bb.batch_normalization(
+                        bb.input("x", data_type="float32", shape=[1, C, 6, 6]),
+                        *(bb.input(k, data_type="float32", shape=[C]) for k in ("mean", "var")),
+                        scale=bb.input("scale", data_type="float32", shape=[C]),
+                        bias=bb.input("bias", data_type="float32", shape=[C]),
+                    )
+                ),
+                bb.constant(W),
+                padding=[1, 1, 1, 1],
+            )
+        },
+    )
     assert not FUSION or (len(names) == 1 and "_bn_" in names[0]), names
     got = run_graph(ctx, {"z": z}, dict(P, x=X), b)["z"]
     s = (slice(None), None, None)
@@ -204,8 +262,9 @@ def _scale(rng, N, C, per_batch, add=None):
     return build, lambda x: x * q + (0 if r is None else r)
 
 
-@pytest.mark.parametrize("per_batch,add", [(False, False), (True, False), (True, True)],
-                         ids=["scale", "per_batch", "per_batch_add"])
+@pytest.mark.parametrize(
+    "per_batch,add", [(False, False), (True, False), (True, True)], ids=["scale", "per_batch", "per_batch_add"]
+)
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("xshape,wshape,opts", [CASES[0], CASES[2], CASES[3], CASES[4], CASES[5]])
@@ -216,8 +275,18 @@ def test_channel_scale_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape,
     xshape = (2,) + tuple(xshape[1:])
     fl = "oihw" if layout == "nchw" else "ohwi"
     pro = _scale(rng, 2, xshape[1], per_batch, xshape if add else None)
-    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
-                         prologue=pro, expect_kernels=1, **opts)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        xshape,
+        wshape,
+        input_layout=layout,
+        filter_layout=fl,
+        use_bias=True,
+        prologue=pro,
+        expect_kernels=1,
+        **opts,
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
 
 
@@ -238,7 +307,9 @@ def test_squeeze_excitation_block(ctx, rng):
         return {"y": b.conv2d(b.mul(x, s), b.constant(W3), **kw)}
 
     names = _kernels(ctx, graph)
-    assert not FUSION or (not any(n.startswith("ew") for n in names) and sum("_scaled_" in n for n in names) == 1), names
+    assert not FUSION or (not any(n.startswith("ew") for n in names) and sum("_scaled_" in n for n in names) == 1), (
+        names
+    )
     b = mltensor.MLGraphBuilder(ctx)
     got = run_graph(ctx, graph(b), {"x": X}, b)["y"]
     s = X.astype(np.float64).mean(axis=(1, 2))
@@ -272,18 +343,45 @@ def test_depthwise_pointwise_is_one_kernel(ctx, rng, monkeypatch, xshape, dwopts
 
     def build(b, x, axis):
         w = wd if axis == 1 else np.ascontiguousarray(wd.transpose(0, 2, 3, 1))
-        y = b.conv2d(x, b.constant(w), groups=C, bias=b.constant(bd), input_layout=layout,
-                     filter_layout="oihw" if axis == 1 else "ohwi", **dwopts)
+        y = b.conv2d(
+            x,
+            b.constant(w),
+            groups=C,
+            bias=b.constant(bd),
+            input_layout=layout,
+            filter_layout="oihw" if axis == 1 else "ohwi",
+            **dwopts,
+        )
         return b.clamp(y, min_value=0.0, max_value=6.0)
 
     def ref(x):
         st = dwopts.get("strides", (1, 1))
-        return np.clip(conv2d_ref(x, wd, pad=dwopts.get("padding", (0, 0, 0, 0)), st=st,
-                                  dil=dwopts.get("dilations", (1, 1)), groups=C, bias=bd), 0, 6)
+        return np.clip(
+            conv2d_ref(
+                x,
+                wd,
+                pad=dwopts.get("padding", (0, 0, 0, 0)),
+                st=st,
+                dil=dwopts.get("dilations", (1, 1)),
+                groups=C,
+                bias=bd,
+            ),
+            0,
+            6,
+        )
 
     fl = "oihw" if layout == "nchw" else "ohwi"
-    got, want = _run_conv(ctx, rng, xshape, (oc, C, 1, 1), input_layout=layout, filter_layout=fl, use_bias=True,
-                          prologue=(build, ref), expect_kernels=1)
+    got, want = _run_conv(
+        ctx,
+        rng,
+        xshape,
+        (oc, C, 1, 1),
+        input_layout=layout,
+        filter_layout=fl,
+        use_bias=True,
+        prologue=(build, ref),
+        expect_kernels=1,
+    )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
 
 
@@ -308,8 +406,10 @@ def test_depthwise_pointwise_not_fused_when_unsafe(ctx, rng, monkeypatch):
 
     for fn in (shared, multiplier, strided_pointwise):
         names = _kernels(ctx, fn)
-        assert not FUSION or (any(n.endswith("_dw") for n in names)
-                              and not any("conv2d_dw_" in n for n in names)), (fn.__name__, names)
+        assert not FUSION or (any(n.endswith("_dw") for n in names) and not any("conv2d_dw_" in n for n in names)), (
+            fn.__name__,
+            names,
+        )
 
 
 def test_depthwise_prologue_is_opt_in(ctx, rng, monkeypatch):
@@ -331,8 +431,15 @@ def _resample(mode, scales=None, sizes=None, transform="half_pixel", rounding="r
 
     def build(b, x, axis):
         axes = [2, 3] if axis == 1 else [1, 2]
-        return b.resample2d(x, mode=mode, scales=scales, sizes=sizes, axes=axes,
-                            coordinate_transformation=transform, nearest_rounding=rounding)
+        return b.resample2d(
+            x,
+            mode=mode,
+            scales=scales,
+            sizes=sizes,
+            axes=axes,
+            coordinate_transformation=transform,
+            nearest_rounding=rounding,
+        )
 
     def ref(x):
         hw = sizes or [int(np.floor(x.shape[2 + k] * np.float32(scales[k]))) for k in range(2)]
@@ -352,26 +459,54 @@ RESAMPLES = [
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("mode,ropts", RESAMPLES)
-@pytest.mark.parametrize("xshape,wshape,opts", [((1, 16, 4, 4), (24, 16, 1, 1), {}), CASES[0], CASES[3], CASES[4],
-                                                CASES[5]])
+@pytest.mark.parametrize(
+    "xshape,wshape,opts", [((1, 16, 4, 4), (24, 16, 1, 1), {}), CASES[0], CASES[3], CASES[4], CASES[5]]
+)
 def test_resample_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, mode, ropts):
     # resample2d -> conv: each input element is interpolated (or picked) from the resample's
     # input as the conv loads it, so the resampled tensor is never written
     monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     fl = "oihw" if layout == "nchw" else "ohwi"
-    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
-                         prologue=_resample(mode, **ropts), expect_kernels=1, **opts)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        xshape,
+        wshape,
+        input_layout=layout,
+        filter_layout=fl,
+        use_bias=True,
+        prologue=_resample(mode, **ropts),
+        expect_kernels=1,
+        **opts,
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
 
 
 def test_resample_conv_transpose2d_and_f16(ctx, rng):
-    got, ref = _run_conv(ctx, rng, (1, 4, 3, 3), (4, 2, 2, 2), transpose=True, use_bias=True,
-                         prologue=_resample("linear", scales=[2.0, 2.0]), expect_kernels=1, strides=[2, 2])
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 4, 3, 3),
+        (4, 2, 2, 2),
+        transpose=True,
+        use_bias=True,
+        prologue=_resample("linear", scales=[2.0, 2.0]),
+        expect_kernels=1,
+        strides=[2, 2],
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     # float16: the interpolated value is rounded to f16 as the resample's own output would be
-    got, ref = _run_conv(ctx, rng, (1, 8, 4, 4), (8, 8, 1, 1), dtype="float16", input_layout="nhwc",
-                         filter_layout="ohwi", prologue=_resample("linear", scales=[2.0, 2.0]),
-                         expect_kernels=1 if ctx._f16 else 3)  # without shader-f16: + unpack, pack
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 8, 4, 4),
+        (8, 8, 1, 1),
+        dtype="float16",
+        input_layout="nhwc",
+        filter_layout="ohwi",
+        prologue=_resample("linear", scales=[2.0, 2.0]),
+        expect_kernels=1 if ctx._f16 else 3,
+    )  # without shader-f16: + unpack, pack
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
 
 
@@ -385,7 +520,9 @@ def test_resample_not_fused_when_read_twice(ctx, rng):
         return {"y": b.conv2d(r, b.constant(W)), "r": r}
 
     names = _kernels(ctx, graph)
-    assert not FUSION or (sum(n.startswith("resample2d") for n in names) == 1 and not any("_resample_" in n for n in names))
+    assert not FUSION or (
+        sum(n.startswith("resample2d") for n in names) == 1 and not any("_resample_" in n for n in names)
+    )
 
 
 def _zero_pad(hw_pads, value=0.0, mode="constant", channels=0):
@@ -411,24 +548,51 @@ def _zero_pad(hw_pads, value=0.0, mode="constant", channels=0):
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("pads", [(0, 1, 0, 1), (2, 1, 1, 3)])
-@pytest.mark.parametrize("xshape,wshape,opts", [
-    ((1, 8, 9, 9), (16, 8, 3, 3), dict(strides=[2, 2])),  # TensorFlow's explicit pad before a strided conv
-    ((1, 16, 6, 6), (24, 16, 1, 1), dict()),  # a padded 1x1 is no longer pointwise
-    CASES[1], CASES[3], CASES[4], CASES[5], CASES[6],
-])
+@pytest.mark.parametrize(
+    "xshape,wshape,opts",
+    [
+        ((1, 8, 9, 9), (16, 8, 3, 3), dict(strides=[2, 2])),  # TensorFlow's explicit pad before a strided conv
+        ((1, 16, 6, 6), (24, 16, 1, 1), dict()),  # a padded 1x1 is no longer pointwise
+        CASES[1],
+        CASES[3],
+        CASES[4],
+        CASES[5],
+        CASES[6],
+    ],
+)
 def test_zero_pad_conv_is_one_kernel(ctx, rng, monkeypatch, xshape, wshape, opts, layout, vec, pads):
     # the pad's amounts join the convolution's own padding: no pad kernel
     monkeypatch.setattr(gemm_engine, "VEC_LOADS", vec)
     fl = "oihw" if layout == "nchw" else "ohwi"
-    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=layout, filter_layout=fl, use_bias=True,
-                         prologue=_zero_pad(pads), expect_kernels=1, **opts)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        xshape,
+        wshape,
+        input_layout=layout,
+        filter_layout=fl,
+        use_bias=True,
+        prologue=_zero_pad(pads),
+        expect_kernels=1,
+        **opts,
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
 
 
-@pytest.mark.parametrize("pad", [dict(value=1.5), dict(mode="edge"), dict(mode="reflection"), dict(channels=4)],
-                         ids=["nonzero", "edge", "reflection", "channels"])
+@pytest.mark.parametrize(
+    "pad",
+    [dict(value=1.5), dict(mode="edge"), dict(mode="reflection"), dict(channels=4)],
+    ids=["nonzero", "edge", "reflection", "channels"],
+)
 def test_pad_not_merged_unless_zero_and_spatial(ctx, rng, pad):
     # anything but zeros on the spatial dims stays a pad kernel (and is still right)
-    got, ref = _run_conv(ctx, rng, (1, 4, 5, 5), (6, 8 if pad.get("channels") else 4, 3, 3), use_bias=True,
-                         prologue=_zero_pad((1, 1, 2, 0), **pad), expect_kernels=2)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 4, 5, 5),
+        (6, 8 if pad.get("channels") else 4, 3, 3),
+        use_bias=True,
+        prologue=_zero_pad((1, 1, 2, 0), **pad),
+        expect_kernels=2,
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))

@@ -8,7 +8,6 @@ MLTENSOR_NO_FUSION=1; kernel counts asserted with fusion on; float16 where the k
 static, ragged and dynamic sizes, the GEMV path (M <= 4) and the tiled one, every GEMM candidate
 of the fused kernels; whole BERT- and Llama-shaped exports against onnxruntime."""
 
-
 import numpy as np
 import pytest
 from helpers import FUSION, dispatch_at, launches_run
@@ -23,8 +22,6 @@ from mltensor.runtime import autotune
 
 NP = {"float32": np.float32, "float16": np.float16}
 TOL = {"float32": 2e-5, "float16": 1.5e-2}  # relative to the largest reference value
-
-
 
 
 def _build(ctx, specs, fn, dt, fused=True):
@@ -115,8 +112,15 @@ def _rms_ref(x, w, form, eps=1e-5):
 def test_rms_norm_chain_is_one_kernel(ctx, rng, form, dt):
     w = (1 + 0.1 * rng.standard_normal(96)).astype(np.float32)
     feeds = [{"x": rng.standard_normal((2, 5, 96)).astype(np.float32)}]
-    names = _check(ctx, {"x": (2, 5, 96)}, lambda b, i: {"y": _rms(b, i["x"], w, form, dt)},
-                   lambda f: {"y": _rms_ref(f["x"], w, form)}, feeds, dt, kernels=1)
+    names = _check(
+        ctx,
+        {"x": (2, 5, 96)},
+        lambda b, i: {"y": _rms(b, i["x"], w, form, dt)},
+        lambda f: {"y": _rms_ref(f["x"], w, form)},
+        feeds,
+        dt,
+        kernels=1,
+    )
     assert not FUSION or names[0].startswith("rmsnorm"), names
 
 
@@ -125,10 +129,16 @@ def test_rms_norm_with_residual_epilogue_and_dynamic_rows(ctx, rng):
     w = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
     S = Dyn("seq", 40)
     fn = lambda b, i: {"y": b.add(_rms(b, i["x"], w, "reciprocal", "float32"), i["r"])}  # noqa: E731
-    feeds = [{"x": rng.standard_normal((1, s, 64)).astype(np.float32),
-              "r": rng.standard_normal((1, s, 64)).astype(np.float32)} for s in (1, 17, 40)]
-    _check(ctx, {"x": (1, S, 64), "r": (1, S, 64)}, fn,
-           lambda f: {"y": _rms_ref(f["x"], w, "") + f["r"]}, feeds, kernels=1)
+    feeds = [
+        {
+            "x": rng.standard_normal((1, s, 64)).astype(np.float32),
+            "r": rng.standard_normal((1, s, 64)).astype(np.float32),
+        }
+        for s in (1, 17, 40)
+    ]
+    _check(
+        ctx, {"x": (1, S, 64), "r": (1, S, 64)}, fn, lambda f: {"y": _rms_ref(f["x"], w, "") + f["r"]}, feeds, kernels=1
+    )
 
 
 def test_rms_chain_with_intermediate_output_stays(ctx, rng):
@@ -151,6 +161,7 @@ def test_rms_chain_with_intermediate_output_stays(ctx, rng):
 
 # -- GEMMs writing their views (head split), reading one (head merge) --------------------------
 
+
 def _heads(b, t, S, H, D, perm=(0, 2, 1, 3)):
     """[1, S, H*D] -> heads (S: the operand's own size, a dynamic one included)."""
     return b.transpose(b.reshape(t, [1, t.shape[1], H, D]), permutation=list(perm))
@@ -172,14 +183,16 @@ def test_projection_writes_head_layouts(ctx, rng, S, dt):
     perms = {"q": (0, 2, 1, 3), "k": (0, 2, 3, 1), "v": (0, 2, 1, 3)}
 
     def fn(b, i):
-        return {k: _heads(b, b.add(b.matmul(i["x"], _c(b, W[k], dt)), _c(b, B[k], dt)), S, H, D, perms[k])
-                for k in "qkv"}
+        return {
+            k: _heads(b, b.add(b.matmul(i["x"], _c(b, W[k], dt)), _c(b, B[k], dt)), S, H, D, perms[k]) for k in "qkv"
+        }
 
     def ref(f):
         return {k: _heads_ref(f["x"] @ W[k] + B[k], H, D, perms[k]) for k in "qkv"}
 
-    names = _check(ctx, {"x": (1, S, E)}, fn, ref, [{"x": rng.standard_normal((1, S, E)).astype(np.float32)}],
-                   dt, kernels=2)
+    names = _check(
+        ctx, {"x": (1, S, E)}, fn, ref, [{"x": rng.standard_normal((1, S, E)).astype(np.float32)}], dt, kernels=2
+    )
     assert not FUSION or all(n.startswith("matmul") for n in names), names
 
 
@@ -194,14 +207,18 @@ def test_fused_qkv_split_and_dynamic_rows(ctx, rng):
     def fn(b, i):
         qkv = b.add(b.matmul(i["x"], _c(b, W, "float32")), _c(b, Bq, "float32"))
         parts = b.split(qkv, 3, axis=2)
-        return {k: b.transpose(b.reshape(p, [1, p.shape[1], H, D]), permutation=[0, 2, 1, 3]) for k, p in zip("qkv", parts)}
+        return {
+            k: b.transpose(b.reshape(p, [1, p.shape[1], H, D]), permutation=[0, 2, 1, 3]) for k, p in zip("qkv", parts)
+        }
 
     def ref(f):
         qkv = f["x"] @ W + Bq
-        return {k: _heads_ref(qkv[..., j * E:(j + 1) * E], H, D) for j, k in enumerate("qkv")}
+        return {k: _heads_ref(qkv[..., j * E : (j + 1) * E], H, D) for j, k in enumerate("qkv")}
 
     feeds = [{"x": rng.standard_normal((1, s, E)).astype(np.float32)} for s in (1, 4, 5, 50)]
-    _check(ctx, {"x": (1, S, E)}, fn, ref, feeds, kernels=lambda n: len(n) <= 3 and all(k.startswith("matmul") for k in n))
+    _check(
+        ctx, {"x": (1, S, E)}, fn, ref, feeds, kernels=lambda n: len(n) <= 3 and all(k.startswith("matmul") for k in n)
+    )
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
@@ -219,13 +236,18 @@ def test_head_merge_read_in_place(ctx, rng, S, dt):
     def ref(f):
         return {"y": f["a"].transpose(0, 2, 1, 3).reshape(1, S, H * D) @ W + Bo + f["r"]}
 
-    feeds = [{"a": rng.standard_normal((1, H, S, D)).astype(np.float32),
-              "r": rng.standard_normal((1, S, 40)).astype(np.float32)}]
+    feeds = [
+        {
+            "a": rng.standard_normal((1, H, S, D)).astype(np.float32),
+            "r": rng.standard_normal((1, S, 40)).astype(np.float32),
+        }
+    ]
     names = _check(ctx, {"a": (1, H, S, D), "r": (1, S, 40)}, fn, ref, feeds, dt, kernels=1)
     assert not FUSION or "aview" in names[0], names
 
 
 # -- LayerNorm after the GEMM producing its input (post-LN BERT: fuse_post_norms) ----------------
+
 
 @pytest.fixture
 def post_norm(monkeypatch):
@@ -234,9 +256,11 @@ def post_norm(monkeypatch):
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
-@pytest.mark.parametrize("M,K,N,params", [(1, 37, 100, "sb"), (5, 64, 64, "s"), (70, 37, 100, "sb"),
-                                          (131, 96, 68, "b"), (33, 24, 128, "")],
-                         ids=["1row", "5rows_scale", "70rows_ragged", "131rows_bias", "33rows_plain"])
+@pytest.mark.parametrize(
+    "M,K,N,params",
+    [(1, 37, 100, "sb"), (5, 64, 64, "s"), (70, 37, 100, "sb"), (131, 96, 68, "b"), (33, 24, 128, "")],
+    ids=["1row", "5rows_scale", "70rows_ragged", "131rows_bias", "33rows_plain"],
+)
 def test_layer_norm_after_gemm(ctx, rng, post_norm, M, K, N, params, dt):
     """LayerNorm(x W + bias + residual) over the last axis: one GEMM kernel whose workgroups own
     whole rows (tiles of rows ragged at M, of columns at N) and normalize them after storing the
@@ -248,14 +272,25 @@ def test_layer_norm_after_gemm(ctx, rng, post_norm, M, K, N, params, dt):
 
     def fn(b, i):
         y = b.add(b.add(b.matmul(i["x"], _c(b, W, dt)), _c(b, Bo, dt)), i["r"])
-        return {"y": b.layer_normalization(y, scale=None if G is None else _c(b, G, dt),
-                                           bias=None if Be is None else _c(b, Be, dt), axes=[1], epsilon=1e-5)}
+        return {
+            "y": b.layer_normalization(
+                y,
+                scale=None if G is None else _c(b, G, dt),
+                bias=None if Be is None else _c(b, Be, dt),
+                axes=[1],
+                epsilon=1e-5,
+            )
+        }
 
     def ref(f):
         return {"y": _ln_ref(f["x"] @ W + Bo + f["r"], 1.0 if G is None else G, 0.0 if Be is None else Be, 1e-5)}
 
-    feeds = [{"x": rng.standard_normal((M, K)).astype(np.float32),
-              "r": (30 + rng.standard_normal((M, N))).astype(np.float32)}]
+    feeds = [
+        {
+            "x": rng.standard_normal((M, K)).astype(np.float32),
+            "r": (30 + rng.standard_normal((M, N))).astype(np.float32),
+        }
+    ]
     names = _check(ctx, {"x": (M, K), "r": (M, N)}, fn, ref, feeds, dt, kernels=1)
     assert not FUSION or "_ln_" in names[0], names
 
@@ -279,8 +314,13 @@ def test_layer_norm_after_head_merge_gemm_dynamic_rows(ctx, rng, post_norm, dt):
         s = f["a"].shape[2]
         return {"y": _ln_ref(f["a"].transpose(0, 2, 1, 3).reshape(1, s, E) @ W + Bo + f["r"], G, Be, 1e-12)}
 
-    feeds = [{"a": rng.standard_normal((1, H, s, D)).astype(np.float32),
-              "r": rng.standard_normal((1, s, E)).astype(np.float32)} for s in (1, 3, 64, 97)]
+    feeds = [
+        {
+            "a": rng.standard_normal((1, H, s, D)).astype(np.float32),
+            "r": rng.standard_normal((1, s, E)).astype(np.float32),
+        }
+        for s in (1, 3, 64, 97)
+    ]
     names = _check(ctx, {"a": (1, H, S, D), "r": (1, S, E)}, fn, ref, feeds, dt, kernels=1)
     assert not FUSION or ("aview" in names[0] and "_ln_" in names[0]), names
 
@@ -327,8 +367,11 @@ def test_layer_norm_after_gemm_every_candidate(ctx, rng, post_norm, monkeypatch,
 
     def fn(b, i):
         s = b.add(b.matmul(i["x"], b.constant(W)), i["r"])
-        return {"z": b.layer_normalization(s, scale=b.constant(G), axes=[1]), "s": s,
-                "z2": b.layer_normalization(b.add(b.matmul(i["x"], b.constant(W2)), i["r"]), axes=[1])}
+        return {
+            "z": b.layer_normalization(s, scale=b.constant(G), axes=[1]),
+            "s": s,
+            "z2": b.layer_normalization(b.add(b.matmul(i["x"], b.constant(W2)), i["r"]), axes=[1]),
+        }
 
     s64 = x.astype(np.float64) @ W + r
     want = {"z": _ln_ref(s64, G, 0.0, 1e-5), "s": s64, "z2": _ln_ref(x.astype(np.float64) @ W2 + r, 1.0, 0.0, 1e-5)}
@@ -388,8 +431,13 @@ def test_layer_norm_after_gemm_not_fused(ctx, rng, post_norm, what):
             return {"z": _ln_ref(y, np.abs(f["g"]), 0.0, 1e-5)}
         return {"z": np.maximum(_ln_ref(y, 1.0, 0.0, 1e-5), 0)}
 
-    feeds = [{"x": rng.standard_normal((M, K)).astype(np.float32), "r": rng.standard_normal((M, N)).astype(np.float32),
-              "g": rng.standard_normal(N).astype(np.float32)}]
+    feeds = [
+        {
+            "x": rng.standard_normal((M, K)).astype(np.float32),
+            "r": rng.standard_normal((M, N)).astype(np.float32),
+            "g": rng.standard_normal(N).astype(np.float32),
+        }
+    ]
     specs = {"x": (M, K), "r": (M, N), "g": (N,)}
     names = _check(ctx, specs, fn, ref, feeds)
     assert not FUSION or not any("_ln" in n for n in names), names
@@ -397,6 +445,7 @@ def test_layer_norm_after_gemm_not_fused(ctx, rng, post_norm, what):
 
 
 # -- rotary embeddings in the projection's store ---------------------------------------------
+
 
 def _rope(b, t, cos, sin, D):
     r = t.rank
@@ -465,8 +514,14 @@ def test_projection_writes_the_cache_concat(ctx, rng, rope, S, P, dyn):
         return {"present": np.concatenate([f["past"], t], 2)}
 
     cos, sin = _cos_sin(rng, S, D)
-    feeds = [{"x": rng.standard_normal((1, S, E)).astype(np.float32), "cos": cos, "sin": sin,
-              "past": rng.standard_normal((1, H, P, D)).astype(np.float32)}]
+    feeds = [
+        {
+            "x": rng.standard_normal((1, S, E)).astype(np.float32),
+            "cos": cos,
+            "sin": sin,
+            "past": rng.standard_normal((1, H, P, D)).astype(np.float32),
+        }
+    ]
     specs = {"x": (1, Sd, E), "cos": (1, 1, Sd, D), "sin": (1, 1, Sd, D), "past": (1, H, Pd, D)}
     if not rope:
         for f in feeds:
@@ -489,9 +544,14 @@ def test_rotary_dynamic_sequence(ctx, rng):
     for s in (1, 3, 9, 70):
         cos, sin = _cos_sin(rng, s, D)
         feeds.append({"x": rng.standard_normal((1, s, E)).astype(np.float32), "cos": cos, "sin": sin})
-    _check(ctx, {"x": (1, S, E), "cos": (1, 1, S, D), "sin": (1, 1, S, D)}, fn,
-           lambda f: {"q": _rope_ref(_heads_ref(f["x"] @ W, H, D), f["cos"], f["sin"])}, feeds,
-           kernels=lambda n: all(k.startswith("matmul") and "rope16" in k for k in n))
+    _check(
+        ctx,
+        {"x": (1, S, E), "cos": (1, 1, S, D), "sin": (1, 1, S, D)},
+        fn,
+        lambda f: {"q": _rope_ref(_heads_ref(f["x"] @ W, H, D), f["cos"], f["sin"])},
+        feeds,
+        kernels=lambda n: all(k.startswith("matmul") and "rope16" in k for k in n),
+    )
 
 
 def test_llama_attention_projections(ctx, rng):
@@ -543,8 +603,13 @@ def test_rotary_not_fused_when_the_rotation_is_partial(ctx, rng):
         return {"y": t * f["cos"] + rot * f["sin"]}
 
     cos, sin = _cos_sin(rng, S, D)
-    names = _check(ctx, {"x": (1, S, E), "cos": cos.shape, "sin": sin.shape}, fn, ref,
-                   [{"x": rng.standard_normal((1, S, E)).astype(np.float32), "cos": cos, "sin": sin}])
+    names = _check(
+        ctx,
+        {"x": (1, S, E), "cos": cos.shape, "sin": sin.shape},
+        fn,
+        ref,
+        [{"x": rng.standard_normal((1, S, E)).astype(np.float32), "cos": cos, "sin": sin}],
+    )
     assert not any("rope" in n for n in names), names
 
 
@@ -553,8 +618,10 @@ def test_rotary_not_fused_when_the_rotation_is_partial(ctx, rng):
 GLU = {
     "swiglu": (lambda b, g, u, dt: b.mul(b.mul(g, b.sigmoid(g)), u), lambda g, u: g / (1 + np.exp(-g)) * u),
     "swiglu_up_first": (lambda b, g, u, dt: b.mul(u, b.mul(b.sigmoid(g), g)), lambda g, u: g / (1 + np.exp(-g)) * u),
-    "geglu": (lambda b, g, u, dt: b.mul(b.gelu(g), u),
-              lambda g, u: 0.5 * g * (1 + np.vectorize(__import__("math").erf)(g / np.sqrt(2))) * u),
+    "geglu": (
+        lambda b, g, u, dt: b.mul(b.gelu(g), u),
+        lambda g, u: 0.5 * g * (1 + np.vectorize(__import__("math").erf)(g / np.sqrt(2))) * u,
+    ),
     "scaled": (lambda b, g, u, dt: b.mul(b.mul(b.relu(g), u), _s(b, 0.5, dt)), lambda g, u: np.maximum(g, 0) * u * 0.5),
 }
 
@@ -578,8 +645,7 @@ def test_gated_unit_is_one_gemm(ctx, rng, kind, M, dt):
         x = f["x"]
         return {"y": fn_r(x @ Wg, x @ Wu) @ Wd + x}
 
-    names = _check(ctx, {"x": (M, E)}, fn, ref, [{"x": rng.standard_normal((M, E)).astype(np.float32)}], dt,
-                   kernels=2)
+    names = _check(ctx, {"x": (M, E)}, fn, ref, [{"x": rng.standard_normal((M, E)).astype(np.float32)}], dt, kernels=2)
     assert not FUSION or "glu" in names[0], names
 
 
@@ -603,13 +669,26 @@ def test_gated_unit_outputs_used_elsewhere_stay(ctx, rng):
 # -- DAG epilogues -------------------------------------------------------------------------------
 
 ACTS = {
-    "gelu_bert": (lambda b, f, dt: b.mul(b.mul(f, b.add(b.erf(b.div(f, _s(b, np.sqrt(2), dt))), _s(b, 1, dt))), _s(b, 0.5, dt)),
-                  lambda f: f * (1 + np.vectorize(__import__("math").erf)(f / np.sqrt(2))) * 0.5),
-    "gelu_vit": (lambda b, f, dt: b.mul(b.mul(f, _s(b, 0.5, dt)), b.add(b.erf(b.div(f, _s(b, np.sqrt(2), dt))), _s(b, 1, dt))),
-                 lambda f: f * 0.5 * (1 + np.vectorize(__import__("math").erf)(f / np.sqrt(2)))),
-    "gelu_tanh": (lambda b, f, dt: b.mul(b.mul(_s(b, 0.5, dt), f), b.add(_s(b, 1, dt), b.tanh(b.mul(
-        _s(b, np.sqrt(2 / np.pi), dt), b.add(f, b.mul(_s(b, 0.044715, dt), b.mul(f, b.mul(f, f)))))))),
-        lambda f: 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f ** 3)))),
+    "gelu_bert": (
+        lambda b, f, dt: b.mul(b.mul(f, b.add(b.erf(b.div(f, _s(b, np.sqrt(2), dt))), _s(b, 1, dt))), _s(b, 0.5, dt)),
+        lambda f: f * (1 + np.vectorize(__import__("math").erf)(f / np.sqrt(2))) * 0.5,
+    ),
+    "gelu_vit": (
+        lambda b, f, dt: b.mul(b.mul(f, _s(b, 0.5, dt)), b.add(b.erf(b.div(f, _s(b, np.sqrt(2), dt))), _s(b, 1, dt))),
+        lambda f: f * 0.5 * (1 + np.vectorize(__import__("math").erf)(f / np.sqrt(2))),
+    ),
+    "gelu_tanh": (
+        lambda b, f, dt: b.mul(
+            b.mul(_s(b, 0.5, dt), f),
+            b.add(
+                _s(b, 1, dt),
+                b.tanh(
+                    b.mul(_s(b, np.sqrt(2 / np.pi), dt), b.add(f, b.mul(_s(b, 0.044715, dt), b.mul(f, b.mul(f, f)))))
+                ),
+            ),
+        ),
+        lambda f: 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f**3))),
+    ),
     "swish": (lambda b, f, dt: b.mul(f, b.sigmoid(f)), lambda f: f / (1 + np.exp(-f))),
 }
 
@@ -626,12 +705,20 @@ def test_dag_epilogue(ctx, rng, act, dt):
     def fn(b, i):
         return {"y": fb(b, b.add(b.matmul(i["x"], _c(b, W, dt)), _c(b, Bf, dt)), dt)}
 
-    names = _check(ctx, {"x": (1, 21, E)}, fn, lambda f: {"y": fr(f["x"] @ W + Bf)},
-                   [{"x": rng.standard_normal((1, 21, E)).astype(np.float32)}], dt, kernels=1)
+    names = _check(
+        ctx,
+        {"x": (1, 21, E)},
+        fn,
+        lambda f: {"y": fr(f["x"] @ W + Bf)},
+        [{"x": rng.standard_normal((1, 21, E)).astype(np.float32)}],
+        dt,
+        kernels=1,
+    )
     assert not FUSION or names[0].startswith("matmul"), names
 
 
 # -- grouped K/V heads ---------------------------------------------------------------------------
+
 
 def test_grouped_heads_read_without_copies(ctx, rng, monkeypatch):
     """repeat_kv (reshape, expand, reshape) before a fused attention: with
@@ -644,23 +731,28 @@ def test_grouped_heads_read_without_copies(ctx, rng, monkeypatch):
         def rep(x):
             return b.reshape(b.expand(b.reshape(x, [B, Hkv, 1, S, D]), [B, Hkv, H // Hkv, S, D]), [B, H, S, D])
 
-        s = b.mul(b.matmul(i["q"], b.transpose(rep(i["k"]), permutation=[0, 1, 3, 2])), _s(b, D ** -0.5, "float32"))
+        s = b.mul(b.matmul(i["q"], b.transpose(rep(i["k"]), permutation=[0, 1, 3, 2])), _s(b, D**-0.5, "float32"))
         return {"o": b.matmul(b.softmax(s, 3), rep(i["v"]))}
 
     def ref(f):
         k, v = (np.repeat(f[n], H // Hkv, axis=1) for n in "kv")
-        s = f["q"] @ k.transpose(0, 1, 3, 2) * D ** -0.5
+        s = f["q"] @ k.transpose(0, 1, 3, 2) * D**-0.5
         p = np.exp(s - s.max(-1, keepdims=True))
         return {"o": p / p.sum(-1, keepdims=True) @ v}
 
-    feeds = [{"q": rng.standard_normal((B, H, S, D)).astype(np.float32),
-              "k": rng.standard_normal((B, Hkv, S, D)).astype(np.float32),
-              "v": rng.standard_normal((B, Hkv, S, D)).astype(np.float32)}]
+    feeds = [
+        {
+            "q": rng.standard_normal((B, H, S, D)).astype(np.float32),
+            "k": rng.standard_normal((B, Hkv, S, D)).astype(np.float32),
+            "v": rng.standard_normal((B, Hkv, S, D)).astype(np.float32),
+        }
+    ]
     names = _check(ctx, {"q": (B, H, S, D), "k": (B, Hkv, S, D), "v": (B, Hkv, S, D)}, fn, ref, feeds, kernels=1)
     assert not FUSION or names[0].startswith("attention"), names
 
 
 # -- every GEMM candidate of the fused kernels ----------------------------------------------------
+
 
 @pytest.mark.parametrize("vec", [False, True], ids=["scalar", "vec4"])
 def test_fused_gemm_every_candidate(ctx, rng, monkeypatch, vec):
@@ -683,20 +775,27 @@ def test_fused_gemm_every_candidate(ctx, rng, monkeypatch, vec):
         return {"q": q, "k": k, "y": y, "o": o}
 
     g64 = lambda t: t.astype(np.float64)  # noqa: E731
-    want = {"q": _rope_ref(_heads_ref(g64(x) @ Wq, H, D), cos, sin), "k": _rope_ref(_heads_ref(g64(x) @ Wk, H, D), cos, sin),
-            "o": g64(a).transpose(0, 2, 1, 3).reshape(1, S, E) @ Wo}
+    want = {
+        "q": _rope_ref(_heads_ref(g64(x) @ Wq, H, D), cos, sin),
+        "k": _rope_ref(_heads_ref(g64(x) @ Wk, H, D), cos, sin),
+        "o": g64(a).transpose(0, 2, 1, 3).reshape(1, S, E) @ Wo,
+    }
     gg = g64(x) @ Wg
     want["y"] = gg / (1 + np.exp(-gg)) * (g64(x) @ Wu)
     n = len(no_split(*gemm_candidates(S, 2 * E, E, 1))[0])
     for i in range(n):
         with autotune.force(i):
-            got = dispatch_at(ctx, _build(ctx, {"x": x.shape, "a": a.shape, "cos": cos.shape, "sin": sin.shape}, fn,
-                                          "float32"), {"x": x, "a": a, "cos": cos, "sin": sin})
+            got = dispatch_at(
+                ctx,
+                _build(ctx, {"x": x.shape, "a": a.shape, "cos": cos.shape, "sin": sin.shape}, fn, "float32"),
+                {"x": x, "a": a, "cos": cos, "sin": sin},
+            )
         for k, w in want.items():
             _close(got[k], w, "float32", f"{k} candidate {i}")
 
 
 # -- whole exports against onnxruntime -----------------------------------------------------------
+
 
 def _per_layer(ctx, make, feeds):
     """(launches of one run per layer (2 layers - 1 layer), errors against onnxruntime)."""
@@ -724,11 +823,15 @@ def test_bert_layer_launches(ctx, rng, monkeypatch, ln):
     default); onnxruntime's values."""
     monkeypatch.setattr(norm, "POST_NORM", ln)
     bench = pytest.importorskip("bench.test_bench_transformer")
-    feeds = {"input_ids": rng.integers(0, 500, (1, 24)).astype(np.int64),
-             "attention_mask": np.ones((1, 24), np.int64), "token_type_ids": np.zeros((1, 24), np.int64)}
+    feeds = {
+        "input_ids": rng.integers(0, 500, (1, 24)).astype(np.int64),
+        "attention_mask": np.ones((1, 24), np.int64),
+        "token_type_ids": np.zeros((1, 24), np.int64),
+    }
     feeds["attention_mask"][:, 20:] = 0
-    per, err = _per_layer(ctx, lambda n: bench.bert(layers=n, hidden=64, heads=4, inter=128, vocab=500, max_pos=64)[0],
-                          feeds)
+    per, err = _per_layer(
+        ctx, lambda n: bench.bert(layers=n, hidden=64, heads=4, inter=128, vocab=500, max_pos=64)[0], feeds
+    )
     assert err < 1e-4, err
     assert not FUSION or per == (6 if ln else 8), per
 
@@ -743,8 +846,9 @@ def test_vit_layer_launches(ctx, rng, monkeypatch, ln):
 
     monkeypatch.setattr(norm, "POST_NORM", ln)
     feeds = {"pixel_values": rng.random((1, 3, 40, 40), dtype=np.float32)}
-    per, err = _per_layer(ctx, lambda n: vit(layers=n, hidden=64, heads=4, mlp=128, image=40, patch=8, classes=10),
-                          feeds)
+    per, err = _per_layer(
+        ctx, lambda n: vit(layers=n, hidden=64, heads=4, mlp=128, image=40, patch=8, classes=10), feeds
+    )
     assert err < 1e-4, err
     assert not FUSION or per == (5 if ln else 7), per
 
@@ -764,9 +868,11 @@ def test_llama_layer_launches(ctx, rng, seq):
 
     def feeds_for(layers):
         past = 0 if seq > 1 else 5
-        f = {"input_ids": rng.integers(0, 512, (1, seq)).astype(np.int64),
-             "attention_mask": np.ones((1, past + seq), np.int64),
-             "position_ids": np.arange(past, past + seq, dtype=np.int64)[None]}
+        f = {
+            "input_ids": rng.integers(0, 512, (1, seq)).astype(np.int64),
+            "attention_mask": np.ones((1, past + seq), np.int64),
+            "position_ids": np.arange(past, past + seq, dtype=np.int64)[None],
+        }
         for i in range(layers):
             for kv in ("key", "value"):
                 f[f"past_key_values.{i}.{kv}"] = rng.standard_normal((1, 2, past, hd)).astype(np.float32)
@@ -810,12 +916,17 @@ def test_fused_gemv_variants(ctx, rng, sg):
         return {"q": q, "v": v, "y": b.mul(b.relu(g), b.matmul(i["x"], b.constant(Wu)))}
 
     x64 = x.astype(np.float64)
-    want = {"q": _rope_ref(_heads_ref(x64 @ Wq, H, D), cos, sin), "v": _heads_ref(x64 @ Wv, H, D),
-            "y": np.maximum(x64 @ Wg, 0) * (x64 @ Wu)}
+    want = {
+        "q": _rope_ref(_heads_ref(x64 @ Wq, H, D), cos, sin),
+        "v": _heads_ref(x64 @ Wv, H, D),
+        "y": np.maximum(x64 @ Wg, 0) * (x64 @ Wu),
+    }
     with autotune.force(sg):
         g = _build(ctx, {"x": x.shape, "cos": cos.shape, "sin": sin.shape}, fn, "float32")
         got = dispatch_at(ctx, g, {"x": x, "cos": cos, "sin": sin})
-    assert not FUSION or all(n.endswith("_gemv_sg" if sg else "_gemv") for n in _compute(g.kernel_names)), g.kernel_names
+    assert not FUSION or all(n.endswith("_gemv_sg" if sg else "_gemv") for n in _compute(g.kernel_names)), (
+        g.kernel_names
+    )
     for k, w in want.items():
         _close(got[k], w, "float32", k)
 
@@ -835,8 +946,10 @@ def test_rms_prologue(ctx, rng, monkeypatch, M, scale, dt):
     def fn(b, i):
         h = _rms(b, i["x"], g, form, dt)
         gate = b.matmul(h, _c(b, Wg, dt))
-        return {"y": b.mul(b.mul(gate, b.sigmoid(gate)), b.matmul(h, _c(b, Wu, dt))),
-                "p": b.add(b.matmul(h, _c(b, Wp, dt)), _c(b, np.ones(40), dt))}
+        return {
+            "y": b.mul(b.mul(gate, b.sigmoid(gate)), b.matmul(h, _c(b, Wu, dt))),
+            "p": b.add(b.matmul(h, _c(b, Wp, dt)), _c(b, np.ones(40), dt)),
+        }
 
     def ref(f):
         h = _rms_ref(f["x"], g, form)
@@ -858,8 +971,10 @@ def test_rms_prologue_every_candidate(ctx, rng, monkeypatch):
 
     def fn(b, i):
         h = _rms(b, i["x"], g, "reciprocal", "float32")
-        return {k: _rope(b, _heads(b, b.matmul(h, b.constant(w)), None, H, D), i["cos"], i["sin"], D)
-                for k, w in (("q", Wq), ("k", Wk))}
+        return {
+            k: _rope(b, _heads(b, b.matmul(h, b.constant(w)), None, H, D), i["cos"], i["sin"], D)
+            for k, w in (("q", Wq), ("k", Wk))
+        }
 
     n = len(no_split(*gemm_candidates(80, 2 * E, E, 1), 8)[0])
     for s in (2, 67):
@@ -877,6 +992,7 @@ def test_rms_prologue_every_candidate(ctx, rng, monkeypatch):
 
 
 # -- normalizations reading through the sum before them ------------------------------------------
+
 
 def _ln_ref(x, g, bb, eps=1e-5):
     mu = x.mean(-1, keepdims=True)
@@ -896,8 +1012,11 @@ def test_norm_reads_the_residual_sum(ctx, rng, norm, reuse, dt):
 
     def fn(b, i):
         s = b.add(b.add(i["a"], i["b"]), _c(b, pos, dt))
-        y = (b.layer_normalization(s, axes=[2], scale=_c(b, g, dt), bias=_c(b, bb, dt)) if norm == "layer"
-             else _rms(b, s, g, "reciprocal", dt))
+        y = (
+            b.layer_normalization(s, axes=[2], scale=_c(b, g, dt), bias=_c(b, bb, dt))
+            if norm == "layer"
+            else _rms(b, s, g, "reciprocal", dt)
+        )
         out = {"y": y}
         if reuse:
             out["s"] = s
@@ -909,7 +1028,9 @@ def test_norm_reads_the_residual_sum(ctx, rng, norm, reuse, dt):
         y = _ln_ref(s, g, bb) if norm == "layer" else _rms_ref(s, g, "")
         return {"y": y, "s": s, "z": y + s} if reuse else {"y": y}
 
-    feeds = [{"a": rng.standard_normal((2, 7, E)).astype(np.float32), "b": rng.standard_normal((2, 7, E)).astype(np.float32)}]
+    feeds = [
+        {"a": rng.standard_normal((2, 7, E)).astype(np.float32), "b": rng.standard_normal((2, 7, E)).astype(np.float32)}
+    ]
     names = _check(ctx, {"a": (2, 7, E), "b": (2, 7, E)}, fn, ref, feeds, dt, kernels=2 if reuse else 1)
     assert not FUSION or names[0].endswith(("_src", "_src_f16")) or "_src" in names[0], names
 
@@ -921,12 +1042,19 @@ def test_norm_source_dynamic_rows(ctx, rng):
     S = Dyn("seq", 50)
 
     def fn(b, i):
-        return {"y": b.layer_normalization(b.add(i["a"], i["b"]), axes=[2], scale=_c(b, g, "float32"),
-                                           bias=_c(b, bb, "float32"))}
+        return {
+            "y": b.layer_normalization(
+                b.add(i["a"], i["b"]), axes=[2], scale=_c(b, g, "float32"), bias=_c(b, bb, "float32")
+            )
+        }
 
-    feeds = [{"a": rng.standard_normal((1, s, E)).astype(np.float32), "b": rng.standard_normal((1, s, E)).astype(np.float32)}
-             for s in (1, 9, 50)]
-    _check(ctx, {"a": (1, S, E), "b": (1, S, E)}, fn, lambda f: {"y": _ln_ref(f["a"] + f["b"], g, bb)}, feeds, kernels=1)
+    feeds = [
+        {"a": rng.standard_normal((1, s, E)).astype(np.float32), "b": rng.standard_normal((1, s, E)).astype(np.float32)}
+        for s in (1, 9, 50)
+    ]
+    _check(
+        ctx, {"a": (1, S, E), "b": (1, S, E)}, fn, lambda f: {"y": _ln_ref(f["a"] + f["b"], g, bb)}, feeds, kernels=1
+    )
 
 
 def test_single_kv_head_attention_keeps_its_matmuls(ctx, rng):
@@ -937,19 +1065,23 @@ def test_single_kv_head_attention_keeps_its_matmuls(ctx, rng):
     Wo = _w(rng, H * D, 32)
 
     def fn(b, i):
-        s = b.mul(b.matmul(i["q"], b.transpose(i["k"], permutation=[0, 1, 3, 2])), _s(b, D ** -0.5, "float32"))
+        s = b.mul(b.matmul(i["q"], b.transpose(i["k"], permutation=[0, 1, 3, 2])), _s(b, D**-0.5, "float32"))
         a = b.matmul(b.softmax(s, 3), i["v"])
         return {"y": b.matmul(b.reshape(b.transpose(a, permutation=[0, 2, 1, 3]), [1, S, H * D]), _c(b, Wo, "float32"))}
 
     def ref(f):
-        s = f["q"] @ f["k"].transpose(0, 1, 3, 2) * D ** -0.5
+        s = f["q"] @ f["k"].transpose(0, 1, 3, 2) * D**-0.5
         p = np.exp(s - s.max(-1, keepdims=True))
         a = p / p.sum(-1, keepdims=True) @ f["v"]
         return {"y": a.transpose(0, 2, 1, 3).reshape(1, S, H * D) @ Wo}
 
-    feeds = [{"q": rng.standard_normal((1, H, S, D)).astype(np.float32),
-              "k": rng.standard_normal((1, 1, S, D)).astype(np.float32),
-              "v": rng.standard_normal((1, 1, S, D)).astype(np.float32)}]
+    feeds = [
+        {
+            "q": rng.standard_normal((1, H, S, D)).astype(np.float32),
+            "k": rng.standard_normal((1, 1, S, D)).astype(np.float32),
+            "v": rng.standard_normal((1, 1, S, D)).astype(np.float32),
+        }
+    ]
     names = _check(ctx, {"q": (1, H, S, D), "k": (1, 1, S, D), "v": (1, 1, S, D)}, fn, ref, feeds, kernels=2)
     assert not FUSION or (names[0].startswith("attention") and "aview" in names[1]), names
 

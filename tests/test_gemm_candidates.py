@@ -16,7 +16,9 @@ from mltensor.runtime import autotune
 def _close(got, ref):
     assert got.shape == ref.shape
     assert got.dtype == np.float32
-    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2e-4, atol=2e-4 * np.sqrt(ref.size and np.abs(ref).max()))
+    np.testing.assert_allclose(
+        got.astype(np.float64), ref, rtol=2e-4, atol=2e-4 * np.sqrt(ref.size and np.abs(ref).max())
+    )
 
 
 def _each_candidate(M, N, K, batch):
@@ -101,8 +103,15 @@ def test_gemm_every_candidate(ctx, rng, monkeypatch, at, bt, vec):
     for i in _each_candidate(M, N, K, 1):
         with autotune.force(i):
             b = mltensor.MLGraphBuilder(ctx)
-            z = b.gemm(b.input("a", data_type="float32", shape=A.shape), b.constant(B), c=b.constant(C),
-                       alpha=0.5, beta=2.0, a_transpose=at, b_transpose=bt)
+            z = b.gemm(
+                b.input("a", data_type="float32", shape=A.shape),
+                b.constant(B),
+                c=b.constant(C),
+                alpha=0.5,
+                beta=2.0,
+                a_transpose=at,
+                b_transpose=bt,
+            )
             got = run_graph(ctx, {"z": z}, {"a": A}, b)["z"]
         _close(got, ref)
 
@@ -128,14 +137,20 @@ def _conv_mnk(xshape, wshape, transpose, opts):
 CONV = [
     # (xshape NCHW, wshape, options)
     ((1, 16, 14, 14), (64, 16, 3, 3), dict(padding=[1, 1, 1, 1])),  # 3x3, K = 144
-    ((2, 24, 13, 11), (40, 24, 3, 3), dict(strides=[2, 2], padding=[1, 0, 1, 1], input_layout="nhwc",
-                                           filter_layout="ohwi")),  # strided, ragged, NHWC
+    (
+        (2, 24, 13, 11),
+        (40, 24, 3, 3),
+        dict(strides=[2, 2], padding=[1, 0, 1, 1], input_layout="nhwc", filter_layout="ohwi"),
+    ),  # strided, ragged, NHWC
     ((1, 32, 9, 9), (64, 16, 3, 3), dict(groups=2, dilations=[2, 2], padding=[2, 2, 2, 2])),  # grouped, dilated
     ((1, 256, 7, 7), (72, 256, 1, 1), dict(input_layout="nhwc", filter_layout="hwio")),  # 1x1 deep: split-K
     ((1, 256, 7, 7), (72, 256, 1, 1), dict()),  # 1x1 NCHW
     ((1, 128, 5, 5), (40, 128, 3, 3), dict(padding=[1, 1, 1, 1], filter_input=True)),  # filter as input, split-K
-    ((2, 32, 10, 9), (48, 16, 3, 3), dict(groups=2, strides=[1, 2], padding=[1, 1, 0, 1], input_layout="nhwc",
-                                          filter_layout="ohwi")),  # NHWC grouped, 4-channel quads per group
+    (
+        (2, 32, 10, 9),
+        (48, 16, 3, 3),
+        dict(groups=2, strides=[1, 2], padding=[1, 1, 0, 1], input_layout="nhwc", filter_layout="ohwi"),
+    ),  # NHWC grouped, 4-channel quads per group
     ((1, 8, 12, 12), (36, 8, 1, 1), dict(strides=[2, 2], input_layout="nhwc", filter_layout="ihwo")),  # strided 1x1
     ((1, 20, 16, 16), (24, 20, 1, 1), dict(input_layout="nhwc", filter_layout="ohwi")),  # 1x1 NHWC, K % BK != 0
 ]
@@ -150,8 +165,9 @@ def _conv(ctx, rng, xshape, wshape, opts, transpose=False):
     M, N, K, g = _conv_mnk(xshape, wshape, transpose, opts)
     for i in _each_candidate(M, N, K, g):
         with autotune.force(i):
-            got, ref = _run_conv(ctx, rng, xshape, wshape, use_bias=True, transpose=transpose,
-                                 epilogue=lambda b, y: b.relu(y), **opts)
+            got, ref = _run_conv(
+                ctx, rng, xshape, wshape, use_bias=True, transpose=transpose, epilogue=lambda b, y: b.relu(y), **opts
+            )
         _close(got, np.maximum(ref, 0))
 
 

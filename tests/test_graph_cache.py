@@ -140,7 +140,6 @@ def test_dynamic_graph_round_trip(cache, ctx, rng):
         dispatch_at(ctx, h, {"x": np.zeros((9, 1, 16), np.float32)})
 
 
-
 def test_a_loaded_program_captures_as_the_built_one(cache, ctx, rng):
     """The graph cache sees a graph only through its Program (runtime/program.py): what a load
     rebuilds captures again as the build did, launches, pool, kernels and their WGSL."""
@@ -173,9 +172,20 @@ def _entry_files(cache, key):
     return m, m.with_suffix(".recipe"), [cache / "graphs" / "blobs" / n for n in names]
 
 
-@pytest.mark.parametrize("damage", ["truncated recipe", "garbage json", "blob changed", "small blob changed",
-                                    "blob truncated", "blob missing",
-                                    "other code", "older format", "recipe of another key"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated recipe",
+        "garbage json",
+        "blob changed",
+        "small blob changed",
+        "blob truncated",
+        "blob missing",
+        "other code",
+        "older format",
+        "recipe of another key",
+    ],
+)
 def test_a_damaged_entry_is_a_miss_and_removed(cache, rng, damage):
     a = ml.create_context_sync()
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
@@ -265,7 +275,7 @@ def test_eviction_keeps_the_cache_under_its_limit(cache, ctx, monkeypatch):
     ctx.load_graph_sync("g0").destroy()  # used: now the most recent
     os.utime(_entry_files(cache, "g0")[0], (2e9, 2e9))
     for p in (cache / "graphs" / "blobs").iterdir():  # (blobs younger than a minute are kept:
-        os.utime(p, (1e9, 1e9))                         #  another process may be writing them)
+        os.utime(p, (1e9, 1e9))  #  another process may be writing them)
     ctx.save_graph_sync("g3", _conv_graph(ctx, seed=3))
     keys = ctx.list_graphs_sync()
     assert "g1" not in keys and "g2" not in keys and len(keys) <= 2
@@ -275,19 +285,29 @@ def test_eviction_keeps_the_cache_under_its_limit(cache, ctx, monkeypatch):
 
 # -- processes -----------------------------------------------------------------------------------
 
+
 def _model(path, seed=0):
     """A small ONNX CNN with a free batch dimension."""
     rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
-             numpy_helper.from_array(rng.standard_normal((8, 10)).astype(np.float32), "fc")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
-             helper.make_node("Flatten", ["p"], ["f"]),
-             helper.make_node("MatMul", ["f", "fc"], ["logits"])]
-    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, 16])],
-                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 10])], inits)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+        numpy_helper.from_array(rng.standard_normal((8, 10)).astype(np.float32), "fc"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc"], ["logits"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 10])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(m, str(path))
     return path
@@ -307,8 +327,9 @@ _SESSION = textwrap.dedent("""
 
 def _run(env, *args, script=_SESSION):
     """A script in a fresh process: the JSON of its last line."""
-    r = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -333,8 +354,9 @@ def test_second_process_loads_the_session(cache, tmp_path, rng):
     np.testing.assert_allclose(np.load(tmp_path / "c.npy"), want, rtol=1e-4, atol=1e-5)
     # switched off: nothing loaded, nothing written
     off = tmp_path / "off"
-    stats = _run(dict(env, MLTENSOR_CACHE=str(off), MLTENSOR_GRAPH_CACHE="0"), model, tmp_path / "x.npy",
-                 tmp_path / "d.npy")
+    stats = _run(
+        dict(env, MLTENSOR_CACHE=str(off), MLTENSOR_GRAPH_CACHE="0"), model, tmp_path / "x.npy", tmp_path / "d.npy"
+    )
     assert stats["loaded"] == 0 and not (off / "graphs").exists()
 
 
@@ -381,8 +403,12 @@ _WRITER = textwrap.dedent("""
 def test_two_processes_write_one_cache(cache, ctx, rng):
     env = dict(os.environ, MLTENSOR_CACHE=str(cache))
     n = 6
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(k), str(n)], env=env, cwd=ROOT,
-                              stderr=subprocess.PIPE, text=True) for k in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(k), str(n)], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
+        )
+        for k in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
@@ -443,6 +469,7 @@ def test_fast_cffi_parses_as_cffi_does(tmp_path, monkeypatch):
 def test_a_load_maps_one_weight_file_at_a_time(cache, rng, monkeypatch):
     """Constants are uploaded from mapped blob files, each unmapped once uploaded: the process
     never holds a second copy of all the weights next to the GPU's."""
+
     def build(ctx):
         b = mltensor.MLGraphBuilder(ctx)
         y = b.input("x", data_type="float32", shape=[2, 64])
@@ -547,8 +574,11 @@ def test_a_warm_process_neither_imports_onnx_nor_parses_the_model(cache, tmp_pat
     warm = _warm(env, model, "x", tmp_path / "x2.npy", tmp_path / "b2.npy", tmp_path / "x5.npy", tmp_path / "b5.npy")
     assert warm["imported"][:2] == [[], []]  # after `import mltensor`, after the cached size's run
     assert warm["stats"]["loaded"] == 1 and warm["stats"]["builds"] == 2
-    assert warm["io"] == cold["io"] == [[["x", ["n", 3, 16, 16], "tensor(float)"]],
-                                        [["logits", ["n", 10], "tensor(float)"]]]
+    assert (
+        warm["io"]
+        == cold["io"]
+        == [[["x", ["n", 3, 16, 16], "tensor(float)"]], [["logits", ["n", 10], "tensor(float)"]]]
+    )
     assert warm["errors"] == cold["errors"] and len(cold["errors"]) == 3
     np.testing.assert_array_equal(np.load(tmp_path / "b2.npy"), np.load(tmp_path / "a2.npy"))
     # the new size was imported and built from the model, parsed for it
@@ -579,8 +609,10 @@ def _description_note(cache):
 
 
 def _io(sess):
-    return [[(a.name, a.shape, a.type) for a in sess.get_inputs()],
-            [(a.name, a.shape, a.type) for a in sess.get_outputs()]]
+    return [
+        [(a.name, a.shape, a.type) for a in sess.get_inputs()],
+        [(a.name, a.shape, a.type) for a in sess.get_outputs()],
+    ]
 
 
 @pytest.mark.parametrize("options", [{"dynamic": False}, {}, {"free_dimensions": {"n": 2}}])
@@ -676,8 +708,21 @@ def test_a_note_checks_the_files_it_describes(cache, tmp_path, rng):
 def test_onnx_io_constants_are_onnx_s():
     from mltensor import onnxio
 
-    for name in ("FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING", "BOOL", "FLOAT16",
-                 "DOUBLE", "UINT32", "UINT64"):
+    for name in (
+        "FLOAT",
+        "UINT8",
+        "INT8",
+        "UINT16",
+        "INT16",
+        "INT32",
+        "INT64",
+        "STRING",
+        "BOOL",
+        "FLOAT16",
+        "DOUBLE",
+        "UINT32",
+        "UINT64",
+    ):
         et = getattr(onnxio, name)
         assert et == getattr(TensorProto, name), name
         assert onnxio.np_dtype(et) == np.dtype(helper.tensor_dtype_to_np_dtype(et)), name

@@ -106,8 +106,7 @@ def test_unary_and_activations(nctx):
     a = BIG[BIG != -(2**63)]  # neg/abs of the minimum overflow
     b = mltensor.MLGraphBuilder(nctx)
     x = _in(b, "x", a)
-    outs = {"neg": b.neg(x), "abs": b.abs(x), "sign": b.sign(x), "relu": b.relu(x),
-            "identity": b.identity(x)}
+    outs = {"neg": b.neg(x), "abs": b.abs(x), "sign": b.sign(x), "relu": b.relu(x), "identity": b.identity(x)}
     r = run_graph(nctx, outs, {"x": a}, b)
     _check(r["neg"], -a)
     _check(r["abs"], np.abs(a))
@@ -121,8 +120,11 @@ def test_clamp_with_64_bit_bounds(nctx):
     x = _in(b, "x", BIG)
     u = _in(b, "u", UBIG)
     lo, hi = -(2**45) - 1, 2**55 + 3
-    outs = {"c": b.clamp(x, min_value=lo, max_value=hi), "lo": b.clamp(x, min_value=-(2**33)),
-            "u": b.clamp(u, min_value=2**33, max_value=2**63 + 2**20)}
+    outs = {
+        "c": b.clamp(x, min_value=lo, max_value=hi),
+        "lo": b.clamp(x, min_value=-(2**33)),
+        "u": b.clamp(u, min_value=2**33, max_value=2**63 + 2**20),
+    }
     r = run_graph(nctx, outs, {"x": BIG, "u": UBIG}, b)
     _check(r["c"], np.clip(BIG, lo, hi))
     _check(r["lo"], np.maximum(BIG, -(2**33)))
@@ -130,7 +132,7 @@ def test_clamp_with_64_bit_bounds(nctx):
 
 
 def test_casts(nctx):
-    f = np.array([-3.75, 1.5e12, -2.0**40, 0.0, 9.0e18, 123.0], np.float32)
+    f = np.array([-3.75, 1.5e12, -(2.0**40), 0.0, 9.0e18, 123.0], np.float32)
     b = mltensor.MLGraphBuilder(nctx)
     x, u, fx = _in(b, "x", BIG), _in(b, "u", UBIG), _in(b, "f", f)
     i32 = np.array([-1, 5, -(2**31), 2**31 - 1], np.int32)
@@ -139,12 +141,22 @@ def test_casts(nctx):
     u8 = np.array([255, 0, 128, 1], np.uint8)
     xi, xu, x8, xu8 = _in(b, "i32", i32), _in(b, "u32", u32), _in(b, "i8", i8), _in(b, "u8", u8)
     outs = {
-        "i64_f32": b.cast(x, "float32"), "u64_f32": b.cast(u, "float32"),
-        "f32_i64": b.cast(fx, "int64"), "i64_i32": b.cast(x, "int32"), "i64_u64": b.cast(x, "uint64"),
-        "u64_i64": b.cast(u, "int64"), "i64_i8": b.cast(x, "int8"), "i64_u8": b.cast(x, "uint8"),
-        "u64_u32": b.cast(u, "uint32"), "i64_f16": b.cast(x, "float16"),
-        "i32_i64": b.cast(xi, "int64"), "i32_u64": b.cast(xi, "uint64"), "u32_i64": b.cast(xu, "int64"),
-        "u32_u64": b.cast(xu, "uint64"), "i8_i64": b.cast(x8, "int64"), "i8_u64": b.cast(x8, "uint64"),
+        "i64_f32": b.cast(x, "float32"),
+        "u64_f32": b.cast(u, "float32"),
+        "f32_i64": b.cast(fx, "int64"),
+        "i64_i32": b.cast(x, "int32"),
+        "i64_u64": b.cast(x, "uint64"),
+        "u64_i64": b.cast(u, "int64"),
+        "i64_i8": b.cast(x, "int8"),
+        "i64_u8": b.cast(x, "uint8"),
+        "u64_u32": b.cast(u, "uint32"),
+        "i64_f16": b.cast(x, "float16"),
+        "i32_i64": b.cast(xi, "int64"),
+        "i32_u64": b.cast(xi, "uint64"),
+        "u32_i64": b.cast(xu, "int64"),
+        "u32_u64": b.cast(xu, "uint64"),
+        "i8_i64": b.cast(x8, "int64"),
+        "i8_u64": b.cast(x8, "uint64"),
         "u8_i64": b.cast(xu8, "int64"),
     }
     r = run_graph(nctx, outs, {"x": BIG, "u": UBIG, "f": f, "i32": i32, "u32": u32, "i8": i8, "u8": u8}, b)
@@ -193,8 +205,14 @@ def test_comparisons_and_where(nctx, a, c):
     c = np.concatenate([c, np.array([1], c.dtype)])
     b = mltensor.MLGraphBuilder(nctx)
     x, y = _in(b, "x", a), _in(b, "y", c)
-    ops = {"equal": np.equal, "not_equal": np.not_equal, "greater": np.greater,
-           "greater_or_equal": np.greater_equal, "lesser": np.less, "lesser_or_equal": np.less_equal}
+    ops = {
+        "equal": np.equal,
+        "not_equal": np.not_equal,
+        "greater": np.greater,
+        "greater_or_equal": np.greater_equal,
+        "lesser": np.less,
+        "lesser_or_equal": np.less_equal,
+    }
     outs = {op: getattr(b, op)(x, y) for op in ops}
     outs["where"] = b.where(b.greater(x, y), x, y)
     r = run_graph(nctx, outs, {"x": a, "y": c}, b)
@@ -274,10 +292,16 @@ def test_movement_and_layout(nctx):
     x = _in(b, "x", a)
     c = b.constant(np.array([[[2**60 + 1] * 4] * 3], I64))
     outs = {
-        "concat": b.concat([x, c], 0), "reshape": b.reshape(x, [6, 4]), "transpose": b.transpose(x, permutation=[2, 0, 1]),
-        "slice": b.slice(x, [0, 1, 1], [2, 2, 3], strides=[1, 1, 2]), "expand": b.expand(b.slice(x, [0, 0, 0], [1, 1, 4]), [3, 2, 4]),
-        "pad": b.pad(x, [0, 1, 0], [1, 0, 2], value=-(2**45) - 1), "pad_edge": b.pad(x, [1, 0, 0], [0, 0, 1], mode="edge"),
-        "tile": b.tile(x, [1, 2, 1]), "reverse": b.reverse(x, axes=[2]), "tri": b.triangular(x, upper=False),
+        "concat": b.concat([x, c], 0),
+        "reshape": b.reshape(x, [6, 4]),
+        "transpose": b.transpose(x, permutation=[2, 0, 1]),
+        "slice": b.slice(x, [0, 1, 1], [2, 2, 3], strides=[1, 1, 2]),
+        "expand": b.expand(b.slice(x, [0, 0, 0], [1, 1, 4]), [3, 2, 4]),
+        "pad": b.pad(x, [0, 1, 0], [1, 0, 2], value=-(2**45) - 1),
+        "pad_edge": b.pad(x, [1, 0, 0], [0, 0, 1], mode="edge"),
+        "tile": b.tile(x, [1, 2, 1]),
+        "reverse": b.reverse(x, axes=[2]),
+        "tri": b.triangular(x, upper=False),
         "split0": b.split(x, [1, 3], axis=2)[1],
     }
     r = run_graph(nctx, outs, {"x": a}, b)
@@ -298,8 +322,11 @@ def test_arg_max_min_int64_output(nctx):
     a = np.array([[2**40, 2**40 + 1, -5], [-(2**50), -(2**50) - 1, 3]], I64)
     b = mltensor.MLGraphBuilder(nctx)
     x = _in(b, "x", a)
-    outs = {"amax": b.arg_max(x, 1, output_data_type="int64"), "amin": b.arg_min(x, 1, output_data_type="int64"),
-            "f": b.arg_max(b.cast(x, "float32"), 0, output_data_type="int64")}
+    outs = {
+        "amax": b.arg_max(x, 1, output_data_type="int64"),
+        "amin": b.arg_min(x, 1, output_data_type="int64"),
+        "f": b.arg_max(b.cast(x, "float32"), 0, output_data_type="int64"),
+    }
     r = run_graph(nctx, outs, {"x": a}, b)
     _check(r["amax"], a.argmax(1).astype(I64))
     _check(r["amin"], a.argmin(1).astype(I64))
@@ -310,8 +337,10 @@ def test_max_pool_int64(nctx, rng):
     a = (np.arange(16, dtype=I64) * -(2**35)).reshape(1, 1, 4, 4)
     g = rng.integers(-(2**62), 2**62, size=(2, 3, 16, 16), dtype=I64)  # whole-plane: workgroup tree
     b = mltensor.MLGraphBuilder(nctx)
-    outs = {"y": b.max_pool2d(_in(b, "x", a), window_dimensions=[2, 2], strides=[2, 2]),
-            "g": b.max_pool2d(_in(b, "g", g), window_dimensions=[16, 16])}
+    outs = {
+        "y": b.max_pool2d(_in(b, "x", a), window_dimensions=[2, 2], strides=[2, 2]),
+        "g": b.max_pool2d(_in(b, "g", g), window_dimensions=[16, 16]),
+    }
     r = run_graph(nctx, outs, {"x": a, "g": g}, b)
     _check(r["y"], a.reshape(1, 1, 2, 2, 2, 2).max(axis=(3, 5)))
     _check(r["g"], g.max(axis=(2, 3), keepdims=True))
@@ -363,9 +392,16 @@ def test_emulated_arithmetic_random_words(emulated_ctx, rng, dt):
     a[512:1024] = rng.integers(0, 2**32, size=512).astype(dt)
     c[1024:1040] = 0
     # int -> float rounding ties (to even, up with a sticky bit below) and the carry into 2**64
-    ties = [(2**23 + 1) * 2**17 + 2**16, (2**23 + 2) * 2**17 + 2**16, (2**23 + 2) * 2**17 + 2**16 + 1,
-            (2**23 + 1) * 2**40 + 2**39, (2**23 + 2) * 2**40 + 2**39, 2**64 - 1, 2**63 + 2**39 + 1]
-    a[1040:1040 + len(ties)] = np.array(ties, np.uint64).astype(dt)
+    ties = [
+        (2**23 + 1) * 2**17 + 2**16,
+        (2**23 + 2) * 2**17 + 2**16,
+        (2**23 + 2) * 2**17 + 2**16 + 1,
+        (2**23 + 1) * 2**40 + 2**39,
+        (2**23 + 2) * 2**40 + 2**39,
+        2**64 - 1,
+        2**63 + 2**39 + 1,
+    ]
+    a[1040 : 1040 + len(ties)] = np.array(ties, np.uint64).astype(dt)
     b = mltensor.MLGraphBuilder(emulated_ctx)
     x, y = _in(b, "x", a), _in(b, "y", c)
     outs = {op: getattr(b, op)(x, y) for op in ARITHMETIC}
@@ -392,8 +428,9 @@ def _random_feed(rng, key, dt, shape, op, edges=False):
     info = np.iinfo(dt)
     v = rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
     if edges:
-        pool = {info.min, info.max, 0, 1, info.min + 1, info.max - 1} | {x for x in (-1, 2**32, 2**32 - 1, -(2**32), 2**31)
-                                                                       if info.min <= x <= info.max}
+        pool = {info.min, info.max, 0, 1, info.min + 1, info.max - 1} | {
+            x for x in (-1, 2**32, 2**32 - 1, -(2**32), 2**31) if info.min <= x <= info.max
+        }
         v = rng.choice(np.array(sorted(pool), dtype=dt), size=shape)
     if op == "pow" and key == "b":
         v = rng.integers(0, 70, size=shape).astype(dt)
@@ -448,8 +485,10 @@ def test_emulation_matches_native(ctx, emulated_ctx, op, group, dt):
             for n, (k, t, shape) in shapes.items():
                 ins[n] = c.create_tensor_sync(data_type=t, shape=shape, writable=True)
                 c.write_tensor(ins[n], _random_feed(rng, k, t, shape, op, edges=seed >= 2))
-            res = {n: c.create_tensor_sync(data_type=y.data_type, shape=list(y.shape), readable=True)
-                   for n, y in outs.items()}
+            res = {
+                n: c.create_tensor_sync(data_type=y.data_type, shape=list(y.shape), readable=True)
+                for n, y in outs.items()
+            }
             c.dispatch(g, ins, res)
             runs.append({n: c.read_tensor_sync(t) for n, t in res.items()})
         g.destroy()

@@ -29,13 +29,15 @@ class Device:
         self.device = wgpu.gpu.request_adapter_sync().request_device_sync(label="interop-test")
         module = self.device.create_shader_module(code=ADD_ONE_WGSL)
         self.pipeline = self.device.create_compute_pipeline(
-            layout="auto", compute={"module": module, "entry_point": "main"})
+            layout="auto", compute={"module": module, "entry_point": "main"}
+        )
 
     def add_one(self, buf, n=N):
         """Record and submit (no wait) a compute pass adding 1.0 to each f32 of `buf`."""
         d = self.device
-        bg = d.create_bind_group(layout=self.pipeline.get_bind_group_layout(0),
-                                 entries=[{"binding": 0, "resource": {"buffer": buf}}])
+        bg = d.create_bind_group(
+            layout=self.pipeline.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": buf}}]
+        )
         enc = d.create_command_encoder()
         p = enc.begin_compute_pass()
         p.set_pipeline(self.pipeline)
@@ -103,9 +105,17 @@ def x0():
 # -- the buffer --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("data_type,shape,size", [
-    ("float32", [N], 4 * N), ("float16", [3], 8), ("int8", [5], 8), ("uint8", [4], 4),
-    ("int64", [2, 3], 48), ("float32", [], 4)])
+@pytest.mark.parametrize(
+    "data_type,shape,size",
+    [
+        ("float32", [N], 4 * N),
+        ("float16", [3], 8),
+        ("int8", [5], 8),
+        ("uint8", [4], 4),
+        ("int64", [2, 3], 48),
+        ("float32", [], 4),
+    ],
+)
 def test_buffer_is_a_real_gpubuffer(dev, sctx, data_type, shape, size):
     t = sctx.create_tensor_sync(data_type=data_type, shape=shape, importable_to_webgpu=True)
     buf = mltensor.import_external_buffer_sync(dev.device, t)
@@ -129,7 +139,7 @@ def test_queue_write_buffer_and_copy_commands(dev, sctx):
     buf.release()
     want = x0()
     want[:10] = 7
-    want[N - 2:] = want[:2]
+    want[N - 2 :] = want[:2]
     np.testing.assert_array_equal(sctx.read_tensor_sync(t), want)
 
 
@@ -142,13 +152,13 @@ def test_same_device_round_trip(dev, sctx):
     t = tensor(sctx, importable_to_webgpu=True)
     t2 = tensor(sctx, importable_to_webgpu=True)
     sctx.write_tensor(xin, x0())
-    sctx.dispatch(g, {"x": xin}, {"y": t})             # ML writes: x + 1
+    sctx.dispatch(g, {"x": xin}, {"y": t})  # ML writes: x + 1
     buf = mltensor.import_external_buffer_sync(dev.device, t)
-    dev.add_one(buf)                                   # device adds one: x + 2
+    dev.add_one(buf)  # device adds one: x + 2
     buf.release()
-    sctx.dispatch(g, {"x": t}, {"y": t2})              # ML adds again: x + 3
+    sctx.dispatch(g, {"x": t}, {"y": t2})  # ML adds again: x + 3
     buf2 = mltensor.import_external_buffer_sync(dev.device, t2)
-    got = dev.read(buf2)                               # device reads
+    got = dev.read(buf2)  # device reads
     buf2.destroy()
     assert got.shape == (N,) and got.dtype == np.float32
     np.testing.assert_array_equal(got, x0() + 3)
@@ -193,14 +203,14 @@ def test_cross_device_round_trip(dev, dev2, xctx):
     t2 = tensor(xctx, importable_to_webgpu=True)
     xctx.write_tensor(xin, x0())
     c0 = xctx.counters["bytes_copied_between_devices"]
-    xctx.dispatch(g, {"x": xin}, {"y": t})             # ML writes: x + 1
+    xctx.dispatch(g, {"x": xin}, {"y": t})  # ML writes: x + 1
     buf = mltensor.import_external_buffer_sync(dev2.device, t)
     assert buf.usage == LENT_USAGE and buf.size == 4 * N
     assert xctx.counters["bytes_copied_between_devices"] == c0 + 4 * N
-    dev2.add_one(buf)                                  # the other device adds one
+    dev2.add_one(buf)  # the other device adds one
     buf.release()
     assert xctx.counters["bytes_copied_between_devices"] == c0 + 8 * N
-    xctx.dispatch(g, {"x": t}, {"y": t2})              # ML adds again
+    xctx.dispatch(g, {"x": t}, {"y": t2})  # ML adds again
     buf2 = mltensor.import_external_buffer_sync(dev2.device, t2)
     got = dev2.read(buf2)
     buf2.destroy()
@@ -256,19 +266,19 @@ async def test_dependent_work_is_held_independent_work_flows(dev, dev2, xctx, cr
     ctx.write_tensor(T, x0())
     ctx.write_tensor(C, x0() * 2)
     buf = mltensor.import_external_buffer_sync(target.device, T)
-    ctx.dispatch(g, {"x": T}, {"y": A})        # reads T: held
-    ctx.dispatch(g, {"x": A}, {"y": B})        # reads A, written by held work: held
-    rB = ctx.read_tensor_async(B)              # held
-    ctx.dispatch(g, {"x": C}, {"y": D})        # independent
+    ctx.dispatch(g, {"x": T}, {"y": A})  # reads T: held
+    ctx.dispatch(g, {"x": A}, {"y": B})  # reads A, written by held work: held
+    rB = ctx.read_tensor_async(B)  # held
+    ctx.dispatch(g, {"x": C}, {"y": D})  # independent
     rD = ctx.read_tensor_async(D)
-    target.add_one(buf)                        # the device writes T meanwhile
+    target.add_one(buf)  # the device writes T meanwhile
     target.add_one(buf)
     np.testing.assert_array_equal(await rD, x0() * 2 + 1)  # resolves while T is still lent
     assert not rB.done()
     with pytest.raises(mltensor.InvalidStateError):
-        ctx.read_tensor_sync(A)                # cannot block the only thread on a lease
+        ctx.read_tensor_sync(A)  # cannot block the only thread on a lease
     buf.release()
-    np.testing.assert_array_equal(await rB, x0() + 4)      # device's +2, then ML +1 +1
+    np.testing.assert_array_equal(await rB, x0() + 4)  # device's +2, then ML +1 +1
     np.testing.assert_array_equal(ctx.read_tensor_sync(A), x0() + 3)
 
 
@@ -276,10 +286,10 @@ async def test_held_write_keeps_call_time_bytes(dev, sctx):
     T = tensor(sctx, importable_to_webgpu=True)
     buf = mltensor.import_external_buffer_sync(dev.device, T)
     data = x0()
-    sctx.write_tensor(T, data)      # held back behind the lease
-    data[:] = -1                    # changing it afterwards changes nothing
+    sctx.write_tensor(T, data)  # held back behind the lease
+    data[:] = -1  # changing it afterwards changes nothing
     r = sctx.read_tensor_async(T)
-    dev.add_one(buf)                # runs first: the held write overwrites it
+    dev.add_one(buf)  # runs first: the held write overwrites it
     await asyncio.sleep(0)
     assert not r.done()
     buf.release()
@@ -292,7 +302,7 @@ async def test_held_work_runs_in_call_order(dev, sctx):
     A = tensor(sctx)
     sctx.write_tensor(T, x0())
     buf = mltensor.import_external_buffer_sync(dev.device, T)
-    sctx.dispatch(g, {"x": T}, {"y": A})       # A = T + 1 (T after the device's work)
+    sctx.dispatch(g, {"x": T}, {"y": A})  # A = T + 1 (T after the device's work)
     r1 = sctx.read_tensor_async(A)
     sctx.write_tensor(A, np.zeros(N, np.float32))  # write-after-read on A: held too
     r2 = sctx.read_tensor_async(A)
@@ -307,7 +317,7 @@ async def test_import_held_behind_another_lease(dev, sctx):
     T, A = tensor(sctx, importable_to_webgpu=True), tensor(sctx, importable_to_webgpu=True)
     sctx.write_tensor(T, x0())
     buf = mltensor.import_external_buffer_sync(dev.device, T)
-    sctx.dispatch(g, {"x": T}, {"y": A})       # held: A depends on the lease of T
+    sctx.dispatch(g, {"x": T}, {"y": A})  # held: A depends on the lease of T
     with pytest.raises(mltensor.InvalidStateError):
         mltensor.import_external_buffer_sync(dev.device, A)
     pa = mltensor.import_external_buffer_async(dev.device, A)
@@ -403,11 +413,11 @@ def test_tensor_destroyed_while_lent(dev, dev2, xctx, cross):
     xctx.write_tensor(t, x0())
     alive = xctx.counters["tensors_alive"]
     buf = mltensor.import_external_buffer_sync(target.device, t)
-    t.destroy()                                  # the free is held behind the lease
+    t.destroy()  # the free is held behind the lease
     assert xctx.counters["tensors_alive"] == alive - 1
     with pytest.raises(mltensor.InvalidStateError):
         mltensor.import_external_buffer_sync(target.device, t)
-    target.add_one(buf)                          # still usable by the device
+    target.add_one(buf)  # still usable by the device
     np.testing.assert_array_equal(target.read(buf), x0() + 1)
     buf.release()
     assert not xctx._timeline.held and t not in xctx._timeline.lent
@@ -421,9 +431,9 @@ def test_context_destroyed_while_lent(dev, dev2, cross):
     t, a = tensor(ctx, importable_to_webgpu=True), tensor(ctx)
     ctx.write_tensor(t, x0())
     buf = mltensor.import_external_buffer_sync(target.device, t)
-    ctx.dispatch(g, {"x": t}, {"y": a})          # held
+    ctx.dispatch(g, {"x": t}, {"y": a})  # held
     ctx.destroy()
-    target.add_one(buf)                          # still usable by the device
+    target.add_one(buf)  # still usable by the device
     np.testing.assert_array_equal(target.read(buf), x0() + 1)
     buf.release()
     buf.release()
@@ -466,7 +476,7 @@ async def test_cancelled_async_import_unlends(dev, sctx):
     sctx.write_tensor(T, x0())
     buf = mltensor.import_external_buffer_sync(dev.device, T)
     sctx.dispatch(g, {"x": T}, {"y": A})
-    p = mltensor.import_external_buffer_async(dev.device, A)   # held behind T's lease
+    p = mltensor.import_external_buffer_async(dev.device, A)  # held behind T's lease
     await asyncio.sleep(0)
     p.cancel()
     with pytest.raises(asyncio.CancelledError):

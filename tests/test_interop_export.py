@@ -21,8 +21,9 @@ def exportable(ctx, device, n=N, **kw):
     return ctx.create_exportable_tensor_sync(data_type="float32", shape=[n], device=device, **kw)
 
 
-@pytest.mark.parametrize("data_type,shape,size", [
-    ("float32", [N], 4 * N), ("float16", [3], 8), ("int8", [5], 8), ("int64", [2, 3], 48)])
+@pytest.mark.parametrize(
+    "data_type,shape,size", [("float32", [N], 4 * N), ("float16", [3], 8), ("int8", [5], 8), ("int64", [2, 3], 48)]
+)
 def test_exported_buffer_is_a_real_gpubuffer(dev, sctx, data_type, shape, size):
     t = sctx.create_exportable_tensor_sync(data_type=data_type, shape=shape, device=dev.device)
     assert not t.importable_to_webgpu and "exportable" in repr(t)
@@ -42,13 +43,13 @@ def test_same_device_round_trip_moves_no_bytes(dev, sctx):
     t = exportable(sctx, dev.device)
     out = sctx.create_tensor_sync(data_type="float32", shape=[N], readable=True)
     sctx.write_tensor(xin, x0())
-    sctx.dispatch(g, {"x": xin}, {"y": t})            # ML: x + 1
+    sctx.dispatch(g, {"x": xin}, {"y": t})  # ML: x + 1
     before = sctx.counters
     buf = sctx.export_to_gpu_sync(t)
-    dev.add_one(buf)                                  # WebGPU: x + 2
+    dev.add_one(buf)  # WebGPU: x + 2
     np.testing.assert_array_equal(dev.read(buf), x0() + 2)
     buf.destroy()
-    sctx.dispatch(g, {"x": t}, {"y": out})            # ML again: x + 3
+    sctx.dispatch(g, {"x": t}, {"y": out})  # ML again: x + 3
     np.testing.assert_array_equal(sctx.read_tensor_sync(out), x0() + 3)
     np.testing.assert_array_equal(sctx.read_tensor_sync(t), x0() + 2)
     after = sctx.counters
@@ -109,8 +110,9 @@ def test_cross_device_export_copies_and_counts(dev, dev2, sctx):
 
 
 async def test_async_forms(dev, dev2, sctx):
-    t = await sctx.create_exportable_tensor_async(data_type="float32", shape=[N], device=dev2.device,
-                                                  readable=True, writable=True)
+    t = await sctx.create_exportable_tensor_async(
+        data_type="float32", shape=[N], device=dev2.device, readable=True, writable=True
+    )
     sctx.write_tensor(t, x0())
     buf = await sctx.export_to_gpu_async(t)
     dev2.add_one(buf)
@@ -138,15 +140,23 @@ def test_render_pass_reads_the_exported_buffer(dev, sctx):
     d = dev.device
     module = d.create_shader_module(code=RENDER_WGSL)
     pipe = d.create_render_pipeline(
-        layout="auto", vertex={"module": module, "entry_point": "vs"},
+        layout="auto",
+        vertex={"module": module, "entry_point": "vs"},
         fragment={"module": module, "entry_point": "fs", "targets": [{"format": "rgba32float"}]},
-        primitive={"topology": "triangle-list"})
-    tex = d.create_texture(size=(4, 4, 1), format="rgba32float",
-                           usage=wgpu.TextureUsage.RENDER_ATTACHMENT | wgpu.TextureUsage.COPY_SRC)
-    bg = d.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": buf}}])
+        primitive={"topology": "triangle-list"},
+    )
+    tex = d.create_texture(
+        size=(4, 4, 1), format="rgba32float", usage=wgpu.TextureUsage.RENDER_ATTACHMENT | wgpu.TextureUsage.COPY_SRC
+    )
+    bg = d.create_bind_group(
+        layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": buf}}]
+    )
     enc = d.create_command_encoder()
-    rp = enc.begin_render_pass(color_attachments=[{"view": tex.create_view(), "load_op": "clear", "store_op": "store",
-                                                   "clear_value": (0, 0, 0, 0)}])
+    rp = enc.begin_render_pass(
+        color_attachments=[
+            {"view": tex.create_view(), "load_op": "clear", "store_op": "store", "clear_value": (0, 0, 0, 0)}
+        ]
+    )
     rp.set_pipeline(pipe)
     rp.set_bind_group(0, bg)
     rp.draw(3)
@@ -192,7 +202,9 @@ def test_wrong_arguments(dev, dev2, sctx):
     plain = sctx.create_tensor_sync(data_type="float32", shape=[4], readable=True)
     lendable = sctx.create_tensor_sync(data_type="float32", shape=[4], importable_to_webgpu=True)
     for t in (plain, lendable):
-        with pytest.raises(TypeError, match=r"\[export_to_gpu\] the tensor was not created by create_exportable_tensor"):
+        with pytest.raises(
+            TypeError, match=r"\[export_to_gpu\] the tensor was not created by create_exportable_tensor"
+        ):
             sctx.export_to_gpu_sync(t)
     t = exportable(sctx, dev.device, n=4)
     with pytest.raises(TypeError, match=r"\[import_external_buffer\] .*importable_to_webgpu=True"):
@@ -206,8 +218,9 @@ def test_wrong_arguments(dev, dev2, sctx):
     with pytest.raises(TypeError, match=r"\[create_exportable_tensor\] device must be a wgpu.GPUDevice"):
         sctx.create_exportable_tensor_sync(data_type="float32", shape=[4], device="gpu")
     with pytest.raises(TypeError, match=r"\[create_exportable_tensor\] shape dimensions must be integers"):
-        sctx.create_exportable_tensor_sync(data_type="float32", shape=[mltensor.MLDynamicDimension("n", 8)],
-                                           device=dev.device)
+        sctx.create_exportable_tensor_sync(
+            data_type="float32", shape=[mltensor.MLDynamicDimension("n", 8)], device=dev.device
+        )
     gone = wgpu.gpu.request_adapter_sync().request_device_sync()
     t2 = exportable(sctx, gone, n=4)
     gone.destroy()
@@ -221,8 +234,9 @@ def test_import_and_export_side_by_side(dev, sctx):
     """The explainer's hold-back model and the specification's fail-fast model on one context:
     work on an imported tensor waits for its release; work on an exported one is refused."""
     g = add_one_graph(sctx)
-    imp = sctx.create_tensor_sync(data_type="float32", shape=[N], readable=True, writable=True,
-                                  importable_to_webgpu=True)
+    imp = sctx.create_tensor_sync(
+        data_type="float32", shape=[N], readable=True, writable=True, importable_to_webgpu=True
+    )
     exp = exportable(sctx, dev.device)
     out = sctx.create_tensor_sync(data_type="float32", shape=[N], readable=True)
     for t in (imp, exp):
@@ -250,8 +264,7 @@ def test_spec_example_video_frame(dev):
     frame = b.input("frame", data_type="float32", shape=[N])
     graph = b.build_sync({"mask": b.sigmoid(frame)})
     frame_tensor = ml_context.create_tensor_sync(data_type="float32", shape=[N], writable=True)
-    mask_tensor = ml_context.create_exportable_tensor_sync(data_type="float32", shape=[N], device=device,
-                                                           readable=True)
+    mask_tensor = ml_context.create_exportable_tensor_sync(data_type="float32", shape=[N], device=device, readable=True)
     for k in range(3):
         pixels = np.linspace(-4, 4, N, dtype=np.float32) + k
         ml_context.write_tensor(frame_tensor, pixels)
@@ -314,6 +327,7 @@ def test_export_races_webnn_use_from_threads(dev, sctx):
                 fn()
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
+
         return run
 
     threads = [threading.Thread(target=guard(f)) for f in (renter, dispatcher, exporter)]

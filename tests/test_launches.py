@@ -33,8 +33,10 @@ def _run(ctx, g, feeds):
         dt, shape = g.input_descriptors[name]
         ins[name] = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
         ctx.write_tensor(ins[name], arr)
-    outs = {n: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
-            for n, (dt, shape) in g.output_descriptors.items()}
+    outs = {
+        n: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
+        for n, (dt, shape) in g.output_descriptors.items()
+    }
     ctx.dispatch(g, ins, outs)
     res = {n: ctx.read_tensor_sync(t) for n, t in outs.items()}
     g.destroy()
@@ -137,8 +139,10 @@ def test_concat_output_written_into_callers_tensors(ctx, rng):
     if not NO_FUSION:
         assert not _concat_kernels(g) and len(g.kernel_names) == 4, g.kernel_names
     xt = ctx.create_tensor_sync(data_type="float32", shape=[1, 8, 16], writable=True)
-    outs = [{k: ctx.create_tensor_sync(data_type="float32", shape=[1, 24, 16], readable=True) for k in "yz"}
-            for _ in range(2)]
+    outs = [
+        {k: ctx.create_tensor_sync(data_type="float32", shape=[1, 24, 16], readable=True) for k in "yz"}
+        for _ in range(2)
+    ]
     for rnd in range(4):
         xv = rng.standard_normal((1, 8, 16)).astype(np.float32)
         ctx.write_tensor(xt, xv)
@@ -162,8 +166,7 @@ def test_replay_state_skipping_across_graphs(ctx):
     ts = [ctx.create_tensor_sync(data_type="float32", shape=[64], readable=True, writable=True) for _ in range(3)]
     ctx.write_tensor(ts[0], np.arange(64, dtype=np.float32))
     want = np.arange(64, dtype=np.float32)
-    seq = [(g_add, 0, 1), (g_add, 1, 2), (g_mul, 2, 1), (g_mul, 2, 1), (g_add, 1, 0), (g_add, 1, 0),
-           (g_mul, 0, 2)]
+    seq = [(g_add, 0, 1), (g_add, 1, 2), (g_mul, 2, 1), (g_mul, 2, 1), (g_add, 1, 0), (g_add, 1, 0), (g_mul, 0, 2)]
     vals = {0: want.copy()}
     for g, i, o in seq:
         ctx.dispatch(g, {"x": ts[i]}, {"y": ts[o]})

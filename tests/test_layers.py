@@ -50,8 +50,10 @@ MAX_LINES = 800
 
 # Deferred imports kept on purpose: (importing module, imported module) -> why.
 DEFERRED = {
-    ("front.builder", "compiler.build"):
-        "a process whose graphs all come from the graph cache never imports the compiler",
+    (
+        "front.builder",
+        "compiler.build",
+    ): "a process whose graphs all come from the graph cache never imports the compiler",
     ("session.lazy", "onnx.importer"): "a session served by the graph cache never imports onnx",
     ("session.lazy", "stages.plan"): "staged runs import onnx (their loops build ONNX bodies)",
     ("session.lazy", "tflite"): "a TFLite session served by the graph cache never reads the file",
@@ -123,8 +125,10 @@ def _scan():
         tree = ast.parse(path.read_text(), str(path))
         # the module's own code ends at its last statement that is not an import: imports after
         # it are bottom-of-module imports
-        last_code = max((i for i, s in enumerate(tree.body)
-                         if not isinstance(s, (ast.Import, ast.ImportFrom, ast.Expr))), default=-1)
+        last_code = max(
+            (i for i, s in enumerate(tree.body) if not isinstance(s, (ast.Import, ast.ImportFrom, ast.Expr))),
+            default=-1,
+        )
         top = {id(s): i for i, s in enumerate(tree.body)}
 
         def visit(node, in_fn):
@@ -145,8 +149,11 @@ def _scan():
         visit(tree, False)
     for loader in LOADERS:
         for m in MODULES:
-            if m.startswith(loader + ".") and m.count(".") == loader.count(".") + 1 \
-                    and not m.rsplit(".", 1)[1].startswith("_"):
+            if (
+                m.startswith(loader + ".")
+                and m.count(".") == loader.count(".") + 1
+                and not m.rsplit(".", 1)[1].startswith("_")
+            ):
                 edges[loader].add(m)
     return edges, deferred, private
 
@@ -220,8 +227,10 @@ def test_no_import_circles():
 
 def test_deferred_imports_are_whitelisted():
     bad = [f"{_name(m)}:{line} imports {_name(t)}" for m, t, line in DEFERRED_FOUND if (m, t) not in DEFERRED]
-    assert not bad, ("deferred imports (inside a function or after the module's code) between mltensor "
-                     "modules; import at the top, or add a start-up reason to DEFERRED:\n" + "\n".join(bad))
+    assert not bad, (
+        "deferred imports (inside a function or after the module's code) between mltensor "
+        "modules; import at the top, or add a start-up reason to DEFERRED:\n" + "\n".join(bad)
+    )
     assert len(DEFERRED_FOUND) <= MAX_DEFERRED, DEFERRED_FOUND
     stale = set(DEFERRED) - {(m, t) for m, t, _ in DEFERRED_FOUND}
     assert not stale, f"DEFERRED entries no import uses any more: {sorted(stale)}"
@@ -233,8 +242,11 @@ def test_no_private_names_across_files():
 
 
 def test_files_are_small():
-    big = [(n, str(p.relative_to(PKG.parent))) for p in PKG.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    big = [
+        (n, str(p.relative_to(PKG.parent)))
+        for p in PKG.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    ]
     assert not big, f"files over {MAX_LINES} lines (one concept a module): {sorted(big, reverse=True)}"
 
 

@@ -65,8 +65,17 @@ def test_block_format_matmul_on_gpu(ctx, kind):
         b = MLGraphBuilder(ctx)
         x = b.input("a", data_type="float32", shape=[m, cols])
         zp = None if q.zero_points is None else b.constant(q.zero_points)
-        y = b._matmul_nbits(x, b.constant(q.packed), b.constant(q.scales), K=cols, N=rows, bits=q.bits,
-                            block_size=32, zero_points=zp, zp_mode="none" if zp is None else "float")
+        y = b._matmul_nbits(
+            x,
+            b.constant(q.packed),
+            b.constant(q.scales),
+            K=cols,
+            N=rows,
+            bits=q.bits,
+            block_size=32,
+            zero_points=zp,
+            zp_mode="none" if zp is None else "float",
+        )
         g = b.build_sync({"y": y})
         ta = ctx.create_tensor_sync(data_type="float32", shape=[m, cols], writable=True)
         ty = ctx.create_tensor_sync(data_type="float32", shape=[m, rows], readable=True)
@@ -105,8 +114,17 @@ def test_block_format_gather_on_gpu(ctx, kind):
     b = MLGraphBuilder(ctx)
     x = b.input("ids", data_type="int32", shape=[MLDynamicDimension("n", 16)])
     zp = None if q.zero_points is None else b.constant(q.zero_points)
-    y = b._gather_nbits(b.constant(q.packed), x, b.constant(q.scales), V=rows, H=cols, bits=q.bits, block_size=32,
-                        zero_points=zp, zp_mode="none" if zp is None else "float")
+    y = b._gather_nbits(
+        b.constant(q.packed),
+        x,
+        b.constant(q.scales),
+        V=rows,
+        H=cols,
+        bits=q.bits,
+        block_size=32,
+        zero_points=zp,
+        zp_mode="none" if zp is None else "float",
+    )
     g = b.build_sync({"y": y})
     ti = ctx.create_tensor_sync(data_type="int32", shape=[MLDynamicDimension("n", 16)], writable=True)
     ty = ctx.create_tensor_sync(data_type="float32", shape=[MLDynamicDimension("n", 16), cols], readable=True)
@@ -153,8 +171,9 @@ def _decode_compare(ctx, path, prompt, steps, **model_kw):
 @pytest.mark.parametrize("gemv", [True, False], ids=["gemv", "matmul_nbits"])
 def test_prefill_and_decode_logits(ctx, synth, gemv):
     # gemv: the decode step's kernel on CPU adapters (_llm_gemv); else _matmul_nbits everywhere
-    errs, ours, theirs = _decode_compare(ctx, synth, [3, 17, 99, 200, 5, 42, 7, 0, 255], 16,
-                                         max_context=64, max_step=8, gemv=gemv)
+    errs, ours, theirs = _decode_compare(
+        ctx, synth, [3, 17, 99, 200, 5, 42, 7, 0, 255], 16, max_context=64, max_step=8, gemv=gemv
+    )
     assert max(errs) < REL, errs
     assert ours == theirs
 
@@ -186,9 +205,19 @@ def test_variants_tied_f32_partial_rope_chunks(ctx, tmp_path):
     # tied output head (the Q4_0 embedding read by both the gather and the GEMV), an F32 / F16
     # mix, rotary on half of each head, 3 KV heads for 6 query heads; a second prompt longer
     # than max_step is split into several step dispatches after the first
-    path = write_synthetic(str(tmp_path / "v.gguf"), hidden=96, heads=6, kv_heads=3, ffn=64, vocab=160, seed=5,
-                           embd="Q4_0", tied=True, rope_dims=8,
-                           types={"attn_q": "F32", "attn_v": "F16", "ffn_down": "Q4_1"})
+    path = write_synthetic(
+        str(tmp_path / "v.gguf"),
+        hidden=96,
+        heads=6,
+        kv_heads=3,
+        ffn=64,
+        vocab=160,
+        seed=5,
+        embd="Q4_0",
+        tied=True,
+        rope_dims=8,
+        types={"attn_q": "F32", "attn_v": "F16", "ffn_down": "Q4_1"},
+    )
     ref = NumpyLlama(path)
     model = LlamaModel(path, ctx, max_context=48, max_step=3)
     assert model.weights.output is None
@@ -239,8 +268,19 @@ def test_kv_cache_in_place(ctx, tmp_path):
     equals the numpy Llama's (1e-5), the cache tensors hold its rotated keys and values row for
     row, they are one set (2 per layer, max_context positions each), and no step allocates,
     uploads or reads back anything but the logits read here."""
-    path = write_synthetic(str(tmp_path / "f32.gguf"), layers=3, hidden=144, heads=9, kv_heads=3, ffn=96,
-                           vocab=200, seed=9, embd="F32", output="F32", types=FLOAT_TYPES)
+    path = write_synthetic(
+        str(tmp_path / "f32.gguf"),
+        layers=3,
+        hidden=144,
+        heads=9,
+        kv_heads=3,
+        ffn=96,
+        vocab=200,
+        seed=9,
+        embd="F32",
+        output="F32",
+        types=FLOAT_TYPES,
+    )
     ref = NumpyLlama(path)
     model = LlamaModel(path, ctx, max_context=48, max_step=8)
     c = model.config
@@ -299,8 +339,9 @@ def test_kv_append_writes_only_its_rows(ctx):
     g = b.build_sync({"k": k, "v": v})
     assert [n for n in g.kernel_names if n.startswith("kv_append")] == g.kernel_names[-1:]
     rows = MLDynamicDimension("rows", 10)
-    tk, tv = (ctx.create_tensor_sync(data_type="float32", shape=[rows, 2, 3], readable=True, writable=True)
-              for _ in range(2))
+    tk, tv = (
+        ctx.create_tensor_sync(data_type="float32", shape=[rows, 2, 3], readable=True, writable=True) for _ in range(2)
+    )
     fill = np.full((10, 2, 3), 7.0, np.float32)
     ctx.write_tensor(tk, fill)
     ctx.write_tensor(tv, fill)
@@ -314,7 +355,7 @@ def test_kv_append_writes_only_its_rows(ctx):
         ctx.write_tensor(tp, np.zeros(max(length, 1), np.int32))  # (its shape is the only thing read)
         past_len = max(length, 1)
         ctx.dispatch(g, {"new": tn, "past": tp}, {"k": tk, "v": tv})
-        want[past_len:past_len + n] = x
+        want[past_len : past_len + n] = x
         length = past_len + n
         assert tk.shape == (length, 2, 3)
         np.testing.assert_array_equal(ctx.read_tensor_sync(tk), want[:length])
@@ -391,8 +432,24 @@ def _ids(path, pieces):
 
 @pytest.mark.slow
 def test_smollm2_logits_and_greedy(ctx, smollm2):
-    chat = ["<|im_start|>", "user", "Ċ", "What", "Ġis", "Ġthe", "Ġcapital", "Ġof", "ĠFrance", "?", "<|im_end|>",
-            "Ċ", "<|im_start|>", "ass", "istant", "Ċ"]
+    chat = [
+        "<|im_start|>",
+        "user",
+        "Ċ",
+        "What",
+        "Ġis",
+        "Ġthe",
+        "Ġcapital",
+        "Ġof",
+        "ĠFrance",
+        "?",
+        "<|im_end|>",
+        "Ċ",
+        "<|im_start|>",
+        "ass",
+        "istant",
+        "Ċ",
+    ]
     prompt = _ids(smollm2, chat)
     errs, ours, theirs = _decode_compare(ctx, smollm2, prompt, 16, max_context=128)
     assert max(errs) < REL, errs
@@ -411,8 +468,9 @@ def test_smollm2_greedy_matches_transformers(ctx, smollm2):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # (transformers needs it to load a GGUF file)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(smollm2),
-                                                           gguf_file=os.path.basename(smollm2))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm2), gguf_file=os.path.basename(smollm2)
+    )
     hf.eval()
     t = _tokenizer(smollm2)
     model = LlamaModel(smollm2, ctx, max_context=128)
@@ -532,8 +590,9 @@ def test_temperature_zero_is_greedy(ctx):
 
 @pytest.fixture(scope="module")
 def synth_tok(tmp_path_factory):
-    return write_synthetic(str(tmp_path_factory.mktemp("llmtok") / "tok.gguf"), tokenizer=True, hidden=64,
-                           heads=4, kv_heads=2, seed=11)
+    return write_synthetic(
+        str(tmp_path_factory.mktemp("llmtok") / "tok.gguf"), tokenizer=True, hidden=64, heads=4, kv_heads=2, seed=11
+    )
 
 
 def _tokenizer(path):
@@ -566,10 +625,13 @@ def test_tokenizer_bpe_merges_and_round_trips(synth_tok):
 def test_chat_template_renders(synth_tok):
     t = _tokenizer(synth_tok)
     got = t.apply_chat_template([{"role": "user", "content": "Hi"}])
-    assert got == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                   "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    got = t.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
-                                add_generation_prompt=False)
+    assert got == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    got = t.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}], add_generation_prompt=False
+    )
     assert got == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
     with pytest.raises(TypeError, match="role"):
         t.apply_chat_template([{"content": "x"}])
@@ -629,10 +691,20 @@ def test_chat_app_through_a_pipe(synth_tok):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-m", "mltensor.apps.chat", "--model", synth_tok, "--max-tokens", "6",
-           "--max-context", "128"]
-    r = subprocess.run(cmd, input="hello there\n/reset\nthe 12\n", capture_output=True, text=True, timeout=300,
-                       cwd=root)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mltensor.apps.chat",
+        "--model",
+        synth_tok,
+        "--max-tokens",
+        "6",
+        "--max-context",
+        "128",
+    ]
+    r = subprocess.run(
+        cmd, input="hello there\n/reset\nthe 12\n", capture_output=True, text=True, timeout=300, cwd=root
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
     assert lines[0] == _reference_reply(synth_tok, [{"role": "user", "content": "hello there"}], 6)
@@ -643,14 +715,17 @@ def test_chat_app_through_a_pipe(synth_tok):
         for field in ("generated tokens", "time to first token", "tokens/s", "adapter"):
             assert field in s
     # --prompt: one reply, then exit; a sampled reply with a seed is reproducible
-    cmd2 = cmd + ["--prompt", "hello there", "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95",
-                  "--seed", "3"]
+    cmd2 = cmd + ["--prompt", "hello there", "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "3"]
     a = subprocess.run(cmd2, capture_output=True, text=True, timeout=300, cwd=root)
     b = subprocess.run(cmd2, capture_output=True, text=True, timeout=300, cwd=root)
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     # examples/chat.py is the same program
-    c = subprocess.run([sys.executable, os.path.join(root, "examples", "chat.py")] + cmd2[3:], capture_output=True,
-                       text=True, timeout=300)
+    c = subprocess.run(
+        [sys.executable, os.path.join(root, "examples", "chat.py")] + cmd2[3:],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert c.returncode == 0 and c.stdout == a.stdout, c.stderr
     t = _tokenizer(synth_tok)
     n_prompt = len(t.encode(t.apply_chat_template([{"role": "user", "content": "hello there"}])))
@@ -676,8 +751,7 @@ def test_decode_loop_stays_on_the_gpu(ctx, synth):
         nxt = sampler(s.feed(nxt))
         got.append(sampler.read())
         c1 = ctx.counters
-        moved.append({k: c1[k] - c0[k] for k in ("bytes_uploaded", "bytes_downloaded", "tensors_alive",
-                                                   "bytes_alive")})
+        moved.append({k: c1[k] - c0[k] for k in ("bytes_uploaded", "bytes_downloaded", "tensors_alive", "bytes_alive")})
     assert got == want
     for m in moved[2:]:  # after the first steps (the step graph's first dispatch)
         assert m == {"bytes_uploaded": 0, "bytes_downloaded": 4, "tensors_alive": 0, "bytes_alive": 0}
@@ -692,9 +766,25 @@ def test_smollm2_chat_answers(smollm2):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-m", "mltensor.apps.chat", "--model", smollm2, "--max-tokens", "24",
-                        "--max-context", "256", "--prompt", "What is the capital of France?"],
-                       capture_output=True, text=True, timeout=600, cwd=root)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mltensor.apps.chat",
+            "--model",
+            smollm2,
+            "--max-tokens",
+            "24",
+            "--max-context",
+            "256",
+            "--prompt",
+            "What is the capital of France?",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
     assert "[prompt tokens 37, " in r.stderr

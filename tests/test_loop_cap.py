@@ -28,6 +28,7 @@ def _layer(a, axes, scale=None, bias=None, eps=1e-5):
 
 # -- the guard ------------------------------------------------------------------------------------
 
+
 def test_guard_refuses_a_declared_count_past_the_budget(ctx):
     loop_guard("some_op", LOOP_BUDGET)
     with pytest.raises(NotSupportedError, match=r"\[some_op\].*65535"):
@@ -55,6 +56,7 @@ def test_guard_fires_in_a_lowering(ctx, monkeypatch):
 
 
 # -- normalizations -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
 def test_layer_normalization_long_group(ctx, dt):
@@ -93,7 +95,7 @@ def test_rms_normalization_long_group(ctx):
     y = b._rms_normalization(xi, scale=b.constant(scale), axes=[1], epsilon=1e-6)
     r = run_graph(ctx, {"y": y}, {"x": x}, b)["y"]
     x64 = x.astype(np.float64)
-    want = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * scale
+    want = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-6) * scale
     np.testing.assert_allclose(r, want, rtol=1e-4, atol=1e-4)
 
 
@@ -123,11 +125,19 @@ def test_layer_normalization_dynamic_group(ctx):
 
     specs = {"x": ("float32", [2, D("n", BIG)])}
     sizes = [{"n": 1}, {"n": 3000}, {"n": BIG}, {"n": 700_001}]
-    check(ctx, specs, lambda b, x: b.layer_normalization(x, axes=[1]), sizes, lambda a: _layer(a, (1,)),
-          rtol=1e-4, atol=1e-4)
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.layer_normalization(x, axes=[1]),
+        sizes,
+        lambda a: _layer(a, (1,)),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 # -- pools ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_global_pools_large_plane(ctx, layout):
@@ -138,14 +148,17 @@ def test_global_pools_large_plane(ctx, layout):
     x = (R.standard_normal(shape) + 3).astype(np.float32)
     b = mltensor.MLGraphBuilder(ctx)
     xi = b.input("x", data_type="float32", shape=shape)
-    outs = {"avg": b.average_pool2d(xi, layout=layout), "max": b.max_pool2d(xi, layout=layout),
-            "l2": b.relu(b.l2_pool2d(xi, layout=layout))}
+    outs = {
+        "avg": b.average_pool2d(xi, layout=layout),
+        "max": b.max_pool2d(xi, layout=layout),
+        "l2": b.relu(b.l2_pool2d(xi, layout=layout)),
+    }
     r = run_graph(ctx, outs, {"x": x}, b)
     ax = (2, 3) if layout == "nchw" else (1, 2)
     x64 = x.astype(np.float64)
     np.testing.assert_allclose(r["avg"].ravel(), x64.mean(axis=ax).ravel(), rtol=1e-5)
     np.testing.assert_array_equal(r["max"].ravel(), x.max(axis=ax).ravel())
-    np.testing.assert_allclose(r["l2"].ravel(), np.sqrt((x64 ** 2).sum(axis=ax)).ravel(), rtol=1e-5)
+    np.testing.assert_allclose(r["l2"].ravel(), np.sqrt((x64**2).sum(axis=ax)).ravel(), rtol=1e-5)
 
 
 def test_global_max_pool_int8_and_float16(ctx):
@@ -167,11 +180,19 @@ def test_global_pool_dynamic_plane(ctx):
 
     specs = {"x": ("float32", [D("n", 2), 3, D("h", 2100), D("w", 2100)])}
     sizes = [{"n": 1, "h": 5, "w": 7}, {"n": 2, "h": 200, "w": 300}, {"n": 1, "h": 2100, "w": 2050}]
-    check(ctx, specs, lambda b, x: b.average_pool2d(x), sizes,
-          lambda a: a.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+    check(
+        ctx,
+        specs,
+        lambda b, x: b.average_pool2d(x),
+        sizes,
+        lambda a: a.astype(np.float64).mean(axis=(2, 3), keepdims=True),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 # -- GEMM family ----------------------------------------------------------------------------------
+
 
 def _mm_check(r, want):
     # relative to the result's scale: a K cut at ~40000 of 70000 is off by ~40%
@@ -255,6 +276,7 @@ def test_gemv_very_long_k(ctx):
 
 # -- attention ------------------------------------------------------------------------------------
 
+
 def _attn_ref(q, k, v, scale, bias=None, causal=False):
     s = np.einsum("...qd,...kd->...qk", q.astype(np.float64), k.astype(np.float64)) * scale
     if bias is not None:
@@ -296,10 +318,20 @@ def test_attention_tiles_long_keys_float16_dynamic(ctx):
     from test_dynamic_reduce import check
 
     d = 32
-    specs = {"q": ("float16", [1, 2, 16, d]), "k": ("float16", [1, 2, D("sk", 20000), d]),
-             "v": ("float16", [1, 2, D("sk", 20000), d])}
-    check(ctx, specs, lambda b, q, k, v: b._attention(q, k, v, scale=0.17), [{"sk": 7}, {"sk": 20000}],
-          lambda q, k, v: _attn_ref(q, k, v, 0.17), rtol=1e-2, atol=1e-2)
+    specs = {
+        "q": ("float16", [1, 2, 16, d]),
+        "k": ("float16", [1, 2, D("sk", 20000), d]),
+        "v": ("float16", [1, 2, D("sk", 20000), d]),
+    }
+    check(
+        ctx,
+        specs,
+        lambda b, q, k, v: b._attention(q, k, v, scale=0.17),
+        [{"sk": 7}, {"sk": 20000}],
+        lambda q, k, v: _attn_ref(q, k, v, 0.17),
+        rtol=1e-2,
+        atol=1e-2,
+    )
 
 
 def test_attention_decode_split_long_cache(ctx):
@@ -318,6 +350,7 @@ def test_attention_decode_split_long_cache(ctx):
 
 
 # -- the rest -------------------------------------------------------------------------------------
+
 
 def test_topk_long_row(ctx):
     """One row of 2.2M elements, k = 5: the one-workgroup plan's 32 threads would walk 68750
@@ -374,9 +407,13 @@ def test_int8_conv_and_requantized_matmul_long_k(ctx):
     b = mltensor.MLGraphBuilder(ctx)
     ai = b.input("a", data_type="uint8", shape=a.shape)
     scale = np.float32(2e-5)
-    y = b._int_matmul(ai, b.constant(w), a_zero_point=b.constant(np.array(128, np.uint8)),
-                      scale=b.constant(np.array(scale, np.float32)),
-                      output_zero_point=b.constant(np.array(-3, np.int8)))
+    y = b._int_matmul(
+        ai,
+        b.constant(w),
+        a_zero_point=b.constant(np.array(128, np.uint8)),
+        scale=b.constant(np.array(scale, np.float32)),
+        output_zero_point=b.constant(np.array(-3, np.int8)),
+    )
     ic = 4000
     x = R.integers(-128, 128, (1, ic, 3, 3)).astype(np.int8)
     f = R.integers(-128, 128, (4, ic, 3, 3)).astype(np.int8)
@@ -406,10 +443,18 @@ def test_nbits_matmul_long_k(ctx, m):
     w = (q.astype(np.float64) - 128) * np.repeat(scales.reshape(n, kb), bs, axis=1)
     b = mltensor.MLGraphBuilder(ctx)
     ai = b.input("a", data_type="float32", shape=[m, k])
-    y = b._matmul_nbits(ai, b.constant(q.view("<u4").ravel()), b.constant(scales), K=k, N=n, bits=8,
-                        block_size=bs, bias=b.constant(bias))
+    y = b._matmul_nbits(
+        ai,
+        b.constant(q.view("<u4").ravel()),
+        b.constant(scales),
+        K=k,
+        N=n,
+        bits=8,
+        block_size=bs,
+        bias=b.constant(bias),
+    )
     g = b.build_sync({"y": y})
-    for rows in ((8,) if isinstance(m, int) else (3, 40)):
+    for rows in (8,) if isinstance(m, int) else (3, 40):
         a = R.standard_normal((rows, k)).astype(np.float32)
         _mm_check(dispatch_at(ctx, g, {"a": a})["y"], a.astype(np.float64) @ w.T + bias)
     g.destroy()

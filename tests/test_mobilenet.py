@@ -26,6 +26,7 @@ def sigmoid(x):
 
 def resize_linear_ref(x, out_hw):
     """Bilinear, half-pixel, source coordinate clamped to [0, size - 1] (the spec's), NCHW."""
+
     def weights(n_in, n_out):
         src = np.clip((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0, n_in - 1)
         i0 = np.floor(src).astype(int)
@@ -90,8 +91,16 @@ def forward_graph(net, b, x, layout):
         else:
             fl = "oihw"
         p = k // 2
-        return b.conv2d(x, b.constant(np.ascontiguousarray(w)), bias=b.constant(bias), padding=[p] * 4,
-                        strides=[stride] * 2, groups=groups, input_layout=layout, filter_layout=fl)
+        return b.conv2d(
+            x,
+            b.constant(np.ascontiguousarray(w)),
+            bias=b.constant(bias),
+            padding=[p] * 4,
+            strides=[stride] * 2,
+            groups=groups,
+            input_layout=layout,
+            filter_layout=fl,
+        )
 
     x = b.hard_swish(conv("stem", x, 16, 3, stride=2))
     x = b.relu(conv("dw1", x, 16, 3, groups=16))

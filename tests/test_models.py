@@ -16,9 +16,7 @@ FAKE = {name: f"{name} model bytes".encode() for name in models.MODELS}
 @pytest.fixture
 def fake_models(monkeypatch, tmp_path):
     """MODELS with digests of small fake files, a cache dir under tmp, and a counting fake pip."""
-    table = {
-        name: (member, hashlib.sha256(FAKE[name]).hexdigest()) for name, (member, _) in models.MODELS.items()
-    }
+    table = {name: (member, hashlib.sha256(FAKE[name]).hexdigest()) for name, (member, _) in models.MODELS.items()}
     monkeypatch.setattr(models, "MODELS", table)
     monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path / "cache"))
     calls = []

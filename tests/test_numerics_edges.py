@@ -17,14 +17,58 @@ from helpers import run_graph
 import mltensor
 
 EDGES = np.array(
-    [0.0, -0.0, 1e-30, -1e-30, 1e-7, -1e-7, 0.5, -0.5, 1.0, -1.0, 3.0, -3.0, 5.0, -5.0, 20.0, -20.0,
-     88.0, -88.0, 1e30, -1e30, np.inf, -np.inf, np.nan],
+    [
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        1e-7,
+        -1e-7,
+        0.5,
+        -0.5,
+        1.0,
+        -1.0,
+        3.0,
+        -3.0,
+        5.0,
+        -5.0,
+        20.0,
+        -20.0,
+        88.0,
+        -88.0,
+        1e30,
+        -1e30,
+        np.inf,
+        -np.inf,
+        np.nan,
+    ],
     np.float32,
 )
 # sin/cos/tan: |x| up to 1e4, where our own range reduction works (shaders/common.wgsl sincos_f32;
 # beyond 65536 the driver's built-ins take over, whose precision no API specifies)
-TRIG = np.array([0.0, -0.0, 1e-30, -1e-30, 1e-7, 0.5, -1.0, 3.0, 20.0, -20.0, 88.0, -88.0, 1000.0,
-                 -4321.5, 1e4, np.inf, -np.inf, np.nan], np.float32)
+TRIG = np.array(
+    [
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        1e-7,
+        0.5,
+        -1.0,
+        3.0,
+        20.0,
+        -20.0,
+        88.0,
+        -88.0,
+        1000.0,
+        -4321.5,
+        1e4,
+        np.inf,
+        -np.inf,
+        np.nan,
+    ],
+    np.float32,
+)
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
@@ -148,10 +192,20 @@ def test_mish_chain(ctx):
     _compare("mish", x, got, want, rtol=1e-5, atol=1e-35)
 
 
-@pytest.mark.parametrize("rows", [
-    [[0.0, 1.0, 2.0], [88.0, -88.0, 0.0], [1e30, 1e30, -1e30], [-np.inf, 0.0, 1.0],
-     [-1e30, -1e30, -1e30], [-np.inf, -np.inf, 5.0], [20.0, -20.0, np.nan]],
-])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [
+            [0.0, 1.0, 2.0],
+            [88.0, -88.0, 0.0],
+            [1e30, 1e30, -1e30],
+            [-np.inf, 0.0, 1.0],
+            [-1e30, -1e30, -1e30],
+            [-np.inf, -np.inf, 5.0],
+            [20.0, -20.0, np.nan],
+        ],
+    ],
+)
 def test_softmax_and_log_sum_exp_at_the_edges(ctx, rows):
     x = np.array(rows, np.float32)
     x64 = x.astype(np.float64)

@@ -68,8 +68,12 @@ CONV = [
     ((1, 3, 5, 7, 6), (4, 3, 3, 2, 3), False, dict(auto_pad="SAME_UPPER", strides=[2, 3, 2])),
     ((1, 3, 5, 6, 7), (4, 3, 3, 3, 3), True, dict(auto_pad="VALID", strides=[1, 2, 2])),
     ((1, 3, 8, 5, 5), (4, 3, 3, 3, 3), True, dict(strides=[3, 1, 1], pads=[2, 2, 0, 0, 2, 0])),
-    ((1, 6, 5, 4, 4), (6, 2, 2, 2, 2), True, dict(group=3, dilations=[2, 2, 1], strides=[1, 1, 2],
-                                                  pads=[1, 0, 1, 0, 1, 0], kernel_shape=[2, 2, 2])),
+    (
+        (1, 6, 5, 4, 4),
+        (6, 2, 2, 2, 2),
+        True,
+        dict(group=3, dilations=[2, 2, 1], strides=[1, 1, 2], pads=[1, 0, 1, 0, 1, 0], kernel_shape=[2, 2, 2]),
+    ),
 ]
 
 
@@ -77,8 +81,11 @@ CONV = [
 def test_conv3d(ctx, case):
     xs, ws, bias, attrs = case
     rng = np.random.default_rng(_seed(case))
-    inputs = [("x", _arr(rng, *xs), True), ("w", _arr(rng, *ws), False),
-              ("b", _arr(rng, ws[0]) if bias else None, False)]
+    inputs = [
+        ("x", _arr(rng, *xs), True),
+        ("w", _arr(rng, *ws), False),
+        ("b", _arr(rng, ws[0]) if bias else None, False),
+    ]
     names = _compare(ctx, one_node_model("Conv", inputs, [("y", TP.FLOAT)], attrs), {"x": inputs[0][1]})
     # one conv2d for all the depth taps; the depth im2col is one gather
     assert sum(n.startswith("conv2d") for n in names) == 1, names
@@ -112,10 +119,18 @@ def test_conv3d_launches(ctx):
 # (x shape, filter [C, O/group, KD, KH, KW], bias, attributes)
 CONV_T = [
     ((1, 3, 3, 4, 5), (3, 2, 3, 3, 3), True, {}),
-    ((2, 4, 3, 4, 3), (4, 3, 3, 2, 3), True, dict(strides=[2, 2, 1], pads=[1, 0, 0, 0, 1, 1],
-                                                 output_padding=[1, 1, 0])),
-    ((1, 4, 3, 3, 4), (4, 3, 2, 3, 3), False, dict(strides=[3, 2, 2], dilations=[2, 1, 1],
-                                                  group=2, auto_pad="SAME_UPPER")),
+    (
+        (2, 4, 3, 4, 3),
+        (4, 3, 3, 2, 3),
+        True,
+        dict(strides=[2, 2, 1], pads=[1, 0, 0, 0, 1, 1], output_padding=[1, 1, 0]),
+    ),
+    (
+        (1, 4, 3, 3, 4),
+        (4, 3, 2, 3, 3),
+        False,
+        dict(strides=[3, 2, 2], dilations=[2, 1, 1], group=2, auto_pad="SAME_UPPER"),
+    ),
     ((1, 2, 4, 3, 3), (2, 2, 3, 3, 2), True, dict(strides=[2, 1, 2], auto_pad="SAME_LOWER")),
     ((1, 2, 3, 4, 4), (2, 3, 3, 3, 3), True, dict(strides=[2, 2, 2], output_shape=[6, 8, 8])),
     ((1, 2, 3, 4, 4), (2, 3, 3, 3, 3), False, dict(strides=[2, 2, 2], output_shape=[8, 9, 9])),
@@ -124,8 +139,12 @@ CONV_T = [
     ((1, 3, 1, 4, 4), (3, 2, 3, 3, 3), True, dict(strides=[2, 2, 2])),  # D = 1
     ((1, 3, 4, 4, 4), (3, 2, 1, 3, 3), True, dict(strides=[2, 1, 1], pads=[0, 1, 1, 0, 1, 1])),  # KD = 1
     ((1, 3, 3, 3, 3), (3, 2, 2, 2, 2), True, dict(strides=[2, 2, 2], auto_pad="VALID", output_padding=[1, 0, 1])),
-    ((2, 2, 3, 2, 3), (2, 2, 4, 3, 2), True, dict(strides=[3, 1, 1], pads=[3, 0, 1, 1, 0, 0],
-                                                 output_padding=[2, 0, 0])),
+    (
+        (2, 2, 3, 2, 3),
+        (2, 2, 4, 3, 2),
+        True,
+        dict(strides=[3, 1, 1], pads=[3, 0, 1, 1, 0, 0], output_padding=[2, 0, 0]),
+    ),
 ]
 
 
@@ -134,8 +153,11 @@ def test_conv_transpose3d(ctx, case):
     xs, ws, bias, attrs = case
     rng = np.random.default_rng(_seed(case))
     g = attrs.get("group", 1)
-    inputs = [("x", _arr(rng, *xs), True), ("w", _arr(rng, *ws), False),
-              ("b", _arr(rng, ws[1] * g) if bias else None, False)]
+    inputs = [
+        ("x", _arr(rng, *xs), True),
+        ("w", _arr(rng, *ws), False),
+        ("b", _arr(rng, ws[1] * g) if bias else None, False),
+    ]
     names = _compare(ctx, one_node_model("ConvTranspose", inputs, [("y", TP.FLOAT)], attrs), {"x": inputs[0][1]})
     assert sum(n.startswith("conv_transpose2d") for n in names) == 1, names
 
@@ -143,8 +165,12 @@ def test_conv_transpose3d(ctx, case):
 def test_conv_transpose3d_filter_as_input(ctx):
     rng = np.random.default_rng(7)
     x, w = _arr(rng, 1, 4, 3, 3, 4), _arr(rng, 4, 2, 2, 3, 3)
-    m = one_node_model("ConvTranspose", [("x", x, True), ("w", w, True)], [("y", TP.FLOAT)],
-                       dict(group=2, strides=[2, 2, 1], pads=[0, 1, 1, 1, 0, 1]))
+    m = one_node_model(
+        "ConvTranspose",
+        [("x", x, True), ("w", w, True)],
+        [("y", TP.FLOAT)],
+        dict(group=2, strides=[2, 2, 1], pads=[0, 1, 1, 1, 0, 1]),
+    )
     _compare(ctx, m, {"x": x, "w": w})
 
 
@@ -166,8 +192,14 @@ POOL = [
     dict(kernel_shape=[3, 1, 1], strides=[2, 1, 1], pads=[1, 0, 0, 1, 0, 0]),  # depth only
     dict(kernel_shape=[1, 1, 1], strides=[1, 1, 1]),
 ]
-POOL_OPS = [("MaxPool", {}), ("AveragePool", {}), ("AveragePool", dict(count_include_pad=1)),
-            ("LpPool", {}), ("LpPool", dict(p=3)), ("LpPool", dict(p=1))]
+POOL_OPS = [
+    ("MaxPool", {}),
+    ("AveragePool", {}),
+    ("AveragePool", dict(count_include_pad=1)),
+    ("LpPool", {}),
+    ("LpPool", dict(p=3)),
+    ("LpPool", dict(p=1)),
+]
 
 
 def _pool_cases():
@@ -193,10 +225,12 @@ def test_pool3d(ctx, op, attrs):
 def test_pool3d_depth_one(ctx):
     rng = np.random.default_rng(8)
     x = _arr(rng, 1, 3, 1, 6, 7)
-    for op, a in (("MaxPool", dict(kernel_shape=[1, 3, 3])),
-                  ("AveragePool", dict(kernel_shape=[3, 2, 2], pads=[1, 0, 0, 1, 1, 1], count_include_pad=1)),
-                  ("AveragePool", dict(kernel_shape=[3, 2, 2], pads=[1, 0, 0, 1, 1, 1], ceil_mode=1)),
-                  ("MaxPool", dict(kernel_shape=[2, 2, 2], pads=[1, 0, 0, 0, 0, 0], strides=[1, 2, 2]))):
+    for op, a in (
+        ("MaxPool", dict(kernel_shape=[1, 3, 3])),
+        ("AveragePool", dict(kernel_shape=[3, 2, 2], pads=[1, 0, 0, 1, 1, 1], count_include_pad=1)),
+        ("AveragePool", dict(kernel_shape=[3, 2, 2], pads=[1, 0, 0, 1, 1, 1], ceil_mode=1)),
+        ("MaxPool", dict(kernel_shape=[2, 2, 2], pads=[1, 0, 0, 0, 0, 0], strides=[1, 2, 2])),
+    ):
         _compare(ctx, one_node_model(op, [("x", x, True)], [("y", TP.FLOAT)], a), {"x": x})
 
 
@@ -213,8 +247,11 @@ def test_pool3d_padding_only_windows(ctx):
 F16 = [
     ("Conv", (6, 2, 3, 3, 3), dict(pads=[1] * 6, group=2)),
     ("ConvTranspose", (4, 2, 3, 3, 3), dict(strides=[2, 2, 1], pads=[1, 0, 0, 0, 1, 1])),
-    ("AveragePool", None, dict(kernel_shape=[3, 3, 3], pads=[1] * 6, count_include_pad=1, ceil_mode=1,
-                               strides=[2, 2, 2])),
+    (
+        "AveragePool",
+        None,
+        dict(kernel_shape=[3, 3, 3], pads=[1] * 6, count_include_pad=1, ceil_mode=1, strides=[2, 2, 2]),
+    ),
     ("MaxPool", None, dict(kernel_shape=[2, 3, 3], dilations=[2, 2, 2], pads=[1] * 6)),
     ("LpPool", None, dict(kernel_shape=[3, 3, 3], pads=[1] * 6, p=3)),
 ]
@@ -227,8 +264,13 @@ def test_float16(ctx, op, ws, attrs):
     x = _arr(rng, 1, 4, 5, 6, 7)
     w = [("w", _arr(rng, *ws) * 0.3, False)] if ws else []
     m32 = one_node_model(op, [("x", x, True)] + w, [("y", TP.FLOAT)], attrs, opset=19)
-    m16 = one_node_model(op, [("x", x.astype(np.float16), True)] + [(n, v.astype(np.float16), f) for n, v, f in w],
-                         [("y", TP.FLOAT16)], attrs, opset=19)
+    m16 = one_node_model(
+        op,
+        [("x", x.astype(np.float16), True)] + [(n, v.astype(np.float16), f) for n, v, f in w],
+        [("y", TP.FLOAT16)],
+        attrs,
+        opset=19,
+    )
     (want,) = _ort(m32, {"x": x})
     s = InferenceSession(m16, ctx)
     try:
@@ -243,8 +285,12 @@ def test_float16(ctx, op, ws, attrs):
 def test_maxpool3d_int8(ctx):
     rng = np.random.default_rng(9)
     x = rng.integers(-128, 128, (1, 2, 4, 5, 5), dtype=np.int8)
-    m = one_node_model("MaxPool", [("x", x, True)], [("y", TP.INT8)],
-                       dict(kernel_shape=[2, 3, 3], strides=[2, 2, 2], pads=[0, 1, 1, 1, 1, 1]))
+    m = one_node_model(
+        "MaxPool",
+        [("x", x, True)],
+        [("y", TP.INT8)],
+        dict(kernel_shape=[2, 3, 3], strides=[2, 2, 2], pads=[0, 1, 1, 1, 1, 1]),
+    )
     _compare(ctx, m, {"x": x}, atol=0)
 
 
@@ -254,20 +300,32 @@ def test_pool3d_launches(ctx):
     rng = np.random.default_rng(10)
     x = _arr(rng, 1, 3, 5, 6, 7)
     w = _arr(rng, 2, 3, 1, 1, 1)
-    for op, a in (("MaxPool", dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
-                  ("AveragePool", dict(kernel_shape=[3, 3, 3], pads=[1] * 6, count_include_pad=1))):
+    for op, a in (
+        ("MaxPool", dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
+        ("AveragePool", dict(kernel_shape=[3, 3, 3], pads=[1] * 6, count_include_pad=1)),
+    ):
         # a 1x1x1 Conv after the pool reads it through a free reshape
         nodes = [h.make_node(op, ["x"], ["p"], **a), h.make_node("Conv", ["p", "w"], ["y"])]
-        g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, x.shape)],
-                         [h.make_tensor_value_info("y", TP.FLOAT, None)], [nh.from_array(w, "w")])
+        g = h.make_graph(
+            nodes,
+            "g",
+            [h.make_tensor_value_info("x", TP.FLOAT, x.shape)],
+            [h.make_tensor_value_info("y", TP.FLOAT, None)],
+            [nh.from_array(w, "w")],
+        )
         names = _compare(ctx, h.make_model(g, opset_imports=[h.make_opsetid("", 21)], ir_version=10), {"x": x})
         pools = [n for n in names if "pool2d" in n]
         assert len(pools) == 2, names
         assert not FUSION or not any(n.startswith(("ew_", "mul", "pad", "copy")) for n in names), names
 
 
-GLOBAL = [("GlobalAveragePool", {}), ("GlobalMaxPool", {}), ("GlobalLpPool", {}), ("GlobalLpPool", dict(p=1)),
-          ("GlobalLpPool", dict(p=3))]
+GLOBAL = [
+    ("GlobalAveragePool", {}),
+    ("GlobalMaxPool", {}),
+    ("GlobalLpPool", {}),
+    ("GlobalLpPool", dict(p=1)),
+    ("GlobalLpPool", dict(p=3)),
+]
 
 
 @pytest.mark.parametrize("op,attrs", GLOBAL, ids=[f"{o}{a.get('p', '')}" for o, a in GLOBAL])
@@ -284,16 +342,23 @@ def test_5d_normalization_resize_elementwise(ctx):
     rng = np.random.default_rng(12)
     x = _arr(rng, 2, 3, 4, 5, 6)
     c = 3
-    params = [("s", rng.uniform(0.5, 1.5, c).astype(np.float32), False), ("bb", _arr(rng, c), False),
-              ("m", _arr(rng, c), False), ("v", rng.uniform(0.5, 2, c).astype(np.float32), False)]
-    _compare(ctx, one_node_model("BatchNormalization", [("x", x, True)] + params, [("y", TP.FLOAT)],
-                                 dict(epsilon=1e-3)), {"x": x})
-    _compare(ctx, one_node_model("InstanceNormalization", [("x", x, True)] + params[:2], [("y", TP.FLOAT)]),
-             {"x": x})
+    params = [
+        ("s", rng.uniform(0.5, 1.5, c).astype(np.float32), False),
+        ("bb", _arr(rng, c), False),
+        ("m", _arr(rng, c), False),
+        ("v", rng.uniform(0.5, 2, c).astype(np.float32), False),
+    ]
+    _compare(
+        ctx,
+        one_node_model("BatchNormalization", [("x", x, True)] + params, [("y", TP.FLOAT)], dict(epsilon=1e-3)),
+        {"x": x},
+    )
+    _compare(ctx, one_node_model("InstanceNormalization", [("x", x, True)] + params[:2], [("y", TP.FLOAT)]), {"x": x})
     for mode in ("nearest", "linear"):
         scales = np.array([1, 1, 2, 1.5, 2], np.float32)
-        m = one_node_model("Resize", [("x", x, True), ("roi", None, False), ("sc", scales, False)],
-                           [("y", TP.FLOAT)], dict(mode=mode))
+        m = one_node_model(
+            "Resize", [("x", x, True), ("roi", None, False), ("sc", scales, False)], [("y", TP.FLOAT)], dict(mode=mode)
+        )
         _compare(ctx, m, {"x": x})
     y = _arr(rng, 1, 3, 1, 5, 1)
     _compare(ctx, one_node_model("Add", [("x", x, True), ("y", y, True)], [("z", TP.FLOAT)]), {"x": x, "y": y})
@@ -327,8 +392,12 @@ def test_refusals(ctx):
         m = one_node_model("Conv", [("x", x, True), ("w", _arr(rng, *ws), False)], [("y", TP.FLOAT)], attrs)
         with pytest.raises(mltensor.NotSupportedError, match=msg):
             InferenceSession(m, ctx)
-    m = one_node_model("ConvTranspose", [("x", x, True), ("w", _arr(rng, 2, 2, 2, 2, 2), False)], [("y", TP.FLOAT)],
-                       dict(pads=[3, 0, 0, 3, 0, 0]))
+    m = one_node_model(
+        "ConvTranspose",
+        [("x", x, True), ("w", _arr(rng, 2, 2, 2, 2, 2), False)],
+        [("y", TP.FLOAT)],
+        dict(pads=[3, 0, 0, 3, 0, 0]),
+    )
     with pytest.raises(mltensor.NotSupportedError, match="output depth would be"):
         InferenceSession(m, ctx)
 
@@ -339,11 +408,16 @@ def test_refusals(ctx):
 def _cnn(rng, dims):
     """Conv3d+BN+Relu -> MaxPool3d -> Conv3d(+Relu) -> GlobalAveragePool -> Flatten -> Gemm."""
     init = [
-        nh.from_array(_arr(rng, 8, 3, 3, 3, 3) * 0.3, "w1"), nh.from_array(_arr(rng, 8), "b1"),
-        nh.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "g"), nh.from_array(_arr(rng, 8), "be"),
-        nh.from_array(_arr(rng, 8) * 0.1, "mu"), nh.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "var"),
-        nh.from_array(_arr(rng, 12, 4, 3, 3, 3) * 0.2, "w2"), nh.from_array(_arr(rng, 12), "b2"),
-        nh.from_array(_arr(rng, 5, 12), "fw"), nh.from_array(_arr(rng, 5), "fb"),
+        nh.from_array(_arr(rng, 8, 3, 3, 3, 3) * 0.3, "w1"),
+        nh.from_array(_arr(rng, 8), "b1"),
+        nh.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "g"),
+        nh.from_array(_arr(rng, 8), "be"),
+        nh.from_array(_arr(rng, 8) * 0.1, "mu"),
+        nh.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "var"),
+        nh.from_array(_arr(rng, 12, 4, 3, 3, 3) * 0.2, "w2"),
+        nh.from_array(_arr(rng, 12), "b2"),
+        nh.from_array(_arr(rng, 5, 12), "fw"),
+        nh.from_array(_arr(rng, 5), "fb"),
     ]
     nodes = [
         h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 6, strides=[1, 2, 2]),
@@ -356,15 +430,24 @@ def _cnn(rng, dims):
         h.make_node("Flatten", ["gp"], ["f"]),
         h.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1),
     ]
-    g = h.make_graph(nodes, "cnn3d", [h.make_tensor_value_info("x", TP.FLOAT, dims)],
-                     [h.make_tensor_value_info("y", TP.FLOAT, None)], init)
+    g = h.make_graph(
+        nodes,
+        "cnn3d",
+        [h.make_tensor_value_info("x", TP.FLOAT, dims)],
+        [h.make_tensor_value_info("y", TP.FLOAT, None)],
+        init,
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("dims,sizes", [
-    (["N", 3, "D", "H", "W"], [(1, 3, 4, 8, 8), (2, 3, 6, 10, 12)]),  # spatial sizes free
-    (["N", 3, 4, 8, 8], [(2, 3, 4, 8, 8), (3, 3, 4, 8, 8)]),  # the batch free (dynamic build)
-], ids=["spatial", "batch"])
+@pytest.mark.parametrize(
+    "dims,sizes",
+    [
+        (["N", 3, "D", "H", "W"], [(1, 3, 4, 8, 8), (2, 3, 6, 10, 12)]),  # spatial sizes free
+        (["N", 3, 4, 8, 8], [(2, 3, 4, 8, 8), (3, 3, 4, 8, 8)]),  # the batch free (dynamic build)
+    ],
+    ids=["spatial", "batch"],
+)
 def test_cnn3d_two_sizes(ctx, dims, sizes):
     rng = np.random.default_rng(14)
     model = _cnn(rng, dims)
@@ -415,8 +498,9 @@ def test_torch_r3d_block(ctx, tmp_path):
     class R3D(nn.Module):
         def __init__(self):
             super().__init__()
-            self.stem = nn.Sequential(nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False),
-                                      nn.BatchNorm3d(8), nn.ReLU())
+            self.stem = nn.Sequential(
+                nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False), nn.BatchNorm3d(8), nn.ReLU()
+            )
             self.layer = Block(8, 16, 2)
             self.up = nn.ConvTranspose3d(16, 4, 2, 2)
             self.pool = nn.AdaptiveAvgPool3d(1)
@@ -436,8 +520,7 @@ def test_torch_r3d_block(ctx, tmp_path):
             m.running_var.uniform_(0.5, 2.0)
     x = torch.randn(1, 3, 8, 32, 32)
     path = tmp_path / "r3d.onnx"
-    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17,
-                      dynamo=False)
+    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
     with torch.no_grad():
         want = net(x).numpy()
     s = InferenceSession(str(path), ctx)

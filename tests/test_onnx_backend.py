@@ -36,15 +36,81 @@ from mltensor.onnx.exclusions import exclusion_reason  # noqa: E402
 # Case modules of onnx.backend.test.case.node the default run draws from (CNN and transformer
 # building blocks first).
 DEFAULT_MODULES = [
-    "abs", "add", "averagepool", "batch_normalization", "cast", "clip", "concat", "conv",
-    "convtranspose", "div", "elu", "equal", "erf", "exp", "expand", "flatten", "gather", "gemm",
-    "gelu", "globalaveragepool", "globalmaxpool", "hardsigmoid", "hardswish", "identity",
-    "instance_normalization", "layernormalization", "leakyrelu", "less", "lrn", "matmul", "max",
-    "maxpool", "mean", "min", "mul", "neg", "not_", "pad", "pow", "prelu", "reciprocal",
-    "reducemean", "reducesum", "reducemax", "relu", "reshape", "resize", "shape", "sigmoid",
-    "slice", "softmax", "split", "sqrt", "squeeze", "sub", "sum", "tanh", "transpose", "unsqueeze",
-    "where", "tile", "argmax", "cumsum", "softplus", "trilu", "depthtospace", "gathernd", "lstm",
-    "gru", "einsum", "logsoftmax", "floor", "sin", "greater", "and_",
+    "abs",
+    "add",
+    "averagepool",
+    "batch_normalization",
+    "cast",
+    "clip",
+    "concat",
+    "conv",
+    "convtranspose",
+    "div",
+    "elu",
+    "equal",
+    "erf",
+    "exp",
+    "expand",
+    "flatten",
+    "gather",
+    "gemm",
+    "gelu",
+    "globalaveragepool",
+    "globalmaxpool",
+    "hardsigmoid",
+    "hardswish",
+    "identity",
+    "instance_normalization",
+    "layernormalization",
+    "leakyrelu",
+    "less",
+    "lrn",
+    "matmul",
+    "max",
+    "maxpool",
+    "mean",
+    "min",
+    "mul",
+    "neg",
+    "not_",
+    "pad",
+    "pow",
+    "prelu",
+    "reciprocal",
+    "reducemean",
+    "reducesum",
+    "reducemax",
+    "relu",
+    "reshape",
+    "resize",
+    "shape",
+    "sigmoid",
+    "slice",
+    "softmax",
+    "split",
+    "sqrt",
+    "squeeze",
+    "sub",
+    "sum",
+    "tanh",
+    "transpose",
+    "unsqueeze",
+    "where",
+    "tile",
+    "argmax",
+    "cumsum",
+    "softplus",
+    "trilu",
+    "depthtospace",
+    "gathernd",
+    "lstm",
+    "gru",
+    "einsum",
+    "logsoftmax",
+    "floor",
+    "sin",
+    "greater",
+    "and_",
 ]
 DEFAULT_LIMIT = 150
 
@@ -78,8 +144,9 @@ def _cases_of_modules(modules):
 def default_cases():
     """Round-robin over DEFAULT_MODULES' in-scope cases (sorted by name), at most DEFAULT_LIMIT."""
     per = _cases_of_modules(DEFAULT_MODULES)
-    queues = [sorted((c for c in per[m] if exclusion_reason(c.name) is None), key=lambda c: c.name)
-              for m in DEFAULT_MODULES]
+    queues = [
+        sorted((c for c in per[m] if exclusion_reason(c.name) is None), key=lambda c: c.name) for m in DEFAULT_MODULES
+    ]
     out = []
     i = 0
     while len(out) < DEFAULT_LIMIT and any(queues):
@@ -133,8 +200,10 @@ def sweep(items, *, pattern=None, verbose=False, timeout=None, out=sys.stdout):
 
 def summary(passed, in_scope, total, failures, out=sys.stdout):
     pct = 100.0 * passed / max(in_scope, 1)
-    print(f"ONNX node conformance: {passed} passed / {in_scope} in-scope / {total} all cases "
-          f"({pct:.1f}% of in-scope)", file=out)
+    print(
+        f"ONNX node conformance: {passed} passed / {in_scope} in-scope / {total} all cases ({pct:.1f}% of in-scope)",
+        file=out,
+    )
     groups = collections.defaultdict(list)
     for n, m in failures.items():
         groups[re.sub(r"\d+", "N", m)[:160]].append(n)
@@ -144,8 +213,20 @@ def summary(passed, in_scope, total, failures, out=sys.stdout):
 
 # Every node case with a float16 input or output (in these modules) runs by default too: float16
 # computes in f16 where the context has "shader-f16" (tests/test_f16.py).
-FLOAT16_MODULES = ["attention", "cast", "castlike", "celu", "dequantizelinear", "isinf", "isnan", "max",
-                   "min", "mod", "rangeop", "swiglu"]
+FLOAT16_MODULES = [
+    "attention",
+    "cast",
+    "castlike",
+    "celu",
+    "dequantizelinear",
+    "isinf",
+    "isnan",
+    "max",
+    "min",
+    "mod",
+    "rangeop",
+    "swiglu",
+]
 
 
 def float16_cases():
@@ -166,6 +247,7 @@ def float16_cases():
 
 
 # -- pytest ------------------------------------------------------------------------------------
+
 
 @functools.cache
 def _items(kind):

@@ -18,8 +18,9 @@ MS = "com.microsoft"
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
     g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)],
-                             ir_version=8)
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)], ir_version=8
+    )
 
 
 def _vi(name, shape, t=F):
@@ -49,17 +50,23 @@ def _single(op_type, feeds, n_out=1, inits=None, out_names=None, float_outs=(), 
     optional input); those also named in `inits` become initializers, the rest graph inputs.
     Returns the model and the feeds of its graph inputs."""
     inits = inits or {}
-    ins = [_vi(n, list(v.shape), helper.np_dtype_to_tensor_dtype(v.dtype)) for n, v in feeds.items()
-           if v is not None and n not in inits]
+    ins = [
+        _vi(n, list(v.shape), helper.np_dtype_to_tensor_dtype(v.dtype))
+        for n, v in feeds.items()
+        if v is not None and n not in inits
+    ]
     node_in = [n if v is not None else "" for n, v in feeds.items()]
     while node_in and not node_in[-1]:
         node_in.pop()
     outs = out_names or [f"y{i}" for i in range(n_out)]
     node = helper.make_node(op_type, node_in, outs, domain=MS, **attrs)
     # outputs typed by onnxruntime's inference (_out_types), unless its inference needs help
-    model = _model([node], ins, [_vi(o, None) if o in float_outs else helper.make_value_info(o, onnx.TypeProto())
-                                 for o in outs if o],
-                   [numpy_helper.from_array(v, n) for n, v in inits.items()])
+    model = _model(
+        [node],
+        ins,
+        [_vi(o, None) if o in float_outs else helper.make_value_info(o, onnx.TypeProto()) for o in outs if o],
+        [numpy_helper.from_array(v, n) for n, v in inits.items()],
+    )
     live = {n: v for n, v in feeds.items() if v is not None and n not in inits}
     return model, live
 
@@ -74,8 +81,7 @@ def _out_types(model, feeds):
     return model, res
 
 
-def _run_single(ctx, op_type, feeds, n_out=1, inits=None, out_names=None, rtol=1e-4, atol=1e-4, float_outs=(),
-                **attrs):
+def _run_single(ctx, op_type, feeds, n_out=1, inits=None, out_names=None, rtol=1e-4, atol=1e-4, float_outs=(), **attrs):
     model, live = _single(op_type, feeds, n_out, inits, out_names, float_outs, **attrs)
     model, ref = _out_types(model, live)
     return _check(ctx, model, live, rtol=rtol, atol=atol, ref=ref)
@@ -107,23 +113,30 @@ def test_bias_add(ctx, rng, shape):
     # onnxruntime has only a CUDA kernel: X + bias + skip in numpy
     x, bias, skip = _r(rng, *shape), _r(rng, shape[-1]), _r(rng, *shape)
     node = helper.make_node("BiasAdd", ["x", "b", "s"], ["y"], domain=MS)
-    model = _model([node], [_vi("x", list(shape)), _vi("b", [shape[-1]]), _vi("s", list(shape))],
-                   [_vi("y", list(shape))])
+    model = _model(
+        [node], [_vi("x", list(shape)), _vi("b", [shape[-1]]), _vi("s", list(shape))], [_vi("y", list(shape))]
+    )
     _check(ctx, model, {"x": x, "b": bias, "s": skip}, ref=[x + bias + skip], atol=1e-6)
 
 
 # -- layer normalizations ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape,skip", [((2, 3, 16), "full"), ((1, 5, 12), "one"), ((3, 4, 8), "2d"),
-                                        ((6, 16), "full")])
+@pytest.mark.parametrize(
+    "shape,skip", [((2, 3, 16), "full"), ((1, 5, 12), "one"), ((3, 4, 8), "2d"), ((6, 16), "full")]
+)
 @pytest.mark.parametrize("with_beta,with_bias", [(True, True), (False, False), (True, False), (False, True)])
 def test_skip_layer_normalization(ctx, rng, shape, skip, with_beta, with_bias):
     h = shape[-1]
     x = _r(rng, *shape, scale=2.0) + 0.5
     sk = {"full": _r(rng, *shape), "one": _r(rng, 1, *shape[1:]), "2d": _r(rng, *shape[-2:])}[skip]
-    feeds = {"x": x, "s": sk, "g": _r(rng, h), "be": _r(rng, h) if with_beta else None,
-             "bi": _r(rng, h) if with_bias else None}
+    feeds = {
+        "x": x,
+        "s": sk,
+        "g": _r(rng, h),
+        "be": _r(rng, h) if with_beta else None,
+        "bi": _r(rng, h) if with_bias else None,
+    }
     for outs in (["y"], ["y", "m", "iv", "sum"], ["y", "", "", "sum"], ["y", "m", "", ""]):
         _run_single(ctx, "SkipLayerNormalization", feeds, out_names=outs, epsilon=1e-5)
     _run_single(ctx, "SkipLayerNormalization", feeds)  # default epsilon
@@ -133,8 +146,7 @@ def test_skip_layer_normalization(ctx, rng, shape, skip, with_beta, with_bias):
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_skip_simplified_layer_normalization(ctx, rng, shape, with_bias):
     h = shape[-1]
-    feeds = {"x": _r(rng, *shape), "s": _r(rng, *shape), "g": _r(rng, h),
-             "bi": _r(rng, h) if with_bias else None}
+    feeds = {"x": _r(rng, *shape), "s": _r(rng, *shape), "g": _r(rng, h), "bi": _r(rng, h) if with_bias else None}
     _run_single(ctx, "SkipSimplifiedLayerNormalization", feeds, out_names=["y", "m", "iv", "sum"], epsilon=1e-6)
     _run_single(ctx, "SkipSimplifiedLayerNormalization", feeds)
 
@@ -145,8 +157,11 @@ def test_simplified_layer_normalization(ctx, rng, shape, axis):
     scale = _r(rng, *shape[axis:])
     for outs in (["y"], ["y", "iv"]):
         nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "g"], outs, axis=axis, epsilon=1e-5)]
-        model = _model(nodes, [_vi("x", list(shape)), _vi("g", list(scale.shape))],
-                       [helper.make_value_info(o, onnx.TypeProto()) for o in outs])
+        model = _model(
+            nodes,
+            [_vi("x", list(shape)), _vi("g", list(scale.shape))],
+            [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
+        )
         model, ref = _out_types(model, {"x": x, "g": scale})
         _check(ctx, model, {"x": x, "g": scale}, ref=ref)
 
@@ -177,9 +192,18 @@ def test_embed_layer_normalization(ctx, rng, variant):
 # -- FusedConv, FusedMatMul --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("act,params", [(None, None), ("Relu", None), ("Tanh", None), ("Sigmoid", None),
-                                        ("LeakyRelu", [0.3]), ("Clip", [-0.5, 0.7]),
-                                        ("HardSigmoid", [0.3, 0.4])])
+@pytest.mark.parametrize(
+    "act,params",
+    [
+        (None, None),
+        ("Relu", None),
+        ("Tanh", None),
+        ("Sigmoid", None),
+        ("LeakyRelu", [0.3]),
+        ("Clip", [-0.5, 0.7]),
+        ("HardSigmoid", [0.3, 0.4]),
+    ],
+)
 @pytest.mark.parametrize("with_z", [False, True])
 def test_fused_conv(ctx, rng, act, params, with_z):
     x = _r(rng, 1, 3, 7, 6)
@@ -196,13 +220,22 @@ def test_fused_conv(ctx, rng, act, params, with_z):
 def test_fused_conv_1d_and_groups(ctx, rng):
     x = _r(rng, 2, 4, 9)
     w = _r(rng, 4, 2, 3)
-    _run_single(ctx, "FusedConv", {"x": x, "w": w, "b": _r(rng, 4)}, inits={"w": w}, group=2,
-                activation="Relu", auto_pad="SAME_UPPER")
+    _run_single(
+        ctx,
+        "FusedConv",
+        {"x": x, "w": w, "b": _r(rng, 4)},
+        inits={"w": w},
+        group=2,
+        activation="Relu",
+        auto_pad="SAME_UPPER",
+    )
 
 
 @pytest.mark.parametrize("sa,sb", [((2, 3, 4, 5), None), ((3, 4, 5), None), ((4, 5), None), ((2, 1, 4, 5), (3, 0, 6))])
-@pytest.mark.parametrize("flags", [(0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0),
-                                   (0, 0, 0, 1), (1, 1, 1, 1), (0, 1, 1, 0)])
+@pytest.mark.parametrize(
+    "flags",
+    [(0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (1, 1, 1, 1), (0, 1, 1, 0)],
+)
 @pytest.mark.parametrize("alpha", [1.0, 0.125])
 def test_fused_matmul(ctx, rng, sa, sb, flags, alpha):
     from mltensor.onnx.ops.contrib_transformer import _fused_perm
@@ -218,8 +251,9 @@ def test_fused_matmul(ctx, rng, sa, sb, flags, alpha):
         bp = _r(rng, *sb[:-2], ap.shape[-1], sb[-1])
     perm = _fused_perm(bp.ndim, tb, tbb)
     b = np.ascontiguousarray(np.transpose(bp, np.argsort(perm)))
-    ref = _run_single(ctx, "FusedMatMul", {"a": a, "b": b}, alpha=alpha, transA=ta, transB=tb,
-                      transBatchA=tba, transBatchB=tbb)
+    ref = _run_single(
+        ctx, "FusedMatMul", {"a": a, "b": b}, alpha=alpha, transA=ta, transB=tb, transBatchA=tba, transBatchB=tbb
+    )
     np.testing.assert_allclose(ref[0], alpha * np.matmul(ap, bp), rtol=1e-4, atol=1e-4)
 
 
@@ -231,9 +265,17 @@ def test_fused_matmul_vector(ctx, rng):
 # -- BiasSoftmax (onnxruntime has only a CUDA kernel: numpy reference of its semantics) ------------
 
 
-@pytest.mark.parametrize("shape,bshape,axis,inner", [
-    ((2, 3, 4, 5), (2, 1, 4, 5), 2, 1), ((2, 3, 4, 5), (1, 3, 4, 5), 2, 0), ((2, 3, 4, 5), (2, 3, 4, 5), 3, 0),
-    ((2, 3, 4, 5), (4, 5), 2, 0), ((2, 3, 4, 5), (2, 1, 1, 5), 3, 1), ((4, 6), (1, 6), 1, 0)])
+@pytest.mark.parametrize(
+    "shape,bshape,axis,inner",
+    [
+        ((2, 3, 4, 5), (2, 1, 4, 5), 2, 1),
+        ((2, 3, 4, 5), (1, 3, 4, 5), 2, 0),
+        ((2, 3, 4, 5), (2, 3, 4, 5), 3, 0),
+        ((2, 3, 4, 5), (4, 5), 2, 0),
+        ((2, 3, 4, 5), (2, 1, 1, 5), 3, 1),
+        ((4, 6), (1, 6), 1, 0),
+    ],
+)
 def test_bias_softmax(ctx, rng, shape, bshape, axis, inner):
     x, bias = _r(rng, *shape, scale=2.0), _r(rng, *bshape, scale=2.0)
     rows, elems = int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))
@@ -252,8 +294,14 @@ def test_bias_softmax(ctx, rng, shape, bshape, axis, inner):
 
 
 def _attention_feeds(rng, bsz, seq, d_in, sizes, mask=None, past=None, attn_bias=None):
-    feeds = {"x": _r(rng, bsz, seq, d_in), "w": _r(rng, d_in, sum(sizes), scale=0.3),
-             "b": _r(rng, sum(sizes), scale=0.3), "mask": mask, "past": past, "ab": attn_bias}
+    feeds = {
+        "x": _r(rng, bsz, seq, d_in),
+        "w": _r(rng, d_in, sum(sizes), scale=0.3),
+        "b": _r(rng, sum(sizes), scale=0.3),
+        "mask": mask,
+        "past": past,
+        "ab": attn_bias,
+    }
     return feeds
 
 
@@ -282,16 +330,21 @@ def _mask_variant(rng, kind, bsz, seq, total, all_masked_row=True):
 @pytest.mark.parametrize("unidirectional", [0, 1])
 def test_attention(ctx, rng, bsz, seq, heads, hidden, mask, unidirectional):
     feeds = _attention_feeds(rng, bsz, seq, hidden + 3, [hidden] * 3, _mask_variant(rng, mask, bsz, seq, seq))
-    _run_single(ctx, "Attention", feeds, inits={"w": feeds["w"], "b": feeds["b"]}, num_heads=heads,
-                unidirectional=unidirectional)
+    _run_single(
+        ctx,
+        "Attention",
+        feeds,
+        inits={"w": feeds["w"], "b": feeds["b"]},
+        num_heads=heads,
+        unidirectional=unidirectional,
+    )
 
 
 @pytest.mark.parametrize("sizes,heads", [([8, 8, 16], 2), ([12, 12, 6], 3)])
 def test_attention_qkv_hidden_sizes_scale_filter(ctx, rng, sizes, heads):
     feeds = _attention_feeds(rng, 2, 4, 10, sizes, _mask_variant(rng, "2d", 2, 4, 4))
     _run_single(ctx, "Attention", feeds, num_heads=heads, qkv_hidden_sizes=sizes)
-    _run_single(ctx, "Attention", feeds, num_heads=heads, qkv_hidden_sizes=sizes, scale=0.3,
-                mask_filter_value=-50.0)
+    _run_single(ctx, "Attention", feeds, num_heads=heads, qkv_hidden_sizes=sizes, scale=0.3, mask_filter_value=-50.0)
     feeds["b"] = None  # the projection bias is optional
     _run_single(ctx, "Attention", feeds, num_heads=heads, qkv_hidden_sizes=sizes)
 
@@ -309,8 +362,9 @@ def test_attention_past_present(ctx, rng, mask, unidirectional):
 def test_attention_bias_input(ctx, rng):
     bsz, seq, heads, hidden = 2, 4, 2, 8
     for ab_shape in [(bsz, heads, seq, seq), (1, heads, seq, seq), (bsz, 1, seq, seq)]:
-        feeds = _attention_feeds(rng, bsz, seq, hidden, [hidden] * 3, _mask_variant(rng, "1d", bsz, seq, seq),
-                                 attn_bias=_r(rng, *ab_shape))
+        feeds = _attention_feeds(
+            rng, bsz, seq, hidden, [hidden] * 3, _mask_variant(rng, "1d", bsz, seq, seq), attn_bias=_r(rng, *ab_shape)
+        )
         _run_single(ctx, "Attention", feeds, num_heads=heads)
 
 
@@ -321,8 +375,7 @@ def test_attention_4d_mask(ctx, rng):
     total = seq + past_len
     mask4 = (rng.random((bsz, 1, m, m)) > 0.3).astype(np.int32)
     past = _r(rng, 2, bsz, heads, past_len, hidden // heads)
-    feeds = _attention_feeds(rng, bsz, seq, hidden, [hidden] * 3, mask4[:, 0, past_len:past_len + seq, :total],
-                             past)
+    feeds = _attention_feeds(rng, bsz, seq, hidden, [hidden] * 3, mask4[:, 0, past_len : past_len + seq, :total], past)
     m3, _ = _single("Attention", feeds, out_names=["y", "present"], num_heads=heads, unidirectional=1)
     _, ref = _out_types(m3, {k: v for k, v in feeds.items() if v is not None})
     feeds["mask"] = mask4
@@ -335,14 +388,19 @@ def test_attention_4d_mask(ctx, rng):
 # -- MultiHeadAttention ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bsz,seq,kv,heads,hidden,v_hidden", [(2, 4, 4, 2, 16, 16), (1, 3, 6, 4, 16, 8),
-                                                              (2, 1, 5, 2, 8, 12)])
+@pytest.mark.parametrize(
+    "bsz,seq,kv,heads,hidden,v_hidden", [(2, 4, 4, 2, 16, 16), (1, 3, 6, 4, 16, 8), (2, 1, 5, 2, 8, 12)]
+)
 @pytest.mark.parametrize("mask", [None, "1d", "2d", "3d"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_multi_head_attention(ctx, rng, bsz, seq, kv, heads, hidden, v_hidden, mask, with_bias):
-    feeds = {"q": _r(rng, bsz, seq, hidden), "k": _r(rng, bsz, kv, hidden), "v": _r(rng, bsz, kv, v_hidden),
-             "b": _r(rng, 2 * hidden + v_hidden) if with_bias else None,
-             "mask": _mask_variant(rng, mask, bsz, seq, kv)}
+    feeds = {
+        "q": _r(rng, bsz, seq, hidden),
+        "k": _r(rng, bsz, kv, hidden),
+        "v": _r(rng, bsz, kv, v_hidden),
+        "b": _r(rng, 2 * hidden + v_hidden) if with_bias else None,
+        "mask": _mask_variant(rng, mask, bsz, seq, kv),
+    }
     _run_single(ctx, "MultiHeadAttention", feeds, num_heads=heads)
 
 
@@ -352,51 +410,94 @@ def test_multi_head_attention_past_bias_qk(ctx, rng, unidirectional, mask):
     bsz, seq, heads, hidden, past_len = 2, 3, 2, 8, 5
     total = seq + past_len
     hs = hidden // heads
-    feeds = {"q": _r(rng, bsz, seq, hidden), "k": _r(rng, bsz, seq, hidden), "v": _r(rng, bsz, seq, hidden),
-             # (no fully masked row: at -10000 float32 keeps ~3 decimals of the bias added after)
-             "b": _r(rng, 3 * hidden), "mask": _mask_variant(rng, mask, bsz, seq, total, all_masked_row=False),
-             "ab": _r(rng, 1, heads, seq, total), "pk": _r(rng, bsz, heads, past_len, hs),
-             "pv": _r(rng, bsz, heads, past_len, hs)}
-    _run_single(ctx, "MultiHeadAttention", feeds, out_names=["y", "pk_out", "pv_out"], num_heads=heads,
-                unidirectional=unidirectional, scale=0.4)
+    feeds = {
+        "q": _r(rng, bsz, seq, hidden),
+        "k": _r(rng, bsz, seq, hidden),
+        "v": _r(rng, bsz, seq, hidden),
+        # (no fully masked row: at -10000 float32 keeps ~3 decimals of the bias added after)
+        "b": _r(rng, 3 * hidden),
+        "mask": _mask_variant(rng, mask, bsz, seq, total, all_masked_row=False),
+        "ab": _r(rng, 1, heads, seq, total),
+        "pk": _r(rng, bsz, heads, past_len, hs),
+        "pv": _r(rng, bsz, heads, past_len, hs),
+    }
+    _run_single(
+        ctx,
+        "MultiHeadAttention",
+        feeds,
+        out_names=["y", "pk_out", "pv_out"],
+        num_heads=heads,
+        unidirectional=unidirectional,
+        scale=0.4,
+    )
 
 
 def test_multi_head_attention_qk_output(ctx, rng):
     bsz, seq, heads, hidden = 2, 3, 2, 8
     for mask, uni, kv in ((None, 0, 5), ("2d", 0, 5), ("1d", 1, 3)):
         # qk: the scores softmax takes (mask, attention_bias and causal positions included)
-        feeds = {"q": _r(rng, bsz, seq, hidden), "k": _r(rng, bsz, kv, hidden), "v": _r(rng, bsz, kv, hidden),
-                 "b": None, "mask": _mask_variant(rng, mask, bsz, seq, kv, all_masked_row=False),
-                 "ab": _r(rng, bsz, 1, seq, kv)}
-        _run_single(ctx, "MultiHeadAttention", feeds, out_names=["y", "", "", "qk"], float_outs=("qk",),
-                    num_heads=heads, unidirectional=uni)
+        feeds = {
+            "q": _r(rng, bsz, seq, hidden),
+            "k": _r(rng, bsz, kv, hidden),
+            "v": _r(rng, bsz, kv, hidden),
+            "b": None,
+            "mask": _mask_variant(rng, mask, bsz, seq, kv, all_masked_row=False),
+            "ab": _r(rng, bsz, 1, seq, kv),
+        }
+        _run_single(
+            ctx,
+            "MultiHeadAttention",
+            feeds,
+            out_names=["y", "", "", "qk"],
+            float_outs=("qk",),
+            num_heads=heads,
+            unidirectional=uni,
+        )
 
 
 def test_multi_head_attention_bnsh_key_value(ctx, rng):
     bsz, seq, kv, heads, hidden = 2, 3, 6, 2, 8
-    feeds = {"q": _r(rng, bsz, seq, hidden), "k": _r(rng, bsz, heads, kv, hidden // heads),
-             "v": _r(rng, bsz, heads, kv, hidden // heads), "b": None,
-             "mask": _mask_variant(rng, "2d", bsz, seq, kv)}
+    feeds = {
+        "q": _r(rng, bsz, seq, hidden),
+        "k": _r(rng, bsz, heads, kv, hidden // heads),
+        "v": _r(rng, bsz, heads, kv, hidden // heads),
+        "b": None,
+        "mask": _mask_variant(rng, "2d", bsz, seq, kv),
+    }
     _run_single(ctx, "MultiHeadAttention", feeds, num_heads=heads)
 
 
 # -- float16 (onnxruntime's CPU kernels take it for these) -------------------------------------------
 
 
-@pytest.mark.parametrize("op_type,outs", [("SkipLayerNormalization", ["y", "m", "iv", "sum"]),
-                                          ("SkipSimplifiedLayerNormalization", ["y", "m", "iv", "sum"]),
-                                          ("FastGelu", ["y"]), ("BiasGelu", ["y"]), ("Gelu", ["y"]),
-                                          ("QuickGelu", ["y"]), ("Attention", ["y"]), ("MultiHeadAttention", ["y"])])
+@pytest.mark.parametrize(
+    "op_type,outs",
+    [
+        ("SkipLayerNormalization", ["y", "m", "iv", "sum"]),
+        ("SkipSimplifiedLayerNormalization", ["y", "m", "iv", "sum"]),
+        ("FastGelu", ["y"]),
+        ("BiasGelu", ["y"]),
+        ("Gelu", ["y"]),
+        ("QuickGelu", ["y"]),
+        ("Attention", ["y"]),
+        ("MultiHeadAttention", ["y"]),
+    ],
+)
 def test_float16(ctx, rng, op_type, outs):
     h = 16
-    x, s, g = (_r(rng, 2, 3, h).astype(np.float16), _r(rng, 2, 3, h).astype(np.float16),
-               _r(rng, h).astype(np.float16))
+    x, s, g = (_r(rng, 2, 3, h).astype(np.float16), _r(rng, 2, 3, h).astype(np.float16), _r(rng, h).astype(np.float16))
     feeds = {
         "SkipLayerNormalization": {"x": x, "s": s, "g": g, "be": g[::-1].copy()},
         "SkipSimplifiedLayerNormalization": {"x": x, "s": s, "g": g},
-        "FastGelu": {"x": x, "b": g}, "BiasGelu": {"x": x, "b": g}, "Gelu": {"x": x}, "QuickGelu": {"x": x},
-        "Attention": {"x": x, "w": _r(rng, h, 3 * h, scale=0.3).astype(np.float16),
-                      "b": _r(rng, 3 * h).astype(np.float16)},
+        "FastGelu": {"x": x, "b": g},
+        "BiasGelu": {"x": x, "b": g},
+        "Gelu": {"x": x},
+        "QuickGelu": {"x": x},
+        "Attention": {
+            "x": x,
+            "w": _r(rng, h, 3 * h, scale=0.3).astype(np.float16),
+            "b": _r(rng, 3 * h).astype(np.float16),
+        },
         "MultiHeadAttention": {"q": x, "k": s, "v": s[:, ::-1].copy()},
     }[op_type]
     attrs = {"num_heads": 2} if "Attention" in op_type else {}
@@ -405,6 +506,7 @@ def test_float16(ctx, rng, op_type, outs):
 
 
 # -- whole models through onnxruntime's transformer optimizer -----------------------------------------
+
 
 class _Graph:
     """Nodes and initializers of a test model, built in order."""
@@ -439,8 +541,13 @@ def _bert_like(rng, layers=2, hidden=32, heads=4, ffn=64, vocab=50, max_pos=32, 
     n, w, init = m.n, m.w, m.init
     for name, v in (("i0", [0]), ("i1", [1]), ("i2", [2])):
         init(name, np.array(v, np.int64))
-    for name, v in (("f_1", 1.0), ("f_neg", -10000.0), ("f_sqrth", np.sqrt(hs)), ("f_sqrt2", np.sqrt(2.0)),
-                    ("f_half", 0.5)):
+    for name, v in (
+        ("f_1", 1.0),
+        ("f_neg", -10000.0),
+        ("f_sqrth", np.sqrt(hs)),
+        ("f_sqrt2", np.sqrt(2.0)),
+        ("f_half", 0.5),
+    ):
         init(name, np.array(v, np.float32))
     init("shape_heads", np.array([0, 0, heads, hs], np.int64))
     init("shape_merge", np.array([0, 0, hidden], np.int64))
@@ -452,8 +559,12 @@ def _bert_like(rng, layers=2, hidden=32, heads=4, ffn=64, vocab=50, max_pos=32, 
     e_p = n("Gather", [w("pos_emb", max_pos, hidden, scale=1.0), pos], "e_pos")
     e_s = n("Gather", [w("seg_emb", segments, hidden, scale=1.0), "token_type_ids"], "e_seg")
     e = n("Add", [n("Add", [e_w, e_p], "e_sum1"), e_s], "e_sum2")
-    h = n("LayerNormalization", [e, w("emb_ln_g", hidden, scale=0.1), w("emb_ln_b", hidden, scale=0.1)], "emb_ln",
-          epsilon=1e-12)
+    h = n(
+        "LayerNormalization",
+        [e, w("emb_ln_g", hidden, scale=0.1), w("emb_ln_b", hidden, scale=0.1)],
+        "emb_ln",
+        epsilon=1e-12,
+    )
     # the additive mask (1 - mask) * -10000, broadcast over heads and queries
     mask = n("Unsqueeze", [n("Unsqueeze", ["attention_mask", "i1"], "mask_u1"), "i2"], "mask_u2")
     mask = n("Cast", [mask], "mask_f", to=F)
@@ -475,14 +586,22 @@ def _bert_like(rng, layers=2, hidden=32, heads=4, ffn=64, vocab=50, max_pos=32, 
         ctx = n("Transpose", [n("MatMul", [probs, v], p + "ctx")], p + "ctx_t", perm=[0, 2, 1, 3])
         ctx = n("Reshape", [ctx, "shape_merge"], p + "ctx_r")
         r1 = n("Add", [proj("ao", ctx, hidden, hidden), h], p + "res1")
-        h1 = n("LayerNormalization", [r1, w(p + "ln1_g", hidden, scale=0.1), w(p + "ln1_b", hidden, scale=0.1)],
-               p + "ln1", epsilon=1e-12)
+        h1 = n(
+            "LayerNormalization",
+            [r1, w(p + "ln1_g", hidden, scale=0.1), w(p + "ln1_b", hidden, scale=0.1)],
+            p + "ln1",
+            epsilon=1e-12,
+        )
         f = proj("ff1", h1, hidden, ffn)
         g = n("Add", [n("Erf", [n("Div", [f, "f_sqrt2"], p + "g_div")], p + "g_erf"), "f_1"], p + "g_add")
         g = n("Mul", [n("Mul", [f, g], p + "g_mul"), "f_half"], p + "gelu")
         r2 = n("Add", [proj("ff2", g, ffn, hidden), h1], p + "res2")
-        h = n("LayerNormalization", [r2, w(p + "ln2_g", hidden, scale=0.1), w(p + "ln2_b", hidden, scale=0.1)],
-              p + "ln2", epsilon=1e-12)
+        h = n(
+            "LayerNormalization",
+            [r2, w(p + "ln2_g", hidden, scale=0.1), w(p + "ln2_b", hidden, scale=0.1)],
+            p + "ln2",
+            epsilon=1e-12,
+        )
     n("Identity", [h], "last_hidden_state")
     ins = [_vi(name, ["batch", "seq"], I64) for name in ("input_ids", "token_type_ids", "attention_mask")]
     return m.model(ins, "last_hidden_state", hidden)
@@ -498,8 +617,15 @@ def _gpt2_like(rng, layers=2, hidden=32, heads=4, vocab=50, max_pos=32):
     for v in (0, 1, 2, 3, -1, -2):
         init(f"i{v}", np.array([v], np.int64))
     init("i_max", np.array([2**62], np.int64))
-    for name, v in (("f_1", 1.0), ("f_1e4", 10000.0), ("f_sqrth", np.sqrt(hs)), ("f_half", 0.5),
-                    ("f_c1", 0.044715), ("f_c2", np.sqrt(2 / np.pi)), ("f_3", 3.0)):
+    for name, v in (
+        ("f_1", 1.0),
+        ("f_1e4", 10000.0),
+        ("f_sqrth", np.sqrt(hs)),
+        ("f_half", 0.5),
+        ("f_c1", 0.044715),
+        ("f_c2", np.sqrt(2 / np.pi)),
+        ("f_3", 3.0),
+    ):
         init(name, np.array(v, np.float32))
     init("shape_heads", np.array([0, 0, heads, hs], np.int64))
     init("shape_merge", np.array([0, 0, hidden], np.int64))
@@ -518,11 +644,16 @@ def _gpt2_like(rng, layers=2, hidden=32, heads=4, vocab=50, max_pos=32):
     shapeh = n("Concat", [bs, "dh"], "shape_bsd", axis=0)
     for layer in range(layers):
         p = f"l{layer}_"
-        ln1 = n("LayerNormalization", [h, w(p + "ln1_g", hidden, scale=0.1), w(p + "ln1_b", hidden, scale=0.1)],
-                p + "ln1", epsilon=1e-5)
+        ln1 = n(
+            "LayerNormalization",
+            [h, w(p + "ln1_g", hidden, scale=0.1), w(p + "ln1_b", hidden, scale=0.1)],
+            p + "ln1",
+            epsilon=1e-5,
+        )
         x2 = n("Reshape", [ln1, "shape_2d"], p + "x2d")
-        qkv = n("Gemm", [x2, w(p + "c_attn_w", hidden, 3 * hidden), w(p + "c_attn_b", 3 * hidden, scale=0.1)],
-                p + "qkv2d")
+        qkv = n(
+            "Gemm", [x2, w(p + "c_attn_w", hidden, 3 * hidden), w(p + "c_attn_b", 3 * hidden, scale=0.1)], p + "qkv2d"
+        )
         qkv = n("Reshape", [qkv, shape3], p + "qkv")
         n("Split", [qkv, "split3"], [p + "q", p + "k", p + "v"], axis=2)
 
@@ -546,8 +677,12 @@ def _gpt2_like(rng, layers=2, hidden=32, heads=4, vocab=50, max_pos=32):
         a = n("Reshape", [n("Reshape", [a, "shape_merge"], p + "a_merge"), "shape_2d"], p + "a2d")
         o = n("Gemm", [a, w(p + "c_proj_w", hidden, hidden), w(p + "c_proj_b", hidden, scale=0.1)], p + "o2d")
         h = n("Add", [h, n("Reshape", [o, shapeh], p + "o")], p + "res1")
-        ln2 = n("LayerNormalization", [h, w(p + "ln2_g", hidden, scale=0.1), w(p + "ln2_b", hidden, scale=0.1)],
-                p + "ln2", epsilon=1e-5)
+        ln2 = n(
+            "LayerNormalization",
+            [h, w(p + "ln2_g", hidden, scale=0.1), w(p + "ln2_b", hidden, scale=0.1)],
+            p + "ln2",
+            epsilon=1e-5,
+        )
         f = n("MatMul", [ln2, w(p + "fc_w", hidden, 4 * hidden)], p + "fc_mm")
         f = n("Add", [f, w(p + "fc_b", 4 * hidden, scale=0.1)], p + "fc")
         # gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
@@ -555,11 +690,18 @@ def _gpt2_like(rng, layers=2, hidden=32, heads=4, vocab=50, max_pos=32):
         t = n("Add", [f, n("Mul", [x3, "f_c1"], p + "g_mul1")], p + "g_add1")
         t = n("Add", [n("Tanh", [n("Mul", [t, "f_c2"], p + "g_mul2")], p + "g_tanh"), "f_1"], p + "g_add2")
         g = n("Mul", [n("Mul", [f, "f_half"], p + "g_half"), t], p + "gelu")
-        f2 = n("Add", [n("MatMul", [g, w(p + "proj_w", 4 * hidden, hidden)], p + "proj_mm"),
-                       w(p + "proj_b", hidden, scale=0.1)], p + "proj")
+        f2 = n(
+            "Add",
+            [n("MatMul", [g, w(p + "proj_w", 4 * hidden, hidden)], p + "proj_mm"), w(p + "proj_b", hidden, scale=0.1)],
+            p + "proj",
+        )
         h = n("Add", [h, f2], p + "res2")
-    n("LayerNormalization", [h, w("lnf_g", hidden, scale=0.1), w("lnf_b", hidden, scale=0.1)], "last_hidden_state",
-      epsilon=1e-5)
+    n(
+        "LayerNormalization",
+        [h, w("lnf_g", hidden, scale=0.1), w("lnf_b", hidden, scale=0.1)],
+        "last_hidden_state",
+        epsilon=1e-5,
+    )
     return m.model([_vi("input_ids", ["batch", "seq"], I64)], "last_hidden_state", hidden)
 
 
@@ -569,8 +711,14 @@ def _optimize(model, model_type, options=None):
     from onnxruntime.transformers import optimizer
 
     # optimize_model rewrites the ModelProto it is given: hand it a copy
-    return optimizer.optimize_model(copy.deepcopy(model), model_type=model_type, num_heads=4, hidden_size=32,
-                                    optimization_options=options, opt_level=0).model
+    return optimizer.optimize_model(
+        copy.deepcopy(model),
+        model_type=model_type,
+        num_heads=4,
+        hidden_size=32,
+        optimization_options=options,
+        opt_level=0,
+    ).model
 
 
 def _contrib_ops(model):
@@ -613,9 +761,12 @@ def test_bert_like_optimized(ctx, variant):
     def feeds(seq):
         bsz = 2
         mask = np.ones((bsz, seq), np.int64)
-        mask[1, seq - 2:] = 0  # right padding in the second sequence
-        return {"input_ids": rng.integers(0, 50, (bsz, seq)).astype(np.int64),
-                "token_type_ids": rng.integers(0, 2, (bsz, seq)).astype(np.int64), "attention_mask": mask}
+        mask[1, seq - 2 :] = 0  # right padding in the second sequence
+        return {
+            "input_ids": rng.integers(0, 50, (bsz, seq)).astype(np.int64),
+            "token_type_ids": rng.integers(0, 2, (bsz, seq)).astype(np.int64),
+            "attention_mask": mask,
+        }
 
     _run_two_lengths(ctx, model, feeds, (5, 9, 5))
 
@@ -625,10 +776,10 @@ def test_gpt2_like_optimized(ctx):
     model = _optimize(_gpt2_like(rng), "gpt2")
     assert {"Attention", "SkipLayerNormalization", "FastGelu"} <= set(_contrib_ops(model))
     att = [n for n in model.graph.node if n.op_type == "Attention"]
-    assert len(att) == 2 and all(helper.get_attribute_value(a) == 1 for n in att for a in n.attribute
-                                 if a.name == "unidirectional")
-    _run_two_lengths(ctx, model, lambda seq: {"input_ids": rng.integers(0, 50, (2, seq)).astype(np.int64)},
-                     (6, 11, 6))
+    assert len(att) == 2 and all(
+        helper.get_attribute_value(a) == 1 for n in att for a in n.attribute if a.name == "unidirectional"
+    )
+    _run_two_lengths(ctx, model, lambda seq: {"input_ids": rng.integers(0, 50, (2, seq)).astype(np.int64)}, (6, 11, 6))
 
 
 def test_attention_dynamic_past_and_mask(ctx):
@@ -637,19 +788,25 @@ def test_attention_dynamic_past_and_mask(ctx):
     rng = np.random.default_rng(13)
     heads, hidden = 2, 8
     w, bias = _r(rng, hidden, 3 * hidden, scale=0.3), _r(rng, 3 * hidden, scale=0.3)
-    node = helper.make_node("Attention", ["x", "w", "b", "mask", "past"], ["y", "present"], domain=MS,
-                            num_heads=heads, unidirectional=1)
-    model = _model([node], [_vi("x", ["batch", "seq", hidden]), _vi("mask", ["batch", "total"], I32),
-                            _vi("past", [2, "batch", heads, "past", hidden // heads])],
-                   [_vi("y", ["batch", "seq", hidden]), _vi("present", [2, "batch", heads, "total", hidden // heads])],
-                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    node = helper.make_node(
+        "Attention", ["x", "w", "b", "mask", "past"], ["y", "present"], domain=MS, num_heads=heads, unidirectional=1
+    )
+    model = _model(
+        [node],
+        [
+            _vi("x", ["batch", "seq", hidden]),
+            _vi("mask", ["batch", "total"], I32),
+            _vi("past", [2, "batch", heads, "past", hidden // heads]),
+        ],
+        [_vi("y", ["batch", "seq", hidden]), _vi("present", [2, "batch", heads, "total", hidden // heads])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
+    )
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     sess = InferenceSession(model, ctx)
     for bsz, seq, past in ((2, 3, 4), (2, 1, 7), (1, 5, 2), (2, 4, 0)):  # (an empty past: a first step)
         mask = (rng.random((bsz, seq + past)) > 0.2).astype(np.int32)
         mask[:, -1] = 1
-        feeds = {"x": _r(rng, bsz, seq, hidden), "mask": mask,
-                 "past": _r(rng, 2, bsz, heads, past, hidden // heads)}
+        feeds = {"x": _r(rng, bsz, seq, hidden), "mask": mask, "past": _r(rng, 2, bsz, heads, past, hidden // heads)}
         for g, r in zip(sess.run(None, feeds), ref.run(None, feeds)):
             assert g.shape == r.shape
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
@@ -658,8 +815,20 @@ def test_attention_dynamic_past_and_mask(ctx):
 # -- rejected variants -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["rotary", "share_buffer", "mask_3b2", "packed_qkv", "fused_conv_elu",
-                                  "fused_conv_params", "cache_indirection", "causal_cross", "trans_batch_2d"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "rotary",
+        "share_buffer",
+        "mask_3b2",
+        "packed_qkv",
+        "fused_conv_elu",
+        "fused_conv_params",
+        "cache_indirection",
+        "causal_cross",
+        "trans_batch_2d",
+    ],
+)
 def test_unsupported_variants_are_named(ctx, rng, case):
     bsz, seq, hidden = 2, 3, 8
     feeds = _attention_feeds(rng, bsz, seq, hidden, [hidden] * 3)

@@ -15,8 +15,7 @@ import mltensor
 from mltensor import InferenceSession
 from mltensor.onnx import import_model
 
-SQUEEZENET = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
-                          "light_squeezenet.onnx")
+SQUEEZENET = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", "light_squeezenet.onnx")
 ALLOWED = (mltensor.DataError, mltensor.NotSupportedError)
 
 
@@ -65,9 +64,12 @@ def test_dangling_node_input_and_output(ctx):
 
 def test_huge_folded_shape_is_refused_not_allocated(ctx):
     shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
-    m = _model([helper.make_node("ConstantOfShape", ["s"], ["c"], name="big"),
-                helper.make_node("Add", ["x", "c"], ["y"])],
-               [_vi("x", [1])], [_vi("y", None)], [shape])
+    m = _model(
+        [helper.make_node("ConstantOfShape", ["s"], ["c"], name="big"), helper.make_node("Add", ["x", "c"], ["y"])],
+        [_vi("x", [1])],
+        [_vi("y", None)],
+        [shape],
+    )
     with pytest.raises(mltensor.DataError, match=r"node 'big' \(ConstantOfShape\).*would hold 1099511627776"):
         InferenceSession(m, ctx)
 
@@ -77,8 +79,9 @@ def test_name_not_utf8_is_data_error_at_construction(ctx, where, tmp_path, monke
     """protobuf gives a string field that is not UTF-8 as bytes: the session refuses the model
     when it is built (it used to escape as a TypeError from the graph cache's JSON note)."""
     monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))
-    m = _model([helper.make_node("Relu", ["in_QQQQ"], ["out_RRRR"])],
-               [_vi("in_QQQQ", ["n", 3])], [_vi("out_RRRR", ["n", 3])])
+    m = _model(
+        [helper.make_node("Relu", ["in_QQQQ"], ["out_RRRR"])], [_vi("in_QQQQ", ["n", 3])], [_vi("out_RRRR", ["n", 3])]
+    )
     bad = b"QQQQ" if where == "input" else b"RRRR"
     blob = m.SerializeToString().replace(bad, b"\xff\xfe\xfd\xfc")
     with pytest.raises(mltensor.DataError, match=rf"graph {where} has an invalid name"):
@@ -97,8 +100,7 @@ def test_dim_param_not_utf8_still_runs(ctx, tmp_path, monkeypatch):
 
 
 def test_unsupported_construct_is_not_supported_error(ctx):
-    m = _model([helper.make_node("Relu", ["x"], ["y"], domain="com.example")],
-               [_vi("x", [2])], [_vi("y", [2])])
+    m = _model([helper.make_node("Relu", ["x"], ["y"], domain="com.example")], [_vi("x", [2])], [_vi("y", [2])])
     m.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(mltensor.NotSupportedError, match="com.example"):
         InferenceSession(m, ctx)
@@ -117,14 +119,14 @@ def _mutants(data, n, seed):
                 b[i] ^= 1 << rng.randrange(8)
         elif kind == 1:
             i, m = rng.randrange(len(b)), rng.randint(1, 64)
-            b[i:i + m] = bytes(len(b[i:i + m]))
+            b[i : i + m] = bytes(len(b[i : i + m]))
         elif kind == 2:
             b = b[: rng.randrange(len(b))]
         else:
             m = rng.randint(2, 40)
             i, j = sorted(rng.sample(range(len(b) - m), 2))
             if j - i >= m:
-                b[i:i + m], b[j:j + m] = b[j:j + m], b[i:i + m]
+                b[i : i + m], b[j : j + m] = b[j : j + m], b[i : i + m]
         yield kind, bytes(b)
 
 
@@ -179,8 +181,11 @@ def test_fuzz_silero_vad_with_subgraphs(ctx):
         data = open(models.fetch_onnx("silero_vad_16k_op15", progress=False), "rb").read()
     except models.FetchError as e:  # pragma: no cover
         pytest.skip(f"model unavailable: {e}")
-    feeds = {"input": np.zeros((1, 512), np.float32), "state": np.zeros((2, 1, 128), np.float32),
-             "sr": np.array(16000, np.int64)}
+    feeds = {
+        "input": np.zeros((1, 512), np.float32),
+        "state": np.zeros((2, 1, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
     counts = {}
     for kind, blob in _mutants(data, 200, seed=2):
         try:

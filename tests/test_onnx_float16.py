@@ -87,12 +87,22 @@ def test_small_graph_float16_session(ctx):
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32), "w")
     bias = numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "bias")
-    nodes = [helper.make_node("Gemm", ["x", "w", "bias"], ["g"]), helper.make_node("Relu", ["g"], ["r"]),
-             helper.make_node("Softmax", ["r"], ["y"], axis=1), helper.make_node("ReduceSum", ["r", "axes"], ["s"], keepdims=0)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5]),
-                               helper.make_tensor_value_info("s", TensorProto.FLOAT, [3])],
-                              [w, bias, numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "bias"], ["g"]),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("Softmax", ["r"], ["y"], axis=1),
+        helper.make_node("ReduceSum", ["r", "axes"], ["s"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, [3]),
+        ],
+        [w, bias, numpy_helper.from_array(np.array([1], np.int64), "axes")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.standard_normal((3, 8)).astype(np.float32)
     y, s = _check(model, {"x": x}, ctx)

@@ -16,8 +16,12 @@ from mltensor.onnx.errors import UnsupportedError
 ort = pytest.importorskip("onnxruntime")
 
 TOL = 1e-4
-NP_TP = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.float16): TP.FLOAT16,
-         np.dtype(np.int64): TP.INT64, np.dtype(np.int32): TP.INT32}
+NP_TP = {
+    np.dtype(np.float32): TP.FLOAT,
+    np.dtype(np.float16): TP.FLOAT16,
+    np.dtype(np.int64): TP.INT64,
+    np.dtype(np.int32): TP.INT32,
+}
 
 
 def _model(nodes, inputs, outputs, inits=()):
@@ -28,8 +32,7 @@ def _model(nodes, inputs, outputs, inits=()):
         ins.append(helper.make_tensor_value_info(k, NP_TP[np.dtype(dt)], shape))
     outs = [helper.make_tensor_value_info(k, NP_TP[np.dtype(dt)], None) for k, dt in outputs.items()]
     g = helper.make_graph(nodes, "g", ins, outs, initializer=list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                               helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
 def _ort(model, feeds):
@@ -58,13 +61,12 @@ def _caches(rng, max_pos, half):
 
 
 def _rotary(ctx, x, pos, cos, sin, **attrs):
-    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"],
-                            domain="com.microsoft", **attrs)
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft", **attrs)
     feeds = {"x": x, "pos": pos, "cos": cos, "sin": sin}
     m = _model([node], feeds, {"y": x.dtype})
-    ref, = _ort(m, feeds)
+    (ref,) = _ort(m, feeds)
     with InferenceSession(m, ctx) as sess:
-        ours, = sess.run(None, feeds)
+        (ours,) = sess.run(None, feeds)
     return ours, ref
 
 
@@ -116,8 +118,9 @@ def test_rotary_embedding_packed_batching_rejected(ctx):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 3, 16)).astype(np.float32)
     cos, sin = _caches(rng, 8, 8)
-    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"],
-                            domain="com.microsoft", is_packed_batching=1)
+    node = helper.make_node(
+        "RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft", is_packed_batching=1
+    )
     feeds = {"x": x, "pos": np.array([0], np.int64), "cos": cos, "sin": sin}
     m = _model([node], feeds, {"y": np.float32})
     with pytest.raises(UnsupportedError, match="is_packed_batching"):
@@ -131,15 +134,13 @@ def test_rotary_embedding_packed_batching_rejected(ctx):
 class GQA:
     """A single GroupQueryAttention node with graph inputs for everything, run by both runtimes."""
 
-    def __init__(self, heads, kv_heads, hd, packed=False, rotary=False, max_pos=64, dtype=np.float32,
-                 **attrs):
+    def __init__(self, heads, kv_heads, hd, packed=False, rotary=False, max_pos=64, dtype=np.float32, **attrs):
         self.heads, self.kv_heads, self.hd, self.packed, self.rotary = heads, kv_heads, hd, packed, rotary
         self.dtype = dtype
         self.attrs = dict(num_heads=heads, kv_num_heads=kv_heads, **attrs)
         if rotary:
             self.attrs["do_rotary"] = 1
-        self.rng = np.random.default_rng(_seed(heads, kv_heads, hd, packed, rotary,
-                                               sorted(attrs.items())))
+        self.rng = np.random.default_rng(_seed(heads, kv_heads, hd, packed, rotary, sorted(attrs.items())))
         self.cos, self.sin = _caches(self.rng, max_pos, hd // 2)
 
     def feeds(self, bs, s, past, seqlens, total):
@@ -160,11 +161,24 @@ class GQA:
         return f
 
     def model(self, feeds):
-        names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
-                 "total_sequence_length", "cos_cache", "sin_cache"]
-        node = helper.make_node("GroupQueryAttention", [n if n in feeds else "" for n in names],
-                                ["output", "present_key", "present_value"], domain="com.microsoft",
-                                **self.attrs)
+        names = [
+            "query",
+            "key",
+            "value",
+            "past_key",
+            "past_value",
+            "seqlens_k",
+            "total_sequence_length",
+            "cos_cache",
+            "sin_cache",
+        ]
+        node = helper.make_node(
+            "GroupQueryAttention",
+            [n if n in feeds else "" for n in names],
+            ["output", "present_key", "present_value"],
+            domain="com.microsoft",
+            **self.attrs,
+        )
         # the sequence dimensions are symbolic: one model serves prompt and decode steps
         ins = {}
         for k, v in feeds.items():
@@ -174,8 +188,7 @@ class GQA:
             elif k.startswith("past"):
                 shape = ["batch", self.kv_heads, "past", self.hd]
             ins[k] = (v.dtype, shape)
-        return _model([node], ins, {"output": self.dtype, "present_key": self.dtype,
-                                    "present_value": self.dtype})
+        return _model([node], ins, {"output": self.dtype, "present_key": self.dtype, "present_value": self.dtype})
 
 
 def _valid_rows(x, lens):
@@ -211,17 +224,20 @@ def _run_steps(ctx, g, bs, prompt, steps, tol=TOL):
             _compare_step(ours, ref, [n] * bs, f"step {i}", tol)
 
 
-@pytest.mark.parametrize("heads,kv_heads,packed,rotary,attrs", [
-    (2, 2, False, False, {}),
-    (6, 2, False, False, {}),
-    (6, 2, True, False, {}),
-    (3, 1, False, True, {}),
-    (6, 2, True, True, {"rotary_interleaved": 1}),
-    (6, 2, False, False, {"local_window_size": 3}),
-    (2, 1, False, False, {"softcap": 2.0, "scale": 0.3}),
-    (4, 2, False, True, {"smooth_softmax": 1}),
-    (4, 2, True, True, {"causal": 0}),
-])
+@pytest.mark.parametrize(
+    "heads,kv_heads,packed,rotary,attrs",
+    [
+        (2, 2, False, False, {}),
+        (6, 2, False, False, {}),
+        (6, 2, True, False, {}),
+        (3, 1, False, True, {}),
+        (6, 2, True, True, {"rotary_interleaved": 1}),
+        (6, 2, False, False, {"local_window_size": 3}),
+        (2, 1, False, False, {"softcap": 2.0, "scale": 0.3}),
+        (4, 2, False, True, {"smooth_softmax": 1}),
+        (4, 2, True, True, {"causal": 0}),
+    ],
+)
 def test_gqa_prompt_then_decode(ctx, heads, kv_heads, packed, rotary, attrs):
     g = GQA(heads, kv_heads, 16, packed=packed, rotary=rotary, **attrs)
     _run_steps(ctx, g, 1, 5, 3)
@@ -308,12 +324,24 @@ def test_gqa_head_sink(ctx):
     empty = np.zeros((1, 2, 0, 16), np.float32)
     feeds = g.feeds(1, 4, (empty, empty), [3], 4)
     feeds["head_sink"] = g.rng.standard_normal(4).astype(np.float32)
-    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
-             "total_sequence_length", "", "", "", "", "head_sink"]
-    node = helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],
-                            domain="com.microsoft", **g.attrs)
-    m = _model([node], feeds, {"output": np.float32, "present_key": np.float32,
-                               "present_value": np.float32})
+    names = [
+        "query",
+        "key",
+        "value",
+        "past_key",
+        "past_value",
+        "seqlens_k",
+        "total_sequence_length",
+        "",
+        "",
+        "",
+        "",
+        "head_sink",
+    ]
+    node = helper.make_node(
+        "GroupQueryAttention", names, ["output", "present_key", "present_value"], domain="com.microsoft", **g.attrs
+    )
+    m = _model([node], feeds, {"output": np.float32, "present_key": np.float32, "present_value": np.float32})
     ref = _ort(m, feeds)
     with InferenceSession(m, ctx) as sess:
         ours = sess.run(None, feeds)
@@ -325,13 +353,16 @@ def test_gqa_float16(ctx):
     _run_steps(ctx, g, 1, 4, 2, tol=4e-3)
 
 
-@pytest.mark.parametrize("extra", [
-    {"attrs": {"causal": 0, "local_window_size": 2}, "match": "causal"},
-    {"attrs": {"sliding_window_cache": 1, "local_window_size": 4}, "match": "sliding_window_cache"},
-    {"attrs": {"qk_output": 1}, "match": "qk_output"},
-    {"input": (16, "query_seqlens"), "match": "query_seqlens"},
-    {"attrs": {"k_quant_type": "PER_TENSOR"}, "match": "k_quant_type"},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"attrs": {"causal": 0, "local_window_size": 2}, "match": "causal"},
+        {"attrs": {"sliding_window_cache": 1, "local_window_size": 4}, "match": "sliding_window_cache"},
+        {"attrs": {"qk_output": 1}, "match": "qk_output"},
+        {"input": (16, "query_seqlens"), "match": "query_seqlens"},
+        {"attrs": {"k_quant_type": "PER_TENSOR"}, "match": "k_quant_type"},
+    ],
+)
 def test_gqa_rejected_variants(ctx, extra):
     g = GQA(2, 2, 16)
     feeds = g.feeds(1, 3, None, [2], 3)
@@ -341,10 +372,10 @@ def test_gqa_rejected_variants(ctx, extra):
         i, name = extra["input"]
         names += [""] * (i - len(names)) + [name]
         feeds[name] = np.array([3], np.int32)
-    node = helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],
-                            domain="com.microsoft", **attrs)
-    m = _model([node], feeds, {"output": np.float32, "present_key": np.float32,
-                               "present_value": np.float32})
+    node = helper.make_node(
+        "GroupQueryAttention", names, ["output", "present_key", "present_value"], domain="com.microsoft", **attrs
+    )
+    m = _model([node], feeds, {"output": np.float32, "present_key": np.float32, "present_value": np.float32})
     with pytest.raises(UnsupportedError, match=extra["match"]):
         with InferenceSession(m, ctx) as sess:
             sess.run(None, feeds)
@@ -364,25 +395,33 @@ def _genai_model(heads, kv_heads, hd, rotary, max_pos=64, seed=0):
         helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
         helper.make_node("Gather", ["mask_shape", "one"], ["total64"], axis=0),
         helper.make_node("Cast", ["total64"], ["total"], to=TP.INT32),
-        helper.make_node("GroupQueryAttention",
-                         ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total"]
-                         + (["cos_cache", "sin_cache"] if rotary else []),
-                         ["output", "present_key", "present_value"], domain="com.microsoft",
-                         num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(rotary)),
+        helper.make_node(
+            "GroupQueryAttention",
+            ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total"]
+            + (["cos_cache", "sin_cache"] if rotary else []),
+            ["output", "present_key", "present_value"],
+            domain="com.microsoft",
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            do_rotary=int(rotary),
+        ),
     ]
-    inits = [numpy_helper.from_array(np.array([1], np.int64), "one_axis"),
-             numpy_helper.from_array(np.array(1, np.int64), "one")]
+    inits = [
+        numpy_helper.from_array(np.array([1], np.int64), "one_axis"),
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+    ]
     if rotary:
         cos, sin = _caches(rng, max_pos, hd // 2)
         inits += [numpy_helper.from_array(cos, "cos_cache"), numpy_helper.from_array(sin, "sin_cache")]
-    ins = {"query": (np.float32, ["batch", "seq", heads * hd]),
-           "key": (np.float32, ["batch", "seq", kv_heads * hd]),
-           "value": (np.float32, ["batch", "seq", kv_heads * hd]),
-           "attention_mask": (np.int64, ["batch", "total_seq"]),
-           "past_key": (np.float32, ["batch", kv_heads, "past_seq", hd]),
-           "past_value": (np.float32, ["batch", kv_heads, "past_seq", hd])}
-    return _model(nodes, ins, {"output": np.float32, "present_key": np.float32,
-                               "present_value": np.float32}, inits)
+    ins = {
+        "query": (np.float32, ["batch", "seq", heads * hd]),
+        "key": (np.float32, ["batch", "seq", kv_heads * hd]),
+        "value": (np.float32, ["batch", "seq", kv_heads * hd]),
+        "attention_mask": (np.int64, ["batch", "total_seq"]),
+        "past_key": (np.float32, ["batch", kv_heads, "past_seq", hd]),
+        "past_value": (np.float32, ["batch", kv_heads, "past_seq", hd]),
+    }
+    return _model(nodes, ins, {"output": np.float32, "present_key": np.float32, "present_value": np.float32}, inits)
 
 
 @pytest.mark.parametrize("bs,steps,location", [(1, 2, "cpu"), (1, 2, "ml-tensor"), (2, 5, "ml-tensor")])
@@ -400,11 +439,13 @@ def test_gqa_decode_loop_one_session(ctx, bs, steps, location):
     def feeds(s, total):
         mask = np.ones((bs, total), np.int64)
         for i, p in enumerate(short):
-            mask[i, total - p:] = 0
-        return {"query": rng.standard_normal((bs, s, heads * hd)).astype(np.float32),
-                "key": rng.standard_normal((bs, s, kv_heads * hd)).astype(np.float32),
-                "value": rng.standard_normal((bs, s, kv_heads * hd)).astype(np.float32),
-                "attention_mask": mask}
+            mask[i, total - p :] = 0
+        return {
+            "query": rng.standard_normal((bs, s, heads * hd)).astype(np.float32),
+            "key": rng.standard_normal((bs, s, kv_heads * hd)).astype(np.float32),
+            "value": rng.standard_normal((bs, s, kv_heads * hd)).astype(np.float32),
+            "attention_mask": mask,
+        }
 
     def compare(ours, ref, n, what):
         host = [ctx.read_tensor_sync(o) if location == "ml-tensor" else o for o in ours]
@@ -429,8 +470,7 @@ def test_gqa_decode_loop_one_session(ctx, bs, steps, location):
             n += 1
             f = feeds(1, n)
             ref = ref_s.run(None, dict(f, past_key=ref[1], past_value=ref[2]))
-            ours = sess.run(None, dict(f, past_key=ours[1], past_value=ours[2]),
-                            output_location=location)
+            ours = sess.run(None, dict(f, past_key=ours[1], past_value=ours[2]), output_location=location)
             compare(ours, ref, n, f"step {step}")
         builds = 2
         if bs == 1:
@@ -440,14 +480,12 @@ def test_gqa_decode_loop_one_session(ctx, bs, steps, location):
                 n += chunk
                 f = feeds(chunk, n)
                 ref = ref_s.run(None, dict(f, past_key=ref[1], past_value=ref[2]))
-                ours = sess.run(None, dict(f, past_key=ours[1], past_value=ours[2]),
-                                output_location=location)
+                ours = sess.run(None, dict(f, past_key=ours[1], past_value=ours[2]), output_location=location)
                 compare(ours, ref, n, f"chunk {chunk}")
             builds = 3
         # one dynamic build for the prompt, one serving every decode step (its cache lengths
         # grow by doubling, which rebuilds without compiling anything new), one for the chunks
-        assert sess.stats["dynamic"] and sess.stats["specializations"] == builds, \
-            sess.stats["static_reason"]
+        assert sess.stats["dynamic"] and sess.stats["specializations"] == builds, sess.stats["static_reason"]
 
 
 def test_rotary_embedding_dynamic_sequence(ctx):
@@ -456,11 +494,13 @@ def test_rotary_embedding_dynamic_sequence(ctx):
     cos, sin = _caches(rng, 32, 8)
     from onnx import numpy_helper
 
-    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"],
-                            domain="com.microsoft", interleaved=1)
-    m = _model([node], {"x": (np.float32, [1, "seq", 32]), "pos": (np.int64, [1])},
-               {"y": np.float32},
-               [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft", interleaved=1)
+    m = _model(
+        [node],
+        {"x": (np.float32, [1, "seq", 32]), "pos": (np.int64, [1])},
+        {"y": np.float32},
+        [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")],
+    )
     ref_s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     with InferenceSession(m, ctx) as sess:
         for s, off in ((3, 0), (7, 5), (4, 20), (2, 1)):
@@ -470,13 +510,27 @@ def test_rotary_embedding_dynamic_sequence(ctx):
 
 
 def _extra_inputs_model(g, feeds):
-    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
-             "total_sequence_length", "cos_cache", "sin_cache", "position_ids", "attention_bias"]
-    node = helper.make_node("GroupQueryAttention", [n if n in feeds else "" for n in names],
-                            ["output", "present_key", "present_value"], domain="com.microsoft",
-                            **g.attrs)
-    return _model([node], feeds, {"output": g.dtype, "present_key": g.dtype,
-                                  "present_value": g.dtype})
+    names = [
+        "query",
+        "key",
+        "value",
+        "past_key",
+        "past_value",
+        "seqlens_k",
+        "total_sequence_length",
+        "cos_cache",
+        "sin_cache",
+        "position_ids",
+        "attention_bias",
+    ]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        [n if n in feeds else "" for n in names],
+        ["output", "present_key", "present_value"],
+        domain="com.microsoft",
+        **g.attrs,
+    )
+    return _model([node], feeds, {"output": g.dtype, "present_key": g.dtype, "present_value": g.dtype})
 
 
 def _run_extra(ctx, g, feeds, lens, what):
@@ -501,8 +555,9 @@ def test_gqa_position_ids(ctx, interleaved):
     _run_extra(ctx, g, f, [5, 3], "decode")
 
 
-@pytest.mark.parametrize("bias_shape,softcap,past", [
-    ((1, 1), 0.0, 0), ((2, 6), 0.0, 0), ((1, 6), 1.5, 3), ((2, 1), 0.0, 3)])
+@pytest.mark.parametrize(
+    "bias_shape,softcap,past", [((1, 1), 0.0, 0), ((2, 6), 0.0, 0), ((1, 6), 1.5, 3), ((2, 1), 0.0, 3)]
+)
 def test_gqa_attention_bias(ctx, bias_shape, softcap, past):
     attrs = {"softcap": softcap} if softcap else {}
     g = GQA(6, 2, 16, **attrs)

@@ -22,8 +22,12 @@ from mltensor import InferenceSession
 
 from helpers import assert_exact, fed_values, one_node_model
 
-_TP = {np.dtype(np.int8): TP.INT8, np.dtype(np.uint8): TP.UINT8, np.dtype(np.float32): TP.FLOAT,
-       np.dtype(np.int32): TP.INT32}
+_TP = {
+    np.dtype(np.int8): TP.INT8,
+    np.dtype(np.uint8): TP.UINT8,
+    np.dtype(np.float32): TP.FLOAT,
+    np.dtype(np.int32): TP.INT32,
+}
 _one = functools.partial(one_node_model, opset=21)  # (an ONNX operator of this file, one node)
 
 
@@ -34,8 +38,10 @@ def _ort(model, feeds):
         return s.run(None, feeds)
     except Exception as e:  # NOT_IMPLEMENTED kernels, ORT_ENFORCE on unsupported zero point shapes
         msg = str(e)
-        if any(t in msg for t in ("NOT_IMPLEMENTED", "Could not find an implementation", "zero point",
-                                  "not supported", "must be")):
+        if any(
+            t in msg
+            for t in ("NOT_IMPLEMENTED", "Could not find an implementation", "zero point", "not supported", "must be")
+        ):
             return None
         raise
 
@@ -81,11 +87,11 @@ def _ref_conv_integer(x, w, zx, zw, pads, strides, dilations, group):
     out = np.zeros((n, oc, oh, ow), np.int64)
     mg = oc // group
     for g in range(group):
-        xg = xp[:, g * cg:(g + 1) * cg]
+        xg = xp[:, g * cg : (g + 1) * cg]
         for i in range(kh):
             for j in range(kw):
-                patch = xg[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-                out[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", patch, ws[g * mg:(g + 1) * mg, :, i, j])
+                patch = xg[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+                out[:, g * mg : (g + 1) * mg] += np.einsum("nchw,mc->nmhw", patch, ws[g * mg : (g + 1) * mg, :, i, j])
     return out.astype(np.int32)
 
 
@@ -93,8 +99,14 @@ def _ref_conv_integer(x, w, zx, zw, pads, strides, dilations, group):
 
 _TYPES = [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8), (np.int8, np.uint8)]
 # (A shape, B shape): 2-D, batched 3-D, batch broadcast, 4-D, a vector A, a vector B
-_SHAPES = [((5, 70), (70, 9)), ((3, 7, 33), (3, 33, 40)), ((2, 5, 70), (70, 9)), ((2, 1, 4, 16), (3, 16, 5)),
-           ((37,), (37, 6)), ((4, 37), (37,))]
+_SHAPES = [
+    ((5, 70), (70, 9)),
+    ((3, 7, 33), (3, 33, 40)),
+    ((2, 5, 70), (70, 9)),
+    ((2, 1, 4, 16), (3, 16, 5)),
+    ((37,), (37, 6)),
+    ((4, 37), (37,)),
+]
 
 
 @pytest.mark.parametrize("ta,tb", _TYPES, ids=lambda t: np.dtype(t).name)
@@ -129,8 +141,14 @@ def test_matmul_integer(ctx, ta, tb, zps, shapes):
 # Shapes that reach each tile configuration of ops/integer._config: 64 x 64 tiles of 8 x 8 outputs
 # a thread in whole tiles (no bounds tests) and with ragged edges, 4-wide rows, narrow N (16 x 4
 # and 32 x 2 threads), a 256-row tile with BK halved to fit the workgroup memory, K below a tile.
-_TILE_SHAPES = [((64, 96), (96, 128)), ((130, 70), (70, 100)), ((5, 20), (20, 12)), ((40, 10), (10, 6)),
-                ((300, 33), (33, 8)), ((2, 70, 64), (2, 64, 64))]
+_TILE_SHAPES = [
+    ((64, 96), (96, 128)),
+    ((130, 70), (70, 100)),
+    ((5, 20), (20, 12)),
+    ((40, 10), (10, 6)),
+    ((300, 33), (33, 8)),
+    ((2, 70, 64), (2, 64, 64)),
+]
 
 
 @pytest.mark.parametrize("shapes", _TILE_SHAPES, ids=str)
@@ -181,7 +199,7 @@ def test_matmul_integer_large_k_is_exact(ctx, ta, tb):
     f32 = np.zeros(want.shape, np.float32)
     af, bf = (a.astype(np.float32) - np.float32(za)), b.astype(np.float32)
     for k in range(K):  # f32 accumulation in order, as a float kernel would
-        f32 += af[..., k:k + 1] * bf[k]
+        f32 += af[..., k : k + 1] * bf[k]
     assert (f32.astype(np.int64) != want).any(), "f32 accumulation would be exact here: the test proves nothing"
     ref = _ort(m, fed_values(ins))
     assert_exact(want, ref[0])
@@ -203,8 +221,9 @@ def test_dynamic_quantize_linear(ctx, case):
         x = np.zeros((3, 5), np.float32)  # empty range: scale 1
     elif case == "ties":
         # scale 1 (range [-100, 155]) puts x.5 values exactly on rounding ties: half to even
-        x = np.concatenate([np.array([-100.0, 155.0], np.float32),
-                            (rng.integers(-100, 155, 60) + 0.5).astype(np.float32)])
+        x = np.concatenate(
+            [np.array([-100.0, 155.0], np.float32), (rng.integers(-100, 155, 60) + 0.5).astype(np.float32)]
+        )
     elif case == "wide":
         x = x * 1e4
     elif case == "scalar":
@@ -322,8 +341,9 @@ def _y_scale(rng, x_scale, w_scale, k, shape=()):
 
 
 # (onnxruntime implements a uint8 a with a uint8 output, an int8 a with an int8 output)
-@pytest.mark.parametrize("ta,tb", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)],
-                         ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize(
+    "ta,tb", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)], ids=lambda t: np.dtype(t).name
+)
 @pytest.mark.parametrize("per", ["tensor", "column"])
 @pytest.mark.parametrize("shapes", [((6, 40), (40, 10)), ((2, 5, 64), (64, 17)), ((2, 3, 20), (2, 20, 8))], ids=str)
 def test_qlinear_matmul(ctx, ta, tb, per, shapes):
@@ -334,9 +354,16 @@ def test_qlinear_matmul(ctx, ta, tb, per, shapes):
     # per column: [N], or for a batched B [batch, 1, N] (onnxruntime's form)
     bshape = () if per == "tensor" else (N,) if len(sb) == 2 else sb[:-2] + (1, N)
     a_scale, b_scale = _scale(rng, ()), _scale(rng, bshape)
-    ins = [("a", a, True), ("as", a_scale, False), ("az", _zp(rng, ta, ()), False),
-           ("b", b, False), ("bs", b_scale, False), ("bz", _zp(rng, tb, bshape), False),
-           ("ys", _y_scale(rng, a_scale, b_scale, sa[-1]), False), ("yz", _zp(rng, ta, ()), False)]
+    ins = [
+        ("a", a, True),
+        ("as", a_scale, False),
+        ("az", _zp(rng, ta, ()), False),
+        ("b", b, False),
+        ("bs", b_scale, False),
+        ("bz", _zp(rng, tb, bshape), False),
+        ("ys", _y_scale(rng, a_scale, b_scale, sa[-1]), False),
+        ("yz", _zp(rng, ta, ()), False),
+    ]
     m = _one("QLinearMatMul", ins, [("y", _TP[np.dtype(ta)])])
     (got,) = _ours(ctx, m, fed_values(ins))
     ref = _ort(m, fed_values(ins))
@@ -354,8 +381,16 @@ def test_qlinear_matmul_per_row(ctx):
     az, a_scale = _zp(rng, np.uint8, (2, 5, 1)), _scale(rng, (2, 5, 1))
     bz, b_scale = _zp(rng, np.uint8, (7,)), _scale(rng, (7,))
     yz, y_scale = _zp(rng, np.uint8, (5,)), _y_scale(rng, a_scale, b_scale, 24, (5,))
-    ins = [("a", a, True), ("as", a_scale, False), ("az", az, False), ("b", b, False), ("bs", b_scale, False),
-           ("bz", bz, False), ("ys", y_scale, False), ("yz", yz, False)]
+    ins = [
+        ("a", a, True),
+        ("as", a_scale, False),
+        ("az", az, False),
+        ("b", b, False),
+        ("bs", b_scale, False),
+        ("bz", bz, False),
+        ("ys", y_scale, False),
+        ("yz", yz, False),
+    ]
     m = _one("QLinearMatMul", ins, [("y", TP.UINT8)])
     (got,) = _ours(ctx, m, fed_values(ins))
     acc = np.matmul(a.astype(np.int64) - az, b.astype(np.int64) - bz).astype(np.int32)
@@ -371,20 +406,29 @@ def test_qlinear_matmul_scales_as_inputs(ctx):
     """Scales computed in the graph (the multiplier is then computed on the GPU)."""
     rng = np.random.default_rng(5)
     a, b = _q(rng, np.uint8, (4, 30)), _q(rng, np.int8, (30, 9))
-    ins = [("a", a, True), ("as", _scale(rng, ()), True), ("az", _zp(rng, np.uint8, ()), False),
-           ("b", b, False), ("bs", _scale(rng, (9,)), False), ("bz", _zp(rng, np.int8, (9,)), False),
-           ("ys", _scale(rng, (), 0.005, 0.01), True), ("yz", _zp(rng, np.uint8, ()), False)]
+    ins = [
+        ("a", a, True),
+        ("as", _scale(rng, ()), True),
+        ("az", _zp(rng, np.uint8, ()), False),
+        ("b", b, False),
+        ("bs", _scale(rng, (9,)), False),
+        ("bz", _zp(rng, np.int8, (9,)), False),
+        ("ys", _scale(rng, (), 0.005, 0.01), True),
+        ("yz", _zp(rng, np.uint8, ()), False),
+    ]
     m = _one("QLinearMatMul", ins, [("y", TP.UINT8)])
     (got,) = _ours(ctx, m, fed_values(ins))
     assert_exact(got, _ort(m, fed_values(ins))[0])
 
 
-@pytest.mark.parametrize("tx,tw", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)],
-                         ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize(
+    "tx,tw", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)], ids=lambda t: np.dtype(t).name
+)
 @pytest.mark.parametrize("per", ["tensor", "channel"])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("conv", [_CONVS[1], _CONVS[2], _CONVS[3], _CONVS[7]],
-                         ids=lambda c: f"{c[0]}x{c[1]}{''.join(f'_{k}' for k in c[2])}")
+@pytest.mark.parametrize(
+    "conv", [_CONVS[1], _CONVS[2], _CONVS[3], _CONVS[7]], ids=lambda c: f"{c[0]}x{c[1]}{''.join(f'_{k}' for k in c[2])}"
+)
 def test_qlinear_conv(ctx, tx, tw, per, bias, conv):
     xs, ws, attrs = conv
     rng = np.random.default_rng(_seed((np.dtype(tx).name, np.dtype(tw).name, per, bias, str(conv))))
@@ -394,9 +438,16 @@ def test_qlinear_conv(ctx, tx, tw, per, bias, conv):
     k = int(np.prod(ws[1:]))
     wz = np.zeros(wshape, tw) if tw == np.int8 else _zp(rng, tw, wshape)  # onnxruntime: int8 filters symmetric
     x_scale, w_scale = _scale(rng, ()), _scale(rng, wshape)
-    ins = [("x", x, True), ("xs", x_scale, False), ("xz", _zp(rng, tx, ()), False),
-           ("w", w, False), ("ws", w_scale, False), ("wz", wz, False),
-           ("ys", _y_scale(rng, x_scale, w_scale, k), False), ("yz", _zp(rng, tx, ()), False)]
+    ins = [
+        ("x", x, True),
+        ("xs", x_scale, False),
+        ("xz", _zp(rng, tx, ()), False),
+        ("w", w, False),
+        ("ws", w_scale, False),
+        ("wz", wz, False),
+        ("ys", _y_scale(rng, x_scale, w_scale, k), False),
+        ("yz", _zp(rng, tx, ()), False),
+    ]
     if bias:
         ins.append(("B", rng.integers(-20000, 20000, (oc,)).astype(np.int32), False))
     m = _one("QLinearConv", ins, [("y", _TP[np.dtype(tx)])], attrs)
@@ -421,8 +472,11 @@ def test_unsupported_variants(ctx):
     conv3d = [("x", x, True), ("w", _q(rng, np.uint8, (2, 2, 1, 1, 1)), False)]
     with pytest.raises(mltensor.NotSupportedError, match="3-D convolutions"):
         InferenceSession(_one("ConvInteger", conv3d, [("y", TP.INT32)]), ctx)
-    zx = [("x", _q(rng, np.uint8, (1, 2, 4, 4)), True), ("w", _q(rng, np.uint8, (2, 2, 1, 1)), False),
-          ("zx", _q(rng, np.uint8, (2,)), False)]
+    zx = [
+        ("x", _q(rng, np.uint8, (1, 2, 4, 4)), True),
+        ("w", _q(rng, np.uint8, (2, 2, 1, 1)), False),
+        ("zx", _q(rng, np.uint8, (2,)), False),
+    ]
     with pytest.raises(mltensor.NotSupportedError, match="x_zero_point"):
         InferenceSession(_one("ConvInteger", zx, [("y", TP.INT32)]), ctx)
 
@@ -471,17 +525,32 @@ def _bert(hidden=32, heads=2, ff=64, layers=2, seed=0):
         a = n("MatMul", [n("Softmax", [s], p + "sm", axis=-1), qkv[2]], p + "av")
         a = n("Reshape", [n("Transpose", [a], p + "avt", perm=[0, 2, 1, 3]), "merge"], p + "avr")
         r = n("Add", [proj(a, "o", hidden, hidden), x], p + "res1")
-        x1 = n("LayerNormalization", [r, w(p + "ln1_g", [hidden]), w(p + "ln1_b", [hidden])], p + "ln1",
-               axis=-1, epsilon=1e-5)
+        x1 = n(
+            "LayerNormalization",
+            [r, w(p + "ln1_g", [hidden]), w(p + "ln1_b", [hidden])],
+            p + "ln1",
+            axis=-1,
+            epsilon=1e-5,
+        )
         f = proj(x1, "f1", hidden, ff)
         e = n("Add", [n("Erf", [n("Mul", [f, "rsqrt2"], p + "g0")], p + "g1"), "one"], p + "g2")
         e = n("Mul", [n("Mul", [f, e], p + "g3"), "half"], p + "g4")
         r2 = n("Add", [proj(e, "f2", ff, hidden), x1], p + "res2")
-        x = n("LayerNormalization", [r2, w(p + "ln2_g", [hidden]), w(p + "ln2_b", [hidden])], p + "ln2",
-              axis=-1, epsilon=1e-5)
+        x = n(
+            "LayerNormalization",
+            [r2, w(p + "ln2_g", [hidden]), w(p + "ln2_b", [hidden])],
+            p + "ln2",
+            axis=-1,
+            epsilon=1e-5,
+        )
     nodes.append(h.make_node("Identity", [x], ["y"]))
-    g = h.make_graph(nodes, "bert", [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", hidden])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", hidden])], inits)
+    g = h.make_graph(
+        nodes,
+        "bert",
+        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", hidden])],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", hidden])],
+        inits,
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
@@ -500,8 +569,7 @@ def test_quantize_dynamic_bert(ctx, tmp_path, weight_type):
     # be bit-exact (later ones follow float activations, equal only to rounding)
     dql = next(nd for nd in q.graph.node if nd.op_type == "DynamicQuantizeLinear")
     mmi = next(nd for nd in q.graph.node if nd.op_type == "MatMulInteger" and nd.input[0] == dql.output[0])
-    extra = [(dql.output[0], TP.UINT8), (dql.output[1], TP.FLOAT), (dql.output[2], TP.UINT8),
-             (mmi.output[0], TP.INT32)]
+    extra = [(dql.output[0], TP.UINT8), (dql.output[1], TP.FLOAT), (dql.output[2], TP.UINT8), (mmi.output[0], TP.INT32)]
     q.graph.output.extend([h.make_tensor_value_info(nm, t, None) for nm, t in extra])
     ref_sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     sess = InferenceSession(q, ctx)
@@ -551,8 +619,15 @@ def test_contrib_integer_matmuls(ctx, tb, variant):
     assert got.shape == ref.shape and got.dtype == ref.dtype
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     a = _q(rng, np.uint8, sa)
-    ins = [("a", a, True), ("b", b, False), ("as", _scale(rng, ()), False), ("bs", bs, False),
-           ("az", _zp(rng, np.uint8, ()), False), ("bz", bz, False), ("bias", bias, False)]
+    ins = [
+        ("a", a, True),
+        ("b", b, False),
+        ("as", _scale(rng, ()), False),
+        ("bs", bs, False),
+        ("az", _zp(rng, np.uint8, ()), False),
+        ("bz", bz, False),
+        ("bias", bias, False),
+    ]
     m = _ms_model("MatMulIntegerToFloat", ins, [("y", TP.FLOAT)])
     (got,) = _ours(ctx, m, fed_values(ins))
     (ref,) = _ort(m, fed_values(ins))
@@ -622,13 +697,20 @@ def test_int_matmul_dynamic(ctx, dyn, requant):
 
     g = build(lambda d: dims[d])
     assert g.dynamic_dimensions
-    size_sets = [dict(batch=1, m=1, k=1, n=1), dict(maxs), dict(batch=2, m=7, k=33, n=35),
-                 dict(batch=3, m=37, k=5, n=3)]
+    size_sets = [
+        dict(batch=1, m=1, k=1, n=1),
+        dict(maxs),
+        dict(batch=2, m=7, k=33, n=35),
+        dict(batch=3, m=37, k=5, n=3),
+    ]
     for sizes in size_sets:
         cur = {d: sizes[d] if isinstance(dims[d], D) else static[d] for d in maxs}
-        feeds = {"a": _q(rng, np.uint8, (cur["batch"], cur["m"], cur["k"])),
-                 "w": _q(rng, np.int8, (cur["k"], cur["n"])),
-                 "za": _q(rng, np.uint8, ()), "zb": _q(rng, np.int8, (cur["n"],))}
+        feeds = {
+            "a": _q(rng, np.uint8, (cur["batch"], cur["m"], cur["k"])),
+            "w": _q(rng, np.int8, (cur["k"], cur["n"])),
+            "za": _q(rng, np.uint8, ()),
+            "zb": _q(rng, np.int8, (cur["n"],)),
+        }
         got = dispatch_at(ctx, g, feeds)["y"]
         acc = _ref_matmul_integer(feeds["a"], feeds["w"], feeds["za"], feeds["zb"])
         if requant:
@@ -654,9 +736,14 @@ def _onnx_cases():
     mods = ["matmulinteger", "convinteger", "dynamicquantizelinear", "qlinearmatmul", "qlinearconv"]
     for m in mods:
         importlib.import_module(f"onnx.backend.test.case.node.{m}")
-    return sorted((c for c in node_pkg._NodeTestCases
-                   if any(c.name.startswith(f"test_{p}") for p in mods + ["basic_convinteger"])),
-                  key=lambda c: c.name)
+    return sorted(
+        (
+            c
+            for c in node_pkg._NodeTestCases
+            if any(c.name.startswith(f"test_{p}") for p in mods + ["basic_convinteger"])
+        ),
+        key=lambda c: c.name,
+    )
 
 
 @pytest.mark.parametrize("case", _onnx_cases(), ids=lambda c: c.name)

@@ -96,74 +96,140 @@ def float_decoder(cfg, seed=0):
     mm = lambda name, x, wname, y: helper.make_node("MatMul", [x, wname], [y], name=name)  # noqa: E731
     nodes = [
         # attention_mask -> seqlens_k (tokens - 1 per entry), total_sequence_length (its width)
-        helper.make_node("ReduceSum", ["attention_mask", "axes1"], ["/model/attn_mask_reformat/sum"],
-                         keepdims=0),
+        helper.make_node("ReduceSum", ["attention_mask", "axes1"], ["/model/attn_mask_reformat/sum"], keepdims=0),
         helper.make_node("Sub", ["/model/attn_mask_reformat/sum", "one64"], ["/model/attn_mask_reformat/sub"]),
         helper.make_node("Cast", ["/model/attn_mask_reformat/sub"], ["seqlens_k"], to=TP.INT32),
         helper.make_node("Shape", ["attention_mask"], ["/model/attn_mask_reformat/shape"]),
-        helper.make_node("Gather", ["/model/attn_mask_reformat/shape", "one64"],
-                         ["/model/attn_mask_reformat/total64"], axis=0),
+        helper.make_node(
+            "Gather", ["/model/attn_mask_reformat/shape", "one64"], ["/model/attn_mask_reformat/total64"], axis=0
+        ),
         helper.make_node("Cast", ["/model/attn_mask_reformat/total64"], ["total_seq_len"], to=TP.INT32),
-        helper.make_node("Gather", ["model.embed_tokens.weight", "input_ids"], ["embeds"],
-                         name="/model/embed_tokens/Gather"),
+        helper.make_node(
+            "Gather", ["model.embed_tokens.weight", "input_ids"], ["embeds"], name="/model/embed_tokens/Gather"
+        ),
     ]
     x, residual = "embeds", None
     for i in range(cfg.layers):
         p = f"/model/layers.{i}"
         ln1 = norm(f"model.layers.{i}.input_layernorm.weight")
         if residual is None:
-            nodes.append(helper.make_node("SimplifiedLayerNormalization", [x, ln1], [f"{p}/ln1"],
-                                          epsilon=cfg.eps, axis=-1, stash_type=1))
+            nodes.append(
+                helper.make_node(
+                    "SimplifiedLayerNormalization", [x, ln1], [f"{p}/ln1"], epsilon=cfg.eps, axis=-1, stash_type=1
+                )
+            )
             residual = x
         else:
-            nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, residual, ln1],
-                                          [f"{p}/ln1", "", "", f"{p}/res1"], domain=MS, epsilon=cfg.eps))
+            nodes.append(
+                helper.make_node(
+                    "SkipSimplifiedLayerNormalization",
+                    [x, residual, ln1],
+                    [f"{p}/ln1", "", "", f"{p}/res1"],
+                    domain=MS,
+                    epsilon=cfg.eps,
+                )
+            )
             residual = f"{p}/res1"
         for n, width in (("q", cfg.heads * hd), ("k", kvh * hd), ("v", kvh * hd)):
-            nodes.append(mm(f"{p}/attn/{n}_proj/MatMul", f"{p}/ln1",
-                            w(f"model.layers.{i}.attn.{n}_proj.weight", H, width), f"{p}/{n}"))
-        nodes.append(helper.make_node(
-            "GroupQueryAttention",
-            [f"{p}/q", f"{p}/k", f"{p}/v", f"past_key_values.{i}.key", f"past_key_values.{i}.value",
-             "seqlens_k", "total_seq_len", "cos_cache", "sin_cache"],
-            [f"{p}/attn", f"present.{i}.key", f"present.{i}.value"], domain=MS,
-            name=f"{p}/attn/GroupQueryAttention", num_heads=cfg.heads, kv_num_heads=kvh, do_rotary=1,
-            rotary_interleaved=0, local_window_size=-1, scale=float(hd ** -0.5)))
-        nodes.append(mm(f"{p}/attn/o_proj/MatMul", f"{p}/attn",
-                        w(f"model.layers.{i}.attn.o_proj.weight", cfg.heads * hd, H), f"{p}/o"))
+            nodes.append(
+                mm(
+                    f"{p}/attn/{n}_proj/MatMul",
+                    f"{p}/ln1",
+                    w(f"model.layers.{i}.attn.{n}_proj.weight", H, width),
+                    f"{p}/{n}",
+                )
+            )
+        nodes.append(
+            helper.make_node(
+                "GroupQueryAttention",
+                [
+                    f"{p}/q",
+                    f"{p}/k",
+                    f"{p}/v",
+                    f"past_key_values.{i}.key",
+                    f"past_key_values.{i}.value",
+                    "seqlens_k",
+                    "total_seq_len",
+                    "cos_cache",
+                    "sin_cache",
+                ],
+                [f"{p}/attn", f"present.{i}.key", f"present.{i}.value"],
+                domain=MS,
+                name=f"{p}/attn/GroupQueryAttention",
+                num_heads=cfg.heads,
+                kv_num_heads=kvh,
+                do_rotary=1,
+                rotary_interleaved=0,
+                local_window_size=-1,
+                scale=float(hd**-0.5),
+            )
+        )
+        nodes.append(
+            mm(
+                f"{p}/attn/o_proj/MatMul",
+                f"{p}/attn",
+                w(f"model.layers.{i}.attn.o_proj.weight", cfg.heads * hd, H),
+                f"{p}/o",
+            )
+        )
         ln2 = norm(f"model.layers.{i}.post_attention_layernorm.weight")
-        nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [f"{p}/o", residual, ln2],
-                                      [f"{p}/ln2", "", "", f"{p}/res2"], domain=MS, epsilon=cfg.eps))
+        nodes.append(
+            helper.make_node(
+                "SkipSimplifiedLayerNormalization",
+                [f"{p}/o", residual, ln2],
+                [f"{p}/ln2", "", "", f"{p}/res2"],
+                domain=MS,
+                epsilon=cfg.eps,
+            )
+        )
         residual = f"{p}/res2"
         nodes += [
-            mm(f"{p}/mlp/gate_proj/MatMul", f"{p}/ln2", w(f"model.layers.{i}.mlp.gate_proj.weight", H, cfg.inter),
-               f"{p}/gate"),
-            mm(f"{p}/mlp/up_proj/MatMul", f"{p}/ln2", w(f"model.layers.{i}.mlp.up_proj.weight", H, cfg.inter),
-               f"{p}/up"),
+            mm(
+                f"{p}/mlp/gate_proj/MatMul",
+                f"{p}/ln2",
+                w(f"model.layers.{i}.mlp.gate_proj.weight", H, cfg.inter),
+                f"{p}/gate",
+            ),
+            mm(
+                f"{p}/mlp/up_proj/MatMul",
+                f"{p}/ln2",
+                w(f"model.layers.{i}.mlp.up_proj.weight", H, cfg.inter),
+                f"{p}/up",
+            ),
             helper.make_node("Sigmoid", [f"{p}/gate"], [f"{p}/gate_sig"]),
             helper.make_node("Mul", [f"{p}/gate", f"{p}/gate_sig"], [f"{p}/silu"]),
             helper.make_node("Mul", [f"{p}/silu", f"{p}/up"], [f"{p}/act"]),
-            mm(f"{p}/mlp/down_proj/MatMul", f"{p}/act", w(f"model.layers.{i}.mlp.down_proj.weight", cfg.inter, H),
-               f"{p}/down"),
+            mm(
+                f"{p}/mlp/down_proj/MatMul",
+                f"{p}/act",
+                w(f"model.layers.{i}.mlp.down_proj.weight", cfg.inter, H),
+                f"{p}/down",
+            ),
         ]
         x = f"{p}/down"
-    nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, residual, norm("model.norm.weight")],
-                                  ["/model/norm"], domain=MS, epsilon=cfg.eps))
+    nodes.append(
+        helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            [x, residual, norm("model.norm.weight")],
+            ["/model/norm"],
+            domain=MS,
+            epsilon=cfg.eps,
+        )
+    )
     nodes.append(mm("/lm_head/MatMul", "/model/norm", "lm_head.weight", "logits"))
 
     vi = helper.make_tensor_value_info
-    ins = [vi("input_ids", TP.INT64, ["batch_size", "sequence_length"]),
-           vi("attention_mask", TP.INT64, ["batch_size", "total_sequence_length"])]
+    ins = [
+        vi("input_ids", TP.INT64, ["batch_size", "sequence_length"]),
+        vi("attention_mask", TP.INT64, ["batch_size", "total_sequence_length"]),
+    ]
     outs = [vi("logits", TP.FLOAT, ["batch_size", "sequence_length", cfg.vocab])]
     for i in range(cfg.layers):
         for kv in ("key", "value"):
-            ins.append(vi(f"past_key_values.{i}.{kv}", TP.FLOAT,
-                          ["batch_size", kvh, "past_sequence_length", hd]))
+            ins.append(vi(f"past_key_values.{i}.{kv}", TP.FLOAT, ["batch_size", kvh, "past_sequence_length", hd]))
             outs.append(vi(f"present.{i}.{kv}", TP.FLOAT, ["batch_size", kvh, "total_sequence_length", hd]))
-    g = helper.make_graph(nodes, "llama", ins, outs,
-                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
-                             ir_version=9)
+    g = helper.make_graph(nodes, "llama", ins, outs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)], ir_version=9)
 
 
 def quantize_decoder(model, cfg, embedding="gather", accuracy_level=4):
@@ -178,8 +244,9 @@ def quantize_decoder(model, cfg, embedding="gather", accuracy_level=4):
     m.CopyFrom(model)  # the quantizer rewrites the model it is given
     small, large = _proj_names(cfg)
     for bs, sym, exclude in ((32, True, large), (128, False, small)):
-        q = MatMulNBitsQuantizer(m, bits=4, block_size=bs, is_symmetric=sym, nodes_to_exclude=exclude,
-                                 accuracy_level=accuracy_level)
+        q = MatMulNBitsQuantizer(
+            m, bits=4, block_size=bs, is_symmetric=sym, nodes_to_exclude=exclude, accuracy_level=accuracy_level
+        )
         q.process()
         m = q.model.model
     kinds = {n.name: n for n in m.graph.node if n.op_type == "MatMulNBits"}
@@ -191,13 +258,25 @@ def quantize_decoder(model, cfg, embedding="gather", accuracy_level=4):
         data = numpy_helper.to_array(init[lm.input[1]]).reshape(cfg.vocab, cfg.hidden // 2)
         scales = numpy_helper.to_array(init[lm.input[2]]).reshape(cfg.vocab, -1)
         zp = numpy_helper.to_array(init[lm.input[3]]).reshape(cfg.vocab, -1)
-        m.graph.initializer.extend([numpy_helper.from_array(data, "embed_q4"),
-                                    numpy_helper.from_array(scales, "embed_scales"),
-                                    numpy_helper.from_array(zp, "embed_zp")])
+        m.graph.initializer.extend(
+            [
+                numpy_helper.from_array(data, "embed_q4"),
+                numpy_helper.from_array(scales, "embed_scales"),
+                numpy_helper.from_array(zp, "embed_zp"),
+            ]
+        )
         gi = next(i for i, n in enumerate(m.graph.node) if n.name == "/model/embed_tokens/Gather")
-        node = helper.make_node("GatherBlockQuantized", ["embed_q4", "input_ids", "embed_scales", "embed_zp"],
-                                ["embeds"], domain=MS, name="/model/embed_tokens/GatherBlockQuantized",
-                                gather_axis=0, quantize_axis=1, block_size=128, bits=4)
+        node = helper.make_node(
+            "GatherBlockQuantized",
+            ["embed_q4", "input_ids", "embed_scales", "embed_zp"],
+            ["embeds"],
+            domain=MS,
+            name="/model/embed_tokens/GatherBlockQuantized",
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=128,
+            bits=4,
+        )
         m.graph.node[gi].CopyFrom(node)
         keep = [t for t in m.graph.initializer if t.name != "model.embed_tokens.weight"]
         del m.graph.initializer[:]
@@ -217,7 +296,9 @@ class Decoder:
 
     def __init__(self, ctx, model, cfg, location="ml-tensor", **session_args):
         self.ctx, self.cfg, self.location = ctx, cfg, location
-        self.ref = ort.InferenceSession(without_accuracy_level(model).SerializeToString(), providers=["CPUExecutionProvider"])
+        self.ref = ort.InferenceSession(
+            without_accuracy_level(model).SerializeToString(), providers=["CPUExecutionProvider"]
+        )
         self.sess = InferenceSession(model, ctx, **session_args)
 
     def close(self):
@@ -287,11 +368,16 @@ def test_int4_decoder_greedy(ctx, small_models, embedding):
     cfg, _, models = small_models
     m = models[embedding]
     ops = {n.op_type for n in m.graph.node}
-    assert {"MatMulNBits", "GroupQueryAttention", "SkipSimplifiedLayerNormalization",
-            "SimplifiedLayerNormalization"} <= ops and "MatMul" not in ops
+    assert {
+        "MatMulNBits",
+        "GroupQueryAttention",
+        "SkipSimplifiedLayerNormalization",
+        "SimplifiedLayerNormalization",
+    } <= ops and "MatMul" not in ops
     assert ("GatherBlockQuantized" in ops) == (embedding == "tied")
-    levels = [a.i for n in m.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
-              if a.name == "accuracy_level"]
+    levels = [
+        a.i for n in m.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"
+    ]
     assert levels == [4] * (7 * cfg.layers + 1), levels
     rng = np.random.default_rng(_seed("tokens", embedding))
     dec = Decoder(ctx, m, cfg)
@@ -313,8 +399,7 @@ def test_int4_decoder_long_decode(ctx, small_models):
     quarter), with the cache dimensions' maxima given: one build serves every step."""
     cfg, _, models = small_models
     rng = np.random.default_rng(_seed("long"))
-    dec = Decoder(ctx, models["tied"], cfg,
-                  max_dimensions={"past_sequence_length": 128, "total_sequence_length": 128})
+    dec = Decoder(ctx, models["tied"], cfg, max_dimensions={"past_sequence_length": 128, "total_sequence_length": 128})
     try:
         builds = _generate(dec, rng, 9, 60, "long")
     finally:

@@ -173,5 +173,8 @@ if __name__ == "__main__":
 
     for n in sys.argv[1:] or FAST + SLOW:
         ours, ref, t = check_model(n, c)
-        print(f"{n:14s} rel_err {max(rel_err(o, r) for o, r in zip(ours, ref)):.2e}  "
-              f"load {t['load_s']:.1f}s first run {t['first_run_s']:.1f}s", flush=True)
+        print(
+            f"{n:14s} rel_err {max(rel_err(o, r) for o, r in zip(ours, ref)):.2e}  "
+            f"load {t['load_s']:.1f}s first run {t['first_run_s']:.1f}s",
+            flush=True,
+        )

@@ -37,10 +37,13 @@ def _rel(got, want):
 def _float_matmul(K, N, rng, a_shape=None):
     w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
     a_shape = a_shape or ["M", K]
-    g = helper.make_graph([helper.make_node("MatMul", ["A", "W"], ["Y"])], "mm",
-                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, a_shape)],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w, "W")])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "W"], ["Y"])],
+        "mm",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, a_shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
 
 
@@ -88,8 +91,10 @@ def _np_quantize(model, bs, symmetric, bits):
         q = np.clip(np.round(blocks / scale) + zp, 0, top).astype(np.uint8)
         name = node.input[1]
         done.add(name)
-        new = [numpy_helper.from_array(_pack(q.reshape(N, -1), bits).reshape(N, kb, -1), name + "_q"),
-               numpy_helper.from_array(scale.reshape(N, kb), name + "_scales")]
+        new = [
+            numpy_helper.from_array(_pack(q.reshape(N, -1), bits).reshape(N, kb, -1), name + "_q"),
+            numpy_helper.from_array(scale.reshape(N, kb), name + "_scales"),
+        ]
         ins = [node.input[0], name + "_q", name + "_scales"]
         if not symmetric:
             new.append(numpy_helper.from_array(_pack(zp.reshape(N, kb).astype(np.uint8), bits), name + "_zp"))
@@ -98,8 +103,9 @@ def _np_quantize(model, bs, symmetric, bits):
         node.op_type, node.domain = "MatMulNBits", "com.microsoft"
         del node.input[:]
         node.input.extend(ins)
-        node.attribute.extend([helper.make_attribute(k, v) for k, v in
-                               (("K", K), ("N", N), ("bits", bits), ("block_size", bs))])
+        node.attribute.extend(
+            [helper.make_attribute(k, v) for k, v in (("K", K), ("N", N), ("bits", bits), ("block_size", bs))]
+        )
     keep = [t for t in model.graph.initializer if t.name not in done]  # the float weights go
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
@@ -132,8 +138,7 @@ def _pack(q, bits):
     return out
 
 
-def _hand_model(rng, M, K, N, bs, bits=4, zp="packed", bias=False, ftype=np.float32, g_idx=None,
-                a_shape=None):
+def _hand_model(rng, M, K, N, bs, bits=4, zp="packed", bias=False, ftype=np.float32, g_idx=None, a_shape=None):
     kb = -(-K // bs)
     q = rng.integers(0, 1 << bits, (N, kb * bs)).astype(np.uint8)
     packed = _pack(q, bits).reshape(N, kb, bs * bits // 8)
@@ -155,11 +160,17 @@ def _hand_model(rng, M, K, N, bs, bits=4, zp="packed", bias=False, ftype=np.floa
     if bias:
         inits.append(numpy_helper.from_array(rng.standard_normal(N).astype(ftype), "bias"))
         ins.append("bias")
-    node = helper.make_node("MatMulNBits", ins, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits,
-                            block_size=bs, accuracy_level=4)
+    node = helper.make_node(
+        "MatMulNBits", ins, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits, block_size=bs, accuracy_level=4
+    )
     et = TensorProto.FLOAT16 if ftype == np.float16 else TensorProto.FLOAT
-    g = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("A", et, a_shape or [M, K])],
-                          [helper.make_tensor_value_info("Y", et, None)], inits)
+    g = helper.make_graph(
+        [node],
+        "nbits",
+        [helper.make_tensor_value_info("A", et, a_shape or [M, K])],
+        [helper.make_tensor_value_info("Y", et, None)],
+        inits,
+    )
     return helper.make_model(g, opset_imports=OPSETS)
 
 
@@ -176,6 +187,7 @@ def _check(model, feeds, ctx, tol=1e-5):
 
 
 # -- MatMulNBits from onnxruntime's quantizer ------------------------------------------------------
+
 
 @pytest.mark.parametrize("block_size", [32, 64, 128])
 @pytest.mark.parametrize("symmetric", [True, False])
@@ -330,12 +342,21 @@ def test_llama_mlp(ctx):
     D, F = 128, 176  # F not a multiple of the block size: the down projection's K has padding
     wg, wu = ((rng.standard_normal((D, F)) / np.sqrt(D)).astype(np.float32) for _ in range(2))
     wd = (rng.standard_normal((F, D)) / np.sqrt(F)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "Wg"], ["g"]), helper.make_node("MatMul", ["x", "Wu"], ["u"]),
-             helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
-             helper.make_node("Mul", ["silu", "u"], ["h"]), helper.make_node("MatMul", ["h", "Wd"], ["y"])]
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", D])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq", D])],
-                          [numpy_helper.from_array(w, n) for w, n in ((wg, "Wg"), (wu, "Wu"), (wd, "Wd"))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wg"], ["g"]),
+        helper.make_node("MatMul", ["x", "Wu"], ["u"]),
+        helper.make_node("Sigmoid", ["g"], ["sg"]),
+        helper.make_node("Mul", ["g", "sg"], ["silu"]),
+        helper.make_node("Mul", ["silu", "u"], ["h"]),
+        helper.make_node("MatMul", ["h", "Wd"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq", D])],
+        [numpy_helper.from_array(w, n) for w, n in ((wg, "Wg"), (wu, "Wu"), (wd, "Wd"))],
+    )
     m = _quantize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), 32, False)
     assert sum(n.op_type == "MatMulNBits" for n in m.graph.node) == 3
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -384,8 +405,8 @@ def test_graph_cache_round_trip(tmp_path, monkeypatch):
 
 # -- GatherBlockQuantized ------------------------------------------------------------------------
 
-def _gbq_model(rng, V, H, bs, bits, zp, idx_shape, ftype=np.float32, idx_type=TensorProto.INT64,
-               **attrs):
+
+def _gbq_model(rng, V, H, bs, bits, zp, idx_shape, ftype=np.float32, idx_type=TensorProto.INT64, **attrs):
     kb = -(-H // bs)
     q = rng.integers(0, 1 << bits, (V, H)).astype(np.uint8)
     scales = ((rng.random((V, kb)) + 0.5) * 0.1).astype(ftype)
@@ -397,19 +418,27 @@ def _gbq_model(rng, V, H, bs, bits, zp, idx_shape, ftype=np.float32, idx_type=Te
     attrs = dict({"gather_axis": 0, "quantize_axis": 1, "block_size": bs, "bits": bits}, **attrs)
     node = helper.make_node("GatherBlockQuantized", ins, ["Y"], domain="com.microsoft", **attrs)
     et = TensorProto.FLOAT16 if ftype == np.float16 else TensorProto.FLOAT
-    g = helper.make_graph([node], "gbq", [helper.make_tensor_value_info("I", idx_type, list(idx_shape))],
-                          [helper.make_tensor_value_info("Y", et, None)], inits)
+    g = helper.make_graph(
+        [node],
+        "gbq",
+        [helper.make_tensor_value_info("I", idx_type, list(idx_shape))],
+        [helper.make_tensor_value_info("Y", et, None)],
+        inits,
+    )
     return helper.make_model(g, opset_imports=OPSETS)
 
 
-@pytest.mark.parametrize("V,H,bs,bits,zp,idx_shape,ftype,idx_type", [
-    (10, 64, 32, 4, False, (3,), np.float32, TensorProto.INT64),
-    (10, 96, 64, 4, True, (2, 3), np.float32, TensorProto.INT64),
-    (7, 40, 16, 4, True, (4,), np.float16, TensorProto.INT32),
-    (9, 12, 16, 4, True, (5,), np.float32, TensorProto.INT32),  # rows not word-aligned, one partial block
-    (9, 48, 16, 8, False, (2,), np.float32, TensorProto.INT64),
-    (9, 48, 16, 8, True, (1, 5), np.float16, TensorProto.INT64),
-])
+@pytest.mark.parametrize(
+    "V,H,bs,bits,zp,idx_shape,ftype,idx_type",
+    [
+        (10, 64, 32, 4, False, (3,), np.float32, TensorProto.INT64),
+        (10, 96, 64, 4, True, (2, 3), np.float32, TensorProto.INT64),
+        (7, 40, 16, 4, True, (4,), np.float16, TensorProto.INT32),
+        (9, 12, 16, 4, True, (5,), np.float32, TensorProto.INT32),  # rows not word-aligned, one partial block
+        (9, 48, 16, 8, False, (2,), np.float32, TensorProto.INT64),
+        (9, 48, 16, 8, True, (1, 5), np.float16, TensorProto.INT64),
+    ],
+)
 def test_gather_block_quantized(ctx, V, H, bs, bits, zp, idx_shape, ftype, idx_type):
     rng = np.random.default_rng(V * H + bits)
     m = _gbq_model(rng, V, H, bs, bits, zp, idx_shape, ftype, idx_type)
@@ -427,16 +456,24 @@ def test_gather_int4_tensors(ctx, dt, V, H, bs, zp):
     rng = np.random.default_rng(V * H + dt)
     lo, hi = (-8, 8) if dt == TensorProto.INT4 else (0, 16)
     kb = -(-H // bs)
-    inits = [helper.make_tensor("D", dt, [V, H], rng.integers(lo, hi, V * H).tolist()),
-             numpy_helper.from_array(((rng.random((V, kb)) + 0.5) * 0.1).astype(np.float32), "S")]
+    inits = [
+        helper.make_tensor("D", dt, [V, H], rng.integers(lo, hi, V * H).tolist()),
+        numpy_helper.from_array(((rng.random((V, kb)) + 0.5) * 0.1).astype(np.float32), "S"),
+    ]
     ins = ["D", "I", "S"]
     if zp:
         inits.append(helper.make_tensor("Z", dt, [V, kb], rng.integers(lo, hi, V * kb).tolist()))
         ins.append("Z")
-    node = helper.make_node("GatherBlockQuantized", ins, ["Y"], domain="com.microsoft", gather_axis=0,
-                            quantize_axis=1, block_size=bs)
-    g = helper.make_graph([node], "gbq4", [helper.make_tensor_value_info("I", TensorProto.INT64, [4])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    node = helper.make_node(
+        "GatherBlockQuantized", ins, ["Y"], domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=bs
+    )
+    g = helper.make_graph(
+        [node],
+        "gbq4",
+        [helper.make_tensor_value_info("I", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=OPSETS)
     _check(m, {"I": rng.integers(-V, V, 4).astype(np.int64)}, ctx, tol=0)
 
@@ -474,6 +511,7 @@ def test_gather_constant_indices(ctx):
 
 
 # -- what is refused, by name -------------------------------------------------------------------
+
 
 def _refused(model, match):
     with pytest.raises(mltensor.NotSupportedError, match=match):

@@ -33,9 +33,13 @@ def test_operand_shapes_like_onnxruntime(ctx, rng, op, ash, bsh, csh, kw):
     inits = [onnx.numpy_helper.from_array(rng.standard_normal(bsh).astype(np.float32), "b")]
     if csh is not None:
         inits.append(onnx.numpy_helper.from_array(np.asarray(rng.standard_normal(csh), np.float32), "c"))
-    g = helper.make_graph([helper.make_node(op, ins, ["y"], **kw)], "g",
-                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    g = helper.make_graph(
+        [helper.make_node(op, ins, ["y"], **kw)],
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     a = rng.standard_normal(ash).astype(np.float32)
     (want,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})

@@ -23,8 +23,12 @@ from mltensor import InferenceSession
 
 from helpers import assert_exact
 
-QTYPES = {"uint8": (np.uint8, TP.UINT8), "int8": (np.int8, TP.INT8), "uint16": (np.uint16, TP.UINT16),
-          "int16": (np.int16, TP.INT16)}
+QTYPES = {
+    "uint8": (np.uint8, TP.UINT8),
+    "int8": (np.int8, TP.INT8),
+    "uint16": (np.uint16, TP.UINT16),
+    "int16": (np.int16, TP.INT16),
+}
 
 
 def _rng(*key):
@@ -143,8 +147,9 @@ def test_quantize_ties_round_half_to_even(ctx, qt, scale):
     x = ((k + 0.5) * scale).astype(np.float32)
     assert np.array_equal(x.astype(np.float64) / scale, k + 0.5)
     got = _check_q(ctx, _model("QuantizeLinear", {"x": x}, {"s": np.array(scale, np.float32), "z": zp}), {"x": x})
-    even = np.clip(np.where(np.floor(k + 0.5) % 2 == 0, np.floor(k + 0.5), np.ceil(k + 0.5)) + int(zp),
-                   info.min, info.max)
+    even = np.clip(
+        np.where(np.floor(k + 0.5) % 2 == 0, np.floor(k + 0.5), np.ceil(k + 0.5)) + int(zp), info.min, info.max
+    )
     np.testing.assert_array_equal(got.astype(np.int64), even.astype(np.int64))
 
 
@@ -271,8 +276,12 @@ def test_dequantize(ctx, qt, mode, ft):
     info = np.iinfo(dt)
     x = rng.integers(max(int(info.min), -(2**30)), min(int(info.max), 2**30) + 1, shape).astype(dt)
     x.flat[:2] = [info.min, info.max]
-    sshape, attrs = {"tensor": ((), {}), "axis0": ((4,), {"axis": 0}), "axis2": ((6,), {"axis": -1}),
-                     "block": ((4, 5, 2), {"axis": 2, "block_size": 4})}[mode]
+    sshape, attrs = {
+        "tensor": ((), {}),
+        "axis0": ((4,), {"axis": 0}),
+        "axis2": ((6,), {"axis": -1}),
+        "block": ((4, 5, 2), {"axis": 2, "block_size": 4}),
+    }[mode]
     scale = rng.uniform(0.001, 0.9, sshape).astype(ft)
     # int32 zero points must be 0 (onnxruntime enforces it; ONNX says they are usually unused)
     zp = np.zeros(sshape, dt) if qt == "int32" else _params(rng, qt, sshape)[1]
@@ -312,9 +321,13 @@ def test_refused_types(ctx, t):
     _refused(ctx, m, {"x": x}, TP.DataType.Name(t))
     # a DequantizeLinear of such a constant is folded at load (by onnx.reference): it runs
     q = h.make_tensor("q", t, [2, 2], [1, 2, 3, 0])
-    g = h.make_graph([h.make_node("DequantizeLinear", ["q", "s"], ["y"])], "g", [],
-                     [h.make_tensor_value_info("y", TP.FLOAT, None)],
-                     [q, nh.from_array(np.array(0.5, np.float32), "s")])
+    g = h.make_graph(
+        [h.make_node("DequantizeLinear", ["q", "s"], ["y"])],
+        "g",
+        [],
+        [h.make_tensor_value_info("y", TP.FLOAT, None)],
+        [q, nh.from_array(np.array(0.5, np.float32), "s")],
+    )
     md = h.make_model(g, opset_imports=[h.make_opsetid("", 21)], ir_version=10)
     assert_exact(_ours(ctx, md, {}), _ref(md, {}))
 
@@ -322,16 +335,26 @@ def test_refused_types(ctx, t):
 def test_refused_variants(ctx):
     x = np.ones((2, 4), np.float32)
     s = np.array(0.5, np.float32)
-    m = _model("QuantizeLinear", {"x": x}, {"s": s, "z": np.array(0, np.int8)}, {"precision": TP.BFLOAT16},
-               opset=23, out_type=TP.INT8)
+    m = _model(
+        "QuantizeLinear",
+        {"x": x},
+        {"s": s, "z": np.array(0, np.int8)},
+        {"precision": TP.BFLOAT16},
+        opset=23,
+        out_type=TP.INT8,
+    )
     _refused(ctx, m, {"x": x}, "precision BFLOAT16")
     xi = np.ones((2, 4), np.int32)
-    m = _model("QuantizeLinear", {"x": xi}, {"s": np.array(2, np.int32), "z": np.array(0, np.int8)},
-               out_type=TP.INT8)
+    m = _model("QuantizeLinear", {"x": xi}, {"s": np.array(2, np.int32), "z": np.array(0, np.int8)}, out_type=TP.INT8)
     _refused(ctx, m, {"x": xi}, "input type INT32")
     # blocked parameter whose shape does not match ceil(n / block_size)
-    m = _model("QuantizeLinear", {"x": x}, {"s": np.ones((2, 3), np.float32), "z": np.zeros((2, 3), np.int8)},
-               {"axis": 1, "block_size": 3}, out_type=TP.INT8)
+    m = _model(
+        "QuantizeLinear",
+        {"x": x},
+        {"s": np.ones((2, 3), np.float32), "z": np.zeros((2, 3), np.int8)},
+        {"axis": 1, "block_size": 3},
+        out_type=TP.INT8,
+    )
     _refused(ctx, m, {"x": x}, "blocked parameter shape")
 
 
@@ -343,37 +366,60 @@ def _cnn(rng):
     w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
     w2 = (rng.standard_normal((8, 8, 3, 3)) * 0.15).astype(np.float32)
     wg = (rng.standard_normal((10, 8)) * 0.4).astype(np.float32)
-    inits = [nh.from_array(w1, "w1"), nh.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b1"),
-             nh.from_array(w2, "w2"), nh.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b2"),
-             nh.from_array(wg, "wg"), nh.from_array(rng.standard_normal(10).astype(np.float32) * 0.1, "bg")]
-    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c1"], ["r1"]),
-             h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
-             h.make_node("Add", ["c2", "r1"], ["a"]),
-             h.make_node("Relu", ["a"], ["r2"]),
-             h.make_node("GlobalAveragePool", ["r2"], ["p"]),
-             h.make_node("Flatten", ["p"], ["f"]),
-             h.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]
-    g = h.make_graph(nodes, "cnn", [h.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 8, 8])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, ["N", 10])], inits)
+    inits = [
+        nh.from_array(w1, "w1"),
+        nh.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b1"),
+        nh.from_array(w2, "w2"),
+        nh.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b2"),
+        nh.from_array(wg, "wg"),
+        nh.from_array(rng.standard_normal(10).astype(np.float32) * 0.1, "bg"),
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        h.make_node("Add", ["c2", "r1"], ["a"]),
+        h.make_node("Relu", ["a"], ["r2"]),
+        h.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        h.make_node("Flatten", ["p"], ["f"]),
+        h.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1),
+    ]
+    g = h.make_graph(
+        nodes,
+        "cnn",
+        [h.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 8, 8])],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["N", 10])],
+        inits,
+    )
     return g, (3, 8, 8)
 
 
 def _mlp(rng):
     """matmul + bias -> relu -> matmul + bias -> relu -> gemm."""
-    inits = [nh.from_array((rng.standard_normal((16, 32)) * 0.3).astype(np.float32), "w1"),
-             nh.from_array((rng.standard_normal(32) * 0.1).astype(np.float32), "b1"),
-             nh.from_array((rng.standard_normal((32, 24)) * 0.2).astype(np.float32), "w2"),
-             nh.from_array((rng.standard_normal(24) * 0.1).astype(np.float32), "b2"),
-             nh.from_array((rng.standard_normal((24, 6)) * 0.3).astype(np.float32), "w3"),
-             nh.from_array((rng.standard_normal(6) * 0.1).astype(np.float32), "b3")]
-    nodes = [h.make_node("MatMul", ["x", "w1"], ["m1"]), h.make_node("Add", ["m1", "b1"], ["a1"]),
-             h.make_node("Relu", ["a1"], ["r1"]),
-             h.make_node("MatMul", ["r1", "w2"], ["m2"]), h.make_node("Add", ["m2", "b2"], ["a2"]),
-             h.make_node("Relu", ["a2"], ["r2"]),
-             h.make_node("Gemm", ["r2", "w3", "b3"], ["y"])]
-    g = h.make_graph(nodes, "mlp", [h.make_tensor_value_info("x", TP.FLOAT, ["N", 16])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, ["N", 6])], inits)
+    inits = [
+        nh.from_array((rng.standard_normal((16, 32)) * 0.3).astype(np.float32), "w1"),
+        nh.from_array((rng.standard_normal(32) * 0.1).astype(np.float32), "b1"),
+        nh.from_array((rng.standard_normal((32, 24)) * 0.2).astype(np.float32), "w2"),
+        nh.from_array((rng.standard_normal(24) * 0.1).astype(np.float32), "b2"),
+        nh.from_array((rng.standard_normal((24, 6)) * 0.3).astype(np.float32), "w3"),
+        nh.from_array((rng.standard_normal(6) * 0.1).astype(np.float32), "b3"),
+    ]
+    nodes = [
+        h.make_node("MatMul", ["x", "w1"], ["m1"]),
+        h.make_node("Add", ["m1", "b1"], ["a1"]),
+        h.make_node("Relu", ["a1"], ["r1"]),
+        h.make_node("MatMul", ["r1", "w2"], ["m2"]),
+        h.make_node("Add", ["m2", "b2"], ["a2"]),
+        h.make_node("Relu", ["a2"], ["r2"]),
+        h.make_node("Gemm", ["r2", "w3", "b3"], ["y"]),
+    ]
+    g = h.make_graph(
+        nodes,
+        "mlp",
+        [h.make_tensor_value_info("x", TP.FLOAT, ["N", 16])],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["N", 6])],
+        inits,
+    )
     return g, (16,)
 
 
@@ -393,9 +439,15 @@ def _quantized(tmp_path, which, per_channel, act):
         def get_next(self):
             return next(self.batches, None)
 
-    q.quantize_static(str(src), str(dst), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=per_channel,
-                      activation_type=q.QuantType.QUInt8 if act == "uint8" else q.QuantType.QInt8,
-                      weight_type=q.QuantType.QInt8)
+    q.quantize_static(
+        str(src),
+        str(dst),
+        Reader(),
+        quant_format=q.QuantFormat.QDQ,
+        per_channel=per_channel,
+        activation_type=q.QuantType.QUInt8 if act == "uint8" else q.QuantType.QInt8,
+        weight_type=q.QuantType.QInt8,
+    )
     import onnx
 
     model = onnx.load(str(dst))
@@ -417,8 +469,8 @@ def test_quantize_static_model(ctx, tmp_path, which, per_channel, act):
     try:
         for batch in (1, 5):
             x = rng.standard_normal((batch, *item)).astype(np.float32)
-            got, = s.run(None, {"x": x})
-            want, = ref.run(None, {"x": x})
+            (got,) = s.run(None, {"x": x})
+            (want,) = ref.run(None, {"x": x})
             assert got.shape == want.shape and got.dtype == want.dtype
             # Between the QDQ pairs convs / matmuls / pools run in float on dequantized values,
             # and our summation order (tiled GEMM, workgroup reductions) differs from MLAS's: a sum

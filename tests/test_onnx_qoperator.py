@@ -24,8 +24,13 @@ from mltensor import InferenceSession
 
 from helpers import assert_exact, fed_values, one_node_model
 
-_TP = {np.dtype(np.int8): TP.INT8, np.dtype(np.uint8): TP.UINT8, np.dtype(np.float32): TP.FLOAT,
-       np.dtype(np.int32): TP.INT32, np.dtype(np.bool_): TP.BOOL}
+_TP = {
+    np.dtype(np.int8): TP.INT8,
+    np.dtype(np.uint8): TP.UINT8,
+    np.dtype(np.float32): TP.FLOAT,
+    np.dtype(np.int32): TP.INT32,
+    np.dtype(np.bool_): TP.BOOL,
+}
 _TYPES = [np.uint8, np.int8]
 _one = functools.partial(one_node_model, opset=13, domain="com.microsoft")  # (a contrib operator, one node)
 
@@ -75,8 +80,13 @@ def _saturates(y, dt):
 
 # -- QLinearAdd / QLinearMul -------------------------------------------------------------------
 
-_BIN_SHAPES = [((2, 3, 5, 7), (2, 3, 5, 7)), ((4, 70), (4, 70)), ((2, 3, 4, 4), (1, 3, 1, 1)),
-               ((3, 1, 6), (1, 4, 6)), ((5, 8), ())]
+_BIN_SHAPES = [
+    ((2, 3, 5, 7), (2, 3, 5, 7)),
+    ((4, 70), (4, 70)),
+    ((2, 3, 4, 4), (1, 3, 1, 1)),
+    ((3, 1, 6), (1, 4, 6)),
+    ((5, 8), ()),
+]
 
 
 @pytest.mark.parametrize("dt", _TYPES, ids=lambda t: np.dtype(t).name)
@@ -87,9 +97,16 @@ def test_qlinear_binary(ctx, dt, op, shapes):
     sa, sb = rng.uniform(0.01, 0.1, 2)
     # an output scale that makes some results saturate
     sc = sa * sb * 40 if op == "QLinearMul" else (sa + sb) * 0.4
-    ins = [("a", _q(rng, dt, shapes[0]), True), ("as", _s(sa), False), ("az", _zp(rng, dt), False),
-           ("b", _q(rng, dt, shapes[1]), True), ("bs", _s(sb), False), ("bz", _zp(rng, dt), False),
-           ("cs", _s(sc), False), ("cz", _zp(rng, dt), False)]
+    ins = [
+        ("a", _q(rng, dt, shapes[0]), True),
+        ("as", _s(sa), False),
+        ("az", _zp(rng, dt), False),
+        ("b", _q(rng, dt, shapes[1]), True),
+        ("bs", _s(sb), False),
+        ("bz", _zp(rng, dt), False),
+        ("cs", _s(sc), False),
+        ("cz", _zp(rng, dt), False),
+    ]
     m = _one(op, ins, [("c", _TP[np.dtype(dt)])])
     (got,) = _ours(ctx, m, fed_values(ins))
     (want,) = _ort(m, fed_values(ins))
@@ -113,9 +130,16 @@ def test_qlinear_binary_every_pair(ctx, dt, op):
         rng = np.random.default_rng(_seed(np.dtype(dt).name, op, trial))
         sa, sb = rng.uniform(0.005, 0.2, 2)
         sc = sa * sb * rng.uniform(30, 200) if op == "QLinearMul" else (sa + sb) * rng.uniform(0.5, 2)
-        ins = [("a", a, True), ("as", _s(sa), False), ("az", _zp(rng, dt), False),
-               ("b", b, True), ("bs", _s(sb), False), ("bz", _zp(rng, dt), False),
-               ("cs", _s(sc), False), ("cz", _zp(rng, dt), False)]
+        ins = [
+            ("a", a, True),
+            ("as", _s(sa), False),
+            ("az", _zp(rng, dt), False),
+            ("b", b, True),
+            ("bs", _s(sb), False),
+            ("bz", _zp(rng, dt), False),
+            ("cs", _s(sc), False),
+            ("cz", _zp(rng, dt), False),
+        ]
         m = _one(op, ins, [("c", _TP[np.dtype(dt)])])
         assert_exact(_ours(ctx, m, fed_values(ins))[0], _ort(m, fed_values(ins))[0])
 
@@ -124,8 +148,11 @@ def test_qlinear_binary_every_pair(ctx, dt, op):
 
 
 @pytest.mark.parametrize("dt", _TYPES, ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("op,attrs", [("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.1}),
-                                      ("QLinearLeakyRelu", {})], ids=["sigmoid", "leaky0.1", "leaky"])
+@pytest.mark.parametrize(
+    "op,attrs",
+    [("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.1}), ("QLinearLeakyRelu", {})],
+    ids=["sigmoid", "leaky0.1", "leaky"],
+)
 def test_qlinear_lookup(ctx, dt, op, attrs):
     info = np.iinfo(dt)
     every = np.arange(info.min, info.max + 1).astype(dt)
@@ -137,8 +164,13 @@ def test_qlinear_lookup(ctx, dt, op, attrs):
             ys, yz = rng.uniform(0.7, 1.1) / 256, np.array(0 if dt == np.uint8 else -128, dt)
         else:
             ys, yz = xs * rng.uniform(0.3, 1.5), _zp(rng, dt)
-        ins = [("x", x, True), ("xs", _s(xs), False), ("xz", _zp(rng, dt), False),
-               ("ys", _s(ys), False), ("yz", yz, False)]
+        ins = [
+            ("x", x, True),
+            ("xs", _s(xs), False),
+            ("xz", _zp(rng, dt), False),
+            ("ys", _s(ys), False),
+            ("yz", yz, False),
+        ]
         m = _one(op, ins, [("y", _TP[np.dtype(dt)])], attrs)
         (want,) = _ort(m, fed_values(ins))
         assert_exact(_ours(ctx, m, fed_values(ins))[0], want)  # onnxruntime's own table, computed alike
@@ -156,8 +188,11 @@ def test_qlinear_concat(ctx, dt, axis):
     ins = [("ys", ys, False), ("yz", yz, False)]
     for k, shp in enumerate(shapes):
         same = k == 1  # one input already in the output's parameters (copied as is)
-        ins += [(f"x{k}", _q(rng, dt, shp), True), (f"s{k}", ys if same else _s(rng.uniform(0.02, 0.12)), False),
-                (f"z{k}", yz if same else _zp(rng, dt), False)]
+        ins += [
+            (f"x{k}", _q(rng, dt, shp), True),
+            (f"s{k}", ys if same else _s(rng.uniform(0.02, 0.12)), False),
+            (f"z{k}", yz if same else _zp(rng, dt), False),
+        ]
     m = _one("QLinearConcat", ins, [("y", _TP[np.dtype(dt)])], {"axis": axis})
     (want,) = _ort(m, fed_values(ins))
     assert _saturates(want, dt)
@@ -168,9 +203,17 @@ def test_qlinear_concat(ctx, dt, axis):
 def test_qlinear_where(ctx, dt):
     rng = np.random.default_rng(_seed(np.dtype(dt).name, "where"))
     cond = rng.random((3, 1, 8)) < 0.5
-    ins = [("c", cond, True), ("x", _q(rng, dt, (3, 5, 8)), True), ("xs", _s(0.07), False), ("xz", _zp(rng, dt), False),
-           ("y", _q(rng, dt, (5, 1)), True), ("ys", _s(0.03), False), ("yz", _zp(rng, dt), False),
-           ("zs", _s(0.05), False), ("zz", _zp(rng, dt), False)]
+    ins = [
+        ("c", cond, True),
+        ("x", _q(rng, dt, (3, 5, 8)), True),
+        ("xs", _s(0.07), False),
+        ("xz", _zp(rng, dt), False),
+        ("y", _q(rng, dt, (5, 1)), True),
+        ("ys", _s(0.03), False),
+        ("yz", _zp(rng, dt), False),
+        ("zs", _s(0.05), False),
+        ("zz", _zp(rng, dt), False),
+    ]
     m = _one("QLinearWhere", ins, [("z", _TP[np.dtype(dt)])])
     (want,) = _ort(m, fed_values(ins))
     assert_exact(_ours(ctx, m, fed_values(ins))[0], want)
@@ -186,21 +229,28 @@ def test_qlinear_global_average_pool(ctx, dt, shape):
     x = _q(rng, dt, shape)
     x[0, 0] = np.iinfo(dt).max  # a saturating channel
     xs = rng.uniform(0.01, 0.1)
-    ins = [("x", x, True), ("xs", _s(xs), False), ("xz", _zp(rng, dt), False),
-           ("ys", _s(xs / 4), False), ("yz", _zp(rng, dt), False)]
+    ins = [
+        ("x", x, True),
+        ("xs", _s(xs), False),
+        ("xz", _zp(rng, dt), False),
+        ("ys", _s(xs / 4), False),
+        ("yz", _zp(rng, dt), False),
+    ]
     m = _one("QLinearGlobalAveragePool", ins, [("y", _TP[np.dtype(dt)])], {"channels_last": 0})
     (want,) = _ort(m, fed_values(ins))
     assert _saturates(want, dt)
     assert_exact(_ours(ctx, m, fed_values(ins))[0], want)  # exact integer sums, one float32 multiply
 
 
-_POOLS = [((2, 3, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}),
-          ((1, 4, 7, 6), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
-          ((1, 4, 7, 6), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
-          ((1, 2, 9, 9), {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}),
-          ((2, 3, 10), {"kernel_shape": [3], "strides": [2]}),
-          ((1, 3, 5, 4), {"kernel_shape": [3, 2], "auto_pad": "SAME_UPPER"}),
-          ((2, 3, 4, 5), {"kernel_shape": [4, 5]})]  # the whole input: onnxruntime's global pool
+_POOLS = [
+    ((2, 3, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((1, 4, 7, 6), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
+    ((1, 4, 7, 6), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ((1, 2, 9, 9), {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ((2, 3, 10), {"kernel_shape": [3], "strides": [2]}),
+    ((1, 3, 5, 4), {"kernel_shape": [3, 2], "auto_pad": "SAME_UPPER"}),
+    ((2, 3, 4, 5), {"kernel_shape": [4, 5]}),
+]  # the whole input: onnxruntime's global pool
 
 
 @pytest.mark.parametrize("dt", _TYPES, ids=lambda t: np.dtype(t).name)
@@ -213,8 +263,13 @@ def test_qlinear_average_pool(ctx, dt, case, params):
     # "same": the output keeps the input's parameters, as quantize_static writes it: averages of
     # 2 or 4 codes land on exact halves, which onnxruntime's float32 rounding noise decides
     ys, yz = (xs, xz) if params == "same" else (xs / 6.3, _zp(rng, dt))
-    ins = [("x", _q(rng, dt, shape), True), ("xs", _s(xs), False), ("xz", xz, False),
-           ("ys", _s(ys), False), ("yz", yz, False)]
+    ins = [
+        ("x", _q(rng, dt, shape), True),
+        ("xs", _s(xs), False),
+        ("xz", xz, False),
+        ("ys", _s(ys), False),
+        ("yz", yz, False),
+    ]
     m = _one("QLinearAveragePool", ins, [("y", _TP[np.dtype(dt)])], attrs)
     (want,) = _ort(m, fed_values(ins))
     assert _saturates(want, dt) or params == "same" or want.size < 10  # (6 global averages may not)
@@ -231,8 +286,13 @@ def test_qlinear_average_pool(ctx, dt, case, params):
 def test_qlinear_softmax(ctx, dt, shape, axis, opset):
     rng = np.random.default_rng(_seed(np.dtype(dt).name, shape, axis, opset))
     yz = np.array(0 if dt == np.uint8 else -128, dt)
-    ins = [("x", _q(rng, dt, shape), True), ("xs", _s(rng.uniform(0.02, 0.08)), False), ("xz", _zp(rng, dt), False),
-           ("ys", _s(1 / 256), False), ("yz", yz, False)]
+    ins = [
+        ("x", _q(rng, dt, shape), True),
+        ("xs", _s(rng.uniform(0.02, 0.08)), False),
+        ("xz", _zp(rng, dt), False),
+        ("ys", _s(1 / 256), False),
+        ("yz", yz, False),
+    ]
     m = _one("QLinearSoftmax", ins, [("y", _TP[np.dtype(dt)])], {"axis": axis, "opset": opset})
     (want,) = _ort(m, fed_values(ins))
     # a float32 sum per row (onnxruntime's order is sequential) and a float division: a near-tie
@@ -243,8 +303,9 @@ def test_qlinear_softmax(ctx, dt, shape, axis, opset):
 # -- QGemm -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ta,tb", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)],
-                         ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize(
+    "ta,tb", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)], ids=lambda t: np.dtype(t).name
+)
 @pytest.mark.parametrize("per", ["tensor", "column"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out", ["quant", "float"])
@@ -255,13 +316,18 @@ def test_qgemm(ctx, ta, tb, per, bias, out):
     bshape = () if per == "tensor" else (N,)
     sa, sb = rng.uniform(0.01, 0.05), rng.uniform(0.01, 0.05, bshape)
     bz = np.zeros(bshape, tb) if tb == np.int8 else (128 + rng.integers(-5, 6, bshape)).astype(tb)
-    ins = [("a", a, True), ("as", _s(sa), False), ("az", _zp(rng, ta), False),
-           ("b", w, False), ("bs", _s(sb), False), ("bz", bz, False),
-           ("c", rng.integers(-3000, 3000, (N,)).astype(np.int32) if bias else None, False)]
+    ins = [
+        ("a", a, True),
+        ("as", _s(sa), False),
+        ("az", _zp(rng, ta), False),
+        ("b", w, False),
+        ("bs", _s(sb), False),
+        ("bz", bz, False),
+        ("c", rng.integers(-3000, 3000, (N,)).astype(np.int32) if bias else None, False),
+    ]
     if out == "quant":
         ins += [("ys", _s(sa * np.mean(sb) * np.sqrt(K) * 45), False), ("yz", _zp(rng, ta), False)]
-    m = _one("QGemm", ins, [("y", _TP[np.dtype(ta)] if out == "quant" else TP.FLOAT)],
-               {"transB": 1, "alpha": 0.75})
+    m = _one("QGemm", ins, [("y", _TP[np.dtype(ta)] if out == "quant" else TP.FLOAT)], {"transB": 1, "alpha": 0.75})
     (want,) = _ort(m, fed_values(ins))
     (got,) = _ours(ctx, m, fed_values(ins))
     if out == "quant":
@@ -279,8 +345,13 @@ def test_qgemm(ctx, ta, tb, per, bias, out):
 def test_unsupported(ctx):
     rng = np.random.default_rng(1)
     x = _q(rng, np.uint8, (1, 2, 4, 4))
-    base = [("x", x, True), ("xs", _s(0.1), False), ("xz", np.array(128, np.uint8), False),
-            ("ys", _s(0.1), False), ("yz", np.array(128, np.uint8), False)]
+    base = [
+        ("x", x, True),
+        ("xs", _s(0.1), False),
+        ("xz", np.array(128, np.uint8), False),
+        ("ys", _s(0.1), False),
+        ("yz", np.array(128, np.uint8), False),
+    ]
     with pytest.raises(mltensor.NotSupportedError, match="channels_last"):
         InferenceSession(_one("QLinearGlobalAveragePool", base, [("y", TP.UINT8)], {"channels_last": 1}), ctx)
     per_channel = [base[0], ("xs", _s([0.1, 0.2]), False)] + base[2:]
@@ -290,14 +361,23 @@ def test_unsupported(ctx):
     with pytest.raises(mltensor.NotSupportedError, match="constant"):
         InferenceSession(_one("QLinearLeakyRelu", fed_scale, [("y", TP.UINT8)]), ctx)
     with pytest.raises(mltensor.NotSupportedError, match="channels_last"):
-        InferenceSession(_one("QLinearAveragePool", base, [("y", TP.UINT8)],
-                                {"kernel_shape": [2, 2], "channels_last": 1}), ctx)
+        InferenceSession(
+            _one("QLinearAveragePool", base, [("y", TP.UINT8)], {"kernel_shape": [2, 2], "channels_last": 1}), ctx
+        )
     with pytest.raises(mltensor.NotSupportedError, match="opset"):
         InferenceSession(_one("QLinearSoftmax", base, [("y", TP.UINT8)], {"axis": -1}), ctx)
     a = _q(rng, np.uint8, (4, 6))
-    gemm = [("a", a, True), ("as", _s(0.1), False), ("az", np.array(128, np.uint8), False),
-            ("b", _q(rng, np.int8, (4, 3)), False), ("bs", _s(0.1), False), ("bz", np.array(0, np.int8), False),
-            ("c", None, False), ("ys", _s(0.5), False), ("yz", np.array(128, np.uint8), False)]
+    gemm = [
+        ("a", a, True),
+        ("as", _s(0.1), False),
+        ("az", np.array(128, np.uint8), False),
+        ("b", _q(rng, np.int8, (4, 3)), False),
+        ("bs", _s(0.1), False),
+        ("bz", np.array(0, np.int8), False),
+        ("c", None, False),
+        ("ys", _s(0.5), False),
+        ("yz", np.array(128, np.uint8), False),
+    ]
     with pytest.raises(mltensor.NotSupportedError, match="transA"):
         InferenceSession(_one("QGemm", gemm, [("y", TP.UINT8)], {"transA": 1}), ctx)
 
@@ -308,8 +388,10 @@ def test_unsupported(ctx):
 def _cnn(rng):
     """conv-relu, conv + residual add, mul, sigmoid / leaky relu, concat, average pool, global
     average pool, flatten, gemm, softmax."""
+
     def w(n, s, sd=0.3):
         return nh.from_array(rng.normal(0, sd, s).astype(np.float32), n)
+
     nodes = [
         h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         h.make_node("Relu", ["c1"], ["r1"]),
@@ -326,24 +408,52 @@ def _cnn(rng):
         h.make_node("Gemm", ["f", "wg", "bg"], ["gm"], transB=1),
         h.make_node("Softmax", ["gm"], ["y"], axis=-1),
     ]
-    inits = [w("w1", (6, 3, 3, 3)), w("b1", (6,), 0.1), w("w2", (6, 6, 3, 3)), w("b2", (6,), 0.1),
-             w("wg", (10, 18)), w("bg", (10,), 0.1)]
-    g = h.make_graph(nodes, "cnn", [h.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 8, 8])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    inits = [
+        w("w1", (6, 3, 3, 3)),
+        w("b1", (6,), 0.1),
+        w("w2", (6, 6, 3, 3)),
+        w("b2", (6,), 0.1),
+        w("wg", (10, 18)),
+        w("bg", (10,), 0.1),
+    ]
+    g = h.make_graph(
+        nodes,
+        "cnn",
+        [h.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 8, 8])],
+        [h.make_tensor_value_info("y", TP.FLOAT, None)],
+        inits,
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=8), (3, 8, 8)
 
 
 def _mlp(rng):
     def w(n, s, sd=0.3):
         return nh.from_array(rng.normal(0, sd, s).astype(np.float32), n)
-    nodes = [h.make_node("Gemm", ["x", "w1", "b1"], ["h1"], transB=1), h.make_node("Relu", ["h1"], ["r1"]),
-             h.make_node("MatMul", ["r1", "w2"], ["h2"]), h.make_node("Add", ["h2", "b2"], ["h3"]),
-             h.make_node("Sigmoid", ["h3"], ["s"]), h.make_node("Mul", ["s", "h3"], ["sw"]),
-             h.make_node("Gemm", ["sw", "w3", "b3"], ["y"], transB=1)]
-    inits = [w("w1", (32, 20)), w("b1", (32,), 0.1), w("w2", (32, 24)), w("b2", (24,), 0.1),
-             w("w3", (8, 24)), w("b3", (8,), 0.1)]
-    g = h.make_graph(nodes, "mlp", [h.make_tensor_value_info("x", TP.FLOAT, ["N", 20])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+
+    nodes = [
+        h.make_node("Gemm", ["x", "w1", "b1"], ["h1"], transB=1),
+        h.make_node("Relu", ["h1"], ["r1"]),
+        h.make_node("MatMul", ["r1", "w2"], ["h2"]),
+        h.make_node("Add", ["h2", "b2"], ["h3"]),
+        h.make_node("Sigmoid", ["h3"], ["s"]),
+        h.make_node("Mul", ["s", "h3"], ["sw"]),
+        h.make_node("Gemm", ["sw", "w3", "b3"], ["y"], transB=1),
+    ]
+    inits = [
+        w("w1", (32, 20)),
+        w("b1", (32,), 0.1),
+        w("w2", (32, 24)),
+        w("b2", (24,), 0.1),
+        w("w3", (8, 24)),
+        w("b3", (8,), 0.1),
+    ]
+    g = h.make_graph(
+        nodes,
+        "mlp",
+        [h.make_tensor_value_info("x", TP.FLOAT, ["N", 20])],
+        [h.make_tensor_value_info("y", TP.FLOAT, None)],
+        inits,
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=8), (20,)
 
 
@@ -359,14 +469,31 @@ def _quantize(tmp_path, model, in_shape, per_channel, rng):
 
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
     onnx.save(model, src)
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QOperator, per_channel=per_channel,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    quantize_static(
+        str(src),
+        str(dst),
+        Reader(),
+        quant_format=QuantFormat.QOperator,
+        per_channel=per_channel,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
     return onnx.load(str(dst))
 
 
 _EXPECTED = {
-    "cnn": {"QLinearConv", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
-            "QLinearAveragePool", "QLinearGlobalAveragePool", "QGemm", "QLinearSoftmax"},
+    "cnn": {
+        "QLinearConv",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearConcat",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QGemm",
+        "QLinearSoftmax",
+    },
     "mlp": {"QGemm", "QLinearMatMul", "QLinearAdd", "QLinearSigmoid", "QLinearMul"},
 }
 

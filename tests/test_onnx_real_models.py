@@ -31,8 +31,8 @@ def _text_image(rng, n, h, w):
         while x < w - 6:
             cw = int(rng.integers(3, 9))
             y0, y1 = int(rng.integers(h // 5, h // 3)), int(rng.integers(2 * h // 3, 4 * h // 5))
-            a[k, y0:y1, x:x + 2] = rng.uniform(0.05, 0.2)
-            a[k, y0:y0 + 2, x:x + cw] = rng.uniform(0.05, 0.2)
+            a[k, y0:y1, x : x + 2] = rng.uniform(0.05, 0.2)
+            a[k, y0 : y0 + 2, x : x + cw] = rng.uniform(0.05, 0.2)
             x += cw + int(rng.integers(2, 6))
     a += rng.normal(0, 0.02, a.shape).astype(np.float32)
     return np.ascontiguousarray(((a - 0.5) / 0.5).transpose(0, 3, 1, 2))
@@ -84,8 +84,13 @@ def _vad_feeds(rng, chunks, size, sr=16000, with_sr=True):
     return out
 
 
-VAD = {"silero_vad": True, "silero_vad_16k_op15": True, "silero_vad_op18_ifless": True,
-       "silero_vad_half": False, "silero_vad_openvino_16k": False}
+VAD = {
+    "silero_vad": True,
+    "silero_vad_16k_op15": True,
+    "silero_vad_op18_ifless": True,
+    "silero_vad_half": False,
+    "silero_vad_openvino_16k": False,
+}
 QUICK = {"silero_vad", "silero_vad_op18_ifless"}
 
 
@@ -115,8 +120,10 @@ def test_ppocr_cls(rng):
 @pytest.mark.slow
 def test_ppocr_rec_dynamic_width_and_batch(rng):
     """The issue's case: width 192, then batch 2 at width 160, in one session."""
-    _compare("ppocr_v4_rec", [{"x": _text_image(rng, 1, 48, 192)}, {"x": _text_image(rng, 2, 48, 160)},
-                              {"x": _text_image(rng, 1, 48, 192)}])
+    _compare(
+        "ppocr_v4_rec",
+        [{"x": _text_image(rng, 1, 48, 192)}, {"x": _text_image(rng, 2, 48, 160)}, {"x": _text_image(rng, 1, 48, 192)}],
+    )
 
 
 @pytest.mark.slow

@@ -31,45 +31,70 @@ def _run_both(m, feeds_list):
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
-    return h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)),
-                        opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+    return h.make_model(
+        h.make_graph(nodes, "g", inputs, outputs, list(inits)), opset_imports=[h.make_opsetid("", opset)], ir_version=8
+    )
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4)])
 def test_nonzero_of_a_computed_mask(shape, rng):
     """NonZero(x > t), its indices used to gather x's values (the usual pattern): empty, some, all."""
-    m = _model([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
-                h.make_node("Transpose", ["nz"], ["nzt"]), h.make_node("GatherND", ["x", "nzt"], ["vals"])],
-               [_vi("x", T.FLOAT, list(shape)), _vi("t", T.FLOAT, [])],
-               [_vi("nz", T.INT64, None), _vi("vals", T.FLOAT, None)])
+    m = _model(
+        [
+            h.make_node("Greater", ["x", "t"], ["mask"]),
+            h.make_node("NonZero", ["mask"], ["nz"]),
+            h.make_node("Transpose", ["nz"], ["nzt"]),
+            h.make_node("GatherND", ["x", "nzt"], ["vals"]),
+        ],
+        [_vi("x", T.FLOAT, list(shape)), _vi("t", T.FLOAT, [])],
+        [_vi("nz", T.INT64, None), _vi("vals", T.FLOAT, None)],
+    )
     x = rng.standard_normal(shape).astype(np.float32)
     feeds = [{"x": x, "t": np.float32(t)} for t in (0.0, 0.5, 10.0, -10.0, 0.0)]
-    sess = _run_both(m, [dict(f, t=np.array(f["t"], np.float32)) for f in feeds[:1]] + [
-        {"x": x, "t": np.array(t, np.float32)} for t in (0.5, -10.0, 0.0)] + [
-        {"x": rng.standard_normal(shape).astype(np.float32), "t": np.array(0.0, np.float32)}])
+    sess = _run_both(
+        m,
+        [dict(f, t=np.array(f["t"], np.float32)) for f in feeds[:1]]
+        + [{"x": x, "t": np.array(t, np.float32)} for t in (0.5, -10.0, 0.0)]
+        + [{"x": rng.standard_normal(shape).astype(np.float32), "t": np.array(0.0, np.float32)}],
+    )
     st = sess.stats
     assert st["readback_bytes"] == 4 * st["readbacks"]  # only the count crossed, 4 bytes a run
 
 
 def test_nonzero_none_at_all_gives_an_empty_result(rng):
-    m = _model([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"])],
-               [_vi("x", T.FLOAT, [4, 4]), _vi("t", T.FLOAT, [])], [_vi("nz", T.INT64, None)])
-    _run_both(m, [{"x": np.zeros((4, 4), np.float32), "t": np.array(1.0, np.float32)},
-                  {"x": np.ones((4, 4), np.float32), "t": np.array(0.5, np.float32)}])
+    m = _model(
+        [h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"])],
+        [_vi("x", T.FLOAT, [4, 4]), _vi("t", T.FLOAT, [])],
+        [_vi("nz", T.INT64, None)],
+    )
+    _run_both(
+        m,
+        [
+            {"x": np.zeros((4, 4), np.float32), "t": np.array(1.0, np.float32)},
+            {"x": np.ones((4, 4), np.float32), "t": np.array(0.5, np.float32)},
+        ],
+    )
 
 
 @pytest.mark.parametrize("axis", [None, 0, 1])
 def test_compress_on_a_computed_condition(axis, rng):
     n = 6 if axis != 0 else 4
     attrs = {} if axis is None else {"axis": axis}
-    m = _model([h.make_node("Greater", ["c", "zero"], ["cond"]), h.make_node("Compress", ["x", "cond"], ["y"], **attrs),
-                h.make_node("Relu", ["y"], ["z"])],
-               [_vi("x", T.FLOAT, [4, 6]), _vi("c", T.FLOAT, [n if axis is not None else 24])], [_vi("z", T.FLOAT, None)],
-               [h.make_tensor("zero", T.FLOAT, [], [0.0])])
+    m = _model(
+        [
+            h.make_node("Greater", ["c", "zero"], ["cond"]),
+            h.make_node("Compress", ["x", "cond"], ["y"], **attrs),
+            h.make_node("Relu", ["y"], ["z"]),
+        ],
+        [_vi("x", T.FLOAT, [4, 6]), _vi("c", T.FLOAT, [n if axis is not None else 24])],
+        [_vi("z", T.FLOAT, None)],
+        [h.make_tensor("zero", T.FLOAT, [], [0.0])],
+    )
     length = n if axis is not None else 24
     cases = [rng.standard_normal(length), -np.ones(length), np.ones(length), rng.standard_normal(length)]
-    sess = _run_both(m, [{"x": rng.standard_normal((4, 6)).astype(np.float32), "c": c.astype(np.float32)}
-                         for c in cases])
+    sess = _run_both(
+        m, [{"x": rng.standard_normal((4, 6)).astype(np.float32), "c": c.astype(np.float32)} for c in cases]
+    )
     assert sess.stats["stage_builds"] == 2  # every count in one build, none kept in another
 
 
@@ -80,20 +105,34 @@ def _nms_model(center_point_box=0, params_as_inputs=False, opset=17):
     inits = []
     if params_as_inputs:  # given as data: each is read back too
         inputs += [_vi("mx", T.FLOAT, [8]), _vi("thr", T.FLOAT, [8])]
-        pre = [h.make_node("ReduceMax", ["mx"], ["mxf"], keepdims=0), h.make_node("Cast", ["mxf"], ["mx0"], to=T.INT64),
-               h.make_node("Reshape", ["mx0", "one"], ["max_out"]),
-               h.make_node("Slice", ["thr", "s0", "s1"], ["iou"]), h.make_node("Slice", ["thr", "s1", "s2"], ["score"])]
-        inits += [h.make_tensor("one", T.INT64, [1], [1])] + [h.make_tensor(f"s{k}", T.INT64, [1], [k]) for k in range(3)]
+        pre = [
+            h.make_node("ReduceMax", ["mx"], ["mxf"], keepdims=0),
+            h.make_node("Cast", ["mxf"], ["mx0"], to=T.INT64),
+            h.make_node("Reshape", ["mx0", "one"], ["max_out"]),
+            h.make_node("Slice", ["thr", "s0", "s1"], ["iou"]),
+            h.make_node("Slice", ["thr", "s1", "s2"], ["score"]),
+        ]
+        inits += [h.make_tensor("one", T.INT64, [1], [1])] + [
+            h.make_tensor(f"s{k}", T.INT64, [1], [k]) for k in range(3)
+        ]
     else:
         pre = []
-        inits += [h.make_tensor("max_out", T.INT64, [1], [7]), h.make_tensor("iou", T.FLOAT, [1], [0.4]),
-                  h.make_tensor("score", T.FLOAT, [1], [0.3])]
+        inits += [
+            h.make_tensor("max_out", T.INT64, [1], [7]),
+            h.make_tensor("iou", T.FLOAT, [1], [0.4]),
+            h.make_tensor("score", T.FLOAT, [1], [0.3]),
+        ]
     nodes = pre + [
         h.make_node("Sigmoid", ["logits"], ["scores"]),
-        h.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "score"], ["sel"],
-                    center_point_box=center_point_box),
+        h.make_node(
+            "NonMaxSuppression",
+            ["boxes", "scores", "max_out", "iou", "score"],
+            ["sel"],
+            center_point_box=center_point_box,
+        ),
         h.make_node("Gather", ["sel", "two"], ["box_idx"], axis=1),
-        h.make_node("Gather", ["boxes", "box_idx"], ["kept"], axis=1)]
+        h.make_node("Gather", ["boxes", "box_idx"], ["kept"], axis=1),
+    ]
     inits.append(h.make_tensor("two", T.INT64, [], [2]))
     return _model(nodes, inputs, [_vi("sel", T.INT64, None), _vi("kept", T.FLOAT, None)], inits, opset)
 
@@ -112,8 +151,10 @@ def _boxes(rng, cpb):
 @pytest.mark.parametrize("cpb", [0, 1])
 def test_nms_in_the_graph(cpb, rng):
     m = _nms_model(cpb)
-    feeds = [{"boxes": _boxes(rng, cpb), "logits": (rng.standard_normal((2, 3, 50)) * 2).astype(np.float32)}
-             for _ in range(3)]
+    feeds = [
+        {"boxes": _boxes(rng, cpb), "logits": (rng.standard_normal((2, 3, 50)) * 2).astype(np.float32)}
+        for _ in range(3)
+    ]
     feeds.append({"boxes": _boxes(rng, cpb), "logits": np.full((2, 3, 50), -5, np.float32)})  # none kept
     sess = _run_both(m, feeds)
     st = sess.stats
@@ -129,8 +170,14 @@ def test_nms_parameters_computed_at_run_time(rng):
     for mx, iou, score in [(3, 0.5, 0.2), (50, 1.0, 0.0), (0, 0.5, 0.2), (3, 0.5, 0.2)]:
         thr = np.zeros(8, np.float32)
         thr[:2] = iou, score
-        feeds.append({"boxes": _boxes(rng, 0), "logits": rng.standard_normal((2, 3, 50)).astype(np.float32),
-                      "mx": np.full(8, mx, np.float32), "thr": thr})
+        feeds.append(
+            {
+                "boxes": _boxes(rng, 0),
+                "logits": rng.standard_normal((2, 3, 50)).astype(np.float32),
+                "mx": np.full(8, mx, np.float32),
+                "thr": thr,
+            }
+        )
     _run_both(m, feeds)
 
 
@@ -138,20 +185,27 @@ def test_nms_parameters_computed_at_run_time(rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
 def test_unique_of_computed_values(sorted_, dtype, rng):
     et = T.FLOAT if dtype == np.float32 else T.INT64
-    m = _model([h.make_node("Abs", ["x"], ["a"]),
-                h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], sorted=sorted_)],
-               [_vi("x", et, [5, 7])], [_vi("y", et, None), _vi("idx", T.INT64, None), _vi("inv", T.INT64, None),
-                                        _vi("cnt", T.INT64, None)], opset=11)
+    m = _model(
+        [h.make_node("Abs", ["x"], ["a"]), h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], sorted=sorted_)],
+        [_vi("x", et, [5, 7])],
+        [_vi("y", et, None), _vi("idx", T.INT64, None), _vi("inv", T.INT64, None), _vi("cnt", T.INT64, None)],
+        opset=11,
+    )
     cases = [rng.integers(-4, 5, (5, 7)), np.full((5, 7), 3), rng.permutation(35).reshape(5, 7) - 17]
     _run_both(m, [{"x": c.astype(dtype)} for c in cases])
 
 
 def _unique_model(et, shape, axis, sorted_):
     kw = {} if axis is None else {"axis": axis}
-    return _model([h.make_node("Abs", ["x"], ["a"]),
-                   h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], sorted=sorted_, **kw)],
-                  [_vi("x", et, list(shape))], [_vi("y", et, None), _vi("idx", T.INT64, None),
-                                                _vi("inv", T.INT64, None), _vi("cnt", T.INT64, None)], opset=11)
+    return _model(
+        [
+            h.make_node("Abs", ["x"], ["a"]),
+            h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], sorted=sorted_, **kw),
+        ],
+        [_vi("x", et, list(shape))],
+        [_vi("y", et, None), _vi("idx", T.INT64, None), _vi("inv", T.INT64, None), _vi("cnt", T.INT64, None)],
+        opset=11,
+    )
 
 
 def _slices(rng, shape, axis, pattern):
@@ -171,8 +225,9 @@ def _slices(rng, shape, axis, pattern):
     return np.moveaxis(x, 0, axis)
 
 
-@pytest.mark.parametrize("shape,axis", [((6, 4), 0), ((3, 7), 1), ((2, 5, 3), 1), ((4, 3, 2), -1), ((9, 1), 0),
-                                        ((5, 3, 4), 0)])
+@pytest.mark.parametrize(
+    "shape,axis", [((6, 4), 0), ((3, 7), 1), ((2, 5, 3), 1), ((4, 3, 2), -1), ((9, 1), 0), ((5, 3, 4), 0)]
+)
 @pytest.mark.parametrize("sorted_", [1, 0])
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
 def test_unique_along_an_axis(shape, axis, sorted_, dtype, rng):
@@ -211,10 +266,12 @@ def test_unique_nan_as_numpy():
     x = np.array([[nan, 0], [nan, 0], [1, -0.0], [1, 0.0], [nan, -1], [-1, nan]], np.float32)
     for axis in (None, 0):
         kw = {} if axis is None else {"axis": axis}
-        m = _model([h.make_node("Identity", ["x"], ["a"]),
-                    h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], **kw)],
-                   [_vi("x", T.FLOAT, [6, 2])],
-                   [_vi("y", T.FLOAT, None)] + [_vi(o, T.INT64, None) for o in ("idx", "inv", "cnt")], opset=11)
+        m = _model(
+            [h.make_node("Identity", ["x"], ["a"]), h.make_node("Unique", ["a"], ["y", "idx", "inv", "cnt"], **kw)],
+            [_vi("x", T.FLOAT, [6, 2])],
+            [_vi("y", T.FLOAT, None)] + [_vi(o, T.INT64, None) for o in ("idx", "inv", "cnt")],
+            opset=11,
+        )
         got = InferenceSession(m, cache=False).run(None, {"x": x})
         want = np.unique(x, True, True, True, axis=axis)
         for g, w in zip(got, want):
@@ -224,12 +281,19 @@ def test_unique_nan_as_numpy():
 def _nonzero_gather_model():
     """NonZero of a computed mask (a counted cut: the count as a dynamic dimension), its values
     gathered and summed after it."""
-    return _model([h.make_node("Greater", ["x", "t"], ["mask"]), h.make_node("NonZero", ["mask"], ["nz"]),
-                   h.make_node("Squeeze", ["nz", "ax0"], ["i"]), h.make_node("Gather", ["x", "i"], ["vals"]),
-                   h.make_node("Mul", ["vals", "vals"], ["sq"]), h.make_node("ReduceSum", ["sq"], ["s"], keepdims=0)],
-                  [_vi("x", T.FLOAT, [64]), _vi("t", T.FLOAT, [])],
-                  [_vi("nz", T.INT64, None), _vi("vals", T.FLOAT, None), _vi("s", T.FLOAT, None)],
-                  [h.make_tensor("ax0", T.INT64, [1], [0])])
+    return _model(
+        [
+            h.make_node("Greater", ["x", "t"], ["mask"]),
+            h.make_node("NonZero", ["mask"], ["nz"]),
+            h.make_node("Squeeze", ["nz", "ax0"], ["i"]),
+            h.make_node("Gather", ["x", "i"], ["vals"]),
+            h.make_node("Mul", ["vals", "vals"], ["sq"]),
+            h.make_node("ReduceSum", ["sq"], ["s"], keepdims=0),
+        ],
+        [_vi("x", T.FLOAT, [64]), _vi("t", T.FLOAT, [])],
+        [_vi("nz", T.INT64, None), _vi("vals", T.FLOAT, None), _vi("s", T.FLOAT, None)],
+        [h.make_tensor("ax0", T.INT64, [1], [0])],
+    )
 
 
 def test_staged_runs_reuse_their_stage_tensors(rng):
@@ -285,8 +349,10 @@ def test_staged_runs_concurrent_on_pooled_tensors(rng):
     b = m.SerializeToString()
     sess = InferenceSession(b, cache=False)
     ref = ort.InferenceSession(b, providers=["CPUExecutionProvider"])
-    cases = [{"x": rng.standard_normal(64).astype(np.float32), "t": np.array(t, np.float32)}
-             for t in (0.0, 0.5, -0.5, 1.0) * 4]
+    cases = [
+        {"x": rng.standard_normal(64).astype(np.float32), "t": np.array(t, np.float32)}
+        for t in (0.0, 0.5, -0.5, 1.0) * 4
+    ]
     want = [ref.run(None, f) for f in cases]
 
     def work(k):

@@ -188,8 +188,9 @@ def test_row_of_100k(ctx, k):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape,axis,k", [((3, 100_000), 1, 1000), ((100_000, 3), 0, 40),
-                                          ((1, 25200), 1, 300), ((8, 8400), 1, 8400)])
+@pytest.mark.parametrize(
+    "shape,axis,k", [((3, 100_000), 1, 1000), ((100_000, 3), 0, 40), ((1, 25200), 1, 300), ((8, 8400), 1, 8400)]
+)
 def test_long_rows_slow(ctx, shape, axis, k):
     rng = np.random.default_rng(_seed("slow", shape, k))
     x = _ties(rng, shape, levels=2000)
@@ -294,12 +295,21 @@ def _data(rng, dtype, shape):
 
 
 # (shape, axis, k): short rows, k <= 16 and above, chunked rows and merges, strided axes
-_PLAN_CASES = [((300, 20), 1, 7), ((5, 1), 1, 1), ((3, 3000), 1, 16), ((2, 3000), 1, 17),
-               ((2, 5000, 2), 1, 5), ((2, 3, 600, 2), 2, 33), ((2, 4097), 1, 4097), ((1, 20_000), 1, 2)]
+_PLAN_CASES = [
+    ((300, 20), 1, 7),
+    ((5, 1), 1, 1),
+    ((3, 3000), 1, 16),
+    ((2, 3000), 1, 17),
+    ((2, 5000, 2), 1, 5),
+    ((2, 3, 600, 2), 2, 33),
+    ((2, 4097), 1, 4097),
+    ((1, 20_000), 1, 2),
+]
 
 
-@pytest.mark.parametrize("shape,axis,k,dtype", [c + (np.float32,) for c in _PLAN_CASES]
-                         + [c + (np.int64,) for c in _PLAN_CASES[1::2]])
+@pytest.mark.parametrize(
+    "shape,axis,k,dtype", [c + (np.float32,) for c in _PLAN_CASES] + [c + (np.int64,) for c in _PLAN_CASES[1::2]]
+)
 def test_every_plan(ctx, shape, axis, k, dtype):
     rng = np.random.default_rng(_seed("plan", shape, k, np.dtype(dtype).name))
     x = _data(rng, dtype, shape)
@@ -308,7 +318,7 @@ def test_every_plan(ctx, shape, axis, k, dtype):
     storage = min(ctx._device.limits["max-compute-workgroup-storage-size"], 32768)
     plans = sort.candidates(x.size // n, n, k, kw, storage)
     for f in range(len(plans)):
-        for largest in ((True, False) if f == 0 else (f % 2 == 1,)):
+        for largest in (True, False) if f == 0 else (f % 2 == 1,):
             got = _run_op(ctx, x, k, axis, largest, force=f)
             v, i = _reference(x, k, axis, largest)
             _same(got["v"], v)
@@ -327,9 +337,10 @@ def test_op_types(ctx, dtype):
             _same(got["i"], i)
 
 
-@pytest.mark.parametrize("env,dtype", [("MLTENSOR_DISABLE_INT64", np.int64),
-                                       ("MLTENSOR_DISABLE_INT64", np.uint64),
-                                       ("MLTENSOR_DISABLE_F16", np.float16)])
+@pytest.mark.parametrize(
+    "env,dtype",
+    [("MLTENSOR_DISABLE_INT64", np.int64), ("MLTENSOR_DISABLE_INT64", np.uint64), ("MLTENSOR_DISABLE_F16", np.float16)],
+)
 def test_op_without_features(env, dtype):
     c = context_with_env(**{env: "1"})
     try:
@@ -360,8 +371,13 @@ def test_more_groups_than_a_dimension(ctx):
 def test_op_validation(ctx):
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[2, 5])
-    for bad in ({"k": 0, "axis": 1}, {"k": 6, "axis": 1}, {"k": 2, "axis": 2}, {"k": 2.0, "axis": 1},
-                {"k": 2, "axis": 1, "largest": 1}):
+    for bad in (
+        {"k": 0, "axis": 1},
+        {"k": 6, "axis": 1},
+        {"k": 2, "axis": 2},
+        {"k": 2.0, "axis": 1},
+        {"k": 2, "axis": 1, "largest": 1},
+    ):
         with pytest.raises(TypeError, match=r"\[_topk\]"):
             b._topk(x, **bad)
     v, i = b._topk(x, k=2, axis=-1)

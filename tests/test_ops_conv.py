@@ -19,12 +19,14 @@ def conv2d_ref(x, w, pad=(0, 0, 0, 0), st=(1, 1), dil=(1, 1), groups=1, bias=Non
     out = np.zeros((n, oc, oh, ow))
     ocg = oc // groups
     for g in range(groups):
-        xs = xp[:, g * icg:(g + 1) * icg]
+        xs = xp[:, g * icg : (g + 1) * icg]
         for i in range(kh):
             for j in range(kw):
                 h0, w0 = i * dil[0], j * dil[1]
-                patch = xs[:, :, h0:h0 + (oh - 1) * st[0] + 1:st[0], w0:w0 + (ow - 1) * st[1] + 1:st[1]]
-                out[:, g * ocg:(g + 1) * ocg] += np.einsum("nchw,oc->nohw", patch, w[g * ocg:(g + 1) * ocg, :, i, j])
+                patch = xs[:, :, h0 : h0 + (oh - 1) * st[0] + 1 : st[0], w0 : w0 + (ow - 1) * st[1] + 1 : st[1]]
+                out[:, g * ocg : (g + 1) * ocg] += np.einsum(
+                    "nchw,oc->nohw", patch, w[g * ocg : (g + 1) * ocg, :, i, j]
+                )
     if bias is not None:
         out += bias.astype(np.float64)[None, :, None, None]
     return out
@@ -40,13 +42,18 @@ def conv_transpose2d_ref(x, w, out_hw, pad=(0, 0, 0, 0), st=(1, 1), dil=(1, 1), 
     fw = max((iw - 1) * st[1] + (kw - 1) * dil[1] + 1, pad[2] + out_hw[1])
     full = np.zeros((n, ocg * groups, fh, fw))
     for g in range(groups):
-        xs = x[:, g * icg:(g + 1) * icg]
+        xs = x[:, g * icg : (g + 1) * icg]
         for i in range(kh):
             for j in range(kw):
-                contrib = np.einsum("nchw,co->nohw", xs, w[g * icg:(g + 1) * icg, :, i, j])
+                contrib = np.einsum("nchw,co->nohw", xs, w[g * icg : (g + 1) * icg, :, i, j])
                 h0, w0 = i * dil[0], j * dil[1]
-                full[:, g * ocg:(g + 1) * ocg, h0:h0 + (ih - 1) * st[0] + 1:st[0], w0:w0 + (iw - 1) * st[1] + 1:st[1]] += contrib
-    out = full[:, :, pad[0]:pad[0] + out_hw[0], pad[2]:pad[2] + out_hw[1]]
+                full[
+                    :,
+                    g * ocg : (g + 1) * ocg,
+                    h0 : h0 + (ih - 1) * st[0] + 1 : st[0],
+                    w0 : w0 + (iw - 1) * st[1] + 1 : st[1],
+                ] += contrib
+    out = full[:, :, pad[0] : pad[0] + out_hw[0], pad[2] : pad[2] + out_hw[1]]
     if bias is not None:
         out = out + bias.astype(np.float64)[None, :, None, None]
     return out
@@ -72,9 +79,23 @@ def _check(got, ref, dtype, tol=1e-4):
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol)
 
 
-def _run_conv(ctx, rng, xshape, wshape, *, input_layout="nchw", filter_layout=None, use_bias=False,
-              filter_input=False, dtype="float32", epilogue=None, transpose=False, expect_kernels=None,
-              prologue=None, **opts):
+def _run_conv(
+    ctx,
+    rng,
+    xshape,
+    wshape,
+    *,
+    input_layout="nchw",
+    filter_layout=None,
+    use_bias=False,
+    filter_input=False,
+    dtype="float32",
+    epilogue=None,
+    transpose=False,
+    expect_kernels=None,
+    prologue=None,
+    **opts,
+):
     """xshape NCHW, wshape OIHW (or IOHW for transpose); returns (got in NCHW, reference NCHW).
     prologue: (fn(builder, x, channel_axis) -> operand, numpy fn of the NCHW input) applied to
     the input before the convolution."""
@@ -113,8 +134,10 @@ def _run_conv(ctx, rng, xshape, wshape, *, input_layout="nchw", filter_layout=No
         assert got.ndim == 4
         got = from_nhwc(got)
     ref_opts = {
-        "pad": opts.get("padding", (0, 0, 0, 0)), "st": opts.get("strides", (1, 1)),
-        "dil": opts.get("dilations", (1, 1)), "groups": opts.get("groups", 1),
+        "pad": opts.get("padding", (0, 0, 0, 0)),
+        "st": opts.get("strides", (1, 1)),
+        "dil": opts.get("dilations", (1, 1)),
+        "groups": opts.get("groups", 1),
         "bias": B if use_bias else None,
     }
     Xr = prologue[1](X.astype(np.float64)) if prologue else X
@@ -131,9 +154,18 @@ def _run_conv(ctx, rng, xshape, wshape, *, input_layout="nchw", filter_layout=No
 @pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("filter_layout", ["oihw", "hwio", "ohwi", "ihwo"])
 def test_conv2d_layouts(ctx, rng, input_layout, filter_layout):
-    got, ref = _run_conv(ctx, rng, (2, 3, 9, 7), (5, 3, 3, 2), input_layout=input_layout,
-                         filter_layout=filter_layout, use_bias=True, padding=[1, 0, 2, 1],
-                         strides=[2, 1], dilations=[1, 2])
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (2, 3, 9, 7),
+        (5, 3, 3, 2),
+        input_layout=input_layout,
+        filter_layout=filter_layout,
+        use_bias=True,
+        padding=[1, 0, 2, 1],
+        strides=[2, 1],
+        dilations=[1, 2],
+    )
     _check(got, ref, np.float32)
 
 
@@ -154,27 +186,44 @@ def test_conv2d_layouts(ctx, rng, input_layout, filter_layout):
 )
 def test_conv2d_shapes(ctx, rng, input_layout, xshape, wshape, opts):
     fl = "ohwi" if input_layout == "nhwc" else "oihw"
-    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=input_layout, filter_layout=fl,
-                         use_bias=True, **opts)
+    got, ref = _run_conv(ctx, rng, xshape, wshape, input_layout=input_layout, filter_layout=fl, use_bias=True, **opts)
     _check(got, ref, np.float32)
 
 
 def test_conv2d_tflite_layouts_are_direct(ctx, rng):
     # NHWC input with OHWI filters, and depthwise with IHWO filters: one kernel each, no transposes
-    got, ref = _run_conv(ctx, rng, (1, 4, 6, 6), (4, 1, 3, 3), input_layout="nhwc",
-                         filter_layout="ihwo", groups=4, padding=[1, 1, 1, 1], expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 4, 6, 6),
+        (4, 1, 3, 3),
+        input_layout="nhwc",
+        filter_layout="ihwo",
+        groups=4,
+        padding=[1, 1, 1, 1],
+        expect_kernels=1,
+    )
     _check(got, ref, np.float32)
-    got, ref = _run_conv(ctx, rng, (1, 3, 6, 6), (5, 3, 3, 3), input_layout="nhwc",
-                         filter_layout="ohwi", strides=[2, 2], padding=[0, 1, 0, 1], expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 3, 6, 6),
+        (5, 3, 3, 3),
+        input_layout="nhwc",
+        filter_layout="ohwi",
+        strides=[2, 2],
+        padding=[0, 1, 0, 1],
+        expect_kernels=1,
+    )
     _check(got, ref, np.float32)
 
 
 def test_conv2d_filter_is_graph_input(ctx, rng):
-    got, ref = _run_conv(ctx, rng, (1, 4, 7, 7), (6, 2, 3, 3), groups=2, filter_input=True,
-                         filter_layout="hwio")
+    got, ref = _run_conv(ctx, rng, (1, 4, 7, 7), (6, 2, 3, 3), groups=2, filter_input=True, filter_layout="hwio")
     _check(got, ref, np.float32)
-    got, ref = _run_conv(ctx, rng, (1, 4, 7, 7), (4, 1, 3, 3), groups=4, filter_input=True,
-                         input_layout="nhwc", filter_layout="ihwo")
+    got, ref = _run_conv(
+        ctx, rng, (1, 4, 7, 7), (4, 1, 3, 3), groups=4, filter_input=True, input_layout="nhwc", filter_layout="ihwo"
+    )
     _check(got, ref, np.float32)
 
 
@@ -188,14 +237,24 @@ def test_conv2d_filter_is_graph_input(ctx, rng):
 )
 @pytest.mark.parametrize("groups", [1, 4])
 def test_conv2d_fused_activation(ctx, rng, act, ref_fn, groups):
-    got, ref = _run_conv(ctx, rng, (1, 4, 6, 6), (8, 4 // groups, 3, 3), groups=groups,
-                         use_bias=True, padding=[1, 1, 1, 1], epilogue=act, expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 4, 6, 6),
+        (8, 4 // groups, 3, 3),
+        groups=groups,
+        use_bias=True,
+        padding=[1, 1, 1, 1],
+        epilogue=act,
+        expect_kernels=1,
+    )
     _check(got, ref_fn(ref), np.float32)
 
 
 def test_conv2d_float16(ctx, rng):
-    got, ref = _run_conv(ctx, rng, (1, 3, 6, 6), (4, 3, 3, 3), dtype="float16", use_bias=True,
-                         input_layout="nhwc", filter_layout="ohwi")
+    got, ref = _run_conv(
+        ctx, rng, (1, 3, 6, 6), (4, 3, 3, 3), dtype="float16", use_bias=True, input_layout="nhwc", filter_layout="ohwi"
+    )
     _check(got, ref, np.float16, tol=1e-2)
     got, ref = _run_conv(ctx, rng, (1, 4, 6, 6), (4, 1, 3, 3), dtype="float16", groups=4)
     _check(got, ref, np.float16, tol=1e-2)
@@ -205,7 +264,9 @@ def test_conv2d_validation(ctx):
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1, 3, 8, 8])
     w = b.input("w", data_type="float32", shape=[2, 4, 3, 3])
-    with pytest.raises(TypeError, match=r"\[conv2d\] input channels \(3\) / groups \(1\) must equal filter input channels \(4\)"):
+    with pytest.raises(
+        TypeError, match=r"\[conv2d\] input channels \(3\) / groups \(1\) must equal filter input channels \(4\)"
+    ):
         b.conv2d(x, w)
     w3 = b.input("w3", data_type="float32", shape=[2, 3, 3, 3])
     with pytest.raises(TypeError, match="rank"):
@@ -229,7 +290,9 @@ def test_conv2d_validation(ctx):
     with pytest.raises(TypeError, match="data type"):
         b.conv2d(x, b.input("h", data_type="float16", shape=[2, 3, 3, 3]))
     with pytest.raises(TypeError, match="int32"):
-        b.conv2d(b.input("i", data_type="int32", shape=[1, 3, 8, 8]), b.input("j", data_type="int32", shape=[2, 3, 3, 3]))
+        b.conv2d(
+            b.input("i", data_type="int32", shape=[1, 3, 8, 8]), b.input("j", data_type="int32", shape=[2, 3, 3, 3])
+        )
     with pytest.raises(TypeError, match="exceeds the padded input"):
         b.conv2d(x, w3, dilations=[4, 1])
     with pytest.raises(TypeError, match="another MLGraphBuilder"):
@@ -245,9 +308,19 @@ def test_conv2d_validation(ctx):
 @pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("filter_layout", ["iohw", "hwoi", "ohwi"])
 def test_conv_transpose2d_layouts(ctx, rng, input_layout, filter_layout):
-    got, ref = _run_conv(ctx, rng, (2, 3, 4, 5), (3, 2, 3, 2), transpose=True, use_bias=True,
-                         input_layout=input_layout, filter_layout=filter_layout,
-                         strides=[2, 3], padding=[1, 0, 0, 1], output_padding=[1, 2])
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (2, 3, 4, 5),
+        (3, 2, 3, 2),
+        transpose=True,
+        use_bias=True,
+        input_layout=input_layout,
+        filter_layout=filter_layout,
+        strides=[2, 3],
+        padding=[1, 0, 0, 1],
+        output_padding=[1, 2],
+    )
     assert got.shape == (2, 2, 4 * 2 - 2 + 3 - 1 + 1, 4 * 3 + 2 - 1 + 2)
     _check(got, ref, np.float32)
 
@@ -279,14 +352,32 @@ def test_conv_transpose2d_output_sizes_shape(ctx):
 
 
 def test_conv_transpose2d_fused_relu(ctx, rng):
-    got, ref = _run_conv(ctx, rng, (1, 3, 4, 4), (3, 4, 3, 3), transpose=True, use_bias=True,
-                         strides=[2, 2], epilogue=lambda b, y: b.relu(y), expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 3, 4, 4),
+        (3, 4, 3, 3),
+        transpose=True,
+        use_bias=True,
+        strides=[2, 2],
+        epilogue=lambda b, y: b.relu(y),
+        expect_kernels=1,
+    )
     _check(got, np.maximum(ref, 0), np.float32)
 
 
 def test_conv_transpose2d_float16(ctx, rng):
-    got, ref = _run_conv(ctx, rng, (1, 3, 4, 4), (3, 2, 3, 3), transpose=True, dtype="float16",
-                         input_layout="nhwc", filter_layout="ohwi", strides=[2, 2])
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 3, 4, 4),
+        (3, 2, 3, 3),
+        transpose=True,
+        dtype="float16",
+        input_layout="nhwc",
+        filter_layout="ohwi",
+        strides=[2, 2],
+    )
     _check(got, ref, np.float16, tol=1e-2)
 
 
@@ -305,8 +396,12 @@ def test_conv_transpose2d_validation(ctx):
     with pytest.raises(TypeError, match="filter_layout"):
         b.conv_transpose2d(x, w, filter_layout="oihw")
     with pytest.raises(TypeError, match=r"bias shape must be \[6\]"):
-        b.conv_transpose2d(x, b.input("wg", data_type="float32", shape=[3, 2, 3, 3]), groups=3,
-                           bias=b.input("b", data_type="float32", shape=[2]))
+        b.conv_transpose2d(
+            x,
+            b.input("wg", data_type="float32", shape=[3, 2, 3, 3]),
+            groups=3,
+            bias=b.input("b", data_type="float32", shape=[2]),
+        )
     with pytest.raises(TypeError, match="padding"):
         b.conv_transpose2d(x, w, padding=[4, 4, 0, 0])
     y = b.conv_transpose2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], output_padding=[1, 1])
@@ -319,47 +414,86 @@ def test_conv_transpose2d_validation(ctx):
 @pytest.mark.parametrize("input_layout,filter_layout", [("nhwc", "ohwi"), ("nchw", "iohw")])
 def test_conv_transpose2d_few_channels_direct(ctx, rng, input_layout, filter_layout):
     """A segmentation head: 2x2 stride-2 transposed conv to 1 channel, sigmoid fused."""
-    got, ref = _run_conv(ctx, rng, (1, 16, 9, 7), (16, 1, 2, 2), transpose=True, strides=[2, 2],
-                         input_layout=input_layout, filter_layout=filter_layout, use_bias=True,
-                         epilogue=lambda b, y: b.sigmoid(y), expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 16, 9, 7),
+        (16, 1, 2, 2),
+        transpose=True,
+        strides=[2, 2],
+        input_layout=input_layout,
+        filter_layout=filter_layout,
+        use_bias=True,
+        epilogue=lambda b, y: b.sigmoid(y),
+        expect_kernels=1,
+    )
     _check(got, 1.0 / (1.0 + np.exp(-ref)), np.float32)
 
 
 @pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("kernel,strides,padding,output_padding,groups,dilations", [
-    ((2, 2), [2, 2], [0, 0, 0, 0], [0, 0], 1, [1, 1]),   # one tap per output pixel
-    ((4, 4), [2, 2], [1, 1, 1, 1], [0, 0], 1, [1, 1]),   # two taps per row and column, padded
-    ((3, 2), [2, 3], [2, 0, 1, 1], [1, 2], 2, [1, 1]),   # odd sizes, output padding, groups
-    ((3, 3), [1, 1], [1, 1, 1, 1], [0, 0], 1, [1, 1]),   # stride 1: every tap
-    ((1, 3), [3, 1], [0, 0, 2, 1], [2, 0], 1, [1, 1]),   # stride larger than the kernel: gaps
-    ((3, 2), [2, 2], [1, 0, 0, 1], [1, 0], 1, [2, 1]),   # dilated: every tap tested
-])
-def test_conv_transpose2d_direct_taps(ctx, rng, input_layout, kernel, strides, padding, output_padding, groups,
-                                      dilations):
+@pytest.mark.parametrize(
+    "kernel,strides,padding,output_padding,groups,dilations",
+    [
+        ((2, 2), [2, 2], [0, 0, 0, 0], [0, 0], 1, [1, 1]),  # one tap per output pixel
+        ((4, 4), [2, 2], [1, 1, 1, 1], [0, 0], 1, [1, 1]),  # two taps per row and column, padded
+        ((3, 2), [2, 3], [2, 0, 1, 1], [1, 2], 2, [1, 1]),  # odd sizes, output padding, groups
+        ((3, 3), [1, 1], [1, 1, 1, 1], [0, 0], 1, [1, 1]),  # stride 1: every tap
+        ((1, 3), [3, 1], [0, 0, 2, 1], [2, 0], 1, [1, 1]),  # stride larger than the kernel: gaps
+        ((3, 2), [2, 2], [1, 0, 0, 1], [1, 0], 1, [2, 1]),  # dilated: every tap tested
+    ],
+)
+def test_conv_transpose2d_direct_taps(
+    ctx, rng, input_layout, kernel, strides, padding, output_padding, groups, dilations
+):
     """The direct path's transposed tap loops (conv2d.wgsl: `stride_taps`, only the kernel rows
     and columns that land on an input pixel, where undilated) against numpy, over strides,
     paddings, dilations and groups."""
     fl = "ohwi" if input_layout == "nhwc" else "iohw"
     ic = 6
-    got, ref = _run_conv(ctx, rng, (2, ic, 7, 5), (ic, 2 // groups if groups > 1 else 1, *kernel),
-                         transpose=True, input_layout=input_layout, filter_layout=fl, use_bias=True,
-                         strides=strides, padding=padding, output_padding=output_padding, groups=groups,
-                         dilations=dilations, expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (2, ic, 7, 5),
+        (ic, 2 // groups if groups > 1 else 1, *kernel),
+        transpose=True,
+        input_layout=input_layout,
+        filter_layout=fl,
+        use_bias=True,
+        strides=strides,
+        padding=padding,
+        output_padding=output_padding,
+        groups=groups,
+        dilations=dilations,
+        expect_kernels=1,
+    )
     _check(got, ref, np.float32)
 
 
 @pytest.mark.parametrize("input_layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("kernel,strides,padding,dilations", [
-    ((3, 3), [3, 3], [0, 0, 0, 0], [1, 1]),   # a landmark head: windows side by side
-    ((5, 5), [1, 1], [2, 2, 2, 2], [1, 1]),   # padded: edge taps tested away
-    ((3, 3), [2, 1], [1, 2, 0, 3], [2, 3]),   # dilated, uneven padding
-])
+@pytest.mark.parametrize(
+    "kernel,strides,padding,dilations",
+    [
+        ((3, 3), [3, 3], [0, 0, 0, 0], [1, 1]),  # a landmark head: windows side by side
+        ((5, 5), [1, 1], [2, 2, 2, 2], [1, 1]),  # padded: edge taps tested away
+        ((3, 3), [2, 1], [1, 2, 0, 3], [2, 3]),  # dilated, uneven padding
+    ],
+)
 def test_conv2d_direct_taps(ctx, rng, input_layout, kernel, strides, padding, dilations):
     """The direct path's loops over the window's taps (conv2d.wgsl) against numpy."""
     fl = "ohwi" if input_layout == "nhwc" else "oihw"
-    got, ref = _run_conv(ctx, rng, (2, 32, 11, 10), (1, 32, *kernel), input_layout=input_layout,
-                         filter_layout=fl, use_bias=True, strides=strides, padding=padding,
-                         dilations=dilations, expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (2, 32, 11, 10),
+        (1, 32, *kernel),
+        input_layout=input_layout,
+        filter_layout=fl,
+        use_bias=True,
+        strides=strides,
+        padding=padding,
+        dilations=dilations,
+        expect_kernels=1,
+    )
     _check(got, ref, np.float32)
 
 
@@ -367,16 +501,34 @@ def test_conv2d_direct_taps(ctx, rng, input_layout, kernel, strides, padding, di
 @pytest.mark.parametrize("oc,groups", [(1, 1), (3, 1), (4, 2), (6, 3)])
 def test_conv2d_few_output_channels_direct(ctx, rng, input_layout, oc, groups):
     fl = "ohwi" if input_layout == "nhwc" else "oihw"
-    got, ref = _run_conv(ctx, rng, (2, 6, 9, 7), (oc, 6 // groups, 3, 2), input_layout=input_layout,
-                         filter_layout=fl, groups=groups, use_bias=True, padding=[1, 0, 2, 1],
-                         strides=[2, 1], dilations=[1, 2])
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (2, 6, 9, 7),
+        (oc, 6 // groups, 3, 2),
+        input_layout=input_layout,
+        filter_layout=fl,
+        groups=groups,
+        use_bias=True,
+        padding=[1, 0, 2, 1],
+        strides=[2, 1],
+        dilations=[1, 2],
+    )
     _check(got, ref, np.float32)
 
 
 @pytest.mark.parametrize("oc", [5, 8, 12, 16, 24])
 def test_conv2d_1x1_nhwc_narrow_tiles(ctx, rng, oc):
     """1x1 NHWC convolutions to few channels (16x4 / 32x2-thread tiles), K not a multiple of 8."""
-    got, ref = _run_conv(ctx, rng, (1, 20, 17, 19), (oc, 20, 1, 1), input_layout="nhwc",
-                         filter_layout="ohwi", use_bias=True, epilogue=lambda b, y: b.relu(y),
-                         expect_kernels=1)
+    got, ref = _run_conv(
+        ctx,
+        rng,
+        (1, 20, 17, 19),
+        (oc, 20, 1, 1),
+        input_layout="nhwc",
+        filter_layout="ohwi",
+        use_bias=True,
+        epilogue=lambda b, y: b.relu(y),
+        expect_kernels=1,
+    )
     _check(got, np.maximum(ref, 0), np.float32)

@@ -83,8 +83,9 @@ BINARY = {
     "div": div_ref,
     "max": np.maximum,
     "min": np.minimum,
-    "pow": lambda a, b: np.power(a.astype(np.float64), b) if a.dtype.kind == "f"
-    else np.power(a.astype(np.int64), b.astype(np.int64)),
+    "pow": lambda a, b: (
+        np.power(a.astype(np.float64), b) if a.dtype.kind == "f" else np.power(a.astype(np.int64), b.astype(np.int64))
+    ),
 }
 POW_TYPES = ["float32", "float16", "int32", "uint32", "int8", "uint8"]
 
@@ -208,7 +209,11 @@ def _sigmoid(a):
 
 ACTIVATIONS = {
     # name: (options, reference(a, **options), transcendental)
-    "clamp": ({"min_value": -1.5, "max_value": 2.0}, lambda a, min_value, max_value: np.clip(a, min_value, max_value), False),
+    "clamp": (
+        {"min_value": -1.5, "max_value": 2.0},
+        lambda a, min_value, max_value: np.clip(a, min_value, max_value),
+        False,
+    ),
     "elu": ({"alpha": 0.7}, lambda a, alpha: np.where(a >= 0, a, alpha * (np.exp(a) - 1)), True),
     "gelu": ({}, lambda a: 0.5 * a * (1 + _erf(a / math.sqrt(2))), True),
     "hard_sigmoid": ({"alpha": 0.3, "beta": 0.4}, lambda a, alpha, beta: np.clip(alpha * a + beta, 0, 1), False),
@@ -325,8 +330,13 @@ def test_cast_all_pairs(ctx, src):
         if dst in INTS:
             np.testing.assert_array_equal(r[keep], e[keep].astype(dst), err_msg=f"{src}->{dst}")
         else:
-            np.testing.assert_allclose(r[keep].astype(np.float64), e[keep].astype(dst).astype(np.float64),
-                                       rtol=0, atol=0, err_msg=f"{src}->{dst}")
+            np.testing.assert_allclose(
+                r[keep].astype(np.float64),
+                e[keep].astype(dst).astype(np.float64),
+                rtol=0,
+                atol=0,
+                err_msg=f"{src}->{dst}",
+            )
 
 
 def test_cast_float_to_uint32_above_int32_range(ctx):

@@ -59,16 +59,23 @@ X43 = np.array([0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32], np.float32).reshap
 
 def test_gather_elements_spec_examples(ctx):
     i1 = np.array([3, 1, 1, 2, 0, 3], np.uint32).reshape(2, 3)
-    _check(_graph(ctx, {"x": X43, "i": i1}, lambda b, x, i: b.gather_elements(x, i)),
-           np.array([[30, 11, 12], [20, 1, 32]], np.float32))
+    _check(
+        _graph(ctx, {"x": X43, "i": i1}, lambda b, x, i: b.gather_elements(x, i)),
+        np.array([[30, 11, 12], [20, 1, 32]], np.float32),
+    )
     i2 = np.array([2, 1, 0, 2], np.uint32).reshape(4, 1)
-    _check(_graph(ctx, {"x": X43, "i": i2}, lambda b, x, i: b.gather_elements(x, i, axis=1)),
-           np.array([[2], [11], [20], [32]], np.float32))
-    x3 = np.array([0, 1, 10, 11, 100, 101, 110, 111, 200, 201, 210, 211, 300, 301, 310, 311],
-                  np.float32).reshape(4, 2, 2)
+    _check(
+        _graph(ctx, {"x": X43, "i": i2}, lambda b, x, i: b.gather_elements(x, i, axis=1)),
+        np.array([[2], [11], [20], [32]], np.float32),
+    )
+    x3 = np.array([0, 1, 10, 11, 100, 101, 110, 111, 200, 201, 210, 211, 300, 301, 310, 311], np.float32).reshape(
+        4, 2, 2
+    )
     i3 = np.array([0, 2, 1, 3], np.uint32).reshape(1, 2, 2)
-    _check(_graph(ctx, {"x": x3, "i": i3}, lambda b, x, i: b.gather_elements(x, i, axis=0)),
-           np.array([[[0, 201], [110, 311]]], np.float32))
+    _check(
+        _graph(ctx, {"x": x3, "i": i3}, lambda b, x, i: b.gather_elements(x, i, axis=0)),
+        np.array([[[0, 201], [110, 311]]], np.float32),
+    )
 
 
 @pytest.mark.parametrize("dt", TYPES)
@@ -112,12 +119,16 @@ def test_gather_nd_negative_and_clamped(ctx, rng, it):
 def test_scatter_elements_spec_examples(ctx):
     i1 = np.array([3, 1, 1, 2, 0, 3], np.uint32).reshape(2, 3)
     u1 = np.array([-1, -2, -3, -4, -5, -6], np.float32).reshape(2, 3)
-    _check(_graph(ctx, {"x": X43, "i": i1, "u": u1}, lambda b, x, i, u: b.scatter_elements(x, i, u)),
-           np.array([[0, -5, 2], [10, -2, -3], [-4, 21, 22], [-1, 31, -6]], np.float32))
+    _check(
+        _graph(ctx, {"x": X43, "i": i1, "u": u1}, lambda b, x, i, u: b.scatter_elements(x, i, u)),
+        np.array([[0, -5, 2], [10, -2, -3], [-4, 21, 22], [-1, 31, -6]], np.float32),
+    )
     i2 = np.array([2, 1, 0, 2], np.uint32).reshape(4, 1)
     u2 = np.array([-1, -2, -3, -4], np.float32).reshape(4, 1)
-    _check(_graph(ctx, {"x": X43, "i": i2, "u": u2}, lambda b, x, i, u: b.scatter_elements(x, i, u, axis=1)),
-           np.array([[0, 1, -1], [10, -2, 12], [-3, 21, 22], [30, 31, -4]], np.float32))
+    _check(
+        _graph(ctx, {"x": X43, "i": i2, "u": u2}, lambda b, x, i, u: b.scatter_elements(x, i, u, axis=1)),
+        np.array([[0, 1, -1], [10, -2, 12], [-3, 21, 22], [30, 31, -4]], np.float32),
+    )
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16", "int64", "uint8"])
@@ -127,14 +138,13 @@ def test_scatter_elements_types(ctx, rng, dt, it):
     for axis in (0, 1):
         # distinct target positions along the axis (duplicates are unspecified), some negative
         n = x.shape[axis]
-        perm = np.argsort(rng.random((n,) + x.shape[:axis] + x.shape[axis + 1:]), axis=0)[:2]
+        perm = np.argsort(rng.random((n,) + x.shape[:axis] + x.shape[axis + 1 :]), axis=0)[:2]
         idx = np.moveaxis(perm, 0, axis).astype(np.int64)
         if it != "uint32":
             idx = np.where(rng.random(idx.shape) < 0.5, idx - n, idx)
         idx = idx.astype(NP[it])
         upd = rng.integers(100, 200, size=idx.shape).astype(NP[dt])
-        got = _graph(ctx, {"x": x, "i": idx, "u": upd},
-                     lambda b, x, i, u: b.scatter_elements(x, i, u, axis=axis))
+        got = _graph(ctx, {"x": x, "i": idx, "u": upd}, lambda b, x, i, u: b.scatter_elements(x, i, u, axis=axis))
         _check(got, ref_scatter_elements(x, idx, upd, axis))
 
 
@@ -158,18 +168,20 @@ def test_scatter_nd(ctx, rng, it):
 def test_out_of_range_indices_are_clamped(ctx):
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     idx = np.array([[100, -100, 5]], np.int32)
-    _check(_graph(ctx, {"x": x, "i": idx}, lambda b, x, i: b.gather_elements(x, i)),
-           ref_gather_elements(x, idx, 0))
+    _check(_graph(ctx, {"x": x, "i": idx}, lambda b, x, i: b.gather_elements(x, i)), ref_gather_elements(x, idx, 0))
     idx = np.array([[7, -9]], np.int64)
     _check(_graph(ctx, {"x": x, "i": idx}, lambda b, x, i: b.gather_nd(x, i)), ref_gather_nd(x, idx))
     idx = np.array([[1000]], np.uint32)
     upd = np.array([[5, 6, 7]], np.float32).reshape(1, 3)
-    _check(_graph(ctx, {"x": x, "i": idx, "u": upd}, lambda b, x, i, u: b.scatter_nd(x, i, u)),
-           ref_scatter_nd(x, idx, upd))
+    _check(
+        _graph(ctx, {"x": x, "i": idx, "u": upd}, lambda b, x, i, u: b.scatter_nd(x, i, u)), ref_scatter_nd(x, idx, upd)
+    )
     idx = np.array([[-50, 50, 1]], np.int32)
     upd = np.array([[-1, -2, -3]], np.float32)
-    _check(_graph(ctx, {"x": x, "i": idx, "u": upd}, lambda b, x, i, u: b.scatter_elements(x, i, u)),
-           ref_scatter_elements(x, idx, upd, 0))
+    _check(
+        _graph(ctx, {"x": x, "i": idx, "u": upd}, lambda b, x, i, u: b.scatter_elements(x, i, u)),
+        ref_scatter_elements(x, idx, upd, 0),
+    )
 
 
 def test_validation(ctx):

@@ -24,8 +24,11 @@ def _run(ctx, arr, fns):
 def test_reverse(ctx, rng, dt):
     x = rng.integers(0, 100, size=(2, 3, 4)).astype(NP[dt])
     cases = {"all": None, "a0": [0], "a1": [1], "a2": [2], "a02": [2, 0], "none": []}
-    res = _run(ctx, x, {k: (lambda b, v, a=a: b.reverse(v, axes=a) if a is not None else b.reverse(v))
-                        for k, a in cases.items()})
+    res = _run(
+        ctx,
+        x,
+        {k: (lambda b, v, a=a: b.reverse(v, axes=a) if a is not None else b.reverse(v)) for k, a in cases.items()},
+    )
     for k, a in cases.items():
         _check(res[k], np.flip(x, axis=tuple(a) if a is not None else None))
 

@@ -48,7 +48,14 @@ def _kernels(ctx, outputs_fn, dt="float32", shape=(2, 3, 4)):
 
 @pytest.mark.parametrize(
     "shape,new",
-    [((), [1, 1]), ((1, 1), ()), ((2, 3), [3, 2]), ((2, 3, 5), [5, 6]), ((1, 2, 3, 2, 1), [12]), ((12,), [1, 2, 1, 3, 2])],
+    [
+        ((), [1, 1]),
+        ((1, 1), ()),
+        ((2, 3), [3, 2]),
+        ((2, 3, 5), [5, 6]),
+        ((1, 2, 3, 2, 1), [12]),
+        ((12,), [1, 2, 1, 3, 2]),
+    ],
 )
 def test_reshape_as_output_is_a_copy(ctx, rng, shape, new):
     xv, got = _one(ctx, rng, "float32", shape, lambda b, x: b.reshape(x, new))
@@ -103,7 +110,13 @@ def test_transpose_default_reverses(ctx, rng, shape):
 
 
 @pytest.mark.parametrize(
-    "shape,perm", [((2, 3, 4), [0, 2, 1]), ((2, 3, 4, 5), [0, 2, 3, 1]), ((2, 3, 4, 5), [0, 3, 1, 2]), ((3, 1, 2, 2, 3), [4, 1, 0, 3, 2])]
+    "shape,perm",
+    [
+        ((2, 3, 4), [0, 2, 1]),
+        ((2, 3, 4, 5), [0, 2, 3, 1]),
+        ((2, 3, 4, 5), [0, 3, 1, 2]),
+        ((3, 1, 2, 2, 3), [4, 1, 0, 3, 2]),
+    ],
 )
 def test_transpose_permutation(ctx, rng, shape, perm):
     xv, got = _one(ctx, rng, "float32", shape, lambda b, x: b.transpose(x, permutation=perm))
@@ -186,7 +199,14 @@ def test_slice_validation(ctx):
 
 @pytest.mark.parametrize(
     "shape,splits,axis",
-    [((6,), 3, 0), ((4, 6), 2, 1), ((2, 5, 3), [1, 3, 1], 1), ((3, 4, 5), [2, 3], 2), ((4, 3, 2, 2, 3), [1, 3], 0), ((5,), [5], 0)],
+    [
+        ((6,), 3, 0),
+        ((4, 6), 2, 1),
+        ((2, 5, 3), [1, 3, 1], 1),
+        ((3, 4, 5), [2, 3], 2),
+        ((4, 3, 2, 2, 3), [1, 3], 0),
+        ((5,), [5], 0),
+    ],
 )
 def test_split(ctx, rng, shape, splits, axis):
     b = mltensor.MLGraphBuilder(ctx)
@@ -206,7 +226,11 @@ def test_split(ctx, rng, shape, splits, axis):
 def test_split_outputs_feed_ops(ctx, rng):
     def fn(b, x):
         a, c, d = b.split(x, [1, 2, 1], axis=1)
-        return b.add(b.mul(a, d), b.reduce_sum(c, axes=[1], keep_dimensions=True)) if hasattr(b, "reduce_sum") else b.add(b.mul(a, d), a)
+        return (
+            b.add(b.mul(a, d), b.reduce_sum(c, axes=[1], keep_dimensions=True))
+            if hasattr(b, "reduce_sum")
+            else b.add(b.mul(a, d), a)
+        )
 
     b, x, y = _build(ctx, "float32", (3, 4, 2), fn)
     xv = _data(rng, "float32", (3, 4, 2))
@@ -328,7 +352,15 @@ def test_concat_validation(ctx):
 
 
 @pytest.mark.parametrize(
-    "shape,new", [((), [2, 3]), ((3,), [2, 3]), ((3, 1), [3, 4]), ((2, 1, 3), [4, 2, 5, 3]), ((1, 2, 1, 1, 3), [2, 2, 2, 2, 3]), ((2, 3), [2, 3])]
+    "shape,new",
+    [
+        ((), [2, 3]),
+        ((3,), [2, 3]),
+        ((3, 1), [3, 4]),
+        ((2, 1, 3), [4, 2, 5, 3]),
+        ((1, 2, 1, 1, 3), [2, 2, 2, 2, 3]),
+        ((2, 3), [2, 3]),
+    ],
 )
 def test_expand(ctx, rng, shape, new):
     xv, got = _one(ctx, rng, "float32", shape, lambda b, x: b.expand(x, new))
@@ -344,7 +376,9 @@ def test_expand_dtypes(ctx, rng, dt):
 def test_expand_fuses_into_elementwise(ctx, rng):
     names = _kernels(ctx, lambda b, x: {"y": b.add(b.expand(b.slice(x, [0, 0, 0], [1, 3, 1]), [2, 3, 4]), x)})
     assert not FUSION or (len(names) == 2 and names[1].startswith("ew_expand_add")), names
-    xv, got = _one(ctx, rng, "float32", (2, 3, 4), lambda b, x: b.add(b.expand(b.slice(x, [0, 0, 0], [1, 3, 1]), [2, 3, 4]), x))
+    xv, got = _one(
+        ctx, rng, "float32", (2, 3, 4), lambda b, x: b.add(b.expand(b.slice(x, [0, 0, 0], [1, 3, 1]), [2, 3, 4]), x)
+    )
     _check(got, xv[:1, :, :1] + xv)
 
 
@@ -367,7 +401,13 @@ NP_PAD = {"constant": "constant", "edge": "edge", "reflection": "reflect"}
 @pytest.mark.parametrize("mode", ["constant", "edge", "reflection"])
 @pytest.mark.parametrize(
     "shape,begin,end",
-    [((5,), [2], [3]), ((3, 4), [1, 2], [2, 1]), ((2, 3, 4), [0, 2, 1], [1, 0, 3]), ((1, 3, 3, 2), [0, 1, 1, 0], [0, 2, 2, 1]), ((2, 1, 3, 2, 3), [1, 0, 2, 1, 0], [0, 0, 1, 1, 2])],
+    [
+        ((5,), [2], [3]),
+        ((3, 4), [1, 2], [2, 1]),
+        ((2, 3, 4), [0, 2, 1], [1, 0, 3]),
+        ((1, 3, 3, 2), [0, 1, 1, 0], [0, 2, 2, 1]),
+        ((2, 1, 3, 2, 3), [1, 0, 2, 1, 0], [0, 0, 1, 1, 2]),
+    ],
 )
 def test_pad(ctx, rng, mode, shape, begin, end):
     if mode == "reflection" and any(p >= d for p, d in zip(begin + end, shape + shape)):
@@ -388,7 +428,17 @@ def test_pad_spec_example(ctx):
 
 @pytest.mark.parametrize(
     "dt,value,want",
-    [("float32", -2.5, -2.5), ("float16", 1e-3, np.float16(1e-3)), ("int8", -7, -7), ("int8", 300, 127), ("uint8", 9, 9), ("uint8", -3, 0), ("int32", 2.9, 2), ("int64", -5, -5), ("uint32", 4e9, 4000000000)],
+    [
+        ("float32", -2.5, -2.5),
+        ("float16", 1e-3, np.float16(1e-3)),
+        ("int8", -7, -7),
+        ("int8", 300, 127),
+        ("uint8", 9, 9),
+        ("uint8", -3, 0),
+        ("int32", 2.9, 2),
+        ("int64", -5, -5),
+        ("uint32", 4e9, 4000000000),
+    ],
 )
 def test_pad_constant_value_cast(ctx, rng, dt, value, want):
     xv, got = _one(ctx, rng, dt, (2, 3), lambda b, x: b.pad(x, [1, 0], [0, 2], value=value))
@@ -438,7 +488,15 @@ def _np_gather(x, idx, axis):
 
 @pytest.mark.parametrize("it", ["int32", "int64", "uint32"])
 @pytest.mark.parametrize(
-    "shape,idx_shape,axis", [((5,), (3,), 0), ((4, 3), (2,), 0), ((4, 3), (2, 2), 1), ((3, 4, 5), (), 1), ((2, 3, 4, 5), (3, 2), 2), ((2, 3, 2, 3, 4), (5,), 4)]
+    "shape,idx_shape,axis",
+    [
+        ((5,), (3,), 0),
+        ((4, 3), (2,), 0),
+        ((4, 3), (2, 2), 1),
+        ((3, 4, 5), (), 1),
+        ((2, 3, 4, 5), (3, 2), 2),
+        ((2, 3, 2, 3, 4), (5,), 4),
+    ],
 )
 def test_gather(ctx, rng, it, shape, idx_shape, axis):
     n = shape[axis]
@@ -505,7 +563,13 @@ def test_gather_validation(ctx):
 
 @pytest.mark.parametrize(
     "cs,ts,fs",
-    [((2, 3), (2, 3), (2, 3)), ((3,), (2, 3), ()), ((2, 1, 4), (3, 1), (1, 3, 4)), ((), (4,), (2, 4)), ((2, 1, 1, 1, 3), (1, 2, 1, 3), (2, 1, 2, 1, 1))],
+    [
+        ((2, 3), (2, 3), (2, 3)),
+        ((3,), (2, 3), ()),
+        ((2, 1, 4), (3, 1), (1, 3, 4)),
+        ((), (4,), (2, 4)),
+        ((2, 1, 1, 1, 3), (1, 2, 1, 3), (2, 1, 2, 1, 1)),
+    ],
 )
 def test_where_broadcasting(ctx, rng, cs, ts, fs):
     b = mltensor.MLGraphBuilder(ctx)

@@ -49,8 +49,15 @@ def _run(ctx, rng, mode, xshape, layout="nchw", dtype="float32", **opts):
     if layout == "nhwc":
         got = got.transpose(0, 3, 1, 2)
     win = opts.get("window_dimensions", xshape[2:])
-    ref = pool_ref(X, mode, win, opts.get("padding", (0, 0, 0, 0)), opts.get("strides", (1, 1)),
-                   opts.get("dilations", (1, 1)), got.shape[2:])
+    ref = pool_ref(
+        X,
+        mode,
+        win,
+        opts.get("padding", (0, 0, 0, 0)),
+        opts.get("strides", (1, 1)),
+        opts.get("dilations", (1, 1)),
+        got.shape[2:],
+    )
     return got, ref
 
 
@@ -80,8 +87,9 @@ def test_pool_shapes(ctx):
     assert b.max_pool2d(x, window_dimensions=[3, 3], strides=[2, 2]).shape == (1, 2, 2, 2)
     assert b.max_pool2d(x, window_dimensions=[3, 3], strides=[2, 2], rounding_type="ceil").shape == (1, 2, 3, 3)
     assert b.max_pool2d(x, window_dimensions=[3, 3], strides=[2, 2], output_sizes=[2, 2]).shape == (1, 2, 2, 2)
-    y = b.average_pool2d(b.input("n", data_type="float16", shape=[1, 6, 6, 2]), layout="nhwc",
-                         window_dimensions=[2, 2], strides=[2, 2])
+    y = b.average_pool2d(
+        b.input("n", data_type="float16", shape=[1, 6, 6, 2]), layout="nhwc", window_dimensions=[2, 2], strides=[2, 2]
+    )
     assert y.shape == (1, 3, 3, 2) and y.data_type == "float16"
 
 
@@ -133,8 +141,16 @@ def test_pool_validation(ctx):
 # float16 -inf (-3.4e38 rounded), int8 -128, uint8 0; average and l2 give 0.
 
 NP = mltensor.dtypes.NUMPY
-LOWEST = {"float32": np.float32(-np.finfo(np.float32).max), "float16": np.float16(-np.inf),
-          "int8": -128, "uint8": 0, "int32": -(2**31), "uint32": 0, "int64": -(2**63), "uint64": 0}
+LOWEST = {
+    "float32": np.float32(-np.finfo(np.float32).max),
+    "float16": np.float16(-np.inf),
+    "int8": -128,
+    "uint8": 0,
+    "int32": -(2**31),
+    "uint32": 0,
+    "int64": -(2**63),
+    "uint64": 0,
+}
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
@@ -169,12 +185,15 @@ def test_max_pool_padding_only_window(ctx, layout, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "uint8"])
-@pytest.mark.parametrize("shape,attrs", [
-    ((1, 2, 1, 1), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], dilations=[2, 2])),
-    ((1, 1, 3, 5), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], dilations=[4, 2])),
-    ((1, 1, 3, 7), dict(kernel_shape=[2, 3], pads=[1, 2, 1, 2], dilations=[4, 4], strides=[1, 2])),
-    ((1, 1, 4, 4), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], strides=[4, 4], ceil_mode=1)),
-])
+@pytest.mark.parametrize(
+    "shape,attrs",
+    [
+        ((1, 2, 1, 1), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], dilations=[2, 2])),
+        ((1, 1, 3, 5), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], dilations=[4, 2])),
+        ((1, 1, 3, 7), dict(kernel_shape=[2, 3], pads=[1, 2, 1, 2], dilations=[4, 4], strides=[1, 2])),
+        ((1, 1, 4, 4), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1], strides=[4, 4], ceil_mode=1)),
+    ],
+)
 def test_onnx_max_pool_padding_only_window(dtype, shape, attrs):
     """A one-node ONNX MaxPool against onnxruntime (opset 12: integer inputs)."""
     ort = pytest.importorskip("onnxruntime")

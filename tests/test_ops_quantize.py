@@ -106,7 +106,9 @@ def test_validation(ctx):
     z = b.input("z", data_type="uint8", shape=[2, 3])
     assert b.quantize_linear(x, s, z).data_type == "uint8"
     with pytest.raises(TypeError, match="blockwise"):
-        b.quantize_linear(x, b.input("s4", data_type="float32", shape=[4, 4]), b.input("z4", data_type="uint8", shape=[4, 4]))
+        b.quantize_linear(
+            x, b.input("s4", data_type="float32", shape=[4, 4]), b.input("z4", data_type="uint8", shape=[4, 4])
+        )
     with pytest.raises(TypeError, match="rank"):
         b.quantize_linear(x, b.input("s1", data_type="float32", shape=[6]), b.input("z1", data_type="uint8", shape=[6]))
     with pytest.raises(TypeError, match="zero_point"):

@@ -159,8 +159,7 @@ def test_reduce_fused_with_elementwise(ctx, rng):
 def test_reduce_support_limits(ctx):
     lim = ctx.op_support_limits()
     assert set(lim["reduce_mean"]["input"]["data_types"]) == {"float32", "float16"}
-    assert set(lim["reduce_sum"]["input"]["data_types"]) == {
-        "float32", "float16", "int32", "uint32", "int64", "uint64"}
+    assert set(lim["reduce_sum"]["input"]["data_types"]) == {"float32", "float16", "int32", "uint32", "int64", "uint64"}
     assert len(lim["reduce_max"]["input"]["data_types"]) == 8
     assert set(lim["softmax"]["input"]["data_types"]) == {"float32", "float16"}
 
@@ -222,8 +221,16 @@ def run_softmax(ctx, a, axis, dt="float32"):
     return run_graph(ctx, {"y": b.softmax(x, axis)}, {"x": a}, b)["y"]
 
 
-SOFTMAX_CASES = [((5,), 0), ((3, 7), 1), ((3, 7), 0), ((2, 3, 4, 5), 2), ((2, 1, 3, 2, 3), 4),
-                 ((3, 300), 1), ((200, 3), 0), ((2, 70, 3), 1)]
+SOFTMAX_CASES = [
+    ((5,), 0),
+    ((3, 7), 1),
+    ((3, 7), 0),
+    ((2, 3, 4, 5), 2),
+    ((2, 1, 3, 2, 3), 4),
+    ((3, 300), 1),
+    ((200, 3), 0),
+    ((2, 70, 3), 1),
+]
 
 
 @pytest.mark.parametrize("shape,axis", SOFTMAX_CASES)

@@ -131,7 +131,16 @@ def test_float16(ctx, rng):
 
 
 @pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
-@pytest.mark.parametrize("mode,rounding", [("linear", "round_prefer_floor"), ("nearest-neighbor", "round_prefer_floor"), ("nearest-neighbor", "round_prefer_ceil"), ("nearest-neighbor", "floor"), ("nearest-neighbor", "ceil")])
+@pytest.mark.parametrize(
+    "mode,rounding",
+    [
+        ("linear", "round_prefer_floor"),
+        ("nearest-neighbor", "round_prefer_floor"),
+        ("nearest-neighbor", "round_prefer_ceil"),
+        ("nearest-neighbor", "floor"),
+        ("nearest-neighbor", "ceil"),
+    ],
+)
 def test_coordinate_transformations(ctx, rng, transform, mode, rounding):
     xv = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)
     sizes = [8, 1] if transform == "pytorch_half_pixel" else [8, 4]
@@ -160,7 +169,12 @@ def test_matches_onnx_reference_resize(ctx, rng, mode, transform, nearest_mode):
     xv = rng.standard_normal((1, 2, 5, 7)).astype(np.float32)
     sizes = [1, 2, 9, 4]
     node = helper.make_node(
-        "Resize", ["X", "", "", "S"], ["Y"], mode=mode, coordinate_transformation_mode=transform, nearest_mode=nearest_mode
+        "Resize",
+        ["X", "", "", "S"],
+        ["Y"],
+        mode=mode,
+        coordinate_transformation_mode=transform,
+        nearest_mode=nearest_mode,
     )
     graph = helper.make_graph(
         [node],
@@ -171,7 +185,9 @@ def test_matches_onnx_reference_resize(ctx, rng, mode, transform, nearest_mode):
     )
     want = ReferenceEvaluator(helper.make_model(graph)).run(None, {"X": xv})[0]
     wmode = "linear" if mode == "linear" else "nearest-neighbor"
-    _, got = _run(ctx, xv, mode=wmode, sizes=sizes[2:], coordinate_transformation=transform, nearest_rounding=nearest_mode)
+    _, got = _run(
+        ctx, xv, mode=wmode, sizes=sizes[2:], coordinate_transformation=transform, nearest_rounding=nearest_mode
+    )
     _check(got, want.astype(np.float64))
 
 
@@ -232,8 +248,7 @@ def test_nearest_rounding_boundaries(ctx, rng, transform, rounding):
         (hi, ho), (wi, wo) = _SIZE_PAIRS[k], _SIZE_PAIRS[k + 1]
         xv = rng.permutation(2 * hi * wi).astype(np.float32).reshape(1, 2, hi, wi)  # distinct values
         x = b.input(f"x{k}", data_type="float32", shape=list(xv.shape))
-        outs[f"y{k}"] = b.resample2d(x, sizes=[ho, wo], coordinate_transformation=transform,
-                                     nearest_rounding=rounding)
+        outs[f"y{k}"] = b.resample2d(x, sizes=[ho, wo], coordinate_transformation=transform, nearest_rounding=rounding)
         feeds[f"x{k}"] = xv
         want[f"y{k}"] = reference(xv, [1, 2, ho, wo], [2, 3], "nearest-neighbor", transform, rounding)
     got = run_graph(ctx, outs, feeds, b)

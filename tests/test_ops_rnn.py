@@ -16,7 +16,7 @@ T, B, I, H = 16, 3, 4, 5
 
 
 def _gates(v, layout, hs):
-    return {k: v[..., j * hs:(j + 1) * hs] for j, k in enumerate(layout)}
+    return {k: v[..., j * hs : (j + 1) * hs] for j, k in enumerate(layout)}
 
 
 def ref_gru_cell(x, W, R, h, hs, b=None, rb=None, reset_after=True, layout="zrn", acts=("sigmoid", "tanh")):
@@ -41,7 +41,7 @@ def ref_lstm_cell(x, W, R, h, c, hs, b=None, rb=None, p=None, layout="iofg", act
     rb = np.zeros(4 * hs) if rb is None else rb
     p = np.zeros(3 * hs) if p is None else p
     gt = _gates(x @ W.T + b + h @ R.T + rb, layout, hs)
-    pi, po, pf = p[:hs], p[hs:2 * hs], p[2 * hs:]
+    pi, po, pf = p[:hs], p[hs : 2 * hs], p[2 * hs :]
     i = f(gt["i"] + c * pi)
     fg = f(gt["f"] + c * pf)
     cg = g(gt["g"])
@@ -62,11 +62,22 @@ def ref_rnn(kind, x, W, R, hs, direction, b=None, rb=None, p=None, h0=None, c0=N
         for s in range(steps):
             t = steps - 1 - s if backward else s
             if kind == "gru":
-                h = ref_gru_cell(x[t], W[d], R[d], h, hs, None if b is None else b[d],
-                                 None if rb is None else rb[d], **kw)
+                h = ref_gru_cell(
+                    x[t], W[d], R[d], h, hs, None if b is None else b[d], None if rb is None else rb[d], **kw
+                )
             else:
-                h, c = ref_lstm_cell(x[t], W[d], R[d], h, c, hs, None if b is None else b[d],
-                                     None if rb is None else rb[d], None if p is None else p[d], **kw)
+                h, c = ref_lstm_cell(
+                    x[t],
+                    W[d],
+                    R[d],
+                    h,
+                    c,
+                    hs,
+                    None if b is None else b[d],
+                    None if rb is None else rb[d],
+                    None if p is None else p[d],
+                    **kw,
+                )
             seq[t] = h
         hs_out.append(h)
         cs_out.append(c)
@@ -105,8 +116,18 @@ def test_gru(ctx, rng, direction, init):
     a = _arrays(rng, "gru", nd, init)
     b = mltensor.MLGraphBuilder(ctx)
     ins = {k: b.input(k, data_type="float32", shape=v.shape) for k, v in a.items()}
-    outs = b.gru(ins["x"], ins["W"], ins["R"], T, H, bias=ins["b"], recurrent_bias=ins["rb"],
-                 initial_hidden_state=ins.get("h0"), return_sequence=True, direction=direction)
+    outs = b.gru(
+        ins["x"],
+        ins["W"],
+        ins["R"],
+        T,
+        H,
+        bias=ins["b"],
+        recurrent_bias=ins["rb"],
+        initial_hidden_state=ins.get("h0"),
+        return_sequence=True,
+        direction=direction,
+    )
     assert [o.shape for o in outs] == [(nd, B, H), (T, nd, B, H)]
     res = run_graph(ctx, {"h": outs[0], "seq": outs[1]}, a, b)
     h, _, seq = ref_rnn("gru", a["x"], a["W"], a["R"], H, direction, a["b"], a["rb"], h0=a.get("h0"))
@@ -121,13 +142,25 @@ def test_lstm(ctx, rng, direction, init):
     a = _arrays(rng, "lstm", nd, init)
     b = mltensor.MLGraphBuilder(ctx)
     ins = {k: b.input(k, data_type="float32", shape=v.shape) for k, v in a.items()}
-    outs = b.lstm(ins["x"], ins["W"], ins["R"], T, H, bias=ins["b"], recurrent_bias=ins["rb"],
-                  peephole_weight=ins["p"], initial_hidden_state=ins.get("h0"),
-                  initial_cell_state=ins.get("c0"), return_sequence=True, direction=direction)
+    outs = b.lstm(
+        ins["x"],
+        ins["W"],
+        ins["R"],
+        T,
+        H,
+        bias=ins["b"],
+        recurrent_bias=ins["rb"],
+        peephole_weight=ins["p"],
+        initial_hidden_state=ins.get("h0"),
+        initial_cell_state=ins.get("c0"),
+        return_sequence=True,
+        direction=direction,
+    )
     assert [o.shape for o in outs] == [(nd, B, H), (nd, B, H), (T, nd, B, H)]
     res = run_graph(ctx, {"h": outs[0], "c": outs[1], "seq": outs[2]}, a, b)
-    h, c, seq = ref_rnn("lstm", a["x"], a["W"], a["R"], H, direction, a["b"], a["rb"], a["p"],
-                        h0=a.get("h0"), c0=a.get("c0"))
+    h, c, seq = ref_rnn(
+        "lstm", a["x"], a["W"], a["R"], H, direction, a["b"], a["rb"], a["p"], h0=a.get("h0"), c0=a.get("c0")
+    )
     _check(res["h"], h)
     _check(res["c"], c)
     _check(res["seq"], seq)
@@ -144,29 +177,54 @@ def test_gru_options(ctx, rng, reset_after, layout):
     acts = ("sigmoid", "relu")
     b = mltensor.MLGraphBuilder(ctx)
     ins = {k: b.input(k, data_type="float32", shape=v.shape) for k, v in a.items()}
-    outs = b.gru(ins["x"], ins["W"], ins["R"], steps, H, initial_hidden_state=ins["h0"],
-                 reset_after=reset_after, layout=layout, activations=acts)
+    outs = b.gru(
+        ins["x"],
+        ins["W"],
+        ins["R"],
+        steps,
+        H,
+        initial_hidden_state=ins["h0"],
+        reset_after=reset_after,
+        layout=layout,
+        activations=acts,
+    )
     assert len(outs) == 1
     res = run_graph(ctx, {"h": outs[0]}, a, b)
-    h, _, _ = ref_rnn("gru", a["x"], a["W"], a["R"], H, "forward", h0=a["h0"], reset_after=reset_after,
-                      layout=layout, acts=acts)
+    h, _, _ = ref_rnn(
+        "gru", a["x"], a["W"], a["R"], H, "forward", h0=a["h0"], reset_after=reset_after, layout=layout, acts=acts
+    )
     _check(res["h"], h)
 
 
 @pytest.mark.parametrize("layout", ["iofg", "ifgo"])
 def test_lstm_cell_layouts(ctx, rng, layout):
     a = {
-        "x": rng.standard_normal((B, I)), "W": rng.standard_normal((4 * H, I)),
-        "R": rng.standard_normal((4 * H, H)), "h": rng.standard_normal((B, H)),
-        "c": rng.standard_normal((B, H)), "b": rng.standard_normal(4 * H),
-        "rb": rng.standard_normal(4 * H), "p": rng.standard_normal(3 * H),
+        "x": rng.standard_normal((B, I)),
+        "W": rng.standard_normal((4 * H, I)),
+        "R": rng.standard_normal((4 * H, H)),
+        "h": rng.standard_normal((B, H)),
+        "c": rng.standard_normal((B, H)),
+        "b": rng.standard_normal(4 * H),
+        "rb": rng.standard_normal(4 * H),
+        "p": rng.standard_normal(3 * H),
     }
     a = {k: v.astype(np.float32) for k, v in a.items()}
     acts = ("sigmoid", "relu", "tanh")
     b = mltensor.MLGraphBuilder(ctx)
     ins = {k: b.input(k, data_type="float32", shape=v.shape) for k, v in a.items()}
-    h, c = b.lstm_cell(ins["x"], ins["W"], ins["R"], ins["h"], ins["c"], H, bias=ins["b"],
-                       recurrent_bias=ins["rb"], peephole_weight=ins["p"], layout=layout, activations=acts)
+    h, c = b.lstm_cell(
+        ins["x"],
+        ins["W"],
+        ins["R"],
+        ins["h"],
+        ins["c"],
+        H,
+        bias=ins["b"],
+        recurrent_bias=ins["rb"],
+        peephole_weight=ins["p"],
+        layout=layout,
+        activations=acts,
+    )
     res = run_graph(ctx, {"h": h, "c": c}, a, b)
     wh, wc = ref_lstm_cell(a["x"], a["W"], a["R"], a["h"], a["c"], H, a["b"], a["rb"], a["p"], layout, acts)
     _check(res["h"], wh)
@@ -175,8 +233,10 @@ def test_lstm_cell_layouts(ctx, rng, layout):
 
 def test_gru_cell_float16(ctx, rng):
     a = {
-        "x": rng.standard_normal((B, I)), "W": rng.standard_normal((3 * H, I)) * 0.5,
-        "R": rng.standard_normal((3 * H, H)) * 0.5, "h": rng.standard_normal((B, H)),
+        "x": rng.standard_normal((B, I)),
+        "W": rng.standard_normal((3 * H, I)) * 0.5,
+        "R": rng.standard_normal((3 * H, H)) * 0.5,
+        "h": rng.standard_normal((B, H)),
         "b": rng.standard_normal(3 * H) * 0.3,
     }
     a = {k: v.astype(np.float16) for k, v in a.items()}

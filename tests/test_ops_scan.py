@@ -21,7 +21,7 @@ def _one(ctx, arr, fn, dt=None):
 
 def test_cumulative_sum_spec_examples(ctx):
     x = np.array([1, 2, 3, 4], np.float32)
-    cs = lambda **o: (lambda b, v: b.cumulative_sum(v, 0, **o))  # noqa: E731
+    cs = lambda **o: lambda b, v: b.cumulative_sum(v, 0, **o)  # noqa: E731
     _check(_one(ctx, x, cs()), np.array([1, 3, 6, 10], np.float32))
     _check(_one(ctx, x, cs(exclusive=True)), np.array([0, 1, 3, 6], np.float32))
     _check(_one(ctx, x, cs(reversed=True)), np.array([10, 9, 7, 4], np.float32))
@@ -72,8 +72,9 @@ def test_arg_min_max_types(ctx, rng, op, dt):
 
 
 def test_arg_max_nan_and_negative(ctx):
-    x = np.array([[-5.0, -1.0, -1.0, -7.0], [1.0, np.nan, 3.0, np.nan], [-np.inf, -np.inf, -np.inf, -np.inf]],
-                 np.float32)
+    x = np.array(
+        [[-5.0, -1.0, -1.0, -7.0], [1.0, np.nan, 3.0, np.nan], [-np.inf, -np.inf, -np.inf, -np.inf]], np.float32
+    )
     b = mltensor.MLGraphBuilder(ctx)
     v = b.input("x", data_type="float32", shape=x.shape)
     res = run_graph(ctx, {"mx": b.arg_max(v, 1), "mn": b.arg_min(v, 1)}, {"x": x}, b)
@@ -149,14 +150,25 @@ def _kernels(g):
 
 
 @pytest.mark.parametrize("plan", [None, *PLANS])
-@pytest.mark.parametrize("shape,axis", [((100_000,), 0), ((3, 70_000), 1), ((70_000, 3), 0),
-                                        ((2, 9000, 33), 1), ((5000, 40), 0), ((40, 4097), 1),
-                                        ((300, 1000), 1), ((65536 + 5, 2), 0)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [
+        ((100_000,), 0),
+        ((3, 70_000), 1),
+        ((70_000, 3), 0),
+        ((2, 9000, 33), 1),
+        ((5000, 40), 0),
+        ((40, 4097), 1),
+        ((300, 1000), 1),
+        ((65536 + 5, 2), 0),
+    ],
+)
 def test_cumulative_sum_long_lines(ctx, rng, plan, shape, axis):
     x = _ints(rng, shape, "float32")
     for excl, rev in ((False, False), (True, False), (False, True), (True, True)):
-        g = _build(ctx, {"x": ("float32", shape)}, lambda b, v: b.cumulative_sum(v, axis, exclusive=excl, reversed=rev),
-                   plan)
+        g = _build(
+            ctx, {"x": ("float32", shape)}, lambda b, v: b.cumulative_sum(v, axis, exclusive=excl, reversed=rev), plan
+        )
         _check(_dispatch(ctx, g, x), _cumsum_ref(x, axis, excl, rev, "float32"))
         g.destroy()
 
@@ -213,8 +225,10 @@ def test_one_million(ctx, rng):
 
 @pytest.mark.parametrize("plan", [None, *PLANS])
 @pytest.mark.parametrize("op", ["arg_min", "arg_max"])
-@pytest.mark.parametrize("shape,axis", [((100_000,), 0), ((3, 70_000), 1), ((70_000, 3), 0),
-                                        ((2, 9000, 33), 1), ((40, 4097), 1), ((300, 1000), 1)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((100_000,), 0), ((3, 70_000), 1), ((70_000, 3), 0), ((2, 9000, 33), 1), ((40, 4097), 1), ((300, 1000), 1)],
+)
 def test_arg_long_lines(ctx, rng, plan, op, shape, axis):
     """Many ties (values 0..3): the first index of the best wins across chunks."""
     x = _ints(rng, shape, "int32", 0, 4)
@@ -222,9 +236,15 @@ def test_arg_long_lines(ctx, rng, plan, op, shape, axis):
     b = mltensor.MLGraphBuilder(ctx)
     v = b.input("x", data_type="int32", shape=shape)
     with autotune.force(plan if plan is not None else 0) if plan is not None else _nothing():
-        res = run_graph(ctx, {"a": getattr(b, op)(v, axis), "k": getattr(b, op)(v, axis, keep_dimensions=True,
-                                                                              output_data_type="int64")},
-                        {"x": x}, b)
+        res = run_graph(
+            ctx,
+            {
+                "a": getattr(b, op)(v, axis),
+                "k": getattr(b, op)(v, axis, keep_dimensions=True, output_data_type="int64"),
+            },
+            {"x": x},
+            b,
+        )
     _check(res["a"], ref(x, axis=axis).astype(np.int32))
     _check(res["k"], ref(x, axis=axis, keepdims=True).astype(np.int64))
 
@@ -259,18 +279,18 @@ def test_arg_long_lines_nan_zero_inf(ctx, plan, dt):
     """numpy's rules across chunks: the first NaN wins wherever the best value is; -0 ties +0."""
     n = 70_000
     rows = np.zeros((8, n), np.float32)
-    rows[0, 5] = -1.0                                    # 0: ties of 0 (first index 0 / 1 for min)
+    rows[0, 5] = -1.0  # 0: ties of 0 (first index 0 / 1 for min)
     rows[0, 0] = -0.0
-    rows[1, 60_000] = np.nan                             # 1: a NaN after the max, in a later chunk
+    rows[1, 60_000] = np.nan  # 1: a NaN after the max, in a later chunk
     rows[1, 100] = 5.0
-    rows[2, [3000, 50_000, 69_999]] = np.nan             # 2: several NaN: the first
-    rows[3, :] = -np.inf                                 # 3: all -inf
+    rows[2, [3000, 50_000, 69_999]] = np.nan  # 2: several NaN: the first
+    rows[3, :] = -np.inf  # 3: all -inf
     rows[3, 40_000] = np.inf
-    rows[4, :] = -0.0                                    # 4: -0 and +0 tie
+    rows[4, :] = -0.0  # 4: -0 and +0 tie
     rows[4, 33_333] = 0.0
-    rows[5, -1] = np.nan                                 # 5: NaN last
-    rows[6, :] = np.nan                                  # 6: all NaN
-    rows[7, 4096:] = 1.0                                 # 7: the best starts at a chunk edge
+    rows[5, -1] = np.nan  # 5: NaN last
+    rows[6, :] = np.nan  # 6: all NaN
+    rows[7, 4096:] = 1.0  # 7: the best starts at a chunk edge
     rows[7, 1024] = np.inf
     rows[7, 1025] = -np.inf
     x = rows.astype(NP[dt])
@@ -285,6 +305,7 @@ def test_arg_long_lines_nan_zero_inf(ctx, plan, dt):
 @pytest.mark.parametrize("plan", PLANS)
 def test_launch_counts(ctx, plan):
     """One launch for short lines; long lines: arg_* 2, cumulative_sum 3 (every plan)."""
+
     def count(shape, fn):
         g = _build(ctx, {"x": ("float32", shape)}, fn, plan)
         n = len(_kernels(g))
@@ -304,8 +325,7 @@ def test_dynamic_long_lines(ctx, rng, plan, rev):
     size, each variant sized to 0 workgroups where it does not apply; against numpy and bit for
     bit against a static build at each size (float sums of random values: same order)."""
     specs = {"x": ("float32", [D("r", 3), D("n", 100_000)])}
-    fns = {"cs": lambda b, v: b.cumulative_sum(v, 1, exclusive=rev, reversed=rev),
-           "am": lambda b, v: b.arg_max(v, 1)}
+    fns = {"cs": lambda b, v: b.cumulative_sum(v, 1, exclusive=rev, reversed=rev), "am": lambda b, v: b.arg_max(v, 1)}
     graphs = {k: _build(ctx, specs, f, plan) for k, f in fns.items()}
     for r, n in ((1, 1), (3, 33), (2, 1024), (3, 1025), (1, 5000), (3, 70_001), (2, 100_000)):
         x = rng.standard_normal((r, n)).astype(np.float32)
@@ -346,6 +366,7 @@ def test_dynamic_inner_lanes(ctx, rng):
 # zero on lavapipe. Long rows now take two launches (SOFTMAX_SPLIT_K; SOFTMAX_SPLIT_K_CPU on CPU
 # adapters such as lavapipe).
 
+
 def _softmax_ref(a, axis):
     a = a.astype(np.float64)
     e = np.exp(a - a.max(axis=axis, keepdims=True))
@@ -353,8 +374,15 @@ def _softmax_ref(a, axis):
 
 
 @pytest.mark.parametrize("split_k", [None, 70_000])
-@pytest.mark.parametrize("shape,axis,dt", [((1, 1_500_000), 1, "float32"), ((700_000, 2), 0, "float32"),
-                                           ((2, 600_000), 1, "float16"), ((3, 100_000), 1, "float32")])
+@pytest.mark.parametrize(
+    "shape,axis,dt",
+    [
+        ((1, 1_500_000), 1, "float32"),
+        ((700_000, 2), 0, "float32"),
+        ((2, 600_000), 1, "float16"),
+        ((3, 100_000), 1, "float32"),
+    ],
+)
 def test_softmax_long_rows(ctx, rng, monkeypatch, split_k, shape, axis, dt):
     from mltensor.ops import reduce
 

@@ -126,12 +126,20 @@ def _ort_nms(boxes, scores, max_per_class, iou_threshold, score_threshold, cente
     import onnx
     import onnxruntime as ort
 
-    inputs = [("boxes", boxes, True), ("scores", scores, True),
-              ("max", np.array([max_per_class], np.int64), False),
-              ("iou", np.array([iou_threshold], np.float32), False),
-              ("score", None if score_threshold is None else np.array([score_threshold], np.float32), False)]
-    model = one_node_model("NonMaxSuppression", inputs, [("selected", onnx.TensorProto.INT64)],
-                           {"center_point_box": center_point_box}, opset=11)
+    inputs = [
+        ("boxes", boxes, True),
+        ("scores", scores, True),
+        ("max", np.array([max_per_class], np.int64), False),
+        ("iou", np.array([iou_threshold], np.float32), False),
+        ("score", None if score_threshold is None else np.array([score_threshold], np.float32), False),
+    ]
+    model = one_node_model(
+        "NonMaxSuppression",
+        inputs,
+        [("selected", onnx.TensorProto.INT64)],
+        {"center_point_box": center_point_box},
+        opset=11,
+    )
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, fed_values(inputs))[0]
 
@@ -150,8 +158,15 @@ def _check_nms(ctx, boxes, scores, max_per_class, iou_threshold=0.5, score_thres
     scores = np.ascontiguousarray(scores, np.float32)
     B, S, _ = boxes.shape
     C = scores.shape[1]
-    sel, cnt = _gpu_nms(ctx, boxes, scores, max_per_class=max_per_class, iou_threshold=iou_threshold,
-                        score_threshold=score_threshold, center_point_box=center_point_box)
+    sel, cnt = _gpu_nms(
+        ctx,
+        boxes,
+        scores,
+        max_per_class=max_per_class,
+        iou_threshold=iou_threshold,
+        score_threshold=score_threshold,
+        center_point_box=center_point_box,
+    )
     assert sel.shape == (B * C * max(1, min(max(max_per_class, 0), S)), 3) and cnt.shape == (1,)
     assert sel.dtype == np.int64 and cnt.dtype == np.int32
     want = _ort_nms(boxes, scores, max_per_class, iou_threshold, score_threshold, center_point_box)
@@ -178,15 +193,48 @@ def _centers(rng, B, S, span=100.0, size=20.0):
 
 def test_nms_onnx_example(ctx):
     """The ONNX spec's nonmaxsuppression_suppress_by_IOU (and its flipped-corners variant)."""
-    boxes = np.array([[[0.0, 0.0, 1.0, 1.0], [0.0, 0.1, 1.0, 1.1], [0.0, -0.1, 1.0, 0.9],
-                       [0.0, 10.0, 1.0, 11.0], [0.0, 10.1, 1.0, 11.1], [0.0, 100.0, 1.0, 101.0]]], np.float32)
+    boxes = np.array(
+        [
+            [
+                [0.0, 0.0, 1.0, 1.0],
+                [0.0, 0.1, 1.0, 1.1],
+                [0.0, -0.1, 1.0, 0.9],
+                [0.0, 10.0, 1.0, 11.0],
+                [0.0, 10.1, 1.0, 11.1],
+                [0.0, 100.0, 1.0, 101.0],
+            ]
+        ],
+        np.float32,
+    )
     scores = np.array([[[0.9, 0.75, 0.6, 0.95, 0.5, 0.3]]], np.float32)
     assert _check_nms(ctx, boxes, scores, 3, 0.5, 0.0) == 3
-    flipped = np.array([[[1.0, 1.0, 0.0, 0.0], [0.0, 0.1, 1.0, 1.1], [0.0, 0.9, 1.0, -0.1],
-                         [0.0, 10.0, 1.0, 11.0], [1.0, 10.1, 0.0, 11.1], [1.0, 101.0, 0.0, 100.0]]], np.float32)
+    flipped = np.array(
+        [
+            [
+                [1.0, 1.0, 0.0, 0.0],
+                [0.0, 0.1, 1.0, 1.1],
+                [0.0, 0.9, 1.0, -0.1],
+                [0.0, 10.0, 1.0, 11.0],
+                [1.0, 10.1, 0.0, 11.1],
+                [1.0, 101.0, 0.0, 100.0],
+            ]
+        ],
+        np.float32,
+    )
     _check_nms(ctx, flipped, scores, 3, 0.5, 0.0)
-    centers = np.array([[[0.5, 0.5, 1.0, 1.0], [0.5, 0.6, 1.0, 1.0], [0.5, 0.4, 1.0, 1.0],
-                         [0.5, 10.5, 1.0, 1.0], [0.5, 10.6, 1.0, 1.0], [0.5, 100.5, 1.0, 1.0]]], np.float32)
+    centers = np.array(
+        [
+            [
+                [0.5, 0.5, 1.0, 1.0],
+                [0.5, 0.6, 1.0, 1.0],
+                [0.5, 0.4, 1.0, 1.0],
+                [0.5, 10.5, 1.0, 1.0],
+                [0.5, 10.6, 1.0, 1.0],
+                [0.5, 100.5, 1.0, 1.0],
+            ]
+        ],
+        np.float32,
+    )
     _check_nms(ctx, centers, scores, 3, 0.5, 0.0, center_point_box=1)
 
 
@@ -236,8 +284,11 @@ def test_nms_max_per_class(ctx, rng):
 
 def test_nms_max_per_class_zero_launches_one_fill(ctx, rng):
     b = mltensor.MLGraphBuilder(ctx)
-    sel, cnt = b._nms(b.input("b", data_type="float32", shape=[1, 5, 4]),
-                      b.input("s", data_type="float32", shape=[1, 2, 5]), max_per_class=0)
+    sel, cnt = b._nms(
+        b.input("b", data_type="float32", shape=[1, 5, 4]),
+        b.input("s", data_type="float32", shape=[1, 2, 5]),
+        max_per_class=0,
+    )
     assert sel.shape == (2, 3) and sel.data_type == "int64" and cnt.shape == (1,) and cnt.data_type == "int32"
     g = b.build_sync({"sel": sel, "cnt": cnt})
     assert g.kernel_names == ["nms_b1c2s5_none"]
@@ -361,9 +412,13 @@ def test_nms_many_boxes(ctx, rng):
 
 def test_nms_launches(ctx):
     b = mltensor.MLGraphBuilder(ctx)
-    sel, cnt = b._nms(b.input("b", data_type="float32", shape=[2, 50, 4]),
-                      b.input("s", data_type="float32", shape=[2, 3, 50]), max_per_class=10,
-                      iou_threshold=0.5, score_threshold=0.1)
+    sel, cnt = b._nms(
+        b.input("b", data_type="float32", shape=[2, 50, 4]),
+        b.input("s", data_type="float32", shape=[2, 3, 50]),
+        max_per_class=10,
+        iou_threshold=0.5,
+        score_threshold=0.1,
+    )
     assert sel.shape == (60, 3)
     g = b.build_sync({"sel": sel, "cnt": cnt})
     assert g.kernel_names == ["nms_b2c3s50_m10_select", "select_scan_n6", "nms_b2c3s50_m10_scatter"]
@@ -374,8 +429,12 @@ def test_nms_validation(ctx):
     b = mltensor.MLGraphBuilder(ctx)
     bx = b.input("b", data_type="float32", shape=[1, 5, 4])
     sc = b.input("s", data_type="float32", shape=[1, 2, 5])
-    for kw, msg in [(dict(iou_threshold=1.5), "iou_threshold"), (dict(center_point_box=2), "center_point_box"),
-                    (dict(max_per_class=1.5), "max_per_class"), (dict(score_threshold="x"), "score_threshold")]:
+    for kw, msg in [
+        (dict(iou_threshold=1.5), "iou_threshold"),
+        (dict(center_point_box=2), "center_point_box"),
+        (dict(max_per_class=1.5), "max_per_class"),
+        (dict(score_threshold="x"), "score_threshold"),
+    ]:
         with pytest.raises(TypeError, match=msg):
             b._nms(bx, sc, **{"max_per_class": 3, **kw})
     with pytest.raises(TypeError, match="scores"):
@@ -396,11 +455,15 @@ def test_nms_greedy_in_several_launches(ctx, rng, monkeypatch):
     boxes = _corners(rng, 2, 60, span=50.0)
     scores = rng.random((2, 3, 60))
     b = mltensor.MLGraphBuilder(ctx)
-    sel, cnt = b._nms(b.input("b", data_type="float32", shape=[2, 60, 4]),
-                      b.input("s", data_type="float32", shape=[2, 3, 60]), max_per_class=30)
+    sel, cnt = b._nms(
+        b.input("b", data_type="float32", shape=[2, 60, 4]),
+        b.input("s", data_type="float32", shape=[2, 3, 60]),
+        max_per_class=30,
+    )
     g = b.build_sync({"sel": sel, "cnt": cnt})
-    assert g.kernel_names == (["nms_b2c3s60_m30_select"] + ["nms_b2c3s60_m30_resume"] * 4
-                              + ["select_scan_n6", "nms_b2c3s60_m30_scatter"])
+    assert g.kernel_names == (
+        ["nms_b2c3s60_m30_select"] + ["nms_b2c3s60_m30_resume"] * 4 + ["select_scan_n6", "nms_b2c3s60_m30_scatter"]
+    )
     g.destroy()
     for m, t, st in [(30, 0.3, None), (60, 1.0, None), (8, 0.2, 0.1)]:
         _check_nms(ctx, boxes, scores, m, t, st)

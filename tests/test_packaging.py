@@ -14,8 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.timeout(300)
 def test_wheel_ships_shaders_and_runs(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), ROOT],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), ROOT],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0 and "Could not find a version" in r.stderr:
         pytest.skip("the package index is unreachable for the build backend")
     assert r.returncode == 0, r.stderr
@@ -24,8 +27,9 @@ def test_wheel_ships_shaders_and_runs(tmp_path):
         names = z.namelist()
         z.extractall(tmp_path / "site")
     packages = {os.path.dirname(n) for n in names if n.endswith("/__init__.py")}
-    in_tree_packages = {os.path.relpath(d, ROOT) for d, _, files in os.walk(os.path.join(ROOT, "mltensor"))
-                        if "__init__.py" in files}
+    in_tree_packages = {
+        os.path.relpath(d, ROOT) for d, _, files in os.walk(os.path.join(ROOT, "mltensor")) if "__init__.py" in files
+    }
     assert in_tree_packages <= packages, in_tree_packages - packages  # (pyproject's list of packages)
     shipped = {os.path.basename(n) for n in names if n.startswith("mltensor/shaders/")}
     in_tree = {n for n in os.listdir(os.path.join(ROOT, "shaders")) if n.endswith(".wgsl")}

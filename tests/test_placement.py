@@ -11,7 +11,6 @@ import mltensor
 FUSION = os.environ.get("MLTENSOR_NO_FUSION", "") in ("", "0")
 
 
-
 def _build(ctx, fn, shapes):
     b = mltensor.MLGraphBuilder(ctx)
     xs = [b.input(f"x{i}", data_type="float32", shape=list(s)) for i, s in enumerate(shapes)]

@@ -25,10 +25,13 @@ def _mlp(batch="batch", opset=17):
         helper.make_node("Sigmoid", ["x"], ["z"], name="sig"),
     ]
     g = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, [batch, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [batch, 4]),
+        ],
         [w, b],
     )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
@@ -62,7 +65,9 @@ def test_io_description(ctx):
     (i,) = sess.get_inputs()
     assert (i.name, i.shape, i.type) == ("x", [5, 4], "tensor(float)")
     assert [(o.name, o.shape, o.type) for o in sess.get_outputs()] == [
-        ("y", [5, 3], "tensor(float)"), ("z", [5, 4], "tensor(float)")]
+        ("y", [5, 3], "tensor(float)"),
+        ("z", [5, 4], "tensor(float)"),
+    ]
 
 
 def test_symbolic_dims_from_first_feed(ctx, rng):
@@ -140,9 +145,13 @@ def test_chained_sessions_move_no_bytes(ctx, x):
     # second model: u = y * 2 + 1 on [2, 3]
     g = helper.make_graph(
         [helper.make_node("Mul", ["y", "two"], ["t"]), helper.make_node("Add", ["t", "one"], ["u"])],
-        "post", [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        "post",
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("u", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]), helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+        [
+            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+            helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+        ],
     )
     m2 = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     s1 = InferenceSession(m1, ctx, free_dimensions={"batch": 2})
@@ -201,10 +210,15 @@ def test_feed_errors(ctx, x):
 
 
 def _single(op, inputs, outputs, opset=17, domain="", **attrs):
-    node = helper.make_node(op, [n for n, *_ in inputs], [n for n, *_ in outputs], name="the_node",
-                            domain=domain, **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs])
+    node = helper.make_node(
+        op, [n for n, *_ in inputs], [n for n, *_ in outputs], name="the_node", domain=domain, **attrs
+    )
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+    )
     ops = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
     return helper.make_model(g, opset_imports=ops, ir_version=8)
 
@@ -230,8 +244,9 @@ def test_unsupported_attribute_and_domain_errors(ctx):
 
 def test_shape_input_bound_at_first_run(ctx, rng):
     """Reshape's shape given as a graph input: the value is bound at the first run."""
-    m = _single("Reshape", [("x", TensorProto.FLOAT, [2, 6]), ("s", TensorProto.INT64, [2])],
-                [("y", TensorProto.FLOAT, None)])
+    m = _single(
+        "Reshape", [("x", TensorProto.FLOAT, [2, 6]), ("s", TensorProto.INT64, [2])], [("y", TensorProto.FLOAT, None)]
+    )
     sess = InferenceSession(m, ctx)
     x = rng.standard_normal((2, 6)).astype(np.float32)
     (y,) = sess.run(None, {"x": x, "s": np.array([3, 4], np.int64)})
@@ -243,10 +258,16 @@ def test_shape_input_bound_at_first_run(ctx, rng):
         import_model(m, ctx)
 
 
-@pytest.mark.parametrize("op, ishape, attrs", [
-    ("Gather", [2, 2], {"axis": 1}), ("GatherElements", [3, 4], {"axis": 0}), ("GatherND", [2, 1], {}),
-    ("ScatterElements", [3, 4], {"axis": 0}), ("ScatterND", [2, 1], {}),
-])
+@pytest.mark.parametrize(
+    "op, ishape, attrs",
+    [
+        ("Gather", [2, 2], {"axis": 1}),
+        ("GatherElements", [3, 4], {"axis": 0}),
+        ("GatherND", [2, 1], {}),
+        ("ScatterElements", [3, 4], {"axis": 0}),
+        ("ScatterND", [2, 1], {}),
+    ],
+)
 def test_runtime_negative_indices_match_onnxruntime(ctx, rng, op, ishape, attrs):
     """Indices fed at run time (not known at load), negative ones included: the WebNN kernels
     count them from the end of the dimension, as ONNX does."""
@@ -269,8 +290,9 @@ def test_runtime_negative_indices_match_onnxruntime(ctx, rng, op, ishape, attrs)
 
 
 def test_double_and_bool_io(ctx):
-    m = _single("Greater", [("a", TensorProto.DOUBLE, [4]), ("b", TensorProto.DOUBLE, [4])],
-                [("c", TensorProto.BOOL, [4])])
+    m = _single(
+        "Greater", [("a", TensorProto.DOUBLE, [4]), ("b", TensorProto.DOUBLE, [4])], [("c", TensorProto.BOOL, [4])]
+    )
     sess = InferenceSession(m, ctx)
     assert [i.type for i in sess.get_inputs()] == ["tensor(double)", "tensor(double)"]
     assert sess.get_outputs()[0].type == "tensor(bool)"
@@ -316,8 +338,7 @@ def test_external_data(ctx, x, tmp_path):
     p = tmp_path / "ext.onnx"
     m2 = onnx.ModelProto()
     m2.CopyFrom(m)
-    onnx.save(m2, str(p), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
-              size_threshold=0)
+    onnx.save(m2, str(p), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=0)
     assert (tmp_path / "w.bin").exists()
     (y,) = InferenceSession(str(p), ctx, free_dimensions={"batch": 2}).run(["y"], {"x": x})
     np.testing.assert_allclose(y, _ort(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
@@ -347,8 +368,7 @@ def test_tflite_routing(ctx, monkeypatch):
 
 
 def test_int64_io(ctx):
-    m = _single("Add", [("a", TensorProto.INT64, [3]), ("b", TensorProto.INT64, [3])],
-                [("c", TensorProto.INT64, [3])])
+    m = _single("Add", [("a", TensorProto.INT64, [3]), ("b", TensorProto.INT64, [3])], [("c", TensorProto.INT64, [3])])
     sess = InferenceSession(m, ctx)
     assert [(i.name, i.type) for i in sess.get_inputs()] == [("a", "tensor(int64)"), ("b", "tensor(int64)")]
     assert sess.graph.input_descriptors["a"] == ("int64", (3,))
@@ -360,8 +380,9 @@ def test_int64_io(ctx):
 def test_output_fed_back_into_same_session(ctx):
     """A decode loop: the output tensor of a run is the next run's input (no copy, no allocation
     after the second run: the output alternates between two tensors)."""
-    m = _single("Add", [("x", TensorProto.FLOAT, [3]), ("one", TensorProto.FLOAT, [3])],
-                [("y", TensorProto.FLOAT, [3])])
+    m = _single(
+        "Add", [("x", TensorProto.FLOAT, [3]), ("one", TensorProto.FLOAT, [3])], [("y", TensorProto.FLOAT, [3])]
+    )
     sess = InferenceSession(m, ctx)
     one = np.ones(3, np.float32)
     t = ctx.create_tensor_sync(data_type="float32", shape=[3], writable=True)
@@ -385,12 +406,23 @@ def test_session_package_imports_nothing_heavy():
     import subprocess
     import sys
 
-    heavy = ("onnx", "jinja2", "tflite", "mltensor.onnx", "mltensor.onnx.importer", "mltensor.tflite",
-             "mltensor.tflite.reader", "mltensor.stages.plan", "mltensor.stages.loop")
-    code = ("import sys, mltensor\n"
-            "assert mltensor.InferenceSession.__module__ == 'mltensor.session.inference'\n"
-            "import mltensor.session\n"
-            f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n")
+    heavy = (
+        "onnx",
+        "jinja2",
+        "tflite",
+        "mltensor.onnx",
+        "mltensor.onnx.importer",
+        "mltensor.tflite",
+        "mltensor.tflite.reader",
+        "mltensor.stages.plan",
+        "mltensor.stages.loop",
+    )
+    code = (
+        "import sys, mltensor\n"
+        "assert mltensor.InferenceSession.__module__ == 'mltensor.session.inference'\n"
+        "import mltensor.session\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

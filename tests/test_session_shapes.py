@@ -17,10 +17,13 @@ def _convnet():
     rng = np.random.default_rng(3)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
     fc = rng.standard_normal((4, 5)).astype(np.float32)
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc"),
-             numpy_helper.from_array(np.array([-1], np.int64), "m1"),
-             numpy_helper.from_array(np.array([0], np.int64), "z0"),
-             numpy_helper.from_array(np.array([1], np.int64), "o1")]
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(fc, "fc"),
+        numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+        numpy_helper.from_array(np.array([0], np.int64), "z0"),
+        numpy_helper.from_array(np.array([1], np.int64), "o1"),
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c"], ["r"]),
@@ -33,9 +36,15 @@ def _convnet():
         helper.make_node("MatMul", ["pf", "fc"], ["logits"]),
     ]
     g = helper.make_graph(
-        nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, "W"])],
-        [helper.make_tensor_value_info("feat", TensorProto.FLOAT, ["N", None]),
-         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])], inits)
+        nodes,
+        "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, "W"])],
+        [
+            helper.make_tensor_value_info("feat", TensorProto.FLOAT, ["N", None]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5]),
+        ],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -136,10 +145,14 @@ def test_max_specializations_is_validated(ctx, model):
 def test_shape_input_values_specialize_too(ctx, rng):
     """An input used as a shape is part of the key: each new value is a new build."""
     g = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
-         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     sess = InferenceSession(m, ctx)
     x = rng.standard_normal(12).astype(np.float32)
@@ -167,10 +180,17 @@ async def test_run_async_at_two_sizes_concurrently(ctx, model, ref, rng):
     sess.close()
 
 
-@pytest.mark.parametrize("mode,ctm,nearest,scale,one_build", [
-    ("nearest", "asymmetric", "floor", 2.0, True), ("linear", "half_pixel", "", 2.0, True),
-    ("nearest", "half_pixel", "round_prefer_floor", 4.0, True), ("linear", "half_pixel", "", 0.5, False),
-    ("linear", "half_pixel", "", 1.5, False), ("nearest", "asymmetric", "round_prefer_floor", 2.0, False)])
+@pytest.mark.parametrize(
+    "mode,ctm,nearest,scale,one_build",
+    [
+        ("nearest", "asymmetric", "floor", 2.0, True),
+        ("linear", "half_pixel", "", 2.0, True),
+        ("nearest", "half_pixel", "round_prefer_floor", 4.0, True),
+        ("linear", "half_pixel", "", 0.5, False),
+        ("linear", "half_pixel", "", 1.5, False),
+        ("nearest", "asymmetric", "round_prefer_floor", 2.0, False),
+    ],
+)
 def test_resize_by_scales_of_dynamic_sizes(ctx, rng, mode, ctm, nearest, scale, one_build):
     """Resize by constant scales (a detector's FPN: x2 upsampling, then an add with the finer
     level; PP-OCR's det) on symbolic H and W: the output size floor(n * scale) is a size
@@ -178,12 +198,18 @@ def test_resize_by_scales_of_dynamic_sizes(ctx, rng, mode, ctm, nearest, scale, 
     coordinate modes) one build serves every size; the rest takes the interpolation matrices
     of the static path, a build per size as before. Every size against onnxruntime."""
     kw = {"nearest_mode": nearest} if nearest else {}
-    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=ctm,
-                              **kw),
-             helper.make_node("Relu", ["y"], ["z"])]
+    nodes = [
+        helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=ctm, **kw),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
     sc = numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales")
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "H", "W"])],
-                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [sc])
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "H", "W"])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [sc],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     sess = InferenceSession(m, ctx, cache=False)

@@ -38,17 +38,18 @@ def _sigmoid(x):
 def _max_pool(x, k, s, p):
     n, c, h, w = x.shape
     xp = np.full((n, c, h + 2 * p, w + 2 * p), -np.inf)
-    xp[:, :, p:p + h, p:p + w] = x
+    xp[:, :, p : p + h, p : p + w] = x
     oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
     out = np.empty((n, c, oh, ow))
     for i in range(oh):
         for j in range(ow):
-            out[:, :, i, j] = xp[:, :, i * s:i * s + k, j * s:j * s + k].max(axis=(2, 3))
+            out[:, :, i, j] = xp[:, :, i * s : i * s + k, j * s : j * s + k].max(axis=(2, 3))
     return out
 
 
 def _linear2x(x):
     """Bilinear x2 upsampling of the last two axes, half-pixel centres, edges clamped."""
+
     def axis(a, n, ax):
         o = np.arange(2 * n)
         c = np.clip((o + 0.5) / 2 - 0.5, 0, n - 1)
@@ -208,8 +209,7 @@ def test_two_graphs_sharing_a_pipeline_dispatched_in_turn(ctx, rng):
 
 
 def test_float16_and_emulated_int64_share_pipelines_across_sizes(rng):
-    for env, dt, np_dt in ((dict(), "float16", np.float16),
-                           (dict(MLTENSOR_DISABLE_INT64="1"), "int64", np.int64)):
+    for env, dt, np_dt in ((dict(), "float16", np.float16), (dict(MLTENSOR_DISABLE_INT64="1"), "int64", np.int64)):
         c = context_with_env(**env)
         try:
             b = mltensor.MLGraphBuilder(c)
@@ -318,7 +318,7 @@ def test_epilogue_constants_share_a_pipeline(ctx, rng, no_params, dynamic):
     # (one fused kernel per layer; with dynamic dimensions, a variant per size bucket)
     assert len(g.kernel_names) == len(g0.kernel_names) == len(pairs) * (3 if dynamic else 1)
     assert all(k.consts for k in g._kernels) and not any(k.consts for k in g0._kernels)
-    for a_shape in ([(1, 16, 12, 10)] if not dynamic else [(1, 16, 24, 24), (1, 16, 5, 17)]):
+    for a_shape in [(1, 16, 12, 10)] if not dynamic else [(1, 16, 24, 24), (1, 16, 5, 17)]:
         a = rng.standard_normal(a_shape).astype(np.float32)
         got, want = dispatch_at(ctx, g, {"x": a})["y"], dispatch_at(ctx, g0, {"x": a})["y"]
         np.testing.assert_array_equal(got, want)
@@ -339,8 +339,10 @@ def test_epilogue_constants_of_a_static_layer_in_a_dynamic_graph(ctx, rng):
     b = mltensor.MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1, 16])
     p = b.input("p", data_type="float32", shape=[D("past", 40), 32])
-    y = b.mul(b.add(b.matmul(x, b.constant(w)), b.constant(data_type="float32", value=3.0)),
-              b.constant(data_type="float32", value=0.5))
+    y = b.mul(
+        b.add(b.matmul(x, b.constant(w)), b.constant(data_type="float32", value=3.0)),
+        b.constant(data_type="float32", value=0.5),
+    )
     g = b.build_sync({"y": y, "s": b.reduce_sum(b.add(p, y), axes=[0])})
     assert any(k.consts for k in g._kernels)
     xv = rng.standard_normal((1, 16)).astype(np.float32)

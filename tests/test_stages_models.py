@@ -28,29 +28,52 @@ def greedy_decoder(V=12, H=32, D=16, eos=0, max_len=1024, seed=0):
     def f(*s):
         return (rng.standard_normal(s) * 0.7).astype(np.float32)
 
-    body = h.make_graph([
-        h.make_node("Gather", ["E", "tok_in"], ["emb"], axis=0),
-        h.make_node("MatMul", ["h_in", "Wh"], ["hh"]),
-        h.make_node("Add", ["hh", "emb"], ["a1"]), h.make_node("Add", ["a1", "ctx"], ["a2"]),
-        h.make_node("Tanh", ["a2"], ["h_out"]),
-        h.make_node("MatMul", ["h_out", "Wo"], ["logits"]),
-        h.make_node("ArgMax", ["logits"], ["tok_out"], axis=1, keepdims=0),
-        h.make_node("Equal", ["tok_out", "eos"], ["is_eos"]), h.make_node("Not", ["is_eos"], ["go"]),
-        h.make_node("Squeeze", ["go"], ["cond_out"]),
-        h.make_node("Identity", ["tok_out"], ["tok_scan"]),
-    ], "body", [_vi("i", T.INT64, []), _vi("cond_in", T.BOOL, []), _vi("h_in", T.FLOAT, [1, H]),
-                _vi("tok_in", T.INT64, [1])],
-        [_vi("cond_out", T.BOOL, []), _vi("h_out", T.FLOAT, [1, H]), _vi("tok_out", T.INT64, [1]),
-         _vi("tok_scan", T.INT64, [1])])
-    nodes = [h.make_node("MatMul", ["src", "We"], ["enc0"]), h.make_node("Tanh", ["enc0"], ["enc"]),
-             h.make_node("ReduceMean", ["enc"], ["ctx"], axes=[1], keepdims=0),
-             h.make_node("Loop", ["M", "c0", "ctx", "bos"], ["h_final", "last", "tokens"], body=body)]
-    inits = [nh.from_array(f(D, H), "We"), nh.from_array(f(V, H), "E"), nh.from_array(f(H, H) * 0.15, "Wh"),
-             nh.from_array(f(H, V) * 4, "Wo"), nh.from_array(np.array(max_len, np.int64), "M"),
-             nh.from_array(np.array(True), "c0"), nh.from_array(np.array([1], np.int64), "bos"),
-             nh.from_array(np.array([eos], np.int64), "eos")]
-    g = h.make_graph(nodes, "decoder", [_vi("src", T.FLOAT, [1, "seq", D])],
-                     [_vi("h_final", T.FLOAT, None), _vi("tokens", T.INT64, None)], inits)
+    body = h.make_graph(
+        [
+            h.make_node("Gather", ["E", "tok_in"], ["emb"], axis=0),
+            h.make_node("MatMul", ["h_in", "Wh"], ["hh"]),
+            h.make_node("Add", ["hh", "emb"], ["a1"]),
+            h.make_node("Add", ["a1", "ctx"], ["a2"]),
+            h.make_node("Tanh", ["a2"], ["h_out"]),
+            h.make_node("MatMul", ["h_out", "Wo"], ["logits"]),
+            h.make_node("ArgMax", ["logits"], ["tok_out"], axis=1, keepdims=0),
+            h.make_node("Equal", ["tok_out", "eos"], ["is_eos"]),
+            h.make_node("Not", ["is_eos"], ["go"]),
+            h.make_node("Squeeze", ["go"], ["cond_out"]),
+            h.make_node("Identity", ["tok_out"], ["tok_scan"]),
+        ],
+        "body",
+        [_vi("i", T.INT64, []), _vi("cond_in", T.BOOL, []), _vi("h_in", T.FLOAT, [1, H]), _vi("tok_in", T.INT64, [1])],
+        [
+            _vi("cond_out", T.BOOL, []),
+            _vi("h_out", T.FLOAT, [1, H]),
+            _vi("tok_out", T.INT64, [1]),
+            _vi("tok_scan", T.INT64, [1]),
+        ],
+    )
+    nodes = [
+        h.make_node("MatMul", ["src", "We"], ["enc0"]),
+        h.make_node("Tanh", ["enc0"], ["enc"]),
+        h.make_node("ReduceMean", ["enc"], ["ctx"], axes=[1], keepdims=0),
+        h.make_node("Loop", ["M", "c0", "ctx", "bos"], ["h_final", "last", "tokens"], body=body),
+    ]
+    inits = [
+        nh.from_array(f(D, H), "We"),
+        nh.from_array(f(V, H), "E"),
+        nh.from_array(f(H, H) * 0.15, "Wh"),
+        nh.from_array(f(H, V) * 4, "Wo"),
+        nh.from_array(np.array(max_len, np.int64), "M"),
+        nh.from_array(np.array(True), "c0"),
+        nh.from_array(np.array([1], np.int64), "bos"),
+        nh.from_array(np.array([eos], np.int64), "eos"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "decoder",
+        [_vi("src", T.FLOAT, [1, "seq", D])],
+        [_vi("h_final", T.FLOAT, None), _vi("tokens", T.INT64, None)],
+        inits,
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
@@ -108,31 +131,54 @@ def tiny_detector(C=3, seed=0):
         t.name = name
         return t
 
-    inits = [init("w1", w(8, 3, 3, 3)), init("w2", w(8, 8, 3, 3)), init("wb", w(4, 8, 1, 1)), init("wc", w(C, 8, 1, 1)),
-             init("shape_b", np.array([1, 4, -1], np.int64)), init("shape_c", np.array([1, C, -1], np.int64)),
-             init("max_out", np.array([20], np.int64)), init("iou", np.array([0.5], np.float32)),
-             init("score_thr", np.array([0.75], np.float32)), init("ten", np.array([10], np.int64)),
-             init("one", np.array(1, np.int64)), init("two", np.array(2, np.int64)),
-             init("zero", np.array(0, np.int64)), init("scale", np.array([40.0], np.float32))]
+    inits = [
+        init("w1", w(8, 3, 3, 3)),
+        init("w2", w(8, 8, 3, 3)),
+        init("wb", w(4, 8, 1, 1)),
+        init("wc", w(C, 8, 1, 1)),
+        init("shape_b", np.array([1, 4, -1], np.int64)),
+        init("shape_c", np.array([1, C, -1], np.int64)),
+        init("max_out", np.array([20], np.int64)),
+        init("iou", np.array([0.5], np.float32)),
+        init("score_thr", np.array([0.75], np.float32)),
+        init("ten", np.array([10], np.int64)),
+        init("one", np.array(1, np.int64)),
+        init("two", np.array(2, np.int64)),
+        init("zero", np.array(0, np.int64)),
+        init("scale", np.array([40.0], np.float32)),
+    ]
     nodes = [
-        h.make_node("Conv", ["img", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]), h.make_node("Relu", ["c1"], ["r1"]),
-        h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), h.make_node("Relu", ["c2"], ["feat"]),
-        h.make_node("Conv", ["feat", "wb"], ["braw"]), h.make_node("Reshape", ["braw", "shape_b"], ["b3"]),
-        h.make_node("Transpose", ["b3"], ["bt"], perm=[0, 2, 1]), h.make_node("Sigmoid", ["bt"], ["bs"]),
+        h.make_node("Conv", ["img", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("Relu", ["c2"], ["feat"]),
+        h.make_node("Conv", ["feat", "wb"], ["braw"]),
+        h.make_node("Reshape", ["braw", "shape_b"], ["b3"]),
+        h.make_node("Transpose", ["b3"], ["bt"], perm=[0, 2, 1]),
+        h.make_node("Sigmoid", ["bt"], ["bs"]),
         h.make_node("Mul", ["bs", "scale"], ["boxes"]),
-        h.make_node("Conv", ["feat", "wc"], ["craw"]), h.make_node("Reshape", ["craw", "shape_c"], ["c3"]),
+        h.make_node("Conv", ["feat", "wc"], ["craw"]),
+        h.make_node("Reshape", ["craw", "shape_c"], ["c3"]),
         h.make_node("Sigmoid", ["c3"], ["scores"]),
         h.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "score_thr"], ["sel"]),
-        h.make_node("Gather", ["sel", "two"], ["box_i"], axis=1), h.make_node("Gather", ["sel", "one"], ["labels_all"], axis=1),
-        h.make_node("Gather", ["boxes", "zero"], ["boxes0"], axis=0), h.make_node("Gather", ["boxes0", "box_i"], ["kept"], axis=0),
+        h.make_node("Gather", ["sel", "two"], ["box_i"], axis=1),
+        h.make_node("Gather", ["sel", "one"], ["labels_all"], axis=1),
+        h.make_node("Gather", ["boxes", "zero"], ["boxes0"], axis=0),
+        h.make_node("Gather", ["boxes0", "box_i"], ["kept"], axis=0),
         h.make_node("GatherND", ["scores", "sel"], ["kept_scores"]),
-        h.make_node("Shape", ["kept_scores"], ["n_kept"]), h.make_node("Min", ["n_kept", "ten"], ["k"]),
+        h.make_node("Shape", ["kept_scores"], ["n_kept"]),
+        h.make_node("Min", ["n_kept", "ten"], ["k"]),
         h.make_node("TopK", ["kept_scores", "k"], ["top_scores", "top_i"]),
         h.make_node("Gather", ["kept", "top_i"], ["top_boxes"], axis=0),
-        h.make_node("Gather", ["labels_all", "top_i"], ["top_labels"], axis=0)]
-    g = h.make_graph(nodes, "detector", [_vi("img", T.FLOAT, [1, 3, "h", "w"])],
-                     [_vi("top_boxes", T.FLOAT, None), _vi("top_scores", T.FLOAT, None),
-                      _vi("top_labels", T.INT64, None)], inits)
+        h.make_node("Gather", ["labels_all", "top_i"], ["top_labels"], axis=0),
+    ]
+    g = h.make_graph(
+        nodes,
+        "detector",
+        [_vi("img", T.FLOAT, [1, 3, "h", "w"])],
+        [_vi("top_boxes", T.FLOAT, None), _vi("top_scores", T.FLOAT, None), _vi("top_labels", T.INT64, None)],
+        inits,
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 

@@ -82,12 +82,27 @@ async def test_create_tensor_async(ctx):
 def _extremes(dt):
     np_dt = NUMPY[dt]
     if dt == "float16":
-        bits = np.array([0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE17, 0x0001, 0x03FF,
-                         0x7BFF, 0x3C00, 0xBC00, 0x5555], dtype=np.uint16)
+        bits = np.array(
+            [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE17, 0x0001, 0x03FF, 0x7BFF, 0x3C00, 0xBC00, 0x5555],
+            dtype=np.uint16,
+        )
         return bits.view(np.float16)
     if dt == "float32":
-        bits = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0x00000001,
-                         0x7F7FFFFF, 0x3F800000, 0x12345678], dtype=np.uint32)
+        bits = np.array(
+            [
+                0,
+                0x80000000,
+                0x7F800000,
+                0xFF800000,
+                0x7FC00000,
+                0x7F800001,
+                0x00000001,
+                0x7F7FFFFF,
+                0x3F800000,
+                0x12345678,
+            ],
+            dtype=np.uint32,
+        )
         return bits.view(np.float32)
     info = np.iinfo(np_dt)
     return np.array([info.min, info.max, 0, 1, info.max // 3, info.min + 1], dtype=np_dt)

@@ -750,7 +750,9 @@ def _box_mean(mask, y0, y1, x0, x1):
     return float(mask[0, int(y0 * h) : int(y1 * h), int(x0 * w) : int(x1 * w), 0].mean())
 
 
-@pytest.mark.parametrize("name,shape", [("selfie_segmentation", (256, 256)), ("selfie_segmentation_landscape", (144, 256))])
+@pytest.mark.parametrize(
+    "name,shape", [("selfie_segmentation", (256, 256)), ("selfie_segmentation_landscape", (144, 256))]
+)
 def test_selfie_segmentation_matches_litert(ctx, selfie_paths, name, shape):
     path = selfie_paths[name]
     graph, inputs, outputs = import_model(path, ctx)

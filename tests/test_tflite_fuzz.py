@@ -104,7 +104,9 @@ def test_errors_name_the_file_and_field(ctx, selfie, tmp_path):
     path = tmp_path / "cut.tflite"
     n = len(selfie) // 3
     path.write_bytes(selfie[:n])
-    with pytest.raises(mltensor.DataError, match=rf"^\[tflite\] cut\.tflite: the model table: reads past the end of the {n}-byte file"):
+    with pytest.raises(
+        mltensor.DataError, match=rf"^\[tflite\] cut\.tflite: the model table: reads past the end of the {n}-byte file"
+    ):
         import_model(str(path), ctx)
     # A buffer index out of range, named down to the tensor.
     bad = bytearray(selfie)
@@ -112,7 +114,9 @@ def test_errors_name_the_file_and_field(ctx, selfie, tmp_path):
     t = m.Subgraphs(0).Tensors(5)
     o = t._tab.Offset(8)  # Tensor.buffer
     struct.pack_into("<I", bad, t._tab.Pos + o, 100000)
-    with pytest.raises(mltensor.DataError, match=r"subgraph 0, tensor 5 \('.*'\), buffer: buffer index 100000 is out of range"):
+    with pytest.raises(
+        mltensor.DataError, match=r"subgraph 0, tensor 5 \('.*'\), buffer: buffer index 100000 is out of range"
+    ):
         import_model(bytes(bad), ctx)
     with pytest.raises(mltensor.DataError, match=r"^\[tflite\] cut\.tflite: the model table: reads past the end"):
         mltensor.InferenceSession(str(path), context=ctx)

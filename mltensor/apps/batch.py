@@ -77,7 +77,7 @@ def expand_inputs(specs):
             add(spec, None, True)
         elif glob.has_magic(spec):
             matches = sorted(glob.glob(spec, recursive=True))
-            root = spec[:min(spec.index(c) for c in "*?[" if c in spec)]
+            root = spec[: min(spec.index(c) for c in "*?[" if c in spec)]
             root = root if root.endswith(os.sep) or not root else os.path.dirname(root)
             hits = [m for m in matches if os.path.isfile(m)]
             if not hits:
@@ -115,16 +115,31 @@ class Segmenter:
     `process(item, out_dir)` segments one image or video into its two outputs and returns its
     row of the summary; it never raises for a bad input (the row says what went wrong)."""
 
-    def __init__(self, model=None, *, preprocess="unit", postprocess="mask", effect="blur",
-                 background=None, smoothing=0.5, blur_sigma=None, lossless=False, context=None):
+    def __init__(
+        self,
+        model=None,
+        *,
+        preprocess="unit",
+        postprocess="mask",
+        effect="blur",
+        background=None,
+        smoothing=0.5,
+        blur_sigma=None,
+        lossless=False,
+        context=None,
+    ):
         if preprocess not in PREPROCESS or postprocess not in POSTPROCESS:
-            raise ValueError(f"preprocess must be one of {', '.join(PREPROCESS)} and postprocess one of "
-                             f"{', '.join(POSTPROCESS)}, got {preprocess!r} / {postprocess!r}")
+            raise ValueError(
+                f"preprocess must be one of {', '.join(PREPROCESS)} and postprocess one of "
+                f"{', '.join(POSTPROCESS)}, got {preprocess!r} / {postprocess!r}"
+            )
         self.ctx = context or mltensor.ml.create_context_sync(power_preference="high-performance")
-        self.session = mltensor.InferenceSession(model or mltensor.models.fetch("selfie_segmentation"),
-                                                 context=self.ctx)
-        self.options = dict(effect=effect, background=background, blur_sigma=blur_sigma,
-                            preprocess=preprocess, postprocess=postprocess)
+        self.session = mltensor.InferenceSession(
+            model or mltensor.models.fetch("selfie_segmentation"), context=self.ctx
+        )
+        self.options = dict(
+            effect=effect, background=background, blur_sigma=blur_sigma, preprocess=preprocess, postprocess=postprocess
+        )
         self.smoothing = smoothing
         # x264 at crf 0 is lossless: decoded output frames are exactly what the pipeline made
         # (lossy encodes of the same frames differ run to run, so only lossless is reproducible)
@@ -136,8 +151,17 @@ class Segmenter:
         return CopyingPipeline(self.session, width, height, smoothing=smoothing, **self.options)
 
     def process(self, item, out_dir):
-        row = {"path": item["path"], "kind": item["kind"], "status": "ok", "error": "", "frames": 0,
-               "seconds": 0.0, "worker": self.worker, "adapter": self.adapter, "outputs": ""}
+        row = {
+            "path": item["path"],
+            "kind": item["kind"],
+            "status": "ok",
+            "error": "",
+            "frames": 0,
+            "seconds": 0.0,
+            "worker": self.worker,
+            "adapter": self.adapter,
+            "outputs": "",
+        }
         t = time.perf_counter()
         try:
             outs = output_paths(out_dir, item["rel"], item["kind"])
@@ -201,16 +225,26 @@ def _context_for_ray_gpu():
         return None
     import wgpu
 
-    hw = [a for a in wgpu.gpu.enumerate_adapters_sync()
-          if a.info.get("adapter_type") in ("DiscreteGPU", "IntegratedGPU") and a.info.get("backend_type") != "OpenGL"]
+    hw = [
+        a
+        for a in wgpu.gpu.enumerate_adapters_sync()
+        if a.info.get("adapter_type") in ("DiscreteGPU", "IntegratedGPU") and a.info.get("backend_type") != "OpenGL"
+    ]
     if len(hw) < 2:
         return None
     adapter = hw[int(ids[0]) % len(hw)]
     features = [f for f in ("shader-f16", "subgroup", "timestamp-query", "shader-int64") if f in adapter.features]
-    limits = {k: adapter.limits[k] for k in ("max-buffer-size", "max-storage-buffer-binding-size",
-                                              "max-compute-workgroup-storage-size",
-                                              "max-compute-invocations-per-workgroup",
-                                              "max-storage-buffers-per-shader-stage") if k in adapter.limits}
+    limits = {
+        k: adapter.limits[k]
+        for k in (
+            "max-buffer-size",
+            "max-storage-buffer-binding-size",
+            "max-compute-workgroup-storage-size",
+            "max-compute-invocations-per-workgroup",
+            "max-storage-buffers-per-shader-stage",
+        )
+        if k in adapter.limits
+    }
     device = adapter.request_device_sync(label="mltensor-batch", required_features=features, required_limits=limits)
     return mltensor.ml.create_context_sync(device)
 
@@ -228,9 +262,22 @@ class RayWorker:
         return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
 
 
-def run_batch(inputs, out_dir, *, model=None, workers=None, address=None, preprocess="unit",
-              postprocess="mask", effect="blur", background=None, smoothing=0.5, blur_sigma=None,
-              lossless=False, ray_init=None):
+def run_batch(
+    inputs,
+    out_dir,
+    *,
+    model=None,
+    workers=None,
+    address=None,
+    preprocess="unit",
+    postprocess="mask",
+    effect="blur",
+    background=None,
+    smoothing=0.5,
+    blur_sigma=None,
+    lossless=False,
+    ray_init=None,
+):
     """Segment every image and video of `inputs` into `out_dir` on Ray Data; returns the summary
     dict (see format_summary). `workers`: actors (default: one per GPU Ray sees, else 1);
     `address`: a Ray cluster to join (default: start a local Ray with this machine's resources);
@@ -250,8 +297,15 @@ def run_batch(inputs, out_dir, *, model=None, workers=None, address=None, prepro
     if model is not None:
         with open(model, "rb") as f:
             model = f.read()
-    options = dict(preprocess=preprocess, postprocess=postprocess, effect=effect,
-                   background=background, smoothing=smoothing, blur_sigma=blur_sigma, lossless=lossless)
+    options = dict(
+        preprocess=preprocess,
+        postprocess=postprocess,
+        effect=effect,
+        background=background,
+        smoothing=smoothing,
+        blur_sigma=blur_sigma,
+        lossless=lossless,
+    )
 
     started_here = not ray.is_initialized()
     if started_here:
@@ -272,15 +326,32 @@ def run_batch(inputs, out_dir, *, model=None, workers=None, address=None, prepro
         rows = []
         if files:
             ds = ray.data.from_items(files, override_num_blocks=len(files))
-            ds = ds.map_batches(RayWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=n),
-                                fn_constructor_args=(model, out_dir, options), **per_actor)
+            ds = ds.map_batches(
+                RayWorker,
+                batch_size=1,
+                compute=ray.data.ActorPoolStrategy(size=n),
+                fn_constructor_args=(model, out_dir, options),
+                **per_actor,
+            )
             rows = ds.take_all()
     finally:
         if started_here:
             ray.shutdown()
     wall = time.perf_counter() - t0
-    rows += [{"path": p, "kind": _kind(p) or "?", "status": "failed", "error": why, "frames": 0,
-              "seconds": 0.0, "worker": "", "adapter": "", "outputs": ""} for p, why in rejected]
+    rows += [
+        {
+            "path": p,
+            "kind": _kind(p) or "?",
+            "status": "failed",
+            "error": why,
+            "frames": 0,
+            "seconds": 0.0,
+            "worker": "",
+            "adapter": "",
+            "outputs": "",
+        }
+        for p, why in rejected
+    ]
     return summarize(rows, wall, n_workers=n, resources=("GPU" if gpus else "CPU"))
 
 
@@ -296,18 +367,29 @@ def summarize(rows, wall, *, n_workers, resources):
     for w in per_worker.values():
         w["frames_per_s"] = w["frames"] / w["seconds"] if w["seconds"] else 0.0
     return {
-        "files": len(rows), "ok": len(ok), "failed": [(r["path"], r["error"]) for r in rows if r["status"] != "ok"],
-        "frames": frames, "seconds": wall, "frames_per_s": frames / wall if wall else 0.0,
-        "workers": n_workers, "resources": resources, "per_worker": per_worker, "rows": rows,
+        "files": len(rows),
+        "ok": len(ok),
+        "failed": [(r["path"], r["error"]) for r in rows if r["status"] != "ok"],
+        "frames": frames,
+        "seconds": wall,
+        "frames_per_s": frames / wall if wall else 0.0,
+        "workers": n_workers,
+        "resources": resources,
+        "per_worker": per_worker,
+        "rows": rows,
     }
 
 
 def format_summary(s):
-    lines = [f"{s['ok']} of {s['files']} files done, {s['frames']} frames in {s['seconds']:.1f} s "
-             f"({s['frames_per_s']:.1f} frames/s) on {s['workers']} {s['resources']} worker(s)"]
+    lines = [
+        f"{s['ok']} of {s['files']} files done, {s['frames']} frames in {s['seconds']:.1f} s "
+        f"({s['frames_per_s']:.1f} frames/s) on {s['workers']} {s['resources']} worker(s)"
+    ]
     for name, w in sorted(s["per_worker"].items()):
-        lines.append(f"  {name} ({w['adapter']}): {w['files']} files, {w['frames']} frames, "
-                     f"{w['seconds']:.1f} s busy, {w['frames_per_s']:.1f} frames/s")
+        lines.append(
+            f"  {name} ({w['adapter']}): {w['files']} files, {w['frames']} frames, "
+            f"{w['seconds']:.1f} s busy, {w['frames_per_s']:.1f} frames/s"
+        )
     if s["failed"]:
         lines.append(f"skipped {len(s['failed'])}:")
         lines += [f"  {p}: {why}" for p, why in s["failed"]]
@@ -315,22 +397,32 @@ def format_summary(s):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="mltensor-batch", description=__doc__.split("\n\n")[0],
-                                epilog="Outputs: OUT/<name>.png|.mp4 (composited) and OUT/<name>_mask.png|.mp4.")
+    p = argparse.ArgumentParser(
+        prog="mltensor-batch",
+        description=__doc__.split("\n\n")[0],
+        epilog="Outputs: OUT/<name>.png|.mp4 (composited) and OUT/<name>_mask.png|.mp4.",
+    )
     p.add_argument("inputs", nargs="+", help="image/video files, folders (recursive) or globs")
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.add_argument("--model", default=None, help="a .onnx or .tflite segmentation model (default: MediaPipe selfie)")
-    p.add_argument("--preprocess", choices=tuple(PREPROCESS), default="unit",
-                   help="the model's input normalization (default: unit, rgb in [0, 1])")
-    p.add_argument("--postprocess", choices=POSTPROCESS, default="mask",
-                   help="how the first output becomes a person probability (default: mask)")
+    p.add_argument(
+        "--preprocess",
+        choices=tuple(PREPROCESS),
+        default="unit",
+        help="the model's input normalization (default: unit, rgb in [0, 1])",
+    )
+    p.add_argument(
+        "--postprocess",
+        choices=POSTPROCESS,
+        default="mask",
+        help="how the first output becomes a person probability (default: mask)",
+    )
     p.add_argument("--effect", choices=("blur", "replace"), default="blur")
     p.add_argument("--background", default=None, help="background image for --effect replace")
     p.add_argument("--blur", type=float, default=None, help="blur sigma in frame pixels (default height/30)")
     p.add_argument("--smoothing", type=float, default=0.5, help="temporal smoothing of video masks, 0 .. <1")
     p.add_argument("--lossless", action="store_true", help="lossless H.264 video outputs (reproducible, larger)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="actors (default: one per GPU Ray sees, else 1)")
+    p.add_argument("--workers", type=int, default=None, help="actors (default: one per GPU Ray sees, else 1)")
     p.add_argument("--address", default=None, help="join this Ray cluster ('auto' or host:port) instead of a local Ray")
     return p
 
@@ -345,10 +437,20 @@ def main(argv=None):
         raise SystemExit(f"--workers must be at least 1, got {args.workers}")
     if args.model is not None and not os.path.isfile(args.model):
         raise SystemExit(f"--model: no such file: {args.model}")
-    s = run_batch(args.inputs, args.output, model=args.model, workers=args.workers, address=args.address,
-                  preprocess=args.preprocess, postprocess=args.postprocess, effect=args.effect,
-                  background=args.background, smoothing=args.smoothing, blur_sigma=args.blur,
-                  lossless=args.lossless)
+    s = run_batch(
+        args.inputs,
+        args.output,
+        model=args.model,
+        workers=args.workers,
+        address=args.address,
+        preprocess=args.preprocess,
+        postprocess=args.postprocess,
+        effect=args.effect,
+        background=args.background,
+        smoothing=args.smoothing,
+        blur_sigma=args.blur,
+        lossless=args.lossless,
+    )
     print(format_summary(s))
     return 0 if s["ok"] or not s["files"] else 1
 

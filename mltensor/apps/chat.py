@@ -39,8 +39,7 @@ def build_parser():
 class Chat:
     """A conversation: the messages, the tokens already in the model's KV cache."""
 
-    def __init__(self, path, *, max_context=2048, temperature=0.0, top_k=0, top_p=1.0, seed=0, system=None,
-                 ctx=None):
+    def __init__(self, path, *, max_context=2048, temperature=0.0, top_k=0, top_p=1.0, seed=0, system=None, ctx=None):
         self.ctx = ctx or ml.create_context_sync()
         weights = LlamaWeights(path)
         self.tokenizer = GGUFTokenizer(weights.file)
@@ -48,8 +47,9 @@ class Chat:
             raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens, the model {weights.config.vocab}")
         self.model = LlamaModel(weights, self.ctx, max_context=max_context)
         self.session = self.model.session()
-        self.sampler = Sampler(self.ctx, weights.config.vocab, temperature=temperature, top_k=top_k, top_p=top_p,
-                               seed=seed)
+        self.sampler = Sampler(
+            self.ctx, weights.config.vocab, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+        )
         self.system = system
         # the graphs (first prompt, decode step, later messages) built now, so that time to first token is run time
         t0 = time.perf_counter()
@@ -69,14 +69,16 @@ class Chat:
         self.messages.append({"role": "user", "content": text})
         ids = tok.encode(tok.apply_chat_template(self.messages, add_generation_prompt=True))
         if ids[: len(self.fed)] == self.fed and len(ids) > len(self.fed):
-            new = ids[len(self.fed):]  # the cache holds the conversation so far: feed what is new
+            new = ids[len(self.fed) :]  # the cache holds the conversation so far: feed what is new
         else:
             self.session.reset()  # the text re-encoded differently: start the cache again
             self.fed, new = [], ids
         room = self.model.max_context - len(self.fed) - len(new)
         if room < 1:
-            raise ValueError(f"the conversation ({len(self.fed) + len(new)} tokens) does not fit the context of "
-                             f"{self.model.max_context}: /reset or raise --max-context")
+            raise ValueError(
+                f"the conversation ({len(self.fed) + len(new)} tokens) does not fit the context of "
+                f"{self.model.max_context}: /reset or raise --max-context"
+            )
         t0 = time.perf_counter()
         logits = self.session.feed(new)
         self.fed += new
@@ -92,7 +94,7 @@ class Chat:
             text_now = tok.decode(generated, skip_special=True)
             # hold back an incomplete UTF-8 sequence (decoded as U+FFFD) until its last byte
             if out is not None and not text_now.endswith("\ufffd"):
-                out.write(text_now[len(shown):])
+                out.write(text_now[len(shown) :])
                 out.flush()
                 shown = text_now
             if self.session.length >= self.model.max_context:
@@ -102,15 +104,19 @@ class Chat:
         total = time.perf_counter() - t0
         answer = tok.decode(generated, skip_special=True)
         if out is not None and answer != shown:
-            out.write(answer[len(shown):] if answer.startswith(shown) else answer)
+            out.write(answer[len(shown) :] if answer.startswith(shown) else answer)
         if out is not None:
             out.write("\n")
             out.flush()
         self.messages.append({"role": "assistant", "content": answer})
         decode_s = total - (t_first or 0.0)
         n = len(generated)
-        stats = {"prompt_tokens": len(new), "generated_tokens": n, "ttft_s": t_first or 0.0,
-                 "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0}
+        stats = {
+            "prompt_tokens": len(new),
+            "generated_tokens": n,
+            "ttft_s": t_first or 0.0,
+            "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+        }
         return answer, stats
 
 
@@ -120,9 +126,11 @@ def _adapter(ctx):
 
 
 def _report(stats, adapter, err):
-    err.write(f"[prompt tokens {stats['prompt_tokens']}, generated tokens {stats['generated_tokens']}, "
-              f"time to first token {stats['ttft_s'] * 1e3:.0f} ms, {stats['tokens_per_s']:.2f} tokens/s, "
-              f"adapter {adapter}]\n")
+    err.write(
+        f"[prompt tokens {stats['prompt_tokens']}, generated tokens {stats['generated_tokens']}, "
+        f"time to first token {stats['ttft_s'] * 1e3:.0f} ms, {stats['tokens_per_s']:.2f} tokens/s, "
+        f"adapter {adapter}]\n"
+    )
     err.flush()
 
 
@@ -137,15 +145,24 @@ def main(argv=None, *, stdin=None, stdout=None, stderr=None):
     if path is None:
         path = fetch_gguf("smollm2-135m-instruct")
     try:
-        chat = Chat(path, max_context=args.max_context, temperature=args.temperature, top_k=args.top_k,
-                    top_p=args.top_p, seed=args.seed, system=args.system)
+        chat = Chat(
+            path,
+            max_context=args.max_context,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            system=args.system,
+        )
     except (OSError, TypeError, ValueError) as e:
         raise SystemExit(f"mltensor-chat: {e}") from None
     adapter = _adapter(chat.ctx)
     # (the context's constants once the graphs are built: the weights as the GPU holds them, with
     # the rotary tables and a tied embedding's float32 scales for its gather)
-    stderr.write(f"[{path}: {chat.model.config.n_layers} layers, {chat.ctx.counters['constant_bytes'] / 1e6:.1f} MB "
-                 f"of weights on the GPU, graphs built in {chat.build_s:.1f} s]\n")
+    stderr.write(
+        f"[{path}: {chat.model.config.n_layers} layers, {chat.ctx.counters['constant_bytes'] / 1e6:.1f} MB "
+        f"of weights on the GPU, graphs built in {chat.build_s:.1f} s]\n"
+    )
     if args.prompt is not None:
         _, stats = chat.reply(args.prompt, max_tokens=args.max_tokens, out=stdout)
         _report(stats, adapter, stderr)

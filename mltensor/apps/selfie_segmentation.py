@@ -69,25 +69,39 @@ def _parse_size(s):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="mltensor-selfie",
-        description="Real-time selfie segmentation (background blur or replacement), all on the GPU.")
-    p.add_argument("--source", default="demo",
-                   help="'demo' (built-in synthetic scene, default), 'webcam', or a video file path")
+        description="Real-time selfie segmentation (background blur or replacement), all on the GPU.",
+    )
+    p.add_argument(
+        "--source", default="demo", help="'demo' (built-in synthetic scene, default), 'webcam', or a video file path"
+    )
     p.add_argument("--size", type=_parse_size, default=(640, 360), help="WxH of the demo source (default 640x360)")
     p.add_argument("--frames", type=int, default=None, help="stop after N frames")
-    p.add_argument("--output", default=None,
-                   help="write H.264 to this .mp4 instead of opening a window (default without a display: "
-                        "selfie_segmentation.mp4)")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="write H.264 to this .mp4 instead of opening a window (default without a display: "
+        "selfie_segmentation.mp4)",
+    )
     p.add_argument("--snapshot", default=None, help="also write the last composited frame as PNG")
     p.add_argument("--effect", choices=("blur", "replace"), default="blur")
     p.add_argument("--background", default=None, help="background image for --effect replace")
     p.add_argument("--blur", type=float, default=None, help="blur sigma in frame pixels (default height/30)")
-    p.add_argument("--smoothing", type=float, default=0.5,
-                   help="temporal smoothing of the mask, 0 (none) .. <1 (default 0.5)")
+    p.add_argument(
+        "--smoothing", type=float, default=0.5, help="temporal smoothing of the mask, 0 (none) .. <1 (default 0.5)"
+    )
     p.add_argument("--model", default=None, help="a selfie segmentation .tflite (default: fetched once)")
-    p.add_argument("--pipeline", choices=("gpu", "copy"), default="gpu",
-                   help="'gpu' (default) or 'copy': numpy + InferenceSession + numpy composite, for comparison")
-    p.add_argument("--no-stage-sync", dest="stage_sync", action="store_false",
-                   help="do not fence between stages (stage times become enqueue times)")
+    p.add_argument(
+        "--pipeline",
+        choices=("gpu", "copy"),
+        default="gpu",
+        help="'gpu' (default) or 'copy': numpy + InferenceSession + numpy composite, for comparison",
+    )
+    p.add_argument(
+        "--no-stage-sync",
+        dest="stage_sync",
+        action="store_false",
+        help="do not fence between stages (stage times become enqueue times)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     return p
 
@@ -123,10 +137,17 @@ def run(args=None, *, device=None, log=print):
             raise SystemExit("no wgpu adapter (on Linux without a GPU: apt-get install mesa-vulkan-drivers)")
         features = [f for f in ("shader-f16", "subgroup") if f in adapter.features]
         lim = adapter.limits
-        limits = {k: lim[k] for k in ("max-buffer-size", "max-storage-buffer-binding-size",
-                                       "max-compute-workgroup-storage-size",
-                                       "max-compute-invocations-per-workgroup",
-                                       "max-storage-buffers-per-shader-stage") if k in lim}
+        limits = {
+            k: lim[k]
+            for k in (
+                "max-buffer-size",
+                "max-storage-buffer-binding-size",
+                "max-compute-workgroup-storage-size",
+                "max-compute-invocations-per-workgroup",
+                "max-storage-buffers-per-shader-stage",
+            )
+            if k in lim
+        }
         device = adapter.request_device_sync(label="selfie", required_features=features, required_limits=limits)
     ctx = ml.create_context_sync(device)
     adapter_info = device.adapter.info
@@ -134,14 +155,25 @@ def run(args=None, *, device=None, log=print):
 
     if args.pipeline == "gpu":
         graph, model_in, model_out, model_path = load_model(ctx, args.model)
-        pipe = GpuPipeline(ctx, graph, model_in, model_out, W, H, effect=args.effect,
-                           background=args.background, smoothing=args.smoothing,
-                           blur_sigma=args.blur, stage_sync=args.stage_sync)
+        pipe = GpuPipeline(
+            ctx,
+            graph,
+            model_in,
+            model_out,
+            W,
+            H,
+            effect=args.effect,
+            background=args.background,
+            smoothing=args.smoothing,
+            blur_sigma=args.blur,
+            stage_sync=args.stage_sync,
+        )
     else:
         model_path = args.model or mltensor.models.fetch("selfie_segmentation")
         sess = mltensor.InferenceSession(model_path, context=ctx)
-        pipe = CopyingPipeline(sess, W, H, effect=args.effect, background=args.background,
-                               smoothing=args.smoothing, blur_sigma=args.blur)
+        pipe = CopyingPipeline(
+            sess, W, H, effect=args.effect, background=args.background, smoothing=args.smoothing, blur_sigma=args.blur
+        )
         model_in = (pipe.in_name, tuple(int(d) for d in sess.get_inputs()[0].shape))
         model_out = (sess.get_outputs()[0].name, tuple(int(d) for d in sess.get_outputs()[0].shape))
         counters0 = ctx.counters
@@ -169,8 +201,13 @@ def run(args=None, *, device=None, log=print):
         if not args.quiet:
             from tqdm import tqdm
 
-            bar = tqdm(total=n_total, unit="frame", desc=f"encoding {os.path.basename(output)}",
-                       file=sys.stderr, dynamic_ncols=True)
+            bar = tqdm(
+                total=n_total,
+                unit="frame",
+                desc=f"encoding {os.path.basename(output)}",
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
         try:
             while True:
                 ts = time.perf_counter()
@@ -207,6 +244,7 @@ def run(args=None, *, device=None, log=print):
     # -- summary
     steady = frame_times[1:] if len(frame_times) > 2 else frame_times
     fps = len(steady) / sum(steady) if steady and sum(steady) > 0 else 0.0
+
     def ms(v):
         return 1e3 * float(np.mean(v[1:] if len(v) > 2 else v))
 
@@ -219,18 +257,38 @@ def run(args=None, *, device=None, log=print):
         traffic = pipe.traffic()
     else:
         now = ctx.counters
-        traffic = {"ml": {k: now[k] - counters0[k] for k in ("bytes_uploaded", "bytes_downloaded",
-                                                             "bytes_copied_between_devices", "submits",
-                                                             "kernel_launches")}}
+        traffic = {
+            "ml": {
+                k: now[k] - counters0[k]
+                for k in (
+                    "bytes_uploaded",
+                    "bytes_downloaded",
+                    "bytes_copied_between_devices",
+                    "submits",
+                    "kernel_launches",
+                )
+            }
+        }
     summary = {
-        "pipeline": args.pipeline, "frames": n, "size": (W, H), "source": source,
-        "model_input": model_in, "model_output": model_out, "model_path": model_path,
-        "fps": fps, "ms_per_frame": 1e3 / fps if fps else float("nan"),
+        "pipeline": args.pipeline,
+        "frames": n,
+        "size": (W, H),
+        "source": source,
+        "model_input": model_in,
+        "model_output": model_out,
+        "model_path": model_path,
+        "fps": fps,
+        "ms_per_frame": 1e3 / fps if fps else float("nan"),
         "first_frame_ms": 1e3 * frame_times[0] if frame_times else float("nan"),
-        "setup_s": setup_s, "stages_ms": stages, "source_ms": ms(source_times) if source_times else None, "stage_sync": getattr(args, "stage_sync", True),
-        "traffic": traffic, "output": None if window else output, "snapshot": args.snapshot,
+        "setup_s": setup_s,
+        "stages_ms": stages,
+        "source_ms": ms(source_times) if source_times else None,
+        "stage_sync": getattr(args, "stage_sync", True),
+        "traffic": traffic,
+        "output": None if window else output,
+        "snapshot": args.snapshot,
         "adapter": f"{adapter_info.get('device', '?')} ({adapter_info.get('backend_type', '?')}, "
-                   f"{adapter_info.get('adapter_type', '?')})",
+        f"{adapter_info.get('adapter_type', '?')})",
         "last_frame": last,
     }
     for line in format_summary(summary):
@@ -245,8 +303,7 @@ def _run_window(args, pipe, frames, frame_times, present_times):
     from rendercanvas.auto import RenderCanvas, loop
 
     W, H = pipe.width, pipe.height
-    canvas = RenderCanvas(size=(W, H), title="mltensor selfie segmentation", update_mode="continuous",
-                          max_fps=240)
+    canvas = RenderCanvas(size=(W, H), title="mltensor selfie segmentation", update_mode="continuous", max_fps=240)
     gpu = args.pipeline == "gpu"
     if gpu:
         context = canvas.get_wgpu_context()
@@ -284,33 +341,48 @@ def _run_window(args, pipe, frames, frame_times, present_times):
 def format_summary(s):
     W, H = s["size"]
     (_, ishape), (_, oshape) = s["model_input"], s["model_output"]
-    yield (f"selfie segmentation [{s['pipeline']}]: {s['frames']} frames {W}x{H} from "
-           f"{getattr(s['source'], 'name', '?')} on {s['adapter']}")
+    yield (
+        f"selfie segmentation [{s['pipeline']}]: {s['frames']} frames {W}x{H} from "
+        f"{getattr(s['source'], 'name', '?')} on {s['adapter']}"
+    )
     yield f"  model {os.path.basename(str(s['model_path']))}: {list(ishape)} -> {list(oshape)}"
-    yield (f"  {s['fps']:.2f} FPS end to end ({s['ms_per_frame']:.1f} ms/frame; first frame "
-           f"{s['first_frame_ms']:.0f} ms; setup {s['setup_s']:.1f} s)")
+    yield (
+        f"  {s['fps']:.2f} FPS end to end ({s['ms_per_frame']:.1f} ms/frame; first frame "
+        f"{s['first_frame_ms']:.0f} ms; setup {s['setup_s']:.1f} s)"
+    )
     how = "GPU time, fenced per stage" if s["stage_sync"] else "enqueue time, unfenced"
     if s["pipeline"] == "copy":
         how = "wall time"
-    yield "  per stage (ms/frame, " + how + "): " + ", ".join(
-        f"{k} {v:.2f}" for k, v in s["stages_ms"].items())
+    yield "  per stage (ms/frame, " + how + "): " + ", ".join(f"{k} {v:.2f}" for k, v in s["stages_ms"].items())
     if s.get("source_ms") is not None:
         yield f"  (frame source: {s['source_ms']:.2f} ms/frame on the CPU, not counted in the FPS)"
     t = s["traffic"]
     ml = t["ml"]
-    yield (f"  ML context counters over the run: bytes_uploaded {ml['bytes_uploaded']}, "
-           f"bytes_downloaded {ml['bytes_downloaded']}, bytes_copied_between_devices "
-           f"{ml['bytes_copied_between_devices']}, submits {ml['submits']}")
+    yield (
+        f"  ML context counters over the run: bytes_uploaded {ml['bytes_uploaded']}, "
+        f"bytes_downloaded {ml['bytes_downloaded']}, bytes_copied_between_devices "
+        f"{ml['bytes_copied_between_devices']}, submits {ml['submits']}"
+    )
     if s["pipeline"] == "gpu":
         n = max(s["frames"], 1)
-        yield (f"  host -> GPU: {t['frame_bytes_uploaded']} B of frames ({t['frame_bytes_uploaded'] // n} B/frame, "
-               f"queue.write_buffer, once each)")
-        yield (f"  GPU -> host: {t['frame_bytes_read_back']} B, composited frames for "
-               f"{'encoding' if s['output'] else 'the snapshot'} only")
-        ok = (ml["bytes_downloaded"] == 0 and ml["bytes_copied_between_devices"] == 0
-              and ml["bytes_uploaded"] == 0 and not t["ml_tensors_readable"])
-        yield (f"  zero-copy check: {'OK' if ok else 'FAILED'} - input and mask tensors not readable, "
-               f"lent {t['imports']} times to the device, never read back or copied")
+        yield (
+            f"  host -> GPU: {t['frame_bytes_uploaded']} B of frames ({t['frame_bytes_uploaded'] // n} B/frame, "
+            f"queue.write_buffer, once each)"
+        )
+        yield (
+            f"  GPU -> host: {t['frame_bytes_read_back']} B, composited frames for "
+            f"{'encoding' if s['output'] else 'the snapshot'} only"
+        )
+        ok = (
+            ml["bytes_downloaded"] == 0
+            and ml["bytes_copied_between_devices"] == 0
+            and ml["bytes_uploaded"] == 0
+            and not t["ml_tensors_readable"]
+        )
+        yield (
+            f"  zero-copy check: {'OK' if ok else 'FAILED'} - input and mask tensors not readable, "
+            f"lent {t['imports']} times to the device, never read back or copied"
+        )
     if s["output"]:
         yield f"  wrote {s['output']}" + (f" and {s['snapshot']}" if s["snapshot"] else "")
     elif s["snapshot"]:

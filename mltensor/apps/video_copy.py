@@ -35,9 +35,9 @@ def _resize(img, taps_y, taps_x):
 # Input normalizations a segmentation model may expect (`CopyingPipeline(..., preprocess=)`):
 # rgb in [0, 1] minus mean, over std, per channel.
 PREPROCESS = {
-    "unit": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),                        # [0, 1] (MediaPipe)
-    "signed": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),                      # [-1, 1]
-    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),        # torchvision models
+    "unit": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),  # [0, 1] (MediaPipe)
+    "signed": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),  # [-1, 1]
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # torchvision models
 }
 # How the model's first output becomes a person probability in [0, 1] (`postprocess=`): the mask
 # itself (one channel), a sigmoid of logits (one channel), or the softmax probability of the last
@@ -60,8 +60,19 @@ class CopyingPipeline:
     of the batch app (mltensor/apps/batch.py), hence any rgb model: `preprocess` names the input
     normalization (PREPROCESS), `postprocess` how the output becomes a mask (POSTPROCESS)."""
 
-    def __init__(self, session, width, height, *, effect="blur", background=None, smoothing=0.5,
-                 blur_sigma=None, preprocess="unit", postprocess="mask"):
+    def __init__(
+        self,
+        session,
+        width,
+        height,
+        *,
+        effect="blur",
+        background=None,
+        smoothing=0.5,
+        blur_sigma=None,
+        preprocess="unit",
+        postprocess="mask",
+    ):
         self.sess = session
         self.width, self.height = W, H = width, height
         inp = session.get_inputs()[0]
@@ -85,8 +96,9 @@ class CopyingPipeline:
             self.blur = (F, SW, SH, R, w)
             self._up_taps = (_bilinear_taps(SH, H, 1 / F), _bilinear_taps(SW, W, 1 / F))
         else:
-            self.background = (background if isinstance(background, np.ndarray)
-                               else load_background(background, W, H)).astype(np.float32) / 255
+            self.background = (
+                background if isinstance(background, np.ndarray) else load_background(background, W, H)
+            ).astype(np.float32) / 255
         self.times = {k: [] for k in ("preprocess", "inference", "composite")}
 
     def _blurred(self, f):
@@ -97,9 +109,9 @@ class CopyingPipeline:
         nx = np.minimum(F, W - np.arange(0, W, F))[None, :, None]
         small = s / (ny * nx)
         p = np.pad(small, ((0, 0), (R, R), (0, 0)), mode="edge")
-        h = sum(w[k] * p[:, k:k + SW] for k in range(2 * R + 1))
+        h = sum(w[k] * p[:, k : k + SW] for k in range(2 * R + 1))
         p = np.pad(h, ((R, R), (0, 0), (0, 0)), mode="edge")
-        v = sum(w[k] * p[k:k + SH] for k in range(2 * R + 1))
+        v = sum(w[k] * p[k : k + SH] for k in range(2 * R + 1))
         return _resize(v, *self._up_taps)
 
     def _person(self, out):

@@ -34,8 +34,18 @@ def _silhouette(size):
     d = ImageDraw.Draw(a)
     d.ellipse((148, 12, 380, 345), fill=255)
     d.polygon(
-        [(210, 320), (320, 320), (350, 370), (460, 390), (512, 450), (512, 600), (0, 600),
-         (0, 460), (70, 390), (190, 370)],
+        [
+            (210, 320),
+            (320, 320),
+            (350, 370),
+            (460, 390),
+            (512, 450),
+            (512, 600),
+            (0, 600),
+            (0, 460),
+            (70, 390),
+            (190, 370),
+        ],
         fill=255,
     )
     a = a.filter(ImageFilter.GaussianBlur(4))
@@ -69,8 +79,9 @@ class DemoSource:
         checker = ((x // cell + y // cell) % 2).astype(np.float32)
         stripes = 0.5 + 0.5 * np.sin((x + 0.6 * y) * (2 * np.pi / (cell * 1.7)))
         rings = 0.5 + 0.5 * np.cos(np.hypot(x - bw * 0.3, y - bh * 0.6) * (2 * np.pi / (cell * 2.3)))
-        bg = np.stack([0.25 + 0.6 * checker * stripes, 0.2 + 0.7 * rings * (1 - 0.5 * checker),
-                       0.3 + 0.5 * stripes * rings], -1)
+        bg = np.stack(
+            [0.25 + 0.6 * checker * stripes, 0.2 + 0.7 * rings * (1 - 0.5 * checker), 0.3 + 0.5 * stripes * rings], -1
+        )
         self._bg = np.clip(bg * 255, 0, 255).astype(np.uint8)
 
     def __len__(self):
@@ -104,15 +115,15 @@ class DemoSource:
         gains = 0.75 + 0.25 * np.sin(2 * math.pi * (t / 3.0 + np.array([0.0, 1 / 3, 2 / 3])))
         lut = np.clip(np.arange(256)[:, None] * gains[None, :], 0, 255).astype(np.uint8)
         out = np.empty((h, w, 3), np.uint8)
-        crop = self._bg[by:by + h, bx:bx + w]
+        crop = self._bg[by : by + h, bx : bx + w]
         for c in range(3):
             out[..., c] = lut[crop[..., c], c]
         # Paste the portrait (clipped to the frame) with its soft alpha.
         x0, y0 = max(px, 0), max(py, 0)
         x1, y1 = min(px + self.pw, w), min(py + self.ph, h)
         if x1 > x0 and y1 > y0:
-            fg = self._fg[y0 - py:y1 - py, x0 - px:x1 - px]
-            a = self._alpha[y0 - py:y1 - py, x0 - px:x1 - px]
+            fg = self._fg[y0 - py : y1 - py, x0 - px : x1 - px]
+            a = self._alpha[y0 - py : y1 - py, x0 - px : x1 - px]
             region = out[y0:y1, x0:x1].astype(np.float32)
             out[y0:y1, x0:x1] = (fg * a + region * (1 - a) + 0.5).astype(np.uint8)
         return out

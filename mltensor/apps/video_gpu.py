@@ -45,8 +45,21 @@ class GpuPipeline:
     overlaps them.
     """
 
-    def __init__(self, ctx, graph, model_in, model_out, width, height, *, effect="blur",
-                 background=None, smoothing=0.5, blur_sigma=None, stage_sync=True):
+    def __init__(
+        self,
+        ctx,
+        graph,
+        model_in,
+        model_out,
+        width,
+        height,
+        *,
+        effect="blur",
+        background=None,
+        smoothing=0.5,
+        blur_sigma=None,
+        stage_sync=True,
+    ):
         import wgpu
 
         self.ctx, self.graph = ctx, graph
@@ -66,14 +79,17 @@ class GpuPipeline:
 
         B = wgpu.BufferUsage
         self.frame_bytes = W * H * 3
-        self.frame_buf = device.create_buffer(label="video-frame-rgb24", size=_pad4(self.frame_bytes),
-                                              usage=B.STORAGE | B.COPY_DST)
+        self.frame_buf = device.create_buffer(
+            label="video-frame-rgb24", size=_pad4(self.frame_bytes), usage=B.STORAGE | B.COPY_DST
+        )
         self.ema_buf = device.create_buffer(label="video-mask-ema", size=OH * OW * 4, usage=B.STORAGE)
         self.out_bytes = W * H * 4
-        self.out_buffer = device.create_buffer(label="video-composite-rgba8", size=self.out_bytes,
-                                               usage=B.STORAGE | B.COPY_SRC)
-        self._readback = device.create_buffer(label="video-readback", size=self.out_bytes,
-                                              usage=B.MAP_READ | B.COPY_DST)
+        self.out_buffer = device.create_buffer(
+            label="video-composite-rgba8", size=self.out_bytes, usage=B.STORAGE | B.COPY_SRC
+        )
+        self._readback = device.create_buffer(
+            label="video-readback", size=self.out_bytes, usage=B.MAP_READ | B.COPY_DST
+        )
         self._fence_buf = device.create_buffer(label="video-fence", size=4, usage=B.MAP_READ | B.COPY_DST)
         self.bytes_uploaded = 0  # frames (and a replacement background, once) by queue.write_buffer
         self.bytes_read_back = 0  # composited frames, for encoding / snapshot only
@@ -85,8 +101,10 @@ class GpuPipeline:
             src = env.get_template(template).render(**params)
             module = device.create_shader_module(label=label, code=src)
             return device.create_compute_pipeline(
-                label=label, layout=device.create_pipeline_layout(bind_group_layouts=[layout]),
-                compute={"module": module, "entry_point": entry})
+                label=label,
+                layout=device.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={"module": module, "entry_point": entry},
+            )
 
         self._layouts = {}
 
@@ -102,17 +120,20 @@ class GpuPipeline:
 
         # preprocess: frame -> imported model input
         self._pre_layout = layout("r", "w")
-        self._pre = compute("video_preprocess.wgsl", "main", common, self._pre_layout,
-                            f"video_preprocess_{W}x{H}_to_{MW}x{MH}")
+        self._pre = compute(
+            "video_preprocess.wgsl", "main", common, self._pre_layout, f"video_preprocess_{W}x{H}_to_{MW}x{MH}"
+        )
         self._pre_groups = ((MW + 7) // 8, (MH + 7) // 8, 1)
         # mask EMA: imported mask -> ema (alpha 1 on the first frame)
         self._ema_layout = layout("r", "w")
         mp = dict(MH=OH, MW=OW, MC=MC)
         alpha = min(1.0, max(0.0, 1.0 - float(smoothing)))
-        self._ema_first = compute("video_mask.wgsl", "main", dict(mp, ALPHA=_flit(1.0)),
-                                  self._ema_layout, f"video_mask_ema_{OW}x{OH}_init")
-        self._ema = compute("video_mask.wgsl", "main", dict(mp, ALPHA=_flit(alpha)),
-                            self._ema_layout, f"video_mask_ema_{OW}x{OH}")
+        self._ema_first = compute(
+            "video_mask.wgsl", "main", dict(mp, ALPHA=_flit(1.0)), self._ema_layout, f"video_mask_ema_{OW}x{OH}_init"
+        )
+        self._ema = compute(
+            "video_mask.wgsl", "main", dict(mp, ALPHA=_flit(alpha)), self._ema_layout, f"video_mask_ema_{OW}x{OH}"
+        )
         self._ema_groups = (-(-OH * OW // 64), 1, 1)
         self._frames_done = 0
         # background: blur chain, or an uploaded image
@@ -120,17 +141,32 @@ class GpuPipeline:
         if effect == "blur":
             F, SW, SH, R, weights = blur_params(W, H, blur_sigma)
             self.blur = dict(F=F, SW=SW, SH=SH, R=R)
-            small = [device.create_buffer(label=f"video-blur-{i}", size=SW * SH * 16, usage=B.STORAGE)
-                     for i in range(2)]
+            small = [
+                device.create_buffer(label=f"video-blur-{i}", size=SW * SH * 16, usage=B.STORAGE) for i in range(2)
+            ]
             bl = layout("r", "w", "w")
-            bp = dict(W=W, H=H, F=F, SW=SW, SH=SH, R=R, SIGMA=f"{(blur_sigma or H / 30.0) / F:.2f}",
-                      weights=", ".join(_flit(x) for x in weights))
-            self._blur = [compute("video_blur.wgsl", e, bp, bl, f"video_blur_{e}_{SW}x{SH}_f{F}_r{R}")
-                          for e in ("down", "blur_h", "blur_v")]
-            self._blur_bg = device.create_bind_group(layout=bl, entries=[
-                {"binding": 0, "resource": {"buffer": self.frame_buf}},
-                {"binding": 1, "resource": {"buffer": small[0]}},
-                {"binding": 2, "resource": {"buffer": small[1]}}])
+            bp = dict(
+                W=W,
+                H=H,
+                F=F,
+                SW=SW,
+                SH=SH,
+                R=R,
+                SIGMA=f"{(blur_sigma or H / 30.0) / F:.2f}",
+                weights=", ".join(_flit(x) for x in weights),
+            )
+            self._blur = [
+                compute("video_blur.wgsl", e, bp, bl, f"video_blur_{e}_{SW}x{SH}_f{F}_r{R}")
+                for e in ("down", "blur_h", "blur_v")
+            ]
+            self._blur_bg = device.create_bind_group(
+                layout=bl,
+                entries=[
+                    {"binding": 0, "resource": {"buffer": self.frame_buf}},
+                    {"binding": 1, "resource": {"buffer": small[0]}},
+                    {"binding": 2, "resource": {"buffer": small[1]}},
+                ],
+            )
             self._blur_groups = ((SW + 7) // 8, (SH + 7) // 8, 1)
             back = small[0]
             cp.update(F=F, SW=SW, SH=SH)
@@ -148,11 +184,15 @@ class GpuPipeline:
         cl = layout("r", "r", "r", "w")
         cp["QUAD"] = quad = W % 4 == 0
         self._comp = compute("video_composite.wgsl", "main", cp, cl, f"video_composite_{effect}_{W}x{H}")
-        self._comp_bg = device.create_bind_group(layout=cl, entries=[
-            {"binding": 0, "resource": {"buffer": self.frame_buf}},
-            {"binding": 1, "resource": {"buffer": self.ema_buf}},
-            {"binding": 2, "resource": {"buffer": back}},
-            {"binding": 3, "resource": {"buffer": self.out_buffer}}])
+        self._comp_bg = device.create_bind_group(
+            layout=cl,
+            entries=[
+                {"binding": 0, "resource": {"buffer": self.frame_buf}},
+                {"binding": 1, "resource": {"buffer": self.ema_buf}},
+                {"binding": 2, "resource": {"buffer": back}},
+                {"binding": 3, "resource": {"buffer": self.out_buffer}},
+            ],
+        )
         self._comp_groups = ((W // 4 + 15) // 16, (H + 3) // 4, 1) if quad else ((W + 7) // 8, (H + 7) // 8, 1)
         self._present = None
         self.times = {k: [] for k in STAGES_GPU}
@@ -186,8 +226,9 @@ class GpuPipeline:
     def process(self, frame):
         """Run one uint8 (H, W, 3) frame through the pipeline into `out_buffer`."""
         if frame.shape != (self.height, self.width, 3) or frame.dtype != np.uint8:
-            raise ValueError(f"expected a uint8 frame of shape {(self.height, self.width, 3)}, "
-                             f"got {frame.dtype} {frame.shape}")
+            raise ValueError(
+                f"expected a uint8 frame of shape {(self.height, self.width, 3)}, got {frame.dtype} {frame.shape}"
+            )
         device, queue = self.device, self.queue
         t = time.perf_counter()
         # 1. upload: the rgb24 bytes, once
@@ -197,9 +238,13 @@ class GpuPipeline:
 
         # 2. preprocess into the lent model input (and the blur chain, which needs only the frame)
         buf = self._import(self.t_in)
-        bg = device.create_bind_group(layout=self._pre_layout, entries=[
-            {"binding": 0, "resource": {"buffer": self.frame_buf}},
-            {"binding": 1, "resource": {"buffer": buf}}])
+        bg = device.create_bind_group(
+            layout=self._pre_layout,
+            entries=[
+                {"binding": 0, "resource": {"buffer": self.frame_buf}},
+                {"binding": 1, "resource": {"buffer": buf}},
+            ],
+        )
         enc = device.create_command_encoder(label="video-preprocess")
         cp = enc.begin_compute_pass()
         cp.set_pipeline(self._pre)
@@ -221,9 +266,13 @@ class GpuPipeline:
         t = self._stage("inference", t)
 
         # 4. temporal smoothing of the mask, then the full-resolution composite
-        bg = device.create_bind_group(layout=self._ema_layout, entries=[
-            {"binding": 0, "resource": {"buffer": mask}},
-            {"binding": 1, "resource": {"buffer": self.ema_buf}}])
+        bg = device.create_bind_group(
+            layout=self._ema_layout,
+            entries=[
+                {"binding": 0, "resource": {"buffer": mask}},
+                {"binding": 1, "resource": {"buffer": self.ema_buf}},
+            ],
+        )
         enc = device.create_command_encoder(label="video-composite")
         cp = enc.begin_compute_pass()
         cp.set_pipeline(self._ema if self._frames_done else self._ema_first)
@@ -263,27 +312,43 @@ class GpuPipeline:
         tex = canvas_context.get_current_texture()
         fmt = tex.format
         if self._present is None or self._present[0] != fmt:
-            src = wgsl.template_env().get_template("video_present.wgsl").render(
-                W=self.width, H=self.height, SRGB=fmt.endswith("srgb"))
+            src = (
+                wgsl.template_env()
+                .get_template("video_present.wgsl")
+                .render(W=self.width, H=self.height, SRGB=fmt.endswith("srgb"))
+            )
             module = self.device.create_shader_module(label="video_present", code=src)
             pipe = self.device.create_render_pipeline(
-                label="video_present", layout="auto",
+                label="video_present",
+                layout="auto",
                 vertex={"module": module, "entry_point": "vs_main"},
                 primitive={"topology": wgpu.PrimitiveTopology.triangle_list},
-                fragment={"module": module, "entry_point": "fs_main", "targets": [{"format": fmt}]})
+                fragment={"module": module, "entry_point": "fs_main", "targets": [{"format": fmt}]},
+            )
             ubuf = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
-            bg = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-                {"binding": 0, "resource": {"buffer": self.out_buffer}},
-                {"binding": 1, "resource": {"buffer": ubuf}}])
+            bg = self.device.create_bind_group(
+                layout=pipe.get_bind_group_layout(0),
+                entries=[
+                    {"binding": 0, "resource": {"buffer": self.out_buffer}},
+                    {"binding": 1, "resource": {"buffer": ubuf}},
+                ],
+            )
             self._present = [fmt, pipe, bg, ubuf, None]
         _, pipe, bg, ubuf, size = self._present
         if size != tex.size[:2]:
             self.queue.write_buffer(ubuf, 0, np.array([tex.size[0], tex.size[1], 0, 0], np.float32))
             self._present[4] = tex.size[:2]
         enc = self.device.create_command_encoder()
-        rp = enc.begin_render_pass(color_attachments=[{
-            "view": tex.create_view(), "load_op": wgpu.LoadOp.clear, "store_op": wgpu.StoreOp.store,
-            "clear_value": (0, 0, 0, 1)}])
+        rp = enc.begin_render_pass(
+            color_attachments=[
+                {
+                    "view": tex.create_view(),
+                    "load_op": wgpu.LoadOp.clear,
+                    "store_op": wgpu.StoreOp.store,
+                    "clear_value": (0, 0, 0, 1),
+                }
+            ]
+        )
         rp.set_pipeline(pipe)
         rp.set_bind_group(0, bg)
         rp.draw(3)
@@ -293,12 +358,23 @@ class GpuPipeline:
     def traffic(self):
         """ML counters since the pipeline was created, and this pipeline's own host<->GPU bytes."""
         now = self.ctx.counters
-        delta = {k: now[k] - self.counters_start[k] for k in
-                 ("bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
-                  "kernel_launches")}
-        return {"ml": delta, "frame_bytes_uploaded": self.bytes_uploaded,
-                "frame_bytes_read_back": self.bytes_read_back, "imports": self.imports,
-                "ml_tensors_readable": self.t_in.readable or self.t_mask.readable}
+        delta = {
+            k: now[k] - self.counters_start[k]
+            for k in (
+                "bytes_uploaded",
+                "bytes_downloaded",
+                "bytes_copied_between_devices",
+                "submits",
+                "kernel_launches",
+            )
+        }
+        return {
+            "ml": delta,
+            "frame_bytes_uploaded": self.bytes_uploaded,
+            "frame_bytes_read_back": self.bytes_read_back,
+            "imports": self.imports,
+            "ml_tensors_readable": self.t_in.readable or self.t_mask.readable,
+        }
 
     def close(self):
         self.t_in.destroy()

@@ -33,9 +33,13 @@ def compile_graph(builder, outputs, placement=None):
     used_inputs = {id(x) for n in nodes for x in n.inputs if x is not None and x._kind == "input"}
     inputs = builder._inputs
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
-    steps = plan_steps(nodes, outputs, fuse=not switch("MLTENSOR_NO_FUSION"),
-                       max_inputs=binding_cap(device) - 1,
-                       cpu=str(device.adapter.info.get("adapter_type", "")).upper() == "CPU")
+    steps = plan_steps(
+        nodes,
+        outputs,
+        fuse=not switch("MLTENSOR_NO_FUSION"),
+        max_inputs=binding_cap(device) - 1,
+        cpu=str(device.adapter.info.get("adapter_type", "")).upper() == "CPU",
+    )
 
     dims = tuple(sorted(builder._dims))  # dynamic dimensions (dynamic/): sizes read at dispatch
     if dims:
@@ -145,7 +149,8 @@ def compile_graph(builder, outputs, placement=None):
     ]
     for k, v in prologue_values.items():
         buf = device.create_buffer(
-            label="mltensor-folded", size=dtypes.padded(kc.nbytes(v)),
+            label="mltensor-folded",
+            size=dtypes.padded(kc.nbytes(v)),
             usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC,  # (save_graph reads it back)
         )
         persist.append(buf)
@@ -168,10 +173,12 @@ def compile_graph(builder, outputs, placement=None):
     persist = [b for b in persist if id(b) in at_dispatch]
     unused = [b for b in shared if id(b) not in at_dispatch]  # given back after the prologue
     shared = [b for b in shared if id(b) in at_dispatch]
-    memory = {"constants": sum(b.size for b in shared),
-              "constant_tensors": sum(t._buffer.size for t in keep),
-              "folded_constants": sum(b.size for b in persist),
-              "intermediates": sum(b.size for b in pool)}
+    memory = {
+        "constants": sum(b.size for b in shared),
+        "constant_tensors": sum(t._buffer.size for t in keep),
+        "folded_constants": sum(b.size for b in persist),
+        "intermediates": sum(b.size for b in pool),
+    }
     # A launch whose workgroup count is 0 at some sizes (a size bucket's variant of a GEMM or
     # convolution, gated off outside it) gets its pipeline and bind groups at the first dispatch
     # that runs it (MLGraph._create): a start pays only for the buckets its sizes use.
@@ -195,7 +202,9 @@ def compile_graph(builder, outputs, placement=None):
                 ctx._constants.release(shared)
                 ctx._constants.release(unused)
             return compile_graph(builder, outputs, placement=False)
-        bound.append((l.kernel, [b if v is None else (b, v) for b, v in zip(bufs, vs)], l.groups))  # views: (buffer, (offset, size))
+        bound.append(
+            (l.kernel, [b if v is None else (b, v) for b, v in zip(bufs, vs)], l.groups)
+        )  # views: (buffer, (offset, size))
     entries = instantiate(device, bound, {i for i, z in enumerate(lazy) if z})
     prologue = [e for (l, _), e in zip(launches, entries) if l.prologue]
     run = [l for l, _ in launches if not l.prologue]
@@ -203,15 +212,30 @@ def compile_graph(builder, outputs, placement=None):
     out_desc = {n: (v.data_type, v.shape) for n, v in outputs.items()}
     dyn_args = None
     if dims:
-        dyn_args = (dims, dict(builder._dims), {n: s for n, (_, s) in in_desc.items()},
-                    {n: s for n, (_, s) in out_desc.items()}, list(builder._constraints),
-                    [l.groups for l in run], [bool(l.kernel.dims) for l in run])
+        dyn_args = (
+            dims,
+            dict(builder._dims),
+            {n: s for n, (_, s) in in_desc.items()},
+            {n: s for n, (_, s) in out_desc.items()},
+            list(builder._constraints),
+            [l.groups for l in run],
+            [bool(l.kernel.dims) for l in run],
+        )
     program = Program(
-        in_desc, out_desc, [l.kernel for l in run], [e for (l, _), e in zip(launches, entries) if not l.prologue],
-        pool, folded=persist, shared=shared, keep=keep,
+        in_desc,
+        out_desc,
+        [l.kernel for l in run],
+        [e for (l, _), e in zip(launches, entries) if not l.prologue],
+        pool,
+        folded=persist,
+        shared=shared,
+        keep=keep,
         unwarmed=[l.kernel for (l, _), z in zip(launches, lazy) if not z and not l.prologue] if dims else (),
-        kernel_names=[l.kernel.name for l in run], memory=memory,
-        autotune={"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count}, dyn_args=dyn_args)
+        kernel_names=[l.kernel.name for l in run],
+        memory=memory,
+        autotune={"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count},
+        dyn_args=dyn_args,
+    )
     if prologue:
         tl = ctx._timeline
 

@@ -14,7 +14,17 @@ import numpy as np
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, is_static
-from ..dynamic.kernels import SizeParams, concrete_groups, const_field, derived_enabled, grid, is_dynamic, params_enabled, room, words
+from ..dynamic.kernels import (
+    SizeParams,
+    concrete_groups,
+    const_field,
+    derived_enabled,
+    grid,
+    is_dynamic,
+    params_enabled,
+    room,
+    words,
+)
 from ..ir.registry import OPS
 from ..ops.elementwise import epilogue_fn, lower_group
 from ..ops.pool import lower_gate
@@ -47,6 +57,7 @@ def compute_nbytes(v, f16=False):
 
 # immediate words a fused epilogue's float constants may take (KernelContext.epilogue_const)
 CONST_ROOM = 8
+
 
 class KernelContext:
     """What an operator's lowering sees: value types, launches, aliases, scratch, epilogues.
@@ -157,8 +168,10 @@ class KernelContext:
         slots, out = {}, []
         for kern, args, groups in launches:
             kern = self._immediate_form(kern)
-            sizes = [(slots.setdefault(id(a), len(slots)),
-                      a.nbytes if isinstance(a, Scratch) else self.nbytes(self.root(a))) for a in args]
+            sizes = [
+                (slots.setdefault(id(a), len(slots)), a.nbytes if isinstance(a, Scratch) else self.nbytes(self.root(a)))
+                for a in args
+            ]
             # its immediate data: the dimensions' block (at 1 where only its epilogue's constants
             # made it declare them), else launch parameters then constants
             imm = None
@@ -235,8 +248,12 @@ class KernelContext:
             # the output may be written straight into a caller's output tensor (bound with an
             # offset at dispatch); x itself must be an ordinary intermediate
             out_ok = r is orr and id(r) in self.out_slot
-            if (isinstance(r, Scratch) or (id(r) in self.fixed and not out_ok)
-                    or (id(r) in self.out_slot and not out_ok) or getattr(r, "_kind", "op") != "op"):
+            if (
+                isinstance(r, Scratch)
+                or (id(r) in self.fixed and not out_ok)
+                or (id(r) in self.out_slot and not out_ok)
+                or getattr(r, "_kind", "op") != "op"
+            ):
                 return False
         base = target - xo
         size = self.nbytes(xr)
@@ -247,8 +264,10 @@ class KernelContext:
         spans = self.spans.setdefault(id(orr), [])
         if any(s < base + size and base < e for s, e in spans):
             return False
-        if any(l.prologue and any(self.placed_root(a)[0] is xr for a in l.args
-                                  if not isinstance(a, (Ext, Scratch, tuple))) for l in self.launches):
+        if any(
+            l.prologue and any(self.placed_root(a)[0] is xr for a in l.args if not isinstance(a, (Ext, Scratch, tuple)))
+            for l in self.launches
+        ):
             return False
         self.placed[id(xr)] = (orr, base)
         spans.append((base, base + size))
@@ -280,12 +299,20 @@ class KernelContext:
     def view(self, out, src, byte_off):
         """`out` is bytes [byte_off, byte_off + nbytes(out)) of `src` (a slice or split part that
         is one contiguous range): read it in place, bound with an offset. True if done."""
-        if (not self.placement or self._prologue or id(out) in self.out_slot
-                or not (is_static(out.shape) and is_static(src.shape))):
+        if (
+            not self.placement
+            or self._prologue
+            or id(out) in self.out_slot
+            or not (is_static(out.shape) and is_static(src.shape))
+        ):
             return False
         sr, so = self.placed_root(src)
-        if (isinstance(sr, Scratch) or id(sr) in self.fixed or id(sr) in self.out_slot
-                or getattr(sr, "_kind", "op") != "op"):
+        if (
+            isinstance(sr, Scratch)
+            or id(sr) in self.fixed
+            or id(sr) in self.out_slot
+            or getattr(sr, "_kind", "op") != "op"
+        ):
             return False
         n, off = self.nbytes(out), so + byte_off
         if n == 0 or n % 16 or off % self.align:

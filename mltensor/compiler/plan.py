@@ -45,9 +45,11 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False):
     for n in nodes:
         # (a node reading sizes known only at dispatch is never computed at build, whatever
         # its inputs: its result depends on the dispatch)
-        const = all(is_const(x) for x in n.inputs if x is not None) and not any(
-            id(v) in out_values for v in n.outputs
-        ) and not _reads_sizes(n)
+        const = (
+            all(is_const(x) for x in n.inputs if x is not None)
+            and not any(id(v) in out_values for v in n.outputs)
+            and not _reads_sizes(n)
+        )
         if const:
             const_values.update(id(v) for v in n.outputs)
         op = OPS[n.op]
@@ -57,9 +59,15 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False):
                 prev, other = target
                 if other is not None:
                     pad = producer.get(id(other))
-                    if (pad is not None and pad in steps and constant_pad(pad) and pad.const == const
-                            and single_use(other) and tuple(other.shape) == tuple(n.outputs[0].shape)
-                            and is_static(other.shape)):
+                    if (
+                        pad is not None
+                        and pad in steps
+                        and constant_pad(pad)
+                        and pad.const == const
+                        and single_use(other)
+                        and tuple(other.shape) == tuple(n.outputs[0].shape)
+                        and is_static(other.shape)
+                    ):
                         steps.remove(pad)  # read through (the pad's input is bound instead)
                         prev.views[id(other)] = pad.node
                         other = pad.node.inputs[0]

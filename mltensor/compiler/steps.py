@@ -19,9 +19,20 @@ def binding_cap(device):
 
 
 # Operators whose kernels apply a fused epilogue (`kc.epilogue(bindings, args)`).
-EPILOGUE_OPS = {"conv2d", "conv_transpose2d", "matmul", "gemm", "average_pool2d", "l2_pool2d", "max_pool2d",
-                "batch_normalization", "instance_normalization", "layer_normalization", "_rms_normalization",
-                "_fused_matmul"}
+EPILOGUE_OPS = {
+    "conv2d",
+    "conv_transpose2d",
+    "matmul",
+    "gemm",
+    "average_pool2d",
+    "l2_pool2d",
+    "max_pool2d",
+    "batch_normalization",
+    "instance_normalization",
+    "layer_normalization",
+    "_rms_normalization",
+    "_fused_matmul",
+}
 
 
 class Step:

@@ -32,15 +32,19 @@ class Capacities:
             # a dim_param repeated within one input ("?" for every unknown size, as some exporters
             # write) names no one dimension: each of those gets its own name
             seen = [p for p in params if p is not None]
-            ax = [(i, dim_name(name, i, p if seen.count(p) == 1 else None)) for i, (d, p) in
-                  enumerate(zip(dims, params)) if d is None and (p is None or p not in free)]
+            ax = [
+                (i, dim_name(name, i, p if seen.count(p) == 1 else None))
+                for i, (d, p) in enumerate(zip(dims, params))
+                if d is None and (p is None or p not in free)
+            ]
             if ax:
                 self.axes[name] = ax
         self.names = sorted({n for ax in self.axes.values() for _, n in ax})
         for n, m in (max_dimensions or {}).items():
             if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 0xFFFFFFFF:
-                raise TypeError(f"[InferenceSession] max_dimensions[{n!r}] must be an integer in [1, 2**32-1], "
-                                f"got {m!r}")
+                raise TypeError(
+                    f"[InferenceSession] max_dimensions[{n!r}] must be an integer in [1, 2**32-1], got {m!r}"
+                )
         self.user = dict(max_dimensions or {})
         self.cap = dict(self.user)
 
@@ -58,11 +62,14 @@ class Capacities:
             for i, n in ax:
                 s = int(shape[i])
                 if out.setdefault(n, s) != s:
-                    raise TypeError(f"[InferenceSession.run] dimension {n!r} is {out[n]} in one input and {s} "
-                                    f"in input {name!r}")
+                    raise TypeError(
+                        f"[InferenceSession.run] dimension {n!r} is {out[n]} in one input and {s} in input {name!r}"
+                    )
                 if n in self.user and s > self.user[n]:
-                    raise TypeError(f"[InferenceSession.run] input {name!r}: dimension {n!r} is {s}, above "
-                                    f"max_dimensions[{n!r}] = {self.user[n]}")
+                    raise TypeError(
+                        f"[InferenceSession.run] input {name!r}: dimension {n!r} is {s}, above "
+                        f"max_dimensions[{n!r}] = {self.user[n]}"
+                    )
         return out
 
     def pattern(self, sizes):

@@ -64,6 +64,7 @@ def param_field(slot):
 
 # -- atoms: the named dimensions and the non-polynomial parts of an expression -------------------
 
+
 class _Atom:
     """A factor of a monomial. Kinds: "dim" (args: name, max), "div" (floor division), "mod",
     "max", "min" (args: Syms or ints), "param" (args: slot, value: a static size passed to one
@@ -78,8 +79,10 @@ class _Atom:
         if kind == "param":
             self.key = ("param", (self.args[0],))
             return
-        self.key = (kind, tuple(a.key if isinstance(a, Sym) else (("int", a) if isinstance(a, int) else a)
-                                for a in self.args))
+        self.key = (
+            kind,
+            tuple(a.key if isinstance(a, Sym) else (("int", a) if isinstance(a, int) else a) for a in self.args),
+        )
 
     def __eq__(self, o):
         return isinstance(o, _Atom) and self.key == o.key
@@ -109,8 +112,9 @@ class _Atom:
         if self.kind == "param":
             return self.args[1]
         a, b = (_eval(x, values) for x in self.args)
-        return {"div": lambda: a // b, "mod": lambda: a % b, "max": lambda: max(a, b),
-                "min": lambda: min(a, b)}[self.kind]()
+        return {"div": lambda: a // b, "mod": lambda: a % b, "max": lambda: max(a, b), "min": lambda: min(a, b)}[
+            self.kind
+        ]()
 
     def names(self):
         if self.kind == "dim":
@@ -125,8 +129,7 @@ class _Atom:
         if self.kind == "param":
             return f"p{self.args[0]}"
         a, b = (_text(x, group=True) for x in self.args)
-        return {"div": f"{a} // {b}", "mod": f"{a} % {b}", "max": f"max({a}, {b})",
-                "min": f"min({a}, {b})"}[self.kind]
+        return {"div": f"{a} // {b}", "mod": f"{a} % {b}", "max": f"max({a}, {b})", "min": f"min({a}, {b})"}[self.kind]
 
     def wgsl(self):
         if self.kind == "dim":
@@ -136,11 +139,14 @@ class _Atom:
         if self.kind in ("div", "mod") and _bounds(self.args[0])[0] < 0:
             # (workgroup counts of a size checked positive at dispatch are computed on the host,
             # in Python's floor semantics; WGSL's u32 division would be wrong for a negative one)
-            raise TypeError(f"[dynamic dimensions] {self.text()}: a division of a possibly negative size "
-                            "cannot be computed in a kernel")
+            raise TypeError(
+                f"[dynamic dimensions] {self.text()}: a division of a possibly negative size "
+                "cannot be computed in a kernel"
+            )
         a, b = (wgsl(x) for x in self.args)
-        return {"div": f"({a} / {b})", "mod": f"({a} % {b})", "max": f"max({a}, {b})",
-                "min": f"min({a}, {b})"}[self.kind]
+        return {"div": f"({a} / {b})", "mod": f"({a} % {b})", "max": f"max({a}, {b})", "min": f"min({a}, {b})"}[
+            self.kind
+        ]
 
 
 def _bounds(x):
@@ -292,14 +298,15 @@ class Sym:
     def _order(self, o, op):
         d = self - o
         lo, hi = _bounds(d)
-        res = {"<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0), ">": (lo > 0, hi <= 0),
-               ">=": (lo >= 0, hi < 0)}[op]
+        res = {"<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0), ">": (lo > 0, hi <= 0), ">=": (lo >= 0, hi < 0)}[op]
         if res[0]:
             return True
         if res[1]:
             return False
-        raise TypeError(f"[dynamic dimensions] whether {self} {op} {o} depends on the sizes given at "
-                        "dispatch (dimensions range over [1, max_size])")
+        raise TypeError(
+            f"[dynamic dimensions] whether {self} {op} {o} depends on the sizes given at "
+            "dispatch (dimensions range over [1, max_size])"
+        )
 
     def __lt__(self, o):
         return self._order(o, "<")
@@ -317,8 +324,10 @@ class Sym:
         return True
 
     def __int__(self):
-        raise TypeError(f"dynamic dimension {self} has no value before dispatch (kernels read it "
-                        "from the dispatch's sizes: dynamic/dims.py)")
+        raise TypeError(
+            f"dynamic dimension {self} has no value before dispatch (kernels read it "
+            "from the dispatch's sizes: dynamic/dims.py)"
+        )
 
     __index__ = __int__
 
@@ -483,7 +492,7 @@ def _compound(x):
     """A size a kernel may read as a derived field: an expression over dimensions beyond a bare
     dimension (or launch parameter), never negative, within u32."""
     if len(x.terms) == 1:
-        (m, c), = x.terms.items()
+        ((m, c),) = x.terms.items()
         if c == 1 and len(m) == 1 and m[0].kind in ("dim", "param"):
             return False
     return bool(x.names()) and x.lo >= 0 and x.hi <= U32_MAX
@@ -577,7 +586,7 @@ def exact_div(a, b):
     if a == b:
         return 1
     if len(b.terms) == 1:
-        (bm, bc), = b.terms.items()
+        ((bm, bc),) = b.terms.items()
         out = {}
         for m, c in a.terms.items():
             rest = list(m)
@@ -670,8 +679,9 @@ def parse_shape(shape, where, names, named_only=True):
         if isinstance(d, MLDynamicDimension):
             known = names.get(d.name)
             if known is not None and known != d.max_size:
-                raise TypeError(f"[{where}] dynamic dimension {d.name!r} has max_size {known} elsewhere, "
-                                f"got {d.max_size}")
+                raise TypeError(
+                    f"[{where}] dynamic dimension {d.name!r} has max_size {known} elsewhere, got {d.max_size}"
+                )
             names[d.name] = d.max_size
             d = Sym.dim(d.name, d.max_size)
         out.append(d)
@@ -690,11 +700,14 @@ def bind(pattern, shape, values, what):
             if p != s:
                 raise TypeError(f"{what} must have shape {list(pattern)}, got {list(shape)}")
             continue
-        if len(p.terms) == 1 and next(iter(p.terms)) and len(next(iter(p.terms))) == 1 \
-                and p == Sym.dim(p.name, p.max_size):  # a named dimension: it takes this size
+        if (
+            len(p.terms) == 1
+            and next(iter(p.terms))
+            and len(next(iter(p.terms))) == 1
+            and p == Sym.dim(p.name, p.max_size)
+        ):  # a named dimension: it takes this size
             if not 1 <= s <= p.max_size:
-                raise TypeError(f"{what}: dimension {p.name!r} is {s}, outside [1, {p.max_size}] "
-                                f"(shape {list(shape)})")
+                raise TypeError(f"{what}: dimension {p.name!r} is {s}, outside [1, {p.max_size}] (shape {list(shape)})")
             old = values.setdefault(p.name, s)
             if old != s:
                 raise TypeError(f"{what}: dimension {p.name!r} is {s} here and {old} elsewhere")
@@ -706,7 +719,9 @@ def check_derived(pattern, shape, values, what):
         if isinstance(p, Sym) and p.names() <= set(values):
             want = p.eval(values)
             if want != s:
-                raise TypeError(f"{what}: dimension {p} must be {want} for "
-                                f"{', '.join(f'{k}={v}' for k, v in sorted(values.items()))}, got {s}")
+                raise TypeError(
+                    f"{what}: dimension {p} must be {want} for "
+                    f"{', '.join(f'{k}={v}' for k, v in sorted(values.items()))}, got {s}"
+                )
         elif isinstance(p, Sym) and s > p.hi:
             raise TypeError(f"{what}: dimension {p} is {s}, above its maximum {p.hi}")

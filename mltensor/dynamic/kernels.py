@@ -37,9 +37,12 @@ def declaration(names, n_params=0, n_derived=0, n_consts=0):
     """WGSL declaring the immediate struct for dimension names (sorted), then n_derived derived
     sizes (dims.py hoisting), then n_params launch parameters (SizeParams), then n_consts
     constants of a fused epilogue (f32 bits, `const_field`)."""
-    fields = ", ".join([f"{field_name(n)}: u32" for n in names] + [f"{derived_field(k)}: u32" for k in range(n_derived)]
-                       + [f"{param_field(k)}: u32" for k in range(n_params)]
-                       + [f"{const_field(k)}: u32" for k in range(n_consts)])
+    fields = ", ".join(
+        [f"{field_name(n)}: u32" for n in names]
+        + [f"{derived_field(k)}: u32" for k in range(n_derived)]
+        + [f"{param_field(k)}: u32" for k in range(n_params)]
+        + [f"{const_field(k)}: u32" for k in range(n_consts)]
+    )
     return f"struct Dims {{ {fields} }}\nvar<immediate> dims: Dims;\n"
 
 
@@ -103,8 +106,10 @@ def const_field(slot):
 def words(kernel, values):
     """The immediate words of one kernel reading dynamic dimensions, for {name: size}: the
     dimensions' sizes, then its derived sizes' values."""
-    return np.array([values[n] for n in kernel.dims] + [evaluate(x, values) for x in kernel.derived]
-                    + list(kernel.consts), dtype=np.uint32)
+    return np.array(
+        [values[n] for n in kernel.dims] + [evaluate(x, values) for x in kernel.derived] + list(kernel.consts),
+        dtype=np.uint32,
+    )
 
 
 def check_device(device, names, where="build"):
@@ -112,11 +117,14 @@ def check_device(device, names, where="build"):
     if FEATURE not in device.features:
         raise NotSupportedError(
             f"[{where}] dynamic dimensions need the adapter feature '{FEATURE}' (push constants), "
-            "which this device lacks: give every dimension a fixed size")
+            "which this device lacks: give every dimension a fixed size"
+        )
     room = device.limits.get("max-immediate-size", 0) // 4
     if len(names) > min(MAX_DIMS, room):
-        raise NotSupportedError(f"[{where}] {len(names)} dynamic dimensions ({', '.join(names)}); at most "
-                                f"{min(MAX_DIMS, room)} fit in this device's immediate data")
+        raise NotSupportedError(
+            f"[{where}] {len(names)} dynamic dimensions ({', '.join(names)}); at most "
+            f"{min(MAX_DIMS, room)} fit in this device's immediate data"
+        )
 
 
 def dims_blocks(kernels):
@@ -222,8 +230,9 @@ def concrete_groups(groups, values):
         return grid(n) if n > 0 else (0, 1, 1)
     out = tuple(max(0, evaluate(g, values)) for g in groups)
     if any(g > MAX_GROUPS for g in out):
-        raise NotSupportedError(f"[dispatch] these sizes need {out} workgroups, more than {MAX_GROUPS} "
-                                "along one dimension")
+        raise NotSupportedError(
+            f"[dispatch] these sizes need {out} workgroups, more than {MAX_GROUPS} along one dimension"
+        )
     return out
 
 
@@ -246,8 +255,9 @@ def compile_groups(all_groups, names):
     def groups_for(values):
         out = fn(*(values[n] for n in names))
         if max(out, default=0) > MAX_GROUPS:
-            raise NotSupportedError(f"[dispatch] these sizes need more than {MAX_GROUPS} workgroups along "
-                                    "one dimension")
+            raise NotSupportedError(
+                f"[dispatch] these sizes need more than {MAX_GROUPS} workgroups along one dimension"
+            )
         return out
 
     return groups_for
@@ -283,8 +293,9 @@ class PyCSE:
         if a.kind == "param":
             return str(a.args[1])
         x, y = (self.sym(v) for v in a.args)
-        return self._local(a.key, {"div": f"{x} // {y}", "mod": f"{x} % {y}", "max": f"max({x}, {y})",
-                                   "min": f"min({x}, {y})"}[a.kind])
+        return self._local(
+            a.key, {"div": f"{x} // {y}", "mod": f"{x} % {y}", "max": f"max({x}, {y})", "min": f"min({x}, {y})"}[a.kind]
+        )
 
     def text(self):
         return "".join(self.lines)
@@ -316,5 +327,4 @@ def _py_atom(a):
     if a.kind == "param":
         return str(a.args[1])
     x, y = (py_expr(v) for v in a.args)
-    return {"div": f"({x} // {y})", "mod": f"({x} % {y})", "max": f"max({x}, {y})",
-            "min": f"min({x}, {y})"}[a.kind]
+    return {"div": f"({x} // {y})", "mod": f"({x} % {y})", "max": f"max({x}, {y})", "min": f"min({x}, {y})"}[a.kind]

@@ -42,8 +42,9 @@ class DynamicPlan:
             self._imm_fn = lambda values: pack(self.names, values)
             return
         dims, cse = ", ".join(py_var(n) for n in self.names), PyCSE()
-        parts = [dims] + [dims + "".join(f", {cse.sym(x)}" for x in d) + "".join(f", {c}" for c in consts)
-                          for d, consts in lists]
+        parts = [dims] + [
+            dims + "".join(f", {cse.sym(x)}" for x in d) + "".join(f", {c}" for c in consts) for d, consts in lists
+        ]
         src = f"def f({dims}):\n" + cse.text() + "    return [" + ", ".join(parts) + "]\n"
         env = {"min": min, "max": max}
         exec(compile(src, "<dynamic derived sizes>", "exec"), env)
@@ -79,15 +80,19 @@ class DynamicPlan:
             if kind == "positive" and va < 1:
                 raise TypeError(f"{what} is {va} for these sizes ({_sizes(values)}); it must be >= 1")
             if kind == "equal" and va != evaluate(b, values):
-                raise TypeError(f"{what}: {a} = {va} and {b} = {evaluate(b, values)} must be equal "
-                                f"({_sizes(values)})")
+                raise TypeError(f"{what}: {a} = {va} and {b} = {evaluate(b, values)} must be equal ({_sizes(values)})")
         return values
 
     def output_shapes(self, values):
         if self._out_fn is None:
             names = sorted(self.outputs)
-            src = "def f(" + ", ".join(py_var(n) for n in self.names) + "):\n    return {" + ", ".join(
-                f"{n!r}: (" + "".join(f"{py_expr(d)}, " for d in self.outputs[n]) + ")" for n in names) + "}\n"
+            src = (
+                "def f("
+                + ", ".join(py_var(n) for n in self.names)
+                + "):\n    return {"
+                + ", ".join(f"{n!r}: (" + "".join(f"{py_expr(d)}, " for d in self.outputs[n]) + ")" for n in names)
+                + "}\n"
+            )
             env = {}
             exec(compile(src, "<dynamic output shapes>", "exec"), env)
             fn = env["f"]
@@ -103,8 +108,10 @@ class DynamicPlan:
             groups = self.groups_for(values)
             off = None
             if self.maybe_off:
-                off = tuple(i for i in self.maybe_off
-                            if not (groups[3 * i] and groups[3 * i + 1] and groups[3 * i + 2])) or None
+                off = (
+                    tuple(i for i in self.maybe_off if not (groups[3 * i] and groups[3 * i + 1] and groups[3 * i + 2]))
+                    or None
+                )
             hit = LaunchData(self._imm_fn(values), groups, off)
             if len(self._cache) >= 16:
                 self._cache.pop(next(iter(self._cache)))
@@ -134,7 +141,7 @@ class LaunchData:
         self.made = False
         if off:
             skip = set(off)
-            self.run = [v for i in range(len(groups) // 3) if i not in skip for v in groups[3 * i:3 * i + 3]]
+            self.run = [v for i in range(len(groups) // 3) if i not in skip for v in groups[3 * i : 3 * i + 3]]
         else:
             self.run = self.groups
         self.xyz = np.asarray(self.run, dtype=np.uint32)

@@ -6,7 +6,6 @@ Operator methods live in mltensor/ops/ (one file per family); each is registered
 method is quoted above it there.
 """
 
-
 import numpy as np
 
 from .. import dtypes

@@ -188,17 +188,19 @@ class MLContext:
         own = device is None
         if own:
             adapter = _adapter(power_preference)
-            features = [f for f in _WANTED_FEATURES if f in adapter.features
-                        and not (f == "shader-int64" and _int64_disabled())
-                        and not (f == "shader-f16" and _f16_disabled())]
+            features = [
+                f
+                for f in _WANTED_FEATURES
+                if f in adapter.features
+                and not (f == "shader-int64" and _int64_disabled())
+                and not (f == "shader-f16" and _f16_disabled())
+            ]
             # On a CPU adapter all buffers live in host memory: readable tensors can be mapped
             # directly, saving a full GPU copy per synchronous read (see read_tensor_sync).
             if adapter.info.get("adapter_type") == "CPU" and "mappable-primary-buffers" in adapter.features:
                 features.append("mappable-primary-buffers")
             limits = {k: adapter.limits[k] for k in _WANTED_LIMITS if k in adapter.limits}
-            device = adapter.request_device_sync(
-                label="mltensor", required_features=features, required_limits=limits
-            )
+            device = adapter.request_device_sync(label="mltensor", required_features=features, required_limits=limits)
         else:
             adapter = device.adapter
             _check_backend(adapter, "create_context")
@@ -210,13 +212,22 @@ class MLContext:
         self._f16 = "shader-f16" in device.features and not _f16_disabled()
         self._adapter_info = adapter.info
         self._counters = dict.fromkeys(
-            ("bytes_uploaded", "bytes_downloaded", "bytes_copied_between_devices", "submits",
-             "kernel_launches", "tensors_alive", "bytes_alive", "constant_bytes"), 0)
+            (
+                "bytes_uploaded",
+                "bytes_downloaded",
+                "bytes_copied_between_devices",
+                "submits",
+                "kernel_launches",
+                "tensors_alive",
+                "bytes_alive",
+                "constant_bytes",
+            ),
+            0,
+        )
         # The device's lock (shared by every context on it): every call that touches the timeline
         # or the context's state holds it, from validation to the last recorded command.
         self._lock = device_lock(device)
-        self._timeline = Timeline(device, self._counters,
-                                  device_gone=None if own else lambda: device_destroyed(device))
+        self._timeline = Timeline(device, self._counters, device_gone=None if own else lambda: device_destroyed(device))
         if not own:
             me = weakref.ref(self)
             self._timeline.on_gone = lambda message: (c := me()) is not None and c._lose(message)
@@ -349,14 +360,11 @@ class MLContext:
             raise TypeError(f"[{where}] rank {len(shape)} is above the supported maximum {MAX_RANK}")
         nbytes = high(dtypes.byte_length(data_type, shape))  # dynamic dimensions: at their maximum
         if nbytes > self._max_bytes:
-            raise TypeError(
-                f"[{where}] byte length {nbytes} exceeds max_tensor_byte_length {self._max_bytes}"
-            )
+            raise TypeError(f"[{where}] byte length {nbytes} exceeds max_tensor_byte_length {self._max_bytes}")
         return data_type, shape
 
     # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
-    def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False,
-                           importable_to_webgpu=False):
+    def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False, importable_to_webgpu=False):
         """Create an MLTensor (WebNN `createTensor`), zero-filled.
 
         data_type: "float32", "float16", "int32", "uint32", "int64", "uint64", "int8" or "uint8"
@@ -372,11 +380,15 @@ class MLContext:
             data_type, shape = self._tensor_args("create_tensor", data_type, shape)
             return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
 
-    def create_tensor_async(self, *, data_type, shape, readable=False, writable=False,
-                            importable_to_webgpu=False):
+    def create_tensor_async(self, *, data_type, shape, readable=False, writable=False, importable_to_webgpu=False):
         """The awaitable form of `create_tensor_sync`."""
-        t = self.create_tensor_sync(data_type=data_type, shape=shape, readable=readable,
-                                    writable=writable, importable_to_webgpu=importable_to_webgpu)
+        t = self.create_tensor_sync(
+            data_type=data_type,
+            shape=shape,
+            readable=readable,
+            writable=writable,
+            importable_to_webgpu=importable_to_webgpu,
+        )
 
         async def done():
             return t
@@ -401,8 +413,9 @@ class MLContext:
 
     def create_exportable_tensor_async(self, *, data_type, shape, device, readable=False, writable=False):
         """The awaitable form of `create_exportable_tensor_sync`."""
-        t = self.create_exportable_tensor_sync(data_type=data_type, shape=shape, device=device,
-                                               readable=readable, writable=writable)
+        t = self.create_exportable_tensor_sync(
+            data_type=data_type, shape=shape, device=device, readable=readable, writable=writable
+        )
 
         async def done():
             return t
@@ -528,8 +541,13 @@ class MLContext:
             self._check(where)
             if not tensor._writable:
                 raise TypeError(f"[{where}] the tensor was not created with writable=True")
-            if (tensor._max_shape is not None and isinstance(data, np.ndarray) and data.ndim
-                    and data.shape != tensor._shape and data.dtype == tensor._np_dtype):
+            if (
+                tensor._max_shape is not None
+                and isinstance(data, np.ndarray)
+                and data.ndim
+                and data.shape != tensor._shape
+                and data.dtype == tensor._np_dtype
+            ):
                 tensor._fit(data.shape, where)  # a resizable tensor takes the array's shape
             raw = bytes_of(data, tensor._data_type, tensor._nbytes, where)
             tl = self._timeline
@@ -552,7 +570,9 @@ class MLContext:
             try:
                 mv = memoryview(out)
             except TypeError:
-                raise TypeError(f"[{where}] output must support the buffer protocol, got {type(out).__name__}") from None
+                raise TypeError(
+                    f"[{where}] output must support the buffer protocol, got {type(out).__name__}"
+                ) from None
             if mv.readonly:
                 raise TypeError(f"[{where}] output buffer is read-only")
             if mv.nbytes < tensor._nbytes:
@@ -612,11 +632,10 @@ def _pad4(raw):
     return bytes(raw) + b"\0" * (dtypes.padded(n) - n)
 
 
-
-
 def _later(fn, *args):
     """The _async form of a call that does its work at once: an awaitable of its result (its
     error raised at the await)."""
+
     async def run():
         return fn(*args)
 

@@ -28,8 +28,14 @@ _NULL = _ffi.NULL
 def _valid_fast(ctx, graph, inputs, outputs):
     """True when every dispatch rule holds, checked with the fewest operations (the common case).
     Anything unusual goes through _validate, which raises the precise error."""
-    if (graph.__class__ is not MLGraph or graph._context is not ctx or graph._destroyed
-            or ctx._lost_info is not None or inputs.__class__ is not dict or outputs.__class__ is not dict):
+    if (
+        graph.__class__ is not MLGraph
+        or graph._context is not ctx
+        or graph._destroyed
+        or ctx._lost_info is not None
+        or inputs.__class__ is not dict
+        or outputs.__class__ is not dict
+    ):
         return False
     gi, go = graph._inputs, graph._outputs
     if len(inputs) != len(gi) or len(outputs) != len(go):
@@ -37,17 +43,33 @@ def _valid_fast(ctx, graph, inputs, outputs):
     seen = set()
     for name, t in outputs.items():
         d = go.get(name)
-        if (d is None or t.__class__ is not MLTensor or t._context is not ctx or t._destroyed
-                or t._constant or t._data_type != d[0] or t._shape != d[1] or t._exported is not None):
+        if (
+            d is None
+            or t.__class__ is not MLTensor
+            or t._context is not ctx
+            or t._destroyed
+            or t._constant
+            or t._data_type != d[0]
+            or t._shape != d[1]
+            or t._exported is not None
+        ):
             return False
         seen.add(t)
     if len(seen) != len(outputs):
         return False
     for name, t in inputs.items():
         d = gi.get(name)
-        if (d is None or t.__class__ is not MLTensor or t._context is not ctx or t._destroyed
-                or t._constant or t._data_type != d[0] or t._shape != d[1] or t in seen
-                or t._exported is not None):
+        if (
+            d is None
+            or t.__class__ is not MLTensor
+            or t._context is not ctx
+            or t._destroyed
+            or t._constant
+            or t._data_type != d[0]
+            or t._shape != d[1]
+            or t in seen
+            or t._exported is not None
+        ):
             return False
     return True
 
@@ -66,9 +88,7 @@ def _validate(ctx, graph, inputs, outputs, shapes=True):
         if set(given) != set(want):
             missing = sorted(set(want) - set(given))
             extra = sorted(set(given) - set(want))
-            raise TypeError(
-                f"[{where}] {kind} names do not match the graph's: missing {missing}, unexpected {extra}"
-            )
+            raise TypeError(f"[{where}] {kind} names do not match the graph's: missing {missing}, unexpected {extra}")
         for name, t in given.items():
             if not isinstance(t, MLTensor):
                 raise TypeError(f"[{where}] {kind} {name!r} must be an MLTensor, got {type(t).__name__}")
@@ -121,8 +141,12 @@ def dispatch(ctx, graph, inputs, outputs):
             if graph.__class__ is MLGraph and graph._context is ctx and graph._last_call is not None:
                 last_in, last_out, tensors = graph._last_call
                 try:  # a value that is not a tensor may raise from ==: the slow path says why
-                    same = (inputs.__class__ is dict and outputs.__class__ is dict and inputs == last_in
-                            and outputs == last_out)
+                    same = (
+                        inputs.__class__ is dict
+                        and outputs.__class__ is dict
+                        and inputs == last_in
+                        and outputs == last_out
+                    )
                 except Exception:
                     same = False
                 if same:
@@ -163,8 +187,13 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
     shapes, each output tensor must have the resulting shape (a resizable one takes it), and the
     launches are recorded with those sizes (lock held)."""
     last = graph._last_dyn  # same tensors as the last dispatch: validated then (as _last_call)
-    if last is not None and inputs.__class__ is dict and outputs.__class__ is dict \
-            and inputs == last[0] and outputs == last[1]:
+    if (
+        last is not None
+        and inputs.__class__ is dict
+        and outputs.__class__ is dict
+        and inputs == last[0]
+        and outputs == last[1]
+    ):
         ctx._check("dispatch")
         tensors = last[2]
     else:
@@ -176,8 +205,10 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
     for name, t in outputs.items():
         want = shapes[name]
         if t._shape != want and t._max_shape is None:
-            raise TypeError(f"[dispatch] output {name!r} must be {t.data_type} {list(want)} for these input "
-                            f"sizes, got {t.data_type} {list(t.shape)}")
+            raise TypeError(
+                f"[dispatch] output {name!r} must be {t.data_type} {list(want)} for these input "
+                f"sizes, got {t.data_type} {list(t.shape)}"
+            )
     for name, t in outputs.items():
         t._fit(shapes[name], "dispatch", f"output {name!r}")
     if tensors is None:
@@ -193,8 +224,9 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
         data.made = True  # (the plan, so its LaunchData, is this graph's alone)
     tl = ctx._timeline
     if tl.lent or tl.held or tl.mapped:
-        tl.enqueue(Task((*inputs.values(), graph), tuple(outputs.values()),
-                        lambda: _record_imm(tl, graph, tensors, data)))
+        tl.enqueue(
+            Task((*inputs.values(), graph), tuple(outputs.values()), lambda: _record_imm(tl, graph, tensors, data))
+        )
     else:
         _record_imm(tl, graph, tensors, data)
 
@@ -204,7 +236,8 @@ def _record_imm(tl, graph, tensors, data):
     `data` (dynamic/plan.LaunchData) holds the workgroup counts and the immediate bytes, each
     launch's at graph._imm_rows, set where graph._imm_at says."""
     bound, raw, buffers, tail, rest, native, (rows, at, imm0, imm_last, imm_c) = graph._replay_skipping(
-        tensors, data.off)
+        tensors, data.off
+    )
     g, base = data.run, data.imm_addr  # (the counts of the launches kept)
     if not graph._native:
         p = tl.compute_pass()
@@ -311,8 +344,7 @@ def _record(tl, graph, tensors):
                 pass
             elif imm:  # (launch parameters: graph._imm_at says where each launch sets them)
                 data = graph._imm_static
-                lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, graph._imm_c,
-                                   data.imm_addr)
+                lib.mlt_replay_imm(tl._raw_pass_addr, n, pipes, groups, data.xyz_addr + 12, graph._imm_c, data.imm_addr)
             else:
                 lib.mlt_replay(tl._raw_pass_addr, n, pipes, groups, xyz)
         else:

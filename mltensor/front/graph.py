@@ -105,8 +105,7 @@ class MLGraph:
         if self._dyn is None:
             for n, s in shapes.items():
                 if s != tuple(self._inputs[n][1]):
-                    raise TypeError(f"[{where}] input {n!r} must have shape {list(self._inputs[n][1])}, "
-                                    f"got {list(s)}")
+                    raise TypeError(f"[{where}] input {n!r} must have shape {list(self._inputs[n][1])}, got {list(s)}")
             return {n: tuple(s) for n, (_, s) in self._outputs.items()}
         return self._dyn.output_shapes(self._dyn.bind(shapes, where))
 
@@ -205,7 +204,8 @@ class MLGraph:
             pipe, bgl = pipeline(device, k, None if sources is None else self._sources[i])
             if not any(ext_of(b) for b in e[2]):
                 e[4] = device.create_bind_group(
-                    layout=bgl, entries=[{"binding": j, "resource": resource_of(b)} for j, b in enumerate(e[2])])
+                    layout=bgl, entries=[{"binding": j, "resource": resource_of(b)} for j, b in enumerate(e[2])]
+                )
             e[1], e[0] = bgl, pipe
             self._lazy -= 1
 
@@ -251,10 +251,17 @@ class MLGraph:
         for i in idx:
             pipe, bgl, bufs, groups, bg = self._launches[i]
             if bg is None:  # caller's tensors, whole or a view (a slab of a concat output)
-                real = [by_slot[(b.kind, b.name)] if isinstance(b, Ext)
-                        else (by_slot[(b[0].kind, b[0].name)], b[1]) if ext_of(b) else b for b in bufs]
+                real = [
+                    by_slot[(b.kind, b.name)]
+                    if isinstance(b, Ext)
+                    else (by_slot[(b[0].kind, b[0].name)], b[1])
+                    if ext_of(b)
+                    else b
+                    for b in bufs
+                ]
                 bg = device.create_bind_group(
-                    layout=bgl, entries=[{"binding": i, "resource": resource_of(b)} for i, b in enumerate(real)])
+                    layout=bgl, entries=[{"binding": i, "resource": resource_of(b)} for i, b in enumerate(real)]
+                )
             bound.append((pipe, bg, groups))
         raw, last_pipe, last_bg = [], None, None
         if self._native:
@@ -301,7 +308,6 @@ class MLGraph:
         # (keys: the tensors' ids, or (ids, launches left out): _replay_skipping)
         for k in [k for k in self._bg_cache if tid in (k[0] if k and k[0].__class__ is tuple else k)]:
             del self._bg_cache[k]
-
 
 
 def program_of(graph):

@@ -130,14 +130,14 @@ class _Lease:
         if ctx._lost_info is not None:
             raise InvalidStateError(f"[{where}] the context was lost while the import was pending")
         if self.same:
-            buf = LentBuffer._wrap(self, self.tensor._buffer._internal, self.device, self.size,
-                                   self._label())
+            buf = LentBuffer._wrap(self, self.tensor._buffer._internal, self.device, self.size, self._label())
         else:
             if device_destroyed(self.device):
                 raise InvalidStateError(f"[{where}] the GPUDevice was destroyed while the import was pending")
             mv = self._staging.read_mapped(0, self.size, copy=False)
-            native = self.device.create_buffer(label=self._label(), size=self.size, usage=_USAGE,
-                                               mapped_at_creation=True)
+            native = self.device.create_buffer(
+                label=self._label(), size=self.size, usage=_USAGE, mapped_at_creation=True
+            )
             native.write_mapped(mv)
             native.unmap()
             del mv
@@ -229,9 +229,15 @@ class _Lease:
             if device_destroyed(dev):
                 return None
             pool = state["staging"].setdefault(self.size, [])
-            st = pool.pop() if pool else dev.create_buffer(
-                label="mltensor-lease-copyback", size=self.size,
-                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            st = (
+                pool.pop()
+                if pool
+                else dev.create_buffer(
+                    label="mltensor-lease-copyback",
+                    size=self.size,
+                    usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                )
+            )
             enc = dev.create_command_encoder()
             enc.copy_buffer_to_buffer(self.buffer, 0, st, 0, self.size)
             dev.queue.submit([enc.finish()])
@@ -285,8 +291,10 @@ def _begin_locked(ctx, device, tensor, where, asynchronous, rent=False):
         raise InvalidStateError(f"[{where}] the tensor is destroyed")
     lease = getattr(tensor, "_lease", None)
     if rent and lease is not None:
-        raise TypeError(f"[{where}] the tensor is already exported (or its export is pending); destroy() "
-                        "the GPUBuffer export_to_gpu returned first")
+        raise TypeError(
+            f"[{where}] the tensor is already exported (or its export is pending); destroy() "
+            "the GPUBuffer export_to_gpu returned first"
+        )
     if lease is not None:
         if lease.state == "pending":
             raise TypeError(f"[{where}] an import of this tensor has not resolved yet")
@@ -318,7 +326,8 @@ def _begin_locked(ctx, device, tensor, where, asynchronous, rent=False):
                     tensor._exported = None
                 raise InvalidStateError(
                     f"[{where}] the tensor depends on work held back behind another lent tensor; release "
-                    f"that lease first, or use {where}_async, which resolves after it")
+                    f"that lease first, or use {where}_async, which resolves after it"
+                )
             tl.changed.wait()
     return lease, False
 
@@ -356,8 +365,9 @@ def export_to_gpu(ctx, tensor, asynchronous):
         if tensor._context is not ctx:
             raise TypeError(f"[{where}] the tensor was not created by this context")
         if tensor._export_device is None:
-            raise TypeError(f"[{where}] the tensor was not created by create_exportable_tensor (it cannot be "
-                            "exported to WebGPU)")
+            raise TypeError(
+                f"[{where}] the tensor was not created by create_exportable_tensor (it cannot be exported to WebGPU)"
+            )
         if tensor._destroyed:
             raise InvalidStateError(f"[{where}] the tensor is destroyed")
         device = tensor._export_device

@@ -18,8 +18,7 @@ class MLTensor:
 
     # IDL: interface MLTensor { dataType; shape; readable; writable; importableToWebGPU; constant; destroy(); }
 
-    def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False,
-                 export_device=None):
+    def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False, export_device=None):
         self._context = ctx
         self._data_type = data_type
         # create_exportable_tensor: the GPUDevice export_to_gpu rents it to, and the lease while it
@@ -58,15 +57,19 @@ class MLTensor:
         ctx._tensor_created(self)
 
     data_type = property(lambda self: self._data_type, doc='The WebNN data type, e.g. "float32".')
-    shape = property(lambda self: self._shape,
-                     doc="The shape, a tuple of ints: for a resizable tensor its current shape "
-                         "(set by write_tensor of an array and by each dispatch writing it).")
+    shape = property(
+        lambda self: self._shape,
+        doc="The shape, a tuple of ints: for a resizable tensor its current shape "
+        "(set by write_tensor of an array and by each dispatch writing it).",
+    )
     # Python extension: the declared shape of a resizable tensor (ints and Syms: .name,
     # .max_size), None for a tensor of one fixed shape
-    max_shape = property(lambda self: self._max_shape,
-                         doc="Python extension: the declared shape of a resizable tensor (ints, and "
-                             "dynamic dimensions with `.name` and `.max_size`), None for a tensor "
-                             "of one fixed shape.")
+    max_shape = property(
+        lambda self: self._max_shape,
+        doc="Python extension: the declared shape of a resizable tensor (ints, and "
+        "dynamic dimensions with `.name` and `.max_size`), None for a tensor "
+        "of one fixed shape.",
+    )
 
     def _fit(self, shape, where, what="the tensor"):
         """Make `shape` the current shape of a resizable tensor (TypeError if it does not fit its
@@ -81,13 +84,17 @@ class MLTensor:
         check_derived(self._max_shape, shape, values, f"[{where}] {what}")
         self._shape = shape
         self._nbytes = dtypes.byte_length(self._data_type, shape)
+
     readable = property(lambda self: self._readable, doc="Created with readable=True: read_tensor works.")
     writable = property(lambda self: self._writable, doc="Created with writable=True: write_tensor works.")
     importable_to_webgpu = property(
         lambda self: self._importable,
-        doc="Created with importable_to_webgpu=True: mltensor.import_external_buffer_sync can lend it.")
-    constant = property(lambda self: self._constant,
-                        doc="Created by create_constant_tensor: usable only as MLGraphBuilder.constant(tensor).")
+        doc="Created with importable_to_webgpu=True: mltensor.import_external_buffer_sync can lend it.",
+    )
+    constant = property(
+        lambda self: self._constant,
+        doc="Created by create_constant_tensor: usable only as MLGraphBuilder.constant(tensor).",
+    )
 
     def __repr__(self):
         flags = [n for n in ("readable", "writable", "importable_to_webgpu", "constant") if getattr(self, n)]
@@ -124,5 +131,6 @@ class MLTensor:
 
 def exported_error(where, what="tensor"):
     """The message of a WebNN call on a tensor rented to WebGPU by export_to_gpu (a TypeError)."""
-    return (f"[{where}] {what} is exported to WebGPU (export_to_gpu): WebNN cannot use it until the "
-            "GPUBuffer is destroyed")
+    return (
+        f"[{where}] {what} is exported to WebGPU (export_to_gpu): WebNN cannot use it until the GPUBuffer is destroyed"
+    )

@@ -57,19 +57,21 @@ def capture(ctx, program):
             r = ("const", const_ref(b))
         return r + (view,)
 
-    launches = [(i, [ref(b) for b in bufs], groups)
-                for i, (_, _, bufs, groups, _) in enumerate(program.launches)]
+    launches = [(i, [ref(b) for b in bufs], groups) for i, (_, _, bufs, groups, _) in enumerate(program.launches)]
     recipe = {
         "format": FORMAT,
-        "inputs": program.inputs, "outputs": program.outputs,
+        "inputs": program.inputs,
+        "outputs": program.outputs,
         "kernels": program.kernels,
         # (no rendering at load; a launch not created yet is rendered here, or a loaded graph's)
-        "sources": list(program.sources) if program.sources is not None
+        "sources": list(program.sources)
+        if program.sources is not None
         else [source_of(ctx.device, k) for k in program.kernels],
         "launches": launches,
         "pool": [b.size for b in program.pool],
         "constants": [(key, size) for key, _, size in consts],
-        "kernel_names": program.kernel_names, "autotune": program.autotune,
+        "kernel_names": program.kernel_names,
+        "autotune": program.autotune,
         "dyn_args": program.dyn_args,
     }
     return recipe, consts
@@ -105,7 +107,7 @@ def read_back(ctx, consts):
             try:
                 for (key, _, size), off in batch:
                     ctx._counters["bytes_downloaded"] += size
-                    yield key, data[off:off + size]
+                    yield key, data[off : off + size]
             finally:
                 del data
                 st.unmap()
@@ -142,16 +144,30 @@ def rebuild(ctx, recipe, blob):
                     buf = store.acquire(key, data)
                 del data  # (the blob's mapping goes with its last view)
             shared.append(buf)
-        pool = [device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
-                for i, s in enumerate(recipe["pool"])]
+        pool = [
+            device.create_buffer(label=f"mltensor-pool{i}", size=s, usage=wgpu.BufferUsage.STORAGE)
+            for i, s in enumerate(recipe["pool"])
+        ]
         kernels = recipe["kernels"]
         dyn_args = recipe["dyn_args"]
-        program = Program(recipe["inputs"], recipe["outputs"], kernels, [], pool, shared=shared,
-                          sources=recipe["sources"], kernel_names=recipe["kernel_names"],
-                          autotune=recipe["autotune"], dyn_args=dyn_args,
-                          memory={"constants": sum(b.size for b in {id(b): b for b in shared}.values()),
-                                  "constant_tensors": 0,
-                                  "folded_constants": 0, "intermediates": sum(b.size for b in pool)})
+        program = Program(
+            recipe["inputs"],
+            recipe["outputs"],
+            kernels,
+            [],
+            pool,
+            shared=shared,
+            sources=recipe["sources"],
+            kernel_names=recipe["kernel_names"],
+            autotune=recipe["autotune"],
+            dyn_args=dyn_args,
+            memory={
+                "constants": sum(b.size for b in {id(b): b for b in shared}.values()),
+                "constant_tensors": 0,
+                "folded_constants": 0,
+                "intermediates": sum(b.size for b in pool),
+            },
+        )
         # size buckets' variants (launches with no workgroups at some sizes) are created at the
         # first dispatch that runs them, as in a fresh build (front/graph.py MLGraph._create)
         lazy = set(program.dyn.maybe_off) if program.dyn is not None else set()
@@ -169,9 +185,11 @@ def rebuild(ctx, recipe, blob):
             return b if view is None else (b, view)
 
         # (launch i runs kernel i: capture numbers them so)
-        program.launches = instantiate(device, [(kernels[ki], [buf_of(r) for r in refs], groups)
-                                                for ki, refs, groups in recipe["launches"]],
-                                       {i for i, (ki, _, _) in enumerate(recipe["launches"]) if ki in lazy})
+        program.launches = instantiate(
+            device,
+            [(kernels[ki], [buf_of(r) for r in refs], groups) for ki, refs, groups in recipe["launches"]],
+            {i for i, (ki, _, _) in enumerate(recipe["launches"]) if ki in lazy},
+        )
         return program
     except BaseException:
         with ctx._lock:

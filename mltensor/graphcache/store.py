@@ -34,10 +34,17 @@ _code = None
 _lock = threading.Lock()
 
 _ALLOWED = {
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
-    ("mltensor.runtime.wgsl", "Kernel"), ("mltensor.runtime.wgsl", "Binding"),
-    ("mltensor.dynamic.dims", "Sym"), ("mltensor.dynamic.dims", "_Atom"), ("mltensor.dynamic.dims", "Condition"),
-    ("mltensor.dynamic.dims", "MLDynamicDimension"), ("mltensor.dynamic.kernels", "Fold"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("builtins", "complex"),
+    ("mltensor.runtime.wgsl", "Kernel"),
+    ("mltensor.runtime.wgsl", "Binding"),
+    ("mltensor.dynamic.dims", "Sym"),
+    ("mltensor.dynamic.dims", "_Atom"),
+    ("mltensor.dynamic.dims", "Condition"),
+    ("mltensor.dynamic.dims", "MLDynamicDimension"),
+    ("mltensor.dynamic.kernels", "Fold"),
     ("mltensor.runtime.program", "Ext"),
 }
 
@@ -89,7 +96,11 @@ def _adapter_dir(ctx):
     info = ctx._adapter_info
     parts = [str(info.get(k, "")) for k in ("vendor", "device", "description", "backend_type", "adapter_type")]
     parts += sorted(str(f) for f in ctx.device.features)
-    parts += [f"f16={ctx._f16}", f"int64={ctx._int64}", f"align={ctx.device.limits.get('min-storage-buffer-offset-alignment')}"]
+    parts += [
+        f"f16={ctx._f16}",
+        f"int64={ctx._int64}",
+        f"align={ctx.device.limits.get('min-storage-buffer-offset-alignment')}",
+    ]
     return os.path.join(root(), hashlib.sha256("|".join(parts).encode()).hexdigest()[:20])
 
 
@@ -160,11 +171,18 @@ def save(ctx, key, program, extra=None):
     h = _key_hash(key)
     # pickled straight into the file: a recipe holds every kernel's WGSL (megabytes for a
     # transformer), which a bytes object would hold a second time
-    size = _write_atomic(os.path.join(d, h + ".recipe"),
-                         lambda f: pickle.dump({"recipe": recipe, "extra": extra}, f,
-                                               protocol=pickle.HIGHEST_PROTOCOL))
-    meta = {"key": key, "format": R.FORMAT, "code": code_digest(), "blobs": refs,
-            "bytes": sum(c[2] for c in consts) + size, "saved": time.time()}
+    size = _write_atomic(
+        os.path.join(d, h + ".recipe"),
+        lambda f: pickle.dump({"recipe": recipe, "extra": extra}, f, protocol=pickle.HIGHEST_PROTOCOL),
+    )
+    meta = {
+        "key": key,
+        "format": R.FORMAT,
+        "code": code_digest(),
+        "blobs": refs,
+        "bytes": sum(c[2] for c in consts) + size,
+        "saved": time.time(),
+    }
     _write_atomic(os.path.join(d, h + ".json"), json.dumps(meta).encode())
     _evict()
     return written + size
@@ -213,21 +231,30 @@ def load(ctx, key):
                     n = os.fstat(f.fileno()).st_size
                     m = [mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ) if n else b"", False]
                 if (off, size) != (0, n):  # a pack of small constants: mapped once per load;
-                    files[name] = m        # a weight's own file is unmapped once uploaded
+                    files[name] = m  # a weight's own file is unmapped once uploaded
             if rec["constants"][i][0] is None and not m[1]:
                 if R.blob_name(m[0]) != name:
                     raise ValueError(f"blob {name} does not match its digest")
                 m[1] = True
             if off + size > len(m[0]):
                 raise ValueError(f"blob {name} is shorter than its entry says")
-            return memoryview(m[0])[off:off + size]
+            return memoryview(m[0])[off : off + size]
 
         try:
             program = R.rebuild(ctx, rec, blob)
         finally:
             files.clear()  # (each mapping closes with its last view)
-    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError,
-            pickle.UnpicklingError, OperationError):
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+        EOFError,
+        pickle.UnpicklingError,
+        OperationError,
+    ):
         _delete_files(d, h)  # corrupt, truncated, a blob gone: rebuilt by the caller
         return None
     try:
@@ -292,8 +319,9 @@ def _evict():
                     entries.append((used, a, n[:-5], m))
         blobs_dir = os.path.join(r, "blobs")
         try:
-            blobs = {b: os.path.getsize(os.path.join(blobs_dir, b)) for b in os.listdir(blobs_dir)
-                     if not b.endswith(".tmp")}
+            blobs = {
+                b: os.path.getsize(os.path.join(blobs_dir, b)) for b in os.listdir(blobs_dir) if not b.endswith(".tmp")
+            }
         except OSError:
             blobs = {}
         total = sum(blobs.values())
@@ -331,7 +359,7 @@ def save_note(ctx, key, note):
     try:
         data = json.dumps({"key": key, "code": code_digest(), "note": note}).encode()
     except (TypeError, ValueError):  # (bytes in it: an ONNX string that is not UTF-8, such as a
-        return                       # dim_param, which protobuf gives as bytes): no note
+        return  # dim_param, which protobuf gives as bytes): no note
     _write_atomic(os.path.join(_adapter_dir(ctx), _key_hash(key) + ".note"), data)
 
 

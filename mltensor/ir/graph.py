@@ -27,14 +27,15 @@ class MLOperand:
         self._name = name
         self._value = value  # constant: numpy array in the operand's data type, or an MLTensor
 
-    data_type = property(lambda self: self._data_type,
-                         doc='The WebNN data type, a string such as "float32".')
+    data_type = property(lambda self: self._data_type, doc='The WebNN data type, a string such as "float32".')
     # Entries are ints, or Syms for dynamic dimensions (each has .name and .max_size, as
     # MLDynamicDimension; derived ones are expressions such as "past + 1").
-    shape = property(lambda self: self._shape,
-                     doc="The shape, a tuple. Entries are ints, or for dynamic dimensions size "
-                         "expressions with `.name` and `.max_size` (derived ones read like "
-                         '"past + 1").')
+    shape = property(
+        lambda self: self._shape,
+        doc="The shape, a tuple. Entries are ints, or for dynamic dimensions size "
+        "expressions with `.name` and `.max_size` (derived ones read like "
+        '"past + 1").',
+    )
 
     @property
     def rank(self):

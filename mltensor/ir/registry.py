@@ -70,11 +70,12 @@ def builder_op(fn):
 
 def refuse_dynamic(name, args, kwargs):
     for v in [*args, *kwargs.values()]:
-        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+        for x in v if isinstance(v, (list, tuple)) else (v,):
             if isinstance(x, MLOperand) and x.dynamic:
                 raise NotSupportedError(
                     f"[{name}] operand shape {list(x.shape)} has dynamic dimensions, which {name} does not "
-                    "support yet (it needs sizes fixed at build)")
+                    "support yet (it needs sizes fixed at build)"
+                )
 
 
 def attach(cls):

@@ -18,5 +18,14 @@ from .model import LlamaModel, LlamaSession, LlamaWeights
 from .sampler import Sampler
 from .tokenizer import GGUFTokenizer
 
-__all__ = ["GGUFFile", "LlamaConfig", "QuantizedWeight", "repack", "LlamaModel", "LlamaSession", "LlamaWeights",
-           "Sampler", "GGUFTokenizer"]
+__all__ = [
+    "GGUFFile",
+    "LlamaConfig",
+    "QuantizedWeight",
+    "repack",
+    "LlamaModel",
+    "LlamaSession",
+    "LlamaWeights",
+    "Sampler",
+    "GGUFTokenizer",
+]

@@ -59,8 +59,9 @@ class QuantizedWeight:
         q = ((self.packed[:, None] >> shifts) & ((1 << self.bits) - 1)).reshape(-1).astype(np.float32)
         q = q.reshape(self.rows, -1, BLOCK)
         s = self.scales.reshape(self.rows, -1, 1)
-        zp = (np.float32(1 << (self.bits - 1)) if self.zero_points is None
-              else self.zero_points.reshape(self.rows, -1, 1))
+        zp = (
+            np.float32(1 << (self.bits - 1)) if self.zero_points is None else self.zero_points.reshape(self.rows, -1, 1)
+        )
         return ((q - zp) * s).reshape(self.rows, self.cols)
 
 
@@ -70,13 +71,14 @@ def _blocks(raw, rows, cols, block_bytes, kind):
         raise DataError(f"[gguf] a {kind} tensor's rows must be whole blocks of {BLOCK}, got {cols} values")
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     if raw.size != rows * nb * block_bytes:
-        raise DataError(f"[gguf] {kind} tensor of {rows} x {cols} needs {rows * nb * block_bytes} bytes, "
-                        f"the file holds {raw.size}")
+        raise DataError(
+            f"[gguf] {kind} tensor of {rows} x {cols} needs {rows * nb * block_bytes} bytes, the file holds {raw.size}"
+        )
     return raw.reshape(rows * nb, block_bytes)
 
 
 def _f16(b, off):
-    return b[:, off:off + 2].copy().view(np.float16).reshape(-1).astype(np.float32)
+    return b[:, off : off + 2].copy().view(np.float16).reshape(-1).astype(np.float32)
 
 
 def _nibbles_consecutive(qs):
@@ -139,8 +141,9 @@ class GGUFFile:
             shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml's ne is innermost first
             end = int(t.data_offset) + int(t.n_bytes)
             if end > size:
-                raise DataError(f"[gguf] {self.path} is truncated: tensor {t.name!r} ends at byte {end}, "
-                                f"the file has {size}")
+                raise DataError(
+                    f"[gguf] {self.path} is truncated: tensor {t.name!r} ends at byte {end}, the file has {size}"
+                )
             self.tensors[t.name] = (kind, shape, t.data)
         self._reader = reader  # keeps the memory map alive while tensors are read
 
@@ -159,8 +162,9 @@ class LlamaConfig:
     def __init__(self, f):
         arch = f.require("general.architecture")
         if arch not in SUPPORTED_ARCHS:
-            raise NotSupportedError(f"[gguf] architecture {arch!r} is not supported (supported: "
-                                    f"{', '.join(SUPPORTED_ARCHS)})")
+            raise NotSupportedError(
+                f"[gguf] architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+            )
         self.arch = arch
 
         def num(key, default=None, kind=int):
@@ -185,13 +189,16 @@ class LlamaConfig:
             if getattr(self, what) < 1:
                 raise DataError(f"[gguf] {what} must be positive, got {getattr(self, what)}")
         if self.hidden % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise DataError(f"[gguf] {self.n_heads} heads of {self.hidden} channels with {self.n_kv_heads} "
-                            "KV heads do not divide evenly")
+            raise DataError(
+                f"[gguf] {self.n_heads} heads of {self.hidden} channels with {self.n_kv_heads} "
+                "KV heads do not divide evenly"
+            )
         self.head_dim = self.hidden // self.n_heads
         self.rope_dims = num("rope.dimension_count", self.head_dim)
         if self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim:
-            raise DataError(f"[gguf] rope.dimension_count {self.rope_dims} must be even and within the head "
-                            f"size {self.head_dim}")
+            raise DataError(
+                f"[gguf] rope.dimension_count {self.rope_dims} must be even and within the head size {self.head_dim}"
+            )
         scaling = f.get(f"{arch}.rope.scaling.type")
         if scaling not in (None, "none"):
             raise NotSupportedError(f"[gguf] rope scaling {scaling!r} is not supported")
@@ -201,9 +208,11 @@ class LlamaConfig:
         self.vocab = int(f.get(f"{arch}.vocab_size", emb[1][0]))
 
     def __repr__(self):
-        return (f"LlamaConfig(layers={self.n_layers}, hidden={self.hidden}, ffn={self.ffn}, heads={self.n_heads}, "
-                f"kv_heads={self.n_kv_heads}, vocab={self.vocab}, rope_base={self.rope_base}, "
-                f"rope_dims={self.rope_dims})")
+        return (
+            f"LlamaConfig(layers={self.n_layers}, hidden={self.hidden}, ffn={self.ffn}, heads={self.n_heads}, "
+            f"kv_heads={self.n_kv_heads}, vocab={self.vocab}, rope_base={self.rope_base}, "
+            f"rope_dims={self.rope_dims})"
+        )
 
 
 class Weight:

@@ -25,9 +25,17 @@ BLOCK = 32
 WG = 32
 ROWS = 2
 
-register("_llm_gemv", {"a": ("float32",), "b": ("uint32",), "scales": ("float32", "float16"), "zero_points": ("float32",),
-                       "output": ("float32",)},
-         ranks={"a": (1, 2), "b": (1, 1), "scales": (1, 1), "zero_points": (1, 1)})
+register(
+    "_llm_gemv",
+    {
+        "a": ("float32",),
+        "b": ("uint32",),
+        "scales": ("float32", "float16"),
+        "zero_points": ("float32",),
+        "output": ("float32",),
+    },
+    ranks={"a": (1, 2), "b": (1, 1), "scales": (1, 1), "zero_points": (1, 1)},
+)
 
 
 @builder_op
@@ -50,8 +58,9 @@ def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, label=None)
         raise TypeError(f"[{where}] b must be uint32 [{N * kb * bits}], got {packed.data_type} {list(packed.shape)}")
     for what, v, types in (("scales", scales, ("float32", "float16")), ("zero_points", zero_points, ("float32",))):
         if v is not None and (v.data_type not in types or tuple(v.shape) != (N * kb,)):
-            raise TypeError(f"[{where}] {what} must be {' or '.join(types)} [{N * kb}], got {v.data_type} "
-                            f"{list(v.shape)}")
+            raise TypeError(
+                f"[{where}] {what} must be {' or '.join(types)} [{N * kb}], got {v.data_type} {list(v.shape)}"
+            )
     attrs = {"K": K, "N": N, "bits": bits, "has_zp": zero_points is not None}
     ins = [a, packed, scales] + ([zero_points] if zero_points is not None else [])
     return b._emit1(where, ins, attrs, "float32", tuple(a.shape[:-1]) + (N,), label)
@@ -61,8 +70,15 @@ def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, label=None)
 def _lower(kc, node):
     at = node.attrs
     K, N, bits = at["K"], at["N"], at["bits"]
-    p = {"N": N, "KB": K // BLOCK, "BITS": bits, "has_zp": at["has_zp"], "ZP": float(1 << (bits - 1)), "WG": WG,
-         "R": ROWS}
+    p = {
+        "N": N,
+        "KB": K // BLOCK,
+        "BITS": bits,
+        "has_zp": at["has_zp"],
+        "ZP": float(1 << (bits - 1)),
+        "WG": WG,
+        "R": ROWS,
+    }
     bindings = [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("scales", kc.wtype(node.inputs[2]))]
     args = list(node.inputs[:3])
     if at["has_zp"]:
@@ -73,5 +89,9 @@ def _lower(kc, node):
     name = f"llm_gemv{bits}_{K}x{N}{'_zp' if at['has_zp'] else ''}_s{kc.wtype(node.inputs[2])}"
     # loops: K / 32 blocks of `bits` words (runtime/wgsl.py LOOP_BUDGET; K past ~190000 refused
     # where the cap may apply)
-    kc.launch(Kernel(name, "llm_gemv.wgsl", p, bindings), args, grid(-(-N // (WG * ROWS))),
-              iters=(K // BLOCK) * (bits + 2) + 16)
+    kc.launch(
+        Kernel(name, "llm_gemv.wgsl", p, bindings),
+        args,
+        grid(-(-N // (WG * ROWS))),
+        iters=(K // BLOCK) * (bits + 2) + 16,
+    )

@@ -56,9 +56,17 @@ class LlamaWeights:
         self.layers = []
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            shapes = {"attn_norm": (H,), "attn_q": (H, H), "attn_k": (kv, H), "attn_v": (kv, H),
-                      "attn_output": (H, H), "ffn_norm": (H,), "ffn_gate": (c.ffn, H), "ffn_up": (c.ffn, H),
-                      "ffn_down": (H, c.ffn)}
+            shapes = {
+                "attn_norm": (H,),
+                "attn_q": (H, H),
+                "attn_k": (kv, H),
+                "attn_v": (kv, H),
+                "attn_output": (H, H),
+                "ffn_norm": (H,),
+                "ffn_gate": (c.ffn, H),
+                "ffn_up": (c.ffn, H),
+                "ffn_down": (H, c.ffn),
+            }
             self.layers.append({k: load_weight(f, f"{p}{k}.weight", s) for k, s in shapes.items()})
 
     def _all(self):
@@ -113,14 +121,23 @@ class _Builder:
         if w.q is not None and self.gemv and tuple(x.shape[:-1]) == (1,):
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
-            return b._llm_gemv(x, self.const(q.packed), self.const(q.scales16), K=q.cols, N=q.rows, bits=q.bits,
-                               zero_points=zp)
+            return b._llm_gemv(
+                x, self.const(q.packed), self.const(q.scales16), K=q.cols, N=q.rows, bits=q.bits, zero_points=zp
+            )
         if w.q is not None:
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
-            return b._matmul_nbits(x, self.const(q.packed), self.const(q.scales16), K=q.cols, N=q.rows, bits=q.bits,
-                                   block_size=q.block_size, zero_points=zp,
-                                   zp_mode="none" if zp is None else "float")
+            return b._matmul_nbits(
+                x,
+                self.const(q.packed),
+                self.const(q.scales16),
+                K=q.cols,
+                N=q.rows,
+                bits=q.bits,
+                block_size=q.block_size,
+                zero_points=zp,
+                zp_mode="none" if zp is None else "float",
+            )
         wt = self.const(_transposed(w))
         if wt.data_type != "float32":
             wt = b.cast(wt, "float32")
@@ -131,8 +148,17 @@ class _Builder:
         if w.q is not None:
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
-            return b._gather_nbits(self.const(q.packed), ids, self.const(q.scales), V=q.rows, H=q.cols, bits=q.bits,
-                                   block_size=q.block_size, zero_points=zp, zp_mode="none" if zp is None else "float")
+            return b._gather_nbits(
+                self.const(q.packed),
+                ids,
+                self.const(q.scales),
+                V=q.rows,
+                H=q.cols,
+                bits=q.bits,
+                block_size=q.block_size,
+                zero_points=zp,
+                zp_mode="none" if zp is None else "float",
+            )
         table = self.const(w.dense)
         x = b.gather(table, ids, axis=0)
         return x if x.data_type == "float32" else b.cast(x, "float32")
@@ -158,8 +184,9 @@ class _Builder:
         xo = b.reshape(b.slice(pairs, [0, 0, 0, 1], [seq, nh, half, 1]), [seq, nh, half])
         ye = b.sub(b.mul(xe, cos), b.mul(xo, sin))
         yo = b.add(b.mul(xo, cos), b.mul(xe, sin))
-        y = b.reshape(b.concat([b.reshape(ye, [seq, nh, half, 1]), b.reshape(yo, [seq, nh, half, 1])], 3),
-                      [seq, nh, rot])
+        y = b.reshape(
+            b.concat([b.reshape(ye, [seq, nh, half, 1]), b.reshape(yo, [seq, nh, half, 1])], 3), [seq, nh, rot]
+        )
         if rot < hd:
             y = b.concat([y, b.slice(x, [0, 0, rot], [seq, nh, hd - rot])], 2)
         return y
@@ -172,8 +199,7 @@ class _Builder:
         seq = ids.shape[0]
         if with_past:
             # the cache length: only this input's shape is read (LlamaSession sets it, no upload)
-            past = b.input("past", data_type="int32",
-                           shape=[MLDynamicDimension("past", self.max_context - 1)]).shape[0]
+            past = b.input("past", data_type="int32", shape=[MLDynamicDimension("past", self.max_context - 1)]).shape[0]
         else:
             past = 0
         pos = b._range(ids, past, 1, seq, "int32")
@@ -264,12 +290,16 @@ class LlamaSession:
         # one cache tensor per layer and K/V, position-major, sized for the context and written
         # in place: each dispatch appends its rows after the first `length` ones
         shape = [MLDynamicDimension("positions", model.max_context), c.n_kv_heads, c.head_dim]
-        self._cache = {f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=shape)
-                       for i in range(c.n_layers) for kv in "kv"}
+        self._cache = {
+            f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=shape)
+            for i in range(c.n_layers)
+            for kv in "kv"
+        }
         # the cache length as a shape (the step and chunk graphs' "past" input; never read)
         self._past = ctx.create_tensor_sync(data_type="int32", shape=[MLDynamicDimension("past", model.max_context)])
-        self._ids = ctx.create_tensor_sync(data_type="int32",
-                                           shape=[MLDynamicDimension("seq", model.max_context)], writable=True)
+        self._ids = ctx.create_tensor_sync(
+            data_type="int32", shape=[MLDynamicDimension("seq", model.max_context)], writable=True
+        )
         self.logits = ctx.create_tensor_sync(data_type="float32", shape=[1, c.vocab], readable=True)
 
     @property
@@ -288,27 +318,37 @@ class LlamaSession:
             if hasattr(ids, "data_type"):  # an MLTensor already on the GPU
                 n = int(np.prod(ids.shape)) if ids.shape else 1
                 if ids.data_type != "int32" or len(ids.shape) != 1 or n < 1:
-                    raise TypeError(f"[LlamaSession.feed] a tensor of ids must be non-empty int32 of rank 1, got "
-                                    f"{ids.data_type} {list(ids.shape)}")
+                    raise TypeError(
+                        f"[LlamaSession.feed] a tensor of ids must be non-empty int32 of rank 1, got "
+                        f"{ids.data_type} {list(ids.shape)}"
+                    )
                 limit = self.model.max_context if self.length == 0 else self.model.max_step
                 if n > limit:
-                    raise ValueError(f"[LlamaSession.feed] a tensor of {n} ids exceeds the {limit} tokens one "
-                                     "dispatch takes here (pass a host array: it is split)")
+                    raise ValueError(
+                        f"[LlamaSession.feed] a tensor of {n} ids exceeds the {limit} tokens one "
+                        "dispatch takes here (pass a host array: it is split)"
+                    )
                 chunks = [ids]
             else:
                 arr = np.asarray(ids)
                 if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
-                    raise TypeError(f"[LlamaSession.feed] ids must be a non-empty 1-D integer array, got "
-                                    f"{arr.dtype} {list(arr.shape)}")
+                    raise TypeError(
+                        f"[LlamaSession.feed] ids must be a non-empty 1-D integer array, got "
+                        f"{arr.dtype} {list(arr.shape)}"
+                    )
                 vocab = self.model.config.vocab
                 if arr.min() < 0 or arr.max() >= vocab:
-                    raise ValueError(f"[LlamaSession.feed] token ids must lie in [0, {vocab}), got "
-                                     f"{int(arr.min())}..{int(arr.max())}")
+                    raise ValueError(
+                        f"[LlamaSession.feed] token ids must lie in [0, {vocab}), got "
+                        f"{int(arr.min())}..{int(arr.max())}"
+                    )
                 n = arr.size
                 chunks = None
             if self.length + n > self.model.max_context:
-                raise ValueError(f"[LlamaSession.feed] {self.length} + {n} tokens exceed the context of "
-                                 f"{self.model.max_context} positions")
+                raise ValueError(
+                    f"[LlamaSession.feed] {self.length} + {n} tokens exceed the context of "
+                    f"{self.model.max_context} positions"
+                )
             if chunks is None:
                 arr = arr.astype(np.int32)
                 # the first tokens in one prefill dispatch (they fit: checked above), later ones in
@@ -341,4 +381,4 @@ class LlamaSession:
 
 
 def _split(arr, size):
-    return [arr[i:i + size] for i in range(0, arr.size, size)]
+    return [arr[i : i + size] for i in range(0, arr.size, size)]

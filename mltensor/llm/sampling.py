@@ -14,8 +14,11 @@ from ..runtime.wgsl import Binding, Kernel, f32_lit
 
 WG = 256
 
-register("_sample_token", {"logits": ("float32",), "rnd": ("float32",), "output": ("int32",)},
-         ranks={"logits": (1, 2), "rnd": (1, 1)})
+register(
+    "_sample_token",
+    {"logits": ("float32",), "rnd": ("float32",), "output": ("int32",)},
+    ranks={"logits": (1, 2), "rnd": (1, 1)},
+)
 
 
 def check_settings(temperature, top_k, top_p):
@@ -36,10 +39,16 @@ def _sample_token(b, logits, rnd=None, *, temperature=0.0, top_k=0, top_p=1.0, l
     where = "_sample_token"
     temperature, top_k, top_p = check_settings(temperature, top_k, top_p)
     b._operand(logits, where, "logits")
-    if logits.data_type != "float32" or not all(isinstance(d, int) for d in logits.shape) or \
-            logits.rank not in (1, 2) or (logits.rank == 2 and logits.shape[0] != 1):
-        raise TypeError(f"[{where}] logits must be float32 [V] or [1, V] with static sizes, got "
-                        f"{logits.data_type} {list(logits.shape)}")
+    if (
+        logits.data_type != "float32"
+        or not all(isinstance(d, int) for d in logits.shape)
+        or logits.rank not in (1, 2)
+        or (logits.rank == 2 and logits.shape[0] != 1)
+    ):
+        raise TypeError(
+            f"[{where}] logits must be float32 [V] or [1, V] with static sizes, got "
+            f"{logits.data_type} {list(logits.shape)}"
+        )
     greedy = temperature == 0.0 or top_k == 1
     ins = [logits]
     if not greedy:
@@ -52,8 +61,7 @@ def _sample_token(b, logits, rnd=None, *, temperature=0.0, top_k=0, top_p=1.0, l
     V = logits.shape[-1]
     if V >= 1 << 31:
         raise TypeError(f"[{where}] a vocabulary of {V} does not fit int32 ids")
-    attrs = {"greedy": greedy, "temperature": temperature, "top_k": 0 if top_k >= V else top_k, "top_p": top_p,
-             "V": V}
+    attrs = {"greedy": greedy, "temperature": temperature, "top_k": 0 if top_k >= V else top_k, "top_p": top_p, "V": V}
     return b._emit1(where, ins, attrs, "int32", (1,), label)
 
 
@@ -61,8 +69,16 @@ def _sample_token(b, logits, rnd=None, *, temperature=0.0, top_k=0, top_p=1.0, l
 def _lower(kc, node):
     a = node.attrs
     V = a["V"]
-    p = {"V": V, "WG": WG, "CH": -(-V // WG), "greedy": a["greedy"], "top_k": a["top_k"], "top_p": a["top_p"],
-         "TOP_P": f32_lit(a["top_p"]), "TEMP_INV": f32_lit(0.0 if a["greedy"] else 1.0 / a["temperature"])}
+    p = {
+        "V": V,
+        "WG": WG,
+        "CH": -(-V // WG),
+        "greedy": a["greedy"],
+        "top_k": a["top_k"],
+        "top_p": a["top_p"],
+        "TOP_P": f32_lit(a["top_p"]),
+        "TEMP_INV": f32_lit(0.0 if a["greedy"] else 1.0 / a["temperature"]),
+    }
     bindings = [Binding("logits", "f32")]
     args = [node.inputs[0]]
     if not a["greedy"]:

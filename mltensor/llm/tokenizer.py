@@ -31,12 +31,14 @@ class GGUFTokenizer:
         if kind is None:
             raise DataError(f"[tokenizer] {f.path} has no tokenizer (tokenizer.ggml.model)")
         if kind != "gpt2":
-            raise NotSupportedError(f"[tokenizer] tokenizer model {kind!r} is not supported (supported: gpt2, "
-                                    "byte-level BPE)")
+            raise NotSupportedError(
+                f"[tokenizer] tokenizer model {kind!r} is not supported (supported: gpt2, byte-level BPE)"
+            )
         pre = f.get("tokenizer.ggml.pre", "default")
         if pre not in _PRE:
-            raise NotSupportedError(f"[tokenizer] pre-tokenizer {pre!r} is not supported (supported: "
-                                    f"{', '.join(sorted(_PRE))})")
+            raise NotSupportedError(
+                f"[tokenizer] pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_PRE))})"
+            )
         tokens = list(f.require("tokenizer.ggml.tokens"))
         merges = list(f.get("tokenizer.ggml.merges") or [])
         types = list(f.get("tokenizer.ggml.token_type") or [1] * len(tokens))
@@ -97,6 +99,8 @@ class GGUFTokenizer:
                 raise TypeError(f"[tokenizer] each message must be a dict with str 'role' and 'content', got {m!r}")
         tok = self.tokens
         return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
             bos_token=tok[self.bos_id] if self.bos_id is not None else "",
-            eos_token=tok[self.eos_id] if self.eos_id is not None else "")
+            eos_token=tok[self.eos_id] if self.eos_id is not None else "",
+        )

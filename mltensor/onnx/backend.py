@@ -55,16 +55,22 @@ class MLTensorBackend(Backend):
             items = [(n, inputs[n]) for n in node.input if n]
         else:
             items = [(n, v) for n, v in zip([n for n in node.input if n], inputs)]
-        vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype),
-                                             np.asarray(v).shape) for n, v in items]
+        vis = [
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), np.asarray(v).shape)
+            for n, v in items
+        ]
         if outputs_info:
-            outs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), shape)
-                    for n, (dt, shape) in zip(node.output, outputs_info)]
+            outs = [
+                helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), shape)
+                for n, (dt, shape) in zip(node.output, outputs_info)
+            ]
         else:
             outs = [helper.make_value_info(n, onnx.TypeProto()) for n in node.output if n]
         opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
-        model = helper.make_model(helper.make_graph([node], "run_node", vis, outs),
-                                  opset_imports=[helper.make_opsetid(node.domain or "", opset)])
+        model = helper.make_model(
+            helper.make_graph([node], "run_node", vis, outs),
+            opset_imports=[helper.make_opsetid(node.domain or "", opset)],
+        )
         # no onnx.checker here: untyped outputs are fine for the importer
         rep = MLTensorBackendRep(InferenceSession(model, default_context()))
         return rep.run([np.asarray(v) for _, v in items])

@@ -20,8 +20,7 @@ class BatchNormFolding:
             if n.op_type != "BatchNormalization" or n.domain not in ("", "ai.onnx") or len(n.input) < 5:
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-            if (attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1
-                    or len([o for o in n.output if o]) != 1):
+            if attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1 or len([o for o in n.output if o]) != 1:
                 continue
             if uses.get(n.input[0]) == 1 and n.input[0] not in outs:
                 partners[n.input[0]] = (n, j)

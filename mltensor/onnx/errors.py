@@ -20,16 +20,17 @@ class NeedsValue(UnsupportedError):
     InferenceSession handles it by binding the input's value at the first run."""
 
     def __init__(self, name, what):
-        super().__init__(f"[onnx] graph input {name!r} is used as {what}, which must be known at load "
-                         "(make it an initializer, or run through InferenceSession, which binds it "
-                         "at the first run)")
+        super().__init__(
+            f"[onnx] graph input {name!r} is used as {what}, which must be known at load "
+            "(make it an initializer, or run through InferenceSession, which binds it "
+            "at the first run)"
+        )
         self.input_name = name
 
 
 class FeedError(TypeError):
     """The sizes asked for do not fit the model's inputs (a caller's error, unlike a TypeError
     from a corrupt model, which becomes DataError)."""
-
 
 
 class Unsupported(Exception):

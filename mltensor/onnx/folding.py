@@ -14,8 +14,7 @@ from .ops._registry import CONTRIB
 from .types import MAX_HOST_ELEMENTS, onnx_type_of_np, prod
 
 # Ops never folded at load: their value is not a function of their inputs.
-_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                 "Multinomial", "Bernoulli"}
+_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
 class ConstantFolding:
@@ -34,8 +33,10 @@ class ConstantFolding:
             return True
         n = _fold_size(node, ins)
         if n is not None and n > MAX_HOST_ELEMENTS:
-            raise DataError(f"[onnx] node {node.name or '(unnamed)'!r} ({node.op_type}): its result would "
-                            f"hold {n} elements (more than {MAX_HOST_ELEMENTS}); a shape in the model is wrong")
+            raise DataError(
+                f"[onnx] node {node.name or '(unnamed)'!r} ({node.op_type}): its result would "
+                f"hold {n} elements (more than {MAX_HOST_ELEMENTS}); a shape in the model is wrong"
+            )
         try:
             outs = self.evaluate(node, ins)
         except Exception:
@@ -49,9 +50,12 @@ class ConstantFolding:
         """A node reading an empty host array (WebNN has no empty tensors: a NonZero that found
         nothing, a loop that ran no iteration) next to computed operands: when ONNX shape
         inference says every output is empty too, bind empty host arrays and skip the handler."""
-        if not any(isinstance(v, np.ndarray) and v.size == 0 for v in ins) or \
-                all(v is None or isinstance(v, np.ndarray) for v in ins) or not node.output or \
-                any(isinstance(d, Sym) for v in ins if v is not None for d in v.shape):
+        if (
+            not any(isinstance(v, np.ndarray) and v.size == 0 for v in ins)
+            or all(v is None or isinstance(v, np.ndarray) for v in ins)
+            or not node.output
+            or any(isinstance(d, Sym) for v in ins if v is not None for d in v.shape)
+        ):
             return False  # (sizes known only at dispatch: the handler decides)
         vis, names = [], []
         for i, (name, v) in enumerate(zip(node.input, ins)):

@@ -19,7 +19,7 @@ class FunctionExpansion:
         rename = {}
         for formal, actual in zip(fp.input, node.input):
             rename[formal] = actual
-        for formal in fp.input[len(node.input):]:
+        for formal in fp.input[len(node.input) :]:
             rename[formal] = ""
         for formal, actual in zip(fp.output, node.output):
             rename[formal] = actual
@@ -77,7 +77,8 @@ class FunctionExpansion:
                         shp = list(v.shape) if v is not None else None
                         types.append(helper.make_tensor_type_proto(et, shp).SerializeToString())
                     raw = schema.get_context_dependent_function_with_opset_version(
-                        max(vers), node.SerializeToString(), types)
+                        max(vers), node.SerializeToString(), types
+                    )
         except Exception:
             raw = None
         if not raw:

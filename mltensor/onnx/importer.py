@@ -29,7 +29,12 @@ from .errors import FeedError, NeedsValue, Unsupported, UnsupportedError, data_e
 from .folding import ConstantFolding
 from .functions import FunctionExpansion
 from .model import (  # noqa: F401 (re-exported: the session reads io_description here)
-    check_io_names, external_view, io_description, load_model, symbolic_inputs)
+    check_io_names,
+    external_view,
+    io_description,
+    load_model,
+    symbolic_inputs,
+)
 from .ops import HANDLERS, supported_ops
 from .ops._registry import CONTRIB, handler_key
 from .types import MAX_HOST_ELEMENTS, WEBNN_TYPE, onnx_type_of_np, prod, storage_array
@@ -60,8 +65,19 @@ class StageCut:
 
 
 class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
-    def __init__(self, model, context, *, free_dimensions=None, input_shapes=None, weights=None,
-                 input_values=None, dynamic=None, ones=None, resume=None):
+    def __init__(
+        self,
+        model,
+        context,
+        *,
+        free_dimensions=None,
+        input_shapes=None,
+        weights=None,
+        input_values=None,
+        dynamic=None,
+        ones=None,
+        resume=None,
+    ):
         self.ctx = context
         # Data-dependent shapes (mltensor/stages/): `resume` is the resume.Snapshot this
         # import continues from (a later stage); cut_refusal says why this import may not be cut
@@ -112,9 +128,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
             where = f"node {node.name or '(unnamed)'!r} ({dom}{node.op_type}, opset {self.cur_opset})"
         else:
             where = f"model (opset {self.opset})"
-        raise UnsupportedError(
-            f"[onnx] {where}: {reason}. Supported ONNX ops: {', '.join(supported_ops())}"
-        )
+        raise UnsupportedError(f"[onnx] {where}: {reason}. Supported ONNX ops: {', '.join(supported_ops())}")
 
     def malformed(self, reason, node=None):
         """A model that breaks ONNX's rules (not a feature we lack): DataError."""
@@ -199,8 +213,10 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
             if o.domain not in ("", "ai.onnx", CONTRIB) and not any(f.domain == o.domain for f in m.functions):
                 used = any(n.domain == o.domain for n in g.node)
                 if used:
-                    self.fail(f"operator domain {o.domain!r} is not supported (only the default ONNX "
-                              f"domain and onnxruntime's {CONTRIB!r})")
+                    self.fail(
+                        f"operator domain {o.domain!r} is not supported (only the default ONNX "
+                        f"domain and onnxruntime's {CONTRIB!r})"
+                    )
         self.b = MLGraphBuilder(self.ctx)
         if self.weights is not None:
             self.b._release_host = self.weights.release
@@ -283,8 +299,10 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                     outputs.append(IOInfo(vo.name, et, WEBNN_TYPE[et], v.shape, const=v.astype(want)))
                     continue
                 if 0 in v.shape:
-                    self.fail(f"output {vo.name!r} is empty (WebNN has no zero-sized tensors; "
-                              "InferenceSession returns it from the host)")
+                    self.fail(
+                        f"output {vo.name!r} is empty (WebNN has no zero-sized tensors; "
+                        "InferenceSession returns it from the host)"
+                    )
                 v = self.b.identity(self.operand(v.astype(want)))
             elif v._kind != "op" or id(v) in seen:
                 v = self.b.identity(v)
@@ -305,8 +323,10 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                 raise FeedError(f"[onnx] input {name!r} expects shape {dims}, got {list(given)}")
             return given
         if dims is None:
-            raise FeedError(f"[onnx] input {name!r} is declared without a shape: run it through "
-                            "InferenceSession, whose feeds give it one")
+            raise FeedError(
+                f"[onnx] input {name!r} is declared without a shape: run it through "
+                "InferenceSession, whose feeds give it one"
+            )
         out = []
         for i, (d, s) in enumerate(zip(dims, syms)):
             n = dim_name(name, i, s if s is None or list(syms).count(s) == 1 else None)
@@ -377,13 +397,16 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
             try:
                 TensorProto.DataType.Name(t.data_type)
             except ValueError:
-                raise DataError(f"[onnx] tensor {t.name!r}: field 'data_type' {t.data_type} is not an "
-                                "ONNX element type") from None
+                raise DataError(
+                    f"[onnx] tensor {t.name!r}: field 'data_type' {t.data_type} is not an ONNX element type"
+                ) from None
         try:
             return numpy_helper.to_array(t)
         except Exception as e:
-            raise DataError(f"[onnx] tensor {t.name!r} ({TensorProto.DataType.Name(t.data_type)} {dims}): "
-                            f"its data does not match its type and shape ({e})") from None
+            raise DataError(
+                f"[onnx] tensor {t.name!r} ({TensorProto.DataType.Name(t.data_type)} {dims}): "
+                f"its data does not match its type and shape ({e})"
+            ) from None
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -465,7 +488,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                 self.types[name] = TensorProto.BOOL
             elif name not in self.types or WEBNN_TYPE.get(self.types[name]) != v.data_type:
                 self.types[name] = ONNX_OF_WEBNN[v.data_type]
-        for name in node.output[len(outs):]:
+        for name in node.output[len(outs) :]:
             if name:
                 self.fail(f"output {name!r} is not supported")
 
@@ -490,11 +513,18 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
         return out
 
 
-def import_onnx(source, context, *, free_dimensions=None, input_shapes=None, input_values=None,
-                const_outputs_as_ops=False):
+def import_onnx(
+    source, context, *, free_dimensions=None, input_shapes=None, input_values=None, const_outputs_as_ops=False
+):
     model, weights = load_model(source)
-    im = Importer(model, context, free_dimensions=free_dimensions, input_shapes=input_shapes,
-                  weights=weights, input_values=input_values)
+    im = Importer(
+        model,
+        context,
+        free_dimensions=free_dimensions,
+        input_shapes=input_shapes,
+        weights=weights,
+        input_values=input_values,
+    )
     with data_errors(source_name(source), im):
         imported = im.run(const_outputs_as_ops=const_outputs_as_ops)
     if weights is not None:

@@ -29,8 +29,10 @@ def load_model(source, name=None):
     except OSError:
         raise
     except Exception as e:
-        raise DataError(f"[onnx] {name}: not a well-formed ONNX model (the ModelProto protobuf does not "
-                        f"parse: {type(e).__name__}: {e})") from None
+        raise DataError(
+            f"[onnx] {name}: not a well-formed ONNX model (the ModelProto protobuf does not "
+            f"parse: {type(e).__name__}: {e})"
+        ) from None
     if not model.HasField("graph"):
         raise DataError(f"[onnx] {name}: the ModelProto has no graph (field 'graph' is missing)")
     for t in model.graph.initializer:  # external data files: there, and big enough (mapped, not read)
@@ -46,9 +48,20 @@ def load_model(source, name=None):
 
 # ONNX element types read in place from a model file (numpy's own little-endian types); the
 # others (bfloat16, float8, int4, strings) are converted by numpy_helper from a copy.
-_IN_PLACE = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT8, TensorProto.UINT8,
-             TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32, TensorProto.UINT32,
-             TensorProto.INT64, TensorProto.UINT64, TensorProto.BOOL}
+_IN_PLACE = {
+    TensorProto.FLOAT,
+    TensorProto.DOUBLE,
+    TensorProto.FLOAT16,
+    TensorProto.INT8,
+    TensorProto.UINT8,
+    TensorProto.INT16,
+    TensorProto.UINT16,
+    TensorProto.INT32,
+    TensorProto.UINT32,
+    TensorProto.INT64,
+    TensorProto.UINT64,
+    TensorProto.BOOL,
+}
 
 
 def external_view(weights, t):
@@ -71,8 +84,10 @@ def external_view(weights, t):
     if t.data_type in _IN_PLACE and sys.byteorder == "little":
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
         if len(view) != prod(dims) * dt.itemsize:
-            raise DataError(f"[onnx] tensor {t.name!r} ({TensorProto.DataType.Name(t.data_type)} {dims}): "
-                            f"its data does not match its type and shape ({len(view)} bytes)")
+            raise DataError(
+                f"[onnx] tensor {t.name!r} ({TensorProto.DataType.Name(t.data_type)} {dims}): "
+                f"its data does not match its type and shape ({len(view)} bytes)"
+            )
         return np.frombuffer(view, dtype=dt).reshape(dims)
     copy = TensorProto()
     copy.CopyFrom(t)
@@ -128,8 +143,9 @@ def io_description(model):
     outputs = []
     for vo in model.graph.output:
         tt = vo.type.tensor_type
-        outputs.append([vo.name, tt.elem_type,
-                        [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]])
+        outputs.append(
+            [vo.name, tt.elem_type, [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]]
+        )
     return {"shapes": shapes, "params": params, "inputs": inputs, "outputs": outputs}
 
 

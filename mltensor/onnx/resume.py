@@ -79,13 +79,17 @@ def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=(), counted=None)
     if reason is not None:  # (not the importer's fail(): no list of supported operators here)
         n = im.node
         where = f"node {n.name or '(unnamed)'!r} ({n.op_type})" if n is not None else "model"
-        raise UnsupportedError(f"[onnx] {where}: {what} is only known at run time (a data-dependent "
-                               f"shape), which is not supported {reason}")
+        raise UnsupportedError(
+            f"[onnx] {where}: {what} is only known at run time (a data-dependent "
+            f"shape), which is not supported {reason}"
+        )
     for v in read:
         n = int(np.prod(v.shape))
         if n > MAX_READ_ELEMENTS:
-            unsupported(f"{what} is computed at run time and has {n} elements; a value read back to decide a "
-                        f"shape may have at most {MAX_READ_ELEMENTS}")
+            unsupported(
+                f"{what} is computed at run time and has {n} elements; a value read back to decide a "
+                f"shape may have at most {MAX_READ_ELEMENTS}"
+            )
     im._cut_seq += 1
     raise Cut((im._top_index, im._cut_seq), read, carry, loop, what, drop_inputs, counted)
 
@@ -176,8 +180,9 @@ def restore(im, snap):
     im.env = dict(snap.host)
     for name, d in snap.ops.items():
         im.env[name] = make(d)
-    dynamic = any(isinstance(dim, MLDynamicDimension) for _, carried in snap.outcomes.values()
-                  for d in carried for dim in d.shape)
+    dynamic = any(
+        isinstance(dim, MLDynamicDimension) for _, carried in snap.outcomes.values() for d in carried for dim in d.shape
+    )
     if dynamic:  # a count as a dynamic dimension: no further cut in this build (its shapes are Syms)
         im.cut_refusal = "in a build with dynamic dimensions"
     for name in snap.gone:

@@ -14,8 +14,16 @@ from onnx import TensorProto
 
 from ..dynamic.dims import Sym, exact_div, smax, smin
 
-_INT_TYPES = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
-              TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8}
+_INT_TYPES = {
+    TensorProto.INT64,
+    TensorProto.INT32,
+    TensorProto.INT16,
+    TensorProto.INT8,
+    TensorProto.UINT64,
+    TensorProto.UINT32,
+    TensorProto.UINT16,
+    TensorProto.UINT8,
+}
 
 
 class Undecided(Exception):
@@ -65,8 +73,13 @@ def _cmp(a, b, op):
             lo, hi = (d, d) if isinstance(d, int) else (d.lo, d.hi)
         except TypeError:
             raise Undecided from None
-        res = {"==": (lo == hi == 0, lo > 0 or hi < 0), "<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0),
-               ">": (lo > 0, hi <= 0), ">=": (lo >= 0, hi < 0)}[op]
+        res = {
+            "==": (lo == hi == 0, lo > 0 or hi < 0),
+            "<": (hi < 0, lo >= 0),
+            "<=": (hi <= 0, lo > 0),
+            ">": (lo > 0, hi <= 0),
+            ">=": (lo >= 0, hi < 0),
+        }[op]
         if res[0]:
             return True
         if res[1]:
@@ -114,8 +127,12 @@ def fold(node, ins, attrs, opset):
             return None
         if t == "Concat":
             parts = [_obj(v) for v in ins if v is not None and np.asarray(v).size]
-            return [array(np.concatenate(parts, axis=attrs.get("axis", 0)).reshape(-1),
-                          np.concatenate(parts, axis=attrs.get("axis", 0)).shape)]
+            return [
+                array(
+                    np.concatenate(parts, axis=attrs.get("axis", 0)).reshape(-1),
+                    np.concatenate(parts, axis=attrs.get("axis", 0)).shape,
+                )
+            ]
         if t == "Gather":
             if is_symbolic(ins[1]):
                 return None
@@ -128,15 +145,18 @@ def fold(node, ins, attrs, opset):
                 ax = ax + a.ndim if ax < 0 else ax
                 shape = (int(np.prod(a.shape[:ax])), int(np.prod(a.shape[ax:])))
             elif t == "Reshape":
-                shape = [a.shape[i] if s == 0 and not attrs.get("allowzero", 0) else s
-                         for i, s in enumerate(_ints(ins[1]))]
+                shape = [
+                    a.shape[i] if s == 0 and not attrs.get("allowzero", 0) else s for i, s in enumerate(_ints(ins[1]))
+                ]
             else:
                 axes = attrs.get("axes")
                 if axes is None and len(ins) > 1 and ins[1] is not None:
                     axes = _ints(ins[1])
                 if t == "Squeeze":
-                    axes = [x + a.ndim if x < 0 else x for x in (axes if axes is not None else
-                                                                 [i for i, d in enumerate(a.shape) if d == 1])]
+                    axes = [
+                        x + a.ndim if x < 0 else x
+                        for x in (axes if axes is not None else [i for i, d in enumerate(a.shape) if d == 1])
+                    ]
                     shape = [d for i, d in enumerate(a.shape) if i not in axes]
                 else:
                     r = a.ndim + len(axes)
@@ -157,13 +177,19 @@ def fold(node, ins, attrs, opset):
             sl = [slice(None)] * a.ndim
             for i, (s, e) in enumerate(zip(starts, ends)):
                 ax = axes[i] if axes else i
-                sl[ax] = slice(max(min(s, 2**62), -(2**62)), max(min(e, 2**62), -(2**62)),
-                               steps[i] if steps else 1)
+                sl[ax] = slice(max(min(s, 2**62), -(2**62)), max(min(e, 2**62), -(2**62)), steps[i] if steps else 1)
             r = a[tuple(sl)]
             return [array(r.reshape(-1), r.shape)]
         if t in ("Add", "Sub", "Mul", "Div", "Mod", "Max", "Min"):
-            fn = {"Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y,
-                  "Div": _div, "Mod": lambda x, y: x % y, "Max": smax, "Min": smin}[t]
+            fn = {
+                "Add": lambda x, y: x + y,
+                "Sub": lambda x, y: x - y,
+                "Mul": lambda x, y: x * y,
+                "Div": _div,
+                "Mod": lambda x, y: x % y,
+                "Max": smax,
+                "Min": smin,
+            }[t]
             if t in ("Max", "Min") and len(ins) != 2:
                 return None
             return [_binary(fn, ins[0], ins[1])]
@@ -204,16 +230,21 @@ def fold(node, ins, attrs, opset):
             if axes == ():
                 return [ins[0]]
             keep = attrs.get("keepdims", 1)
-            moved = np.moveaxis(a, [x % a.ndim for x in (axes or range(a.ndim))],
-                                list(range(-len(axes or range(a.ndim)), 0)))
+            moved = np.moveaxis(
+                a, [x % a.ndim for x in (axes or range(a.ndim))], list(range(-len(axes or range(a.ndim)), 0))
+            )
             n = len(axes or range(a.ndim))
-            flat = moved.reshape(moved.shape[:moved.ndim - n] + (-1,))
+            flat = moved.reshape(moved.shape[: moved.ndim - n] + (-1,))
             out = []
             for row in flat.reshape(-1, flat.shape[-1]):
                 v = row[0]
                 for x in row[1:]:
-                    v = {"ReduceProd": lambda p, q: p * q, "ReduceSum": lambda p, q: p + q,
-                         "ReduceMax": smax, "ReduceMin": smin}[t](v, x)
+                    v = {
+                        "ReduceProd": lambda p, q: p * q,
+                        "ReduceSum": lambda p, q: p + q,
+                        "ReduceMax": smax,
+                        "ReduceMin": smin,
+                    }[t](v, x)
                 out.append(v)
             shape = list(a.shape)
             for x in sorted((x % a.ndim for x in (axes or range(a.ndim))), reverse=True):

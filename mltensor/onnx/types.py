@@ -26,8 +26,10 @@ WEBNN_TYPE = {
     TensorProto.UINT16: "uint32",
 }
 _NP_TO_STORAGE = {
-    np.dtype(np.float64): np.float32, np.dtype(np.bool_): np.uint8,
-    np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.uint32,
+    np.dtype(np.float64): np.float32,
+    np.dtype(np.bool_): np.uint8,
+    np.dtype(np.int16): np.int32,
+    np.dtype(np.uint16): np.uint32,
 }
 
 

@@ -160,20 +160,25 @@ class Weights:
                 return None
             path = _external_path(self.base_dir, location)
             if path is None:
-                raise DataError(f"[onnx] {self.name}: external data location {location!r} lies outside the "
-                                "model's directory")
+                raise DataError(
+                    f"[onnx] {self.name}: external data location {location!r} lies outside the model's directory"
+                )
             entry = self._map_file(location, path)
         buf, _, path, ident = entry
         if path is not None and _identity(path) != ident:
-            raise DataError(f"[onnx] {self.name}: the file {path} changed since the session loaded it; "
-                            "create the InferenceSession again")
+            raise DataError(
+                f"[onnx] {self.name}: the file {path} changed since the session loaded it; "
+                "create the InferenceSession again"
+            )
         size = len(buf)
         if length is None:
             length = size - offset
         if offset < 0 or length < 0 or offset + length > size:
-            raise DataError(f"[onnx] {self.name}: a tensor's data (offset {offset}, length {length}) lies "
-                            f"outside its file ({size} bytes)")
-        return memoryview(buf)[offset:offset + length]
+            raise DataError(
+                f"[onnx] {self.name}: a tensor's data (offset {offset}, length {length}) lies "
+                f"outside its file ({size} bytes)"
+            )
+        return memoryview(buf)[offset : offset + length]
 
     def main_buffer(self):
         """The model file's (or the caller's) bytes, or None."""

@@ -7,8 +7,7 @@ from ..ir.registry import MAX_RANK, OPS
 def check_type(where, what, operand, allowed):
     if operand.data_type not in allowed:
         raise TypeError(
-            f"[{where}] {what} data type {operand.data_type} is not supported; expected one of "
-            f"{', '.join(allowed)}"
+            f"[{where}] {what} data type {operand.data_type} is not supported; expected one of {', '.join(allowed)}"
         )
 
 

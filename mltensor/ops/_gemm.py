@@ -52,8 +52,9 @@ def grid_checked(n, name):
     """grid(n); for a count known at dispatch, NotSupportedError at build when its maximum does
     not fit a folded 2-D grid (kernels rebuild the linear index as wid.y * nwg.x + wid.x)."""
     if isinstance(n, Sym) and n.hi > MAX_GROUPS * MAX_GROUPS:
-        raise NotSupportedError(f"[{name.split('_')[0]}] {n} workgroups (up to {n.hi}) exceed "
-                                f"{MAX_GROUPS}x{MAX_GROUPS}")
+        raise NotSupportedError(
+            f"[{name.split('_')[0]}] {n} workgroups (up to {n.hi}) exceed {MAX_GROUPS}x{MAX_GROUPS}"
+        )
     return grid(n)
 
 
@@ -178,7 +179,9 @@ def gemm_candidates(M, N, K, batch, smem_limit=None):
     # Heuristic (hardware adapters without tuning): on an H100 (bench/results/REPORT-h100-kernels.md)
     # the 256-thread 64x64 BK=16 tile won most resnet50 layers and 64x128 the square matmuls;
     # split-K whenever the grid is under half full.
-    pick = _cfg(16, 16, 4, 8, 8) if _cfg(16, 16, 4, 8, 8) in cands and M * N * batch >= 1 << 20 else _cfg(16, 16, 4, 4, 16)
+    pick = (
+        _cfg(16, 16, 4, 8, 8) if _cfg(16, 16, 4, 8, 8) in cands and M * N * batch >= 1 << 20 else _cfg(16, 16, 4, 4, 16)
+    )
     h = cands.index(pick)
     if _tiles(M, N, batch, pick) * 2 < FILL_GROUPS and h + 1 < len(cands) and cands[h + 1]["SPLIT"] > 1:
         h += 1
@@ -193,8 +196,15 @@ def _tiled_iters(c, kchunk, rms=False, ku=1):
     n + 1 (its exit test): measured, lavapipe's 128x8 tile (53 a step of 32) summed only the
     first 39560 of K = 40000-44000."""
     threads, bk = c["TX"] * c["TY"], c["BK"]
-    per = (1 + (bk // ku + 1) + (bk + 1 if rms else 0) + cdiv(c["TY"] * c["RM"] * bk // 4, threads) + 1
-           + cdiv(c["TX"] * c["RN"] * bk // 4, threads) + 1)
+    per = (
+        1
+        + (bk // ku + 1)
+        + (bk + 1 if rms else 0)
+        + cdiv(c["TY"] * c["RM"] * bk // 4, threads)
+        + 1
+        + cdiv(c["TX"] * c["RN"] * bk // 4, threads)
+        + 1
+    )
     return cdiv(kchunk, bk) * per + 16
 
 
@@ -216,8 +226,7 @@ def _post_norm_iters(c, N, K):
     column tile of its rows, then per row it normalizes (BM / THREADS rows a thread) the mean,
     deviation and store walks over N and the row loop."""
     threads, bm, bn = c["TX"] * c["TY"], c["TY"] * c["RM"], c["TX"] * c["RN"]
-    return (cdiv(N, bn) * (1 + _tiled_iters(c, high(K), ku=POST_NORM_KU))
-            + cdiv(bm, threads) * (3 * (N + 1) + 1) + 1)
+    return cdiv(N, bn) * (1 + _tiled_iters(c, high(K), ku=POST_NORM_KU)) + cdiv(bm, threads) * (3 * (N + 1) + 1) + 1
 
 
 def post_norm_fits(M, N, K):
@@ -241,8 +250,17 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
     p.setdefault("a_kmajor", p["vec_a"])
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms",
-              "post_ln"):  # (_fused_matmul's, _post_norm's; conv2d.wgsl has its own loaders)
+    for k in (
+        "a_at",
+        "b_fused",
+        "b4_fused",
+        "b_quad",
+        "gemv_loop",
+        "fused_store",
+        "fused_copy",
+        "fused_rms",
+        "post_ln",
+    ):  # (_fused_matmul's, _post_norm's; conv2d.wgsl has its own loaders)
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
@@ -278,11 +296,18 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     on = 1 if gate is None else gate.sym()
     if split > 1 and isinstance(kchunk, int):
         split = -(-K // kchunk)  # chunks actually used
-    kc.check_loops(_op_name(kc, name), _tiled_iters(c, cdiv(high(K), split * bk) * bk if split > 1 else high(K),
-                                                bool(p["fused_rms"])))
-    p.update(tiles_m=tiles_m, tiles_n=tiles_n, tiles=tiles, kchunk=kchunk, SPLIT=split,
-             sz=_sizes(M=M, N=N, K=K, BATCH=batch, TILES_M=tiles_m, TILES_N=tiles_n, TILES=tiles,
-                       KCHUNK=kchunk))
+    kc.check_loops(
+        _op_name(kc, name),
+        _tiled_iters(c, cdiv(high(K), split * bk) * bk if split > 1 else high(K), bool(p["fused_rms"])),
+    )
+    p.update(
+        tiles_m=tiles_m,
+        tiles_n=tiles_n,
+        tiles=tiles,
+        kchunk=kchunk,
+        SPLIT=split,
+        sz=_sizes(M=M, N=N, K=K, BATCH=batch, TILES_M=tiles_m, TILES_N=tiles_n, TILES=tiles, KCHUNK=kchunk),
+    )
     # Dynamic sizes: a 3-D grid where every count fits (the tile is then the workgroup id, no
     # division by a size per invocation: 10-15% of a 512^3 GEMM on lavapipe), else the folded
     # 1-D grid of the static kernels
@@ -297,9 +322,14 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     b1 = list(bindings) + [Binding("part", "f32", True)]
     b2 = list(bindings) + [Binding("part", "f32")]
     r = dict(p, path="splitk_reduce", check_out=False)
-    return [(Kernel(f"{kname}_s{split}", template, p, b1), list(args) + [part], groups),
-            (Kernel(f"{kname}_s{split}_reduce", template, r, b2), list(args) + [part],
-             grid_checked(cdiv(batch * M * N, WORKGROUP) * on, name))]
+    return [
+        (Kernel(f"{kname}_s{split}", template, p, b1), list(args) + [part], groups),
+        (
+            Kernel(f"{kname}_s{split}_reduce", template, r, b2),
+            list(args) + [part],
+            grid_checked(cdiv(batch * M * N, WORKGROUP) * on, name),
+        ),
+    ]
 
 
 # -- dynamic sizes: one gated variant per size bucket ---------------------------------------------
@@ -374,6 +404,7 @@ def _buckets(pieces, room, cfg_at, padded):
     MIN_GAIN: the cost of merging piece i into i + 1 is the padded work of i + 1's configuration
     over i's own, the worst at i's smallest, middle and largest size (for a smaller split-K
     factor, at least the factor lost)."""
+
     def cost(i):
         lo, hi = pieces[i][0], pieces[i][1]
         c0, c1 = cfg_at(hi), cfg_at(pieces[i + 1][1])
@@ -520,8 +551,16 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
     def measure(i):
         return kc.timing_form(launches(cands[i]), values)
 
-    problem = (template, M, N, K, batch, len(bindings),
-               sorted((k, repr(v)) for k, v in params.items() if k != "act"), cands)
+    problem = (
+        template,
+        M,
+        N,
+        K,
+        batch,
+        len(bindings),
+        sorted((k, repr(v)) for k, v in params.items() if k != "act"),
+        cands,
+    )
     if gate is not None:
         problem += (gate.key(),)
     best = autotune.choose(kc, autotune.signature_of(problem), cands, measure, heur)
@@ -541,7 +580,17 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p = dict(params, M=M, N=N, K=K, batch=batch, path="gemv", **c)
     p.setdefault("vec_a", False)
     p.setdefault("vec_b", False)
-    for k in ("a_at", "b_fused", "b4_fused", "b_quad", "gemv_loop", "fused_store", "fused_copy", "fused_rms", "post_ln"):
+    for k in (
+        "a_at",
+        "b_fused",
+        "b4_fused",
+        "b_quad",
+        "gemv_loop",
+        "fused_store",
+        "fused_copy",
+        "fused_rms",
+        "post_ln",
+    ):
         p.setdefault(k, "")
     assert not p["post_ln"], "a normalization after the GEMM runs on the tiled path only"
     p.setdefault("fused_w", 4)
@@ -555,8 +604,7 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     p["gate"] = gate.condition() if gate is not None else ""
     on = 1 if gate is None else gate.sym()
     # dynamic sizes: (column quads, batch) where both fit, so that no invocation divides by a size
-    p["grid3"] = (any(isinstance(x, Sym) for x in (M, N, K, batch))
-                  and max(high(cols), high(batch)) <= MAX_GROUPS)
+    p["grid3"] = any(isinstance(x, Sym) for x in (M, N, K, batch)) and max(high(cols), high(batch)) <= MAX_GROUPS
     g = (cols * on, batch * on, 1) if p["grid3"] else grid_checked(groups * on, name)
     return [(Kernel(f"{name}_gemv{'_sg' if c['SG'] else ''}", template, p, bindings), list(args), g)]
 
@@ -577,6 +625,7 @@ def no_split(cands, heur, w=4):
     """The candidates without split-K (a fused store writes whole quads through nodes that need
     the complete sum), with 8 columns a thread where the store takes octets (w 8), and the
     heuristic's index among them (its un-split twin)."""
+
     def fix(c):
         return dict(c, SPLIT=1, RN=8) if w == 8 else dict(c, SPLIT=1)
 

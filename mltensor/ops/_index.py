@@ -18,6 +18,7 @@ def row_strides(shape):
 # a linear index to strided offsets uses these two (elementwise broadcasting, strided copies,
 # reductions, normalizations).
 
+
 def merge_dims(dims):
     """Drop size-1 dims and merge neighbours that are contiguous for every target, so the WGSL
     does fewer divisions. dims: [(size, (stride per target, ...)), ...] outermost first."""

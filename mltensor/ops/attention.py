@@ -126,8 +126,13 @@ def attention_candidates(Sq, Sk, D, DV, smem_limit=None, ratio=1):
         # v read as vec4, 2.5x faster than scalar loads there. GPUs: more threads and blocks
         # (enough workgroups for a long cache with few heads; unmeasured, the tuner decides).
         split = [(32, 8), (64, 32), (64, 8), (128, 16), (128, 64), (256, 32)]
-        shapes = [c for c in (_split_cfg(wg, bq, n, ratio, D, DV, lim0 if not k else WG_STORAGE)
-                              for k, (wg, n) in enumerate(split)) if c]
+        shapes = [
+            c
+            for c in (
+                _split_cfg(wg, bq, n, ratio, D, DV, lim0 if not k else WG_STORAGE) for k, (wg, n) in enumerate(split)
+            )
+            if c
+        ]
         heur = 1 if len(shapes) > 1 else 0
         # One workgroup per head, BK = WG: one score per row per thread per tile (the key
         # dimension spread over the threads); a larger tile halves the tiles (and barriers)
@@ -137,8 +142,13 @@ def attention_candidates(Sq, Sk, D, DV, smem_limit=None, ratio=1):
         # for 4 x 4 blocks or 16-row tiles): 64 threads, 32 rows, 32 keys a tile, 4 x 8 blocks
         # (16 FMAs per vec4 read from workgroup memory). GPU shapes, within 16 KiB: more
         # threads and rows a workgroup (unmeasured on GPUs: the tuner decides there)
-        shapes = [_cfg(64, 32, 32, True, 2, 2), _cfg(64, 16, 32, True, 2, 2), _cfg(128, 32, 32, True, 2, 2),
-                  _cfg(64, 16, 64, True), _cfg(256, 64, 16, True)]
+        shapes = [
+            _cfg(64, 32, 32, True, 2, 2),
+            _cfg(64, 16, 32, True, 2, 2),
+            _cfg(128, 32, 32, True, 2, 2),
+            _cfg(64, 16, 64, True),
+            _cfg(256, 64, 16, True),
+        ]
         heur = 2
     cands = []
     for k, c in enumerate(shapes):
@@ -147,8 +157,7 @@ def attention_candidates(Sq, Sk, D, DV, smem_limit=None, ratio=1):
         if c not in cands and _smem(c, D, DV) <= (lim0 if k == 0 else WG_STORAGE):
             cands.append(c)
     if not cands:
-        raise NotSupportedError(f"[_attention] head sizes {D} and {DV} need more workgroup memory than "
-                                f"{lim0} bytes")
+        raise NotSupportedError(f"[_attention] head sizes {D} and {DV} need more workgroup memory than {lim0} bytes")
     return cands, min(heur, len(cands) - 1)
 
 
@@ -194,14 +203,18 @@ def check_shapes(where, q, k, v, k_transposed, layout="bhsd"):
     kd, Sk = (ks[-2], ks[-1]) if k_transposed else (ks[-1], ks[-2])
     DV = vs[-1]
     if not all(isinstance(x, int) for x in (D, kd, DV)) or D != kd:
-        raise TypeError(f"[{where}] head sizes must be static and equal for q and k, got q {list(q.shape)}, "
-                        f"k {list(k.shape)} (k_transposed={k_transposed}, layout {layout})")
+        raise TypeError(
+            f"[{where}] head sizes must be static and equal for q and k, got q {list(q.shape)}, "
+            f"k {list(k.shape)} (k_transposed={k_transposed}, layout {layout})"
+        )
     if vs[-2] != Sk:
         raise TypeError(f"[{where}] v must have Sk = {Sk} rows, got shape {list(v.shape)} (layout {layout})")
     for x, name in ((ks, "k"), (vs, "v")):
         if not all(_batch_ok(a, b) for a, b in zip(qs[:-2], x[:-2])):
-            raise TypeError(f"[{where}] {name} batch dimensions {list(x[:-2])} must equal q's "
-                            f"{list(qs[:-2])}, be 1 or divide them (layout {layout})")
+            raise TypeError(
+                f"[{where}] {name} batch dimensions {list(x[:-2])} must equal q's "
+                f"{list(qs[:-2])}, be 1 or divide them (layout {layout})"
+            )
     return Sq, Sk, D, DV
 
 
@@ -224,8 +237,15 @@ def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=F
     Sq, Sk, D, DV = check_shapes("_attention", q, k, v, k_transposed, layout)
     if bias is not None:  # (broadcast to the scores [.., H, Sq, Sk], whatever the layout)
         unidirectional("_attention", bias.shape, _logical(q.shape, layout)[0][:-2] + (Sq, Sk))
-    attrs = {"scale": scale, "scale_op": "mul", "causal": causal, "k_transposed": k_transposed,
-             "where_value": None, "where_keeps": True, "layout": layout}
+    attrs = {
+        "scale": scale,
+        "scale_op": "mul",
+        "causal": causal,
+        "k_transposed": k_transposed,
+        "where_value": None,
+        "where_keeps": True,
+        "layout": layout,
+    }
     return b._emit1("_attention", [q, k, v, bias, None], attrs, q.data_type, tuple(q.shape[:-1]) + (DV,), label)
 
 
@@ -237,8 +257,9 @@ def _offset(var, out_batch, shape, strides):
     operand whose batch shape `shape` (same rank) is equal along a dimension, 1 (broadcast), or
     a divisor (grouped heads: coordinate c reads c / (out / size)); `strides` its element strides.
     Dynamic sizes that differ by name only are equal at dispatch (unified by the builder)."""
-    if tuple(shape) == tuple(out_batch) and all(strides[d] == strides[d + 1] * shape[d + 1]
-                                                for d in range(len(shape) - 1)):
+    if tuple(shape) == tuple(out_batch) and all(
+        strides[d] == strides[d + 1] * shape[d + 1] for d in range(len(shape) - 1)
+    ):
         return "0u" if not shape or _is_one(math.prod(shape)) else f"{var} * {wgsl(strides[-1])}"
     terms, inner = [], 1
     for d in range(len(out_batch) - 1, -1, -1):
@@ -259,8 +280,10 @@ def _mask_at(x, rank, out_batch):
     shape = (1,) * (rank - x.rank) + tuple(x.shape)
     st = row_strides(shape)
     base = _offset("bt", out_batch, shape[:-2], st[:-2])
-    parts = [f"qi * {wgsl(st[-2])}" if not _is_one(shape[-2]) else "",
-             f"kj * {wgsl(st[-1])}" if not _is_one(shape[-1]) else ""]
+    parts = [
+        f"qi * {wgsl(st[-2])}" if not _is_one(shape[-2]) else "",
+        f"kj * {wgsl(st[-1])}" if not _is_one(shape[-1]) else "",
+    ]
     return base, " + ".join(p for p in parts if p) or "0u"
 
 
@@ -278,19 +301,34 @@ def _lower_attention(kc, node):
     nb = math.prod(ob)
     t = kc.wtype(q)
     params = {
-        "D": D, "DV": DV, "causal": a["causal"], **ld_st(t),
+        "D": D,
+        "DV": DV,
+        "causal": a["causal"],
+        **ld_st(t),
         "q_base": _offset("bt", ob, ob, qst[:-2]),
         "k_base": _offset("bt", ob, ks[:-2], kst[:-2]),
         "v_base": _offset("bt", ob, vs[:-2], vst[:-2]),
         "o_base": _offset("bt", ob, ob, ost[:-2]),
         # row strides of q, v and the output; element (key j, column d) of k: [.., Sk, D] rows,
         # or [.., D, Sk] columns (k_transposed)
-        "q_si": wgsl(qst[-2]), "v_sj": wgsl(vst[-2]), "o_si": wgsl(ost[-2]),
-        "k_sj": wgsl(1 if kt else kst[-2]), "k_sd": wgsl(kst[-2] if kt else 1),
+        "q_si": wgsl(qst[-2]),
+        "v_sj": wgsl(vst[-2]),
+        "o_si": wgsl(ost[-2]),
+        "k_sj": wgsl(1 if kt else kst[-2]),
+        "k_sd": wgsl(kst[-2] if kt else 1),
         "sizes": [("SQ", wgsl(Sq)), ("SK", wgsl(Sk)), ("NB", wgsl(nb))],
-        "scale": "", "has_bias": bias is not None, "has_cond": cond is not None,
-        "bias_base": "", "bias_at": "", "cond_base": "", "cond_at": "", "where_value": "", "where_keeps": "true",
-        "REDUCE": False, "LD4": "vec4<f32>" if t == "f16" else "", "TPS": 0,
+        "scale": "",
+        "has_bias": bias is not None,
+        "has_cond": cond is not None,
+        "bias_base": "",
+        "bias_at": "",
+        "cond_base": "",
+        "cond_at": "",
+        "where_value": "",
+        "where_keeps": "true",
+        "REDUCE": False,
+        "LD4": "vec4<f32>" if t == "f16" else "",
+        "TPS": 0,
     }
     if a["scale_op"] is not None:
         params["scale"] = f" {'*' if a['scale_op'] == 'mul' else '/'} {f32_lit(a['scale'])}"
@@ -323,17 +361,20 @@ def _lower_attention(kc, node):
     v4 = not kt and all(_mult4(x) for x in [D, DV] + qst[:-1] + kst[:-1] + vst[:-1])
     split = {"reads": reads, "reduce": (red_b, red_a), "ratio": _ratio(ob, ks[:-2], vs[:-2]), "v4": v4}
 
-    base = (f"attention_{t}_{f'b{nb}_' if isinstance(nb, Sym) or nb > 1 else ''}q{Sq}k{Sk}d{D}"
-            f"{f'v{DV}' if DV != D else ''}{'_kt' if kt else ''}{'_bshd' if layout == 'bshd' else ''}"
-            f"{'_causal' if a['causal'] else ''}")
+    base = (
+        f"attention_{t}_{f'b{nb}_' if isinstance(nb, Sym) or nb > 1 else ''}q{Sq}k{Sk}d{D}"
+        f"{f'v{DV}' if DV != D else ''}{'_kt' if kt else ''}{'_bshd' if layout == 'bshd' else ''}"
+        f"{'_causal' if a['causal'] else ''}"
+    )
     # A dynamic Sq on both sides of DECODE_MAX_SQ: both kernels are launched, each gated on Sq at
     # dispatch (outside its range, one workgroup that returns at once), so every size runs the
     # kernel a static build of it runs (a row's result depends on the kernel, not on Sq)
     if isinstance(Sq, Sym) and low(Sq) <= DECODE_MAX_SQ < high(Sq):
-
         on = size_at_least(Sq, DECODE_MAX_SQ + 1)
-        variants = [(DECODE_MAX_SQ, f"{wgsl(Sq)} <= {DECODE_MAX_SQ}u", 1 - on),
-                    (Sq, f"{wgsl(Sq)} > {DECODE_MAX_SQ}u", on)]
+        variants = [
+            (DECODE_MAX_SQ, f"{wgsl(Sq)} <= {DECODE_MAX_SQ}u", 1 - on),
+            (Sq, f"{wgsl(Sq)} > {DECODE_MAX_SQ}u", on),
+        ]
     else:
         variants = [(Sq, "", 1)]
     for at, gate, on in variants:
@@ -347,11 +388,38 @@ def _lower_attention(kc, node):
         g0 = f"({gate}) && " if gate else ""
         if long_ != 1:
             short = f"{g0}{wgsl(Sk)} <= {DECODE_SPLIT_MIN_SK}u" if long_ != 0 else gate
-            _launch_variant(kc, dict(params, gate=short), bindings, args, split, base, Sq, Sk, D, DV, nb, at,
-                            on * (1 - long_), keys=min(high(Sk), DECODE_SPLIT_MIN_SK))
+            _launch_variant(
+                kc,
+                dict(params, gate=short),
+                bindings,
+                args,
+                split,
+                base,
+                Sq,
+                Sk,
+                D,
+                DV,
+                nb,
+                at,
+                on * (1 - long_),
+                keys=min(high(Sk), DECODE_SPLIT_MIN_SK),
+            )
         if long_ != 0:
-            _launch_variant(kc, dict(params, gate=f"{g0}{wgsl(Sk)} > {DECODE_SPLIT_MIN_SK}u"), bindings, args,
-                            split, base, Sq, Sk, D, DV, nb, at, on * long_)
+            _launch_variant(
+                kc,
+                dict(params, gate=f"{g0}{wgsl(Sk)} > {DECODE_SPLIT_MIN_SK}u"),
+                bindings,
+                args,
+                split,
+                base,
+                Sq,
+                Sk,
+                D,
+                DV,
+                nb,
+                at,
+                on * long_,
+            )
 
 
 def _mult4(x):
@@ -409,7 +477,9 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         per, fixed = _tile_iters(p, D, DV)
         nkt = cdiv(high(Sk), c["BK"])
         if nkt * per + fixed <= LOOP_BUDGET:
-            return [(Kernel(name, "attention.wgsl", p, bindings), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))]
+            return [
+                (Kernel(name, "attention.wgsl", p, bindings), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))
+            ]
         if not c["STAGE"]:
             kc.check_loops("_attention", nkt * per + fixed)  # (not a candidate then: attention_candidates)
         # Keys past what one workgroup may walk (llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET:
@@ -425,17 +495,22 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         part = scratch[n]
         rb, ra = split["reads"]
         p = dict(p, TPS=tps, act="")  # (no store goes through act() here)
-        first = (Kernel(f"{name}_ks{tps}", "attention.wgsl", p, rb + [Binding("pout", "f32", True)]), ra + [part],
-                 groups("_attention", nb * cdiv(Sq, c["BQ"]) * nsb * on))
+        first = (
+            Kernel(f"{name}_ks{tps}", "attention.wgsl", p, rb + [Binding("pout", "f32", True)]),
+            ra + [part],
+            groups("_attention", nb * cdiv(Sq, c["BQ"]) * nsb * on),
+        )
         red_b, red_a = split["reduce"]
         pr = dict(p, REDUCE=True, WG=64, act=params["act"], KS=1, SPLIT=cdiv(nkt, tps))
-        second = (Kernel(f"{name}_ks{tps}_reduce", "attention.wgsl", pr, red_b), [part] + red_a[1:],
-                  groups("_attention", nb * Sq * on))
+        second = (
+            Kernel(f"{name}_ks{tps}_reduce", "attention.wgsl", pr, red_b),
+            [part] + red_a[1:],
+            groups("_attention", nb * Sq * on),
+        )
         return [first, second]
 
     values = None
     if any(isinstance(x, Sym) for x in (Sq, Sk, nb)):  # timed at the maxima (of the variant's range)
-
         values = dict.fromkeys(kc.dims, 1)
         values.update(dim_maxes(Sq, Sk, nb))
         if isinstance(Sq, Sym) and at != Sq:
@@ -446,8 +521,17 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
     def measure(i):  # (autotune on hardware adapters: scratch buffers of the right sizes)
         return kc.timing_form(launches_of(cands[i]), values)
 
-    problem = ("attention.wgsl", Sq, Sk, D, DV, nb, len(bindings),
-               sorted((key, repr(val)) for key, val in params.items() if key != "act"), cands)
+    problem = (
+        "attention.wgsl",
+        Sq,
+        Sk,
+        D,
+        DV,
+        nb,
+        len(bindings),
+        sorted((key, repr(val)) for key, val in params.items() if key != "act"),
+        cands,
+    )
     if keys is not None:
         problem += (keys,)
     best = autotune.choose(kc, autotune.signature_of(problem), cands, measure, heur)
@@ -465,8 +549,16 @@ def _tile_iters(p, D, DV):
         bq4, bk4 = bq // 4, bk // 4
         kb, tpr = bk4 // p["RK4"], wg // bq
         dvp = -(-(-(-DV // 4)) // p["RC4"]) * p["RC4"]
-        per = (1 + (-(-D * bk4 // wg) + 1) + -(-bq4 * kb // wg) * (D + 1) + 1 + 2 * (-(-bk // tpr) + 1)
-               + (-(-bk * dvp // wg) + 1) + 2 * (tpr + 1) + p["NB3"] * (bk + 1))
+        per = (
+            1
+            + (-(-D * bk4 // wg) + 1)
+            + -(-bq4 * kb // wg) * (D + 1)
+            + 1
+            + 2 * (-(-bk // tpr) + 1)
+            + (-(-bk * dvp // wg) + 1)
+            + 2 * (tpr + 1)
+            + p["NB3"] * (bk + 1)
+        )
         return per, -(-D * bq4 // wg) + 64
     # decode kernel (one workgroup per head): per tile a thread's key (D), the row statistics
     # (BK a row, rows in turn) and the outputs (the tile's keys, for each of its columns)
@@ -502,16 +594,23 @@ def _split_launches(kc, params, split, base, c, Sq, Sk, D, DV, nb, at, on, scrat
     nkt = cdiv(Sk, c["BK"])
     ns = cdiv(nkt, cdiv(nkt, c["SPLIT"]))  # blocks: whole tiles, as the kernels count them
     ng = exact_div(nb, gr)
-    p = dict(params, **c, KS=ks, CT=ct, NU=cdiv(cols, ct), V4=split["v4"], NB3=0,
-             act="")  # (no store goes through act() here)
+    p = dict(
+        params, **c, KS=ks, CT=ct, NU=cdiv(cols, ct), V4=split["v4"], NB3=0, act=""
+    )  # (no store goes through act() here)
     rb, ra = split["reads"]
     if split["v4"]:  # q, k and v as vec4
         rb = [dataclasses.replace(b, elem=f"vec4<{b.elem}>") if b.name in ("q", "k", "v") else b for b in rb]
     tag = f"{c['BQ']}x{c['BK']}w{wg}s{c['SPLIT']}g{gr}{'v4' if split['v4'] else ''}"
-    first = (Kernel(f"{base}_split{tag}", "attention.wgsl", p, rb + [Binding("part", "f32", True)]),
-             ra + [part], groups("_attention", ng * ns * on))
+    first = (
+        Kernel(f"{base}_split{tag}", "attention.wgsl", p, rb + [Binding("part", "f32", True)]),
+        ra + [part],
+        groups("_attention", ng * ns * on),
+    )
     red_b, red_a = split["reduce"]
     pr = dict(p, REDUCE=True, WG=64, act=params["act"])
-    second = (Kernel(f"{base}_reduce{tag}", "attention.wgsl", pr, red_b), [part] + red_a[1:],
-              groups("_attention", nb * Sq * on))
+    second = (
+        Kernel(f"{base}_reduce{tag}", "attention.wgsl", pr, red_b),
+        [part] + red_a[1:],
+        groups("_attention", nb * Sq * on),
+    )
     return [first, second]

@@ -18,9 +18,12 @@ U8 = ("uint8",)
 
 # Elementwise expressions (fused by elementwise.lower_group, which indexes with sizes read at
 # dispatch): every operator here takes dynamic dimensions (mltensor/dynamic/).
-DYNAMIC_OPS = frozenset((
-    "equal not_equal greater greater_or_equal lesser lesser_or_equal logical_and logical_or "
-    "logical_xor logical_not is_nan is_infinite round_even").split())
+DYNAMIC_OPS = frozenset(
+    (
+        "equal not_equal greater greater_or_equal lesser lesser_or_equal logical_and logical_or "
+        "logical_xor logical_not is_nan is_infinite round_even"
+    ).split()
+)
 
 
 def _b(cond):

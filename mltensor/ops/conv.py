@@ -76,11 +76,16 @@ def _common(b, where, x, w, bias, padding, strides, dilations, groups, input_lay
         n, h, wd, c = x.shape
     # dynamic dimensions: batch and spatial sizes only (channels and filters size the GEMM's N
     # and K, its tiles and the filter reads, all fixed at build)
-    for what, v in (("input channels", c), *((f"filter dimension {i}", d) for i, d in enumerate(w.shape)),
-                    *(() if bias is None else (("bias", bias.shape[0]),))):
+    for what, v in (
+        ("input channels", c),
+        *((f"filter dimension {i}", d) for i, d in enumerate(w.shape)),
+        *(() if bias is None else (("bias", bias.shape[0]),)),
+    ):
         if isinstance(v, Sym):
-            raise NotSupportedError(f"[{where}] {what} ({v}) is a dynamic dimension; {where} takes dynamic "
-                                    "batch, height and width only (channels and filter sizes fixed at build)")
+            raise NotSupportedError(
+                f"[{where}] {what} ({v}) is a dynamic dimension; {where} takes dynamic "
+                "batch, height and width only (channels and filter sizes fixed at build)"
+            )
     return pad, st, dil, groups, (n, c, h, wd)
 
 
@@ -107,8 +112,20 @@ def _out_shape(layout, n, c, h, w):
 
 
 @builder_op
-def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, groups=1,
-           input_layout="nchw", filter_layout="oihw", bias=None, label=None):
+def conv2d(
+    b,
+    input,
+    filter,
+    *,
+    padding=None,
+    strides=None,
+    dilations=None,
+    groups=1,
+    input_layout="nchw",
+    filter_layout="oihw",
+    bias=None,
+    label=None,
+):
     """2-D convolution of a 4-D `input` with a 4-D `filter`, plus an optional 1-D `bias`.
 
     padding: [top, bottom, left, right] (default zeros); strides, dilations: [h, w] (default
@@ -119,15 +136,25 @@ def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, grou
     # IDL: MLOperand conv2d(MLOperand input, MLOperand filter, optional MLConv2dOptions options = {});
     where = "conv2d"
     pad, st, dil, groups, (n, ic, ih, iw) = _common(
-        b, where, input, filter, bias, padding, strides, dilations, groups, input_layout,
-        CONV_FILTER_LAYOUTS, filter_layout)
+        b,
+        where,
+        input,
+        filter,
+        bias,
+        padding,
+        strides,
+        dilations,
+        groups,
+        input_layout,
+        CONV_FILTER_LAYOUTS,
+        filter_layout,
+    )
     fshape = dict(zip(filter_layout, filter.shape))
     oc, fic, kh, kw = fshape["o"], fshape["i"], fshape["h"], fshape["w"]
     if ic % groups:
         raise TypeError(f"[{where}] input channels ({ic}) must be divisible by groups ({groups})")
     if ic // groups != fic:
-        raise TypeError(
-            f"[{where}] input channels ({ic}) / groups ({groups}) must equal filter input channels ({fic})")
+        raise TypeError(f"[{where}] input channels ({ic}) / groups ({groups}) must equal filter input channels ({fic})")
     if oc % groups:
         raise TypeError(f"[{where}] output channels ({oc}) must be divisible by groups ({groups})")
     _check_bias(where, bias, oc)
@@ -137,18 +164,28 @@ def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, grou
         ("width", iw, kw, pad[2:4], st[1], dil[1]),
     ):
         span = size + p0 + p1 - ((k - 1) * d + 1)
-        _deferred_order(defer, 0, span,
-                        f"[{where}] the dilated filter {axis} ({(k - 1) * d + 1}) exceeds the padded input "
-                        f"{axis} ({size + p0 + p1})",
-                        f"[{where}] output {axis} (padded input {axis} {size + p0 + p1} - dilated filter "
-                        f"{axis} {(k - 1) * d + 1} + 1)")
+        _deferred_order(
+            defer,
+            0,
+            span,
+            f"[{where}] the dilated filter {axis} ({(k - 1) * d + 1}) exceeds the padded input "
+            f"{axis} ({size + p0 + p1})",
+            f"[{where}] output {axis} (padded input {axis} {size + p0 + p1} - dilated filter "
+            f"{axis} {(k - 1) * d + 1} + 1)",
+        )
         if isinstance(span, Sym) and low(span) < 0:
             # checked >= 0 at dispatch: the output size is max(span, 0) // s + 1, so that its
             # bounds say positive (kernels divide it, and products of it, as unsigned sizes)
             span = smax(span, 0)
         out_hw.append(span // s + 1)
-    attrs = {"padding": pad, "strides": st, "dilations": dil, "groups": groups,
-             "input_layout": input_layout, "filter_layout": filter_layout}
+    attrs = {
+        "padding": pad,
+        "strides": st,
+        "dilations": dil,
+        "groups": groups,
+        "input_layout": input_layout,
+        "filter_layout": filter_layout,
+    }
     shape = _out_shape(input_layout, n, oc, *out_hw)
     for x, quantity in defer:  # (before _emit's own check of the output sizes: this names them)
         b._require_positive(x, quantity)
@@ -156,9 +193,22 @@ def conv2d(b, input, filter, *, padding=None, strides=None, dilations=None, grou
 
 
 @builder_op
-def conv_transpose2d(b, input, filter, *, padding=None, strides=None, dilations=None,
-                     output_padding=None, output_sizes=None, groups=1, input_layout="nchw",
-                     filter_layout="iohw", bias=None, label=None):
+def conv_transpose2d(
+    b,
+    input,
+    filter,
+    *,
+    padding=None,
+    strides=None,
+    dilations=None,
+    output_padding=None,
+    output_sizes=None,
+    groups=1,
+    input_layout="nchw",
+    filter_layout="iohw",
+    bias=None,
+    label=None,
+):
     """2-D transposed convolution (the gradient of conv2d with respect to its input), plus an
     optional 1-D `bias`.
 
@@ -168,8 +218,19 @@ def conv_transpose2d(b, input, filter, *, padding=None, strides=None, dilations=
     # IDL: MLOperand convTranspose2d(MLOperand input, MLOperand filter, optional MLConvTranspose2dOptions options = {});
     where = "conv_transpose2d"
     pad, st, dil, groups, (n, ic, ih, iw) = _common(
-        b, where, input, filter, bias, padding, strides, dilations, groups, input_layout,
-        TRANSPOSE_FILTER_LAYOUTS, filter_layout)
+        b,
+        where,
+        input,
+        filter,
+        bias,
+        padding,
+        strides,
+        dilations,
+        groups,
+        input_layout,
+        TRANSPOSE_FILTER_LAYOUTS,
+        filter_layout,
+    )
     opad = int_list(where, "output_padding", [0, 0] if output_padding is None else output_padding, 2, 0)
     sizes = None
     if output_sizes is not None:
@@ -185,29 +246,46 @@ def conv_transpose2d(b, input, filter, *, padding=None, strides=None, dilations=
     oc = ocg * groups
     _check_bias(where, bias, oc)
     out_hw, defer = [], []
-    for i, (axis, size, k, (p0, p1), s, d) in enumerate((
-        ("height", ih, kh, pad[0:2], st[0], dil[0]),
-        ("width", iw, kw, pad[2:4], st[1], dil[1]),
-    )):
+    for i, (axis, size, k, (p0, p1), s, d) in enumerate(
+        (
+            ("height", ih, kh, pad[0:2], st[0], dil[0]),
+            ("width", iw, kw, pad[2:4], st[1], dil[1]),
+        )
+    ):
         calc = (size - 1) * s + (k - 1) * d + 1 - p0 - p1
         if sizes is not None:
-            what = (f"[{where}] output_sizes {axis} ({sizes[i]}) must be in [{calc}, {calc + s}) for "
-                    f"these input size, filter size, padding and strides")
+            what = (
+                f"[{where}] output_sizes {axis} ({sizes[i]}) must be in [{calc}, {calc + s}) for "
+                f"these input size, filter size, padding and strides"
+            )
             # (for a dynamic input size, checked by each dispatch)
-            _deferred_order(defer, 0, sizes[i] - calc, what,
-                            f"[{where}] output_sizes {axis} ({sizes[i]}) - ({calc}) + 1")
-            _deferred_order(defer, 1, calc + s - sizes[i], what,
-                            f"[{where}] ({calc + s}) - output_sizes {axis} ({sizes[i]})")
+            _deferred_order(
+                defer, 0, sizes[i] - calc, what, f"[{where}] output_sizes {axis} ({sizes[i]}) - ({calc}) + 1"
+            )
+            _deferred_order(
+                defer, 1, calc + s - sizes[i], what, f"[{where}] ({calc + s}) - output_sizes {axis} ({sizes[i]})"
+            )
             o = sizes[i]
         else:
             o = calc + opad[i]
-        _deferred_order(defer, 1, o, f"[{where}] output {axis} would be {o}; padding {pad} is too large",
-                        f"[{where}] output {axis} ({o}; padding {pad})")
+        _deferred_order(
+            defer,
+            1,
+            o,
+            f"[{where}] output {axis} would be {o}; padding {pad} is too large",
+            f"[{where}] output {axis} ({o}; padding {pad})",
+        )
         if isinstance(o, Sym) and low(o) < 1:
             o = smax(o, 1)  # checked >= 1 at dispatch (as conv2d's)
         out_hw.append(o)
-    attrs = {"padding": pad, "strides": st, "dilations": dil, "groups": groups,
-             "input_layout": input_layout, "filter_layout": filter_layout}
+    attrs = {
+        "padding": pad,
+        "strides": st,
+        "dilations": dil,
+        "groups": groups,
+        "input_layout": input_layout,
+        "filter_layout": filter_layout,
+    }
     shape = _out_shape(input_layout, n, oc, *out_hw)
     for x, quantity in defer:  # (before _emit's own check of the output sizes: this names them)
         b._require_positive(x, quantity)
@@ -338,8 +416,10 @@ def _depthwise_prologue(kc, dw, acts, bindings, args):
         lines.append(f"    if (ih0 + {kh * dh} >= 0 && ih0 + {kh * dh} < {ih_i}) {{")
         lines.append(f"        let row = xb + u32(ih0 + {kh * dh}) * {wgsl(in_s[2])};")
         for kw in range(dims["w"]):
-            lines.append(f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw_i}) {{ acc = fma(f32(x[row + u32(iw0 + {kw * dwd}) * {wgsl(in_s[3])}]), "
-                         f"f32(dw_w[wb + {kh * f_s[2] + kw * f_s[3]}u]), acc); }}")
+            lines.append(
+                f"        if (iw0 + {kw * dwd} >= 0 && iw0 + {kw * dwd} < {iw_i}) {{ acc = fma(f32(x[row + u32(iw0 + {kw * dwd}) * {wgsl(in_s[3])}]), "
+                f"f32(dw_w[wb + {kh * f_s[2] + kw * f_s[3]}u]), acc); }}"
+            )
         lines.append("    }")
     if bias is not None:
         lines.append("    acc = acc + f32(dw_b[c]);")
@@ -379,14 +459,36 @@ def _lower(kc, node, transposed):
     icg, ocg = ic // groups, oc // groups
     (pt, _, pl, _), (sh, sw), (dh, dw) = a["padding"], a["strides"], a["dilations"]
     params = {
-        "IC": ic, "IH": ih, "IW": iw, "OC": oc, "OH": oh, "OW": ow,
-        "ICg": icg, "OCg": ocg, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw,
-        "PT": pt, "PL": pl, "in_s": in_s, "out_s": out_s, "f_s": f_s, "groups": groups,
-        "has_bias": bias is not None, "transposed": transposed,
+        "IC": ic,
+        "IH": ih,
+        "IW": iw,
+        "OC": oc,
+        "OH": oh,
+        "OW": ow,
+        "ICg": icg,
+        "OCg": ocg,
+        "KH": kh,
+        "KW": kw,
+        "SH": sh,
+        "SW": sw,
+        "DH": dh,
+        "DW": dw,
+        "PT": pt,
+        "PL": pl,
+        "in_s": in_s,
+        "out_s": out_s,
+        "f_s": f_s,
+        "groups": groups,
+        "has_bias": bias is not None,
+        "transposed": transposed,
         # conv2d: group g owns filter outputs [g*OCg, ...); transpose: filter inputs [g*ICg, ...)
         "f_g": icg * f_s[1] if transposed else ocg * f_s[0],
         # GEMM staging (conv2d.wgsl): set below for the implicit GEMM
-        "a_mode": "default", "x_vec": False, "w_kcontig": False, "a_kmajor": False, "b_kmajor": False,
+        "a_mode": "default",
+        "x_vec": False,
+        "w_kcontig": False,
+        "a_kmajor": False,
+        "b_kmajor": False,
     }
     t = kc.wtype(x)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
     params["ST"] = store_fn(t)
@@ -395,7 +497,6 @@ def _lower(kc, node, transposed):
     params["pro_kind"] = kind
     params["pro"] = "" if pro is None else _prologue(kc, node, pro, bindings, args)
     if kind == "resample":
-
         params["rs"] = resample_params(kc, pro.step.node, x, "x")
     if pro is not None:
         args[0] = pro.input  # the conv reads the prologue's input and applies it as it loads
@@ -423,11 +524,23 @@ def _lower(kc, node, transposed):
         # dynamic width: 4 unless its maximum is smaller (outputs past OW are not stored)
         owb = min(4, high(ow))
         total = nb * oc * oh * cdiv(ow, owb)
-        params.update(path="dw", MULT=ocg, total=total, OWB=owb, SPAN=(owb - 1) * sw + (kw - 1) * dw + 1,
-                      M=1, N=1, K=1, batch=1, pointwise=False, ic_inner=False, check_a=False, check_b=False,
-                      check_out=False)
-        kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args,
-                  grid_checked(cdiv(total, WORKGROUP), op))
+        params.update(
+            path="dw",
+            MULT=ocg,
+            total=total,
+            OWB=owb,
+            SPAN=(owb - 1) * sw + (kw - 1) * dw + 1,
+            M=1,
+            N=1,
+            K=1,
+            batch=1,
+            pointwise=False,
+            ic_inner=False,
+            check_a=False,
+            check_b=False,
+            check_out=False,
+        )
+        kc.launch(Kernel(f"{name}_dw", "conv2d.wgsl", params, bindings), args, grid_checked(cdiv(total, WORKGROUP), op))
         return
     # (the direct kernel loops over the window's rows, taps and the group's input channels: where
     # that passes llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET, the GEMM path splits K instead)
@@ -436,15 +549,28 @@ def _lower(kc, node, transposed):
         # mostly padding, so one thread per output pixel computes its ocg channels directly
         # (selfie segmentation's 2x2 stride-2 transposed conv to 1 channel: 74 -> ~8 ms).
         total = groups * nb * oh * ow
-        params.update(path="direct", OCB=ocg, ocb_n=1, check_oc=False, total=total,
-                      stride_taps=transposed and (dh, dw) == (1, 1) and pt >= 0 and pl >= 0,
-                      M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=1, pointwise=False, ic_inner=False,
-                      check_a=False, check_b=False, check_out=False)
-        kc.launch(Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args,
-                  grid_checked(cdiv(total, WORKGROUP), op))
+        params.update(
+            path="direct",
+            OCB=ocg,
+            ocb_n=1,
+            check_oc=False,
+            total=total,
+            stride_taps=transposed and (dh, dw) == (1, 1) and pt >= 0 and pl >= 0,
+            M=nb * oh * ow,
+            N=ocg,
+            K=icg * kh * kw,
+            batch=1,
+            pointwise=False,
+            ic_inner=False,
+            check_a=False,
+            check_b=False,
+            check_out=False,
+        )
+        kc.launch(
+            Kernel(f"{name}_direct", "conv2d.wgsl", params, bindings), args, grid_checked(cdiv(total, WORKGROUP), op)
+        )
         return
-    pointwise = (not transposed and kh == kw == 1 and (sh, sw) == (1, 1)
-                 and a["padding"] == [0, 0, 0, 0])
+    pointwise = not transposed and kh == kw == 1 and (sh, sw) == (1, 1) and a["padding"] == [0, 0, 0, 0]
     ic_inner = lay == "nhwc"
     params.update(pointwise=pointwise, ic_inner=ic_inner)
     # A (im2col), on hardware adapters: "nhwc4" stages 16-byte loads of 4 input channels (threads
@@ -475,8 +601,7 @@ def _lower(kc, node, transposed):
         name = f"{op}{'_' + kind if kind else ''}_{lay}_{t}_1x1"
     if groups > 1:
         name += f"_g{groups}"
-    gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args,
-                M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=groups)
+    gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args, M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=groups)
 
 
 @lowering("conv2d")

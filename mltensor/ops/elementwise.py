@@ -31,10 +31,13 @@ SIGNED = dtypes.SIGNED
 
 # Every operator here takes dynamic dimensions (mltensor/dynamic/): broadcasting compares sizes
 # structurally and the fused kernels index with sizes read at dispatch.
-DYNAMIC_OPS = frozenset((
-    "add sub mul div max min pow prelu abs ceil cos erf exp floor identity log neg reciprocal sign "
-    "sin sqrt tan clamp elu gelu hard_sigmoid hard_swish leaky_relu linear relu sigmoid softplus "
-    "softsign tanh cast").split())
+DYNAMIC_OPS = frozenset(
+    (
+        "add sub mul div max min pow prelu abs ceil cos erf exp floor identity log neg reciprocal sign "
+        "sin sqrt tan clamp elu gelu hard_sigmoid hard_swish leaky_relu linear relu sigmoid softplus "
+        "softsign tanh cast"
+    ).split()
+)
 
 
 def _t(kc, node, i=0):
@@ -92,8 +95,7 @@ def binary_op(name, out_type=None, operands=("a", "b")):
         return b._emit1(name, [a, c], {}, out_type or a.data_type, shape, label)
 
     op.__name__ = name
-    op.__doc__ = (f"IDL: MLOperand {name}(MLOperand {n0}, MLOperand {n1}, "
-                  "optional MLOperatorOptions options = {});")
+    op.__doc__ = f"IDL: MLOperand {name}(MLOperand {n0}, MLOperand {n1}, optional MLOperatorOptions options = {{}});"
     builder_op(op)
 
 
@@ -135,7 +137,10 @@ UNARY = {
     "log": (FLOAT, _f("log({x})")),
     "neg": (("float32", "float16", "int32", "int64", "int8"), _un("neg")),
     "reciprocal": (FLOAT, _f("(1.0 / {x})")),
-    "sign": (("float32", "float16", "int32", "int64", "int8"), lambda kc, n, x: _keep_nan(kc, n, x, unop("sign", _t(kc, n), x))),
+    "sign": (
+        ("float32", "float16", "int32", "int64", "int8"),
+        lambda kc, n, x: _keep_nan(kc, n, x, unop("sign", _t(kc, n), x)),
+    ),
     "sin": (FLOAT, _f("sin_f32({x})")),
     "sqrt": (FLOAT, _f("sqrt({x})")),
     "tan": (FLOAT, _f("tan_f32({x})")),
@@ -187,7 +192,7 @@ _UNARY_DOCS = {
     "sqrt": "Elementwise square root.",
     "tan": "Elementwise tangent (radians).",
     "clamp": "Clamp to [`min_value`, `max_value`] (options; default -inf and +inf). Fuses into the "
-             "producing convolution / matmul as an activation.",
+    "producing convolution / matmul as an activation.",
     "elu": "x where x >= 0, else `alpha` * (exp(x) - 1) (option `alpha`, default 1.0).",
     "gelu": "Gaussian error linear unit: 0.5 * x * (1 + erf(x / sqrt(2))).",
     "hard_sigmoid": "max(0, min(1, `alpha` * x + `beta`)) (options, defaults 0.2 and 0.5).",
@@ -262,17 +267,36 @@ def _a(n, k):
 ACTIVATIONS = {
     # name: (types, expr, option defaults or custom attrs function)
     "clamp": (ALL, _clamp, _clamp_attrs),
-    "elu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * expm1_f32({x}), {x}, {x} >= 0.0)", _opts({"alpha": 1.0})),
+    "elu": (
+        FLOAT,
+        lambda kc, n, x: f"select({_a(n, 'alpha')} * expm1_f32({x}), {x}, {x} >= 0.0)",
+        _opts({"alpha": 1.0}),
+    ),
     # 0.5 x erfc(-x / sqrt 2): no 1 + erf cancellation in the left tail; the limit 0 at -inf
-    "gelu": (FLOAT, lambda kc, n, x: f"select(0.5 * {x} * erfc_f32({x} * -0.70710678118654752), 0.0, {x} <= -3.0e38)", None),
+    "gelu": (
+        FLOAT,
+        lambda kc, n, x: f"select(0.5 * {x} * erfc_f32({x} * -0.70710678118654752), 0.0, {x} <= -3.0e38)",
+        None,
+    ),
     # clamp() of NaN is a bound on GPUs (min/max drop NaN): keep NaN explicitly
-    "hard_sigmoid": (FLOAT, lambda kc, n, x: f"select(clamp({_a(n, 'alpha')} * {x} + {_a(n, 'beta')}, 0.0, 1.0), {x}, is_nan_f32({x}))", _opts({"alpha": 0.2, "beta": 0.5})),
+    "hard_sigmoid": (
+        FLOAT,
+        lambda kc, n, x: f"select(clamp({_a(n, 'alpha')} * {x} + {_a(n, 'beta')}, 0.0, 1.0), {x}, is_nan_f32({x}))",
+        _opts({"alpha": 0.2, "beta": 0.5}),
+    ),
     # exactly 0 at and below -3 (so -inf gives 0, not -inf * 0)
     "hard_swish": (FLOAT, lambda kc, n, x: f"select({x} * clamp({x} / 6.0 + 0.5, 0.0, 1.0), 0.0, {x} <= -3.0)", None),
     "leaky_relu": (FLOAT, lambda kc, n, x: f"select({_a(n, 'alpha')} * {x}, {x}, {x} >= 0.0)", _opts({"alpha": 0.01})),
-    "linear": (FLOAT, lambda kc, n, x: f"({_a(n, 'alpha')} * {x} + {_a(n, 'beta')})", _opts({"alpha": 1.0, "beta": 0.0})),
-    "relu": (("float32", "float16", "int32", "int64", "int8"),
-             lambda kc, n, x: _keep_nan(kc, n, x, binop("max", _t(kc, n), x, lit(0, _t(kc, n)))), None),
+    "linear": (
+        FLOAT,
+        lambda kc, n, x: f"({_a(n, 'alpha')} * {x} + {_a(n, 'beta')})",
+        _opts({"alpha": 1.0, "beta": 0.0}),
+    ),
+    "relu": (
+        ("float32", "float16", "int32", "int64", "int8"),
+        lambda kc, n, x: _keep_nan(kc, n, x, binop("max", _t(kc, n), x, lit(0, _t(kc, n)))),
+        None,
+    ),
     "sigmoid": (FLOAT, lambda kc, n, x: f"sigmoid_f32({x})", None),
     "softplus": (FLOAT, lambda kc, n, x: f"softplus_f32({x})", None),
     # beyond 1e7 the quotient is +-1 in f32; computing it would divide inf by inf (or, with a
@@ -287,6 +311,7 @@ for _name, (_types, _fn, _attrs) in ACTIVATIONS.items():
 
 # -- prelu (binary; input and slope broadcast both ways, as in the current spec) -----------------
 
+
 def _prelu(kc, n, x, s):
     t = _t(kc, n)
     return f"select({binop('*', t, x, s)}, {x}, {compare('>=', t, x, lit(0, t))})"
@@ -300,8 +325,7 @@ binary_op("prelu", operands=("input", "slope"))
 
 # Narrowing integers truncate (wrap), widening extends by the source's signedness, int <-> float
 # converts the value, negative floats to unsigned wrap like C casts (see wgsl.convert).
-register("cast", {"input": ALL, "output": ALL},
-         expr=lambda kc, n, x: convert(x, _t(kc, n), kc.wtype(n.outputs[0])))
+register("cast", {"input": ALL, "output": ALL}, expr=lambda kc, n, x: convert(x, _t(kc, n), kc.wtype(n.outputs[0])))
 
 
 @builder_op
@@ -337,8 +361,11 @@ def lower_group(kc, nodes, out):
     size = math.prod(out.shape)
     t = kc.wtype(out)
     types = {kc.wtype(v) for v in ext + [out]} | {kc.wtype(n.outputs[0]) for n in nodes}
-    vec = (size % 4 == 0 and types <= {"f32", "f16", "i32", "u32"}
-           and all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext))
+    vec = (
+        size % 4 == 0
+        and types <= {"f32", "f16", "i32", "u32"}
+        and all(x.shape == out.shape or math.prod(x.shape) == 1 for x in ext)
+    )
     # Static sizes as launch parameters (one pipeline for a chain at every size): the element
     # count where no input broadcasts; with broadcasting, the sizes and strides of a grid
     # launch (_grid_layout: coordinates from workgroup ids, no division). The flat path's
@@ -445,9 +472,19 @@ def _lower_grid(kc, nodes, out, ext, layout, P):
     name = "ew_" + "_".join(n.op for n in nodes[:6]) + ("_etc" if len(nodes) > 6 else "")
     name += f"_{t}_n{math.prod(out.shape)}"
     bindings = [Binding(f"in{k}", kc.wtype(x)) for k, x in enumerate(ext)] + [Binding("out", t, True)]
-    kernel = Kernel(name, "elementwise.wgsl",
-                    {"grid": {"wx": wx, "wy": wy, "sx": X, "sy": Y}, "fns": fns, "loads": "", "body": "",
-                     "result": "elem(i, cx, cy, cz)"}, bindings, sizes=P.values)
+    kernel = Kernel(
+        name,
+        "elementwise.wgsl",
+        {
+            "grid": {"wx": wx, "wy": wy, "sx": X, "sy": Y},
+            "fns": fns,
+            "loads": "",
+            "body": "",
+            "result": "elem(i, cx, cy, cz)",
+        },
+        bindings,
+        sizes=P.values,
+    )
     kc.launch(kernel, ext + [out], (-(-sx // wx), -(-sy // wy), sz))
 
 
@@ -460,8 +497,11 @@ def group_fn(kc, nodes, name, prefix, loads=None, signature="i: u32"):
     when the caller indexes them itself (a grid launch, whose function takes `signature`)."""
     ext = external_inputs(nodes)
     out = nodes[-1].outputs[0]
-    lines = list(loads) if loads is not None else [
-        f"    let x{k} = {prefix}{k}[{_index_expr(x.shape, out.shape)}];" for k, x in enumerate(ext)]
+    lines = (
+        list(loads)
+        if loads is not None
+        else [f"    let x{k} = {prefix}{k}[{_index_expr(x.shape, out.shape)}];" for k, x in enumerate(ext)]
+    )
     names = {id(x): f"x{k}" for k, x in enumerate(ext)}
     for j, n in enumerate(nodes):
         args = [names[id(x)] for x in n.inputs if x is not None]
@@ -532,7 +572,7 @@ def _pad_view(kc, pad, name):
             terms.append(f"c{d} * {strides[d]}u")
         inner *= size
     body = "\n".join(lines)
-    return (f"fn {name}_at(i: u32) -> {t} {{\n{body}\n    return {name}[{' + '.join(terms) or '0u'}];\n}}\n\n")
+    return f"fn {name}_at(i: u32) -> {t} {{\n{body}\n    return {name}[{' + '.join(terms) or '0u'}];\n}}\n\n"
 
 
 def node_lines(kc, nodes, names, tag="p"):
@@ -565,7 +605,6 @@ def broadcast_index(in_shape, out_shape, var):
     of the output."""
     e = _index_expr(in_shape, out_shape)
     return e if var == "i" else _re_i.sub(var, e)
-
 
 
 _re_i = _re.compile(r"\bi\b")

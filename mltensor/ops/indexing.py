@@ -29,8 +29,7 @@ INDEX = ("int32", "uint32", "int64")
 
 def _same_shape(checks, a, b, what):
     """Shapes a and b are equal (entries checked at dispatch where the build cannot decide)."""
-    return len(a) == len(b) and all(checks.same(x, y, f"{what} dimension {d}")
-                                    for d, (x, y) in enumerate(zip(a, b)))
+    return len(a) == len(b) and all(checks.same(x, y, f"{what} dimension {d}") for d, (x, y) in enumerate(zip(a, b)))
 
 
 def _static_last(where, indices):
@@ -48,8 +47,10 @@ def _elements_axis(where, x, indices, axis, checks):
     if indices.rank == x.rank:
         expected[axis] = indices.shape[axis]
     if not _same_shape(checks, list(indices.shape), expected, f"[{where}] indices"):
-        raise TypeError(f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
-                        f"{list(x.shape)} except along axis {axis}")
+        raise TypeError(
+            f"[{where}] indices shape {list(indices.shape)} must equal the input shape "
+            f"{list(x.shape)} except along axis {axis}"
+        )
     return axis
 
 
@@ -70,8 +71,7 @@ def _shape_name(*shapes):
 
 # -- gather_elements ----------------------------------------------------------------------------
 
-register("gather_elements", {"input": ALL, "indices": INDEX, "output": ALL},
-         ranks={"input": (1, 8), "indices": (1, 8)})
+register("gather_elements", {"input": ALL, "indices": INDEX, "output": ALL}, ranks={"input": (1, 8), "indices": (1, 8)})
 
 
 @builder_op
@@ -106,8 +106,7 @@ def _lower_gather_elements(kc, node):
 
 # -- gather_nd ----------------------------------------------------------------------------------
 
-register("gather_nd", {"input": ALL, "indices": INDEX, "output": ALL},
-         ranks={"input": (1, 8), "indices": (1, 8)})
+register("gather_nd", {"input": ALL, "indices": INDEX, "output": ALL}, ranks={"input": (1, 8), "indices": (1, 8)})
 
 
 @builder_op
@@ -152,8 +151,11 @@ def _lower_gather_nd(kc, node):
 
 # -- scatter_elements ---------------------------------------------------------------------------
 
-register("scatter_elements", {"input": ALL, "indices": INDEX, "updates": ALL, "output": ALL},
-         ranks={"input": (1, 8), "indices": (1, 8), "updates": (1, 8)})
+register(
+    "scatter_elements",
+    {"input": ALL, "indices": INDEX, "updates": ALL, "output": ALL},
+    ranks={"input": (1, 8), "indices": (1, 8), "updates": (1, 8)},
+)
 
 
 @builder_op
@@ -170,8 +172,7 @@ def scatter_elements(b, x, indices, updates, *, axis=0, label=None):
     checks = Checks(b)
     axis = _elements_axis(where, x, indices, axis, checks)
     if not _same_shape(checks, updates.shape, indices.shape, f"[{where}] updates"):
-        raise TypeError(f"[{where}] updates shape {list(updates.shape)} must equal indices shape "
-                        f"{list(indices.shape)}")
+        raise TypeError(f"[{where}] updates shape {list(updates.shape)} must equal indices shape {list(indices.shape)}")
     checks.commit()
     return b._emit1(where, [x, indices, updates], {"axis": axis}, x.data_type, x.shape, label)
 
@@ -192,8 +193,11 @@ def _lower_scatter_elements(kc, node):
 
 # -- scatter_nd ---------------------------------------------------------------------------------
 
-register("scatter_nd", {"input": ALL, "indices": INDEX, "updates": ALL, "output": ALL},
-         ranks={"input": (1, 8), "indices": (1, 8)})
+register(
+    "scatter_nd",
+    {"input": ALL, "indices": INDEX, "updates": ALL, "output": ALL},
+    ranks={"input": (1, 8), "indices": (1, 8)},
+)
 
 
 @builder_op
@@ -213,8 +217,10 @@ def scatter_nd(b, x, indices, updates, *, label=None):
     expected = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
     checks = Checks(b)
     if not _same_shape(checks, tuple(updates.shape), expected, f"[{where}] updates"):
-        raise TypeError(f"[{where}] updates shape {list(updates.shape)} must be indices.shape[:-1] + "
-                        f"input.shape[{k}:] = {list(expected)}")
+        raise TypeError(
+            f"[{where}] updates shape {list(updates.shape)} must be indices.shape[:-1] + "
+            f"input.shape[{k}:] = {list(expected)}"
+        )
     checks.commit()
     return b._emit1(where, [x, indices, updates], {}, x.data_type, x.shape, label)
 

@@ -46,19 +46,38 @@ DYNAMIC_OPS = frozenset({"_int_matmul"})
 INT8 = ("int8", "uint8")
 WG_STORAGE = 16384  # WebGPU's default maxComputeWorkgroupStorageSize: the staged tiles fit it
 
-register("_int_matmul",
-         {"a": INT8, "b": INT8, "a_zero_point": INT8, "b_zero_point": INT8, "scale": ("float32",),
-          "output_zero_point": INT8, "output": ("int32", "int8", "uint8")},
-         ranks={"a": (2, MAX_RANK), "b": (2, MAX_RANK)})
-register("_int_conv2d",
-         {"input": INT8, "filter": INT8, "input_zero_point": INT8, "filter_zero_point": INT8,
-          "scale": ("float32",), "output_zero_point": INT8, "bias": ("int32",),
-          "output": ("int32", "int8", "uint8")},
-         ranks={"input": (4, 4), "filter": (4, 4)})
+register(
+    "_int_matmul",
+    {
+        "a": INT8,
+        "b": INT8,
+        "a_zero_point": INT8,
+        "b_zero_point": INT8,
+        "scale": ("float32",),
+        "output_zero_point": INT8,
+        "output": ("int32", "int8", "uint8"),
+    },
+    ranks={"a": (2, MAX_RANK), "b": (2, MAX_RANK)},
+)
+register(
+    "_int_conv2d",
+    {
+        "input": INT8,
+        "filter": INT8,
+        "input_zero_point": INT8,
+        "filter_zero_point": INT8,
+        "scale": ("float32",),
+        "output_zero_point": INT8,
+        "bias": ("int32",),
+        "output": ("int32", "int8", "uint8"),
+    },
+    ranks={"input": (4, 4), "filter": (4, 4)},
+)
 
 
 class _Logical:
     """An operand's logical data type and shape (a packed operand's, for validation)."""
+
     __slots__ = ("data_type", "shape", "rank")
 
     def __init__(self, data_type, shape):
@@ -78,8 +97,10 @@ def _unpacked(where, what, x, packed):
         raise TypeError(f"[{where}] {what}_packed must describe an int8 or uint8 tensor, got {packed!r}")
     words = -(-math.prod(shape) // 4)
     if x.data_type != "uint32" or tuple(x.shape) != (words,):
-        raise TypeError(f"[{where}] a packed {what} must be uint32 of shape [{words}] (the bytes of {dt} "
-                        f"{list(shape)}), got {x.data_type} {list(x.shape)}")
+        raise TypeError(
+            f"[{where}] a packed {what} must be uint32 of shape [{words}] (the bytes of {dt} "
+            f"{list(shape)}), got {x.data_type} {list(x.shape)}"
+        )
     return _Logical(dt, shape)
 
 
@@ -97,8 +118,9 @@ def _fits(where, what, v, target):
     if v is None:
         return
     s = tuple(v.shape)
-    if len(s) > len(target) or any(not (d == t or (isinstance(d, int) and d == 1))
-                                   for d, t in zip(s[::-1], target[::-1])):
+    if len(s) > len(target) or any(
+        not (d == t or (isinstance(d, int) and d == 1)) for d, t in zip(s[::-1], target[::-1])
+    ):
         raise TypeError(f"[{where}] {what} shape {list(s)} does not broadcast to {list(target)}")
 
 
@@ -110,8 +132,10 @@ def _binding_fits(b, where, *shapes):
     for what, shape in shapes:
         n = 4 * high(math.prod(shape))
         if n > limit:
-            raise NotSupportedError(f"[{where}] {what} of shape {list(shape)} needs {n} bytes as 32-bit words, "
-                                    f"more than the largest binding ({limit} bytes)")
+            raise NotSupportedError(
+                f"[{where}] {what} of shape {list(shape)} needs {n} bytes as 32-bit words, "
+                f"more than the largest binding ({limit} bytes)"
+            )
 
 
 def _requant_args(b, where, scale, output_zero_point):
@@ -125,8 +149,9 @@ def _requant_args(b, where, scale, output_zero_point):
 
 
 @builder_op
-def _int_matmul(b, a, c, *, a_zero_point=None, b_zero_point=None, scale=None, output_zero_point=None,
-                b_packed=None, label=None):
+def _int_matmul(
+    b, a, c, *, a_zero_point=None, b_zero_point=None, scale=None, output_zero_point=None, b_packed=None, label=None
+):
     where = "_int_matmul"
     b._operand(a, where, "a")
     b._operand(c, where, "b")
@@ -135,11 +160,22 @@ def _int_matmul(b, a, c, *, a_zero_point=None, b_zero_point=None, scale=None, ou
     _zero_point(b, where, "a_zero_point", a_zero_point, a)
     _zero_point(b, where, "b_zero_point", b_zero_point, c)
     out_type = _requant_args(b, where, scale, output_zero_point)
-    check_support(where, a=a, b=c, a_zero_point=a_zero_point, b_zero_point=b_zero_point, scale=scale,
-                  output_zero_point=output_zero_point)
-    check_k(b, a.shape[-1], c.shape[-2],
-             f"[{where}] columns of a ({a.shape[-1]}) must equal rows of b ({c.shape[-2]}); "
-             f"shapes {list(a.shape)} and {list(c.shape)}")
+    check_support(
+        where,
+        a=a,
+        b=c,
+        a_zero_point=a_zero_point,
+        b_zero_point=b_zero_point,
+        scale=scale,
+        output_zero_point=output_zero_point,
+    )
+    check_k(
+        b,
+        a.shape[-1],
+        c.shape[-2],
+        f"[{where}] columns of a ({a.shape[-1]}) must equal rows of b ({c.shape[-2]}); "
+        f"shapes {list(a.shape)} and {list(c.shape)}",
+    )
     batch = broadcast_shapes(where, a.shape[:-2], c.shape[:-2], b)
     M, N = a.shape[-2], c.shape[-1]
     shape = tuple(batch) + (M, N)
@@ -149,14 +185,29 @@ def _int_matmul(b, a, c, *, a_zero_point=None, b_zero_point=None, scale=None, ou
     _fits(where, "output_zero_point", output_zero_point, shape)
     _binding_fits(b, where, ("a", a.shape), ("b", words.shape), ("the output", shape))
     attrs = {"b_packed": None if b_packed is None else (c.data_type, c.shape)}
-    return b._emit1(where, [a, words, a_zero_point, b_zero_point, scale, output_zero_point], attrs, out_type,
-                    shape, label)
+    return b._emit1(
+        where, [a, words, a_zero_point, b_zero_point, scale, output_zero_point], attrs, out_type, shape, label
+    )
 
 
 @builder_op
-def _int_conv2d(b, x, w, *, input_zero_point=None, filter_zero_point=None, scale=None,
-                output_zero_point=None, bias=None, padding=(0, 0, 0, 0), strides=(1, 1), dilations=(1, 1),
-                groups=1, filter_packed=None, label=None):
+def _int_conv2d(
+    b,
+    x,
+    w,
+    *,
+    input_zero_point=None,
+    filter_zero_point=None,
+    scale=None,
+    output_zero_point=None,
+    bias=None,
+    padding=(0, 0, 0, 0),
+    strides=(1, 1),
+    dilations=(1, 1),
+    groups=1,
+    filter_packed=None,
+    label=None,
+):
     where = "_int_conv2d"
     b._operand(x, where, "input")
     b._operand(w, where, "filter")
@@ -169,9 +220,16 @@ def _int_conv2d(b, x, w, *, input_zero_point=None, filter_zero_point=None, scale
         if scale is None:
             raise TypeError(f"[{where}] bias needs a requantized output (scale)")
     out_type = _requant_args(b, where, scale, output_zero_point)
-    check_support(where, input=x, filter=w, input_zero_point=input_zero_point,
-                  filter_zero_point=filter_zero_point, scale=scale, output_zero_point=output_zero_point,
-                  bias=bias)
+    check_support(
+        where,
+        input=x,
+        filter=w,
+        input_zero_point=input_zero_point,
+        filter_zero_point=filter_zero_point,
+        scale=scale,
+        output_zero_point=output_zero_point,
+        bias=bias,
+    )
     pad = int_list(where, "padding", padding, 4, 0)
     st = int_list(where, "strides", strides, 2, 1)
     dl = int_list(where, "dilations", dilations, 2, 1)
@@ -180,25 +238,38 @@ def _int_conv2d(b, x, w, *, input_zero_point=None, filter_zero_point=None, scale
     n, cin, h, wd = x.shape
     oc, cg, kh, kw = w.shape
     if cin != cg * groups or oc % groups:
-        raise TypeError(f"[{where}] input channels {cin} and filter shape {list(w.shape)} do not match "
-                        f"groups={groups}")
+        raise TypeError(f"[{where}] input channels {cin} and filter shape {list(w.shape)} do not match groups={groups}")
     oh = (h + pad[0] + pad[1] - dl[0] * (kh - 1) - 1) // st[0] + 1
     ow = (wd + pad[2] + pad[3] - dl[1] * (kw - 1) - 1) // st[1] + 1
     if oh < 1 or ow < 1:
-        raise TypeError(f"[{where}] the output size [{oh}, {ow}] is not positive (input {list(x.shape)}, "
-                        f"filter {list(w.shape)}, padding {pad}, strides {st}, dilations {dl})")
+        raise TypeError(
+            f"[{where}] the output size [{oh}, {ow}] is not positive (input {list(x.shape)}, "
+            f"filter {list(w.shape)}, padding {pad}, strides {st}, dilations {dl})"
+        )
     for what, v in (("input_zero_point", input_zero_point), ("output_zero_point", output_zero_point)):
         if v is not None and math.prod(v.shape) != 1:
             raise TypeError(f"[{where}] {what} must hold one element, got shape {list(v.shape)}")
     for what, v in (("filter_zero_point", filter_zero_point), ("scale", scale), ("bias", bias)):
         if v is not None and math.prod(v.shape) not in (1, oc):
-            raise TypeError(f"[{where}] {what} must hold one element or one per output channel ({oc}), "
-                            f"got shape {list(v.shape)}")
+            raise TypeError(
+                f"[{where}] {what} must hold one element or one per output channel ({oc}), got shape {list(v.shape)}"
+            )
     _binding_fits(b, where, ("input", x.shape), ("filter", words.shape), ("the output", (n, oc, oh, ow)))
-    attrs = {"padding": pad, "strides": st, "dilations": dl, "groups": groups,
-             "filter_packed": None if filter_packed is None else (w.data_type, w.shape)}
-    return b._emit1(where, [x, words, input_zero_point, filter_zero_point, scale, output_zero_point, bias],
-                    attrs, out_type, (n, oc, oh, ow), label)
+    attrs = {
+        "padding": pad,
+        "strides": st,
+        "dilations": dl,
+        "groups": groups,
+        "filter_packed": None if filter_packed is None else (w.data_type, w.shape),
+    }
+    return b._emit1(
+        where,
+        [x, words, input_zero_point, filter_zero_point, scale, output_zero_point, bias],
+        attrs,
+        out_type,
+        (n, oc, oh, ow),
+        label,
+    )
 
 
 # -- lowering --------------------------------------------------------------------------------
@@ -247,8 +318,11 @@ def _launch(kc, node, name, params, bindings, args, M, N, batch):
     tx, ty, rm, rn, bk = _config(M, N, K)
     groups = (cdiv(N, tx * rn), cdiv(M, ty * rm), batch)
     if max(high(g) for g in groups) > MAX_GROUPS:
-        raise NotSupportedError(f"[{node.op}] {[high(g) for g in groups]} workgroups exceed the per-dimension "
-                                f"limit {MAX_GROUPS} (M={M}, N={N}, batch={batch})")
+        raise NotSupportedError(
+            f"[{node.op}] {[high(g) for g in groups]} workgroups exceed the per-dimension "
+            f"limit {MAX_GROUPS} (M={M}, N={N}, batch={batch})"
+        )
+
     # the template's `sz`: the name of each static size's constant, else its dispatch-time expression
     def whole(size, tile):  # every tile inside the matrix along this size, for every size
         return isinstance(size, int) and size % tile == 0
@@ -264,30 +338,52 @@ def _launch(kc, node, name, params, bindings, args, M, N, batch):
     kchunk = cdiv(high(K), split * bk) * bk
     split = cdiv(high(K), kchunk)
     sizes = (("M", M), ("N", N), ("K", K), ("BATCH", batch), ("TOTAL", batch * M * N))
-    params.update(TX=tx, TY=ty, RM=rm, RN=rn, BK=bk, M=M, N=N, SPLIT=split, KCHUNK=kchunk, REDUCE=False,
-                  check_a=not (whole(M, ty * rm) and whole(K, bk)), check_b=not (whole(K, bk) and whole(N, tx * rn)),
-                  sz={n: v if isinstance(v, Sym) else wgsl(v) if n in ("BATCH", "TOTAL") else n for n, v in sizes})
+    params.update(
+        TX=tx,
+        TY=ty,
+        RM=rm,
+        RN=rn,
+        BK=bk,
+        M=M,
+        N=N,
+        SPLIT=split,
+        KCHUNK=kchunk,
+        REDUCE=False,
+        check_a=not (whole(M, ty * rm) and whole(K, bk)),
+        check_b=not (whole(K, bk) and whole(N, tx * rn)),
+        sz={n: v if isinstance(v, Sym) else wgsl(v) if n in ("BATCH", "TOTAL") else n for n, v in sizes},
+    )
     kname = f"{name}_t{ty * rm}x{tx * rn}"
     if split == 1:
-        kc.launch(Kernel(kname, "integer.wgsl", params, bindings), args, groups,
-                  iters=cdiv(high(K), bk) * per + 16)
+        kc.launch(Kernel(kname, "integer.wgsl", params, bindings), args, groups, iters=cdiv(high(K), bk) * per + 16)
         return
     if high(batch) * split > MAX_GROUPS:
-        raise NotSupportedError(f"[{node.op}] {high(batch)} x {split} K chunks exceed the per-dimension "
-                                f"workgroup limit {MAX_GROUPS}")
+        raise NotSupportedError(
+            f"[{node.op}] {high(batch)} x {split} K chunks exceed the per-dimension workgroup limit {MAX_GROUPS}"
+        )
     part = kc.scratch(4 * split * high(batch * M * N))
-    kc.launch(Kernel(f"{kname}_s{split}", "integer.wgsl", params, bindings + [Binding("part", "i32", True)]),
-              args + [part], groups[:2] + (batch * split,), iters=cdiv(kchunk, bk) * per + 16)
-    kc.launch(Kernel(f"{kname}_s{split}_reduce", "integer.wgsl", dict(params, REDUCE=True),
-                     bindings + [Binding("part", "i32")]), args + [part],
-              grid(cdiv(batch * M * N, WORKGROUP)), iters=split + 1)
+    kc.launch(
+        Kernel(f"{kname}_s{split}", "integer.wgsl", params, bindings + [Binding("part", "i32", True)]),
+        args + [part],
+        groups[:2] + (batch * split,),
+        iters=cdiv(kchunk, bk) * per + 16,
+    )
+    kc.launch(
+        Kernel(
+            f"{kname}_s{split}_reduce", "integer.wgsl", dict(params, REDUCE=True), bindings + [Binding("part", "i32")]
+        ),
+        args + [part],
+        grid(cdiv(batch * M * N, WORKGROUP)),
+        iters=split + 1,
+    )
 
 
 def _requant(kc, params, bindings, args, scale, zy, out, scale_idx, zy_idx):
     ot = out.data_type
     lo, hi = {"int8": (-128, 127), "uint8": (0, 255)}[ot]
-    params.update(requant=True, qmin=lit(lo, "i32"), qmax=lit(hi, "i32"), otype=kc.wtype(out),
-                  scale=scale_idx, zy=zy_idx)
+    params.update(
+        requant=True, qmin=lit(lo, "i32"), qmax=lit(hi, "i32"), otype=kc.wtype(out), scale=scale_idx, zy=zy_idx
+    )
     bindings += [Binding("scale", kc.wtype(scale)), Binding("zy", kc.wtype(zy))]
     args += [scale, zy]
 
@@ -303,12 +399,18 @@ def _lower_int_matmul(kc, node):
         K = b_shape[-2]
     ob = tuple(out.shape[:-2])
     batch = math.prod(ob)
-    params = {"mode": "matmul", "K": K, "requant": False, "bias": None,
-              "a_packed": None, "b_packed": packed and b_type,
-              "a_base": batch_offset_expr(a.shape[:-2], ob, M * K),
-              "b_base": batch_offset_expr(b_shape[:-2], ob, K * N),
-              "za": None if za is None else _param_index(za.shape, out.shape),
-              "zb": None if zb is None else _param_index(zb.shape, out.shape)}
+    params = {
+        "mode": "matmul",
+        "K": K,
+        "requant": False,
+        "bias": None,
+        "a_packed": None,
+        "b_packed": packed and b_type,
+        "a_base": batch_offset_expr(a.shape[:-2], ob, M * K),
+        "b_base": batch_offset_expr(b_shape[:-2], ob, K * N),
+        "za": None if za is None else _param_index(za.shape, out.shape),
+        "zb": None if zb is None else _param_index(zb.shape, out.shape),
+    }
     bindings = [Binding("a", kc.wtype(a)), Binding("b", kc.wtype(b))]
     args = [a, b]
     for v, nm in ((za, "za"), (zb, "zb")):
@@ -316,12 +418,23 @@ def _lower_int_matmul(kc, node):
             bindings.append(Binding(nm, kc.wtype(v)))
             args.append(v)
     if scale is not None:
-        _requant(kc, params, bindings, args, scale, zy, out, _param_index(scale.shape, out.shape),
-                 _param_index(zy.shape, out.shape))
+        _requant(
+            kc,
+            params,
+            bindings,
+            args,
+            scale,
+            zy,
+            out,
+            _param_index(scale.shape, out.shape),
+            _param_index(zy.shape, out.shape),
+        )
     bindings.append(Binding("out", kc.wtype(out), True))
     args.append(out)
-    name = (f"int_matmul_{a.data_type}_{b_type}{'p' if packed else ''}_{f'b{batch}_' if not (batch == 1) else ''}{M}x{K}x{N}"
-            f"{'_q' + out.data_type if scale is not None else ''}")
+    name = (
+        f"int_matmul_{a.data_type}_{b_type}{'p' if packed else ''}_{f'b{batch}_' if not (batch == 1) else ''}{M}x{K}x{N}"
+        f"{'_q' + out.data_type if scale is not None else ''}"
+    )
     _launch(kc, node, name, params, bindings, args, M, N, batch)
 
 
@@ -341,12 +454,30 @@ def _lower_int_conv2d(kc, node):
     def per_channel(v):
         return "channel(bt, m)" if math.prod(v.shape) > 1 else "0u"
 
-    params = {"mode": "conv", "K": K, "G": g, "C": c, "OC": oc, "H": h, "W": wd, "OW": ow, "KH": kh, "KW": kw,
-              "sh": at["strides"][0], "sw": at["strides"][1], "dh": at["dilations"][0], "dw": at["dilations"][1],
-              "ph": at["padding"][0], "pw": at["padding"][2], "requant": False,
-              "a_packed": packed and w_type, "b_packed": None,
-              "za": None if zw is None else per_channel(zw), "zb": zx is not None,
-              "bias": None if bias is None else per_channel(bias)}
+    params = {
+        "mode": "conv",
+        "K": K,
+        "G": g,
+        "C": c,
+        "OC": oc,
+        "H": h,
+        "W": wd,
+        "OW": ow,
+        "KH": kh,
+        "KW": kw,
+        "sh": at["strides"][0],
+        "sw": at["strides"][1],
+        "dh": at["dilations"][0],
+        "dw": at["dilations"][1],
+        "ph": at["padding"][0],
+        "pw": at["padding"][2],
+        "requant": False,
+        "a_packed": packed and w_type,
+        "b_packed": None,
+        "za": None if zw is None else per_channel(zw),
+        "zb": zx is not None,
+        "bias": None if bias is None else per_channel(bias),
+    }
     bindings = [Binding("a", kc.wtype(w)), Binding("b", kc.wtype(x))]
     args = [w, x]
     for v, nm in ((zw, "za"), (zx, "zb")):
@@ -360,8 +491,9 @@ def _lower_int_conv2d(kc, node):
             args.append(bias)
     bindings.append(Binding("out", kc.wtype(out), True))
     args.append(out)
-    name = (f"int_conv2d_{x.data_type}_{w_type}{'p' if packed else ''}_{n}x{c}x{h}x{wd}_k{oc}x{kh}x{kw}"
-            f"_s{at['strides'][0]}{at['strides'][1]}{'_g' + str(g) if g > 1 else ''}"
-            f"{'_q' + out.data_type if scale is not None else ''}")
+    name = (
+        f"int_conv2d_{x.data_type}_{w_type}{'p' if packed else ''}_{n}x{c}x{h}x{wd}_k{oc}x{kh}x{kw}"
+        f"_s{at['strides'][0]}{at['strides'][1]}{'_g' + str(g) if g > 1 else ''}"
+        f"{'_q' + out.data_type if scale is not None else ''}"
+    )
     _launch(kc, node, name, params, bindings, args, M, N, n * g)
-

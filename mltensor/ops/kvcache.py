@@ -31,6 +31,7 @@ from ..runtime.wgsl import WORKGROUP, Binding, Kernel
 TYPES = ("float32", "float16")
 DYNAMIC_OPS = frozenset({"_kv_append"})
 
+
 @builder_op
 def _kv_append(b, values, past, *, label=None):
     """values: a list of operands [seq, ...] (one seq); past: int >= 0 or a dynamic size. Returns
@@ -45,12 +46,12 @@ def _kv_append(b, values, past, *, label=None):
         if v.rank < 1:
             raise TypeError(f"[{where}] values[{k}] must have rank >= 1 (rows first), got a scalar")
         if v.shape[0] != values[0].shape[0]:
-            raise TypeError(f"[{where}] every value must have {values[0].shape[0]} rows, values[{k}] has "
-                            f"{v.shape[0]}")
+            raise TypeError(f"[{where}] every value must have {values[0].shape[0]} rows, values[{k}] has {v.shape[0]}")
     if isinstance(past, bool) or not isinstance(past, (int, Sym)) or (isinstance(past, int) and past < 0):
         raise TypeError(f"[{where}] past must be an integer >= 0 or a dynamic size, got {past!r}")
     outs = [(v.data_type, (past + v.shape[0],) + tuple(v.shape[1:])) for v in values]
     return b._emit(where, list(values), {"past": past}, outs, label)
+
 
 def _lower(kc, node):
     past = node.attrs["past"]
@@ -59,7 +60,8 @@ def _lower(kc, node):
         if not kc.is_caller_tensor(o) or kc.root(o) is not o:
             raise NotSupportedError(
                 "[_kv_append] each result must be a graph output written in place (float32, or float16 where "
-                "the device computes in f16): the rows before `past` live only in the caller's tensor")
+                "the device computes in f16): the rows before `past` live only in the caller's tensor"
+            )
         row = 1
         for d in v.shape[1:]:
             row = row * d

@@ -45,8 +45,12 @@ def launch_body(kc, name, node, body, extra_bindings=()):
     out = kc.out(node)
     n = math.prod(out.shape)
     t = kc.wtype(out)
-    k = Kernel(name, "layout.wgsl", {"n": n, "body": "\n".join(body)},
-               (Binding("x", kc.wtype(x)), *extra_bindings, Binding("out", t, True)))
+    k = Kernel(
+        name,
+        "layout.wgsl",
+        {"n": n, "body": "\n".join(body)},
+        (Binding("x", kc.wtype(x)), *extra_bindings, Binding("out", t, True)),
+    )
     return k, out, n
 
 
@@ -159,4 +163,3 @@ def _lower_triangular(kc, node):
     name = f"triangular_{t}_n{math.prod(x.shape)}_{rows}x{cols}_{'u' if up else 'l'}{dg}"
     k, out, n = launch_body(kc, name, node, body)
     launch_1d(kc, k, [x, out], n)
-

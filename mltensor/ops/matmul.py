@@ -58,9 +58,13 @@ def matmul(b, a, c, *, label=None):
     b._operand(c, "matmul", "b")
     check_support("matmul", a=a, b=c)
     same_type("matmul", ("a", a), ("b", c))
-    check_k(b, a.shape[-1], c.shape[-2],
-             f"[matmul] columns of a ({a.shape[-1]}) must equal rows of b ({c.shape[-2]}); "
-             f"shapes {list(a.shape)} and {list(c.shape)}")
+    check_k(
+        b,
+        a.shape[-1],
+        c.shape[-2],
+        f"[matmul] columns of a ({a.shape[-1]}) must equal rows of b ({c.shape[-2]}); "
+        f"shapes {list(a.shape)} and {list(c.shape)}",
+    )
     batch = broadcast_shapes("matmul", a.shape[:-2], c.shape[:-2])
     shape = tuple(batch) + (a.shape[-2], c.shape[-1])
     return b._emit1("matmul", [a, c], {}, a.data_type, shape, label)
@@ -77,8 +81,13 @@ def _lower_matmul(kc, node):
     params = {
         "a_base": batch_offset_expr(a.shape[:-2], ob, M * ka),
         "b_base": batch_offset_expr(b.shape[:-2], ob, kb * N),
-        "a_sm": ka, "a_sk": 1, "b_sk": N, "b_sn": 1,
-        "alpha": 1.0, "beta": 0.0, "has_c": False,
+        "a_sm": ka,
+        "a_sk": 1,
+        "b_sk": N,
+        "b_sn": 1,
+        "alpha": 1.0,
+        "beta": 0.0,
+        "has_c": False,
     }
     # 16-byte loads where rows are whole vec4s (row-major A with K % 4, B with N % 4): for a
     # dynamic size, only where that holds for every size (4*seq)
@@ -86,15 +95,16 @@ def _lower_matmul(kc, node):
     params.update(vec_a=vec and ka % 4 == 0, vec_b=vec and N % 4 == 0)
     t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
     params["ST"] = store_fn(t)
-    bindings = [Binding("a", f"vec4<{t}>" if params["vec_a"] else t),
-                Binding("b", f"vec4<{t}>" if params["vec_b"] else t), Binding("out", t, True)]
+    bindings = [
+        Binding("a", f"vec4<{t}>" if params["vec_a"] else t),
+        Binding("b", f"vec4<{t}>" if params["vec_b"] else t),
+        Binding("out", t, True),
+    ]
     args = [a, b, out]
     params["act"] = kc.epilogue(bindings, args)
     ln = _post_norm(kc, params, bindings, args, "out")
     name = f"matmul_{t}_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}{ln}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
-
-
 
 
 # -- gemm -----------------------------------------------------------------------------------
@@ -124,9 +134,13 @@ def gemm(b, a, bb, *, c=None, alpha=1.0, beta=1.0, a_transpose=False, b_transpos
     b_transpose = check_bool("gemm", "b_transpose", b_transpose)
     sa = a.shape[::-1] if a_transpose else a.shape
     sb = bb.shape[::-1] if b_transpose else bb.shape
-    check_k(b, sa[1], sb[0],
-             f"[gemm] K of a ({sa[1]}) must equal K of b ({sb[0]}); shapes {list(a.shape)} "
-             f"(a_transpose={a_transpose}) and {list(bb.shape)} (b_transpose={b_transpose})")
+    check_k(
+        b,
+        sa[1],
+        sb[0],
+        f"[gemm] K of a ({sa[1]}) must equal K of b ({sb[0]}); shapes {list(a.shape)} "
+        f"(a_transpose={a_transpose}) and {list(bb.shape)} (b_transpose={b_transpose})",
+    )
     shape = (sa[0], sb[1])
     if c is not None:
         unidirectional("gemm", c.shape, shape)
@@ -143,11 +157,16 @@ def _lower_gemm(kc, node):
     ka, kb = a.shape[0 if at else 1], b.shape[1 if bt else 0]
     K = common_k(ka, kb)  # equal at dispatch (gemm's check_k)
     params = {
-        "a_base": "0u", "b_base": "0u",
+        "a_base": "0u",
+        "b_base": "0u",
         # A is [M, K] or, transposed, [K, M]; B is [K, N] or [N, K]
-        "a_sm": 1 if at else ka, "a_sk": M if at else 1,
-        "b_sk": 1 if bt else N, "b_sn": kb if bt else 1,
-        "alpha": node.attrs["alpha"], "beta": node.attrs["beta"], "has_c": c is not None,
+        "a_sm": 1 if at else ka,
+        "a_sk": M if at else 1,
+        "b_sk": 1 if bt else N,
+        "b_sn": kb if bt else 1,
+        "alpha": node.attrs["alpha"],
+        "beta": node.attrs["beta"],
+        "has_c": c is not None,
         # B transposed ([N, K], an ONNX Gemm with transB: fully connected layers) has k
         # contiguous: staged k-major on hardware adapters, so threads read consecutive words
         "b_kmajor": vec_loads(kc) and bt,
@@ -167,8 +186,6 @@ def _lower_gemm(kc, node):
     params["act"] = kc.epilogue(bindings, args)
     name = f"gemm_{t}_{M}x{K}x{N}{'_at' if at else ''}{'_bt' if bt else ''}{'_c' if c is not None else ''}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, 1)
-
-
 
 
 # -- _fused_matmul (compiler/fusion/gemm_views.py: views, rotary pairs, gated units, merged projections) ------
@@ -197,8 +214,13 @@ def _post_norm(kc, params, bindings, args, out_name):
         bindings.append(Binding("ln_o", kc.wtype(step.outputs[0]), True))
         args.append(step.outputs[0])
         dst = "ln_o"
-    params.update(post_ln=out_name, ln_dst=dst, ln_eps=f32_lit(ln.attrs["epsilon"]), ln_scale=scale is not None,
-                  ln_bias=bias is not None)
+    params.update(
+        post_ln=out_name,
+        ln_dst=dst,
+        ln_eps=f32_lit(ln.attrs["epsilon"]),
+        ln_scale=scale is not None,
+        ln_bias=bias is not None,
+    )
     return "_ln" if dst == out_name else "_ln2"
 
 
@@ -235,7 +257,7 @@ def _lower_fused(kc, node):
             bindings.append(Binding(bname[-1][-1], t))
             args.append(b)
     nb = sum(len(s.bs) for s in segs)
-    extras = node.inputs[1 + nb:]
+    extras = node.inputs[1 + nb :]
     rms = plan.rms  # (scale or None, epsilon): A is x, the GEMM computes rms_norm(x) * scale @ B
     rw = ""
     if rms is not None and rms[0] is not None:
@@ -258,10 +280,24 @@ def _lower_fused(kc, node):
         args.append(w)
     act = kc.epilogue(bindings, args) if single else ""
 
-    params = {"a_base": batch_offset_expr(A.shape[:-2], ob, M * A.shape[-1]), "b_base": "0u",
-              "a_sm": A.shape[-1], "a_sk": 1, "b_sk": N, "b_sn": 1, "alpha": 1.0, "beta": 0.0,
-              "has_c": False, "vec_a": vec_a, "vec_b": False, "ST": ST, "act": act, "a_at": "",
-              "fused_w": W, "fused_rms": f32_lit(rms[1]) if rms is not None else ""}
+    params = {
+        "a_base": batch_offset_expr(A.shape[:-2], ob, M * A.shape[-1]),
+        "b_base": "0u",
+        "a_sm": A.shape[-1],
+        "a_sk": 1,
+        "b_sk": N,
+        "b_sn": 1,
+        "alpha": 1.0,
+        "beta": 0.0,
+        "has_c": False,
+        "vec_a": vec_a,
+        "vec_b": False,
+        "ST": ST,
+        "act": act,
+        "a_at": "",
+        "fused_w": W,
+        "fused_rms": f32_lit(rms[1]) if rms is not None else "",
+    }
     if plan.a_view is not None:
         params["a_at"] = plan.a_view.load_index(coords_of_batch(A.shape[:-2]) + ["m", "k"])
 
@@ -272,7 +308,10 @@ def _lower_fused(kc, node):
             return 0, c
         if s.kind == "rope":
             h = s.head
-            return 0, f"({c} / {h}u) * {h}u + (({c} % {h}u) / 8u) * 4u + ((({c} % {h}u) / 4u) % 2u) * {h // 2}u + ({c} % 4u)"
+            return (
+                0,
+                f"({c} / {h}u) * {h}u + (({c} % {h}u) / 8u) * 4u + ((({c} % {h}u) / 4u) % 2u) * {h // 2}u + ({c} % 4u)",
+            )
         return None, f"({c} / 8u) * 4u + ({c} % 4u)"  # glu: operand by ((c / 4) % 2)
 
     one, where, start = [], [], 0
@@ -283,8 +322,10 @@ def _lower_fused(kc, node):
         q, col = col_of(s, c)
         code = ops.index((j, 0))
         if q is None:  # glu: gate quads, up quads alternate
-            b1 = (f"let q = {col}; if ((({c} / 4u) % 2u) == 0u) {{ return f32({bname[j][0]}[k * {s.n}u + q]){rw}; }} "
-                  f"return f32({bname[j][1]}[k * {s.n}u + q]){rw};")
+            b1 = (
+                f"let q = {col}; if ((({c} / 4u) % 2u) == 0u) {{ return f32({bname[j][0]}[k * {s.n}u + q]){rw}; }} "
+                f"return f32({bname[j][1]}[k * {s.n}u + q]){rw};"
+            )
             w4 = f"return vec2<u32>({code}u + (({c} / 4u) % 2u), {col});"
         else:
             b1 = f"return f32({bname[j][q]}[k * {s.n}u + {col}]){rw};"
@@ -304,7 +345,9 @@ def _lower_fused(kc, node):
     for j, s in enumerate(segs):
         c = f"(n - {start}u)" if start else "n"
         end = start + s.width
-        body = ["        let av = vec4<f32>(load_a(bt, 0u, k), load_a(bt, 1u, k), load_a(bt, 2u, k), load_a(bt, 3u, k));"]
+        body = [
+            "        let av = vec4<f32>(load_a(bt, 0u, k), load_a(bt, 1u, k), load_a(bt, 2u, k), load_a(bt, 3u, k));"
+        ]
         if rms is not None:
             body.append("        ssq = fma(av, av, ssq);")
         head = []
@@ -314,9 +357,16 @@ def _lower_fused(kc, node):
             b = bname[j][qq % 2 if q is None else q]  # glu: the octet's quads are gate, then up
             head.append(f"        let c{qq} = {col};")
             body.append(f"        let r{qq} = k * {s.n}u + c{qq};")
-            body.append(f"        let b{qq} = vec4<f32>(f32({b}[r{qq}]), f32({b}[r{qq} + 1u]), f32({b}[r{qq} + 2u]), f32({b}[r{qq} + 3u])){rw};")
+            body.append(
+                f"        let b{qq} = vec4<f32>(f32({b}[r{qq}]), f32({b}[r{qq} + 1u]), f32({b}[r{qq} + 2u]), f32({b}[r{qq} + 3u])){rw};"
+            )
             body += [f"        acc{qq}[{e}] = fma(av, vec4<f32>(b{qq}.{'xyzw'[e]}), acc{qq}[{e}]);" for e in range(4)]
-        loop = (head + [f"        for (var k = li; k < {wgsl(K)}; k = k + 64u) {{"] + ["    " + x for x in body] + ["        }"])
+        loop = (
+            head
+            + [f"        for (var k = li; k < {wgsl(K)}; k = k + 64u) {{"]
+            + ["    " + x for x in body]
+            + ["        }"]
+        )
         cond = f"n < {end}u" if j < len(segs) - 1 else "true"
         loops.append(f"    {'if' if j == 0 else 'else if'} ({cond}) {{\n" + "\n".join(loop) + "\n    }")
         start = end
@@ -324,9 +374,10 @@ def _lower_fused(kc, node):
     # where a quad of columns is (operand, first column): computed once per quad, outside the loops
     # over k where the kernel can (the GEMV); load_bq reads row k there
     params["b4_fused"] = "    return load_bq(k, bquad(n));"
-    params["b_quad"] = ("fn bquad(n: u32) -> vec2<u32> {\n" + "\n".join(where) + "\n}\n\n"
-                        "fn load_bq(k: u32, w: vec2<u32>) -> vec4<f32> {\n    switch w.x {\n" + "\n".join(cases)
-                        + "\n    }\n}\n")
+    params["b_quad"] = (
+        "fn bquad(n: u32) -> vec2<u32> {\n" + "\n".join(where) + "\n}\n\n"
+        "fn load_bq(k: u32, w: vec2<u32>) -> vec4<f32> {\n    switch w.x {\n" + "\n".join(cases) + "\n    }\n}\n"
+    )
 
     # stores
     fns = []
@@ -335,8 +386,14 @@ def _lower_fused(kc, node):
         return [f"{pad}{oname[id(v)]}[{f}] = {f'act({val}, {f})' if single else val};" for v in leaf.values]
 
     def pre_lines(s, names, tag):
-        names.update({id(v): f"{xname[id(v)]}[{broadcast_index(v.shape, s.x.shape, 'i')}]"
-                      for n in s.pre for v in n.inputs if v is not None and id(v) in xname})
+        names.update(
+            {
+                id(v): f"{xname[id(v)]}[{broadcast_index(v.shape, s.x.shape, 'i')}]"
+                for n in s.pre
+                for v in n.inputs
+                if v is not None and id(v) in xname
+            }
+        )
         return node_lines(kc, s.pre, names, tag)
 
     def guarded(conds, lines):
@@ -362,11 +419,16 @@ def _lower_fused(kc, node):
                 body.append(f"    let f{k} = {f};")
                 body += guarded(conds, writes(leaf, val, f"f{k}", "    "))
             fns.append(f"fn put{j}(bt: u32, m: u32, c: u32, x: {t}) {{\n" + "\n".join(body) + "\n}")
-            fns.append(f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
-                       + "".join(f"    put{j}(bt, m, c + {q}u, {ST}(v.{'xyzw'[q]}));\n" for q in range(4)) + "}")
+            fns.append(
+                f"fn seg{j}(bt: u32, m: u32, c: u32, v: vec4<f32>) {{\n"
+                + "".join(f"    put{j}(bt, m, c + {q}u, {ST}(v.{'xyzw'[q]}));\n" for q in range(4))
+                + "}"
+            )
             if W == 8:
-                fns.append(f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
-                           f"    seg{j}(bt, m, c, lo);\n    seg{j}(bt, m, c + 4u, hi);\n}}")
+                fns.append(
+                    f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
+                    f"    seg{j}(bt, m, c, lo);\n    seg{j}(bt, m, c + 4u, hi);\n}}"
+                )
         elif s.kind == "rope":
             h = s.head
             leaf = s.leaves[0]
@@ -397,13 +459,20 @@ def _lower_fused(kc, node):
             inner = [f"    let r0: {tt} = {r0};", f"    let r1: {tt} = {r1};"]
             inner += writes(leaf, "r0", "f0", "    ") + writes(leaf, "r1", "f1", "    ")
             body += guarded(conds, inner)
-            fns.append(f"fn pair{j}(bt: u32, m: u32, c0: u32, y0: {t}, y1: {t}) {{\n    let c1 = c0 + {h // 2}u;\n"
-                       + "\n".join(body) + "\n}")
+            fns.append(
+                f"fn pair{j}(bt: u32, m: u32, c0: u32, y0: {t}, y1: {t}) {{\n    let c1 = c0 + {h // 2}u;\n"
+                + "\n".join(body)
+                + "\n}"
+            )
             # octet c (a multiple of 8) of head h: channels d .. d+3 and d + D/2 .. d + D/2 + 3
-            fns.append(f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
-                       f"    let d = (c / {h}u) * {h}u + ((c % {h}u) / 8u) * 4u;\n"
-                       + "".join(f"    pair{j}(bt, m, d + {q}u, {ST}(lo.{'xyzw'[q]}), {ST}(hi.{'xyzw'[q]}));\n"
-                                 for q in range(4)) + "}")
+            fns.append(
+                f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
+                f"    let d = (c / {h}u) * {h}u + ((c % {h}u) / 8u) * 4u;\n"
+                + "".join(
+                    f"    pair{j}(bt, m, d + {q}u, {ST}(lo.{'xyzw'[q]}), {ST}(hi.{'xyzw'[q]}));\n" for q in range(4)
+                )
+                + "}"
+            )
         else:  # glu
             g, u = (mm.outputs[0] for mm in s.mms)
             names = {id(g): "g", id(u): "u"}
@@ -414,10 +483,14 @@ def _lower_fused(kc, node):
             body.append(f"    let f = {f};")
             body += guarded(conds, writes(leaf, last, "f", "    "))
             fns.append(f"fn pair{j}(bt: u32, m: u32, c: u32, g: {t}, u: {t}) {{\n" + "\n".join(body) + "\n}")
-            fns.append(f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
-                       f"    let o = (c / 8u) * 4u;\n"
-                       + "".join(f"    pair{j}(bt, m, o + {q}u, {ST}(lo.{'xyzw'[q]}), {ST}(hi.{'xyzw'[q]}));\n"
-                                 for q in range(4)) + "}")
+            fns.append(
+                f"fn oct{j}(bt: u32, m: u32, c: u32, lo: vec4<f32>, hi: vec4<f32>) {{\n"
+                f"    let o = (c / 8u) * 4u;\n"
+                + "".join(
+                    f"    pair{j}(bt, m, o + {q}u, {ST}(lo.{'xyzw'[q]}), {ST}(hi.{'xyzw'[q]}));\n" for q in range(4)
+                )
+                + "}"
+            )
     disp, start = [], 0
     call = "oct{j}(bt, m, {c}, lo, hi)" if W == 8 else "seg{j}(bt, m, {c}, v)"
     for j, s in enumerate(segs):
@@ -427,8 +500,10 @@ def _lower_fused(kc, node):
         disp.append(f"    if (n < {end}u) {{ {cj}; return; }}" if j < len(segs) - 1 else f"    {cj};")
         start = end
     sig = "lo: vec4<f32>, hi: vec4<f32>" if W == 8 else "v: vec4<f32>"
-    fns.append(f"fn store{W}(bt: u32, m: u32, n: u32, {sig}) {{\n"
-               f"    if (m >= {wgsl(M)} || n >= {N}u) {{ return; }}\n" + "\n".join(disp) + "\n}")
+    fns.append(
+        f"fn store{W}(bt: u32, m: u32, n: u32, {sig}) {{\n"
+        f"    if (m >= {wgsl(M)} || n >= {N}u) {{ return; }}\n" + "\n".join(disp) + "\n}"
+    )
     params["fused_store"] = "\n\n".join(fns)
     # the inputs before the rows this kernel writes into concats (a KV cache's past), copied by
     # every workgroup's threads in turn (grid-stride) before the GEMM
@@ -441,8 +516,12 @@ def _lower_fused(kc, node):
             rs = row_strides(leaf.values[0].shape)
             idx = radix("e", merge_dims([(d, (st,)) for d, st in zip(p.shape, rs)]))[0]
             writes_ = " ".join(f"{oname[id(v)]}[{idx}] = {xname[id(p)]}[e];" for v in leaf.values)
-            copies.append(f"    for (var e = g * nt + li; e < {wgsl(math.prod(p.shape))}; e = e + ng * nt) {{ {writes_} }}")
-    params["fused_copy"] = ("fn copy_in(g: u32, ng: u32, li: u32, nt: u32) {\n" + "\n".join(copies) + "\n}") if copies else ""
+            copies.append(
+                f"    for (var e = g * nt + li; e < {wgsl(math.prod(p.shape))}; e = e + ng * nt) {{ {writes_} }}"
+            )
+    params["fused_copy"] = (
+        ("fn copy_in(g: u32, ng: u32, li: u32, nt: u32) {\n" + "\n".join(copies) + "\n}") if copies else ""
+    )
     kinds = "+".join(s.kind if s.kind != "rope" else f"rope{s.head}" for s in segs)
     if plan.a_view is not None:
         kinds = "aview+" + kinds

@@ -90,8 +90,10 @@ def check_syms(b, where, what, values):
     they must read only this graph's dynamic dimensions."""
     for v in values:
         if isinstance(v, Sym) and not v.names() <= set(b._dims):
-            raise TypeError(f"[{where}] {what} entry {v} reads dynamic dimension(s) "
-                            f"{sorted(v.names() - set(b._dims))} that no input of this graph has")
+            raise TypeError(
+                f"[{where}] {what} entry {v} reads dynamic dimension(s) "
+                f"{sorted(v.names() - set(b._dims))} that no input of this graph has"
+            )
 
 
 class Checks:
@@ -198,8 +200,14 @@ def _strided_copy(kc, name, src, dst, shape, src_strides, src_base=0, dst_stride
         # same element order as the source: no data moves at all
         kc.alias(dst, src)
         return
-    if (dense and len(dims) <= 1 and all(s == 1 for _, (s, _) in dims) and isinstance(src_base, int)
-            and is_static(shape) and is_static(src.shape)):
+    if (
+        dense
+        and len(dims) <= 1
+        and all(s == 1 for _, (s, _) in dims)
+        and isinstance(src_base, int)
+        and is_static(shape)
+        and is_static(src.shape)
+    ):
         # one contiguous range of the source (a channel split at batch 1, a slice of rows): read
         # in place when its offset is aligned (kc.view)
         if kc.view(dst, src, src_base * kc.nbytes(src) // max(1, math.prod(src.shape))):
@@ -247,8 +255,11 @@ def _copy_rows(kc, name, src, dst, dims, src_base, dst_base, mt):
         if [st[t] for _, st in dims] == row_strides([s for s, _ in dims]):
             terms = [f"o * {wgsl(row_len)} + i"]  # row-major: no coordinates needed
         else:
-            terms = [c if st[t] == 1 else f"{c} * {wgsl(st[t])}"
-                     for c, (size, st) in zip(oc + rc, dims) if size != 1 and (isinstance(st[t], Sym) or st[t])]
+            terms = [
+                c if st[t] == 1 else f"{c} * {wgsl(st[t])}"
+                for c, (size, st) in zip(oc + rc, dims)
+                if size != 1 and (isinstance(st[t], Sym) or st[t])
+            ]
         if base:
             terms.append(wgsl(base))
         index.append(" + ".join(terms) or "0u")
@@ -408,11 +419,12 @@ def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebN
         if not checks.positive(start + 1, f"[slice] starts[{d}] + 1 ({start} + 1)"):
             raise TypeError(f"[slice] starts must not be negative, got {starts}")
         # start + size <= dim; sizes known only at dispatch are checked then
-        if not checks.positive(dim - start - size + 1, f"[slice] starts[{d}] + sizes[{d}] against the input's "
-                               f"dimension {d}: {dim} + 1 - ({start} + {size})"):
+        if not checks.positive(
+            dim - start - size + 1,
+            f"[slice] starts[{d}] + sizes[{d}] against the input's dimension {d}: {dim} + 1 - ({start} + {size})",
+        ):
             raise TypeError(
-                f"[slice] starts[{d}] + sizes[{d}] ({start} + {size}) exceeds the input's "
-                f"dimension {d} of size {dim}"
+                f"[slice] starts[{d}] + sizes[{d}] ({start} + {size}) exceeds the input's dimension {d} of size {dim}"
             )
         shape.append(cdiv(size, steps[d]))
     attrs = {"starts": starts, "sizes": sizes, "strides": steps}
@@ -638,8 +650,10 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
         for d in range(r):
             dim = x.shape[d]
             if isinstance(dim, Sym):  # a dynamic dimension: checked at dispatch where need be
-                fits = all(checks.positive(dim - p, f"[pad] dimension {d} ({dim}) minus its reflection "
-                                           f"padding {p}") for p in (begin[d], end[d]))
+                fits = all(
+                    checks.positive(dim - p, f"[pad] dimension {d} ({dim}) minus its reflection padding {p}")
+                    for p in (begin[d], end[d])
+                )
             else:
                 fits = begin[d] < dim and end[d] < dim
             if not fits:
@@ -671,7 +685,7 @@ def _lower_gather(kc, node):
     out = kc.out(node)
     axis = node.attrs["axis"]
     dim = x.shape[axis]
-    inner = math.prod(x.shape[axis + 1:])
+    inner = math.prod(x.shape[axis + 1 :])
     count = idx.size
     n = out.size
     it = kc.wtype(idx)
@@ -684,8 +698,9 @@ def _lower_gather(kc, node):
         src = f"{o_expr} * {dim * inner}u + a * {inner}u + {k_expr}"
     else:  # sizes read at dispatch: no division or remainder that a size of 1 makes useless
         outer = math.prod(x.shape[:axis])
-        o_off, j_expr, k_expr = index_terms("i", [(outer, (dim * inner, 0, 0)), (count, (0, 1, 0)),
-                                            (inner, (0, 0, 1))], 3)
+        o_off, j_expr, k_expr = index_terms(
+            "i", [(outer, (dim * inner, 0, 0)), (count, (0, 1, 0)), (inner, (0, 0, 1))], 3
+        )
         src = " + ".join(t for t in (o_off, "a" if inner == 1 else f"a * {wgsl(inner)}", k_expr) if t != "0u")
     if it == "i64e":
         fix = f"    let a = wrap_i64e(idx[{j_expr}], {wgsl(dim)});"  # shaders/int64e.wgsl
@@ -730,6 +745,6 @@ def gather(b, x, indices, *, axis=0, label=None):
     axis = _uint("gather", "axis", axis)
     if axis >= x.rank:
         raise TypeError(f"[gather] axis must be below the input's rank {x.rank}, got {axis}")
-    shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
+    shape = x.shape[:axis] + indices.shape + x.shape[axis + 1 :]
     shape = output_shape(b, "gather", x.data_type, shape)
     return b._emit1("gather", [x, indices], {"axis": axis}, x.data_type, shape, label)

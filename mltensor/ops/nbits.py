@@ -32,14 +32,16 @@ ZP_MODES = ("none", "packed", "float")
 # Builder methods taking operands with dynamic dimensions: the rows of A (tokens), the indices
 DYNAMIC_OPS = frozenset({"_matmul_nbits", "_gather_nbits"})
 
-register("_matmul_nbits",
-         {"a": FLOAT, "b": ("uint32",), "scales": FLOAT, "zero_points": FLOAT + ("uint32",),
-          "bias": FLOAT, "output": FLOAT},
-         ranks={"a": (1, MAX_RANK), "b": (1, 1), "scales": (1, 1), "zero_points": (1, 1), "bias": (1, 1)})
-register("_gather_nbits",
-         {"data": ("uint32",), "indices": ("int32",), "scales": FLOAT, "zero_points": FLOAT + ("uint32",),
-          "output": FLOAT},
-         ranks={"data": (1, 1), "scales": (1, 1), "zero_points": (1, 1)})
+register(
+    "_matmul_nbits",
+    {"a": FLOAT, "b": ("uint32",), "scales": FLOAT, "zero_points": FLOAT + ("uint32",), "bias": FLOAT, "output": FLOAT},
+    ranks={"a": (1, MAX_RANK), "b": (1, 1), "scales": (1, 1), "zero_points": (1, 1), "bias": (1, 1)},
+)
+register(
+    "_gather_nbits",
+    {"data": ("uint32",), "indices": ("int32",), "scales": FLOAT, "zero_points": FLOAT + ("uint32",), "output": FLOAT},
+    ranks={"data": (1, 1), "scales": (1, 1), "zero_points": (1, 1)},
+)
 
 
 def _words(where, what, x, n):
@@ -78,13 +80,16 @@ def _check_zp(where, zero_points, zp_mode, scales, n_rows, kb, bits):
         if zero_points.data_type not in ("float32", "float16"):
             raise TypeError(f"[{where}] float zero_points must be float32 or float16, got {zero_points.data_type}")
         if zero_points.shape != scales.shape:
-            raise TypeError(f"[{where}] float zero_points shape {list(zero_points.shape)} differs from "
-                            f"scales shape {list(scales.shape)}")
+            raise TypeError(
+                f"[{where}] float zero_points shape {list(zero_points.shape)} differs from "
+                f"scales shape {list(scales.shape)}"
+            )
 
 
 @builder_op
-def _matmul_nbits(b, a, packed, scales, *, K, N, bits, block_size, zero_points=None, zp_mode="none",
-                  bias=None, label=None):
+def _matmul_nbits(
+    b, a, packed, scales, *, K, N, bits, block_size, zero_points=None, zp_mode="none", bias=None, label=None
+):
     where = "_matmul_nbits"
     for what, v in (("a", a), ("b", packed), ("scales", scales), ("zero_points", zero_points), ("bias", bias)):
         if v is not None:
@@ -102,15 +107,13 @@ def _matmul_nbits(b, a, packed, scales, *, K, N, bits, block_size, zero_points=N
     _check_zp(where, zero_points, zp_mode, scales, N, kb, bits)
     if bias is not None and bias.shape != (N,):
         raise TypeError(f"[{where}] bias must have shape [{N}], got {list(bias.shape)}")
-    attrs = {"K": K, "N": N, "bits": bits, "block_size": block_size, "zp_mode": zp_mode,
-             "has_bias": bias is not None}
+    attrs = {"K": K, "N": N, "bits": bits, "block_size": block_size, "zp_mode": zp_mode, "has_bias": bias is not None}
     ins = [a, packed, scales] + [x for x in (zero_points, bias) if x is not None]
     return b._emit1(where, ins, attrs, a.data_type, tuple(a.shape[:-1]) + (N,), label)
 
 
 @builder_op
-def _gather_nbits(b, data, indices, scales, *, V, H, bits, block_size, zero_points=None, zp_mode="none",
-                  label=None):
+def _gather_nbits(b, data, indices, scales, *, V, H, bits, block_size, zero_points=None, zp_mode="none", label=None):
     """Rows `indices` (int32, negative counted from the end, clamped into [0, V)) of the [V, H]
     matrix packed in `data` (its V * H values back to back, `bits` each, low bits first; blocks
     of block_size along H, the last one possibly short), dequantized: shape indices.shape + [H],
@@ -139,9 +142,17 @@ def _quant_params(attrs, cols):
     """Template parameters of the packed layout: quantized rows of `cols` values."""
     bits, bs = attrs["bits"], attrs["block_size"]
     kb = -(-cols // bs)
-    return {"BITS": bits, "MASK": (1 << bits) - 1, "VPW": 32 // bits, "BS": bs, "KB": kb,
-            "WPR": kb * bs * bits // 32,
-            "ZPB": _zp_bytes(kb, bits), "zp_mode": attrs["zp_mode"], "ZP_DEFAULT": float(1 << (bits - 1))}
+    return {
+        "BITS": bits,
+        "MASK": (1 << bits) - 1,
+        "VPW": 32 // bits,
+        "BS": bs,
+        "KB": kb,
+        "WPR": kb * bs * bits // 32,
+        "ZPB": _zp_bytes(kb, bits),
+        "zp_mode": attrs["zp_mode"],
+        "ZP_DEFAULT": float(1 << (bits - 1)),
+    }
 
 
 def _cpu(kc):
@@ -163,8 +174,17 @@ def _lower_matmul_nbits(kc, node):
     # M may be a size known at dispatch (tokens of a sequence): SM is its WGSL, the constant M
     # where static; check_m: rows past M are not loaded (the GEMV kernel's 4 lanes)
     dyn = isinstance(M, Sym)
-    p.update(N=N, K=K, ST=store_fn(t), has_bias=bias is not None, SM=wgsl(M) if dyn else "M",
-             M=None if dyn else M, check_m=dyn, MROWS=4 if dyn else M, gate="")
+    p.update(
+        N=N,
+        K=K,
+        ST=store_fn(t),
+        has_bias=bias is not None,
+        SM=wgsl(M) if dyn else "M",
+        M=None if dyn else M,
+        check_m=dyn,
+        MROWS=4 if dyn else M,
+        gate="",
+    )
     bindings = [Binding("a", t), Binding("b", "u32"), Binding("scales", kc.wtype(scales))]
     args = [a, packed, scales]
     if zp is not None:
@@ -175,8 +195,10 @@ def _lower_matmul_nbits(kc, node):
         args.append(bias)
     bindings.append(Binding("out", t, True))
     args.append(out)
-    name = (f"matmul_nbits{at['bits']}_{t}_{M}x{K}x{N}_bs{at['block_size']}_{at['zp_mode']}"
-            f"{'_bias' if bias is not None else ''}")
+    name = (
+        f"matmul_nbits{at['bits']}_{t}_{M}x{K}x{N}_bs{at['block_size']}_{at['zp_mode']}"
+        f"{'_bias' if bias is not None else ''}"
+    )
     if not dyn:
         if M <= GEMV_MAX_M:
             _gemv(kc, name, p, bindings, args, N, 1)
@@ -199,8 +221,12 @@ def _gemv(kc, name, p, bindings, args, N, on):
     # decoding: a workgroup owns 4 output columns, its 64 threads split the row's words
     p = dict(p, path="gemv", COLS=cdiv(N, 4))
     # (loops: the row's words over 64 threads, the tree; LOOP_BUDGET in runtime/wgsl.py)
-    kc.launch(Kernel(f"{name}_gemv", "matmul_nbits.wgsl", p, bindings), args, grid(cdiv(N, 4) * on),
-              iters=cdiv(p["KB"] * p["BS"] // p["VPW"], 64) + 16)
+    kc.launch(
+        Kernel(f"{name}_gemv", "matmul_nbits.wgsl", p, bindings),
+        args,
+        grid(cdiv(N, 4) * on),
+        iters=cdiv(p["KB"] * p["BS"] // p["VPW"], 64) + 16,
+    )
 
 
 def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
@@ -216,8 +242,19 @@ def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
         rm = rn = 4
     bm, bn = ty * rm, tx * rn
     tiles = cdiv(M, bm) * cdiv(N, bn)
-    p = dict(p, path="tiled", SPLIT=1, KCHUNK=0, TX=tx, TY=ty, RM=rm, RN=rn, BK=32, TILES_N=cdiv(N, bn),
-             TILES=wgsl(tiles) if isinstance(tiles, Sym) else f"{tiles}u")
+    p = dict(
+        p,
+        path="tiled",
+        SPLIT=1,
+        KCHUNK=0,
+        TX=tx,
+        TY=ty,
+        RM=rm,
+        RN=rn,
+        BK=32,
+        TILES_N=cdiv(N, bn),
+        TILES=wgsl(tiles) if isinstance(tiles, Sym) else f"{tiles}u",
+    )
     # loops per BK step: the step, A's and B's staging, the products (runtime/wgsl.py LOOP_BUDGET,
     # a loop of n counting n + 1). Past the budget (K ~26000 on lavapipe's tile) K is cut into
     # SPLIT chunks of KCHUNK (whole BK steps), each summed into scratch, then added in order by a
@@ -231,16 +268,31 @@ def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
     split = cdiv(K, kchunk)
     p = dict(p, SPLIT=split, KCHUNK=kchunk)
     if split == 1:
-        kc.launch(Kernel(f"{name}_t{bm}x{bn}", "matmul_nbits.wgsl", p, bindings), args, grid(tiles * on),
-                  iters=cdiv(K, 32) * per + 16)
+        kc.launch(
+            Kernel(f"{name}_t{bm}x{bn}", "matmul_nbits.wgsl", p, bindings),
+            args,
+            grid(tiles * on),
+            iters=cdiv(K, 32) * per + 16,
+        )
         return
     part = kc.scratch(4 * split * m_max * N)
-    kc.launch(Kernel(f"{name}_t{bm}x{bn}_s{split}", "matmul_nbits.wgsl", p,
-                     bindings + [Binding("part", "f32", True)]), args + [part], grid(tiles * split * on),
-              iters=cdiv(kchunk, 32) * per + 16)
-    kc.launch(Kernel(f"{name}_t{bm}x{bn}_s{split}_reduce", "matmul_nbits.wgsl", dict(p, path="reduce"),
-                     bindings + [Binding("part", "f32")]), args + [part],
-              grid(cdiv(M * N, WORKGROUP) * on), iters=split + 1)
+    kc.launch(
+        Kernel(f"{name}_t{bm}x{bn}_s{split}", "matmul_nbits.wgsl", p, bindings + [Binding("part", "f32", True)]),
+        args + [part],
+        grid(tiles * split * on),
+        iters=cdiv(kchunk, 32) * per + 16,
+    )
+    kc.launch(
+        Kernel(
+            f"{name}_t{bm}x{bn}_s{split}_reduce",
+            "matmul_nbits.wgsl",
+            dict(p, path="reduce"),
+            bindings + [Binding("part", "f32")],
+        ),
+        args + [part],
+        grid(cdiv(M * N, WORKGROUP) * on),
+        iters=split + 1,
+    )
 
 
 @lowering("_gather_nbits")

@@ -27,7 +27,19 @@ from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
 from ._checks import check_number, check_support
 from ._index import merge_dims, radix, row_strides
 from .elementwise import group_fn
-from .reduce import CHUNK, MAX_SPLIT, SOFTMAX_SPLIT_K, SOFTMAX_SPLIT_K_CPU, WG, at_least, axes_option, chunks, groups, size_params, thread_flag
+from .reduce import (
+    CHUNK,
+    MAX_SPLIT,
+    SOFTMAX_SPLIT_K,
+    SOFTMAX_SPLIT_K_CPU,
+    WG,
+    at_least,
+    axes_option,
+    chunks,
+    groups,
+    size_params,
+    thread_flag,
+)
 
 # groups longer than this are normalized in chunks (split path, _lower_norm): as softmax rows, on
 # GPUs from 64K elements (one workgroup per group leaves a GPU idle), on CPU adapters from 512K
@@ -39,8 +51,7 @@ CHUNK_CPU = 65536
 
 FLOAT = dtypes.FLOATS
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
-DYNAMIC_OPS = frozenset({"batch_normalization", "instance_normalization", "layer_normalization",
-                         "_rms_normalization"})
+DYNAMIC_OPS = frozenset({"batch_normalization", "instance_normalization", "layer_normalization", "_rms_normalization"})
 
 
 def _param(b, where, what, p, x, shape):
@@ -69,6 +80,7 @@ def _may_equal(a, c):
 
 
 # -- batch_normalization --------------------------------------------------------------------
+
 
 @builder_op
 def batch_normalization(b, x, mean, variance, *, scale=None, bias=None, axis=1, epsilon=1e-5, label=None):
@@ -100,7 +112,7 @@ def _lower_batch(kc, node):
     x, mean, var, scale, bias = node.inputs
     out = kc.out(node)
     axis = node.attrs["axis"]
-    n, C, inner = x.size, x.shape[axis], math.prod(x.shape[axis + 1:])
+    n, C, inner = x.size, x.shape[axis], math.prod(x.shape[axis + 1 :])
     c = "i" if inner == 1 else f"(i / {wgsl(inner)})"
     try:
         wrap = n > C * inner
@@ -108,11 +120,20 @@ def _lower_batch(kc, node):
         wrap = True
     if wrap:
         c = f"({c} % {wgsl(C)})"
-    params = _params(node, mode="batch", N=wgsl(n), cidx=c if isinstance(C, Sym) or C > 1 else "0u",
-                     scale=scale is not None, bias=bias is not None)
+    params = _params(
+        node,
+        mode="batch",
+        N=wgsl(n),
+        cidx=c if isinstance(C, Sym) or C > 1 else "0u",
+        scale=scale is not None,
+        bias=bias is not None,
+    )
     args = [x, mean, var] + [p for p in (scale, bias) if p is not None] + [out]
-    names = ["src", "p_mean", "p_var"] + (["p_scale"] if scale is not None else []) + (
-        ["p_bias"] if bias is not None else [])
+    names = (
+        ["src", "p_mean", "p_var"]
+        + (["p_scale"] if scale is not None else [])
+        + (["p_bias"] if bias is not None else [])
+    )
     bindings = _bindings(kc, x, names)
     params["ST"] = store_fn(kc.wtype(x))
     params["act"] = kc.epilogue(bindings, args)  # e.g. densenet's BatchNormalization -> Relu
@@ -121,6 +142,7 @@ def _lower_batch(kc, node):
 
 
 # -- instance_normalization -----------------------------------------------------------------
+
 
 @builder_op
 def instance_normalization(b, x, *, scale=None, bias=None, epsilon=1e-5, layout="nchw", label=None):
@@ -153,6 +175,7 @@ def _lower_instance(kc, node):
 
 # -- layer_normalization --------------------------------------------------------------------
 
+
 @builder_op
 def layer_normalization(b, x, *, scale=None, bias=None, axes=None, epsilon=1e-5, label=None):
     """Normalize over `axes` (default: every axis but the first), then multiply by `scale` and add
@@ -183,6 +206,7 @@ def _lower_layer(kc, node):
 
 # -- _rms_normalization (internal) ----------------------------------------------------------
 
+
 @builder_op
 def _rms_normalization(b, x, *, scale=None, axes=None, epsilon=1e-5, label=None):
     """RMSNorm: x * (1 / sqrt(mean(x^2 over `axes`) + epsilon)) * scale, one kernel (the mean
@@ -204,9 +228,22 @@ def _rms_normalization(b, x, *, scale=None, axes=None, epsilon=1e-5, label=None)
 
 
 def _params(node, **kw):
-    p = {"eps": lit(node.attrs["epsilon"], "f32"), "WG": WG, "M": "1u", "K": "1u", "base": "0u",
-         "off": "0u", "pbase": "0u", "poff": "0u", "N": "1u", "cidx": "0u", "THR": "",
-         "rms": node.op == "_rms_normalization", "xfn": "", "xout": False}
+    p = {
+        "eps": lit(node.attrs["epsilon"], "f32"),
+        "WG": WG,
+        "M": "1u",
+        "K": "1u",
+        "base": "0u",
+        "off": "0u",
+        "pbase": "0u",
+        "poff": "0u",
+        "N": "1u",
+        "cidx": "0u",
+        "THR": "",
+        "rms": node.op == "_rms_normalization",
+        "xfn": "",
+        "xout": False,
+    }
     p["normed"] = "f32(x_at(i)) * r" if p["rms"] else "(f32(x_at(i)) - mean) / den"
     p.update(kw)
     return p
@@ -236,8 +273,17 @@ def _lower_norm(kc, node, kept, red):
     off, poff = radix("k", merge_dims(red), 2)
     thr = thread_flag(M, K)  # 1: one thread per group, 0: one workgroup, else decided at dispatch
     mode = "norm_thread" if thr == 1 else "norm_group"
-    params = _params(node, mode=mode, **size_params(M=M, K=K), base=base, off=off, pbase=pbase, poff=poff,
-                     scale=scale is not None, bias=bias is not None)
+    params = _params(
+        node,
+        mode=mode,
+        **size_params(M=M, K=K),
+        base=base,
+        off=off,
+        pbase=pbase,
+        poff=poff,
+        scale=scale is not None,
+        bias=bias is not None,
+    )
     t = kc.wtype(x)
     step = kc.step
     src = step.source if step is not None and step.node is node else None
@@ -275,8 +321,9 @@ def _lower_norm(kc, node, kept, red):
         # group this kernel gets, at most `most` where some sizes split)
         k = K if split == 0 else min(high(K), most)
         iters = 3 * k if mode == "norm_thread" else 3 * cdiv(k, WG) + 18
-        kc.launch(Kernel(name, "normalization.wgsl", params, bindings), args, groups(node.op, n * (1 - split)),
-                  iters=iters)
+        kc.launch(
+            Kernel(name, "normalization.wgsl", params, bindings), args, groups(node.op, n * (1 - split)), iters=iters
+        )
     if split != 0:
         # S chunks of CHUNK elements per group: each chunk's (mean, sum of squared deviations)
         # (two passes over the chunk), then a workgroup per chunk combines its group's S pairs
@@ -290,28 +337,42 @@ def _lower_norm(kc, node, kept, red):
         p = dict(params, THR="", **size_params(S=S, CHUNK=chunk))
         # the stats pass binds only the group's source (src, or the fused step's inputs s0, ...)
         n_src = 1 if src is None else len(ext)
-        kst = Kernel(f"{short}norm_m{M}_k{K}_stats{tail}", "normalization.wgsl", dict(p, mode="norm_stats", act="", scale=False, bias=False, xout=False),
-                     bindings[:n_src] + [Binding("part", "f32", True)])
+        kst = Kernel(
+            f"{short}norm_m{M}_k{K}_stats{tail}",
+            "normalization.wgsl",
+            dict(p, mode="norm_stats", act="", scale=False, bias=False, xout=False),
+            bindings[:n_src] + [Binding("part", "f32", True)],
+        )
         # (the bounds of the size expressions are loose: the largest chunk and S, from the plan)
         chunk_most, s_most = max(c0, cdiv(high(K), MAX_SPLIT)), MAX_SPLIT
         iters = 2 * cdiv(chunk_most, WG) + 12
         kc.launch(kst, args[:n_src] + [part], groups(node.op, M * S * split), iters=iters)
-        kap = Kernel(f"{short}norm_m{M}_k{K}_apply{tail}", "normalization.wgsl", dict(p, mode="norm_apply"),
-                     bindings + [Binding("part", "f32")])
-        kc.launch(kap, args + [part], groups(node.op, M * S * split),
-                  iters=2 * cdiv(s_most, WG) + cdiv(chunk_most, WG) + 12)
+        kap = Kernel(
+            f"{short}norm_m{M}_k{K}_apply{tail}",
+            "normalization.wgsl",
+            dict(p, mode="norm_apply"),
+            bindings + [Binding("part", "f32")],
+        )
+        kc.launch(
+            kap, args + [part], groups(node.op, M * S * split), iters=2 * cdiv(s_most, WG) + cdiv(chunk_most, WG) + 12
+        )
 
 
 def _cpu(kc):
     return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 
-register("batch_normalization",
-         {"input": FLOAT, "mean": FLOAT, "variance": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
-         ranks={"mean": (1, 1), "variance": (1, 1), "scale": (1, 1), "bias": (1, 1)}, lower=_lower_batch)
-register("instance_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
-         ranks={"input": (4, 4), "scale": (1, 1), "bias": (1, 1)}, lower=_lower_instance)
-register("layer_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
-         lower=_lower_layer)
-register("_rms_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
-         lower=_lower_layer)
+register(
+    "batch_normalization",
+    {"input": FLOAT, "mean": FLOAT, "variance": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
+    ranks={"mean": (1, 1), "variance": (1, 1), "scale": (1, 1), "bias": (1, 1)},
+    lower=_lower_batch,
+)
+register(
+    "instance_normalization",
+    {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT},
+    ranks={"input": (4, 4), "scale": (1, 1), "bias": (1, 1)},
+    lower=_lower_instance,
+)
+register("layer_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT}, lower=_lower_layer)
+register("_rms_normalization", {"input": FLOAT, "scale": FLOAT, "bias": FLOAT, "output": FLOAT}, lower=_lower_layer)

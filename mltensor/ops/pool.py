@@ -49,6 +49,7 @@ CHUNK_CPU = 65536  # a chunk on CPU adapters (on GPUs reduce.CHUNK): lavapipe pa
 def _cpu(kc):
     return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
+
 # Builder methods taking operands with dynamic dimensions (batch, channels, plane)
 DYNAMIC_OPS = frozenset({"average_pool2d", "l2_pool2d", "max_pool2d"})
 
@@ -61,8 +62,7 @@ for _name, _types in _KINDS.items():
     register(_name, {"input": _types, "output": _types}, ranks={"input": (4, 4)})
 
 
-def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, rounding_type,
-          output_sizes, label):
+def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, rounding_type, output_sizes, label):
     b._operand(x, where, "input")
     check_support(where, input=x)
     if layout not in ("nchw", "nhwc"):
@@ -89,10 +89,16 @@ def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, r
         if high(span) < 0:
             raise TypeError(
                 f"[{where}] the dilated window {axis} ({(k - 1) * d + 1}) exceeds the padded input "
-                f"{axis} ({size + p0 + p1})")
+                f"{axis} ({size + p0 + p1})"
+            )
         if low(span) < 0:  # for some sizes only: every dispatch checks it
-            deferred.append((span + 1, f"[{where}] padded input {axis} {size + p0 + p1} - dilated window {axis} "
-                                       f"{(k - 1) * d + 1} + 1 (the window must fit in the padded input)"))
+            deferred.append(
+                (
+                    span + 1,
+                    f"[{where}] padded input {axis} {size + p0 + p1} - dilated window {axis} "
+                    f"{(k - 1) * d + 1} + 1 (the window must fit in the padded input)",
+                )
+            )
             span = smax(span, 0)
         calc.append((span // s + 1, cdiv(span, s) + 1))  # (floor, ceil) of span / s + 1
     floor_hw = (calc[0][0], calc[1][0])
@@ -107,7 +113,8 @@ def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, r
         if sizes not in (floor_hw, ceil_hw):
             raise TypeError(
                 f"[{where}] output_sizes {list(sizes)} must be the floor {list(floor_hw)} or ceil "
-                f"{list(ceil_hw)} rounding of the computed output size")
+                f"{list(ceil_hw)} rounding of the computed output size"
+            )
         oh, ow = sizes
     else:
         oh, ow = floor_hw if rounding_type == "floor" else ceil_hw
@@ -120,10 +127,22 @@ def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, r
 
 
 def _make(where):
-    def op(b, input, *, window_dimensions=None, padding=None, strides=None, dilations=None,
-           layout="nchw", rounding_type="floor", output_sizes=None, label=None):
-        return _pool(b, where, input, window_dimensions, padding, strides, dilations, layout,
-                     rounding_type, output_sizes, label)
+    def op(
+        b,
+        input,
+        *,
+        window_dimensions=None,
+        padding=None,
+        strides=None,
+        dilations=None,
+        layout="nchw",
+        rounding_type="floor",
+        output_sizes=None,
+        label=None,
+    ):
+        return _pool(
+            b, where, input, window_dimensions, padding, strides, dilations, layout, rounding_type, output_sizes, label
+        )
 
     op.__name__ = where
     op.__doc__ = f"IDL: MLOperand {where}(MLOperand input, optional MLPool2dOptions options = {{}});"
@@ -172,9 +191,28 @@ def _lower(kc, node, mode):
     big = at_least(kh * kw, GLOBAL_MIN_WINDOW) if whole else 0
     path = "window" if big == 0 else "global"
     params = {
-        "mode": mode, "path": path, "T": t, "init": init, "empty": empty, "max_": binop("max", t, "{a}", "{b}"), "nhwc": nhwc, "C": c, "IH": ih, "IW": iw,
-        "OH": oh, "OW": ow, "KH": kh, "KW": kw, "SH": sh, "SW": sw, "DH": dh, "DW": dw, "PT": pt,
-        "PL": pl, "in_s": in_s, "total": total,
+        "mode": mode,
+        "path": path,
+        "T": t,
+        "init": init,
+        "empty": empty,
+        "max_": binop("max", t, "{a}", "{b}"),
+        "nhwc": nhwc,
+        "C": c,
+        "IH": ih,
+        "IW": iw,
+        "OH": oh,
+        "OW": ow,
+        "KH": kh,
+        "KW": kw,
+        "SH": sh,
+        "SW": sw,
+        "DH": dh,
+        "DW": dw,
+        "PT": pt,
+        "PL": pl,
+        "in_s": in_s,
+        "total": total,
         **ld_st(st),
     }
     name = f"{node.op}_{a['layout']}_{st}_k{kh}x{kw}s{sh}x{sw}" + ("_global" if path == "global" else "")
@@ -183,15 +221,18 @@ def _lower(kc, node, mode):
     # every thread's index by the output's sizes: it keeps its constants (a division by a value
     # read at dispatch made it 1.5x slower on lavapipe, bench/test_bench_startup.py).
     # (not where the plane is cut into chunks: the chunk kernels below keep constants)
-    P = (kc.size_params() if path == "global" and is_static(out.shape + x.shape) and big == 1
-         and at_least(kh * kw, GLOBAL_SPLIT + 1) == 0 else SizeParams(0))
+    P = (
+        kc.size_params()
+        if path == "global" and is_static(out.shape + x.shape) and big == 1 and at_least(kh * kw, GLOBAL_SPLIT + 1) == 0
+        else SizeParams(0)
+    )
     if P:
-        params.update(C=P(c), IH=P(ih), IW=P(iw), in_s=tuple(P(v) for v in in_s), total=P(total), KH=P(kh),
-                      KW=P(kw))
+        params.update(C=P(c), IH=P(ih), IW=P(iw), in_s=tuple(P(v) for v in in_s), total=P(total), KH=P(kh), KW=P(kw))
     if not is_static(out.shape):  # the output coordinates as chained quotients (one division per dynamic size)
         div = high(total) < FAST_DIV_MAX
-        params["coords"] = "\n".join(index_lines("i", ("n", "oh", "ow", "c") if nhwc else ("n", "c", "oh", "ow"),
-                                                 list(out.shape), div))
+        params["coords"] = "\n".join(
+            index_lines("i", ("n", "oh", "ow", "c") if nhwc else ("n", "c", "oh", "ow"), list(out.shape), div)
+        )
     if isinstance(big, Sym):  # and the window loop's path in a global kernel where the plane may be small
         params["auto"] = wgsl(1 - big)
         name += "_auto"
@@ -220,11 +261,19 @@ def _lower(kc, node, mode):
         part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * high(total) * most)
         p = dict(params, S=S, CHUNK=chunk, auto=0)
         p.pop("coords", None)
-        k1 = Kernel(name + "_partial", "pool.wgsl", dict(p, path="global_part", act="", ST=""),
-                    (Binding("x", st), Binding("part", t, True)))
+        k1 = Kernel(
+            name + "_partial",
+            "pool.wgsl",
+            dict(p, path="global_part", act="", ST=""),
+            (Binding("x", st), Binding("part", t, True)),
+        )
         kc.launch(k1, [x, part], groups_for(node.op, total * S * split), iters=cdiv(chunk_most, GLOBAL_WG) + 6)
-        k2 = Kernel(name + "_final", "pool.wgsl", dict(p, path="global_final", LD=""),
-                    (Binding("part", t),) + tuple(bindings[1:]))
+        k2 = Kernel(
+            name + "_final",
+            "pool.wgsl",
+            dict(p, path="global_final", LD=""),
+            (Binding("part", t),) + tuple(bindings[1:]),
+        )
         kc.launch(k2, [part] + args[1:], groups_for(node.op, cdiv(total, WORKGROUP) * split), iters=MAX_SPLIT)
 
 
@@ -279,8 +328,21 @@ def lower_gate(kc, step):
     nhwc = layout == "nhwc"
     c = x.shape[3] if nhwc else x.shape[1]
     hw = math.prod(x.shape[1:]) // c
-    params = {"path": "gate", "pool": pool, "nhwc": nhwc, "C": c, "HW": hw, "src_fn": src_fn,
-              "mode": "avg", "T": "f32", "init": "0.0", "max_": "", "act": "", "LD": "", "ST": st}
+    params = {
+        "path": "gate",
+        "pool": pool,
+        "nhwc": nhwc,
+        "C": c,
+        "HW": hw,
+        "src_fn": src_fn,
+        "mode": "avg",
+        "T": "f32",
+        "init": "0.0",
+        "max_": "",
+        "act": "",
+        "LD": "",
+        "ST": st,
+    }
     if pool:
         # NHWC: up to 64 channels a pass (256-byte rows), the other threads along the plane.
         # NCHW: enough channels a pass to keep 256 threads busy, at least 16 lanes (64 bytes) along
@@ -305,22 +367,37 @@ def lower_gate(kc, step):
             args.append(bias)
         lines, cur = activation_lines(kc, ep, "a", t)
         lines = [f"        let a: {t} = {st}(acc);"] + ["    " + ln for ln in lines]
-        layers.append({"O": o, "I": dict(zip(fc.attrs["filter_layout"], w.shape))["i"], "os": f_s[0],
-                       "is_": f_s[1], "w": f"w{j}", "b": f"b{j}" if bias is not None else "",
-                       "vin": "va" if j % 2 == 0 else "vb", "vout": "vb" if j % 2 == 0 else "va",
-                       "acts": "\n".join(lines), "cur": cur})
+        layers.append(
+            {
+                "O": o,
+                "I": dict(zip(fc.attrs["filter_layout"], w.shape))["i"],
+                "os": f_s[0],
+                "is_": f_s[1],
+                "w": f"w{j}",
+                "b": f"b{j}" if bias is not None else "",
+                "vin": "va" if j % 2 == 0 else "vb",
+                "vout": "vb" if j % 2 == 0 else "va",
+                "acts": "\n".join(lines),
+                "cur": cur,
+            }
+        )
         widest = max(widest, o)
     out = step.outputs[0]
     bindings.append(Binding("out", kc.wtype(out), True))
     args.append(out)
     params.update(layers=layers, CMAX=widest)
-    name = (f"gate_{layout}_{t}_{'pool' if pool else 'fc'}"
-            + "".join(f"_{f['I']}x{f['O']}" for f in layers) + ("_src" if step.source is not None else ""))
+    name = (
+        f"gate_{layout}_{t}_{'pool' if pool else 'fc'}"
+        + "".join(f"_{f['I']}x{f['O']}" for f in layers)
+        + ("_src" if step.source is not None else "")
+    )
     # loops of a thread: the pool's passes over channel blocks (each a walk of the plane and a
     # tree), then each layer's outputs times its inputs (fuse_gates bounds both: GATE_MAX_*)
     iters = sum(-(-f["O"] // WORKGROUP) * f["I"] for f in layers) + -(-c // WORKGROUP)
     if pool:
-        iters += -(-c // (lanes if nhwc else WORKGROUP // lanes)) * (-(-hw // (WORKGROUP // lanes if nhwc else lanes)) + 8)
+        iters += -(-c // (lanes if nhwc else WORKGROUP // lanes)) * (
+            -(-hw // (WORKGROUP // lanes if nhwc else lanes)) + 8
+        )
     kc.launch(Kernel(name, "pool.wgsl", params, tuple(bindings), sizes=P.values), args, grid(nb), iters=iters)
 
 

@@ -24,8 +24,12 @@ DYNAMIC_OPS = frozenset({"quantize_linear", "dequantize_linear"})
 FLOAT = dtypes.FLOATS
 QUANT = ("uint8", "int8", "uint32", "int32")
 # Saturation bounds, as f32 values that convert exactly (2**31 - 1 is not an f32).
-RANGE = {"uint8": (0.0, 255.0), "int8": (-128.0, 127.0), "int32": (-2147483648.0, 2147483520.0),
-         "uint32": (0.0, 4294967040.0)}
+RANGE = {
+    "uint8": (0.0, 255.0),
+    "int8": (-128.0, 127.0),
+    "int32": (-2147483648.0, 2147483520.0),
+    "uint32": (0.0, 4294967040.0),
+}
 
 register("quantize_linear", {"input": FLOAT, "scale": FLOAT, "zero_point": QUANT, "output": QUANT})
 register("dequantize_linear", {"input": QUANT, "scale": FLOAT, "zero_point": QUANT, "output": FLOAT})
@@ -36,15 +40,20 @@ def _check(where, b, x, scale, zero_point):
         b._operand(v, where, what)
     check_support(where, input=x, scale=scale, zero_point=zero_point)
     if scale.rank != x.rank or zero_point.rank != x.rank:
-        raise TypeError(f"[{where}] scale and zero_point must have the input's rank {x.rank}, got "
-                        f"{scale.rank} and {zero_point.rank}")
+        raise TypeError(
+            f"[{where}] scale and zero_point must have the input's rank {x.rank}, got "
+            f"{scale.rank} and {zero_point.rank}"
+        )
     if scale.shape != zero_point.shape:
-        raise TypeError(f"[{where}] zero_point shape {list(zero_point.shape)} differs from scale shape "
-                        f"{list(scale.shape)}")
+        raise TypeError(
+            f"[{where}] zero_point shape {list(zero_point.shape)} differs from scale shape {list(scale.shape)}"
+        )
     chk = Checks(b)
     if not all(_multiple(chk, where, d, s) for d, s in zip(x.shape, scale.shape)):
-        raise TypeError(f"[{where}] scale shape {list(scale.shape)} is not blockwise broadcastable to "
-                        f"the input shape {list(x.shape)} (each input dimension must be a multiple)")
+        raise TypeError(
+            f"[{where}] scale shape {list(scale.shape)} is not blockwise broadcastable to "
+            f"the input shape {list(x.shape)} (each input dimension must be a multiple)"
+        )
     return chk
 
 
@@ -82,8 +91,10 @@ def quantize_linear(b, x, scale, zero_point, *, label=None, _saturate=None, _hal
         lo, hi = (int(v) for v in _saturate)
         tlo, thi = dtypes.INT_RANGE[dtypes.COMPUTE[zero_point.data_type]]
         if not (tlo <= lo <= hi <= thi and abs(lo) <= 2**24 and abs(hi) <= 2**24):
-            raise TypeError(f"[quantize_linear] saturation range {(lo, hi)} is not within "
-                            f"{zero_point.data_type} (and |bound| <= 2**24)")
+            raise TypeError(
+                f"[quantize_linear] saturation range {(lo, hi)} is not within "
+                f"{zero_point.data_type} (and |bound| <= 2**24)"
+            )
         attrs["saturate"] = (lo, hi)
     if _half_quotient:
         if x.data_type != "float16":
@@ -122,25 +133,47 @@ def _lower(kc, node, mode):
     x, scale, zp = node.inputs
     out = kc.out(node)
     n = math.prod(x.shape)
-    params = {"mode": mode, "n": n, "index": _index(x.shape, scale.shape), "itype": kc.wtype(x),
-              "ST": store_fn(kc.wtype(out)), "half": False}
+    params = {
+        "mode": mode,
+        "n": n,
+        "index": _index(x.shape, scale.shape),
+        "itype": kc.wtype(x),
+        "ST": store_fn(kc.wtype(out)),
+        "half": False,
+    }
     if mode == "quantize":
         lo, hi = RANGE[out.data_type]
         top = {"uint8": 255, "int8": 127, "int32": 2**31 - 1, "uint32": 2**32 - 1}[out.data_type]
         if "saturate" in node.attrs:  # a narrower range, exact in f32 (checked at build)
             lo, hi = (float(v) for v in node.attrs["saturate"])
             top = int(hi)
-        params.update(lo=f32_lit(lo), hi=f32_lit(hi), otype=kc.wtype(out), top=lit(top, kc.wtype(out)),
-                      bottom=lit(int(lo), kc.wtype(out)), half=bool(node.attrs.get("half_quotient")))
-    name = (f"{mode}_linear_{x.data_type}_{out.data_type}_{'x'.join(map(str, x.shape)) or 's'}"
-            f"_b{'x'.join(map(str, scale.shape)) or 's'}")
+        params.update(
+            lo=f32_lit(lo),
+            hi=f32_lit(hi),
+            otype=kc.wtype(out),
+            top=lit(top, kc.wtype(out)),
+            bottom=lit(int(lo), kc.wtype(out)),
+            half=bool(node.attrs.get("half_quotient")),
+        )
+    name = (
+        f"{mode}_linear_{x.data_type}_{out.data_type}_{'x'.join(map(str, x.shape)) or 's'}"
+        f"_b{'x'.join(map(str, scale.shape)) or 's'}"
+    )
     if mode == "quantize" and "saturate" in node.attrs:
         name += "_r{}_{}".format(*node.attrs["saturate"]).replace("-", "m")
     if mode == "quantize" and node.attrs.get("half_quotient"):
         name += "_hq"
-    k = Kernel(name, "quantize.wgsl", params,
-               (Binding("x", kc.wtype(x)), Binding("scale", kc.wtype(scale)), Binding("zp", kc.wtype(zp)),
-                Binding("out", kc.wtype(out), True)))
+    k = Kernel(
+        name,
+        "quantize.wgsl",
+        params,
+        (
+            Binding("x", kc.wtype(x)),
+            Binding("scale", kc.wtype(scale)),
+            Binding("zp", kc.wtype(zp)),
+            Binding("out", kc.wtype(out), True),
+        ),
+    )
     kc.launch(k, [x, scale, zp, out], groups(node.op, cdiv(n, WORKGROUP)))
 
 

@@ -60,12 +60,16 @@ def chunks(K, c0):
         chunk = smax(chunk, 1)
     return cdiv(K, chunk), chunk, min(cdiv(high(K), c0), MAX_SPLIT)
 
+
 FLOAT = dtypes.FLOATS
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/): any axes may be
 # dynamic, reduced or kept.
-DYNAMIC_OPS = frozenset((
-    "reduce_l1 reduce_l2 reduce_log_sum reduce_log_sum_exp reduce_max reduce_mean reduce_min "
-    "reduce_product reduce_sum reduce_sum_square softmax").split())
+DYNAMIC_OPS = frozenset(
+    (
+        "reduce_l1 reduce_l2 reduce_log_sum reduce_log_sum_exp reduce_max reduce_mean reduce_min "
+        "reduce_product reduce_sum reduce_sum_square softmax"
+    ).split()
+)
 # WebNN reduction data types (current spec): float-only, float + 32/64-bit ints, everything.
 SUMLIKE = ("float32", "float16", "int32", "uint32", "int64", "uint64")
 
@@ -162,8 +166,7 @@ def _or(a, b):
 def thread_flag(n_out, n_red):
     """1 where reduce_shape(n_out, n_red) is "thread", else 0; a Sym (1 or 0 at dispatch) where
     that depends on sizes given at dispatch."""
-    return _or(at_most(n_red, THREAD_MAX_K),
-               at_least(n_out, MANY_OUTPUTS) * at_most(n_red, THREAD_MAX_K_MANY))
+    return _or(at_most(n_red, THREAD_MAX_K), at_least(n_out, MANY_OUTPUTS) * at_most(n_red, THREAD_MAX_K_MANY))
 
 
 def may_split(n_out, n_red):
@@ -188,8 +191,9 @@ def groups(where, n):
     """Workgroup counts of a 1-D launch of n workgroups (folded past 65535, also per dispatch);
     NotSupportedError naming the operator when some allowed size needs more than fold into 2-D."""
     if high(n) > MAX_GROUPS * MAX_GROUPS:
-        raise NotSupportedError(f"[{where}] up to {high(n)} workgroups ({n}): more than "
-                                f"{MAX_GROUPS}x{MAX_GROUPS} for the largest sizes")
+        raise NotSupportedError(
+            f"[{where}] up to {high(n)} workgroups ({n}): more than {MAX_GROUPS}x{MAX_GROUPS} for the largest sizes"
+        )
     return grid(n)
 
 
@@ -262,13 +266,22 @@ def _lower_reduce(kc, node):
     lse = node.op == "reduce_log_sum_exp"
     sizes = size_params(M=M, K=K)
     params = {
-        "T": t, **sizes, "WG": WG, "base": base, "off": off, "lse": lse,
-        "pre": "x" if lse else pre(t, "x"), "comb": binop(comb or "+", t, "a", "b"),
+        "T": t,
+        **sizes,
+        "WG": WG,
+        "base": base,
+        "off": off,
+        "lse": lse,
+        "pre": "x" if lse else pre(t, "x"),
+        "comb": binop(comb or "+", t, "a", "b"),
         "post": (post or "a").format(K=use("K", sizes["K"])),
-        "init": lit(0, t) if lse else init(t), "NEG_INF": lit(float("-inf"), "f32"), "THR": "", "direct": False,
+        "init": lit(0, t) if lse else init(t),
+        "NEG_INF": lit(float("-inf"), "f32"),
+        "THR": "",
+        "direct": False,
     }
     params.update(ld_st(st))
-    short = node.op[len("reduce_"):]
+    short = node.op[len("reduce_") :]
     tag = f"{short}_{st}_m{M}_k{K}"
     where = node.op
     if isinstance(M, int) and isinstance(K, int):
@@ -281,26 +294,46 @@ def _lower_reduce(kc, node):
         params["THR"] = wgsl(thr)  # and the thread kernel's path where it is 1 (dynamic only)
         tag += "_auto"
     if kind == "thread":
-        k = Kernel(f"reduce_{tag}_thread", "reduce.wgsl", dict(params, mode="thread", **size_params(S=1, CHUNK=K)),
-                   (Binding("src", st), Binding("dst", st, True)))
+        k = Kernel(
+            f"reduce_{tag}_thread",
+            "reduce.wgsl",
+            dict(params, mode="thread", **size_params(S=1, CHUNK=K)),
+            (Binding("src", st), Binding("dst", st, True)),
+        )
         kc.launch(k, [x, out], groups(where, cdiv(M, WORKGROUP)), iters=high(K) + 2)
     elif kind == "group":
-        k = Kernel(f"reduce_{tag}_group", "reduce.wgsl", dict(params, mode="group", **size_params(S=1, CHUNK=K)),
-                   (Binding("src", st), Binding("dst", st, True)))
+        k = Kernel(
+            f"reduce_{tag}_group",
+            "reduce.wgsl",
+            dict(params, mode="group", **size_params(S=1, CHUNK=K)),
+            (Binding("src", st), Binding("dst", st, True)),
+        )
         # (llvmpipe's loop cap, runtime/wgsl.py LOOP_BUDGET: K / WG a thread, reached only by
         # 256+ outputs of 3.8M+ elements, more than a buffer holds; the guard says so if ever)
-        kc.launch(k, [x, out], groups(where, thr * cdiv(M, WG) + (1 - thr) * M),
-                  iters=cdiv(high(K), WG) + 8 + (thr != 0) * THREAD_MAX_K_MANY)
+        kc.launch(
+            k,
+            [x, out],
+            groups(where, thr * cdiv(M, WG) + (1 - thr) * M),
+            iters=cdiv(high(K), WG) + 8 + (thr != 0) * THREAD_MAX_K_MANY,
+        )
     elif isinstance(M, int) and isinstance(K, int):
         chunk = -(-K // S)
         S = -(-K // chunk)
         width = 2 if lse else 1  # log-sum-exp partials are (max, sum of exp(x - max)) pairs
         part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * M * S * width)  # partials: type t
         p = dict(params, **size_params(S=S, CHUNK=chunk))
-        k1 = Kernel(f"reduce_{tag}_partial{S}", "reduce.wgsl", dict(p, mode="partial", ST=""),
-                    (Binding("src", st), Binding("part", t, True)))
-        k2 = Kernel(f"reduce_{tag}_final{S}", "reduce.wgsl", dict(p, mode="final", LD=""),
-                    (Binding("part", t), Binding("dst", st, True)))
+        k1 = Kernel(
+            f"reduce_{tag}_partial{S}",
+            "reduce.wgsl",
+            dict(p, mode="partial", ST=""),
+            (Binding("src", st), Binding("part", t, True)),
+        )
+        k2 = Kernel(
+            f"reduce_{tag}_final{S}",
+            "reduce.wgsl",
+            dict(p, mode="final", LD=""),
+            (Binding("part", t), Binding("dst", st, True)),
+        )
         kc.launch(k1, [x, part], grid(M * S))
         kc.launch(k2, [part, out], grid(M))
     else:
@@ -311,12 +344,19 @@ def _lower_reduce(kc, node):
         most = min(high(M), 255) * min(cdiv(high(K), CHUNK), MAX_SPLIT)  # partials, when S > 1
         part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * most * width)
         p = dict(params, **size_params(S=S, CHUNK=chunk))
-        k1 = Kernel(f"reduce_{tag}_partialN", "reduce.wgsl", dict(p, mode="partial", direct=True),
-                    (Binding("src", st), Binding("part", t, True), Binding("dst", st, True)))
+        k1 = Kernel(
+            f"reduce_{tag}_partialN",
+            "reduce.wgsl",
+            dict(p, mode="partial", direct=True),
+            (Binding("src", st), Binding("part", t, True), Binding("dst", st, True)),
+        )
         m_final = M * at_least(S, 2)  # outputs the final pass combines (S > 1: not thread)
-        k2 = Kernel(f"reduce_{tag}_finalN", "reduce.wgsl",
-                    dict(p, mode="final", LD="", THR="", **size_params(M=m_final)),
-                    (Binding("part", t), Binding("dst", st, True)))
+        k2 = Kernel(
+            f"reduce_{tag}_finalN",
+            "reduce.wgsl",
+            dict(p, mode="final", LD="", THR="", **size_params(M=m_final)),
+            (Binding("part", t), Binding("dst", st, True)),
+        )
         kc.launch(k1, [x, part, out], groups(where, thr * cdiv(M, WG) + (1 - thr) * M * S))
         kc.launch(k2, [part, out], groups(where, m_final))
 
@@ -326,7 +366,6 @@ for _name, (_types, *_rest) in REDUCE.items():
 
 
 # -- softmax --------------------------------------------------------------------------------
-
 
 
 @builder_op
@@ -352,10 +391,23 @@ def _lower_softmax(kc, node):
     rows, K = math.prod(s for s, _ in kept), x.shape[axis]
     (base,) = radix("o", merge_dims(kept))
     (off,) = radix("k", merge_dims(red))
-    params = {"T": "f32", **size_params(M=rows, K=K), "WG": WG, "base": base, "off": off,
-              "NEG_INF": lit(float("-inf"), "f32"), **size_params(S=1, CHUNK=K), "lse": False,
-              "pre": "x", "comb": "a + b", "post": "a", "init": "0.0", "THR": "", "direct": False,
-              **ld_st(kc.wtype(x))}
+    params = {
+        "T": "f32",
+        **size_params(M=rows, K=K),
+        "WG": WG,
+        "base": base,
+        "off": off,
+        "NEG_INF": lit(float("-inf"), "f32"),
+        **size_params(S=1, CHUNK=K),
+        "lse": False,
+        "pre": "x",
+        "comb": "a + b",
+        "post": "a",
+        "init": "0.0",
+        "THR": "",
+        "direct": False,
+        **ld_st(kc.wtype(x)),
+    }
     t = kc.wtype(x)  # f32, or f16 loaded and stored around f32 max, exp and sum
     tag = f"r{rows}_k{K}" + ("_f16" if t == "f16" else "")
     bindings = (Binding("src", t), Binding("dst", t, True))
@@ -377,10 +429,18 @@ def _lower_softmax(kc, node):
         S, chunk, most = chunks(K, CHUNK)
         part = kc.scratch(4 * 2 * high(rows) * most)
         p = dict(params, lse=True, THR="", **size_params(S=S, CHUNK=chunk))
-        k1 = Kernel(f"softmax_{tag}_partial", "reduce.wgsl", dict(p, mode="partial", ST=""),
-                    (Binding("src", t), Binding("part", "f32", True)))
-        k2 = Kernel(f"softmax_{tag}_normalize", "reduce.wgsl", dict(p, mode="softmax_norm"),
-                    (Binding("src", t), Binding("part", "f32"), Binding("dst", t, True)))
+        k1 = Kernel(
+            f"softmax_{tag}_partial",
+            "reduce.wgsl",
+            dict(p, mode="partial", ST=""),
+            (Binding("src", t), Binding("part", "f32", True)),
+        )
+        k2 = Kernel(
+            f"softmax_{tag}_normalize",
+            "reduce.wgsl",
+            dict(p, mode="softmax_norm"),
+            (Binding("src", t), Binding("part", "f32"), Binding("dst", t, True)),
+        )
         kc.launch(k1, [x, part], groups("softmax", rows * S * split))
         kc.launch(k2, [x, part, out], groups("softmax", rows * S * split))
 

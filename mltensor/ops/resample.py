@@ -141,8 +141,10 @@ def resample_params(kc, node, out, src):
             # computed in the kernel (rs_rat): every integer it forms is at most a few times
             # in * out, as the unreduced ratio's
             if 8 * (high(n_in) + 1) * (high(n_out) + 1) >= 2**31:
-                raise NotSupportedError(f"[resample2d] sizes up to {high(n_in)} -> {high(n_out)} are too large "
-                                        "for a coordinate map computed at dispatch")
+                raise NotSupportedError(
+                    f"[resample2d] sizes up to {high(n_in)} -> {high(n_out)} are too large "
+                    "for a coordinate map computed at dispatch"
+                )
             r = f"r{tag}"
             rs[f"{tag}_dyn"] = [_KIND[a["coordinate_transformation"]], wgsl(n_in), wgsl(n_out)]
             rs[f"{tag}_rat"] = [f"{r}.x", f"{r}.y", f"{r}.z"]
@@ -164,8 +166,13 @@ def _lower_resample2d(kc, node):
     x = node.inputs[0]
     out = kc.out(node)
     a = node.attrs
-    name = (f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
-            + "x".join(map(str, x.shape)) + "_to_" + "x".join(map(str, out.shape)) + f"_{kc.wtype(x)}")
+    name = (
+        f"resample2d_{'nearest' if a['mode'] == 'nearest-neighbor' else 'linear'}_"
+        + "x".join(map(str, x.shape))
+        + "_to_"
+        + "x".join(map(str, out.shape))
+        + f"_{kc.wtype(x)}"
+    )
     bindings = (Binding("src", kc.wtype(x)), Binding("dst", kc.wtype(out), True))
     rs = resample_params(kc, node, out, "src")
     grid = _grid(kc, x, out, rs)
@@ -241,7 +248,8 @@ def _scaled(n, scale):
     if high(n) * p >= 2**32:
         raise NotSupportedError(
             f"[resample2d] scale {scale} of a dynamic input size {n}: floor(size * scale) is not exact in "
-            "32-bit size arithmetic for its largest sizes; give sizes, or an integer or simpler scale")
+            "32-bit size arithmetic for its largest sizes; give sizes, or an integer or simpler scale"
+        )
     return (n * p) // q
 
 

@@ -38,26 +38,87 @@ LSTM_LAYOUTS = {"iofg": "iofg", "ifgo": "ifgo"}
 # Builder methods taking operands with dynamic dimensions (the batch; the steps stay static)
 DYNAMIC_OPS = frozenset({"gru", "gru_cell", "lstm", "lstm_cell"})
 
-register("gru", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "bias", "recurrent_bias",
-                                    "initial_hidden_state", "outputs")},
-         ranks={"input": (3, 3), "weight": (3, 3), "recurrent_weight": (3, 3), "bias": (2, 2),
-                "recurrent_bias": (2, 2), "initial_hidden_state": (3, 3)})
-register("gru_cell", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "hidden_state", "bias",
-                                         "recurrent_bias", "output")},
-         ranks={"input": (2, 2), "weight": (2, 2), "recurrent_weight": (2, 2), "hidden_state": (2, 2),
-                "bias": (1, 1), "recurrent_bias": (1, 1)})
-register("lstm", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "bias", "recurrent_bias",
-                                     "peephole_weight", "initial_hidden_state", "initial_cell_state",
-                                     "outputs")},
-         ranks={"input": (3, 3), "weight": (3, 3), "recurrent_weight": (3, 3), "bias": (2, 2),
-                "recurrent_bias": (2, 2), "peephole_weight": (2, 2), "initial_hidden_state": (3, 3),
-                "initial_cell_state": (3, 3)})
-register("lstm_cell", {k: FLOAT for k in ("input", "weight", "recurrent_weight", "hidden_state",
-                                          "cell_state", "bias", "recurrent_bias", "peephole_weight",
-                                          "outputs")},
-         ranks={"input": (2, 2), "weight": (2, 2), "recurrent_weight": (2, 2), "hidden_state": (2, 2),
-                "cell_state": (2, 2), "bias": (1, 1), "recurrent_bias": (1, 1),
-                "peephole_weight": (1, 1)})
+register(
+    "gru",
+    {
+        k: FLOAT
+        for k in ("input", "weight", "recurrent_weight", "bias", "recurrent_bias", "initial_hidden_state", "outputs")
+    },
+    ranks={
+        "input": (3, 3),
+        "weight": (3, 3),
+        "recurrent_weight": (3, 3),
+        "bias": (2, 2),
+        "recurrent_bias": (2, 2),
+        "initial_hidden_state": (3, 3),
+    },
+)
+register(
+    "gru_cell",
+    {k: FLOAT for k in ("input", "weight", "recurrent_weight", "hidden_state", "bias", "recurrent_bias", "output")},
+    ranks={
+        "input": (2, 2),
+        "weight": (2, 2),
+        "recurrent_weight": (2, 2),
+        "hidden_state": (2, 2),
+        "bias": (1, 1),
+        "recurrent_bias": (1, 1),
+    },
+)
+register(
+    "lstm",
+    {
+        k: FLOAT
+        for k in (
+            "input",
+            "weight",
+            "recurrent_weight",
+            "bias",
+            "recurrent_bias",
+            "peephole_weight",
+            "initial_hidden_state",
+            "initial_cell_state",
+            "outputs",
+        )
+    },
+    ranks={
+        "input": (3, 3),
+        "weight": (3, 3),
+        "recurrent_weight": (3, 3),
+        "bias": (2, 2),
+        "recurrent_bias": (2, 2),
+        "peephole_weight": (2, 2),
+        "initial_hidden_state": (3, 3),
+        "initial_cell_state": (3, 3),
+    },
+)
+register(
+    "lstm_cell",
+    {
+        k: FLOAT
+        for k in (
+            "input",
+            "weight",
+            "recurrent_weight",
+            "hidden_state",
+            "cell_state",
+            "bias",
+            "recurrent_bias",
+            "peephole_weight",
+            "outputs",
+        )
+    },
+    ranks={
+        "input": (2, 2),
+        "weight": (2, 2),
+        "recurrent_weight": (2, 2),
+        "hidden_state": (2, 2),
+        "cell_state": (2, 2),
+        "bias": (1, 1),
+        "recurrent_bias": (1, 1),
+        "peephole_weight": (1, 1),
+    },
+)
 
 
 # -- the fused gate kernel -----------------------------------------------------------------------
@@ -76,8 +137,15 @@ def _lower_gates(kc, node):
     lstm = node.op == "_lstm_gates"
     H, layout = a["H"], a["layout"]
     n = math.prod(node.outputs[0].shape)
-    params = {"mode": "lstm" if lstm else "gru", "n": n, "H": H, "G": len(layout), "gx_off": a["gx_off"],
-              "pos": {k: p for p, k in enumerate(layout)}, "peep": lstm and len(node.inputs) == 4}
+    params = {
+        "mode": "lstm" if lstm else "gru",
+        "n": n,
+        "H": H,
+        "G": len(layout),
+        "gx_off": a["gx_off"],
+        "pos": {k: p for p, k in enumerate(layout)},
+        "peep": lstm and len(node.inputs) == 4,
+    }
     for k, name in enumerate(a["acts"]):
         params[f"act{k}"] = _ACT_WGSL[name]
     names = ["gx", "rec", "c" if lstm else "h"] + (["peep"] if params["peep"] else [])
@@ -154,8 +222,21 @@ def _shape(where, what, v, want):
         raise TypeError(f"[{where}] {what} shape {list(v.shape)} must be {list(want)}")
 
 
-def _sequence_args(b, where, named, steps, hidden_size, return_sequence, direction, layout, activations, *,
-                   gates, layouts, default_activations):
+def _sequence_args(
+    b,
+    where,
+    named,
+    steps,
+    hidden_size,
+    return_sequence,
+    direction,
+    layout,
+    activations,
+    *,
+    gates,
+    layouts,
+    default_activations,
+):
     """The checks gru and lstm share (operands, options, and the shapes of the `gates`-gate
     weights, biases and initial hidden state); returns
     (steps, hidden_size, return_sequence, activations, batch, input_size, directions)."""
@@ -169,7 +250,8 @@ def _sequence_args(b, where, named, steps, hidden_size, return_sequence, directi
     if isinstance(x.shape[0], Sym):
         raise NotSupportedError(
             f"[{where}] input.shape[0] ({x.shape[0]}) is a dynamic dimension: the number of steps must be "
-            "fixed at build (the recurrence is unrolled at build, one set of kernels per step)")
+            "fixed at build (the recurrence is unrolled at build, one set of kernels per step)"
+        )
     if x.shape[0] != steps:
         raise TypeError(f"[{where}] input.shape[0] ({x.shape[0]}) must equal steps ({steps})")
     _, batch, isz = x.shape
@@ -258,9 +340,24 @@ def _zeros(b, dt, shape):
 
 
 @builder_op
-def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurrent_bias=None,
-        initial_hidden_state=None, reset_after=True, return_sequence=False, direction="forward",
-        layout="zrn", activations=None, label=None):
+def gru(
+    b,
+    x,
+    weight,
+    recurrent_weight,
+    steps,
+    hidden_size,
+    *,
+    bias=None,
+    recurrent_bias=None,
+    initial_hidden_state=None,
+    reset_after=True,
+    return_sequence=False,
+    direction="forward",
+    layout="zrn",
+    activations=None,
+    label=None,
+):
     """A GRU over `steps` time steps of `input` [steps, batch, input_size]; returns a list: the
     last hidden state [num_directions, batch, hidden_size], and with `return_sequence` every
     step's. weight / recurrent_weight: [num_directions, 3 * hidden_size, ...]; optional
@@ -270,11 +367,28 @@ def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurr
     # IDL: sequence<MLOperand> gru(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                              unsigned long steps, unsigned long hiddenSize, optional MLGruOptions options = {});
     where = "gru"
-    named = {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
-             "recurrent_bias": recurrent_bias, "initial_hidden_state": initial_hidden_state}
+    named = {
+        "input": x,
+        "weight": weight,
+        "recurrent_weight": recurrent_weight,
+        "bias": bias,
+        "recurrent_bias": recurrent_bias,
+        "initial_hidden_state": initial_hidden_state,
+    }
     steps, hs, return_sequence, acts, batch, isz, nd = _sequence_args(
-        b, where, named, steps, hidden_size, return_sequence, direction, layout, activations,
-        gates=3, layouts=GRU_LAYOUTS, default_activations=("sigmoid", "tanh"))
+        b,
+        where,
+        named,
+        steps,
+        hidden_size,
+        return_sequence,
+        direction,
+        layout,
+        activations,
+        gates=3,
+        layouts=GRU_LAYOUTS,
+        default_activations=("sigmoid", "tanh"),
+    )
     reset_after = check_bool(where, "reset_after", reset_after)
 
     dt = x.data_type
@@ -312,15 +426,38 @@ def gru(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurr
 
 
 @builder_op
-def gru_cell(b, x, weight, recurrent_weight, hidden_state, hidden_size, *, bias=None, recurrent_bias=None,
-             reset_after=True, layout="zrn", activations=None, label=None):
+def gru_cell(
+    b,
+    x,
+    weight,
+    recurrent_weight,
+    hidden_state,
+    hidden_size,
+    *,
+    bias=None,
+    recurrent_bias=None,
+    reset_after=True,
+    layout="zrn",
+    activations=None,
+    label=None,
+):
     """One GRU step: the new hidden state [batch, hidden_size] from `input` [batch, input_size]
     and `hidden_state`; weights, bias, reset_after, layout and activations as in gru."""
     # IDL: MLOperand gruCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                        MLOperand hiddenState, unsigned long hiddenSize, optional MLGruCellOptions options = {});
     where = "gru_cell"
-    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight,
-                         "hidden_state": hidden_state, "bias": bias, "recurrent_bias": recurrent_bias})
+    _operands(
+        b,
+        where,
+        {
+            "input": x,
+            "weight": weight,
+            "recurrent_weight": recurrent_weight,
+            "hidden_state": hidden_state,
+            "bias": bias,
+            "recurrent_bias": recurrent_bias,
+        },
+    )
     hs = _positive(where, "hidden_size", hidden_size)
     reset_after = check_bool(where, "reset_after", reset_after)
     _enum(where, "layout", layout, tuple(GRU_LAYOUTS))
@@ -353,9 +490,25 @@ def _peep(b, p, hs):
 
 
 @builder_op
-def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recurrent_bias=None,
-         peephole_weight=None, initial_hidden_state=None, initial_cell_state=None, return_sequence=False,
-         direction="forward", layout="iofg", activations=None, label=None):
+def lstm(
+    b,
+    x,
+    weight,
+    recurrent_weight,
+    steps,
+    hidden_size,
+    *,
+    bias=None,
+    recurrent_bias=None,
+    peephole_weight=None,
+    initial_hidden_state=None,
+    initial_cell_state=None,
+    return_sequence=False,
+    direction="forward",
+    layout="iofg",
+    activations=None,
+    label=None,
+):
     """An LSTM over `steps` time steps of `input` [steps, batch, input_size]; returns a list: the
     last hidden and cell states, and with `return_sequence` every step's hidden state.
     weight / recurrent_weight: [num_directions, 4 * hidden_size, ...]; optional `bias`,
@@ -365,12 +518,30 @@ def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recur
     # IDL: sequence<MLOperand> lstm(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                               unsigned long steps, unsigned long hiddenSize, optional MLLstmOptions options = {});
     where = "lstm"
-    named = {"input": x, "weight": weight, "recurrent_weight": recurrent_weight, "bias": bias,
-             "recurrent_bias": recurrent_bias, "peephole_weight": peephole_weight,
-             "initial_hidden_state": initial_hidden_state, "initial_cell_state": initial_cell_state}
+    named = {
+        "input": x,
+        "weight": weight,
+        "recurrent_weight": recurrent_weight,
+        "bias": bias,
+        "recurrent_bias": recurrent_bias,
+        "peephole_weight": peephole_weight,
+        "initial_hidden_state": initial_hidden_state,
+        "initial_cell_state": initial_cell_state,
+    }
     steps, hs, return_sequence, acts, batch, isz, nd = _sequence_args(
-        b, where, named, steps, hidden_size, return_sequence, direction, layout, activations,
-        gates=4, layouts=LSTM_LAYOUTS, default_activations=("sigmoid", "tanh", "tanh"))
+        b,
+        where,
+        named,
+        steps,
+        hidden_size,
+        return_sequence,
+        direction,
+        layout,
+        activations,
+        gates=4,
+        layouts=LSTM_LAYOUTS,
+        default_activations=("sigmoid", "tanh", "tanh"),
+    )
     _shape(where, "peephole_weight", peephole_weight, (nd, 3 * hs))
     _shape(where, "initial_cell_state", initial_cell_state, (nd, batch, hs))
 
@@ -381,8 +552,12 @@ def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recur
         backward = direction == "backward" or d == 1
         W = _dir(b, weight, d, nd)
         peep = _dir(b, peephole_weight, d, nd)
-        rec = {"R": _dir(b, recurrent_weight, d, nd), "rb": _dir(b, recurrent_bias, d, nd),
-               "peep": _peep(b, peep, hs), "peep_full": peep}
+        rec = {
+            "R": _dir(b, recurrent_weight, d, nd),
+            "rb": _dir(b, recurrent_bias, d, nd),
+            "peep": _peep(b, peep, hs),
+            "peep_full": peep,
+        }
         gx_all = b.gemm(x2, W, c=_dir(b, bias, d, nd), b_transpose=True)  # [steps * batch, 4h]
         h = _dir(b, initial_hidden_state, d, nd) if initial_hidden_state is not None else _zeros(b, dt, (batch, hs))
         c = _dir(b, initial_cell_state, d, nd) if initial_cell_state is not None else _zeros(b, dt, (batch, hs))
@@ -406,17 +581,42 @@ def lstm(b, x, weight, recurrent_weight, steps, hidden_size, *, bias=None, recur
 
 
 @builder_op
-def lstm_cell(b, x, weight, recurrent_weight, hidden_state, cell_state, hidden_size, *, bias=None,
-              recurrent_bias=None, peephole_weight=None, layout="iofg", activations=None, label=None):
+def lstm_cell(
+    b,
+    x,
+    weight,
+    recurrent_weight,
+    hidden_state,
+    cell_state,
+    hidden_size,
+    *,
+    bias=None,
+    recurrent_bias=None,
+    peephole_weight=None,
+    layout="iofg",
+    activations=None,
+    label=None,
+):
     """One LSTM step: returns [hidden_state, cell_state] from `input` [batch, input_size] and the
     previous states; weights, bias, peephole, layout and activations as in lstm."""
     # IDL: sequence<MLOperand> lstmCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                                   MLOperand hiddenState, MLOperand cellState, unsigned long hiddenSize,
     #                                   optional MLLstmCellOptions options = {});
     where = "lstm_cell"
-    _operands(b, where, {"input": x, "weight": weight, "recurrent_weight": recurrent_weight,
-                         "hidden_state": hidden_state, "cell_state": cell_state, "bias": bias,
-                         "recurrent_bias": recurrent_bias, "peephole_weight": peephole_weight})
+    _operands(
+        b,
+        where,
+        {
+            "input": x,
+            "weight": weight,
+            "recurrent_weight": recurrent_weight,
+            "hidden_state": hidden_state,
+            "cell_state": cell_state,
+            "bias": bias,
+            "recurrent_bias": recurrent_bias,
+            "peephole_weight": peephole_weight,
+        },
+    )
     hs = _positive(where, "hidden_size", hidden_size)
     _enum(where, "layout", layout, tuple(LSTM_LAYOUTS))
     acts = _activations(where, activations, ("sigmoid", "tanh", "tanh"))
@@ -428,8 +628,12 @@ def lstm_cell(b, x, weight, recurrent_weight, hidden_state, cell_state, hidden_s
     _shape(where, "bias", bias, (4 * hs,))
     _shape(where, "recurrent_bias", recurrent_bias, (4 * hs,))
     _shape(where, "peephole_weight", peephole_weight, (3 * hs,))
-    rec = {"R": recurrent_weight, "rb": recurrent_bias, "peep": _peep(b, peephole_weight, hs),
-           "peep_full": peephole_weight}
+    rec = {
+        "R": recurrent_weight,
+        "rb": recurrent_bias,
+        "peep": _peep(b, peephole_weight, hs),
+        "peep_full": peephole_weight,
+    }
     gx = b.gemm(x, weight, c=bias, b_transpose=True)
     if _fuse_gates():
         h, c = _lstm_step_fused(b, gx, 0, hidden_state, cell_state, rec, layout, acts)

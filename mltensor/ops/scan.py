@@ -65,13 +65,18 @@ MAX_TRIPS = 8192  # "tiles" plans: bound on the per-line pass's loop over chunk 
 
 
 def _split(shape, axis):
-    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
 
 
 def _sizes(outer, n, inner):
     """Template sizes of a scan over `outer` x `n` x `inner` (WGSL u32 expressions)."""
-    return {"lines": wgsl(outer * inner), "len": wgsl(n), "inner": wgsl(inner), "stride": wgsl(n * inner),
-            "last": wgsl(n - 1)}
+    return {
+        "lines": wgsl(outer * inner),
+        "len": wgsl(n),
+        "inner": wgsl(inner),
+        "stride": wgsl(n * inner),
+        "last": wgsl(n - 1),
+    }
 
 
 def _lanes(inner):
@@ -149,8 +154,9 @@ def _launch(kc, where, problem, outer, n, inner, serial, chunks, tiles):
     if ser != 1 or not cands:
         cands += [("tiles", e) for e in EMAX if _Tiles.fits(n, inner, e)]
     if not cands:
-        raise NotSupportedError(f"[{where}] lines of {high(n)} elements: longer than every plan takes "
-                                f"({MAXM * MAXM} elements or more)")
+        raise NotSupportedError(
+            f"[{where}] lines of {high(n)} elements: longer than every plan takes ({MAXM * MAXM} elements or more)"
+        )
     cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
     heur = 0 if cpu or len(cands) == 1 else len(cands) - 1
 
@@ -159,8 +165,13 @@ def _launch(kc, where, problem, outer, n, inner, serial, chunks, tiles):
             return chunks(_Chunks(lines, n))
         return (serial(ser) if ser != 0 else []) + tiles(_Tiles(lines, n, inner, c[1]), 1 - ser, c[1])
 
-    best = autotune.choose(kc, autotune.signature_of(("scan.wgsl", *problem, outer, n, inner, cands)), cands,
-                           lambda i: _measure(kc, plan(cands[i]), (outer, n, inner)), heur)
+    best = autotune.choose(
+        kc,
+        autotune.signature_of(("scan.wgsl", *problem, outer, n, inner, cands)),
+        cands,
+        lambda i: _measure(kc, plan(cands[i]), (outer, n, inner)),
+        heur,
+    )
     for k, a, g in plan(cands[best]):
         kc.launch(k, a, g)
 
@@ -210,8 +221,9 @@ def _lower_arg(kc, node):
     first = {**sizes, "mode": "arg", "wtype": t, "better": compare(cmp, t, "v", "best"), "result": result}
 
     def serial(count):
-        k = Kernel(name, "scan.wgsl", dict(first, chunks=False, part=False),
-                   (Binding("x", t), Binding("out", ot, True)))
+        k = Kernel(
+            name, "scan.wgsl", dict(first, chunks=False, part=False), (Binding("x", t), Binding("out", ot, True))
+        )
         return [(k, [x, out], groups(node.op, cdiv(lines * count, WORKGROUP)))]
 
     def chunks(ch):
@@ -219,12 +231,22 @@ def _lower_arg(kc, node):
             return serial(1)
         pv, pk = kc.scratch(_nbytes_of(vt) * ch.most), kc.scratch(4 * ch.most)
         p = dict(first, **pair, chunks=True, part=True, CT=wgsl(ch.ct), NCT=wgsl(ch.nct))
-        k1 = Kernel(f"{name}_chunks", "scan.wgsl", p, (Binding("x", t), Binding("pv", vt, True),
-                                                        Binding("pk", "u32", True), Binding("out", ot, True)))
-        k2 = Kernel(f"{name}_lines", "scan.wgsl", dict(p, mode="arg_lines", better=compare(cmp, vt, "v", "best")),
-                    (Binding("pv", vt), Binding("pk", "u32"), Binding("out", ot, True)))
-        return [(k1, [x, pv, pk, out], groups(node.op, cdiv(lines * ch.nct, WORKGROUP))),
-                (k2, [pv, pk, out], groups(node.op, cdiv(lines * ch.multi, WORKGROUP)))]
+        k1 = Kernel(
+            f"{name}_chunks",
+            "scan.wgsl",
+            p,
+            (Binding("x", t), Binding("pv", vt, True), Binding("pk", "u32", True), Binding("out", ot, True)),
+        )
+        k2 = Kernel(
+            f"{name}_lines",
+            "scan.wgsl",
+            dict(p, mode="arg_lines", better=compare(cmp, vt, "v", "best")),
+            (Binding("pv", vt), Binding("pk", "u32"), Binding("out", ot, True)),
+        )
+        return [
+            (k1, [x, pv, pk, out], groups(node.op, cdiv(lines * ch.nct, WORKGROUP))),
+            (k2, [pv, pk, out], groups(node.op, cdiv(lines * ch.multi, WORKGROUP))),
+        ]
 
     def tiles(geo, count, emax):
         p = dict(sizes, **pair, better=compare(cmp, vt, "v", "best"), LW=wgsl(geo.lw), EMAX=emax)
@@ -240,8 +262,12 @@ def _lower_arg(kc, node):
         k1 = Kernel(f"{name}_tiles{emax}", "scan.wgsl", dict(p, mode="arg_chunk", part=part, direct=direct), binds)
         launches.append((k1, args, groups(node.op, geo.g * geo.nc * count)))
         if part:
-            k2 = Kernel(f"{name}_tiles{emax}_final", "scan.wgsl", dict(p, mode="arg_final"),
-                        (Binding("pv", vt), Binding("pk", "u32"), Binding("out", ot, True)))
+            k2 = Kernel(
+                f"{name}_tiles{emax}_final",
+                "scan.wgsl",
+                dict(p, mode="arg_final"),
+                (Binding("pv", vt), Binding("pk", "u32"), Binding("out", ot, True)),
+            )
             launches.append((k2, [pv, pk, out], groups(node.op, lines * count * geo.multi)))
         return launches
 
@@ -280,15 +306,24 @@ def _lower_cumsum(kc, node):
     t = "f32" if st == "f16" else st  # running sums of f16 values are f32
     lines = outer * inner
     where = "cumulative_sum"
-    name = (f"cumulative_sum_{st}_o{outer}_n{n}_i{inner}" + ("_excl" if a["exclusive"] else "")
-            + ("_rev" if a["reversed"] else ""))
-    base = {**_sizes(outer, n, inner), "zero": lit(0, t), **ld_st(st), "exclusive": a["exclusive"],
-            "reversed": a["reversed"]}
+    name = (
+        f"cumulative_sum_{st}_o{outer}_n{n}_i{inner}"
+        + ("_excl" if a["exclusive"] else "")
+        + ("_rev" if a["reversed"] else "")
+    )
+    base = {
+        **_sizes(outer, n, inner),
+        "zero": lit(0, t),
+        **ld_st(st),
+        "exclusive": a["exclusive"],
+        "reversed": a["reversed"],
+    }
     first = dict(base, mode="cumsum", add=binop("+", t, "acc", "v"))
 
     def serial(count):
-        k = Kernel(name, "scan.wgsl", dict(first, chunks=False, part=False),
-                   (Binding("x", st), Binding("out", st, True)))
+        k = Kernel(
+            name, "scan.wgsl", dict(first, chunks=False, part=False), (Binding("x", st), Binding("out", st, True))
+        )
         return [(k, [x, out], groups(where, cdiv(lines * count, WORKGROUP)))]
 
     def chunks(ch):
@@ -296,14 +331,19 @@ def _lower_cumsum(kc, node):
             return serial(1)
         sums = kc.scratch(_nbytes_of(t) * ch.most)
         p = dict(first, chunks=True, part=True, CT=wgsl(ch.ct), NCT=wgsl(ch.nct))
-        k1 = Kernel(f"{name}_chunks_sums", "scan.wgsl", dict(p, mode="sums", part=False),
-                    (Binding("x", st), Binding("sums", t, True)))
+        k1 = Kernel(
+            f"{name}_chunks_sums",
+            "scan.wgsl",
+            dict(p, mode="sums", part=False),
+            (Binding("x", st), Binding("sums", t, True)),
+        )
         k2 = Kernel(f"{name}_lines", "scan.wgsl", dict(p, mode="sum_lines"), (Binding("sums", t, True),))
-        k3 = Kernel(f"{name}_chunks", "scan.wgsl", p,
-                    (Binding("x", st), Binding("sums", t), Binding("out", st, True)))
-        return [(k1, [x, sums], groups(where, cdiv(lines * ch.nct * ch.multi, WORKGROUP))),
-                (k2, [sums], groups(where, cdiv(lines * ch.multi, WORKGROUP))),
-                (k3, [x, sums, out], groups(where, cdiv(lines * ch.nct, WORKGROUP)))]
+        k3 = Kernel(f"{name}_chunks", "scan.wgsl", p, (Binding("x", st), Binding("sums", t), Binding("out", st, True)))
+        return [
+            (k1, [x, sums], groups(where, cdiv(lines * ch.nct * ch.multi, WORKGROUP))),
+            (k2, [sums], groups(where, cdiv(lines * ch.multi, WORKGROUP))),
+            (k3, [x, sums, out], groups(where, cdiv(lines * ch.nct, WORKGROUP))),
+        ]
 
     def tiles(geo, count, emax):
         p = dict(base, T=t, add=binop("+", t, "a", "b"), LW=wgsl(geo.lw), EMAX=emax)
@@ -311,12 +351,19 @@ def _lower_cumsum(kc, node):
         launches = []
         if part:
             sums = kc.scratch(_nbytes_of(t) * geo.most)
-            k1 = Kernel(f"{name}_tiles{emax}_sums", "scan.wgsl", dict(p, mode="sum_chunk"),
-                        (Binding("x", st), Binding("sums", t, True)))
-            k2 = Kernel(f"{name}_tiles{emax}_offsets", "scan.wgsl", dict(p, mode="sum_scan"),
-                        (Binding("sums", t, True),))
-            launches += [(k1, [x, sums], groups(where, geo.g * geo.nc * count * geo.multi)),
-                         (k2, [sums], groups(where, lines * count * geo.multi))]
+            k1 = Kernel(
+                f"{name}_tiles{emax}_sums",
+                "scan.wgsl",
+                dict(p, mode="sum_chunk"),
+                (Binding("x", st), Binding("sums", t, True)),
+            )
+            k2 = Kernel(
+                f"{name}_tiles{emax}_offsets", "scan.wgsl", dict(p, mode="sum_scan"), (Binding("sums", t, True),)
+            )
+            launches += [
+                (k1, [x, sums], groups(where, geo.g * geo.nc * count * geo.multi)),
+                (k2, [sums], groups(where, lines * count * geo.multi)),
+            ]
         binds = (Binding("x", st),) + ((Binding("sums", t),) if part else ()) + (Binding("out", st, True),)
         k3 = Kernel(f"{name}_tiles{emax}", "scan.wgsl", dict(p, mode="scan_chunk", part=part), binds)
         launches.append((k3, [x, sums, out] if part else [x, out], groups(where, geo.g * geo.nc * count)))

@@ -39,11 +39,12 @@ CPU_MAX_KEYS = 1 << 16  # NMS boxes a (batch, class) at most on CPU adapters (gr
 UNROLL = 8  # NMS candidates a thread tests per iteration of the greedy pass's inner loop
 U32_LIMIT = 1 << 32
 
-register("_nonzero", {"input": dtypes.ALL, "indices": ("int64",), "count": ("int32",)},
-         ranks={"input": (0, MAX_RANK)})
-register("_nms", {"boxes": ("float32",), "scores": ("float32",), "selected": ("int64",),
-                  "count": ("int32",)},
-         ranks={"boxes": (3, 3), "scores": (3, 3)})
+register("_nonzero", {"input": dtypes.ALL, "indices": ("int64",), "count": ("int32",)}, ranks={"input": (0, MAX_RANK)})
+register(
+    "_nms",
+    {"boxes": ("float32",), "scores": ("float32",), "selected": ("int64",), "count": ("int32",)},
+    ranks={"boxes": (3, 3), "scores": (3, 3)},
+)
 
 
 def _f32(x):
@@ -88,24 +89,37 @@ def _lower_nonzero(kc, node):
     p = {"N": n, "EPT": EPT, "NB": nb, "R": r, "coords": coords, "kind": kind}
     name = f"nonzero_{kind}_{'x'.join(map(str, shape))}"
     if nb <= SMALL_BLOCKS:
-        k = Kernel(f"{name}_small", "nonzero.wgsl", dict(p, path="small"),
-                   (Binding("x", "u32"), Binding("out", "u32", True), Binding("count", "i32", True)))
+        k = Kernel(
+            f"{name}_small",
+            "nonzero.wgsl",
+            dict(p, path="small"),
+            (Binding("x", "u32"), Binding("out", "u32", True), Binding("count", "i32", True)),
+        )
         kc.launch(k, [x, idx, count], (1, 1, 1))
         return
     cnt = kc.scratch(4 * (nb + 1))
-    k = Kernel(f"{name}_count", "nonzero.wgsl", dict(p, path="count"),
-               (Binding("x", "u32"), Binding("cnt", "u32", True)))
+    k = Kernel(
+        f"{name}_count", "nonzero.wgsl", dict(p, path="count"), (Binding("x", "u32"), Binding("cnt", "u32", True))
+    )
     kc.launch(k, [x, cnt], grid(nb))
     _scan(kc, nb, cnt, count)
-    k = Kernel(f"{name}_scatter", "nonzero.wgsl", dict(p, path="scatter"),
-               (Binding("x", "u32"), Binding("cnt", "u32"), Binding("out", "u32", True)))
+    k = Kernel(
+        f"{name}_scatter",
+        "nonzero.wgsl",
+        dict(p, path="scatter"),
+        (Binding("x", "u32"), Binding("cnt", "u32"), Binding("out", "u32", True)),
+    )
     kc.launch(k, [x, cnt, idx], grid(nb))
 
 
 def _scan(kc, nc, cnt, total):
     """cnt[0..nc) -> exclusive prefix sums in place, cnt[nc] and total[0] (int32) = their sum."""
-    k = Kernel(f"select_scan_n{nc}", "nonzero.wgsl", {"path": "scan", "NC": nc, "CH": -(-nc // WORKGROUP)},
-               (Binding("cnt", "u32", True), Binding("total", "i32", True)))
+    k = Kernel(
+        f"select_scan_n{nc}",
+        "nonzero.wgsl",
+        {"path": "scan", "NC": nc, "CH": -(-nc // WORKGROUP)},
+        (Binding("cnt", "u32", True), Binding("total", "i32", True)),
+    )
     kc.launch(k, [cnt, total], (1, 1, 1))
 
 
@@ -119,8 +133,7 @@ def _count(where, what, v):
 
 
 @builder_op
-def _nms(b, boxes, scores, *, max_per_class, iou_threshold=0.0, score_threshold=None,
-         center_point_box=0, label=None):
+def _nms(b, boxes, scores, *, max_per_class, iou_threshold=0.0, score_threshold=None, center_point_box=0, label=None):
     """(selected int64 [B * C * max(1, min(max_per_class, S)), 3], count int32 [1]): see the
     module docstring. max_per_class: an int (negative counts as 0, as onnxruntime);
     iou_threshold: a number in [0, 1]; score_threshold: a number or None (no threshold: every
@@ -134,8 +147,9 @@ def _nms(b, boxes, scores, *, max_per_class, iou_threshold=0.0, score_threshold=
     if four != 4:
         raise TypeError(f"[{where}] boxes must have shape [B, S, 4], got {list(boxes.shape)}")
     if scores.shape[0] != B or scores.shape[2] != S:
-        raise TypeError(f"[{where}] scores must have shape [{B}, C, {S}] for boxes {list(boxes.shape)}, "
-                        f"got {list(scores.shape)}")
+        raise TypeError(
+            f"[{where}] scores must have shape [{B}, C, {S}] for boxes {list(boxes.shape)}, got {list(scores.shape)}"
+        )
     C = scores.shape[1]
     mpc = max(_count(where, "max_per_class", max_per_class), 0)
     iou = check_number(where, "iou_threshold", iou_threshold)
@@ -152,13 +166,17 @@ def _nms(b, boxes, scores, *, max_per_class, iou_threshold=0.0, score_threshold=
     pmax = 1 << (S - 1).bit_length()
     rows = W * max(ms, 1)
     limit = b._context._max_bytes
-    for what, words in (("the sort keys", 2 * W * pmax), ("the sorted boxes", 4 * W * S),
-                        ("the selected rows", 6 * rows), ("the boxes", 4 * B * S)):
+    for what, words in (
+        ("the sort keys", 2 * W * pmax),
+        ("the sorted boxes", 4 * W * S),
+        ("the selected rows", 6 * rows),
+        ("the boxes", 4 * B * S),
+    ):
         if words >= U32_LIMIT or 4 * words > limit:
-            raise TypeError(f"[{where}] {what} of {B} x {C} x {S} boxes exceed the 2^32 words or "
-                            f"{limit} bytes a buffer may hold")
-    attrs = {"max_per_class": mpc, "iou_threshold": iou32, "score_threshold": score_threshold,
-             "center_point_box": cpb}
+            raise TypeError(
+                f"[{where}] {what} of {B} x {C} x {S} boxes exceed the 2^32 words or {limit} bytes a buffer may hold"
+            )
+    attrs = {"max_per_class": mpc, "iou_threshold": iou32, "score_threshold": score_threshold, "center_point_box": cpb}
     return tuple(b._emit(where, [boxes, scores], attrs, [("int64", (rows, 3)), ("int32", (1,))], label))
 
 
@@ -175,8 +193,12 @@ def _lower_nms(kc, node):
     name = f"nms_b{B}c{C}s{S}"
     if ms == 0 or (st is not None and math.isnan(st)):  # nothing can be selected
         words = 6 * sel_out.shape[0]
-        k = Kernel(f"{name}_none", "nms.wgsl", {"path": "fill", "WORDS": words},
-                   (Binding("out", "u32", True), Binding("count", "i32", True)))
+        k = Kernel(
+            f"{name}_none",
+            "nms.wgsl",
+            {"path": "fill", "WORDS": words},
+            (Binding("out", "u32", True), Binding("count", "i32", True)),
+        )
         kc.launch(k, [sel_out, count], grid(-(-words // WORKGROUP)))
         return
     thr_bits, thr = _f32(at["iou_threshold"])
@@ -189,32 +211,58 @@ def _lower_nms(kc, node):
     thr_lo = _f32(thr * (1 - 2.0**-16))[1]
     pmax = 1 << (S - 1).bit_length()
     if pmax > CPU_MAX_KEYS and _cpu(kc):
-        raise NotSupportedError(f"[_nms] {S} boxes: on a CPU adapter (lavapipe, whose shader loops stop "
-                                f"after 65535 iterations) up to {CPU_MAX_KEYS}")
+        raise NotSupportedError(
+            f"[_nms] {S} boxes: on a CPU adapter (lavapipe, whose shader loops stop "
+            f"after 65535 iterations) up to {CPU_MAX_KEYS}"
+        )
     lk = min(SORT_LOCAL, pmax)
-    p = {"path": "select", "S": S, "C": C, "W": W, "PMAX": pmax, "MS": ms, "L": lk,
-         "LP": -(-lk // (2 * WORKGROUP)), "LC": -(-lk // WORKGROUP),
-         "center": at["center_point_box"] == 1, "has_threshold": st is not None,
-         "ST_ORDER": _order(_f32(st)[0]) if st is not None else 0,
-         "MID_M": 2 * mt + 1, "MID_E": et - 1, "MID_TIE": bool(mt & 1), "THR_HI": thr_hi, "THR_LO": thr_lo,
-         "UNROLL": UNROLL}
+    p = {
+        "path": "select",
+        "S": S,
+        "C": C,
+        "W": W,
+        "PMAX": pmax,
+        "MS": ms,
+        "L": lk,
+        "LP": -(-lk // (2 * WORKGROUP)),
+        "LC": -(-lk // WORKGROUP),
+        "center": at["center_point_box"] == 1,
+        "has_threshold": st is not None,
+        "ST_ORDER": _order(_f32(st)[0]) if st is not None else 0,
+        "MID_M": 2 * mt + 1,
+        "MID_E": et - 1,
+        "MID_TIE": bool(mt & 1),
+        "THR_HI": thr_hi,
+        "THR_LO": thr_lo,
+        "UNROLL": UNROLL,
+    }
     keys = kc.scratch(8 * W * pmax)
     sbox = kc.scratch(16 * W * S)
     sel = kc.scratch(4 * W * ms)
     cnt = kc.scratch(4 * (W + 1))
     state = kc.scratch(8 * W)
     cap = greedy_cap(S) if _cpu(kc) else ms
-    bindings = (Binding("boxes", "f32"), Binding("scores", "f32"), Binding("keys", "vec2<u32>", True),
-                Binding("sbox", "vec4<f32>", True), Binding("sel", "u32", True), Binding("cnt", "u32", True),
-                Binding("state", "u32", True))
+    bindings = (
+        Binding("boxes", "f32"),
+        Binding("scores", "f32"),
+        Binding("keys", "vec2<u32>", True),
+        Binding("sbox", "vec4<f32>", True),
+        Binding("sel", "u32", True),
+        Binding("cnt", "u32", True),
+        Binding("state", "u32", True),
+    )
     args = [boxes, scores, keys, sbox, sel, cnt, state]
     p["CAP"] = cap
     kc.launch(Kernel(f"{name}_m{ms}_select", "nms.wgsl", dict(p, resume=False), bindings), args, grid(W))
     for _ in range(-(-ms // cap) - 1):  # CPU adapters: the greedy pass in several launches
         kc.launch(Kernel(f"{name}_m{ms}_resume", "nms.wgsl", dict(p, resume=True), bindings), args, grid(W))
     _scan(kc, W, cnt, count)
-    k = Kernel(f"{name}_m{ms}_scatter", "nms.wgsl", {"path": "scatter", "W": W, "C": C, "MS": ms},
-               (Binding("cnt", "u32"), Binding("sel", "u32"), Binding("out", "u32", True)))
+    k = Kernel(
+        f"{name}_m{ms}_scatter",
+        "nms.wgsl",
+        {"path": "scatter", "W": W, "C": C, "MS": ms},
+        (Binding("cnt", "u32"), Binding("sel", "u32"), Binding("out", "u32", True)),
+    )
     kc.launch(k, [cnt, sel, sel_out], grid(-(-(W * ms) // WORKGROUP)))
 
 

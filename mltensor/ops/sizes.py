@@ -33,9 +33,12 @@ def _value(v, t):
 def _lower_size(kc, node):
     out = kc.out(node)
     t = kc.wtype(out)
-    k = Kernel(f"size_{t}", "sizes.wgsl",
-               {"n": 1, "body": f"    dst[0] = {_value(node.attrs['value'], t)};"},
-               (Binding("anchor", kc.move_type(node.inputs[0])), Binding("dst", t, True)))
+    k = Kernel(
+        f"size_{t}",
+        "sizes.wgsl",
+        {"n": 1, "body": f"    dst[0] = {_value(node.attrs['value'], t)};"},
+        (Binding("anchor", kc.move_type(node.inputs[0])), Binding("dst", t, True)),
+    )
     kc.launch(k, [node.inputs[0], out], (1, 1, 1))
 
 
@@ -46,8 +49,12 @@ def _lower_range(kc, node):
     i = convert("i", "u32", t)
     body = f"    dst[i] = {_value(a['start'], t)} + {i} * {_value(a['delta'], t)};"
     count = a["count"]
-    k = Kernel(f"range_{t}", "sizes.wgsl", {"n": count, "body": body},
-               (Binding("anchor", kc.move_type(node.inputs[0])), Binding("dst", t, True)))
+    k = Kernel(
+        f"range_{t}",
+        "sizes.wgsl",
+        {"n": count, "body": body},
+        (Binding("anchor", kc.move_type(node.inputs[0])), Binding("dst", t, True)),
+    )
     kc.launch(k, [node.inputs[0], out], grid(-(-count // WORKGROUP)))
 
 

@@ -44,8 +44,7 @@ WG_STORAGE = 16384  # WebGPU's default workgroup memory: the heuristic's choices
 SPLIT_MIN = 2048  # elements a chunk at least when a long row is split across workgroups ("reg")
 TARGET_GROUPS = 264  # workgroups that fill a large GPU (two per SM of an H100)
 
-register("_topk", {"input": dtypes.ALL, "values": dtypes.ALL, "indices": ("int64",)},
-         ranks={"input": (1, 8)})
+register("_topk", {"input": dtypes.ALL, "values": dtypes.ALL, "indices": ("int64",)}, ranks={"input": (1, 8)})
 
 
 @builder_op
@@ -125,8 +124,9 @@ def heuristic(cands, rows, n, k, kw, cpu):
     """Index of the plan used without timing (CPU adapters, no timestamp queries, past the
     tuning budget). CPU adapters: measured on lavapipe (2 cores); GPUs: a guess, which tuning
     replaces where the adapter has timestamp queries."""
+
     def find(*want):
-        return next((i for i, c in enumerate(cands) if c[:len(want)] == want), None)
+        return next((i for i, c in enumerate(cands) if c[: len(want)] == want), None)
 
     if k > REG_MAX_K:
         if cpu:  # registers and merges: 2-4x faster than the bitonic sort there (its barriers)
@@ -162,7 +162,7 @@ def _lower_topk(kc, node):
     axis, k = at["axis"], at["k"]
     shape = x.shape
     n = shape[axis]
-    inner = math.prod(shape[axis + 1:])
+    inner = math.prod(shape[axis + 1 :])
     rows = math.prod(shape) // n
     t = kc.wtype(x)
     kind = _kind(t)
@@ -172,13 +172,25 @@ def _lower_topk(kc, node):
     cands = candidates(rows, n, k, kw, storage)
     heur = heuristic(cands, rows, n, k, kw, cpu)
     xt = "f16" if t == "f16" else "u32"  # 32-bit values and 64-bit words move as u32
-    base = {"kind": kind, "KW": kw, "XW": 2 if kw == 2 else 1, "N": n, "INNER": inner, "KO": k,
-            "LARGEST": at["largest"], "K": 0, "has_x": True, "has_pin": False, "FINAL": False}
-    name = (f"topk_{kind}_r{rows}_n{n}{f'_i{inner}' if inner > 1 else ''}_k{k}"
-            f"{'' if at['largest'] else '_min'}")
+    base = {
+        "kind": kind,
+        "KW": kw,
+        "XW": 2 if kw == 2 else 1,
+        "N": n,
+        "INNER": inner,
+        "KO": k,
+        "LARGEST": at["largest"],
+        "K": 0,
+        "has_x": True,
+        "has_pin": False,
+        "FINAL": False,
+    }
+    name = f"topk_{kind}_r{rows}_n{n}{f'_i{inner}' if inner > 1 else ''}_k{k}{'' if at['largest'] else '_min'}"
     pair_bytes = (kw + 1) * 4
-    limit = min(kc.device.limits.get("max-storage-buffer-binding-size", 1 << 27),
-                kc.device.limits.get("max-buffer-size", 1 << 28))
+    limit = min(
+        kc.device.limits.get("max-storage-buffer-binding-size", 1 << 27),
+        kc.device.limits.get("max-buffer-size", 1 << 28),
+    )
 
     def final_args():
         return [Binding("x", xt), Binding("vals", xt, True), Binding("idxs", "u32", True)], [x, vals, idxs]
@@ -203,8 +215,7 @@ def _lower_topk(kc, node):
             blk = c[1]
             s = -(-n // blk)
             run = min(k, blk)
-            p = dict(base, mode="block", WG=min(WORKGROUP, blk // 2), S=s, B=blk, L=run,
-                     GROUPS=rows * s, FINAL=s == 1)
+            p = dict(base, mode="block", WG=min(WORKGROUP, blk // 2), S=s, B=blk, L=run, GROUPS=rows * s, FINAL=s == 1)
             g = groups("_topk", rows * s)
         label = f"{name}_{c[0]}{c[1] if c[0] != 'reg' else ''}{f'_s{s}' if s > 1 else ''}"
         if s == 1:
@@ -217,26 +228,35 @@ def _lower_topk(kc, node):
             ss, ll = -(-ss // 2), min(k, 2 * ll)
         sizes = [rows * s * run] + [rows * -(-a // 2) * min(k, 2 * b) for a, b in rounds[:-1]]
         if max(sizes) * pair_bytes > limit:
-            raise NotSupportedError(f"[_topk] {rows} rows of {n} elements need {max(sizes) * pair_bytes} "
-                                    f"bytes of scratch, more than a buffer binding holds ({limit})")
+            raise NotSupportedError(
+                f"[_topk] {rows} rows of {n} elements need {max(sizes) * pair_bytes} "
+                f"bytes of scratch, more than a buffer binding holds ({limit})"
+            )
         bufs = [kc.scratch(max(sizes[0::2]) * pair_bytes)]
         if len(sizes) > 1:
             bufs.append(kc.scratch(max(sizes[1::2]) * pair_bytes))
-        launches.append((Kernel(label, "topk.wgsl", p, [Binding("x", xt), Binding("pout", "u32", True)]),
-                         [x, bufs[0]], g))
+        launches.append(
+            (Kernel(label, "topk.wgsl", p, [Binding("x", xt), Binding("pout", "u32", True)]), [x, bufs[0]], g)
+        )
         for j, (ss, ll) in enumerate(rounds):
             final = j == len(rounds) - 1
             total = rows * ss * ll
-            pm = dict(base, mode="merge", S=ss, L=ll, LO=min(k, 2 * ll), TOTAL=total, FINAL=final,
-                      has_x=final, has_pin=True)
+            pm = dict(
+                base, mode="merge", S=ss, L=ll, LO=min(k, 2 * ll), TOTAL=total, FINAL=final, has_x=final, has_pin=True
+            )
             src = bufs[j % 2]
             if final:
                 bnd, args = final_args()
                 bnd, args = [Binding("pin", "u32")] + bnd, [src] + args
             else:
                 bnd, args = [Binding("pin", "u32"), Binding("pout", "u32", True)], [src, bufs[(j + 1) % 2]]
-            launches.append((Kernel(f"{name}_merge_s{ss}l{ll}", "topk.wgsl", pm, bnd), args,
-                             groups("_topk", -(-total // WORKGROUP))))
+            launches.append(
+                (
+                    Kernel(f"{name}_merge_s{ss}l{ll}", "topk.wgsl", pm, bnd),
+                    args,
+                    groups("_topk", -(-total // WORKGROUP)),
+                )
+            )
         return launches
 
     def measure(i):

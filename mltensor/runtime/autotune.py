@@ -187,7 +187,11 @@ def choose(kc, signature, candidates, measure, heuristic=0):
     with _lock:
         STATS["tuned"] += 1
         table = _table(key)
-        table[signature] = {"best": best, "n": len(candidates), "config": repr(candidates[best]),
-                            "us": [round(t * 1e6, 2) if np.isfinite(t) else None for t in times]}
+        table[signature] = {
+            "best": best,
+            "n": len(candidates),
+            "config": repr(candidates[best]),
+            "us": [round(t * 1e6, 2) if np.isfinite(t) else None for t in times],
+        }
         _save(key, table)
     return best

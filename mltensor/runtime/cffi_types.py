@@ -42,8 +42,7 @@ def install(ffi):
         words = set(_WORDS.findall(csource))
         saved = self._declarations
         # (the ffi's lock is held by its caller, cffi's _typeof: no other parse sees the swap)
-        self._declarations = {k: v for k, v in saved.items()
-                              if not k.startswith("typedef ") or k[8:] in words}
+        self._declarations = {k: v for k, v in saved.items() if not k.startswith("typedef ") or k[8:] in words}
         try:
             return orig(self, csource)
         finally:

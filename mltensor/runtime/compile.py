@@ -224,9 +224,13 @@ def _helper_devices(device, count):
         pool = _helpers.setdefault(id(adapter), [])
         while len(pool) < count:
             try:
-                pool.append(adapter.request_device_sync(
-                    label="mltensor-jit-helper", required_features=list(device.features),
-                    required_limits={k: v for k, v in device.limits.items() if isinstance(v, int)}))
+                pool.append(
+                    adapter.request_device_sync(
+                        label="mltensor-jit-helper",
+                        required_features=list(device.features),
+                        required_limits={k: v for k, v in device.limits.items() if isinstance(v, int)},
+                    )
+                )
             except Exception:
                 break
         return pool[:count]
@@ -241,15 +245,21 @@ def _pipeline_on(dev, kernel, src):
 
 def _layout_entries(kernel):
     B = wgpu.BufferBindingType
-    return [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
-             "buffer": {"type": B.storage if b.writable else B.read_only_storage}}
-            for i, b in enumerate(kernel.bindings)]
+    return [
+        {
+            "binding": i,
+            "visibility": wgpu.ShaderStage.COMPUTE,
+            "buffer": {"type": B.storage if b.writable else B.read_only_storage},
+        }
+        for i, b in enumerate(kernel.bindings)
+    ]
 
 
 def _record_empty(dev, enc, pipe, bgl, kernel):
     bufs = [dev.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE) for _ in kernel.bindings]
-    bg = dev.create_bind_group(layout=bgl, entries=[{"binding": i, "resource": {"buffer": b}}
-                                                     for i, b in enumerate(bufs)])
+    bg = dev.create_bind_group(
+        layout=bgl, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)]
+    )
     p = enc.begin_compute_pass()
     p.set_pipeline(pipe)
     if kernel.immediates():  # (zero sizes: no workgroup reads them)

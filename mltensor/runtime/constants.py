@@ -68,9 +68,12 @@ class ConstantStore:
             raw = memoryview(np.concatenate([np.frombuffer(raw, np.uint8), np.zeros(4 - n % 4, np.uint8)]))
         U = wgpu.BufferUsage
         direct = self._direct and n > 0
-        buf = self._device.create_buffer(label="mltensor-constant", size=dtypes.padded(n),
-                                         usage=U.STORAGE | U.COPY_SRC | (U.MAP_WRITE if direct else U.COPY_DST),
-                                         mapped_at_creation=direct)
+        buf = self._device.create_buffer(
+            label="mltensor-constant",
+            size=dtypes.padded(n),
+            usage=U.STORAGE | U.COPY_SRC | (U.MAP_WRITE if direct else U.COPY_DST),
+            mapped_at_creation=direct,
+        )
         if direct:
             buf.write_mapped(raw)
             buf.unmap()

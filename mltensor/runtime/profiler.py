@@ -24,8 +24,13 @@ def time_launches(device, launches, repeat=3, warmup=0):
         for r in range(warmup + repeat):
             enc = device.create_command_encoder()
             for i, (pipe, bg, groups, *imm) in enumerate(launches):
-                p = enc.begin_compute_pass(timestamp_writes={
-                    "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                p = enc.begin_compute_pass(
+                    timestamp_writes={
+                        "query_set": qs,
+                        "beginning_of_pass_write_index": 2 * i,
+                        "end_of_pass_write_index": 2 * i + 1,
+                    }
+                )
                 p.set_pipeline(pipe)
                 if imm and imm[0] is not None:
                     p.set_immediates(0, imm[0], 0, imm[0].nbytes)
@@ -61,9 +66,15 @@ def profile_dispatch(ctx, graph, inputs, outputs, repeat=3):
     bound = entry[0]
     if data is not None:  # each launch's workgroups and immediates (dimensions or parameters)
         g, rows = data.run, entry[6][0]
-        bound = [(pipe, bg, tuple(g[3 * i:3 * i + 3]),
-                  data.imm[rows[i][0] // 4:(rows[i][0] + rows[i][1]) // 4] if rows[i][1] else None)
-                 for i, (pipe, bg, _) in enumerate(bound)]
+        bound = [
+            (
+                pipe,
+                bg,
+                tuple(g[3 * i : 3 * i + 3]),
+                data.imm[rows[i][0] // 4 : (rows[i][0] + rows[i][1]) // 4] if rows[i][1] else None,
+            )
+            for i, (pipe, bg, _) in enumerate(bound)
+        ]
     med = np.median(time_launches(ctx.device, bound, repeat), axis=0)
     return list(zip(names, med.tolist()))
 

@@ -55,7 +55,8 @@ def instantiate(device, launches, lazy=()):
             entry[0], entry[1] = pipe, bgl = pipeline(device, kernel)
             if not any(ext_of(b) for b in bufs):
                 entry[4] = device.create_bind_group(
-                    layout=bgl, entries=[{"binding": j, "resource": resource_of(b)} for j, b in enumerate(bufs)])
+                    layout=bgl, entries=[{"binding": j, "resource": resource_of(b)} for j, b in enumerate(bufs)]
+                )
         out.append(entry)
     return out
 
@@ -77,8 +78,23 @@ class Program:
       without them).
     """
 
-    def __init__(self, inputs, outputs, kernels, launches, pool, folded=(), shared=(), keep=(), unwarmed=(),
-                 sources=None, kernel_names=(), memory=None, autotune=None, dyn_args=None):
+    def __init__(
+        self,
+        inputs,
+        outputs,
+        kernels,
+        launches,
+        pool,
+        folded=(),
+        shared=(),
+        keep=(),
+        unwarmed=(),
+        sources=None,
+        kernel_names=(),
+        memory=None,
+        autotune=None,
+        dyn_args=None,
+    ):
         self.inputs = dict(inputs)
         self.outputs = dict(outputs)
         self.kernels = list(kernels)

@@ -80,9 +80,17 @@ def loaded():
         ffi = cffi.FFI()
         ffi.cdef(_CDEF)
         lib = ffi.dlopen(path)
-        lib.mlt_init(*(int(wffi.cast("uintptr_t", f)) for f in (
-            wlib.wgpuComputePassEncoderSetPipeline, wlib.wgpuComputePassEncoderSetBindGroup,
-            wlib.wgpuComputePassEncoderDispatchWorkgroups, wlib.wgpuComputePassEncoderSetImmediates)))
+        lib.mlt_init(
+            *(
+                int(wffi.cast("uintptr_t", f))
+                for f in (
+                    wlib.wgpuComputePassEncoderSetPipeline,
+                    wlib.wgpuComputePassEncoderSetBindGroup,
+                    wlib.wgpuComputePassEncoderDispatchWorkgroups,
+                    wlib.wgpuComputePassEncoderSetImmediates,
+                )
+            )
+        )
     except Exception as e:  # no compiler, a failed build, an unloadable library: Python replays
         _state["status"] = f"unavailable ({type(e).__name__}: {e}): Python replay"
         return None

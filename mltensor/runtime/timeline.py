@@ -48,8 +48,12 @@ def _native_factories():
     200-kernel dispatch's fixed cost (encoder + pass 62 -> 28-31 us measured). Elsewhere wgpu-py's
     methods."""
     try:
-        from wgpu.backends.wgpu_native._api import (GPUCommandEncoder, GPUComputePassEncoder, new_struct_p,
-                                                    to_c_string_view)
+        from wgpu.backends.wgpu_native._api import (
+            GPUCommandEncoder,
+            GPUComputePassEncoder,
+            new_struct_p,
+            to_c_string_view,
+        )
         from wgpu.backends.wgpu_native._ffi import ffi, lib
 
         edesc = new_struct_p("WGPUCommandEncoderDescriptor *", label=to_c_string_view(""))
@@ -65,8 +69,9 @@ def _native_factories():
     def begin(encoder):
         if not isinstance(encoder, GPUCommandEncoder):
             return encoder.begin_compute_pass()
-        return GPUComputePassEncoder("", lib.wgpuCommandEncoderBeginComputePass(encoder._internal, pdesc),
-                                     encoder._device)
+        return GPUComputePassEncoder(
+            "", lib.wgpuCommandEncoderBeginComputePass(encoder._internal, pdesc), encoder._device
+        )
 
     return create, begin
 
@@ -82,8 +87,7 @@ def handle_address(handle):
 
 
 _factories = _native_factories()
-_create_encoder, _begin_pass = _factories or (lambda d: d.create_command_encoder(),
-                                              lambda e: e.begin_compute_pass())
+_create_encoder, _begin_pass = _factories or (lambda d: d.create_command_encoder(), lambda e: e.begin_compute_pass())
 
 
 _locks_guard = threading.Lock()
@@ -332,8 +336,13 @@ class Timeline:
                 if self.device_gone is not None and self.device_gone():  # destroyed mid-flush
                     error = InvalidStateError("[submit] the GPUDevice was destroyed; the work was dropped")
                 else:
-                    error = e if isinstance(e, OperationError) else OperationError(
-                        f"[submit] the GPU rejected work recorded by earlier calls: {type(e).__name__}: {e}")
+                    error = (
+                        e
+                        if isinstance(e, OperationError)
+                        else OperationError(
+                            f"[submit] the GPU rejected work recorded by earlier calls: {type(e).__name__}: {e}"
+                        )
+                    )
         self.flush_error = error
         try:
             for cb in callbacks:
@@ -473,7 +482,7 @@ def _copy(dst, src):
     step = -(-n // workers) + 4095 & ~4095  # page-aligned chunks
 
     def part(k):
-        dst[k * step:(k + 1) * step] = src[k * step:(k + 1) * step]
+        dst[k * step : (k + 1) * step] = src[k * step : (k + 1) * step]
 
     futures = [_copy_pool.submit(part, k) for k in range(1, workers)]
     part(0)

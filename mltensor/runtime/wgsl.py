@@ -51,7 +51,8 @@ def loop_guard(where, iters):
         raise NotSupportedError(
             f"[{where}] a kernel would loop up to {n} times in one invocation, more than the "
             f"{LOOP_BUDGET} allowed (Mesa's llvmpipe silently stops an invocation's loops after "
-            f"{LLVMPIPE_LOOP_CAP} iterations, giving wrong results); no split variant covers this size")
+            f"{LLVMPIPE_LOOP_CAP} iterations, giving wrong results); no split variant covers this size"
+        )
 
 
 def shader_dir():
@@ -59,8 +60,7 @@ def shader_dir():
     # checked first so that a checkout imported through PYTHONPATH (a git worktree next to an
     # editable install of another checkout) renders its own shaders, not the installed ones.
     src = os.path.join(os.path.dirname(__file__), "..", "..", "shaders")
-    if os.path.isfile(os.path.join(src, "common.wgsl")) and os.path.isfile(
-            os.path.join(src, "..", "pyproject.toml")):
+    if os.path.isfile(os.path.join(src, "common.wgsl")) and os.path.isfile(os.path.join(src, "..", "pyproject.toml")):
         return src
     try:
         d = resources.files("mltensor.shaders")
@@ -111,9 +111,19 @@ def template_env():
                 # LD / ST: conversions templates put around loads and stores of kernels that
                 # compute float16 in f32 (LD = "f32", ST = "f16_of"); empty (no conversion)
                 # unless a lowering sets them.
-                env.globals.update(f32_lit=f32_lit, lit=lit, main_1d=main_1d, WORKGROUP=WORKGROUP,
-                                   wide64=False, emu64=False, f16=False, fast_div=False, LD="", ST="",
-                                   u=lambda x: size(x))
+                env.globals.update(
+                    f32_lit=f32_lit,
+                    lit=lit,
+                    main_1d=main_1d,
+                    WORKGROUP=WORKGROUP,
+                    wide64=False,
+                    emu64=False,
+                    f16=False,
+                    fast_div=False,
+                    LD="",
+                    ST="",
+                    u=lambda x: size(x),
+                )
                 _env_made = env
     return _env_made
 
@@ -240,7 +250,11 @@ def convert(x, src, dst):
         return f"f16_of({convert(x, src, 'f32')})"
     if dst in EMULATED:
         if src == "f32":
-            return f"{dst}_from_f32({x})" if dst == "i64e" else f"select(u64e_from_f32({x}), i64e_from_f32({x}), {x} < 0.0)"
+            return (
+                f"{dst}_from_f32({x})"
+                if dst == "i64e"
+                else f"select(u64e_from_f32({x}), i64e_from_f32({x}), {x} < 0.0)"
+            )
         return f"i64e_from_i32({x})" if src == "i32" else f"e64_from_u32({x})"
     if src in EMULATED:
         if dst == "f32":
@@ -270,6 +284,7 @@ _EMU_RE = re.compile(r"\b(?:[iu]64e\w*|e64_\w+|wrap_i64e)\b")
 _FAST_DIV_RE = re.compile(r"\bdiv_fast\(")  # common.wgsl's f32 division by a dispatch-time size
 _COMMENT_RE = re.compile(r"//[^\n]*")
 
+
 def main_1d(count, index="i"):
     """The entry point of a kernel with one thread per item, as WGSL: `index` is the item (the
     1-D launch is folded into 2-D by dynamic/kernels.grid()), threads past `count` return at once. Templates
@@ -283,8 +298,6 @@ def main_1d(count, index="i"):
         f"    let {index} = linear_id(wid, nwg, lid);\n"
         f"    if ({index} >= {count}) {{ return; }}"
     )
-
-
 
 
 @dataclass(frozen=True)
@@ -327,8 +340,15 @@ class Kernel:
         self.consts = tuple(self.consts)
         # (derived: a function of the rest, so no part of the key; sizes and consts: their
         # number, each launch its own values)
-        self.key = (self.template, _freeze(self.params), self.bindings, self.dims, len(self.sizes),
-                    len(self.consts), self.hoist)
+        self.key = (
+            self.template,
+            _freeze(self.params),
+            self.bindings,
+            self.dims,
+            len(self.sizes),
+            len(self.consts),
+            self.hoist,
+        )
 
     def immediates(self):
         """Bytes of immediate data the kernel declares (its dimensions', derived sizes', then its
@@ -339,8 +359,9 @@ class Kernel:
         """This kernel reading the graph's dynamic dimensions `dims` (sorted names), with up to
         room - len(dims) derived sizes: rendered once here to find them (the source is kept for
         its compile)."""
-        k = replace(self, dims=tuple(dims), hoist=max(0, room - len(dims) - len(self.sizes) - len(self.consts)),
-                    derived=())
+        k = replace(
+            self, dims=tuple(dims), hoist=max(0, room - len(dims) - len(self.sizes) - len(self.consts)), derived=()
+        )
         k.source()
         return k
 
@@ -359,8 +380,7 @@ class Kernel:
         if self._src is not None:
             return self._src
         decls = "\n".join(
-            f"@group(0) @binding({i}) var<storage, {'read_write' if b.writable else 'read'}> "
-            f"{b.name}: array<{b.elem}>;"
+            f"@group(0) @binding({i}) var<storage, {'read_write' if b.writable else 'read'}> {b.name}: array<{b.elem}>;"
             for i, b in enumerate(self.bindings)
         )
         if self.dims or self.sizes or self.consts:
@@ -372,16 +392,21 @@ class Kernel:
             template = template_env().get_template(self.template)
             src = untag(template.render(bindings=decls, **pre, **self.params), h)
             code = _COMMENT_RE.sub("", src)
-            flags = {"wide64": bool(_WIDE_RE.search(code)), "emu64": bool(_EMU_RE.search(code)),
-                     "f16": bool(_F16_RE.search(code)), "fast_div": bool(_FAST_DIV_RE.search(code))}
+            flags = {
+                "wide64": bool(_WIDE_RE.search(code)),
+                "emu64": bool(_EMU_RE.search(code)),
+                "f16": bool(_F16_RE.search(code)),
+                "fast_div": bool(_FAST_DIV_RE.search(code)),
+            }
             if any(v and not pre.get(k) for k, v in flags.items()):
                 h.reset()  # (a second rendering: the same fields in the same order)
                 flags = {k: v or bool(pre.get(k)) for k, v in flags.items()}
                 src = untag(template.render(bindings=decls, **flags, **self.params), h)
         self.derived = h.syms
         if self.dims or self.sizes or self.consts:
-            src = src.replace(_DECL_MARK, declaration(self.dims, len(self.sizes), len(self.derived),
-                                                      len(self.consts)), 1)
+            src = src.replace(
+                _DECL_MARK, declaration(self.dims, len(self.sizes), len(self.derived), len(self.consts)), 1
+            )
         if flags["f16"]:
             src = "enable f16;\n" + src
         if self.dims:  # (its derived sizes laid out the graph's immediates: rendered once)
@@ -482,16 +507,15 @@ def _compile(device, kernel, cache, src=None):
                 "binding": i,
                 "visibility": wgpu.ShaderStage.COMPUTE,
                 "buffer": {
-                    "type": wgpu.BufferBindingType.storage
-                    if b.writable
-                    else wgpu.BufferBindingType.read_only_storage
+                    "type": wgpu.BufferBindingType.storage if b.writable else wgpu.BufferBindingType.read_only_storage
                 },
             }
             for i, b in enumerate(kernel.bindings)
         ]
         bgl = device.create_bind_group_layout(label=kernel.name, entries=entries)
-        layout = device.create_pipeline_layout(label=kernel.name, bind_group_layouts=[bgl],
-                                               immediate_size=kernel.immediates())
+        layout = device.create_pipeline_layout(
+            label=kernel.name, bind_group_layouts=[bgl], immediate_size=kernel.immediates()
+        )
         pipe = device.create_compute_pipeline(
             label=kernel.name, layout=layout, compute={"module": module, "entry_point": "main"}
         )

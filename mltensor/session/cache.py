@@ -91,8 +91,12 @@ BUILD_SWITCHES = switches.BUILD_SWITCHES
 
 
 def session_key(sess, what, model=None):
-    opts = {"free": sorted(sess._free.items()), "float16": sess._float16, "kind": sess._kind,
-            "switches": {k: os.environ[k] for k in BUILD_SWITCHES if os.environ.get(k)}}
+    opts = {
+        "free": sorted(sess._free.items()),
+        "float16": sess._float16,
+        "kind": sess._kind,
+        "switches": {k: os.environ[k] for k in BUILD_SWITCHES if os.environ.get(k)},
+    }
     return f"session|{model or sess._cache_id}|{json.dumps(opts, sort_keys=True, default=str)}|{what}"
 
 
@@ -100,8 +104,12 @@ def spec_key(sess, shapes, values, dynamic, ones):
     def rows(d, f=repr):  # (repr: a damaged model's names and sizes need not be comparable)
         return sorted((repr(k), f(v)) for k, v in (d or {}).items())
 
-    what = {"shapes": rows(shapes, lambda s: repr(list(s))), "values": rows(values, _array),
-            "dynamic": rows(dynamic), "ones": rows(ones)}
+    what = {
+        "shapes": rows(shapes, lambda s: repr(list(s))),
+        "values": rows(values, _array),
+        "dynamic": rows(dynamic),
+        "ones": rows(ones),
+    }
     return session_key(sess, json.dumps(what, sort_keys=True, default=str))
 
 
@@ -115,8 +123,9 @@ def _unarray(t):
 
 
 def _io(infos):
-    return [(i.name, i.onnx_type, i.data_type, tuple(i.shape), None if i.const is None else _array(i.const))
-            for i in infos]
+    return [
+        (i.name, i.onnx_type, i.data_type, tuple(i.shape), None if i.const is None else _array(i.const)) for i in infos
+    ]
 
 
 def _unio(rows):
@@ -134,8 +143,12 @@ def load_spec(sess, key):
     program, extra = hit
     graph = MLGraph(sess._ctx, program)
     try:
-        return graph, _unio(extra["inputs"]), _unio(extra["outputs"]), \
-            {n: _unarray(v) for n, v in extra["values"].items()}
+        return (
+            graph,
+            _unio(extra["inputs"]),
+            _unio(extra["outputs"]),
+            {n: _unarray(v) for n, v in extra["values"].items()},
+        )
     except (KeyError, TypeError, ValueError):
         graph.destroy()
         return None
@@ -144,8 +157,11 @@ def load_spec(sess, key):
 def save_spec(sess, key, graph, inputs, outputs, values):
     if graph is None:
         return
-    extra = {"inputs": _io(inputs), "outputs": _io(outputs),
-             "values": {n: _array(v) for n, v in values.items() if not n.startswith("__")}}
+    extra = {
+        "inputs": _io(inputs),
+        "outputs": _io(outputs),
+        "values": {n: _array(v) for n, v in values.items() if not n.startswith("__")},
+    }
     import pickle
 
     import wgpu
@@ -188,8 +204,11 @@ def save_description(sess, main_id, desc, weights):
         return  # (an input of a type onnx alone maps to numpy: described from the proto)
     externals = [name for name, _ in weights.external_identities()] if weights is not None else []
     try:
-        store.save_note(sess._ctx, session_key(sess, _DESCRIPTION, main_id),
-                        dict(desc, version=DESCRIPTION_VERSION, externals=externals))
+        store.save_note(
+            sess._ctx,
+            session_key(sess, _DESCRIPTION, main_id),
+            dict(desc, version=DESCRIPTION_VERSION, externals=externals),
+        )
     except OSError:
         pass
 
@@ -246,23 +265,45 @@ def _valid_description(note):
         return None
     shapes, params = note.get("shapes"), note.get("params")
     inputs, outputs = note.get("inputs"), note.get("outputs")
-    if not (isinstance(shapes, dict) and isinstance(params, dict) and shapes.keys() == params.keys()
-            and isinstance(inputs, list) and isinstance(outputs, list) and strs(note.get("externals"))):
+    if not (
+        isinstance(shapes, dict)
+        and isinstance(params, dict)
+        and shapes.keys() == params.keys()
+        and isinstance(inputs, list)
+        and isinstance(outputs, list)
+        and strs(note.get("externals"))
+    ):
         return None
     for name, dims in shapes.items():
         syms = params[name]
         if dims is None and syms is None:
             continue
-        if not (isinstance(dims, list) and isinstance(syms, list) and len(dims) == len(syms)
-                and all(d is None or (is_int(d) and d > 0) for d in dims)
-                and all(p is None or (isinstance(p, str) and p) for p in syms)):
+        if not (
+            isinstance(dims, list)
+            and isinstance(syms, list)
+            and len(dims) == len(syms)
+            and all(d is None or (is_int(d) and d > 0) for d in dims)
+            and all(p is None or (isinstance(p, str) and p) for p in syms)
+        ):
             return None
     for row in inputs:
-        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and row[0] in shapes
-                and is_int(row[1]) and (row[1] == 0 or row[1] in NUMPY)):
+        if not (
+            isinstance(row, list)
+            and len(row) == 2
+            and isinstance(row[0], str)
+            and row[0] in shapes
+            and is_int(row[1])
+            and (row[1] == 0 or row[1] in NUMPY)
+        ):
             return None
     for row in outputs:
-        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and is_int(row[1])
-                and isinstance(row[2], list) and all(is_int(d) or isinstance(d, str) for d in row[2])):
+        if not (
+            isinstance(row, list)
+            and len(row) == 3
+            and isinstance(row[0], str)
+            and is_int(row[1])
+            and isinstance(row[2], list)
+            and all(is_int(d) or isinstance(d, str) for d in row[2])
+        ):
             return None
     return note

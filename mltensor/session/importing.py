@@ -21,13 +21,15 @@ class Importing:
         having one are declared with it instead of the feed's size; an input fed with one of
         them empty keeps the feed's shape, an empty constant); ones: those fixed to 1 in it."""
         while True:
-            values = {} if build_only else {
-                n: np.array(host_value(feeds[n], self._ctx)) for n in self._value_names}
+            values = {} if build_only else {n: np.array(host_value(feeds[n], self._ctx)) for n in self._value_names}
             shapes = {n: tuple(v.shape) for n, v in feeds.items() if n not in self._value_names}
             if dynamic is not None:
                 caps = self._caps
-                shapes = {n: s for n, s in shapes.items()
-                          if n not in caps.axes or any(sizes.get(d) == 0 for _, d in caps.axes[n])}
+                shapes = {
+                    n: s
+                    for n, s in shapes.items()
+                    if n not in caps.axes or any(sizes.get(d) == 0 for _, d in caps.axes[n])
+                }
             key = None
             if self._cache_id is not None:  # built by an earlier process: loaded, not imported
                 key = graph_cache.spec_key(self, shapes, values, dynamic, ones)
@@ -36,8 +38,16 @@ class Importing:
                     self._stats["loaded"] += 1
                     return Specialization(hit[0], hit[1], hit[2], values)
             importer = lazy.importer()
-            im = importer.Importer(self._model, self._ctx, free_dimensions=self._free, input_shapes=shapes,
-                          weights=self._weights, input_values=values, dynamic=dynamic, ones=ones)
+            im = importer.Importer(
+                self._model,
+                self._ctx,
+                free_dimensions=self._free,
+                input_shapes=shapes,
+                weights=self._weights,
+                input_values=values,
+                dynamic=dynamic,
+                ones=ones,
+            )
             try:
                 with importer.data_errors(self._name, im):
                     imp = im.run()

@@ -50,8 +50,20 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
     StageHost ones (stages/host.py: next_stage, import_body, storage_array, read_all,
     count_read, with `context` and `build_lock`) serve a staged model's run, not applications."""
 
-    def __init__(self, model, context=None, *, free_dimensions=None, max_dimensions=None, dynamic=None,
-                 providers=None, sess_options=None, max_specializations=8, float16=False, cache=None):
+    def __init__(
+        self,
+        model,
+        context=None,
+        *,
+        free_dimensions=None,
+        max_dimensions=None,
+        dynamic=None,
+        providers=None,
+        sess_options=None,
+        max_specializations=8,
+        float16=False,
+        cache=None,
+    ):
         self._ctx = context if context is not None else default_context()
         # The persistent graph cache (mltensor/graphcache/): on unless cache=False or
         # MLTENSOR_GRAPH_CACHE=0; _cache_id is the model's SHA-256 (None: not cached)
@@ -64,10 +76,10 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
         # are converted to float16 beforehand (their float16 inputs and outputs are then native)
         self._float16 = bool(float16)
         self._free = dict(free_dimensions or {})
-        if isinstance(max_specializations, bool) or not isinstance(max_specializations, int) \
-                or max_specializations < 1:
-            raise TypeError(f"[InferenceSession] max_specializations must be an integer >= 1, "
-                            f"got {max_specializations!r}")
+        if isinstance(max_specializations, bool) or not isinstance(max_specializations, int) or max_specializations < 1:
+            raise TypeError(
+                f"[InferenceSession] max_specializations must be an integer >= 1, got {max_specializations!r}"
+            )
         self.max_specializations = max_specializations
         self._closed = False
         self._specs = OrderedDict()  # key -> Specialization, least recently used first
@@ -75,8 +87,16 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
         self._spec = None  # the one the last run used
         # stage_*: models with data-dependent shapes (stages/): later stages built, reused;
         # readbacks/readback_bytes: the values read back to decide shapes (and loop conditions)
-        self._stats = {"builds": 0, "hits": 0, "evictions": 0, "loaded": 0, "stage_builds": 0,
-                       "stage_hits": 0, "readbacks": 0, "readback_bytes": 0}
+        self._stats = {
+            "builds": 0,
+            "hits": 0,
+            "evictions": 0,
+            "loaded": 0,
+            "stage_builds": 0,
+            "stage_hits": 0,
+            "readbacks": 0,
+            "readback_bytes": 0,
+        }
         self._lock = threading.RLock()  # specializations, their tensor sets, stats
         self.build_lock = threading.Lock()  # one build at a time; runs at built sizes go on
         if dynamic not in (None, True, False):
@@ -87,8 +107,10 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             self._kind = "tflite"
             self._load_tflite(model)
         elif self._float16:
-            raise TypeError("[InferenceSession] float16=True applies to TFLite models; convert an ONNX model "
-                            "to float16 instead (onnxconverter_common.float16.convert_float_to_float16)")
+            raise TypeError(
+                "[InferenceSession] float16=True applies to TFLite models; convert an ONNX model "
+                "to float16 instead (onnxconverter_common.float16.convert_float_to_float16)"
+            )
         else:
             self._kind = "onnx"
             self._name = source_name(model)
@@ -121,7 +143,8 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             self._cache_note(desc if noted is None else None)
             pending = any(shapes[name] is None for name in shapes) or any(
                 d is None and (p is None or p not in self._free)
-                for name in shapes for d, p in zip(shapes[name], params[name])
+                for name in shapes
+                for d, p in zip(shapes[name], params[name])
             )
             if not pending:
                 # Otherwise some dimension has no value yet: each run's feeds fix it.
@@ -160,8 +183,12 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
         """Snapshot: specializations cached, builds, cache hits and LRU evictions so far; whether
         builds use dynamic dimensions, and if not why (None: the model has no unknown sizes)."""
         with self._lock:
-            return dict(self._stats, specializations=len(self._specs), dynamic=self._caps is not None,
-                        static_reason=self._static_reason)
+            return dict(
+                self._stats,
+                specializations=len(self._specs),
+                dynamic=self._caps is not None,
+                static_reason=self._static_reason,
+            )
 
     def get_inputs(self):
         """The model's inputs, as onnxruntime gives them: objects with `.name`, `.shape` (ints, and

@@ -61,8 +61,13 @@ class Loading:
 
     def _save_note(self):
         if self._cache_id is not None:
-            graph_cache.save_note(self, {"value_names": sorted(self._value_names),
-                                      "static_reason": self._static_reason if self._caps is None else None})
+            graph_cache.save_note(
+                self,
+                {
+                    "value_names": sorted(self._value_names),
+                    "static_reason": self._static_reason if self._caps is None else None,
+                },
+            )
 
     def _proto(self):
         """(ModelProto, Weights or None) of the model: parsed at creation, else (a session
@@ -75,8 +80,10 @@ class Loading:
                 if loaded is None:
                     loaded = lazy.importer().load_model(self._source, self._name)
                     if not graph_cache.same_model(self, loaded[1], self._main):
-                        raise DataError(f"[onnx] {self._name}: the model changed since the session loaded it; "
-                                        "create the InferenceSession again")
+                        raise DataError(
+                            f"[onnx] {self._name}: the model changed since the session loaded it; "
+                            "create the InferenceSession again"
+                        )
                     self._loaded = loaded
         return loaded
 
@@ -92,8 +99,10 @@ class Loading:
         caps = Capacities({n: (shapes[n], params[n]) for n in shapes}, self._free, max_dimensions)
         unknown = set(max_dimensions or {}) - set(caps.names)
         if unknown:
-            raise TypeError(f"[InferenceSession] max_dimensions names {sorted(unknown)}, which are not dynamic "
-                            f"dimensions of the model's inputs (those are {caps.names})")
+            raise TypeError(
+                f"[InferenceSession] max_dimensions names {sorted(unknown)}, which are not dynamic "
+                f"dimensions of the model's inputs (those are {caps.names})"
+            )
         if not caps or dynamic is False:
             self._static_reason = "dynamic=False" if caps else None
             return
@@ -122,8 +131,9 @@ class Loading:
             graph, inputs, outputs, _ = hit
             self._stats["loaded"] += 1
         else:
-            graph, ins, outs = lazy.tflite().import_model(model, self._ctx, free_dimensions=self._free,
-                                                          float16=self._float16)
+            graph, ins, outs = lazy.tflite().import_model(
+                model, self._ctx, free_dimensions=self._free, float16=self._float16
+            )
             inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
             outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
             if key is not None:
@@ -144,9 +154,14 @@ class Loading:
         self._input_args = []
         self._np_in = {}
         for name, et in desc["inputs"]:
-            dims = None if shapes[name] is None else [  # None: declared without a shape
-                d if d is not None else (p if p is None or p not in self._free else self._free[p])
-                for d, p in zip(shapes[name], params[name])]
+            dims = (
+                None
+                if shapes[name] is None
+                else [  # None: declared without a shape
+                    d if d is not None else (p if p is None or p not in self._free else self._free[p])
+                    for d, p in zip(shapes[name], params[name])
+                ]
+            )
             self._input_args.append(NodeArg(name, dims, TYPE_STRING.get(et, f"tensor({et})")))
             self._np_in[name] = np_dtype(et) if et else None
         self._output_args = []

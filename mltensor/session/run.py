@@ -30,8 +30,7 @@ class RunPath:
                 continue
             if not isinstance(v, MLTensor) and not isinstance(v, np.ndarray):
                 v = np.asarray(v)
-            if len(v.shape) != len(a.shape) or any(
-                    isinstance(d, int) and d != g for d, g in zip(a.shape, v.shape)):
+            if len(v.shape) != len(a.shape) or any(isinstance(d, int) and d != g for d, g in zip(a.shape, v.shape)):
                 got = f"an MLTensor {v.data_type} {list(v.shape)}" if isinstance(v, MLTensor) else list(v.shape)
                 raise TypeError(f"[{where}] input {a.name!r} must have shape {a.shape}, got {got}")
 
@@ -81,13 +80,9 @@ class RunPath:
             arr = v if isinstance(v, np.ndarray) else np.asarray(v)
             want = info.np_dtype
             if arr.dtype != want:
-                raise TypeError(
-                    f"[{where}] input {name!r} must have dtype {want} ({type_str(info)}), got {arr.dtype}"
-                )
+                raise TypeError(f"[{where}] input {name!r} must have dtype {want} ({type_str(info)}), got {arr.dtype}")
             if plan is None and tuple(arr.shape) != info.shape:
-                raise TypeError(
-                    f"[{where}] input {name!r} must have shape {list(info.shape)}, got {list(arr.shape)}"
-                )
+                raise TypeError(f"[{where}] input {name!r} must have shape {list(info.shape)}, got {list(arr.shape)}")
             store = dtypes.NUMPY[info.data_type]
             if arr.dtype != store:
                 arr = arr.view(np.uint8) if arr.dtype == np.bool_ else arr.astype(store)
@@ -145,8 +140,9 @@ class RunPath:
                 data = np.ascontiguousarray(info.const)
                 store = dtypes.NUMPY[info.data_type]
                 data = data.view(np.uint8) if data.dtype == np.bool_ else data.astype(store)
-                t = self._ctx.create_tensor_sync(data_type=info.data_type, shape=info.shape or (),
-                                                 readable=True, writable=True)
+                t = self._ctx.create_tensor_sync(
+                    data_type=info.data_type, shape=info.shape or (), readable=True, writable=True
+                )
                 self._ctx.write_tensor(t, data)
                 spec.const_tensors[name] = t
             return t

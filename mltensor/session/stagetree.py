@@ -32,8 +32,14 @@ class StageTree:
                 return child
             snap = cut.snapshot.with_outcome(cut.key, values, carried)
             importer = lazy.importer()
-            im = importer.Importer(self._model, self._ctx, free_dimensions=self._free, weights=self._weights,
-                          input_values=spec.values, resume=snap)
+            im = importer.Importer(
+                self._model,
+                self._ctx,
+                free_dimensions=self._free,
+                weights=self._weights,
+                input_values=spec.values,
+                resume=snap,
+            )
             try:
                 with importer.data_errors(self._name, im):
                     imp = im.run()

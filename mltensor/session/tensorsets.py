@@ -31,8 +31,21 @@ class Specialization:
     set, else a free one, else a new one; `users` counts runs in flight, so an evicted or closed
     specialization is destroyed only once none is (the session's lock guards all of this)."""
 
-    __slots__ = ("graph", "inputs", "outputs", "owned", "free", "busy", "seq", "const_tensors",
-                 "values", "users", "dropped", "stage", "retired")
+    __slots__ = (
+        "graph",
+        "inputs",
+        "outputs",
+        "owned",
+        "free",
+        "busy",
+        "seq",
+        "const_tensors",
+        "values",
+        "users",
+        "dropped",
+        "stage",
+        "retired",
+    )
 
     def __init__(self, graph, inputs, outputs, values=None, stage=None):
         # stage: a model with data-dependent shapes runs as a tree of graphs (stages/plan.py);

@@ -48,8 +48,23 @@ class LoopSpec:
     initial condition is true (known at load). scan_in:
     [(row elements, slice shape, reversed)] of a Scan's inputs."""
 
-    def __init__(self, kind, node, body, model, opset, *, trips, n_state, n_scan_out, outer, outer_host,
-                 dynamic_cond=False, cond_true=False, scan_in=()):
+    def __init__(
+        self,
+        kind,
+        node,
+        body,
+        model,
+        opset,
+        *,
+        trips,
+        n_state,
+        n_scan_out,
+        outer,
+        outer_host,
+        dynamic_cond=False,
+        cond_true=False,
+        scan_in=(),
+    ):
         self.kind, self.node, self.body, self.model, self.opset = kind, node, body, model, opset
         self.trips, self.n_state, self.n_scan_out = trips, n_state, n_scan_out
         self.outer, self.outer_host = list(outer), dict(outer_host)
@@ -118,13 +133,14 @@ def _build(host, spec, tensors, bools):
         n = spec.n_state
         first = 2 if spec.kind == "loop" else 0
         state_out = ([_ITER, _COND] if spec.kind == "loop" else []) + [f"__state{k}" for k in range(n)]
-        for k, (i_name, o_name) in enumerate(zip(names[:first + n], state_out)):
+        for k, (i_name, o_name) in enumerate(zip(names[: first + n], state_out)):
             want = tuple(tensors[k].shape)
             if tuple(outs[o_name].shape) != want or outs[o_name].data_type != tensors[k].data_type:
                 what = "the iteration count" if k < first else f"loop-carried value {i_name!r}"
                 raise NotSupportedError(
                     f"[onnx] {spec.where()}: {what} changes from {tensors[k].data_type} {list(want)} to "
-                    f"{outs[o_name].data_type} {list(outs[o_name].shape)} across iterations (not supported)")
+                    f"{outs[o_name].data_type} {list(outs[o_name].shape)} across iterations (not supported)"
+                )
         rows = [(outs[f"__scan{j}"].data_type, tuple(outs[f"__scan{j}"].shape)) for j in range(spec.n_scan_out)]
         body = _Body(imp.graph, names, state_out, rows)
         spec.graphs[sig] = body
@@ -133,8 +149,9 @@ def _build(host, spec, tensors, bools):
 
 def _model(spec, nodes, inputs, outputs, inits):
     parent = spec.model
-    g = helper.make_graph(nodes, "body", inputs, [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
-                          initializer=inits)
+    g = helper.make_graph(
+        nodes, "body", inputs, [helper.make_value_info(o, onnx.TypeProto()) for o in outputs], initializer=inits
+    )
     m = helper.make_model(g, opset_imports=list(parent.opset_import), functions=list(parent.functions))
     m.ir_version = parent.ir_version
     return m
@@ -157,23 +174,26 @@ def _wrap_loop(spec, tensors, bools):
     # the condition crosses iterations as an int32 (bool is uint8 in memory, which kernels
     # unpack and pack at a graph's edges: two launches an iteration saved)
     names = [it, "__loop_cond_in"] + bnames[2:] + spec.outer
-    inputs = [helper.make_tensor_value_info(n, _onnx_type(t, b), list(t.shape))
-              for n, t, b in zip(names, tensors, bools)]
+    inputs = [
+        helper.make_tensor_value_info(n, _onnx_type(t, b), list(t.shape)) for n, t, b in zip(names, tensors, bools)
+    ]
     nodes = [helper.make_node("Cast", ["__loop_cond_in"], [cond], to=TensorProto.BOOL)] + list(body.node)
     bo = [o.name for o in body.output]
-    nodes += [_const("__loop_one", np.array(1, np.int64)),
-              helper.make_node("Add", [it, "__loop_one"], ["__loop_iter_inc"]),
-              helper.make_node("Where", [cond, "__loop_iter_inc", it], [_ITER]),
-              helper.make_node("Cast", [bo[0]], ["__loop_cond_b"], to=TensorProto.BOOL),
-              helper.make_node("And", [cond, "__loop_cond_b"], ["__loop_cond_and"]),
-              helper.make_node("Cast", ["__loop_cond_and"], ["__loop_cond_i"], to=TensorProto.INT32),
-              _const("__loop_scalar", np.zeros(0, np.int64)),
-              helper.make_node("Reshape", ["__loop_cond_i", "__loop_scalar"], [_COND])]
+    nodes += [
+        _const("__loop_one", np.array(1, np.int64)),
+        helper.make_node("Add", [it, "__loop_one"], ["__loop_iter_inc"]),
+        helper.make_node("Where", [cond, "__loop_iter_inc", it], [_ITER]),
+        helper.make_node("Cast", [bo[0]], ["__loop_cond_b"], to=TensorProto.BOOL),
+        helper.make_node("And", [cond, "__loop_cond_b"], ["__loop_cond_and"]),
+        helper.make_node("Cast", ["__loop_cond_and"], ["__loop_cond_i"], to=TensorProto.INT32),
+        _const("__loop_scalar", np.zeros(0, np.int64)),
+        helper.make_node("Reshape", ["__loop_cond_i", "__loop_scalar"], [_COND]),
+    ]
     outs = [_ITER, _COND]
     for k in range(spec.n_state):
         nodes.append(helper.make_node("Where", [cond, bo[1 + k], bnames[2 + k]], [f"__state{k}"]))
         outs.append(f"__state{k}")
-    scan = bo[1 + spec.n_state:]
+    scan = bo[1 + spec.n_state :]
     for j, name in enumerate(scan):
         nodes.append(helper.make_node("Identity", [name], [f"__scan{j}"]))
         outs.append(f"__scan{j}")
@@ -188,18 +208,23 @@ def _wrap_scan(spec, tensors, bools):
     n = spec.n_state
     bnames = [i.name for i in body.input]
     names = bnames[:n] + [f"__row{k}" for k in range(len(spec.scan_in))] + spec.outer
-    inputs = [helper.make_tensor_value_info(nm, _onnx_type(t, b), list(t.shape))
-              for nm, t, b in zip(names, tensors, bools)]
+    inputs = [
+        helper.make_tensor_value_info(nm, _onnx_type(t, b), list(t.shape)) for nm, t, b in zip(names, tensors, bools)
+    ]
     nodes = []
     for k, (elems, shape, _) in enumerate(spec.scan_in):
         src = f"__row{k}"
         if tensors[n + k].shape[0] != elems:
-            nodes += [_const(f"__row{k}/st", np.array([0], np.int64)),
-                      _const(f"__row{k}/en", np.array([elems], np.int64)),
-                      helper.make_node("Slice", [src, f"__row{k}/st", f"__row{k}/en"], [f"__row{k}/cut"])]
+            nodes += [
+                _const(f"__row{k}/st", np.array([0], np.int64)),
+                _const(f"__row{k}/en", np.array([elems], np.int64)),
+                helper.make_node("Slice", [src, f"__row{k}/st", f"__row{k}/en"], [f"__row{k}/cut"]),
+            ]
             src = f"__row{k}/cut"
-        nodes += [_const(f"__row{k}/shape", np.array(shape, np.int64)),
-                  helper.make_node("Reshape", [src, f"__row{k}/shape"], [bnames[n + k]])]
+        nodes += [
+            _const(f"__row{k}/shape", np.array(shape, np.int64)),
+            helper.make_node("Reshape", [src, f"__row{k}/shape"], [bnames[n + k]]),
+        ]
     nodes += list(body.node)
     bo = [o.name for o in body.output]
     outs = []
@@ -251,8 +276,7 @@ class _Stack:
 
     def _alloc(self, cap):
         rows = cap if self.dim is None else self.dim
-        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(rows, self.pad), readable=True,
-                                        writable=True)
+        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(rows, self.pad), readable=True, writable=True)
         self.made.append(t)
         if self.t is not None:  # the rows so far move to the bigger tensor
             _copy(self.ctx, self.t, 0, t, 0, self.cap * self.bytes)
@@ -276,8 +300,7 @@ class _Stack:
             self.t._fit((self.cap, self.pad), "InferenceSession.run")
         if count == self.cap:
             return self.t
-        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(count, self.pad), readable=True,
-                                        writable=True)
+        t = self.ctx.create_tensor_sync(data_type=self.data_type, shape=(count, self.pad), readable=True, writable=True)
         self.made.append(t)
         _copy(self.ctx, self.t, 0, t, 0, count * self.bytes)
         return t
@@ -344,8 +367,10 @@ def execute(host, c, avail, made, taken):
     body = _build(host, spec, tensors, bools)
     ins = dict(zip(body.ins, tensors))
     dim = _count_dim(c, body)
-    sets = [{n: pooled(f"set{i}/{n}", dt, shape, readable=True)
-             for n, (dt, shape) in body.graph.output_descriptors.items()} for i in range(2)]
+    sets = [
+        {n: pooled(f"set{i}/{n}", dt, shape, readable=True) for n, (dt, shape) in body.graph.output_descriptors.items()}
+        for i in range(2)
+    ]
     if spec.kind == "loop":
         count, final = _run_loop(host, spec, body, ins, made, sets, dim)
     else:
@@ -353,12 +378,12 @@ def execute(host, c, avail, made, taken):
     n_first = 2 if spec.kind == "loop" else 0
     depth = c.snapshot.depth
     carried = []
-    for k, t in enumerate(final[n_first:n_first + spec.n_state]):
+    for k, t in enumerate(final[n_first : n_first + spec.n_state]):
         name = f"~loop{depth}.{c.key[1]}.{k}"
         avail[name] = t
         carried.append(Carried(name, t.data_type, t.shape, bools[n_first + k]))
     values = [np.array(count, np.int64)] + [np.array(shape, np.int64) for _, shape in body.scan_rows]
-    stacks = final[n_first + spec.n_state:]
+    stacks = final[n_first + spec.n_state :]
 
     def exact():
         """(carried, key) with the scan outputs cut to the count by a copy each: the next stage
@@ -419,8 +444,10 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
     trips = spec.trips
     known_start = not spec.dynamic_cond and spec.cond_true
     if trips is None and not spec.dynamic_cond:
-        raise NotSupportedError(f"[onnx] {spec.where()}: a Loop with neither a trip count nor an exit "
-                                "condition computed in its body never ends")
+        raise NotSupportedError(
+            f"[onnx] {spec.where()}: a Loop with neither a trip count nor an exit "
+            "condition computed in its body never ends"
+        )
     limit = MAX_ITERATIONS if trips is None else trips
     stacks = _stacks(ctx, body, max(1, min(limit, 64)), made, dim)
     nxt = {body.ins[k]: body.outs[k] for k in range(len(body.outs))}
@@ -447,11 +474,13 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
         pending = started
     else:
         if trips is None:
-            raise NotSupportedError(f"[onnx] {spec.where()}: the Loop ran {MAX_ITERATIONS} iterations "
-                                    "without its condition turning false (stopped)")
+            raise NotSupportedError(
+                f"[onnx] {spec.where()}: the Loop ran {MAX_ITERATIONS} iterations "
+                "without its condition turning false (stopped)"
+            )
     if count is None:
         count = t if known_start else _finish(host, pending)[1]
-    final = [ins[n] for n in body.ins[:2 + spec.n_state]] + stacks
+    final = [ins[n] for n in body.ins[: 2 + spec.n_state]] + stacks
     return count, final
 
 

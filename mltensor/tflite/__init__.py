@@ -40,7 +40,7 @@ def import_model(source, context, *, free_dimensions=None, float16=False):
         if name is None:
             raise
         msg = str(e)
-        raise type(e)(f"[tflite] {name}: {msg[len('[tflite] '):] if msg.startswith('[tflite] ') else msg}") from None
+        raise type(e)(f"[tflite] {name}: {msg[len('[tflite] ') :] if msg.startswith('[tflite] ') else msg}") from None
     graph = b.build_sync(outs)
     return graph, inputs, outputs
 

@@ -131,12 +131,16 @@ class Importer:
             if self.float16 and arr.dtype.kind == "f":
                 arr = arr.astype(np.float16)
             if arr.dtype == np.bool_:
-                raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): bool constants are not supported")
+                raise NotSupportedError(
+                    f"[tflite] operator {op.index} ({op.display}): bool constants are not supported"
+                )
             v = self.b.constant(np.ascontiguousarray(arr))
             self.values[i] = v
             return v
         t = self.tensor(i)
-        raise DataError(f"[tflite] operator {op.index} ({op.display}) reads tensor {i} ('{t.name}') before it is computed")
+        raise DataError(
+            f"[tflite] operator {op.index} ({op.display}) reads tensor {i} ('{t.name}') before it is computed"
+        )
 
     def input_shape(self, t):
         shape = list(t.shape)
@@ -259,8 +263,10 @@ class Importer:
 
 
 def unsupported_message(op):
-    supported = ", ".join(sorted(k for k in CONVERTERS if k.isupper())) + ", CUSTOM " + ", ".join(
-        f"'{k}'" for k in sorted(k for k in CONVERTERS if not k.isupper())
+    supported = (
+        ", ".join(sorted(k for k in CONVERTERS if k.isupper()))
+        + ", CUSTOM "
+        + ", ".join(f"'{k}'" for k in sorted(k for k in CONVERTERS if not k.isupper()))
     )
     return f"[tflite] operator {op.index} ({op.display}) is not supported; supported operators: {supported}"
 
@@ -323,8 +329,15 @@ def conv_2d(imp, op):
     pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
     groups = x.shape[3] // ci if ci else 1
     y = imp.b.conv2d(
-        x, w, padding=pad, strides=[sh, sw], dilations=[dh, dw], groups=groups,
-        input_layout="nhwc", filter_layout="ohwi", bias=bias,
+        x,
+        w,
+        padding=pad,
+        strides=[sh, sw],
+        dilations=[dh, dw],
+        groups=groups,
+        input_layout="nhwc",
+        filter_layout="ohwi",
+        bias=bias,
     )
     return activation(imp, op, y)
 
@@ -338,8 +351,15 @@ def depthwise_conv_2d(imp, op):
     _, kh, kw, _ = w.shape
     pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
     y = imp.b.conv2d(
-        x, w, padding=pad, strides=[sh, sw], dilations=[dh, dw], groups=x.shape[3],
-        input_layout="nhwc", filter_layout="ihwo", bias=bias,
+        x,
+        w,
+        padding=pad,
+        strides=[sh, sw],
+        dilations=[dh, dw],
+        groups=x.shape[3],
+        input_layout="nhwc",
+        filter_layout="ihwo",
+        bias=bias,
     )
     return activation(imp, op, y)
 
@@ -355,8 +375,15 @@ def transpose_conv(imp, op):
     t, bo, ph = transpose_conv_padding(padding, x.shape[1], kh, sh, out_shape[1])
     l, r, pw = transpose_conv_padding(padding, x.shape[2], kw, sw, out_shape[2])
     y = imp.b.conv_transpose2d(
-        x, w, padding=[t, bo, l, r], strides=[sh, sw], output_padding=[ph, pw],
-        output_sizes=out_shape[1:3], input_layout="nhwc", filter_layout="ohwi", bias=bias,
+        x,
+        w,
+        padding=[t, bo, l, r],
+        strides=[sh, sw],
+        output_padding=[ph, pw],
+        output_sizes=out_shape[1:3],
+        input_layout="nhwc",
+        filter_layout="ohwi",
+        bias=bias,
     )
     return activation(imp, op, y)
 
@@ -375,7 +402,13 @@ def mediapipe_transpose_conv_bias(imp, op):
     t, bo = mediapipe_transpose_conv_padding(padding, x.shape[1], kh, sh)
     l, r = mediapipe_transpose_conv_padding(padding, x.shape[2], kw, sw)
     return imp.b.conv_transpose2d(
-        x, w, padding=[t, bo, l, r], strides=[sh, sw], input_layout="nhwc", filter_layout="ohwi", bias=bias,
+        x,
+        w,
+        padding=[t, bo, l, r],
+        strides=[sh, sw],
+        input_layout="nhwc",
+        filter_layout="ohwi",
+        bias=bias,
     )
 
 
@@ -511,8 +544,11 @@ def strided_slice(imp, op):
     strides = [int(v) for v in imp.const_value(op, op.inputs[3], "strides").reshape(-1)]
     if _opt(op, "EllipsisMask", 0) or _opt(op, "NewAxisMask", 0):
         raise op_error(op, "ellipsis and new-axis masks are not supported", NotSupportedError)
-    shape = list(imp.const_value(op, x_i, "input").shape if imp.is_const(x_i) and x_i not in imp.values
-                 else imp.operand(op, x_i).shape)
+    shape = list(
+        imp.const_value(op, x_i, "input").shape
+        if imp.is_const(x_i) and x_i not in imp.values
+        else imp.operand(op, x_i).shape
+    )
     if not (len(begin) == len(end) == len(strides) == len(shape)):
         raise op_error(op, f"begin/end/strides have {len(begin)}/{len(end)}/{len(strides)} values for an input "
                            f"of rank {len(shape)}")  # fmt: skip

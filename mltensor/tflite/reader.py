@@ -366,9 +366,7 @@ def _read(raw, where):
             raise DataError("an output is tensor -1")
         copts = op.CustomOptionsAsNumpy().tobytes() if op.CustomOptionsLength() else b""
         where[0] += ", builtin options"
-        ops.append(
-            Operator(i, name, custom if name == "CUSTOM" else None, version, ins, outs, _options(op), copts)
-        )
+        ops.append(Operator(i, name, custom if name == "CUSTOM" else None, version, ins, outs, _options(op), copts))
 
     where[0] = "subgraph 0, inputs/outputs"
     inputs = tensor_list(sg.InputsAsNumpy(), "inputs") if sg.InputsLength() else []

@@ -1,11 +1,11 @@
 """Write small .tflite flatbuffers (for tests: single-operator models LiteRT can run as reference).
 
-    w = ModelWriter()
-    x = w.input("x", [1, 8, 8, 3])
-    k = w.const("k", np.ones((4, 3, 3, 3), np.float32))
-    y = w.tensor("y", [1, 8, 8, 4])
-    w.op("CONV_2D", [x, k, -1], [y], "Conv2DOptions", Padding=0, StrideW=1, StrideH=1)
-    data = w.finish([x], [y])
+w = ModelWriter()
+x = w.input("x", [1, 8, 8, 3])
+k = w.const("k", np.ones((4, 3, 3, 3), np.float32))
+y = w.tensor("y", [1, 8, 8, 4])
+w.op("CONV_2D", [x, k, -1], [y], "Conv2DOptions", Padding=0, StrideW=1, StrideH=1)
+data = w.finish([x], [y])
 """
 
 import flatbuffers

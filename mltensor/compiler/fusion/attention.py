@@ -33,7 +33,6 @@ from ...switches import switch
 from ..steps import Step, epilogue_operands
 
 
-
 # MLTENSOR_NO_ATTENTION=1 leaves the chain as planned (the steps fusion makes without this pass),
 # for comparison
 def enabled():
@@ -45,14 +44,23 @@ def _broadcasts(shape, target):
     were unified by the builder's broadcasting and are checked equal at dispatch."""
     if len(shape) > len(target):
         return False
-    return all((isinstance(a, int) and a == 1) or a == b or isinstance(a, Sym) or isinstance(b, Sym)
-               for a, b in zip(reversed(shape), reversed(target)))
+    return all(
+        (isinstance(a, int) and a == 1) or a == b or isinstance(a, Sym) or isinstance(b, Sym)
+        for a, b in zip(reversed(shape), reversed(target))
+    )
 
 
 def _elementwise(step):
     """`step` is a plain non-constant elementwise group."""
-    return (step is not None and not step.epilogue and not step.const and step.prologue is None
-            and not step.chain and step.source is None and len(step.outputs) == 1)
+    return (
+        step is not None
+        and not step.epilogue
+        and not step.const
+        and step.prologue is None
+        and not step.chain
+        and step.source is None
+        and len(step.outputs) == 1
+    )
 
 
 def _parse_post(e, producer):
@@ -94,8 +102,16 @@ def _parse_post(e, producer):
 
 def _lone(step, op):
     """`step` is a single non-constant `op` node without epilogue, prologue or gate."""
-    return (step is not None and len(step.nodes) == 1 and not step.epilogue and not step.const
-            and step.prologue is None and not step.chain and step.source is None and step.nodes[0].op == op)
+    return (
+        step is not None
+        and len(step.nodes) == 1
+        and not step.epilogue
+        and not step.const
+        and step.prologue is None
+        and not step.chain
+        and step.source is None
+        and step.nodes[0].op == op
+    )
 
 
 def _parse_scores(step):
@@ -137,8 +153,17 @@ def fuse_attention(steps, single_use, max_inputs):
         if x.rank not in (3, 4) or sm.nodes[0].attrs["axis"] != x.rank - 1 or not single_use(p) or not single_use(x):
             continue
         # the P @ V step: the only reader of P, as the matmul's first operand
-        pv = next((s for s in steps if not s.const and s.nodes[0].op == "matmul" and s.nodes[0].inputs[0] is p
-                   and s.nodes[0].inputs[1] is not p), None)
+        pv = next(
+            (
+                s
+                for s in steps
+                if not s.const
+                and s.nodes[0].op == "matmul"
+                and s.nodes[0].inputs[0] is p
+                and s.nodes[0].inputs[1] is not p
+            ),
+            None,
+        )
         if pv is None or pv.prologue is not None or pv.chain or len(pv.nodes) != 1:
             continue
         # optional elementwise step [+ bias] [where(cond, ., c)] between the scores and the softmax
@@ -151,8 +176,17 @@ def fuse_attention(steps, single_use, max_inputs):
         if not single_use(sc) or tuple(sc.shape) != tuple(x.shape):
             continue
         qk = producer.get(id(sc))
-        if (qk is None or qk.const or qk.nodes[0].op != "matmul" or len(qk.nodes) != 1 or qk.prologue is not None
-                or qk.chain or qk.views or len(qk.outputs) != 1 or qk.outputs[0] is not sc):
+        if (
+            qk is None
+            or qk.const
+            or qk.nodes[0].op != "matmul"
+            or len(qk.nodes) != 1
+            or qk.prologue is not None
+            or qk.chain
+            or qk.views
+            or len(qk.outputs) != 1
+            or qk.outputs[0] is not sc
+        ):
             continue
         parsed = _parse_scores(qk)
         if parsed is None:
@@ -173,16 +207,19 @@ def fuse_attention(steps, single_use, max_inputs):
             continue
         D, DV = q.shape[-1], v.shape[-1]
         sizes = list(x.shape) + [D, DV, v.shape[-2]]
-        if (not (isinstance(D, int) and isinstance(DV, int)) or max(D, DV) > MAX_HEAD
-                or any(low(s) < 1 for s in sizes)):
+        if not (isinstance(D, int) and isinstance(DV, int)) or max(D, DV) > MAX_HEAD or any(low(s) < 1 for s in sizes):
             continue
         if v.shape[-2] != x.shape[-1]:
             continue  # (equal at dispatch by the matmul's check, but read with the scores' Sk)
         # K read in place when Kt is a transpose of its last two axes read only here
         tr = producer.get(id(kt))
         r = kt.rank
-        if (_lone(tr, "transpose") and tr.outputs[0] is kt and single_use(kt)
-                and list(tr.nodes[0].attrs["permutation"]) == list(range(r - 2)) + [r - 1, r - 2]):
+        if (
+            _lone(tr, "transpose")
+            and tr.outputs[0] is kt
+            and single_use(kt)
+            and list(tr.nodes[0].attrs["permutation"]) == list(range(r - 2)) + [r - 1, r - 2]
+        ):
             k, k_transposed = tr.nodes[0].inputs[0], False
         else:
             k, k_transposed, tr = kt, True, None
@@ -190,8 +227,14 @@ def fuse_attention(steps, single_use, max_inputs):
         # within the binding cap, counted as steps.read_bindings counts the new step
         if len([a for a in inputs if a is not None]) + len(epilogue_operands(pv)) > max_inputs:
             continue
-        attrs = {"scale": 1.0 if scale is None else scale, "scale_op": scale_op, "causal": False,
-                 "k_transposed": k_transposed, "where_value": where_value, "where_keeps": where_keeps}
+        attrs = {
+            "scale": 1.0 if scale is None else scale,
+            "scale_op": scale_op,
+            "causal": False,
+            "k_transposed": k_transposed,
+            "where_value": where_value,
+            "where_keeps": where_keeps,
+        }
         node = Node("_attention", inputs, attrs, pv.nodes[0].label)
         node.outputs = [pv.nodes[0].outputs[0]]
         step = Step(node, False)

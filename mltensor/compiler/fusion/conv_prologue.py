@@ -130,8 +130,13 @@ def _pointwise(n):
     """conv2d node `n` is a 1x1 convolution, stride 1, no padding, one group."""
     a = n.attrs
     dims = dict(zip(a["filter_layout"], n.inputs[1].shape))
-    return (n.op == "conv2d" and dims["h"] == dims["w"] == 1 and a["strides"] == [1, 1]
-            and a["padding"] == [0, 0, 0, 0] and a["groups"] == 1)
+    return (
+        n.op == "conv2d"
+        and dims["h"] == dims["w"] == 1
+        and a["strides"] == [1, 1]
+        and a["padding"] == [0, 0, 0, 0]
+        and a["groups"] == 1
+    )
 
 
 def _depthwise(n):
@@ -167,8 +172,10 @@ def conv_prologue(n, producer, single_use, const, max_inputs, consumers):
         if v._node is not None and v._node.op == "concat" and hops == 0:
             return True
         cs = consumers.get(id(v), ())
-        return any(c.op == "concat" or (hops < 4 and OPS[c.op].expr is not None and in_concat(c.outputs[0], hops + 1))
-                   for c in cs)
+        return any(
+            c.op == "concat" or (hops < 4 and OPS[c.op].expr is not None and in_concat(c.outputs[0], hops + 1))
+            for c in cs
+        )
 
     if in_concat(n.outputs[0]) and any(in_concat(v) for v in p.nodes[0].inputs):
         # a conv reading a concat (or a slab of one) and writing a slab of a concat, which may be
@@ -177,8 +184,13 @@ def conv_prologue(n, producer, single_use, const, max_inputs, consumers):
         return None
     axis = 1 if n.attrs["input_layout"] == "nchw" else 3
     pro = None
-    if (fuse_depthwise() and _depthwise(p.node) and _pointwise(n)
-            and p.node.attrs["input_layout"] == n.attrs["input_layout"] and all_unary(p.epilogue)):
+    if (
+        fuse_depthwise()
+        and _depthwise(p.node)
+        and _pointwise(n)
+        and p.node.attrs["input_layout"] == n.attrs["input_layout"]
+        and all_unary(p.epilogue)
+    ):
         pro = ConvPrologue("dw", p, p.node.inputs[0], p.epilogue)
     elif n.op == "conv2d" and (pad := _zero_pad(p, n)) is not None:
         pro = ConvPrologue("pad", p, p.node.inputs[0], pads=pad)
@@ -191,8 +203,13 @@ def conv_prologue(n, producer, single_use, const, max_inputs, consumers):
         if folded is not None:
             a, b, acts = folded
             dt = x.data_type
-            ab = MLOperand(x._builder, dt, (2, len(a)), "constant",
-                           value=np.concatenate([a, b]).astype(dtypes.NUMPY[dt]).reshape(2, -1))
+            ab = MLOperand(
+                x._builder,
+                dt,
+                (2, len(a)),
+                "constant",
+                value=np.concatenate([a, b]).astype(dtypes.NUMPY[dt]).reshape(2, -1),
+            )
             pro = ConvPrologue("bn", p, p.node.inputs[0], acts, const=ab)
         elif all_unary(p.epilogue):
             pro = ConvPrologue("bn", p, p.node.inputs[0], p.epilogue)

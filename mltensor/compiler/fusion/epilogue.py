@@ -20,15 +20,33 @@ def fuse_dag_epilogues(steps, consumers, out_values, max_inputs):
     computed by then). Runs after the other passes, which expect chains."""
     producer = {id(v): s for s in steps for v in s.outputs}
     for e in list(steps):
-        if (e not in steps or e.const or e.epilogue or e.prologue is not None or e.chain or e.source is not None
-                or len(e.outputs) != 1 or OPS[e.nodes[-1].op].expr is None):
+        if (
+            e not in steps
+            or e.const
+            or e.epilogue
+            or e.prologue is not None
+            or e.chain
+            or e.source is not None
+            or len(e.outputs) != 1
+            or OPS[e.nodes[-1].op].expr is None
+        ):
             continue
         ins = external_inputs(e.nodes)
         for x in ins:
             p = producer.get(id(x))
-            if (p is None or p not in steps or p is e or p.const or p.node.op not in EPILOGUE_OPS or p.chain
-                    or p.source is not None or len(p.outputs) != 1 or p.outputs[0] is not x
-                    or id(x) in out_values or any(n not in e.nodes for n in consumers.get(id(x), ()))):
+            if (
+                p is None
+                or p not in steps
+                or p is e
+                or p.const
+                or p.node.op not in EPILOGUE_OPS
+                or p.chain
+                or p.source is not None
+                or len(p.outputs) != 1
+                or p.outputs[0] is not x
+                or id(x) in out_values
+                or any(n not in e.nodes for n in consumers.get(id(x), ()))
+            ):
                 continue
             shape, dt = tuple(x.shape), x.data_type
             if any(tuple(n.outputs[0].shape) != shape or n.outputs[0].data_type != dt for n in e.nodes):

@@ -32,8 +32,7 @@ def fully_connected(n):
     a, x = n.attrs, n.inputs[0]
     plane = x.shape[2:] if a["input_layout"] == "nchw" else x.shape[1:3]
     dims = dict(zip(a["filter_layout"], n.inputs[1].shape))
-    return (tuple(plane) == (1, 1) and dims["h"] == dims["w"] == 1 and a["groups"] == 1
-            and a["padding"] == [0, 0, 0, 0])
+    return tuple(plane) == (1, 1) and dims["h"] == dims["w"] == 1 and a["groups"] == 1 and a["padding"] == [0, 0, 0, 0]
 
 
 def _gate_channels(v):
@@ -81,9 +80,15 @@ def fuse_gates(steps, single_use, max_inputs):
             if len(rs) != 1 or not single_use(cur):
                 break
             f = rs[0]
-            if (f.const or not unary_only(f) or not fully_connected(f.node) or f.node.inputs[0] is not cur
-                    or len(f.outputs) != 1 or f.outputs[0].data_type != x.data_type
-                    or _gate_channels(f.outputs[0]) > GATE_MAX_CHANNELS):
+            if (
+                f.const
+                or not unary_only(f)
+                or not fully_connected(f.node)
+                or f.node.inputs[0] is not cur
+                or len(f.outputs) != 1
+                or f.outputs[0].data_type != x.data_type
+                or _gate_channels(f.outputs[0]) > GATE_MAX_CHANNELS
+            ):
                 break
             extra = len([v for v in f.node.inputs[1:] if v is not None])
             if bound + extra > max_inputs:
@@ -106,10 +111,18 @@ def fuse_gates(steps, single_use, max_inputs):
         if not pool:
             continue
         src = producer.get(id(x))
-        if (src is not None and src in steps and not src.const and not src.epilogue and src.outputs[0] is x
-                and OPS[src.nodes[-1].op].expr is not None and single_use(x) and len(reader.get(id(x), [])) == 1
-                and all(n.outputs[0].data_type in floats for n in src.nodes)
-                and all(v.data_type in floats for v in external_inputs(src.nodes))):
+        if (
+            src is not None
+            and src in steps
+            and not src.const
+            and not src.epilogue
+            and src.outputs[0] is x
+            and OPS[src.nodes[-1].op].expr is not None
+            and single_use(x)
+            and len(reader.get(id(x), [])) == 1
+            and all(n.outputs[0].data_type in floats for n in src.nodes)
+            and all(v.data_type in floats for v in external_inputs(src.nodes))
+        ):
             ins = external_inputs(src.nodes)
             if bound - 1 + len(ins) <= max_inputs:
                 steps.remove(src)

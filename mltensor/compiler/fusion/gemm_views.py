@@ -81,7 +81,7 @@ class DigitView:
         outer, inner = _Digit(dg.axis, dg.size // r), _Digit(dg.axis, r)
         ax = self.axes[dg.axis]
         i = ax.index(dg)
-        ax[i:i + 1] = [outer, inner]
+        ax[i : i + 1] = [outer, inner]
         return [outer, lo // r, q], [inner, 0, r]
 
     def reshape(self, shape):
@@ -104,7 +104,7 @@ class DigitView:
                 parts = self._split(s, want // prod)
                 if parts is None:
                     return False
-                seq[pos:pos + 1] = list(parts)
+                seq[pos : pos + 1] = list(parts)
                 group.append(parts[0])
                 prod *= parts[0][2]
                 pos += 1
@@ -160,7 +160,7 @@ class DigitView:
     def _digit_expr(self, dg, coords):
         ax = self.axes[dg.axis]
         i = ax.index(dg)
-        inner = math.prod(d.size for d in ax[i + 1:])
+        inner = math.prod(d.size for d in ax[i + 1 :])
         c = coords[dg.axis]
         e = c if is_one(inner) else f"({c} / {wgsl(inner)})"
         return e if i == 0 else f"({e} % {wgsl(dg.size)})"
@@ -314,8 +314,9 @@ def _epilogue_operand_ok(n, cur):
     if len(n.inputs) != 2 or len(ins) != 2:
         return False
     other = other_operand(n, cur)
-    return (other is not None and other.data_type == cur.data_type
-            and broadcasts_to(tuple(other.shape), tuple(cur.shape)))
+    return (
+        other is not None and other.data_type == cur.data_type and broadcasts_to(tuple(other.shape), tuple(cur.shape))
+    )
 
 
 def _copies(v, uses):
@@ -396,7 +397,12 @@ def _rope_at(t, uses):
     if cos is None or sin is None:
         return None
     add = uses.sole(mc.outputs[0])
-    if add is None or add.op != "add" or uses.sole(ms.outputs[0]) is not add or other_operand(add, mc.outputs[0]) is not ms.outputs[0]:
+    if (
+        add is None
+        or add.op != "add"
+        or uses.sole(ms.outputs[0]) is not add
+        or other_operand(add, mc.outputs[0]) is not ms.outputs[0]
+    ):
         return None
     y = add.outputs[0]
     for v in (cos, sin):
@@ -473,8 +479,13 @@ def plain_b(mm):
     static multiple of 4."""
     b = mm.inputs[1]
     n = b.shape[-1]
-    return (b._kind == "constant" and all(is_one(d) for d in b.shape[:-2]) and isinstance(n, int) and n % 4 == 0
-            and mm.inputs[0].data_type in ("float32", "float16"))
+    return (
+        b._kind == "constant"
+        and all(is_one(d) for d in b.shape[:-2])
+        and isinstance(n, int)
+        and n % 4 == 0
+        and mm.inputs[0].data_type in ("float32", "float16")
+    )
 
 
 def _segment(mm, uses, max_leaves):
@@ -512,8 +523,13 @@ def _glu(g_mm, u_mm, uses, order):
     reading only their outputs, scalar host constants and values made before both, with exactly
     one value y leaving them, depending on both; or None."""
     g, u = g_mm.outputs[0], u_mm.outputs[0]
-    if (tuple(g.shape) != tuple(u.shape) or g.data_type != u.data_type or id(g) in uses.out_ids
-            or id(u) in uses.out_ids or not (plain_b(g_mm) and plain_b(u_mm))):
+    if (
+        tuple(g.shape) != tuple(u.shape)
+        or g.data_type != u.data_type
+        or id(g) in uses.out_ids
+        or id(u) in uses.out_ids
+        or not (plain_b(g_mm) and plain_b(u_mm))
+    ):
         return None
     first = min(order[id(g_mm)], order[id(u_mm)])
     inside = {id(g), id(u)}
@@ -528,17 +544,25 @@ def _glu(g_mm, u_mm, uses, order):
                 y = n.outputs[0]
                 if tuple(y.shape) != tuple(g.shape) or y.data_type != g.data_type:
                     continue
-                if all(x is None or id(x) in inside or scalar_value(x) is not None
-                       or (id(x) not in uses.prod or order[id(uses.prod[id(x)])] < first)
-                       and broadcasts_to(tuple(x.shape), tuple(g.shape)) and x.data_type == g.data_type
-                       for x in n.inputs):
+                if all(
+                    x is None
+                    or id(x) in inside
+                    or scalar_value(x) is not None
+                    or (id(x) not in uses.prod or order[id(uses.prod[id(x)])] < first)
+                    and broadcasts_to(tuple(x.shape), tuple(g.shape))
+                    and x.data_type == g.data_type
+                    for x in n.inputs
+                ):
                     region.append(n)
                     inside.add(id(y))
                     grew = True
     if not region:
         return None
-    leaving = [n.outputs[0] for n in region
-               if id(n.outputs[0]) in uses.out_ids or any(r not in region for r in uses.readers(n.outputs[0]))]
+    leaving = [
+        n.outputs[0]
+        for n in region
+        if id(n.outputs[0]) in uses.out_ids or any(r not in region for r in uses.readers(n.outputs[0]))
+    ]
     if any(r not in region for v in (g, u) for r in uses.readers(v)) or len(leaving) != 1:
         return None
     y = leaving[0]
@@ -604,7 +628,7 @@ def rewrite_gemms(nodes, outputs, cap):
         by_a.setdefault(id(m.inputs[0]), []).append(m)
     for group in by_a.values():
         for i, g in enumerate(group):
-            for u in group[i + 1:]:
+            for u in group[i + 1 :]:
                 if id(g) in taken or id(u) in taken:
                     continue
                 if tuple(g.inputs[1].shape) != tuple(u.inputs[1].shape):
@@ -629,8 +653,12 @@ def rewrite_gemms(nodes, outputs, cap):
         run = []
         for s in segs:
             octets = any(x.kind != "plain" for x in run + [s])  # pair segments: 8-column stores
-            if run and (_bindings_of(run + [s]) > cap or s.mms[0].inputs[1].shape[-2] != run[0].mms[0].inputs[1].shape[-2]
-                        or octets and any(x.width % 8 for x in run + [s])):
+            if run and (
+                _bindings_of(run + [s]) > cap
+                or s.mms[0].inputs[1].shape[-2] != run[0].mms[0].inputs[1].shape[-2]
+                or octets
+                and any(x.width % 8 for x in run + [s])
+            ):
                 fused.append((run, None))
                 run = []
             run.append(s)

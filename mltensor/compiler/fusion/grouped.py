@@ -9,8 +9,17 @@ from ...ops._index import is_one
 
 def _lone_step(s, op):
     """Step s is a single non-constant `op` node without epilogue, prologue or gate."""
-    return (s is not None and len(s.nodes) == 1 and not s.epilogue and not s.const and s.prologue is None
-            and not s.chain and s.source is None and s.nodes[0].op == op and len(s.outputs) == 1)
+    return (
+        s is not None
+        and len(s.nodes) == 1
+        and not s.epilogue
+        and not s.const
+        and s.prologue is None
+        and not s.chain
+        and s.source is None
+        and s.nodes[0].op == op
+        and len(s.outputs) == 1
+    )
 
 
 def _grouped_source(v, q, producer, single_use):
@@ -26,8 +35,11 @@ def _grouped_source(v, q, producer, single_use):
     st = producer.get(id(v))
     if _lone_step(st, "expand"):
         kv = st.nodes[0].inputs[0]
-        if (kv.rank == r and tuple(kv.shape[-2:]) == tuple(v.shape[-2:])
-                and all(is_one(a) or a == b for a, b in zip(kv.shape[:-2], v.shape[:-2]))):
+        if (
+            kv.rank == r
+            and tuple(kv.shape[-2:]) == tuple(v.shape[-2:])
+            and all(is_one(a) or a == b for a, b in zip(kv.shape[:-2], v.shape[:-2]))
+        ):
             return kv, [st]
         return None
     if not _lone_step(st, "reshape"):
@@ -45,8 +57,12 @@ def _grouped_source(v, q, producer, single_use):
         return None
     lead, hkv, tail = tuple(kv.shape[:-3]), kv.shape[-3], tuple(kv.shape[-2:])
     rep = e.shape[-3]
-    if (tuple(u.shape) != lead + (hkv, 1) + tail or tuple(e.shape) != lead + (hkv, rep) + tail
-            or tuple(v.shape) != lead + (hkv * rep,) + tail or tuple(q.shape[:-2]) != tuple(v.shape[:-2])):
+    if (
+        tuple(u.shape) != lead + (hkv, 1) + tail
+        or tuple(e.shape) != lead + (hkv, rep) + tail
+        or tuple(v.shape) != lead + (hkv * rep,) + tail
+        or tuple(q.shape[:-2]) != tuple(v.shape[:-2])
+    ):
         return None
     return kv, [st, ex, r0]
 

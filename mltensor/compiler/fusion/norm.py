@@ -30,25 +30,45 @@ def fuse_norm_sources(steps, consumers, out_values, max_inputs):
     producer = {id(v): s for s in steps for v in s.outputs}
     for st in list(steps):
         node = st.nodes[0]
-        if (node.op not in NORM_SOURCE_OPS or st.const or st.prologue is not None or st.chain
-                or st.source is not None or len(st.outputs) != 1):
+        if (
+            node.op not in NORM_SOURCE_OPS
+            or st.const
+            or st.prologue is not None
+            or st.chain
+            or st.source is not None
+            or len(st.outputs) != 1
+        ):
             continue
         x = node.inputs[0]
         e = producer.get(id(x))
-        if (e is None or e not in steps or e.const or e.epilogue or e.prologue is not None or e.chain
-                or e.source is not None or len(e.outputs) != 1 or e.outputs[0] is not x
-                or OPS[e.nodes[-1].op].expr is None):
+        if (
+            e is None
+            or e not in steps
+            or e.const
+            or e.epilogue
+            or e.prologue is not None
+            or e.chain
+            or e.source is not None
+            or len(e.outputs) != 1
+            or e.outputs[0] is not x
+            or OPS[e.nodes[-1].op].expr is None
+        ):
             continue
         ins = external_inputs(e.nodes)
         if any(n.outputs[0].data_type != x.data_type for n in e.nodes) or any(
-                v.data_type not in ("float32", "float16") for v in ins):
+            v.data_type not in ("float32", "float16") for v in ins
+        ):
             continue
         if any(v is x for v in epilogue_operands(st)):
             continue
         others = [n for n in consumers.get(id(x), ()) if n is not node]
         i = steps.index(st)
-        reader_steps = [s for s in steps for n in others if n in s.nodes or n in s.epilogue
-                        or (s.prologue is not None and n in s.prologue.step.nodes)]
+        reader_steps = [
+            s
+            for s in steps
+            for n in others
+            if n in s.nodes or n in s.epilogue or (s.prologue is not None and n in s.prologue.step.nodes)
+        ]
         if len(reader_steps) < len(others) or any(steps.index(s) < i for s in reader_steps):
             continue  # (a reader not found as a step, or running before the normalization)
         write = bool(others) or id(x) in out_values
@@ -76,14 +96,19 @@ POST_NORM_MAX_N = 8192  # columns of the row walk: up to BERT-large / Llama-70B 
 def _row_view(v, seg):
     """The plain segment's leaf writes v as the GEMM output's own row-major layout (an identity
     view: reshapes that keep the order only), so row m is v's elements m*N .. m*N + N - 1."""
-    if len(seg.leaves) != 1 or seg.leaves[0].values != [v] or seg.leaves[0].cat is not None \
-            or seg.leaves[0].rope is not None:
+    if (
+        len(seg.leaves) != 1
+        or seg.leaves[0].values != [v]
+        or seg.leaves[0].cat is not None
+        or seg.leaves[0].rope is not None
+    ):
         return False
     view = seg.leaves[0].view
     slots = [sl for dim in view.dims for sl in dim]
     digits = [d for ax in view.axes for d in ax]
-    return len(slots) == len(digits) and all(sl[0] is d and sl[1] == 0 and sl[2] == d.size
-                                             for sl, d in zip(slots, digits))
+    return len(slots) == len(digits) and all(
+        sl[0] is d and sl[1] == 0 and sl[2] == d.size for sl, d in zip(slots, digits)
+    )
 
 
 def fuse_post_norms(steps, consumers, out_values, max_inputs):
@@ -102,16 +127,38 @@ def fuse_post_norms(steps, consumers, out_values, max_inputs):
     producer = {id(v): s for s in steps for v in s.outputs}
     for st in list(steps):
         node = st.nodes[0]
-        if (node.op != "layer_normalization" or st.const or st.epilogue or st.prologue is not None
-                or st.chain or st.source is not None or len(st.nodes) != 1 or len(st.outputs) != 1):
+        if (
+            node.op != "layer_normalization"
+            or st.const
+            or st.epilogue
+            or st.prologue is not None
+            or st.chain
+            or st.source is not None
+            or len(st.nodes) != 1
+            or len(st.outputs) != 1
+        ):
             continue
         x = node.inputs[0]
-        if tuple(node.attrs["axes"]) != (x.rank - 1,) or not isinstance(x.shape[-1], int) \
-                or x.shape[-1] > POST_NORM_MAX_N or x.shape[-1] % 4:
+        if (
+            tuple(node.attrs["axes"]) != (x.rank - 1,)
+            or not isinstance(x.shape[-1], int)
+            or x.shape[-1] > POST_NORM_MAX_N
+            or x.shape[-1] % 4
+        ):
             continue
         g = producer.get(id(x))
-        if (g is None or g not in steps or g.const or g.prologue is not None or g.chain or g.source is not None
-                or g.post_norm is not None or len(g.outputs) != 1 or g.outputs[0] is not x or g.views):
+        if (
+            g is None
+            or g not in steps
+            or g.const
+            or g.prologue is not None
+            or g.chain
+            or g.source is not None
+            or g.post_norm is not None
+            or len(g.outputs) != 1
+            or g.outputs[0] is not x
+            or g.views
+        ):
             continue
         gn = g.node
         if gn.op == "matmul":
@@ -119,8 +166,13 @@ def fuse_post_norms(steps, consumers, out_values, max_inputs):
                 continue
         elif gn.op == "_fused_matmul":
             plan = gn.attrs["plan"]
-            if (len(plan.segments) != 1 or plan.segments[0].kind != "plain" or plan.rms is not None
-                    or len(gn.outputs) != 1 or not _row_view(gn.outputs[0], plan.segments[0])):
+            if (
+                len(plan.segments) != 1
+                or plan.segments[0].kind != "plain"
+                or plan.rms is not None
+                or len(gn.outputs) != 1
+                or not _row_view(gn.outputs[0], plan.segments[0])
+            ):
                 continue
         else:
             continue

@@ -83,11 +83,16 @@ def _rms_chain(n, uses):
         w = other_operand(m, y)
         z = m.outputs[0]
         pshape = tuple(x.shape[a] for a in axes)
-        if (w is not None and w.data_type == x.data_type and tuple(z.shape) == tuple(x.shape)
-                and w.rank <= x.rank and math.prod(w.shape) == math.prod(pshape)
-                and all(d == 1 for d in ((1,) * (x.rank - w.rank) + tuple(w.shape))[:min(axes)])
-                and tuple(d for d in w.shape if d != 1) == tuple(d for d in pshape if d != 1)
-                and list(axes) == list(range(min(axes), x.rank))):
+        if (
+            w is not None
+            and w.data_type == x.data_type
+            and tuple(z.shape) == tuple(x.shape)
+            and w.rank <= x.rank
+            and math.prod(w.shape) == math.prod(pshape)
+            and all(d == 1 for d in ((1,) * (x.rank - w.rank) + tuple(w.shape))[: min(axes)])
+            and tuple(d for d in w.shape if d != 1) == tuple(d for d in pshape if d != 1)
+            and list(axes) == list(range(min(axes), x.rank))
+        ):
             scale, y = w, z
             chain.append(m)
     return x, scale, axes, eps, chain, y
@@ -145,12 +150,20 @@ def rms_prologues(nodes, outputs, cap):
         new = []
         for n in uses.readers(h):
             if n.op == "matmul" and n.inputs[0] is h and n.inputs[1] is not h and plain_b(n) and id(n) not in put:
-                seg = Segment("plain", [n], [], n.outputs[0], [Leaf(DigitView(n.outputs[0].shape), [n.outputs[0]])], [n])
+                seg = Segment(
+                    "plain", [n], [], n.outputs[0], [Leaf(DigitView(n.outputs[0].shape), [n.outputs[0]])], [n]
+                )
                 plan = FusedPlan([seg], h, None)
                 base = Node("_fused_matmul", [h, n.inputs[1]], {"plan": plan}, n.label)
                 base.outputs = list(n.outputs)
-            elif n.op == "_fused_matmul" and n.inputs[0] is h and n.attrs["plan"].a_view is None \
-                    and n.attrs["plan"].rms is None and all(v is not h for v in n.inputs[1:]) and id(n) not in put:
+            elif (
+                n.op == "_fused_matmul"
+                and n.inputs[0] is h
+                and n.attrs["plan"].a_view is None
+                and n.attrs["plan"].rms is None
+                and all(v is not h for v in n.inputs[1:])
+                and id(n) not in put
+            ):
                 base, plan = n, n.attrs["plan"]
             else:
                 break
@@ -158,8 +171,12 @@ def rms_prologues(nodes, outputs, cap):
             if narrow or len(base.inputs) + len(base.outputs) + (scale is not None) > cap:
                 break
             p2 = FusedPlan(plan.segments, plan.a, None, (scale, r.attrs["epsilon"]))
-            node = Node("_fused_matmul", [x] + base.inputs[1:] + ([scale] if scale is not None else []),
-                        {"plan": p2}, base.label)
+            node = Node(
+                "_fused_matmul",
+                [x] + base.inputs[1:] + ([scale] if scale is not None else []),
+                {"plan": p2},
+                base.label,
+            )
             node.outputs = list(base.outputs)
             new.append((n, node))
         else:

@@ -20,8 +20,11 @@ def const(im, v, what):
         # the graph to them. Any other (computed from an image's values, say) is read back at run
         # time: the graph is cut there (mltensor/stages/)
         leaves = input_leaves(v)
-        if im.values_bindable and leaves and all(
-                prod(x.shape) <= SMALL_INPUT and id(x) not in im.stage_inputs for x in leaves):
+        if (
+            im.values_bindable
+            and leaves
+            and all(prod(x.shape) <= SMALL_INPUT and id(x) not in im.stage_inputs for x in leaves)
+        ):
             raise NeedsValue(leaves[0]._name, what)
         return np.asarray(resume.read(im, v, what))
     return v

@@ -44,8 +44,7 @@ def to2d(im, x, sp_rank):
 def spatial_rank(sp, what="inputs"):
     """1-D and 2-D map onto WebNN's 2-D operators directly, 3-D through conv3d.py; refuse others."""
     if not 1 <= sp <= 3:
-        unsupported(f"{sp}-D spatial {what} are not supported (1-D, 2-D and 3-D are: an input of "
-                    f"rank 3, 4 or 5)")
+        unsupported(f"{sp}-D spatial {what} are not supported (1-D, 2-D and 3-D are: an input of rank 3, 4 or 5)")
 
 
 def webnn_pad(begin, end):

@@ -7,8 +7,13 @@ from ._registry import op
 
 # -- comparison and logic --------------------------------------------------------------------
 
-_COMPARE = {"Equal": "equal", "Greater": "greater", "GreaterOrEqual": "greater_or_equal",
-            "Less": "lesser", "LessOrEqual": "lesser_or_equal"}
+_COMPARE = {
+    "Equal": "equal",
+    "Greater": "greater",
+    "GreaterOrEqual": "greater_or_equal",
+    "Less": "lesser",
+    "LessOrEqual": "lesser_or_equal",
+}
 _LOGIC = {"And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
 
 

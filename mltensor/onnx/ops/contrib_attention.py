@@ -60,14 +60,19 @@ def _mask(im, mask, batch, seq, total, allow_start, what):
             masked = b.greater_or_equal(keys, b.reshape(m, [batch, 1]))
         elif allow_start and _same(n, 2 * batch):
             end, start = b.split(m, 2, axis=0)
-            masked = b.logical_or(b.greater_or_equal(keys, b.reshape(end, [batch, 1])),
-                                  b.lesser(keys, b.reshape(start, [batch, 1])))
+            masked = b.logical_or(
+                b.greater_or_equal(keys, b.reshape(end, [batch, 1])), b.lesser(keys, b.reshape(start, [batch, 1]))
+            )
         elif _same(n, 3 * batch + 2):
-            unsupported(f"{what} of shape (3 * batch + 2) (cumulative sequence lengths, onnxruntime's "
-                        "CUDA-only format) is not supported")
+            unsupported(
+                f"{what} of shape (3 * batch + 2) (cumulative sequence lengths, onnxruntime's "
+                "CUDA-only format) is not supported"
+            )
         else:
-            unsupported(f"{what} of shape {list(m.shape)} is not supported for batch size {batch} "
-                        f"(expected ({batch}){' or (2 * batch)' if allow_start else ''})")
+            unsupported(
+                f"{what} of shape {list(m.shape)} is not supported for batch size {batch} "
+                f"(expected ({batch}){' or (2 * batch)' if allow_start else ''})"
+            )
         return b.reshape(masked, [batch, 1, 1, total])
     if r == 2:
         return b.reshape(b.lesser_or_equal(m, zero), [m.shape[0], 1, 1, m.shape[1]])
@@ -77,8 +82,10 @@ def _mask(im, mask, batch, seq, total, allow_start, what):
         if not allow_start:
             unsupported(f"a 4-D {what} is not supported")
         if m.shape[1] != 1 or not _same(m.shape[2], m.shape[3]):
-            unsupported(f"4-D {what} of shape {list(m.shape)} is not supported (expected "
-                        "(batch, 1, max_sequence_length, max_sequence_length))")
+            unsupported(
+                f"4-D {what} of shape {list(m.shape)} is not supported (expected "
+                "(batch, 1, max_sequence_length, max_sequence_length))"
+            )
         past = total - seq
         rows = b.slice(m, [0, 0, past, 0], [m.shape[0], 1, seq, total])
         return b.lesser_or_equal(rows, zero)
@@ -121,9 +128,19 @@ def _scale(attrs, head_size):
 # -- Attention -------------------------------------------------------------------------------------
 
 
-@contrib_op("Attention", attrs=("num_heads", "qkv_hidden_sizes", "unidirectional", "scale",
-                              "mask_filter_value", "do_rotary", "past_present_share_buffer",
-                              "rotary_embedding_dim"))
+@contrib_op(
+    "Attention",
+    attrs=(
+        "num_heads",
+        "qkv_hidden_sizes",
+        "unidirectional",
+        "scale",
+        "mask_filter_value",
+        "do_rotary",
+        "past_present_share_buffer",
+        "rotary_embedding_dim",
+    ),
+)
 def _attention(im, node, ins, attrs):
     # inputs: input, weights, bias?, mask_index?, past?, attention_bias?, past_sequence_length?
     # outputs: output, present?
@@ -149,8 +166,10 @@ def _attention(im, node, ins, attrs):
         sizes = [width // 3] * 3
     sizes = [int(s) for s in sizes]
     if len(sizes) != 3 or sum(sizes) != width or sizes[0] != sizes[1] or any(s <= 0 or s % heads for s in sizes):
-        unsupported(f"qkv_hidden_sizes={sizes} do not fit weights of width {width} and num_heads={heads} "
-                    "(Q and K sizes equal, each a positive multiple of num_heads)")
+        unsupported(
+            f"qkv_hidden_sizes={sizes} do not fit weights of width {width} and num_heads={heads} "
+            "(Q and K sizes equal, each a positive multiple of num_heads)"
+        )
     hq, hv = sizes[0] // heads, sizes[2] // heads
     batch, seq = x.shape[0], x.shape[1]
     qkv = b.matmul(x, w)
@@ -175,11 +194,18 @@ def _attention(im, node, ins, attrs):
     masked = None
     if _given(ins, 3):
         masked = _mask(im, ins[3], batch, seq, total, True, "mask_index")
-    y, _ = _attend(im, q, k, v, scale=_scale(attrs, hq), masked=masked,
-                   filter_value=float(attrs.get("mask_filter_value", -10000.0)),
-                   attn_bias=ins[5] if _given(ins, 5) else None,
-                   causal_past=past_len if attrs.get("unidirectional", 0) else None,
-                   out_shape=[batch, seq, sizes[2]])
+    y, _ = _attend(
+        im,
+        q,
+        k,
+        v,
+        scale=_scale(attrs, hq),
+        masked=masked,
+        filter_value=float(attrs.get("mask_filter_value", -10000.0)),
+        attn_bias=ins[5] if _given(ins, 5) else None,
+        causal_past=past_len if attrs.get("unidirectional", 0) else None,
+        out_shape=[batch, seq, sizes[2]],
+    )
     outs = [y]
     if wanted(node, 1):
         if hq != hv:
@@ -266,15 +292,25 @@ def _multi_head_attention(im, node, ins, attrs):
         # onnxruntime's CPU kernel masks keys past past + s on every row but the last (which it
         # assumes sees them all), its CUDA kernel aligns the diagonal to the last key: the two
         # agree only when the new keys are as many as the queries
-        unsupported(f"unidirectional=1 with {k.shape[2] - past_len} new keys for {seq} queries (cross "
-                    "attention) is not supported")
+        unsupported(
+            f"unidirectional=1 with {k.shape[2] - past_len} new keys for {seq} queries (cross "
+            "attention) is not supported"
+        )
     masked = None
     if _given(ins, 4):
         masked = _mask(im, ins[4], batch, seq, total, False, "key_padding_mask")
-    y, qk = _attend(im, q, k, v, scale=_scale(attrs, hq), masked=masked,
-                    filter_value=float(attrs.get("mask_filter_value", -10000.0)),
-                    attn_bias=ins[5] if _given(ins, 5) else None,
-                    causal_past=past_len if causal else None, out_shape=[batch, seq, hidden_v])
+    y, qk = _attend(
+        im,
+        q,
+        k,
+        v,
+        scale=_scale(attrs, hq),
+        masked=masked,
+        filter_value=float(attrs.get("mask_filter_value", -10000.0)),
+        attn_bias=ins[5] if _given(ins, 5) else None,
+        causal_past=past_len if causal else None,
+        out_shape=[batch, seq, hidden_v],
+    )
     outs = [y, k if wanted(node, 1) else None, v if wanted(node, 2) else None]
     if wanted(node, 3):
         outs.append(qk)
@@ -304,8 +340,7 @@ def _bias_softmax(im, node, ins, attrs):
     elems = int(np.prod(x.shape[axis:], dtype=np.int64))
     bsize = int(np.prod(bias.shape, dtype=np.int64))
     if bsize % elems or rows % (bsize // elems):
-        unsupported(f"bias of shape {list(bias.shape)} does not broadcast to data {list(x.shape)} "
-                    f"from axis {axis}")
+        unsupported(f"bias of shape {list(bias.shape)} does not broadcast to data {list(x.shape)} from axis {axis}")
     brows = bsize // elems
     inner = bool(attrs.get("is_inner_broadcast", 0))
     if inner:

@@ -80,8 +80,7 @@ def _rope(b, x, cos, sin, rot, interleaved):
         y = b.reshape(y, lead + [rot])
     else:
         x1, x2 = _last(b, xr, 0, half), _last(b, xr, half, half)
-        y = b.concat([b.sub(b.mul(x1, cos), b.mul(x2, sin)),
-                      b.add(b.mul(x2, cos), b.mul(x1, sin))], len(lead))
+        y = b.concat([b.sub(b.mul(x1, cos), b.mul(x2, sin)), b.add(b.mul(x2, cos), b.mul(x1, sin))], len(lead))
     if rot < hd:
         y = b.concat([y, _last(b, x, rot, hd - rot)], len(lead))
     return y
@@ -97,15 +96,16 @@ def _cache_rows(im, cache, pos, half):
     if w == half:
         return b.gather(cache, pos, axis=0)
     flat = b.reshape(cache, [m * w])
-    idx = b.add(b.mul(b.reshape(pos, list(pos.shape) + [1]), b.constant(np.array(half, np.int32))),
-                b.constant(np.arange(half, dtype=np.int32)))
+    idx = b.add(
+        b.mul(b.reshape(pos, list(pos.shape) + [1]), b.constant(np.array(half, np.int32))),
+        b.constant(np.arange(half, dtype=np.int32)),
+    )
     return b.gather(flat, idx, axis=0)
 
 
 def _check_caches(cos, sin, x):
     if len(cos.shape) != 2 or tuple(cos.shape) != tuple(sin.shape):
-        unsupported(f"cos_cache and sin_cache must be 2-D of one shape, got {list(cos.shape)} and "
-                    f"{list(sin.shape)}")
+        unsupported(f"cos_cache and sin_cache must be 2-D of one shape, got {list(cos.shape)} and {list(sin.shape)}")
     if cos.data_type != x.data_type or sin.data_type != x.data_type:
         unsupported("cos_cache and sin_cache must have the input's data type")
 
@@ -113,8 +113,10 @@ def _check_caches(cos, sin, x):
 # -- RotaryEmbedding ---------------------------------------------------------------------------
 
 
-@op("com.microsoft.RotaryEmbedding",
-    attrs=("num_heads", "rotary_embedding_dim", "interleaved", "is_packed_batching", "scale"))
+@op(
+    "com.microsoft.RotaryEmbedding",
+    attrs=("num_heads", "rotary_embedding_dim", "interleaved", "is_packed_batching", "scale"),
+)
 def _rotary_embedding(im, node, ins, attrs):
     # `scale` only matters to onnxruntime's CUDA kernel when it regenerates a cache shorter than
     # the sequence; the CPU kernel (the reference) ignores it, as we do
@@ -143,8 +145,10 @@ def _rotary_embedding(im, node, ins, attrs):
     heads = nh if nh > 0 else hidden // head
     rot = rd if rd > 0 else head
     if not isinstance(head, int) or heads * head != hidden or (r == 4 and (heads, head) != (n4, h4)):
-        unsupported(f"num_heads={nh}, rotary_embedding_dim={rd} and cos_cache width {w} do not "
-                    f"split the input {list(x.shape)} into heads")
+        unsupported(
+            f"num_heads={nh}, rotary_embedding_dim={rd} and cos_cache width {w} do not "
+            f"split the input {list(x.shape)} into heads"
+        )
     if rot > head or rot % 2 or (w != head // 2 and w != rot // 2):
         unsupported(f"rotary_embedding_dim={rot} does not fit head size {head} and cos_cache width {w}")
 
@@ -174,16 +178,49 @@ def _rotary_embedding(im, node, ins, attrs):
 
 # -- GroupQueryAttention -------------------------------------------------------------------------
 
-_GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k",
-               "total_sequence_length", "cos_cache", "sin_cache", "position_ids", "attention_bias",
-               "head_sink", "k_scale", "v_scale", "q_norm_weight", "k_norm_weight", "query_seqlens")
+_GQA_INPUTS = (
+    "query",
+    "key",
+    "value",
+    "past_key",
+    "past_value",
+    "seqlens_k",
+    "total_sequence_length",
+    "cos_cache",
+    "sin_cache",
+    "position_ids",
+    "attention_bias",
+    "head_sink",
+    "k_scale",
+    "v_scale",
+    "q_norm_weight",
+    "k_norm_weight",
+    "query_seqlens",
+)
 
 
-@op("com.microsoft.GroupQueryAttention",
-    attrs=("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary",
-           "rotary_interleaved", "smooth_softmax", "causal", "sliding_window_cache", "qk_output",
-           "k_quant_type", "v_quant_type", "kv_cache_bit_width", "qk_norm_epsilon",
-           "q_norm_epsilon", "k_norm_epsilon"))
+@op(
+    "com.microsoft.GroupQueryAttention",
+    attrs=(
+        "num_heads",
+        "kv_num_heads",
+        "scale",
+        "softcap",
+        "local_window_size",
+        "do_rotary",
+        "rotary_interleaved",
+        "smooth_softmax",
+        "causal",
+        "sliding_window_cache",
+        "qk_output",
+        "k_quant_type",
+        "v_quant_type",
+        "kv_cache_bit_width",
+        "qk_norm_epsilon",
+        "q_norm_epsilon",
+        "k_norm_epsilon",
+    ),
+)
 def _group_query_attention(im, node, ins, attrs):
     ins = list(ins) + [None] * (len(_GQA_INPUTS) - len(ins))
     for i in (12, 13, 14, 15, 16):
@@ -239,8 +276,10 @@ def _group_query_attention(im, node, ins, attrs):
         hd = d // heads
         k, v = X(im, ins[1], q), X(im, ins[2], q)
         if hd * heads != d or list(k.shape) != [bs, s, kv_heads * hd] or list(v.shape) != list(k.shape):
-            unsupported(f"query {list(q.shape)}, key {list(k.shape)} and value {list(v.shape)} do not "
-                        f"fit num_heads={heads}, kv_num_heads={kv_heads}")
+            unsupported(
+                f"query {list(q.shape)}, key {list(k.shape)} and value {list(v.shape)} do not "
+                f"fit num_heads={heads}, kv_num_heads={kv_heads}"
+            )
     if k.data_type != q.data_type or v.data_type != q.data_type:
         unsupported("query, key and value must have one data type")
 
@@ -249,15 +288,19 @@ def _group_query_attention(im, node, ins, attrs):
     if (pk is None) != (pv is None):
         unsupported("past_key and past_value must both be given or both absent")
     past = 0
-    if pk is not None and any(isinstance(t, np.ndarray) and t.ndim == 4 and t.shape[2] == 0
-                              for t in (pk, pv)):
+    if pk is not None and any(isinstance(t, np.ndarray) and t.ndim == 4 and t.shape[2] == 0 for t in (pk, pv)):
         pk = pv = None  # an empty past (a first prompt's): host constants WebNN cannot hold
     if pk is not None:
         pk, pv = X(im, pk, q), X(im, pv, q)
-        if len(pk.shape) != 4 or list(pk.shape[:2]) + [pk.shape[3]] != [bs, kv_heads, hd] \
-                or list(pv.shape) != list(pk.shape):
-            unsupported(f"past_key {list(pk.shape)} / past_value {list(pv.shape)} are not "
-                        f"[batch, kv_num_heads, past, head_size] = [{bs}, {kv_heads}, past, {hd}]")
+        if (
+            len(pk.shape) != 4
+            or list(pk.shape[:2]) + [pk.shape[3]] != [bs, kv_heads, hd]
+            or list(pv.shape) != list(pk.shape)
+        ):
+            unsupported(
+                f"past_key {list(pk.shape)} / past_value {list(pv.shape)} are not "
+                f"[batch, kv_num_heads, past, head_size] = [{bs}, {kv_heads}, past, {hd}]"
+            )
         if pk.data_type != q.data_type or pv.data_type != q.data_type:
             unsupported("past_key/past_value must have the query's data type")
         past = pk.shape[2]
@@ -291,8 +334,10 @@ def _group_query_attention(im, node, ins, attrs):
     else:
         first = None  # decided per dispatch from the sizes
     if first is False and isinstance(s, int) and s > 1 and isinstance(bs, int) and bs > 1:
-        unsupported(f"a chunk of {s} tokens after a past with batch_size {bs} (onnxruntime "
-                    "accepts sequence_length > 1 with past context only for batch_size 1)")
+        unsupported(
+            f"a chunk of {s} tokens after a past with batch_size {bs} (onnxruntime "
+            "accepts sequence_length > 1 with past context only for batch_size 1)"
+        )
     if first is True:
         start = zero
     else:
@@ -319,8 +364,13 @@ def _group_query_attention(im, node, ins, attrs):
             if list(pid.shape) != [bs, s]:
                 unsupported(f"position_ids must be [batch, sequence] = {[bs, s]}, got {list(pid.shape)}")
             off = b.add(b.slice(pid, [0, 0], [1, 1]), b.reshape(_iota(im, s), [1, s]))
-            rpos = off if first is True else pid if first is False else \
-                b.where(b.equal(_ival(im, s), _ival(im, total)), off, pid)
+            rpos = (
+                off
+                if first is True
+                else pid
+                if first is False
+                else b.where(b.equal(_ival(im, s), _ival(im, total)), off, pid)
+            )
         rb = rpos.shape[0]
         c = b.reshape(_cache_rows(im, cos, rpos, rot // 2), [rb, 1, s, rot // 2])
         sn = b.reshape(_cache_rows(im, sin, rpos, rot // 2), [rb, 1, s, rot // 2])
@@ -331,8 +381,10 @@ def _group_query_attention(im, node, ins, attrs):
     if pk is None and t_len == s:
         kp, vp = k4, v4
     else:
-        kp, vp = _present(im, pk, k4, start, past, s, t_len, bs, kv_heads, hd), \
-            _present(im, pv, v4, start, past, s, t_len, bs, kv_heads, hd)
+        kp, vp = (
+            _present(im, pk, k4, start, past, s, t_len, bs, kv_heads, hd),
+            _present(im, pv, v4, start, past, s, t_len, bs, kv_heads, hd),
+        )
 
     # scores [B, H_kv, g*S, T]: the `group` query heads of a kv head are consecutive, so they
     # share one matmul as a [group * S, hd] block (row j*S + s: head h_kv*g + j, query row s).
@@ -394,8 +446,7 @@ def _present(im, past_x, new, start, past, s, t_len, bs, kv_heads, hd):
     t = b.reshape(_iota(im, t_len), [1, t_len])
     st = b.reshape(start, [start.shape[0], 1])
     rel = b.sub(t, st)
-    in_new = b.logical_and(b.greater_or_equal(rel, b.constant(np.array(0, np.int32))),
-                           b.lesser(rel, _ival(im, s)))
+    in_new = b.logical_and(b.greater_or_equal(rel, b.constant(np.array(0, np.int32))), b.lesser(rel, _ival(im, s)))
     zi = _ival(im, z)
     idx = b.where(in_new, b.add(rel, _ival(im, past)), zi)
     if past_x is not None:
@@ -403,8 +454,10 @@ def _present(im, past_x, new, start, past, s, t_len, bs, kv_heads, hd):
         idx = b.where(in_past, t, idx)
     # flat row index into cat viewed as [B * H_kv * (Z + 1), hd]
     # (b * H_kv + h) * (Z + 1), the first row of each (b, h) (the batch may be dynamic)
-    bh = b.add(b.mul(b.reshape(_iota(im, bs), [bs, 1, 1]), b.constant(np.array(kv_heads, np.int32))),
-               b.constant(np.arange(kv_heads, dtype=np.int32).reshape(1, kv_heads, 1)))
+    bh = b.add(
+        b.mul(b.reshape(_iota(im, bs), [bs, 1, 1]), b.constant(np.array(kv_heads, np.int32))),
+        b.constant(np.arange(kv_heads, dtype=np.int32).reshape(1, kv_heads, 1)),
+    )
     flat = b.add(b.mul(bh, _ival(im, z + 1)), b.reshape(idx, [idx.shape[0], 1, t_len]))
     return b.gather(b.reshape(cat, [bs * kv_heads * (z + 1), hd]), flat, axis=0)
 
@@ -419,14 +472,22 @@ def _bias(im, v, bs, heads, kv_heads, s, total, t_len):
     if x.data_type != "float32":
         x = b.cast(x, "float32")
     group = heads // kv_heads
-    if len(x.shape) != 4 or x.shape[0] not in (1, bs) or x.shape[1] not in (1, heads) \
-            or list(x.shape[2:]) != [s, total]:
-        unsupported(f"attention_bias {list(x.shape)} is not [batch or 1, num_heads or 1, "
-                    f"sequence, total_sequence_length] = [{bs}, {heads}, {s}, {total}]")
+    if (
+        len(x.shape) != 4
+        or x.shape[0] not in (1, bs)
+        or x.shape[1] not in (1, heads)
+        or list(x.shape[2:]) != [s, total]
+    ):
+        unsupported(
+            f"attention_bias {list(x.shape)} is not [batch or 1, num_heads or 1, "
+            f"sequence, total_sequence_length] = [{bs}, {heads}, {s}, {total}]"
+        )
     if t_len != total:
         if not (isinstance(t_len, int) and isinstance(total, int)):
-            unsupported("attention_bias with a past buffer longer than total_sequence_length "
-                        "is not supported with dynamic sizes")
+            unsupported(
+                "attention_bias with a past buffer longer than total_sequence_length "
+                "is not supported with dynamic sizes"
+            )
         x = b.concat([x, b.constant(np.zeros(list(x.shape[:3]) + [t_len - total], np.float32))], 3)
     b0, h0 = x.shape[0], x.shape[1]
     if h0 == heads:  # head k*g + j is row block j of kv head k

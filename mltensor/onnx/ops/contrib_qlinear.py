@@ -119,10 +119,22 @@ def _dequantized(data_type, scale, zp):
     return _f32(scale) * (_values(data_type) - zp).astype(_f32)
 
 
-_LOGISTIC = [_f32(c) for c in (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
-                               8.51377133304701e-03, 2.48287947061529e-01, 6.10247389755681e-13,
-                               5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
-                               1.16817656904453e-01, 9.93151921023180e-01)]
+_LOGISTIC = [
+    _f32(c)
+    for c in (
+        4.37031012579801e-11,
+        1.15627324459942e-07,
+        6.08574864600143e-05,
+        8.51377133304701e-03,
+        2.48287947061529e-01,
+        6.10247389755681e-13,
+        5.76102136993427e-09,
+        6.29106785017040e-06,
+        1.70198817374094e-03,
+        1.16817656904453e-01,
+        9.93151921023180e-01,
+    )
+]
 
 
 def _logistic(x):
@@ -238,8 +250,9 @@ def _qlinear_concat(im, node, ins, attrs):
     if "axis" not in attrs:
         unsupported(f"{t}: attribute axis is required")
     if len(ins) < 5 or (len(ins) - 2) % 3:
-        unsupported(f"{t}: expected Y_scale, Y_zero_point and (X, X_scale, X_zero_point) triples, "
-                    f"got {len(ins)} inputs")
+        unsupported(
+            f"{t}: expected Y_scale, Y_zero_point and (X, X_scale, X_zero_point) triples, got {len(ins)} inputs"
+        )
     ys = _scale(ins[0], "Y_scale", t)
     xs = []
     dt = None
@@ -324,8 +337,10 @@ def _gap(im, x, xs, zx, ys, zy, t):
     return _requant_float(im, b.mul(acc, b.constant(np.array(scale, _f32))), zy, dt)
 
 
-@op("com.microsoft.QLinearAveragePool",
-    attrs=("auto_pad", "ceil_mode", "channels_last", "count_include_pad", "kernel_shape", "pads", "strides"))
+@op(
+    "com.microsoft.QLinearAveragePool",
+    attrs=("auto_pad", "ceil_mode", "channels_last", "count_include_pad", "kernel_shape", "pads", "strides"),
+)
 def _qlinear_average_pool(im, node, ins, attrs):
     """onnxruntime's QLinearPool2DTask: the window's dequantized values summed in float32 in row
     order (one add per kernel offset, in that order: the same roundings), divided by the count
@@ -365,8 +380,9 @@ def _qlinear_average_pool(im, node, ins, attrs):
         xf = b.pad(xf, [0, 0] + list(begin), [0, 0] + ext)
     total = None
     for off in itertools.product(*[range(v) for v in k]):
-        win = b.slice(xf, [0, 0] + list(off), list(x.shape[:2]) + [(out[i] - 1) * s[i] + 1 for i in range(sp)],
-                      strides=[1, 1] + s)
+        win = b.slice(
+            xf, [0, 0] + list(off), list(x.shape[:2]) + [(out[i] - 1) * s[i] + 1 for i in range(sp)], strides=[1, 1] + s
+        )
         total = win if total is None else b.add(total, win)
     # the element count of each window, clipped to the input (onnxruntime's hend = min(., size))
     counts = np.ones([1, 1] + out, np.float32)

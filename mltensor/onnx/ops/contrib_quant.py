@@ -81,8 +81,10 @@ def _matmul_nbits(im, node, ins, attrs):
     row = kb * bs * bits // 8  # bytes of one column's packed weights
     B = const(im, ins[1], "MatMulNBits input B (packed weights must be initializers)")
     if B.dtype != np.uint8 or B.size != N * row:
-        unsupported(f"MatMulNBits input B of type {B.dtype} and shape {list(B.shape)} is not supported "
-                    f"(uint8 [{N}, {kb}, {row // kb}] expected)")
+        unsupported(
+            f"MatMulNBits input B of type {B.dtype} and shape {list(B.shape)} is not supported "
+            f"(uint8 [{N}, {kb}, {row // kb}] expected)"
+        )
     sc, zp = ins[2], ins[3] if len(ins) > 3 else None
     g_idx = ins[4] if len(ins) > 4 else None
     bias = ins[5] if len(ins) > 5 else None
@@ -90,17 +92,24 @@ def _matmul_nbits(im, node, ins, attrs):
     if g_idx is not None:
         g = const(im, g_idx, "MatMulNBits g_idx")
         if g.size != K or not np.array_equal(g.reshape(-1), np.arange(K) // bs):
-            unsupported("MatMulNBits input g_idx other than the trivial k // block_size (act-order "
-                        "group reordering) is not supported")
+            unsupported(
+                "MatMulNBits input g_idx other than the trivial k // block_size (act-order "
+                "group reordering) is not supported"
+            )
         if packed_zp:
             # onnxruntime's CPU kernel ignores packed zero points when g_idx is given (its act-order
             # path uses the default 2^(bits-1)) while the operator's definition applies them:
             # refused rather than silently matching one of the two
-            unsupported("MatMulNBits input g_idx together with packed uint8 zero_points is not "
-                        "supported (onnxruntime ignores the zero points there)")
+            unsupported(
+                "MatMulNBits input g_idx together with packed uint8 zero_points is not "
+                "supported (onnxruntime ignores the zero points there)"
+            )
     zpb = -(-kb * bits // 8)  # bytes of one column's packed zero points
-    for v, n_want, what in ((sc, N * kb, "scales"), (zp, N * (zpb if packed_zp else kb), "zero_points"),
-                            (bias, N, "bias")):
+    for v, n_want, what in (
+        (sc, N * kb, "scales"),
+        (zp, N * (zpb if packed_zp else kb), "zero_points"),
+        (bias, N, "bias"),
+    ):
         if isinstance(v, np.ndarray) and v.size != n_want:
             unsupported(f"MatMulNBits {what} has shape {list(v.shape)}, expected {n_want} values")
 
@@ -118,16 +127,19 @@ def _matmul_nbits(im, node, ins, attrs):
         else:
             z, mode = _zero_points(im, rows(zp, kb), a.data_type, n, kb, bits, "MatMulNBits zero_points")
         bb = None if bias is None else _float_param(im, rows(bias, 1), a.data_type, n, "MatMulNBits bias")
-        return im.b._matmul_nbits(a, packed, scales, K=K, N=n, bits=bits, block_size=bs, zero_points=z,
-                                  zp_mode=mode, bias=bb)
+        return im.b._matmul_nbits(
+            a, packed, scales, K=K, N=n, bits=bits, block_size=bs, zero_points=z, zp_mode=mode, bias=bb
+        )
 
     if N * row <= im.ctx._max_bytes:
         return piece(0, N)
     # weights above the largest binding (a large vocabulary's output projection): one product per
     # slice of columns, concatenated
     if not all(v is None or isinstance(v, np.ndarray) for v in (sc, zp, bias)):
-        unsupported(f"MatMulNBits input B of {N * row} bytes exceeds the largest binding and its scales, "
-                    "zero points or bias are computed at run time (they must be initializers to split it)")
+        unsupported(
+            f"MatMulNBits input B of {N * row} bytes exceeds the largest binding and its scales, "
+            "zero points or bias are computed at run time (they must be initializers to split it)"
+        )
     step = max(1, im.ctx._max_bytes // row)
     outs = [piece(n0, min(N, n0 + step)) for n0 in range(0, N, step)]
     return im.b.concat(outs, len(a.shape) - 1)
@@ -164,8 +176,10 @@ def _int4_table(im, data, zp, bits, kb):
     else:
         z = const(im, zp, "GatherBlockQuantized zero_points")
         if z.dtype != data.dtype or z.size != data.shape[0] * kb:
-            unsupported(f"GatherBlockQuantized zero_points of type {z.dtype} and shape {list(z.shape)} do "
-                        f"not match {kind} data with {kb} blocks a row")
+            unsupported(
+                f"GatherBlockQuantized zero_points of type {z.dtype} and shape {list(z.shape)} do "
+                f"not match {kind} data with {kb} blocks a row"
+            )
         z = z.astype(np.int16).reshape(data.shape[0], kb) + off
     return table, im.b.constant(_words(_pack(z, 4))), "packed"
 
@@ -215,5 +229,4 @@ def _gather_block_quantized(im, node, ins, attrs):
         if idx_op.data_type == "int64":
             # indices beyond int32 are out of range of any table the kernels can bind
             idx_op = im.b.cast(im.b.clamp(idx_op, min_value=float(-V), max_value=float(V - 1)), "int32")
-    return im.b._gather_nbits(table, idx_op, scales, V=V, H=H, bits=bits, block_size=bs,
-                              zero_points=zp, zp_mode=mode)
+    return im.b._gather_nbits(table, idx_op, scales, V=V, H=H, bits=bits, block_size=bs, zero_points=zp, zp_mode=mode)

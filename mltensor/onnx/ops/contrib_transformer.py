@@ -190,8 +190,9 @@ def _embed_layer_norm(im, node, ins, attrs):
         unsupported("segment_ids and segment_embedding must be given together")
     if seg_ids is not None:
         e = b.add(e, b.gather(X(im, seg, word), to_int32(im, X(im, seg_ids)), axis=0))
-    y = b.layer_normalization(e, axes=[2], scale=X(im, gamma, word), bias=X(im, beta, word),
-                              epsilon=float(attrs.get("epsilon", 1e-12)))
+    y = b.layer_normalization(
+        e, axes=[2], scale=X(im, gamma, word), bias=X(im, beta, word), epsilon=float(attrs.get("epsilon", 1e-12))
+    )
     outs = [y, None, None]
     if wanted(node, 1):
         if mask is not None:
@@ -220,16 +221,17 @@ def _activation_params(attrs, name, n):
     return [float(v) for v in p]
 
 
-@contrib_op("FusedConv", attrs=("activation", "activation_params", "auto_pad", "dilations", "group",
-                              "kernel_shape", "pads", "strides"))
+@contrib_op(
+    "FusedConv",
+    attrs=("activation", "activation_params", "auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"),
+)
 def _fused_conv(im, node, ins, attrs):
     """activation(Conv(X, W, B) + Z): onnxruntime adds the optional Z before the activation."""
     act = attrs.get("activation")
     b = im.b
     # validate the activation before building the convolution
     if act is not None and act not in ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid"):
-        unsupported(f"activation={act!r} is not supported (Relu, Tanh, Sigmoid, LeakyRelu, Clip, "
-                    "HardSigmoid)")
+        unsupported(f"activation={act!r} is not supported (Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid)")
     params = None
     if act in ("LeakyRelu", "Clip", "HardSigmoid"):
         params = _activation_params(attrs, act, 1 if act == "LeakyRelu" else 2)
@@ -271,8 +273,10 @@ def _fused_matmul(im, node, ins, attrs):
     flags = {k: int(attrs.get(k, 0)) for k in ("transA", "transB", "transBatchA", "transBatchB")}
     if (flags["transBatchA"] or flags["transBatchB"]) and (len(a.shape) < 3 or len(a.shape) != len(c.shape)):
         # as onnxruntime: transBatch needs two operands of the same rank, at least 3
-        unsupported(f"transBatchA/transBatchB with A of rank {len(a.shape)} and B of rank {len(c.shape)} "
-                    "(they need equal ranks >= 3)")
+        unsupported(
+            f"transBatchA/transBatchB with A of rank {len(a.shape)} and B of rank {len(c.shape)} "
+            "(they need equal ranks >= 3)"
+        )
     xs = []
     for v, which in ((a, "A"), (c, "B")):
         trans, tb = flags[f"trans{which}"], flags[f"transBatch{which}"]

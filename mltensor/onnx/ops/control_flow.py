@@ -36,8 +36,7 @@ def _if(im, node, ins, attrs):
         t_op = X(im, t) if t is not None else None
         e_op = X(im, e, t_op) if e is not None else None
         pairs.append((t_op, e_op))
-    if any(t is None or e is None or tuple(t.shape) != tuple(e.shape) or t.data_type != e.data_type
-           for t, e in pairs):
+    if any(t is None or e is None or tuple(t.shape) != tuple(e.shape) or t.data_type != e.data_type for t, e in pairs):
         # the branches give different shapes: the condition is read back at run time and the
         # graph after it built for the branch taken (mltensor/stages/)
         taken = resume.read(im, c, "the If condition (its branches give different shapes)")
@@ -134,9 +133,20 @@ def _loop(im, node, ins, attrs):
         cond0 = b.reshape(b.cast(X(im, cond), "int32"), [])
         cond_true = False
     ops, host = _outer(im, node)
-    spec = loop.LoopSpec("loop", node, body, im.model, im.cur_opset, trips=trips, n_state=n_state,
-                         n_scan_out=n_scan, outer=ops, outer_host=host,
-                         dynamic_cond=_computes_condition(body), cond_true=cond_true)
+    spec = loop.LoopSpec(
+        "loop",
+        node,
+        body,
+        im.model,
+        im.cur_opset,
+        trips=trips,
+        n_state=n_state,
+        n_scan_out=n_scan,
+        outer=ops,
+        outer_host=host,
+        dynamic_cond=_computes_condition(body),
+        cond_true=cond_true,
+    )
     carry = [cond0] + list(ins[2:]) + [im.env[n] for n in ops]
     resume.cut(im, carry=carry, loop=spec, what=f"Loop {node.name or '(unnamed)'!r}")
 
@@ -229,8 +239,8 @@ def _unroll_loop(im, node, ins, attrs, trips):
         if not isinstance(c, np.ndarray):
             return None  # the exit condition is computed on the GPU: executed instead
         go = bool(c.reshape(-1)[0])
-        carried = outs[1:1 + len(carried)]
-        scans.append(outs[1 + len(carried):])
+        carried = outs[1 : 1 + len(carried)]
+        scans.append(outs[1 + len(carried) :])
         i += 1
     n_scan = len(body.output) - 1 - len(carried)
     stacked = [_stack(im, [s[k] for s in scans]) for k in range(n_scan)]
@@ -242,8 +252,8 @@ def _scan(im, node, ins, attrs):
         return _scan8(im, node, ins, attrs)
     body = attrs["body"]
     n_in = attrs["num_scan_inputs"]
-    states = list(ins[:len(ins) - n_in])
-    xs = [X(im, v) for v in ins[len(ins) - n_in:]]
+    states = list(ins[: len(ins) - n_in])
+    xs = [X(im, v) for v in ins[len(ins) - n_in :]]
     in_axes = attrs.get("scan_input_axes") or [0] * n_in
     in_dirs = attrs.get("scan_input_directions") or [0] * n_in
     n_out = len(body.output) - len(states)
@@ -279,8 +289,8 @@ def _scan_run(im, node, body, states, xs, axes, in_dirs, out_axes, out_dirs, ste
             sl = b.slice(x, start, size)
             slices.append(b.reshape(sl, [s for j, s in enumerate(x.shape) if j != a]))
         outs = _bind_body(im, body, states + slices)
-        states = outs[:len(states)]
-        scans.append(outs[len(states):])
+        states = outs[: len(states)]
+        scans.append(outs[len(states) :])
     res = list(states)
     for k in range(n_out):
         items = [s[k] for s in scans]
@@ -304,8 +314,8 @@ def _scan8(im, node, ins, attrs):
     n_in = attrs["num_scan_inputs"]
     b = im.b
     rest = ins[1:]
-    states = list(rest[:len(rest) - n_in])
-    xs = [X(im, v) for v in rest[len(rest) - n_in:]]
+    states = list(rest[: len(rest) - n_in])
+    xs = [X(im, v) for v in rest[len(rest) - n_in :]]
     dirs = list(attrs.get("directions") or [0] * n_in)
     if len(dirs) != n_in:
         im.malformed(f"directions has {len(dirs)} entries for {n_in} scan inputs")
@@ -314,8 +324,10 @@ def _scan8(im, node, ins, attrs):
     batch = {x.shape[0] for x in xs} | {v.shape[0] for v in states if v is not None and len(v.shape)}
     seq = {x.shape[1] for x in xs}
     if len(batch) != 1 or len(seq) != 1 or any(v is None or not len(v.shape) for v in states):
-        im.malformed(f"states and scan inputs must share the batch axis, scan inputs the sequence axis "
-                     f"(batch sizes {sorted(batch)}, sequence lengths {sorted(seq)})")
+        im.malformed(
+            f"states and scan inputs must share the batch axis, scan inputs the sequence axis "
+            f"(batch sizes {sorted(batch)}, sequence lengths {sorted(seq)})"
+        )
     (nb,), (steps,) = batch, seq
     lens = const(im, ins[0], "sequence_lens") if ins and ins[0] is not None else None
     if lens is None:
@@ -342,9 +354,9 @@ def _scan8(im, node, ins, attrs):
                 x = b.slice(x, [0] * len(x.shape), [n] + list(x.shape[1:]))
             xk.append(x)
         res = _scan_run(im, node, body, st, xk, [0] * n_in, dirs, [0] * n_out, [0] * n_out, n, execute)
-        finals.append(res[:len(states)])
+        finals.append(res[: len(states)])
         outs = []
-        for y in res[len(states):]:
+        for y in res[len(states) :]:
             y = X(im, y)
             if n < steps:  # zeros past the entry's length
                 y = b.pad(y, [0] * len(y.shape), [steps - n] + [0] * (len(y.shape) - 1))
@@ -375,7 +387,18 @@ def _execute_scan(im, node, body, states, xs, axes, in_dirs, steps, n_out):
         rows.append(x)
         scan_in.append((elems, shape, bool(d)))
     ops, host = _outer(im, node)
-    spec = loop.LoopSpec("scan", node, body, im.model, im.cur_opset, trips=steps, n_state=len(states),
-                         n_scan_out=n_out, outer=ops, outer_host=host, scan_in=scan_in)
+    spec = loop.LoopSpec(
+        "scan",
+        node,
+        body,
+        im.model,
+        im.cur_opset,
+        trips=steps,
+        n_state=len(states),
+        n_scan_out=n_out,
+        outer=ops,
+        outer_host=host,
+        scan_in=scan_in,
+    )
     carry = list(states) + rows + [im.env[n] for n in ops]
     resume.cut(im, carry=carry, loop=spec, what=f"Scan {node.name or '(unnamed)'!r}")

@@ -19,14 +19,12 @@ def conv(im, node, ins, attrs):
     d = attrs.get("dilations") or [1] * sp
     begin, end = explicit_pads(attrs, list(x.shape[2:]), k, s, d)
     if sp == 3:
-        return conv3d(im, x, w, ins[2] if len(ins) > 2 else None, k, s, d, begin, end,
-                      attrs.get("group", 1))
+        return conv3d(im, x, w, ins[2] if len(ins) > 2 else None, k, s, d, begin, end, attrs.get("group", 1))
     if sp == 1:
         k, s, d, begin, end = [1] + list(k), [1] + list(s), [1] + list(d), [0] + begin, [0] + end
         w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])
     x2 = to2d(im, x, sp)
-    kw = dict(padding=webnn_pad(begin, end), strides=list(s), dilations=list(d),
-              groups=attrs.get("group", 1))
+    kw = dict(padding=webnn_pad(begin, end), strides=list(s), dilations=list(d), groups=attrs.get("group", 1))
     if len(ins) > 2 and ins[2] is not None:
         kw["bias"] = X(im, ins[2], x)
     y = im.b.conv2d(x2, w, **kw)
@@ -35,8 +33,10 @@ def conv(im, node, ins, attrs):
     return y
 
 
-@op("ConvTranspose", attrs=("auto_pad", "dilations", "group", "kernel_shape", "output_padding",
-                            "output_shape", "pads", "strides"))
+@op(
+    "ConvTranspose",
+    attrs=("auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"),
+)
 def _conv_transpose(im, node, ins, attrs):
     x = X(im, ins[0])
     sp = len(x.shape) - 2
@@ -74,8 +74,9 @@ def _conv_transpose(im, node, ins, attrs):
         p = list(attrs.get("pads", [0] * (2 * sp)))
         begin, end = p[:sp], p[sp:]
     if sp == 3:
-        return conv_transpose3d(im, x, ins[1], ins[2] if len(ins) > 2 else None, k, s, d, begin, end,
-                                op_, attrs.get("group", 1))
+        return conv_transpose3d(
+            im, x, ins[1], ins[2] if len(ins) > 2 else None, k, s, d, begin, end, op_, attrs.get("group", 1)
+        )
     if sp == 1:
         k, s, d, op_, begin, end = [1] + k, [1] + s, [1] + d, [0] + op_, [0] + begin, [0] + end
         w = im.b.reshape(w, list(w.shape[:2]) + [1, w.shape[2]])

@@ -114,20 +114,23 @@ def conv3d(im, x, w_in, bias_in, k, s, d, begin, end, groups):
     s, d = _ints(where, "strides", s, 3, 1), _ints(where, "dilations", d, 3, 1)
     begin, end = _ints(where, "pads", begin, 3, 0), _ints(where, "pads", end, 3, 0)
     if groups < 1 or c % groups or o % groups:
-        raise TypeError(f"[{where}] input channels ({c}) and output channels ({o}) must be divisible "
-                        f"by group ({groups})")
+        raise TypeError(
+            f"[{where}] input channels ({c}) and output channels ({o}) must be divisible by group ({groups})"
+        )
     if c // groups != cg:
-        raise TypeError(f"[{where}] input channels ({c}) / group ({groups}) must equal the filter's "
-                        f"input channels ({cg})")
+        raise TypeError(
+            f"[{where}] input channels ({c}) / group ({groups}) must equal the filter's input channels ({cg})"
+        )
     ek = (kd - 1) * d[0] + 1
     span = depth + begin[0] + end[0] - ek
     if span < 0:
-        raise TypeError(f"[{where}] the dilated filter depth ({ek}) exceeds the padded input depth "
-                        f"({depth + begin[0] + end[0]})")
+        raise TypeError(
+            f"[{where}] the dilated filter depth ({ek}) exceeds the padded input depth ({depth + begin[0] + end[0]})"
+        )
     dout = span // s[0] + 1
     # idx[do, c, kd]: the plane c*D + z of tap kd, z = do*sd + kd*dd - pd0; c*D (the appended zero
     # plane) where z is padding
-    z = (np.arange(dout)[:, None] * s[0] + np.arange(kd)[None, :] * d[0] - begin[0])  # [Do, KD]
+    z = np.arange(dout)[:, None] * s[0] + np.arange(kd)[None, :] * d[0] - begin[0]  # [Do, KD]
     inside = (z >= 0) & (z < depth)
     plane = np.where(inside[:, None, :], np.arange(c)[None, :, None] * depth + z[:, None, :], c * depth)
     g = _gather_depth(im, x, plane.reshape(dout, c * kd), not inside.all())
@@ -213,8 +216,11 @@ def pool3d(im, kind, x, k, s, d, begin, end, out, include_pad=False, p=2):
     s, d = _ints(where, "strides", s, 3, 1), _ints(where, "dilations", d, 3, 1)
     begin, end = _ints(where, "pads", begin, 3, 0), _ints(where, "pads", end, 3, 0)
     lp_sum = kind == "LpPool" and p != 2  # sum |x|^p as average times real count
-    fn = {"MaxPool": "max_pool2d", "AveragePool": "average_pool2d",
-          "LpPool": "average_pool2d" if lp_sum else "l2_pool2d"}[kind]
+    fn = {
+        "MaxPool": "max_pool2d",
+        "AveragePool": "average_pool2d",
+        "LpPool": "average_pool2d" if lp_sum else "l2_pool2d",
+    }[kind]
     scale = None
     if lp_sum or (kind == "AveragePool" and include_pad and any(begin + end)):
         _static(f"[{where}] the per-window element counts", depth, h, w, *out)
@@ -229,16 +235,18 @@ def pool3d(im, kind, x, k, s, d, begin, end, out, include_pad=False, p=2):
     y, ho, wo = src, h, w
     if not hw_id or d_id:  # (a 1x1x1 window still runs one pool)
         ho, wo = out[1], out[2]
-        kw2 = dict(window_dimensions=k[1:], padding=[begin[1], end[1], begin[2], end[2]], strides=s[1:],
-                   dilations=d[1:])
+        kw2 = dict(
+            window_dimensions=k[1:], padding=[begin[1], end[1], begin[2], end[2]], strides=s[1:], dilations=d[1:]
+        )
         if [ho, wo] != pool_out([h, w], k[1:], s[1:], d[1:], begin[1:], end[1:], False):
             kw2["output_sizes"] = [ho, wo]
         y = getattr(b, fn)(b.reshape(src, [n, c * depth, h, w]), **kw2)  # [N, C*D, Ho, Wo]
         if scale is not None and d_id:
             scale = scale[0].reshape(ho, wo)  # (every depth counts the same: a 1-deep window)
     if not d_id:
-        kw2 = dict(window_dimensions=[k[0], 1], padding=[begin[0], end[0], 0, 0], strides=[s[0], 1],
-                   dilations=[d[0], 1])
+        kw2 = dict(
+            window_dimensions=[k[0], 1], padding=[begin[0], end[0], 0, 0], strides=[s[0], 1], dilations=[d[0], 1]
+        )
         if out[0] != pool_out([depth], k[:1], s[:1], d[:1], begin[:1], end[:1], False)[0]:
             kw2["output_sizes"] = [out[0], ho * wo]
         y = getattr(b, fn)(b.reshape(y, [n, c, depth, ho * wo]), **kw2)  # [N, C, Do, Ho*Wo]

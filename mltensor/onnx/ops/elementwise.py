@@ -67,11 +67,29 @@ def _variadic(im, node, ins, attrs):
 
 
 _UNARY = {
-    "Abs": "abs", "Ceil": "ceil", "Cos": "cos", "Erf": "erf", "Exp": "exp", "Floor": "floor",
-    "Log": "log", "Neg": "neg", "Reciprocal": "reciprocal", "Sign": "sign", "Sin": "sin",
-    "Sqrt": "sqrt", "Tan": "tan", "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
-    "Softplus": "softplus", "Softsign": "softsign", "HardSwish": "hard_swish", "Round": "round_even",
-    "IsNaN": "is_nan", "Not": "logical_not", "Identity": "identity",
+    "Abs": "abs",
+    "Ceil": "ceil",
+    "Cos": "cos",
+    "Erf": "erf",
+    "Exp": "exp",
+    "Floor": "floor",
+    "Log": "log",
+    "Neg": "neg",
+    "Reciprocal": "reciprocal",
+    "Sign": "sign",
+    "Sin": "sin",
+    "Sqrt": "sqrt",
+    "Tan": "tan",
+    "Relu": "relu",
+    "Sigmoid": "sigmoid",
+    "Tanh": "tanh",
+    "Softplus": "softplus",
+    "Softsign": "softsign",
+    "HardSwish": "hard_swish",
+    "Round": "round_even",
+    "IsNaN": "is_nan",
+    "Not": "logical_not",
+    "Identity": "identity",
 }
 
 
@@ -153,8 +171,9 @@ def gelu(im, node, ins, attrs):
     if attrs.get("approximate", "none") == "none":
         return im.b.gelu(x)
     b = im.b
-    inner = b.mul(b.add(x, b.mul(b.mul(b.mul(x, x), x), scalar(im, 0.044715, x))),
-                  scalar(im, math.sqrt(2 / math.pi), x))
+    inner = b.mul(
+        b.add(x, b.mul(b.mul(b.mul(x, x), x), scalar(im, 0.044715, x))), scalar(im, math.sqrt(2 / math.pi), x)
+    )
     return b.mul(b.mul(x, scalar(im, 0.5, x)), b.add(b.tanh(inner), scalar(im, 1.0, x)))
 
 
@@ -233,8 +252,9 @@ def _clip(im, node, ins, attrs):
     x = X(im, ins[0])
     if im.cur_opset < 11:
         lo, hi = attrs.get("min"), attrs.get("max")
-        return im.b.clamp(x, **({"min_value": lo} if lo is not None else {}),
-                          **({"max_value": hi} if hi is not None else {}))
+        return im.b.clamp(
+            x, **({"min_value": lo} if lo is not None else {}), **({"max_value": hi} if hi is not None else {})
+        )
     lo = ins[1] if len(ins) > 1 else None
     hi = ins[2] if len(ins) > 2 else None
     opts = {}

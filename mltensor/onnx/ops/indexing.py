@@ -9,6 +9,7 @@ from ._helpers import const, ints, is_float, norm_axis, scalar, X
 from ._registry import op
 from .movement import keep_bool
 
+
 def _indices(im, idx):
     """ONNX indices as an operand. Negative ones need no fixing: the WebNN gather/scatter kernels
     count them from the end of the dimension. int64 indices known at load that fit are narrowed

@@ -78,8 +78,10 @@ def _row_param(im, v, a_shape, what, op_type):
         return v.reshape(M, 1) if isinstance(v, np.ndarray) else im.b.reshape(v, [M, 1])
     if len(s) == len(a_shape) and s[-2:] == (M, 1):
         return v
-    unsupported(f"{op_type}: {what} shape {list(s)} is not supported for A of shape {list(a_shape)} "
-                f"(per tensor, per row [M] or [..., M, 1])")
+    unsupported(
+        f"{op_type}: {what} shape {list(s)} is not supported for A of shape {list(a_shape)} "
+        f"(per tensor, per row [M] or [..., M, 1])"
+    )
 
 
 def col_param(im, v, b_shape, what, op_type):
@@ -91,8 +93,10 @@ def col_param(im, v, b_shape, what, op_type):
         return v
     if len(s) == len(b_shape) and s[-2:] == (1, N):
         return v
-    unsupported(f"{op_type}: {what} shape {list(s)} is not supported for B of shape {list(b_shape)} "
-                f"(per tensor, per column [N] or [..., 1, N])")
+    unsupported(
+        f"{op_type}: {what} shape {list(s)} is not supported for B of shape {list(b_shape)} "
+        f"(per tensor, per column [N] or [..., 1, N])"
+    )
 
 
 def _zp_operand(im, v, like, what, op_type):
@@ -112,8 +116,9 @@ def _multiplier(im, a_scale, b_scale, y_scale, op_type, float16=False):
     types = {np.dtype(s.dtype).name if isinstance(s, np.ndarray) else s.data_type for _, s in scales}
     allowed = ("float32", "float16") if float16 else ("float32",)
     if len(types) != 1 or not types <= set(allowed):
-        unsupported(f"{op_type}: scale data types {sorted(types)} are not supported (one of {', '.join(allowed)} "
-                    f"for all)")
+        unsupported(
+            f"{op_type}: scale data types {sorted(types)} are not supported (one of {', '.join(allowed)} for all)"
+        )
     if all(isinstance(s, np.ndarray) for _, s in scales):
         with np.errstate(all="ignore"):
             p = a_scale * b_scale  # numpy rounds each step to the scales' type, as onnxruntime
@@ -161,8 +166,9 @@ def _matmul_integer(im, node, ins, attrs):
     b_shape = _shape(bb) + (1,) if len(bb.shape) == 1 else _shape(bb)
     za = _row_param(im, ins[2] if len(ins) > 2 else None, a_shape, "a_zero_point", t)
     zb = col_param(im, ins[3] if len(ins) > 3 else None, b_shape, "b_zero_point", t)
-    return integer_matmul(im, a, bb, _zp_operand(im, za, a, "a_zero_point", t),
-                   _zp_operand(im, zb, bb, "b_zero_point", t))
+    return integer_matmul(
+        im, a, bb, _zp_operand(im, za, a, "a_zero_point", t), _zp_operand(im, zb, bb, "b_zero_point", t)
+    )
 
 
 @op("QLinearMatMul")
@@ -209,8 +215,16 @@ def _conv(im, node, attrs, x, w, zx, zw, requant=None, bias=None):
         x = b.reshape(x, list(x.shape[:2]) + [1, x.shape[2]])
         w.reshape(list(w.shape[:2]) + [1, w.shape[2]])
     w, packed = w.args()
-    kw = dict(input_zero_point=zx, filter_zero_point=zw, bias=bias, filter_packed=packed,
-              padding=[begin[0], end[0], begin[1], end[1]], strides=s, dilations=d, groups=attrs.get("group", 1))
+    kw = dict(
+        input_zero_point=zx,
+        filter_zero_point=zw,
+        bias=bias,
+        filter_packed=packed,
+        padding=[begin[0], end[0], begin[1], end[1]],
+        strides=s,
+        dilations=d,
+        groups=attrs.get("group", 1),
+    )
     if requant is not None:
         kw["scale"], kw["output_zero_point"] = requant
     y = b._int_conv2d(x, w, **kw)
@@ -227,8 +241,9 @@ def _per_tensor(v, what, t):
 
 def _per_channel(v, oc, what, t):
     if v is not None and prod(_shape(v)) not in (1, oc):
-        unsupported(f"{t}: {what} of shape {list(_shape(v))} is not supported (one element or one per "
-                    f"output channel, {oc})")
+        unsupported(
+            f"{t}: {what} of shape {list(_shape(v))} is not supported (one element or one per output channel, {oc})"
+        )
     return v
 
 
@@ -239,8 +254,9 @@ def _conv_integer(im, node, ins, attrs):
     w = Weight(im, ins[1], "w", t)
     zx = _per_tensor(ins[2] if len(ins) > 2 else None, "x_zero_point", t)
     zw = _per_channel(ins[3] if len(ins) > 3 else None, w.shape[0], "w_zero_point", t)
-    return _conv(im, node, attrs, x, w, _zp_operand(im, zx, x, "x_zero_point", t),
-                 _zp_operand(im, zw, w, "w_zero_point", t))
+    return _conv(
+        im, node, attrs, x, w, _zp_operand(im, zx, x, "x_zero_point", t), _zp_operand(im, zw, w, "w_zero_point", t)
+    )
 
 
 @op("QLinearConv", attrs=_CONV_ATTRS)

@@ -18,7 +18,7 @@ def matmul(im, node, ins, attrs):
         # a weight above the largest binding: split along N, concat the partial products
         n = w.shape[1]
         step = -(-n // -(-w.size * 4 // im.ctx._max_bytes))
-        outs = [b.matmul(a, X(im, np.ascontiguousarray(w[:, lo:lo + step]), a)) for lo in range(0, n, step)]
+        outs = [b.matmul(a, X(im, np.ascontiguousarray(w[:, lo : lo + step]), a)) for lo in range(0, n, step)]
         return b.concat(outs, len(a.shape) - 1)
     c = X(im, w, a)
     ra, rc = len(a.shape), len(c.shape)
@@ -96,8 +96,10 @@ def _einsum(im, node, ins, attrs):
         free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
         n_ell = max(len(x.shape) - (len(t) - 3) for t, x in zip(terms, xs) if "..." in t)
         ell = "".join(free[:n_ell])
-        terms = [t.replace("...", ell[n_ell - (len(x.shape) - (len(t) - 3)):]) if "..." in t else t
-                 for t, x in zip(terms, xs)]
+        terms = [
+            t.replace("...", ell[n_ell - (len(x.shape) - (len(t) - 3)) :]) if "..." in t else t
+            for t, x in zip(terms, xs)
+        ]
         out = out.replace("...", ell)
     if "." in "".join(terms) + out:
         unsupported(f"equation {eq!r}")
@@ -112,7 +114,7 @@ def _einsum(im, node, ins, attrs):
             shp[p] = shp[q] = x.shape[p]
             eye = np.eye(x.shape[p]).reshape(shp).astype(np.dtype(x.data_type))
             x = b.reduce_sum(b.mul(x, X(im, eye)), axes=[q], keep_dimensions=False)
-            t = t[:q] + t[q + 1:]
+            t = t[:q] + t[q + 1 :]
         red = [i for i, c in enumerate(t) if c not in out]
         if red:
             x = b.reduce_sum(x, axes=red, keep_dimensions=False)

@@ -269,11 +269,10 @@ def _pad(im, node, ins, attrs):
                 unsupported("wrap padding larger than the dimension")
             parts = []
             if p:
-                parts.append(b.slice(x, [0] * a + [d - p] + [0] * (r - a - 1),
-                                     [*x.shape[:a], p, *x.shape[a + 1:]]))
+                parts.append(b.slice(x, [0] * a + [d - p] + [0] * (r - a - 1), [*x.shape[:a], p, *x.shape[a + 1 :]]))
             parts.append(x)
             if q:
-                parts.append(b.slice(x, [0] * r, [*x.shape[:a], q, *x.shape[a + 1:]]))
+                parts.append(b.slice(x, [0] * r, [*x.shape[:a], q, *x.shape[a + 1 :]]))
             x = b.concat(parts, a)
         return x
     kw = {"mode": modes[mode]}

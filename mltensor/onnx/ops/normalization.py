@@ -52,8 +52,7 @@ def _softmax(im, node, ins, attrs):
 # -- normalization ---------------------------------------------------------------------------------
 
 
-@op("BatchNormalization", attrs=("epsilon", "momentum", "spatial", "training_mode", "is_test",
-                                 "consumed_inputs"))
+@op("BatchNormalization", attrs=("epsilon", "momentum", "spatial", "training_mode", "is_test", "consumed_inputs"))
 def _batchnorm(im, node, ins, attrs):
     if attrs.get("training_mode", 0):
         unsupported("training_mode=1 is not supported")
@@ -63,8 +62,7 @@ def _batchnorm(im, node, ins, attrs):
         unsupported("the training outputs (running mean/var) are not supported")
     x = X(im, ins[0])
     scale, bias, mean, var = (X(im, v, x) for v in ins[1:5])
-    return im.b.batch_normalization(x, mean, var, scale=scale, bias=bias, axis=1,
-                                    epsilon=attrs.get("epsilon", 1e-5))
+    return im.b.batch_normalization(x, mean, var, scale=scale, bias=bias, axis=1, epsilon=attrs.get("epsilon", 1e-5))
 
 
 @op("InstanceNormalization", attrs=("epsilon",))

@@ -7,9 +7,22 @@ from ._window import explicit_pads, pool_out, spatial_rank, to2d, webnn_pad
 from .conv3d import pool3d
 
 
-@op("MaxPool", "AveragePool", "LpPool",
-    attrs=("auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads",
-           "storage_order", "strides", "p"))
+@op(
+    "MaxPool",
+    "AveragePool",
+    "LpPool",
+    attrs=(
+        "auto_pad",
+        "ceil_mode",
+        "count_include_pad",
+        "dilations",
+        "kernel_shape",
+        "pads",
+        "storage_order",
+        "strides",
+        "p",
+    ),
+)
 def _pool(im, node, ins, attrs):
     if len(node.output) > 1 and node.output[1]:
         unsupported("the Indices output of MaxPool is not supported")

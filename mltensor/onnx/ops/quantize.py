@@ -56,19 +56,20 @@ def _blocked(im, t, x_shape, axis, bs, where):
     want = list(x_shape)
     want[axis] = -(-n // bs)
     if list(t.shape) != want:
-        unsupported(f"{where} blocked parameter shape {list(t.shape)} must be {want} (input shape "
-                    f"{list(x_shape)}, axis {axis}, block_size {bs})")
+        unsupported(
+            f"{where} blocked parameter shape {list(t.shape)} must be {want} (input shape "
+            f"{list(x_shape)}, axis {axis}, block_size {bs})"
+        )
     if want[axis] * bs == n:
         return X(im, t) if isinstance(t, np.ndarray) else t
     if isinstance(t, np.ndarray):
         return X(im, np.ascontiguousarray(np.repeat(t, bs, axis=axis).take(range(n), axis=axis)))
     if any(isinstance(d, Sym) for d in x_shape):
-        unsupported(f"{where} a computed blocked parameter with a partial last block and dynamic "
-                    "input dimensions")
+        unsupported(f"{where} a computed blocked parameter with a partial last block and dynamic input dimensions")
     b = im.b
     s = want[axis]
-    wide = want[:axis + 1] + [1] + want[axis + 1:]
-    e = b.expand(b.reshape(t, wide), wide[:axis + 1] + [bs] + wide[axis + 2:])
+    wide = want[: axis + 1] + [1] + want[axis + 1 :]
+    e = b.expand(b.reshape(t, wide), wide[: axis + 1] + [bs] + wide[axis + 2 :])
     full = list(want)
     full[axis] = s * bs
     e = b.reshape(e, full)
@@ -82,8 +83,7 @@ def _q_param(im, p, x, axis, block_size, where):
         return im.b.reshape(X(im, p), [1] * r)  # rank r (a scalar for a scalar x)
     if not block_size:
         if len(p.shape) != 1:
-            unsupported(f"{where} a per-axis parameter must be 1-D, got shape {list(p.shape)} "
-                        "(or set block_size)")
+            unsupported(f"{where} a per-axis parameter must be 1-D, got shape {list(p.shape)} (or set block_size)")
         shp = [1] * r
         shp[axis] = p.shape[0]
         return im.b.reshape(X(im, p), shp)
@@ -141,8 +141,9 @@ def _quantize(im, node, ins, attrs):
     if zp is None:
         zp = np.zeros(ins[1].shape, dtype=helper.tensor_dtype_to_np_dtype(od))
     zpo = _q_param(im, zp, x, axis, bs, where)
-    return im.b.quantize_linear(x, scale, zpo, _saturate=(lo, hi) if carry.endswith("32") else None,
-                                _half_quotient=pt == "float16")
+    return im.b.quantize_linear(
+        x, scale, zpo, _saturate=(lo, hi) if carry.endswith("32") else None, _half_quotient=pt == "float16"
+    )
 
 
 def _host_as(v, data_type):
@@ -164,8 +165,9 @@ def _dequantize(im, node, ins, attrs):
     bs = attrs.get("block_size", 0)
     zp = ins[2] if len(ins) > 2 else None
     if zp is not None and im.onnx_type(zp, node.input[2]) != xt:
-        unsupported(f"{where} zero point type {_name(im.onnx_type(zp, node.input[2]))} differs from "
-                    f"the input type {_name(xt)}")
+        unsupported(
+            f"{where} zero point type {_name(im.onnx_type(zp, node.input[2]))} differs from the input type {_name(xt)}"
+        )
     if zp is None:
         zp = np.zeros(ins[1].shape, dtype=np.dtype(x.data_type))
     zpo = _q_param(im, zp, x, axis, bs, where)
@@ -180,4 +182,3 @@ def _dequantize(im, node, ins, attrs):
         scale = _as(im, scale, "float32")
     y = im.b.dequantize_linear(x, scale, zpo)
     return _as(im, y, _FLOATS[ot])
-

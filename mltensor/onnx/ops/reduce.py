@@ -7,9 +7,15 @@ from .movement import axes_arg
 # -- reductions -------------------------------------------------------------------------------
 
 _REDUCE = {
-    "ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
-    "ReduceMin": "reduce_min", "ReduceProd": "reduce_product", "ReduceL1": "reduce_l1",
-    "ReduceL2": "reduce_l2", "ReduceLogSum": "reduce_log_sum", "ReduceLogSumExp": "reduce_log_sum_exp",
+    "ReduceSum": "reduce_sum",
+    "ReduceMean": "reduce_mean",
+    "ReduceMax": "reduce_max",
+    "ReduceMin": "reduce_min",
+    "ReduceProd": "reduce_product",
+    "ReduceL1": "reduce_l1",
+    "ReduceL2": "reduce_l2",
+    "ReduceLogSum": "reduce_log_sum",
+    "ReduceLogSumExp": "reduce_log_sum_exp",
     "ReduceSumSquare": "reduce_sum_square",
 }
 
@@ -49,5 +55,6 @@ def _argminmax(im, node, ins, attrs):
 def _cumsum(im, node, ins, attrs):
     x = X(im, ins[0])
     axis = norm_axis(ints(im, ins[1], "axis")[0], len(x.shape))
-    return im.b.cumulative_sum(x, axis, exclusive=bool(attrs.get("exclusive", 0)),
-                               reversed=bool(attrs.get("reverse", 0)))
+    return im.b.cumulative_sum(
+        x, axis, exclusive=bool(attrs.get("exclusive", 0)), reversed=bool(attrs.get("reverse", 0))
+    )

@@ -21,8 +21,10 @@ def _scaled(n, v):
         return int(math.floor(n * v))
     f = Fraction(v)
     if f <= 0 or f.denominator > 64 or f.numerator > 1 << 16:
-        unsupported(f"Resize with scale {v} of a dynamic dimension (only small exact fractions "
-                    "such as 2, 0.5 or 1.5 keep one build for every size)")
+        unsupported(
+            f"Resize with scale {v} of a dynamic dimension (only small exact fractions "
+            "such as 2, 0.5 or 1.5 keep one build for every size)"
+        )
     return n * f.numerator // f.denominator
 
 
@@ -34,11 +36,24 @@ def _whole(n, v):
     return float(v * n).is_integer()
 
 
-
-@op("Resize", "Upsample", attrs=("mode", "coordinate_transformation_mode", "nearest_mode",
-                                 "cubic_coeff_a", "exclude_outside", "extrapolation_value",
-                                 "antialias", "axes", "keep_aspect_ratio_policy", "scales",
-                                 "height_scale", "width_scale"))
+@op(
+    "Resize",
+    "Upsample",
+    attrs=(
+        "mode",
+        "coordinate_transformation_mode",
+        "nearest_mode",
+        "cubic_coeff_a",
+        "exclude_outside",
+        "extrapolation_value",
+        "antialias",
+        "axes",
+        "keep_aspect_ratio_policy",
+        "scales",
+        "height_scale",
+        "width_scale",
+    ),
+)
 def _resize(im, node, ins, attrs):
     x = X(im, ins[0])
     r = len(x.shape)
@@ -95,10 +110,16 @@ def _resize(im, node, ins, attrs):
             ctm = "half_pixel"
         ok = ctm == "half_pixel"
     elif ok:
-        integer_up = all(float(full_scales[a]).is_integer() and full_scales[a] >= 1 and
-                         full_sizes[a] == x.shape[a] * int(full_scales[a]) for a in changed)
-        ok = integer_up and ((ctm == "asymmetric" and nearest == "floor") or (
-            ctm in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor", "round_prefer_ceil")))
+        integer_up = all(
+            float(full_scales[a]).is_integer()
+            and full_scales[a] >= 1
+            and full_sizes[a] == x.shape[a] * int(full_scales[a])
+            for a in changed
+        )
+        ok = integer_up and (
+            (ctm == "asymmetric" and nearest == "floor")
+            or (ctm in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor", "round_prefer_ceil"))
+        )
     if sizes is None and any(not _whole(x.shape[a], full_scales[a]) for a in changed):
         ok = False  # ONNX maps coordinates with the given scale, WebNN with out/in: differ
     if ok and hasattr(im.b, "resample2d"):
@@ -121,8 +142,18 @@ def _resize(im, node, ins, attrs):
         roi = {a: (roi[i], roi[i + n]) for i, a in enumerate(roi_axes)}
     y = x
     for a in changed:
-        mat, fill = _interp_matrix(im, node, attrs, x.shape[a], full_sizes[a], full_scales[a], mode, ctm,
-                                   nearest, roi and roi.get(a, (0.0, 1.0)))
+        mat, fill = _interp_matrix(
+            im,
+            node,
+            attrs,
+            x.shape[a],
+            full_sizes[a],
+            full_scales[a],
+            mode,
+            ctm,
+            nearest,
+            roi and roi.get(a, (0.0, 1.0)),
+        )
         y = _apply_along(im, y, a, mat)
         if fill is not None and fill.any():
             shp = [1] * r
@@ -143,8 +174,16 @@ def _interp_matrix(im, node, attrs, n_in, n_out, scale, mode, ctm, nearest, roi=
     def run(data, extrapolation):
         use_sizes = n_out != int(np.floor(n_in * scale))
         names = ["x", "roi" if roi else "", "" if use_sizes else "scales"] + (["sizes"] if use_sizes else [])
-        node2 = h.make_node("Resize", names, ["y"], mode=mode, coordinate_transformation_mode=ctm,
-                            nearest_mode=nearest, extrapolation_value=extrapolation, **keep)
+        node2 = h.make_node(
+            "Resize",
+            names,
+            ["y"],
+            mode=mode,
+            coordinate_transformation_mode=ctm,
+            nearest_mode=nearest,
+            extrapolation_value=extrapolation,
+            **keep,
+        )
         args = [data, roi_arr, None if use_sizes else np.array([1.0, scale], dtype=np.float32)]
         if use_sizes:
             args.append(np.array([data.shape[0], n_out], dtype=np.int64))

@@ -61,8 +61,19 @@ def _rnn_outs(im, attrs, y, states):
     return [y] + [b.transpose(s, permutation=[1, 0, 2]) for s in states]
 
 
-@op("LSTM", attrs=("activation_alpha", "activation_beta", "activations", "clip", "direction",
-                   "hidden_size", "input_forget", "layout"))
+@op(
+    "LSTM",
+    attrs=(
+        "activation_alpha",
+        "activation_beta",
+        "activations",
+        "clip",
+        "direction",
+        "hidden_size",
+        "input_forget",
+        "layout",
+    ),
+)
 def _lstm(im, node, ins, attrs):
     if attrs.get("input_forget", 0):
         unsupported("input_forget=1")
@@ -80,8 +91,19 @@ def _lstm(im, node, ins, attrs):
     return _rnn_outs(im, attrs, y, [h, c])
 
 
-@op("GRU", attrs=("activation_alpha", "activation_beta", "activations", "clip", "direction",
-                  "hidden_size", "layout", "linear_before_reset"))
+@op(
+    "GRU",
+    attrs=(
+        "activation_alpha",
+        "activation_beta",
+        "activations",
+        "clip",
+        "direction",
+        "hidden_size",
+        "layout",
+        "linear_before_reset",
+    ),
+)
 def _gru(im, node, ins, attrs):
     x, w, r, steps, hidden, kw = _rnn_common(im, node, ins, attrs, 3)
     if attrs.get("linear_before_reset", 0):
@@ -96,8 +118,7 @@ def _gru(im, node, ins, attrs):
     return _rnn_outs(im, attrs, y, [h])
 
 
-@op("RNN", attrs=("activation_alpha", "activation_beta", "activations", "clip", "direction",
-                  "hidden_size", "layout"))
+@op("RNN", attrs=("activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "layout"))
 def _rnn(im, node, ins, attrs):
     """Simple RNN, unrolled: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
     if "clip" in attrs:

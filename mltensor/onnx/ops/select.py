@@ -27,8 +27,7 @@ def _selected(im, node, make, drop, axis):
     if got is None:
         padded, count = make()
         counted = (0, axis) if axis is not None else None
-        resume.cut(im, read=[count], carry=[padded], what=f"{node.op_type}'s count", drop_inputs=drop,
-                       counted=counted)
+        resume.cut(im, read=[count], carry=[padded], what=f"{node.op_type}'s count", drop_inputs=drop, counted=counted)
     (count,), (padded,) = got
     if any(isinstance(d, Sym) for d in padded.shape):
         return None, padded
@@ -110,8 +109,9 @@ def _nms(im, node, ins, attrs):
             boxes = im.b.cast(boxes, "float32")
         if scores.data_type != "float32":
             scores = im.b.cast(scores, "float32")
-        return im.b._nms(boxes, scores, max_per_class=max_pc, iou_threshold=iou, score_threshold=score,
-                         center_point_box=cpb)
+        return im.b._nms(
+            boxes, scores, max_per_class=max_pc, iou_threshold=iou, score_threshold=score, center_point_box=cpb
+        )
 
     n, sel = _selected(im, node, make, drop=(0, 1), axis=0)
     if n is None:
@@ -186,8 +186,9 @@ def _unique(im, node, ins, attrs):
     if not attrs.get("sorted", 1) and u > 1:  # in order of first occurrence
         first, perm = b._topk(first, k=u, axis=0, largest=False)
         counts = b.gather(counts, perm, axis=0)
-        rank = b.scatter_elements(b.constant(np.zeros(u, np.int32)), perm,
-                                  b.constant(np.arange(u, dtype=np.int32)), axis=0)
+        rank = b.scatter_elements(
+            b.constant(np.zeros(u, np.int32)), perm, b.constant(np.arange(u, dtype=np.int32)), axis=0
+        )
         inverse = b.gather(rank, inverse, axis=0)
     y = b.gather(src, first, axis=axis or 0)
     return [y, first, b.cast(inverse, "int64"), counts]
