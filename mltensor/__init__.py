@@ -12,6 +12,10 @@ from .runtime.cffi_types import install as _install_types  # noqa: E402
 
 _cache_cdef()  # before wgpu loads: its header's C parse comes from the cache (runtime/cffi_types.py)
 
+from wgpu.backends.wgpu_native._ffi import ffi as _ffi  # noqa: E402  (the cached parse: first, as before the split)
+
+_install_types(_ffi)  # start-up: type strings parse fast from here on (runtime/cffi_types.py)
+
 from .front.graph import MLGraph  # noqa: E402
 from .dynamic.dims import MLDynamicDimension  # noqa: E402
 from .errors import (
@@ -25,17 +29,8 @@ from .errors import (
 )
 from .front.builder import MLGraphBuilder, MLOperand
 from .front.context import ML, MLContext, ml
-from .front.interop import import_external_buffer_async, import_external_buffer_sync
 from .front.tensor import MLTensor
 
-
-def _fast_wgpu_types():
-    from wgpu.backends.wgpu_native._ffi import ffi
-
-    _install_types(ffi)
-
-
-_fast_wgpu_types()  # start-up: see runtime/cffi_types.py
 
 __version__ = "0.1.0"
 
@@ -63,8 +58,11 @@ __all__ = [
     "models",
 ]
 
-# Imported on first use (start-up): the session, onnx, tflite and the model fetcher.
+# Imported on first use (start-up): the session, onnx, tflite, the model fetcher and the interop
+# machinery (about 1 MB of a process that never lends a tensor).
 _LAZY = {
+    "import_external_buffer_sync": ("mltensor.front.interop", "import_external_buffer_sync"),
+    "import_external_buffer_async": ("mltensor.front.interop", "import_external_buffer_async"),
     "InferenceSession": ("mltensor.session", "InferenceSession"),
     "onnx": ("mltensor.onnx", None),
     "tflite": ("mltensor.tflite", None),

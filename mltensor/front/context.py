@@ -10,14 +10,12 @@ import wgpu
 from .. import dtypes
 from ..dynamic.dims import high, parse_shape
 from ..errors import InvalidStateError, NotFoundError, NotSupportedError, OperationError, gpu_errors
-from ..graphcache import store
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ..ir.graph import as_shape
 from ..ir.registry import support_limits
 from ..switches import switch
 from ._util import awaitable, bytes_of, device_destroyed
-from .interop import export_to_gpu
 from .graph import MLGraph
 from .dispatch import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
@@ -81,6 +79,22 @@ def _f16_disabled():
     ignore "shader-f16" (not requested, not used on a given device), so float16 is stored packed
     and computed in f32 as on an adapter without the feature. For testing that path; not public."""
     return switch("MLTENSOR_DISABLE_F16")
+
+
+def _interop():
+    """front/interop.py, imported at the first lend: a process that never lends a tensor does not
+    load the interop machinery."""
+    from . import interop  # start-up (tests/test_layers.py DEFERRED)
+
+    return interop
+
+
+def _graph_store():
+    """graphcache/store.py, imported at the first graph-cache call: `import mltensor` alone never
+    loads the cache's modules (pickle, hashlib with OpenSSL: about 5 ms and 4 MB of a start)."""
+    from ..graphcache import store  # start-up (tests/test_layers.py DEFERRED)
+
+    return store
 
 
 class _LostInfo:
@@ -427,11 +441,11 @@ class MLContext:
         """Rent an exportable tensor to its GPUDevice: a wgpu.GPUBuffer (usage STORAGE | COPY_SRC
         | COPY_DST) the device uses exclusively; WebNN use of the tensor fails until its
         destroy(), which returns the tensor with the device's writes in it."""
-        return export_to_gpu(self, tensor, False)
+        return _interop().export_to_gpu(self, tensor, False)
 
     def export_to_gpu_async(self, tensor):
         """The awaitable form of `export_to_gpu_sync`."""
-        return export_to_gpu(self, tensor, True)
+        return _interop().export_to_gpu(self, tensor, True)
 
     # -- graph cache (webnn cache-explainer.md; mltensor/graphcache/) ----------------------------
 
@@ -457,9 +471,11 @@ class MLContext:
             raise InvalidStateError(f"[{where}] the graph is destroyed")
         with gpu_errors(where):
             try:
-                store.save(self, key, graph._program)
+                _graph_store().save(self, key, graph._program)
             except OSError as e:
-                raise OperationError(f"[{where}] the graph cache at {store.root()} cannot be written: {e}") from None
+                raise OperationError(
+                    f"[{where}] the graph cache at {_graph_store().root()} cannot be written: {e}"
+                ) from None
 
     def save_graph_async(self, key, graph):
         """The awaitable form of `save_graph_sync`."""
@@ -473,7 +489,7 @@ class MLContext:
         key = self._graph_key(key, where)
         self._check(where)
         with gpu_errors(where):
-            hit = store.load(self, key)
+            hit = _graph_store().load(self, key)
         if hit is None:
             raise NotFoundError(f"[{where}] no graph is cached under {key!r} for this adapter")
         return MLGraph(self, hit[0])
@@ -486,7 +502,7 @@ class MLContext:
     def list_graphs_sync(self):
         """Keys of the graphs load_graph can load here, sorted."""
         self._check("list_graphs")
-        return sorted(store.keys(self))
+        return sorted(_graph_store().keys(self))
 
     def list_graphs_async(self):
         """The awaitable form of `list_graphs_sync`."""
@@ -496,7 +512,7 @@ class MLContext:
     def delete_graph(self, key):
         """Remove the graph stored under `key` for this adapter (nothing happens when there is
         none)."""
-        store.delete(self, self._graph_key(key, "delete_graph"))
+        _graph_store().delete(self, self._graph_key(key, "delete_graph"))
 
     # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
     def create_constant_tensor_sync(self, *, data_type, shape, data):
