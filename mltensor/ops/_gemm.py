@@ -16,7 +16,7 @@ from ..errors import NotSupportedError
 from ..runtime import autotune
 from ..dynamic.kernels import MAX_GROUPS, grid
 from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel
-from ._index import row_strides
+from ._index import is_one, row_strides
 
 GEMV_MAX_M = 4
 
@@ -40,6 +40,20 @@ def batch_offset_expr(batch_shape, out_batch, matrix_size):
             terms.append(f"{c} * {wgsl(strides[d] * matrix_size)}")
         inner *= out_batch[d]
     return " + ".join(terms) if terms else "0u"
+
+
+def folds_batch(a_batch, b_batch, out_batch):
+    """True where a GEMM over the matrices of `out_batch` is one GEMM of batch * M rows: B is the
+    same matrix for every batch entry (its batch dimensions are all 1: a projection's 2-D weight)
+    and A's matrices lie one after another (A's batch dimensions are the output's, none
+    broadcast), so row m of matrix bt is row bt * M + m of one [batch * M, K] matrix, and the
+    output's rows likewise. A [197, 1, 768] x [768, 2304] in-projection is then one GEMM of 197
+    rows reading the weights once, not 197 GEMVs each reading them all (sizes may be Syms)."""
+    if all(is_one(d) for d in out_batch) or not all(is_one(d) for d in b_batch):
+        return False
+    r = len(out_batch)
+    a = (1,) * (r - len(a_batch)) + tuple(a_batch)
+    return all(x == y for x, y in zip(a, out_batch))
 
 
 def _sizes(**sizes):

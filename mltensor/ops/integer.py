@@ -38,7 +38,8 @@ from ..errors import NotSupportedError
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
 from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, lit
 from ._checks import broadcast_shapes, check_support, int_list
-from ._gemm import batch_offset_expr, check_k
+from ._gemm import batch_offset_expr, check_k, folds_batch
+from ._index import is_one
 
 # Builder methods taking operands with dynamic dimensions (mltensor/dynamic/)
 DYNAMIC_OPS = frozenset({"_int_matmul"})
@@ -399,6 +400,13 @@ def _lower_int_matmul(kc, node):
         K = b_shape[-2]
     ob = tuple(out.shape[:-2])
     batch = math.prod(ob)
+    # one GEMM of batch * M rows (ops/_gemm.py folds_batch) where the zero points and scales are
+    # per tensor or per column, so that no index depends on the row's matrix
+    fold = folds_batch(a.shape[:-2], b_shape[:-2], ob) and all(
+        v is None or all(is_one(d) for d in v.shape[:-1]) for v in (za, zb, scale, zy)
+    )
+    if fold:
+        M, batch = batch * M, 1
     params = {
         "mode": "matmul",
         "K": K,
@@ -406,8 +414,8 @@ def _lower_int_matmul(kc, node):
         "bias": None,
         "a_packed": None,
         "b_packed": packed and b_type,
-        "a_base": batch_offset_expr(a.shape[:-2], ob, M * K),
-        "b_base": batch_offset_expr(b_shape[:-2], ob, K * N),
+        "a_base": "0u" if fold else batch_offset_expr(a.shape[:-2], ob, M * K),
+        "b_base": "0u" if fold else batch_offset_expr(b_shape[:-2], ob, K * N),
         "za": None if za is None else _param_index(za.shape, out.shape),
         "zb": None if zb is None else _param_index(zb.shape, out.shape),
     }

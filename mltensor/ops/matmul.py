@@ -27,7 +27,7 @@ from .. import dtypes
 from ..dynamic.dims import Sym, wgsl
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
 from ..runtime.wgsl import Binding, binop, f32_lit, store_fn
-from ._gemm import batch_offset_expr, check_k, common_k, gemm_launch, vec_loads
+from ._gemm import batch_offset_expr, check_k, common_k, folds_batch, gemm_launch, vec_loads
 from ._checks import broadcast_shapes, check_bool, check_number, check_support, same_type, unidirectional
 from ._index import coords_of_batch, merge_dims, radix, row_strides
 from .elementwise import broadcast_index, node_lines
@@ -78,9 +78,12 @@ def _lower_matmul(kc, node):
     K = common_k(ka, kb)  # ka and kb are equal at dispatch (matmul's check_k)
     ob = out.shape[:-2]
     batch = math.prod(ob)
+    fold = folds_batch(a.shape[:-2], b.shape[:-2], ob)
+    if fold:  # one GEMM of batch * M rows (the output's flat indices, which act() reads, stay)
+        M, batch = batch * M, 1
     params = {
-        "a_base": batch_offset_expr(a.shape[:-2], ob, M * ka),
-        "b_base": batch_offset_expr(b.shape[:-2], ob, kb * N),
+        "a_base": "0u" if fold else batch_offset_expr(a.shape[:-2], ob, M * ka),
+        "b_base": "0u" if fold else batch_offset_expr(b.shape[:-2], ob, kb * N),
         "a_sm": ka,
         "a_sk": 1,
         "b_sk": N,
@@ -242,6 +245,9 @@ def _lower_fused(kc, node):
     K = common_k(A.shape[-1], mm0.inputs[1].shape[-2])
     ob = mm0.outputs[0].shape[:-2]
     batch = math.prod(ob)
+    # B operands are one [K, N] matrix (plain_b): where A is not a view and not broadcast, the
+    # GEMM is one of batch * M rows, its stores finding (bt, m) of row batch * M + m (store_fn)
+    fold = plan.a_view is None and folds_batch(A.shape[:-2], (), ob)
     N = sum(s.width for s in segs)
     W = 8 if any(s.kind != "plain" for s in segs) else 4  # columns a store call takes
     t = kc.wtype(src)
@@ -281,7 +287,7 @@ def _lower_fused(kc, node):
     act = kc.epilogue(bindings, args) if single else ""
 
     params = {
-        "a_base": batch_offset_expr(A.shape[:-2], ob, M * A.shape[-1]),
+        "a_base": "0u" if fold else batch_offset_expr(A.shape[:-2], ob, M * A.shape[-1]),
         "b_base": "0u",
         "a_sm": A.shape[-1],
         "a_sk": 1,
@@ -500,10 +506,15 @@ def _lower_fused(kc, node):
         disp.append(f"    if (n < {end}u) {{ {cj}; return; }}" if j < len(segs) - 1 else f"    {cj};")
         start = end
     sig = "lo: vec4<f32>, hi: vec4<f32>" if W == 8 else "v: vec4<f32>"
-    fns.append(
-        f"fn store{W}(bt: u32, m: u32, n: u32, {sig}) {{\n"
-        f"    if (m >= {wgsl(M)} || n >= {N}u) {{ return; }}\n" + "\n".join(disp) + "\n}"
-    )
+    if fold:  # the kernel's row r of batch * M is row r % M of matrix r / M
+        head = (
+            f"fn store{W}(b0: u32, r: u32, n: u32, {sig}) {{\n"
+            f"    if (r >= {wgsl(batch * M)} || n >= {N}u) {{ return; }}\n"
+            f"    let bt = r / {wgsl(M)};\n    let m = r % {wgsl(M)};\n"
+        )
+    else:
+        head = f"fn store{W}(bt: u32, m: u32, n: u32, {sig}) {{\n    if (m >= {wgsl(M)} || n >= {N}u) {{ return; }}\n"
+    fns.append(head + "\n".join(disp) + "\n}")
     params["fused_store"] = "\n\n".join(fns)
     # the inputs before the rows this kernel writes into concats (a KV cache's past), copied by
     # every workgroup's threads in turn (grid-stride) before the GEMM
@@ -528,6 +539,8 @@ def _lower_fused(kc, node):
     if rms is not None:
         kinds = "rms+" + kinds
     kinds += _post_norm(kc, params, bindings, args, "o0")
+    if fold:
+        M, batch = batch * M, 1
     name = f"matmul_{t}_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}_{kinds}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
 
