@@ -94,8 +94,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var c = t; c < DV; c += WG) {
         var acc = 0.0;
         for (var e = 0u; e < ne; e++) { acc = fma(part[pb + e * PW + 2u + c], wts[e], acc); }
-        // a row with every score -inf has l = 0: NaN, as the unfused softmax's 0 / 0
-        let y = select(acc / l, nan_f32(), l == 0.0);
+        // a row with every score -inf has l = 0: NaN, as the unfused softmax's 0 / 0 (0 where the
+        // graph replaced NaN probabilities by 0: empty_row)
+        let y = select(acc / l, {{ empty_row }}, l == 0.0);
         let oi = obase + c;
         out[oi] = act({{ ST }}(y), oi);
     }
@@ -580,7 +581,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                         pout[((bt * SQ + qi) * nsb + sb) * (DV + 2u) + 2u + 4u * (c4 + {{ u }}u) + {{ c }}u] = o{{ b }}_{{ i }}_{{ u }}[{{ c }}];
 {$ else $}
                         // a row with every score -inf has l = 0: NaN, as the unfused 0 / 0
-                        let y = select(o{{ b }}_{{ i }}_{{ u }}[{{ c }}] / l, nan_f32(), l == 0.0);
+                        let y = select(o{{ b }}_{{ i }}_{{ u }}[{{ c }}] / l, {{ empty_row }}, l == 0.0);
                         let oi = obase + qi * {{ o_si }} + 4u * (c4 + {{ u }}u) + {{ c }}u;
                         out[oi] = act({{ ST }}(y), oi);
 {$ endif $}
@@ -669,7 +670,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (o < BQ * DV && qi < SQ) {
             let l = rowf[r];
             // a row with every score -inf has l = 0: NaN, as the unfused softmax's 0 / 0
-            let y = select(acc{{ s }} / l, nan_f32(), l == 0.0);
+            let y = select(acc{{ s }} / l, {{ empty_row }}, l == 0.0);
             let oi = obase + qi * {{ o_si }} + (o - r * DV);
             out[oi] = act({{ ST }}(y), oi);
         }

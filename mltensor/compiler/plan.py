@@ -1,5 +1,6 @@
 """Planning: live nodes -> Steps in topological order, with every fusion decision. This module
-alone sets the order of the passes: the node rewrites (rewrite_nodes: RMS chains, fused GEMMs)
+alone sets the order of the passes: the node rewrites (rewrite_nodes: flattened linear layers,
+attention's scales and masks as exporters write them, RMS chains, fused GEMMs)
 before planning, then the chains and prologues planned node by node (plan_steps), then the
 fusions over planned steps (attention, grouped heads, gates, DAG epilogues, normalization
 sources, post-norms). Each fusion lives in its own file under compiler/fusion/; module flags
@@ -17,6 +18,8 @@ from .fusion.gate import fuse_gates
 from .fusion.gemm_views import rewrite_gemms
 from .fusion.grouped import fuse_grouped_heads
 from .fusion.norm import fuse_norm_sources, fuse_post_norms
+from .fusion.linear import rewrite_flat_gemms
+from .fusion.sdpa import rewrite_sdpa
 from .steps import MAX_FUSED_BINDINGS, PROLOGUE_OPS, Step, Uses
 
 
@@ -39,6 +42,9 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False):
 
     def single_use(v):
         return id(v) not in out_values and len(consumers.get(id(v), ())) == 1
+
+    def read_only_by(v, nodes):
+        return id(v) not in out_values and all(any(n is m for m in nodes) for n in consumers.get(id(v), ()))
 
     steps = []
     producer = {}  # id(value) -> step producing it
@@ -112,7 +118,7 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False):
         for v in n.outputs:
             producer[id(v)] = step
     if fuse:
-        fuse_attention(steps, single_use, max_inputs)  # matmul -> softmax -> matmul: one kernel
+        fuse_attention(steps, single_use, max_inputs, read_only_by)  # matmul -> softmax -> matmul: one kernel
         fuse_grouped_heads(steps, single_use)
         fuse_gates(steps, single_use, max_inputs)
         fuse_dag_epilogues(steps, consumers, out_values, max_inputs)  # last: others see chains only
@@ -142,6 +148,8 @@ def _reads_sizes(n):
 def rewrite_nodes(nodes, outputs, cap=MAX_FUSED_BINDINGS):
     """The live nodes with the transformer patterns replaced (module comment above); `cap`: the
     storage buffers a fused kernel may bind."""
+    nodes = rewrite_flat_gemms(nodes, Uses(nodes, outputs))  # first: matmuls in their real shapes
+    nodes = rewrite_sdpa(nodes, outputs)  # scales and masks as the attention pass reads them
     nodes = rms.rewrite_rms(nodes, Uses(nodes, outputs))
     nodes = rewrite_gemms(nodes, outputs, cap)
     return rms.rms_prologues(nodes, outputs, cap) if rms.RMS_PROLOGUE else nodes

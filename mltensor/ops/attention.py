@@ -329,6 +329,9 @@ def _lower_attention(kc, node):
         "REDUCE": False,
         "LD4": "vec4<f32>" if t == "f16" else "",
         "TPS": 0,
+        # a row whose scores are all -inf (fully masked): NaN, as softmax's 0 / 0, or 0 where the
+        # graph replaced NaN probabilities by 0 (where(isnan(p), 0, p): torch's SDPA export)
+        "empty_row": "0.0" if a.get("nan_zero") else "nan_f32()",
     }
     if a["scale_op"] is not None:
         params["scale"] = f" {'*' if a['scale_op'] == 'mul' else '/'} {f32_lit(a['scale'])}"

@@ -6,6 +6,8 @@ The chain
     [scores = scores + bias] [where(cond, scores, c) or where(cond, c, scores)]   (one elementwise
                                                                   step; c a scalar constant)
     P = softmax(scores, last axis)
+    [P = where(isnan(P), 0, P)]                                  (torch's SDPA export: a fully
+                                                                  masked row gives 0, not NaN)
     out = matmul(P, V) [+ the P @ V step's own epilogue]
 
 whose intermediates are read only inside it becomes one step running ops/attention.py's
@@ -140,8 +142,23 @@ def _parse_scores(step):
     return scale_op, scale, bias
 
 
-def fuse_attention(steps, single_use, max_inputs):
-    """Replace, in place, each recognised chain's steps by one `_attention` step (module doc)."""
+def _nan_guard(p, steps, read_only_by):
+    """The elementwise step where(isnan(p), 0, p) reading softmax output p, p read by nothing
+    else (torch's export of scaled_dot_product_attention: a fully masked row's NaN
+    probabilities become 0), else None."""
+    for g in steps:
+        if not _elementwise(g) or [n.op for n in g.nodes] != ["is_nan", "where"]:
+            continue
+        isnan, where = g.nodes
+        c, tv, fv = where.inputs
+        if isnan.inputs[0] is p and c is isnan.outputs[0] and scalar_value(tv) == 0.0 and fv is p:
+            return g if read_only_by(p, g.nodes) and read_only_by(c, [where]) else None
+    return None
+
+
+def fuse_attention(steps, single_use, max_inputs, read_only_by):
+    """Replace, in place, each recognised chain's steps by one `_attention` step (module doc).
+    `read_only_by(v, nodes)`: value v is read by those nodes only and is not a graph output."""
     if not enabled():
         return
     producer = {id(v): s for s in steps for v in s.outputs}
@@ -150,7 +167,12 @@ def fuse_attention(steps, single_use, max_inputs):
             continue
         x = sm.nodes[0].inputs[0]
         p = sm.nodes[0].outputs[0]
-        if x.rank not in (3, 4) or sm.nodes[0].attrs["axis"] != x.rank - 1 or not single_use(p) or not single_use(x):
+        if x.rank not in (3, 4) or sm.nodes[0].attrs["axis"] != x.rank - 1 or not single_use(x):
+            continue
+        guard = None if single_use(p) else _nan_guard(p, steps, read_only_by)
+        if guard is not None:
+            p = guard.outputs[0]  # (P @ V reads the guarded probabilities)
+        elif not single_use(p):
             continue
         # the P @ V step: the only reader of P, as the matmul's first operand
         pv = next(
@@ -234,6 +256,7 @@ def fuse_attention(steps, single_use, max_inputs):
             "k_transposed": k_transposed,
             "where_value": where_value,
             "where_keeps": where_keeps,
+            "nan_zero": guard is not None,
         }
         node = Node("_attention", inputs, attrs, pv.nodes[0].label)
         node.outputs = [pv.nodes[0].outputs[0]]
@@ -242,7 +265,7 @@ def fuse_attention(steps, single_use, max_inputs):
         step.outputs = list(pv.outputs)
         step.views = dict(pv.views)
         steps[steps.index(pv)] = step
-        for s in (sm, e, qk, tr):
+        for s in (sm, guard, e, qk, tr):
             if s is not None:
                 steps.remove(s)
         for o in step.outputs:

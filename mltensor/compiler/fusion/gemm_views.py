@@ -153,7 +153,25 @@ class DigitView:
             r = len(self.dims)
             starts = [start if d == axis else 0 for d in range(r)]
             return self.slice(starts, list(n.outputs[k].shape))
+        if n.op == "gather":  # one constant index: a slice of 1 along the axis, then a reshape
+            return self._select(n)
         return False
+
+    def _select(self, n):
+        """gather node n picking one constant index along its axis (nn.MultiheadAttention's
+        q, k, v = proj[0], proj[1], proj[2]) as a slice and a reshape."""
+        idx = n.inputs[1]
+        i = scalar_value(idx)
+        axis = n.attrs["axis"]
+        shape = self.shape
+        if i is None or idx.rank > 1 or not isinstance(shape[axis], int) or i != int(i):
+            return False
+        i = int(i) + (shape[axis] if i < 0 else 0)
+        if not 0 <= i < shape[axis]:
+            return False
+        starts = [i if d == axis else 0 for d in range(len(shape))]
+        sizes = [1 if d == axis else shape[d] for d in range(len(shape))]
+        return self.slice(starts, sizes) and self.reshape(n.outputs[0].shape)
 
     # -- index arithmetic (WGSL) --
 
@@ -229,7 +247,7 @@ class DigitView:
         return dg
 
 
-LAYOUT_OPS = ("reshape", "transpose", "slice", "split", "identity")
+LAYOUT_OPS = ("reshape", "transpose", "slice", "split", "identity", "gather")
 
 
 class Leaf:
@@ -440,6 +458,9 @@ def _view_tree(x, uses, max_leaves):
                 break
             if r.op == "transpose" and _kt_transpose(r, uses):
                 ok = False  # (attention reads K through its own Kᵀ transpose)
+                break
+            if r.op == "reshape" and all(e.op == "expand" for e in uses.readers(r.outputs[0])):
+                ok = False  # (grouped-query heads: the attention reads them unrepeated, grouped.py)
                 break
             for k in range(len(r.outputs)):
                 w = view.copy()

@@ -1,0 +1,68 @@
+"""Linear layers as exporters flatten them: TorchScript writes a linear layer on a [B, S, K] input
+(transformers' GPT-2 Conv1D, nn.Linear where the exporter keeps a Gemm) as reshape to [B*S, K],
+Gemm, reshape back to [B, S, N]. rewrite_flat_gemms makes that one matmul over the 3-D input
+(plus the bias as an add): ops/_gemm.py folds its batch into one GEMM of B*S rows, as before, and
+the passes after it (the projection's views in gemm_views.py, activations as epilogues, the
+attention pass) see the matmul's output in its real shape. Runs in plan.rewrite_nodes before them.
+"""
+
+import numpy as np
+
+from ...ir.graph import MLOperand, Node
+
+FLOAT = ("float32", "float16")
+
+
+def _flat_gemm(n, uses):
+    """(x, weight, bias, output) when gemm node n reads reshape(x) of an x of rank >= 3 merging
+    its leading dimensions, and only a reshape of its output back to x's leading dimensions
+    reads it; else None."""
+    a, b, c = n.inputs
+    at = n.attrs
+    if at["a_transpose"] or at["alpha"] != 1.0 or (c is not None and at["beta"] != 1.0):
+        return None
+    if a.data_type not in FLOAT or (c is not None and c.rank == 2 and not (c.shape[0] == 1)):
+        return None
+    r1 = uses.prod.get(id(a))
+    if r1 is None or r1.op != "reshape" or not uses.only(a, n):
+        return None
+    x = r1.inputs[0]
+    if x.rank < 3 or x.shape[-1] != a.shape[-1]:
+        return None
+    y = n.outputs[0]
+    r2 = uses.sole(y)
+    if r2 is None or r2.op != "reshape":
+        return None
+    z = r2.outputs[0]
+    if tuple(z.shape[:-1]) != tuple(x.shape[:-1]) or z.shape[-1] != y.shape[-1]:
+        return None
+    if at["b_transpose"]:
+        if b._kind != "constant" or not isinstance(b._value, np.ndarray):
+            return None  # (a weight given at dispatch: left as the gemm reads it, transposed)
+        b = MLOperand(b._builder, b.data_type, tuple(b.shape[::-1]), "constant", value=np.ascontiguousarray(b._value.T))
+    return x, b, c, z, (r1, r2)
+
+
+def rewrite_flat_gemms(nodes, uses):
+    """reshape -> gemm -> reshape back, as one matmul [+ bias] (module doc); the node list."""
+    out, drop = [], set()
+    for n in nodes:
+        hit = _flat_gemm(n, uses) if n.op == "gemm" else None
+        if hit is None:
+            out.append(n)
+            continue
+        x, b, c, z, (r1, r2) = hit
+        drop.update((id(r1), id(r2)))
+        mm = Node("matmul", [x, b], {}, n.label)
+        if c is None:
+            mm.outputs = [z]
+            out.append(mm)
+            continue
+        t = MLOperand(z._builder, z.data_type, z.shape, "op")
+        t._node = mm
+        mm.outputs = [t]
+        add = Node("add", [t, c], {}, n.label)
+        add.outputs = [z]
+        out += [mm, add]
+    # the second reshape comes after the gemm: its replacement stands where the gemm stood
+    return [n for n in out if id(n) not in drop]
