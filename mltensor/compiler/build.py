@@ -33,13 +33,16 @@ def compile_graph(builder, outputs, placement=None):
     used_inputs = {id(x) for n in nodes for x in n.inputs if x is not None and x._kind == "input"}
     inputs = builder._inputs
     # MLTENSOR_NO_FUSION=1: one kernel per node (benchmarks count launches before fusion with it).
+    report = []
     steps = plan_steps(
         nodes,
         outputs,
         fuse=not switch("MLTENSOR_NO_FUSION"),
         max_inputs=binding_cap(device) - 1,
         cpu=str(device.adapter.info.get("adapter_type", "")).upper() == "CPU",
+        report=report,
     )
+    fusion_notes = [(kind, n.op, n.label, why) for kind, n, why in report]
 
     dims = tuple(sorted(builder._dims))  # dynamic dimensions (dynamic/): sizes read at dispatch
     if dims:
@@ -232,6 +235,7 @@ def compile_graph(builder, outputs, placement=None):
         keep=keep,
         unwarmed=[l.kernel for (l, _), z in zip(launches, lazy) if not z and not l.prologue] if dims else (),
         kernel_names=[l.kernel.name for l in run],
+        fusion_notes=fusion_notes,
         memory=memory,
         autotune={"seconds": kc.tune_seconds, "signatures_tuned": kc.tune_count},
         dyn_args=dyn_args,

@@ -18,14 +18,16 @@ from .fusion.gate import fuse_gates
 from .fusion.gemm_views import rewrite_gemms
 from .fusion.grouped import fuse_grouped_heads
 from .fusion.norm import fuse_norm_sources, fuse_post_norms
+from .fusion.report import unfused
 from .fusion.linear import rewrite_flat_gemms
 from .fusion.sdpa import rewrite_sdpa
 from .steps import MAX_FUSED_BINDINGS, PROLOGUE_OPS, Step, Uses
 
 
-def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False):
+def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False, report=None):
     """`max_inputs`: the most inputs a fused elementwise kernel may bind (storage buffers per
-    shader stage, less one for the output); `cpu`: the adapter is a CPU (POST_NORM)."""
+    shader stage, less one for the output); `cpu`: the adapter is a CPU (POST_NORM); `report`: a
+    list getting what fusion left undone (fusion/report.py: (kind, node, reason))."""
     if fuse:
         nodes = rewrite_nodes(nodes, outputs, max_inputs + 1)  # transformer patterns (module end)
     out_values = {id(v) for v in outputs.values()}
@@ -118,13 +120,16 @@ def plan_steps(nodes, outputs, fuse=True, max_inputs=7, cpu=False):
         for v in n.outputs:
             producer[id(v)] = step
     if fuse:
-        fuse_attention(steps, single_use, max_inputs, read_only_by)  # matmul -> softmax -> matmul: one kernel
+        attention_notes = []
+        fuse_attention(steps, single_use, max_inputs, read_only_by, attention_notes)  # one kernel
         fuse_grouped_heads(steps, single_use)
         fuse_gates(steps, single_use, max_inputs)
         fuse_dag_epilogues(steps, consumers, out_values, max_inputs)  # last: others see chains only
         fuse_norm_sources(steps, consumers, out_values, max_inputs)
         if norm.POST_NORM is True or (norm.POST_NORM == "cpu" and cpu):
             fuse_post_norms(steps, consumers, out_values, max_inputs)
+        if report is not None:
+            report += unfused(steps, attention_notes, consumers, out_values)
     return steps
 
 

@@ -26,7 +26,7 @@ class MLGraph:
     """A compiled graph (WebNN `MLGraph`), returned by `MLGraphBuilder.build_sync` and run with
     `MLContext.dispatch(graph, inputs, outputs)` as many times as wanted. Python extensions:
     `input_descriptors` / `output_descriptors`, `kernel_names`, `memory`, `autotune`,
-    `dynamic_dimensions`, `compute_shapes()`."""
+    `dynamic_dimensions`, `compute_shapes()`, `fusion_report()`."""
 
     # IDL: interface MLGraph { undefined destroy(); }
 
@@ -119,6 +119,15 @@ class MLGraph:
     def kernel_names(self):
         """Python extension: the kernels one dispatch launches, in order (after fusion)."""
         return list(self._program.kernel_names)
+
+    def fusion_report(self):
+        """Python extension: what fusion left undone in this graph, one dict per finding with
+        `kind` ("attention": a softmax not fused into an attention kernel; "transpose": a layout
+        copy that still launches; "epilogue": an elementwise kernel reading a GEMM's or
+        convolution's output instead of being applied as it stores), the node's `op` and
+        `label`, and the `reason`. Empty when every attention, head transpose and activation
+        after a GEMM fused."""
+        return [dict(zip(("kind", "op", "label", "reason"), x)) for x in self._program.fusion_notes]
 
     @property
     def pipelines(self):

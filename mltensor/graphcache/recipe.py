@@ -23,7 +23,7 @@ from ..runtime.constants import digest
 from ..runtime.program import Ext, Program, instantiate
 from ..runtime.wgsl import source_of
 
-FORMAT = 6  # 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); 6: Ext is runtime.program's (the Program); an older entry is a miss
+FORMAT = 7  # 7: the fusion report (Program.fusion_notes); 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); 6: Ext is runtime.program's (the Program); an older entry is a miss
 _READ_CHUNK = 64 << 20
 
 
@@ -71,6 +71,7 @@ def capture(ctx, program):
         "pool": [b.size for b in program.pool],
         "constants": [(key, size) for key, _, size in consts],
         "kernel_names": program.kernel_names,
+        "fusion_notes": program.fusion_notes,
         "autotune": program.autotune,
         "dyn_args": program.dyn_args,
     }
@@ -159,6 +160,7 @@ def rebuild(ctx, recipe, blob):
             shared=shared,
             sources=recipe["sources"],
             kernel_names=recipe["kernel_names"],
+            fusion_notes=recipe["fusion_notes"],
             autotune=recipe["autotune"],
             dyn_args=dyn_args,
             memory={

@@ -73,7 +73,8 @@ class Program:
       reference each; keep: constant tensors bound in place (kept alive with the graph);
     - unwarmed: kernels for Mesa's warm-up at the first dispatch (dynamic dimensions);
     - sources: each launch's WGSL when known (a loaded graph: for its lazy launches), else None;
-    - kernel_names, memory, autotune: what MLGraph reports of the build;
+    - kernel_names, fusion_notes, memory, autotune: what MLGraph reports of the build
+      (fusion_notes: (kind, op, label, reason) of what fusion left undone, compiler/fusion/report.py);
     - dyn_args: what `dyn`, the DynamicPlan of a graph with dynamic dimensions, is made from (None
       without them).
     """
@@ -91,6 +92,7 @@ class Program:
         unwarmed=(),
         sources=None,
         kernel_names=(),
+        fusion_notes=(),
         memory=None,
         autotune=None,
         dyn_args=None,
@@ -106,6 +108,7 @@ class Program:
         self.unwarmed = list(unwarmed)
         self.sources = None if sources is None else list(sources)
         self.kernel_names = list(kernel_names)
+        self.fusion_notes = [tuple(x) for x in fusion_notes]
         self.memory = dict(memory) if memory is not None else {}
         self.autotune = dict(autotune) if autotune is not None else {"seconds": 0.0, "signatures_tuned": 0}
         self.dyn_args = dyn_args

@@ -156,117 +156,123 @@ def _nan_guard(p, steps, read_only_by):
     return None
 
 
-def fuse_attention(steps, single_use, max_inputs, read_only_by):
+def fuse_attention(steps, single_use, max_inputs, read_only_by, notes=None):
     """Replace, in place, each recognised chain's steps by one `_attention` step (module doc).
-    `read_only_by(v, nodes)`: value v is read by those nodes only and is not a graph output."""
+    `read_only_by(v, nodes)`: value v is read by those nodes only and is not a graph output;
+    `notes`: a list getting (softmax node, why it was not fused) for each softmax left."""
     if not enabled():
         return
     producer = {id(v): s for s in steps for v in s.outputs}
     for sm in list(steps):
         if sm not in steps or not _lone(sm, "softmax"):
             continue
-        x = sm.nodes[0].inputs[0]
-        p = sm.nodes[0].outputs[0]
-        if x.rank not in (3, 4) or sm.nodes[0].attrs["axis"] != x.rank - 1 or not single_use(x):
-            continue
-        guard = None if single_use(p) else _nan_guard(p, steps, read_only_by)
-        if guard is not None:
-            p = guard.outputs[0]  # (P @ V reads the guarded probabilities)
-        elif not single_use(p):
-            continue
-        # the P @ V step: the only reader of P, as the matmul's first operand
-        pv = next(
-            (
-                s
-                for s in steps
-                if not s.const
-                and s.nodes[0].op == "matmul"
-                and s.nodes[0].inputs[0] is p
-                and s.nodes[0].inputs[1] is not p
-            ),
-            None,
-        )
-        if pv is None or pv.prologue is not None or pv.chain or len(pv.nodes) != 1:
-            continue
-        # optional elementwise step [+ bias] [where(cond, ., c)] between the scores and the softmax
-        e = producer.get(id(x))
-        post = _parse_post(e, producer) if e is not None and e.outputs[0] is x else None
-        if post is not None:
-            sc, post_bias, cond, where_value, where_keeps = post
-        else:
-            e, sc, post_bias, cond, where_value, where_keeps = None, x, None, None, None, True
-        if not single_use(sc) or tuple(sc.shape) != tuple(x.shape):
-            continue
-        qk = producer.get(id(sc))
-        if (
-            qk is None
-            or qk.const
-            or qk.nodes[0].op != "matmul"
-            or len(qk.nodes) != 1
-            or qk.prologue is not None
-            or qk.chain
-            or qk.views
-            or len(qk.outputs) != 1
-            or qk.outputs[0] is not sc
-        ):
-            continue
-        parsed = _parse_scores(qk)
-        if parsed is None:
-            continue
-        scale_op, scale, bias = parsed
-        if bias is not None and post_bias is not None:
-            continue  # two biases
-        bias = bias if bias is not None else post_bias
-        q, kt = qk.nodes[0].inputs
-        v = pv.nodes[0].inputs[1]
-        ob = tuple(x.shape[:-2])
-        if not (q.rank == kt.rank == v.rank == x.rank) or tuple(q.shape[:-2]) != ob:
-            continue
-        if any(not (isinstance(d, int) and d == 1) and d != o for t in (kt, v) for d, o in zip(t.shape[:-2], ob)):
-            continue
-        dts = {q.data_type, kt.data_type, v.data_type, x.data_type} | ({bias.data_type} if bias is not None else set())
-        if len(dts) != 1 or q.data_type not in FLOAT:
-            continue
-        D, DV = q.shape[-1], v.shape[-1]
-        sizes = list(x.shape) + [D, DV, v.shape[-2]]
-        if not (isinstance(D, int) and isinstance(DV, int)) or max(D, DV) > MAX_HEAD or any(low(s) < 1 for s in sizes):
-            continue
-        if v.shape[-2] != x.shape[-1]:
-            continue  # (equal at dispatch by the matmul's check, but read with the scores' Sk)
-        # K read in place when Kt is a transpose of its last two axes read only here
-        tr = producer.get(id(kt))
-        r = kt.rank
-        if (
-            _lone(tr, "transpose")
-            and tr.outputs[0] is kt
-            and single_use(kt)
-            and list(tr.nodes[0].attrs["permutation"]) == list(range(r - 2)) + [r - 1, r - 2]
-        ):
-            k, k_transposed = tr.nodes[0].inputs[0], False
-        else:
-            k, k_transposed, tr = kt, True, None
-        inputs = [q, k, v, bias, cond]
-        # within the binding cap, counted as steps.read_bindings counts the new step
-        if len([a for a in inputs if a is not None]) + len(epilogue_operands(pv)) > max_inputs:
-            continue
-        attrs = {
-            "scale": 1.0 if scale is None else scale,
-            "scale_op": scale_op,
-            "causal": False,
-            "k_transposed": k_transposed,
-            "where_value": where_value,
-            "where_keeps": where_keeps,
-            "nan_zero": guard is not None,
-        }
-        node = Node("_attention", inputs, attrs, pv.nodes[0].label)
-        node.outputs = [pv.nodes[0].outputs[0]]
-        step = Step(node, False)
-        step.epilogue = list(pv.epilogue)
-        step.outputs = list(pv.outputs)
-        step.views = dict(pv.views)
-        steps[steps.index(pv)] = step
-        for s in (sm, guard, e, qk, tr):
-            if s is not None:
-                steps.remove(s)
-        for o in step.outputs:
-            producer[id(o)] = step
+        why = _fuse_one(sm, steps, producer, single_use, max_inputs, read_only_by)
+        if why is not None and notes is not None:
+            notes.append((sm.nodes[0], why))
+
+
+def _fuse_one(sm, steps, producer, single_use, max_inputs, read_only_by):
+    """Fuse the chain ending in softmax step `sm`; None when fused, else why not."""
+    x = sm.nodes[0].inputs[0]
+    p = sm.nodes[0].outputs[0]
+    if x.rank not in (3, 4) or sm.nodes[0].attrs["axis"] != x.rank - 1 or not single_use(x):
+        return "the softmax is not over the last axis of rank-3/4 scores, or its input is read elsewhere"
+    guard = None if single_use(p) else _nan_guard(p, steps, read_only_by)
+    if guard is not None:
+        p = guard.outputs[0]  # (P @ V reads the guarded probabilities)
+    elif not single_use(p):
+        return "the probabilities are read by more than the P @ V matmul"
+    # the P @ V step: the only reader of P, as the matmul's first operand
+    pv = next(
+        (
+            s
+            for s in steps
+            if not s.const and s.nodes[0].op == "matmul" and s.nodes[0].inputs[0] is p and s.nodes[0].inputs[1] is not p
+        ),
+        None,
+    )
+    if pv is None or pv.prologue is not None or pv.chain or len(pv.nodes) != 1:
+        return "no P @ V matmul reads the probabilities alone"
+    # optional elementwise step [+ bias] [where(cond, ., c)] between the scores and the softmax
+    e = producer.get(id(x))
+    post = _parse_post(e, producer) if e is not None and e.outputs[0] is x else None
+    if post is not None:
+        sc, post_bias, cond, where_value, where_keeps = post
+    else:
+        e, sc, post_bias, cond, where_value, where_keeps = None, x, None, None, None, True
+    if not single_use(sc) or tuple(sc.shape) != tuple(x.shape):
+        return "the scores are read elsewhere or change shape before the softmax"
+    qk = producer.get(id(sc))
+    if (
+        qk is None
+        or qk.const
+        or qk.nodes[0].op != "matmul"
+        or len(qk.nodes) != 1
+        or qk.prologue is not None
+        or qk.chain
+        or qk.views
+        or len(qk.outputs) != 1
+        or qk.outputs[0] is not sc
+    ):
+        return "the scores are not one plain matmul's output (Q @ K^T)"
+    parsed = _parse_scores(qk)
+    if parsed is None:
+        return "the scores' epilogue is not [* or / a scalar constant] [+ one bias]"
+    scale_op, scale, bias = parsed
+    if bias is not None and post_bias is not None:
+        return "two biases are added to the scores"
+    bias = bias if bias is not None else post_bias
+    q, kt = qk.nodes[0].inputs
+    v = pv.nodes[0].inputs[1]
+    ob = tuple(x.shape[:-2])
+    if not (q.rank == kt.rank == v.rank == x.rank) or tuple(q.shape[:-2]) != ob:
+        return "Q, K^T and V do not share the scores' rank and batch dimensions"
+    if any(not (isinstance(d, int) and d == 1) and d != o for t in (kt, v) for d, o in zip(t.shape[:-2], ob)):
+        return "K or V batch dimensions neither equal nor broadcast to Q's"
+    dts = {q.data_type, kt.data_type, v.data_type, x.data_type} | ({bias.data_type} if bias is not None else set())
+    if len(dts) != 1 or q.data_type not in FLOAT:
+        return "mixed data types or not float"
+    D, DV = q.shape[-1], v.shape[-1]
+    sizes = list(x.shape) + [D, DV, v.shape[-2]]
+    if not (isinstance(D, int) and isinstance(DV, int)) or max(D, DV) > MAX_HEAD or any(low(s) < 1 for s in sizes):
+        return "head size dynamic or over MAX_HEAD, or an empty size"
+    if v.shape[-2] != x.shape[-1]:
+        # (equal at dispatch by the matmul's check, but read with the scores' Sk)
+        return "V's rows are not the scores' keys"
+    # K read in place when Kt is a transpose of its last two axes read only here
+    tr = producer.get(id(kt))
+    r = kt.rank
+    if (
+        _lone(tr, "transpose")
+        and tr.outputs[0] is kt
+        and single_use(kt)
+        and list(tr.nodes[0].attrs["permutation"]) == list(range(r - 2)) + [r - 1, r - 2]
+    ):
+        k, k_transposed = tr.nodes[0].inputs[0], False
+    else:
+        k, k_transposed, tr = kt, True, None
+    inputs = [q, k, v, bias, cond]
+    # within the binding cap, counted as steps.read_bindings counts the new step
+    if len([a for a in inputs if a is not None]) + len(epilogue_operands(pv)) > max_inputs:
+        return "the kernel would bind more than the binding cap"
+    attrs = {
+        "scale": 1.0 if scale is None else scale,
+        "scale_op": scale_op,
+        "causal": False,
+        "k_transposed": k_transposed,
+        "where_value": where_value,
+        "where_keeps": where_keeps,
+        "nan_zero": guard is not None,
+    }
+    node = Node("_attention", inputs, attrs, pv.nodes[0].label)
+    node.outputs = [pv.nodes[0].outputs[0]]
+    step = Step(node, False)
+    step.epilogue = list(pv.epilogue)
+    step.outputs = list(pv.outputs)
+    step.views = dict(pv.views)
+    steps[steps.index(pv)] = step
+    for s in (sm, guard, e, qk, tr):
+        if s is not None:
+            steps.remove(s)
+    for o in step.outputs:
+        producer[id(o)] = step
