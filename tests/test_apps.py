@@ -201,8 +201,7 @@ def bare_venv(tmp_path_factory):
         pytest.skip(f"the base dependencies cannot be installed (no index, no cache): {r.stderr[-500:]}")
     # a copy of the tree (pip builds in place: no build/ or egg-info left in the checkout)
     src = d / "src"
-    for name in ("mltensor", "shaders"):
-        shutil.copytree(os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(ROOT, "mltensor"), src / "mltensor", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     r = subprocess.run([*pip, "--no-deps", str(src)], capture_output=True, text=True, timeout=600)
@@ -224,3 +223,27 @@ def test_an_installed_entry_without_its_extra_names_it(prog, bare_venv, files, t
         [str(bare_venv / "bin" / prog), *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert_polite(r, prog, f"needs the {extra} extra: pip install 'mltensor[{extra}]'")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_editable_install_prints_no_setuptools_notice(tmp_path):
+    """setup.sh's `pip install -q -e .` with a current pip shows the build backend's warnings; a
+    layout setuptools calls simple (every package at its dotted path from the root, package-dir
+    {"": "."}) installs with a .pth file and no "Editable installation" notice (issue 46)."""
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(ROOT, "mltensor"), src / "mltensor", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), src / name)
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True, timeout=120)
+    py = str(tmp_path / "venv" / "bin" / "python")
+    r = subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"pip cannot be upgraded (no index, no cache): {r.stderr[-300:]}")
+    r = subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", "-e", str(src)], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    for notice in ("Editable install", "BuildBackendWarning", "SetuptoolsDeprecationWarning", "!!"):
+        assert notice not in out, out[-3000:]
