@@ -27,10 +27,8 @@ EXTRAS = {
     "ray": ("ray", "ray.data", "PIL", "av"),
 }
 
-NO_ADAPTER = (
-    "no Vulkan/Metal/D3D12 adapter found (on Linux without a GPU install Mesa's software Vulkan "
-    "driver: apt-get install mesa-vulkan-drivers)"
-)
+NO_ADAPTER = "no Vulkan/Metal/D3D12 adapter found"
+ADAPTER_HINT = "on Linux without a GPU install Mesa's software Vulkan driver: apt-get install mesa-vulkan-drivers"
 
 
 class AppError(Exception):
@@ -101,9 +99,10 @@ def writable_output(path, option):
 def check_adapter(adapter):
     """AppError unless `adapter` (a wgpu adapter or None) runs on Vulkan, Metal or D3D12."""
     if adapter is None:
-        raise AppError(NO_ADAPTER)
+        raise AppError(f"{NO_ADAPTER} ({ADAPTER_HINT})")
     if adapter.info.get("backend_type") == "OpenGL":
-        raise AppError(f"{NO_ADAPTER}; the only adapter is {adapter.info.get('device', '?')} through OpenGL")
+        device = adapter.info.get("device", "?")
+        raise AppError(f"{NO_ADAPTER}: the only adapter is {device} through OpenGL ({ADAPTER_HINT})")
     return adapter
 
 
