@@ -35,6 +35,7 @@ extensions = [
     "sphinx_gallery.gen_gallery",
     "myst_parser",
     "mltensor_docs",  # docs/_ext: generated tables, docstring and environment-variable checks
+    "mltensor_links",  # docs/_ext: Markdown links to the gallery's and the repository's files, as the site has them
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

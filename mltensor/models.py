@@ -118,20 +118,31 @@ def _download_wheel(tmp, progress):
     return _run_pip(pip_command(tmp), tmp, progress, "mediapipe-")
 
 
-def _run_pip(cmd, tmp, progress, prefix=""):
-    """Run a `pip download ... -d tmp` command (pip draws its own progress bar); returns the path
-    of the wheel it left in tmp whose name starts with `prefix`."""
-    cmd = list(cmd)
-    if not progress:
-        cmd.insert(4, "--quiet")
-    else:
-        cmd[4:4] = ["--progress-bar", "on"]
+def _stderr_fd():
+    """The file descriptor of sys.stderr, or None (replaced by an object without one)."""
     try:
-        res = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both
+        return None
+
+
+def _run_pip(cmd, tmp, progress, prefix=""):
+    """Run a `pip download ... -d tmp` command; returns the path of the wheel it left in tmp whose
+    name starts with `prefix`. stdout is the program's (a chat's reply, a summary): pip's output
+    never goes there. With `progress` and stderr a terminal, pip draws its progress bar on stderr;
+    otherwise its log is kept, and shown only in the error when it fails."""
+    cmd = list(cmd)
+    fd = _stderr_fd() if progress else None
+    live = fd is not None and os.isatty(fd)
+    cmd += ["--progress-bar", "on"] if live else ["--quiet", "--progress-bar", "off"]
+    try:
+        res = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, stdout=fd if live else subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     except OSError as e:
         raise FetchError(f"could not run pip ({e})") from e
     if res.returncode != 0:
-        err = (res.stderr or "").strip().splitlines()
+        err = ((res.stdout or "") + (res.stderr or "")).strip().splitlines()
         raise FetchError(f"`{' '.join(cmd)}` failed (exit {res.returncode}): {' / '.join(err[-3:]) or 'no message'}")
     wheels = [f for f in os.listdir(tmp) if f.startswith(prefix) and f.endswith(".whl")]
     if not wheels:

@@ -123,7 +123,8 @@ def test_the_package_imports_without_ray_and_says_how_to_get_it():
     code = (
         "import sys; sys.modules['ray'] = None\n"
         "import mltensor, mltensor.apps.batch as b\n"
-        "try:\n    b.run_batch(['x'], 'y')\nexcept SystemExit as e:\n    print(e)\n"
+        "from mltensor.apps.cli import AppError\n"
+        "try:\n    b.run_batch(['x'], 'y')\nexcept AppError as e:\n    print(e)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

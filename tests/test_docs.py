@@ -180,3 +180,29 @@ def test_every_env_var_the_code_reads_is_documented():
         f"{k} (read in {', '.join(sorted(v))}) has no row in docs/guides/environment.md"
         for k, v in sorted(missing.items())
     )
+
+
+def test_pages_the_readme_links_use_plain_links_that_resolve():
+    """The Markdown pages README.md links to read on GitHub as on the site (issue 46): no MyST role
+    such as {doc}, which GitHub shows as raw text, and every relative link reaches a file of the
+    repository (docs/_ext/mltensor_links.py points the gallery's and DESIGN.md's at the site's pages)."""
+    pages = sorted(
+        {
+            os.path.normpath(os.path.join(ROOT, u.partition("#")[0]))
+            for u in LINK_RE.findall(FENCE_RE.sub("", _readme()))
+            if u.startswith("docs/") and u.partition("#")[0].endswith(".md")
+        }
+    )
+    assert len(pages) >= 10, pages
+    bad = []
+    for page in pages:
+        with open(page, encoding="utf-8") as fh:
+            text = FENCE_RE.sub("", fh.read())
+        name = os.path.relpath(page, ROOT)
+        bad += [f"{name}: {m}" for m in re.findall(r"\{(?:doc|ref|any)\}`[^`]*`", text)]
+        for url in LINK_RE.findall(text):
+            path = url.partition("#")[0]
+            if path and not re.match(r"[a-z]+:", url):
+                if not os.path.exists(os.path.join(os.path.dirname(page), path)):
+                    bad.append(f"{name}: {url} reaches no file")
+    assert not bad, "\n".join(bad)

@@ -4,6 +4,7 @@ fake wheel, so these tests need no network; the real download is exercised by te
 import hashlib
 import os
 import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -139,3 +140,88 @@ def test_pinned_checksums_match_design():
     assert models.MODELS["selfie_segmentation_landscape"][1] == (
         "a77d03f4659b9f6b6c1f5106947bf40e99d7655094b6527f214ea7d451106edd"
     )
+
+
+# -- a real first-use fetch: stdout stays the program's (issue 46) -------------------------------
+
+FETCH = (
+    "import sys\n"
+    "from mltensor import models\n"
+    "try:\n"
+    "    models.fetch_onnx('silero_vad')\n"
+    "except models.FetchError as e:\n"
+    "    sys.stderr.write(f'FETCH-ERROR {e}\\n')\n"
+    "    sys.exit(3)\n"
+)
+# pip's words for an index it cannot reach (no network, a proxy refusing, DNS failing)
+UNREACHABLE = (
+    "Could not find a version",
+    "No matching distribution",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "Max retries exceeded",
+    "ProxyError",
+    "Read timed out",
+)
+
+
+def _fetch_in_subprocess(cache, stderr):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MLTENSOR_CACHE=str(cache), PYTHONPATH=root)
+    return subprocess.run(
+        [sys.executable, "-c", FETCH], stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=root, timeout=600
+    )
+
+
+def _skip_if_unreachable(rc, err):
+    if rc == 3 and any(s in err for s in UNREACHABLE):
+        pytest.skip(f"the package index is unreachable: {err[-300:]}")
+
+
+@pytest.mark.timeout(600)
+def test_first_fetch_writes_nothing_on_stdout(tmp_path):
+    """A real download of the smallest registry wheel (silero-vad, 11 MB) into an empty cache,
+    stdout captured at the file-descriptor level: not a byte, while stderr says what is fetched."""
+    r = _fetch_in_subprocess(tmp_path / "cache", subprocess.PIPE)
+    err = r.stderr.decode(errors="replace")
+    _skip_if_unreachable(r.returncode, err)
+    assert r.returncode == 0, err[-3000:]
+    assert r.stdout == b"", r.stdout[:2000]
+    assert "mltensor: fetching silero_vad" in err
+    assert (tmp_path / "cache" / "silero-vad-6.2.3" / "silero_vad.onnx").is_file()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_first_fetch_draws_its_progress_on_a_terminal_stderr(tmp_path):
+    """With stderr a terminal pip draws its progress bar there; stdout (a pipe) still gets nothing."""
+    import threading
+
+    master, slave = os.openpty()
+    chunks = []
+
+    def drain():
+        while True:
+            try:
+                b = os.read(master, 4096)
+            except OSError:  # the terminal's other end closed
+                return
+            if not b:
+                return
+            chunks.append(b)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        r = _fetch_in_subprocess(tmp_path / "cache", slave)
+    finally:
+        os.close(slave)
+        reader.join(timeout=10)
+        os.close(master)
+    err = b"".join(chunks).decode(errors="replace")
+    _skip_if_unreachable(r.returncode, err)
+    assert r.returncode == 0, err[-3000:]
+    assert r.stdout == b"", r.stdout[:2000]
+    assert "mltensor: fetching silero_vad" in err
+    assert "silero_vad-6.2.3-py3-none-any.whl" in err  # pip's own lines (and its bar) went to stderr

@@ -1,5 +1,5 @@
 """`pip install .` (not only editable) must ship the WGSL and the C replay loop: build the wheel,
-unpack it, and build and run a graph from the unpacked copy alone (the source tree's shaders/ out
+unpack it, and build and run a graph from the unpacked copy alone (the source tree's mltensor/shaders/ out
 of reach), replayed by the compiled loop where a C compiler exists."""
 
 import os
@@ -32,7 +32,7 @@ def test_wheel_ships_shaders_and_runs(tmp_path):
     }
     assert in_tree_packages <= packages, in_tree_packages - packages  # (pyproject's list of packages)
     shipped = {os.path.basename(n) for n in names if n.startswith("mltensor/shaders/")}
-    in_tree = {n for n in os.listdir(os.path.join(ROOT, "shaders")) if n.endswith(".wgsl")}
+    in_tree = {n for n in os.listdir(os.path.join(ROOT, "mltensor", "shaders")) if n.endswith(".wgsl")}
     assert in_tree <= shipped, in_tree - shipped
     code = (
         "import numpy as np, mltensor, mltensor.runtime.wgsl as w\n"

@@ -21,7 +21,9 @@ from mltensor.apps.selfie_segmentation import main
 
 out = tempfile.mkdtemp(prefix="mltensor-gallery-")
 video, snapshot = os.path.join(out, "out.mp4"), os.path.join(out, "out.png")
-main(["--frames", "12", "--size", "480x270", "--output", video, "--snapshot", snapshot])
+# main() returns the exit status; assigned, so the page does not print it as the block's value
+status = main(["--frames", "12", "--size", "480x270", "--output", video, "--snapshot", snapshot])
+assert status == 0, status
 
 # %%
 # The snapshot: the person keeps its pixels, the background is blurred.

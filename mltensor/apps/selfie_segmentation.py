@@ -27,7 +27,10 @@ shaders/video_*.wgsl, and `load_model`), video_copy.py (`CopyingPipeline`), vide
 (the blur and mask parameters both pipelines share).
 
 Run: `mltensor-selfie --frames 30 --output out.mp4 --snapshot out.png` (or
-`python examples/selfie_segmentation.py ...`); `--help` lists the options.
+`python examples/selfie_segmentation.py ...`); `--help` lists the options. Needs the examples extra
+(`pip install 'mltensor[examples]'`); without it, or with a missing or unreadable input, or no
+adapter, the command prints one line on stderr and exits with status 2 (cli.py). stdout holds the
+summary; the model's first download, its progress and the encoding's progress bar go to stderr.
 """
 
 import argparse
@@ -39,10 +42,24 @@ import numpy as np
 
 import mltensor  # its models, tflite and InferenceSession load on first use (mltensor/__init__.py)
 
-from .. import ml
+from ..errors import DOMException
+from .cli import (
+    AppError,
+    check_adapter,
+    create_context,
+    existing_file,
+    fetched,
+    one_line,
+    readable_image,
+    require_extra,
+    run_entry,
+    writable_output,
+)
 from .video_copy import CopyingPipeline
 from .video_frames import Mp4Writer, open_source, save_png
 from .video_gpu import GpuPipeline, load_model
+
+PROG = "mltensor-selfie"
 
 
 def has_display():
@@ -115,26 +132,45 @@ def run(args=None, *, device=None, log=print):
         log = log or print
     else:
         log = lambda *a, **k: None  # noqa: E731
-    if args.effect == "replace" and not args.background:
-        raise SystemExit("--effect replace needs --background IMAGE")
-    if not 0 <= args.smoothing < 1:
-        raise SystemExit(f"--smoothing must be in [0, 1), got {args.smoothing}")
     window = args.output is None and has_display()
+    # the extra first: every module this run imports (the window's toolkit only for a window)
+    demo = args.source == "demo"
+    modules = ["PIL"] + (["matplotlib"] if demo else []) + (["av"] if not (window and demo) else [])
+    require_extra("examples", modules + (["rendercanvas", "glfw"] if window else []))
+    if args.effect == "replace" and not args.background:
+        raise AppError("--effect replace needs --background IMAGE")
+    if not 0 <= args.smoothing < 1:
+        raise AppError(f"--smoothing must be in [0, 1), got {args.smoothing}")
+    if args.frames is not None and args.frames < 1:
+        raise AppError(f"--frames must be at least 1, got {args.frames}")
+    if args.model is not None:
+        existing_file(args.model, "--model")
+    if args.background is not None:
+        readable_image(args.background, "--background")
+    if not demo and args.source != "webcam":
+        existing_file(args.source, "--source")
     if not has_display():
         os.environ.setdefault("RENDERCANVAS_FORCE_OFFSCREEN", "1")
     output = args.output
     if output is None and not window:
         output = "selfie_segmentation.mp4"
+    if output is not None:
+        writable_output(output, "--output")
+    if args.snapshot is not None:
+        writable_output(args.snapshot, "--snapshot")
 
     import wgpu
 
     t_setup = time.perf_counter()
-    source = open_source(args.source, args.size, args.frames)
+    try:
+        source = open_source(args.source, args.size, args.frames)
+    except Exception as e:  # PyAV's errors for what it cannot open or decode
+        if demo:
+            raise
+        raise AppError(f"--source: cannot read {args.source} as a video ({one_line(e)})") from None
     W, H = source.width, source.height
     if device is None:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        if adapter is None:
-            raise SystemExit("no wgpu adapter (on Linux without a GPU: apt-get install mesa-vulkan-drivers)")
+        adapter = check_adapter(wgpu.gpu.request_adapter_sync(power_preference="high-performance"))
         features = [f for f in ("shader-f16", "subgroup") if f in adapter.features]
         lim = adapter.limits
         limits = {
@@ -149,12 +185,16 @@ def run(args=None, *, device=None, log=print):
             if k in lim
         }
         device = adapter.request_device_sync(label="selfie", required_features=features, required_limits=limits)
-    ctx = ml.create_context_sync(device)
+    ctx = create_context(device)
     adapter_info = device.adapter.info
     n_total = args.frames if args.frames is not None else (len(source) or None)
 
+    model = args.model or fetched(mltensor.models.fetch, "selfie_segmentation")
     if args.pipeline == "gpu":
-        graph, model_in, model_out, model_path = load_model(ctx, args.model)
+        try:
+            graph, model_in, model_out, model_path = load_model(ctx, model)
+        except (OSError, ValueError, DOMException) as e:
+            raise AppError(f"cannot use the model {model}: {one_line(e)}") from None
         pipe = GpuPipeline(
             ctx,
             graph,
@@ -169,8 +209,11 @@ def run(args=None, *, device=None, log=print):
             stage_sync=args.stage_sync,
         )
     else:
-        model_path = args.model or mltensor.models.fetch("selfie_segmentation")
-        sess = mltensor.InferenceSession(model_path, context=ctx)
+        model_path = model
+        try:
+            sess = mltensor.InferenceSession(model_path, context=ctx)
+        except (OSError, ValueError, DOMException) as e:
+            raise AppError(f"cannot use the model {model}: {one_line(e)}") from None
         pipe = CopyingPipeline(
             sess, W, H, effect=args.effect, background=args.background, smoothing=args.smoothing, blur_sigma=args.blur
         )
@@ -390,7 +433,14 @@ def format_summary(s):
 
 
 def main(argv=None):
-    summary = run(argv)
+    """The console entry: returns the exit status (0; 1 when no frame was made; 2 for a failure
+    the user can mend, as one line on stderr; argparse's usage errors exit with 2 too)."""
+    args = build_parser().parse_args(argv)
+    return run_entry(PROG, _main, args)
+
+
+def _main(args):
+    summary = run(args)
     return 0 if summary["frames"] else 1
 
 

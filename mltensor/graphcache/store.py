@@ -80,7 +80,9 @@ def code_digest():
     if _code is None:
         h = hashlib.sha256()
         pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for base in (pkg, shader_dir()):
+        shaders = os.path.abspath(shader_dir())
+        # the templates once: inside the package (mltensor/shaders) they are part of its walk
+        for base in (pkg,) if shaders.startswith(pkg + os.sep) else (pkg, shaders):
             for d, dirs, files in sorted(os.walk(base)):
                 dirs.sort()
                 for f in sorted(files):

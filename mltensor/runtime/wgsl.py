@@ -12,7 +12,6 @@ import struct
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
-from importlib import resources
 
 import wgpu
 
@@ -56,19 +55,10 @@ def loop_guard(where, iters):
 
 
 def shader_dir():
-    # Installed: shaders/ is shipped as the package mltensor.shaders. Source tree: ../../shaders,
-    # checked first so that a checkout imported through PYTHONPATH (a git worktree next to an
-    # editable install of another checkout) renders its own shaders, not the installed ones.
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "shaders")
-    if os.path.isfile(os.path.join(src, "common.wgsl")) and os.path.isfile(os.path.join(src, "..", "pyproject.toml")):
-        return src
-    try:
-        d = resources.files("mltensor.shaders")
-        if d.joinpath("common.wgsl").is_file():
-            return str(d)
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return os.path.join(os.path.dirname(__file__), "..", "..", "shaders")
+    # The package mltensor.shaders, beside this module's package: installed or a checkout (a git
+    # worktree imported through PYTHONPATH next to an editable install of another checkout
+    # included), the templates of the mltensor that runs.
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shaders")
 
 
 _env_made = None
