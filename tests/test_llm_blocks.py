@@ -3,6 +3,10 @@ well-formed blocks of each type (random quant bytes, small float16 scales), the 
 the tiled GEMM (prompts, M static or known at dispatch) and the embedding gather against the
 `gguf` package's own dequantizer (`gguf.quants.dequantize`) and numpy."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -14,41 +18,16 @@ from mltensor import MLDynamicDimension, MLGraphBuilder  # noqa: E402
 from mltensor.errors import DataError, NotSupportedError  # noqa: E402
 from mltensor.ops.blocks import BLOCK_TYPES, block_words, pack_blocks  # noqa: E402
 
-# byte offsets of the float16 fields of each block (scales, mins): set to small finite values
-F16_FIELDS = {
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "IQ4_NL": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_XS": (0,),
-}
+from mltensor.llm import LlamaModel, LlamaWeights  # noqa: E402
+
+from llm_reference import NumpyLlama, random_blocks, write_synthetic  # noqa: E402
+
 KINDS = list(BLOCK_TYPES)
 
 
 @pytest.fixture(scope="module")
 def ctx():
     return mltensor.ml.create_context_sync()
-
-
-def random_blocks(kind, rows, cols, rng):
-    """The bytes [rows, row bytes] of a `kind` tensor: random quant bytes, float16 scales of
-    magnitude ~0.01-0.1 with both signs (mins too), one all-zero block."""
-    bv, bb, _ = BLOCK_TYPES[kind]
-    nb = rows * cols // bv
-    if kind == "BF16":
-        v = rng.standard_normal(rows * cols).astype(np.float32)
-        raw = (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        return raw.reshape(rows, -1)
-    raw = rng.integers(0, 256, (nb, bb), dtype=np.uint8)
-    for off in F16_FIELDS[kind]:
-        d = (rng.uniform(0.01, 0.1, nb) * rng.choice([-1, 1], nb)).astype(np.float16)
-        raw[:, off : off + 2] = d.view(np.uint8).reshape(nb, 2)
-    raw[min(1, nb - 1)] = 0  # an all-zero block (d == 0)
-    return raw.reshape(rows, -1)
 
 
 def reference(kind, raw):
@@ -128,3 +107,146 @@ def test_pack_blocks_rejects_bad_input():
         pack_blocks("Q6_K", np.zeros(200, np.uint8), 1, 256)
     with pytest.raises(NotSupportedError, match="IQ2_XXS"):
         pack_blocks("IQ2_XXS", np.zeros(66, np.uint8), 1, 256)
+
+
+# -- a Q4_K_M-like model: Q4_K, Q6_K, Q5_0 and Q8_0 tensors in one file ------------------------
+
+# llama.cpp's Q4_K_M: Q4_K for most tensors, Q6_K for the output head and some attn_v / ffn_down,
+# Q5_0 / Q8_0 where rows are not a multiple of 256 (ffn_down here: 288 values a row)
+Q4_K_M_TYPES = {
+    "attn_q": "Q4_K",
+    "attn_k": "Q4_K",
+    "attn_v": "Q6_K",
+    "attn_output": "Q4_K",
+    "ffn_gate": "Q4_K",
+    "ffn_up": "Q4_K",
+    "ffn_down": "Q5_0",
+}
+
+
+@pytest.fixture(scope="module")
+def kquant_model(tmp_path_factory):
+    return write_synthetic(
+        str(tmp_path_factory.mktemp("kq") / "q4km.gguf"),
+        hidden=256,
+        heads=4,
+        kv_heads=2,
+        ffn=288,
+        vocab=200,
+        seed=3,
+        embd="Q4_K",
+        output="Q6_K",
+        types=Q4_K_M_TYPES,
+    )
+
+
+def test_kquant_model_logits_and_greedy(ctx, kquant_model):
+    ref = NumpyLlama(kquant_model)
+    w = LlamaWeights(kquant_model)
+    kinds = {x.kind for x in w._all()}
+    assert {"Q4_K", "Q6_K", "Q5_0"} <= kinds
+    file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(kquant_model).tensors)
+    assert w.nbytes <= 1.01 * file_bytes  # the blocks as the file holds them
+    model = LlamaModel(w, ctx, max_context=64, max_step=4)
+    before = ctx.counters["constant_bytes"]
+    s = model.session()
+    feed, ours, theirs = [5, 17, 199, 0, 42, 42, 7], [], []
+    for _ in range(12):  # the prefill (tiled GEMM), then decode steps (GEMV)
+        got = ctx.read_tensor_sync(s.feed(np.array(feed, np.int32)))[0]
+        want = ref.forward(feed)
+        assert rel_err(got, want) < 1e-3
+        ours.append(int(got.argmax()))
+        theirs.append(int(want.argmax()))
+        feed = [theirs[-1]]
+    assert ours == theirs
+    # both builds' weight constants on the GPU, shared by content: within 1.1x the file's bytes
+    # (plus the rotary tables of the two builds)
+    grown = ctx.counters["constant_bytes"] - before
+    assert grown <= 1.1 * file_bytes + 2 * 64 * 32 * 4 * 2 + 4096, (grown, file_bytes)
+
+
+def test_unsupported_block_type_is_named(tmp_path):
+    p = write_synthetic(str(tmp_path / "tq.gguf"), hidden=256, ffn=256, types={"ffn_up": "TQ2_0"})
+    with pytest.raises(NotSupportedError, match="TQ2_0"):
+        LlamaWeights(p)
+
+
+# -- files made by llama.cpp's own quantizer (slow) ---------------------------------------------
+
+# llama_ftype values (llama.h) of the quantizations checked
+FTYPES = {
+    "Q4_K_M": 15,
+    "Q5_K_M": 17,
+    "Q6_K": 18,
+    "Q3_K_M": 12,
+    "Q2_K": 10,
+    "IQ4_NL": 25,
+    "IQ4_XS": 30,
+    "Q5_1": 9,
+    "BF16": 32,
+}
+QUANTIZE = (
+    "import sys, cyllama.llama.llama_cpp as L\n"
+    "p = L.LlamaModelQuantizeParams()\n"
+    "p.ftype = int(sys.argv[3])\n"
+    "p.nthread = 1\n"
+    "L.model_quantize(sys.argv[1], sys.argv[2], p)\n"
+)
+
+
+def _quantizer_python():
+    """An interpreter with `cyllama` (llama.cpp's llama_model_quantize in a binary wheel): this
+    one, or MLTENSOR_QUANTIZE_PYTHON (cyllama kept out of the test environment)."""
+    try:
+        import cyllama.llama.llama_cpp  # noqa: F401
+
+        return sys.executable
+    except ImportError:
+        py = os.environ.get("MLTENSOR_QUANTIZE_PYTHON")
+        if not py:
+            pytest.skip("needs cyllama (pip install cyllama), here or in MLTENSOR_QUANTIZE_PYTHON")
+        return py
+
+
+@pytest.fixture(scope="module")
+def float_model(tmp_path_factory):
+    return write_synthetic(
+        str(tmp_path_factory.mktemp("f32") / "f32.gguf"),
+        hidden=256,
+        heads=4,
+        kv_heads=2,
+        ffn=288,  # ffn_down's rows are not whole super-blocks: llama.cpp falls back to Q5_0 / Q8_0 etc.
+        vocab=256,
+        seed=4,
+        embd="F32",
+        output="F32",
+        types={k: "F32" for k in Q4_K_M_TYPES},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ftype", list(FTYPES))
+def test_llama_cpp_quantized_model(ctx, float_model, tmp_path, ftype):
+    """llama.cpp quantizes a float model; our logits against the numpy Llama over the same file
+    as the gguf package dequantizes it, greedy tokens identical for 24 steps."""
+    out = str(tmp_path / f"{ftype}.gguf")
+    subprocess.run(
+        [_quantizer_python(), "-c", QUANTIZE, float_model, out, str(FTYPES[ftype])], check=True, capture_output=True
+    )
+    ref = NumpyLlama(out)
+    w = LlamaWeights(out)
+    file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(out).tensors)
+    assert w.nbytes <= 1.01 * file_bytes
+    model = LlamaModel(w, ctx, max_context=64, max_step=4)
+    before = ctx.counters["constant_bytes"]
+    s = model.session()
+    feed, ours, theirs = [5, 17, 199, 0, 42, 42, 7], [], []
+    for _ in range(25):
+        got = ctx.read_tensor_sync(s.feed(np.array(feed, np.int32)))[0]
+        want = ref.forward(feed)
+        assert rel_err(got, want) < 1e-3
+        ours.append(int(got.argmax()))
+        theirs.append(int(want.argmax()))
+        feed = [theirs[-1]]
+    assert ours == theirs
+    assert ctx.counters["constant_bytes"] - before <= 1.1 * file_bytes
