@@ -40,199 +40,261 @@ fn hsum(x: vec4<f32>) -> f32 {
     return (x.x + x.y) + (x.z + x.w);
 }
 
-// the dot product of unit p of block blk of row r with a's vec4s from ab0 (the block's first)
-fn q_unit(r: u32, blk: u32, p: u32, ab0: u32) -> f32 {
-    let wb = q_base(r, blk);
-{$ if KIND == "Q6_K" $}
-    let ab = ab0 + 32u * (p / 2u) + 4u * (p % 2u);
-{$ else $}
-    let ab = ab0 + 16u * p;  // 64 values a unit (32-value blocks: p == 0)
-{$ endif $}
+{$ set X = "xyzw" $}
+// the dot products of unit p of block blk of rows rows.x .. (R of them: component r of the
+// result) with a's vec4s from ab0 (the block's first); a's loads and sums are shared by the rows
+fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
+{$ for r in range(R) $}
+    let wb{{ r }} = q_base(rows.{{ X[r] }}, blk);
+{$ endfor $}
+    var res = vec4<f32>(0.0);
 {$ if KIND == "Q4_K" or KIND == "Q5_K" $}
     // sub-blocks 2p (low nibbles of bytes 32p..32p+31) and 2p + 1 (their high nibbles)
-    let dm = unpack2x16float(b[wb]);
-    let s0 = b[wb + 1u];
-    let s1 = b[wb + 2u];
-    let s2 = b[wb + 3u];
-    let sm0 = q_k4_sm(s0, s1, s2, 2u * p);
-    let sm1 = q_k4_sm(s0, s1, s2, 2u * p + 1u);
+    let ab = ab0 + 16u * p;
 {$ if KIND == "Q4_K" $}
-    let qb = wb + 4u + 8u * p;
+    let qo = 4u + 8u * p;
 {$ else $}
-    let qb = wb + 12u + 8u * p;
+    let qo = 12u + 8u * p;
 {$ endif $}
-    var t0 = 0.0;
-    var t1 = 0.0;
     var sa0 = vec4<f32>(0.0);
     var sa1 = vec4<f32>(0.0);
+{$ for r in range(R) $}
+    var t{{ r }}0 = 0.0;
+    var t{{ r }}1 = 0.0;
+{$ endfor $}
 {$ for w in range(8) $}
     {
-        let q = b[qb + {{ w }}u];
         let x0 = a[ab + {{ w }}u];
         let x1 = a[ab + {{ 8 + w }}u];
-{$ if KIND == "Q4_K" $}
-        t0 = t0 + dot(q_lo4(q), x0);
-        t1 = t1 + dot(q_hi4(q), x1);
-{$ else $}
-        let h = b[wb + {{ 4 + w }}u];
-        t0 = t0 + dot(q_lo4(q) + 16.0 * q_bits(h, 2u * p, 1u), x0);
-        t1 = t1 + dot(q_hi4(q) + 16.0 * q_bits(h, 2u * p + 1u, 1u), x1);
-{$ endif $}
         sa0 = sa0 + x0;
         sa1 = sa1 + x1;
+{$ for r in range(R) $}
+        let q{{ r }} = b[wb{{ r }} + qo + {{ w }}u];
+{$ if KIND == "Q4_K" $}
+        t{{ r }}0 = t{{ r }}0 + dot(q_lo4(q{{ r }}), x0);
+        t{{ r }}1 = t{{ r }}1 + dot(q_hi4(q{{ r }}), x1);
+{$ else $}
+        let h{{ r }} = b[wb{{ r }} + {{ 4 + w }}u];
+        t{{ r }}0 = t{{ r }}0 + dot(q_lo4(q{{ r }}) + 16.0 * q_bits(h{{ r }}, 2u * p, 1u), x0);
+        t{{ r }}1 = t{{ r }}1 + dot(q_hi4(q{{ r }}) + 16.0 * q_bits(h{{ r }}, 2u * p + 1u, 1u), x1);
+{$ endif $}
+{$ endfor $}
     }
 {$ endfor $}
-    return dm.x * (sm0.x * t0 + sm1.x * t1) - dm.y * (sm0.y * hsum(sa0) + sm1.y * hsum(sa1));
+    let s0 = hsum(sa0);
+    let s1 = hsum(sa1);
+{$ for r in range(R) $}
+    {
+        let dm = unpack2x16float(b[wb{{ r }}]);
+        let sc0 = b[wb{{ r }} + 1u];
+        let sc1 = b[wb{{ r }} + 2u];
+        let sc2 = b[wb{{ r }} + 3u];
+        let sm0 = q_k4_sm(sc0, sc1, sc2, 2u * p);
+        let sm1 = q_k4_sm(sc0, sc1, sc2, 2u * p + 1u);
+        res.{{ X[r] }} = dm.x * (sm0.x * t{{ r }}0 + sm1.x * t{{ r }}1) - dm.y * (sm0.y * s0 + sm1.y * s1);
+    }
+{$ endfor $}
 {$ elif KIND == "Q6_K" $}
     // half h = p / 2, positions l = 16 (p % 2) .. + 15 of its four quarters (scales 8h + p % 2
     // + 0, 2, 4, 6): nibbles of bytes 64h + l (quarters 0, 2) and 64h + 32 + l (1, 3), bit pairs
     // 0, 2, 4, 6 of byte 32h + l
     let h = p / 2u;
     let ls = p % 2u;
-    let sw0 = b[wb + 48u + 2u * h];
-    let sw1 = b[wb + 49u + 2u * h];
-    let lb = wb + 16u * h + 4u * ls;
-    let hb = wb + 32u + 8u * h + 4u * ls;
-    var t0 = 0.0;
-    var t1 = 0.0;
-    var t2 = 0.0;
-    var t3 = 0.0;
-    var sa0 = vec4<f32>(0.0);
-    var sa1 = vec4<f32>(0.0);
-    var sa2 = vec4<f32>(0.0);
-    var sa3 = vec4<f32>(0.0);
+    let ab = ab0 + 32u * h + 4u * ls;
+    let lo = 16u * h + 4u * ls;
+    let ho = 32u + 8u * h + 4u * ls;
+{$ for t in range(4) $}
+    var sa{{ t }} = vec4<f32>(0.0);
+{$ for r in range(R) $}
+    var t{{ r }}{{ t }} = 0.0;
+{$ endfor $}
+{$ endfor $}
 {$ for w in range(4) $}
     {
-        let l0 = b[lb + {{ w }}u];
-        let l1 = b[lb + {{ 8 + w }}u];
-        let qh = b[hb + {{ w }}u];
         let x0 = a[ab + {{ w }}u];
         let x1 = a[ab + {{ 8 + w }}u];
         let x2 = a[ab + {{ 16 + w }}u];
         let x3 = a[ab + {{ 24 + w }}u];
-        t0 = t0 + dot(q_lo4(l0) + 16.0 * q_bits(qh, 0u, 3u), x0);
-        t1 = t1 + dot(q_lo4(l1) + 16.0 * q_bits(qh, 2u, 3u), x1);
-        t2 = t2 + dot(q_hi4(l0) + 16.0 * q_bits(qh, 4u, 3u), x2);
-        t3 = t3 + dot(q_hi4(l1) + 16.0 * q_bits(qh, 6u, 3u), x3);
         sa0 = sa0 + x0;
         sa1 = sa1 + x1;
         sa2 = sa2 + x2;
         sa3 = sa3 + x3;
+{$ for r in range(R) $}
+        let l0{{ r }} = b[wb{{ r }} + lo + {{ w }}u];
+        let l1{{ r }} = b[wb{{ r }} + lo + {{ 8 + w }}u];
+        let qh{{ r }} = b[wb{{ r }} + ho + {{ w }}u];
+        t{{ r }}0 = t{{ r }}0 + dot(q_lo4(l0{{ r }}) + 16.0 * q_bits(qh{{ r }}, 0u, 3u), x0);
+        t{{ r }}1 = t{{ r }}1 + dot(q_lo4(l1{{ r }}) + 16.0 * q_bits(qh{{ r }}, 2u, 3u), x1);
+        t{{ r }}2 = t{{ r }}2 + dot(q_hi4(l0{{ r }}) + 16.0 * q_bits(qh{{ r }}, 4u, 3u), x2);
+        t{{ r }}3 = t{{ r }}3 + dot(q_hi4(l1{{ r }}) + 16.0 * q_bits(qh{{ r }}, 6u, 3u), x3);
+{$ endfor $}
     }
 {$ endfor $}
-    return q_d(r, blk) * (q_i8(sw0, ls) * (t0 - 32.0 * hsum(sa0)) + q_i8(sw0, ls + 2u) * (t1 - 32.0 * hsum(sa1))
-        + q_i8(sw1, ls) * (t2 - 32.0 * hsum(sa2)) + q_i8(sw1, ls + 2u) * (t3 - 32.0 * hsum(sa3)));
+    let s0 = 32.0 * hsum(sa0);
+    let s1 = 32.0 * hsum(sa1);
+    let s2 = 32.0 * hsum(sa2);
+    let s3 = 32.0 * hsum(sa3);
+{$ for r in range(R) $}
+    {
+        let sw0 = b[wb{{ r }} + 48u + 2u * h];
+        let sw1 = b[wb{{ r }} + 49u + 2u * h];
+        res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (q_i8(sw0, ls) * (t{{ r }}0 - s0) + q_i8(sw0, ls + 2u) * (t{{ r }}1 - s1)
+            + q_i8(sw1, ls) * (t{{ r }}2 - s2) + q_i8(sw1, ls + 2u) * (t{{ r }}3 - s3));
+    }
+{$ endfor $}
 {$ elif KIND == "Q3_K" or KIND == "Q2_K" $}
     // half h = p / 2, groups j = 2 (p % 2) and j + 1 of 32 values (bit pair 2j of bytes 32h + l),
     // scales 4p .. 4p + 3 (one per 16 values)
     let h = p / 2u;
     let j0 = 2u * (p % 2u);
+    let ab = ab0 + 16u * p;
+{$ if KIND == "Q3_K" $}
+    let qo = 8u + 8u * h;
+{$ else $}
+    let qo = 4u + 8u * h;
+{$ endif $}
 {$ for t in range(4) $}
-    var t{{ t }} = 0.0;
     var sa{{ t }} = vec4<f32>(0.0);
+{$ for r in range(R) $}
+    var t{{ r }}{{ t }} = 0.0;
+{$ endfor $}
 {$ endfor $}
 {$ for jj in range(2) $}
 {$ for w in range(8) $}
     {
         let x = a[ab + {{ 8 * jj + w }}u];
-{$ if KIND == "Q3_K" $}
-        let q = q_bits(b[wb + 8u + 8u * h + {{ w }}u], 2u * (j0 + {{ jj }}u), 3u)
-            + 4.0 * q_bits(b[wb + {{ w }}u], 4u * h + j0 + {{ jj }}u, 1u);
-{$ else $}
-        let q = q_bits(b[wb + 4u + 8u * h + {{ w }}u], 2u * (j0 + {{ jj }}u), 3u);
-{$ endif $}
-        t{{ 2 * jj + w // 4 }} = t{{ 2 * jj + w // 4 }} + dot(q, x);
         sa{{ 2 * jj + w // 4 }} = sa{{ 2 * jj + w // 4 }} + x;
+{$ for r in range(R) $}
+{$ if KIND == "Q3_K" $}
+        let q{{ r }} = q_bits(b[wb{{ r }} + qo + {{ w }}u], 2u * (j0 + {{ jj }}u), 3u)
+            + 4.0 * q_bits(b[wb{{ r }} + {{ w }}u], 4u * h + j0 + {{ jj }}u, 1u);
+{$ else $}
+        let q{{ r }} = q_bits(b[wb{{ r }} + qo + {{ w }}u], 2u * (j0 + {{ jj }}u), 3u);
+{$ endif $}
+        t{{ r }}{{ 2 * jj + w // 4 }} = t{{ r }}{{ 2 * jj + w // 4 }} + dot(q{{ r }}, x);
+{$ endfor $}
     }
 {$ endfor $}
 {$ endfor $}
+{$ for t in range(4) $}
+    let s{{ t }} = hsum(sa{{ t }});
+{$ endfor $}
+{$ for r in range(R) $}
+    {
 {$ if KIND == "Q3_K" $}
-    // 6-bit scales minus 32: low nibbles in byte t of word 24 + p % 2 (nibble h), high bit
-    // pairs in byte t of word 26 (pair p); q = low + 4 hbit - 4
-    let slw = b[wb + 24u + p % 2u] >> (4u * h);
-    let shw = b[wb + 26u] >> (2u * p);
+        // 6-bit scales minus 32: low nibbles in byte t of word 24 + p % 2 (nibble h), high bit
+        // pairs in byte t of word 26 (pair p); q = low + 4 hbit - 4
+        let slw = b[wb{{ r }} + 24u + p % 2u] >> (4u * h);
+        let shw = b[wb{{ r }} + 26u] >> (2u * p);
 {$ for t in range(4) $}
-    let c{{ t }} = f32(((slw >> {{ 8 * t }}u) & 15u) | (((shw >> {{ 8 * t }}u) & 3u) << 4u)) - 32.0;
+        let c{{ t }} = f32(((slw >> {{ 8 * t }}u) & 15u) | (((shw >> {{ 8 * t }}u) & 3u) << 4u)) - 32.0;
 {$ endfor $}
-    return q_d(r, blk) * (c0 * (t0 - 4.0 * hsum(sa0)) + c1 * (t1 - 4.0 * hsum(sa1))
-        + c2 * (t2 - 4.0 * hsum(sa2)) + c3 * (t3 - 4.0 * hsum(sa3)));
+        res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (c0 * (t{{ r }}0 - 4.0 * s0) + c1 * (t{{ r }}1 - 4.0 * s1)
+            + c2 * (t{{ r }}2 - 4.0 * s2) + c3 * (t{{ r }}3 - 4.0 * s3));
 {$ else $}
-    let sw = b[wb + p];
-    let dm = unpack2x16float(b[wb + 20u]);
+        // scale byte: low nibble scale, high nibble min
+        let sw = b[wb{{ r }} + p];
+        let dm = unpack2x16float(b[wb{{ r }} + 20u]);
 {$ for t in range(4) $}
-    let c{{ t }} = (sw >> {{ 8 * t }}u) & 255u;
+        let c{{ t }} = (sw >> {{ 8 * t }}u) & 255u;
 {$ endfor $}
-    return dm.x * (f32(c0 & 15u) * t0 + f32(c1 & 15u) * t1 + f32(c2 & 15u) * t2 + f32(c3 & 15u) * t3)
-        - dm.y * (f32(c0 >> 4u) * hsum(sa0) + f32(c1 >> 4u) * hsum(sa1) + f32(c2 >> 4u) * hsum(sa2)
-        + f32(c3 >> 4u) * hsum(sa3));
+        res.{{ X[r] }} = dm.x * (f32(c0 & 15u) * t{{ r }}0 + f32(c1 & 15u) * t{{ r }}1 + f32(c2 & 15u) * t{{ r }}2
+            + f32(c3 & 15u) * t{{ r }}3) - dm.y * (f32(c0 >> 4u) * s0 + f32(c1 >> 4u) * s1 + f32(c2 >> 4u) * s2
+            + f32(c3 >> 4u) * s3);
 {$ endif $}
+    }
+{$ endfor $}
 {$ elif KIND == "IQ4_XS" $}
     // sub-blocks 2p and 2p + 1: 16 bytes each (byte l: values l, 16 + l); 6-bit scales minus 32
-    let w0 = b[wb];
-    let bl = q_byte(b[wb + 1u], p);
-    let d = unpack2x16float(w0).x;
-    let dl0 = d * (f32((bl & 15u) | (((w0 >> (16u + 4u * p)) & 3u) << 4u)) - 32.0);
-    let dl1 = d * (f32((bl >> 4u) | (((w0 >> (18u + 4u * p)) & 3u) << 4u)) - 32.0);
-    let qb = wb + 2u + 8u * p;
-    var t0 = 0.0;
-    var t1 = 0.0;
+    let ab = ab0 + 16u * p;
+    let qo = 2u + 8u * p;
+{$ for r in range(R) $}
+    var t{{ r }}0 = 0.0;
+    var t{{ r }}1 = 0.0;
+{$ endfor $}
 {$ for s in range(2) $}
 {$ for w in range(4) $}
     {
-        let q = b[qb + {{ 4 * s + w }}u];
-        t{{ s }} = t{{ s }} + dot(q_iq4(q_field(q, 0u, 15u)), a[ab + {{ 8 * s + w }}u])
-            + dot(q_iq4(q_field(q, 4u, 15u)), a[ab + {{ 8 * s + 4 + w }}u]);
+        let x0 = a[ab + {{ 8 * s + w }}u];
+        let x1 = a[ab + {{ 8 * s + 4 + w }}u];
+{$ for r in range(R) $}
+        let q{{ r }} = b[wb{{ r }} + qo + {{ 4 * s + w }}u];
+        t{{ r }}{{ s }} = t{{ r }}{{ s }} + dot(q_iq4(q_field(q{{ r }}, 0u, 15u)), x0) + dot(q_iq4(q_field(q{{ r }}, 4u, 15u)), x1);
+{$ endfor $}
     }
 {$ endfor $}
 {$ endfor $}
-    return dl0 * t0 + dl1 * t1;
+{$ for r in range(R) $}
+    {
+        let w0 = b[wb{{ r }}];
+        let bl = q_byte(b[wb{{ r }} + 1u], p);
+        let d = unpack2x16float(w0).x;
+        let dl0 = d * (f32((bl & 15u) | (((w0 >> (16u + 4u * p)) & 3u) << 4u)) - 32.0);
+        let dl1 = d * (f32((bl >> 4u) | (((w0 >> (18u + 4u * p)) & 3u) << 4u)) - 32.0);
+        res.{{ X[r] }} = dl0 * t{{ r }}0 + dl1 * t{{ r }}1;
+    }
+{$ endfor $}
 {$ elif KIND == "Q5_0" or KIND == "Q5_1" or KIND == "IQ4_NL" $}
     // byte l of the 16 holds values l (low nibble) and 16 + l (high); Q5: bit v of qh above
+    let ab = ab0;
 {$ if KIND == "Q5_0" $}
-    let qh = b[wb];
-    let qb = wb + 1u;
+    let qo = 1u;
 {$ elif KIND == "Q5_1" $}
-    let dm = unpack2x16float(b[wb]);
-    let qh = b[wb + 1u];
-    let qb = wb + 2u;
+    let qo = 2u;
 {$ else $}
-    let qb = wb;
+    let qo = 0u;
 {$ endif $}
-    var t = 0.0;
     var sa = vec4<f32>(0.0);
+{$ for r in range(R) $}
+{$ if KIND == "Q5_0" $}
+    let qh{{ r }} = b[wb{{ r }}];
+{$ elif KIND == "Q5_1" $}
+    let qh{{ r }} = b[wb{{ r }} + 1u];
+{$ endif $}
+    var t{{ r }} = 0.0;
+{$ endfor $}
 {$ for w in range(4) $}
     {
-        let q = b[qb + {{ w }}u];
         let x0 = a[ab + {{ w }}u];
         let x1 = a[ab + {{ 4 + w }}u];
-{$ if KIND == "IQ4_NL" $}
-        t = t + dot(q_iq4(q_field(q, 0u, 15u)), x0) + dot(q_iq4(q_field(q, 4u, 15u)), x1);
-{$ else $}
-        t = t + dot(q_lo4(q) + 16.0 * vec4<f32>((vec4<u32>(qh) >> vec4<u32>({{ 4 * w }}u, {{ 4 * w + 1 }}u, {{ 4 * w + 2 }}u, {{ 4 * w + 3 }}u)) & vec4<u32>(1u)), x0)
-            + dot(q_hi4(q) + 16.0 * vec4<f32>((vec4<u32>(qh) >> vec4<u32>({{ 16 + 4 * w }}u, {{ 17 + 4 * w }}u, {{ 18 + 4 * w }}u, {{ 19 + 4 * w }}u)) & vec4<u32>(1u)), x1);
         sa = sa + x0 + x1;
+{$ for r in range(R) $}
+        let q{{ r }} = b[wb{{ r }} + qo + {{ w }}u];
+{$ if KIND == "IQ4_NL" $}
+        t{{ r }} = t{{ r }} + dot(q_iq4(q_field(q{{ r }}, 0u, 15u)), x0) + dot(q_iq4(q_field(q{{ r }}, 4u, 15u)), x1);
+{$ else $}
+        t{{ r }} = t{{ r }} + dot(q_lo4(q{{ r }}) + 16.0 * vec4<f32>((vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 4 * w }}u, {{ 4 * w + 1 }}u, {{ 4 * w + 2 }}u, {{ 4 * w + 3 }}u)) & vec4<u32>(1u)), x0)
+            + dot(q_hi4(q{{ r }}) + 16.0 * vec4<f32>((vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 16 + 4 * w }}u, {{ 17 + 4 * w }}u, {{ 18 + 4 * w }}u, {{ 19 + 4 * w }}u)) & vec4<u32>(1u)), x1);
 {$ endif $}
+{$ endfor $}
     }
 {$ endfor $}
+{$ for r in range(R) $}
 {$ if KIND == "Q5_0" $}
-    return q_d(r, blk) * (t - 16.0 * hsum(sa));
+    res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (t{{ r }} - 16.0 * hsum(sa));
 {$ elif KIND == "Q5_1" $}
-    return dm.x * t + dm.y * hsum(sa);
+    {
+        let dm = unpack2x16float(b[wb{{ r }}]);
+        res.{{ X[r] }} = dm.x * t{{ r }} + dm.y * hsum(sa);
+    }
 {$ else $}
-    return q_d(r, blk) * t;
+    res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * t{{ r }};
 {$ endif $}
+{$ endfor $}
 {$ elif KIND == "BF16" $}
-    var t = 0.0;
 {$ for w in range(8) $}
     {
-        let w0 = b[wb + {{ 2 * w }}u];
-        let w1 = b[wb + {{ 2 * w + 1 }}u];
-        t = t + dot(vec4<f32>(bitcast<f32>(w0 << 16u), bitcast<f32>(w0 & 0xffff0000u), bitcast<f32>(w1 << 16u),
-                              bitcast<f32>(w1 & 0xffff0000u)), a[ab + {{ w }}u]);
+        let x = a[ab0 + {{ w }}u];
+{$ for r in range(R) $}
+        let w0{{ r }} = b[wb{{ r }} + {{ 2 * w }}u];
+        let w1{{ r }} = b[wb{{ r }} + {{ 2 * w + 1 }}u];
+        res.{{ X[r] }} = res.{{ X[r] }} + dot(vec4<f32>(bitcast<f32>(w0{{ r }} << 16u), bitcast<f32>(w0{{ r }} & 0xffff0000u),
+            bitcast<f32>(w1{{ r }} << 16u), bitcast<f32>(w1{{ r }} & 0xffff0000u)), x);
+{$ endfor $}
     }
 {$ endfor $}
-    return t;
 {$ endif $}
+    return res;
 }
 
 {$ if TPR > 1 $}
@@ -249,21 +311,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (first >= N) { return; }
 {$ endif $}
     // rows first .. first + R - 1; past N a row repeats the last one and is not stored
-{$ for r in range(R) $}
-    let n{{ r }} = min(first + {{ r }}u, N - 1u);
-{$ endfor $}
+    let rows = min(vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(N - 1u));
     for (var m = 0u; m < {{ M }}u; m = m + 1u) {
-{$ for r in range(R) $}
-        var acc{{ r }} = 0.0;
-{$ endfor $}
+        var acc = vec4<f32>(0.0);
         for (var u = lane; u < UNITS; u = u + TPR) {
             let blk = u / PARTS;
-            let p = u % PARTS;
-            let ab = m * K4 + blk * {{ QBV // 4 }}u;
-{$ for r in range(R) $}
-            acc{{ r }} = acc{{ r }} + q_unit(n{{ r }}, blk, p, ab);
-{$ endfor $}
+            acc = acc + q_unit(rows, blk, u % PARTS, m * K4 + blk * {{ QBV // 4 }}u);
         }
+{$ for r in range(R) $}
+        let acc{{ r }} = acc.{{ X[r] }};
+{$ endfor $}
 {$ if TPR == 1 $}
 {$ for r in range(R) $}
         if (first + {{ r }}u < N) { out[m * N + first + {{ r }}u] = acc{{ r }}; }
