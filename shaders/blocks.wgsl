@@ -75,8 +75,8 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
         t{{ r }}1 = t{{ r }}1 + dot(q_hi4(q{{ r }}), x1);
 {$ else $}
         let h{{ r }} = b[wb{{ r }} + {{ 4 + w }}u];
-        t{{ r }}0 = t{{ r }}0 + dot(q_lo4(q{{ r }}) + 16.0 * q_bits(h{{ r }}, 2u * p, 1u), x0);
-        t{{ r }}1 = t{{ r }}1 + dot(q_hi4(q{{ r }}) + 16.0 * q_bits(h{{ r }}, 2u * p + 1u, 1u), x1);
+        t{{ r }}0 = t{{ r }}0 + dot(vec4<f32>(q_field(q{{ r }}, 0u, 15u) | (q_field(h{{ r }}, 2u * p, 1u) << vec4<u32>(4u))), x0);
+        t{{ r }}1 = t{{ r }}1 + dot(vec4<f32>(q_field(q{{ r }}, 4u, 15u) | (q_field(h{{ r }}, 2u * p + 1u, 1u) << vec4<u32>(4u))), x1);
 {$ endif $}
 {$ endfor $}
     }
@@ -123,10 +123,10 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
         let l0{{ r }} = b[wb{{ r }} + lo + {{ w }}u];
         let l1{{ r }} = b[wb{{ r }} + lo + {{ 8 + w }}u];
         let qh{{ r }} = b[wb{{ r }} + ho + {{ w }}u];
-        t{{ r }}0 = t{{ r }}0 + dot(q_lo4(l0{{ r }}) + 16.0 * q_bits(qh{{ r }}, 0u, 3u), x0);
-        t{{ r }}1 = t{{ r }}1 + dot(q_lo4(l1{{ r }}) + 16.0 * q_bits(qh{{ r }}, 2u, 3u), x1);
-        t{{ r }}2 = t{{ r }}2 + dot(q_hi4(l0{{ r }}) + 16.0 * q_bits(qh{{ r }}, 4u, 3u), x2);
-        t{{ r }}3 = t{{ r }}3 + dot(q_hi4(l1{{ r }}) + 16.0 * q_bits(qh{{ r }}, 6u, 3u), x3);
+        t{{ r }}0 = t{{ r }}0 + dot(vec4<f32>(q_field(l0{{ r }}, 0u, 15u) | (q_field(qh{{ r }}, 0u, 3u) << vec4<u32>(4u))), x0);
+        t{{ r }}1 = t{{ r }}1 + dot(vec4<f32>(q_field(l1{{ r }}, 0u, 15u) | (q_field(qh{{ r }}, 2u, 3u) << vec4<u32>(4u))), x1);
+        t{{ r }}2 = t{{ r }}2 + dot(vec4<f32>(q_field(l0{{ r }}, 4u, 15u) | (q_field(qh{{ r }}, 4u, 3u) << vec4<u32>(4u))), x2);
+        t{{ r }}3 = t{{ r }}3 + dot(vec4<f32>(q_field(l1{{ r }}, 4u, 15u) | (q_field(qh{{ r }}, 6u, 3u) << vec4<u32>(4u))), x3);
 {$ endfor $}
     }
 {$ endfor $}
@@ -143,15 +143,16 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
     }
 {$ endfor $}
 {$ elif KIND == "Q3_K" or KIND == "Q2_K" $}
-    // half h = p / 2, groups j = 2 (p % 2) and j + 1 of 32 values (bit pair 2j of bytes 32h + l),
-    // scales 4p .. 4p + 3 (one per 16 values)
+    // half h = p / 2 of 128 values, positions l = 16 (p % 2) .. + 15 of its four groups j of 32
+    // (bit pair 2j of byte 32h + l; Q3_K: bit 4h + j of hmask byte l), so each word is read
+    // once; scale of group j: 8h + 2j + p % 2 (one per 16 values)
     let h = p / 2u;
-    let j0 = 2u * (p % 2u);
-    let ab = ab0 + 16u * p;
+    let ls = p % 2u;
+    let ab = ab0 + 32u * h + 4u * ls;
 {$ if KIND == "Q3_K" $}
-    let qo = 8u + 8u * h;
+    let qo = 8u + 8u * h + 4u * ls;
 {$ else $}
-    let qo = 4u + 8u * h;
+    let qo = 4u + 8u * h + 4u * ls;
 {$ endif $}
 {$ for t in range(4) $}
     var sa{{ t }} = vec4<f32>(0.0);
@@ -159,22 +160,26 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
     var t{{ r }}{{ t }} = 0.0;
 {$ endfor $}
 {$ endfor $}
-{$ for jj in range(2) $}
-{$ for w in range(8) $}
+{$ for w in range(4) $}
     {
-        let x = a[ab + {{ 8 * jj + w }}u];
-        sa{{ 2 * jj + w // 4 }} = sa{{ 2 * jj + w // 4 }} + x;
+{$ for j in range(4) $}
+        let x{{ j }} = a[ab + {{ 8 * j + w }}u];
+        sa{{ j }} = sa{{ j }} + x{{ j }};
+{$ endfor $}
 {$ for r in range(R) $}
+        let q{{ r }} = b[wb{{ r }} + qo + {{ w }}u];
 {$ if KIND == "Q3_K" $}
-        let q{{ r }} = q_bits(b[wb{{ r }} + qo + {{ w }}u], 2u * (j0 + {{ jj }}u), 3u)
-            + 4.0 * q_bits(b[wb{{ r }} + {{ w }}u], 4u * h + j0 + {{ jj }}u, 1u);
+        let m{{ r }} = b[wb{{ r }} + 4u * ls + {{ w }}u] >> (4u * h);
+{$ for j in range(4) $}
+        t{{ r }}{{ j }} = t{{ r }}{{ j }} + dot(vec4<f32>(q_field(q{{ r }}, {{ 2 * j }}u, 3u) | (q_field(m{{ r }}, {{ j }}u, 1u) << vec4<u32>(2u))), x{{ j }});
+{$ endfor $}
 {$ else $}
-        let q{{ r }} = q_bits(b[wb{{ r }} + qo + {{ w }}u], 2u * (j0 + {{ jj }}u), 3u);
+{$ for j in range(4) $}
+        t{{ r }}{{ j }} = t{{ r }}{{ j }} + dot(q_bits(q{{ r }}, {{ 2 * j }}u, 3u), x{{ j }});
+{$ endfor $}
 {$ endif $}
-        t{{ r }}{{ 2 * jj + w // 4 }} = t{{ r }}{{ 2 * jj + w // 4 }} + dot(q{{ r }}, x);
 {$ endfor $}
     }
-{$ endfor $}
 {$ endfor $}
 {$ for t in range(4) $}
     let s{{ t }} = hsum(sa{{ t }});
@@ -182,21 +187,23 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ for r in range(R) $}
     {
 {$ if KIND == "Q3_K" $}
-        // 6-bit scales minus 32: low nibbles in byte t of word 24 + p % 2 (nibble h), high bit
-        // pairs in byte t of word 26 (pair p); q = low + 4 hbit - 4
-        let slw = b[wb{{ r }} + 24u + p % 2u] >> (4u * h);
-        let shw = b[wb{{ r }} + 26u] >> (2u * p);
-{$ for t in range(4) $}
-        let c{{ t }} = f32(((slw >> {{ 8 * t }}u) & 15u) | (((shw >> {{ 8 * t }}u) & 3u) << 4u)) - 32.0;
+        // 6-bit scales minus 32 (scale i: low nibble i / 8 of byte i % 8, high bit pair i / 4 of
+        // byte 8 + i % 4); q = low + 4 hbit - 4
+        let sl0 = b[wb{{ r }} + 24u] >> (8u * ls + 4u * h);
+        let sl1 = b[wb{{ r }} + 25u] >> (8u * ls + 4u * h);
+        let shw = b[wb{{ r }} + 26u] >> (8u * ls + 4u * h);
+{$ for j in range(4) $}
+        let c{{ j }} = f32(((sl{{ j // 2 }} >> {{ 16 * (j % 2) }}u) & 15u) | (((shw >> {{ 16 * (j % 2) + 2 * (j // 2) }}u) & 3u) << 4u)) - 32.0;
 {$ endfor $}
         res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (c0 * (t{{ r }}0 - 4.0 * s0) + c1 * (t{{ r }}1 - 4.0 * s1)
             + c2 * (t{{ r }}2 - 4.0 * s2) + c3 * (t{{ r }}3 - 4.0 * s3));
 {$ else $}
-        // scale byte: low nibble scale, high nibble min
-        let sw = b[wb{{ r }} + p];
+        // scale bytes 8h + 2j + ls: low nibble scale, high nibble min
+        let sw0 = b[wb{{ r }} + 2u * h] >> (8u * ls);
+        let sw1 = b[wb{{ r }} + 2u * h + 1u] >> (8u * ls);
         let dm = unpack2x16float(b[wb{{ r }} + 20u]);
-{$ for t in range(4) $}
-        let c{{ t }} = (sw >> {{ 8 * t }}u) & 255u;
+{$ for j in range(4) $}
+        let c{{ j }} = (sw{{ j // 2 }} >> {{ 16 * (j % 2) }}u) & 255u;
 {$ endfor $}
         res.{{ X[r] }} = dm.x * (f32(c0 & 15u) * t{{ r }}0 + f32(c1 & 15u) * t{{ r }}1 + f32(c2 & 15u) * t{{ r }}2
             + f32(c3 & 15u) * t{{ r }}3) - dm.y * (f32(c0 >> 4u) * s0 + f32(c1 >> 4u) * s1 + f32(c2 >> 4u) * s2
@@ -263,8 +270,9 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ if KIND == "IQ4_NL" $}
         t{{ r }} = t{{ r }} + dot(q_iq4(q_field(q{{ r }}, 0u, 15u)), x0) + dot(q_iq4(q_field(q{{ r }}, 4u, 15u)), x1);
 {$ else $}
-        t{{ r }} = t{{ r }} + dot(q_lo4(q{{ r }}) + 16.0 * vec4<f32>((vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 4 * w }}u, {{ 4 * w + 1 }}u, {{ 4 * w + 2 }}u, {{ 4 * w + 3 }}u)) & vec4<u32>(1u)), x0)
-            + dot(q_hi4(q{{ r }}) + 16.0 * vec4<f32>((vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 16 + 4 * w }}u, {{ 17 + 4 * w }}u, {{ 18 + 4 * w }}u, {{ 19 + 4 * w }}u)) & vec4<u32>(1u)), x1);
+        // bit v of qh (value v) lands on bit 4 of its value: (qh >> (v - 4)) & 16
+        t{{ r }} = t{{ r }} + dot(vec4<f32>(q_field(q{{ r }}, 0u, 15u) | ({$ if w == 0 $}(vec4<u32>(qh{{ r }}) << vec4<u32>(4u, 3u, 2u, 1u)){$ else $}(vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 4 * w - 4 }}u, {{ 4 * w - 3 }}u, {{ 4 * w - 2 }}u, {{ 4 * w - 1 }}u)){$ endif $} & vec4<u32>(16u))), x0)
+            + dot(vec4<f32>(q_field(q{{ r }}, 4u, 15u) | ((vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 12 + 4 * w }}u, {{ 13 + 4 * w }}u, {{ 14 + 4 * w }}u, {{ 15 + 4 * w }}u)) & vec4<u32>(16u))), x1);
 {$ endif $}
 {$ endfor $}
     }
