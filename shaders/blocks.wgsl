@@ -48,7 +48,65 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
     let wb{{ r }} = q_base(rows.{{ X[r] }}, blk);
 {$ endfor $}
     var res = vec4<f32>(0.0);
-{$ if KIND == "Q4_K" or KIND == "Q5_K" $}
+{$ if PARTS == 16 and KIND == "Q4_K" $}
+    // GPUs (llama.cpp's Vulkan split): 16 threads a super-block, thread p reads qs words
+    // 8j + i and 8j + 16 + i (j = p / 8, i = p % 8; neighbours read neighbouring words): values
+    // 64j + 4i .. +3 (low nibbles, sub-block 2j), 64j + 32 + 4i (high, 2j + 1), and the same
+    // 128 values later (sub-blocks 2j + 4, 2j + 5)
+    let j = p / 8u;
+    let i = p % 8u;
+    let ab = ab0 + 16u * j + i;
+    let x0 = a[ab];
+    let x1 = a[ab + 8u];
+    let x2 = a[ab + 32u];
+    let x3 = a[ab + 40u];
+    let s0 = hsum(x0);
+    let s1 = hsum(x1);
+    let s2 = hsum(x2);
+    let s3 = hsum(x3);
+{$ for r in range(R) $}
+    {
+        let q0 = b[wb{{ r }} + 4u + 8u * j + i];
+        let q1 = b[wb{{ r }} + 20u + 8u * j + i];
+        let dm = unpack2x16float(b[wb{{ r }}]);
+        let sc0 = b[wb{{ r }} + 1u];
+        let sc1 = b[wb{{ r }} + 2u];
+        let sc2 = b[wb{{ r }} + 3u];
+        let m0 = q_k4_sm(sc0, sc1, sc2, 2u * j);
+        let m1 = q_k4_sm(sc0, sc1, sc2, 2u * j + 1u);
+        let m2 = q_k4_sm(sc0, sc1, sc2, 2u * j + 4u);
+        let m3 = q_k4_sm(sc0, sc1, sc2, 2u * j + 5u);
+        res.{{ X[r] }} = dm.x * (m0.x * dot(q_lo4(q0), x0) + m1.x * dot(q_hi4(q0), x1) + m2.x * dot(q_lo4(q1), x2)
+            + m3.x * dot(q_hi4(q1), x3)) - dm.y * (m0.y * s0 + m1.y * s1 + m2.y * s2 + m3.y * s3);
+    }
+{$ endfor $}
+{$ elif PARTS == 16 and KIND == "Q6_K" $}
+    // GPUs: 16 threads a super-block, thread p: half h = p / 8, positions 4i .. 4i + 3 (i = p % 8)
+    // of its four quarters t: nibble t / 2 of ql word 16h + 8 (t % 2) + i, bit pair 2t of qh word
+    // 32 + 8h + i (neighbours read neighbouring words); scale 8h + 2t + i / 4
+    let h = p / 8u;
+    let i = p % 8u;
+    let ab = ab0 + 32u * h + i;
+{$ for t in range(4) $}
+    let x{{ t }} = a[ab + {{ 8 * t }}u];
+    let s{{ t }} = 32.0 * hsum(x{{ t }});
+{$ endfor $}
+{$ for r in range(R) $}
+    {
+        let l0 = b[wb{{ r }} + 16u * h + i];
+        let l1 = b[wb{{ r }} + 16u * h + 8u + i];
+        let qh = b[wb{{ r }} + 32u + 8u * h + i];
+        let sw0 = b[wb{{ r }} + 48u + 2u * h];
+        let sw1 = b[wb{{ r }} + 49u + 2u * h];
+        let c = i / 4u;
+        res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (
+            q_i8(sw0, c) * (dot(vec4<f32>(q_field(l0, 0u, 15u) | (q_field(qh, 0u, 3u) << vec4<u32>(4u))), x0) - s0)
+            + q_i8(sw0, c + 2u) * (dot(vec4<f32>(q_field(l1, 0u, 15u) | (q_field(qh, 2u, 3u) << vec4<u32>(4u))), x1) - s1)
+            + q_i8(sw1, c) * (dot(vec4<f32>(q_field(l0, 4u, 15u) | (q_field(qh, 4u, 3u) << vec4<u32>(4u))), x2) - s2)
+            + q_i8(sw1, c + 2u) * (dot(vec4<f32>(q_field(l1, 4u, 15u) | (q_field(qh, 6u, 3u) << vec4<u32>(4u))), x3) - s3));
+    }
+{$ endfor $}
+{$ elif KIND == "Q4_K" or KIND == "Q5_K" $}
     // sub-blocks 2p (low nibbles of bytes 32p..32p+31) and 2p + 1 (their high nibbles)
     let ab = ab0 + 16u * p;
 {$ if KIND == "Q4_K" $}

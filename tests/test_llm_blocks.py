@@ -83,18 +83,19 @@ def test_block_matmul_matches_gguf_dequantize(ctx, kind):
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q3_K"])
 def test_block_gemv_gpu_shape(ctx, kind, monkeypatch):
-    """The GEMV as GPUs run it (32 threads a row, partial sums reduced in workgroup memory),
-    forced on this adapter."""
-    from mltensor.ops import blocks
+    """The GEMV and the tiled GEMM as GPUs run them (GEMV: 32 threads a row, partial sums
+    reduced in workgroup memory; GEMM: 16 x 16 threads of 4 x 4 outputs), forced on this adapter."""
+    from mltensor.ops import blocks, nbits
 
     monkeypatch.setattr(blocks, "cpu_adapter", lambda kc: False)
+    monkeypatch.setattr(nbits, "cpu_adapter", lambda kc: False)
     rng = np.random.default_rng(7 + sum(map(ord, kind)))
     bv = BLOCK_TYPES[kind][0]
     K, N = 40 * 64 if bv == 256 else 40 * bv, 13  # 40 units a row: more than the 32 threads of a row
     raw = random_blocks(kind, N, K, rng)
     ref = reference(kind, raw)
     words = pack_blocks(kind, raw, N, K)
-    for m in (1, 2):
+    for m in (1, 2, 70):
         a = rng.standard_normal((m, K)).astype(np.float32)
         got = _matmul(ctx, kind, words, a, K, N)
         assert got.shape == (m, N)

@@ -14,8 +14,10 @@ GEMV kernel (shaders/blocks.wgsl) that decodes a unit of a block (a 64-value qua
 super-block, a whole 32-value block otherwise) at once: the unit's scales and mins decoded once,
 nibbles and bit planes extracted as vec4s dotted with vec4 loads of a, the mins and offsets
 applied to the sum of a (scale * (sum q*a) - min * (sum a)). CPU adapters give each thread two
-output rows (no barriers: llm/kernels.py's measured choice); GPUs split a row's units over 32
-threads and reduce in workgroup memory. Other M (prompts, or M known only at dispatch) take
+output rows (no barriers: llm/kernels.py's measured choice; the rows share a's loads); GPUs split
+a row's units over 32 threads and reduce in workgroup memory, Q4_K and Q6_K in units of 16 values
+(16 threads a super-block, neighbouring threads on neighbouring words, as llama.cpp's Vulkan
+mul_mat_vec_q4_k/q6_k split them; untimed on a GPU so far, checked on lavapipe by forcing it). Other M (prompts, or M known only at dispatch) take
 `_matmul_nbits`' tiled GEMM, whose B staging decodes 4 values at a time into workgroup memory.
 
 `_gather_blocks`: rows of a [V, H] table (embeddings) gathered by index, only those decoded.
@@ -167,6 +169,9 @@ def decode_params(kind, rows, cols):
 # per row splitting its units, WG_GPU threads a workgroup (WG_GPU / TPR rows)
 WG_CPU, ROWS_CPU = 32, 2
 WG_GPU, TPR_GPU = 128, 32
+# types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
+# its neighbours' words are next to), as llama.cpp's Vulkan mul_mat_vec does
+GPU_SPLIT = ("Q4_K", "Q6_K")
 
 
 @lowering("_matmul_blocks")
@@ -182,6 +187,8 @@ def _lower_matmul_blocks(kc, node):
         cpu = cpu_adapter(kc)
         wg, tpr, r = (WG_CPU, 1, ROWS_CPU) if cpu else (WG_GPU, TPR_GPU, 1)
         rows_per_group = wg // tpr * r
+        if not cpu and kind in GPU_SPLIT:
+            dp["PARTS"] = 16  # llama.cpp's split: 16 threads a super-block, neighbours on neighbouring words
         units = dp["QKB"] * dp["PARTS"]
         p = dict(dp, path="gemv", M=M, N=N, K=K, WG=wg, TPR=tpr, R=r)
         kc.launch(
