@@ -359,6 +359,16 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ endfor $}
     }
 {$ endfor $}
+{$ elif KIND == "F16" $}
+{$ for w in range(8) $}
+    {
+        let x = a[ab0 + {{ w }}u];
+{$ for r in range(R) $}
+        res.{{ X[r] }} = res.{{ X[r] }} + dot(vec4<f32>(unpack2x16float(b[wb{{ r }} + {{ 2 * w }}u]),
+            unpack2x16float(b[wb{{ r }} + {{ 2 * w + 1 }}u])), x);
+{$ endfor $}
+    }
+{$ endfor $}
 {$ endif $}
     return res;
 }

@@ -165,5 +165,8 @@ fn q_deq4(r: u32, k: u32) -> vec4<f32> {
     let w1 = b[wb + v / 2u + 1u];
     return vec4<f32>(bitcast<f32>(w0 << 16u), bitcast<f32>(w0 & 0xffff0000u), bitcast<f32>(w1 << 16u),
                      bitcast<f32>(w1 & 0xffff0000u));
+{$ elif KIND == "F16" $}
+    // 2 values a word, the low half first
+    return vec4<f32>(unpack2x16float(b[wb + v / 2u]), unpack2x16float(b[wb + v / 2u + 1u]));
 {$ endif $}
 }

@@ -126,6 +126,9 @@ def random_blocks(kind, rows, cols, rng, std=None):
 
     t = getattr(gguf.GGMLQuantizationType, kind)
     bv, bb = gguf.GGML_QUANT_SIZES[t]
+    if kind == "F16":
+        v = (rng.standard_normal(rows * cols) * (std or 1.0)).astype(np.float16)
+        return v.view(np.uint8).reshape(rows, -1)
     if kind == "BF16":
         v = (rng.standard_normal(rows * cols) * (std or 1.0)).astype(np.float32)
         return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)

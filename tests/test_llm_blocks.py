@@ -206,6 +206,7 @@ FTYPES = {
     "IQ4_XS": 30,
     "Q5_1": 9,
     "BF16": 32,
+    "F16": 1,
 }
 QUANTIZE = (
     "import sys, cyllama.llama.llama_cpp as L\n"

@@ -1,9 +1,9 @@
 """GGUF files (llama.cpp's format) read with the `gguf` package: metadata, validation, and the
 weights kept in their blocks on the GPU. Q4_0, Q4_1 and Q8_0 are repacked into the packed layout
 of `_matmul_nbits` / `_gather_nbits` (mltensor/ops/nbits.py); the K-quants (Q2_K, Q3_K, Q4_K,
-Q5_K, Q6_K), Q5_0, Q5_1, IQ4_NL, IQ4_XS and BF16 go to the GPU as the file's bytes
-(`_matmul_blocks` / `_gather_blocks`, mltensor/ops/blocks.py: BlockWeight); F32 and F16 are
-dense. One file may mix them (a Q4_K_M file holds Q4_K, Q6_K and Q5_0 or Q8_0 tensors).
+Q5_K, Q6_K), Q5_0, Q5_1, IQ4_NL, IQ4_XS, BF16 and F16 matrices go to the GPU as the file's
+bytes (`_matmul_blocks` / `_gather_blocks`, mltensor/ops/blocks.py: BlockWeight); F32 tensors
+and F16/BF16 vectors are dense. One file may mix them (a Q4_K_M file holds Q4_K, Q6_K and Q5_0 or Q8_0 tensors).
 
 Block formats (ggml-quants.c; 32 values a block, each block's bytes in this order):
 - Q4_0: d (f16), 16 bytes of nibbles; value j = (nibble_j - 8) * d, where the low nibbles of the
@@ -26,7 +26,7 @@ from ..ops.blocks import BLOCK_TYPES, pack_blocks
 BLOCK = 32  # values a block in Q4_0, Q4_1 and Q8_0
 SUPPORTED_ARCHS = ("llama",)
 NBITS_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # repacked for _matmul_nbits
-SUPPORTED_TYPES = ("F32", "F16") + NBITS_TYPES + tuple(BLOCK_TYPES)
+SUPPORTED_TYPES = ("F32",) + NBITS_TYPES + tuple(BLOCK_TYPES)
 
 
 def _gguf():
@@ -116,7 +116,10 @@ def repack(kind, raw, rows, cols):
         b = _blocks(raw, rows, cols, 34, kind)
         q = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         return QuantizedWeight(rows, cols, 8, q.reshape(-1).view("<u4").copy(), _f16(b, 0), None, kind)
-    raise NotSupportedError(f"[gguf] tensor type {kind} is not supported (supported: {', '.join(SUPPORTED_TYPES)})")
+    raise NotSupportedError(
+        f"[gguf] tensor type {kind} has no _matmul_nbits layout (repack takes {', '.join(NBITS_TYPES)}; "
+        "load_weight reads the others)"
+    )
 
 
 class BlockWeight:
@@ -261,7 +264,7 @@ def load_weight(f, name, shape):
         raise DataError(f"[gguf] tensor {name!r} has shape {list(got)}, expected {list(shape)}")
     if kind == "F32":
         return Weight(name, kind, shape, dense=np.asarray(data, dtype=np.float32).reshape(shape))
-    if kind == "F16":
+    if kind == "F16" and (len(shape) != 2 or shape[1] % BLOCK_TYPES[kind][0]):
         return Weight(name, kind, shape, dense=np.asarray(data, dtype=np.float16).reshape(shape))
     if kind not in SUPPORTED_TYPES:
         raise NotSupportedError(

@@ -6,7 +6,7 @@ rms_norm(h) times the output head (token_embd when the file has no output.weight
 
 - Quantized weights stay in their blocks on the GPU: Q4_0, Q4_1 and Q8_0 through `_matmul_nbits`
   (decoded inside the GEMV/GEMM kernels) and `_gather_nbits` (only the embedding rows gathered
-  are decoded); the K-quants, Q5_0, Q5_1, IQ4_NL, IQ4_XS and BF16 likewise through
+  are decoded); the K-quants, Q5_0, Q5_1, IQ4_NL, IQ4_XS, BF16 and F16 likewise through
   `_matmul_blocks` / `_gather_blocks` (ops/blocks.py), which read the file's bytes.
 - Rotary embeddings as llama.cpp applies them to GGUF weights (its converter permutes Wq and Wk
   so that rotating adjacent pairs (2i, 2i+1) equals Hugging Face's rotate-half): the first

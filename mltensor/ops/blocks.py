@@ -1,4 +1,4 @@
-"""GGUF block formats (llama.cpp's K-quants, Q5_0/Q5_1, IQ4_NL/IQ4_XS, BF16) read packed on the
+"""GGUF block formats (llama.cpp's K-quants, Q5_0/Q5_1, IQ4_NL/IQ4_XS, BF16, F16) read packed on the
 GPU: internal operators `_matmul_blocks` and `_gather_blocks` (not WebNN: leading underscore),
 used by mltensor.llm for the types `_matmul_nbits` cannot express without growing them.
 
@@ -36,12 +36,13 @@ from ._checks import check_support
 from .nbits import GEMV_MAX_M, cpu_adapter, tiled_launch
 
 # kind: (values a block, bytes a block in the file, byte offset of an f16 `d` moved out of the
-# block, or None). BF16 is read as blocks of 32 values (64 bytes) for the same kernels.
+# block, or None). BF16 and F16 are read as blocks of 32 values (64 bytes) for the same kernels.
 BLOCK_TYPES = {
     "Q5_0": (32, 22, 0),
     "Q5_1": (32, 24, None),
     "IQ4_NL": (32, 18, 0),
     "BF16": (32, 64, None),
+    "F16": (32, 64, None),
     "Q2_K": (256, 84, None),
     "Q3_K": (256, 110, 108),
     "Q4_K": (256, 144, None),
