@@ -36,6 +36,12 @@ const PARTS = {{ PARTS }}u;
 const UNITS = QKB * PARTS;
 const TPR = {{ TPR }}u;
 
+// the 4 bytes of w as values (fields already masked into their bytes with scalar operations:
+// one u32 operation serves 4 values)
+fn q_bytes(w: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+}
+
 fn hsum(x: vec4<f32>) -> f32 {
     return (x.x + x.y) + (x.z + x.w);
 }
@@ -100,10 +106,10 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
         let sw1 = b[wb{{ r }} + 49u + 2u * h];
         let c = i / 4u;
         res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (
-            q_i8(sw0, c) * (dot(vec4<f32>(q_field(l0, 0u, 15u) | (q_field(qh, 0u, 3u) << vec4<u32>(4u))), x0) - s0)
-            + q_i8(sw0, c + 2u) * (dot(vec4<f32>(q_field(l1, 0u, 15u) | (q_field(qh, 2u, 3u) << vec4<u32>(4u))), x1) - s1)
-            + q_i8(sw1, c) * (dot(vec4<f32>(q_field(l0, 4u, 15u) | (q_field(qh, 4u, 3u) << vec4<u32>(4u))), x2) - s2)
-            + q_i8(sw1, c + 2u) * (dot(vec4<f32>(q_field(l1, 4u, 15u) | (q_field(qh, 6u, 3u) << vec4<u32>(4u))), x3) - s3));
+            q_i8(sw0, c) * (dot(q_bytes((l0 & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4u)), x0) - s0)
+            + q_i8(sw0, c + 2u) * (dot(q_bytes((l1 & 0x0F0F0F0Fu) | ((qh & 0x0C0C0C0Cu) << 2u)), x1) - s1)
+            + q_i8(sw1, c) * (dot(q_bytes(((l0 >> 4u) & 0x0F0F0F0Fu) | (qh & 0x30303030u)), x2) - s2)
+            + q_i8(sw1, c + 2u) * (dot(q_bytes(((l1 >> 4u) & 0x0F0F0F0Fu) | ((qh >> 2u) & 0x30303030u)), x3) - s3));
     }
 {$ endfor $}
 {$ elif KIND == "Q4_K" or KIND == "Q5_K" $}
@@ -133,8 +139,8 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
         t{{ r }}1 = t{{ r }}1 + dot(q_hi4(q{{ r }}), x1);
 {$ else $}
         let h{{ r }} = b[wb{{ r }} + {{ 4 + w }}u];
-        t{{ r }}0 = t{{ r }}0 + dot(vec4<f32>(q_field(q{{ r }}, 0u, 15u) | (q_field(h{{ r }}, 2u * p, 1u) << vec4<u32>(4u))), x0);
-        t{{ r }}1 = t{{ r }}1 + dot(vec4<f32>(q_field(q{{ r }}, 4u, 15u) | (q_field(h{{ r }}, 2u * p + 1u, 1u) << vec4<u32>(4u))), x1);
+        t{{ r }}0 = t{{ r }}0 + dot(q_bytes((q{{ r }} & 0x0F0F0F0Fu) | (((h{{ r }} >> (2u * p)) & 0x01010101u) << 4u)), x0);
+        t{{ r }}1 = t{{ r }}1 + dot(q_bytes(((q{{ r }} >> 4u) & 0x0F0F0F0Fu) | (((h{{ r }} >> (2u * p + 1u)) & 0x01010101u) << 4u)), x1);
 {$ endif $}
 {$ endfor $}
     }
@@ -181,10 +187,10 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
         let l0{{ r }} = b[wb{{ r }} + lo + {{ w }}u];
         let l1{{ r }} = b[wb{{ r }} + lo + {{ 8 + w }}u];
         let qh{{ r }} = b[wb{{ r }} + ho + {{ w }}u];
-        t{{ r }}0 = t{{ r }}0 + dot(vec4<f32>(q_field(l0{{ r }}, 0u, 15u) | (q_field(qh{{ r }}, 0u, 3u) << vec4<u32>(4u))), x0);
-        t{{ r }}1 = t{{ r }}1 + dot(vec4<f32>(q_field(l1{{ r }}, 0u, 15u) | (q_field(qh{{ r }}, 2u, 3u) << vec4<u32>(4u))), x1);
-        t{{ r }}2 = t{{ r }}2 + dot(vec4<f32>(q_field(l0{{ r }}, 4u, 15u) | (q_field(qh{{ r }}, 4u, 3u) << vec4<u32>(4u))), x2);
-        t{{ r }}3 = t{{ r }}3 + dot(vec4<f32>(q_field(l1{{ r }}, 4u, 15u) | (q_field(qh{{ r }}, 6u, 3u) << vec4<u32>(4u))), x3);
+        t{{ r }}0 = t{{ r }}0 + dot(q_bytes((l0{{ r }} & 0x0F0F0F0Fu) | ((qh{{ r }} & 0x03030303u) << 4u)), x0);
+        t{{ r }}1 = t{{ r }}1 + dot(q_bytes((l1{{ r }} & 0x0F0F0F0Fu) | ((qh{{ r }} & 0x0C0C0C0Cu) << 2u)), x1);
+        t{{ r }}2 = t{{ r }}2 + dot(q_bytes(((l0{{ r }} >> 4u) & 0x0F0F0F0Fu) | (qh{{ r }} & 0x30303030u)), x2);
+        t{{ r }}3 = t{{ r }}3 + dot(q_bytes(((l1{{ r }} >> 4u) & 0x0F0F0F0Fu) | ((qh{{ r }} >> 2u) & 0x30303030u)), x3);
 {$ endfor $}
     }
 {$ endfor $}
@@ -229,11 +235,11 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ if KIND == "Q3_K" $}
         let m{{ r }} = b[wb{{ r }} + 4u * ls + {{ w }}u] >> (4u * h);
 {$ for j in range(4) $}
-        t{{ r }}{{ j }} = t{{ r }}{{ j }} + dot(vec4<f32>(q_field(q{{ r }}, {{ 2 * j }}u, 3u) | (q_field(m{{ r }}, {{ j }}u, 1u) << vec4<u32>(2u))), x{{ j }});
+        t{{ r }}{{ j }} = t{{ r }}{{ j }} + dot(q_bytes(((q{{ r }} >> {{ 2 * j }}u) & 0x03030303u) | (((m{{ r }} >> {{ j }}u) & 0x01010101u) << 2u)), x{{ j }});
 {$ endfor $}
 {$ else $}
 {$ for j in range(4) $}
-        t{{ r }}{{ j }} = t{{ r }}{{ j }} + dot(q_bits(q{{ r }}, {{ 2 * j }}u, 3u), x{{ j }});
+        t{{ r }}{{ j }} = t{{ r }}{{ j }} + dot(q_bytes((q{{ r }} >> {{ 2 * j }}u) & 0x03030303u), x{{ j }});
 {$ endfor $}
 {$ endif $}
 {$ endfor $}
@@ -328,9 +334,12 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ if KIND == "IQ4_NL" $}
         t{{ r }} = t{{ r }} + dot(q_iq4(q_field(q{{ r }}, 0u, 15u)), x0) + dot(q_iq4(q_field(q{{ r }}, 4u, 15u)), x1);
 {$ else $}
-        // bit v of qh (value v) lands on bit 4 of its value: (qh >> (v - 4)) & 16
-        t{{ r }} = t{{ r }} + dot(vec4<f32>(q_field(q{{ r }}, 0u, 15u) | ({$ if w == 0 $}(vec4<u32>(qh{{ r }}) << vec4<u32>(4u, 3u, 2u, 1u)){$ else $}(vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 4 * w - 4 }}u, {{ 4 * w - 3 }}u, {{ 4 * w - 2 }}u, {{ 4 * w - 1 }}u)){$ endif $} & vec4<u32>(16u))), x0)
-            + dot(vec4<f32>(q_field(q{{ r }}, 4u, 15u) | ((vec4<u32>(qh{{ r }}) >> vec4<u32>({{ 12 + 4 * w }}u, {{ 13 + 4 * w }}u, {{ 14 + 4 * w }}u, {{ 15 + 4 * w }}u)) & vec4<u32>(16u))), x1);
+        // bits 4w .. 4w + 3 of qh spread to bit 0 of 4 bytes (x * 0x204081: copies of x at
+        // bits 0, 7, 14, 21, which do not overlap), then to bit 4 above the nibbles
+        let hl{{ r }} = ((((qh{{ r }} >> {{ 4 * w }}u) & 15u) * 0x204081u) & 0x01010101u) << 4u;
+        let hh{{ r }} = ((((qh{{ r }} >> {{ 16 + 4 * w }}u) & 15u) * 0x204081u) & 0x01010101u) << 4u;
+        t{{ r }} = t{{ r }} + dot(q_bytes((q{{ r }} & 0x0F0F0F0Fu) | hl{{ r }}), x0)
+            + dot(q_bytes(((q{{ r }} >> 4u) & 0x0F0F0F0Fu) | hh{{ r }}), x1);
 {$ endif $}
 {$ endfor $}
     }
