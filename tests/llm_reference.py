@@ -73,7 +73,11 @@ def write_synthetic(
             w.add_tensor(name, a.astype(np.float16))
         else:
             t = getattr(gguf.GGMLQuantizationType, kind)
-            w.add_tensor(name, quantize(a, t), raw_dtype=t)
+            try:
+                data = quantize(a, t)
+            except NotImplementedError:  # K-quants, IQ4: no quantizer in the gguf package
+                data = random_blocks(kind, shape[0], shape[1], rng, std=scale)
+            w.add_tensor(name, data, raw_dtype=t)
 
     hd = hidden // heads
     put("token_embd.weight", (vocab, hidden), embd, 1.0)
@@ -96,6 +100,51 @@ def write_synthetic(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# byte offsets of the float16 fields of each block (scales, mins) of the types random_blocks makes
+F16_FIELDS = {
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "IQ4_NL": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_XS": (0,),
+}
+
+
+def random_blocks(kind, rows, cols, rng, std=None):
+    """The bytes [rows, row bytes] of a well-formed `kind` tensor: random quant bytes, float16
+    scales (and mins) of magnitude 0.01-0.1 with both signs, one all-zero block; BF16: random
+    normal values. `std`: the float16 fields rescaled so that the values' standard deviation (as
+    the gguf package dequantizes them) is about `std`."""
+    import gguf
+    from gguf.quants import dequantize
+
+    t = getattr(gguf.GGMLQuantizationType, kind)
+    bv, bb = gguf.GGML_QUANT_SIZES[t]
+    if kind == "F16":
+        v = (rng.standard_normal(rows * cols) * (std or 1.0)).astype(np.float16)
+        return v.view(np.uint8).reshape(rows, -1)
+    if kind == "BF16":
+        v = (rng.standard_normal(rows * cols) * (std or 1.0)).astype(np.float32)
+        return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
+    nb = rows * cols // bv
+    raw = rng.integers(0, 256, (nb, bb), dtype=np.uint8)
+    fields = []
+    for off in F16_FIELDS[kind]:
+        d = rng.uniform(0.01, 0.1, nb) * rng.choice([-1, 1], nb)
+        fields.append((off, d))
+        raw[:, off : off + 2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if std is not None:
+        k = std / dequantize(raw.reshape(rows, -1), t).std()
+        for off, d in fields:
+            raw[:, off : off + 2] = (d * k).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    raw[min(1, nb - 1)] = 0  # an all-zero block (d == 0)
+    return raw.reshape(rows, -1)
 
 
 # SmolLM2's template (ChatML with a default system message)

@@ -1,7 +1,9 @@
 """Large language models from GGUF files (llama.cpp's format) on the GPU: `mltensor.llm`.
 
 - gguf.py: read and validate a GGUF file (the `gguf` package), repack Q4_0/Q4_1/Q8_0 blocks into
-  the packed layout of the `_matmul_nbits` / `_gather_nbits` kernels;
+  the packed layout of the `_matmul_nbits` / `_gather_nbits` kernels, and keep the K-quants,
+  Q5_0/Q5_1, IQ4_NL/IQ4_XS and BF16 as the file's bytes for `_matmul_blocks` / `_gather_blocks`
+  (mltensor/ops/blocks.py);
 - model.py: the Llama architecture with MLGraphBuilder (LlamaModel; LlamaSession: one
   conversation's KV cache on the GPU);
 - kernels.py: `_llm_gemv`, the decode step's 4/8-bit GEMV on CPU adapters;

@@ -1,6 +1,9 @@
 """GGUF files (llama.cpp's format) read with the `gguf` package: metadata, validation, and the
-weights repacked from GGUF's blocks into the packed layout of `_matmul_nbits` / `_gather_nbits`
-(mltensor/ops/nbits.py), so they stay 4/8-bit on the GPU.
+weights kept in their blocks on the GPU. Q4_0, Q4_1 and Q8_0 are repacked into the packed layout
+of `_matmul_nbits` / `_gather_nbits` (mltensor/ops/nbits.py); the K-quants (Q2_K, Q3_K, Q4_K,
+Q5_K, Q6_K), Q5_0, Q5_1, IQ4_NL, IQ4_XS, BF16 and F16 matrices go to the GPU as the file's
+bytes (`_matmul_blocks` / `_gather_blocks`, mltensor/ops/blocks.py: BlockWeight); F32 tensors
+and F16/BF16 vectors are dense. One file may mix them (a Q4_K_M file holds Q4_K, Q6_K and Q5_0 or Q8_0 tensors).
 
 Block formats (ggml-quants.c; 32 values a block, each block's bytes in this order):
 - Q4_0: d (f16), 16 bytes of nibbles; value j = (nibble_j - 8) * d, where the low nibbles of the
@@ -18,9 +21,12 @@ import os
 import numpy as np
 
 from ..errors import DataError, NotSupportedError
+from ..ops.blocks import BLOCK_TYPES, pack_blocks
 
 BLOCK = 32  # values a block in Q4_0, Q4_1 and Q8_0
 SUPPORTED_ARCHS = ("llama",)
+NBITS_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # repacked for _matmul_nbits
+SUPPORTED_TYPES = ("F32",) + NBITS_TYPES + tuple(BLOCK_TYPES)
 
 
 def _gguf():
@@ -110,7 +116,25 @@ def repack(kind, raw, rows, cols):
         b = _blocks(raw, rows, cols, 34, kind)
         q = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         return QuantizedWeight(rows, cols, 8, q.reshape(-1).view("<u4").copy(), _f16(b, 0), None, kind)
-    raise NotSupportedError(f"[gguf] tensor type {kind} is not supported (supported: Q4_0, Q4_1, Q8_0, F16, F32)")
+    raise NotSupportedError(
+        f"[gguf] tensor type {kind} has no _matmul_nbits layout (repack takes {', '.join(NBITS_TYPES)}; "
+        "load_weight reads the others)"
+    )
+
+
+class BlockWeight:
+    """A [rows, cols] matrix of GGUF blocks of `kind` (ops/blocks.py BLOCK_TYPES) as the u32
+    `words` `_matmul_blocks` / `_gather_blocks` decode: the file's bytes."""
+
+    __slots__ = ("rows", "cols", "kind", "words")
+
+    def __init__(self, kind, raw, rows, cols):
+        self.rows, self.cols, self.kind = rows, cols, kind
+        self.words = pack_blocks(kind, raw, rows, cols)
+
+    @property
+    def nbytes(self):
+        return self.words.nbytes
 
 
 class GGUFFile:
@@ -216,16 +240,19 @@ class LlamaConfig:
 
 
 class Weight:
-    """One tensor of the model: either `q` (a QuantizedWeight) or `dense` (float32/float16 ndarray)."""
+    """One tensor of the model: `q` (a QuantizedWeight), `blocks` (a BlockWeight) or `dense`
+    (float32/float16 ndarray)."""
 
-    __slots__ = ("name", "kind", "shape", "q", "dense")
+    __slots__ = ("name", "kind", "shape", "q", "dense", "blocks")
 
-    def __init__(self, name, kind, shape, q=None, dense=None):
-        self.name, self.kind, self.shape, self.q, self.dense = name, kind, shape, q, dense
+    def __init__(self, name, kind, shape, q=None, dense=None, blocks=None):
+        self.name, self.kind, self.shape, self.q, self.dense, self.blocks = name, kind, shape, q, dense, blocks
 
     @property
     def nbytes(self):
-        return self.q.nbytes if self.q is not None else self.dense.nbytes
+        for x in (self.q, self.blocks, self.dense):
+            if x is not None:
+                return x.nbytes
 
 
 def load_weight(f, name, shape):
@@ -237,8 +264,18 @@ def load_weight(f, name, shape):
         raise DataError(f"[gguf] tensor {name!r} has shape {list(got)}, expected {list(shape)}")
     if kind == "F32":
         return Weight(name, kind, shape, dense=np.asarray(data, dtype=np.float32).reshape(shape))
-    if kind == "F16":
+    if kind == "F16" and (len(shape) != 2 or shape[1] % BLOCK_TYPES[kind][0]):
         return Weight(name, kind, shape, dense=np.asarray(data, dtype=np.float16).reshape(shape))
+    if kind not in SUPPORTED_TYPES:
+        raise NotSupportedError(
+            f"[gguf] tensor {name!r} has type {kind}, which is not supported (supported: {', '.join(SUPPORTED_TYPES)})"
+        )
+    if kind == "BF16" and (len(shape) != 2 or shape[1] % BLOCK_TYPES[kind][0]):
+        # vectors (norms) and odd rows: float32 on the host, exact (a bfloat16 is an f32's high half)
+        bits = np.ascontiguousarray(data).view(np.uint16).astype(np.uint32) << 16
+        return Weight(name, kind, shape, dense=bits.view(np.float32).reshape(shape))
     if len(shape) != 2:
         raise NotSupportedError(f"[gguf] tensor {name!r}: only 2-D tensors may be quantized ({kind})")
+    if kind in BLOCK_TYPES:
+        return Weight(name, kind, shape, blocks=BlockWeight(kind, data, shape[0], shape[1]))
     return Weight(name, kind, shape, q=repack(kind, data, shape[0], shape[1]))

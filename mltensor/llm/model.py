@@ -4,8 +4,10 @@ One layer: h += Wo . attention(rope(Wq . n), rope(Wk . n), Wv . n) with n = rms_
 h += W_down . (silu(W_gate . n2) * (W_up . n2)) with n2 = rms_norm(h); then the last position's
 rms_norm(h) times the output head (token_embd when the file has no output.weight: tied).
 
-- Quantized weights (Q4_0, Q4_1, Q8_0) stay in their blocks on the GPU: `_matmul_nbits` decodes
-  them inside the GEMV/GEMM kernels, `_gather_nbits` decodes only the embedding rows gathered.
+- Quantized weights stay in their blocks on the GPU: Q4_0, Q4_1 and Q8_0 through `_matmul_nbits`
+  (decoded inside the GEMV/GEMM kernels) and `_gather_nbits` (only the embedding rows gathered
+  are decoded); the K-quants, Q5_0, Q5_1, IQ4_NL, IQ4_XS, BF16 and F16 likewise through
+  `_matmul_blocks` / `_gather_blocks` (ops/blocks.py), which read the file's bytes.
 - Rotary embeddings as llama.cpp applies them to GGUF weights (its converter permutes Wq and Wk
   so that rotating adjacent pairs (2i, 2i+1) equals Hugging Face's rotate-half): the first
   rope.dimension_count channels of each head, angle pos * base^(-2i / dims).
@@ -118,6 +120,9 @@ class _Builder:
     def linear(self, x, w):
         """x [..., K] times w [N, K] transposed -> [..., N]."""
         b = self.b
+        if w.blocks is not None:
+            q = w.blocks
+            return b._matmul_blocks(x, self.const(q.words), kind=q.kind, K=q.cols, N=q.rows)
         if w.q is not None and self.gemv and tuple(x.shape[:-1]) == (1,):
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
@@ -145,6 +150,9 @@ class _Builder:
 
     def embed(self, ids):
         b, w = self.b, self.w.token_embd
+        if w.blocks is not None:
+            q = w.blocks
+            return b._gather_blocks(self.const(q.words), ids, kind=q.kind, V=q.rows, H=q.cols)
         if w.q is not None:
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)

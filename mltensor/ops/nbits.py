@@ -152,10 +152,11 @@ def _quant_params(attrs, cols):
         "ZPB": _zp_bytes(kb, bits),
         "zp_mode": attrs["zp_mode"],
         "ZP_DEFAULT": float(1 << (bits - 1)),
+        "KIND": "",  # a GGUF block type (ops/blocks.py) decodes B instead of the packed words
     }
 
 
-def _cpu(kc):
+def cpu_adapter(kc):
     return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 
@@ -203,7 +204,7 @@ def _lower_matmul_nbits(kc, node):
         if M <= GEMV_MAX_M:
             _gemv(kc, name, p, bindings, args, N, 1)
         else:
-            _tiled(kc, name, p, bindings, args, M, N, M, 1)
+            tiled_launch(kc, name, p, bindings, args, M, N, M, 1)
         return
     # Sizes known at dispatch: the GEMV kernel for M <= 4 and the tiled one above, each launched
     # with a workgroup count that is 0 outside its range (and returning at once there too)
@@ -214,7 +215,7 @@ def _lower_matmul_nbits(kc, node):
         _gemv(kc, name, dict(p, gate=gate), bindings, args, N, 1 if hi <= GEMV_MAX_M else 1 - big)
     if hi > GEMV_MAX_M:
         gate = "" if lo > GEMV_MAX_M else f"{wgsl(M)} > {GEMV_MAX_M}u"
-        _tiled(kc, name, dict(p, gate=gate), bindings, args, M, N, hi, big)
+        tiled_launch(kc, name, dict(p, gate=gate), bindings, args, M, N, hi, big)
 
 
 def _gemv(kc, name, p, bindings, args, N, on):
@@ -229,11 +230,11 @@ def _gemv(kc, name, p, bindings, args, N, on):
     )
 
 
-def _tiled(kc, name, p, bindings, args, M, N, m_max, on):
+def tiled_launch(kc, name, p, bindings, args, M, N, m_max, on):
     # Tiles: on CPU adapters lavapipe's GEMM shape (64 threads, 8x8 outputs each where the
     # sizes fill it: ops/matmul.lavapipe_config), elsewhere 256 threads with 4x4 outputs each.
     # Both fit WebGPU's default 16 KiB of workgroup memory with BK = 32. Chosen at the largest M.
-    if _cpu(kc):
+    if cpu_adapter(kc):
         tx = ty = 8
         rm = 8 if m_max >= 64 else 4
         rn = 8 if N >= 64 else 4

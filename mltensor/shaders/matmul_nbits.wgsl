@@ -25,6 +25,10 @@ const KB = {{ KB }}u;      // blocks per quantized row
 const WPR = {{ WPR }}u;    // u32 words per quantized row
 const MASK = {{ MASK }}u;
 
+{$ if KIND $}
+// a GGUF block type (mltensor/ops/blocks.py): the tiled path stages B through q_deq4
+{$ include "blocks_decode.wgsl" $}
+{$ else $}
 // scale and zero point of block `blk` of quantized row `r`
 fn scale_of(r: u32, blk: u32) -> f32 {
     return f32(scales[r * KB + blk]);
@@ -41,6 +45,7 @@ fn zp_of(r: u32, blk: u32) -> f32 {
     return {{ f32_lit(ZP_DEFAULT) }};
 {$ endif $}
 }
+{$ endif $}
 
 {$ if path == "gather" $}
 const H = {{ H }}u;
@@ -227,6 +232,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let c = wl * VPW * BQ + nl / 4u;
             let l = nl % 4u;
             if (n < N && wi < KW) {
+{$ if KIND $}
+                let dv = q_deq4(n, kq);
+{$ for e in range(4) $}
+                Bs[c + {{ e }}u * BQ][l] = dv.{{ "xyzw"[e] }};
+{$ endfor $}
+{$ else $}
                 let blk = kq / BS;
                 let s = scale_of(n, blk);
                 let z = zp_of(n, blk);
@@ -235,6 +246,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ for e in range(VPW) $}
                 Bs[c + {{ e }}u * BQ][l] = d{{ e }};
 {$ endfor $}
+{$ endif $}
             } else {
 {$ for e in range(VPW) $}
                 Bs[c + {{ e }}u * BQ][l] = 0.0;

@@ -1,0 +1,249 @@
+"""GGUF block formats (llama.cpp's K-quants, Q5_0/Q5_1, IQ4_NL/IQ4_XS, BF16, F16) read packed on the
+GPU: internal operators `_matmul_blocks` and `_gather_blocks` (not WebNN: leading underscore),
+used by mltensor.llm for the types `_matmul_nbits` cannot express without growing them.
+
+The weights are the file's blocks as u32 words (`pack_blocks`), each block word-aligned: a block
+whose size is 2 modulo 4 (Q5_0, IQ4_NL: 22/18 bytes with the f16 scale `d` first; Q3_K, Q6_K:
+110/210 bytes with `d` last) has its `d` moved out, into f16 pairs after all the blocks. So the
+GPU holds exactly the file's bytes (plus at most 2 bytes of padding), and every decode reads
+aligned words and extracts bytes, nibbles and bit fields from them (shaders/blocks_decode.wgsl).
+Row r of the [N, K] matrix is K / QBV consecutive blocks.
+
+`_matmul_blocks`: out[..., n] = sum_k a[..., k] * W[n, k]. A static M <= 4 (decoding) takes a
+GEMV kernel (shaders/blocks.wgsl) that decodes a unit of a block (a 64-value quarter of a K-quant
+super-block, a whole 32-value block otherwise) at once: the unit's scales and mins decoded once,
+nibbles and bit planes extracted as vec4s dotted with vec4 loads of a, the mins and offsets
+applied to the sum of a (scale * (sum q*a) - min * (sum a)). CPU adapters give each thread two
+output rows (no barriers: llm/kernels.py's measured choice; the rows share a's loads); GPUs split
+a row's units over 32 threads and reduce in workgroup memory, Q4_K and Q6_K in units of 16 values
+(16 threads a super-block, neighbouring threads on neighbouring words, as llama.cpp's Vulkan
+mul_mat_vec_q4_k/q6_k split them; untimed on a GPU so far, checked on lavapipe by forcing it). Other M (prompts, or M known only at dispatch) take
+`_matmul_nbits`' tiled GEMM, whose B staging decodes 4 values at a time into workgroup memory.
+
+`_gather_blocks`: rows of a [V, H] table (embeddings) gathered by index, only those decoded.
+"""
+
+import math
+
+import numpy as np
+
+from ..dynamic.dims import Sym, cdiv, high, wgsl
+from ..dynamic.kernels import grid
+from ..errors import DataError, NotSupportedError
+from ..ir.registry import MAX_RANK, builder_op, lowering, register
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
+from ._checks import check_support
+from .nbits import GEMV_MAX_M, cpu_adapter, tiled_launch
+
+# kind: (values a block, bytes a block in the file, byte offset of an f16 `d` moved out of the
+# block, or None). BF16 and F16 are read as blocks of 32 values (64 bytes) for the same kernels.
+BLOCK_TYPES = {
+    "Q5_0": (32, 22, 0),
+    "Q5_1": (32, 24, None),
+    "IQ4_NL": (32, 18, 0),
+    "BF16": (32, 64, None),
+    "F16": (32, 64, None),
+    "Q2_K": (256, 84, None),
+    "Q3_K": (256, 110, 108),
+    "Q4_K": (256, 144, None),
+    "Q5_K": (256, 176, None),
+    "Q6_K": (256, 210, 208),
+    "IQ4_XS": (256, 136, None),
+}
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+DYNAMIC_OPS = frozenset({"_matmul_blocks", "_gather_blocks"})
+
+register(
+    "_matmul_blocks",
+    {"a": ("float32",), "b": ("uint32",), "output": ("float32",)},
+    ranks={"a": (1, MAX_RANK), "b": (1, 1)},
+)
+register(
+    "_gather_blocks",
+    {"data": ("uint32",), "indices": ("int32",), "output": ("float32",)},
+    ranks={"data": (1, 1)},
+)
+
+
+def block_words(kind, rows, cols):
+    """u32 words of `rows` rows of `cols` values of `kind` as pack_blocks lays them out."""
+    bv, bb, doff = BLOCK_TYPES[kind]
+    n = rows * (cols // bv)
+    wpb = (bb - (2 if doff is not None else 0)) // 4
+    return n * wpb + (cdiv(n, 2) if doff is not None else 0)
+
+
+def pack_blocks(kind, raw, rows, cols):
+    """The bytes of a GGUF tensor of `kind` (rows of `cols` values) as the u32 words the kernels
+    read: the blocks in file order, a 2-mod-4 block's f16 `d` moved to the pairs after them."""
+    if kind not in BLOCK_TYPES:
+        raise NotSupportedError(f"[gguf] block type {kind} has no GPU decoder (have: {', '.join(BLOCK_TYPES)})")
+    bv, bb, doff = BLOCK_TYPES[kind]
+    if cols % bv:
+        raise DataError(f"[gguf] a {kind} tensor's rows must be whole blocks of {bv} values, got {cols}")
+    nb = rows * (cols // bv)
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    if raw.size != nb * bb:
+        raise DataError(f"[gguf] {kind} tensor of {rows} x {cols} needs {nb * bb} bytes, the file holds {raw.size}")
+    blocks = raw.reshape(nb, bb)
+    if doff is None:
+        return blocks.reshape(-1).view("<u4").copy()
+    body = np.concatenate([blocks[:, :doff], blocks[:, doff + 2 :]], axis=1)
+    d = blocks[:, doff : doff + 2].reshape(-1)
+    if nb % 2:
+        d = np.concatenate([d, np.zeros(2, np.uint8)])
+    return np.concatenate([body.reshape(-1), d]).view("<u4").copy()
+
+
+def _check_kind(where, kind, cols, what):
+    if kind not in BLOCK_TYPES:
+        raise TypeError(f"[{where}] kind must be one of {', '.join(BLOCK_TYPES)}, got {kind!r}")
+    if isinstance(cols, bool) or not isinstance(cols, int) or cols < 1 or cols % BLOCK_TYPES[kind][0]:
+        raise TypeError(
+            f"[{where}] {what} must be a positive multiple of {BLOCK_TYPES[kind][0]} for {kind}, got {cols}"
+        )
+
+
+def _check_rows(where, what, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise TypeError(f"[{where}] {what} must be a positive integer, got {v!r}")
+
+
+@builder_op
+def _matmul_blocks(b, a, packed, *, kind, K, N, label=None):
+    where = "_matmul_blocks"
+    b._operand(a, where, "a")
+    b._operand(packed, where, "b")
+    check_support(where, a=a, b=packed)
+    _check_kind(where, kind, K, "K")
+    _check_rows(where, "N", N)
+    if a.shape[-1] != K:
+        raise TypeError(f"[{where}] the last dimension of a ({a.shape[-1]}) must be K ({K})")
+    if packed.shape != (block_words(kind, N, K),):
+        raise TypeError(f"[{where}] b must hold {block_words(kind, N, K)} u32 words, got {list(packed.shape)}")
+    return b._emit1(where, [a, packed], {"kind": kind, "K": K, "N": N}, "float32", tuple(a.shape[:-1]) + (N,), label)
+
+
+@builder_op
+def _gather_blocks(b, data, indices, *, kind, V, H, label=None):
+    """Rows `indices` (int32, negative counted from the end, clamped into [0, V)) of the [V, H]
+    table of `kind` blocks in `data`, decoded to float32: shape indices.shape + [H]."""
+    where = "_gather_blocks"
+    b._operand(data, where, "data")
+    b._operand(indices, where, "indices")
+    check_support(where, data=data, indices=indices)
+    _check_kind(where, kind, H, "H")
+    _check_rows(where, "V", V)
+    if data.shape != (block_words(kind, V, H),):
+        raise TypeError(f"[{where}] data must hold {block_words(kind, V, H)} u32 words, got {list(data.shape)}")
+    attrs = {"kind": kind, "V": V, "H": H}
+    return b._emit1(where, [data, indices], attrs, "float32", tuple(indices.shape) + (H,), label)
+
+
+# -- lowering -----------------------------------------------------------------------------------
+
+
+def _iq4_words():
+    """IQ4_NL's 16 values as 4 u32 words of int8s (value i: byte i % 4 of word i / 4)."""
+    raw = np.array(IQ4_VALUES, np.int8).view(np.uint8)
+    return [int(x) for x in raw.view("<u4")]
+
+
+def decode_params(kind, rows, cols):
+    """Template parameters of shaders/blocks_decode.wgsl for `rows` rows of `cols` values."""
+    bv, bb, doff = BLOCK_TYPES[kind]
+    kb = cols // bv
+    wpb = (bb - (2 if doff is not None else 0)) // 4
+    return {
+        "KIND": kind,
+        "QBV": bv,
+        "QWPB": wpb,
+        "QKB": kb,
+        "QDOFF": rows * kb * wpb,
+        "PARTS": bv // 64 if bv == 256 else 1,
+        "IQ4": _iq4_words(),
+    }
+
+
+# GEMV geometry: CPU adapters one thread per ROWS_CPU rows (threads of WG_CPU); GPUs TPR threads
+# per row splitting its units, WG_GPU threads a workgroup (WG_GPU / TPR rows)
+WG_CPU, ROWS_CPU = 32, 2
+WG_GPU, TPR_GPU = 128, 32
+# types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
+# its neighbours' words are next to), as llama.cpp's Vulkan mul_mat_vec does
+GPU_SPLIT = ("Q4_K", "Q6_K")
+
+
+@lowering("_matmul_blocks")
+def _lower_matmul_blocks(kc, node):
+    at = node.attrs
+    a, packed = node.inputs
+    out = kc.out(node)
+    kind, K, N = at["kind"], at["K"], at["N"]
+    M = math.prod(a.shape[:-1])
+    dp = decode_params(kind, N, K)
+    name = f"matmul_blocks_{kind}_{M}x{K}x{N}"
+    if not isinstance(M, Sym) and M <= GEMV_MAX_M:
+        cpu = cpu_adapter(kc)
+        wg, tpr, r = (WG_CPU, 1, ROWS_CPU) if cpu else (WG_GPU, TPR_GPU, 1)
+        rows_per_group = wg // tpr * r
+        if not cpu and kind in GPU_SPLIT:
+            dp["PARTS"] = 16  # llama.cpp's split: 16 threads a super-block, neighbours on neighbouring words
+        units = dp["QKB"] * dp["PARTS"]
+        p = dict(dp, path="gemv", M=M, N=N, K=K, WG=wg, TPR=tpr, R=r)
+        kc.launch(
+            Kernel(
+                f"{name}_gemv_t{tpr}r{r}",
+                "blocks.wgsl",
+                p,
+                [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("out", "f32", True)],
+            ),
+            [a, packed, out],
+            grid(cdiv(N, rows_per_group)),
+            iters=M * (cdiv(units, tpr) + 8) + 16,
+        )
+        return
+    # prompts: _matmul_nbits' tiled GEMM, its B staging decoding 4 values at a time (QBV-value
+    # blocks read as "words" of 4 values: VPW = 4); M known only at dispatch takes it at every size
+    dyn = isinstance(M, Sym)
+    p = dict(
+        dp,
+        BITS=8,
+        MASK=255,
+        VPW=4,
+        BS=dp["QBV"],
+        KB=dp["QKB"],
+        WPR=0,
+        ZPB=0,
+        zp_mode="none",
+        ZP_DEFAULT=0.0,
+        N=N,
+        K=K,
+        ST=store_fn("f32"),
+        has_bias=False,
+        SM=wgsl(M) if dyn else "M",
+        M=None if dyn else M,
+        check_m=dyn,
+        MROWS=4,
+        gate="",
+    )
+    bindings = [Binding("a", "f32"), Binding("b", "u32"), Binding("out", "f32", True)]
+    tiled_launch(kc, name, p, bindings, [a, packed, out], M, N, high(M), 1)
+
+
+@lowering("_gather_blocks")
+def _lower_gather_blocks(kc, node):
+    at = node.attrs
+    data, idx = node.inputs
+    out = kc.out(node)
+    kind, V, H = at["kind"], at["V"], at["H"]
+    rows = math.prod(idx.shape)
+    n = rows * (H // 4)
+    p = dict(decode_params(kind, V, H), path="gather", H=H, V=V, n=n, ST=store_fn("f32"))
+    bindings = [Binding("b", "u32"), Binding("idx", "i32"), Binding("out", "f32", True)]
+    kc.launch(
+        Kernel(f"gather_blocks_{kind}_{rows}x{V}x{H}", "blocks.wgsl", p, bindings),
+        [data, idx, out],
+        grid(cdiv(n, WORKGROUP)),
+    )
