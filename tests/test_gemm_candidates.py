@@ -63,7 +63,9 @@ def test_matmul_every_candidate(ctx, rng, monkeypatch, sa, sb, vec):
     _matmul(ctx, rng, sa, sb, epilogue=False)
 
 
-@pytest.mark.parametrize("sa,sb", [((1, 300), (300, 70)), ((3, 4, 129), (129, 8)), ((2, 64), (64, 1030))])
+# (a batch of GEMVs where B differs per batch entry: a 2-D B folds the batch into the rows,
+# ops/_gemm.py folds_batch, and 12 rows take the tiled path)
+@pytest.mark.parametrize("sa,sb", [((1, 300), (300, 70)), ((3, 4, 129), (3, 129, 8)), ((2, 64), (64, 1030))])
 @pytest.mark.parametrize("sg", [0, 1], ids=["workgroup_memory", "subgroups"])
 def test_matmul_gemv_variants(ctx, rng, sa, sb, sg):
     # M <= 4: the GEMV path, reduced in workgroup memory or (candidate 1) within subgroups first
