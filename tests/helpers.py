@@ -165,13 +165,6 @@ def in_threads(fn, args, timeout=300):
 
 
 def launches_run(graph, feeds):
-    """The launches one run of `graph` at the sizes of numpy `feeds` makes: a graph with dynamic
-    dimensions records every size variant of a kernel (a matmul's GEMV and tile paths,
-    attention's decode and prompt kernels), and a run skips those with no workgroups at its
-    sizes (dynamic/plan.py LaunchData.off)."""
-    n = len(graph.kernel_names)
-    plan = getattr(graph, "_dyn", None)
-    if plan is None:
-        return n
-    data = plan.launch_data(plan.bind({k: tuple(feeds[k].shape) for k in graph.input_descriptors}))
-    return n - len(data.off or ())
+    """The launches one run of `graph` at the sizes of numpy `feeds` makes (MLGraph.kernels_run:
+    size variants with no work at those sizes are not counted)."""
+    return len(graph.kernels_run({k: feeds[k].shape for k in graph.input_descriptors}))

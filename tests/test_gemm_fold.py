@@ -99,7 +99,13 @@ def test_folded_dynamic_batch(ctx):
         xa = rng.standard_normal(shape).astype(np.float32)
         h = xa.astype(np.float64) @ w
         want = 0.5 * h * (1 + np.vectorize(math.erf)(h / np.sqrt(2)))
+        before = ctx.counters["kernel_launches"]
         _close(_run(ctx, g, {"x": xa})["y"], want)
+        # one GEMM runs at each size (the GEMV bucket for 4 rows or fewer): kernels_run names it,
+        # and the context counts the launches the dispatch made
+        (k,) = g.kernels_run({"x": shape})
+        assert ("gemv" in k) == (shape[0] * shape[1] <= 4), (shape, k)
+        assert ctx.counters["kernel_launches"] - before == 1
     g.destroy()
 
 

@@ -26,7 +26,7 @@ class MLGraph:
     """A compiled graph (WebNN `MLGraph`), returned by `MLGraphBuilder.build_sync` and run with
     `MLContext.dispatch(graph, inputs, outputs)` as many times as wanted. Python extensions:
     `input_descriptors` / `output_descriptors`, `kernel_names`, `memory`, `autotune`,
-    `dynamic_dimensions`, `compute_shapes()`, `fusion_report()`."""
+    `dynamic_dimensions`, `compute_shapes()`, `kernels_run()`, `fusion_report()`."""
 
     # IDL: interface MLGraph { undefined destroy(); }
 
@@ -119,6 +119,23 @@ class MLGraph:
     def kernel_names(self):
         """Python extension: the kernels one dispatch launches, in order (after fusion)."""
         return list(self._program.kernel_names)
+
+    def kernels_run(self, shapes=None):
+        """Python extension: the kernels one dispatch with inputs of these shapes ({input name:
+        shape}) launches, in order: `kernel_names` less the size variants that do no work at
+        those sizes (a graph with dynamic dimensions records a GEMM's GEMV and tiled paths and
+        attention's decode and prompt kernels, each gated on the sizes). `shapes` may be left
+        out for a graph without dynamic dimensions. TypeError for shapes the graph does not
+        take, as dispatch raises."""
+        names = self._program.kernel_names
+        dyn = self._program.dyn
+        if dyn is None:
+            return list(names)
+        if shapes is None:
+            raise TypeError("[kernels_run] the graph has dynamic dimensions: give the input shapes")
+        values = dyn.bind({k: tuple(v) for k, v in shapes.items()}, "kernels_run")
+        off = set(dyn.launch_data(values).off or ())
+        return [n for i, n in enumerate(names) if i not in off]
 
     def fusion_report(self):
         """Python extension: what fusion left undone in this graph, one dict per finding with
