@@ -622,7 +622,7 @@ def _a_view(mm, uses):
     for n in reversed(chain):
         if not view.apply(n):
             return None
-    if tuple(view.shape) != tuple(a.shape) or any(not is_one(d) for d in a.shape[:-2]):
+    if tuple(view.shape) != tuple(a.shape):
         return None
     return v, view, chain
 
