@@ -19,6 +19,7 @@ MLTENSOR_BENCH_CORPUS_OUT=<prefix>: also write <prefix>.md (the table) and <pref
 efficiency plot) at the end of the run; MLTENSOR_BENCH_CORPUS_ROUNDS: timed rounds (default 5).
 """
 
+import importlib.util
 import os
 import sys
 
@@ -27,8 +28,11 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
+# (looked up, not imported: torch in this process after lavapipe's LLVM crashes it; the corpus
+# exports in a child process)
 for _pkg in ("torch", "transformers", "torchvision", "onnxruntime"):
-    pytest.importorskip(_pkg, reason=f"the corpus needs {_pkg}: pip install -e '.[models]'")
+    if importlib.util.find_spec(_pkg) is None:
+        pytest.skip(f"the corpus needs {_pkg}: pip install -e '.[models]'", allow_module_level=True)
 
 import corpus  # noqa: E402
 import onnx  # noqa: E402
