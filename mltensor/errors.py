@@ -27,6 +27,13 @@ class OperationError(DOMException):
     device rejected, a graph cache that cannot be written. The message names the call."""
 
 
+class InternalError(OperationError):
+    """A bug in mltensor: an exception its own code raised (AttributeError, KeyError, an
+    assertion...) while importing or running a model that is not malformed. The message says so
+    and names the node; the original exception is kept as ``__cause__`` (its traceback with it).
+    An OperationError, so code that catches OperationError catches it too."""
+
+
 class UnknownError(DOMException):
     """WebNN's UnknownError: a failure with no better category."""
 

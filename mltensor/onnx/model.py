@@ -163,3 +163,43 @@ def outer_names(node):
                 out.extend(outer_names(n))
                 local.update(n.output)
     return out
+
+
+# A model whose weights total more than this is not copied to be checked (the error path only).
+CHECK_MAX_BYTES = 1 << 30
+
+
+def checker_complaint(model, weights=None):
+    """What `onnx.checker.check_model(full_check=True)` finds wrong with a model, or None when
+    it passes or cannot be checked: the evidence that decides whether an exception raised while
+    importing it is the file's fault (DataError) or a bug in mltensor (InternalError). Weights
+    read in place (weights.py) are put back into a copy of the proto first, the checker verifying
+    their sizes too."""
+    if model is None:
+        return None
+    try:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        total = 0
+        for t in copy.graph.initializer:
+            if t.data_location != TensorProto.EXTERNAL or weights is None:
+                continue
+            info = {e.key: e.value for e in t.external_data}
+            length = int(info["length"]) if "length" in info else None
+            view = weights.raw(info.get("location", ""), int(info.get("offset", 0)), length)
+            if view is None:
+                continue
+            total += len(view)
+            if total > CHECK_MAX_BYTES:
+                return None
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+            t.raw_data = bytes(view)
+        onnx.checker.check_model(copy, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        return " ".join(str(e).split())
+    except DataError as e:  # a tensor's data lies outside its file
+        return str(e).removeprefix("[onnx] ")
+    except Exception:  # noqa: BLE001 (the checker itself failed: no evidence either way)
+        return None
+    return None

@@ -135,7 +135,7 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             else:
                 importer = lazy.importer()
                 self._loaded = importer.load_model(model, self._name)
-                with importer.data_errors(self._name):
+                with importer.model_errors(self._name, model=self._loaded[0], weights=self._loaded[1]):
                     desc = importer.io_description(self._loaded[0])
                     self._describe(desc)
             shapes, params = desc["shapes"], desc["params"]
