@@ -1,7 +1,9 @@
 """Bad ONNX input fails cleanly: a malformed or truncated model raises mltensor.DataError naming
-the file and the field or node, an unsupported construct mltensor.NotSupportedError; nothing else
-escapes (protobuf DecodeError, IndexError, KeyError, ValueError...). A mutation fuzz test of a
-real model asserts exactly that: a quick run by default, 600 mutants with -m slow."""
+the file and the field or node, an unsupported construct mltensor.NotSupportedError, a bug of
+ours on a model onnx.checker accepts mltensor.InternalError naming the node; nothing else escapes
+(protobuf DecodeError, IndexError, KeyError, ValueError...). A byte-level fuzz test of a real
+model asserts exactly that: a quick run by default, 600 mutants with -m slow (structural
+mutations: test_onnx_mutations.py)."""
 
 import os
 import random
@@ -103,6 +105,52 @@ def test_unsupported_construct_is_not_supported_error(ctx):
     m = _model([helper.make_node("Relu", ["x"], ["y"], domain="com.example")], [_vi("x", [2])], [_vi("y", [2])])
     m.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(mltensor.NotSupportedError, match="com.example"):
+        InferenceSession(m, ctx)
+
+
+def _broken_relu(monkeypatch):
+    from mltensor.onnx.ops._registry import HANDLERS, Handler
+
+    def relu(im, node, ins, attrs):
+        return ins[0].no_such_attribute  # a bug of ours
+
+    monkeypatch.setitem(HANDLERS, "Relu", Handler(relu, set()))
+
+
+def test_internal_exception_is_our_bug_naming_the_node(ctx, monkeypatch):
+    """An exception of mltensor's own code on a valid model: InternalError (an OperationError),
+    not DataError; it says it is a bug, names the node and keeps the original exception."""
+    _broken_relu(monkeypatch)
+    m = _model(
+        [helper.make_node("Neg", ["x"], ["n"], name="neg"), helper.make_node("Relu", ["n"], ["y"], name="act")],
+        [_vi("x", [2, 3])],
+        [_vi("y", [2, 3])],
+    )
+    with pytest.raises(mltensor.InternalError, match=r"node 'act' \(Relu\): internal error in mltensor, a bug") as e:
+        InferenceSession(m, ctx)
+    assert isinstance(e.value, mltensor.OperationError)
+    assert isinstance(e.value.__cause__, AttributeError)
+    assert e.value.__cause__.__traceback__ is not None
+
+
+def test_internal_exception_inside_a_branch_names_the_branch_node(ctx, monkeypatch):
+    _broken_relu(monkeypatch)
+    branch = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="inner")], "b", [], [_vi("t", [2])])
+    m = _model(
+        [helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch)],
+        [_vi("x", [2]), _vi("c", [], TensorProto.BOOL)],
+        [_vi("y", [2])],
+    )
+    with pytest.raises(mltensor.InternalError, match=r"node 'inner' \(Relu\)"):
+        InferenceSession(m, ctx).run(None, {"x": np.ones(2, np.float32), "c": np.array(True)})
+
+
+def test_exception_on_a_model_the_checker_rejects_is_data_error(ctx, monkeypatch):
+    """The same exception on a model onnx.checker rejects (Relu given two inputs): DataError,
+    quoting the checker."""
+    _broken_relu(monkeypatch)
+    m = _model([helper.make_node("Relu", ["x", "x"], ["y"], name="act")], [_vi("x", [2])], [_vi("y", [2])])
+    with pytest.raises(mltensor.DataError, match=r"node 'act' \(Relu\): malformed model: onnx.checker rejects it"):
         InferenceSession(m, ctx)
 
 

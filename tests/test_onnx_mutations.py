@@ -256,7 +256,9 @@ def _checker_rejects(m):
 
 def _ort_rejects(blob, feeds):
     try:
-        s = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4  # (its rejections are expected here: not logged)
+        s = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
         want = {i.name for i in s.get_inputs()}
         s.run(None, {k: v for k, v in feeds.items() if k in want})
     except Exception as e:  # noqa: BLE001
@@ -315,12 +317,13 @@ def _mutation_run(ctx, n, seed):
 
 
 def test_mutations_quick(ctx):
-    counts, _ = _mutation_run(ctx, 45, seed=0)
-    assert sum(counts.values()) == 45
-    assert counts.get("DataError", 0) >= 5  # the mutations do reach the model checks
+    counts, _ = _mutation_run(ctx, 200, seed=0)
+    assert sum(counts.values()) == 200
+    assert counts.get("DataError", 0) >= 40  # the mutations do reach the model checks
+    assert counts.get("ran", 0) >= 5  # and some run
 
 
 @pytest.mark.slow
-def test_mutations_400(ctx):
-    counts, _ = _mutation_run(ctx, 400, seed=1)
-    assert sum(counts.values()) == 400
+def test_mutations_1500(ctx):
+    counts, _ = _mutation_run(ctx, 1500, seed=1)
+    assert sum(counts.values()) == 1500
