@@ -90,6 +90,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
         self.stage_inputs = set()  # ids of the inputs a resumed import binds to earlier stages' tensors
         self.values_bindable = True  # graph inputs may be bound by value (NeedsValue); not in a loop body
         self._top_index = None  # the top-level node being imported (cuts are keyed by it)
+        self.top_node = None  # that node
         self._cut_seq = 0
         # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic
         # dimensions (mltensor/dynamic/) instead of taking a size from input_shapes; `ones`:
@@ -434,6 +435,8 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                     node = fused
             self.cur_opset = opset
             self.node = node
+            if top:
+                self.top_node = node  # (a cut raised inside its subgraphs keeps its inputs)
             key = handler_key(node)
             fn = (self.domain_function(node) or (None,))[0]
             if fn is None and key is None:
