@@ -154,6 +154,21 @@ def test_exception_on_a_model_the_checker_rejects_is_data_error(ctx, monkeypatch
         InferenceSession(m, ctx)
 
 
+def test_loader_bug_on_a_file_that_parses_is_internal_error(ctx, monkeypatch):
+    """The in-place weight reader failing on a file protobuf parses: our bug, not the file's."""
+    from mltensor.onnx import weights
+
+    def strip(buf):
+        raise IndexError("index out of range")
+
+    monkeypatch.setattr(weights, "strip", strip)
+    with pytest.raises(mltensor.InternalError, match=r"the file parses as an ONNX ModelProto") as e:
+        InferenceSession(open(SQUEEZENET, "rb").read(), ctx)
+    assert isinstance(e.value.__cause__, IndexError)
+    with pytest.raises(mltensor.DataError, match=r"not a well-formed ONNX model"):
+        InferenceSession(b"\xff" * 64, ctx)
+
+
 def _mutants(data, n, seed):
     """Bit flips, zeroed runs, truncation and swapped byte runs (which swap fields or parts of
     them), in turn."""

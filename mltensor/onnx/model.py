@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..errors import DataError
+from ..errors import DataError, InternalError
 from ..onnxio import source_name
 from . import weights as W
 from .types import MAX_HOST_ELEMENTS, prod
@@ -29,6 +29,12 @@ def load_model(source, name=None):
     except OSError:
         raise
     except Exception as e:
+        if _parses(source):  # then the file is fine and our in-place reader (weights.py) failed
+            raise InternalError(
+                f"[onnx] {name}: internal error in mltensor, a bug (the file parses as an ONNX "
+                f"ModelProto, mltensor's in-place weight reader failed: {type(e).__name__}: {e}). "
+                "Please report it with the model"
+            ) from e
         raise DataError(
             f"[onnx] {name}: not a well-formed ONNX model (the ModelProto protobuf does not "
             f"parse: {type(e).__name__}: {e})"
@@ -62,6 +68,18 @@ _IN_PLACE = {
     TensorProto.UINT64,
     TensorProto.BOOL,
 }
+
+
+def _parses(source):
+    """Whether protobuf itself parses the model's bytes (the error path only: a copy)."""
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as f:
+                source = f.read()
+        onnx.load_model_from_string(bytes(source))
+    except Exception:  # noqa: BLE001 (any failure: it does not parse)
+        return False
+    return True
 
 
 def external_view(weights, t):
