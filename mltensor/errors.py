@@ -71,3 +71,26 @@ class gpu_errors:
             msg = " ".join(str(e).split())
             raise OperationError(f"[{self.where}] {what}: {msg}") from e
         return False
+
+
+class internal_errors:
+    """Context manager: an exception of mltensor's own code raised inside (an AttributeError, a
+    KeyError, an assertion...; not a WebNN error, not a TypeError of ours, which starts with
+    "[call]", not an OSError) becomes InternalError naming `where`, the original as its cause."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where):
+        self.where = where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb):
+        if e is None or not isinstance(e, Exception) or isinstance(e, (DOMException, OSError)):
+            return False
+        if isinstance(e, TypeError) and str(e).startswith("["):
+            return False
+        raise InternalError(
+            f"[{self.where}] internal error in mltensor, a bug: {type(e).__name__}: {e}. Please report it"
+        ) from e

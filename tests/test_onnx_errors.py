@@ -169,6 +169,24 @@ def test_loader_bug_on_a_file_that_parses_is_internal_error(ctx, monkeypatch):
         InferenceSession(b"\xff" * 64, ctx)
 
 
+def test_run_bug_is_internal_error(ctx, monkeypatch):
+    """An exception of our own while running: InternalError naming the call, with its cause."""
+    from mltensor.session.run import RunPath
+
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])])
+    sess = InferenceSession(m, ctx)
+
+    def broken(*args, **kwargs):
+        raise KeyError("some internal key")
+
+    monkeypatch.setattr(RunPath, "_bind_and_dispatch", broken)
+    with pytest.raises(mltensor.InternalError, match=r"\[InferenceSession.run\] internal error in mltensor") as e:
+        sess.run(None, {"x": np.ones(2, np.float32)})
+    assert isinstance(e.value.__cause__, KeyError)
+    with pytest.raises(TypeError, match="x"):  # the caller's errors stay what they were
+        sess.run(None, {"x": np.ones(3, np.float32)})
+
+
 def _mutants(data, n, seed):
     """Bit flips, zeroed runs, truncation and swapped byte runs (which swap fields or parts of
     them), in turn."""
