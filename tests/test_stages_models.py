@@ -246,3 +246,30 @@ def test_if_whose_branch_cuts_keeps_its_condition():
         (got,) = sess.run(None, {"x": x})
         (want,) = ref.run(None, {"x": x})
         np.testing.assert_array_equal(got, want)
+
+
+def test_flatten_of_an_empty_selection():
+    """RetinaNet's per-level boxes: a selection that found nothing leaves an empty host array,
+    which onnx.reference's Flatten cannot reshape; ONNX shape inference gives the empty result."""
+    g = h.make_graph(
+        [
+            h.make_node("Greater", ["x", "t"], ["big"]),
+            h.make_node("NonZero", ["big"], ["nz"]),
+            h.make_node("Transpose", ["nz"], ["tr"], perm=[1, 0]),
+            h.make_node("Unsqueeze", ["tr", "ax1"], ["u"]),
+            h.make_node("Flatten", ["u"], ["y"], axis=1),
+        ],
+        "g",
+        [_vi("x", T.FLOAT, [8])],
+        [_vi("y", T.INT64, None)],
+        [nh.from_array(np.array(1.0, np.float32), "t"), nh.from_array(np.array([1], np.int64), "ax1")],
+    )
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = InferenceSession(m, cache=False)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    for x in [np.zeros(8), np.arange(8) - 3.0, np.zeros(8)]:
+        x = x.astype(np.float32)
+        (got,) = sess.run(None, {"x": x})
+        (want,) = ref.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
