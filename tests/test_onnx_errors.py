@@ -64,6 +64,47 @@ def test_dangling_node_input_and_output(ctx):
         InferenceSession(m, ctx)
 
 
+def test_nodes_out_of_order_are_sorted_as_onnxruntime_does(ctx):
+    """ONNX wants nodes in topological order; onnxruntime sorts a main graph that breaks it (a
+    hand edit, a careless exporter), so does mltensor (subgraphs too, which onnxruntime refuses),
+    and leaves the caller's proto as it was. A cycle still fails with the input no earlier node
+    produces."""
+    ort = pytest.importorskip("onnxruntime")
+
+    def model(branch_nodes):
+        branch = helper.make_graph(branch_nodes, "branch", [], [_vi("t1", [2])])
+        return _model(
+            [
+                helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch),
+                helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+                helper.make_node("ReduceSum", ["a"], ["s"], keepdims=0, name="sum"),
+                helper.make_node("Mul", ["x", "x"], ["a"], name="sq"),
+            ],
+            [_vi("x", [2])],
+            [_vi("y", [2])],
+            [numpy_helper.from_array(np.array(0, np.float32), "zero")],
+        )
+
+    b1, b2 = helper.make_node("Relu", ["a"], ["t0"], name="b1"), helper.make_node("Neg", ["t0"], ["t1"], name="b2")
+    x = np.array([1.5, -2.0], np.float32)
+    ref = model([b1, b2]).SerializeToString()  # (its branch in order: onnxruntime sorts the main graph only)
+    (want,) = ort.InferenceSession(ref, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    m = model([b2, b1])
+    before = m.SerializeToString()
+    (got,) = InferenceSession(m, ctx).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)
+    assert m.SerializeToString() == before
+    (got,) = InferenceSession(before, ctx).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)
+    cycle = _model(
+        [helper.make_node("Neg", ["b"], ["a"], name="n1"), helper.make_node("Neg", ["a"], ["b"], name="n2")],
+        [_vi("x", [2])],
+        [_vi("b", [2])],
+    )
+    with pytest.raises(mltensor.DataError, match=r"node 'n1' \(Neg\).*'b' is not produced"):
+        InferenceSession(cycle, ctx)
+
+
 def test_huge_folded_shape_is_refused_not_allocated(ctx):
     shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
     m = _model(
