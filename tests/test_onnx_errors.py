@@ -105,6 +105,28 @@ def test_nodes_out_of_order_are_sorted_as_onnxruntime_does(ctx):
         InferenceSession(cycle, ctx)
 
 
+def test_operator_inputs_that_break_the_operator_are_data_errors(ctx):
+    """Found by the mutation run (test_onnx_mutations.py) on silero-vad, whose symbolic shapes
+    hide them from onnx.checker (onnxruntime rejects both): a Conv whose W and B were swapped,
+    a ConstantOfShape asked for a negative dimension. They were internal exceptions."""
+    w = numpy_helper.from_array(np.ones((4, 3, 3), np.float32), "W")
+    b = numpy_helper.from_array(np.ones(4, np.float32), "B")
+    m = _model(
+        [helper.make_node("Conv", ["x", "B", "W"], ["y"], name="c")], [_vi("x", [1, 3, 8])], [_vi("y", None)], [w, b]
+    )
+    with pytest.raises(mltensor.DataError, match=r"node 'c' \(Conv\): W has shape \[4\] and X \[1, 3, 8\]"):
+        InferenceSession(m, ctx)
+    s = numpy_helper.from_array(np.array([2, -1], np.int64), "s")
+    m = _model(
+        [helper.make_node("ConstantOfShape", ["s"], ["c"], name="cos"), helper.make_node("Add", ["x", "c"], ["y"])],
+        [_vi("x", [1])],
+        [_vi("y", None)],
+        [s],
+    )
+    with pytest.raises(mltensor.DataError, match=r"node 'cos' \(ConstantOfShape\): shape \[2, -1\] has a negative"):
+        InferenceSession(m, ctx)
+
+
 def test_huge_folded_shape_is_refused_not_allocated(ctx):
     shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
     m = _model(

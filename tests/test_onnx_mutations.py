@@ -1,12 +1,13 @@
-"""Structural mutations of real models: every DataError is on a model onnx.checker or onnxruntime
-rejects too, and nothing escapes but mltensor's errors (issue 42, point 1).
+"""Structural mutations of real models: every DataError is on a model onnxruntime rejects too
+(and onnx.checker, or onnxruntime), and nothing escapes but mltensor's errors (issue 42, point 1).
 
 The byte-level fuzz of tests/test_onnx_errors.py mostly breaks the protobuf; these mutants stay
 well-formed protobuf and break the graph instead, as a buggy exporter or a hand edit would: a
 node input dropped or renamed, an attribute of another type or value, an initializer reshaped or
 retyped, nodes removed or reordered, a graph input redeclared. Each one is loaded and run on
-mltensor; a DataError must be confirmed by `onnx.checker.check_model(full_check=True)` or
-onnxruntime (creating the session or running the same feeds) rejecting the same model, an
+mltensor; a DataError must be confirmed by onnxruntime (creating the session or running the
+same feeds) rejecting the same model (`onnx.checker.check_model(full_check=True)` rejecting it
+alone is reported apart: a model onnxruntime runs is not the user's fault for us either), an
 internal exception must come out as mltensor.InternalError (a bug named as such, counted and
 printed), and nothing else may escape. Seeded; a quick run by default, more mutants with -m slow.
 """
@@ -368,7 +369,7 @@ def _mutation_run(ctx, n, seed, real=False):
     sources = _sources()
     if real:
         sources.update(_real_sources())
-    counts, unconfirmed, internal = {}, [], []
+    counts, unconfirmed, internal, lenient = {}, [], [], []
     t0 = time.perf_counter()
     for name, what, m in _mutants(sources, n, seed):
         blob = m.SerializeToString()
@@ -382,9 +383,8 @@ def _mutation_run(ctx, n, seed, real=False):
             by_checker, by_ort = _checker_rejects(m), _ort_rejects(blob, feeds)
             if by_checker is None and by_ort is None:
                 unconfirmed.append(f"{name} mutant ({what}): {err}")
-            elif by_ort is None:  # (counted: the issue's target is no DataError on a model onnxruntime runs)
-                counts["DataError, onnxruntime runs it"] = counts.get("DataError, onnxruntime runs it", 0) + 1
-                print(f"  DataError on a model onnxruntime runs ({name}: {what}): {err}")
+            elif by_ort is None:  # the checker's word alone: onnxruntime runs it, so should we
+                lenient.append(f"{name} mutant ({what}): {err} [onnx.checker: {by_checker}]")
         elif outcome == "InternalError":
             ort_says = _ort_rejects(blob, feeds)
             internal.append(f"{name} mutant ({what}): {err} [onnxruntime: {ort_says or 'runs it'}]")
@@ -396,14 +396,14 @@ def _mutation_run(ctx, n, seed, real=False):
     assert not unconfirmed, "DataError on models neither onnx.checker nor onnxruntime rejects:\n" + "\n".join(
         unconfirmed
     )
+    assert not lenient, "DataError on models onnxruntime runs:\n" + "\n".join(lenient)
     return counts, internal
 
 
 def test_mutations_quick(ctx):
-    counts, _ = _mutation_run(ctx, 200, seed=0)
-    counts.pop("DataError, onnxruntime runs it", None)
-    assert sum(counts.values()) == 200
-    assert counts.get("DataError", 0) >= 40  # the mutations do reach the model checks
+    counts, _ = _mutation_run(ctx, 400, seed=0)
+    assert sum(counts.values()) == 400
+    assert counts.get("DataError", 0) >= 80  # the mutations do reach the model checks
     assert counts.get("ran", 0) >= 5  # and some run
 
 
@@ -411,5 +411,4 @@ def test_mutations_quick(ctx):
 def test_mutations_1500(ctx):
     """With the real models from wheels among the sources too."""
     counts, _ = _mutation_run(ctx, 1500, seed=1, real=True)
-    counts.pop("DataError, onnxruntime runs it", None)
     assert sum(counts.values()) == 1500
