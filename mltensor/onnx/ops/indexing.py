@@ -39,15 +39,25 @@ def _gather_nd(im, node, ins, attrs):
 def _scatter_elements(im, node, ins, attrs):
     if attrs.get("reduction", "none") != "none":
         unsupported(f"reduction {attrs['reduction']!r} is not supported")
+    if _nothing_to_scatter(ins):
+        return ins[0]
     x = X(im, ins[0])
     axis = norm_axis(attrs.get("axis", 0), len(x.shape))
     return im.b.scatter_elements(x, _indices(im, ins[1]), X(im, ins[2], x), axis=axis)
+
+
+def _nothing_to_scatter(ins):
+    """Empty updates (a selection that found nothing, as torchvision's per-level RoIAlign merge
+    meets): the data comes out unchanged."""
+    return any(isinstance(v, np.ndarray) and v.size == 0 for v in ins[1:3])
 
 
 @op("ScatterND", attrs=("reduction",))
 def _scatter_nd(im, node, ins, attrs):
     if attrs.get("reduction", "none") != "none":
         unsupported(f"reduction {attrs['reduction']!r} is not supported")
+    if _nothing_to_scatter(ins):
+        return ins[0]
     x = X(im, ins[0])
     return im.b.scatter_nd(x, _indices(im, ins[1]), X(im, ins[2], x))
 
