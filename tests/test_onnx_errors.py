@@ -127,6 +127,37 @@ def test_operator_inputs_that_break_the_operator_are_data_errors(ctx):
         InferenceSession(m, ctx)
 
 
+@pytest.mark.parametrize("case", ["reshape", "range"])
+def test_more_operator_inputs_that_break_the_operator(ctx, case):
+    """Also found by the mutation run: a Reshape copying (0) a dimension the input lacks, a
+    Range of delta 0 (onnxruntime rejects both). They were IndexError and OverflowError."""
+    if case == "reshape":
+        s = numpy_helper.from_array(np.array([0, 0, 0, -1], np.int64), "s")
+        node = helper.make_node("Reshape", ["x", "s"], ["y"], name="r")
+        m = _model([node], [_vi("x", ["n", 6])], [_vi("y", None)], [s])
+        feeds, msg = {"x": np.ones((2, 6), np.float32)}, r"node 'r' \(Reshape\): shape .* copies dimension 2"
+    else:
+        node = helper.make_node("Range", ["a", "b", "d"], ["i"], name="r")
+        m = _model(
+            [
+                node,
+                helper.make_node("Cast", ["i"], ["c"], to=TensorProto.FLOAT),
+                helper.make_node("Add", ["x", "c"], ["y"]),
+            ],
+            [
+                _vi("x", [1]),
+                _vi("a", [], TensorProto.INT64),
+                _vi("b", [], TensorProto.INT64),
+                _vi("d", [], TensorProto.INT64),
+            ],
+            [_vi("y", None)],
+        )
+        feeds = {"x": np.ones(1, np.float32), "a": np.array(0), "b": np.array(4), "d": np.array(0)}
+        msg = r"node 'r' \(Range\): delta is 0"
+    with pytest.raises(mltensor.DataError, match=msg):
+        InferenceSession(m, ctx).run(None, feeds)
+
+
 def test_huge_folded_shape_is_refused_not_allocated(ctx):
     shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
     m = _model(

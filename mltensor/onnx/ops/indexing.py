@@ -98,6 +98,9 @@ def _onehot(im, node, ins, attrs):
 @op("Range")
 def _range(im, node, ins, attrs):
     start, limit, delta = (const(im, v, w) for v, w in zip(ins, ("start", "limit", "delta")))
+    d0 = np.asarray(delta).reshape(-1)[:1]
+    if d0.size and not isinstance(d0[0], Sym) and d0[0] == 0:
+        im.malformed("delta is 0")
     if any(symbolic.is_symbolic(v) for v in (start, limit, delta)):
         # position ids from `past` to `past + seq`: computed at dispatch (ops/sizes.py)
         s, l, d = (np.asarray(v).reshape(-1)[0] for v in (start, limit, delta))
