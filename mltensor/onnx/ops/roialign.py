@@ -100,12 +100,33 @@ def _roi_align(im, node, ins, attrs):
     ay = _axis_weights(im, y1, rh, oh, sr, h, dt)  # [R, oh, H]
     ax = _axis_weights(im, x1, rw, ow, sr, w, dt)  # [R, ow, W]
     r = ay.shape[0]
-    if n == 1:
-        xb = x  # [1, C, H, W] broadcast over the regions
-    else:
+    idx = None
+    if n > 1:
         idx = X(im, ins[2])
         if idx.data_type != "int32":
             idx = b.cast(idx, "int32")
-        xb = b.gather(x, idx, axis=0)  # [R, C, H, W]
-    t = b.matmul(b.reshape(ay, [r, 1, oh, h]), xb)  # [R, C, oh, W]
-    return b.matmul(t, b.transpose(b.reshape(ax, [r, 1, ow, w]), permutation=[0, 1, 3, 2]))  # [R, C, oh, ow]
+    # regions in chunks whose intermediate [k, C, oh, W] (and gathered images) stay under CHUNK_BYTES
+    per_region = ch * max(oh * w, h * w if n > 1 else 0) * np.dtype(dt).itemsize
+    k = max(1, CHUNK_BYTES // per_region)
+    if not isinstance(r, int) or r <= k:
+        return _pool(im, ay, ax, x, idx, r)
+    sizes = [k] * (r // k) + ([r % k] if r % k else [])
+    parts = zip(
+        b.split(ay, sizes, axis=0), b.split(ax, sizes, axis=0), b.split(idx, sizes) if idx else [None] * len(sizes)
+    )
+    return b.concat([_pool(im, a, c, x, i, m) for (a, c, i), m in zip(parts, sizes)], 0)
+
+
+# The largest intermediate a RoiAlign chunk of regions makes (a ResNet FPN's first level holds
+# 256 x 80 x 80 floats; Mask R-CNN pools up to 1000 regions)
+CHUNK_BYTES = 64 << 20
+
+
+def _pool(im, ay, ax, x, idx, r):
+    """[r, C, oh, ow] = Ay @ X[image] @ Ax^T for r regions."""
+    b = im.b
+    _, oh, h = ay.shape
+    _, ow, w = ax.shape
+    xb = x if idx is None else b.gather(x, idx, axis=0)  # [1 or r, C, H, W]
+    t = b.matmul(b.reshape(ay, [r, 1, oh, h]), xb)  # [r, C, oh, W]
+    return b.matmul(t, b.transpose(b.reshape(ax, [r, 1, ow, w]), permutation=[0, 1, 3, 2]))
