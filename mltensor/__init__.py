@@ -21,6 +21,7 @@ from .dynamic.dims import MLDynamicDimension  # noqa: E402
 from .errors import (
     DataError,
     DOMException,
+    InternalError,
     InvalidStateError,
     NotFoundError,
     NotSupportedError,
@@ -45,6 +46,7 @@ __all__ = [
     "MLDynamicDimension",
     "DOMException",
     "InvalidStateError",
+    "InternalError",
     "NotSupportedError",
     "OperationError",
     "UnknownError",

@@ -27,6 +27,13 @@ class OperationError(DOMException):
     device rejected, a graph cache that cannot be written. The message names the call."""
 
 
+class InternalError(OperationError):
+    """A bug in mltensor: an exception its own code raised (AttributeError, KeyError, an
+    assertion...) while importing or running a model that is not malformed. The message says so
+    and names the node; the original exception is kept as ``__cause__`` (its traceback with it).
+    An OperationError, so code that catches OperationError catches it too."""
+
+
 class UnknownError(DOMException):
     """WebNN's UnknownError: a failure with no better category."""
 
@@ -64,3 +71,26 @@ class gpu_errors:
             msg = " ".join(str(e).split())
             raise OperationError(f"[{self.where}] {what}: {msg}") from e
         return False
+
+
+class internal_errors:
+    """Context manager: an exception of mltensor's own code raised inside (an AttributeError, a
+    KeyError, an assertion...; not a WebNN error, not a TypeError of ours, which starts with
+    "[call]", not an OSError) becomes InternalError naming `where`, the original as its cause."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where):
+        self.where = where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb):
+        if e is None or not isinstance(e, Exception) or isinstance(e, (DOMException, OSError)):
+            return False
+        if isinstance(e, TypeError) and str(e).startswith("["):
+            return False
+        raise InternalError(
+            f"[{self.where}] internal error in mltensor, a bug: {type(e).__name__}: {e}. Please report it"
+        ) from e

@@ -1,7 +1,9 @@
 """Bad ONNX input fails cleanly: a malformed or truncated model raises mltensor.DataError naming
-the file and the field or node, an unsupported construct mltensor.NotSupportedError; nothing else
-escapes (protobuf DecodeError, IndexError, KeyError, ValueError...). A mutation fuzz test of a
-real model asserts exactly that: a quick run by default, 600 mutants with -m slow."""
+the file and the field or node, an unsupported construct mltensor.NotSupportedError, a bug of
+ours on a model onnx.checker accepts mltensor.InternalError naming the node; nothing else escapes
+(protobuf DecodeError, IndexError, KeyError, ValueError...). A byte-level fuzz test of a real
+model asserts exactly that: a quick run by default, 600 mutants with -m slow (structural
+mutations: test_onnx_mutations.py)."""
 
 import os
 import random
@@ -62,6 +64,100 @@ def test_dangling_node_input_and_output(ctx):
         InferenceSession(m, ctx)
 
 
+def test_nodes_out_of_order_are_sorted_as_onnxruntime_does(ctx):
+    """ONNX wants nodes in topological order; onnxruntime sorts a main graph that breaks it (a
+    hand edit, a careless exporter), so does mltensor (subgraphs too, which onnxruntime refuses),
+    and leaves the caller's proto as it was. A cycle still fails with the input no earlier node
+    produces."""
+    ort = pytest.importorskip("onnxruntime")
+
+    def model(branch_nodes):
+        branch = helper.make_graph(branch_nodes, "branch", [], [_vi("t1", [2])])
+        return _model(
+            [
+                helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch),
+                helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+                helper.make_node("ReduceSum", ["a"], ["s"], keepdims=0, name="sum"),
+                helper.make_node("Mul", ["x", "x"], ["a"], name="sq"),
+            ],
+            [_vi("x", [2])],
+            [_vi("y", [2])],
+            [numpy_helper.from_array(np.array(0, np.float32), "zero")],
+        )
+
+    b1, b2 = helper.make_node("Relu", ["a"], ["t0"], name="b1"), helper.make_node("Neg", ["t0"], ["t1"], name="b2")
+    x = np.array([1.5, -2.0], np.float32)
+    ref = model([b1, b2]).SerializeToString()  # (its branch in order: onnxruntime sorts the main graph only)
+    (want,) = ort.InferenceSession(ref, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    m = model([b2, b1])
+    before = m.SerializeToString()
+    (got,) = InferenceSession(m, ctx).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)
+    assert m.SerializeToString() == before
+    (got,) = InferenceSession(before, ctx).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)
+    cycle = _model(
+        [helper.make_node("Neg", ["b"], ["a"], name="n1"), helper.make_node("Neg", ["a"], ["b"], name="n2")],
+        [_vi("x", [2])],
+        [_vi("b", [2])],
+    )
+    with pytest.raises(mltensor.DataError, match=r"node 'n1' \(Neg\).*'b' is not produced"):
+        InferenceSession(cycle, ctx)
+
+
+def test_operator_inputs_that_break_the_operator_are_data_errors(ctx):
+    """Found by the mutation run (test_onnx_mutations.py) on silero-vad, whose symbolic shapes
+    hide them from onnx.checker (onnxruntime rejects both): a Conv whose W and B were swapped,
+    a ConstantOfShape asked for a negative dimension. They were internal exceptions."""
+    w = numpy_helper.from_array(np.ones((4, 3, 3), np.float32), "W")
+    b = numpy_helper.from_array(np.ones(4, np.float32), "B")
+    m = _model(
+        [helper.make_node("Conv", ["x", "B", "W"], ["y"], name="c")], [_vi("x", [1, 3, 8])], [_vi("y", None)], [w, b]
+    )
+    with pytest.raises(mltensor.DataError, match=r"node 'c' \(Conv\): W has shape \[4\] and X \[1, 3, 8\]"):
+        InferenceSession(m, ctx)
+    s = numpy_helper.from_array(np.array([2, -1], np.int64), "s")
+    m = _model(
+        [helper.make_node("ConstantOfShape", ["s"], ["c"], name="cos"), helper.make_node("Add", ["x", "c"], ["y"])],
+        [_vi("x", [1])],
+        [_vi("y", None)],
+        [s],
+    )
+    with pytest.raises(mltensor.DataError, match=r"node 'cos' \(ConstantOfShape\): shape \[2, -1\] has a negative"):
+        InferenceSession(m, ctx)
+
+
+@pytest.mark.parametrize("case", ["reshape", "range"])
+def test_more_operator_inputs_that_break_the_operator(ctx, case):
+    """Also found by the mutation run: a Reshape copying (0) a dimension the input lacks, a
+    Range of delta 0 (onnxruntime rejects both). They were IndexError and OverflowError."""
+    if case == "reshape":
+        s = numpy_helper.from_array(np.array([0, 0, 0, -1], np.int64), "s")
+        node = helper.make_node("Reshape", ["x", "s"], ["y"], name="r")
+        m = _model([node], [_vi("x", ["n", 6])], [_vi("y", None)], [s])
+        feeds, msg = {"x": np.ones((2, 6), np.float32)}, r"node 'r' \(Reshape\): shape .* copies dimension 2"
+    else:
+        node = helper.make_node("Range", ["a", "b", "d"], ["i"], name="r")
+        m = _model(
+            [
+                node,
+                helper.make_node("Cast", ["i"], ["c"], to=TensorProto.FLOAT),
+                helper.make_node("Add", ["x", "c"], ["y"]),
+            ],
+            [
+                _vi("x", [1]),
+                _vi("a", [], TensorProto.INT64),
+                _vi("b", [], TensorProto.INT64),
+                _vi("d", [], TensorProto.INT64),
+            ],
+            [_vi("y", None)],
+        )
+        feeds = {"x": np.ones(1, np.float32), "a": np.array(0), "b": np.array(4), "d": np.array(0)}
+        msg = r"node 'r' \(Range\): delta is 0"
+    with pytest.raises(mltensor.DataError, match=msg):
+        InferenceSession(m, ctx).run(None, feeds)
+
+
 def test_huge_folded_shape_is_refused_not_allocated(ctx):
     shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
     m = _model(
@@ -104,6 +200,85 @@ def test_unsupported_construct_is_not_supported_error(ctx):
     m.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(mltensor.NotSupportedError, match="com.example"):
         InferenceSession(m, ctx)
+
+
+def _broken_relu(monkeypatch):
+    from mltensor.onnx.ops._registry import HANDLERS, Handler
+
+    def relu(im, node, ins, attrs):
+        return ins[0].no_such_attribute  # a bug of ours
+
+    monkeypatch.setitem(HANDLERS, "Relu", Handler(relu, set()))
+
+
+def test_internal_exception_is_our_bug_naming_the_node(ctx, monkeypatch):
+    """An exception of mltensor's own code on a valid model: InternalError (an OperationError),
+    not DataError; it says it is a bug, names the node and keeps the original exception."""
+    _broken_relu(monkeypatch)
+    m = _model(
+        [helper.make_node("Neg", ["x"], ["n"], name="neg"), helper.make_node("Relu", ["n"], ["y"], name="act")],
+        [_vi("x", [2, 3])],
+        [_vi("y", [2, 3])],
+    )
+    with pytest.raises(mltensor.InternalError, match=r"node 'act' \(Relu\): internal error in mltensor, a bug") as e:
+        InferenceSession(m, ctx)
+    assert isinstance(e.value, mltensor.OperationError)
+    assert isinstance(e.value.__cause__, AttributeError)
+    assert e.value.__cause__.__traceback__ is not None
+
+
+def test_internal_exception_inside_a_branch_names_the_branch_node(ctx, monkeypatch):
+    _broken_relu(monkeypatch)
+    branch = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="inner")], "b", [], [_vi("t", [2])])
+    m = _model(
+        [helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch)],
+        [_vi("x", [2]), _vi("c", [], TensorProto.BOOL)],
+        [_vi("y", [2])],
+    )
+    with pytest.raises(mltensor.InternalError, match=r"node 'inner' \(Relu\)"):
+        InferenceSession(m, ctx).run(None, {"x": np.ones(2, np.float32), "c": np.array(True)})
+
+
+def test_exception_on_a_model_the_checker_rejects_is_data_error(ctx, monkeypatch):
+    """The same exception on a model onnx.checker rejects (Relu given two inputs): DataError,
+    quoting the checker."""
+    _broken_relu(monkeypatch)
+    m = _model([helper.make_node("Relu", ["x", "x"], ["y"], name="act")], [_vi("x", [2])], [_vi("y", [2])])
+    with pytest.raises(mltensor.DataError, match=r"node 'act' \(Relu\): malformed model: onnx.checker rejects it"):
+        InferenceSession(m, ctx)
+
+
+def test_loader_bug_on_a_file_that_parses_is_internal_error(ctx, monkeypatch):
+    """The in-place weight reader failing on a file protobuf parses: our bug, not the file's."""
+    from mltensor.onnx import weights
+
+    def strip(buf):
+        raise IndexError("index out of range")
+
+    monkeypatch.setattr(weights, "strip", strip)
+    with pytest.raises(mltensor.InternalError, match=r"the file parses as an ONNX ModelProto") as e:
+        InferenceSession(open(SQUEEZENET, "rb").read(), ctx)
+    assert isinstance(e.value.__cause__, IndexError)
+    with pytest.raises(mltensor.DataError, match=r"not a well-formed ONNX model"):
+        InferenceSession(b"\xff" * 64, ctx)
+
+
+def test_run_bug_is_internal_error(ctx, monkeypatch):
+    """An exception of our own while running: InternalError naming the call, with its cause."""
+    from mltensor.session.run import RunPath
+
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])])
+    sess = InferenceSession(m, ctx)
+
+    def broken(*args, **kwargs):
+        raise KeyError("some internal key")
+
+    monkeypatch.setattr(RunPath, "_bind_and_dispatch", broken)
+    with pytest.raises(mltensor.InternalError, match=r"\[InferenceSession.run\] internal error in mltensor") as e:
+        sess.run(None, {"x": np.ones(2, np.float32)})
+    assert isinstance(e.value.__cause__, KeyError)
+    with pytest.raises(TypeError, match="x"):  # the caller's errors stay what they were
+        sess.run(None, {"x": np.ones(3, np.float32)})
 
 
 def _mutants(data, n, seed):

@@ -202,3 +202,74 @@ def test_detector_with_nms_in_the_graph_two_image_sizes():
     assert len(set(counts)) > 1  # different numbers of detections
     st = sess.stats
     assert st["readback_bytes"] == 4 * st["readbacks"]  # only NMS's count crossed before the outputs
+
+
+def test_if_whose_branch_cuts_keeps_its_condition():
+    """torchvision's batched NMS: If(no boxes) then an empty constant else NonMaxSuppression...
+    A selection inside a branch cuts the import; the import resumes at the If, whose condition
+    must still be there (the branch node's dropped inputs are its own, not the If's: SSDlite's
+    export failed on exactly this)."""
+    then_g = h.make_graph(
+        [h.make_node("Constant", [], ["t"], value=nh.from_array(np.zeros(0, np.int64)))],
+        "then",
+        [],
+        [_vi("t", T.INT64, [0])],
+    )
+    else_g = h.make_graph(
+        [
+            h.make_node("Greater", ["x", "zero"], ["pos"]),
+            h.make_node("NonZero", ["pos"], ["nz"]),
+            h.make_node("Squeeze", ["nz", "ax0"], ["e"]),
+        ],
+        "else",
+        [],
+        [_vi("e", T.INT64, ["n"])],
+    )
+    g = h.make_graph(
+        [
+            h.make_node("ReduceMax", ["x"], ["mx"], keepdims=0),
+            h.make_node("Less", ["mx", "zero"], ["none"]),
+            h.make_node("If", ["none"], ["idx"], then_branch=then_g, else_branch=else_g),
+            h.make_node("Gather", ["x", "idx"], ["y"]),
+        ],
+        "g",
+        [_vi("x", T.FLOAT, [8])],
+        [_vi("y", T.FLOAT, None)],
+        [nh.from_array(np.array(0, np.float32), "zero"), nh.from_array(np.array([0], np.int64), "ax0")],
+    )
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = InferenceSession(m, cache=False)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for x in [rng.standard_normal(8), -np.abs(rng.standard_normal(8)) - 0.1, rng.standard_normal(8)]:
+        x = x.astype(np.float32)
+        (got,) = sess.run(None, {"x": x})
+        (want,) = ref.run(None, {"x": x})
+        np.testing.assert_array_equal(got, want)
+
+
+def test_flatten_of_an_empty_selection():
+    """RetinaNet's per-level boxes: a selection that found nothing leaves an empty host array,
+    which onnx.reference's Flatten cannot reshape; ONNX shape inference gives the empty result."""
+    g = h.make_graph(
+        [
+            h.make_node("Greater", ["x", "t"], ["big"]),
+            h.make_node("NonZero", ["big"], ["nz"]),
+            h.make_node("Transpose", ["nz"], ["tr"], perm=[1, 0]),
+            h.make_node("Unsqueeze", ["tr", "ax1"], ["u"]),
+            h.make_node("Flatten", ["u"], ["y"], axis=1),
+        ],
+        "g",
+        [_vi("x", T.FLOAT, [8])],
+        [_vi("y", T.INT64, None)],
+        [nh.from_array(np.array(1.0, np.float32), "t"), nh.from_array(np.array([1], np.int64), "ax1")],
+    )
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = InferenceSession(m, cache=False)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    for x in [np.zeros(8), np.arange(8) - 3.0, np.zeros(8)]:
+        x = x.astype(np.float32)
+        (got,) = sess.run(None, {"x": x})
+        (want,) = ref.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)

@@ -212,7 +212,7 @@ class Sym:
         if isinstance(x, Sym):
             return x.terms
         if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(f"cannot combine a dynamic dimension with {x!r}")
+            raise TypeError(f"[dynamic dimensions] cannot combine a dynamic dimension with {x!r}")
         return {(): x} if x else {}
 
     @staticmethod
@@ -325,7 +325,7 @@ class Sym:
 
     def __int__(self):
         raise TypeError(
-            f"dynamic dimension {self} has no value before dispatch (kernels read it "
+            f"[dynamic dimensions] dimension {self} has no value before dispatch (kernels read it "
             "from the dispatch's sizes: dynamic/dims.py)"
         )
 
@@ -566,7 +566,7 @@ def wgsl(x):
         return x.wgsl()
     x = int(x)
     if not 0 <= x <= U32_MAX:
-        raise TypeError(f"size {x} does not fit in u32")
+        raise TypeError(f"[dynamic dimensions] size {x} does not fit in u32")
     return f"{x}u"
 
 

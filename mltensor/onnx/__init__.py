@@ -11,7 +11,8 @@ Conv, resume.py cuts and resumes a data-dependent import, errors.py and types.py
 ops/ (one module per operator family) for the operator mapping; `supported_ops()` lists the ONNX
 operators with a handler (ops ONNX defines as functions of those are expanded too). A malformed
 model raises mltensor.DataError, an unsupported construct mltensor.NotSupportedError
-(UnsupportedError).
+(UnsupportedError), a bug of ours on a model onnx.checker accepts mltensor.InternalError naming
+the node (errors.py: model_errors).
 """
 
 from .importer import Imported, IOInfo, UnsupportedError, import_onnx, load_model  # noqa: F401 (re-exported)

@@ -1,14 +1,17 @@
-"""The importer's errors: what a model or a caller got wrong, and what the importer cannot map.
+"""The importer's errors: what a model or a caller got wrong, what the importer cannot map, and
+what is our own bug.
 
 UnsupportedError (a construct WebNN or this importer lacks) and NeedsValue (a graph input used
 where a value known at load is required) are NotSupportedErrors; FeedError is the caller's;
 Unsupported is what handlers raise (onnx/ops/), wrapped by the importer with the node's identity.
-`data_errors` turns any other exception raised while reading a model into a DataError.
+`model_errors` sorts any other exception raised while reading a model: DataError when
+onnx.checker rejects the model too, else InternalError (a bug in mltensor, naming the node).
 """
 
 import contextlib
 
-from ..errors import DataError, DOMException, NotSupportedError
+from ..errors import DataError, DOMException, InternalError, NotSupportedError, OperationError
+from .model import checker_complaint
 
 
 class UnsupportedError(NotSupportedError):
@@ -30,7 +33,7 @@ class NeedsValue(UnsupportedError):
 
 class FeedError(TypeError):
     """The sizes asked for do not fit the model's inputs (a caller's error, unlike a TypeError
-    from a corrupt model, which becomes DataError)."""
+    from mltensor's own code, which becomes InternalError)."""
 
 
 class Unsupported(Exception):
@@ -41,11 +44,19 @@ def unsupported(msg):
     raise Unsupported(msg)
 
 
+def node_label(node):
+    """ "node 'name' (domain.OpType)" for messages."""
+    dom = f"{node.domain}." if node.domain not in ("", "ai.onnx") else ""
+    return f"node {node.name or '(unnamed)'!r} ({dom}{node.op_type})"
+
+
 @contextlib.contextmanager
-def data_errors(name, importer=None):
-    """Anything but the documented errors raised while reading a model (a corrupt field makes
-    onnx, numpy or the builder raise IndexError, KeyError, ValueError...) becomes a DataError
-    naming the model, and the node being imported if any."""
+def model_errors(name, importer=None, model=None, weights=None):
+    """The documented errors pass (a DataError gains the model's name). Any other exception
+    raised while reading or importing a model is sorted by evidence: when onnx.checker
+    (full_check) rejects the model (`model`, else the importer's), it is a DataError quoting the
+    checker; otherwise it is an InternalError, a bug in mltensor, naming the node being imported.
+    Both keep the original exception as __cause__."""
     try:
         yield
     except DataError as e:
@@ -57,9 +68,20 @@ def data_errors(name, importer=None):
         raise
     except RecursionError:
         raise DataError(f"[onnx] {name}: the model nests too deeply to be read") from None
+    except MemoryError as e:
+        raise OperationError(f"[onnx] {name}: out of host memory while importing the model") from e
     except Exception as e:
         node = getattr(importer, "node", None)
-        where = ""
-        if node is not None:
-            where = f" node {node.name or '(unnamed)'!r} ({node.op_type}):"
-        raise DataError(f"[onnx] {name}:{where} malformed model ({type(e).__name__}: {e})") from e
+        where = f" {node_label(node)}:" if node is not None else ""
+        if model is None and importer is not None:
+            model, weights = importer.model, importer.weights
+        what = f"{type(e).__name__}: {e}"
+        complaint = checker_complaint(model, weights)
+        if complaint is not None:
+            raise DataError(
+                f"[onnx] {name}:{where} malformed model: onnx.checker rejects it ({complaint}); {what}"
+            ) from e
+        raise InternalError(
+            f"[onnx] {name}:{where} internal error in mltensor, a bug (the model passes onnx.checker): "
+            f"{what}. Please report it with the model"
+        ) from e

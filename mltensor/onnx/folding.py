@@ -48,11 +48,11 @@ class ConstantFolding:
 
     def _empty_result(self, node, ins):
         """A node reading an empty host array (WebNN has no empty tensors: a NonZero that found
-        nothing, a loop that ran no iteration) next to computed operands: when ONNX shape
-        inference says every output is empty too, bind empty host arrays and skip the handler."""
+        nothing, a loop that ran no iteration) next to computed operands, or one onnx.reference
+        could not fold (its Flatten cannot reshape an empty array): when ONNX shape inference
+        says every output is empty too, bind empty host arrays and skip the handler."""
         if (
             not any(isinstance(v, np.ndarray) and v.size == 0 for v in ins)
-            or all(v is None or isinstance(v, np.ndarray) for v in ins)
             or not node.output
             or any(isinstance(d, Sym) for v in ins if v is not None for d in v.shape)
         ):

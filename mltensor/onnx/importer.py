@@ -25,7 +25,7 @@ from ..front.builder import MLGraphBuilder, MLOperand
 from ..onnxio import IOInfo, ONNX_OF_WEBNN, TYPE_STRING, dim_name, source_name  # noqa: F401 (re-exported)
 from . import resume, symbolic
 from .batchnorm import BatchNormFolding
-from .errors import FeedError, NeedsValue, Unsupported, UnsupportedError, data_errors  # noqa: F401 (re-exported)
+from .errors import FeedError, NeedsValue, Unsupported, UnsupportedError, model_errors  # noqa: F401 (re-exported)
 from .folding import ConstantFolding
 from .functions import FunctionExpansion
 from .model import (  # noqa: F401 (re-exported: the session reads io_description here)
@@ -90,6 +90,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
         self.stage_inputs = set()  # ids of the inputs a resumed import binds to earlier stages' tensors
         self.values_bindable = True  # graph inputs may be bound by value (NeedsValue); not in a loop body
         self._top_index = None  # the top-level node being imported (cuts are keyed by it)
+        self.top_node = None  # that node
         self._cut_seq = 0
         # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic
         # dimensions (mltensor/dynamic/) instead of taking a size from input_shapes; `ones`:
@@ -413,7 +414,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
     def run_nodes(self, nodes, opset, fold_batchnorm=False, top=False):
         """top: the graph's own nodes (a resumed import starts at its cut, and cuts are keyed by
         the node being imported, onnx/resume.py)."""
-        saved = self.cur_opset
+        saved, outer = self.cur_opset, self.node
         # Only at the top level: inside a function body a value may also be used outside it.
         partners = self._batchnorm_partners(nodes) if fold_batchnorm else {}
         # BatchNormalization nodes (indices) already folded into their Conv
@@ -434,6 +435,8 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                     node = fused
             self.cur_opset = opset
             self.node = node
+            if top:
+                self.top_node = node  # (a cut raised inside its subgraphs keeps its inputs)
             key = handler_key(node)
             fn = (self.domain_function(node) or (None,))[0]
             if fn is None and key is None:
@@ -464,14 +467,16 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                 outs = h.fn(self, node, ins, attrs)
             except Unsupported as e:
                 self.fail(str(e))
-            except (TypeError, ValueError) as e:
+            except TypeError as e:
+                if not str(e).startswith("["):
+                    raise  # not the builder's validation ("[op] ..."): model_errors sorts it out
                 self.fail(f"cannot be mapped onto WebNN ({e})")
             if not isinstance(outs, (list, tuple)):
                 outs = [outs]
             self._bind(node, outs)
         if top:
             self._top_index = None
-        self.cur_opset = saved
+        self.cur_opset, self.node = saved, outer
 
     def _bind(self, node, outs):
         for name, v in zip(node.output, outs):
@@ -525,7 +530,7 @@ def import_onnx(
         weights=weights,
         input_values=input_values,
     )
-    with data_errors(source_name(source), im):
+    with model_errors(source_name(source), im):
         imported = im.run(const_outputs_as_ops=const_outputs_as_ops)
     if weights is not None:
         weights.release()  # uploaded: the mapped pages leave this process's memory

@@ -1,6 +1,7 @@
 """Reading an ONNX model: load it (big weights read in place, weights.py), describe its inputs
 and outputs, and find the names a node's subgraphs read from the enclosing scope."""
 
+import heapq
 import os
 import sys
 
@@ -8,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..errors import DataError
+from ..errors import DataError, InternalError
 from ..onnxio import source_name
 from . import weights as W
 from .types import MAX_HOST_ELEMENTS, prod
@@ -18,9 +19,10 @@ def load_model(source, name=None):
     """(ModelProto, Weights or None) from a path, bytes or a ModelProto. For a path or bytes the
     big initializers stay in the file (or the caller's buffer) and are read in place
     (onnx/weights.py); external data files are mapped, not loaded. A file or buffer that is not
-    a well-formed ONNX ModelProto raises DataError naming it (`name`, else source_name)."""
+    a well-formed ONNX ModelProto raises DataError naming it (`name`, else source_name). Nodes
+    out of topological order are sorted, as onnxruntime does (a caller's proto is copied first)."""
     if isinstance(source, onnx.ModelProto):
-        return source, None
+        return _sorted(source, copy=True), None
     if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)):
         raise TypeError(f"[onnx] model must be a path, bytes or onnx.ModelProto, got {type(source).__name__}")
     name = name or source_name(source)
@@ -29,12 +31,19 @@ def load_model(source, name=None):
     except OSError:
         raise
     except Exception as e:
+        if _parses(source):  # then the file is fine and our in-place reader (weights.py) failed
+            raise InternalError(
+                f"[onnx] {name}: internal error in mltensor, a bug (the file parses as an ONNX "
+                f"ModelProto, mltensor's in-place weight reader failed: {type(e).__name__}: {e}). "
+                "Please report it with the model"
+            ) from e
         raise DataError(
             f"[onnx] {name}: not a well-formed ONNX model (the ModelProto protobuf does not "
             f"parse: {type(e).__name__}: {e})"
         ) from None
     if not model.HasField("graph"):
         raise DataError(f"[onnx] {name}: the ModelProto has no graph (field 'graph' is missing)")
+    model = _sorted(model)
     for t in model.graph.initializer:  # external data files: there, and big enough (mapped, not read)
         if t.data_location == TensorProto.EXTERNAL and weights.base_dir is not None:
             try:
@@ -62,6 +71,18 @@ _IN_PLACE = {
     TensorProto.UINT64,
     TensorProto.BOOL,
 }
+
+
+def _parses(source):
+    """Whether protobuf itself parses the model's bytes (the error path only: a copy)."""
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as f:
+                source = f.read()
+        onnx.load_model_from_string(bytes(source))
+    except Exception:  # noqa: BLE001 (any failure: it does not parse)
+        return False
+    return True
 
 
 def external_view(weights, t):
@@ -163,3 +184,120 @@ def outer_names(node):
                 out.extend(outer_names(n))
                 local.update(n.output)
     return out
+
+
+def _sorted(model, copy=False):
+    """The model with its nodes in topological order (onnxruntime runs models that break the
+    order: it sorts them too); a copy of a caller's proto, which stays as it was."""
+    if not model.HasField("graph") or not _needs_sort(model.graph):
+        return model
+    if copy:
+        source, model = model, onnx.ModelProto()
+        model.CopyFrom(source)
+    _sort_graph(model.graph)
+    return model
+
+
+def _order(nodes):
+    """Positions of `nodes` with every node after the producers of its inputs (and of the names
+    its subgraphs read), the given order kept where it allows; None when it already is so.
+    Nodes in a cycle keep their order after the others (the importer then reports the input
+    that no earlier node produces)."""
+    produced = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                produced.setdefault(o, i)
+    deps = []
+    for i, n in enumerate(nodes):
+        names = [x for x in n.input if x] + outer_names(n)
+        deps.append({produced[x] for x in names if produced.get(x, i) != i})
+    if all(d < i for i, ds in enumerate(deps) for d in ds):
+        return None
+    users = [[] for _ in nodes]
+    missing = [len(ds) for ds in deps]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(i)
+    ready = [i for i, m in enumerate(missing) if not m]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            missing[u] -= 1
+            if not missing[u]:
+                heapq.heappush(ready, u)
+    placed = set(order)
+    return order + [i for i in range(len(nodes)) if i not in placed]
+
+
+def _subgraphs(node):
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def _needs_sort(g):
+    return any(_needs_sort(sub) for n in g.node for sub in _subgraphs(n)) or _order(g.node) is not None
+
+
+def _sort_graph(g):
+    """Sort a graph's nodes topologically, its subgraphs' first (ONNX requires the order; some
+    exporters and hand edits break it, and onnxruntime sorts such graphs itself)."""
+    for n in g.node:
+        for sub in _subgraphs(n):
+            _sort_graph(sub)
+    order = _order(g.node)
+    if order is None:
+        return
+    nodes = []
+    for i in order:
+        c = onnx.NodeProto()
+        c.CopyFrom(g.node[i])
+        nodes.append(c)
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+# A model whose weights total more than this is not copied to be checked (the error path only).
+CHECK_MAX_BYTES = 1 << 30
+
+
+def checker_complaint(model, weights=None):
+    """What `onnx.checker.check_model(full_check=True)` finds wrong with a model, or None when
+    it passes or cannot be checked: the evidence that decides whether an exception raised while
+    importing it is the file's fault (DataError) or a bug in mltensor (InternalError). Weights
+    read in place (weights.py) are put back into a copy of the proto first, the checker verifying
+    their sizes too."""
+    if model is None:
+        return None
+    try:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        total = 0
+        for t in copy.graph.initializer:
+            if t.data_location != TensorProto.EXTERNAL or weights is None:
+                continue
+            info = {e.key: e.value for e in t.external_data}
+            length = int(info["length"]) if "length" in info else None
+            view = weights.raw(info.get("location", ""), int(info.get("offset", 0)), length)
+            if view is None:
+                continue
+            total += len(view)
+            if total > CHECK_MAX_BYTES:
+                return None
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+            t.raw_data = bytes(view)
+        onnx.checker.check_model(copy, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        return " ".join(str(e).split())
+    except DataError as e:  # a tensor's data lies outside its file
+        return str(e).removeprefix("[onnx] ")
+    except Exception:  # noqa: BLE001 (the checker itself failed: no evidence either way)
+        return None
+    return None

@@ -90,6 +90,10 @@ def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=(), counted=None)
                 f"{what} is computed at run time and has {n} elements; a value read back to decide a "
                 f"shape may have at most {MAX_READ_ELEMENTS}"
             )
+    if im.node is not im.top_node:
+        # a node inside the top-level node's subgraph (an If branch) or function body cuts: the
+        # positions it drops are its own inputs', not those of the node the import resumes at
+        drop_inputs = ()
     im._cut_seq += 1
     raise Cut((im._top_index, im._cut_seq), read, carry, loop, what, drop_inputs, counted)
 

@@ -49,7 +49,7 @@ class Importing:
                 ones=ones,
             )
             try:
-                with importer.data_errors(self._name, im):
+                with importer.model_errors(self._name, im):
                     imp = im.run()
                 break
             except importer.NeedsValue as e:

@@ -7,6 +7,7 @@ import asyncio
 import os
 import threading
 
+from ..errors import internal_errors
 from ..front.context import ml
 from ..front.tensor import MLTensor
 from ..graphcache import store
@@ -135,7 +136,7 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             else:
                 importer = lazy.importer()
                 self._loaded = importer.load_model(model, self._name)
-                with importer.data_errors(self._name):
+                with importer.model_errors(self._name, model=self._loaded[0], weights=self._loaded[1]):
                     desc = importer.io_description(self._loaded[0])
                     self._describe(desc)
             shapes, params = desc["shapes"], desc["params"]
@@ -208,30 +209,32 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
         (uploaded once) or MLTensors (bound as is). Returns numpy arrays, or MLTensors with
         output_location="ml-tensor" (the session's own tensors; this thread's next run
         overwrites them). Safe to call from several threads at once."""
-        names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
-        keep = output_location == "ml-tensor"
-        try:
-            if keep:
-                return outs
-            res = read_all(self._ctx, outs, "InferenceSession.run")
-            return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
-        finally:
-            self._end_run(spec, tset, keep)
+        with internal_errors("InferenceSession.run"):
+            names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
+            keep = output_location == "ml-tensor"
+            try:
+                if keep:
+                    return outs
+                res = read_all(self._ctx, outs, "InferenceSession.run")
+                return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+            finally:
+                self._end_run(spec, tset, keep)
 
     async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
         """The awaitable form of `run` (same arguments); several may be in flight at once."""
-        names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
-        keep = output_location == "ml-tensor"
-        try:
-            if keep:
-                return outs
-            reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
-            done = await asyncio.gather(*[r for r in reads if r is not None])
-            it = iter(done)
-            res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
-            return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
-        finally:
-            self._end_run(spec, tset, keep)
+        with internal_errors("InferenceSession.run_async"):
+            names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
+            keep = output_location == "ml-tensor"
+            try:
+                if keep:
+                    return outs
+                reads = [self._ctx.read_tensor_async(t) if isinstance(t, MLTensor) else None for t in outs]
+                done = await asyncio.gather(*[r for r in reads if r is not None])
+                it = iter(done)
+                res = [next(it) if r is not None else t for r, t in zip(reads, outs)]
+                return [self._to_onnx(spec, n, r) for n, r in zip(names, res)]
+            finally:
+                self._end_run(spec, tset, keep)
 
     def close(self):
         """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included).

@@ -2,7 +2,7 @@
 LRU of `max_specializations`; with dynamic dimensions one build for every size up to the
 capacities, rebuilt (compiling nothing new) when a feed outgrows one."""
 
-from ..errors import DataError, NotSupportedError
+from ..errors import DataError, InternalError, NotSupportedError
 from .run import host_value
 
 
@@ -96,8 +96,9 @@ class Specializations:
             maxes, ones = self._caps.for_build(sizes)
             try:
                 spec = self._import(feeds, False, dynamic=maxes, sizes=sizes, ones=ones)
-            except (NotSupportedError, TypeError, DataError) as e:
-                # (a malformed model raises its DataError again in the static import below)
+            except (NotSupportedError, TypeError, DataError, InternalError) as e:
+                # (a malformed model raises its DataError again in the static import below, a
+                # bug of the dynamic path alone is noted in _static_reason)
                 if self._require_dynamic:
                     raise
                 # a dynamic dimension reaches an operator that needs a fixed size: one build per

@@ -41,7 +41,7 @@ class StageTree:
                 resume=snap,
             )
             try:
-                with importer.data_errors(self._name, im):
+                with importer.model_errors(self._name, im):
                     imp = im.run()
             except importer.NeedsValue as e:
                 raise NotSupportedError(f"{e} (here after a data-dependent shape: not supported)") from None
@@ -67,7 +67,7 @@ class StageTree:
         im = importer.Importer(model, self._ctx, input_shapes=input_shapes)
         im.cut_refusal = "inside a Loop or Scan body run on the GPU"
         im.values_bindable = False  # its inputs change every iteration
-        with importer.data_errors(self._name, im):
+        with importer.model_errors(self._name, im, self._model, self._weights):
             return im.run(const_outputs_as_ops=True)
 
     def storage_array(self, a):

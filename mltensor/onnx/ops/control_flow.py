@@ -20,7 +20,7 @@ def _if(im, node, ins, attrs):
     other computed condition runs both branches and selects with `where` when both give the same
     shapes and types; otherwise it is read back at run time (a cut, mltensor/stages/)."""
     cond = ins[0]
-    if isinstance(cond, np.ndarray) or _decided_by_small_inputs(cond):
+    if isinstance(cond, np.ndarray) or _decided_by_small_inputs(im, cond):
         cond = const(im, cond, "cond (the branch must be chosen at load)")
         g = attrs["then_branch"] if bool(cond.reshape(-1)[0]) else attrs["else_branch"]
         return _run_branch(im, g)
@@ -31,12 +31,16 @@ def _if(im, node, ins, attrs):
     if len(c.shape) and prod(c.shape) != 1:
         unsupported(f"cond has shape {list(c.shape)}, not a single value")
     c = b.reshape(c, [])
+    # (a branch giving an empty tensor, which WebNN has not, cannot be selected with `where`)
+    empty = any(v is not None and 0 in tuple(v.shape) for v in outs_t + outs_e)
     pairs = []
-    for t, e in zip(outs_t, outs_e):
+    for t, e in zip(outs_t, outs_e) if not empty else ():
         t_op = X(im, t) if t is not None else None
         e_op = X(im, e, t_op) if e is not None else None
         pairs.append((t_op, e_op))
-    if any(t is None or e is None or tuple(t.shape) != tuple(e.shape) or t.data_type != e.data_type for t, e in pairs):
+    if empty or any(
+        t is None or e is None or tuple(t.shape) != tuple(e.shape) or t.data_type != e.data_type for t, e in pairs
+    ):
         # the branches give different shapes: the condition is read back at run time and the
         # graph after it built for the branch taken (mltensor/stages/)
         taken = resume.read(im, c, "the If condition (its branches give different shapes)")
@@ -60,11 +64,15 @@ def _run_branch(im, g):
     return [im.env[o.name] for o in g.output]
 
 
-def _decided_by_small_inputs(v):
+def _decided_by_small_inputs(im, v):
     """Whether an operand is computed only from graph inputs that are small integer or bool
-    tensors (at most 16 elements): worth specializing the graph to their values."""
+    tensors (at most 16 elements): worth specializing the graph to their values. Not the inputs
+    of a resumed stage (values the earlier stage left): the condition was computed the first
+    time, and the resumed import must take the same path, meeting its cuts in the same order."""
     leaves = input_leaves(v)
-    return bool(leaves) and all(not o.data_type.startswith("float") and prod(o.shape) <= 16 for o in leaves)
+    return bool(leaves) and all(
+        not o.data_type.startswith("float") and prod(o.shape) <= 16 and id(o) not in im.stage_inputs for o in leaves
+    )
 
 
 # Unrolling copies the body once per iteration into the graph: a loop whose trip count and
@@ -118,7 +126,7 @@ def _loop(im, node, ins, attrs):
     if got is not None:  # executed: the final state and the stacked scan outputs
         return _executed_results(im, got, n_state, n_scan, [0] * n_scan, [0] * n_scan)
     cond = ins[1] if len(ins) > 1 else None
-    if cond is not None and not isinstance(cond, np.ndarray) and _decided_by_small_inputs(cond):
+    if cond is not None and not isinstance(cond, np.ndarray) and _decided_by_small_inputs(im, cond):
         cond = const(im, cond, "the loop's initial condition")  # the session binds the input's value
     if trips is not None and 0 < trips <= MAX_UNROLL and (cond is None or isinstance(cond, np.ndarray)):
         res = _unroll_loop(im, node, ins, attrs, trips)

@@ -13,6 +13,8 @@ def conv(im, node, ins, attrs):
     x = X(im, ins[0])
     w = X(im, ins[1], x)
     sp = len(x.shape) - 2
+    if len(w.shape) != len(x.shape):
+        im.malformed(f"W has shape {list(w.shape)} and X {list(x.shape)}: their ranks must be the same")
     spatial_rank(sp, "convolutions")
     k = attrs.get("kernel_shape") or list(w.shape[2:])
     s = attrs.get("strides") or [1] * sp

@@ -39,15 +39,25 @@ def _gather_nd(im, node, ins, attrs):
 def _scatter_elements(im, node, ins, attrs):
     if attrs.get("reduction", "none") != "none":
         unsupported(f"reduction {attrs['reduction']!r} is not supported")
+    if _nothing_to_scatter(ins):
+        return ins[0]
     x = X(im, ins[0])
     axis = norm_axis(attrs.get("axis", 0), len(x.shape))
     return im.b.scatter_elements(x, _indices(im, ins[1]), X(im, ins[2], x), axis=axis)
+
+
+def _nothing_to_scatter(ins):
+    """Empty updates (a selection that found nothing, as torchvision's per-level RoIAlign merge
+    meets): the data comes out unchanged."""
+    return any(isinstance(v, np.ndarray) and v.size == 0 for v in ins[1:3])
 
 
 @op("ScatterND", attrs=("reduction",))
 def _scatter_nd(im, node, ins, attrs):
     if attrs.get("reduction", "none") != "none":
         unsupported(f"reduction {attrs['reduction']!r} is not supported")
+    if _nothing_to_scatter(ins):
+        return ins[0]
     x = X(im, ins[0])
     return im.b.scatter_nd(x, _indices(im, ins[1]), X(im, ins[2], x))
 
@@ -88,6 +98,9 @@ def _onehot(im, node, ins, attrs):
 @op("Range")
 def _range(im, node, ins, attrs):
     start, limit, delta = (const(im, v, w) for v, w in zip(ins, ("start", "limit", "delta")))
+    d0 = np.asarray(delta).reshape(-1)[:1]
+    if d0.size and not isinstance(d0[0], Sym) and d0[0] == 0:
+        im.malformed("delta is 0")
     if any(symbolic.is_symbolic(v) for v in (start, limit, delta)):
         # position ids from `past` to `past + seq`: computed at dispatch (ops/sizes.py)
         s, l, d = (np.asarray(v).reshape(-1)[0] for v in (start, limit, delta))

@@ -40,6 +40,10 @@ def _reshape_shape(in_shape, shape, allowzero=False):
 def _reshape(im, node, ins, attrs):
     shape = attrs.get("shape") if im.cur_opset < 5 else sizes(im, ins[1], "shape")
     x = X(im, ins[0])
+    if not attrs.get("allowzero", 0):
+        past = [i for i, d in enumerate(shape) if isinstance(d, int) and d == 0 and i >= len(x.shape)]
+        if past:
+            im.malformed(f"shape {list(shape)} copies dimension {past[0]} (a 0) of an input of rank {len(x.shape)}")
     out = _reshape_shape(x.shape, list(shape), attrs.get("allowzero", 0))
     return keep_bool(im, x, im.b.reshape(x, out))
 

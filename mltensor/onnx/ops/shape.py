@@ -39,6 +39,8 @@ def _eyelike(im, node, ins, attrs):
 @op("ConstantOfShape", attrs=("value",))
 def _constant_of_shape(im, node, ins, attrs):
     shape = sizes(im, ins[0], "shape")
+    if any(not isinstance(d, Sym) and d < 0 for d in shape):
+        im.malformed(f"shape [{', '.join(str(d) for d in shape)}] has a negative dimension")
     v = attrs.get("value", np.zeros(1, np.float32))
     if any(isinstance(d, Sym) for d in shape):  # a dynamic shape: the value expanded at dispatch
         c = X(im, np.asarray(v.reshape(-1)[0], dtype=v.dtype))
