@@ -119,7 +119,11 @@ def test_corpus_model(benchmark, ctx, gemm_peak, name):
     feeds = corpus.feeds(name, size, BIG)
     sess = InferenceSession(path, ctx)
     ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    got, want = sess.run(None, feeds), ref.run(None, feeds)
+    try:
+        got = sess.run(None, feeds)
+    except mltensor.NotSupportedError as e:  # (an adapter limit: GPT-2's 154 MB embedding on lavapipe)
+        pytest.skip(f"{name} does not run on this adapter: {e}")
+    want = ref.run(None, feeds)
     err = max(corpus.rel_error(g, w) for g, w in zip(got, want))
     assert err <= 1e-4, f"{name}: relative error {err:.2e} against onnxruntime"
     before = ctx.counters["kernel_launches"]
