@@ -3,7 +3,8 @@
 // and walks the keys in tiles of BK, keeping per row a running maximum m and sum l of
 // exp(score - m) (online softmax, FlashAttention-style): when a tile raises the maximum, the
 // accumulated outputs and the sum are rescaled by exp(m_old - m_new).
-//   score(dot) = dot [* or / scale] [+ bias] [where(cond, ., value)] [-inf past the causal limit]
+//   score(dot) = dot [* or / scale] [softcap] [+ bias] [where(cond, ., value)] [-inf past the causal limit
+//   or outside the sliding window]
 // Values load through LD (f32 for f16 bindings) and every sum accumulates in f32; the result is
 // stored through ST (f16_of for f16) and the fused epilogue act(). Exp follows the softmax
 // kernel (reduce.wgsl): exp(x - m) is 0 for x = -inf even when m = -inf, so a row whose scores
@@ -191,6 +192,10 @@ fn ex(x: f32, m: f32) -> f32 { return select(exp(x - m), 0.0, is_neg_inf(x)); }
 // (bb, cb: the bias's and condition's matrix offsets; sq, sk: SQ and SK.)
 fn score(dot: f32, qi: u32, kj: u32, bb: u32, cb: u32, sq: u32, sk: u32) -> f32 {
     var x = dot{{ scale }};
+{$ if softcap $}
+    // soft-capping (Gemma 2): cap * tanh(x / cap), the argument clamped where tanh is +-1 in f32
+    x = {{ softcap }} * tanh(clamp(x * {{ inv_softcap }}, -15.0, 15.0));
+{$ endif $}
 {$ if has_bias $}
     x = x + {{ LD }}(bias[bb + {{ bias_at }}]);
 {$ endif $}
@@ -199,6 +204,10 @@ fn score(dot: f32, qi: u32, kj: u32, bb: u32, cb: u32, sq: u32, sk: u32) -> f32 
 {$ endif $}
 {$ if causal $}
     if (kj + sq > qi + sk) { x = neg_inf(); }  // key kj is visible from row qi when kj <= qi + SK - SQ
+{$ endif $}
+{$ if window $}
+    // sliding window: row qi (position qi + SK - SQ) sees only the WINDOW keys up to its own
+    if (kj + {{ window }}u + sq <= qi + sk) { x = neg_inf(); }
 {$ endif $}
     return x;
 }
