@@ -10,6 +10,8 @@ reference is transformers (float32, eager attention, the whole sequence each ste
 on the original weights for the float32 file, on the file's weights as the gguf package
 dequantizes them for a quantized one."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,16 @@ def ctx():
     return mltensor.ml.create_context_sync()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def torch_one_thread():
+    """torch on one thread: the reference's tiny matmuls run 40x slower on two threads of two
+    busy cores (their synchronization), 0.4 s against 17 s for Gemma 3's 24 steps."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def rel_err(got, ref):
     return float(np.abs(np.asarray(got, np.float64) - ref).max() / np.abs(ref).max())
 
@@ -55,6 +67,7 @@ def compare(ctx, path, hf, steps=STEPS, chunk=True):
         errs.append(rel_err(got, want))
         ours.append(int(got.argmax()))
         theirs.append(int(want.argmax()))
+    print(f"[{os.path.basename(path)}: logits within {max(errs):.2e}, greedy tokens identical: {ours == theirs}]")
     assert max(errs) < REL, errs
     assert ours == theirs, (ours, theirs)
     return max(errs), len(ours)
@@ -68,7 +81,7 @@ def test_float_gguf_matches_transformers(ctx, case):
     compare(ctx, path, hf)
 
 
-QUANTS = ["Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"]
+QUANTS = ["Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"]  # (Q8_0 of the small model: the default run)
 # sizes whose rows are whole K-quant super-blocks (256 values), so that Q4_K_M holds Q4_K / Q6_K
 BIG = {"hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "ffn": 512, "vocab": 512}
 
@@ -79,6 +92,15 @@ def quantizer():
     if py is None:
         pytest.skip("needs cyllama (pip install cyllama), here or in MLTENSOR_QUANTIZE_PYTHON")
     return py
+
+
+@pytest.mark.parametrize("case", list(llm_convert.CASES))
+def test_q8_0_gguf_matches_transformers(ctx, quantizer, case):
+    """The small model quantized to Q8_0 by llama.cpp (its quantizer takes about a second; the
+    file is cached), against transformers over the file's dequantized weights."""
+    path, hf = llm_convert.cached_gguf(case, "Q8_0", python=quantizer)
+    assert "Q8_0" in {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    compare(ctx, path, llm_convert.hf_from_gguf(hf, path))
 
 
 @pytest.mark.slow
@@ -94,3 +116,60 @@ def test_quantized_gguf_matches_transformers(ctx, quantizer, case, ftype):
     kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert ftype[:4] in " ".join(kinds), kinds
     compare(ctx, path, llm_convert.hf_from_gguf(hf, path))
+
+
+# -- the attention kernel's sliding window and soft-cap ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sq, sk, window, softcap",
+    [
+        (1, 20, 8, 0.0),  # decode, one workgroup a head ("dec")
+        (2, 20, 8, 3.0),
+        (1, 300, 8, 0.0),  # decode, keys split over workgroups (flash-decoding): blocks before the window
+        (3, 300, 50, 3.0),
+        (11, 11, 4, 0.0),  # prompt (tiled): tiles before the window skipped
+        (40, 100, 7, 3.0),
+        (70, 70, 33, 3.0),
+    ],
+)
+def test_attention_window_and_softcap(ctx, sq, sk, window, softcap):
+    """_attention(window=W, softcap=c) against numpy in each kernel family: row i (position
+    i + sk - sq) sees keys (i + sk - sq - W, i + sk - sq]; scores c * tanh(s / c)."""
+    from mltensor import MLGraphBuilder
+
+    rng = np.random.default_rng(sq * 1000 + sk)
+    nh, nkv, d = 4, 2, 16
+    arrays = {
+        "q": rng.standard_normal((sq, nh, d)).astype(np.float32),
+        "k": (2 * rng.standard_normal((sk, nkv, d))).astype(np.float32),
+        "v": rng.standard_normal((sk, nkv, d)).astype(np.float32),
+    }
+    b = MLGraphBuilder(ctx)
+    ins = {n: b.input(n, data_type="float32", shape=list(a.shape)) for n, a in arrays.items()}
+    y = b._attention(
+        ins["q"], ins["k"], ins["v"], scale=d**-0.5, causal=True, layout="bshd", window=window, softcap=softcap
+    )
+    g = b.build_sync({"y": y})
+    feeds = {}
+    for n, a in arrays.items():
+        feeds[n] = ctx.create_tensor_sync(data_type="float32", shape=list(a.shape), writable=True)
+        ctx.write_tensor(feeds[n], a)
+    ty = ctx.create_tensor_sync(data_type="float32", shape=[sq, nh, d], readable=True)
+    ctx.dispatch(g, feeds, {"y": ty})
+    got = ctx.read_tensor_sync(ty)
+    q, k, v = (arrays[n].astype(np.float64) for n in "qkv")
+    pos, key = np.arange(sq)[:, None] + sk - sq, np.arange(sk)[None, :]
+    for h in range(nh):
+        s = q[:, h] @ k[:, h // 2].T * d**-0.5
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        s[(key > pos) | (pos - key >= window)] = -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        np.testing.assert_allclose(got[:, h], (p / p.sum(1, keepdims=True)) @ v[:, h // 2], atol=2e-6)
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[4, nh, d])
+    with pytest.raises(TypeError, match="causal"):
+        b._attention(x, x, x, window=4)
+    with pytest.raises(TypeError, match="softcap"):
+        b._attention(x, x, x, softcap=-1.0)

@@ -239,8 +239,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let cb{{ i }} = cond_base_of(bt0 + {{ i }}u);
 {$ endif $}
 {$ endfor $}
+{$ if window $}
+    // keys before the first row's window are skipped: no row of the workgroup sees them (a block
+    // wholly before it sums nothing: m = -inf, l = 0, weight 0 in the reduce)
+    let j_lo = max(sp * tps * BK, select(0u, SK + 1u - SQ - {{ window }}u, SK + 1u > SQ + {{ window }}u));
+    let j_hi = min(sp * tps * BK + tps * BK, SK);
+{$ else $}
     let j_lo = sp * tps * BK;
     let j_hi = min(j_lo + tps * BK, SK);
+{$ endif $}
 {$ if V4 $}
     // V4: q, k and v bound as vec4 (head sizes, row strides and offsets multiples of 4)
     for (var e = t; e < RB * D4; e += WG) {
@@ -427,6 +434,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ if TPS $}
     j_lo = sb * {{ TPS * BK }}u;
     kend = min(kend, j_lo + {{ TPS * BK }}u);  // (a block past the causal limit sums nothing)
+{$ endif $}
+{$ if window $}
+    // keys before the window of the tile's first row: no row of the tile sees them
+    j_lo = max(j_lo, select(0u, q0 + SK + 1u - SQ - {{ window }}u, q0 + SK + 1u > SQ + {{ window }}u));
 {$ endif $}
     var m_run = neg_inf();  // the running maximum of this thread's row
     var l_run = 0.0;        // and its sum of exp(score - m_run) (the row's first thread)
@@ -617,7 +628,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var acc{{ s }} = 0.0;
 {$ endfor $}
     workgroupBarrier();
-    for (var j0 = 0u; j0 < kend; j0 += BK) {
+    for (var j0 = j_lo; j0 < kend; j0 += BK) {
         let jn = min(BK, kend - j0);  // keys of this tile
         for (var s = 0u; s < NS; s++) {
             let e = t + s * WG;
