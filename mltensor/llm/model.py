@@ -65,15 +65,17 @@ class LlamaWeights:
         self.layers = []
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            shapes = {"attn_norm": (H,), "attn_output": (H, qd), "ffn_norm": (H,), "ffn_down": (H, c.ffn)}
+            shapes = {"attn_norm": (H,)}  # (read in the order of the layer)
             if spec.fused_qkv:
                 shapes["attn_qkv"] = (qd + 2 * kvd, H)
             else:
                 shapes.update(attn_q=(qd, H), attn_k=(kvd, H), attn_v=(kvd, H))
+            shapes.update(attn_output=(H, qd), ffn_norm=(H,))
             if spec.fused_gate_up:
                 shapes["ffn_up"] = (2 * c.ffn, H)
             else:
                 shapes.update(ffn_gate=(c.ffn, H), ffn_up=(c.ffn, H))
+            shapes["ffn_down"] = (H, c.ffn)
             if spec.post_norms:
                 shapes.update(post_attention_norm=(H,), post_ffw_norm=(H,))
             if spec.qk_norm:
