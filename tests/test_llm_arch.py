@@ -173,3 +173,36 @@ def test_attention_window_and_softcap(ctx, sq, sk, window, softcap):
         b._attention(x, x, x, window=4)
     with pytest.raises(TypeError, match="softcap"):
         b._attention(x, x, x, softcap=-1.0)
+
+
+def test_config_per_layer(tmp_path):
+    """What the descriptions read from the converted files: Gemma 3's five sliding layers (rope
+    base 10000, no scaling) then a global one (1e6, linear scale 1/8); Gemma 2's soft-caps and
+    every other layer sliding; Phi-3's partial rotary; Llama 3's rope factors; YaRN refused."""
+    from mltensor.errors import NotSupportedError
+    from mltensor.llm import LlamaWeights
+
+    c = LlamaWeights(llm_convert.cached_gguf("gemma3")[0]).config
+    assert c.windows == [8, 8, 8, 8, 8, 0] and c.head_dim == 32 and c.attn_softcap == 0.0
+    assert c.layer_ropes == [(10000.0, 1.0)] * 5 + [(1000000.0, 0.125)]
+    c = LlamaWeights(llm_convert.cached_gguf("gemma2")[0]).config
+    assert c.windows == [8, 0] and (c.attn_softcap, c.final_softcap) == (4.0, 12.0)
+    assert LlamaWeights(llm_convert.cached_gguf("phi3")[0]).config.rope_dims == 8
+    w = LlamaWeights(llm_convert.cached_gguf("llama3")[0])
+    assert w.rope_freqs is not None and w.rope_freqs.dense.max() == 8.0 and w.rope_freqs.dense.min() == 1.0
+    src = llm_convert.cached_gguf("qwen2")[0]
+    r = gguf.GGUFReader(src)
+    out = gguf.GGUFWriter(str(tmp_path / "yarn.gguf"), "qwen2")
+    for key, field in r.fields.items():
+        if key.startswith("qwen2."):
+            v = field.contents()
+            (out.add_float32 if isinstance(v, float) else out.add_uint32)(key, v)
+    out.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    for t in r.tensors:
+        out.add_tensor(t.name, np.asarray(t.data).reshape([int(x) for x in reversed(t.shape.tolist())]))
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    with pytest.raises(NotSupportedError, match="yarn"):
+        LlamaWeights(str(tmp_path / "yarn.gguf"))

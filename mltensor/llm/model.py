@@ -1,19 +1,28 @@
-"""The Llama architecture written with MLGraphBuilder, over weights from a GGUF file.
+"""The decoder of every supported GGUF architecture written with MLGraphBuilder, over weights
+from a GGUF file. What differs between architectures is described in mltensor/llm/arch (one file
+each: llama, qwen2, qwen3, gemma2, gemma3, phi3); the parts are written here once.
 
-One layer: h += Wo . attention(rope(Wq . n), rope(Wk . n), Wv . n) with n = rms_norm(h);
-h += W_down . (silu(W_gate . n2) * (W_up . n2)) with n2 = rms_norm(h); then the last position's
-rms_norm(h) times the output head (token_embd when the file has no output.weight: tied).
+One layer: h += [post_norm](Wo . attention(rope(q), rope(k), v)) with q, k, v = W . n [+ biases]
+(three matrices, or one fused and sliced), [q, k RMS-normed per head], n = rms_norm(h);
+h += [post_norm](W_down . (act(W_gate . n2) * (W_up . n2))) with act silu (SwiGLU) or tanh-GELU
+(GeGLU), gate and up fused or not, n2 = rms_norm(h); the embeddings [times sqrt(hidden)]; then
+the last position's rms_norm(h) times the output head (token_embd when the file has no
+output.weight: tied), [soft-capped: c * tanh(x / c)].
 
 - Quantized weights stay in their blocks on the GPU: Q4_0, Q4_1 and Q8_0 through `_matmul_nbits`
   (decoded inside the GEMV/GEMM kernels) and `_gather_nbits` (only the embedding rows gathered
   are decoded); the K-quants, Q5_0, Q5_1, IQ4_NL, IQ4_XS, BF16 and F16 likewise through
   `_matmul_blocks` / `_gather_blocks` (ops/blocks.py), which read the file's bytes.
-- Rotary embeddings as llama.cpp applies them to GGUF weights (its converter permutes Wq and Wk
-  so that rotating adjacent pairs (2i, 2i+1) equals Hugging Face's rotate-half): the first
-  rope.dimension_count channels of each head, angle pos * base^(-2i / dims).
+- Rotary embeddings as llama.cpp applies them to GGUF weights: the first rope.dimension_count
+  channels of each head, angle pos * scale * base^(-2i / dims) / factor_i (factor_i: Llama 3's
+  rope_freqs.weight, else 1; base and scale per layer: Gemma 3's sliding layers have their own),
+  on adjacent pairs (2i, 2i+1) for `llama` (its converter permutes Wq and Wk so that this equals
+  Hugging Face's rotate-half) or on channels (i, i + dims/2) for the NEOX architectures.
 - Grouped-query attention with the fused `_attention` kernel (query head h reads KV head
   h // (heads / kv_heads)), causal with the mask aligned bottom-right (a step with a cache of
-  `past` positions sees keys 0 .. past + s).
+  `past` positions sees keys 0 .. past + s), the architecture's scale, Gemma 2's soft-cap of the
+  scores, and on sliding-window layers the window (keys before it masked and skipped; the cache
+  still holds every position).
 - Three builds with dynamic dimensions serve a whole conversation: "prefill" (the first tokens,
   no cache: `seq` dynamic), "step" (one token after a cache of `past` positions: the decode
   step, its token count static so its projections take GEMV kernels) and "chunk" (`seq` new

@@ -66,4 +66,6 @@ def read_rope_scaling(c, f, arch):
             raise NotSupportedError(f"[gguf] rope.scaling.factor {factor} must be positive")
         c.rope_scale = 1.0 / factor
         return
-    raise NotSupportedError(f"[gguf] rope scaling {scaling!r} is not supported (supported: none, linear, llama3)")
+    raise NotSupportedError(
+        f"[gguf] rope scaling {scaling!r} is not supported (supported: none, linear; Llama 3's is rope_freqs.weight)"
+    )
