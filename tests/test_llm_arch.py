@@ -128,6 +128,7 @@ def test_quantized_gguf_matches_transformers(ctx, quantizer, case, ftype):
         (2, 20, 8, 3.0),
         (1, 300, 8, 0.0),  # decode, keys split over workgroups (flash-decoding): blocks before the window
         (3, 300, 50, 3.0),
+        (2, 260, 4096, 0.0),  # a window wider than the cache (Gemma 2's 4096): every key
         (11, 11, 4, 0.0),  # prompt (tiled): tiles before the window skipped
         (40, 100, 7, 3.0),
         (70, 70, 33, 3.0),

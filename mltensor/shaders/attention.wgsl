@@ -242,7 +242,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ if window $}
     // keys before the first row's window are skipped: no row of the workgroup sees them (a block
     // wholly before it sums nothing: m = -inf, l = 0, weight 0 in the reduce)
-    let j_lo = max(sp * tps * BK, select(0u, SK + 1u - SQ - {{ window }}u, SK + 1u > SQ + {{ window }}u));
+    // (max(..) - ..: never below 0, also where SK and SQ are constants: no const-expression overflow)
+    let j_lo = max(sp * tps * BK, max(SK + 1u, SQ + {{ window }}u) - SQ - {{ window }}u);
     let j_hi = min(sp * tps * BK + tps * BK, SK);
 {$ else $}
     let j_lo = sp * tps * BK;
@@ -437,7 +438,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endif $}
 {$ if window $}
     // keys before the window of the tile's first row: no row of the tile sees them
-    j_lo = max(j_lo, select(0u, q0 + SK + 1u - SQ - {{ window }}u, q0 + SK + 1u > SQ + {{ window }}u));
+    j_lo = max(j_lo, max(q0 + SK + 1u, SQ + {{ window }}u) - SQ - {{ window }}u);
 {$ endif $}
     var m_run = neg_inf();  // the running maximum of this thread's row
     var l_run = 0.0;        // and its sum of exp(score - m_run) (the row's first thread)
