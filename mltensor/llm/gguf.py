@@ -22,9 +22,10 @@ import numpy as np
 
 from ..errors import DataError, NotSupportedError
 from ..ops.blocks import BLOCK_TYPES, pack_blocks
+from .arch import ARCHS, read_rope_scaling
 
 BLOCK = 32  # values a block in Q4_0, Q4_1 and Q8_0
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = tuple(ARCHS)
 NBITS_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # repacked for _matmul_nbits
 SUPPORTED_TYPES = ("F32",) + NBITS_TYPES + tuple(BLOCK_TYPES)
 
@@ -181,15 +182,18 @@ class GGUFFile:
 
 
 class LlamaConfig:
-    """The Llama hyperparameters of a GGUF file (`<arch>.*` keys)."""
+    """The decoder hyperparameters of a GGUF file (`<arch>.*` keys) for any architecture of
+    mltensor/llm/arch (`arch`: its description): sizes, per-layer sliding windows (`windows`) and
+    rotary parameters (`layer_ropes`), soft-caps, the attention scale."""
 
     def __init__(self, f):
         arch = f.require("general.architecture")
-        if arch not in SUPPORTED_ARCHS:
+        if arch not in ARCHS:
             raise NotSupportedError(
                 f"[gguf] architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
             )
         self.arch = arch
+        spec = self.spec = ARCHS[arch]
 
         def num(key, default=None, kind=int):
             v = f.get(f"{arch}.{key}", default)
@@ -212,30 +216,39 @@ class LlamaConfig:
         for what in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "context_length"):
             if getattr(self, what) < 1:
                 raise DataError(f"[gguf] {what} must be positive, got {getattr(self, what)}")
-        if self.hidden % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise DataError(
-                f"[gguf] {self.n_heads} heads of {self.hidden} channels with {self.n_kv_heads} "
-                "KV heads do not divide evenly"
+        if self.n_heads % self.n_kv_heads:
+            raise DataError(f"[gguf] {self.n_heads} heads on {self.n_kv_heads} KV heads do not divide evenly")
+        if f"{arch}.attention.key_length" not in f.metadata and self.hidden % self.n_heads:
+            raise DataError(f"[gguf] {self.n_heads} heads do not divide the {self.hidden} channels evenly")
+        self.head_dim = num("attention.key_length", self.hidden // self.n_heads)
+        vdim = num("attention.value_length", self.head_dim)
+        if self.head_dim < 1 or vdim != self.head_dim:
+            raise NotSupportedError(
+                f"[gguf] key heads of {self.head_dim} channels, value heads of {vdim}: only equal sizes are supported"
             )
-        self.head_dim = self.hidden // self.n_heads
         self.rope_dims = num("rope.dimension_count", self.head_dim)
         if self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim:
             raise DataError(
                 f"[gguf] rope.dimension_count {self.rope_dims} must be even and within the head size {self.head_dim}"
             )
-        scaling = f.get(f"{arch}.rope.scaling.type")
-        if scaling not in (None, "none"):
-            raise NotSupportedError(f"[gguf] rope scaling {scaling!r} is not supported")
+        read_rope_scaling(self, f, arch)
         emb = f.tensors.get("token_embd.weight")
         if emb is None:
             raise DataError(f"[gguf] {f.path} has no token_embd.weight tensor")
         self.vocab = int(f.get(f"{arch}.vocab_size", emb[1][0]))
+        self.window, self.attn_softcap, self.final_softcap = 0, 0.0, 0.0
+        spec.configure(self, num)
+        if self.window < 0 or self.attn_softcap < 0 or self.final_softcap < 0:
+            raise DataError("[gguf] the sliding window and soft-caps must not be negative")
+        self.windows = [self.window if spec.sliding(self, i) else 0 for i in range(self.n_layers)]
+        self.layer_ropes = [spec.layer_rope(self, i) for i in range(self.n_layers)]
+        self.attn_scale = spec.attn_scale(self)
 
     def __repr__(self):
         return (
-            f"LlamaConfig(layers={self.n_layers}, hidden={self.hidden}, ffn={self.ffn}, heads={self.n_heads}, "
-            f"kv_heads={self.n_kv_heads}, vocab={self.vocab}, rope_base={self.rope_base}, "
-            f"rope_dims={self.rope_dims})"
+            f"LlamaConfig(arch={self.arch}, layers={self.n_layers}, hidden={self.hidden}, ffn={self.ffn}, "
+            f"heads={self.n_heads}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, vocab={self.vocab}, "
+            f"rope_base={self.rope_base}, rope_dims={self.rope_dims}, window={self.window})"
         )
 
 

@@ -1,19 +1,28 @@
-"""The Llama architecture written with MLGraphBuilder, over weights from a GGUF file.
+"""The decoder of every supported GGUF architecture written with MLGraphBuilder, over weights
+from a GGUF file. What differs between architectures is described in mltensor/llm/arch (one file
+each: llama, qwen2, qwen3, gemma2, gemma3, phi3); the parts are written here once.
 
-One layer: h += Wo . attention(rope(Wq . n), rope(Wk . n), Wv . n) with n = rms_norm(h);
-h += W_down . (silu(W_gate . n2) * (W_up . n2)) with n2 = rms_norm(h); then the last position's
-rms_norm(h) times the output head (token_embd when the file has no output.weight: tied).
+One layer: h += [post_norm](Wo . attention(rope(q), rope(k), v)) with q, k, v = W . n [+ biases]
+(three matrices, or one fused and sliced), [q, k RMS-normed per head], n = rms_norm(h);
+h += [post_norm](W_down . (act(W_gate . n2) * (W_up . n2))) with act silu (SwiGLU) or tanh-GELU
+(GeGLU), gate and up fused or not, n2 = rms_norm(h); the embeddings [times sqrt(hidden)]; then
+the last position's rms_norm(h) times the output head (token_embd when the file has no
+output.weight: tied), [soft-capped: c * tanh(x / c)].
 
 - Quantized weights stay in their blocks on the GPU: Q4_0, Q4_1 and Q8_0 through `_matmul_nbits`
   (decoded inside the GEMV/GEMM kernels) and `_gather_nbits` (only the embedding rows gathered
   are decoded); the K-quants, Q5_0, Q5_1, IQ4_NL, IQ4_XS, BF16 and F16 likewise through
   `_matmul_blocks` / `_gather_blocks` (ops/blocks.py), which read the file's bytes.
-- Rotary embeddings as llama.cpp applies them to GGUF weights (its converter permutes Wq and Wk
-  so that rotating adjacent pairs (2i, 2i+1) equals Hugging Face's rotate-half): the first
-  rope.dimension_count channels of each head, angle pos * base^(-2i / dims).
+- Rotary embeddings as llama.cpp applies them to GGUF weights: the first rope.dimension_count
+  channels of each head, angle pos * scale * base^(-2i / dims) / factor_i (factor_i: Llama 3's
+  rope_freqs.weight, else 1; base and scale per layer: Gemma 3's sliding layers have their own),
+  on adjacent pairs (2i, 2i+1) for `llama` (its converter permutes Wq and Wk so that this equals
+  Hugging Face's rotate-half) or on channels (i, i + dims/2) for the NEOX architectures.
 - Grouped-query attention with the fused `_attention` kernel (query head h reads KV head
   h // (heads / kv_heads)), causal with the mask aligned bottom-right (a step with a cache of
-  `past` positions sees keys 0 .. past + s).
+  `past` positions sees keys 0 .. past + s), the architecture's scale, Gemma 2's soft-cap of the
+  scores, and on sliding-window layers the window (keys before it masked and skipped; the cache
+  still holds every position).
 - Three builds with dynamic dimensions serve a whole conversation: "prefill" (the first tokens,
   no cache: `seq` dynamic), "step" (one token after a cache of `past` positions: the decode
   step, its token count static so its projections take GEMV kernels) and "chunk" (`seq` new
@@ -45,37 +54,54 @@ from .gguf import GGUFFile, LlamaConfig, load_weight
 
 
 class LlamaWeights:
-    """Every tensor a Llama model needs, read from a GGUF file and repacked (host memory)."""
+    """Every tensor the file's architecture needs (mltensor/llm/arch), read from a GGUF file and
+    repacked (host memory). `layers[i]` maps GGUF names without the `blk.i.` prefix and the
+    `.weight` suffix to Weights (biases keep their `.bias`)."""
 
     def __init__(self, source):
         f = source if isinstance(source, GGUFFile) else GGUFFile(source)
         self.file = f
         c = self.config = LlamaConfig(f)
-        H, kv = c.hidden, c.n_kv_heads * c.head_dim
+        spec = c.spec
+        H, hd = c.hidden, c.head_dim
+        qd, kvd = c.n_heads * hd, c.n_kv_heads * hd
         self.token_embd = load_weight(f, "token_embd.weight", (c.vocab, H))
         self.output_norm = load_weight(f, "output_norm.weight", (H,))
         self.output = load_weight(f, "output.weight", (c.vocab, H)) if "output.weight" in f.tensors else None
+        # Llama 3's rope scaling: frequency factors (the angle of channel pair i divided by factor i)
+        half = c.rope_dims // 2
+        self.rope_freqs = load_weight(f, "rope_freqs.weight", (half,)) if "rope_freqs.weight" in f.tensors else None
         self.layers = []
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            shapes = {
-                "attn_norm": (H,),
-                "attn_q": (H, H),
-                "attn_k": (kv, H),
-                "attn_v": (kv, H),
-                "attn_output": (H, H),
-                "ffn_norm": (H,),
-                "ffn_gate": (c.ffn, H),
-                "ffn_up": (c.ffn, H),
-                "ffn_down": (H, c.ffn),
-            }
-            self.layers.append({k: load_weight(f, f"{p}{k}.weight", s) for k, s in shapes.items()})
+            shapes = {"attn_norm": (H,)}  # (read in the order of the layer)
+            if spec.fused_qkv:
+                shapes["attn_qkv"] = (qd + 2 * kvd, H)
+            else:
+                shapes.update(attn_q=(qd, H), attn_k=(kvd, H), attn_v=(kvd, H))
+            shapes.update(attn_output=(H, qd), ffn_norm=(H,))
+            if spec.fused_gate_up:
+                shapes["ffn_up"] = (2 * c.ffn, H)
+            else:
+                shapes.update(ffn_gate=(c.ffn, H), ffn_up=(c.ffn, H))
+            shapes["ffn_down"] = (H, c.ffn)
+            if spec.post_norms:
+                shapes.update(post_attention_norm=(H,), post_ffw_norm=(H,))
+            if spec.qk_norm:
+                shapes.update(attn_q_norm=(hd,), attn_k_norm=(hd,))
+            layer = {k: load_weight(f, f"{p}{k}.weight", s) for k, s in shapes.items()}
+            for proj in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
+                if proj in shapes and (f"{p}{proj}.bias" in f.tensors or (spec.qkv_bias and proj != "attn_qkv")):
+                    layer[proj + ".bias"] = load_weight(f, f"{p}{proj}.bias", shapes[proj][:1])
+            self.layers.append(layer)
 
     def _all(self):
         yield self.token_embd
         yield self.output_norm
         if self.output is not None:
             yield self.output
+        if self.rope_freqs is not None:
+            yield self.rope_freqs
         for layer in self.layers:
             yield from layer.values()
 
@@ -84,12 +110,17 @@ class LlamaWeights:
         """Bytes of the weights as they go to the GPU (packed blocks, scales, zero points)."""
         return sum(w.nbytes for w in self._all())
 
-    def rope_tables(self, n_positions):
-        """cos, sin [n_positions, rope_dims / 2] float32 (angles computed in float64)."""
+    def rope_tables(self, n_positions, base=None, scale=1.0):
+        """cos, sin [n_positions, rope_dims / 2] float32 (angles computed in float64): channel
+        pair i of position p turns by p * scale * base^(-2i / rope_dims) / factor_i (factors:
+        rope_freqs, else 1)."""
         c = self.config
+        base = c.rope_base if base is None else base
         half = c.rope_dims // 2
-        inv = c.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / c.rope_dims)
-        ang = np.arange(n_positions, dtype=np.float64)[:, None] * inv[None, :]
+        inv = base ** (-np.arange(half, dtype=np.float64) * 2.0 / c.rope_dims)
+        if self.rope_freqs is not None:
+            inv = inv / self.rope_freqs.dense.astype(np.float64)
+        ang = (np.arange(n_positions, dtype=np.float64) * scale)[:, None] * inv[None, :]
         return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
@@ -181,11 +212,19 @@ class _Builder:
         return b.mul(b.mul(x, inv), g)
 
     def rope(self, x, cos, sin):
-        """x [seq, heads, head_dim]: adjacent pairs of the first rope_dims channels rotated by
-        cos/sin [seq, 1, rope_dims/2] (llama.cpp's LLAMA_ROPE_TYPE_NORM)."""
+        """x [seq, heads, head_dim]: the first rope_dims channels rotated by cos/sin [seq, 1,
+        rope_dims/2]: adjacent pairs (llama.cpp's LLAMA_ROPE_TYPE_NORM) or channel i with
+        i + rope_dims/2 (NEOX, Hugging Face's rotate-half)."""
         b, c = self.b, self.c
         seq, nh, hd = x.shape
         rot, half = c.rope_dims, c.rope_dims // 2
+        if c.spec.rope == "neox":
+            x1 = b.slice(x, [0, 0, 0], [seq, nh, half])
+            x2 = b.slice(x, [0, 0, half], [seq, nh, half])
+            parts = [b.sub(b.mul(x1, cos), b.mul(x2, sin)), b.add(b.mul(x2, cos), b.mul(x1, sin))]
+            if rot < hd:
+                parts.append(b.slice(x, [0, 0, rot], [seq, nh, hd - rot]))
+            return b.concat(parts, 2)
         xr = b.slice(x, [0, 0, 0], [seq, nh, rot]) if rot < hd else x
         pairs = b.reshape(xr, [seq, nh, half, 2])
         xe = b.reshape(b.slice(pairs, [0, 0, 0, 0], [seq, nh, half, 1]), [seq, nh, half])
@@ -199,9 +238,48 @@ class _Builder:
             y = b.concat([y, b.slice(x, [0, 0, rot], [seq, nh, hd - rot])], 2)
         return y
 
+    def dense(self, x, lw, name):
+        """x times blk weight `name` [+ its bias]."""
+        y = self.linear(x, lw[name])
+        bias = lw.get(name + ".bias")
+        return y if bias is None else self.b.add(y, self.const(bias.dense))
+
+    def qkv(self, n, lw):
+        """The q, k and v projections: three matrices, or one fused (sliced after the matmul)."""
+        b, c = self.b, self.c
+        if "attn_qkv" not in lw:
+            return (self.dense(n, lw, x) for x in ("attn_q", "attn_k", "attn_v"))
+        y = self.dense(n, lw, "attn_qkv")
+        seq, qd, kvd = n.shape[0], c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        return (b.slice(y, [0, off], [seq, size]) for off, size in ((0, qd), (qd, kvd), (qd + kvd, kvd)))
+
+    def ffn(self, n, lw):
+        """W_down (act(W_gate n) * W_up n): SwiGLU or GeGLU, gate and up fused or not."""
+        b, c = self.b, self.c
+        if "ffn_gate" in lw:
+            g, u = self.linear(n, lw["ffn_gate"]), self.linear(n, lw["ffn_up"])
+        else:  # one matrix: the gate's rows, then the up rows
+            y, seq = self.linear(n, lw["ffn_up"]), n.shape[0]
+            g, u = b.slice(y, [0, 0], [seq, c.ffn]), b.slice(y, [0, c.ffn], [seq, c.ffn])
+        if c.spec.activation == "gelu":  # the tanh approximation (gelu_pytorch_tanh, ggml_gelu)
+            k = b.constant(np.array(math.sqrt(2.0 / math.pi), np.float32))
+            inner = b.mul(k, b.add(g, b.mul(b.constant(np.array(0.044715, np.float32)), b.mul(b.mul(g, g), g))))
+            half = b.mul(b.constant(np.array(0.5, np.float32)), g)
+            act = b.mul(half, b.add(b.constant(np.array(1.0, np.float32)), b.tanh(inner)))
+        else:
+            act = b.mul(g, b.sigmoid(g))
+        return self.linear(b.mul(act, u), lw["ffn_down"])
+
+    def softcap(self, x, cap):
+        b = self.b
+        return b.mul(
+            b.tanh(b.mul(x, b.constant(np.array(1.0 / cap, np.float32)))), b.constant(np.array(cap, np.float32))
+        )
+
     def build(self, with_past, max_seq):
         """max_seq: the most tokens a dispatch takes (1: a static size, the decode step)."""
         b, c, w = self.b, self.c, self.w
+        spec = c.spec
         nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
         ids = b.input("ids", data_type="int32", shape=[1 if max_seq == 1 else MLDynamicDimension("seq", max_seq)])
         seq = ids.shape[0]
@@ -211,29 +289,49 @@ class _Builder:
         else:
             past = 0
         pos = b._range(ids, past, 1, seq, "int32")
-        cos_t, sin_t = self.w.rope_tables(self.max_context)
         half = c.rope_dims // 2
-        cos = b.reshape(b.gather(b.constant(cos_t), pos, axis=0), [seq, 1, half])
-        sin = b.reshape(b.gather(b.constant(sin_t), pos, axis=0), [seq, 1, half])
+        ropes = {}  # (base, scale) -> cos, sin [seq, 1, half]: one pair per distinct layer rope
+        for key in dict.fromkeys(c.layer_ropes):
+            cos_t, sin_t = self.w.rope_tables(self.max_context, *key)
+            ropes[key] = tuple(b.reshape(b.gather(b.constant(t), pos, axis=0), [seq, 1, half]) for t in (cos_t, sin_t))
         h = self.embed(ids)  # [seq, hidden]
+        if spec.embed_scale:
+            h = b.mul(h, b.constant(np.array(math.sqrt(c.hidden), np.float32)))
         outputs = {}
         for i, lw in enumerate(w.layers):
             n = self.norm(h, lw["attn_norm"])
-            q, k, v = (self.linear(n, lw[x]) for x in ("attn_q", "attn_k", "attn_v"))
-            q = self.rope(b.reshape(q, [seq, nh, hd]), cos, sin)
-            k = self.rope(b.reshape(k, [seq, nkv, hd]), cos, sin)
-            v = b.reshape(v, [seq, nkv, hd])
+            q, k, v = self.qkv(n, lw)
+            q, k, v = b.reshape(q, [seq, nh, hd]), b.reshape(k, [seq, nkv, hd]), b.reshape(v, [seq, nkv, hd])
+            if spec.qk_norm:
+                q, k = self.norm(q, lw["attn_q_norm"]), self.norm(k, lw["attn_k_norm"])
+            cos, sin = ropes[c.layer_ropes[i]]
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
             # the new rows written in place after the `past` ones: the results are the session's
             # cache tensors [past + seq, kv_heads, head_dim] (graph outputs), read by the attention
             k, v = b._kv_append([k, v], past)
             outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
-            att = b._attention(q, k, v, scale=1.0 / math.sqrt(hd), causal=True, layout="bshd")  # [seq, nh, hd]
-            h = b.add(h, self.linear(b.reshape(att, [seq, nh * hd]), lw["attn_output"]))
-            n = self.norm(h, lw["ffn_norm"])
-            g, u = self.linear(n, lw["ffn_gate"]), self.linear(n, lw["ffn_up"])
-            h = b.add(h, self.linear(b.mul(b.mul(g, b.sigmoid(g)), u), lw["ffn_down"]))
+            att = b._attention(
+                q,
+                k,
+                v,
+                scale=c.attn_scale,
+                causal=True,
+                layout="bshd",
+                softcap=c.attn_softcap,
+                window=c.windows[i],
+            )  # [seq, nh, hd]
+            o = self.linear(b.reshape(att, [seq, nh * hd]), lw["attn_output"])
+            if spec.post_norms:
+                o = self.norm(o, lw["post_attention_norm"])
+            h = b.add(h, o)
+            f = self.ffn(self.norm(h, lw["ffn_norm"]), lw)
+            if spec.post_norms:
+                f = self.norm(f, lw["post_ffw_norm"])
+            h = b.add(h, f)
         last = b.slice(h, [seq - 1, 0], [1, c.hidden])
         logits = self.linear(self.norm(last, w.output_norm), w.output if w.output is not None else w.token_embd)
+        if c.final_softcap:
+            logits = self.softcap(logits, c.final_softcap)
         outputs["logits"] = logits
         graph = b.build_sync(outputs)
         return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])

@@ -14,7 +14,10 @@ rank 3 the same without B; read and written through strides, nothing transposed.
 batch dimension of k and v equals q's, is 1, or divides it (grouped-query heads: head h reads kv
 head h / (H / Hkv)). bias broadcasts to the scores [B, H, Sq, Sk] and is added to them; causal
 masks key j from row i when j > i + Sk - Sq (bottom-right aligned, as a decode step with a cache
-of Sk - Sq earlier keys needs). The softmax is computed online (running maximum and sum per row)
+of Sk - Sq earlier keys needs); `window` W > 0 (with causal: a sliding-window layer) masks key j
+too when j <= i + Sk - Sq - W (each row sees its own key and the W - 1 before it); `softcap` c > 0
+replaces each scaled score s by c * tanh(s / c) before the bias and masks (Gemma 2's attention
+logit soft-capping). The softmax is computed online (running maximum and sum per row)
 over tiles of keys, so the Sq x Sk scores are never written: see the template's header.
 
 Variants (`attention_candidates`): a tiled kernel for prompts (BQ query rows per workgroup, K and
@@ -219,8 +222,22 @@ def check_shapes(where, q, k, v, k_transposed, layout="bhsd"):
 
 
 @builder_op
-def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=False, layout="bhsd", label=None):
-    """softmax((q k^T) * scale + bias [causal]) v in one kernel; see the module's docstring."""
+def _attention(
+    b,
+    q,
+    k,
+    v,
+    *,
+    scale=1.0,
+    bias=None,
+    causal=False,
+    k_transposed=False,
+    layout="bhsd",
+    softcap=0.0,
+    window=0,
+    label=None,
+):
+    """softmax(cap((q k^T) * scale) + bias [causal] [window]) v in one kernel; see the module's docstring."""
     for what, x in (("q", q), ("k", k), ("v", v)):
         b._operand(x, "_attention", what)
     if bias is not None:
@@ -232,6 +249,13 @@ def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=F
     k_transposed = check_bool("_attention", "k_transposed", k_transposed)
     if layout not in LAYOUTS:
         raise TypeError(f"[_attention] layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    softcap = check_number("_attention", "softcap", softcap)
+    if not softcap >= 0.0 or math.isinf(softcap):
+        raise TypeError(f"[_attention] softcap must be a finite number >= 0 (0: none), got {softcap!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise TypeError(f"[_attention] window must be an integer >= 0 (0: none), got {window!r}")
+    if window and not causal:
+        raise TypeError("[_attention] a sliding window needs causal=True")
     if layout == "bshd" and k_transposed:
         raise TypeError("[_attention] k_transposed needs layout 'bhsd'")
     Sq, Sk, D, DV = check_shapes("_attention", q, k, v, k_transposed, layout)
@@ -245,6 +269,8 @@ def _attention(b, q, k, v, *, scale=1.0, bias=None, causal=False, k_transposed=F
         "where_value": None,
         "where_keeps": True,
         "layout": layout,
+        "softcap": softcap,
+        "window": window,
     }
     return b._emit1("_attention", [q, k, v, bias, None], attrs, q.data_type, tuple(q.shape[:-1]) + (DV,), label)
 
@@ -304,6 +330,9 @@ def _lower_attention(kc, node):
         "D": D,
         "DV": DV,
         "causal": a["causal"],
+        "softcap": f32_lit(a["softcap"]) if a.get("softcap") else "",
+        "inv_softcap": f32_lit(1.0 / a["softcap"]) if a.get("softcap") else "",
+        "window": a.get("window", 0),
         **ld_st(t),
         "q_base": _offset("bt", ob, ob, qst[:-2]),
         "k_base": _offset("bt", ob, ks[:-2], kst[:-2]),
@@ -368,6 +397,8 @@ def _lower_attention(kc, node):
         f"attention_{t}_{f'b{nb}_' if isinstance(nb, Sym) or nb > 1 else ''}q{Sq}k{Sk}d{D}"
         f"{f'v{DV}' if DV != D else ''}{'_kt' if kt else ''}{'_bshd' if layout == 'bshd' else ''}"
         f"{'_causal' if a['causal'] else ''}"
+        f"{'_sc' + format(a['softcap'], '.9g').replace('.', 'p').replace('-', 'm').replace('+', '') if a.get('softcap') else ''}"
+        f"{'_w' + str(a['window']) if a.get('window') else ''}"
     )
     # A dynamic Sq on both sides of DECODE_MAX_SQ: both kernels are launched, each gated on Sq at
     # dispatch (outside its range, one workgroup that returns at once), so every size runs the

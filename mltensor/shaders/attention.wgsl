@@ -3,7 +3,8 @@
 // and walks the keys in tiles of BK, keeping per row a running maximum m and sum l of
 // exp(score - m) (online softmax, FlashAttention-style): when a tile raises the maximum, the
 // accumulated outputs and the sum are rescaled by exp(m_old - m_new).
-//   score(dot) = dot [* or / scale] [+ bias] [where(cond, ., value)] [-inf past the causal limit]
+//   score(dot) = dot [* or / scale] [softcap] [+ bias] [where(cond, ., value)] [-inf past the causal limit
+//   or outside the sliding window]
 // Values load through LD (f32 for f16 bindings) and every sum accumulates in f32; the result is
 // stored through ST (f16_of for f16) and the fused epilogue act(). Exp follows the softmax
 // kernel (reduce.wgsl): exp(x - m) is 0 for x = -inf even when m = -inf, so a row whose scores
@@ -191,6 +192,10 @@ fn ex(x: f32, m: f32) -> f32 { return select(exp(x - m), 0.0, is_neg_inf(x)); }
 // (bb, cb: the bias's and condition's matrix offsets; sq, sk: SQ and SK.)
 fn score(dot: f32, qi: u32, kj: u32, bb: u32, cb: u32, sq: u32, sk: u32) -> f32 {
     var x = dot{{ scale }};
+{$ if softcap $}
+    // soft-capping (Gemma 2): cap * tanh(x / cap), the argument clamped where tanh is +-1 in f32
+    x = {{ softcap }} * tanh(clamp(x * {{ inv_softcap }}, -15.0, 15.0));
+{$ endif $}
 {$ if has_bias $}
     x = x + {{ LD }}(bias[bb + {{ bias_at }}]);
 {$ endif $}
@@ -199,6 +204,10 @@ fn score(dot: f32, qi: u32, kj: u32, bb: u32, cb: u32, sq: u32, sk: u32) -> f32 
 {$ endif $}
 {$ if causal $}
     if (kj + sq > qi + sk) { x = neg_inf(); }  // key kj is visible from row qi when kj <= qi + SK - SQ
+{$ endif $}
+{$ if window $}
+    // sliding window: row qi (position qi + SK - SQ) sees only the WINDOW keys up to its own
+    if (kj + {{ window }}u + sq <= qi + sk) { x = neg_inf(); }
 {$ endif $}
     return x;
 }
@@ -230,8 +239,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let cb{{ i }} = cond_base_of(bt0 + {{ i }}u);
 {$ endif $}
 {$ endfor $}
+{$ if window $}
+    // keys before the first row's window are skipped: no row of the workgroup sees them (a block
+    // wholly before it sums nothing: m = -inf, l = 0, weight 0 in the reduce)
+    // (max(..) - ..: never below 0, also where SK and SQ are constants: no const-expression overflow)
+    let j_lo = max(sp * tps * BK, max(SK + 1u, SQ + {{ window }}u) - SQ - {{ window }}u);
+    let j_hi = min(sp * tps * BK + tps * BK, SK);
+{$ else $}
     let j_lo = sp * tps * BK;
     let j_hi = min(j_lo + tps * BK, SK);
+{$ endif $}
 {$ if V4 $}
     // V4: q, k and v bound as vec4 (head sizes, row strides and offsets multiples of 4)
     for (var e = t; e < RB * D4; e += WG) {
@@ -418,6 +435,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ if TPS $}
     j_lo = sb * {{ TPS * BK }}u;
     kend = min(kend, j_lo + {{ TPS * BK }}u);  // (a block past the causal limit sums nothing)
+{$ endif $}
+{$ if window $}
+    // keys before the window of the tile's first row: no row of the tile sees them
+    j_lo = max(j_lo, max(q0 + SK + 1u, SQ + {{ window }}u) - SQ - {{ window }}u);
 {$ endif $}
     var m_run = neg_inf();  // the running maximum of this thread's row
     var l_run = 0.0;        // and its sum of exp(score - m_run) (the row's first thread)
@@ -608,7 +629,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var acc{{ s }} = 0.0;
 {$ endfor $}
     workgroupBarrier();
-    for (var j0 = 0u; j0 < kend; j0 += BK) {
+    for (var j0 = j_lo; j0 < kend; j0 += BK) {
         let jn = min(BK, kend - j0);  // keys of this tile
         for (var s = 0u; s < NS; s++) {
             let e = t + s * WG;
