@@ -43,6 +43,7 @@ DEFAULT = {
     "whisper_decoder",
     "clip_vision",
     "tv_vit",
+    "tv_swin",  # (torch.roll as slices + concat after a GEMM: gemm_views must not fuse it)
     "tv_convnext",
     "tv_efficientnet",
     "tv_mobilenet_v3",
@@ -66,14 +67,12 @@ EXPORT_FAILS = {
 }
 
 # (case, exporter, big) -> mltensor's error on that export (big None: both configurations)
-SWIN = (
-    "GPUValidationError: Buffer 'mltensor-poolN' with conflicting usages STORAGE_READ_ONLY and "
-    "STORAGE_READ_WRITE in one dispatch: a MatMul with a fused residual-add epilogue "
-    "(matmul_f32_16x32x32_plain_t32x32k32) reads its epilogue operand from the pool buffer it writes"
-)
 KNOWN = {
-    ("tv_swin", "torchscript", None): SWIN,
-    ("tv_swin", "dynamo", None): SWIN,
+    # not mltensor's: the dynamo exporter bakes the traced size's window shapes into Swin's
+    # Reshapes, and onnxruntime fails at the second size too (node_view_14: [2, 6, 6, 32] to
+    # [2, 1, 4, 1, 4, 32])
+    ("tv_swin", "dynamo", None): "UnsupportedError: node 'node_view_14' (Reshape): cannot reshape [2, 6, 6, 32] "
+    "to [2, 1, 4, 1, 4, 32] (onnxruntime fails there too: the export fixed the traced size)",
 }
 
 # Real-size embedding tables over the adapter's max_tensor_byte_length (lavapipe: 128 MiB, the

@@ -481,6 +481,12 @@ def _view_tree(x, uses, max_leaves):
             return None
     if len(leaves) == 1 and leaves[0].values == [x] and not leaves[0].rope:
         return None
+    # a concat's first input copied in (a cache's past) must not itself come from this GEMM: a
+    # roll (torch.roll as Swin's exporters write it: concat(y[:, s:], y[:, :s])) would read a
+    # value the same kernel writes
+    inside = {id(x)} | {id(v) for n in nodes for v in n.outputs}
+    if any(lf.cat is not None and id(lf.cat[0]) in inside for lf in leaves):
+        return None
     return leaves, nodes
 
 
