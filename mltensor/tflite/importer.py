@@ -11,12 +11,9 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
-from . import mediapipe_ops
+from . import general_ops, mediapipe_ops
+from .common import PAD, activation, op_error, opt
 from .reader import Model, Operator
-
-ACT = tflite.ActivationFunctionType
-PAD = tflite.Padding
-
 
 # -- padding arithmetic (pure; unit-tested) ----------------------------------------------------
 
@@ -131,9 +128,7 @@ class Importer:
             if self.float16 and arr.dtype.kind == "f":
                 arr = arr.astype(np.float16)
             if arr.dtype == np.bool_:
-                raise NotSupportedError(
-                    f"[tflite] operator {op.index} ({op.display}): bool constants are not supported"
-                )
+                arr = arr.astype(np.uint8)  # TFLite BOOL is WebNN uint8 0 / 1, as comparisons give
             v = self.b.constant(np.ascontiguousarray(arr))
             self.values[i] = v
             return v
@@ -255,7 +250,7 @@ class Importer:
                     f"[tflite] operator {op.index} ({op.display}): quantized tensor {i} ('{t.name}', {t.type_name}) "
                     f"is not supported; only float models (float16 weights allowed) are"
                 )
-            if t.data_type is None and i not in self.consts:
+            if t.data_type is None and i not in self.consts and t.type != tflite.TensorType.BOOL:
                 raise NotSupportedError(
                     f"[tflite] operator {op.index} ({op.display}): tensor {i} ('{t.name}') has type {t.type_name}, "
                     f"which WebNN does not support"
@@ -272,38 +267,6 @@ def unsupported_message(op):
 
 
 # -- helpers for converters ----------------------------------------------------------------------
-
-
-def op_error(op, msg, cls=DataError):
-    """An error about operator `op`, in the importer's format."""
-    return cls(f"[tflite] operator {op.index} ({op.display}): {msg}")
-
-
-def _opt(op, getter, default):
-    o = op.options
-    if o is None or not hasattr(o, getter):
-        return default
-    return getattr(o, getter)()
-
-
-def activation(imp, op, y, code=None):
-    if code is None:
-        code = _opt(op, "FusedActivationFunction", ACT.NONE)
-    b = imp.b
-    if code == ACT.NONE:
-        return y
-    if code == ACT.RELU:
-        return b.relu(y)
-    if code == ACT.RELU6:
-        return b.clamp(y, min_value=0.0, max_value=6.0)
-    if code == ACT.RELU_N1_TO_1:
-        return b.clamp(y, min_value=-1.0, max_value=1.0)
-    if code == ACT.TANH:
-        return b.tanh(y)
-    raise NotSupportedError(
-        f"[tflite] operator {op.index} ({op.display}): fused activation {code} is not supported "
-        f"(supported: NONE, RELU, RELU6, RELU_N1_TO_1, TANH)"
-    )
 
 
 def _f32(arr):
@@ -323,10 +286,10 @@ def conv_2d(imp, op):
     x = imp.operand(op, op.inputs[0])
     w = imp.operand(op, op.inputs[1])
     bias = _bias(imp, op, 2)
-    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
-    dh, dw = _opt(op, "DilationHFactor", 1), _opt(op, "DilationWFactor", 1)
+    sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
+    dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     o, kh, kw, ci = w.shape
-    pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
+    pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
     groups = x.shape[3] // ci if ci else 1
     y = imp.b.conv2d(
         x,
@@ -346,10 +309,10 @@ def depthwise_conv_2d(imp, op):
     x = imp.operand(op, op.inputs[0])
     w = imp.operand(op, op.inputs[1])  # [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
     bias = _bias(imp, op, 2)
-    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
-    dh, dw = _opt(op, "DilationHFactor", 1), _opt(op, "DilationWFactor", 1)
+    sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
+    dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     _, kh, kw, _ = w.shape
-    pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
+    pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
     y = imp.b.conv2d(
         x,
         w,
@@ -369,9 +332,9 @@ def transpose_conv(imp, op):
     w = imp.operand(op, op.inputs[1])  # [O, kh, kw, I]
     x = imp.operand(op, op.inputs[2])
     bias = _bias(imp, op, 3)
-    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
+    sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     _, kh, kw, _ = w.shape
-    padding = _opt(op, "Padding", PAD.SAME)
+    padding = opt(op, "Padding", PAD.SAME)
     t, bo, ph = transpose_conv_padding(padding, x.shape[1], kh, sh, out_shape[1])
     l, r, pw = transpose_conv_padding(padding, x.shape[2], kw, sw, out_shape[2])
     y = imp.b.conv_transpose2d(
@@ -416,7 +379,7 @@ def fully_connected(imp, op):
     x = imp.operand(op, op.inputs[0])
     w = imp.operand(op, op.inputs[1])  # [N, K]
     bias = _bias(imp, op, 2)
-    if _opt(op, "WeightsFormat", 0) != 0:
+    if opt(op, "WeightsFormat", 0) != 0:
         raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): shuffled weights are not supported")
     n, k = w.shape
     batch = int(np.prod(x.shape)) // k
@@ -424,7 +387,7 @@ def fully_connected(imp, op):
     y = imp.b.gemm(x2, w, c=bias, b_transpose=True)
     y = activation(imp, op, y)
     out_shape = list(imp.tensor(op.outputs[0]).shape)
-    if _opt(op, "KeepNumDims", False):
+    if opt(op, "KeepNumDims", False):
         out_shape = list(x.shape[:-1]) + [n]
     if len(out_shape) and int(np.prod(out_shape)) == batch * n and tuple(out_shape) != (batch, n):
         y = imp.b.reshape(y, out_shape)
@@ -434,9 +397,9 @@ def fully_connected(imp, op):
 def _pool(kind):
     def convert(imp, op):
         x = imp.operand(op, op.inputs[0])
-        sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
-        fh, fw = _opt(op, "FilterHeight", 1), _opt(op, "FilterWidth", 1)
-        pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (fh, fw), (sh, sw))
+        sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
+        fh, fw = opt(op, "FilterHeight", 1), opt(op, "FilterWidth", 1)
+        pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (fh, fw), (sh, sw))
         fn = imp.b.average_pool2d if kind == "average" else imp.b.max_pool2d
         y = fn(x, window_dimensions=[fh, fw], padding=pad, strides=[sh, sw], layout="nhwc")
         return activation(imp, op, y)
@@ -448,7 +411,7 @@ def mean(imp, op):
     x = imp.operand(op, op.inputs[0])
     axes = imp.const_value(op, op.inputs[1], "axes").reshape(-1)
     axes = sorted({int(a) % x.rank for a in axes})
-    return imp.b.reduce_mean(x, axes=axes, keep_dimensions=bool(_opt(op, "KeepDims", False)))
+    return imp.b.reduce_mean(x, axes=axes, keep_dimensions=bool(opt(op, "KeepDims", False)))
 
 
 def _binary(method):
@@ -469,7 +432,7 @@ def _unary(fn):
 
 def softmax(imp, op):
     x = imp.operand(op, op.inputs[0])
-    beta = float(_opt(op, "Beta", 1.0))
+    beta = float(opt(op, "Beta", 1.0))
     if beta != 1.0:
         x = imp.b.mul(x, imp.b.constant(data_type=x.data_type, value=beta))
     return imp.b.softmax(x, axis=x.rank - 1)
@@ -481,9 +444,9 @@ def _resize(mode):
         size = [int(v) for v in imp.const_value(op, op.inputs[1], "size").reshape(-1)]
         # TFLite nearest: floor(o * scale) by default, round half up (away from zero) of the
         # mapped coordinate with align_corners or half_pixel_centers.
-        if _opt(op, "AlignCorners", False):
+        if opt(op, "AlignCorners", False):
             ct, rounding = "align_corners", "round_prefer_ceil"
-        elif _opt(op, "HalfPixelCenters", False):
+        elif opt(op, "HalfPixelCenters", False):
             ct, rounding = "half_pixel", "round_prefer_ceil"
         else:
             ct, rounding = "asymmetric", "floor"
@@ -515,7 +478,7 @@ def reshape(imp, op):
 
 def concatenation(imp, op):
     xs = [imp.operand(op, i) for i in op.inputs]
-    axis = int(_opt(op, "Axis", 0)) % xs[0].rank
+    axis = int(opt(op, "Axis", 0)) % xs[0].rank
     return activation(imp, op, imp.b.concat(xs, axis))
 
 
@@ -542,7 +505,7 @@ def strided_slice(imp, op):
     begin = [int(v) for v in imp.const_value(op, op.inputs[1], "begin").reshape(-1)]
     end = [int(v) for v in imp.const_value(op, op.inputs[2], "end").reshape(-1)]
     strides = [int(v) for v in imp.const_value(op, op.inputs[3], "strides").reshape(-1)]
-    if _opt(op, "EllipsisMask", 0) or _opt(op, "NewAxisMask", 0):
+    if opt(op, "EllipsisMask", 0) or opt(op, "NewAxisMask", 0):
         raise op_error(op, "ellipsis and new-axis masks are not supported", NotSupportedError)
     shape = list(
         imp.const_value(op, x_i, "input").shape
@@ -552,8 +515,8 @@ def strided_slice(imp, op):
     if not (len(begin) == len(end) == len(strides) == len(shape)):
         raise op_error(op, f"begin/end/strides have {len(begin)}/{len(end)}/{len(strides)} values for an input "
                            f"of rank {len(shape)}")  # fmt: skip
-    bmask, emask, smask = _opt(op, "BeginMask", 0), _opt(op, "EndMask", 0), _opt(op, "ShrinkAxisMask", 0)
-    offset = bool(_opt(op, "Offset", False))
+    bmask, emask, smask = opt(op, "BeginMask", 0), opt(op, "EndMask", 0), opt(op, "ShrinkAxisMask", 0)
+    offset = bool(opt(op, "Offset", False))
     ranges, out_shape = [], []  # per axis, the input indices taken (a range: negative steps too)
     for k, n in enumerate(shape):
         if strides[k] == 0:
@@ -597,7 +560,7 @@ def densify(imp, op):
 def depth_to_space(imp, op):
     """NHWC, TensorFlow's DCR order: out[n, h*bs + i, w*bs + j, c] = in[n, h, w, (i*bs + j)*C + c]."""
     x = imp.operand(op, op.inputs[0])
-    bs = int(_opt(op, "BlockSize", 0))
+    bs = int(opt(op, "BlockSize", 0))
     n, h, w, c = x.shape
     if bs < 1 or c % (bs * bs):
         raise op_error(op, f"block size {bs} does not split {c} channels into {bs} x {bs} blocks")
@@ -665,6 +628,7 @@ CONVERTERS = {
 }
 
 
+CONVERTERS.update(general_ops.CONVERTERS)
 CONVERTERS.update(mediapipe_ops.CONVERTERS)
 
 

@@ -21,6 +21,7 @@ _TYPES = {
     np.dtype(np.int64): tflite.TensorType.INT64,
     np.dtype(np.int8): tflite.TensorType.INT8,
     np.dtype(np.uint8): tflite.TensorType.UINT8,
+    np.dtype(np.bool_): tflite.TensorType.BOOL,
 }
 
 
@@ -40,7 +41,7 @@ class ModelWriter:
     input = tensor
 
     def const(self, name, array):
-        a = np.ascontiguousarray(array)
+        a = np.array(array, order="C")  # (ascontiguousarray would make a scalar 1-D)
         self.buffers.append(a.astype(a.dtype.newbyteorder("<")).tobytes())
         self.tensors.append((name, list(a.shape), _TYPES[a.dtype], len(self.buffers) - 1, None, None))
         return len(self.tensors) - 1
