@@ -78,8 +78,37 @@ def _folded(rng):
     return w.finish([x], [z]), [_r(rng, 2, 5)]
 
 
+def _lstm(clip, steps=5, time_major=False):
+    """UNIDIRECTIONAL_SEQUENCE_LSTM as the converter writes it (gate weights i, f, c, o apart,
+    state tensors variable); `clip`: the cell clip (0.4 acts, 10 does not in 5 steps)."""
+
+    def make(rng):
+        w = ModelWriter()
+        n_in, hid, batch = 3, 4, 2
+        shape = [steps, batch, n_in] if time_major else [batch, steps, n_in]
+        x = w.input("x", shape)
+        ins = [x]
+        ins += [w.const(f"w{k}", _r(rng, hid, n_in, scale=0.8)) for k in range(4)]
+        ins += [w.const(f"r{k}", _r(rng, hid, hid, scale=0.8)) for k in range(4)]
+        ins += [-1, -1, -1]
+        ins += [w.const(f"b{k}", _r(rng, hid)) for k in range(4)]
+        ins += [-1, -1]
+        ins += [w.tensor("h0", [batch, hid], variable=True), w.tensor("c0", [batch, hid], variable=True)]
+        ins += [-1, -1, -1, -1]
+        y = w.tensor("y", [steps, batch, hid] if time_major else [batch, steps, hid])
+        w.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y], "UnidirectionalSequenceLSTMOptions",
+             FusedActivationFunction=4, CellClip=clip, TimeMajor=time_major)  # fmt: skip
+        return w.finish([x], [y]), [_r(rng, *shape, scale=2.0)]
+
+    return make
+
+
 B = np.bool_
 CASES = {
+    "lstm": _lstm(0.0),
+    "lstm_clip_inactive": _lstm(10.0),
+    "lstm_clip_active": _lstm(0.4),
+    "lstm_time_major_clipped": _lstm(0.4, steps=3, time_major=True),
     "expand_dims": _one("EXPAND_DIMS", [(2, 3, 4)], [(2, 1, 3, 4)], [np.array([1], np.int32)]),
     "squeeze": _one("SQUEEZE", [(2, 1, 3, 1)], [(2, 3)]),
     "transpose": _one("TRANSPOSE", [(2, 3, 4)], [(4, 2, 3)], [np.array([2, 0, 1], np.int32)]),

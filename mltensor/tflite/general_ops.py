@@ -444,8 +444,8 @@ def _unidirectional_lstm(imp, op):
             raise op_error(op, f"{what} weights (input {k}) are not supported", NotSupportedError)
     if ins[1] < 0:
         raise op_error(op, "CIFG (no input gate) is not supported", NotSupportedError)
-    if opt(op, "CellClip", 0.0) or opt(op, "ProjClip", 0.0):
-        raise op_error(op, "cell and projection clipping are not supported", NotSupportedError)
+    if opt(op, "ProjClip", 0.0):
+        raise op_error(op, "projection clipping is not supported", NotSupportedError)
     act = {ACT.TANH: "tanh", ACT.RELU: "relu"}.get(opt(op, "FusedActivationFunction", ACT.TANH))
     if act is None:
         raise op_error(op, f"activation {opt(op, 'FusedActivationFunction', 0)} is not supported (TANH, RELU are)",
@@ -471,9 +471,43 @@ def _unidirectional_lstm(imp, op):
         if ins[k] >= 0 and ins[k] in imp.values:
             kw[name] = _reshape(imp, imp.values[ins[k]], [1, batch, hidden])
     c = imp.b.constant
-    outs = b.lstm(x, c(np.ascontiguousarray(w)), c(np.ascontiguousarray(r)), steps, hidden, **kw)
-    y = _reshape(imp, outs[2], [steps, batch, hidden])
+    w, r = c(np.ascontiguousarray(w)), c(np.ascontiguousarray(r))
+    clip = float(opt(op, "CellClip", 0.0))
+    # |c_t| < t while the cell input is tanh (|i * g| < 1 a step): a clip above the step count
+    # never acts (the Keras converter writes 10), so one fused lstm computes the same values
+    if clip <= 0 or (act == "tanh" and steps <= clip):
+        outs = b.lstm(x, w, r, steps, hidden, **kw)
+        y = _reshape(imp, outs[2], [steps, batch, hidden])
+    else:  # the cell state clipped every step: the layer unrolled as lstm_cell steps
+        y = _clipped_lstm(imp, x, w, r, steps, batch, hidden, clip, kw)
     return y if time_major else b.transpose(y, permutation=[1, 0, 2])
+
+
+def _clipped_lstm(imp, x, w, r, steps, batch, hidden, clip, kw):
+    """TFLite's cell, step by step: gates = x W' + h R' + bias (i, f, g, o), c = clip(f c + i g),
+    h = o act(c): the output reads the clipped cell state."""
+    b = imp.b
+    act = getattr(b, kw["activations"][1])
+    zeros = np.zeros((batch, hidden), np.float32)
+    h = (
+        _reshape(imp, kw["initial_hidden_state"], [batch, hidden])
+        if "initial_hidden_state" in kw
+        else b.constant(zeros)
+    )
+    cs = _reshape(imp, kw["initial_cell_state"], [batch, hidden]) if "initial_cell_state" in kw else b.constant(zeros)
+    w2, r2 = _reshape(imp, w, w.shape[1:]), _reshape(imp, r, r.shape[1:])
+    bias = _reshape(imp, kw["bias"], [kw["bias"].shape[1]]) if "bias" in kw else None
+    xs = b.split(x, steps, axis=0) if steps > 1 else [x]
+    ys = []
+    for xt in xs:
+        gates = b.add(b.gemm(_reshape(imp, xt, [batch, x.shape[2]]), w2, c=bias, b_transpose=True),
+                      b.gemm(h, r2, b_transpose=True))  # fmt: skip
+        i, f, g, o = b.split(gates, 4, axis=1)
+        cs = b.add(b.mul(b.sigmoid(f), cs), b.mul(b.sigmoid(i), act(g)))
+        cs = b.clamp(cs, min_value=-clip, max_value=clip)
+        h = b.mul(b.sigmoid(o), act(cs))
+        ys.append(_reshape(imp, h, [1, batch, hidden]))
+    return ys[0] if steps == 1 else b.concat(ys, 0)
 
 
 def _u(name):

@@ -11,8 +11,9 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
-from . import general_ops, mediapipe_ops
+from . import general_ops, mediapipe_ops, quantized
 from .common import PAD, activation, op_error, opt
+from .hybrid import hybrid_inputs
 from .reader import Model, Operator
 
 # -- padding arithmetic (pure; unit-tested) ----------------------------------------------------
@@ -123,6 +124,9 @@ class Importer:
             return self.values[i]
         if i in self.consts:
             arr = self.consts[i]
+            t = self.tensor(i)
+            if t.scale is not None and arr.dtype.kind in "iu":  # int8 weights, int32 biases
+                arr = quantized.dequantize_array(arr, t)
             if arr.dtype == np.float64:
                 arr = arr.astype(np.float32)
             if self.float16 and arr.dtype.kind == "f":
@@ -165,14 +169,16 @@ class Importer:
             )
         for i in m.inputs:
             t = m.tensors[i]
-            if t.data_type is None or t.scale is not None and t.data_type != "float32":
+            if t.data_type is None or t.scale is not None and t.data_type not in ("float32", *quantized.QUANT_TYPES):
                 raise NotSupportedError(
                     f"[tflite] input {i} ('{t.name}') has type {t.type_name}"
-                    f"{' (quantized)' if t.scale is not None else ''}; quantized and {t.type_name} inputs are not supported"
+                    f"{' (quantized)' if t.scale is not None else ''}; {t.type_name} inputs are not supported"
                 )
             shape = self.input_shape(t)
             name = t.name or f"input_{i}"
             x = self.b.input(name, data_type=t.data_type, shape=shape)
+            if quantized.is_quantized(t):
+                x = quantized.from_integer(self.b, x, t)  # real values (quantized.py)
             self.values[i] = self.b.cast(x, "float16") if self.float16 and t.data_type == "float32" else x
             names.append((name, t.data_type, tuple(shape)))
 
@@ -199,6 +205,8 @@ class Importer:
                 self.check_shape(op, i, v)
                 if isinstance(v, np.ndarray):
                     self.consts[i] = v
+                elif quantized.is_quantized(self.tensor(i)) and v.data_type in ("float32", "float16"):
+                    self.values[i] = quantized.requantize(self.b, v, self.tensor(i))  # onto its int8 grid
                 else:
                     self.values[i] = v
 
@@ -216,6 +224,8 @@ class Importer:
                 raise DataError(f"[tflite] model output {i} ('{name}') is never computed")
             if self.float16 and v.data_type == "float16" and t.data_type == "float32":
                 v = self.b.cast(v, "float32")  # the type the model declares
+            if quantized.is_quantized(t) and v.data_type != t.data_type:
+                v = quantized.to_integer(self.b, v, t)
             if v._kind in ("input", "constant") or name in outputs:
                 v = self.b.identity(v)
             outputs[name] = v
@@ -238,18 +248,13 @@ class Importer:
             )
 
     def check_types(self, op):
-        """Reject quantized activations and types WebNN has no form for, naming the operator."""
+        """Reject types WebNN has no form for (int16 activations among them), naming the operator."""
         for i in list(op.inputs) + list(op.outputs):
             if i < 0:
                 continue
             t = self.tensor(i)
             if i in self.consts and op.name == "DEQUANTIZE":
                 continue
-            if t.scale is not None and t.data_type in ("int8", "uint8") and i not in self.consts:
-                raise NotSupportedError(
-                    f"[tflite] operator {op.index} ({op.display}): quantized tensor {i} ('{t.name}', {t.type_name}) "
-                    f"is not supported; only float models (float16 weights allowed) are"
-                )
             if t.data_type is None and i not in self.consts and t.type != tflite.TensorType.BOOL:
                 raise NotSupportedError(
                     f"[tflite] operator {op.index} ({op.display}): tensor {i} ('{t.name}') has type {t.type_name}, "
@@ -282,9 +287,15 @@ def _bias(imp, op, k):
 # -- converters -----------------------------------------------------------------------------------
 
 
-def conv_2d(imp, op):
+def _weighted(imp, op):
+    """(input, weight) operands; int8 weights of a float operator (dynamic range) via hybrid.py."""
     x = imp.operand(op, op.inputs[0])
-    w = imp.operand(op, op.inputs[1])
+    x, w = hybrid_inputs(imp, op, x, 1)
+    return x, (w if w is not None else imp.operand(op, op.inputs[1]))
+
+
+def conv_2d(imp, op):
+    x, w = _weighted(imp, op)
     bias = _bias(imp, op, 2)
     sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
@@ -306,8 +317,7 @@ def conv_2d(imp, op):
 
 
 def depthwise_conv_2d(imp, op):
-    x = imp.operand(op, op.inputs[0])
-    w = imp.operand(op, op.inputs[1])  # [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
+    x, w = _weighted(imp, op)  # w: [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
     bias = _bias(imp, op, 2)
     sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
@@ -376,8 +386,7 @@ def mediapipe_transpose_conv_bias(imp, op):
 
 
 def fully_connected(imp, op):
-    x = imp.operand(op, op.inputs[0])
-    w = imp.operand(op, op.inputs[1])  # [N, K]
+    x, w = _weighted(imp, op)  # w: [N, K]
     bias = _bias(imp, op, 2)
     if opt(op, "WeightsFormat", 0) != 0:
         raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): shuffled weights are not supported")
@@ -586,10 +595,18 @@ def dequantize(imp, op):
     x = imp.operand(op, i)
     if x.data_type == "float16":
         return x if imp.float16 else imp.b.cast(x, "float32")
+    if quantized.is_quantized(t) and x.data_type == "float32":
+        return x  # already its real values (quantized.py)
     raise NotSupportedError(
         f"[tflite] operator {op.index} ({op.display}): only constant weights or float16 tensors can be dequantized, "
         f"got a computed {t.type_name} tensor"
     )
+
+
+def quantize(imp, op):
+    """Float (or another int8 grid) to int8: the real values as they are; the importer puts every
+    quantized output on its grid (quantized.requantize)."""
+    return imp.operand(op, op.inputs[0])
 
 
 CONVERTERS = {
@@ -621,6 +638,7 @@ CONVERTERS = {
     "PAD": pad,
     "PADV2": pad,
     "DEQUANTIZE": dequantize,
+    "QUANTIZE": quantize,
     "PRELU": prelu,
     "DENSIFY": densify,
     "DEPTH_TO_SPACE": depth_to_space,
