@@ -153,3 +153,59 @@ def test_full_integer_matches_litert(ctx, name):
             assert np.abs(g.astype(np.int32) - r).max() <= 1
         else:  # float behind DEQUANTIZE of a 1/256 grid
             assert np.abs(g - r).max() <= 1 / 256 + 1e-6
+
+
+# -- dynamic range: int8 weights, float activations (mltensor/tflite/hybrid.py) -------------------
+
+
+def _hybrid(op, k=3):
+    def make(rng):
+        w = ModelWriter()
+        if op == "FULLY_CONNECTED":
+            x = w.input("x", [3, 40])
+            kern, _ = _weights(rng, w, "k", (12, 40), 0, 12)
+            y = w.tensor("y", [3, 12])
+            w.op(op, [x, kern, w.const("b", rng.standard_normal(12).astype(np.float32))], [y], "FullyConnectedOptions",
+                 version=12, AsymmetricQuantizeInputs=True)  # fmt: skip
+            return w.finish([x], [y]), [rng.standard_normal((3, 40)).astype(np.float32)]
+        x = w.input("x", [1, 9, 9, 8])
+        if op == "CONV_2D":
+            kern, _ = _weights(rng, w, "k", (6, k, k, 8), 0, 6)
+            y = w.tensor("y", [1, 9, 9, 6])
+            opts = ("Conv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1, "FusedActivationFunction": RELU6})
+            version = 5
+        else:
+            kern, _ = _weights(rng, w, "k", (1, k, k, 8), 3, 8)
+            y = w.tensor("y", [1, 5, 5, 8])
+            opts = ("DepthwiseConv2DOptions", {"Padding": SAME, "StrideW": 2, "StrideH": 2, "DepthMultiplier": 1})
+            version = 6
+        b = w.const("b", rng.standard_normal(6 if op == "CONV_2D" else 8).astype(np.float32))
+        w.op(op, [x, kern, b], [y], opts[0], version=version, **opts[1])
+        return w.finish([x], [y]), [rng.standard_normal((1, 9, 9, 8)).astype(np.float32)]
+
+    return make
+
+
+@pytest.mark.parametrize("op,k", [("FULLY_CONNECTED", 0), ("CONV_2D", 1), ("CONV_2D", 3), ("DEPTHWISE_CONV_2D", 3)])
+def test_dynamic_range_matches_litert(ctx, op, k):
+    """LiteRT quantizes the float input at run time (per row for FULLY_CONNECTED and 1x1 CONV_2D,
+    which XNNPACK runs; per image for other convolutions, which LiteRT's own kernels run); the
+    importer does the same."""
+    data, feeds = _hybrid(op, k)(np.random.default_rng(9))
+    ref = _litert(data, feeds)
+    _, got = _run(ctx, data, feeds)
+    np.testing.assert_allclose(got[0], ref[0], atol=1e-4, rtol=1e-4)
+
+
+def test_dynamic_range_elsewhere_refused(ctx):
+    """BATCH_MATMUL with int8 weights and a float input: LiteRT quantizes its input too, which the
+    importer does not reproduce there; refused rather than computed differently."""
+    from mltensor.errors import NotSupportedError
+
+    w = ModelWriter()
+    x = w.input("x", [2, 3, 8])
+    k = w.const("k", np.ones((8, 4), I8), quant=(0.1, 0))
+    y = w.tensor("y", [2, 3, 4])
+    w.op("BATCH_MATMUL", [x, k], [y])
+    with pytest.raises(NotSupportedError, match=r"operator 0 \(BATCH_MATMUL\).*dynamic range"):
+        import_model(w.finish([x], [y]), ctx)

@@ -8,9 +8,10 @@ integers and scaling back. That rounding is part of the result (about 1% of a va
 importer reproduces it: the input goes through the same quantize / dequantize (`fake_quantize`),
 then a float convolution or matmul with the dequantized weights gives LiteRT's values to float
 rounding (the integer sums are exact in float32 at these sizes). The rows are those of LiteRT's
-default CPU path, the XNNPACK delegate: each pixel's channels for CONV_2D, each row of
-FULLY_CONNECTED's [batch, K] input, the whole image for DEPTHWISE_CONV_2D (XNNPACK leaves it to
-LiteRT's own hybrid kernel, which quantizes per batch entry). XNNPACK's parameters
+default CPU path (ai-edge-litert 2.3, measured): the XNNPACK delegate takes FULLY_CONNECTED (each
+row of its [batch, K] input) and 1x1 CONV_2D (each pixel's channels); it leaves larger
+convolutions and DEPTHWISE_CONV_2D to LiteRT's own hybrid kernels, which quantize each batch
+entry (the whole image) with the same parameters. XNNPACK's parameters
 (xnn_f32_qd8_asymmetric_quantization_params): scale = 255 / (rmax - rmin), zero point from
 the end with the smaller error, rounded half to even, as are the values.
 """
@@ -67,8 +68,8 @@ def hybrid_inputs(imp, op, x, w_index):
     w = quantized_weight(imp, op, w_index)
     if w is None:
         return x, None
-    if op.name == "DEPTHWISE_CONV_2D":
-        axes = list(range(1, x.rank))
+    if op.name == "FULLY_CONNECTED" or op.name == "CONV_2D" and tuple(w.shape[1:3]) == (1, 1):
+        axes = [x.rank - 1]  # XNNPACK: per row / pixel
     else:
-        axes = [x.rank - 1]
+        axes = list(range(1, x.rank))  # LiteRT's kernels: per batch entry
     return fake_quantize(imp.b, x, axes), w

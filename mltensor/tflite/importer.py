@@ -13,7 +13,7 @@ import tflite
 from ..errors import DataError, NotSupportedError
 from . import general_ops, mediapipe_ops, quantized
 from .common import PAD, activation, op_error, opt
-from .hybrid import hybrid_inputs
+from .hybrid import HYBRID_OPS, hybrid_inputs
 from .reader import Model, Operator
 
 # -- padding arithmetic (pure; unit-tested) ----------------------------------------------------
@@ -247,8 +247,21 @@ class Importer:
                 f"{list(got)}, the model declares {list(t.shape)}"
             )
 
+    def is_hybrid(self, op):
+        """A float operator reading an int8 / uint8 quantized constant (dynamic-range weights)."""
+        ts = [self.tensor(i) for i in op.inputs if i >= 0]
+        float_act = any(t.data_type in ("float32", "float16") and t.index not in self.consts for t in ts)
+        q_const = any(t.index in self.consts and quantized.is_quantized(t) for t in ts)
+        return float_act and q_const
+
     def check_types(self, op):
-        """Reject types WebNN has no form for (int16 activations among them), naming the operator."""
+        """Reject types WebNN has no form for (int16 activations among them) and dynamic-range forms
+        LiteRT computes with a run-time quantization hybrid.py does not reproduce, naming the operator."""
+        if op.name not in HYBRID_OPS and op.name != "DEQUANTIZE" and self.is_hybrid(op):
+            raise NotSupportedError(
+                f"[tflite] operator {op.index} ({op.display}): int8 weights with float activations (dynamic range) "
+                f"are supported for {', '.join(HYBRID_OPS)}, not this operator"
+            )
         for i in list(op.inputs) + list(op.outputs):
             if i < 0:
                 continue
