@@ -67,6 +67,7 @@ def keras_dir():
         shutil.rmtree(tmp, ignore_errors=True)
         r = subprocess.run([py, GENERATOR, tmp], capture_output=True, text=True, timeout=1200)
         if r.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
             pytest.fail(f"the converter failed ({r.returncode}):\n{r.stderr[-3000:]}")
         shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
@@ -132,6 +133,7 @@ def test_converted_keras_model_matches_litert(ctx, keras_dir, model, form):
 
 @pytest.mark.parametrize("model,form", [("mobilenet_v2", "dynamic"), ("transformer", "dynamic"),
                                         ("transformer", "int8")])  # fmt: skip
+@pytest.mark.filterwarnings("ignore:Warning. Enabling .experimental_preserve_all_tensors")
 def test_each_operator_matches_litert(ctx, keras_dir, model, form):
     """Every operator of the model on its own, fed LiteRT's own values of its inputs (a model of
     that one operator), against LiteRT's value of its outputs: floats to 1e-4, int8 equal or one

@@ -178,7 +178,7 @@ class Importer:
             name = t.name or f"input_{i}"
             x = self.b.input(name, data_type=t.data_type, shape=shape)
             if quantized.is_quantized(t):
-                x = quantized.from_integer(self.b, x, t)  # real values (quantized.py)
+                x = quantized.from_integer(self.b, x, t, "float16" if self.float16 else "float32")  # real values
             self.values[i] = self.b.cast(x, "float16") if self.float16 and t.data_type == "float32" else x
             names.append((name, t.data_type, tuple(shape)))
 

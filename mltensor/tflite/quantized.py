@@ -54,10 +54,11 @@ def requantize(b, v, t):
     return b.mul(b.sub(q, _c(b, zp)), _c(b, scale))
 
 
-def from_integer(b, x, t):
-    """An int8 / uint8 graph input as its real values."""
+def from_integer(b, x, t, data_type="float32"):
+    """An int8 / uint8 graph input as its real values (in `data_type`: float16 in float16 mode,
+    whose builder makes every float constant float16)."""
     scale, zp = _per_tensor(t, "input")
-    return b.mul(b.sub(b.cast(x, "float32"), _c(b, zp)), _c(b, scale))
+    return b.mul(b.sub(b.cast(x, data_type), _c(b, zp)), _c(b, scale))
 
 
 def to_integer(b, v, t):
