@@ -435,7 +435,7 @@ def _batch_matmul(imp, op):
 def _unidirectional_lstm(imp, op):
     """UNIDIRECTIONAL_SEQUENCE_LSTM (float; no peephole, projection or layer normalization) as one
     WebNN lstm with gate layout "ifgo". The state inputs 18 / 19 are variable tensors: zeros at the
-    start of each run, as a freshly allocated LiteRT interpreter has them."""
+    start of each run, as LiteRT's after reset_all_variables() (LiteRT carries them between invokes)."""
     ins = list(op.inputs) + [-1] * (24 - len(op.inputs))
     for k, what in [(9, "peephole"), (10, "peephole"), (11, "peephole"), (16, "projection"),
                     (17, "projection"), (20, "layer normalization"), (21, "layer normalization"),
