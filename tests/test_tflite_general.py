@@ -219,6 +219,29 @@ CASES = {
         opts=("MirrorPadOptions", {"Mode": 0}),
     ),  # fmt: skip
     "shape_fill_range_folded": _folded,
+    "space_to_depth": _one(
+        "SPACE_TO_DEPTH", [(1, 4, 6, 3)], [(1, 2, 3, 12)], opts=("SpaceToDepthOptions", {"BlockSize": 2})
+    ),
+    "space_to_batch_nd": _one(
+        "SPACE_TO_BATCH_ND",
+        [(1, 5, 6, 3)],
+        [(4, 3, 4, 3)],
+        [np.array([2, 2], np.int32), np.array([[1, 0], [1, 1]], np.int32)],
+    ),  # fmt: skip
+    "batch_to_space_nd": _one(
+        "BATCH_TO_SPACE_ND",
+        [(4, 3, 4, 3)],
+        [(1, 5, 6, 3)],
+        [np.array([2, 2], np.int32), np.array([[1, 0], [1, 1]], np.int32)],
+    ),  # fmt: skip
+    "add_n": _one("ADD_N", [(3, 7), (3, 7), (3, 7)], [(3, 7)]),
+    "relu_0_to_1": _one("RELU_0_TO_1", [(3, 7)], [(3, 7)]),
+    "embedding_lookup": _one(
+        "EMBEDDING_LOOKUP",
+        [],
+        [(4, 4)],
+        [np.array([4, 0, 2, 1], np.int32), np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4)],
+    ),  # fmt: skip
 }
 
 

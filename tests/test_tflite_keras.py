@@ -1,6 +1,8 @@
 """Keras models converted by TensorFlow's own TFLite converter (tests/tflite_keras_models.py: a
-MobileNetV2 alpha 0.35 at 96x96, a transformer block, an MLP, a two-layer LSTM), in float and
-dynamic-range forms, imported and run on the GPU against LiteRT on the same inputs.
+MobileNetV2 alpha 0.35 and a MobileNetV3Small alpha 0.75 at 96x96, a transformer block, an MLP, a
+two-layer LSTM), in float, dynamic-range and full-integer forms (int8, with int8 or float inputs
+and outputs; not the LSTM, which TensorFlow 2.21's converter crashes on), imported and run on the
+GPU against LiteRT on the same inputs.
 
 TensorFlow is not a test dependency: the models are made on first use by a Python that has
 `tensorflow-cpu` (and `tf-keras`, whose LSTM converts to the fused UNIDIRECTIONAL_SEQUENCE_LSTM),
@@ -29,9 +31,15 @@ GENERATOR = os.path.join(HERE, "tflite_keras_models.py")
 ENV = "MLTENSOR_TENSORFLOW_PYTHON"
 
 # (model, form) pairs that import and match LiteRT
-PASSING = [(m, f) for m in ("mlp", "transformer", "lstm", "mobilenet_v2") for f in ("float", "dynamic")]
+PASSING = [(m, f) for m in ("mlp", "transformer", "lstm", "mobilenet_v2", "mobilenet_v3") for f in ("float", "dynamic")]
 # full-integer forms (int8 activations; int8 or float graph inputs and outputs)
-FULL_INTEGER = [(m, f) for m in ("mlp", "transformer", "mobilenet_v2") for f in ("int8", "int8_float_io")]
+FULL_INTEGER = [
+    (m, f) for m in ("mlp", "transformer", "mobilenet_v2", "mobilenet_v3") for f in ("int8", "int8_float_io")
+]
+# int8 end to end: one quantum, but MobileNetV3's HARD_SWISH rounds about 1 value in 1,000 the
+# other way (XNNPACK's fixed-point form; exact elsewhere), and 60 layers downstream carry that
+# step on: its logits end within 3 quanta of LiteRT's (each operator alone: one quantum).
+END_TO_END_QUANTA = {"mobilenet_v3": 3}
 
 
 def _tensorflow_python():
@@ -132,13 +140,14 @@ def test_converted_keras_model_matches_litert(ctx, keras_dir, model, form):
 
 
 @pytest.mark.parametrize("model,form", [("mobilenet_v2", "dynamic"), ("transformer", "dynamic"),
-                                        ("transformer", "int8")])  # fmt: skip
+                                        ("transformer", "int8"), ("mobilenet_v3", "int8")])  # fmt: skip
 @pytest.mark.filterwarnings("ignore:Warning. Enabling .experimental_preserve_all_tensors")
 def test_each_operator_matches_litert(ctx, keras_dir, model, form):
     """Every operator of the model on its own, fed LiteRT's own values of its inputs (a model of
     that one operator), against LiteRT's value of its outputs: floats to 1e-4, int8 equal or one
     quantum apart (SQUARED_DIFFERENCE and BATCH_MATMUL, LiteRT's own kernels, round a few values
-    of 512 the other way)."""
+    of 512 the other way, MobileNetV3's HARD_SWISH about 1 in 1,000; every other operator of
+    these models is exact)."""
     from ai_edge_litert.interpreter import Interpreter
 
     from mltensor.front.builder import MLGraphBuilder
@@ -198,7 +207,8 @@ def test_full_integer_model_matches_litert(ctx, keras_dir, model, form):
         assert g.dtype == r.dtype
         quantum = _output_quantum(data, k, r)
         diff = np.abs(g.astype(np.float64) - r.astype(np.float64))
-        assert diff.max() <= quantum * 1.0001, f"{diff.max()} > one quantum {quantum}"
+        n = END_TO_END_QUANTA.get(model, 1)
+        assert diff.max() <= n * quantum * 1.0001, f"{diff.max()} > {n} quanta of {quantum}"
 
 
 def test_versions_recorded(keras_dir):

@@ -27,21 +27,35 @@ keras = tf.keras
 layers = keras.layers
 
 
-def mobilenet_v2():
-    """MobileNetV2 with alpha 0.35 at 96x96 (random weights), 10 classes, logits out. The batch
-    normalizations' statistics are set from one batch of inputs (a step of SGD with learning rate
-    0, momentum 0): activations of unit scale all the way, not the vanishing ones of fresh BN
-    statistics."""
-    model = keras.applications.MobileNetV2(
-        input_shape=(96, 96, 3), alpha=0.35, weights=None, classes=10, classifier_activation=None
-    )
+def _calibrated(model, shape):
+    """The batch normalizations' statistics set from one batch of inputs (a step of SGD with
+    learning rate 0, momentum 0): activations of unit scale all the way, not the vanishing ones of
+    fresh BN statistics."""
     for layer in model.layers:
         if isinstance(layer, layers.BatchNormalization):
             layer.momentum = 0.0
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0), loss="mse")
-    x = np.random.default_rng(1).standard_normal((16, 96, 96, 3)).astype(np.float32)
-    model.fit(x, np.zeros((16, 10), np.float32), batch_size=16, epochs=1, verbose=0)
+    x = np.random.default_rng(1).standard_normal((16, *shape)).astype(np.float32)
+    model.fit(x, np.zeros((16, *model.outputs[0].shape[1:]), np.float32), batch_size=16, epochs=1, verbose=0)
     return model
+
+
+def mobilenet_v2():
+    """MobileNetV2 with alpha 0.35 at 96x96 (random weights, calibrated), 10 classes, logits out."""
+    model = keras.applications.MobileNetV2(
+        input_shape=(96, 96, 3), alpha=0.35, weights=None, classes=10, classifier_activation=None
+    )
+    return _calibrated(model, (96, 96, 3))
+
+
+def mobilenet_v3():
+    """MobileNetV3Small with alpha 0.75 at 96x96 (hard-swish, squeeze-and-excitation blocks),
+    random weights, calibrated, 10 classes, logits out."""
+    model = keras.applications.MobileNetV3Small(
+        input_shape=(96, 96, 3), alpha=0.75, weights=None, classes=10, classifier_activation=None,
+        include_preprocessing=False,
+    )  # fmt: skip
+    return _calibrated(model, (96, 96, 3))
 
 
 def transformer_block():
@@ -72,7 +86,13 @@ def lstm():
     return keras.Model(x_in, layers.Dense(3)(h))
 
 
-MODELS = {"mobilenet_v2": mobilenet_v2, "transformer": transformer_block, "mlp": mlp, "lstm": lstm}
+MODELS = {
+    "mobilenet_v2": mobilenet_v2,
+    "mobilenet_v3": mobilenet_v3,
+    "transformer": transformer_block,
+    "mlp": mlp,
+    "lstm": lstm,
+}
 FORMS = ("float", "dynamic", "int8", "int8_float_io")
 # TensorFlow 2.21's converter crashes (SIGSEGV) quantizing the LSTM to full integer
 MODEL_FORMS = {"lstm": ("float", "dynamic")}

@@ -305,6 +305,63 @@ def _mirror_pad(imp, op):
     return imp.b.pad(x, [int(v) for v in p[:, 0]], [int(v) for v in p[:, 1]], mode="reflection")
 
 
+def _space_to_depth(imp, op):
+    """NHWC: out[n, h, w, (i*bs + j)*C + c] = in[n, h*bs + i, w*bs + j, c] (depth_to_space's inverse)."""
+    x = _x(imp, op)
+    bs = int(opt(op, "BlockSize", 0))
+    n, h, w, c = x.shape
+    if bs < 1 or h % bs or w % bs:
+        raise op_error(op, f"block size {bs} does not divide the {h} x {w} image")
+    y = imp.b.reshape(x, [n * (h // bs), bs, w // bs, bs * c])  # rank 4: (j, c) stay merged
+    y = imp.b.transpose(y, permutation=[0, 2, 1, 3])
+    return imp.b.reshape(y, [n, h // bs, w // bs, bs * bs * c])
+
+
+def _space_batch(to_batch):
+    """SPACE_TO_BATCH_ND (pad, then block offsets into the batch) and BATCH_TO_SPACE_ND (the
+    inverse, then crop), NHWC with a 2-D block: out[(i*bw + j)*N + n, h, w, c] = padded[n, h*bh + i,
+    w*bw + j, c]."""
+
+    def convert(imp, op):
+        x = _x(imp, op)
+        bh, bw = _ints(imp, op, 1, "block_shape")
+        p = _c(imp, op, 2, "paddings" if to_batch else "crops").reshape(-1, 2).astype(np.int64)
+        b = imp.b
+        if x.rank != 4 or p.shape[0] != 2:
+            raise op_error(op, "only NHWC inputs with a 2-D block are supported", NotSupportedError)
+        if to_batch:
+            if p.any():
+                x = b.pad(x, [0, int(p[0, 0]), int(p[1, 0]), 0], [0, int(p[0, 1]), int(p[1, 1]), 0])
+            n, h, w, c = x.shape
+            y = b.reshape(x, [n, h // bh, bh, w // bw, bw, c])
+            y = b.transpose(y, permutation=[2, 4, 0, 1, 3, 5])
+            return b.reshape(y, [bh * bw * n, h // bh, w // bw, c])
+        nb, h, w, c = x.shape
+        n = nb // (bh * bw)
+        y = b.reshape(x, [bh, bw, n, h, w, c])
+        y = b.transpose(y, permutation=[2, 3, 0, 4, 1, 5])
+        y = b.reshape(y, [n, h * bh, w * bw, c])
+        if p.any():
+            t, l = int(p[0, 0]), int(p[1, 0])
+            y = b.slice(y, [0, t, l, 0], [n, h * bh - t - int(p[0, 1]), w * bw - l - int(p[1, 1]), c])
+        return y
+
+    return convert
+
+
+def _add_n(imp, op):
+    xs = [_x(imp, op, k) for k in range(len(op.inputs))]
+    y = xs[0]
+    for v in xs[1:]:
+        y = imp.b.add(y, v)
+    return y
+
+
+def _embedding_lookup(imp, op):
+    """EMBEDDING_LOOKUP(ids, table): rows of the table (int8 tables dequantized at load)."""
+    return imp.b.gather(_x(imp, op, 1), _x(imp, op, 0), axis=0)
+
+
 # -- elementwise ----------------------------------------------------------------------------------
 
 
@@ -535,6 +592,13 @@ CONVERTERS = {
     "BROADCAST_TO": _folding(lambda imp, op, x, s: np.broadcast_to(x, s.reshape(-1)), _broadcast_to),
     "REVERSE_V2": _reverse,
     "MIRROR_PAD": _mirror_pad,
+    "SPACE_TO_DEPTH": _space_to_depth,
+    "SPACE_TO_BATCH_ND": _space_batch(True),
+    "BATCH_TO_SPACE_ND": _space_batch(False),
+    "RANK": lambda imp, op: np.array(len(_shape_of(imp, op, 0)), value_dtype(imp, op, op.outputs[0])),
+    "ADD_N": _add_n,
+    "EMBEDDING_LOOKUP": _embedding_lookup,
+    "RELU_0_TO_1": _unary(lambda imp, x: imp.b.clamp(x, min_value=0.0, max_value=1.0)),
     "RSQRT": _unary(lambda imp, x: imp.b.reciprocal(imp.b.sqrt(x))),
     "SQRT": _u("sqrt"),
     "SQUARE": _unary(lambda imp, x: imp.b.mul(x, x)),
