@@ -6,8 +6,9 @@ GPU against LiteRT on the same inputs.
 
 TensorFlow is not a test dependency: the models are made on first use by a Python that has
 `tensorflow-cpu` (and `tf-keras`, whose LSTM converts to the fused UNIDIRECTIONAL_SEQUENCE_LSTM),
-named by MLTENSOR_TENSORFLOW_PYTHON, and cached under the cache directory keyed on the generator
-script and the TensorFlow version. Without one these tests skip.
+named by MLTENSOR_TENSORFLOW_PYTHON or made by `MLTENSOR_SETUP_TENSORFLOW=1 bash setup.sh` (.venv-tf),
+and cached under the cache directory keyed on the generator script and the TensorFlow version.
+Without one these tests skip.
 """
 
 import hashlib
@@ -46,9 +47,12 @@ def _tensorflow_python():
     if importlib.util.find_spec("tensorflow") is not None:
         return sys.executable
     py = os.environ.get(ENV)
+    local = os.path.join(os.path.dirname(HERE), ".venv-tf", "bin", "python")  # MLTENSOR_SETUP_TENSORFLOW=1 setup.sh
+    if not py and os.path.exists(local):
+        py = local
     if not py:
-        pytest.skip(f"needs TensorFlow to convert the Keras models: set {ENV} to a Python with tensorflow-cpu and "
-                    f"tf-keras (python -m venv V && V/bin/pip install tensorflow-cpu tf-keras)")  # fmt: skip
+        pytest.skip(f"needs TensorFlow to convert the Keras models: MLTENSOR_SETUP_TENSORFLOW=1 bash setup.sh, or set "
+                    f"{ENV} to a Python with tensorflow-cpu and tf-keras")  # fmt: skip
     return py
 
 
