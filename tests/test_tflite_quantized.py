@@ -209,3 +209,16 @@ def test_dynamic_range_elsewhere_refused(ctx):
     w.op("BATCH_MATMUL", [x, k], [y])
     with pytest.raises(NotSupportedError, match=r"operator 0 \(BATCH_MATMUL\).*dynamic range"):
         import_model(w.finish([x], [y]), ctx)
+
+
+def test_session_int8_edges(ctx):
+    """InferenceSession lists an int8 model's int8 input and output and runs it on int8 arrays."""
+    import mltensor
+
+    data, feeds = _conv(np.random.default_rng(5))
+    sess = mltensor.InferenceSession(bytes(data))
+    assert [i.type for i in sess.get_inputs()] == ["tensor(int8)"]
+    assert [o.type for o in sess.get_outputs()] == ["tensor(int8)"]
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: feeds[0]})
+    assert got.dtype == np.int8
+    assert np.abs(got.astype(np.int32) - _litert(data, feeds)[0]).max() <= 1
