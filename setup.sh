@@ -27,6 +27,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
+# Optional (MLTENSOR_SETUP_TENSORFLOW=1): TensorFlow's TFLite converter in its own environment,
+# .venv-tf (tensorflow-cpu and tf-keras, about 600 MB), for tests/test_tflite_keras.py, which finds
+# it there (or through MLTENSOR_TENSORFLOW_PYTHON). Its first run converts the Keras models (minutes
+# on 2 cores), then reads them from the cache. Never installed into .venv.
+if [ "${MLTENSOR_SETUP_TENSORFLOW:-}" = 1 ] && [ ! -f .venv-tf/.mltensor-installed ]; then
+    echo "setup: creating .venv-tf with tensorflow-cpu and tf-keras"
+    "$PY" -m venv .venv-tf
+    .venv-tf/bin/python -m pip install -q tensorflow-cpu tf-keras
+    touch .venv-tf/.mltensor-installed
+fi
+
 # wgpu falls back to OpenGL when no Vulkan driver exists; mltensor needs Vulkan/Metal/D3D12.
 probe='import wgpu, sys; a = wgpu.gpu.request_adapter_sync(); sys.exit(0 if a and a.info["backend_type"] != "OpenGL" else 1)'
 if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then

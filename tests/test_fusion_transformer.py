@@ -1104,3 +1104,24 @@ def test_projection_view_feeding_another_projection(ctx, rng):
         return {"y": t.transpose(0, 2, 3, 1).reshape(1, S, E) @ W2}
 
     _check(ctx, {"x": (1, S, E)}, fn, ref, [{"x": rng.standard_normal((1, S, E)).astype(np.float32)}])
+
+
+# -- linear layers written flat (fusion/linear.py) ------------------------------------------------
+
+
+@pytest.mark.parametrize("M", [4, 16, 33])
+@pytest.mark.parametrize("bias", [False, True])
+def test_flat_gemm_with_transposed_constant_weight(ctx, rng, M, bias):
+    """reshape [1, M, K] -> [M, K], gemm with a constant B read transposed, reshape back: the pass
+    makes one matmul over a new, transposed constant, which the build must upload (it once bound
+    an unwritten pool buffer instead: TFLite's FULLY_CONNECTED on a [1, 16, 32] input)."""
+    K, N = 32, 24
+    w = _w(rng, N, K)
+    c = rng.standard_normal(N).astype(np.float32)
+
+    def fn(b, i):
+        y = b.gemm(b.reshape(i["x"], [M, K]), b.constant(w), c=b.constant(c) if bias else None, b_transpose=True)
+        return {"y": b.reshape(y, [1, M, N])}
+
+    feeds = [{"x": rng.standard_normal((1, M, K)).astype(np.float32)}]
+    _check(ctx, {"x": (1, M, K)}, fn, lambda f: {"y": f["x"] @ w.T + (c if bias else 0)}, feeds)

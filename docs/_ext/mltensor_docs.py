@@ -8,8 +8,9 @@ At `builder-inited` it writes, under docs/_generated/ (git-ignored, rewritten ev
 - tables/webnn_limits.md: the context-wide entries of op_support_limits();
 - tables/onnx_ops.md: `mltensor.onnx.supported_ops()` (contrib `com.microsoft.*` ones included),
   each with its family (mltensor/onnx/ops/<file>.py) and the attributes its handler accepts;
-- tables/tflite_ops.md: the TFLite importer's registry (`tflite.importer.CONVERTERS`: builtin
-  operators and MediaPipe custom ones) with the file that converts each;
+- tables/tflite_ops.md: every TFLite builtin operator with its status (supported, with the forms:
+  float, int8, dynamic range, and the file that converts it; or not supported), and the MediaPipe
+  custom ones (the importer's registry, `tflite.importer.CONVERTERS`);
 - tables/models.md: the model registries of mltensor/models.py (MediaPipe, ONNX, GGUF);
 - bench/*.md: the committed reports bench/results/REPORT*.md, each with its plot
   (ratios*.png); nothing is benchmarked at build.
@@ -316,24 +317,51 @@ def onnx_table():
 
 
 def tflite_table():
-    from mltensor.tflite import importer, supported_operators
+    from tflite.utils import BUILTIN_OPCODE2NAME
 
+    from mltensor.tflite import importer, supported_operators
+    from mltensor.tflite.hybrid import HYBRID_OPS
+
+    builtins = sorted(
+        n for n in BUILTIN_OPCODE2NAME.values() if n not in ("CUSTOM", "PLACEHOLDER_FOR_GREATER_OP_CODES")
+    )
+    supported = set(supported_operators())
     rows = []
-    for name in supported_operators():
-        fn = importer.CONVERTERS[name]
-        fam = _family(fn, "mltensor/tflite")
-        kind = "MediaPipe custom" if "mediapipe" in fam else "builtin"
-        rows.append(f"| {name} | {kind} | `{fam}` |")
+    for name in builtins:
+        if name in supported:
+            fam = _family(importer.CONVERTERS[name], "mltensor/tflite")
+            forms = "float, int8" + (", dynamic range" if name in HYBRID_OPS else "")
+            rows.append(f"| {name} | supported | {forms} | `{fam}` |")
+        else:
+            rows.append(f"| {name} | not supported | | |")
+    custom = [n for n in supported_operators() if not n.isupper()]
+    for name in custom:
+        fam = _family(importer.CONVERTERS[name], "mltensor/tflite")
+        rows.append(f"| CUSTOM '{name}' | supported (MediaPipe) | float | `{fam}` |")
+    n_builtin = sum(1 for n in builtins if n in supported)
     head = [
-        f"{len(rows)} operators, from `mltensor.tflite.supported_operators()` (the importer's",
+        f"{n_builtin} of TFLite's {len(builtins)} builtin operators (as the `tflite` package's schema names them)",
+        f"and {len(custom)} MediaPipe custom operators, from `mltensor.tflite.supported_operators()` (the importer's",
         "`CONVERTERS` registry in `mltensor/tflite/importer.py`). Any other operator raises",
         "NotSupportedError at load, naming it, its index and the supported ones.",
         "",
-        "| operator | kind | converted in |",
-        "|---|---|---|",
+        "*Forms*: **float** (float32, or float16 weights behind DEQUANTIZE); **int8**: int8 / uint8",
+        "activations with a scale and zero point (full-integer models), computed on their real values",
+        "and rounded onto each output's grid (`mltensor/tflite/quantized.py`: LiteRT's values or one",
+        "quantum apart per operator); **dynamic range**: int8 weights with float activations, the input",
+        "quantized at run time as LiteRT does (`mltensor/tflite/hybrid.py`). int16 activations (16x8",
+        "quantization) are not supported; control flow (WHILE, IF, CALL_ONCE) and resource variables",
+        "(VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE) are not yet. The int8 forms tested against LiteRT",
+        "(tests/test_tflite_quantized.py, tests/test_tflite_keras.py): CONV_2D, DEPTHWISE_CONV_2D,",
+        "FULLY_CONNECTED, ADD, SUB, MUL, AVERAGE_POOL_2D, MAX_POOL_2D, CONCATENATION, PAD, MEAN,",
+        "LOGISTIC, TANH, SOFTMAX, RESHAPE, RESIZE_BILINEAR, HARD_SWISH, QUANTIZE, DEQUANTIZE,",
+        "SQUARED_DIFFERENCE, RSQRT, BATCH_MATMUL, TRANSPOSE, GELU; the others follow the same rule.",
+        "",
+        "| operator | status | forms | converted in |",
+        "|---|---|---|---|",
     ]
     _write("tables/tflite_ops.md", "\n".join(head + rows) + "\n")
-    return len(rows)
+    return len(supported)
 
 
 def models_table():

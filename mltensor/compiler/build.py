@@ -79,9 +79,14 @@ def compile_graph(builder, outputs, placement=None):
         for x in n.inputs:
             if x is not None and x._kind == "constant":
                 const_ops[id(x)] = x
-    for s in steps:  # constants the passes made (a convolution prologue's folded normalization)
+    for s in steps:  # constants the passes made (a convolution prologue's folded normalization,
+        # fusion/linear.py's transposed weights, fusion/sdpa.py's scales): absent from `nodes`
         if s.prologue is not None and s.prologue.const is not None:
             const_ops[id(s.prologue.const)] = s.prologue.const
+        for n in list(s.nodes) + list(s.epilogue) + list(s.views.values()) + [s.post_norm]:
+            for x in getattr(n, "inputs", None) or ():
+                if x is not None and x._kind == "constant":
+                    const_ops[id(x)] = x
     for x in const_ops.values():
         # a constant tensor bound in place (create_constant_tensor): known by its buffer, since
         # compiler/ does not import front/ (a host constant is a numpy array, or None once

@@ -11,12 +11,10 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
-from . import mediapipe_ops
+from . import general_ops, mediapipe_ops, quantized
+from .common import PAD, activation, op_error, opt
+from .hybrid import HYBRID_OPS, hybrid_inputs
 from .reader import Model, Operator
-
-ACT = tflite.ActivationFunctionType
-PAD = tflite.Padding
-
 
 # -- padding arithmetic (pure; unit-tested) ----------------------------------------------------
 
@@ -126,14 +124,15 @@ class Importer:
             return self.values[i]
         if i in self.consts:
             arr = self.consts[i]
+            t = self.tensor(i)
+            if t.scale is not None and arr.dtype.kind in "iu":  # int8 weights, int32 biases
+                arr = quantized.dequantize_array(arr, t)
             if arr.dtype == np.float64:
                 arr = arr.astype(np.float32)
             if self.float16 and arr.dtype.kind == "f":
                 arr = arr.astype(np.float16)
             if arr.dtype == np.bool_:
-                raise NotSupportedError(
-                    f"[tflite] operator {op.index} ({op.display}): bool constants are not supported"
-                )
+                arr = arr.astype(np.uint8)  # TFLite BOOL is WebNN uint8 0 / 1, as comparisons give
             v = self.b.constant(np.ascontiguousarray(arr))
             self.values[i] = v
             return v
@@ -170,14 +169,16 @@ class Importer:
             )
         for i in m.inputs:
             t = m.tensors[i]
-            if t.data_type is None or t.scale is not None and t.data_type != "float32":
+            if t.data_type is None or t.scale is not None and t.data_type not in ("float32", *quantized.QUANT_TYPES):
                 raise NotSupportedError(
                     f"[tflite] input {i} ('{t.name}') has type {t.type_name}"
-                    f"{' (quantized)' if t.scale is not None else ''}; quantized and {t.type_name} inputs are not supported"
+                    f"{' (quantized)' if t.scale is not None else ''}; {t.type_name} inputs are not supported"
                 )
             shape = self.input_shape(t)
             name = t.name or f"input_{i}"
             x = self.b.input(name, data_type=t.data_type, shape=shape)
+            if quantized.is_quantized(t):
+                x = quantized.from_integer(self.b, x, t, "float16" if self.float16 else "float32")  # real values
             self.values[i] = self.b.cast(x, "float16") if self.float16 and t.data_type == "float32" else x
             names.append((name, t.data_type, tuple(shape)))
 
@@ -204,6 +205,8 @@ class Importer:
                 self.check_shape(op, i, v)
                 if isinstance(v, np.ndarray):
                     self.consts[i] = v
+                elif quantized.is_quantized(self.tensor(i)) and v.data_type in ("float32", "float16"):
+                    self.values[i] = quantized.requantize(self.b, v, self.tensor(i))  # onto its int8 grid
                 else:
                     self.values[i] = v
 
@@ -221,6 +224,8 @@ class Importer:
                 raise DataError(f"[tflite] model output {i} ('{name}') is never computed")
             if self.float16 and v.data_type == "float16" and t.data_type == "float32":
                 v = self.b.cast(v, "float32")  # the type the model declares
+            if quantized.is_quantized(t) and v.data_type != t.data_type:
+                v = quantized.to_integer(self.b, v, t)
             if v._kind in ("input", "constant") or name in outputs:
                 v = self.b.identity(v)
             outputs[name] = v
@@ -242,20 +247,28 @@ class Importer:
                 f"{list(got)}, the model declares {list(t.shape)}"
             )
 
+    def is_hybrid(self, op):
+        """A float operator reading an int8 / uint8 quantized constant (dynamic-range weights)."""
+        ts = [self.tensor(i) for i in op.inputs if i >= 0]
+        float_act = any(t.data_type in ("float32", "float16") and t.index not in self.consts for t in ts)
+        q_const = any(t.index in self.consts and quantized.is_quantized(t) for t in ts)
+        return float_act and q_const
+
     def check_types(self, op):
-        """Reject quantized activations and types WebNN has no form for, naming the operator."""
+        """Reject types WebNN has no form for (int16 activations among them) and dynamic-range forms
+        LiteRT computes with a run-time quantization hybrid.py does not reproduce, naming the operator."""
+        if op.name not in HYBRID_OPS and op.name != "DEQUANTIZE" and self.is_hybrid(op):
+            raise NotSupportedError(
+                f"[tflite] operator {op.index} ({op.display}): int8 weights with float activations (dynamic range) "
+                f"are supported for {', '.join(HYBRID_OPS)}, not this operator"
+            )
         for i in list(op.inputs) + list(op.outputs):
             if i < 0:
                 continue
             t = self.tensor(i)
             if i in self.consts and op.name == "DEQUANTIZE":
                 continue
-            if t.scale is not None and t.data_type in ("int8", "uint8") and i not in self.consts:
-                raise NotSupportedError(
-                    f"[tflite] operator {op.index} ({op.display}): quantized tensor {i} ('{t.name}', {t.type_name}) "
-                    f"is not supported; only float models (float16 weights allowed) are"
-                )
-            if t.data_type is None and i not in self.consts:
+            if t.data_type is None and i not in self.consts and t.type != tflite.TensorType.BOOL:
                 raise NotSupportedError(
                     f"[tflite] operator {op.index} ({op.display}): tensor {i} ('{t.name}') has type {t.type_name}, "
                     f"which WebNN does not support"
@@ -274,38 +287,6 @@ def unsupported_message(op):
 # -- helpers for converters ----------------------------------------------------------------------
 
 
-def op_error(op, msg, cls=DataError):
-    """An error about operator `op`, in the importer's format."""
-    return cls(f"[tflite] operator {op.index} ({op.display}): {msg}")
-
-
-def _opt(op, getter, default):
-    o = op.options
-    if o is None or not hasattr(o, getter):
-        return default
-    return getattr(o, getter)()
-
-
-def activation(imp, op, y, code=None):
-    if code is None:
-        code = _opt(op, "FusedActivationFunction", ACT.NONE)
-    b = imp.b
-    if code == ACT.NONE:
-        return y
-    if code == ACT.RELU:
-        return b.relu(y)
-    if code == ACT.RELU6:
-        return b.clamp(y, min_value=0.0, max_value=6.0)
-    if code == ACT.RELU_N1_TO_1:
-        return b.clamp(y, min_value=-1.0, max_value=1.0)
-    if code == ACT.TANH:
-        return b.tanh(y)
-    raise NotSupportedError(
-        f"[tflite] operator {op.index} ({op.display}): fused activation {code} is not supported "
-        f"(supported: NONE, RELU, RELU6, RELU_N1_TO_1, TANH)"
-    )
-
-
 def _f32(arr):
     return np.ascontiguousarray(arr, dtype=np.float32)
 
@@ -319,14 +300,20 @@ def _bias(imp, op, k):
 # -- converters -----------------------------------------------------------------------------------
 
 
-def conv_2d(imp, op):
+def _weighted(imp, op):
+    """(input, weight) operands; int8 weights of a float operator (dynamic range) via hybrid.py."""
     x = imp.operand(op, op.inputs[0])
-    w = imp.operand(op, op.inputs[1])
+    x, w = hybrid_inputs(imp, op, x, 1)
+    return x, (w if w is not None else imp.operand(op, op.inputs[1]))
+
+
+def conv_2d(imp, op):
+    x, w = _weighted(imp, op)
     bias = _bias(imp, op, 2)
-    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
-    dh, dw = _opt(op, "DilationHFactor", 1), _opt(op, "DilationWFactor", 1)
+    sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
+    dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     o, kh, kw, ci = w.shape
-    pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
+    pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
     groups = x.shape[3] // ci if ci else 1
     y = imp.b.conv2d(
         x,
@@ -343,13 +330,12 @@ def conv_2d(imp, op):
 
 
 def depthwise_conv_2d(imp, op):
-    x = imp.operand(op, op.inputs[0])
-    w = imp.operand(op, op.inputs[1])  # [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
+    x, w = _weighted(imp, op)  # w: [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
     bias = _bias(imp, op, 2)
-    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
-    dh, dw = _opt(op, "DilationHFactor", 1), _opt(op, "DilationWFactor", 1)
+    sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
+    dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     _, kh, kw, _ = w.shape
-    pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
+    pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
     y = imp.b.conv2d(
         x,
         w,
@@ -369,9 +355,9 @@ def transpose_conv(imp, op):
     w = imp.operand(op, op.inputs[1])  # [O, kh, kw, I]
     x = imp.operand(op, op.inputs[2])
     bias = _bias(imp, op, 3)
-    sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
+    sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     _, kh, kw, _ = w.shape
-    padding = _opt(op, "Padding", PAD.SAME)
+    padding = opt(op, "Padding", PAD.SAME)
     t, bo, ph = transpose_conv_padding(padding, x.shape[1], kh, sh, out_shape[1])
     l, r, pw = transpose_conv_padding(padding, x.shape[2], kw, sw, out_shape[2])
     y = imp.b.conv_transpose2d(
@@ -413,10 +399,9 @@ def mediapipe_transpose_conv_bias(imp, op):
 
 
 def fully_connected(imp, op):
-    x = imp.operand(op, op.inputs[0])
-    w = imp.operand(op, op.inputs[1])  # [N, K]
+    x, w = _weighted(imp, op)  # w: [N, K]
     bias = _bias(imp, op, 2)
-    if _opt(op, "WeightsFormat", 0) != 0:
+    if opt(op, "WeightsFormat", 0) != 0:
         raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): shuffled weights are not supported")
     n, k = w.shape
     batch = int(np.prod(x.shape)) // k
@@ -424,7 +409,7 @@ def fully_connected(imp, op):
     y = imp.b.gemm(x2, w, c=bias, b_transpose=True)
     y = activation(imp, op, y)
     out_shape = list(imp.tensor(op.outputs[0]).shape)
-    if _opt(op, "KeepNumDims", False):
+    if opt(op, "KeepNumDims", False):
         out_shape = list(x.shape[:-1]) + [n]
     if len(out_shape) and int(np.prod(out_shape)) == batch * n and tuple(out_shape) != (batch, n):
         y = imp.b.reshape(y, out_shape)
@@ -434,9 +419,9 @@ def fully_connected(imp, op):
 def _pool(kind):
     def convert(imp, op):
         x = imp.operand(op, op.inputs[0])
-        sh, sw = _opt(op, "StrideH", 1), _opt(op, "StrideW", 1)
-        fh, fw = _opt(op, "FilterHeight", 1), _opt(op, "FilterWidth", 1)
-        pad = conv_padding(_opt(op, "Padding", PAD.SAME), x.shape[1:3], (fh, fw), (sh, sw))
+        sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
+        fh, fw = opt(op, "FilterHeight", 1), opt(op, "FilterWidth", 1)
+        pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (fh, fw), (sh, sw))
         fn = imp.b.average_pool2d if kind == "average" else imp.b.max_pool2d
         y = fn(x, window_dimensions=[fh, fw], padding=pad, strides=[sh, sw], layout="nhwc")
         return activation(imp, op, y)
@@ -448,7 +433,7 @@ def mean(imp, op):
     x = imp.operand(op, op.inputs[0])
     axes = imp.const_value(op, op.inputs[1], "axes").reshape(-1)
     axes = sorted({int(a) % x.rank for a in axes})
-    return imp.b.reduce_mean(x, axes=axes, keep_dimensions=bool(_opt(op, "KeepDims", False)))
+    return imp.b.reduce_mean(x, axes=axes, keep_dimensions=bool(opt(op, "KeepDims", False)))
 
 
 def _binary(method):
@@ -469,7 +454,7 @@ def _unary(fn):
 
 def softmax(imp, op):
     x = imp.operand(op, op.inputs[0])
-    beta = float(_opt(op, "Beta", 1.0))
+    beta = float(opt(op, "Beta", 1.0))
     if beta != 1.0:
         x = imp.b.mul(x, imp.b.constant(data_type=x.data_type, value=beta))
     return imp.b.softmax(x, axis=x.rank - 1)
@@ -481,9 +466,9 @@ def _resize(mode):
         size = [int(v) for v in imp.const_value(op, op.inputs[1], "size").reshape(-1)]
         # TFLite nearest: floor(o * scale) by default, round half up (away from zero) of the
         # mapped coordinate with align_corners or half_pixel_centers.
-        if _opt(op, "AlignCorners", False):
+        if opt(op, "AlignCorners", False):
             ct, rounding = "align_corners", "round_prefer_ceil"
-        elif _opt(op, "HalfPixelCenters", False):
+        elif opt(op, "HalfPixelCenters", False):
             ct, rounding = "half_pixel", "round_prefer_ceil"
         else:
             ct, rounding = "asymmetric", "floor"
@@ -515,7 +500,7 @@ def reshape(imp, op):
 
 def concatenation(imp, op):
     xs = [imp.operand(op, i) for i in op.inputs]
-    axis = int(_opt(op, "Axis", 0)) % xs[0].rank
+    axis = int(opt(op, "Axis", 0)) % xs[0].rank
     return activation(imp, op, imp.b.concat(xs, axis))
 
 
@@ -542,7 +527,7 @@ def strided_slice(imp, op):
     begin = [int(v) for v in imp.const_value(op, op.inputs[1], "begin").reshape(-1)]
     end = [int(v) for v in imp.const_value(op, op.inputs[2], "end").reshape(-1)]
     strides = [int(v) for v in imp.const_value(op, op.inputs[3], "strides").reshape(-1)]
-    if _opt(op, "EllipsisMask", 0) or _opt(op, "NewAxisMask", 0):
+    if opt(op, "EllipsisMask", 0) or opt(op, "NewAxisMask", 0):
         raise op_error(op, "ellipsis and new-axis masks are not supported", NotSupportedError)
     shape = list(
         imp.const_value(op, x_i, "input").shape
@@ -552,8 +537,8 @@ def strided_slice(imp, op):
     if not (len(begin) == len(end) == len(strides) == len(shape)):
         raise op_error(op, f"begin/end/strides have {len(begin)}/{len(end)}/{len(strides)} values for an input "
                            f"of rank {len(shape)}")  # fmt: skip
-    bmask, emask, smask = _opt(op, "BeginMask", 0), _opt(op, "EndMask", 0), _opt(op, "ShrinkAxisMask", 0)
-    offset = bool(_opt(op, "Offset", False))
+    bmask, emask, smask = opt(op, "BeginMask", 0), opt(op, "EndMask", 0), opt(op, "ShrinkAxisMask", 0)
+    offset = bool(opt(op, "Offset", False))
     ranges, out_shape = [], []  # per axis, the input indices taken (a range: negative steps too)
     for k, n in enumerate(shape):
         if strides[k] == 0:
@@ -597,7 +582,7 @@ def densify(imp, op):
 def depth_to_space(imp, op):
     """NHWC, TensorFlow's DCR order: out[n, h*bs + i, w*bs + j, c] = in[n, h, w, (i*bs + j)*C + c]."""
     x = imp.operand(op, op.inputs[0])
-    bs = int(_opt(op, "BlockSize", 0))
+    bs = int(opt(op, "BlockSize", 0))
     n, h, w, c = x.shape
     if bs < 1 or c % (bs * bs):
         raise op_error(op, f"block size {bs} does not split {c} channels into {bs} x {bs} blocks")
@@ -623,10 +608,18 @@ def dequantize(imp, op):
     x = imp.operand(op, i)
     if x.data_type == "float16":
         return x if imp.float16 else imp.b.cast(x, "float32")
+    if quantized.is_quantized(t) and x.data_type == "float32":
+        return x  # already its real values (quantized.py)
     raise NotSupportedError(
         f"[tflite] operator {op.index} ({op.display}): only constant weights or float16 tensors can be dequantized, "
         f"got a computed {t.type_name} tensor"
     )
+
+
+def quantize(imp, op):
+    """Float (or another int8 grid) to int8: the real values as they are; the importer puts every
+    quantized output on its grid (quantized.requantize)."""
+    return imp.operand(op, op.inputs[0])
 
 
 CONVERTERS = {
@@ -658,6 +651,7 @@ CONVERTERS = {
     "PAD": pad,
     "PADV2": pad,
     "DEQUANTIZE": dequantize,
+    "QUANTIZE": quantize,
     "PRELU": prelu,
     "DENSIFY": densify,
     "DEPTH_TO_SPACE": depth_to_space,
@@ -665,6 +659,7 @@ CONVERTERS = {
 }
 
 
+CONVERTERS.update(general_ops.CONVERTERS)
 CONVERTERS.update(mediapipe_ops.CONVERTERS)
 
 

@@ -21,6 +21,8 @@ _TYPES = {
     np.dtype(np.int64): tflite.TensorType.INT64,
     np.dtype(np.int8): tflite.TensorType.INT8,
     np.dtype(np.uint8): tflite.TensorType.UINT8,
+    np.dtype(np.bool_): tflite.TensorType.BOOL,
+    np.dtype(np.int16): tflite.TensorType.INT16,
 }
 
 
@@ -31,18 +33,20 @@ class ModelWriter:
         self.ops = []
         self.codes = []  # (builtin name, custom code, version)
 
-    def tensor(self, name, shape, dtype=np.float32, signature=None, quant=None):
+    def tensor(self, name, shape, dtype=np.float32, signature=None, quant=None, variable=False):
         """An activation tensor; `signature` (shape_signature) marks free dimensions with -1;
-        `quant` = (scale, zero_point) makes it a quantized tensor."""
-        self.tensors.append((name, list(shape), _TYPES[np.dtype(dtype)], 0, signature, quant))
+        `quant` = (scale, zero_point) makes it a quantized tensor, (scales, zero_points, axis) a
+        per-channel one; `variable`: a variable tensor (an LSTM's state)."""
+        self.tensors.append((name, list(shape), _TYPES[np.dtype(dtype)], 0, signature, quant, variable))
         return len(self.tensors) - 1
 
     input = tensor
 
-    def const(self, name, array):
-        a = np.ascontiguousarray(array)
+    def const(self, name, array, quant=None):
+        """A constant tensor; `quant` as for tensor()."""
+        a = np.array(array, order="C")  # (ascontiguousarray would make a scalar 1-D)
         self.buffers.append(a.astype(a.dtype.newbyteorder("<")).tobytes())
-        self.tensors.append((name, list(a.shape), _TYPES[a.dtype], len(self.buffers) - 1, None, None))
+        self.tensors.append((name, list(a.shape), _TYPES[a.dtype], len(self.buffers) - 1, None, quant, False))
         return len(self.tensors) - 1
 
     def op(self, name, inputs, outputs, options_type=None, custom=None, custom_options=b"", version=1, **options):
@@ -75,19 +79,25 @@ class ModelWriter:
             bufs.append(tflite.BufferEnd(fb))
 
         tens = []
-        for name, shape, ttype, buf, sig, quant in self.tensors:
+        for name, shape, ttype, buf, sig, quant, variable in self.tensors:
             n = fb.CreateString(name)
             q = None
             if quant is not None:
-                tflite.QuantizationParametersStartScaleVector(fb, 1)
-                fb.PrependFloat32(float(quant[0]))
+                scales = np.atleast_1d(np.asarray(quant[0], np.float32))
+                zps = np.atleast_1d(np.asarray(quant[1], np.int64))
+                tflite.QuantizationParametersStartScaleVector(fb, len(scales))
+                for v in reversed(scales):
+                    fb.PrependFloat32(float(v))
                 sc = fb.EndVector()
-                tflite.QuantizationParametersStartZeroPointVector(fb, 1)
-                fb.PrependInt64(int(quant[1]))
+                tflite.QuantizationParametersStartZeroPointVector(fb, len(zps))
+                for v in reversed(zps):
+                    fb.PrependInt64(int(v))
                 zp = fb.EndVector()
                 tflite.QuantizationParametersStart(fb)
                 tflite.QuantizationParametersAddScale(fb, sc)
                 tflite.QuantizationParametersAddZeroPoint(fb, zp)
+                if len(quant) > 2:
+                    tflite.QuantizationParametersAddQuantizedDimension(fb, int(quant[2]))
                 q = tflite.QuantizationParametersEnd(fb)
             s = ivec(tflite.TensorStartShapeVector, shape)
             sg = ivec(tflite.TensorStartShapeSignatureVector, sig) if sig is not None else None
@@ -100,6 +110,8 @@ class ModelWriter:
             tflite.TensorAddName(fb, n)
             if q is not None:
                 tflite.TensorAddQuantization(fb, q)
+            if variable:
+                tflite.TensorAddIsVariable(fb, True)
             tens.append(tflite.TensorEnd(fb))
 
         ops = []

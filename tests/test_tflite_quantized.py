@@ -1,0 +1,224 @@
+"""Full-integer TFLite (mltensor/tflite/quantized.py): int8 models written with ModelWriter
+(per-channel int8 weights, int32 biases, int8 or float graph inputs and outputs), against LiteRT:
+int8 outputs equal or one quantum apart, float outputs behind DEQUANTIZE within one step. Each
+model is one or two operators deep: a one-step difference in a chain grows by the ratio of the
+scales downstream, which says nothing about either operator."""
+
+import numpy as np
+import pytest
+
+from mltensor.tflite import import_model
+from mltensor.tflite.writer import ModelWriter
+
+pytest.importorskip("ai_edge_litert")
+
+I8 = np.int8
+SAME, VALID = 0, 1
+RELU6 = 3
+
+
+def _litert(data, feeds):
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_content=bytes(data))
+    it.allocate_tensors()
+    for d, v in zip(it.get_input_details(), feeds):
+        it.set_tensor(d["index"], v)
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+def _q8(rng, shape):
+    return rng.integers(-128, 128, size=shape).astype(I8)
+
+
+def _weights(rng, w, name, shape, axis, n):
+    scales = rng.uniform(0.005, 0.02, n).astype(np.float32)
+    return w.const(
+        name, rng.integers(-127, 128, size=shape).astype(I8), quant=(scales, np.zeros(n, np.int64), axis)
+    ), scales
+
+
+def _conv(rng):
+    """int8 input -> CONV_2D (per-channel weights, int32 bias, RELU6) -> DEPTHWISE_CONV_2D -> int8."""
+    w = ModelWriter()
+    s_in = 0.05
+    x = w.input("x", [1, 8, 8, 3], I8, quant=(s_in, -3))
+    k, ks = _weights(rng, w, "k", (4, 3, 3, 3), 0, 4)
+    bias = w.const("bias", rng.integers(-500, 500, 4).astype(np.int32), quant=(s_in * ks, np.zeros(4, np.int64), 0))
+    y = w.tensor("y", [1, 8, 8, 4], I8, quant=(0.03, -128))
+    w.op("CONV_2D", [x, k, bias], [y], "Conv2DOptions", version=3, Padding=SAME, StrideW=1, StrideH=1,
+         FusedActivationFunction=RELU6)  # fmt: skip
+    dk, dks = _weights(rng, w, "dk", (1, 3, 3, 4), 3, 4)
+    db = w.const("db", rng.integers(-300, 300, 4).astype(np.int32), quant=(0.03 * dks, np.zeros(4, np.int64), 0))
+    z = w.tensor("z", [1, 4, 4, 4], I8, quant=(0.02, 5))
+    w.op("DEPTHWISE_CONV_2D", [y, dk, db], [z], "DepthwiseConv2DOptions", version=3, Padding=SAME, StrideW=2,
+         StrideH=2, DepthMultiplier=1)  # fmt: skip
+    return w.finish([x], [z]), [_q8(rng, (1, 8, 8, 3))]
+
+
+def _fc_softmax(rng):
+    """float input -> QUANTIZE -> FULLY_CONNECTED -> SOFTMAX -> DEQUANTIZE -> float."""
+    w = ModelWriter()
+    x = w.input("x", [2, 16])
+    xq = w.tensor("xq", [2, 16], I8, quant=(0.02, 1))
+    w.op("QUANTIZE", [x], [xq], version=2)
+    k = w.const("k", rng.integers(-127, 128, (10, 16)).astype(I8), quant=(0.01, 0))
+    bias = w.const("bias", rng.integers(-200, 200, 10).astype(np.int32), quant=(0.02 * 0.01, 0))
+    y = w.tensor("y", [2, 10], I8, quant=(0.05, -2))
+    w.op("FULLY_CONNECTED", [xq, k, bias], [y], "FullyConnectedOptions", version=4)
+    p = w.tensor("p", [2, 10], I8, quant=(1 / 256, -128))
+    w.op("SOFTMAX", [y], [p], "SoftmaxOptions", version=2, Beta=1.0)
+    out = w.tensor("out", [2, 10])
+    w.op("DEQUANTIZE", [p], [out], version=2)
+    return w.finish([x], [out]), [np.random.default_rng(2).standard_normal((2, 16)).astype(np.float32)]
+
+
+def _single(op, ins, out, consts=(), opts=None, version=2):
+    """One int8 operator: `ins` = [(shape, (scale, zero point))] graph inputs, then `consts`
+    (arrays), `out` = (shape, (scale, zero point))."""
+
+    def make(rng):
+        w = ModelWriter()
+        xs = [w.input(f"x{k}", list(shape), I8, quant=q) for k, (shape, q) in enumerate(ins)]
+        cs = [w.const(f"c{k}", c) for k, c in enumerate(consts)]
+        y = w.tensor("y", list(out[0]), I8, quant=out[1])
+        otype, o = opts if opts else (None, {})
+        w.op(op, xs + cs, [y], otype, version=version, **o)
+        return w.finish(xs, [y]), [_q8(rng, shape) for shape, _ in ins]
+
+    return make
+
+
+_X = ((1, 6, 6, 4), (0.04, 2))
+_POOL = {"Padding": SAME, "StrideW": 2, "StrideH": 2, "FilterWidth": 3, "FilterHeight": 3}
+SINGLE = {
+    "add": _single("ADD", [_X, ((1, 6, 6, 4), (0.03, -7))], ((1, 6, 6, 4), (0.06, 0)), opts=("AddOptions", {})),
+    "sub": _single("SUB", [_X, ((1, 1, 1, 4), (0.03, -7))], ((1, 6, 6, 4), (0.06, 0)), opts=("SubOptions", {})),
+    "mul": _single("MUL", [_X, ((1, 6, 6, 4), (0.03, -7))], ((1, 6, 6, 4), (0.1, -1)), opts=("MulOptions", {})),
+    "average_pool": _single("AVERAGE_POOL_2D", [_X], ((1, 3, 3, 4), (0.04, 2)), opts=("Pool2DOptions", _POOL)),
+    "max_pool": _single("MAX_POOL_2D", [_X], ((1, 3, 3, 4), (0.04, 2)), opts=("Pool2DOptions", _POOL)),
+    "concatenation": _single(
+        "CONCATENATION", [_X, _X], ((1, 6, 6, 8), (0.04, 2)), opts=("ConcatenationOptions", {"Axis": 3})
+    ),  # fmt: skip
+    "pad": _single("PAD", [_X], ((1, 8, 7, 4), (0.04, 2)), [np.array([[0, 0], [1, 1], [0, 1], [0, 0]], np.int32)]),
+    "mean": _single("MEAN", [_X], ((1, 4), (0.01, -5)), [np.array([1, 2], np.int32)], ("ReducerOptions", {})),
+    "logistic": _single("LOGISTIC", [_X], ((1, 6, 6, 4), (1 / 256, -128))),
+    "tanh": _single("TANH", [_X], ((1, 6, 6, 4), (1 / 128, 0))),
+    "softmax": _single(
+        "SOFTMAX", [((3, 10), (0.1, 4))], ((3, 10), (1 / 256, -128)), opts=("SoftmaxOptions", {"Beta": 1.0})
+    ),
+    "reshape": _single("RESHAPE", [_X], ((1, 36, 4), (0.04, 2)), [np.array([1, 36, 4], np.int32)], version=1),
+    "resize_bilinear": _single(
+        "RESIZE_BILINEAR",
+        [_X],
+        ((1, 12, 12, 4), (0.04, 2)),
+        [np.array([12, 12], np.int32)],
+        ("ResizeBilinearOptions", {"HalfPixelCenters": True}),
+        version=3,
+    ),  # fmt: skip
+    "hard_swish": _single("HARD_SWISH", [_X], ((1, 6, 6, 4), (0.02, -60)), version=1),
+}
+
+
+CASES = {"conv_depthwise": _conv, "quantize_fc_softmax_dequantize": _fc_softmax, **SINGLE}
+
+
+def _run(ctx, data, feeds):
+    graph, inputs, outputs = import_model(data, ctx)
+    ins = {}
+    for (name, dt, shape), v in zip(inputs, feeds):
+        ins[name] = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
+        ctx.write_tensor(ins[name], v)
+    outs = {name: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True) for name, dt, shape in outputs}
+    ctx.dispatch(graph, ins, outs)
+    res = [ctx.read_tensor_sync(outs[name]) for name, _, _ in outputs]
+    for t in [*ins.values(), *outs.values()]:
+        t.destroy()
+    graph.destroy()
+    return inputs, res
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_full_integer_matches_litert(ctx, name):
+    data, feeds = CASES[name](np.random.default_rng(5))
+    ref = _litert(data, feeds)
+    inputs, got = _run(ctx, data, feeds)
+    assert [dt for _, dt, _ in inputs] == [str(f.dtype) for f in feeds]  # int8 inputs stay int8
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape
+        assert g.dtype == r.dtype
+        assert np.ptp(r.astype(np.float64)) > 0  # outputs that are all one value would test little
+        if r.dtype == I8:
+            assert np.abs(g.astype(np.int32) - r).max() <= 1
+        else:  # float behind DEQUANTIZE of a 1/256 grid
+            assert np.abs(g - r).max() <= 1 / 256 + 1e-6
+
+
+# -- dynamic range: int8 weights, float activations (mltensor/tflite/hybrid.py) -------------------
+
+
+def _hybrid(op, k=3):
+    def make(rng):
+        w = ModelWriter()
+        if op == "FULLY_CONNECTED":
+            x = w.input("x", [3, 40])
+            kern, _ = _weights(rng, w, "k", (12, 40), 0, 12)
+            y = w.tensor("y", [3, 12])
+            w.op(op, [x, kern, w.const("b", rng.standard_normal(12).astype(np.float32))], [y], "FullyConnectedOptions",
+                 version=12, AsymmetricQuantizeInputs=True)  # fmt: skip
+            return w.finish([x], [y]), [rng.standard_normal((3, 40)).astype(np.float32)]
+        x = w.input("x", [1, 9, 9, 8])
+        if op == "CONV_2D":
+            kern, _ = _weights(rng, w, "k", (6, k, k, 8), 0, 6)
+            y = w.tensor("y", [1, 9, 9, 6])
+            opts = ("Conv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1, "FusedActivationFunction": RELU6})
+            version = 5
+        else:
+            kern, _ = _weights(rng, w, "k", (1, k, k, 8), 3, 8)
+            y = w.tensor("y", [1, 5, 5, 8])
+            opts = ("DepthwiseConv2DOptions", {"Padding": SAME, "StrideW": 2, "StrideH": 2, "DepthMultiplier": 1})
+            version = 6
+        b = w.const("b", rng.standard_normal(6 if op == "CONV_2D" else 8).astype(np.float32))
+        w.op(op, [x, kern, b], [y], opts[0], version=version, **opts[1])
+        return w.finish([x], [y]), [rng.standard_normal((1, 9, 9, 8)).astype(np.float32)]
+
+    return make
+
+
+@pytest.mark.parametrize("op,k", [("FULLY_CONNECTED", 0), ("CONV_2D", 1), ("CONV_2D", 3), ("DEPTHWISE_CONV_2D", 3)])
+def test_dynamic_range_matches_litert(ctx, op, k):
+    """LiteRT quantizes the float input at run time (per row for FULLY_CONNECTED and 1x1 CONV_2D,
+    which XNNPACK runs; per image for other convolutions, which LiteRT's own kernels run); the
+    importer does the same."""
+    data, feeds = _hybrid(op, k)(np.random.default_rng(9))
+    ref = _litert(data, feeds)
+    _, got = _run(ctx, data, feeds)
+    np.testing.assert_allclose(got[0], ref[0], atol=1e-4, rtol=1e-4)
+
+
+def test_dynamic_range_elsewhere_refused(ctx):
+    """BATCH_MATMUL with int8 weights and a float input: LiteRT quantizes its input too, which the
+    importer does not reproduce there; refused rather than computed differently."""
+    from mltensor.errors import NotSupportedError
+
+    w = ModelWriter()
+    x = w.input("x", [2, 3, 8])
+    k = w.const("k", np.ones((8, 4), I8), quant=(0.1, 0))
+    y = w.tensor("y", [2, 3, 4])
+    w.op("BATCH_MATMUL", [x, k], [y])
+    with pytest.raises(NotSupportedError, match=r"operator 0 \(BATCH_MATMUL\).*dynamic range"):
+        import_model(w.finish([x], [y]), ctx)
+
+
+def test_session_int8_edges(ctx):
+    """InferenceSession lists an int8 model's int8 input and output and runs it on int8 arrays."""
+    import mltensor
+
+    data, feeds = _conv(np.random.default_rng(5))
+    sess = mltensor.InferenceSession(bytes(data))
+    assert [i.type for i in sess.get_inputs()] == ["tensor(int8)"]
+    assert [o.type for o in sess.get_outputs()] == ["tensor(int8)"]
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: feeds[0]})
+    assert got.dtype == np.int8
+    assert np.abs(got.astype(np.int32) - _litert(data, feeds)[0]).max() <= 1
