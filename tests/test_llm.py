@@ -619,7 +619,7 @@ def test_tokenizer_bpe_merges_and_round_trips(synth_tok):
     for s in ("", "a", "  two  spaces\n\n", "x = 12 + 3.5", text, "<|im_end|>the"):
         assert t.decode(t.encode(s)) == s
     assert t.decode(t.encode("<|im_start|>hi<|im_end|>"), skip_special=True) == "hi"
-    assert t.stop_ids == {v["<|im_end|>"]}
+    assert t.stop_ids == {v["<|im_end|>"], v["<|endoftext|>"]}  # EOS and the end-of-turn tokens
 
 
 def test_chat_template_renders(synth_tok):
@@ -639,7 +639,7 @@ def test_chat_template_renders(synth_tok):
 
 def test_tokenizer_unsupported_model(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "spm.gguf"), "llama")
-    w.add_tokenizer_model("llama")
+    w.add_tokenizer_model("t5")
     w.add_token_list(["<unk>", "a"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -648,7 +648,7 @@ def test_tokenizer_unsupported_model(tmp_path):
     from mltensor.llm.gguf import GGUFFile
     from mltensor.llm.tokenizer import GGUFTokenizer
 
-    with pytest.raises(NotSupportedError, match="'llama'"):
+    with pytest.raises(NotSupportedError, match="'t5'"):
         GGUFTokenizer(GGUFFile(str(tmp_path / "spm.gguf")))
 
 
