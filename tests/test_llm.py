@@ -701,6 +701,10 @@ def test_chat_app_through_a_pipe(synth_tok):
         "6",
         "--max-context",
         "128",
+        "--temperature",
+        "0",
+        "--repeat-penalty",
+        "1",
     ]
     r = subprocess.run(
         cmd, input="hello there\n/reset\nthe 12\n", capture_output=True, text=True, timeout=300, cwd=root
