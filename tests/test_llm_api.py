@@ -234,3 +234,25 @@ def test_chat_cli_ctrl_c_keeps_the_conversation(path):
     next(stream)
     stream.close()
     assert out.getvalue().split("\n")[1] == conv.say("the 12")
+
+
+# -- the real SmolLM2-135M-Instruct ----------------------------------------------------------------
+
+
+def _longest_repeat(ids):
+    """The most times one 6-token run occurs in `ids` (a reply that loops repeats one many times)."""
+    runs = [tuple(ids[i : i + 6]) for i in range(len(ids) - 5)]
+    return max((runs.count(r) for r in set(runs)), default=0)
+
+
+@pytest.mark.slow
+def test_smollm2_api():
+    llm = LLM("smollm2-135m-instruct", max_context=512)
+    q = [{"role": "user", "content": "What is the capital of France?"}]
+    assert "Paris" in llm.chat(q, max_tokens=24, **GREEDY)
+    assert llm.stats["prompt_tokens"] == 37 and llm.stats["template"] == "file"
+    # llama.cpp's default sampling does not loop on a small model, seed after seed
+    story = [{"role": "user", "content": "Tell me a long story about a robot."}]
+    for seed in (0, 1):
+        ids = llm.tokenize(llm.chat(story, max_tokens=128, seed=seed))
+        assert _longest_repeat(ids) <= 2, llm.detokenize(ids)

@@ -19,7 +19,6 @@ prompt it leaves (status 130).
 
 import argparse
 import sys
-import time
 
 from ..errors import DOMException
 from ..llm.api import DEFAULTS, LLM
@@ -106,12 +105,9 @@ def _main(args, stdin, stdout, stderr):
     try:
         llm = LLM(path, ctx, max_context=args.max_context)
         conv = llm.conversation(system=args.system, **options)
-        # the graphs (first prompt, decode step, later messages) built now, so that time to first
-        # token is run time
-        t0 = time.perf_counter()
-        for which in ("prefill", "step", "chunk"):
-            llm.model.graph(which)
-        build_s = time.perf_counter() - t0
+        # the graphs (first prompt, decode step, later messages, the sampler) built now, so that
+        # time to first token is run time
+        build_s = llm.build(**{k: v for k, v in options.items() if k != "max_tokens"})
     except (OSError, TypeError, ValueError, DOMException) as e:
         raise AppError(f"cannot use the model {path}: {one_line(e)}") from None
     adapter = _adapter(ctx)

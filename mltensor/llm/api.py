@@ -173,6 +173,18 @@ class LLM:
         self._samplers = {}
         self.stats = {}
 
+    def build(self, **options):
+        """Build now what a first call builds on first use: the model's graphs (first prompt, decode
+        step, later messages) and the sampler of these sampling options (defaults as generate());
+        returns the seconds it took. Optional: a call's time to first token then is run time."""
+        s = _options(1, options)
+        t0 = time.perf_counter()
+        with self._locked():
+            for which in ("prefill", "step", "chunk"):
+                self.model.graph(which)
+            self._sampler(s)
+        return time.perf_counter() - t0
+
     # -- tokens -----------------------------------------------------------------------------
 
     def tokenize(self, text, *, add_bos=None):

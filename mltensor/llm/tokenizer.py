@@ -85,7 +85,11 @@ def score_merges(tokens, scores):
 
 
 class GGUFTokenizer:
-    """encode(text) -> list of ids, decode(ids) -> text, apply_chat_template(messages) -> text."""
+    """The tokenizer of a GGUF file (`GGUFTokenizer(GGUFFile(path))`; an LLM has one as
+    `llm.tokenizer`): encode(text) -> list of ids, decode(ids) -> text,
+    apply_chat_template(messages) -> text. Attributes: kind ("gpt2" or "llama"), pre (the
+    pre-tokenizer), tokens, vocab_size, bos_id, eos_id, add_bos, stop_ids, chat_template,
+    template_source."""
 
     def __init__(self, f):
         tk = _library()
@@ -207,9 +211,12 @@ class GGUFTokenizer:
         return self.encode(text, add_bos=self.add_bos and not (bos and text.startswith(bos)), add_eos=False)
 
     def decode(self, ids, *, skip_special=False):
+        """The text of token ids (skip_special: without the CONTROL tokens: BOS, EOS, `<|im_end|>`...)."""
         return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
     def apply_chat_template(self, messages, *, add_generation_prompt=True):
+        """The conversation `messages` (dicts with str "role" and "content") as text, through the
+        file's chat template or the architecture's built-in one (`template_source` says which)."""
         tok = self.tokens
         return render(
             self.chat_template,
