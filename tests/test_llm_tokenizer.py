@@ -273,3 +273,39 @@ def test_smollm2_vocabulary_with_each_pre_tokenizer(tmp_path, pre):
     ours = _ours(path)
     hf = _HF(path)
     assert _compare(ours, hf, TEXTS + LEADING) == []
+
+
+def test_sentencepiece_library_agrees(tmp_path):
+    """Where the `sentencepiece` package is installed (not a dependency): a BPE model it trains
+    with byte fallback, written into a GGUF file as llama.cpp's converter writes one, tokenizes
+    every text, leading whitespace and special tokens included, to sentencepiece's own ids."""
+    spm = pytest.importorskip("sentencepiece")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join([CORPUS] * 50), encoding="utf-8")
+    user = ["<|im_start|>", "<|im_end|>"]
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(tmp_path / "m"),
+        vocab_size=600,
+        model_type="bpe",
+        byte_fallback=True,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        user_defined_symbols=user,
+        minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "m.model"))
+    n = sp.get_piece_size()
+    tokens = [sp.id_to_piece(i) for i in range(n)]
+    types = [
+        2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 4 if tokens[i] in user else 1
+        for i in range(n)
+    ]
+    scores = [sp.get_score(i) for i in range(n)]
+    path = _write(str(tmp_path / "sp.gguf"), "llama", tokens, types, scores=scores, bos_token_id=1, eos_token_id=2)
+    t = _ours(path)
+    for s in TEXTS + LEADING:
+        assert t.encode(s, add_bos=False) == sp.encode(s), s
+        assert t.decode(t.encode(s, add_bos=False)) == sp.decode(sp.encode(s)), s
