@@ -11,6 +11,7 @@ through byte fallback. SmolLM2's own vocabulary (from the model registry) is the
 
 import itertools
 import json
+import os
 
 import pytest
 
@@ -309,3 +310,44 @@ def test_sentencepiece_library_agrees(tmp_path):
     for s in TEXTS + LEADING:
         assert t.encode(s, add_bos=False) == sp.encode(s), s
         assert t.decode(t.encode(s, add_bos=False)) == sp.decode(sp.encode(s)), s
+
+
+_AUTO = r"""
+import json, os, sys
+from transformers import AutoTokenizer  # first: triton's LLVM before any Vulkan driver's
+from mltensor.llm.gguf import GGUFFile
+from mltensor.llm.tokenizer import GGUFTokenizer
+
+bad = []
+for path, texts in json.loads(sys.argv[1]):
+    ours = GGUFTokenizer(GGUFFile(path))
+    hf = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    for s in texts:
+        a, b = ours.encode(s), hf.encode(s)
+        if a != b or ours.decode(a) != hf.decode(b):
+            bad.append([path, s, a, b])
+print(json.dumps(bad))
+"""
+
+
+@pytest.mark.slow
+def test_autotokenizer_agrees(tmp_path, byte_bpe, spm_file):
+    """The same comparisons through `AutoTokenizer.from_pretrained(dir, gguf_file=...)` itself, BOS
+    included, in a process without a Vulkan adapter (see _HF)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    tokens, merges, types = byte_bpe
+    jobs = []
+    for pre in ("llama-bpe", "qwen2", "gpt-2", "default"):
+        d = tmp_path / pre
+        d.mkdir()
+        jobs.append((_write(str(d / "t.gguf"), "gpt2", tokens, types, pre=pre, merges=merges), TEXTS + LEADING))
+    jobs.append((spm_file, TEXTS))  # (leading whitespace: see test_sentencepiece_byte_fallback_and_prefix)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(
+        [sys.executable, "-c", _AUTO, json.dumps(jobs)], capture_output=True, text=True, timeout=600, cwd=root
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
