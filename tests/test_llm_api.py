@@ -256,3 +256,51 @@ def test_smollm2_api():
     for seed in (0, 1):
         ids = llm.tokenize(llm.chat(story, max_tokens=128, seed=seed))
         assert _longest_repeat(ids) <= 2, llm.detokenize(ids)
+
+
+@pytest.mark.slow
+def test_smollm2_chat_cli_sigint():
+    """A real Ctrl-C (SIGINT) during a reply of mltensor-chat: the reply stops, the next message
+    is answered in the same conversation (its cache reused), the exit status is 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "mltensor.apps.chat",
+        "--max-context",
+        "512",
+        "--max-tokens",
+        "60",
+        "--temperature",
+        "0",
+    ]
+    p = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, cwd=root
+    )
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(iter(lambda: p.stdout.read(1), "")), daemon=True)
+    reader.start()
+    try:
+        p.stdin.write("Tell me a long story about a robot.\n")
+        p.stdin.flush()
+        t0 = time.time()
+        while len("".join(out)) < 12 and time.time() - t0 < 300:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        p.stdin.write("What is the capital of France?\n")
+        p.stdin.close()
+        assert p.wait(300) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    reader.join(10)
+    err = p.stderr.read()
+    second = "".join(out).split("\n")[1]
+    assert "[interrupted]" in err and "Paris" in second, (out, err)
+    assert "cached tokens" in [line for line in err.splitlines() if line.startswith("[prompt tokens")][1]

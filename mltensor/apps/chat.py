@@ -13,11 +13,12 @@ printed. Sampling defaults to llama.cpp's (temperature 0.8, top-k 40, top-p 0.95
 generated tokens, time to first token, tokens/s, the adapter; the chat template's source when the
 file has none), and so do the model's first download and its progress. A missing extra, a missing
 or unreadable model file or no adapter is one line on stderr and exit status 2 (cli.py). Ctrl-C
-during a reply stops that reply and keeps the conversation (the partial reply stays in it); at the
-prompt it leaves (status 130).
+during a reply stops that reply at its next piece and keeps the conversation (the partial reply
+stays in it; with --prompt the status is then 130); at the prompt it leaves (status 130).
 """
 
 import argparse
+import signal
 import sys
 
 from ..errors import DOMException
@@ -118,13 +119,20 @@ def _main(args, stdin, stdout, stderr):
         f"[{path}: {llm.config.n_layers} layers, {ctx.counters['constant_bytes'] / 1e6:.1f} MB "
         f"of weights on the GPU, graphs built in {build_s:.1f} s{note}]\n"
     )
+    with CtrlC() as ctrl_c:
+        return _converse(args, conv, adapter, ctrl_c, stdin, stdout, stderr)
+
+
+def _converse(args, conv, adapter, ctrl_c, stdin, stdout, stderr):
     if args.prompt is not None:
         try:
-            _reply(conv, args.prompt, stdout)
+            stopped = _reply(conv, args.prompt, stdout, ctrl_c)
         except ValueError as e:  # the prompt does not fit --max-context
             raise AppError(one_line(e)) from None
+        if stopped:
+            stderr.write("[interrupted]\n")
         _report(conv.stats, adapter, stderr)
-        return 0
+        return 130 if stopped else 0
     interactive = hasattr(stdin, "isatty") and stdin.isatty()
     if interactive:
         stderr.write(
@@ -146,29 +154,65 @@ def _main(args, stdin, stdout, stderr):
         if not line.strip():
             continue
         try:
-            _reply(conv, line, stdout)
+            stopped = _reply(conv, line, stdout, ctrl_c)
         except ValueError as e:
             stderr.write(f"mltensor-chat: {one_line(e)}\n")
             continue
-        except KeyboardInterrupt:  # the reply stops; the conversation keeps what was said
+        except KeyboardInterrupt:  # (raised by the output, not the GPU work): as a stopped reply
             stdout.write("\n")
             stdout.flush()
+            stopped = True
+        if stopped:  # the reply stops; the conversation keeps what was said
             stderr.write("[interrupted]\n")
         _report(conv.stats, adapter, stderr)
     return 0
 
 
-def _reply(conv, text, out):
-    """Stream the reply to `text` to `out`, then a line break."""
+class CtrlC:
+    """SIGINT (Ctrl-C) while a reply streams sets a flag that the reply loop reads between pieces:
+    the reply stops at the next one and the conversation goes on. (A KeyboardInterrupt raised in
+    the middle of the GPU work, inside a read of the sampled id, would leave that tensor mapped
+    and the context's next work on it waiting for ever.) A second Ctrl-C in the same reply, or
+    one at the prompt, raises KeyboardInterrupt as usual. Outside the main thread, where signal
+    handlers cannot be set, Ctrl-C keeps Python's default."""
+
+    def __init__(self):
+        self.replying = self.hit = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handler(self, signum, frame):
+        if not self.replying or self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+
+def _reply(conv, text, out, ctrl_c):
+    """Stream the reply to `text` to `out`, then a line break; True when Ctrl-C stopped it."""
+    ctrl_c.replying, ctrl_c.hit = True, False
     stream = conv.say(text, stream=True)
     try:
         for piece in stream:
             out.write(piece)
             out.flush()
+            if ctrl_c.hit:
+                break
     finally:
-        stream.close()  # now, also on Ctrl-C: the reply so far joins the conversation
+        ctrl_c.replying = False
+        stream.close()  # now: the reply so far joins the conversation
     out.write("\n")
     out.flush()
+    return ctrl_c.hit
 
 
 if __name__ == "__main__":
