@@ -57,6 +57,7 @@ def test_docs_build_without_warnings(tmp_path):
         "guides/sessions.html",
         "guides/interop.html",
         "reference/api-context.html",
+        "reference/api-llm.html",
         "reference/onnx-operators.html",
         "reference/webnn-operators.html",
         "reference/tflite-operators.html",

@@ -9,18 +9,25 @@
 - kernels.py: `_llm_gemv`, the decode step's 4/8-bit GEMV on CPU adapters;
 - sampling.py: `_sample_token`: greedy / temperature / top-k / top-p on the GPU; sampler.py: Sampler,
   its graph per setting;
-- tokenizer.py: GGUFTokenizer, the file's byte-level BPE and chat template.
+- tokenizer.py: GGUFTokenizer, the file's byte-level BPE or SentencePiece vocabulary;
+  templates.py: its chat template, or the architecture's built-in one;
+- api.py: LLM (generate, chat, token ids in and out) and Conversation (a dialogue whose KV cache
+  stays on the GPU): the Python API, which mltensor-chat is a thin layer over.
 
 Needs the `gguf` and `tokenizers` packages (the `llm` extra). The console entry point is
 `mltensor-chat` (mltensor/apps/chat.py).
 """
 
+from .api import DEFAULTS, LLM, Conversation
 from .gguf import GGUFFile, LlamaConfig, QuantizedWeight, repack
 from .model import LlamaModel, LlamaSession, LlamaWeights
 from .sampler import Sampler
 from .tokenizer import GGUFTokenizer
 
 __all__ = [
+    "LLM",
+    "Conversation",
+    "DEFAULTS",
     "GGUFFile",
     "LlamaConfig",
     "QuantizedWeight",

