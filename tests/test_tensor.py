@@ -358,3 +358,35 @@ def test_large_results_never_share_memory_while_alive(ctx):
     third = ctx.read_tensor_sync(t)  # may reuse a block now: it must hold the new values
     assert third.shape == (n,) and third.dtype == np.float32
     assert (third == 3).all()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("writable", [False, True], ids=["staging", "in_place"])
+def test_interrupted_read_leaves_the_tensor_usable(fresh_ctx, monkeypatch, writable):
+    """A KeyboardInterrupt (Ctrl-C) while a read waits for its mapping: the read raises it, and
+    the buffer is unmapped all the same, so later writes, reads and dispatches of the tensor go on
+    (a buffer left mapped held them back forever: a chat interrupted in a read hung its next turn)."""
+    from mltensor.runtime import timeline
+
+    ctx = fresh_ctx
+    t = ctx.create_tensor_sync(data_type="float32", shape=[4], readable=True, writable=writable)
+    if writable:
+        ctx.write_tensor(t, np.arange(4, dtype=np.float32))
+    real = timeline.wait_sync_promise
+    calls = []
+
+    def interrupted(promise, gone=None):
+        calls.append(promise)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(promise, gone)
+
+    monkeypatch.setattr(timeline, "wait_sync_promise", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ctx.read_tensor_sync(t)
+    monkeypatch.setattr(timeline, "wait_sync_promise", real)
+    want = np.arange(4, dtype=np.float32) if writable else np.zeros(4, np.float32)
+    np.testing.assert_array_equal(ctx.read_tensor_sync(t), want)
+    if writable:
+        ctx.write_tensor(t, np.full(4, 7, np.float32))
+        np.testing.assert_array_equal(ctx.read_tensor_sync(t), np.full(4, 7, np.float32))

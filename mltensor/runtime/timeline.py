@@ -670,6 +670,17 @@ class PendingRead:
             wait_sync_promise(self.promise, tl.device_gone)
         except Exception as e:
             self._map_failed(e, where)
+        except BaseException:
+            # an interrupt (Ctrl-C) while the map is pending: the map resolves all the same, and a
+            # buffer left mapped would hold back every later use of the tensor for good; wait for
+            # it, unmap, then let the interrupt through
+            try:
+                wait_sync_promise(self.promise, tl.device_gone)
+            except Exception:
+                pass
+            finally:
+                self._release()
+            raise
         return self._finish(where)
 
     def _map_failed(self, e, where):
