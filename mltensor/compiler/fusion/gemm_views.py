@@ -8,7 +8,7 @@ index functions.
 
 import math
 
-from ...dynamic.dims import Sym, wgsl
+from ...dynamic.dims import Sym, exact_div, wgsl
 from ...ir.graph import Node, scalar_value
 from ...ir.registry import OPS
 from ...ops._index import is_one, row_strides
@@ -94,14 +94,18 @@ class DigitView:
                     return False
                 s = seq[pos]
                 nxt = prod * s[2]
-                if nxt == want or (isinstance(nxt, int) and isinstance(want, int) and want % nxt == 0):
+                if nxt == want or isinstance(exact_div(want, nxt), int):  # (an integer multiple)
                     group.append(s)
                     prod = nxt
                     pos += 1
                     continue
-                if not (isinstance(want, int) and isinstance(prod, int) and want % prod == 0):
+                # the rest of `want` as an integer factor taken from this slot's digit: also where
+                # both are dynamic (MultiheadAttention's view(S, B * H, D) of a [S, B, H * D]
+                # projection: want 2 * batch, prod batch, the 2 split off the channels)
+                q = exact_div(want, prod)
+                if not isinstance(q, int) or q < 1:
                     return False
-                parts = self._split(s, want // prod)
+                parts = self._split(s, q)
                 if parts is None:
                     return False
                 seq[pos : pos + 1] = list(parts)
