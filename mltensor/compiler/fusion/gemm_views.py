@@ -696,14 +696,6 @@ def rewrite_gemms(nodes, outputs, cap):
             taken.add(id(s.mms[0]))
         if run:
             fused.append((run, None))
-    # a lone projection writing views may read its A through one too (MultiheadAttention with
-    # batch_first: the in-projection reads x.transpose(0, 1) and writes the heads)
-    for k, (segs, av) in enumerate(fused):
-        if av is None and len(segs) == 1 and len(segs[0].mms) == 1 and segs[0].kind == "plain":
-            m = segs[0].mms[0]
-            got = _a_view(m, uses)
-            if got is not None and _bindings_of(segs, 0) <= cap and not any(n in segs[0].nodes for n in got[2]):
-                fused[k] = (segs, got)
     absorbed = {id(n) for segs, _ in fused for s in segs for n in s.nodes}
     for m in mms:
         if id(m) in taken or not plain_b(m):
