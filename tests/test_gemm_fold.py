@@ -9,24 +9,10 @@ import math
 import numpy as np
 import pytest
 from helpers import FUSION
+from helpers import dispatch_at as _run
 
 import mltensor
 from mltensor.dynamic.dims import MLDynamicDimension as D
-
-
-def _run(ctx, g, feeds):
-    ins = {}
-    for n, a in feeds.items():
-        t = ctx.create_tensor_sync(data_type="float32", shape=a.shape, writable=True)
-        ctx.write_tensor(t, a)
-        ins[n] = t
-    shapes = g.compute_shapes({n: a.shape for n, a in feeds.items()})
-    outs = {n: ctx.create_tensor_sync(data_type="float32", shape=s, readable=True) for n, s in shapes.items()}
-    ctx.dispatch(g, ins, outs)
-    res = {n: ctx.read_tensor_sync(t) for n, t in outs.items()}
-    for t in [*ins.values(), *outs.values()]:
-        t.destroy()
-    return res
 
 
 def _close(got, want, rtol=1e-4):
