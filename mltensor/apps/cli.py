@@ -1,4 +1,4 @@
-"""What the console entries (mltensor-selfie, mltensor-batch, mltensor-chat) share: failures a
+"""What the console entries (mltensor-selfie, mltensor-batch, mltensor-chat, mltensor serve) share: failures a
 user can mend end in one line on stderr and exit code 2, never in a traceback.
 
 An entry's `main` checks its extra first (`require_extra`: every module the run will import, so a
@@ -25,6 +25,7 @@ EXTRAS = {
     "llm": ("gguf", "tokenizers"),
     "examples": ("PIL", "av", "matplotlib", "rendercanvas", "glfw"),
     "ray": ("ray", "ray.data", "PIL", "av"),
+    "serve": ("fastapi", "uvicorn", "sse_starlette", "prometheus_client", "gguf", "tokenizers"),
 }
 
 NO_ADAPTER = "no Vulkan/Metal/D3D12 adapter found"
