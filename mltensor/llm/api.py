@@ -133,9 +133,37 @@ def _held_back(text, stop):
     return hold
 
 
-def _find_stop(text, stop, start):
-    cuts = [i for i in (text.find(s, start) for s in stop) if i >= 0]
-    return min(cuts) if cuts else None
+class TextTail:
+    """The text of generated token ids as it may be shown, one token at a time (LLM's decode loop
+    and the serving engine's): a stop string ends it (cut before it), an unfinished UTF-8 sequence
+    or the start of a stop string is held back until the next token decides it. `push(token)`
+    returns the new piece ("" when nothing is ready); `stopped` says a stop string was found;
+    `flush()` gives what was held back once generation ends."""
+
+    def __init__(self, tokenizer, stop):
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.longest = max((len(x) for x in self.stop), default=0)
+        self.ids, self.text, self.shown, self.stopped = [], "", "", False
+
+    def push(self, token):
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special=True)
+        cut = None
+        if self.stop:
+            found = [i for i in (text.find(s, max(0, len(self.shown) - self.longest)) for s in self.stop) if i >= 0]
+            cut = min(found) if found else None
+        if cut is not None:
+            self.stopped, text = True, text[:cut]
+        self.text = text
+        ready = len(text) if cut is not None else len(text) - _held_back(text, self.stop)
+        if ready <= len(self.shown):
+            return ""
+        piece, self.shown = text[len(self.shown) : ready], text[:ready]
+        return piece
+
+    def flush(self):
+        piece, self.shown = self.text[len(self.shown) :], self.text
+        return piece
 
 
 class LLM:
@@ -291,15 +319,13 @@ class LLM:
                 f"[LLM] the prompt ({len(ids)} tokens) does not fit the context of {self.max_context} positions"
             )
         sampler = self._sampler(s)
-        generated, shown, t_first, reason = [], "", None, "length"
-        text = ""
+        tail, t_first, reason = TextTail(tok, s.stop), None, "length"
         t0 = time.perf_counter()
         stats = self.stats = {"prompt_tokens": len(ids), "template": tok.template_source}
         try:
             logits, fed = cache.prime(ids)
             stats.update(prefill_tokens=fed, cached_tokens=len(ids) - fed)
             recent = list(ids[-PENALTY_LAST_N:])
-            longest = max((len(x) for x in s.stop), default=0)
             n = min(s.max_tokens, room)
             for step in range(n):
                 chosen = sampler(logits, recent if sampler.penalized else None)  # on the GPU
@@ -309,31 +335,27 @@ class LLM:
                 if token in tok.stop_ids:
                     reason = "stop"
                     break
-                generated.append(token)
                 recent = (recent + [token])[-PENALTY_LAST_N:]
-                text = tok.decode(generated, skip_special=True)
-                cut = _find_stop(text, s.stop, max(0, len(shown) - longest)) if s.stop else None
-                if cut is not None:
-                    reason, text = "stop", text[:cut]
+                piece = tail.push(token)
+                if tail.stopped:
+                    reason = "stop"
                 if return_ids:
                     yield token
-                else:
-                    ready = len(text) if cut is not None else len(text) - _held_back(text, s.stop)
-                    if ready > len(shown):
-                        piece, shown = text[len(shown) : ready], text[:ready]
-                        yield piece  # (shown first: a stream closed here has shown it)
-                if cut is not None or step == n - 1:
+                elif piece:
+                    yield piece  # (shown first: a stream closed here has shown it)
+                if tail.stopped or step == n - 1:
                     break
                 logits = cache.session.feed(chosen)  # the chosen id, fed back without leaving the GPU
                 cache.ids.append(token)
-            if not return_ids and len(text) > len(shown):
-                piece, shown = text[len(shown) :], text
-                yield piece  # what was held back: an unfinished stop string's start
+            if not return_ids:
+                piece = tail.flush()
+                if piece:
+                    yield piece  # what was held back: an unfinished stop string's start
         finally:
             cache.repair()
             total = time.perf_counter() - t0
             decode_s = total - (t_first or 0.0)
-            k = len(generated)
+            k = len(tail.ids)
             stats.update(
                 generated_tokens=k,
                 ttft_s=t_first or 0.0,
@@ -344,7 +366,7 @@ class LLM:
             stats.setdefault("prefill_tokens", 0)
             stats.setdefault("cached_tokens", 0)
             if done is not None:
-                done(text if return_ids else shown)
+                done(tail.text if return_ids else tail.shown)
 
 
 class _Held:

@@ -379,6 +379,10 @@ class LlamaModel:
     def session(self):
         return LlamaSession(self)
 
+    def batch(self, slots, rows):
+        """A LlamaBatch: the KV caches of `slots` sequences, steps of at most `rows` tokens."""
+        return LlamaBatch(self, slots, rows)
+
 
 class LlamaSession:
     """One conversation's KV cache on the GPU. `feed(ids)` runs the tokens (a host array of int32
@@ -488,3 +492,26 @@ class LlamaSession:
 
 def _split(arr, size):
     return [arr[i : i + size] for i in range(0, arr.size, size)]
+
+
+class LlamaBatch:
+    """The KV caches of `slots` sequences and one step over several of them (the serving engine's,
+    mltensor/llm/engine.py). `run(entries)`: entries (slot, start, ids) feed `ids` to `slot`'s
+    sequence at positions start, start + 1, ... (what the slot held from `start` on is forgotten);
+    returns the logits of each entry's last token, float32 [len(entries), vocab] on the host."""
+
+    def __init__(self, model, slots, rows):
+        self.model = model
+        self.slots, self.rows = slots, rows
+        self._sessions = [model.session() for _ in range(slots)]
+        self._lock = threading.Lock()
+
+    def run(self, entries):
+        with self._lock:
+            out = []
+            for slot, start, ids in entries:
+                s = self._sessions[slot]
+                s.length = start
+                logits = s.feed(np.asarray(ids, np.int32))
+                out.append(self.model.ctx.read_tensor_sync(logits)[0])
+            return np.stack(out)

@@ -1,0 +1,446 @@
+"""Continuous batching over one LLM: the engine behind `mltensor serve` (mltensor/serve).
+
+    engine = Engine(llm, slots=8)
+    req = engine.submit(llm.tokenize("Once upon a time"), max_tokens=32, temperature=0)
+    for piece in req:               # or `async for piece in req` from asyncio
+        print(piece, end="")
+    req.finish_reason, req.prompt_tokens, req.completion_tokens
+
+One thread runs the steps. A step is one dispatch of the model's batched graph (model.py,
+"rows"): the next token of every request that is generating, and at most `prefill_chunk` prompt
+tokens of requests still reading their prompt, each row with its own KV-cache slot and position.
+Requests wait in a bounded queue (QueueFull past `max_queue`), take a free slot at a step
+boundary, read their prompt a chunk per step (so a long prompt delays the streams already running
+by one chunk's work per step, not by its whole length), generate, and leave: their slot is free for
+the next step. The logits of the rows that sample come back to the host (one read a step) and are
+sampled there per request, with the request's own options and random generator, as llama.cpp's
+server does; a row's logits do not depend on the other rows of its step (every kernel computes a
+row alone), so a greedy reply in a batch equals the same request served alone.
+"""
+
+import asyncio
+import collections
+import itertools
+import threading
+import time
+
+import numpy as np
+
+from ..errors import InternalError
+from .api import PENALTY_LAST_N, TextTail
+from .sampler import check_penalty
+from .sampling import check_settings
+
+
+class QueueFull(Exception):
+    """The engine's queue of waiting requests is full; `retry_after`: seconds to wait (an estimate)."""
+
+    def __init__(self, message, retry_after):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineClosed(RuntimeError):
+    """The engine is shutting down (or shut down): it takes no new request."""
+
+
+class _Options:
+    """One request's validated options."""
+
+    def __init__(
+        self, max_tokens, temperature, top_k, top_p, seed, stop, presence_penalty, frequency_penalty, repeat_penalty
+    ):
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise TypeError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        self.max_tokens = max_tokens
+        self.temperature, self.top_k, self.top_p = check_settings(temperature, top_k, top_p)
+        self.repeat_penalty, _ = check_penalty(repeat_penalty, PENALTY_LAST_N)
+        for name, v in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= float(v) <= 2.0:
+                raise TypeError(f"{name} must be a number in [-2, 2], got {v!r}")
+        self.presence, self.frequency = float(presence_penalty), float(frequency_penalty)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise TypeError(f"seed must be an integer >= 0 or None (random), got {seed!r}")
+        self.seed = seed
+        stop = [stop] if isinstance(stop, str) else list(stop or ())
+        if not all(isinstance(s, str) and s for s in stop):
+            raise TypeError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        self.stop = stop
+
+
+def sample(logits, context_ids, o, rng):
+    """The next token from one row of logits (float32 [vocab]) on the host, llama.cpp's sampler
+    chain: penalties over the last PENALTY_LAST_N ids of the context (repeat: divide a positive
+    logit, multiply a negative one; frequency: minus count times it; presence: minus it once), then
+    greedy (temperature 0) or top-k, temperature, top-p and a draw from `rng`."""
+    x = logits.astype(np.float64)
+    if o.repeat_penalty != 1.0 or o.presence or o.frequency:
+        ids, counts = np.unique(np.asarray(context_ids[-PENALTY_LAST_N:], np.int64), return_counts=True)
+        if ids.size:
+            v = x[ids]
+            if o.repeat_penalty != 1.0:
+                v = np.where(v > 0, v / o.repeat_penalty, v * o.repeat_penalty)
+            x[ids] = v - counts * o.frequency - o.presence
+    if o.temperature == 0.0 or o.top_k == 1:
+        return int(np.argmax(x))
+    if o.top_k and o.top_k < x.size:
+        keep = np.argpartition(-x, o.top_k - 1)[: o.top_k]
+    else:
+        keep = np.arange(x.size)
+    order = keep[np.argsort(-x[keep], kind="stable")]
+    z = x[order] / o.temperature
+    p = np.exp(z - z[0])
+    p /= p.sum()
+    if o.top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(p), o.top_p)) + 1  # the smallest head reaching top_p
+        p = p[:cut] / p[:cut].sum()
+        order = order[:cut]
+    return int(order[min(int(np.searchsorted(np.cumsum(p), rng.random())), p.size - 1)])
+
+
+class Request:
+    """One submitted generation: iterate it (or `async for`) for its text pieces; `cancel()` ends
+    it at the next step. After the end: finish_reason ("stop", "length", "cancelled", "error"),
+    prompt_tokens, completion_tokens, ttft_s (seconds from submit to the first token), token_times
+    (perf_counter of each generated token), error (the exception of an "error" end, re-raised by
+    the iteration after the pieces it gave)."""
+
+    def __init__(self, rid, ids, options):
+        self.id = rid
+        self.ids = list(ids)
+        self.options = options
+        self.prompt_tokens = len(ids)
+        self.completion_tokens = 0
+        self.finish_reason = None
+        self.error = None
+        self.ttft_s = None
+        self.token_times = []
+        self.submitted = time.perf_counter()
+        self._items = collections.deque()
+        self._done = False
+        self._cancelled = False
+        self._cond = threading.Condition()
+        self._wakers = []
+
+    @property
+    def done(self):
+        return self._done
+
+    def cancel(self):
+        """End the request at the next step (its slot is freed); finish_reason "cancelled"."""
+        self._cancelled = True
+
+    def _notify(self):
+        for loop, ev in list(self._wakers):
+            try:
+                loop.call_soon_threadsafe(ev.set)
+            except RuntimeError:  # that event loop is closed: its consumer is gone
+                pass
+
+    def _put(self, piece):
+        with self._cond:
+            self._items.append(piece)
+            self._cond.notify_all()
+            self._notify()
+
+    def _finish(self, reason, error=None):
+        with self._cond:
+            if self._done:
+                return
+            self.finish_reason, self.error, self._done = reason, error, True
+            self._cond.notify_all()
+            self._notify()
+
+    def __iter__(self):
+        while True:
+            with self._cond:
+                while not self._items and not self._done:
+                    self._cond.wait()
+                if not self._items:
+                    break
+                piece = self._items.popleft()
+            yield piece
+        if self.error is not None:
+            raise self.error
+
+    def __aiter__(self):
+        return self._aiter()
+
+    async def _aiter(self):
+        waker = (asyncio.get_running_loop(), asyncio.Event())
+        with self._cond:
+            self._wakers.append(waker)
+        try:
+            while True:
+                with self._cond:
+                    piece = self._items.popleft() if self._items else None
+                    if piece is None:
+                        if self._done:
+                            break
+                        waker[1].clear()  # (under the lock: a later _put sets it again)
+                if piece is None:
+                    await waker[1].wait()
+                    continue
+                yield piece
+        finally:
+            with self._cond:
+                self._wakers.remove(waker)
+        if self.error is not None:
+            raise self.error
+
+    def wait(self, timeout=None):
+        """Block until the request ends; returns whether it did."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._done, timeout)
+
+
+class _Active:
+    """A request in a slot: what it has fed, what it generates."""
+
+    def __init__(self, req, slot, tokenizer, limit):
+        self.req, self.slot = req, slot
+        self.context = list(req.ids)  # ids whose logits are or will be in the cache, in order
+        self.fed = 0  # positions of the slot written so far
+        self.pending = list(req.ids)  # ids still to feed
+        self.limit = limit  # tokens it may generate
+        self.tail = TextTail(tokenizer, req.options.stop)
+        self.rng = np.random.default_rng(req.options.seed)
+
+
+class Engine:
+    """Continuous batching of generation requests over `llm` (an mltensor.llm.LLM): `slots`
+    sequences decode together (one KV-cache slot each, sized for llm.max_context), at most
+    `max_queue` wait for a slot, a step reads at most `prefill_chunk` prompt tokens. Thread-safe:
+    submit from any thread; each request is consumed by one reader."""
+
+    def __init__(self, llm, *, slots=8, max_queue=64, prefill_chunk=64):
+        for name, v in (("slots", slots), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise TypeError(f"[Engine] {name} must be a positive integer, got {v!r}")
+        self.llm = llm
+        self.tokenizer = llm.tokenizer
+        self.slots = slots
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
+        self.batch = llm.model.batch(slots, rows=slots + prefill_chunk)
+        self._cond = threading.Condition()
+        self._waiting = collections.deque()
+        self._active = []
+        self._free = list(range(slots))
+        self._closing = False
+        self._cancel_all = False
+        self._ids = itertools.count(1)
+        self._step_s = 0.05  # a running estimate of a step's time (for Retry-After)
+        self._m = dict.fromkeys(
+            (
+                "requests_total",
+                "requests_finished_total",
+                "prompt_tokens_total",
+                "generated_tokens_total",
+                "steps_total",
+                "batch_rows_total",
+                "decode_rows_total",
+            ),
+            0,
+        )
+        self._thread = threading.Thread(target=self._loop, name="mltensor-engine", daemon=True)
+        self._thread.start()
+
+    # -- the public surface ---------------------------------------------------------------------
+
+    def submit(
+        self,
+        ids,
+        *,
+        max_tokens=16,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        seed=None,
+        stop=(),
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        repeat_penalty=1.0,
+    ):
+        """Queue a generation after the prompt `ids` (a list of token ids); returns its Request.
+        Raises TypeError/ValueError for bad options or a prompt plus max_tokens past the context,
+        QueueFull when max_queue requests wait, EngineClosed once shutdown started."""
+        o = _Options(
+            max_tokens, temperature, top_k, top_p, seed, stop, presence_penalty, frequency_penalty, repeat_penalty
+        )
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"ids must be a list of token ids, got {type(ids).__name__}")
+        ids = list(ids)
+        vocab = self.tokenizer.vocab_size
+        if not ids:
+            raise ValueError("the prompt has no tokens")
+        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+            raise ValueError(f"token ids must be integers in [0, {vocab})")
+        ctx = self.llm.max_context
+        if len(ids) + o.max_tokens > ctx:
+            raise ValueError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens ({o.max_tokens}) exceed the context of {ctx} tokens"
+            )
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("the engine is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                ahead = len(self._waiting) + len(self._active)
+                raise QueueFull(
+                    f"{len(self._waiting)} requests wait already (the queue holds {self.max_queue})",
+                    retry_after=max(1.0, round(self._step_s * ahead / self.slots * 8, 1)),
+                )
+            req = Request(next(self._ids), [int(i) for i in ids], o)
+            self._waiting.append(req)
+            self._m["requests_total"] += 1
+            self._cond.notify_all()
+        return req
+
+    def metrics(self):
+        """Counters and gauges (a snapshot): queue_depth, active, slots, requests_total,
+        requests_finished_total, prompt_tokens_total, generated_tokens_total, steps_total,
+        batch_rows_total (rows of all steps), decode_rows_total (rows that sampled a token)."""
+        with self._cond:
+            return dict(self._m, queue_depth=len(self._waiting), active=len(self._active), slots=self.slots)
+
+    def shutdown(self, *, cancel=False, timeout=None):
+        """Take no new request; finish the queued and running ones (cancel=True: end them now,
+        finish_reason "cancelled"); wait for the step thread (at most `timeout` seconds, then the
+        rest are cancelled)."""
+        with self._cond:
+            self._closing = True
+            self._cancel_all = self._cancel_all or cancel
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cond:
+                self._cancel_all = True
+                self._cond.notify_all()
+            self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown(cancel=True)
+
+    # -- the step thread --------------------------------------------------------------------------
+
+    def _loop(self):
+        while True:
+            with self._cond:
+                while not (self._waiting or self._active or self._closing):
+                    self._cond.wait()
+                if self._cancel_all:
+                    for r in self._waiting:
+                        r._finish("cancelled")
+                    self._waiting.clear()
+                    for a in self._active:
+                        a.req.cancel()
+                if self._closing and not self._waiting and not self._active:
+                    return
+                while self._waiting and self._free:
+                    req = self._waiting.popleft()
+                    if req._cancelled:
+                        req._finish("cancelled")
+                        continue
+                    limit = min(req.options.max_tokens, self.llm.max_context - len(req.ids))
+                    self._active.append(_Active(req, self._free.pop(0), self.tokenizer, limit))
+            t0 = time.perf_counter()
+            self._step()
+            self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - t0)
+
+    def _leave(self, a, reason, error=None):
+        a.req._finish(reason, error)
+        with self._cond:
+            self._active.remove(a)
+            self._free.append(a.slot)
+            self._free.sort()
+            self._m["requests_finished_total"] += 1
+
+    def _step(self):
+        for a in [a for a in self._active if a.req._cancelled]:
+            self._leave(a, "cancelled")
+        # the rows: every generating request's next token, then prompt chunks up to prefill_chunk
+        rows, budget = [], self.prefill_chunk
+        for a in self._active:
+            if a.pending and a.fed >= len(a.req.ids):  # generating: one token
+                rows.append((a, a.pending[:1]))
+        for a in self._active:
+            if budget and a.pending and a.fed < len(a.req.ids):
+                take = a.pending[: min(budget, len(a.req.ids) - a.fed)]
+                budget -= len(take)
+                rows.append((a, take))
+        if not rows:
+            return
+        try:
+            logits = self.batch.run([(a.slot, a.fed, toks) for a, toks in rows])
+        except Exception as e:  # noqa: BLE001 - one failing step must not kill the others' streams
+            self._isolate(rows, e)
+            return
+        with self._cond:
+            self._m["steps_total"] += 1
+            self._m["batch_rows_total"] += sum(len(t) for _, t in rows)
+        for (a, toks), row in zip(rows, logits):
+            self._took(a, toks, row)
+
+    def _took(self, a, toks, row):
+        """Row `toks` of request `a` ran (row: the logits of its last token)."""
+        a.fed += len(toks)
+        del a.pending[: len(toks)]
+        if a.pending:  # more prompt to read: no sample yet
+            return
+        try:
+            self._advance(a, row)
+        except Exception as e:  # noqa: BLE001 - this request's bug ends this request only
+            self._leave(a, "error", _internal(e))
+
+    def _isolate(self, rows, error):
+        """A step failed: run its rows one request at a time, so that only the requests that fail
+        end (with an error) and the others go on."""
+        for a, toks in rows:
+            try:
+                row = self.batch.run([(a.slot, a.fed, toks)])[0]
+            except Exception as e:  # noqa: BLE001
+                self._leave(a, "error", _internal(e))
+                continue
+            self._took(a, toks, row)
+
+    def _advance(self, a, row):
+        req, o = a.req, a.req.options
+        token = sample(row, a.context, o, a.rng)
+        now = time.perf_counter()
+        if req.ttft_s is None:
+            req.ttft_s = now - req.submitted
+        if token in self.tokenizer.stop_ids:
+            return self._end(a, "stop")
+        req.completion_tokens += 1
+        req.token_times.append(now)
+        with self._cond:
+            self._m["generated_tokens_total"] += 1
+            self._m["decode_rows_total"] += 1
+        piece = a.tail.push(token)
+        if piece:
+            req._put(piece)
+        if a.tail.stopped:
+            return self._end(a, "stop")
+        if req.completion_tokens >= a.limit:
+            return self._end(a, "length")
+        a.context.append(token)
+        a.pending.append(token)
+
+    def _end(self, a, reason):
+        rest = a.tail.flush()
+        if rest:
+            a.req._put(rest)
+        with self._cond:
+            self._m["prompt_tokens_total"] += a.req.prompt_tokens
+        self._leave(a, reason)
+
+
+def _internal(e):
+    if isinstance(e, InternalError):
+        return e
+    err = InternalError(f"[Engine] a generation step failed (a bug in mltensor): {type(e).__name__}: {e}")
+    err.__cause__ = e
+    return err
