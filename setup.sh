@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up mltensor on a fresh machine: a virtual environment in .venv with the package and its
-# test/example/ray/docs/models extras, and a GPU adapter for wgpu. Without a GPU (CI, containers) it installs
+# test/example/ray/serve/docs/models extras, and a GPU adapter for wgpu. Without a GPU (CI, containers) it installs
 # Mesa's software Vulkan driver (lavapipe) via apt. Safe to run again: it only does what is missing.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -23,7 +23,7 @@ stamp=.venv/.mltensor-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing mltensor and its extras into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test,examples,ray,docs,models]"
+    .venv/bin/python -m pip install -q -e ".[test,examples,ray,serve,docs,models]"
     touch "$stamp"
 fi
 

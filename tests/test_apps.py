@@ -27,7 +27,9 @@ with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     PYPROJECT = tomllib.load(f)["project"]
 SCRIPTS = PYPROJECT["scripts"]  # mltensor-chat -> mltensor.apps.chat:main
 # the extra each entry needs: what its one line names
-EXTRA = {"mltensor-chat": "llm", "mltensor-selfie": "examples", "mltensor-batch": "ray"}
+EXTRA = {"mltensor-chat": "llm", "mltensor-selfie": "examples", "mltensor-batch": "ray", "mltensor": "serve"}
+# how an entry's one line starts when it is not its name: `mltensor serve` is a command of `mltensor`
+PREFIX = {"mltensor": "mltensor serve"}
 
 RUNNER = """\
 import importlib, sys
@@ -89,7 +91,7 @@ def assert_polite(r, prog, *needles):
     assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith(f"{prog}: "), lines[0]
+    assert lines[0].startswith(f"{PREFIX.get(prog, prog)}: "), lines[0]
     for n in needles:
         assert n in lines[0], (n, lines[0])
     assert r.stdout == ""
@@ -119,6 +121,7 @@ ARGS = {
     "mltensor-chat": ["--prompt", "hello"],
     "mltensor-selfie": ["--frames", "1", "--output", "{tmp}/out.mp4"],
     "mltensor-batch": ["{files}/in.png", "-o", "{tmp}/out"],
+    "mltensor": ["serve", "--model", "{files}/notes.txt"],
 }
 
 
@@ -151,6 +154,10 @@ def test_an_entry_without_its_extra_names_it(prog, runner, files, tmp_path):
         ),
         ("mltensor-batch", ["{files}/in.png", "-o", "{tmp}/o", "--model", "{files}/nope.onnx"], "--model: no such"),
         ("mltensor-batch", ["{files}/nope/", "{files}/notes.txt", "-o", "{tmp}/o"], "no image or video file"),
+        ("mltensor", ["serve", "--model", "{files}/nope.gguf"], "--model: no such file"),
+        ("mltensor", ["serve", "--model", "{files}/notes.txt"], "not a valid GGUF file"),
+        ("mltensor", ["serve", "--embedding", "{files}/nope.onnx"], "--embedding: no such file"),
+        ("mltensor", ["serve", "--model", "a=b=c", "--slots", "0"], "--slots must be at least 1"),
     ],
     ids=lambda v: v if isinstance(v, str) and not v.startswith(("-", "{")) else None,
 )
@@ -170,6 +177,7 @@ NO_VULKAN = {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/n
         ("mltensor-chat", ["--model", "{files}/notes.txt", "--prompt", "hi"]),
         ("mltensor-selfie", ["--frames", "1", "--output", "{tmp}/o.mp4"]),
         ("mltensor-batch", ["{files}/in.png", "-o", "{tmp}/o"]),
+        ("mltensor", ["serve", "--model", "{files}/notes.txt"]),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )

@@ -27,7 +27,7 @@ FLOORS = [
     (5, ["graphcache", "graphcache.recipe", "graphcache.store"]),
     (6, ["front"]),
     (7, ["onnx", "tflite", "stages", "onnxio", "dynamic.capacity", "session"]),
-    (8, ["", "llm", "apps", "models", "models_synthetic", "onnx.backend"]),
+    (8, ["", "llm", "apps", "serve", "models", "models_synthetic", "onnx.backend"]),
 ]
 # What each floor may import (besides itself): the build path runs one way, ir -> ops -> compiler
 # -> (Program) -> front; the graph cache knows the runtime's Program only; runtime/ knows nothing

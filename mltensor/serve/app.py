@@ -208,7 +208,9 @@ def create_app(models, embedders=None, *, api_key=None, grace=30.0, owns_engines
         items, fmt = check_embedding_input(body, emb.vocab_size)
         dims = body.get("dimensions")
         if dims is not None:
-            raise APIError(400, "dimensions: not supported by this server", param="dimensions", code="unsupported_parameter")
+            raise APIError(
+                400, "dimensions: not supported by this server", param="dimensions", code="unsupported_parameter"
+            )
         try:
             vectors, tokens = await run_in_threadpool(emb.embed, items)
         except APIError:

@@ -95,7 +95,7 @@ def main(argv=None, *, prog=PROG):
 def _check(args):
     for opt, v, lo in (
         ("--slots", args.slots, 1),
-        ("--max-queue", args.max_queue, 0),
+        ("--max-queue", args.max_queue, 1),
         ("--max-context", args.max_context, 2),
         ("--prefill-chunk", args.prefill_chunk, 1),
     ):

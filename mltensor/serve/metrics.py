@@ -23,7 +23,8 @@ ENGINE_METRICS = {
     "prompt_tokens_total": ("mltensor_prompt_tokens", "counter", "prompt tokens read"),
     "generated_tokens_total": ("mltensor_generated_tokens", "counter", "tokens generated"),
     "steps_total": ("mltensor_decode_steps", "counter", "batched decode steps run"),
-    "batch_rows_total": ("mltensor_batch_rows", "counter", "sequences decoded, summed over the steps"),
+    "batch_rows_total": ("mltensor_batch_rows", "counter", "rows (prompt and generated tokens) of all steps"),
+    "decode_rows_total": ("mltensor_decode_rows", "counter", "rows that sampled a token, summed over the steps"),
 }
 
 
@@ -105,7 +106,7 @@ class _EngineCollector:
             fams[key] = cls(name, doc, labels=["model"])
         occ = GaugeMetricFamily(
             "mltensor_batch_occupancy",
-            "mean sequences per decode step over the slots (batch_rows / decode_steps / slots)",
+            "mean sampling rows per step over the slots (decode_rows / decode_steps / slots)",
             labels=["model"],
         )
         for model, engine in self.engines.items():
@@ -113,7 +114,8 @@ class _EngineCollector:
             for key, fam in fams.items():
                 if key in m:
                     fam.add_metric([model], float(m[key]))
-            steps, rows, slots = m.get("steps_total", 0), m.get("batch_rows_total", 0), m.get("slots", 0)
+            steps, slots = m.get("steps_total", 0), m.get("slots", 0)
+            rows = m.get("decode_rows_total", m.get("batch_rows_total", 0))
             occ.add_metric([model], rows / steps / slots if steps and slots else 0.0)
         yield from fams.values()
         yield occ

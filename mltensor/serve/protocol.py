@@ -227,7 +227,9 @@ def _content(m, i):
         parts = []
         for j, p in enumerate(c):
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise _bad(f"messages[{i}].content[{j}]", "only text parts ({'type': 'text', 'text': ...}) are supported")
+                raise _bad(
+                    f"messages[{i}].content[{j}]", "only text parts ({'type': 'text', 'text': ...}) are supported"
+                )
             parts.append(p["text"])
         return "".join(parts)
     raise _bad(f"messages[{i}].content", f"must be a string or an array of text parts, got {_kind(c)}")
