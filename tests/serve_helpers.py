@@ -57,12 +57,12 @@ class ThreadServer:
 
 
 class ChildServer:
-    """`python -m mltensor.serve ARGS --port 0` in a child process (this tree's mltensor); `url`
+    """`python -m mltensor.serve ARGS --port 0` (or another `module`) in a child process (this tree's mltensor); `url`
     from its 'listening on' line. `stop(sig)` sends a signal and waits for the exit status."""
 
-    def __init__(self, *args, env=None):
+    def __init__(self, *args, env=None, module=("mltensor.serve",)):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mltensor.serve", "--port", "0", *map(str, args)],
+            [sys.executable, "-m", *module, *map(str, args), "--port", "0"],
             cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})),
             stdout=subprocess.PIPE,

@@ -14,6 +14,7 @@ one line on stderr and exit status 2 (mltensor/apps/cli.py).
 """
 
 import argparse
+import asyncio
 import os
 import socket
 import sys
@@ -152,6 +153,7 @@ def serve(app, host, port, prog=PROG, *, log_level="warning", grace=30.0, stderr
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
+            self.loop = asyncio.get_running_loop()
             await super().startup(sockets)
             if self.started:
                 h, p = self.servers[0].sockets[0].getsockname()[:2]
@@ -159,8 +161,12 @@ def serve(app, host, port, prog=PROG, *, log_level="warning", grace=30.0, stderr
                 stderr.flush()
 
         def handle_exit(self, sig, frame):
-            app.state.serve.begin_shutdown()  # streams get `grace` seconds (signal handlers run in the loop)
+            if getattr(self, "loop", None) is not None:  # streams get `grace` seconds from now
+                self.loop.call_soon_threadsafe(app.state.serve.begin_shutdown)
             super().handle_exit(sig, frame)
+            # a shutdown the signal asked for is a clean exit (status 0): uvicorn would raise the
+            # signal again once it is done
+            self._captured_signals.clear()
 
     try:  # bound here: a port in use is one line, not uvicorn's log and exit
         sock = socket.create_server((host, port), family=_family(host))
