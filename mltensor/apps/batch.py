@@ -219,8 +219,9 @@ def mask_rgb(mask):
     return np.repeat(g[..., None], 3, axis=2)
 
 
-def _context_for_ray_gpu():
-    """An ML context on the GPU Ray assigned to this actor, or None to let mltensor choose. Ray
+def context_for_ray_gpu(label="mltensor-batch"):
+    """An ML context on the GPU Ray assigned to this actor, or None to let mltensor choose (also
+    used by mltensor serve's Ray deployment, mltensor/serve/ray.py). Ray
     hides other GPUs from CUDA (CUDA_VISIBLE_DEVICES), which Vulkan ignores, so with several
     GPUs every actor would take the same default adapter: pick the assigned one by its index
     among the hardware adapters instead."""
@@ -251,7 +252,7 @@ def _context_for_ray_gpu():
         )
         if k in adapter.limits
     }
-    device = adapter.request_device_sync(label="mltensor-batch", required_features=features, required_limits=limits)
+    device = adapter.request_device_sync(label=label, required_features=features, required_limits=limits)
     return mltensor.ml.create_context_sync(device)
 
 
@@ -260,7 +261,7 @@ class RayWorker:
 
     def __init__(self, model, out_dir, options):
         self.out_dir = out_dir
-        self.seg = Segmenter(model, context=_context_for_ray_gpu(), **options)
+        self.seg = Segmenter(model, context=context_for_ray_gpu(), **options)
 
     def __call__(self, batch):
         items = [dict(zip(batch, vals)) for vals in zip(*(batch[k] for k in batch))]
