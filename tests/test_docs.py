@@ -56,6 +56,7 @@ def test_docs_build_without_warnings(tmp_path):
         "guides/environment.html",
         "guides/sessions.html",
         "guides/interop.html",
+        "guides/serving.html",
         "reference/api-context.html",
         "reference/api-llm.html",
         "reference/onnx-operators.html",

@@ -150,12 +150,12 @@ def create_app(models, embedders=None, *, api_key=None, grace=30.0, owns_engines
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
             raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
-        raw = b""
+        raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
             if len(raw) > MAX_BODY_BYTES:
                 raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
-        return parse_body(raw)
+        return parse_body(bytes(raw))
 
     @app.get("/health")
     async def health():
@@ -257,7 +257,9 @@ def create_app(models, embedders=None, *, api_key=None, grace=30.0, owns_engines
             raise _internal_error(e) from e
         state.metrics.finished(name, req, time.perf_counter() - t0)
         if req.finish_reason == "cancelled":
-            raise APIError(503, "the request was cancelled (the server is shutting down)", code="cancelled")
+            raise APIError(
+                503, "the request was cancelled (the client left, or the server is shutting down)", code="cancelled"
+            )
         state.metrics.request(route, 200)
         out = reply.response(text, finish_reason(req.finish_reason), req.prompt_tokens, req.completion_tokens)
         return JSONResponse(out)
