@@ -2,6 +2,8 @@
 model, an app served by uvicorn on 127.0.0.1 in a thread of this process (`ThreadServer`), the
 `openai` client on it, and `mltensor serve` in a child process (`ChildServer`)."""
 
+import http.client
+import json
 import os
 import re
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GREEDY = {"temperature": 0, "repeat_penalty": 1}
@@ -111,3 +114,34 @@ class ChildServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class Answer:
+    """An HTTP answer: status_code, headers (lower-case names), text, json()."""
+
+    def __init__(self, status, headers, body):
+        self.status_code, self.headers, self.text = status, {k.lower(): v for k, v in headers}, body
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def request(method, url, body=b"", headers=None, timeout=60):
+    """One raw HTTP request (http.client: any method, any bytes, any headers)."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=body, headers=headers or {})
+        r = conn.getresponse()
+        return Answer(r.status, r.getheaders(), r.read().decode("utf-8", "replace"))
+    finally:
+        conn.close()
+
+
+def get(url, **kw):
+    return request("GET", url, **kw)
+
+
+def post(url, body=None, *, raw=None, headers=None, timeout=60):
+    data = raw if raw is not None else json.dumps(body).encode()
+    return request("POST", url, data, headers or {"content-type": "application/json"}, timeout)

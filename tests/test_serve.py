@@ -5,9 +5,6 @@ requests equal to their solo replies; metrics, several models, the API key. The 
 GGUF model of tests/test_llm_api.py."""
 
 import concurrent.futures as cf
-import http.client
-import json
-import urllib.parse
 
 import pytest
 
@@ -23,7 +20,7 @@ from mltensor.llm import LLM  # noqa: E402
 from mltensor.llm.engine import Engine  # noqa: E402
 from mltensor.serve import ServedModel, create_app  # noqa: E402
 
-from serve_helpers import GREEDY, ThreadServer, tiny_gguf  # noqa: E402
+from serve_helpers import GREEDY, ThreadServer, get, tiny_gguf  # noqa: E402
 
 CONTEXT = 160
 PROMPTS = ["hello there", "the 12 the", "naive cats", "a b c d", "once upon", "zz top", "42 is", "what now"]
@@ -240,34 +237,3 @@ def test_api_key(llm):
         assert get(s.url + "/health").status_code == 200  # for load balancers: no key
         r = s.client(api_key="sekrit").completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=0)
         assert r.choices[0].text == llm.generate("hi", max_tokens=2, **GREEDY)
-
-
-class Answer:
-    """An HTTP answer: status_code, headers (lower-case names), text, json()."""
-
-    def __init__(self, status, headers, body):
-        self.status_code, self.headers, self.text = status, {k.lower(): v for k, v in headers}, body
-
-    def json(self):
-        return json.loads(self.text)
-
-
-def request(method, url, body=b"", headers=None, timeout=60):
-    """One raw HTTP request (http.client: any method, any bytes, any headers)."""
-    u = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=body, headers=headers or {})
-        r = conn.getresponse()
-        return Answer(r.status, r.getheaders(), r.read().decode("utf-8", "replace"))
-    finally:
-        conn.close()
-
-
-def get(url, **kw):
-    return request("GET", url, **kw)
-
-
-def post(url, body=None, *, raw=None, headers=None, timeout=60):
-    data = raw if raw is not None else json.dumps(body).encode()
-    return request("POST", url, data, headers or {"content-type": "application/json"}, timeout)

@@ -16,8 +16,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("sse_starlette")
 pytest.importorskip("prometheus_client")
 
-from serve_helpers import ChildServer, tiny_gguf  # noqa: E402
-from test_serve import get  # noqa: E402
+from serve_helpers import ChildServer, get, tiny_gguf  # noqa: E402
 
 
 @pytest.fixture(scope="module")

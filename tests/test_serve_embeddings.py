@@ -27,8 +27,7 @@ if not (importlib.util.find_spec("torch") and importlib.util.find_spec("transfor
 import corpus  # noqa: E402
 from mltensor.serve import Embedder, create_app  # noqa: E402
 
-from serve_helpers import ThreadServer  # noqa: E402
-from test_serve import post  # noqa: E402
+from serve_helpers import ThreadServer, post  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEXTS = ["the cat sat on the mat", "hello world", "a dog", "zebra 42 quietly runs over the small red hill today"]

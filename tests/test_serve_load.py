@@ -25,8 +25,7 @@ from mltensor.llm import LLM  # noqa: E402
 from mltensor.llm.engine import Engine  # noqa: E402
 from mltensor.serve import ServedModel, create_app  # noqa: E402
 
-from serve_helpers import GREEDY, ThreadServer, tiny_gguf  # noqa: E402
-from test_serve import get, post, request  # noqa: E402
+from serve_helpers import GREEDY, ThreadServer, get, post, request, tiny_gguf  # noqa: E402
 
 CONTEXT = 256
 
