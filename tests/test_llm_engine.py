@@ -209,3 +209,21 @@ def test_shutdown_finishes_running_requests(llm):
     e.shutdown()
     assert all(r.done and r.finish_reason in ("stop", "length") for r in reqs)
     assert len({"".join(r) for r in reqs}) == 1
+
+
+def test_a_row_does_not_depend_on_its_batch(llm):
+    """The serving step's logits of one sequence are bitwise the same alone, beside a few rows,
+    and beside many (prompts and decode rows): what makes batched greedy replies equal solo ones.
+    The synthetic file mixes Q4_0, Q4_1, Q8_0 and F16 projections."""
+    batch = llm.model.batch(6, rows=256)
+    ids = llm.tokenize(PROMPTS[0])
+    others = [(s, 0, llm.tokenize(PROMPTS[s % 4] + " and more")) for s in range(1, 6)]
+    alone = batch.run([(0, 0, ids)])[0]
+    for k in (1, 2, 5):
+        got = batch.run([(0, 0, ids)] + others[:k])[0]
+        assert np.array_equal(got, alone), k
+    t = int(alone.argmax())
+    alone = batch.run([(0, len(ids), [t])])[0]
+    for k in (1, 3, 5):
+        got = batch.run([(0, len(ids), [t])] + [(s, len(o), [3]) for s, _, o in others[:k]])[0]
+        assert np.array_equal(got, alone), k
