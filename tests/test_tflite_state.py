@@ -1,0 +1,247 @@
+"""Stateful and control-flow TFLite models made by TensorFlow's converter
+(tests/tflite_state_models.py) against LiteRT's interpreter on the same calls: a streaming model
+whose resource variables (ring buffers of past frames) the session keeps on the GPU between runs,
+in float and full-integer forms (int8 variables too), `reset_state`, runs from several threads;
+IF, WHILE with a trip count known at load, a Keras 3 LSTM (a WHILE over time steps).
+
+The models are made on first use by a Python with `tensorflow-cpu` and `tf-keras`
+(MLTENSOR_TENSORFLOW_PYTHON, or .venv-tf from `MLTENSOR_SETUP_TENSORFLOW=1 bash setup.sh`), cached
+under the cache directory keyed on the generator and the TensorFlow version; without one these
+tests skip.
+"""
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import mltensor
+from mltensor._xdg import cache_dir
+from mltensor.errors import NotSupportedError
+from mltensor.tflite import import_model
+
+pytest.importorskip("ai_edge_litert")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GENERATOR = os.path.join(HERE, "tflite_state_models.py")
+ENV = "MLTENSOR_TENSORFLOW_PYTHON"
+STREAMS = ("stream_float", "stream_int8", "stream_int8_variables")
+
+
+def _tensorflow_python():
+    if importlib.util.find_spec("tensorflow") is not None:
+        return sys.executable
+    py = os.environ.get(ENV)
+    local = os.path.join(os.path.dirname(HERE), ".venv-tf", "bin", "python")
+    if not py and os.path.exists(local):
+        py = local
+    if not py:
+        pytest.skip(f"needs TensorFlow to convert the models: MLTENSOR_SETUP_TENSORFLOW=1 bash setup.sh, or set "
+                    f"{ENV} to a Python with tensorflow-cpu and tf-keras")  # fmt: skip
+    return py
+
+
+@pytest.fixture(scope="module")
+def models():
+    py = _tensorflow_python()
+    code = "import importlib.metadata as m; print([m.version(n) for n in ('tensorflow', 'tf-keras', 'keras')])"
+    versions = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True).stdout
+    with open(GENERATOR, "rb") as f:
+        key = hashlib.sha256(f.read() + versions.encode()).hexdigest()[:16]
+    d = os.path.join(cache_dir(), "tflite-state", key)
+    if not os.path.exists(os.path.join(d, "versions.json")):
+        tmp = d + f".tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        r = subprocess.run([py, GENERATOR, tmp], capture_output=True, text=True, timeout=1200)
+        if r.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            pytest.fail(f"the converter failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+    return d
+
+
+def _data(models, name):
+    with open(os.path.join(models, f"{name}.tflite"), "rb") as f:
+        return f.read()
+
+
+def _interpreter(data):
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_content=data)
+    it.allocate_tensors()
+    return it
+
+
+def _invoke(it, *xs):
+    for d, x in zip(it.get_input_details(), xs):
+        it.set_tensor(d["index"], x)
+    it.invoke()
+    return it.get_tensor(it.get_output_details()[0]["index"])
+
+
+def _frames(it, n, seed=0):
+    """n inputs of the interpreter's input (standard normal values, quantized for an int8 one)."""
+    d = it.get_input_details()[0]
+    xs = np.random.default_rng(seed).standard_normal((n, *d["shape"])).astype(np.float32)
+    if d["dtype"] != np.float32:
+        scale, zp = d["quantization"]
+        xs = np.clip(np.round(xs / scale) + zp, -128, 127).astype(d["dtype"])
+    return list(xs)
+
+
+def _quantum(it):
+    d = it.get_output_details()[0]
+    return 1 if d["dtype"] != np.float32 else None
+
+
+def _close(got, ref, quantum, what):
+    assert got.shape == ref.shape and got.dtype == ref.dtype, what
+    if quantum:  # an integer output: LiteRT's value or one step from it
+        assert np.abs(got.astype(np.int32) - ref.astype(np.int32)).max() <= quantum, what
+    else:
+        np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4, err_msg=what)
+
+
+@pytest.mark.parametrize("name", STREAMS)
+def test_streaming_model_matches_litert(ctx, models, name):
+    """Calls in a row on one session and on one LiteRT interpreter: the same outputs, each call
+    reading the ring buffers the last one left; reset_state() then matches a fresh interpreter."""
+    data = _data(models, name)
+    it = _interpreter(data)
+    xs = _frames(it, 9)
+    q = _quantum(it)
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        assert sess.stateful
+        (inp,) = sess.get_inputs()
+        assert [o.name for o in sess.get_outputs()] == [d["name"] for d in it.get_output_details()]
+        outs = []
+        for k, x in enumerate(xs):
+            (got,) = sess.run(None, {inp.name: x})
+            _close(got, _invoke(it, x), q, f"call {k}")
+            outs.append(got)
+        # the state matters: the first frame again gives another output than on the first call
+        (again,) = sess.run(None, {inp.name: xs[0]})
+        _close(again, _invoke(it, xs[0]), q, "call 9")
+        assert np.abs(again.astype(np.float64) - outs[0]).max() > (q or 1e-3)
+        sess.reset_state()
+        fresh = _interpreter(data)
+        for k, x in enumerate(xs[:4]):
+            (got,) = sess.run(None, {inp.name: x})
+            _close(got, _invoke(fresh, x), q, f"call {k} after reset_state")
+        # nothing of the state goes to the host: its tensors cannot even be read
+        state = sess._specs[None].state
+        assert state.inputs and state.outputs
+        assert all(not t.readable for t in [*state._cur.values(), *state._next.values()])
+        assert sess.stats["readbacks"] == 0
+
+
+def test_streaming_state_in_ml_tensor_runs_and_graph_cache(ctx, models, tmp_path, monkeypatch):
+    """ml-tensor runs carry the state as numpy runs do; a session whose graph comes from the graph
+    cache (a second process's case) has its initial state from there too."""
+    data = _data(models, "stream_float")
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))
+    it = _interpreter(data)
+    xs = _frames(it, 5, seed=3)
+    refs = [_invoke(it, x) for x in xs]
+    for expect_loaded in (0, 1):
+        with mltensor.InferenceSession(data, ctx, cache=True) as sess:
+            assert sess.stats["loaded"] == expect_loaded and sess.stateful
+            name = sess.get_inputs()[0].name
+            for k, (x, ref) in enumerate(zip(xs, refs)):
+                loc = "ml-tensor" if k % 2 else "cpu"
+                (got,) = sess.run(None, {name: x}, output_location=loc)
+                got = ctx.read_tensor_sync(got) if loc == "ml-tensor" else got
+                np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4, err_msg=f"call {k}")
+
+
+def test_streaming_runs_from_threads_form_one_chain(ctx, models):
+    """Runs from several threads at once: each reads the state the run dispatched before it
+    left. The same frame fed by all of them, call k's output depends on k only (until the ring
+    buffers fill): the outputs are LiteRT's outputs for calls 0..n-1, in some order."""
+    data = _data(models, "stream_float")
+    it = _interpreter(data)
+    (x,) = _frames(it, 1, seed=5)
+    n = 8
+    refs = [_invoke(it, x) for _ in range(n)]
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        name = sess.get_inputs()[0].name
+        got, errors = [], []
+
+        def worker():
+            try:
+                for _ in range(n // 4):
+                    got.append(sess.run(None, {name: x})[0])
+            except Exception as e:  # pragma: no cover (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert len({tuple(np.round(r.reshape(-1), 4)) for r in refs}) > 4  # the calls differ
+        key = lambda a: tuple(a.reshape(-1))  # noqa: E731
+        for g, r in zip(sorted(got, key=key), sorted(refs, key=key)):
+            np.testing.assert_allclose(g, r, atol=1e-4, rtol=1e-4)
+
+
+def test_import_model_state_edges(ctx, models):
+    """import_model: one state input (and output) per variable, named after it, and the initial
+    values; the caller carries the state."""
+    data = _data(models, "stream_float")
+    init = {}
+    graph, inputs, outputs = import_model(data, ctx, initial_state=init)
+    assert sorted(init) == ["state:stream_1/ring", "state:stream_2/ring"]
+    assert [n for n, _, _ in inputs][1:] == sorted(init) and [n for n, _, _ in outputs][1:] == sorted(init)
+    assert all(not a.any() for a in init.values())  # Keras' zeros initializer
+    it = _interpreter(data)
+    state = dict(init)
+    for k, x in enumerate(_frames(it, 4, seed=9)):
+        feeds = {inputs[0][0]: x, **state}
+        ins = {}
+        for n, dt, shape in inputs:
+            ins[n] = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
+            ctx.write_tensor(ins[n], feeds[n])
+        outs = {n: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True) for n, dt, shape in outputs}
+        ctx.dispatch(graph, ins, outs)
+        res = {n: ctx.read_tensor_sync(t) for n, t in outs.items()}
+        np.testing.assert_allclose(res[outputs[0][0]], _invoke(it, x), atol=1e-4, rtol=1e-4, err_msg=f"call {k}")
+        state = {n: res[n] for n in init}
+        for t in [*ins.values(), *outs.values()]:
+            t.destroy()
+    graph.destroy()
+
+
+@pytest.mark.parametrize("name", ["cond", "loop_fixed", "lstm_keras3"])
+def test_control_flow_matches_litert(ctx, models, name):
+    data = _data(models, name)
+    it = _interpreter(data)
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        assert not sess.stateful
+        (inp,) = sess.get_inputs()
+        for sign in (1.0, -1.0):  # cond: both branches taken
+            x = sign * np.abs(_frames(it, 1, seed=int(sign) + 2)[0])
+            (got,) = sess.run(None, {inp.name: x})
+            ref = _invoke(it, x)
+            assert np.abs(ref).max() > 1e-2
+            np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4, err_msg=f"{name}, sign {sign}")
+
+
+def test_loop_with_run_time_trip_count_is_refused(ctx, models):
+    with pytest.raises(NotSupportedError, match=r"operator 0 \(WHILE\).*computed at run time"):
+        import_model(_data(models, "loop_dynamic"), ctx)
+
+
+def test_versions_recorded(models):
+    with open(os.path.join(models, "versions.json")) as f:
+        assert json.load(f)["tensorflow"]
