@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 import pytest
+from test_tflite_general import CASES
 
 import mltensor
 from mltensor._xdg import cache_dir
@@ -245,3 +246,30 @@ def test_loop_with_run_time_trip_count_is_refused(ctx, models):
 def test_versions_recorded(models):
     with open(os.path.join(models, "versions.json")) as f:
         assert json.load(f)["tensorflow"]
+
+
+def test_lstm_state_carried_between_runs(ctx):
+    """UNIDIRECTIONAL_SEQUENCE_LSTM's variable state tensors (hidden and cell): LiteRT carries
+    them between invokes, and so does a session (zeros after reset_state(), as LiteRT's
+    reset_all_variables()); import_model without initial_state starts each call from zeros.
+    A model made with the test writer: no TensorFlow needed."""
+    data, (x,) = CASES["lstm_clip_active"](np.random.default_rng(4))
+    it = _interpreter(data)
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        assert sess.stateful
+        name = sess.get_inputs()[0].name
+        first = None
+        for k in range(3):
+            (got,) = sess.run(None, {name: x})
+            ref = _invoke(it, x)
+            np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4, err_msg=f"call {k}")
+            first = got if first is None else first
+        assert np.abs(got - first).max() > 1e-3  # the carried state changes the outputs
+        sess.reset_state()
+        it.reset_all_variables()
+        (got,) = sess.run(None, {name: x})
+        np.testing.assert_allclose(got, _invoke(it, x), atol=1e-4, rtol=1e-4, err_msg="after reset")
+        np.testing.assert_allclose(got, first, atol=1e-6)
+    graph, inputs, outputs = import_model(data, ctx)  # no initial_state: zeros each call
+    assert len(inputs) == 1 and len(outputs) == 1
+    graph.destroy()

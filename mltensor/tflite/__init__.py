@@ -33,7 +33,9 @@ def import_model(source, context, *, free_dimensions=None, float16=False, initia
     it carries between calls (`control.STATE_PREFIX` + the variable's name: its value before the
     call) and one more output of the same name for each it assigns (its value after): feed each
     call the state the last one left, the initial values first. InferenceSession does this on
-    the GPU (`reset_state()` starts over).
+    the GPU (`reset_state()` starts over). With initial_state given, the variable tensors of
+    UNIDIRECTIONAL_SEQUENCE_LSTM (its hidden and cell state, which LiteRT carries between
+    invokes) are state as well; without it they are zeros at the start of each call.
     Returns (graph, inputs, outputs); unsupported operators raise NotSupportedError at load, naming
     the operator, its index and the supported ones; a malformed or truncated file raises DataError
     naming the file (when given by path), the table / field or operator, and what was wrong.

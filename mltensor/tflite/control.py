@@ -123,6 +123,37 @@ def _current(imp, op, var):
     return var.value
 
 
+def variable_tensor(imp, op, i):
+    """The Variable standing for variable tensor i (an LSTM's state) when the importer carries
+    those between calls (`carry_variable_tensors`), else None. Its initial value is zeros, as
+    LiteRT's after reset_all_variables()."""
+    t = imp.tensor(i)
+    if not (t.is_variable and imp.root.carry_variable_tensors and imp.mode == "main" and i not in imp.values):
+        return None
+    key = ("variable tensor", f"{imp.model.index}/{i}")
+    var = imp.root.variables.get(key)
+    if var is None:
+        name = t.name or f"tensor_{i}" + (f"_subgraph_{imp.model.index}" if imp.model.index else "")
+        dt = TENSOR_TYPES.get(t.type, (None, None))[1]
+        if dt is None or t.scale is not None:
+            raise op_error(op, f"variable tensor {i} ('{t.name}') has type {t.type_name}; float state is supported",
+                           NotSupportedError)  # fmt: skip
+        var = Variable(key, name, initial=_storage(imp, np.zeros(t.shape, dt), t), quant=False)
+        imp.root.variables[key] = var
+    return var
+
+
+def read_state(imp, op, var):
+    """The value of a variable tensor's state before this operator."""
+    return _current(imp, op, var)
+
+
+def write_state(var, v):
+    """The operator leaves `v` in the variable tensor."""
+    var.value = v
+    var.assigned = True
+
+
 def var_handle(imp, op):
     return Handle((_decode(opt(op, "Container", b"")), _decode(opt(op, "SharedName", b""))))
 

@@ -118,6 +118,7 @@ class Importer:
             self.variables = {}  # (container, shared_name) -> control.Variable
             self.file_consts = {}  # (subgraph, tensor) -> MLOperand: a child's weights made once
             self.initialized = set()  # subgraphs CALL_ONCE ran
+            self.carry_variable_tensors = False  # an LSTM's state tensors carried between calls
         for t in model.tensors:
             if t.data is not None:
                 self.consts[t.index] = t.data
@@ -750,8 +751,10 @@ def supported_operators():
 def convert(model: Model, builder, free_dimensions=None, float16=False, initial_state=None):
     """Record the model into `builder`; returns (outputs dict, inputs list, outputs list).
     float16: compute in float16 (see Importer). initial_state: a dict that receives the initial
-    values of a stateful model's state inputs (control.py), by name."""
+    values of a stateful model's state inputs (control.py), by name; given, an LSTM's variable
+    state tensors are state too (LiteRT carries them between invokes), else zeros each call."""
     imp = Importer(model, builder, free_dimensions, float16)
+    imp.carry_variable_tensors = initial_state is not None
     res = imp.run()
     if initial_state is not None:
         initial_state.update(imp.initial_state)

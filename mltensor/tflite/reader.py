@@ -47,6 +47,7 @@ class Tensor:
     scale: np.ndarray = None  # quantization (None when not quantized)
     zero_point: np.ndarray = None
     quantized_dimension: int = 0
+    is_variable: bool = False  # a variable tensor (an LSTM's state: LiteRT keeps it between invokes)
 
     @property
     def data_type(self):
@@ -333,7 +334,7 @@ def _subgraph(raw, m, s, codes, where):
         n = _nelem(shape, "shape")
         if len(sig) != len(shape) or any(s != -1 and s != d for s, d in zip(sig, shape)):
             raise DataError(f"shape_signature {list(sig)} does not fit shape {list(shape)}")
-        tt = Tensor(i, name, t.Type(), shape, sig)
+        tt = Tensor(i, name, t.Type(), shape, sig, is_variable=bool(t.IsVariable()))
         where[0] += ", buffer"
         data = _buffer_data(m, raw, t.Buffer())
         if data is not None:
