@@ -27,6 +27,7 @@ import mltensor
 from mltensor._xdg import cache_dir
 from mltensor.errors import NotSupportedError
 from mltensor.tflite import import_model
+from mltensor.tflite.writer import ModelWriter
 
 pytest.importorskip("ai_edge_litert")
 
@@ -273,3 +274,151 @@ def test_lstm_state_carried_between_runs(ctx):
     graph, inputs, outputs = import_model(data, ctx)  # no initial_state: zeros each call
     assert len(inputs) == 1 and len(outputs) == 1
     graph.destroy()
+
+
+# -- models written by the test writer (no TensorFlow): the operators one at a time -------------
+
+
+def _resource(w, name):
+    """A RESOURCE tensor (a variable handle)."""
+    import tflite
+
+    i = w.tensor(name, [], np.int32)
+    n, shape, _, buf, sig, quant, var = w.tensors[i]
+    w.tensors[i] = (n, shape, tflite.TensorType.RESOURCE, buf, sig, quant, var)
+    return i
+
+
+def _init_subgraph(w, values):
+    """CALL_ONCE's initialization subgraph: each variable assigned a constant."""
+    init = w.subgraph()
+    for name, value in values.items():
+        h = _resource(init, f"{name}_handle")
+        init.op("VAR_HANDLE", [], [h], "VarHandleOptions", SharedName=name)
+        init.op("ASSIGN_VARIABLE", [h, init.const(f"{name}_init", value)], [])
+    init.end([], [])
+    return init.index
+
+
+def _accumulator(read_after_assign=False, initialized=True):
+    """acc <- acc + x each call (acc starts at 0.5); y = acc + x, or with read_after_assign
+    y = 2 * (the variable read again after the assignment)."""
+    w = ModelWriter()
+    x = w.input("x", [2, 3])
+    h, r, s, y = _resource(w, "h"), w.tensor("r", [2, 3]), w.tensor("s", [2, 3]), w.tensor("y", [2, 3])
+    if initialized:
+        w.op(
+            "CALL_ONCE",
+            [],
+            [],
+            "CallOnceOptions",
+            InitSubgraphIndex=_init_subgraph(w, {"acc": np.full((2, 3), 0.5, np.float32)}),
+        )
+    w.op("VAR_HANDLE", [], [h], "VarHandleOptions", SharedName="acc")
+    w.op("READ_VARIABLE", [h], [r])
+    w.op("ADD", [r, x], [s], "AddOptions")
+    w.op("ASSIGN_VARIABLE", [h, s], [])
+    if read_after_assign:
+        r2 = w.tensor("r2", [2, 3])
+        w.op("READ_VARIABLE", [h], [r2])
+        w.op("MUL", [r2, w.const("two", np.array(2.0, np.float32))], [y], "MulOptions")
+    else:
+        w.op("ADD", [s, x], [y], "AddOptions")
+    return w.finish([x], [y])
+
+
+def _if_model():
+    """IF(c > 0) with the variable handle and x as arguments: the then branch adds x to the
+    variable and gives it; the else branch gives 2 x and leaves the variable alone."""
+    w = ModelWriter()
+    x, c = w.input("x", [2, 3]), w.input("c", [1])
+    h, cond, y = _resource(w, "h"), w.tensor("cond", [1], np.bool_), w.tensor("y", [2, 3])
+    init = _init_subgraph(w, {"acc": np.zeros((2, 3), np.float32)})
+    w.op("CALL_ONCE", [], [], "CallOnceOptions", InitSubgraphIndex=init)
+    w.op("VAR_HANDLE", [], [h], "VarHandleOptions", SharedName="acc")
+    w.op("GREATER", [c, w.const("zero", np.zeros(1, np.float32))], [cond])
+    then, other = w.subgraph(), w.subgraph()
+    th, tx, tr, ts = (
+        _resource(then, "th"),
+        then.tensor("tx", [2, 3]),
+        then.tensor("tr", [2, 3]),
+        then.tensor("ts", [2, 3]),
+    )
+    then.op("READ_VARIABLE", [th], [tr])
+    then.op("ADD", [tr, tx], [ts], "AddOptions")
+    then.op("ASSIGN_VARIABLE", [th, ts], [])
+    then.end([th, tx], [ts])
+    eh, ex, ey = _resource(other, "eh"), other.tensor("ex", [2, 3]), other.tensor("ey", [2, 3])
+    other.op("MUL", [ex, other.const("two", np.array(2.0, np.float32))], [ey], "MulOptions")
+    other.end([eh, ex], [ey])
+    w.op("IF", [cond, h, x], [y], "IfOptions", ThenSubgraphIndex=then.index, ElseSubgraphIndex=other.index)
+    return w.finish([x, c], [y])
+
+
+def _while_model(trips):
+    """y = x; repeat `trips` times: y = 0.5 y + sin(y) (a counter against a constant)."""
+    w = ModelWriter()
+    x = w.input("x", [2, 3])
+    i_out, y = w.tensor("i_out", [], np.int32), w.tensor("y", [2, 3])
+    cond, body = w.subgraph(), w.subgraph()
+    ci, cy, cb = cond.tensor("ci", [], np.int32), cond.tensor("cy", [2, 3]), cond.tensor("cb", [], np.bool_)
+    cond.op("LESS", [ci, cond.const("n", np.array(trips, np.int32))], [cb])
+    cond.end([ci, cy], [cb])
+    bi, by = body.tensor("bi", [], np.int32), body.tensor("by", [2, 3])
+    bi2, bs, bm, by2 = (body.tensor(n, s, np.int32 if n == "bi2" else np.float32) for n, s in
+                        [("bi2", []), ("bs", [2, 3]), ("bm", [2, 3]), ("by2", [2, 3])])  # fmt: skip
+    body.op("ADD", [bi, body.const("one", np.array(1, np.int32))], [bi2], "AddOptions")
+    body.op("SIN", [by], [bs])
+    body.op("MUL", [by, body.const("half", np.array(0.5, np.float32))], [bm], "MulOptions")
+    body.op("ADD", [bm, bs], [by2], "AddOptions")
+    body.end([bi, by], [bi2, by2])
+    w.op("WHILE", [w.const("i0", np.array(0, np.int32)), x], [i_out, y], "WhileOptions",
+         CondSubgraphIndex=cond.index, BodySubgraphIndex=body.index)  # fmt: skip
+    return w.finish([x], [y])
+
+
+@pytest.mark.parametrize("read_after_assign", [False, True])
+def test_written_variable_model_matches_litert(ctx, read_after_assign):
+    data = _accumulator(read_after_assign)
+    it = _interpreter(data)
+    xs = list(np.random.default_rng(1).standard_normal((5, 2, 3)).astype(np.float32))
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        assert sess.stateful and [a.name for a in sess.get_inputs()] == ["x"]
+        for k, x in enumerate(xs):
+            (got,) = sess.run(None, {"x": x})
+            np.testing.assert_allclose(got, _invoke(it, x), atol=1e-5, err_msg=f"call {k}")
+        sess.reset_state()
+        (got,) = sess.run(None, {"x": xs[0]})
+        np.testing.assert_allclose(got, _invoke(_interpreter(data), xs[0]), atol=1e-5, err_msg="after reset")
+
+
+def test_written_if_model_assigns_in_one_branch(ctx):
+    """A condition computed at run time: both branches computed, outputs and the variable the
+    then branch assigns selected; over calls that take either branch, as LiteRT."""
+    data = _if_model()
+    it = _interpreter(data)
+    rng = np.random.default_rng(2)
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        for k, sign in enumerate([1, 1, -1, 1, -1, -1, 1]):
+            x = rng.standard_normal((2, 3)).astype(np.float32)
+            c = np.array([sign], np.float32)
+            (got,) = sess.run(None, {"x": x, "c": c})
+            np.testing.assert_allclose(got, _invoke(it, x, c), atol=1e-5, err_msg=f"call {k}")
+
+
+def test_written_while_model(ctx):
+    data = _while_model(9)
+    x = np.random.default_rng(3).standard_normal((2, 3)).astype(np.float32)
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        assert not sess.stateful
+        (got,) = sess.run(None, {"x": x})
+    np.testing.assert_allclose(got, _invoke(_interpreter(data), x), atol=1e-5)
+    with pytest.raises(NotSupportedError, match=r"operator 0 \(WHILE\).*more than 256 iterations"):
+        import_model(_while_model(1000), ctx)
+
+
+def test_variable_read_without_initial_value_is_refused(ctx):
+    from mltensor.errors import DataError
+
+    with pytest.raises(DataError, match=r"READ_VARIABLE.*'acc', which no CALL_ONCE"):
+        import_model(_accumulator(initialized=False), ctx)

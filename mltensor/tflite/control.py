@@ -116,6 +116,9 @@ def _current(imp, op, var):
     if var.initial is None:
         raise op_error(op, f"reads variable '{var.name}', which no CALL_ONCE initialization and nothing earlier "
                            f"in the call assigns")  # fmt: skip
+    if var.state_in is not None:  # (read before, in the other branch of an IF)
+        var.value = var.state_in
+        return var.value
     arr = var.initial
     dt = "float16" if arr.dtype == np.float16 else str(arr.dtype)
     var.state_in = imp.b.input(STATE_PREFIX + var.name, data_type=dt, shape=list(arr.shape))
