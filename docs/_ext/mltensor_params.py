@@ -50,7 +50,7 @@ def documented(doc):
     return out
 
 
-def problems(full, obj, cls_no_constructor=()):
+def problems(full, obj, cls_no_constructor=(), method=False):
     """What `obj`'s docstring lacks: a list of strings, empty when complete."""
     if isinstance(obj, property) or isinstance(obj, types.ModuleType):
         return []
@@ -71,7 +71,7 @@ def problems(full, obj, cls_no_constructor=()):
     params = [
         p
         for i, p in enumerate(sig.parameters.values())
-        if not (i == 0 and p.name in ("self", "cls"))
+        if not (i == 0 and (method or p.name in ("self", "cls")))
         and not p.name.startswith("_")
         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     ]
@@ -120,12 +120,14 @@ def undocumented_params(pending=()):
     import mltensor_docs
 
     out = {}
-    for full, obj in public_callables():
+    found = public_callables()
+    classes = {full for full, obj in found if inspect.isclass(obj)}
+    for full, obj in found:
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
         if full in pending:
             continue
-        p = problems(full, obj, mltensor_docs.NO_CONSTRUCTOR)
+        p = problems(full, obj, mltensor_docs.NO_CONSTRUCTOR, method=full.rpartition(".")[0] in classes)
         if p:
             out[full] = p
     return out

@@ -279,3 +279,43 @@ def compose(name, fn, renamed):
     for exc, text in RAISES:
         out += [exc, f"    {text}"]
     return "\n".join(out) + "\n"
+
+
+STUB_HEAD = '''"""The WebNN operator methods of MLGraphBuilder, for type checkers and IDEs: they are attached at
+import time (ir/registry.py builder_op), so no checker sees them in builder.py. Generated from the
+annotated operator functions (mltensor/ops/) by mltensor.ir.opdocs.stub_text; tests/test_types.py
+fails when it is stale (regenerate: the command
+that test prints).
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from mltensor.ir.graph import MLOperand
+
+class BuilderOps:
+'''
+
+
+def stub_text(methods):
+    """The text of front/_builder_ops.pyi for the public builder methods in `methods`."""
+    out = [STUB_HEAD.rstrip("\n")]
+    for name in sorted(n for n in methods if not n.startswith("_")):
+        sig = inspect.signature(methods[name])
+        params = []
+        star = False
+        for i, p in enumerate(sig.parameters.values()):
+            if i == 0:
+                params.append("self")
+                continue
+            if p.kind == p.VAR_KEYWORD:
+                params.append(f"**{p.name}: Any")
+                continue
+            if p.kind == p.KEYWORD_ONLY and not star:
+                params.append("*")
+                star = True
+            t = _type(p.annotation) or "Any"
+            params.append(f"{p.name}: {t}" + ("" if p.default is p.empty else f" = {p.default!r}"))
+        ret = _type(sig.return_annotation) or "Any"
+        out.append(f"    def {name}({', '.join(params)}) -> {ret}: ...")
+    return "\n".join(out) + "\n"
