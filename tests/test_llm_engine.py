@@ -227,3 +227,24 @@ def test_a_row_does_not_depend_on_its_batch(llm):
     for k in (1, 3, 5):
         got = batch.run([(0, len(ids), [t])] + [(s, len(o), [3]) for s, _, o in others[:k]])[0]
         assert np.array_equal(got, alone), k
+
+
+def test_a_prompt_that_extends_a_finished_one_reuses_its_cache(llm, ref):
+    """A chat resent with one more message: the slot that holds its start computes only the
+    rest (cached_tokens), and the reply is the reference's (as if computed from scratch)."""
+    e = Engine(llm, slots=2, prefill_chunk=8)
+    try:
+        first = llm.tokenize(PROMPTS[1])
+        r1 = e.submit(first, max_tokens=6, **GREEDY)
+        reply = "".join(r1)
+        assert r1.cached_tokens == 0
+        ids = first + llm.tokenizer.encode(reply, add_bos=False) + llm.tokenizer.encode(" And then", add_bos=False)
+        r2 = e.submit(ids, max_tokens=6, **GREEDY)
+        got = "".join(r2)
+        assert r2.cached_tokens >= len(first)
+        assert got == llm.tokenizer.decode(_greedy_ref(ref, ids, 6, llm.tokenizer.stop_ids), skip_special=True)
+        other = e.submit(llm.tokenize("Zebra"), max_tokens=2, **GREEDY)
+        list(other)
+        assert other.cached_tokens <= 1
+    finally:
+        e.shutdown()
