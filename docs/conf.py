@@ -31,6 +31,7 @@ version = release = mltensor.__version__
 
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",  # numpydoc Parameters / Returns / Raises sections as tables (issue 46)
     "sphinx.ext.viewcode",
     "sphinx_gallery.gen_gallery",
     "myst_parser",
@@ -61,7 +62,14 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
 autodoc_member_order = "bysource"
+# The types come from the docstrings' numpydoc sections (each parameter with its type and default,
+# checked by _ext/mltensor_params.py), not from the annotations: one place, as written for users.
 autodoc_typehints = "none"
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_param = True  # a field list: one row per parameter, its type beside it
+napoleon_use_rtype = True
+napoleon_preprocess_types = False
 # undoc-members only where a page asks for it (names still waiting for a docstring, see
 # PENDING_DOCSTRINGS in _ext/mltensor_docs.py): the extension itself fails the build on a public
 # name without a docstring.

@@ -14,6 +14,7 @@ exports)."""
 
 import importlib.util
 
+import onnx
 import pytest
 
 # (looked up, not imported: torch in this process after lavapipe's LLVM crashes it; the corpus
@@ -86,3 +87,6 @@ def test_fusion_report_names_what_did_not_fuse():
     softmaxes = [k for k in sess.graph.kernel_names if k.startswith("softmax")]
     assert len(left) == len(softmaxes) > 0
     assert all(r["op"] == "softmax" and r["reason"] for r in left), left
+    # each finding names the exported node it came from (the ONNX node's name)
+    names = {n.name for n in onnx.load(path, load_external_data=False).graph.node}
+    assert all(r["label"] in names for r in report), report

@@ -55,7 +55,7 @@ DEFERRED = {
         "compiler.build",
     ): "a process whose graphs all come from the graph cache never imports the compiler",
     ("front.context", "front.interop"): "a process that never lends a tensor does not load the interop machinery",
-    ("front.context", "graphcache.store"): "`import mltensor` alone never loads the graph cache (pickle, OpenSSL)",
+    ("front.saved", "graphcache.store"): "`import mltensor` alone never loads the graph cache (pickle, OpenSSL)",
     ("session.lazy", "onnx.importer"): "a session served by the graph cache never imports onnx",
     ("session.lazy", "stages.plan"): "staged runs import onnx (their loops build ONNX bodies)",
     ("session.lazy", "tflite"): "a TFLite session served by the graph cache never reads the file",

@@ -81,6 +81,38 @@ def test_float_gguf_matches_transformers(ctx, case):
     compare(ctx, path, hf)
 
 
+def rows_against_sessions(ctx, path):
+    """The serving step (LlamaBatch: sequences of different lengths in one dispatch, prompts read
+    in chunks beside decode rows) against one LlamaSession per sequence fed the same chunks: the
+    logits of every entry within 1e-4 (relative) and the same argmax. Steps of 3 sequences: a
+    prompt past the sliding window and a 1-token prompt, then the third's prompt in two chunks
+    beside the others' decode rows, then decode rows of all three."""
+    model = LlamaModel(path, ctx, max_context=64, max_step=8)
+    batch = model.batch(3, rows=16)
+    sessions = [model.session() for _ in range(3)]
+    third = CHUNK + PROMPT[:5]
+    lengths, nxt, worst = [0, 0, 0], [None] * 3, 0.0
+    plan = [{0: PROMPT, 2: [7]}, {1: third[:4], 0: None, 2: None}, {1: third[4:], 0: None, 2: None}]
+    plan += [{0: None, 1: None, 2: None}] * 4
+    for step in plan:
+        entries = [(slot, lengths[slot], feed if feed is not None else [nxt[slot]]) for slot, feed in step.items()]
+        got = batch.run(entries)
+        for (slot, start, feed), row in zip(entries, got):
+            want = ctx.read_tensor_sync(sessions[slot].feed(np.array(feed, np.int32)))[0]
+            worst = max(worst, rel_err(row, want.astype(np.float64)))
+            assert int(row.argmax()) == int(want.argmax())
+            lengths[slot] += len(feed)
+            nxt[slot] = int(row.argmax())
+    assert worst < 1e-4, worst
+    return worst
+
+
+@pytest.mark.parametrize("case", list(llm_convert.CASES))
+def test_serving_rows_match_sessions(ctx, case):
+    path, _ = llm_convert.cached_gguf(case)
+    rows_against_sessions(ctx, path)
+
+
 QUANTS = ["Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"]  # (Q8_0 of the small model: the default run)
 # sizes whose rows are whole K-quant super-blocks (256 values), so that Q4_K_M holds Q4_K / Q6_K
 BIG = {"hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "ffn": 512, "vocab": 512}
@@ -116,6 +148,7 @@ def test_quantized_gguf_matches_transformers(ctx, quantizer, case, ftype):
     kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert ftype[:4] in " ".join(kinds), kinds
     compare(ctx, path, llm_convert.hf_from_gguf(hf, path))
+    rows_against_sessions(ctx, path)
 
 
 # -- the attention kernel's sliding window and soft-cap ---------------------------------------

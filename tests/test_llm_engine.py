@@ -209,3 +209,42 @@ def test_shutdown_finishes_running_requests(llm):
     e.shutdown()
     assert all(r.done and r.finish_reason in ("stop", "length") for r in reqs)
     assert len({"".join(r) for r in reqs}) == 1
+
+
+def test_a_row_does_not_depend_on_its_batch(llm):
+    """The serving step's logits of one sequence are bitwise the same alone, beside a few rows,
+    and beside many (prompts and decode rows): what makes batched greedy replies equal solo ones.
+    The synthetic file mixes Q4_0, Q4_1, Q8_0 and F16 projections."""
+    batch = llm.model.batch(6, rows=256)
+    ids = llm.tokenize(PROMPTS[0])
+    others = [(s, 0, llm.tokenize(PROMPTS[s % 4] + " and more")) for s in range(1, 6)]
+    alone = batch.run([(0, 0, ids)])[0]
+    for k in (1, 2, 5):
+        got = batch.run([(0, 0, ids)] + others[:k])[0]
+        assert np.array_equal(got, alone), k
+    t = int(alone.argmax())
+    alone = batch.run([(0, len(ids), [t])])[0]
+    for k in (1, 3, 5):
+        got = batch.run([(0, len(ids), [t])] + [(s, len(o), [3]) for s, _, o in others[:k]])[0]
+        assert np.array_equal(got, alone), k
+
+
+def test_a_prompt_that_extends_a_finished_one_reuses_its_cache(llm, ref):
+    """A chat resent with one more message: the slot that holds its start computes only the
+    rest (cached_tokens), and the reply is the reference's (as if computed from scratch)."""
+    e = Engine(llm, slots=2, prefill_chunk=8)
+    try:
+        first = llm.tokenize(PROMPTS[1])
+        r1 = e.submit(first, max_tokens=6, **GREEDY)
+        reply = "".join(r1)
+        assert r1.cached_tokens == 0
+        ids = first + llm.tokenizer.encode(reply, add_bos=False) + llm.tokenizer.encode(" And then", add_bos=False)
+        r2 = e.submit(ids, max_tokens=6, **GREEDY)
+        got = "".join(r2)
+        assert r2.cached_tokens >= len(first)
+        assert got == llm.tokenizer.decode(_greedy_ref(ref, ids, 6, llm.tokenizer.stop_ids), skip_special=True)
+        other = e.submit(llm.tokenize("Zebra"), max_tokens=2, **GREEDY)
+        list(other)
+        assert other.cached_tokens <= 1
+    finally:
+        e.shutdown()

@@ -1,6 +1,11 @@
 """Small helpers shared by the front objects: argument checks, awaitables, a destroyed device."""
 
+from __future__ import annotations
+
 import asyncio
+import inspect
+from collections.abc import Awaitable
+from typing import Any
 
 import numpy as np
 
@@ -38,3 +43,24 @@ def awaitable(coro):
     except RuntimeError:
         return coro
     return loop.create_task(coro)
+
+
+# Anything with the buffer protocol (numpy arrays, bytes, bytearray, memoryview, array.array):
+# collections.abc.Buffer from Python 3.12 on; Any until then (the docstrings say it).
+BufferLike = Any
+
+# The `_async` half of a pair (API.md): an awaitable of the `_sync` half's result.
+AsyncResult = Awaitable
+
+
+def async_doc(sync, returns):
+    """The docstring of the `_async` half of a pair: the `_sync` half's summary line, its
+    Parameters and Raises sections, and `returns` (numpydoc lines) for its Returns."""
+    doc = inspect.cleandoc(sync.__doc__ or "")
+    ends = [doc.index(k) for k in ("Returns\n", "Raises\n") if k in doc] + [len(doc)]
+    params = doc[doc.index("Parameters\n") : min(ends)] if "Parameters\n" in doc else ""
+    raises = doc[doc.index("Raises\n") :] if "Raises\n" in doc else ""
+    return (
+        f"The awaitable form of `{sync.__name__}` (argument errors are raised at the call; the others "
+        f"at the await).\n\n{params}Returns\n-------\n{returns}\n\n{raises}"
+    ).rstrip() + "\n"

@@ -6,6 +6,11 @@ Operator methods live in mltensor/ops/ (one file per family); each is registered
 method is quoted above it there.
 """
 
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .. import dtypes
@@ -14,25 +19,46 @@ from ..dynamic.dims import Sym, low, parse_shape
 from ..errors import DOMException, InvalidStateError, OperationError
 from ..ir.graph import MLOperand, Node, as_shape
 from ..ir.registry import attach
-from ._util import awaitable, bytes_of
+from ._util import BufferLike, async_doc, awaitable, bytes_of
 from .context import MLContext
 from .graph import MLGraph
 from .tensor import MLTensor
 
+if TYPE_CHECKING:
+    # The operator methods, attached at import (registry.attach): their signatures for type
+    # checkers and IDEs (generated, tests/test_types.py)
+    from ..dynamic.dims import MLDynamicDimension
+    from ._builder_ops import BuilderOps as OperatorMethods
+else:
+    OperatorMethods = object
 
-class MLGraphBuilder:
-    """Records a graph on `context` (WebNN `new MLGraphBuilder(context)`): declare inputs and
+
+class MLGraphBuilder(OperatorMethods):
+    """Records a graph on `context` (WebNN ``new MLGraphBuilder(context)``): declare inputs and
     constants, call operator methods on the operands they return, then `build_sync` once.
 
-    Every operator of the WebNN specification is a method, with the spec's operands, options
-    (as keyword arguments), defaults, broadcasting rules, data types and output shapes; each
-    validates at the call and raises TypeError naming the operator, what was expected and what
-    was received. Every operator method also takes `label=` (a string naming the node in
-    errors). After a build has started every method raises InvalidStateError."""
+    Every operator of the WebNN specification is a method, with the spec's operands (by their
+    spec names), options (as keyword arguments), defaults, broadcasting rules, data types and
+    output shapes; each validates at the call and raises TypeError naming the operator, what was
+    expected and what was received. After a build has started every method raises
+    InvalidStateError.
+
+    Parameters
+    ----------
+    context : MLContext
+        The context the graph is built for.
+
+    Raises
+    ------
+    TypeError
+        `context` is not an MLContext.
+    InvalidStateError
+        The context is lost.
+    """
 
     # IDL: [Exposed=(Window, Worker)] interface MLGraphBuilder { constructor(MLContext context); ... }
 
-    def __init__(self, context):
+    def __init__(self, context: MLContext) -> None:
         if not isinstance(context, MLContext):
             raise TypeError(f"[MLGraphBuilder] expected an MLContext, got {type(context).__name__}")
         context._check("MLGraphBuilder")
@@ -93,12 +119,31 @@ class MLGraphBuilder:
     # -- inputs and constants -----------------------------------------------------------------
 
     # IDL: MLOperand input(USVString name, MLOperandDescriptor descriptor);
-    def input(self, name, *, data_type, shape):
-        """Declare a graph input named `name` (bound to a tensor of that name at dispatch).
+    def input(self, name: str, *, data_type: str | np.dtype, shape: Sequence[int | MLDynamicDimension]) -> MLOperand:
+        """Declare a graph input (bound to the tensor of that name at each dispatch).
 
-        shape: a list of sizes; an entry may be an `MLDynamicDimension` (Python extension, webnn
-        issue #883): the graph then serves every size up to its maximum, the size coming from
-        the tensor given to each dispatch. A name used twice raises TypeError."""
+        Parameters
+        ----------
+        name : str
+            A non-empty name, unique among the builder's inputs.
+        data_type : str or numpy.dtype
+            The input's data type ("float32", ... or a numpy dtype).
+        shape : sequence of int or MLDynamicDimension
+            The sizes. An `MLDynamicDimension` entry (Python extension, webnn issue #883) makes the
+            graph serve every size up to its maximum, the size coming from each dispatch's tensor.
+
+        Returns
+        -------
+        MLOperand
+            The input operand.
+
+        Raises
+        ------
+        TypeError
+            An empty or repeated name, or an invalid descriptor.
+        InvalidStateError
+            A build has started, or the context is lost.
+        """
         self._check_state("input")
         if not isinstance(name, str) or not name:
             raise TypeError(f"[input] name must be a non-empty string, got {name!r}")
@@ -113,17 +158,45 @@ class MLGraphBuilder:
     # IDL: MLOperand constant(MLOperandDescriptor descriptor, AllowSharedBufferSource buffer);
     # IDL: MLOperand constant(MLOperandDataType type, MLNumber value);
     # IDL: MLOperand constant(MLTensor tensor);
-    def constant(self, *args, data_type=None, shape=None, data=None, value=None):
-        """A constant operand, in one of four forms:
+    def constant(
+        self,
+        *args: Any,
+        data_type: str | np.dtype | None = None,
+        shape: Sequence[int] | None = None,
+        data: BufferLike | None = None,
+        value: float | None = None,
+    ) -> MLOperand:
+        """A constant operand, in one of four forms: ``constant(ndarray)`` (data type and shape from
+        the array); ``constant(data_type=, shape=, data=)``; ``constant(data_type=, value=)`` (a
+        scalar); ``constant(tensor)`` (a tensor from `MLContext.create_constant_tensor_sync`). The
+        bytes are copied at the call; constants are uploaded once per context at build.
 
-        - `constant(ndarray)`: data type and shape from the array (`data_type=` / `shape=` may
-          restate them);
-        - `constant(data_type=, shape=, data=)`: `data` is anything with the buffer protocol;
-        - `constant(data_type=, value=)`: a scalar;
-        - `constant(tensor)`: a tensor from `MLContext.create_constant_tensor_sync`.
+        Parameters
+        ----------
+        *args : numpy.ndarray or MLTensor
+            At most one: an array (or anything numpy.asarray takes), or a constant tensor.
+        data_type : str or numpy.dtype or None, default None
+            The data type; with an array it may restate the array's.
+        shape : sequence of int or None, default None
+            The sizes; with an array it may restate (or reshape) the array's.
+        data : buffer or None, default None
+            Anything with the buffer protocol, of the byte length `data_type` and `shape` give.
+        value : float or None, default None
+            A scalar's value (with `data_type`, without `shape` and `data`).
 
-        The bytes are copied at the call. Constants are uploaded once per context at build and
-        shared by every graph holding the same bytes."""
+        Returns
+        -------
+        MLOperand
+            The constant operand.
+
+        Raises
+        ------
+        TypeError
+            More than one positional argument, a form missing its arguments, mismatching dtypes or
+            byte lengths, or a tensor that is not constant.
+        InvalidStateError
+            A build has started, or the context is lost.
+        """
         self._check_state("constant")
         where = "constant"
         if len(args) > 1:
@@ -191,20 +264,37 @@ class MLGraphBuilder:
         return dict(outputs)
 
     # IDL: Promise<MLGraph> build(MLNamedOperands outputs);
-    def build_sync(self, outputs):
-        """Compile the graph computing `outputs` ({name: MLOperand}) and return the MLGraph.
+    def build_sync(self, outputs: Mapping[str, MLOperand]) -> MLGraph:
+        """Compile the graph computing `outputs` and return it (WebNN ``build``).
 
         Only nodes the outputs depend on are kept; constant subgraphs are computed once;
-        elementwise chains, activations and attention fuse (see `graph.kernel_names`). No
-        outputs, an empty name, or an output that is an input or constant operand raise
-        TypeError (the builder stays usable); a second build raises InvalidStateError; a
-        failure to compile raises OperationError."""
+        elementwise chains, activations and attention fuse (see `MLGraph.kernel_names`).
+
+        Parameters
+        ----------
+        outputs : mapping of str to MLOperand
+            The graph's outputs by name: operator results of this builder.
+
+        Returns
+        -------
+        MLGraph
+            The compiled graph.
+
+        Raises
+        ------
+        TypeError
+            No outputs, an empty name, or an output that is an input or constant operand (the
+            builder stays usable).
+        InvalidStateError
+            A second build, or the context is lost.
+        OperationError
+            The graph fails to compile.
+        """
         outputs = self._check_outputs(outputs, "build")
         self._built = True
         return _compile(self, outputs)
 
-    def build_async(self, outputs):
-        """The awaitable form of `build_sync` (argument errors are raised at the call)."""
+    def build_async(self, outputs: Mapping[str, MLOperand]) -> Awaitable[MLGraph]:
         outputs = self._check_outputs(outputs, "build")
         self._built = True
 
@@ -212,6 +302,8 @@ class MLGraphBuilder:
             return _compile(self, outputs)
 
         return awaitable(build())
+
+    build_async.__doc__ = async_doc(build_sync, "Awaitable[MLGraph]\n    The compiled graph.")
 
 
 def _compile(builder, outputs):

@@ -1,24 +1,31 @@
 """The entry point `ml` and MLContext: device, tensors, transfers and the timeline."""
 
+from __future__ import annotations
+
 import asyncio
 import threading
 import weakref
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import wgpu
 
 from .. import dtypes
 from ..dynamic.dims import high, parse_shape
-from ..errors import InvalidStateError, NotFoundError, NotSupportedError, OperationError, gpu_errors
+from ..errors import InvalidStateError, NotSupportedError, gpu_errors
 from ..runtime.constants import ConstantStore
 from ..runtime.timeline import PendingRead, Task, Timeline, device_lock
 from ..ir.graph import as_shape
 from ..ir.registry import support_limits
 from ..switches import switch
-from ._util import awaitable, bytes_of, device_destroyed
-from .graph import MLGraph
+from ._util import BufferLike, async_doc, awaitable, bytes_of, device_destroyed
+from . import saved
 from .dispatch import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
+
+if TYPE_CHECKING:
+    from ..dynamic.dims import MLDynamicDimension
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
 # "immediates": sizes of dynamic dimensions reach kernels as push constants (dynamic/kernels.py)
@@ -89,14 +96,6 @@ def _interop():
     return interop
 
 
-def _graph_store():
-    """graphcache/store.py, imported at the first graph-cache call: `import mltensor` alone never
-    loads the cache's modules (pickle, hashlib with OpenSSL: about 5 ms and 4 MB of a start)."""
-    from ..graphcache import store  # start-up (tests/test_layers.py DEFERRED)
-
-    return store
-
-
 class _LostInfo:
     """What `await ctx.lost` resolves to: `message` says why the context was lost."""
 
@@ -142,27 +141,45 @@ class ML:
     # IDL: interface ML { Promise<MLContext> createContext(optional MLContextOptions options = {});
     #                     Promise<MLContext> createContext(GPUDevice gpuDevice); }
 
-    def create_context_sync(self, device=None, *, power_preference="default"):
-        """Create an MLContext (WebNN `createContext`) and return it.
+    def create_context_sync(
+        self, device: wgpu.GPUDevice | None = None, *, power_preference: str = "default"
+    ) -> MLContext:
+        """Create an MLContext (WebNN ``createContext``).
 
-        device: a `wgpu.GPUDevice` to share (WebNN's `createContext(gpuDevice)`): the context
-        then records onto that device's queue, so tensors lent to your own WebGPU work on it
-        (`import_external_buffer`, `export_to_gpu`) are zero-copy. Without it the context
-        requests its own adapter and device (one adapter per power preference per process).
-        power_preference: "default", "high-performance" or "low-power" (passed to wgpu's adapter
-        request; ignored with `device`). Anything else raises TypeError; no usable adapter
-        (none at all, or only OpenGL) raises NotSupportedError saying how to install one."""
+        Parameters
+        ----------
+        device : wgpu.GPUDevice | None, default None
+            A device to share (WebNN's ``createContext(gpuDevice)``): the context records onto its
+            queue, so tensors lent to your own WebGPU work on it are zero-copy. None: the context
+            requests its own adapter and device (one per power preference per process).
+        power_preference : str, default "default"
+            "default", "high-performance" or "low-power" (wgpu's adapter request; ignored with `device`).
+
+        Returns
+        -------
+        MLContext
+            The new context.
+
+        Raises
+        ------
+        TypeError
+            An unknown `power_preference`, or a `device` that is not a wgpu.GPUDevice.
+        NotSupportedError
+            No usable adapter (none at all, or only OpenGL); the message says how to install one.
+        """
         return MLContext._create(device, power_preference)
 
-    def create_context_async(self, device=None, *, power_preference="default"):
-        """The awaitable form of `create_context_sync` (same arguments; argument errors are
-        raised at the call)."""
+    def create_context_async(
+        self, device: wgpu.GPUDevice | None = None, *, power_preference: str = "default"
+    ) -> Awaitable[MLContext]:
         MLContext._check_args(device, power_preference)
 
         async def create():
             return MLContext._create(device, power_preference)
 
         return awaitable(create())
+
+    create_context_async.__doc__ = async_doc(create_context_sync, "Awaitable[MLContext]\n    The new context.")
 
 
 ml = ML()
@@ -296,7 +313,7 @@ class MLContext:
         "shader-f16", "shader-int64", "subgroup", "timestamp-query")."""
         return set(self._device.features)
 
-    def op_support_limits(self):
+    def op_support_limits(self) -> dict[str, Any]:
         """WebNN `opSupportLimits()`: a dict with `preferred_input_layout`,
         `max_tensor_byte_length`, the data types and rank ranges of graph `input`, `constant`
         and `output` operands, and one entry per builder operator giving, per operand, its
@@ -359,7 +376,7 @@ class MLContext:
             self._lost._resolve(self._lost_info)
 
     # IDL: undefined destroy();
-    def destroy(self):
+    def destroy(self) -> None:
         """Idempotent. Loses the context: its graphs and tensors are destroyed, pending reads
         reject with InvalidStateError. An own device is released when the context is dropped."""
         self._lose("destroy() was called")
@@ -378,24 +395,60 @@ class MLContext:
         return data_type, shape
 
     # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
-    def create_tensor_sync(self, *, data_type, shape, readable=False, writable=False, importable_to_webgpu=False):
-        """Create an MLTensor (WebNN `createTensor`), zero-filled.
+    def create_tensor_sync(
+        self,
+        *,
+        data_type: str | np.dtype,
+        shape: Sequence[int | MLDynamicDimension],
+        readable: bool = False,
+        writable: bool = False,
+        importable_to_webgpu: bool = False,
+    ) -> MLTensor:
+        """Create an MLTensor (WebNN ``createTensor``), zero-filled.
 
-        data_type: "float32", "float16", "int32", "uint32", "int64", "uint64", "int8" or "uint8"
-        (or a numpy dtype of the same kind). shape: a list of sizes; `[]` is a scalar. An entry
-        may be an `MLDynamicDimension`: the tensor is then resizable (Python extension), sized
-        for the maximum, its `shape` set by `write_tensor` of an array and by each dispatch
-        writing it. readable / writable: allow `read_tensor` / `write_tensor`.
-        importable_to_webgpu: allow lending it with `mltensor.import_external_buffer_sync`.
-        A zero or negative size, a byte length above `max_tensor_byte_length` or an unsupported
-        data type raises TypeError."""
+        Parameters
+        ----------
+        data_type : str or numpy.dtype
+            "float32", "float16", "int32", "uint32", "int64", "uint64", "int8" or "uint8" (or a numpy
+            dtype of the same kind).
+        shape : sequence of int or MLDynamicDimension
+            The sizes; ``[]`` is a scalar. A `MLDynamicDimension` entry makes the tensor resizable
+            (Python extension): sized for the maximum, its `shape` set by `write_tensor` of an array
+            and by each dispatch writing it.
+        readable : bool, default False
+            Allow `read_tensor_sync` / `read_tensor_async`.
+        writable : bool, default False
+            Allow `write_tensor`.
+        importable_to_webgpu : bool, default False
+            Allow lending it with `mltensor.import_external_buffer_sync`.
+
+        Returns
+        -------
+        MLTensor
+            The new tensor.
+
+        Raises
+        ------
+        TypeError
+            A zero or negative size, a byte length above ``max_tensor_byte_length``, or a data type
+            the context does not support.
+        InvalidStateError
+            The context is lost.
+        """
         with self._lock:
             shape = parse_shape(shape, "create_tensor", {}, named_only=False)  # dynamic: resizable
             data_type, shape = self._tensor_args("create_tensor", data_type, shape)
             return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
 
-    def create_tensor_async(self, *, data_type, shape, readable=False, writable=False, importable_to_webgpu=False):
-        """The awaitable form of `create_tensor_sync`."""
+    def create_tensor_async(
+        self,
+        *,
+        data_type: str | np.dtype,
+        shape: Sequence[int | MLDynamicDimension],
+        readable: bool = False,
+        writable: bool = False,
+        importable_to_webgpu: bool = False,
+    ) -> Awaitable[MLTensor]:
         t = self.create_tensor_sync(
             data_type=data_type,
             shape=shape,
@@ -409,10 +462,47 @@ class MLContext:
 
         return awaitable(done())
 
+    create_tensor_async.__doc__ = async_doc(create_tensor_sync, "Awaitable[MLTensor]\n    The new tensor.")
+
     # IDL (WebNN interop, webnn PR #942): Promise<MLTensor> createExportableTensor(MLTensorDescriptor descriptor, GPUDevice device);
-    def create_exportable_tensor_sync(self, *, data_type, shape, device, readable=False, writable=False):
-        """A tensor export_to_gpu can rent to `device` (zero-copy when it is this context's device,
-        copied in and out otherwise). See front/interop.py."""
+    def create_exportable_tensor_sync(
+        self,
+        *,
+        data_type: str | np.dtype,
+        shape: Sequence[int],
+        device: wgpu.GPUDevice,
+        readable: bool = False,
+        writable: bool = False,
+    ) -> MLTensor:
+        """Create a tensor `export_to_gpu_sync` can rent to `device` (WebNN interop's
+        ``createExportableTensor``): zero-copy when `device` is this context's device, copied in
+        and out otherwise.
+
+        Parameters
+        ----------
+        data_type : str or numpy.dtype
+            The data type, as `create_tensor_sync` takes it.
+        shape : sequence of int
+            The sizes.
+        device : wgpu.GPUDevice
+            The device the tensor is exported to (a device of wgpu's native backend).
+        readable : bool, default False
+            Allow `read_tensor_sync` / `read_tensor_async`.
+        writable : bool, default False
+            Allow `write_tensor`.
+
+        Returns
+        -------
+        MLTensor
+            The new tensor.
+
+        Raises
+        ------
+        TypeError
+            `device` is not a wgpu.GPUDevice of the native backend, or the descriptor is invalid.
+        InvalidStateError
+            The context is lost or `device` is destroyed.
+        """
         where = "create_exportable_tensor"
         if not isinstance(device, wgpu.GPUDevice):
             raise TypeError(f"[{where}] device must be a wgpu.GPUDevice, got {type(device).__name__}")
@@ -425,8 +515,15 @@ class MLContext:
             data_type, shape = self._tensor_args(where, data_type, shape)
             return MLTensor(self, data_type, shape, readable, writable, False, export_device=device)
 
-    def create_exportable_tensor_async(self, *, data_type, shape, device, readable=False, writable=False):
-        """The awaitable form of `create_exportable_tensor_sync`."""
+    def create_exportable_tensor_async(
+        self,
+        *,
+        data_type: str | np.dtype,
+        shape: Sequence[int],
+        device: wgpu.GPUDevice,
+        readable: bool = False,
+        writable: bool = False,
+    ) -> Awaitable[MLTensor]:
         t = self.create_exportable_tensor_sync(
             data_type=data_type, shape=shape, device=device, readable=readable, writable=writable
         )
@@ -436,90 +533,78 @@ class MLContext:
 
         return awaitable(done())
 
+    create_exportable_tensor_async.__doc__ = async_doc(
+        create_exportable_tensor_sync, "Awaitable[MLTensor]\n    The new tensor."
+    )
+
     # IDL (WebNN interop, webnn PR #942): Promise<GPUBuffer> exportToGPU(MLTensor tensor);
-    def export_to_gpu_sync(self, tensor):
-        """Rent an exportable tensor to its GPUDevice: a wgpu.GPUBuffer (usage STORAGE | COPY_SRC
-        | COPY_DST) the device uses exclusively; WebNN use of the tensor fails until its
-        destroy(), which returns the tensor with the device's writes in it."""
+    def export_to_gpu_sync(self, tensor: MLTensor) -> wgpu.GPUBuffer:
+        """Rent an exportable tensor to its GPUDevice (WebNN interop's ``exportToGPU``). WebNN use
+        of the tensor fails until the buffer's ``destroy()``, which returns the tensor with the
+        device's writes in it.
+
+        Parameters
+        ----------
+        tensor : MLTensor
+            A tensor created by `create_exportable_tensor_sync`.
+
+        Returns
+        -------
+        wgpu.GPUBuffer
+            A buffer of usage STORAGE | COPY_SRC | COPY_DST that the device uses exclusively.
+
+        Raises
+        ------
+        TypeError
+            A tensor of another context, or one not created by `create_exportable_tensor_sync`, or one
+            exported already.
+        InvalidStateError
+            The tensor is destroyed or the context lost.
+        """
         return _interop().export_to_gpu(self, tensor, False)
 
-    def export_to_gpu_async(self, tensor):
-        """The awaitable form of `export_to_gpu_sync`."""
+    def export_to_gpu_async(self, tensor: MLTensor) -> Awaitable[wgpu.GPUBuffer]:
         return _interop().export_to_gpu(self, tensor, True)
 
-    # -- graph cache (webnn cache-explainer.md; mltensor/graphcache/) ----------------------------
+    export_to_gpu_async.__doc__ = async_doc(export_to_gpu_sync, "Awaitable[wgpu.GPUBuffer]\n    The buffer.")
 
-    def _graph_key(self, key, where):
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"[{where}] key must be a non-empty string, got {key!r}")
-        return key
-
-    # IDL (proposal): Promise<undefined> saveGraph(DOMString key, MLGraph graph);
-    def save_graph_sync(self, key, graph):
-        """Store a built graph on disk under `key` for this adapter: its kernels, memory plan,
-        autotuning choices and constants, so that load_graph in a later process skips import,
-        compilation passes and WGSL generation. Replaces an entry of the same key."""
-
-        where = "save_graph"
-        key = self._graph_key(key, where)
-        if not isinstance(graph, MLGraph):
-            raise TypeError(f"[{where}] graph must be an MLGraph, got {type(graph).__name__}")
-        if graph._context is not self:
-            raise TypeError(f"[{where}] the graph belongs to another MLContext")
-        self._check(where)
-        if graph._destroyed:
-            raise InvalidStateError(f"[{where}] the graph is destroyed")
-        with gpu_errors(where):
-            try:
-                _graph_store().save(self, key, graph._program)
-            except OSError as e:
-                raise OperationError(
-                    f"[{where}] the graph cache at {_graph_store().root()} cannot be written: {e}"
-                ) from None
-
-    def save_graph_async(self, key, graph):
-        """The awaitable form of `save_graph_sync`."""
-        return _later(self.save_graph_sync, key, graph)
-
-    # IDL (proposal): Promise<MLGraph> loadGraph(DOMString key);
-    def load_graph_sync(self, key):
-        """The graph save_graph stored under `key` (on this adapter, by this version of
-        mltensor): NotFoundError when there is none, or it was stale or corrupt."""
-        where = "load_graph"
-        key = self._graph_key(key, where)
-        self._check(where)
-        with gpu_errors(where):
-            hit = _graph_store().load(self, key)
-        if hit is None:
-            raise NotFoundError(f"[{where}] no graph is cached under {key!r} for this adapter")
-        return MLGraph(self, hit[0])
-
-    def load_graph_async(self, key):
-        """The awaitable form of `load_graph_sync`."""
-        return _later(self.load_graph_sync, key)
-
-    # IDL (proposal): Promise<sequence<DOMString>> listGraphs();
-    def list_graphs_sync(self):
-        """Keys of the graphs load_graph can load here, sorted."""
-        self._check("list_graphs")
-        return sorted(_graph_store().keys(self))
-
-    def list_graphs_async(self):
-        """The awaitable form of `list_graphs_sync`."""
-        return _later(self.list_graphs_sync)
-
-    # IDL (proposal): undefined deleteGraph(DOMString key);
-    def delete_graph(self, key):
-        """Remove the graph stored under `key` for this adapter (nothing happens when there is
-        none)."""
-        _graph_store().delete(self, self._graph_key(key, "delete_graph"))
+    # -- graph cache (webnn cache-explainer.md; mltensor/graphcache/): front/saved.py, bound here
+    save_graph_sync = saved.save_graph_sync
+    save_graph_async = saved.save_graph_async
+    load_graph_sync = saved.load_graph_sync
+    load_graph_async = saved.load_graph_async
+    list_graphs_sync = saved.list_graphs_sync
+    list_graphs_async = saved.list_graphs_async
+    delete_graph = saved.delete_graph
 
     # IDL: Promise<MLTensor> createConstantTensor(MLOperandDescriptor descriptor, AllowSharedBufferSource inputData);
-    def create_constant_tensor_sync(self, *, data_type, shape, data):
-        """Create a constant MLTensor holding `data` (WebNN `createConstantTensor`): neither
-        readable nor writable, it can only be passed to `MLGraphBuilder.constant(tensor)` (as
-        a dispatch input or output it raises TypeError). `data`: anything with the buffer
-        protocol whose byte length matches `data_type` and `shape`."""
+    def create_constant_tensor_sync(
+        self, *, data_type: str | np.dtype, shape: Sequence[int], data: BufferLike
+    ) -> MLTensor:
+        """Create a constant MLTensor holding `data` (WebNN ``createConstantTensor``): neither
+        readable nor writable, it can only be passed to `MLGraphBuilder.constant`.
+
+        Parameters
+        ----------
+        data_type : str or numpy.dtype
+            The data type, as `create_tensor_sync` takes it.
+        shape : sequence of int
+            The sizes.
+        data : buffer
+            Anything with the buffer protocol, of the byte length `data_type` and `shape` give.
+
+        Returns
+        -------
+        MLTensor
+            The constant tensor.
+
+        Raises
+        ------
+        TypeError
+            An invalid descriptor, or data of another byte length or data type.
+        InvalidStateError
+            The context is lost.
+        """
         where = "create_constant_tensor"
         with self._lock:
             data_type, shape = self._tensor_args(where, data_type, shape)
@@ -533,8 +618,9 @@ class MLContext:
                     raise
             return t
 
-    def create_constant_tensor_async(self, *, data_type, shape, data):
-        """The awaitable form of `create_constant_tensor_sync`."""
+    def create_constant_tensor_async(
+        self, *, data_type: str | np.dtype, shape: Sequence[int], data: BufferLike
+    ) -> Awaitable[MLTensor]:
         t = self.create_constant_tensor_sync(data_type=data_type, shape=shape, data=data)
 
         async def done():
@@ -542,15 +628,31 @@ class MLContext:
 
         return awaitable(done())
 
-    # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource inputData);
-    def write_tensor(self, tensor, data):
-        """Write `data` into a writable tensor (WebNN `writeTensor`); returns at once.
+    create_constant_tensor_async.__doc__ = async_doc(
+        create_constant_tensor_sync, "Awaitable[MLTensor]\n    The constant tensor."
+    )
 
-        `data`: anything with the buffer protocol, of exactly the tensor's byte length, typed
-        as the tensor's data type or as raw bytes / uint8. The bytes are taken at the call:
-        changing `data` afterwards changes nothing. A numpy array of another shape resizes a
-        resizable tensor (one created with dynamic dimensions) to it. The write takes effect in
-        call order with the context's other work (held back while the tensor is lent)."""
+    # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource inputData);
+    def write_tensor(self, tensor: MLTensor, data: BufferLike) -> None:
+        """Write `data` into a writable tensor (WebNN ``writeTensor``); returns at once. The write
+        takes effect in call order with the context's other work (held back while the tensor is lent).
+
+        Parameters
+        ----------
+        tensor : MLTensor
+            A tensor of this context created with ``writable=True``.
+        data : buffer
+            Anything with the buffer protocol, of exactly the tensor's byte length, typed as the
+            tensor's data type or as raw bytes / uint8. The bytes are taken at the call. A numpy
+            array of another shape resizes a resizable tensor to it.
+
+        Raises
+        ------
+        TypeError
+            A tensor of another context or not writable, or data of another byte length or dtype.
+        InvalidStateError
+            The tensor is destroyed or the context lost.
+        """
         where = "write_tensor"
         with self._lock:
             self._check_tensor(tensor, where)
@@ -598,13 +700,29 @@ class MLContext:
             out = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
         return out
 
-    def read_tensor_sync(self, tensor, out=None):
-        """Read a readable tensor (WebNN `readTensor`), waiting for the work before it.
+    def read_tensor_sync(self, tensor: MLTensor, out: BufferLike | None = None) -> np.ndarray | None:
+        """Read a readable tensor (WebNN ``readTensor``), waiting for the work before it. The bytes go
+        from GPU staging memory straight into the result (one host copy).
 
-        Returns a new numpy array of the tensor's dtype and current shape; with `out` (any
-        writable contiguous buffer of at least the tensor's byte length) fills its prefix and
-        returns None. The bytes go from GPU staging memory straight into the result (one host
-        copy; mapped in place on CPU adapters)."""
+        Parameters
+        ----------
+        tensor : MLTensor
+            A tensor of this context created with ``readable=True``.
+        out : buffer or None, default None
+            A writable contiguous buffer of at least the tensor's byte length: its prefix is filled.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            A new array of the tensor's dtype and current shape; None when `out` is given.
+
+        Raises
+        ------
+        TypeError
+            A tensor of another context or not readable, or an `out` too small or read-only.
+        InvalidStateError
+            The tensor is destroyed or the context lost (also while the read is pending).
+        """
         return self._start_read(tensor, out, sync=True).wait_sync("read_tensor")
 
     def _start_read(self, tensor, out=None, where="read_tensor", sync=False):
@@ -623,16 +741,19 @@ class MLContext:
                     tl.enqueue(r.task)
             return r
 
-    def read_tensor_async(self, tensor, out=None):
-        """The awaitable form of `read_tensor_sync`. Reads of several tensors started before
-        any is awaited proceed in parallel (one submit)."""
+    def read_tensor_async(self, tensor: MLTensor, out: BufferLike | None = None) -> Awaitable[np.ndarray | None]:
         return awaitable(self._start_read(tensor, out).wait_async("read_tensor"))
+
+    read_tensor_async.__doc__ = async_doc(
+        read_tensor_sync,
+        "Awaitable[numpy.ndarray | None]\n    The array (None when out is given). Reads started before any is awaited proceed in parallel.",
+    )
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs);
     # dispatch(graph, inputs, outputs) is front/graph.dispatch, bound as the method (hot path).
     dispatch = _dispatch
 
-    def flush(self):
+    def flush(self) -> None:
         """Python extension: submit recorded GPU work now (it is submitted anyway when something
         waits on it)."""
         with self._lock:
@@ -646,13 +767,3 @@ def _pad4(raw):
     if n % 4 == 0 and n:
         return raw
     return bytes(raw) + b"\0" * (dtypes.padded(n) - n)
-
-
-def _later(fn, *args):
-    """The _async form of a call that does its work at once: an awaitable of its result (its
-    error raised at the await)."""
-
-    async def run():
-        return fn(*args)
-
-    return awaitable(run())

@@ -10,6 +10,11 @@ This is the hot path: nothing here allocates per launch; wgpu-native's functions
 globals so the loop looks each up once.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
 from wgpu.backends.wgpu_native._ffi import ffi as _ffi
 from wgpu.backends.wgpu_native._ffi import lib as _lib
 
@@ -119,14 +124,28 @@ def _validate(ctx, graph, inputs, outputs, shapes=True):
                 raise InvalidStateError(f"[{where}] {kind} {name!r} is destroyed")
 
 
-def dispatch(ctx, graph, inputs, outputs):
-    """Run `graph` (WebNN `dispatch`): `inputs` and `outputs` map the graph's input and output
-    names to MLTensors of exactly the graph's data types and shapes (with dynamic dimensions: any
-    sizes up to the maxima, taken from the input tensors). Returns at once; the work is recorded
-    in call order and submitted in batches. Everything is validated before anything is enqueued:
-    a wrong name, type or shape, a tensor of another context, a constant tensor, or one tensor
-    bound to two outputs (or to an input and an output) raises TypeError; a destroyed graph or
-    tensor, or a lost context, InvalidStateError."""
+def dispatch(ctx: Any, graph: MLGraph, inputs: Mapping[str, MLTensor], outputs: Mapping[str, MLTensor]) -> None:
+    """Run `graph` (WebNN ``dispatch``); returns at once. The work is recorded in call order and
+    submitted in batches; everything is validated before anything is enqueued.
+
+    Parameters
+    ----------
+    graph : MLGraph
+        A graph of this context.
+    inputs : mapping of str to MLTensor
+        A tensor for each of the graph's inputs, by name, of exactly its data type and shape (with
+        dynamic dimensions: any sizes up to the maxima). One tensor may feed several inputs.
+    outputs : mapping of str to MLTensor
+        A tensor for each of the graph's outputs, by name, none of them also an input or bound twice.
+
+    Raises
+    ------
+    TypeError
+        A wrong name, data type or shape, a value that is not an MLTensor, a tensor of another
+        context, a constant tensor, or one tensor bound to two outputs (or an input and an output).
+    InvalidStateError
+        A destroyed graph or tensor, or a lost context.
+    """
     # (MLContext.dispatch itself, bound as the method: one Python call on the hot path. The whole
     # call holds the device lock (runtime/timeline.py): validated tensors cannot be destroyed by
     # another thread before their work is recorded, and calls record in call order.)

@@ -23,7 +23,7 @@ from ..runtime.constants import digest
 from ..runtime.program import Ext, Program, instantiate
 from ..runtime.wgsl import source_of
 
-FORMAT = 7  # 7: the fusion report (Program.fusion_notes); 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); 6: Ext is runtime.program's (the Program); an older entry is a miss
+FORMAT = 8  # 8: ONNX nodes labelled with their node names (the report names them); 7: the fusion report (Program.fusion_notes); 3: kernels carry their launch parameters (Kernel.sizes); 4: their derived sizes (Kernel.derived); 5: their epilogue's constants (Kernel.consts); 6: Ext is runtime.program's (the Program); an older entry is a miss
 _READ_CHUNK = 64 << 20
 
 

@@ -6,10 +6,12 @@ class is attached once (front/builder.py) and gets every method registered befor
 """
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 
 from .. import dtypes
 from ..errors import NotSupportedError
+from . import opdocs
 from .graph import MLOperand
 
 MAX_RANK = 8
@@ -48,24 +50,59 @@ BUILDER_METHODS = {}  # method name -> the builder method (builder_op)
 _attached = []  # builder classes the methods are set on (attach)
 
 
-def builder_op(fn):
-    """Attach an operator function `fn(builder, ...)` as MLGraphBuilder.<fn name> (now if the
+def builder_op(fn=None, *, renamed=None):
+    """Attach an operator function `fn(self, ...)` as MLGraphBuilder.<fn name> (now if the
     builder class is attached already, else when `attach` runs). Operands with dynamic
     dimensions reach only operators in DYNAMIC (their family's DYNAMIC_OPS: shape inference and
-    kernels that handle sizes known at dispatch); any other raises NotSupportedError first."""
+    kernels that handle sizes known at dispatch); any other raises NotSupportedError first.
+
+    `fn`'s parameters after `self` carry the WebNN spec's names in snake_case (`input`, `a`, `b`,
+    `filter`, `true_value`, ...). `renamed` maps keywords the method took before (one release of
+    deprecation, issue 46) to those names: an old keyword still works, with a DeprecationWarning.
+    A public method's docstring is completed from opdocs.py: Parameters (each one's type and
+    default from `fn`'s signature, its description from the table), Returns and Raises.
+    Use as `@builder_op` or `@builder_op(renamed={"x": "input"})`."""
+    if fn is None:
+        return functools.partial(builder_op, renamed=renamed)
     name = fn.__name__
+    renamed = dict(renamed or {})
 
     @functools.wraps(fn)
     def method(self, *args, **kwargs):
+        if renamed and kwargs:
+            kwargs = _new_keywords(name, renamed, kwargs)
         self._check_state(name)
         if self._dims and name not in DYNAMIC:
             refuse_dynamic(name, args, kwargs)
         return fn(self, *args, **kwargs)
 
+    method.renamed = renamed
+    if not name.startswith("_"):
+        method.__doc__ = opdocs.compose(name, fn, renamed)
     BUILDER_METHODS[name] = method
     for cls in _attached:
         setattr(cls, name, method)
     return fn
+
+
+def _new_keywords(name, renamed, kwargs):
+    """kwargs with each deprecated keyword replaced by its WebNN name (with a DeprecationWarning)."""
+    out = {}
+    for k, v in kwargs.items():
+        new = renamed.get(k)
+        if new is None:
+            out[k] = v
+            continue
+        if new in kwargs:
+            raise TypeError(f"[{name}] got both {new}= and its deprecated name {k}=")
+        warnings.warn(
+            f"[{name}] the keyword {k}= is deprecated: use {new}= (the WebNN operand name); "
+            "the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        out[new] = v
+    return out
 
 
 def refuse_dynamic(name, args, kwargs):

@@ -101,7 +101,7 @@ def sample(logits, context_ids, o, rng):
 class Request:
     """One submitted generation: iterate it (or `async for`) for its text pieces; `cancel()` ends
     it at the next step. After the end: finish_reason ("stop", "length", "cancelled", "error"),
-    prompt_tokens, completion_tokens, ttft_s (seconds from submit to the first token), token_times
+    prompt_tokens, cached_tokens (the prompt's start found in the cache), completion_tokens, ttft_s (seconds from submit to the first token), token_times
     (perf_counter of each generated token), error (the exception of an "error" end, re-raised by
     the iteration after the pieces it gave)."""
 
@@ -110,6 +110,7 @@ class Request:
         self.ids = list(ids)
         self.options = options
         self.prompt_tokens = len(ids)
+        self.cached_tokens = 0  # of the prompt, found in a slot's cache (not computed again)
         self.completion_tokens = 0
         self.finish_reason = None
         self.error = None
@@ -197,11 +198,11 @@ class Request:
 class _Active:
     """A request in a slot: what it has fed, what it generates."""
 
-    def __init__(self, req, slot, tokenizer, limit):
+    def __init__(self, req, slot, tokenizer, limit, cached):
         self.req, self.slot = req, slot
-        self.context = list(req.ids)  # ids whose logits are or will be in the cache, in order
-        self.fed = 0  # positions of the slot written so far
-        self.pending = list(req.ids)  # ids still to feed
+        self.context = list(req.ids)  # ids whose keys and values are or will be in the slot, in order
+        self.fed = cached  # positions of the slot written so far (a cached prefix counts)
+        self.pending = list(req.ids[cached:])  # ids still to feed
         self.limit = limit  # tokens it may generate
         self.tail = TextTail(tokenizer, req.options.stop)
         self.rng = np.random.default_rng(req.options.seed)
@@ -227,6 +228,7 @@ class Engine:
         self._waiting = collections.deque()
         self._active = []
         self._free = list(range(slots))
+        self._held = [[] for _ in range(slots)]  # the ids whose keys and values each slot holds
         self._closing = False
         self._cancel_all = False
         self._ids = itertools.count(1)
@@ -345,13 +347,34 @@ class Engine:
                         req._finish("cancelled")
                         continue
                     limit = min(req.options.max_tokens, self.llm.max_context - len(req.ids))
-                    self._active.append(_Active(req, self._free.pop(0), self.tokenizer, limit))
+                    slot, cached = self._slot_for(req.ids)
+                    self._free.remove(slot)
+                    req.cached_tokens = cached
+                    self._active.append(_Active(req, slot, self.tokenizer, limit, cached))
             t0 = time.perf_counter()
             self._step()
             self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - t0)
 
+    def _slot_for(self, ids):
+        """The free slot whose cache holds the longest start of `ids` (as llama.cpp's server
+        reuses a slot's prompt cache: a chat resent with one more message computes only that),
+        and how many of its ids to keep (at least the last id is fed: its logits are needed)."""
+        best, best_n = self._free[0], -1
+        for slot in self._free:
+            n = 0
+            for x, y in zip(self._held[slot], ids[:-1]):
+                if x != y:
+                    break
+                n += 1
+            if n > best_n:
+                best, best_n = slot, n
+        return best, best_n
+
     def _leave(self, a, reason, error=None):
         a.req._finish(reason, error)
+        # what the slot's cache now holds: the positions written (an error may leave a step's
+        # rows half written: nothing is kept then)
+        self._held[a.slot] = [] if reason == "error" else a.context[: a.fed]
         with self._cond:
             self._active.remove(a)
             self._free.append(a.slot)

@@ -10,11 +10,16 @@ reduce them in workgroup memory, spends 96% of a decode step; this kernel's thre
 rows each (no barriers, nibbles extracted as vec4s) are the lavapipe choice (see model.py). On GPUs
 `_matmul_nbits` keeps the decode step (its workgroups use the memory system as GPUs want).
 
-a: float32 [1, K] (or [K]) with K a multiple of 32; output float32 [1, N] (or [N]).
+a: float32 [M, K] (or [K]) with K a multiple of 32, M static or dynamic (a serving step's rows,
+mltensor/llm/model.py "rows"); output float32 [M, N] (or [N]). A thread computes R output columns
+for MT rows of a (`rows_tile`; 0: one row where a has one, eight otherwise, chosen at
+dispatch: STEP_TILE), the weights' words decoded once for them; each output's sum runs
+in the same order for every M and MT, so a row's result does not depend on the rows beside it.
 """
 
+from ..dynamic.dims import Sym, cdiv, wgsl
 from ..dynamic.kernels import grid
-from ..ir.registry import builder_op, lowering, register
+from ..ir.registry import DYNAMIC, builder_op, lowering, register
 from ..runtime.wgsl import Binding, Kernel
 
 BLOCK = 32
@@ -24,6 +29,12 @@ BLOCK = 32
 # projection over several (lavapipe runs one workgroup per core at a time); 2 rows share a's loads.
 WG = 32
 ROWS = 2
+# (rows of a, output rows) a thread of a serving step with several rows (rows_tile 0): lavapipe,
+# SmolLM2-135M's step of 8 rows, host shared with other jobs (noisy): (4, 2) 0.40-0.45 s, (8, 2)
+# 0.52, (8, 4) 0.31-0.55, (8, 8) 0.44, (4, 4) 0.77; one row with (1, 2): 0.09-0.14 s. On a CPU a
+# thread's FMAs dominate; the tile shares the decoded words over 8 rows and a's loads over 4
+# output rows. GPUs: unmeasured.
+STEP_TILE = (8, 4)
 
 register(
     "_llm_gemv",
@@ -36,10 +47,11 @@ register(
     },
     ranks={"a": (1, 2), "b": (1, 1), "scales": (1, 1), "zero_points": (1, 1)},
 )
+DYNAMIC.add("_llm_gemv")  # a's rows may be known at dispatch only
 
 
 @builder_op
-def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, label=None):
+def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, rows_tile=1, label=None):
     where = "_llm_gemv"
     for what, v in (("a", a), ("b", packed), ("scales", scales), ("zero_points", zero_points)):
         if v is not None:
@@ -51,8 +63,12 @@ def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, label=None)
         raise TypeError(f"[{where}] bits must be 4 or 8, got {bits!r}")
     if K % BLOCK:
         raise TypeError(f"[{where}] K must be a multiple of {BLOCK}, got {K}")
-    if a.data_type != "float32" or tuple(a.shape) not in ((K,), (1, K)):
-        raise TypeError(f"[{where}] a must be float32 [1, {K}] or [{K}], got {a.data_type} {list(a.shape)}")
+    if a.data_type != "float32" or a.shape[-1] != K or isinstance(a.shape[-1], Sym):
+        raise TypeError(f"[{where}] a must be float32 [M, {K}] or [{K}], got {a.data_type} {list(a.shape)}")
+    if rows_tile not in (0, 1, 2, 4, 8):
+        raise TypeError(
+            f"[{where}] rows_tile must be 0 (chosen by the rows at dispatch), 1, 2, 4 or 8, got {rows_tile!r}"
+        )
     kb = K // BLOCK
     if packed.data_type != "uint32" or tuple(packed.shape) != (N * kb * bits,):
         raise TypeError(f"[{where}] b must be uint32 [{N * kb * bits}], got {packed.data_type} {list(packed.shape)}")
@@ -61,7 +77,7 @@ def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, label=None)
             raise TypeError(
                 f"[{where}] {what} must be {' or '.join(types)} [{N * kb}], got {v.data_type} {list(v.shape)}"
             )
-    attrs = {"K": K, "N": N, "bits": bits, "has_zp": zero_points is not None}
+    attrs = {"K": K, "N": N, "bits": bits, "has_zp": zero_points is not None, "MT": rows_tile}
     ins = [a, packed, scales] + ([zero_points] if zero_points is not None else [])
     return b._emit1(where, ins, attrs, "float32", tuple(a.shape[:-1]) + (N,), label)
 
@@ -70,7 +86,9 @@ def _llm_gemv(b, a, packed, scales, *, K, N, bits, zero_points=None, label=None)
 def _lower(kc, node):
     at = node.attrs
     K, N, bits = at["K"], at["N"], at["bits"]
+    M = node.inputs[0].shape[0] if node.inputs[0].rank == 2 else 1
     p = {
+        "M": wgsl(M) if isinstance(M, Sym) else f"{M}u",
         "N": N,
         "KB": K // BLOCK,
         "BITS": bits,
@@ -78,6 +96,7 @@ def _lower(kc, node):
         "ZP": float(1 << (bits - 1)),
         "WG": WG,
         "R": ROWS,
+        "gate": "",
     }
     bindings = [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("scales", kc.wtype(node.inputs[2]))]
     args = list(node.inputs[:3])
@@ -86,12 +105,21 @@ def _lower(kc, node):
         args.append(node.inputs[3])
     bindings.append(Binding("out", "f32", True))
     args.append(kc.out(node))
-    name = f"llm_gemv{bits}_{K}x{N}{'_zp' if at['has_zp'] else ''}_s{kc.wtype(node.inputs[2])}"
-    # loops: K / 32 blocks of `bits` words (runtime/wgsl.py LOOP_BUDGET; K past ~190000 refused
-    # where the cap may apply)
-    kc.launch(
-        Kernel(name, "llm_gemv.wgsl", p, bindings),
-        args,
-        grid(-(-N // (WG * ROWS))),
-        iters=(K // BLOCK) * (bits + 2) + 16,
-    )
+    base = f"llm_gemv{bits}_{K}x{N}{'_zp' if at['has_zp'] else ''}_s{kc.wtype(node.inputs[2])}"
+    MT = at.get("MT", 1)
+    # rows_tile 0 ("auto", a serving step): one row a thread where the step has one row,
+    # STEP_TILE where it has more; both launched, each gated on M at dispatch (the same sums
+    # either way)
+    tiles = [(MT, ROWS, "")] if MT else [(1, ROWS, f"{p['M']} < 2u"), (*STEP_TILE, f"{p['M']} >= 2u")]
+    if not isinstance(M, Sym):
+        tiles = [(t, r, "") for t, r, gate in tiles if not gate or (M < 2) == (t == 1)]
+    for mt, r, gate in tiles:
+        gn = -(-N // (WG * r))
+        # loops: K / 32 blocks of `bits` words (runtime/wgsl.py LOOP_BUDGET; K past ~190000
+        # refused where the cap may apply)
+        kc.launch(
+            Kernel(f"{base}_mt{mt}r{r}", "llm_gemv.wgsl", dict(p, MT=mt, R=r, GN=gn, gate=gate), bindings),
+            args,
+            grid(gn * cdiv(M, mt)),
+            iters=(K // BLOCK) * (bits + 2) + 16,
+        )

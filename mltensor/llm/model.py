@@ -134,9 +134,12 @@ class _Graph:
 class _Builder:
     """Writes the Llama graph into one MLGraphBuilder (constants made once per array)."""
 
-    def __init__(self, ctx, weights, max_context, gemv=False):
+    def __init__(self, ctx, weights, max_context, gemv=False, rows=False):
         self.b = MLGraphBuilder(ctx)
         self.gemv = gemv
+        # the serving step's (build_rows): 4/8-bit projections through `_llm_gemv` with its rows
+        # tile chosen at dispatch, on every adapter: sums that do not depend on the step's rows
+        self.rows = rows
         self.w = weights
         self.c = weights.config
         self.max_context = max_context
@@ -154,6 +157,19 @@ class _Builder:
         if w.blocks is not None:
             q = w.blocks
             return b._matmul_blocks(x, self.const(q.words), kind=q.kind, K=q.cols, N=q.rows)
+        if w.q is not None and self.rows:
+            q = w.q
+            zp = None if q.zero_points is None else self.const(q.zero_points)
+            return b._llm_gemv(
+                x,
+                self.const(q.packed),
+                self.const(q.scales16),
+                K=q.cols,
+                N=q.rows,
+                bits=q.bits,
+                zero_points=zp,
+                rows_tile=0,
+            )
         if w.q is not None and self.gemv and tuple(x.shape[:-1]) == (1,):
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
@@ -336,6 +352,65 @@ class _Builder:
         graph = b.build_sync(outputs)
         return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
 
+    def build_rows(self, max_rows, slots):
+        """The serving engine's step (LlamaBatch): `rows` tokens of up to `slots` sequences, row r
+        at position pos[r] of its sequence, its keys and values written to cache row dst[r] of
+        caches [slots * max_context, kv_heads, head_dim] shared by the sequences
+        (`_kv_scatter`, `_attention_rows`: ops/kvrows.py); the logits of the rows `last` names."""
+        b, c, w = self.b, self.c, self.w
+        spec = c.spec
+        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        rows = MLDynamicDimension("rows", max_rows)
+        ids = b.input("ids", data_type="int32", shape=[rows])
+        pos = b.input("pos", data_type="int32", shape=[rows])
+        dst = b.input("dst", data_type="int32", shape=[rows])
+        last = b.input("last", data_type="int32", shape=[MLDynamicDimension("seqs", slots)])
+        R, half = ids.shape[0], c.rope_dims // 2
+        ropes = {}
+        for key in dict.fromkeys(c.layer_ropes):
+            cos_t, sin_t = self.w.rope_tables(self.max_context, *key)
+            ropes[key] = tuple(b.reshape(b.gather(b.constant(t), pos, axis=0), [R, 1, half]) for t in (cos_t, sin_t))
+        h = self.embed(ids)
+        if spec.embed_scale:
+            h = b.mul(h, b.constant(np.array(math.sqrt(c.hidden), np.float32)))
+        outputs = {}
+        for i, lw in enumerate(w.layers):
+            n = self.norm(h, lw["attn_norm"])
+            q, k, v = self.qkv(n, lw)
+            q, k, v = b.reshape(q, [R, nh, hd]), b.reshape(k, [R, nkv, hd]), b.reshape(v, [R, nkv, hd])
+            if spec.qk_norm:
+                q, k = self.norm(q, lw["attn_q_norm"]), self.norm(k, lw["attn_k_norm"])
+            cos, sin = ropes[c.layer_ropes[i]]
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+            k, v = b._kv_scatter([k, v], dst, rows=slots * self.max_context)
+            outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
+            att = b._attention_rows(
+                q,
+                k,
+                v,
+                dst,
+                pos,
+                scale=c.attn_scale,
+                softcap=c.attn_softcap or 0.0,
+                window=c.windows[i],
+                max_len=self.max_context,
+            )
+            o = self.linear(b.reshape(att, [R, nh * hd]), lw["attn_output"])
+            if spec.post_norms:
+                o = self.norm(o, lw["post_attention_norm"])
+            h = b.add(h, o)
+            f = self.ffn(self.norm(h, lw["ffn_norm"]), lw)
+            if spec.post_norms:
+                f = self.norm(f, lw["post_ffw_norm"])
+            h = b.add(h, f)
+        hl = b.gather(h, last, axis=0)
+        logits = self.linear(self.norm(hl, w.output_norm), w.output if w.output is not None else w.token_embd)
+        if c.final_softcap:
+            logits = self.softcap(logits, c.final_softcap)
+        outputs["logits"] = logits
+        graph = b.build_sync(outputs)
+        return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
+
 
 def _transposed(w):
     return np.ascontiguousarray(w.dense.T)
@@ -382,6 +457,15 @@ class LlamaModel:
     def batch(self, slots, rows):
         """A LlamaBatch: the KV caches of `slots` sequences, steps of at most `rows` tokens."""
         return LlamaBatch(self, slots, rows)
+
+    def rows_graph(self, slots, rows):
+        """The serving step's _Graph for `slots` sequences and `rows` tokens, built on first use."""
+        key = ("rows", slots, rows)
+        with self._lock:
+            if key not in self._graphs:
+                bld = _Builder(self.ctx, self.weights, self.max_context, rows=True)
+                self._graphs[key] = bld.build_rows(rows, slots)
+            return self._graphs[key]
 
 
 class LlamaSession:
@@ -496,22 +580,65 @@ def _split(arr, size):
 
 class LlamaBatch:
     """The KV caches of `slots` sequences and one step over several of them (the serving engine's,
-    mltensor/llm/engine.py). `run(entries)`: entries (slot, start, ids) feed `ids` to `slot`'s
-    sequence at positions start, start + 1, ... (what the slot held from `start` on is forgotten);
-    returns the logits of each entry's last token, float32 [len(entries), vocab] on the host."""
+    mltensor/llm/engine.py): one dispatch of the "rows" graph (_Builder.build_rows). `run(entries)`:
+    entries (slot, start, ids) feed `ids` to `slot`'s sequence at positions start, start + 1, ...
+    (what the slot held from `start` on is overwritten); at most `rows` ids in all, one entry a
+    slot. Returns the logits of each entry's last token, float32 [len(entries), vocab], read back
+    to the host (the engine samples there). The caches never leave the GPU."""
 
     def __init__(self, model, slots, rows):
-        self.model = model
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise TypeError(f"[LlamaBatch] slots must be a positive integer, got {slots!r}")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < slots:
+            raise TypeError(f"[LlamaBatch] rows must be an integer >= slots ({slots}), got {rows!r}")
+        self.model, self.ctx = model, model.ctx
         self.slots, self.rows = slots, rows
-        self._sessions = [model.session() for _ in range(slots)]
+        c, ctx = model.config, model.ctx
         self._lock = threading.Lock()
+        with self._lock:
+            self._graph = model.rows_graph(slots, rows)
+        n = slots * model.max_context
+        self._cache = {
+            f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=[n, c.n_kv_heads, c.head_dim])
+            for i in range(c.n_layers)
+            for kv in "kv"
+        }
+        dyn = MLDynamicDimension
+        self._ins = {
+            name: ctx.create_tensor_sync(data_type="int32", shape=[dyn(dim, size)], writable=True)
+            for name, dim, size in (
+                ("ids", "rows", rows),
+                ("pos", "rows", rows),
+                ("dst", "rows", rows),
+                ("last", "seqs", slots),
+            )
+        }
+        self._logits = ctx.create_tensor_sync(data_type="float32", shape=[dyn("seqs", slots), c.vocab], readable=True)
 
     def run(self, entries):
+        m = self.model
+        ids, pos, dst, last, slots = [], [], [], [], set()
+        for slot, start, toks in entries:
+            toks = [int(t) for t in toks]
+            if not 0 <= slot < self.slots or slot in slots:
+                raise ValueError(f"[LlamaBatch] slot {slot!r} is not a free slot in [0, {self.slots}) of this step")
+            if not toks or start < 0 or start + len(toks) > m.max_context:
+                raise ValueError(
+                    f"[LlamaBatch] {len(toks)} ids from position {start} do not fit {m.max_context} positions"
+                )
+            slots.add(slot)
+            ids += toks
+            pos += range(start, start + len(toks))
+            dst += range(slot * m.max_context + start, slot * m.max_context + start + len(toks))
+            last.append(len(ids) - 1)
+        if len(ids) > self.rows:
+            raise ValueError(f"[LlamaBatch] a step of {len(ids)} rows (at most {self.rows})")
+        vocab = m.config.vocab
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"[LlamaBatch] token ids must lie in [0, {vocab})")
         with self._lock:
-            out = []
-            for slot, start, ids in entries:
-                s = self._sessions[slot]
-                s.length = start
-                logits = s.feed(np.asarray(ids, np.int32))
-                out.append(self.model.ctx.read_tensor_sync(logits)[0])
-            return np.stack(out)
+            ctx = self.ctx
+            for name, values in (("ids", ids), ("pos", pos), ("dst", dst), ("last", last)):
+                ctx.write_tensor(self._ins[name], np.asarray(values, np.int32))
+            ctx.dispatch(self._graph.graph, self._ins, {"logits": self._logits, **self._cache})
+            return ctx.read_tensor_sync(self._logits).reshape(len(entries), vocab)

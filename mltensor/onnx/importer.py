@@ -463,6 +463,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                     continue
                 self.fail("operator is not supported")
             attrs = self.attrs(node, h)
+            first = len(self.b._nodes)
             try:
                 outs = h.fn(self, node, ins, attrs)
             except Unsupported as e:
@@ -473,6 +474,12 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
                 self.fail(f"cannot be mapped onto WebNN ({e})")
             if not isinstance(outs, (list, tuple)):
                 outs = [outs]
+            # the builder nodes this ONNX node became carry its name (MLGraph.fusion_report,
+            # errors): the ONNX name, else its operator and index
+            label = node.name or f"{node.op_type}_{i}"
+            for made in self.b._nodes[first:]:
+                if made.label is None:
+                    made.label = label
             self._bind(node, outs)
         if top:
             self._top_index = None

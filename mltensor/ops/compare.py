@@ -6,7 +6,12 @@ operators produce "uint8" 0/1 values (computed as u32, packed at the graph's edg
 IEEE: every ordered comparison with NaN is false, `not_equal` is true.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from .. import dtypes
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
 from ..runtime.wgsl import compare, from_f32, to_f32
 from ._checks import check_support
@@ -53,7 +58,22 @@ LOGICAL = {
 
 def _binary(name, types, fn):
     register(name, {"a": types, "b": types, "output": U8}, expr=fn)
-    binary_op(name, "uint8")
+    binary_op(name, "uint8", doc=_BINARY_DOCS[name])
+
+
+# Docstrings of the generated binary methods (what MLGraphBuilder.<name> shows).
+_BINARY_DOCS = {
+    "equal": "1 (uint8) where a == b, else 0; the operands broadcast numpy-style.",
+    "not_equal": "1 (uint8) where a != b (NaN included), else 0; the operands broadcast numpy-style.",
+    "greater": "1 (uint8) where a > b, else 0; the operands broadcast numpy-style.",
+    "greater_or_equal": "1 (uint8) where a >= b, else 0; the operands broadcast numpy-style.",
+    "lesser": "1 (uint8) where a < b, else 0; the operands broadcast numpy-style.",
+    "lesser_or_equal": "1 (uint8) where a <= b, else 0; the operands broadcast numpy-style.",
+    "logical_and": "1 (uint8) where the uint8 operands a and b are both non-zero, else 0 (broadcast numpy-style).",
+    "logical_or": "1 (uint8) where either of the uint8 operands a and b is non-zero, else 0 (broadcast numpy-style).",
+    "logical_xor": "1 (uint8) where exactly one of the uint8 operands a and b is non-zero, else 0 (broadcast "
+    "numpy-style).",
+}
 
 
 for _name, _fn in COMPARE.items():
@@ -76,14 +96,26 @@ def _unary(name, types, out_type, fn, what="input"):
 
     register(name, {what: types, "output": (out_type,) if out_type else types}, expr=expr)
 
-    def op(b, x, *, label=None):
-        b._operand(x, name, what)
+    def emit(self: Any, x: MLOperand, label: str | None) -> MLOperand:
+        self._operand(x, name, what)
         check_support(name, **{what: x})
-        return b._emit1(name, [x], {}, out_type or x.data_type, x.shape, label)
+        return self._emit1(name, [x], {}, out_type or x.data_type, x.shape, label)
 
-    op.__name__ = name
+    if what == "a":  # logicalNot(a)
+
+        def op(self: Any, a: MLOperand, *, label: str | None = None) -> MLOperand:
+            return emit(self, a, label)
+
+        renamed = {"x": "a"}
+    else:
+
+        def op(self: Any, input: MLOperand, *, label: str | None = None) -> MLOperand:
+            return emit(self, input, label)
+
+        renamed = {"x": "input"}
+    op.__name__ = op.__qualname__ = name
     op.__doc__ = _UNARY_DOCS.get(name)
-    builder_op(op)
+    builder_op(op, renamed=renamed)
 
 
 # Docstrings of the generated methods (what MLGraphBuilder.<name> shows).

@@ -19,11 +19,17 @@ lane). On CPU adapters the implicit GEMM stages its A tile with the hoisted addr
 once per staged row, not per element) where a static build divides by constants.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..errors import NotSupportedError
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, lit, store_fn
 from ._checks import check_support, int_list, same_type
@@ -113,19 +119,19 @@ def _out_shape(layout, n, c, h, w):
 
 @builder_op
 def conv2d(
-    b,
-    input,
-    filter,
+    self: Any,
+    input: MLOperand,
+    filter: MLOperand,
     *,
-    padding=None,
-    strides=None,
-    dilations=None,
-    groups=1,
-    input_layout="nchw",
-    filter_layout="oihw",
-    bias=None,
-    label=None,
-):
+    padding: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+    dilations: Sequence[int] | None = None,
+    groups: int = 1,
+    input_layout: str = "nchw",
+    filter_layout: str = "oihw",
+    bias: MLOperand | None = None,
+    label: str | None = None,
+) -> MLOperand:
     """2-D convolution of a 4-D `input` with a 4-D `filter`, plus an optional 1-D `bias`.
 
     padding: [top, bottom, left, right] (default zeros); strides, dilations: [h, w] (default
@@ -136,7 +142,7 @@ def conv2d(
     # IDL: MLOperand conv2d(MLOperand input, MLOperand filter, optional MLConv2dOptions options = {});
     where = "conv2d"
     pad, st, dil, groups, (n, ic, ih, iw) = _common(
-        b,
+        self,
         where,
         input,
         filter,
@@ -188,27 +194,27 @@ def conv2d(
     }
     shape = _out_shape(input_layout, n, oc, *out_hw)
     for x, quantity in defer:  # (before _emit's own check of the output sizes: this names them)
-        b._require_positive(x, quantity)
-    return b._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
+        self._require_positive(x, quantity)
+    return self._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
 
 
 @builder_op
 def conv_transpose2d(
-    b,
-    input,
-    filter,
+    self: Any,
+    input: MLOperand,
+    filter: MLOperand,
     *,
-    padding=None,
-    strides=None,
-    dilations=None,
-    output_padding=None,
-    output_sizes=None,
-    groups=1,
-    input_layout="nchw",
-    filter_layout="iohw",
-    bias=None,
-    label=None,
-):
+    padding: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+    dilations: Sequence[int] | None = None,
+    output_padding: Sequence[int] | None = None,
+    output_sizes: Sequence[int] | None = None,
+    groups: int = 1,
+    input_layout: str = "nchw",
+    filter_layout: str = "iohw",
+    bias: MLOperand | None = None,
+    label: str | None = None,
+) -> MLOperand:
     """2-D transposed convolution (the gradient of conv2d with respect to its input), plus an
     optional 1-D `bias`.
 
@@ -218,7 +224,7 @@ def conv_transpose2d(
     # IDL: MLOperand convTranspose2d(MLOperand input, MLOperand filter, optional MLConvTranspose2dOptions options = {});
     where = "conv_transpose2d"
     pad, st, dil, groups, (n, ic, ih, iw) = _common(
-        b,
+        self,
         where,
         input,
         filter,
@@ -288,8 +294,8 @@ def conv_transpose2d(
     }
     shape = _out_shape(input_layout, n, oc, *out_hw)
     for x, quantity in defer:  # (before _emit's own check of the output sizes: this names them)
-        b._require_positive(x, quantity)
-    return b._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
+        self._require_positive(x, quantity)
+    return self._emit1(where, [input, filter, bias], attrs, input.data_type, shape, label)
 
 
 # -- lowering -------------------------------------------------------------------------------

@@ -12,14 +12,18 @@ rounded once (`_in_f32`): shaders/common.wgsl's GPU-safe helpers (tanh_f32, erf_
 are f32-only, and numpy's float16 math is exactly that (float32, then rounded).
 """
 
+from __future__ import annotations
+
+import inspect
 import math
 import re as _re
+from typing import Any
 
 from .. import dtypes
 from ..dynamic.dims import wgsl
 from ..dynamic import kernels as dynamic_kernels
 from ..dynamic.kernels import SizeParams, grid
-from ..ir.graph import external_inputs, inline_scalar, scalar_value
+from ..ir.graph import MLOperand, external_inputs, inline_scalar, scalar_value
 from ..ir.registry import OPS, builder_op, register
 from ..runtime.wgsl import EMULATED, WORKGROUP, Binding, Kernel, binop, compare, convert, lit, unop
 from ._checks import broadcast_shapes, check_number, check_support, same_type
@@ -80,23 +84,51 @@ BINARY = {
 }
 
 
-def binary_op(name, out_type=None, operands=("a", "b")):
+def binary_op(name, out_type=None, operands=("a", "b"), doc=None):
     """Attach the builder method of a broadcasting binary operator (arithmetic and prelu here,
-    comparison and logical in compare.py): two operands (named `operands` in errors and support
-    limits) of one data type, broadcast both ways; the output is out_type, else that type."""
+    comparison and logical in compare.py): two operands (named `operands`, the spec's names:
+    the method's parameters, in errors and support limits) of one data type, broadcast both
+    ways; the output is out_type, else that type."""
     n0, n1 = operands
 
-    def op(b, a, c, *, label=None):
-        b._operand(a, name, n0)
-        b._operand(c, name, n1)
-        check_support(name, **{n0: a, n1: c})
-        same_type(name, (n0, a), (n1, c))
-        shape = broadcast_shapes(name, a.shape, c.shape, b)
-        return b._emit1(name, [a, c], {}, out_type or a.data_type, shape, label)
+    def emit(self: Any, x: MLOperand, y: MLOperand, label: str | None) -> MLOperand:
+        self._operand(x, name, n0)
+        self._operand(y, name, n1)
+        check_support(name, **{n0: x, n1: y})
+        same_type(name, (n0, x), (n1, y))
+        shape = broadcast_shapes(name, x.shape, y.shape, self)
+        return self._emit1(name, [x, y], {}, out_type or x.data_type, shape, label)
 
-    op.__name__ = name
-    op.__doc__ = f"IDL: MLOperand {name}(MLOperand {n0}, MLOperand {n1}, optional MLOperatorOptions options = {{}});"
-    builder_op(op)
+    if operands == ("input", "slope"):
+
+        def op(self: Any, input: MLOperand, slope: MLOperand, *, label: str | None = None) -> MLOperand:
+            return emit(self, input, slope, label)
+
+        renamed = {"a": "input", "c": "slope"}
+    else:
+
+        def op(self: Any, a: MLOperand, b: MLOperand, *, label: str | None = None) -> MLOperand:
+            return emit(self, a, b, label)
+
+        renamed = {"c": "b"}
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc or BINARY_DOCS.get(name)
+    builder_op(op, renamed=renamed)
+
+
+# Docstrings of the generated binary methods (what MLGraphBuilder.<name> shows; comparison and
+# logical ones in compare.py).
+BINARY_DOCS = {
+    "add": "Elementwise sum a + b, the operands broadcast numpy-style.",
+    "sub": "Elementwise difference a - b, the operands broadcast numpy-style.",
+    "mul": "Elementwise product a * b, the operands broadcast numpy-style.",
+    "div": "Elementwise quotient a / b, the operands broadcast numpy-style (integers: truncated, 0 for a "
+    "division by zero).",
+    "max": "Elementwise maximum of a and b, the operands broadcast numpy-style.",
+    "min": "Elementwise minimum of a and b, the operands broadcast numpy-style.",
+    "pow": "Elementwise a to the power b, the operands broadcast numpy-style.",
+    "prelu": "input where input >= 0, else slope * input (input and slope broadcast numpy-style).",
+}
 
 
 def _binary(name, types, fn):
@@ -164,15 +196,31 @@ def _unary(name, types, fn, attrs_of=None, activation=False):
         fn = _in_f32(fn)
     register(name, {"input": types, "output": types}, expr=fn, activation=activation)
 
-    def op(b, x, *, label=None, **options):
-        b._operand(x, name, "input")
-        check_support(name, input=x)
-        attrs = attrs_of(name, x, **options) if attrs_of else _no_options(name, options)
-        return b._emit1(name, [x], attrs, x.data_type, x.shape, label)
+    def op(self: Any, input: MLOperand, *, label: str | None = None, **options: Any) -> MLOperand:
+        self._operand(input, name, "input")
+        check_support(name, input=input)
+        attrs = attrs_of(name, input, **options) if attrs_of else _no_options(name, options)
+        return self._emit1(name, [input], attrs, input.data_type, input.shape, label)
 
-    op.__name__ = name
+    op.__name__ = op.__qualname__ = name
     op.__doc__ = _UNARY_DOCS.get(name)
-    builder_op(op)
+    # The options as the keywords they are (signature, docs, the type stub): `**options` is
+    # checked against them (_opts, _clamp_attrs)
+    P = inspect.Parameter
+    defaults = getattr(attrs_of, "defaults", {})
+    op.__signature__ = inspect.Signature(
+        [
+            P("self", P.POSITIONAL_OR_KEYWORD),
+            P("input", P.POSITIONAL_OR_KEYWORD, annotation="MLOperand"),
+            *(
+                P(k, P.KEYWORD_ONLY, default=d, annotation="float" if d is not None else "float | None")
+                for k, d in defaults.items()
+            ),
+            P("label", P.KEYWORD_ONLY, default=None, annotation="str | None"),
+        ],
+        return_annotation="MLOperand",
+    )
+    builder_op(op, renamed={"x": "input"})
 
 
 # Docstrings of the generated unary and activation methods (what MLGraphBuilder.<name> shows).
@@ -227,6 +275,7 @@ def _opts(defaults):
             raise TypeError(f"[{name}] unexpected options {sorted(extra)}")
         return {k: check_number(name, k, options.get(k, d)) for k, d in defaults.items()}
 
+    attrs_of.defaults = defaults
     return attrs_of
 
 
@@ -244,6 +293,9 @@ def _clamp_attrs(name, x, min_value=None, max_value=None):
     if lo > hi:
         raise TypeError(f"[{name}] min_value ({lo}) must not be greater than max_value ({hi})")
     return {"min_value": lo, "max_value": hi}
+
+
+_clamp_attrs.defaults = {"min_value": None, "max_value": None}
 
 
 def _clamp(kc, n, x):
@@ -328,15 +380,15 @@ binary_op("prelu", operands=("input", "slope"))
 register("cast", {"input": ALL, "output": ALL}, expr=lambda kc, n, x: convert(x, _t(kc, n), kc.wtype(n.outputs[0])))
 
 
-@builder_op
-def cast(b, x, data_type, *, label=None):
-    """Convert to `data_type`: integers narrowing wrap, widening extend by the source's
-    signedness; floats to integers truncate toward zero (negative floats to unsigned wrap,
-    as C casts)."""
+@builder_op(renamed={"x": "input", "data_type": "type"})
+def cast(self: Any, input: MLOperand, type: str, *, label: str | None = None) -> MLOperand:
+    """Convert to the data type `type`: integers narrowing wrap, widening extend by the
+    source's signedness; floats to integers truncate toward zero (negative floats to unsigned
+    wrap, as C casts)."""
     # IDL: MLOperand cast(MLOperand input, MLOperandDataType type, optional MLOperatorOptions options = {});
-    b._operand(x, "cast", "input")
-    dt = dtypes.normalize(data_type, "cast")
-    return b._emit1("cast", [x], {"to": dt}, dt, x.shape, label)
+    self._operand(input, "cast", "input")
+    dt = dtypes.normalize(type, "cast")
+    return self._emit1("cast", [input], {"to": dt}, dt, input.shape, label)
 
 
 # -- lowering of fused groups -----------------------------------------------------------------

@@ -10,10 +10,15 @@ Dynamic dimensions (mltensor/dynamic/): shapes may hold Syms (sizes read at disp
 Shape rules that the builder cannot decide are checked at every dispatch.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import wgsl
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import Binding, Kernel
 from ._checks import check_axis, check_support, same_type
@@ -74,20 +79,22 @@ def _shape_name(*shapes):
 register("gather_elements", {"input": ALL, "indices": INDEX, "output": ALL}, ranks={"input": (1, 8), "indices": (1, 8)})
 
 
-@builder_op
-def gather_elements(b, x, indices, *, axis=0, label=None):
+@builder_op(renamed={"x": "input"})
+def gather_elements(
+    self: Any, input: MLOperand, indices: MLOperand, *, axis: int = 0, label: str | None = None
+) -> MLOperand:
     """Element-wise gather along `axis`: output[i][j][k] = input[indices[i][j][k]][j][k] for axis 0
     (likewise for other axes). `indices` has the input's rank; the output has its shape."""
     # IDL: MLOperand gatherElements(MLOperand input, MLOperand indices,
     #                               optional MLGatherOptions options = {});
     where = "gather_elements"
-    b._operand(x, where, "input")
-    b._operand(indices, where, "indices")
-    check_support(where, input=x, indices=indices)
-    checks = Checks(b)
-    axis = _elements_axis(where, x, indices, axis, checks)
+    self._operand(input, where, "input")
+    self._operand(indices, where, "indices")
+    check_support(where, input=input, indices=indices)
+    checks = Checks(self)
+    axis = _elements_axis(where, input, indices, axis, checks)
     checks.commit()
-    return b._emit1(where, [x, indices], {"axis": axis}, x.data_type, indices.shape, label)
+    return self._emit1(where, [input, indices], {"axis": axis}, input.data_type, indices.shape, label)
 
 
 @lowering("gather_elements")
@@ -109,22 +116,22 @@ def _lower_gather_elements(kc, node):
 register("gather_nd", {"input": ALL, "indices": INDEX, "output": ALL}, ranks={"input": (1, 8), "indices": (1, 8)})
 
 
-@builder_op
-def gather_nd(b, x, indices, *, label=None):
+@builder_op(renamed={"x": "input"})
+def gather_nd(self: Any, input: MLOperand, indices: MLOperand, *, label: str | None = None) -> MLOperand:
     """Gather slices addressed by the last dimension of `indices`: each index tuple of length k
     selects input[t0, ..., tk-1, ...]. Output shape: indices.shape[:-1] + input.shape[k:]."""
     # IDL: MLOperand gatherND(MLOperand input, MLOperand indices, optional MLOperatorOptions options = {});
     where = "gather_nd"
-    b._operand(x, where, "input")
-    b._operand(indices, where, "indices")
-    check_support(where, input=x, indices=indices)
+    self._operand(input, where, "input")
+    self._operand(indices, where, "indices")
+    check_support(where, input=input, indices=indices)
     k = _static_last(where, indices)
-    if k > x.rank:
-        raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({x.rank})")
-    shape = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
+    if k > input.rank:
+        raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({input.rank})")
+    shape = tuple(indices.shape[:-1]) + tuple(input.shape[k:])
     if len(shape) > 8:
         raise TypeError(f"[{where}] output rank {len(shape)} exceeds the maximum rank 8")
-    return b._emit1(where, [x, indices], {}, x.data_type, shape, label)
+    return self._emit1(where, [input, indices], {}, input.data_type, shape, label)
 
 
 def _nd_offset(kc, ind, in_shape, k, inner):
@@ -158,23 +165,25 @@ register(
 )
 
 
-@builder_op
-def scatter_elements(b, x, indices, updates, *, axis=0, label=None):
+@builder_op(renamed={"x": "input"})
+def scatter_elements(
+    self: Any, input: MLOperand, indices: MLOperand, updates: MLOperand, *, axis: int = 0, label: str | None = None
+) -> MLOperand:
     """A copy of the input with `updates` written at `indices` along `axis` (the inverse of
     gather_elements); `indices` and `updates` share a shape."""
     # IDL: MLOperand scatterElements(MLOperand input, MLOperand indices, MLOperand updates,
     #                                optional MLScatterOptions options = {});
     where = "scatter_elements"
-    for what, v in (("input", x), ("indices", indices), ("updates", updates)):
-        b._operand(v, where, what)
-    check_support(where, input=x, indices=indices, updates=updates)
-    same_type(where, ("input", x), ("updates", updates))
-    checks = Checks(b)
-    axis = _elements_axis(where, x, indices, axis, checks)
+    for what, v in (("input", input), ("indices", indices), ("updates", updates)):
+        self._operand(v, where, what)
+    check_support(where, input=input, indices=indices, updates=updates)
+    same_type(where, ("input", input), ("updates", updates))
+    checks = Checks(self)
+    axis = _elements_axis(where, input, indices, axis, checks)
     if not _same_shape(checks, updates.shape, indices.shape, f"[{where}] updates"):
         raise TypeError(f"[{where}] updates shape {list(updates.shape)} must equal indices shape {list(indices.shape)}")
     checks.commit()
-    return b._emit1(where, [x, indices, updates], {"axis": axis}, x.data_type, x.shape, label)
+    return self._emit1(where, [input, indices, updates], {"axis": axis}, input.data_type, input.shape, label)
 
 
 @lowering("scatter_elements")
@@ -200,29 +209,31 @@ register(
 )
 
 
-@builder_op
-def scatter_nd(b, x, indices, updates, *, label=None):
+@builder_op(renamed={"x": "input"})
+def scatter_nd(
+    self: Any, input: MLOperand, indices: MLOperand, updates: MLOperand, *, label: str | None = None
+) -> MLOperand:
     """A copy of the input with the slices of `updates` written where the index tuples of the last
     dimension of `indices` point (the inverse of gather_nd)."""
     # IDL: MLOperand scatterND(MLOperand input, MLOperand indices, MLOperand updates,
     #                          optional MLOperatorOptions options = {});
     where = "scatter_nd"
-    for what, v in (("input", x), ("indices", indices), ("updates", updates)):
-        b._operand(v, where, what)
-    check_support(where, input=x, indices=indices, updates=updates)
-    same_type(where, ("input", x), ("updates", updates))
+    for what, v in (("input", input), ("indices", indices), ("updates", updates)):
+        self._operand(v, where, what)
+    check_support(where, input=input, indices=indices, updates=updates)
+    same_type(where, ("input", input), ("updates", updates))
     k = _static_last(where, indices)
-    if k > x.rank:
-        raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({x.rank})")
-    expected = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
-    checks = Checks(b)
+    if k > input.rank:
+        raise TypeError(f"[{where}] indices.shape[-1] ({k}) must not exceed the input rank ({input.rank})")
+    expected = tuple(indices.shape[:-1]) + tuple(input.shape[k:])
+    checks = Checks(self)
     if not _same_shape(checks, tuple(updates.shape), expected, f"[{where}] updates"):
         raise TypeError(
             f"[{where}] updates shape {list(updates.shape)} must be indices.shape[:-1] + "
             f"input.shape[{k}:] = {list(expected)}"
         )
     checks.commit()
-    return b._emit1(where, [x, indices, updates], {}, x.data_type, x.shape, label)
+    return self._emit1(where, [input, indices, updates], {}, input.data_type, input.shape, label)
 
 
 @lowering("scatter_nd")

@@ -3,10 +3,16 @@ coordinate arithmetic generated from the shapes: static sizes are WGSL constants
 (Syms, mltensor/dynamic/) are read at dispatch through `wgsl()`. triangular's diagonal may be a
 Sym too (a causal mask over [seq, past + seq] keeps c - r <= past)."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, is_static, wgsl
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import Binding, Kernel, lit
 from ._checks import check_axes, check_bool, check_support, int_list
@@ -59,14 +65,14 @@ def launch_body(kc, name, node, body, extra_bindings=()):
 register("reverse", {"input": ALL, "output": ALL})
 
 
-@builder_op
-def reverse(b, x, *, axes=None, label=None):
+@builder_op(renamed={"x": "input"})
+def reverse(self: Any, input: MLOperand, *, axes: Sequence[int] | None = None, label: str | None = None) -> MLOperand:
     """Reverse the order of elements along `axes` (default: every axis; `[]` reverses none)."""
     # IDL: MLOperand reverse(MLOperand input, optional MLReverseOptions options = {});
-    b._operand(x, "reverse", "input")
-    check_support("reverse", input=x)
-    axes = check_axes("reverse", axes, x.rank)
-    return b._emit1("reverse", [x], {"axes": tuple(sorted(axes))}, x.data_type, x.shape, label)
+    self._operand(input, "reverse", "input")
+    check_support("reverse", input=input)
+    axes = check_axes("reverse", axes, input.rank)
+    return self._emit1("reverse", [input], {"axes": tuple(sorted(axes))}, input.data_type, input.shape, label)
 
 
 @lowering("reverse")
@@ -90,17 +96,17 @@ def _lower_reverse(kc, node):
 register("tile", {"input": ALL, "output": ALL})
 
 
-@builder_op
-def tile(b, x, repetitions, *, label=None):
+@builder_op(renamed={"x": "input"})
+def tile(self: Any, input: MLOperand, repetitions: Sequence[int], *, label: str | None = None) -> MLOperand:
     """Repeat the input `repetitions[i]` times along each dimension i (one entry per dimension)."""
     # IDL: MLOperand tile(MLOperand input, sequence<unsigned long> repetitions,
     #                     optional MLOperatorOptions options = {});
-    b._operand(x, "tile", "input")
-    check_support("tile", input=x)
-    reps = int_list("tile", "repetitions", repetitions, length=x.rank, minimum=1)
-    shape = tuple(d * r for d, r in zip(x.shape, reps))
-    b._context._tensor_args("tile", x.data_type, shape)  # byte length limit
-    return b._emit1("tile", [x], {"repetitions": tuple(reps)}, x.data_type, shape, label)
+    self._operand(input, "tile", "input")
+    check_support("tile", input=input)
+    reps = int_list("tile", "repetitions", repetitions, length=input.rank, minimum=1)
+    shape = tuple(d * r for d, r in zip(input.shape, reps))
+    self._context._tensor_args("tile", input.data_type, shape)  # byte length limit
+    return self._emit1("tile", [input], {"repetitions": tuple(reps)}, input.data_type, shape, label)
 
 
 @lowering("tile")
@@ -123,22 +129,24 @@ def _lower_tile(kc, node):
 register("triangular", {"input": ALL, "output": ALL}, ranks={"input": (2, 8)})
 
 
-@builder_op
-def triangular(b, x, *, upper=True, diagonal=0, label=None):
+@builder_op(renamed={"x": "input"})
+def triangular(
+    self: Any, input: MLOperand, *, upper: bool = True, diagonal: int = 0, label: str | None = None
+) -> MLOperand:
     """Keep the upper (`upper=True`) or lower triangle of the last two dimensions, the rest set to
     zero; `diagonal` shifts the boundary (positive: above the main diagonal)."""
     # IDL: MLOperand triangular(MLOperand input, optional MLTriangularOptions options = {});
-    b._operand(x, "triangular", "input")
-    check_support("triangular", input=x)
+    self._operand(input, "triangular", "input")
+    check_support("triangular", input=input)
     check_bool("triangular", "upper", upper)
     if isinstance(diagonal, Sym):  # a size from an operand's shape (past), read at dispatch
-        check_syms(b, "triangular", "diagonal", [diagonal])
+        check_syms(self, "triangular", "diagonal", [diagonal])
         if not -(2**31) <= diagonal.lo <= diagonal.hi < 2**31:
             raise TypeError(f"[triangular] diagonal {diagonal} must be a 32-bit integer for every size")
     elif isinstance(diagonal, bool) or not isinstance(diagonal, int) or not -(2**31) <= diagonal < 2**31:
         raise TypeError(f"[triangular] diagonal must be a 32-bit integer, got {diagonal!r}")
     attrs = {"upper": upper, "diagonal": diagonal}
-    return b._emit1("triangular", [x], attrs, x.data_type, x.shape, label)
+    return self._emit1("triangular", [input], attrs, input.data_type, input.shape, label)
 
 
 @lowering("triangular")

@@ -21,10 +21,15 @@ returns at once), so a size runs the tile a static build of the bucket's maximum
 path a static build of that size runs.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, wgsl
+from ..ir.graph import MLOperand
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
 from ..runtime.wgsl import Binding, binop, f32_lit, store_fn
 from ._gemm import batch_offset_expr, check_k, common_k, folds_batch, gemm_launch, vec_loads
@@ -47,27 +52,27 @@ register(
 )
 
 
-@builder_op
-def matmul(b, a, c, *, label=None):
-    """Matrix product of `a` [..., M, K] and `c` [..., K, N] (WebNN's operand names are a and b)
+@builder_op(renamed={"c": "b"})
+def matmul(self: Any, a: MLOperand, b: MLOperand, *, label: str | None = None) -> MLOperand:
+    """Matrix product of `a` [..., M, K] and `b` [..., K, N]
     -> [..., M, N], batch dimensions broadcast; 1-D operands are not allowed (rank >= 2).
     Runs on the tiled GEMM kernel family (or the GEMV path for M <= 4); activations and
     residual adds after it are fused into its stores."""
     # IDL: MLOperand matmul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
-    b._operand(a, "matmul", "a")
-    b._operand(c, "matmul", "b")
-    check_support("matmul", a=a, b=c)
-    same_type("matmul", ("a", a), ("b", c))
+    self._operand(a, "matmul", "a")
+    self._operand(b, "matmul", "b")
+    check_support("matmul", a=a, b=b)
+    same_type("matmul", ("a", a), ("b", b))
     check_k(
-        b,
+        self,
         a.shape[-1],
-        c.shape[-2],
-        f"[matmul] columns of a ({a.shape[-1]}) must equal rows of b ({c.shape[-2]}); "
-        f"shapes {list(a.shape)} and {list(c.shape)}",
+        b.shape[-2],
+        f"[matmul] columns of a ({a.shape[-1]}) must equal rows of b ({b.shape[-2]}); "
+        f"shapes {list(a.shape)} and {list(b.shape)}",
     )
-    batch = broadcast_shapes("matmul", a.shape[:-2], c.shape[:-2])
-    shape = tuple(batch) + (a.shape[-2], c.shape[-1])
-    return b._emit1("matmul", [a, c], {}, a.data_type, shape, label)
+    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    shape = tuple(batch) + (a.shape[-2], b.shape[-1])
+    return self._emit1("matmul", [a, b], {}, a.data_type, shape, label)
 
 
 @lowering("matmul")
@@ -119,36 +124,46 @@ register(
 )
 
 
-@builder_op
-def gemm(b, a, bb, *, c=None, alpha=1.0, beta=1.0, a_transpose=False, b_transpose=False, label=None):
+@builder_op(renamed={"bb": "b"})
+def gemm(
+    self: Any,
+    a: MLOperand,
+    b: MLOperand,
+    *,
+    c: MLOperand | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    a_transpose: bool = False,
+    b_transpose: bool = False,
+    label: str | None = None,
+) -> MLOperand:
     """General matrix multiply of 2-D operands: alpha * A' @ B' + beta * C, where A' is `a`
-    (transposed when `a_transpose`), B' is `bb` (transposed when `b_transpose`; WebNN's operand
-    is named b) and `c` an optional operand that broadcasts to the [M, N] output."""
+    (transposed when `a_transpose`), B' is `b` (transposed when `b_transpose`) and `c` an optional operand that broadcasts to the [M, N] output."""
     # IDL: MLOperand gemm(MLOperand a, MLOperand b, optional MLGemmOptions options = {});
-    b._operand(a, "gemm", "a")
-    b._operand(bb, "gemm", "b")
+    self._operand(a, "gemm", "a")
+    self._operand(b, "gemm", "b")
     if c is not None:
-        b._operand(c, "gemm", "c")
-    check_support("gemm", a=a, b=bb, c=c)
-    same_type("gemm", ("a", a), ("b", bb), ("c", c))
+        self._operand(c, "gemm", "c")
+    check_support("gemm", a=a, b=b, c=c)
+    same_type("gemm", ("a", a), ("b", b), ("c", c))
     alpha = check_number("gemm", "alpha", alpha)
     beta = check_number("gemm", "beta", beta)
     a_transpose = check_bool("gemm", "a_transpose", a_transpose)
     b_transpose = check_bool("gemm", "b_transpose", b_transpose)
     sa = a.shape[::-1] if a_transpose else a.shape
-    sb = bb.shape[::-1] if b_transpose else bb.shape
+    sb = b.shape[::-1] if b_transpose else b.shape
     check_k(
-        b,
+        self,
         sa[1],
         sb[0],
         f"[gemm] K of a ({sa[1]}) must equal K of b ({sb[0]}); shapes {list(a.shape)} "
-        f"(a_transpose={a_transpose}) and {list(bb.shape)} (b_transpose={b_transpose})",
+        f"(a_transpose={a_transpose}) and {list(b.shape)} (b_transpose={b_transpose})",
     )
     shape = (sa[0], sb[1])
     if c is not None:
         unidirectional("gemm", c.shape, shape)
     attrs = {"alpha": alpha, "beta": beta, "a_transpose": a_transpose, "b_transpose": b_transpose}
-    return b._emit1("gemm", [a, bb, c], attrs, a.data_type, shape, label)
+    return self._emit1("gemm", [a, b, c], attrs, a.data_type, shape, label)
 
 
 @lowering("gemm")

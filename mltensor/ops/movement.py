@@ -21,12 +21,17 @@ checked at every dispatch (Checks). Copy-free placement and views need offsets k
 so dynamic concat inputs and slices are copied.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, wgsl
 from ..dynamic.kernels import MAX_GROUPS, grid, is_dynamic
-from ..ir.graph import as_shape
+from ..ir.graph import MLOperand, as_shape
 from ..ir.registry import MAX_RANK, builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, convert, lit
 from ._checks import broadcast_shapes, check_support, int_list, same_type, unidirectional
@@ -277,25 +282,25 @@ def _copy_rows(kc, name, src, dst, dims, src_base, dst_base, mt):
 # -- reshape ----------------------------------------------------------------------------------
 
 
-@builder_op
-def reshape(b, x, new_shape, *, label=None):
+@builder_op(renamed={"x": "input"})
+def reshape(self: Any, input: MLOperand, new_shape: Sequence[int], *, label: str | None = None) -> MLOperand:
     """The same elements in `new_shape` (a list of sizes whose product equals the input's; no -1
     placeholder, as in WebNN). Launches nothing: the output aliases the input's memory."""
     # IDL: MLOperand reshape(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
-    b._operand(x, "reshape", "input")
-    check_support("reshape", input=x)
+    self._operand(input, "reshape", "input")
+    check_support("reshape", input=input)
     shape = as_shape(new_shape, "reshape")
-    check_syms(b, "reshape", "new_shape", shape)
+    check_syms(self, "reshape", "new_shape", shape)
     # no -1 to infer: equal element counts, structurally (768*batch*seq) or checked at dispatch
-    checks = Checks(b)
-    if not checks.same(math.prod(shape), x.size, f"[reshape] new_shape {list(shape)} element count"):
+    checks = Checks(self)
+    if not checks.same(math.prod(shape), input.size, f"[reshape] new_shape {list(shape)} element count"):
         raise TypeError(
-            f"[reshape] new_shape {list(shape)} has {math.prod(shape)} elements, expected {x.size} "
-            f"(the input's shape is {list(x.shape)})"
+            f"[reshape] new_shape {list(shape)} has {math.prod(shape)} elements, expected {input.size} "
+            f"(the input's shape is {list(input.shape)})"
         )
-    shape = output_shape(b, "reshape", x.data_type, shape)
+    shape = output_shape(self, "reshape", input.data_type, shape)
     checks.commit()
-    return b._emit1("reshape", [x], {}, x.data_type, shape, label)
+    return self._emit1("reshape", [input], {}, input.data_type, shape, label)
 
 
 def _lower_reshape(kc, node):
@@ -311,18 +316,18 @@ register("reshape", {"input": ALL, "output": ALL}, lower=_lower_reshape)
 register("expand", {"input": ALL, "output": ALL}, expr=lambda kc, n, x: x)
 
 
-@builder_op
-def expand(b, x, new_shape, *, label=None):
+@builder_op(renamed={"x": "input"})
+def expand(self: Any, input: MLOperand, new_shape: Sequence[int], *, label: str | None = None) -> MLOperand:
     """Broadcast the input to `new_shape` (each input dimension 1 or equal to the new one, aligned
     from the right; the rank may grow)."""
     # IDL: MLOperand expand(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
-    b._operand(x, "expand", "input")
-    check_support("expand", input=x)
+    self._operand(input, "expand", "input")
+    check_support("expand", input=input)
     shape = as_shape(new_shape, "expand")
-    check_syms(b, "expand", "new_shape", shape)
-    unidirectional("expand", x.shape, shape)
-    shape = output_shape(b, "expand", x.data_type, shape)
-    return b._emit1("expand", [x], {"new_shape": shape}, x.data_type, shape, label)
+    check_syms(self, "expand", "new_shape", shape)
+    unidirectional("expand", input.shape, shape)
+    shape = output_shape(self, "expand", input.data_type, shape)
+    return self._emit1("expand", [input], {"new_shape": shape}, input.data_type, shape, label)
 
 
 # -- where (elementwise select with 3-way broadcasting) ------------------------------------------
@@ -335,19 +340,21 @@ register(
 
 
 @builder_op
-def where(b, condition, true_value, false_value, *, label=None):
+def where(
+    self: Any, condition: MLOperand, true_value: MLOperand, false_value: MLOperand, *, label: str | None = None
+) -> MLOperand:
     """Elementwise select: `true_value` where `condition` (uint8) is non-zero, else `false_value`.
     The three operands broadcast to one shape; the two values share a data type."""
     # IDL: MLOperand where(MLOperand condition, MLOperand trueValue, MLOperand falseValue, optional MLOperatorOptions options = {});
-    b._operand(condition, "where", "condition")
-    b._operand(true_value, "where", "true_value")
-    b._operand(false_value, "where", "false_value")
+    self._operand(condition, "where", "condition")
+    self._operand(true_value, "where", "true_value")
+    self._operand(false_value, "where", "false_value")
     check_support("where", condition=condition, true_value=true_value, false_value=false_value)
     same_type("where", ("true_value", true_value), ("false_value", false_value))
-    shape = broadcast_shapes("where", true_value.shape, false_value.shape, b)
-    shape = broadcast_shapes("where", condition.shape, shape, b)
-    shape = output_shape(b, "where", true_value.data_type, shape)
-    return b._emit1("where", [condition, true_value, false_value], {}, true_value.data_type, shape, label)
+    shape = broadcast_shapes("where", true_value.shape, false_value.shape, self)
+    shape = broadcast_shapes("where", condition.shape, shape, self)
+    shape = output_shape(self, "where", true_value.data_type, shape)
+    return self._emit1("where", [condition, true_value, false_value], {}, true_value.data_type, shape, label)
 
 
 # -- transpose ----------------------------------------------------------------------------------
@@ -363,14 +370,16 @@ def _lower_transpose(kc, node):
 register("transpose", {"input": ALL, "output": ALL}, lower=_lower_transpose)
 
 
-@builder_op
-def transpose(b, x, *, permutation=None, label=None):
+@builder_op(renamed={"x": "input"})
+def transpose(
+    self: Any, input: MLOperand, *, permutation: Sequence[int] | None = None, label: str | None = None
+) -> MLOperand:
     """Permute the dimensions: output dimension i is input dimension `permutation[i]` (default:
     the reversed order)."""
     # IDL: MLOperand transpose(MLOperand input, optional MLTransposeOptions options = {});
-    b._operand(x, "transpose", "input")
-    check_support("transpose", input=x)
-    r = x.rank
+    self._operand(input, "transpose", "input")
+    check_support("transpose", input=input)
+    r = input.rank
     if permutation is None:
         perm = list(range(r - 1, -1, -1))  # spec default: reverse the dimensions
     else:
@@ -379,8 +388,8 @@ def transpose(b, x, *, permutation=None, label=None):
             raise TypeError(
                 f"[transpose] permutation must be a permutation of 0..{r - 1} (the input's rank is {r}), got {perm}"
             )
-    shape = tuple(x.shape[p] for p in perm)
-    return b._emit1("transpose", [x], {"permutation": perm}, x.data_type, shape, label)
+    shape = tuple(input.shape[p] for p in perm)
+    return self._emit1("transpose", [input], {"permutation": perm}, input.data_type, shape, label)
 
 
 # -- slice --------------------------------------------------------------------------------------
@@ -397,21 +406,29 @@ def _lower_slice(kc, node):
 register("slice", {"input": ALL, "output": ALL}, lower=_lower_slice)
 
 
-@builder_op
-def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebNN name)
+@builder_op(renamed={"x": "input"})
+def slice(
+    self: Any,
+    input: MLOperand,
+    starts: Sequence[int],
+    sizes: Sequence[int],
+    *,
+    strides: Sequence[int] | None = None,
+    label: str | None = None,
+) -> MLOperand:  # noqa: A001 (WebNN name)
     """The block starting at `starts` with `sizes` elements per dimension, taking every `strides`-th
     element (default 1). A contiguous slice is read in place (copy-free) where the layout
     allows."""
     # IDL: MLOperand slice(MLOperand input, sequence<[EnforceRange] unsigned long> starts, sequence<[EnforceRange] unsigned long> sizes, optional MLSliceOptions options = {});
-    b._operand(x, "slice", "input")
-    check_support("slice", input=x)
-    r = x.rank
-    starts, sizes = _per_dim("slice", r, ("starts", starts), ("sizes", sizes), builder=b)
+    self._operand(input, "slice", "input")
+    check_support("slice", input=input)
+    r = input.rank
+    starts, sizes = _per_dim("slice", r, ("starts", starts), ("sizes", sizes), builder=self)
     steps = [1] * r if strides is None else int_sequence("slice", "strides", strides, length=r)
-    checks = Checks(b)
+    checks = Checks(self)
     shape = []
     for d in range(r):
-        start, size, dim = starts[d], sizes[d], x.shape[d]
+        start, size, dim = starts[d], sizes[d], input.shape[d]
         if not checks.positive(size, f"[slice] sizes[{d}] ({size})"):
             raise TypeError(f"[slice] sizes must be positive, got {sizes}")
         if steps[d] < 1:
@@ -429,7 +446,7 @@ def slice(b, x, starts, sizes, *, strides=None, label=None):  # noqa: A001 (WebN
         shape.append(cdiv(size, steps[d]))
     attrs = {"starts": starts, "sizes": sizes, "strides": steps}
     checks.commit()
-    return b._emit1("slice", [x], attrs, x.data_type, tuple(shape), label)
+    return self._emit1("slice", [input], attrs, input.data_type, tuple(shape), label)
 
 
 # -- split (multi-output: one strided copy per output) -------------------------------------------
@@ -449,17 +466,19 @@ def _lower_split(kc, node):
 register("split", {"input": ALL, "outputs": ALL}, ranks={"input": RANK1}, lower=_lower_split)
 
 
-@builder_op
-def split(b, x, splits, *, axis=0, label=None):
+@builder_op(renamed={"x": "input"})
+def split(
+    self: Any, input: MLOperand, splits: int | Sequence[int], *, axis: int = 0, label: str | None = None
+) -> list[MLOperand]:
     """Split along `axis` into a list of operands: `splits` is an int (that many equal parts) or a
     list of part sizes summing to the dimension."""
     # IDL: sequence<MLOperand> split(MLOperand input, ([EnforceRange] unsigned long or sequence<[EnforceRange] unsigned long>) splits, optional MLSplitOptions options = {});
-    b._operand(x, "split", "input")
-    check_support("split", input=x)
+    self._operand(input, "split", "input")
+    check_support("split", input=input)
     axis = _uint("split", "axis", axis)
-    if axis >= x.rank:
-        raise TypeError(f"[split] axis must be below the input's rank {x.rank}, got {axis}")
-    dim = x.shape[axis]
+    if axis >= input.rank:
+        raise TypeError(f"[split] axis must be below the input's rank {input.rank}, got {axis}")
+    dim = input.shape[axis]
     if hasattr(splits, "__index__") and not isinstance(splits, bool):
         count = _uint("split", "splits", splits)
         if count == 0:
@@ -477,10 +496,10 @@ def split(b, x, splits, *, axis=0, label=None):
             )
     outs = []
     for s in sizes:
-        shape = list(x.shape)
+        shape = list(input.shape)
         shape[axis] = s
-        outs.append((x.data_type, tuple(shape)))
-    return b._emit("split", [x], {"axis": axis, "sizes": sizes}, outs, label)
+        outs.append((input.data_type, tuple(shape)))
+    return self._emit("split", [input], {"axis": axis, "sizes": sizes}, outs, label)
 
 
 # -- concat (one launch per input, each writing its slab of the same output) ---------------------
@@ -514,7 +533,7 @@ register("concat", {"inputs": ALL, "output": ALL}, ranks={"inputs": RANK1}, lowe
 
 
 @builder_op
-def concat(b, inputs, axis, *, label=None):
+def concat(self: Any, inputs: Sequence[MLOperand], axis: int, *, label: str | None = None) -> MLOperand:
     """Join `inputs` (a list of operands of one data type and rank, equal but for `axis`) along
     `axis`. Launches nothing where it can: each producer writes straight into its slab of the
     output."""
@@ -523,7 +542,7 @@ def concat(b, inputs, axis, *, label=None):
         raise TypeError(f"[concat] inputs must be a sequence of MLOperand, got {type(inputs).__name__}")
     inputs = list(inputs)
     for k, x in enumerate(inputs):
-        b._operand(x, "concat", f"inputs[{k}]")
+        self._operand(x, "concat", f"inputs[{k}]")
     if not inputs:
         raise TypeError("[concat] inputs must not be empty")
     axis = _uint("concat", "axis", axis)
@@ -531,7 +550,7 @@ def concat(b, inputs, axis, *, label=None):
     check_support("concat", inputs=first)
     if axis >= first.rank:
         raise TypeError(f"[concat] axis must be below the inputs' rank {first.rank}, got {axis}")
-    checks = Checks(b)
+    checks = Checks(self)
     total = 0
     for k, x in enumerate(inputs):
         same_type("concat", ("inputs[0]", first), (f"inputs[{k}]", x))
@@ -546,9 +565,9 @@ def concat(b, inputs, axis, *, label=None):
         total += x.shape[axis]
     shape = list(first.shape)
     shape[axis] = total
-    shape = output_shape(b, "concat", first.data_type, shape)
+    shape = output_shape(self, "concat", first.data_type, shape)
     checks.commit()
-    return b._emit1("concat", inputs, {"axis": axis}, first.data_type, shape, label)
+    return self._emit1("concat", inputs, {"axis": axis}, first.data_type, shape, label)
 
 
 # -- pad --------------------------------------------------------------------------------------
@@ -631,24 +650,33 @@ def _lower_pad(kc, node):
 register("pad", {"input": ALL, "output": ALL}, ranks={"input": RANK1}, lower=_lower_pad)
 
 
-@builder_op
-def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, label=None):
+@builder_op(renamed={"x": "input"})
+def pad(
+    self: Any,
+    input: MLOperand,
+    beginning_padding: Sequence[int],
+    ending_padding: Sequence[int],
+    *,
+    mode: str = "constant",
+    value: float = 0,
+    label: str | None = None,
+) -> MLOperand:
     """Pad with `beginning_padding` / `ending_padding` elements per dimension. mode: "constant"
     (filled with `value`, default 0), "edge" (the edge element repeated) or "reflection" (mirrored
     without repeating the edge; each padding smaller than its dimension)."""
     # IDL: MLOperand pad(MLOperand input, sequence<[EnforceRange] unsigned long> beginningPadding, sequence<[EnforceRange] unsigned long> endingPadding, optional MLPadOptions options = {});
-    b._operand(x, "pad", "input")
-    check_support("pad", input=x)
-    r = x.rank
+    self._operand(input, "pad", "input")
+    check_support("pad", input=input)
+    r = input.rank
     begin, end = _per_dim("pad", r, ("beginning_padding", beginning_padding), ("ending_padding", ending_padding))
     if mode not in PAD_MODES:
         raise TypeError(f"[pad] mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
         raise TypeError(f"[pad] value must be a number, got {value!r}")
-    checks = Checks(b)
+    checks = Checks(self)
     if mode == "reflection":
         for d in range(r):
-            dim = x.shape[d]
+            dim = input.shape[d]
             if isinstance(dim, Sym):  # a dynamic dimension: checked at dispatch where need be
                 fits = all(
                     checks.positive(dim - p, f"[pad] dimension {d} ({dim}) minus its reflection padding {p}")
@@ -659,9 +687,9 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
             if not fits:
                 raise TypeError(
                     f"[pad] reflection padding must be smaller than the dimension: dimension {d} has size "
-                    f"{x.shape[d]}, got padding {begin[d]} and {end[d]}"
+                    f"{input.shape[d]}, got padding {begin[d]} and {end[d]}"
                 )
-    shape = output_shape(b, "pad", x.data_type, [bg + d + e for bg, d, e in zip(begin, x.shape, end)])
+    shape = output_shape(self, "pad", input.data_type, [bg + d + e for bg, d, e in zip(begin, input.shape, end)])
     attrs = {
         "beginning_padding": begin,
         "ending_padding": end,
@@ -669,7 +697,7 @@ def pad(b, x, beginning_padding, ending_padding, *, mode="constant", value=0, la
         "value": value,
     }
     checks.commit()
-    return b._emit1("pad", [x], attrs, x.data_type, shape, label)
+    return self._emit1("pad", [input], attrs, input.data_type, shape, label)
 
 
 # -- gather -----------------------------------------------------------------------------------
@@ -733,18 +761,18 @@ register(
 )
 
 
-@builder_op
-def gather(b, x, indices, *, axis=0, label=None):
+@builder_op(renamed={"x": "input"})
+def gather(self: Any, input: MLOperand, indices: MLOperand, *, axis: int = 0, label: str | None = None) -> MLOperand:
     """Take entries of the input along `axis` at `indices` (an operand of int32, uint32 or int64;
     negative indices count from the end). Output shape: input.shape[:axis] + indices.shape +
     input.shape[axis + 1:]. Out-of-range indices are clamped, as WebNN allows."""
     # IDL: MLOperand gather(MLOperand input, MLOperand indices, optional MLGatherOptions options = {});
-    b._operand(x, "gather", "input")
-    b._operand(indices, "gather", "indices")
-    check_support("gather", input=x, indices=indices)
+    self._operand(input, "gather", "input")
+    self._operand(indices, "gather", "indices")
+    check_support("gather", input=input, indices=indices)
     axis = _uint("gather", "axis", axis)
-    if axis >= x.rank:
-        raise TypeError(f"[gather] axis must be below the input's rank {x.rank}, got {axis}")
-    shape = x.shape[:axis] + indices.shape + x.shape[axis + 1 :]
-    shape = output_shape(b, "gather", x.data_type, shape)
-    return b._emit1("gather", [x, indices], {"axis": axis}, x.data_type, shape, label)
+    if axis >= input.rank:
+        raise TypeError(f"[gather] axis must be below the input's rank {input.rank}, got {axis}")
+    shape = input.shape[:axis] + indices.shape + input.shape[axis + 1 :]
+    shape = output_shape(self, "gather", input.data_type, shape)
+    return self._emit1("gather", [input, indices], {"axis": axis}, input.data_type, shape, label)

@@ -18,10 +18,16 @@ where a static build at those sizes would take the thread kernel (reduce.thread_
 computes bit for bit what its static build computes.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, low, wgsl
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
 from ._checks import check_number, check_support
@@ -82,30 +88,41 @@ def _may_equal(a, c):
 # -- batch_normalization --------------------------------------------------------------------
 
 
-@builder_op
-def batch_normalization(b, x, mean, variance, *, scale=None, bias=None, axis=1, epsilon=1e-5, label=None):
+@builder_op(renamed={"x": "input"})
+def batch_normalization(
+    self: Any,
+    input: MLOperand,
+    mean: MLOperand,
+    variance: MLOperand,
+    *,
+    scale: MLOperand | None = None,
+    bias: MLOperand | None = None,
+    axis: int = 1,
+    epsilon: float = 1e-05,
+    label: str | None = None,
+) -> MLOperand:
     """(x - mean) / sqrt(variance + epsilon) * scale + bias along channel `axis` (default 1);
     `mean`, `variance`, `scale`, `bias` are 1-D of that dimension's size. Feeding a convolution,
     it is applied as the convolution loads its input."""
     # IDL: MLOperand batchNormalization(MLOperand input, MLOperand mean, MLOperand variance, optional MLBatchNormalizationOptions options = {});
     where = "batch_normalization"
-    b._operand(x, where, "input")
-    check_support(where, input=x)
+    self._operand(input, where, "input")
+    check_support(where, input=input)
     if isinstance(axis, bool) or not hasattr(axis, "__index__"):
         raise TypeError(f"[{where}] axis must be an integer, got {axis!r}")
     axis = int(axis)
-    if not 0 <= axis < x.rank:
-        raise TypeError(f"[{where}] axis must be in [0, {x.rank}) for an input of rank {x.rank}, got {axis}")
+    if not 0 <= axis < input.rank:
+        raise TypeError(f"[{where}] axis must be in [0, {input.rank}) for an input of rank {input.rank}, got {axis}")
     eps = check_number(where, "epsilon", epsilon)
-    c = (x.shape[axis],)
+    c = (input.shape[axis],)
     if mean is None or variance is None:
         raise TypeError(f"[{where}] mean and variance are required operands")
-    mean = _param(b, where, "mean", mean, x, c)
-    variance = _param(b, where, "variance", variance, x, c)
-    scale = _param(b, where, "scale", scale, x, c)
-    bias = _param(b, where, "bias", bias, x, c)
+    mean = _param(self, where, "mean", mean, input, c)
+    variance = _param(self, where, "variance", variance, input, c)
+    scale = _param(self, where, "scale", scale, input, c)
+    bias = _param(self, where, "bias", bias, input, c)
     attrs = {"axis": axis, "epsilon": eps}
-    return b._emit1(where, [x, mean, variance, scale, bias], attrs, x.data_type, x.shape, label)
+    return self._emit1(where, [input, mean, variance, scale, bias], attrs, input.data_type, input.shape, label)
 
 
 def _lower_batch(kc, node):
@@ -144,22 +161,31 @@ def _lower_batch(kc, node):
 # -- instance_normalization -----------------------------------------------------------------
 
 
-@builder_op
-def instance_normalization(b, x, *, scale=None, bias=None, epsilon=1e-5, layout="nchw", label=None):
+@builder_op(renamed={"x": "input"})
+def instance_normalization(
+    self: Any,
+    input: MLOperand,
+    *,
+    scale: MLOperand | None = None,
+    bias: MLOperand | None = None,
+    epsilon: float = 1e-05,
+    layout: str = "nchw",
+    label: str | None = None,
+) -> MLOperand:
     """Normalize each (batch, channel) plane over its spatial dimensions, then scale and bias per
     channel (1-D, optional); layout: "nchw" or "nhwc"."""
     # IDL: MLOperand instanceNormalization(MLOperand input, optional MLInstanceNormalizationOptions options = {});
     where = "instance_normalization"
-    b._operand(x, where, "input")
-    check_support(where, input=x)
+    self._operand(input, where, "input")
+    check_support(where, input=input)
     if layout not in ("nchw", "nhwc"):
         raise TypeError(f"[{where}] layout must be 'nchw' or 'nhwc', got {layout!r}")
     eps = check_number(where, "epsilon", epsilon)
-    c = (x.shape[1] if layout == "nchw" else x.shape[3],)
-    scale = _param(b, where, "scale", scale, x, c)
-    bias = _param(b, where, "bias", bias, x, c)
+    c = (input.shape[1] if layout == "nchw" else input.shape[3],)
+    scale = _param(self, where, "scale", scale, input, c)
+    bias = _param(self, where, "bias", bias, input, c)
     attrs = {"layout": layout, "epsilon": eps}
-    return b._emit1(where, [x, scale, bias], attrs, x.data_type, x.shape, label)
+    return self._emit1(where, [input, scale, bias], attrs, input.data_type, input.shape, label)
 
 
 def _lower_instance(kc, node):
@@ -176,21 +202,30 @@ def _lower_instance(kc, node):
 # -- layer_normalization --------------------------------------------------------------------
 
 
-@builder_op
-def layer_normalization(b, x, *, scale=None, bias=None, axes=None, epsilon=1e-5, label=None):
+@builder_op(renamed={"x": "input"})
+def layer_normalization(
+    self: Any,
+    input: MLOperand,
+    *,
+    scale: MLOperand | None = None,
+    bias: MLOperand | None = None,
+    axes: Sequence[int] | None = None,
+    epsilon: float = 1e-05,
+    label: str | None = None,
+) -> MLOperand:
     """Normalize over `axes` (default: every axis but the first), then multiply by `scale` and add
     `bias` (shaped as the normalized dimensions, optional)."""
     # IDL: MLOperand layerNormalization(MLOperand input, optional MLLayerNormalizationOptions options = {});
     where = "layer_normalization"
-    b._operand(x, where, "input")
-    check_support(where, input=x)
-    axes = list(range(1, x.rank)) if axes is None else axes_option(where, axes, x.rank)
+    self._operand(input, where, "input")
+    check_support(where, input=input)
+    axes = list(range(1, input.rank)) if axes is None else axes_option(where, axes, input.rank)
     eps = check_number(where, "epsilon", epsilon)
-    pshape = tuple(x.shape[a] for a in axes)
-    scale = _param(b, where, "scale", scale, x, pshape)
-    bias = _param(b, where, "bias", bias, x, pshape)
+    pshape = tuple(input.shape[a] for a in axes)
+    scale = _param(self, where, "scale", scale, input, pshape)
+    bias = _param(self, where, "bias", bias, input, pshape)
     attrs = {"axes": tuple(axes), "epsilon": eps}
-    return b._emit1(where, [x, scale, bias], attrs, x.data_type, x.shape, label)
+    return self._emit1(where, [input, scale, bias], attrs, input.data_type, input.shape, label)
 
 
 def _lower_layer(kc, node):

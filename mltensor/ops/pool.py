@@ -20,6 +20,11 @@ size read at dispatch is a real division; the f32 one is a few vector instructio
 kernel is static only (compiler/fusion/gate.py fuse_gates skips dynamic shapes).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 import numpy as np
@@ -27,6 +32,7 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..dynamic.kernels import SizeParams, grid
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, store_fn
 from ._index import FAST_DIV_MAX, index_lines
@@ -128,20 +134,30 @@ def _pool(b, where, x, window_dimensions, padding, strides, dilations, layout, r
 
 def _make(where):
     def op(
-        b,
-        input,
+        self: Any,
+        input: MLOperand,
         *,
-        window_dimensions=None,
-        padding=None,
-        strides=None,
-        dilations=None,
-        layout="nchw",
-        rounding_type="floor",
-        output_sizes=None,
-        label=None,
-    ):
+        window_dimensions: Sequence[int] | None = None,
+        padding: Sequence[int] | None = None,
+        strides: Sequence[int] | None = None,
+        dilations: Sequence[int] | None = None,
+        layout: str = "nchw",
+        rounding_type: str = "floor",
+        output_sizes: Sequence[int] | None = None,
+        label: str | None = None,
+    ) -> MLOperand:
         return _pool(
-            b, where, input, window_dimensions, padding, strides, dilations, layout, rounding_type, output_sizes, label
+            self,
+            where,
+            input,
+            window_dimensions,
+            padding,
+            strides,
+            dilations,
+            layout,
+            rounding_type,
+            output_sizes,
+            label,
         )
 
     op.__name__ = where

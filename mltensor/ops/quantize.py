@@ -8,10 +8,15 @@ input's, 1, or a whole divisor of it as expressions); where only the sizes given
 tell whether an input dimension is a multiple of the scale's, every dispatch checks it (TypeError
 naming the operator). Block sizes and the element count are then read at dispatch."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, exact_div, wgsl
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, lit, store_fn
 from ._checks import check_support, same_type
@@ -70,8 +75,17 @@ def _multiple(chk, where, n, s):
     return chk.same(n - (n // s) * s, 0, what)
 
 
-@builder_op
-def quantize_linear(b, x, scale, zero_point, *, label=None, _saturate=None, _half_quotient=False):
+@builder_op(renamed={"x": "input"})
+def quantize_linear(
+    self: Any,
+    input: MLOperand,
+    scale: MLOperand,
+    zero_point: MLOperand,
+    *,
+    label: str | None = None,
+    _saturate: Any = None,
+    _half_quotient: Any = False,
+) -> MLOperand:
     """Quantize: saturate(round_half_to_even(x / scale) + zero_point) into the zero point's data
     type (int8, uint8, int32, uint32). `scale` and `zero_point` have the input's rank and
     broadcast blockwise (every input dimension a whole multiple of theirs)."""
@@ -84,8 +98,8 @@ def quantize_linear(b, x, scale, zero_point, *, label=None, _saturate=None, _hal
     #  _half_quotient=True: round x / scale to float16 before rounding to an integer, since ONNX
     #    divides in the scale's type and a float16 quotient can land on a tie (k + 0.5) that the
     #    f32 quotient misses. WebNN's own semantics keep the f32 quotient.
-    chk = _check("quantize_linear", b, x, scale, zero_point)
-    same_type("quantize_linear", ("input", x), ("scale", scale))
+    chk = _check("quantize_linear", self, input, scale, zero_point)
+    same_type("quantize_linear", ("input", input), ("scale", scale))
     attrs = {}
     if _saturate is not None:
         lo, hi = (int(v) for v in _saturate)
@@ -97,23 +111,25 @@ def quantize_linear(b, x, scale, zero_point, *, label=None, _saturate=None, _hal
             )
         attrs["saturate"] = (lo, hi)
     if _half_quotient:
-        if x.data_type != "float16":
+        if input.data_type != "float16":
             raise TypeError("[quantize_linear] a float16 quotient needs a float16 input")
         attrs["half_quotient"] = True
-    y = b._emit1("quantize_linear", [x, scale, zero_point], attrs, zero_point.data_type, x.shape, label)
+    y = self._emit1("quantize_linear", [input, scale, zero_point], attrs, zero_point.data_type, input.shape, label)
     chk.commit()
     return y
 
 
-@builder_op
-def dequantize_linear(b, x, scale, zero_point, *, label=None):
+@builder_op(renamed={"x": "input"})
+def dequantize_linear(
+    self: Any, input: MLOperand, scale: MLOperand, zero_point: MLOperand, *, label: str | None = None
+) -> MLOperand:
     """Dequantize: (x - zero_point) * scale, in the scale's data type. `scale` and `zero_point`
     broadcast blockwise as in quantize_linear."""
     # IDL: MLOperand dequantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint,
     #                                 optional MLOperatorOptions options = {});
-    chk = _check("dequantize_linear", b, x, scale, zero_point)
-    same_type("dequantize_linear", ("input", x), ("zero_point", zero_point))
-    y = b._emit1("dequantize_linear", [x, scale, zero_point], {}, scale.data_type, x.shape, label)
+    chk = _check("dequantize_linear", self, input, scale, zero_point)
+    same_type("dequantize_linear", ("input", input), ("zero_point", zero_point))
+    y = self._emit1("dequantize_linear", [input, scale, zero_point], {}, scale.data_type, input.shape, label)
     chk.commit()
     return y
 

@@ -26,12 +26,18 @@ partial pass then stores the result itself). So a dynamic build computes bit for
 static build at the same sizes computes. Scratch is sized for the largest sizes.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, high, low, smax, smin, wgsl
 from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, unop
 from ._checks import check_bool, check_support
@@ -233,16 +239,23 @@ def axes_option(where, axes, rank):
 def _reduce_op(name, types):
     register(name, {"input": types, "output": types}, lower=_lower_reduce)
 
-    def op(b, x, *, axes=None, keep_dimensions=False, label=None):
-        b._operand(x, name, "input")
-        check_support(name, input=x)
-        axes = axes_option(name, axes, x.rank)
+    def op(
+        self: Any,
+        input: MLOperand,
+        *,
+        axes: Sequence[int] | None = None,
+        keep_dimensions: bool = False,
+        label: str | None = None,
+    ) -> MLOperand:
+        self._operand(input, name, "input")
+        check_support(name, input=input)
+        axes = axes_option(name, axes, input.rank)
         keep = check_bool(name, "keep_dimensions", keep_dimensions)
         if keep:
-            shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+            shape = tuple(1 if d in axes else s for d, s in enumerate(input.shape))
         else:
-            shape = tuple(s for d, s in enumerate(x.shape) if d not in axes)
-        return b._emit1(name, [x], {"axes": tuple(sorted(axes))}, x.data_type, shape, label)
+            shape = tuple(s for d, s in enumerate(input.shape) if d not in axes)
+        return self._emit1(name, [input], {"axes": tuple(sorted(axes))}, input.data_type, shape, label)
 
     op.__name__ = name
     op.__doc__ = f"IDL: MLOperand {name}(MLOperand input, optional MLReduceOptions options = {{}});"
@@ -368,19 +381,19 @@ for _name, (_types, *_rest) in REDUCE.items():
 # -- softmax --------------------------------------------------------------------------------
 
 
-@builder_op
-def softmax(b, x, axis, *, label=None):
+@builder_op(renamed={"x": "input"})
+def softmax(self: Any, input: MLOperand, axis: int, *, label: str | None = None) -> MLOperand:
     """Softmax along `axis` (an int in [0, rank)): exp(x - max) / sum(exp(x - max)), computed in
     one kernel per row. The output has the input's shape and data type (float32, float16)."""
     # IDL: MLOperand softmax(MLOperand input, [EnforceRange] unsigned long axis, optional MLOperatorOptions options = {});
-    b._operand(x, "softmax", "input")
-    check_support("softmax", input=x)
+    self._operand(input, "softmax", "input")
+    check_support("softmax", input=input)
     if isinstance(axis, bool) or not hasattr(axis, "__index__"):
         raise TypeError(f"[softmax] axis must be an integer, got {axis!r}")
     axis = int(axis)
-    if not 0 <= axis < x.rank:
-        raise TypeError(f"[softmax] axis must be in [0, {x.rank}) for an input of rank {x.rank}, got {axis}")
-    return b._emit1("softmax", [x], {"axis": axis}, x.data_type, x.shape, label)
+    if not 0 <= axis < input.rank:
+        raise TypeError(f"[softmax] axis must be in [0, {input.rank}) for an input of rank {input.rank}, got {axis}")
+    return self._emit1("softmax", [input], {"axis": axis}, input.data_type, input.shape, label)
 
 
 def _lower_softmax(kc, node):

@@ -28,12 +28,18 @@ same gcd reduction as _rational (resample_at.wgsl rs_rat), so every size samples
 static build at that size does.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import cdiv, exact_div, high, is_static, wgsl
 from ..dynamic import kernels as dynamic_kernels
 from ..errors import NotSupportedError
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
 from ._index import FAST_DIV_MAX, index_lines, row_strides
@@ -253,19 +259,19 @@ def _scaled(n, scale):
     return (n * p) // q
 
 
-@builder_op
+@builder_op(renamed={"x": "input"})
 def resample2d(
-    b,
-    x,
+    self: Any,
+    input: MLOperand,
     *,
-    mode="nearest-neighbor",
-    scales=None,
-    sizes=None,
-    axes=None,
-    coordinate_transformation="half_pixel",
-    nearest_rounding="round_prefer_floor",
-    label=None,
-):
+    mode: str = "nearest-neighbor",
+    scales: Sequence[float] | None = None,
+    sizes: Sequence[int] | None = None,
+    axes: Sequence[int] | None = None,
+    coordinate_transformation: str = "half_pixel",
+    nearest_rounding: str = "round_prefer_floor",
+    label: str | None = None,
+) -> MLOperand:
     """Resample two dimensions (`axes`, default [2, 3]) of a 4-D input by `scales` (two floats) or
     to `sizes` (two ints; wins over scales). mode: "nearest-neighbor" or "linear" (bilinear).
 
@@ -275,8 +281,8 @@ def resample2d(
     Nearest sampling positions are computed in exact integer arithmetic."""
     # IDL: MLOperand resample2d(MLOperand input, optional MLResample2dOptions options = {});
     # Python extensions: coordinate_transformation, nearest_rounding (see the module docstring).
-    b._operand(x, "resample2d", "input")
-    check_support("resample2d", input=x)
+    self._operand(input, "resample2d", "input")
+    check_support("resample2d", input=input)
     if mode not in MODES:
         raise TypeError(f"[resample2d] mode must be one of {', '.join(MODES)}, got {mode!r}")
     if coordinate_transformation not in TRANSFORMS:
@@ -297,20 +303,20 @@ def resample2d(
         axes = [2, 3]
     else:
         axes = int_sequence("resample2d", "axes", axes, length=2)
-        if axes[0] == axes[1] or any(a >= x.rank for a in axes):
+        if axes[0] == axes[1] or any(a >= input.rank for a in axes):
             raise TypeError(
-                f"[resample2d] axes must be two different dimensions below the input's rank {x.rank}, got {axes}"
+                f"[resample2d] axes must be two different dimensions below the input's rank {input.rank}, got {axes}"
             )
-    shape = list(x.shape)
+    shape = list(input.shape)
     for k, ax in enumerate(axes):
-        size = sizes[k] if sizes is not None else _scaled(x.shape[ax], scales[k])
+        size = sizes[k] if sizes is not None else _scaled(input.shape[ax], scales[k])
         if high(size) < 1:
             raise TypeError(
-                f"[resample2d] output size along axis {ax} is {size} (input size {x.shape[ax]} * "
+                f"[resample2d] output size along axis {ax} is {size} (input size {input.shape[ax]} * "
                 f"scale {scales[k]}); it must be at least 1"
             )
         shape[ax] = size
-    shape = output_shape(b, "resample2d", x.data_type, shape)
+    shape = output_shape(self, "resample2d", input.data_type, shape)
     attrs = {
         "mode": mode,
         "scales": scales,
@@ -319,4 +325,4 @@ def resample2d(
         "coordinate_transformation": coordinate_transformation,
         "nearest_rounding": nearest_rounding,
     }
-    return b._emit1("resample2d", [x], attrs, x.data_type, shape, label)
+    return self._emit1("resample2d", [input], attrs, input.data_type, shape, label)

@@ -17,6 +17,11 @@ place). The number of steps stays static: the
 recurrence is unrolled at build, so a dynamic steps dimension is refused.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import math
 
 import numpy as np
@@ -24,6 +29,7 @@ import numpy as np
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, is_static
 from ..errors import NotSupportedError
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
 from ..switches import switch
@@ -339,25 +345,25 @@ def _zeros(b, dt, shape):
 # -- gru ------------------------------------------------------------------------------------------
 
 
-@builder_op
+@builder_op(renamed={"x": "input"})
 def gru(
-    b,
-    x,
-    weight,
-    recurrent_weight,
-    steps,
-    hidden_size,
+    self: Any,
+    input: MLOperand,
+    weight: MLOperand,
+    recurrent_weight: MLOperand,
+    steps: int,
+    hidden_size: int,
     *,
-    bias=None,
-    recurrent_bias=None,
-    initial_hidden_state=None,
-    reset_after=True,
-    return_sequence=False,
-    direction="forward",
-    layout="zrn",
-    activations=None,
-    label=None,
-):
+    bias: MLOperand | None = None,
+    recurrent_bias: MLOperand | None = None,
+    initial_hidden_state: MLOperand | None = None,
+    reset_after: bool = True,
+    return_sequence: bool = False,
+    direction: str = "forward",
+    layout: str = "zrn",
+    activations: Sequence[str] | None = None,
+    label: str | None = None,
+) -> list[MLOperand]:
     """A GRU over `steps` time steps of `input` [steps, batch, input_size]; returns a list: the
     last hidden state [num_directions, batch, hidden_size], and with `return_sequence` every
     step's. weight / recurrent_weight: [num_directions, 3 * hidden_size, ...]; optional
@@ -368,7 +374,7 @@ def gru(
     #                              unsigned long steps, unsigned long hiddenSize, optional MLGruOptions options = {});
     where = "gru"
     named = {
-        "input": x,
+        "input": input,
         "weight": weight,
         "recurrent_weight": recurrent_weight,
         "bias": bias,
@@ -376,7 +382,7 @@ def gru(
         "initial_hidden_state": initial_hidden_state,
     }
     steps, hs, return_sequence, acts, batch, isz, nd = _sequence_args(
-        b,
+        self,
         where,
         named,
         steps,
@@ -391,66 +397,70 @@ def gru(
     )
     reset_after = check_bool(where, "reset_after", reset_after)
 
-    dt = x.data_type
-    one = b.constant(data_type=dt, value=1.0)
-    x2 = b.reshape(x, [steps * batch, isz])
+    dt = input.data_type
+    one = self.constant(data_type=dt, value=1.0)
+    x2 = self.reshape(input, [steps * batch, isz])
     finals, seqs = [], []
     for d in range(nd):
         backward = direction == "backward" or d == 1
-        W = _dir(b, weight, d, nd)
-        R = _dir(b, recurrent_weight, d, nd)
-        bb = _dir(b, bias, d, nd)
-        rb = _dir(b, recurrent_bias, d, nd)
+        W = _dir(self, weight, d, nd)
+        R = _dir(self, recurrent_weight, d, nd)
+        bb = _dir(self, bias, d, nd)
+        rb = _dir(self, recurrent_bias, d, nd)
         rec = {"R": R, "rb": rb}
         if not reset_after:
-            rec["Rg"] = _gate_slices(b, R, layout, hs)
-            rec["rbg"] = _gate_slices(b, rb, layout, hs)
-        gx_all = b.gemm(x2, W, c=bb, b_transpose=True)  # [steps * batch, 3h]
-        h = _dir(b, initial_hidden_state, d, nd) if initial_hidden_state is not None else _zeros(b, dt, (batch, hs))
+            rec["Rg"] = _gate_slices(self, R, layout, hs)
+            rec["rbg"] = _gate_slices(self, rb, layout, hs)
+        gx_all = self.gemm(x2, W, c=bb, b_transpose=True)  # [steps * batch, 3h]
+        h = (
+            _dir(self, initial_hidden_state, d, nd)
+            if initial_hidden_state is not None
+            else _zeros(self, dt, (batch, hs))
+        )
         per_t = [None] * steps
         for s in range(steps):
             t = steps - 1 - s if backward else s
             if reset_after and _fuse_gates():
-                h = _gru_step_fused(b, gx_all, t * batch * 3 * hs, h, rec, layout, acts)
+                h = _gru_step_fused(self, gx_all, t * batch * 3 * hs, h, rec, layout, acts)
             else:
-                gx = b.slice(gx_all, [t * batch, 0], [batch, 3 * hs])
-                h = _gru_step(b, gx, h, rec, hs, reset_after, layout, acts, one)
+                gx = self.slice(gx_all, [t * batch, 0], [batch, 3 * hs])
+                h = _gru_step(self, gx, h, rec, hs, reset_after, layout, acts, one)
             per_t[t] = h
-        finals.append(b.reshape(h, [1, batch, hs]))
+        finals.append(self.reshape(h, [1, batch, hs]))
         if return_sequence:
-            seqs.append(b.concat([b.reshape(v, [1, 1, batch, hs]) for v in per_t], 0))
-    out = [finals[0] if nd == 1 else b.concat(finals, 0)]
+            seqs.append(self.concat([self.reshape(v, [1, 1, batch, hs]) for v in per_t], 0))
+    out = [finals[0] if nd == 1 else self.concat(finals, 0)]
     if return_sequence:
-        out.append(seqs[0] if nd == 1 else b.concat(seqs, 1))
+        out.append(seqs[0] if nd == 1 else self.concat(seqs, 1))
     return out
 
 
-@builder_op
+@builder_op(renamed={"x": "input"})
 def gru_cell(
-    b,
-    x,
-    weight,
-    recurrent_weight,
-    hidden_state,
-    hidden_size,
+    self: Any,
+    input: MLOperand,
+    weight: MLOperand,
+    recurrent_weight: MLOperand,
+    hidden_state: MLOperand,
+    hidden_size: int,
     *,
-    bias=None,
-    recurrent_bias=None,
-    reset_after=True,
-    layout="zrn",
-    activations=None,
-    label=None,
-):
+    bias: MLOperand | None = None,
+    recurrent_bias: MLOperand | None = None,
+    reset_after: bool = True,
+    layout: str = "zrn",
+    activations: Sequence[str] | None = None,
+    label: str | None = None,
+) -> MLOperand:
     """One GRU step: the new hidden state [batch, hidden_size] from `input` [batch, input_size]
     and `hidden_state`; weights, bias, reset_after, layout and activations as in gru."""
     # IDL: MLOperand gruCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
     #                        MLOperand hiddenState, unsigned long hiddenSize, optional MLGruCellOptions options = {});
     where = "gru_cell"
     _operands(
-        b,
+        self,
         where,
         {
-            "input": x,
+            "input": input,
             "weight": weight,
             "recurrent_weight": recurrent_weight,
             "hidden_state": hidden_state,
@@ -462,7 +472,7 @@ def gru_cell(
     reset_after = check_bool(where, "reset_after", reset_after)
     _enum(where, "layout", layout, tuple(GRU_LAYOUTS))
     acts = _activations(where, activations, ("sigmoid", "tanh"))
-    batch, isz = x.shape
+    batch, isz = input.shape
     _shape(where, "weight", weight, (3 * hs, isz))
     _shape(where, "recurrent_weight", recurrent_weight, (3 * hs, hs))
     _shape(where, "hidden_state", hidden_state, (batch, hs))
@@ -470,13 +480,13 @@ def gru_cell(
     _shape(where, "recurrent_bias", recurrent_bias, (3 * hs,))
     rec = {"R": recurrent_weight, "rb": recurrent_bias}
     if not reset_after:
-        rec["Rg"] = _gate_slices(b, recurrent_weight, layout, hs)
-        rec["rbg"] = _gate_slices(b, recurrent_bias, layout, hs)
-    one = b.constant(data_type=x.data_type, value=1.0)
-    gx = b.gemm(x, weight, c=bias, b_transpose=True)
+        rec["Rg"] = _gate_slices(self, recurrent_weight, layout, hs)
+        rec["rbg"] = _gate_slices(self, recurrent_bias, layout, hs)
+    one = self.constant(data_type=input.data_type, value=1.0)
+    gx = self.gemm(input, weight, c=bias, b_transpose=True)
     if reset_after and _fuse_gates():
-        return _gru_step_fused(b, gx, 0, hidden_state, rec, layout, acts)
-    return _gru_step(b, gx, hidden_state, rec, hs, reset_after, layout, acts, one)
+        return _gru_step_fused(self, gx, 0, hidden_state, rec, layout, acts)
+    return _gru_step(self, gx, hidden_state, rec, hs, reset_after, layout, acts, one)
 
 
 # -- lstm -----------------------------------------------------------------------------------------
@@ -489,26 +499,26 @@ def _peep(b, p, hs):
     return {k: b.slice(p, [j * hs], [hs]) for j, k in enumerate("iof")}
 
 
-@builder_op
+@builder_op(renamed={"x": "input"})
 def lstm(
-    b,
-    x,
-    weight,
-    recurrent_weight,
-    steps,
-    hidden_size,
+    self: Any,
+    input: MLOperand,
+    weight: MLOperand,
+    recurrent_weight: MLOperand,
+    steps: int,
+    hidden_size: int,
     *,
-    bias=None,
-    recurrent_bias=None,
-    peephole_weight=None,
-    initial_hidden_state=None,
-    initial_cell_state=None,
-    return_sequence=False,
-    direction="forward",
-    layout="iofg",
-    activations=None,
-    label=None,
-):
+    bias: MLOperand | None = None,
+    recurrent_bias: MLOperand | None = None,
+    peephole_weight: MLOperand | None = None,
+    initial_hidden_state: MLOperand | None = None,
+    initial_cell_state: MLOperand | None = None,
+    return_sequence: bool = False,
+    direction: str = "forward",
+    layout: str = "iofg",
+    activations: Sequence[str] | None = None,
+    label: str | None = None,
+) -> list[MLOperand]:
     """An LSTM over `steps` time steps of `input` [steps, batch, input_size]; returns a list: the
     last hidden and cell states, and with `return_sequence` every step's hidden state.
     weight / recurrent_weight: [num_directions, 4 * hidden_size, ...]; optional `bias`,
@@ -519,7 +529,7 @@ def lstm(
     #                               unsigned long steps, unsigned long hiddenSize, optional MLLstmOptions options = {});
     where = "lstm"
     named = {
-        "input": x,
+        "input": input,
         "weight": weight,
         "recurrent_weight": recurrent_weight,
         "bias": bias,
@@ -529,7 +539,7 @@ def lstm(
         "initial_cell_state": initial_cell_state,
     }
     steps, hs, return_sequence, acts, batch, isz, nd = _sequence_args(
-        b,
+        self,
         where,
         named,
         steps,
@@ -545,58 +555,62 @@ def lstm(
     _shape(where, "peephole_weight", peephole_weight, (nd, 3 * hs))
     _shape(where, "initial_cell_state", initial_cell_state, (nd, batch, hs))
 
-    dt = x.data_type
-    x2 = b.reshape(x, [steps * batch, isz])
+    dt = input.data_type
+    x2 = self.reshape(input, [steps * batch, isz])
     hfin, cfin, seqs = [], [], []
     for d in range(nd):
         backward = direction == "backward" or d == 1
-        W = _dir(b, weight, d, nd)
-        peep = _dir(b, peephole_weight, d, nd)
+        W = _dir(self, weight, d, nd)
+        peep = _dir(self, peephole_weight, d, nd)
         rec = {
-            "R": _dir(b, recurrent_weight, d, nd),
-            "rb": _dir(b, recurrent_bias, d, nd),
-            "peep": _peep(b, peep, hs),
+            "R": _dir(self, recurrent_weight, d, nd),
+            "rb": _dir(self, recurrent_bias, d, nd),
+            "peep": _peep(self, peep, hs),
             "peep_full": peep,
         }
-        gx_all = b.gemm(x2, W, c=_dir(b, bias, d, nd), b_transpose=True)  # [steps * batch, 4h]
-        h = _dir(b, initial_hidden_state, d, nd) if initial_hidden_state is not None else _zeros(b, dt, (batch, hs))
-        c = _dir(b, initial_cell_state, d, nd) if initial_cell_state is not None else _zeros(b, dt, (batch, hs))
+        gx_all = self.gemm(x2, W, c=_dir(self, bias, d, nd), b_transpose=True)  # [steps * batch, 4h]
+        h = (
+            _dir(self, initial_hidden_state, d, nd)
+            if initial_hidden_state is not None
+            else _zeros(self, dt, (batch, hs))
+        )
+        c = _dir(self, initial_cell_state, d, nd) if initial_cell_state is not None else _zeros(self, dt, (batch, hs))
         per_t = [None] * steps
         for s in range(steps):
             t = steps - 1 - s if backward else s
             if _fuse_gates():
-                h, c = _lstm_step_fused(b, gx_all, t * batch * 4 * hs, h, c, rec, layout, acts)
+                h, c = _lstm_step_fused(self, gx_all, t * batch * 4 * hs, h, c, rec, layout, acts)
             else:
-                gx = b.slice(gx_all, [t * batch, 0], [batch, 4 * hs])
-                h, c = _lstm_step(b, gx, h, c, rec, layout, acts)
+                gx = self.slice(gx_all, [t * batch, 0], [batch, 4 * hs])
+                h, c = _lstm_step(self, gx, h, c, rec, layout, acts)
             per_t[t] = h
-        hfin.append(b.reshape(h, [1, batch, hs]))
-        cfin.append(b.reshape(c, [1, batch, hs]))
+        hfin.append(self.reshape(h, [1, batch, hs]))
+        cfin.append(self.reshape(c, [1, batch, hs]))
         if return_sequence:
-            seqs.append(b.concat([b.reshape(v, [1, 1, batch, hs]) for v in per_t], 0))
-    out = [hfin[0], cfin[0]] if nd == 1 else [b.concat(hfin, 0), b.concat(cfin, 0)]
+            seqs.append(self.concat([self.reshape(v, [1, 1, batch, hs]) for v in per_t], 0))
+    out = [hfin[0], cfin[0]] if nd == 1 else [self.concat(hfin, 0), self.concat(cfin, 0)]
     if return_sequence:
-        out.append(seqs[0] if nd == 1 else b.concat(seqs, 1))
+        out.append(seqs[0] if nd == 1 else self.concat(seqs, 1))
     return out
 
 
-@builder_op
+@builder_op(renamed={"x": "input"})
 def lstm_cell(
-    b,
-    x,
-    weight,
-    recurrent_weight,
-    hidden_state,
-    cell_state,
-    hidden_size,
+    self: Any,
+    input: MLOperand,
+    weight: MLOperand,
+    recurrent_weight: MLOperand,
+    hidden_state: MLOperand,
+    cell_state: MLOperand,
+    hidden_size: int,
     *,
-    bias=None,
-    recurrent_bias=None,
-    peephole_weight=None,
-    layout="iofg",
-    activations=None,
-    label=None,
-):
+    bias: MLOperand | None = None,
+    recurrent_bias: MLOperand | None = None,
+    peephole_weight: MLOperand | None = None,
+    layout: str = "iofg",
+    activations: Sequence[str] | None = None,
+    label: str | None = None,
+) -> list[MLOperand]:
     """One LSTM step: returns [hidden_state, cell_state] from `input` [batch, input_size] and the
     previous states; weights, bias, peephole, layout and activations as in lstm."""
     # IDL: sequence<MLOperand> lstmCell(MLOperand input, MLOperand weight, MLOperand recurrentWeight,
@@ -604,10 +618,10 @@ def lstm_cell(
     #                                   optional MLLstmCellOptions options = {});
     where = "lstm_cell"
     _operands(
-        b,
+        self,
         where,
         {
-            "input": x,
+            "input": input,
             "weight": weight,
             "recurrent_weight": recurrent_weight,
             "hidden_state": hidden_state,
@@ -620,7 +634,7 @@ def lstm_cell(
     hs = _positive(where, "hidden_size", hidden_size)
     _enum(where, "layout", layout, tuple(LSTM_LAYOUTS))
     acts = _activations(where, activations, ("sigmoid", "tanh", "tanh"))
-    batch, isz = x.shape
+    batch, isz = input.shape
     _shape(where, "weight", weight, (4 * hs, isz))
     _shape(where, "recurrent_weight", recurrent_weight, (4 * hs, hs))
     _shape(where, "hidden_state", hidden_state, (batch, hs))
@@ -631,12 +645,12 @@ def lstm_cell(
     rec = {
         "R": recurrent_weight,
         "rb": recurrent_bias,
-        "peep": _peep(b, peephole_weight, hs),
+        "peep": _peep(self, peephole_weight, hs),
         "peep_full": peephole_weight,
     }
-    gx = b.gemm(x, weight, c=bias, b_transpose=True)
+    gx = self.gemm(input, weight, c=bias, b_transpose=True)
     if _fuse_gates():
-        h, c = _lstm_step_fused(b, gx, 0, hidden_state, cell_state, rec, layout, acts)
+        h, c = _lstm_step_fused(self, gx, 0, hidden_state, cell_state, rec, layout, acts)
     else:
-        h, c = _lstm_step(b, gx, hidden_state, cell_state, rec, layout, acts)
+        h, c = _lstm_step(self, gx, hidden_state, cell_state, rec, layout, acts)
     return [h, c]

@@ -39,11 +39,16 @@ a dynamic build computes bit for bit what the static build at the same sizes com
 same plan: tuning on GPUs may choose differently for the two).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import math
 
 from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, smax, smin, wgsl
 from ..errors import NotSupportedError
+from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, ld_st, lit
@@ -186,22 +191,28 @@ def _nbytes_of(t):
 def _arg_op(name, cmp):
     register(name, {"input": ALL, "output": INDEX_OUT}, ranks={"input": (1, 8)}, lower=_lower_arg)
 
-    def op(b, x, axis, *, keep_dimensions=False, output_data_type="int32", label=None):
-        # IDL: MLOperand argMin/argMax(MLOperand input, [EnforceRange] unsigned long axis,
-        #                               optional MLArgMinMaxOptions options = {});
-        b._operand(x, name, "input")
-        check_support(name, input=x)
-        axis = check_axis(name, axis, x.rank)
+    def op(
+        self: Any,
+        input: MLOperand,
+        axis: int,
+        *,
+        keep_dimensions: bool = False,
+        output_data_type: str = "int32",
+        label: str | None = None,
+    ) -> MLOperand:
+        self._operand(input, name, "input")
+        check_support(name, input=input)
+        axis = check_axis(name, axis, input.rank)
         odt = dtypes.normalize(output_data_type, name)
         if odt not in INDEX_OUT:
             raise TypeError(f"[{name}] output_data_type must be one of {', '.join(INDEX_OUT)}, got {odt}")
         check_bool(name, "keep_dimensions", keep_dimensions)
-        shape = list(x.shape)
+        shape = list(input.shape)
         if keep_dimensions:
             shape[axis] = 1
         else:
             del shape[axis]
-        return b._emit1(name, [x], {"axis": axis, "cmp": cmp}, odt, tuple(shape), label)
+        return self._emit1(name, [input], {"axis": axis, "cmp": cmp}, odt, tuple(shape), label)
 
     op.__name__ = name
     builder_op(op)
@@ -283,17 +294,17 @@ _arg_op("arg_max", ">")
 register("cumulative_sum", {"input": ALL, "output": ALL}, ranks={"input": (1, 8)})
 
 
-@builder_op
-def cumulative_sum(b, x, axis, *, exclusive=False, reversed=False, label=None):
-    # IDL: MLOperand cumulativeSum(MLOperand input, unsigned long axis,
-    #                              optional MLCumulativeSumOptions options = {});
-    b._operand(x, "cumulative_sum", "input")
-    check_support("cumulative_sum", input=x)
-    axis = check_axis("cumulative_sum", axis, x.rank)
+@builder_op(renamed={"x": "input"})
+def cumulative_sum(
+    self: Any, input: MLOperand, axis: int, *, exclusive: bool = False, reversed: bool = False, label: str | None = None
+) -> MLOperand:
+    self._operand(input, "cumulative_sum", "input")
+    check_support("cumulative_sum", input=input)
+    axis = check_axis("cumulative_sum", axis, input.rank)
     check_bool("cumulative_sum", "exclusive", exclusive)
     check_bool("cumulative_sum", "reversed", reversed)
     attrs = {"axis": axis, "exclusive": exclusive, "reversed": reversed}
-    return b._emit1("cumulative_sum", [x], attrs, x.data_type, x.shape, label)
+    return self._emit1("cumulative_sum", [input], attrs, input.data_type, input.shape, label)
 
 
 @lowering("cumulative_sum")

@@ -55,6 +55,8 @@ The package, one concept a module (InferenceSession is their union):
   stagetree.py        the stage host of a staged model (stages/host.py): later stages and loop
                       bodies built, readbacks counted
   run.py              the run path: feeds checked, uploaded and bound, outputs dispatched and read
+  state.py            a stateful TFLite model's variables, kept on the GPU between runs
+                      (`reset_state()`), and the rule for runs on several threads
   lazy.py             the modules a session imports on first use only (onnx, TFLite, stages)
 """
 

@@ -236,6 +236,22 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             finally:
                 self._end_run(spec, tset, keep)
 
+    def reset_state(self):
+        """Start a stateful TFLite model (resource variables: a streaming model's buffers of past
+        frames) over from its initial state, as a fresh LiteRT interpreter has it; runs dispatched
+        after this returns see it. Without state: nothing to do. The state lives on the GPU
+        between runs (session/state.py says how runs on several threads share it)."""
+        with self._lock:
+            spec = self._specs.get(None) if self._kind == "tflite" else None
+            if spec is not None and spec.state is not None:
+                spec.state.reset()
+
+    @property
+    def stateful(self):
+        """Whether the model carries state between runs (a TFLite model's resource variables)."""
+        spec = self._specs.get(None) if self._kind == "tflite" else None
+        return spec is not None and spec.state is not None
+
     def close(self):
         """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included).
         Runs in flight on other threads finish first (their specializations go when they end)."""

@@ -11,6 +11,7 @@ from ..errors import DataError, NotSupportedError
 from . import cache as graph_cache
 from ..onnxio import IOInfo, ONNX_OF_WEBNN, TYPE_STRING, np_dtype
 from . import lazy
+from .state import VariableState
 from .tensorsets import Specialization
 
 
@@ -128,18 +129,31 @@ class Loading:
                 key = graph_cache.session_key(self, "tflite")
                 hit = graph_cache.load_spec(self, key)
         if hit is not None:
-            graph, inputs, outputs, _ = hit
+            graph, inputs, outputs, initial = hit  # (the values: a stateful model's initial state)
             self._stats["loaded"] += 1
         else:
+            initial = {}
             graph, ins, outs = lazy.tflite().import_model(
-                model, self._ctx, free_dimensions=self._free, float16=self._float16
+                model, self._ctx, free_dimensions=self._free, float16=self._float16, initial_state=initial
             )
             inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
             outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
             if key is not None:
-                graph_cache.save_spec(self, key, graph, inputs, outputs, {})
+                graph_cache.save_spec(self, key, graph, inputs, outputs, initial)
+        # resource variables (tflite/control.py): state inputs and outputs the session binds itself
+        state = None
+        if initial:
+            state = VariableState(
+                self._ctx,
+                initial,
+                {i.name: (i.data_type, i.shape) for i in inputs if i.name in initial},
+                {o.name: (o.data_type, o.shape) for o in outputs if o.name in initial},
+            )
+            inputs = [i for i in inputs if i.name not in initial]
+            outputs = [o for o in outputs if o.name not in initial]
         # one specialization, the sizes of the file (its inputs are checked against them)
         self._spec = Specialization(graph, inputs, outputs)
+        self._spec.state = state
         self._tflite_key = None
         self._specs[None] = self._spec
         self._stats["builds"] += 1

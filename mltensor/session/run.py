@@ -110,7 +110,10 @@ class RunPath:
         if graph is not None:
             outs = {}
             fed = {id(t) for t in bind.values()}
+            state = spec.state  # a stateful TFLite model's variables (session/state.py)
             for n, (dt, shape) in graph.output_descriptors.items():
+                if state is not None and n in state.names:
+                    continue
                 t = tset.outputs.get(n)
                 if t is not None and id(t) in fed:
                     # this output of an earlier run is fed back in (a decode loop): write into
@@ -120,8 +123,11 @@ class RunPath:
                     t = ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True)
                 tset.outputs[n] = t
                 outs[n] = t
-            ins = {n: bind[n] for n in graph.input_descriptors}
-            ctx.dispatch(graph, ins, outs)
+            ins = {n: bind[n] for n in graph.input_descriptors if state is None or n not in state.names}
+            if state is not None:
+                state.dispatch(graph, ins, outs)
+            else:
+                ctx.dispatch(graph, ins, outs)
         result = []
         for n in names:
             info = spec.outputs[n]

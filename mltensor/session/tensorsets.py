@@ -45,6 +45,7 @@ class Specialization:
         "dropped",
         "stage",
         "retired",
+        "state",
     )
 
     def __init__(self, graph, inputs, outputs, values=None, stage=None):
@@ -63,6 +64,7 @@ class Specialization:
         self.values = values or {}  # input name -> the value the graph is specialized to
         self.users = 0
         self.dropped = False  # evicted or closed: destroyed when the last run in flight ends
+        self.state = None  # a stateful TFLite model's variables (session/state.py)
 
     def take(self):
         """The tensor set for a run on this thread (lock held)."""
@@ -120,6 +122,9 @@ class Specialization:
         if self.stage is not None:
             self.stage.destroy()
             self.stage = None
+        if self.state is not None:
+            self.state.destroy()
+            self.state = None
         if self.graph is not None:
             self.graph.destroy()
             self.graph = None

@@ -9,7 +9,8 @@ model's float32 inputs and outputs cast at the graph's edges);
 sparse constants (TFLite's sparsity format) are densified by the reader. MediaPipe's custom
 operators Convolution2DTransposeBias, Landmarks2TransformMatrix, TransformTensorBilinear and
 TransformLandmarks are composed from builder ops (mediapipe_ops.py), so all 14 models of the
-mediapipe 0.10.14 wheel (`mltensor.models`) run.
+mediapipe 0.10.14 wheel (`mltensor.models`) run. Resource variables (streaming models' state),
+IF and WHILE: control.py.
 """
 
 import os
@@ -20,13 +21,21 @@ from .importer import convert, supported_operators
 from .reader import is_tflite, load_bytes, read
 
 
-def import_model(source, context, *, free_dimensions=None, float16=False):
+def import_model(source, context, *, free_dimensions=None, float16=False, initial_state=None):
     """Load `source` (a path, bytes or bytearray of a .tflite file) and build it on `context`.
 
     free_dimensions: {input name: full shape} (or {"batch": n}) for inputs whose shape signature
     has free (-1) dimensions; by default the shape stored in the model is used.
     float16: compute the model in float16 (in f16 on a context with "shader-f16"): half the
     memory traffic, float16 precision; inputs and outputs keep the model's types.
+    initial_state: a dict that receives {name: numpy array}, the initial state of a model with
+    resource variables (tflite/control.py). Such a model's graph has one more input per variable
+    it carries between calls (`control.STATE_PREFIX` + the variable's name: its value before the
+    call) and one more output of the same name for each it assigns (its value after): feed each
+    call the state the last one left, the initial values first. InferenceSession does this on
+    the GPU (`reset_state()` starts over). With initial_state given, the variable tensors of
+    UNIDIRECTIONAL_SEQUENCE_LSTM (its hidden and cell state, which LiteRT carries between
+    invokes) are state as well; without it they are zeros at the start of each call.
     Returns (graph, inputs, outputs); unsupported operators raise NotSupportedError at load, naming
     the operator, its index and the supported ones; a malformed or truncated file raises DataError
     naming the file (when given by path), the table / field or operator, and what was wrong.
@@ -35,7 +44,7 @@ def import_model(source, context, *, free_dimensions=None, float16=False):
     model = read(load_bytes(source), name)
     b = MLGraphBuilder(context)
     try:
-        outs, inputs, outputs = convert(model, b, free_dimensions, float16)
+        outs, inputs, outputs = convert(model, b, free_dimensions, float16, initial_state)
     except (DataError, NotSupportedError) as e:
         if name is None:
             raise

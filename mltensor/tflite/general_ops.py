@@ -11,6 +11,7 @@ import tflite
 
 from ..errors import NotSupportedError
 from ..onnx.ops.elementwise import gelu as onnx_gelu
+from . import control
 from .common import ACT, activation, op_error, opt
 
 # TFLite TensorType -> numpy / WebNN data type of the values the graph holds (BOOL as uint8)
@@ -491,8 +492,10 @@ def _batch_matmul(imp, op):
 
 def _unidirectional_lstm(imp, op):
     """UNIDIRECTIONAL_SEQUENCE_LSTM (float; no peephole, projection or layer normalization) as one
-    WebNN lstm with gate layout "ifgo". The state inputs 18 / 19 are variable tensors: zeros at the
-    start of each run, as LiteRT's after reset_all_variables() (LiteRT carries them between invokes)."""
+    WebNN lstm with gate layout "ifgo". The state inputs 18 / 19 are variable tensors, which
+    LiteRT carries between invokes: in a session (import_model with initial_state) they are state
+    kept between runs (control.variable_tensor; zeros at first and after reset_state(), as LiteRT's
+    after reset_all_variables()), else zeros at the start of each call."""
     ins = list(op.inputs) + [-1] * (24 - len(op.inputs))
     for k, what in [(9, "peephole"), (10, "peephole"), (11, "peephole"), (16, "projection"),
                     (17, "projection"), (20, "layer normalization"), (21, "layer normalization"),
@@ -524,8 +527,13 @@ def _unidirectional_lstm(imp, op):
     kw = {"layout": "ifgo", "activations": ["sigmoid", act, act], "return_sequence": True}
     if all(ins[k] >= 0 for k in (12, 13, 14, 15)):
         kw["bias"] = imp.b.constant(np.ascontiguousarray(stacked([12, 13, 14, 15], "gate biases")))
+    state = {}
     for k, name in [(18, "initial_hidden_state"), (19, "initial_cell_state")]:
-        if ins[k] >= 0 and ins[k] in imp.values:
+        var = control.variable_tensor(imp, op, ins[k]) if ins[k] >= 0 else None
+        if var is not None:
+            state[k] = var
+            kw[name] = _reshape(imp, control.to_operand(imp, control.read_state(imp, op, var)), [1, batch, hidden])
+        elif ins[k] >= 0 and ins[k] in imp.values:
             kw[name] = _reshape(imp, imp.values[ins[k]], [1, batch, hidden])
     c = imp.b.constant
     w, r = c(np.ascontiguousarray(w)), c(np.ascontiguousarray(r))
@@ -534,9 +542,12 @@ def _unidirectional_lstm(imp, op):
     # never acts (the Keras converter writes 10), so one fused lstm computes the same values
     if clip <= 0 or (act == "tanh" and steps <= clip):
         outs = b.lstm(x, w, r, steps, hidden, **kw)
-        y = _reshape(imp, outs[2], [steps, batch, hidden])
+        y, h, cs = _reshape(imp, outs[2], [steps, batch, hidden]), outs[0], outs[1]
     else:  # the cell state clipped every step: the layer unrolled as lstm_cell steps
-        y = _clipped_lstm(imp, x, w, r, steps, batch, hidden, clip, kw)
+        y, h, cs = _clipped_lstm(imp, x, w, r, steps, batch, hidden, clip, kw)
+    for k, v in ((18, h), (19, cs)):  # the state the next call starts from
+        if k in state:
+            control.write_state(state[k], _reshape(imp, v, list(imp.tensor(ins[k]).shape)))
     return y if time_major else b.transpose(y, permutation=[1, 0, 2])
 
 
@@ -564,7 +575,7 @@ def _clipped_lstm(imp, x, w, r, steps, batch, hidden, clip, kw):
         cs = b.clamp(cs, min_value=-clip, max_value=clip)
         h = b.mul(b.sigmoid(o), act(cs))
         ys.append(_reshape(imp, h, [1, batch, hidden]))
-    return ys[0] if steps == 1 else b.concat(ys, 0)
+    return (ys[0] if steps == 1 else b.concat(ys, 0)), h, cs
 
 
 def _u(name):

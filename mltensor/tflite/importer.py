@@ -11,7 +11,7 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
-from . import general_ops, mediapipe_ops, quantized
+from . import control, general_ops, mediapipe_ops, quantized
 from .common import PAD, activation, op_error, opt
 from .hybrid import HYBRID_OPS, hybrid_inputs
 from .reader import Model, Operator
@@ -66,6 +66,9 @@ def mediapipe_transpose_conv_padding(padding, in_size, kernel, stride):
     return 0, 0
 
 
+# subgraphs (IF, WHILE, CALL_ONCE) within subgraphs, at most this deep
+MAX_DEPTH = 16
+
 # -- the importer -------------------------------------------------------------------------------
 
 
@@ -89,16 +92,33 @@ class _Float16Builder:
 
 
 class Importer:
-    def __init__(self, model: Model, builder, free_dimensions=None, float16=False):
+    """One subgraph recorded into the builder. The model's subgraph 0 is the root; IF branches,
+    WHILE bodies and CALL_ONCE's initialization run as children (`run_subgraph`) on the same
+    builder, sharing the root's resource variables (control.py)."""
+
+    def __init__(self, model: Model, builder, free_dimensions=None, float16=False, parent=None):
         self.model = model
+        self.parent = parent
+        self.root = self if parent is None else parent.root
+        self.depth = 0 if parent is None else parent.depth + 1
         # float16: the graph computes in float16 (in f16 where the context has "shader-f16"):
         # float16 weights stay float16, float32 ones are rounded to it, float32 inputs and
         # outputs keep their type with a cast at the edge
         self.float16 = bool(float16)
-        self.b = _Float16Builder(builder) if self.float16 else builder
+        if parent is not None:
+            self.b = parent.b
+        else:
+            self.b = _Float16Builder(builder) if self.float16 else builder
         self.values = {}  # tensor index -> MLOperand
         self.consts = {}  # tensor index -> numpy array (float16/int8 weights already dequantized)
-        self.free = dict(free_dimensions or {})
+        self.handles = {}  # tensor index -> the resource variable a VAR_HANDLE names (control.py)
+        self.free = dict(free_dimensions or {}) if parent is None else parent.free
+        self.mode = "main" if parent is None else parent.mode  # "init": CALL_ONCE's subgraph
+        if parent is None:
+            self.variables = {}  # (container, shared_name) -> control.Variable
+            self.file_consts = {}  # (subgraph, tensor) -> MLOperand: a child's weights made once
+            self.initialized = set()  # subgraphs CALL_ONCE ran
+            self.carry_variable_tensors = False  # an LSTM's state tensors carried between calls
         for t in model.tensors:
             if t.data is not None:
                 self.consts[t.index] = t.data
@@ -133,7 +153,13 @@ class Importer:
                 arr = arr.astype(np.float16)
             if arr.dtype == np.bool_:
                 arr = arr.astype(np.uint8)  # TFLite BOOL is WebNN uint8 0 / 1, as comparisons give
-            v = self.b.constant(np.ascontiguousarray(arr))
+            from_file = self.consts[i] is t.data and self.parent is not None
+            key = (self.model.index, i)
+            v = self.root.file_consts.get(key) if from_file else None
+            if v is None:
+                v = self.b.constant(np.array(arr, order="C"))  # (ascontiguousarray makes scalars 1-d)
+                if from_file:  # a loop body unrolled: its weights are one constant, not one an iteration
+                    self.root.file_consts[key] = v
             self.values[i] = v
             return v
         t = self.tensor(i)
@@ -182,33 +208,7 @@ class Importer:
             self.values[i] = self.b.cast(x, "float16") if self.float16 and t.data_type == "float32" else x
             names.append((name, t.data_type, tuple(shape)))
 
-        for op in m.operators:
-            fn = CONVERTERS.get(op.custom_code if op.custom_code is not None else op.name)
-            if fn is None:
-                raise NotSupportedError(unsupported_message(op))
-            self.check_types(op)
-            try:
-                out = fn(self, op)
-            except (DataError, NotSupportedError):
-                raise
-            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError, AttributeError,
-                    struct.error) as e:  # fmt: skip
-                # The builder rejected what the file asked for (shapes that do not fit together,
-                # an axis out of range...): the model is inconsistent.
-                raise DataError(f"[tflite] operator {op.index} ({op.display}): {e}") from e
-            if out is None:  # folded at load
-                continue
-            outs = out if isinstance(out, (list, tuple)) else [out]
-            if len(outs) < len(op.outputs):
-                raise op_error(op, f"lists {len(op.outputs)} outputs, it computes {len(outs)}")
-            for i, v in zip(op.outputs, outs):
-                self.check_shape(op, i, v)
-                if isinstance(v, np.ndarray):
-                    self.consts[i] = v
-                elif quantized.is_quantized(self.tensor(i)) and v.data_type in ("float32", "float16"):
-                    self.values[i] = quantized.requantize(self.b, v, self.tensor(i))  # onto its int8 grid
-                else:
-                    self.values[i] = v
+        self.run_ops()
 
         if not m.outputs:
             raise DataError("[tflite] subgraph 0 lists no outputs")
@@ -230,7 +230,84 @@ class Importer:
                 v = self.b.identity(v)
             outputs[name] = v
             out_desc.append((name, v.data_type, tuple(v.shape)))
+        control.state_edges(self, names, outputs, out_desc)
         return outputs, names, out_desc
+
+    def run_ops(self):
+        """Convert this subgraph's operators in order (their inputs already set)."""
+        for op in self.model.operators:
+            fn = CONVERTERS.get(op.custom_code if op.custom_code is not None else op.name)
+            if fn is None:
+                raise NotSupportedError(unsupported_message(op))
+            self.check_types(op)
+            try:
+                out = control.fold(self, op)
+                if out is None:
+                    out = fn(self, op)
+            except (DataError, NotSupportedError):
+                raise
+            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError, AttributeError,
+                    struct.error) as e:  # fmt: skip
+                # The builder rejected what the file asked for (shapes that do not fit together,
+                # an axis out of range...): the model is inconsistent.
+                raise DataError(f"[tflite] operator {op.index} ({op.display}): {e}") from e
+            if out is None:  # folded at load
+                continue
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            if len(outs) < len(op.outputs):
+                raise op_error(op, f"lists {len(op.outputs)} outputs, it computes {len(outs)}")
+            for i, v in zip(op.outputs, outs):
+                if isinstance(v, control.Handle):
+                    self.handles[i] = v.key
+                    continue
+                self.check_shape(op, i, v)
+                if isinstance(v, np.ndarray):
+                    self.consts[i] = v
+                elif quantized.is_quantized(self.tensor(i)) and v.data_type in ("float32", "float16"):
+                    self.values[i] = quantized.requantize(self.b, v, self.tensor(i))  # onto its int8 grid
+                else:
+                    self.values[i] = v
+
+    def run_subgraph(self, op, index, args, mode=None):
+        """Subgraph `index` run on `args` (operands, numpy constants or control.Handle, one an input):
+        its outputs, constants where they fold at load. mode "init": CALL_ONCE's initialization."""
+        subgraphs = self.model.subgraphs
+        if not 0 < index < len(subgraphs):
+            raise op_error(op, f"names subgraph {index}; the model has {len(subgraphs)} (0 is the main one)")
+        if self.depth >= MAX_DEPTH:
+            raise op_error(op, f"subgraphs nest deeper than {MAX_DEPTH} (a subgraph that calls itself?)")
+        sg = subgraphs[index]
+        if len(args) != len(sg.inputs):
+            raise op_error(op, f"passes {len(args)} values to subgraph {index}, which has {len(sg.inputs)} inputs")
+        child = Importer(sg, None, float16=self.float16, parent=self)
+        child.mode = mode or self.mode
+        for i, v in zip(sg.inputs, args):
+            if isinstance(v, control.Handle):
+                child.handles[i] = v.key
+            elif isinstance(v, np.ndarray):
+                child.consts[i] = v
+            else:
+                child.values[i] = v
+        child.run_ops()
+        outs = []
+        for i in sg.outputs:
+            if i in child.handles:
+                outs.append(control.Handle(child.handles[i]))
+            elif i in child.values:
+                outs.append(child.values[i])
+            elif i in child.consts:
+                outs.append(child.consts[i])
+            else:
+                raise op_error(op, f"subgraph {index}'s output {i} ('{sg.tensors[i].name}') is never computed")
+        return outs
+
+    def arg(self, op, i):
+        """Tensor i as an argument of a subgraph: a constant, a resource handle or an operand."""
+        if i in self.handles:
+            return control.Handle(self.handles[i])
+        if i in self.consts and i not in self.values:
+            return self.consts[i]
+        return self.operand(op, i)
 
     def check_shape(self, op, i, v):
         """The shape an operator computes must be the one the file declares (where the declaration
@@ -267,6 +344,8 @@ class Importer:
                 continue
             t = self.tensor(i)
             if i in self.consts and op.name == "DEQUANTIZE":
+                continue
+            if t.type == tflite.TensorType.RESOURCE and op.name in control.RESOURCE_OPS:
                 continue
             if t.data_type is None and i not in self.consts and t.type != tflite.TensorType.BOOL:
                 raise NotSupportedError(
@@ -660,6 +739,7 @@ CONVERTERS = {
 
 
 CONVERTERS.update(general_ops.CONVERTERS)
+CONVERTERS.update(control.CONVERTERS)
 CONVERTERS.update(mediapipe_ops.CONVERTERS)
 
 
@@ -668,10 +748,17 @@ def supported_operators():
     return sorted(CONVERTERS)
 
 
-def convert(model: Model, builder, free_dimensions=None, float16=False):
+def convert(model: Model, builder, free_dimensions=None, float16=False, initial_state=None):
     """Record the model into `builder`; returns (outputs dict, inputs list, outputs list).
-    float16: compute in float16 (see Importer)."""
-    return Importer(model, builder, free_dimensions, float16).run()
+    float16: compute in float16 (see Importer). initial_state: a dict that receives the initial
+    values of a stateful model's state inputs (control.py), by name; given, an LSTM's variable
+    state tensors are state too (LiteRT carries them between invokes), else zeros each call."""
+    imp = Importer(model, builder, free_dimensions, float16)
+    imp.carry_variable_tensors = initial_state is not None
+    res = imp.run()
+    if initial_state is not None:
+        initial_state.update(imp.initial_state)
+    return res
 
 
 __all__ = ["convert", "supported_operators", "same_padding", "conv_padding", "Operator"]

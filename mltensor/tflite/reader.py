@@ -1,8 +1,9 @@
 """Read a .tflite flatbuffer (with the `tflite` package) into plain Python objects.
 
 Only what the importer needs: tensors (name, type, shape, signature, constant data, quantization)
-and operators (name, custom code, inputs, outputs, options table, custom options bytes) of the
-first subgraph.
+and operators (name, custom code, inputs, outputs, options table, custom options bytes) of every
+subgraph. The Model is subgraph 0 (the one a model runs); `subgraphs` lists them all (itself
+first): the branches and bodies of IF / WHILE and CALL_ONCE's initialization subgraph.
 """
 
 import os
@@ -30,6 +31,7 @@ TENSOR_TYPES = {
     tflite.TensorType.INT16: (None, np.int16),
     tflite.TensorType.BOOL: (None, np.bool_),
     tflite.TensorType.FLOAT64: (None, np.float64),
+    tflite.TensorType.RESOURCE: (None, None),  # a resource variable's handle (VAR_HANDLE)
 }
 TYPE_NAMES = {v: k for k, v in vars(tflite.TensorType).items() if not k.startswith("_")}
 
@@ -45,6 +47,7 @@ class Tensor:
     scale: np.ndarray = None  # quantization (None when not quantized)
     zero_point: np.ndarray = None
     quantized_dimension: int = 0
+    is_variable: bool = False  # a variable tensor (an LSTM's state: LiteRT keeps it between invokes)
 
     @property
     def data_type(self):
@@ -65,20 +68,28 @@ class Operator:
     outputs: list
     options: object = None  # the builtin options table (tflite.*Options), or None
     custom_options: bytes = b""
+    subgraph: int = 0  # the subgraph it belongs to
 
     @property
     def display(self):
-        return f"CUSTOM '{self.custom_code}'" if self.custom_code is not None else self.name
+        name = f"CUSTOM '{self.custom_code}'" if self.custom_code is not None else self.name
+        return name if not self.subgraph else f"{name}, subgraph {self.subgraph}"
 
 
 @dataclass
 class Model:
+    """One subgraph; the one `read` returns is subgraph 0, whose `subgraphs` lists every subgraph
+    of the file (each of them shares that list)."""
+
     tensors: list
     operators: list
     inputs: list  # tensor indices
     outputs: list
     description: str = ""
     extra: dict = field(default_factory=dict)
+    subgraphs: list = field(default_factory=list)
+    name: str = ""
+    index: int = 0
 
 
 def load_bytes(source):
@@ -287,22 +298,43 @@ def _read(raw, where):
     n_sub = m.SubgraphsLength()
     if n_sub < 1:
         raise DataError("the model has no subgraph")
-    where[0] = "subgraph 0"
-    sg = m.Subgraphs(0)
 
+    codes = []
+    for i in range(m.OperatorCodesLength()):
+        where[0] = f"operator_codes[{i}]"
+        oc = m.OperatorCodes(i)
+        code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
+        name = BUILTIN_OPCODE2NAME.get(code, f"BUILTIN_{code}")
+        custom = oc.CustomCode()
+        codes.append((name, custom.decode("utf-8", "replace") if custom is not None else None, oc.Version()))
+
+    subgraphs = []
+    for s in range(n_sub):
+        where[0] = f"subgraph {s}"
+        subgraphs.append(_subgraph(raw, m, s, codes, where))
+    where[0] = "the model's description"
+    main = subgraphs[0]
+    main.description = (m.Description() or b"").decode("utf-8", "replace")
+    for sg in subgraphs:
+        sg.subgraphs = subgraphs
+    return main
+
+
+def _subgraph(raw, m, s, codes, where):
+    sg = m.Subgraphs(s)
     tensors = []
     n_tensors = sg.TensorsLength()
     for i in range(n_tensors):
-        where[0] = f"subgraph 0, tensor {i}"
+        where[0] = f"subgraph {s}, tensor {i}"
         t = sg.Tensors(i)
         name = (t.Name() or b"").decode("utf-8", "replace")
-        where[0] = f"subgraph 0, tensor {i} ('{name}')"
+        where[0] = f"subgraph {s}, tensor {i} ('{name}')"
         shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
         sig = tuple(int(d) for d in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else shape
         n = _nelem(shape, "shape")
         if len(sig) != len(shape) or any(s != -1 and s != d for s, d in zip(sig, shape)):
             raise DataError(f"shape_signature {list(sig)} does not fit shape {list(shape)}")
-        tt = Tensor(i, name, t.Type(), shape, sig)
+        tt = Tensor(i, name, t.Type(), shape, sig, is_variable=bool(t.IsVariable()))
         where[0] += ", buffer"
         data = _buffer_data(m, raw, t.Buffer())
         if data is not None:
@@ -315,12 +347,12 @@ def _read(raw, where):
             arr = np.frombuffer(data, dtype=np.dtype(np_type).newbyteorder("<")).astype(np_type)
             sparsity = _sparsity(t)
             if sparsity is not None:
-                where[0] = f"subgraph 0, tensor {i} ('{name}'), sparsity"
+                where[0] = f"subgraph {s}, tensor {i} ('{name}'), sparsity"
                 arr = densify(arr, shape, *sparsity)
             elif arr.size != n:
                 raise DataError(f"constant tensor holds {arr.size} values, its shape {list(shape)} needs {n}")
             tt.data = arr.reshape(shape)
-        where[0] = f"subgraph 0, tensor {i} ('{name}'), quantization"
+        where[0] = f"subgraph {s}, tensor {i} ('{name}'), quantization"
         q = t.Quantization()
         if q is not None and q.ScaleLength():
             tt.scale = q.ScaleAsNumpy().astype(np.float32)
@@ -335,15 +367,6 @@ def _read(raw, where):
                 raise DataError(f"{tt.scale.size} per-axis scales do not fit dimension {qd} of {list(shape)}")
         tensors.append(tt)
 
-    codes = []
-    for i in range(m.OperatorCodesLength()):
-        where[0] = f"operator_codes[{i}]"
-        oc = m.OperatorCodes(i)
-        code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-        name = BUILTIN_OPCODE2NAME.get(code, f"BUILTIN_{code}")
-        custom = oc.CustomCode()
-        codes.append((name, custom.decode("utf-8", "replace") if custom is not None else None, oc.Version()))
-
     def tensor_list(vec, what):
         idx = [int(x) for x in vec]
         bad = [x for x in idx if not -1 <= x < n_tensors]
@@ -353,26 +376,25 @@ def _read(raw, where):
 
     ops = []
     for i in range(sg.OperatorsLength()):
-        where[0] = f"subgraph 0, operator {i}"
+        where[0] = f"subgraph {s}, operator {i}"
         op = sg.Operators(i)
         oi = op.OpcodeIndex()
         if not 0 <= oi < len(codes):
             raise DataError(f"opcode_index {oi} is out of range ({len(codes)} operator codes)")
         name, custom, version = codes[oi]
-        where[0] = f"subgraph 0, operator {i} ({name if custom is None or name != 'CUSTOM' else repr(custom)})"
+        where[0] = f"subgraph {s}, operator {i} ({name if custom is None or name != 'CUSTOM' else repr(custom)})"
         ins = tensor_list(op.InputsAsNumpy(), "inputs") if op.InputsLength() else []
         outs = tensor_list(op.OutputsAsNumpy(), "outputs") if op.OutputsLength() else []
         if -1 in outs:
             raise DataError("an output is tensor -1")
         copts = op.CustomOptionsAsNumpy().tobytes() if op.CustomOptionsLength() else b""
         where[0] += ", builtin options"
-        ops.append(Operator(i, name, custom if name == "CUSTOM" else None, version, ins, outs, _options(op), copts))
+        ops.append(Operator(i, name, custom if name == "CUSTOM" else None, version, ins, outs, _options(op), copts, s))
 
-    where[0] = "subgraph 0, inputs/outputs"
+    where[0] = f"subgraph {s}, inputs/outputs"
     inputs = tensor_list(sg.InputsAsNumpy(), "inputs") if sg.InputsLength() else []
     outputs = tensor_list(sg.OutputsAsNumpy(), "outputs") if sg.OutputsLength() else []
     if -1 in inputs or -1 in outputs:
         raise DataError("a subgraph input or output is tensor -1")
-    where[0] = "the model's description"
-    desc = (m.Description() or b"").decode("utf-8", "replace")
-    return Model(tensors, ops, inputs, outputs, desc)
+    name = (sg.Name() or b"").decode("utf-8", "replace")
+    return Model(tensors, ops, inputs, outputs, name=name, index=s)

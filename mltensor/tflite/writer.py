@@ -6,6 +6,11 @@ k = w.const("k", np.ones((4, 3, 3, 3), np.float32))
 y = w.tensor("y", [1, 8, 8, 4])
 w.op("CONV_2D", [x, k, -1], [y], "Conv2DOptions", Padding=0, StrideW=1, StrideH=1)
 data = w.finish([x], [y])
+
+More subgraphs (IF branches, WHILE bodies, CALL_ONCE's initialization): `sub = w.subgraph()` is a
+writer of subgraph `sub.index` sharing w's buffers and operator codes; `sub.end(inputs, outputs)`
+sets its inputs and outputs before `w.finish`. String options (VAR_HANDLE's SharedName) are given
+as str.
 """
 
 import flatbuffers
@@ -32,6 +37,21 @@ class ModelWriter:
         self.buffers = [b""]  # buffer 0: the empty sentinel
         self.ops = []
         self.codes = []  # (builtin name, custom code, version)
+        self.subgraphs = []  # further subgraphs (a ModelWriter each), index 1, 2, ...
+        self.index = 0
+        self.io = ([], [])
+
+    def subgraph(self):
+        """A further subgraph: a writer sharing this one's buffers and operator codes."""
+        sub = ModelWriter()
+        sub.buffers, sub.codes = self.buffers, self.codes
+        self.subgraphs.append(sub)
+        sub.index = len(self.subgraphs)
+        return sub
+
+    def end(self, inputs, outputs):
+        """A further subgraph's inputs and outputs (tensor indices)."""
+        self.io = (list(inputs), list(outputs))
 
     def tensor(self, name, shape, dtype=np.float32, signature=None, quant=None, variable=False):
         """An activation tensor; `signature` (shape_signature) marks free dimensions with -1;
@@ -78,6 +98,36 @@ class ModelWriter:
                 tflite.BufferAddData(fb, d)
             bufs.append(tflite.BufferEnd(fb))
 
+        sgs = [self._subgraph_table(fb, ivec, table_vec, inputs, outputs)]
+        sgs += [w._subgraph_table(fb, ivec, table_vec, *w.io) for w in self.subgraphs]
+
+        codes = []
+        for name, custom, version in self.codes:
+            cc = fb.CreateString(custom) if custom else None
+            code = _CODES[name]
+            tflite.OperatorCodeStart(fb)
+            tflite.OperatorCodeAddDeprecatedBuiltinCode(fb, min(code, 127))
+            tflite.OperatorCodeAddBuiltinCode(fb, code)
+            tflite.OperatorCodeAddVersion(fb, version)
+            if cc is not None:
+                tflite.OperatorCodeAddCustomCode(fb, cc)
+            codes.append(tflite.OperatorCodeEnd(fb))
+
+        codes_vec = table_vec(tflite.ModelStartOperatorCodesVector, codes)
+        sg_vec = table_vec(tflite.ModelStartSubgraphsVector, sgs)
+        buf_vec = table_vec(tflite.ModelStartBuffersVector, bufs)
+        desc = fb.CreateString("mltensor test model")
+        tflite.ModelStart(fb)
+        tflite.ModelAddVersion(fb, 3)
+        tflite.ModelAddOperatorCodes(fb, codes_vec)
+        tflite.ModelAddSubgraphs(fb, sg_vec)
+        tflite.ModelAddDescription(fb, desc)
+        tflite.ModelAddBuffers(fb, buf_vec)
+        fb.Finish(tflite.ModelEnd(fb), file_identifier=b"TFL3")
+        return bytes(fb.Output())
+
+    def _subgraph_table(self, fb, ivec, table_vec, inputs, outputs):
+        """This writer's tensors and operators as a SubGraph table."""
         tens = []
         for name, shape, ttype, buf, sig, quant, variable in self.tensors:
             n = fb.CreateString(name)
@@ -120,6 +170,7 @@ class ModelWriter:
             o = ivec(tflite.OperatorStartOutputsVector, outs)
             opt = None
             if otype:
+                opts = {k: fb.CreateString(v) if isinstance(v, str) else v for k, v in opts.items()}
                 getattr(tflite, f"{otype}Start")(fb)
                 for k, v in opts.items():
                     getattr(tflite, f"{otype}Add{k}")(fb, v)
@@ -146,28 +197,4 @@ class ModelWriter:
         tflite.SubGraphAddOutputs(fb, out_vec)
         tflite.SubGraphAddOperators(fb, o_vec)
         sg = tflite.SubGraphEnd(fb)
-
-        codes = []
-        for name, custom, version in self.codes:
-            cc = fb.CreateString(custom) if custom else None
-            code = _CODES[name]
-            tflite.OperatorCodeStart(fb)
-            tflite.OperatorCodeAddDeprecatedBuiltinCode(fb, min(code, 127))
-            tflite.OperatorCodeAddBuiltinCode(fb, code)
-            tflite.OperatorCodeAddVersion(fb, version)
-            if cc is not None:
-                tflite.OperatorCodeAddCustomCode(fb, cc)
-            codes.append(tflite.OperatorCodeEnd(fb))
-
-        codes_vec = table_vec(tflite.ModelStartOperatorCodesVector, codes)
-        sg_vec = table_vec(tflite.ModelStartSubgraphsVector, [sg])
-        buf_vec = table_vec(tflite.ModelStartBuffersVector, bufs)
-        desc = fb.CreateString("mltensor test model")
-        tflite.ModelStart(fb)
-        tflite.ModelAddVersion(fb, 3)
-        tflite.ModelAddOperatorCodes(fb, codes_vec)
-        tflite.ModelAddSubgraphs(fb, sg_vec)
-        tflite.ModelAddDescription(fb, desc)
-        tflite.ModelAddBuffers(fb, buf_vec)
-        fb.Finish(tflite.ModelEnd(fb), file_identifier=b"TFL3")
-        return bytes(fb.Output())
+        return sg

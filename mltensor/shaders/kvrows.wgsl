@@ -1,0 +1,114 @@
+// `_kv_scatter` and `_attention_rows` (mltensor/ops/kvrows.py): a step over rows of several
+// sequences whose keys and values share one KV cache of slots.
+{{ bindings }}
+{$ include "common.wgsl" $}
+{$ if SCATTER $}
+// One thread per element of the rows' values: value k's row r goes to cache row dst[r] (rows
+// at or past the cache's `rows` are dropped: the host never sends one).
+{{ main_1d(n) }}
+    let r = i / {{ ROW }}u;
+    let e = i - r * {{ ROW }}u;
+    let at = dst[r];
+    if (at < 0 || u32(at) >= {{ rows }}u) { return; }
+{$ for size in sizes $}
+{$ if size == ROW $}
+    dst{{ loop.index0 }}[u32(at) * {{ ROW }}u + e] = src{{ loop.index0 }}[i];
+{$ else $}
+    if (e < {{ size }}u) { dst{{ loop.index0 }}[u32(at) * {{ size }}u + e] = src{{ loop.index0 }}[r * {{ size }}u + e]; }
+{$ endif $}
+{$ endfor $}
+}
+{$ else $}
+// One workgroup per (row r, head h): the keys of r's sequence, cache rows dst[r] - pos[r] ..
+// dst[r] (from dst[r] - (window - 1) on a sliding-window layer), in tiles of WG keys. Per tile:
+// a thread's key's score (q staged in workgroup memory), the tile's maximum and the sum of
+// exp(score - m) by tree reductions (online softmax: the running sum l and the outputs are
+// rescaled by exp(m_old - m_new)), then each thread adds p_j v_j over the tile's keys for its
+// columns t, t + WG, ... (NC named accumulators). All sums in f32.
+const H: u32 = {{ H }}u;
+const HKV: u32 = {{ HKV }}u;
+const GRP: u32 = {{ H // HKV }}u;
+const D: u32 = {{ D }}u;
+const DV: u32 = {{ DV }}u;
+const WG: u32 = {{ WG }}u;
+
+var<workgroup> qs: array<f32, {{ D }}>;
+var<workgroup> ps: array<f32, {{ WG }}>;
+var<workgroup> red: array<f32, {{ WG }}>;
+var<workgroup> bcast: vec2<u32>;
+
+fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
+
+@compute @workgroup_size({{ WG }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= {{ R }} * H) { return; }  // (uniform per workgroup: before the barriers)
+    let r = g / H;
+    let h = g - r * H;
+    let kh = h / GRP;
+    if (t == 0u) { bcast = vec2<u32>(u32(max(pos[r], 0)), u32(max(dst[r], 0))); }
+    let pd = workgroupUniformLoad(&bcast);  // (uniform: the loop bounds below hold barriers)
+    let p = pd.x;
+    let base = pd.y - min(p, pd.y);  // the cache row of the sequence's position 0
+    var lo = 0u;
+{$ if window $}
+    if (p + 1u > {{ window }}u) { lo = p + 1u - {{ window }}u; }
+{$ endif $}
+    for (var d = t; d < D; d = d + WG) { qs[d] = {{ LD }}(q[(r * H + h) * D + d]); }
+    workgroupBarrier();
+    var m = neg_inf();
+    var l = 0.0;
+{$ for c in range(NC) $}
+    var acc{{ c }} = 0.0;
+{$ endfor $}
+    for (var j0 = lo; j0 <= p; j0 = j0 + WG) {
+        let j = j0 + t;
+        var s = neg_inf();
+        if (j <= p) {
+            let kb = ((base + j) * HKV + kh) * D;
+            var dot = 0.0;
+            for (var d = 0u; d < D; d = d + 1u) { dot = dot + qs[d] * {{ LD }}(k[kb + d]); }
+            s = dot * {{ scale }};
+{$ if softcap $}
+            s = {{ softcap }} * tanh(s * {{ inv_softcap }});
+{$ endif $}
+        }
+        red[t] = s;
+        workgroupBarrier();
+        for (var w = WG / 2u; w > 0u; w = w >> 1u) {
+            if (t < w) { red[t] = max(red[t], red[t + w]); }
+            workgroupBarrier();
+        }
+        let mn = max(m, red[0]);
+        workgroupBarrier();
+        let e = select(exp(s - mn), 0.0, j > p);
+        ps[t] = e;
+        red[t] = e;
+        workgroupBarrier();
+        for (var w = WG / 2u; w > 0u; w = w >> 1u) {
+            if (t < w) { red[t] = red[t] + red[t + w]; }
+            workgroupBarrier();
+        }
+        let alpha = select(exp(m - mn), 0.0, m == neg_inf());
+        l = l * alpha + red[0];
+        let cnt = min(WG, p + 1u - j0);
+{$ for c in range(NC) $}
+        acc{{ c }} = acc{{ c }} * alpha;
+{$ endfor $}
+        for (var jj = 0u; jj < cnt; jj = jj + 1u) {
+            let pj = ps[jj];
+            let vb = ((base + j0 + jj) * HKV + kh) * DV;
+{$ for c in range(NC) $}
+            if (t + {{ c * WG }}u < DV) { acc{{ c }} = acc{{ c }} + pj * {{ LD }}(v[vb + t + {{ c * WG }}u]); }
+{$ endfor $}
+        }
+        m = mn;
+        workgroupBarrier();  // (ps and red are rewritten by the next tile)
+    }
+    let ob = (r * H + h) * DV;
+{$ for c in range(NC) $}
+    if (t + {{ c * WG }}u < DV) { out[ob + t + {{ c * WG }}u] = {{ ST }}(acc{{ c }} / l); }
+{$ endfor $}
+}
+{$ endif $}
