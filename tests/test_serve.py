@@ -126,6 +126,8 @@ def test_chat_matches_llm_chat(llm, client):
     assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == want
     assert s[-1].choices == [] and s[-1].usage.completion_tokens == r.usage.completion_tokens
     assert s[-2].choices[0].finish_reason == r.choices[0].finish_reason
+    # the same conversation again: the engine finds its prompt in a slot's cache
+    assert s[-1].usage.prompt_tokens_details.cached_tokens > 0
     assert all(c.usage is None for c in s[:-1])
     # content as an array of text parts, "developer" as a system message
     parts = [

@@ -261,7 +261,9 @@ def create_app(models, embedders=None, *, api_key=None, grace=30.0, owns_engines
                 503, "the request was cancelled (the client left, or the server is shutting down)", code="cancelled"
             )
         state.metrics.request(route, 200)
-        out = reply.response(text, finish_reason(req.finish_reason), req.prompt_tokens, req.completion_tokens)
+        out = reply.response(
+            text, finish_reason(req.finish_reason), req.prompt_tokens, req.completion_tokens, _cached(req)
+        )
         return JSONResponse(out)
 
     async def _collect(request, req):
@@ -315,13 +317,18 @@ def create_app(models, embedders=None, *, api_key=None, grace=30.0, owns_engines
                 return
             yield _json(reply.chunk(None, finish_reason(req.finish_reason), include_usage=iu))
             if iu:
-                yield _json(reply.usage_chunk(req.prompt_tokens, req.completion_tokens))
+                yield _json(reply.usage_chunk(req.prompt_tokens, req.completion_tokens, _cached(req)))
             yield "[DONE]"
         finally:
             stopper.cancel()
             req.cancel()  # the client left (the task is cancelled here): its slot frees at the next step
 
     return app
+
+
+def _cached(req):
+    """The prompt tokens the engine reused from a slot's cache (None: an engine that does not say)."""
+    return getattr(req, "cached_tokens", None)
 
 
 def _chat_ids(llm, messages):

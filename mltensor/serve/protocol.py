@@ -309,12 +309,16 @@ def new_id(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens, completion_tokens):
-    return {
+def usage(prompt_tokens, completion_tokens, cached_tokens=None):
+    """OpenAI's usage object; cached_tokens: the prompt's start the engine found in its cache."""
+    u = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return u
 
 
 class Reply:
@@ -330,7 +334,7 @@ class Reply:
     def _head(self, obj):
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": None}
 
-    def response(self, text, finish_reason, prompt_tokens, completion_tokens):
+    def response(self, text, finish_reason, prompt_tokens, completion_tokens, cached_tokens=None):
         if self.chat:
             choice = {
                 "index": 0,
@@ -342,7 +346,7 @@ class Reply:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
             obj = "text_completion"
-        return dict(self._head(obj), choices=[choice], usage=usage(prompt_tokens, completion_tokens))
+        return dict(self._head(obj), choices=[choice], usage=usage(prompt_tokens, completion_tokens, cached_tokens))
 
     def chunk(self, piece=None, finish_reason=None, *, first=False, include_usage=False):
         """One stream chunk: a piece of text, or the last (finish_reason set, no text)."""
@@ -359,9 +363,9 @@ class Reply:
             c["usage"] = None
         return c
 
-    def usage_chunk(self, prompt_tokens, completion_tokens):
+    def usage_chunk(self, prompt_tokens, completion_tokens, cached_tokens=None):
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return dict(self._head(obj), choices=[], usage=usage(prompt_tokens, completion_tokens))
+        return dict(self._head(obj), choices=[], usage=usage(prompt_tokens, completion_tokens, cached_tokens))
 
 
 def embeddings_response(model, vectors, fmt, prompt_tokens):
