@@ -83,6 +83,7 @@ def _bad_requests():
         ),
         ("POST", CHAT, b"[" * 100000 + b"]" * 100000, J, 400),  # nesting past the parser's recursion
         ("POST", CHAT, js({"messages": MSG}), J, 400),  # no model
+        ("POST", CMPL, b'{"model": "tiny", "prompt": "a \\ud800 b"}', J, 400),  # a lone surrogate
         ("POST", CHAT, js({"model": 7, "messages": MSG}), J, 400),
         ("POST", CHAT, js({"model": "nope", "messages": MSG}), J, 404),
         ("POST", CHAT, js({"model": "tiny"}), J, 400),  # no messages
@@ -316,4 +317,13 @@ def test_a_failing_prompt_is_a_500_json(llm):
         finally:
             llm.apply_chat_template = real
         assert r.status_code == 500 and "broken template" in r.json()["error"]["message"]
+        # a template that refuses the messages (raise_exception: Mistral's, Gemma's roles) is the client's
+        from jinja2.exceptions import TemplateError
+
+        llm.apply_chat_template = lambda messages, **kw: (_ for _ in ()).throw(TemplateError("roles must alternate"))
+        try:
+            r = post(s.url + CHAT, {"model": "tiny", "messages": MSG, "max_tokens": 2})
+        finally:
+            llm.apply_chat_template = real
+        assert r.status_code == 400 and "roles must alternate" in r.json()["error"]["message"]
         assert post(s.url + CHAT, {"model": "tiny", "messages": MSG, "max_tokens": 2}).status_code == 200

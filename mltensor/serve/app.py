@@ -22,6 +22,8 @@ import hmac
 import json
 import time
 
+from jinja2.exceptions import TemplateError
+
 from ..llm.engine import EngineClosed, QueueFull
 from .metrics import Metrics
 from .protocol import (
@@ -332,7 +334,13 @@ def _cached(req):
 
 
 def _chat_ids(llm, messages):
-    return llm.tokenizer.encode_chat(llm.apply_chat_template(messages))
+    try:
+        text = llm.apply_chat_template(messages)
+    except TemplateError as e:  # the template's raise_exception: roles out of the order it takes
+        raise APIError(
+            400, f"the model's chat template rejects these messages: {e}", param="messages", code="invalid_messages"
+        ) from None
+    return llm.tokenizer.encode_chat(text)
 
 
 def _max_tokens(s, n_prompt, context, chat):

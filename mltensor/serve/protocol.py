@@ -85,6 +85,12 @@ def parse_body(raw):
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    try:  # JSON's \ud800 escapes decode to lone surrogates, which no text is made of
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(
+            400, "the request body holds a lone UTF-16 surrogate (\\ud800-\\udfff)", code="invalid_json"
+        ) from None
     return body
 
 
