@@ -8,6 +8,7 @@ go on."""
 import concurrent.futures as cf
 import http.client
 import json
+import random
 import socket
 import time
 
@@ -157,6 +158,39 @@ def test_the_bad_input_set_is_answered_4xx_json(served):
     assert get(served.url + "/health").json()["status"] == "ok"
     r = post(served.url + CMPL, {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    _wait_idle(served.engine)
+
+
+VALUES = [None, True, False, 0, 1, -1, 2, 3.5, -0.0, 1e308, -1e308, 10**20, 2**63, -(2**63), 0.5, ""]
+VALUES += ["x", "\x00", "stop", [], [1], ["a"], [[1]], [0, 1, 2], {}, {"a": 1}, [{}], {"type": "text"}]
+FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k"]
+FIELDS += ["seed", "stop", "presence_penalty", "frequency_penalty", "repeat_penalty", "n", "stream"]
+FIELDS += ["stream_options", "logprobs", "tools", "user", "input", "encoding_format", "dimensions", "echo"]
+FIELDS += ["logit_bias", "response_format"]
+
+
+def test_random_field_values_are_never_a_500(served):
+    """A seeded fuzz: valid requests with 1-3 fields set to values of every JSON kind; each answer
+    is a 200 or a 4xx with OpenAI's error body."""
+    rng = random.Random(0)
+    for _ in range(150):
+        path = rng.choice([CHAT, CMPL, "/v1/embeddings"])
+        body = {"model": "tiny", "max_tokens": 4}
+        body.update({"messages": MSG} if path == CHAT else {"prompt": "hi"})
+        for _ in range(rng.randint(1, 3)):
+            f, v = rng.choice(FIELDS), rng.choice(VALUES)
+            if f == "messages" and rng.random() < 0.5:
+                v = [
+                    {
+                        "role": rng.choice(["user", "system", "assistant", "tool", 5, None]),
+                        "content": rng.choice(VALUES),
+                    }
+                ]
+            body[f] = v
+        r = post(served.url + path, body)
+        assert r.status_code < 500, (path, body, r.text[:300])
+        if r.status_code >= 400:
+            assert r.json()["error"]["message"], (path, body, r.text[:300])
     _wait_idle(served.engine)
 
 
