@@ -83,8 +83,9 @@ def _tokenizer_json(path):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("embed")
-    shutil.copy(corpus.export("bert"), d / "model.onnx")
+    d = tmp_path_factory.mktemp("embed")  # as Hugging Face repositories lay them out: onnx/model.onnx
+    (d / "onnx").mkdir()
+    shutil.copy(corpus.export("bert"), d / "onnx" / "model.onnx")
     _tokenizer_json(d / "tokenizer.json")
     return d
 
@@ -113,7 +114,8 @@ def reference(model_dir):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    emb = Embedder(str(model_dir / "model.onnx"))
+    emb = Embedder(str(model_dir / "onnx" / "model.onnx"))
+    assert emb.max_length == 512
     with ThreadServer(create_app({}, {"bert": emb})) as s:
         s.embedder = emb
         yield s

@@ -4,13 +4,13 @@ export: inputs input_ids, attention_mask and maybe token_type_ids; output the to
 attention mask and L2 normalisation, as sentence-transformers' Pooling(mean) + Normalize do.
 
 A request's inputs run as one batch (padded to the longest, at most `max_length` tokens each; the
-pooling ignores the padding). The tokenizer is the `tokenizer.json` next to the model (the
-`tokenizers` package), with its own special tokens ([CLS] ... [SEP]); token ids given by the
-client are taken as they are.
+pooling ignores the padding). The tokenizer is the `tokenizer.json` next to the model or in its
+parent folder (the `tokenizers` package), with its own special tokens ([CLS] ... [SEP]); token ids
+given by the client are taken as they are. Mean pooling only: a model trained for its [CLS]
+vector (pooling_mode_cls_token) gets other vectors than sentence-transformers gives.
 """
 
 import os
-import threading
 
 import numpy as np
 
@@ -23,20 +23,27 @@ TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
 class Embedder:
     """An ONNX sentence-embedding model: `embed(items)` -> (float32 [n, dim] unit vectors, tokens).
 
-    path: the .onnx file; tokenizer: a tokenizer.json path (default: next to the model); context:
-    the MLContext (default: the process's); max_length: tokens per input (longer ones are cut,
-    as sentence-transformers' max_seq_length does)."""
+    path: the .onnx file; tokenizer: a tokenizer.json path (default: the one next to the model,
+    else in its parent folder, as Hugging Face repositories keep exports in onnx/); context: the
+    MLContext (default: the process's); max_length: tokens per input, longer ones are cut (default:
+    the tokenizer's own truncation length, else 512, BERT's positions)."""
 
-    def __init__(self, path, *, tokenizer=None, context=None, max_length=512):
+    def __init__(self, path, *, tokenizer=None, context=None, max_length=None):
         from tokenizers import Tokenizer  # the llm / serve extra
 
         if not os.path.isfile(path):
             raise FileNotFoundError(f"[Embedder] no such file: {path}")
-        tok_path = tokenizer or os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer.json")
-        if not os.path.isfile(tok_path):
-            raise FileNotFoundError(f"[Embedder] no tokenizer.json next to the model: {tok_path}")
+        here = os.path.dirname(os.path.abspath(path))
+        candidates = (
+            [tokenizer] if tokenizer else [os.path.join(d, "tokenizer.json") for d in (here, os.path.dirname(here))]
+        )
+        tok_path = next((c for c in candidates if os.path.isfile(c)), None)
+        if tok_path is None:
+            raise FileNotFoundError(f"[Embedder] no tokenizer.json for the model (looked for {', '.join(candidates)})")
         self.path = path
         self.tokenizer = Tokenizer.from_file(tok_path)
+        if max_length is None:
+            max_length = (self.tokenizer.truncation or {}).get("max_length") or 512
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self.max_length = int(max_length)
@@ -49,7 +56,6 @@ class Embedder:
         outs = [o.name for o in self.session.get_outputs()]
         self.output = next((o for o in TOKEN_OUTPUTS if o in outs), outs[0])
         self.pad_id = self._pad_id()
-        self._lock = threading.Lock()
 
     def _pad_id(self):
         p = self.tokenizer.padding
