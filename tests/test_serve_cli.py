@@ -92,10 +92,11 @@ def test_serve_cancels_streams_past_the_grace(path):
 
 
 @pytest.mark.timeout(300)
-def test_serve_api_key_from_the_environment(path):
-    with ChildServer("--model", f"tiny={path}", "--max-context", 64, env={"MLTENSOR_API_KEY": "k3y"}) as s:
+def test_serve_two_models_and_an_api_key_from_the_environment(path):
+    args = ["--model", f"chat={path}", "--model", path, "--max-context", 64]  # the second named by its stem
+    with ChildServer(*args, env={"MLTENSOR_API_KEY": "k3y"}) as s:
         with pytest.raises(openai.AuthenticationError):
             s.client(api_key="wrong").models.list()
-        assert [m.id for m in s.client(api_key="k3y").models.list().data] == ["tiny"]
+        assert sorted(m.id for m in s.client(api_key="k3y").models.list().data) == ["chat", "tiny"]
         assert get(s.url + "/health").status_code == 200
         assert s.stop() == 0
