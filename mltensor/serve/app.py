@@ -93,6 +93,7 @@ def create_app(models, embedders=None, *, api_key=None, grace=30.0, owns_engines
     from fastapi.responses import JSONResponse, Response
     from sse_starlette.sse import EventSourceResponse
     from starlette.concurrency import run_in_threadpool
+    from starlette.background import BackgroundTask
     from starlette.exceptions import HTTPException
 
     state = State(models, embedders, api_key, grace, owns_engines)
@@ -249,6 +250,7 @@ def create_app(models, embedders=None, *, api_key=None, grace=30.0, owns_engines
                 sep="\n",
                 ping=15,
                 shutdown_grace_period=state.grace + 2.0,  # ours (grace) ends the stream first
+                background=BackgroundTask(req.cancel),  # also when the stream never started
             )
         try:
             text = await _collect(request, req)
