@@ -8,6 +8,10 @@
   (target: p99 under load <= 3x alone);
 - batch occupancy (the engine's sampling rows per step over its slots) during the 8-stream rounds.
 
+Every measured request's message is new (a tag before the prompt): the engine's prompt cache reuses
+only the chat template's start, as for a stream of different users. (Batched greedy replies equal
+the solo ones: tests/test_serve.py, tests/test_serve_load.py.)
+
 Two models: SmolLM2-135M-Instruct (Q4_1, the registry's, fetched once) and the tiny synthetic one
 of the tests (hidden 64: the server's and the engine's own overhead dominates).
 """
@@ -90,19 +94,24 @@ def test_serve_batching(benchmark, ctx, tmp_path_factory, name):
     n = SIZES[name]
     with ThreadServer(create_app({"m": ServedModel(llm, engine)})) as s:
         client = s.client()
-        _stream(client, PROMPTS[0], 4)  # warm-up: the graphs built
+        # warm-up: the graphs of one row, of prompt chunks and of batched steps built, the chat
+        # template's start in the slots' cache
+        _stream(client, PROMPTS[0], 4)
+        with cf.ThreadPoolExecutor(STREAMS) as ex:
+            list(ex.map(lambda p: _stream(client, f"(warm-up) {p}", 8), PROMPTS))
         solo, solo_wall = [], 0.0
-        for _ in range(ROUNDS):  # one stream at a time
-            for p in PROMPTS:
+        for r in range(ROUNDS):  # one stream at a time
+            for i, p in enumerate(PROMPTS):
                 t0 = time.perf_counter()
-                solo.append(_stream(client, p, n))
+                solo.append(_stream(client, f"(solo {r}.{i}) {p}", n))
                 solo_wall += time.perf_counter() - t0
         m0 = engine.metrics()
         batched, batched_wall = [], 0.0
         with cf.ThreadPoolExecutor(STREAMS) as ex:
-            for _ in range(ROUNDS):
+            for r in range(ROUNDS):
                 t0 = time.perf_counter()
-                batched += list(ex.map(lambda p: _stream(client, p, n), PROMPTS))
+                tagged = [f"(batch {r}.{i}) {p}" for i, p in enumerate(PROMPTS)]
+                batched += list(ex.map(lambda p: _stream(client, p, n), tagged))
                 batched_wall += time.perf_counter() - t0
         m1 = engine.metrics()
     solo_tokens = sum(r[3] for r in solo)
@@ -149,4 +158,4 @@ def test_serve_batching(benchmark, ctx, tmp_path_factory, name):
         f"{info['ttft_p50_s_alone'] * 1e3:.0f}/{info['ttft_p99_s_alone'] * 1e3:.0f} ms alone "
         f"(p99 {info['ttft_p99_ratio']:.2f}x); batch occupancy {occupancy:.2f}"
     )
-    assert [r[4] for r in batched] == [r[4] for r in solo]  # greedy: the same replies, batched or not
+    assert all(r[3] > 0 for r in solo + batched)
