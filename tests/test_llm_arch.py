@@ -84,7 +84,8 @@ def test_float_gguf_matches_transformers(ctx, case):
 def rows_against_sessions(ctx, path):
     """The serving step (LlamaBatch: sequences of different lengths in one dispatch, prompts read
     in chunks beside decode rows) against one LlamaSession per sequence fed the same chunks: the
-    logits of every entry within 1e-4 (relative) and the same argmax. Steps of 3 sequences: a
+    logits of every entry within 1e-4 (relative) and the same argmax, and the first entry's
+    bitwise the same alone as in its step. Steps of 3 sequences: a
     prompt past the sliding window and a 1-token prompt, then the third's prompt in two chunks
     beside the others' decode rows, then decode rows of all three."""
     model = LlamaModel(path, ctx, max_context=64, max_step=8)
@@ -96,7 +97,9 @@ def rows_against_sessions(ctx, path):
     plan += [{0: None, 1: None, 2: None}] * 4
     for step in plan:
         entries = [(slot, lengths[slot], feed if feed is not None else [nxt[slot]]) for slot, feed in step.items()]
+        alone = batch.run(entries[:1])[0]  # (rewritten by the step: the same values)
         got = batch.run(entries)
+        assert np.array_equal(alone, got[0])  # a row's logits do not depend on its batch
         for (slot, start, feed), row in zip(entries, got):
             want = ctx.read_tensor_sync(sessions[slot].feed(np.array(feed, np.int32)))[0]
             worst = max(worst, rel_err(row, want.astype(np.float64)))

@@ -156,7 +156,7 @@ class _Builder:
         b = self.b
         if w.blocks is not None:
             q = w.blocks
-            return b._matmul_blocks(x, self.const(q.words), kind=q.kind, K=q.cols, N=q.rows)
+            return b._matmul_blocks(x, self.const(q.words), kind=q.kind, K=q.cols, N=q.rows, rows_gemv=self.rows)
         if w.q is not None and self.rows:
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
@@ -190,6 +190,10 @@ class _Builder:
                 zero_points=zp,
                 zp_mode="none" if zp is None else "float",
             )
+        if self.rows and w.dense.ndim == 2 and w.dense.dtype == np.float32 and w.dense.shape[1] % 32 == 0:
+            # float32 as 32-value "blocks" for the same GEMV: sums that do not depend on the rows
+            rows, cols = w.dense.shape
+            return b._matmul_blocks(x, self.const(_f32_words(w)), kind="F32", K=cols, N=rows, rows_gemv=True)
         wt = self.const(_transposed(w))
         if wt.data_type != "float32":
             wt = b.cast(wt, "float32")
@@ -414,6 +418,10 @@ class _Builder:
 
 def _transposed(w):
     return np.ascontiguousarray(w.dense.T)
+
+
+def _f32_words(w):
+    return np.ascontiguousarray(w.dense, dtype=np.float32).reshape(-1).view(np.uint32)
 
 
 class LlamaModel:
