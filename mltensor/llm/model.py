@@ -369,6 +369,9 @@ class _Builder:
         pos = b.input("pos", data_type="int32", shape=[rows])
         dst = b.input("dst", data_type="int32", shape=[rows])
         last = b.input("last", data_type="int32", shape=[MLDynamicDimension("seqs", slots)])
+        ring = rows_ring(c, self.max_context, max_rows)
+        # sliding-window layers keep a ring of `ring` positions a slot (their rows: ring_dst)
+        ring_dst = b.input("ring_dst", data_type="int32", shape=[rows]) if ring else None
         R, half = ids.shape[0], c.rope_dims // 2
         ropes = {}
         for key in dict.fromkeys(c.layer_ropes):
@@ -386,18 +389,21 @@ class _Builder:
                 q, k = self.norm(q, lw["attn_q_norm"]), self.norm(k, lw["attn_k_norm"])
             cos, sin = ropes[c.layer_ropes[i]]
             q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
-            k, v = b._kv_scatter([k, v], dst, rows=slots * self.max_context)
+            in_ring = bool(ring and c.windows[i])
+            at = ring_dst if in_ring else dst
+            k, v = b._kv_scatter([k, v], at, rows=slots * (ring if in_ring else self.max_context))
             outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
             att = b._attention_rows(
                 q,
                 k,
                 v,
-                dst,
+                at,
                 pos,
                 scale=c.attn_scale,
                 softcap=c.attn_softcap or 0.0,
                 window=c.windows[i],
                 max_len=self.max_context,
+                ring=ring if in_ring else 0,
             )
             o = self.linear(b.reshape(att, [R, nh * hd]), lw["attn_output"])
             if spec.post_norms:
@@ -414,6 +420,17 @@ class _Builder:
         outputs["logits"] = logits
         graph = b.build_sync(outputs)
         return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
+
+
+def rows_ring(c, max_context, max_rows):
+    """Positions a slot of the serving step keeps for a sliding-window layer: the window plus a
+    step's rows less one (ops/kvrows.py: then no row of a step overwrites a key another still
+    reads); 0 (every position kept) when the model has no sliding layer or that is no smaller."""
+    windows = {w for w in c.windows if w}
+    if not windows:
+        return 0
+    ring = max(windows) + max_rows - 1
+    return ring if ring < max_context else 0
 
 
 def _transposed(w):
@@ -588,7 +605,8 @@ def _split(arr, size):
 
 class LlamaBatch:
     """The KV caches of `slots` sequences and one step over several of them (the serving engine's,
-    mltensor/llm/engine.py): one dispatch of the "rows" graph (_Builder.build_rows). `run(entries)`:
+    mltensor/llm/engine.py): one dispatch of the "rows" graph (_Builder.build_rows). A sliding-window
+    layer's cache keeps only `ring` positions a slot (rows_ring), the others every position. `run(entries)`:
     entries (slot, start, ids) feed `ids` to `slot`'s sequence at positions start, start + 1, ...
     (what the slot held from `start` on is overwritten); at most `rows` ids in all, one entry a
     slot. Returns the logits of each entry's last token, float32 [len(entries), vocab], read back
@@ -605,9 +623,12 @@ class LlamaBatch:
         self._lock = threading.Lock()
         with self._lock:
             self._graph = model.rows_graph(slots, rows)
-        n = slots * model.max_context
+        # sliding-window layers keep `ring` positions a slot (rows_ring), the others every one
+        self.ring = rows_ring(c, model.max_context, rows)
+        self.window = max(c.windows)
+        n = [slots * (self.ring if self.ring and c.windows[i] else model.max_context) for i in range(c.n_layers)]
         self._cache = {
-            f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=[n, c.n_kv_heads, c.head_dim])
+            f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=[n[i], c.n_kv_heads, c.head_dim])
             for i in range(c.n_layers)
             for kv in "kv"
         }
@@ -620,12 +641,21 @@ class LlamaBatch:
                 ("dst", "rows", rows),
                 ("last", "seqs", slots),
             )
+            + ((("ring_dst", "rows", rows),) if self.ring else ())
         }
         self._logits = ctx.create_tensor_sync(data_type="float32", shape=[dyn("seqs", slots), c.vocab], readable=True)
 
+    def reusable(self, held, n):
+        """How many of the `held` positions a slot's cache holds a sequence that shares their first
+        `n` ids may keep: n, or 0 where a sliding layer's ring no longer holds the keys its next
+        position reads (positions before held - ring are overwritten)."""
+        if not self.ring or n == 0 or n - self.window + 1 >= held - self.ring:
+            return n
+        return 0
+
     def run(self, entries):
         m = self.model
-        ids, pos, dst, last, slots = [], [], [], [], set()
+        ids, pos, dst, last, ring, slots = [], [], [], [], [], set()
         for slot, start, toks in entries:
             toks = [int(t) for t in toks]
             if not 0 <= slot < self.slots or slot in slots:
@@ -638,6 +668,8 @@ class LlamaBatch:
             ids += toks
             pos += range(start, start + len(toks))
             dst += range(slot * m.max_context + start, slot * m.max_context + start + len(toks))
+            if self.ring:
+                ring += [slot * self.ring + p % self.ring for p in range(start, start + len(toks))]
             last.append(len(ids) - 1)
         if len(ids) > self.rows:
             raise ValueError(f"[LlamaBatch] a step of {len(ids)} rows (at most {self.rows})")
@@ -646,7 +678,10 @@ class LlamaBatch:
             raise ValueError(f"[LlamaBatch] token ids must lie in [0, {vocab})")
         with self._lock:
             ctx = self.ctx
-            for name, values in (("ids", ids), ("pos", pos), ("dst", dst), ("last", last)):
+            feeds = [("ids", ids), ("pos", pos), ("dst", dst), ("last", last)] + (
+                [("ring_dst", ring)] if self.ring else []
+            )
+            for name, values in feeds:
                 ctx.write_tensor(self._ins[name], np.asarray(values, np.int32))
             ctx.dispatch(self._graph.graph, self._ins, {"logits": self._logits, **self._cache})
             return ctx.read_tensor_sync(self._logits).reshape(len(entries), vocab)
