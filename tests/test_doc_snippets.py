@@ -176,9 +176,7 @@ def _pyproject_scripts():
 @functools.lru_cache(maxsize=None)
 def _help(argv):
     """The --help text of a repository script or console entry (argv: a tuple)."""
-    r = subprocess.run(
-        [*argv, "--help"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120
-    )
+    r = subprocess.run([*argv, "--help"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"{' '.join(argv)} --help failed: {r.stderr[-2000:]}"
     return r.stdout
 
@@ -292,6 +290,10 @@ def test_markers_parse():
     ]
     assert _check_command("python examples/nope.py", {}) == ["'python examples/nope.py': no file examples/nope.py"]
     assert _check_command("bash setup.sh && .venv/bin/python -m pytest -q", {}) == []
-    assert _check_command("python -m bench.nope", {}) == ["'python -m bench.nope': no module bench.nope in the repository"]
+    assert _check_command("python -m bench.nope", {}) == [
+        "'python -m bench.nope': no module bench.nope in the repository"
+    ]
     bad = _check_command("mltensor-chat --prompt hi --no-such-option", _pyproject_scripts())
-    assert bad == ["'mltensor-chat --prompt hi --no-such-option': --no-such-option is not an option of mltensor-chat (its --help)"]
+    assert bad == [
+        "'mltensor-chat --prompt hi --no-such-option': --no-such-option is not an option of mltensor-chat (its --help)"
+    ]
