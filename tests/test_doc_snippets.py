@@ -119,12 +119,11 @@ def _env():
     return env
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("page,slow", _cases())
-def test_python_blocks_run_as_pasted(page, slow, tmp_path):
+def run_page(page, text, slow, tmp_path):
+    """Run the Python (and `run` shell) blocks of Markdown `text` as the page `page` has them;
+    returns the CompletedProcess of the interpreter that ran them, in tmp_path/work."""
     import json
 
-    text = _read(page)
     todo, ran = [], 0
     for line, lang, body, mark in blocks(text):
         where = f"{page}:{line}"
@@ -153,15 +152,32 @@ def test_python_blocks_run_as_pasted(page, slow, tmp_path):
     work.mkdir()
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER, encoding="utf-8")
-    r = subprocess.run(
-        [sys.executable, str(driver), str(spec)],
-        cwd=work,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=870,
+    return subprocess.run(
+        [sys.executable, str(driver), str(spec)], cwd=work, env=_env(), capture_output=True, text=True, timeout=870
     )
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("page,slow", _cases())
+def test_python_blocks_run_as_pasted(page, slow, tmp_path):
+    r = run_page(page, _read(page), slow, tmp_path)
     assert r.returncode == 0, f"{page}: a block failed as pasted\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+
+
+def test_runner_shares_a_namespace_and_names_the_failing_block(tmp_path):
+    """A test of the test: blocks run in order in one namespace, in an empty folder; a file block
+    is written there; a no-run block is not run; a failing block fails the page with its line."""
+    text = (
+        "<!-- file: data.txt -->\n```python\nhello\n```\n"  # 1: written, not run
+        "```python\nimport os\nx = open('data.txt').read().strip()\n```\n"  # 5
+        "<!-- no-run: would fail -->\n```python\nraise SystemExit(3)\n```\n"  # 10: skipped
+        "```python\nassert x == 'hello' and os.listdir('.') == ['data.txt'], os.listdir('.')\n```\n"  # 13
+        "<!-- slow: skipped by default -->\n```python\nraise SystemExit(4)\n```\n"  # 17
+        "```python\n1 / 0\n```\n"  # 20: fails
+    )
+    r = run_page("page.md", text, False, tmp_path)
+    assert r.returncode == 1 and "ZeroDivisionError" in r.stderr, (r.stdout, r.stderr)
+    assert 'File "page.md:20"' in r.stderr and "--- page.md:13" in r.stdout, (r.stdout, r.stderr)
 
 
 # -- shell blocks: checked, not run --------------------------------------------------------------
@@ -211,6 +227,8 @@ def _check_command(cmd, scripts):
             cur.append(w)
     simple.append(cur)
     for argv in simple:
+        while argv and re.match(r"[A-Za-z_]\w*=", argv[0]):
+            argv = argv[1:]  # VAR=value before the command
         if not argv:
             continue
         prog = argv[0]
@@ -290,6 +308,9 @@ def test_markers_parse():
     ]
     assert _check_command("python examples/nope.py", {}) == ["'python examples/nope.py': no file examples/nope.py"]
     assert _check_command("bash setup.sh && .venv/bin/python -m pytest -q", {}) == []
+    assert _check_command("MLTENSOR_CACHE=/tmp/c python examples/nope.py", {}) == [
+        "'MLTENSOR_CACHE=/tmp/c python examples/nope.py': no file examples/nope.py"
+    ]
     assert _check_command("python -m bench.nope", {}) == [
         "'python -m bench.nope': no module bench.nope in the repository"
     ]
