@@ -1,4 +1,5 @@
-"""Every code block of README.md and of the docs' Markdown pages works as pasted (issue 46).
+"""Every code block of README.md, CONTRIBUTING.md, DESIGN.md and the docs' Markdown pages works as
+pasted (issue 46).
 
 Python blocks run: a page's blocks in order, in one fresh interpreter (they share a namespace, as
 a reader pasting them one after another into one session would), in an empty temporary folder,
@@ -47,7 +48,7 @@ NOT_CODE = ("text", "none")
 
 
 def pages():
-    out = ["README.md"]
+    out = ["README.md", "CONTRIBUTING.md", "DESIGN.md"]  # the last two are pages of the site too (internals/)
     for p in sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)):
         rel = os.path.relpath(p, ROOT)
         if not rel.startswith(("docs/_build", "docs/_generated", "docs/auto_gallery")):
