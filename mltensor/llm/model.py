@@ -298,9 +298,7 @@ class _Builder:
 
     def build(self, with_past, max_seq):
         """max_seq: the most tokens a dispatch takes (1: a static size, the decode step)."""
-        b, c, w = self.b, self.c, self.w
-        spec = c.spec
-        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        b, c = self.b, self.c
         ids = b.input("ids", data_type="int32", shape=[1 if max_seq == 1 else MLDynamicDimension("seq", max_seq)])
         seq = ids.shape[0]
         if with_past:
@@ -309,15 +307,36 @@ class _Builder:
         else:
             past = 0
         pos = b._range(ids, past, 1, seq, "int32")
-        half = c.rope_dims // 2
+
+        def attend(i, q, k, v):
+            # the new rows written in place after the `past` ones: the results are the session's
+            # cache tensors [past + seq, kv_heads, head_dim] (graph outputs), read by the attention
+            k, v = b._kv_append([k, v], past)
+            att = b._attention(
+                q, k, v, scale=c.attn_scale, causal=True, layout="bshd", softcap=c.attn_softcap, window=c.windows[i]
+            )
+            return att, k, v
+
+        outputs = {}
+        h = self.decoder(ids, pos, attend, outputs)
+        return self.head(b.slice(h, [seq - 1, 0], [1, c.hidden]), outputs)
+
+    def decoder(self, ids, pos, attend, outputs):
+        """The embeddings and every layer of tokens `ids` at positions `pos` ([seq] each): returns h
+        [seq, hidden]. attend(layer, q, k, v) ([seq, heads, head_dim] each, after the rotary
+        embedding) writes k and v to the layer's cache and returns (attention [seq, heads,
+        head_dim], k cache, v cache), the caches then graph outputs."""
+        b, c, w = self.b, self.c, self.w
+        spec = c.spec
+        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        seq, half = ids.shape[0], c.rope_dims // 2
         ropes = {}  # (base, scale) -> cos, sin [seq, 1, half]: one pair per distinct layer rope
         for key in dict.fromkeys(c.layer_ropes):
-            cos_t, sin_t = self.w.rope_tables(self.max_context, *key)
+            cos_t, sin_t = w.rope_tables(self.max_context, *key)
             ropes[key] = tuple(b.reshape(b.gather(b.constant(t), pos, axis=0), [seq, 1, half]) for t in (cos_t, sin_t))
         h = self.embed(ids)  # [seq, hidden]
         if spec.embed_scale:
             h = b.mul(h, b.constant(np.array(math.sqrt(c.hidden), np.float32)))
-        outputs = {}
         for i, lw in enumerate(w.layers):
             n = self.norm(h, lw["attn_norm"])
             q, k, v = self.qkv(n, lw)
@@ -325,21 +344,9 @@ class _Builder:
             if spec.qk_norm:
                 q, k = self.norm(q, lw["attn_q_norm"]), self.norm(k, lw["attn_k_norm"])
             cos, sin = ropes[c.layer_ropes[i]]
-            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
-            # the new rows written in place after the `past` ones: the results are the session's
-            # cache tensors [past + seq, kv_heads, head_dim] (graph outputs), read by the attention
-            k, v = b._kv_append([k, v], past)
-            outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
-            att = b._attention(
-                q,
-                k,
-                v,
-                scale=c.attn_scale,
-                causal=True,
-                layout="bshd",
-                softcap=c.attn_softcap,
-                window=c.windows[i],
-            )  # [seq, nh, hd]
+            att, outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = attend(
+                i, self.rope(q, cos, sin), self.rope(k, cos, sin), v
+            )
             o = self.linear(b.reshape(att, [seq, nh * hd]), lw["attn_output"])
             if spec.post_norms:
                 o = self.norm(o, lw["post_attention_norm"])
@@ -348,8 +355,12 @@ class _Builder:
             if spec.post_norms:
                 f = self.norm(f, lw["post_ffw_norm"])
             h = b.add(h, f)
-        last = b.slice(h, [seq - 1, 0], [1, c.hidden])
-        logits = self.linear(self.norm(last, w.output_norm), w.output if w.output is not None else w.token_embd)
+        return h
+
+    def head(self, h, outputs):
+        """The logits of rows h ([rows, hidden]) in outputs["logits"]; builds the graph."""
+        b, c, w = self.b, self.c, self.w
+        logits = self.linear(self.norm(h, w.output_norm), w.output if w.output is not None else w.token_embd)
         if c.final_softcap:
             logits = self.softcap(logits, c.final_softcap)
         outputs["logits"] = logits
@@ -361,9 +372,7 @@ class _Builder:
         at position pos[r] of its sequence, its keys and values written to cache row dst[r] of
         caches [slots * max_context, kv_heads, head_dim] shared by the sequences
         (`_kv_scatter`, `_attention_rows`: ops/kvrows.py); the logits of the rows `last` names."""
-        b, c, w = self.b, self.c, self.w
-        spec = c.spec
-        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        b, c = self.b, self.c
         rows = MLDynamicDimension("rows", max_rows)
         ids = b.input("ids", data_type="int32", shape=[rows])
         pos = b.input("pos", data_type="int32", shape=[rows])
@@ -372,27 +381,11 @@ class _Builder:
         ring = rows_ring(c, self.max_context, max_rows)
         # sliding-window layers keep a ring of `ring` positions a slot (their rows: ring_dst)
         ring_dst = b.input("ring_dst", data_type="int32", shape=[rows]) if ring else None
-        R, half = ids.shape[0], c.rope_dims // 2
-        ropes = {}
-        for key in dict.fromkeys(c.layer_ropes):
-            cos_t, sin_t = self.w.rope_tables(self.max_context, *key)
-            ropes[key] = tuple(b.reshape(b.gather(b.constant(t), pos, axis=0), [R, 1, half]) for t in (cos_t, sin_t))
-        h = self.embed(ids)
-        if spec.embed_scale:
-            h = b.mul(h, b.constant(np.array(math.sqrt(c.hidden), np.float32)))
-        outputs = {}
-        for i, lw in enumerate(w.layers):
-            n = self.norm(h, lw["attn_norm"])
-            q, k, v = self.qkv(n, lw)
-            q, k, v = b.reshape(q, [R, nh, hd]), b.reshape(k, [R, nkv, hd]), b.reshape(v, [R, nkv, hd])
-            if spec.qk_norm:
-                q, k = self.norm(q, lw["attn_q_norm"]), self.norm(k, lw["attn_k_norm"])
-            cos, sin = ropes[c.layer_ropes[i]]
-            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+
+        def attend(i, q, k, v):
             in_ring = bool(ring and c.windows[i])
             at = ring_dst if in_ring else dst
             k, v = b._kv_scatter([k, v], at, rows=slots * (ring if in_ring else self.max_context))
-            outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
             att = b._attention_rows(
                 q,
                 k,
@@ -405,21 +398,11 @@ class _Builder:
                 max_len=self.max_context,
                 ring=ring if in_ring else 0,
             )
-            o = self.linear(b.reshape(att, [R, nh * hd]), lw["attn_output"])
-            if spec.post_norms:
-                o = self.norm(o, lw["post_attention_norm"])
-            h = b.add(h, o)
-            f = self.ffn(self.norm(h, lw["ffn_norm"]), lw)
-            if spec.post_norms:
-                f = self.norm(f, lw["post_ffw_norm"])
-            h = b.add(h, f)
-        hl = b.gather(h, last, axis=0)
-        logits = self.linear(self.norm(hl, w.output_norm), w.output if w.output is not None else w.token_embd)
-        if c.final_softcap:
-            logits = self.softcap(logits, c.final_softcap)
-        outputs["logits"] = logits
-        graph = b.build_sync(outputs)
-        return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
+            return att, k, v
+
+        outputs = {}
+        h = self.decoder(ids, pos, attend, outputs)
+        return self.head(b.gather(h, last, axis=0), outputs)
 
 
 def rows_ring(c, max_context, max_rows):
