@@ -124,6 +124,8 @@ def random_blocks(kind, rows, cols, rng, std=None):
     import gguf
     from gguf.quants import dequantize
 
+    if kind == "F32":  # (no GGML block type: the serving step's float32 "blocks" of 32 values)
+        return (rng.standard_normal(rows * cols) * (std or 1.0)).astype(np.float32).view(np.uint8).reshape(rows, -1)
     t = getattr(gguf.GGMLQuantizationType, kind)
     bv, bb = gguf.GGML_QUANT_SIZES[t]
     if kind == "F16":

@@ -727,3 +727,25 @@ def test_onnx_io_constants_are_onnx_s():
         assert et == getattr(TensorProto, name), name
         assert onnxio.np_dtype(et) == np.dtype(helper.tensor_dtype_to_np_dtype(et)), name
     assert onnxio.np_dtype(TensorProto.BFLOAT16) == np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16))
+
+
+def test_a_static_fallback_noted_at_other_maxima_is_not_applied(cache, tmp_path, rng):
+    """Why a model could not build with dynamic dimensions is noted with the max_dimensions it was
+    learned at: a later session with other maxima (smaller ones may fit a software adapter's
+    buffer limit) tries the dynamic build again; one with the same maxima goes per size at once."""
+    from mltensor.session import cache as graph_cache
+
+    model = _model(tmp_path / "m.onnx")
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    a = mltensor.InferenceSession(str(model), max_dimensions={"n": 8})
+    a.run(None, {"x": x})
+    assert a.stats["dynamic"], a.stats["static_reason"]
+    # what a process whose dynamic build failed at n <= 8 leaves in the note
+    graph_cache.save_note(
+        a, {"value_names": [], "static_reason": "NotSupportedError: too big", "static_maxima": [["n", 8]]}
+    )
+    same = mltensor.InferenceSession(str(model), max_dimensions={"n": 8})
+    assert same.stats["dynamic"] is False and same.stats["static_reason"] == "NotSupportedError: too big"
+    other = mltensor.InferenceSession(str(model), max_dimensions={"n": 4})
+    other.run(None, {"x": x})
+    assert other.stats["dynamic"] and other.stats["static_reason"] is None

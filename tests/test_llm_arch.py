@@ -84,19 +84,24 @@ def test_float_gguf_matches_transformers(ctx, case):
 def rows_against_sessions(ctx, path):
     """The serving step (LlamaBatch: sequences of different lengths in one dispatch, prompts read
     in chunks beside decode rows) against one LlamaSession per sequence fed the same chunks: the
-    logits of every entry within 1e-4 (relative) and the same argmax. Steps of 3 sequences: a
+    logits of every entry within 1e-4 (relative) and the same argmax, and the first entry's
+    bitwise the same alone as in its step. Steps of 3 sequences: a
     prompt past the sliding window and a 1-token prompt, then the third's prompt in two chunks
-    beside the others' decode rows, then decode rows of all three."""
+    beside the others' decode rows, then decode rows of all three, a chunk beside a decode row,
+    and decode rows past the positions a sliding layer's ring keeps (model.rows_ring)."""
     model = LlamaModel(path, ctx, max_context=64, max_step=8)
     batch = model.batch(3, rows=16)
     sessions = [model.session() for _ in range(3)]
     third = CHUNK + PROMPT[:5]
     lengths, nxt, worst = [0, 0, 0], [None] * 3, 0.0
     plan = [{0: PROMPT, 2: [7]}, {1: third[:4], 0: None, 2: None}, {1: third[4:], 0: None, 2: None}]
-    plan += [{0: None, 1: None, 2: None}] * 4
+    # decode rows past the ring of a sliding layer's cache (8 + 16 - 1 positions: written over)
+    plan += [{0: None, 1: None, 2: None}] * 4 + [{0: None, 2: [5, 6, 7, 8, 9, 10]}] + [{0: None, 1: None, 2: None}] * 10
     for step in plan:
         entries = [(slot, lengths[slot], feed if feed is not None else [nxt[slot]]) for slot, feed in step.items()]
+        alone = batch.run(entries[:1])[0]  # (rewritten by the step: the same values)
         got = batch.run(entries)
+        assert np.array_equal(alone, got[0])  # a row's logits do not depend on its batch
         for (slot, start, feed), row in zip(entries, got):
             want = ctx.read_tensor_sync(sessions[slot].feed(np.array(feed, np.int32)))[0]
             worst = max(worst, rel_err(row, want.astype(np.float64)))
@@ -104,6 +109,8 @@ def rows_against_sessions(ctx, path):
             lengths[slot] += len(feed)
             nxt[slot] = int(row.argmax())
     assert worst < 1e-4, worst
+    if any(model.config.windows):  # the sliding layers' ring was written over
+        assert 0 < batch.ring < max(lengths), (batch.ring, lengths)
     return worst
 
 
@@ -240,3 +247,23 @@ def test_config_per_layer(tmp_path):
     out.close()
     with pytest.raises(NotSupportedError, match="yarn"):
         LlamaWeights(str(tmp_path / "yarn.gguf"))
+
+
+def test_serving_ring_keeps_what_a_reused_prefix_needs(ctx):
+    """A slot reused by a sequence sharing the start of what it holds (the engine's prompt cache):
+    with a sliding layer's ring written over, LlamaBatch.reusable keeps the shared start only
+    where the ring still holds the keys the next position reads, and the logits then equal a
+    fresh session's."""
+    path, _ = llm_convert.cached_gguf("gemma3")
+    model = LlamaModel(path, ctx, max_context=64, max_step=8)
+    batch = model.batch(2, rows=16)
+    held = list(range(3, 33))  # 30 positions: past the ring (8 + 16 - 1)
+    for i in range(0, len(held), 10):
+        batch.run([(0, i, held[i : i + 10])])
+    assert batch.reusable(len(held), 5) == 0  # its keys 0..5 are gone from the ring
+    n = batch.reusable(len(held), 28)
+    assert n == 28
+    new = held[:28] + [7, 9]
+    got = batch.run([(0, n, new[n:])])[0]
+    want = ctx.read_tensor_sync(model.session().feed(np.array(new, np.int32)))[0]
+    assert rel_err(got, want.astype(np.float64)) < 1e-4 and got.argmax() == want.argmax()

@@ -31,6 +31,8 @@ def ctx():
 
 
 def reference(kind, raw):
+    if kind == "F32":
+        return np.ascontiguousarray(raw).view(np.float32).astype(np.float64)
     return dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).astype(np.float64)
 
 
@@ -49,12 +51,12 @@ def _run(ctx, g, feeds, out_shape, out_dyn=None):
     return ctx.read_tensor_sync(ty)
 
 
-def _matmul(ctx, kind, words, a, K, N, dynamic=False):
+def _matmul(ctx, kind, words, a, K, N, dynamic=False, rows_gemv=False):
     m = a.shape[0]
     b = MLGraphBuilder(ctx)
     shape = [MLDynamicDimension("m", 16), K] if dynamic else [m, K]
     x = b.input("a", data_type="float32", shape=shape)
-    y = b._matmul_blocks(x, b.constant(words), kind=kind, K=K, N=N)
+    y = b._matmul_blocks(x, b.constant(words), kind=kind, K=K, N=N, rows_gemv=rows_gemv)
     g = b.build_sync({"y": y})
     out_dyn = [MLDynamicDimension("m", 16), N] if dynamic else None
     return _run(ctx, g, {"a": (a, shape)}, [m, N], out_dyn)
@@ -72,13 +74,24 @@ def test_block_matmul_matches_gguf_dequantize(ctx, kind):
     words = pack_blocks(kind, raw, N, K)
     assert words.dtype == np.uint32 and words.shape == (block_words(kind, N, K),)
     assert words.nbytes <= raw.nbytes + 4  # the file's bytes, at most 2 bytes of padding
-    # M = 1, 3: the GEMV (decode); 7: the tiled GEMM; 5 with M known at dispatch: tiled too
-    for m, dynamic in ((1, False), (3, False), (7, False), (5, True)):
+    # M = 1, 3: the GEMV (decode); 7: the tiled GEMM; 5 with M known at dispatch: tiled too, or
+    # the GEMV over every row (rows_gemv: a serving step), whose rows equal the M = 1 GEMV's
+    alone = []
+    for m, dynamic, rows_gemv in (
+        (1, False, False),
+        (3, False, False),
+        (7, False, False),
+        (5, True, False),
+        (5, True, True),
+    ):
         a = rng.standard_normal((m, K)).astype(np.float32)
-        got = _matmul(ctx, kind, words, a, K, N, dynamic)
+        got = _matmul(ctx, kind, words, a, K, N, dynamic, rows_gemv)
         assert got.shape == (m, N)
         err = rel_err(got, a.astype(np.float64) @ ref.T)
         assert err < 2e-6, (kind, m, dynamic, err)
+        if rows_gemv:
+            alone = [_matmul(ctx, kind, words, a[i : i + 1], K, N) for i in range(m)]
+            assert np.array_equal(got, np.concatenate(alone)), kind
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q3_K"])

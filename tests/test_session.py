@@ -350,7 +350,7 @@ def test_tflite_routing(ctx, monkeypatch):
 
     calls = []
 
-    def fake(source, context, free_dimensions=None, float16=False):
+    def fake(source, context, free_dimensions=None, float16=False, **more):
         calls.append((source, context, free_dimensions, float16))
         raise RuntimeError("routed")
 

@@ -366,6 +366,7 @@ class Engine:
                 if x != y:
                     break
                 n += 1
+            n = self.batch.reusable(len(self._held[slot]), n)
             if n > best_n:
                 best, best_n = slot, n
         return best, best_n

@@ -156,7 +156,7 @@ class _Builder:
         b = self.b
         if w.blocks is not None:
             q = w.blocks
-            return b._matmul_blocks(x, self.const(q.words), kind=q.kind, K=q.cols, N=q.rows)
+            return b._matmul_blocks(x, self.const(q.words), kind=q.kind, K=q.cols, N=q.rows, rows_gemv=self.rows)
         if w.q is not None and self.rows:
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
@@ -190,6 +190,10 @@ class _Builder:
                 zero_points=zp,
                 zp_mode="none" if zp is None else "float",
             )
+        if self.rows and w.dense.ndim == 2 and w.dense.dtype == np.float32 and w.dense.shape[1] % 32 == 0:
+            # float32 as 32-value "blocks" for the same GEMV: sums that do not depend on the rows
+            rows, cols = w.dense.shape
+            return b._matmul_blocks(x, self.const(_f32_words(w)), kind="F32", K=cols, N=rows, rows_gemv=True)
         wt = self.const(_transposed(w))
         if wt.data_type != "float32":
             wt = b.cast(wt, "float32")
@@ -294,9 +298,7 @@ class _Builder:
 
     def build(self, with_past, max_seq):
         """max_seq: the most tokens a dispatch takes (1: a static size, the decode step)."""
-        b, c, w = self.b, self.c, self.w
-        spec = c.spec
-        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        b, c = self.b, self.c
         ids = b.input("ids", data_type="int32", shape=[1 if max_seq == 1 else MLDynamicDimension("seq", max_seq)])
         seq = ids.shape[0]
         if with_past:
@@ -305,15 +307,36 @@ class _Builder:
         else:
             past = 0
         pos = b._range(ids, past, 1, seq, "int32")
-        half = c.rope_dims // 2
+
+        def attend(i, q, k, v):
+            # the new rows written in place after the `past` ones: the results are the session's
+            # cache tensors [past + seq, kv_heads, head_dim] (graph outputs), read by the attention
+            k, v = b._kv_append([k, v], past)
+            att = b._attention(
+                q, k, v, scale=c.attn_scale, causal=True, layout="bshd", softcap=c.attn_softcap, window=c.windows[i]
+            )
+            return att, k, v
+
+        outputs = {}
+        h = self.decoder(ids, pos, attend, outputs)
+        return self.head(b.slice(h, [seq - 1, 0], [1, c.hidden]), outputs)
+
+    def decoder(self, ids, pos, attend, outputs):
+        """The embeddings and every layer of tokens `ids` at positions `pos` ([seq] each): returns h
+        [seq, hidden]. attend(layer, q, k, v) ([seq, heads, head_dim] each, after the rotary
+        embedding) writes k and v to the layer's cache and returns (attention [seq, heads,
+        head_dim], k cache, v cache), the caches then graph outputs."""
+        b, c, w = self.b, self.c, self.w
+        spec = c.spec
+        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        seq, half = ids.shape[0], c.rope_dims // 2
         ropes = {}  # (base, scale) -> cos, sin [seq, 1, half]: one pair per distinct layer rope
         for key in dict.fromkeys(c.layer_ropes):
-            cos_t, sin_t = self.w.rope_tables(self.max_context, *key)
+            cos_t, sin_t = w.rope_tables(self.max_context, *key)
             ropes[key] = tuple(b.reshape(b.gather(b.constant(t), pos, axis=0), [seq, 1, half]) for t in (cos_t, sin_t))
         h = self.embed(ids)  # [seq, hidden]
         if spec.embed_scale:
             h = b.mul(h, b.constant(np.array(math.sqrt(c.hidden), np.float32)))
-        outputs = {}
         for i, lw in enumerate(w.layers):
             n = self.norm(h, lw["attn_norm"])
             q, k, v = self.qkv(n, lw)
@@ -321,21 +344,9 @@ class _Builder:
             if spec.qk_norm:
                 q, k = self.norm(q, lw["attn_q_norm"]), self.norm(k, lw["attn_k_norm"])
             cos, sin = ropes[c.layer_ropes[i]]
-            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
-            # the new rows written in place after the `past` ones: the results are the session's
-            # cache tensors [past + seq, kv_heads, head_dim] (graph outputs), read by the attention
-            k, v = b._kv_append([k, v], past)
-            outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
-            att = b._attention(
-                q,
-                k,
-                v,
-                scale=c.attn_scale,
-                causal=True,
-                layout="bshd",
-                softcap=c.attn_softcap,
-                window=c.windows[i],
-            )  # [seq, nh, hd]
+            att, outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = attend(
+                i, self.rope(q, cos, sin), self.rope(k, cos, sin), v
+            )
             o = self.linear(b.reshape(att, [seq, nh * hd]), lw["attn_output"])
             if spec.post_norms:
                 o = self.norm(o, lw["post_attention_norm"])
@@ -344,8 +355,12 @@ class _Builder:
             if spec.post_norms:
                 f = self.norm(f, lw["post_ffw_norm"])
             h = b.add(h, f)
-        last = b.slice(h, [seq - 1, 0], [1, c.hidden])
-        logits = self.linear(self.norm(last, w.output_norm), w.output if w.output is not None else w.token_embd)
+        return h
+
+    def head(self, h, outputs):
+        """The logits of rows h ([rows, hidden]) in outputs["logits"]; builds the graph."""
+        b, c, w = self.b, self.c, self.w
+        logits = self.linear(self.norm(h, w.output_norm), w.output if w.output is not None else w.token_embd)
         if c.final_softcap:
             logits = self.softcap(logits, c.final_softcap)
         outputs["logits"] = logits
@@ -357,63 +372,56 @@ class _Builder:
         at position pos[r] of its sequence, its keys and values written to cache row dst[r] of
         caches [slots * max_context, kv_heads, head_dim] shared by the sequences
         (`_kv_scatter`, `_attention_rows`: ops/kvrows.py); the logits of the rows `last` names."""
-        b, c, w = self.b, self.c, self.w
-        spec = c.spec
-        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        b, c = self.b, self.c
         rows = MLDynamicDimension("rows", max_rows)
         ids = b.input("ids", data_type="int32", shape=[rows])
         pos = b.input("pos", data_type="int32", shape=[rows])
         dst = b.input("dst", data_type="int32", shape=[rows])
         last = b.input("last", data_type="int32", shape=[MLDynamicDimension("seqs", slots)])
-        R, half = ids.shape[0], c.rope_dims // 2
-        ropes = {}
-        for key in dict.fromkeys(c.layer_ropes):
-            cos_t, sin_t = self.w.rope_tables(self.max_context, *key)
-            ropes[key] = tuple(b.reshape(b.gather(b.constant(t), pos, axis=0), [R, 1, half]) for t in (cos_t, sin_t))
-        h = self.embed(ids)
-        if spec.embed_scale:
-            h = b.mul(h, b.constant(np.array(math.sqrt(c.hidden), np.float32)))
-        outputs = {}
-        for i, lw in enumerate(w.layers):
-            n = self.norm(h, lw["attn_norm"])
-            q, k, v = self.qkv(n, lw)
-            q, k, v = b.reshape(q, [R, nh, hd]), b.reshape(k, [R, nkv, hd]), b.reshape(v, [R, nkv, hd])
-            if spec.qk_norm:
-                q, k = self.norm(q, lw["attn_q_norm"]), self.norm(k, lw["attn_k_norm"])
-            cos, sin = ropes[c.layer_ropes[i]]
-            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
-            k, v = b._kv_scatter([k, v], dst, rows=slots * self.max_context)
-            outputs[f"cache_k{i}"], outputs[f"cache_v{i}"] = k, v
+        ring = rows_ring(c, self.max_context, max_rows)
+        # sliding-window layers keep a ring of `ring` positions a slot (their rows: ring_dst)
+        ring_dst = b.input("ring_dst", data_type="int32", shape=[rows]) if ring else None
+
+        def attend(i, q, k, v):
+            in_ring = bool(ring and c.windows[i])
+            at = ring_dst if in_ring else dst
+            k, v = b._kv_scatter([k, v], at, rows=slots * (ring if in_ring else self.max_context))
             att = b._attention_rows(
                 q,
                 k,
                 v,
-                dst,
+                at,
                 pos,
                 scale=c.attn_scale,
                 softcap=c.attn_softcap or 0.0,
                 window=c.windows[i],
                 max_len=self.max_context,
+                ring=ring if in_ring else 0,
             )
-            o = self.linear(b.reshape(att, [R, nh * hd]), lw["attn_output"])
-            if spec.post_norms:
-                o = self.norm(o, lw["post_attention_norm"])
-            h = b.add(h, o)
-            f = self.ffn(self.norm(h, lw["ffn_norm"]), lw)
-            if spec.post_norms:
-                f = self.norm(f, lw["post_ffw_norm"])
-            h = b.add(h, f)
-        hl = b.gather(h, last, axis=0)
-        logits = self.linear(self.norm(hl, w.output_norm), w.output if w.output is not None else w.token_embd)
-        if c.final_softcap:
-            logits = self.softcap(logits, c.final_softcap)
-        outputs["logits"] = logits
-        graph = b.build_sync(outputs)
-        return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
+            return att, k, v
+
+        outputs = {}
+        h = self.decoder(ids, pos, attend, outputs)
+        return self.head(b.gather(h, last, axis=0), outputs)
+
+
+def rows_ring(c, max_context, max_rows):
+    """Positions a slot of the serving step keeps for a sliding-window layer: the window plus a
+    step's rows less one (ops/kvrows.py: then no row of a step overwrites a key another still
+    reads); 0 (every position kept) when the model has no sliding layer or that is no smaller."""
+    windows = {w for w in c.windows if w}
+    if not windows:
+        return 0
+    ring = max(windows) + max_rows - 1
+    return ring if ring < max_context else 0
 
 
 def _transposed(w):
     return np.ascontiguousarray(w.dense.T)
+
+
+def _f32_words(w):
+    return np.ascontiguousarray(w.dense, dtype=np.float32).reshape(-1).view(np.uint32)
 
 
 class LlamaModel:
@@ -580,7 +588,8 @@ def _split(arr, size):
 
 class LlamaBatch:
     """The KV caches of `slots` sequences and one step over several of them (the serving engine's,
-    mltensor/llm/engine.py): one dispatch of the "rows" graph (_Builder.build_rows). `run(entries)`:
+    mltensor/llm/engine.py): one dispatch of the "rows" graph (_Builder.build_rows). A sliding-window
+    layer's cache keeps only `ring` positions a slot (rows_ring), the others every position. `run(entries)`:
     entries (slot, start, ids) feed `ids` to `slot`'s sequence at positions start, start + 1, ...
     (what the slot held from `start` on is overwritten); at most `rows` ids in all, one entry a
     slot. Returns the logits of each entry's last token, float32 [len(entries), vocab], read back
@@ -597,9 +606,12 @@ class LlamaBatch:
         self._lock = threading.Lock()
         with self._lock:
             self._graph = model.rows_graph(slots, rows)
-        n = slots * model.max_context
+        # sliding-window layers keep `ring` positions a slot (rows_ring), the others every one
+        self.ring = rows_ring(c, model.max_context, rows)
+        self.window = max(c.windows)
+        n = [slots * (self.ring if self.ring and c.windows[i] else model.max_context) for i in range(c.n_layers)]
         self._cache = {
-            f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=[n, c.n_kv_heads, c.head_dim])
+            f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=[n[i], c.n_kv_heads, c.head_dim])
             for i in range(c.n_layers)
             for kv in "kv"
         }
@@ -612,12 +624,21 @@ class LlamaBatch:
                 ("dst", "rows", rows),
                 ("last", "seqs", slots),
             )
+            + ((("ring_dst", "rows", rows),) if self.ring else ())
         }
         self._logits = ctx.create_tensor_sync(data_type="float32", shape=[dyn("seqs", slots), c.vocab], readable=True)
 
+    def reusable(self, held, n):
+        """How many of the `held` positions a slot's cache holds a sequence that shares their first
+        `n` ids may keep: n, or 0 where a sliding layer's ring no longer holds the keys its next
+        position reads (positions before held - ring are overwritten)."""
+        if not self.ring or n == 0 or n - self.window + 1 >= held - self.ring:
+            return n
+        return 0
+
     def run(self, entries):
         m = self.model
-        ids, pos, dst, last, slots = [], [], [], [], set()
+        ids, pos, dst, last, ring, slots = [], [], [], [], [], set()
         for slot, start, toks in entries:
             toks = [int(t) for t in toks]
             if not 0 <= slot < self.slots or slot in slots:
@@ -630,6 +651,8 @@ class LlamaBatch:
             ids += toks
             pos += range(start, start + len(toks))
             dst += range(slot * m.max_context + start, slot * m.max_context + start + len(toks))
+            if self.ring:
+                ring += [slot * self.ring + p % self.ring for p in range(start, start + len(toks))]
             last.append(len(ids) - 1)
         if len(ids) > self.rows:
             raise ValueError(f"[LlamaBatch] a step of {len(ids)} rows (at most {self.rows})")
@@ -638,7 +661,10 @@ class LlamaBatch:
             raise ValueError(f"[LlamaBatch] token ids must lie in [0, {vocab})")
         with self._lock:
             ctx = self.ctx
-            for name, values in (("ids", ids), ("pos", pos), ("dst", dst), ("last", last)):
+            feeds = [("ids", ids), ("pos", pos), ("dst", dst), ("last", last)] + (
+                [("ring_dst", ring)] if self.ring else []
+            )
+            for name, values in feeds:
                 ctx.write_tensor(self._ins[name], np.asarray(values, np.int32))
             ctx.dispatch(self._graph.graph, self._ins, {"logits": self._logits, **self._cache})
             return ctx.read_tensor_sync(self._logits).reshape(len(entries), vocab)

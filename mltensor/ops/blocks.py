@@ -36,13 +36,15 @@ from ._checks import check_support
 from .nbits import GEMV_MAX_M, cpu_adapter, tiled_launch
 
 # kind: (values a block, bytes a block in the file, byte offset of an f16 `d` moved out of the
-# block, or None). BF16 and F16 are read as blocks of 32 values (64 bytes) for the same kernels.
+# block, or None). BF16, F16 and F32 are read as blocks of 32 values (64 or 128 bytes) for the same
+# kernels (F32: the serving step's float32 projections, whose GEMV sums do not depend on M).
 BLOCK_TYPES = {
     "Q5_0": (32, 22, 0),
     "Q5_1": (32, 24, None),
     "IQ4_NL": (32, 18, 0),
     "BF16": (32, 64, None),
     "F16": (32, 64, None),
+    "F32": (32, 128, None),
     "Q2_K": (256, 84, None),
     "Q3_K": (256, 110, 108),
     "Q4_K": (256, 144, None),
@@ -111,7 +113,9 @@ def _check_rows(where, what, v):
 
 
 @builder_op
-def _matmul_blocks(b, a, packed, *, kind, K, N, label=None):
+def _matmul_blocks(b, a, packed, *, kind, K, N, rows_gemv=False, label=None):
+    """rows_gemv: the GEMV kernel for every M, a dynamic one too (a serving step's rows,
+    mltensor/llm/model.py "rows": each row's sums as alone, whatever the rows beside it)."""
     where = "_matmul_blocks"
     b._operand(a, where, "a")
     b._operand(packed, where, "b")
@@ -122,7 +126,8 @@ def _matmul_blocks(b, a, packed, *, kind, K, N, label=None):
         raise TypeError(f"[{where}] the last dimension of a ({a.shape[-1]}) must be K ({K})")
     if packed.shape != (block_words(kind, N, K),):
         raise TypeError(f"[{where}] b must hold {block_words(kind, N, K)} u32 words, got {list(packed.shape)}")
-    return b._emit1(where, [a, packed], {"kind": kind, "K": K, "N": N}, "float32", tuple(a.shape[:-1]) + (N,), label)
+    attrs = {"kind": kind, "K": K, "N": N, "rows_gemv": bool(rows_gemv)}
+    return b._emit1(where, [a, packed], attrs, "float32", tuple(a.shape[:-1]) + (N,), label)
 
 
 @builder_op
@@ -184,14 +189,16 @@ def _lower_matmul_blocks(kc, node):
     M = math.prod(a.shape[:-1])
     dp = decode_params(kind, N, K)
     name = f"matmul_blocks_{kind}_{M}x{K}x{N}"
-    if not isinstance(M, Sym) and M <= GEMV_MAX_M:
+    if (not isinstance(M, Sym) and M <= GEMV_MAX_M) or at.get("rows_gemv"):
+        # (rows_gemv: the rows one after the other in each thread, a row's units decoded for it:
+        # the same sums for every M, and no faster per row than alone)
         cpu = cpu_adapter(kc)
         wg, tpr, r = (WG_CPU, 1, ROWS_CPU) if cpu else (WG_GPU, TPR_GPU, 1)
         rows_per_group = wg // tpr * r
         if not cpu and kind in GPU_SPLIT:
             dp["PARTS"] = 16  # llama.cpp's split: 16 threads a super-block, neighbours on neighbouring words
         units = dp["QKB"] * dp["PARTS"]
-        p = dict(dp, path="gemv", M=M, N=N, K=K, WG=wg, TPR=tpr, R=r)
+        p = dict(dp, path="gemv", M=wgsl(M) if isinstance(M, Sym) else f"{M}u", N=N, K=K, WG=wg, TPR=tpr, R=r)
         kc.launch(
             Kernel(
                 f"{name}_gemv_t{tpr}r{r}",
@@ -201,7 +208,7 @@ def _lower_matmul_blocks(kc, node):
             ),
             [a, packed, out],
             grid(cdiv(N, rows_per_group)),
-            iters=M * (cdiv(units, tpr) + 8) + 16,
+            iters=high(M) * (cdiv(units, tpr) + 8) + 16,
         )
         return
     # prompts: _matmul_nbits' tiled GEMM, its B staging decoding 4 values at a time (QBV-value

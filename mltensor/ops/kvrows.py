@@ -22,7 +22,10 @@ dst[r] - pos[r] .. dst[r].
   threads for the outputs). Each row is computed alone: its result does not depend on the
   other rows of the step, which is what makes a batched greedy reply equal to the same request
   served alone. `max_len` (the positions of a slot) bounds the keys a row walks, for the loop
-  budget.
+  budget. `ring` P > 0 (a sliding-window layer): each slot holds only P positions, position j in
+  its row j mod P (dst[r] is then slot * P + pos[r] mod P); P >= W + the most rows of a step - 1
+  keeps every key a row needs (a later row of the same step writes position q over q - P, older
+  than any row of the step still reads).
 """
 
 import math
@@ -90,7 +93,7 @@ def _lower_scatter(kc, node):
 
 
 @builder_op
-def _attention_rows(b, q, k, v, dst, pos, *, scale, max_len, softcap=0.0, window=0, label=None):
+def _attention_rows(b, q, k, v, dst, pos, *, scale, max_len, softcap=0.0, window=0, ring=0, label=None):
     where = "_attention_rows"
     for what, x in (("q", q), ("k", k), ("v", v), ("dst", dst), ("pos", pos)):
         b._operand(x, where, what)
@@ -117,11 +120,17 @@ def _attention_rows(b, q, k, v, dst, pos, *, scale, max_len, softcap=0.0, window
         raise NotSupportedError(f"[{where}] a value head size of {DV} (at most {4 * WG})")
     _int(where, "max_len", max_len)
     _int(where, "window", window, 0)
+    _int(where, "ring", ring, 0)
+    if ring and (not window or ring < window):
+        raise TypeError(
+            f"[{where}] a ring of {ring} positions needs a sliding window of at most that many, got {window}"
+        )
     attrs = {
         "scale": check_number(where, "scale", scale),
         "softcap": check_number(where, "softcap", softcap),
         "window": window,
         "max_len": max_len,
+        "ring": ring,
     }
     return b._emit1(where, [q, k, v, dst, pos], attrs, q.data_type, (R, H, DV), label)
 
@@ -146,11 +155,12 @@ def _lower_attention(kc, node):
         "softcap": f32_lit(cap) if cap else "",
         "inv_softcap": f32_lit(1.0 / cap) if cap else "",
         "window": a["window"],
+        "RING": a.get("ring", 0),
         **ld_st(t),
     }
     bindings = [Binding("q", t), Binding("k", t), Binding("v", t), Binding("dst", "i32"), Binding("pos", "i32")]
     bindings.append(Binding("out", t, True))
-    win = f"_w{a['window']}" if a["window"] else ""
+    win = (f"_w{a['window']}" if a["window"] else "") + (f"_ring{a['ring']}" if a.get("ring") else "")
     name = f"attention_rows_{t}_h{H}k{HKV}d{D}{f'v{DV}' if DV != D else ''}{win}{'_sc' if cap else ''}"
     keys = min(a["max_len"], a["window"] or a["max_len"])
     # per tile of WG keys: a score (D), two reductions, the outputs' WG keys

@@ -104,6 +104,7 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             raise TypeError(f"[InferenceSession] dynamic must be None, True or False, got {dynamic!r}")
         self._caps = None  # dynamic/capacity.Capacities when unknown dimensions are dynamic
         self._static_reason = None  # why this session builds one graph per size
+        self._static_maxima = None  # the max_dimensions that reason was learned at
         if is_tflite(model):
             self._kind = "tflite"
             self._load_tflite(model)

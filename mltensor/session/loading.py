@@ -57,8 +57,13 @@ class Loading:
         note = graph_cache.load_note(self)
         self._value_names.update(note.get("value_names", ()))
         reason = note.get("static_reason")
-        if reason and self._caps is not None and not self._require_dynamic:
-            self._static_reason, self._caps = reason, None
+        # (learned at the maxima the user gave then: other maxima may well build, e.g. smaller
+        # ones under a software adapter's buffer limit)
+        same = self._caps is not None and note.get("static_maxima") == sorted(
+            [str(k), int(v)] for k, v in self._caps.user.items()
+        )
+        if reason and same and not self._require_dynamic:
+            self._static_reason, self._static_maxima, self._caps = reason, note["static_maxima"], None
 
     def _save_note(self):
         if self._cache_id is not None:
@@ -67,6 +72,7 @@ class Loading:
                 {
                     "value_names": sorted(self._value_names),
                     "static_reason": self._static_reason if self._caps is None else None,
+                    "static_maxima": self._static_maxima,
                 },
             )
 

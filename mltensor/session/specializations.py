@@ -104,6 +104,7 @@ class Specializations:
                 # a dynamic dimension reaches an operator that needs a fixed size: one build per
                 # size from now on (as without dynamic dimensions)
                 self._static_reason = f"{type(e).__name__}: {e}"
+                self._static_maxima = sorted([str(k), int(v)] for k, v in self._caps.user.items())
                 self._caps = None
                 self._save_note()  # a later process goes straight to per-size builds
                 spec = None

@@ -378,6 +378,17 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ endfor $}
     }
 {$ endfor $}
+{$ elif KIND == "F32" $}
+{$ for w in range(8) $}
+    {
+        let x = a[ab0 + {{ w }}u];
+{$ for r in range(R) $}
+        res.{{ X[r] }} = res.{{ X[r] }} + dot(vec4<f32>(bitcast<f32>(b[wb{{ r }} + {{ 4 * w }}u]),
+            bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 1 }}u]), bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 2 }}u]),
+            bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 3 }}u])), x);
+{$ endfor $}
+    }
+{$ endfor $}
 {$ endif $}
     return res;
 }
@@ -397,7 +408,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endif $}
     // rows first .. first + R - 1; past N a row repeats the last one and is not stored
     let rows = min(vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(N - 1u));
-    for (var m = 0u; m < {{ M }}u; m = m + 1u) {
+    for (var m = 0u; m < {{ M }}; m = m + 1u) {
         var acc = vec4<f32>(0.0);
         for (var u = lane; u < UNITS; u = u + TPR) {
             let blk = u / PARTS;

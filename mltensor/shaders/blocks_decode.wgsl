@@ -168,5 +168,8 @@ fn q_deq4(r: u32, k: u32) -> vec4<f32> {
 {$ elif KIND == "F16" $}
     // 2 values a word, the low half first
     return vec4<f32>(unpack2x16float(b[wb + v / 2u]), unpack2x16float(b[wb + v / 2u + 1u]));
+{$ elif KIND == "F32" $}
+    return vec4<f32>(bitcast<f32>(b[wb + v]), bitcast<f32>(b[wb + v + 1u]), bitcast<f32>(b[wb + v + 2u]),
+                     bitcast<f32>(b[wb + v + 3u]));
 {$ endif $}
 }

@@ -20,7 +20,8 @@
 }
 {$ else $}
 // One workgroup per (row r, head h): the keys of r's sequence, cache rows dst[r] - pos[r] ..
-// dst[r] (from dst[r] - (window - 1) on a sliding-window layer), in tiles of WG keys. Per tile:
+// dst[r] (from dst[r] - (window - 1) on a sliding-window layer; in a ring of RING positions a
+// slot's position j is its row j mod RING), in tiles of WG keys. Per tile:
 // a thread's key's score (q staged in workgroup memory), the tile's maximum and the sum of
 // exp(score - m) by tree reductions (online softmax: the running sum l and the outputs are
 // rescaled by exp(m_old - m_new)), then each thread adds p_j v_j over the tile's keys for its
@@ -50,7 +51,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (t == 0u) { bcast = vec2<u32>(u32(max(pos[r], 0)), u32(max(dst[r], 0))); }
     let pd = workgroupUniformLoad(&bcast);  // (uniform: the loop bounds below hold barriers)
     let p = pd.x;
-    let base = pd.y - min(p, pd.y);  // the cache row of the sequence's position 0
+    // the cache row of the slot's first position: dst - p (a ring of RING positions: dst - p % RING)
+{$ if RING $}
+    let base = pd.y - min(p % {{ RING }}u, pd.y);
+{$ else $}
+    let base = pd.y - min(p, pd.y);
+{$ endif $}
     var lo = 0u;
 {$ if window $}
     if (p + 1u > {{ window }}u) { lo = p + 1u - {{ window }}u; }
@@ -66,7 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let j = j0 + t;
         var s = neg_inf();
         if (j <= p) {
-            let kb = ((base + j) * HKV + kh) * D;
+            let kb = ((base + {$ if RING $}j % {{ RING }}u{$ else $}j{$ endif $}) * HKV + kh) * D;
             var dot = 0.0;
             for (var d = 0u; d < D; d = d + 1u) { dot = dot + qs[d] * {{ LD }}(k[kb + d]); }
             s = dot * {{ scale }};
@@ -98,7 +104,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endfor $}
         for (var jj = 0u; jj < cnt; jj = jj + 1u) {
             let pj = ps[jj];
-            let vb = ((base + j0 + jj) * HKV + kh) * DV;
+            let vb = ((base + {$ if RING $}(j0 + jj) % {{ RING }}u{$ else $}j0 + jj{$ endif $}) * HKV + kh) * DV;
 {$ for c in range(NC) $}
             if (t + {{ c * WG }}u < DV) { acc{{ c }} = acc{{ c }} + pj * {{ LD }}(v[vb + t + {{ c * WG }}u]); }
 {$ endfor $}
