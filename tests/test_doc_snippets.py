@@ -207,11 +207,25 @@ def _commands(lang, body):
     lines = body.splitlines()
     if lang == "console":
         lines = [ln[2:] for ln in lines if ln.startswith("$ ")]
-    out = []
+    out, pending = [], ""
     for ln in lines:
-        ln = ln.strip()
-        if ln and not ln.startswith("#"):
-            out.append(ln)
+        if pending:  # a command whose quotes (a curl -d '{...}' body) or backslash span lines
+            pending += "\n" + ln
+        else:
+            ln = ln.strip()
+            if not ln or ln.startswith("#"):
+                continue
+            pending = ln
+        try:
+            shlex.split(pending.replace("\\\n", " "), comments=True)
+        except ValueError:
+            continue
+        if pending.endswith("\\"):
+            continue
+        out.append(pending.replace("\\\n", " "))
+        pending = ""
+    if pending:
+        out.append(pending)  # (unclosed: _check_command reports it)
     return out
 
 

@@ -351,6 +351,7 @@ class Engine:
                     self._free.remove(slot)
                     req.cached_tokens = cached
                     self._active.append(_Active(req, slot, self.tokenizer, limit, cached))
+                    self._m["prompt_tokens_total"] += req.prompt_tokens  # (admitted: read, whatever its end)
             t0 = time.perf_counter()
             self._step()
             self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - t0)
@@ -457,8 +458,6 @@ class Engine:
         rest = a.tail.flush()
         if rest:
             a.req._put(rest)
-        with self._cond:
-            self._m["prompt_tokens_total"] += a.req.prompt_tokens
         self._leave(a, reason)
 
 
