@@ -14,11 +14,16 @@ import inspect
 import re
 import types
 
-# mltensor.llm: the classes api-llm.rst documents, with the members it lists
+# mltensor.llm: the classes api-llm.rst documents (names under mltensor.llm, the serving engine's
+# under mltensor.llm.engine), with the members it lists
 LLM_PUBLIC = {
     "LLM": ["generate", "chat", "conversation", "tokenize", "detokenize", "apply_chat_template", "build"],
     "Conversation": ["say", "reset", "stats"],
     "GGUFTokenizer": ["encode", "encode_chat", "decode", "apply_chat_template"],
+    "engine.Engine": ["submit", "metrics", "shutdown"],
+    "engine.Request": ["done", "cancel", "wait"],
+    "engine.QueueFull": [],
+    "engine.EngineClosed": [],
 }
 
 _SECTION = re.compile(r"^(\w[\w ]*)\n-{3,}$", re.MULTILINE)
@@ -105,10 +110,13 @@ def public_callables():
             out.append((full, getattr(mltensor.MLGraphBuilder, name)))
     try:
         from mltensor import llm
+        from mltensor.llm import engine  # noqa: F401 (the serving engine's page section)
     except Exception:  # the llm extra missing: its pages are skipped too
         return out
     for cls_name, members in LLM_PUBLIC.items():
-        cls = getattr(llm, cls_name)
+        cls = llm
+        for part in cls_name.split("."):
+            cls = getattr(cls, part)
         out.append((f"mltensor.llm.{cls_name}", cls))
         out += [(f"mltensor.llm.{cls_name}.{m}", inspect.getattr_static(cls, m)) for m in members]
     return out
