@@ -5,8 +5,9 @@ problem: an error under -W) and tests/test_docs.py (no Sphinx needed, in the def
 
 Public callables: everything `mltensor_docs.public_names()` walks (what `mltensor/__init__.py`
 exports, the members of its classes, the `__all__` of its modules: mltensor.onnx, tflite,
-models), every MLGraphBuilder operator method, and the classes of mltensor.llm that the
-reference pages document (LLM_PUBLIC). A class documents its constructor's parameters in its
+models), every MLGraphBuilder operator method, the classes of mltensor.llm and its serving engine
+that the reference pages document (LLM_PUBLIC, with the members listed there), and the rest of
+mltensor.llm's `__all__` (its building blocks, with their public members). A class documents its constructor's parameters in its
 own docstring, as numpydoc does, unless users never construct it (NO_CONSTRUCTOR).
 """
 
@@ -119,6 +120,13 @@ def public_callables():
             cls = getattr(cls, part)
         out.append((f"mltensor.llm.{cls_name}", cls))
         out += [(f"mltensor.llm.{cls_name}.{m}", inspect.getattr_static(cls, m)) for m in members]
+    for name in llm.__all__:  # the building blocks (GGUFFile, LlamaModel, Sampler, ...)
+        obj = getattr(llm, name)
+        if name in LLM_PUBLIC or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        out.append((f"mltensor.llm.{name}", obj))
+        if inspect.isclass(obj):
+            out += [(full, v) for full, v, _ in mltensor_docs._members(f"mltensor.llm.{name}", obj)]
     return out
 
 

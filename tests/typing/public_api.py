@@ -179,3 +179,25 @@ def llm() -> None:
 async def llm_async(req: Request) -> None:
     async for piece in req:
         assert piece
+
+
+def llm_blocks(ctx: mltensor.MLContext) -> None:
+    from mltensor.llm import GGUFFile, LlamaConfig, LlamaModel, LlamaWeights, Sampler, repack
+
+    f = GGUFFile("model.gguf")
+    arch: str = f.require("general.architecture")
+    config = LlamaConfig(f)
+    weights = LlamaWeights(f)
+    cos, sin = weights.rope_tables(16, scale=1.0)
+    model = LlamaModel(weights, ctx, max_context=256, max_step=16, gemv=True)
+    session = model.session()
+    logits: MLTensor = session.feed(np.array([1, 2, 3], np.int32))
+    cache: dict[str, MLTensor] = session.cache_tensors
+    session.reset()
+    sampler = Sampler(ctx, 32000, temperature=0.7, top_k=40, top_p=0.9, seed=1, repeat_penalty=1.1)
+    sampler.reseed(None)
+    token: int = sampler.read()
+    q = repack("Q8_0", np.zeros(34, np.uint8), 1, 32)
+    dense: np.ndarray = q.dequantize()
+    size: int = q.nbytes + weights.nbytes
+    assert arch and config and cos.size == sin.size and logits and cache and token >= 0 and dense.size and size
