@@ -3,7 +3,7 @@
 The public API is exactly what this module exports; see API.md of the project for the contract.
 """
 
-from typing import TYPE_CHECKING
+import typing as _typing
 
 from ._xdg import ensure_runtime_dir as _ensure_runtime_dir
 
@@ -74,7 +74,7 @@ _LAZY = {
 }
 
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     # what the lazy names are, for type checkers and IDEs (at run time __getattr__ imports them)
     from . import models, onnx, tflite
     from .front.interop import import_external_buffer_async, import_external_buffer_sync
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 
 # (hidden from type checkers, so that a misspelt name is an error there and not Any)
-if not TYPE_CHECKING:
+if not _typing.TYPE_CHECKING:
 
     def __getattr__(name):
         if name in _LAZY:

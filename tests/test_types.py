@@ -82,3 +82,42 @@ def test_mypy_strict_on_a_program_using_the_public_api():
         env=dict(os.environ, PYTHONPATH=ROOT),
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.timeout(300)
+def test_mypy_finds_a_wrong_call(tmp_path):
+    """The check has teeth: a misspelt name of mltensor (a lazy one is declared for checkers, the
+    module's __getattr__ is not), a wrong argument type, an unknown sampling option and a wrong
+    result type are errors, not Any."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (the test extra: pip install -e '.[test]')")
+    prog = tmp_path / "wrong.py"
+    prog.write_text(
+        "import mltensor\n"
+        "from mltensor.llm import LLM\n"
+        "mltensor.InferenceSesion\n"
+        "mltensor.models.fetch(3)\n"
+        "LLM('m').generate('a', temperture=0)\n"
+        "x: str = LLM('m').generate('a', return_ids=True)\n"
+        "y: str = mltensor.InferenceSession('m').run(None, {})\n"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--config-file",
+            os.path.join(ROOT, "pyproject.toml"),
+            str(prog),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    lines = {
+        int(line.split(":")[1]) for line in r.stdout.splitlines() if line.startswith(str(prog)) and ": error:" in line
+    }
+    assert lines == {3, 4, 5, 6, 7}, r.stdout + r.stderr
