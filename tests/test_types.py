@@ -2,8 +2,9 @@
 operator methods, attached at import, are declared for checkers in mltensor/front/_builder_ops.pyi
 (generated from the annotated operator functions: it must match them); mypy --strict accepts a
 user's program over the public API (tests/typing/public_api.py, [tool.mypy] in pyproject.toml);
-and the public callables carry annotations (the ones still without are listed, as a debt, in
-docs/_ext/mltensor_docs.py PENDING_PARAMS with their docs)."""
+the public callables and properties carry annotations (any still without would be listed, as a
+debt, in docs/_ext/mltensor_docs.py PENDING_PARAMS with their docs: it is empty); and mypy finds
+a wrong call (the check is not fooled by Any)."""
 
 import importlib.util
 import inspect
