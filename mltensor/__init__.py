@@ -3,6 +3,8 @@
 The public API is exactly what this module exports; see API.md of the project for the contract.
 """
 
+import typing as _typing
+
 from ._xdg import ensure_runtime_dir as _ensure_runtime_dir
 
 _ensure_runtime_dir()  # before wgpu loads (see _xdg.py)
@@ -72,13 +74,23 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+if _typing.TYPE_CHECKING:
+    # what the lazy names are, for type checkers and IDEs (at run time __getattr__ imports them)
+    from . import models, onnx, tflite
+    from .front.interop import import_external_buffer_async, import_external_buffer_sync
+    from .session import InferenceSession
 
-        module, attr = _LAZY[name]
-        m = importlib.import_module(module)
-        value = m if attr is None else getattr(m, attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mltensor' has no attribute {name!r}")
+
+# (hidden from type checkers, so that a misspelt name is an error there and not Any)
+if not _typing.TYPE_CHECKING:
+
+    def __getattr__(name):
+        if name in _LAZY:
+            import importlib
+
+            module, attr = _LAZY[name]
+            m = importlib.import_module(module)
+            value = m if attr is None else getattr(m, attr)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module 'mltensor' has no attribute {name!r}")

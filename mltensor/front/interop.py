@@ -20,13 +20,15 @@
 object is re-pointed at a tiny stub buffer, so a stray use afterwards cannot touch the tensor.
 """
 
+from collections.abc import Awaitable
+
 import wgpu
 from wgpu.backends.wgpu_native import _api as _native
 from wgpu.backends.wgpu_native._ffi import lib as _lib
 
 from ..errors import InvalidStateError, gpu_errors
 from ..runtime.timeline import DeviceGone, Task, device_lock, task_done, wait_promise, wait_sync_promise
-from ._util import awaitable, device_destroyed
+from ._util import async_doc, awaitable, device_destroyed
 from .tensor import MLTensor
 
 _USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -333,9 +335,36 @@ def _begin_locked(ctx, device, tensor, where, asynchronous, rent=False):
 
 
 # IDL (WebGPU, MLTensor explainer): GPUBuffer importExternalBuffer(GPUExternalBufferDescriptor descriptor);
-def import_external_buffer_sync(device, tensor):
-    """Lend `tensor` (created with importable_to_webgpu=True) to `device`; returns a wgpu.GPUBuffer
-    with usage STORAGE | COPY_SRC | COPY_DST. `buf.destroy()` or `buf.release()` returns it."""
+def import_external_buffer_sync(device: wgpu.GPUDevice, tensor: MLTensor) -> wgpu.GPUBuffer:
+    """Lend `tensor` to a WebGPU device (the MLTensor explainer's ``importExternalBuffer``). While
+    lent, ML work touching the tensor is held back and runs, in call order, after the release:
+    ``buf.destroy()`` or ``buf.release()`` returns the tensor with the device's writes in it.
+    On the context's own device the buffer is the tensor's memory (zero-copy); on another device
+    the tensor is copied there at import and back at release.
+
+    Parameters
+    ----------
+    device : wgpu.GPUDevice
+        A device of wgpu's native backend: the context's own (``ctx.device``) or another one.
+    tensor : MLTensor
+        A tensor created with ``importable_to_webgpu=True``. Importing a tensor already lent to
+        the same device returns the same buffer.
+
+    Returns
+    -------
+    wgpu.GPUBuffer
+        A buffer of usage STORAGE | COPY_SRC | COPY_DST over the tensor's bytes.
+
+    Raises
+    ------
+    TypeError
+        `device` is not a native wgpu device, `tensor` not an MLTensor or not created
+        importable, lent to another device already, or its previous import or release has not
+        finished.
+    InvalidStateError
+        The device or the tensor is destroyed, the context lost, or the tensor depends on work
+        held back behind another lent tensor (the async form waits for that instead).
+    """
     where = "import_external_buffer"
     lease, again = _begin(device, tensor, where, False)
     if again:
@@ -343,8 +372,7 @@ def import_external_buffer_sync(device, tensor):
     return lease.run_sync(where)
 
 
-def import_external_buffer_async(device, tensor):
-    """As import_external_buffer_sync, awaitable; resolves after any held-back work it depends on."""
+def import_external_buffer_async(device: wgpu.GPUDevice, tensor: MLTensor) -> Awaitable[wgpu.GPUBuffer]:
     where = "import_external_buffer"
     lease, again = _begin(device, tensor, where, True)
 
@@ -352,6 +380,12 @@ def import_external_buffer_async(device, tensor):
         return lease.buffer
 
     return awaitable(existing() if again else lease.run_async(where))
+
+
+import_external_buffer_async.__doc__ = async_doc(
+    import_external_buffer_sync,
+    "Awaitable[wgpu.GPUBuffer]\n    The buffer, once any held-back work the tensor depends on has run.",
+)
 
 
 # IDL (WebNN interop, webnn PR #942): Promise<GPUBuffer> exportToGPU(MLTensor tensor);

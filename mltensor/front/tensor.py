@@ -3,7 +3,7 @@
 import wgpu
 
 from .. import dtypes
-from ..dynamic.dims import bind, check_derived, high, is_static
+from ..dynamic.dims import Sym, bind, check_derived, high, is_static
 from ..errors import gpu_errors
 from ..runtime.timeline import Task
 
@@ -56,20 +56,24 @@ class MLTensor:
         self._on_destroy = []  # callbacks (bind-group caches, interop) run at destroy()
         ctx._tensor_created(self)
 
-    data_type = property(lambda self: self._data_type, doc='The WebNN data type, e.g. "float32".')
-    shape = property(
-        lambda self: self._shape,
-        doc="The shape, a tuple of ints: for a resizable tensor its current shape "
-        "(set by write_tensor of an array and by each dispatch writing it).",
-    )
+    @property
+    def data_type(self) -> str:
+        """The WebNN data type, e.g. "float32"."""
+        return self._data_type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape, a tuple of ints: for a resizable tensor its current shape (set by
+        write_tensor of an array and by each dispatch writing it)."""
+        return self._shape
+
     # Python extension: the declared shape of a resizable tensor (ints and Syms: .name,
     # .max_size), None for a tensor of one fixed shape
-    max_shape = property(
-        lambda self: self._max_shape,
-        doc="Python extension: the declared shape of a resizable tensor (ints, and "
-        "dynamic dimensions with `.name` and `.max_size`), None for a tensor "
-        "of one fixed shape.",
-    )
+    @property
+    def max_shape(self) -> tuple[int | Sym, ...] | None:
+        """Python extension: the declared shape of a resizable tensor (ints, and dynamic
+        dimensions with `.name` and `.max_size`), None for a tensor of one fixed shape."""
+        return self._max_shape
 
     def _fit(self, shape, where, what="the tensor"):
         """Make `shape` the current shape of a resizable tensor (TypeError if it does not fit its
@@ -85,16 +89,25 @@ class MLTensor:
         self._shape = shape
         self._nbytes = dtypes.byte_length(self._data_type, shape)
 
-    readable = property(lambda self: self._readable, doc="Created with readable=True: read_tensor works.")
-    writable = property(lambda self: self._writable, doc="Created with writable=True: write_tensor works.")
-    importable_to_webgpu = property(
-        lambda self: self._importable,
-        doc="Created with importable_to_webgpu=True: mltensor.import_external_buffer_sync can lend it.",
-    )
-    constant = property(
-        lambda self: self._constant,
-        doc="Created by create_constant_tensor: usable only as MLGraphBuilder.constant(tensor).",
-    )
+    @property
+    def readable(self) -> bool:
+        """Created with readable=True: read_tensor works."""
+        return self._readable
+
+    @property
+    def writable(self) -> bool:
+        """Created with writable=True: write_tensor works."""
+        return self._writable
+
+    @property
+    def importable_to_webgpu(self) -> bool:
+        """Created with importable_to_webgpu=True: mltensor.import_external_buffer_sync can lend it."""
+        return self._importable
+
+    @property
+    def constant(self) -> bool:
+        """Created by create_constant_tensor: usable only as MLGraphBuilder.constant(tensor)."""
+        return self._constant
 
     def __repr__(self):
         flags = [n for n in ("readable", "writable", "importable_to_webgpu", "constant") if getattr(self, n)]
@@ -103,9 +116,11 @@ class MLTensor:
         return f"<MLTensor {self._data_type} {list(self._shape)} {' '.join(flags)}{state}>"
 
     # IDL: undefined destroy();
-    def destroy(self):
-        """Idempotent. Pending reads reject; work already enqueued on the tensor completes, and its
-        memory is freed after that (the destroy is itself a task on the timeline)."""
+    def destroy(self) -> None:
+        """Free the tensor (WebNN ``destroy()``). Idempotent. Pending reads reject with
+        InvalidStateError; work already enqueued on the tensor completes, and its memory is freed
+        after that (the destroy is itself a task on the timeline). A destroyed tensor cannot be
+        used again."""
         ctx = self._context
         with ctx._lock:
             if self._destroyed:

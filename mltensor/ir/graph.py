@@ -27,28 +27,31 @@ class MLOperand:
         self._name = name
         self._value = value  # constant: numpy array in the operand's data type, or an MLTensor
 
-    data_type = property(lambda self: self._data_type, doc='The WebNN data type, a string such as "float32".')
+    @property
+    def data_type(self) -> str:
+        """The WebNN data type, a string such as "float32"."""
+        return self._data_type
+
     # Entries are ints, or Syms for dynamic dimensions (each has .name and .max_size, as
     # MLDynamicDimension; derived ones are expressions such as "past + 1").
-    shape = property(
-        lambda self: self._shape,
-        doc="The shape, a tuple. Entries are ints, or for dynamic dimensions size "
-        "expressions with `.name` and `.max_size` (derived ones read like "
-        '"past + 1").',
-    )
+    @property
+    def shape(self) -> tuple[int | Sym, ...]:
+        """The shape, a tuple. Entries are ints, or for dynamic dimensions size expressions with
+        `.name` and `.max_size` (derived ones read like "past + 1")."""
+        return self._shape
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """Python extension: the number of dimensions, `len(shape)`."""
         return len(self._shape)
 
     @property
-    def dynamic(self):
+    def dynamic(self) -> bool:
         """Python extension: some dimension is known only at dispatch."""
         return not is_static(self._shape)
 
     @property
-    def size(self):
+    def size(self) -> int | Sym:
         """Python extension: the number of elements (a size expression when dynamic)."""
         return math.prod(self._shape)
 

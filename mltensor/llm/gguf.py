@@ -16,7 +16,10 @@ layout), so the nibbles are reordered here, Q4_1's offset becomes the float zero
 and Q8_0's signed bytes are stored offset by 128 (the default zero point of 8-bit blocks).
 """
 
+from __future__ import annotations
+
 import os
+from typing import Any
 
 import numpy as np
 
@@ -41,11 +44,36 @@ def _gguf():
 class QuantizedWeight:
     """A [rows, cols] matrix in `_matmul_nbits`'s layout: `packed` uint32 words (rows of cols
     values, `bits` each, back to back), `scales` float32 [rows * cols / 32], `zero_points`
-    float32 of the same shape or None (the default 2^(bits-1))."""
+    float32 of the same shape or None (the default 2^(bits-1)). Made by `repack`.
+
+    Parameters
+    ----------
+    rows, cols : int
+        The matrix's shape.
+    bits : int
+        4 or 8: the bits of a value.
+    packed : numpy.ndarray
+        uint32 words, the values of each row back to back, low bits first.
+    scales : numpy.ndarray
+        float32 [rows * cols / 32]: one scale a block of 32 values.
+    zero_points : numpy.ndarray or None
+        float32 like `scales`, or None: the default 2^(bits-1).
+    kind : str
+        The GGUF tensor type it came from ("Q4_0", "Q4_1", "Q8_0").
+    """
 
     __slots__ = ("rows", "cols", "bits", "block_size", "packed", "scales", "zero_points", "kind", "scales16")
 
-    def __init__(self, rows, cols, bits, packed, scales, zero_points, kind):
+    def __init__(
+        self,
+        rows: int,
+        cols: int,
+        bits: int,
+        packed: np.ndarray,
+        scales: np.ndarray,
+        zero_points: np.ndarray | None,
+        kind: str,
+    ) -> None:
         self.rows, self.cols, self.bits, self.block_size = rows, cols, bits, BLOCK
         self.packed, self.scales, self.zero_points, self.kind = packed, scales, zero_points, kind
         # the scales as the matmuls read them: float16 when that is exact (GGUF stores them in
@@ -54,13 +82,19 @@ class QuantizedWeight:
         self.scales16 = s16 if np.array_equal(s16.astype(np.float32), scales) else scales
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes on the GPU as the matmuls read it (a gather of embeddings adds float32 scales)."""
         zp = 0 if self.zero_points is None else self.zero_points.nbytes
         return self.packed.nbytes + self.scales16.nbytes + zp
 
-    def dequantize(self):
-        """The float32 matrix the GPU decodes (numpy; for checks, not on the GPU path)."""
+    def dequantize(self) -> np.ndarray:
+        """The matrix the GPU decodes, on the host (for checks, not on the GPU path).
+
+        Returns
+        -------
+        numpy.ndarray
+            float32 [rows, cols].
+        """
         vpw = 32 // self.bits
         shifts = (np.arange(vpw, dtype=np.uint32) * self.bits)[None, :]
         q = ((self.packed[:, None] >> shifts) & ((1 << self.bits) - 1)).reshape(-1).astype(np.float32)
@@ -96,8 +130,31 @@ def _nibbles_consecutive(qs):
     return out.reshape(-1).view("<u4").copy()
 
 
-def repack(kind, raw, rows, cols):
-    """A GGUF block tensor (`raw`: its bytes, rows of `cols` values) as a QuantizedWeight."""
+def repack(kind: str, raw: np.ndarray | bytes, rows: int, cols: int) -> QuantizedWeight:
+    """A GGUF block tensor in the packed layout of `_matmul_nbits` (the nibbles reordered, Q4_1's
+    offset made a zero point, Q8_0's bytes offset by 128).
+
+    Parameters
+    ----------
+    kind : str
+        The GGUF tensor type: "Q4_0", "Q4_1" or "Q8_0".
+    raw : numpy.ndarray or bytes
+        The tensor's bytes, as the file stores them (rows of `cols` values in blocks of 32).
+    rows, cols : int
+        The matrix's shape; `cols` a multiple of 32.
+
+    Returns
+    -------
+    QuantizedWeight
+        The repacked matrix.
+
+    Raises
+    ------
+    mltensor.NotSupportedError
+        Another tensor type (the others are read by `load_weight` as blocks or dense arrays).
+    mltensor.DataError
+        `raw` does not hold rows x cols values of this type.
+    """
     if kind == "Q4_0":
         b = _blocks(raw, rows, cols, 18, kind)
         return QuantizedWeight(rows, cols, 4, _nibbles_consecutive(b[:, 2:]), _f16(b, 0), None, kind)
@@ -140,10 +197,22 @@ class BlockWeight:
 
 class GGUFFile:
     """A parsed GGUF file: `metadata` (key -> Python value), `tensors` (name -> (type name, numpy
-    shape [.., rows, cols], the raw data as the gguf package maps it)). Malformed or truncated
-    files raise DataError."""
+    shape [.., rows, cols], the raw data as the gguf package maps it)); the file stays mapped.
 
-    def __init__(self, path):
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.gguf`` file.
+
+    Raises
+    ------
+    mltensor.DataError
+        An unreadable, malformed or truncated file.
+    mltensor.NotSupportedError
+        The ``gguf`` package is missing (``pip install 'mltensor[llm]'``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         gguf = _gguf()
         self.path = os.fspath(path)
         try:
@@ -172,10 +241,41 @@ class GGUFFile:
             self.tensors[t.name] = (kind, shape, t.data)
         self._reader = reader  # keeps the memory map alive while tensors are read
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
+        """A metadata value.
+
+        Parameters
+        ----------
+        key : str
+            The metadata key ("general.architecture").
+        default : object, default None
+            What a missing key gives.
+
+        Returns
+        -------
+        object
+            The value (a Python str, number, bool or list), or `default`.
+        """
         return self.metadata.get(key, default)
 
-    def require(self, key):
+    def require(self, key: str) -> Any:
+        """A metadata value the file must have.
+
+        Parameters
+        ----------
+        key : str
+            The metadata key.
+
+        Returns
+        -------
+        object
+            The value.
+
+        Raises
+        ------
+        mltensor.DataError
+            The file lacks the key.
+        """
         if key not in self.metadata:
             raise DataError(f"[gguf] {self.path} lacks the metadata key {key!r}")
         return self.metadata[key]
@@ -184,9 +284,23 @@ class GGUFFile:
 class LlamaConfig:
     """The decoder hyperparameters of a GGUF file (`<arch>.*` keys) for any architecture of
     mltensor/llm/arch (`arch`: its description): sizes, per-layer sliding windows (`windows`) and
-    rotary parameters (`layer_ropes`), soft-caps, the attention scale."""
+    rotary parameters (`layer_ropes`), soft-caps, the attention scale.
 
-    def __init__(self, f):
+    Parameters
+    ----------
+    f : GGUFFile
+        The opened file.
+
+    Raises
+    ------
+    mltensor.NotSupportedError
+        An architecture mltensor/llm/arch does not describe, or key and value heads of
+        different sizes.
+    mltensor.DataError
+        Missing or inconsistent hyperparameters.
+    """
+
+    def __init__(self, f: GGUFFile) -> None:
         arch = f.require("general.architecture")
         if arch not in ARCHS:
             raise NotSupportedError(

@@ -43,8 +43,12 @@ output.weight: tied), [soft-capped: c * tanh(x / c)].
   builds share one GPU copy (ctx.counters["constant_bytes"]).
 """
 
+from __future__ import annotations
+
 import math
+import os
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -52,13 +56,32 @@ from .. import MLDynamicDimension, MLGraphBuilder
 from . import kernels  # noqa: F401 - registers _llm_gemv
 from .gguf import GGUFFile, LlamaConfig, load_weight
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ..front.context import MLContext
+    from ..front.tensor import MLTensor
+
 
 class LlamaWeights:
     """Every tensor the file's architecture needs (mltensor/llm/arch), read from a GGUF file and
     repacked (host memory). `layers[i]` maps GGUF names without the `blk.i.` prefix and the
-    `.weight` suffix to Weights (biases keep their `.bias`)."""
+    `.weight` suffix to Weights (biases keep their `.bias`).
 
-    def __init__(self, source):
+    Parameters
+    ----------
+    source : GGUFFile, str or os.PathLike
+        The opened file, or its path.
+
+    Raises
+    ------
+    mltensor.DataError
+        A malformed file, or a tensor missing or of the wrong shape.
+    mltensor.NotSupportedError
+        An unsupported architecture or tensor type.
+    """
+
+    def __init__(self, source: GGUFFile | str | os.PathLike[str]) -> None:
         f = source if isinstance(source, GGUFFile) else GGUFFile(source)
         self.file = f
         c = self.config = LlamaConfig(f)
@@ -106,14 +129,30 @@ class LlamaWeights:
             yield from layer.values()
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes of the weights as they go to the GPU (packed blocks, scales, zero points)."""
         return sum(w.nbytes for w in self._all())
 
-    def rope_tables(self, n_positions, base=None, scale=1.0):
-        """cos, sin [n_positions, rope_dims / 2] float32 (angles computed in float64): channel
-        pair i of position p turns by p * scale * base^(-2i / rope_dims) / factor_i (factors:
-        rope_freqs, else 1)."""
+    def rope_tables(
+        self, n_positions: int, base: float | None = None, scale: float = 1.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The rotary embedding's tables (angles computed in float64): channel pair i of position p
+        turns by p * scale * base^(-2i / rope_dims) / factor_i (factors: rope_freqs, else 1).
+
+        Parameters
+        ----------
+        n_positions : int
+            Positions 0 .. n_positions - 1.
+        base : float or None, default None
+            The frequency base; None: the file's (``rope.freq_base``).
+        scale : float, default 1.0
+            Multiplies the positions.
+
+        Returns
+        -------
+        cos, sin : numpy.ndarray
+            float32 [n_positions, rope_dims / 2].
+        """
         c = self.config
         base = c.rope_base if base is None else base
         half = c.rope_dims // 2
@@ -427,9 +466,37 @@ def _f32_words(w):
 class LlamaModel:
     """A Llama model from a GGUF file on an MLContext: two graphs (prompt, step) built on first
     use. `max_context` bounds the positions of a conversation (cache tensors are sized for it).
-    `max_step` bounds the tokens of one step after the first prompt (longer feeds are split)."""
+    `max_step` bounds the tokens of one step after the first prompt (longer feeds are split).
 
-    def __init__(self, source, ctx, *, max_context=1024, max_step=64, gemv=True):
+    Parameters
+    ----------
+    source : LlamaWeights, GGUFFile, str or os.PathLike
+        The weights, or the file to read them from.
+    ctx : MLContext
+        The context to build on.
+    max_context : int, default 1024
+        The positions of a conversation, at least 2 (capped by the file's context length).
+    max_step : int, default 64
+        The most tokens one dispatch after the first prompt takes.
+    gemv : bool, default True
+        On CPU adapters, decode steps use `_llm_gemv`; False: `_matmul_nbits` everywhere (for
+        comparisons).
+
+    Raises
+    ------
+    TypeError
+        `max_context` or `max_step` out of range.
+    """
+
+    def __init__(
+        self,
+        source: LlamaWeights | GGUFFile | str | os.PathLike[str],
+        ctx: MLContext,
+        *,
+        max_context: int = 1024,
+        max_step: int = 64,
+        gemv: bool = True,
+    ) -> None:
         self.weights = source if isinstance(source, LlamaWeights) else LlamaWeights(source)
         self.config = self.weights.config
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
@@ -443,8 +510,25 @@ class LlamaModel:
         self._lock = threading.Lock()  # builds once, whichever thread asks first
         self._graphs = {}
 
-    def graph(self, which):
-        """The "prefill", "step" or "chunk" _Graph, built on first use."""
+    def graph(self, which: str) -> _Graph:
+        """One of the conversation's graphs, built on first use.
+
+        Parameters
+        ----------
+        which : str
+            "prefill" (the first prompt), "step" (one token) or "chunk" (up to `max_step` tokens
+            after the first prompt).
+
+        Returns
+        -------
+        _Graph
+            The MLGraph (``.graph``) and the names of its cache outputs.
+
+        Raises
+        ------
+        ValueError
+            Another name.
+        """
         with self._lock:
             if which not in self._graphs:
                 cpu = str(self.ctx.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
@@ -459,15 +543,48 @@ class LlamaModel:
                     raise ValueError(f"unknown graph {which!r}")
             return self._graphs[which]
 
-    def session(self):
+    def session(self) -> LlamaSession:
+        """A new conversation's KV cache.
+
+        Returns
+        -------
+        LlamaSession
+            Empty (length 0).
+        """
         return LlamaSession(self)
 
-    def batch(self, slots, rows):
-        """A LlamaBatch: the KV caches of `slots` sequences, steps of at most `rows` tokens."""
+    def batch(self, slots: int, rows: int) -> LlamaBatch:
+        """The serving engine's KV caches and batched step.
+
+        Parameters
+        ----------
+        slots : int
+            How many sequences (one KV cache each).
+        rows : int
+            The most tokens of one step, all sequences together.
+
+        Returns
+        -------
+        LlamaBatch
+            The caches, empty.
+        """
         return LlamaBatch(self, slots, rows)
 
-    def rows_graph(self, slots, rows):
-        """The serving step's _Graph for `slots` sequences and `rows` tokens, built on first use."""
+    def rows_graph(self, slots: int, rows: int) -> _Graph:
+        """The serving step's graph, built on first use.
+
+        Parameters
+        ----------
+        slots : int
+            How many sequences.
+        rows : int
+            The most tokens of one step.
+
+        Returns
+        -------
+        _Graph
+            The MLGraph (``.graph``) and the names of its cache outputs.
+        """
         key = ("rows", slots, rows)
         with self._lock:
             if key not in self._graphs:
@@ -480,9 +597,15 @@ class LlamaSession:
     """One conversation's KV cache on the GPU. `feed(ids)` runs the tokens (a host array of int32
     ids, or an int32 MLTensor of shape [n] already on the GPU, e.g. a sampler's output) and
     returns the logits MLTensor [1, vocab] of the last one. Not for concurrent use from several
-    threads (calls are serialized by a lock)."""
+    threads (calls are serialized by a lock). Made by `LlamaModel.session()`.
 
-    def __init__(self, model):
+    Parameters
+    ----------
+    model : LlamaModel
+        The model; the cache is sized for its `max_context`.
+    """
+
+    def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.ctx = model.ctx
         c = model.config
@@ -505,17 +628,38 @@ class LlamaSession:
         self.logits = ctx.create_tensor_sync(data_type="float32", shape=[1, c.vocab], readable=True)
 
     @property
-    def cache_tensors(self):
+    def cache_tensors(self) -> dict[str, MLTensor]:
         """{name: MLTensor} of the KV cache (cache_k{layer}, cache_v{layer}), [length, kv_heads,
         head_dim] after a feed: the rows of the positions fed so far."""
         return dict(self._cache)
 
-    def reset(self):
+    def reset(self) -> None:
+        """Forget the positions fed (the next feed is a first prompt; the cache is overwritten)."""
         with self._lock:
             self.length = 0
 
-    def feed(self, ids):
-        """Run `ids` (the next tokens) through the model; returns self.logits (the last token's)."""
+    def feed(self, ids: npt.ArrayLike | MLTensor) -> MLTensor:
+        """Run the next tokens through the model (a long host array is split into steps).
+
+        Parameters
+        ----------
+        ids : array_like of int or MLTensor
+            A non-empty 1-D host array of token ids, or an int32 MLTensor [n] already on the GPU
+            (a sampler's output), at most one dispatch's tokens.
+
+        Returns
+        -------
+        MLTensor
+            ``self.logits``: float32 [1, vocab], the last token's logits.
+
+        Raises
+        ------
+        TypeError
+            Ids of the wrong type or rank, or empty.
+        ValueError
+            An id outside the vocabulary, more tokens than the context has room for, or an
+            MLTensor of more ids than one dispatch takes.
+        """
         with self._lock:
             if hasattr(ids, "data_type"):  # an MLTensor already on the GPU
                 n = int(np.prod(ids.shape)) if ids.shape else 1

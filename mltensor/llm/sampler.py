@@ -11,12 +11,18 @@ in the graph they gather their logits, which are penalized and scattered back (`
 present twice writes the same value twice). repeat_penalty 1 leaves the graph as it was.
 """
 
+from __future__ import annotations
+
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import MLGraphBuilder
 from .sampling import check_settings
+
+if TYPE_CHECKING:
+    from ..front.context import MLContext
 
 
 def check_penalty(repeat_penalty, penalty_last_n):
@@ -31,11 +37,49 @@ def check_penalty(repeat_penalty, penalty_last_n):
 
 class Sampler:
     """Chooses the next token on the GPU. temperature 0 (or top_k 1) is greedy; top_k 0, top_p 1
-    and repeat_penalty 1 are off. Thread-safe (one lock per sampler)."""
+    and repeat_penalty 1 are off. Thread-safe (one lock per sampler). Calling it,
+    ``sampler(logits, recent)``, dispatches the choice from `logits` (an MLTensor [1, vocab]) into
+    `ids` (an int32 [1] MLTensor on the GPU) and returns `ids`; `recent` (the context's ids so far)
+    is needed when repeat_penalty is not 1.
+
+    Parameters
+    ----------
+    ctx : MLContext
+        The context of the logits.
+    vocab : int
+        The vocabulary size.
+    temperature : float, default 0.0
+        0: greedy.
+    top_k : int, default 0
+        Keep the k likeliest tokens; 0: off.
+    top_p : float, default 1.0
+        Keep the likeliest tokens whose probabilities sum to p; 1: off.
+    seed : int or None, default 0
+        The random numbers' seed (numpy PCG64); None: from the OS.
+    repeat_penalty : float, default 1.0
+        Divides the positive logits (multiplies the negative ones) of the last `penalty_last_n`
+        ids; 1: off.
+    penalty_last_n : int, default 64
+        How many of the last ids the penalty reads.
+
+    Raises
+    ------
+    TypeError
+        A setting out of range.
+    """
 
     def __init__(
-        self, ctx, vocab, *, temperature=0.0, top_k=0, top_p=1.0, seed=0, repeat_penalty=1.0, penalty_last_n=64
-    ):
+        self,
+        ctx: MLContext,
+        vocab: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = 0,
+        repeat_penalty: float = 1.0,
+        penalty_last_n: int = 64,
+    ) -> None:
         self.temperature, self.top_k, self.top_p = check_settings(temperature, top_k, top_p)
         self.repeat_penalty, self.penalty_last_n = check_penalty(repeat_penalty, penalty_last_n)
         self.ctx = ctx
@@ -69,8 +113,14 @@ class Sampler:
         )
         self.ids = ctx.create_tensor_sync(data_type="int32", shape=[1], readable=True)
 
-    def reseed(self, seed):
-        """Start the random numbers again from `seed` (an int, or None: from the OS)."""
+    def reseed(self, seed: int | None) -> None:
+        """Start the random numbers again from `seed`.
+
+        Parameters
+        ----------
+        seed : int or None
+            The seed; None: from the OS.
+        """
         with self._lock:
             self._rng = np.random.default_rng(seed)
 
@@ -94,6 +144,12 @@ class Sampler:
             self.ctx.dispatch(self._graph, ins, {"ids": self.ids})
             return self.ids
 
-    def read(self):
-        """The last chosen id (4 bytes read back)."""
+    def read(self) -> int:
+        """The last chosen id (4 bytes read back).
+
+        Returns
+        -------
+        int
+            The token id.
+        """
         return int(self.ctx.read_tensor_sync(self.ids)[0])

@@ -31,6 +31,11 @@ library as llama.cpp reads them (src/llama-vocab.cpp).
   none").
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
 from ..errors import DataError, NotSupportedError
 from .templates import BUILTIN, END_OF_TURN, builtin_template, render
 
@@ -51,6 +56,9 @@ for _names, _spec in (
     (("gpt-2", "phi-2", "mpt", "olmo", "default"), ((GPT2_SPLIT,), False)),
 ):
     PRE.update(dict.fromkeys(_names, _spec))
+
+if TYPE_CHECKING:
+    from .gguf import GGUFFile
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 1, 2, 3, 4, 6
 _SPACE = "\u2581"
@@ -89,9 +97,23 @@ class GGUFTokenizer:
     `llm.tokenizer`): encode(text) -> list of ids, decode(ids) -> text,
     apply_chat_template(messages) -> text. Attributes: kind ("gpt2" or "llama"), pre (the
     pre-tokenizer), tokens, vocab_size, bos_id, eos_id, add_bos, stop_ids, chat_template,
-    template_source."""
+    template_source.
 
-    def __init__(self, f):
+    Parameters
+    ----------
+    f : mltensor.llm.GGUFFile
+        The opened GGUF file, whose ``tokenizer.*`` metadata describes the vocabulary.
+
+    Raises
+    ------
+    mltensor.NotSupportedError
+        The ``tokenizers`` package is missing, or a tokenizer model other than "gpt2" (byte-level
+        BPE) and "llama" (SentencePiece).
+    mltensor.DataError
+        The file has no tokenizer, or its metadata disagree (token and type counts).
+    """
+
+    def __init__(self, f: GGUFFile) -> None:
         tk = _library()
         kind = f.get("tokenizer.ggml.model")
         if kind is None:
@@ -191,9 +213,28 @@ class GGUFTokenizer:
         t.decoder = tk.decoders.Sequence(dec)
         return t
 
-    def encode(self, text, *, add_bos=None, add_eos=None):
-        """Token ids of `text`; special tokens written in it are matched whole. BOS / EOS as the
-        file says (add_bos / add_eos override)."""
+    def encode(self, text: str, *, add_bos: bool | None = None, add_eos: bool | None = None) -> list[int]:
+        """Token ids of `text`; special tokens written in it are matched whole.
+
+        Parameters
+        ----------
+        text : str
+            The text.
+        add_bos : bool or None, default None
+            Put the BOS token first; None: as the file says.
+        add_eos : bool or None, default None
+            Put the EOS token last; None: as the file says.
+
+        Returns
+        -------
+        list of int
+            The ids.
+
+        Raises
+        ------
+        TypeError
+            `text` is not a str.
+        """
         if not isinstance(text, str):
             raise TypeError(f"[tokenizer] text must be a str, got {type(text).__name__}")
         if text and self.add_space_prefix and not text.startswith(self._special_texts):
@@ -205,18 +246,61 @@ class GGUFTokenizer:
             ids = ids + [self.eos_id]
         return ids
 
-    def encode_chat(self, text):
-        """encode() of a rendered conversation: no second BOS where the template wrote one."""
+    def encode_chat(self, text: str) -> list[int]:
+        """`encode` of a rendered conversation (`apply_chat_template`'s text): BOS as the file
+        says, but no second one where the template wrote one; no EOS.
+
+        Parameters
+        ----------
+        text : str
+            The rendered conversation.
+
+        Returns
+        -------
+        list of int
+            The ids.
+        """
         bos = self.tokens[self.bos_id] if self.bos_id is not None else None
         return self.encode(text, add_bos=self.add_bos and not (bos and text.startswith(bos)), add_eos=False)
 
-    def decode(self, ids, *, skip_special=False):
-        """The text of token ids (skip_special: without the CONTROL tokens: BOS, EOS, `<|im_end|>`...)."""
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """The text of token ids.
+
+        Parameters
+        ----------
+        ids : iterable of int
+            Token ids.
+        skip_special : bool, default False
+            Leave out the CONTROL tokens (BOS, EOS, ``<|im_end|>``...).
+
+        Returns
+        -------
+        str
+            The text.
+        """
         return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
-    def apply_chat_template(self, messages, *, add_generation_prompt=True):
-        """The conversation `messages` (dicts with str "role" and "content") as text, through the
-        file's chat template or the architecture's built-in one (`template_source` says which)."""
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """The conversation `messages` as text, through the file's chat template or the
+        architecture's built-in one (`template_source` says which).
+
+        Parameters
+        ----------
+        messages : sequence of dict
+            Dicts with str "role" ("system", "user", "assistant") and "content".
+        add_generation_prompt : bool, default True
+            End with the start of the assistant's turn.
+
+        Returns
+        -------
+        str
+            The rendered text.
+
+        Raises
+        ------
+        TypeError
+            A message that is not a dict with str "role" and "content".
+        """
         tok = self.tokens
         return render(
             self.chat_template,

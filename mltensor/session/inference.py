@@ -1,7 +1,11 @@
 """InferenceSession: the onnxruntime surface (creation, get_inputs/get_outputs, run, run_async,
 close), composed of the package's mixins; default_context."""
 
+from __future__ import annotations
+
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import asyncio
 import os
@@ -15,16 +19,24 @@ from . import cache as graph_cache
 from ..onnxio import source_name
 from . import lazy
 from .importing import Importing
-from .loading import Loading, is_tflite
+from .loading import Loading, NodeArg, is_tflite
 from .run import RunPath, Shaped, read_all
 from .specializations import Specializations
 from .stagetree import StageTree
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from onnx import ModelProto
+
+    from ..front.context import MLContext
+    from ..front.graph import MLGraph
 
 _default_ctx = None
 _default_lock = threading.Lock()
 
 
-def default_context():
+def default_context() -> MLContext:
     """The context sessions share when none is given (so their tensors can be chained)."""
     global _default_ctx
     with _default_lock:
@@ -34,37 +46,87 @@ def default_context():
 
 
 class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
-    """Run an ONNX or TFLite model as onnxruntime's `InferenceSession` does, on an MLContext.
+    """Run an ONNX or TFLite model as onnxruntime's ``InferenceSession`` does, on an MLContext.
 
-    model: a path, bytes, or an `onnx.ModelProto` (a .tflite path or bytes for TFLite).
-    context: the MLContext to run on (default: one context shared by the process).
-    free_dimensions: fix named or free input dimensions ({"batch": 1}). max_dimensions: bound the
-    dynamic ones ({"past_sequence": 4096}). dynamic: False builds once per input size instead of
-    once for every size. max_specializations: how many per-size builds (and, for models with
-    data-dependent shapes, later stages per stage) to keep (LRU, default 8). float16: compute a
-    TFLite model in float16. cache: False keeps this session away from the on-disk graph cache.
-    providers, sess_options: accepted for onnxruntime compatibility (ignored). See the module
-    docstring and the sessions guide for sizes, data-dependent shapes, ml-tensor outputs and
-    threads.
+    ::
 
-    The methods live in the package's modules by concept (mltensor/session/__init__.py); the
-    StageHost ones (stages/host.py: next_stage, import_body, storage_array, read_all,
-    count_read, with `context` and `build_lock`) serve a staged model's run, not applications."""
+        sess = mltensor.InferenceSession("model.onnx", free_dimensions={"batch": 1})
+        (y,) = sess.run(None, {"x": array})  # numpy in, numpy out
+
+    A run accepts any input sizes the model allows: unknown dimensions become dynamic dimensions
+    (one build serves every size) where the model and the adapter permit, else each new
+    combination of sizes is built once (a specialization, kept in an LRU). See the sessions guide
+    (docs/guides/sessions.md) for sizes, data-dependent shapes, ml-tensor outputs, threads and
+    stateful TFLite models.
+
+    Parameters
+    ----------
+    model : str, os.PathLike, bytes, bytearray, memoryview or onnx.ModelProto
+        The model: a path to an ``.onnx`` or ``.tflite`` file, the file's bytes (a TFLite model is
+        recognized by its ``TFL3`` identifier), or a loaded ``onnx.ModelProto``.
+    context : MLContext or None, default None
+        The context to run on; None: one context shared by every session of the process (so
+        their tensors can be fed to one another).
+    free_dimensions : dict of str to int, optional
+        Fix dimensions the model leaves open, by name (an ONNX ``dim_param`` such as
+        ``{"batch": 1}``). A TFLite model takes ``{input name: full shape}`` (or ``{"batch": n}``)
+        for inputs whose shape signature has free (-1) dimensions.
+    max_dimensions : dict of str to int, optional
+        The largest size of named dynamic dimensions (``{"past_sequence": 4096}``): the
+        session's tensors are sized for it. Otherwise a dimension's capacity grows by doubling
+        from the first size fed. Every name must be a dynamic dimension of the inputs.
+    dynamic : bool or None, default None
+        None: use dynamic dimensions where the adapter has the ``immediates`` feature and every
+        operator of the model takes them, else build once per input size; True: require them;
+        False: build once per combination of input sizes. ``stats["static_reason"]`` says why
+        a session builds per size.
+    providers : list, optional
+        Accepted for onnxruntime compatibility; ignored.
+    sess_options : object, optional
+        Accepted for onnxruntime compatibility; ignored.
+    max_specializations : int, default 8
+        How many per-size builds (and, for a model with data-dependent shapes, later stages per
+        stage) to keep, least recently used dropped first (their ml-tensor outputs included).
+    float16 : bool, default False
+        Compute a TFLite model in float16 (its inputs and outputs keep the model's types). ONNX
+        models are converted to float16 beforehand instead.
+    cache : bool or None, default None
+        The on-disk graph cache: None uses it unless ``MLTENSOR_GRAPH_CACHE=0``; False keeps this
+        session away from it; True uses it.
+
+    Raises
+    ------
+    TypeError
+        A bad argument (`cache`, `dynamic`, `max_specializations`, ``float16=True`` for an ONNX
+        model, `max_dimensions` naming a dimension that is not dynamic), or a model that is not a
+        path, bytes or ModelProto.
+    FileNotFoundError
+        No file at the path given.
+    mltensor.DataError
+        A malformed model file.
+    mltensor.NotSupportedError
+        An operator or construct the importers do not support (named with its node), or
+        ``dynamic=True`` on an adapter without the ``immediates`` feature.
+    """
+
+    # The methods live in the package's modules by concept (mltensor/session/__init__.py); the
+    # StageHost ones (stages/host.py: next_stage, import_body, storage_array, read_all,
+    # count_read, with `context` and `build_lock`) serve a staged model's run, not applications.
 
     def __init__(
         self,
-        model,
-        context=None,
+        model: str | os.PathLike[str] | bytes | bytearray | memoryview | ModelProto,
+        context: MLContext | None = None,
         *,
-        free_dimensions=None,
-        max_dimensions=None,
-        dynamic=None,
-        providers=None,
-        sess_options=None,
-        max_specializations=8,
-        float16=False,
-        cache=None,
-    ):
+        free_dimensions: Mapping[str, int | Sequence[int]] | None = None,
+        max_dimensions: Mapping[str, int] | None = None,
+        dynamic: bool | None = None,
+        providers: Sequence[Any] | None = None,
+        sess_options: Any = None,
+        max_specializations: int = 8,
+        float16: bool = False,
+        cache: bool | None = None,
+    ) -> None:
         self._ctx = context if context is not None else default_context()
         # The persistent graph cache (mltensor/graphcache/): on unless cache=False or
         # MLTENSOR_GRAPH_CACHE=0; _cache_id is the model's SHA-256 (None: not cached)
@@ -156,12 +218,12 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
     # -- onnxruntime surface -----------------------------------------------------------------------
 
     @property
-    def context(self):
+    def context(self) -> MLContext:
         """The MLContext the session runs on."""
         return self._ctx
 
     @property
-    def graph(self):
+    def graph(self) -> MLGraph | None:
         """The MLGraph of the specialization the last run used (None before one is built); for a
         model with data-dependent shapes, its first stage's graph (mltensor/stages/)."""
         spec = self._spec
@@ -176,12 +238,12 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             return self._spec.last_outputs() if self._spec is not None else {}
 
     @property
-    def specializations(self):
+    def specializations(self) -> int:
         """How many specializations (one per combination of input sizes) are cached."""
         return len(self._specs)
 
     @property
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         """Snapshot: specializations cached, builds, cache hits and LRU evictions so far; whether
         builds use dynamic dimensions, and if not why (None: the model has no unknown sizes)."""
         with self._lock:
@@ -192,24 +254,101 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
                 static_reason=self._static_reason,
             )
 
-    def get_inputs(self):
-        """The model's inputs, as onnxruntime gives them: objects with `.name`, `.shape` (ints, and
-        names or None for unknown dimensions) and `.type` (e.g. "tensor(float)")."""
+    def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs, as onnxruntime describes them.
+
+        Returns
+        -------
+        list of NodeArg
+            One per input, in model order, with `.name`, `.shape` (ints, and names or None for
+            unknown dimensions; None for an input declared without a shape) and `.type` (e.g.
+            ``"tensor(float)"``).
+        """
         return list(self._input_args)
 
-    def get_outputs(self):
-        """The model's outputs, as `get_inputs` describes inputs."""
+    def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs, as `get_inputs` describes inputs.
+
+        Returns
+        -------
+        list of NodeArg
+            One per output, in model order, with `.name`, `.shape` and `.type`.
+        """
         return list(self._output_args)
 
-    def get_providers(self):
-        """["WebNNExecutionProvider"] (onnxruntime compatibility)."""
+    def get_providers(self) -> list[str]:
+        """The execution providers, as onnxruntime names them (compatibility).
+
+        Returns
+        -------
+        list of str
+            ``["WebNNExecutionProvider"]``.
+        """
         return ["WebNNExecutionProvider"]
 
-    def run(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
-        """Run the model. output_names None -> all outputs, in model order. Feeds: numpy arrays
-        (uploaded once) or MLTensors (bound as is). Returns numpy arrays, or MLTensors with
-        output_location="ml-tensor" (the session's own tensors; this thread's next run
-        overwrites them). Safe to call from several threads at once."""
+    @overload
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.ArrayLike | MLTensor],
+        run_options: Any = None,
+        *,
+        output_location: Literal["cpu"] = "cpu",
+    ) -> list[np.ndarray]: ...
+
+    @overload
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.ArrayLike | MLTensor],
+        run_options: Any = None,
+        *,
+        output_location: Literal["ml-tensor"],
+    ) -> list[MLTensor]: ...
+
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.ArrayLike | MLTensor],
+        run_options: Any = None,
+        *,
+        output_location: str = "cpu",
+    ) -> list[np.ndarray] | list[MLTensor]:
+        """Run the model once. Safe to call from several threads at once (each run takes tensors
+        no other run in flight uses; results are what sequential runs give).
+
+        Parameters
+        ----------
+        output_names : sequence of str or None
+            The outputs to return, in this order; None: all of them, in model order.
+        input_feed : dict of str to numpy.ndarray or MLTensor
+            One value per model input, by name (every input, no other name). A numpy array (or
+            anything `numpy.asarray` takes) of the input's type is uploaded once; an MLTensor of
+            the session's context, with the input's data type, is bound as is (no copy).
+        run_options : object, optional
+            Accepted for onnxruntime compatibility; ignored.
+        output_location : {"cpu", "ml-tensor"}, default "cpu"
+            "cpu": numpy arrays. "ml-tensor": the session's own output tensors (IOBinding
+            semantics, no read back): they stay valid until `close()`, and this thread's next
+            run overwrites them; they may be fed to another session on the same context or back
+            into this one (a decode loop). Outputs folded to constants at load come as tensors
+            written once.
+
+        Returns
+        -------
+        list of numpy.ndarray or MLTensor
+            One per requested output, in the order of `output_names`.
+
+        Raises
+        ------
+        TypeError
+            The session is closed; `input_feed` not a dict, naming an unknown input or missing
+            one, or a value of the wrong data type or shape (a size above a fixed dimension, two
+            sizes of one named dimension that differ); an unknown output name; an MLTensor of
+            another context; a bad `output_location`.
+        mltensor.NotSupportedError
+            The model cannot be built at these input sizes.
+        """
         with internal_errors("InferenceSession.run"):
             names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
             keep = output_location == "ml-tensor"
@@ -221,8 +360,60 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             finally:
                 self._end_run(spec, tset, keep)
 
-    async def run_async(self, output_names, input_feed, run_options=None, *, output_location="cpu"):
-        """The awaitable form of `run` (same arguments); several may be in flight at once."""
+    @overload
+    async def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.ArrayLike | MLTensor],
+        run_options: Any = None,
+        *,
+        output_location: Literal["cpu"] = "cpu",
+    ) -> list[np.ndarray]: ...
+
+    @overload
+    async def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.ArrayLike | MLTensor],
+        run_options: Any = None,
+        *,
+        output_location: Literal["ml-tensor"],
+    ) -> list[MLTensor]: ...
+
+    async def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.ArrayLike | MLTensor],
+        run_options: Any = None,
+        *,
+        output_location: str = "cpu",
+    ) -> list[np.ndarray] | list[MLTensor]:
+        """The awaitable form of `run`; several may be in flight at once, from one event loop
+        or many.
+
+        Parameters
+        ----------
+        output_names : sequence of str or None
+            As `run`: the outputs to return, None for all.
+        input_feed : dict of str to numpy.ndarray or MLTensor
+            As `run`: one value per model input.
+        run_options : object, optional
+            Accepted for onnxruntime compatibility; ignored.
+        output_location : {"cpu", "ml-tensor"}, default "cpu"
+            As `run`: numpy arrays, or the session's own output tensors.
+
+        Returns
+        -------
+        list of numpy.ndarray or MLTensor
+            One per requested output (awaited: the reads run while the event loop goes on).
+
+        Raises
+        ------
+        TypeError
+            As `run`.
+        mltensor.NotSupportedError
+            As `run`.
+        """
         with internal_errors("InferenceSession.run_async"):
             names, outs, spec, tset = self._enqueue(output_names, input_feed, output_location)
             keep = output_location == "ml-tensor"
@@ -237,23 +428,24 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             finally:
                 self._end_run(spec, tset, keep)
 
-    def reset_state(self):
+    def reset_state(self) -> None:
         """Start a stateful TFLite model (resource variables: a streaming model's buffers of past
         frames) over from its initial state, as a fresh LiteRT interpreter has it; runs dispatched
-        after this returns see it. Without state: nothing to do. The state lives on the GPU
-        between runs (session/state.py says how runs on several threads share it)."""
+        after this returns see it. Without state (`stateful` False): nothing to do. The state
+        lives on the GPU between runs (the sessions guide says how runs on several threads share
+        it)."""
         with self._lock:
             spec = self._specs.get(None) if self._kind == "tflite" else None
             if spec is not None and spec.state is not None:
                 spec.state.reset()
 
     @property
-    def stateful(self):
+    def stateful(self) -> bool:
         """Whether the model carries state between runs (a TFLite model's resource variables)."""
         spec = self._specs.get(None) if self._kind == "tflite" else None
         return spec is not None and spec.state is not None
 
-    def close(self):
+    def close(self) -> None:
         """Destroy the session's tensors and graph (tensors returned by ml-tensor runs included).
         Runs in flight on other threads finish first (their specializations go when they end)."""
         with self._lock:

@@ -19,6 +19,9 @@ class NodeArg:
     """An input or output as onnxruntime describes it: .name, .shape, .type ("tensor(float)")."""
 
     __slots__ = ("name", "shape", "type")
+    name: str  #: the input's or output's name
+    shape: list[int | str | None] | None  #: sizes; a name or None for an unknown one; None: no shape
+    type: str  #: the ONNX type, e.g. "tensor(float)"
 
     def __init__(self, name, shape, type):
         self.name, self.shape, self.type = name, None if shape is None else list(shape), type
@@ -122,7 +125,7 @@ class Loading:
         self._require_dynamic = bool(dynamic)
 
     @property
-    def dynamic_dimensions(self):
+    def dynamic_dimensions(self) -> dict[str, int]:
         """{name: current maximum} of the inputs' dynamic dimensions ({} when this session builds
         one graph per size; stats["static_reason"] says why)."""
         return dict(self._caps.cap) if self._caps is not None else {}

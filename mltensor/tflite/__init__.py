@@ -13,32 +13,81 @@ mediapipe 0.10.14 wheel (`mltensor.models`) run. Resource variables (streaming m
 IF and WHILE: control.py.
 """
 
+from __future__ import annotations
+
 import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import DataError, NotSupportedError
 from ..front.builder import MLGraphBuilder
 from .importer import convert, supported_operators
 from .reader import is_tflite, load_bytes, read
 
+if TYPE_CHECKING:
+    import numpy as np
 
-def import_model(source, context, *, free_dimensions=None, float16=False, initial_state=None):
-    """Load `source` (a path, bytes or bytearray of a .tflite file) and build it on `context`.
+    from ..front.context import MLContext
+    from ..front.graph import MLGraph
 
-    free_dimensions: {input name: full shape} (or {"batch": n}) for inputs whose shape signature
-    has free (-1) dimensions; by default the shape stored in the model is used.
-    float16: compute the model in float16 (in f16 on a context with "shader-f16"): half the
-    memory traffic, float16 precision; inputs and outputs keep the model's types.
-    initial_state: a dict that receives {name: numpy array}, the initial state of a model with
-    resource variables (tflite/control.py). Such a model's graph has one more input per variable
-    it carries between calls (`control.STATE_PREFIX` + the variable's name: its value before the
-    call) and one more output of the same name for each it assigns (its value after): feed each
-    call the state the last one left, the initial values first. InferenceSession does this on
-    the GPU (`reset_state()` starts over). With initial_state given, the variable tensors of
-    UNIDIRECTIONAL_SEQUENCE_LSTM (its hidden and cell state, which LiteRT carries between
-    invokes) are state as well; without it they are zeros at the start of each call.
-    Returns (graph, inputs, outputs); unsupported operators raise NotSupportedError at load, naming
-    the operator, its index and the supported ones; a malformed or truncated file raises DataError
-    naming the file (when given by path), the table / field or operator, and what was wrong.
+
+def import_model(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    context: MLContext,
+    *,
+    free_dimensions: Mapping[str, int | Sequence[int]] | None = None,
+    float16: bool = False,
+    initial_state: dict[str, np.ndarray] | None = None,
+) -> tuple[MLGraph, list[tuple[str, str, tuple[int, ...]]], list[tuple[str, str, tuple[int, ...]]]]:
+    """Load a ``.tflite`` model and build it on `context` as one MLGraph, in NHWC (for state kept
+    between runs on the GPU, use `mltensor.InferenceSession`).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, bytes, bytearray or memoryview
+        A path to a ``.tflite`` file, or its bytes.
+    context : MLContext
+        The context to build on.
+    free_dimensions : dict, optional
+        ``{input name: full shape}`` (or ``{"batch": n}``, for free leading dimensions) for
+        inputs whose shape signature has free (-1) dimensions; by default the shape stored in
+        the model is used.
+    float16 : bool, default False
+        Compute the model in float16 (in f16 on a context with "shader-f16"): half the memory
+        traffic, float16 precision; inputs and outputs keep the model's types.
+    initial_state : dict or None, default None
+        A dict that receives ``{name: numpy array}``, the initial state of a model with resource
+        variables (tflite/control.py). Such a model's graph has one more input per variable it
+        carries between calls (``control.STATE_PREFIX`` + the variable's name: its value before
+        the call) and one more output of the same name for each it assigns (its value after):
+        feed each call the state the last one left, the initial values first. InferenceSession
+        does this on the GPU (``reset_state()`` starts over). With `initial_state` given, the
+        variable tensors of UNIDIRECTIONAL_SEQUENCE_LSTM (its hidden and cell state, which
+        LiteRT carries between invokes) are state as well; without it they are zeros at the
+        start of each call.
+
+    Returns
+    -------
+    graph : MLGraph
+        The built graph, ready for `MLContext.dispatch`.
+    inputs : list of tuple
+        ``(name, data_type, shape)`` of each graph input, in model order (names are the TFLite
+        tensor names).
+    outputs : list of tuple
+        ``(name, data_type, shape)`` of each graph output, in model order.
+
+    Raises
+    ------
+    TypeError
+        A source that is not a path or bytes, or `free_dimensions` naming no input or not
+        fitting an input's shape signature.
+    FileNotFoundError
+        No file at the path given.
+    mltensor.NotSupportedError
+        An unsupported operator (named with its index and the supported ones) or input type.
+    mltensor.DataError
+        A malformed or truncated file, naming the file (when given by path), the table / field
+        or operator, and what was wrong.
     """
     name = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
     model = read(load_bytes(source), name)

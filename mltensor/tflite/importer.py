@@ -743,8 +743,15 @@ CONVERTERS.update(control.CONVERTERS)
 CONVERTERS.update(mediapipe_ops.CONVERTERS)
 
 
-def supported_operators():
-    """Builtin operator names and MediaPipe custom codes the importer converts."""
+def supported_operators() -> list[str]:
+    """The operators the importer converts (the docs' TFLite operator page tables them).
+
+    Returns
+    -------
+    list of str
+        Sorted: builtin operator names as the TFLite schema spells them ("CONV_2D") and the
+        MediaPipe custom codes ("Convolution2DTransposeBias").
+    """
     return sorted(CONVERTERS)
 
 

@@ -102,8 +102,19 @@ def load_bytes(source):
     raise TypeError(f"[tflite] expected a path, bytes or bytearray, got {type(source).__name__}")
 
 
-def is_tflite(data):
-    """True when `data` carries the TFLite flatbuffer identifier (bytes 4..8 == b"TFL3")."""
+def is_tflite(data: bytes | bytearray | memoryview) -> bool:
+    """Whether `data` is a TFLite flatbuffer: it carries the identifier ``b"TFL3"`` at bytes 4..8.
+
+    Parameters
+    ----------
+    data : bytes, bytearray or memoryview
+        A file's bytes (the first 8 are enough).
+
+    Returns
+    -------
+    bool
+        True for a TFLite model.
+    """
     return len(data) >= 8 and bytes(data[4:8]) == IDENTIFIER
 
 

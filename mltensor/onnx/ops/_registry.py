@@ -22,10 +22,16 @@ def op(*names, attrs=()):
     return deco
 
 
-def supported_ops():
-    """The ONNX operators the importer maps, sorted: op types of the default domain, and
-    onnxruntime's contrib operators as "com.microsoft.<OpType>". Operators that ONNX defines
-    as functions of these are expanded at load too, and are not listed."""
+def supported_ops() -> list[str]:
+    """The ONNX operators the importer maps. Operators that ONNX defines as functions of these are
+    expanded at load too, and are not listed.
+
+    Returns
+    -------
+    list of str
+        Sorted: op types of the default domain ("Conv"), and onnxruntime's contrib operators as
+        "com.microsoft.<OpType>".
+    """
     return sorted(HANDLERS)
 
 
