@@ -21,6 +21,7 @@ pytest.importorskip("transformers")
 
 import mltensor  # noqa: E402
 from mltensor.llm import LlamaModel  # noqa: E402
+from mltensor.llm.batch import LlamaBatch  # noqa: E402
 
 import llm_convert  # noqa: E402
 
@@ -90,7 +91,7 @@ def rows_against_sessions(ctx, path):
     beside the others' decode rows, then decode rows of all three, a chunk beside a decode row,
     and decode rows past the positions a sliding layer's ring keeps (model.rows_ring)."""
     model = LlamaModel(path, ctx, max_context=64, max_step=8)
-    batch = model.batch(3, rows=16)
+    batch = LlamaBatch(model, 3, rows=16)
     sessions = [model.session() for _ in range(3)]
     third = CHUNK + PROMPT[:5]
     lengths, nxt, worst = [0, 0, 0], [None] * 3, 0.0
@@ -256,7 +257,7 @@ def test_serving_ring_keeps_what_a_reused_prefix_needs(ctx):
     fresh session's."""
     path, _ = llm_convert.cached_gguf("gemma3")
     model = LlamaModel(path, ctx, max_context=64, max_step=8)
-    batch = model.batch(2, rows=16)
+    batch = LlamaBatch(model, 2, rows=16)
     held = list(range(3, 33))  # 30 positions: past the ring (8 + 16 - 1)
     for i in range(0, len(held), 10):
         batch.run([(0, i, held[i : i + 10])])

@@ -15,6 +15,7 @@ pytest.importorskip("tokenizers")
 
 import mltensor  # noqa: E402
 from mltensor.llm import LLM  # noqa: E402
+from mltensor.llm.batch import LlamaBatch  # noqa: E402
 from mltensor.llm.engine import Engine, EngineClosed, QueueFull, sample  # noqa: E402
 
 from llm_reference import NumpyLlama, write_synthetic  # noqa: E402
@@ -215,7 +216,7 @@ def test_a_row_does_not_depend_on_its_batch(llm):
     """The serving step's logits of one sequence are bitwise the same alone, beside a few rows,
     and beside many (prompts and decode rows): what makes batched greedy replies equal solo ones.
     The synthetic file mixes Q4_0, Q4_1, Q8_0 and F16 projections."""
-    batch = llm.model.batch(6, rows=256)
+    batch = LlamaBatch(llm.model, 6, rows=256)
     ids = llm.tokenize(PROMPTS[0])
     others = [(s, 0, llm.tokenize(PROMPTS[s % 4] + " and more")) for s in range(1, 6)]
     alone = batch.run([(0, 0, ids)])[0]

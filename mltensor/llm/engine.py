@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import InternalError
 from .api import PENALTY_LAST_N, TextTail
+from .batch import LlamaBatch
 from .sampler import check_penalty
 from .sampling import check_settings
 
@@ -259,7 +260,7 @@ class Engine:
         self.slots = slots
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
-        self.batch = llm.model.batch(slots, rows=slots + prefill_chunk)
+        self.batch = LlamaBatch(llm.model, slots, rows=slots + prefill_chunk)
         self._cond = threading.Condition()
         self._waiting = collections.deque()
         self._active = []
