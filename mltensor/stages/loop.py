@@ -173,11 +173,24 @@ def _wrap_loop(spec, tensors, bools):
     it, cond = bnames[0], bnames[1]
     # the condition crosses iterations as an int32 (bool is uint8 in memory, which kernels
     # unpack and pack at a graph's edges: two launches an iteration saved)
-    names = [it, "__loop_cond_in"] + bnames[2:] + spec.outer
+    names = ["__loop_iter_in", "__loop_cond_in"] + bnames[2:] + spec.outer
     inputs = [
         helper.make_tensor_value_info(n, _onnx_type(t, b), list(t.shape)) for n, t, b in zip(names, tensors, bools)
     ]
-    nodes = [helper.make_node("Cast", ["__loop_cond_in"], [cond], to=TensorProto.BOOL)] + list(body.node)
+    nodes = [helper.make_node("Cast", ["__loop_cond_in"], [cond], to=TensorProto.BOOL)]
+    if spec.trips:
+        # the body's iteration number clamped to [0, trips - 1]: a no-op on every iteration that
+        # counts (a gated one keeps the count it stopped at, below trips), and a range the importer
+        # proves offsets with (a Slice by the step gathers at it: onnx/ops/_offsets.py)
+        nodes += [
+            _const("__loop_iter_lo", np.array(0, np.int64)),
+            _const("__loop_iter_hi", np.array(spec.trips - 1, np.int64)),
+            helper.make_node("Clip", ["__loop_iter_in", "__loop_iter_lo", "__loop_iter_hi"], [it]),
+        ]
+    else:
+        nodes.append(helper.make_node("Identity", ["__loop_iter_in"], [it]))
+    nodes += list(body.node)
+    it = "__loop_iter_in"
     bo = [o.name for o in body.output]
     nodes += [
         _const("__loop_one", np.array(1, np.int64)),
