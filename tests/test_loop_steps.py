@@ -3,7 +3,7 @@ onnxruntime: a Slice whose starts and ends are the step (through Unsqueeze, Add,
 the step, the step's result written into a preallocated buffer (ScatterND, ScatterElements), and
 a carried tensor grown by Concat every iteration; then a step-indexed attention decoder scripted
 with torch.jit.script and exported by torch.onnx.export (501 steps, teacher-forced inputs sliced
-by the step, logits written by index, hidden states grown by torch.cat).
+by the step, logits written by index, hidden states grown by torch.cat, an early exit).
 
 The loops run past onnx/ops/control_flow.MAX_UNROLL iterations, so they are executed
 (stages/loop.py), not unrolled; each is checked to have run with at most n/8 + 1 host round
@@ -223,6 +223,46 @@ def test_slice_by_the_step_with_an_early_exit(rng):
     _compare(m, cases)
 
 
+def _counter_model(start_shift):
+    """Slice(tab, j, j + 1) with j a counter the body carries (j_out = j_in + 1), starting at the
+    input j0: the start is not the iteration number, so it is checked at run time."""
+    nodes = [
+        h.make_node("Unsqueeze", ["j_in", "ax0"], ["st"]),
+        h.make_node("Add", ["j_in", "one"], ["j_out"]),
+        h.make_node("Unsqueeze", ["j_out", "ax0"], ["en"]),
+        h.make_node("Slice", ["tab", "st", "en", "ax0"], ["r2"]),
+        h.make_node("Reshape", ["r2", "row_shape"], ["row"]),
+    ]
+    m = _loop_model(nodes, "row")
+    body = m.graph.node[0].attribute[0].g
+    body.input.append(_vi("j_in", T.INT64, []))
+    body.output.insert(2, _vi("j_out", T.INT64, []))
+    loop = m.graph.node[0]
+    loop.input.append("j0")
+    loop.output.insert(1, "j_final")
+    m.graph.output.insert(1, _vi("j_final", T.INT64, None))
+    m.graph.input.append(_vi("j0", T.INT64, []))
+    return m
+
+
+def test_slice_by_a_carried_counter_checked_at_run_time(rng):
+    """In range: as onnxruntime, with one extra read (the check) for a loop that otherwise never
+    waits; from j0 = 5 the last 5 starts leave the table: onnxruntime fails (a shorter slice), and
+    so does mltensor, with a clear error and no wrong result."""
+    m = _counter_model(0)
+    stats = _compare(m, [_feeds(rng, j0=np.array(0, np.int64))])
+    assert stats["readbacks"] == 1
+    b = m.SerializeToString()
+    sess = InferenceSession(b, cache=False)
+    feeds = _feeds(rng, j0=np.array(5, np.int64))
+    with pytest.raises(Exception):
+        ort.InferenceSession(b, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with pytest.raises(mltensor.NotSupportedError, match="left the sliced tensor"):
+        sess.run(None, feeds)
+    got = sess.run(None, _feeds(rng, j0=np.array(0, np.int64)))  # the session still runs
+    assert got[2].shape == (M, D)
+
+
 def test_a_slice_that_may_leave_the_table_is_still_refused(rng):
     """Slice(tab, i, i + 2) on a table of M rows: at the last step ONNX would give one row, so the
     size is not constant and the slice stays refused inside the executed body (clearly)."""
@@ -252,7 +292,8 @@ class Decoder(torch.nn.Module):
     """An attention decoder as a table-structure recognizer's: attention over encoder features, a
     GRU step whose input is the teacher-forced row sliced at the step plus the previous step's
     softmax, each step's logits written by index into a preallocated buffer, the hidden states
-    grown by torch.cat."""
+    grown by torch.cat, and an exit once a forced row's first entry passes `stop` (with the break,
+    torch writes the step as a counter the Loop carries, not as its iteration number)."""
 
     def __init__(self, H: int, V: int):
         super().__init__()
@@ -261,7 +302,7 @@ class Decoder(torch.nn.Module):
         self.wh = torch.nn.Linear(H, 3 * H)
         self.out = torch.nn.Linear(H, V)
 
-    def forward(self, feats, targets):
+    def forward(self, feats, targets, stop):
         h = torch.zeros_like(feats[:, 0, :])
         logits = torch.zeros_like(targets)
         hs = feats[:, :0, :]
@@ -280,13 +321,15 @@ class Decoder(torch.nn.Module):
             logits[:, i, :] = o
             prev = torch.softmax(o, 1)
             hs = torch.cat([hs, h.unsqueeze(1)], 1)
+            if bool((x[:, 0] > stop).any()):
+                break
         return logits, h, hs
 
 torch.manual_seed(0)
 m = torch.jit.script(Decoder(16, 8).eval())
-args = (torch.randn(2, 5, 16), torch.randn(2, 9, 8))
+args = (torch.randn(2, 5, 16), torch.randn(2, 9, 8), torch.tensor(50.0))
 torch.onnx.export(m, args, sys.argv[1], opset_version=17, dynamo=False,
-                  input_names=["feats", "targets"], output_names=["logits", "h", "hs"],
+                  input_names=["feats", "targets", "stop"], output_names=["logits", "h", "hs"],
                   dynamic_axes={"feats": {0: "b", 1: "t"}, "targets": {0: "b", 1: "steps"}})
 print(torch.__version__)
 '''
@@ -329,13 +372,16 @@ def test_scripted_attention_decoder_501_steps():
     rng = np.random.default_rng(0)
     steps = 501
     try:
-        for b, t in ((2, 5), (3, 7)):
+        for b, t, exit_at in ((2, 5, None), (3, 7, 123), (3, 7, 0), (2, 5, None)):
             targets = rng.standard_normal((b, steps, 8)).astype(np.float32)
+            if exit_at is not None:
+                targets[1, exit_at, 0] = 100.0
             feeds = {"feats": rng.standard_normal((b, t, 16)).astype(np.float32), "targets": targets}
+            feeds["stop"] = np.array(50.0, np.float32)
             before = sess.stats["readbacks"]
             got = sess.run(None, feeds)
             want = ref.run(None, feeds)
-            n = steps
+            n = steps if exit_at is None else exit_at + 1
             assert want[2].shape == (b, n, 16)
             for g, w in zip(got, want):
                 assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape)

@@ -12,6 +12,7 @@ ONNX's clamping of starts and ends never applies, and the slice has the same siz
 import numpy as np
 
 from ...ir.graph import scalar_value
+from ...stages.loop import OFFSET_CHECK as CHECKS
 from ..types import prod
 
 _SAME_VALUE = ("reshape", "identity", "expand", "cast")
@@ -26,8 +27,10 @@ def affine(v):
     same-value operators and additions of integer constants; None when v is not of that form."""
     off = 0
     for _ in range(64):
-        if not _one_element(v) or v._kind != "op":
+        if not _one_element(v):
             return None
+        if v._kind != "op":  # a graph input (a counter the body carries) or a constant
+            return (v, off) if v._kind == "input" else None
         n = v._node
         if n.op in _SAME_VALUE:
             if n.op == "cast" and not _exact_cast(n.inputs[0].data_type, v.data_type):
@@ -119,16 +122,26 @@ def offset_slice(im, x, starts, ends, axes, steps):
         if fs is None or fe is None or fs[0] is not fe[0]:
             return None
         size = fe[1] - fs[1]
-        rng = bounds(fs[0])
-        if size < 1 or rng is None or rng[0] + fs[1] < 0 or rng[1] + fs[1] + size > d:
+        if size < 1 or size > d:
             return None
-        gathers.append((a, s, size))
+        rng = bounds(fs[0])
+        proved = rng is not None and rng[0] + fs[1] >= 0 and rng[1] + fs[1] + size <= d
+        if not proved and CHECKS not in im.env:
+            return None
+        gathers.append((a, s, size, proved))
     b = im.b
     y = x
     if static_st != [0] * r or static_sz != list(x.shape):
         y = b.slice(y, static_st, static_sz)
-    for a, s, size in gathers:
+    for a, s, size, proved in gathers:
         idx = b.reshape(s, [1])
+        if not proved:
+            # the start clamped into [0, d - size], and whether that changed it (ONNX would give a
+            # shorter slice there) folded into the body's check, which the Loop reads back
+            lo_hi = b.clamp(idx, min_value=0, max_value=x.shape[a] - size)
+            bad = b.reshape(b.cast(b.not_equal(idx, lo_hi), "int32"), [])
+            im.env[CHECKS] = b.max(im.env[CHECKS], bad)
+            idx = lo_hi
         if idx.data_type != "int32":
             idx = b.cast(idx, "int32")
         if size > 1:
