@@ -389,3 +389,55 @@ def test_scripted_attention_decoder_501_steps():
             assert sess.stats["readbacks"] - before <= n / BATCH + 1
     finally:
         sess.close()
+
+
+# -- torchvision's paste-masks loop ----------------------------------------------------------------
+
+PASTE = r"""
+import sys, torch
+from torchvision.models.detection.roi_heads import paste_masks_in_image
+
+class M(torch.nn.Module):
+    def forward(self, masks, boxes):
+        return paste_masks_in_image(masks, boxes, (64, 80), padding=1)
+
+boxes = torch.tensor([[1.0, 2.0, 30.0, 40.0], [10.0, 5.0, 60.0, 50.0], [0.0, 0.0, 79.0, 63.0]])
+torch.onnx.export(M(), (torch.rand(3, 1, 28, 28), boxes), sys.argv[1], opset_version=17, dynamo=False,
+                  input_names=["masks", "boxes"], output_names=["out"],
+                  dynamic_axes={"masks": {0: "n"}, "boxes": {0: "n"}})
+"""
+
+
+@pytest.mark.skipif(
+    not HAVE_TORCH or importlib.util.find_spec("torchvision") is None, reason="torch and torchvision are not installed"
+)
+def test_torchvision_paste_masks_loop():
+    """Mask R-CNN's paste-masks Loop as torchvision exports it (one iteration a detection, each
+    mask resized to its box: a Resize whose sizes a run gives, a carried tensor grown by Concat):
+    unrolled, each Resize's sizes read back. Its first resumed import took the outcome of the
+    first Resize's cut for the Loop's own and failed with an internal error."""
+    v = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    tag = hashlib.sha256(PASTE.encode()).hexdigest()[:12]
+    folder = os.path.join(_xdg.cache_dir(), "corpus", f"torch{v.split('+')[0]}")
+    path = os.path.join(folder, f"paste_masks-{tag}.onnx")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        r = subprocess.run([sys.executable, "-c", PASTE, tmp], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        os.replace(tmp, path)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = InferenceSession(path, cache=False)
+    rng = np.random.default_rng(0)
+    try:
+        for n in (3, 12):  # 12 boxes: more than the 16 elements a session binds by value
+            xy = rng.uniform(0, 60, (n, 2))
+            boxes = np.concatenate([xy, xy + rng.uniform(2, 40, (n, 2))], 1).astype(np.float32)
+            feeds = {"masks": rng.random((n, 1, 28, 28), dtype=np.float32), "boxes": boxes}
+            got, want = sess.run(None, feeds)[0], ref.run(None, feeds)[0]
+            assert got.shape == want.shape == (n, 1, 64, 80)
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    finally:
+        sess.close()

@@ -123,6 +123,15 @@ def _loop(im, node, ins, attrs):
         trips = None if trips is None else max(trips, 0)
     n_state = len(ins) - 2
     n_scan = len(body.output) - 1 - n_state
+    cond = ins[1] if len(ins) > 1 else None
+    if cond is not None and not isinstance(cond, np.ndarray) and _decided_by_small_inputs(im, cond):
+        cond = const(im, cond, "the loop's initial condition")  # the session binds the input's value
+    if trips is not None and 0 < trips <= MAX_UNROLL and (cond is None or isinstance(cond, np.ndarray)):
+        # (before the executed loop's outcome: a resumed import meets the cuts of an unrolled body
+        # again, in the order the first import made them)
+        res = _unroll_loop(im, node, ins, attrs, trips)
+        if res is not None:
+            return res
     got = resume.outcome(im)
     # values the body only grows become scan outputs when executed (an unrolled loop grows them)
     grown = _grown_carries(body, n_state, ins)
@@ -132,13 +141,6 @@ def _loop(im, node, ins, attrs):
             n_state, n_scan = n_state - len(grown), n_scan + len(grown)
         res = _executed_results(im, got, n_state, n_scan, [0] * n_scan, [0] * n_scan)
         return _with_grown(im, res, n_state, grown, inits) if grown else res
-    cond = ins[1] if len(ins) > 1 else None
-    if cond is not None and not isinstance(cond, np.ndarray) and _decided_by_small_inputs(im, cond):
-        cond = const(im, cond, "the loop's initial condition")  # the session binds the input's value
-    if trips is not None and 0 < trips <= MAX_UNROLL and (cond is None or isinstance(cond, np.ndarray)):
-        res = _unroll_loop(im, node, ins, attrs, trips)
-        if res is not None:
-            return res
     b = im.b
     # (the condition crosses iterations as an int32: stages/loop.py)
     if cond is None or isinstance(cond, np.ndarray):
