@@ -35,6 +35,12 @@ MAX_ITERATIONS = 1 << 24
 UNBOUNDED = 1 << 31  # trip counts from here up are "no trip count"
 
 _ITER, _COND = "__loop_iter_next", "__loop_cond_next"
+# A Loop body that slices at offsets computed on the GPU (onnx/ops/_offsets.py) carries an int32
+# flag: the importer binds OFFSET_CHECK to it and raises it where a start the importer could not
+# prove in range lands outside the tensor (the slice is clamped there, and ONNX would give a
+# shorter one); the flag is read back with the condition and fails the run.
+OFFSET_CHECK = "__loop_offset_bad"
+_BAD_IN, _BAD = "__loop_bad_in", "__loop_bad_next"
 
 
 class LoopSpec:
@@ -69,6 +75,7 @@ class LoopSpec:
         self.trips, self.n_state, self.n_scan_out = trips, n_state, n_scan_out
         self.outer, self.outer_host = list(outer), dict(outer_host)
         self.dynamic_cond, self.cond_true, self.scan_in = dynamic_cond, cond_true, list(scan_in)
+        self.checked = kind == "loop" and _slices_at_run_time(body, trips)
         self.graphs = {}  # signature of the body's inputs -> _Body
         self.pools = {}  # signature of the body's inputs -> pool.Pool of a run's tensors (execute)
         self.pools_lock = threading.Lock()
@@ -92,6 +99,41 @@ class LoopSpec:
     def where(self):
         n = self.node
         return f"node {n.name or '(unnamed)'!r} ({n.op_type})"
+
+
+def _slices_at_run_time(body, trips):
+    """Whether a Loop body has a Slice whose starts are computed from something else than its
+    iteration number (which a trip count bounds: onnx/ops/_offsets.py proves those at build): its
+    body then carries the offset check (OFFSET_CHECK)."""
+    known = {t.name for t in body.initializer}
+    known.update(o for n in body.node if n.op_type == "Constant" for o in n.output)
+    made = {o: n for n in body.node for o in n.output}
+    step = body.input[0].name if body.input else None
+
+    def from_step(name):
+        for _ in range(len(body.node) + 1):
+            if name == step:
+                return bool(trips)
+            n = made.get(name)
+            if n is None or not n.input:
+                return False
+            if n.op_type in ("Unsqueeze", "Reshape", "Cast", "Identity", "Squeeze"):
+                name = n.input[0]
+            elif n.op_type in ("Add", "Sub") and len(n.input) == 2 and n.input[1] in known:
+                name = n.input[0]
+            elif n.op_type == "Add" and len(n.input) == 2 and n.input[0] in known:
+                name = n.input[1]
+            else:
+                return False
+        return False
+
+    def proved(name):  # (starts for several axes: a Concat of constants and step offsets)
+        n = made.get(name)
+        if n is not None and n.op_type == "Concat":
+            return all(x in known or from_step(x) for x in n.input)
+        return name in known or from_step(name)
+
+    return any(n.op_type == "Slice" and len(n.input) > 1 and not proved(n.input[1]) for n in body.node)
 
 
 class _Body:
@@ -173,11 +215,26 @@ def _wrap_loop(spec, tensors, bools):
     it, cond = bnames[0], bnames[1]
     # the condition crosses iterations as an int32 (bool is uint8 in memory, which kernels
     # unpack and pack at a graph's edges: two launches an iteration saved)
-    names = [it, "__loop_cond_in"] + bnames[2:] + spec.outer
+    names = ["__loop_iter_in", "__loop_cond_in"] + bnames[2:] + spec.outer + ([_BAD_IN] if spec.checked else [])
     inputs = [
         helper.make_tensor_value_info(n, _onnx_type(t, b), list(t.shape)) for n, t, b in zip(names, tensors, bools)
     ]
-    nodes = [helper.make_node("Cast", ["__loop_cond_in"], [cond], to=TensorProto.BOOL)] + list(body.node)
+    nodes = [helper.make_node("Cast", ["__loop_cond_in"], [cond], to=TensorProto.BOOL)]
+    if spec.trips:
+        # the body's iteration number clamped to [0, trips - 1]: a no-op on every iteration that
+        # counts (a gated one keeps the count it stopped at, below trips), and a range the importer
+        # proves offsets with (a Slice by the step gathers at it: onnx/ops/_offsets.py)
+        nodes += [
+            _const("__loop_iter_lo", np.array(0, np.int64)),
+            _const("__loop_iter_hi", np.array(spec.trips - 1, np.int64)),
+            helper.make_node("Clip", ["__loop_iter_in", "__loop_iter_lo", "__loop_iter_hi"], [it]),
+        ]
+    else:
+        nodes.append(helper.make_node("Identity", ["__loop_iter_in"], [it]))
+    if spec.checked:
+        nodes.append(helper.make_node("Identity", [_BAD_IN], [OFFSET_CHECK]))
+    nodes += list(body.node)
+    it = "__loop_iter_in"
     bo = [o.name for o in body.output]
     nodes += [
         _const("__loop_one", np.array(1, np.int64)),
@@ -197,6 +254,9 @@ def _wrap_loop(spec, tensors, bools):
     for j, name in enumerate(scan):
         nodes.append(helper.make_node("Identity", [name], [f"__scan{j}"]))
         outs.append(f"__scan{j}")
+    if spec.checked:  # (only a counted iteration's offsets count: a gated one may be past the end)
+        nodes.append(helper.make_node("Where", [cond, OFFSET_CHECK, _BAD_IN], [_BAD]))
+        outs.append(_BAD)
     m = _model(spec, nodes, inputs, outs, _body_inits(spec))
     return m, names, {n: tuple(t.shape) for n, t in zip(names, tensors)}
 
@@ -356,6 +416,11 @@ def execute(host, c, avail, made, taken):
         ctx.write_tensor(it, np.array(0, np.int64))
         tensors.insert(0, it)
         bools.insert(0, False)
+        if spec.checked:
+            bad = pooled("bad", "int32", (), readable=True, writable=True)
+            ctx.write_tensor(bad, np.array(0, np.int32))
+            tensors.append(bad)
+            bools.append(False)
     rows = []
     if spec.kind == "scan":  # the body reads one row of each scan input, copied in per iteration
         n = spec.n_state
@@ -451,6 +516,8 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
     limit = MAX_ITERATIONS if trips is None else trips
     stacks = _stacks(ctx, body, max(1, min(limit, 64)), made, dim)
     nxt = {body.ins[k]: body.outs[k] for k in range(len(body.outs))}
+    if spec.checked:
+        nxt[_BAD_IN] = _BAD
     follow = _following(ins, sets, nxt)
     t = 0
     count = None
@@ -465,9 +532,11 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
             t += 1
         if known_start:
             continue  # the condition stays true: exactly `trips` iterations, nothing to read
-        started = (ctx._start_read(outs[_COND]), ctx._start_read(outs[_ITER]))
+        started = [ctx._start_read(outs[_COND]), ctx._start_read(outs[_ITER])]
+        if spec.checked:
+            started.append(ctx._start_read(outs[_BAD]))
         if pending is not None:
-            go, n = _finish(host, pending)
+            go, n = _finish(host, spec, pending)
             if not go:
                 count = n
                 break
@@ -479,18 +548,30 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
                 "without its condition turning false (stopped)"
             )
     if count is None:
-        count = t if known_start else _finish(host, pending)[1]
+        if known_start:
+            count = t
+            if spec.checked and t:  # the one read of a loop that never waits for its condition
+                _finish(host, spec, [None, None, ctx._start_read(outs[_BAD])])
+        else:
+            count = _finish(host, spec, pending)[1]
     final = [ins[n] for n in body.ins[: 2 + spec.n_state]] + stacks
     return count, final
 
 
-def _finish(host, reads):
-    """Wait for a batch's condition and count: (condition, iterations that ran)."""
+def _finish(host, spec, reads):
+    """Wait for a batch's condition, count and offset check: (condition, iterations that ran)."""
     where = "InferenceSession.run"
-    cond = reads[0].wait_sync(where)
-    n = reads[1].wait_sync(where)
-    host.count_read(cond.nbytes + n.nbytes)
-    return bool(cond.reshape(-1)[0]), int(n.reshape(-1)[0])
+    got = [r.wait_sync(where) if r is not None else None for r in reads]
+    host.count_read(sum(v.nbytes for v in got if v is not None))
+    if len(got) > 2 and int(got[2].reshape(-1)[0]):
+        raise NotSupportedError(
+            f"[onnx] {spec.where()}: a Slice in the Loop body started at an offset computed at run "
+            "time that left the sliced tensor (ONNX clamps it into a shorter slice, whose shape would "
+            "change across iterations: not supported)"
+        )
+    if got[0] is None:
+        return None, None
+    return bool(got[0].reshape(-1)[0]), int(got[1].reshape(-1)[0])
 
 
 def _run_scan(host, spec, body, ins, rows, made, sets, dim=None):

@@ -1,6 +1,7 @@
 """ONNX control flow: If, Loop, Scan."""
 
 import numpy as np
+import onnx
 
 from onnx import numpy_helper
 
@@ -122,16 +123,24 @@ def _loop(im, node, ins, attrs):
         trips = None if trips is None else max(trips, 0)
     n_state = len(ins) - 2
     n_scan = len(body.output) - 1 - n_state
-    got = resume.outcome(im)
-    if got is not None:  # executed: the final state and the stacked scan outputs
-        return _executed_results(im, got, n_state, n_scan, [0] * n_scan, [0] * n_scan)
     cond = ins[1] if len(ins) > 1 else None
     if cond is not None and not isinstance(cond, np.ndarray) and _decided_by_small_inputs(im, cond):
         cond = const(im, cond, "the loop's initial condition")  # the session binds the input's value
     if trips is not None and 0 < trips <= MAX_UNROLL and (cond is None or isinstance(cond, np.ndarray)):
+        # (before the executed loop's outcome: a resumed import meets the cuts of an unrolled body
+        # again, in the order the first import made them)
         res = _unroll_loop(im, node, ins, attrs, trips)
         if res is not None:
             return res
+    got = resume.outcome(im)
+    # values the body only grows become scan outputs when executed (an unrolled loop grows them)
+    grown = _grown_carries(body, n_state, ins)
+    if got is not None:  # executed: the final state and the stacked scan outputs
+        if grown:
+            body, ins, inits = _without_grown(body, ins, grown)
+            n_state, n_scan = n_state - len(grown), n_scan + len(grown)
+        res = _executed_results(im, got, n_state, n_scan, [0] * n_scan, [0] * n_scan)
+        return _with_grown(im, res, n_state, grown, inits) if grown else res
     b = im.b
     # (the condition crosses iterations as an int32: stages/loop.py)
     if cond is None or isinstance(cond, np.ndarray):
@@ -140,6 +149,9 @@ def _loop(im, node, ins, attrs):
     else:
         cond0 = b.reshape(b.cast(X(im, cond), "int32"), [])
         cond_true = False
+    if grown:
+        body, ins, _ = _without_grown(body, ins, grown)
+        n_state, n_scan = n_state - len(grown), n_scan + len(grown)
     ops, host = _outer(im, node)
     spec = loop.LoopSpec(
         "loop",
@@ -157,6 +169,79 @@ def _loop(im, node, ins, attrs):
     )
     carry = [cond0] + list(ins[2:]) + [im.env[n] for n in ops]
     resume.cut(im, carry=carry, loop=spec, what=f"Loop {node.name or '(unnamed)'!r}")
+
+
+def _grown_carries(body, n_state, ins):
+    """Loop-carried values the body only grows: output k is Concat(input k, y) along an axis and
+    input k is read nowhere else (torch.cat((acc, step)) in a scripted loop, Mask R-CNN's paste
+    masks). Executed, such a value would change shape every iteration; it is the initial value
+    followed by the y of every iteration, i.e. a scan output of y (`_without_grown`). Returns
+    [(k, axis, y name)]."""
+    uses = {}
+    for n in body.node:
+        for x in list(n.input) + outer_names(n):
+            uses[x] = uses.get(x, 0) + 1
+    out_names = [o.name for o in body.output]
+    found = []
+    for k in range(n_state):
+        bi, bo = body.input[2 + k].name, out_names[1 + k]
+        node = next((n for n in body.node if bo in n.output), None)
+        init = ins[2 + k]
+        if node is None or node.op_type != "Concat" or len(node.input) != 2 or node.input[0] != bi:
+            continue
+        if init is None or uses.get(bi, 0) != 1 or uses.get(bo, 0) or out_names.count(bo) != 1:
+            continue
+        if bi in out_names or node.input[1] == bi:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+        rank = len(init.shape)
+        if axis is None or not -rank <= axis < rank:
+            continue
+        found.append((k, axis % rank, node.input[1]))
+    return found
+
+
+def _without_grown(body, ins, grown):
+    """The body and the Loop's inputs with each grown value turned into a scan output of the
+    piece it appends (after the body's scan outputs, in `grown`'s order), and the grown values'
+    initial values."""
+    g = onnx.GraphProto()
+    g.CopyFrom(body)
+    drop_in = {body.input[2 + k].name for k, _, _ in grown}
+    drop_out = {body.output[1 + k].name for k, _, _ in grown}
+    del g.node[:]
+    g.node.extend(n for n in body.node if not set(n.output) & drop_out)
+    del g.input[:]
+    g.input.extend(i for i in body.input if i.name not in drop_in)
+    del g.output[:]
+    g.output.extend(o for o in body.output if o.name not in drop_out)
+    for _, _, y in grown:
+        g.output.append(onnx.helper.make_value_info(y, onnx.TypeProto()))
+    gone = {k for k, _, _ in grown}
+    return g, [v for j, v in enumerate(ins) if j < 2 or (j - 2) not in gone], [ins[2 + k] for k, _, _ in grown]
+
+
+def _with_grown(im, res, n_state, grown, inits):
+    """The Loop's outputs in the node's order from those of the rewritten body (`_without_grown`):
+    each grown value its initial value followed by the pieces, joined along its axis."""
+    b = im.b
+    n_scan = len(res) - n_state - len(grown)
+    states, scans, pieces = res[:n_state], res[n_state : n_state + n_scan], res[n_state + n_scan :]
+    out = list(states)
+    for (k, axis, _), stack, init in zip(grown, pieces, inits):
+        if isinstance(stack, np.ndarray):  # no iteration ran
+            v = init
+        else:
+            shape = list(stack.shape)  # [count, *piece]
+            if axis:
+                perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(shape)))
+                stack = b.transpose(stack, permutation=perm)
+                shape = [shape[p] for p in perm]
+            v = b.reshape(stack, shape[:axis] + [shape[axis] * shape[axis + 1]] + shape[axis + 2 :])
+            if not (isinstance(init, np.ndarray) and init.shape[axis] == 0):
+                v = b.concat([X(im, init, v), v], axis)
+        out.insert(k, v)
+    return out + scans
 
 
 def _computes_condition(body):

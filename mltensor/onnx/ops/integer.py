@@ -290,7 +290,7 @@ def _qlinear_conv(im, node, ins, attrs):
 # -- dynamic quantization ----------------------------------------------------------------------
 
 
-def _dynamic_quantize(im, x, op_type):
+def dynamic_quantize(im, x, op_type):
     """(uint8 y, scale, zero point) of x as DynamicQuantizeLinear defines them: the range [min,
     max] of x widened to include 0, scale = (max - min) / 255 (1 when the range is empty: x all
     zeros), zero point = round_half_even(clamp(0 - min / scale, 0, 255)), y =
@@ -318,7 +318,7 @@ def _dynamic_quantize(im, x, op_type):
 
 @op("DynamicQuantizeLinear")
 def _dynamic_quantize_linear(im, node, ins, attrs):
-    return _dynamic_quantize(im, X(im, ins[0]), "DynamicQuantizeLinear")
+    return dynamic_quantize(im, X(im, ins[0]), "DynamicQuantizeLinear")
 
 
 # -- onnxruntime's fusions (com.microsoft), as its graph optimizer writes them -------------------
@@ -357,6 +357,6 @@ def _matmul_integer_to_float(im, node, ins, attrs):
 def _dynamic_quantize_matmul(im, node, ins, attrs):
     t = "DynamicQuantizeMatMul"
     ins = list(ins) + [None] * (5 - len(ins))
-    a, a_scale, za = _dynamic_quantize(im, X(im, ins[0]), t)
+    a, a_scale, za = dynamic_quantize(im, X(im, ins[0]), t)
     bb = Weight(im, ins[1], "B", t)
     return _integer_to_float(im, t, a, bb, a_scale, ins[2], za, ins[3], ins[4])

@@ -7,6 +7,7 @@ from onnx import helper
 from ...dynamic.dims import exact_div, is_static
 from .. import symbolic
 from ..errors import unsupported
+from ._offsets import offset_slice
 from ._helpers import const, ints, mark_bool, norm_axis, prod, sizes, X
 from ._registry import op
 
@@ -189,10 +190,16 @@ def _slice(im, node, ins, attrs):
     if im.cur_opset < 10:
         starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs.get("axes"), None
     else:
-        starts = sizes(im, ins[1], "starts")
-        ends = sizes(im, ins[2], "ends")
         axes = ints(im, ins[3], "axes") if len(ins) > 3 else None
         steps = ints(im, ins[4], "steps") if len(ins) > 4 else None
+        if not (isinstance(ins[1], np.ndarray) and isinstance(ins[2], np.ndarray)):
+            # starts computed on the GPU from an offset whose range is known (a Loop's iteration
+            # number), the size constant: gathered at that offset, never read back
+            y = offset_slice(im, x, ins[1], ins[2], axes, steps)
+            if y is not None:
+                return keep_bool(im, x, y)
+        starts = sizes(im, ins[1], "starts")
+        ends = sizes(im, ins[2], "ends")
     if not (is_static(x.shape) and is_static(starts) and is_static(ends)):
         # dynamic dimensions (onnx/symbolic.py): unit steps, bounds placed for every size
         p = symbolic.slice_params(list(x.shape), list(starts), list(ends), axes and list(axes), steps)

@@ -9,7 +9,7 @@ from ._registry import op
 # -- recurrent --------------------------------------------------------------------------------------
 
 _DIRECTION = {"forward": "forward", "reverse": "backward", "bidirectional": "both"}
-_ACT = {"Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu"}
+ACTIVATIONS = {"Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu"}  # ONNX name -> builder method
 
 
 def _rnn_common(im, node, ins, attrs, gates):
@@ -31,9 +31,9 @@ def _rnn_common(im, node, ins, attrs, gates):
         n = len(acts) // (2 if direction == "both" else 1)
         if direction == "both" and acts[:n] != acts[n:]:
             unsupported("different activations per direction")
-        if any(a not in _ACT for a in acts):
+        if any(a not in ACTIVATIONS for a in acts):
             unsupported(f"activations {acts}")
-        kw["activations"] = [_ACT[a] for a in acts[:n]]
+        kw["activations"] = [ACTIVATIONS[a] for a in acts[:n]]
     if attrs.get("activation_alpha") or attrs.get("activation_beta"):
         unsupported("activation_alpha/beta")
     w = X(im, ins[1], x)
@@ -131,7 +131,7 @@ def _rnn(im, node, ins, attrs):
     nd, hidden = w.shape[0], w.shape[1]
     direction = attrs.get("direction", "forward")
     acts = attrs.get("activations") or ["Tanh"] * nd
-    if any(a not in _ACT for a in acts) or attrs.get("activation_alpha"):
+    if any(a not in ACTIVATIONS for a in acts) or attrs.get("activation_alpha"):
         unsupported(f"activations {acts}")
     if len(ins) > 4 and ins[4] is not None and not np.all(const(im, ins[4], "sequence_lens") == steps):
         unsupported("sequence_lens shorter than the sequence")
@@ -151,7 +151,7 @@ def _rnn(im, node, ins, attrs):
             h = b.reshape(b.slice(h0, [dnum, 0, 0], [1, batch, hidden]), [batch, hidden])
         else:
             h = None
-        act = getattr(b, _ACT[acts[dnum]])
+        act = getattr(b, ACTIVATIONS[acts[dnum]])
         back = direction == "reverse" or (direction == "bidirectional" and dnum == 1)
         order = range(steps - 1, -1, -1) if back else range(steps)
         outs = [None] * steps
