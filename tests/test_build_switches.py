@@ -28,6 +28,7 @@ OTHER = {
     "MLTENSOR_NO_NATIVE_REPLAY": "how a dispatch replays its launches (C or Python), not what they are",
     "MLTENSOR_LOOP_CAP": "whether a build is refused; a build that succeeds makes the same kernels",
     "MLTENSOR_AUTOTUNE_BUDGET": "time spent tuning (time-dependent choices cannot be a key)",
+    "MLTENSOR_API_KEY": "the key mltensor serve asks clients for",
 }
 
 _READERS = ("switch", "value")
