@@ -13,28 +13,33 @@ rows each (no barriers, nibbles extracted as vec4s) are the lavapipe choice (see
 a: float32 [M, K] (or [K]) with K a multiple of 32, M static or dynamic (a serving step's rows,
 mltensor/llm/model.py "rows"); output float32 [M, N] (or [N]). A thread computes R output columns
 for MT rows of a (`rows_tile`; 0: one row where a has one, eight otherwise, chosen at
-dispatch: STEP_TILE), the weights' words decoded once for them; each output's sum runs
+dispatch: STEP_TILE_*), the weights' words decoded once for them; each output's sum runs
 in the same order for every M and MT, so a row's result does not depend on the rows beside it.
 """
 
 from ..dynamic.dims import Sym, cdiv, wgsl
 from ..dynamic.kernels import grid
 from ..ir.registry import DYNAMIC, builder_op, lowering, register
+from ..ops.nbits import cpu_adapter
 from ..runtime.wgsl import Binding, Kernel
 
 BLOCK = 32
 # Threads a workgroup and output rows a thread, measured on lavapipe (2 cores, SmolLM2-135M's
 # decode step, runs alternated): 32 threads of 2 rows 142-150 ms a step, 64 of 2
 # 152-186 ms, 64 of 1 185-203 ms, 256 of 1 200-220 ms. Small workgroups spread even a 192-row
-# projection over several (lavapipe runs one workgroup per core at a time); 2 rows share a's loads.
+# projection over several (lavapipe runs one workgroup per core at a time). More output rows a
+# thread share a's loads: alternated in one process (session 49, host shared, SmolLM2's decode
+# step), 16 rows 0.77x the time of 2, 8 rows 0.79x (the 49152-row output head dominates).
 WG = 32
-ROWS = 2
-# (rows of a, output rows) a thread of a serving step with several rows (rows_tile 0): lavapipe,
-# SmolLM2-135M's step of 8 rows, host shared with other jobs (noisy): (4, 2) 0.40-0.45 s, (8, 2)
-# 0.52, (8, 4) 0.31-0.55, (8, 8) 0.44, (4, 4) 0.77; one row with (1, 2): 0.09-0.14 s. On a CPU a
-# thread's FMAs dominate; the tile shares the decoded words over 8 rows and a's loads over 4
-# output rows. GPUs: unmeasured.
-STEP_TILE = (8, 4)
+ROWS_CPU = 16
+ROWS_GPU = 2  # (GPUs want threads: unmeasured, the serving step's only use there)
+# (rows of a, output rows) a thread of a serving step with several rows (rows_tile 0), CPU
+# adapters: SmolLM2-135M's step of 8 rows, variants alternated in one process (host shared):
+# against (8, 4): (8, 16) 0.56-0.77x, (8, 24) 0.73x, (8, 12) 0.55-0.90x, (8, 8) 0.63-0.80x,
+# (4, 8) 0.69x, (4, 4) 1.23x, (8, 2) 1.64x, (16, 4) 2.05x. A thread's words are decoded once for
+# its 8 rows of a, a's loads shared by its 16 output rows. GPUs: unmeasured.
+STEP_TILE_CPU = (8, 16)
+STEP_TILE_GPU = (8, 2)
 
 register(
     "_llm_gemv",
@@ -95,7 +100,6 @@ def _lower(kc, node):
         "has_zp": at["has_zp"],
         "ZP": float(1 << (bits - 1)),
         "WG": WG,
-        "R": ROWS,
         "gate": "",
     }
     bindings = [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("scales", kc.wtype(node.inputs[2]))]
@@ -108,9 +112,11 @@ def _lower(kc, node):
     base = f"llm_gemv{bits}_{K}x{N}{'_zp' if at['has_zp'] else ''}_s{kc.wtype(node.inputs[2])}"
     MT = at.get("MT", 1)
     # rows_tile 0 ("auto", a serving step): one row a thread where the step has one row,
-    # STEP_TILE where it has more; both launched, each gated on M at dispatch (the same sums
+    # STEP_TILE_* where it has more; both launched, each gated on M at dispatch (the same sums
     # either way)
-    tiles = [(MT, ROWS, "")] if MT else [(1, ROWS, f"{p['M']} < 2u"), (*STEP_TILE, f"{p['M']} >= 2u")]
+    cpu = cpu_adapter(kc)
+    rows, step = (ROWS_CPU, STEP_TILE_CPU) if cpu else (ROWS_GPU, STEP_TILE_GPU)
+    tiles = [(MT, rows, "")] if MT else [(1, rows, f"{p['M']} < 2u"), (*step, f"{p['M']} >= 2u")]
     if not isinstance(M, Sym):
         tiles = [(t, r, "") for t, r, gate in tiles if not gate or (M < 2) == (t == 1)]
     for mt, r, gate in tiles:
