@@ -3,19 +3,21 @@ against onnxruntime at two image sizes in one session.
 
 The model comes from ultralytics' own YAML config (`YOLO("yolov8n.yaml")`, shipped in the wheel:
 random weights, nothing downloaded) and is exported by ultralytics' own exporter,
-`model.export(format="onnx", dynamic=True, nms=..., simplify=False, opset=17)`, offline
-(`YOLO_OFFLINE=1`, its settings file in the cache directory). Two changes make the comparison test
-something: the BatchNorm statistics are calibrated on random images (with the default statistics
-the features vanish and every class score is the head's prior, 1.6e-4, all tied), and the class
-convolutions' bias is set to -2 so that scores spread over 0.005-0.8 and the NMS export's
-confidence threshold (0.25) keeps a few hundred boxes. Exported on first use, in a child process,
-into the cache directory (`corpus/ultralytics<v>-torch<v>-<digest of the export script>/`).
+`model.export(format="onnx", dynamic=True, nms=..., simplify=False, opset=17, conf=0.25,
+max_det=1000)`, offline (`YOLO_OFFLINE=1`, its settings file in the cache directory). Two changes
+make the comparison test something: the BatchNorm statistics are calibrated on random images (with
+the default statistics the features vanish and every class score is the head's prior, 1.6e-4, all
+tied), and each class channel's logits are rescaled to mean -4 and deviation 1 on a random image,
+so that scores spread and the NMS export's confidence threshold keeps tens to hundreds of boxes
+(max_det 1000: no cut at 300 inside a run of tied scores). Exported on first use, in a child
+process, into the cache directory (`corpus/ultralytics<v>-torch<v>-<digest of the script>/`).
 
-Raw head output (boxes as cx, cy, w, h in pixels, then 80 class scores): boxes within 1e-4
-relative (to max(|x|, 1)), scores within 1e-5. With NMS (rows of x1, y1, x2, y2, score, class,
-zero-padded to max_det, 1000 here): identical counts and labels, boxes within 1e-4 relative, scores within 1e-5,
-in order except within runs of scores tied to 1e-5, which are compared as sets (mltensor's and
-onnxruntime's scores differ by a few 1e-6, which reorders near-tied boxes).
+Raw head output (boxes as cx, cy, w, h in pixels, then 80 class scores): each box within 1e-4
+relative to its largest coordinate (at least 1 pixel), scores within 5e-5. With NMS (rows of x1,
+y1, x2, y2, score, class, zero-padded to max_det): identical counts and labels, boxes within 1e-4
+relative, scores within 5e-5, in order except within runs of scores tied to 1e-4, which are
+compared as sets (mltensor's and onnxruntime's scores differ by up to 4e-5, which reorders
+near-tied boxes: YOLO11 at 320x320). yolov8n with NMS runs by default, the others under `slow`.
 """
 
 import hashlib
@@ -34,7 +36,7 @@ from mltensor import _xdg
 
 ort = pytest.importorskip("onnxruntime")
 if importlib.util.find_spec("ultralytics") is None or importlib.util.find_spec("torch") is None:
-    pytest.skip("ultralytics is not installed (pip install ultralytics, the models extra)", allow_module_level=True)
+    pytest.skip("ultralytics is not installed: pip install -e '.[models]'", allow_module_level=True)
 
 # The export runs in a child process: torch loads triton, whose own LLVM crashes a process in
 # which a wgpu device already runs on Mesa's lavapipe (LLVM too), as the tests' context does.
@@ -191,8 +193,15 @@ def test_assert_same_nms_fails_on_a_different_label():
         assert_same_nms(bad, want)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("nms", [False, True], ids=["raw", "nms"])
-@pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolo11n.yaml"])
+@pytest.mark.parametrize(
+    "cfg, nms",
+    [
+        pytest.param("yolov8n.yaml", False, id="yolov8n-raw", marks=pytest.mark.slow),
+        pytest.param("yolov8n.yaml", True, id="yolov8n-nms"),
+        pytest.param("yolo11n.yaml", False, id="yolo11n-raw", marks=pytest.mark.slow),
+        pytest.param("yolo11n.yaml", True, id="yolo11n-nms", marks=pytest.mark.slow),
+    ],
+)
 def test_yolo_two_sizes(cfg, nms):
+    """About 5 s a case on lavapipe once exported (the export: about 8 s, once)."""
     _two_sizes(export(cfg, nms), nms)
