@@ -172,3 +172,28 @@ def test_folded_integer_matmul(ctx):
     assert [k for k in sess.graph.kernel_names if k.startswith("int_matmul_uint8_int8") and f"_6x{K}x{N}_" in k], (
         sess.graph.kernel_names
     )
+
+
+def test_products_meeting_in_one_epilogue_are_not_fused_twice(ctx):
+    """x_r C - x_i S and x_r S + x_i C (a complex product: DFT), their results reshaped and
+    concatenated: x_r's two products fuse into one GEMM, and x_i's may not take the same
+    subtraction and addition into their own (each would read the other's product, which neither
+    GEMM then writes: wrong values). Against numpy."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2, 64, 2)).astype(np.float32)
+    C, S = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 64, 2])
+    xr = b.reshape(b.slice(x, [0, 0, 0], [2, 64, 1]), [2, 64])
+    xi = b.reshape(b.slice(x, [0, 0, 1], [2, 64, 1]), [2, 64])
+    c, s = b.constant(C), b.constant(S)
+    re = b.sub(b.matmul(xr, c), b.matmul(xi, s))
+    im = b.add(b.matmul(xr, s), b.matmul(xi, c))
+    y = b.concat([b.reshape(re, [2, 64, 1]), b.reshape(im, [2, 64, 1])], 2)
+    g = b.build_sync({"y": y})
+    got = _run(ctx, g, {"x": X})["y"]
+    Xr, Xi = X[..., 0].astype(np.float64), X[..., 1].astype(np.float64)
+    want = np.stack([Xr @ C - Xi @ S, Xr @ S + Xi @ C], axis=-1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    if FUSION:
+        assert any("plain+plain" in k for k in g.kernel_names), g.kernel_names  # (x_r's pair still fused)

@@ -653,6 +653,7 @@ def rewrite_gemms(nodes, outputs, cap):
     mms = [n for n in nodes if n.op == "matmul" and n.inputs[0].data_type in ("float32", "float16")]
     taken = set()
     fused = []  # (segments, a_view info)
+    accepted = []  # the segments of `fused` (_clashes)
     # gated units first: two matmuls of one A whose outputs meet in elementwise nodes
     by_a = {}
     for m in mms:
@@ -669,8 +670,9 @@ def rewrite_gemms(nodes, outputs, cap):
                     seg = _glu(gate, up, uses, order)
                     if seg is not None:
                         break
-                if seg is not None and _bindings_of([seg]) <= cap:
+                if seg is not None and _bindings_of([seg]) <= cap and not _clashes(seg, accepted):
                     fused.append(([seg], None))
+                    accepted.append(seg)
                     taken.update((id(g), id(u)))
     # projections: views after the output (merged when they share A), or a view before A
     for group in by_a.values():
@@ -679,8 +681,9 @@ def rewrite_gemms(nodes, outputs, cap):
             if id(m) in taken:
                 continue
             s = _segment(m, uses, cap - 2)
-            if s is not None and _bindings_of([s]) <= cap:
+            if s is not None and _bindings_of([s]) <= cap and not _clashes(s, accepted):
                 segs.append(s)
+                accepted.append(s)
         run = []
         for s in segs:
             octets = any(x.kind != "plain" for x in run + [s])  # pair segments: 8-column stores
@@ -709,6 +712,27 @@ def rewrite_gemms(nodes, outputs, cap):
     if not fused:
         return nodes
     return _place_fused(nodes, fused, order)
+
+
+def _internal(seg):
+    """ids of the values a segment computes but does not write (its matmuls' raw outputs and pre
+    nodes' results before the last, when an epilogue or a view follows)."""
+    written = {id(v) for v in seg.outputs()}
+    return {id(o) for n in seg.nodes for o in n.outputs if id(o) not in written}
+
+
+def _clashes(seg, accepted):
+    """Whether segment `seg` cannot join the fused GEMMs of `accepted` segments: it would absorb a
+    node one of them absorbs (two matmuls whose outputs meet in one elementwise node: each would
+    take that node into its epilogue), or one of them reads a value it keeps internal, or the
+    reverse (that value would then be computed nowhere: a DFT's x_r C - x_i S with x_r's and
+    x_i's products fused per A read garbage)."""
+    nodes = {id(n) for n in seg.nodes}
+    extras, inner = {id(v) for v in seg.extras()}, _internal(seg)
+    for t in accepted:
+        if nodes & {id(n) for n in t.nodes} or extras & _internal(t) or inner & {id(v) for v in t.extras()}:
+            return True
+    return False
 
 
 def _fused_node(segs, av):
