@@ -27,10 +27,13 @@ EXCLUDED = [
         r"bfloat16|bf16|float8|e4m3|e5m2|float4|_int4|_uint4|int4_|uint4_|_int2|_uint2|int2_|uint2_|complex",
         "element type WebNN lacks (bfloat16, float8, int4/int2, float4, complex)",
     ),
+    # float32 sums where the reference's FFT gives exact zeros (ours within 4e-6 of values up to
+    # 54, onnxruntime's within 2e-5: both past the kit's atol 1e-7; tests/test_onnx_stft.py checks
+    # the inverse against numpy with a tolerance)
+    (r"^test_dft_inverse", "inverse DFT of arange: exact zeros in the reference, float32 rounding here"),
     # random
     (r"^test_(bernoulli|random)", "random values (nothing deterministic to compare)"),
     # ops with no WebNN counterpart and no reasonable decomposition into WebNN operators
-    (r"^test_(dft|stft|mel_weight_matrix)", "spectral op (complex values)"),
     (
         r"^test_(basic_)?(roi_align|gridsample|grid_sample|deform_conv|col2im|maxunpool|"
         r"image_decoder|affine_grid|center_crop_pad)",
