@@ -502,8 +502,14 @@ def _pool(kind):
         fh, fw = opt(op, "FilterHeight", 1), opt(op, "FilterWidth", 1)
         pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (fh, fw), (sh, sw))
         fn = imp.b.average_pool2d if kind == "average" else imp.b.max_pool2d
-        y = fn(x, window_dimensions=[fh, fw], padding=pad, strides=[sh, sw], layout="nhwc")
-        return activation(imp, op, y)
+
+        def pool(v):
+            return fn(v, window_dimensions=[fh, fw], padding=pad, strides=[sh, sw], layout="nhwc")
+
+        y = None
+        if kind == "average":  # TFLite's integer rounding (quantized.py)
+            y = quantized.average_pool(imp.b, x, imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0]), pool)
+        return activation(imp, op, pool(x) if y is None else y)
 
     return convert
 
@@ -519,7 +525,11 @@ def _binary(method):
     def convert(imp, op):
         a = imp.operand(op, op.inputs[0])
         c = imp.operand(op, op.inputs[1])
-        return activation(imp, op, getattr(imp.b, method)(a, c))
+        y = None
+        if method in ("add", "sub"):  # int8: XNNPACK's integer add (quantized.py)
+            ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+            y = quantized.add_sub(imp.b, a, c, ta, tc, to, method == "sub")
+        return activation(imp, op, getattr(imp.b, method)(a, c) if y is None else y)
 
     return convert
 

@@ -8,7 +8,11 @@ dequantized at load; int8 / uint8 graph inputs and outputs keep their type at th
 
 LiteRT computes the same sums in int32 and rescales them with fixed-point multipliers (or, in
 XNNPACK, float ones), so a value a float rounding away from a rounding boundary may land one step
-apart: outputs equal LiteRT's or differ by one quantum per operator.
+apart: outputs equal LiteRT's or differ by one quantum per operator. Where the float form is not
+exact, the operator is computed in LiteRT's own integer arithmetic instead (int32 operands of the
+graph), as its default CPU path runs it (ai-edge-litert 2.3, measured): ADD and SUB as XNNPACK's
+qs8/qu8 vadd (`xnn_add_params`, `add_sub`), AVERAGE_POOL_2D as TFLite's integer kernel
+(`average_pool`): equal to LiteRT's outputs.
 """
 
 import numpy as np
@@ -67,3 +71,101 @@ def to_integer(b, v, t):
     lo, hi = _RANGE[t.data_type]
     q = b.clamp(b.add(b.round_even(b.div(v, _c(b, scale))), _c(b, zp)), min_value=float(lo), max_value=float(hi))
     return b.cast(q, t.data_type)
+
+
+# -- LiteRT's integer arithmetic, exactly -----------------------------------------------------------
+
+
+def _f32(v):
+    return np.float32(v)
+
+
+def xnn_add_params(sa, sb, so, subtract=False):
+    """XNNPACK's qs8/qu8 add (and subtract) requantization (xnn_init_qs8_add_minmax_scalar_params):
+    (a_multiplier, b_multiplier, shift) with out = (bias + a * a_mult + b * b_mult) >> shift, the
+    shift arithmetic (floor). None where the scale ratios are outside the range XNNPACK's TFLite
+    delegate takes ([2^-10, 2^8)): LiteRT's own kernel runs those."""
+    a_scale, b_scale = _f32(_f32(sa) / _f32(so)), _f32(_f32(sb) / _f32(so))
+    for r in (a_scale, b_scale):
+        if not 2.0**-10 <= r < 2.0**8:
+            return None
+    top = max(a_scale, b_scale)
+    exponent = int(np.array(top, np.float32).view(np.uint32) >> 23) - 127
+    shift = 20 - exponent
+    a_mult = int(np.rint(_f32(a_scale * _f32(2.0**shift))))  # lrintf: half to even
+    b_mult = int(np.rint(_f32(b_scale * _f32(2.0**shift))))
+    return a_mult, -b_mult if subtract else b_mult, shift
+
+
+def xnn_add_reference(a, b, ta, tb, to, subtract=False):
+    """numpy: XNNPACK's integer add of int8 / uint8 arrays a, b (numpy broadcasting), unclamped by
+    an activation; None where xnn_add_params is."""
+    p = xnn_add_params(float(ta.scale[0]), float(tb.scale[0]), float(to.scale[0]), subtract)
+    if p is None:
+        return None
+    am, bm, shift = p
+    za, zb, zo = int(ta.zero_point[0]), int(tb.zero_point[0]), int(to.zero_point[0])
+    acc = (1 << (shift - 1)) - am * za - bm * zb + a.astype(np.int64) * am + b.astype(np.int64) * bm
+    lo, hi = _RANGE[to.data_type]
+    return np.clip((acc >> shift) + zo, lo, hi)
+
+
+def _int(b, v):
+    return b.constant(np.array(v, np.int32))
+
+
+def integers(b, v, t):
+    """The real values v of quantized tensor t (exactly scale * (q - zero_point) as float) as their
+    int32 q: v / scale is within a rounding of the integer q - zero_point."""
+    scale, zp = _per_tensor(t, "activation")
+    return b.cast(b.add(b.round_even(b.div(v, _c(b, scale))), _c(b, zp)), "int32")
+
+
+def _real(b, q, t, data_type):
+    scale, zp = _per_tensor(t, "output")
+    return b.mul(b.sub(b.cast(q, data_type), _c(b, zp)), _c(b, scale))
+
+
+def floor_shift(b, acc, shift):
+    """acc >> shift (arithmetic, int32; 0 < shift < 31) with WebNN's truncating division: one less
+    where the remainder is negative."""
+    d = _int(b, 1 << shift)
+    q = b.div(acc, d)
+    neg = b.cast(b.lesser(b.sub(acc, b.mul(q, d)), _int(b, 0)), "int32")
+    return b.sub(q, neg)
+
+
+def add_sub(b, x, y, tx, ty, to, subtract):
+    """ADD / SUB of int8 / uint8 tensors as XNNPACK computes them (xnn_add_params), as real values
+    of the output's grid; None where the float form (one quantum) has to do."""
+    if not (is_quantized(tx) and is_quantized(ty) and is_quantized(to)):
+        return None
+    if any(t.scale.size != 1 for t in (tx, ty, to)):
+        return None
+    p = xnn_add_params(float(tx.scale[0]), float(ty.scale[0]), float(to.scale[0]), subtract)
+    if p is None:
+        return None
+    am, bm, shift = p
+    za, zb, zo = int(tx.zero_point[0]), int(ty.zero_point[0]), int(to.zero_point[0])
+    # |q * mult| < 2^8 * 2^21 and the bias < 2^30: the sum stays within int32
+    acc = b.add(b.mul(integers(b, x, tx), _int(b, am)), b.mul(integers(b, y, ty), _int(b, bm)))
+    acc = b.add(acc, _int(b, (1 << (shift - 1)) - am * za - bm * zb))
+    lo, hi = _RANGE[to.data_type]
+    q = b.clamp(b.add(floor_shift(b, acc, shift), _int(b, zo)), min_value=float(lo), max_value=float(hi))
+    return _real(b, q, to, x.data_type)
+
+
+def average_pool(b, x, tx, to, pool):
+    """AVERAGE_POOL_2D of an int8 / uint8 tensor as TFLite's integer kernel: the window's sum of q
+    (zero point included: input and output share their quantization) over the count of in-bounds
+    pixels, rounded half away from zero. `pool(v)` is the float average pool (padding excluded from
+    the count), exact here: sums of at most 2^16 int8 values. None where input and output differ."""
+    if not (is_quantized(tx) and is_quantized(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None
+    if (float(tx.scale[0]), int(tx.zero_point[0])) != (float(to.scale[0]), int(to.zero_point[0])):
+        return None
+    scale, zp = _per_tensor(tx, "activation")
+    q = b.add(b.round_even(b.div(x, _c(b, scale))), _c(b, zp))
+    avg = pool(q)
+    r = b.mul(b.sign(avg), b.floor(b.add(b.abs(avg), _c(b, 0.5))))
+    return b.mul(b.sub(r, _c(b, zp)), _c(b, scale))
