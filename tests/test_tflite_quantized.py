@@ -123,7 +123,7 @@ SINGLE = {
 
 CASES = {"conv_depthwise": _conv, "quantize_fc_softmax_dequantize": _fc_softmax, **SINGLE}
 # computed in LiteRT's integer arithmetic (quantized.py): equal, not one quantum apart
-EXACT = ("add", "sub", "average_pool")
+EXACT = ("add", "sub", "average_pool", "hard_swish")
 
 
 def _random_binary(op, seed):
@@ -152,6 +152,66 @@ def test_xnn_add_reference_matches_litert(op):
         got = xnn_add_reference(feeds[0], feeds[1], ta, tb, m.tensors[m.outputs[0]], op == "SUB")
         assert got is not None
         np.testing.assert_array_equal(got, ref)
+
+
+def _random_hard_swish(seed):
+    rng = np.random.default_rng(seed)
+    si, so = float(np.exp(rng.uniform(np.log(0.005), np.log(0.1)))), float(rng.uniform(0.005, 0.05))
+    zi, zo = int(rng.integers(-60, 60)), int(rng.integers(-128, -90))
+    return _single("HARD_SWISH", [((1, 16, 16, 4), (si, zi))], ((1, 16, 16, 4), (so, zo)), version=1)(rng)
+
+
+def test_hard_swish_reference_matches_litert():
+    """quantized.hard_swish_reference (TFLite's fixed-point HARD_SWISH in numpy) equals LiteRT's
+    int8 outputs over random scales, where computing it in float differs (no GPU)."""
+    from mltensor.tflite.quantized import hard_swish_reference
+    from mltensor.tflite.reader import read
+
+    off = 0
+    for seed in range(12):
+        data, feeds = _random_hard_swish(seed)
+        ref = _litert(data, feeds)[0]
+        m = read(bytes(data))
+        tx, to = m.tensors[m.inputs[0]], m.tensors[m.outputs[0]]
+        np.testing.assert_array_equal(hard_swish_reference(feeds[0], tx, to), ref)
+        x = (feeds[0].astype(np.float32) - tx.zero_point[0]) * tx.scale[0]
+        y = x * np.clip(x + 3, 0, 6) / 6
+        off += int((np.clip(np.rint(y / to.scale[0]) + to.zero_point[0], -128, 127) != ref).sum())
+    assert off > 0  # the float form is one quantum off somewhere: these cases test the integer path
+
+
+def test_fixed_point_helpers():
+    """TFLite's fixed-point helpers (quantized.py) on values worked by hand."""
+    from mltensor.tflite import quantized as q
+
+    assert q.quantize_multiplier(0.5) == (1 << 30, 0)
+    assert q.quantize_multiplier(0.75) == (3 << 29, 0)
+    assert q.quantize_multiplier(3.0) == (3 << 29, 2)
+    assert q.quantize_multiplier(1 - 2.0**-40) == (1 << 30, 1)  # rounds up to 2^31: halved, shift + 1
+    assert q.quantize_multiplier(0.0) == (0, 0)
+    i = np.array
+    np.testing.assert_array_equal(q.rounding_divide_by_pot(i([5, -5, 6, -6, 7, -7]), 1), [3, -3, 3, -3, 4, -4])
+    np.testing.assert_array_equal(q.rounding_divide_by_pot(i([2, -2, 3, -3]), 2), [1, -1, 1, -1])
+    # 2 a b / 2^16 with rounding (half away from zero), saturating at (-2^15)^2
+    np.testing.assert_array_equal(q.srdhm16(i([16384, -16384, -32768, 3]), i([16384, 16384, -32768, 5461])),
+                                  [8192, -8192, 32767, 0])  # fmt: skip
+    np.testing.assert_array_equal(q.sdhm16(i([3, -3, 32767]), i([16384, 16384, 32767])), [1, -1, 32766])
+    assert q.downscale_int16_multiplier(1 << 30) == 1 << 14
+    assert q.downscale_int16_multiplier((1 << 31) - 1) == (1 << 15) - 1
+    ta, tb, to = (_T(s, z) for s, z in ((0.02, 3), (0.02, 3), (0.04, 0)))  # y = (a - 3) / 2 + (b - 3) / 2
+    got = q.xnn_add_reference(i([3, 4, 5, 2]), i([3, 3, 4, 3]), ta, tb, to)
+    np.testing.assert_array_equal(got, [0, 1, 2, 0])  # 0, 0.5, 1.5, -0.5: halves up (+ 1/2, then floor)
+
+
+class _T:
+    def __init__(self, scale, zp):
+        self.scale, self.zero_point, self.data_type = np.array([scale], np.float32), np.array([zp]), "int8"
+
+
+def test_integer_hard_swish_exact(ctx):
+    for seed in range(3):
+        data, feeds = _random_hard_swish(seed)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
 
 
 @pytest.mark.parametrize("op", ["ADD", "SUB"])

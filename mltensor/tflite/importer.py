@@ -541,6 +541,13 @@ def _unary(fn):
     return convert
 
 
+def hard_swish(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    y = quantized.lookup(imp.b, x, tx, to, lambda q: quantized.hard_swish_reference(q, tx, to))
+    return imp.b.hard_swish(x) if y is None else y  # int8: TFLite's fixed-point kernel, as a table
+
+
 def softmax(imp, op):
     x = imp.operand(op, op.inputs[0])
     beta = float(opt(op, "Beta", 1.0))
@@ -729,7 +736,7 @@ CONVERTERS = {
     "RELU": _unary(lambda b, x: b.relu(x)),
     "RELU6": _unary(lambda b, x: b.clamp(x, min_value=0.0, max_value=6.0)),
     "RELU_N1_TO_1": _unary(lambda b, x: b.clamp(x, min_value=-1.0, max_value=1.0)),
-    "HARD_SWISH": _unary(lambda b, x: b.hard_swish(x)),
+    "HARD_SWISH": hard_swish,
     "LOGISTIC": _unary(lambda b, x: b.sigmoid(x)),
     "TANH": _unary(lambda b, x: b.tanh(x)),
     "SOFTMAX": softmax,

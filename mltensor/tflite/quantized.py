@@ -169,3 +169,101 @@ def average_pool(b, x, tx, to, pool):
     avg = pool(q)
     r = b.mul(b.sign(avg), b.floor(b.add(b.abs(avg), _c(b, 0.5))))
     return b.mul(b.sub(r, _c(b, zp)), _c(b, scale))
+
+
+# TFLite's fixed-point helpers (tensorflow/lite/kernels/internal/common.h, gemmlowp), on numpy int64
+# arrays holding int16 / int32 values
+
+
+def quantize_multiplier(m):
+    """QuantizeMultiplier: m (a double) as (int32 q_fixed, shift) with m = q_fixed * 2^(shift - 31),
+    q_fixed rounded half away from zero."""
+    if m == 0.0:
+        return 0, 0
+    q, shift = np.frexp(np.float64(m))
+    q_fixed = int(np.sign(q) * np.floor(abs(q) * 2.0**31 + 0.5))
+    shift = int(shift)
+    if q_fixed == 1 << 31:
+        q_fixed //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    return q_fixed, shift
+
+
+def downscale_int16_multiplier(m32):
+    """DownScaleInt32ToInt16Multiplier."""
+    if m32 >= (1 << 31) - 1 - (1 << 15):
+        return (1 << 15) - 1
+    return (m32 + (1 << 15)) >> 16
+
+
+def _trunc_div(a, d):
+    return np.sign(a) * (np.abs(a) // d)
+
+
+def srdhm16(a, b):
+    """gemmlowp's SaturatingRoundingDoublingHighMul for int16."""
+    ab = a * b
+    nudge = np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
+    r = _trunc_div(ab + nudge, 1 << 15)
+    return np.where((a == b) & (a == -(1 << 15)), (1 << 15) - 1, r)
+
+
+def sdhm16(a, b):
+    """TFLite's SaturatingDoublingHighMul for int16 (truncating, no rounding)."""
+    r = _trunc_div(a * b, 1 << 15)
+    return np.where((a == b) & (a == -(1 << 15)), (1 << 15) - 1, r)
+
+
+def rounding_divide_by_pot(x, exponent):
+    """gemmlowp's RoundingDivideByPOT: x / 2^exponent rounded half away from zero."""
+    mask = (1 << exponent) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (x < 0)
+    return (x >> exponent) + (remainder > threshold)
+
+
+def _sat16(v):
+    return np.clip(v, -(1 << 15), (1 << 15) - 1)
+
+
+def hard_swish_reference(q, tx, to):
+    """TFLite's int8 / uint8 HARD_SWISH (reference_ops::HardSwish and its Prepare) on numpy q."""
+    si, so = np.float32(tx.scale[0]), np.float32(to.scale[0])
+    hires = np.float32(np.float32(1.0 / 128.0) * si)
+    out_m, out_e = quantize_multiplier(float(np.float32(hires / so)))
+    rel_m, rel_e = quantize_multiplier(float(np.float32(hires / np.float32(3.0 / 32768.0))))
+    out_m16, rel_m16 = downscale_int16_multiplier(out_m), downscale_int16_multiplier(rel_m)
+    if out_e > 0:
+        return None
+    v = (q.astype(np.int64) - int(tx.zero_point[0])) * (1 << 7)
+    pre_out = srdhm16(v, np.int64(out_m16))
+    r = v
+    if rel_e > 0:
+        r = _sat16(r * (1 << (rel_e - 1)))
+    r = srdhm16(r, np.int64(rel_m16))
+    if rel_e > 0:
+        r = _sat16(r * 2)
+    if rel_e < 0:
+        r = rounding_divide_by_pot(r, -rel_e)
+    r = (r + (1 << 15)) >> 1
+    out = rounding_divide_by_pot(sdhm16(r, pre_out), -out_e) + int(to.zero_point[0])
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(out, lo, hi)
+
+
+def lookup(b, x, tx, to, table):
+    """An operator of one int8 / uint8 input as a table of its 256 outputs (`table(q)`: numpy, q
+    every value of the input's type), gathered on the GPU, as real values of the output's grid;
+    None where `table` is."""
+    if not (is_quantized(tx) and is_quantized(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None
+    lo, hi = _RANGE[tx.data_type]
+    out = table(np.arange(lo, hi + 1, dtype=np.int64))
+    if out is None:
+        return None
+    real = (out.astype(np.float64) - int(to.zero_point[0])) * np.float64(np.float32(to.scale[0]))
+    dt = np.float16 if x.data_type == "float16" else np.float32
+    idx = b.sub(integers(b, x, tx), _int(b, lo))
+    return b.gather(b.constant(real.astype(dt)), idx, axis=0)
