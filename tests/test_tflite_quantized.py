@@ -196,6 +196,10 @@ def test_fixed_point_helpers():
     np.testing.assert_array_equal(q.srdhm16(i([16384, -16384, -32768, 3]), i([16384, 16384, -32768, 5461])),
                                   [8192, -8192, 32767, 0])  # fmt: skip
     np.testing.assert_array_equal(q.sdhm16(i([3, -3, 32767]), i([16384, 16384, 32767])), [1, -1, 32766])
+    # x * 0.75 * 2^-3 = x * 3 / 32: 16 -> 1.5 -> 2, -16 -> -1.5 -> -2; 5 -> 0.47 -> 1: the high-mul
+    # rounds 3.75 to 4, then 4 / 8 rounds half away (TFLite's two roundings)
+    np.testing.assert_array_equal(q.multiply_by_quantized_multiplier(i([16, -16, 5, 32]), 3 << 29, -3), [2, -2, 1, 3])
+    np.testing.assert_array_equal(q.multiply_by_quantized_multiplier(i([3, -3]), 3 << 29, 2), [9, -9])  # x * 3
     assert q.downscale_int16_multiplier(1 << 30) == 1 << 14
     assert q.downscale_int16_multiplier((1 << 31) - 1) == (1 << 15) - 1
     ta, tb, to = (_T(s, z) for s, z in ((0.02, 3), (0.02, 3), (0.04, 0)))  # y = (a - 3) / 2 + (b - 3) / 2
@@ -206,6 +210,43 @@ def test_fixed_point_helpers():
 class _T:
     def __init__(self, scale, zp):
         self.scale, self.zero_point, self.data_type = np.array([scale], np.float32), np.array([zp]), "int8"
+
+
+def _random_leaky_relu(seed, alpha=None):
+    """LEAKY_RELU with random scales; `alpha` (input / output scale * alpha under 2^-8): outside
+    XNNPACK's range, LiteRT's own kernel runs it."""
+    rng = np.random.default_rng(seed)
+    si = float(np.exp(rng.uniform(np.log(0.005), np.log(0.2))))
+    so = si * float(rng.uniform(0.3, 1.0))
+    zi, zo = (int(v) for v in rng.integers(-50, 50, 2))
+    alpha = alpha or float(rng.uniform(0.05, 0.5))
+    shape = (1, 16, 16, 4)
+    return _single("LEAKY_RELU", [(shape, (si, zi))], (shape, (so, zo)), (), ("LeakyReluOptions", {"Alpha": alpha}))(
+        rng
+    )
+
+
+@pytest.mark.parametrize("alpha", [None, 0.001])
+def test_leaky_relu_reference_matches_litert(alpha):
+    """quantized.leaky_relu_reference equals LiteRT's int8 LEAKY_RELU: XNNPACK's kernel in its
+    scale range, TFLite's QuantizeLeakyRelu (two-rounding fixed point) outside it (no GPU)."""
+    from mltensor.tflite.quantized import leaky_relu_reference
+    from mltensor.tflite.reader import read
+
+    for seed in range(8):
+        data, feeds = _random_leaky_relu(seed, alpha)
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 0
+        m = read(bytes(data))
+        tx, to = m.tensors[m.inputs[0]], m.tensors[m.outputs[0]]
+        alpha = m.operators[0].options.Alpha()
+        np.testing.assert_array_equal(leaky_relu_reference(feeds[0], tx, to, alpha), ref)
+
+
+def test_integer_leaky_relu_exact(ctx):
+    for seed, alpha in ((0, None), (1, None), (2, 0.001)):
+        data, feeds = _random_leaky_relu(seed, alpha)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
 
 
 def test_integer_hard_swish_exact(ctx):

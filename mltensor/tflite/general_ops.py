@@ -11,7 +11,7 @@ import tflite
 
 from ..errors import NotSupportedError
 from ..onnx.ops.elementwise import gelu as onnx_gelu
-from . import control
+from . import control, quantized
 from .common import ACT, activation, op_error, opt
 
 # TFLite TensorType -> numpy / WebNN data type of the values the graph holds (BOOL as uint8)
@@ -582,6 +582,14 @@ def _u(name):
     return _unary(lambda imp, x: getattr(imp.b, name)(x))
 
 
+def leaky_relu(imp, op):
+    """LEAKY_RELU; int8 / uint8 as LiteRT's integer kernels, a 256-entry table (quantized.py)."""
+    x, alpha = _x(imp, op), float(opt(op, "Alpha", 0.2))
+    tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    y = quantized.lookup(imp.b, x, tx, to, lambda q: quantized.leaky_relu_reference(q, tx, to, alpha))
+    return imp.b.leaky_relu(x, alpha=alpha) if y is None else y
+
+
 CONVERTERS = {
     "EXPAND_DIMS": _reshaper(_expand_dims_shape),
     "SQUEEZE": _reshaper(_squeeze_shape),
@@ -625,7 +633,7 @@ CONVERTERS = {
     "SIGN": _u("sign"),
     "ELU": _u("elu"),
     "GELU": _gelu,
-    "LEAKY_RELU": lambda imp, op: imp.b.leaky_relu(_x(imp, op), alpha=float(opt(op, "Alpha", 0.2))),
+    "LEAKY_RELU": leaky_relu,
     "LOG_SOFTMAX": _log_softmax,
     "L2_NORMALIZATION": _l2_norm,
     "POW": _binary(lambda imp, a, c: imp.b.pow(a, c)),

@@ -267,3 +267,39 @@ def lookup(b, x, tx, to, table):
     dt = np.float16 if x.data_type == "float16" else np.float32
     idx = b.sub(integers(b, x, tx), _int(b, lo))
     return b.gather(b.constant(real.astype(dt)), idx, axis=0)
+
+
+def srdhm32(a, b):
+    """gemmlowp's SaturatingRoundingDoublingHighMul for int32 (int64 numpy arrays)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    ab = a * b  # |ab| <= 2^62
+    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    r = _trunc_div(ab + nudge, 1 << 31)
+    return np.where((a == b) & (a == -(1 << 31)), (1 << 31) - 1, r)
+
+
+def multiply_by_quantized_multiplier(x, qm, shift):
+    """MultiplyByQuantizedMultiplier as this LiteRT's kernels compute it (two roundings: the
+    doubling high-mul, then RoundingDivideByPOT; not TFLITE_SINGLE_ROUNDING, measured)."""
+    x = np.clip(np.asarray(x, np.int64) * (1 << max(shift, 0)), -(1 << 31), (1 << 31) - 1)
+    return rounding_divide_by_pot(srdhm32(x, qm), max(-shift, 0))
+
+
+def leaky_relu_reference(q, tx, to, alpha):
+    """int8 / uint8 LEAKY_RELU as LiteRT runs it: XNNPACK's qs8/qu8 kernel (multipliers of 1/256,
+    rounding half up) where its delegate takes the scales, else TFLite's QuantizeLeakyRelu."""
+    si, so, zi, zo = np.float32(tx.scale[0]), np.float32(to.scale[0]), int(tx.zero_point[0]), int(to.zero_point[0])
+    x = np.asarray(q, np.int64) - zi
+    pos = np.float32(si / so)
+    neg = np.float32(pos * np.float32(alpha))
+    if 2.0**-8 <= pos <= 2.0**7 and -(2.0**7) < neg <= 2.0**7 and abs(neg) >= 2.0**-8:
+        pm, nm = int(np.rint(np.float32(-256.0) * pos)), int(np.rint(np.float32(-256.0) * neg))
+        out = ((zo << 8) + 0x80 - x * np.where(x >= 0, pm, nm)) >> 8
+    else:
+        am, ash = quantize_multiplier(float(np.float32(np.float32(si * np.float32(alpha)) / so)))
+        im, ish = quantize_multiplier(float(np.float64(si) / np.float64(so)))
+        out = zo + np.where(
+            x >= 0, multiply_by_quantized_multiplier(x, im, ish), multiply_by_quantized_multiplier(x, am, ash)
+        )
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(out, lo, hi)
