@@ -123,7 +123,7 @@ SINGLE = {
 
 CASES = {"conv_depthwise": _conv, "quantize_fc_softmax_dequantize": _fc_softmax, **SINGLE}
 # computed in LiteRT's integer arithmetic (quantized.py): equal, not one quantum apart
-EXACT = ("add", "sub", "average_pool", "hard_swish")
+EXACT = ("add", "sub", "average_pool", "hard_swish", "resize_bilinear")
 
 
 def _random_binary(op, seed):
@@ -247,6 +247,21 @@ def test_integer_leaky_relu_exact(ctx):
     for seed, alpha in ((0, None), (1, None), (2, 0.001)):
         data, feeds = _random_leaky_relu(seed, alpha)
         np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
+@pytest.mark.parametrize(
+    "size, flags",
+    [((13, 17), {}), ((13, 17), {"AlignCorners": True}), ((13, 17), {"HalfPixelCenters": True}),
+     ((4, 3), {"HalfPixelCenters": True}), ((4, 3), {"AlignCorners": True}), ((12, 12), {})],
+)  # fmt: skip
+def test_integer_resize_bilinear_exact(ctx, size, flags):
+    """RESIZE_BILINEAR of int8 equals LiteRT's (XNNPACK's 11-bit weights and integer blend): up,
+    down, odd ratios, the three coordinate modes."""
+    shape = (1, 6, 7, 3)
+    data, feeds = _single("RESIZE_BILINEAR", [(shape, (0.05, -9))], ((1, *size, 3), (0.05, -9)),
+                          [np.array(size, np.int32)], ("ResizeBilinearOptions", flags), version=3)(
+        np.random.default_rng(3))  # fmt: skip
+    np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
 
 
 def test_integer_hard_swish_exact(ctx):

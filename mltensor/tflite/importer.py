@@ -569,6 +569,11 @@ def _resize(mode):
         else:
             ct, rounding = "asymmetric", "floor"
         kw = {"nearest_rounding": rounding} if mode == "nearest-neighbor" else {}
+        if mode == "linear":  # int8: XNNPACK's integer blend (quantized.py)
+            tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+            y = quantized.resize_bilinear(imp.b, x, tx, to, size, ct == "align_corners", ct == "half_pixel")
+            if y is not None:
+                return y
         return imp.b.resample2d(x, mode=mode, sizes=size, axes=[1, 2], coordinate_transformation=ct, **kw)
 
     return convert

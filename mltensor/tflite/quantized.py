@@ -303,3 +303,48 @@ def leaky_relu_reference(q, tx, to, alpha):
         )
     lo, hi = _RANGE[to.data_type]
     return np.clip(out, lo, hi)
+
+
+def xnn_resize_weights(in_size, out_size, align_corners, half_pixel):
+    """XNNPACK's bilinear resize along one axis (xnn_indirection_init_resize_bilinear2d_hwc_q11):
+    (first index, second index, weight of the second in 1/2048) per output position, in float32
+    as XNNPACK computes them. Neither flag: TensorFlow's legacy mode (asymmetric)."""
+    f = np.float32
+    ac = 1 if align_corners and out_size != 1 else 0
+    scale = f(f(in_size - ac) / f(out_size - ac))
+    first, second, alpha = [], [], []
+    for o in range(out_size):
+        if half_pixel and not align_corners:
+            v = f(f(o) * scale + f(f(0.5) * scale - f(0.5)))
+            v = min(max(v, f(0)), f(in_size - 1))
+        else:
+            v = f(f(o) * scale)
+        top = int(v)
+        first.append(top)
+        second.append(min(top + 1, in_size - 1))
+        alpha.append(int(np.rint(f(f(v - f(top)) * f(2048)))))
+    return np.array(first, np.int32), np.array(second, np.int32), np.array(alpha, np.int32)
+
+
+def resize_bilinear(b, x, tx, to, size, align_corners, half_pixel):
+    """int8 / uint8 RESIZE_BILINEAR (NHWC) as XNNPACK computes it: 11-bit weights, the int32 blend
+    of the raw q values ((top << 11) + (bottom - top) * alpha, twice) rounded half up by >> 22. None
+    where input and output quantizations differ (TFLite requires them equal)."""
+    if not (is_quantized(tx) and is_quantized(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None
+    if (float(tx.scale[0]), int(tx.zero_point[0])) != (float(to.scale[0]), int(to.zero_point[0])):
+        return None
+    n, h, w, c = (int(d) for d in x.shape)
+    q = integers(b, x, tx)
+    ty, by, ay = xnn_resize_weights(h, size[0], align_corners, half_pixel)
+    lx, rx, ax = xnn_resize_weights(w, size[1], align_corners, half_pixel)
+    top, bottom = b.gather(q, b.constant(ty), axis=1), b.gather(q, b.constant(by), axis=1)
+    tl, tr = b.gather(top, b.constant(lx), axis=2), b.gather(top, b.constant(rx), axis=2)
+    bl, br = b.gather(bottom, b.constant(lx), axis=2), b.gather(bottom, b.constant(rx), axis=2)
+    alpha_h = b.constant(ax.reshape(1, 1, -1, 1))
+    alpha_v = b.constant(ay.reshape(1, -1, 1, 1))
+    k = _int(b, 2048)
+    vt = b.add(b.mul(tl, k), b.mul(b.sub(tr, tl), alpha_h))  # |.| < 2^19
+    vb = b.add(b.mul(bl, k), b.mul(b.sub(br, bl), alpha_h))
+    acc = b.add(b.add(b.mul(vt, k), b.mul(b.sub(vb, vt), alpha_v)), _int(b, 1 << 21))  # |.| < 2^31
+    return _real(b, floor_shift(b, acc, 22), to, x.data_type)
