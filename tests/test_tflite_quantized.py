@@ -123,7 +123,8 @@ SINGLE = {
 
 CASES = {"conv_depthwise": _conv, "quantize_fc_softmax_dequantize": _fc_softmax, **SINGLE}
 # computed in LiteRT's integer arithmetic (quantized.py): equal, not one quantum apart
-EXACT = ("add", "sub", "average_pool", "hard_swish", "resize_bilinear")
+# (the others compute in float and round onto the grid: equal here, one quantum apart at worst)
+EXACT = ("conv_depthwise", "add", "sub", "average_pool", "hard_swish", "resize_bilinear")
 
 
 def _random_binary(op, seed):
@@ -262,6 +263,41 @@ def test_integer_resize_bilinear_exact(ctx, size, flags):
                           [np.array(size, np.int32)], ("ResizeBilinearOptions", flags), version=3)(
         np.random.default_rng(3))  # fmt: skip
     np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
+def _fc(rng):
+    """int8 [64, 256] -> FULLY_CONNECTED (per-channel int8 weights, int32 bias, RELU) -> int8."""
+    w = ModelWriter()
+    s_in = float(rng.uniform(0.01, 0.05))
+    x = w.input("x", [64, 256], I8, quant=(s_in, int(rng.integers(-20, 20))))
+    k, ks = _weights(rng, w, "k", (64, 256), 0, 64)
+    bias = w.const("bias", rng.integers(-900, 900, 64).astype(np.int32), quant=(s_in * ks, np.zeros(64, np.int64), 0))
+    y = w.tensor("y", [64, 64], I8, quant=(float(rng.uniform(0.3, 0.6)), int(rng.integers(-20, 20))))
+    w.op("FULLY_CONNECTED", [x, k, bias], [y], "FullyConnectedOptions", version=5, FusedActivationFunction=1)
+    return w.finish([x], [y]), [_q8(rng, (64, 256))]
+
+
+def _conv_wide(rng):
+    """int8 [1, 16, 16, 32] -> CONV_2D 3x3 (per-channel weights) -> int8 [1, 16, 16, 32]."""
+    w = ModelWriter()
+    s_in = float(rng.uniform(0.01, 0.05))
+    x = w.input("x", [1, 16, 16, 32], I8, quant=(s_in, int(rng.integers(-20, 20))))
+    k, ks = _weights(rng, w, "k", (32, 3, 3, 32), 0, 32)
+    bias = w.const("bias", rng.integers(-900, 900, 32).astype(np.int32), quant=(s_in * ks, np.zeros(32, np.int64), 0))
+    y = w.tensor("y", [1, 16, 16, 32], I8, quant=(float(rng.uniform(0.3, 0.6)), int(rng.integers(-20, 20))))
+    w.op("CONV_2D", [x, k, bias], [y], "Conv2DOptions", version=3, Padding=SAME, StrideW=1, StrideH=1)
+    return w.finish([x], [y]), [_q8(rng, (1, 16, 16, 32))]
+
+
+@pytest.mark.parametrize("make", [_conv, _conv_wide, _fc], ids=["conv_depthwise", "conv", "fully_connected"])
+def test_integer_conv_fc_exact(ctx, make):
+    """CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED of int8 equal LiteRT's (XNNPACK's int32 sums
+    and fp32 requantization, quantized.integer_weighted) over random weights and scales."""
+    for seed in range(4):
+        data, feeds = make(np.random.default_rng(seed))
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 0
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], ref)
 
 
 def test_integer_hard_swish_exact(ctx):

@@ -380,15 +380,18 @@ def _bias(imp, op, k):
 
 
 def _weighted(imp, op):
-    """(input, weight) operands; int8 weights of a float operator (dynamic range) via hybrid.py."""
+    """(input, weight, bias, rescale) operands; int8 weights of a float operator (dynamic range)
+    via hybrid.py, int8 activations in XNNPACK's integer arithmetic via quantized.py."""
+    q = quantized.integer_weighted(imp, op)
+    if q is not None:
+        return q
     x = imp.operand(op, op.inputs[0])
     x, w = hybrid_inputs(imp, op, x, 1)
-    return x, (w if w is not None else imp.operand(op, op.inputs[1]))
+    return x, (w if w is not None else imp.operand(op, op.inputs[1])), _bias(imp, op, 2), lambda y: y
 
 
 def conv_2d(imp, op):
-    x, w = _weighted(imp, op)
-    bias = _bias(imp, op, 2)
+    x, w, bias, rescale = _weighted(imp, op)
     sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     o, kh, kw, ci = w.shape
@@ -405,12 +408,11 @@ def conv_2d(imp, op):
         filter_layout="ohwi",
         bias=bias,
     )
-    return activation(imp, op, y)
+    return activation(imp, op, rescale(y))
 
 
 def depthwise_conv_2d(imp, op):
-    x, w = _weighted(imp, op)  # w: [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
-    bias = _bias(imp, op, 2)
+    x, w, bias, rescale = _weighted(imp, op)  # w: [1, kh, kw, C * multiplier]: WebNN "ihwo", groups = C
     sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     _, kh, kw, _ = w.shape
@@ -426,7 +428,7 @@ def depthwise_conv_2d(imp, op):
         filter_layout="ihwo",
         bias=bias,
     )
-    return activation(imp, op, y)
+    return activation(imp, op, rescale(y))
 
 
 def transpose_conv(imp, op):
@@ -478,15 +480,13 @@ def mediapipe_transpose_conv_bias(imp, op):
 
 
 def fully_connected(imp, op):
-    x, w = _weighted(imp, op)  # w: [N, K]
-    bias = _bias(imp, op, 2)
+    x, w, bias, rescale = _weighted(imp, op)  # w: [N, K]
     if opt(op, "WeightsFormat", 0) != 0:
         raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): shuffled weights are not supported")
     n, k = w.shape
     batch = int(np.prod(x.shape)) // k
     x2 = x if tuple(x.shape) == (batch, k) else imp.b.reshape(x, [batch, k])
-    y = imp.b.gemm(x2, w, c=bias, b_transpose=True)
-    y = activation(imp, op, y)
+    y = activation(imp, op, rescale(imp.b.gemm(x2, w, c=bias, b_transpose=True)))
     out_shape = list(imp.tensor(op.outputs[0]).shape)
     if opt(op, "KeepNumDims", False):
         out_shape = list(x.shape[:-1]) + [n]

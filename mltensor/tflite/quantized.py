@@ -348,3 +348,52 @@ def resize_bilinear(b, x, tx, to, size, align_corners, half_pixel):
     vb = b.add(b.mul(bl, k), b.mul(b.sub(br, bl), alpha_h))
     acc = b.add(b.add(b.mul(vt, k), b.mul(b.sub(vb, vt), alpha_v)), _int(b, 1 << 21))  # |.| < 2^31
     return _real(b, floor_shift(b, acc, 22), to, x.data_type)
+
+
+def integer_weighted(imp, op):
+    """CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED of int8 / uint8 activations as XNNPACK's
+    qs8/qc8 kernels compute them: (input, weight, bias, rescale) where input, weight and bias are
+    the integer values q - zero point as float32 (every partial sum an integer under 2^24, so the
+    float convolution is exact in any order) and `rescale(acc)` is XNNPACK's fp32 requantization:
+    acc * (input scale * weight scale / output scale) in float32, rounded half to even, plus the
+    output zero point, as real values of the output's grid. None where the float form has to do
+    (float16 mode, a sum that may reach 2^24, a weight that is not a quantized constant)."""
+    ti, tw, to = imp.tensor(op.inputs[0]), imp.tensor(op.inputs[1]), imp.tensor(op.outputs[0])
+    if imp.float16 or not (is_quantized(ti) and is_quantized(to)) or ti.scale.size != 1 or to.scale.size != 1:
+        return None
+    if op.inputs[1] not in imp.consts or not is_quantized(tw):
+        return None
+    w = imp.consts[op.inputs[1]].astype(np.int64)
+    shape = [1] * w.ndim
+    if tw.scale.size > 1:
+        shape[tw.quantized_dimension] = -1
+    w = w - tw.zero_point.reshape(shape).astype(np.int64)
+    bias = None
+    if len(op.inputs) > 2 and op.inputs[2] >= 0:
+        if op.inputs[2] not in imp.consts or imp.consts[op.inputs[2]].dtype != np.int32:
+            return None
+        bias = imp.consts[op.inputs[2]].astype(np.int64).reshape(-1)
+    out_axis = 3 if op.name == "DEPTHWISE_CONV_2D" else 0  # where the output channels are
+    per_out = np.abs(np.moveaxis(w, out_axis, 0)).reshape(w.shape[out_axis], -1).sum(axis=1)
+    lo, hi = _RANGE[ti.data_type]
+    zi = int(ti.zero_point[0])
+    bound = per_out * max(hi - zi, zi - lo) + (np.abs(bias) if bias is not None else 0)
+    if bound.max() >= 1 << 24:
+        return None
+    si, so = np.float32(ti.scale[0]), np.float32(to.scale[0])
+    scales = (np.float32(si) * tw.scale.astype(np.float32)) / so  # float32, in XNNPACK's order
+    if scales.max() >= 256:
+        return None
+    b = imp.b
+    x = b.round_even(b.div(imp.operand(op, op.inputs[0]), _c(b, si)))
+    wc = b.constant(np.ascontiguousarray(w, np.float32))
+    bc = b.constant(bias.astype(np.float32)) if bias is not None else None
+    scale_c = b.constant(np.ascontiguousarray(scales.reshape(-1), np.float32))
+    zo = int(to.zero_point[0])
+    olo, ohi = _RANGE[to.data_type]
+
+    def rescale(acc):
+        q = b.clamp(b.round_even(b.mul(acc, scale_c)), min_value=float(olo - zo), max_value=float(ohi - zo))
+        return b.mul(q, _c(b, so))
+
+    return x, wc, bc, rescale
