@@ -300,6 +300,37 @@ def test_integer_conv_fc_exact(ctx, make):
         np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], ref)
 
 
+def _random_squared_difference(seed):
+    rng = np.random.default_rng(seed)
+    sa, sb = np.exp(rng.uniform(np.log(0.005), np.log(0.05), 2))
+    so = float(np.exp(rng.uniform(np.log(0.01), np.log(0.5))))
+    (za, zb), zo = (int(v) for v in rng.integers(-60, 60, 2)), -128
+    return _single("SQUARED_DIFFERENCE", [((1, 8, 8, 16), (sa, za)), ((1, 1, 8, 16), (sb, zb))],
+                   ((1, 8, 8, 16), (so, zo)), version=2)(rng)  # fmt: skip
+
+
+def test_squared_difference_reference_matches_litert():
+    """quantized.squared_difference_reference (TFLite's fixed-point kernel) equals LiteRT (no GPU)."""
+    from mltensor.tflite.quantized import squared_difference_reference
+    from mltensor.tflite.reader import read
+
+    for seed in range(10):
+        data, feeds = _random_squared_difference(seed)
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 0
+        m = read(bytes(data))
+        ta, tb = (m.tensors[i] for i in m.inputs)
+        got = squared_difference_reference(feeds[0], feeds[1], ta, tb, m.tensors[m.outputs[0]])
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_integer_squared_difference_exact(ctx):
+    """SQUARED_DIFFERENCE of int8 (a 256 x 256 table of TFLite's kernel, broadcast) equals LiteRT's."""
+    for seed in range(3):
+        data, feeds = _random_squared_difference(seed)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
 def test_integer_hard_swish_exact(ctx):
     for seed in range(3):
         data, feeds = _random_hard_swish(seed)

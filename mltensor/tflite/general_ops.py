@@ -582,6 +582,16 @@ def _u(name):
     return _unary(lambda imp, x: getattr(imp.b, name)(x))
 
 
+def squared_difference(imp, op):
+    """SQUARED_DIFFERENCE; int8 as TFLite's fixed-point kernel, a 256 x 256 table (quantized.py)."""
+    a, c = _x(imp, op), _x(imp, op, 1)
+    ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+    y = quantized.lookup2(
+        imp.b, a, c, ta, tc, to, lambda p, q: quantized.squared_difference_reference(p, q, ta, tc, to)
+    )
+    return activation(imp, op, imp.b.mul(imp.b.sub(a, c), imp.b.sub(a, c)) if y is None else y)
+
+
 def leaky_relu(imp, op):
     """LEAKY_RELU; int8 / uint8 as LiteRT's integer kernels, a 256-entry table (quantized.py)."""
     x, alpha = _x(imp, op), float(opt(op, "Alpha", 0.2))
@@ -637,7 +647,7 @@ CONVERTERS = {
     "LOG_SOFTMAX": _log_softmax,
     "L2_NORMALIZATION": _l2_norm,
     "POW": _binary(lambda imp, a, c: imp.b.pow(a, c)),
-    "SQUARED_DIFFERENCE": _binary(lambda imp, a, c: imp.b.mul(imp.b.sub(a, c), imp.b.sub(a, c))),
+    "SQUARED_DIFFERENCE": squared_difference,
     "FLOOR_DIV": _binary(_floor_div),
     "FLOOR_MOD": _binary(_floor_mod),
     "EQUAL": _bool_out("equal"),

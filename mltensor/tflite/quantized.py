@@ -397,3 +397,39 @@ def integer_weighted(imp, op):
         return b.mul(q, _c(b, so))
 
     return x, wc, bc, rescale
+
+
+def _mbqm_smaller_than_one(x, qm, shift):
+    """MultiplyByQuantizedMultiplierSmallerThanOneExp (shift <= 0)."""
+    return rounding_divide_by_pot(srdhm32(x, qm), -shift)
+
+
+def squared_difference_reference(a, c, ta, tc, to):
+    """TFLite's int8 SQUARED_DIFFERENCE (squared_difference.cc): inputs shifted left by 7,
+    rescaled to twice the larger scale, the int32 difference squared and rescaled; numpy a, c."""
+    sa, sc, so = (float(np.float32(t.scale[0])) for t in (ta, tc, to))
+    twice_max = 2.0 * max(sa, sc)
+    m1, s1 = quantize_multiplier(sa / twice_max)
+    m2, s2 = quantize_multiplier(sc / twice_max)
+    mo, so_shift = quantize_multiplier(twice_max * twice_max / ((1 << 14) * so))
+    x1 = _mbqm_smaller_than_one((np.asarray(a, np.int64) - int(ta.zero_point[0])) * (1 << 7), m1, s1)
+    x2 = _mbqm_smaller_than_one((np.asarray(c, np.int64) - int(tc.zero_point[0])) * (1 << 7), m2, s2)
+    d = x1 - x2
+    out = multiply_by_quantized_multiplier(d * d, mo, so_shift) + int(to.zero_point[0])
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(out, lo, hi)
+
+
+def lookup2(b, x, y, tx, ty, to, table):
+    """A binary operator of two int8 / uint8 inputs (numpy broadcasting) as a 256 x 256 table of
+    its outputs (`table(qx, qy)`), gathered on the GPU, as real values of the output's grid."""
+    ts = (tx, ty, to)
+    if not all(is_quantized(t) and t.scale.size == 1 for t in ts) or tx.data_type != ty.data_type:
+        return None
+    lo, hi = _RANGE[tx.data_type]
+    qs = np.arange(lo, hi + 1, dtype=np.int64)
+    out = table(qs[:, None], qs[None, :]).reshape(-1)
+    real = (out.astype(np.float64) - int(to.zero_point[0])) * np.float64(np.float32(to.scale[0]))
+    dt = np.float16 if x.data_type == "float16" else np.float32
+    idx = b.add(b.mul(b.sub(integers(b, x, tx), _int(b, lo)), _int(b, 256)), b.sub(integers(b, y, ty), _int(b, lo)))
+    return b.gather(b.constant(real.astype(dt)), idx, axis=0)
