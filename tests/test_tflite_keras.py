@@ -37,12 +37,8 @@ PASSING = [(m, f) for m in ("mlp", "transformer", "lstm", "mobilenet_v2", "mobil
 FULL_INTEGER = [
     (m, f) for m in ("mlp", "transformer", "mobilenet_v2", "mobilenet_v3") for f in ("int8", "int8_float_io")
 ]
-# int8 end to end: LiteRT's outputs exactly (every operator of these models in LiteRT's own integer
-# arithmetic, quantized.py), but the transformer's, one quantum apart: its BATCH_MATMUL (LiteRT's
-# own kernel, computed here in float) rounds a few values the other way.
-END_TO_END_QUANTA = {"transformer": 1}
-# int8 operators of these models computed in float and rounded onto the grid: one quantum at worst
-ONE_QUANTUM_OPS = {"BATCH_MATMUL"}
+# int8 models are LiteRT's outputs exactly, end to end and each operator alone: every int8 operator
+# of these models is computed in LiteRT's own integer arithmetic (mltensor/tflite/quantized.py).
 
 
 def _tensorflow_python():
@@ -150,9 +146,7 @@ def test_converted_keras_model_matches_litert(ctx, keras_dir, model, form):
 @pytest.mark.filterwarnings("ignore:Warning. Enabling .experimental_preserve_all_tensors")
 def test_each_operator_matches_litert(ctx, keras_dir, model, form):
     """Every operator of the model on its own, fed LiteRT's own values of its inputs (a model of
-    that one operator), against LiteRT's value of its outputs: floats to 1e-4, int8 equal (but
-    ONE_QUANTUM_OPS: BATCH_MATMUL, LiteRT's own kernel, rounds a few values of 512 the other way:
-    one quantum)."""
+    that one operator), against LiteRT's value of its outputs: floats to 1e-4, int8 equal."""
     from ai_edge_litert.interpreter import Interpreter
 
     from mltensor.front.builder import MLGraphBuilder
@@ -165,7 +159,6 @@ def test_each_operator_matches_litert(ctx, keras_dir, model, form):
     it.set_tensor(it.get_input_details()[0]["index"], x)
     it.invoke()
     m = read(data)
-    off = set()  # int8 operators one quantum off somewhere
     for op in m.operators:
         ins = [i for i in op.inputs if i >= 0 and m.tensors[i].data is None]
         b = MLGraphBuilder(ctx)
@@ -180,16 +173,12 @@ def test_each_operator_matches_litert(ctx, keras_dir, model, form):
         for (n, _, _), o in zip(odesc, op.outputs):
             got, ref = ctx.read_tensor_sync(res[n]), it.get_tensor(o)
             if ref.dtype == np.int8:
-                diff = np.abs(got.astype(np.int32) - ref)
-                assert diff.max() <= 1, f"operator {op.index} ({op.name})"
-                if diff.max():
-                    off.add(op.name)
+                np.testing.assert_array_equal(got, ref, err_msg=f"operator {op.index} ({op.name})")
             else:
                 np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4, err_msg=f"operator {op.index} ({op.name})")
         for t in [*feeds.values(), *res.values()]:
             t.destroy()
         g.destroy()
-    assert off <= ONE_QUANTUM_OPS, f"int8 operators one quantum off LiteRT: {sorted(off - ONE_QUANTUM_OPS)}"
 
 
 def _output_quantum(data, k, r):
@@ -207,7 +196,7 @@ def _output_quantum(data, k, r):
 
 @pytest.mark.parametrize("model,form", FULL_INTEGER)
 def test_full_integer_model_matches_litert(ctx, keras_dir, model, form):
-    """int8 activations: LiteRT's values exactly (the transformer: one quantum, END_TO_END_QUANTA)."""
+    """int8 activations: LiteRT's values exactly."""
     data, x = _read(keras_dir, model, form)
     ref = _litert(data, x)
     got = _run(ctx, data, x)
@@ -216,8 +205,7 @@ def test_full_integer_model_matches_litert(ctx, keras_dir, model, form):
         assert g.dtype == r.dtype
         quantum = _output_quantum(data, k, r)
         diff = np.abs(g.astype(np.float64) - r.astype(np.float64))
-        n = END_TO_END_QUANTA.get(model, 0)
-        assert diff.max() <= n * quantum * 1.0001, f"{diff.max()} > {n} quanta of {quantum}"
+        assert diff.max() == 0, f"{diff.max() / quantum} quanta of {quantum} off LiteRT"
 
 
 def test_versions_recorded(keras_dir):

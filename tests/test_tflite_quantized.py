@@ -331,6 +331,22 @@ def test_integer_squared_difference_exact(ctx):
         np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
 
 
+@pytest.mark.parametrize("adj", [(False, False), (False, True), (True, False)])
+def test_integer_batch_matmul_exact(ctx, adj):
+    """BATCH_MATMUL of int8 equals LiteRT's (TFLite's kernel: int32 sums, MultiplyByQuantizedMultiplier
+    with its two roundings, the high-mul in int64); XNNPACK-style fp32 rescaling would differ."""
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        sa, sb = np.exp(rng.uniform(np.log(0.005), np.log(0.05), 2))
+        so = float(rng.uniform(0.05, 0.5))
+        za, zb, zo = (int(v) for v in rng.integers(-30, 30, 3))
+        ashape = (4, 128, 32) if adj[0] else (4, 32, 128)
+        bshape = (4, 64, 128) if adj[1] else (4, 128, 64)
+        data, feeds = _single("BATCH_MATMUL", [(ashape, (sa, za)), (bshape, (sb, zb))], ((4, 32, 64), (so, zo)),
+                              opts=("BatchMatMulOptions", {"AdjX": adj[0], "AdjY": adj[1]}), version=4)(rng)  # fmt: skip
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
 def test_integer_hard_swish_exact(ctx):
     for seed in range(3):
         data, feeds = _random_hard_swish(seed)

@@ -483,11 +483,12 @@ def _batch_matmul(imp, op):
     def t(v):
         return b.transpose(v, permutation=list(range(v.rank - 2)) + [v.rank - 1, v.rank - 2])
 
-    if opt(op, "AdjX", False):
-        a = t(a)
-    if opt(op, "AdjY", False):
-        c = t(c)
-    return b.matmul(a, c)
+    def mm(x, y):
+        return b.matmul(t(x) if opt(op, "AdjX", False) else x, t(y) if opt(op, "AdjY", False) else y)
+
+    ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+    y = quantized.batch_matmul(b, a, c, ta, tc, to, mm)  # int8: TFLite's fixed point
+    return mm(a, c) if y is None else y
 
 
 def _unidirectional_lstm(imp, op):

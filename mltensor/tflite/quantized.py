@@ -433,3 +433,51 @@ def lookup2(b, x, y, tx, ty, to, table):
     dt = np.float16 if x.data_type == "float16" else np.float32
     idx = b.add(b.mul(b.sub(integers(b, x, tx), _int(b, lo)), _int(b, 256)), b.sub(integers(b, y, ty), _int(b, lo)))
     return b.gather(b.constant(real.astype(dt)), idx, axis=0)
+
+
+def rounding_divide_by_pot_graph(b, x, exponent):
+    """RoundingDivideByPOT on int32 operands (0 <= exponent < 31)."""
+    if exponent == 0:
+        return x
+    fl = floor_shift(b, x, exponent)
+    rem = b.sub(x, b.mul(fl, _int(b, 1 << exponent)))  # in [0, 2^exponent)
+    mask = (1 << exponent) - 1
+    threshold = b.add(_int(b, mask >> 1), b.cast(b.lesser(x, _int(b, 0)), "int32"))
+    return b.add(fl, b.cast(b.greater(rem, threshold), "int32"))
+
+
+def multiply_by_quantized_multiplier_graph(b, x, qm, shift):
+    """MultiplyByQuantizedMultiplier (two roundings) on int32 operands whose value times
+    2^max(shift, 0) stays within int32 (the caller's bound): the doubling high-mul in int64."""
+    if shift > 0:
+        x = b.mul(x, _int(b, 1 << shift))
+    x64 = b.cast(x, "int64")
+    nudge = b.where(
+        b.lesser(x, _int(b, 0)), b.constant(np.array(1 - (1 << 30), np.int64)), b.constant(np.array(1 << 30, np.int64))
+    )  # fmt: skip  (qm > 0: the product's sign is x's)
+    p = b.add(b.mul(x64, b.constant(np.array(qm, np.int64))), nudge)
+    high = b.cast(b.div(p, b.constant(np.array(1 << 31, np.int64))), "int32")  # truncating, as C++
+    return rounding_divide_by_pot_graph(b, high, max(-shift, 0))
+
+
+def batch_matmul(b, x, y, tx, ty, to, matmul):
+    """int8 BATCH_MATMUL as TFLite's kernel (LiteRT runs its own, not XNNPACK's): the int32 sums of
+    (q - zero point) products (integer-valued float32, exact under 2^24) rescaled by
+    MultiplyByQuantizedMultiplier(input scale * rhs scale / output scale). `matmul(x, y)` applies
+    the operator's adjoints. None where the float form has to do."""
+    ts = (tx, ty, to)
+    if not all(is_quantized(t) and t.scale.size == 1 for t in ts):
+        return None
+    (lo, hi), zx, zy = _RANGE[tx.data_type], int(tx.zero_point[0]), int(ty.zero_point[0])
+    k = max(int(d) for d in x.shape[-2:])  # the contracted dimension, either adjoint
+    bound = k * max(hi - zx, zx - lo) * max(_RANGE[ty.data_type][1] - zy, zy - _RANGE[ty.data_type][0])
+    m = float(np.float64(np.float32(np.float32(tx.scale[0]) * np.float32(ty.scale[0]))) / np.float64(to.scale[0]))
+    qm, shift = quantize_multiplier(m)
+    if qm <= 0 or bound >= 1 << 24 or bound << max(shift, 0) >= 1 << 31 or -shift >= 31:
+        return None
+    xi = b.round_even(b.div(x, _c(b, float(tx.scale[0]))))  # q - zero point, as float
+    yi = b.round_even(b.div(y, _c(b, float(ty.scale[0]))))
+    acc = b.cast(matmul(xi, yi), "int32")
+    out = b.add(multiply_by_quantized_multiplier_graph(b, acc, qm, shift), _int(b, int(to.zero_point[0])))
+    olo, ohi = _RANGE[to.data_type]
+    return _real(b, b.clamp(out, min_value=float(olo), max_value=float(ohi)), to, x.data_type)
