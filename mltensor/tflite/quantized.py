@@ -6,13 +6,15 @@ general_ops.py) reads it unchanged, and each operator's quantized output is put 
 requantization). Quantized constants (int8 weights with per-channel scales, int32 biases) are
 dequantized at load; int8 / uint8 graph inputs and outputs keep their type at the edges.
 
-LiteRT computes the same sums in int32 and rescales them with fixed-point multipliers (or, in
-XNNPACK, float ones), so a value a float rounding away from a rounding boundary may land one step
-apart: outputs equal LiteRT's or differ by one quantum per operator. Where the float form is not
-exact, the operator is computed in LiteRT's own integer arithmetic instead (int32 operands of the
-graph), as its default CPU path runs it (ai-edge-litert 2.3, measured): ADD and SUB as XNNPACK's
-qs8/qu8 vadd (`xnn_add_params`, `add_sub`), AVERAGE_POOL_2D as TFLite's integer kernel
-(`average_pool`): equal to LiteRT's outputs.
+Where that float form could round differently from LiteRT, the operator is computed in LiteRT's
+own integer arithmetic instead, as its default CPU path runs it (ai-edge-litert 2.3, measured:
+XNNPACK where its delegate takes the operator, else TFLite's kernels, whose
+MultiplyByQuantizedMultiplier rounds twice: not TFLITE_SINGLE_ROUNDING): INTEGER_OPS. Sums are
+exact (integer-valued float32 under 2^24, or int32 graph operands, the doubling high-mul in
+int64); an operator of one int8 input (or two) whose kernel is a fixed-point function of q is
+computed here in numpy (`*_reference`, tested against LiteRT) into a 256 (or 256 x 256) table the
+GPU gathers from. The other int8 operators (LOGISTIC, TANH, SOFTMAX, MUL, MEAN...) compute on real
+values and round: LiteRT's values on every tested case, one quantum apart at worst.
 """
 
 import numpy as np
@@ -20,6 +22,23 @@ import numpy as np
 from ..errors import NotSupportedError
 
 QUANT_TYPES = ("int8", "uint8")
+
+# int8 / uint8 operators computed in LiteRT's own integer arithmetic (as its default CPU path runs
+# them: XNNPACK where its delegate takes the operator, else TFLite's kernels), equal to LiteRT's
+# outputs; the docs' operator table reads this
+INTEGER_OPS = {
+    "ADD": "XNNPACK's qs8 add: 20-bit multipliers, one arithmetic shift",
+    "SUB": "XNNPACK's qs8 add with the second multiplier negated",
+    "CONV_2D": "XNNPACK: exact int32 sums, fp32 requantization (half to even)",
+    "DEPTHWISE_CONV_2D": "XNNPACK: exact int32 sums, fp32 requantization (half to even)",
+    "FULLY_CONNECTED": "XNNPACK: exact int32 sums, fp32 requantization (half to even)",
+    "AVERAGE_POOL_2D": "TFLite's kernel: the sum over the count, half away from zero",
+    "RESIZE_BILINEAR": "XNNPACK: 11-bit weights, int32 blend, >> 22",
+    "HARD_SWISH": "TFLite's int16 fixed-point kernel, as a 256-entry table",
+    "LEAKY_RELU": "XNNPACK's 1/256 multipliers (TFLite's fixed point outside its range), as a table",
+    "SQUARED_DIFFERENCE": "TFLite's fixed-point kernel, as a 256 x 256 table",
+    "BATCH_MATMUL": "TFLite's kernel: int32 sums, MultiplyByQuantizedMultiplier (int64 high-mul)",
+}
 _RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
