@@ -463,3 +463,37 @@ def test_session_int8_edges(ctx):
     (got,) = sess.run(None, {sess.get_inputs()[0].name: feeds[0]})
     assert got.dtype == np.int8
     assert np.abs(got.astype(np.int32) - _litert(data, feeds)[0]).max() <= 1
+
+
+def _int16_add(int16_out=False):
+    """float -> QUANTIZE (int16, zero point 0) -> ADD (int16) -> DEQUANTIZE -> float: a 16x8 graph."""
+    w = ModelWriter()
+    x = w.input("x", [2, 64])
+    y = w.input("y", [2, 64])
+    xq = w.tensor("xq", [2, 64], np.int16, quant=(3 / 32768, 0))
+    yq = w.tensor("yq", [2, 64], np.int16, quant=(2 / 32768, 0))
+    w.op("QUANTIZE", [x], [xq], version=2)
+    w.op("QUANTIZE", [y], [yq], version=2)
+    s = w.tensor("s", [2, 64], np.int16, quant=(5 / 32768, 0))
+    w.op("ADD", [xq, yq], [s], "AddOptions", version=3)
+    if int16_out:
+        return w.finish([x, y], [s])
+    out = w.tensor("out", [2, 64])
+    w.op("DEQUANTIZE", [s], [out], version=2)
+    return w.finish([x, y], [out])
+
+
+def test_int16_activations(ctx):
+    """16x8: int16 activations are computed as their real values on the int16 grid: within one
+    quantum of LiteRT; an int16 graph output (WebNN has no int16) is refused, naming the fix."""
+    from mltensor.errors import NotSupportedError
+
+    rng = np.random.default_rng(4)
+    feeds = [rng.uniform(-2.5, 2.5, (2, 64)).astype(np.float32) for _ in range(2)]
+    data = _int16_add()
+    ref = _litert(data, feeds)[0]
+    got = _run(ctx, data, feeds)[1][0]
+    assert np.ptp(ref) > 1
+    assert np.abs(got - ref).max() <= 5 / 32768 * 1.0001
+    with pytest.raises(NotSupportedError, match="int16"):
+        import_model(_int16_add(int16_out=True), ctx)

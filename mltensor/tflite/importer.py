@@ -195,7 +195,11 @@ class Importer:
             )
         for i in m.inputs:
             t = m.tensors[i]
-            if t.data_type is None or t.scale is not None and t.data_type not in ("float32", *quantized.QUANT_TYPES):
+            if (
+                t.data_type in (None, "int16")
+                or t.scale is not None
+                and t.data_type not in ("float32", *quantized.QUANT_TYPES)
+            ):
                 raise NotSupportedError(
                     f"[tflite] input {i} ('{t.name}') has type {t.type_name}"
                     f"{' (quantized)' if t.scale is not None else ''}; {t.type_name} inputs are not supported"
@@ -332,7 +336,7 @@ class Importer:
         return float_act and q_const
 
     def check_types(self, op):
-        """Reject types WebNN has no form for (int16 activations among them) and dynamic-range forms
+        """Reject types WebNN has no form for (int16 that is not a quantized activation) and dynamic-range forms
         LiteRT computes with a run-time quantization hybrid.py does not reproduce, naming the operator."""
         if op.name not in HYBRID_OPS and op.name != "DEQUANTIZE" and self.is_hybrid(op):
             raise NotSupportedError(

@@ -15,13 +15,18 @@ int64); an operator of one int8 input (or two) whose kernel is a fixed-point fun
 computed here in numpy (`*_reference`, tested against LiteRT) into a 256 (or 256 x 256) table the
 GPU gathers from. The other int8 operators (LOGISTIC, TANH, SOFTMAX, MUL, MEAN...) compute on real
 values and round: LiteRT's values on every tested case, one quantum apart at worst.
+
+16x8 models (int16 activations, zero point 0; int8 weights, int64 biases) take the real-value form
+for every operator: LiteRT's int16 kernels (64-bit sums, 16-bit multipliers, interpolated tables)
+are not reproduced, so an int16 output is within a quantum or two of LiteRT's. int16 graph inputs
+and outputs are refused (WebNN has no int16).
 """
 
 import numpy as np
 
 from ..errors import NotSupportedError
 
-QUANT_TYPES = ("int8", "uint8")
+QUANT_TYPES = ("int8", "uint8", "int16")  # int16: 16x8 models' activations (zero point 0)
 
 # int8 / uint8 operators computed in LiteRT's own integer arithmetic (as its default CPU path runs
 # them: XNNPACK where its delegate takes the operator, else TFLite's kernels), equal to LiteRT's
@@ -39,7 +44,7 @@ INTEGER_OPS = {
     "SQUARED_DIFFERENCE": "TFLite's fixed-point kernel, as a 256 x 256 table",
     "BATCH_MATMUL": "TFLite's kernel: int32 sums, MultiplyByQuantizedMultiplier (int64 high-mul)",
 }
-_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 
 
 def is_quantized(t):
@@ -86,6 +91,11 @@ def from_integer(b, x, t, data_type="float32"):
 
 def to_integer(b, v, t):
     """Real values as the int8 / uint8 tensor t stores them (a graph output)."""
+    if t.data_type == "int16":
+        raise NotSupportedError(
+            f"[tflite] output '{t.name}' is int16 (a 16x8 model's activation); WebNN has no int16 type: convert "
+            f"with float outputs (inference_output_type float32)"
+        )
     scale, zp = _per_tensor(t, "output")
     lo, hi = _RANGE[t.data_type]
     q = b.clamp(b.add(b.round_even(b.div(v, _c(b, scale))), _c(b, zp)), min_value=float(lo), max_value=float(hi))
@@ -93,6 +103,12 @@ def to_integer(b, v, t):
 
 
 # -- LiteRT's integer arithmetic, exactly -----------------------------------------------------------
+
+
+def is_int8(t):
+    """An int8 / uint8 activation: the integer paths below reproduce LiteRT's 8-bit kernels (its
+    int16 ones, 16x8 models, differ and take the float form)."""
+    return is_quantized(t) and t.data_type in ("int8", "uint8")
 
 
 def _f32(v):
@@ -157,7 +173,7 @@ def floor_shift(b, acc, shift):
 def add_sub(b, x, y, tx, ty, to, subtract):
     """ADD / SUB of int8 / uint8 tensors as XNNPACK computes them (xnn_add_params), as real values
     of the output's grid; None where the float form (one quantum) has to do."""
-    if not (is_quantized(tx) and is_quantized(ty) and is_quantized(to)):
+    if not (is_int8(tx) and is_int8(ty) and is_int8(to)):
         return None
     if any(t.scale.size != 1 for t in (tx, ty, to)):
         return None
@@ -179,7 +195,7 @@ def average_pool(b, x, tx, to, pool):
     (zero point included: input and output share their quantization) over the count of in-bounds
     pixels, rounded half away from zero. `pool(v)` is the float average pool (padding excluded from
     the count), exact here: sums of at most 2^16 int8 values. None where input and output differ."""
-    if not (is_quantized(tx) and is_quantized(to)) or tx.scale.size != 1 or to.scale.size != 1:
+    if not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
         return None
     if (float(tx.scale[0]), int(tx.zero_point[0])) != (float(to.scale[0]), int(to.zero_point[0])):
         return None
@@ -276,7 +292,7 @@ def lookup(b, x, tx, to, table):
     """An operator of one int8 / uint8 input as a table of its 256 outputs (`table(q)`: numpy, q
     every value of the input's type), gathered on the GPU, as real values of the output's grid;
     None where `table` is."""
-    if not (is_quantized(tx) and is_quantized(to)) or tx.scale.size != 1 or to.scale.size != 1:
+    if not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
         return None
     lo, hi = _RANGE[tx.data_type]
     out = table(np.arange(lo, hi + 1, dtype=np.int64))
@@ -349,7 +365,7 @@ def resize_bilinear(b, x, tx, to, size, align_corners, half_pixel):
     """int8 / uint8 RESIZE_BILINEAR (NHWC) as XNNPACK computes it: 11-bit weights, the int32 blend
     of the raw q values ((top << 11) + (bottom - top) * alpha, twice) rounded half up by >> 22. None
     where input and output quantizations differ (TFLite requires them equal)."""
-    if not (is_quantized(tx) and is_quantized(to)) or tx.scale.size != 1 or to.scale.size != 1:
+    if not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
         return None
     if (float(tx.scale[0]), int(tx.zero_point[0])) != (float(to.scale[0]), int(to.zero_point[0])):
         return None
@@ -378,9 +394,9 @@ def integer_weighted(imp, op):
     output zero point, as real values of the output's grid. None where the float form has to do
     (float16 mode, a sum that may reach 2^24, a weight that is not a quantized constant)."""
     ti, tw, to = imp.tensor(op.inputs[0]), imp.tensor(op.inputs[1]), imp.tensor(op.outputs[0])
-    if imp.float16 or not (is_quantized(ti) and is_quantized(to)) or ti.scale.size != 1 or to.scale.size != 1:
+    if imp.float16 or not (is_int8(ti) and is_int8(to)) or ti.scale.size != 1 or to.scale.size != 1:
         return None
-    if op.inputs[1] not in imp.consts or not is_quantized(tw):
+    if op.inputs[1] not in imp.consts or not is_int8(tw):
         return None
     w = imp.consts[op.inputs[1]].astype(np.int64)
     shape = [1] * w.ndim
@@ -443,7 +459,7 @@ def lookup2(b, x, y, tx, ty, to, table):
     """A binary operator of two int8 / uint8 inputs (numpy broadcasting) as a 256 x 256 table of
     its outputs (`table(qx, qy)`), gathered on the GPU, as real values of the output's grid."""
     ts = (tx, ty, to)
-    if not all(is_quantized(t) and t.scale.size == 1 for t in ts) or tx.data_type != ty.data_type:
+    if not all(is_int8(t) and t.scale.size == 1 for t in ts) or tx.data_type != ty.data_type:
         return None
     lo, hi = _RANGE[tx.data_type]
     qs = np.arange(lo, hi + 1, dtype=np.int64)
@@ -485,7 +501,7 @@ def batch_matmul(b, x, y, tx, ty, to, matmul):
     MultiplyByQuantizedMultiplier(input scale * rhs scale / output scale). `matmul(x, y)` applies
     the operator's adjoints. None where the float form has to do."""
     ts = (tx, ty, to)
-    if not all(is_quantized(t) and t.scale.size == 1 for t in ts):
+    if not all(is_int8(t) and t.scale.size == 1 for t in ts):
         return None
     (lo, hi), zx, zy = _RANGE[tx.data_type], int(tx.zero_point[0]), int(ty.zero_point[0])
     k = max(int(d) for d in x.shape[-2:])  # the contracted dimension, either adjoint
