@@ -195,8 +195,8 @@ def average_pool(b, x, tx, to, pool):
     (zero point included: input and output share their quantization) over the count of in-bounds
     pixels, rounded half away from zero. `pool(v)` is the float average pool (padding excluded from
     the count), exact here: sums of at most 2^16 int8 values. None where input and output differ."""
-    if not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
-        return None
+    if x.data_type != "float32" or not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None  # (float16 mode: its averages would not be exact)
     if (float(tx.scale[0]), int(tx.zero_point[0])) != (float(to.scale[0]), int(to.zero_point[0])):
         return None
     scale, zp = _per_tensor(tx, "activation")
@@ -501,8 +501,8 @@ def batch_matmul(b, x, y, tx, ty, to, matmul):
     MultiplyByQuantizedMultiplier(input scale * rhs scale / output scale). `matmul(x, y)` applies
     the operator's adjoints. None where the float form has to do."""
     ts = (tx, ty, to)
-    if not all(is_int8(t) and t.scale.size == 1 for t in ts):
-        return None
+    if x.data_type != "float32" or not all(is_int8(t) and t.scale.size == 1 for t in ts):
+        return None  # (float16 mode: its sums would not be exact)
     (lo, hi), zx, zy = _RANGE[tx.data_type], int(tx.zero_point[0]), int(ty.zero_point[0])
     k = max(int(d) for d in x.shape[-2:])  # the contracted dimension, either adjoint
     bound = k * max(hi - zx, zx - lo) * max(_RANGE[ty.data_type][1] - zy, zy - _RANGE[ty.data_type][0])
