@@ -122,14 +122,15 @@ def test_unsupported_custom_names_code(ctx):
         import_model(w.finish([x], [y]), ctx)
 
 
-def test_int16_activations_rejected(ctx):
-    """int16 activations (the converter's 16x8 mode) have no WebNN type: refused, naming the
-    operator or input (int8 / uint8 ones run: tests/test_tflite_quantized.py)."""
+def test_int16_edges_rejected(ctx):
+    """int16 has no WebNN type: a 16x8 model's int16 activations run as real values
+    (tests/test_tflite_quantized.py), but an int16 graph output or input is refused, naming it,
+    and so is an int16 tensor without quantization, naming the operator."""
     w = ModelWriter()
     x = w.input("x", [1, 4])
     y = w.tensor("y", [1, 4], np.int16, quant=(0.001, 0))
     w.op("QUANTIZE", [x], [y])
-    with pytest.raises(NotSupportedError, match=r"operator 0 \(QUANTIZE\).*INT16"):
+    with pytest.raises(NotSupportedError, match=r"output 'y' is int16"):
         import_model(w.finish([x], [y]), ctx)
     w = ModelWriter()
     x = w.input("x", [1, 4], np.int16, quant=(0.001, 0))
@@ -137,6 +138,14 @@ def test_int16_activations_rejected(ctx):
     w.op("RELU", [x], [y])
     with pytest.raises(NotSupportedError, match=r"input 0 \('x'\).*INT16"):
         import_model(w.finish([x], [y]), ctx)
+    w = ModelWriter()
+    x = w.input("x", [1, 4])
+    y = w.tensor("y", [1, 4], np.int16)
+    z = w.tensor("z", [1, 4])
+    w.op("CAST", [x], [y])
+    w.op("CAST", [y], [z])
+    with pytest.raises(NotSupportedError, match=r"operator 0 \(CAST\).*INT16"):
+        import_model(w.finish([x], [z]), ctx)
 
 
 # -- a numpy reference builder: checks the operator mapping apart from the GPU kernels -----------

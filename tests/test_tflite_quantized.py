@@ -122,6 +122,245 @@ SINGLE = {
 
 
 CASES = {"conv_depthwise": _conv, "quantize_fc_softmax_dequantize": _fc_softmax, **SINGLE}
+# computed in LiteRT's integer arithmetic (quantized.py): equal, not one quantum apart
+# (the others compute in float and round onto the grid: equal here, one quantum apart at worst)
+EXACT = ("conv_depthwise", "add", "sub", "average_pool", "hard_swish", "resize_bilinear")
+
+
+def _random_binary(op, seed):
+    """ADD / SUB with random scales (ratios across XNNPACK's range) and zero points, broadcast or not."""
+    rng = np.random.default_rng(seed)
+    sa, sb = np.exp(rng.uniform(np.log(0.002), np.log(0.2), 2))
+    so = np.exp(rng.uniform(np.log(0.004), np.log(0.4)))
+    za, zb, zo = (int(v) for v in rng.integers(-100, 100, 3))
+    bshape = (1, 6, 6, 4) if seed % 2 else (1, 1, 6, 1)
+    return _single(op, [((1, 6, 6, 4), (sa, za)), (bshape, (sb, zb))], ((1, 6, 6, 4), (so, zo)),
+                   opts=(op.title() + "Options", {}))(rng)  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB"])
+def test_xnn_add_reference_matches_litert(op):
+    """The numpy form of XNNPACK's integer add (quantized.xnn_add_reference) is what LiteRT's default
+    CPU path computes, bit for bit, over random scales and zero points (no GPU)."""
+    from mltensor.tflite.quantized import xnn_add_reference
+    from mltensor.tflite.reader import read
+
+    for seed in range(12):
+        data, feeds = _random_binary(op, seed)
+        ref = _litert(data, feeds)[0]
+        m = read(bytes(data))
+        ta, tb = (m.tensors[i] for i in m.inputs)
+        got = xnn_add_reference(feeds[0], feeds[1], ta, tb, m.tensors[m.outputs[0]], op == "SUB")
+        assert got is not None
+        np.testing.assert_array_equal(got, ref)
+
+
+def _random_hard_swish(seed):
+    rng = np.random.default_rng(seed)
+    si, so = float(np.exp(rng.uniform(np.log(0.005), np.log(0.1)))), float(rng.uniform(0.005, 0.05))
+    zi, zo = int(rng.integers(-60, 60)), int(rng.integers(-128, -90))
+    return _single("HARD_SWISH", [((1, 16, 16, 4), (si, zi))], ((1, 16, 16, 4), (so, zo)), version=1)(rng)
+
+
+def test_hard_swish_reference_matches_litert():
+    """quantized.hard_swish_reference (TFLite's fixed-point HARD_SWISH in numpy) equals LiteRT's
+    int8 outputs over random scales, where computing it in float differs (no GPU)."""
+    from mltensor.tflite.quantized import hard_swish_reference
+    from mltensor.tflite.reader import read
+
+    off = 0
+    for seed in range(12):
+        data, feeds = _random_hard_swish(seed)
+        ref = _litert(data, feeds)[0]
+        m = read(bytes(data))
+        tx, to = m.tensors[m.inputs[0]], m.tensors[m.outputs[0]]
+        np.testing.assert_array_equal(hard_swish_reference(feeds[0], tx, to), ref)
+        x = (feeds[0].astype(np.float32) - tx.zero_point[0]) * tx.scale[0]
+        y = x * np.clip(x + 3, 0, 6) / 6
+        off += int((np.clip(np.rint(y / to.scale[0]) + to.zero_point[0], -128, 127) != ref).sum())
+    assert off > 0  # the float form is one quantum off somewhere: these cases test the integer path
+
+
+def test_fixed_point_helpers():
+    """TFLite's fixed-point helpers (quantized.py) on values worked by hand."""
+    from mltensor.tflite import quantized as q
+
+    assert q.quantize_multiplier(0.5) == (1 << 30, 0)
+    assert q.quantize_multiplier(0.75) == (3 << 29, 0)
+    assert q.quantize_multiplier(3.0) == (3 << 29, 2)
+    assert q.quantize_multiplier(1 - 2.0**-40) == (1 << 30, 1)  # rounds up to 2^31: halved, shift + 1
+    assert q.quantize_multiplier(0.0) == (0, 0)
+    i = np.array
+    np.testing.assert_array_equal(q.rounding_divide_by_pot(i([5, -5, 6, -6, 7, -7]), 1), [3, -3, 3, -3, 4, -4])
+    np.testing.assert_array_equal(q.rounding_divide_by_pot(i([2, -2, 3, -3]), 2), [1, -1, 1, -1])
+    # 2 a b / 2^16 with rounding (half away from zero), saturating at (-2^15)^2
+    np.testing.assert_array_equal(q.srdhm16(i([16384, -16384, -32768, 3]), i([16384, 16384, -32768, 5461])),
+                                  [8192, -8192, 32767, 0])  # fmt: skip
+    np.testing.assert_array_equal(q.sdhm16(i([3, -3, 32767]), i([16384, 16384, 32767])), [1, -1, 32766])
+    # x * 0.75 * 2^-3 = x * 3 / 32: 16 -> 1.5 -> 2, -16 -> -1.5 -> -2; 5 -> 0.47 -> 1: the high-mul
+    # rounds 3.75 to 4, then 4 / 8 rounds half away (TFLite's two roundings)
+    np.testing.assert_array_equal(q.multiply_by_quantized_multiplier(i([16, -16, 5, 32]), 3 << 29, -3), [2, -2, 1, 3])
+    np.testing.assert_array_equal(q.multiply_by_quantized_multiplier(i([3, -3]), 3 << 29, 2), [9, -9])  # x * 3
+    assert q.downscale_int16_multiplier(1 << 30) == 1 << 14
+    assert q.downscale_int16_multiplier((1 << 31) - 1) == (1 << 15) - 1
+    ta, tb, to = (_T(s, z) for s, z in ((0.02, 3), (0.02, 3), (0.04, 0)))  # y = (a - 3) / 2 + (b - 3) / 2
+    got = q.xnn_add_reference(i([3, 4, 5, 2]), i([3, 3, 4, 3]), ta, tb, to)
+    np.testing.assert_array_equal(got, [0, 1, 2, 0])  # 0, 0.5, 1.5, -0.5: halves up (+ 1/2, then floor)
+
+
+class _T:
+    def __init__(self, scale, zp):
+        self.scale, self.zero_point, self.data_type = np.array([scale], np.float32), np.array([zp]), "int8"
+
+
+def _random_leaky_relu(seed, alpha=None):
+    """LEAKY_RELU with random scales; `alpha` (input / output scale * alpha under 2^-8): outside
+    XNNPACK's range, LiteRT's own kernel runs it."""
+    rng = np.random.default_rng(seed)
+    si = float(np.exp(rng.uniform(np.log(0.005), np.log(0.2))))
+    so = si * float(rng.uniform(0.3, 1.0))
+    zi, zo = (int(v) for v in rng.integers(-50, 50, 2))
+    alpha = alpha or float(rng.uniform(0.05, 0.5))
+    shape = (1, 16, 16, 4)
+    return _single("LEAKY_RELU", [(shape, (si, zi))], (shape, (so, zo)), (), ("LeakyReluOptions", {"Alpha": alpha}))(
+        rng
+    )
+
+
+@pytest.mark.parametrize("alpha", [None, 0.001])
+def test_leaky_relu_reference_matches_litert(alpha):
+    """quantized.leaky_relu_reference equals LiteRT's int8 LEAKY_RELU: XNNPACK's kernel in its
+    scale range, TFLite's QuantizeLeakyRelu (two-rounding fixed point) outside it (no GPU)."""
+    from mltensor.tflite.quantized import leaky_relu_reference
+    from mltensor.tflite.reader import read
+
+    for seed in range(8):
+        data, feeds = _random_leaky_relu(seed, alpha)
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 0
+        m = read(bytes(data))
+        tx, to = m.tensors[m.inputs[0]], m.tensors[m.outputs[0]]
+        alpha = m.operators[0].options.Alpha()
+        np.testing.assert_array_equal(leaky_relu_reference(feeds[0], tx, to, alpha), ref)
+
+
+def test_integer_leaky_relu_exact(ctx):
+    for seed, alpha in ((0, None), (1, None), (2, 0.001)):
+        data, feeds = _random_leaky_relu(seed, alpha)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
+@pytest.mark.parametrize(
+    "size, flags",
+    [((13, 17), {}), ((13, 17), {"AlignCorners": True}), ((13, 17), {"HalfPixelCenters": True}),
+     ((4, 3), {"HalfPixelCenters": True}), ((4, 3), {"AlignCorners": True}), ((12, 12), {})],
+)  # fmt: skip
+def test_integer_resize_bilinear_exact(ctx, size, flags):
+    """RESIZE_BILINEAR of int8 equals LiteRT's (XNNPACK's 11-bit weights and integer blend): up,
+    down, odd ratios, the three coordinate modes."""
+    shape = (1, 6, 7, 3)
+    data, feeds = _single("RESIZE_BILINEAR", [(shape, (0.05, -9))], ((1, *size, 3), (0.05, -9)),
+                          [np.array(size, np.int32)], ("ResizeBilinearOptions", flags), version=3)(
+        np.random.default_rng(3))  # fmt: skip
+    np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
+def _fc(rng):
+    """int8 [64, 256] -> FULLY_CONNECTED (per-channel int8 weights, int32 bias, RELU) -> int8."""
+    w = ModelWriter()
+    s_in = float(rng.uniform(0.01, 0.05))
+    x = w.input("x", [64, 256], I8, quant=(s_in, int(rng.integers(-20, 20))))
+    k, ks = _weights(rng, w, "k", (64, 256), 0, 64)
+    bias = w.const("bias", rng.integers(-900, 900, 64).astype(np.int32), quant=(s_in * ks, np.zeros(64, np.int64), 0))
+    y = w.tensor("y", [64, 64], I8, quant=(float(rng.uniform(0.3, 0.6)), int(rng.integers(-20, 20))))
+    w.op("FULLY_CONNECTED", [x, k, bias], [y], "FullyConnectedOptions", version=5, FusedActivationFunction=1)
+    return w.finish([x], [y]), [_q8(rng, (64, 256))]
+
+
+def _conv_wide(rng):
+    """int8 [1, 16, 16, 32] -> CONV_2D 3x3 (per-channel weights) -> int8 [1, 16, 16, 32]."""
+    w = ModelWriter()
+    s_in = float(rng.uniform(0.01, 0.05))
+    x = w.input("x", [1, 16, 16, 32], I8, quant=(s_in, int(rng.integers(-20, 20))))
+    k, ks = _weights(rng, w, "k", (32, 3, 3, 32), 0, 32)
+    bias = w.const("bias", rng.integers(-900, 900, 32).astype(np.int32), quant=(s_in * ks, np.zeros(32, np.int64), 0))
+    y = w.tensor("y", [1, 16, 16, 32], I8, quant=(float(rng.uniform(0.3, 0.6)), int(rng.integers(-20, 20))))
+    w.op("CONV_2D", [x, k, bias], [y], "Conv2DOptions", version=3, Padding=SAME, StrideW=1, StrideH=1)
+    return w.finish([x], [y]), [_q8(rng, (1, 16, 16, 32))]
+
+
+@pytest.mark.parametrize("make", [_conv, _conv_wide, _fc], ids=["conv_depthwise", "conv", "fully_connected"])
+def test_integer_conv_fc_exact(ctx, make):
+    """CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED of int8 equal LiteRT's (XNNPACK's int32 sums
+    and fp32 requantization, quantized.integer_weighted) over random weights and scales."""
+    for seed in range(4):
+        data, feeds = make(np.random.default_rng(seed))
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 0
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], ref)
+
+
+def _random_squared_difference(seed):
+    rng = np.random.default_rng(seed)
+    sa, sb = np.exp(rng.uniform(np.log(0.005), np.log(0.05), 2))
+    so = float(np.exp(rng.uniform(np.log(0.01), np.log(0.5))))
+    (za, zb), zo = (int(v) for v in rng.integers(-60, 60, 2)), -128
+    return _single("SQUARED_DIFFERENCE", [((1, 8, 8, 16), (sa, za)), ((1, 1, 8, 16), (sb, zb))],
+                   ((1, 8, 8, 16), (so, zo)), version=2)(rng)  # fmt: skip
+
+
+def test_squared_difference_reference_matches_litert():
+    """quantized.squared_difference_reference (TFLite's fixed-point kernel) equals LiteRT (no GPU)."""
+    from mltensor.tflite.quantized import squared_difference_reference
+    from mltensor.tflite.reader import read
+
+    for seed in range(10):
+        data, feeds = _random_squared_difference(seed)
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 0
+        m = read(bytes(data))
+        ta, tb = (m.tensors[i] for i in m.inputs)
+        got = squared_difference_reference(feeds[0], feeds[1], ta, tb, m.tensors[m.outputs[0]])
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_integer_squared_difference_exact(ctx):
+    """SQUARED_DIFFERENCE of int8 (a 256 x 256 table of TFLite's kernel, broadcast) equals LiteRT's."""
+    for seed in range(3):
+        data, feeds = _random_squared_difference(seed)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
+@pytest.mark.parametrize("adj", [(False, False), (False, True), (True, False)])
+def test_integer_batch_matmul_exact(ctx, adj):
+    """BATCH_MATMUL of int8 equals LiteRT's (TFLite's kernel: int32 sums, MultiplyByQuantizedMultiplier
+    with its two roundings, the high-mul in int64); XNNPACK-style fp32 rescaling would differ."""
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        sa, sb = np.exp(rng.uniform(np.log(0.005), np.log(0.05), 2))
+        so = float(rng.uniform(0.05, 0.5))
+        za, zb, zo = (int(v) for v in rng.integers(-30, 30, 3))
+        ashape = (4, 128, 32) if adj[0] else (4, 32, 128)
+        bshape = (4, 64, 128) if adj[1] else (4, 128, 64)
+        data, feeds = _single("BATCH_MATMUL", [(ashape, (sa, za)), (bshape, (sb, zb))], ((4, 32, 64), (so, zo)),
+                              opts=("BatchMatMulOptions", {"AdjX": adj[0], "AdjY": adj[1]}), version=4)(rng)  # fmt: skip
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
+def test_integer_hard_swish_exact(ctx):
+    for seed in range(3):
+        data, feeds = _random_hard_swish(seed)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB"])
+def test_integer_add_sub_exact(ctx, op):
+    """ADD / SUB on the GPU equal LiteRT's int8 outputs over random scales and zero points."""
+    for seed in range(4):
+        data, feeds = _random_binary(op, seed)
+        ref = _litert(data, feeds)[0]
+        got = _run(ctx, data, feeds)[1][0]
+        np.testing.assert_array_equal(got, ref)
 
 
 def _run(ctx, data, feeds):
@@ -149,7 +388,9 @@ def test_full_integer_matches_litert(ctx, name):
         assert g.shape == r.shape
         assert g.dtype == r.dtype
         assert np.ptp(r.astype(np.float64)) > 0  # outputs that are all one value would test little
-        if r.dtype == I8:
+        if r.dtype == I8 and name in EXACT:
+            np.testing.assert_array_equal(g, r)
+        elif r.dtype == I8:
             assert np.abs(g.astype(np.int32) - r).max() <= 1
         else:  # float behind DEQUANTIZE of a 1/256 grid
             assert np.abs(g - r).max() <= 1 / 256 + 1e-6
@@ -222,3 +463,37 @@ def test_session_int8_edges(ctx):
     (got,) = sess.run(None, {sess.get_inputs()[0].name: feeds[0]})
     assert got.dtype == np.int8
     assert np.abs(got.astype(np.int32) - _litert(data, feeds)[0]).max() <= 1
+
+
+def _int16_add(int16_out=False):
+    """float -> QUANTIZE (int16, zero point 0) -> ADD (int16) -> DEQUANTIZE -> float: a 16x8 graph."""
+    w = ModelWriter()
+    x = w.input("x", [2, 64])
+    y = w.input("y", [2, 64])
+    xq = w.tensor("xq", [2, 64], np.int16, quant=(3 / 32768, 0))
+    yq = w.tensor("yq", [2, 64], np.int16, quant=(2 / 32768, 0))
+    w.op("QUANTIZE", [x], [xq], version=2)
+    w.op("QUANTIZE", [y], [yq], version=2)
+    s = w.tensor("s", [2, 64], np.int16, quant=(5 / 32768, 0))
+    w.op("ADD", [xq, yq], [s], "AddOptions", version=3)
+    if int16_out:
+        return w.finish([x, y], [s])
+    out = w.tensor("out", [2, 64])
+    w.op("DEQUANTIZE", [s], [out], version=2)
+    return w.finish([x, y], [out])
+
+
+def test_int16_activations(ctx):
+    """16x8: int16 activations are computed as their real values on the int16 grid: within one
+    quantum of LiteRT; an int16 graph output (WebNN has no int16) is refused, naming the fix."""
+    from mltensor.errors import NotSupportedError
+
+    rng = np.random.default_rng(4)
+    feeds = [rng.uniform(-2.5, 2.5, (2, 64)).astype(np.float32) for _ in range(2)]
+    data = _int16_add()
+    ref = _litert(data, feeds)[0]
+    got = _run(ctx, data, feeds)[1][0]
+    assert np.ptp(ref) > 1
+    assert np.abs(got - ref).max() <= 5 / 32768 * 1.0001
+    with pytest.raises(NotSupportedError, match="int16"):
+        import_model(_int16_add(int16_out=True), ctx)

@@ -6,7 +6,8 @@ Run with a Python that has `tensorflow-cpu` (never imported by the test process 
     python tests/tflite_keras_models.py OUT_DIR [NAME ...]
 
 writes OUT_DIR/<model>_<form>.tflite for each model and each form (float, dynamic-range,
-full-integer with int8 I/O, full-integer with float I/O), and OUT_DIR/versions.json. Weights are
+full-integer with int8 I/O, full-integer with float I/O, 16x8: int16 activations with float
+I/O), and OUT_DIR/versions.json. Weights are
 seeded, so a file depends only on the TensorFlow version.
 """
 
@@ -93,9 +94,14 @@ MODELS = {
     "mlp": mlp,
     "lstm": lstm,
 }
-FORMS = ("float", "dynamic", "int8", "int8_float_io")
-# TensorFlow 2.21's converter crashes (SIGSEGV) quantizing the LSTM to full integer
-MODEL_FORMS = {"lstm": ("float", "dynamic")}
+FORMS = ("float", "dynamic", "int8", "int8_float_io", "int16x8")
+# TensorFlow 2.21's converter crashes (SIGSEGV) quantizing the LSTM to full integer; it refuses
+# HARD_SWISH in 16x8 (MobileNetV3), and LiteRT 2.3 aborts running the transformer's 16x8 form
+MODEL_FORMS = {
+    "lstm": ("float", "dynamic"),
+    "mobilenet_v3": ("float", "dynamic", "int8", "int8_float_io"),
+    "transformer": ("float", "dynamic", "int8", "int8_float_io"),
+}
 
 
 def _input_shape(model):
@@ -106,7 +112,7 @@ def convert(model, form, seed=0):
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if form != "float":
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    if form.startswith("int8"):
+    if form.startswith("int8") or form == "int16x8":
         shape = _input_shape(model)
         rng = np.random.default_rng(seed)
 
@@ -116,6 +122,10 @@ def convert(model, form, seed=0):
 
         conv.representative_dataset = representative
         conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if form == "int16x8":  # int16 activations, int8 weights, int64 biases; float I/O
+            conv.target_spec.supported_ops = [
+                tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+            ]
         if form == "int8":
             conv.inference_input_type = tf.int8
             conv.inference_output_type = tf.int8

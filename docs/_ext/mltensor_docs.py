@@ -325,6 +325,7 @@ def tflite_table():
 
     from mltensor.tflite import importer, supported_operators
     from mltensor.tflite.hybrid import HYBRID_OPS
+    from mltensor.tflite.quantized import INTEGER_OPS
 
     builtins = sorted(
         n for n in BUILTIN_OPCODE2NAME.values() if n not in ("CUSTOM", "PLACEHOLDER_FOR_GREATER_OP_CODES")
@@ -334,14 +335,16 @@ def tflite_table():
     for name in builtins:
         if name in supported:
             fam = _family(importer.CONVERTERS[name], "mltensor/tflite")
-            forms = "float, int8" + (", dynamic range" if name in HYBRID_OPS else "")
-            rows.append(f"| {name} | supported | {forms} | `{fam}` |")
+            forms = "float, int8" + (" (exact)" if name in INTEGER_OPS else "")
+            forms += ", dynamic range" if name in HYBRID_OPS else ""
+            how = INTEGER_OPS.get(name, "")
+            rows.append(f"| {name} | supported | {forms} | `{fam}` | {how} |")
         else:
-            rows.append(f"| {name} | not supported | | |")
+            rows.append(f"| {name} | not supported | | | |")
     custom = [n for n in supported_operators() if not n.isupper()]
     for name in custom:
         fam = _family(importer.CONVERTERS[name], "mltensor/tflite")
-        rows.append(f"| CUSTOM '{name}' | supported (MediaPipe) | float | `{fam}` |")
+        rows.append(f"| CUSTOM '{name}' | supported (MediaPipe) | float | `{fam}` | |")
     n_builtin = sum(1 for n in builtins if n in supported)
     head = [
         f"{n_builtin} of TFLite's {len(builtins)} builtin operators (as the `tflite` package's schema names them)",
@@ -350,22 +353,30 @@ def tflite_table():
         "NotSupportedError at load, naming it, its index and the supported ones.",
         "",
         "*Forms*: **float** (float32, or float16 weights behind DEQUANTIZE); **int8**: int8 / uint8",
-        "activations with a scale and zero point (full-integer models), computed on their real values",
-        "and rounded onto each output's grid (`mltensor/tflite/quantized.py`: LiteRT's values or one",
-        "quantum apart per operator); **dynamic range**: int8 weights with float activations, the input",
-        "quantized at run time as LiteRT does (`mltensor/tflite/hybrid.py`). int16 activations (16x8",
-        "quantization) are not supported. Resource variables (VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE,",
+        "activations with a scale and zero point (full-integer models). **int8 (exact)**: computed in",
+        "LiteRT's own integer arithmetic, as its default CPU path runs the operator (XNNPACK where its",
+        "delegate takes it, else TFLite's kernels; the last column says which): LiteRT's outputs bit for",
+        "bit (`mltensor/tflite/quantized.py`, INTEGER_OPS; where a case falls outside it, such as a sum",
+        "that may reach 2^24 or ADD scales outside XNNPACK's range, the operator takes the other form).",
+        "Other **int8** operators compute on the real values and round onto each output's grid: LiteRT's",
+        "values on every tested case (LOGISTIC, TANH, SOFTMAX, MUL, MEAN), one quantum apart at worst;",
+        "operators that only move values (RESHAPE, CONCATENATION, PAD, MAX_POOL_2D, TRANSPOSE...) are",
+        "exact. **dynamic range**: int8 weights with float activations, the input quantized at run time",
+        "as LiteRT does (`mltensor/tflite/hybrid.py`). **int16** activations (16x8 quantization: int8",
+        "weights, int64 biases, float inputs and outputs) compute on the real values rounded onto each",
+        "int16 grid: one int16 quantum per operator, two for TANH / LOGISTIC / SOFTMAX (LiteRT's",
+        "interpolated tables); int16 graph inputs and outputs are refused. Resource variables",
+        "(VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE,",
         "CALL_ONCE) are state the session keeps on the GPU between runs (`reset_state()`); IF selects",
         "between its branches (both computed when the condition is known only at run time, same shapes);",
         "WHILE is unrolled when its trip count is known at load (at most 256 iterations), else refused",
-        "(`mltensor/tflite/control.py`, the sessions guide). The int8 forms tested against LiteRT",
-        "(tests/test_tflite_quantized.py, tests/test_tflite_keras.py): CONV_2D, DEPTHWISE_CONV_2D,",
-        "FULLY_CONNECTED, ADD, SUB, MUL, AVERAGE_POOL_2D, MAX_POOL_2D, CONCATENATION, PAD, MEAN,",
-        "LOGISTIC, TANH, SOFTMAX, RESHAPE, RESIZE_BILINEAR, HARD_SWISH, QUANTIZE, DEQUANTIZE,",
-        "SQUARED_DIFFERENCE, RSQRT, BATCH_MATMUL, TRANSPOSE, GELU; the others follow the same rule.",
+        "(`mltensor/tflite/control.py`, the sessions guide). Tested against LiteRT:",
+        "tests/test_tflite_quantized.py (single operators, random scales) and tests/test_tflite_keras.py",
+        "(converter-made MLP, transformer, MobileNetV2/V3 in full-integer form: equal end to end and",
+        "operator by operator).",
         "",
-        "| operator | status | forms | converted in |",
-        "|---|---|---|---|",
+        "| operator | status | forms | converted in | int8 arithmetic |",
+        "|---|---|---|---|---|",
     ]
     _write("tables/tflite_ops.md", "\n".join(head + rows) + "\n")
     return len(supported)

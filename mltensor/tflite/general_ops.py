@@ -11,7 +11,7 @@ import tflite
 
 from ..errors import NotSupportedError
 from ..onnx.ops.elementwise import gelu as onnx_gelu
-from . import control
+from . import control, quantized
 from .common import ACT, activation, op_error, opt
 
 # TFLite TensorType -> numpy / WebNN data type of the values the graph holds (BOOL as uint8)
@@ -483,11 +483,12 @@ def _batch_matmul(imp, op):
     def t(v):
         return b.transpose(v, permutation=list(range(v.rank - 2)) + [v.rank - 1, v.rank - 2])
 
-    if opt(op, "AdjX", False):
-        a = t(a)
-    if opt(op, "AdjY", False):
-        c = t(c)
-    return b.matmul(a, c)
+    def mm(x, y):
+        return b.matmul(t(x) if opt(op, "AdjX", False) else x, t(y) if opt(op, "AdjY", False) else y)
+
+    ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+    y = quantized.batch_matmul(b, a, c, ta, tc, to, mm)  # int8: TFLite's fixed point
+    return mm(a, c) if y is None else y
 
 
 def _unidirectional_lstm(imp, op):
@@ -582,6 +583,24 @@ def _u(name):
     return _unary(lambda imp, x: getattr(imp.b, name)(x))
 
 
+def squared_difference(imp, op):
+    """SQUARED_DIFFERENCE; int8 as TFLite's fixed-point kernel, a 256 x 256 table (quantized.py)."""
+    a, c = _x(imp, op), _x(imp, op, 1)
+    ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+    y = quantized.lookup2(
+        imp.b, a, c, ta, tc, to, lambda p, q: quantized.squared_difference_reference(p, q, ta, tc, to)
+    )
+    return activation(imp, op, imp.b.mul(imp.b.sub(a, c), imp.b.sub(a, c)) if y is None else y)
+
+
+def leaky_relu(imp, op):
+    """LEAKY_RELU; int8 / uint8 as LiteRT's integer kernels, a 256-entry table (quantized.py)."""
+    x, alpha = _x(imp, op), float(opt(op, "Alpha", 0.2))
+    tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    y = quantized.lookup(imp.b, x, tx, to, lambda q: quantized.leaky_relu_reference(q, tx, to, alpha))
+    return imp.b.leaky_relu(x, alpha=alpha) if y is None else y
+
+
 CONVERTERS = {
     "EXPAND_DIMS": _reshaper(_expand_dims_shape),
     "SQUEEZE": _reshaper(_squeeze_shape),
@@ -625,11 +644,11 @@ CONVERTERS = {
     "SIGN": _u("sign"),
     "ELU": _u("elu"),
     "GELU": _gelu,
-    "LEAKY_RELU": lambda imp, op: imp.b.leaky_relu(_x(imp, op), alpha=float(opt(op, "Alpha", 0.2))),
+    "LEAKY_RELU": leaky_relu,
     "LOG_SOFTMAX": _log_softmax,
     "L2_NORMALIZATION": _l2_norm,
     "POW": _binary(lambda imp, a, c: imp.b.pow(a, c)),
-    "SQUARED_DIFFERENCE": _binary(lambda imp, a, c: imp.b.mul(imp.b.sub(a, c), imp.b.sub(a, c))),
+    "SQUARED_DIFFERENCE": squared_difference,
     "FLOOR_DIV": _binary(_floor_div),
     "FLOOR_MOD": _binary(_floor_mod),
     "EQUAL": _bool_out("equal"),

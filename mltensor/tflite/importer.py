@@ -195,7 +195,11 @@ class Importer:
             )
         for i in m.inputs:
             t = m.tensors[i]
-            if t.data_type is None or t.scale is not None and t.data_type not in ("float32", *quantized.QUANT_TYPES):
+            if (
+                t.data_type in (None, "int16")
+                or t.scale is not None
+                and t.data_type not in ("float32", *quantized.QUANT_TYPES)
+            ):
                 raise NotSupportedError(
                     f"[tflite] input {i} ('{t.name}') has type {t.type_name}"
                     f"{' (quantized)' if t.scale is not None else ''}; {t.type_name} inputs are not supported"
@@ -332,7 +336,7 @@ class Importer:
         return float_act and q_const
 
     def check_types(self, op):
-        """Reject types WebNN has no form for (int16 activations among them) and dynamic-range forms
+        """Reject types WebNN has no form for (int16 that is not a quantized activation) and dynamic-range forms
         LiteRT computes with a run-time quantization hybrid.py does not reproduce, naming the operator."""
         if op.name not in HYBRID_OPS and op.name != "DEQUANTIZE" and self.is_hybrid(op):
             raise NotSupportedError(
@@ -380,15 +384,18 @@ def _bias(imp, op, k):
 
 
 def _weighted(imp, op):
-    """(input, weight) operands; int8 weights of a float operator (dynamic range) via hybrid.py."""
+    """(input, weight, bias, rescale) operands; int8 weights of a float operator (dynamic range)
+    via hybrid.py, int8 activations in XNNPACK's integer arithmetic via quantized.py."""
+    q = quantized.integer_weighted(imp, op)
+    if q is not None:
+        return q
     x = imp.operand(op, op.inputs[0])
     x, w = hybrid_inputs(imp, op, x, 1)
-    return x, (w if w is not None else imp.operand(op, op.inputs[1]))
+    return x, (w if w is not None else imp.operand(op, op.inputs[1])), _bias(imp, op, 2), lambda y: y
 
 
 def conv_2d(imp, op):
-    x, w = _weighted(imp, op)
-    bias = _bias(imp, op, 2)
+    x, w, bias, rescale = _weighted(imp, op)
     sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     o, kh, kw, ci = w.shape
@@ -405,12 +412,11 @@ def conv_2d(imp, op):
         filter_layout="ohwi",
         bias=bias,
     )
-    return activation(imp, op, y)
+    return activation(imp, op, rescale(y))
 
 
 def depthwise_conv_2d(imp, op):
-    x, w = _weighted(imp, op)  # w: [1, kh, kw, C * multiplier]: WebNN "ihwo" with groups = C
-    bias = _bias(imp, op, 2)
+    x, w, bias, rescale = _weighted(imp, op)  # w: [1, kh, kw, C * multiplier]: WebNN "ihwo", groups = C
     sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
     dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
     _, kh, kw, _ = w.shape
@@ -426,7 +432,7 @@ def depthwise_conv_2d(imp, op):
         filter_layout="ihwo",
         bias=bias,
     )
-    return activation(imp, op, y)
+    return activation(imp, op, rescale(y))
 
 
 def transpose_conv(imp, op):
@@ -478,15 +484,13 @@ def mediapipe_transpose_conv_bias(imp, op):
 
 
 def fully_connected(imp, op):
-    x, w = _weighted(imp, op)  # w: [N, K]
-    bias = _bias(imp, op, 2)
+    x, w, bias, rescale = _weighted(imp, op)  # w: [N, K]
     if opt(op, "WeightsFormat", 0) != 0:
         raise NotSupportedError(f"[tflite] operator {op.index} ({op.display}): shuffled weights are not supported")
     n, k = w.shape
     batch = int(np.prod(x.shape)) // k
     x2 = x if tuple(x.shape) == (batch, k) else imp.b.reshape(x, [batch, k])
-    y = imp.b.gemm(x2, w, c=bias, b_transpose=True)
-    y = activation(imp, op, y)
+    y = activation(imp, op, rescale(imp.b.gemm(x2, w, c=bias, b_transpose=True)))
     out_shape = list(imp.tensor(op.outputs[0]).shape)
     if opt(op, "KeepNumDims", False):
         out_shape = list(x.shape[:-1]) + [n]
@@ -502,8 +506,14 @@ def _pool(kind):
         fh, fw = opt(op, "FilterHeight", 1), opt(op, "FilterWidth", 1)
         pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (fh, fw), (sh, sw))
         fn = imp.b.average_pool2d if kind == "average" else imp.b.max_pool2d
-        y = fn(x, window_dimensions=[fh, fw], padding=pad, strides=[sh, sw], layout="nhwc")
-        return activation(imp, op, y)
+
+        def pool(v):
+            return fn(v, window_dimensions=[fh, fw], padding=pad, strides=[sh, sw], layout="nhwc")
+
+        y = None
+        if kind == "average":  # TFLite's integer rounding (quantized.py)
+            y = quantized.average_pool(imp.b, x, imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0]), pool)
+        return activation(imp, op, pool(x) if y is None else y)
 
     return convert
 
@@ -519,7 +529,11 @@ def _binary(method):
     def convert(imp, op):
         a = imp.operand(op, op.inputs[0])
         c = imp.operand(op, op.inputs[1])
-        return activation(imp, op, getattr(imp.b, method)(a, c))
+        y = None
+        if method in ("add", "sub"):  # int8: XNNPACK's integer add (quantized.py)
+            ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+            y = quantized.add_sub(imp.b, a, c, ta, tc, to, method == "sub")
+        return activation(imp, op, getattr(imp.b, method)(a, c) if y is None else y)
 
     return convert
 
@@ -529,6 +543,13 @@ def _unary(fn):
         return fn(imp.b, imp.operand(op, op.inputs[0]))
 
     return convert
+
+
+def hard_swish(imp, op):
+    x = imp.operand(op, op.inputs[0])
+    tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    y = quantized.lookup(imp.b, x, tx, to, lambda q: quantized.hard_swish_reference(q, tx, to))
+    return imp.b.hard_swish(x) if y is None else y  # int8: TFLite's fixed-point kernel, as a table
 
 
 def softmax(imp, op):
@@ -552,6 +573,11 @@ def _resize(mode):
         else:
             ct, rounding = "asymmetric", "floor"
         kw = {"nearest_rounding": rounding} if mode == "nearest-neighbor" else {}
+        if mode == "linear":  # int8: XNNPACK's integer blend (quantized.py)
+            tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+            y = quantized.resize_bilinear(imp.b, x, tx, to, size, ct == "align_corners", ct == "half_pixel")
+            if y is not None:
+                return y
         return imp.b.resample2d(x, mode=mode, sizes=size, axes=[1, 2], coordinate_transformation=ct, **kw)
 
     return convert
@@ -719,7 +745,7 @@ CONVERTERS = {
     "RELU": _unary(lambda b, x: b.relu(x)),
     "RELU6": _unary(lambda b, x: b.clamp(x, min_value=0.0, max_value=6.0)),
     "RELU_N1_TO_1": _unary(lambda b, x: b.clamp(x, min_value=-1.0, max_value=1.0)),
-    "HARD_SWISH": _unary(lambda b, x: b.hard_swish(x)),
+    "HARD_SWISH": hard_swish,
     "LOGISTIC": _unary(lambda b, x: b.sigmoid(x)),
     "TANH": _unary(lambda b, x: b.tanh(x)),
     "SOFTMAX": softmax,

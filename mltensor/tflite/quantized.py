@@ -6,17 +6,45 @@ general_ops.py) reads it unchanged, and each operator's quantized output is put 
 requantization). Quantized constants (int8 weights with per-channel scales, int32 biases) are
 dequantized at load; int8 / uint8 graph inputs and outputs keep their type at the edges.
 
-LiteRT computes the same sums in int32 and rescales them with fixed-point multipliers (or, in
-XNNPACK, float ones), so a value a float rounding away from a rounding boundary may land one step
-apart: outputs equal LiteRT's or differ by one quantum per operator.
+Where that float form could round differently from LiteRT, the operator is computed in LiteRT's
+own integer arithmetic instead, as its default CPU path runs it (ai-edge-litert 2.3, measured:
+XNNPACK where its delegate takes the operator, else TFLite's kernels, whose
+MultiplyByQuantizedMultiplier rounds twice: not TFLITE_SINGLE_ROUNDING): INTEGER_OPS. Sums are
+exact (integer-valued float32 under 2^24, or int32 graph operands, the doubling high-mul in
+int64); an operator of one int8 input (or two) whose kernel is a fixed-point function of q is
+computed here in numpy (`*_reference`, tested against LiteRT) into a 256 (or 256 x 256) table the
+GPU gathers from. The other int8 operators (LOGISTIC, TANH, SOFTMAX, MUL, MEAN...) compute on real
+values and round: LiteRT's values on every tested case, one quantum apart at worst.
+
+16x8 models (int16 activations, zero point 0; int8 weights, int64 biases) take the real-value form
+for every operator: LiteRT's int16 kernels (64-bit sums, 16-bit multipliers, interpolated tables)
+are not reproduced, so an int16 output is within a quantum or two of LiteRT's. int16 graph inputs
+and outputs are refused (WebNN has no int16).
 """
 
 import numpy as np
 
 from ..errors import NotSupportedError
 
-QUANT_TYPES = ("int8", "uint8")
-_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+QUANT_TYPES = ("int8", "uint8", "int16")  # int16: 16x8 models' activations (zero point 0)
+
+# int8 / uint8 operators computed in LiteRT's own integer arithmetic (as its default CPU path runs
+# them: XNNPACK where its delegate takes the operator, else TFLite's kernels), equal to LiteRT's
+# outputs; the docs' operator table reads this
+INTEGER_OPS = {
+    "ADD": "XNNPACK's qs8 add: 20-bit multipliers, one arithmetic shift",
+    "SUB": "XNNPACK's qs8 add with the second multiplier negated",
+    "CONV_2D": "XNNPACK: exact int32 sums, fp32 requantization (half to even)",
+    "DEPTHWISE_CONV_2D": "XNNPACK: exact int32 sums, fp32 requantization (half to even)",
+    "FULLY_CONNECTED": "XNNPACK: exact int32 sums, fp32 requantization (half to even)",
+    "AVERAGE_POOL_2D": "TFLite's kernel: the sum over the count, half away from zero",
+    "RESIZE_BILINEAR": "XNNPACK: 11-bit weights, int32 blend, >> 22",
+    "HARD_SWISH": "TFLite's int16 fixed-point kernel, as a 256-entry table",
+    "LEAKY_RELU": "XNNPACK's 1/256 multipliers (TFLite's fixed point outside its range), as a table",
+    "SQUARED_DIFFERENCE": "TFLite's fixed-point kernel, as a 256 x 256 table",
+    "BATCH_MATMUL": "TFLite's kernel: int32 sums, MultiplyByQuantizedMultiplier (int64 high-mul)",
+}
+_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 
 
 def is_quantized(t):
@@ -63,7 +91,428 @@ def from_integer(b, x, t, data_type="float32"):
 
 def to_integer(b, v, t):
     """Real values as the int8 / uint8 tensor t stores them (a graph output)."""
+    if t.data_type == "int16":
+        raise NotSupportedError(
+            f"[tflite] output '{t.name}' is int16 (a 16x8 model's activation); WebNN has no int16 type: convert "
+            f"with float outputs (inference_output_type float32)"
+        )
     scale, zp = _per_tensor(t, "output")
     lo, hi = _RANGE[t.data_type]
     q = b.clamp(b.add(b.round_even(b.div(v, _c(b, scale))), _c(b, zp)), min_value=float(lo), max_value=float(hi))
     return b.cast(q, t.data_type)
+
+
+# -- LiteRT's integer arithmetic, exactly -----------------------------------------------------------
+
+
+def is_int8(t):
+    """An int8 / uint8 activation: the integer paths below reproduce LiteRT's 8-bit kernels (its
+    int16 ones, 16x8 models, differ and take the float form)."""
+    return is_quantized(t) and t.data_type in ("int8", "uint8")
+
+
+def _f32(v):
+    return np.float32(v)
+
+
+def xnn_add_params(sa, sb, so, subtract=False):
+    """XNNPACK's qs8/qu8 add (and subtract) requantization (xnn_init_qs8_add_minmax_scalar_params):
+    (a_multiplier, b_multiplier, shift) with out = (bias + a * a_mult + b * b_mult) >> shift, the
+    shift arithmetic (floor). None where the scale ratios are outside the range XNNPACK's TFLite
+    delegate takes ([2^-10, 2^8)): LiteRT's own kernel runs those."""
+    a_scale, b_scale = _f32(_f32(sa) / _f32(so)), _f32(_f32(sb) / _f32(so))
+    for r in (a_scale, b_scale):
+        if not 2.0**-10 <= r < 2.0**8:
+            return None
+    top = max(a_scale, b_scale)
+    exponent = int(np.array(top, np.float32).view(np.uint32) >> 23) - 127
+    shift = 20 - exponent
+    a_mult = int(np.rint(_f32(a_scale * _f32(2.0**shift))))  # lrintf: half to even
+    b_mult = int(np.rint(_f32(b_scale * _f32(2.0**shift))))
+    return a_mult, -b_mult if subtract else b_mult, shift
+
+
+def xnn_add_reference(a, b, ta, tb, to, subtract=False):
+    """numpy: XNNPACK's integer add of int8 / uint8 arrays a, b (numpy broadcasting), unclamped by
+    an activation; None where xnn_add_params is."""
+    p = xnn_add_params(float(ta.scale[0]), float(tb.scale[0]), float(to.scale[0]), subtract)
+    if p is None:
+        return None
+    am, bm, shift = p
+    za, zb, zo = int(ta.zero_point[0]), int(tb.zero_point[0]), int(to.zero_point[0])
+    acc = (1 << (shift - 1)) - am * za - bm * zb + a.astype(np.int64) * am + b.astype(np.int64) * bm
+    lo, hi = _RANGE[to.data_type]
+    return np.clip((acc >> shift) + zo, lo, hi)
+
+
+def _int(b, v):
+    return b.constant(np.array(v, np.int32))
+
+
+def integers(b, v, t):
+    """The real values v of quantized tensor t (exactly scale * (q - zero_point) as float) as their
+    int32 q: v / scale is within a rounding of the integer q - zero_point."""
+    scale, zp = _per_tensor(t, "activation")
+    return b.cast(b.add(b.round_even(b.div(v, _c(b, scale))), _c(b, zp)), "int32")
+
+
+def _real(b, q, t, data_type):
+    scale, zp = _per_tensor(t, "output")
+    return b.mul(b.sub(b.cast(q, data_type), _c(b, zp)), _c(b, scale))
+
+
+def floor_shift(b, acc, shift):
+    """acc >> shift (arithmetic, int32; 0 < shift < 31) with WebNN's truncating division: one less
+    where the remainder is negative."""
+    d = _int(b, 1 << shift)
+    q = b.div(acc, d)
+    neg = b.cast(b.lesser(b.sub(acc, b.mul(q, d)), _int(b, 0)), "int32")
+    return b.sub(q, neg)
+
+
+def add_sub(b, x, y, tx, ty, to, subtract):
+    """ADD / SUB of int8 / uint8 tensors as XNNPACK computes them (xnn_add_params), as real values
+    of the output's grid; None where the float form (one quantum) has to do."""
+    if not (is_int8(tx) and is_int8(ty) and is_int8(to)):
+        return None
+    if any(t.scale.size != 1 for t in (tx, ty, to)):
+        return None
+    p = xnn_add_params(float(tx.scale[0]), float(ty.scale[0]), float(to.scale[0]), subtract)
+    if p is None:
+        return None
+    am, bm, shift = p
+    za, zb, zo = int(tx.zero_point[0]), int(ty.zero_point[0]), int(to.zero_point[0])
+    # |q * mult| < 2^8 * 2^21 and the bias < 2^30: the sum stays within int32
+    acc = b.add(b.mul(integers(b, x, tx), _int(b, am)), b.mul(integers(b, y, ty), _int(b, bm)))
+    acc = b.add(acc, _int(b, (1 << (shift - 1)) - am * za - bm * zb))
+    lo, hi = _RANGE[to.data_type]
+    q = b.clamp(b.add(floor_shift(b, acc, shift), _int(b, zo)), min_value=float(lo), max_value=float(hi))
+    return _real(b, q, to, x.data_type)
+
+
+def average_pool(b, x, tx, to, pool):
+    """AVERAGE_POOL_2D of an int8 / uint8 tensor as TFLite's integer kernel: the window's sum of q
+    (zero point included: input and output share their quantization) over the count of in-bounds
+    pixels, rounded half away from zero. `pool(v)` is the float average pool (padding excluded from
+    the count), exact here: sums of at most 2^16 int8 values. None where input and output differ."""
+    if x.data_type != "float32" or not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None  # (float16 mode: its averages would not be exact)
+    if (float(tx.scale[0]), int(tx.zero_point[0])) != (float(to.scale[0]), int(to.zero_point[0])):
+        return None
+    scale, zp = _per_tensor(tx, "activation")
+    q = b.add(b.round_even(b.div(x, _c(b, scale))), _c(b, zp))
+    avg = pool(q)
+    r = b.mul(b.sign(avg), b.floor(b.add(b.abs(avg), _c(b, 0.5))))
+    return b.mul(b.sub(r, _c(b, zp)), _c(b, scale))
+
+
+# TFLite's fixed-point helpers (tensorflow/lite/kernels/internal/common.h, gemmlowp), on numpy int64
+# arrays holding int16 / int32 values
+
+
+def quantize_multiplier(m):
+    """QuantizeMultiplier: m (a double) as (int32 q_fixed, shift) with m = q_fixed * 2^(shift - 31),
+    q_fixed rounded half away from zero."""
+    if m == 0.0:
+        return 0, 0
+    q, shift = np.frexp(np.float64(m))
+    q_fixed = int(np.sign(q) * np.floor(abs(q) * 2.0**31 + 0.5))
+    shift = int(shift)
+    if q_fixed == 1 << 31:
+        q_fixed //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    return q_fixed, shift
+
+
+def downscale_int16_multiplier(m32):
+    """DownScaleInt32ToInt16Multiplier."""
+    if m32 >= (1 << 31) - 1 - (1 << 15):
+        return (1 << 15) - 1
+    return (m32 + (1 << 15)) >> 16
+
+
+def _trunc_div(a, d):
+    return np.sign(a) * (np.abs(a) // d)
+
+
+def srdhm16(a, b):
+    """gemmlowp's SaturatingRoundingDoublingHighMul for int16."""
+    ab = a * b
+    nudge = np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
+    r = _trunc_div(ab + nudge, 1 << 15)
+    return np.where((a == b) & (a == -(1 << 15)), (1 << 15) - 1, r)
+
+
+def sdhm16(a, b):
+    """TFLite's SaturatingDoublingHighMul for int16 (truncating, no rounding)."""
+    r = _trunc_div(a * b, 1 << 15)
+    return np.where((a == b) & (a == -(1 << 15)), (1 << 15) - 1, r)
+
+
+def rounding_divide_by_pot(x, exponent):
+    """gemmlowp's RoundingDivideByPOT: x / 2^exponent rounded half away from zero."""
+    mask = (1 << exponent) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (x < 0)
+    return (x >> exponent) + (remainder > threshold)
+
+
+def _sat16(v):
+    return np.clip(v, -(1 << 15), (1 << 15) - 1)
+
+
+def hard_swish_reference(q, tx, to):
+    """TFLite's int8 / uint8 HARD_SWISH (reference_ops::HardSwish and its Prepare) on numpy q."""
+    si, so = np.float32(tx.scale[0]), np.float32(to.scale[0])
+    hires = np.float32(np.float32(1.0 / 128.0) * si)
+    out_m, out_e = quantize_multiplier(float(np.float32(hires / so)))
+    rel_m, rel_e = quantize_multiplier(float(np.float32(hires / np.float32(3.0 / 32768.0))))
+    out_m16, rel_m16 = downscale_int16_multiplier(out_m), downscale_int16_multiplier(rel_m)
+    if out_e > 0:
+        return None
+    v = (q.astype(np.int64) - int(tx.zero_point[0])) * (1 << 7)
+    pre_out = srdhm16(v, np.int64(out_m16))
+    r = v
+    if rel_e > 0:
+        r = _sat16(r * (1 << (rel_e - 1)))
+    r = srdhm16(r, np.int64(rel_m16))
+    if rel_e > 0:
+        r = _sat16(r * 2)
+    if rel_e < 0:
+        r = rounding_divide_by_pot(r, -rel_e)
+    r = (r + (1 << 15)) >> 1
+    out = rounding_divide_by_pot(sdhm16(r, pre_out), -out_e) + int(to.zero_point[0])
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(out, lo, hi)
+
+
+def lookup(b, x, tx, to, table):
+    """An operator of one int8 / uint8 input as a table of its 256 outputs (`table(q)`: numpy, q
+    every value of the input's type), gathered on the GPU, as real values of the output's grid;
+    None where `table` is."""
+    if not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None
+    lo, hi = _RANGE[tx.data_type]
+    out = table(np.arange(lo, hi + 1, dtype=np.int64))
+    if out is None:
+        return None
+    real = (out.astype(np.float64) - int(to.zero_point[0])) * np.float64(np.float32(to.scale[0]))
+    dt = np.float16 if x.data_type == "float16" else np.float32
+    idx = b.sub(integers(b, x, tx), _int(b, lo))
+    return b.gather(b.constant(real.astype(dt)), idx, axis=0)
+
+
+def srdhm32(a, b):
+    """gemmlowp's SaturatingRoundingDoublingHighMul for int32 (int64 numpy arrays)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    ab = a * b  # |ab| <= 2^62
+    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    r = _trunc_div(ab + nudge, 1 << 31)
+    return np.where((a == b) & (a == -(1 << 31)), (1 << 31) - 1, r)
+
+
+def multiply_by_quantized_multiplier(x, qm, shift):
+    """MultiplyByQuantizedMultiplier as this LiteRT's kernels compute it (two roundings: the
+    doubling high-mul, then RoundingDivideByPOT; not TFLITE_SINGLE_ROUNDING, measured)."""
+    x = np.clip(np.asarray(x, np.int64) * (1 << max(shift, 0)), -(1 << 31), (1 << 31) - 1)
+    return rounding_divide_by_pot(srdhm32(x, qm), max(-shift, 0))
+
+
+def leaky_relu_reference(q, tx, to, alpha):
+    """int8 / uint8 LEAKY_RELU as LiteRT runs it: XNNPACK's qs8/qu8 kernel (multipliers of 1/256,
+    rounding half up) where its delegate takes the scales, else TFLite's QuantizeLeakyRelu."""
+    si, so, zi, zo = np.float32(tx.scale[0]), np.float32(to.scale[0]), int(tx.zero_point[0]), int(to.zero_point[0])
+    x = np.asarray(q, np.int64) - zi
+    pos = np.float32(si / so)
+    neg = np.float32(pos * np.float32(alpha))
+    if 2.0**-8 <= pos <= 2.0**7 and -(2.0**7) < neg <= 2.0**7 and abs(neg) >= 2.0**-8:
+        pm, nm = int(np.rint(np.float32(-256.0) * pos)), int(np.rint(np.float32(-256.0) * neg))
+        out = ((zo << 8) + 0x80 - x * np.where(x >= 0, pm, nm)) >> 8
+    else:
+        am, ash = quantize_multiplier(float(np.float32(np.float32(si * np.float32(alpha)) / so)))
+        im, ish = quantize_multiplier(float(np.float64(si) / np.float64(so)))
+        out = zo + np.where(
+            x >= 0, multiply_by_quantized_multiplier(x, im, ish), multiply_by_quantized_multiplier(x, am, ash)
+        )
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(out, lo, hi)
+
+
+def xnn_resize_weights(in_size, out_size, align_corners, half_pixel):
+    """XNNPACK's bilinear resize along one axis (xnn_indirection_init_resize_bilinear2d_hwc_q11):
+    (first index, second index, weight of the second in 1/2048) per output position, in float32
+    as XNNPACK computes them. Neither flag: TensorFlow's legacy mode (asymmetric)."""
+    f = np.float32
+    ac = 1 if align_corners and out_size != 1 else 0
+    scale = f(f(in_size - ac) / f(out_size - ac))
+    first, second, alpha = [], [], []
+    for o in range(out_size):
+        if half_pixel and not align_corners:
+            v = f(f(o) * scale + f(f(0.5) * scale - f(0.5)))
+            v = min(max(v, f(0)), f(in_size - 1))
+        else:
+            v = f(f(o) * scale)
+        top = int(v)
+        first.append(top)
+        second.append(min(top + 1, in_size - 1))
+        alpha.append(int(np.rint(f(f(v - f(top)) * f(2048)))))
+    return np.array(first, np.int32), np.array(second, np.int32), np.array(alpha, np.int32)
+
+
+def resize_bilinear(b, x, tx, to, size, align_corners, half_pixel):
+    """int8 / uint8 RESIZE_BILINEAR (NHWC) as XNNPACK computes it: 11-bit weights, the int32 blend
+    of the raw q values ((top << 11) + (bottom - top) * alpha, twice) rounded half up by >> 22. None
+    where input and output quantizations differ (TFLite requires them equal)."""
+    if not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None
+    if (float(tx.scale[0]), int(tx.zero_point[0])) != (float(to.scale[0]), int(to.zero_point[0])):
+        return None
+    n, h, w, c = (int(d) for d in x.shape)
+    q = integers(b, x, tx)
+    ty, by, ay = xnn_resize_weights(h, size[0], align_corners, half_pixel)
+    lx, rx, ax = xnn_resize_weights(w, size[1], align_corners, half_pixel)
+    top, bottom = b.gather(q, b.constant(ty), axis=1), b.gather(q, b.constant(by), axis=1)
+    tl, tr = b.gather(top, b.constant(lx), axis=2), b.gather(top, b.constant(rx), axis=2)
+    bl, br = b.gather(bottom, b.constant(lx), axis=2), b.gather(bottom, b.constant(rx), axis=2)
+    alpha_h = b.constant(ax.reshape(1, 1, -1, 1))
+    alpha_v = b.constant(ay.reshape(1, -1, 1, 1))
+    k = _int(b, 2048)
+    vt = b.add(b.mul(tl, k), b.mul(b.sub(tr, tl), alpha_h))  # |.| < 2^19
+    vb = b.add(b.mul(bl, k), b.mul(b.sub(br, bl), alpha_h))
+    acc = b.add(b.add(b.mul(vt, k), b.mul(b.sub(vb, vt), alpha_v)), _int(b, 1 << 21))  # |.| < 2^31
+    return _real(b, floor_shift(b, acc, 22), to, x.data_type)
+
+
+def integer_weighted(imp, op):
+    """CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED of int8 / uint8 activations as XNNPACK's
+    qs8/qc8 kernels compute them: (input, weight, bias, rescale) where input, weight and bias are
+    the integer values q - zero point as float32 (every partial sum an integer under 2^24, so the
+    float convolution is exact in any order) and `rescale(acc)` is XNNPACK's fp32 requantization:
+    acc * (input scale * weight scale / output scale) in float32, rounded half to even, plus the
+    output zero point, as real values of the output's grid. None where the float form has to do
+    (float16 mode, a sum that may reach 2^24, a weight that is not a quantized constant)."""
+    ti, tw, to = imp.tensor(op.inputs[0]), imp.tensor(op.inputs[1]), imp.tensor(op.outputs[0])
+    if imp.float16 or not (is_int8(ti) and is_int8(to)) or ti.scale.size != 1 or to.scale.size != 1:
+        return None
+    if op.inputs[1] not in imp.consts or not is_int8(tw):
+        return None
+    w = imp.consts[op.inputs[1]].astype(np.int64)
+    shape = [1] * w.ndim
+    if tw.scale.size > 1:
+        shape[tw.quantized_dimension] = -1
+    w = w - tw.zero_point.reshape(shape).astype(np.int64)
+    bias = None
+    if len(op.inputs) > 2 and op.inputs[2] >= 0:
+        if op.inputs[2] not in imp.consts or imp.consts[op.inputs[2]].dtype != np.int32:
+            return None
+        bias = imp.consts[op.inputs[2]].astype(np.int64).reshape(-1)
+    out_axis = 3 if op.name == "DEPTHWISE_CONV_2D" else 0  # where the output channels are
+    per_out = np.abs(np.moveaxis(w, out_axis, 0)).reshape(w.shape[out_axis], -1).sum(axis=1)
+    lo, hi = _RANGE[ti.data_type]
+    zi = int(ti.zero_point[0])
+    bound = per_out * max(hi - zi, zi - lo) + (np.abs(bias) if bias is not None else 0)
+    if bound.max() >= 1 << 24:
+        return None
+    si, so = np.float32(ti.scale[0]), np.float32(to.scale[0])
+    scales = (np.float32(si) * tw.scale.astype(np.float32)) / so  # float32, in XNNPACK's order
+    if scales.max() >= 256:
+        return None
+    b = imp.b
+    x = b.round_even(b.div(imp.operand(op, op.inputs[0]), _c(b, si)))
+    wc = b.constant(np.ascontiguousarray(w, np.float32))
+    bc = b.constant(bias.astype(np.float32)) if bias is not None else None
+    scale_c = b.constant(np.ascontiguousarray(scales.reshape(-1), np.float32))
+    zo = int(to.zero_point[0])
+    olo, ohi = _RANGE[to.data_type]
+
+    def rescale(acc):
+        q = b.clamp(b.round_even(b.mul(acc, scale_c)), min_value=float(olo - zo), max_value=float(ohi - zo))
+        return b.mul(q, _c(b, so))
+
+    return x, wc, bc, rescale
+
+
+def _mbqm_smaller_than_one(x, qm, shift):
+    """MultiplyByQuantizedMultiplierSmallerThanOneExp (shift <= 0)."""
+    return rounding_divide_by_pot(srdhm32(x, qm), -shift)
+
+
+def squared_difference_reference(a, c, ta, tc, to):
+    """TFLite's int8 SQUARED_DIFFERENCE (squared_difference.cc): inputs shifted left by 7,
+    rescaled to twice the larger scale, the int32 difference squared and rescaled; numpy a, c."""
+    sa, sc, so = (float(np.float32(t.scale[0])) for t in (ta, tc, to))
+    twice_max = 2.0 * max(sa, sc)
+    m1, s1 = quantize_multiplier(sa / twice_max)
+    m2, s2 = quantize_multiplier(sc / twice_max)
+    mo, so_shift = quantize_multiplier(twice_max * twice_max / ((1 << 14) * so))
+    x1 = _mbqm_smaller_than_one((np.asarray(a, np.int64) - int(ta.zero_point[0])) * (1 << 7), m1, s1)
+    x2 = _mbqm_smaller_than_one((np.asarray(c, np.int64) - int(tc.zero_point[0])) * (1 << 7), m2, s2)
+    d = x1 - x2
+    out = multiply_by_quantized_multiplier(d * d, mo, so_shift) + int(to.zero_point[0])
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(out, lo, hi)
+
+
+def lookup2(b, x, y, tx, ty, to, table):
+    """A binary operator of two int8 / uint8 inputs (numpy broadcasting) as a 256 x 256 table of
+    its outputs (`table(qx, qy)`), gathered on the GPU, as real values of the output's grid."""
+    ts = (tx, ty, to)
+    if not all(is_int8(t) and t.scale.size == 1 for t in ts) or tx.data_type != ty.data_type:
+        return None
+    lo, hi = _RANGE[tx.data_type]
+    qs = np.arange(lo, hi + 1, dtype=np.int64)
+    out = table(qs[:, None], qs[None, :]).reshape(-1)
+    real = (out.astype(np.float64) - int(to.zero_point[0])) * np.float64(np.float32(to.scale[0]))
+    dt = np.float16 if x.data_type == "float16" else np.float32
+    idx = b.add(b.mul(b.sub(integers(b, x, tx), _int(b, lo)), _int(b, 256)), b.sub(integers(b, y, ty), _int(b, lo)))
+    return b.gather(b.constant(real.astype(dt)), idx, axis=0)
+
+
+def rounding_divide_by_pot_graph(b, x, exponent):
+    """RoundingDivideByPOT on int32 operands (0 <= exponent < 31)."""
+    if exponent == 0:
+        return x
+    fl = floor_shift(b, x, exponent)
+    rem = b.sub(x, b.mul(fl, _int(b, 1 << exponent)))  # in [0, 2^exponent)
+    mask = (1 << exponent) - 1
+    threshold = b.add(_int(b, mask >> 1), b.cast(b.lesser(x, _int(b, 0)), "int32"))
+    return b.add(fl, b.cast(b.greater(rem, threshold), "int32"))
+
+
+def multiply_by_quantized_multiplier_graph(b, x, qm, shift):
+    """MultiplyByQuantizedMultiplier (two roundings) on int32 operands whose value times
+    2^max(shift, 0) stays within int32 (the caller's bound): the doubling high-mul in int64."""
+    if shift > 0:
+        x = b.mul(x, _int(b, 1 << shift))
+    x64 = b.cast(x, "int64")
+    nudge = b.where(
+        b.lesser(x, _int(b, 0)), b.constant(np.array(1 - (1 << 30), np.int64)), b.constant(np.array(1 << 30, np.int64))
+    )  # fmt: skip  (qm > 0: the product's sign is x's)
+    p = b.add(b.mul(x64, b.constant(np.array(qm, np.int64))), nudge)
+    high = b.cast(b.div(p, b.constant(np.array(1 << 31, np.int64))), "int32")  # truncating, as C++
+    return rounding_divide_by_pot_graph(b, high, max(-shift, 0))
+
+
+def batch_matmul(b, x, y, tx, ty, to, matmul):
+    """int8 BATCH_MATMUL as TFLite's kernel (LiteRT runs its own, not XNNPACK's): the int32 sums of
+    (q - zero point) products (integer-valued float32, exact under 2^24) rescaled by
+    MultiplyByQuantizedMultiplier(input scale * rhs scale / output scale). `matmul(x, y)` applies
+    the operator's adjoints. None where the float form has to do."""
+    ts = (tx, ty, to)
+    if x.data_type != "float32" or not all(is_int8(t) and t.scale.size == 1 for t in ts):
+        return None  # (float16 mode: its sums would not be exact)
+    (lo, hi), zx, zy = _RANGE[tx.data_type], int(tx.zero_point[0]), int(ty.zero_point[0])
+    k = max(int(d) for d in x.shape[-2:])  # the contracted dimension, either adjoint
+    bound = k * max(hi - zx, zx - lo) * max(_RANGE[ty.data_type][1] - zy, zy - _RANGE[ty.data_type][0])
+    m = float(np.float64(np.float32(np.float32(tx.scale[0]) * np.float32(ty.scale[0]))) / np.float64(to.scale[0]))
+    qm, shift = quantize_multiplier(m)
+    if qm <= 0 or bound >= 1 << 24 or bound << max(shift, 0) >= 1 << 31 or -shift >= 31:
+        return None
+    xi = b.round_even(b.div(x, _c(b, float(tx.scale[0]))))  # q - zero point, as float
+    yi = b.round_even(b.div(y, _c(b, float(ty.scale[0]))))
+    acc = b.cast(matmul(xi, yi), "int32")
+    out = b.add(multiply_by_quantized_multiplier_graph(b, acc, qm, shift), _int(b, int(to.zero_point[0])))
+    olo, ohi = _RANGE[to.data_type]
+    return _real(b, b.clamp(out, min_value=float(olo), max_value=float(ohi)), to, x.data_type)

@@ -51,6 +51,8 @@ class Tensor:
 
     @property
     def data_type(self):
+        if self.type == tflite.TensorType.INT16 and self.scale is not None:
+            return "int16"  # a 16x8 model's quantized activation: computed as its real values
         return TENSOR_TYPES.get(self.type, (None, None))[0]
 
     @property
