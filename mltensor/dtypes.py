@@ -30,10 +30,11 @@ compiler passes the context's (MLContext._int64).
 """
 
 import math
+from typing import Any
 
 import numpy as np
 
-NUMPY = {
+NUMPY: dict[str, np.dtype[Any]] = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
     "int32": np.dtype(np.int32),
