@@ -70,9 +70,8 @@ class MLTensor:
             self._buffer = ctx.device.create_buffer(
                 label=f"mltensor-{data_type}{list(static)}", size=dtypes.padded(self._nbytes), usage=usage
             )
-        self._on_destroy: list[
-            Callable[[MLTensor], object]
-        ] = []  # callbacks (bind-group caches, interop) run at destroy()
+        # callbacks (bind-group caches, interop) run at destroy()
+        self._on_destroy: list[Callable[[MLTensor], object]] = []
         ctx._tensor_created(self)
 
     @property
