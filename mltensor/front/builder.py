@@ -17,7 +17,8 @@ from .. import dtypes
 from .. import ops  # noqa: F401 (loads the operator families: every builder method is registered)
 from ..dynamic.dims import Sym, low, parse_shape
 from ..errors import DOMException, InvalidStateError, OperationError
-from ..ir.graph import MLOperand, Node, as_shape
+from ..ir.graph import MLOperand as MLOperand  # (re-exported: mltensor.MLOperand)
+from ..ir.graph import Node, as_shape
 from ..ir.registry import attach
 from ._util import BufferLike, async_doc, awaitable, bytes_of
 from .context import MLContext
