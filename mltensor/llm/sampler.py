@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..front.context import MLContext
 
 
-def check_penalty(repeat_penalty, penalty_last_n):
+def check_penalty(repeat_penalty: float, penalty_last_n: int) -> tuple[float, int]:
     if isinstance(repeat_penalty, bool) or not isinstance(repeat_penalty, (int, float)):
         raise TypeError(f"[Sampler] repeat_penalty must be a number > 0, got {repeat_penalty!r}")
     if not (0.0 < float(repeat_penalty) < float("inf")):
