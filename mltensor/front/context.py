@@ -25,7 +25,7 @@ from .dispatch import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
 
 if TYPE_CHECKING:
-    from ..dynamic.dims import MLDynamicDimension
+    from ..dynamic.dims import MLDynamicDimension, Sym
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
 # "immediates": sizes of dynamic dimensions reach kernels as push constants (dynamic/kernels.py)
@@ -336,12 +336,12 @@ class MLContext:
         if self._lost_info is None and not self._own_device and device_destroyed(self._device):
             self._lose("the GPUDevice was destroyed")
 
-    def _check(self, where):
+    def _check(self, where: str) -> None:
         self._check_device()
         if self._lost_info is not None:
             raise InvalidStateError(f"[{where}] the context is lost ({self._lost_info.message})")
 
-    def _check_tensor(self, t, where, what="tensor"):
+    def _check_tensor(self, t: object, where: str, what: str = "tensor") -> None:
         if not isinstance(t, MLTensor):
             raise TypeError(f"[{where}] {what} must be an MLTensor, got {type(t).__name__}")
         if t._context is not self:
@@ -392,7 +392,7 @@ class MLContext:
 
     # -- tensors -------------------------------------------------------------------------------
 
-    def _tensor_args(self, where, data_type, shape):
+    def _tensor_args(self, where: str, data_type: Any, shape: Any) -> tuple[str, tuple[int | Sym, ...]]:
         self._check(where)
         data_type = dtypes.normalize(data_type, where)
         shape = as_shape(shape, where)
