@@ -41,6 +41,7 @@ class MLTensor:
         # is exported (front/interop.py; WebNN calls on it then fail)
         self._export_device = export_device
         self._exported: object | None = None
+        self._lease: Any  # (front/interop.py: set while an import or export is pending or lent)
         # Python extension: a shape with dynamic dimensions makes a resizable tensor. Its buffer
         # holds the maximum sizes; its current shape (`shape`, the maximum at first) is set by
         # write_tensor of an array and by each dispatch writing it as an output, so one tensor
