@@ -137,7 +137,7 @@ def byte_length(data_type, shape):
     return math.prod(shape) * itemsize(data_type)
 
 
-def padded(nbytes):
+def padded(nbytes: int) -> int:
     """Buffer size for a byte length: a multiple of 4, at least 4 (WebGPU copy alignment)."""
     return max(4, (nbytes + 3) & ~3)
 

@@ -657,7 +657,7 @@ class PendingRead:
                 )
             tl.changed.wait()
 
-    def wait_sync(self, where):
+    def wait_sync(self, where: str) -> np.ndarray | None:
         tl = self.ctx._timeline
         if not self.direct:
             with tl.lock:
@@ -696,7 +696,7 @@ class PendingRead:
         self.ctx._lose(f"a read could not map its buffer: {e}")
         raise OperationError(f"[{where}] the read could not map its buffer (the context is lost): {e}") from e
 
-    async def wait_async(self, where):
+    async def wait_async(self, where: str) -> np.ndarray | None:
         tl = self.ctx._timeline
         ctx = self.ctx
         await task_done(ctx, self.task)
