@@ -235,11 +235,11 @@ class MLGraphBuilder(OperatorMethods):
                 dt = dtypes.normalize(arr.dtype if data_type is None else data_type, where)
                 if arr.dtype != dtypes.NUMPY[dt]:
                     raise TypeError(f"[{where}] array dtype {arr.dtype} differs from data_type {dt}")
-                shape = arr.shape if shape is None else as_shape(shape, where)
-                self._context._tensor_args(where, dt, shape)
-                if tuple(shape) != arr.shape and arr.size != int(np.prod(shape, dtype=np.int64)):
-                    raise TypeError(f"[{where}] array of shape {arr.shape} does not fit shape {list(shape)}")
-                return MLOperand(self, dt, shape, "constant", value=np.array(arr).reshape(shape))
+                target: tuple[Any, ...] = arr.shape if shape is None else as_shape(shape, where)
+                self._context._tensor_args(where, dt, target)
+                if tuple(target) != arr.shape and arr.size != int(np.prod(target, dtype=np.int64)):
+                    raise TypeError(f"[{where}] array of shape {arr.shape} does not fit shape {list(target)}")
+                return MLOperand(self, dt, target, "constant", value=np.array(arr).reshape(target))
         return self._constant_args(where, data_type, shape, data, value)
 
     def _constant_nocopy(self, arr: npt.NDArray[Any]) -> MLOperand:

@@ -13,6 +13,7 @@ Face's apply_chat_template does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NoReturn
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -77,7 +78,7 @@ def builtin_template(arch: str, tokens: Sequence[str], spm: bool) -> str:
     return "chatml"
 
 
-def _raise(msg):
+def _raise(msg: str) -> NoReturn:
     raise TemplateError(msg)
 
 
