@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 
-def ensure_runtime_dir():
+def ensure_runtime_dir() -> None:
     if not sys.platform.startswith("linux") or os.environ.get("XDG_RUNTIME_DIR"):
         return
     path = os.path.join(tempfile.gettempdir(), f"mltensor-runtime-{os.getuid()}")

@@ -30,10 +30,11 @@ compiler passes the context's (MLContext._int64).
 """
 
 import math
+from typing import Any
 
 import numpy as np
 
-NUMPY = {
+NUMPY: dict[str, np.dtype[Any]] = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
     "int32": np.dtype(np.int32),
@@ -136,7 +137,7 @@ def byte_length(data_type, shape):
     return math.prod(shape) * itemsize(data_type)
 
 
-def padded(nbytes):
+def padded(nbytes: int) -> int:
     """Buffer size for a byte length: a multiple of 4, at least 4 (WebGPU copy alignment)."""
     return max(4, (nbytes + 3) & ~3)
 

@@ -4,6 +4,11 @@ TypeError stays the builtin TypeError; everything else subclasses DOMException. 
 turns wgpu's own exceptions into them at the API's edge.
 """
 
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Literal, Self
+
 import wgpu
 
 
@@ -53,13 +58,15 @@ class gpu_errors:
 
     __slots__ = ("where",)
 
-    def __init__(self, where):
+    def __init__(self, where: str) -> None:
         self.where = where
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, typ, e, tb):
+    def __exit__(
+        self, typ: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if e is None or isinstance(e, (TypeError, DOMException)):
             return False
         if isinstance(e, wgpu.GPUError):
@@ -80,13 +87,15 @@ class internal_errors:
 
     __slots__ = ("where",)
 
-    def __init__(self, where):
+    def __init__(self, where: str) -> None:
         self.where = where
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, typ, e, tb):
+    def __exit__(
+        self, typ: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if e is None or not isinstance(e, Exception) or isinstance(e, (DOMException, OSError)):
             return False
         if isinstance(e, TypeError) and str(e).startswith("["):

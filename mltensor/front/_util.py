@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import dtypes
 
+_T = TypeVar("_T")
 
-def device_destroyed(device):
+
+def device_destroyed(device: Any) -> bool:
     # wgpu-py 0.32 has no device.lost; destroy() stops the device's poll thread.
     return getattr(device, "_poller", True) is None
 
 
-def bytes_of(data, data_type, nbytes, where):
+def bytes_of(data: Any, data_type: str, nbytes: int, where: str) -> memoryview:
     """Validate `data` against a tensor and return a byte view of it (no copy when contiguous)."""
     if not isinstance(data, np.ndarray):
         try:
@@ -35,7 +37,7 @@ def bytes_of(data, data_type, nbytes, where):
     return memoryview(data.reshape(-1).view(np.uint8))
 
 
-def awaitable(coro):
+def awaitable(coro: Coroutine[Any, Any, _T]) -> Awaitable[_T]:
     """The `_async` half of a pair: a Task when a loop runs (so creating it is enough to start
     it), else the coroutine itself."""
     try:
@@ -53,7 +55,7 @@ BufferLike = Any
 AsyncResult = Awaitable
 
 
-def async_doc(sync, returns):
+def async_doc(sync: Callable[..., Any], returns: str) -> str:
     """The docstring of the `_async` half of a pair: the `_sync` half's summary line, its
     Parameters and Raises sections, and `returns` (numpydoc lines) for its Returns."""
     doc = inspect.cleandoc(sync.__doc__ or "")

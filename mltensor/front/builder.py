@@ -8,7 +8,7 @@ method is quoted above it there.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +17,8 @@ from .. import dtypes
 from .. import ops  # noqa: F401 (loads the operator families: every builder method is registered)
 from ..dynamic.dims import Sym, low, parse_shape
 from ..errors import DOMException, InvalidStateError, OperationError
-from ..ir.graph import MLOperand, Node, as_shape
+from ..ir.graph import MLOperand as MLOperand  # (re-exported: mltensor.MLOperand)
+from ..ir.graph import Node, as_shape
 from ..ir.registry import attach
 from ._util import BufferLike, async_doc, awaitable, bytes_of
 from .context import MLContext
@@ -27,6 +28,8 @@ from .tensor import MLTensor
 if TYPE_CHECKING:
     # The operator methods, attached at import (registry.attach): their signatures for type
     # checkers and IDEs (generated, tests/test_types.py)
+    import numpy.typing as npt
+
     from ..dynamic.dims import MLDynamicDimension
     from ._builder_ops import BuilderOps as OperatorMethods
 else:
@@ -63,57 +66,73 @@ class MLGraphBuilder(OperatorMethods):
             raise TypeError(f"[MLGraphBuilder] expected an MLContext, got {type(context).__name__}")
         context._check("MLGraphBuilder")
         self._context = context
-        self._inputs = {}
-        self._nodes = []
+        self._inputs: dict[str, MLOperand] = {}
+        self._nodes: list[Node] = []
         self._built = False
         # Set by an importer reading weights in place from a mapped file (onnx/weights.py):
         # called as the build uploads them, to drop the mapped pages from memory
-        self._release_host = None
-        self._dims = {}  # dynamic dimension name -> max size (dynamic/dims.py)
+        self._release_host: Callable[..., Any] | None = None
+        self._dims: dict[str, int] = {}  # dynamic dimension name -> max size (dynamic/dims.py)
         # Checks only a dispatch can make: (size expression, what) that must be >= 1, and
         # (a, b, what) that must be equal
-        self._constraints = []
+        self._constraints: list[tuple[str, Any, Any, str]] = []
 
     # -- shared validation helpers used by every operator file --------------------------------
 
-    def _check_state(self, where):
+    def _check_state(self, where: str) -> None:
         self._context._check(where)
         if self._built:
             raise InvalidStateError(f"[{where}] the builder has already built a graph")
 
-    def _operand(self, x, where, what="input"):
+    def _operand(self, x: object, where: str, what: str = "input") -> MLOperand:
         if not isinstance(x, MLOperand):
             raise TypeError(f"[{where}] {what} must be an MLOperand, got {type(x).__name__}")
         if x._builder is not self:
             raise TypeError(f"[{where}] {what} was created by another MLGraphBuilder")
         return x
 
-    def _emit(self, op, inputs, attrs, outs, label=None):
+    def _emit(
+        self,
+        op: str,
+        inputs: Sequence[MLOperand | None],
+        attrs: dict[str, Any],
+        outs: Iterable[tuple[Any, Any]],
+        label: str | None = None,
+    ) -> list[MLOperand]:
         """Record a node; `outs` is a list of (data_type, shape). Returns the output operands."""
         if label is not None and not isinstance(label, str):
             raise TypeError(f"[{op}] label must be a string")
         # Every result must be a valid tensor descriptor (rank, byte length within the limit).
-        outs = [self._context._tensor_args(op, dt, shape) for dt, shape in outs]
-        for _, shape in outs:
+        checked = [self._context._tensor_args(op, dt, shape) for dt, shape in outs]
+        for _, shape in checked:
             for d in shape:
                 if isinstance(d, Sym) and low(d) < 1:  # positive for some sizes only: check then
                     self._require_positive(d, f"[{op}] output dimension {d}")
         node = Node(op, inputs, attrs, label)
-        node.outputs = [MLOperand(self, dt, shape, "op", node=node) for dt, shape in outs]
+        node.outputs = [MLOperand(self, dt, shape, "op", node=node) for dt, shape in checked]
         self._nodes.append(node)
-        return node.outputs
+        outputs: list[MLOperand] = node.outputs
+        return outputs
 
-    def _require_positive(self, size, what):
+    def _require_positive(self, size: Sym, what: str) -> None:
         """`size` (a Sym) must be >= 1 at dispatch; else that dispatch raises TypeError: "{what}
         is {value} for these sizes (...); it must be >= 1" (`what` names the quantity)."""
         self._constraints.append(("positive", size, None, what))
 
-    def _require_equal(self, a, b, what):
+    def _require_equal(self, a: int | Sym, b: int | Sym, what: str) -> None:
         """Sizes a and b must be equal at dispatch (sizes whose names differ but that an
         operator requires equal, or a static size asked of a dynamic one)."""
         self._constraints.append(("equal", a, b, what))
 
-    def _emit1(self, op, inputs, attrs, data_type, shape, label=None):
+    def _emit1(
+        self,
+        op: str,
+        inputs: Sequence[MLOperand | None],
+        attrs: dict[str, Any],
+        data_type: str,
+        shape: Sequence[int | Sym],
+        label: str | None = None,
+    ) -> MLOperand:
         return self._emit(op, inputs, attrs, [(data_type, shape)], label)[0]
 
     # -- inputs and constants -----------------------------------------------------------------
@@ -149,9 +168,9 @@ class MLGraphBuilder(OperatorMethods):
             raise TypeError(f"[input] name must be a non-empty string, got {name!r}")
         if name in self._inputs:
             raise TypeError(f"[input] an input named {name!r} already exists")
-        shape = parse_shape(shape, "input", self._dims)
-        data_type, shape = self._context._tensor_args("input", data_type, shape)
-        x = MLOperand(self, data_type, shape, "input", name=name)
+        parsed = parse_shape(shape, "input", self._dims)
+        dt, checked = self._context._tensor_args("input", data_type, parsed)
+        x = MLOperand(self, dt, checked, "input", name=name)
         self._inputs[name] = x
         return x
 
@@ -216,14 +235,14 @@ class MLGraphBuilder(OperatorMethods):
                 dt = dtypes.normalize(arr.dtype if data_type is None else data_type, where)
                 if arr.dtype != dtypes.NUMPY[dt]:
                     raise TypeError(f"[{where}] array dtype {arr.dtype} differs from data_type {dt}")
-                shape = arr.shape if shape is None else as_shape(shape, where)
-                self._context._tensor_args(where, dt, shape)
-                if tuple(shape) != arr.shape and arr.size != int(np.prod(shape, dtype=np.int64)):
-                    raise TypeError(f"[{where}] array of shape {arr.shape} does not fit shape {list(shape)}")
-                return MLOperand(self, dt, shape, "constant", value=np.array(arr).reshape(shape))
+                target: tuple[Any, ...] = arr.shape if shape is None else as_shape(shape, where)
+                self._context._tensor_args(where, dt, target)
+                if tuple(target) != arr.shape and arr.size != int(np.prod(target, dtype=np.int64)):
+                    raise TypeError(f"[{where}] array of shape {arr.shape} does not fit shape {list(target)}")
+                return MLOperand(self, dt, target, "constant", value=np.array(arr).reshape(target))
         return self._constant_args(where, data_type, shape, data, value)
 
-    def _constant_nocopy(self, arr):
+    def _constant_nocopy(self, arr: npt.NDArray[Any]) -> MLOperand:
         """constant(arr) without the copy, for importers whose arrays nobody changes afterwards
         (weights read in place from a model file: onnx/weights.py). The graph uploads them at
         build and forgets them."""
@@ -232,7 +251,7 @@ class MLGraphBuilder(OperatorMethods):
         self._context._tensor_args("constant", dt, arr.shape)
         return MLOperand(self, dt, arr.shape, "constant", value=arr)
 
-    def _constant_args(self, where, data_type, shape, data, value):
+    def _constant_args(self, where: str, data_type: Any, shape: Any, data: Any, value: Any) -> MLOperand:
         if data_type is None:
             raise TypeError(f"[{where}] data_type is required")
         dt = dtypes.normalize(data_type, where)
@@ -251,7 +270,7 @@ class MLGraphBuilder(OperatorMethods):
 
     # -- build ---------------------------------------------------------------------------------
 
-    def _check_outputs(self, outputs, where):
+    def _check_outputs(self, outputs: object, where: str) -> dict[str, MLOperand]:
         self._check_state(where)
         if not isinstance(outputs, dict) or not outputs:
             raise TypeError(f"[{where}] outputs must be a non-empty dict of name -> MLOperand")
@@ -290,23 +309,23 @@ class MLGraphBuilder(OperatorMethods):
         OperationError
             The graph fails to compile.
         """
-        outputs = self._check_outputs(outputs, "build")
+        checked = self._check_outputs(outputs, "build")
         self._built = True
-        return _compile(self, outputs)
+        return _compile(self, checked)
 
     def build_async(self, outputs: Mapping[str, MLOperand]) -> Awaitable[MLGraph]:
-        outputs = self._check_outputs(outputs, "build")
+        checked = self._check_outputs(outputs, "build")
         self._built = True
 
-        async def build():
-            return _compile(self, outputs)
+        async def build() -> MLGraph:
+            return _compile(self, checked)
 
         return awaitable(build())
 
     build_async.__doc__ = async_doc(build_sync, "Awaitable[MLGraph]\n    The compiled graph.")
 
 
-def _compile(builder, outputs):
+def _compile(builder: MLGraphBuilder, outputs: Mapping[str, MLOperand]) -> MLGraph:
     """compile_graph, with failures of the GPU side reported as WebNN's OperationError."""
     # start-up: a process whose graphs all come from the graph cache never imports the compiler
     # (about 22 ms of imports on a 2-core host; tests/test_layers.py DEFERRED)
@@ -322,7 +341,7 @@ def _compile(builder, outputs):
         raise OperationError(f"[build] compilation failed: {type(e).__name__}: {e}") from e
 
 
-def forget_host_constants(builder):
+def forget_host_constants(builder: MLGraphBuilder) -> None:
     """A built builder builds nothing more: drop its host copies of the weights (uploaded)."""
     for n in builder._nodes:
         for x in n.inputs:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +26,8 @@ from .dispatch import dispatch as _dispatch
 from .tensor import MLTensor, exported_error
 
 if TYPE_CHECKING:
-    from ..dynamic.dims import MLDynamicDimension
+    from ..dynamic.dims import MLDynamicDimension, Sym
+    from .graph import MLGraph
 
 _POWER = {"default": None, "high-performance": "high-performance", "low-power": "low-power"}
 # "immediates": sizes of dynamic dimensions reach kernels as push constants (dynamic/kernels.py)
@@ -41,11 +43,11 @@ _WANTED_LIMITS = (
     "max-immediate-size",
 )
 MAX_RANK = 8
-_adapters = {}
+_adapters: dict[str, Any] = {}
 _adapter_lock = threading.Lock()
 
 
-def _adapter(power_preference):
+def _adapter(power_preference: str) -> Any:
     # Requesting an adapter costs about a second on a software adapter: one per preference.
     with _adapter_lock:
         a = _adapters.get(power_preference)
@@ -62,7 +64,7 @@ def _adapter(power_preference):
         return a
 
 
-def _check_backend(adapter, where):
+def _check_backend(adapter: Any, where: str) -> None:
     # wgpu's OpenGL backend lacks what the kernels need (it aborts the process on some of them),
     # and wgpu picks it only when no Vulkan/Metal/D3D12 adapter exists.
     info = adapter.info
@@ -74,21 +76,21 @@ def _check_backend(adapter, where):
         )
 
 
-def _int64_disabled():
+def _int64_disabled() -> bool:
     """Internal switch, read when a context is created: MLTENSOR_DISABLE_INT64=1 makes the context
     ignore "shader-int64" (not requested, not used on a given device), so int64/uint64 compute with
     two 32-bit words as on an adapter without the feature. For testing that path; not public."""
     return switch("MLTENSOR_DISABLE_INT64")
 
 
-def _f16_disabled():
+def _f16_disabled() -> bool:
     """Internal switch, read when a context is created: MLTENSOR_DISABLE_F16=1 makes the context
     ignore "shader-f16" (not requested, not used on a given device), so float16 is stored packed
     and computed in f32 as on an adapter without the feature. For testing that path; not public."""
     return switch("MLTENSOR_DISABLE_F16")
 
 
-def _interop():
+def _interop() -> ModuleType:
     """front/interop.py, imported at the first lend: a process that never lends a tensor does not
     load the interop machinery."""
     from . import interop  # start-up (tests/test_layers.py DEFERRED)
@@ -99,32 +101,32 @@ def _interop():
 class _LostInfo:
     """What `await ctx.lost` resolves to: `message` says why the context was lost."""
 
-    def __init__(self, message):
+    def __init__(self, message: str) -> None:
         self.message = message
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<MLContextLostInfo {self.message!r}>"
 
 
 class _Lost:
     """`ctx.lost`: awaitable, resolves to an object with `.message` when the context is lost."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: MLContext) -> None:
         self._ctx = ctx
-        self._futures = []
+        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[_LostInfo]]] = []
 
-    def _resolve(self, info):
+    def _resolve(self, info: _LostInfo) -> None:
         futures, self._futures = self._futures, []
         for loop, fut in futures:
-            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(info))
+            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(info))  # type: ignore[misc]  # (f=fut)
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, _LostInfo]:
         ctx = self._ctx
         ctx._check_device()
         if ctx._lost_info is not None:
             return ctx._lost_info
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut: asyncio.Future[_LostInfo] = loop.create_future()
         with ctx._lock:
             if ctx._lost_info is not None:
                 return ctx._lost_info
@@ -174,7 +176,7 @@ class ML:
     ) -> Awaitable[MLContext]:
         MLContext._check_args(device, power_preference)
 
-        async def create():
+        async def create() -> MLContext:
             return MLContext._create(device, power_preference)
 
         return awaitable(create())
@@ -197,11 +199,29 @@ class MLContext:
 
     # IDL: interface MLContext { ... } (see API.md, "Entry point and context")
 
-    def __init__(self):
+    # its state, set by _create (declared for type checkers)
+    _device: wgpu.GPUDevice
+    _own_device: bool
+    _int64: bool
+    _f16: bool
+    _adapter_info: dict[str, Any]
+    _counters: dict[str, int]
+    _lock: Any
+    _timeline: Timeline
+    _lost_info: _LostInfo | None
+    _lost: _Lost
+    _tensors: set[MLTensor]
+    _graphs: set[MLGraph]
+    _read_waiters: set[Callable[[], object]]
+    _direct_map: bool
+    _constants: ConstantStore
+    _max_bytes: int
+
+    def __init__(self) -> None:
         raise TypeError("MLContext is created with ml.create_context_sync() or _async()")
 
     @staticmethod
-    def _check_args(device, power_preference):
+    def _check_args(device: object, power_preference: str) -> None:
         if power_preference not in _POWER:
             raise TypeError(
                 f"[create_context] power_preference must be one of {', '.join(map(repr, _POWER))}, "
@@ -213,7 +233,7 @@ class MLContext:
             raise InvalidStateError("[create_context] the GPUDevice is destroyed")
 
     @classmethod
-    def _create(cls, device, power_preference):
+    def _create(cls, device: Any, power_preference: str) -> MLContext:
         cls._check_args(device, power_preference)
         self = object.__new__(cls)
         own = device is None
@@ -261,7 +281,7 @@ class MLContext:
         self._timeline = Timeline(device, self._counters, device_gone=None if own else lambda: device_destroyed(device))
         if not own:
             me = weakref.ref(self)
-            self._timeline.on_gone = lambda message: (c := me()) is not None and c._lose(message)
+            self._timeline.on_gone = lambda message: (c := me()) is not None and c._lose(message)  # type: ignore[func-returns-value]  # (its value is unused)
         self._lost_info = None
         self._lost = _Lost(self)
         self._tensors = set()
@@ -274,7 +294,7 @@ class MLContext:
         self._max_bytes = min(lim["max-buffer-size"], lim["max-storage-buffer-binding-size"])
         return self
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = " lost" if self._lost_info else ""
         return f"<MLContext on {self._adapter_info.get('device', '?')}{state}>"
 
@@ -299,11 +319,10 @@ class MLContext:
 
     @property
     def counters(self) -> dict[str, int]:
-        """Python extension: a snapshot dict of what the context has done, for proving how many
-        copies a path makes: `bytes_uploaded`, `bytes_downloaded`,
-        `bytes_copied_between_devices` (interop with another device), `submits`,
-        `kernel_launches`, `tensors_alive`, `bytes_alive` and `constant_bytes` (graphs' weights
-        held on the device, once per distinct content)."""
+        """Python extension: a snapshot dict of what the context has done, for proving how many copies a path makes:
+        `bytes_uploaded`, `bytes_downloaded`, `bytes_copied_between_devices` (interop with another device), `submits`,
+        `kernel_launches`, `tensors_alive`, `bytes_alive` and `constant_bytes` (graphs' weights held on the device, once
+        per distinct content)."""
         with self._lock:
             return dict(self._counters)
 
@@ -314,9 +333,8 @@ class MLContext:
         return set(self._device.features)
 
     def op_support_limits(self) -> dict[str, Any]:
-        """What this context supports (WebNN ``opSupportLimits()``). The data types listed are
-        exactly those that work on this context (int64 and float16 included only where the
-        adapter runs them).
+        """What this context supports (WebNN ``opSupportLimits()``). The data types listed are exactly those that work
+        on this context (int64 and float16 included only where the adapter runs them).
 
         Returns
         -------
@@ -332,16 +350,16 @@ class MLContext:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def _check_device(self):
+    def _check_device(self) -> None:
         if self._lost_info is None and not self._own_device and device_destroyed(self._device):
             self._lose("the GPUDevice was destroyed")
 
-    def _check(self, where):
+    def _check(self, where: str) -> None:
         self._check_device()
         if self._lost_info is not None:
             raise InvalidStateError(f"[{where}] the context is lost ({self._lost_info.message})")
 
-    def _check_tensor(self, t, where, what="tensor"):
+    def _check_tensor(self, t: object, where: str, what: str = "tensor") -> None:
         if not isinstance(t, MLTensor):
             raise TypeError(f"[{where}] {what} must be an MLTensor, got {type(t).__name__}")
         if t._context is not self:
@@ -351,17 +369,17 @@ class MLContext:
         if t._exported is not None:
             raise TypeError(exported_error(where, what))
 
-    def _tensor_created(self, t):
+    def _tensor_created(self, t: MLTensor) -> None:
         self._tensors.add(t)
         self._counters["tensors_alive"] += 1
         self._counters["bytes_alive"] += t._buffer.size
 
-    def _tensor_destroyed(self, t):
+    def _tensor_destroyed(self, t: MLTensor) -> None:
         self._tensors.discard(t)
         self._counters["tensors_alive"] -= 1
         self._counters["bytes_alive"] -= t._buffer.size
 
-    def _lose(self, message):
+    def _lose(self, message: str) -> None:
         with self._lock:
             if self._lost_info is not None:
                 return
@@ -392,7 +410,7 @@ class MLContext:
 
     # -- tensors -------------------------------------------------------------------------------
 
-    def _tensor_args(self, where, data_type, shape):
+    def _tensor_args(self, where: str, data_type: Any, shape: Any) -> tuple[str, tuple[int | Sym, ...]]:
         self._check(where)
         data_type = dtypes.normalize(data_type, where)
         shape = as_shape(shape, where)
@@ -445,9 +463,9 @@ class MLContext:
             The context is lost.
         """
         with self._lock:
-            shape = parse_shape(shape, "create_tensor", {}, named_only=False)  # dynamic: resizable
-            data_type, shape = self._tensor_args("create_tensor", data_type, shape)
-            return MLTensor(self, data_type, shape, readable, writable, importable_to_webgpu)
+            parsed = parse_shape(shape, "create_tensor", {}, named_only=False)  # dynamic: resizable
+            dt, checked = self._tensor_args("create_tensor", data_type, parsed)
+            return MLTensor(self, dt, checked, readable, writable, importable_to_webgpu)
 
     def create_tensor_async(
         self,
@@ -466,7 +484,7 @@ class MLContext:
             importable_to_webgpu=importable_to_webgpu,
         )
 
-        async def done():
+        async def done() -> MLTensor:
             return t
 
         return awaitable(done())
@@ -483,9 +501,8 @@ class MLContext:
         readable: bool = False,
         writable: bool = False,
     ) -> MLTensor:
-        """Create a tensor `export_to_gpu_sync` can rent to `device` (WebNN interop's
-        ``createExportableTensor``): zero-copy when `device` is this context's device, copied in
-        and out otherwise.
+        """Create a tensor `export_to_gpu_sync` can rent to `device` (WebNN interop's ``createExportableTensor``):
+        zero-copy when `device` is this context's device, copied in and out otherwise.
 
         Parameters
         ----------
@@ -521,8 +538,8 @@ class MLContext:
             self._check(where)
             if device_destroyed(device):
                 raise InvalidStateError(f"[{where}] the GPUDevice is destroyed")
-            data_type, shape = self._tensor_args(where, data_type, shape)
-            return MLTensor(self, data_type, shape, readable, writable, False, export_device=device)
+            dt, checked = self._tensor_args(where, data_type, shape)
+            return MLTensor(self, dt, checked, readable, writable, False, export_device=device)
 
     def create_exportable_tensor_async(
         self,
@@ -537,7 +554,7 @@ class MLContext:
             data_type=data_type, shape=shape, device=device, readable=readable, writable=writable
         )
 
-        async def done():
+        async def done() -> MLTensor:
             return t
 
         return awaitable(done())
@@ -548,9 +565,8 @@ class MLContext:
 
     # IDL (WebNN interop, webnn PR #942): Promise<GPUBuffer> exportToGPU(MLTensor tensor);
     def export_to_gpu_sync(self, tensor: MLTensor) -> wgpu.GPUBuffer:
-        """Rent an exportable tensor to its GPUDevice (WebNN interop's ``exportToGPU``). WebNN use
-        of the tensor fails until the buffer's ``destroy()``, which returns the tensor with the
-        device's writes in it.
+        """Rent an exportable tensor to its GPUDevice (WebNN interop's ``exportToGPU``). WebNN use of the tensor fails
+        until the buffer's ``destroy()``, which returns the tensor with the device's writes in it.
 
         Parameters
         ----------
@@ -573,7 +589,7 @@ class MLContext:
         return _interop().export_to_gpu(self, tensor, False)
 
     def export_to_gpu_async(self, tensor: MLTensor) -> Awaitable[wgpu.GPUBuffer]:
-        return _interop().export_to_gpu(self, tensor, True)
+        return _interop().export_to_gpu(self, tensor, True)  # type: ignore[no-any-return]  # (a deferred import)
 
     export_to_gpu_async.__doc__ = async_doc(export_to_gpu_sync, "Awaitable[wgpu.GPUBuffer]\n    The buffer.")
 
@@ -616,9 +632,9 @@ class MLContext:
         """
         where = "create_constant_tensor"
         with self._lock:
-            data_type, shape = self._tensor_args(where, data_type, shape)
-            raw = bytes_of(data, data_type, dtypes.byte_length(data_type, shape), where)
-            t = MLTensor(self, data_type, shape, False, False, False, constant=True)
+            dt, checked = self._tensor_args(where, data_type, shape)
+            raw = bytes_of(data, dt, dtypes.byte_length(dt, checked), where)
+            t = MLTensor(self, dt, checked, False, False, False, constant=True)
             with gpu_errors(where):
                 try:
                     self._timeline.write(t._buffer, _pad4(raw), len(raw))
@@ -632,7 +648,7 @@ class MLContext:
     ) -> Awaitable[MLTensor]:
         t = self.create_constant_tensor_sync(data_type=data_type, shape=shape, data=data)
 
-        async def done():
+        async def done() -> MLTensor:
             return t
 
         return awaitable(done())
@@ -676,7 +692,7 @@ class MLContext:
                 and data.dtype == tensor._np_dtype
             ):
                 tensor._fit(data.shape, where)  # a resizable tensor takes the array's shape
-            raw = bytes_of(data, tensor._data_type, tensor._nbytes, where)
+            raw: bytes | memoryview = bytes_of(data, tensor._data_type, tensor._nbytes, where)
             tl = self._timeline
             task = Task((), (tensor,), None)
             if tl.hold_reason(task) is not None:
@@ -688,7 +704,7 @@ class MLContext:
 
     # IDL: Promise<ArrayBuffer> readTensor(MLTensor tensor);
     # IDL: Promise<undefined> readTensor(MLTensor tensor, AllowSharedBufferSource outputData);
-    def _read_args(self, tensor, out, where):
+    def _read_args(self, tensor: MLTensor, out: BufferLike | None, where: str) -> memoryview | None:
         self._check_tensor(tensor, where)
         self._check(where)
         if not tensor._readable:
@@ -734,7 +750,9 @@ class MLContext:
         """
         return self._start_read(tensor, out, sync=True).wait_sync("read_tensor")
 
-    def _start_read(self, tensor, out=None, where="read_tensor", sync=False):
+    def _start_read(
+        self, tensor: MLTensor, out: Any = None, where: str = "read_tensor", sync: bool = False
+    ) -> PendingRead:
         """Validate and start a read; returns the PendingRead (wait_sync / wait_async). Several
         started before any is waited on complete with one submit (InferenceSession uses this).
         sync: the caller will wait with wait_sync, so on CPU adapters a mappable tensor that
@@ -763,15 +781,14 @@ class MLContext:
     dispatch = _dispatch
 
     def flush(self) -> None:
-        """Python extension: submit recorded GPU work now (it is submitted anyway when something
-        waits on it)."""
+        """Python extension: submit recorded GPU work now (it is submitted anyway when something waits on it)."""
         with self._lock:
             self._check("flush")
             with gpu_errors("flush"):
                 self._timeline.flush()
 
 
-def _pad4(raw):
+def _pad4(raw: bytes | memoryview) -> bytes | memoryview:
     n = len(raw)
     if n % 4 == 0 and n:
         return raw

@@ -12,16 +12,19 @@ globals so the loop looks each up once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from wgpu.backends.wgpu_native._ffi import ffi as _ffi
 from wgpu.backends.wgpu_native._ffi import lib as _lib
 
 from ..errors import DOMException, InvalidStateError, gpu_errors
-from ..runtime.timeline import Task
+from ..runtime.timeline import Task, Timeline
 from .graph import MLGraph
 from .tensor import MLTensor, exported_error
+
+if TYPE_CHECKING:
+    from ..dynamic.plan import DynamicPlan, LaunchData
 
 _set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
 _set_bind_group = _lib.wgpuComputePassEncoderSetBindGroup
@@ -30,7 +33,7 @@ _set_immediates = _lib.wgpuComputePassEncoderSetImmediates
 _NULL = _ffi.NULL
 
 
-def _valid_fast(ctx, graph, inputs, outputs):
+def _valid_fast(ctx: Any, graph: Any, inputs: Any, outputs: Any) -> bool:
     """True when every dispatch rule holds, checked with the fewest operations (the common case).
     Anything unusual goes through _validate, which raises the precise error."""
     if (
@@ -79,7 +82,7 @@ def _valid_fast(ctx, graph, inputs, outputs):
     return True
 
 
-def _validate(ctx, graph, inputs, outputs, shapes=True):
+def _validate(ctx: Any, graph: Any, inputs: Any, outputs: Any, shapes: bool = True) -> None:
     """Every dispatch rule, raising the precise error. shapes=False: data types only (a graph with
     dynamic dimensions checks shapes with its DynamicPlan)."""
     where = "dispatch"
@@ -201,7 +204,9 @@ def dispatch(ctx: Any, graph: MLGraph, inputs: Mapping[str, MLTensor], outputs: 
         lock.release()
 
 
-def _dispatch_dynamic(ctx, graph, inputs, outputs):
+def _dispatch_dynamic(
+    ctx: Any, graph: MLGraph, inputs: Mapping[str, MLTensor], outputs: Mapping[str, MLTensor]
+) -> None:
     """A dispatch of a graph with dynamic dimensions: the sizes come from the input tensors'
     shapes, each output tensor must have the resulting shape (a resizable one takes it), and the
     launches are recorded with those sizes (lock held)."""
@@ -218,7 +223,7 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
     else:
         _validate(ctx, graph, inputs, outputs, shapes=False)
         tensors = None
-    plan = graph._dyn
+    plan = cast("DynamicPlan", graph._dyn)  # (set: a graph with dynamic dimensions)
     values = plan.bind({n: t._shape for n, t in inputs.items()})
     shapes = plan.output_shapes(values)
     for name, t in outputs.items():
@@ -250,7 +255,7 @@ def _dispatch_dynamic(ctx, graph, inputs, outputs):
         _record_imm(tl, graph, tensors, data)
 
 
-def _record_imm(tl, graph, tensors, data):
+def _record_imm(tl: Timeline, graph: MLGraph, tensors: Sequence[MLTensor], data: LaunchData) -> None:
     """_record for a graph whose kernels take immediate data (runtime/replay.c mlt_replay_imm):
     `data` (dynamic/plan.LaunchData) holds the workgroup counts and the immediate bytes, each
     launch's at graph._imm_rows, set where graph._imm_at says."""
@@ -319,13 +324,19 @@ def _record_imm(tl, graph, tensors, data):
     tl.launched(len(bound))
 
 
-def _held_dispatch(tl, graph, inputs, outputs, tensors):
+def _held_dispatch(
+    tl: Timeline,
+    graph: MLGraph,
+    inputs: Mapping[str, MLTensor],
+    outputs: Mapping[str, MLTensor],
+    tensors: Sequence[MLTensor],
+) -> None:
     """A dispatch as an ordinary task. It reads the graph too, so a later graph.destroy() (a task
     writing it) frees the graph's buffers only after this has been recorded."""
     tl.enqueue(Task((*inputs.values(), graph), tuple(outputs.values()), lambda: _record(tl, graph, tensors)))
 
 
-def _record(tl, graph, tensors):
+def _record(tl: Timeline, graph: MLGraph, tensors: Sequence[MLTensor]) -> None:
     bound, raw, buffers, tail, rest, native, _ = graph._replay(tensors)
     imm = graph._imm_at is not None  # launch parameters (a static graph: its fixed LaunchData)
     if imm and (native is None or not graph._native):

@@ -8,13 +8,16 @@ set of tensors (dropped when one of them is destroyed), with the replay lists a 
 (front/dispatch.py records them into the context's compute pass).
 """
 
+from __future__ import annotations
+
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ..dynamic.dims import Sym
 from ..runtime import replay
 from ..runtime.compile import compile_kernels, warm
-from ..runtime.program import Ext, ext_of, resource_of
+from ..runtime.program import Ext, Program, ext_of, resource_of
 from ..runtime.timeline import Task, handle_address
 from ..runtime.wgsl import pipeline
 from ..dynamic.kernels import dims_blocks, immediates_layout
@@ -31,7 +34,7 @@ class MLGraph:
 
     # IDL: interface MLGraph { undefined destroy(); }
 
-    def __init__(self, ctx, program):
+    def __init__(self, ctx: Any, program: Program) -> None:  # ctx: its MLContext (no import circle)
         """program: the build's result (runtime/program.py Program: compiler/build.py
         compile_graph, or graphcache/recipe.py rebuild); the graph dispatches it."""
         self._context = ctx
@@ -46,22 +49,25 @@ class MLGraph:
         # launches whose pipeline is not created yet (pipeline None: _create)
         self._lazy = sum(e[0] is None for e in self._launches)
         self._unwarmed = program.unwarmed  # kernels for Mesa's warm-up at the first dispatch (_create)
-        self._sources = program.sources  # each launch's WGSL when known (a loaded graph: its lazy launches')
-        self._last_off = None  # the launches the last replay list skips (LaunchData.off)
+        self._sources: Any = program.sources  # each launch's WGSL when known (a loaded graph: its lazy launches')
+        self._last_off: Any = None  # the launches the last replay list skips (LaunchData.off)
         self._destroyed = False
-        self._bg_cache = {}
-        self._last_tensors, self._last = [], None
-        self._last_call = None  # (inputs, outputs, tensors) of the last dispatch, validated
+        self._bg_cache: dict[Any, tuple[list[weakref.ref[Any]], tuple[Any, ...]]] = {}
+        self._last_tensors: list[Any] = []
+        self._last: Any = None
+        self._last_call: Any = None  # (inputs, outputs, tensors) of the last dispatch, validated
         self._dyn = program.dyn  # a DynamicPlan when some dimension is known only at dispatch
-        self._imm_at = self._imm_static = self._imm_end = None  # (_finish)
-        self._last_dyn = None  # _last_call of a graph with a DynamicPlan
+        self._imm_at: Any = None  # (_finish)
+        self._imm_static: Any = None
+        self._imm_end: Any = None
+        self._last_dyn: Any = None  # _last_call of a graph with a DynamicPlan
         # Graph replay calls wgpu-native directly where that is the backend wgpu-py runs on.
         self._native = type(ctx.device).__module__.startswith("wgpu.backends.wgpu_native")
         with ctx._lock:
             ctx._graphs.add(self)
         self._finish()
 
-    def _finish(self):
+    def _finish(self) -> None:
         self._dynamic = [i for i, e in enumerate(self._launches) if e[4] is None]
         # Immediate data (dynamic/kernels.py immediates_layout): dynamic dimensions' sizes, per
         # dispatch; launch parameters (shared pipelines), fixed: one LaunchData for every dispatch
@@ -72,7 +78,7 @@ class MLGraph:
         self._imm0 = self._imm_at[0][1] if self._imm_at else 0  # (offset 0: immediates_layout)
         # offset of the immediates in effect after a replay (the last launch that sets some)
         self._imm_last = next((off for off, size in reversed(self._imm_at) if size), None)
-        self._imm_c = None  # _imm_at[1:] as a C array (the compiled loop's)
+        self._imm_c: Any = None  # _imm_at[1:] as a C array (the compiled loop's)
         if self._dyn is None and not any(size for _, size in self._imm_rows):
             self._imm_at = None  # the plain replay (runtime/replay.c mlt_replay)
         elif self._dyn is None:
@@ -127,7 +133,8 @@ class MLGraph:
                 if s != tuple(self._inputs[n][1]):
                     raise TypeError(f"[{where}] input {n!r} must have shape {list(self._inputs[n][1])}, got {list(s)}")
             return {n: tuple(s) for n, (_, s) in self._outputs.items()}
-        return self._dyn.output_shapes(self._dyn.bind(shapes, where))
+        out: dict[str, tuple[int, ...]] = self._dyn.output_shapes(self._dyn.bind(shapes, where))
+        return out
 
     @property
     def output_descriptors(self) -> dict[str, tuple[str, tuple[int | Sym, ...]]]:
@@ -220,7 +227,7 @@ class MLGraph:
         memory is per context; `ctx.counters["constant_bytes"]` is the store's total."""
         return dict(self._program.memory)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<MLGraph {len(self._launches)} kernels, inputs {list(self._inputs)}, outputs {list(self._outputs)}>"
 
     def destroy(self) -> None:
@@ -241,18 +248,18 @@ class MLGraph:
             shared, self._shared = self._shared, []
             tl = ctx._timeline
 
-            def free():
+            def free() -> None:
                 tl.after_submit(lambda: [b.destroy() for b in bufs])
                 ctx._constants.release(shared)  # other graphs may still bind them
 
             tl.enqueue(Task((), (self,), free))
 
-    def _bound(self, tensors, off=None):
+    def _bound(self, tensors: Sequence[Any], off: Any = None) -> Any:
         """Launch list [(pipeline, bind group, groups)] for this tensor set (cached), without the
         launches `off` (LaunchData.off)."""
         return self._replay_skipping(tensors, off)[0]
 
-    def _create(self, idx):
+    def _create(self, idx: Iterable[int]) -> None:
         """Create the pipelines and fixed bind groups of the launches `idx` not created yet (size
         buckets' variants: at the first dispatch that runs them), in parallel as a build does.
         Called with the device lock held (dispatch), so two threads never both create one; the
@@ -277,14 +284,14 @@ class MLGraph:
             e[1], e[0] = bgl, pipe
             self._lazy -= 1
 
-    def _replay(self, tensors):
+    def _replay(self, tensors: Sequence[Any]) -> Any:
         """_replay_skipping for a graph that skips no launch (no dynamic dimensions): the
         dispatch hot path, whose check of the last tensor set is all it adds."""
         if tensors == self._last_tensors:
             return self._last
         return self._replay_skipping(tensors, None)
 
-    def _replay_skipping(self, tensors, off):
+    def _replay_skipping(self, tensors: Sequence[Any], off: Any) -> Any:
         """(bound launches, replay list, buffers, ..., immediates layout) for this tensor set,
         cached per set; the last set is checked first (a session binds the same tensors every
         run). `off`: launches left out (no workgroups at this dispatch's sizes: LaunchData.off),
@@ -297,25 +304,25 @@ class MLGraph:
         a new set; the others are shared by every set."""
         if tensors == self._last_tensors and (off is self._last_off or off == self._last_off):
             return self._last
-        key = tuple(id(t) for t in tensors)
+        key: tuple[Any, ...] = tuple(id(t) for t in tensors)
         if off is not None:
             key = (key, off)
         hit = self._bg_cache.get(key)
         if hit is not None and all(r() is t for r, t in zip(hit[0], tensors)):
             self._last_tensors, self._last, self._last_off = list(tensors), hit[1], off
             return hit[1]
-        by_slot = {}
+        by_slot: dict[tuple[str, str], Any] = {}
         names = [("in", n) for n in self._in_names] + [("out", n) for n in self._out_names]
         for (kind, name), t in zip(names, tensors):
             by_slot[(kind, name)] = t._buffer
         device = self._context.device
-        idx = range(len(self._launches))
+        idx: Sequence[int] = range(len(self._launches))
         if off is not None:
             skip = set(off)
             idx = [i for i in idx if i not in skip]
         if self._lazy or self._unwarmed:
             self._create(idx)
-        bound = []
+        bound: list[tuple[Any, Any, Any]] = []
         for i in idx:
             pipe, bgl, bufs, groups, bg = self._launches[i]
             if bg is None:  # caller's tensors, whole or a view (a slab of a concat output)
@@ -331,7 +338,8 @@ class MLGraph:
                     layout=bgl, entries=[{"binding": i, "resource": resource_of(b)} for i, b in enumerate(real)]
                 )
             bound.append((pipe, bg, groups))
-        raw, last_pipe, last_bg = [], None, None
+        raw: list[tuple[Any, ...]] = []
+        last_pipe = last_bg = None
         if self._native:
             for pipe, bg, groups in bound:
                 rp, rb = pipe._internal, bg._internal
@@ -368,7 +376,7 @@ class MLGraph:
         self._last_tensors, self._last, self._last_off = list(tensors), entry, off
         return entry
 
-    def _evict(self, tensor):
+    def _evict(self, tensor: Any) -> None:
         self._last_call = self._last_dyn = None
         if tensor in self._last_tensors:
             self._last_tensors, self._last = [], None
@@ -378,6 +386,6 @@ class MLGraph:
             del self._bg_cache[k]
 
 
-def program_of(graph):
+def program_of(graph: MLGraph) -> Program:
     """The Program `graph` dispatches (runtime/program.py): what the graph cache saves."""
     return graph._program

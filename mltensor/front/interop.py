@@ -20,7 +20,10 @@
 object is re-pointed at a tiny stub buffer, so a stray use afterwards cannot touch the tensor.
 """
 
+from __future__ import annotations
+
 from collections.abc import Awaitable
+from typing import Any
 
 import wgpu
 from wgpu.backends.wgpu_native import _api as _native
@@ -34,7 +37,7 @@ from .tensor import MLTensor
 _USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
 
-def _device_state(device):
+def _device_state(device: Any) -> dict[str, Any]:
     """Per-device interop state, kept on the device object itself (a dict keyed by the device
     would keep it alive: its buffers reference it): the 4-byte stub that released leases point
     to, and a small pool of MAP_READ buffers for cross-device copy-back."""
@@ -44,12 +47,15 @@ def _device_state(device):
     return st
 
 
-class LentBuffer(_native.GPUBuffer):
+class LentBuffer(_native.GPUBuffer):  # type: ignore[misc]  # (wgpu ships no types: its classes are Any)
     """A wgpu.GPUBuffer handed to a device by import_external_buffer. destroy() and release()
     return the tensor to ML; they do not free its memory."""
 
+    _internal: Any  # (wgpu-py's: the native buffer handle)
+    _lease: _Lease
+
     @classmethod
-    def _wrap(cls, lease, internal, device, size, label):
+    def _wrap(cls, lease: _Lease, internal: Any, device: Any, size: int, label: str) -> LentBuffer:
         """A second wgpu-py object around a native buffer, with its own native reference
         (balanced by the release in _release() or _repoint())."""
         _lib.wgpuBufferAddRef(internal)
@@ -58,15 +64,15 @@ class LentBuffer(_native.GPUBuffer):
         return self
 
     # IDL: undefined destroy();
-    def destroy(self):
+    def destroy(self) -> None:
         """End the lease (the tensor goes back to ML with the device's writes); idempotent."""
         self._lease.end()
 
-    def release(self):
+    def release(self) -> None:
         """Python extension, same as destroy(): end the lease; idempotent."""
         self._lease.end()
 
-    def _repoint(self, device):
+    def _repoint(self, device: Any) -> None:
         """After the lease: point this object at a stub so later use cannot reach the tensor."""
         state = _device_state(device)
         stub = state["stub"]
@@ -85,7 +91,7 @@ class _Lease:
     """One lend of a tensor to a device: `rent` for export_to_gpu (WebNN use fails meanwhile),
     else import_external_buffer's (WebNN use is held back meanwhile)."""
 
-    def __init__(self, tensor, device, rent=False):
+    def __init__(self, tensor: MLTensor, device: Any, rent: bool = False) -> None:
         ctx = tensor._context
         self.tensor = tensor
         self.ctx = ctx
@@ -94,15 +100,15 @@ class _Lease:
         self.same = device is ctx.device
         self.size = tensor._buffer.size
         self.state = "pending"  # -> "lent" -> "ended"
-        self.buffer = None
-        self.error = None
-        self._staging = None
-        self._promise = None
+        self.buffer: Any = None  # the LentBuffer, once lent
+        self.error: Exception | None = None
+        self._staging: Any = None
+        self._promise: Any = None
         self.task = Task((tensor,), (tensor,), self._start)
 
     # -- import ---------------------------------------------------------------------------------
 
-    def _start(self):
+    def _start(self) -> None:
         """The import task: runs once the ML work before it is recorded (call order)."""
         tl = self.ctx._timeline
         t = self.tensor
@@ -120,11 +126,11 @@ class _Lease:
         except Exception as e:  # e.g. a lost device: reported to the importer, never to resume()
             self.error = e
 
-    def _label(self):
+    def _label(self) -> str:
         t = self.tensor
         return f"mltensor-lent-{t._data_type}{list(t._shape)}"
 
-    def _complete(self, where):
+    def _complete(self, where: str) -> LentBuffer:
         """After the import task ran (and, cross device, the staging map resolved)."""
         ctx = self.ctx
         if self.error is not None:
@@ -151,7 +157,7 @@ class _Lease:
         self.state = "lent"
         return buf
 
-    def _drop_staging(self):
+    def _drop_staging(self) -> None:
         if self._staging is not None:
             if self._promise is not None:
                 try:
@@ -162,7 +168,7 @@ class _Lease:
                 self.ctx._timeline.release_staging(self._staging)
             self._staging = self._promise = None
 
-    def _abort(self):
+    def _abort(self) -> None:
         """The import failed or was cancelled: the tensor is not lent after all."""
         if not self.task.done:  # still held back: take it out of the queue
             self.task.body = lambda: None
@@ -172,7 +178,7 @@ class _Lease:
         self._drop_staging()
         self._finish_lease()
 
-    def run_sync(self, where):
+    def run_sync(self, where: str) -> LentBuffer:
         try:
             if self._promise is not None:
                 wait_sync_promise(self._promise, self.ctx._timeline.device_gone)  # without the lock
@@ -183,7 +189,7 @@ class _Lease:
                 self._abort()
             raise
 
-    async def run_async(self, where):
+    async def run_async(self, where: str) -> LentBuffer:
         ctx = self.ctx
         try:
             await task_done(ctx, self.task)
@@ -200,7 +206,7 @@ class _Lease:
 
     # -- release --------------------------------------------------------------------------------
 
-    def end(self):
+    def end(self) -> None:
         """buf.destroy() / buf.release(): idempotent."""
         ctx, t = self.ctx, self.tensor
         with ctx._lock:
@@ -221,7 +227,7 @@ class _Lease:
                 self.buffer._repoint(self.device)
                 self._finish_lease()
 
-    def _copy_back(self):
+    def _copy_back(self) -> bytes | None:
         """Wait for the device's work on the buffer (map a staging copy) and return its bytes;
         None when the device is gone (the tensor keeps its pre-import contents). end() writes
         them into the tensor through the context's queue, ahead of the held-back ML work."""
@@ -258,7 +264,7 @@ class _Lease:
                 elif not device_destroyed(dev):
                     st.destroy()
 
-    def _finish_lease(self):
+    def _finish_lease(self) -> None:
         self.state = "ended"
         t, ctx = self.tensor, self.ctx
         if getattr(t, "_lease", None) is self:
@@ -271,7 +277,7 @@ class _Lease:
             tl.resume()
 
 
-def _begin(device, tensor, where, asynchronous):
+def _begin(device: object, tensor: object, where: str, asynchronous: bool) -> tuple[_Lease, bool]:
     if not isinstance(device, wgpu.GPUDevice):
         raise TypeError(f"[{where}] device must be a wgpu.GPUDevice, got {type(device).__name__}")
     if not isinstance(tensor, MLTensor):
@@ -287,7 +293,9 @@ def _begin(device, tensor, where, asynchronous):
         return _begin_locked(ctx, device, tensor, where, asynchronous)
 
 
-def _begin_locked(ctx, device, tensor, where, asynchronous, rent=False):
+def _begin_locked(
+    ctx: Any, device: Any, tensor: MLTensor, where: str, asynchronous: bool, rent: bool = False
+) -> tuple[_Lease, bool]:
     ctx._check(where)
     if tensor._destroyed:
         raise InvalidStateError(f"[{where}] the tensor is destroyed")
@@ -376,7 +384,7 @@ def import_external_buffer_async(device: wgpu.GPUDevice, tensor: MLTensor) -> Aw
     where = "import_external_buffer"
     lease, again = _begin(device, tensor, where, True)
 
-    async def existing():
+    async def existing() -> Any:
         return lease.buffer
 
     return awaitable(existing() if again else lease.run_async(where))
@@ -389,7 +397,7 @@ import_external_buffer_async.__doc__ = async_doc(
 
 
 # IDL (WebNN interop, webnn PR #942): Promise<GPUBuffer> exportToGPU(MLTensor tensor);
-def export_to_gpu(ctx, tensor, asynchronous):
+def export_to_gpu(ctx: Any, tensor: object, asynchronous: bool) -> LentBuffer | Awaitable[LentBuffer]:
     """MLContext.export_to_gpu_sync/_async: rent an exportable tensor to its device."""
     where = "export_to_gpu"
     if not isinstance(tensor, MLTensor):

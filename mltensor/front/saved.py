@@ -4,8 +4,9 @@ is (front/context.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import Any, TypeVar
 
 from ..errors import InvalidStateError, NotFoundError, OperationError, gpu_errors
 from ._util import async_doc, awaitable
@@ -13,8 +14,10 @@ from .graph import MLGraph
 
 # (self is the MLContext: not imported, context.py imports this module)
 
+_T = TypeVar("_T")
 
-def _graph_store():
+
+def _graph_store() -> ModuleType:
     """graphcache/store.py, imported at the first graph-cache call: `import mltensor` alone never
     loads the cache's modules (pickle, hashlib with OpenSSL: about 5 ms and 4 MB of a start)."""
     from ..graphcache import store  # start-up (tests/test_layers.py DEFERRED)
@@ -22,7 +25,7 @@ def _graph_store():
     return store
 
 
-def _graph_key(key, where):
+def _graph_key(key: object, where: str) -> str:
     if not isinstance(key, str) or not key:
         raise TypeError(f"[{where}] key must be a non-empty string, got {key!r}")
     return key
@@ -144,11 +147,11 @@ def delete_graph(self: Any, key: str) -> None:
     _graph_store().delete(self, _graph_key(key, "delete_graph"))
 
 
-def _later(fn, *args):
+def _later(fn: Callable[..., _T], *args: Any) -> Awaitable[_T]:
     """The _async form of a call that does its work at once: an awaitable of its result (its
     error raised at the await)."""
 
-    async def run():
+    async def run() -> _T:
         return fn(*args)
 
     return awaitable(run())

@@ -1,5 +1,11 @@
 """MLTensor: a wgpu storage buffer owned by one context."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
 import wgpu
 
 from .. import dtypes
@@ -18,27 +24,39 @@ class MLTensor:
 
     # IDL: interface MLTensor { dataType; shape; readable; writable; importableToWebGPU; constant; destroy(); }
 
-    def __init__(self, ctx, data_type, shape, readable, writable, importable, constant=False, export_device=None):
+    def __init__(
+        self,
+        ctx: Any,  # its MLContext (front/context.py imports this module: annotated as Any, no import circle)
+        data_type: str,
+        shape: Iterable[int | Sym],
+        readable: bool,
+        writable: bool,
+        importable: bool,
+        constant: bool = False,
+        export_device: wgpu.GPUDevice | None = None,
+    ) -> None:
         self._context = ctx
         self._data_type = data_type
         # create_exportable_tensor: the GPUDevice export_to_gpu rents it to, and the lease while it
         # is exported (front/interop.py; WebNN calls on it then fail)
         self._export_device = export_device
-        self._exported = None
+        self._exported: object | None = None
+        self._lease: Any  # (front/interop.py: set while an import or export is pending or lent)
         # Python extension: a shape with dynamic dimensions makes a resizable tensor. Its buffer
         # holds the maximum sizes; its current shape (`shape`, the maximum at first) is set by
         # write_tensor of an array and by each dispatch writing it as an output, so one tensor
         # serves every size of a decode loop without allocating (dynamic/dims.py).
-        self._max_shape = None if is_static(shape) else tuple(shape)
-        shape = tuple(high(d) for d in shape)
-        self._shape = shape
+        shape = tuple(shape)
+        self._max_shape: tuple[int | Sym, ...] | None = None if is_static(shape) else shape
+        static: tuple[int, ...] = tuple(high(d) for d in shape)
+        self._shape = static
         self._readable = bool(readable)
         self._writable = bool(writable)
         self._importable = bool(importable)
         self._constant = constant
         self._destroyed = False
-        self._np_dtype = dtypes.NUMPY[data_type]
-        self._nbytes = dtypes.byte_length(data_type, shape)
+        self._np_dtype: np.dtype[Any] = dtypes.NUMPY[data_type]
+        self._nbytes: int = dtypes.byte_length(data_type, static)
         usage = wgpu.BufferUsage.STORAGE
         lendable = importable or export_device is not None
         if readable or lendable or constant:  # (a constant's bytes: save_graph reads them back)
@@ -51,9 +69,10 @@ class MLTensor:
             usage |= wgpu.BufferUsage.MAP_READ
         with gpu_errors("create_constant_tensor" if constant else "create_tensor"):  # out of memory
             self._buffer = ctx.device.create_buffer(
-                label=f"mltensor-{data_type}{list(shape)}", size=dtypes.padded(self._nbytes), usage=usage
+                label=f"mltensor-{data_type}{list(static)}", size=dtypes.padded(self._nbytes), usage=usage
             )
-        self._on_destroy = []  # callbacks (bind-group caches, interop) run at destroy()
+        # callbacks (bind-group caches, interop) run at destroy()
+        self._on_destroy: list[Callable[[MLTensor], object]] = []
         ctx._tensor_created(self)
 
     @property
@@ -75,19 +94,19 @@ class MLTensor:
         dimensions with `.name` and `.max_size`), None for a tensor of one fixed shape."""
         return self._max_shape
 
-    def _fit(self, shape, where, what="the tensor"):
+    def _fit(self, shape: Iterable[int], where: str, what: str = "the tensor") -> None:
         """Make `shape` the current shape of a resizable tensor (TypeError if it does not fit its
         declared shape); a fixed tensor's shape must equal it."""
-        shape = tuple(int(d) for d in shape)
-        if shape == self._shape:
+        fitted = tuple(int(d) for d in shape)
+        if fitted == self._shape:
             return
         if self._max_shape is None:
-            raise TypeError(f"[{where}] {what} has shape {list(self._shape)}, expected {list(shape)}")
-        values = {}
-        bind(self._max_shape, shape, values, f"[{where}] {what}")
-        check_derived(self._max_shape, shape, values, f"[{where}] {what}")
-        self._shape = shape
-        self._nbytes = dtypes.byte_length(self._data_type, shape)
+            raise TypeError(f"[{where}] {what} has shape {list(self._shape)}, expected {list(fitted)}")
+        values: dict[str, int] = {}
+        bind(self._max_shape, fitted, values, f"[{where}] {what}")
+        check_derived(self._max_shape, fitted, values, f"[{where}] {what}")
+        self._shape = fitted
+        self._nbytes = dtypes.byte_length(self._data_type, fitted)
 
     @property
     def readable(self) -> bool:
@@ -109,7 +128,7 @@ class MLTensor:
         """Created by create_constant_tensor: usable only as MLGraphBuilder.constant(tensor)."""
         return self._constant
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         flags = [n for n in ("readable", "writable", "importable_to_webgpu", "constant") if getattr(self, n)]
         flags += ["exportable"] if self._export_device is not None else []
         state = " destroyed" if self._destroyed else " exported" if self._exported else ""
@@ -135,7 +154,7 @@ class MLTensor:
             buf = self._buffer
             tl = ctx._timeline
 
-            def free():
+            def free() -> None:
                 if tl.uses(buf):
                     tl.after_submit(buf.destroy)
                 else:
@@ -144,7 +163,7 @@ class MLTensor:
             tl.enqueue(Task((), (self,), free))
 
 
-def exported_error(where, what="tensor"):
+def exported_error(where: str, what: str = "tensor") -> str:
     """The message of a WebNN call on a tensor rented to WebGPU by export_to_gpu (a TypeError)."""
     return (
         f"[{where}] {what} is exported to WebGPU (export_to_gpu): WebNN cannot use it until the GPUBuffer is destroyed"

@@ -2,7 +2,11 @@
 operator call), and the queries on them that the compiler's passes and the operators' lowerings
 share. Pure Python: no wgpu, no templates (the bottom of the build path, CONTRIBUTING.md)."""
 
+from __future__ import annotations
+
 import math
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +22,16 @@ class MLOperand:
     # IDL: interface MLOperand { readonly attribute MLOperandDataType dataType; readonly attribute FrozenArray<unsigned long> shape; }
     __slots__ = ("_builder", "_data_type", "_shape", "_kind", "_node", "_name", "_value", "__weakref__")
 
-    def __init__(self, builder, data_type, shape, kind, node=None, name=None, value=None):
+    def __init__(
+        self,
+        builder: Any,  # its MLGraphBuilder (front/, a floor above)
+        data_type: str,
+        shape: Iterable[int | Sym],
+        kind: str,
+        node: Node | None = None,
+        name: str | None = None,
+        value: Any = None,
+    ) -> None:
         self._builder = builder
         self._data_type = data_type
         self._shape = tuple(shape)
@@ -53,9 +66,10 @@ class MLOperand:
     @property
     def size(self) -> int | Sym:
         """Python extension: the number of elements (a size expression when dynamic)."""
-        return math.prod(self._shape)
+        n: int | Sym = math.prod(self._shape)
+        return n
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         what = self._name or (self._node.op if self._node else self._kind)
         return f"<MLOperand {what} {self._data_type} {list(self._shape)}>"
 
@@ -65,22 +79,22 @@ class Node:
 
     __slots__ = ("op", "inputs", "attrs", "outputs", "label")
 
-    def __init__(self, op, inputs, attrs, label):
+    def __init__(self, op: str, inputs: Iterable[MLOperand | None], attrs: dict[str, Any], label: str | None) -> None:
         self.op = op
         self.inputs = list(inputs)
         self.attrs = attrs
-        self.outputs = []
+        self.outputs: list[MLOperand] = []
         self.label = label
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<Node {self.op}{' ' + self.label if self.label else ''}>"
 
 
-def as_shape(shape, where, allow_zero=False):
+def as_shape(shape: Any, where: str, allow_zero: bool = False) -> tuple[int | Sym, ...]:
     """A shape as a tuple of ints; TypeError for anything that is not a sequence of dims > 0."""
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
         raise TypeError(f"[{where}] shape must be a sequence of integers, got {shape!r}")
-    out = []
+    out: list[int | Sym] = []
     for d in shape:
         if isinstance(d, Sym):  # a dynamic dimension (its bounds are checked where it is made)
             out.append(d)
@@ -96,7 +110,7 @@ def as_shape(shape, where, allow_zero=False):
     return tuple(out)
 
 
-def live_nodes(builder, outputs):
+def live_nodes(builder: Any, outputs: Mapping[str, MLOperand]) -> list[Node]:
     """Nodes reachable from the outputs, in creation (= topological) order."""
     needed = set()
     stack = [v for v in outputs.values()]
@@ -110,10 +124,11 @@ def live_nodes(builder, outputs):
     return [n for n in builder._nodes if id(n) in needed]
 
 
-def external_inputs(nodes):
+def external_inputs(nodes: Iterable[Node]) -> list[MLOperand]:
     """Distinct values a group of nodes reads that it does not produce (its kernel's inputs)."""
     produced = {id(v) for n in nodes for v in n.outputs}
-    seen, out = set(), []
+    seen: set[int] = set()
+    out: list[MLOperand] = []
     for n in nodes:
         for x in n.inputs:
             if x is not None and id(x) not in produced and id(x) not in seen:
@@ -122,14 +137,14 @@ def external_inputs(nodes):
     return out
 
 
-def scalar_value(v):
+def scalar_value(v: MLOperand | None) -> float | None:
     """The value of a host constant with one element, else None."""
     if v is None or v._kind != "constant" or not isinstance(v._value, np.ndarray) or v._value.size != 1:
         return None
     return float(np.asarray(v._value, dtype=np.float64).reshape(()))
 
 
-def inline_scalar(v):
+def inline_scalar(v: MLOperand) -> float | None:
     """The value of a float32/float16 host constant of one element (fused epilogues write it
     as a literal instead of binding it), else None."""
     if v.data_type not in ("float32", "float16"):

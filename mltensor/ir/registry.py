@@ -8,6 +8,7 @@ class is attached once (front/builder.py) and gets every method registered befor
 import functools
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import dtypes
 from ..errors import NotSupportedError
@@ -122,7 +123,7 @@ def attach(cls):
         setattr(cls, name, method)
 
 
-def support_limits(ctx):
+def support_limits(ctx: Any) -> dict[str, Any]:
     """The WebNN MLOpSupportLimits dictionary, in snake_case."""
 
     def entry(types, rank=(0, MAX_RANK)):

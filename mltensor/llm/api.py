@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
     from ..front.context import MLContext
     from .gguf import LlamaConfig
+
+    _Done = Callable[[str], None] | None  # what a call runs at its end, with the reply
+    _Pieces = Generator[Any, None, None]  # a call's text pieces, or its token ids
 
 
 class SamplingOptions(TypedDict, total=False):
@@ -82,7 +85,8 @@ def resolve_model(path_or_name: str | os.PathLike[str]) -> str:
 class _Settings:
     """One call's validated options."""
 
-    def __init__(self, max_tokens, temperature, top_k, top_p, repeat_penalty, seed, stop):
+    def __init__(self, max_tokens: int, temperature: float, top_k: int, top_p: float, repeat_penalty: float,
+                 seed: int | None, stop: str | Sequence[str] | None) -> None:  # fmt: skip
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise TypeError(f"[LLM] max_tokens must be a positive integer, got {max_tokens!r}")
         self.max_tokens = max_tokens
@@ -101,17 +105,17 @@ class _Settings:
         self.stop = stop
 
     @property
-    def key(self):
+    def key(self) -> tuple[float, int, float, float]:
         return (self.temperature, self.top_k, self.top_p, self.repeat_penalty)
 
 
-def _options(max_tokens, kw):
+def _options(max_tokens: int, kw: Mapping[str, Any]) -> _Settings:
     unknown = set(kw) - set(DEFAULTS) - {"seed", "stop"}
     if unknown:
         raise TypeError(
             f"[LLM] unknown options {sorted(unknown)} (known: max_tokens, seed, stop, {', '.join(DEFAULTS)})"
         )
-    o = dict(DEFAULTS, seed=None, stop=None)
+    o: dict[str, Any] = dict(DEFAULTS, seed=None, stop=None)
     o.update(kw)
     return _Settings(max_tokens, o["temperature"], o["top_k"], o["top_p"], o["repeat_penalty"], o["seed"], o["stop"])
 
@@ -119,20 +123,20 @@ def _options(max_tokens, kw):
 class _Cache:
     """One KV cache (a LlamaSession) and the token ids it holds, in order."""
 
-    def __init__(self, model):
+    def __init__(self, model: LlamaModel) -> None:
         self.session = model.session()
-        self.ids = []
+        self.ids: list[int] = []
 
-    def reset(self):
+    def reset(self) -> None:
         self.session.reset()
         self.ids = []
 
-    def _truncate(self, n):
+    def _truncate(self, n: int) -> None:
         # positions after n are forgotten: the next feed writes its rows from n on
         self.session.length = n
         del self.ids[n:]
 
-    def prime(self, ids):
+    def prime(self, ids: Sequence[int]) -> tuple[Any, int]:
         """Feed what the cache lacks of `ids` (it keeps the longest common prefix, and feeds one
         token at least: the logits come from the last fed); returns (logits, tokens fed)."""
         n = 0
@@ -145,13 +149,13 @@ class _Cache:
         self.ids = list(ids)
         return logits, len(ids) - n
 
-    def repair(self):
+    def repair(self) -> None:
         """After an interruption: the ids and the session's length agree again."""
         n = min(self.session.length, len(self.ids))
         self._truncate(n)
 
 
-def _held_back(text, stop):
+def _held_back(text: str, stop: Sequence[str]) -> int:
     """How many trailing characters of `text` to hold back: an incomplete UTF-8 sequence, or the
     start of a stop string."""
     if text.endswith("\ufffd"):
@@ -166,18 +170,18 @@ def _held_back(text, stop):
 
 
 class TextTail:
-    """The text of generated token ids as it may be shown, one token at a time (LLM's decode loop
-    and the serving engine's): a stop string ends it (cut before it), an unfinished UTF-8 sequence
-    or the start of a stop string is held back until the next token decides it. `push(token)`
-    returns the new piece ("" when nothing is ready); `stopped` says a stop string was found;
-    `flush()` gives what was held back once generation ends."""
+    """The text of generated token ids as it may be shown, one token at a time (LLM's decode loop and the serving
+    engine's): a stop string ends it (cut before it), an unfinished UTF-8 sequence or the start of a stop string is held
+    back until the next token decides it. `push(token)` returns the new piece ("" when nothing is ready); `stopped` says
+    a stop string was found; `flush()` gives what was held back once generation ends."""
 
-    def __init__(self, tokenizer, stop):
+    def __init__(self, tokenizer: GGUFTokenizer, stop: Iterable[str]) -> None:
         self.tokenizer, self.stop = tokenizer, list(stop)
         self.longest = max((len(x) for x in self.stop), default=0)
-        self.ids, self.text, self.shown, self.stopped = [], "", "", False
+        self.ids: list[int] = []
+        self.text, self.shown, self.stopped = "", "", False
 
-    def push(self, token):
+    def push(self, token: int) -> str:
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids, skip_special=True)
         cut = None
@@ -193,14 +197,13 @@ class TextTail:
         piece, self.shown = text[len(self.shown) : ready], text[:ready]
         return piece
 
-    def flush(self):
+    def flush(self) -> str:
         piece, self.shown = self.text[len(self.shown) :], self.text
         return piece
 
 
 class LLM:
-    """A GGUF language model on the GPU: `generate`, `chat`, `conversation`, `tokenize`,
-    `detokenize`.
+    """A GGUF language model on the GPU: `generate`, `chat`, `conversation`, `tokenize`, `detokenize`.
 
     ::
 
@@ -255,15 +258,14 @@ class LLM:
         self.config: LlamaConfig = weights.config
         self.max_context: int = self.model.max_context
         self._lock = threading.Lock()
-        self._owner = None
-        self._cache = None  # generate() and chat()'s, made on first use
-        self._samplers = {}
+        self._owner: int | None = None
+        self._cache: _Cache | None = None  # generate() and chat()'s, made on first use
+        self._samplers: dict[tuple[float, int, float, float], Sampler] = {}
         self.stats: dict[str, Any] = {}
 
     def build(self, **options: Unpack[SamplingOptions]) -> float:
-        """Build now what a first call builds on first use: the model's graphs (first prompt, decode
-        step, later messages) and the sampler of these sampling options. Optional: a call's time
-        to first token then is run time.
+        """Build now what a first call builds on first use: the model's graphs (first prompt, decode step, later
+        messages) and the sampler of these sampling options. Optional: a call's time to first token then is run time.
 
         Parameters
         ----------
@@ -337,9 +339,8 @@ class LLM:
         return self.tokenizer.decode(self._check_ids(ids), skip_special=skip_special)
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
-        """The conversation as the model reads it: `messages` rendered with the file's chat
-        template, or its architecture's built-in one (``llm.tokenizer.template_source`` says
-        which).
+        """The conversation as the model reads it: `messages` rendered with the file's chat template, or its
+        architecture's built-in one (``llm.tokenizer.template_source`` says which).
 
         Parameters
         ----------
@@ -361,12 +362,12 @@ class LLM:
         """
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
-    def _check_ids(self, ids):
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.tokenizer.vocab_size]
+    def _check_ids(self, ids: Iterable[int]) -> list[int]:
+        checked = [int(i) for i in ids]
+        bad = [i for i in checked if not 0 <= i < self.tokenizer.vocab_size]
         if bad:
             raise ValueError(f"[LLM] token ids must lie in [0, {self.tokenizer.vocab_size}), got {bad[:4]}")
-        return ids
+        return checked
 
     # -- generation --------------------------------------------------------------------------
 
@@ -434,9 +435,8 @@ class LLM:
         return_ids: bool = False,
         **options: Unpack[SamplingOptions],
     ) -> str | list[int] | Generator[str, None, None] | Generator[int, None, None]:
-        """The continuation of `prompt`. Generation ends at the file's end-of-generation tokens,
-        at a stop string, after `max_tokens`, or when the context is full (``stats["stop_reason"]``
-        says which).
+        """The continuation of `prompt`. Generation ends at the file's end-of-generation tokens, at a stop string, after
+        `max_tokens`, or when the context is full (``stats["stop_reason"]`` says which).
 
         Parameters
         ----------
@@ -477,7 +477,7 @@ class LLM:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
         if not ids:
             raise ValueError("[LLM] the prompt has no tokens")
-        return self._call(lambda: self._shared_cache(), ids, s, stream, return_ids)
+        return self._call(lambda: self._shared_cache(), ids, s, stream, return_ids)  # type: ignore[no-any-return]  # (_call: the text, ids or stream its flags ask for)
 
     @overload
     def chat(
@@ -548,11 +548,10 @@ class LLM:
         """
         s = _options(max_tokens, options)
         ids = self.tokenizer.encode_chat(self.apply_chat_template(messages))
-        return self._call(lambda: self._shared_cache(), ids, s, stream, False)
+        return self._call(lambda: self._shared_cache(), ids, s, stream, False)  # type: ignore[no-any-return]  # (_call: the text, ids or stream its flags ask for)
 
     def conversation(self, system: str | None = None, **options: Unpack[ConversationOptions]) -> Conversation:
-        """A new dialogue with its own KV cache on the GPU (sized for `max_context`), kept between
-        its turns.
+        """A new dialogue with its own KV cache on the GPU (sized for `max_context`), kept between its turns.
 
         Parameters
         ----------
@@ -574,12 +573,12 @@ class LLM:
         """
         return Conversation(self, system, options)
 
-    def _shared_cache(self):
+    def _shared_cache(self) -> _Cache:
         if self._cache is None:
             self._cache = _Cache(self.model)
         return self._cache
 
-    def _sampler(self, s):
+    def _sampler(self, s: _Settings) -> Sampler:
         key = s.key
         if key not in self._samplers:
             self._samplers[key] = Sampler(
@@ -595,7 +594,8 @@ class LLM:
         sampler.reseed(s.seed)
         return sampler
 
-    def _call(self, cache, ids, s, stream, return_ids, done=None):
+    def _call(self, cache: Callable[[], _Cache], ids: list[int], s: _Settings, stream: bool, return_ids: bool,
+              done: _Done = None) -> Any:  # fmt: skip
         """Run `_run` under the model's lock: to the end (the text or the ids), or as a stream."""
         if stream:
             return self._stream(cache, ids, s, return_ids, done)
@@ -603,17 +603,19 @@ class LLM:
             out = list(self._run(cache(), ids, s, return_ids, done))
         return out if return_ids else "".join(out)
 
-    def _stream(self, cache, ids, s, return_ids, done):
+    def _stream(
+        self, cache: Callable[[], _Cache], ids: list[int], s: _Settings, return_ids: bool, done: _Done
+    ) -> _Pieces:
         with self._locked():
             yield from self._run(cache(), ids, s, return_ids, done)
 
-    def _locked(self):
+    def _locked(self) -> _Held:
         me = threading.get_ident()
         if self._owner == me:
             raise RuntimeError("[LLM] a stream of this model is still open in this thread: finish or close() it first")
         return _Held(self, me)
 
-    def _run(self, cache, ids, s, return_ids, done):
+    def _run(self, cache: _Cache, ids: list[int], s: _Settings, return_ids: bool, done: _Done) -> _Pieces:
         """The decode loop: yields text pieces (or ids); sets self.stats; done(text) at the end,
         also when the stream is closed or interrupted."""
         tok = self.tokenizer
@@ -676,33 +678,32 @@ class LLM:
 class _Held:
     """The model's lock held by one thread (context manager)."""
 
-    def __init__(self, llm, me):
+    def __init__(self, llm: LLM, me: int) -> None:
         self.llm, self.me = llm, me
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         self.llm._lock.acquire()
         self.llm._owner = self.me
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.llm._owner = None
         self.llm._lock.release()
 
 
 class Conversation:
-    """A dialogue with an LLM: its messages, and its own KV cache on the GPU, kept between turns
-    (a turn feeds only the tokens the cache lacks: the new message and the template's framing).
-    Made by `LLM.conversation(system=...)`, never directly. Thread-safe through the model's lock;
-    one conversation is one dialogue, so its turns come one after the other. Attributes: `llm`,
-    `system`, and `messages` (the dialogue so far, OpenAI-style dicts, the system message
+    """A dialogue with an LLM: its messages, and its own KV cache on the GPU, kept between turns (a turn feeds only the
+    tokens the cache lacks: the new message and the template's framing). Made by `LLM.conversation(system=...)`, never
+    directly. Thread-safe through the model's lock; one conversation is one dialogue, so its turns come one after the
+    other. Attributes: `llm`, `system`, and `messages` (the dialogue so far, OpenAI-style dicts, the system message
     first)."""
 
-    def __init__(self, llm: LLM, system: str | None, options: dict[str, Any]) -> None:
+    def __init__(self, llm: LLM, system: str | None, options: ConversationOptions) -> None:
         self.llm = llm
         self.system = system
         self.max_tokens = options.pop("max_tokens", 256)
         _options(self.max_tokens, options)  # checked now
         self.options = options
-        self._cache = None
+        self._cache: _Cache | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -788,12 +789,12 @@ class Conversation:
         messages = self.messages + [{"role": "user", "content": text}]
         ids = tok.encode_chat(tok.apply_chat_template(messages))
 
-        def done(reply):
+        def done(reply: str) -> None:
             self.messages = messages + [{"role": "assistant", "content": reply}]
 
-        return self.llm._call(self._own_cache, ids, s, stream, False, done)
+        return self.llm._call(self._own_cache, ids, s, stream, False, done)  # type: ignore[no-any-return]  # (_call: the text, ids or stream its flags ask for)
 
-    def _own_cache(self):
+    def _own_cache(self) -> _Cache:
         if self._cache is None:
             self._cache = _Cache(self.llm.model)
         return self._cache

@@ -37,7 +37,10 @@ from .sampler import check_penalty
 from .sampling import check_settings
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from .api import LLM
+    from .tokenizer import GGUFTokenizer
 
 
 class QueueFull(Exception):
@@ -56,8 +59,17 @@ class _Options:
     """One request's validated options."""
 
     def __init__(
-        self, max_tokens, temperature, top_k, top_p, seed, stop, presence_penalty, frequency_penalty, repeat_penalty
-    ):
+        self,
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int | None,
+        stop: str | Sequence[str] | None,
+        presence_penalty: float,
+        frequency_penalty: float,
+        repeat_penalty: float,
+    ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise TypeError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.max_tokens = max_tokens
@@ -70,13 +82,13 @@ class _Options:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise TypeError(f"seed must be an integer >= 0 or None (random), got {seed!r}")
         self.seed = seed
-        stop = [stop] if isinstance(stop, str) else list(stop or ())
-        if not all(isinstance(s, str) and s for s in stop):
-            raise TypeError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        self.stop = stop
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        if not all(isinstance(s, str) and s for s in stops):
+            raise TypeError(f"stop must be a non-empty string or a list of them, got {stops!r}")
+        self.stop = stops
 
 
-def sample(logits, context_ids, o, rng):
+def sample(logits: npt.NDArray[Any], context_ids: Sequence[int], o: _Options, rng: np.random.Generator) -> int:
     """The next token from one row of logits (float32 [vocab]) on the host, llama.cpp's sampler
     chain: penalties over the last PENALTY_LAST_N ids of the context (repeat: divide a positive
     logit, multiply a negative one; frequency: minus count times it; presence: minus it once), then
@@ -113,23 +125,23 @@ class Request:
     (perf_counter of each generated token), error (the exception of an "error" end, re-raised by
     the iteration after the pieces it gave)."""
 
-    def __init__(self, rid, ids, options):
+    def __init__(self, rid: int, ids: Sequence[int], options: _Options) -> None:
         self.id = rid
         self.ids = list(ids)
         self.options = options
         self.prompt_tokens = len(ids)
         self.cached_tokens = 0  # of the prompt, found in a slot's cache (not computed again)
         self.completion_tokens = 0
-        self.finish_reason = None
-        self.error = None
-        self.ttft_s = None
-        self.token_times = []
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        self.ttft_s: float | None = None
+        self.token_times: list[float] = []
         self.submitted = time.perf_counter()
-        self._items = collections.deque()
+        self._items: collections.deque[str] = collections.deque()
         self._done = False
         self._cancelled = False
         self._cond = threading.Condition()
-        self._wakers = []
+        self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     @property
     def done(self) -> bool:
@@ -140,20 +152,20 @@ class Request:
         """End the request at the next step (its slot is freed); finish_reason "cancelled"."""
         self._cancelled = True
 
-    def _notify(self):
+    def _notify(self) -> None:
         for loop, ev in list(self._wakers):
             try:
                 loop.call_soon_threadsafe(ev.set)
             except RuntimeError:  # that event loop is closed: its consumer is gone
                 pass
 
-    def _put(self, piece):
+    def _put(self, piece: str) -> None:
         with self._cond:
             self._items.append(piece)
             self._cond.notify_all()
             self._notify()
 
-    def _finish(self, reason, error=None):
+    def _finish(self, reason: str, error: BaseException | None = None) -> None:
         with self._cond:
             if self._done:
                 return
@@ -176,7 +188,7 @@ class Request:
     def __aiter__(self) -> AsyncIterator[str]:
         return self._aiter()
 
-    async def _aiter(self):
+    async def _aiter(self) -> AsyncIterator[str]:
         waker = (asyncio.get_running_loop(), asyncio.Event())
         with self._cond:
             self._wakers.append(waker)
@@ -218,7 +230,7 @@ class Request:
 class _Active:
     """A request in a slot: what it has fed, what it generates."""
 
-    def __init__(self, req, slot, tokenizer, limit, cached):
+    def __init__(self, req: Request, slot: int, tokenizer: GGUFTokenizer, limit: int, cached: int) -> None:
         self.req, self.slot = req, slot
         self.context = list(req.ids)  # ids whose keys and values are or will be in the slot, in order
         self.fed = cached  # positions of the slot written so far (a cached prefix counts)
@@ -262,10 +274,10 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.batch = LlamaBatch(llm.model, slots, rows=slots + prefill_chunk)
         self._cond = threading.Condition()
-        self._waiting = collections.deque()
-        self._active = []
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._active: list[_Active] = []
         self._free = list(range(slots))
-        self._held = [[] for _ in range(slots)]  # the ids whose keys and values each slot holds
+        self._held: list[list[int]] = [[] for _ in range(slots)]  # the ids whose keys and values each slot holds
         self._closing = False
         self._cancel_all = False
         self._ids = itertools.count(1)
@@ -419,7 +431,7 @@ class Engine:
 
     # -- the step thread --------------------------------------------------------------------------
 
-    def _loop(self):
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not (self._waiting or self._active or self._closing):
@@ -447,7 +459,7 @@ class Engine:
             self._step()
             self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - t0)
 
-    def _slot_for(self, ids):
+    def _slot_for(self, ids: Sequence[int]) -> tuple[int, int]:
         """The free slot whose cache holds the longest start of `ids` (as llama.cpp's server
         reuses a slot's prompt cache: a chat resent with one more message computes only that),
         and how many of its ids to keep (at least the last id is fed: its logits are needed)."""
@@ -463,7 +475,7 @@ class Engine:
                 best, best_n = slot, n
         return best, best_n
 
-    def _leave(self, a, reason, error=None):
+    def _leave(self, a: _Active, reason: str, error: BaseException | None = None) -> None:
         a.req._finish(reason, error)
         # what the slot's cache now holds: the positions written (an error may leave a step's
         # rows half written: nothing is kept then)
@@ -474,11 +486,12 @@ class Engine:
             self._free.sort()
             self._m["requests_finished_total"] += 1
 
-    def _step(self):
+    def _step(self) -> None:
         for a in [a for a in self._active if a.req._cancelled]:
             self._leave(a, "cancelled")
         # the rows: every generating request's next token, then prompt chunks up to prefill_chunk
-        rows, budget = [], self.prefill_chunk
+        rows: list[tuple[_Active, list[int]]] = []
+        budget = self.prefill_chunk
         for a in self._active:
             if a.pending and a.fed >= len(a.req.ids):  # generating: one token
                 rows.append((a, a.pending[:1]))
@@ -500,7 +513,7 @@ class Engine:
         for (a, toks), row in zip(rows, logits):
             self._took(a, toks, row)
 
-    def _took(self, a, toks, row):
+    def _took(self, a: _Active, toks: Sequence[int], row: npt.NDArray[Any]) -> None:
         """Row `toks` of request `a` ran (row: the logits of its last token)."""
         a.fed += len(toks)
         del a.pending[: len(toks)]
@@ -511,7 +524,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - this request's bug ends this request only
             self._leave(a, "error", _internal(e))
 
-    def _isolate(self, rows, error):
+    def _isolate(self, rows: Sequence[tuple[_Active, list[int]]], error: BaseException) -> None:
         """A step failed: run its rows one request at a time, so that only the requests that fail
         end (with an error) and the others go on."""
         for a, toks in rows:
@@ -522,14 +535,15 @@ class Engine:
                 continue
             self._took(a, toks, row)
 
-    def _advance(self, a, row):
+    def _advance(self, a: _Active, row: npt.NDArray[Any]) -> None:
         req, o = a.req, a.req.options
         token = sample(row, a.context, o, a.rng)
         now = time.perf_counter()
         if req.ttft_s is None:
             req.ttft_s = now - req.submitted
         if token in self.tokenizer.stop_ids:
-            return self._end(a, "stop")
+            self._end(a, "stop")
+            return
         req.completion_tokens += 1
         req.token_times.append(now)
         with self._cond:
@@ -539,20 +553,22 @@ class Engine:
         if piece:
             req._put(piece)
         if a.tail.stopped:
-            return self._end(a, "stop")
+            self._end(a, "stop")
+            return
         if req.completion_tokens >= a.limit:
-            return self._end(a, "length")
+            self._end(a, "length")
+            return
         a.context.append(token)
         a.pending.append(token)
 
-    def _end(self, a, reason):
+    def _end(self, a: _Active, reason: str) -> None:
         rest = a.tail.flush()
         if rest:
             a.req._put(rest)
         self._leave(a, reason)
 
 
-def _internal(e):
+def _internal(e: Exception) -> InternalError:
     if isinstance(e, InternalError):
         return e
     err = InternalError(f"[Engine] a generation step failed (a bug in mltensor): {type(e).__name__}: {e}")

@@ -19,9 +19,12 @@ and Q8_0's signed bytes are stored offset by 128 (the default zero point of 8-bi
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import DataError, NotSupportedError
 from ..ops.blocks import BLOCK_TYPES, pack_blocks
@@ -33,7 +36,7 @@ NBITS_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # repacked for _matmul_nbits
 SUPPORTED_TYPES = ("F32",) + NBITS_TYPES + tuple(BLOCK_TYPES)
 
 
-def _gguf():
+def _gguf() -> ModuleType:
     try:
         import gguf
     except ImportError as e:  # pragma: no cover - declared in the `test` / `llm` extras
@@ -98,36 +101,38 @@ class QuantizedWeight:
         vpw = 32 // self.bits
         shifts = (np.arange(vpw, dtype=np.uint32) * self.bits)[None, :]
         q = ((self.packed[:, None] >> shifts) & ((1 << self.bits) - 1)).reshape(-1).astype(np.float32)
-        q = q.reshape(self.rows, -1, BLOCK)
+        q3 = q.reshape(self.rows, -1, BLOCK)
         s = self.scales.reshape(self.rows, -1, 1)
         zp = (
             np.float32(1 << (self.bits - 1)) if self.zero_points is None else self.zero_points.reshape(self.rows, -1, 1)
         )
-        return ((q - zp) * s).reshape(self.rows, self.cols)
+        out: np.ndarray = ((q3 - zp) * s).reshape(self.rows, self.cols)
+        return out
 
 
-def _blocks(raw, rows, cols, block_bytes, kind):
+def _blocks(raw: Any, rows: int, cols: int, block_bytes: int, kind: str) -> npt.NDArray[np.uint8]:
     nb = cols // BLOCK
     if cols % BLOCK:
         raise DataError(f"[gguf] a {kind} tensor's rows must be whole blocks of {BLOCK}, got {cols} values")
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if raw.size != rows * nb * block_bytes:
+    data: npt.NDArray[np.uint8] = np.ascontiguousarray(raw, dtype=np.uint8)
+    if data.size != rows * nb * block_bytes:
         raise DataError(
-            f"[gguf] {kind} tensor of {rows} x {cols} needs {rows * nb * block_bytes} bytes, the file holds {raw.size}"
+            f"[gguf] {kind} tensor of {rows} x {cols} needs {rows * nb * block_bytes} bytes, the file holds {data.size}"
         )
-    return raw.reshape(rows * nb, block_bytes)
+    return data.reshape(rows * nb, block_bytes)
 
 
-def _f16(b, off):
+def _f16(b: npt.NDArray[np.uint8], off: int) -> npt.NDArray[np.float32]:
     return b[:, off : off + 2].copy().view(np.float16).reshape(-1).astype(np.float32)
 
 
-def _nibbles_consecutive(qs):
+def _nibbles_consecutive(qs: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
     """GGUF's 16 bytes of nibbles [n, 16] (low nibbles: values 0..15, high: 16..31) -> the same
     32 values packed 2 a byte in order (value 2i low, 2i+1 high), as uint32 words [n * 4]."""
     vals = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # [n, 32] in value order
     out = (vals[:, 0::2] | (vals[:, 1::2] << 4)).astype(np.uint8)
-    return out.reshape(-1).view("<u4").copy()
+    words: npt.NDArray[Any] = out.reshape(-1).view("<u4").copy()
+    return words
 
 
 def repack(kind: str, raw: np.ndarray | bytes, rows: int, cols: int) -> QuantizedWeight:
@@ -186,12 +191,12 @@ class BlockWeight:
 
     __slots__ = ("rows", "cols", "kind", "words")
 
-    def __init__(self, kind, raw, rows, cols):
+    def __init__(self, kind: str, raw: Any, rows: int, cols: int) -> None:
         self.rows, self.cols, self.kind = rows, cols, kind
-        self.words = pack_blocks(kind, raw, rows, cols)
+        self.words: npt.NDArray[np.uint32] = pack_blocks(kind, raw, rows, cols)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.words.nbytes
 
 
@@ -309,7 +314,7 @@ class LlamaConfig:
         self.arch = arch
         spec = self.spec = ARCHS[arch]
 
-        def num(key, default=None, kind=int):
+        def num(key: str, default: Any = None, kind: Callable[[Any], Any] = int) -> Any:
             v = f.get(f"{arch}.{key}", default)
             if v is None:
                 raise DataError(f"[gguf] {f.path} lacks the metadata key {arch}.{key!r}")
@@ -358,7 +363,7 @@ class LlamaConfig:
         self.layer_ropes = [spec.layer_rope(self, i) for i in range(self.n_layers)]
         self.attn_scale = spec.attn_scale(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"LlamaConfig(arch={self.arch}, layers={self.n_layers}, hidden={self.hidden}, ffn={self.ffn}, "
             f"heads={self.n_heads}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, vocab={self.vocab}, "
@@ -372,17 +377,26 @@ class Weight:
 
     __slots__ = ("name", "kind", "shape", "q", "dense", "blocks")
 
-    def __init__(self, name, kind, shape, q=None, dense=None, blocks=None):
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        shape: Sequence[int],
+        q: QuantizedWeight | None = None,
+        dense: npt.NDArray[Any] | None = None,
+        blocks: BlockWeight | None = None,
+    ) -> None:
         self.name, self.kind, self.shape, self.q, self.dense, self.blocks = name, kind, shape, q, dense, blocks
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int | None:
         for x in (self.q, self.blocks, self.dense):
             if x is not None:
                 return x.nbytes
+        return None
 
 
-def load_weight(f, name, shape):
+def load_weight(f: GGUFFile, name: str, shape: Sequence[int]) -> Weight:
     """Tensor `name` of GGUFFile f, checked to have numpy shape `shape`, repacked for the GPU."""
     if name not in f.tensors:
         raise DataError(f"[gguf] {f.path} has no tensor {name!r}")

@@ -14,7 +14,8 @@ present twice writes the same value twice). repeat_penalty 1 leaves the graph as
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,9 +24,10 @@ from .sampling import check_settings
 
 if TYPE_CHECKING:
     from ..front.context import MLContext
+    from ..front.tensor import MLTensor
 
 
-def check_penalty(repeat_penalty, penalty_last_n):
+def check_penalty(repeat_penalty: float, penalty_last_n: int) -> tuple[float, int]:
     if isinstance(repeat_penalty, bool) or not isinstance(repeat_penalty, (int, float)):
         raise TypeError(f"[Sampler] repeat_penalty must be a number > 0, got {repeat_penalty!r}")
     if not (0.0 < float(repeat_penalty) < float("inf")):
@@ -103,10 +105,12 @@ class Sampler:
                 b.mul(seen, b.constant(np.array(p, np.float32))),
             )
             logits = b.reshape(b.scatter_nd(flat, b.reshape(recent, [n, 1]), penalized), [1, vocab])
-        ids = b._sample_token(logits, rnd, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        ids = b._sample_token(  # type: ignore[attr-defined]  # (an internal operator: not in the builder stub)
+            logits, rnd, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
+        )
         self._graph = b.build_sync({"ids": ids})
-        self._rnd = None if self.greedy else ctx.create_tensor_sync(data_type="float32", shape=[1], writable=True)
-        self._recent = (
+        self._rnd: Any = None if self.greedy else ctx.create_tensor_sync(data_type="float32", shape=[1], writable=True)
+        self._recent: Any = (
             ctx.create_tensor_sync(data_type="int32", shape=[self.penalty_last_n], writable=True)
             if self.penalized
             else None
@@ -124,7 +128,7 @@ class Sampler:
         with self._lock:
             self._rng = np.random.default_rng(seed)
 
-    def __call__(self, logits, recent=None):
+    def __call__(self, logits: MLTensor, recent: Sequence[int] | None = None) -> MLTensor:
         """Dispatch the choice from `logits` (an MLTensor [1, vocab]); returns self.ids (on the GPU).
         `recent`: the context's ids so far (its last penalty_last_n are penalized; needed when
         repeat_penalty is not 1)."""
@@ -152,4 +156,4 @@ class Sampler:
         int
             The token id.
         """
-        return int(self.ctx.read_tensor_sync(self.ids)[0])
+        return int(self.ctx.read_tensor_sync(self.ids)[0])  # type: ignore[index]  # (no `out`: an array)

@@ -21,7 +21,7 @@ register(
 )
 
 
-def check_settings(temperature, top_k, top_p):
+def check_settings(temperature: float, top_k: int, top_p: float) -> tuple[float, int, float]:
     where = "_sample_token"
     temperature = check_number(where, "temperature", temperature)
     top_p = check_number(where, "top_p", top_p)

@@ -10,6 +10,11 @@ template is untrusted) with `messages`, `add_generation_prompt`, `bos_token`, `e
 Face's apply_chat_template does.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NoReturn
+
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -55,7 +60,7 @@ BUILTIN = {"chatml": CHATML, "llama2": LLAMA2, "llama3": LLAMA3, "gemma": GEMMA,
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
 
-def builtin_template(arch, tokens, spm):
+def builtin_template(arch: str, tokens: Sequence[str], spm: bool) -> str:
     """The name of the built-in format for a file without a template (see the module docstring)."""
     if arch in ("gemma", "gemma2", "gemma3"):
         return "gemma"
@@ -73,11 +78,18 @@ def builtin_template(arch, tokens, spm):
     return "chatml"
 
 
-def _raise(msg):
+def _raise(msg: str) -> NoReturn:
     raise TemplateError(msg)
 
 
-def render(template, messages, *, add_generation_prompt, bos_token, eos_token):
+def render(
+    template: str,
+    messages: Sequence[dict[str, str]],
+    *,
+    add_generation_prompt: bool,
+    bos_token: str,
+    eos_token: str,
+) -> str:
     """The conversation as text, through `template` (a Jinja string) in the immutable sandbox."""
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):

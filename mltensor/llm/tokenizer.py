@@ -34,7 +34,8 @@ library as llama.cpp reads them (src/llama-vocab.cpp).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, NotSupportedError
 from .templates import BUILTIN, END_OF_TURN, builtin_template, render
@@ -48,7 +49,7 @@ QWEN2_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}
 DIGITS_SPLIT = r"\p{N}"
 
 #: tokenizer.ggml.pre -> (the regexes applied in turn, ignore_merges)
-PRE = {}
+PRE: dict[str, tuple[tuple[str, ...], bool]] = {}
 for _names, _spec in (
     (("llama3", "llama-bpe", "llama-v3", "falcon3", "dbrx", "smaug-bpe"), ((LLAMA3_SPLIT,), True)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2"), ((QWEN2_SPLIT,), False)),
@@ -64,7 +65,7 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 1, 2, 3, 4, 6
 _SPACE = "\u2581"
 
 
-def _library():
+def _library() -> ModuleType:
     try:
         import tokenizers
     except ImportError as e:  # pragma: no cover - declared in the `test` / `llm` extras
@@ -72,14 +73,14 @@ def _library():
     return tokenizers
 
 
-def score_merges(tokens, scores):
+def score_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
     """BPE merges that reproduce SentencePiece's score order: every split of a token into two
     tokens, the best-scoring joined token first (ties: the longer left part, then the longer right
     part, then by the parts' ids), as transformers' generate_merges orders them."""
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
-    found = []
+    found: list[tuple[float, int, int, int, str, str]] = []
     for t, s in zip(tokens, scores):
         local = []
         for k in range(1, len(t)):
@@ -129,6 +130,7 @@ class GGUFTokenizer:
         types = list(f.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens))
         if len(types) != len(tokens):
             raise DataError(f"[tokenizer] {len(tokens)} tokens but {len(types)} token types")
+        self.pre: str | None  # the pre-tokenizer (byte-level BPE only)
         if kind == "gpt2":
             self._tk, self.pre = self._byte_level(tk, f, tokens)
             default_bos = False
@@ -163,7 +165,7 @@ class GGUFTokenizer:
             self.template_source = f"built-in {name}: the file has none"
 
     @staticmethod
-    def _byte_level(tk, f, tokens):
+    def _byte_level(tk: ModuleType, f: GGUFFile, tokens: list[str]) -> tuple[Any, str]:
         pre = f.get("tokenizer.ggml.pre", "default")
         if pre not in PRE:
             raise NotSupportedError(
@@ -171,7 +173,7 @@ class GGUFTokenizer:
             )
         regexes, ignore_merges = PRE[pre]
         merges = list(f.get("tokenizer.ggml.merges") or [])
-        vocab = {}
+        vocab: dict[str, int] = {}
         for i, t in enumerate(tokens):
             vocab.setdefault(t, i)  # a duplicate keeps its first id, as llama.cpp's lookup does
         pairs = []
@@ -187,7 +189,7 @@ class GGUFTokenizer:
         t.decoder = tk.decoders.ByteLevel()
         return t, pre
 
-    def _sentencepiece(self, tk, f, tokens, types):
+    def _sentencepiece(self, tk: ModuleType, f: GGUFFile, tokens: list[str], types: list[int]) -> Any:
         scores = f.get("tokenizer.ggml.scores")
         if scores is None:
             scores = [-float(i) for i in range(len(tokens))]  # no scores: the file's order
@@ -196,7 +198,7 @@ class GGUFTokenizer:
             raise DataError(f"[tokenizer] {len(tokens)} tokens but {len(scores)} scores")
         if self.arch in ("gemma", "gemma2", "gemma3"):
             tokens[:] = [_SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
-        vocab = {}
+        vocab: dict[str, int] = {}
         for i, t in enumerate(tokens):
             vocab.setdefault(t, i)
         # merges among the pieces of text only: control, byte and unknown tokens are never joined
@@ -278,7 +280,8 @@ class GGUFTokenizer:
         str
             The text.
         """
-        return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+        text: str = self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+        return text
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The conversation `messages` as text, through the file's chat template or the

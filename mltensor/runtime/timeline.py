@@ -30,6 +30,7 @@ import sys
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import wgpu
@@ -182,7 +183,7 @@ class Timeline:
         self._raw_pass_addr = 0
         # raw pipeline and bind group 0 set in the open pass, and (LaunchData, byte offset) of
         # the immediates set last (front/graph.py _record_imm)
-        self._pass_state = [None, None, None]
+        self._pass_state: list[Any] = [None, None, None]
         self._unsubmitted_writes = False  # a queue.write_buffer since the last submit
         self._touched = set()  # buffers used by commands in the open encoder
         self._kept = []  # objects recorded commands refer to (released after the submit)
@@ -656,7 +657,7 @@ class PendingRead:
                 )
             tl.changed.wait()
 
-    def wait_sync(self, where):
+    def wait_sync(self, where: str) -> np.ndarray | None:
         tl = self.ctx._timeline
         if not self.direct:
             with tl.lock:
@@ -695,7 +696,7 @@ class PendingRead:
         self.ctx._lose(f"a read could not map its buffer: {e}")
         raise OperationError(f"[{where}] the read could not map its buffer (the context is lost): {e}") from e
 
-    async def wait_async(self, where):
+    async def wait_async(self, where: str) -> np.ndarray | None:
         tl = self.ctx._timeline
         ctx = self.ctx
         await task_done(ctx, self.task)

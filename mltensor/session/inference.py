@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 import asyncio
 import os
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from ..front.context import MLContext
     from ..front.graph import MLGraph
+    from .tensorsets import Specialization
 
 _default_ctx = None
 _default_lock = threading.Lock()
@@ -145,8 +146,10 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             )
         self.max_specializations = max_specializations
         self._closed = False
-        self._specs = OrderedDict()  # key -> Specialization, least recently used first
-        self._retiring = {}  # id(tensor set of a run) -> the outgrown build it replaced
+        self._specs: OrderedDict[Any, Specialization] = (
+            OrderedDict()
+        )  # key -> Specialization, least recently used first
+        self._retiring: dict[int, Specialization] = {}  # id(tensor set of a run) -> the outgrown build it replaced
         self._spec = None  # the one the last run used
         # stage_*: models with data-dependent shapes (stages/): later stages built, reused;
         # readbacks/readback_bytes: the values read back to decide shapes (and loop conditions)
@@ -183,7 +186,7 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             elif isinstance(model, (str, os.PathLike)):
                 model = os.path.abspath(os.fspath(model))  # (parsed later: the cwd may change)
             self._source = model
-            self._value_names = set()  # inputs whose values the graph must know at load
+            self._value_names: set[str] = set()  # inputs whose values the graph must know at load
             # The model's proto: parsed here, or, when an earlier process left the description
             # of this model in the graph cache, on first use only (_proto): a process whose
             # builds all come from the cache neither imports onnx nor parses the model.
@@ -229,10 +232,11 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
         spec = self._spec
         if spec is None:
             return None
-        return spec.graph if spec.stage is None else spec.stage.graph
+        graph: MLGraph = spec.graph if spec.stage is None else spec.stage.graph
+        return graph
 
     @property
-    def _out_tensors(self):
+    def _out_tensors(self) -> dict[str, MLTensor]:
         """The output tensors of this thread's last run (bench/ binds them directly)."""
         with self._lock:
             return self._spec.last_outputs() if self._spec is not None else {}
@@ -457,15 +461,15 @@ class InferenceSession(Loading, Specializations, Importing, StageTree, RunPath):
             self._specs.clear()
             self._spec = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             if self._ctx._lost_info is None:
                 self.close()
         except Exception:
             pass
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -3,7 +3,10 @@ earlier process left its description in the graph cache, from that note (the mod
 parsed only when something is built); a TFLite model imported (or loaded from the cache) at once.
 get_inputs()/get_outputs() answer with NodeArgs."""
 
+from __future__ import annotations
+
 import os
+from typing import Any
 
 from ..dynamic.capacity import Capacities
 from ..dynamic.kernels import FEATURE
@@ -42,7 +45,13 @@ def is_tflite(model):
 class Loading:
     """InferenceSession's loading methods (a mixin)."""
 
-    def _cache_note(self, desc=None):
+    # attributes InferenceSession.__init__ sets (declared for the type checker)
+    _caps: Capacities | None
+    _spec: Specialization | None
+    _static_reason: str | None
+    _static_maxima: list[list[str | int]] | None
+
+    def _cache_note(self, desc: dict[str, Any] | None = None) -> None:
         """With the graph cache: the model's id (desc: the session was described from the proto,
         whose description is saved for later processes), and what earlier processes learned of
         it."""
@@ -105,7 +114,9 @@ class Loading:
     def _weights(self):
         return self._proto()[1]
 
-    def _setup_dynamic(self, shapes, params, max_dimensions, dynamic):
+    def _setup_dynamic(
+        self, shapes: dict[str, Any], params: dict[str, Any], max_dimensions: Any, dynamic: bool | None
+    ) -> None:
         caps = Capacities({n: (shapes[n], params[n]) for n in shapes}, self._free, max_dimensions)
         unknown = set(max_dimensions or {}) - set(caps.names)
         if unknown:
@@ -130,7 +141,7 @@ class Loading:
         one graph per size; stats["static_reason"] says why)."""
         return dict(self._caps.cap) if self._caps is not None else {}
 
-    def _load_tflite(self, model):
+    def _load_tflite(self, model: Any) -> None:
         hit = key = None
         if self._use_cache:  # (session/cache.py)
             self._cache_id = graph_cache.model_id(model)
@@ -170,7 +181,7 @@ class Loading:
         self._np_in = {i.name: i.np_dtype for i in inputs}
         self._output_args = [NodeArg(o.name, o.shape, TYPE_STRING[o.onnx_type]) for o in outputs]
 
-    def _describe(self, desc):
+    def _describe(self, desc: dict[str, Any]) -> None:
         """get_inputs()/get_outputs() from the model's description (onnx/importer.io_description,
         from the proto or the graph cache's note; dims not yet fixed stay symbolic)."""
         shapes, params = desc["shapes"], desc["params"]

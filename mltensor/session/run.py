@@ -2,6 +2,8 @@
 tensor set, the graph (or a staged model's stages) dispatched into its outputs, the outputs read
 back in one submit or returned as tensors."""
 
+from typing import Any
+
 import numpy as np
 
 from .. import dtypes
@@ -34,7 +36,9 @@ class RunPath:
                 got = f"an MLTensor {v.data_type} {list(v.shape)}" if isinstance(v, MLTensor) else list(v.shape)
                 raise TypeError(f"[{where}] input {a.name!r} must have shape {a.shape}, got {got}")
 
-    def _enqueue(self, output_names, input_feed, output_location):
+    def _enqueue(
+        self, output_names: Any, input_feed: Any, output_location: str
+    ) -> tuple[list[str], list[Any], Any, Any]:
         where = "InferenceSession.run"
         if self._closed:
             raise TypeError(f"[{where}] the session is closed")
@@ -153,7 +157,7 @@ class RunPath:
                 spec.const_tensors[name] = t
             return t
 
-    def _to_onnx(self, spec, name, arr):
+    def _to_onnx(self, spec: Any, name: str, arr: Any) -> Any:
         if spec.stage is not None:  # converted by stages/plan.run
             return arr
         info = spec.outputs[name]

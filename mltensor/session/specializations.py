@@ -2,12 +2,26 @@
 LRU of `max_specializations`; with dynamic dimensions one build for every size up to the
 capacities, rebuilt (compiling nothing new) when a feed outgrows one."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from ..errors import DataError, InternalError, NotSupportedError
 from .run import host_value
+
+if TYPE_CHECKING:
+    from ..dynamic.capacity import Capacities
+    from .tensorsets import Specialization
 
 
 class Specializations:
     """InferenceSession's specialization methods (a mixin)."""
+
+    # attributes InferenceSession.__init__ sets (declared for the type checker)
+    _caps: Capacities | None
+    _spec: Specialization | None
+    _static_reason: str | None
+    _static_maxima: list[list[str | int]] | None
 
     def _key(self, feeds):
         """Cache key of a specialization: each input's shape, and the value of each input the
@@ -31,7 +45,7 @@ class Specializations:
             self._spec = spec
         return spec
 
-    def _specialize(self, feeds, build_only=False, take=False):
+    def _specialize(self, feeds: dict[str, Any], build_only: bool = False, take: bool = False) -> Any:
         """Make the specialization for these feeds current: from the cache, else imported and
         built (evicting the least recently used one beyond max_specializations). take: also take
         a tensor set for a run, atomically with the lookup (returns (spec, set))."""
@@ -148,13 +162,13 @@ class Specializations:
             self._drop(old)
             self._stats["evictions"] += 1
 
-    def _drop(self, spec):
+    def _drop(self, spec: Specialization) -> None:
         """Evicted or closed (lock held): destroyed now, or by the last run in flight on it."""
         spec.dropped = True
         if spec.users == 0:
             spec.destroy()
 
-    def _end_run(self, spec, tset, keep):
+    def _end_run(self, spec: Specialization, tset: Any, keep: bool) -> None:
         with self._lock:
             old = self._retiring.pop(id(tset), None)
             if spec.give_back(tset, keep):
