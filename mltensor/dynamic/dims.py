@@ -15,11 +15,18 @@ dimension: buffers are sized for `hi`, and order comparisons are answered only w
 decide them (else TypeError), so validation at build is against the maximum, never a guess.
 """
 
+from __future__ import annotations
+
 import math
 import re
 import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NoReturn, TypeAlias, cast
 
 U32_MAX = 0xFFFFFFFF
+
+Size: TypeAlias = "int | Sym"  # a size: a static int or an expression over dynamic dimensions
+_Terms: TypeAlias = "dict[tuple[_Atom, ...], int]"  # a Sym's terms: {monomial: coefficient}
 
 
 class MLDynamicDimension:
@@ -52,17 +59,17 @@ class MLDynamicDimension:
         self.name = name
         self.max_size = int(max_size)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, MLDynamicDimension) and (self.name, self.max_size) == (other.name, other.max_size)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(("MLDynamicDimension", self.name, self.max_size))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"MLDynamicDimension(name={self.name!r}, max_size={self.max_size})"
 
 
-def field_name(name):
+def field_name(name: str) -> str:
     """The WGSL struct field holding dimension `name` (an identifier derived from the name; a
     short hash keeps two names that sanitize alike apart)."""
     s = re.sub(r"[^A-Za-z0-9_]", "_", name)
@@ -71,7 +78,7 @@ def field_name(name):
     return "d_" + s
 
 
-def param_field(slot):
+def param_field(slot: int) -> str:
     """The WGSL struct field holding launch parameter `slot` (never a dimension's: those start
     with d_)."""
     return f"p{slot}"
@@ -88,8 +95,11 @@ class _Atom:
     their parameters render and compare equal."""
 
     __slots__ = ("kind", "args", "key")
+    kind: str
+    args: tuple[Any, ...]
+    key: tuple[Any, ...]
 
-    def __init__(self, kind, args):
+    def __init__(self, kind: str, args: Iterable[Any]) -> None:
         self.kind, self.args = kind, tuple(args)
         if kind == "param":
             self.key = ("param", (self.args[0],))
@@ -99,13 +109,13 @@ class _Atom:
             tuple(a.key if isinstance(a, Sym) else (("int", a) if isinstance(a, int) else a) for a in self.args),
         )
 
-    def __eq__(self, o):
+    def __eq__(self, o: object) -> bool:
         return isinstance(o, _Atom) and self.key == o.key
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self.key)
 
-    def bounds(self):
+    def bounds(self) -> tuple[int, int]:
         if self.kind == "dim":
             return 1, self.args[1]
         if self.kind == "param":  # its launch's value: every decision is the static build's
@@ -121,32 +131,34 @@ class _Atom:
             return max(alo, blo), max(ahi, bhi)
         return min(alo, blo), min(ahi, bhi)
 
-    def eval(self, values):
+    def eval(self, values: Mapping[str, int]) -> int:
         if self.kind == "dim":
             return values[self.args[0]]
         if self.kind == "param":
-            return self.args[1]
+            value: int = self.args[1]
+            return value
         a, b = (_eval(x, values) for x in self.args)
         return {"div": lambda: a // b, "mod": lambda: a % b, "max": lambda: max(a, b), "min": lambda: min(a, b)}[
             self.kind
         ]()
 
-    def names(self):
+    def names(self) -> set[str]:
         if self.kind == "dim":
             return {self.args[0]}
         if self.kind == "param":
             return set()
-        return set().union(*(a.names() for a in self.args if isinstance(a, Sym)))
+        return set[str]().union(*(a.names() for a in self.args if isinstance(a, Sym)))
 
-    def text(self):
+    def text(self) -> str:
         if self.kind == "dim":
-            return self.args[0]
+            name: str = self.args[0]
+            return name
         if self.kind == "param":
             return f"p{self.args[0]}"
         a, b = (_text(x, group=True) for x in self.args)
         return {"div": f"{a} // {b}", "mod": f"{a} % {b}", "max": f"max({a}, {b})", "min": f"min({a}, {b})"}[self.kind]
 
-    def wgsl(self):
+    def wgsl(self) -> str:
         if self.kind == "dim":
             return f"dims.{field_name(self.args[0])}"
         if self.kind == "param":
@@ -164,27 +176,27 @@ class _Atom:
         ]
 
 
-def _bounds(x):
+def _bounds(x: Size) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (x.lo, x.hi)
 
 
-def _eval(x, values):
+def _eval(x: Size, values: Mapping[str, int]) -> int:
     return x if isinstance(x, int) else x.eval(values)
 
 
-def _text(x, group=False):
+def _text(x: Size, group: bool = False) -> str:
     if isinstance(x, int):
         return str(x)
     s = str(x)
     return f"({s})" if group and len(x.terms) > 1 else s
 
 
-def _mkey(monomial):
+def _mkey(monomial: tuple[_Atom, ...]) -> str:
     """A deterministic sort key of a monomial (its atoms' keys, not object addresses)."""
     return repr(tuple(a.key for a in monomial))
 
 
-def _mul_bounds(a, b):
+def _mul_bounds(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     ps = [a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]]
     return min(ps), max(ps)
 
@@ -195,8 +207,12 @@ class Sym:
     every atom returns a plain int."""
 
     __slots__ = ("terms", "key", "_hash", "_bounds")
+    terms: _Terms
+    key: tuple[Any, ...]
+    _hash: int
+    _bounds: tuple[int, int] | None
 
-    def __init__(self, terms):
+    def __init__(self, terms: _Terms) -> None:
         self.terms = terms  # dict, canonical: no zero coefficients, at least one non-constant term
         self.key = tuple(sorted(((tuple(a.key for a in m), c) for m, c in terms.items()), key=repr))
         self._hash = hash(self.key)
@@ -205,16 +221,16 @@ class Sym:
     # -- construction ----------------------------------------------------------------------------
 
     @staticmethod
-    def dim(name, max_size):
+    def dim(name: str, max_size: int) -> Sym:
         return Sym({(_Atom("dim", (name, int(max_size))),): 1})
 
     @staticmethod
-    def param(slot, value):
+    def param(slot: int, value: int) -> Sym:
         """Launch parameter `slot` of a kernel, `value` for this launch (dynamic/kernels.py)."""
         return Sym({(_Atom("param", (int(slot), int(value))),): 1})
 
     @staticmethod
-    def _make(terms):
+    def _make(terms: _Terms) -> Size:
         terms = {m: c for m, c in terms.items() if c}
         if not terms:
             return 0
@@ -223,7 +239,7 @@ class Sym:
         return Sym(terms)
 
     @staticmethod
-    def _terms(x):
+    def _terms(x: Size) -> _Terms:
         if isinstance(x, Sym):
             return x.terms
         if isinstance(x, bool) or not isinstance(x, int):
@@ -231,12 +247,12 @@ class Sym:
         return {(): x} if x else {}
 
     @staticmethod
-    def _atom(kind, a, b):
+    def _atom(kind: str, a: Size, b: Size) -> Sym:
         return Sym({(_Atom(kind, (a, b)),): 1})
 
     # -- arithmetic ------------------------------------------------------------------------------
 
-    def __add__(self, o):
+    def __add__(self, o: Size) -> Size:
         if not isinstance(o, (int, Sym)) or isinstance(o, bool):
             return NotImplemented
         t = dict(self.terms)
@@ -246,23 +262,23 @@ class Sym:
 
     __radd__ = __add__
 
-    def __neg__(self):
+    def __neg__(self) -> Size:
         return Sym._make({m: -c for m, c in self.terms.items()})
 
-    def __sub__(self, o):
+    def __sub__(self, o: Size) -> Size:
         if not isinstance(o, (int, Sym)) or isinstance(o, bool):
             return NotImplemented
         return self + (-o)
 
-    def __rsub__(self, o):
+    def __rsub__(self, o: Size) -> Size:
         if not isinstance(o, (int, Sym)) or isinstance(o, bool):
             return NotImplemented
         return (-self) + o
 
-    def __mul__(self, o):
+    def __mul__(self, o: Size) -> Size:
         if not isinstance(o, (int, Sym)) or isinstance(o, bool):
             return NotImplemented
-        t = {}
+        t: _Terms = {}
         for m1, c1 in self.terms.items():
             for m2, c2 in Sym._terms(o).items():
                 m = tuple(sorted(m1 + m2, key=lambda a: repr(a.key)))
@@ -271,7 +287,7 @@ class Sym:
 
     __rmul__ = __mul__
 
-    def __floordiv__(self, o):
+    def __floordiv__(self, o: Size) -> Size:
         if not isinstance(o, (int, Sym)) or isinstance(o, bool):
             return NotImplemented
         q = exact_div(self, o)
@@ -283,14 +299,14 @@ class Sym:
             raise ZeroDivisionError(f"dimension {self} divided by {o}")
         return Sym._atom("div", self, o)
 
-    def __rfloordiv__(self, o):
+    def __rfloordiv__(self, o: int) -> Size:
         if not isinstance(o, int) or isinstance(o, bool):
             return NotImplemented
         if o < 0:
             raise TypeError(f"[dynamic dimensions] {o} // {self}: negative numerator")
         return Sym._atom("div", o, self) if o else 0
 
-    def __mod__(self, o):
+    def __mod__(self, o: Size) -> Size:
         if not isinstance(o, (int, Sym)) or isinstance(o, bool):
             return NotImplemented
         if exact_div(self, o) is not None:
@@ -301,16 +317,16 @@ class Sym:
 
     # -- comparisons: structural equality, order only where the bounds decide ------------------
 
-    def __eq__(self, o):
+    def __eq__(self, o: object) -> bool:
         return isinstance(o, Sym) and self.key == o.key
 
-    def __ne__(self, o):
+    def __ne__(self, o: object) -> bool:
         return not self.__eq__(o)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return self._hash
 
-    def _order(self, o, op):
+    def _order(self, o: Size, op: str) -> bool:
         d = self - o
         lo, hi = _bounds(d)
         res = {"<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0), ">": (lo > 0, hi <= 0), ">=": (lo >= 0, hi < 0)}[op]
@@ -323,22 +339,22 @@ class Sym:
             "dispatch (dimensions range over [1, max_size])"
         )
 
-    def __lt__(self, o):
+    def __lt__(self, o: Size) -> bool:
         return self._order(o, "<")
 
-    def __le__(self, o):
+    def __le__(self, o: Size) -> bool:
         return self._order(o, "<=")
 
-    def __gt__(self, o):
+    def __gt__(self, o: Size) -> bool:
         return self._order(o, ">")
 
-    def __ge__(self, o):
+    def __ge__(self, o: Size) -> bool:
         return self._order(o, ">=")
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return True
 
-    def __int__(self):
+    def __int__(self) -> NoReturn:
         raise TypeError(
             f"[dynamic dimensions] dimension {self} has no value before dispatch (kernels read it "
             "from the dispatch's sizes: dynamic/dims.py)"
@@ -349,23 +365,23 @@ class Sym:
     # -- queries ---------------------------------------------------------------------------------
 
     @property
-    def lo(self):
+    def lo(self) -> int:
         return self._range()[0]
 
     @property
-    def hi(self):
+    def hi(self) -> int:
         return self._range()[1]
 
     @property
-    def max_size(self):
+    def max_size(self) -> int:
         """The largest value over all allowed sizes (buffers are sized for it)."""
         return self.hi
 
     @property
-    def name(self):
+    def name(self) -> str:
         return str(self)
 
-    def _range(self):
+    def _range(self) -> tuple[int, int]:
         if self._bounds is None:
             lo = hi = 0
             for m, c in self.terms.items():
@@ -377,11 +393,11 @@ class Sym:
             self._bounds = (lo, hi)
         return self._bounds
 
-    def names(self):
+    def names(self) -> set[str]:
         """The named dimensions this expression reads."""
-        return set().union(*(a.names() for m in self.terms for a in m))
+        return set[str]().union(*(a.names() for m in self.terms for a in m))
 
-    def eval(self, values):
+    def eval(self, values: Mapping[str, int]) -> int:
         """Its value for {dimension name: size}."""
         total = 0
         for m, c in self.terms.items():
@@ -391,8 +407,8 @@ class Sym:
             total += v
         return total
 
-    def __str__(self):
-        parts = []
+    def __str__(self) -> str:
+        parts: list[str] = []
         for m, c in sorted(self.terms.items(), key=lambda mc: (mc[1] < 0, -len(mc[0]), _mkey(mc[0]))):
             body = "*".join(a.text() for a in m)
             if not body:
@@ -405,19 +421,19 @@ class Sym:
         s = " ".join(parts)
         return s[2:] if s.startswith("+ ") else "-" + s[2:]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<dim {self} (<= {self.hi})>"
 
-    def __format__(self, spec):
+    def __format__(self, spec: str) -> str:
         return format(str(self), spec)
 
-    def wgsl(self):
+    def wgsl(self) -> str:
         """A WGSL u32 expression of this size, reading named dimensions from the immediate `dims`
         (every intermediate value is reduced modulo 2**32, so a negative term is fine as long as
         the whole is in range, which its bounds say). While a kernel with dynamic dimensions
         renders (`hoisting`), an expression beyond a bare dimension is a field of the kernel's
         immediate data instead, its value computed by the host at dispatch."""
-        h = getattr(_hoist, "table", None)
+        h: _Hoisted | None = getattr(_hoist, "table", None)
         if h is not None:
             field = h.field(self)
             if field is not None:
@@ -435,7 +451,8 @@ class Sym:
                     _tagged.pop(next(iter(_tagged)))
                 _tagged[text] = self
             return f"{TAG_OPEN}{text}{TAG_CLOSE}"
-        pos, neg = [], []
+        pos: list[str] = []
+        neg: list[str] = []
         for m, c in sorted(self.terms.items(), key=lambda mc: _mkey(mc[0])):
             factors = [a.wgsl() for a in m]
             if abs(c) != 1 or not factors:
@@ -461,7 +478,7 @@ class Sym:
 _hoist = threading.local()
 
 
-def derived_field(slot):
+def derived_field(slot: int) -> str:
     """The WGSL struct field holding derived size `slot` of a kernel (dimensions' fields start
     with d_, launch parameters' with p)."""
     return f"s{slot}"
@@ -470,22 +487,22 @@ def derived_field(slot):
 class _Hoisted:
     __slots__ = ("room", "syms", "index")
 
-    def __init__(self, room):
+    def __init__(self, room: int) -> None:
         self.room = room
-        self.syms = []
-        self.index = {}
+        self.syms: list[Sym] = []
+        self.index: dict[tuple[Any, ...], int] = {}
 
-    def field(self, x):
+    def field(self, x: Sym) -> str | None:
         """WGSL reading expression x from its field (None: no field), its common factor kept in
         the text (a stride or plane known to be a multiple of 16 lets the compiler keep what the
         inline expression let it know)."""
         g = _factor(x)
-        slot = self.slot(x if g == 1 else exact_div(x, g))
+        slot = self.slot(x if g == 1 else cast(Sym, exact_div(x, g)))  # x / its factor: a Sym
         if slot is None:
             return None
         return f"dims.{derived_field(slot)}" if g == 1 else f"({g}u * dims.{derived_field(slot)})"
 
-    def slot(self, x):
+    def slot(self, x: Sym) -> int | None:
         """The field of expression x, a new one while there is room; None: rendered inline (a bare
         dimension, a launch parameter's expression, one that may be negative or overflow)."""
         s = self.index.get(x.key)
@@ -498,12 +515,12 @@ class _Hoisted:
         return len(self.syms) - 1
 
 
-def _factor(x):
+def _factor(x: Sym) -> int:
     """The largest integer dividing every coefficient of x (1 for a bare dimension)."""
     return math.gcd(*x.terms.values())
 
 
-def _compound(x):
+def _compound(x: Sym) -> bool:
     """A size a kernel may read as a derived field: an expression over dimensions beyond a bare
     dimension (or launch parameter), never negative, within u32."""
     if len(x.terms) == 1:
@@ -518,18 +535,18 @@ def _compound(x):
 # is room, else drops the marks (the text is the inline expression, unique to its value).
 TAG_OPEN, TAG_CLOSE = "\x01", "\x02"
 _TAG_RE = re.compile("\x01([^\x01\x02]*)\x02")
-_tagged = {}  # inline text -> Sym
+_tagged: dict[str, Sym] = {}  # inline text -> Sym
 _TAGGED_MAX = 1 << 16
 _tags_lock = threading.Lock()
 
 
-def untag(src, h):
+def untag(src: str, h: hoisting | None) -> str:
     """WGSL without the marks of sizes rendered by lowerings (see `_tagged`): each a field of
     hoisting context h where it has room, else its inline text."""
     if TAG_OPEN not in src:
         return src
 
-    def one(m):
+    def one(m: re.Match[str]) -> str:
         text = m.group(1)
         with _tags_lock:
             x = _tagged.get(text)
@@ -544,26 +561,28 @@ class hoisting:
     derived fields; `.syms` lists them in field order (the same for every rendering of the
     same template and parameters)."""
 
-    def __init__(self, room):
+    _outer: _Hoisted | None
+
+    def __init__(self, room: int) -> None:
         self.table = _Hoisted(room)
 
     @property
-    def syms(self):
+    def syms(self) -> tuple[Sym, ...]:
         return tuple(self.table.syms)
 
-    def reset(self):
-        self.table.__init__(self.table.room)
+    def reset(self) -> None:
+        self.table.__init__(self.table.room)  # type: ignore[misc]  # in place: the table is _Hoisted exactly
 
-    def __enter__(self):
+    def __enter__(self) -> hoisting:
         self._outer = getattr(_hoist, "table", None)
         _hoist.table = self.table
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         _hoist.table = self._outer
 
 
-class Condition(tuple):
+class Condition(tuple[tuple["Size", str, int], ...]):
     """A WGSL condition on sizes, ((size, "<=" or ">=", bound), ...) all holding, kept as sizes
     until a kernel renders it (templates render it as `{{ gate }}`: wgsl.template_env's
     finalize), so that its sizes become derived fields like any other (`hoisting`). Empty:
@@ -571,11 +590,11 @@ class Condition(tuple):
 
     __slots__ = ()
 
-    def wgsl(self):
+    def wgsl(self) -> str:
         return " && ".join(f"{wgsl(x)} {op} {b}u" for x, op, b in self) or "true"
 
 
-def wgsl(x):
+def wgsl(x: Size) -> str:
     """WGSL u32 expression of a size: a literal for an int, dims reads for a Sym."""
     if isinstance(x, Sym):
         return x.wgsl()
@@ -585,7 +604,7 @@ def wgsl(x):
     return f"{x}u"
 
 
-def exact_div(a, b):
+def exact_div(a: Size, b: Size) -> Size | None:
     """a / b when it divides exactly as polynomials (every term of a divisible by the single term
     b, or a an integer multiple of b), else None."""
     if isinstance(b, int):
@@ -602,7 +621,7 @@ def exact_div(a, b):
         return 1
     if len(b.terms) == 1:
         ((bm, bc),) = b.terms.items()
-        out = {}
+        out: _Terms = {}
         for m, c in a.terms.items():
             rest = list(m)
             for atom in bm:
@@ -619,14 +638,14 @@ def exact_div(a, b):
     return None
 
 
-def cdiv(a, b):
+def cdiv(a: Size, b: int) -> Size:
     """Ceiling division of a non-negative size by a positive int (workgroup counts)."""
     if isinstance(a, int) and isinstance(b, int):
         return -(-a // b)
     return (a + (b - 1)) // b
 
 
-def smax(a, b):
+def smax(a: Size, b: Size) -> Size:
     """max() of sizes; a Sym atom when the bounds do not decide it."""
     try:
         return a if a >= b else b
@@ -634,43 +653,43 @@ def smax(a, b):
         return Sym._atom("max", a, b)
 
 
-def smin(a, b):
+def smin(a: Size, b: Size) -> Size:
     try:
         return a if a <= b else b
     except TypeError:
         return Sym._atom("min", a, b)
 
 
-def is_static(shape):
+def is_static(shape: Iterable[object]) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
-def high(x):
+def high(x: Size) -> int:
     """The largest value a size takes (itself for an int)."""
     return x.hi if isinstance(x, Sym) else x
 
 
-def low(x):
+def low(x: Size) -> int:
     return x.lo if isinstance(x, Sym) else x
 
 
-def names_of(shape):
+def names_of(shape: Iterable[object]) -> set[str]:
     """Named dimensions read by a shape's entries."""
-    out = set()
+    out: set[str] = set()
     for d in shape:
         if isinstance(d, Sym):
             out |= d.names()
     return out
 
 
-def evaluate(x, values):
+def evaluate(x: Size | tuple[Size, ...] | list[Size], values: Mapping[str, int]) -> int | tuple[Any, ...]:
     """An int for a size (or a tuple for a shape) given {dimension name: size}."""
     if isinstance(x, (tuple, list)):
         return tuple(evaluate(d, values) for d in x)
     return x.eval(values) if isinstance(x, Sym) else x
 
 
-def parse_shape(shape, where, names, named_only=True):
+def parse_shape(shape: Any, where: str, names: dict[str, int], named_only: bool = True) -> Any:
     """A shape given by a user, with MLDynamicDimension entries (or {"name", "max_size"} dicts,
     or a named Sym taken from an operand's shape) turned into Syms. `names` ({name: max_size})
     collects the dimensions seen: one name has one maximum. named_only=False also takes derived
@@ -683,7 +702,8 @@ def parse_shape(shape, where, names, named_only=True):
             extra = set(d) - {"name", "max_size", "maxSize"}
             if extra:
                 raise TypeError(f"[{where}] unexpected dynamic dimension keys {sorted(extra)}")
-            d = MLDynamicDimension(d.get("name"), d.get("max_size", d.get("maxSize")))
+            # (the constructor checks the entries: TypeError)
+            d = MLDynamicDimension(d.get("name"), d.get("max_size", d.get("maxSize")))  # type: ignore[arg-type]
         elif isinstance(d, Sym):
             if len(d.names()) != 1 or d != Sym.dim(d.name, d.max_size):
                 if named_only:
@@ -703,7 +723,7 @@ def parse_shape(shape, where, names, named_only=True):
     return out
 
 
-def bind(pattern, shape, values, what):
+def bind(pattern: Sequence[Size], shape: Sequence[int], values: dict[str, int], what: str) -> None:
     """Match a concrete shape against a pattern (ints and Syms), adding named dimensions' sizes to
     `values`; TypeError naming `what` when it does not fit (rank, a static size, a size above its
     maximum, one name given two sizes). Derived entries (past + 1) are checked once every name
@@ -728,7 +748,7 @@ def bind(pattern, shape, values, what):
                 raise TypeError(f"{what}: dimension {p.name!r} is {s} here and {old} elsewhere")
 
 
-def check_derived(pattern, shape, values, what):
+def check_derived(pattern: Sequence[Size], shape: Sequence[int], values: dict[str, int], what: str) -> None:
     """The derived entries of a pattern (past + 1) equal their value for `values`."""
     for p, s in zip(pattern, shape):
         if isinstance(p, Sym) and p.names() <= set(values):
