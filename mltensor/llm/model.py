@@ -48,7 +48,8 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -94,10 +95,10 @@ class LlamaWeights:
         # Llama 3's rope scaling: frequency factors (the angle of channel pair i divided by factor i)
         half = c.rope_dims // 2
         self.rope_freqs = load_weight(f, "rope_freqs.weight", (half,)) if "rope_freqs.weight" in f.tensors else None
-        self.layers = []
+        self.layers: list[dict[str, Any]] = []
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            shapes = {"attn_norm": (H,)}  # (read in the order of the layer)
+            shapes: dict[str, tuple[int, ...]] = {"attn_norm": (H,)}  # (read in the order of the layer)
             if spec.fused_qkv:
                 shapes["attn_qkv"] = (qd + 2 * kvd, H)
             else:
@@ -118,7 +119,7 @@ class LlamaWeights:
                     layer[proj + ".bias"] = load_weight(f, f"{p}{proj}.bias", shapes[proj][:1])
             self.layers.append(layer)
 
-    def _all(self):
+    def _all(self) -> Iterator[Any]:
         yield self.token_embd
         yield self.output_norm
         if self.output is not None:
@@ -158,7 +159,7 @@ class LlamaWeights:
         half = c.rope_dims // 2
         inv = base ** (-np.arange(half, dtype=np.float64) * 2.0 / c.rope_dims)
         if self.rope_freqs is not None:
-            inv = inv / self.rope_freqs.dense.astype(np.float64)
+            inv = inv / self.rope_freqs.dense.astype(np.float64)  # type: ignore[union-attr]  # a float weight: dense
         ang = (np.arange(n_positions, dtype=np.float64) * scale)[:, None] * inv[None, :]
         return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
@@ -166,15 +167,15 @@ class LlamaWeights:
 class _Graph:
     """One MLGraph of the model and the names of its cache outputs."""
 
-    def __init__(self, graph, cache_names):
+    def __init__(self, graph: Any, cache_names: Any) -> None:
         self.graph, self.cache_names = graph, cache_names
 
 
 class _Builder:
     """Writes the Llama graph into one MLGraphBuilder (constants made once per array)."""
 
-    def __init__(self, ctx, weights, max_context, gemv=False, rows=False):
-        self.b = MLGraphBuilder(ctx)
+    def __init__(self, ctx: Any, weights: Any, max_context: Any, gemv: Any = False, rows: Any = False) -> None:
+        self.b: Any = MLGraphBuilder(ctx)  # its internal operators (_matmul_nbits ...) too
         self.gemv = gemv
         # the serving step's (build_rows): 4/8-bit projections through `_llm_gemv` with its rows
         # tile chosen at dispatch, on every adapter: sums that do not depend on the step's rows
@@ -182,15 +183,15 @@ class _Builder:
         self.w = weights
         self.c = weights.config
         self.max_context = max_context
-        self._consts = {}
+        self._consts: dict[int, tuple[Any, Any]] = {}
 
-    def const(self, arr):
+    def const(self, arr: Any) -> Any:
         key = id(arr)
         if key not in self._consts:
             self._consts[key] = (arr, self.b.constant(np.ascontiguousarray(arr)))
         return self._consts[key][1]
 
-    def linear(self, x, w):
+    def linear(self, x: Any, w: Any) -> Any:
         """x [..., K] times w [N, K] transposed -> [..., N]."""
         b = self.b
         if w.blocks is not None:
@@ -238,7 +239,7 @@ class _Builder:
             wt = b.cast(wt, "float32")
         return b.matmul(x, wt)
 
-    def embed(self, ids):
+    def embed(self, ids: Any) -> Any:
         b, w = self.b, self.w.token_embd
         if w.blocks is not None:
             q = w.blocks
@@ -261,7 +262,7 @@ class _Builder:
         x = b.gather(table, ids, axis=0)
         return x if x.data_type == "float32" else b.cast(x, "float32")
 
-    def norm(self, x, w):
+    def norm(self, x: Any, w: Any) -> Any:
         b = self.b
         ms = b.reduce_mean(b.mul(x, x), axes=[len(x.shape) - 1], keep_dimensions=True)
         inv = b.reciprocal(b.sqrt(b.add(ms, b.constant(np.array(self.c.eps, np.float32)))))
@@ -270,7 +271,7 @@ class _Builder:
             g = b.cast(g, "float32")
         return b.mul(b.mul(x, inv), g)
 
-    def rope(self, x, cos, sin):
+    def rope(self, x: Any, cos: Any, sin: Any) -> Any:
         """x [seq, heads, head_dim]: the first rope_dims channels rotated by cos/sin [seq, 1,
         rope_dims/2]: adjacent pairs (llama.cpp's LLAMA_ROPE_TYPE_NORM) or channel i with
         i + rope_dims/2 (NEOX, Hugging Face's rotate-half)."""
@@ -297,13 +298,13 @@ class _Builder:
             y = b.concat([y, b.slice(x, [0, 0, rot], [seq, nh, hd - rot])], 2)
         return y
 
-    def dense(self, x, lw, name):
+    def dense(self, x: Any, lw: Any, name: Any) -> Any:
         """x times blk weight `name` [+ its bias]."""
         y = self.linear(x, lw[name])
         bias = lw.get(name + ".bias")
         return y if bias is None else self.b.add(y, self.const(bias.dense))
 
-    def qkv(self, n, lw):
+    def qkv(self, n: Any, lw: Any) -> Any:
         """The q, k and v projections: three matrices, or one fused (sliced after the matmul)."""
         b, c = self.b, self.c
         if "attn_qkv" not in lw:
@@ -312,7 +313,7 @@ class _Builder:
         seq, qd, kvd = n.shape[0], c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         return (b.slice(y, [0, off], [seq, size]) for off, size in ((0, qd), (qd, kvd), (qd + kvd, kvd)))
 
-    def ffn(self, n, lw):
+    def ffn(self, n: Any, lw: Any) -> Any:
         """W_down (act(W_gate n) * W_up n): SwiGLU or GeGLU, gate and up fused or not."""
         b, c = self.b, self.c
         if "ffn_gate" in lw:
@@ -329,13 +330,13 @@ class _Builder:
             act = b.mul(g, b.sigmoid(g))
         return self.linear(b.mul(act, u), lw["ffn_down"])
 
-    def softcap(self, x, cap):
+    def softcap(self, x: Any, cap: Any) -> Any:
         b = self.b
         return b.mul(
             b.tanh(b.mul(x, b.constant(np.array(1.0 / cap, np.float32)))), b.constant(np.array(cap, np.float32))
         )
 
-    def build(self, with_past, max_seq):
+    def build(self, with_past: Any, max_seq: Any) -> Any:
         """max_seq: the most tokens a dispatch takes (1: a static size, the decode step)."""
         b, c = self.b, self.c
         ids = b.input("ids", data_type="int32", shape=[1 if max_seq == 1 else MLDynamicDimension("seq", max_seq)])
@@ -347,7 +348,7 @@ class _Builder:
             past = 0
         pos = b._range(ids, past, 1, seq, "int32")
 
-        def attend(i, q, k, v):
+        def attend(i: Any, q: Any, k: Any, v: Any) -> Any:
             # the new rows written in place after the `past` ones: the results are the session's
             # cache tensors [past + seq, kv_heads, head_dim] (graph outputs), read by the attention
             k, v = b._kv_append([k, v], past)
@@ -356,11 +357,11 @@ class _Builder:
             )
             return att, k, v
 
-        outputs = {}
+        outputs: dict[str, Any] = {}
         h = self.decoder(ids, pos, attend, outputs)
         return self.head(b.slice(h, [seq - 1, 0], [1, c.hidden]), outputs)
 
-    def decoder(self, ids, pos, attend, outputs):
+    def decoder(self, ids: Any, pos: Any, attend: Any, outputs: Any) -> Any:
         """The embeddings and every layer of tokens `ids` at positions `pos` ([seq] each): returns h
         [seq, hidden]. attend(layer, q, k, v) ([seq, heads, head_dim] each, after the rotary
         embedding) writes k and v to the layer's cache and returns (attention [seq, heads,
@@ -396,7 +397,7 @@ class _Builder:
             h = b.add(h, f)
         return h
 
-    def head(self, h, outputs):
+    def head(self, h: Any, outputs: Any) -> Any:
         """The logits of rows h ([rows, hidden]) in outputs["logits"]; builds the graph."""
         b, c, w = self.b, self.c, self.w
         logits = self.linear(self.norm(h, w.output_norm), w.output if w.output is not None else w.token_embd)
@@ -406,7 +407,7 @@ class _Builder:
         graph = b.build_sync(outputs)
         return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
 
-    def build_rows(self, max_rows, slots):
+    def build_rows(self, max_rows: Any, slots: Any) -> Any:
         """The serving engine's step (LlamaBatch): `rows` tokens of up to `slots` sequences, row r
         at position pos[r] of its sequence, its keys and values written to cache row dst[r] of
         caches [slots * max_context, kv_heads, head_dim] shared by the sequences
@@ -421,7 +422,7 @@ class _Builder:
         # sliding-window layers keep a ring of `ring` positions a slot (their rows: ring_dst)
         ring_dst = b.input("ring_dst", data_type="int32", shape=[rows]) if ring else None
 
-        def attend(i, q, k, v):
+        def attend(i: Any, q: Any, k: Any, v: Any) -> Any:
             in_ring = bool(ring and c.windows[i])
             at = ring_dst if in_ring else dst
             k, v = b._kv_scatter([k, v], at, rows=slots * (ring if in_ring else self.max_context))
@@ -439,12 +440,12 @@ class _Builder:
             )
             return att, k, v
 
-        outputs = {}
+        outputs: dict[str, Any] = {}
         h = self.decoder(ids, pos, attend, outputs)
         return self.head(b.gather(h, last, axis=0), outputs)
 
 
-def rows_ring(c, max_context, max_rows):
+def rows_ring(c: Any, max_context: Any, max_rows: Any) -> Any:
     """Positions a slot of the serving step keeps for a sliding-window layer: the window plus a
     step's rows less one (ops/kvrows.py: then no row of a step overwrites a key another still
     reads); 0 (every position kept) when the model has no sliding layer or that is no smaller."""
@@ -455,11 +456,11 @@ def rows_ring(c, max_context, max_rows):
     return ring if ring < max_context else 0
 
 
-def _transposed(w):
+def _transposed(w: Any) -> Any:
     return np.ascontiguousarray(w.dense.T)
 
 
-def _f32_words(w):
+def _f32_words(w: Any) -> Any:
     return np.ascontiguousarray(w.dense, dtype=np.float32).reshape(-1).view(np.uint32)
 
 
@@ -508,7 +509,7 @@ class LlamaModel:
         self.ctx = ctx
         self.gemv = bool(gemv)  # False: `_matmul_nbits` on every adapter (for comparisons)
         self._lock = threading.Lock()  # builds once, whichever thread asks first
-        self._graphs = {}
+        self._graphs: dict[Any, _Graph] = {}
 
     def graph(self, which: str) -> _Graph:
         """One of the conversation's graphs, built on first use.
@@ -645,11 +646,12 @@ class LlamaSession:
         """
         with self._lock:
             if hasattr(ids, "data_type"):  # an MLTensor already on the GPU
-                n = int(np.prod(ids.shape)) if ids.shape else 1
-                if ids.data_type != "int32" or len(ids.shape) != 1 or n < 1:
+                t: Any = ids
+                n = int(np.prod(t.shape)) if t.shape else 1
+                if t.data_type != "int32" or len(t.shape) != 1 or n < 1:
                     raise TypeError(
                         f"[LlamaSession.feed] a tensor of ids must be non-empty int32 of rank 1, got "
-                        f"{ids.data_type} {list(ids.shape)}"
+                        f"{t.data_type} {list(t.shape)}"
                     )
                 limit = self.model.max_context if self.length == 0 else self.model.max_step
                 if n > limit:
@@ -687,7 +689,7 @@ class LlamaSession:
                 self._run(ch)
             return self.logits
 
-    def _run(self, chunk):
+    def _run(self, chunk: Any) -> None:
         ctx = self.ctx
         if isinstance(chunk, np.ndarray):
             ctx.write_tensor(self._ids, chunk)
@@ -709,5 +711,5 @@ class LlamaSession:
         self.length += n
 
 
-def _split(arr, size):
+def _split(arr: Any, size: int) -> list[Any]:
     return [arr[i : i + size] for i in range(0, arr.size, size)]
