@@ -167,14 +167,16 @@ class LlamaWeights:
 class _Graph:
     """One MLGraph of the model and the names of its cache outputs."""
 
-    def __init__(self, graph: Any, cache_names: Any) -> None:
+    def __init__(self, graph: Any, cache_names: list[str]) -> None:
         self.graph, self.cache_names = graph, cache_names
 
 
 class _Builder:
     """Writes the Llama graph into one MLGraphBuilder (constants made once per array)."""
 
-    def __init__(self, ctx: Any, weights: Any, max_context: Any, gemv: Any = False, rows: Any = False) -> None:
+    def __init__(
+        self, ctx: MLContext, weights: LlamaWeights, max_context: int, gemv: bool = False, rows: bool = False
+    ) -> None:
         self.b: Any = MLGraphBuilder(ctx)  # its internal operators (_matmul_nbits ...) too
         self.gemv = gemv
         # the serving step's (build_rows): 4/8-bit projections through `_llm_gemv` with its rows
@@ -242,8 +244,8 @@ class _Builder:
     def embed(self, ids: Any) -> Any:
         b, w = self.b, self.w.token_embd
         if w.blocks is not None:
-            q = w.blocks
-            return b._gather_blocks(self.const(q.words), ids, kind=q.kind, V=q.rows, H=q.cols)
+            blocks = w.blocks
+            return b._gather_blocks(self.const(blocks.words), ids, kind=blocks.kind, V=blocks.rows, H=blocks.cols)
         if w.q is not None:
             q = w.q
             zp = None if q.zero_points is None else self.const(q.zero_points)
@@ -336,7 +338,7 @@ class _Builder:
             b.tanh(b.mul(x, b.constant(np.array(1.0 / cap, np.float32)))), b.constant(np.array(cap, np.float32))
         )
 
-    def build(self, with_past: Any, max_seq: Any) -> Any:
+    def build(self, with_past: bool, max_seq: int) -> _Graph:
         """max_seq: the most tokens a dispatch takes (1: a static size, the decode step)."""
         b, c = self.b, self.c
         ids = b.input("ids", data_type="int32", shape=[1 if max_seq == 1 else MLDynamicDimension("seq", max_seq)])
@@ -361,7 +363,7 @@ class _Builder:
         h = self.decoder(ids, pos, attend, outputs)
         return self.head(b.slice(h, [seq - 1, 0], [1, c.hidden]), outputs)
 
-    def decoder(self, ids: Any, pos: Any, attend: Any, outputs: Any) -> Any:
+    def decoder(self, ids: Any, pos: Any, attend: Any, outputs: dict[str, Any]) -> Any:
         """The embeddings and every layer of tokens `ids` at positions `pos` ([seq] each): returns h
         [seq, hidden]. attend(layer, q, k, v) ([seq, heads, head_dim] each, after the rotary
         embedding) writes k and v to the layer's cache and returns (attention [seq, heads,
@@ -397,7 +399,7 @@ class _Builder:
             h = b.add(h, f)
         return h
 
-    def head(self, h: Any, outputs: Any) -> Any:
+    def head(self, h: Any, outputs: dict[str, Any]) -> _Graph:
         """The logits of rows h ([rows, hidden]) in outputs["logits"]; builds the graph."""
         b, c, w = self.b, self.c, self.w
         logits = self.linear(self.norm(h, w.output_norm), w.output if w.output is not None else w.token_embd)
@@ -407,7 +409,7 @@ class _Builder:
         graph = b.build_sync(outputs)
         return _Graph(graph, [f"cache_{kv}{i}" for i in range(c.n_layers) for kv in "kv"])
 
-    def build_rows(self, max_rows: Any, slots: Any) -> Any:
+    def build_rows(self, max_rows: int, slots: int) -> _Graph:
         """The serving engine's step (LlamaBatch): `rows` tokens of up to `slots` sequences, row r
         at position pos[r] of its sequence, its keys and values written to cache row dst[r] of
         caches [slots * max_context, kv_heads, head_dim] shared by the sequences
@@ -445,7 +447,7 @@ class _Builder:
         return self.head(b.gather(h, last, axis=0), outputs)
 
 
-def rows_ring(c: Any, max_context: Any, max_rows: Any) -> Any:
+def rows_ring(c: LlamaConfig, max_context: int, max_rows: int) -> int:
     """Positions a slot of the serving step keeps for a sliding-window layer: the window plus a
     step's rows less one (ops/kvrows.py: then no row of a step overwrites a key another still
     reads); 0 (every position kept) when the model has no sliding layer or that is no smaller."""
