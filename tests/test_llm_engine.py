@@ -249,3 +249,24 @@ def test_a_prompt_that_extends_a_finished_one_reuses_its_cache(llm, ref):
         assert other.cached_tokens <= 1
     finally:
         e.shutdown()
+
+
+def test_a_bug_in_the_step_ends_its_requests_and_the_engine_goes_on(llm, monkeypatch):
+    """An exception the step itself raises (not one request's) ends the running requests with an
+    InternalError instead of killing the step thread (which would leave every caller waiting);
+    the next requests are served."""
+    e = Engine(llm, slots=2, prefill_chunk=8)
+    try:
+        ids = llm.tokenize(PROMPTS[0])
+        want = "".join(e.submit(ids, max_tokens=6, **GREEDY))
+        real = Engine.__dict__["_entry"]
+        monkeypatch.setattr(Engine, "_entry", staticmethod(lambda a, toks: 1 / 0))
+        r = e.submit(ids, max_tokens=6, **GREEDY)
+        with pytest.raises(mltensor.errors.InternalError):
+            list(r)
+        assert r.finish_reason == "error"
+        monkeypatch.setattr(Engine, "_entry", real)
+        assert "".join(e.submit(ids, max_tokens=6, **GREEDY)) == want
+        assert e.metrics()["active"] == 0
+    finally:
+        e.shutdown()

@@ -18,8 +18,10 @@ class LlamaBatch:
     layer's cache keeps only `ring` positions a slot (rows_ring), the others every position. `run(entries)`:
     entries (slot, start, ids) feed `ids` to `slot`'s sequence at positions start, start + 1, ...
     (what the slot held from `start` on is overwritten); at most `rows` ids in all, one entry a
-    slot. Returns the logits of each entry's last token, float32 [len(entries), vocab], read back
-    to the host (the engine samples there). The caches never leave the GPU. `model`: a
+    slot; an entry (slot, start, ids, False) wants no logits (a prompt chunk that is not the
+    prompt's last: the output head skips it). Returns the logits of the last token of each entry
+    that wants them, in order, float32 [entries wanting them, vocab], read back to the host (the
+    engine samples there). The caches never leave the GPU. `model`: a
     LlamaModel."""
 
     def __init__(self, model, slots, rows):
@@ -66,7 +68,8 @@ class LlamaBatch:
     def run(self, entries):
         m = self.model
         ids, pos, dst, last, ring, slots = [], [], [], [], [], set()
-        for slot, start, toks in entries:
+        for entry in entries:
+            slot, start, toks = entry[:3]
             toks = [int(t) for t in toks]
             if not 0 <= slot < self.slots or slot in slots:
                 raise ValueError(f"[LlamaBatch] slot {slot!r} is not a free slot in [0, {self.slots}) of this step")
@@ -80,10 +83,14 @@ class LlamaBatch:
             dst += range(slot * m.max_context + start, slot * m.max_context + start + len(toks))
             if self.ring:
                 ring += [slot * self.ring + p % self.ring for p in range(start, start + len(toks))]
-            last.append(len(ids) - 1)
+            if len(entry) < 4 or entry[3]:
+                last.append(len(ids) - 1)
         if len(ids) > self.rows:
             raise ValueError(f"[LlamaBatch] a step of {len(ids)} rows (at most {self.rows})")
         vocab = m.config.vocab
+        wanted = len(last)
+        if not wanted:  # (no entry wants its logits: the head still runs, on one row)
+            last.append(len(ids) - 1)
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"[LlamaBatch] token ids must lie in [0, {vocab})")
         with self._lock:
@@ -94,4 +101,6 @@ class LlamaBatch:
             for name, values in feeds:
                 ctx.write_tensor(self._ins[name], np.asarray(values, np.int32))
             ctx.dispatch(self._graph.graph, self._ins, {"logits": self._logits, **self._cache})
-            return ctx.read_tensor_sync(self._logits).reshape(len(entries), vocab)
+            if not wanted:
+                return np.zeros((0, vocab), np.float32)
+            return ctx.read_tensor_sync(self._logits).reshape(wanted, vocab)

@@ -456,7 +456,18 @@ class Engine:
                     self._active.append(_Active(req, slot, self.tokenizer, limit, cached))
                     self._m["prompt_tokens_total"] += req.prompt_tokens  # (admitted: read, whatever its end)
             t0 = time.perf_counter()
-            self._step()
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - a bug here must end the requests, not hang them
+                err = _internal(e)
+                for a in list(self._active):
+                    if not a.req.done:
+                        a.req._finish("error", err)
+                    self._held[a.slot] = []
+                with self._cond:
+                    self._free = sorted(set(self._free) | {a.slot for a in self._active})
+                    self._m["requests_finished_total"] += len(self._active)
+                    self._active.clear()
             self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - t0)
 
     def _slot_for(self, ids: Sequence[int]) -> tuple[int, int]:
@@ -503,21 +514,27 @@ class Engine:
         if not rows:
             return
         try:
-            logits = self.batch.run([(a.slot, a.fed, toks) for a, toks in rows])
+            logits = iter(self.batch.run([self._entry(a, toks) for a, toks in rows]))
         except Exception as e:  # noqa: BLE001 - one failing step must not kill the others' streams
             self._isolate(rows, e)
             return
         with self._cond:
             self._m["steps_total"] += 1
             self._m["batch_rows_total"] += sum(len(t) for _, t in rows)
-        for (a, toks), row in zip(rows, logits):
-            self._took(a, toks, row)
+        for a, toks in rows:
+            self._took(a, toks, next(logits) if self._entry(a, toks)[3] else None)
 
-    def _took(self, a: _Active, toks: Sequence[int], row: npt.NDArray[Any]) -> None:
-        """Row `toks` of request `a` ran (row: the logits of its last token)."""
+    @staticmethod
+    def _entry(a: _Active, toks: list[int]) -> tuple[int, int, list[int], bool]:
+        """LlamaBatch.run's entry of row `toks` of `a`: its logits wanted only where it ends the
+        prompt or is a generated token (a sample follows)."""
+        return a.slot, a.fed, toks, a.fed + len(toks) >= len(a.req.ids)
+
+    def _took(self, a: _Active, toks: Sequence[int], row: npt.NDArray[Any] | None) -> None:
+        """Row `toks` of request `a` ran (row: the logits of its last token, None mid-prompt)."""
         a.fed += len(toks)
         del a.pending[: len(toks)]
-        if a.pending:  # more prompt to read: no sample yet
+        if a.pending or row is None:  # more prompt to read: no sample yet
             return
         try:
             self._advance(a, row)
@@ -528,12 +545,13 @@ class Engine:
         """A step failed: run its rows one request at a time, so that only the requests that fail
         end (with an error) and the others go on."""
         for a, toks in rows:
+            entry = self._entry(a, toks)
             try:
-                row = self.batch.run([(a.slot, a.fed, toks)])[0]
+                out = self.batch.run([entry])
             except Exception as e:  # noqa: BLE001
                 self._leave(a, "error", _internal(e))
                 continue
-            self._took(a, toks, row)
+            self._took(a, toks, out[0] if entry[3] else None)
 
     def _advance(self, a: _Active, row: npt.NDArray[Any]) -> None:
         req, o = a.req, a.req.options
