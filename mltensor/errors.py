@@ -100,6 +100,14 @@ class internal_errors:
             return False
         if isinstance(e, TypeError) and str(e).startswith("["):
             return False
-        raise InternalError(
-            f"[{self.where}] internal error in mltensor, a bug: {type(e).__name__}: {e}. Please report it"
-        ) from e
+        raise as_internal(self.where, e) from e
+
+
+def as_internal(where: str, e: Exception) -> InternalError:
+    """`e`, an exception of mltensor's own code, as the InternalError that says so (the original
+    as its cause); an InternalError is returned as it is."""
+    if isinstance(e, InternalError):
+        return e
+    err = InternalError(f"[{where}] internal error in mltensor, a bug: {type(e).__name__}: {e}. Please report it")
+    err.__cause__ = e
+    return err

@@ -195,7 +195,7 @@ def test_error_ends_one_request_only(llm, monkeypatch):
         want = "".join(e.submit(ids, max_tokens=8, **GREEDY))
         bad = e.submit(ids, max_tokens=8, seed=666, **GREEDY)
         good = e.submit(ids, max_tokens=8, **GREEDY)
-        with pytest.raises(mltensor.errors.InternalError, match="bug in mltensor"):
+        with pytest.raises(mltensor.errors.InternalError, match="internal error in mltensor"):
             list(bad)
         assert bad.finish_reason == "error" and isinstance(bad.error.__cause__, KeyError)
         assert "".join(good) == want and good.finish_reason in ("stop", "length")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InternalError
+from ..errors import DOMException, as_internal
 from .api import PENALTY_LAST_N, TextTail
 from .batch import LlamaBatch
 from .sampler import check_penalty
@@ -586,9 +586,7 @@ class Engine:
         self._leave(a, reason)
 
 
-def _internal(e: Exception) -> InternalError:
-    if isinstance(e, InternalError):
-        return e
-    err = InternalError(f"[Engine] a generation step failed (a bug in mltensor): {type(e).__name__}: {e}")
-    err.__cause__ = e
-    return err
+def _internal(e: Exception) -> Exception:
+    """What a request that hit `e` ends with: a WebNN error (the device out of memory or lost, a
+    rejected call) as it is, any other exception as the InternalError of a bug in mltensor."""
+    return e if isinstance(e, DOMException) else as_internal("Engine", e)
