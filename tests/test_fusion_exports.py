@@ -34,6 +34,7 @@ CASES = {
     "llama": (36, 0),
     "qwen2": (38, 0),
     "mistral": (36, 0),
+    "phi3": (23, 0),  # (fused qkv_proj and gate_up_proj sliced into blocks: split.py; was 63)
     "bert": (29, 0),
     "roberta": (33, 0),
     "distilbert": (26, 0),

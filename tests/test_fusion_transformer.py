@@ -666,6 +666,47 @@ def test_gated_unit_outputs_used_elsewhere_stay(ctx, rng):
     assert not any("glu" in n for n in names), names
 
 
+@pytest.mark.parametrize("form", ["split", "slices"])
+def test_fused_gate_up_weight_is_one_gated_gemm(ctx, rng, form):
+    """Phi-3's gate_up_proj: one matmul by [Wg | Wu], its output split (or sliced) into gate and
+    up (compiler/fusion/split.py): the gated unit fuses as with two weights."""
+    E, F, M = 32, 40, 7
+    W, Wd = _w(rng, E, 2 * F), _w(rng, F, E)
+
+    def fn(b, i):
+        y = b.matmul(i["x"], _c(b, W, "float32"))
+        if form == "split":
+            g, u = b.split(y, [F, F], axis=1)
+        else:
+            g, u = b.slice(y, [0, 0], [M, F]), b.slice(y, [0, F], [M, F])
+        return {"y": b.matmul(b.mul(u, b.mul(b.sigmoid(g), g)), _c(b, Wd, "float32"))}
+
+    def ref(f):
+        g, u = f["x"] @ W[:, :F], f["x"] @ W[:, F:]
+        return {"y": (u * g / (1 + np.exp(-g))) @ Wd}
+
+    names = _check(ctx, {"x": (M, E)}, fn, ref, [{"x": rng.standard_normal((M, E)).astype(np.float32)}], kernels=2)
+    assert not FUSION or "glu" in names[0], names
+
+
+def test_overlapping_column_blocks_stay_one_matmul(ctx, rng):
+    """Two slices of one matmul's output sharing columns: not split (split.py would compute the
+    shared columns twice); values as numpy."""
+    E, M = 16, 5
+    W = _w(rng, E, 24)
+
+    def fn(b, i):
+        y = b.matmul(i["x"], _c(b, W, "float32"))
+        return {"p": b.sigmoid(b.slice(y, [0, 0], [M, 16])), "q": b.relu(b.slice(y, [0, 8], [M, 16]))}
+
+    def ref(f):
+        y = f["x"] @ W
+        return {"p": 1 / (1 + np.exp(-y[:, :16])), "q": np.maximum(y[:, 8:], 0)}
+
+    names = _check(ctx, {"x": (M, E)}, fn, ref, [{"x": rng.standard_normal((M, E)).astype(np.float32)}])
+    assert not FUSION or sum(n.startswith("matmul") for n in names) == 1, names
+
+
 # -- DAG epilogues -------------------------------------------------------------------------------
 
 ACTS = {
