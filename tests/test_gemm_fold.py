@@ -139,6 +139,41 @@ def test_folded_head_split(ctx):
     g.destroy()
 
 
+def test_sequence_first_projections_dynamic_batch(ctx):
+    """nn.MultiheadAttention's projections around a batch-first layer, batch known at dispatch:
+    the in-projection reads its A through the [B, S, E] -> [S, B, E] transpose, the
+    out-projection (a Gemm with a transposed weight and a bias) reads the head merge
+    [B, H, S, D] -> [S * B, E] and writes back through [S, B, E] -> [B, S, E]: each one GEMM of
+    S * b rows (the view read per folded row), no transpose launched."""
+    rng = np.random.default_rng(5)
+    S, H, Dh = 5, 2, 8
+    E = H * Dh
+    w_in = rng.standard_normal((E, E)).astype(np.float32)
+    w_out, bias = rng.standard_normal((E, E)).astype(np.float32), rng.standard_normal(E).astype(np.float32)
+    bd = D("batch", 6)
+    b = mltensor.MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[bd, S, E])
+    h = b.input("h", data_type="float32", shape=[bd, H, S, Dh])
+    q = b.matmul(b.transpose(x, permutation=[1, 0, 2]), b.constant(w_in))  # [S, b, E]
+    n = x.shape[0]  # (the batch as a size expression)
+    merged = b.reshape(b.transpose(h, permutation=[2, 0, 1, 3]), [S * n, E])
+    o = b.gemm(merged, b.constant(w_out), c=b.constant(bias), b_transpose=True)
+    y = b.add(b.transpose(b.reshape(o, [S, n, E]), permutation=[1, 0, 2]), x)
+    g = b.build_sync({"q": b.relu(q), "y": y})
+    for n in (1, 3, 6):
+        xa = rng.standard_normal((n, S, E)).astype(np.float32)
+        ha = rng.standard_normal((n, H, S, Dh)).astype(np.float32)
+        got = _run(ctx, g, {"x": xa, "h": ha})
+        _close(got["q"], np.maximum(xa.transpose(1, 0, 2).astype(np.float64) @ w_in, 0))
+        m = ha.transpose(2, 0, 1, 3).reshape(S * n, E).astype(np.float64)
+        _close(got["y"], (m @ w_out.T + bias).reshape(S, n, E).transpose(1, 0, 2) + xa)
+        run = g.kernels_run({"x": (n, S, E), "h": (n, H, S, Dh)})
+        if FUSION:
+            assert not [k for k in run if "transpose" in k], run
+            assert len(run) == 2 and all(k.startswith("matmul_f32_") and "aview" in k for k in run), run
+    g.destroy()
+
+
 def test_folded_integer_matmul(ctx):
     """ONNX MatMulInteger of a [2, 3, K] activation by a [K, N] int8 weight (per-column zero
     points), as onnxruntime's quantize_dynamic writes: folded, against onnxruntime."""

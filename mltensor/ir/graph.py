@@ -4,6 +4,7 @@ share. Pure Python: no wgpu, no templates (the bottom of the build path, CONTRIB
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -150,3 +151,28 @@ def inline_scalar(v: MLOperand) -> float | None:
     if v.data_type not in ("float32", "float16"):
         return None
     return scalar_value(v)
+
+
+def topological(nodes: list[Node], key: Mapping[int, Any]) -> list[Node] | None:
+    """`nodes` in topological order, ties broken by key[id(node)] then list order (a pass that
+    replaces nodes keeps the original order where it is free), or None on a cycle."""
+    prod = {id(v): n for n in nodes for v in n.outputs}
+    deps = {id(n): {id(prod[id(x)]) for x in n.inputs if x is not None and id(x) in prod} - {id(n)} for n in nodes}
+    users: dict[int, list[Node]] = {}
+    for n in nodes:
+        for d in deps[id(n)]:
+            users.setdefault(d, []).append(n)
+    byid = {id(n): n for n in nodes}
+    pos = {id(n): i for i, n in enumerate(nodes)}
+    heap = [(key[id(n)], i, id(n)) for i, n in enumerate(nodes) if not deps[id(n)]]
+    heapq.heapify(heap)
+    left = {k: len(v) for k, v in deps.items()}
+    out: list[Node] = []
+    while heap:
+        _, _, k = heapq.heappop(heap)
+        out.append(byid[k])
+        for u in users.get(k, ()):
+            left[id(u)] -= 1
+            if left[id(u)] == 0:
+                heapq.heappush(heap, (key[id(u)], pos[id(u)], id(u)))
+    return out if len(out) == len(nodes) else None

@@ -262,7 +262,7 @@ def _lower_fused(kc, node):
     batch = math.prod(ob)
     # B operands are one [K, N] matrix (plain_b): where A is not a view and not broadcast, the
     # GEMM is one of batch * M rows, its stores finding (bt, m) of row batch * M + m (store_fn)
-    fold = plan.a_view is None and folds_batch(A.shape[:-2], (), ob)
+    fold = folds_batch(A.shape[:-2], (), ob)
     N = sum(s.width for s in segs)
     W = 8 if any(s.kind != "plain" for s in segs) else 4  # columns a store call takes
     t = kc.wtype(src)
@@ -319,8 +319,9 @@ def _lower_fused(kc, node):
         "fused_w": W,
         "fused_rms": f32_lit(rms[1]) if rms is not None else "",
     }
-    if plan.a_view is not None:
-        params["a_at"] = plan.a_view.load_index(coords_of_batch(A.shape[:-2]) + ["m", "k"])
+    if plan.a_view is not None:  # (folded: load_a's row m is row m % M of matrix m / M)
+        rows = [f"(m / {wgsl(M)})", f"(m % {wgsl(M)})"] if fold else ["bt", "m"]
+        params["a_at"] = plan.a_view.load_index(coords_of_batch(A.shape[:-2], rows[0]) + [rows[1], "k"])
 
     # B: the segment of column n, its operand and the column there (quad base for load_b4n)
     def col_of(s, c):

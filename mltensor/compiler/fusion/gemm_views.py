@@ -9,7 +9,7 @@ index functions.
 import math
 
 from ...dynamic.dims import Sym, exact_div, wgsl
-from ...ir.graph import Node, scalar_value
+from ...ir.graph import Node, scalar_value, topological
 from ...ir.registry import OPS
 from ...ops._index import is_one, row_strides
 from ..steps import Uses, broadcasts_to, other_operand
@@ -71,14 +71,20 @@ class DigitView:
         """Split slot [digit, lo, size] into an outer part of q values and the inner rest
         (size / q); the digit is split alike. False where the slot's range does not align."""
         dg, lo, size = slot
-        if not (isinstance(dg.size, int) and isinstance(size, int) and isinstance(q, int)):
+        if not isinstance(q, int) or q <= 0:
             return None
-        if q <= 0 or size % q:
-            return None
-        r = size // q
-        if lo % r or dg.size % r:
-            return None
-        outer, inner = _Digit(dg.axis, dg.size // r), _Digit(dg.axis, r)
+        if isinstance(dg.size, int) and isinstance(size, int):
+            if size % q:
+                return None
+            r = size // q
+            if lo % r or dg.size % r:
+                return None
+            outer, inner = _Digit(dg.axis, dg.size // r), _Digit(dg.axis, r)
+        else:  # a dynamic digit taken whole (17 * batch rows viewed as [17, batch])
+            r = exact_div(size, q)
+            if lo != 0 or size is not dg.size and size != dg.size or r is None:
+                return None
+            outer, inner = _Digit(dg.axis, q), _Digit(dg.axis, r)
         ax = self.axes[dg.axis]
         i = ax.index(dg)
         ax[i : i + 1] = [outer, inner]
@@ -94,7 +100,7 @@ class DigitView:
                     return False
                 s = seq[pos]
                 nxt = prod * s[2]
-                if nxt == want or isinstance(exact_div(want, nxt), int):  # (an integer multiple)
+                if nxt == want or exact_div(want, nxt) is not None:  # (a multiple: 17 * batch of 17)
                     group.append(s)
                     prod = nxt
                     pos += 1
@@ -700,6 +706,12 @@ def rewrite_gemms(nodes, outputs, cap):
         if run:
             fused.append((run, None))
     absorbed = {id(n) for segs, _ in fused for s in segs for n in s.nodes}
+    for i, (segs, _) in enumerate(fused):  # a GEMM writing views may read its A through one too
+        m = segs[0].mms[0]
+        av = _a_view(m, uses) if len(segs) == 1 and segs[0].mms == [m] else None
+        if av is not None and not any(id(n) in absorbed for n in av[2]):
+            fused[i] = (segs, av)
+            absorbed.update(id(n) for n in av[2])
     for m in mms:
         if id(m) in taken or not plain_b(m):
             continue
@@ -762,36 +774,10 @@ def _place_fused(nodes, fused, order):
         key = {id(n): order[id(n)] for n in nodes if id(n) not in drop}
         for node, gone in made:
             key[id(node)] = min(order[id(n)] for n in gone)
-        out = _topo(rest, key)
+        out = topological(rest, key)
         if out is not None:
             return out
         # a cycle: drop the group with the latest first node and try again
         made.pop(max(range(len(made)), key=lambda i: key[id(made[i][0])]))
         if not made:
             return nodes
-
-
-def _topo(nodes, key):
-    """Nodes in topological order (ties by key), or None on a cycle."""
-    import heapq
-
-    prod = {id(v): n for n in nodes for v in n.outputs}
-    deps = {id(n): {id(prod[id(x)]) for x in n.inputs if x is not None and id(x) in prod} - {id(n)} for n in nodes}
-    users = {}
-    for n in nodes:
-        for d in deps[id(n)]:
-            users.setdefault(d, []).append(n)
-    byid = {id(n): n for n in nodes}
-    pos = {id(n): i for i, n in enumerate(nodes)}
-    heap = [(key[id(n)], i, id(n)) for i, n in enumerate(nodes) if not deps[id(n)]]
-    heapq.heapify(heap)
-    left = {k: len(v) for k, v in deps.items()}
-    out = []
-    while heap:
-        _, _, k = heapq.heappop(heap)
-        out.append(byid[k])
-        for u in users.get(k, ()):
-            left[id(u)] -= 1
-            if left[id(u)] == 0:
-                heapq.heappush(heap, (key[id(u)], pos[id(u)], id(u)))
-    return out if len(out) == len(nodes) else None
