@@ -518,7 +518,7 @@ NOT_FUSED = {  # what the chain does instead of matching: (output, extra graph o
     ),
     "scale not a constant": lambda b, q, kt, v, m: (b.matmul(b.softmax(b.mul(b.matmul(q, kt), m), 3), v), {}),
     "probabilities also an output": lambda b, q, kt, v, m: (b.matmul(p := b.softmax(b.matmul(q, kt), 3), v), {"p": p}),
-    "two biases": lambda b, q, kt, v, m: (b.matmul(b.softmax(b.add(b.add(b.matmul(q, kt), m), m), 3), v), {}),
+    # (two biases fuse: sdpa.py merge_biases adds them first, test_window_attention_dynamic_batch)
 }
 
 
@@ -579,6 +579,38 @@ def test_dynamic_sizes(ctx, rng, max_keys):
             close(got, static.astype(np.float64), 3e-5)
         else:  # the kernel a static build of these sizes runs, with the same tiles: the same bits
             np.testing.assert_array_equal(got, static)
+    g.destroy()
+
+
+@pytest.mark.parametrize("windows", [1, 4])
+def test_window_attention_dynamic_batch(ctx, rng, windows):
+    """Swin's (shifted) window attention with the batch known at dispatch: scores + a relative
+    position bias [1, H, N, N], viewed [n, nW, H, N, N] + a per-window mask [1, nW, 1, N, N],
+    viewed back (compiler/fusion/sdpa.py window_masks, merge_biases): one attention kernel (the
+    mask expanded to the windows and the biases summed per dispatch), no softmax; numpy."""
+    nb, H, N, Dh = MLDynamicDimension("n", 3), 2, 9, 8
+    rel = (rng.standard_normal((1, H, N, N)) * 0.5).astype(np.float32)
+    mask = np.where(rng.random((1, windows, 1, N, N)) < 0.3, -100.0, 0.0).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    ins = {n: b.input(n, data_type="float32", shape=[nb, windows, H, N, Dh]) for n in "qkv"}
+    n = ins["q"].shape[0]
+    q, k, v = (b.reshape(ins[x], [n * windows, H, N, Dh]) for x in "qkv")
+    s = b.add(
+        b.matmul(b.mul(q, b.constant(data_type="float32", value=Dh**-0.5)), b.transpose(k, permutation=[0, 1, 3, 2])),
+        b.constant(rel),
+    )
+    s = b.reshape(b.add(b.reshape(s, [n, windows, H, N, N]), b.constant(mask)), [n * windows, H, N, N])
+    g = b.build_sync({"o": b.matmul(b.softmax(s, axis=3), v)})
+    if FUSION:
+        assert not [k for k in g.kernel_names if k.startswith("softmax")], g.kernel_names
+        assert [k for k in g.kernel_names if k.startswith("attention")], g.kernel_names
+    for batch in (1, 3):
+        f = {x: rng.standard_normal((batch, windows, H, N, Dh)).astype(np.float32) for x in "qkv"}
+        bias = (rel[:, None] + mask[:, :, :]).reshape(1, windows, H, N, N) + np.zeros((batch, 1, 1, 1, 1))
+        want = reference(
+            *(f[x].reshape(batch * windows, H, N, Dh) for x in "qkv"), Dh**-0.5, bias.reshape(batch * windows, H, N, N)
+        )
+        close(dispatch_at(ctx, g, f)["o"], want, 3e-5)
     g.destroy()
 
 

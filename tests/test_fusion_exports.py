@@ -44,7 +44,11 @@ CASES = {
     "whisper_encoder": (18, 1),
     # torchvision's nn.MultiheadAttention, dynamic batch: the batch-first transposes around the
     # attention are views its GEMMs read and write (the out-projection's Gemm a matmul: linear.py)
-    "tv_vit": (20, 1, 2),  # (2 layers: the corpus gives image cases no layer count)  # (the convolution front-end's [B, C, T] -> [B, T, C])
+    "tv_vit": (
+        20,
+        1,
+        2,
+    ),  # (2 layers: the corpus gives image cases no layer count)  # (the convolution front-end's [B, C, T] -> [B, T, C])
 }
 
 
@@ -82,12 +86,28 @@ def test_export_takes_the_fast_path(name):
     assert launches <= bound, run
 
 
-def test_fusion_report_names_what_did_not_fuse():
-    """torchvision's Swin adds a relative position bias gathered per window to its scores; the
-    report names each softmax left and why (a finding, not a pass)."""
+def test_swin_window_attention_fuses():
+    """torchvision's Swin: the relative position bias and, in shifted windows, the per-window
+    mask added to scores viewed [b / nW, nW, H, N, N] (sdpa.py window_masks, merge_biases) are
+    one bias of the attention kernel: no softmax kernel, values as onnxruntime's."""
     path, sess = _session("tv_swin")
     c = corpus.CASES["tv_swin"]
-    sess.run(None, corpus.feeds("tv_swin", c.sizes[-1]))
+    feeds = corpus.feeds("tv_swin", c.sizes[-1])
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for g, w in zip(sess.run(None, feeds), ref.run(None, feeds)):
+        assert corpus.rel_error(g, w) <= 1e-4
+    run = sess.graph.kernels_run({k: feeds[k].shape for k in sess.graph.input_descriptors})
+    assert not [k for k in run if k.startswith("softmax")], run
+    assert sum(1 for k in run if k.startswith("attention")) == 4, run  # (2 stages of 2 blocks)
+    assert not [r for r in sess.graph.fusion_report() if r["kind"] == "attention"]
+
+
+def test_fusion_report_names_what_did_not_fuse():
+    """torchvision's MaxViT computes its attention on rank-5 scores (einsum); the report names
+    each softmax left and why (a finding, not a pass)."""
+    path, sess = _session("tv_maxvit")
+    c = corpus.CASES["tv_maxvit"]
+    sess.run(None, corpus.feeds("tv_maxvit", c.sizes[-1]))
     report = sess.graph.fusion_report()
     left = [r for r in report if r["kind"] == "attention"]
     softmaxes = [k for k in sess.graph.kernel_names if k.startswith("softmax")]

@@ -21,7 +21,7 @@ heads expressed by expand + reshape of K/V are fused too, the expand copies stay
 float16. Sizes may be dynamic (Sq, Sk, batch); head sizes are static.
 
 Not fused (left exactly as planned): any other order or extra node in the chain (a scale after
-the bias, two biases, a where before the bias), a scale that is not one host constant, a where
+the bias, a where before the bias; two biases are one by then: sdpa.py merge_biases), a scale that is not one host constant, a where
 whose other value is not one host constant, a softmax over another axis, intermediates read
 elsewhere or graph outputs, mixed data types, an empty size, head sizes over
 ops.attention.MAX_HEAD, and a kernel that would bind more than the binding cap.

@@ -6,6 +6,11 @@ compiler/fusion/attention.py recognises (node rewrites: plan.rewrite_nodes runs 
   operands are such scalings of values read only there becomes matmul(q, k^T) * (s_q * s_k): one
   scalar scale after the matmul, the attention kernel's scale (any other matmul takes it as an
   epilogue, the elementwise launches of the scalings gone either way).
+- Swin's shifted-window mask: scores [b, H, N, N] viewed as [b / nW, nW, H, N, N], plus a mask
+  [1, nW, 1, N, N] per window, viewed back: becomes scores + the mask expanded to the b windows
+  ([b, 1, N, N]; computed at build when the batch is static). A second bias added after a first
+  (the relative position bias, then that mask) joins it: scores + (bias1 + bias2), one bias the
+  attention kernel adds.
 - A mask added as a where of two constants, scores + where(cond, 0, c) with c = -inf (or, in
   float32, as negative as finfo.min, where adding a finite score gives c back exactly): becomes
   where(cond, scores, c), which the attention kernel reads as its condition: the mask's float
@@ -20,6 +25,8 @@ import numpy as np
 
 from ... import dtypes
 from ...ir.graph import MLOperand, Node, scalar_value
+from ...ops._checks import broadcast_shapes
+from ...ops._index import is_one
 from ..steps import Uses, other_operand
 
 FLOAT = ("float32", "float16")
@@ -114,6 +121,103 @@ def where_masks(nodes, uses):
     return [n for n in out if not (n.op == "where" and id(n.outputs[0]) in rewritten and id(n.outputs[0]) not in used)]
 
 
+def _op(op, ins, attrs, shape, like, label):
+    """(node, its one output value) of a new node."""
+    y = MLOperand(like._builder, like.data_type, tuple(shape), "op")
+    n = Node(op, ins, attrs, label)
+    n.outputs = [y]
+    y._node = n
+    return n, y
+
+
+def _window_mask(r2, uses):
+    """(x, mask, [nodes replaced]) when reshape node r2 gives back the shape of x from
+    reshape(x) + mask, the first reshape splitting x's first axis in two and mask [1, nW, ...]
+    broadcasting to it (module doc); else None."""
+    z = r2.inputs[0]
+    a = uses.prod.get(id(z))
+    if a is None or a.op != "add" or not uses.only(z, r2) or z.data_type not in FLOAT or z.rank < 3:
+        return None
+    for w, m in (a.inputs, a.inputs[::-1]):
+        r1 = uses.prod.get(id(w))
+        if r1 is None or r1.op != "reshape" or not uses.only(w, a) or w is m:
+            continue
+        x, s5 = r1.inputs[0], tuple(w.shape)
+        if tuple(x.shape) != tuple(r2.outputs[0].shape) or len(s5) != x.rank + 1 or s5[2:] != tuple(x.shape[1:]):
+            continue
+        mp = (1,) * (len(s5) - m.rank) + tuple(m.shape)
+        if m.rank > len(s5) or not is_one(mp[0]) or tuple(z.shape) != s5:
+            continue
+        if all(is_one(d) or d == e for d, e in zip(mp, s5)) and s5[0] * s5[1] == x.shape[0]:
+            return x, m, mp, s5, [r1, a]
+    return None
+
+
+def window_masks(nodes, uses):
+    """reshape(reshape(x) + mask) -> x + the mask expanded to x's first axis (module doc)."""
+    out, drop = [], set()
+    for n in nodes:
+        hit = _window_mask(n, uses) if n.op == "reshape" else None
+        if hit is None:
+            out.append(n)
+            continue
+        x, m, mp, s5, gone = hit
+        drop.update(id(g) for g in gone)
+        r5, m5 = _op("reshape", [m], {}, mp, m, n.label)
+        if is_one(mp[1]):  # (one mask for every window: a plain broadcast)
+            r4, m4 = _op("reshape", [m5], {}, mp[1:], m, n.label)
+            new = [r5, r4]
+        else:
+            big = (s5[0],) + mp[1:]
+            ex, e5 = _op("expand", [m5], {"new_shape": big}, big, m, n.label)
+            r4, m4 = _op("reshape", [e5], {}, (x.shape[0],) + mp[2:], m, n.label)
+            new = [r5, ex, r4]
+        add = Node("add", [x, m4], {}, n.label)
+        add.outputs = list(n.outputs)
+        out += new + [add]
+    return [n for n in out if id(n) not in drop]
+
+
+def _scores(v, uses):
+    """v is a matmul's output, or one scaled by a host scalar (the attention's scores)."""
+    p = uses.prod.get(id(v))
+    if p is not None and p.op in ("mul", "div") and any(scalar_value(x) is not None for x in p.inputs):
+        p = uses.prod.get(id(p.inputs[0]))
+    return p is not None and p.op == "matmul"
+
+
+def merge_biases(nodes, uses):
+    """(scores + b1) + b2 -> scores + (b1 + b2) before a softmax (module doc)."""
+    out, drop = [], set()
+    for n in nodes:
+        y = n.outputs[0] if n.op == "add" else None
+        sm = uses.sole(y) if y is not None else None
+        hit = None
+        if sm is not None and sm.op == "softmax" and y.data_type in FLOAT:
+            for p, b2 in (n.inputs, n.inputs[::-1]):
+                pa = uses.prod.get(id(p))
+                if pa is None or pa.op != "add" or not uses.only(p, n) or p is b2:
+                    continue
+                for sc, b1 in (pa.inputs, pa.inputs[::-1]):
+                    if sc is not b1 and tuple(sc.shape) == tuple(y.shape) and _scores(sc, uses):
+                        hit = (pa, sc, b1, b2)
+                        break
+                if hit:
+                    break
+        if hit is None:
+            out.append(n)
+            continue
+        pa, sc, b1, b2 = hit
+        drop.add(id(pa))
+        both, t = _op("add", [b1, b2], {}, broadcast_shapes("add", b1.shape, b2.shape), y, n.label)
+        add = Node("add", [sc, t], {}, n.label)
+        add.outputs = [y]
+        out += [both, add]
+    return [n for n in out if id(n) not in drop]
+
+
 def rewrite_sdpa(nodes, outputs):
     nodes = hoist_scales(nodes, Uses(nodes, outputs))
+    nodes = window_masks(nodes, Uses(nodes, outputs))
+    nodes = merge_biases(nodes, Uses(nodes, outputs))
     return where_masks(nodes, Uses(nodes, outputs))
