@@ -301,6 +301,48 @@ def test_integer_conv_fc_exact(ctx, make):
         np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], ref)
 
 
+def _uint8_weighted(op):
+    """uint8 input, per-tensor uint8 weights with a zero point far from 0 (90-170: what legacy
+    quantization-aware models carry), int32 bias -> CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED
+    -> uint8."""
+    u8 = np.uint8
+
+    def make(rng):
+        w = ModelWriter()
+        si, zi = float(rng.uniform(0.01, 0.05)), int(rng.integers(100, 156))
+        sw, zw = float(rng.uniform(0.005, 0.02)), int(rng.integers(90, 170))
+        shape, kshape, oshape, n, opts = {
+            "FULLY_CONNECTED": ((8, 64), (16, 64), (8, 16), 16, ("FullyConnectedOptions", {})),
+            "CONV_2D": ((1, 8, 8, 8), (6, 3, 3, 8), (1, 8, 8, 6), 6,
+                        ("Conv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1})),
+            "DEPTHWISE_CONV_2D": ((1, 8, 8, 8), (1, 3, 3, 8), (1, 8, 8, 8), 8,
+                                  ("DepthwiseConv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1,
+                                                              "DepthMultiplier": 1})),
+        }[op]  # fmt: skip
+        x = w.input("x", list(shape), u8, quant=(si, zi))
+        k = w.const("k", rng.integers(0, 256, kshape).astype(u8), quant=(sw, zw))
+        bias = w.const("b", rng.integers(-900, 900, n).astype(np.int32), quant=(si * sw, 0))
+        so = float(rng.uniform(0.1, 0.3) if op == "DEPTHWISE_CONV_2D" else rng.uniform(0.3, 0.6))
+        y = w.tensor("y", list(oshape), u8, quant=(so, int(rng.integers(100, 156))))
+        w.op(op, [x, k, bias], [y], opts[0], version=1, **opts[1])
+        return w.finish([x], [y]), [rng.integers(0, 256, shape).astype(u8)]
+
+    return make
+
+
+@pytest.mark.parametrize("op", ["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"])
+def test_uint8_weights_zero_point_exact(ctx, op):
+    """uint8 activations and uint8 weights with a non-zero zero point (XNNPACK's qu8 kernels): the
+    integer path subtracts the weights' zero point and equals LiteRT's outputs."""
+    for seed in range(3):
+        data, feeds = _uint8_weighted(op)(np.random.default_rng(seed))
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 50
+        got = _run(ctx, data, feeds)[1][0]
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got, ref)
+
+
 def _random_squared_difference(seed):
     rng = np.random.default_rng(seed)
     sa, sb = np.exp(rng.uniform(np.log(0.005), np.log(0.05), 2))
