@@ -10,6 +10,7 @@ under the cache directory keyed on the generator and the TensorFlow version; wit
 tests skip.
 """
 
+import glob
 import hashlib
 import importlib.util
 import json
@@ -422,3 +423,13 @@ def test_variable_read_without_initial_value_is_refused(ctx):
 
     with pytest.raises(DataError, match=r"READ_VARIABLE.*'acc', which no CALL_ONCE"):
         import_model(_accumulator(initialized=False), ctx)
+
+
+def test_converter_operators_supported(models):
+    """Every builtin operator the converter emits for these stateful and control-flow models
+    (resource variables, CALL_ONCE, IF, WHILE, the LSTM) is one the importer converts."""
+    from tflite_reference import operator_coverage
+
+    used, missing = operator_coverage(sorted(glob.glob(os.path.join(models, "*.tflite"))))
+    assert {"VAR_HANDLE", "CALL_ONCE", "IF", "WHILE"} <= used
+    assert 1 - len(missing) / len(used) >= 0.95, sorted(missing)
