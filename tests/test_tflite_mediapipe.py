@@ -343,3 +343,11 @@ def test_litert_with_custom_ops_reference():
     got = ref.litert_with_custom_ops(w.finish([lm, fm], [mat, crop2]), feeds[:2])
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(got[1], np.maximum(want[1], 0), rtol=1e-6, atol=1e-5)
+
+
+def test_operators_supported(model_paths):
+    """Every operator the MediaPipe models use (builtins and MediaPipe's custom ones) is one the
+    importer converts (the docs' TFLite operator page gives the figure)."""
+    used, missing = ref.operator_coverage(sorted(model_paths.values()))
+    assert len(used) >= 20
+    assert not missing, sorted(missing)

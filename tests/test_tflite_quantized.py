@@ -124,7 +124,8 @@ SINGLE = {
 CASES = {"conv_depthwise": _conv, "quantize_fc_softmax_dequantize": _fc_softmax, **SINGLE}
 # computed in LiteRT's integer arithmetic (quantized.py): equal, not one quantum apart
 # (the others compute in float and round onto the grid: equal here, one quantum apart at worst)
-EXACT = ("conv_depthwise", "add", "sub", "average_pool", "hard_swish", "resize_bilinear")
+EXACT = ("conv_depthwise", "add", "sub", "mul", "average_pool", "mean", "logistic", "tanh", "softmax", "hard_swish",
+         "resize_bilinear")  # fmt: skip
 
 
 def _random_binary(op, seed):
@@ -300,6 +301,48 @@ def test_integer_conv_fc_exact(ctx, make):
         np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], ref)
 
 
+def _uint8_weighted(op):
+    """uint8 input, per-tensor uint8 weights with a zero point far from 0 (90-170: what legacy
+    quantization-aware models carry), int32 bias -> CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED
+    -> uint8."""
+    u8 = np.uint8
+
+    def make(rng):
+        w = ModelWriter()
+        si, zi = float(rng.uniform(0.01, 0.05)), int(rng.integers(100, 156))
+        sw, zw = float(rng.uniform(0.005, 0.02)), int(rng.integers(90, 170))
+        shape, kshape, oshape, n, opts = {
+            "FULLY_CONNECTED": ((8, 64), (16, 64), (8, 16), 16, ("FullyConnectedOptions", {})),
+            "CONV_2D": ((1, 8, 8, 8), (6, 3, 3, 8), (1, 8, 8, 6), 6,
+                        ("Conv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1})),
+            "DEPTHWISE_CONV_2D": ((1, 8, 8, 8), (1, 3, 3, 8), (1, 8, 8, 8), 8,
+                                  ("DepthwiseConv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1,
+                                                              "DepthMultiplier": 1})),
+        }[op]  # fmt: skip
+        x = w.input("x", list(shape), u8, quant=(si, zi))
+        k = w.const("k", rng.integers(0, 256, kshape).astype(u8), quant=(sw, zw))
+        bias = w.const("b", rng.integers(-900, 900, n).astype(np.int32), quant=(si * sw, 0))
+        so = float(rng.uniform(0.1, 0.3) if op == "DEPTHWISE_CONV_2D" else rng.uniform(0.3, 0.6))
+        y = w.tensor("y", list(oshape), u8, quant=(so, int(rng.integers(100, 156))))
+        w.op(op, [x, k, bias], [y], opts[0], version=1, **opts[1])
+        return w.finish([x], [y]), [rng.integers(0, 256, shape).astype(u8)]
+
+    return make
+
+
+@pytest.mark.parametrize("op", ["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"])
+def test_uint8_weights_zero_point_exact(ctx, op):
+    """uint8 activations and uint8 weights with a non-zero zero point (XNNPACK's qu8 kernels): the
+    integer path subtracts the weights' zero point and equals LiteRT's outputs."""
+    for seed in range(3):
+        data, feeds = _uint8_weighted(op)(np.random.default_rng(seed))
+        ref = _litert(data, feeds)[0]
+        assert np.ptp(ref.astype(np.int32)) > 50
+        got = _run(ctx, data, feeds)[1][0]
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got, ref)
+
+
 def _random_squared_difference(seed):
     rng = np.random.default_rng(seed)
     sa, sb = np.exp(rng.uniform(np.log(0.005), np.log(0.05), 2))
@@ -394,6 +437,94 @@ def test_full_integer_matches_litert(ctx, name):
             assert np.abs(g.astype(np.int32) - r).max() <= 1
         else:  # float behind DEQUANTIZE of a 1/256 grid
             assert np.abs(g - r).max() <= 1 / 256 + 1e-6
+
+
+def _random_table_op(op, dtype, seed):
+    """MUL, MEAN, LOGISTIC, TANH or SOFTMAX of int8 / uint8 with random scales and zero points
+    (MUL broadcast on odd seeds; MEAN over H and W, the last axis, or a 3-D input's middle axis,
+    into the input's quantization on odd seeds; SOFTMAX rows of 512, 10 or 1000, one of them
+    constant, beta 1 or random): (model, feeds, reference function of the
+    model's tensors)."""
+    from mltensor.tflite import quantized as qz
+
+    rng = np.random.default_rng(seed)
+    lo, hi = (-128, 127) if dtype == I8 else (0, 255)
+
+    def zp():
+        return int(rng.integers(lo + 20, hi - 19))
+
+    def sc(a, b):
+        return float(np.exp(rng.uniform(np.log(a), np.log(b))))
+
+    w = ModelWriter()
+    if op == "MUL":
+        shapes = [(1, 8, 8, 4), (1, 8, 8, 4) if seed % 2 else (1, 1, 1, 4)]
+        xs = [w.input(f"x{k}", list(s), dtype, quant=(sc(0.002, 0.2), zp())) for k, s in enumerate(shapes)]
+        y = w.tensor("y", [1, 8, 8, 4], dtype, quant=(sc(0.001, 0.1), zp()))
+        w.op(op, xs, [y], "MulOptions", version=2)
+        ref = qz.mul_reference
+    elif op == "MEAN":
+        shape, axes = [((2, 6, 6, 16), [1, 2]), ((2, 7, 5, 6), [3]), ((3, 50, 16), [1])][seed % 3]
+        si, zi = sc(0.005, 0.2), zp()
+        xs = [w.input("x0", list(shape), dtype, quant=(si, zi))]
+        oshape = [d for k, d in enumerate(shape) if k not in axes]
+        r, mid = float(rng.uniform(0.2, 1.5)), (lo + hi) / 2
+        oq = (si, zi) if seed % 2 else (si / r, round(mid - (mid - zi) * r) + int(rng.integers(-5, 6)))
+        y = w.tensor("y", oshape, dtype, quant=oq)  # odd seeds: the input's (ties the float form rounds to even)
+        w.op(op, [*xs, w.const("axes", np.array(axes, np.int32))], [y], "ReducerOptions", version=2)
+
+        def ref(q, tx, to):
+            return qz.mean_reference(q, axes, tx, to)
+
+        shapes = [shape]
+    elif op == "SOFTMAX":
+        shapes = [(4, [512, 10, 1000][seed % 3])]  # 512: a row of equal values gives 0.5 (rounded away)
+        xs = [w.input("x0", list(shapes[0]), dtype, quant=(sc(0.01, 0.5), zp()))]
+        y = w.tensor("y", list(shapes[0]), dtype, quant=(1 / 256, lo))
+        beta = 1.0 if seed % 3 else float(rng.uniform(0.3, 2.0))
+        w.op(op, xs, [y], "SoftmaxOptions", version=2, Beta=beta)
+
+        def ref(q, tx, to):
+            return qz.softmax_reference(q, tx, to, beta)
+
+    else:  # LOGISTIC, TANH: the output scales the converter gives
+        shapes = [(1, 16, 16, 1)]
+        xs = [w.input("x0", list(shapes[0]), dtype, quant=(sc(0.005, 0.2), zp()))]
+        oq = (1 / 256, lo) if op == "LOGISTIC" else (1 / 128, (lo + hi + 1) // 2)
+        y = w.tensor("y", list(shapes[0]), dtype, quant=oq)
+        w.op(op, xs, [y], version=2)
+        ref = qz.logistic_reference if op == "LOGISTIC" else qz.tanh_reference
+    feeds = [rng.integers(lo, hi + 1, size=s).astype(dtype) for s in shapes]
+    if op == "SOFTMAX":
+        feeds[0][0] = feeds[0][0, 0]  # one row of equal values
+    return w.finish(xs, [y]), feeds, ref
+
+
+TABLE_OPS = [(op, dt) for op in ("MUL", "MEAN", "LOGISTIC", "TANH", "SOFTMAX") for dt in (I8, np.uint8)]
+
+
+@pytest.mark.parametrize("op,dtype", TABLE_OPS, ids=[f"{o}-{d.__name__}" for o, d in TABLE_OPS])
+def test_integer_references_match_litert(op, dtype):
+    """quantized.py's numpy forms of LiteRT's int8 / uint8 MUL (XNNPACK), MEAN (XNNPACK),
+    LOGISTIC, TANH and SOFTMAX (TFLite's tables) equal LiteRT's outputs over random scales and
+    zero points (no GPU)."""
+    from mltensor.tflite.reader import read
+
+    for seed in range(12):
+        data, feeds, ref = _random_table_op(op, dtype, seed)
+        want = _litert(data, feeds)[0]
+        assert np.ptp(want.astype(np.int32)) > 0
+        m = read(bytes(data))
+        ts = [m.tensors[i] for i in m.inputs] + [m.tensors[m.outputs[0]]]
+        np.testing.assert_array_equal(ref(*feeds, *ts), want)
+
+
+@pytest.mark.parametrize("op,dtype", TABLE_OPS, ids=[f"{o}-{d.__name__}" for o, d in TABLE_OPS])
+def test_integer_table_ops_exact(ctx, op, dtype):
+    """The same operators on the GPU equal LiteRT's int8 / uint8 outputs."""
+    for seed in range(3):
+        data, feeds, _ = _random_table_op(op, dtype, seed)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0])
 
 
 # -- dynamic range: int8 weights, float activations (mltensor/tflite/hybrid.py) -------------------

@@ -10,6 +10,7 @@ under the cache directory keyed on the generator and the TensorFlow version; wit
 tests skip.
 """
 
+import glob
 import hashlib
 import importlib.util
 import json
@@ -422,3 +423,31 @@ def test_variable_read_without_initial_value_is_refused(ctx):
 
     with pytest.raises(DataError, match=r"READ_VARIABLE.*'acc', which no CALL_ONCE"):
         import_model(_accumulator(initialized=False), ctx)
+
+
+def test_converter_operators_supported(models):
+    """Every builtin operator the converter emits for these stateful and control-flow models
+    (resource variables, CALL_ONCE, IF, WHILE, the LSTM) is one the importer converts."""
+    from tflite_reference import operator_coverage
+
+    used, missing = operator_coverage(sorted(glob.glob(os.path.join(models, "*.tflite"))))
+    assert {"VAR_HANDLE", "CALL_ONCE", "IF", "WHILE"} <= used
+    assert 1 - len(missing) / len(used) >= 0.95, sorted(missing)
+
+
+def test_if_branches_of_different_shapes_refused(ctx):
+    """IF on a condition computed at run time whose branches give different shapes ([2, 3] and
+    [3, 2]: the output's shape would be known only at run time) is refused at load, naming it."""
+    w = ModelWriter()
+    x, c = w.input("x", [2, 3]), w.input("c", [1])
+    cond, y = w.tensor("cond", [1], np.bool_), w.tensor("y", [2, 3])
+    w.op("GREATER", [c, w.const("zero", np.zeros(1, np.float32))], [cond])
+    then, other = w.subgraph(), w.subgraph()
+    tx = then.tensor("tx", [2, 3])
+    then.end([tx], [tx])
+    ex, ey = other.tensor("ex", [2, 3]), other.tensor("ey", [3, 2])
+    other.op("RESHAPE", [ex, other.const("shape", np.array([3, 2], np.int32))], [ey])
+    other.end([ex], [ey])
+    w.op("IF", [cond, x], [y], "IfOptions", ThenSubgraphIndex=then.index, ElseSubgraphIndex=other.index)
+    with pytest.raises(NotSupportedError, match=r"\(IF\).*float32 \[2, 3\] and float32 \[3, 2\].*same shapes"):
+        import_model(w.finish([x, c], [y]), ctx)

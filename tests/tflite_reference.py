@@ -178,3 +178,19 @@ def litert_with_custom_ops(data, feeds_in_order):
             values[outs[0]] = run_custom_op(code, version, [got[i] for i in ins], copts)
             got[outs[0]] = values[outs[0]]
     return [it.get_tensor(d["index"]) for d in out_det[:n_out]]
+
+
+def operator_coverage(paths):
+    """The operators the TFLite files at `paths` use, every subgraph's (builtin names as the schema
+    spells them, MediaPipe custom codes as they are), and those of them the importer does not
+    convert: (used, unsupported), two sets."""
+    from mltensor.tflite import supported_operators
+    from mltensor.tflite.reader import read
+
+    used = set()
+    for p in paths:
+        with open(p, "rb") as f:
+            m = read(f.read())
+        for sg in m.subgraphs:
+            used |= {op.custom_code if op.custom_code is not None else op.name for op in sg.operators}
+    return used, used - set(supported_operators())

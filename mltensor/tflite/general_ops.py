@@ -601,6 +601,40 @@ def leaky_relu(imp, op):
     return imp.b.leaky_relu(x, alpha=alpha) if y is None else y
 
 
+def _table_unary(method, reference):
+    """LOGISTIC / TANH; int8 / uint8 as TFLite's 256-entry tables (quantized.py)."""
+
+    def convert(imp, op):
+        x = _x(imp, op)
+        tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+        y = quantized.lookup(imp.b, x, tx, to, lambda q: reference(q, tx, to))
+        return getattr(imp.b, method)(x) if y is None else y
+
+    return convert
+
+
+def _softmax(imp, op):
+    """SOFTMAX over the last axis; int8 / uint8 as TFLite's table kernel (quantized.py)."""
+    x, beta = _x(imp, op), float(opt(op, "Beta", 1.0))
+    y = quantized.softmax(imp.b, x, imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0]), beta)
+    if y is not None:
+        return y
+    if beta != 1.0:
+        x = imp.b.mul(x, imp.b.constant(data_type=x.data_type, value=beta))
+    return imp.b.softmax(x, axis=x.rank - 1)
+
+
+def _mean(imp, op):
+    """MEAN; int8 / uint8 as XNNPACK's integer kernel (quantized.py)."""
+    x = _x(imp, op)
+    axes = sorted({_axis(op, a, x.rank) for a in _ints(imp, op, 1, "axes")})
+    keep = bool(opt(op, "KeepDims", False))
+    if not axes:
+        return x
+    y = quantized.mean(imp.b, x, imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0]), axes, keep)
+    return imp.b.reduce_mean(x, axes=axes, keep_dimensions=keep) if y is None else y
+
+
 CONVERTERS = {
     "EXPAND_DIMS": _reshaper(_expand_dims_shape),
     "SQUEEZE": _reshaper(_squeeze_shape),
@@ -645,6 +679,10 @@ CONVERTERS = {
     "ELU": _u("elu"),
     "GELU": _gelu,
     "LEAKY_RELU": leaky_relu,
+    "LOGISTIC": _table_unary("sigmoid", quantized.logistic_reference),
+    "TANH": _table_unary("tanh", quantized.tanh_reference),
+    "SOFTMAX": _softmax,
+    "MEAN": _mean,
     "LOG_SOFTMAX": _log_softmax,
     "L2_NORMALIZATION": _l2_norm,
     "POW": _binary(lambda imp, a, c: imp.b.pow(a, c)),

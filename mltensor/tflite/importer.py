@@ -518,21 +518,18 @@ def _pool(kind):
     return convert
 
 
-def mean(imp, op):
-    x = imp.operand(op, op.inputs[0])
-    axes = imp.const_value(op, op.inputs[1], "axes").reshape(-1)
-    axes = sorted({int(a) % x.rank for a in axes})
-    return imp.b.reduce_mean(x, axes=axes, keep_dimensions=bool(opt(op, "KeepDims", False)))
-
-
 def _binary(method):
     def convert(imp, op):
         a = imp.operand(op, op.inputs[0])
         c = imp.operand(op, op.inputs[1])
         y = None
-        if method in ("add", "sub"):  # int8: XNNPACK's integer add (quantized.py)
+        if method in ("add", "sub", "mul"):  # int8: XNNPACK's integer add / multiply (quantized.py)
             ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
-            y = quantized.add_sub(imp.b, a, c, ta, tc, to, method == "sub")
+            y = (
+                quantized.mul(imp.b, a, c, ta, tc, to)
+                if method == "mul"
+                else quantized.add_sub(imp.b, a, c, ta, tc, to, method == "sub")
+            )
         return activation(imp, op, getattr(imp.b, method)(a, c) if y is None else y)
 
     return convert
@@ -550,14 +547,6 @@ def hard_swish(imp, op):
     tx, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
     y = quantized.lookup(imp.b, x, tx, to, lambda q: quantized.hard_swish_reference(q, tx, to))
     return imp.b.hard_swish(x) if y is None else y  # int8: TFLite's fixed-point kernel, as a table
-
-
-def softmax(imp, op):
-    x = imp.operand(op, op.inputs[0])
-    beta = float(opt(op, "Beta", 1.0))
-    if beta != 1.0:
-        x = imp.b.mul(x, imp.b.constant(data_type=x.data_type, value=beta))
-    return imp.b.softmax(x, axis=x.rank - 1)
 
 
 def _resize(mode):
@@ -735,7 +724,6 @@ CONVERTERS = {
     "FULLY_CONNECTED": fully_connected,
     "AVERAGE_POOL_2D": _pool("average"),
     "MAX_POOL_2D": _pool("max"),
-    "MEAN": mean,
     "ADD": _binary("add"),
     "SUB": _binary("sub"),
     "MUL": _binary("mul"),
@@ -746,9 +734,6 @@ CONVERTERS = {
     "RELU6": _unary(lambda b, x: b.clamp(x, min_value=0.0, max_value=6.0)),
     "RELU_N1_TO_1": _unary(lambda b, x: b.clamp(x, min_value=-1.0, max_value=1.0)),
     "HARD_SWISH": hard_swish,
-    "LOGISTIC": _unary(lambda b, x: b.sigmoid(x)),
-    "TANH": _unary(lambda b, x: b.tanh(x)),
-    "SOFTMAX": softmax,
     "RESIZE_BILINEAR": _resize("linear"),
     "RESIZE_NEAREST_NEIGHBOR": _resize("nearest-neighbor"),
     "RESHAPE": reshape,

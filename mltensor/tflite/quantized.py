@@ -13,8 +13,10 @@ MultiplyByQuantizedMultiplier rounds twice: not TFLITE_SINGLE_ROUNDING): INTEGER
 exact (integer-valued float32 under 2^24, or int32 graph operands, the doubling high-mul in
 int64); an operator of one int8 input (or two) whose kernel is a fixed-point function of q is
 computed here in numpy (`*_reference`, tested against LiteRT) into a 256 (or 256 x 256) table the
-GPU gathers from. The other int8 operators (LOGISTIC, TANH, SOFTMAX, MUL, MEAN...) compute on real
-values and round: LiteRT's values on every tested case, one quantum apart at worst.
+GPU gathers from (LOGISTIC and TANH: TFLite's own float32 tables). SOFTMAX sums its row's table
+values with reduce_sum where LiteRT adds them in order: the same outputs on every case tried. The
+other int8 operators compute on real values and round (the operator moves or selects values
+unchanged: MAX_POOL_2D, CONCATENATION, PAD, RESHAPE...), or are one quantum apart at worst.
 
 16x8 models (int16 activations, zero point 0; int8 weights, int64 biases) take the real-value form
 for every operator: LiteRT's int16 kernels (64-bit sums, 16-bit multipliers, interpolated tables)
@@ -43,6 +45,11 @@ INTEGER_OPS = {
     "LEAKY_RELU": "XNNPACK's 1/256 multipliers (TFLite's fixed point outside its range), as a table",
     "SQUARED_DIFFERENCE": "TFLite's fixed-point kernel, as a 256 x 256 table",
     "BATCH_MATMUL": "TFLite's kernel: int32 sums, MultiplyByQuantizedMultiplier (int64 high-mul)",
+    "MUL": "XNNPACK: exact int32 products, fp32 requantization (half to even)",
+    "MEAN": "XNNPACK: the int32 sum, one float32 scale and bias, half to even",
+    "LOGISTIC": "TFLite's float32 table (LUTPopulate), 256 entries",
+    "TANH": "TFLite's float32 table (LUTPopulate), 256 entries",
+    "SOFTMAX": "TFLite's expf table, float32 sum and rescale",
 }
 _RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 
@@ -516,3 +523,148 @@ def batch_matmul(b, x, y, tx, ty, to, matmul):
     out = b.add(multiply_by_quantized_multiplier_graph(b, acc, qm, shift), _int(b, int(to.zero_point[0])))
     olo, ohi = _RANGE[to.data_type]
     return _real(b, b.clamp(out, min_value=float(olo), max_value=float(ohi)), to, x.data_type)
+
+
+def _f32_exp(v):
+    """expf, correctly rounded: float32 v's exponential computed in float64, rounded once."""
+    return np.exp(np.asarray(v, np.float32).astype(np.float64)).astype(np.float32)
+
+
+def _round_away(v):
+    """std::round / TfLiteRound of float32 v: half away from zero (exact: v - trunc(v) is)."""
+    t = np.trunc(v)
+    return t + np.sign(v) * (np.abs(v - t) >= 0.5)
+
+
+def xnn_mul_scale(sa, sb, so):
+    """XNNPACK's qs8/qu8 multiply requantization scale (product scale over the output scale, in
+    float32), None outside [2^-16, 2^8) where its TFLite delegate leaves MUL to LiteRT's kernel."""
+    s = _f32(_f32(_f32(sa) * _f32(sb)) / _f32(so))
+    return s if 2.0**-16 <= s < 2.0**8 else None
+
+
+def mul_reference(a, c, ta, tc, to):
+    """numpy: XNNPACK's integer MUL of int8 / uint8 arrays (numpy broadcasting): the int32 product
+    of (q - zero point), times xnn_mul_scale in float32, rounded half to even; None where
+    xnn_mul_scale is."""
+    s = xnn_mul_scale(float(ta.scale[0]), float(tc.scale[0]), float(to.scale[0]))
+    if s is None:
+        return None
+    acc = (np.asarray(a, np.int64) - int(ta.zero_point[0])) * (np.asarray(c, np.int64) - int(tc.zero_point[0]))
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(np.rint(acc.astype(np.float32) * s) + int(to.zero_point[0]), lo, hi).astype(np.int64)
+
+
+def mul(b, x, y, tx, ty, to):
+    """MUL of int8 / uint8 tensors as XNNPACK computes them (mul_reference), as real values of the
+    output's grid: the product of (q - zero point) is an integer under 2^16, exact in float32, so
+    one float32 multiply and a half-to-even rounding follow XNNPACK's. None where the float form
+    has to do."""
+    ts = (tx, ty, to)
+    if x.data_type != "float32" or not all(is_int8(t) and t.scale.size == 1 for t in ts):
+        return None
+    s = xnn_mul_scale(float(tx.scale[0]), float(ty.scale[0]), float(to.scale[0]))
+    if s is None:
+        return None
+    acc = b.mul(b.round_even(b.div(x, _c(b, float(tx.scale[0])))), b.round_even(b.div(y, _c(b, float(ty.scale[0])))))
+    zo, (lo, hi) = int(to.zero_point[0]), _RANGE[to.data_type]
+    q = b.clamp(b.round_even(b.mul(acc, _c(b, s))), min_value=float(lo - zo), max_value=float(hi - zo))
+    return b.mul(q, _c(b, float(to.scale[0])))
+
+
+def xnn_mean_params(n, ti, to):
+    """XNNPACK's qs8/qu8 MEAN over n elements (reduce-nd.c): the int32 sum of q converted with
+    (scale, bias) in float32: out = nearbyint(sum * scale + bias), scale = (input scale / output
+    scale) * (1 / n), bias = output zero point - (n * input zero point) * scale."""
+    s = _f32(_f32(_f32(ti.scale[0]) / _f32(to.scale[0])) * _f32(_f32(1.0) / _f32(n)))
+    bias = _f32(_f32(int(to.zero_point[0])) - _f32(_f32(n * int(ti.zero_point[0])) * s))
+    return s, bias
+
+
+def mean_reference(q, axes, ti, to):
+    """numpy: MEAN of an int8 / uint8 array over `axes` as LiteRT runs it (XNNPACK's kernel)."""
+    axes = tuple(axes)
+    n = int(np.prod([q.shape[a] for a in axes]))
+    s, bias = xnn_mean_params(n, ti, to)
+    acc = np.asarray(q, np.int64).sum(axis=axes).astype(np.float32)
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(np.rint(_f32(acc * s) + bias), lo, hi).astype(np.int64)
+
+
+def mean(b, x, tx, to, axes, keep):
+    """MEAN of an int8 / uint8 tensor as mean_reference, as real values of the output's grid: the
+    sum of q is exact in float32 (under 2^24), then one multiply, one add, a half-to-even rounding.
+    None where the float form has to do (float16 mode, a sum that may reach 2^24)."""
+    if x.data_type != "float32" or not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None
+    n = int(np.prod([int(x.shape[a]) for a in axes]))
+    if n * 256 >= 1 << 24:
+        return None
+    s, bias = xnn_mean_params(n, tx, to)
+    acc = b.reduce_sum(b.cast(integers(b, x, tx), "float32"), axes=axes, keep_dimensions=keep)
+    lo, hi = _RANGE[to.data_type]
+    q = b.clamp(b.round_even(b.add(b.mul(acc, _c(b, s)), _c(b, bias))), min_value=float(lo), max_value=float(hi))
+    return _real(b, q, to, "float32")
+
+
+def _lut_table(q, ti, to, fn):
+    """TFLite's LUTPopulate (int8 / uint8 LOGISTIC, TANH): fn of the float32 dequantized value,
+    times 1 / output scale, rounded half away from zero, plus the output zero point."""
+    d = _f32(ti.scale[0]) * (np.asarray(q, np.int64) - int(ti.zero_point[0])).astype(np.float32)
+    r = _round_away(fn(d.astype(np.float32)) * _f32(_f32(1.0) / _f32(to.scale[0])))
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(r + int(to.zero_point[0]), lo, hi).astype(np.int64)
+
+
+def logistic_reference(q, ti, to):
+    """TFLite's int8 / uint8 LOGISTIC table: 1 / (1 + expf(-x)) in float32."""
+    return _lut_table(q, ti, to, lambda d: _f32(1.0) / (_f32(1.0) + _f32_exp(-d)))
+
+
+def tanh_reference(q, ti, to):
+    """TFLite's int8 / uint8 TANH table: tanhf, correctly rounded."""
+    return _lut_table(q, ti, to, lambda d: np.tanh(d.astype(np.float64)).astype(np.float32))
+
+
+def softmax_table(ti, beta):
+    """TFLite's int8 / uint8 SOFTMAX table (PopulateSoftmaxLookupTable): expf(-scale * beta * d)
+    for d = row max - q in [0, 255]."""
+    return _f32_exp(_f32(-_f32(ti.scale[0]) * _f32(beta)) * np.arange(256, dtype=np.float32))
+
+
+def softmax_reference(q, ti, to, beta):
+    """numpy: TFLite's int8 / uint8 SOFTMAX over the last axis (optimized_ops::Softmax with its
+    table): the float32 sum of the row's table values in order, probabilities times 1 / (sum *
+    output scale), rounded (int8: half away from zero; uint8: + 0.5, truncated)."""
+    q = np.asarray(q, np.int64)
+    e = softmax_table(ti, beta)[q.max(axis=-1, keepdims=True) - q]
+    total = np.zeros(q.shape[:-1], np.float32)
+    for j in range(q.shape[-1]):
+        total = total + e[..., j]
+    p = e * (_f32(1.0) / (total * _f32(to.scale[0])))[..., None]
+    r = _round_away(p) if to.data_type == "int8" else np.floor(p + _f32(0.5))
+    lo, hi = _RANGE[to.data_type]
+    return np.clip(r + int(to.zero_point[0]), lo, hi).astype(np.int64)
+
+
+def softmax(b, x, tx, to, beta):
+    """SOFTMAX (last axis) of an int8 / uint8 tensor as softmax_reference, as real values of the
+    output's grid: the table gathered at (row max - q), summed (reduce_sum, whose order is not
+    LiteRT's in-order float32 sum: numpy's pairwise order against it changed none of 930000
+    outputs tried), scaled, rounded as TFLite rounds. None in float16 mode."""
+    if x.data_type != "float32" or not (is_int8(tx) and is_int8(to)) or tx.scale.size != 1 or to.scale.size != 1:
+        return None
+    axis = x.rank - 1
+    q = integers(b, x, tx)
+    d = b.sub(b.reduce_max(q, axes=[axis], keep_dimensions=True), q)  # in [0, 255]
+    e = b.gather(b.constant(softmax_table(tx, beta)), d, axis=0)
+    total = b.reduce_sum(e, axes=[axis], keep_dimensions=True)
+    p = b.mul(e, b.div(_c(b, 1.0), b.mul(total, _c(b, float(to.scale[0])))))  # p >= 0
+    if to.data_type == "int8":
+        fl = b.floor(p)
+        r = b.add(fl, b.cast(b.greater_or_equal(b.sub(p, fl), _c(b, 0.5)), "float32"))
+    else:
+        r = b.floor(b.add(p, _c(b, 0.5)))
+    lo, hi = _RANGE[to.data_type]
+    zo = int(to.zero_point[0])
+    return b.mul(b.clamp(r, min_value=float(lo - zo), max_value=float(hi - zo)), _c(b, float(to.scale[0])))
