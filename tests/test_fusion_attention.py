@@ -540,6 +540,20 @@ def test_not_fused(ctx, monkeypatch, what):
     assert not any(n.startswith("attention_") for n in names[False])
 
 
+def test_fusion_report_names_the_softmax_left(ctx):
+    """A softmax the attention pass leaves (over another axis) is in graph.fusion_report() with
+    the check that failed, under the node's label."""
+    b = mltensor.MLGraphBuilder(ctx)
+    ins = {n: b.input(n, data_type="float32", shape=(1, 2, 8, 16)) for n in "qkv"}
+    kt = b.transpose(ins["k"], permutation=[0, 1, 3, 2])
+    p = b.softmax(b.matmul(ins["q"], kt), 2, label="scores_softmax")
+    g = b.build_sync({"o": b.matmul(p, ins["v"])})
+    (finding,) = [r for r in g.fusion_report() if r["kind"] == "attention"]
+    assert finding["op"] == "softmax" and finding["label"] == "scores_softmax", finding
+    assert "last axis" in finding["reason"], finding
+    g.destroy()
+
+
 # -- dynamic sizes, float16, memory, models --------------------------------------------------------
 
 
@@ -610,6 +624,31 @@ def test_window_attention_dynamic_batch(ctx, rng, windows):
         want = reference(
             *(f[x].reshape(batch * windows, H, N, Dh) for x in "qkv"), Dh**-0.5, bias.reshape(batch * windows, H, N, N)
         )
+        close(dispatch_at(ctx, g, f)["o"], want, 3e-5)
+    g.destroy()
+
+
+def test_einsum_attention_rank5(ctx, rng):
+    """MaxViT's attention as torch.onnx.export writes its einsums: rank-5 [b, P, H, N, D]
+    operands, identity transposes and same-shape reshapes around each MatMul (noop.py), K scaled
+    before its transpose (sdpa.py hoist_scales), a relative position bias [1, H, N, N]: one
+    attention kernel, nothing else; numpy."""
+    nb, P, H, N, Dh = MLDynamicDimension("n", 3), 4, 2, 5, 8
+    rel = rng.standard_normal((1, H, N, N)).astype(np.float32)
+    b = mltensor.MLGraphBuilder(ctx)
+    q, k, v = (b.input(x, data_type="float32", shape=[nb, P, H, N, Dh]) for x in "qkv")
+
+    def noop(x):  # (what the exporter writes around an einsum's MatMul)
+        return b.reshape(b.transpose(x, permutation=list(range(5))), list(x.shape))
+
+    kt = b.transpose(b.mul(k, b.constant(data_type="float32", value=Dh**-0.5)), permutation=[0, 1, 2, 4, 3])
+    s = b.add(noop(b.matmul(noop(q), noop(kt))), b.constant(rel))
+    g = b.build_sync({"o": b.matmul(noop(b.softmax(s, axis=4)), noop(v))})
+    if FUSION:
+        assert [k.split("_")[0] for k in compute(g.kernel_names)] == ["attention"] * len(compute(g.kernel_names))
+    for batch in (1, 3):
+        f = {x: rng.standard_normal((batch, P, H, N, Dh)).astype(np.float32) for x in "qkv"}
+        want = reference(f["q"], f["k"], f["v"], Dh**-0.5, rel[None])
         close(dispatch_at(ctx, g, f)["o"], want, 3e-5)
     g.destroy()
 

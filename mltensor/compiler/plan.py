@@ -1,5 +1,5 @@
 """Planning: live nodes -> Steps in topological order, with every fusion decision. This module
-alone sets the order of the passes: the node rewrites (rewrite_nodes: flattened linear layers,
+alone sets the order of the passes: the node rewrites (rewrite_nodes: no-op layout nodes, flattened linear layers,
 column blocks of fused projections, attention's scales and masks as exporters write them, RMS
 chains, fused GEMMs)
 before planning, then the chains and prologues planned node by node (plan_steps), then the
@@ -21,6 +21,7 @@ from .fusion.grouped import fuse_grouped_heads
 from .fusion.norm import fuse_norm_sources, fuse_post_norms
 from .fusion.report import unfused
 from .fusion.linear import rewrite_flat_gemms
+from .fusion.noop import drop_noops
 from .fusion.sdpa import rewrite_sdpa
 from .fusion.split import split_sliced_gemms
 from .steps import MAX_FUSED_BINDINGS, PROLOGUE_OPS, Step, Uses
@@ -155,7 +156,8 @@ def _reads_sizes(n):
 def rewrite_nodes(nodes, outputs, cap=MAX_FUSED_BINDINGS):
     """The live nodes with the transformer patterns replaced (module comment above); `cap`: the
     storage buffers a fused kernel may bind."""
-    nodes = rewrite_flat_gemms(nodes, Uses(nodes, outputs))  # first: matmuls in their real shapes
+    nodes = drop_noops(nodes, outputs)  # first: einsum's identity transposes and reshapes
+    nodes = rewrite_flat_gemms(nodes, Uses(nodes, outputs))  # matmuls in their real shapes
     nodes = split_sliced_gemms(nodes, Uses(nodes, outputs))  # a fused QKV / gate-up: one matmul a block
     nodes = rewrite_sdpa(nodes, outputs)  # scales and masks as the attention pass reads them
     nodes = rms.rewrite_rms(nodes, Uses(nodes, outputs))

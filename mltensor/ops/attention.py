@@ -6,7 +6,8 @@ op_support_limits()), made by the compiler from the chain matmul(Q, K^T) -> [sca
 directly as `builder._attention(q, k, v, scale=..., bias=..., causal=..., k_transposed=...,
 layout=...)`.
 
-Shapes (layout "bhsd", the default): q [B, H, Sq, D] (or rank 3, [B*H, Sq, D]); k [B, Hkv, Sk, D],
+Shapes (layout "bhsd", the default): q [B, H, Sq, D] (or rank 3, [B*H, Sq, D]; or rank 5,
+[B, P, H, Sq, D]: MaxViT's windows or grid cells P); k [B, Hkv, Sk, D],
 or [B, Hkv, D, Sk] with k_transposed (read through strides, never copied); v [B, Hkv, Sk, DV];
 out [B, H, Sq, DV]. Layout "bshd" (position-major, as a KV cache appended in place is stored,
 mltensor/llm): q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, DV], out [B, Sq, H, DV], or at
@@ -180,7 +181,7 @@ def _is_one(x):
 register(
     "_attention",
     {"q": FLOAT, "k": FLOAT, "v": FLOAT, "bias": FLOAT, "cond": ("uint8",), "output": FLOAT},
-    ranks={"q": (3, 4), "k": (3, 4), "v": (3, 4), "bias": (0, 4), "cond": (0, 4)},
+    ranks={"q": (3, 5), "k": (3, 5), "v": (3, 5), "bias": (0, 5), "cond": (0, 5)},
 )
 
 

@@ -15,7 +15,7 @@ whose intermediates are read only inside it becomes one step running ops/attenti
 matmul's epilogue when its shape lets it, else it forms an elementwise step with the where: a
 dynamic mask length that only equals the scores' at dispatch.) Kt may be a transpose swapping
 K's last two axes, read only here (the transpose launches nothing and the kernel reads K through
-strides), or any [.., D, Sk] value (read as transposed). Q, Kt and V have rank 3 or 4, their
+strides), or any [.., D, Sk] value (read as transposed). Q, Kt and V have rank 3, 4 or 5, their
 batch dimensions Q's or 1 (matmul broadcasting: one K/V head for all query heads); grouped
 heads expressed by expand + reshape of K/V are fused too, the expand copies staying. float32 and
 float16. Sizes may be dynamic (Sq, Sk, batch); head sizes are static.
@@ -175,8 +175,8 @@ def _fuse_one(sm, steps, producer, single_use, max_inputs, read_only_by):
     """Fuse the chain ending in softmax step `sm`; None when fused, else why not."""
     x = sm.nodes[0].inputs[0]
     p = sm.nodes[0].outputs[0]
-    if x.rank not in (3, 4) or sm.nodes[0].attrs["axis"] != x.rank - 1 or not single_use(x):
-        return "the softmax is not over the last axis of rank-3/4 scores, or its input is read elsewhere"
+    if x.rank not in (3, 4, 5) or sm.nodes[0].attrs["axis"] != x.rank - 1 or not single_use(x):
+        return "the softmax is not over the last axis of rank-3/4/5 scores, or its input is read elsewhere"
     guard = None if single_use(p) else _nan_guard(p, steps, read_only_by)
     if guard is not None:
         p = guard.outputs[0]  # (P @ V reads the guarded probabilities)

@@ -2,7 +2,8 @@
 compiler/fusion/attention.py recognises (node rewrites: plan.rewrite_nodes runs them first).
 
 - Scales on the operands: torch exports `scaled_dot_product_attention` as (q * s) @ (k^T * s),
-  s = 1 / sqrt(sqrt(D)), and other exporters scale q alone or divide k. Each matmul whose
+  s = 1 / sqrt(sqrt(D)), and other exporters scale q alone or divide k (before or after its
+  transpose). Each matmul whose
   operands are such scalings of values read only there becomes matmul(q, k^T) * (s_q * s_k): one
   scalar scale after the matmul, the attention kernel's scale (any other matmul takes it as an
   epilogue, the elementwise launches of the scalings gone either way).
@@ -59,16 +60,30 @@ def hoist_scales(nodes, uses):
         if n.op != "matmul" or n.outputs[0].data_type not in FLOAT:
             out.append(n)
             continue
-        ins, factor, gone = list(n.inputs), 1.0, []
+        ins, factor, gone, moved = list(n.inputs), 1.0, [], []
         for i, x in enumerate(n.inputs):
-            s = None if i == 1 and n.inputs[1] is n.inputs[0] else _scaling(x, uses, n)
+            if i == 1 and n.inputs[1] is n.inputs[0]:
+                continue
+            s = _scaling(x, uses, n)
+            lay = uses.prod.get(id(x))
+            if s is None and lay is not None and lay.op in ("transpose", "reshape") and uses.only(x, n):
+                # (the scaling before a layout node: MaxViT scales K, then transposes it)
+                s = _scaling(lay.inputs[0], uses, lay)
+                if s is not None:
+                    m, t = _op(lay.op, [s[0]], dict(lay.attrs), x.shape, x, lay.label)
+                    moved.append(m)
+                    gone.append(lay)
+                    s = (t, s[1], uses.prod[id(lay.inputs[0])])
+            elif s is not None:
+                s = (s[0], s[1], uses.prod[id(x)])
             if s is not None:
                 ins[i], factor = s[0], factor * s[1]
-                gone.append(uses.prod[id(x)])
+                gone.append(s[2])
         if not gone or not math.isfinite(factor) or factor == 0.0:
             out.append(n)
             continue
         drop.update(id(g) for g in gone)
+        out += moved
         y = n.outputs[0]
         t = MLOperand(y._builder, y.data_type, y.shape, "op")
         mm = Node("matmul", ins, dict(n.attrs), n.label)
