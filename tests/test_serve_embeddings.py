@@ -25,6 +25,7 @@ if not (importlib.util.find_spec("torch") and importlib.util.find_spec("transfor
     pytest.skip("the reference needs torch and transformers (the models extra)", allow_module_level=True)
 
 import corpus  # noqa: E402
+from mltensor.errors import NotSupportedError  # noqa: E402
 from mltensor.serve import Embedder, create_app  # noqa: E402
 
 from serve_helpers import ThreadServer, post  # noqa: E402
@@ -159,3 +160,122 @@ def test_embedding_errors(server):
         assert r.status_code == 400 and r.json()["error"]["message"], (body, r.text)
     with pytest.raises(openai.NotFoundError):  # no language model here
         client.completions.create(model="bert", prompt="x")
+
+
+# sentence-transformers itself as the reference for its pooling configurations: the corpus BERT
+# saved as a SentenceTransformer (Transformer, Pooling(modes)[, Normalize]) in its own format, or
+# rewritten to the older format (pooling_mode_*_token keys, sentence_transformers.models.* types)
+# and loaded back, then encode() one text at a time; the ONNX export sits in its onnx/ folder
+ST_REFERENCE = """
+import json, os, sys, warnings
+warnings.filterwarnings("ignore")
+import numpy as np
+import torch
+import corpus
+from transformers import PreTrainedTokenizerFast
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+tok_path, cases, texts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+torch.manual_seed(0)
+bert = corpus.CASES["bert"].build(False).module.m
+with torch.no_grad():
+    for p in bert.parameters():
+        if p.ndim >= 2 and not p.any():
+            p.normal_(0.0, 0.02)
+keys = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "mean": "pooling_mode_mean_tokens",
+        "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+        "weightedmean": "pooling_mode_weightedmean_tokens", "lasttoken": "pooling_mode_lasttoken"}
+for out, modes, norm, old in cases:
+    hf = os.path.join(out, "hf")
+    bert.save_pretrained(hf)
+    PreTrainedTokenizerFast(
+        tokenizer_file=tok_path, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    ).save_pretrained(hf)
+    mods = [Transformer(hf), Pooling(bert.config.hidden_size, pooling_mode=tuple(modes))]
+    st = os.path.join(out, "st")
+    SentenceTransformer(modules=mods + ([Normalize()] if norm else [])).save(st)
+    if old:
+        cfg = {"word_embedding_dimension": bert.config.hidden_size, "include_prompt": True}
+        cfg.update({k: m in modes for m, k in keys.items()})
+        json.dump(cfg, open(os.path.join(st, "1_Pooling", "config.json"), "w"))
+        mj = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+              {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        if norm:
+            mj.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        json.dump(mj, open(os.path.join(st, "modules.json"), "w"))
+    model = SentenceTransformer(st)
+    np.save(os.path.join(out, "ref.npy"), np.stack([model.encode([t], convert_to_numpy=True)[0] for t in texts]))
+"""
+
+ST_CASES = {
+    "cls": (["cls"], False, False),  # (BGE's pooling, no Normalize module)
+    "max+mean, normalized": (["max", "mean"], True, False),
+    "older format: lasttoken + mean_sqrt_len, normalized": (["mean_sqrt_len_tokens", "lasttoken"], True, True),
+    "older format: weightedmean": (["weightedmean"], False, True),
+}
+
+
+@pytest.fixture(scope="module")
+def st_models(model_dir):
+    if importlib.util.find_spec("sentence_transformers") is None:  # (found, not imported: torch)
+        pytest.skip("the reference needs sentence-transformers (the models extra)")
+    dirs, todo = {}, []
+    for name, (modes, norm, old) in ST_CASES.items():
+        key = hashlib.sha256((ST_REFERENCE + json.dumps([TEXTS, WORDS, modes, norm, old])).encode()).hexdigest()[:12]
+        dirs[name] = d = os.path.join(corpus.corpus_dir(), f"serve-st-{key}")
+        if not os.path.exists(os.path.join(d, "ref.npy")):
+            todo.append((d, d + f".{os.getpid()}", modes, norm, old))
+    if todo:  # (one child process: one torch import for every case)
+        cases = [(tmp, modes, norm, old) for _, tmp, modes, norm, old in todo]
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                ST_REFERENCE,
+                str(model_dir / "tokenizer.json"),
+                json.dumps(cases),
+                json.dumps(TEXTS),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=HERE,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)])),
+            timeout=900,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        for d, tmp, *_ in todo:
+            os.makedirs(os.path.join(tmp, "st", "onnx"), exist_ok=True)
+            shutil.copy(corpus.export("bert"), os.path.join(tmp, "st", "onnx", "model.onnx"))
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
+    return dirs
+
+
+@pytest.mark.parametrize("case", list(ST_CASES))
+def test_pooling_as_sentence_transformers_configures_it(st_models, case):
+    """The Embedder reads the model's modules.json and pooling config (sentence-transformers' own
+    files, both formats) and gives sentence-transformers' vectors."""
+    d = st_models[case]
+    emb = Embedder(os.path.join(d, "st", "onnx", "model.onnx"))
+    modes, norm, _ = ST_CASES[case]
+    assert emb.pooling == tuple(modes if not ST_CASES[case][2] else sorted(modes, key=POOLING_ORDER.index))
+    assert emb.normalize is norm
+    got, _ = emb.embed(TEXTS)
+    np.testing.assert_allclose(got, np.load(os.path.join(d, "ref.npy")), atol=2e-5)
+
+
+POOLING_ORDER = ["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"]
+
+
+def test_unsupported_module_is_refused(st_models, tmp_path):
+    """A Dense projection after the pooling (some sentence-transformers models have one) is refused
+    by name instead of giving other vectors."""
+    src = os.path.join(st_models["cls"], "st")
+    d = tmp_path / "dense"
+    shutil.copytree(src, d)
+    mj = json.load(open(d / "modules.json"))
+    mj.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    json.dump(mj, open(d / "modules.json", "w"))
+    with pytest.raises(NotSupportedError, match="Dense"):
+        Embedder(str(d / "onnx" / "model.onnx"))
