@@ -210,16 +210,6 @@ print("RESULT " + json.dumps({"runs": out, "version": llama_cpp.__version__}))
 """
 
 
-def _llama_cpp_python():
-    """The interpreter that runs llama-cpp-python, or None."""
-    import importlib.util
-    import sys
-
-    if os.environ.get("MLTENSOR_LLAMA_CPP_PYTHON"):
-        return os.environ["MLTENSOR_LLAMA_CPP_PYTHON"]
-    return sys.executable if importlib.util.find_spec("llama_cpp") else None
-
-
 def _llama_cpp(path, prompts, steps):
     """llama.cpp's Vulkan backend on `path`, greedy from each prompt of `prompts` (lists of ids;
     `steps` decode steps after the first): (result dict, Vulkan device name, layers offloaded as
@@ -228,7 +218,12 @@ def _llama_cpp(path, prompts, steps):
     import re
     import subprocess
 
-    python = _llama_cpp_python()
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from llm_convert import llama_cpp_python
+
+    python = llama_cpp_python()
     if python is None:
         pytest.skip(
             "needs llama-cpp-python built with GGML_VULKAN, here or in MLTENSOR_LLAMA_CPP_PYTHON "

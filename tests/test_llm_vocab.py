@@ -13,13 +13,20 @@ converters wrote them), fetched from the llama-cpp-python source distribution
   GGUF reader departs from the model's own tokenizer (DEPARTS, each departure shown on llama.cpp's
   cases: transformers differs from the .out ids there).
 - BOS as llama.cpp adds it when the file does not say.
+- llama.cpp's own tokenizer (llama_tokenize with special tokens parsed, llama_detokenize), where
+  llama-cpp-python is installed here or in MLTENSOR_LLAMA_CPP_PYTHON (else skipped): the same ids
+  and text on every text above, the ones transformers departs on included, and the same BOS.
 """
+
+import json
+import subprocess
 
 import pytest
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
+from llm_convert import llama_cpp_python  # noqa: E402
 from test_llm_tokenizer import LEADING, TEXTS, HFTokenizer  # noqa: E402
 
 from mltensor.llm.gguf import GGUFFile  # noqa: E402
@@ -111,3 +118,60 @@ def test_bos_as_llama_cpp_adds_it(vocab):
         assert t.add_bos and [t.tokens[i] for i in ids[:1]] == [BOS[name]] and ids[1:] == plain, (name, ids)
     else:
         assert not t.add_bos and ids == plain, (name, ids)
+
+
+# llama.cpp's tokenizer on a vocab-only load: the texts on stdin, ids and text back on stdout
+LLAMA_CPP_TOKENIZE = r"""
+import ctypes, json, sys
+import llama_cpp
+
+m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
+vocab = m._model.vocab
+
+
+def detokenize(ids):  # llama_detokenize: special tokens written out, the SentencePiece prefix removed
+    buf = ctypes.create_string_buffer(16 * len(ids) + 64)
+    n = llama_cpp.llama_detokenize(vocab, (llama_cpp.llama_token * len(ids))(*ids), len(ids), buf, len(buf), False, True)
+    assert n >= 0, n
+    return buf.raw[:n].decode("utf-8")
+
+
+def piece(i):  # llama_token_to_piece, special tokens written out: what llama.cpp streams
+    buf = ctypes.create_string_buffer(1024)
+    n = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, True)
+    assert n >= 0, n
+    return buf.raw[:n]
+
+
+def pieces(ids):
+    return b"".join(piece(i) for i in ids).decode("utf-8")
+
+
+ids = [m.tokenize(s.encode("utf-8"), add_bos=False, special=True) for s in json.loads(sys.stdin.read())]
+bos = m.tokenize(b"Hello world", add_bos=True, special=True)  # (add_bos: BOS where the vocabulary wants it)
+text = [detokenize(i) for i in ids]
+print("RESULT " + json.dumps({"ids": ids, "text": text, "pieces": [pieces(i) for i in ids], "bos": bos}))
+"""
+
+
+def test_llama_cpp_tokenizer_agrees(vocab):
+    name, path, ours, cases = vocab
+    python = llama_cpp_python()
+    if python is None:
+        pytest.skip("needs llama-cpp-python, here or in MLTENSOR_LLAMA_CPP_PYTHON")
+    texts = list(dict.fromkeys(TEXTS + LEADING + [s for s, _ in cases]))
+    r = subprocess.run(
+        [python, "-c", LLAMA_CPP_TOKENIZE, path], input=json.dumps(texts), capture_output=True, text=True, timeout=600
+    )
+    result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert r.returncode == 0 and result, r.stderr[-2000:]
+    ref = json.loads(result[0][len("RESULT ") :])
+    wrong = [(s, a, b) for s, b in zip(texts, ref["ids"]) if (a := ours.encode(s, add_bos=False, add_eos=False)) != b]
+    assert wrong == [], f"{name}: {len(wrong)} texts tokenized unlike llama.cpp: {wrong[:3]}"
+    # decoding: llama_detokenize for SentencePiece; for byte-level BPE the pieces joined, since
+    # llama_detokenize applies clean_up_tokenization_spaces to GPT-2-style vocabularies (" ?" -> "?",
+    # "x != 0" -> "x!= 0"), which ours, like the pieces llama.cpp streams, leaves out
+    want = ref["text"] if ours.kind == "llama" else ref["pieces"]
+    unread = [(ids, a, b) for ids, b in zip(ref["ids"], want) if (a := ours.decode(ids)) != b]
+    assert unread == [], f"{name}: {len(unread)} id lists decoded unlike llama.cpp: {unread[:3]}"
+    assert ours.encode("Hello world") == ref["bos"], name
