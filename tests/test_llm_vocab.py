@@ -46,14 +46,13 @@ DEPARTS = {
 }
 
 
-# the gguf package reads these files' 150k-400k token strings in 9-15 s each on a 2-core machine:
-# the default run keeps the smaller vocabularies (SentencePiece and GPT-2-sized BPEs, 1-3 s each)
+# transformers reads these files' 150k-400k token strings with the gguf package's reader, 9-15 s
+# each on a 2-core machine: its comparison on them runs with -m slow
 BIG = ("llama-bpe", "qwen2", "command-r")
+NAMES = sorted(VOCABS)
 
 
-@pytest.fixture(
-    scope="module", params=[pytest.param(n, marks=[pytest.mark.slow] if n in BIG else []) for n in sorted(VOCABS)]
-)
+@pytest.fixture(scope="module", params=NAMES)
 def vocab(request):
     """(name, path, our tokenizer, llama.cpp's cases [(text, ids)]) of one real vocabulary."""
     try:
@@ -86,6 +85,9 @@ def test_llama_cpp_cases(vocab):
     assert unread == [], f"{name}: decoding llama.cpp's ids does not give the text: {unread[:3]}"
 
 
+@pytest.mark.parametrize(
+    "vocab", [pytest.param(n, marks=[pytest.mark.slow] if n in BIG else []) for n in NAMES], indirect=True
+)
 def test_transformers_agrees(vocab):
     name, path, ours, cases = vocab
     hf = HFTokenizer(path)
