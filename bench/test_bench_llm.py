@@ -10,7 +10,10 @@
   the attention over the cache dominates: wall and process CPU time (lavapipe's threads are the
   process's: robust to other load on the machine), the KV cache's GPU bytes (one tensor set,
   appended in place) and the cache bytes a step writes against what the former two-set path
-  copied (the whole cache, both ways).
+  copied (the whole cache, both ways);
+- issue 43: prompt and decode tokens/s against llama.cpp's Vulkan backend on the same file and
+  adapter (llama-cpp-python built with GGML_VULKAN, in a child process; skipped without it:
+  bench/results/llama-cpp-vulkan.md).
 """
 
 import os
@@ -167,3 +170,162 @@ def test_smollm2_decode_long_past(benchmark, ctx, smollm2, past):
         f"(the two-set path copied {row * (past + 1) / 1e6:.1f} MB)"
     )
     assert info["bytes_up_per_token"] == 0 and info["bytes_alive_per_token"] == 0
+
+
+# -- llama.cpp's Vulkan backend on the same file and adapter (issue 43) ----------------------------
+# llama-cpp-python built with GGML_VULKAN runs in a child process (its Vulkan loader and lavapipe's
+# LLVM stay out of this process, which holds mltensor's adapter): the interpreter
+# MLTENSOR_LLAMA_CPP_PYTHON, else this one when it has llama_cpp. It prints the Vulkan devices it
+# sees and how many layers it offloaded on stderr (verbose), then one RESULT line.
+LLAMA_CPP_CHILD = r"""
+import json, sys, time
+import numpy as np
+import llama_cpp
+
+path, prompts, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+m = llama_cpp.Llama(model_path=path, n_gpu_layers=-1, n_ctx=512, n_batch=512, seed=0, verbose=True)
+vocab = m.n_vocab()
+
+
+def greedy(ids, n):
+    m.reset()  # (and the KV cache: reset() keeps it)
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m._ctx.ctx), True)
+    t0 = time.perf_counter()
+    m.eval(ids)
+    tok = int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(vocab,))))
+    prompt_s, toks, times = time.perf_counter() - t0, [tok], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        m.eval([tok])
+        tok = int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(vocab,))))
+        times.append(time.perf_counter() - t0)
+        toks.append(tok)
+    return {"prompt_s": prompt_s, "step_s": times, "tokens": toks}
+
+
+for ids in prompts:  # warm-up: pipelines
+    greedy(ids, 2)
+out = [greedy(ids, steps if i == 0 else 0) for i, ids in enumerate(prompts)]
+print("RESULT " + json.dumps({"runs": out, "version": llama_cpp.__version__}))
+"""
+
+
+def _llama_cpp(path, prompts, steps):
+    """llama.cpp's Vulkan backend on `path`, greedy from each prompt of `prompts` (lists of ids;
+    `steps` decode steps after the first): (result dict, Vulkan device name, layers offloaded as
+    "n/m"), or pytest.skip with the reason."""
+    import json
+    import re
+    import subprocess
+
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from llm_convert import llama_cpp_python
+
+    python = llama_cpp_python()
+    if python is None:
+        pytest.skip(
+            "needs llama-cpp-python built with GGML_VULKAN, here or in MLTENSOR_LLAMA_CPP_PYTHON "
+            "(how to build it: bench/results/llama-cpp-vulkan.md)"
+        )
+    env = dict(os.environ)
+    env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")  # ggml skips CPU Vulkan devices (lavapipe) unless named
+    r = subprocess.run(
+        [python, "-c", LLAMA_CPP_CHILD, path, json.dumps(prompts), str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    if r.returncode != 0 or not result:
+        pytest.fail(f"llama-cpp-python ({python}) failed (exit {r.returncode}): {r.stderr[-2000:]}")
+    device = re.search(r"ggml_vulkan: \d+ = (.+?) \(\w+\) \|", r.stderr)
+    layers = re.search(r"offloaded (\d+/\d+) layers to GPU", r.stderr)
+    return json.loads(result[0][len("RESULT ") :]), device and device.group(1), layers and layers.group(1)
+
+
+LONG_PROMPT = 128  # tokens of the second prompt (prompt throughput past the fixed costs)
+
+
+def test_smollm2_vs_llama_cpp_vulkan(benchmark, ctx, smollm2):
+    """Prompt and decode tokens/s of SmolLM2-135M (the Q4_1 file), mltensor against llama.cpp's
+    Vulkan backend (llama-cpp-python, every layer offloaded) on the same file and the same
+    adapter: greedy from the same chat prompt (37 tokens), and a 128-token prompt (prompt only);
+    ratio = llama.cpp's decode step time / ours.
+
+    llama-cpp-python with the Vulkan backend is built outside the repository, in its own
+    environment (the steps, and the one-block patch the Vulkan headers of Debian 12 need:
+    bench/results/llama-cpp-vulkan.md), then::
+
+        MLTENSOR_LLAMA_CPP_PYTHON=/tmp/lcppvenv/bin/python python -m bench.report -k llama_cpp --name lavapipe-llamacpp
+
+    ggml lists CPU Vulkan devices such as lavapipe only when GGML_VK_VISIBLE_DEVICES names them
+    (set to "0" unless given); the test checks that llama.cpp's device is mltensor's adapter."""
+    w = LlamaWeights(smollm2)
+    tok = GGUFTokenizer(w.file)
+    chat = tok.encode(tok.apply_chat_template(PROMPT))
+    text = " ".join(["The quick brown fox jumps over the lazy dog; Paris is the capital of France."] * 20)
+    prompts = [chat, tok.encode(text)[:LONG_PROMPT]]
+    ref, device, layers = _llama_cpp(smollm2, prompts, STEPS)
+    ours_device = ctx.device.adapter.info["device"]
+    if device != ours_device:
+        pytest.skip(f"llama.cpp's Vulkan device {device!r} is not mltensor's adapter {ours_device!r}: "
+                    "set GGML_VK_VISIBLE_DEVICES to its index")  # fmt: skip
+    n_layers = w.config.n_layers + 1  # (llama.cpp counts the output layer)
+    assert layers == f"{n_layers}/{n_layers}", f"llama.cpp offloaded {layers} layers, not all of them"
+    model = LlamaModel(w, ctx, max_context=512)
+    sampler = Sampler(ctx, w.config.vocab)
+    s = model.session()
+
+    def greedy(ids, n):
+        s.reset()
+        t0 = time.perf_counter()
+        nxt = sampler(s.feed(ids))
+        toks, times = [sampler.read()], []
+        prompt_s = time.perf_counter() - t0
+        for _ in range(n):
+            t0 = time.perf_counter()
+            nxt = sampler(s.feed(nxt))
+            toks.append(sampler.read())
+            times.append(time.perf_counter() - t0)
+        return {"prompt_s": prompt_s, "step_s": times, "tokens": toks}
+
+    for ids in prompts:  # warm-up: graphs, pipelines
+        greedy(ids, 2)
+    runs = [greedy(ids, STEPS if i == 0 else 0) for i, ids in enumerate(prompts)]
+    step_s, ref_step_s = float(np.median(runs[0]["step_s"])), float(np.median(ref["runs"][0]["step_s"]))
+    tokens = runs[0]["tokens"]
+    same = next((i for i, (a, b) in enumerate(zip(tokens, ref["runs"][0]["tokens"])) if a != b), len(tokens))
+    prompt = {}
+    for name, ids, o, r in zip(("chat", "long"), prompts, runs, ref["runs"]):
+        prompt[f"{name}_prompt_tokens"] = len(ids)
+        prompt[f"{name}_prompt_tokens_per_s"] = len(ids) / o["prompt_s"]
+        prompt[f"{name}_llama_cpp_prompt_tokens_per_s"] = len(ids) / r["prompt_s"]
+        prompt[f"{name}_prompt_ratio"] = r["prompt_s"] / o["prompt_s"]
+    ours = {"enqueue_s": 0.0, "total_s": step_s, "rounds": STEPS, "run": lambda: None}
+    info = record(
+        benchmark,
+        ours,
+        "llm: SmolLM2-135M vs llama.cpp Vulkan",
+        {"total_s": ref_step_s},
+        f"llama.cpp Vulkan (llama-cpp-python {ref['version']}) decode step",
+        adapter=adapter_name(ctx),
+        llama_cpp_device=device,
+        tokens_per_s=1 / step_s,
+        llama_cpp_tokens_per_s=1 / ref_step_s,
+        **prompt,
+        greedy_tokens_equal=same,
+        greedy_tokens=len(tokens),
+    )
+    print(
+        f"\nSmolLM2-135M Q4_1 on {info['adapter']}: decode {1 / step_s:.2f} tokens/s, llama.cpp Vulkan "
+        f"{1 / ref_step_s:.2f} (ratio {info['ratio']:.2f}x); prompt tokens/s, "
+        + "; ".join(
+            f"{prompt[n + '_prompt_tokens']} tokens: {prompt[n + '_prompt_tokens_per_s']:.1f}, llama.cpp "
+            f"{prompt[n + '_llama_cpp_prompt_tokens_per_s']:.1f} (ratio {prompt[n + '_prompt_ratio']:.2f}x)"
+            for n in ("chat", "long")
+        )
+        + f"; the first {same} of {len(tokens)} greedy tokens equal"
+    )

@@ -14,9 +14,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from collections.abc import Sequence
+from typing import IO
 
 from ._xdg import cache_dir
 
@@ -129,9 +131,9 @@ def _stderr_fd() -> int | None:
         return None
 
 
-def _run_pip(cmd: Sequence[str], tmp: str, progress: bool, prefix: str = "") -> str:
-    """Run a `pip download ... -d tmp` command; returns the path of the wheel it left in tmp whose
-    name starts with `prefix`. stdout is the program's (a chat's reply, a summary): pip's output
+def _run_pip(cmd: Sequence[str], tmp: str, progress: bool, prefix: str = "", suffix: str = ".whl") -> str:
+    """Run a `pip download ... -d tmp` command; returns the path of the file it left in tmp whose
+    name starts with `prefix` and ends with `suffix` (a wheel unless told). stdout is the program's (a chat's reply, a summary): pip's output
     never goes there. With `progress` and stderr a terminal, pip draws its progress bar on stderr;
     otherwise its log is kept, and shown only in the error when it fails."""
     cmd = list(cmd)
@@ -147,9 +149,9 @@ def _run_pip(cmd: Sequence[str], tmp: str, progress: bool, prefix: str = "") -> 
     if res.returncode != 0:
         err = ((res.stdout or "") + (res.stderr or "")).strip().splitlines()
         raise FetchError(f"`{' '.join(cmd)}` failed (exit {res.returncode}): {' / '.join(err[-3:]) or 'no message'}")
-    wheels = [f for f in os.listdir(tmp) if f.startswith(prefix) and f.endswith(".whl")]
+    wheels = [f for f in os.listdir(tmp) if f.startswith(prefix) and f.endswith(suffix)]
     if not wheels:
-        raise FetchError(f"pip succeeded but left no {prefix.rstrip('-') or 'wheel'} wheel in {tmp}")
+        raise FetchError(f"pip succeeded but left no {prefix.rstrip('-_') or 'package'} {suffix} file in {tmp}")
     return os.path.join(tmp, wheels[0])
 
 
@@ -172,13 +174,20 @@ def _extract_member(z: zipfile.ZipFile, member: str, target: str, digest: str, w
     SHA-256 must match `digest`. Atomic: concurrent fetches never see a partial file."""
     if os.path.exists(target) and sha256(target) == digest:
         return
+    with z.open(member) as src:
+        _copy_verified(src, target, digest, f"{member} from {os.path.basename(wheel)}")
+
+
+def _copy_verified(src: IO[bytes], target: str, digest: str, what: str) -> None:
+    """Copy the open file `src` to `target` if its SHA-256 is `digest` (else FetchError naming
+    `what`). Atomic: concurrent fetches never see a partial file."""
     part = target + f".part{os.getpid()}"
-    with z.open(member) as src, open(part, "wb") as dst:
+    with open(part, "wb") as dst:
         shutil.copyfileobj(src, dst)
     got = sha256(part)
     if got != digest:
         os.remove(part)
-        raise FetchError(f"{member} from {os.path.basename(wheel)} has SHA-256 {got}, expected {digest}")
+        raise FetchError(f"{what} has SHA-256 {got}, expected {digest}")
     os.replace(part, target)
 
 
@@ -414,3 +423,138 @@ def fetch_gguf(name: str, *, progress: bool = True) -> str:
 
 
 __all__ += ["fetch_gguf", "GGUF_MODELS"]
+
+
+# -- llama.cpp's vocabulary test files, vendored in the llama-cpp-python sdist -------------------
+# llama.cpp's repository keeps vocab-only GGUF files of real models (models/ggml-vocab-<name>.gguf:
+# tokens, merges or scores, token types, no weights) with its tokenizer test cases beside them
+# (.gguf.inp: texts separated by "\n__ggml_vocab_test__\n"; .gguf.out: the ids of each, one line
+# a text, made by the model's own Hugging Face tokenizer). The llama-cpp-python source
+# distribution vendors that repository: it is downloaded with pip (never built or installed) and
+# the files of the vocabularies below are taken out of it, checked and cached in
+# cache_dir()/llama-cpp-python-<version>/.
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+_VOCAB_DIR = "llama_cpp_python-0.3.36/vendor/llama.cpp/models"
+_INP = "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"  # (the same texts for every vocabulary)
+_SPM_OUT = "ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29"  # (Llama 2 and Phi-3 agree)
+#: The vocabularies `fetch_vocab` knows: name -> SHA-256 of ggml-vocab-<name>.gguf, .gguf.inp and
+#: .gguf.out (the names llama.cpp gives them: llama-spm is Llama 2's SentencePiece vocabulary,
+#: llama-bpe Llama 3's byte-level BPE).
+VOCABS = {
+    "llama-spm": ("16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69", _INP, _SPM_OUT),
+    "llama-bpe": (
+        "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e",
+        _INP,
+        "118abf2034a197fc5c9dec5204dfdeee7004c7c70952ae577f66b99e212fab9b",
+    ),
+    "qwen2": (
+        "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c",
+        _INP,
+        "de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363",
+    ),
+    "phi-3": ("967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326", _INP, _SPM_OUT),
+    "gpt-2": (
+        "cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac",
+        _INP,
+        "48e8c4cb3ad5c37915b225f872222567c1c4dd4d66951aa53460c8d152ff6d60",
+    ),
+    "starcoder": (
+        "fedb892b4e1bd3c1f2fcdae356440b14fb458f4264d586e5c987ed93df4e174d",
+        _INP,
+        "3ef12183c57ad076f9defd8e5eb454f509f5f0865cad35646abb4c4b2d2c5764",
+    ),
+    "refact": (
+        "ac3ceda902fed91ccf74312b305d9b86c37e4f8e35fa9cc6ef3ce34fca7d4678",
+        _INP,
+        "c7e5c1c5dc1dfd3e0d56576bf699d2aca0b760b80779523ea9d323aad6cd1b88",
+    ),
+    "mpt": (
+        "59dc382612866d1fc6c11ea531318d327598f3412d9c8f8600607cdf3030898f",
+        _INP,
+        "9d0982a7e7950b81bc2e325fb61bb7e295d2238934ab889737494de2dc4d906b",
+    ),
+    "command-r": (
+        "a2f8cfea952ef7c391a6d92a1c309d0bd32e36384d9b9230569a7425732f27d9",
+        _INP,
+        "d2a601336e422b60a264858c01b14c5d37575fe1f9adfcafc2f3b3707903903f",
+    ),
+}
+_VOCAB_SUFFIXES = (".gguf", ".gguf.inp", ".gguf.out")
+
+
+def _vocab_files(name: str) -> list[tuple[str, str, str]]:
+    """(member of the sdist, cached path, SHA-256) of the three files of vocabulary `name`."""
+    directory = os.path.join(cache_dir(), LLAMA_CPP_PYTHON.replace("==", "-"))
+    return [
+        (f"{_VOCAB_DIR}/ggml-vocab-{name}{sfx}", os.path.join(directory, f"ggml-vocab-{name}{sfx}"), digest)
+        for sfx, digest in zip(_VOCAB_SUFFIXES, VOCABS[name])
+    ]
+
+
+def fetch_vocab(name: str, *, progress: bool = True) -> str:
+    """The path of llama.cpp's vocab-only GGUF file of model family `name` (a tokenizer without
+    weights), taken from the llama-cpp-python source distribution on first use (pip download,
+    never built or installed; one download extracts every vocabulary of `VOCABS`), verified, then
+    read from the cache. llama.cpp's tokenizer test cases are beside it: ``path + ".inp"`` (texts)
+    and ``path + ".out"`` (their ids).
+
+    Parameters
+    ----------
+    name : str
+        A key of `VOCABS` (e.g. "llama-bpe").
+    progress : bool, default True
+        Say on stderr what is being fetched, and when stderr is a terminal let pip draw its
+        progress bar there; False: silent. Nothing is ever written to stdout.
+
+    Returns
+    -------
+    str
+        The path of the verified ``.gguf`` file, under `cache_dir()`.
+
+    Raises
+    ------
+    KeyError
+        An unknown name.
+    FetchError
+        The download failed, or a file's SHA-256 is not the expected one; the message says how
+        to get the files by hand.
+    """
+    if name not in VOCABS:
+        raise KeyError(f"unknown vocabulary {name!r}; available: {', '.join(sorted(VOCABS))}")
+    files = _vocab_files(name)
+    path = files[0][1]
+    advice = (
+        f"To get them by hand: `pip download {LLAMA_CPP_PYTHON} --no-deps --no-binary :all: -d /tmp/s` and take "
+        f"{_VOCAB_DIR}/ggml-vocab-{name}.gguf (and .gguf.inp, .gguf.out) out of the .tar.gz into {os.path.dirname(path)}."
+    )
+    if all(os.path.exists(p) for _, p, _ in files):
+        for _, p, digest in files:
+            got = sha256(p)
+            if got != digest:
+                raise FetchError(
+                    f"cached file {p} has SHA-256 {got}, expected {digest}. Delete it to fetch it again. " + advice
+                )
+        return path
+    cmd = [sys.executable, "-m", "pip", "download", LLAMA_CPP_PYTHON, "--no-deps", "--no-binary", ":all:"]
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="mltensor-fetch-") as tmp:
+            if progress:
+                print(f"mltensor: fetching the {name} vocabulary (from the {LLAMA_CPP_PYTHON} sdist) into "
+                      f"{os.path.dirname(path)}", file=sys.stderr)  # fmt: skip
+            sdist = _run_pip(cmd + ["-d", tmp], tmp, progress, "llama_cpp_python-", ".tar.gz")
+            with tarfile.open(sdist, "r:gz") as tar:
+                for other in VOCABS:
+                    for member, target, digest in _vocab_files(other):
+                        if os.path.exists(target) and sha256(target) == digest:
+                            continue
+                        src = tar.extractfile(member)
+                        if src is None:
+                            raise FetchError(f"{member} is not a file in {os.path.basename(sdist)}")
+                        with src:
+                            _copy_verified(src, target, digest, f"{member} from {os.path.basename(sdist)}")
+    except FetchError as e:
+        raise FetchError(f"could not fetch vocabulary {name!r}: {e}. " + advice) from None
+    except (OSError, tarfile.TarError, KeyError) as e:
+        raise FetchError(f"could not fetch vocabulary {name!r}: {type(e).__name__}: {e}. " + advice) from None
+    return path

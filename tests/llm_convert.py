@@ -11,7 +11,8 @@ back into transformers over the dequantized weights (the reference for quantized
   Gemma's norm weights stored as 1 + w, Llama 3's rope frequency factors as rope_freqs.weight,
   the metadata keys each architecture's converter class writes; every tensor float32.
 - `quantize(src, dst, ftype)`: llama.cpp's llama_model_quantize (the `cyllama` wheel, in this
-  interpreter or in MLTENSOR_QUANTIZE_PYTHON).
+  interpreter or in MLTENSOR_QUANTIZE_PYTHON); `llama_cpp_python()`: an interpreter with
+  llama-cpp-python (MLTENSOR_LLAMA_CPP_PYTHON), for llama.cpp's tokenizer and Vulkan backend.
 - `hf_from_gguf(model, path)`: the same transformers model with the GGUF file's tensors,
   dequantized by the gguf package (gguf.quants.dequantize), un-permuted and un-shifted.
 - `cached_gguf(case, ftype, **sizes)`: the converted (and quantized) file, cached under
@@ -311,6 +312,17 @@ def quantizer_python():
         return sys.executable
     except ImportError:
         return os.environ.get("MLTENSOR_QUANTIZE_PYTHON") or None
+
+
+def llama_cpp_python():
+    """An interpreter with llama-cpp-python (llama.cpp itself: its tokenizer, its Vulkan backend
+    when built with GGML_VULKAN): MLTENSOR_LLAMA_CPP_PYTHON, else this one when it has
+    `llama_cpp`; None when neither (building it: bench/results/llama-cpp-vulkan.md)."""
+    import importlib.util
+
+    if os.environ.get("MLTENSOR_LLAMA_CPP_PYTHON"):
+        return os.environ["MLTENSOR_LLAMA_CPP_PYTHON"]
+    return sys.executable if importlib.util.find_spec("llama_cpp") else None
 
 
 def quantize(src, dst, ftype, python):

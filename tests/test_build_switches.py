@@ -29,6 +29,7 @@ OTHER = {
     "MLTENSOR_LOOP_CAP": "whether a build is refused; a build that succeeds makes the same kernels",
     "MLTENSOR_AUTOTUNE_BUDGET": "time spent tuning (time-dependent choices cannot be a key)",
     "MLTENSOR_API_KEY": "the key mltensor serve asks clients for",
+    "MLTENSOR_LLAMA_CPP_PYTHON": "the interpreter llama.cpp runs in for the tests and the bench",
 }
 
 _READERS = ("switch", "value")

@@ -225,3 +225,57 @@ def test_first_fetch_draws_its_progress_on_a_terminal_stderr(tmp_path):
     assert r.stdout == b"", r.stdout[:2000]
     assert "mltensor: fetching silero_vad" in err
     assert "silero_vad-6.2.3-py3-none-any.whl" in err  # pip's own lines (and its bar) went to stderr
+
+
+def _fake_sdist(monkeypatch, tmp_path, contents):
+    """VOCABS of two fake vocabularies whose files are `contents` (member suffix -> bytes, per
+    name), a cache under tmp, and a fake pip that writes them into a llama-cpp-python .tar.gz."""
+    import io
+    import tarfile
+
+    names = ("alpha", "beta")
+    good = {n: {sfx: f"{n}{sfx} bytes".encode() for sfx in models._VOCAB_SUFFIXES} for n in names}
+    table = {n: tuple(hashlib.sha256(good[n][sfx]).hexdigest() for sfx in models._VOCAB_SUFFIXES) for n in names}
+    monkeypatch.setattr(models, "VOCABS", table)
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_pip(cmd, tmp, progress, prefix="", suffix=".whl"):
+        calls.append(cmd)
+        assert models.LLAMA_CPP_PYTHON in cmd and ":all:" in cmd and suffix == ".tar.gz"
+        path = os.path.join(tmp, "llama_cpp_python-0.3.36.tar.gz")
+        with tarfile.open(path, "w:gz") as tar:
+            for n in names:
+                for sfx in models._VOCAB_SUFFIXES:
+                    data = contents.get(n, good[n])[sfx]
+                    info = tarfile.TarInfo(f"{models._VOCAB_DIR}/ggml-vocab-{n}{sfx}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        return path
+
+    monkeypatch.setattr(models, "_run_pip", fake_pip)
+    return calls, good
+
+
+def test_fetch_vocab_takes_every_vocabulary_out_of_one_download(monkeypatch, tmp_path):
+    calls, good = _fake_sdist(monkeypatch, tmp_path, {})
+    p = models.fetch_vocab("alpha", progress=False)
+    assert p == str(tmp_path / "cache" / "llama-cpp-python-0.3.36" / "ggml-vocab-alpha.gguf")
+    for sfx in models._VOCAB_SUFFIXES:
+        assert open(p[: -len(".gguf")] + sfx, "rb").read() == good["alpha"][sfx]
+    q = models.fetch_vocab("beta", progress=False)  # (from the same download)
+    assert open(q + ".out", "rb").read() == good["beta"][".gguf.out"] and len(calls) == 1
+    with pytest.raises(KeyError, match="alpha"):
+        models.fetch_vocab("gamma")
+
+
+def test_fetch_vocab_refuses_a_wrong_file(monkeypatch, tmp_path):
+    bad = {"alpha": {".gguf": b"alpha.gguf bytes", ".gguf.inp": b"tampered", ".gguf.out": b"alpha.gguf.out bytes"}}
+    _fake_sdist(monkeypatch, tmp_path, bad)
+    with pytest.raises(models.FetchError) as e:
+        models.fetch_vocab("alpha", progress=False)
+    msg = str(e.value)
+    assert hashlib.sha256(b"tampered").hexdigest() in msg and "ggml-vocab-alpha.gguf.inp" in msg
+    assert f"pip download {models.LLAMA_CPP_PYTHON} --no-deps --no-binary :all:" in msg
+    d = tmp_path / "cache" / "llama-cpp-python-0.3.36"
+    assert not (d / "ggml-vocab-alpha.gguf.inp").exists() and not [f for f in os.listdir(d) if ".part" in f]

@@ -4,9 +4,10 @@ library as llama.cpp reads them (src/llama-vocab.cpp).
 - `tokenizer.ggml.model == "gpt2"`: byte-level BPE (GPT-2's byte-to-unicode alphabet) from
   tokenizer.ggml.tokens and tokenizer.ggml.merges, the text split first by the regexes of its
   pre-tokenizer (tokenizer.ggml.pre, table PRE below, each regex llama.cpp's):
-  - "llama3" / "llama-bpe" / "llama-v3" / "falcon3" / "dbrx" / "smaug-bpe": Llama 3's regex
-    (contractions, letters with one leading non-letter, digits in groups of 1-3, ...); whole words
-    that are tokens are taken whole (llama.cpp's ignore_merges);
+  - "llama3" / "llama-bpe" / "llama-v3" / "falcon3": Llama 3's regex (contractions, letters with
+    one leading non-letter, digits in groups of 1-3, ...); whole words that are tokens are taken
+    whole (llama.cpp's ignore_merges); BOS added unless the file says otherwise;
+  - "dbrx" / "smaug-bpe": Llama 3's regex, every word merged;
   - "qwen2" / "deepseek-r1-qwen" / "stablelm2": the same with digits one by one;
   - "smollm" / "starcoder" / "refact" / "codeshell" / "command-r": digits one by one, then GPT-2's;
   - "gpt-2" / "phi-2" / "mpt" / "olmo", and "default" (or no key): GPT-2's regex. (llama.cpp's
@@ -23,8 +24,8 @@ library as llama.cpp reads them (src/llama-vocab.cpp).
   spelled with `▁` (as transformers' GGUF reader does).
 - Tokens of type CONTROL (3) and USER_DEFINED (4) are matched whole in the text (`<|im_start|>`,
   `<s>`), and skipped when decoding with skip_special=True (CONTROL ones).
-- BOS / EOS: tokenizer.ggml.add_bos_token (default: true for SentencePiece, false for BPE, as
-  llama.cpp) and add_eos_token; `stop_ids`: EOS, EOT and the end-of-turn tokens of the common
+- BOS / EOS: tokenizer.ggml.add_bos_token (default, as llama.cpp: true for SentencePiece and
+  the Llama 3 pre-tokenizers, false for the other BPEs) and add_eos_token; `stop_ids`: EOS, EOT and the end-of-turn tokens of the common
   templates that the vocabulary has.
 - The chat template: tokenizer.chat_template, or when the file has none the architecture's known
   format (templates.py); `template_source` says which ("file", or "built-in <name>: the file has
@@ -48,10 +49,13 @@ LLAMA3_SPLIT = (
 QWEN2_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 DIGITS_SPLIT = r"\p{N}"
 
-#: tokenizer.ggml.pre -> (the regexes applied in turn, ignore_merges)
+#: tokenizer.ggml.pre -> (the regexes applied in turn, ignore_merges), as llama-vocab.cpp sets them
 PRE: dict[str, tuple[tuple[str, ...], bool]] = {}
+#: the pre-tokenizers after which llama.cpp adds BOS when the file has no tokenizer.ggml.add_bos_token
+BOS_BY_DEFAULT = frozenset({"llama3", "llama-bpe", "llama-v3", "falcon3"})
 for _names, _spec in (
-    (("llama3", "llama-bpe", "llama-v3", "falcon3", "dbrx", "smaug-bpe"), ((LLAMA3_SPLIT,), True)),
+    (tuple(BOS_BY_DEFAULT), ((LLAMA3_SPLIT,), True)),
+    (("dbrx", "smaug-bpe"), ((LLAMA3_SPLIT,), False)),
     (("qwen2", "deepseek-r1-qwen", "stablelm2"), ((QWEN2_SPLIT,), False)),
     (("smollm", "starcoder", "refact", "codeshell", "command-r"), ((DIGITS_SPLIT, GPT2_SPLIT), False)),
     (("gpt-2", "phi-2", "mpt", "olmo", "default"), ((GPT2_SPLIT,), False)),
@@ -133,7 +137,7 @@ class GGUFTokenizer:
         self.pre: str | None  # the pre-tokenizer (byte-level BPE only)
         if kind == "gpt2":
             self._tk, self.pre = self._byte_level(tk, f, tokens)
-            default_bos = False
+            default_bos = self.pre in BOS_BY_DEFAULT
         else:
             self._tk, self.pre = self._sentencepiece(tk, f, tokens, types), None
             default_bos = True
