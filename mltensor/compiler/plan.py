@@ -1,7 +1,7 @@
 """Planning: live nodes -> Steps in topological order, with every fusion decision. This module
 alone sets the order of the passes: the node rewrites (rewrite_nodes: no-op layout nodes, flattened linear layers,
-column blocks of fused projections, attention's scales and masks as exporters write them, RMS
-chains, fused GEMMs)
+column blocks of fused projections, attention's scales and masks as exporters write them,
+torch.roll, RMS chains, fused GEMMs)
 before planning, then the chains and prologues planned node by node (plan_steps), then the
 fusions over planned steps (attention, grouped heads, gates, DAG epilogues, normalization
 sources, post-norms). Each fusion lives in its own file under compiler/fusion/; module flags
@@ -22,6 +22,7 @@ from .fusion.norm import fuse_norm_sources, fuse_post_norms
 from .fusion.report import unfused
 from .fusion.linear import rewrite_flat_gemms
 from .fusion.noop import drop_noops
+from .fusion.roll import rewrite_rolls
 from .fusion.sdpa import rewrite_sdpa
 from .fusion.split import split_sliced_gemms
 from .steps import MAX_FUSED_BINDINGS, PROLOGUE_OPS, Step, Uses
@@ -160,6 +161,7 @@ def rewrite_nodes(nodes, outputs, cap=MAX_FUSED_BINDINGS):
     nodes = rewrite_flat_gemms(nodes, Uses(nodes, outputs))  # matmuls in their real shapes
     nodes = split_sliced_gemms(nodes, Uses(nodes, outputs))  # a fused QKV / gate-up: one matmul a block
     nodes = rewrite_sdpa(nodes, outputs)  # scales and masks as the attention pass reads them
+    nodes = rewrite_rolls(nodes, Uses(nodes, outputs))  # torch.roll: one gather
     nodes = rms.rewrite_rms(nodes, Uses(nodes, outputs))
     nodes = rewrite_gemms(nodes, outputs, cap)
     return rms.rms_prologues(nodes, outputs, cap) if rms.RMS_PROLOGUE else nodes
