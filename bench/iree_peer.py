@@ -16,8 +16,9 @@ same reason the corpus exports run in a child process).
    feeds and its outputs read back to the host.
 3. One JSON line on stdout: {"ok", "compile_s", "cached", "first_s", "outputs" (an .npz path),
    "device", "version"} or {"ok": false, "stage", "error"}; then each line "run" on stdin makes one
-   call (feeds uploaded, outputs read back, as `InferenceSession.run` does) and answers "done";
-   "quit" or end of input ends the process.
+   call (feeds uploaded, outputs read back, as `InferenceSession.run` does) and
+   answers "done <seconds>", the call's time measured here (the pipe not counted); "quit" or end
+   of input ends the process.
 """
 
 import hashlib
@@ -181,10 +182,11 @@ def main():
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "run":
+            t0 = time.perf_counter()
             run()
-            print("done", flush=True)
+            print(f"done {time.perf_counter() - t0!r}", flush=True)
         elif cmd == "ping":
-            print("done", flush=True)
+            print("done 0.0", flush=True)
         else:
             break
 
