@@ -24,6 +24,7 @@ same reason the corpus exports run in a child process).
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,11 +33,10 @@ FLAGS = ["--iree-hal-target-device=vulkan"]
 
 
 def first_line(text):
+    """The first line that is an error, without the location prefix (a file in the cache)."""
     lines = [s.strip() for s in text.splitlines() if s.strip()]
-    for s in lines:  # the diagnostic, not the location banner
-        if "error" in s.lower():
-            return s[:300]
-    return (lines[0] if lines else "")[:300]
+    line = next((s for s in lines if "error" in s.lower()), lines[0] if lines else "")
+    return re.sub(r"^\S+\.mlir:\d+:\d+: ", "", line)[:300]
 
 
 def static_model(onnx, path, feeds, out):
