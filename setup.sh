@@ -38,6 +38,17 @@ if [ "${MLTENSOR_SETUP_TENSORFLOW:-}" = 1 ] && [ ! -f .venv-tf/.mltensor-install
     touch .venv-tf/.mltensor-installed
 fi
 
+# Optional (MLTENSOR_SETUP_IREE=1): IREE's ONNX importer, compiler and runtime (iree-base-compiler,
+# iree-base-runtime, about 600 MB) in their own environment, .venv-iree, for the corpus benchmark's
+# IREE peer (bench/test_bench_corpus.py finds it there, or through MLTENSOR_IREE_PYTHON). Never
+# installed into .venv (the `iree` extra does that for whoever wants it there).
+if [ "${MLTENSOR_SETUP_IREE:-}" = 1 ] && [ ! -f .venv-iree/.mltensor-installed ]; then
+    echo "setup: creating .venv-iree with iree-base-compiler and iree-base-runtime"
+    "$PY" -m venv .venv-iree
+    .venv-iree/bin/python -m pip install -q iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 onnx numpy
+    touch .venv-iree/.mltensor-installed
+fi
+
 # wgpu falls back to OpenGL when no Vulkan driver exists; mltensor needs Vulkan/Metal/D3D12.
 probe='import wgpu, sys; a = wgpu.gpu.request_adapter_sync(); sys.exit(0 if a and a.info["backend_type"] != "OpenGL" else 1)'
 if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then

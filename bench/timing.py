@@ -37,27 +37,30 @@ def measure(enqueue, wait=None, *, rounds=10, warmup=2, min_time=0.0):
     return {"enqueue_s": statistics.median(enq), "total_s": statistics.median(tot), "rounds": len(tot), "run": run}
 
 
-def measure_pair(ours, ref, *, rounds=21, warmup=2, repeat=1):
+def measure_pair(ours, ref, *, rounds=21, warmup=2, repeat=1, ref_self_timed=False):
     """measure() of two (enqueue, wait) pairs, alternated round by round so that a shared
     machine's drift hits both alike: (ours, ref, median of the per-round time ratios ours/ref).
-    Each round runs `repeat` enqueues then one wait."""
+    Each round runs `repeat` enqueues then one wait. `ref_self_timed`: the reference runs in
+    another process and its enqueue() returns the seconds that process measured around its own
+    run (so the pipe to it is not counted); its wait is then None."""
 
-    def once(enqueue, wait):
+    def once(enqueue, wait, self_timed=False):
         t0 = time.perf_counter()
-        for _ in range(repeat):
-            enqueue()
+        inner = [enqueue() for _ in range(repeat)]
         t1 = time.perf_counter()
         if wait:
             wait()
+        if self_timed:
+            return sum(inner), sum(inner)
         return t1 - t0, time.perf_counter() - t0
 
     for _ in range(warmup):
         once(*ours)
-        once(*ref)
+        once(*ref, ref_self_timed)
     a, b = [], []
     for _ in range(rounds):
         a.append(once(*ours))
-        b.append(once(*ref))
+        b.append(once(*ref, ref_self_timed))
 
     def stats(xs, pair):
         def run():

@@ -30,6 +30,7 @@ OTHER = {
     "MLTENSOR_AUTOTUNE_BUDGET": "time spent tuning (time-dependent choices cannot be a key)",
     "MLTENSOR_API_KEY": "the key mltensor serve asks clients for",
     "MLTENSOR_LLAMA_CPP_PYTHON": "the interpreter llama.cpp runs in for the tests and the bench",
+    "MLTENSOR_IREE_PYTHON": "which interpreter runs the corpus benchmark's IREE peer (bench/, not a build)",
 }
 
 _READERS = ("switch", "value")
