@@ -9,12 +9,10 @@ skipped for int16):
   its high byte (int8) and low byte (uint8), each summed exactly in int32 by the integer conv /
   matmul kernels (ops/integer.py: K * 255 * 127 < 2^31 for K < 66000), and the two sums joined
   in int64 (256 * high + low, plus the bias): no product is ever rounded.
-- ADD / SUB: TFLite's general int16 path (reference_ops::Add): both inputs shifted left by 15,
-  rescaled to twice the larger scale (doubling high-mul, rounding shift), summed, rescaled.
+- ADD: TFLite's general int16 path (left shift 15): both inputs rescaled to twice the larger
+  scale, summed, rescaled (the roundings as LiteRT 2.3 makes them: add_reference).
 - MEAN: reference_ops::QuantizedMeanOrSum: the int32 sum, the multiplier divided by the count.
-- QUANTIZE (float32 -> int16): the optimized kernel's double division rounded half away from
-  zero, exactly: a float32 quotient picks the candidate, a table of the 65536 float32 thresholds
-  between neighbouring int16 values settles it.
+- QUANTIZE (float32 -> int16): the input times float32(1 / scale), rounded half to even.
 
 Fused activations clamp in integers (CalculateActivationRangeQuantized). Every other int16
 operator keeps quantized.py's real-value form (within a quantum or two of LiteRT's: TANH,
@@ -250,11 +248,13 @@ def add_params(s1, s2, so):
 
 
 def add_reference(a, c, ta, tc, to, subtract=False, rng=(_LO, _HI)):
-    """numpy: TFLite's int16 ADD (reference_ops::AddElementwise, left shift 15) of int16 arrays;
-    SUB the same with the second input negated after its rescale."""
+    """numpy: int16 ADD as LiteRT 2.3 computes it (measured on its x86 wheel): each input shifted
+    left by 15 and rescaled with one rounding, (x * m + 2^(30 - e)) >> (31 - e), the sum rescaled
+    by MultiplyByQuantizedMultiplier's two roundings (TFLite's reference AddElementwise rounds the
+    inputs twice too: one output in 4608 of MobileNetV2's first ADD differs then)."""
     (m1, e1), (m2, e2), (mo, eo) = add_params(ta.scale[0], tc.scale[0], to.scale[0])
-    x1 = quantized.rounding_divide_by_pot(quantized.srdhm32(np.asarray(a, np.int64) << 15, m1), -e1)
-    x2 = quantized.rounding_divide_by_pot(quantized.srdhm32(np.asarray(c, np.int64) << 15, m2), -e2)
+    x1 = ((np.asarray(a, np.int64) << 15) * m1 + (1 << (30 - e1))) >> (31 - e1)
+    x2 = ((np.asarray(c, np.int64) << 15) * m2 + (1 << (30 - e2))) >> (31 - e2)
     s = x1 - x2 if subtract else x1 + x2
     out = quantized.rounding_divide_by_pot(quantized.srdhm32(s, mo), -eo)
     return np.clip(out, *rng)
@@ -276,8 +276,9 @@ def add_sub(imp, op, subtract):
     b = imp.b
     xs = []
     for i, t, m, e in ((op.inputs[0], ta, m1, e1), (op.inputs[1], tc, m2, e2)):
-        q = b.mul(quantized.integers(b, imp.operand(op, i), t), _i32(b, 1 << 15))  # |q| <= 2^30
-        xs.append(quantized.multiply_by_quantized_multiplier_graph(b, q, m, e))  # |.| <= 2^29
+        q = b.cast(quantized.integers(b, imp.operand(op, i), t), "int64")
+        p = b.add(b.mul(q, _i64(b, m << 15)), _i64(b, 1 << (30 - e)))  # |.| < 2^61
+        xs.append(b.cast(_floor_div_pow2(b, p, _i64(b, 1 << (31 - e))), "int32"))  # |.| <= 2^29
     s = b.sub(*xs) if subtract else b.add(*xs)
     out = quantized.multiply_by_quantized_multiplier_graph(b, s, mo, eo)
     return _real(b, b.clamp(out, min_value=float(rng[0]), max_value=float(rng[1])), to)
@@ -322,44 +323,30 @@ def mean(imp, op, x, axes, keep):
 # -- QUANTIZE ------------------------------------------------------------------------------------
 
 
+def quantize_scale(to):
+    """LiteRT's float32 -> int16 multiplier: 1 / scale in double, then float32."""
+    return np.float32(1.0 / np.float64(np.float32(to.scale[0])))
+
+
 def quantize_reference(v, to):
-    """numpy: float32 -> int16 as LiteRT's optimized AffineQuantize on x86: the double quotient
-    v / scale rounded half away from zero (TfLiteRound), clamped."""
-    t = np.asarray(v, np.float32).astype(np.float64) / np.float64(np.float32(to.scale[0]))
-    r = np.sign(t) * np.floor(np.abs(t) + 0.5)  # exact: |t| + 0.5 rounds only past 2^52
-    return np.clip(r, _LO, _HI).astype(np.int64)
-
-
-def quantize_thresholds(scale):
-    """float32 thresholds: entry k (n = k - 32769, n in [-32769, 32767]) is the smallest float32 v
-    whose quotient v / scale rounds (half away from zero) to n + 1 or more; -/+ the largest
-    float32 at the ends."""
-    s = np.float64(np.float32(scale))
-    n = np.arange(-32768, 32767, dtype=np.float64)
-    bound = (n + 0.5) * s  # exact: 17 bits times 24
-    c = bound.astype(np.float32)
-    up = (c.astype(np.float64) < bound) | ((c.astype(np.float64) == bound) & (n + 0.5 < 0))  # ties: away from 0
-    c = np.where(up, np.nextafter(c, np.float32(np.inf)), c)
-    big = np.finfo(np.float32).max
-    return np.concatenate([[-big], c, [big]]).astype(np.float32)
+    """numpy: float32 -> int16 as LiteRT 2.3 quantizes on x86 (measured; its vectorized
+    AffineQuantize): v times float32(1 / scale) in float32, rounded half to even, clamped (the
+    scalar kernels' double division rounded half away from zero differs on 7 of MobileNetV2's
+    27648 inputs)."""
+    t = np.asarray(v, np.float32) * quantize_scale(to)
+    return np.clip(np.rint(t), _LO, _HI).astype(np.int64)
 
 
 def quantize(imp, op):
     """QUANTIZE float32 -> int16 as quantize_reference, as real values; None where it does not
-    apply. A float32 quotient rounded is within one of the exact result (|q| < 2^15: its error is
-    under 2^-9), the thresholds on either side settle it."""
+    apply (float16 mode: its products would round differently)."""
     ti, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
     x = imp.operand(op, op.inputs[0])
     if imp.float16 or ti.data_type != "float32" or x.data_type != "float32" or not is_int16(to):
         return None
     b = imp.b
-    s = np.float32(to.scale[0])
-    t = b.clamp(b.round_even(b.div(x, b.constant(np.array(s, np.float32)))), min_value=float(_LO), max_value=float(_HI))
-    n0 = b.cast(t, "int32")
-    table = b.constant(quantize_thresholds(s))
-    up = b.greater_or_equal(x, b.gather(table, b.add(n0, _i32(b, 32769)), axis=0))
-    down = b.lesser(x, b.gather(table, b.add(n0, _i32(b, 32768)), axis=0))
-    q = b.sub(b.add(n0, b.cast(up, "int32")), b.cast(down, "int32"))
+    t = b.round_even(b.mul(x, b.constant(np.array(quantize_scale(to), np.float32))))
+    q = b.cast(b.clamp(t, min_value=float(_LO), max_value=float(_HI)), "int32")
     return _real(b, q, to)
 
 
