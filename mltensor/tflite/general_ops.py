@@ -11,7 +11,7 @@ import tflite
 
 from ..errors import NotSupportedError
 from ..onnx.ops.elementwise import gelu as onnx_gelu
-from . import control, quantized
+from . import control, int16, quantized
 from .common import ACT, activation, op_error, opt
 
 # TFLite TensorType -> numpy / WebNN data type of the values the graph holds (BOOL as uint8)
@@ -631,7 +631,9 @@ def _mean(imp, op):
     keep = bool(opt(op, "KeepDims", False))
     if not axes:
         return x
-    y = quantized.mean(imp.b, x, imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0]), axes, keep)
+    y = int16.mean(imp, op, x, axes, keep)  # 16x8: TFLite's int16 kernel
+    if y is None:
+        y = quantized.mean(imp.b, x, imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0]), axes, keep)
     return imp.b.reduce_mean(x, axes=axes, keep_dimensions=keep) if y is None else y
 
 

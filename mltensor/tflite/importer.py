@@ -11,7 +11,7 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
-from . import control, general_ops, mediapipe_ops, quantized
+from . import control, general_ops, int16, mediapipe_ops, quantized
 from .common import PAD, activation, op_error, opt
 from .hybrid import HYBRID_OPS, hybrid_inputs
 from .reader import Model, Operator
@@ -752,6 +752,7 @@ CONVERTERS = {
 CONVERTERS.update(general_ops.CONVERTERS)
 CONVERTERS.update(control.CONVERTERS)
 CONVERTERS.update(mediapipe_ops.CONVERTERS)
+CONVERTERS.update(int16.converters(CONVERTERS, conv_padding))  # 16x8: LiteRT's int16 kernels
 
 
 def supported_operators() -> list[str]:

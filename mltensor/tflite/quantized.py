@@ -18,10 +18,11 @@ values with reduce_sum where LiteRT adds them in order: the same outputs on ever
 other int8 operators compute on real values and round (the operator moves or selects values
 unchanged: MAX_POOL_2D, CONCATENATION, PAD, RESHAPE...), or are one quantum apart at worst.
 
-16x8 models (int16 activations, zero point 0; int8 weights, int64 biases) take the real-value form
-for every operator: LiteRT's int16 kernels (64-bit sums, 16-bit multipliers, interpolated tables)
-are not reproduced, so an int16 output is within a quantum or two of LiteRT's. int16 graph inputs
-and outputs are refused (WebNN has no int16).
+16x8 models (int16 activations, zero point 0; int8 weights, int64 biases): int16.py computes
+QUANTIZE, CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD and MEAN in LiteRT's int16 arithmetic;
+the other int16 operators take the real-value form here, within a quantum (two for TANH, LOGISTIC,
+SOFTMAX: LiteRT's interpolated tables are not reproduced). int16 graph inputs and outputs are
+refused (WebNN has no int16).
 """
 
 import numpy as np

@@ -1,0 +1,372 @@
+"""16x8 TFLite models (int16 activations with zero point 0, int8 weights, int64 biases) in LiteRT's
+own integer arithmetic, operator by operator, as ai-edge-litert 2.3 runs them on x86 (XNNPACK does
+not take int16, so TFLite's kernels run: the reference ones wherever its optimized ones are
+skipped for int16):
+
+- CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED (per-channel int8 weights, int64 or int32 bias):
+  reference_integer_ops' int64 sums, then the 64-bit MultiplyByQuantizedMultiplier (the 32-bit
+  multiplier rounded to 16 bits, one rounding shift). On the GPU the int16 input is split into
+  its high byte (int8) and low byte (uint8), each summed exactly in int32 by the integer conv /
+  matmul kernels (ops/integer.py: K * 255 * 127 < 2^31 for K < 66000), and the two sums joined
+  in int64 (256 * high + low, plus the bias): no product is ever rounded.
+- ADD: TFLite's general int16 path (left shift 15): both inputs rescaled to twice the larger
+  scale, summed, rescaled (the roundings as LiteRT 2.3 makes them: add_reference).
+- MEAN: reference_ops::QuantizedMeanOrSum: the int32 sum, the multiplier divided by the count.
+- QUANTIZE (float32 -> int16): the input times float32(1 / scale), rounded half to even.
+
+Fused activations clamp in integers (CalculateActivationRangeQuantized). Every other int16
+operator keeps quantized.py's real-value form (within a quantum or two of LiteRT's: TANH,
+LOGISTIC and SOFTMAX interpolate TFLite's 16-bit tables, not reproduced). Each function returns
+None where it does not apply (another type, float16 mode, a bound the exact path cannot keep),
+and the caller's float form runs.
+"""
+
+import numpy as np
+
+from . import quantized
+from .common import ACT, PAD, opt
+
+_LO, _HI = -(1 << 15), (1 << 15) - 1
+
+
+def is_int16(t):
+    """A 16x8 model's activation: int16, one scale, zero point 0."""
+    return (
+        quantized.is_quantized(t) and t.data_type == "int16" and t.scale.size == 1 and int(t.zero_point[0]) == 0
+    )  # fmt: skip
+
+
+def _i32(b, v):
+    return b.constant(np.asarray(v, np.int32))
+
+
+def _i64(b, v):
+    return b.constant(np.asarray(v, np.int64))
+
+
+def _real(b, q, t):
+    """int32 q as the real values of int16 tensor t (exact: |q| < 2^15 in float32)."""
+    return b.mul(b.cast(q, "float32"), b.constant(np.array(t.scale[0], np.float32)))
+
+
+def activation_range(op, t):
+    """CalculateActivationRangeQuantized of the operator's fused activation on int16 tensor t, or
+    None for one it has no integer range for (TANH...)."""
+    code = opt(op, "FusedActivationFunction", ACT.NONE)
+    s = np.float32(t.scale[0])
+
+    def q(f):  # TfLiteRound(f / scale): float32, half away from zero
+        v = np.float32(np.float32(f) / s)
+        return int(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)))
+
+    if code == ACT.NONE:
+        return _LO, _HI
+    if code == ACT.RELU:
+        return max(_LO, q(0.0)), _HI
+    if code == ACT.RELU6:
+        return max(_LO, q(0.0)), min(_HI, q(6.0))
+    if code == ACT.RELU_N1_TO_1:
+        return max(_LO, q(-1.0)), min(_HI, q(1.0))
+    return None
+
+
+# -- the 64-bit MultiplyByQuantizedMultiplier ---------------------------------------------------
+
+
+def reduced_multiplier(qm):
+    """The 64-bit MultiplyByQuantizedMultiplier's 16-bit multiplier (qm rounded, saturated)."""
+    return (qm + (1 << 15)) >> 16 if qm < 0x7FFF0000 else 0x7FFF
+
+
+def mbqm64_reference(x, qm, shift):
+    """numpy: MultiplyByQuantizedMultiplier(int64 x, qm, shift) (TFLite's common.cc, both rounding
+    modes): (x * reduced multiplier + 2^(14 - shift)) >> (15 - shift)."""
+    total = 15 - np.asarray(shift, np.int64)
+    rm = np.vectorize(reduced_multiplier)(np.asarray(qm, np.int64))
+    return (np.asarray(x, np.int64) * rm + (np.int64(1) << (total - 1))) >> total
+
+
+def _floor_div_pow2(b, x, d):
+    """floor(x / d) for int64 x and positive int64 constant d (WebNN's division truncates)."""
+    q = b.div(x, d)
+    return b.sub(q, b.cast(b.lesser(b.sub(x, b.mul(q, d)), _i64(b, 0)), "int64"))
+
+
+def _mbqm64(b, acc, qm, shift, shape):
+    """The 64-bit MultiplyByQuantizedMultiplier of int64 acc, per channel (qm, shift: numpy arrays
+    reshaped to `shape`, broadcasting over acc)."""
+    total = (15 - shift).astype(np.int64)
+    rm = np.array([reduced_multiplier(int(m)) for m in qm], np.int64)
+    p = b.add(b.mul(acc, _i64(b, rm.reshape(shape))), _i64(b, (np.int64(1) << (total - 1)).reshape(shape)))
+    return _floor_div_pow2(b, p, _i64(b, (np.int64(1) << total).reshape(shape)))
+
+
+def fc_scales(ti, tw, to, n):
+    """FULLY_CONNECTED's int16 output scale per channel (reference_integer_ops' float form): double
+    input scale * double filter scale / double output scale."""
+    sw = np.broadcast_to(tw.scale.astype(np.float64), (n,))
+    return np.float64(np.float32(ti.scale[0])) * sw / np.float64(np.float32(to.scale[0]))
+
+
+def fc_reference(acc, scales):
+    """numpy: round(double(acc) * scale), half away from zero (std::round)."""
+    p = np.asarray(acc, np.int64).astype(np.float64) * scales
+    return (np.sign(p) * np.floor(np.abs(p) + 0.5)).astype(np.int64)
+
+
+def _round_scaled(b, acc, scales, shape):
+    """round(acc * scale) half away from zero for int64 acc (|acc| < 2^36) and float64 scales
+    (per channel, reshaped to `shape`), in int64: scale = M * 2^-S with M its 53-bit integer
+    significand split as Mh * 2^27 + Ml, so |acc| * M + 2^(S - 1) is summed in parts that stay
+    under 2^63 and shifted right by S exactly. (std::round rounds the double product first; that
+    changes the result only for a product within 2^-37 of a half-integer, not reproduced.)"""
+    frac, ex = np.frexp(scales)
+    m = np.round(frac * 2.0**53).astype(np.int64)
+    s = (53 - ex).astype(np.int64)
+    mh, ml = m >> 27, m & ((1 << 27) - 1)
+    c = lambda v: _i64(b, np.asarray(v, np.int64).reshape(shape))  # noqa: E731
+    neg = b.lesser(acc, _i64(b, 0))
+    u = b.where(neg, b.neg(acc), acc)
+    low = b.div(b.mul(u, c(ml)), _i64(b, 1 << 27))  # nonnegative: division is floor
+    y = b.add(b.add(b.mul(u, c(mh)), c(np.int64(1) << (s - 28))), low)
+    r = b.div(y, c(np.int64(1) << (s - 27)))
+    return b.where(neg, b.neg(r), r)
+
+
+def _clamp_to_real(b, q64, lo, hi, t):
+    q = b.cast(b.min(b.max(q64, _i64(b, lo)), _i64(b, hi)), "int32")
+    return _real(b, q, t)
+
+
+# -- CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED -------------------------------------------------
+
+
+def _channel_multipliers(ti, tw, to, n):
+    """PopulateConvolutionQuantizationParams: per output channel QuantizeMultiplier(double input
+    scale * double filter scale / double output scale)."""
+    sw = np.broadcast_to(tw.scale.astype(np.float64), (n,))
+    pairs = [quantized.quantize_multiplier(float(np.float64(ti.scale[0]) * s / np.float64(to.scale[0]))) for s in sw]
+    return np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64)
+
+
+def _split(b, x, ti):
+    """int16 real values as (high byte int8, low byte uint8): q = 256 * high + low."""
+    q = quantized.integers(b, x, ti)
+    hi = quantized.floor_shift(b, q, 8)
+    lo = b.sub(q, b.mul(hi, _i32(b, 256)))
+    return b.cast(hi, "int8"), b.cast(lo, "uint8")
+
+
+def weighted(imp, op, conv_padding):
+    """CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED of int16 activations as TFLite's
+    reference_integer_ops kernels (the module docstring), as real values of the output's int16
+    grid, the fused activation applied; None where the float form has to do."""
+    ti, tw, to = imp.tensor(op.inputs[0]), imp.tensor(op.inputs[1]), imp.tensor(op.outputs[0])
+    if imp.float16 or not (is_int16(ti) and is_int16(to)):
+        return None
+    if op.inputs[1] not in imp.consts or tw.scale is None or tw.data_type != "int8" or np.any(tw.zero_point != 0):
+        return None
+    rng = activation_range(op, to)
+    if rng is None:
+        return None
+    w = imp.consts[op.inputs[1]].astype(np.int8)
+    bias = None
+    if len(op.inputs) > 2 and op.inputs[2] >= 0:
+        if op.inputs[2] not in imp.consts or imp.consts[op.inputs[2]].dtype not in (np.int64, np.int32):
+            return None
+        bias = imp.consts[op.inputs[2]].astype(np.int64).reshape(-1)
+    b = imp.b
+    x = imp.operand(op, op.inputs[0])
+    if op.name == "FULLY_CONNECTED":
+        if opt(op, "WeightsFormat", 0) != 0 or w.ndim != 2:
+            return None
+        n, k = w.shape
+        batch = int(np.prod(x.shape)) // k
+        if k >= 66000:
+            return None
+        x2 = x if tuple(x.shape) == (batch, k) else b.reshape(x, [batch, k])
+        hi, lo = _split(b, x2, ti)
+        wt = b.constant(np.ascontiguousarray(w.T))
+        sums = [b._int_matmul(v, wt) for v in (hi, lo)]
+        shape = (1, n)
+    else:
+        sh, sw = opt(op, "StrideH", 1), opt(op, "StrideW", 1)
+        dh, dw = opt(op, "DilationHFactor", 1), opt(op, "DilationWFactor", 1)
+        if op.name == "DEPTHWISE_CONV_2D":
+            wf = np.ascontiguousarray(w.transpose(3, 0, 1, 2))  # [1, kh, kw, C * m] -> OIHW, groups = C
+            groups = int(x.shape[3])
+        else:
+            wf = np.ascontiguousarray(w.transpose(0, 3, 1, 2))  # OHWI -> OIHW
+            groups = int(x.shape[3]) // int(w.shape[3])
+        n, _, kh, kw = wf.shape
+        if wf.shape[1] * kh * kw >= 66000:
+            return None
+        pad = conv_padding(opt(op, "Padding", PAD.SAME), x.shape[1:3], (kh, kw), (sh, sw), (dh, dw))
+        hi, lo = _split(b, b.transpose(x, permutation=[0, 3, 1, 2]), ti)
+        wc = b.constant(wf)
+        kwargs = {"padding": pad, "strides": [sh, sw], "dilations": [dh, dw], "groups": groups}
+        sums = [b._int_conv2d(v, wc, **kwargs) for v in (hi, lo)]
+        shape = (1, n, 1, 1)
+    acc = b.add(b.mul(b.cast(sums[0], "int64"), _i64(b, 256)), b.cast(sums[1], "int64"))
+    if bias is not None:
+        acc = b.add(acc, _i64(b, bias.reshape(shape)))
+    bound = int(np.abs(w.astype(np.int64)).reshape(n, -1).sum(axis=1).max()) << 15
+    bound += int(np.abs(bias).max()) if bias is not None else 0
+    if op.name == "FULLY_CONNECTED":
+        scales = fc_scales(ti, tw, to, n)
+        if bound >= 1 << 36 or not np.all(scales > 0) or np.any(np.abs(np.frexp(scales)[1]) > 20):
+            return None
+        q = _round_scaled(b, acc, scales, shape)
+    else:
+        qm, shift = _channel_multipliers(ti, tw, to, n)
+        if np.any(qm <= 0) or np.any(shift >= 8) or np.any(shift < -31) or bound >= 1 << 47:
+            return None
+        q = _mbqm64(b, acc, qm, shift, shape)
+    y = _clamp_to_real(b, q, *rng, to)
+    if op.name == "FULLY_CONNECTED":
+        out_shape = list(to.shape)
+        if opt(op, "KeepNumDims", False):
+            out_shape = list(x.shape[:-1]) + [n]
+        if len(out_shape) and int(np.prod(out_shape)) == batch * n and tuple(out_shape) != (batch, n):
+            y = b.reshape(y, out_shape)
+        return y
+    return b.transpose(y, permutation=[0, 2, 3, 1])
+
+
+# -- ADD / SUB -----------------------------------------------------------------------------------
+
+
+def add_params(s1, s2, so):
+    """TFLite's int16 ADD with general scales (add.cc Prepare, left shift 15): twice the larger
+    input scale (float32, then double), each input's multiplier and the output's
+    (QuantizeMultiplierSmallerThanOneExp of double quotients): ((m1, e1), (m2, e2), (mo, eo))."""
+    twice_max = np.float64(np.float32(2) * np.float32(max(np.float32(s1), np.float32(s2))))
+    m1 = quantized.quantize_multiplier(float(np.float64(np.float32(s1)) / twice_max))
+    m2 = quantized.quantize_multiplier(float(np.float64(np.float32(s2)) / twice_max))
+    mo = quantized.quantize_multiplier(float(twice_max / np.float64(np.float32(32768) * np.float32(so))))
+    return m1, m2, mo
+
+
+def add_reference(a, c, ta, tc, to, subtract=False, rng=(_LO, _HI)):
+    """numpy: int16 ADD as LiteRT 2.3 computes it (measured on its x86 wheel): each input shifted
+    left by 15 and rescaled with one rounding, (x * m + 2^(30 - e)) >> (31 - e), the sum rescaled
+    by MultiplyByQuantizedMultiplier's two roundings (TFLite's reference AddElementwise rounds the
+    inputs twice too: one output in 4608 of MobileNetV2's first ADD differs then)."""
+    (m1, e1), (m2, e2), (mo, eo) = add_params(ta.scale[0], tc.scale[0], to.scale[0])
+    x1 = ((np.asarray(a, np.int64) << 15) * m1 + (1 << (30 - e1))) >> (31 - e1)
+    x2 = ((np.asarray(c, np.int64) << 15) * m2 + (1 << (30 - e2))) >> (31 - e2)
+    s = x1 - x2 if subtract else x1 + x2
+    out = quantized.rounding_divide_by_pot(quantized.srdhm32(s, mo), -eo)
+    return np.clip(out, *rng)
+
+
+def add_sub(imp, op, subtract):
+    """ADD / SUB of int16 tensors as add_reference, as real values; None where it does not apply
+    (the power-of-two path, a scale ratio outside its range, float16 mode)."""
+    ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+    if imp.float16 or not all(is_int16(t) for t in (ta, tc, to)) or opt(op, "PotScaleInt16", False):
+        return None
+    rng = activation_range(op, to)
+    if rng is None:
+        return None
+    params = add_params(ta.scale[0], tc.scale[0], to.scale[0])
+    if any(m <= 0 or e > 0 or e <= -31 for m, e in params):
+        return None
+    (m1, e1), (m2, e2), (mo, eo) = params
+    b = imp.b
+    xs = []
+    for i, t, m, e in ((op.inputs[0], ta, m1, e1), (op.inputs[1], tc, m2, e2)):
+        q = b.cast(quantized.integers(b, imp.operand(op, i), t), "int64")
+        p = b.add(b.mul(q, _i64(b, m << 15)), _i64(b, 1 << (30 - e)))  # |.| < 2^61
+        xs.append(b.cast(_floor_div_pow2(b, p, _i64(b, 1 << (31 - e))), "int32"))  # |.| <= 2^29
+    s = b.sub(*xs) if subtract else b.add(*xs)
+    out = quantized.multiply_by_quantized_multiplier_graph(b, s, mo, eo)
+    return _real(b, b.clamp(out, min_value=float(rng[0]), max_value=float(rng[1])), to)
+
+
+# -- MEAN ----------------------------------------------------------------------------------------
+
+
+def mean_params(n, ti, to):
+    """reference_ops::QuantizedMeanOrSum's multiplier for a mean over n elements: QuantizeMultiplier
+    of the scale ratio (double), then shifted left by min(floor(log2 n), 32, 31 + shift) and
+    divided by n."""
+    qm, shift = quantized.quantize_multiplier(float(np.float64(ti.scale[0]) / np.float64(to.scale[0])))
+    s = min(n.bit_length() - 1, 32, 31 + shift)
+    return (qm << s) // n, shift - s
+
+
+def mean_reference(q, axes, ti, to):
+    """numpy: int16 MEAN over `axes` as reference_ops::QuantizedMeanOrSum (the int32 sum, the
+    32-bit MultiplyByQuantizedMultiplier)."""
+    n = int(np.prod([q.shape[a] for a in axes]))
+    qm, shift = mean_params(n, ti, to)
+    acc = np.asarray(q, np.int64).sum(axis=tuple(axes))
+    return np.clip(quantized.multiply_by_quantized_multiplier(acc, qm, shift), _LO, _HI)
+
+
+def mean(imp, op, x, axes, keep):
+    """MEAN of an int16 tensor as mean_reference, as real values; None where it does not apply."""
+    ti, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    if imp.float16 or not (is_int16(ti) and is_int16(to)):
+        return None
+    n = int(np.prod([int(x.shape[a]) for a in axes]))
+    qm, shift = mean_params(n, ti, to)
+    if qm <= 0 or (n << 15 << max(shift, 0)) >= 1 << 31 or -shift >= 31:
+        return None
+    b = imp.b
+    acc = b.reduce_sum(quantized.integers(b, x, ti), axes=axes, keep_dimensions=keep)
+    out = quantized.multiply_by_quantized_multiplier_graph(b, acc, qm, shift)
+    return _real(b, b.clamp(out, min_value=float(_LO), max_value=float(_HI)), to)
+
+
+# -- QUANTIZE ------------------------------------------------------------------------------------
+
+
+def quantize_scale(to):
+    """LiteRT's float32 -> int16 multiplier: 1 / scale in double, then float32."""
+    return np.float32(1.0 / np.float64(np.float32(to.scale[0])))
+
+
+def quantize_reference(v, to):
+    """numpy: float32 -> int16 as LiteRT 2.3 quantizes on x86 (measured; its vectorized
+    AffineQuantize): v times float32(1 / scale) in float32, rounded half to even, clamped (the
+    scalar kernels' double division rounded half away from zero differs on 7 of MobileNetV2's
+    27648 inputs)."""
+    t = np.asarray(v, np.float32) * quantize_scale(to)
+    return np.clip(np.rint(t), _LO, _HI).astype(np.int64)
+
+
+def quantize(imp, op):
+    """QUANTIZE float32 -> int16 as quantize_reference, as real values; None where it does not
+    apply (float16 mode: its products would round differently)."""
+    ti, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    x = imp.operand(op, op.inputs[0])
+    if imp.float16 or ti.data_type != "float32" or x.data_type != "float32" or not is_int16(to):
+        return None
+    b = imp.b
+    t = b.round_even(b.mul(x, b.constant(np.array(quantize_scale(to), np.float32))))
+    q = b.cast(b.clamp(t, min_value=float(_LO), max_value=float(_HI)), "int32")
+    return _real(b, q, to)
+
+
+def converters(base, conv_padding):
+    """The int16 forms of `base`'s converters (a dict by operator name): each tries its exact
+    path above and falls back to the base converter."""
+
+    def wrap(name, exact):
+        fallback = base[name]
+
+        def convert(imp, op):
+            y = exact(imp, op)
+            return fallback(imp, op) if y is None else y
+
+        return convert
+
+    return {
+        "CONV_2D": wrap("CONV_2D", lambda imp, op: weighted(imp, op, conv_padding)),
+        "DEPTHWISE_CONV_2D": wrap("DEPTHWISE_CONV_2D", lambda imp, op: weighted(imp, op, conv_padding)),
+        "FULLY_CONNECTED": wrap("FULLY_CONNECTED", lambda imp, op: weighted(imp, op, conv_padding)),
+        "ADD": wrap("ADD", lambda imp, op: add_sub(imp, op, False)),
+        "QUANTIZE": wrap("QUANTIZE", quantize),
+    }
