@@ -92,6 +92,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
         self._top_index = None  # the top-level node being imported (cuts are keyed by it)
         self.top_node = None  # that node
         self._cut_seq = 0
+        self._cut_prefix = ()  # (base, iteration) of the unrolled loop iteration being imported
         # {dimension name (dim_name): max size}: unknown input dimensions that become dynamic
         # dimensions (mltensor/dynamic/) instead of taking a size from input_shapes; `ones`:
         # {name: 1} of unknown dimensions fixed to 1 (InferenceSession's builds, capacity.py)
@@ -425,7 +426,7 @@ class Importer(ConstantFolding, FunctionExpansion, BatchNormFolding):
             if i in folded:
                 continue
             if top:
-                self._top_index, self._cut_seq = i, 0
+                self._top_index, self._cut_seq, self._cut_prefix = i, 0, ()
                 self._top_state = (i, self._uid, frozenset(folded))
             bn = partners.get(node.output[0]) if node.op_type == "Conv" and node.output else None
             if bn is not None:

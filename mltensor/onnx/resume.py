@@ -10,8 +10,13 @@ values as they were, every value the remaining nodes read turned into an input o
 bound at run time to the tensor the earlier stage left.
 
 Cuts are numbered per top-level node (its index, then the k-th cut the node makes), so a handler
-that cuts twice (a computed k, then the count) finds both outcomes when it is imported again.
+that cuts twice (a computed k, then the count) finds both outcomes when it is imported again. An
+unrolled loop numbers its iterations' cuts apart (`loop_base`, `iteration`): iteration j's s-th
+cut is keyed (node, ..., base, j, s) whatever the other iterations cut, so that a read batched
+over the iterations (control_flow.py, `Cut.batch`) gives each iteration its own outcome.
 """
+
+from contextlib import contextmanager
 
 import numpy as np
 from onnx import TensorProto
@@ -36,6 +41,7 @@ class Cut(BaseException):
         super().__init__(what)
         self.key, self.read, self.carry, self.loop = key, list(read), list(carry), loop
         self.what, self.drop_inputs, self.counted = what, frozenset(drop_inputs), counted
+        self.batch = None  # [(cut key, number of reads)]: the reads of several cuts at once
 
 
 class Snapshot:
@@ -43,23 +49,31 @@ class Snapshot:
     `host` {name: array}, `ops` {name: Carried} of the values the remaining nodes read, `gone`
     the names the cut node no longer reads when resumed, `types` the ONNX types, `folded` the
     BatchNormalization nodes (indices) folded into an earlier Conv, `outcomes` {cut key: (values,
-    [Carried])} of the cuts already passed whose nodes are imported again."""
+    [Carried])} of the cuts already passed whose nodes are imported again, `batch` the Cut's (the
+    values read back belong to several cuts: [(key, count)] in order)."""
 
-    __slots__ = ("index", "uid", "depth", "host", "ops", "gone", "types", "folded", "outcomes")
+    __slots__ = ("index", "uid", "depth", "host", "ops", "gone", "types", "folded", "outcomes", "batch")
 
     def with_outcome(self, key, values, carried):
         s = Snapshot()
         for f in self.__slots__:
             setattr(s, f, getattr(self, f))
         s.outcomes = dict(self.outcomes)
-        s.outcomes[key] = (list(values), list(carried))
+        s.batch = None
+        if self.batch is None:
+            s.outcomes[key] = (list(values), list(carried))
+            return s
+        at = 0
+        for k, n in self.batch:  # each iteration's values under its own cut's key
+            s.outcomes[k] = (list(values[at : at + n]), list(carried) if k == key else [])
+            at += n
         return s
 
 
 def outcome(im):
     """(values, operands) of the next cut of the node being imported, when a resumed import has
     it; None otherwise (the handler then builds its step's inputs and calls cut)."""
-    got = im.resumed.get((im._top_index, im._cut_seq + 1))
+    got = im.resumed.get((im._top_index, *im._cut_prefix, im._cut_seq + 1))
     if got is not None:
         im._cut_seq += 1
     return got
@@ -95,7 +109,26 @@ def cut(im, *, read=(), carry=(), loop=None, what, drop_inputs=(), counted=None)
         # positions it drops are its own inputs', not those of the node the import resumes at
         drop_inputs = ()
     im._cut_seq += 1
-    raise Cut((im._top_index, im._cut_seq), read, carry, loop, what, drop_inputs, counted)
+    raise Cut((im._top_index, *im._cut_prefix, im._cut_seq), read, carry, loop, what, drop_inputs, counted)
+
+
+def loop_base(im):
+    """The key base of an unrolled loop's iterations (it takes one cut number of the scope the
+    loop is in)."""
+    im._cut_seq += 1
+    return (*im._cut_prefix, im._cut_seq)
+
+
+@contextmanager
+def iteration(im, base, j):
+    """Import iteration j of the unrolled loop whose `loop_base` is `base`: its cuts are
+    numbered from 1 under (base, j)."""
+    saved = im._cut_prefix, im._cut_seq
+    im._cut_prefix, im._cut_seq = (*base, j), 0
+    try:
+        yield
+    finally:
+        im._cut_prefix, im._cut_seq = saved
 
 
 def read(im, v, what):
@@ -139,7 +172,7 @@ def end_stage(im, c, nodes, i, uid, folded):
 
     live = live_names(im, nodes, i, c.drop_inputs)
     s = Snapshot()
-    s.index, s.uid, s.depth, s.folded = i, uid, depth, frozenset(folded)
+    s.index, s.uid, s.depth, s.folded, s.batch = i, uid, depth, frozenset(folded), c.batch
     s.host, s.ops = {}, {}
     for name in sorted(live):
         v = im.env.get(name)

@@ -77,7 +77,7 @@ def _counted_dim(c):
     """The dynamic dimension a counted cut's padded output takes (cut.cut's `counted`)."""
     i, axis = c.counted
     d = c.carried[i]
-    return d, axis, MLDynamicDimension(f"count{c.key[0]}_{c.key[1]}", d.shape[axis])
+    return d, axis, MLDynamicDimension("count" + "_".join(map(str, c.key)), d.shape[axis])
 
 
 def _counted_output(c):

@@ -326,8 +326,14 @@ def _unroll_loop(im, node, ins, attrs, trips):
     go = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
     scans = []
     i = 0
+    base = resume.loop_base(im)
     while go and i < trips:
-        outs = _bind_body(im, body, [np.array(i, np.int64), np.array(go)] + carried)
+        try:
+            with resume.iteration(im, base, i):
+                outs = _bind_body(im, body, [np.array(i, np.int64), np.array(go)] + carried)
+        except resume.Cut as c:
+            _batch_reads(im, body, c, base, i, trips, carried)
+            raise
         c = outs[0]
         if not isinstance(c, np.ndarray):
             return None  # the exit condition is computed on the GPU: executed instead
@@ -338,6 +344,52 @@ def _unroll_loop(im, node, ins, attrs, trips):
     n_scan = len(body.output) - 1 - len(carried)
     stacked = [_stack(im, [s[k] for s in scans]) for k in range(n_scan)]
     return carried + stacked
+
+
+def _batch_reads(im, body, c, base, i, trips, carried):
+    """A read cut in iteration i of an unrolled loop, made by a node of the body that reads no
+    loop-carried value (nor the condition): the same node cuts in every later iteration on a value
+    computed the same way (torchvision's paste-masks loop: a Resize to each detection's box, then
+    Slices and zeros of computed sizes). The stage then reads them all at once (c.read grows,
+    c.batch says whose each value is): one stage for all the iterations, where one stage per
+    iteration re-imported every iteration before it (quadratic in the trip count: Mask R-CNN's
+    100 detections). The later iterations are imported up to that node (probes, dead in this
+    stage's graph); batching stops at the first iteration that cuts elsewhere."""
+    node = im.node
+    if c.loop is not None or c.counted is not None or c.carry or not c.read or c.batch is not None:
+        return
+    if not any(n is node for n in body.node) or _reads_state(body, node):
+        return
+    saved = im.node, im.cur_opset
+    reads, batch = list(c.read), [(c.key, len(c.read))]
+    for j in range(i + 1, trips):
+        try:
+            with resume.iteration(im, base, j):
+                _bind_body(im, body, [np.array(j, np.int64), np.array(True)] + carried)
+        except resume.Cut as cj:
+            same = len(cj.key) == len(c.key) and cj.key[-1] == c.key[-1] and len(cj.read) == len(c.read)
+            if same and im.node is node and cj.loop is None and cj.counted is None and not cj.carry:
+                reads += cj.read
+                batch.append((cj.key, len(cj.read)))
+                continue
+        except Exception:  # (the iteration's own import meets it again, if it is real)
+            pass
+        break
+    im.node, im.cur_opset = saved
+    c.read, c.batch = reads, batch
+
+
+def _reads_state(body, node):
+    """Whether body node `node` depends on the loop-carried values or the condition."""
+    dep = {vi.name for vi in body.input[1:]}
+    for n in body.node:
+        if dep.intersection(n.input) or dep.intersection(outer_names(n)):
+            if n is node:
+                return True
+            dep.update(o for o in n.output if o)
+        if n is node:
+            return False
+    return False
 
 
 def _scan(im, node, ins, attrs):
