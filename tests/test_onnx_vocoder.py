@@ -52,7 +52,7 @@ def _rel(got, want):
     return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
 
 
-def _check(size, stft, exporter, lengths, ort_rel=1e-4, against_torch=True):
+def _check(size, stft, exporter, lengths, ort_rel=1e-4, against_torch=True, torch_rel=1e-4):
     path, npz = _export(size, stft, exporter, lengths)
     ref = np.load(npz)
     onnxrt = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -66,7 +66,9 @@ def _check(size, stft, exporter, lengths, ort_rel=1e-4, against_torch=True):
             assert got.shape == want.shape == torch64.shape, (got.shape, want.shape, torch64.shape)
             assert got.dtype == np.float32
             if against_torch:
-                assert _rel(got, torch64) <= 1e-4, (t, _rel(got, torch64))
+                assert _rel(got, torch64) <= torch_rel, (t, _rel(got, torch64))
+                if _rel(want, torch64) > 1e-2:
+                    continue  # (onnxruntime itself far off torch's float64 result: not a reference here)
             assert _rel(got, want) <= ort_rel, (t, _rel(got, want))
     finally:
         sess.close()
@@ -89,13 +91,11 @@ def test_vocoder_torch_stft(exporter):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="at Kokoro's sizes, with these inputs, 0.26 off onnxruntime at 20 frames (with numpy-drawn "
-    "inputs and no 1e-9 in the atan2 it agreed to 5e-5): not diagnosed yet (issue 42)",
-    strict=False,
-)
 def test_vocoder_kokoro_sizes():
     """Kokoro-82M's generator sizes (512 channels, upsampling 10 x 6 with kernels 20 and 12,
     residual kernels 3, 7, 11 with dilations 1, 3, 5, n_fft 20, hop 5): 20 and 40 frames, 6000
-    and 12000 samples. About 20 s on lavapipe."""
-    _check("big", "conv", "torchscript", [20, 40], against_torch=False)
+    and 12000 samples, against torch in float64 (2e-4 of the largest sample: exp(magnitude) and the
+    long sums amplify float32 rounding; measured 9.6e-5 and 8.9e-5). At 20 frames onnxruntime's own
+    output is 0.26 off torch's (mltensor's 1e-4), so it is compared with onnxruntime at 40 frames
+    only, where both agree (8.7e-6). About 20 s on lavapipe."""
+    _check("big", "conv", "torchscript", [20, 40], torch_rel=2e-4)
