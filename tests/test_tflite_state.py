@@ -38,7 +38,7 @@ ENV = "MLTENSOR_TENSORFLOW_PYTHON"
 STREAMS = ("stream_float", "stream_int8", "stream_int8_variables")
 
 
-def _tensorflow_python():
+def tensorflow_python():
     if importlib.util.find_spec("tensorflow") is not None:
         return sys.executable
     py = os.environ.get(ENV)
@@ -51,24 +51,30 @@ def _tensorflow_python():
     return py
 
 
-@pytest.fixture(scope="module")
-def models():
-    py = _tensorflow_python()
+def converted(generator, subdir):
+    """The directory of the models `generator` writes (run by a Python with TensorFlow, once:
+    cached under the cache directory keyed on the generator and the TensorFlow version)."""
+    py = tensorflow_python()
     code = "import importlib.metadata as m; print([m.version(n) for n in ('tensorflow', 'tf-keras', 'keras')])"
     versions = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True).stdout
-    with open(GENERATOR, "rb") as f:
+    with open(generator, "rb") as f:
         key = hashlib.sha256(f.read() + versions.encode()).hexdigest()[:16]
-    d = os.path.join(cache_dir(), "tflite-state", key)
+    d = os.path.join(cache_dir(), subdir, key)
     if not os.path.exists(os.path.join(d, "versions.json")):
         tmp = d + f".tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        r = subprocess.run([py, GENERATOR, tmp], capture_output=True, text=True, timeout=1200)
+        r = subprocess.run([py, generator, tmp], capture_output=True, text=True, timeout=1200)
         if r.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
             pytest.fail(f"the converter failed ({r.returncode}):\n{r.stderr[-3000:]}")
         shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
     return d
+
+
+@pytest.fixture(scope="module")
+def models():
+    return converted(GENERATOR, "tflite-state")
 
 
 def _data(models, name):
