@@ -29,6 +29,7 @@ OTHER = {
     "MLTENSOR_LOOP_CAP": "whether a build is refused; a build that succeeds makes the same kernels",
     "MLTENSOR_AUTOTUNE_BUDGET": "time spent tuning (time-dependent choices cannot be a key)",
     "MLTENSOR_API_KEY": "the key mltensor serve asks clients for",
+    "MLTENSOR_LITERT_TORCH_PYTHON": "which Python the tests convert torchvision models with (tests only)",
 }
 
 _READERS = ("switch", "value")

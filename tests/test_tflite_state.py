@@ -51,11 +51,12 @@ def tensorflow_python():
     return py
 
 
-def converted(generator, subdir):
-    """The directory of the models `generator` writes (run by a Python with TensorFlow, once:
-    cached under the cache directory keyed on the generator and the TensorFlow version)."""
-    py = tensorflow_python()
-    code = "import importlib.metadata as m; print([m.version(n) for n in ('tensorflow', 'tf-keras', 'keras')])"
+def converted(generator, subdir, python=None, packages=("tensorflow", "tf-keras", "keras"), timeout=1200):
+    """The directory of the models `generator` writes (run by `python`, by default one with
+    TensorFlow, once: cached under the cache directory keyed on the generator and the versions of
+    `packages` there)."""
+    py = python or tensorflow_python()
+    code = f"import importlib.metadata as m; print([m.version(n) for n in {tuple(packages)!r}])"
     versions = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True).stdout
     with open(generator, "rb") as f:
         key = hashlib.sha256(f.read() + versions.encode()).hexdigest()[:16]
@@ -63,7 +64,7 @@ def converted(generator, subdir):
     if not os.path.exists(os.path.join(d, "versions.json")):
         tmp = d + f".tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        r = subprocess.run([py, generator, tmp], capture_output=True, text=True, timeout=1200)
+        r = subprocess.run([py, generator, tmp], capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
             pytest.fail(f"the converter failed ({r.returncode}):\n{r.stderr[-3000:]}")

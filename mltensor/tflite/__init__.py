@@ -10,7 +10,8 @@ sparse constants (TFLite's sparsity format) are densified by the reader. MediaPi
 operators Convolution2DTransposeBias, Landmarks2TransformMatrix, TransformTensorBilinear and
 TransformLandmarks are composed from builder ops (mediapipe_ops.py), so all 14 models of the
 mediapipe 0.10.14 wheel (`mltensor.models`) run. Resource variables (streaming models' state),
-IF and WHILE: control.py.
+IF and WHILE: control.py; those decided at run time run as stages in an InferenceSession
+(staging.py, staged.py).
 """
 
 from __future__ import annotations
@@ -130,4 +131,4 @@ def _named(name):
         raise type(e)(f"[tflite] {name}: {msg[len('[tflite] ') :] if msg.startswith('[tflite] ') else msg}") from None
 
 
-__all__ = ["import_model", "import_stages", "is_tflite", "resume_stage", "supported_operators"]
+__all__ = ["import_model", "is_tflite", "supported_operators"]

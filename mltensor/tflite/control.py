@@ -11,11 +11,15 @@ subgraph is evaluated at load; its constant assignments are the initial state
 as LiteRT's interpreter gives it.
 
 IF: a condition known at load takes its branch. A computed one runs both branches and selects
-each output (and each variable a branch assigns) with `where`, when the two give the same shapes.
+each output (and each variable a branch assigns) with `where`, when the two give the same shapes;
+when they differ, the import ends at the IF (staging.py: an InferenceSession reads the condition
+back and imports the branch taken as the next stage).
 WHILE: the condition is evaluated at load on the values known then (loop counters and trip
 counts are constants; the integer arithmetic on them is folded by `fold`) and the body unrolled
 into the graph, up to MAX_UNROLL iterations (the Keras 3 LSTM's loop over time steps, a
-tf.while_loop with a fixed bound). A condition computed from run-time values is refused at load.
+tf.while_loop with a fixed bound). A condition computed from run-time values ends the import
+there (staging.py): an InferenceSession runs the loop on the GPU (staged.py, stages/loop.py);
+tflite.import_model, one graph, refuses it.
 """
 
 from dataclasses import dataclass, field
