@@ -143,3 +143,15 @@ def test_one_graph_refuses_them(ctx, models, name):
     """tflite.import_model builds one graph: the operator is named, and where it runs."""
     with pytest.raises(NotSupportedError, match=r"\((WHILE|IF)\).*computed at run time.*InferenceSession"):
         import_model(_data(models, name), ctx)
+
+
+def test_while_in_float16(ctx, models):
+    """float16=True: the loop's values and the constants carried into it in float16."""
+    data = _data(models, "while_bound")
+    with mltensor.InferenceSession(data, ctx, cache=False, float16=True) as sess:
+        names = [o.name for o in sess.get_outputs()]
+        for k, n in enumerate((0, 9)):
+            feeds = _feeds(sess, _x(k), n)
+            ref = _litert(data, feeds)
+            for name, g in zip(names, sess.run(None, feeds)):
+                np.testing.assert_allclose(g, ref[name], rtol=1e-2, atol=1e-2, err_msg=f"n={n}: {name}")

@@ -182,11 +182,8 @@ def _end(imp, b, c):
             if isinstance(v, np.ndarray) and k < len(sg.inputs) and sg.outputs[k] == sg.inputs[k]:
                 plan.append(("const", v))  # passed through unchanged: a constant of the body
                 continue
-            plan.append(("carried", None))
-            if isinstance(v, np.ndarray):
-                carried.append(Carried(host=np.array(v.astype(np.uint8) if v.dtype == np.bool_ else v)))
-            else:
-                carried.append(out(f"~{depth}.w{k}", v))
+            plan.append(("carried", None))  # (a constant: an output of the stage, in its storage form)
+            carried.append(out(f"~{depth}.w{k}", to_operand(imp, v)))
         snap.plans[op.index] = plan
         spec = WhileLoop(imp.model, op, plan, imp.float16)
         cut = StageCut(snap, (op.index, 0), [], carried, spec, f"{op.display}'s loop")
