@@ -155,3 +155,18 @@ def test_while_in_float16(ctx, models):
             ref = _litert(data, feeds)
             for name, g in zip(names, sess.run(None, feeds)):
                 np.testing.assert_allclose(g, ref[name], rtol=1e-2, atol=1e-2, err_msg=f"n={n}: {name}")
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("while_nested", r"operator 1 \(WHILE, subgraph \d+\).*computed at run time.*inside a WHILE body"),
+        ("while_growing", r"operator 0 \(WHILE\): loop variable 1 changes from float32 \[1, 6\] to float32 \[1, 7\]"),
+    ],
+)
+def test_refused_at_the_first_run_naming_the_operator(ctx, models, name, match):
+    """A run-time loop inside a loop body, a loop value that grows: the body is built at the first
+    run (as an executed ONNX Loop's), which refuses it, naming the operator."""
+    with mltensor.InferenceSession(_data(models, name), ctx, cache=False) as sess:
+        with pytest.raises(NotSupportedError, match=match):
+            sess.run(None, _feeds(sess, _x(0), 2))

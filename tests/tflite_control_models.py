@@ -15,6 +15,9 @@ writes OUT_DIR/<name>.tflite for each model below and OUT_DIR/versions.json. Wei
   both branches the same shape) and a second loop after it.
 - cond_shapes: tf.cond on a value computed from the input whose branches give different shapes
   ([1, 3] and [1, 12]).
+- while_nested: a loop bounded by an input whose body holds a loop bounded by the outer counter
+  (a run-time WHILE inside a WHILE body: refused, naming it).
+- while_growing: a loop whose value grows by a column an iteration (shape_invariants): refused.
 """
 
 import json
@@ -80,7 +83,26 @@ class Models(tf.Module):
         )
 
 
-NAMES = ("while_bound", "while_threshold", "while_nested_cond", "cond_shapes")
+    @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32), tf.TensorSpec([], tf.int32)])
+    def while_nested(self, x, n):
+        def body(i, y):
+            _, y = tf.while_loop(lambda j, z: j < i, lambda j, z: (j + 1, z * 0.9 + 0.1), [tf.constant(0), y])
+            return i + 1, y
+
+        return tf.while_loop(lambda i, y: i < n, body, [tf.constant(0), x])[1]
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32), tf.TensorSpec([], tf.int32)])
+    def while_growing(self, x, n):
+        _, y = tf.while_loop(
+            lambda i, y: i < n,
+            lambda i, y: (i + 1, tf.concat([y, y[:, :1] * 0.5], axis=1)),
+            [tf.constant(0), x],
+            shape_invariants=[tf.TensorShape([]), tf.TensorShape([1, None])],
+        )
+        return y
+
+
+NAMES = ("while_bound", "while_threshold", "while_nested_cond", "cond_shapes", "while_nested", "while_growing")
 
 
 def main(out):

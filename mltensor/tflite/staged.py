@@ -83,6 +83,7 @@ class WhileLoop(loop.LoopSpec):
         names = ["__loop_iter_in", "__loop_cond_in"] + [f"__loop_in{k}" for k in range(self.n_state)]
         ins = [b.input(n, data_type=t.data_type, shape=list(t.shape)) for n, t in zip(names, tensors)]
         imp = Importer(self.tfl_model, b, float16=self.float16)
+        imp.staged = staging.IN_BODY  # (no stage can end inside: a loop there is refused, named)
         states = iter(ins[2:])
         args = [v if kind == "const" else next(states) for kind, v in self.plan]
         new = imp.run_subgraph(op, int(opt(op, "BodySubgraphIndex", -1)), args)
@@ -97,9 +98,13 @@ class WhileLoop(loop.LoopSpec):
         test = b.cast(staging.condition(imp, to_operand(imp, c[0])), "int32")
         outs[loop.COND] = b.where(going, test, b.constant(np.zeros((), np.int32)))
         k = 0
-        for (kind, _), v, x in zip(self.plan, new, args):
+        for j, ((kind, _), v, x) in enumerate(zip(self.plan, new, args)):
             if kind == "carried":
-                outs[f"__state{k}"] = b.where(going, to_operand(imp, v), x)
+                v = to_operand(imp, v)
+                if tuple(v.shape) != tuple(x.shape) or v.data_type != x.data_type:
+                    raise op_error(op, f"loop variable {j} changes from {x.data_type} {list(x.shape)} to {v.data_type} "
+                                       f"{list(v.shape)} across iterations (not supported)", NotSupportedError)  # fmt: skip
+                outs[f"__state{k}"] = b.where(going, v, x)
                 k += 1
         graph = b.build_sync(outs)
         return names, _Body(graph, [_Out(n, dt, s) for n, (dt, s) in graph.output_descriptors.items()])

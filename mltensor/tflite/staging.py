@@ -53,12 +53,18 @@ class Snapshot:
         return s
 
 
+# Importer.staged of the import of a WHILE body that stages/loop.py runs (tflite/staged.py)
+IN_BODY = "inside a WHILE body run on the GPU"
+
+
 def refusal(imp):
     """Why this import cannot cut here (one graph asked for, inside a subgraph or the
     initialization, resource variables in play), or None."""
     root = imp.root
     if root.staged is None:
         return "in one graph (tflite.import_model; an InferenceSession runs it as stages)"
+    if root.staged is IN_BODY:
+        return IN_BODY
     if imp is not root or imp.mode != "main":
         return "inside a subgraph (an IF branch, a WHILE body, the initialization)"
     if root.variables:
@@ -77,7 +83,7 @@ def condition(imp, c):
 def outcome(imp, op):
     """The outcome of this operator's cut when the import resumes at it, else None."""
     st = imp.root.staged
-    if st is None or imp is not imp.root or st.index != op.index:
+    if not isinstance(st, Snapshot) or imp is not imp.root or st.index != op.index:
         return None
     return st.outcomes.get(op.index)
 
