@@ -170,3 +170,12 @@ def test_refused_at_the_first_run_naming_the_operator(ctx, models, name, match):
     with mltensor.InferenceSession(_data(models, name), ctx, cache=False) as sess:
         with pytest.raises(NotSupportedError, match=match):
             sess.run(None, _feeds(sess, _x(0), 2))
+
+
+def test_while_too_long_to_unroll_runs_on_the_gpu(ctx, models):
+    """300 iterations known at load: more than are unrolled (256), so executed as a run-time loop
+    is."""
+    data = _data(models, "while_long")
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        _check(sess, data, _feeds(sess, _x(3)), "300 iterations")
+        assert sess.stats["stage_builds"] == 1

@@ -18,6 +18,7 @@ writes OUT_DIR/<name>.tflite for each model below and OUT_DIR/versions.json. Wei
 - while_nested: a loop bounded by an input whose body holds a loop bounded by the outer counter
   (a run-time WHILE inside a WHILE body: refused, naming it).
 - while_growing: a loop whose value grows by a column an iteration (shape_invariants): refused.
+- while_long: tf.while_loop with a constant bound of 300 iterations (too many to unroll: executed).
 """
 
 import json
@@ -102,7 +103,13 @@ class Models(tf.Module):
         return y
 
 
-NAMES = ("while_bound", "while_threshold", "while_nested_cond", "cond_shapes", "while_nested", "while_growing")
+    @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32)])
+    def while_long(self, x):
+        _, y = tf.while_loop(lambda i, y: i < 300, lambda i, y: (i + 1, y * 0.99 + 0.01 * tf.cos(y)), [tf.constant(0), x])
+        return y
+
+
+NAMES = ("while_bound", "while_threshold", "while_nested_cond", "cond_shapes", "while_nested", "while_growing", "while_long")
 
 
 def main(out):

@@ -370,7 +370,7 @@ def tflite_table():
         "between its branches (both computed when the condition is known only at run time, same shapes;",
         "branches of different shapes: an InferenceSession reads the condition back and runs the branch",
         "taken as its own stage); WHILE is unrolled when its trip count is known at load (at most 256",
-        "iterations), else an InferenceSession runs it on the GPU as ONNX Loops run (the body built once,",
+        "iterations), else (or longer) an InferenceSession runs it on the GPU as ONNX Loops run (the body built once,",
         "the condition read back once per 8 iterations; `tflite.import_model`, one graph, refuses it)",
         "(`mltensor/tflite/control.py`, `staged.py`, the sessions guide). Tested against LiteRT:",
         "tests/test_tflite_quantized.py (single operators, random scales) and tests/test_tflite_keras.py",

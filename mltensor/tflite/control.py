@@ -19,7 +19,8 @@ counts are constants; the integer arithmetic on them is folded by `fold`) and th
 into the graph, up to MAX_UNROLL iterations (the Keras 3 LSTM's loop over time steps, a
 tf.while_loop with a fixed bound). A condition computed from run-time values ends the import
 there (staging.py): an InferenceSession runs the loop on the GPU (staged.py, stages/loop.py);
-tflite.import_model, one graph, refuses it.
+tflite.import_model, one graph, refuses it. So does a loop known at load to run more than
+MAX_UNROLL iterations.
 """
 
 from dataclasses import dataclass, field
@@ -281,7 +282,7 @@ def while_(imp, op):
     got = staging.outcome(imp, op)  # a resumed stage: the loop ran on the GPU (tflite/staged.py)
     if got is not None:
         return staging.loop_outputs(imp, op, got)
-    vals = [imp.arg(op, i) for i in op.inputs]
+    vals = first = [imp.arg(op, i) for i in op.inputs]
     for n in range(MAX_UNROLL + 1):
         c = imp.run_subgraph(op, cond_i, vals)
         if len(c) != 1:
@@ -291,9 +292,9 @@ def while_(imp, op):
                              f"count is known at load are unrolled, at most {MAX_UNROLL} iterations)")  # fmt: skip
         if not bool(np.asarray(c[0]).reshape(-1)[0]):
             return vals
-        if n == MAX_UNROLL:
-            raise op_error(op, f"the loop runs more than {MAX_UNROLL} iterations (they are unrolled into the graph)",
-                           NotSupportedError)  # fmt: skip
+        if n == MAX_UNROLL:  # too long to unroll: run on the GPU from the start (the unrolled part unused)
+            staging.cut_loop(imp, op, first, np.array(True), f"the loop runs more than {MAX_UNROLL} iterations "
+                             f"(loops are unrolled into the graph up to {MAX_UNROLL})")  # fmt: skip
         vals = imp.run_subgraph(op, body_i, vals)
         if len(vals) != len(op.inputs):
             raise op_error(op, f"the body gives {len(vals)} values for {len(op.inputs)} loop variables")

@@ -174,7 +174,7 @@ def _end(imp, b, c):
         if i in imp.values and i not in imp.consts and i not in m.inputs:
             d = out(f"~{depth}.t{i}", imp.values[i])
             keep[i] = (d.avail, d.data_type, d.shape)
-    cond = out(f"~{depth}.cond", imp.b.cast(staging.condition(imp, c.cond), "int32"))
+    cond = out(f"~{depth}.cond", imp.b.cast(staging.condition(imp, to_operand(imp, c.cond)), "int32"))
     snap = st.copy()
     snap.depth, snap.index, snap.consts, snap.live = depth, op.index, dict(imp.consts), keep
     if c.kind == "loop":

@@ -67,7 +67,7 @@ def refusal(imp):
         return IN_BODY
     if imp is not root or imp.mode != "main":
         return "inside a subgraph (an IF branch, a WHILE body, the initialization)"
-    if root.variables:
+    if root.variables or root.handles:
         return "in a model with resource variables"
     return None
 
