@@ -178,13 +178,16 @@ def _end(imp, b, c):
     snap = st.copy()
     snap.depth, snap.index, snap.consts, snap.live = depth, op.index, dict(imp.consts), keep
     if c.kind == "loop":
-        sg = m.subgraphs[int(opt(op, "BodySubgraphIndex", -1))]
+        body_i = int(opt(op, "BodySubgraphIndex", -1))
+        if not 0 < body_i < len(m.subgraphs):
+            raise op_error(op, f"names subgraph {body_i}; the model has {len(m.subgraphs)} (0 is the main one)")
+        sg = m.subgraphs[body_i]
         plan, carried = [], [cond]
         for k, v in enumerate(c.values):
             if isinstance(v, Handle):
                 raise op_error(op, "a loop variable is a resource variable's handle (not supported as a stage)",
                                NotSupportedError)  # fmt: skip
-            if isinstance(v, np.ndarray) and k < len(sg.inputs) and sg.outputs[k] == sg.inputs[k]:
+            if isinstance(v, np.ndarray) and k < min(len(sg.inputs), len(sg.outputs)) and sg.outputs[k] == sg.inputs[k]:
                 plan.append(("const", v))  # passed through unchanged: a constant of the body
                 continue
             plan.append(("carried", None))  # (a constant: an output of the stage, in its storage form)
