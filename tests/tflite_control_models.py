@@ -83,7 +83,6 @@ class Models(tf.Module):
             lambda: tf.concat([x, tf.exp(x[:, :3]), x[:, 3:] - 1.0], axis=1),
         )
 
-
     @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32), tf.TensorSpec([], tf.int32)])
     def while_nested(self, x, n):
         def body(i, y):
@@ -102,14 +101,23 @@ class Models(tf.Module):
         )
         return y
 
-
     @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32)])
     def while_long(self, x):
-        _, y = tf.while_loop(lambda i, y: i < 300, lambda i, y: (i + 1, y * 0.99 + 0.01 * tf.cos(y)), [tf.constant(0), x])
+        _, y = tf.while_loop(
+            lambda i, y: i < 300, lambda i, y: (i + 1, y * 0.99 + 0.01 * tf.cos(y)), [tf.constant(0), x]
+        )
         return y
 
 
-NAMES = ("while_bound", "while_threshold", "while_nested_cond", "cond_shapes", "while_nested", "while_growing", "while_long")
+NAMES = (
+    "while_bound",
+    "while_threshold",
+    "while_nested_cond",
+    "cond_shapes",
+    "while_nested",
+    "while_growing",
+    "while_long",
+)
 
 
 def main(out):
