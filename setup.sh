@@ -49,6 +49,17 @@ if [ "${MLTENSOR_SETUP_IREE:-}" = 1 ] && [ ! -f .venv-iree/.mltensor-installed ]
     touch .venv-iree/.mltensor-installed
 fi
 
+# Optional (MLTENSOR_SETUP_LITERT_TORCH=1): litert-torch, PyTorch's converter to LiteRT, in its own
+# environment, .venv-litert (litert-torch pins torch < 2.15 and brings jax and transformers: a few
+# GB), for tests/test_tflite_litert_torch.py, which finds it there (or through
+# MLTENSOR_LITERT_TORCH_PYTHON) to convert torchvision models on first use. Never installed into .venv.
+if [ "${MLTENSOR_SETUP_LITERT_TORCH:-}" = 1 ] && [ ! -f .venv-litert/.mltensor-installed ]; then
+    echo "setup: creating .venv-litert with litert-torch and torchvision"
+    "$PY" -m venv .venv-litert
+    .venv-litert/bin/python -m pip install -q litert-torch==0.10.0 torchvision==0.29.1
+    touch .venv-litert/.mltensor-installed
+fi
+
 # wgpu falls back to OpenGL when no Vulkan driver exists; mltensor needs Vulkan/Metal/D3D12.
 probe='import wgpu, sys; a = wgpu.gpu.request_adapter_sync(); sys.exit(0 if a and a.info["backend_type"] != "OpenGL" else 1)'
 if ! .venv/bin/python -c "$probe" >/dev/null 2>&1; then

@@ -31,6 +31,7 @@ OTHER = {
     "MLTENSOR_API_KEY": "the key mltensor serve asks clients for",
     "MLTENSOR_LLAMA_CPP_PYTHON": "the interpreter llama.cpp runs in for the tests and the bench",
     "MLTENSOR_IREE_PYTHON": "which interpreter runs the corpus benchmark's IREE peer (bench/, not a build)",
+    "MLTENSOR_LITERT_TORCH_PYTHON": "which Python the tests convert torchvision models with (tests only)",
 }
 
 _READERS = ("switch", "value")

@@ -345,7 +345,9 @@ def test_external_data(ctx, x, tmp_path):
 
 
 def test_tflite_routing(ctx, monkeypatch):
-    """Bytes with the TFL3 identifier (and .tflite paths) go to mltensor.tflite.import_model."""
+    """Bytes with the TFL3 identifier (and .tflite paths) go to the TFLite importer
+    (mltensor.tflite.import_stages: import_model's form for sessions, its control flow decided at
+    run time as stages)."""
     import mltensor.tflite as tfl
 
     calls = []
@@ -354,7 +356,7 @@ def test_tflite_routing(ctx, monkeypatch):
         calls.append((source, context, free_dimensions, float16))
         raise RuntimeError("routed")
 
-    monkeypatch.setattr(tfl, "import_model", fake, raising=False)
+    monkeypatch.setattr(tfl, "import_stages", fake, raising=False)
     blob = b"\x1c\x00\x00\x00TFL3" + b"\x00" * 16
     with pytest.raises(RuntimeError, match="routed"):
         InferenceSession(blob, ctx, free_dimensions={"b": 1})

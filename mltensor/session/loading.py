@@ -12,7 +12,7 @@ from ..dynamic.capacity import Capacities
 from ..dynamic.kernels import FEATURE
 from ..errors import DataError, NotSupportedError
 from . import cache as graph_cache
-from ..onnxio import IOInfo, ONNX_OF_WEBNN, TYPE_STRING, np_dtype
+from ..onnxio import TYPE_STRING, np_dtype
 from . import lazy
 from .state import VariableState
 from .tensorsets import Specialization
@@ -153,11 +153,13 @@ class Loading:
             self._stats["loaded"] += 1
         else:
             initial = {}
-            graph, ins, outs = lazy.tflite().import_model(
+            first, inputs, outputs = lazy.tflite().import_stages(
                 model, self._ctx, free_dimensions=self._free, float16=self._float16, initial_state=initial
             )
-            inputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in ins]
-            outputs = [IOInfo(n, ONNX_OF_WEBNN[dt], dt, s) for n, dt, s in outs]
+            if first.cut is not None:  # control flow decided at run time: a chain of stages (not cached)
+                self._load_tflite_stages(first, inputs, outputs)
+                return
+            graph, inputs, outputs = first.graph, first.inputs, first.outputs
             if key is not None:
                 graph_cache.save_spec(self, key, graph, inputs, outputs, initial)
         # resource variables (tflite/control.py): state inputs and outputs the session binds itself
@@ -174,6 +176,15 @@ class Loading:
         # one specialization, the sizes of the file (its inputs are checked against them)
         self._spec = Specialization(graph, inputs, outputs)
         self._spec.state = state
+        self._tflite_args(inputs, outputs)
+
+    def _load_tflite_stages(self, first, inputs, outputs):
+        """A TFLite model whose WHILE / IF is decided at run time (tflite/staged.py): its first
+        stage; the later ones are built at the runs that reach them (StageTree.next_stage)."""
+        self._spec = Specialization(None, inputs, [], stage=lazy.stages().Stage(first))
+        self._tflite_args(inputs, outputs)
+
+    def _tflite_args(self, inputs, outputs):
         self._tflite_key = None
         self._specs[None] = self._spec
         self._stats["builds"] += 1

@@ -31,6 +31,8 @@ class StageTree:
             if child is not None:
                 return child
             snap = cut.snapshot.with_outcome(cut.key, values, carried)
+            if self._kind == "tflite":  # (tflite/staged.py)
+                return self._adopt(spec, stage, key, lazy.stages().Stage(lazy.tflite().resume_stage(snap, self._ctx)))
             importer = lazy.importer()
             im = importer.Importer(
                 self._model,
@@ -47,18 +49,21 @@ class StageTree:
                 raise NotSupportedError(f"{e} (here after a data-dependent shape: not supported)") from None
             if self._weights is not None:
                 self._weights.release()
-            child = lazy.stages().Stage(imp)
-            with self._lock:
-                if self._closed or spec.dropped:
-                    child.destroy()
-                    raise TypeError("[InferenceSession.run] the session was closed during the run")
-                stage.children[key] = child
-                self._stats["stage_builds"] += 1
-                while len(stage.children) > self.max_specializations:
-                    _, old = stage.children.popitem(last=False)
-                    spec.retired.append(old)  # destroyed once no run is in flight on spec
-                    self._stats["evictions"] += 1
-            return child
+            return self._adopt(spec, stage, key, lazy.stages().Stage(imp))
+
+    def _adopt(self, spec, stage, key, child):
+        """Keep a new stage among `stage`'s children (the oldest evicted past max_specializations)."""
+        with self._lock:
+            if self._closed or spec.dropped:
+                child.destroy()
+                raise TypeError("[InferenceSession.run] the session was closed during the run")
+            stage.children[key] = child
+            self._stats["stage_builds"] += 1
+            while len(stage.children) > self.max_specializations:
+                _, old = stage.children.popitem(last=False)
+                spec.retired.append(old)  # destroyed once no run is in flight on spec
+                self._stats["evictions"] += 1
+        return child
 
     def import_body(self, model, input_shapes):
         """Import a Loop or Scan body wrapped as its own model (stages/loop.py, which holds the

@@ -21,6 +21,9 @@ pool.py   the pools of tensor sets the stages and executed loops take a run's te
 host.py   StageHost, what plan.py and loop.py need of the session running them (they import
           neither the session nor the ONNX importer: the session builds for them)
 
+The TFLite importer cuts likewise at a WHILE whose condition, or an IF whose output shapes, only a
+run gives (tflite/staging.py, tflite/staged.py: its loop body built by the TFLite importer).
+
 Not in a Loop/Scan body or in dynamic-dimension builds: those raise NotSupportedError (the
 session then builds per size).
 """

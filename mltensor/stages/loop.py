@@ -34,7 +34,9 @@ BATCH = 8
 MAX_ITERATIONS = 1 << 24
 UNBOUNDED = 1 << 31  # trip counts from here up are "no trip count"
 
-_ITER, _COND = "__loop_iter_next", "__loop_cond_next"
+# the wrapped body's outputs: the next iteration number and condition (the TFLite WHILE's body,
+# tflite/staging.py, is wrapped with the same names)
+ITER, COND = "__loop_iter_next", "__loop_cond_next"
 # A Loop body that slices at offsets computed on the GPU (onnx/ops/_offsets.py) carries an int32
 # flag: the importer binds OFFSET_CHECK to it and raises it where a start the importer could not
 # prove in range lands outside the tensor (the slice is clamped there, and ONNX would give a
@@ -75,7 +77,7 @@ class LoopSpec:
         self.trips, self.n_state, self.n_scan_out = trips, n_state, n_scan_out
         self.outer, self.outer_host = list(outer), dict(outer_host)
         self.dynamic_cond, self.cond_true, self.scan_in = dynamic_cond, cond_true, list(scan_in)
-        self.checked = kind == "loop" and _slices_at_run_time(body, trips)
+        self.checked = kind == "loop" and body is not None and _slices_at_run_time(body, trips)
         self.graphs = {}  # signature of the body's inputs -> _Body
         self.pools = {}  # signature of the body's inputs -> pool.Pool of a run's tensors (execute)
         self.pools_lock = threading.Lock()
@@ -95,6 +97,15 @@ class LoopSpec:
         for b in self.graphs.values():
             b.graph.destroy()
         self.graphs.clear()
+
+    prefix = "[onnx]"  # the importer whose errors these are
+
+    def import_body(self, host, tensors, bools):
+        """(the body's input names, the body imported for input tensors of these shapes: its
+        .graph and .outputs), wrapped as loop.py runs it (outputs ITER, COND, __state<k>...,
+        __scan<j>...)."""
+        model, names, shapes = (_wrap_loop if self.kind == "loop" else _wrap_scan)(self, tensors, bools)
+        return names, host.import_body(model, shapes)
 
     def where(self):
         n = self.node
@@ -168,19 +179,18 @@ def _build(host, spec, tensors, bools):
         hit = spec.graphs.get(sig)
         if hit is not None:
             return hit
-        model, names, shapes = (_wrap_loop if spec.kind == "loop" else _wrap_scan)(spec, tensors, bools)
-        imp = host.import_body(model, shapes)
+        names, imp = spec.import_body(host, tensors, bools)
         # which body outputs are the next iteration's inputs, with their shapes checked
         outs = {o.name: o for o in imp.outputs}
         n = spec.n_state
         first = 2 if spec.kind == "loop" else 0
-        state_out = ([_ITER, _COND] if spec.kind == "loop" else []) + [f"__state{k}" for k in range(n)]
+        state_out = ([ITER, COND] if spec.kind == "loop" else []) + [f"__state{k}" for k in range(n)]
         for k, (i_name, o_name) in enumerate(zip(names[: first + n], state_out)):
             want = tuple(tensors[k].shape)
             if tuple(outs[o_name].shape) != want or outs[o_name].data_type != tensors[k].data_type:
                 what = "the iteration count" if k < first else f"loop-carried value {i_name!r}"
                 raise NotSupportedError(
-                    f"[onnx] {spec.where()}: {what} changes from {tensors[k].data_type} {list(want)} to "
+                    f"{spec.prefix} {spec.where()}: {what} changes from {tensors[k].data_type} {list(want)} to "
                     f"{outs[o_name].data_type} {list(outs[o_name].shape)} across iterations (not supported)"
                 )
         rows = [(outs[f"__scan{j}"].data_type, tuple(outs[f"__scan{j}"].shape)) for j in range(spec.n_scan_out)]
@@ -209,7 +219,7 @@ def _body_inits(spec):
 
 def _wrap_loop(spec, tensors, bools):
     """The Loop body with the gating: inputs (iteration, condition, carried..., outer...),
-    outputs (_ITER, _COND, __state<k>..., __scan<j>...) where a gated iteration changes nothing."""
+    outputs (ITER, COND, __state<k>..., __scan<j>...) where a gated iteration changes nothing."""
     body = spec.body
     bnames = [i.name for i in body.input]
     it, cond = bnames[0], bnames[1]
@@ -239,14 +249,14 @@ def _wrap_loop(spec, tensors, bools):
     nodes += [
         _const("__loop_one", np.array(1, np.int64)),
         helper.make_node("Add", [it, "__loop_one"], ["__loop_iter_inc"]),
-        helper.make_node("Where", [cond, "__loop_iter_inc", it], [_ITER]),
+        helper.make_node("Where", [cond, "__loop_iter_inc", it], [ITER]),
         helper.make_node("Cast", [bo[0]], ["__loop_cond_b"], to=TensorProto.BOOL),
         helper.make_node("And", [cond, "__loop_cond_b"], ["__loop_cond_and"]),
         helper.make_node("Cast", ["__loop_cond_and"], ["__loop_cond_i"], to=TensorProto.INT32),
         _const("__loop_scalar", np.zeros(0, np.int64)),
-        helper.make_node("Reshape", ["__loop_cond_i", "__loop_scalar"], [_COND]),
+        helper.make_node("Reshape", ["__loop_cond_i", "__loop_scalar"], [COND]),
     ]
-    outs = [_ITER, _COND]
+    outs = [ITER, COND]
     for k in range(spec.n_state):
         nodes.append(helper.make_node("Where", [cond, bo[1 + k], bnames[2 + k]], [f"__state{k}"]))
         outs.append(f"__state{k}")
@@ -510,7 +520,7 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
     known_start = not spec.dynamic_cond and spec.cond_true
     if trips is None and not spec.dynamic_cond:
         raise NotSupportedError(
-            f"[onnx] {spec.where()}: a Loop with neither a trip count nor an exit "
+            f"{spec.prefix} {spec.where()}: a Loop with neither a trip count nor an exit "
             "condition computed in its body never ends"
         )
     limit = MAX_ITERATIONS if trips is None else trips
@@ -532,7 +542,7 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
             t += 1
         if known_start:
             continue  # the condition stays true: exactly `trips` iterations, nothing to read
-        started = [ctx._start_read(outs[_COND]), ctx._start_read(outs[_ITER])]
+        started = [ctx._start_read(outs[COND]), ctx._start_read(outs[ITER])]
         if spec.checked:
             started.append(ctx._start_read(outs[_BAD]))
         if pending is not None:
@@ -544,7 +554,7 @@ def _run_loop(host, spec, body, ins, made, sets, dim=None):
     else:
         if trips is None:
             raise NotSupportedError(
-                f"[onnx] {spec.where()}: the Loop ran {MAX_ITERATIONS} iterations "
+                f"{spec.prefix} {spec.where()}: the Loop ran {MAX_ITERATIONS} iterations "
                 "without its condition turning false (stopped)"
             )
     if count is None:
@@ -565,7 +575,7 @@ def _finish(host, spec, reads):
     host.count_read(sum(v.nbytes for v in got if v is not None))
     if len(got) > 2 and int(got[2].reshape(-1)[0]):
         raise NotSupportedError(
-            f"[onnx] {spec.where()}: a Slice in the Loop body started at an offset computed at run "
+            f"{spec.prefix} {spec.where()}: a Slice in the Loop body started at an offset computed at run "
             "time that left the sliced tensor (ONNX clamps it into a shorter slice, whose shape would "
             "change across iterations: not supported)"
         )

@@ -10,17 +10,20 @@ sparse constants (TFLite's sparsity format) are densified by the reader. MediaPi
 operators Convolution2DTransposeBias, Landmarks2TransformMatrix, TransformTensorBilinear and
 TransformLandmarks are composed from builder ops (mediapipe_ops.py), so all 14 models of the
 mediapipe 0.10.14 wheel (`mltensor.models`) run. Resource variables (streaming models' state),
-IF and WHILE: control.py.
+IF and WHILE: control.py; those decided at run time run as stages in an InferenceSession
+(staging.py, staged.py).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..errors import DataError, NotSupportedError
 from ..front.builder import MLGraphBuilder
+from . import staged
 from .importer import convert, supported_operators
 from .reader import is_tflite, load_bytes, read
 
@@ -92,15 +95,40 @@ def import_model(
     name = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
     model = read(load_bytes(source), name)
     b = MLGraphBuilder(context)
-    try:
+    with _named(name):
         outs, inputs, outputs = convert(model, b, free_dimensions, float16, initial_state)
+    graph = b.build_sync(outs)
+    return graph, inputs, outputs
+
+
+def import_stages(source, context, *, free_dimensions=None, float16=False, initial_state=None):
+    """As `import_model`, for InferenceSession: a model whose control flow is decided at run time
+    (a WHILE whose trip count, an IF whose output shapes only a run gives) is imported up to
+    there as the first of a chain of stages (staged.py). Returns (staged.Imported: its graph,
+    inputs, outputs and cut, None when the whole model is one graph; the model's own inputs and
+    outputs as IOInfo lists)."""
+    name = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
+    model = read(load_bytes(source), name)
+    with _named(name):
+        first = staged.import_stage(model, context, free_dimensions, float16, initial_state=initial_state)
+        return first, *staged.model_io(model, free_dimensions)
+
+
+def resume_stage(snapshot, context):
+    """The stage after a cut (the session's next_stage): staged.resume_stage."""
+    return staged.resume_stage(snapshot, context)
+
+
+@contextmanager
+def _named(name):
+    """Errors naming the file, when it was given by path."""
+    try:
+        yield
     except (DataError, NotSupportedError) as e:
         if name is None:
             raise
         msg = str(e)
         raise type(e)(f"[tflite] {name}: {msg[len('[tflite] ') :] if msg.startswith('[tflite] ') else msg}") from None
-    graph = b.build_sync(outs)
-    return graph, inputs, outputs
 
 
 __all__ = ["import_model", "is_tflite", "supported_operators"]

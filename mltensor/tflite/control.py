@@ -11,11 +11,16 @@ subgraph is evaluated at load; its constant assignments are the initial state
 as LiteRT's interpreter gives it.
 
 IF: a condition known at load takes its branch. A computed one runs both branches and selects
-each output (and each variable a branch assigns) with `where`, when the two give the same shapes.
+each output (and each variable a branch assigns) with `where`, when the two give the same shapes;
+when they differ, the import ends at the IF (staging.py: an InferenceSession reads the condition
+back and imports the branch taken as the next stage).
 WHILE: the condition is evaluated at load on the values known then (loop counters and trip
 counts are constants; the integer arithmetic on them is folded by `fold`) and the body unrolled
 into the graph, up to MAX_UNROLL iterations (the Keras 3 LSTM's loop over time steps, a
-tf.while_loop with a fixed bound). A condition computed from run-time values is refused at load.
+tf.while_loop with a fixed bound). A condition computed from run-time values ends the import
+there (staging.py): an InferenceSession runs the loop on the GPU (staged.py, stages/loop.py);
+tflite.import_model, one graph, refuses it. So does a loop known at load to run more than
+MAX_UNROLL iterations.
 """
 
 from dataclasses import dataclass, field
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import DataError, NotSupportedError
-from . import quantized
+from . import quantized, staging
 from .common import op_error, opt
 from .reader import TENSOR_TYPES
 
@@ -204,18 +209,36 @@ def _select(imp, op, c, t, e, what):
         raise op_error(op, f"{what}: the branches give different variables", NotSupportedError)
     if isinstance(t, np.ndarray) and isinstance(e, np.ndarray) and t.dtype == e.dtype and np.array_equal(t, e):
         return t
-    t, e = to_operand(imp, t), to_operand(imp, e)
-    if tuple(t.shape) != tuple(e.shape) or t.data_type != e.data_type:
-        raise op_error(op, f"{what}: the branches give {t.data_type} {list(t.shape)} and {e.data_type} "
-                           f"{list(e.shape)}; a condition computed at run time needs the same shapes",
-                       NotSupportedError)  # fmt: skip
-    return imp.b.where(c, t, e)
+    why = _differ(t, e)
+    if why is not None:
+        raise op_error(op, f"{what}: {why}", NotSupportedError)
+    return imp.b.where(c, to_operand(imp, t), to_operand(imp, e))
+
+
+def _differ(t, e):
+    """Why two branch values cannot be selected by a run-time condition, or None."""
+    if isinstance(t, Handle) or isinstance(e, Handle):
+        return None
+    td, ed = _type(t), _type(e)
+    if tuple(t.shape) != tuple(e.shape) or td != ed:
+        return (f"the branches give {td} {list(t.shape)} and {ed} {list(e.shape)}; a condition computed "
+                f"at run time needs the same shapes")  # fmt: skip
+    return None
+
+
+def _type(v):
+    if isinstance(v, np.ndarray):
+        return "uint8" if v.dtype == np.bool_ else "float32" if v.dtype == np.float64 else str(v.dtype)
+    return v.data_type
 
 
 def if_(imp, op):
     then_i, else_i = int(opt(op, "ThenSubgraphIndex", -1)), int(opt(op, "ElseSubgraphIndex", -1))
     c_i = op.inputs[0]
     args = [imp.arg(op, i) for i in op.inputs[1:]]
+    got = staging.outcome(imp, op)  # a resumed stage: the condition as the run read it back
+    if got is not None:
+        return imp.run_subgraph(op, then_i if int(np.asarray(got[0][0]).reshape(-1)[0]) else else_i, args)
     if c_i in imp.consts and c_i not in imp.values:
         cond = np.asarray(imp.consts[c_i]).reshape(-1)
         if cond.size != 1:
@@ -226,9 +249,7 @@ def if_(imp, op):
     c = imp.operand(op, c_i)
     if int(np.prod(c.shape)) != 1:
         raise op_error(op, f"the condition has shape {list(c.shape)}, not a single value")
-    if c.data_type != "uint8":
-        c = imp.b.cast(imp.b.not_equal(c, to_operand(imp, np.zeros((), np.dtype(c.data_type)))), "uint8")
-    c = imp.b.reshape(c, [])
+    c = staging.condition(imp, c)
     variables = imp.root.variables
     before = {k: v.value for k, v in variables.items()}
     assigned = {k: v.assigned for k, v in variables.items()}
@@ -237,6 +258,12 @@ def if_(imp, op):
     for k, v in variables.items():
         v.value, v.assigned = before.get(k), assigned.get(k, False)
     outs_e = imp.run_subgraph(op, else_i, args)
+    if len(outs_t) != len(outs_e):
+        raise op_error(op, f"the branches give {len(outs_t)} and {len(outs_e)} outputs")
+    for k, (t, e) in enumerate(zip(outs_t, outs_e)):
+        why = _differ(t, e)
+        if why is not None:  # the shapes known only at run time: the stage ends at the condition
+            staging.cut_if(imp, op, c, f"output {k}: {why}")
     for k, var in variables.items():
         vt, at = after_t.get(k, (None, False))
         ve = var.value
@@ -247,27 +274,27 @@ def if_(imp, op):
         ve = _current(imp, op, var) if ve is None else ve
         var.value = _select(imp, op, c, vt, ve, f"variable '{var.name}'")
         var.assigned = True
-    if len(outs_t) != len(outs_e):
-        raise op_error(op, f"the branches give {len(outs_t)} and {len(outs_e)} outputs")
     return [_select(imp, op, c, t, e, f"output {k}") for k, (t, e) in enumerate(zip(outs_t, outs_e))]
 
 
 def while_(imp, op):
     cond_i, body_i = int(opt(op, "CondSubgraphIndex", -1)), int(opt(op, "BodySubgraphIndex", -1))
-    vals = [imp.arg(op, i) for i in op.inputs]
+    got = staging.outcome(imp, op)  # a resumed stage: the loop ran on the GPU (tflite/staged.py)
+    if got is not None:
+        return staging.loop_outputs(imp, op, got)
+    vals = first = [imp.arg(op, i) for i in op.inputs]
     for n in range(MAX_UNROLL + 1):
         c = imp.run_subgraph(op, cond_i, vals)
         if len(c) != 1:
             raise op_error(op, f"the condition subgraph gives {len(c)} outputs, not one")
-        if not isinstance(c[0], np.ndarray):
-            raise op_error(op, "the loop's condition is computed at run time; loops whose trip count is known at "
-                               f"load are supported (unrolled, at most {MAX_UNROLL} iterations)",
-                           NotSupportedError)  # fmt: skip
+        if not isinstance(c[0], np.ndarray):  # the loop runs on the GPU, its own stage (tflite/staged.py)
+            staging.cut_loop(imp, op, vals, c[0], "the loop's condition is computed at run time (loops whose trip "
+                             f"count is known at load are unrolled, at most {MAX_UNROLL} iterations)")  # fmt: skip
         if not bool(np.asarray(c[0]).reshape(-1)[0]):
             return vals
-        if n == MAX_UNROLL:
-            raise op_error(op, f"the loop runs more than {MAX_UNROLL} iterations (they are unrolled into the graph)",
-                           NotSupportedError)  # fmt: skip
+        if n == MAX_UNROLL:  # too long to unroll: run on the GPU from the start (the unrolled part unused)
+            staging.cut_loop(imp, op, first, np.array(True), f"the loop runs more than {MAX_UNROLL} iterations "
+                             f"(loops are unrolled into the graph up to {MAX_UNROLL})")  # fmt: skip
         vals = imp.run_subgraph(op, body_i, vals)
         if len(vals) != len(op.inputs):
             raise op_error(op, f"the body gives {len(vals)} values for {len(op.inputs)} loop variables")

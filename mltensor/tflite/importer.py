@@ -11,7 +11,7 @@ import numpy as np
 import tflite
 
 from ..errors import DataError, NotSupportedError
-from . import control, general_ops, int16, mediapipe_ops, quantized
+from . import control, general_ops, int16, mediapipe_ops, quantized, staging
 from .common import PAD, activation, op_error, opt
 from .hybrid import HYBRID_OPS, hybrid_inputs
 from .reader import Model, Operator
@@ -119,6 +119,8 @@ class Importer:
             self.file_consts = {}  # (subgraph, tensor) -> MLOperand: a child's weights made once
             self.initialized = set()  # subgraphs CALL_ONCE ran
             self.carry_variable_tensors = False  # an LSTM's state tensors carried between calls
+            self.staged = None  # staging.Snapshot: an import as stages (InferenceSession), else one graph
+        self.start = 0  # the operator run_ops starts at (a resumed stage's: staging.bind)
         for t in model.tensors:
             if t.data is not None:
                 self.consts[t.index] = t.data
@@ -212,6 +214,8 @@ class Importer:
             self.values[i] = self.b.cast(x, "float16") if self.float16 and t.data_type == "float32" else x
             names.append((name, t.data_type, tuple(shape)))
 
+        if self.staged is not None:
+            staging.bind(self)  # a resumed stage: the values the earlier stage left, as inputs
         self.run_ops()
 
         if not m.outputs:
@@ -239,7 +243,7 @@ class Importer:
 
     def run_ops(self):
         """Convert this subgraph's operators in order (their inputs already set)."""
-        for op in self.model.operators:
+        for op in self.model.operators[self.start :]:
             fn = CONVERTERS.get(op.custom_code if op.custom_code is not None else op.name)
             if fn is None:
                 raise NotSupportedError(unsupported_message(op))
