@@ -17,9 +17,9 @@ IF and WHILE: control.py; those decided at run time run as stages in an Inferenc
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, NotSupportedError
 from ..front.builder import MLGraphBuilder
@@ -101,7 +101,14 @@ def import_model(
     return graph, inputs, outputs
 
 
-def import_stages(source, context, *, free_dimensions=None, float16=False, initial_state=None):
+def import_stages(
+    source: Any,
+    context: Any,
+    *,
+    free_dimensions: Mapping[str, Any] | None = None,
+    float16: bool = False,
+    initial_state: Mapping[str, Any] | None = None,
+) -> tuple[Any, ...]:
     """As `import_model`, for InferenceSession: a model whose control flow is decided at run time
     (a WHILE whose trip count, an IF whose output shapes only a run gives) is imported up to
     there as the first of a chain of stages (staged.py). Returns (staged.Imported: its graph,
@@ -114,13 +121,13 @@ def import_stages(source, context, *, free_dimensions=None, float16=False, initi
         return first, *staged.model_io(model, free_dimensions)
 
 
-def resume_stage(snapshot, context):
+def resume_stage(snapshot: Any, context: Any) -> Any:
     """The stage after a cut (the session's next_stage): staged.resume_stage."""
     return staged.resume_stage(snapshot, context)
 
 
 @contextmanager
-def _named(name):
+def _named(name: str | None) -> Iterator[None]:
     """Errors naming the file, when it was given by path."""
     try:
         yield
