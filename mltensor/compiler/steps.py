@@ -3,7 +3,7 @@ conv2d/matmul/gemm with an epilogue (unary activations and binary elementwise no
 operand, a residual or a scale, is read at the stored element's index); a convolution step may
 also carry a ConvPrologue (fusion/conv_prologue.py). Also the node queries the passes share."""
 
-from ..ir.graph import inline_scalar
+from ..ir.graph import MLOperand, Node, inline_scalar
 from ..ir.registry import OPS
 
 
@@ -179,6 +179,37 @@ class Uses:
     def sole(self, v):
         """The one node reading v (v not a graph output), else None."""
         return self.readers(v)[0] if self.only(v) else None
+
+
+def new_node(op, inputs, attrs, shape, like, label, data_type=None):
+    """(node, its one output value) of a node a rewrite adds: the value shaped `shape`, of
+    `like`'s builder and data type (or `data_type`)."""
+    y = MLOperand(like._builder, data_type or like.data_type, tuple(shape), "op")
+    n = Node(op, inputs, attrs, label)
+    n.outputs = [y]
+    y._node = n
+    return n, y
+
+
+def host_constant(like, data_type, value):
+    """A constant of `like`'s builder holding numpy array `value` (in `data_type`)."""
+    return MLOperand(like._builder, data_type, value.shape, "constant", value=value)
+
+
+def replace_each(nodes, match, replace):
+    """The node rewrites' loop: each node n with a hit = match(n) (not None) is replaced by the
+    nodes of replace(n, hit) -> (new nodes, nodes the replacement makes dead), the new ones where n
+    stood; the dead ones leave the list wherever they are. Other nodes keep their order."""
+    out, drop = [], set()
+    for n in nodes:
+        hit = match(n)
+        if hit is None:
+            out.append(n)
+            continue
+        new, dead = replace(n, hit)
+        out += new
+        drop.update(id(d) for d in dead)
+    return [n for n in out if id(n) not in drop]
 
 
 def other_operand(n, x):

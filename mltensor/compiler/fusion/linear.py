@@ -11,7 +11,8 @@ plan.rewrite_nodes before them.
 
 import numpy as np
 
-from ...ir.graph import MLOperand, Node
+from ...ir.graph import Node
+from ..steps import host_constant, new_node, replace_each
 
 FLOAT = ("float32", "float16")
 
@@ -51,7 +52,7 @@ def _plain_b(n):
         return b
     if b._kind != "constant" or not isinstance(b._value, np.ndarray):
         return None  # (a weight given at dispatch: left as the gemm reads it, transposed)
-    return MLOperand(b._builder, b.data_type, tuple(b.shape[::-1]), "constant", value=np.ascontiguousarray(b._value.T))
+    return host_constant(b, b.data_type, np.ascontiguousarray(b._value.T))
 
 
 def _gemm_in_views(n, uses):
@@ -82,25 +83,21 @@ def _transposed(v, uses, up):
 
 def rewrite_flat_gemms(nodes, uses):
     """reshape -> gemm -> reshape back, as one matmul [+ bias] (module doc), and a gemm between
-    layout operators as a matmul [+ bias]; the node list."""
-    out, drop = [], set()
-    for n in nodes:
-        hit = (_flat_gemm(n, uses) or _gemm_in_views(n, uses)) if n.op == "gemm" else None
-        if hit is None:
-            out.append(n)
-            continue
+    layout operators as a matmul [+ bias]; the node list. (The second reshape comes after the
+    gemm: the replacement stands where the gemm stood.)"""
+
+    def match(n):
+        return (_flat_gemm(n, uses) or _gemm_in_views(n, uses)) if n.op == "gemm" else None
+
+    def replace(n, hit):
         x, b, c, z, reshapes = hit
-        drop.update(id(r) for r in reshapes)
-        mm = Node("matmul", [x, b], {}, n.label)
         if c is None:
+            mm = Node("matmul", [x, b], {}, n.label)
             mm.outputs = [z]
-            out.append(mm)
-            continue
-        t = MLOperand(z._builder, z.data_type, z.shape, "op")
-        t._node = mm
-        mm.outputs = [t]
+            return [mm], reshapes
+        mm, t = new_node("matmul", [x, b], {}, z.shape, z, n.label)
         add = Node("add", [t, c], {}, n.label)
         add.outputs = [z]
-        out += [mm, add]
-    # the second reshape comes after the gemm: its replacement stands where the gemm stood
-    return [n for n in out if id(n) not in drop]
+        return [mm, add], reshapes
+
+    return replace_each(nodes, match, replace)

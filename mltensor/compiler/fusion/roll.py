@@ -9,7 +9,8 @@ Emitter: ops/movement.py `gather`.
 
 import numpy as np
 
-from ...ir.graph import MLOperand, Node
+from ...ir.graph import Node
+from ..steps import host_constant, replace_each
 
 
 def _block(v, x, axis, uses, n):
@@ -47,16 +48,11 @@ def _roll(n, uses):
 
 def rewrite_rolls(nodes, uses):
     """concat(x[s:], x[:s]) along an axis -> gather(x, [s .. n - 1, 0 .. s - 1]) (module doc)."""
-    out, drop = [], set()
-    for n in nodes:
-        hit = _roll(n, uses) if n.op == "concat" else None
-        if hit is None:
-            out.append(n)
-            continue
+
+    def replace(n, hit):
         x, idx, slices = hit
-        drop.update(id(s) for s in slices)
-        c = MLOperand(x._builder, "int32", idx.shape, "constant", value=idx)
-        g = Node("gather", [x, c], {"axis": n.attrs["axis"]}, n.label)
+        g = Node("gather", [x, host_constant(x, "int32", idx)], {"axis": n.attrs["axis"]}, n.label)
         g.outputs = list(n.outputs)
-        out.append(g)
-    return [n for n in out if id(n) not in drop]
+        return [g], slices
+
+    return replace_each(nodes, lambda n: _roll(n, uses) if n.op == "concat" else None, replace)

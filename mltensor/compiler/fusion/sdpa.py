@@ -25,10 +25,10 @@ import math
 import numpy as np
 
 from ... import dtypes
-from ...ir.graph import MLOperand, Node, scalar_value
+from ...ir.graph import Node, scalar_value
 from ...ops._checks import broadcast_shapes
 from ...ops._index import is_one
-from ..steps import Uses, other_operand
+from ..steps import Uses, host_constant, new_node, other_operand, replace_each
 
 FLOAT = ("float32", "float16")
 # a float32 constant this negative absorbs any finite score below 2**100 exactly (its ulp is
@@ -55,45 +55,45 @@ def _scaling(x, uses, mm):
 
 def hoist_scales(nodes, uses):
     """matmul(x * a, y * b) -> matmul(x, y) * (a * b) (module doc); the node list, rewritten."""
-    drop, out = set(), []
-    for n in nodes:
-        if n.op != "matmul" or n.outputs[0].data_type not in FLOAT:
-            out.append(n)
+    return replace_each(nodes, lambda n: _hoisted(n, uses), _scaled_matmul)
+
+
+def _hoisted(n, uses):
+    """(matmul's operands without their scalings, the scales' product, nodes made dead, layout
+    nodes moved before the scalings) when matmul node n reads scaled operands; else None."""
+    if n.op != "matmul" or n.outputs[0].data_type not in FLOAT:
+        return None
+    ins, factor, gone, moved = list(n.inputs), 1.0, [], []
+    for i, x in enumerate(n.inputs):
+        if i == 1 and n.inputs[1] is n.inputs[0]:
             continue
-        ins, factor, gone, moved = list(n.inputs), 1.0, [], []
-        for i, x in enumerate(n.inputs):
-            if i == 1 and n.inputs[1] is n.inputs[0]:
-                continue
-            s = _scaling(x, uses, n)
-            lay = uses.prod.get(id(x))
-            if s is None and lay is not None and lay.op in ("transpose", "reshape") and uses.only(x, n):
-                # (the scaling before a layout node: MaxViT scales K, then transposes it)
-                s = _scaling(lay.inputs[0], uses, lay)
-                if s is not None:
-                    m, t = _op(lay.op, [s[0]], dict(lay.attrs), x.shape, x, lay.label)
-                    moved.append(m)
-                    gone.append(lay)
-                    s = (t, s[1], uses.prod[id(lay.inputs[0])])
-            elif s is not None:
-                s = (s[0], s[1], uses.prod[id(x)])
+        s = _scaling(x, uses, n)
+        lay = uses.prod.get(id(x))
+        if s is None and lay is not None and lay.op in ("transpose", "reshape") and uses.only(x, n):
+            # (the scaling before a layout node: MaxViT scales K, then transposes it)
+            s = _scaling(lay.inputs[0], uses, lay)
             if s is not None:
-                ins[i], factor = s[0], factor * s[1]
-                gone.append(s[2])
-        if not gone or not math.isfinite(factor) or factor == 0.0:
-            out.append(n)
-            continue
-        drop.update(id(g) for g in gone)
-        out += moved
-        y = n.outputs[0]
-        t = MLOperand(y._builder, y.data_type, y.shape, "op")
-        mm = Node("matmul", ins, dict(n.attrs), n.label)
-        mm.outputs = [t]
-        t._node = mm
-        c = MLOperand(y._builder, y.data_type, (), "constant", value=np.array(factor, dtypes.NUMPY[y.data_type]))
-        mul = Node("mul", [t, c], {}, n.label)
-        mul.outputs = [y]
-        out += [mm, mul]
-    return [n for n in out if id(n) not in drop]
+                m, t = new_node(lay.op, [s[0]], dict(lay.attrs), x.shape, x, lay.label)
+                moved.append(m)
+                gone.append(lay)
+                s = (t, s[1], uses.prod[id(lay.inputs[0])])
+        elif s is not None:
+            s = (s[0], s[1], uses.prod[id(x)])
+        if s is not None:
+            ins[i], factor = s[0], factor * s[1]
+            gone.append(s[2])
+    if not gone or not math.isfinite(factor) or factor == 0.0:
+        return None
+    return ins, factor, gone, moved
+
+
+def _scaled_matmul(n, hit):
+    ins, factor, gone, moved = hit
+    y = n.outputs[0]
+    mm, t = new_node("matmul", ins, dict(n.attrs), y.shape, y, n.label)
+    mul = Node("mul", [t, host_constant(y, y.data_type, np.array(factor, dtypes.NUMPY[y.data_type]))], {}, n.label)
+    mul.outputs = [y]
+    return moved + [mm, mul], gone
 
 
 def _absorbing(c, data_type):
@@ -136,15 +136,6 @@ def where_masks(nodes, uses):
     return [n for n in out if not (n.op == "where" and id(n.outputs[0]) in rewritten and id(n.outputs[0]) not in used)]
 
 
-def _op(op, ins, attrs, shape, like, label):
-    """(node, its one output value) of a new node."""
-    y = MLOperand(like._builder, like.data_type, tuple(shape), "op")
-    n = Node(op, ins, attrs, label)
-    n.outputs = [y]
-    y._node = n
-    return n, y
-
-
 def _window_mask(r2, uses):
     """(x, mask, [nodes replaced]) when reshape node r2 gives back the shape of x from
     reshape(x) + mask, the first reshape splitting x's first axis in two and mask [1, nW, ...]
@@ -170,27 +161,23 @@ def _window_mask(r2, uses):
 
 def window_masks(nodes, uses):
     """reshape(reshape(x) + mask) -> x + the mask expanded to x's first axis (module doc)."""
-    out, drop = [], set()
-    for n in nodes:
-        hit = _window_mask(n, uses) if n.op == "reshape" else None
-        if hit is None:
-            out.append(n)
-            continue
+
+    def replace(n, hit):
         x, m, mp, s5, gone = hit
-        drop.update(id(g) for g in gone)
-        r5, m5 = _op("reshape", [m], {}, mp, m, n.label)
+        r5, m5 = new_node("reshape", [m], {}, mp, m, n.label)
         if is_one(mp[1]):  # (one mask for every window: a plain broadcast)
-            r4, m4 = _op("reshape", [m5], {}, mp[1:], m, n.label)
+            r4, m4 = new_node("reshape", [m5], {}, mp[1:], m, n.label)
             new = [r5, r4]
         else:
             big = (s5[0],) + mp[1:]
-            ex, e5 = _op("expand", [m5], {"new_shape": big}, big, m, n.label)
-            r4, m4 = _op("reshape", [e5], {}, (x.shape[0],) + mp[2:], m, n.label)
+            ex, e5 = new_node("expand", [m5], {"new_shape": big}, big, m, n.label)
+            r4, m4 = new_node("reshape", [e5], {}, (x.shape[0],) + mp[2:], m, n.label)
             new = [r5, ex, r4]
         add = Node("add", [x, m4], {}, n.label)
         add.outputs = list(n.outputs)
-        out += new + [add]
-    return [n for n in out if id(n) not in drop]
+        return new + [add], gone
+
+    return replace_each(nodes, lambda n: _window_mask(n, uses) if n.op == "reshape" else None, replace)
 
 
 def _scores(v, uses):
@@ -201,34 +188,34 @@ def _scores(v, uses):
     return p is not None and p.op == "matmul"
 
 
+def _two_biases(n, uses):
+    """(first add, scores, b1, b2) when add node n is (scores + b1) + b2 read by a softmax only."""
+    y = n.outputs[0]
+    sm = uses.sole(y)
+    if sm is None or sm.op != "softmax" or y.data_type not in FLOAT:
+        return None
+    for p, b2 in (n.inputs, n.inputs[::-1]):
+        pa = uses.prod.get(id(p))
+        if pa is None or pa.op != "add" or not uses.only(p, n) or p is b2:
+            continue
+        for sc, b1 in (pa.inputs, pa.inputs[::-1]):
+            if sc is not b1 and tuple(sc.shape) == tuple(y.shape) and _scores(sc, uses):
+                return pa, sc, b1, b2
+    return None
+
+
 def merge_biases(nodes, uses):
     """(scores + b1) + b2 -> scores + (b1 + b2) before a softmax (module doc)."""
-    out, drop = [], set()
-    for n in nodes:
-        y = n.outputs[0] if n.op == "add" else None
-        sm = uses.sole(y) if y is not None else None
-        hit = None
-        if sm is not None and sm.op == "softmax" and y.data_type in FLOAT:
-            for p, b2 in (n.inputs, n.inputs[::-1]):
-                pa = uses.prod.get(id(p))
-                if pa is None or pa.op != "add" or not uses.only(p, n) or p is b2:
-                    continue
-                for sc, b1 in (pa.inputs, pa.inputs[::-1]):
-                    if sc is not b1 and tuple(sc.shape) == tuple(y.shape) and _scores(sc, uses):
-                        hit = (pa, sc, b1, b2)
-                        break
-                if hit:
-                    break
-        if hit is None:
-            out.append(n)
-            continue
+
+    def replace(n, hit):
         pa, sc, b1, b2 = hit
-        drop.add(id(pa))
-        both, t = _op("add", [b1, b2], {}, broadcast_shapes("add", b1.shape, b2.shape), y, n.label)
+        y = n.outputs[0]
+        both, t = new_node("add", [b1, b2], {}, broadcast_shapes("add", b1.shape, b2.shape), y, n.label)
         add = Node("add", [sc, t], {}, n.label)
         add.outputs = [y]
-        out += [both, add]
-    return [n for n in out if id(n) not in drop]
+        return [both, add], [pa]
+
+    return replace_each(nodes, lambda n: _two_biases(n, uses) if n.op == "add" else None, replace)
 
 
 def rewrite_sdpa(nodes, outputs):

@@ -12,7 +12,8 @@ linear.py (matmuls in their real shapes) and before gemm_views.py.
 
 import numpy as np
 
-from ...ir.graph import MLOperand, Node
+from ...ir.graph import Node
+from ..steps import host_constant, replace_each
 
 FLOAT = ("float32", "float16")
 
@@ -55,23 +56,15 @@ def _blocks(n, uses):
 def split_sliced_gemms(nodes, uses):
     """The node list with each matmul whose output is only read in column blocks replaced by one
     matmul per block (module doc)."""
-    out, drop = [], set()
-    for n in nodes:
-        blocks = _blocks(n, uses) if n.op == "matmul" else None
-        if blocks is None:
-            out.append(n)
-            continue
+
+    def replace(n, blocks):
         x, b = n.inputs
+        new = []
         for lo, width, v, m in blocks:
-            drop.add(id(m))
-            w = MLOperand(
-                b._builder,
-                b.data_type,
-                (b.shape[0], width),
-                "constant",
-                value=np.ascontiguousarray(b._value[:, lo : lo + width]),
-            )
+            w = host_constant(b, b.data_type, np.ascontiguousarray(b._value[:, lo : lo + width]))
             mm = Node("matmul", [x, w], {}, m.label)
             mm.outputs = [v]
-            out.append(mm)
-    return [n for n in out if id(n) not in drop]
+            new.append(mm)
+        return new, [m for *_, m in blocks]
+
+    return replace_each(nodes, lambda n: _blocks(n, uses) if n.op == "matmul" else None, replace)
