@@ -444,14 +444,16 @@ def _log_softmax(imp, op):
 # -- reductions, arg max, cumulative sum ---------------------------------------------------------
 
 
+def _reduction(imp, op):
+    """(x, its axes sorted, KeepDims) of a reduction."""
+    x = _x(imp, op)
+    return x, sorted({_axis(op, a, x.rank) for a in _ints(imp, op, 1, "axes")}), bool(opt(op, "KeepDims", False))
+
+
 def _reduce(method):
     def convert(imp, op):
-        x = _x(imp, op)
-        axes = sorted({_axis(op, a, x.rank) for a in _ints(imp, op, 1, "axes")})
-        keep = bool(opt(op, "KeepDims", False))
-        if not axes:
-            return x
-        return getattr(imp.b, method)(x, axes=axes, keep_dimensions=keep)
+        x, axes, keep = _reduction(imp, op)
+        return getattr(imp.b, method)(x, axes=axes, keep_dimensions=keep) if axes else x
 
     return convert
 
@@ -626,9 +628,7 @@ def _softmax(imp, op):
 
 def _mean(imp, op):
     """MEAN; int8 / uint8 as XNNPACK's integer kernel (quantized.py)."""
-    x = _x(imp, op)
-    axes = sorted({_axis(op, a, x.rank) for a in _ints(imp, op, 1, "axes")})
-    keep = bool(opt(op, "KeepDims", False))
+    x, axes, keep = _reduction(imp, op)
     if not axes:
         return x
     y = int16.mean(imp, op, x, axes, keep)  # 16x8: TFLite's int16 kernel
