@@ -91,6 +91,19 @@ def model_dir(tmp_path_factory):
     return d
 
 
+def _child(script, *args, timeout):
+    """Run a reference script in a child process (torch is never imported beside wgpu)."""
+    r = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)])),
+        timeout=timeout,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def reference(model_dir):
     """The torch reference, computed once and kept in the corpus cache (keyed by its versions and
@@ -100,15 +113,7 @@ def reference(model_dir):
     if not os.path.exists(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
         tmp = out + f".{os.getpid()}.npy"
-        r = subprocess.run(
-            [sys.executable, "-c", REFERENCE, str(model_dir / "tokenizer.json"), tmp, json.dumps(TEXTS)],
-            capture_output=True,
-            text=True,
-            cwd=HERE,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)])),
-            timeout=600,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
+        _child(REFERENCE, str(model_dir / "tokenizer.json"), tmp, json.dumps(TEXTS), timeout=600)
         os.replace(tmp, out)
     return np.load(out)
 
@@ -228,22 +233,7 @@ def st_models(model_dir):
             todo.append((d, d + f".{os.getpid()}", modes, norm, old))
     if todo:  # (one child process: one torch import for every case)
         cases = [(tmp, modes, norm, old) for _, tmp, modes, norm, old in todo]
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                ST_REFERENCE,
-                str(model_dir / "tokenizer.json"),
-                json.dumps(cases),
-                json.dumps(TEXTS),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=HERE,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)])),
-            timeout=900,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
+        _child(ST_REFERENCE, str(model_dir / "tokenizer.json"), json.dumps(cases), json.dumps(TEXTS), timeout=900)
         for d, tmp, *_ in todo:
             os.makedirs(os.path.join(tmp, "st", "onnx"), exist_ok=True)
             shutil.copy(corpus.export("bert"), os.path.join(tmp, "st", "onnx", "model.onnx"))
