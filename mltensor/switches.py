@@ -24,6 +24,7 @@ BUILD_SWITCHES = (
     "MLTENSOR_AUTOTUNE",  # kernel configurations timed or chosen by a heuristic (runtime/autotune.py)
     "MLTENSOR_NO_SIZE_PARAMS",  # sizes as launch parameters (dynamic/kernels.py)
     "MLTENSOR_NO_DERIVED_SIZES",  # dynamic kernels' derived sizes (dynamic/kernels.py)
+    "MLTENSOR_NO_DIRECT_GEMM",  # the DIRECT GEMM tile, CPU adapters' heuristic (ops/_gemm.py)
     # read when a context is created (front/context.py); the context's float16/int64 modes are
     # also part of the graph cache's adapter folder (graphcache/store.py)
     "MLTENSOR_DISABLE_F16",

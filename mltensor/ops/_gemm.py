@@ -13,6 +13,7 @@ import dataclasses
 
 from ..dynamic.dims import Condition, Sym, cdiv, high, low, smax, smin, wgsl
 from ..errors import NotSupportedError
+from ..switches import switch
 from ..runtime import autotune
 from ..dynamic.kernels import MAX_GROUPS, grid
 from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel
@@ -115,8 +116,19 @@ def dim_maxes(*sizes):
 # A tile configuration: TX x TY threads, RM x RN outputs each ((TY RM) x (TX RN) tile), depth BK,
 # SPLIT K chunks (split-K; partial sums in scratch, then a reduction fused with the epilogue).
 # DB: double-buffered staging (two tiles in workgroup memory, one barrier a step).
-def _cfg(tx, ty, rm, rn, bk, split=1, db=False):
-    return {"TX": tx, "TY": ty, "RM": rm, "RN": rn, "BK": bk, "SPLIT": split, "DB": db}
+def _cfg(tx, ty, rm, rn, bk, split=1, db=False, direct=False):
+    return {"TX": tx, "TY": ty, "RM": rm, "RN": rn, "BK": bk, "SPLIT": split, "DB": db, "DIRECT": direct}
+
+
+def direct_config(M, N):
+    """The DIRECT tile (matmul.wgsl): no workgroup memory, 8 threads (one SIMD group of llvmpipe,
+    whose lanes are invocations) on adjacent column blocks, each RM x RN outputs read straight
+    from A and B. On lavapipe (2 cores) 8 x 16 outputs a thread ran a 1024^3 GEMM at 2.3x the
+    staged 64x64 tile's rate; narrower blocks where N or M is small, so that the tile is not
+    mostly padding. The CPU adapters' heuristic for matmul.wgsl; a tuning candidate elsewhere."""
+    rn = 16 if N >= 128 else 8 if N >= 64 else 4
+    rm = 8 if M >= 8 else 4
+    return _cfg(8, 1, rm, rn, 4, direct=True)
 
 
 def _smem(c):
@@ -164,10 +176,11 @@ def _split_for(M, N, K, batch, c):
     return s
 
 
-def gemm_candidates(M, N, K, batch, smem_limit=None):
+def gemm_candidates(M, N, K, batch, smem_limit=None, direct=False):
     """(candidates, GPU heuristic index): a small set, every entry valid for any shape (ragged
-    edges are bounds-checked), so the tuner may pick any of them."""
-    cands = [lavapipe_config(M, N, K, smem_limit)]
+    edges are bounds-checked), so the tuner may pick any of them. `direct`: the kernel has the
+    DIRECT path (matmul.wgsl): its tile first, the CPU adapters' heuristic."""
+    cands = ([direct_config(M, N)] if direct else []) + [lavapipe_config(M, N, K, smem_limit)]
     shapes = []
     # larger tiles only where they are not mostly padding
     if M >= 128 and N >= 128:
@@ -210,6 +223,8 @@ def _tiled_iters(c, kchunk, rms=False, ku=1):
     n + 1 (its exit test): measured, lavapipe's 128x8 tile (53 a step of 32) summed only the
     first 39560 of K = 40000-44000."""
     threads, bk = c["TX"] * c["TY"], c["BK"]
+    if c.get("DIRECT"):
+        return cdiv(kchunk, bk) * 2 + 16  # (one loop over k, its quads unrolled; no staging)
     per = (
         1
         + (bk // ku + 1)
@@ -278,6 +293,7 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
         p.setdefault(k, "")
     p.setdefault("fused_w", 4)
     p.setdefault("b_kmajor", False)
+    p.setdefault("DIRECT", False)
     if p["post_ln"]:  # whole rows a workgroup, no split (_post_norm_cands keeps the tiles that fit)
         p["KU"] = POST_NORM_KU
         kc.check_loops(_op_name(kc, name), _post_norm_iters(c, N, K))
@@ -302,11 +318,11 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
     # know which checks each size needs and keep one staging). 512^3 on lavapipe: 1.24x -> 1.10x
     # the static kernel's time. (The same split of the stores measured no faster: not done.)
     dynamic = any(isinstance(x, Sym) for x in (M, N, K, batch))
-    p.setdefault("edge_a", dynamic and p["check_a"])
-    p.setdefault("edge_b", dynamic and p["check_b"])
+    p.setdefault("edge_a", dynamic and p["check_a"] and not p["DIRECT"])
+    p.setdefault("edge_b", dynamic and p["check_b"] and not p["DIRECT"])
     p["gate"] = gate.condition() if gate is not None else ""
     threads = "" if c["TX"] * c["TY"] == 64 else f"w{c['TX'] * c['TY']}"
-    kname = f"{name}_t{bm}x{bn}k{bk}{threads}{'db' if c['DB'] else ''}"
+    kname = f"{name}_t{bm}x{bn}k{bk}{threads}{'db' if c['DB'] else ''}{'d' if p['DIRECT'] else ''}"
     on = 1 if gate is None else gate.sym()
     if split > 1 and isinstance(kchunk, int):
         split = -(-K // kchunk)  # chunks actually used
@@ -455,7 +471,7 @@ def fit_sizes(values, x, target):
     return at(lo)
 
 
-def _variants(kc, cpu, M, N, K, batch):
+def _variants(kc, cpu, M, N, K, batch, direct=False):
     """[(gemv, _Bucket or None)]: the paths and size buckets a GEMM launches. Static sizes: one
     path, ungated. Dynamic ones: the GEMV path for M <= GEMV_MAX_M and the tiled path above it,
     the tiled range cut where the configuration chosen at a bucket's maximum changes (the
@@ -479,14 +495,14 @@ def _variants(kc, cpu, M, N, K, batch):
 
     def cfg(m, n):  # the configuration the heuristic picks
         if cpu:
-            return lavapipe_config(m, n, hK, lim)
-        cands, h = gemm_candidates(m, n, hK, hb, lim)
+            return direct_config(m, n) if direct else lavapipe_config(m, n, hK, lim)
+        cands, h = gemm_candidates(m, n, hK, hb, lim, direct)
         return cands[h]
 
     def key(m, n):
         if not tuning:
             return repr(cfg(m, n))
-        return repr(gemm_candidates(m, n, hK, hb, lim))
+        return repr(gemm_candidates(m, n, hK, hb, lim, direct))
 
     room = MAX_VARIANTS - len(out)
     axis = []
@@ -528,8 +544,14 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     # N * 2H * (3W - 1)) is checked >= 1 at dispatch: as max(x, 1) its bounds say so, for the
     # tile counts and remainders below
     M, N, K, batch = (smax(x, 1) if isinstance(x, Sym) and low(x) < 1 else x for x in (M, N, K, batch))
-    for gemv, bucket in _variants(kc, cpu, M, N, K, batch):
+    for gemv, bucket in _variants(kc, cpu, M, N, K, batch, _has_direct(template, params)):
         _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch, bucket)
+
+
+def _has_direct(template, params):
+    """The kernel has the DIRECT path (matmul.wgsl's tiled main; conv2d.wgsl has its own).
+    MLTENSOR_NO_DIRECT_GEMM=1 leaves it out (A/B comparisons; a driver that miscompiles it)."""
+    return template == "matmul.wgsl" and not switch("MLTENSOR_NO_DIRECT_GEMM")
 
 
 def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch, gate=None):
@@ -543,7 +565,7 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         heur = 0  # (the subgroup variant is unmeasured on GPUs; tuning decides there)
     else:
         lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
-        cands, heur = gemm_candidates(hM, hN, hK, hb, lim)
+        cands, heur = gemm_candidates(hM, hN, hK, hb, lim, _has_direct(template, params))
         if params.get("fused_store"):
             cands, heur = no_split(cands, heur, params.get("fused_w", 4))
         if params.get("post_ln"):
@@ -623,15 +645,21 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
     return [(Kernel(f"{name}_gemv{'_sg' if c['SG'] else ''}", template, p, bindings), list(args), g)]
 
 
-# vec4 global loads in matmul: on for hardware adapters; off on CPU adapters, where the transposed
-# workgroup-memory writes of A measured slower on lavapipe (512^3: ~95-155 ms vs ~80-95 ms, noisy
-# shared cores). Tests set it to True to check the vec4 path on lavapipe.
+# vec4 global loads in matmul: on for hardware adapters, and on CPU adapters for the kernels with
+# the DIRECT path (its loads are the global ones: 20 vs 11 GFLOP/s at 1024^3 on lavapipe); off for
+# the others there, where the transposed workgroup-memory writes of A measured slower on lavapipe
+# (512^3: ~95-155 ms vs ~80-95 ms, noisy shared cores). Tests set it to True to check the vec4
+# path on lavapipe.
 VEC_LOADS = None
 
 
-def vec_loads(kc):
+def vec_loads(kc, direct=False):
+    """Whether a GEMM binds its operands as vec4 where their rows allow; `direct`: the kernel has
+    the DIRECT path (_has_direct)."""
     if VEC_LOADS is not None:
         return VEC_LOADS
+    if direct and not switch("MLTENSOR_NO_DIRECT_GEMM"):
+        return True
     return str(kc.device.adapter.info.get("adapter_type", "")).upper() != "CPU"
 
 

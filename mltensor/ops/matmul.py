@@ -99,7 +99,7 @@ def _lower_matmul(kc, node):
     }
     # 16-byte loads where rows are whole vec4s (row-major A with K % 4, B with N % 4): for a
     # dynamic size, only where that holds for every size (4*seq)
-    vec = vec_loads(kc)
+    vec = vec_loads(kc, direct=True)
     params.update(vec_a=vec and ka % 4 == 0, vec_b=vec and N % 4 == 0)
     t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
     params["ST"] = store_fn(t)
@@ -187,7 +187,7 @@ def _lower_gemm(kc, node):
         "has_c": c is not None,
         # B transposed ([N, K], an ONNX Gemm with transB: fully connected layers) has k
         # contiguous: staged k-major on hardware adapters, so threads read consecutive words
-        "b_kmajor": vec_loads(kc) and bt,
+        "b_kmajor": vec_loads(kc) and bt,  # (a CPU adapter's DIRECT path reads B as it lies)
     }
     t = kc.wtype(a)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
     params["ST"] = store_fn(t)
@@ -267,7 +267,7 @@ def _lower_fused(kc, node):
     W = 8 if any(s.kind != "plain" for s in segs) else 4  # columns a store call takes
     t = kc.wtype(src)
     ST = store_fn(t)
-    vec_a = vec_loads(kc) and plan.a_view is None and A.shape[-1] % 4 == 0
+    vec_a = vec_loads(kc, direct=True) and plan.a_view is None and A.shape[-1] % 4 == 0
     bindings = [Binding("a", f"vec4<{t}>" if vec_a else t)]
     args = [src]
     bname = []
