@@ -21,8 +21,9 @@ def _close(got, ref):
     )
 
 
-def _each_candidate(M, N, K, batch):
-    cands, _ = gemm_candidates(M, N, K, batch)
+def _each_candidate(M, N, K, batch, direct=False):
+    """Indices of the candidates; `direct`: matmul.wgsl's list, the DIRECT tile first."""
+    cands, _ = gemm_candidates(M, N, K, batch, direct=direct)
     assert len(cands) >= 1
     return range(len(cands))
 
@@ -45,7 +46,7 @@ def _matmul(ctx, rng, sa, sb, epilogue):
     ref = np.matmul(A.astype(np.float64), B.astype(np.float64))
     if epilogue:
         ref = np.maximum(ref + R, 0)
-    for i in _each_candidate(M, N, K, batch):
+    for i in _each_candidate(M, N, K, batch, direct=True):
         with autotune.force(i):
             b = mltensor.MLGraphBuilder(ctx)
             z = b.matmul(b.input("a", data_type="float32", shape=sa), b.input("b", data_type="float32", shape=sb))
@@ -102,7 +103,7 @@ def test_gemm_every_candidate(ctx, rng, monkeypatch, at, bt, vec):
     B = rng.standard_normal((N, K) if bt else (K, N)).astype(np.float32)
     C = rng.standard_normal((N,)).astype(np.float32)
     ref = 0.5 * ((A.T if at else A).astype(np.float64) @ (B.T if bt else B)) + 2.0 * C
-    for i in _each_candidate(M, N, K, 1):
+    for i in _each_candidate(M, N, K, 1, direct=True):
         with autotune.force(i):
             b = mltensor.MLGraphBuilder(ctx)
             z = b.gemm(
