@@ -178,6 +178,10 @@ WG_GPU, TPR_GPU = 128, 32
 # types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
 # its neighbours' words are next to), as llama.cpp's Vulkan mul_mat_vec does
 GPU_SPLIT = ("Q4_K", "Q6_K")
+# types whose CPU GEMV is shaders/blocks_k23.wgsl (a staged in workgroup memory, prescaled so that
+# the weights' fields need no shifts: a scratch buffer of a's rows prescaled; rows a thread)
+CPU_K23 = ("Q2_K", "Q3_K")
+ROWS_K23 = 16
 
 
 @lowering("_matmul_blocks")
@@ -193,6 +197,9 @@ def _lower_matmul_blocks(kc, node):
         # (rows_gemv: the rows one after the other in each thread, a row's units decoded for it:
         # the same sums for every M, and no faster per row than alone)
         cpu = cpu_adapter(kc)
+        if cpu and kind in CPU_K23:
+            _launch_k23(kc, name, dp, M, K, N, [a, packed, out])
+            return
         wg, tpr, r = (WG_CPU, 1, ROWS_CPU) if cpu else (WG_GPU, TPR_GPU, 1)
         rows_per_group = wg // tpr * r
         if not cpu and kind in GPU_SPLIT:
@@ -237,6 +244,35 @@ def _lower_matmul_blocks(kc, node):
     )
     bindings = [Binding("a", "f32"), Binding("b", "u32"), Binding("out", "f32", True)]
     tiled_launch(kc, name, p, bindings, [a, packed, out], M, N, high(M), 1)
+
+
+def _launch_k23(kc, name, dp, M, K, N, args):
+    """Q2_K / Q3_K on CPU adapters: a's rows prescaled, with their sub-block sums, into a scratch
+    buffer (one thread per 64 values), then the GEMV reading them (shaders/blocks_k23.wgsl)."""
+    a, packed, out = args
+    mmax = high(M)
+    xq = kc.scratch(4 * mmax * (K + 16 * dp["QKB"]))
+    p = dict(dp, M=wgsl(M) if isinstance(M, Sym) else f"{M}u", MMAX=mmax, N=N, K=K, WG=WG_CPU, R=ROWS_K23)
+    n = mmax * dp["QKB"] * 4
+    vec4 = [Binding("a", "vec4<f32>")]
+    kc.launch(
+        Kernel(
+            f"{name}_k23prep", "blocks_k23.wgsl", dict(p, path="prep", n=n), vec4 + [Binding("xq", "vec4<f32>", True)]
+        ),
+        [a, xq],
+        grid(cdiv(n, WORKGROUP)),
+    )
+    kc.launch(
+        Kernel(
+            f"{name}_gemv_k23r{ROWS_K23}",
+            "blocks_k23.wgsl",
+            dict(p, path="gemv"),
+            [Binding("xq", "vec4<f32>"), Binding("b", "u32"), Binding("out", "f32", True)],
+        ),
+        [xq, packed, out],
+        grid(cdiv(N, WG_CPU * ROWS_K23)),
+        iters=high(M) * 2 * dp["QKB"] * (ROWS_K23 + 1) + 16,
+    )
 
 
 @lowering("_gather_blocks")

@@ -1,0 +1,166 @@
+// The decode GEMV of Q2_K and Q3_K on CPU adapters (mltensor/ops/blocks.py "gemv_k23"):
+// out[m, n] = sum_k a[m, k] * W[n, k] for M <= 4 rows of a (or a serving step's rows), the blocks
+// in pack_blocks' layout (blocks_decode.wgsl). A thread owns R rows, one after the other for each
+// block (no barriers inside a row's work); the workgroup first stages a chunk of a's row in
+// workgroup memory, prescaled so that the weights need no shifts:
+//   - a quant field at bit o of a word is taken as f32(word & (mask << o)) = q * 2^o (exact: a few
+//     significant bits, below bit 31), against a's value times 2^-o staged in `xs` (powers of two:
+//     exact but for values under 2^-88 or so, which flush). Lanes 0, 1 of a word's vec4 read the
+//     word, lanes 2, 3 the word >> 16, so fields sit below bit 16 (Q2_K), or below bit 31 (Q3_K);
+//   - each 16-value sub-block's sum of q * x is accumulated in a named accumulator and multiplied
+//     by its scale once; the mins (Q2_K) and the -4 offset (Q3_K) are applied to the sub-blocks'
+//     sums of a, staged once per chunk in `ss`.
+// Q2_K (per half h of 128 values, position l: 2-bit field j of byte 32h + l; scale byte
+// 8h + 2j + l / 16, scale low nibble, min high nibble): a word's 16 values are 4 positions of its
+// 4 groups j, field (e, j) at bit 8e + 2j. Scale byte e' = 2 (j % 2) + l / 16 of word 2h + j / 2 is
+// taken as f32(word & (15 << 8e')), its 2^8e' folded into xs too (and into ss for the mins).
+// Q3_K: the 2-bit field j and the hmask bit 4h + j (byte l) form the 3-bit value q = lo + 4 hb,
+// assembled for groups 0, 2 (bits 8e and 8e + 4 of ca) and 1, 3 (cb) with word operations:
+// ((m & 0x05050505) * 20) puts bits 8e and 8e + 2 at 8e + 2 and 8e + 6 (the carry of their sum
+// at 8e + 4 stops at 8e + 5, masked off).
+{{ bindings }}
+{$ include "common.wgsl" $}
+{$ if path == "gemv" $}
+{$ include "blocks_decode.wgsl" $}
+{$ else $}
+const QBV = {{ QBV }}u;
+const QKB = {{ QKB }}u;
+{$ endif $}
+
+const N = {{ N }}u;
+const K4 = {{ K // 4 }}u;  // vec4s of a row of a
+const SS = {{ MMAX * K // 4 }}u;  // first vec4 of the sub-block sums in xq
+const R = {{ R }}u;        // rows a thread
+
+{$ set X = "xyzw" $}
+{$ if path == "prep" $}
+// exponents of the prescaling of a's vec4 v of a block (position 4v .. 4v + 3)
+fn x_shift(v: u32) -> vec4<i32> {
+    let j = (v % 32u) / 8u;
+{$ if KIND == "Q2_K" $}
+    let ls = (v % 8u) / 4u;
+    let o = vec4<u32>(0u, 8u, 0u, 8u) + vec4<u32>(2u * j + 8u * ((2u * j + ls) % 4u));
+{$ else $}
+    let o = vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(4u * (j / 2u));
+{$ endif $}
+    return -vec4<i32>(o);
+}
+
+// sub-block sums of a: entry s of a block is half h = s / 2, groups j = 2 (s % 2) + (0, 1), lanes
+// (j % 2, l / 16)
+fn x_sums(base: u32, s: u32) -> vec4<f32> {
+    var t0 = vec4<f32>(0.0);
+    var t1 = vec4<f32>(0.0);
+    var t2 = vec4<f32>(0.0);
+    var t3 = vec4<f32>(0.0);
+{$ for w in range(4) $}
+    t0 = t0 + a[base + {{ w }}u];
+    t1 = t1 + a[base + {{ 4 + w }}u];
+    t2 = t2 + a[base + {{ 8 + w }}u];
+    t3 = t3 + a[base + {{ 12 + w }}u];
+{$ endfor $}
+    let s4 = vec4<f32>(dot(t0, vec4<f32>(1.0)), dot(t1, vec4<f32>(1.0)), dot(t2, vec4<f32>(1.0)), dot(t3, vec4<f32>(1.0)));
+{$ if KIND == "Q2_K" $}
+    // against the min nibbles of the scale bytes e' = 0..3, taken as (min << 8e')
+    return ldexp(s4, vec4<i32>(0, -8, -16, -24));
+{$ else $}
+    return 4.0 * s4;
+{$ endif $}
+}
+
+{$ endif $}
+{$ if path == "prep" $}
+// thread i: entry s = i % 4 of block (i / 4) % QKB of row i / (4 QKB) of a: its 64 values
+// prescaled into xq, their 4 sub-block sums after
+{{ main_1d(n) }}
+    let row = i / (4u * QKB);
+    if (row >= {{ M }}) { return; }
+    let s = i % 4u;
+    let ab = (i / 4u) * {{ QBV // 4 }}u + 32u * (s / 2u) + 16u * (s % 2u);
+{$ for w in range(16) $}
+    xq[ab + {{ w }}u] = ldexp(a[ab + {{ w }}u], x_shift(ab + {{ w }}u));
+{$ endfor $}
+    xq[SS + i] = x_sums(ab, s);
+}
+{$ else $}
+// A unit is half h of a block (128 values): its 32 vec4s of prescaled a are loaded once (a load
+// inside a loop is a per-invocation gather on llvmpipe, so loads shared by R rows are what
+// counts), then each of the thread's R rows reads its 8 quant words, sums its 8 sub-blocks and
+// adds the unit's share to its output (read back from `out`: each row is its thread's alone).
+@compute @workgroup_size({{ WG }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let g = wid.y * nwg.x + wid.x;
+    let first = (g * {{ WG }}u + lid) * R;
+    if (first >= N) { return; }
+    for (var m = 0u; m < {{ M }}; m = m + 1u) {
+        for (var u = 0u; u < 2u * QKB; u = u + 1u) {
+            let blk = u / 2u;
+            let h = u % 2u;
+            let xb = m * K4 + blk * {{ QBV // 4 }}u + 32u * h;
+{$ for j in range(4) $}
+{$ for ls in range(2) $}
+{$ for w in range(4) $}
+            let x{{ j }}{{ ls }}{{ w }} = xq[xb + {{ 8 * j + 4 * ls + w }}u];
+{$ endfor $}
+{$ endfor $}
+{$ endfor $}
+            let sb = SS + (m * QKB + blk) * 4u + 2u * h;
+            let s0 = xq[sb];
+            let s1 = xq[sb + 1u];
+            for (var r = 0u; r < R; r = r + 1u) {
+                // rows past N repeat the last row and are not stored
+                let n = min(first + r, N - 1u);
+                let wb = q_base(n, blk);
+{$ for j in range(4) $}
+                var t{{ j }}0 = 0.0;
+                var t{{ j }}1 = 0.0;
+{$ endfor $}
+{$ for ls in range(2) $}
+{$ for w in range(4) $}
+                {
+{$ if KIND == "Q2_K" $}
+                    let q = b[wb + 4u + 8u * h + {{ 4 * ls + w }}u];
+                    let qv = vec4<u32>(q, q, q >> 16u, q >> 16u);
+{$ for j in range(4) $}
+                    t{{ j }}{{ ls }} = t{{ j }}{{ ls }} + dot(vec4<f32>(qv & vec4<u32>({{ 3 * 4 ** j }}u, {{ 768 * 4 ** j }}u, {{ 3 * 4 ** j }}u, {{ 768 * 4 ** j }}u)), x{{ j }}{{ ls }}{{ w }});
+{$ endfor $}
+{$ else $}
+                    let q = b[wb + 8u + 8u * h + {{ 4 * ls + w }}u];
+                    let mw = b[wb + {{ 4 * ls + w }}u] >> (4u * h);
+                    let ca = vec4<u32>((q & 0x33333333u) | (((mw & 0x05050505u) * 20u) & 0x44444444u));
+                    let cb = vec4<u32>(((q >> 2u) & 0x33333333u) | ((((mw >> 1u) & 0x05050505u) * 20u) & 0x44444444u));
+{$ for j in range(4) $}
+                    t{{ j }}{{ ls }} = t{{ j }}{{ ls }} + dot(vec4<f32>({{ "ca" if j % 2 == 0 else "cb" }} & vec4<u32>({{ 7 * 16 ** (j // 2) }}u, {{ 1792 * 16 ** (j // 2) }}u, {{ 458752 * 16 ** (j // 2) }}u, {{ 117440512 * 16 ** (j // 2) }}u)), x{{ j }}{{ ls }}{{ w }});
+{$ endfor $}
+{$ endif $}
+                }
+{$ endfor $}
+{$ endfor $}
+                let t0 = vec4<f32>(t00, t01, t10, t11);
+                let t1 = vec4<f32>(t20, t21, t30, t31);
+{$ if KIND == "Q2_K" $}
+                let sw0 = vec4<u32>(b[wb + 2u * h]);
+                let sw1 = vec4<u32>(b[wb + 2u * h + 1u]);
+                let lo = vec4<u32>(15u, 0xF00u, 0xF0000u, 0xF000000u);
+                let dm = unpack2x16float(b[wb + 20u]);
+                let v = dm.x * (dot(vec4<f32>(sw0 & lo), t0) + dot(vec4<f32>(sw1 & lo), t1))
+                    - dm.y * (dot(vec4<f32>((sw0 >> vec4<u32>(4u)) & lo), s0) + dot(vec4<f32>((sw1 >> vec4<u32>(4u)) & lo), s1));
+{$ else $}
+                // scale i = 8h + 2j + l / 16 (lane 2 (j % 2) + l / 16): low nibble h of byte i % 8
+                // (words 24, 25), high bit pair i / 4 of byte 8 + i % 4 (word 26); minus 32
+                let sh = vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(4u * h);
+                let hw = vec4<u32>(b[wb + 26u]) >> sh;
+                let c0 = vec4<f32>(((vec4<u32>(b[wb + 24u]) >> sh) & vec4<u32>(15u)) | ((hw & vec4<u32>(3u)) << vec4<u32>(4u))) - vec4<f32>(32.0);
+                let c1 = vec4<f32>(((vec4<u32>(b[wb + 25u]) >> sh) & vec4<u32>(15u)) | ((hw & vec4<u32>(12u)) << vec4<u32>(2u))) - vec4<f32>(32.0);
+                let v = q_d(n, blk) * (dot(c0, t0 - s0) + dot(c1, t1 - s1));
+{$ endif $}
+                if (first + r < N) {
+                    let o = m * N + first + r;
+                    out[o] = select(out[o], 0.0, u == 0u) + v;
+                }
+            }
+        }
+    }
+}
+{$ endif $}
