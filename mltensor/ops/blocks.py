@@ -271,7 +271,7 @@ def _launch_k23(kc, name, dp, M, K, N, args):
         ),
         [xq, packed, out],
         grid(cdiv(N, WG_CPU * ROWS_K23)),
-        iters=high(M) * 2 * dp["QKB"] * (ROWS_K23 + 1) + 16,
+        iters=high(M) * dp["QKB"] * (ROWS_K23 + 1) + 16,
     )
 
 

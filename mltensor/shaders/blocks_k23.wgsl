@@ -83,10 +83,11 @@ fn x_sums(base: u32, s: u32) -> vec4<f32> {
     xq[SS + i] = x_sums(ab, s);
 }
 {$ else $}
-// A unit is half h of a block (128 values): its 32 vec4s of prescaled a are loaded once (a load
-// inside a loop is a per-invocation gather on llvmpipe, so loads shared by R rows are what
-// counts), then each of the thread's R rows reads its 8 quant words, sums its 8 sub-blocks and
-// adds the unit's share to its output (read back from `out`: each row is its thread's alone).
+// A unit is a block (256 values): its 64 vec4s of prescaled a are loaded once (a load inside a
+// loop is a per-invocation gather on llvmpipe, so loads shared by R rows are what counts), then
+// each of the thread's R rows reads its words (Q3_K: an hmask word serves both halves), sums its
+// 16 sub-blocks and adds the block's share to its output (read back from `out`: each row is its
+// thread's alone).
 @compute @workgroup_size({{ WG }})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -94,70 +95,91 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let first = (g * {{ WG }}u + lid) * R;
     if (first >= N) { return; }
     for (var m = 0u; m < {{ M }}; m = m + 1u) {
-        for (var u = 0u; u < 2u * QKB; u = u + 1u) {
-            let blk = u / 2u;
-            let h = u % 2u;
-            let xb = m * K4 + blk * {{ QBV // 4 }}u + 32u * h;
+        for (var blk = 0u; blk < QKB; blk = blk + 1u) {
+            let xb = m * K4 + blk * {{ QBV // 4 }}u;
+{$ for h in range(2) $}
 {$ for j in range(4) $}
 {$ for ls in range(2) $}
 {$ for w in range(4) $}
-            let x{{ j }}{{ ls }}{{ w }} = xq[xb + {{ 8 * j + 4 * ls + w }}u];
+            let x{{ h }}{{ j }}{{ ls }}{{ w }} = xq[xb + {{ 32 * h + 8 * j + 4 * ls + w }}u];
 {$ endfor $}
 {$ endfor $}
 {$ endfor $}
-            let sb = SS + (m * QKB + blk) * 4u + 2u * h;
-            let s0 = xq[sb];
-            let s1 = xq[sb + 1u];
+            let s{{ h }}0 = xq[SS + (m * QKB + blk) * 4u + {{ 2 * h }}u];
+            let s{{ h }}1 = xq[SS + (m * QKB + blk) * 4u + {{ 2 * h + 1 }}u];
+{$ endfor $}
             for (var r = 0u; r < R; r = r + 1u) {
                 // rows past N repeat the last row and are not stored
                 let n = min(first + r, N - 1u);
                 let wb = q_base(n, blk);
+{$ for h in range(2) $}
 {$ for j in range(4) $}
-                var t{{ j }}0 = 0.0;
-                var t{{ j }}1 = 0.0;
+                var t{{ h }}{{ j }}0 = 0.0;
+                var t{{ h }}{{ j }}1 = 0.0;
+{$ endfor $}
 {$ endfor $}
 {$ for ls in range(2) $}
 {$ for w in range(4) $}
                 {
+{$ if KIND == "Q3_K" $}
+                    let mw = b[wb + {{ 4 * ls + w }}u];
+{$ endif $}
+{$ for h in range(2) $}
 {$ if KIND == "Q2_K" $}
-                    let q = b[wb + 4u + 8u * h + {{ 4 * ls + w }}u];
-                    let qv = vec4<u32>(q, q, q >> 16u, q >> 16u);
+                    let q{{ h }} = b[wb + {{ 4 + 8 * h + 4 * ls + w }}u];
+                    let qv{{ h }} = vec4<u32>(q{{ h }}, q{{ h }}, q{{ h }} >> 16u, q{{ h }} >> 16u);
 {$ for j in range(4) $}
-                    t{{ j }}{{ ls }} = t{{ j }}{{ ls }} + dot(vec4<f32>(qv & vec4<u32>({{ 3 * 4 ** j }}u, {{ 768 * 4 ** j }}u, {{ 3 * 4 ** j }}u, {{ 768 * 4 ** j }}u)), x{{ j }}{{ ls }}{{ w }});
+                    t{{ h }}{{ j }}{{ ls }} = t{{ h }}{{ j }}{{ ls }} + dot(vec4<f32>(qv{{ h }} & vec4<u32>({{ 3 * 4 ** j }}u, {{ 768 * 4 ** j }}u, {{ 3 * 4 ** j }}u, {{ 768 * 4 ** j }}u)), x{{ h }}{{ j }}{{ ls }}{{ w }});
 {$ endfor $}
 {$ else $}
-                    let q = b[wb + 8u + 8u * h + {{ 4 * ls + w }}u];
-                    let mw = b[wb + {{ 4 * ls + w }}u] >> (4u * h);
-                    let ca = vec4<u32>((q & 0x33333333u) | (((mw & 0x05050505u) * 20u) & 0x44444444u));
-                    let cb = vec4<u32>(((q >> 2u) & 0x33333333u) | ((((mw >> 1u) & 0x05050505u) * 20u) & 0x44444444u));
+                    let q{{ h }} = b[wb + {{ 8 + 8 * h + 4 * ls + w }}u];
+                    let ca{{ h }} = vec4<u32>((q{{ h }} & 0x33333333u) | ((((mw >> {{ 4 * h }}u) & 0x05050505u) * 20u) & 0x44444444u));
+                    let cb{{ h }} = vec4<u32>(((q{{ h }} >> 2u) & 0x33333333u) | ((((mw >> {{ 4 * h + 1 }}u) & 0x05050505u) * 20u) & 0x44444444u));
 {$ for j in range(4) $}
-                    t{{ j }}{{ ls }} = t{{ j }}{{ ls }} + dot(vec4<f32>({{ "ca" if j % 2 == 0 else "cb" }} & vec4<u32>({{ 7 * 16 ** (j // 2) }}u, {{ 1792 * 16 ** (j // 2) }}u, {{ 458752 * 16 ** (j // 2) }}u, {{ 117440512 * 16 ** (j // 2) }}u)), x{{ j }}{{ ls }}{{ w }});
+                    t{{ h }}{{ j }}{{ ls }} = t{{ h }}{{ j }}{{ ls }} + dot(vec4<f32>({{ "ca" if j % 2 == 0 else "cb" }}{{ h }} & vec4<u32>({{ 7 * 16 ** (j // 2) }}u, {{ 1792 * 16 ** (j // 2) }}u, {{ 458752 * 16 ** (j // 2) }}u, {{ 117440512 * 16 ** (j // 2) }}u)), x{{ h }}{{ j }}{{ ls }}{{ w }});
 {$ endfor $}
 {$ endif $}
+{$ endfor $}
                 }
 {$ endfor $}
 {$ endfor $}
-                let t0 = vec4<f32>(t00, t01, t10, t11);
-                let t1 = vec4<f32>(t20, t21, t30, t31);
 {$ if KIND == "Q2_K" $}
-                let sw0 = vec4<u32>(b[wb + 2u * h]);
-                let sw1 = vec4<u32>(b[wb + 2u * h + 1u]);
                 let lo = vec4<u32>(15u, 0xF00u, 0xF0000u, 0xF000000u);
+                var vd = 0.0;
+                var vm = 0.0;
+{$ for h in range(2) $}
+                {
+                    let sw0 = vec4<u32>(b[wb + {{ 2 * h }}u]);
+                    let sw1 = vec4<u32>(b[wb + {{ 2 * h + 1 }}u]);
+                    vd = vd + dot(vec4<f32>(sw0 & lo), vec4<f32>(t{{ h }}00, t{{ h }}01, t{{ h }}10, t{{ h }}11))
+                        + dot(vec4<f32>(sw1 & lo), vec4<f32>(t{{ h }}20, t{{ h }}21, t{{ h }}30, t{{ h }}31));
+                    vm = vm + dot(vec4<f32>((sw0 >> vec4<u32>(4u)) & lo), s{{ h }}0) + dot(vec4<f32>((sw1 >> vec4<u32>(4u)) & lo), s{{ h }}1);
+                }
+{$ endfor $}
                 let dm = unpack2x16float(b[wb + 20u]);
-                let v = dm.x * (dot(vec4<f32>(sw0 & lo), t0) + dot(vec4<f32>(sw1 & lo), t1))
-                    - dm.y * (dot(vec4<f32>((sw0 >> vec4<u32>(4u)) & lo), s0) + dot(vec4<f32>((sw1 >> vec4<u32>(4u)) & lo), s1));
+                let v = dm.x * vd - dm.y * vm;
 {$ else $}
                 // scale i = 8h + 2j + l / 16 (lane 2 (j % 2) + l / 16): low nibble h of byte i % 8
                 // (words 24, 25), high bit pair i / 4 of byte 8 + i % 4 (word 26); minus 32
-                let sh = vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(4u * h);
-                let hw = vec4<u32>(b[wb + 26u]) >> sh;
-                let c0 = vec4<f32>(((vec4<u32>(b[wb + 24u]) >> sh) & vec4<u32>(15u)) | ((hw & vec4<u32>(3u)) << vec4<u32>(4u))) - vec4<f32>(32.0);
-                let c1 = vec4<f32>(((vec4<u32>(b[wb + 25u]) >> sh) & vec4<u32>(15u)) | ((hw & vec4<u32>(12u)) << vec4<u32>(2u))) - vec4<f32>(32.0);
-                let v = q_d(n, blk) * (dot(c0, t0 - s0) + dot(c1, t1 - s1));
+                let sl0 = vec4<u32>(b[wb + 24u]);
+                let sl1 = vec4<u32>(b[wb + 25u]);
+                let shw = vec4<u32>(b[wb + 26u]);
+                var vd = 0.0;
+{$ for h in range(2) $}
+                {
+                    let sh = vec4<u32>({{ 4 * h }}u, {{ 8 + 4 * h }}u, {{ 16 + 4 * h }}u, {{ 24 + 4 * h }}u);
+                    let hw = shw >> sh;
+                    let c0 = vec4<f32>(((sl0 >> sh) & vec4<u32>(15u)) | ((hw & vec4<u32>(3u)) << vec4<u32>(4u))) - vec4<f32>(32.0);
+                    let c1 = vec4<f32>(((sl1 >> sh) & vec4<u32>(15u)) | ((hw & vec4<u32>(12u)) << vec4<u32>(2u))) - vec4<f32>(32.0);
+                    vd = vd + dot(c0, vec4<f32>(t{{ h }}00, t{{ h }}01, t{{ h }}10, t{{ h }}11) - s{{ h }}0)
+                        + dot(c1, vec4<f32>(t{{ h }}20, t{{ h }}21, t{{ h }}30, t{{ h }}31) - s{{ h }}1);
+                }
+{$ endfor $}
+                let v = q_d(n, blk) * vd;
 {$ endif $}
                 if (first + r < N) {
                     let o = m * N + first + r;
-                    out[o] = select(out[o], 0.0, u == 0u) + v;
+                    out[o] = select(out[o], 0.0, blk == 0u) + v;
                 }
             }
         }
