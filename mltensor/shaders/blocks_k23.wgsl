@@ -1,23 +1,24 @@
-// The decode GEMV of Q2_K and Q3_K on CPU adapters (mltensor/ops/blocks.py "gemv_k23"):
+// The decode GEMV of Q2_K and Q3_K on CPU adapters (mltensor/ops/blocks.py `_launch_k23`):
 // out[m, n] = sum_k a[m, k] * W[n, k] for M <= 4 rows of a (or a serving step's rows), the blocks
-// in pack_blocks' layout (blocks_decode.wgsl). A thread owns R rows, one after the other for each
-// block (no barriers inside a row's work); the workgroup first stages a chunk of a's row in
-// workgroup memory, prescaled so that the weights need no shifts:
-//   - a quant field at bit o of a word is taken as f32(word & (mask << o)) = q * 2^o (exact: a few
-//     significant bits, below bit 31), against a's value times 2^-o staged in `xs` (powers of two:
-//     exact but for values under 2^-88 or so, which flush). Lanes 0, 1 of a word's vec4 read the
-//     word, lanes 2, 3 the word >> 16, so fields sit below bit 16 (Q2_K), or below bit 31 (Q3_K);
-//   - each 16-value sub-block's sum of q * x is accumulated in a named accumulator and multiplied
-//     by its scale once; the mins (Q2_K) and the -4 offset (Q3_K) are applied to the sub-blocks'
-//     sums of a, staged once per chunk in `ss`.
+// in pack_blocks' layout (blocks_decode.wgsl). Two kernels:
+//   "prep": a's rows times powers of two into xq (so that the weights need no shifts), and after
+//     them (from vec4 SS) the sums of a over each 16-value sub-block;
+//   "gemv": a thread owns R rows; for each block it loads the block's 64 vec4s of xq once, then
+//     for each of its rows reads the row's words and adds the block's share to out.
+// A quant field at bit o of a word is taken as f32(word & (mask << o)) = q * 2^o (exact: a few
+// significant bits, below bit 31) against a's value times 2^-o (powers of two: exact but for
+// |a| under 2^-88 or so, which flushes). Each 16-value sub-block's sum of q * a has a named
+// accumulator, multiplied by its scale once; the mins (Q2_K) and the -4 offset (Q3_K) apply to
+// the staged sums of a.
 // Q2_K (per half h of 128 values, position l: 2-bit field j of byte 32h + l; scale byte
 // 8h + 2j + l / 16, scale low nibble, min high nibble): a word's 16 values are 4 positions of its
-// 4 groups j, field (e, j) at bit 8e + 2j. Scale byte e' = 2 (j % 2) + l / 16 of word 2h + j / 2 is
-// taken as f32(word & (15 << 8e')), its 2^8e' folded into xs too (and into ss for the mins).
+// 4 groups j, field (e, j) at bit 8e + 2j; lanes 0, 1 of its vec4 read the word, lanes 2, 3 the
+// word >> 16 (fields below bit 16). Scale byte e' = 2 (j % 2) + l / 16 of word 2h + j / 2 is
+// taken as f32(word & (15 << 8e')), its 2^8e' folded into xq too (and into the sums, for the mins).
 // Q3_K: the 2-bit field j and the hmask bit 4h + j (byte l) form the 3-bit value q = lo + 4 hb,
 // assembled for groups 0, 2 (bits 8e and 8e + 4 of ca) and 1, 3 (cb) with word operations:
 // ((m & 0x05050505) * 20) puts bits 8e and 8e + 2 at 8e + 2 and 8e + 6 (the carry of their sum
-// at 8e + 4 stops at 8e + 5, masked off).
+// at 8e + 4 stops at 8e + 5, masked off); fields below bit 31.
 {{ bindings }}
 {$ include "common.wgsl" $}
 {$ if path == "gemv" $}
