@@ -14,7 +14,9 @@ GEMV kernel (shaders/blocks.wgsl) that decodes a unit of a block (a 64-value qua
 super-block, a whole 32-value block otherwise) at once: the unit's scales and mins decoded once,
 nibbles and bit planes extracted as vec4s dotted with vec4 loads of a, the mins and offsets
 applied to the sum of a (scale * (sum q*a) - min * (sum a)). CPU adapters give each thread two
-output rows (no barriers: llm/kernels.py's measured choice; the rows share a's loads); GPUs split
+output rows (no barriers: llm/kernels.py's measured choice; the rows share a's loads), except
+Q2_K and Q3_K (shaders/blocks_k23.wgsl: a's rows prescaled by powers of two into a scratch buffer
+so that a weight is one AND and a conversion, each block's loads of a shared by 16 rows); GPUs split
 a row's units over 32 threads and reduce in workgroup memory, Q4_K and Q6_K in units of 16 values
 (16 threads a super-block, neighbouring threads on neighbouring words, as llama.cpp's Vulkan
 mul_mat_vec_q4_k/q6_k split them; untimed on a GPU so far, checked on lavapipe by forcing it). Other M (prompts, or M known only at dispatch) take
@@ -178,6 +180,17 @@ WG_GPU, TPR_GPU = 128, 32
 # types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
 # its neighbours' words are next to), as llama.cpp's Vulkan mul_mat_vec does
 GPU_SPLIT = ("Q4_K", "Q6_K")
+# types whose CPU GEMV is shaders/blocks_k23.wgsl, and its rows a thread. On llvmpipe a load inside
+# a loop is a gather, one per invocation, even where every invocation reads the same address, so
+# what counts is loads a weight: a's 256 values of a block are loaded once for ROWS_K23 rows.
+# Measured on lavapipe (2 cores, host shared; bench/test_bench_blocks.py, 2048 x 2048, bandwidth
+# against the Q4_0 GEMV of the same matrix): the q_unit GEMV of 2 rows a thread Q2_K 0.42x, Q3_K
+# 0.48x (4 rows: 0.55x, 0.57x); blocks_k23 with units of half a block 0.90x, 0.73x; whole blocks
+# (Q3_K's hmask word read once) 0.87-0.88x, 0.82-0.83x; rows a thread 8: 0.75x, 0.62x; 12: 0.74x,
+# 0.75x; 24: 0.91x, 0.78x; 32: 0.91x, 0.66x (2048 rows in 2 or 3 workgroups of 32 threads). GPUs keep
+# the q_unit GEMV (unmeasured there).
+CPU_K23 = ("Q2_K", "Q3_K")
+ROWS_K23 = 16
 
 
 @lowering("_matmul_blocks")
@@ -193,6 +206,9 @@ def _lower_matmul_blocks(kc, node):
         # (rows_gemv: the rows one after the other in each thread, a row's units decoded for it:
         # the same sums for every M, and no faster per row than alone)
         cpu = cpu_adapter(kc)
+        if cpu and kind in CPU_K23:
+            _launch_k23(kc, name, dp, M, K, N, [a, packed, out])
+            return
         wg, tpr, r = (WG_CPU, 1, ROWS_CPU) if cpu else (WG_GPU, TPR_GPU, 1)
         rows_per_group = wg // tpr * r
         if not cpu and kind in GPU_SPLIT:
@@ -237,6 +253,35 @@ def _lower_matmul_blocks(kc, node):
     )
     bindings = [Binding("a", "f32"), Binding("b", "u32"), Binding("out", "f32", True)]
     tiled_launch(kc, name, p, bindings, [a, packed, out], M, N, high(M), 1)
+
+
+def _launch_k23(kc, name, dp, M, K, N, args):
+    """Q2_K / Q3_K on CPU adapters: a's rows prescaled, with their sub-block sums, into a scratch
+    buffer (one thread per 64 values), then the GEMV reading them (shaders/blocks_k23.wgsl)."""
+    a, packed, out = args
+    mmax = high(M)
+    xq = kc.scratch(4 * mmax * (K + 16 * dp["QKB"]))
+    p = dict(dp, M=wgsl(M) if isinstance(M, Sym) else f"{M}u", MMAX=mmax, N=N, K=K, WG=WG_CPU, R=ROWS_K23)
+    n = mmax * dp["QKB"] * 4
+    vec4 = [Binding("a", "vec4<f32>")]
+    kc.launch(
+        Kernel(
+            f"{name}_k23prep", "blocks_k23.wgsl", dict(p, path="prep", n=n), vec4 + [Binding("xq", "vec4<f32>", True)]
+        ),
+        [a, xq],
+        grid(cdiv(n, WORKGROUP)),
+    )
+    kc.launch(
+        Kernel(
+            f"{name}_gemv_k23r{ROWS_K23}",
+            "blocks_k23.wgsl",
+            dict(p, path="gemv"),
+            [Binding("xq", "vec4<f32>"), Binding("b", "u32"), Binding("out", "f32", True)],
+        ),
+        [xq, packed, out],
+        grid(cdiv(N, WG_CPU * ROWS_K23)),
+        iters=high(M) * dp["QKB"] * (ROWS_K23 + 1) + 16,
+    )
 
 
 @lowering("_gather_blocks")
