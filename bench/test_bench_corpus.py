@@ -144,9 +144,10 @@ class IreePeer:
 
 
 def model_flops(path, feeds):
-    """2 * multiply-adds of the model's MatMul, Gemm and Conv nodes at the shapes of `feeds`
-    (ONNX shape inference with the inputs' dimensions fixed; a node whose shapes stay unknown
-    is not counted)."""
+    """2 * multiply-adds of the model's MatMul, Gemm and Conv nodes at the shapes of `feeds`: ONNX
+    shape inference with the inputs' dimensions fixed, and for the nodes whose shapes it leaves
+    unknown (Reshapes to computed shapes: Swin's windows, MaxViT's grids) the shapes onnxruntime
+    gives their values in a run with them as extra outputs."""
     m = onnx.load(path, load_external_data=False)
     for i in m.graph.input:
         if i.name in feeds:
@@ -161,9 +162,13 @@ def model_flops(path, feeds):
         shapes[vi.name] = dims
     for t in m.graph.initializer:
         shapes[t.name] = list(t.dims)
+    nodes = [n for n in m.graph.node if n.op_type in ("MatMul", "Gemm", "Conv") and n.output]
+    unknown = {x for n in nodes for x in (n.input[0], n.input[1], n.output[0]) if None in (shapes.get(x) or [None])}
+    if unknown:
+        shapes.update(_run_shapes(path, feeds, sorted(unknown)))
     total = 0
-    for n in m.graph.node:
-        out = shapes.get(n.output[0]) if n.output else None
+    for n in nodes:
+        out = shapes.get(n.output[0])
         if not out or None in out:
             continue
         if n.op_type in ("MatMul", "Gemm"):
@@ -179,6 +184,19 @@ def model_flops(path, feeds):
                 continue
             total += 2 * int(np.prod(out)) * int(np.prod(w[1:]))
     return total
+
+
+def _run_shapes(path, feeds, names):
+    """{value name: shape} of `names` in one onnxruntime run of the model (as extra outputs)."""
+    import onnxruntime as ort
+
+    m = onnx.load(path)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=x) for x in names if x not in have)
+    r = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    wanted = [o.name for o in r.get_outputs() if o.name in set(names)]
+    got = r.run(wanted, {k: v for k, v in feeds.items() if k in {i.name for i in r.get_inputs()}})
+    return {k: list(v.shape) for k, v in zip(wanted, got)}
 
 
 @pytest.fixture(scope="module")
