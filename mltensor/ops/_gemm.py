@@ -544,11 +544,11 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     # N * 2H * (3W - 1)) is checked >= 1 at dispatch: as max(x, 1) its bounds say so, for the
     # tile counts and remainders below
     M, N, K, batch = (smax(x, 1) if isinstance(x, Sym) and low(x) < 1 else x for x in (M, N, K, batch))
-    for gemv, bucket in _variants(kc, cpu, M, N, K, batch, _has_direct(template, params)):
+    for gemv, bucket in _variants(kc, cpu, M, N, K, batch, has_direct(template)):
         _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch, bucket)
 
 
-def _has_direct(template, params):
+def has_direct(template):
     """The kernel has the DIRECT path (matmul.wgsl's tiled main; conv2d.wgsl has its own).
     MLTENSOR_NO_DIRECT_GEMM=1 leaves it out (A/B comparisons; a driver that miscompiles it)."""
     return template == "matmul.wgsl" and not switch("MLTENSOR_NO_DIRECT_GEMM")
@@ -565,7 +565,7 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         heur = 0  # (the subgroup variant is unmeasured on GPUs; tuning decides there)
     else:
         lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
-        cands, heur = gemm_candidates(hM, hN, hK, hb, lim, _has_direct(template, params))
+        cands, heur = gemm_candidates(hM, hN, hK, hb, lim, has_direct(template))
         if params.get("fused_store"):
             cands, heur = no_split(cands, heur, params.get("fused_w", 4))
         if params.get("post_ln"):
@@ -655,7 +655,7 @@ VEC_LOADS = None
 
 def vec_loads(kc, direct=False):
     """Whether a GEMM binds its operands as vec4 where their rows allow; `direct`: the kernel has
-    the DIRECT path (_has_direct)."""
+    the DIRECT path (has_direct)."""
     if VEC_LOADS is not None:
         return VEC_LOADS
     if direct and not switch("MLTENSOR_NO_DIRECT_GEMM"):
