@@ -498,7 +498,11 @@ def _lower(kc, node, transposed):
         "b_kmajor": False,
     }
     t = kc.wtype(x)  # f32, or f16 (loaded into f32 accumulators, stored through ST)
-    if not transposed and kind == "" and _pointwise_gemm(kc, node, x, w, bias, out, a, f_s, in_s, t):
+    if (
+        not transposed
+        and kind in ("", "bn", "scaled")
+        and _pointwise_gemm(kc, node, pro, w, bias, out, a, f_s, in_s, t)
+    ):
         return
     params["ST"] = store_fn(t)
     bindings = [Binding("x", t), Binding("w", t)]
@@ -613,7 +617,7 @@ def _lower(kc, node, transposed):
     gemm_launch(kc, name, "conv2d.wgsl", params, bindings, args, M=nb * oh * ow, N=ocg, K=icg * kh * kw, batch=groups)
 
 
-def _pointwise_gemm(kc, node, x, w, bias, out, a, f_s, in_s, t):
+def _pointwise_gemm(kc, node, pro, w, bias, out, a, f_s, in_s, t):
     """A 1x1, stride-1, unpadded conv2d of one group on a CPU adapter as matmul.wgsl's GEMM,
     whose DIRECT tile reads 4 consecutive values of both operands a load. NCHW with the roles
     turned: out[n] ([OC, H*W]) = filter [OC, IC] @ x[n] ([IC, H*W]), the bias per row; NHWC as
@@ -621,13 +625,18 @@ def _pointwise_gemm(kc, node, x, w, bias, out, a, f_s, in_s, t):
     the GEMM's. On lavapipe (2 cores) MobileNet-sized NCHW pointwise convolutions ran 2.6-3.3x
     faster than the implicit GEMM, whose rows are pixels and read x a channel plane apart (or, NHWC,
     stage tiles through workgroup memory). Sizes may be dynamic (a static and a dynamic build take
-    this same path: the same sums). True when launched."""
+    this same path: the same sums). An NCHW one applies its "bn" or "scaled" prologue (`pro`:
+    a batch normalization, a squeeze-and-excitation scale) to x as B is loaded. True when
+    launched."""
     (pt, pb, pl, pr), strides = a["padding"], a["strides"]
     if a["groups"] != 1 or list(strides) != [1, 1] or any((pt, pb, pl, pr)):
         return False
     fdims = dict(zip(a["filter_layout"], w.shape))
     if fdims["h"] != 1 or fdims["w"] != 1 or not cpu_adapter(kc) or not has_direct("matmul.wgsl"):
         return False
+    if pro is not None and a["input_layout"] != "nchw":
+        return False
+    x = node.inputs[0] if pro is None else pro.input
     vec = vec_loads(kc, direct=True)
     if a["input_layout"] == "nhwc":
         nb, ih, iw, ic = x.shape
@@ -667,13 +676,26 @@ def _pointwise_gemm(kc, node, x, w, bias, out, a, f_s, in_s, t):
         Binding("b", f"vec4<{t}>" if params["vec_b"] else t),
     ]
     args = [opa, opb]
+    if pro is not None:  # x (B) through the prologue's pro(v, channel, flat index) as it loads
+        params["b_quad"] = _prologue(kc, node, pro, bindings, args)
+        at = f"b_base(bt) + k * {wgsl(in_s[1])} + n"
+        params["b_fused"] = (
+            f"    return pro(f32(b[{at}]), k, {at});"
+            if not params["vec_b"]
+            else (f"    let i = {at};\n    return pro(f32(b[i / 4u][i % 4u]), k, i);")
+        )
+        if params["vec_b"]:
+            params["b4_fused"] = (
+                f"    let i = {at};\n    let v = vec4<f32>(b[i / 4u]);\n"
+                "    return vec4<f32>(pro(v.x, k, i), pro(v.y, k, i + 1u), pro(v.z, k, i + 2u), pro(v.w, k, i + 3u));"
+            )
     if bias is not None:
         bindings.append(Binding("c", t))
         args.append(bias)
     bindings.append(Binding("out", t, True))
     args.append(out)
     params["act"] = kc.epilogue(bindings, args)
-    name = f"conv2d_{a['input_layout']}_{t}_1x1_gemm_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}"
+    name = f"conv2d{'_' + pro.kind if pro is not None else ''}_{a['input_layout']}_{t}_1x1_gemm_{f'b{batch}_' if isinstance(batch, Sym) or batch > 1 else ''}{M}x{K}x{N}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
     return True
 
