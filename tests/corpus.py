@@ -795,8 +795,13 @@ def _image_case(name, family, make, sizes, big_sizes=None, out="logits", video=F
 def _tv(fn_name, **kw):
     def make(big=False):
         import torchvision.models.segmentation
+        import torchvision.models.video
 
-        mod = torchvision.models.segmentation if "lraspp" in fn_name else torchvision.models
+        mod = torchvision.models
+        if "lraspp" in fn_name:
+            mod = torchvision.models.segmentation
+        elif not hasattr(mod, fn_name):  # (r3d_18: in torchvision.models.video only)
+            mod = torchvision.models.video
         return getattr(mod, fn_name)(weights=None, **kw)
 
     return make
