@@ -150,6 +150,10 @@ def _check(ctx, rng, case, sizes=SIZES, static=True, tol=1e-4):
     return g
 
 
+def _cpu(ctx):
+    return str(ctx.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+
+
 def _paths(g):
     return sorted({n.rsplit("_", 1)[1] for n in g.kernel_names})
 
@@ -160,15 +164,21 @@ def _paths(g):
 @pytest.mark.parametrize(
     "layout,filter_layout", [("nchw", "oihw"), ("nchw", "hwio"), ("nhwc", "ohwi"), ("nhwc", "hwio")]
 )
-def test_conv2d_3x3_same(ctx, rng, layout, filter_layout):
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_conv2d_3x3_same(ctx, rng, monkeypatch, layout, filter_layout, direct):
     # stride 1, padding 1: the output is H x W; bias and relu fused, the implicit GEMM in size
-    # buckets (the GEMV for up to 4 output pixels, then the tiles lavapipe picks by size)
+    # buckets (the GEMV for up to 4 output pixels, then the tiles lavapipe picks by size); on a
+    # CPU adapter an NCHW one with an OIHW filter is the DIRECT GEMM with the roles turned
+    # (ops/conv.py _direct_gemm: buckets along the pixels, its rows the 16 output channels)
+    monkeypatch.setenv("MLTENSOR_NO_DIRECT_GEMM", "0" if direct == "1" else "1")
     g = _check(
         ctx,
         rng,
         Case(rng, (N, 8, H, W), (16, 8, 3, 3), layout=layout, filter_layout=filter_layout, padding=[1, 1, 1, 1]),
     )
-    assert "gemv" in _paths(g) and 2 <= len(g.kernel_names) <= gemm_engine.MAX_VARIANTS, g.kernel_names
+    turned = direct == "1" and layout == "nchw" and filter_layout == "oihw" and _cpu(ctx)
+    assert ("gemv" in _paths(g)) != turned and 1 <= len(g.kernel_names) <= gemm_engine.MAX_VARIANTS, g.kernel_names
+    assert all(("_gemm_" in n) == turned for n in g.kernel_names), g.kernel_names
     if FUSION:
         assert all(n.startswith("conv2d") for n in g.kernel_names), g.kernel_names
     g.destroy()

@@ -288,6 +288,7 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
         "fused_store",
         "fused_copy",
         "fused_rms",
+        "c_base",
         "post_ln",
     ):  # (_fused_matmul's, _post_norm's; conv2d.wgsl has its own loaders)
         p.setdefault(k, "")
@@ -625,6 +626,7 @@ def _gemv_launches(name, template, params, bindings, args, M, N, K, batch, c, ga
         "fused_store",
         "fused_copy",
         "fused_rms",
+        "c_base",
         "post_ln",
     ):
         p.setdefault(k, "")

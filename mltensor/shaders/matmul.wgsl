@@ -139,7 +139,7 @@ fn store(bt: u32, m: u32, n: u32, acc: f32) {
 {$ endif $}
     var v = acc{$ if alpha != 1.0 $} * {{ f32_lit(alpha) }}{$ endif $};
 {$ if has_c $}
-    v = v + {{ f32_lit(beta) }} * f32(c[m * {{ u(c_sm) }} + n * {{ u(c_sn) }}]);
+    v = v + {{ f32_lit(beta) }} * f32(c[{$ if c_base $}{{ c_base }} + {$ endif $}m * {{ u(c_sm) }} + n * {{ u(c_sn) }}]);
 {$ endif $}
     let oi = bt * ({{ sz.M }} * {{ sz.N }}) + m * {{ sz.N }} + n;
     out[oi] = act({{ ST }}(v), oi);
