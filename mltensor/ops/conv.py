@@ -513,12 +513,7 @@ def _lower(kc, node, transposed):
         params["rs"] = resample_params(kc, pro.step.node, x, "x")
     if pro is not None:
         args[0] = pro.input  # the conv reads the prologue's input and applies it as it loads
-    if bias is not None:
-        bindings.append(Binding("bias", t))
-        args.append(bias)
-    bindings.append(Binding("out", t, True))
-    args.append(out)
-    params["act"] = kc.epilogue(bindings, args)
+    params["act"] = _bind_out(kc, bindings, args, bias, out, t, "bias")
     dynamic = not (is_static(x.shape) and is_static(out.shape))
     if dynamic:
         # Divisions by sizes known at dispatch in f32 (conv2d.wgsl's udiv_: exact for numerators
@@ -707,18 +702,24 @@ def _direct_gemm(kc, node, pro, w, bias, out, a, f_s, in_s, t):
             )
     elif lay == "nchw":
         params["b_fused"] = _im2col_load(nb, groups, icg, kh, kw, sh, sw, dh, dw, pt, pl, ih, iw, ow, in_s, pro_fn)
-    if bias is not None:
-        bindings.append(Binding("c", t))
-        args.append(bias)
-    bindings.append(Binding("out", t, True))
-    args.append(out)
-    params["act"] = kc.epilogue(bindings, args)
+    params["act"] = _bind_out(kc, bindings, args, bias, out, t, "c")
     kind = "_" + pro.kind if pro is not None else ""
     geo = "1x1" if plain else f"k{kh}x{kw}s{sh}x{sw}" + (f"_g{groups}" if groups > 1 else "")
     bt = f"b{batch}_" if isinstance(batch, Sym) or batch > 1 else ""
     name = f"conv2d{kind}_{lay}_{t}_{geo}_gemm_{bt}{M}x{K}x{N}"
     gemm_launch(kc, name, "matmul.wgsl", params, bindings, args, M, N, K, batch)
     return True
+
+
+def _bind_out(kc, bindings, args, bias, out, t, bias_name):
+    """Bind the bias (as `bias_name`, where there is one), then the output last; returns the
+    step's epilogue act() (whose operands go before the output)."""
+    if bias is not None:
+        bindings.append(Binding(bias_name, t))
+        args.append(bias)
+    bindings.append(Binding("out", t, True))
+    args.append(out)
+    return kc.epilogue(bindings, args)
 
 
 def _im2col_load(nb, groups, icg, kh, kw, sh, sw, dh, dw, pt, pl, ih, iw, ow, in_s, pro_fn):
