@@ -75,6 +75,7 @@ KNOWN = {
     "to [2, 1, 4, 1, 4, 32] (onnxruntime fails there too: the export fixed the traced size)",
 }
 
+
 def _params(exporter, big):
     for name, c in corpus.CASES.items():
         if big and c.big_sizes is None:
