@@ -628,3 +628,52 @@ def test_int16_activations(ctx):
     assert np.abs(got - ref).max() <= 5 / 32768 * 1.0001
     with pytest.raises(NotSupportedError, match="int16"):
         import_model(_int16_add(int16_out=True), ctx)
+
+
+def _int16_lut(op, s_in):
+    """float -> QUANTIZE (int16, scale s_in) -> LOGISTIC / TANH (int16, output scale 1 / 32768) ->
+    DEQUANTIZE -> float, fed every int16 value once: (model, feeds, the int16 inputs)."""
+    w = ModelWriter()
+    n = 1 << 16
+    x = w.input("x", [1, n])
+    xq = w.tensor("xq", [1, n], np.int16, quant=(s_in, 0))
+    w.op("QUANTIZE", [x], [xq], version=2)
+    y = w.tensor("y", [1, n], np.int16, quant=(1 / 32768, 0))
+    w.op(op, [xq], [y], version=3)
+    out = w.tensor("out", [1, n])
+    w.op("DEQUANTIZE", [y], [out], version=2)
+    q = np.arange(-(1 << 15), 1 << 15, dtype=np.int64)
+    return w.finish([x], [out]), [(q * np.float64(np.float32(s_in))).astype(np.float32)[None]], q
+
+
+def _int16_lut_scales():
+    rng = np.random.default_rng(16)
+    return [float(np.exp(rng.uniform(np.log(1e-4), np.log(3e-3)))) for _ in range(5)] + [3.5 / 32768]
+
+
+@pytest.mark.parametrize("op", ["LOGISTIC", "TANH"])
+def test_int16_lut_references_match_litert(op):
+    """int16.py's numpy LOGISTIC / TANH (TFLite's 16-bit sigmoid table, generated from its formula,
+    interpolated as reference_integer_ops does) equal LiteRT's outputs for every int16 input, over
+    random input scales (no GPU)."""
+    from mltensor.tflite import int16
+    from mltensor.tflite.reader import read
+
+    ref = int16.logistic_reference if op == "LOGISTIC" else int16.tanh_reference
+    for s in _int16_lut_scales():
+        data, feeds, q = _int16_lut(op, s)
+        want = np.rint(_litert(data, feeds)[0][0].astype(np.float64) * 32768).astype(np.int64)
+        m = read(bytes(data))
+        assert int16.lut_params(m.tensors[m.operators[1].inputs[0]])[0] > 0  # (not the power-of-two path)
+        got = ref(q, m.tensors[m.operators[1].inputs[0]])
+        assert np.ptp(want) > 30000
+        np.testing.assert_array_equal(got, want, err_msg=f"{op}, input scale {s}")
+
+
+@pytest.mark.parametrize("op", ["LOGISTIC", "TANH"])
+def test_int16_lut_exact(ctx, op):
+    """The same on the GPU: every int16 input's output equals LiteRT's (the real-value form this
+    replaces was up to two quanta off)."""
+    for s in _int16_lut_scales()[::2]:
+        data, feeds, _ = _int16_lut(op, s)
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0], err_msg=f"scale {s}")

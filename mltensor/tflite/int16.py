@@ -14,9 +14,16 @@ skipped for int16):
 - MEAN: reference_ops::QuantizedMeanOrSum: the int32 sum, the multiplier divided by the count.
 - QUANTIZE (float32 -> int16): the input times float32(1 / scale), rounded half to even.
 
+- LOGISTIC, TANH: reference_integer_ops' interpolation of TFLite's 256-entry 16-bit sigmoid table
+  (sigmoid_table_uint16), the input first rescaled to 1 / (3 * 4096) by the multiplier and shift
+  its Prepare computes; the table is generated here (sigmoid_table) and checked against LiteRT's
+  outputs. The 65536 outputs are computed on the host (logistic_reference, tanh_reference) and
+  gathered on the GPU at the input's integer. A power-of-two input scale, where LiteRT's optimized
+  kernel (gemmlowp's fixed-point logistic) runs instead, keeps the real-value form.
+
 Fused activations clamp in integers (CalculateActivationRangeQuantized). Every other int16
-operator keeps quantized.py's real-value form (within a quantum or two of LiteRT's: TANH,
-LOGISTIC and SOFTMAX interpolate TFLite's 16-bit tables, not reproduced). Each function returns
+operator keeps quantized.py's real-value form (within a quantum or two of LiteRT's: SOFTMAX
+uses TFLite's exp and 1/(1+x) tables, not reproduced). Each function returns
 None where it does not apply (another type, float16 mode, a bound the exact path cannot keep),
 and the caller's float form runs.
 """
@@ -350,6 +357,92 @@ def quantize(imp, op):
     return _real(b, q, to)
 
 
+# -- LOGISTIC and TANH: TFLite's 16-bit sigmoid table, interpolated -------------------------------
+
+
+def sigmoid_table():
+    """TFLite's sigmoid_table_uint16 (reference_integer_ops' int16 LOGISTIC and TANH): at x_i = i /
+    24, 65536 * sigmoid(x_i) less h^2 / 16 times sigmoid's second derivative (h = 1 / 24: half the
+    largest error of interpolating linearly between the entries, so that the interpolation errs
+    evenly either side), rounded; the last entry 65535. This reproduces all 256 published entries
+    (44 of them one above the plain rounding of 65536 * sigmoid(x_i); the nearest to a rounding tie
+    is 0.004 away), and the int16 LOGISTIC and TANH built on it equal LiteRT's outputs
+    (tests/test_tflite_quantized.py)."""
+    x = np.arange(256, dtype=np.float64) / 24.0
+    f = 1.0 / (1.0 + np.exp(-x))
+    f2 = f * (1.0 - f) * (1.0 - 2.0 * f)
+    t = np.minimum(np.round(65536.0 * (f - f2 / (16.0 * 24.0 * 24.0))), 65535.0).astype(np.int64)
+    t[255] = 65535
+    return t
+
+
+def _checked_log2(x):
+    """TFLite's CheckedLog2 (in float32): (log2 rounded, whether x is a power of two)."""
+    v = np.float32(np.log(np.float32(x))) * np.float32(1.0 / np.log(np.float32(2.0)))
+    r = np.float32(np.round(v))
+    return int(r), abs(float(v - r)) < 1e-3
+
+
+def lut_params(ti):
+    """(input_multiplier, input_left_shift) of TFLite's int16 LOGISTIC / TANH Prepare; multiplier
+    0 for a power-of-two scale (its kernel then multiplies by 3 << shift)."""
+    log2, pot = _checked_log2(ti.scale[0])
+    shift = (15 - 3) + log2
+    if pot and shift in (0, 1):
+        return 0, shift
+    m, shift = float(np.float32(ti.scale[0])) * 4096.0 * 3.0, 0
+    while m <= 32767.0 / 2.0 and shift <= 30:
+        shift += 1
+        m *= 2.0
+    return int(m), shift
+
+
+def _interpolate(q, ti, frac_bits):
+    """The table interpolated at the rescaled |input| (frac_bits: 9 LOGISTIC, 8 TANH): (the sum
+    before rounding, input >= 0), as int64 arrays."""
+    mult, shift = lut_params(ti)
+    if mult == 0:
+        mult, shift = 3 << shift, 0
+    rnd = (1 << (shift - 1)) if shift > 0 else 0
+    x = (np.asarray(q, np.int64) * mult + rnd) >> shift
+    a = np.abs(x)
+    uh = a >> frac_bits
+    t = sigmoid_table()
+    lo = t[np.minimum(uh, 254)]
+    hi = t[np.minimum(uh, 254) + 1]
+    r = (lo << frac_bits) + (a & ((1 << frac_bits) - 1)) * (hi - lo)
+    top = (0x7FFF << 10) if frac_bits == 9 else (0xFFFF << 8)
+    return np.where(uh >= 255, top, r), x >= 0
+
+
+def logistic_reference(q, ti):
+    """numpy: TFLite's int16 LOGISTIC (reference_integer_ops::Logistic), output scale 1 / 32768."""
+    r, pos = _interpolate(q, ti, 9)
+    return np.where(pos, r + (1 << 9), (1 << 25) - r + (1 << 9) - 1) >> 10
+
+
+def tanh_reference(q, ti):
+    """numpy: TFLite's int16 TANH (reference_integer_ops::Tanh), output scale 1 / 32768."""
+    r, pos = _interpolate(q, ti, 8)
+    return np.where(pos, r - (1 << 23) + (1 << 7), -r + (1 << 23) + (1 << 7) - 1) >> 8
+
+
+def lut(imp, op, reference):
+    """LOGISTIC / TANH of an int16 tensor as `reference` gives it, its 65536 outputs gathered at
+    the input's integer; None where it does not apply (not 16x8, output scale not 1 / 32768, a
+    power-of-two input scale: LiteRT's optimized kernel, or float16 mode)."""
+    ti, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    if imp.float16 or not (is_int16(ti) and is_int16(to)):
+        return None
+    if float(to.scale[0]) != 1.0 / 32768 or lut_params(ti)[0] == 0:
+        return None
+    q = np.arange(_LO, _HI + 1, dtype=np.int64)
+    real = (reference(q, ti).astype(np.float64) / 32768.0).astype(np.float32)
+    b = imp.b
+    idx = b.sub(quantized.integers(b, imp.operand(op, op.inputs[0]), ti), _i32(b, _LO))
+    return b.gather(b.constant(real), idx, axis=0)
+
+
 def converters(base, conv_padding):
     """The int16 forms of `base`'s converters (a dict by operator name): each tries its exact
     path above and falls back to the base converter."""
@@ -369,4 +462,6 @@ def converters(base, conv_padding):
         "FULLY_CONNECTED": wrap("FULLY_CONNECTED", lambda imp, op: weighted(imp, op, conv_padding)),
         "ADD": wrap("ADD", lambda imp, op: add_sub(imp, op, False)),
         "QUANTIZE": wrap("QUANTIZE", quantize),
+        "LOGISTIC": wrap("LOGISTIC", lambda imp, op: lut(imp, op, logistic_reference)),
+        "TANH": wrap("TANH", lambda imp, op: lut(imp, op, tanh_reference)),
     }
