@@ -153,9 +153,13 @@ def test_reduce_several_dynamic_axes(ctx, keep):
     )
 
 
-def test_reduce_many_outputs_threshold(ctx):
+def test_reduce_many_outputs_threshold(ctx, monkeypatch):
     """K = 100 static, M dynamic across MANY_OUTPUTS (16384): one workgroup per output below it,
-    one thread per output from it on, in one kernel."""
+    one thread per output from it on, in one kernel. (The GPUs' rule: a CPU adapter takes a thread
+    per output up to CPU_THREAD_MAX_K whatever M, so that is lowered to the GPUs' bound here.)"""
+    from mltensor.ops import reduce as reduce_mod
+
+    monkeypatch.setattr(reduce_mod, "CPU_THREAD_MAX_K", reduce_mod.THREAD_MAX_K)
     specs = {"x": ("float32", [D("rows", 16500), 100])}
     sizes = [{"rows": 1}, {"rows": 16384}, {"rows": 257}]
     names = check(
@@ -181,11 +185,13 @@ def _softmax(a, axis):
 
 
 def test_softmax_dynamic_last_axis(ctx):
-    """Attention scores [batch, heads, query, key]: query and key lengths dynamic."""
-    specs = {"x": ("float32", [D("batch", 2), 3, D("q", 33), D("k", 300)])}
+    """Attention scores [batch, heads, query, key]: query and key lengths dynamic (past the
+    thread-per-row bound of GPUs, 32, and of CPU adapters, 1024: the choice made at dispatch)."""
+    specs = {"x": ("float32", [D("batch", 2), 3, D("q", 33), D("k", 1300)])}
     sizes = [
         {"batch": 1, "q": 1, "k": 1},
         {"batch": 2, "q": 33, "k": 300},
+        {"batch": 1, "q": 5, "k": 1300},
         {"batch": 1, "q": 7, "k": 257},
         {"batch": 2, "q": 1, "k": 33},
     ]

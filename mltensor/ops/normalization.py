@@ -306,7 +306,8 @@ def _lower_norm(kc, node, kept, red):
     M, K = math.prod(s for s, _ in kept), math.prod(s for s, _ in red)
     base, pbase = radix("o", merge_dims(kept), 2)
     off, poff = radix("k", merge_dims(red), 2)
-    thr = thread_flag(M, K)  # 1: one thread per group, 0: one workgroup, else decided at dispatch
+    cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+    thr = thread_flag(M, K, cpu)  # 1: one thread per group, 0: one workgroup, else decided at dispatch
     mode = "norm_thread" if thr == 1 else "norm_group"
     params = _params(
         node,

@@ -39,6 +39,7 @@ from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
 from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
+from .nbits import cpu_adapter
 from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, unop
 from ._checks import check_bool, check_support
 from ._index import merge_dims, radix, row_strides
@@ -46,6 +47,12 @@ from ._index import merge_dims, radix, row_strides
 WG = 64  # threads of a reducing workgroup (power of two: tree reduction)
 THREAD_MAX_K = 32  # up to this many reduced elements, one thread per output is faster
 MANY_OUTPUTS, THREAD_MAX_K_MANY = 16384, 256  # ... and up to 256 when outputs alone fill the GPU
+# CPU adapters (lavapipe): a thread per output up to this many reduced elements, whatever the
+# outputs. A workgroup's barriers are coroutine switches there: measured on lavapipe (2 cores),
+# layer normalization's workgroup per row against a thread per row: [8192, 40] 28.4 vs 1.7 ms,
+# [2048, 80] 8.1 vs 1.6, [512, 160] 2.6 vs 0.9, [394, 768] 3.7 vs 2.0, [64, 64] 0.8 vs 0.3; from
+# [128, 3072] the workgroup wins (3.5 vs 4.2 ms).
+CPU_THREAD_MAX_K = 1024
 CHUNK = 4096  # elements per workgroup in the two-level scheme
 MAX_SPLIT = 1024  # partials per output in the two-level scheme (the final pass reduces these)
 # softmax rows longer than this take two launches over chunks of CHUNK: on GPUs, where one
@@ -127,12 +134,13 @@ def split_axes(shape, axes):
     return kept, red
 
 
-def reduce_shape(n_out, n_red):
+def reduce_shape(n_out, n_red, cpu=False):
     """Kernel shape for n_out outputs of n_red elements each: ("thread"|"group"|"split", S).
     A thread per output when its loop is short, or when there are so many outputs that the
-    threads alone fill the GPU (a barrier-heavy workgroup per output then only adds cost);
-    otherwise a workgroup per output, split further when K is huge and outputs are few."""
-    if n_red <= THREAD_MAX_K or (n_out >= MANY_OUTPUTS and n_red <= THREAD_MAX_K_MANY):
+    threads alone fill the GPU (a barrier-heavy workgroup per output then only adds cost), or on
+    a CPU adapter (`cpu`) up to CPU_THREAD_MAX_K; otherwise a workgroup per output, split
+    further when K is huge and outputs are few."""
+    if n_red <= (CPU_THREAD_MAX_K if cpu else THREAD_MAX_K) or (n_out >= MANY_OUTPUTS and n_red <= THREAD_MAX_K_MANY):
         return "thread", 1
     splits = min(-(-n_red // CHUNK), MAX_SPLIT)
     if splits > 1 and n_out < 256:
@@ -169,10 +177,11 @@ def _or(a, b):
     return b if a == 0 else a if b == 0 else smax(a, b)
 
 
-def thread_flag(n_out, n_red):
-    """1 where reduce_shape(n_out, n_red) is "thread", else 0; a Sym (1 or 0 at dispatch) where
-    that depends on sizes given at dispatch."""
-    return _or(at_most(n_red, THREAD_MAX_K), at_least(n_out, MANY_OUTPUTS) * at_most(n_red, THREAD_MAX_K_MANY))
+def thread_flag(n_out, n_red, cpu=False):
+    """1 where reduce_shape(n_out, n_red, cpu) is "thread", else 0; a Sym (1 or 0 at dispatch)
+    where that depends on sizes given at dispatch."""
+    k = CPU_THREAD_MAX_K if cpu else THREAD_MAX_K
+    return _or(at_most(n_red, k), at_least(n_out, MANY_OUTPUTS) * at_most(n_red, THREAD_MAX_K_MANY))
 
 
 def may_split(n_out, n_red):
@@ -298,10 +307,10 @@ def _lower_reduce(kc, node):
     tag = f"{short}_{st}_m{M}_k{K}"
     where = node.op
     if isinstance(M, int) and isinstance(K, int):
-        kind, S = reduce_shape(M, K)
+        kind, S = reduce_shape(M, K, cpu_adapter(kc))
         thr = 1 if kind == "thread" else 0
     else:
-        thr = thread_flag(M, K)
+        thr = thread_flag(M, K, cpu_adapter(kc))
         kind = "thread" if thr == 1 else "split" if may_split(M, K) else "group"
     if kind != "thread" and thr != 0:
         params["THR"] = wgsl(thr)  # and the thread kernel's path where it is 1 (dynamic only)
@@ -426,7 +435,7 @@ def _lower_softmax(kc, node):
     bindings = (Binding("src", t), Binding("dst", t, True))
     cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
     split = at_least(K, (SOFTMAX_SPLIT_K_CPU if cpu else SOFTMAX_SPLIT_K) + 1)  # long rows: two launches
-    thr = thread_flag(rows, K)
+    thr = thread_flag(rows, K, cpu)
     if thr == 1:
         k = Kernel(f"softmax_{tag}_thread", "reduce.wgsl", dict(params, mode="softmax_thread"), bindings)
         kc.launch(k, [x, out], groups("softmax", cdiv(rows, WORKGROUP)))
