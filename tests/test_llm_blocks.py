@@ -100,8 +100,8 @@ def test_block_gemv_gpu_shape(ctx, kind, monkeypatch):
     reduced in workgroup memory; GEMM: 16 x 16 threads of 4 x 4 outputs), forced on this adapter."""
     from mltensor.ops import blocks, nbits
 
-    monkeypatch.setattr(blocks, "cpu_adapter", lambda kc: False)
-    monkeypatch.setattr(nbits, "cpu_adapter", lambda kc: False)
+    monkeypatch.setattr(blocks, "cpu_device", lambda device: False)
+    monkeypatch.setattr(nbits, "cpu_device", lambda device: False)
     rng = np.random.default_rng(7 + sum(map(ord, kind)))
     bv = BLOCK_TYPES[kind][0]
     K, N = 40 * 64 if bv == 256 else 40 * bv, 13  # 40 units a row: more than the 32 threads of a row

@@ -451,7 +451,7 @@ def test_nms_greedy_in_several_launches(ctx, rng, monkeypatch):
     import mltensor.ops.select as select
 
     monkeypatch.setattr(select, "greedy_cap", lambda S: 7)
-    monkeypatch.setattr(select, "_cpu", lambda kc: True)
+    monkeypatch.setattr(select, "cpu_device", lambda device: True)
     boxes = _corners(rng, 2, 60, span=50.0)
     scores = rng.random((2, 3, 60))
     b = mltensor.MLGraphBuilder(ctx)

@@ -15,6 +15,7 @@ from ..runtime.compile import compile_kernels, warm
 from ..runtime.constants import UPLOAD_BATCH, digest
 from ..runtime.program import Ext, Program, instantiate
 from ..runtime.timeline import Task
+from ..runtime.wgsl import cpu_device
 from ..dynamic.kernels import check_device, may_be_zero
 from ..ir.graph import live_nodes
 from ..switches import switch
@@ -39,7 +40,7 @@ def compile_graph(builder, outputs, placement=None):
         outputs,
         fuse=not switch("MLTENSOR_NO_FUSION"),
         max_inputs=binding_cap(device) - 1,
-        cpu=str(device.adapter.info.get("adapter_type", "")).upper() == "CPU",
+        cpu=cpu_device(device),
         report=report,
     )
     fusion_notes = [(kind, n.op, n.label, why) for kind, n, why in report]

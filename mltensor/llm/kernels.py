@@ -20,8 +20,7 @@ in the same order for every M and MT, so a row's result does not depend on the r
 from ..dynamic.dims import Sym, cdiv, wgsl
 from ..dynamic.kernels import grid
 from ..ir.registry import DYNAMIC, builder_op, lowering, register
-from ..ops.nbits import cpu_adapter
-from ..runtime.wgsl import Binding, Kernel
+from ..runtime.wgsl import Binding, cpu_device, Kernel
 
 BLOCK = 32
 # Threads a workgroup and output rows a thread, measured on lavapipe (2 cores, SmolLM2-135M's
@@ -114,7 +113,7 @@ def _lower(kc, node):
     # rows_tile 0 ("auto", a serving step): one row a thread where the step has one row,
     # STEP_TILE_* where it has more; both launched, each gated on M at dispatch (the same sums
     # either way)
-    cpu = cpu_adapter(kc)
+    cpu = cpu_device(kc.device)
     rows, step = (ROWS_CPU, STEP_TILE_CPU) if cpu else (ROWS_GPU, STEP_TILE_GPU)
     tiles = [(MT, rows, "")] if MT else [(1, rows, f"{p['M']} < 2u"), (*step, f"{p['M']} >= 2u")]
     if not isinstance(M, Sym):

@@ -55,6 +55,7 @@ import numpy as np
 
 from .. import MLDynamicDimension, MLGraphBuilder
 from . import kernels  # noqa: F401 - registers _llm_gemv
+from ..runtime.wgsl import cpu_device
 from .gguf import GGUFFile, LlamaConfig, load_weight
 
 if TYPE_CHECKING:
@@ -534,7 +535,7 @@ class LlamaModel:
         """
         with self._lock:
             if which not in self._graphs:
-                cpu = str(self.ctx.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+                cpu = cpu_device(self.ctx.device)
                 bld = _Builder(self.ctx, self.weights, self.max_context, gemv=cpu and self.gemv)
                 if which == "prefill":
                     self._graphs[which] = bld.build(False, self.max_context)

@@ -16,7 +16,7 @@ from ..errors import NotSupportedError
 from ..switches import switch
 from ..runtime import autotune
 from ..dynamic.kernels import MAX_GROUPS, grid
-from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, cpu_device, Kernel
 from ._index import is_one, row_strides
 
 GEMV_MAX_M = 4
@@ -535,7 +535,7 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     range of M, and the ranges of M or N where a different tile would be chosen), each launched
     with its configuration chosen (tuned) at the bucket's maximum and a workgroup count that is
     0 (1 workgroup returning at once) outside the bucket."""
-    cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+    cpu = cpu_device(kc.device)
     if params.get("post_ln"):
         # a normalization after the GEMM (Step.post_norm): one tiled kernel for every size (its
         # workgroups own whole rows; the GEMV path's own columns)
@@ -662,7 +662,7 @@ def vec_loads(kc, direct=False):
         return VEC_LOADS
     if direct and not switch("MLTENSOR_NO_DIRECT_GEMM"):
         return True
-    return str(kc.device.adapter.info.get("adapter_type", "")).upper() != "CPU"
+    return not cpu_device(kc.device)
 
 
 def no_split(cands, heur, w=4):

@@ -47,7 +47,7 @@ from ..dynamic.dims import Sym, cdiv, exact_div, high, low, wgsl
 from ..errors import NotSupportedError
 from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
-from ..runtime.wgsl import LOOP_BUDGET, Binding, Kernel, f32_lit, ld_st
+from ..runtime.wgsl import LOOP_BUDGET, Binding, cpu_device, f32_lit, Kernel, ld_st
 from ._checks import check_bool, check_number, check_support, same_type, unidirectional
 from ._index import row_strides
 from .reduce import groups
@@ -485,7 +485,7 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         one = [c for c in cands if not c["SPLIT"]]
         heur = one.index(cands[heur]) if cands[heur] in one else 0
         cands = one
-    if str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU":
+    if cpu_device(kc.device):
         heur = 0
 
     def fits(c):  # the one-workgroup-per-head decode kernel walks every key: only under the cap

@@ -33,9 +33,9 @@ from ..dynamic.dims import Sym, cdiv, high, wgsl
 from ..dynamic.kernels import grid
 from ..errors import DataError, NotSupportedError
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, cpu_device, Kernel, store_fn
 from ._checks import check_support
-from .nbits import GEMV_MAX_M, cpu_adapter, tiled_launch
+from .nbits import GEMV_MAX_M, tiled_launch
 
 # kind: (values a block, bytes a block in the file, byte offset of an f16 `d` moved out of the
 # block, or None). BF16, F16 and F32 are read as blocks of 32 values (64 or 128 bytes) for the same
@@ -205,7 +205,7 @@ def _lower_matmul_blocks(kc, node):
     if (not isinstance(M, Sym) and M <= GEMV_MAX_M) or at.get("rows_gemv"):
         # (rows_gemv: the rows one after the other in each thread, a row's units decoded for it:
         # the same sums for every M, and no faster per row than alone)
-        cpu = cpu_adapter(kc)
+        cpu = cpu_device(kc.device)
         if cpu and kind in CPU_K23:
             _launch_k23(kc, name, dp, M, K, N, [a, packed, out])
             return

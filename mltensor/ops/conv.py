@@ -31,10 +31,9 @@ from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..errors import NotSupportedError
 from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
-from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, lit, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, cpu_device, Kernel, lit, store_fn
 from ._checks import check_support, int_list, same_type
 from ._gemm import batch_offset_expr, gemm_launch, grid_checked, has_direct, vec_loads
-from .nbits import cpu_adapter
 from .elementwise import activation_lines
 from .resample import resample_params
 
@@ -628,7 +627,7 @@ def _direct_gemm(kc, node, pro, w, bias, out, a, f_s, in_s, t):
     "pad" prologue is padding. Sizes may be dynamic (a static and a dynamic build take the same
     path: the same sums). False where it does not apply (depthwise, fewer than 4 output channels
     a group, transposed: their own kernels); True when launched."""
-    if not cpu_adapter(kc) or not has_direct("matmul.wgsl"):
+    if not cpu_device(kc.device) or not has_direct("matmul.wgsl"):
         return False
     lay, groups = a["input_layout"], a["groups"]
     (pt, pb, pl, pr), (sh, sw), (dh, dw) = a["padding"], a["strides"], a["dilations"]

@@ -22,7 +22,7 @@ from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, low, smin, wgsl
 from ..dynamic.kernels import grid
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
-from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel, store_fn
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, cpu_device, Kernel, store_fn
 from ._checks import check_support, same_type
 
 FLOAT = dtypes.FLOATS
@@ -156,10 +156,6 @@ def _quant_params(attrs, cols):
     }
 
 
-def cpu_adapter(kc):
-    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
-
-
 @lowering("_matmul_nbits")
 def _lower_matmul_nbits(kc, node):
     at = node.attrs
@@ -234,7 +230,7 @@ def tiled_launch(kc, name, p, bindings, args, M, N, m_max, on):
     # Tiles: on CPU adapters lavapipe's GEMM shape (64 threads, 8x8 outputs each where the
     # sizes fill it: ops/matmul.lavapipe_config), elsewhere 256 threads with 4x4 outputs each.
     # Both fit WebGPU's default 16 KiB of workgroup memory with BK = 32. Chosen at the largest M.
-    if cpu_adapter(kc):
+    if cpu_device(kc.device):
         tx = ty = 8
         rm = 8 if m_max >= 64 else 4
         rn = 8 if N >= 64 else 4

@@ -29,7 +29,7 @@ from .. import dtypes
 from ..dynamic.dims import Sym, cdiv, high, low, wgsl
 from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, lit, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, cpu_device, Kernel, lit, store_fn
 from ._checks import check_number, check_support
 from ._index import merge_dims, radix, row_strides
 from .elementwise import group_fn
@@ -306,7 +306,7 @@ def _lower_norm(kc, node, kept, red):
     M, K = math.prod(s for s, _ in kept), math.prod(s for s, _ in red)
     base, pbase = radix("o", merge_dims(kept), 2)
     off, poff = radix("k", merge_dims(red), 2)
-    cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+    cpu = cpu_device(kc.device)
     thr = thread_flag(M, K, cpu)  # 1: one thread per group, 0: one workgroup, else decided at dispatch
     mode = "norm_thread" if thr == 1 else "norm_group"
     params = _params(
@@ -344,7 +344,7 @@ def _lower_norm(kc, node, kept, red):
     short = node.op.lstrip("_").split("_")[0]
     tail = f"{_sb(scale, bias)}{'_src' if src is not None else ''}{_tag(kc, x)}"
     # groups longer than this take the split path (1: every allowed size, else a Sym: at dispatch)
-    most = SPLIT_K_CPU if _cpu(kc) else SPLIT_K
+    most = SPLIT_K_CPU if cpu_device(kc.device) else SPLIT_K
     split = at_least(K, most + 1)
     auto = ""
     if thr not in (0, 1):  # dynamic: the thread kernel's path too, where a static build takes it
@@ -367,7 +367,7 @@ def _lower_norm(kc, node, kept, red):
         # mean and variance) and normalizes the chunk. One workgroup looping over a group of
         # ~1.4M elements passes llvmpipe's loop cap (runtime/wgsl.py LOOP_BUDGET) and leaves a
         # GPU idle; a chunk loops 2 CHUNK / WG times, the combine 2 S / WG.
-        c0 = CHUNK_CPU if _cpu(kc) else CHUNK
+        c0 = CHUNK_CPU if cpu_device(kc.device) else CHUNK
         S, chunk, most = chunks(K, c0)
         part = kc.scratch(4 * 2 * high(M) * most)
         p = dict(params, THR="", **size_params(S=S, CHUNK=chunk))
@@ -392,10 +392,6 @@ def _lower_norm(kc, node, kept, red):
         kc.launch(
             kap, args + [part], groups(node.op, M * S * split), iters=2 * cdiv(s_most, WG) + cdiv(chunk_most, WG) + 12
         )
-
-
-def _cpu(kc):
-    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 
 register(

@@ -34,7 +34,7 @@ from ..dynamic.dims import Sym, cdiv, high, is_static, low, smax, wgsl
 from ..dynamic.kernels import SizeParams, grid
 from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, store_fn
+from ..runtime.wgsl import WORKGROUP, Binding, binop, cpu_device, Kernel, ld_st, lit, store_fn
 from ._index import FAST_DIV_MAX, index_lines
 from ._checks import check_support, int_list
 from .reduce import CHUNK, MAX_SPLIT, at_least, chunks
@@ -50,10 +50,6 @@ GLOBAL_WG = 64  # threads of a global-path workgroup (shaders/pool.wgsl)
 # plane leave a GPU (or lavapipe's second core) idle
 GLOBAL_SPLIT = 65536
 CHUNK_CPU = 65536  # a chunk on CPU adapters (on GPUs reduce.CHUNK): lavapipe pays per workgroup
-
-
-def _cpu(kc):
-    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 
 # Builder methods taking operands with dynamic dimensions (batch, channels, plane)
@@ -271,7 +267,7 @@ def _lower(kc, node, mode):
         # S workgroups per output each pool a chunk of CHUNK elements into `part` (in T), then one
         # thread per output combines its S partials in order. One workgroup walking a 2048x2048
         # plane loops past llvmpipe's cap (runtime/wgsl.py LOOP_BUDGET) and leaves a GPU idle.
-        c0 = CHUNK_CPU if _cpu(kc) else CHUNK
+        c0 = CHUNK_CPU if cpu_device(kc.device) else CHUNK
         S, chunk, most = chunks(plane, c0)
         chunk_most = max(c0, cdiv(high(plane), MAX_SPLIT))  # (bounds of the expressions are loose)
         part = kc.scratch(dtypes.COMPUTE_NUMPY[t].itemsize * high(total) * most)

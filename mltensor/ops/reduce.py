@@ -39,8 +39,7 @@ from ..dynamic.kernels import MAX_GROUPS, grid
 from ..errors import NotSupportedError
 from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, register
-from .nbits import cpu_adapter
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, ld_st, lit, unop
+from ..runtime.wgsl import WORKGROUP, Binding, binop, cpu_device, Kernel, ld_st, lit, unop
 from ._checks import check_bool, check_support
 from ._index import merge_dims, radix, row_strides
 
@@ -307,10 +306,10 @@ def _lower_reduce(kc, node):
     tag = f"{short}_{st}_m{M}_k{K}"
     where = node.op
     if isinstance(M, int) and isinstance(K, int):
-        kind, S = reduce_shape(M, K, cpu_adapter(kc))
+        kind, S = reduce_shape(M, K, cpu_device(kc.device))
         thr = 1 if kind == "thread" else 0
     else:
-        thr = thread_flag(M, K, cpu_adapter(kc))
+        thr = thread_flag(M, K, cpu_device(kc.device))
         kind = "thread" if thr == 1 else "split" if may_split(M, K) else "group"
     if kind != "thread" and thr != 0:
         params["THR"] = wgsl(thr)  # and the thread kernel's path where it is 1 (dynamic only)
@@ -433,7 +432,7 @@ def _lower_softmax(kc, node):
     t = kc.wtype(x)  # f32, or f16 loaded and stored around f32 max, exp and sum
     tag = f"r{rows}_k{K}" + ("_f16" if t == "f16" else "")
     bindings = (Binding("src", t), Binding("dst", t, True))
-    cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+    cpu = cpu_device(kc.device)
     split = at_least(K, (SOFTMAX_SPLIT_K_CPU if cpu else SOFTMAX_SPLIT_K) + 1)  # long rows: two launches
     thr = thread_flag(rows, K, cpu)
     if thr == 1:

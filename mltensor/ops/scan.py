@@ -51,7 +51,7 @@ from ..errors import NotSupportedError
 from ..ir.graph import MLOperand
 from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, binop, compare, convert, ld_st, lit
+from ..runtime.wgsl import WORKGROUP, Binding, binop, compare, convert, cpu_device, Kernel, ld_st, lit
 from ._checks import check_axis, check_bool, check_support
 from .reduce import at_least, groups, thread_flag
 from ._gemm import dim_maxes
@@ -162,7 +162,7 @@ def _launch(kc, where, problem, outer, n, inner, serial, chunks, tiles):
         raise NotSupportedError(
             f"[{where}] lines of {high(n)} elements: longer than every plan takes ({MAXM * MAXM} elements or more)"
         )
-    cpu = str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
+    cpu = cpu_device(kc.device)
     heur = 0 if cpu or len(cands) == 1 else len(cands) - 1
 
     def plan(c):

@@ -27,7 +27,7 @@ from .. import dtypes
 from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel
+from ..runtime.wgsl import WORKGROUP, Binding, cpu_device, Kernel
 from ._index import chained_coords
 from ._checks import check_number, check_support
 
@@ -210,7 +210,7 @@ def _lower_nms(kc, node):
     thr_hi = _f32(thr * (1 + 2.0**-16))[1] if thr > 0 else 2.0**-126
     thr_lo = _f32(thr * (1 - 2.0**-16))[1]
     pmax = 1 << (S - 1).bit_length()
-    if pmax > CPU_MAX_KEYS and _cpu(kc):
+    if pmax > CPU_MAX_KEYS and cpu_device(kc.device):
         raise NotSupportedError(
             f"[_nms] {S} boxes: on a CPU adapter (lavapipe, whose shader loops stop "
             f"after 65535 iterations) up to {CPU_MAX_KEYS}"
@@ -241,7 +241,7 @@ def _lower_nms(kc, node):
     sel = kc.scratch(4 * W * ms)
     cnt = kc.scratch(4 * (W + 1))
     state = kc.scratch(8 * W)
-    cap = greedy_cap(S) if _cpu(kc) else ms
+    cap = greedy_cap(S) if cpu_device(kc.device) else ms
     bindings = (
         Binding("boxes", "f32"),
         Binding("scores", "f32"),
@@ -274,10 +274,6 @@ def greedy_cap(S):
     S <= CPU_MAX_KEYS; each launch keeps its greedy pass under 30000. GPUs have no such budget:
     one launch."""
     return max(1, 30000 // (2 + -(-S // (UNROLL * WORKGROUP))))
-
-
-def _cpu(kc):
-    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 
 def _order(bits):

@@ -32,7 +32,7 @@ from .. import dtypes
 from ..errors import NotSupportedError
 from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
-from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, Kernel
+from ..runtime.wgsl import LOOP_BUDGET, WORKGROUP, Binding, cpu_device, Kernel
 from ._checks import check_bool, check_support
 from .reduce import groups
 
@@ -150,10 +150,6 @@ def heuristic(cands, rows, n, k, kw, cpu):
     return find("reg", 1, 32)
 
 
-def _cpu(kc):
-    return str(kc.device.adapter.info.get("adapter_type", "")).upper() == "CPU"
-
-
 @lowering("_topk")
 def _lower_topk(kc, node):
     x = node.inputs[0]
@@ -168,7 +164,7 @@ def _lower_topk(kc, node):
     kind = _kind(t)
     kw = 2 if kind in ("i64", "u64") else 1
     storage = min(kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE), 32768)
-    cpu = _cpu(kc)
+    cpu = cpu_device(kc.device)
     cands = candidates(rows, n, k, kw, storage)
     heur = heuristic(cands, rows, n, k, kw, cpu)
     xt = "f16" if t == "f16" else "u32"  # 32-bit values and 64-bit words move as u32

@@ -27,7 +27,7 @@ import wgpu
 from .._xdg import cache_dir
 from ..switches import value
 from .profiler import time_launches as time_passes
-from .wgsl import pipeline
+from .wgsl import cpu_device, pipeline
 
 STATS = {"tuned": 0, "cache_hits": 0, "seconds": 0.0}
 _lock = threading.Lock()
@@ -69,7 +69,7 @@ def enabled(device):
         return False
     if env in ("0", "1"):
         return env == "1"
-    return str(device.adapter.info.get("adapter_type", "")).upper() != "CPU"
+    return not cpu_device(device)
 
 
 def budget_s():

@@ -28,7 +28,7 @@ import wgpu
 
 from .._xdg import cache_dir
 from .autotune import adapter_key
-from .wgsl import compiled, pipeline, source_of
+from .wgsl import compiled, cpu_device, pipeline, source_of
 
 _MAX_THREADS = 8
 _MIN_WARM = 4  # fewer new kernels than this compile at their first dispatch, as before
@@ -80,7 +80,7 @@ def compile_kernels(ctx, kernels, sources=None, warm=True, locked=False):
             f.result()  # the first failure (OperationError naming the kernel) is raised
     for k, src in rest:
         pipeline(device, k, src)
-    if warm and _is_cpu(ctx) and _disk_cache_on():
+    if warm and cpu_device(ctx.device) and _disk_cache_on():
         _warm_cpu(ctx, todo, sources, n, locked)
 
 
@@ -88,13 +88,9 @@ def warm(ctx, kernels, locked=False):
     """The Mesa warm-up (module docstring) of kernels whose pipelines the device has already:
     a graph with dynamic dimensions warms its kernels at its first dispatch, together with the
     size buckets that dispatch runs (MLGraph._create), one parallel pass instead of two."""
-    if not kernels or not (_is_cpu(ctx) and _disk_cache_on()) or threads() == 1:
+    if not kernels or not (cpu_device(ctx.device) and _disk_cache_on()) or threads() == 1:
         return
     _warm_cpu(ctx, kernels, [source_of(ctx.device, k) for k in kernels], threads(), locked)
-
-
-def _is_cpu(ctx):
-    return str(ctx._adapter_info.get("adapter_type", "")).upper() == "CPU"
 
 
 def _disk_cache_on():

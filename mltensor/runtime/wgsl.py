@@ -39,6 +39,12 @@ def loop_capped(device):
     wants); a kernel with no variant below the budget is refused only where the cap may apply."""
     if os.environ.get("MLTENSOR_LOOP_CAP", "") not in ("", "0"):
         return True
+    return cpu_device(device)
+
+
+def cpu_device(device):
+    """The device runs on a CPU adapter (Mesa's llvmpipe: lavapipe), where kernels' shapes are
+    chosen for vector lanes and two cores rather than a GPU's memory system."""
     return str(device.adapter.info.get("adapter_type", "")).upper() == "CPU"
 
 
