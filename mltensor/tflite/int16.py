@@ -44,16 +44,16 @@ def is_int16(t):
 
 
 def _i32(b, v):
-    return b.constant(np.asarray(v, np.int32))
+    return quantized.integer_constant(b, v)
 
 
 def _i64(b, v):
-    return b.constant(np.asarray(v, np.int64))
+    return quantized.integer_constant(b, v, np.int64)
 
 
 def _real(b, q, t):
     """int32 q as the real values of int16 tensor t (exact: |q| < 2^15 in float32)."""
-    return b.mul(b.cast(q, "float32"), b.constant(np.array(t.scale[0], np.float32)))
+    return quantized.real_values(b, q, t)
 
 
 def activation_range(op, t):
@@ -93,19 +93,13 @@ def mbqm64_reference(x, qm, shift):
     return (np.asarray(x, np.int64) * rm + (np.int64(1) << (total - 1))) >> total
 
 
-def _floor_div_pow2(b, x, d):
-    """floor(x / d) for int64 x and positive int64 constant d (WebNN's division truncates)."""
-    q = b.div(x, d)
-    return b.sub(q, b.cast(b.lesser(b.sub(x, b.mul(q, d)), _i64(b, 0)), "int64"))
-
-
 def _mbqm64(b, acc, qm, shift, shape):
     """The 64-bit MultiplyByQuantizedMultiplier of int64 acc, per channel (qm, shift: numpy arrays
     reshaped to `shape`, broadcasting over acc)."""
     total = (15 - shift).astype(np.int64)
     rm = np.array([reduced_multiplier(int(m)) for m in qm], np.int64)
     p = b.add(b.mul(acc, _i64(b, rm.reshape(shape))), _i64(b, (np.int64(1) << (total - 1)).reshape(shape)))
-    return _floor_div_pow2(b, p, _i64(b, (np.int64(1) << total).reshape(shape)))
+    return quantized.floor_div(b, p, _i64(b, (np.int64(1) << total).reshape(shape)))
 
 
 def fc_scales(ti, tw, to, n):
@@ -285,7 +279,7 @@ def add_sub(imp, op, subtract):
     for i, t, m, e in ((op.inputs[0], ta, m1, e1), (op.inputs[1], tc, m2, e2)):
         q = b.cast(quantized.integers(b, imp.operand(op, i), t), "int64")
         p = b.add(b.mul(q, _i64(b, m << 15)), _i64(b, 1 << (30 - e)))  # |.| < 2^61
-        xs.append(b.cast(_floor_div_pow2(b, p, _i64(b, 1 << (31 - e))), "int32"))  # |.| <= 2^29
+        xs.append(b.cast(quantized.floor_div(b, p, _i64(b, 1 << (31 - e))), "int32"))  # |.| <= 2^29
     s = b.sub(*xs) if subtract else b.add(*xs)
     out = quantized.multiply_by_quantized_multiplier_graph(b, s, mo, eo)
     return _real(b, b.clamp(out, min_value=float(rng[0]), max_value=float(rng[1])), to)

@@ -27,6 +27,8 @@ outputs are refused (WebNN has no int16).
 
 import numpy as np
 
+from .. import dtypes
+
 from ..errors import NotSupportedError
 
 QUANT_TYPES = ("int8", "uint8", "int16")  # int16: 16x8 models' activations (zero point 0)
@@ -153,8 +155,9 @@ def xnn_add_reference(a, b, ta, tb, to, subtract=False):
     return np.clip((acc >> shift) + zo, lo, hi)
 
 
-def _int(b, v):
-    return b.constant(np.array(v, np.int32))
+def integer_constant(b, v, dtype=np.int32):
+    """A constant of integer value(s) v (int32, or `dtype`)."""
+    return b.constant(np.asarray(v, dtype))
 
 
 def integers(b, v, t):
@@ -164,18 +167,25 @@ def integers(b, v, t):
     return b.cast(b.add(b.round_even(b.div(v, _c(b, scale))), _c(b, zp)), "int32")
 
 
-def _real(b, q, t, data_type):
+def real_values(b, q, t, data_type="float32"):
+    """Integers q of quantized tensor t as its real values, scale * (q - zero point)."""
     scale, zp = _per_tensor(t, "output")
-    return b.mul(b.sub(b.cast(q, data_type), _c(b, zp)), _c(b, scale))
+    x = b.cast(q, data_type)
+    return b.mul(b.sub(x, _c(b, zp)) if zp else x, _c(b, scale))
+
+
+def floor_div(b, x, d):
+    """floor(x / d) for integer x and a positive integer constant d of x's type (a power of two:
+    an arithmetic shift), with WebNN's truncating division: one less where the remainder is
+    negative."""
+    q = b.div(x, d)
+    neg = b.lesser(b.sub(x, b.mul(q, d)), integer_constant(b, 0, dtypes.NUMPY[x.data_type]))
+    return b.sub(q, b.cast(neg, x.data_type))
 
 
 def floor_shift(b, acc, shift):
-    """acc >> shift (arithmetic, int32; 0 < shift < 31) with WebNN's truncating division: one less
-    where the remainder is negative."""
-    d = _int(b, 1 << shift)
-    q = b.div(acc, d)
-    neg = b.cast(b.lesser(b.sub(acc, b.mul(q, d)), _int(b, 0)), "int32")
-    return b.sub(q, neg)
+    """acc >> shift (arithmetic, int32; 0 < shift < 31)."""
+    return floor_div(b, acc, integer_constant(b, 1 << shift))
 
 
 def add_sub(b, x, y, tx, ty, to, subtract):
@@ -191,11 +201,11 @@ def add_sub(b, x, y, tx, ty, to, subtract):
     am, bm, shift = p
     za, zb, zo = int(tx.zero_point[0]), int(ty.zero_point[0]), int(to.zero_point[0])
     # |q * mult| < 2^8 * 2^21 and the bias < 2^30: the sum stays within int32
-    acc = b.add(b.mul(integers(b, x, tx), _int(b, am)), b.mul(integers(b, y, ty), _int(b, bm)))
-    acc = b.add(acc, _int(b, (1 << (shift - 1)) - am * za - bm * zb))
+    acc = b.add(b.mul(integers(b, x, tx), integer_constant(b, am)), b.mul(integers(b, y, ty), integer_constant(b, bm)))
+    acc = b.add(acc, integer_constant(b, (1 << (shift - 1)) - am * za - bm * zb))
     lo, hi = _RANGE[to.data_type]
-    q = b.clamp(b.add(floor_shift(b, acc, shift), _int(b, zo)), min_value=float(lo), max_value=float(hi))
-    return _real(b, q, to, x.data_type)
+    q = b.clamp(b.add(floor_shift(b, acc, shift), integer_constant(b, zo)), min_value=float(lo), max_value=float(hi))
+    return real_values(b, q, to, x.data_type)
 
 
 def average_pool(b, x, tx, to, pool):
@@ -308,7 +318,7 @@ def lookup(b, x, tx, to, table):
         return None
     real = (out.astype(np.float64) - int(to.zero_point[0])) * np.float64(np.float32(to.scale[0]))
     dt = np.float16 if x.data_type == "float16" else np.float32
-    idx = b.sub(integers(b, x, tx), _int(b, lo))
+    idx = b.sub(integers(b, x, tx), integer_constant(b, lo))
     return b.gather(b.constant(real.astype(dt)), idx, axis=0)
 
 
@@ -386,11 +396,11 @@ def resize_bilinear(b, x, tx, to, size, align_corners, half_pixel):
     bl, br = b.gather(bottom, b.constant(lx), axis=2), b.gather(bottom, b.constant(rx), axis=2)
     alpha_h = b.constant(ax.reshape(1, 1, -1, 1))
     alpha_v = b.constant(ay.reshape(1, -1, 1, 1))
-    k = _int(b, 2048)
+    k = integer_constant(b, 2048)
     vt = b.add(b.mul(tl, k), b.mul(b.sub(tr, tl), alpha_h))  # |.| < 2^19
     vb = b.add(b.mul(bl, k), b.mul(b.sub(br, bl), alpha_h))
-    acc = b.add(b.add(b.mul(vt, k), b.mul(b.sub(vb, vt), alpha_v)), _int(b, 1 << 21))  # |.| < 2^31
-    return _real(b, floor_shift(b, acc, 22), to, x.data_type)
+    acc = b.add(b.add(b.mul(vt, k), b.mul(b.sub(vb, vt), alpha_v)), integer_constant(b, 1 << 21))  # |.| < 2^31
+    return real_values(b, floor_shift(b, acc, 22), to, x.data_type)
 
 
 def integer_weighted(imp, op):
@@ -474,7 +484,10 @@ def lookup2(b, x, y, tx, ty, to, table):
     out = table(qs[:, None], qs[None, :]).reshape(-1)
     real = (out.astype(np.float64) - int(to.zero_point[0])) * np.float64(np.float32(to.scale[0]))
     dt = np.float16 if x.data_type == "float16" else np.float32
-    idx = b.add(b.mul(b.sub(integers(b, x, tx), _int(b, lo)), _int(b, 256)), b.sub(integers(b, y, ty), _int(b, lo)))
+    idx = b.add(
+        b.mul(b.sub(integers(b, x, tx), integer_constant(b, lo)), integer_constant(b, 256)),
+        b.sub(integers(b, y, ty), integer_constant(b, lo)),
+    )
     return b.gather(b.constant(real.astype(dt)), idx, axis=0)
 
 
@@ -483,9 +496,9 @@ def rounding_divide_by_pot_graph(b, x, exponent):
     if exponent == 0:
         return x
     fl = floor_shift(b, x, exponent)
-    rem = b.sub(x, b.mul(fl, _int(b, 1 << exponent)))  # in [0, 2^exponent)
+    rem = b.sub(x, b.mul(fl, integer_constant(b, 1 << exponent)))  # in [0, 2^exponent)
     mask = (1 << exponent) - 1
-    threshold = b.add(_int(b, mask >> 1), b.cast(b.lesser(x, _int(b, 0)), "int32"))
+    threshold = b.add(integer_constant(b, mask >> 1), b.cast(b.lesser(x, integer_constant(b, 0)), "int32"))
     return b.add(fl, b.cast(b.greater(rem, threshold), "int32"))
 
 
@@ -493,10 +506,12 @@ def multiply_by_quantized_multiplier_graph(b, x, qm, shift):
     """MultiplyByQuantizedMultiplier (two roundings) on int32 operands whose value times
     2^max(shift, 0) stays within int32 (the caller's bound): the doubling high-mul in int64."""
     if shift > 0:
-        x = b.mul(x, _int(b, 1 << shift))
+        x = b.mul(x, integer_constant(b, 1 << shift))
     x64 = b.cast(x, "int64")
     nudge = b.where(
-        b.lesser(x, _int(b, 0)), b.constant(np.array(1 - (1 << 30), np.int64)), b.constant(np.array(1 << 30, np.int64))
+        b.lesser(x, integer_constant(b, 0)),
+        b.constant(np.array(1 - (1 << 30), np.int64)),
+        b.constant(np.array(1 << 30, np.int64)),
     )  # fmt: skip  (qm > 0: the product's sign is x's)
     p = b.add(b.mul(x64, b.constant(np.array(qm, np.int64))), nudge)
     high = b.cast(b.div(p, b.constant(np.array(1 << 31, np.int64))), "int32")  # truncating, as C++
@@ -521,9 +536,9 @@ def batch_matmul(b, x, y, tx, ty, to, matmul):
     xi = b.round_even(b.div(x, _c(b, float(tx.scale[0]))))  # q - zero point, as float
     yi = b.round_even(b.div(y, _c(b, float(ty.scale[0]))))
     acc = b.cast(matmul(xi, yi), "int32")
-    out = b.add(multiply_by_quantized_multiplier_graph(b, acc, qm, shift), _int(b, int(to.zero_point[0])))
+    out = b.add(multiply_by_quantized_multiplier_graph(b, acc, qm, shift), integer_constant(b, int(to.zero_point[0])))
     olo, ohi = _RANGE[to.data_type]
-    return _real(b, b.clamp(out, min_value=float(olo), max_value=float(ohi)), to, x.data_type)
+    return real_values(b, b.clamp(out, min_value=float(olo), max_value=float(ohi)), to, x.data_type)
 
 
 def _f32_exp(v):
@@ -605,7 +620,7 @@ def mean(b, x, tx, to, axes, keep):
     acc = b.reduce_sum(b.cast(integers(b, x, tx), "float32"), axes=axes, keep_dimensions=keep)
     lo, hi = _RANGE[to.data_type]
     q = b.clamp(b.round_even(b.add(b.mul(acc, _c(b, s)), _c(b, bias))), min_value=float(lo), max_value=float(hi))
-    return _real(b, q, to, "float32")
+    return real_values(b, q, to, "float32")
 
 
 def _lut_table(q, ti, to, fn):
