@@ -677,3 +677,50 @@ def test_int16_lut_exact(ctx, op):
     for s in _int16_lut_scales()[::2]:
         data, feeds, _ = _int16_lut(op, s)
         np.testing.assert_array_equal(_run(ctx, data, feeds)[1][0], _litert(data, feeds)[0], err_msg=f"scale {s}")
+
+
+def _int16_binary(op, sx, sy, so, shape_y=(2, 64)):
+    """float x, y -> QUANTIZE (int16) -> ADD / SUB (int16) -> DEQUANTIZE -> float."""
+    w = ModelWriter()
+    x = w.input("x", [2, 64])
+    y = w.input("y", list(shape_y))
+    xq = w.tensor("xq", [2, 64], np.int16, quant=(sx, 0))
+    yq = w.tensor("yq", list(shape_y), np.int16, quant=(sy, 0))
+    w.op("QUANTIZE", [x], [xq], version=2)
+    w.op("QUANTIZE", [y], [yq], version=2)
+    s = w.tensor("s", [2, 64], np.int16, quant=(so, 0))
+    w.op(op, [xq, yq], [s], f"{op.capitalize()}Options", version=3)
+    out = w.tensor("out", [2, 64])
+    w.op("DEQUANTIZE", [s], [out], version=2)
+    return w.finish([x, y], [out])
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB"])
+def test_int16_add_sub_match_litert(ctx, op):
+    """16x8 ADD and SUB (TFLite's general int16 path: both inputs rescaled with a left shift of 15;
+    int16.add_reference) against LiteRT over 16 random scale draws, broadcasting too: the numpy
+    reference equals LiteRT's outputs; the GPU's at most one output in 1024 is one quantum off
+    (one of 2048 here: not yet found where the GPU's int64 arithmetic departs from it)."""
+    from mltensor.tflite import int16
+    from mltensor.tflite.reader import read
+
+    rng = np.random.default_rng(21 if op == "ADD" else 22)
+    off = total = 0
+    for k in range(16):
+        sx, sy, so = (float(np.exp(rng.uniform(np.log(2e-5), np.log(2e-3)))) for _ in range(3))
+        shape_y = (2, 64) if k % 2 else (1, 64)
+        data = _int16_binary(op, sx, sy, so, shape_y)
+        qa, qc = rng.integers(-30000, 30000, (2, 64)), rng.integers(-30000, 30000, shape_y)
+        feeds = [
+            (qa * np.float64(np.float32(sx))).astype(np.float32),
+            (qc * np.float64(np.float32(sy))).astype(np.float32),
+        ]
+        want = _litert(data, feeds)[0]
+        m = read(bytes(data))
+        ta, tc, to = (m.tensors[i] for i in (*m.operators[2].inputs, m.operators[2].outputs[0]))
+        ref = int16.add_reference(qa, qc, ta, tc, to, op == "SUB") * np.float64(np.float32(so))
+        np.testing.assert_array_equal(ref.astype(np.float32), want, err_msg=f"{op} {k}: numpy reference")
+        d = np.rint(np.abs(_run(ctx, data, feeds)[1][0].astype(np.float64) - want) / np.float32(so))
+        assert d.max() <= 1, f"{op} {k}"
+        off, total = off + int((d > 0).sum()), total + d.size
+    assert off * 1024 <= total, f"{off} of {total} outputs a quantum off"

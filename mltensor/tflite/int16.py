@@ -9,8 +9,10 @@ skipped for int16):
   its high byte (int8) and low byte (uint8), each summed exactly in int32 by the integer conv /
   matmul kernels (ops/integer.py: K * 255 * 127 < 2^31 for K < 66000), and the two sums joined
   in int64 (256 * high + low, plus the bias): no product is ever rounded.
-- ADD: TFLite's general int16 path (left shift 15): both inputs rescaled to twice the larger
-  scale, summed, rescaled (the roundings as LiteRT 2.3 makes them: add_reference).
+- ADD, SUB: TFLite's general int16 path (left shift 15): both inputs rescaled to twice the larger
+  scale, summed (subtracted), rescaled (the roundings as LiteRT 2.3 makes them: add_reference,
+  equal to LiteRT's outputs; on the GPU one output in a few thousand is still a quantum off at
+  some scales).
 - MEAN: reference_ops::QuantizedMeanOrSum: the int32 sum, the multiplier divided by the count.
 - QUANTIZE (float32 -> int16): the input times float32(1 / scale), rounded half to even.
 
@@ -455,6 +457,7 @@ def converters(base, conv_padding):
         "DEPTHWISE_CONV_2D": wrap("DEPTHWISE_CONV_2D", lambda imp, op: weighted(imp, op, conv_padding)),
         "FULLY_CONNECTED": wrap("FULLY_CONNECTED", lambda imp, op: weighted(imp, op, conv_padding)),
         "ADD": wrap("ADD", lambda imp, op: add_sub(imp, op, False)),
+        "SUB": wrap("SUB", lambda imp, op: add_sub(imp, op, True)),
         "QUANTIZE": wrap("QUANTIZE", quantize),
         "LOGISTIC": wrap("LOGISTIC", lambda imp, op: lut(imp, op, logistic_reference)),
         "TANH": wrap("TANH", lambda imp, op: lut(imp, op, tanh_reference)),
