@@ -268,3 +268,31 @@ def test_serving_ring_keeps_what_a_reused_prefix_needs(ctx):
     got = batch.run([(0, n, new[n:])])[0]
     want = ctx.read_tensor_sync(model.session().feed(np.array(new, np.int32)))[0]
     assert rel_err(got, want.astype(np.float64)) < 1e-4 and got.argmax() == want.argmax()
+
+
+@pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+def test_session_ring_bounds_the_cache(ctx, case):
+    """A LlamaSession of a model with sliding-window layers keeps a ring of window + max_step - 1
+    positions for them (its other layers every position), feeds a first prompt longer than the
+    ring in steps, and after the ring has wrapped keeps a shared prefix only where the ring still
+    holds what the next position reads (LlamaSession.keep): the logits then equal transformers'
+    on the whole sequence (the transformers check of test_float_gguf_matches_transformers feeds
+    past the wrap too)."""
+    path, hf = llm_convert.cached_gguf(case)
+    model = LlamaModel(path, ctx, max_context=64, max_step=4)
+    windows = model.config.windows
+    ring = max(windows) + 4 - 1
+    s = model.session()
+    for i, w in enumerate(windows):
+        rows = s.cache_tensors[f"cache_k{i}"].shape[0]
+        assert rows == (ring if w else 64), (i, w, rows)
+    held = [(7 * i + 3) % 200 for i in range(30)]  # 30 positions: the ring (11) written over
+    s.feed(np.array(held, np.int32))
+    assert s.keep(5) == 0 and s.length == 0  # keys 0..4 are gone from the ring: fed again
+    s.feed(np.array(held, np.int32))
+    assert s.keep(28) == 28
+    seq = held[:28] + [9, 128]
+    got = ctx.read_tensor_sync(s.feed(np.array(seq[28:], np.int32)))[0]
+    with torch.no_grad():
+        want = hf(torch.tensor([seq])).logits[0, -1].double().numpy()
+    assert rel_err(got, want) < REL and got.argmax() == want.argmax()

@@ -131,10 +131,10 @@ class _Cache:
         self.session.reset()
         self.ids = []
 
-    def _truncate(self, n: int) -> None:
-        # positions after n are forgotten: the next feed writes its rows from n on
-        self.session.length = n
+    def _truncate(self, n: int) -> int:
+        n = self.session.keep(n)  # the next feed writes its rows from n on (LlamaSession.keep)
         del self.ids[n:]
+        return n
 
     def prime(self, ids: Sequence[int]) -> tuple[Any, int]:
         """Feed what the cache lacks of `ids` (it keeps the longest common prefix, and feeds one
@@ -144,7 +144,7 @@ class _Cache:
             if a != b:
                 break
             n += 1
-        self._truncate(n)
+        n = self._truncate(n)
         logits = self.session.feed(np.asarray(ids[n:], np.int32))
         self.ids = list(ids)
         return logits, len(ids) - n

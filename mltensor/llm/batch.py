@@ -5,11 +5,23 @@ ops/kvrows.py) per step."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
 from .. import MLDynamicDimension
-from .model import rows_ring
+from .gguf import LlamaConfig
+
+
+def rows_ring(c: LlamaConfig, max_context: int, max_rows: int) -> int:
+    """Positions a slot of the serving step keeps for a sliding-window layer: the window plus a
+    step's rows less one (ops/kvrows.py: then no row of a step overwrites a key another still
+    reads); 0 (every position kept) when the model has no sliding layer or that is no smaller."""
+    windows = {w for w in c.windows if w}
+    if not windows:
+        return 0
+    ring = max(windows) + max_rows - 1
+    return ring if ring < max_context else 0
 
 
 class LlamaBatch:
@@ -64,6 +76,32 @@ class LlamaBatch:
         if not self.ring or n == 0 or n - self.window + 1 >= held - self.ring:
             return n
         return 0
+
+    def session_step(self, start: int, ids: Any, logits: Any) -> None:
+        """Slot 0's ids at positions start, start + 1, ... (a LlamaSession of a model with
+        sliding-window layers, model.py): `ids` a host array, or an int32 MLTensor [n] already on
+        the GPU (a sampler's output: its values never come to the host); the last one's logits
+        written into the MLTensor `logits` [1, vocab], where they stay."""
+        m = self.model
+        n = int(ids.shape[0]) if hasattr(ids, "data_type") else len(ids)
+        if not 0 < n <= self.rows or start < 0 or start + n > m.max_context:
+            raise ValueError(
+                f"[LlamaBatch] {n} ids from position {start} (at most {self.rows} a step, {m.max_context} positions)"
+            )
+        pos = np.arange(start, start + n, dtype=np.int32)
+        feeds = [("pos", pos), ("dst", pos), ("last", np.array([n - 1], np.int32))]
+        if self.ring:
+            feeds.append(("ring_dst", pos % self.ring))
+        with self._lock:
+            ctx = self.ctx
+            ins = dict(self._ins)
+            if hasattr(ids, "data_type"):
+                ins["ids"] = ids
+            else:
+                feeds.append(("ids", np.asarray(ids, np.int32)))
+            for name, values in feeds:
+                ctx.write_tensor(self._ins[name], values)
+            ctx.dispatch(self._graph.graph, ins, {"logits": logits, **self._cache})
 
     def run(self, entries):
         m = self.model

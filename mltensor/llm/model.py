@@ -21,8 +21,8 @@ output.weight: tied), [soft-capped: c * tanh(x / c)].
 - Grouped-query attention with the fused `_attention` kernel (query head h reads KV head
   h // (heads / kv_heads)), causal with the mask aligned bottom-right (a step with a cache of
   `past` positions sees keys 0 .. past + s), the architecture's scale, Gemma 2's soft-cap of the
-  scores, and on sliding-window layers the window (keys before it masked and skipped; the cache
-  still holds every position).
+  scores, and on sliding-window layers the window (keys before it masked and skipped; a model
+  with such layers keeps them a ring of positions: LlamaSession).
 - Three builds with dynamic dimensions serve a whole conversation: "prefill" (the first tokens,
   no cache: `seq` dynamic), "step" (one token after a cache of `past` positions: the decode
   step, its token count static so its projections take GEMV kernels) and "chunk" (`seq` new
@@ -56,6 +56,7 @@ import numpy as np
 from .. import MLDynamicDimension, MLGraphBuilder
 from . import kernels  # noqa: F401 - registers _llm_gemv
 from ..runtime.wgsl import cpu_device
+from .batch import LlamaBatch, rows_ring
 from .gguf import GGUFFile, LlamaConfig, load_weight
 
 if TYPE_CHECKING:
@@ -448,17 +449,6 @@ class _Builder:
         return self.head(b.gather(h, last, axis=0), outputs)
 
 
-def rows_ring(c: LlamaConfig, max_context: int, max_rows: int) -> int:
-    """Positions a slot of the serving step keeps for a sliding-window layer: the window plus a
-    step's rows less one (ops/kvrows.py: then no row of a step overwrites a key another still
-    reads); 0 (every position kept) when the model has no sliding layer or that is no smaller."""
-    windows = {w for w in c.windows if w}
-    if not windows:
-        return 0
-    ring = max(windows) + max_rows - 1
-    return ring if ring < max_context else 0
-
-
 def _transposed(w: Any) -> Any:
     return np.ascontiguousarray(w.dense.T)
 
@@ -599,14 +589,23 @@ class LlamaSession:
         self.length = 0
         self._lock = threading.Lock()
         ctx = self.ctx
-        # one cache tensor per layer and K/V, position-major, sized for the context and written
-        # in place: each dispatch appends its rows after the first `length` ones
-        shape = [MLDynamicDimension("positions", model.max_context), c.n_kv_heads, c.head_dim]
-        self._cache = {
-            f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=shape)
-            for i in range(c.n_layers)
-            for kv in "kv"
-        }
+        # A model with sliding-window layers (Gemma 2, Gemma 3) runs its tokens through the serving
+        # step of one slot (LlamaBatch, build_rows): a sliding layer's cache is a ring of window +
+        # max_step - 1 positions (rows_ring), the others every position; the first prompt too goes
+        # in steps of max_step, so that no step overwrites keys another row of it reads.
+        self._rows: LlamaBatch | None = None
+        if rows_ring(c, model.max_context, model.max_step):
+            self._rows = LlamaBatch(model, 1, model.max_step)
+            self._cache = self._rows._cache
+        else:
+            # one cache tensor per layer and K/V, position-major, sized for the context and
+            # written in place: each dispatch appends its rows after the first `length` ones
+            shape = [MLDynamicDimension("positions", model.max_context), c.n_kv_heads, c.head_dim]
+            self._cache = {
+                f"cache_{kv}{i}": ctx.create_tensor_sync(data_type="float32", shape=shape)
+                for i in range(c.n_layers)
+                for kv in "kv"
+            }
         # the cache length as a shape (the step and chunk graphs' "past" input; never read)
         self._past = ctx.create_tensor_sync(data_type="int32", shape=[MLDynamicDimension("past", model.max_context)])
         self._ids = ctx.create_tensor_sync(
@@ -617,8 +616,32 @@ class LlamaSession:
     @property
     def cache_tensors(self) -> dict[str, MLTensor]:
         """{name: MLTensor} of the KV cache (cache_k{layer}, cache_v{layer}), [length, kv_heads,
-        head_dim] after a feed: the rows of the positions fed so far."""
+        head_dim] after a feed: the rows of the positions fed so far (a model with sliding-window
+        layers: [max_context or, for a sliding layer, its ring of positions, kv_heads, head_dim],
+        position p in row p, or p mod the ring)."""
         return dict(self._cache)
+
+    def keep(self, n: int) -> int:
+        """Forget the positions from `n` on, keeping the first n where the cache still holds what
+        the next position reads: returns n, or 0 where a sliding layer's ring has already written
+        over keys position n reads (the caller then feeds its tokens from the start).
+
+        Parameters
+        ----------
+        n : int
+            Positions to keep, at most `length`.
+
+        Returns
+        -------
+        int
+            The positions kept.
+        """
+        with self._lock:
+            n = min(int(n), self.length)
+            if self._rows is not None:
+                n = self._rows.reusable(self.length, n)
+            self.length = n
+            return n
 
     def reset(self) -> None:
         """Forget the positions fed (the next feed is a first prompt; the cache is overwritten)."""
@@ -678,6 +701,11 @@ class LlamaSession:
                     )
                 n = arr.size
                 chunks = None
+            if self._rows is not None and chunks is not None and n > self.model.max_step:
+                raise ValueError(
+                    f"[LlamaSession.feed] a tensor of {n} ids exceeds the {self.model.max_step} tokens one "
+                    "dispatch takes here (pass a host array: it is split)"
+                )
             if self.length + n > self.model.max_context:
                 raise ValueError(
                     f"[LlamaSession.feed] {self.length} + {n} tokens exceed the context of "
@@ -687,13 +715,18 @@ class LlamaSession:
                 arr = arr.astype(np.int32)
                 # the first tokens in one prefill dispatch (they fit: checked above), later ones in
                 # dispatches of at most max_step
-                chunks = [arr] if self.length == 0 else _split(arr, self.model.max_step)
+                whole = self.length == 0 and self._rows is None
+                chunks = [arr] if whole else _split(arr, self.model.max_step)
             for ch in chunks:
                 self._run(ch)
             return self.logits
 
     def _run(self, chunk: Any) -> None:
         ctx = self.ctx
+        if self._rows is not None:
+            self._rows.session_step(self.length, chunk, self.logits)
+            self.length += int(chunk.shape[0])
+            return
         if isinstance(chunk, np.ndarray):
             ctx.write_tensor(self._ids, chunk)
             ids, n = self._ids, chunk.size
