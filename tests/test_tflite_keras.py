@@ -215,33 +215,30 @@ def test_versions_recorded(keras_dir):
     assert v["tensorflow"]
 
 
-# 16x8: int16 activations (zero point 0), int8 weights, int64 biases, float inputs and outputs
-INT16 = {"mlp": 2, "mobilenet_v2": 0}  # end-to-end bound, in int16 quanta of the last DEQUANTIZE
-# int16 operators still computed on real values (mltensor/tflite/int16.py): LiteRT's TANH / LOGISTIC
-# / SOFTMAX interpolate TFLite's 16-bit tables, so a value can land two quanta away
-INT16_LUT_QUANTA, INT16_LUT_QUANTA_OPS = 2, ("SOFTMAX",)
+# 16x8: int16 activations (zero point 0), int8 weights, int64 biases, float inputs and outputs; every
+# operator of these models is computed in LiteRT's own int16 arithmetic (mltensor/tflite/int16.py)
+INT16 = ("mlp", "mobilenet_v2")
 
 
-@pytest.mark.parametrize("model", list(INT16))
+@pytest.mark.parametrize("model", INT16)
 def test_int16x8_model_matches_litert(ctx, keras_dir, model):
-    """A 16x8 model: MobileNetV2 (QUANTIZE, CONV_2D, DEPTHWISE_CONV_2D, ADD, MEAN, FULLY_CONNECTED in
-    LiteRT's own int16 arithmetic) equals LiteRT end to end; the MLP's TANH and SOFTMAX take the
-    real-value form, within INT16[model] int16 quanta."""
+    """A 16x8 model equals LiteRT end to end: MobileNetV2 (QUANTIZE, CONV_2D, DEPTHWISE_CONV_2D, ADD,
+    MEAN, FULLY_CONNECTED) and the MLP (FULLY_CONNECTED, TANH, SOFTMAX), each operator in LiteRT's own
+    int16 arithmetic."""
     data, x = _read(keras_dir, model, "int16x8")
     ref = _litert(data, x)
     got = _run(ctx, data, x)
     quantum = _output_quantum(data, 0, ref[0])
     assert np.abs(ref[0]).max() > 1e-2
     diff = np.abs(got[0].astype(np.float64) - ref[0])
-    assert diff.max() <= INT16[model] * quantum * 1.0001, f"{diff.max() / quantum} int16 quanta"
+    assert diff.max() == 0, f"{diff.max() / quantum} int16 quanta"
 
 
-@pytest.mark.parametrize("model", list(INT16))
+@pytest.mark.parametrize("model", INT16)
 @pytest.mark.filterwarnings("ignore:Warning. Enabling .experimental_preserve_all_tensors")
 def test_int16x8_each_operator_matches_litert(ctx, keras_dir, model):
     """Every operator of a 16x8 model alone, fed LiteRT's values of its inputs: int16 outputs equal
-    LiteRT's for the operators int16.py computes in LiteRT's arithmetic, within INT16_LUT_QUANTA
-    for TANH / LOGISTIC / SOFTMAX. WebNN has no int16 graph input, so an int16 input is given as a
+    LiteRT's (int16.py computes each in LiteRT's arithmetic). WebNN has no int16 graph input, so an int16 input is given as a
     float32 operand holding its real values, set straight into the importer (the tensor keeps its
     int16 quantization, which the exact paths read)."""
     from ai_edge_litert.interpreter import Interpreter
@@ -279,13 +276,14 @@ def test_int16x8_each_operator_matches_litert(ctx, keras_dir, model):
         for o in op.outputs:
             t, ref = m.tensors[o], it.get_tensor(o)
             q = np.rint(ctx.read_tensor_sync(res[f"out{o}"]).astype(np.float64) / t.scale[0])
-            bound = INT16_LUT_QUANTA if op.name in INT16_LUT_QUANTA_OPS else 0
-            assert np.abs(q - ref).max() <= bound, f"operator {op.index} ({op.name})"
+            assert np.abs(q - ref).max() == 0, f"operator {op.index} ({op.name})"
             checked.add(op.name)
         for v in [*feeds.values(), *res.values()]:
             v.destroy()
         g.destroy()
     assert {"QUANTIZE", "FULLY_CONNECTED"} <= checked
+    if model == "mlp":
+        assert {"TANH", "SOFTMAX"} <= checked
 
 
 def test_converter_operators_supported(keras_dir):

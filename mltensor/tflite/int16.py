@@ -23,12 +23,16 @@ skipped for int16):
   gathered on the GPU at the input's integer. A power-of-two input scale, where LiteRT's optimized
   kernel (gemmlowp's fixed-point logistic) runs instead, keeps the real-value form.
 
+- SOFTMAX: SoftmaxInt16's 513-entry exp and 1 / (1 + x) tables (int16_lut: generated from their
+  formula) and its fixed-point normalization, in int32 on the GPU.
+
 Fused activations clamp in integers (CalculateActivationRangeQuantized). Every other int16
-operator keeps quantized.py's real-value form (within a quantum or two of LiteRT's: SOFTMAX
-uses TFLite's exp and 1/(1+x) tables, not reproduced). Each function returns
+operator keeps quantized.py's real-value form (within a quantum of LiteRT's). Each function returns
 None where it does not apply (another type, float16 mode, a bound the exact path cannot keep),
 and the caller's float form runs.
 """
+
+import functools
 
 import numpy as np
 
@@ -439,6 +443,107 @@ def lut(imp, op, reference):
     return b.gather(b.constant(real), idx, axis=0)
 
 
+# -- SOFTMAX -------------------------------------------------------------------------------------
+
+
+def int16_lut(func, lo, hi):
+    """TFLite's 513-entry int16 table of func over [lo, hi] (Q0.15, 512 steps; the last entry
+    only gives the last slope), each entry the rounded sample lowered by half the rounded error
+    of the linear interpolation at the step's midpoint; every rounding half away from zero, in
+    float64 (SOFTMAX's tables: its outputs equal softmax_reference's, which uses these)."""
+    rnd = quantized.round_away
+    step = (hi - lo) / 512.0
+    x = lo + np.arange(512, dtype=np.float64) * step
+    sample = rnd(func(x) * 32768.0)
+    interp = rnd((func(lo + (np.arange(512) + 1) * step) * 32768.0 + sample) / 2.0)
+    bias = rnd((interp - rnd(func(x + step / 2.0) * 32768.0)) / 2.0)
+    last = rnd(np.array([func(np.float64(hi)) * 32768.0]))
+    return np.clip(np.concatenate([sample - bias, last]), _LO, _HI).astype(np.int64)
+
+
+@functools.cache
+def softmax_tables():
+    """SOFTMAX's int16 tables: exp over [-10, 0] and 1 / (1 + x) over [0, 1]."""
+    return int16_lut(np.exp, -10.0, 0.0), int16_lut(lambda v: 1.0 / (1.0 + v), 0.0, 1.0)
+
+
+def lut16_reference(v, table):
+    """numpy: TFLite's int16 table lookup of v in [-32768, 32767]: entry 256 + (v >> 7) plus the
+    slope to the next times the low 7 bits, rounded (>> 7 after + 64)."""
+    i = 256 + (v >> 7)
+    base = table[i]
+    return base + (((table[i + 1] - base) * (v & 127) + 64) >> 7)
+
+
+def softmax_params(ti, beta):
+    """SOFTMAX Prepare's int16 input multiplier: QuantizeMultiplier of float32(scale * beta) over
+    10 / 65535 (double), so a difference of -65535 is -10."""
+    m = float(np.float32(np.float32(ti.scale[0]) * np.float32(beta))) / (10.0 / 65535.0)
+    return quantized.quantize_multiplier(m)
+
+
+def softmax_reference(q, ti, beta):
+    """numpy: TFLite's int16 SOFTMAX over the last axis (SoftmaxInt16): differences from the row
+    max rescaled (MultiplyByQuantizedMultiplier) onto the exp table's [-10, 0], the int32 sum of
+    the Q0.15 exponentials normalized to [1, 2) by its leading zeros and looked up in the
+    1 / (1 + x) table, each exponential times that reciprocal shifted back, rounded. Output
+    scale 1 / 32768."""
+    exp_t, recip_t = softmax_tables()
+    q = np.asarray(q, np.int64)
+    qm, shift = softmax_params(ti, beta)
+    d = quantized.multiply_by_quantized_multiplier(q - q.max(axis=-1, keepdims=True), qm, shift)
+    e = lut16_reference(np.clip(d + 32767, _LO, _HI), exp_t)
+    total = e.sum(axis=-1, keepdims=True)
+    k = np.frexp(total.astype(np.float64))[1] - 1  # floor(log2(total)): 31 - leading zeros
+    shifted = ((total << (30 - k)) + (1 << 13)) >> 14
+    r = lut16_reference(np.clip(shifted - (1 << 15) - (1 << 16), _LO, _HI), recip_t)
+    return np.clip((e * r + (1 << (k - 1))) >> k, _LO, _HI)
+
+
+def _lut16(b, v, table):
+    """lut16_reference on int32 v already clamped to [-32768, 32767] (indices 0 to 512)."""
+    hi = quantized.floor_shift(b, v, 7)
+    i = b.add(hi, _i32(b, 256))
+    t = b.constant(table.astype(np.int32))
+    base = b.gather(t, i, axis=0)
+    slope = b.sub(b.gather(t, b.add(i, _i32(b, 1)), axis=0), base)
+    low = b.sub(v, b.mul(hi, _i32(b, 128)))
+    return b.add(base, quantized.floor_shift(b, b.add(b.mul(slope, low), _i32(b, 64)), 7))
+
+
+def softmax(imp, op):
+    """SOFTMAX (last axis) of an int16 tensor as softmax_reference, as real values: int32
+    throughout (sums of at most 65535 exponentials under 2^31, products under 2^30), the leading
+    zeros counted by comparing the row sum with 2^1 ... 2^30. None where it does not apply."""
+    ti, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
+    if imp.float16 or not (is_int16(ti) and is_int16(to)) or np.float32(to.scale[0]) != np.float32(1 / 32768):
+        return None
+    x = imp.operand(op, op.inputs[0])
+    qm, shift = softmax_params(ti, float(opt(op, "Beta", 1.0)))
+    axis = x.rank - 1
+    if x.rank == 0 or int(x.shape[axis]) >= 65536 or qm <= 0 or shift > 15 or -shift >= 31:
+        return None
+    exp_t, recip_t = softmax_tables()
+    b = imp.b
+    q = quantized.integers(b, x, ti)
+    d = b.sub(q, b.reduce_max(q, axes=[axis], keep_dimensions=True))  # in [-65535, 0]
+    d = quantized.multiply_by_quantized_multiplier_graph(b, d, qm, shift)
+    e = _lut16(b, b.clamp(b.add(d, _i32(b, 32767)), min_value=float(_LO), max_value=float(_HI)), exp_t)
+    total = b.reduce_sum(e, axes=[axis], keep_dimensions=True)  # >= 1
+    powers = _i32(b, [1 << j for j in range(1, 31)])
+    k = b.reduce_sum(b.cast(b.greater_or_equal(total, powers), "int32"), axes=[axis], keep_dimensions=True)
+    pow2 = b.constant(np.array([1 << j for j in range(31)], np.int32))
+    s = b.mul(total, b.gather(pow2, b.sub(_i32(b, 30), k), axis=0))  # in [2^30, 2^31)
+    shifted = b.add(
+        b.div(s, _i32(b, 1 << 14)), b.sub(b.div(s, _i32(b, 1 << 13)), b.mul(b.div(s, _i32(b, 1 << 14)), _i32(b, 2)))
+    )
+    xr = b.clamp(b.sub(shifted, _i32(b, (1 << 15) + (1 << 16))), min_value=float(_LO), max_value=float(_HI))
+    r = _lut16(b, xr, recip_t)
+    half = b.gather(pow2, b.max(b.sub(k, _i32(b, 1)), _i32(b, 0)), axis=0)
+    out = b.div(b.add(b.mul(e, r), half), b.gather(pow2, k, axis=0))  # nonnegative: truncation is floor
+    return _real(b, b.clamp(out, min_value=float(_LO), max_value=float(_HI)), to)
+
+
 def converters(base, conv_padding):
     """The int16 forms of `base`'s converters (a dict by operator name): each tries its exact
     path above and falls back to the base converter."""
@@ -461,4 +566,5 @@ def converters(base, conv_padding):
         "QUANTIZE": wrap("QUANTIZE", quantize),
         "LOGISTIC": wrap("LOGISTIC", lambda imp, op: lut(imp, op, logistic_reference)),
         "TANH": wrap("TANH", lambda imp, op: lut(imp, op, tanh_reference)),
+        "SOFTMAX": wrap("SOFTMAX", softmax),
     }

@@ -19,10 +19,9 @@ other int8 operators compute on real values and round (the operator moves or sel
 unchanged: MAX_POOL_2D, CONCATENATION, PAD, RESHAPE...), or are one quantum apart at worst.
 
 16x8 models (int16 activations, zero point 0; int8 weights, int64 biases): int16.py computes
-QUANTIZE, CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MEAN, LOGISTIC and TANH in LiteRT's
-int16 arithmetic; the other int16 operators take the real-value form here, within a quantum (two
-for SOFTMAX: LiteRT's exp and reciprocal tables are not reproduced). int16 graph inputs and
-outputs are refused (WebNN has no int16).
+QUANTIZE, CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MEAN, LOGISTIC, TANH and SOFTMAX
+in LiteRT's int16 arithmetic; the other int16 operators take the real-value form here, within a
+quantum. int16 graph inputs and outputs are refused (WebNN has no int16).
 """
 
 import numpy as np
@@ -546,7 +545,7 @@ def _f32_exp(v):
     return np.exp(np.asarray(v, np.float32).astype(np.float64)).astype(np.float32)
 
 
-def _round_away(v):
+def round_away(v):
     """std::round / TfLiteRound of float32 v: half away from zero (exact: v - trunc(v) is)."""
     t = np.trunc(v)
     return t + np.sign(v) * (np.abs(v - t) >= 0.5)
@@ -627,7 +626,7 @@ def _lut_table(q, ti, to, fn):
     """TFLite's LUTPopulate (int8 / uint8 LOGISTIC, TANH): fn of the float32 dequantized value,
     times 1 / output scale, rounded half away from zero, plus the output zero point."""
     d = _f32(ti.scale[0]) * (np.asarray(q, np.int64) - int(ti.zero_point[0])).astype(np.float32)
-    r = _round_away(fn(d.astype(np.float32)) * _f32(_f32(1.0) / _f32(to.scale[0])))
+    r = round_away(fn(d.astype(np.float32)) * _f32(_f32(1.0) / _f32(to.scale[0])))
     lo, hi = _RANGE[to.data_type]
     return np.clip(r + int(to.zero_point[0]), lo, hi).astype(np.int64)
 
@@ -658,7 +657,7 @@ def softmax_reference(q, ti, to, beta):
     for j in range(q.shape[-1]):
         total = total + e[..., j]
     p = e * (_f32(1.0) / (total * _f32(to.scale[0])))[..., None]
-    r = _round_away(p) if to.data_type == "int8" else np.floor(p + _f32(0.5))
+    r = round_away(p) if to.data_type == "int8" else np.floor(p + _f32(0.5))
     lo, hi = _RANGE[to.data_type]
     return np.clip(r + int(to.zero_point[0]), lo, hi).astype(np.int64)
 

@@ -1,0 +1,106 @@
+"""16x8 TFLite SOFTMAX (int16 activations, zero point 0) in LiteRT's own int16 arithmetic
+(mltensor/tflite/int16.py: its 513-entry exp and 1 / (1 + x) tables and fixed-point
+normalization), against LiteRT: the numpy reference over random scales, betas and row lengths,
+and the GPU's outputs equal to LiteRT's. (LOGISTIC, TANH, ADD, SUB: tests/test_tflite_quantized.py.)"""
+
+import numpy as np
+import pytest
+
+from mltensor.tflite import import_model, int16
+from mltensor.tflite.reader import read
+from mltensor.tflite.writer import ModelWriter
+
+pytest.importorskip("ai_edge_litert")
+
+ALL = np.arange(-(1 << 15), 1 << 15)  # every int16 value
+
+
+def _litert(data, feeds):
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_content=bytes(data))
+    it.allocate_tensors()
+    for d, v in zip(it.get_input_details(), feeds):
+        it.set_tensor(d["index"], v)
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+def _run(ctx, data, feeds):
+    graph, inputs, outputs = import_model(data, ctx)
+    ins = {}
+    for (name, dt, shape), v in zip(inputs, feeds):
+        ins[name] = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
+        ctx.write_tensor(ins[name], v)
+    outs = {name: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True) for name, dt, shape in outputs}
+    ctx.dispatch(graph, ins, outs)
+    res = [ctx.read_tensor_sync(outs[name]) for name, _, _ in outputs]
+    for t in [*ins.values(), *outs.values()]:
+        t.destroy()
+    graph.destroy()
+    return res
+
+
+def _scales(seed, n):
+    """n random int16 input scales (log-uniform, 1e-6 to 2), float32 as a model stores them."""
+    rng = np.random.default_rng(seed)
+    return [float(np.float32(s)) for s in np.exp(rng.uniform(np.log(1e-6), np.log(2.0), n))]
+
+
+def _unary(op, si, float_io=False, shape=(ALL.size,), beta=None):
+    """One int16 operator with input scale si and output scale 1 / 32768 (LOGISTIC and TANH
+    require it); float_io: a float input QUANTIZEd and the output DEQUANTIZEd (WebNN has no
+    int16 graph input or output)."""
+    w = ModelWriter()
+    x = w.input("x", list(shape), np.float32 if float_io else np.int16, quant=None if float_io else (si, 0))
+    xq = x
+    if float_io:
+        xq = w.tensor("xq", list(shape), np.int16, quant=(si, 0))
+        w.op("QUANTIZE", [x], [xq], version=2)
+    y = w.tensor("y", list(shape), np.int16, quant=(1 / 32768, 0))
+    if beta is None:
+        w.op(op, [xq], [y], version=3)
+    else:
+        w.op(op, [xq], [y], "SoftmaxOptions", version=3, Beta=beta)
+    if not float_io:
+        return w.finish([x], [y])
+    out = w.tensor("out", list(shape))
+    w.op("DEQUANTIZE", [y], [out], version=2)
+    return w.finish([x], [out])
+
+
+def _softmax_case(seed):
+    """A random int16 SOFTMAX: input scale (1e-5 to 0.1), beta (1, or random on odd seeds), rows of
+    1 to 4000 (one row constant), values spread over the int16 range or 64 times narrower."""
+    rng = np.random.default_rng(seed)
+    si = float(np.float32(np.exp(rng.uniform(np.log(1e-5), np.log(0.1)))))
+    beta = float(np.float32(rng.uniform(0.3, 2.0))) if seed % 2 else 1.0
+    shape = (3, int(rng.choice([1, 2, 10, 100, 1000, 4000])))
+    q = rng.integers(-(1 << 15), 1 << 15, shape) // (64 if seed % 3 == 0 else 1)
+    q[0] = q[0, 0]
+    return si, beta, q.astype(np.int16)
+
+
+def test_softmax_reference_matches_litert():
+    """int16 SOFTMAX: softmax_reference equals LiteRT over random scales, betas and row lengths
+    (36 cases, about 100000 outputs); its tables are the formula's (checked through the outputs)."""
+    exp_t, recip_t = int16.softmax_tables()
+    assert exp_t[512] == 32767 and recip_t[0] == 32767 and recip_t[512] == 16384
+    for seed in range(36):
+        si, beta, q = _softmax_case(seed)
+        data = _unary("SOFTMAX", si, shape=q.shape, beta=beta)
+        want = _litert(data, [q])[0]
+        assert np.ptp(want.astype(np.float64)) > 0 or q.shape[1] == 1
+        got = int16.softmax_reference(q, read(bytes(data)).tensors[0], beta)
+        np.testing.assert_array_equal(got, want, err_msg=f"seed {seed}")
+
+
+def test_softmax_exact_on_gpu(ctx):
+    """QUANTIZE -> SOFTMAX -> DEQUANTIZE on the GPU equals LiteRT (the real-value form was a
+    quantum or two off)."""
+    for seed in range(6):
+        si, beta, q = _softmax_case(seed)
+        feeds = [(q.astype(np.float64) * si).astype(np.float32)]
+        data = _unary("SOFTMAX", si, float_io=True, shape=q.shape, beta=beta)
+        want = _litert(data, feeds)[0]
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[0], want, err_msg=f"seed {seed}")
