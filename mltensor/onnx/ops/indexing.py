@@ -5,7 +5,8 @@ import numpy as np
 from ...dynamic.dims import Sym
 from .. import symbolic
 from ..errors import unsupported
-from ._helpers import const, ints, is_float, norm_axis, scalar, X
+from ._blocks import gather_rows, oversize
+from ._helpers import const, ints, is_float, mark_bool, norm_axis, scalar, X
 from ._registry import op
 from .movement import keep_bool
 
@@ -21,7 +22,12 @@ def _indices(im, idx):
 
 @op("Gather", "GatherElements", attrs=("axis",))
 def _gather(im, node, ins, attrs):
-    x = X(im, ins[0])
+    t = ins[0]
+    if node.op_type == "Gather" and oversize(im, t) and t.ndim >= 1 and norm_axis(attrs.get("axis", 0), t.ndim) == 0:
+        # an embedding table above the largest tensor: row blocks (_blocks.py)
+        y = gather_rows(im, t, _indices(im, ins[1]))
+        return mark_bool(im, y) if t.dtype == np.bool_ else y
+    x = X(im, t)
     axis = norm_axis(attrs.get("axis", 0), len(x.shape))
     fn = im.b.gather if node.op_type == "Gather" else im.b.gather_elements
     return keep_bool(im, x, fn(x, _indices(im, ins[1]), axis=axis))
