@@ -75,11 +75,6 @@ KNOWN = {
     "to [2, 1, 4, 1, 4, 32] (onnxruntime fails there too: the export fixed the traced size)",
 }
 
-# Real-size embedding tables over the adapter's max_tensor_byte_length (lavapipe: 128 MiB, the
-# WebGPU default max storage buffer binding): the import refuses the Gather's constant. Expected to
-# fail only where the limit is that small, so the mark is added at run time from the context's limit.
-BIG_TABLES = {"roberta": 50265 * 768 * 4, "gpt2": 50257 * 768 * 4, "gpt2_past": 50257 * 768 * 4}
-
 
 def _params(exporter, big):
     for name, c in corpus.CASES.items():
@@ -106,13 +101,6 @@ def _check(name, exporter, big, ctx, request):
         _prepared.add(group)
         names = [i.callspec.params["name"] for i in request.session.items if i.name.startswith(group[0] + "[")]
         corpus.prepare([(n, exporter, big) for n in names])
-    limit = ctx.op_support_limits()["max_tensor_byte_length"]
-    if big and BIG_TABLES.get(name, 0) > limit:
-        reason = (
-            f"UnsupportedError: Gather of the word embeddings: [constant] byte length {BIG_TABLES[name]} exceeds "
-            f"max_tensor_byte_length {limit}"
-        )
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     try:
         r = corpus.check(name, exporter, big, ctx)
     except corpus.ExportError as e:
