@@ -291,6 +291,8 @@ class MLContext:
         # graphs' weights, one buffer per distinct content shared by every build (runtime/constants.py)
         self._constants = ConstantStore(device, self._timeline, self._counters, direct=self._direct_map)
         lim = device.limits
+        # max_tensor_byte_length, read by the builder's check and by the ONNX import, which splits
+        # constants above it (onnx/ops/_blocks.py); tests lower it on one context to force that
         self._max_bytes = min(lim["max-buffer-size"], lim["max-storage-buffer-binding-size"])
         return self
 

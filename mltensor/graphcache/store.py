@@ -6,8 +6,8 @@
 
 <cache dir> is MLTENSOR_CACHE (else $XDG_CACHE_HOME/mltensor, else ~/.cache/mltensor).
 The adapter hash covers the adapter and driver, the device features the kernels were compiled
-for and the context's float16/int64 modes: a graph saved on one GPU or driver is invisible to
-another. The JSON is written last, each file atomically (a temporary file renamed), so
+for, the context's float16/int64 modes and its largest tensor (`_max_bytes`): a graph saved on
+one GPU or driver is invisible to another. The JSON is written last, each file atomically (a temporary file renamed), so
 concurrent processes never read half an entry. An entry whose code digest differs from this
 mltensor's (any .py, .wgsl or .c file of the package changed), that does not unpickle, or whose
 blobs are missing or do not match their digests is a miss: it is deleted and the graph rebuilt.
@@ -102,6 +102,9 @@ def _adapter_dir(ctx):
         f"f16={ctx._f16}",
         f"int64={ctx._int64}",
         f"align={ctx.device.limits.get('min-storage-buffer-offset-alignment')}",
+        # constants above it are split at import (onnx/ops/_blocks.py): a graph built under a
+        # larger limit binds buffers a smaller one refuses
+        f"max_bytes={ctx._max_bytes}",
     ]
     return os.path.join(root(), hashlib.sha256("|".join(parts).encode()).hexdigest()[:20])
 

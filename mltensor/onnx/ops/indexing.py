@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from ... import dtypes
 from ...dynamic.dims import Sym
 from .. import symbolic
 from ..errors import unsupported
-from ._helpers import const, ints, is_float, norm_axis, scalar, X
+from ._blocks import gather_rows, oversize
+from ._helpers import const, ints, is_float, mark_bool, norm_axis, scalar, X
 from ._registry import op
 from .movement import keep_bool
 
@@ -22,41 +22,15 @@ def _indices(im, idx):
 
 @op("Gather", "GatherElements", attrs=("axis",))
 def _gather(im, node, ins, attrs):
-    data = ins[0]
-    if node.op_type == "Gather" and isinstance(data, np.ndarray) and data.ndim and data.nbytes > im.ctx._max_bytes:
-        if norm_axis(attrs.get("axis", 0), data.ndim) != 0 or data.dtype.kind not in "fiu":
-            unsupported(f"a Gather of a {data.nbytes}-byte table over the adapter's largest tensor "
-                        f"({im.ctx._max_bytes} bytes) other than a numeric lookup along axis 0")  # fmt: skip
-        return _gather_rows(im, data, ins[1])
-    x = X(im, data)
+    t = ins[0]
+    if node.op_type == "Gather" and oversize(im, t) and t.ndim >= 1 and norm_axis(attrs.get("axis", 0), t.ndim) == 0:
+        # an embedding table above the largest tensor: row blocks (_blocks.py)
+        y = gather_rows(im, t, _indices(im, ins[1]))
+        return mark_bool(im, y) if t.dtype == np.bool_ else y
+    x = X(im, t)
     axis = norm_axis(attrs.get("axis", 0), len(x.shape))
     fn = im.b.gather if node.op_type == "Gather" else im.b.gather_elements
     return keep_bool(im, x, fn(x, _indices(im, ins[1]), axis=axis))
-
-
-def _gather_rows(im, data, idx):
-    """Rows of a host table over the adapter's largest tensor (max_tensor_byte_length: GPT-2's
-    154 MB word embeddings where a binding holds 128 MiB, lavapipe's and WebGPU's default): one
-    gather per block of rows that fits, the block given a row of zeros that every index outside
-    it reads, and the gathers added (exact: every other term is 0). Negative indices count from
-    the end, as ONNX's do."""
-    b, n = im.b, data.shape[0]
-    per = max(1, im.ctx._max_bytes // (data.nbytes // n) - 1)  # rows a block holds, with its zero row
-    idx = _indices(im, idx)
-    dt = dtypes.NUMPY[idx.data_type]
-
-    def c(v):
-        return b.constant(np.array(v, dt))
-
-    idx = b.where(b.lesser(idx, c(0)), b.add(idx, c(n)), idx)
-    out = None
-    for lo in range(0, n, per):
-        hi = min(n, lo + per)
-        block = np.concatenate([data[lo:hi], np.zeros((1,) + data.shape[1:], data.dtype)])
-        inside = b.logical_and(b.greater_or_equal(idx, c(lo)), b.lesser(idx, c(hi)))
-        g = b.gather(X(im, block), b.where(inside, b.sub(idx, c(lo)), c(hi - lo)), axis=0)
-        out = g if out is None else b.add(out, g)
-    return out
 
 
 @op("GatherND", attrs=("batch_dims",))

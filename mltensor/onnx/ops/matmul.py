@@ -3,7 +3,8 @@
 import numpy as np
 
 from ..errors import unsupported
-from ._helpers import prod, X
+from ._blocks import blocks, byte_length, oversize
+from ._helpers import prod, scalar, X
 from ._registry import op
 
 # -- matmul ---------------------------------------------------------------------------------------
@@ -11,16 +12,32 @@ from ._registry import op
 
 @op("MatMul")
 def matmul(im, node, ins, attrs):
-    a = X(im, ins[0])
-    w = ins[1]
+    a, w = ins[0], ins[1]
     b = im.b
-    if isinstance(w, np.ndarray) and w.ndim == 2 and w.size * 4 > im.ctx._max_bytes and len(a.shape) >= 2:
-        # a weight above the largest binding: split along N, concat the partial products
-        n = w.shape[1]
-        step = -(-n // -(-w.size * 4 // im.ctx._max_bytes))
-        outs = [b.matmul(a, X(im, np.ascontiguousarray(w[:, lo : lo + step]), a)) for lo in range(0, n, step)]
-        return b.concat(outs, len(a.shape) - 1)
-    c = X(im, w, a)
+    if isinstance(w, np.ndarray) and w.ndim == 2 and not isinstance(a, np.ndarray):
+        x = X(im, a)
+        if oversize(im, w, x):
+            # a weight above the largest tensor (_blocks.py): one product per column block
+            unit = byte_length(w, x) // w.shape[1]
+            cols = blocks(w.shape[1], unit, im.ctx._max_bytes, "MatMul's constant B")
+            outs = [_product(im, x, X(im, np.ascontiguousarray(w[:, lo:hi]), x)) for lo, hi in cols]
+            return b.concat(outs, len(outs[0].shape) - 1)
+    if isinstance(a, np.ndarray) and a.ndim == 2 and not isinstance(w, np.ndarray):
+        y = X(im, w)
+        if oversize(im, a, y):
+            # a constant A above the largest tensor: one product per row block
+            rows = blocks(a.shape[0], byte_length(a, y) // a.shape[0], im.ctx._max_bytes, "MatMul's constant A")
+            outs = [_product(im, X(im, np.ascontiguousarray(a[lo:hi]), y), y) for lo, hi in rows]
+            r = len(outs[0].shape)
+            return b.concat(outs, r - 1 if len(y.shape) == 1 else r - 2)
+    a = X(im, a)
+    return _product(im, a, X(im, w, a))
+
+
+def _product(im, a, c):
+    """ONNX MatMul of operands a and c (numpy's matmul: a rank-1 side is a row or column vector,
+    its axis dropped from the result)."""
+    b = im.b
     ra, rc = len(a.shape), len(c.shape)
     a2 = b.reshape(a, [1, a.shape[0]]) if ra == 1 else a
     c2 = b.reshape(c, [c.shape[0], 1]) if rc == 1 else c
@@ -54,26 +71,24 @@ def _gemm(im, node, ins, attrs):
         kw["beta"] = beta
     w = ins[1]
     c = ins[2] if len(ins) > 2 else None
-    limit = im.ctx._max_bytes
-    if isinstance(w, np.ndarray) and w.ndim == 2 and w.size * 4 > limit:
-        # a weight above the largest binding: split it along N, one gemm per slice, concat
+    if isinstance(w, np.ndarray) and w.ndim == 2 and oversize(im, w, a):
+        # a weight above the largest tensor (_blocks.py): one gemm per column block of the
+        # output, concatenated
         n = w.shape[0] if tb else w.shape[1]
-        pieces = -(-w.size * 4 // limit)
-        step = -(-n // pieces)
+        # C by blocks where it is a host array (a bias); a computed one is added after the concat
+        c_blocks = c is None or (isinstance(c, np.ndarray) and (c.ndim == 0 or c.shape[-1] in (1, n)))
         outs = []
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
+        for lo, hi in blocks(n, byte_length(w, a) // n, im.ctx._max_bytes, "Gemm's constant B"):
+            kwi = {k: v for k, v in kw.items() if k != "beta" or c_blocks}
+            if c is not None and c_blocks:
+                kwi["c"] = X(im, np.ascontiguousarray(c[..., lo:hi]) if c.ndim and c.shape[-1] == n else c, a)
             wi = np.ascontiguousarray(w[lo:hi] if tb else w[:, lo:hi])
-            kwi = dict(kw)
-            if c is not None:
-                ci = c
-                if isinstance(c, np.ndarray) and c.ndim and c.shape[-1] == n:
-                    ci = np.ascontiguousarray(c[..., lo:hi])
-                elif not isinstance(c, np.ndarray) or (c.ndim and c.shape[-1] != 1):
-                    unsupported("a split weight with a computed or full-size C")
-                kwi["c"] = X(im, ci, a)
             outs.append(im.b.gemm(a, X(im, wi, a), **kwi))
-        return im.b.concat(outs, 1)
+        y = im.b.concat(outs, 1)
+        if not c_blocks:
+            cc = X(im, c, a)
+            y = im.b.add(y, cc if beta == 1.0 else im.b.mul(cc, scalar(im, beta, cc)))
+        return y
     bb = X(im, w, a)
     if c is not None:
         kw["c"] = X(im, c, a)
