@@ -1,7 +1,7 @@
 """16x8 TFLite SOFTMAX (int16 activations, zero point 0) in LiteRT's own int16 arithmetic
 (mltensor/tflite/int16.py: its 513-entry exp and 1 / (1 + x) tables and fixed-point
 normalization), against LiteRT: the numpy reference over random scales, betas and row lengths,
-and the GPU's outputs equal to LiteRT's. (LOGISTIC, TANH, ADD, SUB: tests/test_tflite_quantized.py.)"""
+and the GPU's outputs equal to LiteRT's. (and SUB, MUL; LOGISTIC, TANH, ADD: tests/test_tflite_quantized.py.)"""
 
 import numpy as np
 import pytest
@@ -102,5 +102,63 @@ def test_softmax_exact_on_gpu(ctx):
         si, beta, q = _softmax_case(seed)
         feeds = [(q.astype(np.float64) * si).astype(np.float32)]
         data = _unary("SOFTMAX", si, float_io=True, shape=q.shape, beta=beta)
+        want = _litert(data, feeds)[0]
+        np.testing.assert_array_equal(_run(ctx, data, feeds)[0], want, err_msg=f"seed {seed}")
+
+
+def _binary_case(op, seed, float_io=False):
+    """A random int16 SUB / MUL of [64, 256] and [64, 256] (odd seeds) or [1, 256] inputs, scales
+    log-uniform (MUL's output scale below the product's: a multiplier under 1)."""
+    rng = np.random.default_rng(seed)
+    sa, sb = (float(np.float32(v)) for v in np.exp(rng.uniform(np.log(1e-5), np.log(1e-2), 2)))
+    lo = np.log(sa * sb * 1.01) if op == "MUL" else np.log(1e-5)
+    so = float(np.float32(np.exp(rng.uniform(lo, lo + 6 if op == "MUL" else np.log(2e-3)))))
+    shapes = [(64, 256), (64, 256) if seed % 2 else (1, 256)]
+    qs = [rng.integers(-(1 << 15), 1 << 15, s) for s in shapes]
+    w = ModelWriter()
+    dt = np.float32 if float_io else np.int16
+    xs = [
+        w.input(f"x{k}", list(s), dt, quant=None if float_io else (sc, 0))
+        for k, (s, sc) in enumerate(zip(shapes, (sa, sb)))
+    ]
+    ins = xs
+    if float_io:
+        ins = [w.tensor(f"q{k}", list(s), np.int16, quant=(sc, 0)) for k, (s, sc) in enumerate(zip(shapes, (sa, sb)))]
+        for x, q in zip(xs, ins):
+            w.op("QUANTIZE", [x], [q], version=2)
+    y = w.tensor("y", [64, 256], np.int16, quant=(so, 0))
+    if op == "SUB":
+        w.op(op, ins, [y], "SubOptions", version=5, PotScaleInt16=False)
+    else:
+        w.op(op, ins, [y], "MulOptions", version=5)
+    if not float_io:
+        return w.finish(xs, [y]), [q.astype(np.int16) for q in qs]
+    out = w.tensor("out", [64, 256])
+    w.op("DEQUANTIZE", [y], [out], version=2)
+    return w.finish(xs, [out]), [(q * np.float64(sc)).astype(np.float32) for q, sc in zip(qs, (sa, sb))]
+
+
+_BINARY = {"SUB": int16.sub_reference, "MUL": int16.mul_reference}
+
+
+@pytest.mark.parametrize("op", list(_BINARY))
+def test_sub_mul_references_match_litert(op):
+    """int16 SUB (sub_reference: add_reference's scales, inputs rescaled with two roundings) and
+    MUL (mul_reference: float32 scale quotient, two roundings) equal LiteRT over 20 random scale
+    draws, broadcast or not."""
+    for seed in range(20):
+        data, feeds = _binary_case(op, seed)
+        want = _litert(data, feeds)[0]
+        m = read(bytes(data))
+        ts = [m.tensors[i] for i in (*m.inputs, m.outputs[0])]
+        assert np.ptp(want.astype(np.float64)) > 0
+        np.testing.assert_array_equal(_BINARY[op](*feeds, *ts), want, err_msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("op", list(_BINARY))
+def test_sub_mul_exact_on_gpu(ctx, op):
+    """QUANTIZE -> SUB / MUL -> DEQUANTIZE on the GPU equals LiteRT."""
+    for seed in range(4):
+        data, feeds = _binary_case(op, seed, float_io=True)
         want = _litert(data, feeds)[0]
         np.testing.assert_array_equal(_run(ctx, data, feeds)[0], want, err_msg=f"seed {seed}")

@@ -11,8 +11,9 @@ skipped for int16):
   in int64 (256 * high + low, plus the bias): no product is ever rounded.
 - ADD, SUB: TFLite's general int16 path (left shift 15): both inputs rescaled to twice the larger
   scale, summed (subtracted), rescaled (the roundings as LiteRT 2.3 makes them: add_reference,
-  equal to LiteRT's outputs; on the GPU one output in a few thousand is still a quantum off at
-  some scales).
+  sub_reference, whose inputs are rounded twice; on the GPU one ADD output in a few thousand is
+  still a quantum off at some scales).
+- MUL: the int32 product, MultiplyByQuantizedMultiplier (mul_reference).
 - MEAN: reference_ops::QuantizedMeanOrSum: the int32 sum, the multiplier divided by the count.
 - QUANTIZE (float32 -> int16): the input times float32(1 / scale), rounded half to even.
 
@@ -267,8 +268,18 @@ def add_reference(a, c, ta, tc, to, subtract=False, rng=(_LO, _HI)):
     return np.clip(out, *rng)
 
 
+def sub_reference(a, c, ta, tc, to, rng=(_LO, _HI)):
+    """numpy: int16 SUB as LiteRT 2.3 computes it (measured): add_reference's scales, but each
+    input rescaled with MultiplyByQuantizedMultiplier's two roundings (add_reference's one
+    rounding differs on 2 of 491520 outputs tried)."""
+    (m1, e1), (m2, e2), (mo, eo) = add_params(ta.scale[0], tc.scale[0], to.scale[0])
+    x1 = quantized.multiply_by_quantized_multiplier(np.asarray(a, np.int64) << 15, m1, e1)
+    x2 = quantized.multiply_by_quantized_multiplier(np.asarray(c, np.int64) << 15, m2, e2)
+    return np.clip(quantized.multiply_by_quantized_multiplier(x1 - x2, mo, eo), *rng)
+
+
 def add_sub(imp, op, subtract):
-    """ADD / SUB of int16 tensors as add_reference, as real values; None where it does not apply
+    """ADD / SUB of int16 tensors as add_reference / sub_reference, as real values; None where it does not apply
     (the power-of-two path, a scale ratio outside its range, float16 mode)."""
     ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
     if imp.float16 or not all(is_int16(t) for t in (ta, tc, to)) or opt(op, "PotScaleInt16", False):
@@ -283,11 +294,50 @@ def add_sub(imp, op, subtract):
     b = imp.b
     xs = []
     for i, t, m, e in ((op.inputs[0], ta, m1, e1), (op.inputs[1], tc, m2, e2)):
+        if subtract:  # sub_reference: |q * 2^15| <= 2^30, multiplier < 1
+            q = b.mul(quantized.integers(b, imp.operand(op, i), t), _i32(b, 1 << 15))
+            xs.append(quantized.multiply_by_quantized_multiplier_graph(b, q, m, e))
+            continue
         q = b.cast(quantized.integers(b, imp.operand(op, i), t), "int64")
         p = b.add(b.mul(q, _i64(b, m << 15)), _i64(b, 1 << (30 - e)))  # |.| < 2^61
         xs.append(b.cast(quantized.floor_div(b, p, _i64(b, 1 << (31 - e))), "int32"))  # |.| <= 2^29
     s = b.sub(*xs) if subtract else b.add(*xs)
     out = quantized.multiply_by_quantized_multiplier_graph(b, s, mo, eo)
+    return _real(b, b.clamp(out, min_value=float(rng[0]), max_value=float(rng[1])), to)
+
+
+# -- MUL -----------------------------------------------------------------------------------------
+
+
+def mul_params(ta, tc, to):
+    """int16 MUL's multiplier (mul.cc Prepare): QuantizeMultiplier of the input scales' product
+    over the output scale, in float32 (measured: the double quotient differs on some scales)."""
+    f = np.float32
+    return quantized.quantize_multiplier(float(f(f(f(ta.scale[0]) * f(tc.scale[0])) / f(to.scale[0]))))
+
+
+def mul_reference(a, c, ta, tc, to, rng=(_LO, _HI)):
+    """numpy: int16 MUL as reference_integer_ops::MulElementwise (numpy broadcasting): the int32
+    product rescaled by MultiplyByQuantizedMultiplier (two roundings), clamped."""
+    qm, shift = mul_params(ta, tc, to)
+    p = np.asarray(a, np.int64) * np.asarray(c, np.int64)
+    return np.clip(quantized.multiply_by_quantized_multiplier(p, qm, shift), *rng)
+
+
+def mul(imp, op):
+    """MUL of int16 tensors as mul_reference, as real values: the product of two int16 values fits
+    int32 (|.| <= 2^30); None where it does not apply (a multiplier of 1 or more, whose left shift
+    could overflow int32, float16 mode)."""
+    ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+    if imp.float16 or not all(is_int16(t) for t in (ta, tc, to)):
+        return None
+    rng = activation_range(op, to)
+    qm, shift = mul_params(ta, tc, to)
+    if rng is None or qm <= 0 or shift > 0 or -shift >= 31:
+        return None
+    b = imp.b
+    p = b.mul(*(quantized.integers(b, imp.operand(op, i), t) for i, t in ((op.inputs[0], ta), (op.inputs[1], tc))))
+    out = quantized.multiply_by_quantized_multiplier_graph(b, p, qm, shift)
     return _real(b, b.clamp(out, min_value=float(rng[0]), max_value=float(rng[1])), to)
 
 
@@ -563,6 +613,7 @@ def converters(base, conv_padding):
         "FULLY_CONNECTED": wrap("FULLY_CONNECTED", lambda imp, op: weighted(imp, op, conv_padding)),
         "ADD": wrap("ADD", lambda imp, op: add_sub(imp, op, False)),
         "SUB": wrap("SUB", lambda imp, op: add_sub(imp, op, True)),
+        "MUL": wrap("MUL", mul),
         "QUANTIZE": wrap("QUANTIZE", quantize),
         "LOGISTIC": wrap("LOGISTIC", lambda imp, op: lut(imp, op, logistic_reference)),
         "TANH": wrap("TANH", lambda imp, op: lut(imp, op, tanh_reference)),

@@ -19,7 +19,7 @@ other int8 operators compute on real values and round (the operator moves or sel
 unchanged: MAX_POOL_2D, CONCATENATION, PAD, RESHAPE...), or are one quantum apart at worst.
 
 16x8 models (int16 activations, zero point 0; int8 weights, int64 biases): int16.py computes
-QUANTIZE, CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MEAN, LOGISTIC, TANH and SOFTMAX
+QUANTIZE, CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, MEAN, LOGISTIC, TANH and SOFTMAX
 in LiteRT's int16 arithmetic; the other int16 operators take the real-value form here, within a
 quantum. int16 graph inputs and outputs are refused (WebNN has no int16).
 """
