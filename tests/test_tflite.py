@@ -6,6 +6,8 @@ models against LiteRT on a real photo."""
 import numpy as np
 import pytest
 
+from tflite_reference import litert_outputs as litert_run  # noqa: F401 - (test_tflite_mediapipe imports it from here)
+
 import mltensor
 from mltensor.errors import DataError, NotSupportedError
 from mltensor.tflite import import_model, importer
@@ -353,17 +355,6 @@ def run_numpy_reference(data, feeds):
     outs, ins, out_desc = importer.convert(model, NumpyBuilder())
     env = dict(feeds)
     return [outs[name].fn(env) for name, _, _ in out_desc], ins, out_desc
-
-
-def litert_run(data, feeds_in_order):
-    from ai_edge_litert.interpreter import Interpreter
-
-    it = Interpreter(model_content=bytes(data))
-    it.allocate_tensors()
-    for d, v in zip(it.get_input_details(), feeds_in_order):
-        it.set_tensor(d["index"], v)
-    it.invoke()
-    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
 
 
 # -- single-operator models, checked against LiteRT ------------------------------------------------

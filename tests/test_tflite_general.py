@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import tflite
 
+from tflite_reference import litert_outputs as litert_run
+
 from mltensor.errors import NotSupportedError
 from mltensor.tflite import import_model, supported_operators
 from mltensor.tflite.writer import ModelWriter
@@ -12,17 +14,6 @@ from mltensor.tflite.writer import ModelWriter
 pytest.importorskip("ai_edge_litert")
 
 I32, I64 = tflite.TensorType.INT32, tflite.TensorType.INT64
-
-
-def litert_run(data, feeds):
-    from ai_edge_litert.interpreter import Interpreter
-
-    it = Interpreter(model_content=bytes(data))
-    it.allocate_tensors()
-    for d, v in zip(it.get_input_details(), feeds):
-        it.set_tensor(d["index"], v)
-    it.invoke()
-    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
 
 
 def _r(rng, *shape, scale=1.0, positive=False):

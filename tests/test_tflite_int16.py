@@ -6,39 +6,16 @@ and the GPU's outputs equal to LiteRT's. (and SUB, MUL; LOGISTIC, TANH, ADD: tes
 import numpy as np
 import pytest
 
-from mltensor.tflite import import_model, int16
+from tflite_reference import litert_outputs as _litert
+from tflite_reference import run_model
+
+from mltensor.tflite import int16
 from mltensor.tflite.reader import read
 from mltensor.tflite.writer import ModelWriter
 
 pytest.importorskip("ai_edge_litert")
 
 ALL = np.arange(-(1 << 15), 1 << 15)  # every int16 value
-
-
-def _litert(data, feeds):
-    from ai_edge_litert.interpreter import Interpreter
-
-    it = Interpreter(model_content=bytes(data))
-    it.allocate_tensors()
-    for d, v in zip(it.get_input_details(), feeds):
-        it.set_tensor(d["index"], v)
-    it.invoke()
-    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
-
-
-def _run(ctx, data, feeds):
-    graph, inputs, outputs = import_model(data, ctx)
-    ins = {}
-    for (name, dt, shape), v in zip(inputs, feeds):
-        ins[name] = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
-        ctx.write_tensor(ins[name], v)
-    outs = {name: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True) for name, dt, shape in outputs}
-    ctx.dispatch(graph, ins, outs)
-    res = [ctx.read_tensor_sync(outs[name]) for name, _, _ in outputs]
-    for t in [*ins.values(), *outs.values()]:
-        t.destroy()
-    graph.destroy()
-    return res
 
 
 def _scales(seed, n):
@@ -103,7 +80,7 @@ def test_softmax_exact_on_gpu(ctx):
         feeds = [(q.astype(np.float64) * si).astype(np.float32)]
         data = _unary("SOFTMAX", si, float_io=True, shape=q.shape, beta=beta)
         want = _litert(data, feeds)[0]
-        np.testing.assert_array_equal(_run(ctx, data, feeds)[0], want, err_msg=f"seed {seed}")
+        np.testing.assert_array_equal(run_model(ctx, data, feeds)[1][0], want, err_msg=f"seed {seed}")
 
 
 def _binary_case(op, seed, float_io=False):
@@ -161,4 +138,4 @@ def test_sub_mul_exact_on_gpu(ctx, op):
     for seed in range(4):
         data, feeds = _binary_case(op, seed, float_io=True)
         want = _litert(data, feeds)[0]
-        np.testing.assert_array_equal(_run(ctx, data, feeds)[0], want, err_msg=f"seed {seed}")
+        np.testing.assert_array_equal(run_model(ctx, data, feeds)[1][0], want, err_msg=f"seed {seed}")

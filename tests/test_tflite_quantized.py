@@ -7,6 +7,9 @@ scales downstream, which says nothing about either operator."""
 import numpy as np
 import pytest
 
+from tflite_reference import litert_outputs as _litert
+from tflite_reference import run_model as _run
+
 from mltensor.tflite import import_model
 from mltensor.tflite.writer import ModelWriter
 
@@ -15,17 +18,6 @@ pytest.importorskip("ai_edge_litert")
 I8 = np.int8
 SAME, VALID = 0, 1
 RELU6 = 3
-
-
-def _litert(data, feeds):
-    from ai_edge_litert.interpreter import Interpreter
-
-    it = Interpreter(model_content=bytes(data))
-    it.allocate_tensors()
-    for d, v in zip(it.get_input_details(), feeds):
-        it.set_tensor(d["index"], v)
-    it.invoke()
-    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
 
 
 def _q8(rng, shape):
@@ -404,21 +396,6 @@ def test_integer_add_sub_exact(ctx, op):
         ref = _litert(data, feeds)[0]
         got = _run(ctx, data, feeds)[1][0]
         np.testing.assert_array_equal(got, ref)
-
-
-def _run(ctx, data, feeds):
-    graph, inputs, outputs = import_model(data, ctx)
-    ins = {}
-    for (name, dt, shape), v in zip(inputs, feeds):
-        ins[name] = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
-        ctx.write_tensor(ins[name], v)
-    outs = {name: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True) for name, dt, shape in outputs}
-    ctx.dispatch(graph, ins, outs)
-    res = [ctx.read_tensor_sync(outs[name]) for name, _, _ in outputs]
-    for t in [*ins.values(), *outs.values()]:
-        t.destroy()
-    graph.destroy()
-    return inputs, res
 
 
 @pytest.mark.parametrize("name", list(CASES))

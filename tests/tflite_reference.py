@@ -194,3 +194,35 @@ def operator_coverage(paths):
         for sg in m.subgraphs:
             used |= {op.custom_code if op.custom_code is not None else op.name for op in sg.operators}
     return used, used - set(supported_operators())
+
+
+def litert_outputs(data, feeds):
+    """LiteRT's (ai-edge-litert's default interpreter) outputs of TFLite model bytes `data` fed
+    `feeds` in input order."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_content=bytes(data))
+    it.allocate_tensors()
+    for d, v in zip(it.get_input_details(), feeds):
+        it.set_tensor(d["index"], v)
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+def run_model(ctx, data, feeds):
+    """(inputs, outputs) of TFLite model bytes `data` imported by mltensor and dispatched once on
+    `ctx` with `feeds` in input order: the importer's input list and the outputs read back."""
+    from mltensor.tflite import import_model
+
+    graph, inputs, outputs = import_model(data, ctx)
+    ins = {}
+    for (name, dt, shape), v in zip(inputs, feeds):
+        ins[name] = ctx.create_tensor_sync(data_type=dt, shape=shape, writable=True)
+        ctx.write_tensor(ins[name], v)
+    outs = {name: ctx.create_tensor_sync(data_type=dt, shape=shape, readable=True) for name, dt, shape in outputs}
+    ctx.dispatch(graph, ins, outs)
+    res = [ctx.read_tensor_sync(outs[name]) for name, _, _ in outputs]
+    for t in [*ins.values(), *outs.values()]:
+        t.destroy()
+    graph.destroy()
+    return inputs, res
