@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from test_tflite_state import HERE, converted
 
+from tflite_reference import model_bytes
+
 import mltensor
 from mltensor.errors import NotSupportedError
 from mltensor.tflite import import_model
@@ -28,11 +30,6 @@ GENERATOR = os.path.join(HERE, "tflite_control_models.py")
 @pytest.fixture(scope="module")
 def models():
     return converted(GENERATOR, "tflite-control")
-
-
-def _data(models, name):
-    with open(os.path.join(models, f"{name}.tflite"), "rb") as f:
-        return f.read()
 
 
 def _litert(data, feeds):
@@ -74,7 +71,7 @@ def _x(seed, scale=1.0):
 def test_while_trip_count_from_an_input(ctx, models):
     """The counter comes out: n iterations for n = 0, 1, 5, 20, 37 (batches of 8 and a part);
     the stage after the loop is built once for every n."""
-    data = _data(models, "while_bound")
+    data = model_bytes(models, "while_bound")
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         for k, n in enumerate((0, 1, 5, 20, 37, 3)):
             got = _check(sess, data, _feeds(sess, _x(k), n), f"n={n}", "ml-tensor" if k % 2 else "cpu")
@@ -84,7 +81,7 @@ def test_while_trip_count_from_an_input(ctx, models):
 
 def test_while_until_a_threshold(ctx, models):
     """No trip count anywhere: the input's size decides it (0 iterations for a large input)."""
-    data = _data(models, "while_threshold")
+    data = model_bytes(models, "while_threshold")
     trips = set()
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         for k, scale in enumerate((30.0, 4.0, 1.0, 0.2, 0.01)):
@@ -94,7 +91,7 @@ def test_while_until_a_threshold(ctx, models):
 
 
 def test_while_with_an_if_in_its_body_then_a_second_loop(ctx, models):
-    data = _data(models, "while_nested_cond")
+    data = model_bytes(models, "while_nested_cond")
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         for k, n in enumerate((0, 2, 9)):
             _check(sess, data, _feeds(sess, _x(k + 10), n), f"n={n}")
@@ -102,7 +99,7 @@ def test_while_with_an_if_in_its_body_then_a_second_loop(ctx, models):
 
 def test_if_branches_of_different_shapes(ctx, models):
     """Both outcomes: [1, 3] and [1, 12]; each branch's stage built once."""
-    data = _data(models, "cond_shapes")
+    data = model_bytes(models, "cond_shapes")
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         shapes = set()
         for k, sign in enumerate((1.0, -1.0, 1.0, -1.0)):
@@ -114,7 +111,7 @@ def test_if_branches_of_different_shapes(ctx, models):
 
 
 def test_runs_from_threads(ctx, models):
-    data = _data(models, "while_bound")
+    data = model_bytes(models, "while_bound")
     ns = (4, 0, 11, 7, 2, 16)
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         results, errors = {}, []
@@ -142,12 +139,12 @@ def test_runs_from_threads(ctx, models):
 def test_one_graph_refuses_them(ctx, models, name):
     """tflite.import_model builds one graph: the operator is named, and where it runs."""
     with pytest.raises(NotSupportedError, match=r"\((WHILE|IF)\).*computed at run time.*InferenceSession"):
-        import_model(_data(models, name), ctx)
+        import_model(model_bytes(models, name), ctx)
 
 
 def test_while_in_float16(ctx, models):
     """float16=True: the loop's values and the constants carried into it in float16."""
-    data = _data(models, "while_bound")
+    data = model_bytes(models, "while_bound")
     with mltensor.InferenceSession(data, ctx, cache=False, float16=True) as sess:
         names = [o.name for o in sess.get_outputs()]
         for k, n in enumerate((0, 9)):
@@ -167,7 +164,7 @@ def test_while_in_float16(ctx, models):
 def test_refused_at_the_first_run_naming_the_operator(ctx, models, name, match):
     """A run-time loop inside a loop body, a loop value that grows: the body is built at the first
     run (as an executed ONNX Loop's), which refuses it, naming the operator."""
-    with mltensor.InferenceSession(_data(models, name), ctx, cache=False) as sess:
+    with mltensor.InferenceSession(model_bytes(models, name), ctx, cache=False) as sess:
         with pytest.raises(NotSupportedError, match=match):
             sess.run(None, _feeds(sess, _x(0), 2))
 
@@ -175,7 +172,7 @@ def test_refused_at_the_first_run_naming_the_operator(ctx, models, name, match):
 def test_while_too_long_to_unroll_runs_on_the_gpu(ctx, models):
     """300 iterations known at load: more than are unrolled (256), so executed as a run-time loop
     is."""
-    data = _data(models, "while_long")
+    data = model_bytes(models, "while_long")
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         _check(sess, data, _feeds(sess, _x(3)), "300 iterations")
         assert sess.stats["stage_builds"] == 1

@@ -23,6 +23,8 @@ import sys
 import numpy as np
 import pytest
 
+from tflite_reference import external_python
+
 from mltensor._xdg import cache_dir
 from mltensor.tflite import import_model
 
@@ -45,14 +47,7 @@ FULL_INTEGER = [
 def _tensorflow_python():
     if importlib.util.find_spec("tensorflow") is not None:
         return sys.executable
-    py = os.environ.get(ENV)
-    local = os.path.join(os.path.dirname(HERE), ".venv-tf", "bin", "python")  # MLTENSOR_SETUP_TENSORFLOW=1 setup.sh
-    if not py and os.path.exists(local):
-        py = local
-    if not py:
-        pytest.skip(f"needs TensorFlow to convert the Keras models: MLTENSOR_SETUP_TENSORFLOW=1 bash setup.sh, or set "
-                    f"{ENV} to a Python with tensorflow-cpu and tf-keras")  # fmt: skip
-    return py
+    return external_python(ENV, ".venv-tf", "MLTENSOR_SETUP_TENSORFLOW", "tensorflow-cpu and tf-keras")
 
 
 _VERSIONS = (

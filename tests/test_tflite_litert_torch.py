@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from test_tflite_state import HERE, converted
 
+from tflite_reference import external_python
+
 import mltensor
 
 pytest.importorskip("ai_edge_litert")
@@ -26,13 +28,7 @@ NAMES = ("mobilenet_v3_small", "resnet18", "efficientnet_b0", "vit_small")
 
 @pytest.fixture(scope="module")
 def models():
-    py = os.environ.get(ENV)
-    local = os.path.join(os.path.dirname(HERE), ".venv-litert", "bin", "python")
-    if not py and os.path.exists(local):
-        py = local
-    if not py:
-        pytest.skip(f"needs litert-torch to convert the models: MLTENSOR_SETUP_LITERT_TORCH=1 bash setup.sh, or set "
-                    f"{ENV} to a Python with litert-torch and torchvision")  # fmt: skip
+    py = external_python(ENV, ".venv-litert", "MLTENSOR_SETUP_LITERT_TORCH", "litert-torch and torchvision")
     return converted(GENERATOR, "litert-torch", py, ("litert-torch", "torch", "torchvision"), timeout=2400)
 
 

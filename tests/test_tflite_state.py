@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from test_tflite_general import CASES
 
+from tflite_reference import external_python, model_bytes
+
 import mltensor
 from mltensor._xdg import cache_dir
 from mltensor.errors import NotSupportedError
@@ -41,14 +43,7 @@ STREAMS = ("stream_float", "stream_int8", "stream_int8_variables")
 def tensorflow_python():
     if importlib.util.find_spec("tensorflow") is not None:
         return sys.executable
-    py = os.environ.get(ENV)
-    local = os.path.join(os.path.dirname(HERE), ".venv-tf", "bin", "python")
-    if not py and os.path.exists(local):
-        py = local
-    if not py:
-        pytest.skip(f"needs TensorFlow to convert the models: MLTENSOR_SETUP_TENSORFLOW=1 bash setup.sh, or set "
-                    f"{ENV} to a Python with tensorflow-cpu and tf-keras")  # fmt: skip
-    return py
+    return external_python(ENV, ".venv-tf", "MLTENSOR_SETUP_TENSORFLOW", "tensorflow-cpu and tf-keras")
 
 
 def converted(generator, subdir, python=None, packages=("tensorflow", "tf-keras", "keras"), timeout=1200):
@@ -76,11 +71,6 @@ def converted(generator, subdir, python=None, packages=("tensorflow", "tf-keras"
 @pytest.fixture(scope="module")
 def models():
     return converted(GENERATOR, "tflite-state")
-
-
-def _data(models, name):
-    with open(os.path.join(models, f"{name}.tflite"), "rb") as f:
-        return f.read()
 
 
 def _interpreter(data):
@@ -125,7 +115,7 @@ def _close(got, ref, quantum, what):
 def test_streaming_model_matches_litert(ctx, models, name):
     """Calls in a row on one session and on one LiteRT interpreter: the same outputs, each call
     reading the ring buffers the last one left; reset_state() then matches a fresh interpreter."""
-    data = _data(models, name)
+    data = model_bytes(models, name)
     it = _interpreter(data)
     xs = _frames(it, 9)
     q = _quantum(it)
@@ -157,7 +147,7 @@ def test_streaming_model_matches_litert(ctx, models, name):
 def test_streaming_state_in_ml_tensor_runs_and_graph_cache(ctx, models, tmp_path, monkeypatch):
     """ml-tensor runs carry the state as numpy runs do; a session whose graph comes from the graph
     cache (a second process's case) has its initial state from there too."""
-    data = _data(models, "stream_float")
+    data = model_bytes(models, "stream_float")
     monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path))
     it = _interpreter(data)
     xs = _frames(it, 5, seed=3)
@@ -177,7 +167,7 @@ def test_streaming_runs_from_threads_form_one_chain(ctx, models):
     """Runs from several threads at once: each reads the state the run dispatched before it
     left. The same frame fed by all of them, call k's output depends on k only (until the ring
     buffers fill): the outputs are LiteRT's outputs for calls 0..n-1, in some order."""
-    data = _data(models, "stream_float")
+    data = model_bytes(models, "stream_float")
     it = _interpreter(data)
     (x,) = _frames(it, 1, seed=5)
     n = 8
@@ -208,7 +198,7 @@ def test_streaming_runs_from_threads_form_one_chain(ctx, models):
 def test_import_model_state_edges(ctx, models):
     """import_model: one state input (and output) per variable, named after it, and the initial
     values; the caller carries the state."""
-    data = _data(models, "stream_float")
+    data = model_bytes(models, "stream_float")
     init = {}
     graph, inputs, outputs = import_model(data, ctx, initial_state=init)
     assert sorted(init) == ["state:stream_1/ring", "state:stream_2/ring"]
@@ -234,7 +224,7 @@ def test_import_model_state_edges(ctx, models):
 
 @pytest.mark.parametrize("name", ["cond", "loop_fixed", "lstm_keras3"])
 def test_control_flow_matches_litert(ctx, models, name):
-    data = _data(models, name)
+    data = model_bytes(models, name)
     it = _interpreter(data)
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         assert not sess.stateful
@@ -249,7 +239,7 @@ def test_control_flow_matches_litert(ctx, models, name):
 
 def test_loop_with_run_time_trip_count_is_refused(ctx, models):
     with pytest.raises(NotSupportedError, match=r"operator 0 \(WHILE\).*computed at run time"):
-        import_model(_data(models, "loop_dynamic"), ctx)
+        import_model(model_bytes(models, "loop_dynamic"), ctx)
 
 
 def test_versions_recorded(models):

@@ -4,6 +4,7 @@ and a LiteRT run of a model that uses them, with LiteRT doing every builtin oper
 functions the custom ones."""
 
 import math
+import os
 
 import numpy as np
 
@@ -226,3 +227,24 @@ def run_model(ctx, data, feeds):
         t.destroy()
     graph.destroy()
     return inputs, res
+
+
+def external_python(env, venv, flag, what):
+    """The interpreter that converts test models in a child process: `env`'s value, else the
+    repository's `venv` (made by `<flag>=1 bash setup.sh`), else the test is skipped saying so
+    (`what`: the packages it needs)."""
+    import pytest
+
+    py = os.environ.get(env)
+    local = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), venv, "bin", "python")
+    if not py and os.path.exists(local):
+        py = local
+    if not py:
+        pytest.skip(f"needs {what} to convert the models: {flag}=1 bash setup.sh, or set {env} to a Python with {what}")
+    return py
+
+
+def model_bytes(directory, name):
+    """The bytes of `name`.tflite in `directory` (a converted() folder)."""
+    with open(os.path.join(directory, f"{name}.tflite"), "rb") as f:
+        return f.read()
