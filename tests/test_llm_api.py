@@ -11,6 +11,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
+from helpers import in_threads  # noqa: E402
 import mltensor  # noqa: E402
 from mltensor.llm import DEFAULTS, LLM  # noqa: E402
 
@@ -158,22 +159,15 @@ def test_conversation_keeps_its_cache(llm, ref):
 def test_two_threads_on_one_llm(llm):
     prompts = ["hello there", "the 12", "12 he", "the the"]
     want = {p: llm.generate(p, max_tokens=8, return_ids=True, **GREEDY) for p in prompts}
-    got, errors = {}, []
+    got = {}
 
     def work(p):
-        try:
-            for _ in range(2):
-                r = llm.generate(p, max_tokens=8, return_ids=True, **GREEDY)
-                assert got.setdefault(p, r) == r
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(2):
+            r = llm.generate(p, max_tokens=8, return_ids=True, **GREEDY)
+            assert got.setdefault(p, r) == r
 
-    threads = [threading.Thread(target=work, args=(p,)) for p in prompts]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors and got == want
+    in_threads(work, [(p,) for p in prompts])  # (a thread's exception or assertion re-raised here)
+    assert got == want
     # in one thread, a second call while a stream is open: an error, not a deadlock
     s = llm.generate("hello there", max_tokens=8, stream=True, **GREEDY)
     next(s)

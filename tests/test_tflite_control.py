@@ -10,10 +10,10 @@ Models are made on first use by a Python with `tensorflow-cpu` (MLTENSOR_TENSORF
 """
 
 import os
-import threading
 
 import numpy as np
 import pytest
+from helpers import in_threads
 from test_tflite_state import HERE, converted
 
 from tflite_reference import model_bytes
@@ -114,20 +114,12 @@ def test_runs_from_threads(ctx, models):
     data = model_bytes(models, "while_bound")
     ns = (4, 0, 11, 7, 2, 16)
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
-        results, errors = {}, []
+        results = {}
 
         def work(n):
-            try:
-                results[n] = sess.run(None, _feeds(sess, _x(n), n))
-            except Exception as e:  # noqa: BLE001 (reported below)
-                errors.append(e)
+            results[n] = sess.run(None, _feeds(sess, _x(n), n))
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in ns]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        in_threads(work, [(n,) for n in ns])  # (a thread's exception re-raised here)
         names = [o.name for o in sess.get_outputs()]
         for n in ns:
             ref = _litert(data, _feeds(sess, _x(n), n))

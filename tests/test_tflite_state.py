@@ -18,12 +18,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 from test_tflite_general import CASES
 
+from helpers import in_threads
 from tflite_reference import external_python, model_bytes
 
 import mltensor
@@ -174,21 +174,13 @@ def test_streaming_runs_from_threads_form_one_chain(ctx, models):
     refs = [_invoke(it, x) for _ in range(n)]
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         name = sess.get_inputs()[0].name
-        got, errors = [], []
+        got = []
 
         def worker():
-            try:
-                for _ in range(n // 4):
-                    got.append(sess.run(None, {name: x})[0])
-            except Exception as e:  # pragma: no cover (reported below)
-                errors.append(e)
+            for _ in range(n // 4):
+                got.append(sess.run(None, {name: x})[0])
 
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
+        in_threads(worker, [()] * 4)  # (a thread's exception re-raised here)
         assert len({tuple(np.round(r.reshape(-1), 4)) for r in refs}) > 4  # the calls differ
         key = lambda a: tuple(a.reshape(-1))  # noqa: E731
         for g, r in zip(sorted(got, key=key), sorted(refs, key=key)):
