@@ -660,6 +660,12 @@ def smin(a: Size, b: Size) -> Size:
         return Sym._atom("min", a, b)
 
 
+def size_at_least(x: Size, t: int) -> Size:
+    """A size expression that is 1 where size x >= t, else 0 (x >= 1): the factor of a gated
+    variant's workgroup count (0 workgroups: the dispatch skips it)."""
+    return 1 if t <= max(1, low(x)) else smin(x // t, 1)
+
+
 def is_static(shape: Iterable[object]) -> bool:
     return all(isinstance(d, int) for d in shape)
 

@@ -17,7 +17,7 @@ dispatch: STEP_TILE_*), the weights' words decoded once for them; each output's 
 in the same order for every M and MT, so a row's result does not depend on the rows beside it.
 """
 
-from ..dynamic.dims import Sym, cdiv, wgsl
+from ..dynamic.dims import Sym, cdiv, size_at_least, wgsl
 from ..dynamic.kernels import grid
 from ..ir.registry import DYNAMIC, builder_op, lowering, register
 from ..runtime.wgsl import Binding, cpu_device, Kernel
@@ -112,19 +112,24 @@ def _lower(kc, node):
     MT = at.get("MT", 1)
     # rows_tile 0 ("auto", a serving step): one row a thread where the step has one row,
     # STEP_TILE_* where it has more; both launched, each gated on M at dispatch (the same sums
-    # either way)
+    # either way): the gate is a factor 0 or 1 of its workgroup count, so the dispatch skips the
+    # other tile (launched, its 0-row threads would still cost lavapipe ~0.1 ms a launch)
     cpu = cpu_device(kc.device)
     rows, step = (ROWS_CPU, STEP_TILE_CPU) if cpu else (ROWS_GPU, STEP_TILE_GPU)
-    tiles = [(MT, rows, "")] if MT else [(1, rows, f"{p['M']} < 2u"), (*step, f"{p['M']} >= 2u")]
+    if MT:
+        tiles = [(MT, rows, "", 1)]
+    else:
+        many = size_at_least(M, 2)
+        tiles = [(1, rows, f"{p['M']} < 2u", 1 - many), (*step, f"{p['M']} >= 2u", many)]
     if not isinstance(M, Sym):
-        tiles = [(t, r, "") for t, r, gate in tiles if not gate or (M < 2) == (t == 1)]
-    for mt, r, gate in tiles:
+        tiles = [(t, r, "", 1) for t, r, gate, _ in tiles if not gate or (M < 2) == (t == 1)]
+    for mt, r, gate, on in tiles:
         gn = -(-N // (WG * r))
         # loops: K / 32 blocks of `bits` words (runtime/wgsl.py LOOP_BUDGET; K past ~190000
         # refused where the cap may apply)
         kc.launch(
             Kernel(f"{base}_mt{mt}r{r}", "llm_gemv.wgsl", dict(p, MT=mt, R=r, GN=gn, gate=gate), bindings),
             args,
-            grid(gn * cdiv(M, mt)),
+            grid(gn * cdiv(M, mt) * on),
             iters=(K // BLOCK) * (bits + 2) + 16,
         )

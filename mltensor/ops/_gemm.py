@@ -11,7 +11,7 @@ launched gated on its sizes at dispatch.
 
 import dataclasses
 
-from ..dynamic.dims import Condition, Sym, cdiv, high, low, smax, smin, wgsl
+from ..dynamic.dims import Condition, Sym, cdiv, high, low, size_at_least, smax, wgsl
 from ..errors import NotSupportedError
 from ..switches import switch
 from ..runtime import autotune
@@ -367,11 +367,6 @@ def _tiled_launches(kc, name, template, params, bindings, args, M, N, K, batch, 
 
 MAX_VARIANTS = 3  # launches of one dynamic GEMM, each gated on its bucket of sizes
 MIN_GAIN = 1.1  # a bucket boundary is kept only where it saves at least this factor of padded work
-
-
-def size_at_least(x, t):
-    """A size expression that is 1 where size x >= t, else 0 (x >= 1)."""
-    return 1 if t <= max(1, low(x)) else smin(x // t, 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from ..dynamic.dims import Sym, cdiv, exact_div, high, low, wgsl
+from ..dynamic.dims import Sym, cdiv, exact_div, high, low, size_at_least, wgsl
 from ..errors import NotSupportedError
 from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
@@ -51,7 +51,7 @@ from ..runtime.wgsl import LOOP_BUDGET, Binding, cpu_device, f32_lit, Kernel, ld
 from ._checks import check_bool, check_number, check_support, same_type, unidirectional
 from ._index import row_strides
 from .reduce import groups
-from ._gemm import dim_maxes, fit_sizes, size_at_least
+from ._gemm import dim_maxes, fit_sizes
 
 FLOAT = ("float32", "float16")
 DYNAMIC_OPS = frozenset({"_attention"})
