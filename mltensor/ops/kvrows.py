@@ -34,12 +34,16 @@ from ..dynamic.dims import Sym, cdiv, wgsl
 from ..dynamic.kernels import grid
 from ..errors import NotSupportedError
 from ..ir.registry import builder_op, register
-from ..runtime.wgsl import WORKGROUP, Binding, Kernel, f32_lit, ld_st
+from ..runtime.wgsl import WORKGROUP, Binding, Kernel, cpu_device, f32_lit, ld_st
 from ._checks import check_number
 
 TYPES = ("float32", "float16")
 DYNAMIC_OPS = frozenset({"_kv_scatter", "_attention_rows"})
 WG = 64  # threads of an attention workgroup: keys a tile
+# CPU adapters: 8 threads a workgroup (one SIMD group of llvmpipe's 256-bit lanes), each a (row,
+# head); head sizes up to 256 keep q and the outputs in named vec4s (128 of them at 256)
+CPU_WG = 8
+CPU_MAX_HEAD = 256
 
 
 def _int(where, what, v, least=1):
@@ -144,6 +148,7 @@ def _lower_attention(kc, node):
     cap = a["softcap"]
     p = {
         "SCATTER": False,
+        "CPU": False,
         "R": wgsl(R),
         "H": H,
         "HKV": HKV,
@@ -163,6 +168,17 @@ def _lower_attention(kc, node):
     win = (f"_w{a['window']}" if a["window"] else "") + (f"_ring{a['ring']}" if a.get("ring") else "")
     name = f"attention_rows_{t}_h{H}k{HKV}d{D}{f'v{DV}' if DV != D else ''}{win}{'_sc' if cap else ''}"
     keys = min(a["max_len"], a["window"] or a["max_len"])
+    if cpu_device(kc.device) and D % 4 == 0 and DV % 4 == 0 and max(D, DV) <= CPU_MAX_HEAD:
+        # a thread per (row, head), keys one at a time (kvrows.wgsl CPU; named vec4s for q and
+        # the outputs: head sizes up to CPU_MAX_HEAD)
+        p.update(CPU=True, WG=CPU_WG)
+        kc.launch(
+            Kernel(name + "_cpu", "kvrows.wgsl", p, tuple(bindings)),
+            [q, k, v, dst, pos, kc.out(node)],
+            grid(cdiv(R * H, CPU_WG)),
+            iters=keys + 1,
+        )
+        return
     # per tile of WG keys: a score (D), two reductions, the outputs' WG keys
     iters = cdiv(keys, WG) * (D + WG + 2 * int(math.log2(WG)) + 4) + cdiv(D, WG)
     kc.launch(

@@ -18,6 +18,77 @@
 {$ endif $}
 {$ endfor $}
 }
+{$ elif CPU $}
+// CPU adapters: one thread per (row r, head h), no workgroup memory and no barriers (llvmpipe
+// runs a workgroup's invocations as SIMD lanes of one core, where every barrier is a switch
+// between them). The thread keeps q and its DV outputs in named vec4s and walks its keys one at a
+// time with an online softmax: the first key sets m (no infinities), each later one rescales the
+// running sum l and the outputs by exp(m_old - m_new). All sums in f32.
+const H: u32 = {{ H }}u;
+const HKV: u32 = {{ HKV }}u;
+const GRP: u32 = {{ H // HKV }}u;
+
+@compute @workgroup_size({{ WG }})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let g = (wid.y * nwg.x + wid.x) * {{ WG }}u + t;
+    if (g >= {{ R }} * H) { return; }
+    let r = g / H;
+    let h = g - r * H;
+    let kh = h / GRP;
+    let p = u32(max(pos[r], 0));
+    let dr = u32(max(dst[r], 0));
+{$ if RING $}
+    let base = dr - min(p % {{ RING }}u, dr);
+{$ else $}
+    let base = dr - min(p, dr);
+{$ endif $}
+    var lo = 0u;
+{$ if window $}
+    if (p + 1u > {{ window }}u) { lo = p + 1u - {{ window }}u; }
+{$ endif $}
+    let qb = (r * H + h) * {{ D }}u;
+{$ for c in range(D // 4) $}
+    let q{{ c }} = vec4<f32>({{ LD }}(q[qb + {{ 4 * c }}u]), {{ LD }}(q[qb + {{ 4 * c + 1 }}u]),
+                          {{ LD }}(q[qb + {{ 4 * c + 2 }}u]), {{ LD }}(q[qb + {{ 4 * c + 3 }}u]));
+{$ endfor $}
+    var m = 0.0;
+    var l = 0.0;
+{$ for c in range(DV // 4) $}
+    var acc{{ c }} = vec4<f32>(0.0);
+{$ endfor $}
+    for (var j = lo; j <= p; j = j + 1u) {
+        let row = (base + {$ if RING $}j % {{ RING }}u{$ else $}j{$ endif $}) * HKV + kh;
+        let kb = row * {{ D }}u;
+        var s = 0.0;
+{$ for c in range(D // 4) $}
+        s = s + dot(q{{ c }}, vec4<f32>({{ LD }}(k[kb + {{ 4 * c }}u]), {{ LD }}(k[kb + {{ 4 * c + 1 }}u]),
+                                      {{ LD }}(k[kb + {{ 4 * c + 2 }}u]), {{ LD }}(k[kb + {{ 4 * c + 3 }}u])));
+{$ endfor $}
+        s = s * {{ scale }};
+{$ if softcap $}
+        s = {{ softcap }} * tanh(s * {{ inv_softcap }});
+{$ endif $}
+        let first = j == lo;
+        let mn = select(max(m, s), s, first);
+        let alpha = select(exp(min(m - mn, 0.0)), 0.0, first);  // (first: m is no score yet)
+        let e = exp(s - mn);
+        l = l * alpha + e;
+        let vb = row * {{ DV }}u;
+{$ for c in range(DV // 4) $}
+        acc{{ c }} = acc{{ c }} * alpha + e * vec4<f32>({{ LD }}(v[vb + {{ 4 * c }}u]), {{ LD }}(v[vb + {{ 4 * c + 1 }}u]),
+                                                     {{ LD }}(v[vb + {{ 4 * c + 2 }}u]), {{ LD }}(v[vb + {{ 4 * c + 3 }}u]));
+{$ endfor $}
+        m = mn;
+    }
+    let ob = (r * H + h) * {{ DV }}u;
+{$ for c in range(DV // 4) $}
+    out[ob + {{ 4 * c }}u] = {{ ST }}(acc{{ c }}.x / l);
+    out[ob + {{ 4 * c + 1 }}u] = {{ ST }}(acc{{ c }}.y / l);
+    out[ob + {{ 4 * c + 2 }}u] = {{ ST }}(acc{{ c }}.z / l);
+    out[ob + {{ 4 * c + 3 }}u] = {{ ST }}(acc{{ c }}.w / l);
+{$ endfor $}
+}
 {$ else $}
 // One workgroup per (row r, head h): the keys of r's sequence, cache rows dst[r] - pos[r] ..
 // dst[r] (from dst[r] - (window - 1) on a sliding-window layer; in a ring of RING positions a
