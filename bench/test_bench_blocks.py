@@ -120,7 +120,7 @@ QUANTIZE = (
 )
 
 
-def _q4_k_m(src):
+def smollm2_q4_k_m(src):
     """SmolLM2 requantized to Q4_K_M by llama.cpp, cached next to the source file."""
     out = os.path.join(os.path.dirname(src), "SmolLM2-135M-Instruct.requantized.Q4_K_M.gguf")
     if os.path.exists(out):
@@ -142,7 +142,7 @@ def test_smollm2_q4_k_m_decode_vs_q4_1(benchmark, ctx):
     from mltensor.models import fetch_gguf
 
     q41 = fetch_gguf("smollm2-135m-instruct")
-    qkm = _q4_k_m(q41)
+    qkm = smollm2_q4_k_m(q41)
     runs = []
     for path in (qkm, q41):
         w = LlamaWeights(path)

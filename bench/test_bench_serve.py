@@ -37,6 +37,7 @@ from mltensor.llm import LLM  # noqa: E402
 from mltensor.llm.engine import Engine  # noqa: E402
 from mltensor.serve import ServedModel, create_app  # noqa: E402
 
+from .test_bench_blocks import smollm2_q4_k_m  # noqa: E402
 from .timing import adapter_name, record  # noqa: E402
 
 STREAMS = 8
@@ -159,3 +160,56 @@ def test_serve_batching(benchmark, ctx, tmp_path_factory, name):
         f"(p99 {info['ttft_p99_ratio']:.2f}x); batch occupancy {occupancy:.2f}"
     )
     assert all(r[3] > 0 for r in solo + batched)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "smollm2_q4_k_m"])
+def test_serve_decode_steps(benchmark, ctx, tmp_path_factory, name):
+    """The engine's decode step alone (no prompts, no server): a step of 8 generating rows (8
+    streams) against a step of 1, each slot's sequence at the same position, steps alternated and
+    paired. Aggregate decode tokens/s = rows / step time, so the ratio is 8 t(1) / t(8): what
+    continuous batching buys once every stream is generating (the wall-clock figures of
+    test_serve_batching also count the prompts, whose cost per token batching barely lowers on a
+    compute-bound adapter). smollm2_q4_k_m: the same model requantized to Q4_K_M by
+    llama.cpp's quantizer (the K-quant GEMVs of ops/blocks.py; skipped without one)."""
+    from mltensor.llm.batch import LlamaBatch
+
+    path = _model("smollm2", tmp_path_factory)
+    llm = LLM(path if name == "smollm2" else smollm2_q4_k_m(path), ctx, max_context=512)
+    batch = LlamaBatch(llm.model, STREAMS, rows=STREAMS)
+    start = 48  # positions every slot holds before the measured steps (a chat template and a prompt)
+    for s in range(STREAMS):
+        for p in range(0, start, STREAMS):
+            batch.run([(s, p, list(range(100 + p, 100 + p + STREAMS)))])
+    rounds, steps = 8, 3
+
+    def step(rows, at):
+        batch.run([(s, at, [200 + s]) for s in range(rows)])
+
+    times = {1: [], STREAMS: []}
+    for r in range(rounds + 1):
+        for rows in (1, STREAMS):
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step(rows, start + i)
+            if r:  # (round 0 warms up)
+                times[rows].append((time.perf_counter() - t0) / steps)
+    t1, t8 = np.array(times[1]), np.array(times[STREAMS])
+    ratio = float(np.median(STREAMS * t1 / t8))
+    ours = {"enqueue_s": 0.0, "total_s": float(np.median(t8)) / STREAMS, "run": lambda: step(STREAMS, start)}
+    info = record(
+        benchmark,
+        ours,
+        f"serve: {name}, decode steps of {STREAMS} rows vs 1 (seconds per token)",
+        {"total_s": float(np.median(t1))},
+        "steps of 1 row",
+        adapter=adapter_name(ctx),
+        step_s_1=float(np.median(t1)),
+        step_s_8=float(np.median(t8)),
+        decode_tokens_per_s_1=float(1 / np.median(t1)),
+        decode_tokens_per_s_8=float(STREAMS / np.median(t8)),
+        decode_step_ratio=ratio,
+    )
+    print(
+        f"\nserve {name} decode steps on {info['adapter']}: {STREAMS} rows {np.median(t8) * 1e3:.0f} ms, "
+        f"1 row {np.median(t1) * 1e3:.0f} ms a step: aggregate decode {ratio:.2f}x"
+    )
