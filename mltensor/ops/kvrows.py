@@ -149,6 +149,7 @@ def _lower_attention(kc, node):
     p = {
         "SCATTER": False,
         "CPU": False,
+        "V4": False,
         "R": wgsl(R),
         "H": H,
         "HKV": HKV,
@@ -171,7 +172,11 @@ def _lower_attention(kc, node):
     if cpu_device(kc.device) and D % 4 == 0 and DV % 4 == 0 and max(D, DV) <= CPU_MAX_HEAD:
         # a thread per (row, head), keys one at a time (kvrows.wgsl CPU; named vec4s for q and
         # the outputs: head sizes up to CPU_MAX_HEAD)
-        p.update(CPU=True, WG=CPU_WG)
+        # float32 keys and values read a quad a load (llvmpipe gathers every load per invocation)
+        v4 = t == "f32"
+        if v4:
+            bindings[1:3] = [Binding("k", "vec4<f32>"), Binding("v", "vec4<f32>")]
+        p.update(CPU=True, WG=CPU_WG, V4=v4)
         kc.launch(
             Kernel(name + "_cpu", "kvrows.wgsl", p, tuple(bindings)),
             [q, k, v, dst, pos, kc.out(node)],

@@ -62,8 +62,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let kb = row * {{ D }}u;
         var s = 0.0;
 {$ for c in range(D // 4) $}
+{$ if V4 $}
+        s = s + dot(q{{ c }}, k[kb / 4u + {{ c }}u]);
+{$ else $}
         s = s + dot(q{{ c }}, vec4<f32>({{ LD }}(k[kb + {{ 4 * c }}u]), {{ LD }}(k[kb + {{ 4 * c + 1 }}u]),
                                       {{ LD }}(k[kb + {{ 4 * c + 2 }}u]), {{ LD }}(k[kb + {{ 4 * c + 3 }}u])));
+{$ endif $}
 {$ endfor $}
         s = s * {{ scale }};
 {$ if softcap $}
@@ -76,8 +80,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         l = l * alpha + e;
         let vb = row * {{ DV }}u;
 {$ for c in range(DV // 4) $}
+{$ if V4 $}
+        acc{{ c }} = acc{{ c }} * alpha + e * v[vb / 4u + {{ c }}u];
+{$ else $}
         acc{{ c }} = acc{{ c }} * alpha + e * vec4<f32>({{ LD }}(v[vb + {{ 4 * c }}u]), {{ LD }}(v[vb + {{ 4 * c + 1 }}u]),
                                                      {{ LD }}(v[vb + {{ 4 * c + 2 }}u]), {{ LD }}(v[vb + {{ 4 * c + 3 }}u]));
+{$ endif $}
 {$ endfor $}
         m = mn;
     }
