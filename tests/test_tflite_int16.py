@@ -83,6 +83,40 @@ def test_softmax_exact_on_gpu(ctx):
         np.testing.assert_array_equal(run_model(ctx, data, feeds)[1][0], want, err_msg=f"seed {seed}")
 
 
+def _pot_lut_scales():
+    """LOGISTIC / TANH input scales around the power-of-two path: 2^-12 and 2^-11 exactly and
+    within CheckedLog2's tolerance (3 random draws each: still "powers of two" to LiteRT), and
+    2^-13, 2^-10 (powers of two whose shift sends them to the table)."""
+    rng = np.random.default_rng(45)
+    near = [float(np.float32(2.0**e * f)) for e in (-12, -11) for f in rng.uniform(1 - 6e-4, 1 + 6e-4, 3)]
+    return [2.0**-12, 2.0**-11, *near, 2.0**-13, 2.0**-10]
+
+
+_LUT = {"LOGISTIC": int16.logistic_reference, "TANH": int16.tanh_reference}
+
+
+@pytest.mark.parametrize("op", list(_LUT))
+def test_pot_lut_references_match_litert(op):
+    """int16 LOGISTIC / TANH at power-of-two input scales: the reference (gemmlowp's fixed-point
+    logistic at 2^-12, tanh at 2^-12 and 2^-11: fixedpoint.py; the table elsewhere) equals LiteRT
+    for every int16 input (10 scales, 655360 outputs)."""
+    for s in _pot_lut_scales():
+        data = _unary(op, s)
+        want = _litert(data, [ALL.astype(np.int16)])[0]
+        got = _LUT[op](ALL, read(bytes(data)).tensors[0])
+        np.testing.assert_array_equal(got, want, err_msg=f"input scale {s}")
+
+
+@pytest.mark.parametrize("op", list(_LUT))
+def test_pot_lut_exact_on_gpu(ctx, op):
+    """The same on the GPU, every int16 input (the real-value form these scales kept was a quantum
+    or more off)."""
+    for s in _pot_lut_scales()[:4]:
+        feeds = [(ALL * np.float64(np.float32(s))).astype(np.float32)]
+        data = _unary(op, s, float_io=True)
+        np.testing.assert_array_equal(run_model(ctx, data, feeds)[1][0], _litert(data, feeds)[0], err_msg=f"{s}")
+
+
 def _scales(rng, kind):
     """Random input and output scales (float32) of a binary case: "general" log-uniform (a MUL's
     output scale above the product's: a multiplier under 1); "pot": powers of two, one input at

@@ -21,8 +21,9 @@ skipped for int16):
   (sigmoid_table_uint16), the input first rescaled to 1 / (3 * 4096) by the multiplier and shift
   its Prepare computes; the table is generated here (sigmoid_table) and checked against LiteRT's
   outputs. The 65536 outputs are computed on the host (logistic_reference, tanh_reference) and
-  gathered on the GPU at the input's integer. A power-of-two input scale, where LiteRT's optimized
-  kernel (gemmlowp's fixed-point logistic) runs instead, keeps the real-value form.
+  gathered on the GPU at the input's integer. At an input scale of 2^-12 (TANH: 2^-11 too), where
+  LiteRT's optimized kernel runs instead, gemmlowp's 16-bit fixed-point logistic / tanh
+  (fixedpoint.py) gives the 65536 outputs the same way.
 
 - SOFTMAX: SoftmaxInt16's 513-entry exp and 1 / (1 + x) tables (int16_lut: generated from their
   formula) and its fixed-point normalization, in int32 on the GPU.
@@ -37,7 +38,7 @@ import functools
 
 import numpy as np
 
-from . import quantized
+from . import fixedpoint, quantized
 from .common import ACT, PAD, opt
 
 _LO, _HI = -(1 << 15), (1 << 15) - 1
@@ -485,12 +486,14 @@ def _checked_log2(x):
     return int(r), abs(float(v - r)) < 1e-3
 
 
-def lut_params(ti):
+def lut_params(ti, logistic=False):
     """(input_multiplier, input_left_shift) of TFLite's int16 LOGISTIC / TANH Prepare; multiplier
-    0 for a power-of-two scale (its kernel then multiplies by 3 << shift)."""
+    0 for a power-of-two scale whose shift the optimized kernel takes: 0 or 1 for TANH, 0 for
+    LOGISTIC (measured on LiteRT 2.3: at scales within CheckedLog2's tolerance of 2^-11 its
+    LOGISTIC uses the multiplier of the scale itself)."""
     log2, pot = _checked_log2(ti.scale[0])
     shift = (15 - 3) + log2
-    if pot and shift in (0, 1):
+    if pot and shift in ((0,) if logistic else (0, 1)):
         return 0, shift
     m, shift = float(np.float32(ti.scale[0])) * 4096.0 * 3.0, 0
     while m <= 32767.0 / 2.0 and shift <= 30:
@@ -502,9 +505,7 @@ def lut_params(ti):
 def _interpolate(q, ti, frac_bits):
     """The table interpolated at the rescaled |input| (frac_bits: 9 LOGISTIC, 8 TANH): (the sum
     before rounding, input >= 0), as int64 arrays."""
-    mult, shift = lut_params(ti)
-    if mult == 0:
-        mult, shift = 3 << shift, 0
+    mult, shift = lut_params(ti, frac_bits == 9)  # mult > 0: the callers take the power-of-two path
     rnd = (1 << (shift - 1)) if shift > 0 else 0
     x = (np.asarray(q, np.int64) * mult + rnd) >> shift
     a = np.abs(x)
@@ -518,25 +519,34 @@ def _interpolate(q, ti, frac_bits):
 
 
 def logistic_reference(q, ti):
-    """numpy: TFLite's int16 LOGISTIC (reference_integer_ops::Logistic), output scale 1 / 32768."""
+    """numpy: TFLite's int16 LOGISTIC, output scale 1 / 32768: gemmlowp's fixed-point logistic
+    (fixedpoint.logistic) for an input scale of 2^-12 (its optimized kernel: lut_params), else
+    reference_integer_ops::Logistic (the table)."""
+    if lut_params(ti, logistic=True)[0] == 0:
+        return fixedpoint.logistic(q)
     r, pos = _interpolate(q, ti, 9)
     return np.where(pos, r + (1 << 9), (1 << 25) - r + (1 << 9) - 1) >> 10
 
 
 def tanh_reference(q, ti):
-    """numpy: TFLite's int16 TANH (reference_integer_ops::Tanh), output scale 1 / 32768."""
+    """numpy: TFLite's int16 TANH, output scale 1 / 32768: gemmlowp's fixed-point tanh
+    (fixedpoint.tanh) of the input saturated left by its shift for an input scale of 2^-12 or
+    2^-11 (its optimized kernel), else reference_integer_ops::Tanh (the table)."""
+    mult, shift = lut_params(ti)
+    if mult == 0:
+        return fixedpoint.tanh(np.clip(np.asarray(q, np.int64) << shift, _LO, _HI))
     r, pos = _interpolate(q, ti, 8)
     return np.where(pos, r - (1 << 23) + (1 << 7), -r + (1 << 23) + (1 << 7) - 1) >> 8
 
 
 def lut(imp, op, reference):
     """LOGISTIC / TANH of an int16 tensor as `reference` gives it, its 65536 outputs gathered at
-    the input's integer; None where it does not apply (not 16x8, output scale not 1 / 32768, a
-    power-of-two input scale: LiteRT's optimized kernel, or float16 mode)."""
+    the input's integer; None where it does not apply (not 16x8, output scale not 1 / 32768, or
+    float16 mode)."""
     ti, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
     if imp.float16 or not (is_int16(ti) and is_int16(to)):
         return None
-    if float(to.scale[0]) != 1.0 / 32768 or lut_params(ti)[0] == 0:
+    if float(to.scale[0]) != 1.0 / 32768:
         return None
     q = np.arange(_LO, _HI + 1, dtype=np.int64)
     real = (reference(q, ti).astype(np.float64) / 32768.0).astype(np.float32)
