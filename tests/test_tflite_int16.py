@@ -1,7 +1,10 @@
-"""16x8 TFLite SOFTMAX (int16 activations, zero point 0) in LiteRT's own int16 arithmetic
-(mltensor/tflite/int16.py: its 513-entry exp and 1 / (1 + x) tables and fixed-point
-normalization), against LiteRT: the numpy reference over random scales, betas and row lengths,
-and the GPU's outputs equal to LiteRT's. (and SUB, MUL; LOGISTIC, TANH, ADD: tests/test_tflite_quantized.py.)"""
+"""16x8 TFLite operators (int16 activations, zero point 0) in LiteRT's own int16 arithmetic
+(mltensor/tflite/int16.py, fixedpoint.py) against LiteRT: SOFTMAX (its 513-entry exp and
+1 / (1 + x) tables, fixed-point normalization), ADD / SUB / MUL (general and power-of-two paths,
+MUL multipliers of 1 or more), LOGISTIC / TANH at power-of-two input scales (gemmlowp's
+fixed-point functions): each numpy reference over random draws, and the GPU's outputs equal to
+LiteRT's. (LOGISTIC / TANH at other scales, ADD / SUB with default options:
+tests/test_tflite_quantized.py.)"""
 
 import numpy as np
 import pytest
