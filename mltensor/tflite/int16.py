@@ -21,8 +21,9 @@ skipped for int16):
   (sigmoid_table_uint16), the input first rescaled to 1 / (3 * 4096) by the multiplier and shift
   its Prepare computes; the table is generated here (sigmoid_table) and checked against LiteRT's
   outputs. The 65536 outputs are computed on the host (logistic_reference, tanh_reference) and
-  gathered on the GPU at the input's integer. A power-of-two input scale, where LiteRT's optimized
-  kernel (gemmlowp's fixed-point logistic) runs instead, keeps the real-value form.
+  gathered on the GPU at the input's integer. At an input scale of 2^-12 (TANH: 2^-11 too), where
+  LiteRT's optimized kernel runs instead, gemmlowp's 16-bit fixed-point logistic / tanh
+  (fixedpoint.py) gives the 65536 outputs the same way.
 
 - SOFTMAX: SoftmaxInt16's 513-entry exp and 1 / (1 + x) tables (int16_lut: generated from their
   formula) and its fixed-point normalization, in int32 on the GPU.
@@ -37,7 +38,7 @@ import functools
 
 import numpy as np
 
-from . import quantized
+from . import fixedpoint, quantized
 from .common import ACT, PAD, opt
 
 _LO, _HI = -(1 << 15), (1 << 15) - 1
@@ -255,50 +256,97 @@ def add_params(s1, s2, so):
     return m1, m2, mo
 
 
+def add_rounds_once(shape_a, shape_c, subtract):
+    """Whether LiteRT 2.3's general int16 ADD / SUB rescales its inputs with one rounding, (x * m +
+    2^(30 - e)) >> (31 - e): an ADD of two inputs of one shape (its optimized kernel); a broadcast
+    ADD and every SUB run reference kernels, which round twice (MultiplyByQuantizedMultiplier).
+    Measured: either rounding in the other's place differs on about 1 output in 160000."""
+    return not subtract and tuple(shape_a) == tuple(shape_c)
+
+
 def add_reference(a, c, ta, tc, to, subtract=False, rng=(_LO, _HI)):
-    """numpy: int16 ADD as LiteRT 2.3 computes it (measured on its x86 wheel): each input shifted
-    left by 15 and rescaled with one rounding, (x * m + 2^(30 - e)) >> (31 - e), the sum rescaled
-    by MultiplyByQuantizedMultiplier's two roundings (TFLite's reference AddElementwise rounds the
-    inputs twice too: one output in 4608 of MobileNetV2's first ADD differs then)."""
+    """numpy: int16 ADD / SUB on TFLite's general path (left shift 15) as LiteRT 2.3 computes them
+    (measured on its x86 wheel): each input shifted left by 15 and rescaled to twice the larger
+    scale (one rounding or two: add_rounds_once), the sum (difference) rescaled by
+    MultiplyByQuantizedMultiplier's two roundings, clamped."""
     (m1, e1), (m2, e2), (mo, eo) = add_params(ta.scale[0], tc.scale[0], to.scale[0])
-    x1 = ((np.asarray(a, np.int64) << 15) * m1 + (1 << (30 - e1))) >> (31 - e1)
-    x2 = ((np.asarray(c, np.int64) << 15) * m2 + (1 << (30 - e2))) >> (31 - e2)
-    s = x1 - x2 if subtract else x1 + x2
-    out = quantized.rounding_divide_by_pot(quantized.srdhm32(s, mo), -eo)
-    return np.clip(out, *rng)
+    a, c = np.asarray(a, np.int64), np.asarray(c, np.int64)
+    if add_rounds_once(a.shape, c.shape, subtract):
+        x1 = ((a << 15) * m1 + (1 << (30 - e1))) >> (31 - e1)
+        x2 = ((c << 15) * m2 + (1 << (30 - e2))) >> (31 - e2)
+    else:
+        x1 = quantized.multiply_by_quantized_multiplier(a << 15, m1, e1)
+        x2 = quantized.multiply_by_quantized_multiplier(c << 15, m2, e2)
+    return np.clip(quantized.multiply_by_quantized_multiplier(x1 - x2 if subtract else x1 + x2, mo, eo), *rng)
 
 
-def sub_reference(a, c, ta, tc, to, rng=(_LO, _HI)):
-    """numpy: int16 SUB as LiteRT 2.3 computes it (measured): add_reference's scales, but each
-    input rescaled with MultiplyByQuantizedMultiplier's two roundings (add_reference's one
-    rounding differs on 2 of 491520 outputs tried)."""
-    (m1, e1), (m2, e2), (mo, eo) = add_params(ta.scale[0], tc.scale[0], to.scale[0])
-    x1 = quantized.multiply_by_quantized_multiplier(np.asarray(a, np.int64) << 15, m1, e1)
-    x2 = quantized.multiply_by_quantized_multiplier(np.asarray(c, np.int64) << 15, m2, e2)
-    return np.clip(quantized.multiply_by_quantized_multiplier(x1 - x2, mo, eo), *rng)
+def pot_shifts(ta, tc, to, pot_flag):
+    """add.cc / sub.cc Prepare's choice for int16: the power-of-two path runs where the operator's
+    PotScaleInt16 is set (the schema's default where the operator has options; false where it
+    has none, measured) and all three scales are powers of two by CheckedLog2 (zero points are 0
+    in a 16x8 model); then (input 1's shift, input 2's shift), each log2(input scale) -
+    log2(output scale). None: the general path (add_reference: this, not the flag alone, decides;
+    refusing every flagged operator left ADD and SUB on the real-value form, a quantum off on
+    some outputs)."""
+    if not pot_flag:
+        return None
+    logs = [_checked_log2(t.scale[0]) for t in (ta, tc, to)]
+    if not all(pot for _, pot in logs):
+        return None
+    return logs[0][0] - logs[2][0], logs[1][0] - logs[2][0]
+
+
+def pot_add_sub_reference(a, c, shifts, subtract=False, rng=(_LO, _HI)):
+    """numpy: int16 ADD / SUB on the power-of-two path (reference_ops Add / Sub16, their broadcast
+    form for SUB; LiteRT 2.3 aborts on a broadcast ADD there): the input whose shift is nonzero divided by 2^-shift (RoundingDivideByPOT), the
+    other taken as it is, summed (subtracted), saturated to int16 and clamped to the activation
+    range."""
+    a, c = np.asarray(a, np.int64), np.asarray(c, np.int64)
+    x1 = quantized.rounding_divide_by_pot(a, -shifts[0])
+    x2 = quantized.rounding_divide_by_pot(c, -shifts[1])
+    return np.clip(x1 - x2 if subtract else x1 + x2, *rng)
+
+
+def _pot_add_sub(b, qa, qc, shifts, subtract, rng):
+    """pot_add_sub_reference on int32 graph operands."""
+    x1, x2 = (quantized.rounding_divide_by_pot_graph(b, q, -s) for q, s in ((qa, shifts[0]), (qc, shifts[1])))
+    s = b.sub(x1, x2) if subtract else b.add(x1, x2)
+    return b.clamp(s, min_value=float(rng[0]), max_value=float(rng[1]))
 
 
 def add_sub(imp, op, subtract):
-    """ADD / SUB of int16 tensors as add_reference / sub_reference, as real values; None where it does not apply
-    (the power-of-two path, a scale ratio outside its range, float16 mode)."""
+    """ADD / SUB of int16 tensors as LiteRT runs them (pot_add_sub_reference where pot_shifts
+    chooses the power-of-two path, else add_reference), as real values; None
+    where it does not apply (shifts LiteRT's Prepare refuses, a scale ratio outside the general
+    path's range, float16 mode)."""
     ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
-    if imp.float16 or not all(is_int16(t) for t in (ta, tc, to)) or opt(op, "PotScaleInt16", False):
+    if imp.float16 or not all(is_int16(t) for t in (ta, tc, to)):
         return None
     rng = activation_range(op, to)
     if rng is None:
         return None
+    b = imp.b
+    shifts = pot_shifts(ta, tc, to, opt(op, "PotScaleInt16", False))
+    if shifts is not None:  # Prepare: one input at the output's scale, the other's no larger
+        xa, xc = imp.operand(op, op.inputs[0]), imp.operand(op, op.inputs[1])
+        broadcast_add = not subtract and tuple(xa.shape) != tuple(xc.shape)
+        if max(shifts) > 0 or min(shifts) <= -31 or 0 not in shifts or broadcast_add:
+            return None
+        qa, qc = quantized.integers(b, xa, ta), quantized.integers(b, xc, tc)
+        return _real(b, _pot_add_sub(b, qa, qc, shifts, subtract, rng), to)
     params = add_params(ta.scale[0], tc.scale[0], to.scale[0])
     if any(m <= 0 or e > 0 or e <= -31 for m, e in params):
         return None
     (m1, e1), (m2, e2), (mo, eo) = params
-    b = imp.b
+    xa, xc = imp.operand(op, op.inputs[0]), imp.operand(op, op.inputs[1])
+    once = add_rounds_once(xa.shape, xc.shape, subtract)
     xs = []
-    for i, t, m, e in ((op.inputs[0], ta, m1, e1), (op.inputs[1], tc, m2, e2)):
-        if subtract:  # sub_reference: |q * 2^15| <= 2^30, multiplier < 1
-            q = b.mul(quantized.integers(b, imp.operand(op, i), t), _i32(b, 1 << 15))
+    for x, t, m, e in ((xa, ta, m1, e1), (xc, tc, m2, e2)):
+        if not once:  # two roundings: |q * 2^15| <= 2^30, multiplier < 1
+            q = b.mul(quantized.integers(b, x, t), _i32(b, 1 << 15))
             xs.append(quantized.multiply_by_quantized_multiplier_graph(b, q, m, e))
             continue
-        q = b.cast(quantized.integers(b, imp.operand(op, i), t), "int64")
+        q = b.cast(quantized.integers(b, x, t), "int64")
         p = b.add(b.mul(q, _i64(b, m << 15)), _i64(b, 1 << (30 - e)))  # |.| < 2^61
         xs.append(b.cast(quantized.floor_div(b, p, _i64(b, 1 << (31 - e))), "int32"))  # |.| <= 2^29
     s = b.sub(*xs) if subtract else b.add(*xs)
@@ -318,22 +366,27 @@ def mul_params(ta, tc, to):
 
 def mul_reference(a, c, ta, tc, to, rng=(_LO, _HI)):
     """numpy: int16 MUL as reference_integer_ops::MulElementwise (numpy broadcasting): the int32
-    product rescaled by MultiplyByQuantizedMultiplier (two roundings), clamped."""
+    product rescaled by MultiplyByQuantizedMultiplier (two roundings), clamped. A multiplier of 1
+    or more shifts the product left in int32 first, wrapping as LiteRT's x86 build does (measured:
+    saturating instead differs on about half the outputs of such a MUL)."""
     qm, shift = mul_params(ta, tc, to)
     p = np.asarray(a, np.int64) * np.asarray(c, np.int64)
+    if shift > 0:
+        p = ((p << shift) + (1 << 31)) % (1 << 32) - (1 << 31)
+        shift = 0
     return np.clip(quantized.multiply_by_quantized_multiplier(p, qm, shift), *rng)
 
 
 def mul(imp, op):
     """MUL of int16 tensors as mul_reference, as real values: the product of two int16 values fits
-    int32 (|.| <= 2^30); None where it does not apply (a multiplier of 1 or more, whose left shift
-    could overflow int32, float16 mode)."""
+    int32 (|.| <= 2^30), and its left shift by a multiplier of 1 or more wraps in int32 on the GPU
+    as in LiteRT; None where it does not apply (a shift past 30, float16 mode)."""
     ta, tc, to = (imp.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
     if imp.float16 or not all(is_int16(t) for t in (ta, tc, to)):
         return None
     rng = activation_range(op, to)
     qm, shift = mul_params(ta, tc, to)
-    if rng is None or qm <= 0 or shift > 0 or -shift >= 31:
+    if rng is None or qm <= 0 or shift > 30 or -shift >= 31:
         return None
     b = imp.b
     p = b.mul(*(quantized.integers(b, imp.operand(op, i), t) for i, t in ((op.inputs[0], ta), (op.inputs[1], tc))))
@@ -433,12 +486,14 @@ def _checked_log2(x):
     return int(r), abs(float(v - r)) < 1e-3
 
 
-def lut_params(ti):
+def lut_params(ti, logistic=False):
     """(input_multiplier, input_left_shift) of TFLite's int16 LOGISTIC / TANH Prepare; multiplier
-    0 for a power-of-two scale (its kernel then multiplies by 3 << shift)."""
+    0 for a power-of-two scale whose shift the optimized kernel takes: 0 or 1 for TANH, 0 for
+    LOGISTIC (measured on LiteRT 2.3: at scales within CheckedLog2's tolerance of 2^-11 its
+    LOGISTIC uses the multiplier of the scale itself)."""
     log2, pot = _checked_log2(ti.scale[0])
     shift = (15 - 3) + log2
-    if pot and shift in (0, 1):
+    if pot and shift in ((0,) if logistic else (0, 1)):
         return 0, shift
     m, shift = float(np.float32(ti.scale[0])) * 4096.0 * 3.0, 0
     while m <= 32767.0 / 2.0 and shift <= 30:
@@ -450,9 +505,7 @@ def lut_params(ti):
 def _interpolate(q, ti, frac_bits):
     """The table interpolated at the rescaled |input| (frac_bits: 9 LOGISTIC, 8 TANH): (the sum
     before rounding, input >= 0), as int64 arrays."""
-    mult, shift = lut_params(ti)
-    if mult == 0:
-        mult, shift = 3 << shift, 0
+    mult, shift = lut_params(ti, frac_bits == 9)  # mult > 0: the callers take the power-of-two path
     rnd = (1 << (shift - 1)) if shift > 0 else 0
     x = (np.asarray(q, np.int64) * mult + rnd) >> shift
     a = np.abs(x)
@@ -466,25 +519,34 @@ def _interpolate(q, ti, frac_bits):
 
 
 def logistic_reference(q, ti):
-    """numpy: TFLite's int16 LOGISTIC (reference_integer_ops::Logistic), output scale 1 / 32768."""
+    """numpy: TFLite's int16 LOGISTIC, output scale 1 / 32768: gemmlowp's fixed-point logistic
+    (fixedpoint.logistic) for an input scale of 2^-12 (its optimized kernel: lut_params), else
+    reference_integer_ops::Logistic (the table)."""
+    if lut_params(ti, logistic=True)[0] == 0:
+        return fixedpoint.logistic(q)
     r, pos = _interpolate(q, ti, 9)
     return np.where(pos, r + (1 << 9), (1 << 25) - r + (1 << 9) - 1) >> 10
 
 
 def tanh_reference(q, ti):
-    """numpy: TFLite's int16 TANH (reference_integer_ops::Tanh), output scale 1 / 32768."""
+    """numpy: TFLite's int16 TANH, output scale 1 / 32768: gemmlowp's fixed-point tanh
+    (fixedpoint.tanh) of the input saturated left by its shift for an input scale of 2^-12 or
+    2^-11 (its optimized kernel), else reference_integer_ops::Tanh (the table)."""
+    mult, shift = lut_params(ti)
+    if mult == 0:
+        return fixedpoint.tanh(np.clip(np.asarray(q, np.int64) << shift, _LO, _HI))
     r, pos = _interpolate(q, ti, 8)
     return np.where(pos, r - (1 << 23) + (1 << 7), -r + (1 << 23) + (1 << 7) - 1) >> 8
 
 
 def lut(imp, op, reference):
     """LOGISTIC / TANH of an int16 tensor as `reference` gives it, its 65536 outputs gathered at
-    the input's integer; None where it does not apply (not 16x8, output scale not 1 / 32768, a
-    power-of-two input scale: LiteRT's optimized kernel, or float16 mode)."""
+    the input's integer; None where it does not apply (not 16x8, output scale not 1 / 32768, or
+    float16 mode)."""
     ti, to = imp.tensor(op.inputs[0]), imp.tensor(op.outputs[0])
     if imp.float16 or not (is_int16(ti) and is_int16(to)):
         return None
-    if float(to.scale[0]) != 1.0 / 32768 or lut_params(ti)[0] == 0:
+    if float(to.scale[0]) != 1.0 / 32768:
         return None
     q = np.arange(_LO, _HI + 1, dtype=np.int64)
     real = (reference(q, ti).astype(np.float64) / 32768.0).astype(np.float32)

@@ -502,8 +502,9 @@ def rounding_divide_by_pot_graph(b, x, exponent):
 
 
 def multiply_by_quantized_multiplier_graph(b, x, qm, shift):
-    """MultiplyByQuantizedMultiplier (two roundings) on int32 operands whose value times
-    2^max(shift, 0) stays within int32 (the caller's bound): the doubling high-mul in int64."""
+    """MultiplyByQuantizedMultiplier (two roundings) on int32 operands: the left shift of a
+    positive `shift` (at most 30) wraps in int32 as TFLite's C++ does (the caller bounds the value
+    where it must not wrap), then the doubling high-mul in int64."""
     if shift > 0:
         x = b.mul(x, integer_constant(b, 1 << shift))
     x64 = b.cast(x, "int64")
