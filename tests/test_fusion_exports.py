@@ -42,6 +42,12 @@ CASES = {
     "clip_text": (33, 0),
     "vit": (20, 1),  # (the patch embedding's flatten-transpose, before any layer)
     "whisper_encoder": (18, 1),
+    # encoder-decoder decoders: two attentions a layer (self, cross), the third figure. T5: each
+    # RMSNorm after the GEMM writing its residual sum (norm.py fuse_post_norms, ln_rms), the one
+    # transpose the relative position bias's, computed once (was 46); Whisper: its causal mask
+    # once, not per layer (noop.py; was 31 at the first size)
+    "t5_decoder": (40, 1, 4),
+    "whisper_decoder": (23, 0, 4),
     # torchvision's nn.MultiheadAttention, dynamic batch: the batch-first transposes around the
     # attention are views its GEMMs read and write (the out-projection's Gemm a matmul: linear.py)
     "tv_vit": (
