@@ -76,3 +76,41 @@ def test_noop_layout_nodes_read_through(ctx):
     if FUSION:
         assert len(g.kernel_names) == 1, g.kernel_names
     g.destroy()
+
+
+def test_whisper_causal_mask_runs_once(ctx):
+    """Whisper's decoder writes its causal mask anew in each layer: expand a constant to
+    [seq, seq], triangular, equal 0, where. The second layer's triangular (a pure node) and what
+    follows it are the first's; a layer whose triangle has another diagonal keeps its own."""
+    rng = np.random.default_rng(2)
+    n = D("seq", 16)
+
+    def build(diag2):
+        b = mltensor.MLGraphBuilder(ctx)
+        x = b.input("x", data_type="float32", shape=[n, n])
+        for diag in (1, diag2):
+            ones = b.expand(b.constant(np.ones((1, 1), np.float32)), list(x.shape))
+            keep = b.equal(b.triangular(ones, upper=True, diagonal=diag), b.constant(data_type="float32", value=0.0))
+            mask = b.where(
+                keep, b.constant(data_type="float32", value=0.0), b.constant(data_type="float32", value=-9.0)
+            )
+            x = b.add(b.relu(x), mask)
+        return b.build_sync({"y": x})
+
+    same, other = build(1), build(2)
+    f = {"x": rng.standard_normal((6, 6)).astype(np.float32)}
+
+    def ref(diags):
+        x = f["x"].astype(np.float64)
+        for d in diags:
+            x = np.maximum(x, 0) + np.where(np.triu(np.ones((6, 6)), d) == 0, 0.0, -9.0)
+        return x
+
+    np.testing.assert_allclose(dispatch_at(ctx, same, f)["y"], ref([1, 1]), rtol=1e-6)
+    np.testing.assert_allclose(dispatch_at(ctx, other, f)["y"], ref([1, 2]), rtol=1e-6)
+    if FUSION:
+        runs = [g.kernels_run({"x": (6, 6)}) for g in (same, other)]
+        assert sum(k.startswith("triangular") for k in runs[0]) == 1, runs[0]
+        assert sum(k.startswith("triangular") for k in runs[1]) == 2, runs[1]
+    for g in (same, other):
+        g.destroy()

@@ -24,6 +24,7 @@ from .fusion.linear import rewrite_flat_gemms
 from .fusion.noop import drop_noops
 from .fusion.roll import rewrite_rolls
 from .fusion.sdpa import rewrite_sdpa
+from .fusion.siblings import merge_siblings
 from .fusion.split import split_sliced_gemms
 from .steps import MAX_FUSED_BINDINGS, PROLOGUE_OPS, Step, Uses
 
@@ -163,5 +164,6 @@ def rewrite_nodes(nodes, outputs, cap=MAX_FUSED_BINDINGS):
     nodes = rewrite_sdpa(nodes, outputs)  # scales and masks as the attention pass reads them
     nodes = rewrite_rolls(nodes, Uses(nodes, outputs))  # torch.roll: one gather
     nodes = rms.rewrite_rms(nodes, Uses(nodes, outputs))
+    nodes = merge_siblings(nodes, outputs, cap)  # projections of one A past the binding cap: one matmul
     nodes = rewrite_gemms(nodes, outputs, cap)
     return rms.rms_prologues(nodes, outputs, cap) if rms.RMS_PROLOGUE else nodes

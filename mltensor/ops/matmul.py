@@ -238,8 +238,10 @@ def _post_norm(kc, params, bindings, args, out_name):
         ln_eps=f32_lit(ln.attrs["epsilon"]),
         ln_scale=scale is not None,
         ln_bias=bias is not None,
+        ln_rms=ln.op == "_rms_normalization",
     )
-    return "_ln" if dst == out_name else "_ln2"
+    tag = "_rmsn" if ln.op == "_rms_normalization" else "_ln"
+    return tag if dst == out_name else tag + "2"
 
 
 @lowering("_fused_matmul")

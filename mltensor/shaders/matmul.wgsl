@@ -188,7 +188,8 @@ var<workgroup> rowss: array<f32, {{ TY * RM }}>;  // each row's sum of squares (
 // thread per row normalizes one row into {{ ln_dst }} (in place, or where the sum is a value of
 // its own the normalization's output) as normalization.wgsl does: the mean, then
 // the mean squared deviation from it (two passes in f32: no E[x^2] - mean^2 cancellation), then
-// (x - mean) / sqrt(var + eps) * scale + bias, stored through ST.
+// (x - mean) / sqrt(var + eps) * scale + bias, stored through ST. ln_rms (RMSNorm, T5's): one pass
+// for the mean of the squares, then x * (1 / sqrt(ms + eps)) * scale, as normalization.wgsl's rms.
 fn ln_eps() -> f32 { return {{ ln_eps }}; }
 
 fn post_norm(bt: u32, m0: u32, li: u32) {
@@ -197,6 +198,13 @@ fn post_norm(bt: u32, m0: u32, li: u32) {
         let m = m0 + r;
         if (m >= {{ sz.M }}) { break; }
         let b = (bt * {{ sz.M }} + m) * {{ sz.N }};
+{$ if ln_rms $}
+        var v = 0.0;
+        for (var n = 0u; n < {{ sz.N }}; n = n + 1u) { let x = f32({{ post_ln }}[b + n]); v = v + x * x; }
+        let r = 1.0 / sqrt(v / f32({{ sz.N }}) + ln_eps());
+        for (var n = 0u; n < {{ sz.N }}; n = n + 1u) {
+            var y = f32({{ post_ln }}[b + n]) * r;
+{$ else $}
         var s = 0.0;
         for (var n = 0u; n < {{ sz.N }}; n = n + 1u) { s = s + f32({{ post_ln }}[b + n]); }
         let mean = s / f32({{ sz.N }});
@@ -205,6 +213,7 @@ fn post_norm(bt: u32, m0: u32, li: u32) {
         let den = sqrt(v / f32({{ sz.N }}) + ln_eps());
         for (var n = 0u; n < {{ sz.N }}; n = n + 1u) {
             var y = (f32({{ post_ln }}[b + n]) - mean) / den;
+{$ endif $}
 {$ if ln_scale $}
             y = y * f32(ln_s[n]);
 {$ endif $}

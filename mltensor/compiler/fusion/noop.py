@@ -6,7 +6,8 @@
   an alias standing between the patterns the passes after it look for (the attention pass sees
   no P @ V matmul reading the probabilities, only a reshape of a transpose of them).
 - Repeated computations: exporters write a mask or a position computation once per layer (T5's
-  causal mask: range, range, compare, where, in every decoder layer). A node doing what an earlier
+  causal mask: range, range, compare, where, in every decoder layer; Whisper's: expand, trilu,
+  equal, where). A node doing what an earlier
   one did (same operator, same inputs, same attributes; small constants compared by value) is
   that node: its kernels run once.
 
@@ -21,7 +22,20 @@ from ...ir.registry import OPS
 # operators without effects or state whose repeats are merged (elementwise ones too): a kernel
 # that writes in place (a KV cache append) or draws random numbers is never one of these
 PURE = frozenset(
-    {"reshape", "transpose", "slice", "expand", "concat", "gather", "pad", "split", "tile", "_range", "_size"}
+    {
+        "reshape",
+        "transpose",
+        "slice",
+        "expand",
+        "concat",
+        "gather",
+        "pad",
+        "split",
+        "tile",
+        "triangular",
+        "_range",
+        "_size",
+    }
 )
 SMALL = 64  # constants of at most this many elements are compared by value
 

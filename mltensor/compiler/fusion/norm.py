@@ -1,5 +1,5 @@
 """Normalizations fused with their neighbours: a layer/RMS normalization reading an elementwise
-step computes it as it loads (fuse_norm_sources), and a GEMM whose rows feed a layer
+step computes it as it loads (fuse_norm_sources), and a GEMM whose rows feed a layer or RMS
 normalization applies it after its epilogue (fuse_post_norms, POST_NORM).
 
 Emitters: ops/normalization.py (the source's `group_fn`), ops/matmul.py `_post_norm`; shader
@@ -31,7 +31,7 @@ def fuse_norm_sources(steps, consumers, out_values, max_inputs):
     for st in list(steps):
         node = st.nodes[0]
         if (
-            node.op not in NORM_SOURCE_OPS
+            node.op not in POST_NORM_OPS
             or st.const
             or st.prologue is not None
             or st.chain
@@ -82,7 +82,7 @@ def fuse_norm_sources(steps, consumers, out_values, max_inputs):
             producer[id(x)] = st
 
 
-# LayerNorm in the epilogue of the GEMM producing its input (fuse_post_norms). "cpu": on CPU
+# LayerNorm (or RMSNorm) in the epilogue of the GEMM producing its input (fuse_post_norms). "cpu": on CPU
 # adapters only. The GEMM then runs one workgroup per tile of rows, walking every column tile
 # itself (the rows' statistics need all columns): on lavapipe's few cores a handful of row tiles
 # keep them busy and the normalization's launch and round trip go; on a GPU a 128-token
@@ -91,6 +91,7 @@ def fuse_norm_sources(steps, consumers, out_values, max_inputs):
 # it stays off there until measured. True: everywhere (tests), False: off.
 POST_NORM = "cpu"
 POST_NORM_MAX_N = 8192  # columns of the row walk: up to BERT-large / Llama-70B widths
+POST_NORM_OPS = NORM_SOURCE_OPS  # the normalizations that join (RMS too: T5's, Llama's residual stream)
 
 
 def _row_view(v, seg):
@@ -112,7 +113,7 @@ def _row_view(v, seg):
 
 
 def fuse_post_norms(steps, consumers, out_values, max_inputs):
-    """A layer normalization over the last axis whose input is a GEMM step's output joins that
+    """A layer or RMS normalization over the last axis whose input is a GEMM step's output joins that
     step (`Step.post_norm`): after its epilogue (a bias, a residual add) the GEMM stores the sum
     as before, then each workgroup, owning whole rows, normalizes them (matmul.wgsl `post_ln`:
     two passes, mean then the sum of squared deviations, in f32). Where nothing else reads the
@@ -128,7 +129,7 @@ def fuse_post_norms(steps, consumers, out_values, max_inputs):
     for st in list(steps):
         node = st.nodes[0]
         if (
-            node.op != "layer_normalization"
+            node.op not in POST_NORM_OPS
             or st.const
             or st.epilogue
             or st.prologue is not None

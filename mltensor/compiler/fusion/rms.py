@@ -127,7 +127,10 @@ def rewrite_rms(nodes, uses):
 # prompt, 29 -> 32 ms for its decode-step GEMV: the staged rows' sums of squares and a load of
 # the scale per k cost more than the normalization kernel they save, about 0.3 ms there). On a
 # GPU the GEMV would hide both behind the weights' stream; unmeasured: switch it on where a GPU
-# run shows it pays (tests/test_fusion_transformer.py checks it).
+# run shows it pays (tests/test_fusion_transformer.py checks it). Remeasured with the DIRECT tile
+# (lavapipe, RMSNorm + SwiGLU GEMM 1024 -> 2 x 2816, CPU time, A/B alternated): 1.06x for 128
+# rows, 1.07x for 1 row: still off. An RMSNorm reading a GEMM's residual sum joins that GEMM
+# instead (norm.py fuse_post_norms), which leaves only a model's first RMSNorm a kernel.
 RMS_PROLOGUE = False
 
 
