@@ -97,9 +97,9 @@ def test_block_matmul_matches_gguf_dequantize(ctx, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_block_rows_gemv_row_independent_of_its_step(ctx, kind):
     """A serving step's GEMV (rows_gemv, M known at dispatch): on CPU adapters one row takes the
-    one-row kernel, several the kernel that decodes each weight once for MT rows of a; a row's
-    result must be bitwise the same alone and among 4, 7 or 8 others (a partial tile, a full one,
-    one past it), in any place, and match gguf's dequantizer."""
+    one-row kernel, several a kernel that decodes each weight once for MT rows of a (MT by M); a
+    row's result must be bitwise the same alone and among 1 to 8 others (each MT, partial tiles,
+    full ones, one past 8), in any place, and match gguf's dequantizer."""
     rng = np.random.default_rng(300 + sum(map(ord, kind)))
     bv = BLOCK_TYPES[kind][0]
     K = 2 * bv if bv == 256 else 96
@@ -118,7 +118,15 @@ def test_block_rows_gemv_row_independent_of_its_step(ctx, kind):
 
     alone = np.concatenate([run([i]) for i in range(9)])
     assert rel_err(alone, a.astype(np.float64) @ ref.T) < 2e-6, kind
-    for rows in ([0, 1, 2, 3, 4], [8, 7, 6, 5, 4, 3, 2, 1], list(range(9)), [4, 0, 8, 1, 7, 2, 6, 3, 5]):
+    for rows in (
+        [5, 2],
+        [3, 0, 7],
+        [6, 1, 4, 2],
+        [0, 1, 2, 3, 4],
+        [8, 7, 6, 5, 4, 3, 2, 1],
+        list(range(9)),
+        [4, 0, 8, 1, 7, 2, 6, 3, 5],
+    ):
         got = run(rows)
         assert got.shape == (len(rows), N)
         assert np.array_equal(got, alone[rows]), (kind, rows)

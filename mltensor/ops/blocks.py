@@ -15,8 +15,8 @@ super-block, a whole 32-value block otherwise) at once: the unit's scales and mi
 nibbles and bit planes extracted as vec4s dotted with vec4 loads of a, the mins and offsets
 applied to the sum of a (scale * (sum q*a) - min * (sum a)). CPU adapters give each thread two
 output rows (no barriers: llm/kernels.py's measured choice; the rows share a's loads) for one
-row of a; for several (a serving step, `rows_gemv`) a thread takes STEP_TILE: 8 rows of a, each
-unit's words loaded and decoded once for them, and 16 output rows sharing a's loads (each row of
+row of a; for several (a serving step, `rows_gemv`) a thread takes up to 8 rows of a (STEP_MT),
+each unit's words loaded and decoded once for them, and 16 output rows sharing a's loads (each row of
 a summed as alone: a row's result does not depend on the rows beside it), except
 Q2_K and Q3_K (shaders/blocks_k23.wgsl: a's rows prescaled by powers of two into a scratch buffer
 so that a weight is one AND and a conversion, each block's loads of a shared by 16 rows); GPUs split
@@ -179,14 +179,16 @@ def decode_params(kind, rows, cols):
 # GEMV geometry: CPU adapters one thread per ROWS_CPU rows (threads of WG_CPU); GPUs TPR threads
 # per row splitting its units, WG_GPU threads a workgroup (WG_GPU / TPR rows)
 WG_CPU, ROWS_CPU = 32, 2
-# (rows of a, output rows) a CPU thread takes in a step of several rows of a (blocks.wgsl MT, R):
-# a unit's words decoded once for MT rows of a, a's loads (gathers on llvmpipe) shared by R rows.
+# a CPU thread's rows of a (blocks.wgsl MT) and output rows (R) in a step of several rows of a:
+# a unit's words decoded once for MT rows of a, a's loads (gathers on llvmpipe) shared by R rows;
+# MT the smallest of STEP_MT that holds the step's rows (2: M = 2, 4: M = 3, 4, 8: M >= 5, in
+# tiles of 8; the rows past M of a tile cost as much as the others).
 # SmolLM2-135M requantized to Q4_K_M (Q5_0, Q4_K, Q6_K projections), its serving step of 8 rows
 # on lavapipe (2 cores, host shared), variants alternated in one process, 8 rows / 1 row in CPU
 # time: (1, 2) (the rows one after the other, the one-row thread) 4.9-5.4x; (8, 2) 5.2x, no gain
 # (a's loads dominate); (8, 8) 2.3x; (8, 12) ~(8, 8); (4, 16) 2.2x; (8, 16) 1.9-2.0x; (8, 24) no
 # better; workgroups of 8 or 16 threads instead of 32: the same within noise
-STEP_TILE = (8, 16)
+STEP_MT, STEP_R = (2, 4, 8), 16
 WG_GPU, TPR_GPU = 128, 32
 # types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
 # its neighbours' words are next to), as llama.cpp's Vulkan mul_mat_vec does
@@ -224,27 +226,35 @@ def _lower_matmul_blocks(kc, node):
             dp["PARTS"] = 16  # llama.cpp's split: 16 threads a super-block, neighbours on neighbouring words
         units = dp["QKB"] * dp["PARTS"]
         p = dict(dp, path="gemv", M=wgsl(M) if isinstance(M, Sym) else f"{M}u", N=N, K=K, WG=wg, TPR=tpr)
-        # CPU adapters: (rows of a, output rows) a thread STEP_TILE where there are several rows
-        # of a (a unit's words decoded once for them), (1, ROWS_CPU) where there is one; a dynamic
-        # M launches both, each gated on M by a 0/1 factor of its workgroup count (the same sums
-        # either way)
+        # CPU adapters, several rows of a: a thread MT of them (their units decoded once) and
+        # STEP_R output rows, a workgroup per MT rows of a and WG * STEP_R output rows; one row of
+        # a: the one-row kernel. M known at dispatch launches each kernel gated on its range of M
+        # by a 0/1 factor of its workgroup count (the same sums for a row whichever runs it).
         if not cpu:
-            tiles = [(1, r, 1)]
+            tiles = [(1, 1)]
         elif isinstance(M, Sym):
-            many = size_at_least(M, 2)
-            tiles = [(1, r, 1 - many), (*STEP_TILE, many)]
+            lows = [2] + [t + 1 for t in STEP_MT[:-1]]  # the tile of MT STEP_MT[i] serves M >= lows[i]
+            ge = [size_at_least(M, lo) for lo in lows] + [0]
+            tiles = [(1, 1 - ge[0])] + [(mt, ge[i] - ge[i + 1]) for i, mt in enumerate(STEP_MT)]
         else:
-            tiles = [(1, r, 1) if M == 1 else (min(M, STEP_TILE[0]), STEP_TILE[1], 1)]
-        for mt, rt, on in tiles:
+            tiles = [(min(M, STEP_MT[-1]), 1)]
+        for mt, on in tiles:
+            if mt == 1:
+                q = dict(p, R=r, MT=1, RS=[""])
+                count = cdiv(N, wg // tpr * r)
+            else:
+                gn = cdiv(N, wg * STEP_R)
+                q = dict(p, R=STEP_R, MT=mt, RS=[f"_{i}" for i in range(mt)], GN=gn)
+                count = gn * cdiv(M, mt)
             kc.launch(
                 Kernel(
-                    f"{name}_gemv_t{tpr}r{rt}" + (f"m{mt}" if mt > 1 else ""),
+                    f"{name}_gemv_t{tpr}r{q['R']}" + (f"m{mt}" if mt > 1 else ""),
                     "blocks.wgsl",
-                    dict(p, R=rt, MT=mt, RS=[""] if mt == 1 else [f"_{i}" for i in range(mt)]),
+                    q,
                     [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("out", "f32", True)],
                 ),
                 [a, packed, out],
-                grid(cdiv(N, wg // tpr * rt) * on),
+                grid(count * on),
                 iters=high(M) * (cdiv(units, tpr) + 8) + 16,
             )
         return

@@ -476,6 +476,43 @@ var<workgroup> red: array<f32, {{ WG * R }}>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let g = wid.y * nwg.x + wid.x;
+{$ if MT > 1 $}
+    // MT rows of a a thread (a serving step of several rows, CPU adapters, TPR 1), workgroup g:
+    // rows of a MT (g / GN) .., output rows of its part g % GN. q_unit decodes a unit's words
+    // once for the MT rows (res{r}_{i}); each row's sum over the units runs in the same order as
+    // alone (MT 1). Past M a row repeats the last one, past N an output row: neither is stored.
+    let mg = g / {{ GN }}u;
+    let m0 = mg * {{ MT }}u;
+    let first = ((g - mg * {{ GN }}u) * {{ WG }}u + lid) * {{ R }}u;
+    if (m0 >= {{ M }} || first >= N) { return; }
+{$ for k in range(MT) $}
+    am{{ RS[k] }} = min(m0 + {{ k }}u, {{ M }} - 1u) * K4;
+{$ for r in range(R) $}
+    var acc{{ r }}{{ RS[k] }} = 0.0;
+{$ endfor $}
+{$ endfor $}
+    for (var u = 0u; u < UNITS; u = u + 1u) {
+        let blk = u / PARTS;
+{$ for k in range(MT) $}
+{$ for r in range(R) $}
+        res{{ r }}{{ RS[k] }} = 0.0;
+{$ endfor $}
+{$ endfor $}
+        q_unit(first, blk, u % PARTS, blk * {{ QBV // 4 }}u);
+{$ for k in range(MT) $}
+{$ for r in range(R) $}
+        acc{{ r }}{{ RS[k] }} = acc{{ r }}{{ RS[k] }} + res{{ r }}{{ RS[k] }};
+{$ endfor $}
+{$ endfor $}
+    }
+{$ for k in range(MT) $}
+    if (m0 + {{ k }}u < {{ M }}) {
+{$ for r in range(R) $}
+        if (first + {{ r }}u < N) { out[(m0 + {{ k }}u) * N + first + {{ r }}u] = acc{{ r }}{{ RS[k] }}; }
+{$ endfor $}
+    }
+{$ endfor $}
+{$ else $}
     let lane = lid % TPR;
     let first = (g * {{ WG // TPR }}u + lid / TPR) * {{ R }}u;
 {$ if TPR == 1 $}
@@ -483,40 +520,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {$ endif $}
     // rows first .. first + R - 1; past N a row repeats the last one and is not stored
     let rows = min(vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(N - 1u));
-{$ if MT > 1 $}
-    // MT rows of a a pass (a serving step of several rows, CPU adapters, TPR 1): q_unit decodes
-    // a unit's words once for the MT rows (res_0 ..); each row's sum over the units runs in the
-    // same order as alone (MT 1). Past M a row repeats the last one and is not stored.
-    for (var m0 = 0u; m0 < {{ M }}; m0 = m0 + {{ MT }}u) {
-{$ for k in range(MT) $}
-        am{{ RS[k] }} = min(m0 + {{ k }}u, {{ M }} - 1u) * K4;
-{$ for r in range(R) $}
-        var acc{{ r }}{{ RS[k] }} = 0.0;
-{$ endfor $}
-{$ endfor $}
-        for (var u = 0u; u < UNITS; u = u + 1u) {
-            let blk = u / PARTS;
-{$ for k in range(MT) $}
-{$ for r in range(R) $}
-            res{{ r }}{{ RS[k] }} = 0.0;
-{$ endfor $}
-{$ endfor $}
-            q_unit(first, blk, u % PARTS, blk * {{ QBV // 4 }}u);
-{$ for k in range(MT) $}
-{$ for r in range(R) $}
-            acc{{ r }}{{ RS[k] }} = acc{{ r }}{{ RS[k] }} + res{{ r }}{{ RS[k] }};
-{$ endfor $}
-{$ endfor $}
-        }
-{$ for k in range(MT) $}
-        if (m0 + {{ k }}u < {{ M }}) {
-{$ for r in range(R) $}
-            if (first + {{ r }}u < N) { out[(m0 + {{ k }}u) * N + first + {{ r }}u] = acc{{ r }}{{ RS[k] }}; }
-{$ endfor $}
-        }
-{$ endfor $}
-    }
-{$ else $}
     for (var m = 0u; m < {{ M }}; m = m + 1u) {
         var acc = vec4<f32>(0.0);
         for (var u = lane; u < UNITS; u = u + TPR) {
