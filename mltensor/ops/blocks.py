@@ -22,7 +22,8 @@ Q2_K and Q3_K (shaders/blocks_k23.wgsl: a's rows prescaled by powers of two into
 so that a weight is one AND and a conversion, each block's loads of a shared by 16 rows); GPUs split
 a row's units over 32 threads and reduce in workgroup memory, Q4_K and Q6_K in units of 16 values
 (16 threads a super-block, neighbouring threads on neighbouring words, as llama.cpp's Vulkan
-mul_mat_vec_q4_k/q6_k split them; untimed on a GPU so far, checked on lavapipe by forcing it). Other M (prompts, or M known only at dispatch) take
+mul_mat_vec_q4_k/q6_k split them; untimed on a GPU so far, checked on lavapipe by forcing it). Other M
+(prompts, or M known only at dispatch without `rows_gemv`) take
 `_matmul_nbits`' tiled GEMM, whose B staging decodes 4 values at a time into workgroup memory.
 
 `_gather_blocks`: rows of a [V, H] table (embeddings) gathered by index, only those decoded.
@@ -187,7 +188,9 @@ WG_CPU, ROWS_CPU = 32, 2
 # on lavapipe (2 cores, host shared), variants alternated in one process, 8 rows / 1 row in CPU
 # time: (1, 2) (the rows one after the other, the one-row thread) 4.9-5.4x; (8, 2) 5.2x, no gain
 # (a's loads dominate); (8, 8) 2.3x; (8, 12) ~(8, 8); (4, 16) 2.2x; (8, 16) 1.9-2.0x; (8, 24) no
-# better; workgroups of 8 or 16 threads instead of 32: the same within noise
+# better; workgroups of 8 or 16 threads instead of 32: the same within noise. Steps of 2, 3, 4 rows
+# (CPU ms, MT 8 only against the tiers): 226/150, 231/179, 245/179. Cost: the rows graph's build
+# compiles the three (SmolLM2: 2.3 s -> 9.3 s, MT 8 alone 5.7 s), a tile's first step ~0.4 s more.
 STEP_MT, STEP_R = (2, 4, 8), 16
 WG_GPU, TPR_GPU = 128, 32
 # types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
