@@ -237,8 +237,9 @@ def _lower_matmul_blocks(kc, node):
             tiles = [(1, 1)]
         elif isinstance(M, Sym):
             lows = [2] + [t + 1 for t in STEP_MT[:-1]]  # the tile of MT STEP_MT[i] serves M >= lows[i]
-            ge = [size_at_least(M, lo) for lo in lows] + [0]
+            ge = [size_at_least(M, lo) if lo <= high(M) else 0 for lo in lows] + [0]
             tiles = [(1, 1 - ge[0])] + [(mt, ge[i] - ge[i + 1]) for i, mt in enumerate(STEP_MT)]
+            tiles = [t for t in tiles if not isinstance(t[1], int) or t[1]]  # (those M never takes: none)
         else:
             tiles = [(min(M, STEP_MT[-1]), 1)]
         for mt, on in tiles:
