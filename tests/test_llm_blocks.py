@@ -94,6 +94,44 @@ def test_block_matmul_matches_gguf_dequantize(ctx, kind):
             assert np.array_equal(got, np.concatenate(alone)), kind
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_block_rows_gemv_row_independent_of_its_step(ctx, kind):
+    """A serving step's GEMV (rows_gemv, M known at dispatch): on CPU adapters one row takes the
+    one-row kernel, several a kernel that decodes each weight once for MT rows of a (MT by M); a
+    row's result must be bitwise the same alone and among 1 to 8 others (each MT, partial tiles,
+    full ones, one past 8), in any place, and match gguf's dequantizer."""
+    rng = np.random.default_rng(300 + sum(map(ord, kind)))
+    bv = BLOCK_TYPES[kind][0]
+    K = 2 * bv if bv == 256 else 96
+    N = 37  # odd: the last thread has one row
+    raw = random_blocks(kind, N, K, rng)
+    ref = reference(kind, raw)
+    b = MLGraphBuilder(ctx)
+    dim = MLDynamicDimension("m", 16)
+    x = b.input("a", data_type="float32", shape=[dim, K])
+    y = b._matmul_blocks(x, b.constant(pack_blocks(kind, raw, N, K)), kind=kind, K=K, N=N, rows_gemv=True)
+    g = b.build_sync({"y": y})
+    a = rng.standard_normal((9, K)).astype(np.float32)
+
+    def run(rows):
+        return _run(ctx, g, {"a": (np.ascontiguousarray(a[rows]), [dim, K])}, [len(rows), N], [dim, N])
+
+    alone = np.concatenate([run([i]) for i in range(9)])
+    assert rel_err(alone, a.astype(np.float64) @ ref.T) < 2e-6, kind
+    for rows in (
+        [5, 2],
+        [3, 0, 7],
+        [6, 1, 4, 2],
+        [0, 1, 2, 3, 4],
+        [8, 7, 6, 5, 4, 3, 2, 1],
+        list(range(9)),
+        [4, 0, 8, 1, 7, 2, 6, 3, 5],
+    ):
+        got = run(rows)
+        assert got.shape == (len(rows), N)
+        assert np.array_equal(got, alone[rows]), (kind, rows)
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q3_K"])
 def test_block_gemv_gpu_shape(ctx, kind, monkeypatch):
     """The GEMV and the tiled GEMM as GPUs run them (GEMV: 32 threads a row, partial sums

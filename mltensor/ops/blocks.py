@@ -14,12 +14,16 @@ GEMV kernel (shaders/blocks.wgsl) that decodes a unit of a block (a 64-value qua
 super-block, a whole 32-value block otherwise) at once: the unit's scales and mins decoded once,
 nibbles and bit planes extracted as vec4s dotted with vec4 loads of a, the mins and offsets
 applied to the sum of a (scale * (sum q*a) - min * (sum a)). CPU adapters give each thread two
-output rows (no barriers: llm/kernels.py's measured choice; the rows share a's loads), except
+output rows (no barriers: llm/kernels.py's measured choice; the rows share a's loads) for one
+row of a; for several (a serving step, `rows_gemv`) a thread takes up to 8 rows of a (STEP_MT),
+each unit's words loaded and decoded once for them, and 16 output rows sharing a's loads (each row of
+a summed as alone: a row's result does not depend on the rows beside it), except
 Q2_K and Q3_K (shaders/blocks_k23.wgsl: a's rows prescaled by powers of two into a scratch buffer
 so that a weight is one AND and a conversion, each block's loads of a shared by 16 rows); GPUs split
 a row's units over 32 threads and reduce in workgroup memory, Q4_K and Q6_K in units of 16 values
 (16 threads a super-block, neighbouring threads on neighbouring words, as llama.cpp's Vulkan
-mul_mat_vec_q4_k/q6_k split them; untimed on a GPU so far, checked on lavapipe by forcing it). Other M (prompts, or M known only at dispatch) take
+mul_mat_vec_q4_k/q6_k split them; untimed on a GPU so far, checked on lavapipe by forcing it). Other M
+(prompts, or M known only at dispatch without `rows_gemv`) take
 `_matmul_nbits`' tiled GEMM, whose B staging decodes 4 values at a time into workgroup memory.
 
 `_gather_blocks`: rows of a [V, H] table (embeddings) gathered by index, only those decoded.
@@ -29,7 +33,7 @@ import math
 
 import numpy as np
 
-from ..dynamic.dims import Sym, cdiv, high, wgsl
+from ..dynamic.dims import Sym, cdiv, high, size_at_least, wgsl
 from ..dynamic.kernels import grid
 from ..errors import DataError, NotSupportedError
 from ..ir.registry import MAX_RANK, builder_op, lowering, register
@@ -176,6 +180,18 @@ def decode_params(kind, rows, cols):
 # GEMV geometry: CPU adapters one thread per ROWS_CPU rows (threads of WG_CPU); GPUs TPR threads
 # per row splitting its units, WG_GPU threads a workgroup (WG_GPU / TPR rows)
 WG_CPU, ROWS_CPU = 32, 2
+# a CPU thread's rows of a (blocks.wgsl MT) and output rows (R) in a step of several rows of a:
+# a unit's words decoded once for MT rows of a, a's loads (gathers on llvmpipe) shared by R rows;
+# MT the smallest of STEP_MT that holds the step's rows (2: M = 2, 4: M = 3, 4, 8: M >= 5, in
+# tiles of 8; the rows past M of a tile cost as much as the others).
+# SmolLM2-135M requantized to Q4_K_M (Q5_0, Q4_K, Q6_K projections), its serving step of 8 rows
+# on lavapipe (2 cores, host shared), variants alternated in one process, 8 rows / 1 row in CPU
+# time: (1, 2) (the rows one after the other, the one-row thread) 4.9-5.4x; (8, 2) 5.2x, no gain
+# (a's loads dominate); (8, 8) 2.3x; (8, 12) ~(8, 8); (4, 16) 2.2x; (8, 16) 1.9-2.0x; (8, 24) no
+# better; workgroups of 8 or 16 threads instead of 32: the same within noise. Steps of 2, 3, 4 rows
+# (CPU ms, MT 8 only against the tiers): 226/150, 231/179, 245/179. Cost: the rows graph's build
+# compiles the three (SmolLM2: 2.3 s -> 9.3 s, MT 8 alone 5.7 s), a tile's first step ~0.4 s more.
+STEP_MT, STEP_R = (2, 4, 8), 16
 WG_GPU, TPR_GPU = 128, 32
 # types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
 # its neighbours' words are next to), as llama.cpp's Vulkan mul_mat_vec does
@@ -203,29 +219,48 @@ def _lower_matmul_blocks(kc, node):
     dp = decode_params(kind, N, K)
     name = f"matmul_blocks_{kind}_{M}x{K}x{N}"
     if (not isinstance(M, Sym) and M <= GEMV_MAX_M) or at.get("rows_gemv"):
-        # (rows_gemv: the rows one after the other in each thread, a row's units decoded for it:
-        # the same sums for every M, and no faster per row than alone)
+        # (rows_gemv: a serving step, every M; each row's sums are the same for every M and tile)
         cpu = cpu_device(kc.device)
         if cpu and kind in CPU_K23:
             _launch_k23(kc, name, dp, M, K, N, [a, packed, out])
             return
         wg, tpr, r = (WG_CPU, 1, ROWS_CPU) if cpu else (WG_GPU, TPR_GPU, 1)
-        rows_per_group = wg // tpr * r
         if not cpu and kind in GPU_SPLIT:
             dp["PARTS"] = 16  # llama.cpp's split: 16 threads a super-block, neighbours on neighbouring words
         units = dp["QKB"] * dp["PARTS"]
-        p = dict(dp, path="gemv", M=wgsl(M) if isinstance(M, Sym) else f"{M}u", N=N, K=K, WG=wg, TPR=tpr, R=r)
-        kc.launch(
-            Kernel(
-                f"{name}_gemv_t{tpr}r{r}",
-                "blocks.wgsl",
-                p,
-                [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("out", "f32", True)],
-            ),
-            [a, packed, out],
-            grid(cdiv(N, rows_per_group)),
-            iters=high(M) * (cdiv(units, tpr) + 8) + 16,
-        )
+        p = dict(dp, path="gemv", M=wgsl(M) if isinstance(M, Sym) else f"{M}u", N=N, K=K, WG=wg, TPR=tpr)
+        # CPU adapters, several rows of a: a thread MT of them (their units decoded once) and
+        # STEP_R output rows, a workgroup per MT rows of a and WG * STEP_R output rows; one row of
+        # a: the one-row kernel. M known at dispatch launches each kernel gated on its range of M
+        # by a 0/1 factor of its workgroup count (the same sums for a row whichever runs it).
+        if not cpu:
+            tiles = [(1, 1)]
+        elif isinstance(M, Sym):
+            lows = [2] + [t + 1 for t in STEP_MT[:-1]]  # the tile of MT STEP_MT[i] serves M >= lows[i]
+            ge = [size_at_least(M, lo) if lo <= high(M) else 0 for lo in lows] + [0]
+            tiles = [(1, 1 - ge[0])] + [(mt, ge[i] - ge[i + 1]) for i, mt in enumerate(STEP_MT)]
+            tiles = [t for t in tiles if not isinstance(t[1], int) or t[1]]  # (those M never takes: none)
+        else:
+            tiles = [(min(M, STEP_MT[-1]), 1)]
+        for mt, on in tiles:
+            if mt == 1:
+                q = dict(p, R=r, MT=1, RS=[""])
+                count = cdiv(N, wg // tpr * r)
+            else:
+                gn = cdiv(N, wg * STEP_R)
+                q = dict(p, R=STEP_R, MT=mt, RS=[f"_{i}" for i in range(mt)], GN=gn)
+                count = gn * cdiv(M, mt)
+            kc.launch(
+                Kernel(
+                    f"{name}_gemv_t{tpr}r{q['R']}" + (f"m{mt}" if mt > 1 else ""),
+                    "blocks.wgsl",
+                    q,
+                    [Binding("a", "vec4<f32>"), Binding("b", "u32"), Binding("out", "f32", True)],
+                ),
+                [a, packed, out],
+                grid(count * on),
+                iters=high(M) * (cdiv(units, tpr) + 8) + 16,
+            )
         return
     # prompts: _matmul_nbits' tiled GEMM, its B staging decoding 4 values at a time (QBV-value
     # blocks read as "words" of 4 values: VPW = 4); M known only at dispatch takes it at every size

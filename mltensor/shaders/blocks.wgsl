@@ -1,12 +1,16 @@
 // GGUF block formats on the GPU (mltensor/ops/blocks.py): the decode step's GEMV and the
 // embedding gather. Layouts and decoders: blocks_decode.wgsl.
-//   "gemv":   out[m, n] = sum_k a[m, k] * W[n, k] for a static M <= 4. A row is QKB * PARTS
+//   "gemv":   out[m, n] = sum_k a[m, k] * W[n, k] for a static M <= 4 or a serving step's rows
+//             (M known at dispatch; CPU adapters: MT rows of a a thread). A row is QKB * PARTS
 //             units (a 64-value quarter of a 256-value super-block, or a whole 32-value block);
 //             q_unit decodes one unit's scales and mins once, extracts its nibbles / bit planes
 //             as vec4s of consecutive values and dots them with vec4 loads of a, applying the
 //             mins and offsets to the sums of a. TPR threads share a row (TPR == 1: a thread owns
 //             R rows, no barriers, the CPU adapters' shape; else partial sums reduced in
-//             workgroup memory). Named accumulators only, loops over words unrolled.
+//             workgroup memory). MT > 1 (TPR == 1 only): each unit's words are loaded and
+//             decoded once for the MT rows of a, each row's expressions (and the order of its
+//             units) those of MT 1, so a row's result does not depend on the rows beside it.
+//             Named accumulators only, loops over words unrolled.
 //   "gather": one thread per 4 output values of the gathered rows.
 {{ bindings }}
 {$ include "common.wgsl" $}
@@ -47,13 +51,41 @@ fn hsum(x: vec4<f32>) -> f32 {
 }
 
 {$ set X = "xyzw" $}
+{$ if MT > 1 $}
+// MT rows of a a pass (a serving step, CPU adapters): row i's offset into a and its unit's dot
+// products with output row r, res{r}_{i} (q_unit loads and decodes a unit's weight words once
+// and dots them with each row's a)
+{$ for i in RS $}
+var<private> am{{ i }}: u32;
+{$ for r in range(R) $}
+var<private> res{{ r }}{{ i }}: f32;
+{$ endfor $}
+{$ endfor $}
+{$ endif $}
+{# RES: the result of row of a i (its suffix) and output row r; ROW: output row r #}
+{$ macro RES(i, r) $}{{ ("res" ~ i ~ "." ~ X[r]) if MT == 1 else ("res" ~ r ~ i) }}{$ endmacro $}
+{$ macro ROW(r) $}{{ ("rows." ~ X[r]) if MT == 1 else ("n" ~ r) }}{$ endmacro $}
 // the dot products of unit p of block blk of rows rows.x .. (R of them: component r of the
-// result) with a's vec4s from ab0 (the block's first); a's loads and sums are shared by the rows
+// result) with a's vec4s from ab0 (the block's first); a's loads and sums are shared by the rows.
+// MT > 1 (the CPU branches only): output rows first .. first + R - 1, ab0 the block's offset in a
+// row of a, results in res{r}_{i}; each row's expressions are those of MT 1 (its names suffixed
+// by the row of a: RS), so a row's result does not depend on the rows beside it
+{$ if MT == 1 $}
 fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ for r in range(R) $}
     let wb{{ r }} = q_base(rows.{{ X[r] }}, blk);
 {$ endfor $}
     var res = vec4<f32>(0.0);
+{$ else $}
+fn q_unit(first: u32, blk: u32, p: u32, ab0: u32) {
+{$ for r in range(R) $}
+    let n{{ r }} = min(first + {{ r }}u, N - 1u);
+    let wb{{ r }} = q_base(n{{ r }}, blk);
+{$ endfor $}
+{$ for i in RS $}
+    let ab0{{ i }} = am{{ i }} + ab0;
+{$ endfor $}
+{$ endif $}
 {$ if PARTS == 16 and KIND == "Q4_K" $}
     // GPUs (llama.cpp's Vulkan split): 16 threads a super-block, thread p reads qs words
     // 8j + i and 8j + 16 + i (j = p / 8, i = p % 8; neighbours read neighbouring words): values
@@ -114,39 +146,49 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ endfor $}
 {$ elif KIND == "Q4_K" or KIND == "Q5_K" $}
     // sub-blocks 2p (low nibbles of bytes 32p..32p+31) and 2p + 1 (their high nibbles)
-    let ab = ab0 + 16u * p;
 {$ if KIND == "Q4_K" $}
     let qo = 4u + 8u * p;
 {$ else $}
     let qo = 12u + 8u * p;
 {$ endif $}
-    var sa0 = vec4<f32>(0.0);
-    var sa1 = vec4<f32>(0.0);
+{$ for i in RS $}
+    let ab{{ i }} = ab0{{ i }} + 16u * p;
+    var sa0{{ i }} = vec4<f32>(0.0);
+    var sa1{{ i }} = vec4<f32>(0.0);
 {$ for r in range(R) $}
-    var t{{ r }}0 = 0.0;
-    var t{{ r }}1 = 0.0;
+    var t{{ r }}0{{ i }} = 0.0;
+    var t{{ r }}1{{ i }} = 0.0;
+{$ endfor $}
 {$ endfor $}
 {$ for w in range(8) $}
     {
-        let x0 = a[ab + {{ w }}u];
-        let x1 = a[ab + {{ 8 + w }}u];
-        sa0 = sa0 + x0;
-        sa1 = sa1 + x1;
+{$ for i in RS $}
+        let x0{{ i }} = a[ab{{ i }} + {{ w }}u];
+        let x1{{ i }} = a[ab{{ i }} + {{ 8 + w }}u];
+        sa0{{ i }} = sa0{{ i }} + x0{{ i }};
+        sa1{{ i }} = sa1{{ i }} + x1{{ i }};
+{$ endfor $}
 {$ for r in range(R) $}
         let q{{ r }} = b[wb{{ r }} + qo + {{ w }}u];
 {$ if KIND == "Q4_K" $}
-        t{{ r }}0 = t{{ r }}0 + dot(q_lo4(q{{ r }}), x0);
-        t{{ r }}1 = t{{ r }}1 + dot(q_hi4(q{{ r }}), x1);
+        let v{{ r }}0 = q_lo4(q{{ r }});
+        let v{{ r }}1 = q_hi4(q{{ r }});
 {$ else $}
         let h{{ r }} = b[wb{{ r }} + {{ 4 + w }}u];
-        t{{ r }}0 = t{{ r }}0 + dot(q_bytes((q{{ r }} & 0x0F0F0F0Fu) | (((h{{ r }} >> (2u * p)) & 0x01010101u) << 4u)), x0);
-        t{{ r }}1 = t{{ r }}1 + dot(q_bytes(((q{{ r }} >> 4u) & 0x0F0F0F0Fu) | (((h{{ r }} >> (2u * p + 1u)) & 0x01010101u) << 4u)), x1);
+        let v{{ r }}0 = q_bytes((q{{ r }} & 0x0F0F0F0Fu) | (((h{{ r }} >> (2u * p)) & 0x01010101u) << 4u));
+        let v{{ r }}1 = q_bytes(((q{{ r }} >> 4u) & 0x0F0F0F0Fu) | (((h{{ r }} >> (2u * p + 1u)) & 0x01010101u) << 4u));
 {$ endif $}
+{$ for i in RS $}
+        t{{ r }}0{{ i }} = t{{ r }}0{{ i }} + dot(v{{ r }}0, x0{{ i }});
+        t{{ r }}1{{ i }} = t{{ r }}1{{ i }} + dot(v{{ r }}1, x1{{ i }});
+{$ endfor $}
 {$ endfor $}
     }
 {$ endfor $}
-    let s0 = hsum(sa0);
-    let s1 = hsum(sa1);
+{$ for i in RS $}
+    let s0{{ i }} = hsum(sa0{{ i }});
+    let s1{{ i }} = hsum(sa1{{ i }});
+{$ endfor $}
 {$ for r in range(R) $}
     {
         let dm = unpack2x16float(b[wb{{ r }}]);
@@ -155,7 +197,9 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
         let sc2 = b[wb{{ r }} + 3u];
         let sm0 = q_k4_sm(sc0, sc1, sc2, 2u * p);
         let sm1 = q_k4_sm(sc0, sc1, sc2, 2u * p + 1u);
-        res.{{ X[r] }} = dm.x * (sm0.x * t{{ r }}0 + sm1.x * t{{ r }}1) - dm.y * (sm0.y * s0 + sm1.y * s1);
+{$ for i in RS $}
+        {{ RES(i, r) }} = dm.x * (sm0.x * t{{ r }}0{{ i }} + sm1.x * t{{ r }}1{{ i }}) - dm.y * (sm0.y * s0{{ i }} + sm1.y * s1{{ i }});
+{$ endfor $}
     }
 {$ endfor $}
 {$ elif KIND == "Q6_K" $}
@@ -164,46 +208,59 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
     // 0, 2, 4, 6 of byte 32h + l
     let h = p / 2u;
     let ls = p % 2u;
-    let ab = ab0 + 32u * h + 4u * ls;
     let lo = 16u * h + 4u * ls;
     let ho = 32u + 8u * h + 4u * ls;
+{$ for i in RS $}
+    let ab{{ i }} = ab0{{ i }} + 32u * h + 4u * ls;
 {$ for t in range(4) $}
-    var sa{{ t }} = vec4<f32>(0.0);
+    var sa{{ t }}{{ i }} = vec4<f32>(0.0);
 {$ for r in range(R) $}
-    var t{{ r }}{{ t }} = 0.0;
+    var t{{ r }}{{ t }}{{ i }} = 0.0;
+{$ endfor $}
 {$ endfor $}
 {$ endfor $}
 {$ for w in range(4) $}
     {
-        let x0 = a[ab + {{ w }}u];
-        let x1 = a[ab + {{ 8 + w }}u];
-        let x2 = a[ab + {{ 16 + w }}u];
-        let x3 = a[ab + {{ 24 + w }}u];
-        sa0 = sa0 + x0;
-        sa1 = sa1 + x1;
-        sa2 = sa2 + x2;
-        sa3 = sa3 + x3;
+{$ for i in RS $}
+{$ for t in range(4) $}
+        let x{{ t }}{{ i }} = a[ab{{ i }} + {{ 8 * t + w }}u];
+        sa{{ t }}{{ i }} = sa{{ t }}{{ i }} + x{{ t }}{{ i }};
+{$ endfor $}
+{$ endfor $}
 {$ for r in range(R) $}
         let l0{{ r }} = b[wb{{ r }} + lo + {{ w }}u];
         let l1{{ r }} = b[wb{{ r }} + lo + {{ 8 + w }}u];
         let qh{{ r }} = b[wb{{ r }} + ho + {{ w }}u];
-        t{{ r }}0 = t{{ r }}0 + dot(q_bytes((l0{{ r }} & 0x0F0F0F0Fu) | ((qh{{ r }} & 0x03030303u) << 4u)), x0);
-        t{{ r }}1 = t{{ r }}1 + dot(q_bytes((l1{{ r }} & 0x0F0F0F0Fu) | ((qh{{ r }} & 0x0C0C0C0Cu) << 2u)), x1);
-        t{{ r }}2 = t{{ r }}2 + dot(q_bytes(((l0{{ r }} >> 4u) & 0x0F0F0F0Fu) | (qh{{ r }} & 0x30303030u)), x2);
-        t{{ r }}3 = t{{ r }}3 + dot(q_bytes(((l1{{ r }} >> 4u) & 0x0F0F0F0Fu) | ((qh{{ r }} >> 2u) & 0x30303030u)), x3);
+        let v{{ r }}0 = q_bytes((l0{{ r }} & 0x0F0F0F0Fu) | ((qh{{ r }} & 0x03030303u) << 4u));
+        let v{{ r }}1 = q_bytes((l1{{ r }} & 0x0F0F0F0Fu) | ((qh{{ r }} & 0x0C0C0C0Cu) << 2u));
+        let v{{ r }}2 = q_bytes(((l0{{ r }} >> 4u) & 0x0F0F0F0Fu) | (qh{{ r }} & 0x30303030u));
+        let v{{ r }}3 = q_bytes(((l1{{ r }} >> 4u) & 0x0F0F0F0Fu) | ((qh{{ r }} >> 2u) & 0x30303030u));
+{$ for i in RS $}
+{$ for t in range(4) $}
+        t{{ r }}{{ t }}{{ i }} = t{{ r }}{{ t }}{{ i }} + dot(v{{ r }}{{ t }}, x{{ t }}{{ i }});
+{$ endfor $}
+{$ endfor $}
 {$ endfor $}
     }
 {$ endfor $}
-    let s0 = 32.0 * hsum(sa0);
-    let s1 = 32.0 * hsum(sa1);
-    let s2 = 32.0 * hsum(sa2);
-    let s3 = 32.0 * hsum(sa3);
+{$ for i in RS $}
+{$ for t in range(4) $}
+    let s{{ t }}{{ i }} = 32.0 * hsum(sa{{ t }}{{ i }});
+{$ endfor $}
+{$ endfor $}
 {$ for r in range(R) $}
     {
         let sw0 = b[wb{{ r }} + 48u + 2u * h];
         let sw1 = b[wb{{ r }} + 49u + 2u * h];
-        res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (q_i8(sw0, ls) * (t{{ r }}0 - s0) + q_i8(sw0, ls + 2u) * (t{{ r }}1 - s1)
-            + q_i8(sw1, ls) * (t{{ r }}2 - s2) + q_i8(sw1, ls + 2u) * (t{{ r }}3 - s3));
+        let d = q_d({{ ROW(r) }}, blk);
+        let c0 = q_i8(sw0, ls);
+        let c1 = q_i8(sw0, ls + 2u);
+        let c2 = q_i8(sw1, ls);
+        let c3 = q_i8(sw1, ls + 2u);
+{$ for i in RS $}
+        {{ RES(i, r) }} = d * (c0 * (t{{ r }}0{{ i }} - s0{{ i }}) + c1 * (t{{ r }}1{{ i }} - s1{{ i }})
+            + c2 * (t{{ r }}2{{ i }} - s2{{ i }}) + c3 * (t{{ r }}3{{ i }} - s3{{ i }}));
+{$ endfor $}
     }
 {$ endfor $}
 {$ elif KIND == "Q3_K" or KIND == "Q2_K" $}
@@ -277,20 +334,28 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ endfor $}
 {$ elif KIND == "IQ4_XS" $}
     // sub-blocks 2p and 2p + 1: 16 bytes each (byte l: values l, 16 + l); 6-bit scales minus 32
-    let ab = ab0 + 16u * p;
     let qo = 2u + 8u * p;
+{$ for i in RS $}
+    let ab{{ i }} = ab0{{ i }} + 16u * p;
 {$ for r in range(R) $}
-    var t{{ r }}0 = 0.0;
-    var t{{ r }}1 = 0.0;
+    var t{{ r }}0{{ i }} = 0.0;
+    var t{{ r }}1{{ i }} = 0.0;
+{$ endfor $}
 {$ endfor $}
 {$ for s in range(2) $}
 {$ for w in range(4) $}
     {
-        let x0 = a[ab + {{ 8 * s + w }}u];
-        let x1 = a[ab + {{ 8 * s + 4 + w }}u];
+{$ for i in RS $}
+        let x0{{ i }} = a[ab{{ i }} + {{ 8 * s + w }}u];
+        let x1{{ i }} = a[ab{{ i }} + {{ 8 * s + 4 + w }}u];
+{$ endfor $}
 {$ for r in range(R) $}
         let q{{ r }} = b[wb{{ r }} + qo + {{ 4 * s + w }}u];
-        t{{ r }}{{ s }} = t{{ r }}{{ s }} + dot(q_iq4(q_field(q{{ r }}, 0u, 15u)), x0) + dot(q_iq4(q_field(q{{ r }}, 4u, 15u)), x1);
+        let v{{ r }}0 = q_iq4(q_field(q{{ r }}, 0u, 15u));
+        let v{{ r }}1 = q_iq4(q_field(q{{ r }}, 4u, 15u));
+{$ for i in RS $}
+        t{{ r }}{{ s }}{{ i }} = t{{ r }}{{ s }}{{ i }} + dot(v{{ r }}0, x0{{ i }}) + dot(v{{ r }}1, x1{{ i }});
+{$ endfor $}
 {$ endfor $}
     }
 {$ endfor $}
@@ -302,12 +367,13 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
         let d = unpack2x16float(w0).x;
         let dl0 = d * (f32((bl & 15u) | (((w0 >> (16u + 4u * p)) & 3u) << 4u)) - 32.0);
         let dl1 = d * (f32((bl >> 4u) | (((w0 >> (18u + 4u * p)) & 3u) << 4u)) - 32.0);
-        res.{{ X[r] }} = dl0 * t{{ r }}0 + dl1 * t{{ r }}1;
+{$ for i in RS $}
+        {{ RES(i, r) }} = dl0 * t{{ r }}0{{ i }} + dl1 * t{{ r }}1{{ i }};
+{$ endfor $}
     }
 {$ endfor $}
 {$ elif KIND == "Q5_0" or KIND == "Q5_1" or KIND == "IQ4_NL" $}
     // byte l of the 16 holds values l (low nibble) and 16 + l (high); Q5: bit v of qh above
-    let ab = ab0;
 {$ if KIND == "Q5_0" $}
     let qo = 1u;
 {$ elif KIND == "Q5_1" $}
@@ -315,82 +381,91 @@ fn q_unit(rows: vec4<u32>, blk: u32, p: u32, ab0: u32) -> vec4<f32> {
 {$ else $}
     let qo = 0u;
 {$ endif $}
-    var sa = vec4<f32>(0.0);
 {$ for r in range(R) $}
 {$ if KIND == "Q5_0" $}
     let qh{{ r }} = b[wb{{ r }}];
 {$ elif KIND == "Q5_1" $}
     let qh{{ r }} = b[wb{{ r }} + 1u];
 {$ endif $}
-    var t{{ r }} = 0.0;
+{$ endfor $}
+{$ for i in RS $}
+    var sa{{ i }} = vec4<f32>(0.0);
+{$ for r in range(R) $}
+    var t{{ r }}{{ i }} = 0.0;
+{$ endfor $}
 {$ endfor $}
 {$ for w in range(4) $}
     {
-        let x0 = a[ab + {{ w }}u];
-        let x1 = a[ab + {{ 4 + w }}u];
-        sa = sa + x0 + x1;
+{$ for i in RS $}
+        let x0{{ i }} = a[ab0{{ i }} + {{ w }}u];
+        let x1{{ i }} = a[ab0{{ i }} + {{ 4 + w }}u];
+        sa{{ i }} = sa{{ i }} + x0{{ i }} + x1{{ i }};
+{$ endfor $}
 {$ for r in range(R) $}
         let q{{ r }} = b[wb{{ r }} + qo + {{ w }}u];
 {$ if KIND == "IQ4_NL" $}
-        t{{ r }} = t{{ r }} + dot(q_iq4(q_field(q{{ r }}, 0u, 15u)), x0) + dot(q_iq4(q_field(q{{ r }}, 4u, 15u)), x1);
+        let v{{ r }}0 = q_iq4(q_field(q{{ r }}, 0u, 15u));
+        let v{{ r }}1 = q_iq4(q_field(q{{ r }}, 4u, 15u));
 {$ else $}
         // bits 4w .. 4w + 3 of qh spread to bit 0 of 4 bytes (x * 0x204081: copies of x at
         // bits 0, 7, 14, 21, which do not overlap), then to bit 4 above the nibbles
         let hl{{ r }} = ((((qh{{ r }} >> {{ 4 * w }}u) & 15u) * 0x204081u) & 0x01010101u) << 4u;
         let hh{{ r }} = ((((qh{{ r }} >> {{ 16 + 4 * w }}u) & 15u) * 0x204081u) & 0x01010101u) << 4u;
-        t{{ r }} = t{{ r }} + dot(q_bytes((q{{ r }} & 0x0F0F0F0Fu) | hl{{ r }}), x0)
-            + dot(q_bytes(((q{{ r }} >> 4u) & 0x0F0F0F0Fu) | hh{{ r }}), x1);
+        let v{{ r }}0 = q_bytes((q{{ r }} & 0x0F0F0F0Fu) | hl{{ r }});
+        let v{{ r }}1 = q_bytes(((q{{ r }} >> 4u) & 0x0F0F0F0Fu) | hh{{ r }});
 {$ endif $}
+{$ for i in RS $}
+        t{{ r }}{{ i }} = t{{ r }}{{ i }} + dot(v{{ r }}0, x0{{ i }}) + dot(v{{ r }}1, x1{{ i }});
+{$ endfor $}
 {$ endfor $}
     }
 {$ endfor $}
 {$ for r in range(R) $}
-{$ if KIND == "Q5_0" $}
-    res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * (t{{ r }} - 16.0 * hsum(sa));
-{$ elif KIND == "Q5_1" $}
     {
+{$ if KIND == "Q5_1" $}
         let dm = unpack2x16float(b[wb{{ r }}]);
-        res.{{ X[r] }} = dm.x * t{{ r }} + dm.y * hsum(sa);
-    }
 {$ else $}
-    res.{{ X[r] }} = q_d(rows.{{ X[r] }}, blk) * t{{ r }};
+        let d = q_d({{ ROW(r) }}, blk);
+{$ endif $}
+{$ for i in RS $}
+{$ if KIND == "Q5_0" $}
+        {{ RES(i, r) }} = d * (t{{ r }}{{ i }} - 16.0 * hsum(sa{{ i }}));
+{$ elif KIND == "Q5_1" $}
+        {{ RES(i, r) }} = dm.x * t{{ r }}{{ i }} + dm.y * hsum(sa{{ i }});
+{$ else $}
+        {{ RES(i, r) }} = d * t{{ r }}{{ i }};
 {$ endif $}
 {$ endfor $}
-{$ elif KIND == "BF16" $}
+    }
+{$ endfor $}
+{$ elif KIND == "BF16" or KIND == "F16" or KIND == "F32" $}
 {$ for w in range(8) $}
     {
-        let x = a[ab0 + {{ w }}u];
+{$ for i in RS $}
+        let x{{ i }} = a[ab0{{ i }} + {{ w }}u];
+{$ endfor $}
 {$ for r in range(R) $}
+{$ if KIND == "BF16" $}
         let w0{{ r }} = b[wb{{ r }} + {{ 2 * w }}u];
         let w1{{ r }} = b[wb{{ r }} + {{ 2 * w + 1 }}u];
-        res.{{ X[r] }} = res.{{ X[r] }} + dot(vec4<f32>(bitcast<f32>(w0{{ r }} << 16u), bitcast<f32>(w0{{ r }} & 0xffff0000u),
-            bitcast<f32>(w1{{ r }} << 16u), bitcast<f32>(w1{{ r }} & 0xffff0000u)), x);
-{$ endfor $}
-    }
-{$ endfor $}
+        let v{{ r }} = vec4<f32>(bitcast<f32>(w0{{ r }} << 16u), bitcast<f32>(w0{{ r }} & 0xffff0000u),
+            bitcast<f32>(w1{{ r }} << 16u), bitcast<f32>(w1{{ r }} & 0xffff0000u));
 {$ elif KIND == "F16" $}
-{$ for w in range(8) $}
-    {
-        let x = a[ab0 + {{ w }}u];
-{$ for r in range(R) $}
-        res.{{ X[r] }} = res.{{ X[r] }} + dot(vec4<f32>(unpack2x16float(b[wb{{ r }} + {{ 2 * w }}u]),
-            unpack2x16float(b[wb{{ r }} + {{ 2 * w + 1 }}u])), x);
+        let v{{ r }} = vec4<f32>(unpack2x16float(b[wb{{ r }} + {{ 2 * w }}u]), unpack2x16float(b[wb{{ r }} + {{ 2 * w + 1 }}u]));
+{$ else $}
+        let v{{ r }} = vec4<f32>(bitcast<f32>(b[wb{{ r }} + {{ 4 * w }}u]), bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 1 }}u]),
+            bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 2 }}u]), bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 3 }}u]));
+{$ endif $}
+{$ for i in RS $}
+        {{ RES(i, r) }} = {{ RES(i, r) }} + dot(v{{ r }}, x{{ i }});
 {$ endfor $}
-    }
-{$ endfor $}
-{$ elif KIND == "F32" $}
-{$ for w in range(8) $}
-    {
-        let x = a[ab0 + {{ w }}u];
-{$ for r in range(R) $}
-        res.{{ X[r] }} = res.{{ X[r] }} + dot(vec4<f32>(bitcast<f32>(b[wb{{ r }} + {{ 4 * w }}u]),
-            bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 1 }}u]), bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 2 }}u]),
-            bitcast<f32>(b[wb{{ r }} + {{ 4 * w + 3 }}u])), x);
 {$ endfor $}
     }
 {$ endfor $}
 {$ endif $}
+{$ if MT == 1 $}
     return res;
+{$ endif $}
 }
 
 {$ if TPR > 1 $}
@@ -401,6 +476,43 @@ var<workgroup> red: array<f32, {{ WG * R }}>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let g = wid.y * nwg.x + wid.x;
+{$ if MT > 1 $}
+    // MT rows of a a thread (a serving step of several rows, CPU adapters, TPR 1), workgroup g:
+    // rows of a MT (g / GN) .., output rows of its part g % GN. q_unit decodes a unit's words
+    // once for the MT rows (res{r}_{i}); each row's sum over the units runs in the same order as
+    // alone (MT 1). Past M a row repeats the last one, past N an output row: neither is stored.
+    let mg = g / {{ GN }}u;
+    let m0 = mg * {{ MT }}u;
+    let first = ((g - mg * {{ GN }}u) * {{ WG }}u + lid) * {{ R }}u;
+    if (m0 >= {{ M }} || first >= N) { return; }
+{$ for k in range(MT) $}
+    am{{ RS[k] }} = min(m0 + {{ k }}u, {{ M }} - 1u) * K4;
+{$ for r in range(R) $}
+    var acc{{ r }}{{ RS[k] }} = 0.0;
+{$ endfor $}
+{$ endfor $}
+    for (var u = 0u; u < UNITS; u = u + 1u) {
+        let blk = u / PARTS;
+{$ for k in range(MT) $}
+{$ for r in range(R) $}
+        res{{ r }}{{ RS[k] }} = 0.0;
+{$ endfor $}
+{$ endfor $}
+        q_unit(first, blk, u % PARTS, blk * {{ QBV // 4 }}u);
+{$ for k in range(MT) $}
+{$ for r in range(R) $}
+        acc{{ r }}{{ RS[k] }} = acc{{ r }}{{ RS[k] }} + res{{ r }}{{ RS[k] }};
+{$ endfor $}
+{$ endfor $}
+    }
+{$ for k in range(MT) $}
+    if (m0 + {{ k }}u < {{ M }}) {
+{$ for r in range(R) $}
+        if (first + {{ r }}u < N) { out[(m0 + {{ k }}u) * N + first + {{ r }}u] = acc{{ r }}{{ RS[k] }}; }
+{$ endfor $}
+    }
+{$ endfor $}
+{$ else $}
     let lane = lid % TPR;
     let first = (g * {{ WG // TPR }}u + lid / TPR) * {{ R }}u;
 {$ if TPR == 1 $}
@@ -442,5 +554,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
 {$ endif $}
     }
+{$ endif $}
 }
 {$ endif $}
