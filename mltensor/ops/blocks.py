@@ -189,8 +189,9 @@ WG_CPU, ROWS_CPU = 32, 2
 # time: (1, 2) (the rows one after the other, the one-row thread) 4.9-5.4x; (8, 2) 5.2x, no gain
 # (a's loads dominate); (8, 8) 2.3x; (8, 12) ~(8, 8); (4, 16) 2.2x; (8, 16) 1.9-2.0x; (8, 24) no
 # better; workgroups of 8 or 16 threads instead of 32: the same within noise. Steps of 2, 3, 4 rows
-# (CPU ms, MT 8 only against the tiers): 226/150, 231/179, 245/179. Cost: the rows graph's build
-# compiles the three (SmolLM2: 2.3 s -> 9.3 s, MT 8 alone 5.7 s), a tile's first step ~0.4 s more.
+# (CPU ms, MT 8 only against the tiers): 226/150, 231/179, 245/179. Cost: a tile's first step
+# compiles it (~0.4 s); the build renders each distinct kernel once (wgsl.py Kernel.source: the
+# rows graph 1.15 s, where rendering every launch's copy took 9.4 s).
 STEP_MT, STEP_R = (2, 4, 8), 16
 WG_GPU, TPR_GPU = 128, 32
 # types whose GPU GEMV splits a super-block over 16 threads (each thread 16 values, reading words
