@@ -137,7 +137,7 @@ def import_stage(model, context, free_dimensions=None, float16=False, snapshot=N
         snapshot = staging.Snapshot()
         snapshot.model, snapshot.free, snapshot.float16 = model, free_dimensions, float16
         snapshot.depth, snapshot.index, snapshot.consts, snapshot.live = 0, None, {}, {}
-        snapshot.outcomes, snapshot.plans = {}, {}
+        snapshot.outcomes, snapshot.plans, snapshot.inner = {}, {}, None
     imp.staged = snapshot
     try:
         outs, ins, out_desc = imp.run()
@@ -157,12 +157,9 @@ def resume_stage(snapshot, context):
 def _end(imp, b, c):
     """End the stage at cut `c`: its graph's outputs are the values the rest reads and the cut's
     step reads; the snapshot resumes at the cut operator."""
-    st, op, m = imp.staged, c.op, imp.model
+    st, op, m, inner = imp.staged, c.op, imp.model, c.imp
     depth = st.depth + 1
-    live = set(m.outputs)
-    for j, o in enumerate(m.operators[op.index :]):
-        live.update(i for p, i in enumerate(o.inputs) if i >= 0 and (j or p not in c.drop))
-    outputs, keep = {}, {}
+    outputs = {}
 
     def out(name, v):
         if v._kind in ("input", "constant"):
@@ -170,13 +167,30 @@ def _end(imp, b, c):
         outputs[name] = v
         return Carried(name, v.data_type, tuple(int(d) for d in v.shape))
 
-    for i in sorted(live):
-        if i in imp.values and i not in imp.consts and i not in m.inputs:
-            d = out(f"~{depth}.t{i}", imp.values[i])
-            keep[i] = (d.avail, d.data_type, d.shape)
-    cond = out(f"~{depth}.cond", imp.b.cast(staging.condition(imp, to_operand(imp, c.cond)), "int32"))
+    def keep(im, at, drop, tag, skip=()):
+        """The values of import `im` its operators from `at` on read (but `drop` of the first),
+        and its outputs: the stage's outputs, the next stage's inputs."""
+        live = set(im.model.outputs)
+        for j, o in enumerate(im.model.operators[at:]):
+            live.update(i for p, i in enumerate(o.inputs) if i >= 0 and (j or p not in drop))
+        kept = {}
+        for i in sorted(live):
+            if i in im.values and i not in im.consts and i not in skip:
+                d = out(f"~{depth}.{tag}{i}", im.values[i])
+                kept[i] = (d.avail, d.data_type, d.shape)
+        return kept
+
     snap = st.copy()
-    snap.depth, snap.index, snap.consts, snap.live = depth, op.index, dict(imp.consts), keep
+    if inner is imp:
+        snap.index, snap.inner = op.index, None
+        snap.live = keep(imp, op.index, c.drop, "t", m.inputs)
+    else:  # inside a branch of the main subgraph's IF: resume at the IF, then in its branch at op
+        snap.index = inner.branch_of.index
+        snap.live = keep(imp, snap.index, (0,), "t", m.inputs)
+        snap.inner = (op.index, dict(inner.consts), keep(inner, op.index, c.drop, "b"))
+    cond = out(f"~{depth}.cond", imp.b.cast(staging.condition(inner, to_operand(inner, c.cond)), "int32"))
+    snap.depth, snap.consts = depth, dict(imp.consts)
+    key = staging.key_of(inner, op)
     if c.kind == "loop":
         body_i = int(opt(op, "BodySubgraphIndex", -1))
         if not 0 < body_i < len(m.subgraphs):
@@ -191,12 +205,12 @@ def _end(imp, b, c):
                 plan.append(("const", v))  # passed through unchanged: a constant of the body
                 continue
             plan.append(("carried", None))  # (a constant: an output of the stage, in its storage form)
-            carried.append(out(f"~{depth}.w{k}", to_operand(imp, v)))
-        snap.plans[op.index] = plan
+            carried.append(out(f"~{depth}.w{k}", to_operand(inner, v)))
+        snap.plans[key] = plan
         spec = WhileLoop(imp.model, op, plan, imp.float16)
-        cut = StageCut(snap, (op.index, 0), [], carried, spec, f"{op.display}'s loop")
+        cut = StageCut(snap, (key, 0), [], carried, spec, f"{op.display}'s loop")
     else:
-        cut = StageCut(snap, (op.index, 0), [cond.avail], [], None, f"{op.display}'s condition")
+        cut = StageCut(snap, (key, 0), [cond.avail], [], None, f"{op.display}'s condition")
     graph = b.build_sync(outputs)
     ins = [_info(n, dt, s) for n, (dt, s) in graph.input_descriptors.items()]
     outs = [_info(n, dt, s) for n, (dt, s) in graph.output_descriptors.items()]
