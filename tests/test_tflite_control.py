@@ -124,6 +124,18 @@ def test_while_inside_an_if_branch(ctx, models):
         assert sess.stats["stage_builds"] == 3, sess.stats
 
 
+def test_if_of_different_shapes_inside_an_if_branch(ctx, models):
+    """An IF whose branches give [1, 3] and [1, 12] inside a tf.cond branch (the other [1, 2]):
+    the outer condition is read back, then the inner one; all three outcomes."""
+    data = model_bytes(models, "cond_in_cond")
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        shapes = set()
+        for k, x in enumerate((np.full((1, 6), 0.1, np.float32), np.abs(_x(1)) + 0.5, -np.abs(_x(2)), np.abs(_x(3)))):
+            got = _check(sess, data, _feeds(sess, x), f"input {k}")
+            shapes.update(v.shape for v in got.values())
+        assert shapes == {(1, 2), (1, 3), (1, 12)}, shapes
+
+
 @pytest.mark.parametrize("name", ["while_bound", "cond_while"])
 def test_runs_from_threads(ctx, models, name):
     data = model_bytes(models, name)
