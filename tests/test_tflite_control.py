@@ -197,3 +197,33 @@ def test_while_too_long_to_unroll_runs_on_the_gpu(ctx, models):
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         _check(sess, data, _feeds(sess, _x(3)), "300 iterations")
         assert sess.stats["stage_builds"] == 1
+
+
+def test_staged_model_in_the_graph_cache(ctx, models, tmp_path, monkeypatch):
+    """A second session of a staged model loads every stage it reaches from the graph cache (the
+    import still runs, for the cuts), with LiteRT's outputs; another option (float16) or a changed
+    weight (the loop's factor 0.8 made 0.7) is another build."""
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLTENSOR_GRAPH_CACHE", raising=False)
+    data = model_bytes(models, "cond_while")
+    cases = [(1.0, 3), (-1.0, 2), (1.0, 0)]
+
+    def run(model, **kw):
+        with mltensor.InferenceSession(model, ctx, **kw) as sess:
+            for k, (sign, n) in enumerate(cases):
+                feeds = _feeds(sess, sign * np.abs(_x(k)), n)
+                if kw.get("float16"):  # (float16's rounding: the other tests check its values)
+                    sess.run(None, feeds)
+                else:
+                    _check(sess, model, feeds, f"sign {sign}, n={n}")
+            return dict(sess.stats)
+
+    first = run(data)
+    assert first["loaded"] == 0
+    second = run(data)
+    # the first stage, both branches' stages after the condition, the stage after the loop
+    assert second["loaded"] == 4 and second["stage_builds"] == first["stage_builds"] == 3, second
+    assert run(data, float16=True)["loaded"] == 0
+    factor = np.float32(0.8).tobytes()
+    assert data.count(factor) == 1
+    assert run(data.replace(factor, np.float32(0.7).tobytes()))["loaded"] == 0

@@ -127,9 +127,15 @@ def model_io(model, free=None):
     return ins, outs
 
 
-def import_stage(model, context, free_dimensions=None, float16=False, snapshot=None, initial_state=None):
+def _build(b, outputs, snapshot):
+    return b.build_sync(outputs)
+
+
+def import_stage(model, context, free_dimensions=None, float16=False, snapshot=None, initial_state=None, build=None):
     """The first stage of `model` (snapshot None) or the stage after a cut: Imported.
-    initial_state: as importer.convert's (a dict receiving a stateful model's initial state)."""
+    initial_state: as importer.convert's (a dict receiving a stateful model's initial state).
+    build(builder, outputs, snapshot): the stage's graph (the session's: from its graph cache,
+    keyed on the snapshot resumed from), by default built."""
     b = MLGraphBuilder(context)
     imp = Importer(model, b, free_dimensions, float16)
     imp.carry_variable_tensors = initial_state is not None
@@ -139,22 +145,24 @@ def import_stage(model, context, free_dimensions=None, float16=False, snapshot=N
         snapshot.depth, snapshot.index, snapshot.consts, snapshot.live = 0, None, {}, {}
         snapshot.outcomes, snapshot.plans, snapshot.inner = {}, {}, None
     imp.staged = snapshot
+    build = build or _build
     try:
         outs, ins, out_desc = imp.run()
     except staging.Cut as c:
-        return _end(imp, b, c)
+        return _end(imp, b, c, build)
     if initial_state is not None:
         initial_state.update(imp.initial_state)
-    graph = b.build_sync(outs)
+    # a whole model, one graph: built here (the session caches it as such, not as a stage)
+    graph = (build if snapshot.index is not None else _build)(b, outs, snapshot)
     return Imported(graph, [_info(*d) for d in ins], [_info(*d) for d in out_desc], None)
 
 
-def resume_stage(snapshot, context):
+def resume_stage(snapshot, context, build=None):
     """The stage after a cut: `snapshot` holds the step's outcome (Snapshot.with_outcome)."""
-    return import_stage(snapshot.model, context, snapshot.free, snapshot.float16, snapshot)
+    return import_stage(snapshot.model, context, snapshot.free, snapshot.float16, snapshot, build=build)
 
 
-def _end(imp, b, c):
+def _end(imp, b, c, build):
     """End the stage at cut `c`: its graph's outputs are the values the rest reads and the cut's
     step reads; the snapshot resumes at the cut operator."""
     st, op, m, inner = imp.staged, c.op, imp.model, c.imp
@@ -211,7 +219,7 @@ def _end(imp, b, c):
         cut = StageCut(snap, (key, 0), [], carried, spec, f"{op.display}'s loop")
     else:
         cut = StageCut(snap, (key, 0), [cond.avail], [], None, f"{op.display}'s condition")
-    graph = b.build_sync(outputs)
+    graph = build(b, outputs, st)
     ins = [_info(n, dt, s) for n, (dt, s) in graph.input_descriptors.items()]
     outs = [_info(n, dt, s) for n, (dt, s) in graph.output_descriptors.items()]
     return Imported(graph, ins, outs, cut)
