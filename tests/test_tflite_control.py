@@ -3,7 +3,8 @@
 whose trip count is a graph input or depends on the data (0 iterations included), run by an
 InferenceSession on the GPU timeline as stages (tflite/staged.py, stages/loop.py); an IF on a
 run-time condition inside a loop body; an IF whose branches give different shapes (the condition
-read back, the branch taken imported). tflite.import_model (one graph) still refuses them.
+read back, the branch taken imported); a run-time WHILE inside an IF branch (the stage ends inside
+the branch taken). tflite.import_model (one graph) still refuses them.
 
 Models are made on first use by a Python with `tensorflow-cpu` (MLTENSOR_TENSORFLOW_PYTHON, or
 .venv-tf), cached under the cache directory; without one these tests skip.
@@ -110,8 +111,34 @@ def test_if_branches_of_different_shapes(ctx, models):
         assert sess.stats["stage_builds"] == 2
 
 
-def test_runs_from_threads(ctx, models):
-    data = model_bytes(models, "while_bound")
+def test_while_inside_an_if_branch(ctx, models):
+    """tf.while_loop (bounded by an input) inside tf.cond on a computed value: the IF's condition
+    is read back, then the stage importing the branch taken ends at its WHILE (run on the GPU),
+    and the next resumes inside the branch. Both outcomes, several trip counts (0 included)."""
+    data = model_bytes(models, "cond_while")
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        for k, (sign, n) in enumerate(((1.0, 3), (-1.0, 3), (1.0, 0), (1.0, 12), (-1.0, 7), (1.0, 5))):
+            x = sign * np.abs(_x(k))
+            _check(sess, data, _feeds(sess, x, n), f"sign {sign}, n={n}", "ml-tensor" if k % 2 else "cpu")
+        # the two branches' stages after the condition, and the stage after the loop
+        assert sess.stats["stage_builds"] == 3, sess.stats
+
+
+def test_if_of_different_shapes_inside_an_if_branch(ctx, models):
+    """An IF whose branches give [1, 3] and [1, 12] inside a tf.cond branch (the other [1, 2]):
+    the outer condition is read back, then the inner one; all three outcomes."""
+    data = model_bytes(models, "cond_in_cond")
+    with mltensor.InferenceSession(data, ctx, cache=False) as sess:
+        shapes = set()
+        for k, x in enumerate((np.full((1, 6), 0.1, np.float32), np.abs(_x(1)) + 0.5, -np.abs(_x(2)), np.abs(_x(3)))):
+            got = _check(sess, data, _feeds(sess, x), f"input {k}")
+            shapes.update(v.shape for v in got.values())
+        assert shapes == {(1, 2), (1, 3), (1, 12)}, shapes
+
+
+@pytest.mark.parametrize("name", ["while_bound", "cond_while"])
+def test_runs_from_threads(ctx, models, name):
+    data = model_bytes(models, name)
     ns = (4, 0, 11, 7, 2, 16)
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         results = {}
@@ -127,10 +154,12 @@ def test_runs_from_threads(ctx, models):
                 np.testing.assert_allclose(g, ref[name], rtol=1e-4, atol=1e-4, err_msg=f"n={n}: {name}")
 
 
-@pytest.mark.parametrize("name", ["while_bound", "while_threshold", "cond_shapes"])
+@pytest.mark.parametrize("name", ["while_bound", "while_threshold", "cond_shapes", "cond_while"])
 def test_one_graph_refuses_them(ctx, models, name):
     """tflite.import_model builds one graph: the operator is named, and where it runs."""
-    with pytest.raises(NotSupportedError, match=r"\((WHILE|IF)\).*computed at run time.*InferenceSession"):
+    with pytest.raises(
+        NotSupportedError, match=r"\((WHILE|IF)(, subgraph \d+)?\).*computed at run time.*InferenceSession"
+    ):
         import_model(model_bytes(models, name), ctx)
 
 
@@ -168,3 +197,33 @@ def test_while_too_long_to_unroll_runs_on_the_gpu(ctx, models):
     with mltensor.InferenceSession(data, ctx, cache=False) as sess:
         _check(sess, data, _feeds(sess, _x(3)), "300 iterations")
         assert sess.stats["stage_builds"] == 1
+
+
+def test_staged_model_in_the_graph_cache(ctx, models, tmp_path, monkeypatch):
+    """A second session of a staged model loads every stage it reaches from the graph cache (the
+    import still runs, for the cuts), with LiteRT's outputs; another option (float16) or a changed
+    weight (the loop's factor 0.8 made 0.7) is another build."""
+    monkeypatch.setenv("MLTENSOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLTENSOR_GRAPH_CACHE", raising=False)
+    data = model_bytes(models, "cond_while")
+    cases = [(1.0, 3), (-1.0, 2), (1.0, 0)]
+
+    def run(model, **kw):
+        with mltensor.InferenceSession(model, ctx, **kw) as sess:
+            for k, (sign, n) in enumerate(cases):
+                feeds = _feeds(sess, sign * np.abs(_x(k)), n)
+                if kw.get("float16"):  # (float16's rounding: the other tests check its values)
+                    sess.run(None, feeds)
+                else:
+                    _check(sess, model, feeds, f"sign {sign}, n={n}")
+            return dict(sess.stats)
+
+    first = run(data)
+    assert first["loaded"] == 0
+    second = run(data)
+    # the first stage, both branches' stages after the condition, the stage after the loop
+    assert second["loaded"] == 4 and second["stage_builds"] == first["stage_builds"] == 3, second
+    assert run(data, float16=True)["loaded"] == 0
+    factor = np.float32(0.8).tobytes()
+    assert data.count(factor) == 1
+    assert run(data.replace(factor, np.float32(0.7).tobytes()))["loaded"] == 0

@@ -17,6 +17,10 @@ writes OUT_DIR/<name>.tflite for each model below and OUT_DIR/versions.json. Wei
   ([1, 3] and [1, 12]).
 - while_nested: a loop bounded by an input whose body holds a loop bounded by the outer counter
   (a run-time WHILE inside a WHILE body: refused, naming it).
+- cond_while: tf.cond on a value computed from the input whose true branch holds a tf.while_loop
+  bounded by an input (a run-time WHILE inside an IF branch), the other branch a plain one.
+- cond_in_cond: tf.cond on a computed value whose true branch holds a tf.cond whose branches give
+  different shapes ([1, 3] and [1, 12]; the other outer branch [1, 2]).
 - while_growing: a loop whose value grows by a column an iteration (shape_invariants): refused.
 - while_long: tf.while_loop with a constant bound of 300 iterations (too many to unroll: executed).
 """
@@ -92,6 +96,21 @@ class Models(tf.Module):
         return tf.while_loop(lambda i, y: i < n, body, [tf.constant(0), x])[1]
 
     @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32), tf.TensorSpec([], tf.int32)])
+    def cond_while(self, x, n):
+        def looped():
+            _, y = tf.while_loop(lambda i, y: i < n, lambda i, y: (i + 1, y * 0.8 + 0.3), [tf.constant(0), x])
+            return tf.tanh(y) + 1.0
+
+        return tf.cond(tf.reduce_sum(x) > 0, looped, lambda: x * 2.0 - 1.0) * 1.5
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32)])
+    def cond_in_cond(self, x):
+        def inner():
+            return tf.cond(tf.reduce_max(x) > 1.0, lambda: tf.tanh(x[:, :3]), lambda: tf.concat([x, x * 2.0], axis=1))
+
+        return tf.cond(tf.reduce_sum(x) > 0, inner, lambda: x[:, :2] - 1.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 6], tf.float32), tf.TensorSpec([], tf.int32)])
     def while_growing(self, x, n):
         _, y = tf.while_loop(
             lambda i, y: i < n,
@@ -115,6 +134,8 @@ NAMES = (
     "while_nested_cond",
     "cond_shapes",
     "while_nested",
+    "cond_while",
+    "cond_in_cond",
     "while_growing",
     "while_long",
 )

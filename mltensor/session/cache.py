@@ -10,7 +10,9 @@ per model: inputs it learned must be known at load, and why the model cannot be 
 dynamic dimensions, so a later process does not find it out again by a failed import; and a
 description of the model (its inputs, outputs and symbolic shapes: see described), so a later
 process whose builds all load from here neither imports onnx nor parses the model.
-A ModelProto source has no stable bytes to key it and is never cached.
+A ModelProto source has no stable bytes to key it and is never cached. A TFLite model run as
+stages saves each stage's graph under `stage_key` (its import still runs: it gives the cuts);
+an ONNX model's stages are not cached.
 """
 
 import hashlib
@@ -111,6 +113,31 @@ def spec_key(sess, shapes, values, dynamic, ones):
         "ones": rows(ones),
     }
     return session_key(sess, json.dumps(what, sort_keys=True, default=str))
+
+
+def stage_key(sess, snapshot):
+    """The key of a staged TFLite model's stage (tflite/staged.py): the session's, and the
+    snapshot the stage resumes from (where, and the outcomes of the cuts passed: the bytes read
+    back, the loops' carried values), which with the model decide its import. A value that is not
+    plain data keys by its repr: a miss, never a wrong hit."""
+
+    def value(v):
+        return _array(v) if isinstance(v, (np.ndarray, np.generic, bool, int, float)) else repr(v)
+
+    rows = sorted(
+        (
+            repr(k),
+            [value(v) for v in vals],
+            [
+                [c.avail, c.data_type, list(c.shape), c.is_bool, None if c.host is None else value(c.host)]
+                for c in carried
+            ],
+        )
+        for k, (vals, carried) in snapshot.outcomes.items()
+    )
+    inner = snapshot.inner[0] if snapshot.inner is not None else None
+    where = {"at": snapshot.index, "inner": inner, "outcomes": rows}
+    return session_key(sess, "tflite-stage|" + json.dumps(where, sort_keys=True, default=str))
 
 
 def _array(a):

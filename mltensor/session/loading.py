@@ -154,9 +154,14 @@ class Loading:
         else:
             initial = {}
             first, inputs, outputs = lazy.tflite().import_stages(
-                model, self._ctx, free_dimensions=self._free, float16=self._float16, initial_state=initial
+                model,
+                self._ctx,
+                free_dimensions=self._free,
+                float16=self._float16,
+                initial_state=initial,
+                build=self._stage_build(),
             )
-            if first.cut is not None:  # control flow decided at run time: a chain of stages (not cached)
+            if first.cut is not None:  # control flow decided at run time: a chain of stages
                 self._load_tflite_stages(first, inputs, outputs)
                 return
             graph, inputs, outputs = first.graph, first.inputs, first.outputs
@@ -177,6 +182,26 @@ class Loading:
         self._spec = Specialization(graph, inputs, outputs)
         self._spec.state = state
         self._tflite_args(inputs, outputs)
+
+    def _stage_build(self):
+        """How a staged TFLite model's stages get their graphs (tflite/staged.py): with the graph
+        cache, loaded when an earlier session saved the stage (the import still runs: it gives
+        the stage's cut), else built and saved; None without it."""
+        if not self._use_cache or self._cache_id is None:
+            return None
+
+        def build(b, outputs, snapshot):
+            key = graph_cache.stage_key(self, snapshot)
+            hit = graph_cache.load_spec(self, key)
+            if hit is not None:
+                with self._lock:
+                    self._stats["loaded"] += 1
+                return hit[0]
+            graph = b.build_sync(outputs)
+            graph_cache.save_spec(self, key, graph, [], [], {})
+            return graph
+
+        return build
 
     def _load_tflite_stages(self, first, inputs, outputs):
         """A TFLite model whose WHILE / IF is decided at run time (tflite/staged.py): its first

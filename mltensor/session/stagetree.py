@@ -32,7 +32,8 @@ class StageTree:
                 return child
             snap = cut.snapshot.with_outcome(cut.key, values, carried)
             if self._kind == "tflite":  # (tflite/staged.py)
-                return self._adopt(spec, stage, key, lazy.stages().Stage(lazy.tflite().resume_stage(snap, self._ctx)))
+                imported = lazy.tflite().resume_stage(snap, self._ctx, self._stage_build())
+                return self._adopt(spec, stage, key, lazy.stages().Stage(imported))
             importer = lazy.importer()
             im = importer.Importer(
                 self._model,

@@ -108,22 +108,23 @@ def import_stages(
     free_dimensions: Mapping[str, Any] | None = None,
     float16: bool = False,
     initial_state: Mapping[str, Any] | None = None,
+    build: Any = None,
 ) -> tuple[Any, ...]:
     """As `import_model`, for InferenceSession: a model whose control flow is decided at run time
     (a WHILE whose trip count, an IF whose output shapes only a run gives) is imported up to
     there as the first of a chain of stages (staged.py). Returns (staged.Imported: its graph,
     inputs, outputs and cut, None when the whole model is one graph; the model's own inputs and
-    outputs as IOInfo lists)."""
+    outputs as IOInfo lists). build: how a stage's graph is made (staged.import_stage)."""
     name = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
     model = read(load_bytes(source), name)
     with _named(name):
-        first = staged.import_stage(model, context, free_dimensions, float16, initial_state=initial_state)
+        first = staged.import_stage(model, context, free_dimensions, float16, initial_state=initial_state, build=build)
         return first, *staged.model_io(model, free_dimensions)
 
 
-def resume_stage(snapshot: Any, context: Any) -> Any:
+def resume_stage(snapshot: Any, context: Any, build: Any = None) -> Any:
     """The stage after a cut (the session's next_stage): staged.resume_stage."""
-    return staged.resume_stage(snapshot, context)
+    return staged.resume_stage(snapshot, context, build)
 
 
 @contextmanager

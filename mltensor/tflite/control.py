@@ -12,8 +12,9 @@ as LiteRT's interpreter gives it.
 
 IF: a condition known at load takes its branch. A computed one runs both branches and selects
 each output (and each variable a branch assigns) with `where`, when the two give the same shapes;
-when they differ, the import ends at the IF (staging.py: an InferenceSession reads the condition
-back and imports the branch taken as the next stage).
+when they differ, or a branch holds control flow only a run decides (a run-time WHILE), the
+import ends at the IF (staging.py: an InferenceSession reads the condition back and imports the
+branch taken as the next stage, which may itself end inside the branch).
 WHILE: the condition is evaluated at load on the values known then (loop counters and trip
 counts are constants; the integer arithmetic on them is folded by `fold`) and the body unrolled
 into the graph, up to MAX_UNROLL iterations (the Keras 3 LSTM's loop over time steps, a
@@ -236,14 +237,16 @@ def if_(imp, op):
     then_i, else_i = int(opt(op, "ThenSubgraphIndex", -1)), int(opt(op, "ElseSubgraphIndex", -1))
     c_i = op.inputs[0]
     args = [imp.arg(op, i) for i in op.inputs[1:]]
+    branch = imp is imp.root  # a stage may end inside its branches (staging.py)
     got = staging.outcome(imp, op)  # a resumed stage: the condition as the run read it back
     if got is not None:
-        return imp.run_subgraph(op, then_i if int(np.asarray(got[0][0]).reshape(-1)[0]) else else_i, args)
+        taken = then_i if int(np.asarray(got[0][0]).reshape(-1)[0]) else else_i
+        return imp.run_subgraph(op, taken, args, branch=branch)
     if c_i in imp.consts and c_i not in imp.values:
         cond = np.asarray(imp.consts[c_i]).reshape(-1)
         if cond.size != 1:
             raise op_error(op, f"the condition has {cond.size} values, not one")
-        return imp.run_subgraph(op, then_i if bool(cond[0]) else else_i, args)
+        return imp.run_subgraph(op, then_i if bool(cond[0]) else else_i, args, branch=branch)
     if imp.mode == "init":
         raise op_error(op, "a condition computed at run time in the initialization subgraph", NotSupportedError)
     c = imp.operand(op, c_i)
@@ -253,11 +256,18 @@ def if_(imp, op):
     variables = imp.root.variables
     before = {k: v.value for k, v in variables.items()}
     assigned = {k: v.assigned for k, v in variables.items()}
-    outs_t = imp.run_subgraph(op, then_i, args)
-    after_t = {k: (v.value, v.assigned) for k, v in variables.items()}
-    for k, v in variables.items():
-        v.value, v.assigned = before.get(k), assigned.get(k, False)
-    outs_e = imp.run_subgraph(op, else_i, args)
+    try:
+        outs_t = imp.run_subgraph(op, then_i, args, branch=branch)
+        after_t = {k: (v.value, v.assigned) for k, v in variables.items()}
+        for k, v in variables.items():
+            v.value, v.assigned = before.get(k), assigned.get(k, False)
+        outs_e = imp.run_subgraph(op, else_i, args, branch=branch)
+    except staging.Cut as inner:
+        if inner.imp is imp:
+            raise
+        # a branch needs a run to go on (a run-time WHILE in it): the condition is read back first,
+        # then the stage importing the branch taken ends inside it
+        staging.cut_if(imp, op, c, f"a branch's {inner.op.display}")
     if len(outs_t) != len(outs_e):
         raise op_error(op, f"the branches give {len(outs_t)} and {len(outs_e)} outputs")
     for k, (t, e) in enumerate(zip(outs_t, outs_e)):

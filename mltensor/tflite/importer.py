@@ -121,6 +121,7 @@ class Importer:
             self.carry_variable_tensors = False  # an LSTM's state tensors carried between calls
             self.staged = None  # staging.Snapshot: an import as stages (InferenceSession), else one graph
         self.start = 0  # the operator run_ops starts at (a resumed stage's: staging.bind)
+        self.branch_of = None  # the main subgraph's IF this is a branch of, where a stage may end inside
         for t in model.tensors:
             if t.data is not None:
                 self.consts[t.index] = t.data
@@ -276,9 +277,10 @@ class Importer:
                 else:
                     self.values[i] = v
 
-    def run_subgraph(self, op, index, args, mode=None):
+    def run_subgraph(self, op, index, args, mode=None, branch=False):
         """Subgraph `index` run on `args` (operands, numpy constants or control.Handle, one an input):
-        its outputs, constants where they fold at load. mode "init": CALL_ONCE's initialization."""
+        its outputs, constants where they fold at load. mode "init": CALL_ONCE's initialization.
+        branch: the subgraph is a branch of IF `op`, inside which a stage may end (staging.py)."""
         subgraphs = self.model.subgraphs
         if not 0 < index < len(subgraphs):
             raise op_error(op, f"names subgraph {index}; the model has {len(subgraphs)} (0 is the main one)")
@@ -296,6 +298,9 @@ class Importer:
                 child.consts[i] = v
             else:
                 child.values[i] = v
+        if branch:
+            child.branch_of = op
+            staging.bind_branch(child, op)
         child.run_ops()
         outs = []
         for i in sg.outputs:

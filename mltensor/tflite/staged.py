@@ -127,9 +127,15 @@ def model_io(model, free=None):
     return ins, outs
 
 
-def import_stage(model, context, free_dimensions=None, float16=False, snapshot=None, initial_state=None):
+def _build(b, outputs, snapshot):
+    return b.build_sync(outputs)
+
+
+def import_stage(model, context, free_dimensions=None, float16=False, snapshot=None, initial_state=None, build=None):
     """The first stage of `model` (snapshot None) or the stage after a cut: Imported.
-    initial_state: as importer.convert's (a dict receiving a stateful model's initial state)."""
+    initial_state: as importer.convert's (a dict receiving a stateful model's initial state).
+    build(builder, outputs, snapshot): the stage's graph (the session's: from its graph cache,
+    keyed on the snapshot resumed from), by default built."""
     b = MLGraphBuilder(context)
     imp = Importer(model, b, free_dimensions, float16)
     imp.carry_variable_tensors = initial_state is not None
@@ -137,32 +143,31 @@ def import_stage(model, context, free_dimensions=None, float16=False, snapshot=N
         snapshot = staging.Snapshot()
         snapshot.model, snapshot.free, snapshot.float16 = model, free_dimensions, float16
         snapshot.depth, snapshot.index, snapshot.consts, snapshot.live = 0, None, {}, {}
-        snapshot.outcomes, snapshot.plans = {}, {}
+        snapshot.outcomes, snapshot.plans, snapshot.inner = {}, {}, None
     imp.staged = snapshot
+    build = build or _build
     try:
         outs, ins, out_desc = imp.run()
     except staging.Cut as c:
-        return _end(imp, b, c)
+        return _end(imp, b, c, build)
     if initial_state is not None:
         initial_state.update(imp.initial_state)
-    graph = b.build_sync(outs)
+    # a whole model, one graph: built here (the session caches it as such, not as a stage)
+    graph = (build if snapshot.index is not None else _build)(b, outs, snapshot)
     return Imported(graph, [_info(*d) for d in ins], [_info(*d) for d in out_desc], None)
 
 
-def resume_stage(snapshot, context):
+def resume_stage(snapshot, context, build=None):
     """The stage after a cut: `snapshot` holds the step's outcome (Snapshot.with_outcome)."""
-    return import_stage(snapshot.model, context, snapshot.free, snapshot.float16, snapshot)
+    return import_stage(snapshot.model, context, snapshot.free, snapshot.float16, snapshot, build=build)
 
 
-def _end(imp, b, c):
+def _end(imp, b, c, build):
     """End the stage at cut `c`: its graph's outputs are the values the rest reads and the cut's
     step reads; the snapshot resumes at the cut operator."""
-    st, op, m = imp.staged, c.op, imp.model
+    st, op, m, inner = imp.staged, c.op, imp.model, c.imp
     depth = st.depth + 1
-    live = set(m.outputs)
-    for j, o in enumerate(m.operators[op.index :]):
-        live.update(i for p, i in enumerate(o.inputs) if i >= 0 and (j or p not in c.drop))
-    outputs, keep = {}, {}
+    outputs = {}
 
     def out(name, v):
         if v._kind in ("input", "constant"):
@@ -170,13 +175,30 @@ def _end(imp, b, c):
         outputs[name] = v
         return Carried(name, v.data_type, tuple(int(d) for d in v.shape))
 
-    for i in sorted(live):
-        if i in imp.values and i not in imp.consts and i not in m.inputs:
-            d = out(f"~{depth}.t{i}", imp.values[i])
-            keep[i] = (d.avail, d.data_type, d.shape)
-    cond = out(f"~{depth}.cond", imp.b.cast(staging.condition(imp, to_operand(imp, c.cond)), "int32"))
+    def keep(im, at, drop, tag, skip=()):
+        """The values of import `im` its operators from `at` on read (but `drop` of the first),
+        and its outputs: the stage's outputs, the next stage's inputs."""
+        live = set(im.model.outputs)
+        for j, o in enumerate(im.model.operators[at:]):
+            live.update(i for p, i in enumerate(o.inputs) if i >= 0 and (j or p not in drop))
+        kept = {}
+        for i in sorted(live):
+            if i in im.values and i not in im.consts and i not in skip:
+                d = out(f"~{depth}.{tag}{i}", im.values[i])
+                kept[i] = (d.avail, d.data_type, d.shape)
+        return kept
+
     snap = st.copy()
-    snap.depth, snap.index, snap.consts, snap.live = depth, op.index, dict(imp.consts), keep
+    if inner is imp:
+        snap.index, snap.inner = op.index, None
+        snap.live = keep(imp, op.index, c.drop, "t", m.inputs)
+    else:  # inside a branch of the main subgraph's IF: resume at the IF, then in its branch at op
+        snap.index = inner.branch_of.index
+        snap.live = keep(imp, snap.index, (0,), "t", m.inputs)
+        snap.inner = (op.index, dict(inner.consts), keep(inner, op.index, c.drop, "b"))
+    cond = out(f"~{depth}.cond", imp.b.cast(staging.condition(inner, to_operand(inner, c.cond)), "int32"))
+    snap.depth, snap.consts = depth, dict(imp.consts)
+    key = staging.key_of(inner, op)
     if c.kind == "loop":
         body_i = int(opt(op, "BodySubgraphIndex", -1))
         if not 0 < body_i < len(m.subgraphs):
@@ -191,13 +213,13 @@ def _end(imp, b, c):
                 plan.append(("const", v))  # passed through unchanged: a constant of the body
                 continue
             plan.append(("carried", None))  # (a constant: an output of the stage, in its storage form)
-            carried.append(out(f"~{depth}.w{k}", to_operand(imp, v)))
-        snap.plans[op.index] = plan
+            carried.append(out(f"~{depth}.w{k}", to_operand(inner, v)))
+        snap.plans[key] = plan
         spec = WhileLoop(imp.model, op, plan, imp.float16)
-        cut = StageCut(snap, (op.index, 0), [], carried, spec, f"{op.display}'s loop")
+        cut = StageCut(snap, (key, 0), [], carried, spec, f"{op.display}'s loop")
     else:
-        cut = StageCut(snap, (op.index, 0), [cond.avail], [], None, f"{op.display}'s condition")
-    graph = b.build_sync(outputs)
+        cut = StageCut(snap, (key, 0), [cond.avail], [], None, f"{op.display}'s condition")
+    graph = build(b, outputs, st)
     ins = [_info(n, dt, s) for n, (dt, s) in graph.input_descriptors.items()]
     outs = [_info(n, dt, s) for n, (dt, s) in graph.output_descriptors.items()]
     return Imported(graph, ins, outs, cut)
