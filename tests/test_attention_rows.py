@@ -16,12 +16,15 @@ from helpers import dispatch_at
 import mltensor
 from mltensor.ops import attention
 from mltensor.runtime.wgsl import cpu_device
+from mltensor.switches import switch
 
 
 @pytest.fixture(autouse=True)
 def _cpu_only(ctx):
     if not cpu_device(ctx.device):
         pytest.skip("the ROWS kernel is the CPU adapters' (GPUs never run it)")
+    if switch("MLTENSOR_NO_ROW_ATTENTION"):
+        pytest.skip("MLTENSOR_NO_ROW_ATTENTION=1: no ROWS kernel")
 
 
 def reference(q, k, v, scale, bias=None, causal=False, softcap=0.0, window=0):
