@@ -25,6 +25,7 @@ BUILD_SWITCHES = (
     "MLTENSOR_NO_SIZE_PARAMS",  # sizes as launch parameters (dynamic/kernels.py)
     "MLTENSOR_NO_DERIVED_SIZES",  # dynamic kernels' derived sizes (dynamic/kernels.py)
     "MLTENSOR_NO_DIRECT_GEMM",  # the DIRECT GEMM tile, CPU adapters' heuristic (ops/_gemm.py)
+    "MLTENSOR_NO_ROW_ATTENTION",  # the ROWS attention kernel, CPU adapters' choice (ops/attention.py)
     # read when a context is created (front/context.py); the context's float16/int64 modes are
     # also part of the graph cache's adapter folder (graphcache/store.py)
     "MLTENSOR_DISABLE_F16",

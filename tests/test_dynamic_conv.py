@@ -17,6 +17,7 @@ from mltensor.dynamic.dims import MLDynamicDimension as D
 from mltensor.errors import NotSupportedError
 from mltensor.ops import _gemm as gemm_engine
 from mltensor.runtime import autotune
+from mltensor.runtime.wgsl import cpu_device
 
 N, H, W = D("N", 3), D("H", 20), D("W", 21)
 # (batch, height, width): 1, the maxima, odd sizes
@@ -258,8 +259,9 @@ def test_conv2d_batch_only(ctx, rng):
 
 
 def test_conv2d_larger_plane_buckets(ctx, rng):
-    # up to 2 x 32 x 32 output pixels: the 32-row tile below 64 pixels, the 64-row one above; one
-    # output pixel runs the GEMV
+    # up to 2 x 32 x 32 output pixels: buckets where the tile changes along the pixels (on CPU
+    # adapters the DIRECT tile of a gathered im2col, ops/_gemm.py direct_config: 64 pixels wide
+    # below 128 pixels, 128 above)
     n, h, w = D("N", 2), D("H", 32), D("W", 32)
     case = Case(rng, (n, 16, h, w), (64, 16, 3, 3), padding=[1, 1, 1, 1])
     g = _check(
@@ -268,7 +270,9 @@ def test_conv2d_larger_plane_buckets(ctx, rng):
         case,
         [dict(N=1, H=1, W=1), dict(N=1, H=5, W=7), dict(N=2, H=32, W=32), dict(N=1, H=8, W=8), dict(N=2, H=9, W=31)],
     )
-    assert len(g.kernel_names) == 3, g.kernel_names
+    assert len(g.kernel_names) == (2 if cpu_device(ctx.device) and gemm_engine.has_direct("matmul.wgsl") else 3), (
+        g.kernel_names
+    )
     g.destroy()
 
 

@@ -14,6 +14,8 @@ import mltensor
 from mltensor.dynamic.dims import MLDynamicDimension
 from mltensor.ops.attention import DECODE_SPLIT_MIN_SK, attention_candidates
 from mltensor.runtime import autotune
+from mltensor.runtime.wgsl import cpu_device
+from mltensor.switches import switch
 
 NP = {"float32": np.float32, "float16": np.float16}
 NEG = np.float32(-3.4028235e38)
@@ -569,9 +571,11 @@ def test_dynamic_sizes(ctx, rng, max_keys):
     v = b.input("v", data_type="float32", shape=[1, 2, sk, 32])
     m = b.input("mask", data_type="float32", shape=[1, 1, 1, sk])
     g = b.build_sync({"o": _chain(b, {"q": q, "k": k, "v": v}, bias=m)})
-    if FUSION:  # the decode and the tiled kernel, each gated on the dispatch's query length
+    if FUSION:  # the decode and the prompt kernel, each gated on the dispatch's query length
         kinds = [n.rsplit("_", 1)[1][:3] for n in g.kernel_names]
-        assert kinds == (["dec", "til"] if max_keys <= DECODE_SPLIT_MIN_SK else ["dec", "spl", "red", "til"]), kinds
+        # (the prompt kernel: CPU adapters' ROWS kernel, test_attention_rows.py, else the tiled one)
+        prompt = "row" if cpu_device(ctx.device) and not switch("MLTENSOR_NO_ROW_ATTENTION") else "til"
+        assert kinds == (["dec", prompt] if max_keys <= DECODE_SPLIT_MIN_SK else ["dec", "spl", "red", prompt]), kinds
         assert all(n.startswith("attention_") for n in g.kernel_names), g.kernel_names
     sizes = [(1, 1), (40, 90), (7, 33), (17, 17)]
     if max_keys > DECODE_SPLIT_MIN_SK:

@@ -182,6 +182,9 @@ def test_conv2d_layouts(ctx, rng, input_layout, filter_layout):
         ((1, 8, 5, 5), (6, 8, 1, 1), {"strides": [2, 2]}),  # 1x1 strided: general path
         ((1, 16, 1, 1), (24, 16, 1, 1), {}),  # M = 1: GEMV path
         ((1, 16, 20, 20), (40, 16, 3, 3), {"padding": [1, 1, 1, 1]}),  # several tiles
+        # (CPU adapters: the DIRECT tile of an im2col, 16 rows a thread, ragged rows and pixels)
+        ((2, 12, 9, 7), (20, 12, 3, 3), {"padding": [1, 0, 1, 2]}),
+        ((1, 64, 6, 6), (64, 16, 3, 3), {"groups": 4, "padding": [1, 1, 1, 1]}),
     ],
 )
 def test_conv2d_shapes(ctx, rng, input_layout, xshape, wshape, opts):

@@ -120,12 +120,18 @@ def _cfg(tx, ty, rm, rn, bk, split=1, db=False, direct=False):
     return {"TX": tx, "TY": ty, "RM": rm, "RN": rn, "BK": bk, "SPLIT": split, "DB": db, "DIRECT": direct}
 
 
-def direct_config(M, N):
+def direct_config(M, N, gather=False):
     """The DIRECT tile (matmul.wgsl): no workgroup memory, 8 threads (one SIMD group of llvmpipe,
     whose lanes are invocations) on adjacent column blocks, each RM x RN outputs read straight
     from A and B. On lavapipe (2 cores) 8 x 16 outputs a thread ran a 1024^3 GEMM at 2.3x the
     staged 64x64 tile's rate; narrower blocks where N or M is small, so that the tile is not
-    mostly padding. The CPU adapters' heuristic for matmul.wgsl; a tuning candidate elsewhere."""
+    mostly padding. The CPU adapters' heuristic for matmul.wgsl; a tuning candidate elsewhere.
+    `gather`: B's elements are gathered with index arithmetic each (a 3x3 convolution's im2col,
+    ops/conv.py), which 16 rows a thread share: MobileViT-XXS's 3x3 convolutions (48 x 864 x 784,
+    64 x 1152 x 196, 80 x 1440 x 49, batch 2) in 0.65x, 0.67x and 0.4-0.7x the CPU time of 8 rows
+    on lavapipe (16 x 8 where N < 128)."""
+    if gather and M >= 16:
+        return _cfg(8, 1, 16, 16 if N >= 128 else 8, 4, direct=True)
     rn = 16 if N >= 128 else 8 if N >= 64 else 4
     rm = 8 if M >= 8 else 4
     return _cfg(8, 1, rm, rn, 4, direct=True)
@@ -180,7 +186,7 @@ def gemm_candidates(M, N, K, batch, smem_limit=None, direct=False):
     """(candidates, GPU heuristic index): a small set, every entry valid for any shape (ragged
     edges are bounds-checked), so the tuner may pick any of them. `direct`: the kernel has the
     DIRECT path (matmul.wgsl): its tile first, the CPU adapters' heuristic."""
-    cands = ([direct_config(M, N)] if direct else []) + [lavapipe_config(M, N, K, smem_limit)]
+    cands = ([direct_config(M, N, direct == "gather")] if direct else []) + [lavapipe_config(M, N, K, smem_limit)]
     shapes = []
     # larger tiles only where they are not mostly padding
     if M >= 128 and N >= 128:
@@ -491,7 +497,7 @@ def _variants(kc, cpu, M, N, K, batch, direct=False):
 
     def cfg(m, n):  # the configuration the heuristic picks
         if cpu:
-            return direct_config(m, n) if direct else lavapipe_config(m, n, hK, lim)
+            return direct_config(m, n, direct == "gather") if direct else lavapipe_config(m, n, hK, lim)
         cands, h = gemm_candidates(m, n, hK, hb, lim, direct)
         return cands[h]
 
@@ -540,7 +546,7 @@ def gemm_launch(kc, name, template, params, bindings, args, M, N, K, batch):
     # N * 2H * (3W - 1)) is checked >= 1 at dispatch: as max(x, 1) its bounds say so, for the
     # tile counts and remainders below
     M, N, K, batch = (smax(x, 1) if isinstance(x, Sym) and low(x) < 1 else x for x in (M, N, K, batch))
-    for gemv, bucket in _variants(kc, cpu, M, N, K, batch, has_direct(template)):
+    for gemv, bucket in _variants(kc, cpu, M, N, K, batch, _direct_kind(template, params)):
         _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch, bucket)
 
 
@@ -548,6 +554,12 @@ def has_direct(template):
     """The kernel has the DIRECT path (matmul.wgsl's tiled main; conv2d.wgsl has its own).
     MLTENSOR_NO_DIRECT_GEMM=1 leaves it out (A/B comparisons; a driver that miscompiles it)."""
     return template == "matmul.wgsl" and not switch("MLTENSOR_NO_DIRECT_GEMM")
+
+
+def _direct_kind(template, params):
+    """`direct` of gemm_candidates: False (no DIRECT path), True, or "gather" where the loader
+    gathers B (params' gather_b: an im2col, ops/conv.py)."""
+    return has_direct(template) and ("gather" if params.get("gather_b") else True)
 
 
 def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, batch, gate=None):
@@ -561,7 +573,7 @@ def _gemm_path(kc, cpu, gemv, name, template, params, bindings, args, M, N, K, b
         heur = 0  # (the subgroup variant is unmeasured on GPUs; tuning decides there)
     else:
         lim = kc.device.limits.get("max-compute-workgroup-storage-size", WG_STORAGE)
-        cands, heur = gemm_candidates(hM, hN, hK, hb, lim, has_direct(template))
+        cands, heur = gemm_candidates(hM, hN, hK, hb, lim, _direct_kind(template, params))
         if params.get("fused_store"):
             cands, heur = no_split(cands, heur, params.get("fused_w", 4))
         if params.get("post_ln"):

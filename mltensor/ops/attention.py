@@ -31,8 +31,11 @@ read in place:
   unnormalized output for every row of its heads (GR query heads sharing one K/V head: each K/V
   element is read once for all of them), then a reduce kernel (one workgroup per output row)
   rescales and sums the partials. Long caches then use many workgroups, not one per head.
-Candidate 0 is the lavapipe choice; the others are autotuned on hardware adapters like the GEMM
-family's (runtime/autotune.py), each correct for every shape.
+Candidate 0 is the lavapipe choice for decodes; the others are autotuned on hardware adapters
+like the GEMM family's (runtime/autotune.py), each correct for every shape. Prompts on CPU
+adapters run the ROWS kernel (attention_rows.wgsl, `row_config`: a thread per query row, no
+workgroup memory, no barriers; appended as the last candidate), MLTENSOR_NO_ROW_ATTENTION=1 the
+tiled one.
 
 Sizes Sq, Sk and the batch dimensions may be dynamic (Syms, rendered with wgsl()); head sizes
 are static. float32, and float16 loaded into f32 (every sum in f32, stored through f16_of).
@@ -48,6 +51,7 @@ from ..errors import NotSupportedError
 from ..ir.registry import builder_op, lowering, register
 from ..runtime import autotune
 from ..runtime.wgsl import LOOP_BUDGET, Binding, cpu_device, f32_lit, Kernel, ld_st
+from ..switches import switch
 from ._checks import check_bool, check_number, check_support, same_type, unidirectional
 from ._index import row_strides
 from .reduce import groups
@@ -163,6 +167,46 @@ def attention_candidates(Sq, Sk, D, DV, smem_limit=None, ratio=1):
     if not cands:
         raise NotSupportedError(f"[_attention] head sizes {D} and {DV} need more workgroup memory than {lim0} bytes")
     return cands, min(heur, len(cands) - 1)
+
+
+# The ROWS kernel (attention_rows.wgsl): a thread per query row (RQ rows each), 8 threads a
+# workgroup (one SIMD group of llvmpipe), KC keys a chunk, no workgroup memory. lavapipe (2
+# cores), CPU time of one launch against the staged kernel's lavapipe tile (64 threads, 32 x 32):
+# MobileViT-XXS's 32 heads of 196 x 196 x 16 and 49 x 49 x 20: 0.12x and 0.14x (RQ 16 and 8);
+# ViT-B's 12 of 197 x 197 x 64: 0.19x (RQ 16), BERT's 12 of 384 x 384 x 64: 0.18x. Each K and V
+# load serves the RQ rows of every thread, so more rows a thread cost less a row (relative cost
+# a row, ViT-B: ROW_COST), up to the rows past Sq computed in vain; 2 keys a chunk beat 1, 4, 8
+# and 16 there (the registers of larger chunks spill).
+ROW_WG = 8
+ROW_COST = {1: 1.0, 2: 0.5, 4: 0.3, 8: 0.23, 16: 0.18}
+ROW_REGS4 = 256  # at most RQ x head quads of q registers: 4 rows of 256 build in 0.5 s on lavapipe
+ROW_COLS4 = 16  # column quads of one pass of the outputs (registers a row keeps)
+
+
+def row_config(Sq, Sk, D, DV, rq=None, kc=2):
+    """The ROWS configuration (attention_rows.wgsl), the CPU adapters' kernel for prompts (more
+    than DECODE_MAX_SQ query rows), or None where MLTENSOR_NO_ROW_ATTENTION=1 or where its
+    passes over the keys would loop past LOOP_BUDGET (runtime/wgsl.py: llvmpipe's silent cap;
+    the staged kernel splits such keys). RQ (rows a thread): the least estimated cost of the rows
+    computed, ROW_COST. Not offered to GPUs: with a thread per row and nothing shared, a
+    workgroup of 8 threads would leave most of a GPU's lanes and its memory reuse idle."""
+    if switch("MLTENSOR_NO_ROW_ATTENTION"):
+        return None
+    passes = cdiv(cdiv(DV, 4), ROW_COLS4)
+    if passes * cdiv(high(Sk), kc) + 64 > LOOP_BUDGET:
+        return None
+    if rq is None:
+        ok = [r for r in ROW_COST if r == 1 or r * cdiv(D, 4) <= ROW_REGS4]
+        rq = min(ok, key=lambda r: (cdiv(high(Sq), ROW_WG * r) * ROW_WG * r * ROW_COST[r], -r))
+    return {"ROWS": True, "WG": ROW_WG, "RQ": rq, "KC": kc, "BQ": ROW_WG * rq, "STAGE": False, "SPLIT": 0}
+
+
+def _row_passes(DV):
+    """[(first column quad, quads)] of the ROWS kernel's output passes: at most ROW_COLS4 quads
+    each, as even as they go."""
+    n4 = cdiv(DV, 4)
+    cp = cdiv(n4, cdiv(n4, ROW_COLS4))
+    return [(c, min(cp, n4 - c)) for c in range(0, n4, cp)]
 
 
 def _batch_ok(qd, kd):
@@ -392,7 +436,19 @@ def _lower_attention(kc, node):
     # the split decode reads q, k and v as vec4 where every row and matrix starts at a multiple
     # of 4 elements
     v4 = not kt and all(_mult4(x) for x in [D, DV] + qst[:-1] + kst[:-1] + vst[:-1])
-    split = {"reads": reads, "reduce": (red_b, red_a), "ratio": _ratio(ob, ks[:-2], vs[:-2]), "v4": v4}
+    # the ROWS kernel binds each of q, k and v as vec4 where its own rows and matrices allow
+    quads = {
+        "q": all(_mult4(x) for x in [D] + qst[:-1]),
+        "k": not kt and all(_mult4(x) for x in [D] + kst[:-1]),
+        "v": all(_mult4(x) for x in [DV] + vst[:-1]),
+    }
+    split = {
+        "reads": reads,
+        "reduce": (red_b, red_a),
+        "ratio": _ratio(ob, ks[:-2], vs[:-2]),
+        "v4": v4,
+        "quads": quads,
+    }
 
     base = (
         f"attention_{t}_{f'b{nb}_' if isinstance(nb, Sym) or nb > 1 else ''}q{Sq}k{Sk}d{D}"
@@ -487,9 +543,12 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
         cands = one
     if cpu_device(kc.device):
         heur = 0
+        row = row_config(at, Sk, D, DV) if keys is None and high(at) > DECODE_MAX_SQ else None
+        if row is not None:  # (last: the other candidates keep their indices)
+            cands, heur = cands + [row], len(cands)
 
     def fits(c):  # the one-workgroup-per-head decode kernel walks every key: only under the cap
-        if c["STAGE"] or c["SPLIT"]:
+        if c["STAGE"] or c["SPLIT"] or c.get("ROWS"):  # (ROWS: row_config checked it)
             return True
         per, fixed = _tile_iters(c, D, DV)
         return cdiv(high(Sk), c["BK"]) * per + fixed <= LOOP_BUDGET
@@ -502,6 +561,15 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
     def launches_of(c):
         """[(Kernel, args, groups)] of configuration c: one kernel, or the split decode's two, or
         the tiled kernel's key split and its reduce."""
+        if c.get("ROWS"):
+            q4 = split["quads"]
+            rb = [dataclasses.replace(b, elem=f"vec4<{b.elem}>") if q4.get(b.name) else b for b in bindings]
+            p = dict(params, **c, Q4=q4["q"], K4=q4["k"], V4=q4["v"], PASSES=_row_passes(DV))
+            tag = "".join(x for x in "qkv" if q4[x])
+            name = f"{base}_rows{c['RQ']}k{c['KC']}{'v4' + tag if tag else ''}"
+            return [
+                (Kernel(name, "attention_rows.wgsl", p, rb), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))
+            ]
         kind = "tile" if c["STAGE"] else "split" if c["SPLIT"] else "dec"
         if c["SPLIT"]:
             return _split_launches(kc, params, split, base, c, Sq, Sk, D, DV, nb, at, on, scratch)

@@ -701,6 +701,7 @@ def _direct_gemm(kc, node, pro, w, bias, out, a, f_s, in_s, t):
             )
     elif lay == "nchw":
         params["b_fused"] = _im2col_load(nb, groups, icg, kh, kw, sh, sw, dh, dw, pt, pl, ih, iw, ow, in_s, pro_fn)
+        params["gather_b"] = True  # (each element's index computed: 16 rows a thread, direct_config)
     params["act"] = _bind_out(kc, bindings, args, bias, out, t, "c")
     kind = "_" + pro.kind if pro is not None else ""
     geo = "1x1" if plain else f"k{kh}x{kw}s{sh}x{sw}" + (f"_g{groups}" if groups > 1 else "")
