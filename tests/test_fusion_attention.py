@@ -573,7 +573,7 @@ def test_dynamic_sizes(ctx, rng, max_keys):
     g = b.build_sync({"o": _chain(b, {"q": q, "k": k, "v": v}, bias=m)})
     if FUSION:  # the decode and the prompt kernel, each gated on the dispatch's query length
         kinds = [n.rsplit("_", 1)[1][:3] for n in g.kernel_names]
-        # (the prompt kernel: CPU adapters' ROWS kernel, test_attention_rows.py, else the tiled one)
+        # (the prompt kernel: CPU adapters' ROWS kernel, test_attention_cpu.py, else the tiled one)
         prompt = "row" if cpu_device(ctx.device) and not switch("MLTENSOR_NO_ROW_ATTENTION") else "til"
         assert kinds == (["dec", prompt] if max_keys <= DECODE_SPLIT_MIN_SK else ["dec", "spl", "red", prompt]), kinds
         assert all(n.startswith("attention_") for n in g.kernel_names), g.kernel_names

@@ -33,7 +33,7 @@ read in place:
   rescales and sums the partials. Long caches then use many workgroups, not one per head.
 Candidate 0 is the lavapipe choice for decodes; the others are autotuned on hardware adapters
 like the GEMM family's (runtime/autotune.py), each correct for every shape. Prompts on CPU
-adapters run the ROWS kernel (attention_rows.wgsl, `row_config`: a thread per query row, no
+adapters run the ROWS kernel (attention_cpu.wgsl, `row_config`: a thread per query row, no
 workgroup memory, no barriers; appended as the last candidate), MLTENSOR_NO_ROW_ATTENTION=1 the
 tiled one.
 
@@ -169,7 +169,7 @@ def attention_candidates(Sq, Sk, D, DV, smem_limit=None, ratio=1):
     return cands, min(heur, len(cands) - 1)
 
 
-# The ROWS kernel (attention_rows.wgsl): a thread per query row (RQ rows each), 8 threads a
+# The ROWS kernel (attention_cpu.wgsl): a thread per query row (RQ rows each), 8 threads a
 # workgroup (one SIMD group of llvmpipe), KC keys a chunk, no workgroup memory. lavapipe (2
 # cores), CPU time of one launch against the staged kernel's lavapipe tile (64 threads, 32 x 32):
 # MobileViT-XXS's 32 heads of 196 x 196 x 16 and 49 x 49 x 20: 0.12x and 0.14x (RQ 16 and 8);
@@ -184,7 +184,7 @@ ROW_COLS4 = 16  # column quads of one pass of the outputs (registers a row keeps
 
 
 def row_config(Sq, Sk, D, DV, rq=None, kc=2):
-    """The ROWS configuration (attention_rows.wgsl), the CPU adapters' kernel for prompts (more
+    """The ROWS configuration (attention_cpu.wgsl), the CPU adapters' kernel for prompts (more
     than DECODE_MAX_SQ query rows), or None where MLTENSOR_NO_ROW_ATTENTION=1 or where its
     passes over the keys would loop past LOOP_BUDGET (runtime/wgsl.py: llvmpipe's silent cap;
     the staged kernel splits such keys). RQ (rows a thread): the least estimated cost of the rows
@@ -568,7 +568,7 @@ def _launch_variant(kc, params, bindings, args, split, base, Sq, Sk, D, DV, nb, 
             tag = "".join(x for x in "qkv" if q4[x])
             name = f"{base}_rows{c['RQ']}k{c['KC']}{'v4' + tag if tag else ''}"
             return [
-                (Kernel(name, "attention_rows.wgsl", p, rb), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))
+                (Kernel(name, "attention_cpu.wgsl", p, rb), args, groups("_attention", nb * cdiv(Sq, c["BQ"]) * on))
             ]
         kind = "tile" if c["STAGE"] else "split" if c["SPLIT"] else "dec"
         if c["SPLIT"]:

@@ -1,5 +1,5 @@
 {# The score of a (query row, key) pair and the online softmax's exp, shared by attention.wgsl
-   and attention_rows.wgsl (included: the parameters scale, softcap, has_bias, has_cond,
+   and attention_cpu.wgsl (included: the parameters scale, softcap, has_bias, has_cond,
    causal and window are the including kernel's). #}
 fn is_neg_inf(x: f32) -> bool { return bitcast<u32>(x) == 0xff800000u; }
 fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }

@@ -1,4 +1,4 @@
-"""The ROWS attention kernel of CPU adapters (shaders/attention_rows.wgsl, ops/attention.py
+"""The ROWS attention kernel of CPU adapters (shaders/attention_cpu.wgsl, ops/attention.py
 row_config): a thread per query row, RQ rows a thread, no workgroup memory. Against float64
 numpy over what its callers pass: grouped-query heads, causal, biases broadcast along any axis,
 a where condition (from the compiler's fusion), K given transposed, layout bshd (ranks 3 and
