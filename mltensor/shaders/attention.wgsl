@@ -398,21 +398,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let obase = {{ o_base }};
     let bb = {{ bias_base if has_bias else "0u" }};
     let cb = {{ cond_base if has_cond else "0u" }};
-    // Keys past the last one any row of the tile may see are skipped (causal: all in u32, no
-    // negative values).
-    var kend = SK;
-{$ if causal $}
-    let lim = min(q0 + BQ, SQ) + SK;  // (last row + 1) + SK
-    kend = select(0u, min(SK, lim - SQ), lim > SQ);
-{$ endif $}
-    var j_lo = 0u;
+    // keys no row of the tile sees are skipped
+    var kend = keys_end(q0, SQ, SK);
+    var j_lo = keys_first(q0, SQ, SK);
 {$ if TPS $}
-    j_lo = sb * {{ TPS * BK }}u;
-    kend = min(kend, j_lo + {{ TPS * BK }}u);  // (a block past the causal limit sums nothing)
-{$ endif $}
-{$ if window $}
-    // keys before the window of the tile's first row: no row of the tile sees them
-    j_lo = max(j_lo, max(q0 + SK + 1u, SQ + {{ window }}u) - SQ - {{ window }}u);
+    j_lo = max(j_lo, sb * {{ TPS * BK }}u);
+    kend = min(kend, sb * {{ TPS * BK }}u + {{ TPS * BK }}u);  // (a block past the causal limit sums nothing)
 {$ endif $}
     var m_run = neg_inf();  // the running maximum of this thread's row
     var l_run = 0.0;        // and its sum of exp(score - m_run) (the row's first thread)

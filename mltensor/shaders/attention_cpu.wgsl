@@ -52,16 +52,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let obase = {{ o_base }};
     let bb = {{ bias_base if has_bias else "0u" }};
     let cb = {{ cond_base if has_cond else "0u" }};
-    // keys past the last one any row of the workgroup may see are skipped (as attention.wgsl)
-    var kend = SK;
-{$ if causal $}
-    let lim = min(q0 + BQ, SQ) + SK;  // (last row + 1) + SK
-    kend = select(0u, min(SK, lim - SQ), lim > SQ);
-{$ endif $}
-    var j_lo = 0u;
-{$ if window $}
-    j_lo = max(q0 + SK + 1u, SQ + {{ window }}u) - SQ - {{ window }}u;
-{$ endif $}
+    // keys no row of the workgroup sees are skipped
+    let kend = keys_end(q0, SQ, SK);
+    let j_lo = keys_first(q0, SQ, SK);
 {$ for r in range(RQ) $}
     let qi{{ r }} = q0 + {{ r }}u * WG + t;
     let qc{{ r }} = min(qi{{ r }}, SQ - 1u);  // (rows past SQ compute row SQ - 1's, never stored)
